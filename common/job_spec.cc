@@ -1,0 +1,274 @@
+#include "common/job_spec.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace weft {
+namespace {
+
+using weft::v1::JobSpec;
+
+class CollectingErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  explicit CollectingErrors(std::string_view filename) : filename_(filename) {}
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    // The parser counts from 0; editors and people count from 1.
+    errors_.push_back(absl::StrCat(filename_, ":", line + 1, ":", column + 1, ": ", message));
+  }
+  void AddWarning(int line, google::protobuf::io::ColumnNumber column,
+                  const std::string& message) override {
+    AddError(line, column, message);
+  }
+  const std::vector<std::string>& errors() const { return errors_; }
+
+ private:
+  std::string filename_;
+  std::vector<std::string> errors_;
+};
+
+bool ValidName(const std::string& name, size_t max_len, std::string_view extra_chars) {
+  if (name.empty() || name.size() > max_len) return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    extra_chars.find(c) != std::string_view::npos;
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool InUnitInterval(double x, bool include_one) {
+  return std::isfinite(x) && x >= 0.0 && (include_one ? x <= 1.0 : x < 1.0);
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpecText(std::string_view text, std::string_view filename) {
+  JobSpec spec;
+  CollectingErrors errors(filename);
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  google::protobuf::io::ArrayInputStream input(text.data(), static_cast<int>(text.size()));
+  if (!parser.Parse(&input, &spec)) {
+    if (errors.errors().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(filename), ": not a text-format JobSpec"));
+    }
+    return absl::InvalidArgumentError(absl::StrJoin(errors.errors(), "\n"));
+  }
+  return spec;
+}
+
+absl::StatusOr<JobSpec> ReadJobSpecFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open job spec: ",
+                                            std::strerror(errno)));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return ParseJobSpecText(buffer.str(), path);
+}
+
+void ApplyJobSpecDefaults(JobSpec* spec) {
+  auto* model = spec->mutable_model();
+  if (model->padded_vocab_size() == 0 && model->vocab_size() > 0) {
+    model->set_padded_vocab_size((model->vocab_size() + 127) / 128 * 128);
+  }
+  auto* data = spec->mutable_data();
+  if (data->val_fraction() == 0.0 && data->val_path().empty()) data->set_val_fraction(0.1);
+
+  auto* opt = spec->mutable_optimizer();
+  if (!opt->has_beta1()) opt->set_beta1(0.9);
+  if (!opt->has_beta2()) opt->set_beta2(0.95);
+  if (!opt->has_epsilon()) opt->set_epsilon(1e-8);
+  if (!opt->has_weight_decay()) opt->set_weight_decay(0.1);
+  if (!opt->has_grad_clip_norm()) opt->set_grad_clip_norm(1.0);
+
+  auto* lr = spec->mutable_lr_schedule();
+  if (lr->kind() == weft::v1::LrSchedule::KIND_UNSPECIFIED) {
+    lr->set_kind(weft::v1::LrSchedule::COSINE);
+  }
+  if (!lr->has_min_lr_ratio()) lr->set_min_lr_ratio(0.1);
+
+  auto* train = spec->mutable_training();
+  if (train->sequence_length() == 0) train->set_sequence_length(model->context_length());
+  if (train->grad_accum_steps() == 0) train->set_grad_accum_steps(1);
+  if (train->val_interval_steps() > 0 && train->val_batches() == 0) train->set_val_batches(8);
+
+  auto* res = spec->mutable_resources();
+  if (spec->precision() == weft::v1::PRECISION_UNSPECIFIED) {
+    spec->set_precision(res->device_kind() == weft::v1::DEVICE_KIND_CUDA ? weft::v1::BF16
+                                                                         : weft::v1::FP32);
+  }
+  if (res->max_workers() == 0) res->set_max_workers(res->min_workers());
+
+  auto* ckpt = spec->mutable_checkpoint();
+  if (ckpt->keep_last() == 0) ckpt->set_keep_last(3);
+
+  auto* fault = spec->mutable_fault();
+  if (fault->heartbeat_interval_ms() == 0) fault->set_heartbeat_interval_ms(500);
+  if (fault->heartbeat_timeout_ms() == 0) fault->set_heartbeat_timeout_ms(3000);
+  if (!fault->has_max_restarts()) fault->set_max_restarts(3);
+  if (fault->stall_timeout_ms() == 0) fault->set_stall_timeout_ms(300000);
+}
+
+std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
+  std::vector<std::string> v;
+  auto bad = [&v](const std::string& field, const std::string& problem) {
+    v.push_back(absl::StrCat(field, ": ", problem));
+  };
+
+  if (spec.name().empty()) {
+    bad("name", "required");
+  } else if (!ValidName(spec.name(), 64, "._-")) {
+    bad("name", absl::StrCat("\"", spec.name(),
+                             "\" must be 1-64 characters of letters, digits, '.', '_', '-'"));
+  }
+
+  const auto& m = spec.model();
+  if (m.num_layers() < 1) bad("model.num_layers", absl::StrCat("must be >= 1, got ", m.num_layers()));
+  if (m.num_layers() > 1024) bad("model.num_layers", absl::StrCat("must be <= 1024, got ", m.num_layers()));
+  if (m.hidden_size() < 1) bad("model.hidden_size", absl::StrCat("must be >= 1, got ", m.hidden_size()));
+  if (m.num_heads() < 1) {
+    bad("model.num_heads", absl::StrCat("must be >= 1, got ", m.num_heads()));
+  } else if (m.hidden_size() >= 1 && m.hidden_size() % m.num_heads() != 0) {
+    bad("model.hidden_size", absl::StrCat("must be divisible by model.num_heads (", m.hidden_size(),
+                                          " % ", m.num_heads(), " = ",
+                                          m.hidden_size() % m.num_heads(), ")"));
+  }
+  if (m.vocab_size() < 2) bad("model.vocab_size", absl::StrCat("must be >= 2, got ", m.vocab_size()));
+  if (m.padded_vocab_size() < m.vocab_size()) {
+    bad("model.padded_vocab_size", absl::StrCat("must be >= model.vocab_size (", m.vocab_size(),
+                                                "), got ", m.padded_vocab_size()));
+  }
+  if (m.context_length() < 1) bad("model.context_length", absl::StrCat("must be >= 1, got ", m.context_length()));
+
+  const auto& d = spec.data();
+  if (d.train_path().empty()) bad("data.train_path", "required");
+  switch (d.format()) {
+    case weft::v1::DATA_FORMAT_TEXT_BYTES:
+      if (m.vocab_size() >= 2 && m.vocab_size() < 256) {
+        bad("model.vocab_size", absl::StrCat("must be >= 256 for DATA_FORMAT_TEXT_BYTES, got ",
+                                             m.vocab_size()));
+      }
+      break;
+    case weft::v1::DATA_FORMAT_UINT16_BIN:
+      if (m.vocab_size() > 65536) {
+        bad("model.vocab_size", absl::StrCat("must be <= 65536 for DATA_FORMAT_UINT16_BIN, got ",
+                                             m.vocab_size()));
+      }
+      break;
+    default:
+      bad("data.format", "required: DATA_FORMAT_TEXT_BYTES or DATA_FORMAT_UINT16_BIN");
+  }
+  if (!(std::isfinite(d.val_fraction()) && d.val_fraction() >= 0.0 && d.val_fraction() <= 0.5)) {
+    bad("data.val_fraction", absl::StrCat("must be in [0, 0.5], got ", d.val_fraction()));
+  }
+
+  const auto& o = spec.optimizer();
+  if (!(std::isfinite(o.learning_rate()) && o.learning_rate() > 0.0)) {
+    bad("optimizer.learning_rate", absl::StrCat("must be > 0, got ", o.learning_rate()));
+  }
+  if (!InUnitInterval(o.beta1(), false)) bad("optimizer.beta1", absl::StrCat("must be in [0, 1), got ", o.beta1()));
+  if (!InUnitInterval(o.beta2(), false)) bad("optimizer.beta2", absl::StrCat("must be in [0, 1), got ", o.beta2()));
+  if (!(std::isfinite(o.epsilon()) && o.epsilon() > 0.0)) bad("optimizer.epsilon", absl::StrCat("must be > 0, got ", o.epsilon()));
+  if (!(std::isfinite(o.weight_decay()) && o.weight_decay() >= 0.0)) {
+    bad("optimizer.weight_decay", absl::StrCat("must be >= 0, got ", o.weight_decay()));
+  }
+  if (!(std::isfinite(o.grad_clip_norm()) && o.grad_clip_norm() >= 0.0)) {
+    bad("optimizer.grad_clip_norm", absl::StrCat("must be >= 0, got ", o.grad_clip_norm()));
+  }
+
+  const auto& t = spec.training();
+  if (t.total_steps() < 1) bad("training.total_steps", absl::StrCat("must be >= 1, got ", t.total_steps()));
+  if (t.micro_batch_size() < 1) bad("training.micro_batch_size", absl::StrCat("must be >= 1, got ", t.micro_batch_size()));
+  if (t.sequence_length() < 1 || (m.context_length() >= 1 && t.sequence_length() > m.context_length())) {
+    bad("training.sequence_length", absl::StrCat("must be in [1, model.context_length = ",
+                                                 m.context_length(), "], got ", t.sequence_length()));
+  }
+  if (t.grad_accum_steps() < 1) bad("training.grad_accum_steps", absl::StrCat("must be >= 1, got ", t.grad_accum_steps()));
+  if (t.val_interval_steps() < 0) bad("training.val_interval_steps", absl::StrCat("must be >= 0, got ", t.val_interval_steps()));
+  if (t.val_interval_steps() > 0 && t.val_batches() < 1) {
+    bad("training.val_batches", absl::StrCat("must be >= 1 when validation is enabled, got ", t.val_batches()));
+  }
+
+  const auto& lr = spec.lr_schedule();
+  if (lr.warmup_steps() < 0 || (t.total_steps() >= 1 && lr.warmup_steps() >= t.total_steps())) {
+    bad("lr_schedule.warmup_steps", absl::StrCat("must be in [0, training.total_steps = ",
+                                                 t.total_steps(), "), got ", lr.warmup_steps()));
+  }
+  if (!InUnitInterval(lr.min_lr_ratio(), true)) {
+    bad("lr_schedule.min_lr_ratio", absl::StrCat("must be in [0, 1], got ", lr.min_lr_ratio()));
+  }
+
+  if (spec.zero_stage() < 0 || spec.zero_stage() > 3) {
+    bad("zero_stage", absl::StrCat("must be in [0, 3], got ", spec.zero_stage()));
+  }
+
+  const auto& r = spec.resources();
+  if (r.device_kind() != weft::v1::DEVICE_KIND_CPU && r.device_kind() != weft::v1::DEVICE_KIND_CUDA) {
+    bad("resources.device_kind", "required: DEVICE_KIND_CPU or DEVICE_KIND_CUDA");
+  }
+  if (spec.precision() == weft::v1::BF16 && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
+    bad("precision", "BF16 needs resources.device_kind DEVICE_KIND_CUDA (the CPU engine is FP32)");
+  }
+  if (r.min_workers() < 1) bad("resources.min_workers", absl::StrCat("must be >= 1, got ", r.min_workers()));
+  if (r.max_workers() < r.min_workers()) {
+    bad("resources.max_workers", absl::StrCat("must be >= resources.min_workers (", r.min_workers(),
+                                              "), got ", r.max_workers()));
+  }
+  if (r.max_workers() > 65536) bad("resources.max_workers", absl::StrCat("must be <= 65536, got ", r.max_workers()));
+
+  const auto& c = spec.checkpoint();
+  if (c.interval_steps() < 0) bad("checkpoint.interval_steps", absl::StrCat("must be >= 0, got ", c.interval_steps()));
+  if (c.keep_last() < 1) bad("checkpoint.keep_last", absl::StrCat("must be >= 1, got ", c.keep_last()));
+
+  const auto& f = spec.fault();
+  if (f.heartbeat_interval_ms() < 10) {
+    bad("fault.heartbeat_interval_ms", absl::StrCat("must be >= 10, got ", f.heartbeat_interval_ms()));
+  }
+  if (f.heartbeat_timeout_ms() <= f.heartbeat_interval_ms()) {
+    bad("fault.heartbeat_timeout_ms", absl::StrCat("must be > fault.heartbeat_interval_ms (",
+                                                   f.heartbeat_interval_ms(), "), got ",
+                                                   f.heartbeat_timeout_ms()));
+  }
+  if (f.max_restarts() < 0) bad("fault.max_restarts", absl::StrCat("must be >= 0, got ", f.max_restarts()));
+  if (f.stall_timeout_ms() <= f.heartbeat_timeout_ms()) {
+    bad("fault.stall_timeout_ms", absl::StrCat("must be > fault.heartbeat_timeout_ms (",
+                                               f.heartbeat_timeout_ms(), "), got ",
+                                               f.stall_timeout_ms()));
+  }
+  return v;
+}
+
+absl::StatusOr<JobSpec> NormalizeJobSpec(JobSpec spec) {
+  ApplyJobSpecDefaults(&spec);
+  std::vector<std::string> violations = ValidateJobSpec(spec);
+  if (!violations.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid job spec (", violations.size(), " problem",
+                     violations.size() == 1 ? "" : "s", "):\n", absl::StrJoin(violations, "\n")));
+  }
+  return spec;
+}
+
+int64_t ModelParameterCount(const weft::v1::ModelSpec& m) {
+  const int64_t c = m.hidden_size();
+  const int64_t l = m.num_layers();
+  const int64_t v = m.padded_vocab_size() > 0 ? m.padded_vocab_size() : m.vocab_size();
+  const int64_t t = m.context_length();
+  // Per block: 2 LayerNorms (4C), QKV (3C^2 + 3C), attention projection (C^2 + C),
+  // MLP up (4C^2 + 4C) and down (4C^2 + C).
+  const int64_t per_block = 12 * c * c + 13 * c;
+  return v * c + t * c + l * per_block + 2 * c;
+}
+
+}  // namespace weft

@@ -1,0 +1,41 @@
+// JobSpec text parsing, defaults and validation, shared by trainctl (parse), the coordinator
+// (defaults + validation on submit) and the worker (which trusts only validated specs).
+#ifndef WEFT_COMMON_JOB_SPEC_H_
+#define WEFT_COMMON_JOB_SPEC_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "weft/v1/job.pb.h"
+
+namespace weft {
+
+// Parses a text-format JobSpec. `filename` only labels errors. On failure the status is
+// INVALID_ARGUMENT with one line per problem as "file:line:column: message" (1-based), e.g.
+// `job.pb.txt:4:3: Message type "weft.v1.ModelSpec" has no field named "layers".`
+absl::StatusOr<weft::v1::JobSpec> ParseJobSpecText(std::string_view text,
+                                                   std::string_view filename);
+
+// Reads and parses a text-format JobSpec file; NOT_FOUND / PERMISSION_DENIED name the file.
+absl::StatusOr<weft::v1::JobSpec> ReadJobSpecFile(const std::string& path);
+
+// Replaces every unset or zero field that has a documented default (job.proto) with it.
+// Idempotent; leaves required fields and out-of-range values alone so that validation can
+// name them.
+void ApplyJobSpecDefaults(weft::v1::JobSpec* spec);
+
+// Every violation in `spec`, each "field.path: what is wrong". Empty means valid. Meant to run
+// after ApplyJobSpecDefaults.
+std::vector<std::string> ValidateJobSpec(const weft::v1::JobSpec& spec);
+
+// Applies defaults and validates; INVALID_ARGUMENT listing every violation, one per line.
+absl::StatusOr<weft::v1::JobSpec> NormalizeJobSpec(weft::v1::JobSpec spec);
+
+// GPT-2 parameter count of the spec's model (tied LM head, padded vocabulary).
+int64_t ModelParameterCount(const weft::v1::ModelSpec& model);
+
+}  // namespace weft
+
+#endif  // WEFT_COMMON_JOB_SPEC_H_

@@ -1,0 +1,38 @@
+#include "common/metrics.h"
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+
+namespace weft {
+
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
+    const std::string& bind_address, std::shared_ptr<prometheus::Registry> registry) {
+  if (absl::Status s = CheckHostPort(bind_address, "--metrics-address"); !s.ok()) return s;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    // One civetweb thread is plenty for a scrape every few seconds.
+    exposer = std::make_unique<prometheus::Exposer>(bind_address, 1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics-address ", bind_address, ": cannot listen: ", e.what()));
+  }
+  exposer->RegisterCollectable(registry);
+  const auto ports = exposer->GetListeningPorts();
+  if (ports.empty()) {
+    return absl::UnavailableError(absl::StrCat("--metrics-address ", bind_address,
+                                               ": no listening port after bind"));
+  }
+  return std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint(std::move(exposer), ports[0]));
+}
+
+prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double factor,
+                                                           int count) {
+  prometheus::Histogram::BucketBoundaries b;
+  double x = start;
+  for (int i = 0; i < count; ++i, x *= factor) b.push_back(x);
+  return b;
+}
+
+}  // namespace weft

@@ -1,0 +1,987 @@
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/job_spec.h"
+#include "common/metrics.h"
+#include "common/time_util.h"
+#include "spdlog/spdlog.h"
+
+namespace weft::coordinator {
+
+using weft::v1::Command;
+using weft::v1::Job;
+using weft::v1::JobEventType;
+using weft::v1::JobSpec;
+using weft::v1::JobState;
+using weft::v1::JobStatus;
+using weft::v1::WorkerState;
+
+namespace {
+
+constexpr JobState kAllJobStates[] = {weft::v1::PENDING,   weft::v1::RUNNING,
+                                      weft::v1::RECOVERING, weft::v1::SUCCEEDED,
+                                      weft::v1::FAILED,    weft::v1::CANCELLED};
+constexpr WorkerState kAllWorkerStates[] = {weft::v1::WORKER_IDLE, weft::v1::WORKER_BUSY,
+                                            weft::v1::WORKER_DEAD};
+
+bool ValidWorkerId(const std::string& id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '/' || c == ':' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string DeviceName(const weft::v1::WorkerInfo& info) {
+  return absl::StrCat(info.device_kind() == weft::v1::DEVICE_KIND_CUDA ? "cuda" : "cpu",
+                      info.device_index());
+}
+
+int64_t SeqFromJobId(const std::string& job_id) {
+  int64_t seq = 0;
+  const size_t dash = job_id.rfind('-');
+  if (dash != std::string::npos) (void)absl::SimpleAtoi(job_id.substr(dash + 1), &seq);
+  return seq;
+}
+
+std::string FailureKindLabel(FailureKind kind) {
+  switch (kind) {
+    case FailureKind::kHeartbeatTimeout:
+      return "heartbeat_timeout";
+    case FailureKind::kRendezvousTimeout:
+      return "rendezvous_timeout";
+    case FailureKind::kStall:
+      return "stall";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(
+    const CoordinatorOptions& options, std::shared_ptr<prometheus::Registry> registry,
+    Clock clock, bool start_ticking) {
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("--data-dir: required");
+  auto db = StateDb::Open(options.data_dir);
+  if (!db.ok()) return db.status();
+  auto jobs = (*db)->LoadJobs();
+  if (!jobs.ok()) return jobs.status();
+  auto seq = (*db)->LoadNextJobSeq();
+  if (!seq.ok()) return seq.status();
+  if (!clock) clock = [] { return absl::Now(); };
+
+  std::unique_ptr<Coordinator> c(
+      new Coordinator(options, std::move(registry), std::move(clock), std::move(*db)));
+  Actions actions;
+  {
+    absl::MutexLock lock(&c->mu_);
+    c->next_job_seq_ = *seq;
+    for (Job& job : *jobs) {
+      const std::string id = job.status().job_id();
+      JobRecord& rec = c->jobs_[id];
+      rec.job = std::move(job);
+      rec.seq = SeqFromJobId(id);
+      rec.last_persist = c->Now();
+      if (rec.job.status().state() == weft::v1::RUNNING) {
+        // Its workers were attached to the previous process; they re-register and the job
+        // forms a new generation. Not the job's fault, so no restart is used.
+        c->SetStateLocked(rec, weft::v1::RECOVERING,
+                          absl::StrCat("coordinator restarted; generation ",
+                                       rec.job.status().generation(), " abandoned"),
+                          actions);
+        rec.job.mutable_status()->clear_worker_ids();
+        c->CommitLocked(rec, actions);
+      }
+    }
+    c->UpdateGaugesLocked();
+    spdlog::info("state loaded from {}: {} jobs, next job sequence {}", options.data_dir,
+                 c->jobs_.size(), c->next_job_seq_);
+    c->ticking_ = start_ticking;
+  }
+  if (start_ticking) c->ScheduleTick();
+  return c;
+}
+
+Coordinator::Coordinator(const CoordinatorOptions& options,
+                         std::shared_ptr<prometheus::Registry> registry, Clock clock,
+                         std::unique_ptr<StateDb> db)
+    : options_(options), registry_(std::move(registry)), clock_(std::move(clock)),
+      db_(std::move(db)) {
+  jobs_gauge_ = &prometheus::BuildGauge()
+                     .Name("weft_coordinator_jobs")
+                     .Help("Jobs by state")
+                     .Register(*registry_);
+  for (JobState s : kAllJobStates) jobs_gauge_->Add({{"state", JobState_Name(s)}});
+  workers_gauge_ = &prometheus::BuildGauge()
+                        .Name("weft_coordinator_workers")
+                        .Help("Registered workers by state")
+                        .Register(*registry_);
+  for (WorkerState s : kAllWorkerStates) workers_gauge_->Add({{"state", WorkerState_Name(s)}});
+  heartbeats_ = &prometheus::BuildCounter()
+                     .Name("weft_coordinator_heartbeats_total")
+                     .Help("Heartbeats received")
+                     .Register(*registry_)
+                     .Add({});
+  jobs_submitted_ = &prometheus::BuildCounter()
+                         .Name("weft_coordinator_jobs_submitted_total")
+                         .Help("Jobs accepted by SubmitJob")
+                         .Register(*registry_)
+                         .Add({});
+  rendezvous_latency_ = &prometheus::BuildHistogram()
+                             .Name("weft_coordinator_rendezvous_latency_seconds")
+                             .Help("From a generation's assignment to its last member joining")
+                             .Register(*registry_)
+                             .Add({}, ExponentialBuckets(0.001, 2.0, 18));
+  failures_ = &prometheus::BuildCounter()
+                   .Name("weft_coordinator_failures_detected_total")
+                   .Help("Failures that ended a generation or marked a worker dead, by kind")
+                   .Register(*registry_);
+  for (const char* kind : {"heartbeat_timeout", "rendezvous_timeout", "stall", "rank_error",
+                           "reregistered"}) {
+    failures_->Add({{"kind", kind}});
+  }
+  generations_started_ = &prometheus::BuildCounter()
+                              .Name("weft_coordinator_generations_started_total")
+                              .Help("Job generations formed (first starts and restarts)")
+                              .Register(*registry_)
+                              .Add({});
+}
+
+Coordinator::~Coordinator() { Shutdown(); }
+
+void Coordinator::Shutdown() {
+  Actions actions;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  if (tick_timer_id_ != 0) timer_.Cancel(tick_timer_id_);
+  const absl::Status unavailable = absl::UnavailableError("coordinator shutting down; retry");
+  for (auto& [id, worker] : workers_) {
+    if (worker.parked) {
+      timer_.Cancel(worker.parked->timer_id);
+      actions.Add([done = std::move(worker.parked->done), unavailable] { done(unavailable); });
+      worker.parked.reset();
+    }
+  }
+  for (auto& [id, rec] : jobs_) {
+    if (!rec.generation) continue;
+    for (auto& [w, waiter] : rec.generation->join_waiters) {
+      timer_.Cancel(waiter.timer_id);
+      actions.Add([done = std::move(waiter.done), unavailable] { done(unavailable); });
+    }
+    rec.generation->join_waiters.clear();
+    actions.Add([store = rec.generation->store, unavailable] { store->Close(unavailable); });
+  }
+  for (auto& [id, watcher] : watchers_) {
+    auto it = jobs_.find(watcher.job_id);
+    if (it == jobs_.end()) continue;
+    actions.Add([fn = std::move(watcher.fn), status = it->second.job.status()] {
+      fn(status, UINT64_MAX, true);
+    });
+  }
+  watchers_.clear();
+  // `actions` runs after the lock is released (declared first, destroyed last).
+}
+
+void Coordinator::ScheduleTick() {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_ || !ticking_) return;
+  tick_timer_id_ =
+      timer_.Schedule(absl::Now() + absl::Milliseconds(options_.tick_interval_ms), [this] {
+        Tick();
+        ScheduleTick();
+      });
+}
+
+bool Coordinator::IsTerminal(JobState state) const {
+  return state == weft::v1::SUCCEEDED || state == weft::v1::FAILED ||
+         state == weft::v1::CANCELLED;
+}
+
+// ---- helpers -------------------------------------------------------------------------------
+
+void Coordinator::AddEventLocked(JobRecord& rec, JobEventType type, const std::string& message,
+                                 Actions& actions) {
+  auto* status = rec.job.mutable_status();
+  auto* event = status->add_events();
+  ToProtoTime(Now(), event->mutable_time());
+  event->set_type(type);
+  event->set_generation(status->generation());
+  event->set_state(status->state());
+  event->set_message(message);
+  if (status->events_size() > options_.max_events_per_job) {
+    status->mutable_events()->DeleteSubrange(
+        0, status->events_size() - options_.max_events_per_job);
+  }
+  spdlog::info("job {}: {}: {}", status->job_id(), weft::v1::JobEventType_Name(type), message);
+}
+
+void Coordinator::SetStateLocked(JobRecord& rec, JobState state, const std::string& reason,
+                                 Actions& actions) {
+  auto* status = rec.job.mutable_status();
+  if (status->state() == state) return;
+  status->set_state(state);
+  if (IsTerminal(state)) ToProtoTime(Now(), status->mutable_end_time());
+  if (state != weft::v1::PENDING && state != weft::v1::RECOVERING) status->clear_pending_reason();
+  AddEventLocked(rec, weft::v1::STATE_CHANGED, absl::StrCat(JobState_Name(state), ": ", reason),
+                 actions);
+}
+
+void Coordinator::CommitLocked(JobRecord& rec, Actions& actions) {
+  if (absl::Status s = db_->PutJob(rec.job); !s.ok()) {
+    // The in-memory state stays authoritative; the next commit retries the write.
+    spdlog::error("job {}: {}", rec.job.status().job_id(), std::string(s.message()));
+  } else {
+    rec.last_persist = Now();
+  }
+  NotifyWatchersLocked(rec, actions);
+}
+
+void Coordinator::NotifyWatchersLocked(const JobRecord& rec, Actions& actions) {
+  const std::string& job_id = rec.job.status().job_id();
+  const bool final = IsTerminal(rec.job.status().state());
+  const uint64_t seq = ++update_seq_;
+  for (auto it = watchers_.begin(); it != watchers_.end();) {
+    if (it->second.job_id != job_id) {
+      ++it;
+      continue;
+    }
+    actions.Add([fn = it->second.fn, status = rec.job.status(), seq, final] {
+      fn(status, seq, final);
+    });
+    it = final ? watchers_.erase(it) : std::next(it);
+  }
+}
+
+int64_t Coordinator::HeartbeatIntervalLocked(const WorkerRecord& worker) {
+  if (worker.status.state() == weft::v1::WORKER_BUSY) {
+    auto it = jobs_.find(worker.status.job_id());
+    if (it != jobs_.end()) return it->second.job.spec().fault().heartbeat_interval_ms();
+  }
+  return options_.heartbeat_interval_ms;
+}
+
+weft::v1::HeartbeatResponse Coordinator::TakeCommandsLocked(WorkerRecord& worker,
+                                                            int64_t interval_ms) {
+  weft::v1::HeartbeatResponse response;
+  for (auto& c : worker.pending) *response.add_commands() = std::move(c);
+  worker.pending.clear();
+  response.set_heartbeat_interval_ms(interval_ms);
+  return response;
+}
+
+void Coordinator::FlushHeartbeatLocked(WorkerRecord& worker, Actions& actions) {
+  if (!worker.parked) return;
+  timer_.Cancel(worker.parked->timer_id);
+  auto response = TakeCommandsLocked(worker, HeartbeatIntervalLocked(worker));
+  actions.Add([done = std::move(worker.parked->done), response = std::move(response)] {
+    done(response);
+  });
+  worker.parked.reset();
+}
+
+void Coordinator::EnqueueCommandLocked(WorkerRecord& worker, Command command, Actions& actions) {
+  worker.pending.push_back(std::move(command));
+  FlushHeartbeatLocked(worker, actions);
+}
+
+// ---- generations ---------------------------------------------------------------------------
+
+void Coordinator::StartGenerationLocked(JobRecord& rec, const Placement& placement,
+                                        Actions& actions) {
+  auto* status = rec.job.mutable_status();
+  const int64_t number = status->generation() + 1;
+  status->set_generation(number);
+  status->clear_worker_ids();
+  if (!status->has_start_time()) ToProtoTime(Now(), status->mutable_start_time());
+
+  Generation gen;
+  gen.number = number;
+  gen.members = placement.worker_ids;
+  gen.start_time = Now();
+  gen.last_progress_time = gen.start_time;
+  gen.store = std::make_shared<MemoryStore>();
+  const int32_t world = static_cast<int32_t>(gen.members.size());
+  for (int32_t rank = 0; rank < world; ++rank) {
+    const std::string& id = gen.members[rank];
+    status->add_worker_ids(id);
+    WorkerRecord& worker = workers_[id];
+    worker.status.set_state(weft::v1::WORKER_BUSY);
+    worker.status.set_job_id(status->job_id());
+    worker.status.set_generation(number);
+    worker.status.set_rank(rank);
+    worker.status.set_reason(absl::StrCat("rank ", rank, " of job ", status->job_id(),
+                                          " generation ", number));
+    Command command;
+    auto* join = command.mutable_join_job();
+    join->set_job_id(status->job_id());
+    join->set_generation(number);
+    *join->mutable_spec() = rec.job.spec();
+    join->set_rank(rank);
+    join->set_world_size(world);
+    EnqueueCommandLocked(worker, std::move(command), actions);
+  }
+  rec.generation = std::move(gen);
+  generations_started_->Increment();
+  AddEventLocked(rec, weft::v1::GENERATION_STARTED,
+                 absl::StrCat("generation ", number, " on ", placement.reason, ": ",
+                              absl::StrJoin(placement.worker_ids, ", ")),
+                 actions);
+  SetStateLocked(rec, weft::v1::RUNNING, absl::StrCat("generation ", number, " assigned"),
+                 actions);
+  CommitLocked(rec, actions);
+}
+
+weft::v1::JoinResponse Coordinator::JoinResponseFor(const JobRecord& rec,
+                                                    const std::string& worker_id) {
+  weft::v1::JoinResponse response;
+  const Generation& gen = *rec.generation;
+  const int32_t world = static_cast<int32_t>(gen.members.size());
+  response.set_world_size(world);
+  std::string my_host;
+  if (auto it = workers_.find(worker_id); it != workers_.end()) my_host = it->second.status.info().host();
+  int32_t local_rank = 0, local_world = 0;
+  for (int32_t rank = 0; rank < world; ++rank) {
+    const std::string& id = gen.members[rank];
+    auto* peer = response.add_peers();
+    peer->set_rank(rank);
+    peer->set_worker_id(id);
+    if (auto it = workers_.find(id); it != workers_.end()) {
+      const auto& info = it->second.status.info();
+      peer->set_host(info.host());
+      peer->set_device_index(info.device_index());
+      peer->set_address(info.address());
+    }
+    if (id == worker_id) {
+      response.set_rank(rank);
+      local_rank = local_world;
+    }
+    if (peer->host() == my_host) ++local_world;
+  }
+  response.set_local_rank(local_rank);
+  response.set_local_world_size(local_world);
+  return response;
+}
+
+void Coordinator::CompleteRendezvousLocked(JobRecord& rec, Actions& actions) {
+  Generation& gen = *rec.generation;
+  gen.rendezvous_complete = true;
+  gen.last_progress_time = Now();
+  const absl::Duration took = Now() - gen.start_time;
+  rendezvous_latency_->Observe(absl::ToDoubleSeconds(took));
+  for (auto& [worker_id, waiter] : gen.join_waiters) {
+    timer_.Cancel(waiter.timer_id);
+    actions.Add([done = std::move(waiter.done), response = JoinResponseFor(rec, worker_id)] {
+      done(response);
+    });
+  }
+  gen.join_waiters.clear();
+  spdlog::info("job {}: generation {} rendezvous complete: {} ranks in {}",
+               rec.job.status().job_id(), gen.number, gen.members.size(),
+               absl::FormatDuration(took));
+}
+
+void Coordinator::EndGenerationLocked(JobRecord& rec, const std::string& reason, bool completed,
+                                      Actions& actions) {
+  if (!rec.generation) return;
+  Generation gen = std::move(*rec.generation);
+  rec.generation.reset();
+  const std::string& job_id = rec.job.status().job_id();
+  for (const std::string& id : gen.members) {
+    auto it = workers_.find(id);
+    if (it == workers_.end()) continue;
+    WorkerRecord& worker = it->second;
+    if (worker.status.job_id() != job_id || worker.status.generation() != gen.number) continue;
+    worker.status.clear_job_id();
+    worker.status.clear_generation();
+    worker.status.clear_rank();
+    if (worker.status.state() == weft::v1::WORKER_DEAD) continue;
+    worker.status.set_state(weft::v1::WORKER_IDLE);
+    worker.status.set_reason(absl::StrCat("released from job ", job_id, " generation ",
+                                          gen.number));
+    if (!completed) {
+      Command command;
+      auto* abort = command.mutable_abort_generation();
+      abort->set_job_id(job_id);
+      abort->set_generation(gen.number);
+      abort->set_reason(reason);
+      EnqueueCommandLocked(worker, std::move(command), actions);
+    }
+  }
+  const absl::Status aborted = absl::AbortedError(
+      absl::StrCat("generation ", gen.number, " of job ", job_id, " ended: ", reason));
+  for (auto& [worker_id, waiter] : gen.join_waiters) {
+    timer_.Cancel(waiter.timer_id);
+    actions.Add([done = std::move(waiter.done), aborted] { done(aborted); });
+  }
+  actions.Add([store = gen.store, aborted] { store->Close(aborted); });
+  rec.job.mutable_status()->clear_worker_ids();
+  AddEventLocked(rec, weft::v1::GENERATION_ENDED,
+                 absl::StrCat("generation ", gen.number, " ended: ", reason), actions);
+}
+
+void Coordinator::FailGenerationLocked(JobRecord& rec, const std::string& cause, bool permanent,
+                                       JobEventType event, Actions& actions) {
+  AddEventLocked(rec, event, cause, actions);
+  EndGenerationLocked(rec, cause, /*completed=*/false, actions);
+  auto* status = rec.job.mutable_status();
+  const RecoveryDecision d = DecideAfterFailure(
+      status->restarts(), rec.job.spec().fault().max_restarts(), permanent, cause);
+  if (d.counts_as_restart) status->set_restarts(status->restarts() + 1);
+  if (d.next_state == weft::v1::FAILED) status->set_error(d.reason);
+  SetStateLocked(rec, d.next_state, d.reason, actions);
+  CommitLocked(rec, actions);
+}
+
+void Coordinator::ScheduleLocked(Actions& actions) {
+  std::vector<JobRecord*> waiting;
+  for (auto& [id, rec] : jobs_) {
+    const JobState s = rec.job.status().state();
+    if ((s == weft::v1::PENDING || s == weft::v1::RECOVERING) && !rec.generation) {
+      waiting.push_back(&rec);
+    }
+  }
+  if (waiting.empty()) return;
+  std::sort(waiting.begin(), waiting.end(),
+            [](const JobRecord* a, const JobRecord* b) { return a->seq < b->seq; });
+  std::vector<WaitingJobView> jobs;
+  absl::flat_hash_map<std::string, JobRecord*> by_id;
+  for (JobRecord* rec : waiting) {
+    const auto& r = rec->job.spec().resources();
+    jobs.push_back({rec->job.status().job_id(), r.device_kind(), r.min_workers(), r.max_workers()});
+    by_id[rec->job.status().job_id()] = rec;
+  }
+  std::vector<IdleWorkerView> idle;
+  for (const auto& [id, w] : workers_) {
+    if (w.status.state() != weft::v1::WORKER_IDLE) continue;
+    idle.push_back({id, w.status.info().host(), w.status.info().device_index(),
+                    w.status.info().device_kind()});
+  }
+  const ScheduleDecision decision = Schedule(jobs, idle);
+  for (const auto& placement : decision.placements) {
+    StartGenerationLocked(*by_id[placement.job_id], placement, actions);
+  }
+  for (const auto& [job_id, reason] : decision.waiting) {
+    JobRecord& rec = *by_id[job_id];
+    if (rec.job.status().pending_reason() != reason) {
+      rec.job.mutable_status()->set_pending_reason(reason);
+      NotifyWatchersLocked(rec, actions);
+    }
+  }
+}
+
+void Coordinator::UpdateGaugesLocked() {
+  absl::flat_hash_map<int, int> jobs_by_state, workers_by_state;  // keyed by enum value
+  for (const auto& [id, rec] : jobs_) ++jobs_by_state[rec.job.status().state()];
+  for (const auto& [id, w] : workers_) ++workers_by_state[w.status.state()];
+  for (JobState s : kAllJobStates) {
+    jobs_gauge_->Add({{"state", JobState_Name(s)}}).Set(jobs_by_state[s]);
+  }
+  for (WorkerState s : kAllWorkerStates) {
+    workers_gauge_->Add({{"state", WorkerState_Name(s)}}).Set(workers_by_state[s]);
+  }
+}
+
+// ---- jobs ----------------------------------------------------------------------------------
+
+absl::StatusOr<weft::v1::SubmitJobResponse> Coordinator::SubmitJob(const JobSpec& raw_spec) {
+  auto spec = NormalizeJobSpec(raw_spec);
+  if (!spec.ok()) return spec.status();
+  Actions actions;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("coordinator shutting down; retry");
+  const int64_t seq = next_job_seq_;
+  JobRecord rec;
+  rec.seq = seq;
+  *rec.job.mutable_spec() = *spec;
+  auto* status = rec.job.mutable_status();
+  status->set_job_id(absl::StrCat(spec->name(), "-", seq));
+  status->set_name(spec->name());
+  status->set_state(weft::v1::PENDING);
+  status->set_total_steps(spec->training().total_steps());
+  ToProtoTime(Now(), status->mutable_create_time());
+  const auto& r = spec->resources();
+  AddEventLocked(rec, weft::v1::SUBMITTED,
+                 absl::StrCat("submitted; needs ", r.min_workers(), "-", r.max_workers(), " ",
+                              weft::v1::DeviceKind_Name(r.device_kind()), " workers, ",
+                              ModelParameterCount(spec->model()), " parameters"),
+                 actions);
+  // Durable before acknowledged: a job the client was told about survives any crash.
+  if (absl::Status s = db_->PutJob(rec.job, seq + 1); !s.ok()) return s;
+  next_job_seq_ = seq + 1;
+  rec.last_persist = Now();
+  const std::string job_id = status->job_id();
+  jobs_.emplace(job_id, std::move(rec));
+  jobs_submitted_->Increment();
+  ScheduleLocked(actions);
+  UpdateGaugesLocked();
+  weft::v1::SubmitJobResponse response;
+  response.set_job_id(job_id);
+  *response.mutable_spec() = *spec;
+  return response;
+}
+
+absl::StatusOr<Job> Coordinator::GetJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  return it->second.job;
+}
+
+absl::StatusOr<weft::v1::ListJobsResponse> Coordinator::ListJobs(
+    const weft::v1::ListJobsRequest& request) {
+  if (request.limit() < 0 || request.limit() > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit: must be in [0, 1000], got ", request.limit()));
+  }
+  const int limit = request.limit() == 0 ? 100 : request.limit();
+  absl::flat_hash_set<int> states(request.states().begin(), request.states().end());
+  absl::MutexLock lock(&mu_);
+  std::vector<const JobRecord*> selected;
+  for (const auto& [id, rec] : jobs_) {
+    if (states.empty() || states.contains(rec.job.status().state())) selected.push_back(&rec);
+  }
+  std::sort(selected.begin(), selected.end(),
+            [](const JobRecord* a, const JobRecord* b) { return a->seq > b->seq; });
+  weft::v1::ListJobsResponse response;
+  for (size_t i = 0; i < selected.size() && static_cast<int>(i) < limit; ++i) {
+    JobStatus* status = response.add_jobs();
+    *status = selected[i]->job.status();
+    // A listing is a summary: the full event log is one GetJob away.
+    status->clear_events();
+  }
+  return response;
+}
+
+absl::StatusOr<JobStatus> Coordinator::CancelJob(const std::string& job_id,
+                                                 const std::string& reason) {
+  Actions actions;
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  JobRecord& rec = it->second;
+  if (IsTerminal(rec.job.status().state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " already ended: ", JobState_Name(rec.job.status().state())));
+  }
+  const std::string why = reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason);
+  AddEventLocked(rec, weft::v1::CANCEL_REQUESTED, why, actions);
+  EndGenerationLocked(rec, why, /*completed=*/false, actions);
+  SetStateLocked(rec, weft::v1::CANCELLED, why, actions);
+  CommitLocked(rec, actions);
+  ScheduleLocked(actions);
+  UpdateGaugesLocked();
+  return rec.job.status();
+}
+
+absl::StatusOr<uint64_t> Coordinator::AddWatcher(const std::string& job_id, Watcher watcher) {
+  Actions actions;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("coordinator shutting down; retry");
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  const bool final = IsTerminal(it->second.job.status().state());
+  const uint64_t seq = ++update_seq_;
+  actions.Add([watcher, status = it->second.job.status(), seq, final] {
+    watcher(status, seq, final);
+  });
+  if (final) return 0;
+  const uint64_t id = next_watcher_id_++;
+  watchers_.emplace(id, WatcherRecord{job_id, std::move(watcher)});
+  return id;
+}
+
+void Coordinator::RemoveWatcher(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  watchers_.erase(id);
+}
+
+// ---- workers -------------------------------------------------------------------------------
+
+absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
+    weft::v1::WorkerInfo info) {
+  std::vector<std::string> problems;
+  if (info.host().empty()) problems.push_back("info.host: required");
+  if (info.device_kind() != weft::v1::DEVICE_KIND_CPU &&
+      info.device_kind() != weft::v1::DEVICE_KIND_CUDA) {
+    problems.push_back("info.device_kind: required: DEVICE_KIND_CPU or DEVICE_KIND_CUDA");
+  }
+  if (info.device_index() < 0) {
+    problems.push_back(absl::StrCat("info.device_index: must be >= 0, got ", info.device_index()));
+  }
+  if (info.worker_id().empty() && problems.empty()) {
+    info.set_worker_id(absl::StrCat(info.host(), "/", DeviceName(info)));
+  }
+  if (!info.worker_id().empty() && !ValidWorkerId(info.worker_id())) {
+    problems.push_back(absl::StrCat("info.worker_id: \"", info.worker_id(),
+                                    "\" must be 1-128 characters of letters, digits, ._/:-"));
+  }
+  if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
+
+  Actions actions;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("coordinator shutting down; retry");
+  const std::string id = info.worker_id();
+  WorkerRecord& worker = workers_[id];
+  int64_t incarnation = worker.status.incarnation() + 1;
+  if (worker.status.state() == weft::v1::WORKER_BUSY) {
+    // The process that held this id is gone: its generation cannot continue.
+    auto job = jobs_.find(worker.status.job_id());
+    if (job != jobs_.end() && job->second.generation &&
+        job->second.generation->number == worker.status.generation()) {
+      failures_->Add({{"kind", "reregistered"}}).Increment();
+      worker.status.set_state(weft::v1::WORKER_DEAD);
+      FailGenerationLocked(job->second,
+                           absl::StrCat("worker ", id, " re-registered (its previous process, "
+                                        "rank ", worker.status.rank(), ", is gone)"),
+                           /*permanent=*/false, weft::v1::WORKER_LOST, actions);
+    }
+  }
+  if (worker.parked) {
+    timer_.Cancel(worker.parked->timer_id);
+    actions.Add([done = std::move(worker.parked->done)] {
+      done(absl::FailedPreconditionError("superseded by a newer registration of this worker"));
+    });
+    worker.parked.reset();
+  }
+  worker.pending.clear();
+  worker.status = weft::v1::WorkerStatus();
+  *worker.status.mutable_info() = std::move(info);
+  worker.status.set_state(weft::v1::WORKER_IDLE);
+  worker.status.set_incarnation(incarnation);
+  worker.status.set_reason("registered");
+  worker.last_heartbeat = Now();
+  ToProtoTime(Now(), worker.status.mutable_register_time());
+  ToProtoTime(Now(), worker.status.mutable_last_heartbeat_time());
+  spdlog::debug("worker {} registered (incarnation {})", id, incarnation);
+  ScheduleLocked(actions);
+
+  weft::v1::RegisterWorkerResponse response;
+  response.set_worker_id(id);
+  response.set_incarnation(incarnation);
+  response.set_heartbeat_interval_ms(HeartbeatIntervalLocked(worker));
+  return response;
+}
+
+void Coordinator::Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Time deadline,
+                            Done<weft::v1::HeartbeatResponse> done) {
+  heartbeats_->Increment();
+  Actions actions;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) {
+    actions.Add([done] { done(absl::UnavailableError("coordinator shutting down; retry")); });
+    return;
+  }
+  auto it = workers_.find(request.worker_id());
+  if (it == workers_.end() || it->second.status.incarnation() != request.incarnation()) {
+    const std::string why =
+        it == workers_.end()
+            ? absl::StrCat("worker ", request.worker_id(), " is not registered; register again")
+            : absl::StrCat("worker ", request.worker_id(), " incarnation ", request.incarnation(),
+                           " is stale (current ", it->second.status.incarnation(),
+                           "); register again");
+    actions.Add([done, why] { done(absl::FailedPreconditionError(why)); });
+    return;
+  }
+  WorkerRecord& worker = it->second;
+  worker.last_heartbeat = Now();
+  ToProtoTime(Now(), worker.status.mutable_last_heartbeat_time());
+  if (worker.status.state() == weft::v1::WORKER_DEAD) {
+    worker.status.set_state(weft::v1::WORKER_IDLE);
+    worker.status.set_reason("heartbeating again after being declared dead");
+    ScheduleLocked(actions);
+  }
+  // A worker still training in a generation that ended (it missed the abort, or the
+  // coordinator restarted) is told to stop.
+  if (!request.job_id().empty() && (worker.status.job_id() != request.job_id() ||
+                                    worker.status.generation() != request.generation())) {
+    const bool already_told = std::any_of(
+        worker.pending.begin(), worker.pending.end(), [&request](const Command& c) {
+          return c.has_abort_generation() && c.abort_generation().job_id() == request.job_id() &&
+                 c.abort_generation().generation() == request.generation();
+        });
+    if (!already_told) {
+      Command command;
+      auto* abort = command.mutable_abort_generation();
+      abort->set_job_id(request.job_id());
+      abort->set_generation(request.generation());
+      abort->set_reason("generation is no longer active");
+      worker.pending.push_back(std::move(command));
+    }
+  }
+  const int64_t interval_ms = HeartbeatIntervalLocked(worker);
+  if (worker.parked) {
+    // A newer heartbeat supersedes a held one (e.g. the client gave up on it).
+    timer_.Cancel(worker.parked->timer_id);
+    weft::v1::HeartbeatResponse empty;
+    empty.set_heartbeat_interval_ms(interval_ms);
+    actions.Add([done = std::move(worker.parked->done), empty] { done(empty); });
+    worker.parked.reset();
+  }
+  const int64_t hold_ms = std::min(request.wait_for_command_ms(), interval_ms);
+  if (!worker.pending.empty() || hold_ms <= 0) {
+    actions.Add([done, response = TakeCommandsLocked(worker, interval_ms)] { done(response); });
+    return;
+  }
+  const absl::Time wake = std::min(deadline, absl::Now() + absl::Milliseconds(hold_ms));
+  ParkedHeartbeat parked;
+  parked.done = std::move(done);
+  parked.interval_ms = interval_ms;
+  const std::string worker_id = request.worker_id();
+  const int64_t incarnation = request.incarnation();
+  // The timer id is only known after Schedule; the callback looks the parked call up by it.
+  auto id_holder = std::make_shared<uint64_t>(0);
+  parked.timer_id = timer_.Schedule(wake, [this, worker_id, incarnation, id_holder] {
+    Actions timer_actions;
+    absl::MutexLock timer_lock(&mu_);
+    auto w = workers_.find(worker_id);
+    if (w == workers_.end() || w->second.status.incarnation() != incarnation ||
+        !w->second.parked || w->second.parked->timer_id != *id_holder) {
+      return;
+    }
+    auto response = TakeCommandsLocked(w->second, w->second.parked->interval_ms);
+    timer_actions.Add([done = std::move(w->second.parked->done), response] { done(response); });
+    w->second.parked.reset();
+  });
+  *id_holder = parked.timer_id;
+  worker.parked = std::move(parked);
+}
+
+absl::StatusOr<weft::v1::ListWorkersResponse> Coordinator::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  weft::v1::ListWorkersResponse response;
+  std::vector<const WorkerRecord*> sorted;
+  for (const auto& [id, w] : workers_) sorted.push_back(&w);
+  std::sort(sorted.begin(), sorted.end(), [](const WorkerRecord* a, const WorkerRecord* b) {
+    const auto& x = a->status.info();
+    const auto& y = b->status.info();
+    return std::make_tuple(x.host(), x.device_index(), x.worker_id()) <
+           std::make_tuple(y.host(), y.device_index(), y.worker_id());
+  });
+  for (const WorkerRecord* w : sorted) *response.add_workers() = w->status;
+  return response;
+}
+
+// ---- rendezvous ----------------------------------------------------------------------------
+
+void Coordinator::Join(const weft::v1::JoinRequest& request, absl::Time deadline,
+                       Done<weft::v1::JoinResponse> done) {
+  Actions actions;
+  absl::MutexLock lock(&mu_);
+  auto fail = [&actions, &done](absl::Status s) { actions.Add([done, s] { done(s); }); };
+  if (shutting_down_) return fail(absl::UnavailableError("coordinator shutting down; retry"));
+  auto it = jobs_.find(request.job_id());
+  if (it == jobs_.end()) {
+    return fail(absl::NotFoundError(absl::StrCat("job ", request.job_id(), " not found")));
+  }
+  JobRecord& rec = it->second;
+  const int64_t current = rec.job.status().generation();
+  if (!rec.generation || rec.generation->number != request.generation()) {
+    if (request.generation() >= 1 && request.generation() <= current) {
+      return fail(absl::AbortedError(absl::StrCat(
+          "generation ", request.generation(), " of job ", request.job_id(),
+          " has ended (job is ", JobState_Name(rec.job.status().state()), ")")));
+    }
+    return fail(absl::NotFoundError(absl::StrCat("job ", request.job_id(), " has no generation ",
+                                                 request.generation(), " (current: ", current,
+                                                 ")")));
+  }
+  Generation& gen = *rec.generation;
+  if (std::find(gen.members.begin(), gen.members.end(), request.worker_id()) ==
+      gen.members.end()) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat("worker ", request.worker_id(), " is not a member of generation ",
+                     gen.number, " of job ", request.job_id())));
+  }
+  auto w = workers_.find(request.worker_id());
+  if (w == workers_.end() || w->second.status.incarnation() != request.incarnation()) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "worker ", request.worker_id(), " incarnation ", request.incarnation(), " is stale")));
+  }
+  gen.joined.insert(request.worker_id());
+  if (gen.rendezvous_complete) {
+    actions.Add([done, response = JoinResponseFor(rec, request.worker_id())] { done(response); });
+    return;
+  }
+  if (auto old = gen.join_waiters.find(request.worker_id()); old != gen.join_waiters.end()) {
+    timer_.Cancel(old->second.timer_id);
+    actions.Add([done = std::move(old->second.done)] {
+      done(absl::CancelledError("superseded by a newer Join from the same worker"));
+    });
+    gen.join_waiters.erase(old);
+  }
+  JoinWaiter waiter;
+  waiter.done = std::move(done);
+  const std::string job_id = request.job_id();
+  const std::string worker_id = request.worker_id();
+  const int64_t number = gen.number;
+  auto id_holder = std::make_shared<uint64_t>(0);
+  waiter.timer_id = timer_.Schedule(deadline, [this, job_id, worker_id, number, id_holder] {
+    Actions timer_actions;
+    absl::MutexLock timer_lock(&mu_);
+    auto j = jobs_.find(job_id);
+    if (j == jobs_.end() || !j->second.generation || j->second.generation->number != number) {
+      return;
+    }
+    Generation& g = *j->second.generation;
+    auto waiter_it = g.join_waiters.find(worker_id);
+    if (waiter_it == g.join_waiters.end() || waiter_it->second.timer_id != *id_holder) return;
+    std::vector<std::string> missing;
+    for (const auto& m : g.members) {
+      if (!g.joined.contains(m)) missing.push_back(m);
+    }
+    const absl::Status s = absl::DeadlineExceededError(absl::StrCat(
+        "rendezvous of generation ", number, " incomplete: ", g.joined.size(), " of ",
+        g.members.size(), " joined; waiting for ", absl::StrJoin(missing, ", ")));
+    timer_actions.Add([done = std::move(waiter_it->second.done), s] { done(s); });
+    g.join_waiters.erase(waiter_it);
+  });
+  *id_holder = waiter.timer_id;
+  gen.join_waiters.emplace(request.worker_id(), std::move(waiter));
+  if (gen.joined.size() == gen.members.size()) CompleteRendezvousLocked(rec, actions);
+}
+
+absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
+    const weft::v1::ReportProgressRequest& request) {
+  Actions actions;
+  absl::MutexLock lock(&mu_);
+  weft::v1::ReportProgressResponse response;
+  auto it = jobs_.find(request.job_id());
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", request.job_id(), " not found"));
+  }
+  JobRecord& rec = it->second;
+  if (!rec.generation || rec.generation->number != request.generation()) {
+    response.set_continue_training(false);
+    return response;
+  }
+  Generation& gen = *rec.generation;
+  const auto member = std::find(gen.members.begin(), gen.members.end(), request.worker_id());
+  if (member == gen.members.end() || member - gen.members.begin() != request.rank()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", request.worker_id(), " is not rank ", request.rank(),
+                     " of generation ", gen.number, " of job ", request.job_id()));
+  }
+  if (!request.error().empty()) {
+    failures_->Add({{"kind", "rank_error"}}).Increment();
+    FailGenerationLocked(rec,
+                         absl::StrCat("rank ", request.rank(), " (worker ", request.worker_id(),
+                                      "): ", request.error()),
+                         request.error_is_permanent(), weft::v1::RANK_ERROR, actions);
+    ScheduleLocked(actions);
+    UpdateGaugesLocked();
+    response.set_continue_training(false);
+    return response;
+  }
+  auto* status = rec.job.mutable_status();
+  if (request.has_metrics()) {
+    if (request.metrics().step() > status->step()) gen.last_progress_time = Now();
+    status->set_step(std::max(status->step(), request.metrics().step()));
+    *status->mutable_last_metrics() = request.metrics();
+    ToProtoTime(Now(), status->mutable_last_metrics()->mutable_time());
+  }
+  if (request.finished() && request.rank() == 0) {
+    EndGenerationLocked(rec, "completed", /*completed=*/true, actions);
+    SetStateLocked(rec, weft::v1::SUCCEEDED,
+                   absl::StrCat("completed ", status->step(), " of ", status->total_steps(),
+                                " steps"),
+                   actions);
+    CommitLocked(rec, actions);
+    ScheduleLocked(actions);
+    UpdateGaugesLocked();
+    response.set_continue_training(false);
+    return response;
+  }
+  if (Now() - rec.last_persist >= absl::Milliseconds(options_.metrics_persist_interval_ms)) {
+    CommitLocked(rec, actions);
+  } else {
+    NotifyWatchersLocked(rec, actions);
+  }
+  response.set_continue_training(true);
+  return response;
+}
+
+absl::StatusOr<std::shared_ptr<MemoryStore>> Coordinator::GenerationStore(
+    const weft::v1::StoreScope& scope) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(scope.job_id());
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("scope.job_id: job ", scope.job_id(), " not found"));
+  }
+  const JobRecord& rec = it->second;
+  if (rec.generation && rec.generation->number == scope.generation()) return rec.generation->store;
+  if (scope.generation() >= 1 && scope.generation() <= rec.job.status().generation()) {
+    return absl::AbortedError(absl::StrCat("generation ", scope.generation(), " of job ",
+                                           scope.job_id(), " has ended"));
+  }
+  return absl::NotFoundError(absl::StrCat("scope.generation: job ", scope.job_id(),
+                                          " has no generation ", scope.generation(),
+                                          " (current: ", rec.job.status().generation(), ")"));
+}
+
+// ---- liveness ------------------------------------------------------------------------------
+
+void Coordinator::Tick() {
+  Actions actions;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return;
+  const absl::Time now = Now();
+  std::vector<WorkerLivenessView> workers;
+  workers.reserve(workers_.size());
+  for (const auto& [id, w] : workers_) {
+    workers.push_back({id, w.status.state(), w.last_heartbeat, w.status.job_id(),
+                       w.status.generation()});
+  }
+  std::vector<GenerationView> generations;
+  for (const auto& [id, rec] : jobs_) {
+    if (!rec.generation) continue;
+    const Generation& g = *rec.generation;
+    GenerationView view;
+    view.job_id = id;
+    view.generation = g.number;
+    view.start_time = g.start_time;
+    if (!g.rendezvous_complete) {
+      for (const auto& m : g.members) {
+        if (!g.joined.contains(m)) view.not_joined.push_back(m);
+      }
+    }
+    view.last_progress_time = g.last_progress_time;
+    view.step = rec.job.status().step();
+    view.heartbeat_timeout_ms = rec.job.spec().fault().heartbeat_timeout_ms();
+    view.stall_timeout_ms = rec.job.spec().fault().stall_timeout_ms();
+    generations.push_back(std::move(view));
+  }
+  LivenessOptions liveness;
+  liveness.idle_heartbeat_timeout_ms = options_.heartbeat_timeout_ms;
+  liveness.rendezvous_timeout_ms = options_.rendezvous_timeout_ms;
+
+  for (const Failure& f : CheckLiveness(now, workers, generations, liveness)) {
+    failures_->Add({{"kind", FailureKindLabel(f.kind)}}).Increment();
+    if (f.kind == FailureKind::kHeartbeatTimeout) {
+      WorkerRecord& w = workers_[f.worker_id];
+      w.status.set_state(weft::v1::WORKER_DEAD);
+      w.status.set_reason(f.reason);
+      spdlog::warn("{}", f.reason);
+    }
+    if (f.job_id.empty()) continue;
+    auto job = jobs_.find(f.job_id);
+    if (job == jobs_.end() || !job->second.generation ||
+        job->second.generation->number != f.generation) {
+      continue;  // already ended by an earlier failure in this tick
+    }
+    FailGenerationLocked(job->second, f.reason, /*permanent=*/false,
+                         f.kind == FailureKind::kHeartbeatTimeout ? weft::v1::WORKER_LOST
+                                                                  : weft::v1::GENERATION_ENDED,
+                         actions);
+  }
+  ScheduleLocked(actions);
+  UpdateGaugesLocked();
+}
+
+}  // namespace weft::coordinator

@@ -1,0 +1,247 @@
+// The coordinator's state machine: jobs, workers, generations, rendezvous and stores.
+//
+// Thread-safe; one mutex guards all state (thousands of heartbeats a second fit easily). The
+// decisions themselves live in decisions.h as pure functions; this class gathers their inputs,
+// applies their results, persists jobs and completes parked calls. Callbacks handed in (call
+// completions, watchers) always run with no lock held.
+//
+// Blocking operations (held heartbeats, Join, store waits) never hold a thread: they park a
+// completion callback with a deadline on the DeadlineTimer.
+#ifndef WEFT_COORDINATOR_COORDINATOR_H_
+#define WEFT_COORDINATOR_COORDINATOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/deadline_timer.h"
+#include "coordinator/decisions.h"
+#include "coordinator/memory_store.h"
+#include "coordinator/state_db.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "weft/v1/coordinator.pb.h"
+
+namespace weft::coordinator {
+
+struct CoordinatorOptions {
+  // Directory of the embedded RocksDB holding jobs. Required.
+  std::string data_dir;
+  // Heartbeat interval and timeout for workers in no job (jobs set their own).
+  int64_t heartbeat_interval_ms = 500;
+  int64_t heartbeat_timeout_ms = 3000;
+  // How long a new generation may take for all members to call Join.
+  int64_t rendezvous_timeout_ms = 120000;
+  // Period of liveness checks, scheduling retries and gauge updates.
+  int64_t tick_interval_ms = 100;
+  // Events kept per job (oldest dropped first).
+  int32_t max_events_per_job = 200;
+  // A step report persists the job at most this often (state changes always persist).
+  int64_t metrics_persist_interval_ms = 1000;
+};
+
+class Coordinator {
+ public:
+  using Clock = std::function<absl::Time()>;
+  template <typename T>
+  using Done = std::function<void(absl::StatusOr<T>)>;
+  // Receives the job's status after each change; `final` on the last call (the job ended or
+  // the coordinator is shutting down). Calls may arrive concurrently and out of order: `seq`
+  // increases with every change, so a receiver keeps only the highest it has seen.
+  using Watcher =
+      std::function<void(const weft::v1::JobStatus& status, uint64_t seq, bool final)>;
+
+  // Opens the state database and loads every job. Jobs found RUNNING (their workers are gone
+  // with the old process) go to RECOVERING without using a restart. `registry` receives the
+  // metrics. `clock` defaults to absl::Now; with `start_ticking` false nothing runs until
+  // Tick() is called (tests drive time).
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Open(
+      const CoordinatorOptions& options, std::shared_ptr<prometheus::Registry> registry,
+      Clock clock = nullptr, bool start_ticking = true);
+  ~Coordinator();  // Shutdown(), then stops the timer.
+
+  // Answers every parked call UNAVAILABLE, ends every watch and refuses new calls. Call before
+  // shutting the gRPC server down: the server waits for parked calls to finish.
+  void Shutdown();
+
+  // ---- Jobs ----
+  absl::StatusOr<weft::v1::SubmitJobResponse> SubmitJob(const weft::v1::JobSpec& spec);
+  absl::StatusOr<weft::v1::Job> GetJob(const std::string& job_id);
+  absl::StatusOr<weft::v1::ListJobsResponse> ListJobs(const weft::v1::ListJobsRequest& request);
+  absl::StatusOr<weft::v1::JobStatus> CancelJob(const std::string& job_id,
+                                                const std::string& reason);
+  // Calls `watcher` at once with the current status, then after every change. Returns an id
+  // for RemoveWatcher; a watcher of an ended job is called once with final=true and not kept.
+  absl::StatusOr<uint64_t> AddWatcher(const std::string& job_id, Watcher watcher);
+  void RemoveWatcher(uint64_t id);
+
+  // ---- Workers ----
+  absl::StatusOr<weft::v1::RegisterWorkerResponse> RegisterWorker(weft::v1::WorkerInfo info);
+  // Answers (through `done`, maybe inline) at once when commands are pending, else holds the
+  // call until a command arrives or `deadline` / the held time passes.
+  void Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Time deadline,
+                 Done<weft::v1::HeartbeatResponse> done);
+  absl::StatusOr<weft::v1::ListWorkersResponse> ListWorkers();
+
+  // ---- Rendezvous ----
+  // Completes every member's Join once all of them joined; DEADLINE_EXCEEDED at `deadline`;
+  // ABORTED if the generation ends first.
+  void Join(const weft::v1::JoinRequest& request, absl::Time deadline,
+            Done<weft::v1::JoinResponse> done);
+  absl::StatusOr<weft::v1::ReportProgressResponse> ReportProgress(
+      const weft::v1::ReportProgressRequest& request);
+
+  // The store of an active generation. ABORTED if that generation has ended, NOT_FOUND if the
+  // job or generation never existed.
+  absl::StatusOr<std::shared_ptr<MemoryStore>> GenerationStore(const weft::v1::StoreScope& scope);
+
+  // Liveness checks, scheduling and gauges. Runs every tick_interval_ms on the timer thread;
+  // tests that own the clock call it directly.
+  void Tick();
+
+  DeadlineTimer& timer() { return timer_; }
+
+ private:
+  // Side effects (call completions, watcher calls) gathered under the lock and run after it.
+  class Actions {
+   public:
+    void Add(std::function<void()> fn) { fns_.push_back(std::move(fn)); }
+    void Run() {
+      for (auto& fn : fns_) fn();
+      fns_.clear();
+    }
+    ~Actions() { Run(); }
+
+   private:
+    std::vector<std::function<void()>> fns_;
+  };
+
+  struct ParkedHeartbeat {
+    uint64_t timer_id = 0;
+    Done<weft::v1::HeartbeatResponse> done;
+    int64_t interval_ms = 0;
+  };
+
+  struct WorkerRecord {
+    weft::v1::WorkerStatus status;
+    absl::Time last_heartbeat;
+    std::deque<weft::v1::Command> pending;
+    std::optional<ParkedHeartbeat> parked;
+  };
+
+  struct JoinWaiter {
+    uint64_t timer_id = 0;
+    Done<weft::v1::JoinResponse> done;
+  };
+
+  struct Generation {
+    int64_t number = 0;
+    std::vector<std::string> members;  // rank order
+    absl::flat_hash_set<std::string> joined;
+    std::map<std::string, JoinWaiter> join_waiters;
+    bool rendezvous_complete = false;
+    absl::Time start_time;
+    absl::Time last_progress_time;
+    std::shared_ptr<MemoryStore> store;
+  };
+
+  struct JobRecord {
+    weft::v1::Job job;
+    int64_t seq = 0;
+    std::optional<Generation> generation;  // the active one
+    absl::Time last_persist;
+  };
+
+  struct WatcherRecord {
+    std::string job_id;
+    Watcher fn;
+  };
+
+  Coordinator(const CoordinatorOptions& options, std::shared_ptr<prometheus::Registry> registry,
+              Clock clock, std::unique_ptr<StateDb> db);
+
+  absl::Time Now() const { return clock_(); }
+  bool IsTerminal(weft::v1::JobState state) const;
+
+  // ---- helpers; all require mu_ ----
+  void AddEventLocked(JobRecord& rec, weft::v1::JobEventType type, const std::string& message,
+                      Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetStateLocked(JobRecord& rec, weft::v1::JobState state, const std::string& reason,
+                      Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Persists the job and notifies its watchers.
+  void CommitLocked(JobRecord& rec, Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotifyWatchersLocked(const JobRecord& rec, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EnqueueCommandLocked(WorkerRecord& worker, weft::v1::Command command, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers a parked heartbeat with the pending commands.
+  void FlushHeartbeatLocked(WorkerRecord& worker, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  weft::v1::HeartbeatResponse TakeCommandsLocked(WorkerRecord& worker, int64_t interval_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t HeartbeatIntervalLocked(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Ends the active generation of `rec`: live members go IDLE (told to abort unless
+  // `completed`), parked joins answer ABORTED, the store closes.
+  void EndGenerationLocked(JobRecord& rec, const std::string& reason, bool completed,
+                           Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A generation failed: end it and decide RECOVERING or FAILED. Mark a dead member
+  // WORKER_DEAD first, so it is not told to abort or handed out again.
+  void FailGenerationLocked(JobRecord& rec, const std::string& cause, bool permanent,
+                            weft::v1::JobEventType event, Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartGenerationLocked(JobRecord& rec, const Placement& placement, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScheduleLocked(Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteRendezvousLocked(JobRecord& rec, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  weft::v1::JoinResponse JoinResponseFor(const JobRecord& rec, const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScheduleTick();
+
+  const CoordinatorOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  const Clock clock_;
+  std::unique_ptr<StateDb> db_;
+
+  absl::Mutex mu_;
+  int64_t next_job_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_watcher_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, WatcherRecord> watchers_ ABSL_GUARDED_BY(mu_);
+  uint64_t update_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool ticking_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t tick_timer_id_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Metrics (prometheus-cpp metrics are thread-safe).
+  prometheus::Family<prometheus::Gauge>* jobs_gauge_;
+  prometheus::Family<prometheus::Gauge>* workers_gauge_;
+  prometheus::Counter* heartbeats_;
+  prometheus::Counter* jobs_submitted_;
+  prometheus::Histogram* rendezvous_latency_;
+  prometheus::Family<prometheus::Counter>* failures_;
+  prometheus::Counter* generations_started_;
+
+  // Last member: destroyed first, so no timer callback runs into a half-destroyed object.
+  DeadlineTimer timer_;
+};
+
+}  // namespace weft::coordinator
+
+#endif  // WEFT_COORDINATOR_COORDINATOR_H_

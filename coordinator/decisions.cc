@@ -1,0 +1,135 @@
+#include "coordinator/decisions.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace weft::coordinator {
+namespace {
+
+std::string KindName(weft::v1::DeviceKind kind) {
+  switch (kind) {
+    case weft::v1::DEVICE_KIND_CPU:
+      return "CPU";
+    case weft::v1::DEVICE_KIND_CUDA:
+      return "CUDA";
+    default:
+      return "unspecified-device";
+  }
+}
+
+int64_t Ms(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
+
+}  // namespace
+
+void SortInRankOrder(std::vector<IdleWorkerView>* workers) {
+  std::sort(workers->begin(), workers->end(), [](const auto& a, const auto& b) {
+    return std::tie(a.host, a.device_index, a.worker_id) <
+           std::tie(b.host, b.device_index, b.worker_id);
+  });
+}
+
+ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
+                          const std::vector<IdleWorkerView>& idle_workers) {
+  ScheduleDecision decision;
+  std::map<weft::v1::DeviceKind, std::vector<IdleWorkerView>> pool;
+  for (const auto& w : idle_workers) pool[w.device_kind].push_back(w);
+  for (auto& [kind, workers] : pool) SortInRankOrder(&workers);
+  // Kinds whose queue head could not be placed: everything behind it waits.
+  absl::flat_hash_map<weft::v1::DeviceKind, std::string> blocked_by;
+
+  for (const auto& job : jobs) {
+    auto& available = pool[job.device_kind];
+    if (auto it = blocked_by.find(job.device_kind); it != blocked_by.end()) {
+      decision.waiting.emplace_back(
+          job.job_id, absl::StrCat("queued behind job ", it->second, " (first come, first served)"));
+      continue;
+    }
+    if (static_cast<int32_t>(available.size()) < job.min_workers) {
+      decision.waiting.emplace_back(
+          job.job_id, absl::StrCat("needs ", job.min_workers, " idle ", KindName(job.device_kind),
+                                   " worker", job.min_workers == 1 ? "" : "s", ", ",
+                                   available.size(), " idle"));
+      blocked_by[job.device_kind] = job.job_id;
+      continue;
+    }
+    const size_t take = std::min<size_t>(available.size(), job.max_workers);
+    Placement placement;
+    placement.job_id = job.job_id;
+    for (size_t i = 0; i < take; ++i) placement.worker_ids.push_back(available[i].worker_id);
+    available.erase(available.begin(), available.begin() + take);
+    placement.reason = absl::StrCat(take, " idle ", KindName(job.device_kind), " worker",
+                                    take == 1 ? "" : "s", " (min ", job.min_workers, ", max ",
+                                    job.max_workers, ")");
+    decision.placements.push_back(std::move(placement));
+  }
+  return decision;
+}
+
+std::vector<Failure> CheckLiveness(absl::Time now, const std::vector<WorkerLivenessView>& workers,
+                                   const std::vector<GenerationView>& generations,
+                                   const LivenessOptions& options) {
+  std::vector<Failure> failures;
+  absl::flat_hash_map<std::string, const GenerationView*> by_job;
+  for (const auto& g : generations) by_job[g.job_id] = &g;
+
+  for (const auto& w : workers) {
+    if (w.state == weft::v1::WORKER_DEAD) continue;
+    const GenerationView* gen = nullptr;
+    if (!w.job_id.empty()) {
+      auto it = by_job.find(w.job_id);
+      if (it != by_job.end() && it->second->generation == w.generation) gen = it->second;
+    }
+    const int64_t timeout_ms = gen ? gen->heartbeat_timeout_ms : options.idle_heartbeat_timeout_ms;
+    const int64_t silent_ms = Ms(now - w.last_heartbeat);
+    if (silent_ms > timeout_ms) {
+      Failure f{FailureKind::kHeartbeatTimeout, w.worker_id, gen ? gen->job_id : "",
+                gen ? gen->generation : 0,
+                absl::StrCat("worker ", w.worker_id, " missed heartbeats for ", silent_ms,
+                             " ms (timeout ", timeout_ms, " ms)")};
+      failures.push_back(std::move(f));
+    }
+  }
+
+  for (const auto& g : generations) {
+    if (!g.not_joined.empty()) {
+      const int64_t waited_ms = Ms(now - g.start_time);
+      if (waited_ms > options.rendezvous_timeout_ms) {
+        failures.push_back({FailureKind::kRendezvousTimeout, "", g.job_id, g.generation,
+                            absl::StrCat("rendezvous of generation ", g.generation,
+                                         " incomplete after ", waited_ms, " ms (timeout ",
+                                         options.rendezvous_timeout_ms, " ms); not joined: ",
+                                         absl::StrJoin(g.not_joined, ", "))});
+      }
+      continue;
+    }
+    const int64_t idle_ms = Ms(now - g.last_progress_time);
+    if (idle_ms > g.stall_timeout_ms) {
+      failures.push_back({FailureKind::kStall, "", g.job_id, g.generation,
+                          absl::StrCat("generation ", g.generation, " made no progress for ",
+                                       idle_ms, " ms (stall timeout ", g.stall_timeout_ms,
+                                       " ms); last step ", g.step)});
+    }
+  }
+  return failures;
+}
+
+RecoveryDecision DecideAfterFailure(int32_t restarts_so_far, int32_t max_restarts,
+                                    bool permanent_error, const std::string& cause) {
+  if (permanent_error) {
+    return {weft::v1::FAILED, false, absl::StrCat(cause, " (permanent error: not retried)")};
+  }
+  if (restarts_so_far >= max_restarts) {
+    return {weft::v1::FAILED, false,
+            absl::StrCat(cause, "; restart budget exhausted (", restarts_so_far, " of ",
+                         max_restarts, " used)")};
+  }
+  return {weft::v1::RECOVERING, true,
+          absl::StrCat(cause, "; restarting (", restarts_so_far + 1, " of ", max_restarts, ")")};
+}
+
+}  // namespace weft::coordinator

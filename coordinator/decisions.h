@@ -1,0 +1,125 @@
+// The coordinator's decisions as pure functions of (now, state, options): which jobs start on
+// which workers, which workers or generations have failed, and what a failure does to a job.
+// Each result carries a reason a person can read in `trainctl status`. No I/O, no clocks, no
+// locks: the stateful Coordinator gathers views, calls these, and applies the results.
+#ifndef WEFT_COORDINATOR_DECISIONS_H_
+#define WEFT_COORDINATOR_DECISIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "weft/v1/job.pb.h"
+#include "weft/v1/worker.pb.h"
+
+namespace weft::coordinator {
+
+// ---- Scheduling ----------------------------------------------------------------------------
+
+struct IdleWorkerView {
+  std::string worker_id;
+  std::string host;
+  int32_t device_index = 0;
+  weft::v1::DeviceKind device_kind = weft::v1::DEVICE_KIND_UNSPECIFIED;
+};
+
+// A job waiting for a generation (PENDING or RECOVERING), in queue (submission) order.
+struct WaitingJobView {
+  std::string job_id;
+  weft::v1::DeviceKind device_kind = weft::v1::DEVICE_KIND_UNSPECIFIED;
+  int32_t min_workers = 1;
+  int32_t max_workers = 1;
+};
+
+struct Placement {
+  std::string job_id;
+  // The chosen workers in rank order.
+  std::vector<std::string> worker_ids;
+  std::string reason;
+};
+
+struct ScheduleDecision {
+  std::vector<Placement> placements;
+  // Jobs left waiting, with why ("needs 4 idle CPU workers, 2 idle").
+  std::vector<std::pair<std::string, std::string>> waiting;
+};
+
+// Gang scheduling, first come first served per device kind: the oldest waiting job of a kind
+// takes up to max_workers idle workers of that kind once at least min_workers exist; until it
+// can, later jobs of that kind wait too (so a large gang is never starved by small ones).
+// Workers are chosen, and ranked, in RankOrder.
+ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
+                          const std::vector<IdleWorkerView>& idle_workers);
+
+// Rank order: by host, then device index, then worker id — so the ranks of one host are
+// contiguous and follow device order, and the same set of workers always gets the same ranks.
+void SortInRankOrder(std::vector<IdleWorkerView>* workers);
+
+// ---- Liveness ------------------------------------------------------------------------------
+
+struct WorkerLivenessView {
+  std::string worker_id;
+  weft::v1::WorkerState state = weft::v1::WORKER_IDLE;
+  absl::Time last_heartbeat;
+  // Set when the worker is a member of an active generation.
+  std::string job_id;
+  int64_t generation = 0;
+};
+
+struct GenerationView {
+  std::string job_id;
+  int64_t generation = 0;
+  absl::Time start_time;
+  // Members that have not called Join yet (empty once the rendezvous completed).
+  std::vector<std::string> not_joined;
+  // When the rendezvous completed or a step last advanced.
+  absl::Time last_progress_time;
+  int64_t step = 0;
+  int64_t heartbeat_timeout_ms = 3000;
+  int64_t stall_timeout_ms = 300000;
+};
+
+struct LivenessOptions {
+  // Timeout for workers in no generation.
+  int64_t idle_heartbeat_timeout_ms = 3000;
+  // How long a generation may take to gather all its members in Join.
+  int64_t rendezvous_timeout_ms = 120000;
+};
+
+enum class FailureKind { kHeartbeatTimeout, kRendezvousTimeout, kStall };
+
+struct Failure {
+  FailureKind kind;
+  // The dead worker (kHeartbeatTimeout), else empty.
+  std::string worker_id;
+  // The generation that must end; empty job_id for an idle worker's death.
+  std::string job_id;
+  int64_t generation = 0;
+  std::string reason;
+};
+
+// Workers past their heartbeat deadline (the deadline of their generation's job while busy,
+// the idle one otherwise), generations whose rendezvous took too long, and generations whose
+// step has not advanced within the job's stall timeout.
+std::vector<Failure> CheckLiveness(absl::Time now, const std::vector<WorkerLivenessView>& workers,
+                                   const std::vector<GenerationView>& generations,
+                                   const LivenessOptions& options);
+
+// ---- Recovery ------------------------------------------------------------------------------
+
+struct RecoveryDecision {
+  // RECOVERING (form the next generation) or FAILED.
+  weft::v1::JobState next_state;
+  // Whether this failure uses one of the job's restarts.
+  bool counts_as_restart = false;
+  std::string reason;
+};
+
+// What a job does after its generation ended because of `cause`.
+RecoveryDecision DecideAfterFailure(int32_t restarts_so_far, int32_t max_restarts,
+                                    bool permanent_error, const std::string& cause);
+
+}  // namespace weft::coordinator
+
+#endif  // WEFT_COORDINATOR_DECISIONS_H_

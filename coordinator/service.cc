@@ -1,0 +1,374 @@
+#include "coordinator/service.h"
+
+#include <atomic>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+
+namespace weft::coordinator {
+namespace {
+
+using grpc::CallbackServerContext;
+using grpc::ServerUnaryReactor;
+
+// Blocking calls never outlive a day, whatever deadline the caller set (or did not).
+constexpr absl::Duration kMaxHold = absl::Hours(24);
+// Answer held calls this much before the caller's deadline, so the answer arrives in time.
+constexpr absl::Duration kDeadlineMargin = absl::Milliseconds(50);
+
+absl::Time CallDeadline(const CallbackServerContext* context) {
+  const absl::Time cap = absl::Now() + kMaxHold;
+  const auto deadline = context->deadline();
+  if (deadline >= std::chrono::system_clock::now() + absl::ToChronoSeconds(kMaxHold)) return cap;
+  return std::min(cap, absl::FromChrono(deadline) - kDeadlineMargin);
+}
+
+// Runs a synchronous operation and finishes the call with its result.
+template <typename Response, typename Op>
+ServerUnaryReactor* Unary(CallbackServerContext* context, Response* response, Op&& op) {
+  ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<Response> result = op();
+  if (result.ok()) *response = std::move(*result);
+  reactor->Finish(ToGrpcStatus(result.status()));
+  return reactor;
+}
+
+// A completion for an asynchronous operation: copies the result and finishes the call.
+template <typename Response>
+Coordinator::Done<Response> Finisher(ServerUnaryReactor* reactor, Response* response) {
+  return [reactor, response](absl::StatusOr<Response> result) {
+    if (result.ok()) *response = std::move(*result);
+    reactor->Finish(ToGrpcStatus(result.status()));
+  };
+}
+
+absl::Status CheckKey(const std::string& key, const char* field) {
+  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
+  if (key.size() > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": longer than 4096 bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// Streams job status snapshots to one WatchJob caller. Snapshots arriving while a write is in
+// flight are coalesced (the newest wins: each carries the full status). gRPC operations are
+// started outside mu_, because gRPC may run the resulting reaction on the calling thread.
+class WatchReactor final : public grpc::ServerWriteReactor<weft::v1::JobStatus> {
+ public:
+  explicit WatchReactor(Coordinator* coordinator) : coordinator_(coordinator) {}
+
+  void Start(const std::string& job_id) {
+    auto id = coordinator_->AddWatcher(
+        job_id, [self = sink_](const weft::v1::JobStatus& status, uint64_t seq, bool final) {
+          if (auto* reactor = self->Acquire(status, seq, final)) reactor->WriteNext();
+        });
+    if (!id.ok()) {
+      bool finish = false;
+      {
+        absl::MutexLock lock(&sink_->mu);
+        if (!sink_->writing && !sink_->finish_called) finish = sink_->finish_called = true;
+        sink_->deferred_status = ToGrpcStatus(id.status());
+      }
+      if (finish) Finish(ToGrpcStatus(id.status()));
+      return;
+    }
+    absl::MutexLock lock(&sink_->mu);
+    watcher_id_ = *id;
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool finish = false;
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&sink_->mu);
+      sink_->writing = false;
+      if (sink_->finish_called) return;  // that write carried the finish
+      if (!ok || sink_->cancelled) {
+        sink_->finish_called = finish = true;
+        status = grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
+      } else if (!sink_->pending) {
+        return;
+      }
+    }
+    if (finish) {
+      Finish(status);
+    } else {
+      WriteNext();
+    }
+  }
+
+  void OnCancel() override {
+    bool finish = false;
+    {
+      absl::MutexLock lock(&sink_->mu);
+      sink_->cancelled = true;
+      if (!sink_->writing && !sink_->finish_called) finish = sink_->finish_called = true;
+    }
+    if (finish) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&sink_->mu);
+      sink_->reactor = nullptr;
+    }
+    uint64_t id = 0;
+    {
+      absl::MutexLock lock(&sink_->mu);
+      id = watcher_id_;
+    }
+    if (id != 0) coordinator_->RemoveWatcher(id);
+    delete this;
+  }
+
+ private:
+  struct Sink {
+    absl::Mutex mu;
+    WatchReactor* reactor = nullptr;
+    uint64_t last_seq = 0;
+    std::optional<weft::v1::JobStatus> pending;
+    bool pending_final = false;
+    bool writing = false;
+    bool finish_called = false;
+    bool cancelled = false;
+    grpc::Status deferred_status;
+
+    // Records a snapshot; returns the reactor if the caller must start a write.
+    WatchReactor* Acquire(const weft::v1::JobStatus& status, uint64_t seq, bool final) {
+      absl::MutexLock lock(&mu);
+      if (reactor == nullptr || finish_called || seq <= last_seq) return nullptr;
+      last_seq = seq;
+      pending = status;
+      pending_final = final;
+      return writing ? nullptr : reactor;
+    }
+  };
+
+  // Starts a write of the pending snapshot, if any and none is in flight.
+  void WriteNext() {
+    bool final = false;
+    {
+      absl::MutexLock lock(&sink_->mu);
+      if (sink_->writing || sink_->finish_called || !sink_->pending) return;
+      in_flight_ = std::move(*sink_->pending);
+      sink_->pending.reset();
+      sink_->writing = true;
+      final = sink_->pending_final;
+      if (final) sink_->finish_called = true;
+    }
+    if (!final) {
+      StartWrite(&in_flight_);
+      return;
+    }
+    const auto state = in_flight_.state();
+    const bool ended = state == weft::v1::SUCCEEDED || state == weft::v1::FAILED ||
+                       state == weft::v1::CANCELLED;
+    StartWriteAndFinish(&in_flight_, grpc::WriteOptions(),
+                        ended ? grpc::Status::OK
+                              : grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                             "coordinator shutting down; watch again"));
+  }
+
+  Coordinator* coordinator_;
+  std::shared_ptr<Sink> sink_ = [this] {
+    auto s = std::make_shared<Sink>();
+    s->reactor = this;
+    return s;
+  }();
+  uint64_t watcher_id_ = 0;  // guarded by sink_->mu
+  weft::v1::JobStatus in_flight_;
+};
+
+}  // namespace
+
+// ---- Coordinator service -------------------------------------------------------------------
+
+ServerUnaryReactor* CoordinatorService::SubmitJob(CallbackServerContext* context,
+                                                  const weft::v1::SubmitJobRequest* request,
+                                                  weft::v1::SubmitJobResponse* response) {
+  return Unary(context, response, [&] { return coordinator_->SubmitJob(request->spec()); });
+}
+
+ServerUnaryReactor* CoordinatorService::GetJob(CallbackServerContext* context,
+                                               const weft::v1::GetJobRequest* request,
+                                               weft::v1::Job* response) {
+  return Unary(context, response, [&] { return coordinator_->GetJob(request->job_id()); });
+}
+
+ServerUnaryReactor* CoordinatorService::ListJobs(CallbackServerContext* context,
+                                                 const weft::v1::ListJobsRequest* request,
+                                                 weft::v1::ListJobsResponse* response) {
+  return Unary(context, response, [&] { return coordinator_->ListJobs(*request); });
+}
+
+ServerUnaryReactor* CoordinatorService::CancelJob(CallbackServerContext* context,
+                                                  const weft::v1::CancelJobRequest* request,
+                                                  weft::v1::JobStatus* response) {
+  return Unary(context, response,
+               [&] { return coordinator_->CancelJob(request->job_id(), request->reason()); });
+}
+
+grpc::ServerWriteReactor<weft::v1::JobStatus>* CoordinatorService::WatchJob(
+    CallbackServerContext* context, const weft::v1::WatchJobRequest* request) {
+  auto* reactor = new WatchReactor(coordinator_);
+  reactor->Start(request->job_id());
+  return reactor;
+}
+
+ServerUnaryReactor* CoordinatorService::RegisterWorker(
+    CallbackServerContext* context, const weft::v1::RegisterWorkerRequest* request,
+    weft::v1::RegisterWorkerResponse* response) {
+  return Unary(context, response, [&] { return coordinator_->RegisterWorker(request->info()); });
+}
+
+ServerUnaryReactor* CoordinatorService::Heartbeat(CallbackServerContext* context,
+                                                  const weft::v1::HeartbeatRequest* request,
+                                                  weft::v1::HeartbeatResponse* response) {
+  ServerUnaryReactor* reactor = context->DefaultReactor();
+  coordinator_->Heartbeat(*request, CallDeadline(context), Finisher(reactor, response));
+  return reactor;
+}
+
+ServerUnaryReactor* CoordinatorService::ListWorkers(CallbackServerContext* context,
+                                                    const weft::v1::ListWorkersRequest* request,
+                                                    weft::v1::ListWorkersResponse* response) {
+  return Unary(context, response, [&] { return coordinator_->ListWorkers(); });
+}
+
+ServerUnaryReactor* CoordinatorService::Join(CallbackServerContext* context,
+                                             const weft::v1::JoinRequest* request,
+                                             weft::v1::JoinResponse* response) {
+  ServerUnaryReactor* reactor = context->DefaultReactor();
+  coordinator_->Join(*request, CallDeadline(context), Finisher(reactor, response));
+  return reactor;
+}
+
+ServerUnaryReactor* CoordinatorService::ReportProgress(
+    CallbackServerContext* context, const weft::v1::ReportProgressRequest* request,
+    weft::v1::ReportProgressResponse* response) {
+  return Unary(context, response, [&] { return coordinator_->ReportProgress(*request); });
+}
+
+// ---- Store service -------------------------------------------------------------------------
+
+ServerUnaryReactor* StoreService::Set(CallbackServerContext* context,
+                                      const weft::v1::StoreSetRequest* request,
+                                      weft::v1::StoreSetResponse* response) {
+  return Unary(context, response, [&]() -> absl::StatusOr<weft::v1::StoreSetResponse> {
+    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
+    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
+    WEFT_RETURN_IF_ERROR(store->Set(request->key(), request->value()));
+    return weft::v1::StoreSetResponse();
+  });
+}
+
+ServerUnaryReactor* StoreService::Get(CallbackServerContext* context,
+                                      const weft::v1::StoreGetRequest* request,
+                                      weft::v1::StoreGetResponse* response) {
+  return Unary(context, response, [&]() -> absl::StatusOr<weft::v1::StoreGetResponse> {
+    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
+    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
+    WEFT_ASSIGN_OR_RETURN(std::string value, store->Get(request->key()));
+    weft::v1::StoreGetResponse r;
+    r.set_value(std::move(value));
+    return r;
+  });
+}
+
+ServerUnaryReactor* StoreService::Add(CallbackServerContext* context,
+                                      const weft::v1::StoreAddRequest* request,
+                                      weft::v1::StoreAddResponse* response) {
+  return Unary(context, response, [&]() -> absl::StatusOr<weft::v1::StoreAddResponse> {
+    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
+    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
+    WEFT_ASSIGN_OR_RETURN(int64_t value, store->Add(request->key(), request->delta()));
+    weft::v1::StoreAddResponse r;
+    r.set_value(value);
+    return r;
+  });
+}
+
+ServerUnaryReactor* StoreService::CompareSet(CallbackServerContext* context,
+                                             const weft::v1::StoreCompareSetRequest* request,
+                                             weft::v1::StoreCompareSetResponse* response) {
+  return Unary(context, response, [&]() -> absl::StatusOr<weft::v1::StoreCompareSetResponse> {
+    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
+    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
+    std::optional<std::string> expected;
+    if (!request->expect_absent()) expected = request->expected_value();
+    WEFT_ASSIGN_OR_RETURN(CompareSetResult result,
+                          store->CompareSet(request->key(), expected, request->desired_value()));
+    weft::v1::StoreCompareSetResponse r;
+    r.set_swapped(result.swapped);
+    r.set_exists(result.value.has_value());
+    if (result.value) r.set_value(*result.value);
+    return r;
+  });
+}
+
+ServerUnaryReactor* StoreService::Wait(CallbackServerContext* context,
+                                       const weft::v1::StoreWaitRequest* request,
+                                       weft::v1::StoreWaitResponse* response) {
+  ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  absl::Status check = keys.empty() ? absl::InvalidArgumentError("keys: at least one required")
+                                    : absl::OkStatus();
+  for (size_t i = 0; i < keys.size() && check.ok(); ++i) {
+    check = CheckKey(keys[i], "keys[]");
+  }
+  if (request->timeout_ms() < 0) {
+    check = absl::InvalidArgumentError(
+        absl::StrCat("timeout_ms: must be >= 0, got ", request->timeout_ms()));
+  }
+  auto store = check.ok() ? coordinator_->GenerationStore(request->scope())
+                          : absl::StatusOr<std::shared_ptr<MemoryStore>>(check);
+  if (!store.ok()) {
+    reactor->Finish(ToGrpcStatus(store.status()));
+    return reactor;
+  }
+  absl::Time deadline = CallDeadline(context);
+  if (request->timeout_ms() > 0) {
+    deadline = std::min(deadline, absl::Now() + absl::Milliseconds(request->timeout_ms()));
+  }
+  // Exactly one of the key waiter and the deadline timer finishes the call.
+  struct State {
+    std::atomic<bool> finished{false};
+    std::atomic<uint64_t> wait_id{0};
+  };
+  auto state = std::make_shared<State>();
+  DeadlineTimer& timer = coordinator_->timer();
+  const absl::Time started = absl::Now();
+  const uint64_t timer_id =
+      timer.Schedule(deadline, [reactor, state, keys, s = *store, started] {
+        if (state->finished.exchange(true)) return;
+        if (uint64_t id = state->wait_id.load(); id != 0) s->CancelWait(id);
+        reactor->Finish(ToGrpcStatus(absl::DeadlineExceededError(absl::StrCat(
+            "store wait timed out after ", absl::FormatDuration(absl::Now() - started),
+            "; missing keys: ", absl::StrJoin(s->Missing(keys), ", ")))));
+      });
+  const uint64_t wait_id =
+      (*store)->WhenAll(keys, [reactor, state, &timer, timer_id](absl::Status s) {
+        if (state->finished.exchange(true)) return;
+        timer.Cancel(timer_id);
+        reactor->Finish(ToGrpcStatus(s));
+      });
+  state->wait_id = wait_id;
+  return reactor;
+}
+
+ServerUnaryReactor* StoreService::Delete(CallbackServerContext* context,
+                                         const weft::v1::StoreDeleteRequest* request,
+                                         weft::v1::StoreDeleteResponse* response) {
+  return Unary(context, response, [&]() -> absl::StatusOr<weft::v1::StoreDeleteResponse> {
+    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
+    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
+    WEFT_ASSIGN_OR_RETURN(bool deleted, store->Delete(request->key()));
+    weft::v1::StoreDeleteResponse r;
+    r.set_deleted(deleted);
+    return r;
+  });
+}
+
+}  // namespace weft::coordinator

@@ -1,0 +1,79 @@
+// gRPC edge of the coordinator: weft.v1.Coordinator and weft.v1.Store over the Coordinator
+// state machine. Handlers only translate; blocking calls (Heartbeat holds, Join, Store.Wait,
+// WatchJob) use the callback API so a parked call holds no thread.
+#ifndef WEFT_COORDINATOR_SERVICE_H_
+#define WEFT_COORDINATOR_SERVICE_H_
+
+#include "coordinator/coordinator.h"
+#include "weft/v1/coordinator.grpc.pb.h"
+
+namespace weft::coordinator {
+
+class CoordinatorService final : public weft::v1::Coordinator::CallbackService {
+ public:
+  explicit CoordinatorService(Coordinator* coordinator) : coordinator_(coordinator) {}
+
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
+                                      const weft::v1::SubmitJobRequest* request,
+                                      weft::v1::SubmitJobResponse* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const weft::v1::GetJobRequest* request,
+                                   weft::v1::Job* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const weft::v1::ListJobsRequest* request,
+                                     weft::v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
+                                      const weft::v1::CancelJobRequest* request,
+                                      weft::v1::JobStatus* response) override;
+  grpc::ServerWriteReactor<weft::v1::JobStatus>* WatchJob(
+      grpc::CallbackServerContext* context, const weft::v1::WatchJobRequest* request) override;
+  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
+                                           const weft::v1::RegisterWorkerRequest* request,
+                                           weft::v1::RegisterWorkerResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const weft::v1::HeartbeatRequest* request,
+                                      weft::v1::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
+                                        const weft::v1::ListWorkersRequest* request,
+                                        weft::v1::ListWorkersResponse* response) override;
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
+                                 const weft::v1::JoinRequest* request,
+                                 weft::v1::JoinResponse* response) override;
+  grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* context,
+                                           const weft::v1::ReportProgressRequest* request,
+                                           weft::v1::ReportProgressResponse* response) override;
+
+ private:
+  Coordinator* coordinator_;
+};
+
+class StoreService final : public weft::v1::Store::CallbackService {
+ public:
+  explicit StoreService(Coordinator* coordinator) : coordinator_(coordinator) {}
+
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
+                                const weft::v1::StoreSetRequest* request,
+                                weft::v1::StoreSetResponse* response) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context,
+                                const weft::v1::StoreGetRequest* request,
+                                weft::v1::StoreGetResponse* response) override;
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* context,
+                                const weft::v1::StoreAddRequest* request,
+                                weft::v1::StoreAddResponse* response) override;
+  grpc::ServerUnaryReactor* CompareSet(grpc::CallbackServerContext* context,
+                                       const weft::v1::StoreCompareSetRequest* request,
+                                       weft::v1::StoreCompareSetResponse* response) override;
+  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* context,
+                                 const weft::v1::StoreWaitRequest* request,
+                                 weft::v1::StoreWaitResponse* response) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* context,
+                                   const weft::v1::StoreDeleteRequest* request,
+                                   weft::v1::StoreDeleteResponse* response) override;
+
+ private:
+  Coordinator* coordinator_;
+};
+
+}  // namespace weft::coordinator
+
+#endif  // WEFT_COORDINATOR_SERVICE_H_

@@ -1,0 +1,74 @@
+#include "coordinator/state_db.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "rocksdb/options.h"
+#include "rocksdb/write_batch.h"
+
+namespace weft::coordinator {
+namespace {
+
+constexpr char kJobPrefix[] = "job/";
+constexpr char kSeqKey[] = "meta/next_job_seq";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StateDb>> StateDb::Open(const std::string& dir) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  // The state is small (jobs, not tensors): keep the footprint small too.
+  options.max_background_jobs = 1;
+  options.keep_log_file_num = 3;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(options, dir, &db);
+  if (!s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--data-dir ", dir, ": cannot open the state database: ", s.ToString(),
+                     s.IsIOError() ? " (is another coordinator using this directory?)" : ""));
+  }
+  return std::unique_ptr<StateDb>(new StateDb(std::unique_ptr<rocksdb::DB>(db)));
+}
+
+absl::StatusOr<std::vector<weft::v1::Job>> StateDb::LoadJobs() {
+  std::vector<weft::v1::Job> jobs;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(kJobPrefix); it->Valid() && it->key().starts_with(kJobPrefix); it->Next()) {
+    weft::v1::Job job;
+    if (!job.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return absl::DataLossError(
+          absl::StrCat("state database: record ", it->key().ToString(), " is not a weft.v1.Job"));
+    }
+    jobs.push_back(std::move(job));
+  }
+  if (!it->status().ok()) {
+    return absl::DataLossError(absl::StrCat("state database: ", it->status().ToString()));
+  }
+  return jobs;
+}
+
+absl::StatusOr<int64_t> StateDb::LoadNextJobSeq() {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kSeqKey, &value);
+  if (s.IsNotFound()) return 1;
+  int64_t seq = 0;
+  if (!s.ok() || !absl::SimpleAtoi(value, &seq) || seq < 1) {
+    return absl::DataLossError(absl::StrCat("state database: bad ", kSeqKey, ": ", s.ToString()));
+  }
+  return seq;
+}
+
+absl::Status StateDb::PutJob(const weft::v1::Job& job, int64_t next_job_seq) {
+  rocksdb::WriteBatch batch;
+  batch.Put(absl::StrCat(kJobPrefix, job.status().job_id()), job.SerializeAsString());
+  if (next_job_seq > 0) batch.Put(kSeqKey, absl::StrCat(next_job_seq));
+  rocksdb::WriteOptions options;
+  options.sync = true;
+  rocksdb::Status s = db_->Write(options, &batch);
+  if (!s.ok()) {
+    return absl::UnavailableError(absl::StrCat("state database write failed: ", s.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace weft::coordinator
