@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -15,6 +16,9 @@ namespace weft {
 namespace {
 
 using weft::v1::JobSpec;
+
+// Larger vocabularies exist in no GPT-2 family model and would overflow padding arithmetic.
+constexpr int32_t kMaxVocabSize = 1 << 24;
 
 class CollectingErrors : public google::protobuf::io::ErrorCollector {
  public:
@@ -67,6 +71,10 @@ absl::StatusOr<JobSpec> ParseJobSpecText(std::string_view text, std::string_view
 }
 
 absl::StatusOr<JobSpec> ReadJobSpecFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not a job spec file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot open job spec: ",
@@ -74,12 +82,16 @@ absl::StatusOr<JobSpec> ReadJobSpecFile(const std::string& path) {
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
+  if (in.bad()) {
+    return absl::DataLossError(absl::StrCat(path, ": read failed: ", std::strerror(errno)));
+  }
   return ParseJobSpecText(buffer.str(), path);
 }
 
 void ApplyJobSpecDefaults(JobSpec* spec) {
   auto* model = spec->mutable_model();
-  if (model->padded_vocab_size() == 0 && model->vocab_size() > 0) {
+  if (model->padded_vocab_size() == 0 && model->vocab_size() > 0 &&
+      model->vocab_size() <= kMaxVocabSize) {
     model->set_padded_vocab_size((model->vocab_size() + 127) / 128 * 128);
   }
   auto* data = spec->mutable_data();
@@ -144,7 +156,9 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
                                           " % ", m.num_heads(), " = ",
                                           m.hidden_size() % m.num_heads(), ")"));
   }
-  if (m.vocab_size() < 2) bad("model.vocab_size", absl::StrCat("must be >= 2, got ", m.vocab_size()));
+  if (m.vocab_size() < 2 || m.vocab_size() > kMaxVocabSize) {
+    bad("model.vocab_size", absl::StrCat("must be in [2, ", kMaxVocabSize, "], got ", m.vocab_size()));
+  }
   if (m.padded_vocab_size() < m.vocab_size()) {
     bad("model.padded_vocab_size", absl::StrCat("must be >= model.vocab_size (", m.vocab_size(),
                                                 "), got ", m.padded_vocab_size()));
@@ -201,6 +215,9 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
   }
 
   const auto& lr = spec.lr_schedule();
+  if (!weft::v1::LrSchedule::Kind_IsValid(lr.kind())) {
+    bad("lr_schedule.kind", absl::StrCat("unknown value ", lr.kind(), "; use CONSTANT or COSINE"));
+  }
   if (lr.warmup_steps() < 0 || (t.total_steps() >= 1 && lr.warmup_steps() >= t.total_steps())) {
     bad("lr_schedule.warmup_steps", absl::StrCat("must be in [0, training.total_steps = ",
                                                  t.total_steps(), "), got ", lr.warmup_steps()));
@@ -216,6 +233,9 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
   const auto& r = spec.resources();
   if (r.device_kind() != weft::v1::DEVICE_KIND_CPU && r.device_kind() != weft::v1::DEVICE_KIND_CUDA) {
     bad("resources.device_kind", "required: DEVICE_KIND_CPU or DEVICE_KIND_CUDA");
+  }
+  if (!weft::v1::Precision_IsValid(spec.precision())) {
+    bad("precision", absl::StrCat("unknown value ", spec.precision(), "; use FP32 or BF16"));
   }
   if (spec.precision() == weft::v1::BF16 && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
     bad("precision", "BF16 needs resources.device_kind DEVICE_KIND_CUDA (the CPU engine is FP32)");

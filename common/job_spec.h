@@ -13,12 +13,14 @@
 namespace weft {
 
 // Parses a text-format JobSpec. `filename` only labels errors. On failure the status is
-// INVALID_ARGUMENT with one line per problem as "file:line:column: message" (1-based), e.g.
-// `job.pb.txt:4:3: Message type "weft.v1.ModelSpec" has no field named "layers".`
+// INVALID_ARGUMENT with one line per problem as "file:line:column: message" (1-based, where
+// the parser noticed: for an unknown field, the token after its name), e.g.
+// `job.pb.txt:4:9: Message type "weft.v1.ModelSpec" has no field named "layers".`
 absl::StatusOr<weft::v1::JobSpec> ParseJobSpecText(std::string_view text,
                                                    std::string_view filename);
 
-// Reads and parses a text-format JobSpec file; NOT_FOUND / PERMISSION_DENIED name the file.
+// Reads and parses a text-format JobSpec file; errors (missing, a directory, unreadable,
+// unparsable) name the file.
 absl::StatusOr<weft::v1::JobSpec> ReadJobSpecFile(const std::string& path);
 
 // Replaces every unset or zero field that has a documented default (job.proto) with it.

@@ -23,7 +23,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options.max_reconnect_backoff_ms);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
               std::min(100, options.max_reconnect_backoff_ms));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(100, options.max_reconnect_backoff_ms));
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left alone on purpose: gRPC also uses it as the
+  // minimum time a connection attempt may take, and a small value makes every connection in
+  // a burst of thousands give up before the server's handshake reaches it.
   if (options.private_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }

@@ -308,6 +308,16 @@ void Coordinator::StartGenerationLocked(JobRecord& rec, const Placement& placeme
   gen.last_progress_time = gen.start_time;
   gen.store = std::make_shared<MemoryStore>();
   const int32_t world = static_cast<int32_t>(gen.members.size());
+  absl::flat_hash_map<std::string, int32_t> per_host;
+  gen.local_rank.resize(world);
+  gen.local_world_size.resize(world);
+  for (int32_t rank = 0; rank < world; ++rank) {
+    gen.rank_of[gen.members[rank]] = rank;
+    gen.local_rank[rank] = per_host[workers_[gen.members[rank]].status.info().host()]++;
+  }
+  for (int32_t rank = 0; rank < world; ++rank) {
+    gen.local_world_size[rank] = per_host[workers_[gen.members[rank]].status.info().host()];
+  }
   for (int32_t rank = 0; rank < world; ++rank) {
     const std::string& id = gen.members[rank];
     status->add_worker_ids(id);
@@ -338,34 +348,26 @@ void Coordinator::StartGenerationLocked(JobRecord& rec, const Placement& placeme
   CommitLocked(rec, actions);
 }
 
-weft::v1::JoinResponse Coordinator::JoinResponseFor(const JobRecord& rec,
-                                                    const std::string& worker_id) {
-  weft::v1::JoinResponse response;
+weft::v1::JoinResponse Coordinator::JoinResponseFor(const JobRecord& rec, int32_t rank,
+                                                    bool include_peers) {
   const Generation& gen = *rec.generation;
-  const int32_t world = static_cast<int32_t>(gen.members.size());
-  response.set_world_size(world);
-  std::string my_host;
-  if (auto it = workers_.find(worker_id); it != workers_.end()) my_host = it->second.status.info().host();
-  int32_t local_rank = 0, local_world = 0;
-  for (int32_t rank = 0; rank < world; ++rank) {
-    const std::string& id = gen.members[rank];
+  weft::v1::JoinResponse response;
+  response.set_rank(rank);
+  response.set_world_size(static_cast<int32_t>(gen.members.size()));
+  response.set_local_rank(gen.local_rank[rank]);
+  response.set_local_world_size(gen.local_world_size[rank]);
+  if (!include_peers) return response;
+  for (size_t r = 0; r < gen.members.size(); ++r) {
     auto* peer = response.add_peers();
-    peer->set_rank(rank);
-    peer->set_worker_id(id);
-    if (auto it = workers_.find(id); it != workers_.end()) {
+    peer->set_rank(static_cast<int32_t>(r));
+    peer->set_worker_id(gen.members[r]);
+    if (auto it = workers_.find(gen.members[r]); it != workers_.end()) {
       const auto& info = it->second.status.info();
       peer->set_host(info.host());
       peer->set_device_index(info.device_index());
       peer->set_address(info.address());
     }
-    if (id == worker_id) {
-      response.set_rank(rank);
-      local_rank = local_world;
-    }
-    if (peer->host() == my_host) ++local_world;
   }
-  response.set_local_rank(local_rank);
-  response.set_local_world_size(local_world);
   return response;
 }
 
@@ -377,7 +379,8 @@ void Coordinator::CompleteRendezvousLocked(JobRecord& rec, Actions& actions) {
   rendezvous_latency_->Observe(absl::ToDoubleSeconds(took));
   for (auto& [worker_id, waiter] : gen.join_waiters) {
     timer_.Cancel(waiter.timer_id);
-    actions.Add([done = std::move(waiter.done), response = JoinResponseFor(rec, worker_id)] {
+    actions.Add([done = std::move(waiter.done),
+                 response = JoinResponseFor(rec, gen.rank_of.at(worker_id), waiter.include_peers)] {
       done(response);
     });
   }
@@ -401,11 +404,19 @@ void Coordinator::EndGenerationLocked(JobRecord& rec, const std::string& reason,
     worker.status.clear_job_id();
     worker.status.clear_generation();
     worker.status.clear_rank();
+    // A member that has not fetched its JoinJob yet must never see it: withdraw it, and then
+    // there is nothing for it to abort either.
+    const size_t queued = worker.pending.size();
+    std::erase_if(worker.pending, [&](const Command& c) {
+      return c.has_join_job() && c.join_job().job_id() == job_id &&
+             c.join_job().generation() == gen.number;
+    });
+    const bool never_told = worker.pending.size() != queued;
     if (worker.status.state() == weft::v1::WORKER_DEAD) continue;
     worker.status.set_state(weft::v1::WORKER_IDLE);
     worker.status.set_reason(absl::StrCat("released from job ", job_id, " generation ",
                                           gen.number));
-    if (!completed) {
+    if (!completed && !never_told) {
       Command command;
       auto* abort = command.mutable_abort_generation();
       abort->set_job_id(job_id);
@@ -460,8 +471,8 @@ void Coordinator::ScheduleLocked(Actions& actions) {
   std::vector<IdleWorkerView> idle;
   for (const auto& [id, w] : workers_) {
     if (w.status.state() != weft::v1::WORKER_IDLE) continue;
-    idle.push_back({id, w.status.info().host(), w.status.info().device_index(),
-                    w.status.info().device_kind()});
+    idle.push_back({std::string_view(id), std::string_view(w.status.info().host()),
+                    w.status.info().device_index(), w.status.info().device_kind()});
   }
   const ScheduleDecision decision = Schedule(jobs, idle);
   for (const auto& placement : decision.placements) {
@@ -793,8 +804,8 @@ void Coordinator::Join(const weft::v1::JoinRequest& request, absl::Time deadline
                                                  ")")));
   }
   Generation& gen = *rec.generation;
-  if (std::find(gen.members.begin(), gen.members.end(), request.worker_id()) ==
-      gen.members.end()) {
+  auto member = gen.rank_of.find(request.worker_id());
+  if (member == gen.rank_of.end()) {
     return fail(absl::FailedPreconditionError(
         absl::StrCat("worker ", request.worker_id(), " is not a member of generation ",
                      gen.number, " of job ", request.job_id())));
@@ -806,7 +817,9 @@ void Coordinator::Join(const weft::v1::JoinRequest& request, absl::Time deadline
   }
   gen.joined.insert(request.worker_id());
   if (gen.rendezvous_complete) {
-    actions.Add([done, response = JoinResponseFor(rec, request.worker_id())] { done(response); });
+    actions.Add([done, response = JoinResponseFor(rec, member->second, request.include_peers())] {
+      done(response);
+    });
     return;
   }
   if (auto old = gen.join_waiters.find(request.worker_id()); old != gen.join_waiters.end()) {
@@ -818,6 +831,7 @@ void Coordinator::Join(const weft::v1::JoinRequest& request, absl::Time deadline
   }
   JoinWaiter waiter;
   waiter.done = std::move(done);
+  waiter.include_peers = request.include_peers();
   const std::string job_id = request.job_id();
   const std::string worker_id = request.worker_id();
   const int64_t number = gen.number;
@@ -862,8 +876,8 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
     return response;
   }
   Generation& gen = *rec.generation;
-  const auto member = std::find(gen.members.begin(), gen.members.end(), request.worker_id());
-  if (member == gen.members.end() || member - gen.members.begin() != request.rank()) {
+  const auto member = gen.rank_of.find(request.worker_id());
+  if (member == gen.rank_of.end() || member->second != request.rank()) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", request.worker_id(), " is not rank ", request.rank(),
                      " of generation ", gen.number, " of job ", request.job_id()));

@@ -144,12 +144,17 @@ class Coordinator {
 
   struct JoinWaiter {
     uint64_t timer_id = 0;
+    bool include_peers = false;
     Done<weft::v1::JoinResponse> done;
   };
 
   struct Generation {
     int64_t number = 0;
     std::vector<std::string> members;  // rank order
+    absl::flat_hash_map<std::string, int32_t> rank_of;
+    // By rank: position among the members on the same host, and how many those are.
+    std::vector<int32_t> local_rank;
+    std::vector<int32_t> local_world_size;
     absl::flat_hash_set<std::string> joined;
     std::map<std::string, JoinWaiter> join_waiters;
     bool rendezvous_complete = false;
@@ -208,7 +213,7 @@ class Coordinator {
   void ScheduleLocked(Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteRendezvousLocked(JobRecord& rec, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  weft::v1::JoinResponse JoinResponseFor(const JobRecord& rec, const std::string& worker_id)
+  weft::v1::JoinResponse JoinResponseFor(const JobRecord& rec, int32_t rank, bool include_peers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleTick();

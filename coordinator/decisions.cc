@@ -36,35 +36,53 @@ void SortInRankOrder(std::vector<IdleWorkerView>* workers) {
 ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
                           const std::vector<IdleWorkerView>& idle_workers) {
   ScheduleDecision decision;
-  std::map<weft::v1::DeviceKind, std::vector<IdleWorkerView>> pool;
-  for (const auto& w : idle_workers) pool[w.device_kind].push_back(w);
-  for (auto& [kind, workers] : pool) SortInRankOrder(&workers);
+  // First decide by counts alone; only the kinds that place a job pay for sorting workers.
+  absl::flat_hash_map<weft::v1::DeviceKind, size_t> available;
+  for (const auto& w : idle_workers) ++available[w.device_kind];
   // Kinds whose queue head could not be placed: everything behind it waits.
   absl::flat_hash_map<weft::v1::DeviceKind, std::string> blocked_by;
+  std::vector<std::pair<const WaitingJobView*, size_t>> placed;  // job, workers to take
 
   for (const auto& job : jobs) {
-    auto& available = pool[job.device_kind];
+    size_t& count = available[job.device_kind];
     if (auto it = blocked_by.find(job.device_kind); it != blocked_by.end()) {
       decision.waiting.emplace_back(
           job.job_id, absl::StrCat("queued behind job ", it->second, " (first come, first served)"));
       continue;
     }
-    if (static_cast<int32_t>(available.size()) < job.min_workers) {
+    if (count < static_cast<size_t>(std::max(job.min_workers, 0))) {
       decision.waiting.emplace_back(
           job.job_id, absl::StrCat("needs ", job.min_workers, " idle ", KindName(job.device_kind),
-                                   " worker", job.min_workers == 1 ? "" : "s", ", ",
-                                   available.size(), " idle"));
+                                   " worker", job.min_workers == 1 ? "" : "s", ", ", count,
+                                   " idle"));
       blocked_by[job.device_kind] = job.job_id;
       continue;
     }
-    const size_t take = std::min<size_t>(available.size(), job.max_workers);
+    const size_t take = std::min<size_t>(count, std::max(job.max_workers, job.min_workers));
+    count -= take;
+    placed.emplace_back(&job, take);
+  }
+  if (placed.empty()) return decision;
+
+  std::map<weft::v1::DeviceKind, std::vector<IdleWorkerView>> pool;
+  for (const auto& [job, take] : placed) pool[job->device_kind];
+  for (const auto& w : idle_workers) {
+    if (auto it = pool.find(w.device_kind); it != pool.end()) it->second.push_back(w);
+  }
+  for (auto& [kind, workers] : pool) SortInRankOrder(&workers);
+  absl::flat_hash_map<weft::v1::DeviceKind, size_t> next;  // first unassigned in each pool
+  for (const auto& [job, take] : placed) {
+    const auto& workers = pool[job->device_kind];
+    size_t& first = next[job->device_kind];
     Placement placement;
-    placement.job_id = job.job_id;
-    for (size_t i = 0; i < take; ++i) placement.worker_ids.push_back(available[i].worker_id);
-    available.erase(available.begin(), available.begin() + take);
-    placement.reason = absl::StrCat(take, " idle ", KindName(job.device_kind), " worker",
-                                    take == 1 ? "" : "s", " (min ", job.min_workers, ", max ",
-                                    job.max_workers, ")");
+    placement.job_id = job->job_id;
+    for (size_t i = first; i < first + take; ++i) {
+      placement.worker_ids.emplace_back(workers[i].worker_id);
+    }
+    first += take;
+    placement.reason = absl::StrCat(take, " idle ", KindName(job->device_kind), " worker",
+                                    take == 1 ? "" : "s", " (min ", job->min_workers, ", max ",
+                                    job->max_workers, ")");
     decision.placements.push_back(std::move(placement));
   }
   return decision;

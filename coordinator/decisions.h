@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -17,9 +18,10 @@ namespace weft::coordinator {
 
 // ---- Scheduling ----------------------------------------------------------------------------
 
+// Views point into the caller's records, which must outlive the call.
 struct IdleWorkerView {
-  std::string worker_id;
-  std::string host;
+  std::string_view worker_id;
+  std::string_view host;
   int32_t device_index = 0;
   weft::v1::DeviceKind device_kind = weft::v1::DEVICE_KIND_UNSPECIFIED;
 };
@@ -48,7 +50,8 @@ struct ScheduleDecision {
 // Gang scheduling, first come first served per device kind: the oldest waiting job of a kind
 // takes up to max_workers idle workers of that kind once at least min_workers exist; until it
 // can, later jobs of that kind wait too (so a large gang is never starved by small ones).
-// Workers are chosen, and ranked, in RankOrder.
+// Workers are chosen, and ranked, in rank order (SortInRankOrder). O(workers) when nothing can
+// be placed, which is what most calls (one per registration) find.
 ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
                           const std::vector<IdleWorkerView>& idle_workers);
 

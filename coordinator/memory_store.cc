@@ -78,7 +78,10 @@ absl::StatusOr<int64_t> MemoryStore::Add(std::string_view key, int64_t delta) {
       return absl::InvalidArgumentError(
           absl::StrCat("key \"", k, "\" holds a value that is not a decimal int64"));
     }
-    sum = current + delta;
+    if (__builtin_add_overflow(current, delta, &sum)) {
+      return absl::InvalidArgumentError(absl::StrCat("key \"", k, "\": adding ", delta, " to ",
+                                                     current, " overflows int64"));
+    }
     data_[k] = absl::StrCat(sum);
     CollectReadyLocked(k, &ready);
   }

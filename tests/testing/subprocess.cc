@@ -117,7 +117,6 @@ void WriteFile(const std::string& path, const std::string& contents) {
 CommandResult RunCommand(const std::vector<std::string>& argv,
                          const std::map<std::string, std::string>& env, absl::Duration timeout,
                          const std::string& stdin_data) {
-  static std::atomic<int> counter{0};
   TempDir dir;
   const std::string out_path = dir.File("out"), err_path = dir.File("err"),
                     in_path = dir.File("in");
@@ -139,7 +138,6 @@ CommandResult RunCommand(const std::vector<std::string>& argv,
     std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
     ::_exit(127);
   }
-  (void)counter;
   const absl::Time deadline = absl::Now() + timeout;
   int status = 0;
   while (true) {
@@ -169,7 +167,8 @@ absl::StatusOr<std::string> WaitForFile(const std::string& path, absl::Duration 
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
-    const std::string& data_dir, const std::vector<std::string>& extra_args) {
+    const std::string& data_dir, const std::vector<std::string>& extra_args,
+    const std::string& bin_dir) {
   auto cp = std::unique_ptr<CoordinatorProcess>(new CoordinatorProcess());
   static std::atomic<int> counter{0};
   const std::string tag = absl::StrCat(::getpid(), "-", counter++);
@@ -177,7 +176,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
   const std::string metrics_port_file = absl::StrCat(data_dir, "/.metrics-port-", tag);
   cp->log_path_ = absl::StrCat(data_dir, "/coordinator-", tag, ".log");
   std::filesystem::create_directories(data_dir);
-  std::vector<std::string> argv = {BinDir() + "/weft-coordinator",
+  std::vector<std::string> argv = {bin_dir + "/weft-coordinator",
                                    "--listen=127.0.0.1:0",
                                    "--port-file=" + port_file,
                                    "--data-dir=" + data_dir + "/db",

@@ -74,7 +74,8 @@ absl::StatusOr<std::string> WaitForFile(const std::string& path, absl::Duration 
 class CoordinatorProcess {
  public:
   static absl::StatusOr<std::unique_ptr<CoordinatorProcess>> Start(
-      const std::string& data_dir, const std::vector<std::string>& extra_args = {});
+      const std::string& data_dir, const std::vector<std::string>& extra_args = {},
+      const std::string& bin_dir = BinDir());
 
   const std::string& address() const { return address_; }  // "127.0.0.1:PORT"
   const std::string& metrics_address() const { return metrics_address_; }

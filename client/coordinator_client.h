@@ -1,0 +1,95 @@
+// Blocking C++ client of the weft.v1.Coordinator service: what trainctl, workers, benchmarks
+// and tests use instead of raw stubs, so that deadlines and error conversion are decided once.
+//
+// Every call returns absl::Status(Or); a gRPC failure keeps its canonical code and the
+// server's message unchanged (see coordinator.proto for what each code means and whether to
+// retry). The one addition: when the coordinator cannot be reached at all (UNAVAILABLE or
+// DEADLINE_EXCEEDED while the channel is not connected), the message names the coordinator
+// address, because gRPC's own text does not tell a user which of their flags was wrong.
+//
+// Thread-safe: calls may run concurrently from any number of threads on one client.
+#ifndef WEFT_CLIENT_COORDINATOR_CLIENT_H_
+#define WEFT_CLIENT_COORDINATOR_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/rpc.h"
+#include "grpcpp/channel.h"
+#include "weft/v1/coordinator.grpc.pb.h"
+
+namespace weft {
+
+struct ClientOptions {
+  // Deadline of every unary call that does not block by design (Join, held Heartbeat and
+  // WatchJob take theirs from their arguments, see below).
+  absl::Duration rpc_timeout = absl::Seconds(10);
+  // Used only by the address constructor.
+  ChannelOptions channel;
+};
+
+class CoordinatorClient {
+ public:
+  // Dials `address` ("host:port") through MakeChannel. Never fails here: an unreachable
+  // coordinator shows up as UNAVAILABLE on the first call.
+  explicit CoordinatorClient(const std::string& address, ClientOptions options = {});
+  // Uses an existing channel (shared with a RemoteStore, or an in-process server's). Error
+  // messages then cannot name the address.
+  explicit CoordinatorClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options = {});
+
+  // INVALID_ARGUMENT lists every violation of the spec, one "field: problem" per line.
+  absl::StatusOr<weft::v1::SubmitJobResponse> SubmitJob(const weft::v1::JobSpec& spec);
+  absl::StatusOr<weft::v1::Job> GetJob(const std::string& job_id);
+  // Newest first. Empty `states`: every state; `limit` 0: the server's default.
+  absl::StatusOr<std::vector<weft::v1::JobStatus>> ListJobs(
+      const std::vector<weft::v1::JobState>& states = {}, int limit = 0);
+  // The status after cancelling. FAILED_PRECONDITION if the job had already ended.
+  absl::StatusOr<weft::v1::JobStatus> CancelJob(const std::string& job_id,
+                                                const std::string& reason = "");
+
+  // Calls `on_update` with each status the server streams (the first at once). Returns OK
+  // once an update with a final state (SUCCEEDED, FAILED, CANCELLED) has been delivered, or
+  // as soon as `on_update` returns false; otherwise the stream's error. A stream the server
+  // closes before the job ended is UNAVAILABLE (watch again). The stream has no deadline:
+  // a job may run for days.
+  absl::Status WatchJob(const std::string& job_id,
+                        const std::function<bool(const weft::v1::JobStatus&)>& on_update);
+
+  absl::StatusOr<weft::v1::RegisterWorkerResponse> RegisterWorker(
+      const weft::v1::WorkerInfo& info);
+  // The server may hold the call for request.wait_for_command_ms, so the deadline is that
+  // plus rpc_timeout.
+  absl::StatusOr<weft::v1::HeartbeatResponse> Heartbeat(
+      const weft::v1::HeartbeatRequest& request);
+  absl::StatusOr<std::vector<weft::v1::WorkerStatus>> ListWorkers();
+
+  // Blocks until the generation's group is complete, at most `timeout` (the call's deadline;
+  // DEADLINE_EXCEEDED after it). ABORTED if the generation ends first.
+  absl::StatusOr<weft::v1::JoinResponse> Join(const weft::v1::JoinRequest& request,
+                                              absl::Duration timeout);
+  absl::StatusOr<weft::v1::ReportProgressResponse> ReportProgress(
+      const weft::v1::ReportProgressRequest& request);
+
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+
+ private:
+  // FromGrpcStatus, plus the address when the failure is that nothing answered.
+  absl::Status Convert(const grpc::Status& status) const;
+
+  std::string address_;  // empty when built from a channel
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<weft::v1::Coordinator::Stub> stub_;
+};
+
+// True for SUCCEEDED, FAILED and CANCELLED: the job will not change again.
+bool IsFinalJobState(weft::v1::JobState state);
+
+}  // namespace weft
+
+#endif  // WEFT_CLIENT_COORDINATOR_CLIENT_H_

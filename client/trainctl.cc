@@ -1,0 +1,619 @@
+// trainctl: the user's command line for a Weft cluster. A thin layer over CoordinatorClient:
+// every subcommand is one call (watch: one stream) plus formatting.
+//
+// Exit status: 0 on success; 1 on any error (message on stderr as "trainctl: <message>"),
+// and for `watch`, 1 when the job ends FAILED or CANCELLED. Usage errors exit with CLI11's
+// codes (non-zero). Output is a table or summary for people (-o text, the default) or the
+// protobuf JSON of the response message (-o json): lists print the RPC's response object,
+// e.g. {"jobs": [...]}, and `watch` prints one compact JobStatus object per line.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/coordinator_client.h"
+#include "common/job_spec.h"
+#include "common/status.h"
+#include "common/time_util.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace weft {
+namespace {
+
+using weft::v1::Job;
+using weft::v1::JobEvent;
+using weft::v1::JobSpec;
+using weft::v1::JobState;
+using weft::v1::JobStatus;
+using weft::v1::WorkerStatus;
+
+constexpr char kDefaultCoordinator[] = "127.0.0.1:7070";
+constexpr char kNone[] = "-";
+
+struct GlobalOptions {
+  std::string coordinator = kDefaultCoordinator;
+  std::string output = "text";
+  double timeout_s = 10;
+
+  bool json() const { return output == "json"; }
+};
+
+int Fail(const absl::Status& status) {
+  std::cerr << "trainctl: " << status.message() << "\n";
+  return 1;
+}
+
+// ---------------------------------------------------------------------------------------
+// Formatting helpers.
+
+// Proto enum names carry a prefix that only exists to keep C++ enumerators unique
+// ("DEVICE_KIND_CPU"); people read the rest.
+std::string ShortEnumName(const std::string& name, absl::string_view prefix) {
+  return std::string(absl::StripPrefix(name, prefix));
+}
+
+std::string StateName(JobState state) {
+  return ShortEnumName(weft::v1::JobState_Name(state), "JOB_STATE_");
+}
+
+bool HasTime(const google::protobuf::Timestamp& t) { return t.seconds() != 0 || t.nanos() != 0; }
+
+std::string FormatTimestamp(const google::protobuf::Timestamp& t) {
+  if (!HasTime(t)) return kNone;
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", FromProtoTime(t), absl::LocalTimeZone());
+}
+
+// Coarse and short, for table columns: "45s", "12m", "3h", "2d".
+std::string FormatAge(absl::Duration d) {
+  if (d < absl::ZeroDuration()) d = absl::ZeroDuration();
+  const int64_t s = absl::ToInt64Seconds(d);
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrCat(s / 60, "m");
+  if (s < 86400) return absl::StrCat(s / 3600, "h");
+  return absl::StrCat(s / 86400, "d");
+}
+
+std::string AgeOf(const google::protobuf::Timestamp& t) {
+  if (!HasTime(t)) return kNone;
+  return FormatAge(absl::Now() - FromProtoTime(t));
+}
+
+// Finer than FormatAge, for an ETA: "1h02m", "4m05s", "12s".
+std::string FormatEta(absl::Duration d) {
+  const int64_t s = std::max<int64_t>(0, absl::ToInt64Seconds(d + absl::Milliseconds(500)));
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s % 3600) / 60);
+  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrCat(s, "s");
+}
+
+std::string FormatRate(double per_s) {
+  if (per_s >= 1e6) return absl::StrFormat("%.2fM", per_s / 1e6);
+  if (per_s >= 1e3) return absl::StrFormat("%.1fk", per_s / 1e3);
+  return absl::StrFormat("%.0f", per_s);
+}
+
+std::string FormatCount(int64_t n) {
+  if (n >= 1000000000) return absl::StrFormat("%.2fB", n / 1e9);
+  if (n >= 1000000) return absl::StrFormat("%.1fM", n / 1e6);
+  if (n >= 1000) return absl::StrFormat("%.1fK", n / 1e3);
+  return absl::StrCat(n);
+}
+
+// Metrics exist once rank 0 reported a step; before that "loss 0" would be a lie.
+bool HasMetrics(const JobStatus& status) {
+  return status.has_last_metrics() && status.last_metrics().step() > 0;
+}
+
+std::string LossOf(const JobStatus& status) {
+  return HasMetrics(status) ? absl::StrFormat("%.4f", status.last_metrics().loss()) : kNone;
+}
+
+std::string StepOf(const JobStatus& status) {
+  return absl::StrCat(status.step(), "/", status.total_steps());
+}
+
+// Prints rows as columns separated by two spaces; the last column is not padded so that a
+// long message does not drag trailing blanks.
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    if (widths.size() < row.size()) widths.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (i > 0) line += "  ";
+      line += row[i];
+      if (i + 1 < row.size()) line.append(widths[i] - row[i].size(), ' ');
+    }
+    std::cout << line << "\n";
+  }
+}
+
+absl::Status PrintJson(const google::protobuf::Message& message, bool pretty) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = pretty;
+  // Scripts should find every field, including zeros (step 0, generation 0).
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) {
+    return absl::InternalError(absl::StrCat("cannot print JSON: ", status.ToString()));
+  }
+  std::cout << json;
+  if (!pretty || json.empty() || json.back() != '\n') std::cout << "\n";
+  std::cout.flush();
+  return absl::OkStatus();
+}
+
+std::string EventLine(const JobEvent& event) {
+  std::string line = absl::StrCat(
+      FormatTimestamp(event.time()), "  ",
+      ShortEnumName(weft::v1::JobEventType_Name(event.type()), "JOB_EVENT_TYPE_"));
+  if (event.generation() > 0) absl::StrAppend(&line, " gen ", event.generation());
+  if (event.type() == weft::v1::STATE_CHANGED) {
+    absl::StrAppend(&line, " -> ", StateName(event.state()));
+  }
+  if (!event.message().empty()) absl::StrAppend(&line, ": ", event.message());
+  return line;
+}
+
+absl::StatusOr<JobState> ParseJobState(const std::string& text) {
+  std::string upper = absl::AsciiStrToUpper(text);
+  JobState state;
+  if (weft::v1::JobState_Parse(upper, &state) && state != weft::v1::JOB_STATE_UNSPECIFIED) {
+    return state;
+  }
+  std::vector<std::string> names;
+  for (int i = weft::v1::JobState_MIN; i <= weft::v1::JobState_MAX; ++i) {
+    if (weft::v1::JobState_IsValid(i) && i != weft::v1::JOB_STATE_UNSPECIFIED) {
+      names.push_back(weft::v1::JobState_Name(static_cast<JobState>(i)));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--state: unknown job state \"", text,
+                                                 "\"; one of ", absl::StrJoin(names, ", ")));
+}
+
+// ---------------------------------------------------------------------------------------
+// Subcommands. Each returns the process exit status.
+
+int Submit(CoordinatorClient& client, const GlobalOptions& global, const std::string& path) {
+  absl::StatusOr<JobSpec> spec = ReadJobSpecFile(path);
+  if (!spec.ok()) {
+    if (spec.status().code() == absl::StatusCode::kInvalidArgument) {
+      // Already "file:line:column: message" lines, the shape editors jump to.
+      std::cerr << spec.status().message() << "\n";
+      return 1;
+    }
+    return Fail(spec.status());
+  }
+  absl::StatusOr<weft::v1::SubmitJobResponse> response = client.SubmitJob(*spec);
+  if (!response.ok()) {
+    if (response.status().code() == absl::StatusCode::kInvalidArgument) {
+      std::cerr << "trainctl: " << path << " rejected: " << response.status().message() << "\n";
+      return 1;
+    }
+    return Fail(response.status());
+  }
+  if (global.json()) {
+    absl::Status printed = PrintJson(*response, true);
+    return printed.ok() ? 0 : Fail(printed);
+  }
+  std::cout << response->job_id() << "\n";
+  return 0;
+}
+
+void PrintSpecSummary(const JobSpec& spec) {
+  const auto& m = spec.model();
+  const auto& d = spec.data();
+  const auto& o = spec.optimizer();
+  const auto& lr = spec.lr_schedule();
+  const auto& t = spec.training();
+  const auto& r = spec.resources();
+  const auto& c = spec.checkpoint();
+  const auto& f = spec.fault();
+
+  std::string data = absl::StrCat(
+      d.train_path(), " (", ShortEnumName(weft::v1::DataFormat_Name(d.format()), "DATA_FORMAT_"),
+      ")");
+  if (!d.val_path().empty()) {
+    absl::StrAppend(&data, ", validation ", d.val_path());
+  } else {
+    absl::StrAppend(&data, absl::StrFormat(", last %g%% held out", d.val_fraction() * 100));
+  }
+  std::string checkpoint =
+      c.interval_steps() > 0
+          ? absl::StrCat("every ", c.interval_steps(), " steps, keep last ", c.keep_last())
+          : std::string("disabled");
+  std::string validation =
+      t.val_interval_steps() > 0
+          ? absl::StrCat(", validation every ", t.val_interval_steps(), " steps (",
+                         t.val_batches(), " batches)")
+          : std::string();
+
+  const std::vector<std::vector<std::string>> rows = {
+      {"  model",
+       absl::StrFormat("%d layers, hidden %d, %d heads, vocab %d (padded %d), context %d; "
+                       "%s parameters",
+                       m.num_layers(), m.hidden_size(), m.num_heads(), m.vocab_size(),
+                       m.padded_vocab_size(), m.context_length(),
+                       FormatCount(ModelParameterCount(m)))},
+      {"  data", data},
+      {"  optimizer",
+       absl::StrFormat("AdamW lr %g, betas %g/%g, eps %g, weight decay %g, clip %g; %s schedule, "
+                       "warmup %d, min lr ratio %g",
+                       o.learning_rate(), o.beta1(), o.beta2(), o.epsilon(), o.weight_decay(),
+                       o.grad_clip_norm(),
+                       ShortEnumName(weft::v1::LrSchedule::Kind_Name(lr.kind()), "KIND_"),
+                       lr.warmup_steps(), lr.min_lr_ratio())},
+      {"  training",
+       absl::StrCat(t.total_steps(), " steps, micro-batch ", t.micro_batch_size(), " x ",
+                    t.sequence_length(), " tokens, grad accum ", t.grad_accum_steps(), ", seed ",
+                    t.seed(), validation)},
+      {"  parallelism",
+       absl::StrCat("ZeRO-", spec.zero_stage(), ", ",
+                    ShortEnumName(weft::v1::Precision_Name(spec.precision()), "PRECISION_"))},
+      {"  resources",
+       absl::StrCat(ShortEnumName(weft::v1::DeviceKind_Name(r.device_kind()), "DEVICE_KIND_"),
+                    " workers ", r.min_workers(),
+                    r.max_workers() > r.min_workers() ? absl::StrCat("-", r.max_workers()) : "")},
+      {"  checkpoint", checkpoint},
+      {"  faults",
+       absl::StrCat("heartbeat ", f.heartbeat_interval_ms(), " ms, timeout ",
+                    f.heartbeat_timeout_ms(), " ms, stall ", f.stall_timeout_ms(),
+                    " ms, max restarts ", f.max_restarts())},
+  };
+  PrintTable(rows);
+}
+
+int Status(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id) {
+  absl::StatusOr<Job> job = client.GetJob(job_id);
+  if (!job.ok()) return Fail(job.status());
+  if (global.json()) {
+    absl::Status printed = PrintJson(*job, true);
+    return printed.ok() ? 0 : Fail(printed);
+  }
+  const JobStatus& s = job->status();
+  std::vector<std::vector<std::string>> rows = {
+      {"Job", s.job_id()},
+      {"Name", s.name()},
+      {"State", StateName(s.state())},
+      {"Generation", absl::StrCat(s.generation(), " (restarts ", s.restarts(), ")")},
+      {"Step", StepOf(s)},
+      {"Workers", s.worker_ids().empty() ? kNone : absl::StrJoin(s.worker_ids(), ", ")},
+      {"Created", absl::StrCat(FormatTimestamp(s.create_time()),
+                               HasTime(s.create_time())
+                                   ? absl::StrCat(" (", AgeOf(s.create_time()), " ago)")
+                                   : "")},
+      {"Started", FormatTimestamp(s.start_time())},
+      {"Ended", FormatTimestamp(s.end_time())},
+  };
+  if (!s.pending_reason().empty()) rows.push_back({"Waiting", s.pending_reason()});
+  if (!s.error().empty()) rows.push_back({"Error", s.error()});
+  PrintTable(rows);
+
+  std::cout << "\nSpec\n";
+  PrintSpecSummary(job->spec());
+
+  if (HasMetrics(s)) {
+    const auto& m = s.last_metrics();
+    std::cout << "\nLast step\n";
+    PrintTable({
+        {"  step", absl::StrCat(m.step(), " at ", FormatTimestamp(m.time()))},
+        {"  loss", absl::StrFormat("%.4f%s", m.loss(),
+                                   m.val_loss() > 0
+                                       ? absl::StrFormat(" (validation %.4f)", m.val_loss())
+                                       : "")},
+        {"  learning rate", absl::StrFormat("%g", m.learning_rate())},
+        {"  grad norm", absl::StrFormat("%.4f", m.grad_norm())},
+        {"  tokens/s", FormatRate(m.tokens_per_s())},
+        {"  step time",
+         absl::StrFormat("%.1f ms (forward %.1f, backward %.1f, exposed comm %.1f, "
+                         "optimizer %.1f)",
+                         m.step_ms(), m.forward_ms(), m.backward_ms(), m.exposed_comm_ms(),
+                         m.optimizer_ms())},
+        {"  state per rank", FormatCount(m.state_bytes()) + "B"},
+    });
+  }
+
+  std::cout << "\nEvents\n";
+  if (s.events().empty()) {
+    std::cout << "  (none)\n";
+  } else {
+    std::vector<std::vector<std::string>> events = {{"  TIME", "TYPE", "GEN", "MESSAGE"}};
+    for (const JobEvent& e : s.events()) {
+      std::string type = ShortEnumName(weft::v1::JobEventType_Name(e.type()), "JOB_EVENT_TYPE_");
+      if (e.type() == weft::v1::STATE_CHANGED) absl::StrAppend(&type, " -> ", StateName(e.state()));
+      events.push_back({"  " + FormatTimestamp(e.time()), type,
+                        e.generation() > 0 ? absl::StrCat(e.generation()) : kNone, e.message()});
+    }
+    PrintTable(events);
+  }
+  return 0;
+}
+
+int List(CoordinatorClient& client, const GlobalOptions& global,
+         const std::vector<std::string>& state_names, int limit) {
+  std::vector<JobState> states;
+  for (const std::string& name : state_names) {
+    absl::StatusOr<JobState> state = ParseJobState(name);
+    if (!state.ok()) return Fail(state.status());
+    states.push_back(*state);
+  }
+  absl::StatusOr<std::vector<JobStatus>> jobs = client.ListJobs(states, limit);
+  if (!jobs.ok()) return Fail(jobs.status());
+  if (global.json()) {
+    weft::v1::ListJobsResponse response;
+    for (JobStatus& job : *jobs) *response.add_jobs() = std::move(job);
+    absl::Status printed = PrintJson(response, true);
+    return printed.ok() ? 0 : Fail(printed);
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"JOB ID", "NAME", "STATE", "GEN", "STEP", "LOSS", "AGE"}};
+  for (const JobStatus& job : *jobs) {
+    rows.push_back({job.job_id(), job.name(), StateName(job.state()),
+                    absl::StrCat(job.generation()), StepOf(job), LossOf(job),
+                    AgeOf(job.create_time())});
+  }
+  PrintTable(rows);
+  return 0;
+}
+
+int Cancel(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id,
+           const std::string& reason) {
+  absl::StatusOr<JobStatus> status = client.CancelJob(job_id, reason);
+  if (!status.ok()) return Fail(status.status());
+  if (global.json()) {
+    absl::Status printed = PrintJson(*status, true);
+    return printed.ok() ? 0 : Fail(printed);
+  }
+  std::cout << status->job_id() << " " << StateName(status->state()) << "\n";
+  return 0;
+}
+
+// Renders a watch: one status line per update, or one line redrawn in place on a terminal,
+// with job events printed above it as they appear.
+class WatchPrinter {
+ public:
+  explicit WatchPrinter(bool tty) : tty_(tty) {}
+
+  void Update(const JobStatus& status) {
+    for (const JobEvent& event : status.events()) {
+      // Each update resends the recent events; print each one once.
+      if (!printed_events_.insert(event.SerializeAsString()).second) continue;
+      ClearLine();
+      std::cout << EventLine(event) << "\n";
+    }
+    const std::string line = StatusLine(status);
+    if (tty_) {
+      std::cout << "\r" << line << "\033[K";
+      line_drawn_ = true;
+    } else {
+      std::cout << line << "\n";
+    }
+    std::cout.flush();
+  }
+
+  // Ends a redrawn line so that what follows starts on a fresh one.
+  void Finish() {
+    if (line_drawn_) std::cout << "\n";
+    line_drawn_ = false;
+    std::cout.flush();
+  }
+
+ private:
+  void ClearLine() {
+    if (line_drawn_) std::cout << "\r\033[K";
+    line_drawn_ = false;
+  }
+
+  // From the pace observed during this watch, which includes what step_ms leaves out
+  // (checkpoints, validation, reporting); step_ms until two steps have been seen.
+  std::string Eta(const JobStatus& s) {
+    const absl::Time now = absl::Now();
+    // A new generation resumes from a checkpoint, possibly behind the last step seen.
+    if (s.generation() != pace_generation_ || s.step() < pace_step_) {
+      pace_generation_ = s.generation();
+      pace_step_ = s.step();
+      pace_time_ = now;
+    }
+    if (s.state() != weft::v1::RUNNING || s.total_steps() <= s.step()) return kNone;
+    const int64_t remaining = s.total_steps() - s.step();
+    if (s.step() > pace_step_) {
+      return FormatEta((now - pace_time_) / static_cast<double>(s.step() - pace_step_) *
+                       static_cast<double>(remaining));
+    }
+    if (HasMetrics(s) && s.last_metrics().step_ms() > 0) {
+      return FormatEta(absl::Milliseconds(s.last_metrics().step_ms() * remaining));
+    }
+    return kNone;
+  }
+
+  std::string StatusLine(const JobStatus& s) {
+    std::string line = absl::StrCat(s.job_id(), "  ", StateName(s.state()), "  gen ",
+                                    s.generation(), "  step ", StepOf(s));
+    if (s.total_steps() > 0) {
+      absl::StrAppend(&line, absl::StrFormat(" (%d%%)", s.step() * 100 / s.total_steps()));
+    }
+    absl::StrAppend(&line, "  loss ", LossOf(s));
+    const auto& m = s.last_metrics();
+    absl::StrAppend(&line, "  tok/s ", HasMetrics(s) ? FormatRate(m.tokens_per_s()) : kNone);
+    absl::StrAppend(&line, "  ETA ", Eta(s));
+    // Why it is not training yet, the thing a user waiting on PENDING wants to know.
+    if (!s.pending_reason().empty()) absl::StrAppend(&line, "  (", s.pending_reason(), ")");
+    return line;
+  }
+
+  bool tty_;
+  bool line_drawn_ = false;
+  int64_t pace_generation_ = -1;
+  int64_t pace_step_ = 0;
+  absl::Time pace_time_;
+  std::set<std::string> printed_events_;
+};
+
+int Watch(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id) {
+  WatchPrinter printer(::isatty(STDOUT_FILENO) == 1);
+  JobStatus last;
+  bool got_any = false;
+  absl::Status print_status;
+  absl::Status watched = client.WatchJob(job_id, [&](const JobStatus& status) {
+    last = status;
+    got_any = true;
+    if (global.json()) {
+      print_status = PrintJson(status, false);
+      return print_status.ok();
+    }
+    printer.Update(status);
+    return true;
+  });
+  printer.Finish();
+  if (!print_status.ok()) return Fail(print_status);
+  if (!watched.ok()) return Fail(watched);
+  if (!got_any) return Fail(absl::UnavailableError("watch ended without any update"));
+  switch (last.state()) {
+    case weft::v1::SUCCEEDED:
+      if (!global.json()) {
+        std::cout << last.job_id() << " SUCCEEDED after " << last.step() << " steps\n";
+      }
+      return 0;
+    case weft::v1::FAILED:
+    case weft::v1::CANCELLED: {
+      std::string why = last.error();
+      if (why.empty()) {
+        // A cancelled job has no error; the cancel request says who and why.
+        for (const JobEvent& e : last.events()) {
+          if (e.type() == weft::v1::CANCEL_REQUESTED && !e.message().empty()) why = e.message();
+        }
+      }
+      return Fail(absl::AbortedError(absl::StrCat("job ", last.job_id(), " ",
+                                                  StateName(last.state()),
+                                                  why.empty() ? "" : ": ", why)));
+    }
+    default:
+      return Fail(absl::UnavailableError(absl::StrCat("watch of job ", job_id, " ended while ",
+                                                      StateName(last.state()))));
+  }
+}
+
+int Workers(CoordinatorClient& client, const GlobalOptions& global) {
+  absl::StatusOr<std::vector<WorkerStatus>> workers = client.ListWorkers();
+  if (!workers.ok()) return Fail(workers.status());
+  if (global.json()) {
+    weft::v1::ListWorkersResponse response;
+    for (WorkerStatus& worker : *workers) *response.add_workers() = std::move(worker);
+    absl::Status printed = PrintJson(response, true);
+    return printed.ok() ? 0 : Fail(printed);
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"WORKER ID", "HOST", "DEVICE", "STATE", "JOB", "GEN", "RANK", "HEARTBEAT", "REASON"}};
+  for (const WorkerStatus& w : *workers) {
+    const auto& info = w.info();
+    std::string device =
+        absl::StrCat(absl::AsciiStrToLower(ShortEnumName(
+                         weft::v1::DeviceKind_Name(info.device_kind()), "DEVICE_KIND_")),
+                     ":", info.device_index());
+    if (!info.gpu_model().empty()) absl::StrAppend(&device, " ", info.gpu_model());
+    const bool busy = w.state() == weft::v1::WORKER_BUSY;
+    rows.push_back({info.worker_id(), info.host(), device,
+                    ShortEnumName(weft::v1::WorkerState_Name(w.state()), "WORKER_"),
+                    busy ? w.job_id() : kNone, busy ? absl::StrCat(w.generation()) : kNone,
+                    busy ? absl::StrCat(w.rank()) : kNone,
+                    HasTime(w.last_heartbeat_time())
+                        ? absl::StrCat(AgeOf(w.last_heartbeat_time()), " ago")
+                        : kNone,
+                    w.reason()});
+  }
+  PrintTable(rows);
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"trainctl: submit, inspect and cancel Weft training jobs"};
+  app.require_subcommand(1);
+  // Global options may also follow the subcommand (`trainctl list -o json`).
+  app.fallthrough();
+
+  GlobalOptions global;
+  app.add_option("--coordinator", global.coordinator, "Coordinator address host:port")
+      ->envname("WEFT_COORDINATOR")
+      ->capture_default_str();
+  app.add_option("-o,--output", global.output, "Output format")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
+  app.add_option("--timeout-s", global.timeout_s, "Deadline of each call in seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
+  std::string spec_path;
+  CLI::App* submit = app.add_subcommand("submit", "Submit a job spec (text-format JobSpec)");
+  submit->add_option("FILE", spec_path, "Job spec file (*.pb.txt)")->required();
+
+  std::string job_id;
+  CLI::App* status = app.add_subcommand("status", "Show one job: spec, state, metrics, events");
+  status->add_option("JOB", job_id, "Job id")->required();
+
+  std::vector<std::string> states;
+  int limit = 0;
+  CLI::App* list = app.add_subcommand("list", "List jobs, newest first");
+  list->add_option("--state", states, "Only jobs in these states (repeat or comma-separate)")
+      ->delimiter(',');
+  list->add_option("--limit", limit, "At most this many jobs (0: the coordinator's default)")
+      ->check(CLI::NonNegativeNumber);
+
+  std::string reason;
+  CLI::App* cancel = app.add_subcommand("cancel", "Cancel a job that has not ended");
+  cancel->add_option("JOB", job_id, "Job id")->required();
+  cancel->add_option("--reason", reason, "Recorded in the job's events");
+
+  CLI::App* watch = app.add_subcommand(
+      "watch", "Follow a job until it ends; exit 0 if it SUCCEEDED, 1 otherwise");
+  watch->add_option("JOB", job_id, "Job id")->required();
+
+  CLI::App* workers = app.add_subcommand("workers", "List registered workers");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  if (absl::Status ok = CheckHostPort(global.coordinator, "--coordinator"); !ok.ok()) {
+    return Fail(ok);
+  }
+  ClientOptions options;
+  options.rpc_timeout = absl::Seconds(global.timeout_s);
+  CoordinatorClient client(global.coordinator, options);
+
+  if (submit->parsed()) return Submit(client, global, spec_path);
+  if (status->parsed()) return Status(client, global, job_id);
+  if (list->parsed()) return List(client, global, states, limit);
+  if (cancel->parsed()) return Cancel(client, global, job_id, reason);
+  if (watch->parsed()) return Watch(client, global, job_id);
+  if (workers->parsed()) return Workers(client, global);
+  return Fail(absl::InvalidArgumentError("no subcommand"));
+}
+
+}  // namespace
+}  // namespace weft
+
+int main(int argc, char** argv) { return weft::Main(argc, argv); }

@@ -1,0 +1,291 @@
+// End-to-end tests of the trainctl binary against a real weft-coordinator on loopback: what a
+// user sees (exit status, stdout, stderr) for the everyday commands and the common mistakes.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+#include "weft/v1/coordinator.pb.h"
+#include "weft/v1/job.pb.h"
+
+namespace weft {
+namespace {
+
+using ::weft::testing::CommandResult;
+using ::weft::testing::CoordinatorProcess;
+using ::weft::testing::RunCommand;
+using ::weft::testing::TempDir;
+using ::weft::testing::WriteFile;
+
+// min_workers 2 and no workers registered: the job stays PENDING for the whole test.
+constexpr char kValidSpec[] = R"pb(name: "tiny"
+model { num_layers: 2 hidden_size: 64 num_heads: 4 vocab_size: 256 context_length: 64 }
+data { train_path: "/tmp/x.txt" format: DATA_FORMAT_TEXT_BYTES }
+optimizer { learning_rate: 0.001 }
+training { total_steps: 10 micro_batch_size: 4 }
+resources { device_kind: DEVICE_KIND_CPU min_workers: 2 }
+)pb";
+
+std::string Trainctl() { return weft::testing::BinDir() + "/trainctl"; }
+
+// Gives a failing command's whole output, so a failure explains itself.
+std::string Describe(const CommandResult& r) {
+  return absl::StrCat("exit ", r.exit_code, "\n--- stdout\n", r.out, "\n--- stderr\n", r.err);
+}
+
+template <typename Message>
+Message ParseJson(const std::string& json) {
+  Message message;
+  auto status = google::protobuf::util::JsonStringToMessage(json, &message);
+  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
+  return message;
+}
+
+class TrainctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto coordinator = CoordinatorProcess::Start(dir_.File("coordinator"));
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    coordinator_ = std::move(*coordinator);
+  }
+
+  // trainctl --coordinator <ours> args...
+  CommandResult Run(const std::vector<std::string>& args,
+                    const std::map<std::string, std::string>& env = {}) {
+    std::vector<std::string> argv = {Trainctl(), "--coordinator", coordinator_->address()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv, env, absl::Seconds(30));
+  }
+
+  std::string WriteSpec(const std::string& name, const std::string& text) {
+    const std::string path = dir_.File(name);
+    WriteFile(path, text);
+    return path;
+  }
+
+  // Submits kValidSpec; returns the job id (empty after a test failure).
+  std::string SubmitValid() {
+    CommandResult r = Run({"submit", WriteSpec("job.pb.txt", kValidSpec)});
+    EXPECT_EQ(r.exit_code, 0) << Describe(r);
+    return std::string(absl::StripAsciiWhitespace(r.out));
+  }
+
+  TempDir dir_;
+  std::unique_ptr<CoordinatorProcess> coordinator_;
+};
+
+TEST_F(TrainctlTest, SubmitPrintsJobIdAndTheJobIsPending) {
+  const std::string job_id = SubmitValid();
+  ASSERT_TRUE(absl::StartsWith(job_id, "tiny-")) << job_id;
+  EXPECT_EQ(job_id.find('\n'), std::string::npos) << "only the id, for $(trainctl submit ...)";
+
+  CommandResult status = Run({"status", job_id});
+  ASSERT_EQ(status.exit_code, 0) << Describe(status);
+  EXPECT_TRUE(absl::StrContains(status.out, job_id)) << status.out;
+  EXPECT_TRUE(absl::StrContains(status.out, "PENDING")) << status.out;
+  EXPECT_TRUE(absl::StrContains(status.out, "/tmp/x.txt")) << "spec summary\n" << status.out;
+  EXPECT_TRUE(absl::StrContains(status.out, "SUBMITTED")) << "events\n" << status.out;
+
+  CommandResult list = Run({"list"});
+  ASSERT_EQ(list.exit_code, 0) << Describe(list);
+  EXPECT_TRUE(absl::StrContains(list.out, "JOB ID")) << list.out;
+  EXPECT_TRUE(absl::StrContains(list.out, job_id)) << list.out;
+  EXPECT_TRUE(absl::StrContains(list.out, "PENDING")) << list.out;
+
+  CommandResult json_status = Run({"-o", "json", "status", job_id});
+  ASSERT_EQ(json_status.exit_code, 0) << Describe(json_status);
+  auto job = ParseJson<weft::v1::Job>(json_status.out);
+  EXPECT_EQ(job.status().job_id(), job_id);
+  EXPECT_EQ(job.status().state(), weft::v1::PENDING);
+  EXPECT_EQ(job.spec().model().num_heads(), 4);
+
+  // Global options also work after the subcommand.
+  CommandResult json_list = Run({"list", "-o", "json"});
+  ASSERT_EQ(json_list.exit_code, 0) << Describe(json_list);
+  auto jobs = ParseJson<weft::v1::ListJobsResponse>(json_list.out);
+  ASSERT_EQ(jobs.jobs_size(), 1) << json_list.out;
+  EXPECT_EQ(jobs.jobs(0).job_id(), job_id);
+  EXPECT_EQ(jobs.jobs(0).state(), weft::v1::PENDING);
+
+  CommandResult running = Run({"list", "--state", "running", "-o", "json"});
+  ASSERT_EQ(running.exit_code, 0) << Describe(running);
+  EXPECT_EQ(ParseJson<weft::v1::ListJobsResponse>(running.out).jobs_size(), 0) << running.out;
+
+  CommandResult pending = Run({"list", "--state", "PENDING,RUNNING"});
+  ASSERT_EQ(pending.exit_code, 0) << Describe(pending);
+  EXPECT_TRUE(absl::StrContains(pending.out, job_id)) << pending.out;
+}
+
+TEST_F(TrainctlTest, SubmitJsonPrintsTheStoredSpec) {
+  CommandResult r = Run({"-o", "json", "submit", WriteSpec("job.pb.txt", kValidSpec)});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  auto response = ParseJson<weft::v1::SubmitJobResponse>(r.out);
+  EXPECT_TRUE(absl::StartsWith(response.job_id(), "tiny-")) << r.out;
+  // Defaults are filled in by the coordinator.
+  EXPECT_EQ(response.spec().resources().max_workers(), 2) << r.out;
+}
+
+TEST_F(TrainctlTest, SyntaxErrorNamesFileLineAndColumn) {
+  const std::string path = WriteSpec("syntax.pb.txt", R"pb(name: "tiny"
+model { num_layers: = 2 }
+)pb");
+  CommandResult r = Run({"submit", path});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(absl::StrContains(r.err, absl::StrCat(path, ":2:21:"))) << Describe(r);
+  EXPECT_TRUE(r.out.empty()) << Describe(r);
+}
+
+TEST_F(TrainctlTest, UnknownFieldIsNamed) {
+  const std::string path = WriteSpec("unknown.pb.txt", R"pb(name: "tiny"
+model { num_layers: 2 hiden_size: 64 num_heads: 4 vocab_size: 256 context_length: 64 }
+)pb");
+  CommandResult r = Run({"submit", path});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(absl::StrContains(r.err, "hiden_size")) << Describe(r);
+  EXPECT_TRUE(absl::StrContains(r.err, absl::StrCat(path, ":2:"))) << Describe(r);
+}
+
+TEST_F(TrainctlTest, RejectedSpecListsEveryViolation) {
+  const std::string path = WriteSpec("invalid.pb.txt", R"pb(name: "tiny"
+model { num_layers: 2 hidden_size: 64 num_heads: 0 vocab_size: 256 context_length: 64 }
+data { train_path: "/tmp/x.txt" format: DATA_FORMAT_TEXT_BYTES }
+optimizer { learning_rate: -0.5 }
+training { total_steps: 10 micro_batch_size: 0 }
+resources { device_kind: DEVICE_KIND_CPU min_workers: 2 }
+)pb");
+  CommandResult r = Run({"submit", path});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  for (const char* field :
+       {"model.num_heads", "optimizer.learning_rate", "training.micro_batch_size"}) {
+    EXPECT_TRUE(absl::StrContains(r.err, absl::StrCat("\n", field, ":")))
+        << field << " on a line of its own\n"
+        << Describe(r);
+  }
+  EXPECT_TRUE(absl::StrContains(r.err, path)) << Describe(r);
+
+  // Nothing was stored.
+  CommandResult list = Run({"-o", "json", "list"});
+  ASSERT_EQ(list.exit_code, 0) << Describe(list);
+  EXPECT_EQ(ParseJson<weft::v1::ListJobsResponse>(list.out).jobs_size(), 0) << list.out;
+}
+
+TEST_F(TrainctlTest, MissingFileIsNamed) {
+  const std::string path = dir_.File("no-such-job.pb.txt");
+  CommandResult r = Run({"submit", path});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(absl::StartsWith(r.err, "trainctl: ")) << Describe(r);
+  EXPECT_TRUE(absl::StrContains(r.err, path)) << Describe(r);
+}
+
+TEST_F(TrainctlTest, CancelPendingJobThenCancelAgainFails) {
+  const std::string job_id = SubmitValid();
+  ASSERT_FALSE(job_id.empty());
+
+  CommandResult cancel = Run({"cancel", job_id, "--reason", "changed my mind"});
+  ASSERT_EQ(cancel.exit_code, 0) << Describe(cancel);
+  EXPECT_TRUE(absl::StrContains(cancel.out, "CANCELLED")) << cancel.out;
+
+  CommandResult json_status = Run({"status", job_id, "-o", "json"});
+  ASSERT_EQ(json_status.exit_code, 0) << Describe(json_status);
+  EXPECT_EQ(ParseJson<weft::v1::Job>(json_status.out).status().state(), weft::v1::CANCELLED);
+
+  CommandResult again = Run({"cancel", job_id});
+  EXPECT_EQ(again.exit_code, 1) << Describe(again);
+  EXPECT_TRUE(absl::StartsWith(again.err, "trainctl: ")) << Describe(again);
+
+  // The job has ended, so watch returns at once, and CANCELLED is a failure for scripts.
+  CommandResult watch = Run({"watch", job_id});
+  EXPECT_EQ(watch.exit_code, 1) << Describe(watch);
+  EXPECT_TRUE(absl::StrContains(watch.err, "CANCELLED")) << Describe(watch);
+  EXPECT_TRUE(absl::StrContains(watch.out, "CANCELLED")) << Describe(watch);
+}
+
+TEST_F(TrainctlTest, WatchFollowsAJobToSuccess) {
+  // Two control-plane-only workers: rank 0 reports 10 quick steps, then completion.
+  std::vector<std::unique_ptr<weft::testing::Subprocess>> workers;
+  for (int i = 0; i < 2; ++i) {
+    auto worker = weft::testing::Subprocess::Start(
+        {weft::testing::BinDir() + "/weft-sim-worker", "--coordinator", coordinator_->address(),
+         "--device-index", absl::StrCat(i), "--report-steps", "10", "--step-interval-ms", "20"},
+        dir_.File(absl::StrCat("worker", i, ".log")));
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    workers.push_back(std::move(*worker));
+  }
+  const std::string job_id = SubmitValid();
+  ASSERT_FALSE(job_id.empty());
+
+  // stdout is a file here, so one line per update rather than a redrawn line.
+  CommandResult watch = Run({"watch", job_id});
+  ASSERT_EQ(watch.exit_code, 0) << Describe(watch);
+  EXPECT_TRUE(absl::StrContains(watch.out, "RUNNING")) << watch.out;
+  EXPECT_TRUE(absl::StrContains(watch.out, "step 10/10")) << watch.out;
+  EXPECT_TRUE(absl::StrContains(watch.out, "SUCCEEDED")) << watch.out;
+  EXPECT_EQ(watch.out.find('\r'), std::string::npos) << watch.out;
+
+  // JSON: one JobStatus per line; the job has ended, so exactly one.
+  CommandResult json = Run({"-o", "json", "watch", job_id});
+  ASSERT_EQ(json.exit_code, 0) << Describe(json);
+  std::vector<std::string> lines = absl::StrSplit(json.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 1u) << json.out;
+  auto status = ParseJson<weft::v1::JobStatus>(lines[0]);
+  EXPECT_EQ(status.state(), weft::v1::SUCCEEDED);
+  EXPECT_EQ(status.step(), 10);
+  EXPECT_DOUBLE_EQ(status.last_metrics().loss(), 0.5);
+
+  CommandResult list = Run({"list"});
+  ASSERT_EQ(list.exit_code, 0) << Describe(list);
+  EXPECT_TRUE(absl::StrContains(list.out, "10/10")) << list.out;
+  EXPECT_TRUE(absl::StrContains(list.out, "0.5000")) << list.out;
+}
+
+TEST_F(TrainctlTest, UnknownJobFails) {
+  CommandResult r = Run({"status", "no-such-job-7"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(absl::StartsWith(r.err, "trainctl: ")) << Describe(r);
+}
+
+TEST_F(TrainctlTest, WorkersPrintsATableWhenThereAreNone) {
+  CommandResult r = Run({"workers"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_TRUE(absl::StrContains(r.out, "WORKER ID")) << r.out;
+}
+
+TEST_F(TrainctlTest, CoordinatorAddressFromEnvironment) {
+  const std::string job_id = SubmitValid();
+  ASSERT_FALSE(job_id.empty());
+
+  CommandResult from_env = RunCommand({Trainctl(), "list"},
+                                      {{"WEFT_COORDINATOR", coordinator_->address()}});
+  ASSERT_EQ(from_env.exit_code, 0) << Describe(from_env);
+  EXPECT_TRUE(absl::StrContains(from_env.out, job_id)) << from_env.out;
+
+  // The flag wins over the environment.
+  CommandResult flag_wins = Run({"list"}, {{"WEFT_COORDINATOR", "127.0.0.1:1"}});
+  ASSERT_EQ(flag_wins.exit_code, 0) << Describe(flag_wins);
+  EXPECT_TRUE(absl::StrContains(flag_wins.out, job_id)) << flag_wins.out;
+}
+
+// Needs no coordinator: nothing listens on port 1.
+TEST(TrainctlUnreachableTest, NamesTheCoordinatorAddress) {
+  CommandResult r =
+      RunCommand({Trainctl(), "--coordinator", "127.0.0.1:1", "list"}, {}, absl::Seconds(30));
+  EXPECT_NE(r.exit_code, 0) << Describe(r);
+  EXPECT_TRUE(absl::StartsWith(r.err, "trainctl: coordinator 127.0.0.1:1 unreachable"))
+      << Describe(r);
+}
+
+TEST(TrainctlUnreachableTest, MalformedAddressIsRejectedBeforeDialing) {
+  CommandResult r = RunCommand({Trainctl(), "--coordinator", "localhost", "list"});
+  EXPECT_NE(r.exit_code, 0) << Describe(r);
+  EXPECT_TRUE(absl::StrContains(r.err, "--coordinator")) << Describe(r);
+}
+
+}  // namespace
+}  // namespace weft

@@ -1,0 +1,591 @@
+// Unit tests for common/job_spec: text parsing, defaults, validation, parameter count.
+#include "common/job_spec.h"
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+
+namespace weft {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+using ::testing::StartsWith;
+using weft::v1::JobSpec;
+
+// Every field set explicitly except those whose defaults are under test.
+constexpr char kFullSpec[] = R"pb(
+name: "gpt2-124m.run_1"
+model {
+  num_layers: 12
+  hidden_size: 768
+  num_heads: 12
+  vocab_size: 50257
+  context_length: 1024
+}
+data {
+  train_path: "/data/fineweb_train.bin"
+  val_path: "/data/fineweb_val.bin"
+  format: DATA_FORMAT_UINT16_BIN
+}
+optimizer { learning_rate: 6e-4 }
+lr_schedule { kind: COSINE warmup_steps: 100 }
+training {
+  total_steps: 1000
+  micro_batch_size: 8
+  val_interval_steps: 50
+  seed: 1337
+}
+zero_stage: 3
+resources { device_kind: DEVICE_KIND_CUDA min_workers: 8 }
+checkpoint { interval_steps: 200 }
+)pb";
+
+JobSpec ParseOrDie(std::string_view text) {
+  auto spec = ParseJobSpecText(text, "job.pb.txt");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : JobSpec();
+}
+
+// A small valid CPU spec with every default already applied.
+JobSpec ValidCpuSpec() {
+  JobSpec spec;
+  spec.set_name("tiny");
+  auto* m = spec.mutable_model();
+  m->set_num_layers(2);
+  m->set_hidden_size(64);
+  m->set_num_heads(4);
+  m->set_vocab_size(256);
+  m->set_context_length(128);
+  spec.mutable_data()->set_train_path("/data/shakespeare.txt");
+  spec.mutable_data()->set_format(weft::v1::DATA_FORMAT_TEXT_BYTES);
+  spec.mutable_optimizer()->set_learning_rate(1e-3);
+  spec.mutable_training()->set_total_steps(100);
+  spec.mutable_training()->set_micro_batch_size(4);
+  spec.mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CPU);
+  spec.mutable_resources()->set_min_workers(2);
+  ApplyJobSpecDefaults(&spec);
+  return spec;
+}
+
+TEST(ParseJobSpecTextTest, FullSpecParsesAndNormalizesWithDocumentedDefaults) {
+  absl::StatusOr<JobSpec> spec = NormalizeJobSpec(ParseOrDie(kFullSpec));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+
+  EXPECT_EQ(spec->name(), "gpt2-124m.run_1");
+  EXPECT_EQ(spec->model().num_layers(), 12);
+  EXPECT_EQ(spec->model().padded_vocab_size(), 50304);  // 50257 rounded up to 128
+  EXPECT_EQ(spec->data().format(), weft::v1::DATA_FORMAT_UINT16_BIN);
+  EXPECT_EQ(spec->data().val_fraction(), 0.0);  // val_path given: nothing held out
+
+  const auto& o = spec->optimizer();
+  EXPECT_DOUBLE_EQ(o.learning_rate(), 6e-4);
+  ASSERT_TRUE(o.has_beta1());
+  EXPECT_DOUBLE_EQ(o.beta1(), 0.9);
+  EXPECT_DOUBLE_EQ(o.beta2(), 0.95);
+  EXPECT_DOUBLE_EQ(o.epsilon(), 1e-8);
+  EXPECT_DOUBLE_EQ(o.weight_decay(), 0.1);
+  EXPECT_DOUBLE_EQ(o.grad_clip_norm(), 1.0);
+
+  EXPECT_EQ(spec->lr_schedule().kind(), weft::v1::LrSchedule::COSINE);
+  EXPECT_EQ(spec->lr_schedule().warmup_steps(), 100);
+  EXPECT_DOUBLE_EQ(spec->lr_schedule().min_lr_ratio(), 0.1);
+
+  const auto& t = spec->training();
+  EXPECT_EQ(t.sequence_length(), 1024);  // = context_length
+  EXPECT_EQ(t.grad_accum_steps(), 1);
+  EXPECT_EQ(t.val_batches(), 8);  // validation enabled
+  EXPECT_EQ(t.seed(), 1337u);
+
+  EXPECT_EQ(spec->precision(), weft::v1::BF16);  // CUDA default
+  EXPECT_EQ(spec->zero_stage(), 3);
+  EXPECT_EQ(spec->resources().min_workers(), 8);
+  EXPECT_EQ(spec->resources().max_workers(), 8);  // = min_workers
+  EXPECT_EQ(spec->checkpoint().interval_steps(), 200);
+  EXPECT_EQ(spec->checkpoint().keep_last(), 3);
+
+  const auto& f = spec->fault();
+  EXPECT_EQ(f.heartbeat_interval_ms(), 500);
+  EXPECT_EQ(f.heartbeat_timeout_ms(), 3000);
+  ASSERT_TRUE(f.has_max_restarts());
+  EXPECT_EQ(f.max_restarts(), 3);
+  EXPECT_EQ(f.stall_timeout_ms(), 300000);
+}
+
+TEST(ApplyJobSpecDefaultsTest, CpuDefaultsToFp32AndHoldsOutValidationFraction) {
+  JobSpec spec = ValidCpuSpec();
+  EXPECT_EQ(spec.precision(), weft::v1::FP32);
+  EXPECT_DOUBLE_EQ(spec.data().val_fraction(), 0.1);  // no val_path
+  EXPECT_EQ(spec.model().padded_vocab_size(), 256);   // already a multiple of 128
+  EXPECT_EQ(spec.training().val_batches(), 0);        // validation disabled: no default
+  EXPECT_THAT(ValidateJobSpec(spec), IsEmpty());
+}
+
+TEST(ApplyJobSpecDefaultsTest, PaddedVocabRoundsUpToMultipleOf128) {
+  for (auto [vocab, padded] : std::vector<std::pair<int, int>>{
+           {2, 128}, {128, 128}, {129, 256}, {256, 256}, {257, 384}, {50257, 50304}}) {
+    JobSpec spec;
+    spec.mutable_model()->set_vocab_size(vocab);
+    ApplyJobSpecDefaults(&spec);
+    EXPECT_EQ(spec.model().padded_vocab_size(), padded) << "vocab " << vocab;
+  }
+}
+
+TEST(ApplyJobSpecDefaultsTest, ExplicitValuesAreKeptIncludingExplicitZeros) {
+  JobSpec spec = ParseOrDie(R"pb(
+    model { vocab_size: 50257 padded_vocab_size: 50432 context_length: 256 }
+    optimizer { beta1: 0 beta2: 0.99 weight_decay: 0 grad_clip_norm: 0 }
+    lr_schedule { kind: CONSTANT min_lr_ratio: 0 }
+    training { sequence_length: 64 grad_accum_steps: 4 val_interval_steps: 10 val_batches: 2 }
+    precision: FP32
+    resources { device_kind: DEVICE_KIND_CUDA min_workers: 2 max_workers: 6 }
+    checkpoint { keep_last: 7 }
+    fault { heartbeat_interval_ms: 100 heartbeat_timeout_ms: 1000 max_restarts: 0
+            stall_timeout_ms: 60000 }
+  )pb");
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.model().padded_vocab_size(), 50432);
+  EXPECT_EQ(spec.optimizer().beta1(), 0.0);
+  EXPECT_DOUBLE_EQ(spec.optimizer().beta2(), 0.99);
+  EXPECT_EQ(spec.optimizer().weight_decay(), 0.0);
+  EXPECT_EQ(spec.optimizer().grad_clip_norm(), 0.0);
+  EXPECT_EQ(spec.lr_schedule().kind(), weft::v1::LrSchedule::CONSTANT);
+  EXPECT_EQ(spec.lr_schedule().min_lr_ratio(), 0.0);
+  EXPECT_EQ(spec.training().sequence_length(), 64);
+  EXPECT_EQ(spec.training().grad_accum_steps(), 4);
+  EXPECT_EQ(spec.training().val_batches(), 2);
+  EXPECT_EQ(spec.precision(), weft::v1::FP32);  // explicit FP32 on CUDA stays
+  EXPECT_EQ(spec.resources().max_workers(), 6);
+  EXPECT_EQ(spec.checkpoint().keep_last(), 7);
+  EXPECT_EQ(spec.fault().heartbeat_interval_ms(), 100);
+  EXPECT_EQ(spec.fault().heartbeat_timeout_ms(), 1000);
+  EXPECT_EQ(spec.fault().stall_timeout_ms(), 60000);
+  ASSERT_TRUE(spec.fault().has_max_restarts());
+  EXPECT_EQ(spec.fault().max_restarts(), 0);
+}
+
+TEST(NormalizeJobSpecTest, ExplicitZeroMaxRestartsStaysZero) {
+  JobSpec spec = ValidCpuSpec();
+  spec.mutable_fault()->clear_max_restarts();
+  spec.mutable_fault()->set_max_restarts(0);
+  absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(spec);
+  ASSERT_TRUE(normalized.ok()) << normalized.status();
+  EXPECT_EQ(normalized->fault().max_restarts(), 0);
+
+  spec.mutable_fault()->clear_max_restarts();
+  normalized = NormalizeJobSpec(spec);
+  ASSERT_TRUE(normalized.ok()) << normalized.status();
+  EXPECT_EQ(normalized->fault().max_restarts(), 3);
+}
+
+TEST(ApplyJobSpecDefaultsTest, IsIdempotent) {
+  JobSpec once = ParseOrDie(kFullSpec);
+  ApplyJobSpecDefaults(&once);
+  JobSpec twice = once;
+  ApplyJobSpecDefaults(&twice);
+  EXPECT_EQ(once.SerializeAsString(), twice.SerializeAsString());
+}
+
+TEST(ParseJobSpecTextTest, SyntaxErrorReportsOneBasedLineAndColumn) {
+  // Line 3 lacks the ':' between field and value; "12" starts at column 14.
+  constexpr char kText[] =
+      "name: \"x\"\n"
+      "model {\n"
+      "  num_layers 12\n"
+      "}\n";
+  absl::StatusOr<JobSpec> spec = ParseJobSpecText(kText, "job.pb.txt");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), StartsWith("job.pb.txt:3:14: "));
+}
+
+TEST(ParseJobSpecTextTest, ErrorOnFirstLineFirstColumnIsOneOne) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecText("}", "a.pb.txt");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), StartsWith("a.pb.txt:1:1: "));
+}
+
+TEST(ParseJobSpecTextTest, UnterminatedMessageReportsEndPosition) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecText("model {\n  num_layers: 2\n", "f.txt");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), StartsWith("f.txt:3:"));
+}
+
+TEST(ParseJobSpecTextTest, UnknownFieldIsNamedWithItsPosition) {
+  constexpr char kText[] =
+      "name: \"x\"\n"
+      "model {\n"
+      "  num_layers: 2\n"
+      "  layers: 3\n"
+      "}\n";
+  absl::StatusOr<JobSpec> spec = ParseJobSpecText(kText, "job.pb.txt");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(spec.status().message());
+  // protobuf reports the position of the token after the unknown name (the ':' at 4:9), so
+  // only the line is pinned here.
+  EXPECT_THAT(message, StartsWith("job.pb.txt:4:"));
+  EXPECT_THAT(message, HasSubstr("weft.v1.ModelSpec"));
+  EXPECT_THAT(message, HasSubstr("\"layers\""));
+}
+
+TEST(ParseJobSpecTextTest, WrongEnumValueIsNamed) {
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpecText("name: \"x\"\nprecision: FP64 zero_stage: 1\n", "job.pb.txt");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(spec.status().message());
+  EXPECT_THAT(message, StartsWith("job.pb.txt:2:"));
+  EXPECT_THAT(message, HasSubstr("FP64"));
+  EXPECT_THAT(message, HasSubstr("precision"));
+}
+
+TEST(ParseJobSpecTextTest, WrongTypeIsAnError) {
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpecText("training { total_steps: \"many\" }", "job.pb.txt");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), StartsWith("job.pb.txt:1:"));
+}
+
+TEST(ParseJobSpecTextTest, EmptyTextIsAnEmptySpec) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecText("", "job.pb.txt");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->ByteSizeLong(), 0u);
+}
+
+TEST(ReadJobSpecFileTest, MissingFileNamesThePath) {
+  weft::testing::TempDir dir;
+  const std::string path = dir.File("does-not-exist.pb.txt");
+  absl::StatusOr<JobSpec> spec = ReadJobSpecFile(path);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr(path));
+}
+
+TEST(ReadJobSpecFileTest, ReadsAFileAndLabelsErrorsWithItsPath) {
+  weft::testing::TempDir dir;
+  const std::string good = dir.File("good.pb.txt");
+  std::ofstream(good) << kFullSpec;
+  absl::StatusOr<JobSpec> spec = ReadJobSpecFile(good);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "gpt2-124m.run_1");
+  EXPECT_EQ(spec->resources().min_workers(), 8);
+
+  const std::string bad = dir.File("bad.pb.txt");
+  std::ofstream(bad) << "name: \"x\"\nbogus: 1\n";
+  spec = ReadJobSpecFile(bad);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), StartsWith(bad + ":2:"));
+}
+
+// A directory can be opened but not read: it must not come back as an empty, "valid" parse.
+TEST(ReadJobSpecFileTest, DirectoryIsAnErrorNamingThePath) {
+  weft::testing::TempDir dir;
+  absl::StatusOr<JobSpec> spec = ReadJobSpecFile(dir.path());
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr(dir.path()));
+}
+
+struct ViolationCase {
+  std::string label;
+  std::function<void(JobSpec*)> mutate;
+  // The field path the violation must start with, and a piece of its message.
+  std::string field;
+  std::string problem;
+  // A zero that ApplyJobSpecDefaults replaces (so NormalizeJobSpec accepts the spec).
+  bool fixed_by_defaults = false;
+};
+
+class ValidateJobSpecViolationTest : public ::testing::TestWithParam<ViolationCase> {};
+
+TEST_P(ValidateJobSpecViolationTest, NamesTheFieldOfTheOnlyViolation) {
+  const ViolationCase& c = GetParam();
+  JobSpec spec = ValidCpuSpec();
+  ASSERT_THAT(ValidateJobSpec(spec), IsEmpty());
+  c.mutate(&spec);
+  const std::vector<std::string> violations = ValidateJobSpec(spec);
+  ASSERT_THAT(violations, SizeIs(1)) << ::testing::PrintToString(violations);
+  EXPECT_THAT(violations[0], StartsWith(c.field + ": "));
+  EXPECT_THAT(violations[0], HasSubstr(c.problem));
+
+  absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(spec);
+  if (c.fixed_by_defaults) {
+    EXPECT_TRUE(normalized.ok()) << normalized.status();
+    return;
+  }
+  // NormalizeJobSpec reports the same violation (defaults never hide a set value).
+  ASSERT_FALSE(normalized.ok());
+  EXPECT_EQ(normalized.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(normalized.status().message()), HasSubstr(violations[0]));
+}
+
+const ViolationCase kViolationCases[] = {
+    {"EmptyName", [](JobSpec* s) { s->set_name(""); }, "name", "required"},
+    {"NameWithSpace", [](JobSpec* s) { s->set_name("my job"); }, "name", "\"my job\" must be 1-64"},
+    {"NameWithSlash", [](JobSpec* s) { s->set_name("a/b"); }, "name", "must be 1-64"},
+    {"NameTooLong", [](JobSpec* s) { s->set_name(std::string(65, 'a')); }, "name", "must be 1-64"},
+    {"ZeroLayers", [](JobSpec* s) { s->mutable_model()->set_num_layers(0); }, "model.num_layers",
+     "must be >= 1, got 0"},
+    {"TooManyLayers", [](JobSpec* s) { s->mutable_model()->set_num_layers(1025); },
+     "model.num_layers", "must be <= 1024, got 1025"},
+    {"ZeroHidden", [](JobSpec* s) { s->mutable_model()->set_hidden_size(0); }, "model.hidden_size",
+     "must be >= 1, got 0"},
+    {"ZeroHeads", [](JobSpec* s) { s->mutable_model()->set_num_heads(0); }, "model.num_heads",
+     "must be >= 1, got 0"},
+    {"HiddenNotDivisibleByHeads", [](JobSpec* s) { s->mutable_model()->set_hidden_size(66); },
+     "model.hidden_size", "divisible by model.num_heads (66 % 4 = 2)"},
+    {"VocabTooSmall",
+     [](JobSpec* s) {
+       s->mutable_data()->set_format(weft::v1::DATA_FORMAT_UINT16_BIN);
+       s->mutable_model()->set_vocab_size(1);
+     },
+     "model.vocab_size", "must be in [2, 16777216], got 1"},
+    {"PaddedVocabBelowVocab", [](JobSpec* s) { s->mutable_model()->set_padded_vocab_size(255); },
+     "model.padded_vocab_size", "must be >= model.vocab_size (256), got 255"},
+    {"ZeroContext",
+     [](JobSpec* s) {
+       s->mutable_model()->set_context_length(0);
+     },
+     "model.context_length", "must be >= 1, got 0"},
+    {"NoTrainPath", [](JobSpec* s) { s->mutable_data()->clear_train_path(); }, "data.train_path",
+     "required"},
+    {"NoFormat", [](JobSpec* s) { s->mutable_data()->set_format(weft::v1::DATA_FORMAT_UNSPECIFIED); },
+     "data.format", "required"},
+    {"TextBytesNeedsByteVocab",
+     [](JobSpec* s) {
+       s->mutable_model()->set_vocab_size(100);
+       s->mutable_model()->set_padded_vocab_size(128);
+     },
+     "model.vocab_size", "must be >= 256 for DATA_FORMAT_TEXT_BYTES, got 100"},
+    {"Uint16VocabTooLarge",
+     [](JobSpec* s) {
+       s->mutable_data()->set_format(weft::v1::DATA_FORMAT_UINT16_BIN);
+       s->mutable_model()->set_vocab_size(65537);
+       s->mutable_model()->set_padded_vocab_size(65664);
+     },
+     "model.vocab_size", "must be <= 65536 for DATA_FORMAT_UINT16_BIN, got 65537"},
+    {"ValFractionTooLarge", [](JobSpec* s) { s->mutable_data()->set_val_fraction(0.6); },
+     "data.val_fraction", "must be in [0, 0.5], got 0.6"},
+    {"ValFractionNaN",
+     [](JobSpec* s) { s->mutable_data()->set_val_fraction(std::numeric_limits<double>::quiet_NaN()); },
+     "data.val_fraction", "must be in [0, 0.5]"},
+    {"ZeroLearningRate", [](JobSpec* s) { s->mutable_optimizer()->set_learning_rate(0); },
+     "optimizer.learning_rate", "must be > 0, got 0"},
+    {"InfiniteLearningRate",
+     [](JobSpec* s) {
+       s->mutable_optimizer()->set_learning_rate(std::numeric_limits<double>::infinity());
+     },
+     "optimizer.learning_rate", "must be > 0"},
+    {"Beta1One", [](JobSpec* s) { s->mutable_optimizer()->set_beta1(1.0); }, "optimizer.beta1",
+     "must be in [0, 1), got 1"},
+    {"Beta2Negative", [](JobSpec* s) { s->mutable_optimizer()->set_beta2(-0.1); },
+     "optimizer.beta2", "must be in [0, 1), got -0.1"},
+    {"ZeroEpsilon", [](JobSpec* s) { s->mutable_optimizer()->set_epsilon(0); }, "optimizer.epsilon",
+     "must be > 0, got 0"},
+    {"NegativeWeightDecay", [](JobSpec* s) { s->mutable_optimizer()->set_weight_decay(-1); },
+     "optimizer.weight_decay", "must be >= 0, got -1"},
+    {"NaNClip",
+     [](JobSpec* s) {
+       s->mutable_optimizer()->set_grad_clip_norm(std::numeric_limits<double>::quiet_NaN());
+     },
+     "optimizer.grad_clip_norm", "must be >= 0"},
+    {"ZeroTotalSteps", [](JobSpec* s) { s->mutable_training()->set_total_steps(0); },
+     "training.total_steps", "must be >= 1, got 0"},
+    {"ZeroMicroBatch", [](JobSpec* s) { s->mutable_training()->set_micro_batch_size(0); },
+     "training.micro_batch_size", "must be >= 1, got 0"},
+    {"SequenceLongerThanContext", [](JobSpec* s) { s->mutable_training()->set_sequence_length(129); },
+     "training.sequence_length", "must be in [1, model.context_length = 128], got 129"},
+    {"ZeroSequence", [](JobSpec* s) { s->mutable_training()->set_sequence_length(0); },
+     "training.sequence_length", "got 0", true},
+    {"ZeroGradAccum", [](JobSpec* s) { s->mutable_training()->set_grad_accum_steps(0); },
+     "training.grad_accum_steps", "must be >= 1, got 0", true},
+    {"NegativeValInterval", [](JobSpec* s) { s->mutable_training()->set_val_interval_steps(-1); },
+     "training.val_interval_steps", "must be >= 0, got -1"},
+    {"ValidationWithoutBatches",
+     [](JobSpec* s) {
+       s->mutable_training()->set_val_interval_steps(10);
+       s->mutable_training()->set_val_batches(0);
+     },
+     "training.val_batches", "must be >= 1 when validation is enabled, got 0", true},
+    {"WarmupNotBelowTotal", [](JobSpec* s) { s->mutable_lr_schedule()->set_warmup_steps(100); },
+     "lr_schedule.warmup_steps", "must be in [0, training.total_steps = 100), got 100"},
+    {"NegativeWarmup", [](JobSpec* s) { s->mutable_lr_schedule()->set_warmup_steps(-5); },
+     "lr_schedule.warmup_steps", "got -5"},
+    {"MinLrRatioAboveOne", [](JobSpec* s) { s->mutable_lr_schedule()->set_min_lr_ratio(1.5); },
+     "lr_schedule.min_lr_ratio", "must be in [0, 1], got 1.5"},
+    {"ZeroStageFour", [](JobSpec* s) { s->set_zero_stage(4); }, "zero_stage",
+     "must be in [0, 3], got 4"},
+    {"NegativeZeroStage", [](JobSpec* s) { s->set_zero_stage(-1); }, "zero_stage", "got -1"},
+    {"NoDeviceKind",
+     [](JobSpec* s) { s->mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_UNSPECIFIED); },
+     "resources.device_kind", "required"},
+    {"Bf16OnCpu", [](JobSpec* s) { s->set_precision(weft::v1::BF16); }, "precision",
+     "BF16 needs resources.device_kind DEVICE_KIND_CUDA"},
+    {"ZeroMinWorkers",
+     [](JobSpec* s) {
+       s->mutable_resources()->set_min_workers(0);
+     },
+     "resources.min_workers", "must be >= 1, got 0"},
+    {"MaxBelowMin", [](JobSpec* s) { s->mutable_resources()->set_max_workers(1); },
+     "resources.max_workers", "must be >= resources.min_workers (2), got 1"},
+    {"MaxWorkersTooLarge", [](JobSpec* s) { s->mutable_resources()->set_max_workers(65537); },
+     "resources.max_workers", "must be <= 65536, got 65537"},
+    {"NegativeCheckpointInterval",
+     [](JobSpec* s) { s->mutable_checkpoint()->set_interval_steps(-1); },
+     "checkpoint.interval_steps", "must be >= 0, got -1"},
+    {"ZeroKeepLast", [](JobSpec* s) { s->mutable_checkpoint()->set_keep_last(0); },
+     "checkpoint.keep_last", "must be >= 1, got 0", true},
+    {"HeartbeatIntervalTooShort", [](JobSpec* s) { s->mutable_fault()->set_heartbeat_interval_ms(9); },
+     "fault.heartbeat_interval_ms", "must be >= 10, got 9"},
+    {"HeartbeatTimeoutNotAboveInterval",
+     [](JobSpec* s) { s->mutable_fault()->set_heartbeat_timeout_ms(500); },
+     "fault.heartbeat_timeout_ms", "must be > fault.heartbeat_interval_ms (500), got 500"},
+    {"NegativeMaxRestarts", [](JobSpec* s) { s->mutable_fault()->set_max_restarts(-1); },
+     "fault.max_restarts", "must be >= 0, got -1"},
+    {"StallNotAboveHeartbeatTimeout",
+     [](JobSpec* s) { s->mutable_fault()->set_stall_timeout_ms(3000); },
+     "fault.stall_timeout_ms", "must be > fault.heartbeat_timeout_ms (3000), got 3000"},
+};
+
+INSTANTIATE_TEST_SUITE_P(EveryRule, ValidateJobSpecViolationTest, ::testing::ValuesIn(kViolationCases),
+                         [](const ::testing::TestParamInfo<ViolationCase>& info) {
+                           return info.param.label;
+                         });
+
+// proto3 enums are open: a SubmitJob request can carry a value outside the enum, and it reaches
+// the workers unchanged: every enum field must reject such values.
+TEST(ValidateJobSpecTest, OutOfRangeEnumValuesAreRejected) {
+  JobSpec spec = ValidCpuSpec();
+  spec.set_precision(static_cast<weft::v1::Precision>(7));
+  EXPECT_THAT(ValidateJobSpec(spec), Contains(StartsWith("precision: ")));
+  spec = ValidCpuSpec();
+  spec.mutable_lr_schedule()->set_kind(static_cast<weft::v1::LrSchedule::Kind>(9));
+  EXPECT_THAT(ValidateJobSpec(spec), Contains(StartsWith("lr_schedule.kind: ")));
+}
+
+TEST(ValidateJobSpecTest, OutOfRangeDeviceKindAndFormatAreRejected) {
+  JobSpec spec = ValidCpuSpec();
+  spec.mutable_resources()->set_device_kind(static_cast<weft::v1::DeviceKind>(5));
+  spec.mutable_data()->set_format(static_cast<weft::v1::DataFormat>(6));
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ElementsAre(StartsWith("data.format: "), StartsWith("resources.device_kind: ")));
+}
+
+TEST(ValidateJobSpecTest, BoundaryValuesAreAccepted) {
+  JobSpec spec = ValidCpuSpec();
+  spec.set_name(std::string(64, 'z'));
+  spec.mutable_model()->set_num_layers(1024);
+  spec.mutable_data()->set_val_fraction(0.5);
+  spec.mutable_training()->set_sequence_length(128);  // == context_length
+  spec.mutable_lr_schedule()->set_warmup_steps(99);   // == total_steps - 1
+  spec.mutable_lr_schedule()->set_min_lr_ratio(1.0);
+  spec.set_zero_stage(3);
+  spec.mutable_resources()->set_max_workers(65536);
+  spec.mutable_fault()->set_heartbeat_interval_ms(10);
+  spec.mutable_fault()->set_heartbeat_timeout_ms(11);
+  spec.mutable_fault()->set_stall_timeout_ms(12);
+  spec.mutable_fault()->set_max_restarts(0);
+  EXPECT_THAT(ValidateJobSpec(spec), IsEmpty());
+}
+
+TEST(NormalizeJobSpecTest, ReportsEveryProblemAtOnce) {
+  JobSpec spec;  // nothing set at all
+  spec.set_name("bad name");
+  spec.mutable_model()->set_num_layers(2);
+  spec.mutable_model()->set_hidden_size(64);
+  spec.mutable_model()->set_num_heads(4);
+  spec.mutable_model()->set_vocab_size(256);
+  spec.mutable_model()->set_context_length(128);
+  spec.mutable_data()->set_train_path("/x");
+  spec.mutable_data()->set_format(weft::v1::DATA_FORMAT_TEXT_BYTES);
+  spec.mutable_training()->set_total_steps(10);
+  spec.mutable_training()->set_micro_batch_size(1);
+  spec.mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CPU);
+  spec.mutable_resources()->set_min_workers(1);
+  // Four problems:
+  spec.mutable_optimizer()->set_learning_rate(-1);
+  spec.set_zero_stage(7);
+  spec.mutable_checkpoint()->set_interval_steps(-3);
+  absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(spec);
+  ASSERT_FALSE(normalized.ok());
+  EXPECT_EQ(normalized.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(normalized.status().message());
+  std::vector<std::string> lines = absl::StrSplit(message, '\n');
+  EXPECT_THAT(lines, ElementsAre("invalid job spec (4 problems):",
+                                 StartsWith("name: \"bad name\" must be"),
+                                 "optimizer.learning_rate: must be > 0, got -1",
+                                 "zero_stage: must be in [0, 3], got 7",
+                                 "checkpoint.interval_steps: must be >= 0, got -3"));
+}
+
+TEST(NormalizeJobSpecTest, EmptySpecNamesEveryRequiredField) {
+  const std::vector<std::string> violations = [] {
+    JobSpec spec;
+    ApplyJobSpecDefaults(&spec);
+    return ValidateJobSpec(spec);
+  }();
+  for (const char* field :
+       {"name: required", "model.num_layers: ", "model.hidden_size: ", "model.num_heads: ",
+        "model.vocab_size: ", "model.context_length: ", "data.train_path: required",
+        "data.format: required", "optimizer.learning_rate: ", "training.total_steps: ",
+        "training.micro_batch_size: ", "training.sequence_length: ",
+        "resources.device_kind: required", "resources.min_workers: "}) {
+    EXPECT_THAT(violations, Contains(StartsWith(field))) << field;
+  }
+}
+
+TEST(NormalizeJobSpecTest, SingleProblemSaysProblemNotProblems) {
+  JobSpec spec = ValidCpuSpec();
+  spec.set_zero_stage(5);
+  absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(spec);
+  ASSERT_FALSE(normalized.ok());
+  EXPECT_EQ(std::string(normalized.status().message()),
+            "invalid job spec (1 problem):\nzero_stage: must be in [0, 3], got 5");
+}
+
+TEST(ModelParameterCountTest, Gpt2Small) {
+  JobSpec spec = ParseOrDie(kFullSpec);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(ModelParameterCount(spec.model()), 124'475'904);
+}
+
+TEST(ModelParameterCountTest, UnpaddedVocabularyUsesVocabSize) {
+  weft::v1::ModelSpec m;
+  m.set_num_layers(12);
+  m.set_hidden_size(768);
+  m.set_num_heads(12);
+  m.set_vocab_size(50257);
+  m.set_context_length(1024);
+  // The published GPT-2 small count (tied head, unpadded vocabulary).
+  EXPECT_EQ(ModelParameterCount(m), 124'439'808);
+}
+
+TEST(ModelParameterCountTest, TinyModelByHand) {
+  weft::v1::ModelSpec m;
+  m.set_num_layers(1);
+  m.set_hidden_size(2);
+  m.set_num_heads(1);
+  m.set_vocab_size(3);
+  m.set_padded_vocab_size(4);
+  m.set_context_length(5);
+  // wte 4*2 + wpe 5*2 + block (12*4 + 13*2 = 74) + final LN 2*2.
+  EXPECT_EQ(ModelParameterCount(m), 8 + 10 + 74 + 4);
+}
+
+}  // namespace
+}  // namespace weft

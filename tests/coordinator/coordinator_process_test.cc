@@ -1,0 +1,735 @@
+// The coordinator as a real process on 127.0.0.1: rendezvous store semantics, rank assignment,
+// failure detection with real stopped processes, hostile input, crash recovery and metrics.
+#include <signal.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/rpc.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "common/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+#include "weft/v1/coordinator.grpc.pb.h"
+
+namespace weft {
+namespace {
+
+using testing::CoordinatorProcess;
+using testing::Subprocess;
+using testing::TempDir;
+using ::testing::HasSubstr;
+
+constexpr char kSpecText[] = R"pb(
+  name: "tiny"
+  model { num_layers: 2 hidden_size: 64 num_heads: 4 vocab_size: 256 context_length: 64 }
+  data { train_path: "/tmp/x.txt" format: DATA_FORMAT_TEXT_BYTES }
+  optimizer { learning_rate: 0.001 }
+  training { total_steps: 10 micro_batch_size: 4 }
+  resources { device_kind: DEVICE_KIND_CPU min_workers: 2 }
+  fault { heartbeat_interval_ms: 100 heartbeat_timeout_ms: 800 }
+)pb";
+
+// Workers driven by the test thread stop heartbeating while the test works; a long heartbeat
+// timeout keeps their generation alive unless a test is about liveness.
+v1::JobSpec Spec(int min_workers = 2, int64_t heartbeat_timeout_ms = 10000) {
+  auto spec = ParseJobSpecText(kSpecText, "test");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  spec->mutable_resources()->set_min_workers(min_workers);
+  spec->mutable_fault()->set_heartbeat_timeout_ms(heartbeat_timeout_ms);
+  return *spec;
+}
+
+// Polls `pred` every 20 ms until it holds or `timeout` passes.
+template <typename Pred>
+bool Eventually(Pred pred, absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+class CoordinatorProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cp = CoordinatorProcess::Start(dir_.path(), {"--heartbeat-interval-ms=100",
+                                                      "--heartbeat-timeout-ms=800",
+                                                      "--tick-interval-ms=20"});
+    ASSERT_TRUE(cp.ok()) << cp.status();
+    coordinator_ = std::move(*cp);
+    Connect();
+  }
+
+  void Connect() {
+    channel_ = MakeChannel(coordinator_->address());
+    stub_ = v1::Coordinator::NewStub(channel_);
+    store_stub_ = v1::Store::NewStub(channel_);
+  }
+
+  void Restart() {
+    coordinator_->process().Signal(SIGKILL);
+    ASSERT_TRUE(coordinator_->process().Wait(absl::Seconds(10)).ok());
+    auto cp = CoordinatorProcess::Start(dir_.path(), {"--heartbeat-interval-ms=100",
+                                                      "--heartbeat-timeout-ms=800",
+                                                      "--tick-interval-ms=20"});
+    ASSERT_TRUE(cp.ok()) << cp.status();
+    coordinator_ = std::move(*cp);
+    Connect();
+  }
+
+  absl::StatusOr<std::string> Submit(const v1::JobSpec& spec) {
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = spec;
+    v1::SubmitJobResponse resp;
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, absl::Seconds(10));
+    grpc::Status s = stub_->SubmitJob(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpcStatus(s);
+    return resp.job_id();
+  }
+
+  v1::Job GetJob(const std::string& id) {
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::Job job;
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, absl::Seconds(10));
+    grpc::Status s = stub_->GetJob(&ctx, req, &job);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return job;
+  }
+
+  std::vector<v1::WorkerStatus> Workers() {
+    v1::ListWorkersResponse resp;
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, absl::Seconds(10));
+    EXPECT_TRUE(stub_->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp).ok());
+    return {resp.workers().begin(), resp.workers().end()};
+  }
+
+  // An in-process worker: registers, then heartbeats until it is told to join.
+  struct ThreadWorker {
+    v1::RegisterWorkerResponse registration;
+    v1::JoinJobCommand join;
+  };
+
+  v1::RegisterWorkerResponse Register(const std::string& host, int device_index) {
+    v1::RegisterWorkerRequest req;
+    req.mutable_info()->set_host(host);
+    req.mutable_info()->set_device_kind(v1::DEVICE_KIND_CPU);
+    req.mutable_info()->set_device_index(device_index);
+    req.mutable_info()->set_address(absl::StrCat(host, ":", 20000 + device_index));
+    v1::RegisterWorkerResponse resp;
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, absl::Seconds(10));
+    grpc::Status s = stub_->RegisterWorker(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp;
+  }
+
+  absl::StatusOr<v1::JoinJobCommand> AwaitJoinCommand(const v1::RegisterWorkerResponse& reg,
+                                                      absl::Duration timeout = absl::Seconds(10)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      v1::HeartbeatRequest hb;
+      hb.set_worker_id(reg.worker_id());
+      hb.set_incarnation(reg.incarnation());
+      hb.set_wait_for_command_ms(100);
+      v1::HeartbeatResponse resp;
+      grpc::ClientContext ctx;
+      SetTimeout(&ctx, absl::Seconds(5));
+      grpc::Status s = stub_->Heartbeat(&ctx, hb, &resp);
+      if (!s.ok()) return FromGrpcStatus(s);
+      for (const auto& c : resp.commands()) {
+        if (c.has_join_job()) return c.join_job();
+      }
+    }
+    return absl::DeadlineExceededError("no join command");
+  }
+
+  absl::StatusOr<v1::JoinResponse> Join(const v1::RegisterWorkerResponse& reg,
+                                        const v1::JoinJobCommand& cmd,
+                                        absl::Duration timeout = absl::Seconds(10)) {
+    v1::JoinRequest req;
+    req.set_job_id(cmd.job_id());
+    req.set_generation(cmd.generation());
+    req.set_worker_id(reg.worker_id());
+    req.set_incarnation(reg.incarnation());
+    req.set_include_peers(true);
+    v1::JoinResponse resp;
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, timeout);
+    grpc::Status s = stub_->Join(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpcStatus(s);
+    return resp;
+  }
+
+  // Submits a 2-worker job and forms its generation 1 with two in-process workers.
+  v1::StoreScope StartGeneration() {
+    auto id = Submit(Spec(2));
+    EXPECT_TRUE(id.ok()) << id.status();
+    auto a = Register("host-a", 0);
+    auto b = Register("host-a", 1);
+    auto ja = AwaitJoinCommand(a);
+    auto jb = AwaitJoinCommand(b);
+    EXPECT_TRUE(ja.ok() && jb.ok());
+    v1::StoreScope scope;
+    scope.set_job_id(*id);
+    scope.set_generation(ja->generation());
+    return scope;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<CoordinatorProcess> coordinator_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<v1::Store::Stub> store_stub_;
+};
+
+// ---- store ---------------------------------------------------------------------------------
+
+TEST_F(CoordinatorProcessTest, StoreSetGetAddCompareSetDelete) {
+  const v1::StoreScope scope = StartGeneration();
+  auto call = [&](auto method, const auto& req, auto* resp) {
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, absl::Seconds(5));
+    return (store_stub_.get()->*method)(&ctx, req, resp);
+  };
+  v1::StoreGetRequest get;
+  *get.mutable_scope() = scope;
+  get.set_key("nccl/unique_id");
+  v1::StoreGetResponse got;
+  EXPECT_EQ(call(&v1::Store::Stub::Get, get, &got).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  v1::StoreSetRequest set;
+  *set.mutable_scope() = scope;
+  set.set_key("nccl/unique_id");
+  set.set_value(std::string("\x00\x01\xff", 3));
+  v1::StoreSetResponse set_resp;
+  ASSERT_TRUE(call(&v1::Store::Stub::Set, set, &set_resp).ok());
+  ASSERT_TRUE(call(&v1::Store::Stub::Get, get, &got).ok());
+  EXPECT_EQ(got.value(), std::string("\x00\x01\xff", 3));
+
+  v1::StoreAddRequest add;
+  *add.mutable_scope() = scope;
+  add.set_key("arrivals");
+  add.set_delta(5);
+  v1::StoreAddResponse added;
+  ASSERT_TRUE(call(&v1::Store::Stub::Add, add, &added).ok());
+  EXPECT_EQ(added.value(), 5);
+  add.set_delta(-2);
+  ASSERT_TRUE(call(&v1::Store::Stub::Add, add, &added).ok());
+  EXPECT_EQ(added.value(), 3);
+  add.set_key("nccl/unique_id");  // not a number
+  EXPECT_EQ(call(&v1::Store::Stub::Add, add, &added).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  v1::StoreCompareSetRequest cas;
+  *cas.mutable_scope() = scope;
+  cas.set_key("leader");
+  cas.set_expect_absent(true);
+  cas.set_desired_value("w1");
+  v1::StoreCompareSetResponse cas_resp;
+  ASSERT_TRUE(call(&v1::Store::Stub::CompareSet, cas, &cas_resp).ok());
+  EXPECT_TRUE(cas_resp.swapped());
+  cas.set_desired_value("w2");
+  ASSERT_TRUE(call(&v1::Store::Stub::CompareSet, cas, &cas_resp).ok());
+  EXPECT_FALSE(cas_resp.swapped());
+  EXPECT_EQ(cas_resp.value(), "w1");
+  cas.set_expect_absent(false);
+  cas.set_expected_value("w1");
+  ASSERT_TRUE(call(&v1::Store::Stub::CompareSet, cas, &cas_resp).ok());
+  EXPECT_TRUE(cas_resp.swapped());
+  EXPECT_EQ(cas_resp.value(), "w2");
+
+  v1::StoreDeleteRequest del;
+  *del.mutable_scope() = scope;
+  del.set_key("leader");
+  v1::StoreDeleteResponse deleted;
+  ASSERT_TRUE(call(&v1::Store::Stub::Delete, del, &deleted).ok());
+  EXPECT_TRUE(deleted.deleted());
+  ASSERT_TRUE(call(&v1::Store::Stub::Delete, del, &deleted).ok());
+  EXPECT_FALSE(deleted.deleted());
+
+  // Bad input names the field; a scope naming a generation that never existed is NOT_FOUND.
+  set.set_key("");
+  grpc::Status empty_key = call(&v1::Store::Stub::Set, set, &set_resp);
+  EXPECT_EQ(empty_key.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(empty_key.error_message(), HasSubstr("key"));
+  get.mutable_scope()->set_generation(99);
+  grpc::Status future = call(&v1::Store::Stub::Get, get, &got);
+  EXPECT_EQ(future.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(future.error_message(), HasSubstr("generation"));
+}
+
+TEST_F(CoordinatorProcessTest, StoreWaitTimesOutNamingMissingKeysAndWakesOnSet) {
+  const v1::StoreScope scope = StartGeneration();
+  v1::StoreWaitRequest wait;
+  *wait.mutable_scope() = scope;
+  wait.add_keys("a");
+  wait.add_keys("b");
+  wait.set_timeout_ms(300);
+  {
+    v1::StoreSetRequest set;
+    *set.mutable_scope() = scope;
+    set.set_key("a");
+    v1::StoreSetResponse r;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(store_stub_->Set(&ctx, set, &r).ok());
+  }
+  const absl::Time start = absl::Now();
+  v1::StoreWaitResponse waited;
+  grpc::ClientContext ctx;
+  SetTimeout(&ctx, absl::Seconds(5));
+  grpc::Status s = store_stub_->Wait(&ctx, wait, &waited);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(s.error_message(), HasSubstr("missing keys: b"));
+  EXPECT_GE(took, absl::Milliseconds(290));
+  EXPECT_LT(took, absl::Seconds(3));
+
+  // A waiter on another connection is released by a later Set.
+  wait.set_timeout_ms(10000);
+  std::atomic<bool> released{false};
+  grpc::Status waiter_status;
+  std::thread waiter([&] {
+    auto stub = v1::Store::NewStub(MakeChannel(coordinator_->address(), {.private_connection = true}));
+    grpc::ClientContext wctx;
+    SetTimeout(&wctx, absl::Seconds(15));
+    v1::StoreWaitResponse r;
+    waiter_status = stub->Wait(&wctx, wait, &r);
+    released = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(released.load());
+  v1::StoreSetRequest set;
+  *set.mutable_scope() = scope;
+  set.set_key("b");
+  v1::StoreSetResponse r;
+  grpc::ClientContext sctx;
+  ASSERT_TRUE(store_stub_->Set(&sctx, set, &r).ok());
+  waiter.join();
+  EXPECT_TRUE(waiter_status.ok()) << waiter_status.error_message();
+}
+
+TEST_F(CoordinatorProcessTest, CompareSetRaceAcrossConnectionsLosesNoIncrement) {
+  const v1::StoreScope scope = StartGeneration();
+  constexpr int kThreads = 6, kIncrements = 40;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      auto stub =
+          v1::Store::NewStub(MakeChannel(coordinator_->address(), {.private_connection = true}));
+      for (int i = 0; i < kIncrements; ++i) {
+        while (true) {
+          v1::StoreCompareSetRequest read;  // read by a CAS that cannot succeed
+          *read.mutable_scope() = scope;
+          read.set_key("counter");
+          read.set_expected_value("\x01impossible");
+          read.set_desired_value("");
+          v1::StoreCompareSetResponse current;
+          grpc::ClientContext rctx;
+          if (!stub->CompareSet(&rctx, read, &current).ok()) {
+            ++failures;
+            return;
+          }
+          const int value = current.exists() ? std::stoi(current.value()) : 0;
+          v1::StoreCompareSetRequest cas;
+          *cas.mutable_scope() = scope;
+          cas.set_key("counter");
+          if (current.exists()) {
+            cas.set_expected_value(current.value());
+          } else {
+            cas.set_expect_absent(true);
+          }
+          cas.set_desired_value(std::to_string(value + 1));
+          v1::StoreCompareSetResponse swapped;
+          grpc::ClientContext cctx;
+          if (!stub->CompareSet(&cctx, cas, &swapped).ok()) {
+            ++failures;
+            return;
+          }
+          if (swapped.swapped()) break;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  v1::StoreGetRequest get;
+  *get.mutable_scope() = scope;
+  get.set_key("counter");
+  v1::StoreGetResponse got;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(store_stub_->Get(&ctx, get, &got).ok());
+  EXPECT_EQ(got.value(), std::to_string(kThreads * kIncrements));
+}
+
+TEST_F(CoordinatorProcessTest, EndedGenerationAbortsBlockedWaitAndStoreCalls) {
+  const v1::StoreScope scope = StartGeneration();
+  grpc::Status waiter_status;
+  std::thread waiter([&] {
+    auto stub = v1::Store::NewStub(MakeChannel(coordinator_->address(), {.private_connection = true}));
+    v1::StoreWaitRequest wait;
+    *wait.mutable_scope() = scope;
+    wait.add_keys("never");
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, absl::Seconds(30));
+    v1::StoreWaitResponse r;
+    waiter_status = stub->Wait(&ctx, wait, &r);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const absl::Time cancelled_at = absl::Now();
+  {
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(scope.job_id());
+    v1::JobStatus status;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->CancelJob(&ctx, cancel, &status).ok());
+    EXPECT_EQ(status.state(), v1::CANCELLED);
+  }
+  waiter.join();
+  EXPECT_LT(absl::Now() - cancelled_at, absl::Seconds(2));
+  EXPECT_EQ(waiter_status.error_code(), grpc::StatusCode::ABORTED);
+  v1::StoreSetRequest set;
+  *set.mutable_scope() = scope;
+  set.set_key("x");
+  v1::StoreSetResponse r;
+  grpc::ClientContext ctx;
+  EXPECT_EQ(store_stub_->Set(&ctx, set, &r).error_code(), grpc::StatusCode::ABORTED);
+}
+
+// ---- rendezvous ----------------------------------------------------------------------------
+
+TEST_F(CoordinatorProcessTest, RanksAreContiguousPerHostAndOrderedByDevice) {
+  auto id = Submit(Spec(4));
+  ASSERT_TRUE(id.ok()) << id.status();
+  // Registered in scrambled order.
+  std::vector<std::pair<std::string, int>> order = {
+      {"host-b", 1}, {"host-a", 1}, {"host-b", 0}, {"host-a", 0}};
+  std::vector<v1::RegisterWorkerResponse> regs;
+  for (const auto& [host, dev] : order) regs.push_back(Register(host, dev));
+  std::vector<v1::JoinJobCommand> cmds;
+  for (const auto& reg : regs) {
+    auto cmd = AwaitJoinCommand(reg);
+    ASSERT_TRUE(cmd.ok()) << cmd.status();
+    cmds.push_back(*cmd);
+  }
+  std::vector<absl::StatusOr<v1::JoinResponse>> joins(regs.size(),
+                                                      absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < regs.size(); ++i) {
+    threads.emplace_back([&, i] { joins[i] = Join(regs[i], cmds[i]); });
+  }
+  for (auto& t : threads) t.join();
+  const std::map<std::string, int> expected_rank = {
+      {"host-a/cpu0", 0}, {"host-a/cpu1", 1}, {"host-b/cpu0", 2}, {"host-b/cpu1", 3}};
+  for (size_t i = 0; i < regs.size(); ++i) {
+    ASSERT_TRUE(joins[i].ok()) << joins[i].status();
+    EXPECT_EQ(joins[i]->rank(), expected_rank.at(regs[i].worker_id()));
+    EXPECT_EQ(cmds[i].rank(), joins[i]->rank());
+    EXPECT_EQ(joins[i]->world_size(), 4);
+    EXPECT_EQ(joins[i]->local_world_size(), 2);
+    EXPECT_EQ(joins[i]->local_rank(), joins[i]->rank() % 2);
+    ASSERT_EQ(joins[i]->peers_size(), 4);
+    EXPECT_EQ(joins[i]->peers(2).worker_id(), "host-b/cpu0");
+    EXPECT_EQ(joins[i]->peers(2).address(), "host-b:20000");
+  }
+  EXPECT_EQ(GetJob(*id).status().state(), v1::RUNNING);
+}
+
+TEST_F(CoordinatorProcessTest, JoinTimesOutNamingTheMissingWorker) {
+  auto id = Submit(Spec(2));
+  ASSERT_TRUE(id.ok());
+  auto a = Register("h", 0);
+  auto b = Register("h", 1);
+  auto cmd = AwaitJoinCommand(a);
+  ASSERT_TRUE(cmd.ok());
+  auto joined = Join(a, *cmd, absl::Milliseconds(400));
+  EXPECT_EQ(joined.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(joined.status().message()), HasSubstr("h/cpu1"));
+  // A worker that is not a member is refused.
+  auto c = Register("h", 2);
+  auto stranger = Join(c, *cmd);
+  EXPECT_EQ(stranger.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// ---- failure detection with real processes -------------------------------------------------
+
+TEST_F(CoordinatorProcessTest, StoppedWorkerProcessIsDeclaredDeadAndGenerationEnds) {
+  auto id = Submit(Spec(2, /*heartbeat_timeout_ms=*/800));
+  ASSERT_TRUE(id.ok());
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int i = 0; i < 2; ++i) {
+    auto p = Subprocess::Start({testing::BinDir() + "/weft-sim-worker",
+                                "--coordinator=" + coordinator_->address(), "--host=node",
+                                absl::StrCat("--device-index=", i)},
+                               dir_.File(absl::StrCat("sim", i, ".log")));
+    ASSERT_TRUE(p.ok());
+    workers.push_back(std::move(*p));
+  }
+  ASSERT_TRUE(Eventually([&] {
+    return GetJob(*id).status().state() == v1::RUNNING;
+  })) << testing::ReadFile(coordinator_->log_path());
+  workers[1]->Signal(SIGSTOP);
+  const absl::Time stopped = absl::Now();
+  ASSERT_TRUE(Eventually([&] {
+    return GetJob(*id).status().state() != v1::RUNNING;
+  }));
+  const absl::Duration detect = absl::Now() - stopped;
+  const v1::Job job = GetJob(*id);
+  EXPECT_EQ(job.status().state(), v1::RECOVERING);
+  EXPECT_EQ(job.status().restarts(), 1);
+  bool lost_event = false;
+  for (const auto& e : job.status().events()) {
+    if (e.type() == v1::WORKER_LOST) {
+      lost_event = true;
+      EXPECT_THAT(e.message(), HasSubstr("node/cpu1"));
+      EXPECT_THAT(e.message(), HasSubstr("missed heartbeats"));
+    }
+  }
+  EXPECT_TRUE(lost_event);
+  // Timeout 800 ms, ticks of 20 ms: detected well before twice the timeout.
+  EXPECT_GE(detect, absl::Milliseconds(700));
+  EXPECT_LT(detect, absl::Seconds(3));
+  bool dead = false;
+  for (const auto& w : Workers()) {
+    if (w.info().worker_id() == "node/cpu1") dead = w.state() == v1::WORKER_DEAD;
+  }
+  EXPECT_TRUE(dead);
+  // The survivor was told to abort, and the stopped worker, once resumed, is idle again.
+  EXPECT_TRUE(Eventually([&] {
+    return absl::StrContains(testing::ReadFile(dir_.File("sim0.log")), "abort " + *id);
+  }));
+  workers[1]->Signal(SIGCONT);
+  EXPECT_TRUE(Eventually([&] { return GetJob(*id).status().state() == v1::RUNNING; }))
+      << "the two workers should form generation 2";
+  EXPECT_EQ(GetJob(*id).status().generation(), 2);
+}
+
+TEST_F(CoordinatorProcessTest, KilledWorkerProcessFailsJobWhenRestartBudgetIsZero) {
+  v1::JobSpec spec = Spec(2, /*heartbeat_timeout_ms=*/800);
+  spec.mutable_fault()->set_max_restarts(0);
+  auto id = Submit(spec);
+  ASSERT_TRUE(id.ok());
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int i = 0; i < 2; ++i) {
+    auto p = Subprocess::Start({testing::BinDir() + "/weft-sim-worker",
+                                "--coordinator=" + coordinator_->address(), "--host=node",
+                                absl::StrCat("--device-index=", i)},
+                               dir_.File(absl::StrCat("sim", i, ".log")));
+    ASSERT_TRUE(p.ok());
+    workers.push_back(std::move(*p));
+  }
+  ASSERT_TRUE(Eventually([&] { return GetJob(*id).status().state() == v1::RUNNING; }));
+  workers[0]->Signal(SIGKILL);
+  ASSERT_TRUE(Eventually([&] { return GetJob(*id).status().state() == v1::FAILED; }));
+  const v1::Job job = GetJob(*id);
+  EXPECT_THAT(job.status().error(), HasSubstr("node/cpu0"));
+  EXPECT_THAT(job.status().error(), HasSubstr("restart budget exhausted"));
+}
+
+TEST_F(CoordinatorProcessTest, WatchStreamsStateChangesAndStepsUntilTheJobEnds) {
+  auto id = Submit(Spec(2));
+  ASSERT_TRUE(id.ok());
+  std::vector<v1::JobStatus> seen;
+  grpc::Status watch_status;
+  std::thread watcher([&] {
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, absl::Seconds(30));
+    v1::WatchJobRequest req;
+    req.set_job_id(*id);
+    auto reader = stub_->WatchJob(&ctx, req);
+    v1::JobStatus status;
+    while (reader->Read(&status)) seen.push_back(status);
+    watch_status = reader->Finish();
+  });
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int i = 0; i < 2; ++i) {
+    auto p = Subprocess::Start({testing::BinDir() + "/weft-sim-worker",
+                                "--coordinator=" + coordinator_->address(), "--host=node",
+                                absl::StrCat("--device-index=", i), "--report-steps=10",
+                                "--step-interval-ms=30"},
+                               dir_.File(absl::StrCat("sim", i, ".log")));
+    ASSERT_TRUE(p.ok());
+    workers.push_back(std::move(*p));
+  }
+  watcher.join();
+  EXPECT_TRUE(watch_status.ok()) << watch_status.error_message();
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.front().state(), v1::PENDING);
+  EXPECT_EQ(seen.back().state(), v1::SUCCEEDED);
+  EXPECT_EQ(seen.back().step(), 10);
+  bool saw_running_with_steps = false;
+  int64_t last_step = 0;
+  for (const auto& s : seen) {
+    EXPECT_GE(s.step(), last_step) << "updates arrive in order";
+    last_step = s.step();
+    if (s.state() == v1::RUNNING && s.step() > 0) saw_running_with_steps = true;
+  }
+  EXPECT_TRUE(saw_running_with_steps);
+  EXPECT_NEAR(seen.back().last_metrics().loss(), 0.5, 1e-9);
+  EXPECT_TRUE(Eventually([&] {
+    for (const auto& w : Workers()) {
+      if (w.state() != v1::WORKER_IDLE) return false;
+    }
+    return true;
+  })) << "workers return to idle when the job ends";
+}
+
+// ---- hostile input -------------------------------------------------------------------------
+
+TEST_F(CoordinatorProcessTest, InvalidSpecIsRejectedWithEveryViolationAndServingContinues) {
+  v1::JobSpec spec = Spec(2);
+  spec.mutable_model()->set_num_heads(5);
+  spec.mutable_optimizer()->set_learning_rate(-1);
+  spec.mutable_resources()->set_max_workers(1);
+  spec.set_name("bad name!");
+  auto id = Submit(spec);
+  ASSERT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string msg(id.status().message());
+  EXPECT_THAT(msg, HasSubstr("model.hidden_size: must be divisible by model.num_heads"));
+  EXPECT_THAT(msg, HasSubstr("optimizer.learning_rate: must be > 0"));
+  EXPECT_THAT(msg, HasSubstr("resources.max_workers"));
+  EXPECT_THAT(msg, HasSubstr("name:"));
+  EXPECT_THAT(msg, HasSubstr("4 problems"));
+  // An empty spec names the required fields.
+  auto empty = Submit(v1::JobSpec());
+  ASSERT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(empty.status().message()), HasSubstr("data.train_path: required"));
+  // Still serving, and nothing was stored.
+  v1::ListJobsResponse list;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->ListJobs(&ctx, v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
+  EXPECT_TRUE(Submit(Spec(2)).ok());
+}
+
+TEST_F(CoordinatorProcessTest, RandomBytesAsSubmitPayloadAreRejectedCleanly) {
+  grpc::GenericStub generic(channel_);
+  std::mt19937 rng(1234);
+  int rejected = 0;
+  for (int i = 0; i < 200; ++i) {
+    std::string payload(1 + rng() % 512, '\0');
+    for (auto& c : payload) c = static_cast<char>(rng());
+    grpc::Slice slice(payload);
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, absl::Seconds(5));
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, "/weft.v1.Coordinator/SubmitJob", grpc::StubOptions(), &request,
+                      &response, [&](grpc::Status s) {
+                        std::lock_guard<std::mutex> lock(mu);
+                        status = s;
+                        done = true;
+                        cv.notify_one();
+                      });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    EXPECT_FALSE(status.ok()) << "payload " << i << " was accepted";
+    EXPECT_NE(status.error_code(), grpc::StatusCode::UNAVAILABLE) << "coordinator died";
+    if (!status.ok()) ++rejected;
+  }
+  EXPECT_EQ(rejected, 200);
+  EXPECT_TRUE(coordinator_->process().Running());
+  EXPECT_TRUE(Submit(Spec(2)).ok());
+}
+
+// ---- durability ----------------------------------------------------------------------------
+
+TEST_F(CoordinatorProcessTest, SigkillAndRestartKeepsEveryJob) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    auto id = Submit(Spec(2));
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  {
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(ids[3]);
+    cancel.set_reason("changed my mind");
+    v1::JobStatus status;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->CancelJob(&ctx, cancel, &status).ok());
+  }
+  // Job 0 is running (two workers) when the coordinator dies.
+  auto a = Register("h", 0);
+  auto b = Register("h", 1);
+  ASSERT_TRUE(AwaitJoinCommand(a).ok());
+  ASSERT_EQ(GetJob(ids[0]).status().state(), v1::RUNNING);
+
+  Restart();
+
+  v1::ListJobsResponse list;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->ListJobs(&ctx, v1::ListJobsRequest(), &list).ok());
+  ASSERT_EQ(list.jobs_size(), 4);
+  std::map<std::string, v1::JobState> states;
+  for (const auto& j : list.jobs()) states[j.job_id()] = j.state();
+  EXPECT_EQ(states[ids[0]], v1::RECOVERING);
+  EXPECT_EQ(states[ids[1]], v1::PENDING);
+  EXPECT_EQ(states[ids[2]], v1::PENDING);
+  EXPECT_EQ(states[ids[3]], v1::CANCELLED);
+  const v1::Job job0 = GetJob(ids[0]);
+  EXPECT_EQ(job0.spec().model().hidden_size(), 64);
+  EXPECT_EQ(job0.status().restarts(), 0) << "a coordinator restart is not the job's failure";
+  EXPECT_THAT(job0.status().events().rbegin()->message(), HasSubstr("coordinator restarted"));
+  // Ids are never reused.
+  auto next = Submit(Spec(2));
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(*next, "tiny-5");
+  // Workers of the old process must register again.
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(a.worker_id());
+  hb.set_incarnation(a.incarnation());
+  v1::HeartbeatResponse resp;
+  grpc::ClientContext hctx;
+  EXPECT_EQ(stub_->Heartbeat(&hctx, hb, &resp).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  // Re-registered workers resume the oldest waiting job as generation 2.
+  auto a2 = Register("h", 0);
+  auto b2 = Register("h", 1);
+  auto cmd = AwaitJoinCommand(a2);
+  ASSERT_TRUE(cmd.ok());
+  EXPECT_EQ(cmd->job_id(), ids[0]);
+  EXPECT_EQ(cmd->generation(), 2);
+}
+
+TEST_F(CoordinatorProcessTest, MetricsEndpointExportsCoordinatorMetrics) {
+  auto id = Submit(Spec(2));
+  ASSERT_TRUE(id.ok());
+  auto a = Register("h", 0);
+  auto b = Register("h", 1);
+  auto ca = AwaitJoinCommand(a);
+  auto cb = AwaitJoinCommand(b);
+  ASSERT_TRUE(ca.ok() && cb.ok());
+  std::thread t([&] { ASSERT_TRUE(Join(a, *ca).ok()); });
+  ASSERT_TRUE(Join(b, *cb).ok());
+  t.join();
+  std::string body;
+  ASSERT_TRUE(Eventually([&] {
+    auto got = testing::HttpGet(coordinator_->metrics_address(), "/metrics");
+    body = got.ok() ? *got : "";
+    return absl::StrContains(body, "weft_coordinator_jobs{state=\"RUNNING\"} 1");
+  })) << body;
+  EXPECT_THAT(body, HasSubstr("weft_coordinator_workers{state=\"WORKER_BUSY\"} 2"));
+  EXPECT_THAT(body, HasSubstr("weft_coordinator_jobs_submitted_total 1"));
+  EXPECT_THAT(body, HasSubstr("weft_coordinator_rendezvous_latency_seconds_count 1"));
+  EXPECT_THAT(body, HasSubstr("weft_coordinator_heartbeats_total"));
+  EXPECT_THAT(body, HasSubstr("weft_coordinator_failures_detected_total{kind=\"heartbeat_timeout\"} 0"));
+}
+
+}  // namespace
+}  // namespace weft

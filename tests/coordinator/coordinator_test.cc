@@ -1,0 +1,1219 @@
+// Unit tests for the Coordinator state machine, driven by a fake clock and manual Tick()s.
+// No gRPC: calls go straight to the class. The Coordinator's own heartbeat bookkeeping uses the
+// fake clock; parked calls (held heartbeats, Join) use real deadlines, so the tests keep those
+// far away (or a few ms away where the expiry itself is under test).
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "spdlog/spdlog.h"
+#include "tests/testing/subprocess.h"
+
+namespace weft::coordinator {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::SizeIs;
+using weft::v1::Command;
+using weft::v1::HeartbeatResponse;
+using weft::v1::JobSpec;
+using weft::v1::JobStatus;
+using weft::v1::JoinResponse;
+
+// Far enough that no parked call expires during a test.
+constexpr absl::Duration kFar = absl::Seconds(60);
+constexpr absl::Duration kPatience = absl::Seconds(10);
+
+class FakeClock {
+ public:
+  absl::Time Now() {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
+};
+
+struct Worker {
+  std::string id;
+  int64_t incarnation = 0;
+};
+
+// The outcome of an asynchronous call (Join, held Heartbeat), filled in by its Done callback.
+template <typename T>
+struct Pending {
+  absl::Mutex mu;
+  int calls = 0;
+  std::optional<absl::StatusOr<T>> result;
+  absl::Notification done;
+
+  Coordinator::Done<T> Callback() {
+    return [this](absl::StatusOr<T> r) {
+      absl::MutexLock lock(&mu);
+      if (++calls == 1) {
+        result = std::move(r);
+        done.Notify();
+      }
+    };
+  }
+  bool finished() { return done.HasBeenNotified(); }
+  absl::StatusOr<T> Get() {
+    absl::MutexLock lock(&mu);
+    return result.value_or(absl::InternalError("not finished"));
+  }
+  int call_count() {
+    absl::MutexLock lock(&mu);
+    return calls;
+  }
+};
+
+JobSpec CpuSpec(const std::string& name, int32_t min_workers, int32_t max_workers = 0) {
+  JobSpec spec;
+  spec.set_name(name);
+  auto* m = spec.mutable_model();
+  m->set_num_layers(2);
+  m->set_hidden_size(64);
+  m->set_num_heads(4);
+  m->set_vocab_size(256);
+  m->set_context_length(64);
+  spec.mutable_data()->set_train_path("/data/tiny.txt");
+  spec.mutable_data()->set_format(weft::v1::DATA_FORMAT_TEXT_BYTES);
+  spec.mutable_optimizer()->set_learning_rate(1e-3);
+  spec.mutable_training()->set_total_steps(100);
+  spec.mutable_training()->set_micro_batch_size(2);
+  spec.mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CPU);
+  spec.mutable_resources()->set_min_workers(min_workers);
+  spec.mutable_resources()->set_max_workers(max_workers);
+  return spec;
+}
+
+std::vector<Command> JoinCommands(const HeartbeatResponse& r) {
+  std::vector<Command> out;
+  for (const auto& c : r.commands()) {
+    if (c.has_join_job()) out.push_back(c);
+  }
+  return out;
+}
+std::vector<Command> AbortCommands(const HeartbeatResponse& r) {
+  std::vector<Command> out;
+  for (const auto& c : r.commands()) {
+    if (c.has_abort_generation()) out.push_back(c);
+  }
+  return out;
+}
+
+const weft::v1::JobEvent* FindEvent(const JobStatus& status, weft::v1::JobEventType type) {
+  for (const auto& e : status.events()) {
+    if (e.type() == type) return &e;
+  }
+  return nullptr;
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spdlog::set_level(spdlog::level::warn);  // the coordinator logs every event at info
+    options_.data_dir = dir_.path();
+    Reopen();
+  }
+
+  void Reopen() {
+    coord_.reset();  // releases the database lock
+    auto c = Coordinator::Open(options_, std::make_shared<prometheus::Registry>(),
+                               [this] { return clock_.Now(); }, /*start_ticking=*/false);
+    ASSERT_TRUE(c.ok()) << c.status();
+    coord_ = std::move(*c);
+  }
+
+  std::string Submit(const JobSpec& spec) {
+    auto r = coord_->SubmitJob(spec);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->job_id() : "";
+  }
+
+  JobStatus Status(const std::string& job_id) {
+    auto job = coord_->GetJob(job_id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->status() : JobStatus();
+  }
+
+  weft::v1::WorkerStatus WorkerStatus(const std::string& id) {
+    auto list = coord_->ListWorkers();
+    EXPECT_TRUE(list.ok());
+    for (const auto& w : list->workers()) {
+      if (w.info().worker_id() == id) return w;
+    }
+    ADD_FAILURE() << "no worker " << id;
+    return {};
+  }
+
+  Worker Register(const std::string& host, int32_t index,
+                  weft::v1::DeviceKind kind = weft::v1::DEVICE_KIND_CPU) {
+    weft::v1::WorkerInfo info;
+    info.set_host(host);
+    info.set_device_index(index);
+    info.set_device_kind(kind);
+    info.set_address(absl::StrCat(host, ":", 7000 + index));
+    auto r = coord_->RegisterWorker(info);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    return {r->worker_id(), r->incarnation()};
+  }
+
+  // A heartbeat that must answer inline (wait_for_command_ms = 0).
+  absl::StatusOr<HeartbeatResponse> Beat(const Worker& w, const std::string& job_id = "",
+                                         int64_t generation = 0) {
+    weft::v1::HeartbeatRequest request;
+    request.set_worker_id(w.id);
+    request.set_incarnation(w.incarnation);
+    request.set_job_id(job_id);
+    request.set_generation(generation);
+    Pending<HeartbeatResponse> pending;
+    coord_->Heartbeat(request, absl::Now() + kFar, pending.Callback());
+    EXPECT_TRUE(pending.finished()) << "heartbeat with wait_for_command_ms=0 was held";
+    return pending.Get();
+  }
+
+  std::unique_ptr<Pending<JoinResponse>> StartJoin(const std::string& job_id, int64_t generation,
+                                                   const Worker& w,
+                                                   absl::Duration timeout = kFar,
+                                                   bool include_peers = true) {
+    weft::v1::JoinRequest request;
+    request.set_job_id(job_id);
+    request.set_generation(generation);
+    request.set_worker_id(w.id);
+    request.set_incarnation(w.incarnation);
+    request.set_include_peers(include_peers);
+    auto pending = std::make_unique<Pending<JoinResponse>>();
+    coord_->Join(request, absl::Now() + timeout, pending->Callback());
+    return pending;
+  }
+
+  absl::StatusOr<weft::v1::ReportProgressResponse> Report(const std::string& job_id,
+                                                          int64_t generation, const Worker& w,
+                                                          int32_t rank, int64_t step,
+                                                          bool finished = false) {
+    weft::v1::ReportProgressRequest request;
+    request.set_job_id(job_id);
+    request.set_generation(generation);
+    request.set_worker_id(w.id);
+    request.set_rank(rank);
+    if (step > 0) {
+      request.mutable_metrics()->set_step(step);
+      request.mutable_metrics()->set_loss(5.0 - 0.01 * step);
+      request.mutable_metrics()->set_tokens_per_s(1234.5);
+    }
+    request.set_finished(finished);
+    return coord_->ReportProgress(request);
+  }
+
+  absl::StatusOr<weft::v1::ReportProgressResponse> ReportError(const std::string& job_id,
+                                                               int64_t generation, const Worker& w,
+                                                               int32_t rank,
+                                                               const std::string& error,
+                                                               bool permanent) {
+    weft::v1::ReportProgressRequest request;
+    request.set_job_id(job_id);
+    request.set_generation(generation);
+    request.set_worker_id(w.id);
+    request.set_rank(rank);
+    request.set_error(error);
+    request.set_error_is_permanent(permanent);
+    return coord_->ReportProgress(request);
+  }
+
+  // A running job of `n` CPU workers on host "h" (rank i = h/cpu<i>), rendezvous complete.
+  struct Running {
+    std::string job_id;
+    std::vector<Worker> workers;
+  };
+  Running StartRunningJob(JobSpec spec, int n) {
+    Running r;
+    r.job_id = Submit(spec);
+    for (int i = 0; i < n; ++i) r.workers.push_back(Register("h", i));
+    EXPECT_EQ(Status(r.job_id).state(), weft::v1::RUNNING);
+    std::vector<std::unique_ptr<Pending<JoinResponse>>> joins;
+    for (const Worker& w : r.workers) {
+      auto hb = Beat(w);
+      EXPECT_TRUE(hb.ok());
+      EXPECT_THAT(JoinCommands(*hb), SizeIs(1));
+      joins.push_back(StartJoin(r.job_id, 1, w));
+    }
+    for (auto& j : joins) EXPECT_TRUE(j->finished() && j->Get().ok());
+    return r;
+  }
+
+  // Advances the fake clock in 1 s steps (Tick after each), heartbeating `alive` every step.
+  void AdvanceKeepingAlive(absl::Duration total, const std::vector<Worker>& alive,
+                           const std::string& job_id = "", int64_t generation = 0) {
+    while (total > absl::ZeroDuration()) {
+      const absl::Duration step = std::min(total, absl::Seconds(1));
+      clock_.Advance(step);
+      total -= step;
+      for (const Worker& w : alive) ASSERT_TRUE(Beat(w, job_id, generation).ok());
+      coord_->Tick();
+    }
+  }
+
+  weft::testing::TempDir dir_;
+  FakeClock clock_;
+  CoordinatorOptions options_;
+  std::unique_ptr<Coordinator> coord_;
+};
+
+// ---- submit and schedule ---------------------------------------------------------------------
+
+TEST_F(CoordinatorTest, SubmitWithoutWorkersIsPendingWithReason) {
+  auto r = coord_->SubmitJob(CpuSpec("train", 2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->job_id(), "train-1");
+  EXPECT_EQ(r->spec().resources().max_workers(), 2);  // defaults filled in
+  EXPECT_EQ(r->spec().fault().heartbeat_timeout_ms(), 3000);
+
+  JobStatus s = Status("train-1");
+  EXPECT_EQ(s.state(), weft::v1::PENDING);
+  EXPECT_EQ(s.name(), "train");
+  EXPECT_EQ(s.generation(), 0);
+  EXPECT_EQ(s.total_steps(), 100);
+  EXPECT_EQ(s.pending_reason(), "needs 2 idle CPU workers, 0 idle");
+  EXPECT_NE(FindEvent(s, weft::v1::SUBMITTED), nullptr);
+
+  EXPECT_EQ(Submit(CpuSpec("train", 1)), "train-2");  // ids keep counting
+}
+
+TEST_F(CoordinatorTest, InvalidSpecIsRejectedNamingTheFields) {
+  JobSpec spec = CpuSpec("bad name", 0);
+  auto r = coord_->SubmitJob(spec);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("name: "));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("resources.min_workers: "));
+  auto list = coord_->ListJobs({});
+  ASSERT_TRUE(list.ok());
+  EXPECT_THAT(list->jobs(), IsEmpty());
+}
+
+TEST_F(CoordinatorTest, GangAssignsOnceMinWorkersAreIdle) {
+  const std::string job = Submit(CpuSpec("gang", 2));
+  Worker w0 = Register("h", 0);
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::PENDING);
+  EXPECT_EQ(s.pending_reason(), "needs 2 idle CPU workers, 1 idle");
+  auto hb = Beat(w0);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_THAT(hb->commands(), IsEmpty());
+  EXPECT_EQ(hb->heartbeat_interval_ms(), options_.heartbeat_interval_ms);
+
+  Worker w1 = Register("h", 1);
+  s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.generation(), 1);
+  EXPECT_EQ(s.pending_reason(), "");
+  EXPECT_THAT(s.worker_ids(), ElementsAre("h/cpu0", "h/cpu1"));
+  EXPECT_TRUE(s.has_start_time());
+  EXPECT_NE(FindEvent(s, weft::v1::GENERATION_STARTED), nullptr);
+
+  for (int rank = 0; rank < 2; ++rank) {
+    const Worker& w = rank == 0 ? w0 : w1;
+    hb = Beat(w);
+    ASSERT_TRUE(hb.ok());
+    auto joins = JoinCommands(*hb);
+    ASSERT_THAT(joins, SizeIs(1));
+    const auto& join = joins[0].join_job();
+    EXPECT_EQ(join.job_id(), job);
+    EXPECT_EQ(join.generation(), 1);
+    EXPECT_EQ(join.rank(), rank);
+    EXPECT_EQ(join.world_size(), 2);
+    EXPECT_EQ(join.spec().resources().min_workers(), 2);
+    EXPECT_EQ(join.spec().optimizer().beta2(), 0.95);  // the normalized spec
+    EXPECT_EQ(hb->heartbeat_interval_ms(), 500);      // the job's interval while busy
+    // Delivered once.
+    hb = Beat(w);
+    ASSERT_TRUE(hb.ok());
+    EXPECT_THAT(hb->commands(), IsEmpty());
+
+    weft::v1::WorkerStatus ws = WorkerStatus(w.id);
+    EXPECT_EQ(ws.state(), weft::v1::WORKER_BUSY);
+    EXPECT_EQ(ws.job_id(), job);
+    EXPECT_EQ(ws.generation(), 1);
+    EXPECT_EQ(ws.rank(), rank);
+  }
+}
+
+TEST_F(CoordinatorTest, JobsOfAKindAreServedInSubmissionOrder) {
+  const std::string first = Submit(CpuSpec("first", 2));
+  const std::string second = Submit(CpuSpec("second", 1));
+  Worker w0 = Register("h", 0);
+  // One idle worker would fit "second", but "first" is ahead of it.
+  EXPECT_EQ(Status(first).state(), weft::v1::PENDING);
+  EXPECT_EQ(Status(second).state(), weft::v1::PENDING);
+  EXPECT_THAT(Status(second).pending_reason(), HasSubstr("queued behind job first-1"));
+  Worker w1 = Register("h", 1);
+  EXPECT_EQ(Status(first).state(), weft::v1::RUNNING);
+  EXPECT_EQ(Status(second).state(), weft::v1::PENDING);
+  EXPECT_EQ(Status(second).pending_reason(), "needs 1 idle CPU worker, 0 idle");
+  Register("h", 2);
+  EXPECT_EQ(Status(second).state(), weft::v1::RUNNING);
+  EXPECT_THAT(Status(second).worker_ids(), ElementsAre("h/cpu2"));
+}
+
+TEST_F(CoordinatorTest, CpuJobIgnoresCudaWorkers) {
+  const std::string job = Submit(CpuSpec("cpu-job", 1));
+  Register("gpu-host", 0, weft::v1::DEVICE_KIND_CUDA);
+  EXPECT_EQ(Status(job).state(), weft::v1::PENDING);
+  EXPECT_EQ(Status(job).pending_reason(), "needs 1 idle CPU worker, 0 idle");
+  Register("cpu-host", 0, weft::v1::DEVICE_KIND_CPU);
+  EXPECT_THAT(Status(job).worker_ids(), ElementsAre("cpu-host/cpu0"));
+}
+
+TEST_F(CoordinatorTest, MaxWorkersCapsTheGang) {
+  for (int i = 0; i < 5; ++i) Register("h", i);
+  const std::string job = Submit(CpuSpec("elastic", 2, 3));
+  EXPECT_THAT(Status(job).worker_ids(), ElementsAre("h/cpu0", "h/cpu1", "h/cpu2"));
+  EXPECT_EQ(WorkerStatus("h/cpu3").state(), weft::v1::WORKER_IDLE);
+}
+
+TEST_F(CoordinatorTest, RanksAreContiguousPerHostByDeviceIndex) {
+  const std::string job = Submit(CpuSpec("ranks", 5));
+  // Registration order deliberately scrambled; device 10 sorts after 2 (numerically).
+  std::vector<Worker> workers = {Register("node-b", 1), Register("node-a", 10),
+                                 Register("node-b", 0), Register("node-a", 2),
+                                 Register("node-a", 0)};
+  JobStatus s = Status(job);
+  ASSERT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_THAT(s.worker_ids(), ElementsAre("node-a/cpu0", "node-a/cpu2", "node-a/cpu10",
+                                          "node-b/cpu0", "node-b/cpu1"));
+
+  // Join confirms the ranks and reports the host-local layout.
+  std::vector<std::unique_ptr<Pending<JoinResponse>>> joins;
+  for (const Worker& w : workers) joins.push_back(StartJoin(job, 1, w));
+  for (size_t i = 0; i < workers.size(); ++i) {
+    ASSERT_TRUE(joins[i]->finished()) << workers[i].id;
+    auto r = joins[i]->Get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->world_size(), 5);
+    ASSERT_THAT(r->peers(), SizeIs(5));
+    EXPECT_EQ(r->peers(r->rank()).worker_id(), workers[i].id);
+  }
+  auto b1 = joins[0]->Get();  // node-b/cpu1
+  EXPECT_EQ(b1->rank(), 4);
+  EXPECT_EQ(b1->local_rank(), 1);
+  EXPECT_EQ(b1->local_world_size(), 2);
+  auto a10 = joins[1]->Get();  // node-a/cpu10
+  EXPECT_EQ(a10->rank(), 2);
+  EXPECT_EQ(a10->local_rank(), 2);
+  EXPECT_EQ(a10->local_world_size(), 3);
+  const auto& peer = a10->peers(3);
+  EXPECT_EQ(peer.rank(), 3);
+  EXPECT_EQ(peer.worker_id(), "node-b/cpu0");
+  EXPECT_EQ(peer.host(), "node-b");
+  EXPECT_EQ(peer.device_index(), 0);
+  EXPECT_EQ(peer.address(), "node-b:7000");
+}
+
+// ---- rendezvous ------------------------------------------------------------------------------
+
+TEST_F(CoordinatorTest, PeersAreSentOnlyToCallersThatAskForThem) {
+  const std::string job = Submit(CpuSpec("peers", 2));
+  Worker a = Register("h", 0);
+  Worker b = Register("h", 1);
+  auto without = StartJoin(job, 1, a, kFar, /*include_peers=*/false);
+  auto with = StartJoin(job, 1, b, kFar, /*include_peers=*/true);
+  ASSERT_TRUE(without->finished() && with->finished());
+  auto r0 = without->Get();
+  auto r1 = with->Get();
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  EXPECT_THAT(r0->peers(), IsEmpty());
+  EXPECT_EQ(r0->rank(), 0);
+  EXPECT_EQ(r0->local_world_size(), 2);
+  ASSERT_THAT(r1->peers(), SizeIs(2));
+  EXPECT_EQ(r1->peers(0).worker_id(), "h/cpu0");
+  // After the rendezvous completed, a late Join is answered at once, peers as asked.
+  auto again = StartJoin(job, 1, a, kFar, /*include_peers=*/true);
+  ASSERT_TRUE(again->finished());
+  EXPECT_THAT(again->Get()->peers(), SizeIs(2));
+}
+
+TEST_F(CoordinatorTest, JoinCompletesForEveryoneWhenTheLastMemberJoins) {
+  const std::string job = Submit(CpuSpec("join", 3));
+  std::vector<Worker> w = {Register("h", 0), Register("h", 1), Register("h", 2)};
+  auto j0 = StartJoin(job, 1, w[0]);
+  auto j2 = StartJoin(job, 1, w[2]);
+  EXPECT_FALSE(j0->finished());
+  EXPECT_FALSE(j2->finished());
+  auto j1 = StartJoin(job, 1, w[1]);
+  ASSERT_TRUE(j0->finished() && j1->finished() && j2->finished());
+  EXPECT_EQ(j0->Get()->rank(), 0);
+  EXPECT_EQ(j1->Get()->rank(), 1);
+  EXPECT_EQ(j2->Get()->rank(), 2);
+  EXPECT_EQ(j0->call_count(), 1);
+
+  // A repeated Join after completion answers at once with the same group.
+  auto again = StartJoin(job, 1, w[2]);
+  ASSERT_TRUE(again->finished());
+  EXPECT_EQ(again->Get()->rank(), 2);
+  EXPECT_EQ(again->Get()->world_size(), 3);
+}
+
+TEST_F(CoordinatorTest, JoinRejectsWrongCallers) {
+  const std::string job = Submit(CpuSpec("join", 1));
+  Worker member = Register("h", 0);
+  Worker outsider = Register("h", 1);
+
+  auto r = StartJoin(job, 1, outsider);
+  ASSERT_TRUE(r->finished());
+  EXPECT_EQ(r->Get().status().code(), absl::StatusCode::kFailedPrecondition);
+
+  r = StartJoin(job, 2, member);  // a generation that does not exist yet
+  ASSERT_TRUE(r->finished());
+  EXPECT_EQ(r->Get().status().code(), absl::StatusCode::kNotFound);
+
+  r = StartJoin("nope-9", 1, member);
+  ASSERT_TRUE(r->finished());
+  EXPECT_EQ(r->Get().status().code(), absl::StatusCode::kNotFound);
+
+  Worker stale = member;
+  stale.incarnation += 7;
+  r = StartJoin(job, 1, stale);
+  ASSERT_TRUE(r->finished());
+  EXPECT_EQ(r->Get().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CoordinatorTest, JoinPastItsDeadlineNamesWhoIsMissing) {
+  const std::string job = Submit(CpuSpec("slow", 2));
+  Worker w0 = Register("h", 0);
+  Register("h", 1);
+  auto j0 = StartJoin(job, 1, w0, absl::Milliseconds(5));  // real time: the timer fires it
+  ASSERT_TRUE(j0->done.WaitForNotificationWithTimeout(kPatience));
+  auto r = j0->Get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("1 of 2 joined"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("h/cpu1"));
+  EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);  // the generation itself goes on
+}
+
+TEST_F(CoordinatorTest, RendezvousTimeoutEndsTheGeneration) {
+  options_.rendezvous_timeout_ms = 2000;
+  Reopen();
+  const std::string job = Submit(CpuSpec("rdv", 2));
+  Worker w0 = Register("h", 0);
+  Worker w1 = Register("h", 1);
+  auto j0 = StartJoin(job, 1, w0);
+  AdvanceKeepingAlive(absl::Seconds(2), {w0, w1});
+  EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);  // exactly at the timeout
+  clock_.Advance(absl::Milliseconds(1));
+  coord_->Tick();
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.restarts(), 1);
+  // Both workers were released, so generation 2 formed at once.
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.generation(), 2);
+  bool named = false;
+  for (const auto& e : s.events()) {
+    if (e.type() == weft::v1::GENERATION_ENDED &&
+        absl::StrContains(e.message(), "not joined: h/cpu1")) {
+      named = true;
+    }
+  }
+  EXPECT_TRUE(named) << s.DebugString();
+  // The member that did join is released.
+  ASSERT_TRUE(j0->finished());
+  EXPECT_EQ(j0->Get().status().code(), absl::StatusCode::kAborted);
+}
+
+// ---- failures --------------------------------------------------------------------------------
+
+TEST_F(CoordinatorTest, SilentMemberIsDeadAndJobRecovers) {
+  auto [job, w] = StartRunningJob(CpuSpec("hb", 3), 3);
+  auto store = coord_->GenerationStore([&] {
+    weft::v1::StoreScope scope;
+    scope.set_job_id(job);
+    scope.set_generation(1);
+    return scope;
+  }());
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::Status store_wait;
+  absl::Notification store_woken;
+  (*store)->WhenAll({"never"}, [&](absl::Status s) {
+    store_wait = s;
+    store_woken.Notify();
+  });
+
+  // w[1] falls silent; w[0] and w[2] keep heartbeating. Exactly at the job's 3000 ms: alive.
+  AdvanceKeepingAlive(absl::Milliseconds(3000), {w[0], w[2]}, job, 1);
+  EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);
+  EXPECT_EQ(WorkerStatus(w[1].id).state(), weft::v1::WORKER_BUSY);
+
+  clock_.Advance(absl::Milliseconds(1));
+  coord_->Tick();
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::RECOVERING);
+  EXPECT_EQ(s.restarts(), 1);
+  EXPECT_EQ(s.generation(), 1);
+  EXPECT_THAT(s.worker_ids(), IsEmpty());
+  const weft::v1::JobEvent* lost = FindEvent(s, weft::v1::WORKER_LOST);
+  ASSERT_NE(lost, nullptr);
+  EXPECT_THAT(lost->message(), HasSubstr("h/cpu1"));
+  EXPECT_THAT(lost->message(), HasSubstr("3001 ms"));
+  EXPECT_EQ(lost->generation(), 1);
+  EXPECT_EQ(s.pending_reason(), "needs 3 idle CPU workers, 2 idle");
+
+  weft::v1::WorkerStatus dead = WorkerStatus(w[1].id);
+  EXPECT_EQ(dead.state(), weft::v1::WORKER_DEAD);
+  EXPECT_THAT(dead.reason(), HasSubstr("missed heartbeats"));
+  EXPECT_EQ(dead.job_id(), "");
+
+  for (int survivor : {0, 2}) {
+    EXPECT_EQ(WorkerStatus(w[survivor].id).state(), weft::v1::WORKER_IDLE);
+    auto hb = Beat(w[survivor], job, 1);
+    ASSERT_TRUE(hb.ok());
+    auto aborts = AbortCommands(*hb);
+    ASSERT_THAT(aborts, SizeIs(1)) << hb->DebugString();
+    EXPECT_EQ(aborts[0].abort_generation().job_id(), job);
+    EXPECT_EQ(aborts[0].abort_generation().generation(), 1);
+    EXPECT_THAT(aborts[0].abort_generation().reason(), HasSubstr("h/cpu1"));
+  }
+
+  // The generation's store is closed and refused from now on.
+  ASSERT_TRUE(store_woken.WaitForNotificationWithTimeout(kPatience));
+  EXPECT_EQ(store_wait.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ((*store)->Set("k", "v").code(), absl::StatusCode::kAborted);
+  weft::v1::StoreScope scope;
+  scope.set_job_id(job);
+  scope.set_generation(1);
+  EXPECT_EQ(coord_->GenerationStore(scope).status().code(), absl::StatusCode::kAborted);
+  // ReportProgress from the old generation is told to stop.
+  auto progress = Report(job, 1, w[0], 0, 5);
+  ASSERT_TRUE(progress.ok());
+  EXPECT_FALSE(progress->continue_training());
+
+  // The dead worker comes back: IDLE, told to abort its old generation, and generation 2
+  // forms from all three.
+  auto hb = Beat(w[1], job, 1);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_THAT(AbortCommands(*hb), Contains(::testing::Property(
+                                      &Command::abort_generation,
+                                      ::testing::Property(&weft::v1::AbortGenerationCommand::generation, 1))));
+  s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.generation(), 2);
+  EXPECT_EQ(s.restarts(), 1);
+  EXPECT_THAT(s.worker_ids(), ElementsAre("h/cpu0", "h/cpu1", "h/cpu2"));
+  scope.set_generation(2);
+  EXPECT_TRUE(coord_->GenerationStore(scope).ok());
+}
+
+// A member that dies before fetching its JoinJob must not be handed that command for the ended
+// generation when it comes back.
+TEST_F(CoordinatorTest, ReturningDeadMemberGetsNoStaleJoinCommand) {
+  JobSpec spec = CpuSpec("stale", 2);
+  spec.mutable_fault()->set_max_restarts(0);  // no generation 2 to confuse things
+  const std::string job = Submit(spec);
+  Worker w0 = Register("h", 0);
+  Worker w1 = Register("h", 1);  // never heartbeats: its JoinJob stays queued
+  ASSERT_EQ(Status(job).state(), weft::v1::RUNNING);
+  AdvanceKeepingAlive(absl::Milliseconds(3001), {w0});
+  ASSERT_EQ(Status(job).state(), weft::v1::FAILED);
+  ASSERT_EQ(WorkerStatus(w1.id).state(), weft::v1::WORKER_DEAD);
+  auto hb = Beat(w1);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_THAT(JoinCommands(*hb), IsEmpty()) << hb->DebugString();
+}
+
+TEST_F(CoordinatorTest, MemberTimeoutIsTheJobsNotTheIdleOne) {
+  options_.heartbeat_timeout_ms = 60000;  // idle workers: generous
+  Reopen();
+  JobSpec spec = CpuSpec("short", 2);
+  spec.mutable_fault()->set_heartbeat_timeout_ms(2000);
+  auto [job, w] = StartRunningJob(spec, 2);
+  AdvanceKeepingAlive(absl::Milliseconds(2001), {w[0]}, job, 1);
+  EXPECT_EQ(Status(job).state(), weft::v1::RECOVERING);
+  EXPECT_EQ(WorkerStatus(w[1].id).state(), weft::v1::WORKER_DEAD);
+}
+
+TEST_F(CoordinatorTest, LongJobTimeoutKeepsSilentMemberAlive) {
+  options_.heartbeat_timeout_ms = 1000;  // idle workers: strict
+  Reopen();
+  JobSpec spec = CpuSpec("long", 2);
+  spec.mutable_fault()->set_heartbeat_timeout_ms(20000);
+  auto [job, w] = StartRunningJob(spec, 2);
+  AdvanceKeepingAlive(absl::Seconds(5), {w[0]}, job, 1);
+  EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);
+  EXPECT_EQ(WorkerStatus(w[1].id).state(), weft::v1::WORKER_BUSY);
+}
+
+TEST_F(CoordinatorTest, ZeroMaxRestartsFailsOnFirstLoss) {
+  JobSpec spec = CpuSpec("fragile", 2);
+  spec.mutable_fault()->set_max_restarts(0);
+  auto [job, w] = StartRunningJob(spec, 2);
+  AdvanceKeepingAlive(absl::Milliseconds(3001), {w[1]}, job, 1);
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::FAILED);
+  EXPECT_EQ(s.restarts(), 0);
+  EXPECT_THAT(s.error(), HasSubstr("h/cpu0"));
+  EXPECT_THAT(s.error(), HasSubstr("restart budget exhausted"));
+  EXPECT_TRUE(s.has_end_time());
+  EXPECT_EQ(WorkerStatus(w[1].id).state(), weft::v1::WORKER_IDLE);
+  auto hb = Beat(w[1], job, 1);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_THAT(AbortCommands(*hb), SizeIs(1));
+  // The failed job never takes workers again.
+  hb = Beat(w[0]);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(Status(job).state(), weft::v1::FAILED);
+  EXPECT_THAT(JoinCommands(*hb), IsEmpty());
+}
+
+TEST_F(CoordinatorTest, RestartBudgetIsEnforcedAcrossGenerations) {
+  JobSpec spec = CpuSpec("budget", 1);
+  spec.mutable_fault()->set_max_restarts(1);
+  auto [job, w] = StartRunningJob(spec, 1);
+  auto r = ReportError(job, 1, w[0], 0, "NCCL error: unhandled system error", false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->continue_training());
+  JobStatus s = Status(job);
+  // The worker is idle again, so generation 2 forms at once.
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.generation(), 2);
+  EXPECT_EQ(s.restarts(), 1);
+  EXPECT_NE(FindEvent(s, weft::v1::RANK_ERROR), nullptr);
+
+  r = ReportError(job, 2, w[0], 0, "NCCL error again", false);
+  ASSERT_TRUE(r.ok());
+  s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::FAILED);
+  EXPECT_EQ(s.restarts(), 1);
+  EXPECT_THAT(s.error(), HasSubstr("NCCL error again"));
+  EXPECT_THAT(s.error(), HasSubstr("restart budget exhausted (1 of 1 used)"));
+}
+
+TEST_F(CoordinatorTest, PermanentRankErrorFailsWithoutRestart) {
+  auto [job, w] = StartRunningJob(CpuSpec("perm", 2), 2);
+  auto r = ReportError(job, 1, w[1], 1, "cannot open /data/tiny.txt: No such file", true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->continue_training());
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::FAILED);
+  EXPECT_EQ(s.restarts(), 0);
+  EXPECT_THAT(s.error(), HasSubstr("rank 1 (worker h/cpu1): cannot open /data/tiny.txt"));
+  EXPECT_THAT(s.error(), HasSubstr("permanent"));
+  const weft::v1::JobEvent* e = FindEvent(s, weft::v1::RANK_ERROR);
+  ASSERT_NE(e, nullptr);
+  EXPECT_THAT(e->message(), HasSubstr("No such file"));
+  // Both members are released; the other one is told to abort.
+  EXPECT_EQ(WorkerStatus(w[0].id).state(), weft::v1::WORKER_IDLE);
+  EXPECT_EQ(WorkerStatus(w[1].id).state(), weft::v1::WORKER_IDLE);
+  auto hb = Beat(w[0], job, 1);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_THAT(AbortCommands(*hb), SizeIs(1));
+}
+
+TEST_F(CoordinatorTest, StallEndsTheGeneration) {
+  JobSpec spec = CpuSpec("stall", 1);
+  spec.mutable_fault()->set_stall_timeout_ms(5000);
+  auto [job, w] = StartRunningJob(spec, 1);
+  AdvanceKeepingAlive(absl::Seconds(4), w, job, 1);
+  ASSERT_TRUE(Report(job, 1, w[0], 0, 1).ok());  // progress resets the stall clock
+  AdvanceKeepingAlive(absl::Seconds(5), w, job, 1);
+  EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);
+  ASSERT_TRUE(Report(job, 1, w[0], 0, 1).ok());  // the same step again is not progress
+  clock_.Advance(absl::Milliseconds(1));
+  coord_->Tick();
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.restarts(), 1);
+  // The worker was released, so generation 2 formed at once.
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.generation(), 2);
+  bool stalled = false;
+  for (const auto& e : s.events()) {
+    if (e.type() == weft::v1::GENERATION_ENDED &&
+        absl::StrContains(e.message(), "made no progress for 5001 ms")) {
+      stalled = true;
+    }
+  }
+  EXPECT_TRUE(stalled) << s.DebugString();
+}
+
+TEST_F(CoordinatorTest, ElasticJobRestartsOnSurvivorsWithinMinMax) {
+  // Workers first: a job of min 2 would otherwise start as soon as two were idle.
+  std::vector<Worker> w = {Register("h", 0), Register("h", 1), Register("h", 2)};
+  const std::string job = Submit(CpuSpec("elastic", 2, 3));
+  ASSERT_THAT(Status(job).worker_ids(), SizeIs(3));
+  for (const Worker& worker : w) ASSERT_THAT(JoinCommands(*Beat(worker)), SizeIs(1));
+  AdvanceKeepingAlive(absl::Milliseconds(3001), {w[0], w[1]}, job, 1);
+  JobStatus s = Status(job);
+  // Two survivors >= min_workers: generation 2 forms in the same tick, without the dead one.
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.generation(), 2);
+  EXPECT_EQ(s.restarts(), 1);
+  EXPECT_THAT(s.worker_ids(), ElementsAre("h/cpu0", "h/cpu1"));
+  auto hb = Beat(w[0], job, 1);
+  ASSERT_TRUE(hb.ok());
+  auto joins = JoinCommands(*hb);
+  ASSERT_THAT(joins, SizeIs(1));
+  EXPECT_EQ(joins[0].join_job().world_size(), 2);
+  EXPECT_EQ(joins[0].join_job().generation(), 2);
+}
+
+TEST_F(CoordinatorTest, EventsAreCappedKeepingTheNewest) {
+  options_.max_events_per_job = 4;
+  Reopen();
+  JobSpec spec = CpuSpec("chatty", 1);
+  spec.mutable_fault()->set_max_restarts(10);
+  auto [job, w] = StartRunningJob(spec, 1);
+  for (int gen = 1; gen <= 3; ++gen) {
+    ASSERT_TRUE(ReportError(job, gen, w[0], 0, absl::StrCat("boom ", gen), false).ok());
+  }
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.generation(), 4);
+  ASSERT_THAT(s.events(), SizeIs(4));
+  EXPECT_EQ(s.events(3).type(), weft::v1::STATE_CHANGED);
+  EXPECT_EQ(s.events(3).state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.events(3).generation(), 4);
+  EXPECT_EQ(FindEvent(s, weft::v1::SUBMITTED), nullptr);  // the oldest were dropped
+}
+
+TEST_F(CoordinatorTest, IdleWorkerSilentPastTimeoutIsDeadUntilItHeartbeats) {
+  Worker w = Register("h", 0);
+  clock_.Advance(absl::Milliseconds(options_.heartbeat_timeout_ms));
+  coord_->Tick();
+  EXPECT_EQ(WorkerStatus(w.id).state(), weft::v1::WORKER_IDLE);  // exactly at the timeout
+  clock_.Advance(absl::Milliseconds(1));
+  coord_->Tick();
+  weft::v1::WorkerStatus s = WorkerStatus(w.id);
+  EXPECT_EQ(s.state(), weft::v1::WORKER_DEAD);
+  EXPECT_THAT(s.reason(), HasSubstr("missed heartbeats for 3001 ms"));
+
+  // A dead worker is not scheduled.
+  const std::string job = Submit(CpuSpec("wait", 1));
+  EXPECT_EQ(Status(job).state(), weft::v1::PENDING);
+  EXPECT_EQ(Status(job).pending_reason(), "needs 1 idle CPU worker, 0 idle");
+
+  // Its next heartbeat brings it back, and the waiting job takes it at once.
+  auto hb = Beat(w);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_THAT(JoinCommands(*hb), SizeIs(1));
+  EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);
+  EXPECT_EQ(WorkerStatus(w.id).state(), weft::v1::WORKER_BUSY);
+}
+
+TEST_F(CoordinatorTest, DeadIdleWorkerComesBackIdle) {
+  Worker w = Register("h", 0);
+  clock_.Advance(absl::Milliseconds(options_.heartbeat_timeout_ms + 1));
+  coord_->Tick();
+  ASSERT_EQ(WorkerStatus(w.id).state(), weft::v1::WORKER_DEAD);
+  ASSERT_TRUE(Beat(w).ok());
+  EXPECT_EQ(WorkerStatus(w.id).state(), weft::v1::WORKER_IDLE);
+  // And is judged from its new heartbeat on.
+  clock_.Advance(absl::Milliseconds(options_.heartbeat_timeout_ms));
+  coord_->Tick();
+  EXPECT_EQ(WorkerStatus(w.id).state(), weft::v1::WORKER_IDLE);
+}
+
+TEST_F(CoordinatorTest, ReregistrationOfABusyWorkerEndsItsGeneration) {
+  auto [job, w] = StartRunningJob(CpuSpec("rereg", 2), 2);
+  Worker again = Register("h", 1);  // the process restarted
+  EXPECT_EQ(again.incarnation, w[1].incarnation + 1);
+  JobStatus s = Status(job);
+  const weft::v1::JobEvent* lost = FindEvent(s, weft::v1::WORKER_LOST);
+  ASSERT_NE(lost, nullptr);
+  EXPECT_THAT(lost->message(), HasSubstr("h/cpu1 re-registered"));
+  EXPECT_EQ(s.restarts(), 1);
+  // Both are idle again, so generation 2 forms at once.
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.generation(), 2);
+  // The old incarnation is refused.
+  EXPECT_EQ(Beat(w[1]).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto hb = Beat(again);
+  ASSERT_TRUE(hb.ok());
+  ASSERT_THAT(JoinCommands(*hb), SizeIs(1));
+  EXPECT_EQ(JoinCommands(*hb)[0].join_job().generation(), 2);
+  // The survivor hears about both generations: abort 1, join 2.
+  hb = Beat(w[0], job, 1);
+  ASSERT_TRUE(hb.ok());
+  ASSERT_THAT(hb->commands(), SizeIs(2));
+  EXPECT_EQ(hb->commands(0).abort_generation().generation(), 1);
+  EXPECT_EQ(hb->commands(1).join_job().generation(), 2);
+}
+
+// ---- progress, completion, cancel ------------------------------------------------------------
+
+TEST_F(CoordinatorTest, ProgressUpdatesStepAndMetrics) {
+  auto [job, w] = StartRunningJob(CpuSpec("progress", 2), 2);
+  auto r = Report(job, 1, w[0], 0, 5);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->continue_training());
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.step(), 5);
+  EXPECT_EQ(s.last_metrics().step(), 5);
+  EXPECT_DOUBLE_EQ(s.last_metrics().loss(), 4.95);
+  EXPECT_DOUBLE_EQ(s.last_metrics().tokens_per_s(), 1234.5);
+  EXPECT_TRUE(s.last_metrics().has_time());
+
+  // A late, older report does not move the step back.
+  ASSERT_TRUE(Report(job, 1, w[0], 0, 3).ok());
+  EXPECT_EQ(Status(job).step(), 5);
+
+  // Wrong rank for the worker.
+  EXPECT_EQ(Report(job, 1, w[1], 0, 6).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Report("nope-1", 1, w[0], 0, 6).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, FinishedFromRankZeroSucceedsAndReleasesWorkers) {
+  auto [job, w] = StartRunningJob(CpuSpec("done", 2), 2);
+  ASSERT_TRUE(Report(job, 1, w[0], 0, 99).ok());
+  // Only rank 0 may finish the job.
+  auto r = Report(job, 1, w[1], 1, 0, /*finished=*/true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->continue_training());
+  EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);
+
+  r = Report(job, 1, w[0], 0, 100, /*finished=*/true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->continue_training());
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::SUCCEEDED);
+  EXPECT_EQ(s.step(), 100);
+  EXPECT_EQ(s.error(), "");
+  EXPECT_TRUE(s.has_end_time());
+  EXPECT_THAT(s.worker_ids(), IsEmpty());
+  for (const Worker& worker : w) {
+    EXPECT_EQ(WorkerStatus(worker.id).state(), weft::v1::WORKER_IDLE);
+    auto hb = Beat(worker);
+    ASSERT_TRUE(hb.ok());
+    EXPECT_THAT(AbortCommands(*hb), IsEmpty());  // a completed generation is not aborted
+  }
+  weft::v1::StoreScope scope;
+  scope.set_job_id(job);
+  scope.set_generation(1);
+  EXPECT_EQ(coord_->GenerationStore(scope).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(coord_->CancelJob(job, "").status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // The released workers serve the next job.
+  const std::string next = Submit(CpuSpec("next", 2));
+  EXPECT_EQ(Status(next).state(), weft::v1::RUNNING);
+}
+
+TEST_F(CoordinatorTest, CancelRunningJobAbortsMembers) {
+  auto [job, w] = StartRunningJob(CpuSpec("cancel", 2), 2);
+  auto r = coord_->CancelJob(job, "wrong learning rate");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state(), weft::v1::CANCELLED);
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::CANCELLED);
+  EXPECT_TRUE(s.has_end_time());
+  EXPECT_NE(FindEvent(s, weft::v1::CANCEL_REQUESTED), nullptr);
+  for (const Worker& worker : w) {
+    EXPECT_EQ(WorkerStatus(worker.id).state(), weft::v1::WORKER_IDLE);
+    auto hb = Beat(worker, job, 1);
+    ASSERT_TRUE(hb.ok());
+    auto aborts = AbortCommands(*hb);
+    ASSERT_THAT(aborts, SizeIs(1));
+    EXPECT_EQ(aborts[0].abort_generation().generation(), 1);
+    EXPECT_THAT(aborts[0].abort_generation().reason(), HasSubstr("wrong learning rate"));
+  }
+  weft::v1::StoreScope scope;
+  scope.set_job_id(job);
+  scope.set_generation(1);
+  EXPECT_EQ(coord_->GenerationStore(scope).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(coord_->CancelJob(job, "").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(coord_->CancelJob("nope-3", "").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, CancelPendingJobAndParkedJoin) {
+  const std::string pending = Submit(CpuSpec("pending", 4));
+  ASSERT_EQ(Status(pending).pending_reason(), "needs 4 idle CPU workers, 0 idle");
+  auto r = coord_->CancelJob(pending, "");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state(), weft::v1::CANCELLED);
+  EXPECT_EQ(r->pending_reason(), "");
+  EXPECT_EQ(r->error(), "");
+
+  const std::string job = Submit(CpuSpec("joining", 2));
+  Worker w0 = Register("h", 0);
+  Register("h", 1);
+  auto j0 = StartJoin(job, 1, w0);
+  ASSERT_FALSE(j0->finished());
+  ASSERT_TRUE(coord_->CancelJob(job, "").ok());
+  ASSERT_TRUE(j0->finished());
+  EXPECT_EQ(j0->Get().status().code(), absl::StatusCode::kAborted);
+  auto late = StartJoin(job, 1, w0);
+  ASSERT_TRUE(late->finished());
+  EXPECT_EQ(late->Get().status().code(), absl::StatusCode::kAborted);
+}
+
+// ---- heartbeats ------------------------------------------------------------------------------
+
+TEST_F(CoordinatorTest, HeartbeatFromUnknownOrStaleWorkerIsRefused) {
+  Worker ghost{"nobody/cpu0", 1};
+  EXPECT_EQ(Beat(ghost).status().code(), absl::StatusCode::kFailedPrecondition);
+  Worker w = Register("h", 0);
+  Worker w2 = Register("h", 0);  // same id again
+  EXPECT_EQ(w.id, w2.id);
+  EXPECT_EQ(w2.incarnation, w.incarnation + 1);
+  auto stale = Beat(w);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(stale.status().message()), HasSubstr("stale"));
+  EXPECT_TRUE(Beat(w2).ok());
+}
+
+TEST_F(CoordinatorTest, RegisterValidatesWorkerInfo) {
+  weft::v1::WorkerInfo info;
+  info.set_device_index(-1);
+  auto r = coord_->RegisterWorker(info);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("info.host: required"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("info.device_kind"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("info.device_index"));
+
+  info.set_host("h");
+  info.set_device_index(3);
+  info.set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+  info.set_worker_id("bad id!");
+  EXPECT_EQ(coord_->RegisterWorker(info).status().code(), absl::StatusCode::kInvalidArgument);
+  info.clear_worker_id();
+  r = coord_->RegisterWorker(info);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->worker_id(), "h/cuda3");
+}
+
+TEST_F(CoordinatorTest, HeldHeartbeatIsAnsweredWhenACommandArrives) {
+  Worker w = Register("h", 0);
+  weft::v1::HeartbeatRequest request;
+  request.set_worker_id(w.id);
+  request.set_incarnation(w.incarnation);
+  request.set_wait_for_command_ms(60000);  // clamped to the 500 ms interval, real time
+  Pending<HeartbeatResponse> held;
+  coord_->Heartbeat(request, absl::Now() + kFar, held.Callback());
+  EXPECT_FALSE(held.finished());
+  const std::string job = Submit(CpuSpec("wake", 1));
+  ASSERT_TRUE(held.finished());  // answered inline by the assignment
+  auto r = held.Get();
+  ASSERT_TRUE(r.ok());
+  ASSERT_THAT(JoinCommands(*r), SizeIs(1));
+  EXPECT_EQ(JoinCommands(*r)[0].join_job().job_id(), job);
+  EXPECT_EQ(held.call_count(), 1);
+}
+
+TEST_F(CoordinatorTest, HeldHeartbeatTimesOutEmptyAndNewerOneSupersedes) {
+  Worker w = Register("h", 0);
+  weft::v1::HeartbeatRequest request;
+  request.set_worker_id(w.id);
+  request.set_incarnation(w.incarnation);
+  request.set_wait_for_command_ms(5);
+  Pending<HeartbeatResponse> held;
+  coord_->Heartbeat(request, absl::Now() + kFar, held.Callback());
+  ASSERT_TRUE(held.done.WaitForNotificationWithTimeout(kPatience));
+  ASSERT_TRUE(held.Get().ok());
+  EXPECT_THAT(held.Get()->commands(), IsEmpty());
+
+  request.set_wait_for_command_ms(60000);
+  Pending<HeartbeatResponse> first;
+  coord_->Heartbeat(request, absl::Now() + kFar, first.Callback());
+  EXPECT_FALSE(first.finished());
+  ASSERT_TRUE(Beat(w).ok());
+  ASSERT_TRUE(first.finished());  // superseded: answered, empty
+  ASSERT_TRUE(first.Get().ok());
+  EXPECT_THAT(first.Get()->commands(), IsEmpty());
+}
+
+TEST_F(CoordinatorTest, ShutdownAnswersParkedCallsUnavailable) {
+  const std::string job = Submit(CpuSpec("sd", 2));
+  Worker w0 = Register("h", 0);
+  Worker w1 = Register("h2", 0, weft::v1::DEVICE_KIND_CUDA);
+  Register("h", 1);
+  auto join = StartJoin(job, 1, w0);
+  weft::v1::HeartbeatRequest request;
+  request.set_worker_id(w1.id);
+  request.set_incarnation(w1.incarnation);
+  request.set_wait_for_command_ms(60000);
+  Pending<HeartbeatResponse> held;
+  coord_->Heartbeat(request, absl::Now() + kFar, held.Callback());
+  ASSERT_FALSE(held.finished());
+  ASSERT_FALSE(join->finished());
+  coord_->Shutdown();
+  ASSERT_TRUE(held.finished());
+  EXPECT_EQ(held.Get().status().code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(join->finished());
+  EXPECT_EQ(join->Get().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(coord_->SubmitJob(CpuSpec("late", 1)).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+// ---- store scope -----------------------------------------------------------------------------
+
+TEST_F(CoordinatorTest, GenerationStoreScoping) {
+  weft::v1::StoreScope scope;
+  scope.set_job_id("nope-1");
+  scope.set_generation(1);
+  EXPECT_EQ(coord_->GenerationStore(scope).status().code(), absl::StatusCode::kNotFound);
+
+  auto [job, w] = StartRunningJob(CpuSpec("store", 1), 1);
+  scope.set_job_id(job);
+  auto store = coord_->GenerationStore(scope);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Set("nccl_id", "abc").ok());
+  auto same = coord_->GenerationStore(scope);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(*(*same)->Get("nccl_id"), "abc");  // one store per generation
+
+  scope.set_generation(2);
+  EXPECT_EQ(coord_->GenerationStore(scope).status().code(), absl::StatusCode::kNotFound);
+  scope.set_generation(0);
+  EXPECT_EQ(coord_->GenerationStore(scope).status().code(), absl::StatusCode::kNotFound);
+}
+
+// ---- watchers --------------------------------------------------------------------------------
+
+TEST_F(CoordinatorTest, WatcherSeesChangesInOrderAndEndsWithFinal) {
+  const std::string job = Submit(CpuSpec("watch", 1));
+  absl::Mutex mu;
+  std::vector<std::pair<weft::v1::JobState, bool>> seen;
+  uint64_t last_seq = 0;
+  bool ordered = true;
+  auto id = coord_->AddWatcher(job, [&](const JobStatus& s, uint64_t seq, bool final) {
+    absl::MutexLock lock(&mu);
+    if (seq <= last_seq) ordered = false;
+    last_seq = seq;
+    seen.emplace_back(s.state(), final);
+  });
+  ASSERT_TRUE(id.ok());
+  Register("h", 0);  // -> RUNNING
+  ASSERT_TRUE(coord_->CancelJob(job, "").ok());
+  Register("h", 1);  // after the end: no more calls
+  absl::MutexLock lock(&mu);
+  EXPECT_TRUE(ordered);
+  ASSERT_GE(seen.size(), 3u);
+  EXPECT_EQ(seen.front(), std::make_pair(weft::v1::PENDING, false));
+  EXPECT_THAT(seen, Contains(std::make_pair(weft::v1::RUNNING, false)));
+  EXPECT_EQ(seen.back(), std::make_pair(weft::v1::CANCELLED, true));
+
+  // Watching an ended job: one final call, no id kept.
+  int calls = 0;
+  auto ended = coord_->AddWatcher(job, [&](const JobStatus& s, uint64_t, bool final) {
+    ++calls;
+    EXPECT_TRUE(final);
+    EXPECT_EQ(s.state(), weft::v1::CANCELLED);
+  });
+  ASSERT_TRUE(ended.ok());
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(coord_->AddWatcher("nope-1", [](const JobStatus&, uint64_t, bool) {}).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, ListJobsNewestFirstAndFiltered) {
+  const std::string a = Submit(CpuSpec("a", 1));
+  const std::string b = Submit(CpuSpec("b", 3));
+  Register("h", 0);  // a runs, b waits
+  weft::v1::ListJobsRequest request;
+  auto all = coord_->ListJobs(request);
+  ASSERT_TRUE(all.ok());
+  ASSERT_THAT(all->jobs(), SizeIs(2));
+  EXPECT_EQ(all->jobs(0).job_id(), b);
+  EXPECT_EQ(all->jobs(1).job_id(), a);
+  EXPECT_THAT(all->jobs(0).events(), IsEmpty());  // summaries only
+  request.add_states(weft::v1::RUNNING);
+  auto running = coord_->ListJobs(request);
+  ASSERT_TRUE(running.ok());
+  ASSERT_THAT(running->jobs(), SizeIs(1));
+  EXPECT_EQ(running->jobs(0).job_id(), a);
+  request.set_limit(1001);
+  EXPECT_EQ(coord_->ListJobs(request).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---- persistence -----------------------------------------------------------------------------
+
+TEST_F(CoordinatorTest, ReopenKeepsEveryJobAndRunningOnesRecover) {
+  JobSpec gpu_spec = CpuSpec("pending", 5);
+  gpu_spec.mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+  const std::string pending = Submit(gpu_spec);  // does not hold up the CPU queue
+  auto [running, w] = StartRunningJob(CpuSpec("running", 2), 2);
+  // Past metrics_persist_interval_ms, so this report is written through.
+  clock_.Advance(absl::Milliseconds(options_.metrics_persist_interval_ms));
+  ASSERT_TRUE(Report(running, 1, w[0], 0, 42).ok());
+  const std::string cancelled = Submit(CpuSpec("cancelled", 9));
+  ASSERT_TRUE(coord_->CancelJob(cancelled, "").ok());
+  const JobStatus running_before = Status(running);
+
+  Reopen();
+
+  JobStatus s = Status(pending);
+  EXPECT_EQ(s.state(), weft::v1::PENDING);
+  EXPECT_EQ(s.name(), "pending");
+  s = Status(cancelled);
+  EXPECT_EQ(s.state(), weft::v1::CANCELLED);
+  s = Status(running);
+  EXPECT_EQ(s.state(), weft::v1::RECOVERING);
+  EXPECT_EQ(s.restarts(), 0);  // not the job's fault
+  EXPECT_EQ(s.generation(), 1);
+  EXPECT_EQ(s.step(), 42);
+  EXPECT_EQ(s.last_metrics().step(), 42);
+  EXPECT_THAT(s.worker_ids(), IsEmpty());
+  EXPECT_EQ(s.create_time().seconds(), running_before.create_time().seconds());
+  EXPECT_THAT(s.events(), SizeIs(running_before.events_size() + 1));
+  EXPECT_THAT(s.events(s.events_size() - 1).message(), HasSubstr("coordinator restarted"));
+  auto job = coord_->GetJob(running);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->spec().resources().min_workers(), 2);
+  EXPECT_EQ(job->spec().fault().max_restarts(), 3);
+
+  weft::v1::StoreScope scope;
+  scope.set_job_id(running);
+  scope.set_generation(1);
+  EXPECT_EQ(coord_->GenerationStore(scope).status().code(), absl::StatusCode::kAborted);
+
+  // Job ids continue after the stored ones.
+  EXPECT_EQ(Submit(CpuSpec("later", 50)), "later-4");
+
+  // Workers re-register with the new process; the recovering job forms generation 2.
+  Register("h", 0);
+  Register("h", 1);
+  s = Status(running);
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.generation(), 2);
+  EXPECT_EQ(s.restarts(), 0);
+
+  // Ended jobs stay ended through a second restart too.
+  Reopen();
+  EXPECT_EQ(Status(cancelled).state(), weft::v1::CANCELLED);
+  EXPECT_EQ(Status(running).state(), weft::v1::RECOVERING);
+  EXPECT_EQ(Status(running).generation(), 2);
+}
+
+TEST_F(CoordinatorTest, SecondCoordinatorOnTheSameDirectoryIsRefused) {
+  auto other = Coordinator::Open(options_, std::make_shared<prometheus::Registry>(),
+                                 [this] { return clock_.Now(); }, false);
+  EXPECT_FALSE(other.ok());
+  CoordinatorOptions no_dir;
+  EXPECT_EQ(Coordinator::Open(no_dir, std::make_shared<prometheus::Registry>(), nullptr, false)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace weft::coordinator

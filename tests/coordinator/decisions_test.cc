@@ -1,0 +1,396 @@
+// Unit tests for the coordinator's pure decision functions.
+#include "coordinator/decisions.h"
+
+#include <deque>
+
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace weft::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Pair;
+using ::testing::SizeIs;
+using weft::v1::DEVICE_KIND_CPU;
+using weft::v1::DEVICE_KIND_CUDA;
+
+// IdleWorkerView points into the caller's strings; the tests keep theirs here.
+std::string_view Intern(std::string s) {
+  static std::deque<std::string> storage;
+  return storage.emplace_back(std::move(s));
+}
+IdleWorkerView Cpu(std::string host, int32_t index) {
+  return {Intern(absl::StrCat(host, "/cpu", index)), Intern(host), index, DEVICE_KIND_CPU};
+}
+IdleWorkerView Gpu(std::string host, int32_t index) {
+  return {Intern(absl::StrCat(host, "/cuda", index)), Intern(host), index, DEVICE_KIND_CUDA};
+}
+WaitingJobView Job(std::string id, weft::v1::DeviceKind kind, int32_t min, int32_t max) {
+  return {std::move(id), kind, min, max};
+}
+
+// ---- SortInRankOrder -------------------------------------------------------------------------
+
+TEST(SortInRankOrderTest, HostThenNumericDeviceIndexThenId) {
+  std::vector<IdleWorkerView> workers = {
+      {"b-x", "hostB", 0, DEVICE_KIND_CPU},  {"a-10", "hostA", 10, DEVICE_KIND_CPU},
+      {"a-2", "hostA", 2, DEVICE_KIND_CPU},  {"a-2-dup-z", "hostA", 2, DEVICE_KIND_CPU},
+      {"a-2-dup-a", "hostA", 2, DEVICE_KIND_CPU}, {"c-0", "hostC", 0, DEVICE_KIND_CPU},
+      {"b-y", "hostB", 1, DEVICE_KIND_CPU},
+  };
+  SortInRankOrder(&workers);
+  std::vector<std::string> ids;
+  for (const auto& w : workers) ids.emplace_back(w.worker_id);
+  // Device index compares as a number (2 before 10), ties broken by id.
+  EXPECT_THAT(ids, ElementsAre("a-2", "a-2-dup-a", "a-2-dup-z", "a-10", "b-x", "b-y", "c-0"));
+}
+
+TEST(SortInRankOrderTest, SameSetAlwaysSameOrder) {
+  std::vector<IdleWorkerView> a = {Cpu("h2", 1), Cpu("h1", 0), Cpu("h2", 0), Cpu("h1", 1)};
+  std::vector<IdleWorkerView> b = {a[3], a[2], a[0], a[1]};
+  SortInRankOrder(&a);
+  SortInRankOrder(&b);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].worker_id, b[i].worker_id);
+  EXPECT_EQ(a.front().worker_id, "h1/cpu0");
+  EXPECT_EQ(a.back().worker_id, "h2/cpu1");
+}
+
+// ---- Schedule --------------------------------------------------------------------------------
+
+TEST(ScheduleTest, NothingWaitingNothingPlaced) {
+  ScheduleDecision d = Schedule({}, {Cpu("h", 0)});
+  EXPECT_THAT(d.placements, IsEmpty());
+  EXPECT_THAT(d.waiting, IsEmpty());
+}
+
+TEST(ScheduleTest, PlacesWhenMinWorkersIdleInRankOrder) {
+  ScheduleDecision d = Schedule({Job("j1", DEVICE_KIND_CPU, 3, 3)},
+                                {Cpu("hostB", 0), Cpu("hostA", 1), Cpu("hostB", 1), Cpu("hostA", 0)});
+  ASSERT_THAT(d.placements, SizeIs(1));
+  EXPECT_EQ(d.placements[0].job_id, "j1");
+  EXPECT_THAT(d.placements[0].worker_ids, ElementsAre("hostA/cpu0", "hostA/cpu1", "hostB/cpu0"));
+  EXPECT_EQ(d.placements[0].reason, "3 idle CPU workers (min 3, max 3)");
+  EXPECT_THAT(d.waiting, IsEmpty());
+}
+
+TEST(ScheduleTest, WaitsWithReasonWhenTooFewIdle) {
+  ScheduleDecision d = Schedule({Job("j1", DEVICE_KIND_CPU, 4, 4)}, {Cpu("h", 0), Cpu("h", 1)});
+  EXPECT_THAT(d.placements, IsEmpty());
+  EXPECT_THAT(d.waiting, ElementsAre(Pair("j1", "needs 4 idle CPU workers, 2 idle")));
+}
+
+TEST(ScheduleTest, WaitingReasonSingularAndOtherKindNotCounted) {
+  ScheduleDecision d = Schedule({Job("j1", DEVICE_KIND_CUDA, 1, 1)}, {Cpu("h", 0)});
+  EXPECT_THAT(d.placements, IsEmpty());
+  EXPECT_THAT(d.waiting, ElementsAre(Pair("j1", "needs 1 idle CUDA worker, 0 idle")));
+}
+
+TEST(ScheduleTest, TakesUpToMaxWorkers) {
+  std::vector<IdleWorkerView> idle;
+  for (int i = 0; i < 6; ++i) idle.push_back(Cpu("h", i));
+  ScheduleDecision d = Schedule({Job("j1", DEVICE_KIND_CPU, 2, 4)}, idle);
+  ASSERT_THAT(d.placements, SizeIs(1));
+  EXPECT_THAT(d.placements[0].worker_ids, ElementsAre("h/cpu0", "h/cpu1", "h/cpu2", "h/cpu3"));
+  EXPECT_EQ(d.placements[0].reason, "4 idle CPU workers (min 2, max 4)");
+}
+
+TEST(ScheduleTest, TakesAllIdleBetweenMinAndMax) {
+  ScheduleDecision d =
+      Schedule({Job("j1", DEVICE_KIND_CPU, 2, 8)}, {Cpu("h", 0), Cpu("h", 1), Cpu("h", 2)});
+  ASSERT_THAT(d.placements, SizeIs(1));
+  EXPECT_THAT(d.placements[0].worker_ids, SizeIs(3));
+}
+
+TEST(ScheduleTest, FifoWithinKindLaterJobsGetTheRest) {
+  std::vector<IdleWorkerView> idle;
+  for (int i = 0; i < 5; ++i) idle.push_back(Cpu("h", i));
+  ScheduleDecision d = Schedule({Job("first", DEVICE_KIND_CPU, 2, 2),
+                                 Job("second", DEVICE_KIND_CPU, 2, 2),
+                                 Job("third", DEVICE_KIND_CPU, 2, 2)},
+                                idle);
+  ASSERT_THAT(d.placements, SizeIs(2));
+  EXPECT_EQ(d.placements[0].job_id, "first");
+  EXPECT_THAT(d.placements[0].worker_ids, ElementsAre("h/cpu0", "h/cpu1"));
+  EXPECT_EQ(d.placements[1].job_id, "second");
+  EXPECT_THAT(d.placements[1].worker_ids, ElementsAre("h/cpu2", "h/cpu3"));
+  EXPECT_THAT(d.waiting, ElementsAre(Pair("third", "needs 2 idle CPU workers, 1 idle")));
+}
+
+TEST(ScheduleTest, HeadOfLineBlocksSmallerLaterJobsOfSameKind) {
+  ScheduleDecision d = Schedule({Job("big", DEVICE_KIND_CPU, 4, 4),
+                                 Job("small", DEVICE_KIND_CPU, 1, 1),
+                                 Job("small2", DEVICE_KIND_CPU, 1, 1)},
+                                {Cpu("h", 0), Cpu("h", 1)});
+  EXPECT_THAT(d.placements, IsEmpty());
+  EXPECT_THAT(d.waiting,
+              ElementsAre(Pair("big", "needs 4 idle CPU workers, 2 idle"),
+                          Pair("small", "queued behind job big (first come, first served)"),
+                          Pair("small2", "queued behind job big (first come, first served)")));
+}
+
+TEST(ScheduleTest, BlockedKindDoesNotBlockOtherKinds) {
+  ScheduleDecision d = Schedule({Job("big-gpu", DEVICE_KIND_CUDA, 8, 8),
+                                 Job("cpu-job", DEVICE_KIND_CPU, 1, 2),
+                                 Job("small-gpu", DEVICE_KIND_CUDA, 1, 1)},
+                                {Gpu("g", 0), Gpu("g", 1), Cpu("c", 0)});
+  ASSERT_THAT(d.placements, SizeIs(1));
+  EXPECT_EQ(d.placements[0].job_id, "cpu-job");
+  EXPECT_THAT(d.placements[0].worker_ids, ElementsAre("c/cpu0"));
+  EXPECT_THAT(d.waiting,
+              ElementsAre(Pair("big-gpu", "needs 8 idle CUDA workers, 2 idle"),
+                          Pair("small-gpu", "queued behind job big-gpu (first come, first served)")));
+}
+
+TEST(ScheduleTest, WorkersOfAKindServeOnlyThatKind) {
+  ScheduleDecision d = Schedule({Job("gpu", DEVICE_KIND_CUDA, 1, 4), Job("cpu", DEVICE_KIND_CPU, 1, 4)},
+                                {Cpu("h", 0), Gpu("h", 0), Cpu("h", 1), Gpu("h", 1)});
+  ASSERT_THAT(d.placements, SizeIs(2));
+  EXPECT_EQ(d.placements[0].job_id, "gpu");
+  EXPECT_THAT(d.placements[0].worker_ids, ElementsAre("h/cuda0", "h/cuda1"));
+  EXPECT_EQ(d.placements[1].job_id, "cpu");
+  EXPECT_THAT(d.placements[1].worker_ids, ElementsAre("h/cpu0", "h/cpu1"));
+}
+
+TEST(ScheduleTest, EarlierJobPlacedEvenWhenLaterOneCouldUseMore) {
+  // FIFO, not best fit: the first job takes its max even if that starves the next one.
+  ScheduleDecision d = Schedule({Job("a", DEVICE_KIND_CPU, 1, 3), Job("b", DEVICE_KIND_CPU, 2, 2)},
+                                {Cpu("h", 0), Cpu("h", 1), Cpu("h", 2)});
+  ASSERT_THAT(d.placements, SizeIs(1));
+  EXPECT_EQ(d.placements[0].job_id, "a");
+  EXPECT_THAT(d.placements[0].worker_ids, SizeIs(3));
+  EXPECT_THAT(d.waiting, ElementsAre(Pair("b", "needs 2 idle CPU workers, 0 idle")));
+}
+
+TEST(ScheduleTest, EveryJobIsEitherPlacedOrWaiting) {
+  std::vector<WaitingJobView> jobs;
+  for (int i = 0; i < 10; ++i) {
+    jobs.push_back(Job(absl::StrCat("j", i), i % 2 ? DEVICE_KIND_CPU : DEVICE_KIND_CUDA, 1 + i % 3,
+                       2 + i % 3));
+  }
+  std::vector<IdleWorkerView> idle;
+  for (int i = 0; i < 7; ++i) idle.push_back(Cpu(absl::StrCat("h", i % 3), i));
+  for (int i = 0; i < 5; ++i) idle.push_back(Gpu(absl::StrCat("g", i % 2), i));
+  ScheduleDecision d = Schedule(jobs, idle);
+  EXPECT_EQ(d.placements.size() + d.waiting.size(), jobs.size());
+  // No worker handed out twice.
+  std::set<std::string> used;
+  size_t total = 0;
+  for (const auto& p : d.placements) {
+    total += p.worker_ids.size();
+    used.insert(p.worker_ids.begin(), p.worker_ids.end());
+  }
+  EXPECT_EQ(used.size(), total);
+  EXPECT_LE(total, idle.size());
+}
+
+// ---- CheckLiveness ---------------------------------------------------------------------------
+
+const absl::Time kT0 = absl::FromUnixSeconds(1'000'000);
+
+WorkerLivenessView Idle(std::string id, absl::Time last) {
+  return {std::move(id), weft::v1::WORKER_IDLE, last, "", 0};
+}
+WorkerLivenessView Busy(std::string id, absl::Time last, std::string job, int64_t gen) {
+  return {std::move(id), weft::v1::WORKER_BUSY, last, std::move(job), gen};
+}
+GenerationView Gen(std::string job, int64_t gen, absl::Time start, int64_t hb_timeout_ms,
+                   int64_t stall_ms = 300000) {
+  GenerationView g;
+  g.job_id = std::move(job);
+  g.generation = gen;
+  g.start_time = start;
+  g.last_progress_time = start;
+  g.heartbeat_timeout_ms = hb_timeout_ms;
+  g.stall_timeout_ms = stall_ms;
+  return g;
+}
+LivenessOptions Opts(int64_t idle_ms = 3000, int64_t rendezvous_ms = 120000) {
+  LivenessOptions o;
+  o.idle_heartbeat_timeout_ms = idle_ms;
+  o.rendezvous_timeout_ms = rendezvous_ms;
+  return o;
+}
+
+TEST(CheckLivenessTest, IdleWorkerExactlyAtTimeoutIsAlive) {
+  auto f = CheckLiveness(kT0 + absl::Milliseconds(3000), {Idle("w", kT0)}, {}, Opts(3000));
+  EXPECT_THAT(f, IsEmpty());
+}
+
+TEST(CheckLivenessTest, IdleWorkerOneMsPastTimeoutIsDead) {
+  auto f = CheckLiveness(kT0 + absl::Milliseconds(3001), {Idle("w", kT0)}, {}, Opts(3000));
+  ASSERT_THAT(f, SizeIs(1));
+  EXPECT_EQ(f[0].kind, FailureKind::kHeartbeatTimeout);
+  EXPECT_EQ(f[0].worker_id, "w");
+  EXPECT_EQ(f[0].job_id, "");  // idle: no generation ends
+  EXPECT_EQ(f[0].generation, 0);
+  EXPECT_EQ(f[0].reason, "worker w missed heartbeats for 3001 ms (timeout 3000 ms)");
+}
+
+TEST(CheckLivenessTest, BusyWorkerUsesItsGenerationsTimeout) {
+  const auto gen = Gen("job", 2, kT0, /*hb_timeout_ms=*/10000);
+  std::vector<WorkerLivenessView> workers = {Busy("busy", kT0, "job", 2), Idle("idle", kT0)};
+  // 5 s: past the idle timeout (3 s), within the job's (10 s).
+  auto f = CheckLiveness(kT0 + absl::Seconds(5), workers, {gen}, Opts(3000));
+  ASSERT_THAT(f, SizeIs(1));
+  EXPECT_EQ(f[0].worker_id, "idle");
+
+  f = CheckLiveness(kT0 + absl::Milliseconds(10000), workers, {gen}, Opts(3000));
+  ASSERT_THAT(f, SizeIs(1));
+  EXPECT_EQ(f[0].worker_id, "idle");
+
+  f = CheckLiveness(kT0 + absl::Milliseconds(10001), workers, {gen}, Opts(3000));
+  ASSERT_THAT(f, SizeIs(2));
+  const Failure& busy = f[0].worker_id == "busy" ? f[0] : f[1];
+  EXPECT_EQ(busy.worker_id, "busy");
+  EXPECT_EQ(busy.kind, FailureKind::kHeartbeatTimeout);
+  EXPECT_EQ(busy.job_id, "job");
+  EXPECT_EQ(busy.generation, 2);
+  EXPECT_EQ(busy.reason, "worker busy missed heartbeats for 10001 ms (timeout 10000 ms)");
+}
+
+TEST(CheckLivenessTest, BusyWorkerWithShorterJobTimeoutDiesBeforeIdleTimeout) {
+  const auto gen = Gen("job", 1, kT0, /*hb_timeout_ms=*/1000);
+  auto f = CheckLiveness(kT0 + absl::Milliseconds(1001), {Busy("w", kT0, "job", 1)}, {gen},
+                         Opts(3000));
+  ASSERT_THAT(f, SizeIs(1));
+  EXPECT_EQ(f[0].job_id, "job");
+  EXPECT_EQ(f[0].generation, 1);
+}
+
+TEST(CheckLivenessTest, WorkerOfAStaleGenerationUsesIdleTimeout) {
+  // The worker claims generation 1 but the job's active generation is 2.
+  const auto gen = Gen("job", 2, kT0 + absl::Seconds(100), /*hb_timeout_ms=*/60000);
+  auto f = CheckLiveness(kT0 + absl::Milliseconds(3001), {Busy("w", kT0, "job", 1)}, {gen},
+                         Opts(3000));
+  ASSERT_THAT(f, SizeIs(1));
+  EXPECT_EQ(f[0].worker_id, "w");
+  EXPECT_EQ(f[0].job_id, "");
+  EXPECT_EQ(f[0].generation, 0);
+}
+
+TEST(CheckLivenessTest, DeadWorkersAreSkipped) {
+  WorkerLivenessView dead = Idle("dead", kT0 - absl::Hours(1));
+  dead.state = weft::v1::WORKER_DEAD;
+  auto f = CheckLiveness(kT0, {dead}, {}, Opts());
+  EXPECT_THAT(f, IsEmpty());
+}
+
+TEST(CheckLivenessTest, HeartbeatInTheFutureIsAlive) {
+  auto f = CheckLiveness(kT0, {Idle("w", kT0 + absl::Seconds(5))}, {}, Opts());
+  EXPECT_THAT(f, IsEmpty());
+}
+
+TEST(CheckLivenessTest, RendezvousTimeoutListsWorkersNotJoined) {
+  GenerationView gen = Gen("job", 3, kT0, 3000);
+  gen.not_joined = {"h/cpu1", "h/cpu3"};
+  auto f = CheckLiveness(kT0 + absl::Milliseconds(5000), {}, {gen}, Opts(3000, 5000));
+  EXPECT_THAT(f, IsEmpty());  // exactly at the rendezvous timeout
+
+  f = CheckLiveness(kT0 + absl::Milliseconds(5001), {}, {gen}, Opts(3000, 5000));
+  ASSERT_THAT(f, SizeIs(1));
+  EXPECT_EQ(f[0].kind, FailureKind::kRendezvousTimeout);
+  EXPECT_EQ(f[0].worker_id, "");
+  EXPECT_EQ(f[0].job_id, "job");
+  EXPECT_EQ(f[0].generation, 3);
+  EXPECT_EQ(f[0].reason,
+            "rendezvous of generation 3 incomplete after 5001 ms (timeout 5000 ms); not joined: "
+            "h/cpu1, h/cpu3");
+}
+
+TEST(CheckLivenessTest, NoStallCheckBeforeRendezvousCompletes) {
+  GenerationView gen = Gen("job", 1, kT0, 3000, /*stall_ms=*/4000);
+  gen.not_joined = {"w"};
+  // Past the stall timeout but within the rendezvous timeout: nothing.
+  auto f = CheckLiveness(kT0 + absl::Seconds(10), {}, {gen}, Opts(3000, 60000));
+  EXPECT_THAT(f, IsEmpty());
+}
+
+TEST(CheckLivenessTest, StallAfterRendezvousUsesLastProgress) {
+  GenerationView gen = Gen("job", 4, kT0, 3000, /*stall_ms=*/10000);
+  gen.last_progress_time = kT0 + absl::Seconds(50);
+  gen.step = 17;
+  // Long after start (no rendezvous timeout once joined), exactly at the stall timeout.
+  auto f = CheckLiveness(kT0 + absl::Seconds(60), {}, {gen}, Opts(3000, 1000));
+  EXPECT_THAT(f, IsEmpty());
+
+  f = CheckLiveness(kT0 + absl::Seconds(60) + absl::Milliseconds(1), {}, {gen}, Opts(3000, 1000));
+  ASSERT_THAT(f, SizeIs(1));
+  EXPECT_EQ(f[0].kind, FailureKind::kStall);
+  EXPECT_EQ(f[0].job_id, "job");
+  EXPECT_EQ(f[0].generation, 4);
+  EXPECT_EQ(f[0].worker_id, "");
+  EXPECT_EQ(f[0].reason,
+            "generation 4 made no progress for 10001 ms (stall timeout 10000 ms); last step 17");
+}
+
+TEST(CheckLivenessTest, SubMillisecondPastTimeoutIsNotYetAFailure) {
+  // Durations are compared in whole milliseconds.
+  auto f = CheckLiveness(kT0 + absl::Microseconds(3000999), {Idle("w", kT0)}, {}, Opts(3000));
+  EXPECT_THAT(f, IsEmpty());
+}
+
+TEST(CheckLivenessTest, ReportsEveryFailureOfOneCheck) {
+  GenerationView joining = Gen("a", 1, kT0, 3000);
+  joining.not_joined = {"a0"};
+  GenerationView stalled = Gen("b", 1, kT0, 3000, 4000);
+  std::vector<WorkerLivenessView> workers = {Idle("i0", kT0), Idle("i1", kT0 + absl::Seconds(4)),
+                                             Busy("b0", kT0, "b", 1)};
+  auto f = CheckLiveness(kT0 + absl::Seconds(5), workers, {joining, stalled}, Opts(3000, 4500));
+  std::vector<std::pair<FailureKind, std::string>> got;
+  for (const auto& x : f) got.emplace_back(x.kind, x.worker_id.empty() ? x.job_id : x.worker_id);
+  EXPECT_THAT(got, ::testing::UnorderedElementsAre(
+                       Pair(FailureKind::kHeartbeatTimeout, "i0"),
+                       Pair(FailureKind::kHeartbeatTimeout, "b0"),
+                       Pair(FailureKind::kRendezvousTimeout, "a"), Pair(FailureKind::kStall, "b")));
+}
+
+// ---- DecideAfterFailure ----------------------------------------------------------------------
+
+TEST(DecideAfterFailureTest, RestartsWithinBudget) {
+  RecoveryDecision d = DecideAfterFailure(0, 3, false, "worker w lost");
+  EXPECT_EQ(d.next_state, weft::v1::RECOVERING);
+  EXPECT_TRUE(d.counts_as_restart);
+  EXPECT_EQ(d.reason, "worker w lost; restarting (1 of 3)");
+
+  d = DecideAfterFailure(2, 3, false, "worker w lost");
+  EXPECT_EQ(d.next_state, weft::v1::RECOVERING);
+  EXPECT_TRUE(d.counts_as_restart);
+  EXPECT_EQ(d.reason, "worker w lost; restarting (3 of 3)");
+}
+
+TEST(DecideAfterFailureTest, FailsWhenBudgetExhausted) {
+  RecoveryDecision d = DecideAfterFailure(3, 3, false, "worker w lost");
+  EXPECT_EQ(d.next_state, weft::v1::FAILED);
+  EXPECT_FALSE(d.counts_as_restart);
+  EXPECT_EQ(d.reason, "worker w lost; restart budget exhausted (3 of 3 used)");
+}
+
+TEST(DecideAfterFailureTest, ZeroBudgetFailsOnFirstFailure) {
+  RecoveryDecision d = DecideAfterFailure(0, 0, false, "worker w lost");
+  EXPECT_EQ(d.next_state, weft::v1::FAILED);
+  EXPECT_FALSE(d.counts_as_restart);
+  EXPECT_THAT(d.reason, HasSubstr("worker w lost"));
+  EXPECT_THAT(d.reason, HasSubstr("restart budget exhausted (0 of 0 used)"));
+}
+
+TEST(DecideAfterFailureTest, PermanentErrorNeverRetried) {
+  for (int restarts : {0, 1, 5}) {
+    RecoveryDecision d = DecideAfterFailure(restarts, 5, true, "rank 1: no such file /data/x");
+    EXPECT_EQ(d.next_state, weft::v1::FAILED);
+    EXPECT_FALSE(d.counts_as_restart);
+    EXPECT_EQ(d.reason, "rank 1: no such file /data/x (permanent error: not retried)");
+  }
+}
+
+}  // namespace
+}  // namespace weft::coordinator
