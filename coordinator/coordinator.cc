@@ -518,10 +518,14 @@ absl::StatusOr<weft::v1::SubmitJobResponse> Coordinator::SubmitJob(const JobSpec
   status->set_total_steps(spec->training().total_steps());
   ToProtoTime(Now(), status->mutable_create_time());
   const auto& r = spec->resources();
+  const std::string gang = r.min_workers() == r.max_workers()
+                               ? absl::StrCat(r.min_workers())
+                               : absl::StrCat(r.min_workers(), "-", r.max_workers());
   AddEventLocked(rec, weft::v1::SUBMITTED,
-                 absl::StrCat("submitted; needs ", r.min_workers(), "-", r.max_workers(), " ",
-                              weft::v1::DeviceKind_Name(r.device_kind()), " workers, ",
-                              ModelParameterCount(spec->model()), " parameters"),
+                 absl::StrCat("submitted: ", ModelParameterCount(spec->model()),
+                              " parameters on ", gang, " ",
+                              r.device_kind() == weft::v1::DEVICE_KIND_CUDA ? "CUDA" : "CPU",
+                              " worker", r.max_workers() == 1 ? "" : "s"),
                  actions);
   // Durable before acknowledged: a job the client was told about survives any crash.
   if (absl::Status s = db_->PutJob(rec.job, seq + 1); !s.ok()) return s;

@@ -1,0 +1,42 @@
+# Shared by scripts/test.sh and scripts/demo.sh: install what is missing, configure, build.
+# Sourced, not run. Works on a fresh Debian 12 machine as root.
+
+WEFT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+WEFT_BUILD="${WEFT_BUILD:-$WEFT_ROOT/build}"
+
+# Debian packages the build, the tests and the demo need.
+WEFT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
+  libabsl-dev librocksdb-dev prometheus-cpp-dev libgtest-dev libgmock-dev
+  libgloo-dev libopenblas-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
+  curl fortunes
+)
+
+weft_log() { printf '\033[1m[weft]\033[0m %s\n' "$*" >&2; }
+
+weft_install_missing() {
+  local missing=()
+  for pkg in "${WEFT_PACKAGES[@]}" "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+      missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    weft_log "installing: ${missing[*]}"
+    local sudo=""
+    [[ $(id -u) -eq 0 ]] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null
+  fi
+}
+
+# Configures once (CUDA is picked up when nvcc exists), then builds incrementally.
+weft_build() {
+  if [[ ! -f "$WEFT_BUILD/build.ninja" ]]; then
+    weft_log "configuring $WEFT_BUILD"
+    cmake -S "$WEFT_ROOT" -B "$WEFT_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  fi
+  weft_log "building (this takes a few minutes the first time)"
+  ninja -C "$WEFT_BUILD" -j"$(nproc)" "$@"
+}
