@@ -267,6 +267,15 @@ int64_t Coordinator::HeartbeatIntervalLocked(const WorkerRecord& worker) {
   return options_.heartbeat_interval_ms;
 }
 
+weft::v1::HeartbeatResponse Coordinator::StopResponse(const std::string& worker_id,
+                                                      int64_t stale, int64_t current) {
+  weft::v1::HeartbeatResponse response;
+  response.add_commands()->mutable_stop()->set_reason(
+      absl::StrCat("worker id ", worker_id, " was registered again by another process "
+                   "(incarnation ", current, "); incarnation ", stale, " must stop"));
+  return response;
+}
+
 weft::v1::HeartbeatResponse Coordinator::TakeCommandsLocked(WorkerRecord& worker,
                                                             int64_t interval_ms) {
   weft::v1::HeartbeatResponse response;
@@ -660,9 +669,8 @@ absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   }
   if (worker.parked) {
     timer_.Cancel(worker.parked->timer_id);
-    actions.Add([done = std::move(worker.parked->done)] {
-      done(absl::FailedPreconditionError("superseded by a newer registration of this worker"));
-    });
+    actions.Add([done = std::move(worker.parked->done),
+                 response = StopResponse(id, incarnation - 1, incarnation)] { done(response); });
     worker.parked.reset();
   }
   worker.pending.clear();
@@ -694,14 +702,20 @@ void Coordinator::Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Tim
     return;
   }
   auto it = workers_.find(request.worker_id());
-  if (it == workers_.end() || it->second.status.incarnation() != request.incarnation()) {
-    const std::string why =
-        it == workers_.end()
-            ? absl::StrCat("worker ", request.worker_id(), " is not registered; register again")
-            : absl::StrCat("worker ", request.worker_id(), " incarnation ", request.incarnation(),
-                           " is stale (current ", it->second.status.incarnation(),
-                           "); register again");
+  if (it == workers_.end() || request.incarnation() > it->second.status.incarnation()) {
+    // The coordinator does not know this process (e.g. it restarted): register again.
+    const std::string why = absl::StrCat("worker ", request.worker_id(), " incarnation ",
+                                         request.incarnation(), " is not registered; register again");
     actions.Add([done, why] { done(absl::FailedPreconditionError(why)); });
+    return;
+  }
+  if (request.incarnation() < it->second.status.incarnation()) {
+    // Another process registered under this id since: this one must go away, not register
+    // again (the two would keep displacing each other).
+    actions.Add([done, response = StopResponse(request.worker_id(), request.incarnation(),
+                                               it->second.status.incarnation())] {
+      done(response);
+    });
     return;
   }
   WorkerRecord& worker = it->second;
@@ -898,7 +912,7 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
     return response;
   }
   auto* status = rec.job.mutable_status();
-  if (request.has_metrics()) {
+  if (request.has_metrics() && request.rank() == 0) {  // other ranks' metrics are not the job's
     if (request.metrics().step() > status->step()) gen.last_progress_time = Now();
     status->set_step(std::max(status->step(), request.metrics().step()));
     *status->mutable_last_metrics() = request.metrics();

@@ -195,6 +195,9 @@ class Coordinator {
   // Answers a parked heartbeat with the pending commands.
   void FlushHeartbeatLocked(WorkerRecord& worker, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The answer to a heartbeat of an incarnation that a newer registration replaced.
+  static weft::v1::HeartbeatResponse StopResponse(const std::string& worker_id, int64_t stale,
+                                                  int64_t current);
   weft::v1::HeartbeatResponse TakeCommandsLocked(WorkerRecord& worker, int64_t interval_ms)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t HeartbeatIntervalLocked(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -846,8 +846,11 @@ TEST_F(CoordinatorTest, ReregistrationOfABusyWorkerEndsItsGeneration) {
   // Both are idle again, so generation 2 forms at once.
   EXPECT_EQ(s.state(), weft::v1::RUNNING);
   EXPECT_EQ(s.generation(), 2);
-  // The old incarnation is refused.
-  EXPECT_EQ(Beat(w[1]).status().code(), absl::StatusCode::kFailedPrecondition);
+  // The old incarnation is told to stop.
+  auto old_hb = Beat(w[1]);
+  ASSERT_TRUE(old_hb.ok());
+  ASSERT_THAT(old_hb->commands(), SizeIs(1));
+  EXPECT_TRUE(old_hb->commands(0).has_stop());
   auto hb = Beat(again);
   ASSERT_TRUE(hb.ok());
   ASSERT_THAT(JoinCommands(*hb), SizeIs(1));
@@ -968,17 +971,38 @@ TEST_F(CoordinatorTest, CancelPendingJobAndParkedJoin) {
 
 // ---- heartbeats ------------------------------------------------------------------------------
 
-TEST_F(CoordinatorTest, HeartbeatFromUnknownOrStaleWorkerIsRefused) {
+TEST_F(CoordinatorTest, UnknownWorkerMustRegisterAndStaleIncarnationMustStop) {
   Worker ghost{"nobody/cpu0", 1};
-  EXPECT_EQ(Beat(ghost).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto unknown = Beat(ghost);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("register again"));
   Worker w = Register("h", 0);
+  Worker ahead{w.id, w.incarnation + 1};  // an incarnation this coordinator never issued
+  EXPECT_EQ(Beat(ahead).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // A held heartbeat of the first process is answered Stop when a second one registers.
+  weft::v1::HeartbeatRequest request;
+  request.set_worker_id(w.id);
+  request.set_incarnation(w.incarnation);
+  request.set_wait_for_command_ms(60000);
+  Pending<HeartbeatResponse> held;
+  coord_->Heartbeat(request, absl::Now() + kFar, held.Callback());
+  ASSERT_FALSE(held.finished());
   Worker w2 = Register("h", 0);  // same id again
   EXPECT_EQ(w.id, w2.id);
   EXPECT_EQ(w2.incarnation, w.incarnation + 1);
+  ASSERT_TRUE(held.finished());
+  ASSERT_TRUE(held.Get().ok());
+  ASSERT_THAT(held.Get()->commands(), SizeIs(1));
+  EXPECT_THAT(held.Get()->commands(0).stop().reason(), HasSubstr("registered again"));
+
   auto stale = Beat(w);
-  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(stale.status().message()), HasSubstr("stale"));
-  EXPECT_TRUE(Beat(w2).ok());
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  ASSERT_THAT(stale->commands(), SizeIs(1));
+  EXPECT_TRUE(stale->commands(0).has_stop());
+  auto current = Beat(w2);
+  ASSERT_TRUE(current.ok());
+  EXPECT_THAT(current->commands(), IsEmpty());
 }
 
 TEST_F(CoordinatorTest, RegisterValidatesWorkerInfo) {

@@ -1,7 +1,8 @@
 // weft-sim-worker: a worker process without a training engine, for tests of the control plane.
 // It registers, heartbeats (long-polling for commands), joins every generation it is assigned,
-// reports progress as rank 0 when asked to, and drops generations it is told to abort. Tests
-// stop, kill or let it run to exercise failure detection with a real process.
+// reports progress as rank 0 when asked to, drops generations it is told to abort, registers
+// again when the coordinator no longer knows it, and exits when told to stop. Tests stop, kill
+// or let it run to exercise failure detection with a real process.
 #include <unistd.h>
 
 #include <atomic>
@@ -51,16 +52,19 @@ int main(int argc, char** argv) {
   reg.mutable_info()->set_device_index(flags.device_index);
   reg.mutable_info()->set_pid(::getpid());
   weft::v1::RegisterWorkerResponse registered;
-  while (true) {
-    grpc::ClientContext ctx;
-    weft::SetTimeout(&ctx, absl::Seconds(5));
-    grpc::Status s = stub->RegisterWorker(&ctx, reg, &registered);
-    if (s.ok()) break;
-    std::fprintf(stderr, "register: %s\n", s.error_message().c_str());
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  std::printf("registered %s incarnation %ld\n", registered.worker_id().c_str(),
-              static_cast<long>(registered.incarnation()));
+  auto register_worker = [&] {
+    while (true) {
+      grpc::ClientContext ctx;
+      weft::SetTimeout(&ctx, absl::Seconds(5));
+      grpc::Status s = stub->RegisterWorker(&ctx, reg, &registered);
+      if (s.ok()) break;
+      std::fprintf(stderr, "register: %s\n", s.error_message().c_str());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    std::printf("registered %s incarnation %ld\n", registered.worker_id().c_str(),
+                static_cast<long>(registered.incarnation()));
+  };
+  register_worker();
 
   std::mutex mu;
   std::string job_id;
@@ -85,12 +89,25 @@ int main(int argc, char** argv) {
     grpc::Status s = stub->Heartbeat(&ctx, hb, &resp);
     if (!s.ok()) {
       std::fprintf(stderr, "heartbeat: %s\n", s.error_message().c_str());
-      if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) return 3;
+      if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          job_id.clear();
+          generation = 0;
+        }
+        register_worker();
+        continue;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       continue;
     }
     interval_ms = resp.heartbeat_interval_ms();
     for (const auto& command : resp.commands()) {
+      if (command.has_stop()) {
+        std::printf("stop: %s\n", command.stop().reason().c_str());
+        std::fflush(stdout);
+        std::_Exit(0);
+      }
       if (command.has_abort_generation()) {
         std::printf("abort %s gen %ld: %s\n", command.abort_generation().job_id().c_str(),
                     static_cast<long>(command.abort_generation().generation()),
