@@ -33,6 +33,8 @@
 #include "common/status.h"
 #include "common/time_util.h"
 #include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "worker/model_io.h"
 
 namespace weft {
 namespace {
@@ -547,6 +549,46 @@ int Workers(CoordinatorClient& client, const GlobalOptions& global) {
   return 0;
 }
 
+struct SampleFlags {
+  std::string prompt;
+  std::string model_path;
+  worker::SampleOptions options;
+};
+
+// Loads the job's trained model (the file rank 0 wrote) and continues the prompt here.
+int Sample(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id,
+           const SampleFlags& flags) {
+  std::string path = flags.model_path;
+  if (path.empty()) {
+    auto job = client.GetJob(job_id);
+    if (!job.ok()) return Fail(job.status());
+    const JobStatus& s = job->status();
+    if (s.model_path().empty()) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id, " has no trained model yet (state ", StateName(s.state()),
+          "); a job writes its model when it SUCCEEDS")));
+    }
+    path = s.model_path();
+    if (::access(path.c_str(), R_OK) != 0) {
+      return Fail(absl::NotFoundError(absl::StrCat(
+          "the model of job ", job_id, " is at ", s.model_host(), ":", path,
+          ", which this machine cannot read; copy it here and pass --model")));
+    }
+  }
+  auto model = worker::LoadModel(path);
+  if (!model.ok()) return Fail(model.status());
+  auto text = worker::GenerateText(*model, flags.prompt, flags.options);
+  if (!text.ok()) return Fail(text.status());
+  if (global.json()) {
+    nlohmann::json out = {{"job_id", job_id}, {"model_path", path}, {"prompt", flags.prompt},
+                          {"text", *text}};
+    std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::cout << flags.prompt << *text << "\n";
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"trainctl: submit, inspect and cancel Weft training jobs"};
   app.require_subcommand(1);
@@ -591,6 +633,22 @@ int Main(int argc, char** argv) {
 
   CLI::App* workers = app.add_subcommand("workers", "List registered workers");
 
+  SampleFlags sample_flags;
+  CLI::App* sample =
+      app.add_subcommand("sample", "Generate text from a finished job's trained model");
+  sample->add_option("JOB", job_id, "Job id")->required();
+  sample->add_option("--prompt", sample_flags.prompt, "Text to continue");
+  sample->add_option("--tokens", sample_flags.options.tokens, "Tokens to generate")
+      ->capture_default_str();
+  sample->add_option("--temperature", sample_flags.options.temperature,
+                     "0 picks the most likely token")
+      ->capture_default_str();
+  sample->add_option("--top-k", sample_flags.options.top_k, "Sample among the k most likely (0: all)")
+      ->capture_default_str();
+  sample->add_option("--seed", sample_flags.options.seed, "Sampling seed")->capture_default_str();
+  sample->add_option("--model", sample_flags.model_path,
+                     "Model file to use instead of the job's (model.safetensors)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -610,6 +668,7 @@ int Main(int argc, char** argv) {
   if (cancel->parsed()) return Cancel(client, global, job_id, reason);
   if (watch->parsed()) return Watch(client, global, job_id);
   if (workers->parsed()) return Workers(client, global);
+  if (sample->parsed()) return Sample(client, global, job_id, sample_flags);
   return Fail(absl::InvalidArgumentError("no subcommand"));
 }
 

@@ -919,6 +919,12 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
     ToProtoTime(Now(), status->mutable_last_metrics()->mutable_time());
   }
   if (request.finished() && request.rank() == 0) {
+    if (!request.model_path().empty()) {
+      status->set_model_path(request.model_path());
+      if (auto w = workers_.find(request.worker_id()); w != workers_.end()) {
+        status->set_model_host(w->second.status.info().host());
+      }
+    }
     EndGenerationLocked(rec, "completed", /*completed=*/true, actions);
     SetStateLocked(rec, weft::v1::SUCCEEDED,
                    absl::StrCat("completed ", status->step(), " of ", status->total_steps(),

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", flags.options.data_dir, "directory of the state database")
       ->capture_default_str();
   app.add_option("--metrics-address", flags.metrics_address,
-                 "Prometheus endpoint host:port (empty disables)")
+                 "Prometheus endpoint host:port, or none")
       ->capture_default_str();
   app.add_option("--metrics-port-file", flags.metrics_port_file,
                  "write the bound metrics port here");
@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   if (!coordinator.ok()) return Fail(coordinator.status());
 
   std::unique_ptr<weft::MetricsEndpoint> metrics;
-  if (!flags.metrics_address.empty()) {
+  if (flags.metrics_address != "none" && !flags.metrics_address.empty()) {
     auto endpoint = weft::MetricsEndpoint::Start(flags.metrics_address, registry);
     if (!endpoint.ok()) return Fail(endpoint.status());
     metrics = std::move(*endpoint);

@@ -1,39 +1,52 @@
 #!/usr/bin/env bash
-# The main job: starts a coordinator on loopback, submits examples/fortunes-char.pb.txt and
-# shows it through trainctl. Everything runs on the embedded defaults; state lives in .demo/.
+# The main job: a coordinator and two CPU workers on loopback train the character-level GPT of
+# examples/fortunes-char.pb.txt on Debian's fortune cookies, with live progress from
+# `trainctl watch`, then print text sampled from the trained model. State lives in .demo/.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 weft_install_missing
-weft_build weft-coordinator trainctl
+weft_build weft-coordinator weft-worker trainctl
 
 DEMO="$WEFT_ROOT/.demo"
 rm -rf "$DEMO"
 mkdir -p "$DEMO"
 BIN="$WEFT_BUILD/bin"
+PIDS=()
 
 cleanup() {
-  [[ -n "${COORDINATOR_PID:-}" ]] && kill "$COORDINATOR_PID" 2>/dev/null && wait "$COORDINATOR_PID" 2>/dev/null
-  return 0
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
 }
 trap cleanup EXIT
 
-weft_log "starting weft-coordinator (state in $DEMO/coordinator, log in $DEMO/coordinator.log)"
+wait_for_file() {
+  for _ in $(seq 200); do [[ -s "$1" ]] && return 0; sleep 0.05; done
+  echo "timed out waiting for $1" >&2
+  return 1
+}
+
+weft_log "starting weft-coordinator (log: .demo/coordinator.log)"
 "$BIN/weft-coordinator" --listen=127.0.0.1:0 --port-file="$DEMO/coordinator.port" \
   --data-dir="$DEMO/coordinator" --metrics-address=127.0.0.1:0 \
-  --metrics-port-file="$DEMO/metrics.port" >"$DEMO/coordinator.log" 2>&1 &
-COORDINATOR_PID=$!
-for _ in $(seq 100); do [[ -s "$DEMO/coordinator.port" ]] && break; sleep 0.1; done
-[[ -s "$DEMO/coordinator.port" ]] || { cat "$DEMO/coordinator.log"; exit 1; }
+  --metrics-port-file="$DEMO/coordinator-metrics.port" >"$DEMO/coordinator.log" 2>&1 &
+PIDS+=($!)
+wait_for_file "$DEMO/coordinator.port" || { cat "$DEMO/coordinator.log"; exit 1; }
 export WEFT_COORDINATOR="127.0.0.1:$(cat "$DEMO/coordinator.port")"
-weft_log "coordinator at $WEFT_COORDINATOR, metrics at http://127.0.0.1:$(cat "$DEMO/metrics.port")/metrics"
 
-set -x
-"$BIN/trainctl" submit "$WEFT_ROOT/examples/fortunes-char.pb.txt"
-"$BIN/trainctl" list
-"$BIN/trainctl" status fortunes-char-1
-"$BIN/trainctl" workers
-{ set +x; } 2>/dev/null
+for i in 0 1; do
+  weft_log "starting weft-worker cpu:$i (log: .demo/worker$i.log)"
+  "$BIN/weft-worker" --device="cpu:$i" --output-dir="$DEMO/models" \
+    --metrics-port-file="$DEMO/worker$i-metrics.port" >"$DEMO/worker$i.log" 2>&1 &
+  PIDS+=($!)
+done
+for i in 0 1; do wait_for_file "$DEMO/worker$i-metrics.port"; done
+weft_log "coordinator $WEFT_COORDINATOR; metrics: coordinator :$(cat "$DEMO/coordinator-metrics.port"), workers :$(cat "$DEMO/worker0-metrics.port") :$(cat "$DEMO/worker1-metrics.port")"
 
-weft_log "the job is queued: it waits for 2 idle CPU workers (weft-worker is the next milestone)"
-curl -s "http://127.0.0.1:$(cat "$DEMO/metrics.port")/metrics" | grep '^weft_coordinator_jobs{' || true
+JOB=$("$BIN/trainctl" submit "$WEFT_ROOT/examples/fortunes-char.pb.txt")
+weft_log "submitted $JOB; following it (trainctl watch $JOB)"
+"$BIN/trainctl" watch "$JOB"
+"$BIN/trainctl" status "$JOB" | sed -n '1,12p'
+
+weft_log "sampling from the trained model (trainctl sample $JOB)"
+"$BIN/trainctl" sample "$JOB" --prompt "The " --tokens 300 --temperature 0.8 --top-k 20

@@ -1,0 +1,7 @@
+# Tests of worker/comm (paths relative to tests/).
+weft_test(communicator_test unit
+  SOURCES worker/comm/communicator_test.cc LIBS weft_comm weft_coordinator_lib)
+weft_test(gloo_collectives_test integration
+  SOURCES worker/comm/gloo_collectives_test.cc LIBS weft_comm weft_coordinator_lib)
+weft_test(gloo_failure_test integration
+  SOURCES worker/comm/gloo_failure_test.cc LIBS weft_comm weft_coordinator_lib)

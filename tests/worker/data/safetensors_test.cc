@@ -1,0 +1,301 @@
+#include "worker/data/safetensors.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+
+namespace weft::data {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string Le64(uint64_t v) {
+  std::string out;
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  return out;
+}
+
+// Little-endian bytes of floats, spelled out independently of the writer.
+std::string F32Bytes(const std::vector<float>& values) {
+  std::string out;
+  for (float f : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((bits >> (8 * i)) & 0xFF));
+  }
+  return out;
+}
+
+// A safetensors file from a literal header and data section (header length = header.size()).
+std::string RawFile(const std::string& header, const std::string& data) {
+  return Le64(header.size()) + header + data;
+}
+
+std::vector<std::string> DirEntries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  std::string Write(const std::string& name, const std::string& contents) {
+    const std::string path = dir_.File(name);
+    weft::testing::WriteFile(path, contents);
+    return path;
+  }
+  // Reads `contents` as a file and expects `code` with a message naming the file and `what`.
+  void ExpectError(const std::string& contents, absl::StatusCode code, const std::string& what) {
+    const std::string path = Write("bad.safetensors", contents);
+    auto file = ReadSafetensors(path);
+    EXPECT_EQ(file.status().code(), code) << file.status();
+    EXPECT_THAT(file.status().message(), AllOf(HasSubstr(path), HasSubstr(what)));
+  }
+  weft::testing::TempDir dir_;
+};
+
+TEST_F(SafetensorsTest, ExactBytesOfOneSmallTensor) {
+  const std::string path = dir_.File("one.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"a", {2}, {1.0f, -2.0f}}}, {{"k", "v"}}).ok());
+  const std::string header =
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"k":"v"}})";
+  ASSERT_EQ(header.size(), 79u);
+  // 79 -> padded with one space to 80; 1.0f = 0x3F800000, -2.0f = 0xC0000000.
+  const std::string expected = Le64(80) + header + " " +
+                               std::string("\x00\x00\x80\x3F\x00\x00\x00\xC0", 8);
+  EXPECT_EQ(weft::testing::ReadFile(path), expected);
+}
+
+TEST_F(SafetensorsTest, RoundTrip) {
+  std::vector<TensorData> tensors = {
+      {"wte", {4, 3}, {}},
+      {"scalar", {}, {3.25f}},
+      {"empty", {0, 5}, {}},
+      {"h.0.ln_1.bias", {5}, {-0.0f, 1e-38f, std::numeric_limits<float>::max(),
+                               std::numeric_limits<float>::infinity(), -1.5f}},
+  };
+  for (int i = 0; i < 12; ++i) tensors[0].data.push_back(0.1f * static_cast<float>(i) - 0.5f);
+  const std::map<std::string, std::string> metadata = {
+      {"format", "pt"}, {"weft.step", "1200"}, {"spec", "{\"quoted\": \"json\"}\nline2"}};
+  const std::string path = dir_.File("model.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, tensors, metadata).ok());
+
+  // The data section starts 8-byte aligned.
+  const std::string bytes = weft::testing::ReadFile(path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  EXPECT_EQ(n % 8, 0u);
+
+  auto file = ReadSafetensors(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->metadata, metadata);
+  ASSERT_EQ(file->tensors.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_EQ(file->tensors[i].name, tensors[i].name);
+    EXPECT_EQ(file->tensors[i].shape, tensors[i].shape);
+    ASSERT_EQ(file->tensors[i].data.size(), tensors[i].data.size());
+    // Bit-exact, -0.0 included.
+    EXPECT_EQ(std::memcmp(file->tensors[i].data.data(), tensors[i].data.data(),
+                          tensors[i].data.size() * sizeof(float)),
+              0)
+        << tensors[i].name;
+  }
+}
+
+TEST_F(SafetensorsTest, NoMetadataAndNoTensors) {
+  const std::string path = dir_.File("empty.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {}, {}).ok());
+  EXPECT_EQ(weft::testing::ReadFile(path), Le64(8) + "{}      ");
+  auto file = ReadSafetensors(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(file->tensors.empty());
+  EXPECT_TRUE(file->metadata.empty());
+}
+
+TEST_F(SafetensorsTest, ReadsForeignKeyOrderAndReturnsLayoutOrder) {
+  // Metadata first, keys not in data order, extra whitespace: as other writers produce.
+  const std::string header =
+      R"({"__metadata__": {"format": "pt"}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},)"
+      R"( "a": {"shape": [1], "data_offsets": [0, 4], "dtype": "F32"}}   )";
+  const std::string path = Write("foreign.safetensors", RawFile(header, F32Bytes({1.0f, 2.0f})));
+  auto file = ReadSafetensors(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(file->tensors.size(), 2u);
+  EXPECT_EQ(file->tensors[0].name, "a");
+  EXPECT_THAT(file->tensors[0].data, ElementsAre(1.0f));
+  EXPECT_EQ(file->tensors[1].name, "b");
+  EXPECT_THAT(file->tensors[1].data, ElementsAre(2.0f));
+  EXPECT_EQ(file->metadata.at("format"), "pt");
+}
+
+TEST_F(SafetensorsTest, OverwriteIsAtomicAndLeavesNoTemporaryFiles) {
+  const std::string path = dir_.File("model.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"x", {1}, {1.0f}}}, {}).ok());
+  ASSERT_TRUE(WriteSafetensors(path, {{"y", {2}, {2.0f, 3.0f}}}, {}).ok());
+  auto file = ReadSafetensors(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(file->tensors.size(), 1u);
+  EXPECT_EQ(file->tensors[0].name, "y");
+  EXPECT_THAT(DirEntries(dir_.path()), ElementsAre("model.safetensors"));
+  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
+                std::filesystem::perms::group_read | std::filesystem::perms::others_read);
+}
+
+// ---- Write errors: nothing is created, an existing file is kept. ----
+
+TEST_F(SafetensorsTest, WriteRejectsBadTensors) {
+  const std::string path = dir_.File("out.safetensors");
+  auto expect = [&](const std::vector<TensorData>& tensors, const std::string& what) {
+    const absl::Status s = WriteSafetensors(path, tensors, {});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_THAT(s.message(), AllOf(HasSubstr(path), HasSubstr(what)));
+  };
+  expect({{"w", {2, 3}, {1, 2, 3, 4, 5}}}, "shape [2, 3] has 6 elements but data has 5");
+  expect({{"w", {-1}, {}}}, "negative dimension -1");
+  expect({{"", {1}, {1}}}, "empty name");
+  expect({{"w", {1}, {1}}, {"w", {1}, {2}}}, "duplicate tensor name \"w\"");
+  expect({{"__metadata__", {1}, {1}}}, "reserved");
+  expect({{"bad\xFF", {1}, {1}}}, "not valid UTF-8");
+  EXPECT_TRUE(DirEntries(dir_.path()).empty());
+}
+
+TEST_F(SafetensorsTest, FailedWriteKeepsTheOldFile) {
+  const std::string path = dir_.File("model.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"x", {1}, {1.0f}}}, {}).ok());
+  const std::string before = weft::testing::ReadFile(path);
+  EXPECT_FALSE(WriteSafetensors(path, {{"x", {2}, {1.0f}}}, {}).ok());
+  EXPECT_EQ(weft::testing::ReadFile(path), before);
+  EXPECT_THAT(DirEntries(dir_.path()), ElementsAre("model.safetensors"));
+}
+
+TEST_F(SafetensorsTest, WriteIntoMissingDirectory) {
+  const std::string path = dir_.File("no/such/dir/model.safetensors");
+  const absl::Status s = WriteSafetensors(path, {{"x", {1}, {1.0f}}}, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(), HasSubstr(path));
+}
+
+// ---- Read errors: every corruption is named. ----
+
+TEST_F(SafetensorsTest, MissingFile) {
+  const std::string path = dir_.File("nope.safetensors");
+  auto file = ReadSafetensors(path);
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(file.status().message(), AllOf(HasSubstr(path), HasSubstr("does not exist")));
+}
+
+TEST_F(SafetensorsTest, Directory) {
+  auto file = ReadSafetensors(dir_.path());
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(file.status().message(), HasSubstr("not a regular file"));
+}
+
+TEST_F(SafetensorsTest, TruncatedLength) {
+  ExpectError("", absl::StatusCode::kDataLoss, "truncated: 0 bytes");
+  ExpectError(std::string("\x10\x00\x00", 3), absl::StatusCode::kDataLoss,
+              "less than the 8-byte header length");
+}
+
+TEST_F(SafetensorsTest, TruncatedHeader) {
+  const std::string header = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  ExpectError(Le64(header.size()) + header.substr(0, 20), absl::StatusCode::kDataLoss,
+              "header length is 54 bytes but only 20 bytes follow");
+}
+
+TEST_F(SafetensorsTest, HugeHeaderLength) {
+  ExpectError(Le64(1ull << 62) + "{}", absl::StatusCode::kDataLoss, "truncated: header length");
+}
+
+TEST_F(SafetensorsTest, TruncatedData) {
+  const std::string path = dir_.File("model.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"a", {4}, {1, 2, 3, 4}}}, {}).ok());
+  const std::string full = weft::testing::ReadFile(path);
+  ExpectError(full.substr(0, full.size() - 3), absl::StatusCode::kDataLoss,
+              "tensor \"a\": data_offsets [0, 16] out of range: the data section has 13 bytes");
+}
+
+TEST_F(SafetensorsTest, BadHeaderJson) {
+  ExpectError(RawFile(R"({"a": {"dtype": )", ""), absl::StatusCode::kDataLoss,
+              "header is not valid JSON");
+  ExpectError(RawFile("[1, 2]", ""), absl::StatusCode::kDataLoss, "header JSON is not an object");
+}
+
+TEST_F(SafetensorsTest, MalformedEntries) {
+  ExpectError(RawFile(R"({"a": 5})", ""), absl::StatusCode::kDataLoss,
+              "tensor \"a\": header entry is not a JSON object");
+  ExpectError(RawFile(R"({"a": {"shape": [1], "data_offsets": [0, 4]}})", F32Bytes({1})),
+              absl::StatusCode::kDataLoss, "missing or non-string \"dtype\"");
+  ExpectError(RawFile(R"({"a": {"dtype": "F32", "data_offsets": [0, 4]}})", F32Bytes({1})),
+              absl::StatusCode::kDataLoss, "missing or non-array \"shape\"");
+  ExpectError(
+      RawFile(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", F32Bytes({1})),
+      absl::StatusCode::kDataLoss, "\"shape\" must hold non-negative integers");
+  ExpectError(RawFile(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0]}})",
+                      F32Bytes({1})),
+              absl::StatusCode::kDataLoss, "\"data_offsets\" must be [begin, end]");
+  ExpectError(RawFile(R"({"a": {"dtype": "F32", "shape": [0], "data_offsets": [4, 0]}})",
+                      F32Bytes({1})),
+              absl::StatusCode::kDataLoss, "end before they begin");
+  ExpectError(RawFile(R"({"__metadata__": {"step": 5}})", ""), absl::StatusCode::kDataLoss,
+              "__metadata__ value of \"step\" is not a string");
+  ExpectError(RawFile(R"({"__metadata__": [1]})", ""), absl::StatusCode::kDataLoss,
+              "\"__metadata__\" is not a JSON object");
+}
+
+TEST_F(SafetensorsTest, UnsupportedDtype) {
+  ExpectError(RawFile(R"({"a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}})",
+                      std::string(4, '\0')),
+              absl::StatusCode::kUnimplemented,
+              "tensor \"a\": unsupported dtype BF16; only F32 is supported");
+}
+
+TEST_F(SafetensorsTest, ShapeSizeMismatch) {
+  ExpectError(RawFile(R"({"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}})",
+                      F32Bytes({1, 2, 3})),
+              absl::StatusCode::kDataLoss,
+              "tensor \"a\": shape/size mismatch: shape [2, 2] of F32 needs 16 bytes, but "
+              "data_offsets [0, 12] span 12");
+}
+
+TEST_F(SafetensorsTest, OffsetsOutOfRange) {
+  ExpectError(RawFile(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+                      F32Bytes({1, 2})),
+              absl::StatusCode::kDataLoss, "data_offsets [8, 12] out of range");
+}
+
+TEST_F(SafetensorsTest, OverlappingTensors) {
+  ExpectError(RawFile(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},)"
+                      R"( "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+                      F32Bytes({1, 2, 3})),
+              absl::StatusCode::kDataLoss, "tensors \"a\" and \"b\" overlap");
+}
+
+TEST_F(SafetensorsTest, GapBetweenTensors) {
+  ExpectError(RawFile(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+                      R"( "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+                      F32Bytes({1, 2, 3})),
+              absl::StatusCode::kDataLoss, "gap in the data section: bytes [4, 8)");
+}
+
+TEST_F(SafetensorsTest, TrailingBytes) {
+  ExpectError(RawFile(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+                      F32Bytes({1, 2})),
+              absl::StatusCode::kDataLoss, "the data section has 8 bytes but the tensors cover only 4");
+}
+
+}  // namespace
+}  // namespace weft::data

@@ -1,0 +1,386 @@
+#include "worker/data/token_dataset.h"
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+
+namespace weft::data {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+void PutLe32(std::string* out, int32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((static_cast<uint32_t>(v) >> (8 * i)) & 0xFF));
+}
+
+// An llm.c token file; header fields are parameters so tests can corrupt them.
+std::string BinFile(const std::vector<uint16_t>& tokens, int32_t magic = 20240520,
+                    int32_t version = 1, int64_t count_override = -1) {
+  std::string out;
+  PutLe32(&out, magic);
+  PutLe32(&out, version);
+  PutLe32(&out, static_cast<int32_t>(count_override >= 0 ? count_override : tokens.size()));
+  for (int i = 3; i < 256; ++i) PutLe32(&out, 0);
+  for (uint16_t t : tokens) {
+    out.push_back(static_cast<char>(t & 0xFF));
+    out.push_back(static_cast<char>(t >> 8));
+  }
+  return out;
+}
+
+// Tokens 0, 1, ..., n-1: every token names its own position, so a sequence's first input is its
+// start and tests can see exactly which region a sample came from.
+std::vector<uint16_t> Iota(int n) {
+  std::vector<uint16_t> v(n);
+  for (int i = 0; i < n; ++i) v[i] = static_cast<uint16_t>(i);
+  return v;
+}
+
+weft::v1::DataSpec Spec(const std::string& train, weft::v1::DataFormat format,
+                        const std::string& val = "", double val_fraction = 0.0) {
+  weft::v1::DataSpec spec;
+  spec.set_train_path(train);
+  spec.set_val_path(val);
+  spec.set_format(format);
+  spec.set_val_fraction(val_fraction);
+  return spec;
+}
+
+constexpr auto kBytes = weft::v1::DATA_FORMAT_TEXT_BYTES;
+constexpr auto kBin = weft::v1::DATA_FORMAT_UINT16_BIN;
+
+class TokenDatasetTest : public ::testing::Test {
+ protected:
+  std::string Write(const std::string& name, const std::string& contents) {
+    const std::string path = dir_.File(name);
+    weft::testing::WriteFile(path, contents);
+    return path;
+  }
+  weft::testing::TempDir dir_;
+};
+
+TEST_F(TokenDatasetTest, TextBytesReadsEveryByteAsAToken) {
+  const std::string path = Write("t.txt", "hello world, hello tokens");
+  auto ds = TokenDataset::Open(Spec(path, kBytes, "/unused/val"), 256, 4, Split::kTrain);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->num_tokens(), 25);
+  EXPECT_EQ((*ds)->Token(0), 'h');
+  EXPECT_EQ((*ds)->Token(24), 's');
+
+  const std::string text = "hello world, hello tokens";
+  std::vector<int32_t> in(2 * 4), out(2 * 4);
+  (*ds)->Batch(1, 0, 0, 0, 1, 2, in.data(), out.data());
+  for (int b = 0; b < 2; ++b) {
+    const int64_t start = (*ds)->SequenceStart(1, 0, 0, b);
+    for (int t = 0; t < 4; ++t) {
+      EXPECT_EQ(in[b * 4 + t], text[start + t]);
+      EXPECT_EQ(out[b * 4 + t], text[start + t + 1]);
+    }
+  }
+}
+
+TEST_F(TokenDatasetTest, Uint16BinTargetsAreInputsShiftedByOne) {
+  const std::string path = Write("t.bin", BinFile(Iota(1000)));
+  auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 1000, 16, Split::kTrain);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->num_tokens(), 1000);
+  std::vector<int32_t> in(8 * 16), out(8 * 16);
+  (*ds)->Batch(7, 3, 1, 0, 1, 8, in.data(), out.data());
+  for (int b = 0; b < 8; ++b) {
+    EXPECT_EQ(in[b * 16], (*ds)->SequenceStart(7, 3, 1, b));
+    for (int t = 0; t < 16; ++t) {
+      EXPECT_EQ(in[b * 16 + t], in[b * 16] + t);
+      EXPECT_EQ(out[b * 16 + t], in[b * 16 + t] + 1);
+    }
+  }
+}
+
+TEST_F(TokenDatasetTest, LargeTokenValuesAreLittleEndian) {
+  const std::string path = Write("t.bin", BinFile({0x1234, 0xFFFF, 0x0100, 0x00FF}));
+  auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 65536, 1, Split::kTrain);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->Token(0), 0x1234);
+  EXPECT_EQ((*ds)->Token(1), 0xFFFF);
+  EXPECT_EQ((*ds)->Token(2), 0x0100);
+  EXPECT_EQ((*ds)->Token(3), 0x00FF);
+}
+
+TEST_F(TokenDatasetTest, BatchIsAPureFunctionOfSeedStepMicroStep) {
+  const std::string path = Write("t.bin", BinFile(Iota(50000)));
+  auto a = TokenDataset::Open(Spec(path, kBin, "/unused"), 50000, 32, Split::kTrain);
+  auto b = TokenDataset::Open(Spec(path, kBin, "/unused"), 50000, 32, Split::kTrain);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto batch = [](const TokenDataset& ds, uint64_t seed, int64_t step, int micro) {
+    std::vector<int32_t> in(4 * 32), out(4 * 32);
+    ds.Batch(seed, step, micro, 1, 2, 4, in.data(), out.data());
+    return in;
+  };
+  // Same inputs, separately opened datasets: same batch.
+  EXPECT_EQ(batch(**a, 42, 10, 0), batch(**b, 42, 10, 0));
+  // Any one input changed: a different batch.
+  EXPECT_NE(batch(**a, 42, 10, 0), batch(**a, 43, 10, 0));
+  EXPECT_NE(batch(**a, 42, 10, 0), batch(**a, 42, 11, 0));
+  EXPECT_NE(batch(**a, 42, 10, 0), batch(**a, 42, 10, 1));
+}
+
+TEST_F(TokenDatasetTest, GlobalBatchIsTheSameForEveryWorldSize) {
+  constexpr int kSeqLen = 8;
+  constexpr int kPerRank = 3;
+  constexpr int kWorld = 4;
+  const std::string path = Write("t.bin", BinFile(Iota(60000)));
+  auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 60000, kSeqLen, Split::kTrain);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  for (int64_t step : {0, 1, 1000}) {
+    for (int micro : {0, 3}) {
+      std::vector<int32_t> single_in(kWorld * kPerRank * kSeqLen), single_out(single_in.size());
+      (*ds)->Batch(5, step, micro, 0, 1, kWorld * kPerRank, single_in.data(), single_out.data());
+
+      std::vector<int32_t> union_in, union_out;
+      std::set<int32_t> starts;
+      for (int rank = 0; rank < kWorld; ++rank) {
+        std::vector<int32_t> in(kPerRank * kSeqLen), out(in.size());
+        (*ds)->Batch(5, step, micro, rank, kWorld, kPerRank, in.data(), out.data());
+        union_in.insert(union_in.end(), in.begin(), in.end());
+        union_out.insert(union_out.end(), out.begin(), out.end());
+        for (int b = 0; b < kPerRank; ++b) starts.insert(in[b * kSeqLen]);
+      }
+      // Ranks in order, concatenated, are exactly the single process's rows in order.
+      EXPECT_EQ(union_in, single_in);
+      EXPECT_EQ(union_out, single_out);
+      // And no two ranks (or rows) read the same sample.
+      EXPECT_EQ(starts.size(), static_cast<size_t>(kWorld * kPerRank));
+    }
+  }
+}
+
+TEST_F(TokenDatasetTest, EveryStartIsReachableAndNoSampleReadsPastTheEnd) {
+  // 3 possible starts (0, 1, 2) for seq_len 5 in 8 tokens; the last reads the final token.
+  const std::string path = Write("t.bin", BinFile(Iota(8)));
+  auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 8, 5, Split::kTrain);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  std::set<int64_t> starts;
+  for (int step = 0; step < 200; ++step) {
+    std::vector<int32_t> in(4 * 5), out(4 * 5);
+    (*ds)->Batch(0, step, 0, 0, 1, 4, in.data(), out.data());
+    for (int b = 0; b < 4; ++b) starts.insert(in[b * 5]);
+    for (int32_t v : out) EXPECT_LT(v, 8);
+  }
+  EXPECT_EQ(starts, (std::set<int64_t>{0, 1, 2}));
+}
+
+TEST_F(TokenDatasetTest, HeldOutValidationTailNeverOverlapsTraining) {
+  // 200 tokens, default val_fraction (0 -> 0.1): train = tokens [0, 180), val = [180, 200).
+  const std::string path = Write("t.bin", BinFile(Iota(200)));
+  auto train = TokenDataset::Open(Spec(path, kBin), 200, 16, Split::kTrain);
+  auto val = TokenDataset::Open(Spec(path, kBin), 200, 16, Split::kVal);
+  ASSERT_TRUE(train.ok()) << train.status();
+  ASSERT_TRUE(val.ok()) << val.status();
+  EXPECT_EQ((*train)->num_tokens(), 180);
+  EXPECT_EQ((*val)->num_tokens(), 20);
+  EXPECT_EQ((*train)->first_token_index(), 0);
+  EXPECT_EQ((*val)->first_token_index(), 180);
+
+  int32_t train_min = 1 << 30, train_max = -1, val_min = 1 << 30, val_max = -1;
+  for (int step = 0; step < 200; ++step) {
+    std::vector<int32_t> in(16 * 16), out(16 * 16);
+    (*train)->Batch(1, step, 0, 0, 1, 16, in.data(), out.data());
+    for (int32_t v : in) train_min = std::min(train_min, v);
+    for (int32_t v : out) train_max = std::max(train_max, v);
+    (*val)->Batch(1, step, 0, 0, 1, 16, in.data(), out.data());
+    for (int32_t v : in) val_min = std::min(val_min, v);
+    for (int32_t v : out) val_max = std::max(val_max, v);
+  }
+  // Both splits are used right up to their boundary, and never past it.
+  EXPECT_EQ(train_min, 0);
+  EXPECT_EQ(train_max, 179);
+  EXPECT_EQ(val_min, 180);
+  EXPECT_EQ(val_max, 199);
+}
+
+TEST_F(TokenDatasetTest, ExplicitValFractionAndSeparateValFile) {
+  const std::string train_path = Write("train.bin", BinFile(Iota(1000)));
+  auto val = TokenDataset::Open(Spec(train_path, kBin, "", 0.25), 1000, 4, Split::kVal);
+  ASSERT_TRUE(val.ok()) << val.status();
+  EXPECT_EQ((*val)->num_tokens(), 250);
+  EXPECT_EQ((*val)->Token(0), 750);
+
+  const std::string val_path = Write("val.txt", "validation text");
+  auto own_val = TokenDataset::Open(Spec(train_path, kBytes, val_path, 0.25), 256, 4, Split::kVal);
+  ASSERT_TRUE(own_val.ok()) << own_val.status();
+  EXPECT_EQ((*own_val)->path(), val_path);
+  EXPECT_EQ((*own_val)->num_tokens(), 15);
+  // With a val file, all of the train file is training data (val_fraction is ignored).
+  auto own_train =
+      TokenDataset::Open(Spec(train_path, kBin, val_path, 0.25), 1000, 4, Split::kTrain);
+  ASSERT_TRUE(own_train.ok()) << own_train.status();
+  EXPECT_EQ((*own_train)->num_tokens(), 1000);
+}
+
+// ---- Errors: each names the file and is a distinct, actionable message. ----
+
+TEST_F(TokenDatasetTest, MissingFile) {
+  const std::string path = dir_.File("nope.bin");
+  auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 100, 4, Split::kTrain);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(ds.status().message(), AllOf(HasSubstr(path), HasSubstr("does not exist")));
+}
+
+TEST_F(TokenDatasetTest, MissingValFileIsReportedForTheValSplitOnly) {
+  const std::string train = Write("t.txt", "plenty of training text here");
+  const std::string val = dir_.File("val-missing.txt");
+  EXPECT_TRUE(TokenDataset::Open(Spec(train, kBytes, val), 256, 4, Split::kTrain).ok());
+  auto ds = TokenDataset::Open(Spec(train, kBytes, val), 256, 4, Split::kVal);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(ds.status().message(), HasSubstr(val));
+}
+
+TEST_F(TokenDatasetTest, EmptyFile) {
+  for (auto format : {kBytes, kBin}) {
+    const std::string path = Write("empty", "");
+    auto ds = TokenDataset::Open(Spec(path, format, "/unused"), 256, 4, Split::kTrain);
+    EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(ds.status().message(), AllOf(HasSubstr(path), HasSubstr("is empty")));
+  }
+}
+
+TEST_F(TokenDatasetTest, DirectoryIsUnreadable) {
+  auto ds = TokenDataset::Open(Spec(dir_.path(), kBytes, "/unused"), 256, 4, Split::kTrain);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ds.status().message(),
+              AllOf(HasSubstr(dir_.path()), HasSubstr("not a regular file"), HasSubstr("directory")));
+}
+
+TEST_F(TokenDatasetTest, TooShortForOneSequence) {
+  const std::string path = Write("short.txt", "0123456789");  // 10 tokens
+  auto ds = TokenDataset::Open(Spec(path, kBytes, "/unused"), 256, 10, Split::kTrain);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ds.status().message(),
+              AllOf(HasSubstr(path), HasSubstr("too short"), HasSubstr("has 10 tokens"),
+                    HasSubstr("needs 11")));
+  // Exactly seq_len + 1 tokens is enough.
+  EXPECT_TRUE(TokenDataset::Open(Spec(path, kBytes, "/unused"), 256, 9, Split::kTrain).ok());
+}
+
+TEST_F(TokenDatasetTest, BinWithZeroTokensIsTooShort) {
+  const std::string path = Write("zero.bin", BinFile({}));
+  auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 256, 4, Split::kTrain);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ds.status().message(), AllOf(HasSubstr("has 0 tokens"), HasSubstr("needs 5")));
+}
+
+TEST_F(TokenDatasetTest, HeldOutValidationSplitTooShort) {
+  const std::string path = Write("t.txt", std::string(100, 'a'));  // val = last 10 tokens
+  auto ds = TokenDataset::Open(Spec(path, kBytes), 256, 16, Split::kVal);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ds.status().message(),
+              AllOf(HasSubstr(path), HasSubstr("validation split"), HasSubstr("has 10 tokens"),
+                    HasSubstr("needs 17")));
+  // The train split of the same file is long enough.
+  EXPECT_TRUE(TokenDataset::Open(Spec(path, kBytes), 256, 16, Split::kTrain).ok());
+}
+
+TEST_F(TokenDatasetTest, BinHeaderTruncated) {
+  const std::string path = Write("trunc.bin", BinFile({}).substr(0, 100));
+  auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 256, 4, Split::kTrain);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ds.status().message(),
+              AllOf(HasSubstr(path), HasSubstr("truncated"), HasSubstr("100 bytes")));
+}
+
+TEST_F(TokenDatasetTest, BinBadMagic) {
+  const std::string path = Write("magic.bin", BinFile(Iota(100), /*magic=*/20240521));
+  auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 256, 4, Split::kTrain);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ds.status().message(),
+              AllOf(HasSubstr(path), HasSubstr("bad magic number 20240521")));
+}
+
+TEST_F(TokenDatasetTest, TextFileOpenedAsBinHasBadMagic) {
+  const std::string path = Write("text.bin", std::string(4096, 'x'));
+  auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 256, 4, Split::kTrain);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ds.status().message(), HasSubstr("bad magic number"));
+}
+
+TEST_F(TokenDatasetTest, BinBadVersion) {
+  const std::string path = Write("version.bin", BinFile(Iota(100), 20240520, /*version=*/2));
+  auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 256, 4, Split::kTrain);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ds.status().message(), AllOf(HasSubstr(path), HasSubstr("unsupported"),
+                                           HasSubstr("version 2")));
+}
+
+TEST_F(TokenDatasetTest, BinSizeMismatch) {
+  // Header claims more tokens than the file holds (a truncated download)...
+  const std::string short_path = Write("short.bin", BinFile(Iota(100), 20240520, 1, 101));
+  auto a = TokenDataset::Open(Spec(short_path, kBin, "/unused"), 256, 4, Split::kTrain);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(a.status().message(),
+              AllOf(HasSubstr(short_path), HasSubstr("size mismatch"), HasSubstr("101 tokens"),
+                    HasSubstr("has 200 bytes")));
+  // ...fewer, and an odd trailing byte: all must match exactly.
+  const std::string long_path = Write("long.bin", BinFile(Iota(100), 20240520, 1, 99));
+  EXPECT_EQ(TokenDataset::Open(Spec(long_path, kBin, "/unused"), 256, 4, Split::kTrain)
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  const std::string odd_path = Write("odd.bin", BinFile(Iota(100)) + "x");
+  auto c = TokenDataset::Open(Spec(odd_path, kBin, "/unused"), 256, 4, Split::kTrain);
+  EXPECT_THAT(c.status().message(), HasSubstr("size mismatch"));
+  const std::string negative = Write("neg.bin", BinFile(Iota(100), 20240520, 1, 0xFFFFFFFF));
+  auto d = TokenDataset::Open(Spec(negative, kBin, "/unused"), 256, 4, Split::kTrain);
+  EXPECT_THAT(d.status().message(), HasSubstr("size mismatch"));
+}
+
+TEST_F(TokenDatasetTest, TokenOutOfVocabulary) {
+  std::vector<uint16_t> tokens = Iota(100);
+  tokens[57] = 50257;  // a GPT-2 token in a file opened with a small vocabulary
+  const std::string path = Write("vocab.bin", BinFile(tokens));
+  auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 50257, 4, Split::kTrain);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ds.status().message(),
+              AllOf(HasSubstr(path), HasSubstr("token 50257"), HasSubstr("index 57"),
+                    HasSubstr("vocab_size is 50257")));
+  EXPECT_TRUE(TokenDataset::Open(Spec(path, kBin, "/unused"), 50258, 4, Split::kTrain).ok());
+}
+
+TEST_F(TokenDatasetTest, BadTokenInValidationTailFailsTheTrainSplitToo) {
+  std::vector<uint16_t> tokens = Iota(100);
+  tokens[99] = 100;
+  const std::string path = Write("vocab.bin", BinFile(tokens));
+  auto ds = TokenDataset::Open(Spec(path, kBin), 100, 4, Split::kTrain);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ds.status().message(), AllOf(HasSubstr("token 100"), HasSubstr("index 99")));
+}
+
+TEST_F(TokenDatasetTest, TextBytesWithSmallVocabularyAreChecked) {
+  const std::string path = Write("t.txt", std::string("abc\xC3\xA9z"));
+  auto ds = TokenDataset::Open(Spec(path, kBytes, "/unused"), 128, 2, Split::kTrain);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ds.status().message(), AllOf(HasSubstr("token 195"), HasSubstr("index 3")));
+}
+
+TEST_F(TokenDatasetTest, InvalidArguments) {
+  const std::string path = Write("t.txt", "some text to read");
+  auto check = [&](const weft::v1::DataSpec& spec, int vocab, int seq_len,
+                   const std::string& expected) {
+    auto ds = TokenDataset::Open(spec, vocab, seq_len, Split::kTrain);
+    EXPECT_EQ(ds.status().code(), absl::StatusCode::kInvalidArgument) << expected;
+    EXPECT_THAT(ds.status().message(), HasSubstr(expected));
+  };
+  check(Spec(path, kBytes, "/unused"), 256, 0, "sequence length must be >= 1, got 0");
+  check(Spec(path, kBytes, "/unused"), 0, 4, "vocab_size must be >= 1, got 0");
+  check(Spec(path, weft::v1::DATA_FORMAT_UNSPECIFIED, "/unused"), 256, 4,
+        "DATA_FORMAT_UNSPECIFIED");
+  check(Spec("", kBytes, "/unused"), 256, 4, "data.train_path is empty");
+  check(Spec(path, kBytes, "", 0.75), 256, 4, "data.val_fraction must be in [0, 0.5], got 0.75");
+}
+
+}  // namespace
+}  // namespace weft::data

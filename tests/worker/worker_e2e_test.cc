@@ -1,0 +1,272 @@
+// weft-worker end to end: a real coordinator and real worker processes on 127.0.0.1 train a
+// job, fail it cleanly on bad data, survive a rank killed mid-collective without hanging, and
+// stop on cancel.
+#include <signal.h>
+
+#include <cmath>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/coordinator_client.h"
+#include "common/job_spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+
+namespace weft {
+namespace {
+
+using testing::CoordinatorProcess;
+using testing::Subprocess;
+using testing::TempDir;
+using ::testing::HasSubstr;
+
+template <typename Pred>
+bool Eventually(Pred pred, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return pred();
+}
+
+// English-like text with structure a tiny model picks up within a few dozen steps.
+std::string Corpus() {
+  const char* subjects[] = {"the cat", "a dog", "the old man", "my friend", "the bird"};
+  const char* verbs[] = {"sees", "likes", "finds", "wants", "helps"};
+  const char* objects[] = {"the ball.", "a red hat.", "the sun.", "some bread.", "the river."};
+  std::string text;
+  for (int i = 0; i < 2000; ++i) {
+    absl::StrAppend(&text, subjects[i % 5], " ", verbs[(i / 5) % 5], " ", objects[(i / 25) % 5],
+                    "\n");
+  }
+  return text;
+}
+
+class WorkerE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cp = CoordinatorProcess::Start(dir_.path(), {"--tick-interval-ms=50"});
+    ASSERT_TRUE(cp.ok()) << cp.status();
+    coordinator_ = std::move(*cp);
+    client_ = std::make_unique<CoordinatorClient>(coordinator_->address());
+    corpus_ = dir_.File("corpus.txt");
+    testing::WriteFile(corpus_, Corpus());
+  }
+
+  void StartWorkers(int n) {
+    for (int i = 0; i < n; ++i) {
+      auto p = Subprocess::Start(
+          {testing::BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
+           absl::StrCat("--device=cpu:", i), "--host=node", "--output-dir=" + dir_.File("models"),
+           "--collective-timeout-ms=20000", "--metrics-address=none"},
+          dir_.File(absl::StrCat("worker", i, ".log")));
+      ASSERT_TRUE(p.ok());
+      workers_.push_back(std::move(*p));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (auto& w : workers_) ASSERT_TRUE(w->Running()) << "a worker exited at startup\n" << Logs();
+  }
+
+  v1::JobSpec Spec(int64_t steps) {
+    auto spec = ParseJobSpecText(absl::StrCat(R"pb(
+      name: "e2e"
+      model { num_layers: 2 hidden_size: 32 num_heads: 2 vocab_size: 256 context_length: 32 }
+      data { format: DATA_FORMAT_TEXT_BYTES val_fraction: 0.1 train_path: ")pb", corpus_,
+                                              R"pb(" }
+      optimizer { learning_rate: 0.01 }
+      lr_schedule { warmup_steps: 5 }
+      training { micro_batch_size: 4 val_interval_steps: 20 seed: 3 total_steps: )pb",
+                                              steps, R"pb( }
+      zero_stage: 3
+      resources { device_kind: DEVICE_KIND_CPU min_workers: 2 }
+      fault { heartbeat_interval_ms: 200 heartbeat_timeout_ms: 1500 max_restarts: 0 }
+    )pb"),
+                                 "e2e");
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return *spec;
+  }
+
+  v1::JobStatus WaitForEnd(const std::string& id, absl::Duration timeout) {
+    v1::JobStatus status;
+    Eventually(
+        [&] {
+          auto job = client_->GetJob(id);
+          if (job.ok()) status = job->status();
+          return job.ok() && (status.state() == v1::SUCCEEDED || status.state() == v1::FAILED ||
+                              status.state() == v1::CANCELLED);
+        },
+        timeout);
+    return status;
+  }
+
+  std::string Logs() {
+    std::string all = testing::ReadFile(coordinator_->log_path());
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      absl::StrAppend(&all, "\n--- worker ", i, "\n",
+                      testing::ReadFile(dir_.File(absl::StrCat("worker", i, ".log"))));
+    }
+    return all;
+  }
+
+  bool AllWorkersIdle(size_t expected) {
+    auto workers = client_->ListWorkers();
+    if (!workers.ok() || workers->size() != expected) return false;
+    for (const auto& w : *workers) {
+      if (w.state() != v1::WORKER_IDLE) return false;
+    }
+    return true;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<CoordinatorProcess> coordinator_;
+  std::unique_ptr<CoordinatorClient> client_;
+  std::vector<std::unique_ptr<Subprocess>> workers_;
+  std::string corpus_;
+};
+
+TEST_F(WorkerE2eTest, TwoWorkersTrainToCompletionAndTheModelSamples) {
+  StartWorkers(2);
+  auto submitted = client_->SubmitJob(Spec(60));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(180));
+  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+  EXPECT_EQ(s.step(), 60);
+  // From ln(256) = 5.5 at the start to well under 3 on this repetitive text.
+  EXPECT_LT(s.last_metrics().loss(), 3.0) << s.last_metrics().DebugString();
+  EXPECT_GT(s.last_metrics().val_loss(), 0.0);
+  EXPECT_GT(s.last_metrics().tokens_per_s(), 0.0);
+  EXPECT_GT(s.last_metrics().state_bytes(), 0);
+  EXPECT_EQ(s.model_host(), "node");
+  ASSERT_FALSE(s.model_path().empty());
+
+  auto sample = testing::RunCommand({testing::BinDir() + "/trainctl",
+                                     "--coordinator=" + coordinator_->address(), "sample",
+                                     submitted->job_id(), "--prompt=the cat", "--tokens=40",
+                                     "--temperature=0"});
+  EXPECT_EQ(sample.exit_code, 0) << sample.err;
+  EXPECT_THAT(sample.out, ::testing::StartsWith("the cat"));
+  EXPECT_GE(sample.out.size(), 40u);
+  EXPECT_TRUE(Eventually([&] { return AllWorkersIdle(2); }, absl::Seconds(10)));
+}
+
+TEST_F(WorkerE2eTest, BadDataFilesFailTheJobWithTheFileNamedAndNoRestart) {
+  StartWorkers(2);
+  struct Case {
+    std::string name;
+    std::string contents;  // empty name: the file does not exist
+    std::string expected;
+  };
+  testing::WriteFile(dir_.File("short.txt"), "tiny");
+  testing::WriteFile(dir_.File("empty.txt"), "");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {dir_.File("missing.txt"), "missing.txt"},
+      {dir_.File("empty.txt"), "empty.txt"},
+      {dir_.File("short.txt"), "short.txt"},
+  };
+  for (const auto& [path, fragment] : cases) {
+    v1::JobSpec spec = Spec(10);
+    spec.mutable_fault()->set_max_restarts(3);  // a permanent error must not use them
+    spec.mutable_data()->set_train_path(path);
+    auto submitted = client_->SubmitJob(spec);
+    ASSERT_TRUE(submitted.ok());
+    const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(30));
+    EXPECT_EQ(s.state(), v1::FAILED) << fragment << "\n" << Logs();
+    EXPECT_THAT(s.error(), HasSubstr(fragment));
+    EXPECT_THAT(s.error(), HasSubstr("permanent"));
+    EXPECT_EQ(s.restarts(), 0);
+    ASSERT_TRUE(Eventually([&] { return AllWorkersIdle(2); }, absl::Seconds(10))) << Logs();
+  }
+  // A uint16 token file with a token outside the vocabulary.
+  {
+    std::ofstream bin(dir_.File("tokens.bin"), std::ios::binary);
+    int32_t header[256] = {20240520, 1, 200};
+    bin.write(reinterpret_cast<const char*>(header), sizeof(header));
+    for (uint16_t i = 0; i < 200; ++i) {
+      const uint16_t token = i == 150 ? 999 : i % 50;
+      bin.write(reinterpret_cast<const char*>(&token), 2);
+    }
+  }
+  v1::JobSpec spec = Spec(10);
+  spec.mutable_data()->set_train_path(dir_.File("tokens.bin"));
+  spec.mutable_data()->set_format(v1::DATA_FORMAT_UINT16_BIN);
+  auto submitted = client_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok());
+  const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(30));
+  EXPECT_EQ(s.state(), v1::FAILED);
+  EXPECT_THAT(s.error(), HasSubstr("tokens.bin"));
+  EXPECT_THAT(s.error(), HasSubstr("999"));
+}
+
+TEST_F(WorkerE2eTest, RankKilledMidTrainingFailsTheJobAndTheSurvivorDoesNotHang) {
+  StartWorkers(2);
+  auto submitted = client_->SubmitJob(Spec(100000));
+  ASSERT_TRUE(submitted.ok());
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto job = client_->GetJob(submitted->job_id());
+        return job.ok() && job->status().step() >= 3;
+      },
+      absl::Seconds(60)))
+      << Logs();
+  workers_[1]->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(30));
+  EXPECT_EQ(s.state(), v1::FAILED) << Logs();
+  EXPECT_THAT(s.error(), HasSubstr("node/cpu1"));
+  // Declared dead after the 1.5 s heartbeat timeout, the survivor is told to abort its
+  // collectives at once: back to idle long before the 20 s collective timeout.
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto workers = client_->ListWorkers();
+        if (!workers.ok()) return false;
+        for (const auto& w : *workers) {
+          if (w.info().worker_id() == "node/cpu0") return w.state() == v1::WORKER_IDLE;
+        }
+        return false;
+      },
+      absl::Seconds(15)))
+      << Logs();
+  // The coordinator's IDLE is bookkeeping; the worker's own log says when its run really
+  // ended (its collectives returned).
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return absl::StrContains(testing::ReadFile(dir_.File("worker0.log")), ": aborted:");
+      },
+      absl::Seconds(15)))
+      << Logs();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(10));
+  EXPECT_TRUE(workers_[0]->Running());
+}
+
+TEST_F(WorkerE2eTest, CancelStopsTrainingWithinAStep) {
+  StartWorkers(2);
+  auto submitted = client_->SubmitJob(Spec(100000));
+  ASSERT_TRUE(submitted.ok());
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto job = client_->GetJob(submitted->job_id());
+        return job.ok() && job->status().step() >= 2;
+      },
+      absl::Seconds(60)));
+  ASSERT_TRUE(client_->CancelJob(submitted->job_id(), "test").ok());
+  const absl::Time cancelled = absl::Now();
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return absl::StrContains(testing::ReadFile(dir_.File("worker0.log")), ": aborted:") &&
+               absl::StrContains(testing::ReadFile(dir_.File("worker1.log")), ": aborted:");
+      },
+      absl::Seconds(10)))
+      << Logs();
+  EXPECT_LT(absl::Now() - cancelled, absl::Seconds(5));
+  // The workers are reusable: a new job runs on them.
+  auto next = client_->SubmitJob(Spec(10));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(WaitForEnd(next->job_id(), absl::Seconds(60)).state(), v1::SUCCEEDED) << Logs();
+}
+
+}  // namespace
+}  // namespace weft

@@ -1,0 +1,196 @@
+// ZeRO equivalence: the same spec trained on 1, 2 and 4 ranks (threads of this process, real
+// Gloo over loopback) at stages 0, 2 and 3 follows the unsharded single-process reference that
+// reads the same global batch; and each rank holds about 1/N of the state.
+#include "worker/zero.h"
+
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/memory_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/comm/communicator.h"
+
+namespace weft::worker {
+namespace {
+
+constexpr int kSteps = 24;
+constexpr int kBatchPerRank = 2;
+
+weft::v1::JobSpec TinySpec(int stage, int batch) {
+  weft::v1::JobSpec spec;
+  spec.set_name("zero");
+  auto* m = spec.mutable_model();
+  m->set_num_layers(2);
+  m->set_hidden_size(32);
+  m->set_num_heads(4);
+  m->set_vocab_size(61);  // not a multiple of anything: exercises padding everywhere
+  m->set_padded_vocab_size(64);
+  m->set_context_length(16);
+  auto* t = spec.mutable_training();
+  t->set_total_steps(kSteps);
+  t->set_micro_batch_size(batch);
+  t->set_sequence_length(16);
+  t->set_grad_accum_steps(2);
+  t->set_seed(7);
+  auto* o = spec.mutable_optimizer();
+  o->set_learning_rate(3e-3);
+  o->set_beta1(0.9);
+  o->set_beta2(0.95);
+  o->set_epsilon(1e-8);
+  o->set_weight_decay(0.1);
+  o->set_grad_clip_norm(1.0);
+  spec.mutable_lr_schedule()->set_kind(weft::v1::LrSchedule::COSINE);
+  spec.mutable_lr_schedule()->set_warmup_steps(4);
+  spec.mutable_lr_schedule()->set_min_lr_ratio(0.1);
+  spec.set_zero_stage(stage);
+  return spec;
+}
+
+// A learnable sequence family: token t of global sequence g at (step, micro) is a function of
+// those alone, so any split of the global batch over ranks reads the same tokens.
+uint32_t Token(int64_t step, int micro, int g, int t) {
+  const uint32_t start = static_cast<uint32_t>((step * 7919 + micro * 104729 + g * 1299709) % 61);
+  const uint32_t stride = 1 + static_cast<uint32_t>(g % 3);
+  return (start + stride * static_cast<uint32_t>(t)) % 61;
+}
+
+BatchFn GlobalBatch(int rank, int batch) {
+  return [rank, batch](int64_t step, int micro, int32_t* inputs, int32_t* targets) {
+    for (int b = 0; b < batch; ++b) {
+      const int g = rank * batch + b;
+      for (int t = 0; t < 16; ++t) {
+        inputs[b * 16 + t] = static_cast<int32_t>(Token(step, micro, g, t));
+        targets[b * 16 + t] = static_cast<int32_t>(Token(step, micro, g, t + 1));
+      }
+    }
+  };
+}
+
+struct RunResult {
+  std::vector<float> losses;          // rank 0's view of the global loss per step
+  std::vector<size_t> state_bytes;    // per rank
+  std::vector<std::vector<float>> params;  // final, gathered
+};
+
+RunResult Train(int world, int stage, int batch_per_rank) {
+  MemoryStore store;
+  RunResult result;
+  result.state_bytes.resize(world);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> errors(world);
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      comm::GlooOptions options;
+      options.timeout_ms = 20000;
+      auto c = comm::CreateGlooCommunicator(&store, rank, world, options);
+      if (!c.ok()) {
+        errors[rank] = c.status();
+        return;
+      }
+      auto engine = ZeroEngine::Create(TinySpec(stage, batch_per_rank), c->get());
+      if (!engine.ok()) {
+        errors[rank] = engine.status();
+        return;
+      }
+      result.state_bytes[rank] = (*engine)->StateBytes();
+      const BatchFn batch = GlobalBatch(rank, batch_per_rank);
+      for (int step = 0; step < kSteps; ++step) {
+        auto r = (*engine)->TrainStep(step, batch);
+        if (!r.ok()) {
+          errors[rank] = r.status();
+          return;
+        }
+        if (rank == 0) result.losses.push_back(r->loss);
+      }
+      auto params = (*engine)->GatherParameters();
+      if (!params.ok()) {
+        errors[rank] = params.status();
+        return;
+      }
+      if (rank == 0) result.params = std::move(*params);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < world; ++rank) {
+    EXPECT_TRUE(errors[rank].ok()) << "rank " << rank << ": " << errors[rank];
+  }
+  return result;
+}
+
+double MaxRelativeDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]) /
+                                std::max(1e-6, std::abs(static_cast<double>(b[i]))));
+  }
+  return worst;
+}
+
+double MaxDiffOverScale(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return diff / std::max(scale, 1e-12);
+}
+
+class ZeroEquivalenceTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(ZeroEquivalenceTest, FollowsTheSingleProcessReference) {
+  const auto [world, stage] = GetParam();
+  // The reference: one process, stage 0, the whole global batch.
+  const RunResult reference = Train(1, 0, world * kBatchPerRank);
+  const RunResult sharded = Train(world, stage, kBatchPerRank);
+  ASSERT_EQ(reference.losses.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(sharded.losses.size(), static_cast<size_t>(kSteps));
+  // It learns: from ln(61) = 4.11 down by more than half a nat in 24 steps.
+  EXPECT_NEAR(reference.losses.front(), std::log(61.0f), 0.1);
+  EXPECT_LT(reference.losses.back(), reference.losses.front() - 0.5f);
+
+  if (world == 1) {
+    // Same reduction order: bit for bit.
+    EXPECT_EQ(sharded.losses, reference.losses);
+    EXPECT_EQ(sharded.params, reference.params);
+  } else {
+    // Gradients are summed in another order (per rank, then across ranks): float rounding
+    // only. Measured worst relative difference of per-step losses is reported on failure.
+    const double diff = MaxRelativeDiff(sharded.losses, reference.losses);
+    EXPECT_LT(diff, 1e-6) << "world " << world << " stage " << stage;  // measured 1.2e-7
+    std::printf("world %d stage %d: max relative per-step loss difference %.3g\n", world, stage,
+                diff);
+    // Parameters after 24 AdamW steps: the largest deviation relative to the unit's scale.
+    for (size_t u = 0; u < reference.params.size(); ++u) {
+      EXPECT_LT(MaxDiffOverScale(sharded.params[u], reference.params[u]), 1e-3) << "unit " << u;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldsAndStages, ZeroEquivalenceTest,
+                         ::testing::Combine(::testing::Values(1, 2, 4),
+                                            ::testing::Values(0, 2, 3)),
+                         [](const auto& info) {
+                           return absl::StrCat("world", std::get<0>(info.param), "_stage",
+                                               std::get<1>(info.param));
+                         });
+
+TEST(ZeroStateTest, EachRankHoldsAboutOneNthOfTheStateAtStage3) {
+  const RunResult one = Train(1, 3, kBatchPerRank);
+  const RunResult four = Train(4, 3, kBatchPerRank);
+  ASSERT_EQ(four.state_bytes.size(), 4u);
+  for (size_t r = 0; r < 4; ++r) {
+    const double ratio = static_cast<double>(four.state_bytes[r]) / one.state_bytes[0];
+    // Shards are padded to a multiple of the world size: a little over a quarter.
+    EXPECT_GE(ratio, 0.25);
+    EXPECT_LT(ratio, 0.26) << "rank " << r;
+  }
+  // Stage 0 replicates everything.
+  const RunResult replicated = Train(2, 0, kBatchPerRank);
+  EXPECT_GE(replicated.state_bytes[1], one.state_bytes[0]);
+}
+
+}  // namespace
+}  // namespace weft::worker

@@ -1,0 +1,123 @@
+#include "worker/agent.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace weft::worker {
+namespace {
+
+void SleepUnlessStopped(const std::atomic<bool>& stop, absl::Duration d) {
+  const absl::Time until = absl::Now() + d;
+  while (!stop.load() && absl::Now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace
+
+WorkerAgent::WorkerAgent(AgentOptions options, std::shared_ptr<prometheus::Registry> registry)
+    : options_(std::move(options)),
+      registry_(std::move(registry)),
+      client_(options_.coordinator),
+      metrics_(*registry_, options_.info.worker_id().empty()
+                               ? options_.info.host()
+                               : options_.info.worker_id()) {}
+
+absl::Status WorkerAgent::RegisterWithRetry(const std::atomic<bool>& stop) {
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (!stop.load()) {
+    auto registered = client_.RegisterWorker(options_.info);
+    if (registered.ok()) {
+      options_.info.set_worker_id(registered->worker_id());
+      options_.run.worker_id = registered->worker_id();
+      options_.run.incarnation = registered->incarnation();
+      interval_ms_ = registered->heartbeat_interval_ms();
+      spdlog::info("registered as {} (incarnation {}) with {}", registered->worker_id(),
+                   registered->incarnation(), options_.coordinator);
+      return absl::OkStatus();
+    }
+    if (registered.status().code() == absl::StatusCode::kInvalidArgument) {
+      return registered.status();  // our own flags are wrong: retrying cannot help
+    }
+    spdlog::warn("register: {}; retrying in {}", std::string(registered.status().message()),
+                 absl::FormatDuration(backoff));
+    SleepUnlessStopped(stop, backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+  return absl::OkStatus();
+}
+
+void WorkerAgent::DropRun(const absl::Status& reason) {
+  if (!run_) return;
+  run_->Abort(reason);
+  run_.reset();  // joins the run's thread; aborted collectives return promptly
+}
+
+absl::Status WorkerAgent::Apply(const weft::v1::Command& command) {
+  if (command.has_stop()) {
+    DropRun(absl::AbortedError(command.stop().reason()));
+    return absl::FailedPreconditionError(command.stop().reason());
+  }
+  if (command.has_abort_generation()) {
+    const auto& abort = command.abort_generation();
+    if (run_ && run_->job_id() == abort.job_id() && run_->generation() == abort.generation()) {
+      spdlog::info("aborting job {} generation {}: {}", abort.job_id(), abort.generation(),
+                   abort.reason());
+      DropRun(absl::AbortedError(abort.reason()));
+    }
+    return absl::OkStatus();
+  }
+  if (command.has_join_job()) {
+    const auto& join = command.join_job();
+    DropRun(absl::AbortedError("superseded by a new generation"));
+    spdlog::info("joining job {} generation {} as rank {} of {}", join.job_id(),
+                 join.generation(), join.rank(), join.world_size());
+    run_ = std::make_unique<GenerationRun>(join, options_.run, &client_, &metrics_);
+    run_->Start();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerAgent::Run(const std::atomic<bool>& stop) {
+  if (absl::Status s = RegisterWithRetry(stop); !s.ok()) return s;
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (!stop.load()) {
+    if (run_ && run_->Finished()) run_.reset();
+    weft::v1::HeartbeatRequest request;
+    request.set_worker_id(options_.run.worker_id);
+    request.set_incarnation(options_.run.incarnation);
+    if (run_) {
+      request.set_job_id(run_->job_id());
+      request.set_generation(run_->generation());
+      request.set_step(run_->step());
+    }
+    // Held by the coordinator until a command arrives or the interval passes.
+    request.set_wait_for_command_ms(interval_ms_);
+    auto response = client_.Heartbeat(request);
+    if (!response.ok()) {
+      if (response.status().code() == absl::StatusCode::kFailedPrecondition) {
+        spdlog::warn("{}", std::string(response.status().message()));
+        DropRun(absl::AbortedError("the coordinator no longer knows this worker"));
+        if (absl::Status s = RegisterWithRetry(stop); !s.ok()) return s;
+        continue;
+      }
+      spdlog::warn("heartbeat: {}; retrying in {}", std::string(response.status().message()),
+                   absl::FormatDuration(backoff));
+      SleepUnlessStopped(stop, backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+      continue;
+    }
+    backoff = absl::Milliseconds(100);
+    if (response->heartbeat_interval_ms() > 0) interval_ms_ = response->heartbeat_interval_ms();
+    for (const auto& command : response->commands()) {
+      if (absl::Status s = Apply(command); !s.ok()) return s;
+    }
+  }
+  DropRun(absl::AbortedError("worker shutting down"));
+  return absl::OkStatus();
+}
+
+}  // namespace weft::worker

@@ -1,0 +1,53 @@
+// The worker process's control loop: register, heartbeat (long-poll), act on commands.
+//
+// The agent never trains on its own thread: each JoinJob command starts a GenerationRun;
+// heartbeats keep flowing while it trains, so the coordinator sees the worker alive and can
+// abort the run at once. When the coordinator is unreachable the agent retries with backoff
+// (a restarted coordinator finds its workers again); when it has forgotten this worker
+// (FAILED_PRECONDITION) the agent drops any run and registers again; a Stop command ends it.
+#ifndef WEFT_WORKER_AGENT_H_
+#define WEFT_WORKER_AGENT_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "client/coordinator_client.h"
+#include "worker/generation_run.h"
+#include "worker/worker_metrics.h"
+#include "weft/v1/worker.pb.h"
+
+namespace weft::worker {
+
+struct AgentOptions {
+  std::string coordinator;  // host:port
+  weft::v1::WorkerInfo info;
+  RunOptions run;
+};
+
+class WorkerAgent {
+ public:
+  WorkerAgent(AgentOptions options, std::shared_ptr<prometheus::Registry> registry);
+
+  // Runs until `stop` becomes true or the coordinator sends Stop. Returns OK on a requested
+  // stop, FAILED_PRECONDITION with the coordinator's reason on a Stop command.
+  absl::Status Run(const std::atomic<bool>& stop);
+
+ private:
+  absl::Status RegisterWithRetry(const std::atomic<bool>& stop);
+  // Applies one command; returns non-OK for Stop.
+  absl::Status Apply(const weft::v1::Command& command);
+  void DropRun(const absl::Status& reason);
+
+  AgentOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  CoordinatorClient client_;
+  WorkerMetrics metrics_;
+  int64_t interval_ms_ = 500;
+  std::unique_ptr<GenerationRun> run_;
+};
+
+}  // namespace weft::worker
+
+#endif  // WEFT_WORKER_AGENT_H_

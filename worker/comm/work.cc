@@ -1,0 +1,55 @@
+// Shared pieces of the Communicator interface: data type helpers and the completion Work.
+#include "worker/comm/work.h"
+
+#include <utility>
+
+#include "worker/comm/communicator.h"
+
+namespace weft::comm {
+
+std::string_view DataTypeName(DataType type) {
+  switch (type) {
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kBFloat16:
+      return "bfloat16";
+  }
+  return "unknown";
+}
+
+size_t DataTypeSize(DataType type) {
+  switch (type) {
+    case DataType::kFloat32:
+      return 4;
+    case DataType::kBFloat16:
+      return 2;
+  }
+  return 0;
+}
+
+absl::Status CompletionWork::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&done_));
+  return status_;
+}
+
+bool CompletionWork::IsCompleted() {
+  absl::MutexLock lock(&mu_);
+  return done_;
+}
+
+bool CompletionWork::Complete(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (done_) return false;
+  status_ = std::move(status);
+  done_ = true;
+  return true;
+}
+
+std::shared_ptr<Work> MakeCompletedWork(absl::Status status) {
+  auto work = std::make_shared<CompletionWork>();
+  work->Complete(std::move(status));
+  return work;
+}
+
+}  // namespace weft::comm

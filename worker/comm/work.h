@@ -1,0 +1,28 @@
+// A Work completed once by whoever runs the op (a backend's communication thread).
+#ifndef WEFT_WORKER_COMM_WORK_H_
+#define WEFT_WORKER_COMM_WORK_H_
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/comm/communicator.h"
+
+namespace weft::comm {
+
+class CompletionWork final : public Work {
+ public:
+  absl::Status Wait() override;
+  bool IsCompleted() override;
+
+  // Sets the status and wakes waiters; false (and no effect) if already completed.
+  bool Complete(absl::Status status);
+
+ private:
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace weft::comm
+
+#endif  // WEFT_WORKER_COMM_WORK_H_

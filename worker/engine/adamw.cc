@@ -1,0 +1,80 @@
+// AdamW, the local sum of squares for the global grad norm, and the LR schedule.
+#include "worker/engine/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace weft::engine {
+
+AdamWConfig AdamWConfigFromSpec(const weft::v1::OptimizerSpec& spec, double lr) {
+  AdamWConfig config;
+  config.lr = static_cast<float>(lr);
+  config.beta1 = static_cast<float>(spec.has_beta1() ? spec.beta1() : 0.9);
+  config.beta2 = static_cast<float>(spec.has_beta2() ? spec.beta2() : 0.95);
+  config.eps = static_cast<float>(spec.has_epsilon() ? spec.epsilon() : 1e-8);
+  config.weight_decay = static_cast<float>(spec.has_weight_decay() ? spec.weight_decay() : 0.1);
+  return config;
+}
+
+void AdamWUpdate(float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
+                 size_t n, const AdamWConfig& config, int64_t step, float grad_scale) {
+  // Bias corrections in double: beta2^step approaches 1 - tiny for small steps, where float
+  // would lose most of the digits of 1 - beta2^step.
+  const float correction1 =
+      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta1), step));
+  const float correction2 =
+      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta2), step));
+  const float lr = config.lr;
+  const float b1 = config.beta1;
+  const float b2 = config.beta2;
+  const float eps = config.eps;
+  const float lr_wd = config.lr * config.weight_decay;
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grads[i] * grad_scale;
+    const float mi = b1 * m[i] + (1.0f - b1) * g;
+    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float m_hat = mi / correction1;
+    const float v_hat = vi / correction2;
+    float p = params[i];
+    // Decay reads the parameter before the Adam step, as PyTorch's AdamW does. It is
+    // multiplied by min(mask, 1), 0 or 1, rather than branched on, because GCC vectorizes this
+    // form (not `mask != 0`); x * 1 and p - 0 are exact, so the result is the branch's.
+    const float decay = lr_wd * p * static_cast<float>(decay_mask[i] < 1 ? decay_mask[i] : 1);
+    p -= lr * m_hat / (std::sqrt(v_hat) + eps);
+    params[i] = p - decay;
+  }
+}
+
+double SumOfSquares(const float* x, size_t n) {
+  // Eight independent partial sums: the compiler can keep them in registers in parallel (a
+  // single accumulator chain is latency-bound), and the order stays fixed.
+  double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) {
+      const double xi = x[i + k];
+      partial[k] += xi * xi;
+    }
+  }
+  for (; i < n; ++i) partial[0] += static_cast<double>(x[i]) * x[i];
+  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+         ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+}
+
+double LearningRate(const weft::v1::JobSpec& spec, int64_t step) {
+  const double peak = spec.optimizer().learning_rate();
+  const weft::v1::LrSchedule& schedule = spec.lr_schedule();
+  const int64_t warmup = schedule.warmup_steps();
+  if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (schedule.kind() == weft::v1::LrSchedule::CONSTANT) return peak;
+  const double min_lr = peak * (schedule.has_min_lr_ratio() ? schedule.min_lr_ratio() : 0.1);
+  const int64_t decay_steps = spec.training().total_steps() - warmup;
+  if (decay_steps <= 0) return min_lr;
+  double progress = static_cast<double>(step - warmup) / static_cast<double>(decay_steps);
+  if (progress > 1.0) progress = 1.0;
+  return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (peak - min_lr);
+}
+
+}  // namespace weft::engine

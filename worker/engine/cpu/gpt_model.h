@@ -1,0 +1,99 @@
+// The GPT-2 model over the CPU ops, templated on the element type: GptModel<float> is the
+// engine behind GptCpu (gpt.h), GptModel<double> exists for tight whole-model gradient checks.
+// Same contract as GptCpu: activations owned, parameters and gradients not; every backward
+// ACCUMULATES (+=) into the unit's gradient buffer.
+#ifndef WEFT_WORKER_ENGINE_CPU_GPT_MODEL_H_
+#define WEFT_WORKER_ENGINE_CPU_GPT_MODEL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "worker/engine/gpt.h"
+
+namespace weft::engine::cpu {
+
+template <typename T>
+class GptModel {
+ public:
+  GptModel(const GptConfig& config, int max_b, int max_t);
+
+  const GptConfig& config() const { return config_; }
+  int b() const { return b_; }
+  int t() const { return t_; }
+
+  void SetShape(int b, int t);
+  void EncoderForward(const T* head, const int32_t* tokens);
+  void BlockForward(int layer, const T* block);
+  // Returns the mean loss in double (0 for inference, targets == nullptr).
+  double ClassifierForward(const T* head, const int32_t* targets, T loss_scale);
+  const T* Logits() const;
+  const T* Losses() const { return losses_; }
+  void ClassifierBackward(const T* head, T* head_grad);
+  void BlockBackward(int layer, const T* block, T* block_grad);
+  void EncoderBackward(T* head_grad);
+  size_t ActivationBytes() const { return arena_.size() * sizeof(T) + tokens_.size() * 4; }
+
+ private:
+  // Where a micro-batch is in its forward/backward; calls out of order are programmer errors
+  // that would otherwise silently read stale activations, so they abort with a message.
+  enum class Stage { kIdle, kForward, kInference, kBackwardReady, kBackward };
+
+  // Activations one block keeps from its forward for its backward.
+  struct BlockActs {
+    T* ln1;       // (B, T, C)
+    T* ln1_mean;  // (B, T)
+    T* ln1_rstd;  // (B, T)
+    T* qkv;       // (B, T, 3C)
+    T* atty;      // (B, T, C) attention output before the projection
+    T* att;       // (B, NH, T, T) softmax
+    T* res2;      // (B, T, C) residual stream after the attention branch
+    T* ln2;       // (B, T, C)
+    T* ln2_mean;  // (B, T)
+    T* ln2_rstd;  // (B, T)
+    T* fch;       // (B, T, 4C) MLP hidden, before GELU
+    T* fch_gelu;  // (B, T, 4C)
+  };
+
+  // Offsets (floats) of each tensor in the head and block units, from UnitTensors().
+  std::vector<size_t> head_offsets_;
+  std::vector<size_t> block_offsets_;
+
+  GptConfig config_;
+  int max_b_;
+  int max_t_;
+  int b_;
+  int t_;
+
+  std::vector<T> arena_;         // every buffer below points into it
+  std::vector<int32_t> tokens_;  // (B, T) copy: EncoderBackward needs them after the caller's
+                                 // buffer may be gone
+  // residual_[l] is the input of block l; residual_[L] feeds the final LayerNorm.
+  std::vector<T*> residual_;  // L + 1 of (B, T, C); residual_[0] is the encoder output
+  std::vector<BlockActs> acts_;
+  T* lnf_;       // (B, T, C)
+  T* lnf_mean_;  // (B, T)
+  T* lnf_rstd_;  // (B, T)
+  T* logits_;    // (B, T, Vp): logits, then (training) dlogits in place
+  T* losses_;    // (B, T)
+  // Scratch shared by all blocks: the forward's projection output and the backward's
+  // activation gradients (one block at a time, so one set suffices).
+  T* proj_;   // (B, T, C)
+  T* dres_;   // (B, T, C) gradient of the residual stream, flowing down through the blocks
+  T* dln_;    // (B, T, C) gradient of a LayerNorm output
+  T* datty_;  // (B, T, C)
+  T* dqkv_;   // (B, T, 3C)
+  T* dfch_;   // (B, T, 4C)
+  T* dgelu_;  // (B, T, 4C)
+  T* datt_;   // (T, T) attention backward scratch
+
+  Stage stage_ = Stage::kIdle;
+  int next_layer_ = 0;  // next BlockForward (counting up) or BlockBackward (counting down)
+};
+
+extern template class GptModel<float>;
+extern template class GptModel<double>;
+
+}  // namespace weft::engine::cpu
+
+#endif  // WEFT_WORKER_ENGINE_CPU_GPT_MODEL_H_

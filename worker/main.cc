@@ -1,0 +1,151 @@
+// weft-worker: one process per device. Registers with the coordinator, heartbeats, and trains
+// the job generations it is assigned.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "common/rpc.h"
+#include "worker/agent.h"
+#include "worker/engine/gpt.h"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "weft-worker: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+// "cpu", "cpu:N" or "cuda:N".
+absl::Status ParseDevice(const std::string& device, weft::v1::WorkerInfo* info) {
+  const size_t colon = device.find(':');
+  const std::string kind = device.substr(0, colon);
+  int index = 0;
+  if (colon != std::string::npos && !absl::SimpleAtoi(device.substr(colon + 1), &index)) {
+    index = -1;
+  }
+  if ((kind != "cpu" && kind != "cuda") || index < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: \"", device, "\" is not cpu, cpu:N or cuda:N"));
+  }
+  if (kind == "cuda") {
+    return absl::UnimplementedError(
+        "--device cuda:N: this weft-worker has no CUDA engine yet; use --device cpu");
+  }
+  info->set_device_kind(weft::v1::DEVICE_KIND_CPU);
+  info->set_device_index(index);
+  return absl::OkStatus();
+}
+
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string coordinator = std::getenv("WEFT_COORDINATOR") ? std::getenv("WEFT_COORDINATOR")
+                                                            : "127.0.0.1:7070";
+  std::string device = "cpu";
+  std::string host = HostName();
+  std::string worker_id;
+  std::string data_address;
+  std::string metrics_address = "127.0.0.1:0";
+  std::string metrics_port_file;
+  std::string output_dir = "weft-models";
+  int blas_threads = 1;
+  int64_t collective_timeout_ms = 60000;
+  std::string log_level = "info";
+
+  CLI::App app{"weft-worker: trains the job generations the coordinator assigns"};
+  app.add_option("--coordinator", coordinator, "coordinator host:port (env WEFT_COORDINATOR)")
+      ->capture_default_str();
+  app.add_option("--device", device, "cpu, cpu:N (N-th CPU worker on this host) or cuda:N")
+      ->capture_default_str();
+  app.add_option("--host", host, "host name reported to the coordinator")->capture_default_str();
+  app.add_option("--worker-id", worker_id, "stable id (default <host>/<device>)");
+  app.add_option("--data-address", data_address,
+                 "address other ranks reach this worker at for collectives (default: 127.0.0.1 "
+                 "with a loopback coordinator, else --host)");
+  app.add_option("--metrics-address", metrics_address, "Prometheus endpoint host:port, or none")
+      ->capture_default_str();
+  app.add_option("--metrics-port-file", metrics_port_file, "write the bound metrics port here");
+  app.add_option("--output-dir", output_dir, "where rank 0 writes trained models")
+      ->capture_default_str();
+  app.add_option("--blas-threads", blas_threads, "OpenBLAS threads for CPU matmuls")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_option("--collective-timeout-ms", collective_timeout_ms,
+                 "a collective not done by then fails the generation")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{100}, int64_t{3600000}));
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  if (auto s = weft::InitLogging("worker", log_level); !s.ok()) return Fail(s);
+  if (auto s = weft::CheckHostPort(coordinator, "--coordinator"); !s.ok()) return Fail(s);
+  weft::worker::AgentOptions options;
+  options.coordinator = coordinator;
+  if (auto s = ParseDevice(device, &options.info); !s.ok()) return Fail(s);
+  options.info.set_host(host);
+  options.info.set_worker_id(worker_id);
+  options.info.set_pid(::getpid());
+  if (data_address.empty()) {
+    const bool loopback = absl::StartsWith(coordinator, "127.") ||
+                          absl::StartsWith(coordinator, "localhost:");
+    data_address = loopback ? "127.0.0.1" : host;
+  }
+  options.info.set_address(data_address);
+  options.run.data_address = data_address;
+  options.run.output_dir = output_dir;
+  options.run.collective_timeout_ms = collective_timeout_ms;
+  weft::engine::SetBlasThreads(blas_threads);
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<weft::MetricsEndpoint> metrics;
+  if (metrics_address != "none" && !metrics_address.empty()) {
+    auto endpoint = weft::MetricsEndpoint::Start(metrics_address, registry);
+    if (!endpoint.ok()) return Fail(endpoint.status());
+    metrics = std::move(*endpoint);
+    options.info.set_metrics_address(absl::StrCat(
+        metrics_address.substr(0, metrics_address.rfind(':')), ":", metrics->port()));
+    if (!metrics_port_file.empty()) {
+      if (auto s = weft::WriteFileAtomically(metrics_port_file, absl::StrCat(metrics->port(), "\n"));
+          !s.ok()) {
+        return Fail(s);
+      }
+    }
+  }
+
+  // SIGTERM/SIGINT end the worker cleanly: the run is aborted, the process exits.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::thread signal_thread([&signals] {
+    int signo = 0;
+    sigwait(&signals, &signo);
+    g_stop = true;
+  });
+  signal_thread.detach();
+
+  weft::worker::WorkerAgent agent(options, registry);
+  absl::Status status = agent.Run(g_stop);
+  if (!status.ok()) return Fail(status);
+  return 0;
+}

@@ -1,0 +1,46 @@
+// The trained model as one portable file: safetensors, one tensor per GPT-2 parameter (named
+// as in the unit layout of engine/gpt.h), with the JobSpec it was trained under in the
+// metadata. Written by rank 0 at the end of a job; read by `trainctl sample`.
+#ifndef WEFT_WORKER_MODEL_IO_H_
+#define WEFT_WORKER_MODEL_IO_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/gpt.h"
+#include "weft/v1/job.pb.h"
+
+namespace weft::worker {
+
+// `units`: every unit's full (unpadded) parameters, in unit order.
+absl::Status SaveModel(const std::string& path, const weft::v1::JobSpec& spec,
+                       const std::vector<std::vector<float>>& units);
+
+struct LoadedModel {
+  weft::v1::JobSpec spec;
+  engine::GptConfig config;
+  std::vector<std::vector<float>> units;
+};
+
+// Errors name the file: unreadable, not safetensors, no weft.job_spec metadata, a tensor
+// missing or of the wrong shape.
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
+
+struct SampleOptions {
+  int tokens = 200;
+  // 0: always the most likely token.
+  float temperature = 0.8f;
+  // 0: sample from every token.
+  int top_k = 40;
+  uint64_t seed = 1;
+};
+
+// Continues `prompt`. Byte-level models (vocab 256) read and write text; other models read the
+// prompt as whitespace-separated token ids and write ids.
+absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::string& prompt,
+                                         const SampleOptions& options);
+
+}  // namespace weft::worker
+
+#endif  // WEFT_WORKER_MODEL_IO_H_

@@ -1,0 +1,343 @@
+#include "worker/zero.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/engine/adamw.h"
+
+namespace weft::worker {
+namespace {
+
+using comm::DataType;
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+void AddInto(float* dst, const float* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(const weft::v1::JobSpec& spec,
+                                                               comm::Communicator* comm) {
+  if (spec.zero_stage() < 0 || spec.zero_stage() > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("zero_stage: must be in [0, 3], got ", spec.zero_stage()));
+  }
+  std::unique_ptr<ZeroEngine> engine(new ZeroEngine(spec, comm));
+  engine->Initialize();
+  return engine;
+}
+
+ZeroEngine::ZeroEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm)
+    : spec_(spec),
+      comm_(comm),
+      config_(engine::ConfigFromSpec(spec.model())),
+      stage_(spec.zero_stage()),
+      world_(comm->world_size()),
+      rank_(comm->rank()),
+      batch_size_(spec.training().micro_batch_size()),
+      seq_len_(spec.training().sequence_length()),
+      model_(config_, spec.training().micro_batch_size(), spec.training().sequence_length()) {}
+
+void ZeroEngine::Initialize() {
+  const int num_units = engine::NumUnits(config_);
+  units_.resize(num_units);
+  size_t max_block = 0;
+  for (int u = 0; u < num_units; ++u) {
+    Unit& unit = units_[u];
+    unit.size = engine::UnitSize(config_, u);
+    unit.padded = (unit.size + world_ - 1) / world_ * world_;
+    unit.shard = unit.padded / world_;
+    if (u > 0) max_block = std::max(max_block, unit.padded);
+
+    // Every rank initialises the whole unit and keeps its part: the model is the same for any
+    // world size, at the cost of initialising (once) what other ranks own.
+    std::vector<float> full(unit.padded, 0.0f);
+    std::vector<uint8_t> mask(unit.padded, 0);
+    engine::InitUnit(config_, u, spec_.training().seed(), full.data());
+    engine::UnitDecayMask(config_, u, mask.data());
+    const size_t owned = stage_ == 0 ? unit.padded : unit.shard;
+    const size_t begin = stage_ == 0 ? 0 : rank_ * unit.shard;
+    unit.params.assign(full.begin() + begin, full.begin() + begin + owned);
+    unit.decay_mask.assign(mask.begin() + begin, mask.begin() + begin + owned);
+    unit.grads.assign(owned, 0.0f);
+    unit.m.assign(owned, 0.0f);
+    unit.v.assign(owned, 0.0f);
+    if (stage_ == 1 || stage_ == 2) unit.resident = std::move(full);
+    if (stage_ <= 2) unit.full_grad.assign(unit.padded, 0.0f);
+  }
+  if (stage_ == 3) {
+    for (auto& b : block_work_) b.assign(max_block, 0.0f);
+    for (auto& b : block_grad_work_) b.assign(max_block, 0.0f);
+    for (auto& b : scatter_out_) b.assign(max_block / world_, 0.0f);
+    head_work_.assign(units_[0].padded, 0.0f);
+    head_grad_work_.assign(units_[0].padded, 0.0f);
+    head_scatter_out_.assign(units_[0].shard, 0.0f);
+  }
+  inputs_.resize(static_cast<size_t>(batch_size_) * seq_len_);
+  targets_.resize(inputs_.size());
+}
+
+const float* ZeroEngine::ResidentParams(int unit) const {
+  return stage_ == 0 ? units_[unit].params.data() : units_[unit].resident.data();
+}
+
+float* ZeroEngine::FullGrad(int unit) { return units_[unit].full_grad.data(); }
+
+absl::Status ZeroEngine::Await(const std::shared_ptr<comm::Work>& work) {
+  const auto start = Clock::now();
+  absl::Status s = work->Wait();
+  exposed_ms_ += MsSince(start);
+  return s;
+}
+
+std::shared_ptr<comm::Work> ZeroEngine::GatherInto(int unit, float* dst) {
+  const Unit& u = units_[unit];
+  return comm_->AllGather(u.params.data(), dst, u.shard, DataType::kFloat32);
+}
+
+absl::Status ZeroEngine::ReduceScatterAccumulate(int unit, float* full) {
+  Unit& u = units_[unit];
+  std::vector<float>& out = unit == 0 ? head_scatter_out_ : scatter_out_[0];
+  if (out.size() < u.shard) out.resize(u.shard);
+  WEFT_RETURN_IF_ERROR(
+      Await(comm_->ReduceScatter(full, out.data(), u.shard, DataType::kFloat32)));
+  AddInto(u.grads.data(), out.data(), u.shard);
+  return absl::OkStatus();
+}
+
+// ---- one micro-batch -----------------------------------------------------------------------
+
+absl::StatusOr<float> ZeroEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
+                                            bool backward, float loss_scale) {
+  return stage_ == 3 ? MicroStepStage3(inputs, targets, backward, loss_scale)
+                     : MicroStepResident(inputs, targets, backward, loss_scale);
+}
+
+absl::StatusOr<float> ZeroEngine::MicroStepResident(const int32_t* inputs,
+                                                    const int32_t* targets, bool backward,
+                                                    float loss_scale) {
+  const int layers = config_.num_layers;
+  PhaseTimer forward(this, &forward_ms_);
+  model_.EncoderForward(ResidentParams(0), inputs);
+  for (int l = 0; l < layers; ++l) model_.BlockForward(l, ResidentParams(1 + l));
+  const float loss = model_.ClassifierForward(ResidentParams(0), targets, loss_scale);
+  forward.Stop();
+  if (!backward) return loss;
+  PhaseTimer backward_timer(this, &backward_ms_);
+
+  model_.ClassifierBackward(ResidentParams(0), FullGrad(0));
+  for (int l = layers - 1; l >= 0; --l) {
+    model_.BlockBackward(l, ResidentParams(1 + l), FullGrad(1 + l));
+    if (stage_ >= 1) {
+      // Stage 2: the block's gradient leaves as soon as it is complete.
+      WEFT_RETURN_IF_ERROR(ReduceScatterAccumulate(1 + l, FullGrad(1 + l)));
+      std::fill(units_[1 + l].full_grad.begin(), units_[1 + l].full_grad.end(), 0.0f);
+    }
+  }
+  model_.EncoderBackward(FullGrad(0));
+  if (stage_ >= 1) {
+    WEFT_RETURN_IF_ERROR(ReduceScatterAccumulate(0, FullGrad(0)));
+    std::fill(units_[0].full_grad.begin(), units_[0].full_grad.end(), 0.0f);
+  } else {
+    // Every stage accumulates micro-steps the same way (a fresh gradient, then +=), so that
+    // one rank gives the same bits at any stage.
+    for (Unit& u : units_) {
+      AddInto(u.grads.data(), u.full_grad.data(), u.padded);
+      std::fill(u.full_grad.begin(), u.full_grad.end(), 0.0f);
+    }
+  }
+  return loss;
+}
+
+absl::StatusOr<float> ZeroEngine::MicroStepStage3(const int32_t* inputs, const int32_t* targets,
+                                                  bool backward, float loss_scale) {
+  const int layers = config_.num_layers;
+  auto block_buf = [this](int l) { return block_work_[l % 2].data(); };
+
+  // ---- forward: head, then blocks with the next one's gather in flight.
+  PhaseTimer forward(this, &forward_ms_);
+  auto head = GatherInto(0, head_work_.data());
+  auto next = layers > 0 ? GatherInto(1, block_buf(0)) : nullptr;
+  WEFT_RETURN_IF_ERROR(Await(head));
+  model_.EncoderForward(head_work_.data(), inputs);
+  for (int l = 0; l < layers; ++l) {
+    WEFT_RETURN_IF_ERROR(Await(next));
+    // Prefetch: the next block, or the head again for the classifier.
+    next = l + 1 < layers ? GatherInto(2 + l, block_buf(l + 1)) : GatherInto(0, head_work_.data());
+    model_.BlockForward(l, block_buf(l));
+  }
+  if (layers == 0) next = GatherInto(0, head_work_.data());
+  WEFT_RETURN_IF_ERROR(Await(next));
+  const float loss = model_.ClassifierForward(head_work_.data(), targets, loss_scale);
+  forward.Stop();
+  if (!backward) return loss;
+  PhaseTimer backward_timer(this, &backward_ms_);
+
+  // ---- backward: blocks in reverse, each re-gathered; its gradient reduce-scattered while
+  // the block below computes.
+  std::fill(head_grad_work_.begin(), head_grad_work_.end(), 0.0f);
+  next = layers > 0 ? GatherInto(layers, block_buf(layers - 1)) : nullptr;
+  model_.ClassifierBackward(head_work_.data(), head_grad_work_.data());
+  std::shared_ptr<comm::Work> scatter[2];
+  int scatter_unit[2] = {-1, -1};
+  auto finish_scatter = [&](int slot) -> absl::Status {
+    if (!scatter[slot]) return absl::OkStatus();
+    WEFT_RETURN_IF_ERROR(Await(scatter[slot]));
+    Unit& u = units_[scatter_unit[slot]];
+    AddInto(u.grads.data(), scatter_out_[slot].data(), u.shard);
+    scatter[slot] = nullptr;
+    return absl::OkStatus();
+  };
+  for (int l = layers - 1; l >= 0; --l) {
+    const int slot = l % 2;
+    WEFT_RETURN_IF_ERROR(Await(next));
+    if (l > 0) next = GatherInto(l, block_buf(l - 1));
+    // This slot's gradient buffer was sent two blocks ago; its scatter must be done first.
+    WEFT_RETURN_IF_ERROR(finish_scatter(slot));
+    float* grad = block_grad_work_[slot].data();
+    std::fill(grad, grad + units_[1 + l].padded, 0.0f);
+    model_.BlockBackward(l, block_buf(l), grad);
+    scatter[slot] = comm_->ReduceScatter(grad, scatter_out_[slot].data(), units_[1 + l].shard,
+                                         DataType::kFloat32);
+    scatter_unit[slot] = 1 + l;
+  }
+  model_.EncoderBackward(head_grad_work_.data());
+  auto head_scatter = comm_->ReduceScatter(head_grad_work_.data(), head_scatter_out_.data(),
+                                           units_[0].shard, DataType::kFloat32);
+  WEFT_RETURN_IF_ERROR(finish_scatter(0));
+  WEFT_RETURN_IF_ERROR(finish_scatter(1));
+  WEFT_RETURN_IF_ERROR(Await(head_scatter));
+  AddInto(units_[0].grads.data(), head_scatter_out_.data(), units_[0].shard);
+  return loss;
+}
+
+// ---- optimizer step ------------------------------------------------------------------------
+
+absl::StatusOr<StepResult> ZeroEngine::TrainStep(int64_t step, const BatchFn& batch) {
+  const auto step_start = Clock::now();
+  StepResult result;
+  exposed_ms_ = 0;
+  for (Unit& u : units_) std::fill(u.grads.begin(), u.grads.end(), 0.0f);
+
+  const int accum = spec_.training().grad_accum_steps();
+  const float loss_scale = 1.0f / static_cast<float>(world_ * accum);
+  double loss_sum = 0;
+  forward_ms_ = backward_ms_ = 0;
+  for (int micro = 0; micro < accum; ++micro) {
+    batch(step, micro, inputs_.data(), targets_.data());
+    WEFT_ASSIGN_OR_RETURN(float loss,
+                          MicroStep(inputs_.data(), targets_.data(), true, loss_scale));
+    loss_sum += loss;
+  }
+  result.timings.forward_ms = forward_ms_;
+  result.timings.backward_ms = backward_ms_;
+
+  const auto opt_start = Clock::now();
+  const double exposed_before_opt = exposed_ms_;
+  if (stage_ == 0) {
+    // Gradients are complete per rank; sum them across ranks unit by unit.
+    for (Unit& u : units_) {
+      WEFT_RETURN_IF_ERROR(
+          Await(comm_->AllReduce(u.grads.data(), u.padded, DataType::kFloat32)));
+    }
+  }
+  // Global gradient norm: every rank sums the squares of what it owns, then one all-reduce of
+  // a scalar (stage 0 owns everything, so no reduction is needed there).
+  double sum_squares = 0;
+  for (const Unit& u : units_) sum_squares += engine::SumOfSquares(u.grads.data(), u.grads.size());
+  float stats[2] = {static_cast<float>(sum_squares), static_cast<float>(loss_sum)};
+  if (stage_ == 0) {
+    // Losses still need averaging across ranks.
+    float loss_only = stats[1];
+    WEFT_RETURN_IF_ERROR(Await(comm_->AllReduce(&loss_only, 1, DataType::kFloat32)));
+    stats[1] = loss_only;
+  } else {
+    WEFT_RETURN_IF_ERROR(Await(comm_->AllReduce(stats, 2, DataType::kFloat32)));
+  }
+  result.loss = stats[1] / static_cast<float>(world_ * accum);
+  result.grad_norm = std::sqrt(std::max(0.0f, stats[0]));
+
+  const auto& opt = spec_.optimizer();
+  float grad_scale = 1.0f;
+  if (opt.grad_clip_norm() > 0 && result.grad_norm > opt.grad_clip_norm()) {
+    grad_scale = static_cast<float>(opt.grad_clip_norm() / result.grad_norm);
+  }
+  result.learning_rate = engine::LearningRate(spec_, step);
+  engine::AdamWConfig adamw{static_cast<float>(result.learning_rate),
+                            static_cast<float>(opt.beta1()), static_cast<float>(opt.beta2()),
+                            static_cast<float>(opt.epsilon()),
+                            static_cast<float>(opt.weight_decay())};
+  for (Unit& u : units_) {
+    engine::AdamWUpdate(u.params.data(), u.grads.data(), u.m.data(), u.v.data(),
+                        u.decay_mask.data(), u.params.size(), adamw, step + 1, grad_scale);
+  }
+  if (stage_ == 1 || stage_ == 2) {
+    // Bring every rank's updated shard back into the resident copies.
+    std::vector<std::shared_ptr<comm::Work>> gathers;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      gathers.push_back(GatherInto(static_cast<int>(u), units_[u].resident.data()));
+    }
+    for (auto& g : gathers) WEFT_RETURN_IF_ERROR(Await(g));
+  }
+  result.timings.optimizer_ms = MsSince(opt_start) - (exposed_ms_ - exposed_before_opt);
+  result.timings.exposed_comm_ms = exposed_ms_;
+  result.timings.step_ms = MsSince(step_start);
+  return result;
+}
+
+absl::StatusOr<float> ZeroEngine::EvalLoss(int batches, const BatchFn& batch) {
+  double sum = 0;
+  for (int i = 0; i < batches; ++i) {
+    batch(0, i, inputs_.data(), targets_.data());
+    WEFT_ASSIGN_OR_RETURN(float loss, MicroStep(inputs_.data(), targets_.data(), false, 1.0f));
+    sum += loss;
+  }
+  float total = static_cast<float>(sum);
+  WEFT_RETURN_IF_ERROR(Await(comm_->AllReduce(&total, 1, DataType::kFloat32)));
+  return total / static_cast<float>(world_ * std::max(1, batches));
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> ZeroEngine::GatherParameters() {
+  std::vector<std::vector<float>> out(units_.size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = units_[u];
+    if (stage_ == 3) {
+      std::vector<float> full(unit.padded);
+      WEFT_RETURN_IF_ERROR(Await(GatherInto(static_cast<int>(u), full.data())));
+      full.resize(unit.size);
+      out[u] = std::move(full);
+    } else {
+      const float* p = ResidentParams(static_cast<int>(u));
+      out[u].assign(p, p + unit.size);
+    }
+  }
+  return out;
+}
+
+size_t ZeroEngine::StateBytes() const {
+  size_t floats = 0;
+  for (const Unit& u : units_) {
+    floats += u.params.size() + u.grads.size() + u.m.size() + u.v.size() + u.resident.size() +
+              u.full_grad.size();
+  }
+  return floats * sizeof(float);
+}
+
+size_t ZeroEngine::WorkingBytes() const {
+  size_t floats = head_work_.size() + head_grad_work_.size() + head_scatter_out_.size();
+  for (int i = 0; i < 2; ++i) {
+    floats += block_work_[i].size() + block_grad_work_[i].size() + scatter_out_[i].size();
+  }
+  return floats * sizeof(float) + model_.ActivationBytes();
+}
+
+}  // namespace weft::worker
