@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "client/remote_store.h"
 #include "common/status.h"
-#include "common/store.h"
 #include "spdlog/spdlog.h"
 #include "worker/comm/communicator.h"
 #include "worker/data/token_dataset.h"
@@ -115,13 +114,13 @@ absl::Status GenerationRun::Train() {
     val = std::move(*v);
   }
 
-  // Collectives rendezvous through the coordinator's store for this generation.
+  // Collectives rendezvous through the coordinator's store for this generation (under the
+  // communicator's own key prefix).
   RemoteStore store(client_->channel(), job_id(), generation());
-  PrefixStore gloo_store("gloo", &store);
   comm::GlooOptions gloo_options;
   gloo_options.hostname = options_.data_address;
   gloo_options.timeout_ms = options_.collective_timeout_ms;
-  auto comm = comm::CreateGlooCommunicator(&gloo_store, rank_, world, gloo_options);
+  auto comm = comm::CreateGlooCommunicator(&store, rank_, world, gloo_options);
   if (!comm.ok()) {
     ReportCollectiveError(comm.status());
     return comm.status();

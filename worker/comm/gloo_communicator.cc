@@ -16,8 +16,8 @@
 // (Context::closeConnections) only closes the sockets: a thread blocked in a Gloo wait is not
 // woken and sleeps until its timeout (30 s by default). UnboundBuffer::abortWait{Recv,Send}
 // wakes one wait, but the algorithm then carries on (it ignores the result), and it cannot
-// reach Gloo's internal buffers (allreduce's scratch, ReduceScatterHalvingDoubling's bound
-// buffers). What does work is Gloo's own reaction to an application timeout: when a wait on
+// reach buffers the algorithms create themselves (the halving-doubling algorithms' bound
+// buffers, gloo::allreduce's scratch). What does work is Gloo's own reaction to an application timeout: when a wait on
 // an unbound buffer times out, Gloo fails every pair of the transport context
 // (tcp::Context::signalException): each pair stores an IoException, hands it to every buffer
 // with a pending operation on it (bound buffers, posted unbound sends and receives), wakes

@@ -1,4 +1,4 @@
-// weft-engine-bench: wall time of one fp32 CPU training step (forward, backward, AdamW) of a
+// engine_bench: wall time of one fp32 CPU training step (forward, backward, AdamW) of a
 // GPT-2 shaped model, single process, no communication. Reports the median of --steps steps
 // after --warmup untimed ones.
 //
