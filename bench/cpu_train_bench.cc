@@ -11,6 +11,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
+#include "common/job_spec.h"
 #include "coordinator/memory_store.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/gpt.h"
@@ -35,14 +36,10 @@ weft::v1::JobSpec DemoSpec(int stage) {
   t->set_seed(1337);
   auto* o = spec.mutable_optimizer();
   o->set_learning_rate(3e-3);
-  o->set_beta1(0.9);
-  o->set_beta2(0.95);
-  o->set_epsilon(1e-8);
-  o->set_weight_decay(0.1);
-  o->set_grad_clip_norm(1.0);
   spec.mutable_lr_schedule()->set_kind(weft::v1::LrSchedule::COSINE);
   spec.mutable_lr_schedule()->set_min_lr_ratio(0.1);
   spec.set_zero_stage(stage);
+  weft::ApplyJobSpecDefaults(&spec);  // AdamW betas, epsilon, decay 0.1, clip 1.0
   return spec;
 }
 

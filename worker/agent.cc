@@ -22,9 +22,7 @@ WorkerAgent::WorkerAgent(AgentOptions options, std::shared_ptr<prometheus::Regis
     : options_(std::move(options)),
       registry_(std::move(registry)),
       client_(options_.coordinator),
-      metrics_(*registry_, options_.info.worker_id().empty()
-                               ? options_.info.host()
-                               : options_.info.worker_id()) {}
+      metrics_(*registry_, options_.info.worker_id()) {}
 
 absl::Status WorkerAgent::RegisterWithRetry(const std::atomic<bool>& stop) {
   absl::Duration backoff = absl::Milliseconds(100);

@@ -102,6 +102,12 @@ int main(int argc, char** argv) {
   options.coordinator = coordinator;
   if (auto s = ParseDevice(device, &options.info); !s.ok()) return Fail(s);
   options.info.set_host(host);
+  // The coordinator would pick the same default; knowing it before registering labels this
+  // worker's metrics and logs with its real id from the start.
+  if (worker_id.empty()) {
+    const bool cuda = options.info.device_kind() == weft::v1::DEVICE_KIND_CUDA;
+    worker_id = absl::StrCat(host, "/", cuda ? "cuda" : "cpu", options.info.device_index());
+  }
   options.info.set_worker_id(worker_id);
   options.info.set_pid(::getpid());
   if (data_address.empty()) {

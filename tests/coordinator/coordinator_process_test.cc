@@ -22,6 +22,7 @@ namespace weft {
 namespace {
 
 using testing::CoordinatorProcess;
+using testing::Eventually;
 using testing::Subprocess;
 using testing::TempDir;
 using ::testing::HasSubstr;
@@ -46,16 +47,6 @@ v1::JobSpec Spec(int min_workers = 2, int64_t heartbeat_timeout_ms = 10000) {
   return *spec;
 }
 
-// Polls `pred` every 20 ms until it holds or `timeout` passes.
-template <typename Pred>
-bool Eventually(Pred pred, absl::Duration timeout = absl::Seconds(10)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return pred();
-}
 
 class CoordinatorProcessTest : public ::testing::Test {
  protected:
@@ -185,6 +176,22 @@ class CoordinatorProcessTest : public ::testing::Test {
     scope.set_job_id(*id);
     scope.set_generation(ja->generation());
     return scope;
+  }
+
+  // weft-sim-worker processes node/cpu0..n-1, logging to sim<i>.log.
+  std::vector<std::unique_ptr<Subprocess>> StartSimWorkers(
+      int n, const std::vector<std::string>& extra_args = {}) {
+    std::vector<std::unique_ptr<Subprocess>> workers;
+    for (int i = 0; i < n; ++i) {
+      std::vector<std::string> argv = {testing::BinDir() + "/weft-sim-worker",
+                                       "--coordinator=" + coordinator_->address(), "--host=node",
+                                       absl::StrCat("--device-index=", i)};
+      argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+      auto p = Subprocess::Start(argv, dir_.File(absl::StrCat("sim", i, ".log")));
+      EXPECT_TRUE(p.ok()) << p.status();
+      if (p.ok()) workers.push_back(std::move(*p));
+    }
+    return workers;
   }
 
   TempDir dir_;
@@ -468,15 +475,8 @@ TEST_F(CoordinatorProcessTest, JoinTimesOutNamingTheMissingWorker) {
 TEST_F(CoordinatorProcessTest, StoppedWorkerProcessIsDeclaredDeadAndGenerationEnds) {
   auto id = Submit(Spec(2, /*heartbeat_timeout_ms=*/800));
   ASSERT_TRUE(id.ok());
-  std::vector<std::unique_ptr<Subprocess>> workers;
-  for (int i = 0; i < 2; ++i) {
-    auto p = Subprocess::Start({testing::BinDir() + "/weft-sim-worker",
-                                "--coordinator=" + coordinator_->address(), "--host=node",
-                                absl::StrCat("--device-index=", i)},
-                               dir_.File(absl::StrCat("sim", i, ".log")));
-    ASSERT_TRUE(p.ok());
-    workers.push_back(std::move(*p));
-  }
+  auto workers = StartSimWorkers(2);
+  ASSERT_EQ(workers.size(), 2u);
   ASSERT_TRUE(Eventually([&] {
     return GetJob(*id).status().state() == v1::RUNNING;
   })) << testing::ReadFile(coordinator_->log_path());
@@ -521,15 +521,8 @@ TEST_F(CoordinatorProcessTest, KilledWorkerProcessFailsJobWhenRestartBudgetIsZer
   spec.mutable_fault()->set_max_restarts(0);
   auto id = Submit(spec);
   ASSERT_TRUE(id.ok());
-  std::vector<std::unique_ptr<Subprocess>> workers;
-  for (int i = 0; i < 2; ++i) {
-    auto p = Subprocess::Start({testing::BinDir() + "/weft-sim-worker",
-                                "--coordinator=" + coordinator_->address(), "--host=node",
-                                absl::StrCat("--device-index=", i)},
-                               dir_.File(absl::StrCat("sim", i, ".log")));
-    ASSERT_TRUE(p.ok());
-    workers.push_back(std::move(*p));
-  }
+  auto workers = StartSimWorkers(2);
+  ASSERT_EQ(workers.size(), 2u);
   ASSERT_TRUE(Eventually([&] { return GetJob(*id).status().state() == v1::RUNNING; }));
   workers[0]->Signal(SIGKILL);
   ASSERT_TRUE(Eventually([&] { return GetJob(*id).status().state() == v1::FAILED; }));
@@ -553,16 +546,8 @@ TEST_F(CoordinatorProcessTest, WatchStreamsStateChangesAndStepsUntilTheJobEnds) 
     while (reader->Read(&status)) seen.push_back(status);
     watch_status = reader->Finish();
   });
-  std::vector<std::unique_ptr<Subprocess>> workers;
-  for (int i = 0; i < 2; ++i) {
-    auto p = Subprocess::Start({testing::BinDir() + "/weft-sim-worker",
-                                "--coordinator=" + coordinator_->address(), "--host=node",
-                                absl::StrCat("--device-index=", i), "--report-steps=10",
-                                "--step-interval-ms=30"},
-                               dir_.File(absl::StrCat("sim", i, ".log")));
-    ASSERT_TRUE(p.ok());
-    workers.push_back(std::move(*p));
-  }
+  auto workers = StartSimWorkers(2, {"--report-steps=10", "--step-interval-ms=30"});
+  ASSERT_EQ(workers.size(), 2u);
   watcher.join();
   EXPECT_TRUE(watch_status.ok()) << watch_status.error_message();
   ASSERT_FALSE(seen.empty());

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace weft::testing {
@@ -88,6 +89,17 @@ class CoordinatorProcess {
   std::string metrics_address_;
   std::string log_path_;
 };
+
+// Polls `pred` every 20 ms until it holds or `timeout` passes; returns its last value.
+template <typename Pred>
+bool Eventually(Pred pred, absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return pred();
+}
 
 // GET http://host:port/path over a plain socket; the response body, or an error.
 absl::StatusOr<std::string> HttpGet(const std::string& host_port, const std::string& path);

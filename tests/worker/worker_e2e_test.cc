@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/coordinator_client.h"
 #include "common/job_spec.h"
@@ -19,19 +20,11 @@ namespace weft {
 namespace {
 
 using testing::CoordinatorProcess;
+using testing::Eventually;
 using testing::Subprocess;
 using testing::TempDir;
 using ::testing::HasSubstr;
 
-template <typename Pred>
-bool Eventually(Pred pred, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return pred();
-}
 
 // English-like text with structure a tiny model picks up within a few dozen steps.
 std::string Corpus() {
@@ -62,7 +55,8 @@ class WorkerE2eTest : public ::testing::Test {
       auto p = Subprocess::Start(
           {testing::BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
            absl::StrCat("--device=cpu:", i), "--host=node", "--output-dir=" + dir_.File("models"),
-           "--collective-timeout-ms=20000", "--metrics-address=none"},
+           "--collective-timeout-ms=20000", "--metrics-address=127.0.0.1:0",
+           "--metrics-port-file=" + dir_.File(absl::StrCat("metrics", i, ".port"))},
           dir_.File(absl::StrCat("worker", i, ".log")));
       ASSERT_TRUE(p.ok());
       workers_.push_back(std::move(*p));
@@ -112,6 +106,16 @@ class WorkerE2eTest : public ::testing::Test {
     return all;
   }
 
+  // Waits until the job has reported at least `step` steps.
+  bool WaitForStep(const std::string& id, int64_t step) {
+    return Eventually(
+        [&] {
+          auto job = client_->GetJob(id);
+          return job.ok() && job->status().step() >= step;
+        },
+        absl::Seconds(60));
+  }
+
   bool AllWorkersIdle(size_t expected) {
     auto workers = client_->ListWorkers();
     if (!workers.ok() || workers->size() != expected) return false;
@@ -151,6 +155,21 @@ TEST_F(WorkerE2eTest, TwoWorkersTrainToCompletionAndTheModelSamples) {
   EXPECT_THAT(sample.out, ::testing::StartsWith("the cat"));
   EXPECT_GE(sample.out.size(), 40u);
   EXPECT_TRUE(Eventually([&] { return AllWorkersIdle(2); }, absl::Seconds(10)));
+
+  // Each worker's own Prometheus endpoint saw every step.
+  for (int i = 0; i < 2; ++i) {
+    auto port = testing::WaitForFile(dir_.File(absl::StrCat("metrics", i, ".port")),
+                                     absl::Seconds(5));
+    ASSERT_TRUE(port.ok());
+    auto body = testing::HttpGet(
+        absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port)), "/metrics");
+    ASSERT_TRUE(body.ok()) << body.status();
+    const std::string id = absl::StrCat("node/cpu", i);
+    EXPECT_THAT(*body, HasSubstr(absl::StrCat("weft_worker_steps_total{worker_id=\"", id,
+                                              "\"} 60")));
+    EXPECT_THAT(*body, HasSubstr("weft_worker_step_phase_seconds{phase=\"exposed_comm\""));
+    EXPECT_THAT(*body, HasSubstr(absl::StrCat("weft_worker_generation_runs_total{outcome=\"completed\",worker_id=\"", id, "\"} 1")));
+  }
 }
 
 TEST_F(WorkerE2eTest, BadDataFilesFailTheJobWithTheFileNamedAndNoRestart) {
@@ -205,13 +224,7 @@ TEST_F(WorkerE2eTest, RankKilledMidTrainingFailsTheJobAndTheSurvivorDoesNotHang)
   StartWorkers(2);
   auto submitted = client_->SubmitJob(Spec(100000));
   ASSERT_TRUE(submitted.ok());
-  ASSERT_TRUE(Eventually(
-      [&] {
-        auto job = client_->GetJob(submitted->job_id());
-        return job.ok() && job->status().step() >= 3;
-      },
-      absl::Seconds(60)))
-      << Logs();
+  ASSERT_TRUE(WaitForStep(submitted->job_id(), 3)) << Logs();
   workers_[1]->Signal(SIGKILL);
   const absl::Time killed = absl::Now();
   const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(30));
@@ -246,12 +259,7 @@ TEST_F(WorkerE2eTest, CancelStopsTrainingWithinAStep) {
   StartWorkers(2);
   auto submitted = client_->SubmitJob(Spec(100000));
   ASSERT_TRUE(submitted.ok());
-  ASSERT_TRUE(Eventually(
-      [&] {
-        auto job = client_->GetJob(submitted->job_id());
-        return job.ok() && job->status().step() >= 2;
-      },
-      absl::Seconds(60)));
+  ASSERT_TRUE(WaitForStep(submitted->job_id(), 2)) << Logs();
   ASSERT_TRUE(client_->CancelJob(submitted->job_id(), "test").ok());
   const absl::Time cancelled = absl::Now();
   EXPECT_TRUE(Eventually(

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/memory_store.h"
+#include "common/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/comm/communicator.h"
@@ -37,15 +38,11 @@ weft::v1::JobSpec TinySpec(int stage, int batch) {
   t->set_seed(7);
   auto* o = spec.mutable_optimizer();
   o->set_learning_rate(3e-3);
-  o->set_beta1(0.9);
-  o->set_beta2(0.95);
-  o->set_epsilon(1e-8);
-  o->set_weight_decay(0.1);
-  o->set_grad_clip_norm(1.0);
   spec.mutable_lr_schedule()->set_kind(weft::v1::LrSchedule::COSINE);
   spec.mutable_lr_schedule()->set_warmup_steps(4);
   spec.mutable_lr_schedule()->set_min_lr_ratio(0.1);
   spec.set_zero_stage(stage);
+  ApplyJobSpecDefaults(&spec);  // AdamW betas, epsilon, decay 0.1, clip 1.0
   return spec;
 }
 
