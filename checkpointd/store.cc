@@ -1,0 +1,825 @@
+#include "checkpointd/store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/crc32c.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "rocksdb/options.h"
+#include "rocksdb/write_batch.h"
+#include "spdlog/spdlog.h"
+
+namespace weft::checkpointd {
+namespace {
+
+using weft::v1::CheckpointManifest;
+using weft::v1::ShardChunk;
+using weft::v1::ShardHeader;
+using weft::v1::TensorLayout;
+
+constexpr size_t kMaxChunkBytes = 4 << 20;
+// Unsynced chunk writes are grouped up to this size: fewer WAL appends, bounded memory.
+constexpr size_t kBatchBytes = 16 << 20;
+constexpr int64_t kMaxElements = int64_t{1} << 50;
+constexpr int kMaxWorldSize = 1000000;  // the key format has 6 rank digits
+
+std::string StepPrefix(const char* kind, const std::string& job, int64_t step) {
+  return absl::StrFormat("%s/%s/%020d/", kind, job, step);
+}
+std::string RankKey(const char* kind, const std::string& job, int64_t step, int rank) {
+  return absl::StrFormat("%s/%s/%020d/%06d", kind, job, step, rank);
+}
+std::string ChunkPrefix(const std::string& job, int64_t step, int rank, const std::string& t) {
+  return absl::StrCat(RankKey("ckpt", job, step, rank), "/", t, "/");
+}
+std::string ManifestKey(const std::string& job, int64_t step) {
+  return absl::StrFormat("manifest/%s/%020d", job, step);
+}
+// First key after every key starting with `prefix` (which ends in '/').
+std::string PrefixEnd(std::string prefix) {
+  prefix.back() = static_cast<char>(prefix.back() + 1);
+  return prefix;
+}
+
+int ElementSize(weft::v1::DType dtype) {
+  switch (dtype) {
+    case weft::v1::DTYPE_F32: return 4;
+    case weft::v1::DTYPE_BF16: return 2;
+    case weft::v1::DTYPE_U8: return 1;
+    default: return 0;
+  }
+}
+
+absl::Status CheckLayout(const TensorLayout& t, int64_t* numel) {
+  WEFT_RETURN_IF_ERROR(CheckName(t.name(), "tensor name"));
+  if (ElementSize(t.dtype()) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name(), ": dtype unspecified"));
+  }
+  int64_t n = 1;
+  for (int64_t d : t.shape()) {
+    if (d < 1 || d > kMaxElements || n > kMaxElements / d) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", t.name(), ": shape dimensions must be >= 1, product <= 2^50"));
+    }
+    n *= d;
+  }
+  *numel = n;
+  return absl::OkStatus();
+}
+
+bool SameLayout(const TensorLayout& a, const TensorLayout& b) {
+  return google::protobuf::util::MessageDifferencer::Equals(a, b);
+}
+
+absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  if (s.IsCorruption()) return absl::DataLossError(absl::StrCat(what, ": ", s.ToString()));
+  return absl::UnavailableError(absl::StrCat(what, ": ", s.ToString()));
+}
+
+rocksdb::WriteOptions Synced() {
+  rocksdb::WriteOptions o;
+  o.sync = true;
+  return o;
+}
+
+// "<kind>/<job>/<step>" or with more components: job and step of a key.
+bool ParseJobStep(const rocksdb::Slice& key, std::string* job, int64_t* step) {
+  std::string k = key.ToString();
+  const size_t a = k.find('/');
+  if (a == std::string::npos) return false;
+  const size_t b = k.find('/', a + 1);
+  if (b == std::string::npos) return false;
+  *job = k.substr(a + 1, b - a - 1);
+  return absl::SimpleAtoi(k.substr(b + 1, 20), step);
+}
+
+}  // namespace
+
+absl::Status CheckName(const std::string& name, const char* field) {
+  if (name.empty() || name.size() > 512) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": must be 1 to 512 bytes"));
+  }
+  if (name.find('/') != std::string::npos || name.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " \"", name, "\": must contain no '/' and no NUL"));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// ShardWriter
+
+ShardWriter::ShardWriter(CheckpointStore* store, ShardHeader header, std::vector<int> elem_sizes,
+                         absl::Time start)
+    : store_(store),
+      header_(std::move(header)),
+      elem_sizes_(std::move(elem_sizes)),
+      start_(start),
+      batch_(std::make_unique<rocksdb::WriteBatch>()) {
+  if (!header_.ranges().empty()) next_offset_ = header_.ranges(0).begin();
+}
+
+ShardWriter::~ShardWriter() {
+  if (!done_) {
+    if (absl::Status s = store_->EndStream(*this, false, 0); !s.ok()) {
+      spdlog::warn("dropping failed shard {}/{}/{}: {}", header_.job_id(), header_.step(),
+                   header_.rank(), std::string(s.message()));
+    }
+  }
+}
+
+absl::Status ShardWriter::AddChunk(const ShardChunk& chunk) {
+  if (failed_ || done_) return absl::FailedPreconditionError("shard stream already ended");
+  auto fail = [this](absl::Status s) {
+    failed_ = true;
+    return s;
+  };
+  if (range_index_ >= static_cast<size_t>(header_.ranges_size())) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "chunk of tensor ", chunk.tensor(), " at ", chunk.offset_elements(),
+        ": every range of the header is already covered")));
+  }
+  const auto& range = header_.ranges(range_index_);
+  const int es = elem_sizes_[range_index_];
+  if (chunk.tensor() != range.tensor() || chunk.offset_elements() != next_offset_) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "chunk of tensor ", chunk.tensor(), " at element ", chunk.offset_elements(),
+        ": expected tensor ", range.tensor(), " at element ", next_offset_,
+        " (chunks must cover the header's ranges in order)")));
+  }
+  const size_t n = chunk.data().size();
+  if (n == 0 || n > kMaxChunkBytes || n % es != 0) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "chunk of tensor ", chunk.tensor(), " at ", chunk.offset_elements(), ": ", n,
+        " bytes; must be 1 to 4 MiB of whole ", es, "-byte elements")));
+  }
+  const int64_t elems = static_cast<int64_t>(n / es);
+  if (elems > range.end() - next_offset_) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "chunk of tensor ", chunk.tensor(), " at ", chunk.offset_elements(), ": runs past the",
+        " range end ", range.end())));
+  }
+  const uint32_t crc = Crc32c(chunk.data().data(), n);
+  if (crc != chunk.crc32c()) {
+    return fail(absl::DataLossError(absl::StrFormat(
+        "chunk of tensor %s at element %d: CRC32C mismatch (sent %08x, data has %08x)",
+        chunk.tensor(), chunk.offset_elements(), chunk.crc32c(), crc)));
+  }
+  std::string value(4 + n, '\0');
+  std::memcpy(value.data(), &crc, 4);  // little-endian hosts only
+  std::memcpy(value.data() + 4, chunk.data().data(), n);
+  const std::string key =
+      absl::StrCat(ChunkPrefix(header_.job_id(), header_.step(), header_.rank(), chunk.tensor()),
+                   absl::StrFormat("%020d", chunk.offset_elements()));
+  batch_->Put(key, value);
+  bytes_ += static_cast<int64_t>(n);
+  next_offset_ += elems;
+  if (next_offset_ == range.end()) {
+    ++range_index_;
+    if (range_index_ < static_cast<size_t>(header_.ranges_size())) {
+      next_offset_ = header_.ranges(range_index_).begin();
+    }
+  }
+  if (batch_->GetDataSize() >= kBatchBytes) {
+    if (absl::Status s = FlushBatch(); !s.ok()) return fail(s);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardWriter::FlushBatch() {
+  if (batch_->Count() == 0) return absl::OkStatus();
+  // Not synced: the marker's synced write at Finish makes everything before it durable.
+  rocksdb::Status s = store_->db_->Write(rocksdb::WriteOptions(), batch_.get());
+  store_->bytes_written_->Increment(static_cast<double>(batch_->GetDataSize()));
+  batch_->Clear();
+  return FromRocks(s, "checkpoint store write");
+}
+
+absl::StatusOr<int64_t> ShardWriter::Finish() {
+  if (failed_ || done_) return absl::FailedPreconditionError("shard stream already ended");
+  if (range_index_ != static_cast<size_t>(header_.ranges_size())) {
+    failed_ = true;
+    const auto& r = header_.ranges(range_index_);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stream ended before covering tensor ", r.tensor(), " [", next_offset_, ", ", r.end(),
+        ")"));
+  }
+  if (absl::Status s = FlushBatch(); !s.ok()) {
+    failed_ = true;
+    return s;
+  }
+  // EndStream settles the stream either way (on failure it already dropped the data).
+  done_ = true;
+  if (absl::Status s = store_->EndStream(*this, true, bytes_); !s.ok()) {
+    failed_ = true;
+    return s;
+  }
+  return bytes_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// CheckpointStore
+
+CheckpointStore::CheckpointStore(std::unique_ptr<rocksdb::DB> db, StoreOptions options,
+                                 std::shared_ptr<prometheus::Registry> registry)
+    : db_(std::move(db)), options_(std::move(options)), registry_(std::move(registry)) {
+  auto& r = *registry_;
+  bytes_written_ = &prometheus::BuildCounter()
+                        .Name("weft_checkpointd_bytes_written_total")
+                        .Help("Bytes of tensor chunks (with keys) written to the store")
+                        .Register(r)
+                        .Add({});
+  bytes_read_ = &prometheus::BuildCounter()
+                     .Name("weft_checkpointd_bytes_read_total")
+                     .Help("Bytes of tensor data streamed to ReadRange callers")
+                     .Register(r)
+                     .Add({});
+  save_seconds_ = &prometheus::BuildHistogram()
+                       .Name("weft_checkpointd_save_seconds")
+                       .Help("WriteShard duration, stream open to synced shard marker")
+                       .Register(r)
+                       .Add({}, ExponentialBuckets(0.001, 2, 20));
+  restore_seconds_ = &prometheus::BuildHistogram()
+                          .Name("weft_checkpointd_restore_seconds")
+                          .Help("ReadRange duration")
+                          .Register(r)
+                          .Add({}, ExponentialBuckets(0.001, 2, 20));
+  committed_ = &prometheus::BuildCounter()
+                    .Name("weft_checkpointd_checkpoints_committed_total")
+                    .Help("Checkpoints committed")
+                    .Register(r)
+                    .Add({});
+  failed_ = &prometheus::BuildCounter()
+                 .Name("weft_checkpointd_checkpoints_failed_total")
+                 .Help("Shard streams and commits refused or broken off")
+                 .Register(r)
+                 .Add({});
+  store_bytes_ = &prometheus::BuildGauge()
+                      .Name("weft_checkpointd_store_bytes")
+                      .Help("Bytes in the store's SST and blob files")
+                      .Register(r)
+                      .Add({});
+}
+
+CheckpointStore::~CheckpointStore() {
+  if (db_) db_->Flush(rocksdb::FlushOptions());
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
+    const StoreOptions& options, std::shared_ptr<prometheus::Registry> registry) {
+  rocksdb::Options db_options;
+  db_options.create_if_missing = true;
+  db_options.max_background_jobs = 2;
+  db_options.keep_log_file_num = 3;
+  // Tensor chunks (tens of KiB to 4 MiB) go to blob files: compactions then move only keys.
+  // Tensor data hardly compresses, so blobs are stored raw.
+  db_options.enable_blob_files = true;
+  db_options.min_blob_size = 64 << 10;
+  db_options.blob_compression_type = rocksdb::kNoCompression;
+  db_options.enable_blob_garbage_collection = true;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(db_options, options.data_dir, &db);
+  if (!s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--data-dir ", options.data_dir, ": cannot open the checkpoint store: ",
+                     s.ToString(),
+                     s.IsIOError() ? " (is another checkpointd using this directory?)" : ""));
+  }
+  std::unique_ptr<CheckpointStore> store(
+      new CheckpointStore(std::unique_ptr<rocksdb::DB>(db), options, std::move(registry)));
+  WEFT_RETURN_IF_ERROR(store->RecoverCrashedStreams());
+  WEFT_RETURN_IF_ERROR(store->Sweep());
+  store->UpdateStoreBytes();
+  return store;
+}
+
+absl::Status CheckpointStore::RecoverCrashedStreams() {
+  // Every open/ key left at startup belongs to a stream the previous process never finished.
+  std::vector<std::tuple<std::string, int64_t, int>> crashed;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("open/"); it->Valid() && it->key().starts_with("open/"); it->Next()) {
+    std::string job;
+    int64_t step = 0;
+    int rank = 0;
+    const std::string key = it->key().ToString();
+    if (!ParseJobStep(it->key(), &job, &step) ||
+        !absl::SimpleAtoi(key.substr(key.rfind('/') + 1), &rank)) {
+      return absl::DataLossError(absl::StrCat("checkpoint store: bad key ", key));
+    }
+    crashed.emplace_back(job, step, rank);
+  }
+  WEFT_RETURN_IF_ERROR(FromRocks(it->status(), "checkpoint store scan"));
+  for (const auto& [job, step, rank] : crashed) {
+    spdlog::info("removing shard {}/{}/{} left by an interrupted write", job, step, rank);
+    WEFT_RETURN_IF_ERROR(DropRank(job, step, rank));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointStore::DropRank(const std::string& job, int64_t step, int rank) {
+  rocksdb::WriteBatch batch;
+  const std::string prefix = RankKey("ckpt", job, step, rank) + "/";
+  batch.DeleteRange(prefix, PrefixEnd(prefix));
+  batch.Delete(RankKey("shard", job, step, rank));
+  batch.Delete(RankKey("open", job, step, rank));
+  // Unsynced: if this is lost, the open/ key survives and startup drops the rank again.
+  return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "checkpoint store delete");
+}
+
+absl::StatusOr<bool> CheckpointStore::IsCommitted(const std::string& job, int64_t step) {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ManifestKey(job, step), &value);
+  if (s.IsNotFound()) return false;
+  WEFT_RETURN_IF_ERROR(FromRocks(s, "checkpoint store read"));
+  return true;
+}
+
+absl::StatusOr<std::unique_ptr<ShardWriter>> CheckpointStore::BeginShard(
+    const ShardHeader& header) {
+  WEFT_RETURN_IF_ERROR(CheckName(header.job_id(), "header.job_id"));
+  if (header.step() < 0) return absl::InvalidArgumentError("header.step: must be >= 0");
+  if (header.world_size() < 1 || header.world_size() > kMaxWorldSize) {
+    return absl::InvalidArgumentError("header.world_size: must be in [1, 1000000]");
+  }
+  if (header.rank() < 0 || header.rank() >= header.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("header.rank ", header.rank(),
+                                                   ": must be in [0, ", header.world_size(), ")"));
+  }
+  std::map<std::string, std::pair<int, int64_t>> layouts;  // name -> element size, numel
+  for (const TensorLayout& t : header.tensors()) {
+    int64_t numel = 0;
+    WEFT_RETURN_IF_ERROR(CheckLayout(t, &numel));
+    if (!layouts.emplace(t.name(), std::make_pair(ElementSize(t.dtype()), numel)).second) {
+      return absl::InvalidArgumentError(absl::StrCat("header.tensors: ", t.name(), " twice"));
+    }
+  }
+  std::vector<int> elem_sizes;
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> by_tensor;
+  for (const auto& r : header.ranges()) {
+    auto layout = layouts.find(r.tensor());
+    if (layout == layouts.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("header.ranges: tensor ", r.tensor(), " has no entry in header.tensors"));
+    }
+    if (r.begin() < 0 || r.begin() >= r.end() || r.end() > layout->second.second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "header.ranges: ", r.tensor(), " [", r.begin(), ", ", r.end(),
+          "): must be non-empty and within [0, ", layout->second.second, ")"));
+    }
+    elem_sizes.push_back(layout->second.first);
+    by_tensor[r.tensor()].emplace_back(r.begin(), r.end());
+  }
+  for (auto& [name, ranges] : by_tensor) {
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i) {
+      if (ranges[i].first < ranges[i - 1].second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("header.ranges: ranges of tensor ", name, " overlap"));
+      }
+    }
+  }
+  const std::string& job = header.job_id();
+  const auto id = std::make_tuple(job, header.step(), header.rank());
+  {
+    absl::MutexLock lock(&mu_);
+    WEFT_ASSIGN_OR_RETURN(bool committed, IsCommitted(job, header.step()));
+    if (committed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", job, " step ", header.step(), " is already committed"));
+    }
+    if (!open_streams_.insert(id).second) {
+      return absl::AbortedError(absl::StrCat("a WriteShard stream for ", job, " step ",
+                                             header.step(), " rank ", header.rank(),
+                                             " is already open"));
+    }
+    // A rewrite replaces whatever an earlier stream of this rank left.
+    rocksdb::WriteBatch batch;
+    const std::string prefix = RankKey("ckpt", job, header.step(), header.rank()) + "/";
+    batch.DeleteRange(prefix, PrefixEnd(prefix));
+    batch.Delete(RankKey("shard", job, header.step(), header.rank()));
+    batch.Put(RankKey("open", job, header.step(), header.rank()), "");
+    const std::string pending = StepPrefix("pending", job, header.step());
+    std::string unused;
+    if (db_->Get(rocksdb::ReadOptions(), pending, &unused).IsNotFound()) {
+      batch.Put(pending, absl::StrCat(absl::ToUnixMicros(absl::Now())));
+    }
+    if (absl::Status s = FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "write");
+        !s.ok()) {
+      open_streams_.erase(id);
+      return s;
+    }
+  }
+  return std::unique_ptr<ShardWriter>(
+      new ShardWriter(this, header, std::move(elem_sizes), absl::Now()));
+}
+
+absl::Status CheckpointStore::EndStream(const ShardWriter& writer, bool ok, int64_t bytes) {
+  const ShardHeader& h = writer.header_;
+  absl::MutexLock lock(&mu_);
+  absl::Status status;
+  if (ok) {
+    WEFT_ASSIGN_OR_RETURN(bool committed, IsCommitted(h.job_id(), h.step()));
+    if (committed) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", h.job_id(), " step ", h.step(), " was committed during the stream"));
+    } else {
+      rocksdb::WriteBatch batch;
+      batch.Put(RankKey("shard", h.job_id(), h.step(), h.rank()), h.SerializeAsString());
+      batch.Delete(RankKey("open", h.job_id(), h.step(), h.rank()));
+      // The one synced write of the stream: it also makes every earlier chunk durable.
+      status = FromRocks(db_->Write(Synced(), &batch), "checkpoint store marker write");
+    }
+  }
+  if (!ok || !status.ok()) {
+    failed_->Increment();
+    if (!ok) status = DropRank(h.job_id(), h.step(), h.rank());
+    else DropRank(h.job_id(), h.step(), h.rank()).IgnoreError();
+  } else {
+    save_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - writer.start_));
+  }
+  open_streams_.erase(std::make_tuple(h.job_id(), h.step(), h.rank()));
+  return status;
+}
+
+absl::StatusOr<CheckpointManifest> CheckpointStore::Commit(CheckpointManifest m) {
+  auto refuse = [this](absl::Status s) {
+    failed_->Increment();
+    return s;
+  };
+  WEFT_RETURN_IF_ERROR(CheckName(m.job_id(), "manifest.job_id"));
+  const std::string job = m.job_id();
+  if (m.step() < 0) return refuse(absl::InvalidArgumentError("manifest.step: must be >= 0"));
+  if (m.world_size() < 1 || m.world_size() > kMaxWorldSize) {
+    return refuse(absl::InvalidArgumentError("manifest.world_size: must be in [1, 1000000]"));
+  }
+  std::map<std::string, int64_t> numels;
+  int64_t total_bytes = 0;
+  for (const TensorLayout& t : m.tensors()) {
+    int64_t numel = 0;
+    WEFT_RETURN_IF_ERROR(CheckLayout(t, &numel));
+    if (!numels.emplace(t.name(), numel).second) {
+      return refuse(absl::InvalidArgumentError(absl::StrCat("manifest.tensors: ", t.name(),
+                                                            " twice")));
+    }
+    total_bytes += numel * ElementSize(t.dtype());
+  }
+  std::map<int, weft::v1::RankState> ranks;
+  for (const auto& r : m.ranks()) {
+    if (r.rank() < 0 || r.rank() >= m.world_size() || !ranks.emplace(r.rank(), r).second) {
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
+          "manifest.ranks: rank ", r.rank(), " out of range or given twice")));
+    }
+  }
+
+  absl::MutexLock lock(&mu_);
+  WEFT_ASSIGN_OR_RETURN(bool committed, IsCommitted(job, m.step()));
+  if (committed) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("checkpoint ", job, " step ", m.step(), " is already committed"));
+  }
+  for (const auto& [j, step, rank] : open_streams_) {
+    if (j == job && step == m.step()) {
+      return refuse(absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank, " is still writing its shard of ", job, " step ", step)));
+    }
+  }
+  std::vector<int> missing;
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> coverage;
+  for (int rank = 0; rank < m.world_size(); ++rank) {
+    std::string value;
+    rocksdb::Status s =
+        db_->Get(rocksdb::ReadOptions(), RankKey("shard", job, m.step(), rank), &value);
+    if (s.IsNotFound()) {
+      missing.push_back(rank);
+      continue;
+    }
+    WEFT_RETURN_IF_ERROR(FromRocks(s, "checkpoint store read"));
+    ShardHeader h;
+    if (!h.ParseFromString(value)) {
+      return absl::DataLossError(absl::StrCat("shard marker of rank ", rank, " is unreadable"));
+    }
+    if (h.world_size() != m.world_size()) {
+      return refuse(absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank, " wrote its shard for world size ", h.world_size(), ", manifest says ",
+          m.world_size())));
+    }
+    for (const TensorLayout& t : h.tensors()) {
+      auto it = std::find_if(m.tensors().begin(), m.tensors().end(),
+                             [&](const TensorLayout& mt) { return mt.name() == t.name(); });
+      if (it != m.tensors().end() && !SameLayout(*it, t)) {
+        return refuse(absl::FailedPreconditionError(absl::StrCat(
+            "tensor ", t.name(), ": rank ", rank, " wrote it with another dtype or shape")));
+      }
+    }
+    weft::v1::RankState& state = ranks[rank];
+    state.set_rank(rank);
+    state.mutable_ranges()->CopyFrom(h.ranges());
+    for (const auto& r : h.ranges()) {
+      if (!numels.contains(r.tensor())) {
+        return refuse(absl::FailedPreconditionError(absl::StrCat(
+            "rank ", rank, " wrote tensor ", r.tensor(), " that the manifest does not list")));
+      }
+      coverage[r.tensor()].emplace_back(r.begin(), r.end());
+    }
+  }
+  if (!missing.empty()) {
+    return refuse(absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", job, " step ", m.step(), ": ranks ",
+                     absl::StrJoin(missing, ", "), " have not written their shards")));
+  }
+  for (const auto& [name, numel] : numels) {
+    auto& ranges = coverage[name];
+    std::sort(ranges.begin(), ranges.end());
+    int64_t next = 0;
+    for (const auto& [b, e] : ranges) {
+      if (b != next) break;
+      next = e;
+    }
+    if (next != numel) {
+      return refuse(absl::FailedPreconditionError(absl::StrCat(
+          "tensor ", name, ": the ranks' ranges do not cover [0, ", numel,
+          ") exactly once (first gap or overlap at element ", next, ")")));
+    }
+  }
+  m.clear_ranks();
+  for (auto& [rank, state] : ranks) *m.add_ranks() = std::move(state);
+  m.set_total_bytes(total_bytes);
+  m.set_pinned(false);
+  const absl::Time now = absl::Now();
+  m.mutable_commit_time()->set_seconds(absl::ToUnixSeconds(now));
+  m.mutable_commit_time()->set_nanos(static_cast<int32_t>(absl::ToUnixNanos(now) % 1000000000));
+
+  rocksdb::WriteBatch batch;
+  batch.Put(ManifestKey(job, m.step()), m.SerializeAsString());
+  batch.Delete(StepPrefix("pending", job, m.step()));
+  // Retention: the newest keep_last (this one included) plus pinned ones survive.
+  const int keep = m.spec().checkpoint().keep_last();
+  if (keep >= 1) {
+    WEFT_ASSIGN_OR_RETURN(auto existing, List(job));  // newest first, without this one
+    int kept = 1;
+    for (const auto& old : existing) {
+      if (old.step() > m.step() || kept < keep) {
+        ++kept;
+        continue;
+      }
+      if (old.pinned()) continue;
+      spdlog::info("retention: deleting checkpoint {} step {}", job, old.step());
+      batch.Delete(ManifestKey(job, old.step()));
+      for (const char* kind : {"ckpt", "shard"}) {
+        const std::string p = StepPrefix(kind, job, old.step());
+        batch.DeleteRange(p, PrefixEnd(p));
+      }
+    }
+  }
+  WEFT_RETURN_IF_ERROR(FromRocks(db_->Write(Synced(), &batch), "checkpoint commit"));
+  committed_->Increment();
+  UpdateStoreBytes();
+  return m;
+}
+
+absl::StatusOr<std::vector<CheckpointManifest>> CheckpointStore::List(const std::string& job) {
+  WEFT_RETURN_IF_ERROR(CheckName(job, "job_id"));
+  const std::string prefix = absl::StrCat("manifest/", job, "/");
+  std::vector<CheckpointManifest> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->SeekForPrev(PrefixEnd(prefix)); it->Valid() && it->key().starts_with(prefix);
+       it->Prev()) {
+    CheckpointManifest m;
+    if (!m.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return absl::DataLossError(absl::StrCat("manifest ", it->key().ToString(), " unreadable"));
+    }
+    out.push_back(std::move(m));
+  }
+  WEFT_RETURN_IF_ERROR(FromRocks(it->status(), "checkpoint store scan"));
+  return out;
+}
+
+absl::StatusOr<CheckpointManifest> CheckpointStore::GetManifest(const std::string& job,
+                                                                int64_t step) {
+  return ReadManifest(job, step, rocksdb::ReadOptions());
+}
+
+absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(const std::string& job,
+                                                                 int64_t step,
+                                                                 const rocksdb::ReadOptions& ro) {
+  WEFT_RETURN_IF_ERROR(CheckName(job, "job_id"));
+  if (step < 0) return absl::InvalidArgumentError("step: must be >= 0 (0: latest)");
+  std::string value;
+  if (step == 0) {
+    const std::string prefix = absl::StrCat("manifest/", job, "/");
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+    it->SeekForPrev(PrefixEnd(prefix));
+    WEFT_RETURN_IF_ERROR(FromRocks(it->status(), "checkpoint store scan"));
+    if (!it->Valid() || !it->key().starts_with(prefix)) {
+      return absl::NotFoundError(absl::StrCat("job ", job, " has no committed checkpoint"));
+    }
+    value = it->value().ToString();
+  } else {
+    rocksdb::Status s = db_->Get(ro, ManifestKey(job, step), &value);
+    if (s.IsNotFound()) {
+      return absl::NotFoundError(
+          absl::StrCat("job ", job, " has no committed checkpoint at step ", step));
+    }
+    WEFT_RETURN_IF_ERROR(FromRocks(s, "checkpoint store read"));
+  }
+  CheckpointManifest m;
+  if (!m.ParseFromString(value)) {
+    return absl::DataLossError(absl::StrCat("manifest of ", job, " unreadable"));
+  }
+  return m;
+}
+
+absl::Status CheckpointStore::ReadRange(const weft::v1::ReadRangeRequest& req,
+                                        absl::FunctionRef<bool(const ShardChunk&)> emit) {
+  const absl::Time start = absl::Now();
+  WEFT_RETURN_IF_ERROR(CheckName(req.tensor(), "tensor"));
+  if (req.step() < 0) return absl::InvalidArgumentError("step: must be >= 0");
+  // One snapshot for manifest and data: a concurrent delete cannot tear the read.
+  const rocksdb::Snapshot* snapshot = db_->GetSnapshot();
+  struct Release {
+    rocksdb::DB* db;
+    const rocksdb::Snapshot* s;
+    ~Release() { db->ReleaseSnapshot(s); }
+  } release{db_.get(), snapshot};
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snapshot;
+  ro.verify_checksums = true;
+  WEFT_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifest(req.job_id(), req.step(), ro));
+  const TensorLayout* layout = nullptr;
+  for (const auto& t : m.tensors()) {
+    if (t.name() == req.tensor()) layout = &t;
+  }
+  if (layout == nullptr) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", req.job_id(), " step ", m.step(),
+                                            " has no tensor ", req.tensor()));
+  }
+  int64_t numel = 0;
+  WEFT_RETURN_IF_ERROR(CheckLayout(*layout, &numel));
+  const int es = ElementSize(layout->dtype());
+  if (req.begin() < 0 || req.begin() > req.end() || req.end() > numel) {
+    return absl::OutOfRangeError(absl::StrCat("range [", req.begin(), ", ", req.end(),
+                                              ") of tensor ", req.tensor(), ": must be within [0, ",
+                                              numel, "]"));
+  }
+  struct Piece {
+    int64_t begin, end;
+    int rank;
+  };
+  std::vector<Piece> pieces;
+  for (const auto& rs : m.ranks()) {
+    for (const auto& r : rs.ranges()) {
+      if (r.tensor() == req.tensor() && r.end() > req.begin() && r.begin() < req.end()) {
+        pieces.push_back({r.begin(), r.end(), rs.rank()});
+      }
+    }
+  }
+  std::sort(pieces.begin(), pieces.end(),
+            [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+  auto loss = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("tensor ", req.tensor(), " of checkpoint ",
+                                            req.job_id(), " step ", m.step(), ": ", why));
+  };
+  int64_t pos = req.begin();
+  ShardChunk out;
+  out.set_tensor(req.tensor());
+  for (const Piece& piece : pieces) {
+    const std::string prefix = ChunkPrefix(m.job_id(), m.step(), piece.rank, req.tensor());
+    const int64_t stop = std::min(piece.end, req.end());
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+    // The chunk holding `pos` is the last one starting at or before it.
+    it->SeekForPrev(absl::StrCat(prefix, absl::StrFormat("%020d", pos)));
+    while (pos < stop) {
+      if (!it->status().ok()) return loss(it->status().ToString());
+      if (!it->Valid() || !it->key().starts_with(prefix)) {
+        return loss(absl::StrCat("no stored chunk holds element ", pos));
+      }
+      int64_t offset = 0;
+      if (!absl::SimpleAtoi(it->key().ToString().substr(prefix.size()), &offset)) {
+        return loss(absl::StrCat("bad key ", it->key().ToString()));
+      }
+      const rocksdb::Slice v = it->value();
+      if (!it->status().ok()) return loss(it->status().ToString());
+      if (v.size() < 4 || (v.size() - 4) % es != 0) return loss("stored chunk has a bad size");
+      uint32_t crc;
+      std::memcpy(&crc, v.data(), 4);
+      if (Crc32c(v.data() + 4, v.size() - 4) != crc) {
+        return loss(absl::StrCat("CRC32C mismatch in the chunk at element ", offset));
+      }
+      const int64_t chunk_end = offset + static_cast<int64_t>((v.size() - 4) / es);
+      if (offset > pos || chunk_end <= pos) {
+        return loss(absl::StrCat("no stored chunk holds element ", pos));
+      }
+      const int64_t take_end = std::min(chunk_end, stop);
+      out.set_offset_elements(pos);
+      out.set_data(v.data() + 4 + (pos - offset) * es, (take_end - pos) * es);
+      out.set_crc32c(Crc32c(out.data().data(), out.data().size()));
+      if (!emit(out)) return absl::CancelledError("reader went away");
+      bytes_read_->Increment(static_cast<double>(out.data().size()));
+      pos = take_end;
+      it->Next();
+    }
+  }
+  if (pos != req.end()) {
+    return loss(absl::StrCat("the manifest's ranges leave element ", pos, " uncovered"));
+  }
+  restore_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointStore::SetPinned(const std::string& job, int64_t step, bool pinned) {
+  WEFT_RETURN_IF_ERROR(CheckName(job, "job_id"));
+  absl::MutexLock lock(&mu_);
+  // An exact step: "0 = latest" is GetManifest's convenience only.
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ManifestKey(job, step), &value);
+  if (s.IsNotFound()) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", job, " has no committed checkpoint at step ", step));
+  }
+  WEFT_RETURN_IF_ERROR(FromRocks(s, "checkpoint store read"));
+  CheckpointManifest m;
+  if (!m.ParseFromString(value)) return absl::DataLossError("manifest unreadable");
+  m.set_pinned(pinned);
+  return FromRocks(db_->Put(Synced(), ManifestKey(job, m.step()), m.SerializeAsString()),
+                   "checkpoint store write");
+}
+
+absl::Status CheckpointStore::Delete(const std::string& job, int64_t step) {
+  WEFT_RETURN_IF_ERROR(CheckName(job, "job_id"));
+  absl::MutexLock lock(&mu_);
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ManifestKey(job, step), &value);
+  if (s.IsNotFound()) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", job, " has no committed checkpoint at step ", step));
+  }
+  WEFT_RETURN_IF_ERROR(FromRocks(s, "checkpoint store read"));
+  CheckpointManifest m;
+  if (m.ParseFromString(value) && m.pinned()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", job, " step ", step, " is pinned; unpin it first"));
+  }
+  rocksdb::WriteBatch batch;
+  batch.Delete(ManifestKey(job, step));
+  for (const char* kind : {"ckpt", "shard"}) {
+    const std::string p = StepPrefix(kind, job, step);
+    batch.DeleteRange(p, PrefixEnd(p));
+  }
+  WEFT_RETURN_IF_ERROR(FromRocks(db_->Write(Synced(), &batch), "checkpoint delete"));
+  UpdateStoreBytes();
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointStore::Sweep() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  rocksdb::WriteBatch batch;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("pending/"); it->Valid() && it->key().starts_with("pending/"); it->Next()) {
+    std::string job;
+    int64_t step = 0, micros = 0;
+    if (!ParseJobStep(it->key(), &job, &step) ||
+        !absl::SimpleAtoi(it->value().ToString(), &micros)) {
+      batch.Delete(it->key());
+      continue;
+    }
+    WEFT_ASSIGN_OR_RETURN(bool committed, IsCommitted(job, step));
+    if (committed) {
+      batch.Delete(it->key());
+      continue;
+    }
+    if (now - absl::FromUnixMicros(micros) < options_.gc_grace) continue;
+    bool open = false;
+    for (const auto& [j, s, r] : open_streams_) open |= (j == job && s == step);
+    if (open) continue;
+    spdlog::info("collecting uncommitted checkpoint {} step {}", job, step);
+    for (const char* kind : {"ckpt", "shard", "open"}) {
+      const std::string p = StepPrefix(kind, job, step);
+      batch.DeleteRange(p, PrefixEnd(p));
+    }
+    batch.Delete(it->key());
+  }
+  WEFT_RETURN_IF_ERROR(FromRocks(it->status(), "checkpoint store scan"));
+  if (batch.Count() > 0) {
+    WEFT_RETURN_IF_ERROR(FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "sweep"));
+  }
+  UpdateStoreBytes();
+  return absl::OkStatus();
+}
+
+void CheckpointStore::UpdateStoreBytes() {
+  uint64_t sst = 0, blob = 0;
+  db_->GetIntProperty("rocksdb.total-sst-files-size", &sst);
+  db_->GetIntProperty("rocksdb.total-blob-file-size", &blob);
+  store_bytes_->Set(static_cast<double>(sst + blob));
+}
+
+}  // namespace weft::checkpointd

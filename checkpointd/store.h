@@ -1,0 +1,149 @@
+// The checkpoint store: sharded tensor data and manifests in one RocksDB (tensor data in blob
+// files). A checkpoint is visible only once its manifest is written; everything else is
+// uncommitted and collected.
+//
+// Keys (numbers zero-padded so lexicographic order is numeric order):
+//   ckpt/<job>/<step:020d>/<rank:06d>/<tensor>/<offset:020d>  chunk: crc32c (4 bytes LE) + data
+//   shard/<job>/<step:020d>/<rank:06d>    "shard complete" marker: the rank's ShardHeader
+//   open/<job>/<step:020d>/<rank:06d>     a WriteShard stream in progress (crash evidence)
+//   pending/<job>/<step:020d>             first write time of an uncommitted step (unix micros)
+//   manifest/<job>/<step:020d>            CheckpointManifest: the commit point
+// Job ids and tensor names contain no '/' so every prefix scan is exact.
+#ifndef WEFT_CHECKPOINTD_STORE_H_
+#define WEFT_CHECKPOINTD_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "rocksdb/db.h"
+#include "weft/v1/checkpoint.pb.h"
+
+namespace weft::checkpointd {
+
+struct StoreOptions {
+  std::string data_dir = "weft-checkpointd-data";
+  // Uncommitted steps whose first write is older than this are collected by Sweep().
+  absl::Duration gc_grace = absl::Hours(1);
+};
+
+class CheckpointStore;
+
+// One WriteShard stream. Begin with CheckpointStore::BeginShard, then AddChunk per chunk and
+// Finish at stream end. Destroying a writer that did not Finish successfully removes all of
+// its data (nothing of a failed stream is kept). Not thread-safe (one stream, one thread).
+class ShardWriter {
+ public:
+  ~ShardWriter();
+  // Checks `chunk` (CRC32C, tensor/offset continue the header's ranges in order, whole
+  // elements, <= 4 MiB) and queues it for an unsynced write. DATA_LOSS on a checksum
+  // mismatch, INVALID_ARGUMENT on anything else; after an error the writer is dead.
+  absl::Status AddChunk(const weft::v1::ShardChunk& chunk);
+  // Checks every range was covered, then writes the shard marker with one synced write.
+  // Returns the tensor bytes stored.
+  absl::StatusOr<int64_t> Finish();
+
+ private:
+  friend class CheckpointStore;
+  ShardWriter(CheckpointStore* store, weft::v1::ShardHeader header, std::vector<int> elem_sizes,
+              absl::Time start);
+  absl::Status FlushBatch();
+
+  CheckpointStore* store_;
+  weft::v1::ShardHeader header_;
+  std::vector<int> elem_sizes_;  // per range
+  absl::Time start_;
+  size_t range_index_ = 0;
+  int64_t next_offset_ = 0;
+  int64_t bytes_ = 0;
+  std::unique_ptr<class rocksdb::WriteBatch> batch_;
+  bool done_ = false;
+  bool failed_ = false;
+};
+
+class CheckpointStore {
+ public:
+  // Opens (creating) the database in options.data_dir and removes what crashed streams left.
+  // Metrics are registered in `registry`.
+  static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(
+      const StoreOptions& options, std::shared_ptr<prometheus::Registry> registry);
+  ~CheckpointStore();  // flushes the memtable so a clean stop leaves data in blob/SST files
+
+  // Validates `header` and starts a stream for its rank: replaces any earlier uncommitted
+  // data of that rank. FAILED_PRECONDITION if the step is committed, ABORTED if a stream for
+  // the same rank is already open.
+  absl::StatusOr<std::unique_ptr<ShardWriter>> BeginShard(const weft::v1::ShardHeader& header);
+
+  // The commit point (see checkpoint.proto); also applies keep-last retention.
+  absl::StatusOr<weft::v1::CheckpointManifest> Commit(weft::v1::CheckpointManifest manifest);
+  // Committed manifests of `job_id`, newest first.
+  absl::StatusOr<std::vector<weft::v1::CheckpointManifest>> List(const std::string& job_id);
+  // Committed manifest; step 0 = latest. NOT_FOUND if none.
+  absl::StatusOr<weft::v1::CheckpointManifest> GetManifest(const std::string& job_id,
+                                                           int64_t step);
+  // Calls `emit` with consecutive pieces of [begin, end) of `tensor`, each <= 4 MiB, every
+  // stored chunk CRC-verified first (DATA_LOSS naming tensor and step otherwise). Stops and
+  // returns CANCELLED if emit returns false.
+  absl::Status ReadRange(const weft::v1::ReadRangeRequest& request,
+                         absl::FunctionRef<bool(const weft::v1::ShardChunk&)> emit);
+  // Sets the pinned flag of the committed checkpoint at exactly `step`. NOT_FOUND if none.
+  absl::Status SetPinned(const std::string& job_id, int64_t step, bool pinned);
+  // Removes a committed checkpoint (manifest and data in one synced batch). NOT_FOUND if
+  // none, FAILED_PRECONDITION if pinned.
+  absl::Status Delete(const std::string& job_id, int64_t step);
+
+  // Collects uncommitted steps older than the grace period (and with no open stream).
+  absl::Status Sweep();
+
+ private:
+  friend class ShardWriter;
+  CheckpointStore(std::unique_ptr<rocksdb::DB> db, StoreOptions options,
+                  std::shared_ptr<prometheus::Registry> registry);
+  absl::Status RecoverCrashedStreams();
+  absl::Status DropRank(const std::string& job, int64_t step, int rank);
+  absl::Status EndStream(const ShardWriter& writer, bool ok, int64_t bytes);
+  absl::Status WriteMarker(const ShardWriter& writer);
+  absl::StatusOr<bool> IsCommitted(const std::string& job, int64_t step);
+  absl::StatusOr<weft::v1::CheckpointManifest> ReadManifest(const std::string& job, int64_t step,
+                                                            const rocksdb::ReadOptions& ro);
+  void UpdateStoreBytes();
+
+  std::unique_ptr<rocksdb::DB> db_;
+  StoreOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_;
+
+  // Serializes metadata changes (markers, commits, deletes, sweeps) so a commit never races a
+  // marker write or a sweep of the same step.
+  absl::Mutex mu_;
+  std::set<std::tuple<std::string, int64_t, int>> open_streams_ ABSL_GUARDED_BY(mu_);
+
+ public:
+  // Metrics (owned by registry_).
+  prometheus::Counter* bytes_written_;
+  prometheus::Counter* bytes_read_;
+  prometheus::Histogram* save_seconds_;
+  prometheus::Histogram* restore_seconds_;
+  prometheus::Counter* committed_;
+  prometheus::Counter* failed_;
+  prometheus::Gauge* store_bytes_;
+};
+
+// Validation shared with tests: job ids and tensor names (1..512 bytes, no '/', no NUL).
+absl::Status CheckName(const std::string& name, const char* field);
+
+}  // namespace weft::checkpointd
+
+#endif  // WEFT_CHECKPOINTD_STORE_H_
