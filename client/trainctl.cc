@@ -1,5 +1,6 @@
 // trainctl: the user's command line for a Weft cluster. A thin layer over CoordinatorClient:
 // every subcommand is one call (watch: one stream) plus formatting.
+// The checkpoint subcommands (trainctl_checkpoints.h) talk to weft-checkpointd instead.
 //
 // Exit status: 0 on success; 1 on any error (message on stderr as "trainctl: <message>"),
 // and for `watch`, 1 when the job ends FAILED or CANCELLED. Usage errors exit with CLI11's
@@ -29,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
+#include "client/trainctl_checkpoints.h"
 #include "common/job_spec.h"
 #include "common/status.h"
 #include "common/time_util.h"
@@ -47,10 +49,12 @@ using weft::v1::JobStatus;
 using weft::v1::WorkerStatus;
 
 constexpr char kDefaultCoordinator[] = "127.0.0.1:7070";
+constexpr char kDefaultCheckpointd[] = "127.0.0.1:7071";
 constexpr char kNone[] = "-";
 
 struct GlobalOptions {
   std::string coordinator = kDefaultCoordinator;
+  std::string checkpointd = kDefaultCheckpointd;
   std::string output = "text";
   double timeout_s = 10;
 
@@ -599,6 +603,9 @@ int Main(int argc, char** argv) {
   app.add_option("--coordinator", global.coordinator, "Coordinator address host:port")
       ->envname("WEFT_COORDINATOR")
       ->capture_default_str();
+  app.add_option("--checkpointd", global.checkpointd, "weft-checkpointd address host:port")
+      ->envname("WEFT_CHECKPOINTD")
+      ->capture_default_str();
   app.add_option("-o,--output", global.output, "Output format")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
@@ -649,12 +656,19 @@ int Main(int argc, char** argv) {
   sample->add_option("--model", sample_flags.model_path,
                      "Model file to use instead of the job's (model.safetensors)");
 
+  CheckpointCommands checkpoint_commands(&app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
 
+  // Checkpoint commands talk to weft-checkpointd only: a bad --coordinator must not stop them.
+  if (checkpoint_commands.Parsed()) {
+    return checkpoint_commands.Run(global.checkpointd, global.json(),
+                                   absl::Seconds(global.timeout_s));
+  }
   if (absl::Status ok = CheckHostPort(global.coordinator, "--coordinator"); !ok.ok()) {
     return Fail(ok);
   }

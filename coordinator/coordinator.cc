@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
 #include "common/metrics.h"
@@ -516,6 +517,11 @@ absl::StatusOr<weft::v1::SubmitJobResponse> Coordinator::SubmitJob(const JobSpec
   Actions actions;
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("coordinator shutting down; retry");
+  if (!spec->resume_from_job().empty() && !jobs_.contains(spec->resume_from_job())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid job spec (1 problem):\nresume_from_job: no job \"", spec->resume_from_job(),
+        "\""));
+  }
   const int64_t seq = next_job_seq_;
   JobRecord rec;
   rec.seq = seq;
@@ -917,6 +923,20 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
     status->set_step(std::max(status->step(), request.metrics().step()));
     *status->mutable_last_metrics() = request.metrics();
     ToProtoTime(Now(), status->mutable_last_metrics()->mutable_time());
+  }
+  if (request.checkpoint_step() > 0 && request.rank() == 0 &&
+      request.checkpoint_step() > status->checkpoint_step()) {
+    status->set_checkpoint_step(request.checkpoint_step());
+    status->set_checkpoint_stall_ms(request.checkpoint_stall_ms());
+    status->set_checkpoint_save_ms(request.checkpoint_save_ms());
+    AddEventLocked(rec, weft::v1::CHECKPOINT_COMMITTED,
+                   absl::StrCat("checkpoint at step ", request.checkpoint_step(),
+                                absl::StrFormat(" committed (training stalled %.1f ms, saved in "
+                                                "%.1f ms)",
+                                                request.checkpoint_stall_ms(),
+                                                request.checkpoint_save_ms())),
+                   actions);
+    CommitLocked(rec, actions);
   }
   if (request.finished() && request.rank() == 0) {
     if (!request.model_path().empty()) {

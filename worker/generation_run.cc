@@ -2,15 +2,20 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/remote_store.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/comm/communicator.h"
 #include "worker/data/token_dataset.h"
 #include "worker/model_io.h"
+#include "worker/checkpointer.h"
 #include "worker/zero.h"
 
 namespace weft::worker {
@@ -59,6 +64,57 @@ void GenerationRun::ReportCollectiveError(const absl::Status& status) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ReportError(status, /*permanent=*/false);
+}
+
+absl::StatusOr<int64_t> GenerationRun::RestoreLatest(ZeroEngine* engine,
+                                                      comm::Communicator* comm, Store* store,
+                                                      CheckpointClient* client) {
+  // Rank 0 decides the candidates, so that every rank tries the same checkpoints in order.
+  constexpr char kKey[] = "restore/candidates";
+  std::string candidates;
+  if (rank_ == 0) {
+    std::vector<std::string> list;
+    for (const std::string& job : {job_id(), command_.spec().resume_from_job()}) {
+      if (job.empty()) continue;
+      WEFT_ASSIGN_OR_RETURN(auto manifests, client->List(job));
+      for (const auto& m : manifests) list.push_back(absl::StrCat(m.job_id(), " ", m.step()));
+      if (!list.empty()) break;  // a job's own checkpoints win over the one it resumes from
+    }
+    candidates = absl::StrJoin(list, ",");
+    WEFT_RETURN_IF_ERROR(store->Set(kKey, candidates));
+  } else {
+    WEFT_RETURN_IF_ERROR(store->Wait({kKey}, absl::Minutes(5)));
+    WEFT_ASSIGN_OR_RETURN(candidates, store->Get(kKey));
+  }
+  std::string failures;
+  for (absl::string_view candidate : absl::StrSplit(candidates, ',', absl::SkipEmpty())) {
+    std::vector<std::string> parts = absl::StrSplit(candidate, ' ');
+    int64_t step = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &step)) {
+      return absl::InternalError(absl::StrCat("bad restore candidate \"", candidate, "\""));
+    }
+    const std::string& job = parts[0];
+    absl::Status s = engine->Restore([&](const std::string& tensor, int64_t begin, int64_t end,
+                                         float* out) {
+      return client->ReadRange(job, step, tensor, begin, end, out);
+    });
+    // Every rank must restore the same checkpoint: one bad read anywhere rejects it for all.
+    float bad = s.ok() ? 0.0f : 1.0f;
+    WEFT_RETURN_IF_ERROR(comm->AllReduce(&bad, 1, comm::DataType::kFloat32)->Wait());
+    if (bad == 0.0f) {
+      spdlog::info("job {} generation {}: restored checkpoint {} step {}", job_id(),
+                   generation(), job, step);
+      return step;
+    }
+    spdlog::warn("job {}: checkpoint {} step {} cannot be restored ({}); trying an older one",
+                 job_id(), job, step, s.ok() ? "another rank failed" : std::string(s.message()));
+    absl::StrAppend(&failures, failures.empty() ? "" : "; ", job, " step ", step, ": ",
+                    s.ok() ? "failed on another rank" : std::string(s.message()));
+  }
+  if (!failures.empty()) {
+    return absl::DataLossError(absl::StrCat("no checkpoint could be restored: ", failures));
+  }
+  return 0;
 }
 
 void GenerationRun::Run() {
@@ -154,11 +210,44 @@ absl::Status GenerationRun::Train() {
     val->Batch(seed, 0, micro, rank_, world, batch, inputs, targets);
   };
 
+  // Checkpoints: resume from the newest restorable one; save every interval_steps.
+  std::unique_ptr<CheckpointClient> checkpoints;
+  std::unique_ptr<Checkpointer> checkpointer;
+  int64_t start_step = 0;
+  const int64_t checkpoint_interval = spec.checkpoint().interval_steps();
+  if (!options_.checkpointd.empty()) {
+    checkpoints = std::make_unique<CheckpointClient>(options_.checkpointd);
+    auto restored = RestoreLatest(engine->get(), comm->get(), &store, checkpoints.get());
+    if (!restored.ok()) {
+      ReportError(restored.status(), restored.status().code() == absl::StatusCode::kDataLoss);
+      return restored.status();
+    }
+    start_step = *restored;
+    if (checkpoint_interval > 0) {
+      checkpointer = std::make_unique<Checkpointer>(checkpoints.get(), &store, spec, job_id(),
+                                                    rank_, world);
+    }
+  } else if (checkpoint_interval > 0 && rank_ == 0) {
+    spdlog::warn("job {} asks for checkpoints but this worker has no --checkpointd; "
+                 "training without them", job_id());
+  }
+  std::map<int64_t, double> stall_ms_by_step;
+  // Rank 0 tells the coordinator about each commit with its next report.
+  auto add_commit = [&](weft::v1::ReportProgressRequest* report) {
+    if (!checkpointer) return;
+    if (auto committed = checkpointer->TakeCommitted()) {
+      report->set_checkpoint_step(committed->step);
+      report->set_checkpoint_save_ms(committed->save_ms);
+      report->set_checkpoint_stall_ms(stall_ms_by_step[committed->step]);
+    }
+  };
+
   const int64_t total = spec.training().total_steps();
   const double tokens_per_step = static_cast<double>(world) * batch * seq_len *
                                  spec.training().grad_accum_steps();
   double val_loss = 0;
-  for (int64_t step = 0; step < total; ++step) {
+  step_ = start_step;
+  for (int64_t step = start_step; step < total; ++step) {
     if (aborted_.load()) return absl::AbortedError("aborted");
     auto result = (*engine)->TrainStep(step, train_batch);
     if (!result.ok()) {
@@ -177,6 +266,15 @@ absl::Status GenerationRun::Train() {
       }
       val_loss = *v;
       metrics_->RecordValidation(val_loss);
+    }
+    if (checkpointer && (step + 1) % checkpoint_interval == 0) {
+      // The stall: copying this rank's state to host memory, plus waiting for the previous
+      // upload. The upload itself overlaps the next steps.
+      const auto start = std::chrono::steady_clock::now();
+      checkpointer->Submit(step + 1, (*engine)->Snapshot());
+      stall_ms_by_step[step + 1] = std::chrono::duration<double, std::milli>(
+                                       std::chrono::steady_clock::now() - start)
+                                       .count();
     }
     const double tokens_per_s = tokens_per_step / (result->timings.step_ms / 1000.0);
     metrics_->RecordStep(step + 1, *result, tokens_per_s, (*engine)->StateBytes());
@@ -199,12 +297,16 @@ absl::Status GenerationRun::Train() {
       m->set_exposed_comm_ms(result->timings.exposed_comm_ms);
       m->set_optimizer_ms(result->timings.optimizer_ms);
       m->set_state_bytes(static_cast<int64_t>((*engine)->StateBytes()));
+      add_commit(&report);
       auto answer = client_->ReportProgress(report);
       if (answer.ok() && !answer->continue_training()) {
         return absl::AbortedError("the coordinator ended the generation");
       }
     }
   }
+
+  // The last checkpoint commits before the job is declared done.
+  if (checkpointer) checkpointer->Drain();
 
   // The trained model, whole, written by rank 0 (every rank takes part in the gather).
   auto params = (*engine)->GatherParameters();
@@ -228,6 +330,7 @@ absl::Status GenerationRun::Train() {
   done.set_rank(0);
   done.set_finished(true);
   done.set_model_path(path);
+  add_commit(&done);
   auto answer = client_->ReportProgress(done);
   if (!answer.ok()) return answer.status();
   spdlog::info("job {} finished; model at {}", job_id(), path);

@@ -12,7 +12,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "client/checkpoint_client.h"
 #include "client/coordinator_client.h"
+#include "common/store.h"
+#include "worker/zero.h"
 #include "worker/comm/communicator.h"
 #include "worker/worker_metrics.h"
 #include "weft/v1/worker.pb.h"
@@ -27,6 +30,8 @@ struct RunOptions {
   // Where rank 0 writes the final model: <output_dir>/<job_id>/model.safetensors.
   std::string output_dir;
   int64_t collective_timeout_ms = 60000;
+  // checkpointd host:port; empty: no checkpoints are saved or restored.
+  std::string checkpointd;
   int64_t rendezvous_timeout_ms = 120000;
 };
 
@@ -56,6 +61,10 @@ class GenerationRun {
   // reporting at once would blame this healthy rank. So wait for the coordinator's verdict
   // first, and report only if it does not end the generation.
   void ReportCollectiveError(const absl::Status& status);
+  // Restores the newest checkpoint every rank can read (this job's, else resume_from_job's),
+  // falling back to older ones; returns its step, 0 when there is none.
+  absl::StatusOr<int64_t> RestoreLatest(ZeroEngine* engine, comm::Communicator* comm,
+                                        Store* store, CheckpointClient* client);
 
   const weft::v1::JoinJobCommand command_;
   const RunOptions options_;

@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   std::string metrics_address = "127.0.0.1:0";
   std::string metrics_port_file;
   std::string output_dir = "weft-models";
+  std::string checkpointd = std::getenv("WEFT_CHECKPOINTD") ? std::getenv("WEFT_CHECKPOINTD") : "";
   int blas_threads = 1;
   int64_t collective_timeout_ms = 60000;
   std::string log_level = "info";
@@ -83,6 +84,9 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-address", metrics_address, "Prometheus endpoint host:port, or none")
       ->capture_default_str();
   app.add_option("--metrics-port-file", metrics_port_file, "write the bound metrics port here");
+  app.add_option("--checkpointd", checkpointd,
+                 "checkpointd host:port for saving and restoring checkpoints (env "
+                 "WEFT_CHECKPOINTD); none: no checkpoints");
   app.add_option("--output-dir", output_dir, "where rank 0 writes trained models")
       ->capture_default_str();
   app.add_option("--blas-threads", blas_threads, "OpenBLAS threads for CPU matmuls")
@@ -119,6 +123,10 @@ int main(int argc, char** argv) {
   options.run.data_address = data_address;
   options.run.output_dir = output_dir;
   options.run.collective_timeout_ms = collective_timeout_ms;
+  if (!checkpointd.empty() && checkpointd != "none") {
+    if (auto s = weft::CheckHostPort(checkpointd, "--checkpointd"); !s.ok()) return Fail(s);
+    options.run.checkpointd = checkpointd;
+  }
   weft::engine::SetBlasThreads(blas_threads);
 
   auto registry = std::make_shared<prometheus::Registry>();

@@ -323,6 +323,59 @@ absl::StatusOr<std::vector<std::vector<float>>> ZeroEngine::GatherParameters() {
   return out;
 }
 
+std::string CheckpointTensorName(int unit, const char* what) {
+  return absl::StrCat("u", unit, ".", what);
+}
+
+std::vector<UnitSlice> ZeroEngine::Snapshot() const {
+  std::vector<UnitSlice> slices;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = units_[u];
+    UnitSlice slice;
+    slice.unit = static_cast<int>(u);
+    slice.size = static_cast<int64_t>(unit.size);
+    slice.begin = std::min<int64_t>(static_cast<int64_t>(rank_ * unit.shard), slice.size);
+    slice.end = std::min<int64_t>(static_cast<int64_t>((rank_ + 1) * unit.shard), slice.size);
+    // Stage 0 owns whole units; stages 1-3 own exactly the shard, which starts at `begin`.
+    const size_t offset = stage_ == 0 ? static_cast<size_t>(slice.begin) : 0;
+    const size_t n = static_cast<size_t>(slice.end - slice.begin);
+    slice.params.assign(unit.params.begin() + offset, unit.params.begin() + offset + n);
+    slice.m.assign(unit.m.begin() + offset, unit.m.begin() + offset + n);
+    slice.v.assign(unit.v.begin() + offset, unit.v.begin() + offset + n);
+    slices.push_back(std::move(slice));
+  }
+  return slices;
+}
+
+absl::Status ZeroEngine::Restore(const RangeReader& read) {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    const int unit_index = static_cast<int>(u);
+    const int64_t size = static_cast<int64_t>(unit.size);
+    // What this rank owns: the whole unit at stage 0, its shard otherwise.
+    const int64_t begin =
+        stage_ == 0 ? 0 : std::min<int64_t>(static_cast<int64_t>(rank_ * unit.shard), size);
+    const int64_t end =
+        stage_ == 0 ? size : std::min<int64_t>(static_cast<int64_t>((rank_ + 1) * unit.shard), size);
+    std::fill(unit.params.begin(), unit.params.end(), 0.0f);
+    std::fill(unit.m.begin(), unit.m.end(), 0.0f);
+    std::fill(unit.v.begin(), unit.v.end(), 0.0f);
+    if (end > begin) {
+      WEFT_RETURN_IF_ERROR(
+          read(CheckpointTensorName(unit_index, "params"), begin, end, unit.params.data()));
+      WEFT_RETURN_IF_ERROR(read(CheckpointTensorName(unit_index, "m"), begin, end, unit.m.data()));
+      WEFT_RETURN_IF_ERROR(read(CheckpointTensorName(unit_index, "v"), begin, end, unit.v.data()));
+    }
+    if (!unit.resident.empty()) {
+      std::fill(unit.resident.begin(), unit.resident.end(), 0.0f);
+      WEFT_RETURN_IF_ERROR(
+          read(CheckpointTensorName(unit_index, "params"), 0, size, unit.resident.data()));
+    }
+    std::fill(unit.grads.begin(), unit.grads.end(), 0.0f);
+  }
+  return absl::OkStatus();
+}
+
 size_t ZeroEngine::StateBytes() const {
   size_t floats = 0;
   for (const Unit& u : units_) {

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -60,6 +61,24 @@ struct StepResult {
 using BatchFn =
     std::function<void(int64_t step, int micro_step, int32_t* inputs, int32_t* targets)>;
 
+// What one rank saves of one unit in a checkpoint: the elements [begin, end) of the unit's
+// global (unpadded) flat space, slice `rank` of `world` — whatever the stage, so that any world
+// size can read any checkpoint back by range.
+struct UnitSlice {
+  int unit = 0;
+  int64_t size = 0;  // elements in the whole unit
+  int64_t begin = 0;
+  int64_t end = 0;
+  std::vector<float> params, m, v;  // end - begin elements each
+};
+
+// Reads elements [begin, end) of the named checkpoint tensor into `out`.
+using RangeReader = std::function<absl::Status(const std::string& tensor, int64_t begin,
+                                               int64_t end, float* out)>;
+
+// Checkpoint tensor names: "u<unit>.params", "u<unit>.m", "u<unit>.v".
+std::string CheckpointTensorName(int unit, const char* what);
+
 class ZeroEngine {
  public:
   // The model of `spec` sharded over `comm` (not owned; must outlive the engine), with
@@ -78,6 +97,13 @@ class ZeroEngine {
 
   // Every unit's full parameters (unpadded). Collective: all ranks must call it.
   absl::StatusOr<std::vector<std::vector<float>>> GatherParameters();
+
+  // A host copy of this rank's checkpoint slices (params, AdamW m and v). Local: no
+  // communication, so training can go on while the copy is uploaded.
+  std::vector<UnitSlice> Snapshot() const;
+  // Loads the state this rank owns from a checkpoint written at any world size. Local; on
+  // error the model state is unspecified (restore another checkpoint or start over).
+  absl::Status Restore(const RangeReader& read);
 
   // Bytes of parameters + gradients + optimizer state this rank keeps between steps (working
   // buffers of stage 3 excluded; see WorkingBytes).

@@ -1,0 +1,249 @@
+#include "client/trainctl_checkpoints.h"
+
+#include <algorithm>
+#include <iostream>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/checkpoint_client.h"
+#include "common/rpc.h"
+#include "common/time_util.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "worker/engine/gpt.h"
+#include "worker/model_io.h"
+
+namespace weft {
+namespace {
+
+using weft::v1::CheckpointManifest;
+
+int Fail(const absl::Status& status) {
+  std::cerr << "trainctl: " << status.message() << "\n";
+  return 1;
+}
+
+absl::StatusOr<int64_t> ParseStep(const std::string& text) {
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(text, &step)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("STEP \"", text, "\": not a number (a checkpoint's step, see "
+                                      "`trainctl checkpoints JOB`)"));
+  }
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("STEP ", step, ": must be >= 0"));
+  }
+  return step;
+}
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", bytes / 1073741824.0);
+  if (bytes >= (1 << 20)) return absl::StrFormat("%.1f MiB", bytes / 1048576.0);
+  if (bytes >= (1 << 10)) return absl::StrFormat("%.1f KiB", bytes / 1024.0);
+  return absl::StrCat(bytes, " B");
+}
+
+// Columns separated by two spaces, the last one unpadded.
+void PrintColumns(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    width.resize(std::max(width.size(), row.size()), 0);
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (i > 0) line += "  ";
+      line += row[i];
+      if (i + 1 < row.size()) line.append(width[i] - row[i].size(), ' ');
+    }
+    std::cout << line << "\n";
+  }
+}
+
+// Same JSON conventions as the rest of trainctl: proto field names, zeros included.
+int PrintProtoJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) {
+    return Fail(absl::InternalError(absl::StrCat("cannot print JSON: ", status.ToString())));
+  }
+  std::cout << json;
+  if (json.empty() || json.back() != '\n') std::cout << "\n";
+  return 0;
+}
+
+int ListCheckpoints(CheckpointClient& client, bool json, const std::string& job_id) {
+  auto manifests = client.List(job_id);
+  if (!manifests.ok()) return Fail(manifests.status());
+  if (json) {
+    weft::v1::ListCheckpointsResponse response;
+    for (auto& m : *manifests) *response.add_checkpoints() = std::move(m);
+    return PrintProtoJson(response);
+  }
+  if (manifests->empty()) {
+    std::cout << "job " << job_id << " has no committed checkpoints\n";
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"STEP", "WORLD SIZE", "BYTES", "COMMITTED", "PINNED"}};
+  for (const CheckpointManifest& m : *manifests) {
+    rows.push_back({absl::StrCat(m.step()), absl::StrCat(m.world_size()),
+                    FormatBytes(m.total_bytes()),
+                    absl::FormatTime("%Y-%m-%d %H:%M:%S", FromProtoTime(m.commit_time()),
+                                     absl::LocalTimeZone()),
+                    m.pinned() ? "yes" : "no"});
+  }
+  PrintColumns(rows);
+  return 0;
+}
+
+// Reads all of `tensor` (f32, `numel` elements) in pieces, so that no single stream needs
+// longer than the per-call deadline however big the unit is.
+absl::StatusOr<std::vector<float>> ReadWhole(CheckpointClient& client, const std::string& job_id,
+                                             int64_t step, const std::string& tensor,
+                                             int64_t numel) {
+  constexpr int64_t kPieceElements = int64_t{16} << 20;  // 64 MiB of f32
+  std::vector<float> out(static_cast<size_t>(numel));
+  for (int64_t b = 0; b < numel; b += kPieceElements) {
+    const int64_t e = std::min(numel, b + kPieceElements);
+    if (absl::Status s = client.ReadRange(job_id, step, tensor, b, e, out.data() + b); !s.ok()) {
+      return s;
+    }
+  }
+  return out;
+}
+
+// The worker stores unit u's flat f32 parameters as tensor "u<u>.params" (with optimizer
+// state in "u<u>.m" and "u<u>.v", which a portable model file leaves out).
+int Export(CheckpointClient& client, bool json, const std::string& job_id, int64_t step,
+           const std::string& out_path) {
+  auto manifest = client.GetManifest(job_id, step);
+  if (!manifest.ok()) return Fail(manifest.status());
+  const int64_t at = manifest->step();
+  std::vector<std::string> names;
+  for (const auto& t : manifest->tensors()) names.push_back(t.name());
+  auto find = [&](const std::string& name) -> const weft::v1::TensorLayout* {
+    for (const auto& t : manifest->tensors()) {
+      if (t.name() == name) return &t;
+    }
+    return nullptr;
+  };
+  if (find("u0.params") == nullptr) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", job_id, " step ", at,
+        " holds no GPT model parameters (no tensor u0.params; it has: ",
+        names.empty() ? std::string("no tensors") : absl::StrJoin(names, ", "),
+        "); export understands checkpoints written by weft-worker only")));
+  }
+  const weft::v1::ModelSpec& model = manifest->spec().model();
+  if (model.num_layers() < 1 || model.hidden_size() < 1 || model.vocab_size() < 1) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", job_id, " step ", at,
+        " has no model spec in its manifest; cannot name the GPT-2 tensors")));
+  }
+  const engine::GptConfig config = engine::ConfigFromSpec(model);
+  const int units = engine::NumUnits(config);
+  std::vector<std::vector<float>> params;
+  params.reserve(units);
+  for (int u = 0; u < units; ++u) {
+    const std::string name = absl::StrCat("u", u, ".params");
+    const weft::v1::TensorLayout* layout = find(name);
+    const int64_t want = static_cast<int64_t>(engine::UnitSize(config, u));
+    if (layout == nullptr) {
+      return Fail(absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", job_id, " step ", at, " lacks tensor ", name, " (the model has ",
+                       units, " units)")));
+    }
+    std::vector<int64_t> shape(layout->shape().begin(), layout->shape().end());
+    if (layout->dtype() != weft::v1::DTYPE_F32 || NumElements(shape) != want) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", job_id, " step ", at, ": tensor ", name, " is ",
+          weft::v1::DType_Name(layout->dtype()), " of ", NumElements(shape),
+          " elements; the model spec needs DTYPE_F32 of ", want)));
+    }
+    auto data = ReadWhole(client, job_id, at, name, want);
+    if (!data.ok()) return Fail(data.status());
+    params.push_back(std::move(*data));
+  }
+  if (absl::Status s = worker::SaveModel(out_path, manifest->spec(), params); !s.ok()) {
+    return Fail(s);
+  }
+  if (json) {
+    nlohmann::json out = {{"job_id", job_id}, {"step", at}, {"path", out_path},
+                          {"units", units}};
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::cout << "exported " << job_id << " step " << at << " (" << units << " units) to "
+              << out_path << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+CheckpointCommands::CheckpointCommands(CLI::App* app) {
+  list_ = app->add_subcommand("checkpoints", "List a job's committed checkpoints, newest first");
+  list_->add_option("JOB", job_id_, "Job id")->required();
+
+  group_ = app->add_subcommand("checkpoint", "Pin, unpin, delete or export one checkpoint");
+  group_->require_subcommand(1);
+  auto add = [&](const char* name, const char* help) {
+    CLI::App* sub = group_->add_subcommand(name, help);
+    sub->add_option("JOB", job_id_, "Job id")->required();
+    sub->add_option("STEP", step_, "Checkpoint step (see `trainctl checkpoints JOB`)")
+        ->required();
+    return sub;
+  };
+  pin_ = add("pin", "Exempt a checkpoint from keep-last retention");
+  unpin_ = add("unpin", "Make a pinned checkpoint subject to retention again");
+  delete_ = add("delete", "Delete a committed checkpoint (unpin it first)");
+  export_ = add("export",
+                "Write a checkpoint's model as one safetensors file (0 as STEP: the latest)");
+  export_->add_option("--out", out_path_, "Output file (*.safetensors)")->required();
+}
+
+bool CheckpointCommands::Parsed() const { return list_->parsed() || group_->parsed(); }
+
+int CheckpointCommands::Run(const std::string& checkpointd, bool json,
+                            absl::Duration rpc_timeout) const {
+  if (absl::Status ok = CheckHostPort(checkpointd, "--checkpointd"); !ok.ok()) return Fail(ok);
+  CheckpointClient client(checkpointd, rpc_timeout);
+  if (list_->parsed()) return ListCheckpoints(client, json, job_id_);
+  absl::StatusOr<int64_t> step = ParseStep(step_);
+  if (!step.ok()) return Fail(step.status());
+  if (export_->parsed()) return Export(client, json, job_id_, *step, out_path_);
+  if (pin_->parsed() || unpin_->parsed()) {
+    const bool pinned = pin_->parsed();
+    if (absl::Status s = client.SetPinned(job_id_, *step, pinned); !s.ok()) return Fail(s);
+    if (json) {
+      std::cout << nlohmann::json{{"job_id", job_id_}, {"step", *step}, {"pinned", pinned}}.dump(2)
+                << "\n";
+    } else {
+      std::cout << (pinned ? "pinned " : "unpinned ") << job_id_ << " step " << *step << "\n";
+    }
+    return 0;
+  }
+  if (delete_->parsed()) {
+    if (absl::Status s = client.Delete(job_id_, *step); !s.ok()) return Fail(s);
+    if (json) {
+      std::cout << nlohmann::json{{"job_id", job_id_}, {"step", *step}, {"deleted", true}}.dump(2)
+                << "\n";
+    } else {
+      std::cout << "deleted " << job_id_ << " step " << *step << "\n";
+    }
+    return 0;
+  }
+  return Fail(absl::InvalidArgumentError("checkpoint: no subcommand"));
+}
+
+}  // namespace weft

@@ -1,0 +1,43 @@
+// trainctl's checkpoint subcommands, talking to weft-checkpointd through CheckpointClient:
+//   trainctl checkpoints JOB                         committed checkpoints, newest first
+//   trainctl checkpoint pin|unpin|delete JOB STEP
+//   trainctl checkpoint export JOB STEP --out FILE   one portable safetensors model file
+// Kept apart from trainctl.cc, which talks to the coordinator only.
+#ifndef WEFT_CLIENT_TRAINCTL_CHECKPOINTS_H_
+#define WEFT_CLIENT_TRAINCTL_CHECKPOINTS_H_
+
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/time/time.h"
+
+namespace weft {
+
+class CheckpointCommands {
+ public:
+  // Adds the subcommands to `app`; their arguments land in this object, which must outlive
+  // app.parse().
+  explicit CheckpointCommands(CLI::App* app);
+
+  // True if app.parse() chose one of these subcommands.
+  bool Parsed() const;
+
+  // Runs the chosen subcommand against the daemon at `checkpointd`; `json` selects -o json.
+  // Returns the process exit status (errors printed as "trainctl: <message>").
+  int Run(const std::string& checkpointd, bool json, absl::Duration rpc_timeout) const;
+
+ private:
+  CLI::App* list_ = nullptr;
+  CLI::App* group_ = nullptr;
+  CLI::App* pin_ = nullptr;
+  CLI::App* unpin_ = nullptr;
+  CLI::App* delete_ = nullptr;
+  CLI::App* export_ = nullptr;
+  std::string job_id_;
+  std::string step_;  // parsed by Run, so a negative step gets our message, not CLI11's
+  std::string out_path_;
+};
+
+}  // namespace weft
+
+#endif  // WEFT_CLIENT_TRAINCTL_CHECKPOINTS_H_
