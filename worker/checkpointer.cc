@@ -79,7 +79,7 @@ void Checkpointer::Loop() {
   }
 }
 
-absl::Status Checkpointer::Upload(int64_t step, const std::vector<UnitSlice>& state) {
+std::vector<ShardTensor> ShardTensorsOf(const std::vector<UnitSlice>& state) {
   std::vector<ShardTensor> tensors;
   for (const UnitSlice& slice : state) {
     for (const auto& [what, data] : {std::pair{"params", &slice.params},
@@ -93,19 +93,19 @@ absl::Status Checkpointer::Upload(int64_t step, const std::vector<UnitSlice>& st
       if (t.end > t.begin) tensors.push_back(std::move(t));
     }
   }
-  WEFT_RETURN_IF_ERROR(client_->WriteShard(job_id_, step, rank_, world_, tensors).status());
-  WEFT_RETURN_IF_ERROR(store_->Set(DoneKey(step, rank_), "stored"));
-  if (rank_ != 0) return absl::OkStatus();
+  return tensors;
+}
 
-  std::vector<std::string> keys;
-  for (int32_t r = 0; r < world_; ++r) keys.push_back(DoneKey(step, r));
-  WEFT_RETURN_IF_ERROR(store_->Wait(keys, absl::Minutes(10)));
+weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, int64_t step,
+                                                   int32_t world_size,
+                                                   const weft::v1::JobSpec& spec,
+                                                   const std::vector<UnitSlice>& state) {
   weft::v1::CheckpointManifest manifest;
-  manifest.set_job_id(job_id_);
+  manifest.set_job_id(job_id);
   manifest.set_step(step);
-  manifest.set_world_size(world_);
+  manifest.set_world_size(world_size);
   manifest.set_optimizer_step(step);
-  *manifest.mutable_spec() = spec_;
+  *manifest.mutable_spec() = spec;
   for (const UnitSlice& slice : state) {
     for (const char* what : {"params", "m", "v"}) {
       auto* layout = manifest.add_tensors();
@@ -114,13 +114,25 @@ absl::Status Checkpointer::Upload(int64_t step, const std::vector<UnitSlice>& st
       layout->add_shape(slice.size);
     }
   }
-  for (int32_t r = 0; r < world_; ++r) {
+  for (int32_t r = 0; r < world_size; ++r) {
     auto* rank = manifest.add_ranks();
     rank->set_rank(r);
     // The batch of a step is a function of (seed, step, rank, world): the step is the position.
     rank->set_data_position(step);
   }
-  return client_->Commit(manifest);
+  return manifest;
+}
+
+absl::Status Checkpointer::Upload(int64_t step, const std::vector<UnitSlice>& state) {
+  WEFT_RETURN_IF_ERROR(
+      client_->WriteShard(job_id_, step, rank_, world_, ShardTensorsOf(state)).status());
+  WEFT_RETURN_IF_ERROR(store_->Set(DoneKey(step, rank_), "stored"));
+  if (rank_ != 0) return absl::OkStatus();
+
+  std::vector<std::string> keys;
+  for (int32_t r = 0; r < world_; ++r) keys.push_back(DoneKey(step, r));
+  WEFT_RETURN_IF_ERROR(store_->Wait(keys, absl::Minutes(10)));
+  return client_->Commit(CheckpointManifestFor(job_id_, step, world_, spec_, state));
 }
 
 }  // namespace weft::worker

@@ -25,6 +25,16 @@
 
 namespace weft::worker {
 
+// The manifest of a checkpoint of `spec`'s model at `step` written by `world_size` ranks, each
+// holding slices like `state` (only the units and sizes of `state` are used).
+weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, int64_t step,
+                                                   int32_t world_size,
+                                                   const weft::v1::JobSpec& spec,
+                                                   const std::vector<UnitSlice>& state);
+
+// The tensors of `state` as one rank's shard (pointing into `state`).
+std::vector<ShardTensor> ShardTensorsOf(const std::vector<UnitSlice>& state);
+
 class Checkpointer {
  public:
   // `client` and `store` (the generation's store) must outlive this object.

@@ -3,6 +3,8 @@
 // for bit, as the same job run without interruption.
 #include <signal.h>
 
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/ascii.h"
@@ -12,7 +14,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "client/checkpoint_client.h"
+#include "worker/checkpointer.h"
 #include "worker/data/safetensors.h"
+#include "worker/engine/gpt.h"
 
 namespace weft {
 namespace {
@@ -48,8 +53,8 @@ class Cluster {
     checkpointd_ = std::move(*ck);
     auto port = testing::WaitForFile(port_file, absl::Seconds(30));
     ASSERT_TRUE(port.ok()) << testing::ReadFile(dir_ + "/checkpointd.log");
-    const std::string checkpointd =
-        absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
+    checkpointd_address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
+    const std::string& checkpointd = checkpointd_address_;
     for (int i = 0; i < 2; ++i) {
       auto w = Subprocess::Start(
           {testing::BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
@@ -73,6 +78,8 @@ class Cluster {
   }
 
   CoordinatorClient& client() { return *client_; }
+  const std::string& checkpointd_address() const { return checkpointd_address_; }
+  std::string checkpoint_dir() const { return dir_ + "/ckpt"; }
 
   v1::JobStatus Status(const std::string& id) {
     auto job = client_->GetJob(id);
@@ -97,6 +104,7 @@ class Cluster {
   std::unique_ptr<Subprocess> checkpointd_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
   std::unique_ptr<CoordinatorClient> client_;
+  std::string checkpointd_address_;
 };
 
 v1::JobSpec Spec(const std::string& corpus) {
@@ -171,6 +179,91 @@ TEST(ResumeE2eTest, KillingEveryProcessAfterACheckpointChangesNothing) {
     EXPECT_TRUE(a[i].data == b[i].data) << a[i].name << " differs after resume";
   }
   EXPECT_EQ(resumed.last_metrics().loss(), straight.last_metrics().loss());
+}
+
+// Every unit of `spec`'s model with all parameters = `value` (AdamW moments 0), as one rank.
+std::vector<worker::UnitSlice> FilledState(const v1::JobSpec& spec, float value) {
+  const engine::GptConfig config = engine::ConfigFromSpec(spec.model());
+  std::vector<worker::UnitSlice> state;
+  for (int u = 0; u < engine::NumUnits(config); ++u) {
+    worker::UnitSlice slice;
+    slice.unit = u;
+    slice.size = static_cast<int64_t>(engine::UnitSize(config, u));
+    slice.end = slice.size;
+    slice.params.assign(slice.size, value);
+    slice.m.assign(slice.size, 0.0f);
+    slice.v.assign(slice.size, 0.0f);
+    state.push_back(std::move(slice));
+  }
+  return state;
+}
+
+// Flips one byte inside the first run of `value` floats found in a blob file under `dir`.
+bool FlipByteOf(const std::string& dir, float value) {
+  std::string pattern;
+  for (int i = 0; i < 16; ++i) pattern.append(reinterpret_cast<const char*>(&value), 4);
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    if (entry.path().extension() != ".blob") continue;
+    const std::string contents = testing::ReadFile(entry.path());
+    const size_t at = contents.find(pattern);
+    if (at == std::string::npos) continue;
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at + 6));
+    const char c = static_cast<char>(contents[at + 6] ^ 0x40);
+    f.write(&c, 1);
+    return true;
+  }
+  return false;
+}
+
+TEST(ResumeE2eTest, CorruptNewestCheckpointFallsBackToThePreviousOne) {
+  TempDir dir;
+  const std::string corpus = dir.File("corpus.txt");
+  testing::WriteFile(corpus, Corpus());
+  Cluster cluster(dir.File("cluster"));
+  ASSERT_NO_FATAL_FAILURE(cluster.Start());
+  // Large enough units (> 64 KiB) that checkpointd keeps their data in blob files.
+  v1::JobSpec spec = Spec(corpus);
+  spec.mutable_model()->set_hidden_size(64);
+  spec.mutable_training()->set_total_steps(25);
+
+  // A job to resume from, with checkpoints at steps 20 and 40 written by one rank.
+  v1::JobSpec seed = spec;
+  seed.mutable_resources()->set_min_workers(8);  // never runs
+  auto seed_job = cluster.client().SubmitJob(seed);
+  ASSERT_TRUE(seed_job.ok());
+  ASSERT_TRUE(cluster.client().CancelJob(seed_job->job_id()).ok());
+  CheckpointClient checkpoints(cluster.checkpointd_address());
+  for (const auto& [step, value] : {std::pair{20, 0.0078125f}, std::pair{40, 0.01171875f}}) {
+    const auto state = FilledState(spec, value);
+    ASSERT_TRUE(checkpoints
+                    .WriteShard(seed_job->job_id(), step, 0, 1, worker::ShardTensorsOf(state))
+                    .ok());
+    ASSERT_TRUE(checkpoints
+                    .Commit(worker::CheckpointManifestFor(seed_job->job_id(), step, 1, spec,
+                                                          state))
+                    .ok());
+  }
+  // One flipped byte in the newest checkpoint's parameters.
+  ASSERT_TRUE(FlipByteOf(cluster.checkpoint_dir(), 0.01171875f));
+
+  // Two workers resume from the seed job: step 40 fails its checksum on some rank, so every
+  // rank falls back to step 20 (read at world size 2 what one rank wrote) and trains on.
+  v1::JobSpec resume = spec;
+  resume.set_resume_from_job(seed_job->job_id());
+  auto job = cluster.client().SubmitJob(resume);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(cluster.WaitFor(job->job_id(), v1::SUCCEEDED, absl::Seconds(120)))
+      << cluster.Logs();
+  const std::string logs = cluster.Logs();
+  EXPECT_THAT(logs, ::testing::HasSubstr(
+                        absl::StrCat(seed_job->job_id(), " step 40 cannot be restored")));
+  EXPECT_THAT(logs, ::testing::HasSubstr(
+                        absl::StrCat("restored checkpoint ", seed_job->job_id(), " step 20")));
+  // The DATA_LOSS names the tensor and the checkpoint.
+  EXPECT_THAT(logs, ::testing::HasSubstr(absl::StrCat(
+                        "tensor u0.params of checkpoint ", seed_job->job_id(), " step 40")));
+  EXPECT_EQ(cluster.Status(job->job_id()).step(), 25);
 }
 
 }  // namespace
