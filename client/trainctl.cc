@@ -202,7 +202,8 @@ absl::StatusOr<JobState> ParseJobState(const std::string& text) {
 // ---------------------------------------------------------------------------------------
 // Subcommands. Each returns the process exit status.
 
-int Submit(CoordinatorClient& client, const GlobalOptions& global, const std::string& path) {
+int Submit(CoordinatorClient& client, const GlobalOptions& global, const std::string& path,
+           const std::string& resume_from) {
   absl::StatusOr<JobSpec> spec = ReadJobSpecFile(path);
   if (!spec.ok()) {
     if (spec.status().code() == absl::StatusCode::kInvalidArgument) {
@@ -212,6 +213,7 @@ int Submit(CoordinatorClient& client, const GlobalOptions& global, const std::st
     }
     return Fail(spec.status());
   }
+  if (!resume_from.empty()) spec->set_resume_from_job(resume_from);
   absl::StatusOr<weft::v1::SubmitJobResponse> response = client.SubmitJob(*spec);
   if (!response.ok()) {
     if (response.status().code() == absl::StatusCode::kInvalidArgument) {
@@ -616,6 +618,9 @@ int Main(int argc, char** argv) {
   std::string spec_path;
   CLI::App* submit = app.add_subcommand("submit", "Submit a job spec (text-format JobSpec)");
   submit->add_option("FILE", spec_path, "Job spec file (*.pb.txt)")->required();
+  std::string resume_from;
+  submit->add_option("--resume-from", resume_from,
+                     "Start from the latest checkpoint of this job (sets resume_from_job)");
 
   std::string job_id;
   CLI::App* status = app.add_subcommand("status", "Show one job: spec, state, metrics, events");
@@ -676,7 +681,7 @@ int Main(int argc, char** argv) {
   options.rpc_timeout = absl::Seconds(global.timeout_s);
   CoordinatorClient client(global.coordinator, options);
 
-  if (submit->parsed()) return Submit(client, global, spec_path);
+  if (submit->parsed()) return Submit(client, global, spec_path, resume_from);
   if (status->parsed()) return Status(client, global, job_id);
   if (list->parsed()) return List(client, global, states, limit);
   if (cancel->parsed()) return Cancel(client, global, job_id, reason);

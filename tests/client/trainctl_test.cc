@@ -289,3 +289,20 @@ TEST(TrainctlUnreachableTest, MalformedAddressIsRejectedBeforeDialing) {
 
 }  // namespace
 }  // namespace weft
+
+namespace weft {
+namespace {
+
+TEST_F(TrainctlTest, ResumeFromMustNameAnExistingJob) {
+  CommandResult r = Run({"submit", WriteSpec("job.pb.txt", kValidSpec), "--resume-from=nope-9"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(r.err, "resume_from_job: no job \"nope-9\"")) << r.err;
+  const std::string first = SubmitValid();
+  r = Run({"-o", "json", "submit", WriteSpec("job2.pb.txt", kValidSpec),
+           "--resume-from=" + first});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "\"resume_from_job\": \"" + first + "\"")) << r.out;
+}
+
+}  // namespace
+}  // namespace weft
