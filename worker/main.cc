@@ -13,7 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "common/metrics.h"
+#include "common/daemon.h"
 #include "common/rpc.h"
 #include "worker/agent.h"
 #include "worker/engine/gpt.h"
@@ -115,9 +115,7 @@ int main(int argc, char** argv) {
   options.info.set_worker_id(worker_id);
   options.info.set_pid(::getpid());
   if (data_address.empty()) {
-    const bool loopback = absl::StartsWith(coordinator, "127.") ||
-                          absl::StartsWith(coordinator, "localhost:");
-    data_address = loopback ? "127.0.0.1" : host;
+    data_address = weft::IsLoopbackAddress(coordinator) ? "127.0.0.1" : host;
   }
   options.info.set_address(data_address);
   options.run.data_address = data_address;
@@ -129,31 +127,19 @@ int main(int argc, char** argv) {
   }
   weft::engine::SetBlasThreads(blas_threads);
 
+  // Before any thread starts, so that only the signal thread below takes SIGINT/SIGTERM.
+  weft::BlockShutdownSignals();
   auto registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<weft::MetricsEndpoint> metrics;
-  if (metrics_address != "none" && !metrics_address.empty()) {
-    auto endpoint = weft::MetricsEndpoint::Start(metrics_address, registry);
-    if (!endpoint.ok()) return Fail(endpoint.status());
-    metrics = std::move(*endpoint);
+  auto metrics = weft::StartMetrics(metrics_address, metrics_port_file, registry);
+  if (!metrics.ok()) return Fail(metrics.status());
+  if (*metrics) {
     options.info.set_metrics_address(absl::StrCat(
-        metrics_address.substr(0, metrics_address.rfind(':')), ":", metrics->port()));
-    if (!metrics_port_file.empty()) {
-      if (auto s = weft::WriteFileAtomically(metrics_port_file, absl::StrCat(metrics->port(), "\n"));
-          !s.ok()) {
-        return Fail(s);
-      }
-    }
+        metrics_address.substr(0, metrics_address.rfind(':')), ":", (*metrics)->port()));
   }
 
   // SIGTERM/SIGINT end the worker cleanly: the run is aborted, the process exits.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::thread signal_thread([&signals] {
-    int signo = 0;
-    sigwait(&signals, &signo);
+  std::thread signal_thread([] {
+    weft::WaitForShutdownSignal();
     g_stop = true;
   });
   signal_thread.detach();

@@ -1,0 +1,64 @@
+// The serving skeleton every Weft daemon shares: shutdown signals, the Prometheus endpoint, the
+// gRPC server, and the port files that scripts and tests read when a daemon binds port 0.
+#ifndef WEFT_COMMON_DAEMON_H_
+#define WEFT_COMMON_DAEMON_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "grpcpp/server.h"
+#include "prometheus/registry.h"
+
+namespace weft {
+
+// Call at the top of main(), before any thread starts: SIGINT and SIGTERM are then delivered
+// only to WaitForShutdownSignal().
+void BlockShutdownSignals();
+// Blocks until SIGINT or SIGTERM arrives; returns it.
+int WaitForShutdownSignal();
+
+// True for 127.x.x.x, localhost and [::1] addresses ("host:port").
+bool IsLoopbackAddress(const std::string& address);
+
+// Serves `registry` at `address` ("none" or empty: no endpoint, nullptr) and writes the bound
+// port to `port_file` when given. Errors name --metrics-address / the file.
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetrics(
+    const std::string& address, const std::string& port_file,
+    std::shared_ptr<prometheus::Registry> registry);
+
+struct ServingOptions {
+  std::string listen;             // --listen host:port (0: any free port)
+  std::string port_file;          // --port-file: the bound gRPC port, written once serving
+  std::string metrics_address;    // --metrics-address, or none
+  std::string metrics_port_file;  // --metrics-port-file
+};
+
+// A daemon's gRPC server and metrics endpoint, started together.
+class ServingDaemon {
+ public:
+  // Starts the metrics endpoint, then a gRPC server with `services` (not owned; they must
+  // outlive the daemon) on options.listen, and writes both port files. Warns when serving
+  // plaintext beyond loopback. Errors name the flag that is wrong.
+  static absl::StatusOr<std::unique_ptr<ServingDaemon>> Start(
+      const ServingOptions& options, std::shared_ptr<prometheus::Registry> registry,
+      const std::vector<grpc::Service*>& services);
+
+  int port() const { return port_; }
+  // "none" or the metrics port, for logs.
+  std::string metrics_port_text() const;
+  // Stops accepting calls and cancels those still running after `grace`.
+  void Shutdown(absl::Duration grace);
+
+ private:
+  std::unique_ptr<MetricsEndpoint> metrics_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace weft
+
+#endif  // WEFT_COMMON_DAEMON_H_
