@@ -22,7 +22,8 @@ namespace weft::worker {
 
 GenerationRun::GenerationRun(const weft::v1::JoinJobCommand& command, const RunOptions& options,
                              CoordinatorClient* client, WorkerMetrics* metrics)
-    : command_(command), options_(options), client_(client), metrics_(metrics) {}
+    : command_(command), options_(options), client_(client), metrics_(metrics),
+      rank_(command.rank()) {}
 
 GenerationRun::~GenerationRun() {
   Abort(absl::AbortedError("worker shutting down"));

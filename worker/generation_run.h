@@ -70,7 +70,8 @@ class GenerationRun {
   const RunOptions options_;
   CoordinatorClient* client_;
   WorkerMetrics* metrics_;
-  int32_t rank_ = -1;
+  // As assigned by the JoinJob command; Join confirms it.
+  int32_t rank_;
 
   absl::Mutex mu_;
   absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);
