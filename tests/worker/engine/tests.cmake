@@ -3,3 +3,9 @@
 weft_test(engine_ops_test unit SOURCES worker/engine/ops_test.cc LIBS weft_engine)
 weft_test(engine_gpt_test unit SOURCES worker/engine/gpt_test.cc LIBS weft_engine)
 weft_test(engine_adamw_test unit SOURCES worker/engine/adamw_test.cc LIBS weft_engine)
+
+# CUDA ops against the CPU ops; skips itself without a GPU.
+if(TARGET weft_engine_cuda)
+  weft_test(engine_cuda_ops_test gpu SOURCES worker/engine/cuda/cuda_ops_test.cc
+    LIBS weft_engine_cuda weft_engine)
+endif()

@@ -1,0 +1,28 @@
+// Host half of the CUDA AdamW: reads AdamWConfig (whose header pulls in protobuf, which nvcc
+// is kept away from) and computes the bias corrections in double exactly as the CPU op does,
+// then launches the kernel in adamw.cu.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "worker/engine/adamw.h"
+#include "worker/engine/cuda/ops.h"
+
+namespace weft::engine::cuda {
+
+absl::Status AdamWUpdate(float* params, const float* grads, float* m, float* v,
+                         const uint8_t* decay_mask, size_t n, const AdamWConfig& config,
+                         int64_t step, float grad_scale, cudaStream_t stream) {
+  if (step < 1) return absl::InvalidArgumentError("adamw: step is 1-based");
+  // In double: 1 - beta2^step for small steps would lose most of its digits in float.
+  const float correction1 =
+      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta1), step));
+  const float correction2 =
+      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta2), step));
+  return internal::LaunchAdamW(params, grads, m, v, decay_mask, n, config.lr, config.beta1,
+                               config.beta2, config.eps, config.lr * config.weight_decay,
+                               correction1, correction2, grad_scale, stream);
+}
+
+}  // namespace weft::engine::cuda
