@@ -14,6 +14,7 @@
 #include "checkpointd/service.h"
 #include "checkpointd/store.h"
 #include "common/daemon.h"
+#include "common/serving_flags.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
@@ -43,17 +44,9 @@ int Fail(const absl::Status& status) {
 int main(int argc, char** argv) {
   Flags flags;
   CLI::App app{"weft-checkpointd: sharded checkpoint store"};
-  app.add_option("--listen", flags.serving.listen, "gRPC address host:port (port 0 picks one)")
-      ->capture_default_str();
-  app.add_option("--port-file", flags.serving.port_file,
-                 "write the bound gRPC port here once serving (for scripts and tests)");
+  weft::AddServingFlags(app, &flags.serving);
   app.add_option("--data-dir", flags.options.data_dir, "directory of the checkpoint store")
       ->capture_default_str();
-  app.add_option("--metrics-address", flags.serving.metrics_address,
-                 "Prometheus endpoint host:port, or none")
-      ->capture_default_str();
-  app.add_option("--metrics-port-file", flags.serving.metrics_port_file,
-                 "write the bound metrics port here");
   app.add_option("--gc-grace-seconds", flags.gc_grace_seconds,
                  "uncommitted checkpoint data older than this is deleted")
       ->capture_default_str()

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/daemon.h"
+#include "common/serving_flags.h"
 #include "common/rpc.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/service.h"
@@ -39,17 +40,9 @@ int main(int argc, char** argv) {
   Flags flags;
   flags.options.data_dir = "weft-coordinator-data";
   CLI::App app{"weft-coordinator: job queue, worker registry, rendezvous and store"};
-  app.add_option("--listen", flags.serving.listen, "gRPC address host:port (port 0 picks one)")
-      ->capture_default_str();
-  app.add_option("--port-file", flags.serving.port_file,
-                 "write the bound gRPC port here once serving (for scripts and tests)");
+  weft::AddServingFlags(app, &flags.serving);
   app.add_option("--data-dir", flags.options.data_dir, "directory of the state database")
       ->capture_default_str();
-  app.add_option("--metrics-address", flags.serving.metrics_address,
-                 "Prometheus endpoint host:port, or none")
-      ->capture_default_str();
-  app.add_option("--metrics-port-file", flags.serving.metrics_port_file,
-                 "write the bound metrics port here");
   app.add_option("--heartbeat-interval-ms", flags.options.heartbeat_interval_ms,
                  "heartbeat interval of idle workers")
       ->capture_default_str()

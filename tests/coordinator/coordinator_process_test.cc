@@ -50,7 +50,10 @@ v1::JobSpec Spec(int min_workers = 2, int64_t heartbeat_timeout_ms = 10000) {
 
 class CoordinatorProcessTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartCoordinator(); }
+
+  // A coordinator on dir_ (a restarted one finds its state there) with fast liveness checks.
+  void StartCoordinator() {
     auto cp = CoordinatorProcess::Start(dir_.path(), {"--heartbeat-interval-ms=100",
                                                       "--heartbeat-timeout-ms=800",
                                                       "--tick-interval-ms=20"});
@@ -68,12 +71,7 @@ class CoordinatorProcessTest : public ::testing::Test {
   void Restart() {
     coordinator_->process().Signal(SIGKILL);
     ASSERT_TRUE(coordinator_->process().Wait(absl::Seconds(10)).ok());
-    auto cp = CoordinatorProcess::Start(dir_.path(), {"--heartbeat-interval-ms=100",
-                                                      "--heartbeat-timeout-ms=800",
-                                                      "--tick-interval-ms=20"});
-    ASSERT_TRUE(cp.ok()) << cp.status();
-    coordinator_ = std::move(*cp);
-    Connect();
+    StartCoordinator();
   }
 
   absl::StatusOr<std::string> Submit(const v1::JobSpec& spec) {
