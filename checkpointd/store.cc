@@ -236,41 +236,21 @@ CheckpointStore::CheckpointStore(std::unique_ptr<rocksdb::DB> db, StoreOptions o
                                  std::shared_ptr<prometheus::Registry> registry)
     : db_(std::move(db)), options_(std::move(options)), registry_(std::move(registry)) {
   auto& r = *registry_;
-  bytes_written_ = &prometheus::BuildCounter()
-                        .Name("weft_checkpointd_bytes_written_total")
-                        .Help("Bytes of tensor chunks (with keys) written to the store")
-                        .Register(r)
-                        .Add({});
-  bytes_read_ = &prometheus::BuildCounter()
-                     .Name("weft_checkpointd_bytes_read_total")
-                     .Help("Bytes of tensor data streamed to ReadRange callers")
-                     .Register(r)
-                     .Add({});
-  save_seconds_ = &prometheus::BuildHistogram()
-                       .Name("weft_checkpointd_save_seconds")
-                       .Help("WriteShard duration, stream open to synced shard marker")
-                       .Register(r)
-                       .Add({}, ExponentialBuckets(0.001, 2, 20));
-  restore_seconds_ = &prometheus::BuildHistogram()
-                          .Name("weft_checkpointd_restore_seconds")
-                          .Help("ReadRange duration")
-                          .Register(r)
-                          .Add({}, ExponentialBuckets(0.001, 2, 20));
-  committed_ = &prometheus::BuildCounter()
-                    .Name("weft_checkpointd_checkpoints_committed_total")
-                    .Help("Checkpoints committed")
-                    .Register(r)
-                    .Add({});
-  failed_ = &prometheus::BuildCounter()
-                 .Name("weft_checkpointd_checkpoints_failed_total")
-                 .Help("Shard streams and commits refused or broken off")
-                 .Register(r)
-                 .Add({});
-  store_bytes_ = &prometheus::BuildGauge()
-                      .Name("weft_checkpointd_store_bytes")
-                      .Help("Bytes in the store's SST and blob files")
-                      .Register(r)
-                      .Add({});
+  bytes_written_ = &AddCounter(r, "weft_checkpointd_bytes_written_total",
+                               "Bytes of tensor chunks (with keys) written to the store");
+  bytes_read_ = &AddCounter(r, "weft_checkpointd_bytes_read_total",
+                            "Bytes of tensor data streamed to ReadRange callers");
+  save_seconds_ = &AddHistogram(r, "weft_checkpointd_save_seconds",
+                                "WriteShard duration, stream open to synced shard marker",
+                                ExponentialBuckets(0.001, 2, 20));
+  restore_seconds_ = &AddHistogram(r, "weft_checkpointd_restore_seconds", "ReadRange duration",
+                                   ExponentialBuckets(0.001, 2, 20));
+  committed_ =
+      &AddCounter(r, "weft_checkpointd_checkpoints_committed_total", "Checkpoints committed");
+  failed_ = &AddCounter(r, "weft_checkpointd_checkpoints_failed_total",
+                        "Shard streams and commits refused or broken off");
+  store_bytes_ =
+      &AddGauge(r, "weft_checkpointd_store_bytes", "Bytes in the store's SST and blob files");
 }
 
 CheckpointStore::~CheckpointStore() {

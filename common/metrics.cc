@@ -27,6 +27,22 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   return std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint(std::move(exposer), ports[0]));
 }
 
+prometheus::Counter& AddCounter(prometheus::Registry& registry, const std::string& name,
+                                const std::string& help, const prometheus::Labels& labels) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add(labels);
+}
+
+prometheus::Gauge& AddGauge(prometheus::Registry& registry, const std::string& name,
+                            const std::string& help, const prometheus::Labels& labels) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(labels);
+}
+
+prometheus::Histogram& AddHistogram(prometheus::Registry& registry, const std::string& name,
+                                    const std::string& help,
+                                    const prometheus::Histogram::BucketBoundaries& buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add({}, buckets);
+}
+
 prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double factor,
                                                            int count) {
   prometheus::Histogram::BucketBoundaries b;

@@ -6,7 +6,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "prometheus/counter.h"
 #include "prometheus/exposer.h"
+#include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
@@ -28,6 +30,17 @@ class MetricsEndpoint {
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_;
 };
+
+// Registers a metric family `name` in `registry` and returns its one series with `labels`.
+// For metrics with a fixed label set; families with labels chosen at run time (by state,
+// phase, ...) use prometheus::Build* directly and keep the Family.
+prometheus::Counter& AddCounter(prometheus::Registry& registry, const std::string& name,
+                                const std::string& help, const prometheus::Labels& labels = {});
+prometheus::Gauge& AddGauge(prometheus::Registry& registry, const std::string& name,
+                            const std::string& help, const prometheus::Labels& labels = {});
+prometheus::Histogram& AddHistogram(prometheus::Registry& registry, const std::string& name,
+                                    const std::string& help,
+                                    const prometheus::Histogram::BucketBoundaries& buckets);
 
 // Exponential bucket boundaries start, start*factor, ... (count of them).
 prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double factor, int count);

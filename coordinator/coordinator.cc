@@ -124,21 +124,12 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
                         .Help("Registered workers by state")
                         .Register(*registry_);
   for (WorkerState s : kAllWorkerStates) workers_gauge_->Add({{"state", WorkerState_Name(s)}});
-  heartbeats_ = &prometheus::BuildCounter()
-                     .Name("weft_coordinator_heartbeats_total")
-                     .Help("Heartbeats received")
-                     .Register(*registry_)
-                     .Add({});
-  jobs_submitted_ = &prometheus::BuildCounter()
-                         .Name("weft_coordinator_jobs_submitted_total")
-                         .Help("Jobs accepted by SubmitJob")
-                         .Register(*registry_)
-                         .Add({});
-  rendezvous_latency_ = &prometheus::BuildHistogram()
-                             .Name("weft_coordinator_rendezvous_latency_seconds")
-                             .Help("From a generation's assignment to its last member joining")
-                             .Register(*registry_)
-                             .Add({}, ExponentialBuckets(0.001, 2.0, 18));
+  heartbeats_ = &AddCounter(*registry_, "weft_coordinator_heartbeats_total", "Heartbeats received");
+  jobs_submitted_ = &AddCounter(*registry_, "weft_coordinator_jobs_submitted_total",
+                                "Jobs accepted by SubmitJob");
+  rendezvous_latency_ = &AddHistogram(*registry_, "weft_coordinator_rendezvous_latency_seconds",
+                                      "From a generation's assignment to its last member joining",
+                                      ExponentialBuckets(0.001, 2.0, 18));
   failures_ = &prometheus::BuildCounter()
                    .Name("weft_coordinator_failures_detected_total")
                    .Help("Failures that ended a generation or marked a worker dead, by kind")
@@ -147,11 +138,8 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
                            "reregistered"}) {
     failures_->Add({{"kind", kind}});
   }
-  generations_started_ = &prometheus::BuildCounter()
-                              .Name("weft_coordinator_generations_started_total")
-                              .Help("Job generations formed (first starts and restarts)")
-                              .Register(*registry_)
-                              .Add({});
+  generations_started_ = &AddCounter(*registry_, "weft_coordinator_generations_started_total",
+                                     "Job generations formed (first starts and restarts)");
 }
 
 Coordinator::~Coordinator() { Shutdown(); }

@@ -1,41 +1,31 @@
 #include "worker/worker_metrics.h"
 
+#include "common/metrics.h"
+
 namespace weft::worker {
-namespace {
-
-prometheus::Gauge* Gauge(prometheus::Registry& registry, const std::string& name,
-                         const std::string& help, const prometheus::Labels& labels) {
-  return &prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(labels);
-}
-
-}  // namespace
 
 WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& worker_id)
     : labels_({{"worker_id", worker_id}}) {
-  step_ = Gauge(registry, "weft_worker_step", "Last completed optimizer step", labels_);
-  loss_ = Gauge(registry, "weft_worker_loss", "Training loss of the last step (global batch)",
-                labels_);
-  val_loss_ = Gauge(registry, "weft_worker_val_loss", "Last validation loss", labels_);
-  tokens_per_s_ = Gauge(registry, "weft_worker_tokens_per_second",
-                        "Tokens per second of the whole job over the last step", labels_);
-  grad_norm_ = Gauge(registry, "weft_worker_grad_norm", "Global gradient norm before clipping",
-                     labels_);
-  learning_rate_ = Gauge(registry, "weft_worker_learning_rate", "Learning rate of the last step",
-                         labels_);
-  state_bytes_ = Gauge(registry, "weft_worker_state_bytes",
-                       "Parameters + gradients + optimizer state held by this rank", labels_);
-  busy_ = Gauge(registry, "weft_worker_busy", "1 while the worker is in a job generation",
-                labels_);
+  step_ = &AddGauge(registry, "weft_worker_step", "Last completed optimizer step", labels_);
+  loss_ = &AddGauge(registry, "weft_worker_loss", "Training loss of the last step (global batch)",
+                    labels_);
+  val_loss_ = &AddGauge(registry, "weft_worker_val_loss", "Last validation loss", labels_);
+  tokens_per_s_ = &AddGauge(registry, "weft_worker_tokens_per_second",
+                            "Tokens per second of the whole job over the last step", labels_);
+  grad_norm_ =
+      &AddGauge(registry, "weft_worker_grad_norm", "Global gradient norm before clipping", labels_);
+  learning_rate_ =
+      &AddGauge(registry, "weft_worker_learning_rate", "Learning rate of the last step", labels_);
+  state_bytes_ = &AddGauge(registry, "weft_worker_state_bytes",
+                           "Parameters + gradients + optimizer state held by this rank", labels_);
+  busy_ =
+      &AddGauge(registry, "weft_worker_busy", "1 while the worker is in a job generation", labels_);
   phase_seconds_ = &prometheus::BuildGauge()
                         .Name("weft_worker_step_phase_seconds")
                         .Help("Time split of the last step: forward, backward, exposed "
                               "communication, optimizer, total")
                         .Register(registry);
-  steps_ = &prometheus::BuildCounter()
-                .Name("weft_worker_steps_total")
-                .Help("Optimizer steps completed")
-                .Register(registry)
-                .Add(labels_);
+  steps_ = &AddCounter(registry, "weft_worker_steps_total", "Optimizer steps completed", labels_);
   runs_ = &prometheus::BuildCounter()
                .Name("weft_worker_generation_runs_total")
                .Help("Job generations this worker took part in, by outcome")

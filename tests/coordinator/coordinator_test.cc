@@ -127,9 +127,11 @@ std::vector<Command> AbortCommands(const HeartbeatResponse& r) {
   return out;
 }
 
-const weft::v1::JobEvent* FindEvent(const JobStatus& status, weft::v1::JobEventType type) {
+// The first event of `type` whose message contains `fragment`, or nullptr.
+const weft::v1::JobEvent* FindEvent(const JobStatus& status, weft::v1::JobEventType type,
+                                    absl::string_view fragment = "") {
   for (const auto& e : status.events()) {
-    if (e.type() == type) return &e;
+    if (e.type() == type && absl::StrContains(e.message(), fragment)) return &e;
   }
   return nullptr;
 }
@@ -532,14 +534,8 @@ TEST_F(CoordinatorTest, RendezvousTimeoutEndsTheGeneration) {
   // Both workers were released, so generation 2 formed at once.
   EXPECT_EQ(s.state(), weft::v1::RUNNING);
   EXPECT_EQ(s.generation(), 2);
-  bool named = false;
-  for (const auto& e : s.events()) {
-    if (e.type() == weft::v1::GENERATION_ENDED &&
-        absl::StrContains(e.message(), "not joined: h/cpu1")) {
-      named = true;
-    }
-  }
-  EXPECT_TRUE(named) << s.DebugString();
+  EXPECT_NE(FindEvent(s, weft::v1::GENERATION_ENDED, "not joined: h/cpu1"), nullptr)
+      << s.DebugString();
   // The member that did join is released.
   ASSERT_TRUE(j0->finished());
   EXPECT_EQ(j0->Get().status().code(), absl::StatusCode::kAborted);
@@ -748,14 +744,8 @@ TEST_F(CoordinatorTest, StallEndsTheGeneration) {
   // The worker was released, so generation 2 formed at once.
   EXPECT_EQ(s.state(), weft::v1::RUNNING);
   EXPECT_EQ(s.generation(), 2);
-  bool stalled = false;
-  for (const auto& e : s.events()) {
-    if (e.type() == weft::v1::GENERATION_ENDED &&
-        absl::StrContains(e.message(), "made no progress for 5001 ms")) {
-      stalled = true;
-    }
-  }
-  EXPECT_TRUE(stalled) << s.DebugString();
+  EXPECT_NE(FindEvent(s, weft::v1::GENERATION_ENDED, "made no progress for 5001 ms"), nullptr)
+      << s.DebugString();
 }
 
 TEST_F(CoordinatorTest, ElasticJobRestartsOnSurvivorsWithinMinMax) {
