@@ -30,15 +30,12 @@ Checkpointer::~Checkpointer() {
   thread_.join();
 }
 
-double Checkpointer::Submit(int64_t step, std::vector<UnitSlice> state) {
-  const auto start = std::chrono::steady_clock::now();
+void Checkpointer::Submit(int64_t step, std::vector<UnitSlice> state) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !busy_ && !next_; });
   next_.emplace(step, std::move(state));
   busy_ = true;
   cv_.notify_all();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
 }
 
 std::optional<Checkpointer::Committed> Checkpointer::TakeCommitted() {

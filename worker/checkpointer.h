@@ -43,9 +43,8 @@ class Checkpointer {
   // Waits for the upload in flight.
   ~Checkpointer();
 
-  // Queues the state after `step` completed steps. Returns the milliseconds spent waiting for
-  // the previous upload.
-  double Submit(int64_t step, std::vector<UnitSlice> state);
+  // Queues the state after `step` completed steps, first waiting for the previous upload.
+  void Submit(int64_t step, std::vector<UnitSlice> state);
 
   struct Committed {
     int64_t step = 0;
