@@ -82,6 +82,7 @@ Measured Run(int ranks, int stage, int warmup, int steps) {
           exposed += r->timings.exposed_comm_ms;
         }
       }
+      if (!(*comm)->Barrier()->Wait().ok()) std::exit(1);  // no rank closes early
       per_rank[rank].ms_per_step = ms / steps;
       per_rank[rank].exposed_pct = 100.0 * exposed / ms;
     });

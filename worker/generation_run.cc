@@ -122,13 +122,15 @@ void GenerationRun::Run() {
   metrics_->SetBusy(true);
   absl::Status status = Train();
   metrics_->SetBusy(false);
-  if (aborted_.load()) {
+  // A run that completed stays completed: once rank 0 reports the job finished, the
+  // coordinator ends the generation and may tell a member still returning to abort it.
+  if (status.ok()) {
+    metrics_->CountRunEnd("completed");
+  } else if (aborted_.load()) {
     absl::MutexLock lock(&mu_);
     spdlog::info("job {} generation {}: aborted: {}", job_id(), generation(),
                  std::string(abort_reason_.message()));
     metrics_->CountRunEnd("aborted");
-  } else if (status.ok()) {
-    metrics_->CountRunEnd("completed");
   } else {
     metrics_->CountRunEnd("failed");
   }
@@ -311,6 +313,11 @@ absl::Status GenerationRun::Train() {
 
   // The trained model, whole, written by rank 0 (every rank takes part in the gather).
   auto params = (*engine)->GatherParameters();
+  // A last barrier before any rank drops its communicator: a rank that closed its sockets
+  // right after the gather could cut off a message a slower peer is still receiving.
+  if (params.ok()) {
+    if (absl::Status s = (*comm)->Barrier()->Wait(); !s.ok()) params = s;
+  }
   if (!params.ok()) {
     ReportCollectiveError(params.status());
     return params.status();

@@ -109,6 +109,8 @@ RunResult Train(int world, int stage, int batch_per_rank) {
         return;
       }
       if (rank == 0) result.params = std::move(*params);
+      // No rank closes its sockets while a peer may still be receiving (see GenerationRun).
+      errors[rank] = (*c)->Barrier()->Wait();
     });
   }
   for (auto& t : threads) t.join();
@@ -240,7 +242,9 @@ std::vector<float> TrainRange(int world, int stage, int batch_per_rank, int firs
       ASSERT_TRUE(c.ok()) << c.status();
       auto engine = ZeroEngine::Create(TinySpec(stage, batch_per_rank), c->get());
       ASSERT_TRUE(engine.ok());
-      if (restore_from) ASSERT_TRUE((*engine)->Restore(restore_from->Reader()).ok());
+      if (restore_from) {
+        ASSERT_TRUE((*engine)->Restore(restore_from->Reader()).ok());
+      }
       const BatchFn batch = GlobalBatch(rank, batch_per_rank);
       for (int step = first; step < last; ++step) {
         auto r = (*engine)->TrainStep(step, batch);
@@ -248,6 +252,7 @@ std::vector<float> TrainRange(int world, int stage, int batch_per_rank, int firs
         if (rank == 0) losses.push_back(r->loss);
       }
       snapshots[rank] = (*engine)->Snapshot();
+      ASSERT_TRUE((*c)->Barrier()->Wait().ok());
     });
   }
   for (auto& t : threads) t.join();
