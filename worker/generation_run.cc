@@ -17,6 +17,13 @@
 #include "worker/model_io.h"
 #include "worker/checkpointer.h"
 #include "worker/zero.h"
+#ifdef WEFT_WORKER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "worker/comm/nccl_communicator.h"
+#include "worker/engine/cuda/cuda_check.h"
+#include "worker/zero_cuda.h"
+#endif
 
 namespace weft::worker {
 
@@ -67,7 +74,45 @@ void GenerationRun::ReportCollectiveError(const absl::Status& status) {
   ReportError(status, /*permanent=*/false);
 }
 
-absl::StatusOr<int64_t> GenerationRun::RestoreLatest(ZeroEngine* engine,
+absl::StatusOr<std::unique_ptr<comm::Communicator>> GenerationRun::CreateCommunicator(
+    Store* store, int world) {
+  if (options_.cuda_device >= 0) {
+#ifdef WEFT_WORKER_HAVE_CUDA
+    WEFT_RETURN_IF_ERROR(engine::cuda::CudaStatus(cudaSetDevice(options_.cuda_device),
+                                                  "cudaSetDevice"));
+    comm::NcclOptions nccl_options;
+    nccl_options.device = options_.cuda_device;
+    nccl_options.timeout_ms = options_.collective_timeout_ms;
+    WEFT_ASSIGN_OR_RETURN(auto nccl,
+                          comm::CreateNcclCommunicator(store, rank_, world, nccl_options));
+    return std::unique_ptr<comm::Communicator>(std::move(nccl));
+#else
+    return absl::UnimplementedError("this weft-worker was built without CUDA");
+#endif
+  }
+  comm::GlooOptions gloo_options;
+  gloo_options.hostname = options_.data_address;
+  gloo_options.timeout_ms = options_.collective_timeout_ms;
+  return comm::CreateGlooCommunicator(store, rank_, world, gloo_options);
+}
+
+absl::StatusOr<std::unique_ptr<TrainingEngine>> GenerationRun::CreateEngine(
+    const weft::v1::JobSpec& spec, comm::Communicator* comm) {
+  if (options_.cuda_device >= 0) {
+#ifdef WEFT_WORKER_HAVE_CUDA
+    // CreateCommunicator made a CudaCommunicator for a CUDA run.
+    WEFT_ASSIGN_OR_RETURN(auto engine, ZeroCudaEngine::Create(
+                                           spec, static_cast<comm::CudaCommunicator*>(comm)));
+    return std::unique_ptr<TrainingEngine>(std::move(engine));
+#else
+    return absl::UnimplementedError("this weft-worker was built without CUDA");
+#endif
+  }
+  WEFT_ASSIGN_OR_RETURN(auto engine, ZeroEngine::Create(spec, comm));
+  return std::unique_ptr<TrainingEngine>(std::move(engine));
+}
+
+absl::StatusOr<int64_t> GenerationRun::RestoreLatest(TrainingEngine* engine,
                                                       comm::Communicator* comm, Store* store,
                                                       CheckpointClient* client) {
   // Rank 0 decides the candidates, so that every rank tries the same checkpoints in order.
@@ -176,10 +221,7 @@ absl::Status GenerationRun::Train() {
   // Collectives rendezvous through the coordinator's store for this generation (under the
   // communicator's own key prefix).
   RemoteStore store(client_->channel(), job_id(), generation());
-  comm::GlooOptions gloo_options;
-  gloo_options.hostname = options_.data_address;
-  gloo_options.timeout_ms = options_.collective_timeout_ms;
-  auto comm = comm::CreateGlooCommunicator(&store, rank_, world, gloo_options);
+  auto comm = CreateCommunicator(&store, world);
   if (!comm.ok()) {
     ReportCollectiveError(comm.status());
     return comm.status();
@@ -198,7 +240,7 @@ absl::Status GenerationRun::Train() {
     }
   } detach{this};
 
-  auto engine = ZeroEngine::Create(spec, comm->get());
+  auto engine = CreateEngine(spec, comm->get());
   if (!engine.ok()) {
     ReportError(engine.status(), true);
     return engine.status();
@@ -300,6 +342,8 @@ absl::Status GenerationRun::Train() {
       m->set_exposed_comm_ms(result->timings.exposed_comm_ms);
       m->set_optimizer_ms(result->timings.optimizer_ms);
       m->set_state_bytes(static_cast<int64_t>((*engine)->StateBytes()));
+      m->set_engine_device_bytes(static_cast<int64_t>((*engine)->EngineDeviceBytes()));
+      m->set_device_used_bytes(static_cast<int64_t>((*engine)->DeviceUsedBytes()));
       add_commit(&report);
       auto answer = client_->ReportProgress(report);
       if (answer.ok() && !answer->continue_training()) {

@@ -32,6 +32,8 @@ struct RunOptions {
   int64_t collective_timeout_ms = 60000;
   // checkpointd host:port; empty: no checkpoints are saved or restored.
   std::string checkpointd;
+  // CUDA device this worker trains on; -1: the CPU engine.
+  int cuda_device = -1;
   int64_t rendezvous_timeout_ms = 120000;
 };
 
@@ -63,7 +65,12 @@ class GenerationRun {
   void ReportCollectiveError(const absl::Status& status);
   // Restores the newest checkpoint every rank can read (this job's, else resume_from_job's),
   // falling back to older ones; returns its step, 0 when there is none.
-  absl::StatusOr<int64_t> RestoreLatest(ZeroEngine* engine, comm::Communicator* comm,
+  // Gloo for CPU runs, NCCL on options_.cuda_device for GPU runs; then the matching engine.
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> CreateCommunicator(Store* store,
+                                                                         int world);
+  absl::StatusOr<std::unique_ptr<TrainingEngine>> CreateEngine(const weft::v1::JobSpec& spec,
+                                                               comm::Communicator* comm);
+  absl::StatusOr<int64_t> RestoreLatest(TrainingEngine* engine, comm::Communicator* comm,
                                         Store* store, CheckpointClient* client);
 
   const weft::v1::JoinJobCommand command_;

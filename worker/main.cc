@@ -9,6 +9,10 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#ifdef WEFT_WORKER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -39,13 +43,30 @@ absl::Status ParseDevice(const std::string& device, weft::v1::WorkerInfo* info) 
     return absl::InvalidArgumentError(
         absl::StrCat("--device: \"", device, "\" is not cpu, cpu:N or cuda:N"));
   }
-  if (kind == "cuda") {
-    return absl::UnimplementedError(
-        "--device cuda:N: this weft-worker has no CUDA engine yet; use --device cpu");
-  }
-  info->set_device_kind(weft::v1::DEVICE_KIND_CPU);
   info->set_device_index(index);
+  if (kind == "cpu") {
+    info->set_device_kind(weft::v1::DEVICE_KIND_CPU);
+    return absl::OkStatus();
+  }
+#ifdef WEFT_WORKER_HAVE_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  if (index >= count) {
+    return absl::FailedPreconditionError(absl::StrCat("--device ", device, ": this host has ",
+                                                      count, " CUDA device(s)"));
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) {
+    info->set_gpu_model(prop.name);
+    info->set_gpu_memory_bytes(static_cast<int64_t>(prop.totalGlobalMem));
+  }
+  info->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
   return absl::OkStatus();
+#else
+  return absl::UnimplementedError(
+      absl::StrCat("--device ", device, ": this weft-worker was built without CUDA (no nvcc "
+                   "at build time); use --device cpu"));
+#endif
 }
 
 std::string HostName() {
@@ -121,6 +142,9 @@ int main(int argc, char** argv) {
   options.run.data_address = data_address;
   options.run.output_dir = output_dir;
   options.run.collective_timeout_ms = collective_timeout_ms;
+  if (options.info.device_kind() == weft::v1::DEVICE_KIND_CUDA) {
+    options.run.cuda_device = options.info.device_index();
+  }
   if (!checkpointd.empty() && checkpointd != "none") {
     if (auto s = weft::CheckHostPort(checkpointd, "--checkpointd"); !s.ok()) return Fail(s);
     options.run.checkpointd = checkpointd;

@@ -6,6 +6,12 @@ if(TARGET weft_engine AND TARGET weft_comm AND TARGET weft_data)
   add_library(weft_worker_lib STATIC zero.cc generation_run.cc agent.cc worker_metrics.cc
     checkpointer.cc)
   target_link_libraries(weft_worker_lib PUBLIC weft_model weft_comm weft_client)
+  # The GPU engine (ZeRO-3 over NCCL) where CUDA was found; weft-worker --device cuda:K.
+  if(TARGET weft_gpt_cuda AND TARGET weft_comm_nccl)
+    target_sources(weft_worker_lib PRIVATE zero_cuda.cc)
+    target_link_libraries(weft_worker_lib PUBLIC weft_gpt_cuda weft_comm_nccl CUDA::cudart)
+    target_compile_definitions(weft_worker_lib PUBLIC WEFT_WORKER_HAVE_CUDA)
+  endif()
 
   add_executable(weft-worker main.cc)
   target_link_libraries(weft-worker PRIVATE weft_worker_lib CLI11::CLI11)

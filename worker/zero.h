@@ -33,53 +33,13 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
+#include "worker/training_engine.h"
 #include "worker/engine/gpt.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::worker {
 
-struct StepTimings {
-  double step_ms = 0;
-  double forward_ms = 0;
-  double backward_ms = 0;
-  // Time the compute thread spent waiting for collectives (not hidden behind compute).
-  double exposed_comm_ms = 0;
-  double optimizer_ms = 0;
-};
-
-struct StepResult {
-  // Mean training loss over the global batch of the step.
-  float loss = 0;
-  // Global gradient norm before clipping.
-  float grad_norm = 0;
-  double learning_rate = 0;
-  StepTimings timings;
-};
-
-// Fills micro-batch `micro_step` of optimizer step `step` for this rank: inputs and targets,
-// each (B, T) int32.
-using BatchFn =
-    std::function<void(int64_t step, int micro_step, int32_t* inputs, int32_t* targets)>;
-
-// What one rank saves of one unit in a checkpoint: the elements [begin, end) of the unit's
-// global (unpadded) flat space, slice `rank` of `world` — whatever the stage, so that any world
-// size can read any checkpoint back by range.
-struct UnitSlice {
-  int unit = 0;
-  int64_t size = 0;  // elements in the whole unit
-  int64_t begin = 0;
-  int64_t end = 0;
-  std::vector<float> params, m, v;  // end - begin elements each
-};
-
-// Reads elements [begin, end) of the named checkpoint tensor into `out`.
-using RangeReader = std::function<absl::Status(const std::string& tensor, int64_t begin,
-                                               int64_t end, float* out)>;
-
-// Checkpoint tensor names: "u<unit>.params", "u<unit>.m", "u<unit>.v".
-std::string CheckpointTensorName(int unit, const char* what);
-
-class ZeroEngine {
+class ZeroEngine : public TrainingEngine {
  public:
   // The model of `spec` sharded over `comm` (not owned; must outlive the engine), with
   // activations for micro-batches of spec.training (micro_batch_size, sequence_length).
@@ -90,29 +50,29 @@ class ZeroEngine {
   // One optimizer step (grad_accum_steps micro-steps). `step` is 0-based and picks the
   // learning rate and the batches. A failed collective returns its status (ABORTED after the
   // communicator was aborted); the model state is then unspecified.
-  absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch);
+  absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) override;
 
   // Mean loss over `batches` micro-batches per rank (forward only), averaged over ranks.
-  absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch);
+  absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) override;
 
   // Every unit's full parameters (unpadded). Collective: all ranks must call it.
-  absl::StatusOr<std::vector<std::vector<float>>> GatherParameters();
+  absl::StatusOr<std::vector<std::vector<float>>> GatherParameters() override;
 
   // A host copy of this rank's checkpoint slices (params, AdamW m and v). Local: no
   // communication, so training can go on while the copy is uploaded.
-  std::vector<UnitSlice> Snapshot() const;
+  std::vector<UnitSlice> Snapshot() const override;
   // Loads the state this rank owns from a checkpoint written at any world size. Local; on
   // error the model state is unspecified (restore another checkpoint or start over).
-  absl::Status Restore(const RangeReader& read);
+  absl::Status Restore(const RangeReader& read) override;
 
   // Bytes of parameters + gradients + optimizer state this rank keeps between steps (working
   // buffers of stage 3 excluded; see WorkingBytes).
-  size_t StateBytes() const;
+  size_t StateBytes() const override;
   // Bytes of the transient full-unit buffers (stage 3 gathers) and activations.
-  size_t WorkingBytes() const;
+  size_t WorkingBytes() const override;
 
-  const engine::GptConfig& config() const { return config_; }
-  int stage() const { return stage_; }
+  const engine::GptConfig& config() const override { return config_; }
+  int stage() const override { return stage_; }
 
  private:
   struct Unit {

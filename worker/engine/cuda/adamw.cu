@@ -5,17 +5,48 @@
 //   p = p - lr * (m / c1) / (sqrt(v / c2) + eps) - lr * wd * p_old * (mask[i] != 0)
 // Elementwise, so independent of the sharding; results match the CPU op to a few ulp (nvcc
 // contracts multiply-adds into FMAs, the CPU build does not).
+//
+// Also the mixed-precision optimizer's helpers: the bf16 variant of the update (fp32 master
+// weights, m and v; also writes the bf16 working copy; grad_scale read on the device), the
+// fp32 -> bf16 cast, and the global-norm clipping pieces (sum of squares in two phases with
+// fixed-order partials, so deterministic; the clip factor computed on the device).
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
 
+#include "worker/engine/cuda/bf16.cuh"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/launch.cuh"
 #include "worker/engine/cuda/ops.h"
 
 namespace weft::engine::cuda {
 namespace {
+
+// The host-folded scalars of one AdamW step.
+struct AdamWScalars {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float lr_wd;
+  float correction1;
+  float correction2;
+};
+
+// One element's update: m and v in place, returns the new parameter.
+__device__ inline float AdamWElement(float p, float g, float* m, float* v, bool decay,
+                                     const AdamWScalars& a) {
+  const float mi = a.beta1 * *m + (1.0f - a.beta1) * g;
+  const float vi = a.beta2 * *v + (1.0f - a.beta2) * g * g;
+  *m = mi;
+  *v = vi;
+  const float m_hat = mi / a.correction1;
+  const float v_hat = vi / a.correction2;
+  // Decay reads the parameter before the Adam step, as PyTorch's AdamW and the CPU op.
+  const float decay_term = decay ? a.lr_wd * p : 0.0f;
+  return (p - a.lr * m_hat / (sqrtf(v_hat) + a.eps)) - decay_term;
+}
 
 __global__ void AdamWKernel(float* __restrict__ params,              // (n)
                             const float* __restrict__ grads,         // (n)
@@ -25,20 +56,81 @@ __global__ void AdamWKernel(float* __restrict__ params,              // (n)
                             int64_t n, float lr, float beta1, float beta2, float eps,
                             float lr_wd, float correction1, float correction2,
                             float grad_scale) {
+  const AdamWScalars scalars = {lr, beta1, beta2, eps, lr_wd, correction1, correction2};
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = grads[i] * grad_scale;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float m_hat = mi / correction1;
-    const float v_hat = vi / correction2;
-    const float p = params[i];
-    // Decay reads the parameter before the Adam step, as PyTorch's AdamW and the CPU op.
-    const float decay = decay_mask[i] != 0 ? lr_wd * p : 0.0f;
-    params[i] = (p - lr * m_hat / (sqrtf(v_hat) + eps)) - decay;
+    params[i] =
+        AdamWElement(params[i], grads[i] * grad_scale, m + i, v + i, decay_mask[i] != 0, scalars);
   }
+}
+
+__global__ void AdamWBf16Kernel(float* __restrict__ params,              // (n)
+                                bf16* __restrict__ params_bf16,          // (n)
+                                const float* __restrict__ grads,         // (n)
+                                float* __restrict__ m,                   // (n)
+                                float* __restrict__ v,                   // (n)
+                                const uint8_t* __restrict__ decay_mask,  // (n)
+                                int64_t n, AdamWScalars scalars,
+                                const float* __restrict__ grad_scale) {  // device scalar
+  const float scale = *grad_scale;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float p =
+        AdamWElement(params[i], grads[i] * scale, m + i, v + i, decay_mask[i] != 0, scalars);
+    params[i] = p;
+    params_bf16[i] = __float2bfloat16(p);
+  }
+}
+
+__global__ void CastToBf16Kernel(bf16* __restrict__ out,         // (n)
+                                 const float* __restrict__ in,   // (n)
+                                 int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __float2bfloat16(in[i]);
+  }
+}
+
+// Sum of squares phase 1: at most kMaxSumBlocks blocks, each over a fixed grid-stride subset
+// of x; the count depends only on n, so the partials (and their order) are reproducible.
+constexpr int kMaxSumBlocks = 1024;
+constexpr int kSumElementsPerThread = 8;
+
+int SumBlocks(size_t n) {
+  const size_t per_block = static_cast<size_t>(internal::kBlockSize) * kSumElementsPerThread;
+  const size_t blocks = (n + per_block - 1) / per_block;
+  return static_cast<int>(blocks < kMaxSumBlocks ? blocks : kMaxSumBlocks);
+}
+
+__global__ void SumOfSquaresPartialKernel(float* __restrict__ partials,  // (gridDim.x)
+                                          const float* __restrict__ x,   // (n)
+                                          int64_t n) {
+  __shared__ float shared[internal::kWarpSize];
+  float acc = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    acc += x[i] * x[i];
+  }
+  acc = internal::BlockSum(acc, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+// Phase 2, one block: *out += the partials' sum.
+__global__ void SumOfSquaresFinalKernel(float* __restrict__ out,             // scalar +=
+                                        const float* __restrict__ partials,  // (parts)
+                                        int parts) {
+  __shared__ float shared[internal::kWarpSize];
+  float acc = 0.0f;
+  for (int i = threadIdx.x; i < parts; i += blockDim.x) acc += partials[i];
+  acc = internal::BlockSum(acc, shared);
+  if (threadIdx.x == 0) *out += acc;
+}
+
+__global__ void ClipScaleKernel(float* __restrict__ grad_scale,   // scalar
+                                const float* __restrict__ sumsq,  // scalar
+                                float clip) {
+  const float norm = sqrtf(*sumsq);
+  *grad_scale = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
 }
 
 }  // namespace
@@ -58,5 +150,63 @@ absl::Status LaunchAdamW(float* params, const float* grads, float* m, float* v,
   return absl::OkStatus();
 }
 
+absl::Status LaunchAdamWBf16(float* params, bf16* params_bf16, const float* grads, float* m,
+                             float* v, const uint8_t* decay_mask, size_t n, float lr,
+                             float beta1, float beta2, float eps, float lr_wd, float correction1,
+                             float correction2, const float* grad_scale, cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  constexpr const char* kOp = "adamw bf16";
+  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(params, kOp, "params"));
+  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(params_bf16, kOp, "params_bf16"));
+  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(grads, kOp, "grads"));
+  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(m, kOp, "m"));
+  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(v, kOp, "v"));
+  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(decay_mask, kOp, "decay_mask"));
+  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(grad_scale, kOp, "grad_scale"));
+  const int64_t count = static_cast<int64_t>(n);
+  const AdamWScalars scalars = {lr, beta1, beta2, eps, lr_wd, correction1, correction2};
+  AdamWBf16Kernel<<<GridFor(count), kBlockSize, 0, stream>>>(params, params_bf16, grads, m, v,
+                                                             decay_mask, count, scalars,
+                                                             grad_scale);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
 }  // namespace internal
+
+absl::Status CastToBf16(bf16* out, const float* in, size_t n, cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(out, "cast to bf16", "out"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(in, "cast to bf16", "in"));
+  const int64_t count = static_cast<int64_t>(n);
+  CastToBf16Kernel<<<internal::GridFor(count), internal::kBlockSize, 0, stream>>>(out, in,
+                                                                                  count);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+size_t SumOfSquaresScratchFloats(size_t n) { return static_cast<size_t>(SumBlocks(n)); }
+
+absl::Status SumOfSquares(float* out, const float* x, size_t n, float* scratch,
+                          cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(out, "sum of squares", "out"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(x, "sum of squares", "x"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(scratch, "sum of squares", "scratch"));
+  const int blocks = SumBlocks(n);
+  SumOfSquaresPartialKernel<<<blocks, internal::kBlockSize, 0, stream>>>(
+      scratch, x, static_cast<int64_t>(n));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  SumOfSquaresFinalKernel<<<1, 1024, 0, stream>>>(out, scratch, blocks);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status ClipScale(float* grad_scale, const float* sumsq, float clip, cudaStream_t stream) {
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(grad_scale, "clip scale", "grad_scale"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(sumsq, "clip scale", "sumsq"));
+  ClipScaleKernel<<<1, 1, 0, stream>>>(grad_scale, sumsq, clip);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
 }  // namespace weft::engine::cuda

@@ -9,11 +9,22 @@
 // than the CPU's serial loop, hence ~1e-6 relative differences. dweight/dbias are reduced
 // over rows by one thread per channel in row order (deterministic, no atomics); a
 // block-partial two-stage reduction is the follow-up for speed.
+//
+// bf16 versions (the GPU engine's): C % 8 == 0, rows read as 16-byte vectors, fp32 math.
+// Forward: one warp per row, three passes over the row (mean, squared deviations, output;
+// the second and third hit L1). Backward: one warp per row for dinp (+=, the residual stream);
+// dweight/dbias are reduced in two phases: each block keeps per-warp fp32 accumulators in
+// shared memory (each lane owns its channels, so there are no races), sums its warps in order
+// into one partial row of `scratch`, then internal::LaunchAddColumnSums adds the partials in
+// block order. The block count depends only on N, so the result is bit-identical run to run.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "worker/engine/cpu/ops.h"
+#include "worker/engine/cuda/bf16.cuh"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/launch.cuh"
 #include "worker/engine/cuda/ops.h"
@@ -111,9 +122,165 @@ __global__ void LayerNormBackwardParamsKernel(float* __restrict__ dweight,     /
   dbias[j] = db;
 }
 
+using internal::kVec;
+using internal::LoadFloats;
+using internal::LoadVec;
+using internal::StoreFloats;
+using internal::StoreVec;
+
+// Row stride of one lane's 8-channel vectors within a row.
+constexpr int kLaneStride = kWarpSize * kVec;
+// Backward blocks: kBwdWarps warps, each with its own (2, C) fp32 accumulators in shared
+// memory; at most kMaxBwdBlocks blocks (one partial row each, in scratch).
+constexpr int kBwdWarps = 4;
+constexpr int kMaxBwdBlocks = 1024;
+
+int BackwardBlocks(int n) { return std::min((n + kBwdWarps - 1) / kBwdWarps, kMaxBwdBlocks); }
+
+__global__ void LayerNormForwardBf16Kernel(bf16* __restrict__ out,           // (N, C)
+                                           float* __restrict__ mean,         // (N)
+                                           float* __restrict__ rstd,         // (N)
+                                           const bf16* __restrict__ inp,     // (N, C)
+                                           const bf16* __restrict__ weight,  // (C)
+                                           const bf16* __restrict__ bias,    // (C)
+                                           int n, int c) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= n) return;  // whole warps exit together
+  const bf16* x = inp + static_cast<int64_t>(row) * c;  // (C)
+  bf16* y = out + static_cast<int64_t>(row) * c;        // (C)
+  float sum = 0.0f;
+  for (int j = lane * kVec; j < c; j += kLaneStride) {
+    float v[kVec];
+    LoadVec(x + j, v);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) sum += v[k];
+  }
+  const float m = WarpSum(sum) / c;
+  // Two passes (mean, then squared deviations) as the CPU op: stays accurate when
+  // |mean| >> std, as on the residual stream.
+  float var_sum = 0.0f;
+  for (int j = lane * kVec; j < c; j += kLaneStride) {
+    float v[kVec];
+    LoadVec(x + j, v);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float d = v[k] - m;
+      var_sum += d * d;
+    }
+  }
+  const float s = 1.0f / sqrtf(WarpSum(var_sum) / c + kEps);
+  for (int j = lane * kVec; j < c; j += kLaneStride) {
+    float v[kVec];
+    float w[kVec];
+    float b[kVec];
+    LoadVec(x + j, v);
+    LoadVec(weight + j, w);
+    LoadVec(bias + j, b);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) v[k] = (v[k] - m) * s * w[k] + b[k];
+    StoreVec(y + j, v);
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+// dx += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight, xhat = (x - mean) * rstd;
+// per block: partials[blockIdx.x] = (sum of xhat * dy, sum of dy) over the block's rows.
+// Dynamic shared memory: kBwdWarps * 2 * C floats.
+__global__ void __launch_bounds__(kBwdWarps * kWarpSize)
+    LayerNormBackwardBf16Kernel(bf16* __restrict__ dinp,          // (N, C) +=
+                                float* __restrict__ partials,     // (gridDim.x, 2C)
+                                const bf16* __restrict__ dout,    // (N, C)
+                                const bf16* __restrict__ inp,     // (N, C)
+                                const bf16* __restrict__ weight,  // (C)
+                                const float* __restrict__ mean,   // (N)
+                                const float* __restrict__ rstd,   // (N)
+                                int n, int c) {
+  extern __shared__ float4 shared_vec[];
+  float* acc = reinterpret_cast<float*>(shared_vec);  // (kBwdWarps, 2, C)
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  float* dw_acc = acc + static_cast<int64_t>(warp) * 2 * c;  // (C)
+  float* db_acc = dw_acc + c;                                // (C)
+  // A lane only ever touches its own channels of its warp's accumulators: no barrier needed
+  // until the cross-warp sum.
+  const float zeros[kVec] = {};
+  for (int j = lane * kVec; j < c; j += kLaneStride) {
+    StoreFloats(dw_acc + j, zeros);
+    StoreFloats(db_acc + j, zeros);
+  }
+  for (int row = blockIdx.x * kBwdWarps + warp; row < n; row += gridDim.x * kBwdWarps) {
+    const int64_t offset = static_cast<int64_t>(row) * c;
+    const bf16* x = inp + offset;    // (C)
+    const bf16* dy = dout + offset;  // (C)
+    bf16* dx = dinp + offset;        // (C)
+    const float m = mean[row];
+    const float s = rstd[row];
+    float g_sum = 0.0f;
+    float g_xhat_sum = 0.0f;
+    for (int j = lane * kVec; j < c; j += kLaneStride) {
+      float xv[kVec];
+      float dyv[kVec];
+      float wv[kVec];
+      LoadVec(x + j, xv);
+      LoadVec(dy + j, dyv);
+      LoadVec(weight + j, wv);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float g = dyv[k] * wv[k];
+        g_sum += g;
+        g_xhat_sum += g * ((xv[k] - m) * s);
+      }
+    }
+    const float g_mean = WarpSum(g_sum) / c;
+    const float g_xhat_mean = WarpSum(g_xhat_sum) / c;
+    for (int j = lane * kVec; j < c; j += kLaneStride) {
+      float xv[kVec];
+      float dyv[kVec];
+      float wv[kVec];
+      float dxv[kVec];
+      LoadVec(x + j, xv);
+      LoadVec(dy + j, dyv);
+      LoadVec(weight + j, wv);
+      LoadVec(dx + j, dxv);
+      float dw[kVec];
+      float db[kVec];
+      LoadFloats(dw_acc + j, dw);
+      LoadFloats(db_acc + j, db);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float xhat = (xv[k] - m) * s;
+        const float g = dyv[k] * wv[k];
+        dxv[k] += (g - g_mean - xhat * g_xhat_mean) * s;
+        dw[k] += xhat * dyv[k];
+        db[k] += dyv[k];
+      }
+      StoreVec(dx + j, dxv);
+      StoreFloats(dw_acc + j, dw);
+      StoreFloats(db_acc + j, db);
+    }
+  }
+  __syncthreads();
+  // The block's partial: its warps' accumulators summed in warp order.
+  const int two_c = 2 * c;
+  for (int col = threadIdx.x; col < two_c; col += blockDim.x) {
+    float total = 0.0f;
+    for (int w = 0; w < kBwdWarps; ++w) total += acc[w * two_c + col];
+    partials[static_cast<int64_t>(blockIdx.x) * two_c + col] = total;
+  }
+}
+
 absl::Status CheckShape(int n, int c) {
   if (n < 0 || c < 0) return absl::InvalidArgumentError("layernorm: negative shape");
   return absl::OkStatus();
+}
+
+absl::Status CheckBf16Shape(int n, int c) {
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(n, "layernorm", "n"));
+  return internal::CheckMultipleOf8(c, "layernorm", "c");
 }
 
 }  // namespace
@@ -144,6 +311,58 @@ absl::Status LayerNormBackward(float* dinp, float* dweight, float* dbias, const 
       dweight, dbias, dout, inp, mean, rstd, n, c);
   WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
+}
+
+absl::Status LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* inp,
+                              const bf16* weight, const bf16* bias, int n, int c,
+                              cudaStream_t stream) {
+  constexpr const char* kOp = "layernorm";
+  WEFT_BF16_RETURN_IF_ERROR(CheckBf16Shape(n, c));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(out, kOp, "out"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(mean, kOp, "mean"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(rstd, kOp, "rstd"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp, kOp, "inp"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(weight, kOp, "weight"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(bias, kOp, "bias"));
+  const int blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+  LayerNormForwardBf16Kernel<<<blocks, internal::kBlockSize, 0, stream>>>(out, mean, rstd, inp,
+                                                                          weight, bias, n, c);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+size_t LayerNormBackwardScratchFloats(int n, int c) {
+  if (n <= 0 || c <= 0) return 0;
+  return static_cast<size_t>(BackwardBlocks(n)) * 2 * c;
+}
+
+absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dout,
+                               const bf16* inp, const bf16* weight, const float* mean,
+                               const float* rstd, float* scratch, int n, int c,
+                               cudaStream_t stream) {
+  constexpr const char* kOp = "layernorm backward";
+  WEFT_BF16_RETURN_IF_ERROR(CheckBf16Shape(n, c));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dinp, kOp, "dinp"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(dweight, kOp, "dweight"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(dbias, kOp, "dbias"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dout, kOp, "dout"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp, kOp, "inp"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(weight, kOp, "weight"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(mean, kOp, "mean"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(rstd, kOp, "rstd"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(scratch, kOp, "scratch"));
+  const int blocks = BackwardBlocks(n);
+  const size_t shared_bytes = static_cast<size_t>(kBwdWarps) * 2 * c * sizeof(float);
+  // Above 48 KiB (C > 1536) the kernel must opt in to the larger shared memory carve-out.
+  if (shared_bytes > 48 * 1024) {
+    WEFT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(LayerNormBackwardBf16Kernel,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(shared_bytes)));
+  }
+  LayerNormBackwardBf16Kernel<<<blocks, kBwdWarps * kWarpSize, shared_bytes, stream>>>(
+      dinp, scratch, dout, inp, weight, mean, rstd, n, c);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return internal::LaunchAddColumnSums(dweight, dbias, c, scratch, blocks, 2 * c, stream);
 }
 
 }  // namespace weft::engine::cuda

@@ -17,6 +17,7 @@
 #ifndef WEFT_WORKER_ENGINE_CUDA_OPS_H_
 #define WEFT_WORKER_ENGINE_CUDA_OPS_H_
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -91,6 +92,165 @@ absl::Status AdamWUpdate(float* params,              // (n) updated
                          size_t n, const AdamWConfig& config, int64_t step, float grad_scale,
                          cudaStream_t stream);
 
+// ======================================================================================
+// bf16 training ops (mixed precision, as the GPU engine trains): activations and their
+// gradients are bf16, statistics (LayerNorm mean/rstd, softmax logsumexp, losses) and every
+// PARAMETER gradient are fp32; arithmetic inside a kernel is fp32.
+// Contract of this section (differs from the fp32 section above on activation gradients):
+//  - Parameter gradients (float*) ACCUMULATE (+=).
+//  - Activation gradients (bf16*) are WRITTEN (=), except where a comment says "+=" (the
+//    residual stream's gradient, which several consumers add into).
+//  - `scratch` arguments are device workspace the caller owns, sized by the matching
+//    *ScratchFloats function; nothing is kept in them between calls.
+//  - Deterministic run to run unless a comment says otherwise. Parameter-gradient reductions
+//    over rows (LayerNorm, BiasBackward, SumOfSquares) are two-phase: per-block fp32 partials
+//    in `scratch`, then a second kernel adds them in a fixed order.
+//  - Requirements, checked (INVALID_ARGUMENT naming the argument): non-null pointers; sizes
+//    positive (n == 0 is a no-op only for the optimizer helpers, whose shards may be empty);
+//    bf16 tensors are accessed as 16-byte vectors of 8 values, so every bf16 pointer of a layer
+//    op is 16-byte aligned and the row lengths C, OC, T, Vp and the head size C / NH are
+//    multiples of 8 (V need not be); the elementwise ops (GELU, residual) take any n.
+// Tolerances against the CPU fp32 ops are stated in tests/worker/engine/cuda/bf16_ops_test.cc.
+using bf16 = __nv_bfloat16;
+
+// ---- encoder.cu ----
+absl::Status EncoderForward(bf16* out,              // (B, T, C)
+                            const int32_t* tokens,  // (B, T)
+                            const bf16* wte,        // (Vp, C)
+                            const bf16* wpe,        // (maxT, C)
+                            int b, int t, int c, cudaStream_t stream);
+// dwte rows are accumulated with fp32 atomics (a token repeated in the batch makes the order
+// of its adds vary): NOT bit-deterministic. dwpe is deterministic.
+absl::Status EncoderBackward(float* dwte,            // (Vp, C) +=
+                             float* dwpe,            // (maxT, C) +=
+                             const bf16* dout,       // (B, T, C)
+                             const int32_t* tokens,  // (B, T)
+                             int b, int t, int c, cudaStream_t stream);
+
+// ---- layernorm.cu ----
+absl::Status LayerNormForward(bf16* out,           // (N, C)
+                              float* mean,         // (N)
+                              float* rstd,         // (N)
+                              const bf16* inp,     // (N, C)
+                              const bf16* weight,  // (C)
+                              const bf16* bias,    // (C)
+                              int n, int c, cudaStream_t stream);
+size_t LayerNormBackwardScratchFloats(int n, int c);
+absl::Status LayerNormBackward(bf16* dinp,          // (N, C) += (the residual stream)
+                               float* dweight,      // (C) +=
+                               float* dbias,        // (C) +=
+                               const bf16* dout,    // (N, C)
+                               const bf16* inp,     // (N, C)
+                               const bf16* weight,  // (C)
+                               const float* mean,   // (N)
+                               const float* rstd,   // (N)
+                               float* scratch,      // LayerNormBackwardScratchFloats(n, c)
+                               int n, int c, cudaStream_t stream);
+
+// ---- gelu.cu (tanh approximation) ----
+absl::Status GeluForward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream);
+// dinp = gelu'(inp) * dout; dinp may alias dout (in place).
+absl::Status GeluBackward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n,
+                          cudaStream_t stream);
+
+// ---- residual.cu: out = inp1 + inp2 (the backward is the identity: callers pass the
+// gradient on) ----
+absl::Status ResidualForward(bf16* out, const bf16* inp1, const bf16* inp2, int64_t n,
+                             cudaStream_t stream);
+
+// ---- bias.cu: dbias[o] += sum_n dout[n, o] (a Linear layer's bias gradient) ----
+size_t BiasBackwardScratchFloats(int n, int oc);
+absl::Status BiasBackward(float* dbias,      // (OC) +=
+                          const bf16* dout,  // (N, OC)
+                          float* scratch,    // BiasBackwardScratchFloats(n, oc)
+                          int n, int oc, cudaStream_t stream);
+
+// ---- attention.cu: the non-GEMM parts of causal attention; the GEMMs are cuBLAS batched
+// (gpt_cuda.cc). Heads: q | k | v each a contiguous C/NH slice per head, as the CPU op.
+// C % NH == 0 and the head size C / NH a multiple of 8; T a multiple of 8 for the softmax. ----
+// (B, T, 3C) -> q, k, v each (B, NH, T, HS), HS = C / NH.
+absl::Status AttentionSplitHeads(bf16* q, bf16* k, bf16* v, const bf16* qkv, int b, int t,
+                                 int c, int nh, cudaStream_t stream);
+// (B, NH, T, HS) -> (B, T, C).
+absl::Status AttentionMergeHeads(bf16* out, const bf16* y, int b, int t, int c, int nh,
+                                 cudaStream_t stream);
+// The inverses for the backward: (B, T, C) -> (B, NH, T, HS), and dq, dk, dv (B, NH, T, HS)
+// -> dqkv (B, T, 3C) (written, =).
+absl::Status AttentionSplitGrad(bf16* dy, const bf16* dout, int b, int t, int c, int nh,
+                                cudaStream_t stream);
+absl::Status AttentionMergeGrads(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv,
+                                 int b, int t, int c, int nh, cudaStream_t stream);
+// rows = B * NH * T rows of length T, row r's position in its sequence is r % T. Columns above
+// the diagonal are never read (only zero-filled), so they may hold anything. In place:
+// att holds the raw scores q.k on entry and P = softmax(scale * scores) on exit, causal (0
+// above the diagonal, i.e. at columns > r % T); lse[r] = logsumexp of the row's scaled
+// scores (fp32), kept for the backward.
+absl::Status CausalSoftmaxForward(bf16* att, float* lse, int64_t rows, int t, float scale,
+                                  cudaStream_t stream);
+// Recomputes P in place from the raw scores and lse (the backward does not keep P).
+absl::Status CausalSoftmaxRecompute(bf16* att, const float* lse, int64_t rows, int t,
+                                    float scale, cudaStream_t stream);
+// In place on datt: datt = scale * P * (datt - sum_j P[j] * datt[j]) per row, causal (0 above
+// the diagonal): the gradient w.r.t. the raw scores given P and dL/dP.
+absl::Status CausalSoftmaxBackward(bf16* datt, const bf16* att, int64_t rows, int t,
+                                   float scale, cudaStream_t stream);
+
+// ---- flash_attention.cu: fused causal attention (tensor cores, the (T, T) scores never hit
+// memory). q, k, v, y and the gradients are (B, NH, T, HS), one head a (T, HS) row-major
+// matrix; scale = 1 / sqrt(HS). Any T >= 1 and B * NH >= 1; HS in {16, 32, 64, 128}, any other
+// head size is UNIMPLEMENTED (callers fall back to the cuBLAS + softmax path above). Same
+// semantics as that path, but the scores stay fp32 (never rounded to bf16). Deterministic. ----
+bool FlashAttentionSupported(int hs);
+// y = softmax(scale * q k^T, causal) v; lse[r] = logsumexp of row r's scaled causal scores.
+absl::Status FlashAttentionForward(bf16* y,        // (B, NH, T, HS)
+                                   float* lse,     // (B * NH * T)
+                                   const bf16* q,  // (B, NH, T, HS)
+                                   const bf16* k,  // (B, NH, T, HS)
+                                   const bf16* v,  // (B, NH, T, HS)
+                                   int b, int nh, int t, int hs, cudaStream_t stream);
+size_t FlashAttentionBackwardScratchFloats(int b, int nh, int t, int hs);
+// dq, dk, dv written (=), from the forward's y and lse (P is recomputed tile by tile).
+absl::Status FlashAttentionBackward(bf16* dq,          // (B, NH, T, HS)
+                                    bf16* dk,          // (B, NH, T, HS)
+                                    bf16* dv,          // (B, NH, T, HS)
+                                    const bf16* dy,    // (B, NH, T, HS)
+                                    const bf16* y,     // (B, NH, T, HS) the forward's output
+                                    const float* lse,  // (B * NH * T) the forward's lse
+                                    const bf16* q,     // (B, NH, T, HS)
+                                    const bf16* k,     // (B, NH, T, HS)
+                                    const bf16* v,     // (B, NH, T, HS)
+                                    float* scratch,    // FlashAttentionBackwardScratchFloats
+                                    int b, int nh, int t, int hs, cudaStream_t stream);
+
+// ---- classifier.cu: softmax + cross-entropy over the first V of Vp columns (V <= Vp,
+// Vp % 8 == 0; padding columns are never read) ----
+// In place: the logits (N, Vp) become the gradient of grad_scale * sum of the N losses:
+//   dlogits[n, j] = grad_scale * (softmax[n, j] - (j == targets[n])) for j < V, 0 for j >= V
+// (a caller chunking a batch of N_total rows passes grad_scale = loss_scale / N_total).
+// losses[n] = -log softmax[n, targets[n]] (fp32).
+absl::Status CrossEntropyForwardBackward(bf16* logits,            // (N, Vp) in/out
+                                         float* losses,           // (N)
+                                         const int32_t* targets,  // (N), each in [0, V)
+                                         int n, int v, int vp, float grad_scale,
+                                         cudaStream_t stream);
+
+// ---- adamw.cu: the fp32 master update that also writes the bf16 working copy ----
+// engine::AdamWUpdate's math (see the fp32 AdamWUpdate above), then params_bf16[i] =
+// bf16(params[i]). `grad_scale` is read from DEVICE memory (*grad_scale), so clipping by a
+// norm computed on the GPU needs no host round trip.
+absl::Status AdamWUpdateBf16(float* params, bf16* params_bf16, const float* grads, float* m,
+                             float* v, const uint8_t* decay_mask, size_t n,
+                             const AdamWConfig& config, int64_t step,
+                             const float* grad_scale /* device scalar */, cudaStream_t stream);
+// out[i] = bf16(in[i]).
+absl::Status CastToBf16(bf16* out, const float* in, size_t n, cudaStream_t stream);
+// *out += sum_i x[i]^2 (fp32 partial sums, fixed order): a shard's part of the global grad norm.
+size_t SumOfSquaresScratchFloats(size_t n);
+absl::Status SumOfSquares(float* out /* device scalar, += */, const float* x, size_t n,
+                          float* scratch, cudaStream_t stream);
+// grad_scale (device scalar) = clip > 0 && sqrt(*sumsq) > clip ? clip / sqrt(*sumsq) : 1.
+absl::Status ClipScale(float* grad_scale, const float* sumsq, float clip, cudaStream_t stream);
+
 namespace internal {
 // The AdamW kernel's launcher with the host-side scalars already folded (adamw.cu), so the
 // .cu file needs no protobuf-dependent header. Callers use AdamWUpdate.
@@ -98,6 +258,11 @@ absl::Status LaunchAdamW(float* params, const float* grads, float* m, float* v,
                          const uint8_t* decay_mask, size_t n, float lr, float beta1, float beta2,
                          float eps, float lr_wd, float correction1, float correction2,
                          float grad_scale, cudaStream_t stream);
+// AdamWUpdateBf16's launcher, likewise (adamw.cu).
+absl::Status LaunchAdamWBf16(float* params, bf16* params_bf16, const float* grads, float* m,
+                             float* v, const uint8_t* decay_mask, size_t n, float lr,
+                             float beta1, float beta2, float eps, float lr_wd, float correction1,
+                             float correction2, const float* grad_scale, cudaStream_t stream);
 }  // namespace internal
 
 }  // namespace weft::engine::cuda

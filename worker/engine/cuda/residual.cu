@@ -2,10 +2,15 @@
 //
 // Contract (as cpu/residual.cc): the backward ACCUMULATES (+=) dout into dinp1 and dinp2.
 // Both directions are one IEEE add per element, so they match the CPU op bit for bit.
+//
+// bf16 forward (the GPU engine's): the fp32 sum of the two bf16 inputs rounded once to bf16,
+// on 16-byte vectors of 8 values (the n % 8 tail elementwise). There is no bf16 backward:
+// the gradient passes through unchanged (ops.h).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "worker/engine/cuda/bf16.cuh"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/launch.cuh"
 #include "worker/engine/cuda/ops.h"
@@ -35,6 +40,28 @@ __global__ void ResidualBackwardKernel(float* __restrict__ dinp1,       // (N) +
   }
 }
 
+__global__ void ResidualForwardBf16Kernel(bf16* __restrict__ out,         // (N)
+                                          const bf16* __restrict__ inp1,  // (N)
+                                          const bf16* __restrict__ inp2,  // (N)
+                                          int64_t n) {
+  using internal::kVec;
+  const int64_t vecs = n / kVec;
+  const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  for (int64_t i = tid; i < vecs; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float a[kVec];
+    float b[kVec];
+    internal::LoadVec(inp1 + i * kVec, a);
+    internal::LoadVec(inp2 + i * kVec, b);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) a[k] += b[k];
+    internal::StoreVec(out + i * kVec, a);
+  }
+  const int64_t tail = vecs * kVec + tid;  // the last n % 8 elements, one per thread
+  if (tail < n) {
+    out[tail] = __float2bfloat16(__bfloat162float(inp1[tail]) + __bfloat162float(inp2[tail]));
+  }
+}
+
 }  // namespace
 
 absl::Status ResidualForward(float* out, const float* inp1, const float* inp2, int64_t n,
@@ -53,6 +80,19 @@ absl::Status ResidualBackward(float* dinp1, float* dinp2, const float* dout, int
   if (n == 0) return absl::OkStatus();
   ResidualBackwardKernel<<<internal::GridFor(n), internal::kBlockSize, 0, stream>>>(
       dinp1, dinp2, dout, n);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status ResidualForward(bf16* out, const bf16* inp1, const bf16* inp2, int64_t n,
+                             cudaStream_t stream) {
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(n, "residual", "n"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(out, "residual", "out"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp1, "residual", "inp1"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp2, "residual", "inp2"));
+  const int64_t vecs = (n + internal::kVec - 1) / internal::kVec;
+  ResidualForwardBf16Kernel<<<internal::GridFor(vecs), internal::kBlockSize, 0, stream>>>(
+      out, inp1, inp2, n);
   WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

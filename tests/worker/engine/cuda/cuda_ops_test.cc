@@ -217,13 +217,13 @@ TEST_F(CudaOpsTest, AdamW) {
 }
 
 TEST_F(CudaOpsTest, RejectsBadArguments) {
-  EXPECT_EQ(GeluForward(nullptr, nullptr, -1, stream_).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LayerNormForward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, -1, 4,
-                             stream_).code(),
+  // Typed null pointers: the ops are overloaded for float and bf16.
+  float* const null = nullptr;
+  EXPECT_EQ(GeluForward(null, null, -1, stream_).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LayerNormForward(null, null, null, null, null, null, -1, 4, stream_).code(),
             absl::StatusCode::kInvalidArgument);
   // Empty work is a no-op, not an (invalid, zero-block) launch.
-  EXPECT_TRUE(ResidualForward(nullptr, nullptr, nullptr, 0, stream_).ok());
+  EXPECT_TRUE(ResidualForward(null, null, null, 0, stream_).ok());
 }
 
 }  // namespace

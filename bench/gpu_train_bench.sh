@@ -1,0 +1,166 @@
+#!/bin/bash
+# GPU training through the real services: a coordinator, one weft-worker per GPU
+# (--device cuda:K), a job submitted with trainctl and followed with `trainctl watch -o json`.
+#
+#   bench/gpu_train_bench.sh throughput BIN_DIR DATA_FILE "1 2 4"
+#     GPT-2 124M (12 layers, 768 wide, 12 heads, vocab 50304, context 1024), micro-batch 16
+#     per GPU, bf16, ZeRO-3, on each GPU count; prints per count
+#     BENCH gpu_train gpus=G tokens_per_s_per_gpu=T mfu=M peak_mem_gib=P exposed_comm_pct=C ...
+#     tokens/s is end to end: steps completed between two coordinator timestamps (step 10 and
+#     the last), so reporting, data loading and host overheads count. peak_mem_gib is what the
+#     engine allocated (PyTorch's max_memory_allocated analogue); device_used_gib is the whole
+#     device (CUDA context and NCCL included). exposed_comm_pct is the time the compute stream
+#     waited for collectives (GPU timing events) over the step time.
+#   bench/gpu_train_bench.sh curve BIN_DIR DATA_FILE
+#     A small byte-level GPT on real text (DATA_FILE, bytes), 300 steps, global batch 16, on
+#     1 GPU, 2 GPUs and 1 CPU worker; prints the largest per-step relative loss difference of
+#     2 GPUs vs 1 GPU and of 1 GPU vs the CPU engine:
+#     BENCH gpu_curve steps=300 gpu2_vs_gpu1_max_rel=... gpu1_vs_cpu_max_rel=... ...
+set -euo pipefail
+mode=${1:?throughput|curve}
+BIN=$(cd "${2:?bin dir}" && pwd)
+DATA=$(readlink -f "${3:?data file}")
+COUNTS=${4:-"1 2"}
+# WEFT_BENCH_WORK keeps the logs and status streams (default: a fresh temporary folder).
+WORK=${WEFT_BENCH_WORK:-$(mktemp -d /tmp/weft-gpu-bench.XXXXXX)}
+mkdir -p "$WORK"
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+wait_for_file() {
+  for _ in $(seq 400); do [[ -s "$1" ]] && return 0; sleep 0.05; done
+  echo "timed out waiting for $1" >&2
+  return 1
+}
+
+"$BIN/weft-coordinator" --listen=127.0.0.1:0 --port-file="$WORK/coordinator.port" \
+  --data-dir="$WORK/coordinator" --metrics-address=none >"$WORK/coordinator.log" 2>&1 &
+PIDS+=($!)
+wait_for_file "$WORK/coordinator.port"
+export WEFT_COORDINATOR="127.0.0.1:$(cat "$WORK/coordinator.port")"
+
+# start_workers KIND COUNT: starts COUNT workers (cuda:0.. or cpu:0..), sets WORKER_PIDS.
+start_workers() {
+  WORKER_PIDS=()
+  for ((i = 0; i < $2; i++)); do
+    "$BIN/weft-worker" --device="$1:$i" --checkpointd=none --metrics-address=none \
+      --output-dir="$WORK/models" --worker-id="bench-$1$i-$RANDOM" \
+      >"$WORK/worker-$1$i-$RANDOM.log" 2>&1 &
+    WORKER_PIDS+=($!)
+    PIDS+=($!)
+  done
+}
+stop_workers() {
+  for pid in "${WORKER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${WORKER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+
+# spec NAME KIND WORKERS LAYERS WIDTH HEADS VOCAB CONTEXT MICRO_BATCH STEPS LR
+spec() {
+  cat <<SPEC
+name: "$1"
+model { num_layers: $4 hidden_size: $5 num_heads: $6 vocab_size: $7 context_length: $8 }
+data { train_path: "$DATA" format: DATA_FORMAT_TEXT_BYTES val_fraction: 0.05 }
+optimizer { learning_rate: ${11} weight_decay: 0.1 grad_clip_norm: 1.0 }
+lr_schedule { kind: COSINE warmup_steps: 20 min_lr_ratio: 0.1 }
+training { total_steps: ${10} micro_batch_size: $9 sequence_length: $8 seed: 1337 }
+zero_stage: 3
+resources { device_kind: DEVICE_KIND_$2 min_workers: $3 max_workers: $3 }
+fault { heartbeat_interval_ms: 500 heartbeat_timeout_ms: 5000 max_restarts: 0 }
+SPEC
+}
+
+# run_job SPEC_FILE OUT_JSONL: submits, follows to the end, keeps every status update.
+run_job() {
+  local job
+  job=$("$BIN/trainctl" submit "$1")
+  "$BIN/trainctl" watch "$job" -o json >"$2" || {
+    echo "job $job did not succeed; worker logs:" >&2
+    tail -n 20 "$WORK"/worker-*.log >&2
+    return 1
+  }
+}
+
+case "$mode" in
+throughput)
+  for g in $COUNTS; do
+    spec "gpt2-124m-g$g" CUDA "$g" 12 768 12 50304 1024 16 60 6e-4 >"$WORK/g$g.pb.txt"
+    start_workers cuda "$g"
+    run_job "$WORK/g$g.pb.txt" "$WORK/g$g.jsonl"
+    stop_workers
+    python3 - "$WORK/g$g.jsonl" "$g" <<'PY'
+import json, sys
+from datetime import datetime
+path, gpus = sys.argv[1], int(sys.argv[2])
+steps = {}
+for line in open(path):
+    s = json.loads(line)
+    m = s.get("last_metrics")
+    if m and "step" in m:
+        steps[int(m["step"])] = m
+def ts(m):
+    return datetime.fromisoformat(m["time"].replace("Z", "+00:00")).timestamp()
+if not any(k >= 10 for k in steps):
+    sys.exit(f"no step metrics past step 10 in {path}: last status {line.strip()[:2000]}")
+first = min(k for k in steps if k >= 10)
+last = max(steps)
+B, T, L, C, V = 16, 1024, 12, 768, 50304
+tokens = (last - first) * B * T * gpus
+tps = tokens / (ts(steps[last]) - ts(steps[first]))
+params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+flops_per_token = 6 * params + 12 * L * C * T
+per_gpu = tps / gpus
+late = [steps[k] for k in steps if k >= first]
+def med(xs):
+    xs = sorted(xs); return xs[len(xs) // 2]
+step_ms = med([float(m["step_ms"]) for m in late])
+exposed = med([float(m.get("exposed_comm_ms", 0)) for m in late])
+peak = max(int(m.get("engine_device_bytes", 0)) for m in late) / 2**30
+used = max(int(m.get("device_used_bytes", 0)) for m in late) / 2**30
+print(f"BENCH gpu_train gpus={gpus} tokens_per_s_per_gpu={per_gpu:.0f} "
+      f"mfu={per_gpu * flops_per_token / 989e12:.3f} peak_mem_gib={peak:.2f} "
+      f"exposed_comm_pct={100 * exposed / step_ms:.1f} device_used_gib={used:.2f} "
+      f"step_ms={step_ms:.1f} reported_tokens_per_s_per_gpu={B*T*1000/step_ms:.0f} "
+      f"steps={first}-{last} loss={float(steps[last]['loss']):.3f}", flush=True)
+PY
+  done
+  ;;
+curve)
+  steps=300
+  spec curve-g1 CUDA 1 4 128 4 256 128 16 $steps 3e-3 >"$WORK/c1.pb.txt"
+  spec curve-g2 CUDA 2 4 128 4 256 128 8 $steps 3e-3 >"$WORK/c2.pb.txt"
+  spec curve-cpu CPU 1 4 128 4 256 128 16 $steps 3e-3 >"$WORK/cc.pb.txt"
+  start_workers cuda 1; run_job "$WORK/c1.pb.txt" "$WORK/c1.jsonl"; stop_workers
+  start_workers cuda 2; run_job "$WORK/c2.pb.txt" "$WORK/c2.jsonl"; stop_workers
+  start_workers cpu 1; run_job "$WORK/cc.pb.txt" "$WORK/cc.jsonl"; stop_workers
+  python3 - "$WORK/c1.jsonl" "$WORK/c2.jsonl" "$WORK/cc.jsonl" $steps <<'PY'
+import json, sys
+def losses(path):
+    out = {}
+    for line in open(path):
+        m = json.loads(line).get("last_metrics")
+        if m and "step" in m:
+            out[int(m["step"])] = float(m["loss"])
+    return out
+g1, g2, cpu = (losses(p) for p in sys.argv[1:4])
+def worst(a, b):
+    common = sorted(set(a) & set(b))
+    return max(abs(a[k] - b[k]) / b[k] for k in common), len(common)
+w21, n21 = worst(g2, g1)
+w1c, n1c = worst(g1, cpu)
+last = int(sys.argv[4])
+print(f"BENCH gpu_curve steps={last} gpu2_vs_gpu1_max_rel={w21:.4f} compared={n21} "
+      f"gpu1_vs_cpu_max_rel={w1c:.4f} compared_cpu={n1c} loss_first={g1[min(g1)]:.3f} "
+      f"loss_gpu1={g1.get(last, float('nan')):.3f} loss_gpu2={g2.get(last, float('nan')):.3f} "
+      f"loss_cpu={cpu.get(last, float('nan')):.3f}", flush=True)
+PY
+  ;;
+*)
+  echo "usage: $0 throughput|curve BIN_DIR DATA_FILE [GPU_COUNTS]" >&2
+  exit 2
+  ;;
+esac

@@ -1,0 +1,584 @@
+// The bf16 CUDA ops (worker/engine/cuda/ops.h, "bf16 training ops") against the CPU fp32 ops
+// (or, for the attention pieces and the bias gradient, a small host reference). Inputs are
+// random and ROUNDED to bf16 first; the reference runs in fp32 (double for the host softmax)
+// on exactly those values, so what remains is the kernels' bf16 rounding of their outputs
+// and their fp32 summation order. Parameter-gradient buffers start at a non-zero value (the
+// += contract); written (=) activation gradients start at garbage.
+//
+// Error metric per tensor: max_i |gpu_i - ref_i| / max_i |ref_i| (relative to the tensor's
+// largest magnitude). Rounding to bf16 (8 significant bits, nearest) moves a value by at most
+// 2^-8 of its magnitude, hence kBf16 = 2^-8 + 1e-5 (fp32 slack) for every bf16 output.
+//  - encoder forward, residual forward, dwpe, CastToBf16, params_bf16: exact (0): the same fp32
+//    adds in the same order, then one rounding, as the reference rounded with RNE;
+//  - attention split/merge heads: exact (permutations);
+//  - CausalSoftmaxRecompute: exact against CausalSoftmaxForward's P (same formula);
+//  - zeros above the diagonal and in vocabulary padding: exact;
+//  - every bf16 output otherwise (LayerNorm out/dinp, GELU, softmax P and dscores, dlogits):
+//    kBf16;
+//  - fp32 statistics and reductions (LayerNorm mean/rstd/dweight/dbias, lse, losses, dbias,
+//    dwte (atomics), sum of squares): 1e-5 (summation order only);
+//  - AdamW params/m/v and the clip scale: 1e-6 (FMA contraction only).
+// Skips (GTEST_SKIP) when no CUDA device is present: CI builds with nvcc but has no GPU.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/engine/adamw.h"
+#include "worker/engine/cpu/ops.h"
+#include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/ops.h"
+
+namespace weft::engine::cuda {
+namespace {
+
+constexpr float kPrefill = 0.375f;             // fp32 gradient buffers start here (exact)
+constexpr double kBf16 = 1.0 / 256 + 1e-5;     // bf16 output rounding + fp32 slack
+constexpr double kFp32 = 1e-5;                 // fp32 results, different summation order
+constexpr uint16_t kGarbageBits = 0x4321;      // bf16 ~ 10.1: prefill of written (=) buffers
+
+// Round to nearest even, the rounding __float2bfloat16 and the kernels use (finite inputs).
+uint16_t ToBf16Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float FromBf16Bits(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+
+std::vector<uint16_t> ToBf16(const std::vector<float>& x) {
+  std::vector<uint16_t> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = ToBf16Bits(x[i]);
+  return out;
+}
+
+std::vector<float> FromBf16(const std::vector<uint16_t>& x) {
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = FromBf16Bits(x[i]);
+  return out;
+}
+
+// x with every value rounded to the nearest bf16 (as a float).
+std::vector<float> Rounded(const std::vector<float>& x) { return FromBf16(ToBf16(x)); }
+
+// A device copy of a host vector; freed on scope exit.
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<T>& host) : n_(host.size()) {
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), std::max<size_t>(n_, 1) * sizeof(T)));
+    CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { CUDA_CHECK(cudaFree(ptr_)); }
+
+  T* get() { return ptr_; }
+  std::vector<T> ToHost() const {
+    std::vector<T> host(n_);
+    CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_;
+};
+
+// A device bf16 tensor, uploaded from / read back as floats.
+class Bf16Buffer {
+ public:
+  explicit Bf16Buffer(const std::vector<float>& host) : buf_(ToBf16(host)) {}
+  // n elements of garbage (for outputs that must be written, not accumulated).
+  explicit Bf16Buffer(size_t n) : buf_(std::vector<uint16_t>(n, kGarbageBits)) {}
+
+  bf16* get() { return reinterpret_cast<bf16*>(buf_.get()); }
+  std::vector<float> ToHost() const { return FromBf16(buf_.ToHost()); }
+  std::vector<uint16_t> Bits() const { return buf_.ToHost(); }
+
+ private:
+  DeviceBuffer<uint16_t> buf_;
+};
+
+std::vector<float> Random(std::mt19937_64& rng, size_t n, float mean = 0.0f,
+                          float stddev = 1.0f) {
+  std::normal_distribution<float> dist(mean, stddev);
+  std::vector<float> x(n);
+  for (float& v : x) v = dist(rng);
+  return x;
+}
+
+// Random values already rounded to bf16, so host and device see the same inputs.
+std::vector<float> RandomBf16(std::mt19937_64& rng, size_t n, float mean = 0.0f,
+                              float stddev = 1.0f) {
+  return Rounded(Random(rng, n, mean, stddev));
+}
+
+std::vector<float> Filled(size_t n, float value = 0.0f) { return std::vector<float>(n, value); }
+
+double RelError(const std::vector<float>& gpu, const std::vector<float>& ref) {
+  EXPECT_EQ(gpu.size(), ref.size());
+  double max_diff = 0.0;
+  double max_abs = 0.0;
+  for (size_t i = 0; i < std::min(gpu.size(), ref.size()); ++i) {
+    const double diff = std::fabs(static_cast<double>(gpu[i]) - ref[i]);
+    max_diff = std::isnan(diff) ? INFINITY : std::max(max_diff, diff);
+    max_abs = std::max(max_abs, std::fabs(static_cast<double>(ref[i])));
+  }
+  return max_diff / (max_abs > 0.0 ? max_abs : 1.0);
+}
+
+#define EXPECT_CLOSE(gpu, ref, tol) \
+  EXPECT_LE(RelError((gpu), (ref)), (tol)) << #gpu " vs " #ref
+
+constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+
+class Bf16OpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+      GTEST_SKIP() << "no CUDA device (" << cudaGetErrorName(err) << ", count " << count
+                   << "): bf16 CUDA ops not checked";
+    }
+    CUDA_CHECK(cudaStreamCreate(&stream_));
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) CUDA_CHECK(cudaStreamDestroy(stream_));
+  }
+  void Sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  std::mt19937_64 rng_{4321};
+  cudaStream_t stream_ = nullptr;
+};
+
+TEST_F(Bf16OpsTest, Encoder) {
+  // Small vocab so tokens repeat (several atomics per dwte element); C a multiple of 8 but not
+  // of 32 lanes x 8; maxT > T.
+  const int b = 3, t = 17, c = 72, vp = 13, max_t = 20;
+  std::uniform_int_distribution<int32_t> tok(0, vp - 2);  // last row is "padding": never used
+  std::vector<int32_t> tokens(b * t);
+  for (int32_t& x : tokens) x = tok(rng_);
+  const std::vector<float> wte = RandomBf16(rng_, vp * c), wpe = RandomBf16(rng_, max_t * c);
+  const std::vector<float> dout = RandomBf16(rng_, b * t * c);
+  std::vector<float> out(b * t * c), dwte(vp * c, kPrefill), dwpe(max_t * c, kPrefill);
+  cpu::EncoderForward(out.data(), tokens.data(), wte.data(), wpe.data(), b, t, c);
+  cpu::EncoderBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), b, t, c);
+
+  DeviceBuffer<int32_t> d_tokens(tokens);
+  Bf16Buffer d_wte(wte), d_wpe(wpe), d_dout(dout), d_out(b * t * c);
+  DeviceBuffer<float> d_dwte(Filled(vp * c, kPrefill)), d_dwpe(Filled(max_t * c, kPrefill));
+  ASSERT_TRUE(EncoderForward(d_out.get(), d_tokens.get(), d_wte.get(), d_wpe.get(), b, t, c,
+                             stream_).ok());
+  ASSERT_TRUE(EncoderBackward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_tokens.get(), b, t, c,
+                              stream_).ok());
+  Sync();
+  EXPECT_CLOSE(d_out.ToHost(), Rounded(out), 0.0);
+  EXPECT_CLOSE(d_dwte.ToHost(), dwte, kFp32);
+  EXPECT_CLOSE(d_dwpe.ToHost(), dwpe, 0.0);
+
+  EXPECT_EQ(EncoderForward(d_out.get(), d_tokens.get(), d_wte.get(), d_wpe.get(), b, t, 12,
+                           stream_).code(),
+            kInvalid);  // c not a multiple of 8
+  EXPECT_EQ(EncoderBackward(d_dwte.get(), nullptr, d_dout.get(), d_tokens.get(), b, t, c,
+                            stream_).code(),
+            kInvalid);
+}
+
+// LayerNorm at (n, c); c = 1600 needs more than 48 KiB of shared memory in the backward.
+void CheckLayerNorm(std::mt19937_64& rng, cudaStream_t stream, int n, int c) {
+  SCOPED_TRACE(testing::Message() << "n " << n << " c " << c);
+  // Rows with a large mean (as on the residual stream) exercise the two-pass variance.
+  const std::vector<float> inp = RandomBf16(rng, n * c, 3.0f, 2.0f);
+  const std::vector<float> weight = RandomBf16(rng, c, 1.0f, 0.2f), bias = RandomBf16(rng, c);
+  const std::vector<float> dout = RandomBf16(rng, n * c);
+  std::vector<float> out(n * c), mean(n), rstd(n);
+  std::vector<float> dinp(n * c, kPrefill), dweight(c, kPrefill), dbias(c, kPrefill);
+  cpu::LayerNormForward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
+                        bias.data(), n, c);
+  cpu::LayerNormBackward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                         weight.data(), mean.data(), rstd.data(), n, c);
+
+  Bf16Buffer d_inp(inp), d_weight(weight), d_bias(bias), d_dout(dout), d_out(n * c);
+  DeviceBuffer<float> d_mean(Filled(n)), d_rstd(Filled(n));
+  Bf16Buffer d_dinp(Filled(n * c, kPrefill));  // the residual stream's gradient: +=
+  DeviceBuffer<float> d_dweight(Filled(c, kPrefill)), d_dbias(Filled(c, kPrefill));
+  DeviceBuffer<float> d_scratch(Filled(LayerNormBackwardScratchFloats(n, c), NAN));
+  ASSERT_TRUE(LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(),
+                               d_weight.get(), d_bias.get(), n, c, stream).ok());
+  // The backward reads the GPU's own mean/rstd, as the engine will.
+  ASSERT_TRUE(LayerNormBackward(d_dinp.get(), d_dweight.get(), d_dbias.get(), d_dout.get(),
+                                d_inp.get(), d_weight.get(), d_mean.get(), d_rstd.get(),
+                                d_scratch.get(), n, c, stream).ok());
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_CLOSE(d_out.ToHost(), out, kBf16);
+  EXPECT_CLOSE(d_mean.ToHost(), mean, kFp32);
+  EXPECT_CLOSE(d_rstd.ToHost(), rstd, kFp32);
+  EXPECT_CLOSE(d_dinp.ToHost(), dinp, kBf16);
+  EXPECT_CLOSE(d_dweight.ToHost(), dweight, kFp32);
+  EXPECT_CLOSE(d_dbias.ToHost(), dbias, kFp32);
+
+  // Deterministic: a second run from the same start gives the same bits.
+  DeviceBuffer<float> d_dweight2(Filled(c, kPrefill)), d_dbias2(Filled(c, kPrefill));
+  Bf16Buffer d_dinp2(Filled(n * c, kPrefill));
+  ASSERT_TRUE(LayerNormBackward(d_dinp2.get(), d_dweight2.get(), d_dbias2.get(), d_dout.get(),
+                                d_inp.get(), d_weight.get(), d_mean.get(), d_rstd.get(),
+                                d_scratch.get(), n, c, stream).ok());
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(d_dweight2.ToHost(), d_dweight.ToHost());
+  EXPECT_EQ(d_dbias2.ToHost(), d_dbias.ToHost());
+  EXPECT_EQ(d_dinp2.Bits(), d_dinp.Bits());
+}
+
+TEST_F(Bf16OpsTest, LayerNorm) {
+  CheckLayerNorm(rng_, stream_, 37, 200);
+  CheckLayerNorm(rng_, stream_, 4103, 64);  // more rows than the backward has block slots
+  CheckLayerNorm(rng_, stream_, 5, 1600);
+}
+
+TEST_F(Bf16OpsTest, LayerNormRejectsBadArguments) {
+  Bf16Buffer x(64);
+  DeviceBuffer<float> stats(Filled(8));
+  // Misaligned input: one element past a 16-byte boundary.
+  EXPECT_EQ(LayerNormForward(x.get(), stats.get(), stats.get(), x.get() + 1, x.get(), x.get(), 4,
+                             8, stream_).code(),
+            kInvalid);
+  EXPECT_EQ(LayerNormForward(x.get(), stats.get(), stats.get(), x.get(), x.get(), x.get(), 0, 8,
+                             stream_).code(),
+            kInvalid);
+  EXPECT_EQ(LayerNormBackward(x.get(), stats.get(), stats.get(), x.get(), x.get(), x.get(),
+                              stats.get(), stats.get(), nullptr, 4, 8, stream_).code(),
+            kInvalid);  // no scratch
+}
+
+TEST_F(Bf16OpsTest, Gelu) {
+  const int64_t n = 100003;  // a tail of n % 8 elements; wide range incl. exp overflow
+  const std::vector<float> inp = RandomBf16(rng_, n, 0.0f, 4.0f), dout = RandomBf16(rng_, n);
+  std::vector<float> out(n), dinp(n, 0.0f);
+  cpu::GeluForward(out.data(), inp.data(), n);
+  cpu::GeluBackward(dinp.data(), inp.data(), dout.data(), n);  // += onto 0: the = contract
+
+  Bf16Buffer d_inp(inp), d_dout(dout), d_out(n), d_dinp(n);
+  ASSERT_TRUE(GeluForward(d_out.get(), d_inp.get(), n, stream_).ok());
+  ASSERT_TRUE(GeluBackward(d_dinp.get(), d_inp.get(), d_dout.get(), n, stream_).ok());
+  Sync();
+  EXPECT_CLOSE(d_out.ToHost(), out, kBf16);
+  EXPECT_CLOSE(d_dinp.ToHost(), dinp, kBf16);
+  // In place (dinp == dout), as the engine runs it.
+  ASSERT_TRUE(GeluBackward(d_dout.get(), d_inp.get(), d_dout.get(), n, stream_).ok());
+  Sync();
+  EXPECT_EQ(d_dout.Bits(), d_dinp.Bits());
+
+  EXPECT_EQ(GeluForward(d_out.get(), d_inp.get(), 0, stream_).code(), kInvalid);
+  EXPECT_EQ(GeluBackward(d_dinp.get(), d_inp.get() + 1, d_dout.get(), n - 1, stream_).code(),
+            kInvalid);
+}
+
+TEST_F(Bf16OpsTest, Residual) {
+  const int64_t n = 100003;
+  const std::vector<float> a = RandomBf16(rng_, n), b = RandomBf16(rng_, n);
+  std::vector<float> out(n);
+  cpu::ResidualForward(out.data(), a.data(), b.data(), n);
+
+  Bf16Buffer d_a(a), d_b(b), d_out(n);
+  ASSERT_TRUE(ResidualForward(d_out.get(), d_a.get(), d_b.get(), n, stream_).ok());
+  Sync();
+  EXPECT_CLOSE(d_out.ToHost(), Rounded(out), 0.0);
+  EXPECT_EQ(ResidualForward(d_out.get(), nullptr, d_b.get(), n, stream_).code(), kInvalid);
+}
+
+TEST_F(Bf16OpsTest, BiasBackward) {
+  // oc not a multiple of the 256-channel tile; n not a multiple of the 8 row lanes.
+  for (const auto& [n, oc] : {std::pair{1001, 2312}, std::pair{3, 8}, std::pair{20000, 64}}) {
+    SCOPED_TRACE(testing::Message() << "n " << n << " oc " << oc);
+    const std::vector<float> dout = RandomBf16(rng_, static_cast<size_t>(n) * oc);
+    // The CPU Linear backward's bias part (a 1-channel input; only dbias is checked).
+    const int c = 1;
+    const std::vector<float> inp = Filled(n * c), weight = Filled(oc * c);
+    std::vector<float> dinp(n * c), dweight(oc * c), dbias(oc, kPrefill);
+    cpu::MatmulBackward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                        weight.data(), n, c, oc);
+
+    Bf16Buffer d_dout(dout);
+    DeviceBuffer<float> d_dbias(Filled(oc, kPrefill));
+    DeviceBuffer<float> d_scratch(Filled(BiasBackwardScratchFloats(n, oc), NAN));
+    ASSERT_TRUE(BiasBackward(d_dbias.get(), d_dout.get(), d_scratch.get(), n, oc, stream_).ok());
+    Sync();
+    const std::vector<float> first = d_dbias.ToHost();
+    EXPECT_CLOSE(first, dbias, kFp32);
+    // Accumulates, and deterministically: a second call adds exactly the same sums.
+    DeviceBuffer<float> d_dbias2(Filled(oc, kPrefill));
+    ASSERT_TRUE(BiasBackward(d_dbias2.get(), d_dout.get(), d_scratch.get(), n, oc, stream_).ok());
+    Sync();
+    EXPECT_EQ(d_dbias2.ToHost(), first);
+  }
+  DeviceBuffer<float> f(Filled(16));
+  Bf16Buffer x(16);
+  EXPECT_EQ(BiasBackward(f.get(), x.get(), f.get(), 2, 4, stream_).code(), kInvalid);  // oc % 8
+}
+
+// Host permutation (B, T, C) row slice -> (B, NH, T, HS): element (b, t, col0 + h * hs + d).
+std::vector<float> ToHeads(const std::vector<float>& rows, int row_width, int col0, int b, int t,
+                           int c, int nh) {
+  const int hs = c / nh;
+  std::vector<float> heads(static_cast<size_t>(b) * t * c);
+  for (int bi = 0; bi < b; ++bi) {
+    for (int h = 0; h < nh; ++h) {
+      for (int ti = 0; ti < t; ++ti) {
+        for (int d = 0; d < hs; ++d) {
+          heads[((static_cast<size_t>(bi) * nh + h) * t + ti) * hs + d] =
+              rows[(static_cast<size_t>(bi) * t + ti) * row_width + col0 + h * hs + d];
+        }
+      }
+    }
+  }
+  return heads;
+}
+
+TEST_F(Bf16OpsTest, AttentionHeadPermutations) {
+  const int b = 2, t = 24, c = 48, nh = 3;  // HS = 16; T not a power of two
+  const size_t btc = static_cast<size_t>(b) * t * c;
+  const std::vector<float> qkv = RandomBf16(rng_, 3 * btc);
+  Bf16Buffer d_qkv(qkv), d_q(btc), d_k(btc), d_v(btc);
+  ASSERT_TRUE(AttentionSplitHeads(d_q.get(), d_k.get(), d_v.get(), d_qkv.get(), b, t, c, nh,
+                                  stream_).ok());
+  Sync();
+  EXPECT_EQ(d_q.ToHost(), ToHeads(qkv, 3 * c, 0, b, t, c, nh));
+  EXPECT_EQ(d_k.ToHost(), ToHeads(qkv, 3 * c, c, b, t, c, nh));
+  EXPECT_EQ(d_v.ToHost(), ToHeads(qkv, 3 * c, 2 * c, b, t, c, nh));
+
+  // The merges invert the splits.
+  Bf16Buffer d_dqkv(3 * btc);
+  ASSERT_TRUE(AttentionMergeGrads(d_dqkv.get(), d_q.get(), d_k.get(), d_v.get(), b, t, c, nh,
+                                  stream_).ok());
+  Sync();
+  EXPECT_EQ(d_dqkv.ToHost(), qkv);
+
+  const std::vector<float> dout = RandomBf16(rng_, btc);
+  Bf16Buffer d_dout(dout), d_dy(btc), d_out(btc);
+  ASSERT_TRUE(AttentionSplitGrad(d_dy.get(), d_dout.get(), b, t, c, nh, stream_).ok());
+  Sync();
+  EXPECT_EQ(d_dy.ToHost(), ToHeads(dout, c, 0, b, t, c, nh));
+  ASSERT_TRUE(AttentionMergeHeads(d_out.get(), d_dy.get(), b, t, c, nh, stream_).ok());
+  Sync();
+  EXPECT_EQ(d_out.ToHost(), dout);
+
+  EXPECT_EQ(AttentionSplitHeads(d_q.get(), d_k.get(), d_v.get(), d_qkv.get(), b, t, c, 5,
+                                stream_).code(),
+            kInvalid);  // c % nh != 0
+  EXPECT_EQ(AttentionMergeHeads(d_out.get(), d_dy.get(), b, t, 24, 6, stream_).code(),
+            kInvalid);  // head size 4, not a multiple of 8
+}
+
+// Host causal softmax (double) of scale * scores: P with zeros above the diagonal, and lse.
+void HostCausalSoftmax(const std::vector<float>& scores, int64_t rows, int t, float scale,
+                       std::vector<float>* p, std::vector<float>* lse) {
+  p->assign(scores.size(), 0.0f);
+  lse->assign(rows, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int pos = static_cast<int>(r % t);
+    const float* s = scores.data() + r * t;
+    double max_val = -INFINITY;
+    for (int j = 0; j <= pos; ++j) max_val = std::max(max_val, double{scale} * s[j]);
+    double sum = 0.0;
+    for (int j = 0; j <= pos; ++j) sum += std::exp(double{scale} * s[j] - max_val);
+    for (int j = 0; j <= pos; ++j) {
+      (*p)[r * t + j] = static_cast<float>(std::exp(double{scale} * s[j] - max_val) / sum);
+    }
+    (*lse)[r] = static_cast<float>(max_val + std::log(sum));
+  }
+}
+
+// Every element above the diagonal (column > r % T) is exactly zero.
+bool UpperIsZero(const std::vector<float>& x, int64_t rows, int t) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int j = static_cast<int>(r % t) + 1; j < t; ++j) {
+      if (x[r * t + j] != 0.0f) return false;
+    }
+  }
+  return true;
+}
+
+TEST_F(Bf16OpsTest, CausalSoftmax) {
+  // T = 24: not a power of two, fewer columns than a warp covers; T = 520: several vectors per
+  // lane and a ragged last step.
+  for (const auto& [rows, t] : {std::pair<int64_t, int>{2 * 3 * 24, 24},
+                                std::pair<int64_t, int>{2 * 520, 520}}) {
+    SCOPED_TRACE(testing::Message() << "rows " << rows << " t " << t);
+    const float scale = 0.125f;  // 1 / sqrt(64)
+    // The whole (T, T) block holds scores, as after the full q.k GEMM; the upper part must be
+    // zeroed, not read.
+    const std::vector<float> scores = RandomBf16(rng_, rows * t, 0.0f, 16.0f);
+    std::vector<float> p, lse;
+    HostCausalSoftmax(scores, rows, t, scale, &p, &lse);
+
+    Bf16Buffer d_att(scores);
+    DeviceBuffer<float> d_lse(Filled(rows, NAN));
+    ASSERT_TRUE(CausalSoftmaxForward(d_att.get(), d_lse.get(), rows, t, scale, stream_).ok());
+    Sync();
+    const std::vector<float> gpu_p = d_att.ToHost();
+    EXPECT_CLOSE(gpu_p, p, kBf16);
+    EXPECT_TRUE(UpperIsZero(gpu_p, rows, t));
+    EXPECT_CLOSE(d_lse.ToHost(), lse, kFp32);
+
+    Bf16Buffer d_recomputed(scores);
+    ASSERT_TRUE(
+        CausalSoftmaxRecompute(d_recomputed.get(), d_lse.get(), rows, t, scale, stream_).ok());
+    Sync();
+    EXPECT_EQ(d_recomputed.Bits(), d_att.Bits());
+
+    // Backward from the GPU's P and a dP that is non-zero everywhere (a full GEMM's output).
+    const std::vector<float> dp = RandomBf16(rng_, rows * t);
+    std::vector<float> dscores(rows * t, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int pos = static_cast<int>(r % t);
+      double dot = 0.0;
+      for (int j = 0; j <= pos; ++j) dot += double{gpu_p[r * t + j]} * dp[r * t + j];
+      for (int j = 0; j <= pos; ++j) {
+        dscores[r * t + j] =
+            static_cast<float>(scale * gpu_p[r * t + j] * (double{dp[r * t + j]} - dot));
+      }
+    }
+    Bf16Buffer d_datt(dp);
+    ASSERT_TRUE(CausalSoftmaxBackward(d_datt.get(), d_att.get(), rows, t, scale, stream_).ok());
+    Sync();
+    const std::vector<float> gpu_dscores = d_datt.ToHost();
+    EXPECT_CLOSE(gpu_dscores, dscores, kBf16);
+    EXPECT_TRUE(UpperIsZero(gpu_dscores, rows, t));
+  }
+  Bf16Buffer x(256);
+  DeviceBuffer<float> lse(Filled(16));
+  EXPECT_EQ(CausalSoftmaxForward(x.get(), lse.get(), 16, 12, 1.0f, stream_).code(),
+            kInvalid);  // t % 8
+  EXPECT_EQ(CausalSoftmaxRecompute(x.get(), nullptr, 16, 16, 1.0f, stream_).code(), kInvalid);
+  EXPECT_EQ(CausalSoftmaxBackward(x.get(), x.get(), 0, 16, 1.0f, stream_).code(), kInvalid);
+}
+
+TEST_F(Bf16OpsTest, CrossEntropy) {
+  // V not a multiple of 8 with padding columns; then GPT-2's vocabulary (many steps per thread).
+  for (const auto& [n, v, vp] : {std::tuple{37, 1001, 1032}, std::tuple{5, 50257, 50304}}) {
+    SCOPED_TRACE(testing::Message() << "n " << n << " v " << v << " vp " << vp);
+    std::vector<float> logits = RandomBf16(rng_, static_cast<size_t>(n) * vp, 0.0f, 3.0f);
+    std::uniform_int_distribution<int32_t> tok(0, v - 1);
+    std::vector<int32_t> targets(n);
+    for (int32_t& x : targets) x = tok(rng_);
+    targets[0] = v - 1;  // the last real column
+    const float loss_scale = 0.5f;
+    const float grad_scale = loss_scale / n;
+
+    Bf16Buffer d_logits(logits);  // padding columns hold random values: must not be read
+    DeviceBuffer<float> d_losses(Filled(n, NAN));
+    DeviceBuffer<int32_t> d_targets(targets);
+    std::vector<float> losses(n);
+    const double mean_loss = cpu::SoftmaxCrossEntropyForwardBackward(
+        logits.data(), losses.data(), targets.data(), n, v, vp, loss_scale);
+    ASSERT_TRUE(CrossEntropyForwardBackward(d_logits.get(), d_losses.get(), d_targets.get(), n,
+                                            v, vp, grad_scale, stream_).ok());
+    Sync();
+    const std::vector<float> dlogits = d_logits.ToHost();
+    EXPECT_CLOSE(dlogits, logits, kBf16);
+    const std::vector<float> gpu_losses = d_losses.ToHost();
+    EXPECT_CLOSE(gpu_losses, losses, kFp32);
+    const double gpu_mean =
+        std::accumulate(gpu_losses.begin(), gpu_losses.end(), 0.0) / gpu_losses.size();
+    EXPECT_NEAR(gpu_mean, mean_loss, kFp32 * mean_loss);
+    for (int i = 0; i < n; ++i) {
+      for (int j = v; j < vp; ++j) ASSERT_EQ(dlogits[static_cast<size_t>(i) * vp + j], 0.0f);
+    }
+  }
+  Bf16Buffer x(64);
+  DeviceBuffer<float> f(Filled(4));
+  DeviceBuffer<int32_t> targets(std::vector<int32_t>(4, 0));
+  EXPECT_EQ(CrossEntropyForwardBackward(x.get(), f.get(), targets.get(), 4, 17, 16, 1.0f,
+                                        stream_).code(),
+            kInvalid);  // v > vp
+  EXPECT_EQ(CrossEntropyForwardBackward(x.get(), f.get(), targets.get(), 4, 10, 12, 1.0f,
+                                        stream_).code(),
+            kInvalid);  // vp % 8
+}
+
+TEST_F(Bf16OpsTest, AdamWBf16) {
+  const size_t n = 50001;
+  std::vector<float> params = Random(rng_, n), m = Random(rng_, n, 0.0f, 0.01f);
+  std::vector<float> v = Random(rng_, n, 0.0f, 0.01f);
+  for (float& x : v) x = x * x;  // second moments are non-negative
+  const std::vector<float> grads = Random(rng_, n);
+  std::vector<uint8_t> mask(n);
+  for (size_t i = 0; i < n; ++i) mask[i] = static_cast<uint8_t>(i % 3);  // 0, 1 and 2 (!= 0)
+  AdamWConfig config;
+  config.lr = 3e-3f;
+  const int64_t step = 7;
+  const float grad_scale = 0.5f;
+
+  DeviceBuffer<float> d_params(params), d_grads(grads), d_m(m), d_v(v);
+  DeviceBuffer<float> d_scale(std::vector<float>{grad_scale});
+  DeviceBuffer<uint8_t> d_mask(mask);
+  Bf16Buffer d_params_bf16(n);
+  engine::AdamWUpdate(params.data(), grads.data(), m.data(), v.data(), mask.data(), n, config,
+                      step, grad_scale);
+  ASSERT_TRUE(AdamWUpdateBf16(d_params.get(), d_params_bf16.get(), d_grads.get(), d_m.get(),
+                              d_v.get(), d_mask.get(), n, config, step, d_scale.get(), stream_)
+                  .ok());
+  Sync();
+  const std::vector<float> gpu_params = d_params.ToHost();
+  EXPECT_CLOSE(gpu_params, params, 1e-6);
+  EXPECT_CLOSE(d_m.ToHost(), m, 1e-6);
+  EXPECT_CLOSE(d_v.ToHost(), v, 1e-6);
+  EXPECT_EQ(d_params_bf16.ToHost(), Rounded(gpu_params));
+
+  EXPECT_EQ(AdamWUpdateBf16(d_params.get(), d_params_bf16.get(), d_grads.get(), d_m.get(),
+                            d_v.get(), d_mask.get(), n, config, step, nullptr, stream_).code(),
+            kInvalid);
+  EXPECT_EQ(AdamWUpdateBf16(d_params.get(), d_params_bf16.get(), d_grads.get(), d_m.get(),
+                            d_v.get(), d_mask.get(), n, config, 0, d_scale.get(), stream_).code(),
+            kInvalid);
+}
+
+TEST_F(Bf16OpsTest, CastAndGradNorm) {
+  const size_t n = 3 * 256 * 8 * 1024 + 5;  // more than the sum's block cap; a ragged end
+  const std::vector<float> x = Random(rng_, n);
+  DeviceBuffer<float> d_x(x);
+  Bf16Buffer d_cast(n);
+  ASSERT_TRUE(CastToBf16(d_cast.get(), d_x.get(), n, stream_).ok());
+
+  const float prefill = 0.5f;
+  DeviceBuffer<float> d_sumsq(std::vector<float>{prefill});
+  DeviceBuffer<float> d_scratch(Filled(SumOfSquaresScratchFloats(n), NAN));
+  ASSERT_TRUE(SumOfSquares(d_sumsq.get(), d_x.get(), n, d_scratch.get(), stream_).ok());
+  Sync();
+  EXPECT_EQ(d_cast.ToHost(), Rounded(x));
+  double sumsq = prefill;
+  for (const float xi : x) sumsq += double{xi} * xi;
+  const float gpu_sumsq = d_sumsq.ToHost()[0];
+  EXPECT_NEAR(gpu_sumsq, sumsq, kFp32 * sumsq);
+
+  // Clip factor: clip / norm above the threshold, 1 below it and when clipping is off.
+  const float norm = std::sqrt(gpu_sumsq);
+  for (const float clip : {norm / 4, norm * 4, 0.0f}) {
+    DeviceBuffer<float> d_grad_scale(std::vector<float>{NAN});
+    ASSERT_TRUE(ClipScale(d_grad_scale.get(), d_sumsq.get(), clip, stream_).ok());
+    Sync();
+    const float expected = clip > 0 && norm > clip ? clip / norm : 1.0f;
+    EXPECT_NEAR(d_grad_scale.ToHost()[0], expected, 1e-6 * expected) << "clip " << clip;
+  }
+
+  EXPECT_EQ(SumOfSquares(d_sumsq.get(), d_x.get(), n, nullptr, stream_).code(), kInvalid);
+  EXPECT_EQ(CastToBf16(nullptr, d_x.get(), n, stream_).code(), kInvalid);
+  EXPECT_EQ(ClipScale(nullptr, d_sumsq.get(), 1.0f, stream_).code(), kInvalid);
+}
+
+}  // namespace
+}  // namespace weft::engine::cuda

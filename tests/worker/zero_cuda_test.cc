@@ -1,0 +1,368 @@
+// The GPU engine against the CPU engine (the numerical reference) and against itself across
+// world sizes. Label gpu: skips without a GPU (multi-GPU cases without 2 GPUs).
+//
+// Tolerances (bf16 activations and working weights vs the fp32 CPU engine):
+//  - one micro-step of the model: loss within 1% relative; every unit's gradient within 5%
+//    in norm (||g_gpu - g_cpu|| / ||g_cpu||);
+//  - training curves (per-step loss): within 3% relative of the reference at every step — a
+//    bf16 run drifts, but a wrong gradient or a broken collective diverges far beyond that
+//    within a few steps (see LossCurveToleranceCatchesBrokenGradients).
+#include "worker/zero_cuda.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "coordinator/memory_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/comm/nccl_communicator.h"
+#include "worker/engine/cuda/gpt_cuda.h"
+#include "worker/engine/gpt.h"
+#include "worker/zero.h"
+
+namespace weft::worker {
+namespace {
+
+constexpr int kT = 32;
+constexpr int kVocab = 61;
+
+int GpuCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
+  return count;
+}
+
+weft::v1::JobSpec SmallSpec(int batch, int steps) {
+  weft::v1::JobSpec spec;
+  spec.set_name("zero-cuda");
+  auto* m = spec.mutable_model();
+  m->set_num_layers(2);
+  m->set_hidden_size(64);
+  m->set_num_heads(4);
+  m->set_vocab_size(kVocab);
+  m->set_padded_vocab_size(64);
+  m->set_context_length(kT);
+  auto* t = spec.mutable_training();
+  t->set_total_steps(steps);
+  t->set_micro_batch_size(batch);
+  t->set_sequence_length(kT);
+  t->set_grad_accum_steps(2);
+  t->set_seed(11);
+  spec.mutable_optimizer()->set_learning_rate(3e-3);
+  spec.mutable_lr_schedule()->set_kind(weft::v1::LrSchedule::COSINE);
+  spec.mutable_lr_schedule()->set_warmup_steps(5);
+  spec.mutable_lr_schedule()->set_min_lr_ratio(0.1);
+  spec.set_zero_stage(3);
+  ApplyJobSpecDefaults(&spec);
+  return spec;
+}
+
+// A learnable family of sequences, a function of (step, micro, global sequence) only, so every
+// split of the global batch over ranks reads the same tokens.
+uint32_t Token(int64_t step, int micro, int g, int t) {
+  const uint32_t start =
+      static_cast<uint32_t>((step * 7919 + micro * 104729 + g * 1299709) % kVocab);
+  return (start + (1 + static_cast<uint32_t>(g % 3)) * static_cast<uint32_t>(t)) % kVocab;
+}
+
+BatchFn GlobalBatch(int rank, int batch) {
+  return [rank, batch](int64_t step, int micro, int32_t* inputs, int32_t* targets) {
+    for (int b = 0; b < batch; ++b) {
+      const int g = rank * batch + b;
+      for (int t = 0; t < kT; ++t) {
+        inputs[b * kT + t] = static_cast<int32_t>(Token(step, micro, g, t));
+        targets[b * kT + t] = static_cast<int32_t>(Token(step, micro, g, t + 1));
+      }
+    }
+  };
+}
+
+struct Curve {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> params;
+};
+
+// Trains `spec` on `world` GPUs (threads of this process, NCCL) and returns rank 0's losses.
+Curve TrainGpu(const weft::v1::JobSpec& spec, int world) {
+  MemoryStore store;
+  Curve curve;
+  std::vector<absl::Status> errors(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      cudaSetDevice(rank);
+      comm::NcclOptions options;
+      options.device = rank;
+      options.timeout_ms = 60000;
+      auto c = comm::CreateNcclCommunicator(&store, rank, world, options);
+      if (!c.ok()) {
+        errors[rank] = c.status();
+        return;
+      }
+      auto engine = ZeroCudaEngine::Create(spec, c->get());
+      if (!engine.ok()) {
+        errors[rank] = engine.status();
+        return;
+      }
+      const BatchFn batch = GlobalBatch(rank, spec.training().micro_batch_size());
+      for (int step = 0; step < spec.training().total_steps(); ++step) {
+        auto r = (*engine)->TrainStep(step, batch);
+        if (!r.ok()) {
+          errors[rank] = r.status();
+          return;
+        }
+        if (rank == 0) curve.losses.push_back(r->loss);
+      }
+      auto params = (*engine)->GatherParameters();
+      if (!params.ok()) {
+        errors[rank] = params.status();
+        return;
+      }
+      if (rank == 0) curve.params = std::move(*params);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < world; ++rank) {
+    EXPECT_TRUE(errors[rank].ok()) << "rank " << rank << ": " << errors[rank];
+  }
+  return curve;
+}
+
+Curve TrainCpu(const weft::v1::JobSpec& spec) {
+  Curve curve;
+  auto c = comm::CreateGlooCommunicator(nullptr, 0, 1, {});
+  EXPECT_TRUE(c.ok()) << c.status();
+  auto engine = ZeroEngine::Create(spec, c->get());
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  const BatchFn batch = GlobalBatch(0, spec.training().micro_batch_size());
+  for (int step = 0; step < spec.training().total_steps(); ++step) {
+    auto r = (*engine)->TrainStep(step, batch);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) break;
+    curve.losses.push_back(r->loss);
+  }
+  return curve;
+}
+
+// Largest per-step |a - b| / |b|.
+double WorstRelative(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]) / std::abs(b[i]));
+  }
+  return worst;
+}
+
+double NormRelative(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    ref += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff / std::max(ref, 1e-30));
+}
+
+class ZeroCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (GpuCount() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+float RoundToBf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+// One micro-step of GptCuda against GptCpu on the same (bf16-rounded) parameters.
+TEST_F(ZeroCudaTest, ModelGradientsMatchCpu) {
+  const weft::v1::JobSpec spec = SmallSpec(4, 1);
+  const engine::GptConfig config = engine::ConfigFromSpec(spec.model());
+  const int b = 4;
+  const int units = engine::NumUnits(config);
+  std::vector<std::vector<float>> params(units), cpu_grads(units);
+  for (int u = 0; u < units; ++u) {
+    params[u].resize(engine::UnitSize(config, u));
+    engine::InitUnit(config, u, 5, params[u].data());
+    for (float& x : params[u]) x = RoundToBf16(x);
+    cpu_grads[u].assign(params[u].size(), 0.0f);
+  }
+  std::vector<int32_t> inputs(b * kT), targets(b * kT);
+  GlobalBatch(0, b)(3, 0, inputs.data(), targets.data());
+
+  engine::GptCpu cpu(config, b, kT);
+  cpu.SetShape(b, kT);
+  cpu.EncoderForward(params[0].data(), inputs.data());
+  for (int l = 0; l < config.num_layers; ++l) cpu.BlockForward(l, params[1 + l].data());
+  const float cpu_loss = cpu.ClassifierForward(params[0].data(), targets.data(), 1.0f);
+  cpu.ClassifierBackward(params[0].data(), cpu_grads[0].data());
+  for (int l = config.num_layers - 1; l >= 0; --l) {
+    cpu.BlockBackward(l, params[1 + l].data(), cpu_grads[1 + l].data());
+  }
+  cpu.EncoderBackward(cpu_grads[0].data());
+
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  auto gpu = engine::cuda::GptCuda::Create(config, b, kT, stream);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::vector<__nv_bfloat16*> dparams(units);
+  std::vector<float*> dgrads(units);
+  for (int u = 0; u < units; ++u) {
+    std::vector<__nv_bfloat16> host(params[u].size());
+    for (size_t i = 0; i < host.size(); ++i) host[i] = __float2bfloat16(params[u][i]);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dparams[u]), host.size() * 2), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dparams[u], host.data(), host.size() * 2, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dgrads[u]), host.size() * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dgrads[u], 0, host.size() * 4), cudaSuccess);
+  }
+  auto& model = **gpu;
+  ASSERT_TRUE(model.SetBatch(b, kT, inputs.data(), targets.data()).ok());
+  ASSERT_TRUE(model.EncoderForward(dparams[0]).ok());
+  for (int l = 0; l < config.num_layers; ++l) {
+    ASSERT_TRUE(model.BlockForward(l, dparams[1 + l]).ok());
+  }
+  ASSERT_TRUE(model.Classifier(dparams[0], 1.0f / (b * kT), dgrads[0]).ok());
+  for (int l = config.num_layers - 1; l >= 0; --l) {
+    ASSERT_TRUE(model.BlockBackward(l, dparams[1 + l], dgrads[1 + l]).ok());
+  }
+  ASSERT_TRUE(model.EncoderBackward(dgrads[0]).ok());
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+
+  std::vector<float> losses(b * kT);
+  ASSERT_EQ(cudaMemcpy(losses.data(), model.Losses(), losses.size() * 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  double gpu_loss = 0;
+  for (float x : losses) gpu_loss += x;
+  gpu_loss /= losses.size();
+  EXPECT_NEAR(gpu_loss, cpu_loss, 0.01 * cpu_loss);
+  for (int u = 0; u < units; ++u) {
+    std::vector<float> g(params[u].size());
+    ASSERT_EQ(cudaMemcpy(g.data(), dgrads[u], g.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    // Tensor by tensor, so a wrong small tensor (a bias) is not hidden by a large one.
+    for (const engine::TensorInfo& t : engine::UnitTensors(config, u)) {
+      std::vector<float> a(g.begin() + t.offset, g.begin() + t.offset + t.size);
+      std::vector<float> r(cpu_grads[u].begin() + t.offset,
+                           cpu_grads[u].begin() + t.offset + t.size);
+      if (t.name == "wpe") {  // rows >= T never see gradient
+        a.resize(static_cast<size_t>(kT) * config.hidden_size);
+        r.resize(a.size());
+      }
+      EXPECT_LT(NormRelative(a, r), 0.05) << "unit " << u << " tensor " << t.name;
+    }
+    cudaFree(dparams[u]);
+    cudaFree(dgrads[u]);
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST_F(ZeroCudaTest, OneGpuFollowsTheCpuEngine) {
+  const weft::v1::JobSpec spec = SmallSpec(4, 60);
+  const Curve cpu = TrainCpu(spec);
+  const Curve gpu = TrainGpu(spec, 1);
+  ASSERT_EQ(gpu.losses.size(), 60u);
+  EXPECT_LT(WorstRelative(gpu.losses, cpu.losses), 0.03);
+  EXPECT_LT(gpu.losses.back(), 0.5f * gpu.losses.front()) << "the GPU engine did not learn";
+}
+
+TEST_F(ZeroCudaTest, TwoGpusFollowOneGpu) {
+  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  const Curve one = TrainGpu(SmallSpec(4, 200), 1);
+  const Curve two = TrainGpu(SmallSpec(2, 200), 2);  // same global batch, split in two
+  ASSERT_EQ(two.losses.size(), 200u);
+  EXPECT_LT(WorstRelative(two.losses, one.losses), 0.03);
+  ASSERT_EQ(one.params.size(), two.params.size());
+  for (size_t u = 0; u < one.params.size(); ++u) {
+    // 200 Adam steps of bf16 rounding drift the weights apart by a few percent.
+    EXPECT_LT(NormRelative(two.params[u], one.params[u]), 0.05) << "unit " << u;
+  }
+}
+
+// The curve tolerance above is not vacuous: a run whose learning rate is 3x off (a stand-in
+// for a gradient scaled wrongly, e.g. a missing 1/world) leaves it within 20 steps.
+TEST_F(ZeroCudaTest, LossCurveToleranceCatchesBrokenGradients) {
+  weft::v1::JobSpec wrong = SmallSpec(4, 20);
+  wrong.mutable_optimizer()->set_learning_rate(9e-3);
+  const Curve good = TrainGpu(SmallSpec(4, 20), 1);
+  const Curve bad = TrainGpu(wrong, 1);
+  EXPECT_GT(WorstRelative(bad.losses, good.losses), 0.03);
+}
+
+TEST_F(ZeroCudaTest, ImpossibleMemoryIsRejectedWithTheNumbers) {
+  weft::v1::JobSpec spec = SmallSpec(4, 1);
+  auto* m = spec.mutable_model();
+  m->set_num_layers(48);
+  m->set_hidden_size(4096);
+  m->set_num_heads(32);
+  m->set_vocab_size(50257);
+  m->set_padded_vocab_size(50304);
+  m->set_context_length(4096);
+  spec.mutable_training()->set_micro_batch_size(64);
+  spec.mutable_training()->set_sequence_length(4096);
+  MemoryStore store;
+  auto c = comm::CreateNcclCommunicator(&store, 0, 1, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto engine = ZeroCudaEngine::Create(spec, c->get());
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(engine.status().message(), ::testing::HasSubstr("GiB is free"));
+  EXPECT_THAT(engine.status().message(), ::testing::HasSubstr("activations"));
+}
+
+TEST_F(ZeroCudaTest, StageOtherThanThreeIsRefused) {
+  weft::v1::JobSpec spec = SmallSpec(4, 1);
+  spec.set_zero_stage(1);
+  MemoryStore store;
+  auto c = comm::CreateNcclCommunicator(&store, 0, 1, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto engine = ZeroCudaEngine::Create(spec, c->get());
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(engine.status().message(), ::testing::HasSubstr("zero_stage"));
+}
+
+// A checkpoint of the GPU engine restores into the CPU engine (same units, same slices).
+TEST_F(ZeroCudaTest, CheckpointMovesToTheCpuEngine) {
+  const weft::v1::JobSpec spec = SmallSpec(4, 3);
+  MemoryStore store;
+  auto c = comm::CreateNcclCommunicator(&store, 0, 1, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto gpu = ZeroCudaEngine::Create(spec, c->get());
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const BatchFn batch = GlobalBatch(0, 4);
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE((*gpu)->TrainStep(step, batch).ok());
+  const std::vector<UnitSlice> slices = (*gpu)->Snapshot();
+  auto gpu_params = (*gpu)->GatherParameters();
+  ASSERT_TRUE(gpu_params.ok());
+
+  auto g = comm::CreateGlooCommunicator(nullptr, 0, 1, {});
+  ASSERT_TRUE(g.ok());
+  auto cpu = ZeroEngine::Create(spec, g->get());
+  ASSERT_TRUE(cpu.ok());
+  ASSERT_TRUE((*cpu)
+                  ->Restore([&](const std::string& tensor, int64_t begin, int64_t end,
+                                float* out) -> absl::Status {
+                    for (const UnitSlice& s : slices) {
+                      for (const char* what : {"params", "m", "v"}) {
+                        if (tensor != CheckpointTensorName(s.unit, what)) continue;
+                        const auto& src = std::string(what) == "params" ? s.params
+                                          : std::string(what) == "m"    ? s.m
+                                                                        : s.v;
+                        std::copy(src.begin() + (begin - s.begin), src.begin() + (end - s.begin),
+                                  out);
+                        return absl::OkStatus();
+                      }
+                    }
+                    return absl::NotFoundError(tensor);
+                  })
+                  .ok());
+  auto cpu_params = (*cpu)->GatherParameters();
+  ASSERT_TRUE(cpu_params.ok());
+  EXPECT_EQ(*cpu_params, *gpu_params);
+}
+
+}  // namespace
+}  // namespace weft::worker

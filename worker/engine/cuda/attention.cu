@@ -1,0 +1,298 @@
+// The non-GEMM parts of causal multi-head attention in bf16 (the GEMMs are cuBLAS batched, in
+// the model code): head split/merge permutations and the causal softmax forward, recompute and
+// backward. Heads as cpu/attention.cc: qkv rows are [q | k | v], each C wide, head h owning
+// channels [h * HS, (h + 1) * HS) of each.
+//
+// Permutations: one thread per 16-byte vector of 8 channels (HS % 8 == 0), exact copies.
+//
+// Softmax: one warp per row of T scores (T % 8 == 0, so each row starts 16-byte aligned),
+// 8 scores per lane per step. Row r is position i = r % T of its sequence; only columns
+// [0, i] are read (the masked upper part is never loaded, only zero-filled), which halves the
+// traffic on average. The forward takes an online max and sum (one pass), combines the lanes
+// with a fixed butterfly (deterministic), and writes P = exp(scale * s - lse) in a second pass
+// (the row is then in L1/L2). Keeping lse lets the backward recompute P instead of storing it.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "worker/engine/cuda/bf16.cuh"
+#include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/launch.cuh"
+#include "worker/engine/cuda/ops.h"
+
+namespace weft::engine::cuda {
+namespace {
+
+using internal::kVec;
+using internal::kWarpSize;
+using internal::LoadVec;
+using internal::MaxSum;
+using internal::StoreVec;
+
+constexpr int kRowsPerBlock = internal::kBlockSize / kWarpSize;
+constexpr int kLaneStride = kWarpSize * kVec;
+
+// Up to three head-layout tensors (q, k, v) of one permutation.
+struct HeadTensors {
+  bf16* ptr[3];
+};
+
+// rows (B, T, n_tensors * C) -> heads[which] (B, NH, T, HS), one 8-channel vector per step.
+// Iterating in the row layout keeps both sides coalesced: a head's HS channels are contiguous
+// in both layouts.
+__global__ void RowsToHeadsKernel(HeadTensors heads,             // n_tensors x (B, NH, T, HS)
+                                  const bf16* __restrict__ rows,  // (B, T, n_tensors * C)
+                                  int64_t vecs, int t, int c, int hs, int nh, int n_tensors) {
+  const int row_vecs = n_tensors * c / kVec;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t bt = i / row_vecs;
+    const int col = static_cast<int>(i % row_vecs) * kVec;
+    const int which = col / c;
+    const int h = (col % c) / hs;
+    const int d = col % hs;
+    const int64_t bi = bt / t;
+    const int ti = static_cast<int>(bt % t);
+    const int64_t dst = ((bi * nh + h) * t + ti) * hs + d;
+    *reinterpret_cast<uint4*>(heads.ptr[which] + dst) =
+        *reinterpret_cast<const uint4*>(rows + i * kVec);
+  }
+}
+
+// heads[which] (B, NH, T, HS) -> rows (B, T, n_tensors * C); the inverse of the above.
+__global__ void HeadsToRowsKernel(bf16* __restrict__ rows,  // (B, T, n_tensors * C)
+                                  HeadTensors heads,        // n_tensors x (B, NH, T, HS)
+                                  int64_t vecs, int t, int c, int hs, int nh, int n_tensors) {
+  const int row_vecs = n_tensors * c / kVec;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t bt = i / row_vecs;
+    const int col = static_cast<int>(i % row_vecs) * kVec;
+    const int which = col / c;
+    const int h = (col % c) / hs;
+    const int d = col % hs;
+    const int64_t bi = bt / t;
+    const int ti = static_cast<int>(bt % t);
+    const int64_t src = ((bi * nh + h) * t + ti) * hs + d;
+    *reinterpret_cast<uint4*>(rows + i * kVec) =
+        *reinterpret_cast<const uint4*>(heads.ptr[which] + src);
+  }
+}
+
+// Writes P = exp(scale * s - lse) over columns [0, pos] of the row and 0 above: the second
+// pass of the forward and the whole of the recompute. Causal columns are read, masked ones
+// only written.
+__device__ inline void WriteCausalProbs(bf16* row,  // (T) in: raw scores, out: P
+                                        int pos, int t, float scale, float lse, int lane) {
+  for (int j = lane * kVec; j < t; j += kLaneStride) {
+    float p[kVec] = {};
+    if (j <= pos) {
+      LoadVec(row + j, p);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        // An explicit FMA: left to the compiler, contraction could differ between the forward
+        // and the recompute, and the recompute must reproduce the forward's P bit for bit.
+        p[k] = j + k <= pos ? expf(__fmaf_rn(scale, p[k], -lse)) : 0.0f;
+      }
+    }
+    StoreVec(row + j, p);
+  }
+}
+
+__global__ void CausalSoftmaxForwardKernel(bf16* __restrict__ att,   // (rows, T) in place
+                                           float* __restrict__ lse,  // (rows)
+                                           int64_t rows, int t, float scale) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (r >= rows) return;  // whole warps exit together
+  const int pos = static_cast<int>(r % t);
+  bf16* row = att + r * t;  // (T)
+  MaxSum acc = {-INFINITY, 0.0f};
+  for (int j = lane * kVec; j <= pos; j += kLaneStride) {
+    float x[kVec];
+    LoadVec(row + j, x);
+    float vec_max = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      x[k] = j + k <= pos ? scale * x[k] : -INFINITY;
+      vec_max = fmaxf(vec_max, x[k]);
+    }
+    // Column j <= pos is causal, so vec_max and m are finite; exp(-inf - m) = 0 is fine.
+    const float m = fmaxf(acc.m, vec_max);
+    float s = acc.s * expf(acc.m - m);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) s += expf(x[k] - m);
+    acc = {m, s};
+  }
+  acc = internal::WarpMerge(acc);
+  // Lane 0's value for every lane: P must be computed from exactly the lse that is stored, so
+  // the recompute reproduces it bit for bit.
+  const float row_lse = __shfl_sync(0xffffffffu, acc.m + logf(acc.s), 0);
+  if (lane == 0) lse[r] = row_lse;
+  WriteCausalProbs(row, pos, t, scale, row_lse, lane);
+}
+
+__global__ void CausalSoftmaxRecomputeKernel(bf16* __restrict__ att,         // (rows, T)
+                                             const float* __restrict__ lse,  // (rows)
+                                             int64_t rows, int t, float scale) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarpSize;
+  if (r >= rows) return;
+  WriteCausalProbs(att + r * t, static_cast<int>(r % t), t, scale, lse[r],
+                   threadIdx.x % kWarpSize);
+}
+
+// datt = scale * P * (datt - sum_j P[j] datt[j]) over the causal columns, 0 above.
+__global__ void CausalSoftmaxBackwardKernel(bf16* __restrict__ datt,       // (rows, T)
+                                            const bf16* __restrict__ att,  // (rows, T)
+                                            int64_t rows, int t, float scale) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (r >= rows) return;
+  const int pos = static_cast<int>(r % t);
+  bf16* d_row = datt + r * t;       // (T)
+  const bf16* p_row = att + r * t;  // (T)
+  float dot = 0.0f;
+  for (int j = lane * kVec; j <= pos; j += kLaneStride) {
+    float p[kVec];
+    float d[kVec];
+    LoadVec(p_row + j, p);
+    LoadVec(d_row + j, d);
+    // Mask explicitly: dP above the diagonal comes from a full GEMM and is not zero.
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) dot += j + k <= pos ? p[k] * d[k] : 0.0f;
+  }
+  dot = internal::WarpSum(dot);
+  for (int j = lane * kVec; j < t; j += kLaneStride) {
+    float g[kVec] = {};
+    if (j <= pos) {
+      float p[kVec];
+      LoadVec(p_row + j, p);
+      LoadVec(d_row + j, g);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) g[k] = j + k <= pos ? scale * p[k] * (g[k] - dot) : 0.0f;
+    }
+    StoreVec(d_row + j, g);
+  }
+}
+
+absl::Status CheckHeads(int b, int t, int c, int nh, const char* op) {
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(b, op, "b"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(t, op, "t"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(c, op, "c"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(nh, op, "nh"));
+  if (c % nh != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": c = ", c, " is not a multiple of nh = ", nh));
+  }
+  return internal::CheckMultipleOf8(c / nh, op, "head size c / nh");
+}
+
+absl::Status CheckSoftmax(const void* att, int64_t rows, int t, const char* op) {
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(att, op, "att"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(rows, op, "rows"));
+  return internal::CheckMultipleOf8(t, op, "t");
+}
+
+int SoftmaxBlocks(int64_t rows) {
+  return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+}
+
+absl::Status LaunchRowsToHeads(HeadTensors heads, const bf16* rows, int n_tensors, int b, int t,
+                               int c, int nh, cudaStream_t stream) {
+  const int64_t vecs = static_cast<int64_t>(b) * t * n_tensors * c / kVec;
+  RowsToHeadsKernel<<<internal::GridFor(vecs), internal::kBlockSize, 0, stream>>>(
+      heads, rows, vecs, t, c, c / nh, nh, n_tensors);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status LaunchHeadsToRows(bf16* rows, HeadTensors heads, int n_tensors, int b, int t, int c,
+                               int nh, cudaStream_t stream) {
+  const int64_t vecs = static_cast<int64_t>(b) * t * n_tensors * c / kVec;
+  HeadsToRowsKernel<<<internal::GridFor(vecs), internal::kBlockSize, 0, stream>>>(
+      rows, heads, vecs, t, c, c / nh, nh, n_tensors);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AttentionSplitHeads(bf16* q, bf16* k, bf16* v, const bf16* qkv, int b, int t,
+                                 int c, int nh, cudaStream_t stream) {
+  constexpr const char* kOp = "attention split heads";
+  WEFT_BF16_RETURN_IF_ERROR(CheckHeads(b, t, c, nh, kOp));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(q, kOp, "q"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(k, kOp, "k"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(v, kOp, "v"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(qkv, kOp, "qkv"));
+  return LaunchRowsToHeads({{q, k, v}}, qkv, 3, b, t, c, nh, stream);
+}
+
+absl::Status AttentionMergeHeads(bf16* out, const bf16* y, int b, int t, int c, int nh,
+                                 cudaStream_t stream) {
+  constexpr const char* kOp = "attention merge heads";
+  WEFT_BF16_RETURN_IF_ERROR(CheckHeads(b, t, c, nh, kOp));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(out, kOp, "out"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(y, kOp, "y"));
+  // The kernel only reads through the head pointers.
+  return LaunchHeadsToRows(out, {{const_cast<bf16*>(y), nullptr, nullptr}}, 1, b, t, c, nh,
+                           stream);
+}
+
+absl::Status AttentionSplitGrad(bf16* dy, const bf16* dout, int b, int t, int c, int nh,
+                                cudaStream_t stream) {
+  constexpr const char* kOp = "attention split grad";
+  WEFT_BF16_RETURN_IF_ERROR(CheckHeads(b, t, c, nh, kOp));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dy, kOp, "dy"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dout, kOp, "dout"));
+  return LaunchRowsToHeads({{dy, nullptr, nullptr}}, dout, 1, b, t, c, nh, stream);
+}
+
+absl::Status AttentionMergeGrads(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv,
+                                 int b, int t, int c, int nh, cudaStream_t stream) {
+  constexpr const char* kOp = "attention merge grads";
+  WEFT_BF16_RETURN_IF_ERROR(CheckHeads(b, t, c, nh, kOp));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dqkv, kOp, "dqkv"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dq, kOp, "dq"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dk, kOp, "dk"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dv, kOp, "dv"));
+  return LaunchHeadsToRows(
+      dqkv, {{const_cast<bf16*>(dq), const_cast<bf16*>(dk), const_cast<bf16*>(dv)}}, 3, b, t, c,
+      nh, stream);
+}
+
+absl::Status CausalSoftmaxForward(bf16* att, float* lse, int64_t rows, int t, float scale,
+                                  cudaStream_t stream) {
+  constexpr const char* kOp = "causal softmax";
+  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax(att, rows, t, kOp));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(lse, kOp, "lse"));
+  CausalSoftmaxForwardKernel<<<SoftmaxBlocks(rows), internal::kBlockSize, 0, stream>>>(
+      att, lse, rows, t, scale);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status CausalSoftmaxRecompute(bf16* att, const float* lse, int64_t rows, int t,
+                                    float scale, cudaStream_t stream) {
+  constexpr const char* kOp = "causal softmax recompute";
+  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax(att, rows, t, kOp));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(lse, kOp, "lse"));
+  CausalSoftmaxRecomputeKernel<<<SoftmaxBlocks(rows), internal::kBlockSize, 0, stream>>>(
+      att, lse, rows, t, scale);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status CausalSoftmaxBackward(bf16* datt, const bf16* att, int64_t rows, int t,
+                                   float scale, cudaStream_t stream) {
+  constexpr const char* kOp = "causal softmax backward";
+  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax(att, rows, t, kOp));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(datt, kOp, "datt"));
+  CausalSoftmaxBackwardKernel<<<SoftmaxBlocks(rows), internal::kBlockSize, 0, stream>>>(
+      datt, att, rows, t, scale);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace weft::engine::cuda

@@ -1,0 +1,662 @@
+// Fused causal attention (FlashAttention-2 style): the (T, T) score matrix never reaches global
+// memory. Forward and backward run on the tensor cores (mma.sync m16n8k16, bf16 inputs, fp32
+// accumulation) over shared-memory tiles; the softmax is computed online in fp32.
+//
+// Layout: q, k, v, y and their gradients are (B, NH, T, HS) bf16, one head = one (T, HS)
+// row-major matrix; lse is fp32 (B * NH * T). scale = 1 / sqrt(HS).
+//
+// Work split (4 warps per block, each warp owns 16 rows of the block's 64-row tile):
+//  - forward: a block per (head, 64-query tile); it walks the key tiles up to the diagonal,
+//    keeping the running max / sum and the output accumulator in registers. Scores are kept
+//    in log2 units (scale * log2(e) folded in) so exp2 is one instruction.
+//  - backward, three kernels, no atomics (deterministic):
+//     1. D[r] = rowsum(dy * y) (the softmax backward's correction term), fp32 in `scratch`;
+//     2. dK, dV: a block per (head, 64-key tile), walking the query tiles from the diagonal
+//        on. It computes the TRANSPOSED products (keys as rows: S^T = K Q^T, dP^T = V dY^T),
+//        so P^T and dS^T come out of the accumulators already in the register layout of the
+//        A operand of dV += P^T dY and dK += dS^T Q: nothing goes back through shared memory;
+//     3. dQ: a block per (head, 64-query tile), like the forward: recompute S, P (from lse),
+//        dP = dY V^T, dS, and dQ += dS K. Recomputing S and dP once more costs two small GEMMs
+//        per tile but removes the fp32 dQ accumulator and its atomics.
+//  - Causal masking is only evaluated on tiles that straddle the diagonal; the padding rows of
+//    a ragged last tile are zero-filled in shared memory and never stored. In the dK/dV kernel
+//    padded queries get lse = +inf, so their P is exactly 0.
+//  - Tiles are staged with cp.async, double-buffered: the next tile loads while the current
+//    one is multiplied.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16): lane L holds, in its accumulator
+// c[0..3], rows L/4 (c0, c1) and L/4 + 8 (c2, c3) at columns 2 * (L % 4) + {0, 1} of its 8
+// column n-tile. Two adjacent n-tiles of an accumulator are exactly the A operand of a k = 16
+// step, which is how P feeds P @ V without a shared-memory round trip.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "worker/engine/cuda/bf16.cuh"
+#include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/launch.cuh"
+#include "worker/engine/cuda/ops.h"
+
+namespace weft::engine::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * internal::kWarpSize;
+constexpr int kWarpRows = 16;                // rows of one mma tile, one warp's share
+constexpr int kTile = kWarps * kWarpRows;    // rows a block owns (queries or keys)
+constexpr int kPad = 8;                      // bf16 of padding per shared-memory row
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Tile sizes per head size: the tile that is walked (keys in the forward and dQ kernels,
+// queries in the dK/dV kernel) shrinks for HS = 128 so the accumulators stay in registers.
+template <int kHs>
+struct Tiles {
+  static constexpr int kStride = kHs + kPad;  // shared-memory row stride (bf16): a row is
+                                              // 16 bytes off the bank of the one above, so
+                                              // ldmatrix's 8 rows hit 8 distinct bank groups
+  static constexpr int kWalk = kHs <= 64 ? 64 : 32;
+};
+
+// ---- PTX wrappers ----
+
+__device__ inline uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ inline void CpAsync16(void* dst_shared, const void* src_global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SharedAddress(dst_shared)),
+               "l"(src_global)
+               : "memory");
+}
+
+__device__ inline void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int kPending>
+__device__ inline void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Four 8x8 bf16 matrices; lanes 8m..8m+7 give the row addresses of matrix m, and register m
+// receives matrix m in the mma fragment layout (row L/4, columns 2 * (L % 4) + {0, 1}).
+__device__ inline void LdMatrixX4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(p)));
+}
+
+// The same, transposed on the way: register m holds column L/4, rows 2 * (L % 4) + {0, 1}.
+__device__ inline void LdMatrixX4Trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(p)));
+}
+
+// d (16x8, fp32) += a (16x16, bf16, row-major) @ b (16x8, bf16, column-major).
+__device__ inline void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> bf16x2 (round to nearest even), the lower column in the low half.
+__device__ inline uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// ---- tile helpers (all threads of the block call them) ----
+
+// Rows [row0, row0 + kRows) of one head's (T, kHs) matrix -> shared (kRows, kStride). Rows at
+// or past t are zero-filled, so a ragged last tile multiplies as zeros (never NaN garbage).
+template <int kHs, int kRows>
+__device__ inline void LoadTile(bf16* dst, const bf16* __restrict__ src, int row0, int t) {
+  constexpr int kChunks = kHs / internal::kVec;  // 16-byte chunks per row
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks;
+    const int col = (i % kChunks) * internal::kVec;
+    bf16* d = dst + r * Tiles<kHs>::kStride + col;
+    if (row0 + r < t) {
+      CpAsync16(d, src + static_cast<size_t>(row0 + r) * kHs + col);
+    } else {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// ---- warp-level products (each warp computes a 16-row strip) ----
+
+// acc (16, kN) += A B^T: A is the warp's 16 rows (16, kHs) at `a`, B is (kN, kHs) at `b`,
+// both in shared memory with row stride kStride. (S = Q K^T, dP = dY V^T and their
+// transposes.)
+template <int kHs, int kN>
+__device__ inline void MmaABt(float (&acc)[kN / 8][4], const bf16* a, const bf16* b, int lane) {
+  constexpr int kStride = Tiles<kHs>::kStride;
+#pragma unroll
+  for (int kc = 0; kc < kHs / 16; ++kc) {
+    uint32_t af[4];
+    // Matrices: rows 0-7 / 8-15 (lane % 16) x columns 0-7 / 8-15 (lane / 16) of the 16x16.
+    LdMatrixX4(af, a + (lane % 16) * kStride + kc * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int np = 0; np < kN / 16; ++np) {
+      uint32_t bf[4];
+      // B's rows are the n index: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+      // (n 8-15, k 8-15) = the two k halves of n-tiles 2np and 2np + 1.
+      LdMatrixX4(bf, b + (np * 16 + (lane / 16) * 8 + lane % 8) * kStride + kc * 16 +
+                         ((lane / 8) % 2) * 8);
+      Mma(acc[2 * np], af, bf[0], bf[1]);
+      Mma(acc[2 * np + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// acc (16, kHs) += P B: P (16, kK) is a warp's accumulator (rounded to bf16 here), B is
+// (kK, kHs) at `b` in shared memory, read transposed. (O += P V, dV += P^T dY, dK += dS^T Q,
+// dQ += dS K.)
+template <int kHs, int kK>
+__device__ inline void MmaPB(float (&acc)[kHs / 8][4], const float (&p)[kK / 8][4],
+                             const bf16* b, int lane) {
+  constexpr int kStride = Tiles<kHs>::kStride;
+#pragma unroll
+  for (int kc = 0; kc < kK / 16; ++kc) {
+    const uint32_t af[4] = {PackBf16(p[2 * kc][0], p[2 * kc][1]),
+                            PackBf16(p[2 * kc][2], p[2 * kc][3]),
+                            PackBf16(p[2 * kc + 1][0], p[2 * kc + 1][1]),
+                            PackBf16(p[2 * kc + 1][2], p[2 * kc + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < kHs / 16; ++dp) {
+      uint32_t bf[4];
+      // Matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15), each
+      // transposed: the two k halves of n-tiles 2dp and 2dp + 1.
+      LdMatrixX4Trans(bf, b + (kc * 16 + lane % 16) * kStride + dp * 16 + (lane / 16) * 8);
+      Mma(acc[2 * dp], af, bf[0], bf[1]);
+      Mma(acc[2 * dp + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// Stores a warp's (16, kHs) accumulator times `mul[h]` (h = row half) to rows row_lo and
+// row_lo + 8 of a (T, kHs) matrix, skipping rows at or past t.
+template <int kHs>
+__device__ inline void StoreRows(bf16* __restrict__ out, const float (&acc)[kHs / 8][4],
+                                 const float (&mul)[2], int row_lo, int t, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row_lo + 8 * h;
+    if (row >= t) continue;
+    bf16* dst = out + static_cast<size_t>(row) * kHs + 2 * (lane % 4);
+#pragma unroll
+    for (int nt = 0; nt < kHs / 8; ++nt) {
+      *reinterpret_cast<__nv_bfloat162*>(dst + nt * 8) =
+          __floats2bfloat162_rn(acc[nt][2 * h] * mul[h], acc[nt][2 * h + 1] * mul[h]);
+    }
+  }
+}
+
+// ---- kernels ----
+// Grids are (B * NH, tiles): blocks are scheduled x fastest, so with the heaviest tiles at
+// y = 0 (the last query tile has the most keys; the first key tile the most queries) every
+// head's long tile starts in the first wave and the short ones fill in behind.
+
+template <int kHs>
+__global__ void __launch_bounds__(kThreads)
+    FlashForwardKernel(bf16* __restrict__ y,          // (B, NH, T, HS)
+                       float* __restrict__ lse,       // (B * NH * T)
+                       const bf16* __restrict__ q,    // (B, NH, T, HS)
+                       const bf16* __restrict__ k,    // (B, NH, T, HS)
+                       const bf16* __restrict__ v,    // (B, NH, T, HS)
+                       int t, float scale_log2) {
+  constexpr int kStride = Tiles<kHs>::kStride;
+  constexpr int kBk = Tiles<kHs>::kWalk;  // keys per step
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* sq = reinterpret_cast<bf16*>(smem);  // (kTile, kStride)
+  bf16* sk = sq + kTile * kStride;           // 2 x (kBk, kStride), double-buffered
+  bf16* sv = sk + 2 * kBk * kStride;         // 2 x (kBk, kStride)
+  const int warp = threadIdx.x / internal::kWarpSize;
+  const int lane = threadIdx.x % internal::kWarpSize;
+  const size_t head = static_cast<size_t>(blockIdx.x) * t;  // first row of this head
+  q += head * kHs;
+  k += head * kHs;
+  v += head * kHs;
+  y += head * kHs;
+  lse += head;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
+  const int warp_row = q0 + warp * kWarpRows;  // the warp's first query
+  const int row_lo = warp_row + lane / 4;      // this lane's rows: row_lo, row_lo + 8
+
+  LoadTile<kHs, kTile>(sq, q, q0, t);
+  LoadTile<kHs, kBk>(sk, k, 0, t);
+  LoadTile<kHs, kBk>(sv, v, 0, t);
+  CpAsyncCommit();
+  const int n_steps = (min(t, q0 + kTile) + kBk - 1) / kBk;  // keys [0, q0 + kTile)
+
+  float o[kHs / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY};  // running max (log2 units) of rows row_lo, row_lo + 8
+  float l[2] = {0.0f, 0.0f};            // this lane's share of the running sum
+  for (int j = 0; j < n_steps; ++j) {
+    const int buf = j % 2;
+    if (j + 1 < n_steps) {
+      LoadTile<kHs, kBk>(sk + (1 - buf) * kBk * kStride, k, (j + 1) * kBk, t);
+      LoadTile<kHs, kBk>(sv + (1 - buf) * kBk * kStride, v, (j + 1) * kBk, t);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const int k0 = j * kBk;
+    // A tile entirely above this warp's rows contributes nothing (tiles start on multiples of
+    // 16, so k0 <= warp_row + 15 means every row of the warp sees at least key k0).
+    if (k0 <= warp_row + kWarpRows - 1) {
+      const bf16* skb = sk + buf * kBk * kStride;
+      const bf16* svb = sv + buf * kBk * kStride;
+      float s[kBk / 8][4] = {};
+      MmaABt<kHs, kBk>(s, sq + warp * kWarpRows * kStride, skb, lane);  // (16, kBk) = Q K^T
+      const bool straddles = k0 + kBk - 1 > warp_row;
+#pragma unroll
+      for (int nt = 0; nt < kBk / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = row_lo + 8 * (e / 2);
+          const int col = k0 + nt * 8 + 2 * (lane % 4) + e % 2;
+          s[nt][e] = straddles && col > row ? -INFINITY : s[nt][e] * scale_log2;
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = m[h];
+#pragma unroll
+        for (int nt = 0; nt < kBk / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+        // The 4 lanes of a quad share a row.
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // A row with no key yet keeps max -inf; subtracting 0 instead avoids -inf - -inf.
+        const float base = mx == -INFINITY ? 0.0f : mx;
+        const float corr = exp2f(m[h] - base);
+        m[h] = mx;
+        l[h] *= corr;
+#pragma unroll
+        for (int nt = 0; nt < kHs / 8; ++nt) {
+          o[nt][2 * h] *= corr;
+          o[nt][2 * h + 1] *= corr;
+        }
+#pragma unroll
+        for (int nt = 0; nt < kBk / 8; ++nt) {
+          s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
+          s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
+          l[h] += s[nt][2 * h] + s[nt][2 * h + 1];
+        }
+      }
+      MmaPB<kHs, kBk>(o, s, svb, lane);  // O += P V
+    }
+    __syncthreads();  // the buffer is refilled by the next step's prefetch
+  }
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    inv[h] = 1.0f / l[h];
+    const int row = row_lo + 8 * h;
+    if (lane % 4 == 0 && row < t) lse[row] = (m[h] + log2f(l[h])) * kLn2;
+  }
+  StoreRows<kHs>(y, o, inv, row_lo, t, lane);
+}
+
+// dsum[r] = sum_d dy[r, d] * y[r, d]: kHs / 8 lanes per row, one 8-wide vector each.
+template <int kHs>
+__global__ void RowDotKernel(float* __restrict__ dsum,       // (rows)
+                             const bf16* __restrict__ dy,    // (rows, HS)
+                             const bf16* __restrict__ y,     // (rows, HS)
+                             int64_t rows) {
+  constexpr int kLanes = kHs / internal::kVec;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t row = i / kLanes;
+  float acc = 0.0f;
+  if (row < rows) {
+    float a[internal::kVec];
+    float b[internal::kVec];
+    internal::LoadVec(dy + i * internal::kVec, a);
+    internal::LoadVec(y + i * internal::kVec, b);
+#pragma unroll
+    for (int e = 0; e < internal::kVec; ++e) acc += a[e] * b[e];
+  }
+  // Every lane takes part (the block size is a multiple of 32), so the shuffles are full.
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  }
+  if (row < rows && i % kLanes == 0) dsum[row] = acc;
+}
+
+template <int kHs>
+__global__ void __launch_bounds__(kThreads)
+    FlashBackwardKvKernel(bf16* __restrict__ dk,            // (B, NH, T, HS)
+                          bf16* __restrict__ dv,            // (B, NH, T, HS)
+                          const bf16* __restrict__ q,       // (B, NH, T, HS)
+                          const bf16* __restrict__ k,       // (B, NH, T, HS)
+                          const bf16* __restrict__ v,       // (B, NH, T, HS)
+                          const bf16* __restrict__ dy,      // (B, NH, T, HS)
+                          const float* __restrict__ lse,    // (B * NH * T)
+                          const float* __restrict__ dsum,   // (B * NH * T)
+                          int t, float scale, float scale_log2) {
+  constexpr int kStride = Tiles<kHs>::kStride;
+  constexpr int kBq = Tiles<kHs>::kWalk;  // queries per step
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* sk = reinterpret_cast<bf16*>(smem);  // (kTile, kStride)
+  bf16* sv = sk + kTile * kStride;           // (kTile, kStride)
+  bf16* sq = sv + kTile * kStride;           // 2 x (kBq, kStride)
+  bf16* sdy = sq + 2 * kBq * kStride;        // 2 x (kBq, kStride)
+  float* slse = reinterpret_cast<float*>(sdy + 2 * kBq * kStride);  // 2 x (kBq), log2 units
+  float* sdsum = slse + 2 * kBq;                                     // 2 x (kBq)
+  const int warp = threadIdx.x / internal::kWarpSize;
+  const int lane = threadIdx.x % internal::kWarpSize;
+  const size_t head = static_cast<size_t>(blockIdx.x) * t;
+  q += head * kHs;
+  k += head * kHs;
+  v += head * kHs;
+  dy += head * kHs;
+  dk += head * kHs;
+  dv += head * kHs;
+  lse += head;
+  dsum += head;
+  const int k0 = blockIdx.y * kTile;  // key tile 0 sees every query: heaviest first
+  const int warp_key = k0 + warp * kWarpRows;
+  const int key_lo = warp_key + lane / 4;  // this lane's keys: key_lo, key_lo + 8
+
+  const auto load_queries = [&](int step_q0, int buf) {
+    LoadTile<kHs, kBq>(sq + buf * kBq * kStride, q, step_q0, t);
+    LoadTile<kHs, kBq>(sdy + buf * kBq * kStride, dy, step_q0, t);
+    for (int i = threadIdx.x; i < kBq; i += kThreads) {
+      const int row = step_q0 + i;
+      // Padded queries: lse = +inf makes their P exactly 0, so they add nothing.
+      slse[buf * kBq + i] = row < t ? lse[row] * kLog2e : INFINITY;
+      sdsum[buf * kBq + i] = row < t ? dsum[row] : 0.0f;
+    }
+  };
+  LoadTile<kHs, kTile>(sk, k, k0, t);
+  LoadTile<kHs, kTile>(sv, v, k0, t);
+  const int first = k0 / kBq;  // the first query tile that reaches key k0
+  const int n_steps = (t + kBq - 1) / kBq;
+  load_queries(first * kBq, 0);
+  CpAsyncCommit();
+
+  float dk_acc[kHs / 8][4] = {};
+  float dv_acc[kHs / 8][4] = {};
+  for (int i = first; i < n_steps; ++i) {
+    const int buf = (i - first) % 2;
+    if (i + 1 < n_steps) {
+      load_queries((i + 1) * kBq, 1 - buf);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const int q0 = i * kBq;
+    if (q0 + kBq - 1 >= warp_key) {  // some query of the tile sees some key of the warp
+      const bf16* sqb = sq + buf * kBq * kStride;
+      const bf16* sdyb = sdy + buf * kBq * kStride;
+      const float* slseb = slse + buf * kBq;
+      const float* sdsumb = sdsum + buf * kBq;
+      // P^T (16 keys, kBq queries) = exp(scale * K Q^T - lse[query]), 0 where key > query.
+      float pt[kBq / 8][4] = {};
+      MmaABt<kHs, kBq>(pt, sk + warp * kWarpRows * kStride, sqb, lane);
+      const bool straddles = warp_key + kWarpRows - 1 > q0;
+#pragma unroll
+      for (int nt = 0; nt < kBq / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_lo + 8 * (e / 2);
+          const int col = nt * 8 + 2 * (lane % 4) + e % 2;
+          const float p = exp2f(pt[nt][e] * scale_log2 - slseb[col]);
+          pt[nt][e] = straddles && key > q0 + col ? 0.0f : p;
+        }
+      }
+      float dpt[kBq / 8][4] = {};
+      MmaABt<kHs, kBq>(dpt, sv + warp * kWarpRows * kStride, sdyb, lane);  // dP^T = V dY^T
+      MmaPB<kHs, kBq>(dv_acc, pt, sdyb, lane);                              // dV += P^T dY
+      // dS^T = P^T * (dP^T - D[query]) (the scale is applied to dK once, at the end).
+#pragma unroll
+      for (int nt = 0; nt < kBq / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          pt[nt][e] *= dpt[nt][e] - sdsumb[nt * 8 + 2 * (lane % 4) + e % 2];
+        }
+      }
+      MmaPB<kHs, kBq>(dk_acc, pt, sqb, lane);  // dK += dS^T Q
+    }
+    __syncthreads();
+  }
+  const float dk_mul[2] = {scale, scale};
+  const float dv_mul[2] = {1.0f, 1.0f};
+  StoreRows<kHs>(dk, dk_acc, dk_mul, key_lo, t, lane);
+  StoreRows<kHs>(dv, dv_acc, dv_mul, key_lo, t, lane);
+}
+
+template <int kHs>
+__global__ void __launch_bounds__(kThreads)
+    FlashBackwardQKernel(bf16* __restrict__ dq,             // (B, NH, T, HS)
+                         const bf16* __restrict__ q,        // (B, NH, T, HS)
+                         const bf16* __restrict__ k,        // (B, NH, T, HS)
+                         const bf16* __restrict__ v,        // (B, NH, T, HS)
+                         const bf16* __restrict__ dy,       // (B, NH, T, HS)
+                         const float* __restrict__ lse,     // (B * NH * T)
+                         const float* __restrict__ dsum,    // (B * NH * T)
+                         int t, float scale, float scale_log2) {
+  constexpr int kStride = Tiles<kHs>::kStride;
+  constexpr int kBk = Tiles<kHs>::kWalk;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* sq = reinterpret_cast<bf16*>(smem);  // (kTile, kStride)
+  bf16* sdy = sq + kTile * kStride;          // (kTile, kStride)
+  bf16* sk = sdy + kTile * kStride;          // 2 x (kBk, kStride)
+  bf16* sv = sk + 2 * kBk * kStride;         // 2 x (kBk, kStride)
+  const int warp = threadIdx.x / internal::kWarpSize;
+  const int lane = threadIdx.x % internal::kWarpSize;
+  const size_t head = static_cast<size_t>(blockIdx.x) * t;
+  q += head * kHs;
+  k += head * kHs;
+  v += head * kHs;
+  dy += head * kHs;
+  dq += head * kHs;
+  lse += head;
+  dsum += head;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
+  const int warp_row = q0 + warp * kWarpRows;
+  const int row_lo = warp_row + lane / 4;
+
+  LoadTile<kHs, kTile>(sq, q, q0, t);
+  LoadTile<kHs, kTile>(sdy, dy, q0, t);
+  LoadTile<kHs, kBk>(sk, k, 0, t);
+  LoadTile<kHs, kBk>(sv, v, 0, t);
+  CpAsyncCommit();
+  float row_lse[2];  // log2 units
+  float row_dsum[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row_lo + 8 * h;
+    // Padded rows are never stored; any finite value keeps them NaN-free.
+    row_lse[h] = row < t ? lse[row] * kLog2e : 0.0f;
+    row_dsum[h] = row < t ? dsum[row] : 0.0f;
+  }
+  const int n_steps = (min(t, q0 + kTile) + kBk - 1) / kBk;
+
+  float dq_acc[kHs / 8][4] = {};
+  for (int j = 0; j < n_steps; ++j) {
+    const int buf = j % 2;
+    if (j + 1 < n_steps) {
+      LoadTile<kHs, kBk>(sk + (1 - buf) * kBk * kStride, k, (j + 1) * kBk, t);
+      LoadTile<kHs, kBk>(sv + (1 - buf) * kBk * kStride, v, (j + 1) * kBk, t);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const int k0 = j * kBk;
+    if (k0 <= warp_row + kWarpRows - 1) {
+      const bf16* skb = sk + buf * kBk * kStride;
+      const bf16* svb = sv + buf * kBk * kStride;
+      float s[kBk / 8][4] = {};
+      MmaABt<kHs, kBk>(s, sq + warp * kWarpRows * kStride, skb, lane);  // S = Q K^T
+      const bool straddles = k0 + kBk - 1 > warp_row;
+#pragma unroll
+      for (int nt = 0; nt < kBk / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = row_lo + 8 * (e / 2);
+          const int col = k0 + nt * 8 + 2 * (lane % 4) + e % 2;
+          const float p = exp2f(s[nt][e] * scale_log2 - row_lse[e / 2]);
+          s[nt][e] = straddles && col > row ? 0.0f : p;  // P
+        }
+      }
+      float dp[kBk / 8][4] = {};
+      MmaABt<kHs, kBk>(dp, sdy + warp * kWarpRows * kStride, svb, lane);  // dP = dY V^T
+#pragma unroll
+      for (int nt = 0; nt < kBk / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] *= dp[nt][e] - row_dsum[e / 2];  // dS / scale
+      }
+      MmaPB<kHs, kBk>(dq_acc, s, skb, lane);  // dQ += dS K
+    }
+    __syncthreads();
+  }
+  const float mul[2] = {scale, scale};
+  StoreRows<kHs>(dq, dq_acc, mul, row_lo, t, lane);
+}
+
+// ---- launchers ----
+
+bool SupportedHeadSize(int hs) { return hs == 16 || hs == 32 || hs == 64 || hs == 128; }
+
+absl::Status CheckShape(int b, int nh, int t, int hs, const char* op) {
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(b, op, "b"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(nh, op, "nh"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(t, op, "t"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(hs, op, "hs"));
+  if (!SupportedHeadSize(hs)) {
+    return absl::UnimplementedError(
+        absl::StrCat(op, ": head size hs = ", hs, " is not supported (16, 32, 64 or 128)"));
+  }
+  const int64_t heads = static_cast<int64_t>(b) * nh;
+  if (heads > 0x7fffffff || (t + kTile - 1) / kTile > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": b * nh = ", heads, " or t = ", t, " exceeds the grid limits"));
+  }
+  return absl::OkStatus();
+}
+
+// Opts the kernel into more than the default 48 KiB of dynamic shared memory.
+template <typename Kernel, typename... Args>
+absl::Status Launch(Kernel kernel, dim3 grid, size_t smem_bytes, cudaStream_t stream,
+                    Args... args) {
+  WEFT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(args...);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+template <int kHs>
+absl::Status LaunchForward(bf16* y, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                           int heads, int t, cudaStream_t stream) {
+  using Cfg = Tiles<kHs>;
+  const size_t smem = (kTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16);
+  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHs));
+  const dim3 grid(heads, (t + kTile - 1) / kTile);
+  return Launch(FlashForwardKernel<kHs>, grid, smem, stream, y, lse, q, k, v, t, scale_log2);
+}
+
+template <int kHs>
+absl::Status LaunchBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dy, const bf16* y,
+                            const float* lse, const bf16* q, const bf16* k, const bf16* v,
+                            float* dsum, int heads, int t, cudaStream_t stream) {
+  using Cfg = Tiles<kHs>;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHs));
+  const float scale_log2 = scale * kLog2e;
+  const int64_t rows = static_cast<int64_t>(heads) * t;
+  const int64_t threads = rows * (kHs / internal::kVec);
+  RowDotKernel<kHs><<<static_cast<int>((threads + internal::kBlockSize - 1) /
+                                       internal::kBlockSize),
+                      internal::kBlockSize, 0, stream>>>(dsum, dy, y, rows);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const dim3 grid(heads, (t + kTile - 1) / kTile);
+  const size_t kv_smem = (2 * kTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16) +
+                         4 * Cfg::kWalk * sizeof(float);
+  WEFT_BF16_RETURN_IF_ERROR(Launch(FlashBackwardKvKernel<kHs>, grid, kv_smem, stream, dk, dv, q,
+                                   k, v, dy, lse, static_cast<const float*>(dsum), t, scale,
+                                   scale_log2));
+  const size_t q_smem = (2 * kTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16);
+  return Launch(FlashBackwardQKernel<kHs>, grid, q_smem, stream, dq, q, k, v, dy, lse,
+                static_cast<const float*>(dsum), t, scale, scale_log2);
+}
+
+}  // namespace
+
+bool FlashAttentionSupported(int hs) { return SupportedHeadSize(hs); }
+
+size_t FlashAttentionBackwardScratchFloats(int b, int nh, int t, int hs) {
+  (void)hs;
+  return static_cast<size_t>(std::max(b, 0)) * std::max(nh, 0) * std::max(t, 0);
+}
+
+absl::Status FlashAttentionForward(bf16* y, float* lse, const bf16* q, const bf16* k,
+                                   const bf16* v, int b, int nh, int t, int hs,
+                                   cudaStream_t stream) {
+  constexpr const char* kOp = "flash attention forward";
+  WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, t, hs, kOp));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(y, kOp, "y"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(lse, kOp, "lse"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(q, kOp, "q"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(k, kOp, "k"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(v, kOp, "v"));
+  const int heads = b * nh;
+  switch (hs) {
+    case 16:
+      return LaunchForward<16>(y, lse, q, k, v, heads, t, stream);
+    case 32:
+      return LaunchForward<32>(y, lse, q, k, v, heads, t, stream);
+    case 64:
+      return LaunchForward<64>(y, lse, q, k, v, heads, t, stream);
+    default:
+      return LaunchForward<128>(y, lse, q, k, v, heads, t, stream);
+  }
+}
+
+absl::Status FlashAttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dy, const bf16* y,
+                                    const float* lse, const bf16* q, const bf16* k,
+                                    const bf16* v, float* scratch, int b, int nh, int t, int hs,
+                                    cudaStream_t stream) {
+  constexpr const char* kOp = "flash attention backward";
+  WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, t, hs, kOp));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dq, kOp, "dq"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dk, kOp, "dk"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dv, kOp, "dv"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dy, kOp, "dy"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(y, kOp, "y"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(lse, kOp, "lse"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(q, kOp, "q"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(k, kOp, "k"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(v, kOp, "v"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(scratch, kOp, "scratch"));
+  const int heads = b * nh;
+  switch (hs) {
+    case 16:
+      return LaunchBackward<16>(dq, dk, dv, dy, y, lse, q, k, v, scratch, heads, t, stream);
+    case 32:
+      return LaunchBackward<32>(dq, dk, dv, dy, y, lse, q, k, v, scratch, heads, t, stream);
+    case 64:
+      return LaunchBackward<64>(dq, dk, dv, dy, y, lse, q, k, v, scratch, heads, t, stream);
+    default:
+      return LaunchBackward<128>(dq, dk, dv, dy, y, lse, q, k, v, scratch, heads, t, stream);
+  }
+}
+
+}  // namespace weft::engine::cuda

@@ -1,0 +1,324 @@
+#include "worker/engine/cuda/gpt_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/ops.h"
+
+namespace weft::engine::cuda {
+namespace {
+
+// Carves typed, 256-byte aligned pieces out of one allocation; with a null base it only
+// measures.
+class Arena {
+ public:
+  explicit Arena(char* base) : base_(base) {}
+  template <typename T>
+  T* Take(size_t count) {
+    offset_ = (offset_ + 255) / 256 * 256;
+    T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + offset_);
+    offset_ += count * sizeof(T);
+    return p;
+  }
+  size_t size() const { return offset_; }
+
+ private:
+  char* base_;
+  size_t offset_ = 0;
+};
+
+// Budget for one chunk of logits (rows x Vp bf16): large enough for efficient LM-head GEMMs,
+// small enough that the (B*T, Vp) logits of a whole micro-batch never exist at once.
+constexpr size_t kLogitChunkBytes = size_t{512} << 20;
+
+}  // namespace
+
+GptCuda::GptCuda(const GptConfig& config, int max_b, int max_t, cudaStream_t stream)
+    : config_(config),
+      max_b_(max_b),
+      max_t_(max_t),
+      stream_(stream),
+      flash_(FlashAttentionSupported(config.hidden_size / config.num_heads)) {
+  head_tensors_ = UnitTensors(config, 0);
+  block_tensors_ = UnitTensors(config, 1);
+}
+
+GptCuda::~GptCuda() {
+  if (arena_ != nullptr) cudaFree(arena_);
+}
+
+size_t GptCuda::Layout(char* base) {
+  Arena a(base);
+  const int layers = config_.num_layers;
+  const int c = config_.hidden_size;
+  const size_t n = static_cast<size_t>(max_b_) * max_t_;
+  const size_t nc = n * c;
+  const size_t head_rows = static_cast<size_t>(max_b_) * config_.num_heads * max_t_;
+  res_.resize(layers + 1);
+  for (int l = 0; l <= layers; ++l) res_[l] = a.Take<bf16>(nc);
+  for (auto* vec : {&ln1_, &q_, &k_, &v_, &atty_, &res2_, &ln2_, &fch_}) vec->resize(layers);
+  for (auto* vec : {&ln1_mean_, &ln1_rstd_, &ln2_mean_, &ln2_rstd_, &lse_}) vec->resize(layers);
+  for (int l = 0; l < layers; ++l) {
+    ln1_[l] = a.Take<bf16>(nc);
+    q_[l] = a.Take<bf16>(nc);
+    k_[l] = a.Take<bf16>(nc);
+    v_[l] = a.Take<bf16>(nc);
+    atty_[l] = a.Take<bf16>(nc);
+    res2_[l] = a.Take<bf16>(nc);
+    ln2_[l] = a.Take<bf16>(nc);
+    fch_[l] = a.Take<bf16>(4 * nc);
+    ln1_mean_[l] = a.Take<float>(n);
+    ln1_rstd_[l] = a.Take<float>(n);
+    ln2_mean_[l] = a.Take<float>(n);
+    ln2_rstd_[l] = a.Take<float>(n);
+    lse_[l] = a.Take<float>(head_rows);
+  }
+  lnf_ = a.Take<bf16>(nc);
+  lnf_mean_ = a.Take<float>(n);
+  lnf_rstd_ = a.Take<float>(n);
+  qkv_ = a.Take<bf16>(3 * nc);
+  y_ = a.Take<bf16>(nc);
+  if (flash_) {
+    flash_scratch_ = a.Take<float>(FlashAttentionBackwardScratchFloats(
+        max_b_, config_.num_heads, max_t_, c / config_.num_heads));
+  } else {
+    att_ = a.Take<bf16>(head_rows * max_t_);
+    datt_ = a.Take<bf16>(head_rows * max_t_);
+  }
+  dq_ = a.Take<bf16>(nc);
+  dk_ = a.Take<bf16>(nc);
+  dv_ = a.Take<bf16>(nc);
+  big4_ = a.Take<bf16>(4 * nc);
+  dbig4_ = a.Take<bf16>(4 * nc);
+  tmp_ = a.Take<bf16>(nc);
+  dres_ = a.Take<bf16>(nc);
+  dtmp_ = a.Take<bf16>(nc);
+  const size_t row_bytes = static_cast<size_t>(config_.padded_vocab_size) * sizeof(bf16);
+  logit_rows_ = static_cast<int>(std::clamp<size_t>(kLogitChunkBytes / row_bytes, 1, n));
+  logits_ = a.Take<bf16>(static_cast<size_t>(logit_rows_) * config_.padded_vocab_size);
+  losses_ = a.Take<float>(n);
+  size_t scratch = LayerNormBackwardScratchFloats(static_cast<int>(n), c);
+  for (int oc : {c, 3 * c, 4 * c}) {
+    scratch = std::max(scratch, BiasBackwardScratchFloats(static_cast<int>(n), oc));
+  }
+  reduce_scratch_ = a.Take<float>(scratch);
+  tokens_ = a.Take<int32_t>(n);
+  targets_ = a.Take<int32_t>(n);
+  return a.size();
+}
+
+size_t GptCuda::PlanActivationBytes(const GptConfig& config, int max_b, int max_t) {
+  GptCuda probe(config, max_b, max_t, nullptr);
+  return probe.Layout(nullptr) + BlasOptions{}.workspace_bytes;
+}
+
+absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config, int max_b,
+                                                         int max_t, cudaStream_t stream) {
+  if (config.hidden_size % 8 != 0 || config.hidden_size % config.num_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.hidden_size: the CUDA engine needs a multiple of 8 that num_heads divides, got ",
+        config.hidden_size, " with ", config.num_heads, " heads"));
+  }
+  if ((config.hidden_size / config.num_heads) % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: the CUDA engine needs a head size (hidden_size / num_heads) that is a multiple "
+        "of 8, got ", config.hidden_size / config.num_heads));
+  }
+  if (config.padded_vocab_size % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.padded_vocab_size: the CUDA engine needs a multiple of 8, got ",
+        config.padded_vocab_size));
+  }
+  if (max_b <= 0 || max_t <= 0 || max_t > config.context_length) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch shape (", max_b, ", ", max_t,
+                                                   ") out of range"));
+  }
+  std::unique_ptr<GptCuda> model(new GptCuda(config, max_b, max_t, stream));
+  WEFT_RETURN_IF_ERROR(model->Allocate());
+  return model;
+}
+
+absl::Status GptCuda::Allocate() {
+  WEFT_ASSIGN_OR_RETURN(blas_, Blas::Create());
+  const size_t bytes = Layout(nullptr);
+  const cudaError_t err = cudaMalloc(&arena_, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the (non-sticky) allocation error
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "activations need ", bytes >> 20, " MiB but the GPU has ", free_bytes >> 20,
+        " MiB free"));
+  }
+  arena_bytes_ = bytes;
+  Layout(static_cast<char*>(arena_));
+  return absl::OkStatus();
+}
+
+absl::Status GptCuda::SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) {
+  if (b < 1 || b > max_b_ || t < 1 || t > max_t_) {
+    return absl::InvalidArgumentError(absl::StrCat("batch shape (", b, ", ", t,
+                                                   ") outside [1, ", max_b_, "] x [1, ", max_t_,
+                                                   "]"));
+  }
+  b_ = b;
+  t_ = t;
+  const size_t bytes = static_cast<size_t>(b) * t * sizeof(int32_t);
+  // Pageable sources: the call returns once the data is staged, so the caller may refill them.
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(tokens_, inputs, bytes, cudaMemcpyHostToDevice, stream_));
+  if (targets != nullptr) {
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(targets_, targets, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptCuda::EncoderForward(const bf16* head) {
+  return cuda::EncoderForward(res_[0], tokens_, head + head_tensors_[kWte].offset,
+                              head + head_tensors_[kWpe].offset, b_, t_, config_.hidden_size,
+                              stream_);
+}
+
+absl::Status GptCuda::BlockForward(int l, const bf16* block) {
+  const int c = config_.hidden_size;
+  const int nh = config_.num_heads;
+  const int hs = c / nh;
+  const int n = b_ * t_;
+  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  const bf16* x = res_[l];  // (B, T, C)
+  WEFT_RETURN_IF_ERROR(LayerNormForward(ln1_[l], ln1_mean_[l], ln1_rstd_[l], x, p(kLn1w),
+                                        p(kLn1b), n, c, stream_));
+  WEFT_RETURN_IF_ERROR(blas_->LinearForward(qkv_, ln1_[l], p(kQkvw), p(kQkvb), n, c, 3 * c,
+                                            stream_));  // (B, T, 3C)
+  WEFT_RETURN_IF_ERROR(AttentionSplitHeads(q_[l], k_[l], v_[l], qkv_, b_, t_, c, nh, stream_));
+  if (flash_) {
+    WEFT_RETURN_IF_ERROR(FlashAttentionForward(y_, lse_[l], q_[l], k_[l], v_[l], b_, nh, t_, hs,
+                                               stream_));  // (B, NH, T, HS)
+  } else {
+    const int batch = b_ * nh;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    WEFT_RETURN_IF_ERROR(blas_->AttentionScores(att_, q_[l], k_[l], batch, t_, hs, stream_));
+    WEFT_RETURN_IF_ERROR(CausalSoftmaxForward(att_, lse_[l], static_cast<int64_t>(batch) * t_,
+                                              t_, scale, stream_));  // (B, NH, T, T)
+    WEFT_RETURN_IF_ERROR(blas_->AttentionApply(y_, att_, v_[l], batch, t_, hs, stream_));
+  }
+  WEFT_RETURN_IF_ERROR(AttentionMergeHeads(atty_[l], y_, b_, t_, c, nh, stream_));  // (B, T, C)
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearForward(tmp_, atty_[l], p(kAttprojw), p(kAttprojb), n, c, c, stream_));
+  const int64_t nc = static_cast<int64_t>(n) * c;
+  WEFT_RETURN_IF_ERROR(ResidualForward(res2_[l], x, tmp_, nc, stream_));
+  WEFT_RETURN_IF_ERROR(LayerNormForward(ln2_[l], ln2_mean_[l], ln2_rstd_[l], res2_[l], p(kLn2w),
+                                        p(kLn2b), n, c, stream_));
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearForward(fch_[l], ln2_[l], p(kFcw), p(kFcb), n, c, 4 * c, stream_));
+  WEFT_RETURN_IF_ERROR(GeluForward(big4_, fch_[l], 4 * nc, stream_));  // (B, T, 4C)
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearForward(tmp_, big4_, p(kFcprojw), p(kFcprojb), n, 4 * c, c, stream_));
+  return ResidualForward(res_[l + 1], res2_[l], tmp_, nc, stream_);
+}
+
+absl::Status GptCuda::Classifier(const bf16* head, float grad_scale, float* head_grad) {
+  const int c = config_.hidden_size;
+  const int vp = config_.padded_vocab_size;
+  const int n = b_ * t_;
+  const auto p = [&](int tensor) { return head + head_tensors_[tensor].offset; };
+  const bf16* wte = p(kWte);  // (Vp, C)
+  const bf16* last = res_[config_.num_layers];
+  WEFT_RETURN_IF_ERROR(
+      LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, last, p(kLnfw), p(kLnfb), n, c, stream_));
+  for (int r0 = 0; r0 < n; r0 += logit_rows_) {
+    const int rows = std::min(logit_rows_, n - r0);
+    const bf16* lnf = lnf_ + static_cast<size_t>(r0) * c;  // (rows, C)
+    WEFT_RETURN_IF_ERROR(blas_->LinearForward(logits_, lnf, wte, nullptr, rows, c, vp, stream_));
+    WEFT_RETURN_IF_ERROR(CrossEntropyForwardBackward(logits_, losses_ + r0, targets_ + r0, rows,
+                                                     config_.vocab_size, vp, grad_scale,
+                                                     stream_));  // logits -> dlogits
+    if (head_grad == nullptr) continue;
+    WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dtmp_ + static_cast<size_t>(r0) * c, logits_,
+                                                    wte, rows, c, vp, stream_));
+    WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(head_grad + head_tensors_[kWte].offset,
+                                                     logits_, lnf, rows, c, vp, stream_));
+  }
+  if (head_grad == nullptr) return absl::OkStatus();
+  // The residual stream's gradient starts here; LayerNormBackward accumulates into it.
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(dres_, 0, static_cast<size_t>(n) * c * sizeof(bf16), stream_));
+  return LayerNormBackward(dres_, head_grad + head_tensors_[kLnfw].offset,
+                           head_grad + head_tensors_[kLnfb].offset, dtmp_, last, p(kLnfw),
+                           lnf_mean_, lnf_rstd_, reduce_scratch_, n, c, stream_);
+}
+
+absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad) {
+  const int c = config_.hidden_size;
+  const int nh = config_.num_heads;
+  const int hs = c / nh;
+  const int n = b_ * t_;
+  const int64_t nc = static_cast<int64_t>(n) * c;
+  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  const auto g = [&](int tensor) { return block_grad + block_tensors_[tensor].offset; };
+  // dres_ (B, T, C) holds dL/d(output of block l) on entry, dL/d(input of block l) on exit.
+
+  // MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).
+  WEFT_RETURN_IF_ERROR(GeluForward(big4_, fch_[l], 4 * nc, stream_));  // recomputed
+  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(g(kFcprojw), dres_, big4_, n, 4 * c, c,
+                                                   stream_));
+  WEFT_RETURN_IF_ERROR(BiasBackward(g(kFcprojb), dres_, reduce_scratch_, n, c, stream_));
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearBackwardInput(dbig4_, dres_, p(kFcprojw), n, 4 * c, c, stream_));
+  WEFT_RETURN_IF_ERROR(GeluBackward(dbig4_, fch_[l], dbig4_, 4 * nc, stream_));
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearBackwardWeight(g(kFcw), dbig4_, ln2_[l], n, c, 4 * c, stream_));
+  WEFT_RETURN_IF_ERROR(BiasBackward(g(kFcb), dbig4_, reduce_scratch_, n, 4 * c, stream_));
+  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dtmp_, dbig4_, p(kFcw), n, c, 4 * c, stream_));
+  WEFT_RETURN_IF_ERROR(LayerNormBackward(dres_, g(kLn2w), g(kLn2b), dtmp_, res2_[l], p(kLn2w),
+                                         ln2_mean_[l], ln2_rstd_[l], reduce_scratch_, n, c,
+                                         stream_));
+  // Attention: res2 = x + attproj(attention(qkv(ln1(x)))).
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearBackwardWeight(g(kAttprojw), dres_, atty_[l], n, c, c, stream_));
+  WEFT_RETURN_IF_ERROR(BiasBackward(g(kAttprojb), dres_, reduce_scratch_, n, c, stream_));
+  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dtmp_, dres_, p(kAttprojw), n, c, c, stream_));
+  WEFT_RETURN_IF_ERROR(AttentionSplitGrad(y_, dtmp_, b_, t_, c, nh, stream_));  // dy
+  if (flash_) {
+    // The forward's output in head layout, back from atty (an exact permutation, cheaper
+    // than keeping a second copy per layer); tmp_ is free during the backward.
+    WEFT_RETURN_IF_ERROR(AttentionSplitGrad(tmp_, atty_[l], b_, t_, c, nh, stream_));
+    WEFT_RETURN_IF_ERROR(FlashAttentionBackward(dq_, dk_, dv_, y_, tmp_, lse_[l], q_[l], k_[l],
+                                                v_[l], flash_scratch_, b_, nh, t_, hs,
+                                                stream_));
+  } else {
+    const int batch = b_ * nh;
+    const int64_t rows = static_cast<int64_t>(batch) * t_;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    WEFT_RETURN_IF_ERROR(blas_->AttentionScores(att_, q_[l], k_[l], batch, t_, hs, stream_));
+    WEFT_RETURN_IF_ERROR(CausalSoftmaxRecompute(att_, lse_[l], rows, t_, scale, stream_));  // P
+    WEFT_RETURN_IF_ERROR(
+        blas_->AttentionScores(datt_, y_, v_[l], batch, t_, hs, stream_));  // dP
+    WEFT_RETURN_IF_ERROR(
+        blas_->AttentionApplyTransposed(dv_, att_, y_, batch, t_, hs, stream_));  // P^T dy
+    WEFT_RETURN_IF_ERROR(CausalSoftmaxBackward(datt_, att_, rows, t_, scale, stream_));  // dS
+    WEFT_RETURN_IF_ERROR(blas_->AttentionApply(dq_, datt_, k_[l], batch, t_, hs, stream_));
+    WEFT_RETURN_IF_ERROR(
+        blas_->AttentionApplyTransposed(dk_, datt_, q_[l], batch, t_, hs, stream_));
+  }
+  WEFT_RETURN_IF_ERROR(AttentionMergeGrads(qkv_, dq_, dk_, dv_, b_, t_, c, nh, stream_));
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearBackwardWeight(g(kQkvw), qkv_, ln1_[l], n, c, 3 * c, stream_));
+  WEFT_RETURN_IF_ERROR(BiasBackward(g(kQkvb), qkv_, reduce_scratch_, n, 3 * c, stream_));
+  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dtmp_, qkv_, p(kQkvw), n, c, 3 * c, stream_));
+  return LayerNormBackward(dres_, g(kLn1w), g(kLn1b), dtmp_, res_[l], p(kLn1w), ln1_mean_[l],
+                           ln1_rstd_[l], reduce_scratch_, n, c, stream_);
+}
+
+absl::Status GptCuda::EncoderBackward(float* head_grad) {
+  return cuda::EncoderBackward(head_grad + head_tensors_[kWte].offset,
+                               head_grad + head_tensors_[kWpe].offset, dres_, tokens_, b_, t_,
+                               config_.hidden_size, stream_);
+}
+
+}  // namespace weft::engine::cuda

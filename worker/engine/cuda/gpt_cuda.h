@@ -1,0 +1,122 @@
+// GPT-2 on one GPU in mixed precision, unit by unit, for the ZeRO-3 layer to drive: the CUDA
+// twin of engine::GptCpu (worker/engine/gpt.h), with the same unit layout so the two share
+// checkpoints and initialisation.
+//
+// Precision: parameters arrive as bf16 units (the gathered working copies); activations are
+// bf16; LayerNorm statistics, attention log-sum-exps, losses and every parameter gradient are
+// fp32. GEMMs are cuBLASLt/cuBLAS bf16 with fp32 accumulation.
+//
+// A training micro-step, every backward ACCUMULATING (+=) into fp32 gradient units:
+//   model.SetBatch(inputs, targets);                 // host (B, T) int32, copied to the GPU
+//   model.EncoderForward(head);
+//   for l = 0 .. L-1: model.BlockForward(l, block[l]);
+//   model.Classifier(head, grad_scale, head_grad);   // forward AND backward, fused
+//   for l = L-1 .. 0: model.BlockBackward(l, block[l], block_grad[l]);
+//   model.EncoderBackward(head_grad);
+// Everything is enqueued on the stream given at creation; nothing synchronises the host.
+//
+// Memory: activations are planned up front from (config, max B, T) — PlanActivationBytes —
+// and allocated in one piece, so an impossible configuration fails before training starts.
+// Per layer it keeps ln1, q/k/v, the attention output, the mid-block residual, ln2 and the
+// pre-GELU fc output (11 * B*T*C bf16) plus the per-row softmax log-sum-exp; the GELU output
+// and the attention probabilities are recomputed in the backward, the logits are processed in
+// row chunks, so neither (B, NH, T, T) nor (B, T, Vp) is kept per layer.
+//
+// Attention: fused flash attention (flash_attention.cu) when it supports the head size, so no
+// (B, NH, T, T) buffer exists at all; otherwise cuBLAS batched GEMMs around the causal softmax
+// kernels, with one shared (B, NH, T, T) scores buffer and one for its gradient.
+#ifndef WEFT_WORKER_ENGINE_CUDA_GPT_CUDA_H_
+#define WEFT_WORKER_ENGINE_CUDA_GPT_CUDA_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/cuda/matmul.h"
+#include "worker/engine/gpt.h"
+
+namespace weft::engine::cuda {
+
+class GptCuda {
+ public:
+  // Bytes Create allocates for activations and scratch (exact, for the memory planner).
+  static size_t PlanActivationBytes(const GptConfig& config, int max_b, int max_t);
+
+  // On the current device; kernels go to `stream` (not owned). INVALID_ARGUMENT for shapes
+  // the kernels cannot take (hidden size not a multiple of 8, ...), RESOURCE_EXHAUSTED when
+  // the activations do not fit.
+  static absl::StatusOr<std::unique_ptr<GptCuda>> Create(const GptConfig& config, int max_b,
+                                                         int max_t, cudaStream_t stream);
+  ~GptCuda();
+  GptCuda(const GptCuda&) = delete;
+  GptCuda& operator=(const GptCuda&) = delete;
+
+  const GptConfig& config() const { return config_; }
+  int b() const { return b_; }
+  int t() const { return t_; }
+
+  // Sets the micro-batch's shape and copies its tokens (host (B, T) int32; targets may be null
+  // for no loss) to the GPU. The host buffers may be reused as soon as this returns.
+  absl::Status SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets);
+
+  absl::Status EncoderForward(const bf16* head);
+  absl::Status BlockForward(int layer, const bf16* block);
+  // Final LayerNorm, tied LM head and cross-entropy over the B*T positions (per-position
+  // losses in Losses()). With head_grad, also the backward of all three: gradients of
+  // grad_scale * sum of losses accumulate into head_grad (wte, lnfw, lnfb), and the residual
+  // stream's gradient is prepared for BlockBackward. Needs targets.
+  absl::Status Classifier(const bf16* head, float grad_scale, float* head_grad);
+  // (B, T) fp32, device memory, valid after Classifier until the next Classifier.
+  const float* Losses() const { return losses_; }
+
+  absl::Status BlockBackward(int layer, const bf16* block, float* block_grad);
+  absl::Status EncoderBackward(float* head_grad);
+
+  size_t ActivationBytes() const { return arena_bytes_; }
+  size_t BlasWorkspaceBytes() const { return BlasOptions{}.workspace_bytes; }
+
+ private:
+  GptCuda(const GptConfig& config, int max_b, int max_t, cudaStream_t stream);
+  // Points every buffer into the allocation at `base` and returns the bytes used; a null base
+  // only measures (the plan and the allocation share this one layout).
+  size_t Layout(char* base);
+  absl::Status Allocate();
+
+  const GptConfig config_;
+  const int max_b_, max_t_;
+  cudaStream_t stream_;
+  int b_ = 0, t_ = 0;
+  std::unique_ptr<Blas> blas_;
+  std::vector<TensorInfo> head_tensors_, block_tensors_;
+
+  void* arena_ = nullptr;
+  size_t arena_bytes_ = 0;
+  // Kept per layer l (index l), residual stream res has L + 1 entries.
+  std::vector<bf16*> res_, ln1_, q_, k_, v_, atty_, res2_, ln2_, fch_;
+  std::vector<float*> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, lse_;
+  bf16* lnf_ = nullptr;
+  float* lnf_mean_ = nullptr;
+  float* lnf_rstd_ = nullptr;
+  // Scratch shared by all layers.
+  bf16 *qkv_ = nullptr, *y_ = nullptr, *att_ = nullptr, *datt_ = nullptr, *dq_ = nullptr,
+       *dk_ = nullptr, *dv_ = nullptr, *big4_ = nullptr, *dbig4_ = nullptr, *tmp_ = nullptr,
+       *dres_ = nullptr, *dtmp_ = nullptr, *logits_ = nullptr;
+  float* losses_ = nullptr;
+  float* reduce_scratch_ = nullptr;
+  int32_t* tokens_ = nullptr;
+  int32_t* targets_ = nullptr;
+  int logit_rows_ = 0;  // rows of the logits chunk
+  // Flash attention for this head size (else the cuBLAS + softmax path and att_ / datt_).
+  const bool flash_;
+  float* flash_scratch_ = nullptr;  // FlashAttentionBackwardScratchFloats
+};
+
+}  // namespace weft::engine::cuda
+
+#endif  // WEFT_WORKER_ENGINE_CUDA_GPT_CUDA_H_

@@ -1,0 +1,299 @@
+#include "worker/engine/cuda/matmul.h"
+
+#include <dlfcn.h>
+
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/cuda/cuda_check.h"
+
+namespace weft::engine::cuda {
+namespace {
+
+// cuBLAS and cuBLASLt are opened with dlopen on first use instead of being linked. Linked,
+// their thread-local storage (about 100 KiB for cuBLASLt) joins the static TLS block that every
+// thread of the process must fit in its stack, and threads created with small fixed stacks
+// then fail to start: civetweb's (the Prometheus endpoint) did, with EINVAL from
+// pthread_create. Opened later, the libraries' TLS is allocated per thread on demand.
+struct CublasApi {
+#define WEFT_CUBLAS_FN(name) decltype(&::name) name = nullptr
+  WEFT_CUBLAS_FN(cublasLtCreate);
+  WEFT_CUBLAS_FN(cublasLtDestroy);
+  WEFT_CUBLAS_FN(cublasLtMatmulDescCreate);
+  WEFT_CUBLAS_FN(cublasLtMatmulDescDestroy);
+  WEFT_CUBLAS_FN(cublasLtMatmulDescSetAttribute);
+  WEFT_CUBLAS_FN(cublasLtMatrixLayoutCreate);
+  WEFT_CUBLAS_FN(cublasLtMatrixLayoutDestroy);
+  WEFT_CUBLAS_FN(cublasLtMatmulPreferenceCreate);
+  WEFT_CUBLAS_FN(cublasLtMatmulPreferenceDestroy);
+  WEFT_CUBLAS_FN(cublasLtMatmulPreferenceSetAttribute);
+  WEFT_CUBLAS_FN(cublasLtMatmulAlgoGetHeuristic);
+  WEFT_CUBLAS_FN(cublasLtMatmul);
+  WEFT_CUBLAS_FN(cublasCreate_v2);
+  WEFT_CUBLAS_FN(cublasDestroy_v2);
+  WEFT_CUBLAS_FN(cublasSetStream_v2);
+  WEFT_CUBLAS_FN(cublasSetWorkspace_v2);
+  // Overloaded in C++ (an _64 variant); the C entry point's type.
+  cublasStatus_t (*cublasGemmStridedBatchedEx)(
+      cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+      const void*, cudaDataType, int, long long, const void*, cudaDataType, int, long long,
+      const void*, void*, cudaDataType, int, long long, int, cublasComputeType_t,
+      cublasGemmAlgo_t) = nullptr;
+  WEFT_CUBLAS_FN(cublasGetStatusName);
+  WEFT_CUBLAS_FN(cublasGetStatusString);
+#undef WEFT_CUBLAS_FN
+};
+
+// The libraries of the CUDA major version this was built against.
+constexpr const char* kCublasLtLibrary = "libcublasLt.so.13";
+constexpr const char* kCublasLibrary = "libcublas.so.13";
+
+absl::StatusOr<const CublasApi*> LoadCublas() {
+  static const absl::StatusOr<const CublasApi*> api = []() -> absl::StatusOr<const CublasApi*> {
+    void* lt = dlopen(kCublasLtLibrary, RTLD_NOW | RTLD_GLOBAL);
+    if (lt == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot load ", kCublasLtLibrary, ": ",
+                                                        dlerror()));
+    }
+    void* blas = dlopen(kCublasLibrary, RTLD_NOW | RTLD_GLOBAL);
+    if (blas == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot load ", kCublasLibrary, ": ",
+                                                        dlerror()));
+    }
+    auto* table = new CublasApi;  // lives as long as the process, like the libraries
+    std::string missing;
+    const auto resolve = [&](void* lib, auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (fn == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", name);
+    };
+#define WEFT_RESOLVE(lib, name) resolve(lib, table->name, #name)
+    WEFT_RESOLVE(lt, cublasLtCreate);
+    WEFT_RESOLVE(lt, cublasLtDestroy);
+    WEFT_RESOLVE(lt, cublasLtMatmulDescCreate);
+    WEFT_RESOLVE(lt, cublasLtMatmulDescDestroy);
+    WEFT_RESOLVE(lt, cublasLtMatmulDescSetAttribute);
+    WEFT_RESOLVE(lt, cublasLtMatrixLayoutCreate);
+    WEFT_RESOLVE(lt, cublasLtMatrixLayoutDestroy);
+    WEFT_RESOLVE(lt, cublasLtMatmulPreferenceCreate);
+    WEFT_RESOLVE(lt, cublasLtMatmulPreferenceDestroy);
+    WEFT_RESOLVE(lt, cublasLtMatmulPreferenceSetAttribute);
+    WEFT_RESOLVE(lt, cublasLtMatmulAlgoGetHeuristic);
+    WEFT_RESOLVE(lt, cublasLtMatmul);
+    WEFT_RESOLVE(blas, cublasCreate_v2);
+    WEFT_RESOLVE(blas, cublasDestroy_v2);
+    WEFT_RESOLVE(blas, cublasSetStream_v2);
+    WEFT_RESOLVE(blas, cublasSetWorkspace_v2);
+    WEFT_RESOLVE(blas, cublasGemmStridedBatchedEx);
+    WEFT_RESOLVE(blas, cublasGetStatusName);
+    WEFT_RESOLVE(blas, cublasGetStatusString);
+#undef WEFT_RESOLVE
+    if (!missing.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cuBLAS libraries lack symbols: ", missing));
+    }
+    return table;
+  }();
+  return api;
+}
+
+// The loaded table; only called after Blas::Create succeeded, which loaded it.
+const CublasApi& Api() { return **LoadCublas(); }
+
+absl::Status BlasStatus(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", Api().cublasGetStatusName(status), " (",
+                                          Api().cublasGetStatusString(status), ")"));
+}
+
+#define WEFT_BLAS_RETURN_IF_ERROR(expr)                                            \
+  do {                                                                             \
+    const cublasStatus_t weft_blas_status_ = (expr);                               \
+    if (weft_blas_status_ != CUBLAS_STATUS_SUCCESS) return BlasStatus(weft_blas_status_, #expr); \
+  } while (0)
+
+absl::Status CheckDims(const char* op, int a, int b, int c) {
+  if (a <= 0 || b <= 0 || c <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": dimensions must be positive, got ", a, ", ", b, ", ", c));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Blas::Blas(const BlasOptions& options) : options_(options) {}
+
+Blas::~Blas() {
+  for (auto& [key, plan] : plans_) {
+    if (plan->desc != nullptr) Api().cublasLtMatmulDescDestroy(plan->desc);
+    if (plan->a != nullptr) Api().cublasLtMatrixLayoutDestroy(plan->a);
+    if (plan->b != nullptr) Api().cublasLtMatrixLayoutDestroy(plan->b);
+    if (plan->d != nullptr) Api().cublasLtMatrixLayoutDestroy(plan->d);
+  }
+  if (handle_ != nullptr) Api().cublasDestroy_v2(handle_);
+  if (lt_ != nullptr) Api().cublasLtDestroy(lt_);
+  if (workspace_ != nullptr) cudaFree(workspace_);
+}
+
+absl::StatusOr<std::unique_ptr<Blas>> Blas::Create(const BlasOptions& options) {
+  if (absl::StatusOr<const CublasApi*> api = LoadCublas(); !api.ok()) return api.status();
+  std::unique_ptr<Blas> blas(new Blas(options));
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtCreate(&blas->lt_));
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasCreate_v2(&blas->handle_));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMalloc(&blas->workspace_, options.workspace_bytes));
+  WEFT_BLAS_RETURN_IF_ERROR(
+      Api().cublasSetWorkspace_v2(blas->handle_, blas->workspace_, options.workspace_bytes));
+  // Tensor-core math with fp32 accumulation is what CUBLAS_COMPUTE_32F asks for below; the
+  // pointer mode stays host (alpha and beta are host scalars).
+  return blas;
+}
+
+absl::StatusOr<Blas::Plan*> Blas::GetPlan(const PlanKey& key) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second.get();
+  const auto [trans_a, trans_b, m, n, k, d_fp32, with_bias, accumulate] = key;
+  auto plan = std::make_unique<Plan>();
+  WEFT_BLAS_RETURN_IF_ERROR(
+      Api().cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+      plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+      plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (with_bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    const cudaDataType_t bias_type = CUDA_R_16BF;
+    WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+  }
+  // Stored shapes (column-major): op(A) is (m, k), op(B) is (k, n), D is (m, n).
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, trans_a ? k : m,
+                                                       trans_a ? m : k, trans_a ? k : m));
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, trans_b ? n : k,
+                                                       trans_b ? k : n, trans_b ? n : k));
+  WEFT_BLAS_RETURN_IF_ERROR(
+      Api().cublasLtMatrixLayoutCreate(&plan->d, d_fp32 ? CUDA_R_32F : CUDA_R_16BF, m, n, m));
+
+  cublasLtMatmulPreference_t preference = nullptr;
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace = options_.workspace_bytes;
+  Api().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                       &workspace, sizeof(workspace));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status = Api().cublasLtMatmulAlgoGetHeuristic(
+      lt_, plan->desc, plan->a, plan->b, plan->d, plan->d, preference, 1, &result, &found);
+  Api().cublasLtMatmulPreferenceDestroy(preference);
+  WEFT_BLAS_RETURN_IF_ERROR(status);
+  if (found == 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cuBLASLt has no algorithm for m=", m, " n=", n, " k=", k, d_fp32 ? " fp32" : " bf16",
+        " output", with_bias ? " with bias" : "", accumulate ? " accumulating" : ""));
+  }
+  plan->algo = result.algo;
+  Plan* raw = plan.get();
+  plans_.emplace(key, std::move(plan));
+  return raw;
+}
+
+absl::Status Blas::LtMatmul(const PlanKey& key, void* d, const bf16* a, const bf16* b,
+                            const bf16* bias, cudaStream_t stream) {
+  absl::StatusOr<Plan*> plan = GetPlan(key);
+  if (!plan.ok()) return plan.status();
+  if (bias != nullptr) {
+    WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+        (*plan)->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  const float alpha = 1.0f;
+  const float beta = std::get<7>(key) ? 1.0f : 0.0f;
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmul(lt_, (*plan)->desc, &alpha, a, (*plan)->a, b,
+                                           (*plan)->b, &beta, d, (*plan)->d, d, (*plan)->d,
+                                           &(*plan)->algo, workspace_, options_.workspace_bytes,
+                                           stream));
+  return absl::OkStatus();
+}
+
+absl::Status Blas::LinearForward(bf16* out, const bf16* inp, const bf16* weight,
+                                 const bf16* bias, int n, int c, int oc, cudaStream_t stream) {
+  if (out == nullptr || inp == nullptr || weight == nullptr) {
+    return absl::InvalidArgumentError("LinearForward: out, inp and weight must not be null");
+  }
+  if (absl::Status s = CheckDims("LinearForward", n, c, oc); !s.ok()) return s;
+  // Column-major: out^T (OC, N) = weight (OC, C) [stored as (C, OC)]^T-op x inp^T (C, N).
+  return LtMatmul({true, false, oc, n, c, false, bias != nullptr, false}, out, weight, inp, bias,
+                  stream);
+}
+
+absl::Status Blas::LinearBackwardInput(bf16* dinp, const bf16* dout, const bf16* weight, int n,
+                                       int c, int oc, cudaStream_t stream) {
+  if (dinp == nullptr || dout == nullptr || weight == nullptr) {
+    return absl::InvalidArgumentError(
+        "LinearBackwardInput: dinp, dout and weight must not be null");
+  }
+  if (absl::Status s = CheckDims("LinearBackwardInput", n, c, oc); !s.ok()) return s;
+  // dinp^T (C, N) = weight^T (C, OC) x dout^T (OC, N).
+  return LtMatmul({false, false, c, n, oc, false, false, false}, dinp, weight, dout, nullptr,
+                  stream);
+}
+
+absl::Status Blas::LinearBackwardWeight(float* dweight, const bf16* dout, const bf16* inp, int n,
+                                        int c, int oc, cudaStream_t stream) {
+  if (dweight == nullptr || dout == nullptr || inp == nullptr) {
+    return absl::InvalidArgumentError(
+        "LinearBackwardWeight: dweight, dout and inp must not be null");
+  }
+  if (absl::Status s = CheckDims("LinearBackwardWeight", n, c, oc); !s.ok()) return s;
+  // dweight^T (C, OC) += inp^T (C, N) x dout (N, OC).
+  return LtMatmul({false, true, c, oc, n, true, false, true}, dweight, inp, dout, nullptr,
+                  stream);
+}
+
+absl::Status Blas::Batched(bool trans_a, bool trans_b, int m, int n, int k, const bf16* a,
+                           int64_t stride_a, const bf16* b, int64_t stride_b, bf16* c,
+                           int64_t stride_c, int batch, cudaStream_t stream) {
+  if (a == nullptr || b == nullptr || c == nullptr) {
+    return absl::InvalidArgumentError("attention GEMM: null buffer");
+  }
+  if (absl::Status s = CheckDims("attention GEMM", m, n, k); !s.ok()) return s;
+  if (batch <= 0) return absl::InvalidArgumentError("attention GEMM: batch must be positive");
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasSetStream_v2(handle_, stream));
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasGemmStridedBatchedEx(
+      handle_, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
+      &alpha, a, CUDA_R_16BF, trans_a ? k : m, stride_a, b, CUDA_R_16BF, trans_b ? n : k,
+      stride_b, &beta, c, CUDA_R_16BF, m, stride_c, batch, CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+absl::Status Blas::AttentionScores(bf16* scores, const bf16* q, const bf16* k, int batch, int t,
+                                   int hs, cudaStream_t stream) {
+  // scores^T (T, T) = k [(HS, T) stored]^T-op x q^T (HS, T): element (j, i) = q_i . k_j.
+  const int64_t qk = static_cast<int64_t>(t) * hs;
+  return Batched(true, false, t, t, hs, k, qk, q, qk, scores, static_cast<int64_t>(t) * t, batch,
+                 stream);
+}
+
+absl::Status Blas::AttentionApply(bf16* y, const bf16* att, const bf16* v, int batch, int t,
+                                  int hs, cudaStream_t stream) {
+  // y^T (HS, T) = v^T (HS, T) x att^T (T, T).
+  const int64_t tv = static_cast<int64_t>(t) * hs;
+  return Batched(false, false, hs, t, t, v, tv, att, static_cast<int64_t>(t) * t, y, tv, batch,
+                 stream);
+}
+
+absl::Status Blas::AttentionApplyTransposed(bf16* dv, const bf16* att, const bf16* dy, int batch,
+                                            int t, int hs, cudaStream_t stream) {
+  // dv^T (HS, T) = dy^T (HS, T) x att (T, T).
+  const int64_t tv = static_cast<int64_t>(t) * hs;
+  return Batched(false, true, hs, t, t, dy, tv, att, static_cast<int64_t>(t) * t, dv, tv, batch,
+                 stream);
+}
+
+}  // namespace weft::engine::cuda

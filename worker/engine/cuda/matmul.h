@@ -1,0 +1,96 @@
+// The GEMMs of the GPU engine: cuBLASLt for the Linear layers (bf16 in, fp32 accumulation, the
+// bias fused into the epilogue) and cuBLAS strided-batched GEMMs for attention.
+//
+// Everything is row-major like the rest of the engine: a Linear layer's weight is (OC, C) and
+// out = inp @ weight^T + bias. cuBLAS is column-major, so each call below is the transposed
+// product (a row-major (R, K) matrix is a column-major (K, R) one); the comments give the
+// row-major meaning only.
+//
+// Plans (descriptors and the chosen algorithm) are cached per shape, so steady-state calls make
+// no heuristic queries. Not thread-safe: one Blas per compute stream's driving thread.
+#ifndef WEFT_WORKER_ENGINE_CUDA_MATMUL_H_
+#define WEFT_WORKER_ENGINE_CUDA_MATMUL_H_
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace weft::engine::cuda {
+
+using bf16 = __nv_bfloat16;
+
+struct BlasOptions {
+  // cuBLASLt workspace; 32 MiB is what cuBLAS recommends for Hopper.
+  size_t workspace_bytes = size_t{32} << 20;
+};
+
+class Blas {
+ public:
+  // Creates the handles and the workspace on the current device.
+  static absl::StatusOr<std::unique_ptr<Blas>> Create(const BlasOptions& options = {});
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  // out (N, OC) = inp (N, C) @ weight (OC, C)^T (+ bias (OC) when not null).
+  absl::Status LinearForward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
+                             int n, int c, int oc, cudaStream_t stream);
+  // dinp (N, C) = dout (N, OC) @ weight (OC, C)   (written, not accumulated)
+  absl::Status LinearBackwardInput(bf16* dinp, const bf16* dout, const bf16* weight, int n, int c,
+                                   int oc, cudaStream_t stream);
+  // dweight (OC, C) += dout (N, OC)^T @ inp (N, C)   (fp32 gradient, accumulated)
+  absl::Status LinearBackwardWeight(float* dweight, const bf16* dout, const bf16* inp, int n,
+                                    int c, int oc, cudaStream_t stream);
+
+  // Attention GEMMs over `batch` = B * NH independent heads; q, k, v, dy, dq, dk, dv are
+  // (batch, T, HS), att and datt (batch, T, T), all bf16 with fp32 accumulation. `alpha`
+  // scales the product; every output is written (=).
+  //   scores (batch, T, T) = q @ k^T
+  absl::Status AttentionScores(bf16* scores, const bf16* q, const bf16* k, int batch, int t,
+                               int hs, cudaStream_t stream);
+  //   y (batch, T, HS) = att @ v          (also dq = datt @ k)
+  absl::Status AttentionApply(bf16* y, const bf16* att, const bf16* v, int batch, int t, int hs,
+                              cudaStream_t stream);
+  //   dv (batch, T, HS) = att^T @ dy      (also dk = datt^T @ q)
+  absl::Status AttentionApplyTransposed(bf16* dv, const bf16* att, const bf16* dy, int batch,
+                                        int t, int hs, cudaStream_t stream);
+
+ private:
+  // A cached cuBLASLt plan for one problem shape.
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  // (trans_a, trans_b, m, n, k, d_is_fp32, with_bias, accumulate)
+  using PlanKey = std::tuple<bool, bool, int, int, int, bool, bool, bool>;
+
+  explicit Blas(const BlasOptions& options);
+  absl::StatusOr<Plan*> GetPlan(const PlanKey& key);
+  // Column-major D (m, n) = op(A) op(B) [+ bias (m)] [+ D when accumulate].
+  absl::Status LtMatmul(const PlanKey& key, void* d, const bf16* a, const bf16* b,
+                        const bf16* bias, cudaStream_t stream);
+  absl::Status Batched(bool trans_a, bool trans_b, int m, int n, int k, const bf16* a,
+                       int64_t stride_a, const bf16* b, int64_t stride_b, bf16* c,
+                       int64_t stride_c, int batch, cudaStream_t stream);
+
+  BlasOptions options_;
+  cublasLtHandle_t lt_ = nullptr;
+  cublasHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace weft::engine::cuda
+
+#endif  // WEFT_WORKER_ENGINE_CUDA_MATMUL_H_

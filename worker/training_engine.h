@@ -1,0 +1,96 @@
+// What a generation run needs of a training engine, whatever the device: the CPU ZeroEngine
+// (worker/zero.h, Gloo) and the GPU ZeroCudaEngine (worker/zero_cuda.h, NCCL) implement it.
+// Both shard units the same way and name checkpoint tensors the same way, so a checkpoint
+// written by one is read by the other, at any world size.
+#ifndef WEFT_WORKER_TRAINING_ENGINE_H_
+#define WEFT_WORKER_TRAINING_ENGINE_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/gpt.h"
+
+namespace weft::worker {
+
+struct StepTimings {
+  double step_ms = 0;
+  double forward_ms = 0;
+  double backward_ms = 0;
+  // Time compute waited for collectives (communication not hidden behind compute).
+  double exposed_comm_ms = 0;
+  double optimizer_ms = 0;
+};
+
+struct StepResult {
+  // Mean training loss over the global batch of the step.
+  float loss = 0;
+  // Global gradient norm before clipping.
+  float grad_norm = 0;
+  double learning_rate = 0;
+  StepTimings timings;
+};
+
+// Fills micro-batch `micro_step` of optimizer step `step` for this rank: inputs and targets,
+// each (B, T) int32.
+using BatchFn =
+    std::function<void(int64_t step, int micro_step, int32_t* inputs, int32_t* targets)>;
+
+// What one rank saves of one unit in a checkpoint: the elements [begin, end) of the unit's
+// global (unpadded) flat space, slice `rank` of `world` — whatever the stage, so that any world
+// size can read any checkpoint back by range.
+struct UnitSlice {
+  int unit = 0;
+  int64_t size = 0;  // elements in the whole unit
+  int64_t begin = 0;
+  int64_t end = 0;
+  std::vector<float> params, m, v;  // end - begin elements each
+};
+
+// Reads elements [begin, end) of the named checkpoint tensor into `out`.
+using RangeReader = std::function<absl::Status(const std::string& tensor, int64_t begin,
+                                               int64_t end, float* out)>;
+
+// Checkpoint tensor names: "u<unit>.params", "u<unit>.m", "u<unit>.v".
+std::string CheckpointTensorName(int unit, const char* what);
+
+class TrainingEngine {
+ public:
+  virtual ~TrainingEngine() = default;
+
+  // One optimizer step (grad_accum_steps micro-steps). `step` is 0-based and picks the
+  // learning rate and the batches. A failed collective returns its status (ABORTED after the
+  // communicator was aborted); the model state is then unspecified.
+  virtual absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) = 0;
+  // Mean loss over `batches` micro-batches per rank (forward only), averaged over ranks.
+  virtual absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) = 0;
+  // Every unit's full fp32 parameters (unpadded). Collective: all ranks must call it.
+  virtual absl::StatusOr<std::vector<std::vector<float>>> GatherParameters() = 0;
+  // A host copy of this rank's checkpoint slices (params, AdamW m and v). Local: no
+  // communication, so training can go on while the copy is uploaded.
+  virtual std::vector<UnitSlice> Snapshot() const = 0;
+  // Loads the state this rank owns from a checkpoint written at any world size. Local; on
+  // error the model state is unspecified (restore another checkpoint or start over).
+  virtual absl::Status Restore(const RangeReader& read) = 0;
+  // Bytes of parameters + gradients + optimizer state kept between steps.
+  virtual size_t StateBytes() const = 0;
+  // Bytes of transient working buffers and activations.
+  virtual size_t WorkingBytes() const = 0;
+
+  // GPU engines: device bytes the engine allocated, and the device's bytes in use overall
+  // (context and NCCL included). 0 on CPU.
+  virtual size_t EngineDeviceBytes() const { return 0; }
+  virtual size_t DeviceUsedBytes() const { return 0; }
+
+  virtual const engine::GptConfig& config() const = 0;
+  virtual int stage() const = 0;
+};
+
+}  // namespace weft::worker
+
+#endif  // WEFT_WORKER_TRAINING_ENGINE_H_

@@ -1,0 +1,511 @@
+#include "worker/zero_cuda.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "worker/engine/adamw.h"
+#include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/ops.h"
+#include "worker/engine/cuda/reduce.h"
+
+namespace weft::worker {
+namespace {
+
+using comm::DataType;
+namespace cuda = engine::cuda;
+
+// NCCL's channel buffers (a few hundred MiB on NVLink machines), cuBLAS's own handles and the
+// CUDA context's growth after creation: not allocated by the engine, but they must fit.
+constexpr size_t kReserveBytes = size_t{1} << 30;
+
+size_t PaddedSize(size_t size, int world) { return (size + world - 1) / world * world; }
+
+double GiB(size_t bytes) { return static_cast<double>(bytes) / (1u << 30); }
+
+}  // namespace
+
+GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, int world) {
+  const engine::GptConfig config = engine::ConfigFromSpec(spec.model());
+  GpuMemoryPlan plan;
+  size_t max_block = 0, max_shard = 0;
+  for (int u = 0; u < engine::NumUnits(config); ++u) {
+    const size_t padded = PaddedSize(engine::UnitSize(config, u), world);
+    const size_t shard = padded / world;
+    plan.state_bytes += shard * (4 * sizeof(float) + sizeof(__nv_bfloat16) + 1);
+    max_shard = std::max(max_shard, shard);
+    if (u > 0) max_block = std::max(max_block, padded);
+  }
+  const size_t head = PaddedSize(engine::UnitSize(config, 0), world);
+  const size_t unit_bytes = sizeof(__nv_bfloat16) + sizeof(float);  // gathered + gradient
+  plan.working_bytes = head * unit_bytes + 2 * max_block * unit_bytes +
+                       max_shard * sizeof(float) +
+                       cuda::SumOfSquaresScratchFloats(max_shard) * sizeof(float) + 4096;
+  plan.activation_bytes = cuda::GptCuda::PlanActivationBytes(
+      config, spec.training().micro_batch_size(), spec.training().sequence_length());
+  plan.reserve_bytes = kReserveBytes;
+  return plan;
+}
+
+std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan) {
+  return absl::StrFormat(
+      "%.2f GiB (parameter/optimizer shards %.2f, gathered units and gradients %.2f, "
+      "activations %.2f, NCCL and runtime reserve %.2f)",
+      GiB(plan.total()), GiB(plan.state_bytes), GiB(plan.working_bytes),
+      GiB(plan.activation_bytes), GiB(plan.reserve_bytes));
+}
+
+size_t ZeroCudaEngine::DeviceUsedBytes() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0;
+  return total_bytes - free_bytes;
+}
+
+// ---- timing events --------------------------------------------------------------------------
+
+ZeroCudaEngine::TimingEvents::~TimingEvents() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+}
+
+absl::StatusOr<cudaEvent_t> ZeroCudaEngine::TimingEvents::Next() {
+  if (used_ == events_.size()) {
+    cudaEvent_t e = nullptr;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  return events_[used_++];
+}
+
+absl::StatusOr<size_t> ZeroCudaEngine::Mark() {
+  WEFT_ASSIGN_OR_RETURN(cudaEvent_t e, timing_.Next());
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, compute_));
+  return timing_.used() - 1;
+}
+
+// ---- creation -------------------------------------------------------------------------------
+
+ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm)
+    : spec_(spec),
+      comm_(comm),
+      config_(engine::ConfigFromSpec(spec.model())),
+      world_(comm->world_size()),
+      rank_(comm->rank()),
+      batch_size_(spec.training().micro_batch_size()),
+      seq_len_(spec.training().sequence_length()) {}
+
+ZeroCudaEngine::~ZeroCudaEngine() {
+  if (compute_ != nullptr) cudaStreamSynchronize(compute_);
+  model_.reset();
+  for (void* p : allocations_) cudaFree(p);
+  if (host_stats_ != nullptr) cudaFreeHost(host_stats_);
+  for (cudaEvent_t e : {compute_ready_, head_gathered_, gathered_[0], gathered_[1],
+                        head_scattered_, scattered_[0], scattered_[1], comm_done_}) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  if (compute_ != nullptr) cudaStreamDestroy(compute_);
+}
+
+template <typename T>
+absl::StatusOr<T*> ZeroCudaEngine::Alloc(size_t count) {
+  void* p = nullptr;
+  const size_t bytes = std::max<size_t>(count, 1) * sizeof(T);
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cudaMalloc of ", bytes, " bytes failed: ", cudaGetErrorString(err)));
+  }
+  allocations_.push_back(p);
+  allocated_bytes_ += bytes;
+  return static_cast<T*>(p);
+}
+
+absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
+    const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm) {
+  if (spec.zero_stage() != 3) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "zero_stage: the CUDA engine implements ZeRO stage 3 only, got ", spec.zero_stage()));
+  }
+  const GpuMemoryPlan plan = PlanGpuMemory(spec, comm->world_size());
+  size_t free_bytes = 0, total_bytes = 0;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (plan.total() > free_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "GPU memory: the job needs %s per GPU at world size %d, micro_batch_size %d, "
+        "sequence_length %d, but %.2f GiB of %.2f GiB is free; lower "
+        "training.micro_batch_size or training.sequence_length, or run on more GPUs",
+        DescribeGpuMemoryPlan(plan), comm->world_size(), spec.training().micro_batch_size(),
+        spec.training().sequence_length(), GiB(free_bytes), GiB(total_bytes)));
+  }
+  std::unique_ptr<ZeroCudaEngine> engine(new ZeroCudaEngine(spec, comm));
+  engine->plan_ = plan;
+  WEFT_RETURN_IF_ERROR(engine->Initialize());
+  return engine;
+}
+
+absl::Status ZeroCudaEngine::Initialize() {
+  WEFT_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  for (cudaEvent_t* e : {&compute_ready_, &head_gathered_, &gathered_[0], &gathered_[1],
+                         &head_scattered_, &scattered_[0], &scattered_[1], &comm_done_}) {
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
+  WEFT_ASSIGN_OR_RETURN(model_,
+                        cuda::GptCuda::Create(config_, batch_size_, seq_len_, compute_));
+  const int num_units = engine::NumUnits(config_);
+  units_.resize(num_units);
+  size_t max_block = 0, max_shard = 0;
+  for (int u = 0; u < num_units; ++u) {
+    Unit& unit = units_[u];
+    unit.size = engine::UnitSize(config_, u);
+    unit.padded = PaddedSize(unit.size, world_);
+    unit.shard = unit.padded / world_;
+    max_shard = std::max(max_shard, unit.shard);
+    if (u > 0) max_block = std::max(max_block, unit.padded);
+    WEFT_ASSIGN_OR_RETURN(unit.params, Alloc<float>(unit.shard));
+    WEFT_ASSIGN_OR_RETURN(unit.m, Alloc<float>(unit.shard));
+    WEFT_ASSIGN_OR_RETURN(unit.v, Alloc<float>(unit.shard));
+    WEFT_ASSIGN_OR_RETURN(unit.grads, Alloc<float>(unit.shard));
+    WEFT_ASSIGN_OR_RETURN(unit.params_bf16, Alloc<bf16>(unit.shard));
+    WEFT_ASSIGN_OR_RETURN(unit.decay_mask, Alloc<uint8_t>(unit.shard));
+    // Every rank initialises the whole unit and keeps its shard: the model is the same for any
+    // world size (and the same as the CPU engine's).
+    std::vector<float> full(unit.padded, 0.0f);
+    std::vector<uint8_t> mask(unit.padded, 0);
+    engine::InitUnit(config_, u, spec_.training().seed(), full.data());
+    engine::UnitDecayMask(config_, u, mask.data());
+    const size_t begin = static_cast<size_t>(rank_) * unit.shard;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.params, full.data() + begin,
+                                         unit.shard * sizeof(float), cudaMemcpyHostToDevice));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.decay_mask, mask.data() + begin, unit.shard,
+                                         cudaMemcpyHostToDevice));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.m, 0, unit.shard * sizeof(float), compute_));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.v, 0, unit.shard * sizeof(float), compute_));
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(unit.grads, 0, unit.shard * sizeof(float), compute_));
+    WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, unit.shard, compute_));
+  }
+  WEFT_ASSIGN_OR_RETURN(head_work_, Alloc<bf16>(units_[0].padded));
+  WEFT_ASSIGN_OR_RETURN(head_grad_, Alloc<float>(units_[0].padded));
+  for (int i = 0; i < 2; ++i) {
+    WEFT_ASSIGN_OR_RETURN(block_work_[i], Alloc<bf16>(max_block));
+    WEFT_ASSIGN_OR_RETURN(block_grad_[i], Alloc<float>(max_block));
+  }
+  WEFT_ASSIGN_OR_RETURN(scatter_tmp_, Alloc<float>(max_shard));
+  WEFT_ASSIGN_OR_RETURN(norm_scratch_,
+                        Alloc<float>(cuda::SumOfSquaresScratchFloats(max_shard)));
+  WEFT_ASSIGN_OR_RETURN(stats_, Alloc<float>(2));
+  WEFT_ASSIGN_OR_RETURN(grad_scale_, Alloc<float>(1));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&host_stats_), 2 * sizeof(float)));
+  // Padding elements of the gradient units are never written by the model; zero them once
+  // (block buffers are re-zeroed per use anyway).
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(head_grad_, 0, units_[0].padded * sizeof(float), compute_));
+  inputs_.resize(static_cast<size_t>(batch_size_) * seq_len_);
+  targets_.resize(inputs_.size());
+  return SyncCompute();
+}
+
+// ---- stream ordering ------------------------------------------------------------------------
+
+absl::Status ZeroCudaEngine::CommWaitsCompute() {
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_ready_, compute_));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(comm_->stream(), compute_ready_, 0));
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::ComputeWaits(cudaEvent_t event) {
+  WEFT_ASSIGN_OR_RETURN(size_t begin, Mark());
+  WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, event, 0));
+  WEFT_ASSIGN_OR_RETURN(size_t end, Mark());
+  waits_.emplace_back(begin, end);
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::CheckWork(const std::shared_ptr<comm::Work>& work) {
+  // Device-buffer collectives complete asynchronously; only an op refused at once (bad
+  // arguments, a communicator already broken) is complete here, and then carries its error.
+  if (work->IsCompleted()) return work->Wait();
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::SyncCompute() {
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, compute_));
+  return comm_->WaitEvent(comm_done_);
+}
+
+absl::Status ZeroCudaEngine::Gather(int unit, bf16* dst) {
+  const Unit& u = units_[unit];
+  return CheckWork(comm_->AllGather(u.params_bf16, dst, u.shard, DataType::kBFloat16));
+}
+
+absl::Status ZeroCudaEngine::ReduceScatterGrad(int unit, float* full, bool accumulate) {
+  Unit& u = units_[unit];
+  if (!accumulate) {
+    return CheckWork(comm_->ReduceScatter(full, u.grads, u.shard, DataType::kFloat32));
+  }
+  WEFT_RETURN_IF_ERROR(
+      CheckWork(comm_->ReduceScatter(full, scatter_tmp_, u.shard, DataType::kFloat32)));
+  // On the comm stream, right behind the reduce-scatter: the next one reuses scatter_tmp_.
+  return cuda::AccumulateInto(u.grads, scatter_tmp_, u.shard, comm_->stream());
+}
+
+// ---- one micro-batch ------------------------------------------------------------------------
+
+absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
+                                       bool backward, float grad_scale, bool first_micro_step) {
+  const int layers = config_.num_layers;
+  cudaStream_t comm_stream = comm_->stream();
+  std::array<size_t, 3> phase{};
+  WEFT_ASSIGN_OR_RETURN(phase[0], Mark());
+  WEFT_RETURN_IF_ERROR(model_->SetBatch(batch_size_, seq_len_, inputs, targets));
+
+  // The head stays gathered for the whole micro-step; block 0 goes into slot 0.
+  WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+  WEFT_RETURN_IF_ERROR(Gather(0, head_work_));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
+  WEFT_RETURN_IF_ERROR(Gather(1, block_work_[0]));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[0], comm_stream));
+  WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_));
+  WEFT_RETURN_IF_ERROR(model_->EncoderForward(head_work_));
+  for (int l = 0; l < layers; ++l) {
+    const int slot = l % 2;
+    if (l + 1 < layers) {
+      // Slot (l+1)%2 held block l-1, whose forward is enqueued: comm waits for it, then
+      // fetches block l+1 while block l computes.
+      WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+      WEFT_RETURN_IF_ERROR(Gather(2 + l, block_work_[(l + 1) % 2]));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[(l + 1) % 2], comm_stream));
+    }
+    WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot]));
+    WEFT_RETURN_IF_ERROR(model_->BlockForward(l, block_work_[slot]));
+  }
+  if (backward) {
+    if (scatter_pending_[2]) WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(head_grad_, 0, units_[0].padded * sizeof(float), compute_));
+  }
+  WEFT_RETURN_IF_ERROR(
+      model_->Classifier(head_work_, grad_scale, backward ? head_grad_ : nullptr));
+  WEFT_RETURN_IF_ERROR(cuda::SumInto(&stats_[1], model_->Losses(),
+                                     static_cast<size_t>(batch_size_) * seq_len_, compute_));
+  WEFT_ASSIGN_OR_RETURN(phase[1], Mark());
+  if (!backward) {
+    phase[2] = phase[1];
+    phases_.push_back(phase);
+    return absl::OkStatus();
+  }
+
+  for (int l = layers - 1; l >= 0; --l) {
+    const int slot = l % 2;
+    if (l >= 1) {
+      // Slot (l-1)%2 last held block l+1 (backward) or block l-1 (forward, for l = L-1).
+      WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+      WEFT_RETURN_IF_ERROR(Gather(l, block_work_[(l - 1) % 2]));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[(l - 1) % 2], comm_stream));
+    }
+    // Block L-1's parameters are still in place from the forward.
+    if (l < layers - 1) WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot]));
+    // The gradient buffer of this slot was last reduce-scattered for block l+2.
+    if (scatter_pending_[slot]) WEFT_RETURN_IF_ERROR(ComputeWaits(scattered_[slot]));
+    const size_t block_padded = units_[1 + l].padded;
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(block_grad_[slot], 0, block_padded * sizeof(float), compute_));
+    WEFT_RETURN_IF_ERROR(model_->BlockBackward(l, block_work_[slot], block_grad_[slot]));
+    WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+    WEFT_RETURN_IF_ERROR(ReduceScatterGrad(1 + l, block_grad_[slot], !first_micro_step));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(scattered_[slot], comm_stream));
+    scatter_pending_[slot] = true;
+  }
+  WEFT_RETURN_IF_ERROR(model_->EncoderBackward(head_grad_));
+  WEFT_ASSIGN_OR_RETURN(phase[2], Mark());
+  phases_.push_back(phase);
+  WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+  WEFT_RETURN_IF_ERROR(ReduceScatterGrad(0, head_grad_, !first_micro_step));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
+  scatter_pending_[2] = true;
+  return absl::OkStatus();
+}
+
+// ---- optimizer step -------------------------------------------------------------------------
+
+absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn& batch) {
+  const auto wall_start = std::chrono::steady_clock::now();
+  timing_.Reset();
+  waits_.clear();
+  phases_.clear();
+  StepResult result;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats_, 0, 2 * sizeof(float), compute_));
+  const int accum = spec_.training().grad_accum_steps();
+  const size_t positions = static_cast<size_t>(batch_size_) * seq_len_;
+  // Each rank's backward is of (1 / (world * accum * B * T)) * its summed losses: the
+  // reduce-scattered sum is then the gradient of the global mean loss.
+  const float grad_scale = 1.0f / static_cast<float>(static_cast<double>(world_) * accum *
+                                                     static_cast<double>(positions));
+  for (int micro = 0; micro < accum; ++micro) {
+    batch(step, micro, inputs_.data(), targets_.data());
+    WEFT_RETURN_IF_ERROR(
+        MicroStep(inputs_.data(), targets_.data(), true, grad_scale, micro == 0));
+  }
+  // The optimizer needs every reduce-scatter (and accumulation) done.
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
+  WEFT_RETURN_IF_ERROR(ComputeWaits(comm_done_));
+  scatter_pending_[0] = scatter_pending_[1] = scatter_pending_[2] = false;
+  WEFT_ASSIGN_OR_RETURN(const size_t opt_begin, Mark());
+  for (const Unit& u : units_) {
+    WEFT_RETURN_IF_ERROR(cuda::SumOfSquares(&stats_[0], u.grads, u.shard, norm_scratch_,
+                                            compute_));
+  }
+  // One all-reduce of [sum of squares, loss sum].
+  WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+  WEFT_RETURN_IF_ERROR(CheckWork(comm_->AllReduce(stats_, 2, DataType::kFloat32)));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
+  WEFT_RETURN_IF_ERROR(ComputeWaits(comm_done_));
+  const auto& opt = spec_.optimizer();
+  WEFT_RETURN_IF_ERROR(cuda::ClipScale(grad_scale_, &stats_[0],
+                                       static_cast<float>(opt.grad_clip_norm()), compute_));
+  result.learning_rate = engine::LearningRate(spec_, step);
+  const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
+  for (Unit& u : units_) {
+    WEFT_RETURN_IF_ERROR(cuda::AdamWUpdateBf16(u.params, u.params_bf16, u.grads, u.m, u.v,
+                                               u.decay_mask, u.shard, adamw, step + 1,
+                                               grad_scale_, compute_));
+  }
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
+                                            cudaMemcpyDeviceToHost, compute_));
+  WEFT_ASSIGN_OR_RETURN(const size_t opt_end, Mark());
+  WEFT_RETURN_IF_ERROR(comm_->WaitEvent(timing_.at(opt_end)));
+
+  result.loss = static_cast<float>(host_stats_[1] /
+                                   (static_cast<double>(world_) * accum * positions));
+  result.grad_norm = std::sqrt(std::max(0.0f, host_stats_[0]));
+  const auto elapsed = [&](size_t a, size_t b) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, timing_.at(a), timing_.at(b));
+    return static_cast<double>(ms);
+  };
+  double exposed_forward = 0, exposed_backward = 0, exposed_total = 0;
+  for (const auto& [begin, end] : waits_) {
+    const double ms = elapsed(begin, end);
+    exposed_total += ms;
+    for (const auto& phase : phases_) {
+      if (begin >= phase[0] && end <= phase[1]) exposed_forward += ms;
+      if (begin >= phase[1] && end <= phase[2]) exposed_backward += ms;
+    }
+  }
+  for (const auto& phase : phases_) {
+    result.timings.forward_ms += elapsed(phase[0], phase[1]);
+    result.timings.backward_ms += elapsed(phase[1], phase[2]);
+  }
+  result.timings.forward_ms -= exposed_forward;
+  result.timings.backward_ms -= exposed_backward;
+  result.timings.optimizer_ms = elapsed(opt_begin, opt_end);
+  result.timings.exposed_comm_ms = exposed_total;
+  result.timings.step_ms = std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - wall_start)
+                               .count();
+  return result;
+}
+
+absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch) {
+  timing_.Reset();
+  waits_.clear();
+  phases_.clear();
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats_, 0, 2 * sizeof(float), compute_));
+  for (int i = 0; i < batches; ++i) {
+    batch(0, i, inputs_.data(), targets_.data());
+    WEFT_RETURN_IF_ERROR(MicroStep(inputs_.data(), targets_.data(), false, 1.0f, true));
+  }
+  WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+  WEFT_RETURN_IF_ERROR(CheckWork(comm_->AllReduce(stats_, 2, DataType::kFloat32)));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
+  WEFT_RETURN_IF_ERROR(ComputeWaits(comm_done_));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
+                                            cudaMemcpyDeviceToHost, compute_));
+  WEFT_RETURN_IF_ERROR(SyncCompute());
+  const double positions = static_cast<double>(batch_size_) * seq_len_;
+  return static_cast<float>(host_stats_[1] / (world_ * std::max(1, batches) * positions));
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> ZeroCudaEngine::GatherParameters() {
+  size_t max_padded = 0;
+  for (const Unit& u : units_) max_padded = std::max(max_padded, u.padded);
+  float* full = nullptr;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&full), max_padded * sizeof(float)));
+  std::vector<std::vector<float>> out(units_.size());
+  absl::Status status;
+  for (size_t u = 0; u < units_.size() && status.ok(); ++u) {
+    const Unit& unit = units_[u];
+    status = CommWaitsCompute();
+    if (status.ok()) {
+      status = CheckWork(comm_->AllGather(unit.params, full, unit.shard, DataType::kFloat32));
+    }
+    if (status.ok()) {
+      status = engine::cuda::CudaStatus(cudaEventRecord(comm_done_, comm_->stream()),
+                                        "cudaEventRecord");
+    }
+    if (status.ok()) status = comm_->WaitEvent(comm_done_);
+    if (status.ok()) {
+      out[u].resize(unit.size);
+      status = engine::cuda::CudaStatus(
+          cudaMemcpy(out[u].data(), full, unit.size * sizeof(float), cudaMemcpyDeviceToHost),
+          "cudaMemcpy of gathered parameters");
+    }
+  }
+  cudaFree(full);
+  if (!status.ok()) return status;
+  return out;
+}
+
+std::vector<UnitSlice> ZeroCudaEngine::Snapshot() const {
+  // Called between steps: TrainStep returned only after the optimizer finished.
+  std::vector<UnitSlice> slices;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = units_[u];
+    UnitSlice slice;
+    slice.unit = static_cast<int>(u);
+    slice.size = static_cast<int64_t>(unit.size);
+    slice.begin = std::min<int64_t>(static_cast<int64_t>(rank_ * unit.shard), slice.size);
+    slice.end = std::min<int64_t>(static_cast<int64_t>((rank_ + 1) * unit.shard), slice.size);
+    const size_t n = static_cast<size_t>(slice.end - slice.begin);
+    slice.params.resize(n);
+    slice.m.resize(n);
+    slice.v.resize(n);
+    if (n > 0) {
+      CUDA_CHECK(cudaMemcpy(slice.params.data(), unit.params, n * sizeof(float),
+                            cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(slice.m.data(), unit.m, n * sizeof(float), cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(slice.v.data(), unit.v, n * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    slices.push_back(std::move(slice));
+  }
+  return slices;
+}
+
+absl::Status ZeroCudaEngine::Restore(const RangeReader& read) {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    const int index = static_cast<int>(u);
+    const int64_t size = static_cast<int64_t>(unit.size);
+    const int64_t begin = std::min<int64_t>(static_cast<int64_t>(rank_ * unit.shard), size);
+    const int64_t end = std::min<int64_t>(static_cast<int64_t>((rank_ + 1) * unit.shard), size);
+    std::vector<float> params(unit.shard, 0.0f), m(unit.shard, 0.0f), v(unit.shard, 0.0f);
+    if (end > begin) {
+      WEFT_RETURN_IF_ERROR(read(CheckpointTensorName(index, "params"), begin, end, params.data()));
+      WEFT_RETURN_IF_ERROR(read(CheckpointTensorName(index, "m"), begin, end, m.data()));
+      WEFT_RETURN_IF_ERROR(read(CheckpointTensorName(index, "v"), begin, end, v.data()));
+    }
+    const size_t bytes = unit.shard * sizeof(float);
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.params, params.data(), bytes, cudaMemcpyHostToDevice));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.m, m.data(), bytes, cudaMemcpyHostToDevice));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.v, v.data(), bytes, cudaMemcpyHostToDevice));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, bytes, compute_));
+    WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, unit.shard, compute_));
+  }
+  return SyncCompute();
+}
+
+}  // namespace weft::worker

@@ -1,0 +1,166 @@
+// ZeRO-3 data parallelism on GPUs: the CUDA twin of ZeroEngine (worker/zero.h), over NCCL.
+//
+// Units and shards are the CPU engine's (engine/gpt.h units, padded to a multiple of the world,
+// rank r owns shard r), so checkpoints move freely between the two engines and world sizes.
+// Each rank keeps, for its shards only: fp32 master parameters, AdamW m and v, the fp32
+// gradient, and a bf16 copy of the parameters (what the all-gathers send).
+//
+// Two streams, ordered by CUDA events only — the host never waits inside a step:
+//   compute: the model's kernels and GEMMs, the optimizer;
+//   comm:    the communicator's stream (NCCL all-gathers, reduce-scatters, the step's
+//            all-reduce), plus the gradient accumulation of micro-steps after the first.
+// Forward: block l+1's bf16 parameters are all-gathered into the other of two working
+// buffers while block l computes. Backward: the last block's parameters are still in place;
+// block l-1 is gathered while block l computes its backward, and block l's gradient is
+// reduce-scattered (fp32) while block l-1 computes. The head (embeddings, final LayerNorm,
+// tied LM head) stays gathered for the whole micro-step; its gradient is reduce-scattered
+// after the encoder backward.
+// The host synchronises once per step (after the optimizer), through
+// CudaCommunicator::WaitEvent, so an abort or a dead peer ends the wait.
+//
+// Exposed communication is measured on the GPU: timing events around every point where the
+// compute stream waits for the comm stream; their sum is the time compute stood still.
+#ifndef WEFT_WORKER_ZERO_CUDA_H_
+#define WEFT_WORKER_ZERO_CUDA_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/comm/nccl_communicator.h"
+#include "worker/engine/cuda/gpt_cuda.h"
+#include "worker/training_engine.h"
+#include "weft/v1/job.pb.h"
+
+namespace weft::worker {
+
+// Device memory a rank of a GPU job needs, decided before anything is allocated.
+struct GpuMemoryPlan {
+  size_t state_bytes = 0;       // shards: fp32 params, m, v, grads; bf16 params; decay mask
+  size_t working_bytes = 0;     // gathered bf16 units, full fp32 gradient units, scratch
+  size_t activation_bytes = 0;  // GptCuda's activations and scratch, cuBLAS workspace
+  size_t reserve_bytes = 0;     // NCCL buffers, CUDA context growth, allocator slack
+  size_t total() const { return state_bytes + working_bytes + activation_bytes + reserve_bytes; }
+};
+GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, int world_size);
+// "needs 9.1 GiB (state 1.5, working 0.6, activations 6.0, reserve 1.0)".
+std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan);
+
+class ZeroCudaEngine : public TrainingEngine {
+ public:
+  // The model of `spec` on the communicator's device (current device must be it), sharded
+  // over `comm` (not owned). Checks the memory plan against the device's free memory first:
+  // RESOURCE_EXHAUSTED with the numbers when it does not fit. FAILED_PRECONDITION for a stage
+  // other than 3 (the only one this engine implements).
+  static absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> Create(const weft::v1::JobSpec& spec,
+                                                               comm::CudaCommunicator* comm);
+  ~ZeroCudaEngine() override;
+
+  absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) override;
+  absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) override;
+  absl::StatusOr<std::vector<std::vector<float>>> GatherParameters() override;
+  std::vector<UnitSlice> Snapshot() const override;
+  absl::Status Restore(const RangeReader& read) override;
+  size_t StateBytes() const override { return plan_.state_bytes; }
+  size_t WorkingBytes() const override {
+    return plan_.working_bytes + plan_.activation_bytes;
+  }
+  const engine::GptConfig& config() const override { return config_; }
+  int stage() const override { return 3; }
+
+  // Everything the engine allocates is allocated at creation, so this is also its peak.
+  size_t EngineDeviceBytes() const override {
+    return allocated_bytes_ + model_->ActivationBytes() + model_->BlasWorkspaceBytes();
+  }
+  size_t DeviceUsedBytes() const override;
+
+ private:
+  using bf16 = __nv_bfloat16;
+  struct Unit {
+    size_t size = 0, padded = 0, shard = 0;
+    float* params = nullptr;  // (shard) fp32 master
+    float* m = nullptr;
+    float* v = nullptr;
+    float* grads = nullptr;
+    bf16* params_bf16 = nullptr;
+    uint8_t* decay_mask = nullptr;
+  };
+
+  ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm);
+  absl::Status Initialize();
+  template <typename T>
+  absl::StatusOr<T*> Alloc(size_t count);
+
+  // Comm waits for everything enqueued on the compute stream so far.
+  absl::Status CommWaitsCompute();
+  absl::Status Gather(int unit, bf16* dst);
+  absl::Status ReduceScatterGrad(int unit, float* full, bool accumulate);
+  // One micro-batch through the model; with `backward`, gradients reach the shards.
+  absl::Status MicroStep(const int32_t* inputs, const int32_t* targets, bool backward,
+                         float grad_scale, bool first_micro_step);
+  // Waits for the compute stream's work so far (host), through the communicator.
+  absl::Status SyncCompute();
+
+  const weft::v1::JobSpec spec_;
+  comm::CudaCommunicator* comm_;
+  const engine::GptConfig config_;
+  const int world_, rank_, batch_size_, seq_len_;
+  GpuMemoryPlan plan_;
+  cudaStream_t compute_ = nullptr;
+  std::unique_ptr<engine::cuda::GptCuda> model_;
+  std::vector<Unit> units_;
+  std::vector<void*> allocations_;
+  size_t allocated_bytes_ = 0;
+
+  bf16* head_work_ = nullptr;
+  bf16* block_work_[2] = {nullptr, nullptr};
+  float* head_grad_ = nullptr;
+  float* block_grad_[2] = {nullptr, nullptr};
+  float* scatter_tmp_ = nullptr;   // (max shard) for accumulating micro-steps
+  float* stats_ = nullptr;         // device [sum of squares, loss sum]
+  float* grad_scale_ = nullptr;    // device scalar
+  float* norm_scratch_ = nullptr;
+  float* host_stats_ = nullptr;    // pinned [2]
+  std::vector<int32_t> inputs_, targets_;
+
+  // Ordering events (no timing). One compute->comm event serves every "comm waits for all
+  // compute so far"; comm->compute waits are per buffer so compute never waits for more than
+  // the transfer it needs.
+  cudaEvent_t compute_ready_ = nullptr;
+  cudaEvent_t head_gathered_ = nullptr, gathered_[2] = {nullptr, nullptr};
+  cudaEvent_t head_scattered_ = nullptr, scattered_[2] = {nullptr, nullptr};
+  cudaEvent_t comm_done_ = nullptr;
+  bool scatter_pending_[3] = {false, false, false};  // block slots 0, 1; head
+  // Timing events, recycled every step: pairs around compute-stream waits (exposed
+  // communication) and the phase marks.
+  class TimingEvents {
+   public:
+    ~TimingEvents();
+    absl::StatusOr<cudaEvent_t> Next();
+    void Reset() { used_ = 0; }
+    cudaEvent_t at(size_t i) const { return events_[i]; }
+    size_t used() const { return used_; }
+
+   private:
+    std::vector<cudaEvent_t> events_;
+    size_t used_ = 0;
+  };
+  TimingEvents timing_;
+  std::vector<std::pair<size_t, size_t>> waits_;        // indices into timing_
+  std::vector<std::array<size_t, 3>> phases_;           // begin, forward end, backward end
+  absl::StatusOr<size_t> Mark();                        // records a timing event on compute
+  absl::Status ComputeWaits(cudaEvent_t event);          // timed wait of compute on `event`
+  absl::Status CheckWork(const std::shared_ptr<comm::Work>& work);
+};
+
+}  // namespace weft::worker
+
+#endif  // WEFT_WORKER_ZERO_CUDA_H_
