@@ -37,17 +37,29 @@ wait_for_file() {
   return 1
 }
 
-"$BIN/weft-coordinator" --listen=127.0.0.1:0 --port-file="$WORK/coordinator.port" \
-  --data-dir="$WORK/coordinator" --metrics-address=none >"$WORK/coordinator.log" 2>&1 &
-PIDS+=($!)
-wait_for_file "$WORK/coordinator.port"
-export WEFT_COORDINATOR="127.0.0.1:$(cat "$WORK/coordinator.port")"
+# A fresh coordinator per job: workers stopped for the previous job would otherwise still be
+# registered (idle until their heartbeat deadline) and could be handed the next job.
+start_coordinator() {
+  rm -f "$WORK/coordinator.port"
+  "$BIN/weft-coordinator" --listen=127.0.0.1:0 --port-file="$WORK/coordinator.port" \
+    --data-dir="$WORK/coordinator-$1" --metrics-address=none >"$WORK/coordinator-$1.log" 2>&1 &
+  COORDINATOR_PID=$!
+  PIDS+=($!)
+  wait_for_file "$WORK/coordinator.port"
+  export WEFT_COORDINATOR="127.0.0.1:$(cat "$WORK/coordinator.port")"
+}
+stop_coordinator() {
+  kill "$COORDINATOR_PID" 2>/dev/null || true
+  wait "$COORDINATOR_PID" 2>/dev/null || true
+}
 
 # start_workers KIND COUNT: starts COUNT workers (cuda:0.. or cpu:0..), sets WORKER_PIDS.
 start_workers() {
   WORKER_PIDS=()
   for ((i = 0; i < $2; i++)); do
+    # CPU workers get 8 BLAS threads so the reference curve finishes inside a device call.
     "$BIN/weft-worker" --device="$1:$i" --checkpointd=none --metrics-address=none \
+      $([[ $1 == cpu ]] && echo --blas-threads=8) \
       --output-dir="$WORK/models" --worker-id="bench-$1$i-$RANDOM" \
       >"$WORK/worker-$1$i-$RANDOM.log" 2>&1 &
     WORKER_PIDS+=($!)
@@ -89,9 +101,11 @@ case "$mode" in
 throughput)
   for g in $COUNTS; do
     spec "gpt2-124m-g$g" CUDA "$g" 12 768 12 50304 1024 16 60 6e-4 >"$WORK/g$g.pb.txt"
+    start_coordinator "g$g"
     start_workers cuda "$g"
     run_job "$WORK/g$g.pb.txt" "$WORK/g$g.jsonl"
     stop_workers
+    stop_coordinator
     python3 - "$WORK/g$g.jsonl" "$g" <<'PY'
 import json, sys
 from datetime import datetime
@@ -134,9 +148,14 @@ curve)
   spec curve-g1 CUDA 1 4 128 4 256 128 16 $steps 3e-3 >"$WORK/c1.pb.txt"
   spec curve-g2 CUDA 2 4 128 4 256 128 8 $steps 3e-3 >"$WORK/c2.pb.txt"
   spec curve-cpu CPU 1 4 128 4 256 128 16 $steps 3e-3 >"$WORK/cc.pb.txt"
-  start_workers cuda 1; run_job "$WORK/c1.pb.txt" "$WORK/c1.jsonl"; stop_workers
-  start_workers cuda 2; run_job "$WORK/c2.pb.txt" "$WORK/c2.jsonl"; stop_workers
-  start_workers cpu 1; run_job "$WORK/cc.pb.txt" "$WORK/cc.jsonl"; stop_workers
+  for run in "c1 cuda 1" "c2 cuda 2" "cc cpu 1"; do
+    set -- $run
+    start_coordinator "$1"
+    start_workers "$2" "$3"
+    run_job "$WORK/$1.pb.txt" "$WORK/$1.jsonl"
+    stop_workers
+    stop_coordinator
+  done
   python3 - "$WORK/c1.jsonl" "$WORK/c2.jsonl" "$WORK/cc.jsonl" $steps <<'PY'
 import json, sys
 def losses(path):

@@ -2,8 +2,14 @@
 // memory. Forward and backward run on the tensor cores (mma.sync m16n8k16, bf16 inputs, fp32
 // accumulation) over shared-memory tiles; the softmax is computed online in fp32.
 //
-// Layout: q, k, v, y and their gradients are (B, NH, T, HS) bf16, one head = one (T, HS)
-// row-major matrix; lse is fp32 (B * NH * T). scale = 1 / sqrt(HS).
+// Layout: the model's own, no head permutation anywhere. q, k, v are read straight from the
+// qkv projection's output (B, T, 3C), rows [q | k | v], head h owning channels
+// [h * HS, (h + 1) * HS) of each C block (as AttentionSplitHeads): element (b, h, t, d) of q is
+// qkv[(b * T + t) * 3C + h * HS + d], k at + C, v at + 2C. dq, dk, dv are written at the same
+// places of dqkv (B, T, 3C). y and dy are (B, T, C): element (b, h, t, d) at
+// (b * T + t) * C + h * HS + d. So one head is a (T, HS) matrix with row stride 3C or C
+// (C = NH * HS); with HS and C multiples of 8 every row starts 16-byte aligned. lse is fp32
+// (B * NH * T) in (b, h, t) order. scale = 1 / sqrt(HS).
 //
 // Work split (4 warps per block, each warp owns 16 rows of the block's 64-row tile):
 //  - forward: a block per (head, 64-query tile); it walks the key tiles up to the diagonal,
@@ -114,17 +120,36 @@ __device__ inline uint32_t PackBf16(float lo, float hi) {
 
 // ---- tile helpers (all threads of the block call them) ----
 
-// Rows [row0, row0 + kRows) of one head's (T, kHs) matrix -> shared (kRows, kStride). Rows at
-// or past t are zero-filled, so a ragged last tile multiplies as zeros (never NaN garbage).
+// Where the head of block blockIdx.x = b * NH + h starts in each layout (elements).
+struct HeadBase {
+  size_t qkv;   // q's (t = 0, d = 0) in (B, T, 3C); k at + C, v at + 2C
+  size_t rows;  // (t = 0, d = 0) in (B, T, C)
+  size_t lse;   // row t = 0 in (B * NH * T)
+};
+
+template <int kHs>
+__device__ inline HeadBase HeadOffsets(int nh, int t) {
+  const int bi = blockIdx.x / nh;
+  const int hi = blockIdx.x % nh;
+  const size_t c = static_cast<size_t>(nh) * kHs;
+  const size_t bt0 = static_cast<size_t>(bi) * t;  // row b * T + 0
+  return {bt0 * 3 * c + static_cast<size_t>(hi) * kHs, bt0 * c + static_cast<size_t>(hi) * kHs,
+          static_cast<size_t>(blockIdx.x) * t};
+}
+
+// Rows [row0, row0 + kRows) of one head's (T, kHs) matrix, row stride ld elements (3C or C),
+// -> shared (kRows, kStride). Rows at or past t are zero-filled, so a ragged last tile
+// multiplies as zeros (never NaN garbage).
 template <int kHs, int kRows>
-__device__ inline void LoadTile(bf16* dst, const bf16* __restrict__ src, int row0, int t) {
+__device__ inline void LoadTile(bf16* dst, const bf16* __restrict__ src, int row0, int t,
+                                int ld) {
   constexpr int kChunks = kHs / internal::kVec;  // 16-byte chunks per row
   for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
     const int r = i / kChunks;
     const int col = (i % kChunks) * internal::kVec;
     bf16* d = dst + r * Tiles<kHs>::kStride + col;
     if (row0 + r < t) {
-      CpAsync16(d, src + static_cast<size_t>(row0 + r) * kHs + col);
+      CpAsync16(d, src + static_cast<size_t>(row0 + r) * ld + col);
     } else {
       *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
     }
@@ -183,15 +208,15 @@ __device__ inline void MmaPB(float (&acc)[kHs / 8][4], const float (&p)[kK / 8][
 }
 
 // Stores a warp's (16, kHs) accumulator times `mul[h]` (h = row half) to rows row_lo and
-// row_lo + 8 of a (T, kHs) matrix, skipping rows at or past t.
+// row_lo + 8 of a (T, kHs) matrix with row stride ld elements, skipping rows at or past t.
 template <int kHs>
 __device__ inline void StoreRows(bf16* __restrict__ out, const float (&acc)[kHs / 8][4],
-                                 const float (&mul)[2], int row_lo, int t, int lane) {
+                                 const float (&mul)[2], int row_lo, int t, int ld, int lane) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row_lo + 8 * h;
     if (row >= t) continue;
-    bf16* dst = out + static_cast<size_t>(row) * kHs + 2 * (lane % 4);
+    bf16* dst = out + static_cast<size_t>(row) * ld + 2 * (lane % 4);
 #pragma unroll
     for (int nt = 0; nt < kHs / 8; ++nt) {
       *reinterpret_cast<__nv_bfloat162*>(dst + nt * 8) =
@@ -207,12 +232,10 @@ __device__ inline void StoreRows(bf16* __restrict__ out, const float (&acc)[kHs 
 
 template <int kHs>
 __global__ void __launch_bounds__(kThreads)
-    FlashForwardKernel(bf16* __restrict__ y,          // (B, NH, T, HS)
-                       float* __restrict__ lse,       // (B * NH * T)
-                       const bf16* __restrict__ q,    // (B, NH, T, HS)
-                       const bf16* __restrict__ k,    // (B, NH, T, HS)
-                       const bf16* __restrict__ v,    // (B, NH, T, HS)
-                       int t, float scale_log2) {
+    FlashForwardKernel(bf16* __restrict__ y,            // (B, T, C)
+                       float* __restrict__ lse,         // (B * NH * T)
+                       const bf16* __restrict__ qkv,    // (B, T, 3C)
+                       int t, int nh, float scale_log2) {
   constexpr int kStride = Tiles<kHs>::kStride;
   constexpr int kBk = Tiles<kHs>::kWalk;  // keys per step
   extern __shared__ __align__(16) unsigned char smem[];
@@ -221,19 +244,22 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sv = sk + 2 * kBk * kStride;         // 2 x (kBk, kStride)
   const int warp = threadIdx.x / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
-  const size_t head = static_cast<size_t>(blockIdx.x) * t;  // first row of this head
-  q += head * kHs;
-  k += head * kHs;
-  v += head * kHs;
-  y += head * kHs;
-  lse += head;
+  const int c = nh * kHs;
+  const int ld_qkv = 3 * c;  // row strides
+  const int ld_y = c;
+  const HeadBase base = HeadOffsets<kHs>(nh, t);
+  const bf16* q = qkv + base.qkv;
+  const bf16* k = q + c;
+  const bf16* v = q + 2 * c;
+  y += base.rows;
+  lse += base.lse;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
   const int warp_row = q0 + warp * kWarpRows;  // the warp's first query
   const int row_lo = warp_row + lane / 4;      // this lane's rows: row_lo, row_lo + 8
 
-  LoadTile<kHs, kTile>(sq, q, q0, t);
-  LoadTile<kHs, kBk>(sk, k, 0, t);
-  LoadTile<kHs, kBk>(sv, v, 0, t);
+  LoadTile<kHs, kTile>(sq, q, q0, t, ld_qkv);
+  LoadTile<kHs, kBk>(sk, k, 0, t, ld_qkv);
+  LoadTile<kHs, kBk>(sv, v, 0, t, ld_qkv);
   CpAsyncCommit();
   const int n_steps = (min(t, q0 + kTile) + kBk - 1) / kBk;  // keys [0, q0 + kTile)
 
@@ -243,8 +269,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < n_steps; ++j) {
     const int buf = j % 2;
     if (j + 1 < n_steps) {
-      LoadTile<kHs, kBk>(sk + (1 - buf) * kBk * kStride, k, (j + 1) * kBk, t);
-      LoadTile<kHs, kBk>(sv + (1 - buf) * kBk * kStride, v, (j + 1) * kBk, t);
+      LoadTile<kHs, kBk>(sk + (1 - buf) * kBk * kStride, k, (j + 1) * kBk, t, ld_qkv);
+      LoadTile<kHs, kBk>(sv + (1 - buf) * kBk * kStride, v, (j + 1) * kBk, t, ld_qkv);
       CpAsyncCommit();
       CpAsyncWait<1>();
     } else {
@@ -307,20 +333,22 @@ __global__ void __launch_bounds__(kThreads)
     const int row = row_lo + 8 * h;
     if (lane % 4 == 0 && row < t) lse[row] = (m[h] + log2f(l[h])) * kLn2;
   }
-  StoreRows<kHs>(y, o, inv, row_lo, t, lane);
+  StoreRows<kHs>(y, o, inv, row_lo, t, ld_y, lane);
 }
 
-// dsum[r] = sum_d dy[r, d] * y[r, d]: kHs / 8 lanes per row, one 8-wide vector each.
+// dsum[b, h, t] = sum_d dy[b, h, t, d] * y[b, h, t, d]: one thread per 8-wide vector of the
+// (B, T, C) inputs, in their order (coalesced); a head's HS channels are kHs / 8 consecutive
+// vectors, aligned to kHs / 8 (C / 8 = NH * kHs / 8), so kHs / 8 adjacent lanes reduce one
+// (b, t, h) row, written to dsum in the (B * NH * T) order of lse.
 template <int kHs>
-__global__ void RowDotKernel(float* __restrict__ dsum,       // (rows)
-                             const bf16* __restrict__ dy,    // (rows, HS)
-                             const bf16* __restrict__ y,     // (rows, HS)
-                             int64_t rows) {
+__global__ void RowDotKernel(float* __restrict__ dsum,       // (B * NH * T)
+                             const bf16* __restrict__ dy,    // (B, T, C)
+                             const bf16* __restrict__ y,     // (B, T, C)
+                             int64_t vecs, int t, int nh) {  // vecs = B * T * C / 8
   constexpr int kLanes = kHs / internal::kVec;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t row = i / kLanes;
   float acc = 0.0f;
-  if (row < rows) {
+  if (i < vecs) {
     float a[internal::kVec];
     float b[internal::kVec];
     internal::LoadVec(dy + i * internal::kVec, a);
@@ -333,20 +361,24 @@ __global__ void RowDotKernel(float* __restrict__ dsum,       // (rows)
   for (int offset = kLanes / 2; offset > 0; offset /= 2) {
     acc += __shfl_xor_sync(0xffffffffu, acc, offset);
   }
-  if (row < rows && i % kLanes == 0) dsum[row] = acc;
+  if (i < vecs && i % kLanes == 0) {
+    const int64_t row_vecs = static_cast<int64_t>(nh) * kLanes;  // C / 8
+    const int64_t bt = i / row_vecs;                             // b * T + t
+    const int64_t h = (i % row_vecs) / kLanes;
+    const int64_t bi = bt / t;
+    const int64_t ti = bt % t;
+    dsum[(bi * nh + h) * t + ti] = acc;
+  }
 }
 
 template <int kHs>
 __global__ void __launch_bounds__(kThreads)
-    FlashBackwardKvKernel(bf16* __restrict__ dk,            // (B, NH, T, HS)
-                          bf16* __restrict__ dv,            // (B, NH, T, HS)
-                          const bf16* __restrict__ q,       // (B, NH, T, HS)
-                          const bf16* __restrict__ k,       // (B, NH, T, HS)
-                          const bf16* __restrict__ v,       // (B, NH, T, HS)
-                          const bf16* __restrict__ dy,      // (B, NH, T, HS)
+    FlashBackwardKvKernel(bf16* __restrict__ dqkv,          // (B, T, 3C), dk and dv parts
+                          const bf16* __restrict__ qkv,     // (B, T, 3C)
+                          const bf16* __restrict__ dy,      // (B, T, C)
                           const float* __restrict__ lse,    // (B * NH * T)
                           const float* __restrict__ dsum,   // (B * NH * T)
-                          int t, float scale, float scale_log2) {
+                          int t, int nh, float scale, float scale_log2) {
   constexpr int kStride = Tiles<kHs>::kStride;
   constexpr int kBq = Tiles<kHs>::kWalk;  // queries per step
   extern __shared__ __align__(16) unsigned char smem[];
@@ -358,22 +390,25 @@ __global__ void __launch_bounds__(kThreads)
   float* sdsum = slse + 2 * kBq;                                     // 2 x (kBq)
   const int warp = threadIdx.x / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
-  const size_t head = static_cast<size_t>(blockIdx.x) * t;
-  q += head * kHs;
-  k += head * kHs;
-  v += head * kHs;
-  dy += head * kHs;
-  dk += head * kHs;
-  dv += head * kHs;
-  lse += head;
-  dsum += head;
+  const int c = nh * kHs;
+  const int ld_qkv = 3 * c;  // row strides
+  const int ld_y = c;
+  const HeadBase base = HeadOffsets<kHs>(nh, t);
+  const bf16* q = qkv + base.qkv;
+  const bf16* k = q + c;
+  const bf16* v = q + 2 * c;
+  bf16* dk = dqkv + base.qkv + c;
+  bf16* dv = dqkv + base.qkv + 2 * c;
+  dy += base.rows;
+  lse += base.lse;
+  dsum += base.lse;
   const int k0 = blockIdx.y * kTile;  // key tile 0 sees every query: heaviest first
   const int warp_key = k0 + warp * kWarpRows;
   const int key_lo = warp_key + lane / 4;  // this lane's keys: key_lo, key_lo + 8
 
   const auto load_queries = [&](int step_q0, int buf) {
-    LoadTile<kHs, kBq>(sq + buf * kBq * kStride, q, step_q0, t);
-    LoadTile<kHs, kBq>(sdy + buf * kBq * kStride, dy, step_q0, t);
+    LoadTile<kHs, kBq>(sq + buf * kBq * kStride, q, step_q0, t, ld_qkv);
+    LoadTile<kHs, kBq>(sdy + buf * kBq * kStride, dy, step_q0, t, ld_y);
     for (int i = threadIdx.x; i < kBq; i += kThreads) {
       const int row = step_q0 + i;
       // Padded queries: lse = +inf makes their P exactly 0, so they add nothing.
@@ -381,8 +416,8 @@ __global__ void __launch_bounds__(kThreads)
       sdsum[buf * kBq + i] = row < t ? dsum[row] : 0.0f;
     }
   };
-  LoadTile<kHs, kTile>(sk, k, k0, t);
-  LoadTile<kHs, kTile>(sv, v, k0, t);
+  LoadTile<kHs, kTile>(sk, k, k0, t, ld_qkv);
+  LoadTile<kHs, kTile>(sv, v, k0, t, ld_qkv);
   const int first = k0 / kBq;  // the first query tile that reaches key k0
   const int n_steps = (t + kBq - 1) / kBq;
   load_queries(first * kBq, 0);
@@ -437,20 +472,18 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float dk_mul[2] = {scale, scale};
   const float dv_mul[2] = {1.0f, 1.0f};
-  StoreRows<kHs>(dk, dk_acc, dk_mul, key_lo, t, lane);
-  StoreRows<kHs>(dv, dv_acc, dv_mul, key_lo, t, lane);
+  StoreRows<kHs>(dk, dk_acc, dk_mul, key_lo, t, ld_qkv, lane);
+  StoreRows<kHs>(dv, dv_acc, dv_mul, key_lo, t, ld_qkv, lane);
 }
 
 template <int kHs>
 __global__ void __launch_bounds__(kThreads)
-    FlashBackwardQKernel(bf16* __restrict__ dq,             // (B, NH, T, HS)
-                         const bf16* __restrict__ q,        // (B, NH, T, HS)
-                         const bf16* __restrict__ k,        // (B, NH, T, HS)
-                         const bf16* __restrict__ v,        // (B, NH, T, HS)
-                         const bf16* __restrict__ dy,       // (B, NH, T, HS)
+    FlashBackwardQKernel(bf16* __restrict__ dqkv,           // (B, T, 3C), the dq part
+                         const bf16* __restrict__ qkv,      // (B, T, 3C)
+                         const bf16* __restrict__ dy,       // (B, T, C)
                          const float* __restrict__ lse,     // (B * NH * T)
                          const float* __restrict__ dsum,    // (B * NH * T)
-                         int t, float scale, float scale_log2) {
+                         int t, int nh, float scale, float scale_log2) {
   constexpr int kStride = Tiles<kHs>::kStride;
   constexpr int kBk = Tiles<kHs>::kWalk;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -460,22 +493,25 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sv = sk + 2 * kBk * kStride;         // 2 x (kBk, kStride)
   const int warp = threadIdx.x / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
-  const size_t head = static_cast<size_t>(blockIdx.x) * t;
-  q += head * kHs;
-  k += head * kHs;
-  v += head * kHs;
-  dy += head * kHs;
-  dq += head * kHs;
-  lse += head;
-  dsum += head;
+  const int c = nh * kHs;
+  const int ld_qkv = 3 * c;  // row strides
+  const int ld_y = c;
+  const HeadBase base = HeadOffsets<kHs>(nh, t);
+  const bf16* q = qkv + base.qkv;
+  const bf16* k = q + c;
+  const bf16* v = q + 2 * c;
+  bf16* dq = dqkv + base.qkv;
+  dy += base.rows;
+  lse += base.lse;
+  dsum += base.lse;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
   const int warp_row = q0 + warp * kWarpRows;
   const int row_lo = warp_row + lane / 4;
 
-  LoadTile<kHs, kTile>(sq, q, q0, t);
-  LoadTile<kHs, kTile>(sdy, dy, q0, t);
-  LoadTile<kHs, kBk>(sk, k, 0, t);
-  LoadTile<kHs, kBk>(sv, v, 0, t);
+  LoadTile<kHs, kTile>(sq, q, q0, t, ld_qkv);
+  LoadTile<kHs, kTile>(sdy, dy, q0, t, ld_y);
+  LoadTile<kHs, kBk>(sk, k, 0, t, ld_qkv);
+  LoadTile<kHs, kBk>(sv, v, 0, t, ld_qkv);
   CpAsyncCommit();
   float row_lse[2];  // log2 units
   float row_dsum[2];
@@ -492,8 +528,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < n_steps; ++j) {
     const int buf = j % 2;
     if (j + 1 < n_steps) {
-      LoadTile<kHs, kBk>(sk + (1 - buf) * kBk * kStride, k, (j + 1) * kBk, t);
-      LoadTile<kHs, kBk>(sv + (1 - buf) * kBk * kStride, v, (j + 1) * kBk, t);
+      LoadTile<kHs, kBk>(sk + (1 - buf) * kBk * kStride, k, (j + 1) * kBk, t, ld_qkv);
+      LoadTile<kHs, kBk>(sv + (1 - buf) * kBk * kStride, v, (j + 1) * kBk, t, ld_qkv);
       CpAsyncCommit();
       CpAsyncWait<1>();
     } else {
@@ -529,7 +565,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
   const float mul[2] = {scale, scale};
-  StoreRows<kHs>(dq, dq_acc, mul, row_lo, t, lane);
+  StoreRows<kHs>(dq, dq_acc, mul, row_lo, t, ld_qkv, lane);
 }
 
 // ---- launchers ----
@@ -550,6 +586,14 @@ absl::Status CheckShape(int b, int nh, int t, int hs, const char* op) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": b * nh = ", heads, " or t = ", t, " exceeds the grid limits"));
   }
+  // Row strides (3C) and the RowDot grid are ints.
+  const int64_t c = static_cast<int64_t>(nh) * hs;
+  const int64_t vecs = heads * t * (hs / internal::kVec);
+  if (3 * c > 0x7fffffff ||
+      (vecs + internal::kBlockSize - 1) / internal::kBlockSize > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": nh * hs = ", c, " or b * nh * t = ", heads * t, " is too large"));
+  }
   return absl::OkStatus();
 }
 
@@ -565,37 +609,36 @@ absl::Status Launch(Kernel kernel, dim3 grid, size_t smem_bytes, cudaStream_t st
 }
 
 template <int kHs>
-absl::Status LaunchForward(bf16* y, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                           int heads, int t, cudaStream_t stream) {
+absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, int t,
+                           cudaStream_t stream) {
   using Cfg = Tiles<kHs>;
   const size_t smem = (kTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16);
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHs));
-  const dim3 grid(heads, (t + kTile - 1) / kTile);
-  return Launch(FlashForwardKernel<kHs>, grid, smem, stream, y, lse, q, k, v, t, scale_log2);
+  const dim3 grid(b * nh, (t + kTile - 1) / kTile);
+  return Launch(FlashForwardKernel<kHs>, grid, smem, stream, y, lse, qkv, t, nh, scale_log2);
 }
 
 template <int kHs>
-absl::Status LaunchBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dy, const bf16* y,
-                            const float* lse, const bf16* q, const bf16* k, const bf16* v,
-                            float* dsum, int heads, int t, cudaStream_t stream) {
+absl::Status LaunchBackward(bf16* dqkv, const bf16* dy, const bf16* y, const float* lse,
+                            const bf16* qkv, float* dsum, int b, int nh, int t,
+                            cudaStream_t stream) {
   using Cfg = Tiles<kHs>;
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHs));
   const float scale_log2 = scale * kLog2e;
-  const int64_t rows = static_cast<int64_t>(heads) * t;
-  const int64_t threads = rows * (kHs / internal::kVec);
-  RowDotKernel<kHs><<<static_cast<int>((threads + internal::kBlockSize - 1) /
+  const int64_t vecs = static_cast<int64_t>(b) * t * nh * (kHs / internal::kVec);
+  RowDotKernel<kHs><<<static_cast<int>((vecs + internal::kBlockSize - 1) /
                                        internal::kBlockSize),
-                      internal::kBlockSize, 0, stream>>>(dsum, dy, y, rows);
+                      internal::kBlockSize, 0, stream>>>(dsum, dy, y, vecs, t, nh);
   WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  const dim3 grid(heads, (t + kTile - 1) / kTile);
+  const dim3 grid(b * nh, (t + kTile - 1) / kTile);
   const size_t kv_smem = (2 * kTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16) +
                          4 * Cfg::kWalk * sizeof(float);
-  WEFT_BF16_RETURN_IF_ERROR(Launch(FlashBackwardKvKernel<kHs>, grid, kv_smem, stream, dk, dv, q,
-                                   k, v, dy, lse, static_cast<const float*>(dsum), t, scale,
+  WEFT_BF16_RETURN_IF_ERROR(Launch(FlashBackwardKvKernel<kHs>, grid, kv_smem, stream, dqkv, qkv,
+                                   dy, lse, static_cast<const float*>(dsum), t, nh, scale,
                                    scale_log2));
   const size_t q_smem = (2 * kTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16);
-  return Launch(FlashBackwardQKernel<kHs>, grid, q_smem, stream, dq, q, k, v, dy, lse,
-                static_cast<const float*>(dsum), t, scale, scale_log2);
+  return Launch(FlashBackwardQKernel<kHs>, grid, q_smem, stream, dqkv, qkv, dy, lse,
+                static_cast<const float*>(dsum), t, nh, scale, scale_log2);
 }
 
 }  // namespace
@@ -607,55 +650,49 @@ size_t FlashAttentionBackwardScratchFloats(int b, int nh, int t, int hs) {
   return static_cast<size_t>(std::max(b, 0)) * std::max(nh, 0) * std::max(t, 0);
 }
 
-absl::Status FlashAttentionForward(bf16* y, float* lse, const bf16* q, const bf16* k,
-                                   const bf16* v, int b, int nh, int t, int hs,
-                                   cudaStream_t stream) {
+absl::Status FlashAttentionForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, int t,
+                                   int hs, cudaStream_t stream) {
   constexpr const char* kOp = "flash attention forward";
   WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, t, hs, kOp));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(y, kOp, "y"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(lse, kOp, "lse"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(q, kOp, "q"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(k, kOp, "k"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(v, kOp, "v"));
-  const int heads = b * nh;
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(qkv, kOp, "qkv"));
   switch (hs) {
     case 16:
-      return LaunchForward<16>(y, lse, q, k, v, heads, t, stream);
+      return LaunchForward<16>(y, lse, qkv, b, nh, t, stream);
     case 32:
-      return LaunchForward<32>(y, lse, q, k, v, heads, t, stream);
+      return LaunchForward<32>(y, lse, qkv, b, nh, t, stream);
     case 64:
-      return LaunchForward<64>(y, lse, q, k, v, heads, t, stream);
+      return LaunchForward<64>(y, lse, qkv, b, nh, t, stream);
     default:
-      return LaunchForward<128>(y, lse, q, k, v, heads, t, stream);
+      return LaunchForward<128>(y, lse, qkv, b, nh, t, stream);
   }
 }
 
-absl::Status FlashAttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dy, const bf16* y,
-                                    const float* lse, const bf16* q, const bf16* k,
-                                    const bf16* v, float* scratch, int b, int nh, int t, int hs,
-                                    cudaStream_t stream) {
+absl::Status FlashAttentionBackward(bf16* dqkv, const bf16* dy, const bf16* y, const float* lse,
+                                    const bf16* qkv, float* scratch, int b, int nh, int t,
+                                    int hs, cudaStream_t stream) {
   constexpr const char* kOp = "flash attention backward";
   WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, t, hs, kOp));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dq, kOp, "dq"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dk, kOp, "dk"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dv, kOp, "dv"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dqkv, kOp, "dqkv"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dy, kOp, "dy"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(y, kOp, "y"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(lse, kOp, "lse"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(q, kOp, "q"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(k, kOp, "k"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(v, kOp, "v"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(qkv, kOp, "qkv"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(scratch, kOp, "scratch"));
-  const int heads = b * nh;
+  if (dqkv == qkv) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": dqkv must not alias qkv (still read while dqkv is written)"));
+  }
   switch (hs) {
     case 16:
-      return LaunchBackward<16>(dq, dk, dv, dy, y, lse, q, k, v, scratch, heads, t, stream);
+      return LaunchBackward<16>(dqkv, dy, y, lse, qkv, scratch, b, nh, t, stream);
     case 32:
-      return LaunchBackward<32>(dq, dk, dv, dy, y, lse, q, k, v, scratch, heads, t, stream);
+      return LaunchBackward<32>(dqkv, dy, y, lse, qkv, scratch, b, nh, t, stream);
     case 64:
-      return LaunchBackward<64>(dq, dk, dv, dy, y, lse, q, k, v, scratch, heads, t, stream);
+      return LaunchBackward<64>(dqkv, dy, y, lse, qkv, scratch, b, nh, t, stream);
     default:
-      return LaunchBackward<128>(dq, dk, dv, dy, y, lse, q, k, v, scratch, heads, t, stream);
+      return LaunchBackward<128>(dqkv, dy, y, lse, qkv, scratch, b, nh, t, stream);
   }
 }
 

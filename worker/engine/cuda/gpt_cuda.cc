@@ -60,17 +60,23 @@ size_t GptCuda::Layout(char* base) {
   const size_t head_rows = static_cast<size_t>(max_b_) * config_.num_heads * max_t_;
   res_.resize(layers + 1);
   for (int l = 0; l <= layers; ++l) res_[l] = a.Take<bf16>(nc);
-  for (auto* vec : {&ln1_, &q_, &k_, &v_, &atty_, &res2_, &ln2_, &fch_}) vec->resize(layers);
+  for (auto* vec : {&ln1_, &q_, &k_, &v_, &atty_, &res2_, &ln2_, &fch_, &fcg_}) vec->resize(layers);
   for (auto* vec : {&ln1_mean_, &ln1_rstd_, &ln2_mean_, &ln2_rstd_, &lse_}) vec->resize(layers);
+  layer_qkv_.resize(layers);
   for (int l = 0; l < layers; ++l) {
     ln1_[l] = a.Take<bf16>(nc);
-    q_[l] = a.Take<bf16>(nc);
-    k_[l] = a.Take<bf16>(nc);
-    v_[l] = a.Take<bf16>(nc);
+    if (flash_) {
+      layer_qkv_[l] = a.Take<bf16>(3 * nc);  // (B, T, 3C), read in place by flash attention
+    } else {
+      q_[l] = a.Take<bf16>(nc);  // (B, NH, T, HS) head copies for the cuBLAS path
+      k_[l] = a.Take<bf16>(nc);
+      v_[l] = a.Take<bf16>(nc);
+    }
     atty_[l] = a.Take<bf16>(nc);
     res2_[l] = a.Take<bf16>(nc);
     ln2_[l] = a.Take<bf16>(nc);
     fch_[l] = a.Take<bf16>(4 * nc);
+    fcg_[l] = a.Take<bf16>(4 * nc);
     ln1_mean_[l] = a.Take<float>(n);
     ln1_rstd_[l] = a.Take<float>(n);
     ln2_mean_[l] = a.Take<float>(n);
@@ -80,19 +86,18 @@ size_t GptCuda::Layout(char* base) {
   lnf_ = a.Take<bf16>(nc);
   lnf_mean_ = a.Take<float>(n);
   lnf_rstd_ = a.Take<float>(n);
-  qkv_ = a.Take<bf16>(3 * nc);
-  y_ = a.Take<bf16>(nc);
+  qkv_ = a.Take<bf16>(3 * nc);  // cuBLAS path: the forward's qkv; both paths: dqkv
   if (flash_) {
     flash_scratch_ = a.Take<float>(FlashAttentionBackwardScratchFloats(
         max_b_, config_.num_heads, max_t_, c / config_.num_heads));
   } else {
+    y_ = a.Take<bf16>(nc);
     att_ = a.Take<bf16>(head_rows * max_t_);
     datt_ = a.Take<bf16>(head_rows * max_t_);
+    dq_ = a.Take<bf16>(nc);
+    dk_ = a.Take<bf16>(nc);
+    dv_ = a.Take<bf16>(nc);
   }
-  dq_ = a.Take<bf16>(nc);
-  dk_ = a.Take<bf16>(nc);
-  dv_ = a.Take<bf16>(nc);
-  big4_ = a.Take<bf16>(4 * nc);
   dbig4_ = a.Take<bf16>(4 * nc);
   tmp_ = a.Take<bf16>(nc);
   dres_ = a.Take<bf16>(nc);
@@ -193,32 +198,34 @@ absl::Status GptCuda::BlockForward(int l, const bf16* block) {
   const bf16* x = res_[l];  // (B, T, C)
   WEFT_RETURN_IF_ERROR(LayerNormForward(ln1_[l], ln1_mean_[l], ln1_rstd_[l], x, p(kLn1w),
                                         p(kLn1b), n, c, stream_));
-  WEFT_RETURN_IF_ERROR(blas_->LinearForward(qkv_, ln1_[l], p(kQkvw), p(kQkvb), n, c, 3 * c,
+  // Flash: qkv is kept per layer and the kernel reads q, k, v from it and writes atty in
+  // place; cuBLAS: split into head copies, merged back after.
+  bf16* qkv = flash_ ? layer_qkv_[l] : qkv_;
+  WEFT_RETURN_IF_ERROR(blas_->LinearForward(qkv, ln1_[l], p(kQkvw), p(kQkvb), n, c, 3 * c,
                                             stream_));  // (B, T, 3C)
-  WEFT_RETURN_IF_ERROR(AttentionSplitHeads(q_[l], k_[l], v_[l], qkv_, b_, t_, c, nh, stream_));
   if (flash_) {
-    WEFT_RETURN_IF_ERROR(FlashAttentionForward(y_, lse_[l], q_[l], k_[l], v_[l], b_, nh, t_, hs,
-                                               stream_));  // (B, NH, T, HS)
+    WEFT_RETURN_IF_ERROR(FlashAttentionForward(atty_[l], lse_[l], qkv, b_, nh, t_, hs,
+                                               stream_));  // (B, T, C)
   } else {
+    WEFT_RETURN_IF_ERROR(AttentionSplitHeads(q_[l], k_[l], v_[l], qkv, b_, t_, c, nh, stream_));
     const int batch = b_ * nh;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     WEFT_RETURN_IF_ERROR(blas_->AttentionScores(att_, q_[l], k_[l], batch, t_, hs, stream_));
     WEFT_RETURN_IF_ERROR(CausalSoftmaxForward(att_, lse_[l], static_cast<int64_t>(batch) * t_,
                                               t_, scale, stream_));  // (B, NH, T, T)
     WEFT_RETURN_IF_ERROR(blas_->AttentionApply(y_, att_, v_[l], batch, t_, hs, stream_));
+    WEFT_RETURN_IF_ERROR(AttentionMergeHeads(atty_[l], y_, b_, t_, c, nh, stream_));  // (B,T,C)
   }
-  WEFT_RETURN_IF_ERROR(AttentionMergeHeads(atty_[l], y_, b_, t_, c, nh, stream_));  // (B, T, C)
   WEFT_RETURN_IF_ERROR(
       blas_->LinearForward(tmp_, atty_[l], p(kAttprojw), p(kAttprojb), n, c, c, stream_));
   const int64_t nc = static_cast<int64_t>(n) * c;
   WEFT_RETURN_IF_ERROR(ResidualForward(res2_[l], x, tmp_, nc, stream_));
   WEFT_RETURN_IF_ERROR(LayerNormForward(ln2_[l], ln2_mean_[l], ln2_rstd_[l], res2_[l], p(kLn2w),
                                         p(kLn2b), n, c, stream_));
+  WEFT_RETURN_IF_ERROR(blas_->LinearForwardGelu(fcg_[l], fch_[l], ln2_[l], p(kFcw), p(kFcb), n,
+                                                c, 4 * c, stream_));  // (B, T, 4C) each
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearForward(fch_[l], ln2_[l], p(kFcw), p(kFcb), n, c, 4 * c, stream_));
-  WEFT_RETURN_IF_ERROR(GeluForward(big4_, fch_[l], 4 * nc, stream_));  // (B, T, 4C)
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearForward(tmp_, big4_, p(kFcprojw), p(kFcprojb), n, 4 * c, c, stream_));
+      blas_->LinearForward(tmp_, fcg_[l], p(kFcprojw), p(kFcprojb), n, 4 * c, c, stream_));
   return ResidualForward(res_[l + 1], res2_[l], tmp_, nc, stream_);
 }
 
@@ -258,19 +265,17 @@ absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad)
   const int nh = config_.num_heads;
   const int hs = c / nh;
   const int n = b_ * t_;
-  const int64_t nc = static_cast<int64_t>(n) * c;
   const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
   const auto g = [&](int tensor) { return block_grad + block_tensors_[tensor].offset; };
   // dres_ (B, T, C) holds dL/d(output of block l) on entry, dL/d(input of block l) on exit.
 
   // MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).
-  WEFT_RETURN_IF_ERROR(GeluForward(big4_, fch_[l], 4 * nc, stream_));  // recomputed
-  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(g(kFcprojw), dres_, big4_, n, 4 * c, c,
+  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(g(kFcprojw), dres_, fcg_[l], n, 4 * c, c,
                                                    stream_));
   WEFT_RETURN_IF_ERROR(BiasBackward(g(kFcprojb), dres_, reduce_scratch_, n, c, stream_));
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardInput(dbig4_, dres_, p(kFcprojw), n, 4 * c, c, stream_));
-  WEFT_RETURN_IF_ERROR(GeluBackward(dbig4_, fch_[l], dbig4_, 4 * nc, stream_));
+  // d(pre-GELU fc output) (B, T, 4C), the GELU backward in the GEMM's epilogue.
+  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInputGelu(dbig4_, dres_, p(kFcprojw), fch_[l], n,
+                                                      4 * c, c, stream_));
   WEFT_RETURN_IF_ERROR(
       blas_->LinearBackwardWeight(g(kFcw), dbig4_, ln2_[l], n, c, 4 * c, stream_));
   WEFT_RETURN_IF_ERROR(BiasBackward(g(kFcb), dbig4_, reduce_scratch_, n, 4 * c, stream_));
@@ -283,15 +288,13 @@ absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad)
       blas_->LinearBackwardWeight(g(kAttprojw), dres_, atty_[l], n, c, c, stream_));
   WEFT_RETURN_IF_ERROR(BiasBackward(g(kAttprojb), dres_, reduce_scratch_, n, c, stream_));
   WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dtmp_, dres_, p(kAttprojw), n, c, c, stream_));
-  WEFT_RETURN_IF_ERROR(AttentionSplitGrad(y_, dtmp_, b_, t_, c, nh, stream_));  // dy
   if (flash_) {
-    // The forward's output in head layout, back from atty (an exact permutation, cheaper
-    // than keeping a second copy per layer); tmp_ is free during the backward.
-    WEFT_RETURN_IF_ERROR(AttentionSplitGrad(tmp_, atty_[l], b_, t_, c, nh, stream_));
-    WEFT_RETURN_IF_ERROR(FlashAttentionBackward(dq_, dk_, dv_, y_, tmp_, lse_[l], q_[l], k_[l],
-                                                v_[l], flash_scratch_, b_, nh, t_, hs,
-                                                stream_));
+    // Straight from the (B, T, C) dy = dtmp_ and forward output atty, and the layer's qkv:
+    // dq, dk, dv land in dqkv = qkv_ (B, T, 3C) at the places of q, k, v.
+    WEFT_RETURN_IF_ERROR(FlashAttentionBackward(qkv_, dtmp_, atty_[l], lse_[l], layer_qkv_[l],
+                                                flash_scratch_, b_, nh, t_, hs, stream_));
   } else {
+    WEFT_RETURN_IF_ERROR(AttentionSplitGrad(y_, dtmp_, b_, t_, c, nh, stream_));  // dy
     const int batch = b_ * nh;
     const int64_t rows = static_cast<int64_t>(batch) * t_;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -305,8 +308,8 @@ absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad)
     WEFT_RETURN_IF_ERROR(blas_->AttentionApply(dq_, datt_, k_[l], batch, t_, hs, stream_));
     WEFT_RETURN_IF_ERROR(
         blas_->AttentionApplyTransposed(dk_, datt_, q_[l], batch, t_, hs, stream_));
+    WEFT_RETURN_IF_ERROR(AttentionMergeGrads(qkv_, dq_, dk_, dv_, b_, t_, c, nh, stream_));
   }
-  WEFT_RETURN_IF_ERROR(AttentionMergeGrads(qkv_, dq_, dk_, dv_, b_, t_, c, nh, stream_));
   WEFT_RETURN_IF_ERROR(
       blas_->LinearBackwardWeight(g(kQkvw), qkv_, ln1_[l], n, c, 3 * c, stream_));
   WEFT_RETURN_IF_ERROR(BiasBackward(g(kQkvb), qkv_, reduce_scratch_, n, 3 * c, stream_));

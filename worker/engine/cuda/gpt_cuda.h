@@ -17,10 +17,9 @@
 //
 // Memory: activations are planned up front from (config, max B, T) — PlanActivationBytes —
 // and allocated in one piece, so an impossible configuration fails before training starts.
-// Per layer it keeps ln1, q/k/v, the attention output, the mid-block residual, ln2 and the
-// pre-GELU fc output (11 * B*T*C bf16) plus the per-row softmax log-sum-exp; the GELU output
-// and the attention probabilities are recomputed in the backward, the logits are processed in
-// row chunks, so neither (B, NH, T, T) nor (B, T, Vp) is kept per layer.
+// Per layer it keeps ln1, q/k/v, the attention output, the mid-block residual, ln2 and the fc
+// output before and after GELU (15 * B*T*C bf16) plus the per-row softmax log-sum-exp; the
+// logits are processed in row chunks, so (B, T, Vp) never exists at once.
 //
 // Attention: fused flash attention (flash_attention.cu) when it supports the head size, so no
 // (B, NH, T, T) buffer exists at all; otherwise cuBLAS batched GEMMs around the causal softmax
@@ -98,14 +97,21 @@ class GptCuda {
   void* arena_ = nullptr;
   size_t arena_bytes_ = 0;
   // Kept per layer l (index l), residual stream res has L + 1 entries.
-  std::vector<bf16*> res_, ln1_, q_, k_, v_, atty_, res2_, ln2_, fch_;
+  // fch: the fc layer's output before GELU, fcg: after (both kept: the GEMM epilogues read
+  // them in the backward instead of a recomputing kernel).
+  std::vector<bf16*> res_, ln1_, q_, k_, v_, atty_, res2_, ln2_, fch_, fcg_;
   std::vector<float*> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, lse_;
+  // q, k, v: flash path, the qkv projection's output (B, T, 3C) in layer_qkv_, which the
+  // kernels read in place (q_, k_, v_ null); cuBLAS path, the (B, NH, T, HS) head copies in
+  // q_, k_, v_ (layer_qkv_ null). The scratch y_, dq_, dk_, dv_ below exist only on the
+  // cuBLAS path.
+  std::vector<bf16*> layer_qkv_;
   bf16* lnf_ = nullptr;
   float* lnf_mean_ = nullptr;
   float* lnf_rstd_ = nullptr;
   // Scratch shared by all layers.
   bf16 *qkv_ = nullptr, *y_ = nullptr, *att_ = nullptr, *datt_ = nullptr, *dq_ = nullptr,
-       *dk_ = nullptr, *dv_ = nullptr, *big4_ = nullptr, *dbig4_ = nullptr, *tmp_ = nullptr,
+       *dk_ = nullptr, *dv_ = nullptr, *dbig4_ = nullptr, *tmp_ = nullptr,
        *dres_ = nullptr, *dtmp_ = nullptr, *logits_ = nullptr;
   float* losses_ = nullptr;
   float* reduce_scratch_ = nullptr;

@@ -153,7 +153,8 @@ absl::StatusOr<std::unique_ptr<Blas>> Blas::Create(const BlasOptions& options) {
 absl::StatusOr<Blas::Plan*> Blas::GetPlan(const PlanKey& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
-  const auto [trans_a, trans_b, m, n, k, d_fp32, with_bias, accumulate] = key;
+  const auto [trans_a, trans_b, m, n, k, d_fp32, epilogue_kind, accumulate] = key;
+  const bool with_bias = epilogue_kind == kBias || epilogue_kind == kGeluAuxBias;
   auto plan = std::make_unique<Plan>();
   WEFT_BLAS_RETURN_IF_ERROR(
       Api().cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -163,10 +164,23 @@ absl::StatusOr<Blas::Plan*> Blas::GetPlan(const PlanKey& key) {
       plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
       plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-  if (with_bias) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  if (epilogue_kind != kPlain) {
+    const cublasLtEpilogue_t epilogue = epilogue_kind == kBias         ? CUBLASLT_EPILOGUE_BIAS
+                                        : epilogue_kind == kGeluAuxBias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                                        : CUBLASLT_EPILOGUE_DGELU;
     WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  }
+  if (epilogue_kind == kGeluAuxBias || epilogue_kind == kDGelu) {
+    // The pre-activation has D's shape: column-major (m, n), leading dimension m.
+    const int64_t aux_ld = m;
+    WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    const cudaDataType_t aux_type = CUDA_R_16BF;
+    WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
+  }
+  if (with_bias) {
     const cudaDataType_t bias_type = CUDA_R_16BF;
     WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
@@ -193,7 +207,7 @@ absl::StatusOr<Blas::Plan*> Blas::GetPlan(const PlanKey& key) {
   if (found == 0) {
     return absl::UnimplementedError(absl::StrCat(
         "cuBLASLt has no algorithm for m=", m, " n=", n, " k=", k, d_fp32 ? " fp32" : " bf16",
-        " output", with_bias ? " with bias" : "", accumulate ? " accumulating" : ""));
+        " output, epilogue ", epilogue_kind, accumulate ? ", accumulating" : ""));
   }
   plan->algo = result.algo;
   Plan* raw = plan.get();
@@ -202,12 +216,16 @@ absl::StatusOr<Blas::Plan*> Blas::GetPlan(const PlanKey& key) {
 }
 
 absl::Status Blas::LtMatmul(const PlanKey& key, void* d, const bf16* a, const bf16* b,
-                            const bf16* bias, cudaStream_t stream) {
+                            const bf16* bias, cudaStream_t stream, const bf16* aux) {
   absl::StatusOr<Plan*> plan = GetPlan(key);
   if (!plan.ok()) return plan.status();
   if (bias != nullptr) {
     WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
         (*plan)->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  if (aux != nullptr) {
+    WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+        (*plan)->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   }
   const float alpha = 1.0f;
   const float beta = std::get<7>(key) ? 1.0f : 0.0f;
@@ -225,8 +243,41 @@ absl::Status Blas::LinearForward(bf16* out, const bf16* inp, const bf16* weight,
   }
   if (absl::Status s = CheckDims("LinearForward", n, c, oc); !s.ok()) return s;
   // Column-major: out^T (OC, N) = weight (OC, C) [stored as (C, OC)]^T-op x inp^T (C, N).
-  return LtMatmul({true, false, oc, n, c, false, bias != nullptr, false}, out, weight, inp, bias,
-                  stream);
+  return LtMatmul({true, false, oc, n, c, false, bias != nullptr ? kBias : kPlain, false}, out,
+                  weight, inp, bias, stream);
+}
+
+absl::Status Blas::LinearForwardGelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight,
+                                     const bf16* bias, int n, int c, int oc,
+                                     cudaStream_t stream) {
+  if (out == nullptr || pre == nullptr || inp == nullptr || weight == nullptr ||
+      bias == nullptr) {
+    return absl::InvalidArgumentError(
+        "LinearForwardGelu: out, pre, inp, weight and bias must not be null");
+  }
+  if (absl::Status s = CheckDims("LinearForwardGelu", n, c, oc); !s.ok()) return s;
+  if (oc % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LinearForwardGelu: oc must be a multiple of 8, got ", oc));
+  }
+  return LtMatmul({true, false, oc, n, c, false, kGeluAuxBias, false}, out, weight, inp, bias,
+                  stream, pre);
+}
+
+absl::Status Blas::LinearBackwardInputGelu(bf16* dinp, const bf16* dout, const bf16* weight,
+                                           const bf16* pre, int n, int c, int oc,
+                                           cudaStream_t stream) {
+  if (dinp == nullptr || dout == nullptr || weight == nullptr || pre == nullptr) {
+    return absl::InvalidArgumentError(
+        "LinearBackwardInputGelu: dinp, dout, weight and pre must not be null");
+  }
+  if (absl::Status s = CheckDims("LinearBackwardInputGelu", n, c, oc); !s.ok()) return s;
+  if (c % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LinearBackwardInputGelu: c must be a multiple of 8, got ", c));
+  }
+  return LtMatmul({false, false, c, n, oc, false, kDGelu, false}, dinp, weight, dout, nullptr,
+                  stream, pre);
 }
 
 absl::Status Blas::LinearBackwardInput(bf16* dinp, const bf16* dout, const bf16* weight, int n,
@@ -237,7 +288,7 @@ absl::Status Blas::LinearBackwardInput(bf16* dinp, const bf16* dout, const bf16*
   }
   if (absl::Status s = CheckDims("LinearBackwardInput", n, c, oc); !s.ok()) return s;
   // dinp^T (C, N) = weight^T (C, OC) x dout^T (OC, N).
-  return LtMatmul({false, false, c, n, oc, false, false, false}, dinp, weight, dout, nullptr,
+  return LtMatmul({false, false, c, n, oc, false, kPlain, false}, dinp, weight, dout, nullptr,
                   stream);
 }
 
@@ -249,7 +300,7 @@ absl::Status Blas::LinearBackwardWeight(float* dweight, const bf16* dout, const 
   }
   if (absl::Status s = CheckDims("LinearBackwardWeight", n, c, oc); !s.ok()) return s;
   // dweight^T (C, OC) += inp^T (C, N) x dout (N, OC).
-  return LtMatmul({false, true, c, oc, n, true, false, true}, dweight, inp, dout, nullptr,
+  return LtMatmul({false, true, c, oc, n, true, kPlain, true}, dweight, inp, dout, nullptr,
                   stream);
 }
 

@@ -45,6 +45,16 @@ class Blas {
   // out (N, OC) = inp (N, C) @ weight (OC, C)^T (+ bias (OC) when not null).
   absl::Status LinearForward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
                              int n, int c, int oc, cudaStream_t stream);
+  // The MLP's first layer with GELU fused into the GEMM's epilogue (tanh approximation, as the
+  // GeluForward kernel, to bf16 precision):
+  //   pre (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC);  out (N, OC) = gelu(pre)
+  absl::Status LinearForwardGelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight,
+                                 const bf16* bias, int n, int c, int oc, cudaStream_t stream);
+  // dinp (N, C) = (dout (N, OC) @ weight (OC, C)) * gelu'(pre (N, C)): the input gradient of
+  // a Linear layer whose input was gelu(pre), the GELU backward fused into the epilogue.
+  absl::Status LinearBackwardInputGelu(bf16* dinp, const bf16* dout, const bf16* weight,
+                                       const bf16* pre, int n, int c, int oc,
+                                       cudaStream_t stream);
   // dinp (N, C) = dout (N, OC) @ weight (OC, C)   (written, not accumulated)
   absl::Status LinearBackwardInput(bf16* dinp, const bf16* dout, const bf16* weight, int n, int c,
                                    int oc, cudaStream_t stream);
@@ -72,14 +82,17 @@ class Blas {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  // (trans_a, trans_b, m, n, k, d_is_fp32, with_bias, accumulate)
-  using PlanKey = std::tuple<bool, bool, int, int, int, bool, bool, bool>;
+  enum Epilogue : int { kPlain, kBias, kGeluAuxBias, kDGelu };
+  // (trans_a, trans_b, m, n, k, d_is_fp32, epilogue, accumulate)
+  using PlanKey = std::tuple<bool, bool, int, int, int, bool, int, bool>;
 
   explicit Blas(const BlasOptions& options);
   absl::StatusOr<Plan*> GetPlan(const PlanKey& key);
   // Column-major D (m, n) = op(A) op(B) [+ bias (m)] [+ D when accumulate].
+  // `aux`: the GELU epilogues' pre-activation (written by kGeluAuxBias, read by kDGelu),
+  // column-major (m, n) like D.
   absl::Status LtMatmul(const PlanKey& key, void* d, const bf16* a, const bf16* b,
-                        const bf16* bias, cudaStream_t stream);
+                        const bf16* bias, cudaStream_t stream, const bf16* aux = nullptr);
   absl::Status Batched(bool trans_a, bool trans_b, int m, int n, int k, const bf16* a,
                        int64_t stride_a, const bf16* b, int64_t stride_b, bf16* c,
                        int64_t stride_c, int batch, cudaStream_t stream);

@@ -196,29 +196,29 @@ absl::Status CausalSoftmaxBackward(bf16* datt, const bf16* att, int64_t rows, in
                                    float scale, cudaStream_t stream);
 
 // ---- flash_attention.cu: fused causal attention (tensor cores, the (T, T) scores never hit
-// memory). q, k, v, y and the gradients are (B, NH, T, HS), one head a (T, HS) row-major
-// matrix; scale = 1 / sqrt(HS). Any T >= 1 and B * NH >= 1; HS in {16, 32, 64, 128}, any other
-// head size is UNIMPLEMENTED (callers fall back to the cuBLAS + softmax path above). Same
-// semantics as that path, but the scores stay fp32 (never rounded to bf16). Deterministic. ----
+// memory), on the model's own layouts (no head split / merge): q, k, v are read straight from
+// the qkv projection's output (B, T, 3C) with the heads of AttentionSplitHeads (element
+// (b, h, t, d) of q at qkv[(b * T + t) * 3C + h * HS + d], k at + C, v at + 2C), y and dy are
+// (B, T, C) (element (b, h, t, d) at (b * T + t) * C + h * HS + d), C = NH * HS;
+// scale = 1 / sqrt(HS). Any T >= 1 and B * NH >= 1; HS in {16, 32, 64, 128}, any other head
+// size is UNIMPLEMENTED (callers fall back to the cuBLAS + softmax path above). Same semantics
+// as that path, but the scores stay fp32 (never rounded to bf16). Deterministic. ----
 bool FlashAttentionSupported(int hs);
-// y = softmax(scale * q k^T, causal) v; lse[r] = logsumexp of row r's scaled causal scores.
-absl::Status FlashAttentionForward(bf16* y,        // (B, NH, T, HS)
-                                   float* lse,     // (B * NH * T)
-                                   const bf16* q,  // (B, NH, T, HS)
-                                   const bf16* k,  // (B, NH, T, HS)
-                                   const bf16* v,  // (B, NH, T, HS)
+// y = softmax(scale * q k^T, causal) v per head; lse[(b * NH + h) * T + t] = logsumexp of that
+// row's scaled causal scores.
+absl::Status FlashAttentionForward(bf16* y,          // (B, T, C) written (=)
+                                   float* lse,       // (B * NH * T)
+                                   const bf16* qkv,  // (B, T, 3C)
                                    int b, int nh, int t, int hs, cudaStream_t stream);
 size_t FlashAttentionBackwardScratchFloats(int b, int nh, int t, int hs);
-// dq, dk, dv written (=), from the forward's y and lse (P is recomputed tile by tile).
-absl::Status FlashAttentionBackward(bf16* dq,          // (B, NH, T, HS)
-                                    bf16* dk,          // (B, NH, T, HS)
-                                    bf16* dv,          // (B, NH, T, HS)
-                                    const bf16* dy,    // (B, NH, T, HS)
-                                    const bf16* y,     // (B, NH, T, HS) the forward's output
+// dq, dk, dv written (=) into dqkv at the places q, k, v have in qkv (every element of dqkv is
+// written), from the forward's y and lse (P is recomputed tile by tile). dqkv must not alias
+// qkv.
+absl::Status FlashAttentionBackward(bf16* dqkv,        // (B, T, 3C) written (=)
+                                    const bf16* dy,    // (B, T, C) dL/dy
+                                    const bf16* y,     // (B, T, C) the forward's output
                                     const float* lse,  // (B * NH * T) the forward's lse
-                                    const bf16* q,     // (B, NH, T, HS)
-                                    const bf16* k,     // (B, NH, T, HS)
-                                    const bf16* v,     // (B, NH, T, HS)
+                                    const bf16* qkv,   // (B, T, 3C) the forward's input
                                     float* scratch,    // FlashAttentionBackwardScratchFloats
                                     int b, int nh, int t, int hs, cudaStream_t stream);
 

@@ -1,5 +1,10 @@
 // FlashAttentionForward / FlashAttentionBackward (worker/engine/cuda/flash_attention.cu)
 // against a host reference of causal attention, in double, on the same bf16-rounded inputs.
+// The kernels work on the model's layouts: q, k, v read from qkv (B, T, 3C) (rows [q | k | v],
+// head h owning channels [h * HS, (h + 1) * HS) of each C block, as AttentionSplitHeads), y and
+// dy (B, T, C), dq, dk, dv written into dqkv (B, T, 3C); the reference works per head on its
+// own (B, NH, T, HS) copies, and every element of y and dqkv (prefilled with garbage) is
+// compared, so a missed or misplaced write shows.
 //
 // Error metric per tensor: max_i |gpu_i - ref_i| / max_i |ref_i|. What the kernels round:
 // P to bf16 before P @ V (and P, dS before the backward's products), the outputs to bf16, and
@@ -80,9 +85,32 @@ bf16* AsBf16(DeviceBuffer<uint16_t>& buf) { return reinterpret_cast<bf16*>(buf.g
 
 struct Shape {
   int b, nh, t, hs;
+  int c() const { return nh * hs; }
   size_t heads() const { return static_cast<size_t>(b) * nh; }
-  size_t elems() const { return heads() * t * hs; }
+  size_t elems() const { return heads() * t * hs; }  // of one (B, T, C) tensor
 };
+
+// Head `which` (0 = q, 1 = k, 2 = v; 0 for a (B, T, C) tensor) of rows (B, T, width * C) as
+// (B, NH, T, HS): out[((b * NH + h) * T + t) * HS + d] = rows[(b * T + t) * width * C +
+// which * C + h * HS + d].
+template <typename T>
+std::vector<T> ToHeads(const std::vector<T>& rows, const Shape& s, int width, int which) {
+  const size_t row_len = static_cast<size_t>(width) * s.c();
+  EXPECT_EQ(rows.size(), static_cast<size_t>(s.b) * s.t * row_len);
+  std::vector<T> out(s.elems());
+  for (int b = 0; b < s.b; ++b) {
+    for (int h = 0; h < s.nh; ++h) {
+      for (int t = 0; t < s.t; ++t) {
+        const size_t src =
+            (static_cast<size_t>(b) * s.t + t) * row_len + static_cast<size_t>(which) * s.c() +
+            static_cast<size_t>(h) * s.hs;
+        const size_t dst = ((static_cast<size_t>(b) * s.nh + h) * s.t + t) * s.hs;
+        for (int d = 0; d < s.hs; ++d) out[dst + d] = rows[src + d];
+      }
+    }
+  }
+  return out;
+}
 
 // Random bf16 bits for values ~ N(0, sigma) (the values the reference uses are exactly these).
 std::vector<uint16_t> RandomBf16(size_t n, float sigma, std::mt19937& rng) {
@@ -196,35 +224,35 @@ TEST_P(FlashAttentionShapeTest, MatchesHostReference) {
   const Shape s = GetParam();
   std::mt19937 rng(1234 + s.t * 7 + s.hs);
   // q, k ~ N(0, 1): scores of O(1) with a wide spread of softmax weights.
-  const auto q = RandomBf16(s.elems(), 1.0f, rng);
-  const auto k = RandomBf16(s.elems(), 1.0f, rng);
-  const auto v = RandomBf16(s.elems(), 1.0f, rng);
-  const auto dy = RandomBf16(s.elems(), 1.0f, rng);
-  const Reference ref = ComputeReference(s, ToDouble(q), ToDouble(k), ToDouble(v), ToDouble(dy));
+  const auto qkv = RandomBf16(3 * s.elems(), 1.0f, rng);  // (B, T, 3C)
+  const auto dy = RandomBf16(s.elems(), 1.0f, rng);       // (B, T, C)
+  const Reference ref =
+      ComputeReference(s, ToDouble(ToHeads(qkv, s, 3, 0)), ToDouble(ToHeads(qkv, s, 3, 1)),
+                       ToDouble(ToHeads(qkv, s, 3, 2)), ToDouble(ToHeads(dy, s, 1, 0)));
 
-  DeviceBuffer<uint16_t> d_q(q), d_k(k), d_v(v), d_dy(dy);
-  const std::vector<uint16_t> garbage(s.elems(), kGarbageBits);
-  DeviceBuffer<uint16_t> d_y(garbage), d_dq(garbage), d_dk(garbage), d_dv(garbage);
+  DeviceBuffer<uint16_t> d_qkv(qkv), d_dy(dy);
+  DeviceBuffer<uint16_t> d_y(std::vector<uint16_t>(s.elems(), kGarbageBits));
+  DeviceBuffer<uint16_t> d_dqkv(std::vector<uint16_t>(3 * s.elems(), kGarbageBits));
   DeviceBuffer<float> d_lse(std::vector<float>(s.heads() * s.t, -1.0f));
   DeviceBuffer<float> d_scratch(
       std::vector<float>(FlashAttentionBackwardScratchFloats(s.b, s.nh, s.t, s.hs), 0.0f));
 
   ASSERT_TRUE(FlashAttentionSupported(s.hs));
-  ASSERT_TRUE(FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_q), AsBf16(d_k),
-                                    AsBf16(d_v), s.b, s.nh, s.t, s.hs, stream_)
+  ASSERT_TRUE(FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), s.b, s.nh, s.t,
+                                    s.hs, stream_)
                   .ok());
-  ASSERT_TRUE(FlashAttentionBackward(AsBf16(d_dq), AsBf16(d_dk), AsBf16(d_dv), AsBf16(d_dy),
-                                     AsBf16(d_y), d_lse.get(), AsBf16(d_q), AsBf16(d_k),
-                                     AsBf16(d_v), d_scratch.get(), s.b, s.nh, s.t, s.hs, stream_)
+  ASSERT_TRUE(FlashAttentionBackward(AsBf16(d_dqkv), AsBf16(d_dy), AsBf16(d_y), d_lse.get(),
+                                     AsBf16(d_qkv), d_scratch.get(), s.b, s.nh, s.t, s.hs,
+                                     stream_)
                   .ok());
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  const auto dq1 = d_dq.ToHost(), dk1 = d_dk.ToHost(), dv1 = d_dv.ToHost();
+  const auto dqkv1 = d_dqkv.ToHost();
 
-  const double e_y = RelError(d_y.ToHost(), ref.y);
+  const double e_y = RelError(ToHeads(d_y.ToHost(), s, 1, 0), ref.y);
   const double e_lse = RelError(d_lse.ToHost(), ref.lse);
-  const double e_dq = RelError(dq1, ref.dq);
-  const double e_dk = RelError(dk1, ref.dk);
-  const double e_dv = RelError(dv1, ref.dv);
+  const double e_dq = RelError(ToHeads(dqkv1, s, 3, 0), ref.dq);
+  const double e_dk = RelError(ToHeads(dqkv1, s, 3, 1), ref.dk);
+  const double e_dv = RelError(ToHeads(dqkv1, s, 3, 2), ref.dv);
   std::printf("B=%d NH=%d T=%d HS=%d: y %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", s.b, s.nh,
               s.t, s.hs, e_y, e_lse, e_dq, e_dk, e_dv);
   EXPECT_LE(e_y, kTolY);
@@ -233,15 +261,14 @@ TEST_P(FlashAttentionShapeTest, MatchesHostReference) {
   EXPECT_LE(e_dk, kTolDqDk);
   EXPECT_LE(e_dv, kTolDv);
 
-  // Deterministic: a second backward gives the same bits.
-  ASSERT_TRUE(FlashAttentionBackward(AsBf16(d_dq), AsBf16(d_dk), AsBf16(d_dv), AsBf16(d_dy),
-                                     AsBf16(d_y), d_lse.get(), AsBf16(d_q), AsBf16(d_k),
-                                     AsBf16(d_v), d_scratch.get(), s.b, s.nh, s.t, s.hs, stream_)
+  // Deterministic: a second backward, into a freshly garbage-filled dqkv, gives the same bits.
+  DeviceBuffer<uint16_t> d_dqkv2(std::vector<uint16_t>(3 * s.elems(), kGarbageBits));
+  ASSERT_TRUE(FlashAttentionBackward(AsBf16(d_dqkv2), AsBf16(d_dy), AsBf16(d_y), d_lse.get(),
+                                     AsBf16(d_qkv), d_scratch.get(), s.b, s.nh, s.t, s.hs,
+                                     stream_)
                   .ok());
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  EXPECT_EQ(d_dq.ToHost(), dq1);
-  EXPECT_EQ(d_dk.ToHost(), dk1);
-  EXPECT_EQ(d_dv.ToHost(), dv1);
+  EXPECT_EQ(d_dqkv2.ToHost(), dqkv1);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -259,19 +286,23 @@ TEST(FlashAttentionArgs, RejectsBadArguments) {
   alignas(16) static uint16_t dummy[64];
   bf16* p = reinterpret_cast<bf16*>(dummy);
   float* f = reinterpret_cast<float*>(dummy);
-  EXPECT_EQ(FlashAttentionForward(p, f, p, p, p, 1, 1, 8, 48, nullptr).code(),
+  bf16* p2 = p + 32;  // a second, distinct 16-byte aligned pointer
+  EXPECT_EQ(FlashAttentionForward(p, f, p, 1, 1, 8, 48, nullptr).code(),
             absl::StatusCode::kUnimplemented);
   EXPECT_FALSE(FlashAttentionSupported(48));
-  EXPECT_EQ(FlashAttentionForward(p, f, nullptr, p, p, 1, 1, 8, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p, f, nullptr, 1, 1, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(FlashAttentionForward(p, f, p, p, p, 1, 1, 0, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p, f, p, 1, 1, 0, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(FlashAttentionForward(p + 1, f, p, p, p, 1, 1, 8, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p + 1, f, p, 1, 1, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // y not 16-byte aligned
-  EXPECT_EQ(FlashAttentionBackward(p, p, p, p, p, f, p, p, p, nullptr, 1, 1, 8, 64, nullptr)
-                .code(),
+  EXPECT_EQ(FlashAttentionForward(p, f, p + 4, 1, 1, 8, 64, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // qkv not 16-byte aligned
+  EXPECT_EQ(FlashAttentionBackward(p2, p, p, f, p, nullptr, 1, 1, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // no scratch
-  EXPECT_EQ(FlashAttentionBackward(p, p, p, p, p, f, p, p, p, f, 1, 1, 8, 96, nullptr).code(),
+  EXPECT_EQ(FlashAttentionBackward(p, p, p, f, p, f, 1, 1, 8, 64, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // dqkv aliases qkv
+  EXPECT_EQ(FlashAttentionBackward(p2, p, p, f, p, f, 1, 1, 8, 96, nullptr).code(),
             absl::StatusCode::kUnimplemented);
 }
 
@@ -281,18 +312,18 @@ TEST_F(FlashAttentionTest, TimingGpt2Shape) {
   const Shape s{16, 12, 1024, 64};
   std::mt19937 rng(7);
   const auto x = RandomBf16(s.elems(), 1.0f, rng);
-  DeviceBuffer<uint16_t> d_q(x), d_k(x), d_v(x), d_dy(x), d_y(x), d_dq(x), d_dk(x), d_dv(x);
+  const auto x3 = RandomBf16(3 * s.elems(), 1.0f, rng);
+  DeviceBuffer<uint16_t> d_qkv(x3), d_dqkv(x3), d_dy(x), d_y(x);
   DeviceBuffer<float> d_lse(std::vector<float>(s.heads() * s.t));
   DeviceBuffer<float> d_scratch(
       std::vector<float>(FlashAttentionBackwardScratchFloats(s.b, s.nh, s.t, s.hs)));
   const auto forward = [&] {
-    return FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_q), AsBf16(d_k),
-                                 AsBf16(d_v), s.b, s.nh, s.t, s.hs, stream_);
+    return FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), s.b, s.nh, s.t,
+                                 s.hs, stream_);
   };
   const auto backward = [&] {
-    return FlashAttentionBackward(AsBf16(d_dq), AsBf16(d_dk), AsBf16(d_dv), AsBf16(d_dy),
-                                  AsBf16(d_y), d_lse.get(), AsBf16(d_q), AsBf16(d_k),
-                                  AsBf16(d_v), d_scratch.get(), s.b, s.nh, s.t, s.hs, stream_);
+    return FlashAttentionBackward(AsBf16(d_dqkv), AsBf16(d_dy), AsBf16(d_y), d_lse.get(),
+                                  AsBf16(d_qkv), d_scratch.get(), s.b, s.nh, s.t, s.hs, stream_);
   };
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
