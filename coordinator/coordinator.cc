@@ -674,6 +674,7 @@ absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   worker.status.set_incarnation(incarnation);
   worker.status.set_reason("registered");
   worker.last_heartbeat = Now();
+  worker.connection_lost = absl::InfiniteFuture();
   ToProtoTime(Now(), worker.status.mutable_register_time());
   ToProtoTime(Now(), worker.status.mutable_last_heartbeat_time());
   spdlog::debug("worker {} registered (incarnation {})", id, incarnation);
@@ -714,6 +715,7 @@ void Coordinator::Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Tim
   }
   WorkerRecord& worker = it->second;
   worker.last_heartbeat = Now();
+  worker.connection_lost = absl::InfiniteFuture();
   ToProtoTime(Now(), worker.status.mutable_last_heartbeat_time());
   if (worker.status.state() == weft::v1::WORKER_DEAD) {
     worker.status.set_state(weft::v1::WORKER_IDLE);
@@ -774,6 +776,16 @@ void Coordinator::Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Tim
   });
   *id_holder = parked.timer_id;
   worker.parked = std::move(parked);
+}
+
+void Coordinator::HeartbeatCancelled(const std::string& worker_id, int64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.status.incarnation() != incarnation) return;
+  // Only the held call matters: a call answered just before the cancel raced a normal reply,
+  // and the client's next heartbeat follows at once.
+  if (!it->second.parked) return;
+  if (it->second.connection_lost == absl::InfiniteFuture()) it->second.connection_lost = Now();
 }
 
 absl::StatusOr<weft::v1::ListWorkersResponse> Coordinator::ListWorkers() {
@@ -981,8 +993,8 @@ void Coordinator::Tick() {
   std::vector<WorkerLivenessView> workers;
   workers.reserve(workers_.size());
   for (const auto& [id, w] : workers_) {
-    workers.push_back({id, w.status.state(), w.last_heartbeat, w.status.job_id(),
-                       w.status.generation()});
+    workers.push_back({id, w.status.state(), w.last_heartbeat, w.connection_lost,
+                       w.status.job_id(), w.status.generation()});
   }
   std::vector<GenerationView> generations;
   for (const auto& [id, rec] : jobs_) {
@@ -1006,6 +1018,7 @@ void Coordinator::Tick() {
   LivenessOptions liveness;
   liveness.idle_heartbeat_timeout_ms = options_.heartbeat_timeout_ms;
   liveness.rendezvous_timeout_ms = options_.rendezvous_timeout_ms;
+  liveness.connection_lost_grace_ms = options_.connection_lost_grace_ms;
 
   for (const Failure& f : CheckLiveness(now, workers, generations, liveness)) {
     failures_->Add({{"kind", FailureKindLabel(f.kind)}}).Increment();

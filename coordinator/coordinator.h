@@ -47,6 +47,9 @@ struct CoordinatorOptions {
   int64_t rendezvous_timeout_ms = 120000;
   // Period of liveness checks, scheduling retries and gauge updates.
   int64_t tick_interval_ms = 100;
+  // A worker whose heartbeat connection dropped is dead after this long without a new
+  // heartbeat (LivenessOptions::connection_lost_grace_ms).
+  int64_t connection_lost_grace_ms = 1000;
   // Events kept per job (oldest dropped first).
   int32_t max_events_per_job = 200;
   // A step report persists the job at most this often (state changes always persist).
@@ -94,6 +97,10 @@ class Coordinator {
   // call until a command arrives or `deadline` / the held time passes.
   void Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Time deadline,
                  Done<weft::v1::HeartbeatResponse> done);
+  // The transport cancelled a held Heartbeat call of (worker_id, incarnation): the client
+  // went away (its process exited, or the connection broke). Unless a new heartbeat arrives
+  // within LivenessOptions::connection_lost_grace_ms, the worker is declared dead.
+  void HeartbeatCancelled(const std::string& worker_id, int64_t incarnation);
   absl::StatusOr<weft::v1::ListWorkersResponse> ListWorkers();
 
   // ---- Rendezvous ----
@@ -138,6 +145,8 @@ class Coordinator {
   struct WorkerRecord {
     weft::v1::WorkerStatus status;
     absl::Time last_heartbeat;
+    // When the transport cancelled the held heartbeat (see HeartbeatCancelled).
+    absl::Time connection_lost = absl::InfiniteFuture();
     std::deque<weft::v1::Command> pending;
     std::optional<ParkedHeartbeat> parked;
   };

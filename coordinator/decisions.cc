@@ -104,12 +104,22 @@ std::vector<Failure> CheckLiveness(absl::Time now, const std::vector<WorkerLiven
     }
     const int64_t timeout_ms = gen ? gen->heartbeat_timeout_ms : options.idle_heartbeat_timeout_ms;
     const int64_t silent_ms = Ms(now - w.last_heartbeat);
+    const int64_t grace_ms = std::min(options.connection_lost_grace_ms, timeout_ms);
     if (silent_ms > timeout_ms) {
       Failure f{FailureKind::kHeartbeatTimeout, w.worker_id, gen ? gen->job_id : "",
                 gen ? gen->generation : 0,
                 absl::StrCat("worker ", w.worker_id, " missed heartbeats for ", silent_ms,
                              " ms (timeout ", timeout_ms, " ms)")};
       failures.push_back(std::move(f));
+    } else if (w.connection_lost != absl::InfiniteFuture() &&
+               Ms(now - w.connection_lost) > grace_ms) {
+      failures.push_back(
+          {FailureKind::kHeartbeatTimeout, w.worker_id, gen ? gen->job_id : "",
+           gen ? gen->generation : 0,
+           absl::StrCat("worker ", w.worker_id, " lost its connection ",
+                        Ms(now - w.connection_lost), " ms ago and has not heartbeated since ",
+                        "(grace ", grace_ms, " ms): its process exited or its host is "
+                        "unreachable")});
     }
   }
 

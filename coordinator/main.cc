@@ -55,6 +55,11 @@ int main(int argc, char** argv) {
                  "a generation whose members have not all joined by then fails")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{100}, int64_t{86400000}));
+  app.add_option("--connection-lost-grace-ms", flags.options.connection_lost_grace_ms,
+                 "a worker whose heartbeat connection dropped is dead after this long "
+                 "without a new heartbeat")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
   app.add_option("--tick-interval-ms", flags.options.tick_interval_ms,
                  "period of liveness checks and scheduling")
       ->capture_default_str()

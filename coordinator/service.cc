@@ -52,6 +52,22 @@ absl::Status CheckKey(const std::string& key, const char* field) {
   return absl::OkStatus();
 }
 
+// A held heartbeat that tells the coordinator when its client goes away: a worker process
+// that exits (SIGKILL, crash) drops its connection, gRPC cancels the held call, and the
+// coordinator declares the worker dead within a short grace instead of a heartbeat timeout.
+class HeartbeatReactor final : public ServerUnaryReactor {
+ public:
+  HeartbeatReactor(Coordinator* coordinator, std::string worker_id, int64_t incarnation)
+      : coordinator_(coordinator), worker_id_(std::move(worker_id)), incarnation_(incarnation) {}
+  void OnCancel() override { coordinator_->HeartbeatCancelled(worker_id_, incarnation_); }
+  void OnDone() override { delete this; }
+
+ private:
+  Coordinator* coordinator_;
+  const std::string worker_id_;
+  const int64_t incarnation_;
+};
+
 // Streams job status snapshots to one WatchJob caller. Snapshots arriving while a write is in
 // flight are coalesced (the newest wins: each carries the full status). gRPC operations are
 // started outside mu_, because gRPC may run the resulting reaction on the calling thread.
@@ -226,7 +242,8 @@ ServerUnaryReactor* CoordinatorService::RegisterWorker(
 ServerUnaryReactor* CoordinatorService::Heartbeat(CallbackServerContext* context,
                                                   const weft::v1::HeartbeatRequest* request,
                                                   weft::v1::HeartbeatResponse* response) {
-  ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor =
+      new HeartbeatReactor(coordinator_, request->worker_id(), request->incarnation());
   coordinator_->Heartbeat(*request, CallDeadline(context), Finisher(reactor, response));
   return reactor;
 }

@@ -198,10 +198,11 @@ TEST(ScheduleTest, EveryJobIsEitherPlacedOrWaiting) {
 const absl::Time kT0 = absl::FromUnixSeconds(1'000'000);
 
 WorkerLivenessView Idle(std::string id, absl::Time last) {
-  return {std::move(id), weft::v1::WORKER_IDLE, last, "", 0};
+  return {std::move(id), weft::v1::WORKER_IDLE, last, absl::InfiniteFuture(), "", 0};
 }
 WorkerLivenessView Busy(std::string id, absl::Time last, std::string job, int64_t gen) {
-  return {std::move(id), weft::v1::WORKER_BUSY, last, std::move(job), gen};
+  return {std::move(id), weft::v1::WORKER_BUSY, last, absl::InfiniteFuture(), std::move(job),
+          gen};
 }
 GenerationView Gen(std::string job, int64_t gen, absl::Time start, int64_t hb_timeout_ms,
                    int64_t stall_ms = 300000) {
@@ -224,6 +225,33 @@ LivenessOptions Opts(int64_t idle_ms = 3000, int64_t rendezvous_ms = 120000) {
 TEST(CheckLivenessTest, IdleWorkerExactlyAtTimeoutIsAlive) {
   auto f = CheckLiveness(kT0 + absl::Milliseconds(3000), {Idle("w", kT0)}, {}, Opts(3000));
   EXPECT_THAT(f, IsEmpty());
+}
+
+// A dropped heartbeat connection (the process exited) is fatal after the grace, long before
+// the heartbeat timeout; within the grace the worker may still reconnect.
+TEST(CheckLivenessTest, LostConnectionIsDeadAfterTheGraceNotTheTimeout) {
+  WorkerLivenessView w = Busy("w", kT0, "job", 1);
+  w.connection_lost = kT0 + absl::Milliseconds(100);
+  LivenessOptions opts = Opts();
+  opts.connection_lost_grace_ms = 1000;
+  const std::vector<GenerationView> gens = {Gen("job", 1, kT0, /*hb_timeout_ms=*/30000)};
+  EXPECT_THAT(CheckLiveness(kT0 + absl::Milliseconds(1100), {w}, gens, opts), IsEmpty());
+  auto f = CheckLiveness(kT0 + absl::Milliseconds(1101), {w}, gens, opts);
+  ASSERT_THAT(f, SizeIs(1));
+  EXPECT_EQ(f[0].kind, FailureKind::kHeartbeatTimeout);
+  EXPECT_EQ(f[0].job_id, "job");
+  EXPECT_EQ(f[0].generation, 1);
+  EXPECT_THAT(f[0].reason, HasSubstr("lost its connection 1001 ms ago"));
+}
+
+TEST(CheckLivenessTest, LostConnectionGraceNeverExceedsTheHeartbeatTimeout) {
+  WorkerLivenessView w = Idle("w", kT0);
+  w.connection_lost = kT0;
+  LivenessOptions opts = Opts(/*idle_ms=*/500);
+  opts.connection_lost_grace_ms = 1000;
+  auto f = CheckLiveness(kT0 + absl::Milliseconds(501), {w}, {}, opts);
+  ASSERT_THAT(f, SizeIs(1));
+  EXPECT_THAT(f[0].reason, HasSubstr("missed heartbeats"));
 }
 
 TEST(CheckLivenessTest, IdleWorkerOneMsPastTimeoutIsDead) {

@@ -1,9 +1,10 @@
 // weft-worker --device cuda:K end to end: a real coordinator and real worker processes, one per
 // GPU, NCCL between them. Label gpu: skips without two GPUs.
 //  - two GPU workers train a job to completion through the services;
-//  - a rank SIGKILLed or SIGSTOPped mid-training leaves the survivor inside NCCL for no longer
-//    than the job's heartbeat timeout (plus the abort's own latency): the coordinator declares
-//    the rank lost and tells the survivor to abort, which calls ncclCommAbort;
+//  - a rank SIGKILLed mid-training leaves the survivor inside NCCL for less than the job's
+//    heartbeat timeout (its dropped connection gives it away), a SIGSTOPped one for the
+//    timeout plus the abort's latency: the coordinator declares the rank lost and tells the
+//    survivor to abort, which calls ncclCommAbort;
 //  - a job whose memory plan does not fit fails before training, its error giving the numbers.
 #include <cuda_runtime_api.h>
 #include <signal.h>
@@ -169,18 +170,18 @@ TEST_F(GpuWorkerE2eTest, TwoGpuWorkersTrainToCompletion) {
   EXPECT_FALSE(s.model_path().empty());
 }
 
-// The detection is the coordinator's (a missed heartbeat deadline); the release is
-// ncclCommAbort on the survivor. Margin: one heartbeat interval, the coordinator's tick and the
-// abort itself — well under 2 s.
+// A killed process drops its heartbeat connection: the coordinator declares it dead after
+// the 1 s connection-lost grace and tells the survivor to abort (ncclCommAbort). The release,
+// log polling included, comes well inside the 3 s heartbeat timeout.
 TEST_F(GpuWorkerE2eTest, KilledRankReleasesTheSurvivorWithinTheHeartbeatTimeout) {
-  EXPECT_LT(SurvivorReleaseAfter(SIGKILL), absl::Milliseconds(kHeartbeatTimeoutMs + 2000));
+  EXPECT_LT(SurvivorReleaseAfter(SIGKILL), absl::Milliseconds(kHeartbeatTimeoutMs));
 }
 
-// A frozen process keeps its sockets and NVLink mappings: nothing but the heartbeat deadline
-// can tell the survivor, which would otherwise spin in its NCCL kernel until the 120 s
-// collective timeout.
-TEST_F(GpuWorkerE2eTest, FrozenRankReleasesTheSurvivorWithinTheHeartbeatTimeout) {
-  EXPECT_LT(SurvivorReleaseAfter(SIGSTOP), absl::Milliseconds(kHeartbeatTimeoutMs + 2000));
+// A frozen process keeps its sockets and NVLink mappings: only the heartbeat deadline can
+// tell, after which the survivor is released at once (instead of spinning in its NCCL kernel
+// until the 120 s collective timeout). Margin: the coordinator's tick, the abort, the polling.
+TEST_F(GpuWorkerE2eTest, FrozenRankReleasesTheSurvivorAtTheHeartbeatTimeout) {
+  EXPECT_LT(SurvivorReleaseAfter(SIGSTOP), absl::Milliseconds(kHeartbeatTimeoutMs + 1000));
 }
 
 TEST_F(GpuWorkerE2eTest, ImpossibleMemoryFailsTheJobBeforeTrainingWithTheNumbers) {
