@@ -168,7 +168,7 @@ absl::StatusOr<std::string> WaitForFile(const std::string& path, absl::Duration 
 
 absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
     const std::string& data_dir, const std::vector<std::string>& extra_args,
-    const std::string& bin_dir) {
+    const std::string& bin_dir, int listen_port) {
   auto cp = std::unique_ptr<CoordinatorProcess>(new CoordinatorProcess());
   static std::atomic<int> counter{0};
   const std::string tag = absl::StrCat(::getpid(), "-", counter++);
@@ -177,7 +177,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
   cp->log_path_ = absl::StrCat(data_dir, "/coordinator-", tag, ".log");
   std::filesystem::create_directories(data_dir);
   std::vector<std::string> argv = {bin_dir + "/weft-coordinator",
-                                   "--listen=127.0.0.1:0",
+                                   absl::StrCat("--listen=127.0.0.1:", listen_port),
                                    "--port-file=" + port_file,
                                    "--data-dir=" + data_dir + "/db",
                                    "--metrics-address=127.0.0.1:0",

@@ -74,9 +74,11 @@ absl::StatusOr<std::string> WaitForFile(const std::string& path, absl::Duration 
 // A weft-coordinator process on 127.0.0.1 with a free port, its state in `data_dir`.
 class CoordinatorProcess {
  public:
+  // `port` 0 picks a free one; a restarted coordinator passes its predecessor's port so that
+  // running workers find it again.
   static absl::StatusOr<std::unique_ptr<CoordinatorProcess>> Start(
       const std::string& data_dir, const std::vector<std::string>& extra_args = {},
-      const std::string& bin_dir = BinDir());
+      const std::string& bin_dir = BinDir(), int port = 0);
 
   const std::string& address() const { return address_; }  // "127.0.0.1:PORT"
   const std::string& metrics_address() const { return metrics_address_; }

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/worker/cluster.h"
 #include "client/checkpoint_client.h"
 #include "worker/checkpointer.h"
 #include "worker/data/safetensors.h"
@@ -27,85 +28,9 @@ using testing::Eventually;
 using testing::Subprocess;
 using testing::TempDir;
 
-std::string Corpus() {
-  std::string text;
-  const char* words[] = {"alpha ", "beta ", "gamma ", "delta ", "epsilon\n"};
-  for (int i = 0; i < 4000; ++i) text += words[(i * 7 + i / 5) % 5];
-  return text;
-}
+using testing::Cluster;
 
-// A coordinator, a checkpointd and two workers whose state lives under `dir`.
-class Cluster {
- public:
-  explicit Cluster(const std::string& dir) : dir_(dir) {}
-
-  void Start() {
-    auto cp = CoordinatorProcess::Start(dir_ + "/coordinator", {"--tick-interval-ms=50"});
-    ASSERT_TRUE(cp.ok()) << cp.status();
-    coordinator_ = std::move(*cp);
-    const std::string port_file = dir_ + "/checkpointd.port";
-    std::remove(port_file.c_str());
-    auto ck = Subprocess::Start({testing::BinDir() + "/weft-checkpointd", "--listen=127.0.0.1:0",
-                                 "--port-file=" + port_file, "--data-dir=" + dir_ + "/ckpt",
-                                 "--metrics-address=none"},
-                                dir_ + "/checkpointd.log");
-    ASSERT_TRUE(ck.ok());
-    checkpointd_ = std::move(*ck);
-    auto port = testing::WaitForFile(port_file, absl::Seconds(30));
-    ASSERT_TRUE(port.ok()) << testing::ReadFile(dir_ + "/checkpointd.log");
-    checkpointd_address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
-    const std::string& checkpointd = checkpointd_address_;
-    for (int i = 0; i < 2; ++i) {
-      auto w = Subprocess::Start(
-          {testing::BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
-           absl::StrCat("--device=cpu:", i), "--host=node", "--checkpointd=" + checkpointd,
-           "--output-dir=" + dir_ + "/models", "--metrics-address=none"},
-          absl::StrCat(dir_, "/worker", i, ".log"));
-      ASSERT_TRUE(w.ok());
-      workers_.push_back(std::move(*w));
-    }
-    client_ = std::make_unique<CoordinatorClient>(coordinator_->address());
-  }
-
-  void KillEverything() {
-    for (auto& w : workers_) w->Signal(SIGKILL);
-    checkpointd_->Signal(SIGKILL);
-    coordinator_->process().Signal(SIGKILL);
-    for (auto& w : workers_) (void)w->Wait(absl::Seconds(10));
-    (void)checkpointd_->Wait(absl::Seconds(10));
-    (void)coordinator_->process().Wait(absl::Seconds(10));
-    workers_.clear();
-  }
-
-  CoordinatorClient& client() { return *client_; }
-  const std::string& checkpointd_address() const { return checkpointd_address_; }
-  std::string checkpoint_dir() const { return dir_ + "/ckpt"; }
-
-  v1::JobStatus Status(const std::string& id) {
-    auto job = client_->GetJob(id);
-    return job.ok() ? job->status() : v1::JobStatus();
-  }
-
-  bool WaitFor(const std::string& id, v1::JobState state, absl::Duration timeout) {
-    return Eventually([&] { return Status(id).state() == state; }, timeout);
-  }
-
-  std::string Logs() {
-    std::string all = testing::ReadFile(coordinator_->log_path());
-    for (const char* f : {"/worker0.log", "/worker1.log", "/checkpointd.log"}) {
-      absl::StrAppend(&all, "\n--- ", f, "\n", testing::ReadFile(dir_ + f));
-    }
-    return all;
-  }
-
- private:
-  std::string dir_;
-  std::unique_ptr<CoordinatorProcess> coordinator_;
-  std::unique_ptr<Subprocess> checkpointd_;
-  std::vector<std::unique_ptr<Subprocess>> workers_;
-  std::unique_ptr<CoordinatorClient> client_;
-  std::string checkpointd_address_;
-};
+std::string Corpus() { return testing::WordCorpus(); }
 
 v1::JobSpec Spec(const std::string& corpus) {
   auto spec = ParseJobSpecText(absl::StrCat(R"pb(

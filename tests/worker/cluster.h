@@ -1,0 +1,137 @@
+// A whole Weft deployment as real processes on 127.0.0.1 for end-to-end tests: a coordinator,
+// a checkpointd and N CPU workers ("node/cpu<i>"), all keeping their state under one folder so
+// that any of them can be killed and started again.
+#ifndef WEFT_TESTS_WORKER_CLUSTER_H_
+#define WEFT_TESTS_WORKER_CLUSTER_H_
+
+#include <signal.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "client/coordinator_client.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+#include "weft/v1/job.pb.h"
+
+namespace weft::testing {
+
+// Text with structure a tiny model learns in a few dozen steps.
+inline std::string WordCorpus() {
+  std::string text;
+  const char* words[] = {"alpha ", "beta ", "gamma ", "delta ", "epsilon\n"};
+  for (int i = 0; i < 4000; ++i) text += words[(i * 7 + i / 5) % 5];
+  return text;
+}
+
+class Cluster {
+ public:
+  explicit Cluster(const std::string& dir, int workers = 2) : dir_(dir), num_workers_(workers) {}
+
+  // Starts every process (call it again after KillEverything to restart them all).
+  void Start() {
+    ASSERT_NO_FATAL_FAILURE(StartCoordinator(0));
+    const std::string port_file = dir_ + "/checkpointd.port";
+    std::remove(port_file.c_str());
+    auto ck = Subprocess::Start({BinDir() + "/weft-checkpointd", "--listen=127.0.0.1:0",
+                                 "--port-file=" + port_file, "--data-dir=" + dir_ + "/ckpt",
+                                 "--metrics-address=none"},
+                                dir_ + "/checkpointd.log");
+    ASSERT_TRUE(ck.ok());
+    checkpointd_ = std::move(*ck);
+    auto port = WaitForFile(port_file, absl::Seconds(30));
+    ASSERT_TRUE(port.ok()) << ReadFile(dir_ + "/checkpointd.log");
+    checkpointd_address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
+    workers_.clear();
+    for (int i = 0; i < num_workers_; ++i) ASSERT_NO_FATAL_FAILURE(StartWorker(i));
+  }
+
+  void StartWorker(int i) {
+    auto w = Subprocess::Start(
+        {BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
+         absl::StrCat("--device=cpu:", i), "--host=node", "--checkpointd=" + checkpointd_address_,
+         "--output-dir=" + dir_ + "/models", "--metrics-address=none"},
+        absl::StrCat(dir_, "/worker", i, ".log"));
+    ASSERT_TRUE(w.ok());
+    if (static_cast<int>(workers_.size()) <= i) workers_.resize(i + 1);
+    workers_[i] = std::move(*w);
+  }
+
+  void KillEverything() {
+    for (auto& w : workers_) w->Signal(SIGKILL);
+    checkpointd_->Signal(SIGKILL);
+    coordinator_->process().Signal(SIGKILL);
+    for (auto& w : workers_) (void)w->Wait(absl::Seconds(10));
+    (void)checkpointd_->Wait(absl::Seconds(10));
+    (void)coordinator_->process().Wait(absl::Seconds(10));
+    workers_.clear();
+  }
+
+  // SIGKILLs the coordinator and starts it again on the same port and state: the workers keep
+  // running and find it again.
+  void RestartCoordinator() {
+    const std::string address = coordinator_->address();
+    int port = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port));
+    coordinator_->process().Signal(SIGKILL);
+    (void)coordinator_->process().Wait(absl::Seconds(10));
+    ASSERT_NO_FATAL_FAILURE(StartCoordinator(port));
+  }
+
+  Subprocess& worker(int i) { return *workers_[i]; }
+  // The index of the worker process registered as `worker_id` ("node/cpu<i>").
+  static int WorkerIndex(const std::string& worker_id) {
+    int i = -1;
+    const size_t at = worker_id.rfind("cpu");
+    if (at == std::string::npos || !absl::SimpleAtoi(worker_id.substr(at + 3), &i)) return -1;
+    return i;
+  }
+
+  CoordinatorClient& client() { return *client_; }
+  const std::string& checkpointd_address() const { return checkpointd_address_; }
+  std::string checkpoint_dir() const { return dir_ + "/ckpt"; }
+
+  v1::JobStatus Status(const std::string& id) {
+    auto job = client_->GetJob(id);
+    return job.ok() ? job->status() : v1::JobStatus();
+  }
+
+  bool WaitFor(const std::string& id, v1::JobState state, absl::Duration timeout) {
+    return Eventually([&] { return Status(id).state() == state; }, timeout);
+  }
+
+  std::string Logs() {
+    std::string all = ReadFile(coordinator_->log_path());
+    for (int i = 0; i < num_workers_; ++i) {
+      const std::string f = absl::StrCat("/worker", i, ".log");
+      absl::StrAppend(&all, "\n--- ", f, "\n", ReadFile(dir_ + f));
+    }
+    absl::StrAppend(&all, "\n--- checkpointd\n", ReadFile(dir_ + "/checkpointd.log"));
+    return all;
+  }
+
+ private:
+  void StartCoordinator(int port) {
+    auto cp = CoordinatorProcess::Start(dir_ + "/coordinator", {"--tick-interval-ms=50"},
+                                        BinDir(), port);
+    ASSERT_TRUE(cp.ok()) << cp.status();
+    coordinator_ = std::move(*cp);
+    client_ = std::make_unique<CoordinatorClient>(coordinator_->address());
+  }
+
+  std::string dir_;
+  int num_workers_;
+  std::unique_ptr<CoordinatorProcess> coordinator_;
+  std::unique_ptr<Subprocess> checkpointd_;
+  std::vector<std::unique_ptr<Subprocess>> workers_;
+  std::unique_ptr<CoordinatorClient> client_;
+  std::string checkpointd_address_;
+};
+
+}  // namespace weft::testing
+
+#endif  // WEFT_TESTS_WORKER_CLUSTER_H_

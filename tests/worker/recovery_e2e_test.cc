@@ -1,0 +1,165 @@
+// Recovery with real processes (coordinator, checkpointd, CPU workers on 127.0.0.1): a worker
+// SIGKILLed or SIGSTOPped mid-job is declared lost, the survivors abort their collectives, a
+// new generation forms with an idle spare, restores the last checkpoint and finishes; a
+// SIGKILLed and restarted coordinator picks the job up again. Each ends SUCCEEDED with the
+// model an uninterrupted run of the same world size gives, bit for bit.
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+#include "tests/worker/cluster.h"
+#include "worker/data/safetensors.h"
+
+namespace weft {
+namespace {
+
+using testing::Cluster;
+using testing::Eventually;
+using testing::TempDir;
+using ::testing::HasSubstr;
+
+constexpr int kSteps = 160;
+
+v1::JobSpec Spec(const std::string& corpus, int world) {
+  auto spec = ParseJobSpecText(absl::StrCat(R"pb(
+    name: "recover"
+    model { num_layers: 2 hidden_size: 32 num_heads: 2 vocab_size: 256 context_length: 32 }
+    data { format: DATA_FORMAT_TEXT_BYTES train_path: ")pb", corpus, R"pb(" }
+    optimizer { learning_rate: 0.01 }
+    lr_schedule { warmup_steps: 10 }
+    training { micro_batch_size: 4 seed: 5 total_steps: )pb", kSteps, R"pb( }
+    zero_stage: 3
+    checkpoint { interval_steps: 20 keep_last: 2 }
+    fault { heartbeat_interval_ms: 200 heartbeat_timeout_ms: 1500 max_restarts: 2 }
+    resources { device_kind: DEVICE_KIND_CPU min_workers: )pb", world, " max_workers: ", world,
+                                            " }"),
+                               "recover");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+std::vector<data::TensorData> Model(const v1::JobStatus& status) {
+  auto file = data::ReadSafetensors(status.model_path());
+  EXPECT_TRUE(file.ok()) << status.model_path() << ": " << file.status();
+  return file.ok() ? file->tensors : std::vector<data::TensorData>();
+}
+
+void ExpectSameModel(const v1::JobStatus& a, const v1::JobStatus& b) {
+  const auto x = Model(a);
+  const auto y = Model(b);
+  ASSERT_FALSE(x.empty());
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i].name, y[i].name);
+    EXPECT_TRUE(x[i].data == y[i].data) << x[i].name << " differs from the uninterrupted run";
+  }
+}
+
+class RecoveryE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    corpus_ = dir_.File("corpus.txt");
+    testing::WriteFile(corpus_, testing::WordCorpus());
+  }
+
+  // The same job without interruption, on exactly `world` workers.
+  v1::JobStatus Uninterrupted(int world) {
+    Cluster cluster(dir_.File(absl::StrCat("straight", world)), world);
+    cluster.Start();
+    auto job = cluster.client().SubmitJob(Spec(corpus_, world));
+    EXPECT_TRUE(job.ok()) << job.status();
+    EXPECT_TRUE(cluster.WaitFor(job->job_id(), v1::SUCCEEDED, absl::Seconds(120)))
+        << cluster.Logs();
+    const v1::JobStatus status = cluster.Status(job->job_id());
+    cluster.KillEverything();
+    return status;
+  }
+
+  // Runs the job on `world` workers plus one spare, and once a mid-run checkpoint is
+  // committed, sends `signal` to one of the job's workers. Returns the final status.
+  v1::JobStatus InterruptedBySignal(int world, int signal) {
+    Cluster cluster(dir_.File(absl::StrCat("interrupted", world, "-", signal)), world + 1);
+    cluster.Start();
+    auto job = cluster.client().SubmitJob(Spec(corpus_, world));
+    EXPECT_TRUE(job.ok()) << job.status();
+    const std::string id = job->job_id();
+    EXPECT_TRUE(Eventually([&] { return cluster.Status(id).checkpoint_step() >= 40; },
+                           absl::Seconds(120)))
+        << cluster.Logs();
+    const v1::JobStatus before = cluster.Status(id);
+    EXPECT_LT(before.step(), kSteps) << "the job ended before it could be interrupted";
+    EXPECT_EQ(before.worker_ids_size(), world);
+    const int victim = Cluster::WorkerIndex(before.worker_ids(world - 1));
+    EXPECT_GE(victim, 0);
+    cluster.worker(victim).Signal(signal);
+    EXPECT_TRUE(cluster.WaitFor(id, v1::SUCCEEDED, absl::Seconds(120))) << cluster.Logs();
+    const v1::JobStatus after = cluster.Status(id);
+    EXPECT_EQ(after.restarts(), 1) << cluster.Logs();
+    EXPECT_EQ(after.generation(), 2);
+    bool lost = false;
+    for (const auto& e : after.events()) {
+      if (e.type() == v1::WORKER_LOST) {
+        lost = true;
+        EXPECT_THAT(e.message(), HasSubstr(before.worker_ids(world - 1)));
+      }
+    }
+    EXPECT_TRUE(lost);
+    EXPECT_THAT(cluster.Logs(), HasSubstr("restored checkpoint"));
+    if (signal == SIGSTOP) cluster.worker(victim).Signal(SIGKILL);
+    cluster.KillEverything();
+    return after;
+  }
+
+  TempDir dir_;
+  std::string corpus_;
+};
+
+TEST_F(RecoveryE2eTest, KilledWorkerOfTwoIsReplacedByASpareAndTheModelIsUnchanged) {
+  const v1::JobStatus straight = Uninterrupted(2);
+  const v1::JobStatus recovered = InterruptedBySignal(2, SIGKILL);
+  ExpectSameModel(straight, recovered);
+}
+
+TEST_F(RecoveryE2eTest, KilledWorkerOfThreeIsReplacedByASpareAndTheModelIsUnchanged) {
+  const v1::JobStatus straight = Uninterrupted(3);
+  const v1::JobStatus recovered = InterruptedBySignal(3, SIGKILL);
+  ExpectSameModel(straight, recovered);
+}
+
+// A frozen process keeps its connection: the missed heartbeats (1.5 s) give it away.
+TEST_F(RecoveryE2eTest, HungWorkerIsDetectedAndReplacedAndTheModelIsUnchanged) {
+  const v1::JobStatus straight = Uninterrupted(2);
+  const v1::JobStatus recovered = InterruptedBySignal(2, SIGSTOP);
+  ExpectSameModel(straight, recovered);
+}
+
+// The workers keep training and retrying their reports while the coordinator is down; the
+// restarted coordinator reloads the job, ends the generation it cannot vouch for, and a new
+// one resumes from the last checkpoint.
+TEST_F(RecoveryE2eTest, KilledAndRestartedCoordinatorFinishesTheJob) {
+  const v1::JobStatus straight = Uninterrupted(2);
+  Cluster cluster(dir_.File("coordinator-restart"), 2);
+  cluster.Start();
+  auto job = cluster.client().SubmitJob(Spec(corpus_, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job_id();
+  ASSERT_TRUE(Eventually([&] { return cluster.Status(id).checkpoint_step() >= 40; },
+                         absl::Seconds(120)))
+      << cluster.Logs();
+  ASSERT_LT(cluster.Status(id).step(), kSteps);
+  ASSERT_NO_FATAL_FAILURE(cluster.RestartCoordinator());
+  ASSERT_TRUE(cluster.WaitFor(id, v1::SUCCEEDED, absl::Seconds(120))) << cluster.Logs();
+  const v1::JobStatus after = cluster.Status(id);
+  EXPECT_GE(after.generation(), 2);
+  ExpectSameModel(straight, after);
+  cluster.KillEverything();
+}
+
+}  // namespace
+}  // namespace weft
