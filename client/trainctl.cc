@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -171,9 +172,15 @@ absl::Status PrintJson(const google::protobuf::Message& message, bool pretty) {
   return absl::OkStatus();
 }
 
+// Events carry milliseconds: recovery is measured in them.
+std::string FormatEventTime(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0 && t.nanos() == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%E3S", FromProtoTime(t), absl::LocalTimeZone());
+}
+
 std::string EventLine(const JobEvent& event) {
   std::string line = absl::StrCat(
-      FormatTimestamp(event.time()), "  ",
+      FormatEventTime(event.time()), "  ",
       ShortEnumName(weft::v1::JobEventType_Name(event.type()), "JOB_EVENT_TYPE_"));
   if (event.generation() > 0) absl::StrAppend(&line, " gen ", event.generation());
   if (event.type() == weft::v1::STATE_CHANGED) {
@@ -523,6 +530,47 @@ int Watch(CoordinatorClient& client, const GlobalOptions& global, const std::str
   }
 }
 
+// Identity of an event, to print each once while following (the coordinator keeps the newest
+// events only, so positions in the list shift).
+std::string EventKey(const JobEvent& e) {
+  return absl::StrCat(e.time().seconds(), ".", e.time().nanos(), "/", e.type(), "/",
+                      e.generation(), "/", e.message());
+}
+
+// Every transition of a job with its time and reason, oldest first; with `follow`, new ones as
+// they happen until the job ends (exit 0 if it SUCCEEDED, like watch). JSON: one JobEvent per
+// line.
+int Events(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id,
+           bool follow) {
+  absl::flat_hash_set<std::string> printed;
+  absl::Status print_status;
+  JobStatus last;
+  auto print_new = [&](const JobStatus& status) {
+    last = status;
+    for (const JobEvent& e : status.events()) {
+      if (!printed.insert(EventKey(e)).second) continue;
+      if (global.json()) {
+        print_status = PrintJson(e, false);
+        if (!print_status.ok()) return false;
+      } else {
+        std::cout << EventLine(e) << "\n";
+      }
+    }
+    std::cout.flush();
+    return true;
+  };
+  if (!follow) {
+    absl::StatusOr<weft::v1::Job> job = client.GetJob(job_id);
+    if (!job.ok()) return Fail(job.status());
+    print_new(job->status());
+    return print_status.ok() ? 0 : Fail(print_status);
+  }
+  absl::Status watched = client.WatchJob(job_id, print_new);
+  if (!print_status.ok()) return Fail(print_status);
+  if (!watched.ok()) return Fail(watched);
+  return last.state() == weft::v1::SUCCEEDED ? 0 : 1;
+}
+
 int Workers(CoordinatorClient& client, const GlobalOptions& global) {
   absl::StatusOr<std::vector<WorkerStatus>> workers = client.ListWorkers();
   if (!workers.ok()) return Fail(workers.status());
@@ -643,6 +691,13 @@ int Main(int argc, char** argv) {
       "watch", "Follow a job until it ends; exit 0 if it SUCCEEDED, 1 otherwise");
   watch->add_option("JOB", job_id, "Job id")->required();
 
+  bool follow = false;
+  CLI::App* events = app.add_subcommand(
+      "events", "A job's transitions with time and reason (failures, recoveries, checkpoints)");
+  events->add_option("JOB", job_id, "Job id")->required();
+  events->add_flag("-f,--follow", follow,
+                   "Keep printing new events until the job ends (exit 0 if it SUCCEEDED)");
+
   CLI::App* workers = app.add_subcommand("workers", "List registered workers");
 
   SampleFlags sample_flags;
@@ -687,6 +742,7 @@ int Main(int argc, char** argv) {
   if (cancel->parsed()) return Cancel(client, global, job_id, reason);
   if (watch->parsed()) return Watch(client, global, job_id);
   if (workers->parsed()) return Workers(client, global);
+  if (events->parsed()) return Events(client, global, job_id, follow);
   if (sample->parsed()) return Sample(client, global, job_id, sample_flags);
   return Fail(absl::InvalidArgumentError("no subcommand"));
 }

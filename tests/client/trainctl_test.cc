@@ -245,6 +245,40 @@ TEST_F(TrainctlTest, WatchFollowsAJobToSuccess) {
   EXPECT_TRUE(absl::StrContains(list.out, "0.5000")) << list.out;
 }
 
+TEST_F(TrainctlTest, EventsListEveryTransitionWithTimeAndReason) {
+  const std::string job_id = SubmitValid();
+  ASSERT_FALSE(job_id.empty());
+  ASSERT_EQ(Run({"cancel", job_id, "--reason", "budget cut"}).exit_code, 0);
+
+  CommandResult events = Run({"events", job_id});
+  ASSERT_EQ(events.exit_code, 0) << Describe(events);
+  std::vector<std::string> lines = absl::StrSplit(events.out, '\n', absl::SkipEmpty());
+  ASSERT_GE(lines.size(), 3u) << events.out;
+  EXPECT_TRUE(absl::StrContains(lines[0], "SUBMITTED")) << events.out;
+  EXPECT_TRUE(absl::StrContains(events.out, "CANCEL_REQUESTED")) << events.out;
+  EXPECT_TRUE(absl::StrContains(events.out, "budget cut")) << events.out;
+  EXPECT_TRUE(absl::StrContains(events.out, "-> CANCELLED")) << events.out;
+  // Millisecond timestamps: "YYYY-MM-DD HH:MM:SS.mmm".
+  EXPECT_EQ(lines[0][19], '.') << lines[0];
+
+  // JSON: one JobEvent per line, in order.
+  CommandResult json = Run({"-o", "json", "events", job_id});
+  ASSERT_EQ(json.exit_code, 0) << Describe(json);
+  std::vector<std::string> json_lines = absl::StrSplit(json.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(json_lines.size(), lines.size()) << json.out;
+  EXPECT_EQ(ParseJson<weft::v1::JobEvent>(json_lines[0]).type(), weft::v1::SUBMITTED);
+  EXPECT_EQ(ParseJson<weft::v1::JobEvent>(json_lines.back()).state(), weft::v1::CANCELLED);
+
+  // Following an ended job prints its events and returns at once; CANCELLED exits 1.
+  CommandResult follow = Run({"events", "--follow", job_id});
+  EXPECT_EQ(follow.exit_code, 1) << Describe(follow);
+  EXPECT_EQ(follow.out, events.out);
+
+  CommandResult unknown = Run({"events", "no-such-job-7"});
+  EXPECT_EQ(unknown.exit_code, 1) << Describe(unknown);
+  EXPECT_TRUE(absl::StrContains(unknown.err, "no-such-job-7")) << Describe(unknown);
+}
+
 TEST_F(TrainctlTest, UnknownJobFails) {
   CommandResult r = Run({"status", "no-such-job-7"});
   EXPECT_EQ(r.exit_code, 1) << Describe(r);
