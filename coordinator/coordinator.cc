@@ -782,6 +782,7 @@ void Coordinator::HeartbeatCancelled(const std::string& worker_id, int64_t incar
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.status.incarnation() != incarnation) return;
+  spdlog::debug("heartbeat of {} cancelled (held: {})", worker_id, it->second.parked.has_value());
   // Only the held call matters: a call answered just before the cancel raced a normal reply,
   // and the client's next heartbeat follows at once.
   if (!it->second.parked) return;
