@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/coordinator_client.h"
 #include "common/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -159,6 +160,54 @@ TEST_F(RecoveryE2eTest, KilledAndRestartedCoordinatorFinishesTheJob) {
   EXPECT_GE(after.generation(), 2);
   ExpectSameModel(straight, after);
   cluster.KillEverything();
+}
+
+// Workers that fail the same way every time a generation starts (here: their checkpointd is
+// unreachable, so nothing can be restored) do not loop forever: each failure costs a restart,
+// and once the budget is spent the job FAILS with the workers' own error, which
+// `trainctl status` shows.
+TEST_F(RecoveryE2eTest, WorkersFailingAtEveryStartExhaustTheBudgetAndTheJobSaysWhy) {
+  auto coordinator = testing::CoordinatorProcess::Start(dir_.File("startup-coordinator"),
+                                                        {"--tick-interval-ms=50"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  std::vector<std::unique_ptr<testing::Subprocess>> workers;
+  for (int i = 0; i < 2; ++i) {
+    auto w = testing::Subprocess::Start(
+        {testing::BinDir() + "/weft-worker", "--coordinator=" + (*coordinator)->address(),
+         absl::StrCat("--device=cpu:", i), "--host=node", "--checkpointd=127.0.0.1:1",
+         "--metrics-address=none", "--output-dir=" + dir_.File("startup-models")},
+        dir_.File(absl::StrCat("startup-worker", i, ".log")));
+    ASSERT_TRUE(w.ok());
+    workers.push_back(std::move(*w));
+  }
+  CoordinatorClient client((*coordinator)->address());
+  auto job = client.SubmitJob(Spec(corpus_, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  v1::JobStatus status;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto j = client.GetJob(job->job_id());
+        if (j.ok()) status = j->status();
+        return status.state() == v1::FAILED;
+      },
+      absl::Seconds(120)))
+      << testing::ReadFile((*coordinator)->log_path());
+  EXPECT_EQ(status.restarts(), 2);  // the spec's max_restarts
+  EXPECT_EQ(status.step(), 0);
+  EXPECT_THAT(status.error(), HasSubstr("restart budget exhausted"));
+  EXPECT_THAT(status.error(), HasSubstr("127.0.0.1:1"));  // the workers' own error
+  int rank_errors = 0;
+  for (const auto& e : status.events()) rank_errors += e.type() == v1::RANK_ERROR;
+  EXPECT_GE(rank_errors, 3) << "one failed start per generation";
+
+  testing::CommandResult shown =
+      testing::RunCommand({testing::BinDir() + "/trainctl", "--coordinator",
+                           (*coordinator)->address(), "status", job->job_id()});
+  EXPECT_EQ(shown.exit_code, 0);
+  EXPECT_THAT(shown.out, HasSubstr("FAILED"));
+  EXPECT_THAT(shown.out, HasSubstr("restart budget exhausted"));
+  EXPECT_THAT(shown.out, HasSubstr("127.0.0.1:1"));
+  for (auto& w : workers) EXPECT_TRUE(w->Running()) << "a failed start must not kill the worker";
 }
 
 }  // namespace
