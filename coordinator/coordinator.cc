@@ -466,13 +466,35 @@ void Coordinator::ScheduleLocked(Actions& actions) {
     jobs.push_back({rec->job.status().job_id(), r.device_kind(), r.min_workers(), r.max_workers()});
     by_id[rec->job.status().job_id()] = rec;
   }
-  std::vector<IdleWorkerView> idle;
+  // Quarantined workers are left out first; a job that cannot start without them gets them
+  // after all (second pass), so quarantine steers work to healthy workers but never starves a
+  // job: one whose every worker keeps failing still spends its restart budget and fails.
+  std::vector<IdleWorkerView> healthy, quarantined;
+  const absl::Time now = Now();
   for (const auto& [id, w] : workers_) {
     if (w.status.state() != weft::v1::WORKER_IDLE) continue;
-    idle.push_back({std::string_view(id), std::string_view(w.status.info().host()),
+    (w.quarantined_until > now ? quarantined : healthy)
+        .push_back({std::string_view(id), std::string_view(w.status.info().host()),
                     w.status.info().device_index(), w.status.info().device_kind()});
   }
-  const ScheduleDecision decision = Schedule(jobs, idle);
+  ScheduleDecision decision = Schedule(jobs, healthy);
+  if (!quarantined.empty() && !decision.waiting.empty()) {
+    absl::flat_hash_set<std::string_view> taken;
+    for (const auto& p : decision.placements) taken.insert(p.worker_ids.begin(), p.worker_ids.end());
+    std::vector<IdleWorkerView> rest = quarantined;
+    for (const auto& w : healthy) {
+      if (!taken.contains(w.worker_id)) rest.push_back(w);
+    }
+    std::vector<WaitingJobView> still_waiting;
+    for (const auto& [job_id, reason] : decision.waiting) {
+      for (const auto& j : jobs) {
+        if (j.job_id == job_id) still_waiting.push_back(j);
+      }
+    }
+    ScheduleDecision second = Schedule(still_waiting, rest);
+    for (auto& p : second.placements) decision.placements.push_back(std::move(p));
+    decision.waiting = std::move(second.waiting);
+  }
   for (const auto& placement : decision.placements) {
     StartGenerationLocked(*by_id[placement.job_id], placement, actions);
   }
@@ -778,6 +800,23 @@ void Coordinator::Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Tim
   worker.parked = std::move(parked);
 }
 
+void Coordinator::BlameWorkerLocked(const std::string& worker_id, JobRecord& rec,
+                                    const std::string& cause, Actions& actions) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || options_.quarantine_after_failures <= 0) return;
+  WorkerRecord& w = it->second;
+  if (++w.consecutive_failures < options_.quarantine_after_failures) return;
+  w.quarantined_until = Now() + absl::Milliseconds(options_.quarantine_cooldown_ms);
+  const std::string why = absl::StrCat(
+      "worker ", worker_id, " quarantined until ",
+      absl::FormatTime("%Y-%m-%d %H:%M:%S", w.quarantined_until, absl::UTCTimeZone()),
+      " UTC after ", w.consecutive_failures, " failed generations in a row (last: ", cause, ")");
+  w.status.set_reason(why);
+  w.consecutive_failures = 0;
+  spdlog::warn("{}", why);
+  AddEventLocked(rec, weft::v1::WORKER_QUARANTINED, why, actions);
+}
+
 void Coordinator::HeartbeatCancelled(const std::string& worker_id, int64_t incarnation) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
@@ -913,6 +952,9 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
                          absl::StrCat("rank ", request.rank(), " (worker ", request.worker_id(),
                                       "): ", request.error()),
                          request.error_is_permanent(), weft::v1::RANK_ERROR, actions);
+    if (!request.error_is_permanent()) {
+      BlameWorkerLocked(request.worker_id(), rec, request.error(), actions);
+    }
     ScheduleLocked(actions);
     UpdateGaugesLocked();
     response.set_continue_training(false);
@@ -920,7 +962,13 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
   }
   auto* status = rec.job.mutable_status();
   if (request.has_metrics() && request.rank() == 0) {  // other ranks' metrics are not the job's
-    if (request.metrics().step() > status->step()) gen.last_progress_time = Now();
+    if (request.metrics().step() > status->step()) {
+      gen.last_progress_time = Now();
+      // The generation trains: its members are not failing repeatedly.
+      for (const std::string& m : gen.members) {
+        if (auto w = workers_.find(m); w != workers_.end()) w->second.consecutive_failures = 0;
+      }
+    }
     status->set_step(std::max(status->step(), request.metrics().step()));
     *status->mutable_last_metrics() = request.metrics();
     ToProtoTime(Now(), status->mutable_last_metrics()->mutable_time());
@@ -1039,6 +1087,7 @@ void Coordinator::Tick() {
                          f.kind == FailureKind::kHeartbeatTimeout ? weft::v1::WORKER_LOST
                                                                   : weft::v1::GENERATION_ENDED,
                          actions);
+    if (!f.worker_id.empty()) BlameWorkerLocked(f.worker_id, job->second, f.reason, actions);
   }
   ScheduleLocked(actions);
   UpdateGaugesLocked();

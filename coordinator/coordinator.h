@@ -50,6 +50,12 @@ struct CoordinatorOptions {
   // A worker whose heartbeat connection dropped is dead after this long without a new
   // heartbeat (LivenessOptions::connection_lost_grace_ms).
   int64_t connection_lost_grace_ms = 1000;
+  // A worker blamed for this many generation failures in a row (it died, hung, or reported a
+  // non-permanent error, with no generation making progress with it in between) is
+  // quarantined for quarantine_cooldown_ms: jobs get other idle workers first, and it only
+  // when a job cannot start without it. 0 disables quarantine.
+  int32_t quarantine_after_failures = 2;
+  int64_t quarantine_cooldown_ms = 60000;
   // Events kept per job (oldest dropped first).
   int32_t max_events_per_job = 200;
   // A step report persists the job at most this often (state changes always persist).
@@ -147,6 +153,10 @@ class Coordinator {
     absl::Time last_heartbeat;
     // When the transport cancelled the held heartbeat (see HeartbeatCancelled).
     absl::Time connection_lost = absl::InfiniteFuture();
+    // Generation failures blamed on this worker since a generation last made progress with it.
+    int32_t consecutive_failures = 0;
+    // Not scheduled before this time (see CoordinatorOptions::quarantine_after_failures).
+    absl::Time quarantined_until = absl::InfinitePast();
     std::deque<weft::v1::Command> pending;
     std::optional<ParkedHeartbeat> parked;
   };
@@ -223,6 +233,10 @@ class Coordinator {
   void StartGenerationLocked(JobRecord& rec, const Placement& placement, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked(Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a failure of `rec`'s generation against `worker_id`; at the threshold the worker is
+  // quarantined and `rec` gets a WORKER_QUARANTINED event.
+  void BlameWorkerLocked(const std::string& worker_id, JobRecord& rec, const std::string& cause,
+                         Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteRendezvousLocked(JobRecord& rec, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   weft::v1::JoinResponse JoinResponseFor(const JobRecord& rec, int32_t rank, bool include_peers)

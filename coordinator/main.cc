@@ -60,6 +60,15 @@ int main(int argc, char** argv) {
                  "without a new heartbeat")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
+  app.add_option("--quarantine-after-failures", flags.options.quarantine_after_failures,
+                 "quarantine a worker blamed for this many failed generations in a row "
+                 "(0: never)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  app.add_option("--quarantine-cooldown-ms", flags.options.quarantine_cooldown_ms,
+                 "how long a quarantined worker is given no job")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{86400000}));
   app.add_option("--tick-interval-ms", flags.options.tick_interval_ms,
                  "period of liveness checks and scheduling")
       ->capture_default_str()

@@ -707,6 +707,82 @@ TEST_F(CoordinatorTest, RestartBudgetIsEnforcedAcrossGenerations) {
   EXPECT_THAT(s.error(), HasSubstr("restart budget exhausted (1 of 1 used)"));
 }
 
+// A worker that fails two generations in a row is set aside for the cooldown: the job's next
+// generation forms with the spare, and the worker is schedulable again afterwards.
+TEST_F(CoordinatorTest, RepeatedlyFailingWorkerIsQuarantinedAndTheJobUsesTheSpare) {
+  JobSpec spec = CpuSpec("flaky", 2);
+  spec.mutable_fault()->set_max_restarts(5);
+  auto [job, w] = StartRunningJob(spec, 2);
+  const Worker spare = Register("h", 2);
+  ASSERT_TRUE(ReportError(job, 1, w[0], 0, "Gloo connect failed", false).ok());
+  // One failure: w0 is still given the job (it is first in rank order).
+  JobStatus s = Status(job);
+  ASSERT_EQ(s.generation(), 2);
+  EXPECT_THAT(s.worker_ids(), ElementsAre(w[0].id, w[1].id));
+  EXPECT_EQ(FindEvent(s, weft::v1::WORKER_QUARANTINED), nullptr);
+
+  ASSERT_TRUE(ReportError(job, 2, w[0], 0, "Gloo connect failed again", false).ok());
+  s = Status(job);
+  const weft::v1::JobEvent* quarantined = FindEvent(s, weft::v1::WORKER_QUARANTINED);
+  ASSERT_NE(quarantined, nullptr);
+  EXPECT_THAT(quarantined->message(), HasSubstr(w[0].id));
+  EXPECT_THAT(quarantined->message(), HasSubstr("2 failed generations in a row"));
+  EXPECT_THAT(quarantined->message(), HasSubstr("Gloo connect failed again"));
+  EXPECT_EQ(s.generation(), 3);
+  EXPECT_THAT(s.worker_ids(), ElementsAre(w[1].id, spare.id));
+  EXPECT_THAT(WorkerStatus(w[0].id).reason(), HasSubstr("quarantined until"));
+
+  // While quarantined it is passed over for a healthy idle worker, although it comes first in
+  // rank order...
+  const Worker fresh = Register("h", 3);
+  const std::string other = Submit(CpuSpec("other", 1));
+  EXPECT_THAT(Status(other).worker_ids(), ElementsAre(fresh.id));
+  // ...but a job that cannot start without it gets it rather than wait (no starvation).
+  const std::string needy = Submit(CpuSpec("needy", 1));
+  EXPECT_THAT(Status(needy).worker_ids(), ElementsAre(w[0].id));
+}
+
+TEST_F(CoordinatorTest, QuarantineEndsAfterTheCooldown) {
+  JobSpec spec = CpuSpec("flaky2", 1);
+  spec.mutable_fault()->set_max_restarts(5);
+  auto [job, w] = StartRunningJob(spec, 1);
+  const Worker spare = Register("h", 1);
+  ASSERT_TRUE(ReportError(job, 1, w[0], 0, "boom", false).ok());   // gen 2: w0 again
+  ASSERT_TRUE(ReportError(job, 2, w[0], 0, "boom", false).ok());   // quarantined; gen 3: spare
+  ASSERT_THAT(Status(job).worker_ids(), ElementsAre(spare.id));
+  ASSERT_TRUE(coord_->CancelJob(job, "done").ok());
+  // Both idle now; the quarantined one is passed over until the cooldown (60 s) ends.
+  AdvanceKeepingAlive(absl::Seconds(30), {w[0], spare});
+  const std::string a = Submit(CpuSpec("a", 1));
+  EXPECT_THAT(Status(a).worker_ids(), ElementsAre(spare.id));
+  ASSERT_TRUE(coord_->CancelJob(a, "done").ok());
+  AdvanceKeepingAlive(absl::Seconds(31), {w[0], spare});
+  // Cooldown over: w0 is an ordinary idle worker again, first in rank order.
+  const std::string b = Submit(CpuSpec("b", 1));
+  EXPECT_EQ(Status(b).state(), weft::v1::RUNNING);
+  EXPECT_THAT(Status(b).worker_ids(), ElementsAre(w[0].id));
+}
+
+// Progress in between resets the count: two failures far apart are not "repeated".
+TEST_F(CoordinatorTest, ProgressBetweenFailuresAvoidsQuarantine) {
+  JobSpec spec = CpuSpec("ok-flaky", 2);
+  spec.mutable_fault()->set_max_restarts(5);
+  auto [job, w] = StartRunningJob(spec, 2);
+  ASSERT_TRUE(ReportError(job, 1, w[0], 0, "transient", false).ok());
+  ASSERT_EQ(Status(job).generation(), 2);
+  std::vector<std::unique_ptr<Pending<JoinResponse>>> joins;
+  for (const Worker& x : w) {
+    ASSERT_TRUE(Beat(x).ok());
+    joins.push_back(StartJoin(job, 2, x));
+  }
+  ASSERT_TRUE(Report(job, 2, w[0], 0, 5).ok());  // generation 2 trains
+  ASSERT_TRUE(ReportError(job, 2, w[0], 0, "transient again", false).ok());
+  const JobStatus s = Status(job);
+  EXPECT_EQ(FindEvent(s, weft::v1::WORKER_QUARANTINED), nullptr);
+  EXPECT_EQ(s.generation(), 3);
+  EXPECT_THAT(s.worker_ids(), ElementsAre(w[0].id, w[1].id));
+}
+
 TEST_F(CoordinatorTest, PermanentRankErrorFailsWithoutRestart) {
   auto [job, w] = StartRunningJob(CpuSpec("perm", 2), 2);
   auto r = ReportError(job, 1, w[1], 1, "cannot open /data/tiny.txt: No such file", true);
