@@ -11,6 +11,7 @@ WEFT_PACKAGES=(
   libabsl-dev librocksdb-dev prometheus-cpp-dev libgtest-dev libgmock-dev
   libgloo-dev libopenblas-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   curl fortunes
+  python3-grpcio python3-protobuf  # examples/python and its test
 )
 
 weft_log() { printf '\033[1m[weft]\033[0m %s\n' "$*" >&2; }

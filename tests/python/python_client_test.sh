@@ -1,0 +1,83 @@
+#!/bin/bash
+# The Python client (examples/python) against live services on 127.0.0.1: stubs generated from
+# protos/weft/v1, a coordinator, a checkpointd and two CPU workers; the client submits a small
+# job, watches it to SUCCEEDED and lists its checkpoints; bad input gets the servers' errors.
+#   tests/python/python_client_test.sh BIN_DIR
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN=$(cd "${1:?bin dir}" && pwd)
+WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/weft-python-test.XXXXXX")
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$WORK"/*.log; do echo "--- $f" >&2; tail -n 20 "$f" >&2; done
+  exit 1
+}
+wait_for_file() {
+  for _ in $(seq 400); do [[ -s "$1" ]] && return 0; sleep 0.05; done
+  fail "timed out waiting for $1"
+}
+
+"$ROOT/examples/python/generate.sh" "$WORK/stubs"
+export WEFT_PYTHON_STUBS=$WORK/stubs
+# Debian's interpreter, which has python3-grpcio and python3-protobuf (not a pyenv one).
+PYTHON=${WEFT_PYTHON:-/usr/bin/python3}
+CLIENT=("$PYTHON" "$ROOT/examples/python/weft_client.py")
+
+"$BIN/weft-coordinator" --listen=127.0.0.1:0 --port-file="$WORK/coordinator.port" \
+  --data-dir="$WORK/coordinator" --metrics-address=none >"$WORK/coordinator.log" 2>&1 &
+PIDS+=($!)
+"$BIN/weft-checkpointd" --listen=127.0.0.1:0 --port-file="$WORK/checkpointd.port" \
+  --data-dir="$WORK/checkpoints" --metrics-address=none >"$WORK/checkpointd.log" 2>&1 &
+PIDS+=($!)
+wait_for_file "$WORK/coordinator.port"
+wait_for_file "$WORK/checkpointd.port"
+export WEFT_COORDINATOR="127.0.0.1:$(cat "$WORK/coordinator.port")"
+export WEFT_CHECKPOINTD="127.0.0.1:$(cat "$WORK/checkpointd.port")"
+for i in 0 1; do
+  "$BIN/weft-worker" --device="cpu:$i" --metrics-address=none --output-dir="$WORK/models" \
+    >"$WORK/worker$i.log" 2>&1 &
+  PIDS+=($!)
+done
+
+"$PYTHON" -c "print('the quick brown fox jumps over the lazy dog. ' * 400)" >"$WORK/corpus.txt"
+cat >"$WORK/job.pb.txt" <<SPEC
+name: "python"
+model { num_layers: 2 hidden_size: 32 num_heads: 2 vocab_size: 256 context_length: 32 }
+data { train_path: "$WORK/corpus.txt" format: DATA_FORMAT_TEXT_BYTES }
+optimizer { learning_rate: 0.01 }
+training { total_steps: 30 micro_batch_size: 4 }
+zero_stage: 3
+resources { device_kind: DEVICE_KIND_CPU min_workers: 2 }
+checkpoint { interval_steps: 10 keep_last: 2 }
+SPEC
+
+# The whole flow: submit, watch to the end, list checkpoints.
+out=$(timeout 120 "${CLIENT[@]}" run "$WORK/job.pb.txt") || fail "run exited $?: $out"
+job=$(sed -n 's/^submitted //p' <<<"$out")
+[[ -n $job ]] || fail "no job id in: $out"
+grep -q "^$job SUCCEEDED step 30/30 loss" <<<"$out" || fail "no SUCCEEDED line in: $out"
+grep -q "^checkpoint $job step 30 world 2" <<<"$out" || fail "step-30 checkpoint not listed: $out"
+grep -q "^checkpoint $job step 20 world 2" <<<"$out" || fail "step-20 checkpoint not listed: $out"
+
+# The pieces on their own.
+[[ $("${CLIENT[@]}" checkpoints "$job" | wc -l) == 2 ]] || fail "keep_last 2: expected 2 checkpoints"
+"${CLIENT[@]}" watch "$job" | grep -q "SUCCEEDED" || fail "watch of an ended job"
+
+# Bad input: the servers' own errors come back, naming what is wrong.
+sed 's/learning_rate: 0.01/learning_rate: -1/' "$WORK/job.pb.txt" >"$WORK/bad.pb.txt"
+if err=$("${CLIENT[@]}" submit "$WORK/bad.pb.txt" 2>&1); then fail "a negative learning rate was accepted"; fi
+grep -q "INVALID_ARGUMENT" <<<"$err" || fail "no INVALID_ARGUMENT: $err"
+grep -q "optimizer.learning_rate" <<<"$err" || fail "the field is not named: $err"
+if err=$("${CLIENT[@]}" watch no-such-job-1 2>&1); then fail "watching an unknown job succeeded"; fi
+grep -q "NOT_FOUND" <<<"$err" || fail "no NOT_FOUND: $err"
+printf 'name: "x"\nmodel { num_layers: }\n' >"$WORK/syntax.pb.txt"
+if err=$("${CLIENT[@]}" submit "$WORK/syntax.pb.txt" 2>&1); then fail "a syntax error was accepted"; fi
+grep -q "2:" <<<"$err" || fail "the syntax error does not name its line: $err"
+echo "PASS: python client (job $job)"
