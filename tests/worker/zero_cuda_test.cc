@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/cuda/gpt_cuda.h"
+#include "worker/engine/cuda/ops.h"
 #include "worker/engine/gpt.h"
 #include "worker/zero.h"
 
@@ -178,8 +179,21 @@ class ZeroCudaTest : public ::testing::Test {
 float RoundToBf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 // One micro-step of GptCuda against GptCpu on the same (bf16-rounded) parameters.
-TEST_F(ZeroCudaTest, ModelGradientsMatchCpu) {
-  const weft::v1::JobSpec spec = SmallSpec(4, 1);
+// One micro-step of GptCuda against GptCpu for `spec`'s model.
+void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec);
+
+// Head size 16: the flash-attention path.
+TEST_F(ZeroCudaTest, ModelGradientsMatchCpu) { ExpectModelGradientsMatchCpu(SmallSpec(4, 1)); }
+
+// Head size 24, which flash attention does not take: the cuBLAS + causal-softmax path.
+TEST_F(ZeroCudaTest, ModelGradientsMatchCpuOnTheCublasAttentionPath) {
+  weft::v1::JobSpec spec = SmallSpec(4, 1);
+  spec.mutable_model()->set_hidden_size(96);
+  ASSERT_FALSE(engine::cuda::FlashAttentionSupported(24));
+  ExpectModelGradientsMatchCpu(spec);
+}
+
+void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {
   const engine::GptConfig config = engine::ConfigFromSpec(spec.model());
   const int b = 4;
   const int units = engine::NumUnits(config);
