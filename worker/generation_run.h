@@ -63,13 +63,13 @@ class GenerationRun {
   // reporting at once would blame this healthy rank. So wait for the coordinator's verdict
   // first, and report only if it does not end the generation.
   void ReportCollectiveError(const absl::Status& status);
-  // Restores the newest checkpoint every rank can read (this job's, else resume_from_job's),
-  // falling back to older ones; returns its step, 0 when there is none.
   // Gloo for CPU runs, NCCL on options_.cuda_device for GPU runs; then the matching engine.
   absl::StatusOr<std::unique_ptr<comm::Communicator>> CreateCommunicator(Store* store,
                                                                          int world);
   absl::StatusOr<std::unique_ptr<TrainingEngine>> CreateEngine(const weft::v1::JobSpec& spec,
                                                                comm::Communicator* comm);
+  // Restores the newest checkpoint every rank can read (this job's, else resume_from_job's),
+  // falling back to older ones; returns its step, 0 when there is none.
   absl::StatusOr<int64_t> RestoreLatest(TrainingEngine* engine, comm::Communicator* comm,
                                         Store* store, CheckpointClient* client);
 

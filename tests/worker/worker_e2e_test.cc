@@ -255,6 +255,27 @@ TEST_F(WorkerE2eTest, RankKilledMidTrainingFailsTheJobAndTheSurvivorDoesNotHang)
   EXPECT_TRUE(workers_[0]->Running());
 }
 
+// A device the worker cannot drive is refused at startup, naming it: an unknown kind, and a
+// CUDA ordinal this host does not have (or any CUDA device, in a build without CUDA).
+TEST_F(WorkerE2eTest, BadDeviceIsRefusedNamingIt) {
+  for (const std::string device : {"tpu:0", "cpu:x", "cuda:64"}) {
+    testing::CommandResult r = testing::RunCommand(
+        {testing::BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
+         "--device=" + device, "--metrics-address=none"},
+        {}, absl::Seconds(30));
+    EXPECT_EQ(r.exit_code, 1) << device << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--device"));
+    EXPECT_THAT(r.err, HasSubstr(device));
+  }
+  testing::CommandResult cuda = testing::RunCommand(
+      {testing::BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
+       "--device=cuda:64", "--metrics-address=none"},
+      {}, absl::Seconds(30));
+  EXPECT_TRUE(absl::StrContains(cuda.err, "CUDA device(s)") ||
+              absl::StrContains(cuda.err, "built without CUDA"))
+      << cuda.err;
+}
+
 TEST_F(WorkerE2eTest, CancelStopsTrainingWithinAStep) {
   StartWorkers(2);
   auto submitted = client_->SubmitJob(Spec(100000));
