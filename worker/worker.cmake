@@ -14,5 +14,6 @@ if(TARGET weft_engine AND TARGET weft_comm AND TARGET weft_data)
   endif()
 
   add_executable(weft-worker main.cc)
+  target_link_libraries(weft-worker PRIVATE weft_thread_stack)
   target_link_libraries(weft-worker PRIVATE weft_worker_lib CLI11::CLI11)
 endif()

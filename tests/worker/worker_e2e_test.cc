@@ -276,6 +276,23 @@ TEST_F(WorkerE2eTest, BadDeviceIsRefusedNamingIt) {
       << cuda.err;
 }
 
+// The worker's Prometheus endpoint answers scrape after scrape. Its serving threads have small
+// fixed stacks from which glibc takes the static TLS of every loaded library; with OpenBLAS,
+// the CUDA runtime and NCCL loaded, the first scrape used to crash the worker (see
+// common/thread_stack.cc).
+TEST_F(WorkerE2eTest, MetricsEndpointAnswersEveryScrape) {
+  StartWorkers(1);
+  auto port = testing::WaitForFile(dir_.File("metrics0.port"), absl::Seconds(10));
+  ASSERT_TRUE(port.ok());
+  const std::string address = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
+  for (int i = 0; i < 20; ++i) {
+    auto body = testing::HttpGet(address, "/metrics");
+    ASSERT_TRUE(body.ok()) << "scrape " << i << ": " << body.status() << "\n" << Logs();
+    EXPECT_THAT(*body, HasSubstr("weft_worker_"));
+  }
+  EXPECT_TRUE(workers_[0]->Running()) << Logs();
+}
+
 TEST_F(WorkerE2eTest, CancelStopsTrainingWithinAStep) {
   StartWorkers(2);
   auto submitted = client_->SubmitJob(Spec(100000));
