@@ -14,9 +14,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/coordinator_client.h"
+#include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
 #include "weft/v1/job.pb.h"
+#include "worker/data/safetensors.h"
 
 namespace weft::testing {
 
@@ -26,6 +28,47 @@ inline std::string WordCorpus() {
   const char* words[] = {"alpha ", "beta ", "gamma ", "delta ", "epsilon\n"};
   for (int i = 0; i < 4000; ++i) text += words[(i * 7 + i / 5) % 5];
   return text;
+}
+
+// The recovery tests' job: a tiny GPT on `world` CPU workers (min = max), checkpoints every
+// 20 steps, heartbeats every 200 ms, a member silent for 1.5 s is lost, 2 restarts allowed.
+inline v1::JobSpec RecoveryJobSpec(const std::string& name, const std::string& corpus, int world,
+                                   int steps) {
+  auto spec = ParseJobSpecText(absl::StrCat(R"pb(
+    model { num_layers: 2 hidden_size: 32 num_heads: 2 vocab_size: 256 context_length: 32 }
+    data { format: DATA_FORMAT_TEXT_BYTES train_path: ")pb", corpus, R"pb(" }
+    optimizer { learning_rate: 0.01 }
+    lr_schedule { warmup_steps: 10 }
+    training { micro_batch_size: 4 seed: 5 total_steps: )pb", steps, R"pb( }
+    zero_stage: 3
+    checkpoint { interval_steps: 20 keep_last: 2 }
+    fault { heartbeat_interval_ms: 200 heartbeat_timeout_ms: 1500 max_restarts: 2 }
+    resources { device_kind: DEVICE_KIND_CPU min_workers: )pb", world, " max_workers: ", world,
+                                            " }"),
+                               name);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  spec->set_name(name);
+  return *spec;
+}
+
+// The tensors of the model file a finished job wrote.
+inline std::vector<data::TensorData> ReadModel(const v1::JobStatus& status) {
+  auto file = data::ReadSafetensors(status.model_path());
+  EXPECT_TRUE(file.ok()) << status.model_path() << ": " << file.status();
+  return file.ok() ? file->tensors : std::vector<data::TensorData>();
+}
+
+// The two jobs' final models are the same, tensor by tensor, bit for bit.
+inline void ExpectSameModel(const v1::JobStatus& a, const v1::JobStatus& b) {
+  const auto x = ReadModel(a);
+  const auto y = ReadModel(b);
+  ASSERT_FALSE(x.empty());
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(x[i].name, y[i].name);
+    EXPECT_TRUE(x[i].data == y[i].data) << x[i].name << " differs between " << a.job_id()
+                                        << " and " << b.job_id();
+  }
 }
 
 class Cluster {

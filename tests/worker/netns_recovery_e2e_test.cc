@@ -23,11 +23,11 @@
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
 #include "common/job_spec.h"
+#include "common/time_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
 #include "tests/worker/cluster.h"
-#include "worker/data/safetensors.h"
 
 namespace weft {
 namespace {
@@ -36,6 +36,7 @@ using testing::BinDir;
 using testing::Cluster;
 using testing::CommandResult;
 using testing::Eventually;
+using testing::ExpectSameModel;
 using testing::Subprocess;
 using testing::TempDir;
 using ::testing::Contains;
@@ -46,47 +47,6 @@ constexpr int kSteps = 160;
 // Worker ids (--host "/cpu" --device index): the namespaced one is a member of the job from
 // the start; host/cpu2 is the spare that replaces it.
 constexpr char kCutWorkerId[] = "netns/cpu0";
-
-// recovery_e2e_test's job: checkpoints every 20 steps, heartbeats every 200 ms, a member
-// silent for 1.5 s is lost.
-v1::JobSpec Spec(const std::string& corpus) {
-  auto spec = ParseJobSpecText(absl::StrCat(R"pb(
-    name: "partition"
-    model { num_layers: 2 hidden_size: 32 num_heads: 2 vocab_size: 256 context_length: 32 }
-    data { format: DATA_FORMAT_TEXT_BYTES train_path: ")pb", corpus, R"pb(" }
-    optimizer { learning_rate: 0.01 }
-    lr_schedule { warmup_steps: 10 }
-    training { micro_batch_size: 4 seed: 5 total_steps: )pb", kSteps, R"pb( }
-    zero_stage: 3
-    checkpoint { interval_steps: 20 keep_last: 2 }
-    fault { heartbeat_interval_ms: 200 heartbeat_timeout_ms: 1500 max_restarts: 2 }
-    resources { device_kind: DEVICE_KIND_CPU min_workers: 2 max_workers: 2 }
-  )pb"),
-                                "partition");
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  return *spec;
-}
-
-std::vector<data::TensorData> Model(const v1::JobStatus& status) {
-  auto file = data::ReadSafetensors(status.model_path());
-  EXPECT_TRUE(file.ok()) << status.model_path() << ": " << file.status();
-  return file.ok() ? file->tensors : std::vector<data::TensorData>();
-}
-
-void ExpectSameModel(const v1::JobStatus& a, const v1::JobStatus& b) {
-  const auto x = Model(a);
-  const auto y = Model(b);
-  ASSERT_FALSE(x.empty());
-  ASSERT_EQ(x.size(), y.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    EXPECT_EQ(x[i].name, y[i].name);
-    EXPECT_TRUE(x[i].data == y[i].data) << x[i].name << " differs from the uninterrupted run";
-  }
-}
-
-absl::Time ToTime(const google::protobuf::Timestamp& t) {
-  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
-}
 
 // RunCommand execs a path, not a name looked up in PATH.
 std::string FindIp() {
@@ -167,7 +127,7 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
   v1::JobStatus Uninterrupted() {
     Cluster cluster(dir_.File("straight"), 2);
     cluster.Start();
-    auto job = cluster.client().SubmitJob(Spec(corpus_));
+    auto job = cluster.client().SubmitJob(testing::RecoveryJobSpec("partition", corpus_, 2, kSteps));
     EXPECT_TRUE(job.ok()) << job.status();
     EXPECT_TRUE(cluster.WaitFor(job->job_id(), v1::SUCCEEDED, absl::Seconds(120)))
         << cluster.Logs();
@@ -268,7 +228,7 @@ TEST_F(NetnsRecoveryE2eTest, WorkerWhoseLinkIsCutIsDetectedAndReplacedAndTheMode
   // spare comes once the job runs.
   ASSERT_NO_FATAL_FAILURE(StartWorker(0, /*in_netns=*/true));
   ASSERT_NO_FATAL_FAILURE(StartWorker(1, /*in_netns=*/false));
-  auto job = client_->SubmitJob(Spec(corpus_));
+  auto job = client_->SubmitJob(testing::RecoveryJobSpec("partition", corpus_, 2, kSteps));
   ASSERT_TRUE(job.ok()) << job.status();
   const std::string id = job->job_id();
   ASSERT_TRUE(Eventually([&] { return Status(id).state() == v1::RUNNING; }, absl::Seconds(60)))
@@ -315,11 +275,11 @@ TEST_F(NetnsRecoveryE2eTest, WorkerWhoseLinkIsCutIsDetectedAndReplacedAndTheMode
   for (const auto& e : after.events()) {
     if (e.type() == v1::WORKER_LOST && detection == absl::InfiniteDuration()) {
       EXPECT_THAT(e.message(), HasSubstr(kCutWorkerId));
-      detection = ToTime(e.time()) - cut_time;
+      detection = FromProtoTime(e.time()) - cut_time;
     }
     if (e.type() == v1::GENERATION_STARTED && e.generation() > before.generation() &&
         next_generation == absl::InfiniteFuture()) {
-      next_generation = ToTime(e.time());
+      next_generation = FromProtoTime(e.time());
     }
   }
   ASSERT_NE(detection, absl::InfiniteDuration()) << "no WORKER_LOST event: " << Logs();
@@ -331,13 +291,13 @@ TEST_F(NetnsRecoveryE2eTest, WorkerWhoseLinkIsCutIsDetectedAndReplacedAndTheMode
   // The first step the new generation reported (polling may miss a few, hence the step).
   const v1::StepMetrics* resumed = nullptr;
   for (const auto& r : reports) {
-    if (ToTime(r.time()) >= next_generation) {
+    if (FromProtoTime(r.time()) >= next_generation) {
       resumed = &r;
       break;
     }
   }
   ASSERT_NE(resumed, nullptr) << "no step reported by the new generation";
-  const absl::Duration recovery = ToTime(resumed->time()) - cut_time;
+  const absl::Duration recovery = FromProtoTime(resumed->time()) - cut_time;
   std::printf(
       "link cut at step %lld (checkpoint %lld): WORKER_LOST after %s, generation %lld started "
       "after %s, its step %lld reported after %s, job SUCCEEDED after %s\n",
@@ -345,7 +305,7 @@ TEST_F(NetnsRecoveryE2eTest, WorkerWhoseLinkIsCutIsDetectedAndReplacedAndTheMode
       absl::FormatDuration(detection).c_str(), static_cast<long long>(after.generation()),
       absl::FormatDuration(next_generation - cut_time).c_str(),
       static_cast<long long>(resumed->step()), absl::FormatDuration(recovery).c_str(),
-      absl::FormatDuration(ToTime(after.end_time()) - cut_time).c_str());
+      absl::FormatDuration(FromProtoTime(after.end_time()) - cut_time).c_str());
   RecordProperty("detection_ms", static_cast<int>(absl::ToInt64Milliseconds(detection)));
   RecordProperty("recovery_ms", static_cast<int>(absl::ToInt64Milliseconds(recovery)));
 

@@ -15,52 +15,17 @@
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
 #include "tests/worker/cluster.h"
-#include "worker/data/safetensors.h"
 
 namespace weft {
 namespace {
 
 using testing::Cluster;
+using testing::ExpectSameModel;
 using testing::Eventually;
 using testing::TempDir;
 using ::testing::HasSubstr;
 
 constexpr int kSteps = 160;
-
-v1::JobSpec Spec(const std::string& corpus, int world) {
-  auto spec = ParseJobSpecText(absl::StrCat(R"pb(
-    name: "recover"
-    model { num_layers: 2 hidden_size: 32 num_heads: 2 vocab_size: 256 context_length: 32 }
-    data { format: DATA_FORMAT_TEXT_BYTES train_path: ")pb", corpus, R"pb(" }
-    optimizer { learning_rate: 0.01 }
-    lr_schedule { warmup_steps: 10 }
-    training { micro_batch_size: 4 seed: 5 total_steps: )pb", kSteps, R"pb( }
-    zero_stage: 3
-    checkpoint { interval_steps: 20 keep_last: 2 }
-    fault { heartbeat_interval_ms: 200 heartbeat_timeout_ms: 1500 max_restarts: 2 }
-    resources { device_kind: DEVICE_KIND_CPU min_workers: )pb", world, " max_workers: ", world,
-                                            " }"),
-                               "recover");
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  return *spec;
-}
-
-std::vector<data::TensorData> Model(const v1::JobStatus& status) {
-  auto file = data::ReadSafetensors(status.model_path());
-  EXPECT_TRUE(file.ok()) << status.model_path() << ": " << file.status();
-  return file.ok() ? file->tensors : std::vector<data::TensorData>();
-}
-
-void ExpectSameModel(const v1::JobStatus& a, const v1::JobStatus& b) {
-  const auto x = Model(a);
-  const auto y = Model(b);
-  ASSERT_FALSE(x.empty());
-  ASSERT_EQ(x.size(), y.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    EXPECT_EQ(x[i].name, y[i].name);
-    EXPECT_TRUE(x[i].data == y[i].data) << x[i].name << " differs from the uninterrupted run";
-  }
-}
 
 class RecoveryE2eTest : public ::testing::Test {
  protected:
@@ -69,11 +34,15 @@ class RecoveryE2eTest : public ::testing::Test {
     testing::WriteFile(corpus_, testing::WordCorpus());
   }
 
+  v1::JobSpec Spec(int world) const {
+    return testing::RecoveryJobSpec("recover", corpus_, world, kSteps);
+  }
+
   // The same job without interruption, on exactly `world` workers.
   v1::JobStatus Uninterrupted(int world) {
     Cluster cluster(dir_.File(absl::StrCat("straight", world)), world);
     cluster.Start();
-    auto job = cluster.client().SubmitJob(Spec(corpus_, world));
+    auto job = cluster.client().SubmitJob(Spec(world));
     EXPECT_TRUE(job.ok()) << job.status();
     EXPECT_TRUE(cluster.WaitFor(job->job_id(), v1::SUCCEEDED, absl::Seconds(120)))
         << cluster.Logs();
@@ -87,7 +56,7 @@ class RecoveryE2eTest : public ::testing::Test {
   v1::JobStatus InterruptedBySignal(int world, int signal) {
     Cluster cluster(dir_.File(absl::StrCat("interrupted", world, "-", signal)), world + 1);
     cluster.Start();
-    auto job = cluster.client().SubmitJob(Spec(corpus_, world));
+    auto job = cluster.client().SubmitJob(Spec(world));
     EXPECT_TRUE(job.ok()) << job.status();
     const std::string id = job->job_id();
     EXPECT_TRUE(Eventually([&] { return cluster.Status(id).checkpoint_step() >= 40; },
@@ -147,7 +116,7 @@ TEST_F(RecoveryE2eTest, KilledAndRestartedCoordinatorFinishesTheJob) {
   const v1::JobStatus straight = Uninterrupted(2);
   Cluster cluster(dir_.File("coordinator-restart"), 2);
   cluster.Start();
-  auto job = cluster.client().SubmitJob(Spec(corpus_, 2));
+  auto job = cluster.client().SubmitJob(Spec(2));
   ASSERT_TRUE(job.ok()) << job.status();
   const std::string id = job->job_id();
   ASSERT_TRUE(Eventually([&] { return cluster.Status(id).checkpoint_step() >= 40; },
@@ -181,7 +150,7 @@ TEST_F(RecoveryE2eTest, WorkersFailingAtEveryStartExhaustTheBudgetAndTheJobSaysW
     workers.push_back(std::move(*w));
   }
   CoordinatorClient client((*coordinator)->address());
-  auto job = client.SubmitJob(Spec(corpus_, 2));
+  auto job = client.SubmitJob(Spec(2));
   ASSERT_TRUE(job.ok()) << job.status();
   v1::JobStatus status;
   ASSERT_TRUE(Eventually(

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/worker/engine/cuda/cuda_test_util.h"
 #include "worker/engine/adamw.h"
 #include "worker/engine/cpu/ops.h"
 #include "worker/engine/cuda/cuda_check.h"
@@ -38,25 +39,16 @@
 namespace weft::engine::cuda {
 namespace {
 
+using test_util::DeviceBuffer;
+using test_util::Filled;
+using test_util::FromBf16Bits;
+using test_util::kGarbageBits;
+using test_util::Random;
+using test_util::ToBf16Bits;
+
 constexpr float kPrefill = 0.375f;             // fp32 gradient buffers start here (exact)
 constexpr double kBf16 = 1.0 / 256 + 1e-5;     // bf16 output rounding + fp32 slack
 constexpr double kFp32 = 1e-5;                 // fp32 results, different summation order
-constexpr uint16_t kGarbageBits = 0x4321;      // bf16 ~ 10.1: prefill of written (=) buffers
-
-// Round to nearest even, the rounding __float2bfloat16 and the kernels use (finite inputs).
-uint16_t ToBf16Bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float FromBf16Bits(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float x;
-  std::memcpy(&x, &u, sizeof(x));
-  return x;
-}
 
 std::vector<uint16_t> ToBf16(const std::vector<float>& x) {
   std::vector<uint16_t> out(x.size());
@@ -73,30 +65,6 @@ std::vector<float> FromBf16(const std::vector<uint16_t>& x) {
 // x with every value rounded to the nearest bf16 (as a float).
 std::vector<float> Rounded(const std::vector<float>& x) { return FromBf16(ToBf16(x)); }
 
-// A device copy of a host vector; freed on scope exit.
-template <typename T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(const std::vector<T>& host) : n_(host.size()) {
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), std::max<size_t>(n_, 1) * sizeof(T)));
-    CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { CUDA_CHECK(cudaFree(ptr_)); }
-
-  T* get() { return ptr_; }
-  std::vector<T> ToHost() const {
-    std::vector<T> host(n_);
-    CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
-
- private:
-  T* ptr_ = nullptr;
-  size_t n_;
-};
-
 // A device bf16 tensor, uploaded from / read back as floats.
 class Bf16Buffer {
  public:
@@ -112,21 +80,11 @@ class Bf16Buffer {
   DeviceBuffer<uint16_t> buf_;
 };
 
-std::vector<float> Random(std::mt19937_64& rng, size_t n, float mean = 0.0f,
-                          float stddev = 1.0f) {
-  std::normal_distribution<float> dist(mean, stddev);
-  std::vector<float> x(n);
-  for (float& v : x) v = dist(rng);
-  return x;
-}
-
 // Random values already rounded to bf16, so host and device see the same inputs.
 std::vector<float> RandomBf16(std::mt19937_64& rng, size_t n, float mean = 0.0f,
                               float stddev = 1.0f) {
   return Rounded(Random(rng, n, mean, stddev));
 }
-
-std::vector<float> Filled(size_t n, float value = 0.0f) { return std::vector<float>(n, value); }
 
 double RelError(const std::vector<float>& gpu, const std::vector<float>& ref) {
   EXPECT_EQ(gpu.size(), ref.size());

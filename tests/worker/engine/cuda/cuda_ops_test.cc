@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/worker/engine/cuda/cuda_test_util.h"
 #include "worker/engine/adamw.h"
 #include "worker/engine/cpu/ops.h"
 #include "worker/engine/cuda/cuda_check.h"
@@ -26,43 +27,11 @@
 namespace weft::engine::cuda {
 namespace {
 
+using test_util::DeviceBuffer;
+using test_util::Filled;
+using test_util::Random;
+
 constexpr float kPrefill = 0.375f;  // gradient buffers start here (exact)
-
-// A device copy of a host vector; freed on scope exit.
-template <typename T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(const std::vector<T>& host) : n_(host.size()) {
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), std::max<size_t>(n_, 1) * sizeof(T)));
-    CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { CUDA_CHECK(cudaFree(ptr_)); }
-
-  T* get() { return ptr_; }
-  std::vector<T> ToHost() const {
-    std::vector<T> host(n_);
-    CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
-
- private:
-  T* ptr_ = nullptr;
-  size_t n_;
-};
-
-std::vector<float> Random(std::mt19937_64& rng, size_t n, float mean = 0.0f,
-                          float stddev = 1.0f) {
-  std::normal_distribution<float> dist(mean, stddev);
-  std::vector<float> x(n);
-  for (float& v : x) v = dist(rng);
-  return x;
-}
-
-// n copies of `value` (a function, not a type, so `DeviceBuffer<float> d(Filled(n))` is not
-// parsed as a function declaration).
-std::vector<float> Filled(size_t n, float value = 0.0f) { return std::vector<float>(n, value); }
 
 double RelError(const std::vector<float>& gpu, const std::vector<float>& cpu) {
   EXPECT_EQ(gpu.size(), cpu.size());

@@ -32,54 +32,22 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/worker/engine/cuda/cuda_test_util.h"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/ops.h"
 
 namespace weft::engine::cuda {
 namespace {
 
+using test_util::DeviceBuffer;
+using test_util::FromBf16Bits;
+using test_util::kGarbageBits;
+using test_util::ToBf16Bits;
+
 constexpr double kTolY = 1e-2;
 constexpr double kTolDv = 1e-2;
 constexpr double kTolDqDk = 1e-2;
 constexpr double kTolLse = 1e-5;
-constexpr uint16_t kGarbageBits = 0x4321;  // prefill of written (=) outputs: bf16 ~ 10.1
-
-uint16_t ToBf16Bits(float x) {  // round to nearest even (finite inputs)
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float FromBf16Bits(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float x;
-  std::memcpy(&x, &u, sizeof(x));
-  return x;
-}
-
-template <typename T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(const std::vector<T>& host) : n_(host.size()) {
-    CUDA_CHECK(
-        cudaMalloc(reinterpret_cast<void**>(&ptr_), std::max<size_t>(n_, 1) * sizeof(T)));
-    CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { CUDA_CHECK(cudaFree(ptr_)); }
-  T* get() { return ptr_; }
-  std::vector<T> ToHost() const {
-    std::vector<T> host(n_);
-    CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
-
- private:
-  size_t n_;
-  T* ptr_ = nullptr;
-};
 
 bf16* AsBf16(DeviceBuffer<uint16_t>& buf) { return reinterpret_cast<bf16*>(buf.get()); }
 

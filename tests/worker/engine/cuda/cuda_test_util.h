@@ -1,0 +1,77 @@
+// Helpers shared by the CUDA op tests: device buffers that copy host vectors in and out,
+// bf16 bit conversions done on the host exactly as the kernels round (nearest even), and
+// random / filled host vectors.
+#ifndef WEFT_TESTS_WORKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_
+#define WEFT_TESTS_WORKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "worker/engine/cuda/cuda_check.h"
+
+namespace weft::engine::cuda::test_util {
+
+// bf16 bits of about 10.1: the prefill of outputs that must be written (=), not accumulated.
+inline constexpr uint16_t kGarbageBits = 0x4321;
+
+// A device copy of a host vector; freed on scope exit.
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<T>& host) : n_(host.size()) {
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), std::max<size_t>(n_, 1) * sizeof(T)));
+    CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { CUDA_CHECK(cudaFree(ptr_)); }
+
+  T* get() { return ptr_; }
+  std::vector<T> ToHost() const {
+    std::vector<T> host(n_);
+    CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_;
+};
+
+// Round to nearest even, the rounding __float2bfloat16 and the kernels use (finite inputs).
+inline uint16_t ToBf16Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float FromBf16Bits(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+
+inline std::vector<float> Random(std::mt19937_64& rng, size_t n, float mean = 0.0f,
+                                 float stddev = 1.0f) {
+  std::normal_distribution<float> dist(mean, stddev);
+  std::vector<float> x(n);
+  for (float& v : x) v = dist(rng);
+  return x;
+}
+
+// n copies of `value` (a function, not a type, so `DeviceBuffer<float> d(Filled(n))` is not
+// parsed as a function declaration).
+inline std::vector<float> Filled(size_t n, float value = 0.0f) {
+  return std::vector<float>(n, value);
+}
+
+}  // namespace weft::engine::cuda::test_util
+
+#endif  // WEFT_TESTS_WORKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_
