@@ -710,7 +710,7 @@ absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
 }
 
 void Coordinator::Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Time deadline,
-                            Done<weft::v1::HeartbeatResponse> done) {
+                            Done<weft::v1::HeartbeatResponse> done, uint64_t call_id) {
   heartbeats_->Increment();
   Actions actions;
   absl::MutexLock lock(&mu_);
@@ -738,6 +738,7 @@ void Coordinator::Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Tim
   WorkerRecord& worker = it->second;
   worker.last_heartbeat = Now();
   worker.connection_lost = absl::InfiniteFuture();
+  worker.last_heartbeat_call = call_id;
   ToProtoTime(Now(), worker.status.mutable_last_heartbeat_time());
   if (worker.status.state() == weft::v1::WORKER_DEAD) {
     worker.status.set_state(weft::v1::WORKER_IDLE);
@@ -817,14 +818,17 @@ void Coordinator::BlameWorkerLocked(const std::string& worker_id, JobRecord& rec
   AddEventLocked(rec, weft::v1::WORKER_QUARANTINED, why, actions);
 }
 
-void Coordinator::HeartbeatCancelled(const std::string& worker_id, int64_t incarnation) {
+void Coordinator::HeartbeatCancelled(const std::string& worker_id, int64_t incarnation,
+                                     uint64_t call_id) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.status.incarnation() != incarnation) return;
-  spdlog::debug("heartbeat of {} cancelled (held: {})", worker_id, it->second.parked.has_value());
-  // Only the held call matters: a call answered just before the cancel raced a normal reply,
-  // and the client's next heartbeat follows at once.
-  if (!it->second.parked) return;
+  // Only the latest call counts: the cancel of an older call can arrive after the live
+  // client's next heartbeat. The latest call's cancel counts whether it was still held or its
+  // answer was in flight when the client died (a held-only rule missed the second case).
+  spdlog::debug("heartbeat call {} of {} cancelled (latest {})", call_id, worker_id,
+                it->second.last_heartbeat_call);
+  if (call_id == 0 || call_id != it->second.last_heartbeat_call) return;
   if (it->second.connection_lost == absl::InfiniteFuture()) it->second.connection_lost = Now();
 }
 

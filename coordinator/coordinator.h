@@ -101,12 +101,15 @@ class Coordinator {
   absl::StatusOr<weft::v1::RegisterWorkerResponse> RegisterWorker(weft::v1::WorkerInfo info);
   // Answers (through `done`, maybe inline) at once when commands are pending, else holds the
   // call until a command arrives or `deadline` / the held time passes.
+  // `call_id` (unique per call, 0: untracked) lets HeartbeatCancelled tell the worker's latest
+  // call from an older one.
   void Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Time deadline,
-                 Done<weft::v1::HeartbeatResponse> done);
-  // The transport cancelled a held Heartbeat call of (worker_id, incarnation): the client
-  // went away (its process exited, or the connection broke). Unless a new heartbeat arrives
+                 Done<weft::v1::HeartbeatResponse> done, uint64_t call_id = 0);
+  // The transport cancelled Heartbeat call `call_id` of (worker_id, incarnation). When it is
+  // the worker's latest call, the client went away (its process exited, or the connection
+  // broke) — whether the call was still held or its answer was on the way. Unless a new heartbeat arrives
   // within LivenessOptions::connection_lost_grace_ms, the worker is declared dead.
-  void HeartbeatCancelled(const std::string& worker_id, int64_t incarnation);
+  void HeartbeatCancelled(const std::string& worker_id, int64_t incarnation, uint64_t call_id);
   absl::StatusOr<weft::v1::ListWorkersResponse> ListWorkers();
 
   // ---- Rendezvous ----
@@ -153,6 +156,8 @@ class Coordinator {
     absl::Time last_heartbeat;
     // When the transport cancelled the held heartbeat (see HeartbeatCancelled).
     absl::Time connection_lost = absl::InfiniteFuture();
+    // Id of the worker's latest Heartbeat call (0: untracked).
+    uint64_t last_heartbeat_call = 0;
     // Generation failures blamed on this worker since a generation last made progress with it.
     int32_t consecutive_failures = 0;
     // Not scheduled before this time (see CoordinatorOptions::quarantine_after_failures).

@@ -58,14 +58,22 @@ absl::Status CheckKey(const std::string& key, const char* field) {
 class HeartbeatReactor final : public ServerUnaryReactor {
  public:
   HeartbeatReactor(Coordinator* coordinator, std::string worker_id, int64_t incarnation)
-      : coordinator_(coordinator), worker_id_(std::move(worker_id)), incarnation_(incarnation) {}
-  void OnCancel() override { coordinator_->HeartbeatCancelled(worker_id_, incarnation_); }
+      : coordinator_(coordinator),
+        worker_id_(std::move(worker_id)),
+        incarnation_(incarnation),
+        call_id_(next_call_id_.fetch_add(1) + 1) {}
+  uint64_t call_id() const { return call_id_; }
+  void OnCancel() override {
+    coordinator_->HeartbeatCancelled(worker_id_, incarnation_, call_id_);
+  }
   void OnDone() override { delete this; }
 
  private:
+  static inline std::atomic<uint64_t> next_call_id_{0};
   Coordinator* coordinator_;
   const std::string worker_id_;
   const int64_t incarnation_;
+  const uint64_t call_id_;
 };
 
 // Streams job status snapshots to one WatchJob caller. Snapshots arriving while a write is in
@@ -244,7 +252,8 @@ ServerUnaryReactor* CoordinatorService::Heartbeat(CallbackServerContext* context
                                                   weft::v1::HeartbeatResponse* response) {
   auto* reactor =
       new HeartbeatReactor(coordinator_, request->worker_id(), request->incarnation());
-  coordinator_->Heartbeat(*request, CallDeadline(context), Finisher(reactor, response));
+  coordinator_->Heartbeat(*request, CallDeadline(context), Finisher(reactor, response),
+                          reactor->call_id());
   return reactor;
 }
 
