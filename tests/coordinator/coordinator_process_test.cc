@@ -537,6 +537,11 @@ TEST_F(CoordinatorProcessTest, KilledWorkerIsDeclaredDeadFromItsDroppedConnectio
   auto workers = StartSimWorkers(2);
   ASSERT_EQ(workers.size(), 2u);
   ASSERT_TRUE(Eventually([&] { return GetJob(*id).status().state() == v1::RUNNING; }));
+  // Past the generation's start, when the worker takes its JoinJob answer and goes off to
+  // Join: a process that dies between two heartbeat calls leaves no call to cancel, and only
+  // the heartbeat timeout can catch it (the documented limit of this path). Once joined, a
+  // worker always has a heartbeat held.
+  absl::SleepFor(absl::Seconds(1));
   workers[1]->Signal(SIGKILL);
   const absl::Time killed = absl::Now();
   ASSERT_TRUE(Eventually([&] { return GetJob(*id).status().state() != v1::RUNNING; },
