@@ -129,9 +129,10 @@ absl::Status CoordinatorClient::WatchJob(
 }
 
 absl::StatusOr<weft::v1::RegisterWorkerResponse> CoordinatorClient::RegisterWorker(
-    const weft::v1::WorkerInfo& info) {
+    const weft::v1::WorkerInfo& info, const std::string& session_token) {
   weft::v1::RegisterWorkerRequest request;
   *request.mutable_info() = info;
+  request.set_session_token(session_token);
   weft::v1::RegisterWorkerResponse response;
   grpc::ClientContext context;
   SetTimeoutUnlessInfinite(&context, options_.rpc_timeout);

@@ -158,6 +158,10 @@ void Coordinator::Shutdown() {
       worker.parked.reset();
     }
   }
+  for (auto& [token, session] : sessions_) {
+    if (session.end) actions.Add([end = std::move(session.end), unavailable] { end(unavailable); });
+    session.end = nullptr;
+  }
   for (auto& [id, rec] : jobs_) {
     if (!rec.generation) continue;
     for (auto& [w, waiter] : rec.generation->join_waiters) {
@@ -645,7 +649,7 @@ void Coordinator::RemoveWatcher(uint64_t id) {
 // ---- workers -------------------------------------------------------------------------------
 
 absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
-    weft::v1::WorkerInfo info) {
+    weft::v1::WorkerInfo info, const std::string& session_token) {
   std::vector<std::string> problems;
   if (info.host().empty()) problems.push_back("info.host: required");
   if (info.device_kind() != weft::v1::DEVICE_KIND_CPU &&
@@ -661,6 +665,9 @@ absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   if (!info.worker_id().empty() && !ValidWorkerId(info.worker_id())) {
     problems.push_back(absl::StrCat("info.worker_id: \"", info.worker_id(),
                                     "\" must be 1-128 characters of letters, digits, ._/:-"));
+  }
+  if (!session_token.empty() && !ValidWorkerId(session_token)) {
+    problems.push_back("session_token: must be 1-128 characters of letters, digits, ._/:-");
   }
   if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
 
@@ -697,6 +704,8 @@ absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   worker.status.set_reason("registered");
   worker.last_heartbeat = Now();
   worker.connection_lost = absl::InfiniteFuture();
+  worker.session_token = session_token;
+  if (!session_token.empty()) sessions_[session_token].worker_id = id;
   ToProtoTime(Now(), worker.status.mutable_register_time());
   ToProtoTime(Now(), worker.status.mutable_last_heartbeat_time());
   spdlog::debug("worker {} registered (incarnation {})", id, incarnation);
@@ -710,7 +719,7 @@ absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
 }
 
 void Coordinator::Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Time deadline,
-                            Done<weft::v1::HeartbeatResponse> done, uint64_t call_id) {
+                            Done<weft::v1::HeartbeatResponse> done) {
   heartbeats_->Increment();
   Actions actions;
   absl::MutexLock lock(&mu_);
@@ -737,12 +746,12 @@ void Coordinator::Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Tim
   }
   WorkerRecord& worker = it->second;
   worker.last_heartbeat = Now();
-  worker.connection_lost = absl::InfiniteFuture();
-  worker.last_heartbeat_call = call_id;
   ToProtoTime(Now(), worker.status.mutable_last_heartbeat_time());
   if (worker.status.state() == weft::v1::WORKER_DEAD) {
     worker.status.set_state(weft::v1::WORKER_IDLE);
     worker.status.set_reason("heartbeating again after being declared dead");
+    // Alive after all (e.g. its connection came back late): judged again from here on.
+    worker.connection_lost = absl::InfiniteFuture();
     ScheduleLocked(actions);
   }
   // A worker still training in a generation that ended (it missed the abort, or the
@@ -818,18 +827,53 @@ void Coordinator::BlameWorkerLocked(const std::string& worker_id, JobRecord& rec
   AddEventLocked(rec, weft::v1::WORKER_QUARANTINED, why, actions);
 }
 
-void Coordinator::HeartbeatCancelled(const std::string& worker_id, int64_t incarnation,
-                                     uint64_t call_id) {
+Coordinator::WorkerRecord* Coordinator::SessionWorkerLocked(const std::string& token) {
+  auto session = sessions_.find(token);
+  if (session == sessions_.end() || session->second.worker_id.empty()) return nullptr;
+  auto worker = workers_.find(session->second.worker_id);
+  if (worker == workers_.end() || worker->second.session_token != token) return nullptr;
+  return &worker->second;
+}
+
+absl::StatusOr<uint64_t> Coordinator::OpenSession(const std::string& token, SessionEnd end) {
+  if (!ValidWorkerId(token)) {
+    return absl::InvalidArgumentError(
+        "session_token: must be 1-128 characters of letters, digits, ._/:-");
+  }
+  Actions actions;
   absl::MutexLock lock(&mu_);
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || it->second.status.incarnation() != incarnation) return;
-  // Only the latest call counts: the cancel of an older call can arrive after the live
-  // client's next heartbeat. The latest call's cancel counts whether it was still held or its
-  // answer was in flight when the client died (a held-only rule missed the second case).
-  spdlog::debug("heartbeat call {} of {} cancelled (latest {})", call_id, worker_id,
-                it->second.last_heartbeat_call);
-  if (call_id == 0 || call_id != it->second.last_heartbeat_call) return;
-  if (it->second.connection_lost == absl::InfiniteFuture()) it->second.connection_lost = Now();
+  if (shutting_down_) return absl::UnavailableError("coordinator shutting down; retry");
+  SessionRecord& session = sessions_[token];
+  if (session.end) actions.Add([end = std::move(session.end)] { end(absl::OkStatus()); });
+  session.id = next_session_id_++;
+  session.end = std::move(end);
+  // A worker whose connection broke and came back is alive: only a session that stays gone
+  // past the grace is fatal.
+  if (WorkerRecord* worker = SessionWorkerLocked(token)) {
+    worker->connection_lost = absl::InfiniteFuture();
+  }
+  spdlog::debug("session {} opened ({})", session.id,
+                session.worker_id.empty() ? "not registered yet" : session.worker_id);
+  return session.id;
+}
+
+void Coordinator::SessionClosed(const std::string& token, uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(token);
+  // An older stream's cancel can arrive after the live process opened its next one.
+  if (it == sessions_.end() || session_id == 0 || it->second.id != session_id) return;
+  SessionRecord& session = it->second;
+  session.id = 0;
+  session.end = nullptr;  // its stream is finishing on its own
+  session.closed = Now();
+  WorkerRecord* worker = SessionWorkerLocked(token);
+  spdlog::debug("session {} of {} closed by the transport", session_id,
+                worker ? session.worker_id : "no worker");
+  if (worker == nullptr) {
+    sessions_.erase(it);
+  } else if (worker->connection_lost == absl::InfiniteFuture()) {
+    worker->connection_lost = Now();
+  }
 }
 
 absl::StatusOr<weft::v1::ListWorkersResponse> Coordinator::ListWorkers() {
@@ -1072,6 +1116,13 @@ void Coordinator::Tick() {
   liveness.idle_heartbeat_timeout_ms = options_.heartbeat_timeout_ms;
   liveness.rendezvous_timeout_ms = options_.rendezvous_timeout_ms;
   liveness.connection_lost_grace_ms = options_.connection_lost_grace_ms;
+  // Closed sessions that no registration refers to any more (the worker re-registered from a
+  // new process, or never registered) have nothing left to tell.
+  std::vector<std::string> stale_sessions;
+  for (const auto& [token, session] : sessions_) {
+    if (session.id == 0 && SessionWorkerLocked(token) == nullptr) stale_sessions.push_back(token);
+  }
+  for (const auto& token : stale_sessions) sessions_.erase(token);
 
   for (const Failure& f : CheckLiveness(now, workers, generations, liveness)) {
     failures_->Add({{"kind", FailureKindLabel(f.kind)}}).Increment();

@@ -47,8 +47,8 @@ struct CoordinatorOptions {
   int64_t rendezvous_timeout_ms = 120000;
   // Period of liveness checks, scheduling retries and gauge updates.
   int64_t tick_interval_ms = 100;
-  // A worker whose heartbeat connection dropped is dead after this long without a new
-  // heartbeat (LivenessOptions::connection_lost_grace_ms).
+  // A worker whose session dropped is dead after this long without a new session
+  // (LivenessOptions::connection_lost_grace_ms).
   int64_t connection_lost_grace_ms = 1000;
   // A worker blamed for this many generation failures in a row (it died, hung, or reported a
   // non-permanent error, with no generation making progress with it in between) is
@@ -82,7 +82,7 @@ class Coordinator {
       Clock clock = nullptr, bool start_ticking = true);
   ~Coordinator();  // Shutdown(), then stops the timer.
 
-  // Answers every parked call UNAVAILABLE, ends every watch and refuses new calls. Call before
+  // Answers every parked call UNAVAILABLE, ends every watch and session and refuses new calls. Call before
   // shutting the gRPC server down: the server waits for parked calls to finish.
   void Shutdown();
 
@@ -98,18 +98,25 @@ class Coordinator {
   void RemoveWatcher(uint64_t id);
 
   // ---- Workers ----
-  absl::StatusOr<weft::v1::RegisterWorkerResponse> RegisterWorker(weft::v1::WorkerInfo info);
+  // `session_token`: the process's session (see OpenSession); empty: none.
+  absl::StatusOr<weft::v1::RegisterWorkerResponse> RegisterWorker(
+      weft::v1::WorkerInfo info, const std::string& session_token = "");
   // Answers (through `done`, maybe inline) at once when commands are pending, else holds the
   // call until a command arrives or `deadline` / the held time passes.
-  // `call_id` (unique per call, 0: untracked) lets HeartbeatCancelled tell the worker's latest
-  // call from an older one.
   void Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Time deadline,
-                 Done<weft::v1::HeartbeatResponse> done, uint64_t call_id = 0);
-  // The transport cancelled Heartbeat call `call_id` of (worker_id, incarnation). When it is
-  // the worker's latest call, the client went away (its process exited, or the connection
-  // broke) — whether the call was still held or its answer was on the way. Unless a new heartbeat arrives
-  // within LivenessOptions::connection_lost_grace_ms, the worker is declared dead.
-  void HeartbeatCancelled(const std::string& worker_id, int64_t incarnation, uint64_t call_id);
+                 Done<weft::v1::HeartbeatResponse> done);
+
+  // Called with OK when a newer session with the same token replaces a session, UNAVAILABLE at
+  // shutdown; never after SessionClosed for the same session.
+  using SessionEnd = std::function<void(absl::Status)>;
+  // Opens a session under `token` (see Coordinator.OpenSession) and returns its id; the
+  // token's previous session, if still open, is ended through its SessionEnd.
+  // INVALID_ARGUMENT: a bad token.
+  absl::StatusOr<uint64_t> OpenSession(const std::string& token, SessionEnd end);
+  // The transport cancelled session `session_id`: when it is its token's current session, the
+  // process exited or its connection broke. Unless a new session with the token opens within
+  // LivenessOptions::connection_lost_grace_ms, the worker registered with it is declared dead.
+  void SessionClosed(const std::string& token, uint64_t session_id);
   absl::StatusOr<weft::v1::ListWorkersResponse> ListWorkers();
 
   // ---- Rendezvous ----
@@ -154,16 +161,25 @@ class Coordinator {
   struct WorkerRecord {
     weft::v1::WorkerStatus status;
     absl::Time last_heartbeat;
-    // When the transport cancelled the held heartbeat (see HeartbeatCancelled).
+    // When the transport cancelled the session of session_token (see SessionClosed), if no
+    // new one opened since.
     absl::Time connection_lost = absl::InfiniteFuture();
-    // Id of the worker's latest Heartbeat call (0: untracked).
-    uint64_t last_heartbeat_call = 0;
+    // RegisterWorker's session_token (empty: none).
+    std::string session_token;
     // Generation failures blamed on this worker since a generation last made progress with it.
     int32_t consecutive_failures = 0;
     // Not scheduled before this time (see CoordinatorOptions::quarantine_after_failures).
     absl::Time quarantined_until = absl::InfinitePast();
     std::deque<weft::v1::Command> pending;
     std::optional<ParkedHeartbeat> parked;
+  };
+
+  // A process's session (Coordinator.OpenSession), by token.
+  struct SessionRecord {
+    uint64_t id = 0;      // the open stream's session id; 0: none open
+    SessionEnd end;       // ends the open stream
+    absl::Time closed;    // when the last stream was cancelled (id == 0)
+    std::string worker_id;  // registered with this token (empty: not yet)
   };
 
   struct JoinWaiter {
@@ -238,6 +254,8 @@ class Coordinator {
   void StartGenerationLocked(JobRecord& rec, const Placement& placement, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked(Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker registered with `token`, if it still is (nullptr otherwise).
+  WorkerRecord* SessionWorkerLocked(const std::string& token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a failure of `rec`'s generation against `worker_id`; at the threshold the worker is
   // quarantined and `rec` gets a WORKER_QUARANTINED event.
   void BlameWorkerLocked(const std::string& worker_id, JobRecord& rec, const std::string& cause,
@@ -259,6 +277,8 @@ class Coordinator {
   absl::flat_hash_map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_watcher_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, SessionRecord> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, WatcherRecord> watchers_ ABSL_GUARDED_BY(mu_);
   uint64_t update_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool ticking_ ABSL_GUARDED_BY(mu_) = false;

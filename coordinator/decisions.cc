@@ -117,7 +117,7 @@ std::vector<Failure> CheckLiveness(absl::Time now, const std::vector<WorkerLiven
           {FailureKind::kHeartbeatTimeout, w.worker_id, gen ? gen->job_id : "",
            gen ? gen->generation : 0,
            absl::StrCat("worker ", w.worker_id, " lost its connection ",
-                        Ms(now - w.connection_lost), " ms ago and has not heartbeated since ",
+                        Ms(now - w.connection_lost), " ms ago and opened no new session since ",
                         "(grace ", grace_ms, " ms): its process exited or its host is "
                         "unreachable")});
     }

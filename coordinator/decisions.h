@@ -65,8 +65,8 @@ struct WorkerLivenessView {
   std::string worker_id;
   weft::v1::WorkerState state = weft::v1::WORKER_IDLE;
   absl::Time last_heartbeat;
-  // When the transport cancelled the worker's held heartbeat call (its process exited, or its
-  // connection broke) with no heartbeat since; InfiniteFuture otherwise.
+  // When the transport cancelled the worker's session (its process exited, or its connection
+  // broke) with no new session since; InfiniteFuture otherwise.
   absl::Time connection_lost = absl::InfiniteFuture();
   // Set when the worker is a member of an active generation.
   std::string job_id;
@@ -91,11 +91,11 @@ struct LivenessOptions {
   int64_t idle_heartbeat_timeout_ms = 3000;
   // How long a generation may take to gather all its members in Join.
   int64_t rendezvous_timeout_ms = 120000;
-  // A worker whose held heartbeat was cancelled by the transport, and that has not heartbeated
-  // again within this long (or its heartbeat timeout, if shorter), is dead: a process that
-  // exits drops its connection at once, so it is caught in about this time instead of the
-  // full heartbeat timeout. A live worker whose connection blips reconnects and heartbeats
-  // within its backoff (100 ms first), well inside it.
+  // A worker whose session (Coordinator.OpenSession) was cancelled by the transport, and that
+  // has not opened a new one within this long (or its heartbeat timeout, if shorter), is
+  // dead: a process that exits drops its connection at once, so it is caught in about this
+  // time instead of the full heartbeat timeout. A live worker whose connection blips reopens
+  // its session within its backoff (100 ms first), well inside it.
   int64_t connection_lost_grace_ms = 1000;
 };
 

@@ -56,8 +56,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{100}, int64_t{86400000}));
   app.add_option("--connection-lost-grace-ms", flags.options.connection_lost_grace_ms,
-                 "a worker whose heartbeat connection dropped is dead after this long "
-                 "without a new heartbeat")
+                 "a worker whose session (connection) dropped is dead after this long "
+                 "without a new session")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
   app.add_option("--quarantine-after-failures", flags.options.quarantine_after_failures,

@@ -52,28 +52,103 @@ absl::Status CheckKey(const std::string& key, const char* field) {
   return absl::OkStatus();
 }
 
-// A held heartbeat that tells the coordinator when its client goes away: a worker process
-// that exits (SIGKILL, crash) drops its connection, gRPC cancels the held call, and the
-// coordinator declares the worker dead within a short grace instead of a heartbeat timeout.
-class HeartbeatReactor final : public ServerUnaryReactor {
+// One worker session (Coordinator.OpenSession): writes the confirmation, then stays open until
+// the transport cancels it — the worker's process exited or its connection broke, which
+// SessionClosed reports — or the coordinator ends it. State shared with the coordinator's
+// SessionEnd lives in Sink, which outlives the reactor.
+class SessionReactor final : public grpc::ServerWriteReactor<weft::v1::SessionEvent> {
  public:
-  HeartbeatReactor(Coordinator* coordinator, std::string worker_id, int64_t incarnation)
-      : coordinator_(coordinator),
-        worker_id_(std::move(worker_id)),
-        incarnation_(incarnation),
-        call_id_(next_call_id_.fetch_add(1) + 1) {}
-  uint64_t call_id() const { return call_id_; }
-  void OnCancel() override {
-    coordinator_->HeartbeatCancelled(worker_id_, incarnation_, call_id_);
+  SessionReactor(Coordinator* coordinator, const weft::v1::OpenSessionRequest& request)
+      : coordinator_(coordinator), token_(request.session_token()), sink_(std::make_shared<Sink>()) {
+    sink_->reactor = this;
   }
-  void OnDone() override { delete this; }
+
+  void Start() {
+    auto id = coordinator_->OpenSession(token_, [sink = sink_](absl::Status s) { sink->End(s); });
+    if (!id.ok()) {
+      sink_->End(id.status());
+      return;
+    }
+    bool cancelled = false;
+    bool write = false;
+    {
+      absl::MutexLock lock(&sink_->mu);
+      session_id_ = *id;
+      cancelled = sink_->cancelled;
+      write = sink_->writing = !cancelled && !sink_->finish_called;
+    }
+    // Cancelled before the session was recorded: OnCancel could not report it.
+    if (cancelled) coordinator_->SessionClosed(token_, *id);
+    if (!write) return;  // cancelled, or already replaced and finished
+    event_.set_session_id(*id);
+    StartWrite(&event_);
+  }
+
+  void OnWriteDone(bool /*ok*/) override {
+    // Nothing more is sent; a failed write is followed by OnCancel.
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&sink_->mu);
+      sink_->writing = false;
+      if (sink_->deferred && !sink_->finish_called) {
+        sink_->finish_called = true;
+        finish = *sink_->deferred;
+      }
+    }
+    if (finish) Finish(*finish);
+  }
+
+  void OnCancel() override {
+    uint64_t id = 0;
+    {
+      absl::MutexLock lock(&sink_->mu);
+      sink_->cancelled = true;
+      id = session_id_;
+    }
+    if (id != 0) coordinator_->SessionClosed(token_, id);
+    sink_->End(absl::CancelledError("session cancelled"));
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&sink_->mu);
+      sink_->reactor = nullptr;
+    }
+    delete this;
+  }
 
  private:
-  static inline std::atomic<uint64_t> next_call_id_{0};
+  struct Sink {
+    absl::Mutex mu;
+    SessionReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool finish_called ABSL_GUARDED_BY(mu) = false;
+    bool cancelled ABSL_GUARDED_BY(mu) = false;
+    std::optional<grpc::Status> deferred ABSL_GUARDED_BY(mu);
+
+    // Finishes the stream once, after the confirmation's write if one is in flight.
+    void End(const absl::Status& status) {
+      SessionReactor* finish = nullptr;
+      {
+        absl::MutexLock lock(&mu);
+        if (reactor == nullptr || finish_called) return;
+        if (writing) {
+          deferred = ToGrpcStatus(status);
+          return;
+        }
+        finish_called = true;
+        finish = reactor;
+      }
+      // OnDone (which clears `reactor`) cannot run before this Finish.
+      finish->Finish(ToGrpcStatus(status));
+    }
+  };
+
   Coordinator* coordinator_;
-  const std::string worker_id_;
-  const int64_t incarnation_;
-  const uint64_t call_id_;
+  const std::string token_;
+  std::shared_ptr<Sink> sink_;
+  uint64_t session_id_ ABSL_GUARDED_BY(sink_->mu) = 0;
+  weft::v1::SessionEvent event_;
 };
 
 // Streams job status snapshots to one WatchJob caller. Snapshots arriving while a write is in
@@ -244,16 +319,23 @@ grpc::ServerWriteReactor<weft::v1::JobStatus>* CoordinatorService::WatchJob(
 ServerUnaryReactor* CoordinatorService::RegisterWorker(
     CallbackServerContext* context, const weft::v1::RegisterWorkerRequest* request,
     weft::v1::RegisterWorkerResponse* response) {
-  return Unary(context, response, [&] { return coordinator_->RegisterWorker(request->info()); });
+  return Unary(context, response, [&] {
+    return coordinator_->RegisterWorker(request->info(), request->session_token());
+  });
 }
 
 ServerUnaryReactor* CoordinatorService::Heartbeat(CallbackServerContext* context,
                                                   const weft::v1::HeartbeatRequest* request,
                                                   weft::v1::HeartbeatResponse* response) {
-  auto* reactor =
-      new HeartbeatReactor(coordinator_, request->worker_id(), request->incarnation());
-  coordinator_->Heartbeat(*request, CallDeadline(context), Finisher(reactor, response),
-                          reactor->call_id());
+  ServerUnaryReactor* reactor = context->DefaultReactor();
+  coordinator_->Heartbeat(*request, CallDeadline(context), Finisher(reactor, response));
+  return reactor;
+}
+
+grpc::ServerWriteReactor<weft::v1::SessionEvent>* CoordinatorService::OpenSession(
+    CallbackServerContext* /*context*/, const weft::v1::OpenSessionRequest* request) {
+  auto* reactor = new SessionReactor(coordinator_, *request);
+  reactor->Start();
   return reactor;
 }
 

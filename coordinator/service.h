@@ -33,6 +33,8 @@ class CoordinatorService final : public weft::v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const weft::v1::HeartbeatRequest* request,
                                       weft::v1::HeartbeatResponse* response) override;
+  grpc::ServerWriteReactor<weft::v1::SessionEvent>* OpenSession(
+      grpc::CallbackServerContext* context, const weft::v1::OpenSessionRequest* request) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
                                         const weft::v1::ListWorkersRequest* request,
                                         weft::v1::ListWorkersResponse* response) override;

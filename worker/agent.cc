@@ -22,12 +22,20 @@ WorkerAgent::WorkerAgent(AgentOptions options, std::shared_ptr<prometheus::Regis
     : options_(std::move(options)),
       registry_(std::move(registry)),
       client_(options_.coordinator),
+      session_(client_.channel()),
       metrics_(*registry_, options_.info.worker_id()) {}
 
 absl::Status WorkerAgent::RegisterWithRetry(const std::atomic<bool>& stop) {
+  // Registered only once the session is open, so that the coordinator sees this process exit
+  // at any moment after; a coordinator that does not answer sessions gets the registration
+  // anyway, after the wait (detection then falls back to the heartbeat timeout).
+  session_.Start();
+  if (!session_.WaitOpen(absl::Seconds(2))) {
+    spdlog::warn("no session with the coordinator yet; registering without waiting for it");
+  }
   absl::Duration backoff = absl::Milliseconds(100);
   while (!stop.load()) {
-    auto registered = client_.RegisterWorker(options_.info);
+    auto registered = client_.RegisterWorker(options_.info, session_.token());
     if (registered.ok()) {
       options_.info.set_worker_id(registered->worker_id());
       options_.run.worker_id = registered->worker_id();
@@ -115,6 +123,7 @@ absl::Status WorkerAgent::Run(const std::atomic<bool>& stop) {
     }
   }
   DropRun(absl::AbortedError("worker shutting down"));
+  session_.Stop();
   return absl::OkStatus();
 }
 

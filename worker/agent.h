@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "client/coordinator_client.h"
+#include "client/worker_session.h"
 #include "worker/generation_run.h"
 #include "worker/worker_metrics.h"
 #include "weft/v1/worker.pb.h"
@@ -43,6 +44,8 @@ class WorkerAgent {
   AgentOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
   CoordinatorClient client_;
+  // Lets the coordinator see this process exit (see client/worker_session.h).
+  WorkerSession session_;
   WorkerMetrics metrics_;
   int64_t interval_ms_ = 500;
   std::unique_ptr<GenerationRun> run_;

@@ -176,16 +176,16 @@ class CoordinatorProcessTest : public ::testing::Test {
     return scope;
   }
 
-  // weft-sim-worker processes node/cpu0..n-1, logging to sim<i>.log.
+  // weft-sim-worker processes <host>/cpu0..n-1, logging to <host><i>.log.
   std::vector<std::unique_ptr<Subprocess>> StartSimWorkers(
-      int n, const std::vector<std::string>& extra_args = {}) {
+      int n, const std::vector<std::string>& extra_args = {}, const std::string& host = "node") {
     std::vector<std::unique_ptr<Subprocess>> workers;
     for (int i = 0; i < n; ++i) {
       std::vector<std::string> argv = {testing::BinDir() + "/weft-sim-worker",
-                                       "--coordinator=" + coordinator_->address(), "--host=node",
+                                       "--coordinator=" + coordinator_->address(), "--host=" + host,
                                        absl::StrCat("--device-index=", i)};
       argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-      auto p = Subprocess::Start(argv, dir_.File(absl::StrCat("sim", i, ".log")));
+      auto p = Subprocess::Start(argv, dir_.File(absl::StrCat(host, i, ".log")));
       EXPECT_TRUE(p.ok()) << p.status();
       if (p.ok()) workers.push_back(std::move(*p));
     }
@@ -506,7 +506,7 @@ TEST_F(CoordinatorProcessTest, StoppedWorkerProcessIsDeclaredDeadAndGenerationEn
   EXPECT_TRUE(dead);
   // The survivor was told to abort, and the stopped worker, once resumed, is idle again.
   EXPECT_TRUE(Eventually([&] {
-    return absl::StrContains(testing::ReadFile(dir_.File("sim0.log")), "abort " + *id);
+    return absl::StrContains(testing::ReadFile(dir_.File("node0.log")), "abort " + *id);
   }));
   workers[1]->Signal(SIGCONT);
   EXPECT_TRUE(Eventually([&] { return GetJob(*id).status().state() == v1::RUNNING; }))
@@ -527,6 +527,79 @@ TEST_F(CoordinatorProcessTest, KilledWorkerProcessFailsJobWhenRestartBudgetIsZer
   const v1::Job job = GetJob(*id);
   EXPECT_THAT(job.status().error(), HasSubstr("node/cpu0"));
   EXPECT_THAT(job.status().error(), HasSubstr("restart budget exhausted"));
+}
+
+// An exited process drops its connection: its session is cancelled and the worker is dead
+// after the 1 s grace, not after the job's 30 s heartbeat timeout — whenever it dies. Each
+// round kills at a different moment (as it takes its JoinJob answer, while joining, while
+// training); a held heartbeat missed the deaths that fell between two calls.
+TEST_F(CoordinatorProcessTest, KilledWorkerIsDeclaredDeadFromItsDroppedSession) {
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    auto id = Submit(Spec(2, /*heartbeat_timeout_ms=*/30000));
+    ASSERT_TRUE(id.ok());
+    // Fresh worker ids each round: the last round's survivor may not be declared dead yet.
+    const std::string host = absl::StrCat("round", round);
+    auto workers = StartSimWorkers(2, {}, host);
+    ASSERT_EQ(workers.size(), 2u);
+    ASSERT_TRUE(Eventually([&] { return GetJob(*id).status().state() == v1::RUNNING; }));
+    absl::SleepFor(absl::Milliseconds(37) * round * round);
+    workers[1]->Signal(SIGKILL);
+    const absl::Time killed = absl::Now();
+    ASSERT_TRUE(Eventually([&] { return GetJob(*id).status().state() != v1::RUNNING; },
+                           absl::Seconds(10)))
+        << testing::ReadFile(coordinator_->log_path());
+    const absl::Duration detect = absl::Now() - killed;
+    EXPECT_GE(detect, absl::Milliseconds(900));  // the grace (1000 ms) less tick jitter
+    EXPECT_LT(detect, absl::Seconds(3));
+    bool lost_event = false;
+    const v1::Job job = GetJob(*id);
+    for (const auto& e : job.status().events()) {
+      if (e.type() == v1::WORKER_LOST) {
+        lost_event = true;
+        EXPECT_THAT(e.message(), HasSubstr(host + "/cpu1"));
+        EXPECT_THAT(e.message(), HasSubstr("lost its connection"));
+      }
+    }
+    EXPECT_TRUE(lost_event);
+    {
+      v1::CancelJobRequest cancel;
+      cancel.set_job_id(*id);
+      v1::JobStatus status;
+      grpc::ClientContext ctx;
+      ASSERT_TRUE(stub_->CancelJob(&ctx, cancel, &status).ok());
+    }
+    workers.clear();  // SIGKILLs the survivor
+    // An idle process that exits is caught the same way; the next round must not be handed
+    // this round's survivor before it is.
+    ASSERT_TRUE(Eventually([&] {
+      for (const auto& w : Workers()) {
+        if (w.state() != v1::WORKER_DEAD) return false;
+      }
+      return true;
+    }, absl::Seconds(5)));
+  }
+}
+
+// A worker that holds no session (an older or third-party client) is still caught, by the
+// heartbeat timeout.
+TEST_F(CoordinatorProcessTest, KilledWorkerWithoutASessionIsDeadAtTheHeartbeatTimeout) {
+  auto id = Submit(Spec(2, /*heartbeat_timeout_ms=*/2000));
+  ASSERT_TRUE(id.ok());
+  auto workers = StartSimWorkers(2, {"--no-session"});
+  ASSERT_EQ(workers.size(), 2u);
+  ASSERT_TRUE(Eventually([&] { return GetJob(*id).status().state() == v1::RUNNING; }));
+  workers[1]->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(Eventually([&] { return GetJob(*id).status().state() != v1::RUNNING; },
+                         absl::Seconds(10)));
+  EXPECT_GE(absl::Now() - killed, absl::Milliseconds(1500));
+  const v1::Job job = GetJob(*id);
+  bool missed = false;
+  for (const auto& e : job.status().events()) {
+    if (e.type() == v1::WORKER_LOST) missed = absl::StrContains(e.message(), "missed heartbeats");
+  }
+  EXPECT_TRUE(missed) << job.status().DebugString();
 }
 
 TEST_F(CoordinatorProcessTest, WatchStreamsStateChangesAndStepsUntilTheJobEnds) {

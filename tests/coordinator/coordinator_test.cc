@@ -175,13 +175,14 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   Worker Register(const std::string& host, int32_t index,
-                  weft::v1::DeviceKind kind = weft::v1::DEVICE_KIND_CPU) {
+                  weft::v1::DeviceKind kind = weft::v1::DEVICE_KIND_CPU,
+                  const std::string& session_token = "") {
     weft::v1::WorkerInfo info;
     info.set_host(host);
     info.set_device_index(index);
     info.set_device_kind(kind);
     info.set_address(absl::StrCat(host, ":", 7000 + index));
-    auto r = coord_->RegisterWorker(info);
+    auto r = coord_->RegisterWorker(info, session_token);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return {};
     return {r->worker_id(), r->incarnation()};
@@ -254,10 +255,14 @@ class CoordinatorTest : public ::testing::Test {
     std::string job_id;
     std::vector<Worker> workers;
   };
-  Running StartRunningJob(JobSpec spec, int n) {
+  // `session_tokens[i]`: rank i's (none past the end).
+  Running StartRunningJob(JobSpec spec, int n, const std::vector<std::string>& session_tokens = {}) {
     Running r;
     r.job_id = Submit(spec);
-    for (int i = 0; i < n; ++i) r.workers.push_back(Register("h", i));
+    for (int i = 0; i < n; ++i) {
+      const std::string token = i < static_cast<int>(session_tokens.size()) ? session_tokens[i] : "";
+      r.workers.push_back(Register("h", i, weft::v1::DEVICE_KIND_CPU, token));
+    }
     EXPECT_EQ(Status(r.job_id).state(), weft::v1::RUNNING);
     std::vector<std::unique_ptr<Pending<JoinResponse>>> joins;
     for (const Worker& w : r.workers) {
@@ -1151,6 +1156,126 @@ TEST_F(CoordinatorTest, ShutdownAnswersParkedCallsUnavailable) {
   ASSERT_TRUE(join->finished());
   EXPECT_EQ(join->Get().status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(coord_->SubmitJob(CpuSpec("late", 1)).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+// ---- sessions --------------------------------------------------------------------------------
+
+// What SessionEnd callbacks were called with.
+struct SessionEnds {
+  std::vector<absl::Status> statuses;
+  Coordinator::SessionEnd Callback() {
+    return [this](absl::Status s) { statuses.push_back(s); };
+  }
+};
+
+// A dropped session (the process exited) ends the generation after the 1 s grace, although
+// the job's heartbeat timeout is 30 s and the survivors heartbeat on.
+TEST_F(CoordinatorTest, ClosedSessionIsDeadAfterTheGraceNotTheHeartbeatTimeout) {
+  JobSpec spec = CpuSpec("sess", 2);
+  spec.mutable_fault()->set_heartbeat_timeout_ms(30000);
+  SessionEnds ends;
+  auto session = coord_->OpenSession("token-1", ends.Callback());
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto [job, w] = StartRunningJob(spec, 2, {"", "token-1"});  // h/cpu1 holds the session
+  coord_->SessionClosed("token-1", *session);
+  AdvanceKeepingAlive(absl::Milliseconds(1000), {w[0]}, job, 1);
+  EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);  // exactly at the grace: not yet
+  clock_.Advance(absl::Milliseconds(1));
+  coord_->Tick();
+  const JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::RECOVERING);
+  const weft::v1::JobEvent* lost = FindEvent(s, weft::v1::WORKER_LOST);
+  ASSERT_NE(lost, nullptr);
+  EXPECT_THAT(lost->message(), HasSubstr("h/cpu1"));
+  EXPECT_THAT(lost->message(), HasSubstr("lost its connection 1001 ms ago"));
+  EXPECT_THAT(ends.statuses, IsEmpty());  // the transport ended it, not the coordinator
+}
+
+// A live worker whose connection broke reopens its session within the grace: not dead. Without
+// the reopen, heartbeats alone do not keep it: the connection is what the session proves.
+TEST_F(CoordinatorTest, SessionReopenedWithinTheGraceKeepsTheWorker) {
+  SessionEnds ends;
+  auto first = coord_->OpenSession("tok", ends.Callback());
+  ASSERT_TRUE(first.ok());
+  Worker w = Register("h", 0, weft::v1::DEVICE_KIND_CPU, "tok");
+  coord_->SessionClosed("tok", *first);
+  AdvanceKeepingAlive(absl::Milliseconds(900), {w});
+  auto second = coord_->OpenSession("tok", ends.Callback());
+  ASSERT_TRUE(second.ok());
+  EXPECT_GT(*second, *first);
+  AdvanceKeepingAlive(absl::Seconds(5), {w});
+  EXPECT_EQ(WorkerStatus(w.id).state(), weft::v1::WORKER_IDLE);
+
+  coord_->SessionClosed("tok", *second);
+  AdvanceKeepingAlive(absl::Milliseconds(1001), {w});
+  EXPECT_EQ(WorkerStatus(w.id).state(), weft::v1::WORKER_DEAD);
+  EXPECT_THAT(WorkerStatus(w.id).reason(), HasSubstr("lost its connection"));
+  // Heartbeating on, it is back (and judged afresh).
+  ASSERT_TRUE(Beat(w).ok());
+  coord_->Tick();
+  EXPECT_EQ(WorkerStatus(w.id).state(), weft::v1::WORKER_IDLE);
+  EXPECT_THAT(ends.statuses, IsEmpty());
+}
+
+// The cancel of a replaced stream (it can arrive after the next one opened) changes nothing;
+// the replaced stream is ended OK.
+TEST_F(CoordinatorTest, OnlyTheCurrentSessionsCloseCounts) {
+  SessionEnds old_ends;
+  SessionEnds new_ends;
+  auto first = coord_->OpenSession("tok", old_ends.Callback());
+  ASSERT_TRUE(first.ok());
+  Worker w = Register("h", 0, weft::v1::DEVICE_KIND_CPU, "tok");
+  auto second = coord_->OpenSession("tok", new_ends.Callback());
+  ASSERT_TRUE(second.ok());
+  ASSERT_THAT(old_ends.statuses, SizeIs(1));
+  EXPECT_TRUE(old_ends.statuses[0].ok());
+  coord_->SessionClosed("tok", *first);
+  AdvanceKeepingAlive(absl::Seconds(3), {w});
+  EXPECT_EQ(WorkerStatus(w.id).state(), weft::v1::WORKER_IDLE);
+  EXPECT_THAT(new_ends.statuses, IsEmpty());
+}
+
+// A process that registers again (same id, new token) is judged by its new session only.
+TEST_F(CoordinatorTest, ReregistrationFollowsTheNewProcessesSession) {
+  SessionEnds ends;
+  auto old_session = coord_->OpenSession("old-process", ends.Callback());
+  ASSERT_TRUE(old_session.ok());
+  Register("h", 0, weft::v1::DEVICE_KIND_CPU, "old-process");
+  ASSERT_TRUE(coord_->OpenSession("new-process", ends.Callback()).ok());
+  Worker w = Register("h", 0, weft::v1::DEVICE_KIND_CPU, "new-process");
+  coord_->SessionClosed("old-process", *old_session);
+  AdvanceKeepingAlive(absl::Seconds(3), {w});
+  EXPECT_EQ(WorkerStatus(w.id).state(), weft::v1::WORKER_IDLE);
+}
+
+TEST_F(CoordinatorTest, BadSessionTokensAreRefused) {
+  SessionEnds ends;
+  for (const std::string& token : {std::string(), std::string(129, 'a'), std::string("a b")}) {
+    auto r = coord_->OpenSession(token, ends.Callback());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << token;
+    EXPECT_THAT(r.status().message(), HasSubstr("session_token"));
+  }
+  weft::v1::WorkerInfo info;
+  info.set_host("h");
+  info.set_device_kind(weft::v1::DEVICE_KIND_CPU);
+  auto r = coord_->RegisterWorker(info, "bad token");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("session_token"));
+  EXPECT_THAT(coord_->ListWorkers()->workers(), IsEmpty());  // nothing half-registered
+  EXPECT_THAT(ends.statuses, IsEmpty());
+}
+
+// Shutdown ends open sessions UNAVAILABLE, so the server is not kept waiting for them.
+TEST_F(CoordinatorTest, ShutdownEndsSessions) {
+  SessionEnds ends;
+  ASSERT_TRUE(coord_->OpenSession("a", ends.Callback()).ok());
+  ASSERT_TRUE(coord_->OpenSession("b", ends.Callback()).ok());
+  coord_->Shutdown();
+  ASSERT_THAT(ends.statuses, SizeIs(2));
+  EXPECT_EQ(ends.statuses[0].code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ends.statuses[1].code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(coord_->OpenSession("c", ends.Callback()).status().code(),
             absl::StatusCode::kUnavailable);
 }
 

@@ -227,7 +227,7 @@ TEST(CheckLivenessTest, IdleWorkerExactlyAtTimeoutIsAlive) {
   EXPECT_THAT(f, IsEmpty());
 }
 
-// A dropped heartbeat connection (the process exited) is fatal after the grace, long before
+// A dropped session (the process exited) is fatal after the grace, long before
 // the heartbeat timeout; within the grace the worker may still reconnect.
 TEST(CheckLivenessTest, LostConnectionIsDeadAfterTheGraceNotTheTimeout) {
   WorkerLivenessView w = Busy("w", kT0, "job", 1);

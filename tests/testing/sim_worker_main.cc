@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "client/worker_session.h"
 #include "common/rpc.h"
 #include "common/status.h"
 #include "weft/v1/coordinator.grpc.pb.h"
@@ -26,6 +27,8 @@ struct Flags {
   // Rank 0 reports this many steps (one per step_interval_ms) and then finished; 0: never.
   int report_steps = 0;
   int step_interval_ms = 50;
+  // Hold a session (Coordinator.OpenSession), as weft-worker does.
+  bool session = true;
 };
 
 }  // namespace
@@ -39,6 +42,8 @@ int main(int argc, char** argv) {
   app.add_option("--worker-id", flags.worker_id, "worker id (default host/cpuN)");
   app.add_option("--report-steps", flags.report_steps, "steps rank 0 reports before finishing");
   app.add_option("--step-interval-ms", flags.step_interval_ms, "time per reported step");
+  app.add_flag("--session,!--no-session", flags.session,
+               "hold a session so the coordinator sees this process exit (default on)");
   CLI11_PARSE(app, argc, argv);
   setvbuf(stdout, nullptr, _IOLBF, 0);
 
@@ -52,6 +57,12 @@ int main(int argc, char** argv) {
   reg.mutable_info()->set_device_index(flags.device_index);
   reg.mutable_info()->set_pid(::getpid());
   weft::v1::RegisterWorkerResponse registered;
+  weft::WorkerSession session(channel);
+  if (flags.session) {
+    session.Start();
+    session.WaitOpen(absl::Seconds(5));
+    reg.set_session_token(session.token());
+  }
   auto register_worker = [&] {
     while (true) {
       grpc::ClientContext ctx;
