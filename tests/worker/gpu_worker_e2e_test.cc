@@ -170,7 +170,7 @@ TEST_F(GpuWorkerE2eTest, TwoGpuWorkersTrainToCompletion) {
   EXPECT_FALSE(s.model_path().empty());
 }
 
-// A killed process drops its heartbeat connection: the coordinator declares it dead after
+// A killed process drops its session: the coordinator declares it dead after
 // the 1 s connection-lost grace and tells the survivor to abort (ncclCommAbort). The release,
 // log polling included, comes well inside the 3 s heartbeat timeout.
 TEST_F(GpuWorkerE2eTest, KilledRankReleasesTheSurvivorWithinTheHeartbeatTimeout) {
