@@ -504,6 +504,15 @@ void Coordinator::ScheduleLocked(Actions& actions) {
   }
   for (const auto& [job_id, reason] : decision.waiting) {
     JobRecord& rec = *by_id[job_id];
+    if (rec.job.status().state() == weft::v1::RECOVERING) {
+      // Too few workers to form the next generation: the job waits for them (it does not
+      // fail), and says so the way a job that never started does.
+      rec.job.mutable_status()->set_pending_reason(reason);
+      SetStateLocked(rec, weft::v1::PENDING, absl::StrCat("waiting for workers: ", reason),
+                     actions);
+      CommitLocked(rec, actions);
+      continue;
+    }
     if (rec.job.status().pending_reason() != reason) {
       rec.job.mutable_status()->set_pending_reason(reason);
       NotifyWatchersLocked(rec, actions);

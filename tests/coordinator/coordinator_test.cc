@@ -572,7 +572,7 @@ TEST_F(CoordinatorTest, SilentMemberIsDeadAndJobRecovers) {
   clock_.Advance(absl::Milliseconds(1));
   coord_->Tick();
   JobStatus s = Status(job);
-  EXPECT_EQ(s.state(), weft::v1::RECOVERING);
+  EXPECT_EQ(s.state(), weft::v1::PENDING);
   EXPECT_EQ(s.restarts(), 1);
   EXPECT_EQ(s.generation(), 1);
   EXPECT_THAT(s.worker_ids(), IsEmpty());
@@ -582,6 +582,14 @@ TEST_F(CoordinatorTest, SilentMemberIsDeadAndJobRecovers) {
   EXPECT_THAT(lost->message(), HasSubstr("3001 ms"));
   EXPECT_EQ(lost->generation(), 1);
   EXPECT_EQ(s.pending_reason(), "needs 3 idle CPU workers, 2 idle");
+  // It went RECOVERING, and waits PENDING (not FAILED) for a third worker.
+  std::vector<std::string> transitions;
+  for (const auto& e : s.events()) {
+    if (e.type() == weft::v1::STATE_CHANGED) transitions.push_back(e.message());
+  }
+  ASSERT_GE(transitions.size(), 2u);
+  EXPECT_THAT(transitions[transitions.size() - 2], HasSubstr("RECOVERING"));
+  EXPECT_EQ(transitions.back(), "PENDING: waiting for workers: needs 3 idle CPU workers, 2 idle");
 
   weft::v1::WorkerStatus dead = WorkerStatus(w[1].id);
   EXPECT_EQ(dead.state(), weft::v1::WORKER_DEAD);
@@ -652,7 +660,7 @@ TEST_F(CoordinatorTest, MemberTimeoutIsTheJobsNotTheIdleOne) {
   spec.mutable_fault()->set_heartbeat_timeout_ms(2000);
   auto [job, w] = StartRunningJob(spec, 2);
   AdvanceKeepingAlive(absl::Milliseconds(2001), {w[0]}, job, 1);
-  EXPECT_EQ(Status(job).state(), weft::v1::RECOVERING);
+  EXPECT_EQ(Status(job).state(), weft::v1::PENDING);
   EXPECT_EQ(WorkerStatus(w[1].id).state(), weft::v1::WORKER_DEAD);
 }
 
@@ -1184,7 +1192,7 @@ TEST_F(CoordinatorTest, ClosedSessionIsDeadAfterTheGraceNotTheHeartbeatTimeout) 
   clock_.Advance(absl::Milliseconds(1));
   coord_->Tick();
   const JobStatus s = Status(job);
-  EXPECT_EQ(s.state(), weft::v1::RECOVERING);
+  EXPECT_EQ(s.state(), weft::v1::PENDING);
   const weft::v1::JobEvent* lost = FindEvent(s, weft::v1::WORKER_LOST);
   ASSERT_NE(lost, nullptr);
   EXPECT_THAT(lost->message(), HasSubstr("h/cpu1"));
