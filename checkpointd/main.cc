@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
+#include "common/security_flags.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -57,9 +58,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{86400}));
   app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
+  weft::SecurityFlags security;
+  weft::AddSecurityFlags(app, &security);
   CLI11_PARSE(app, argc, argv);
 
   if (absl::Status s = weft::InitLogging("checkpointd", flags.log_level); !s.ok()) return Fail(s);
+  if (absl::Status s = weft::InstallSecurity(security); !s.ok()) return Fail(s);
   flags.options.gc_grace = absl::Seconds(flags.gc_grace_seconds);
   weft::RaiseOpenFileLimit();
   weft::BlockShutdownSignals();

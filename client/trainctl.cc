@@ -33,6 +33,7 @@
 #include "client/coordinator_client.h"
 #include "client/trainctl_checkpoints.h"
 #include "common/job_spec.h"
+#include "common/security_flags.h"
 #include "common/status.h"
 #include "common/time_util.h"
 #include "google/protobuf/util/json_util.h"
@@ -662,6 +663,8 @@ int Main(int argc, char** argv) {
   app.add_option("--timeout-s", global.timeout_s, "Deadline of each call in seconds")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  SecurityFlags security;
+  AddSecurityFlags(app, &security);
 
   std::string spec_path;
   CLI::App* submit = app.add_subcommand("submit", "Submit a job spec (text-format JobSpec)");
@@ -723,6 +726,7 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (absl::Status s = InstallSecurity(security); !s.ok()) return Fail(s);
 
   // Checkpoint commands talk to weft-checkpointd only: a bad --coordinator must not stop them.
   if (checkpoint_commands.Parsed()) {

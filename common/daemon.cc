@@ -57,9 +57,8 @@ absl::StatusOr<std::unique_ptr<ServingDaemon>> ServingDaemon::Start(
     const ServingOptions& options, std::shared_ptr<prometheus::Registry> registry,
     const std::vector<grpc::Service*>& services) {
   if (absl::Status s = CheckHostPort(options.listen, "--listen"); !s.ok()) return s;
-  if (!IsLoopbackAddress(options.listen)) {
-    spdlog::warn("serving plaintext gRPC on non-loopback address {}", options.listen);
-  }
+  const Security& security = ProcessSecurity();
+  if (absl::Status s = CheckPlaintextAllowed(security, options.listen); !s.ok()) return s;
   std::unique_ptr<ServingDaemon> daemon(new ServingDaemon());
   auto metrics = StartMetrics(options.metrics_address, options.metrics_port_file, registry);
   if (!metrics.ok()) return metrics.status();
@@ -67,7 +66,7 @@ absl::StatusOr<std::unique_ptr<ServingDaemon>> ServingDaemon::Start(
 
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(&builder);
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &daemon->port_);
+  builder.AddListeningPort(options.listen, security.server_credentials, &daemon->port_);
   for (grpc::Service* service : services) builder.RegisterService(service);
   daemon->server_ = builder.BuildAndStart();
   if (!daemon->server_ || daemon->port_ == 0) {

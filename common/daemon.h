@@ -41,8 +41,8 @@ struct ServingOptions {
 class ServingDaemon {
  public:
   // Starts the metrics endpoint, then a gRPC server with `services` (not owned; they must
-  // outlive the daemon) on options.listen, and writes both port files. Warns when serving
-  // plaintext beyond loopback. Errors name the flag that is wrong.
+  // outlive the daemon) on options.listen with ProcessSecurity()'s credentials, and writes both
+  // port files. Plaintext beyond loopback is refused. Errors name the flag that is wrong.
   static absl::StatusOr<std::unique_ptr<ServingDaemon>> Start(
       const ServingOptions& options, std::shared_ptr<prometheus::Registry> registry,
       const std::vector<grpc::Service*>& services);

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "common/security.h"
 #include "grpcpp/server_builder.h"
 
 namespace weft {
@@ -25,9 +26,13 @@ struct ChannelOptions {
   // Ceiling for the reconnect backoff after a lost connection; keeps a restarted coordinator
   // reachable within about this long.
   int max_reconnect_backoff_ms = 1000;
+  // Credentials and token to use instead of the process's (ProcessSecurity()); for tests that
+  // play several clients.
+  const Security* security = nullptr;
 };
 
-// A channel to `target` ("host:port"). Plaintext for now; TLS arrives with the security work.
+// A channel to `target` ("host:port") with the process's security (common/security.h): TLS
+// when its flags ask for it, and its bearer token on every call.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const ChannelOptions& options = {});
 

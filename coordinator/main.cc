@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/daemon.h"
+#include "common/security_flags.h"
 #include "common/serving_flags.h"
 #include "common/rpc.h"
 #include "coordinator/coordinator.h"
@@ -26,6 +27,8 @@ struct Flags {
   weft::ServingOptions serving = {.listen = "127.0.0.1:7070",
                                   .metrics_address = "127.0.0.1:9470"};
   std::string log_level = "info";
+  weft::SecurityFlags security;
+  std::string auth_tokens_file;
   weft::coordinator::CoordinatorOptions options;
 };
 
@@ -41,6 +44,9 @@ int main(int argc, char** argv) {
   flags.options.data_dir = "weft-coordinator-data";
   CLI::App app{"weft-coordinator: job queue, worker registry, rendezvous and store"};
   weft::AddServingFlags(app, &flags.serving);
+  weft::AddSecurityFlags(app, &flags.security);
+  app.add_option("--auth-tokens-file", flags.auth_tokens_file,
+                 "require every call to carry one of these bearer tokens (one per line)");
   app.add_option("--data-dir", flags.options.data_dir, "directory of the state database")
       ->capture_default_str();
   app.add_option("--heartbeat-interval-ms", flags.options.heartbeat_interval_ms,
@@ -82,6 +88,13 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(
         "--heartbeat-timeout-ms: must be greater than --heartbeat-interval-ms"));
   }
+  if (absl::Status s = weft::InstallSecurity(flags.security); !s.ok()) return Fail(s);
+  std::shared_ptr<const weft::TokenAuthorizer> auth;
+  if (!flags.auth_tokens_file.empty()) {
+    auto loaded = weft::TokenAuthorizer::FromFile(flags.auth_tokens_file, "--auth-tokens-file");
+    if (!loaded.ok()) return Fail(loaded.status());
+    auth = std::move(*loaded);
+  }
   weft::RaiseOpenFileLimit();
   weft::BlockShutdownSignals();
 
@@ -89,8 +102,8 @@ int main(int argc, char** argv) {
   auto coordinator = weft::coordinator::Coordinator::Open(flags.options, registry);
   if (!coordinator.ok()) return Fail(coordinator.status());
 
-  weft::coordinator::CoordinatorService coordinator_service(coordinator->get());
-  weft::coordinator::StoreService store_service(coordinator->get());
+  weft::coordinator::CoordinatorService coordinator_service(coordinator->get(), auth);
+  weft::coordinator::StoreService store_service(coordinator->get(), auth);
   auto daemon = weft::ServingDaemon::Start(flags.serving, registry,
                                            {&coordinator_service, &store_service});
   if (!daemon.ok()) return Fail(daemon.status());

@@ -25,10 +25,37 @@ absl::Time CallDeadline(const CallbackServerContext* context) {
   return std::min(cap, absl::FromChrono(deadline) - kDeadlineMargin);
 }
 
+absl::Status Authorize(const TokenAuthorizer* auth, const CallbackServerContext* context) {
+  return auth == nullptr ? absl::OkStatus() : auth->Check(*context);
+}
+
+// Finishes a unary call with `status` when the caller is not authorized; true if it did.
+bool Reject(const TokenAuthorizer* auth, CallbackServerContext* context,
+            ServerUnaryReactor** reactor) {
+  absl::Status status = Authorize(auth, context);
+  if (status.ok()) return false;
+  *reactor = context->DefaultReactor();
+  (*reactor)->Finish(ToGrpcStatus(status));
+  return true;
+}
+
+// A server stream refused before it started (an unauthorized caller).
+template <typename T>
+class RejectedWriter final : public grpc::ServerWriteReactor<T> {
+ public:
+  explicit RejectedWriter(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 // Runs a synchronous operation and finishes the call with its result.
 template <typename Response, typename Op>
-ServerUnaryReactor* Unary(CallbackServerContext* context, Response* response, Op&& op) {
+ServerUnaryReactor* Unary(const TokenAuthorizer* auth, CallbackServerContext* context,
+                          Response* response, Op&& op) {
   ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = Authorize(auth, context); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   absl::StatusOr<Response> result = op();
   if (result.ok()) *response = std::move(*result);
   reactor->Finish(ToGrpcStatus(result.status()));
@@ -287,30 +314,33 @@ class WatchReactor final : public grpc::ServerWriteReactor<weft::v1::JobStatus> 
 ServerUnaryReactor* CoordinatorService::SubmitJob(CallbackServerContext* context,
                                                   const weft::v1::SubmitJobRequest* request,
                                                   weft::v1::SubmitJobResponse* response) {
-  return Unary(context, response, [&] { return coordinator_->SubmitJob(request->spec()); });
+  return Unary(auth_.get(), context, response, [&] { return coordinator_->SubmitJob(request->spec()); });
 }
 
 ServerUnaryReactor* CoordinatorService::GetJob(CallbackServerContext* context,
                                                const weft::v1::GetJobRequest* request,
                                                weft::v1::Job* response) {
-  return Unary(context, response, [&] { return coordinator_->GetJob(request->job_id()); });
+  return Unary(auth_.get(), context, response, [&] { return coordinator_->GetJob(request->job_id()); });
 }
 
 ServerUnaryReactor* CoordinatorService::ListJobs(CallbackServerContext* context,
                                                  const weft::v1::ListJobsRequest* request,
                                                  weft::v1::ListJobsResponse* response) {
-  return Unary(context, response, [&] { return coordinator_->ListJobs(*request); });
+  return Unary(auth_.get(), context, response, [&] { return coordinator_->ListJobs(*request); });
 }
 
 ServerUnaryReactor* CoordinatorService::CancelJob(CallbackServerContext* context,
                                                   const weft::v1::CancelJobRequest* request,
                                                   weft::v1::JobStatus* response) {
-  return Unary(context, response,
+  return Unary(auth_.get(), context, response,
                [&] { return coordinator_->CancelJob(request->job_id(), request->reason()); });
 }
 
 grpc::ServerWriteReactor<weft::v1::JobStatus>* CoordinatorService::WatchJob(
     CallbackServerContext* context, const weft::v1::WatchJobRequest* request) {
+  if (absl::Status s = Authorize(auth_.get(), context); !s.ok()) {
+    return new RejectedWriter<weft::v1::JobStatus>(s);
+  }
   auto* reactor = new WatchReactor(coordinator_);
   reactor->Start(request->job_id());
   return reactor;
@@ -319,7 +349,7 @@ grpc::ServerWriteReactor<weft::v1::JobStatus>* CoordinatorService::WatchJob(
 ServerUnaryReactor* CoordinatorService::RegisterWorker(
     CallbackServerContext* context, const weft::v1::RegisterWorkerRequest* request,
     weft::v1::RegisterWorkerResponse* response) {
-  return Unary(context, response, [&] {
+  return Unary(auth_.get(), context, response, [&] {
     return coordinator_->RegisterWorker(request->info(), request->session_token());
   });
 }
@@ -327,13 +357,18 @@ ServerUnaryReactor* CoordinatorService::RegisterWorker(
 ServerUnaryReactor* CoordinatorService::Heartbeat(CallbackServerContext* context,
                                                   const weft::v1::HeartbeatRequest* request,
                                                   weft::v1::HeartbeatResponse* response) {
-  ServerUnaryReactor* reactor = context->DefaultReactor();
+  ServerUnaryReactor* reactor = nullptr;
+  if (Reject(auth_.get(), context, &reactor)) return reactor;
+  reactor = context->DefaultReactor();
   coordinator_->Heartbeat(*request, CallDeadline(context), Finisher(reactor, response));
   return reactor;
 }
 
 grpc::ServerWriteReactor<weft::v1::SessionEvent>* CoordinatorService::OpenSession(
-    CallbackServerContext* /*context*/, const weft::v1::OpenSessionRequest* request) {
+    CallbackServerContext* context, const weft::v1::OpenSessionRequest* request) {
+  if (absl::Status s = Authorize(auth_.get(), context); !s.ok()) {
+    return new RejectedWriter<weft::v1::SessionEvent>(s);
+  }
   auto* reactor = new SessionReactor(coordinator_, *request);
   reactor->Start();
   return reactor;
@@ -342,13 +377,15 @@ grpc::ServerWriteReactor<weft::v1::SessionEvent>* CoordinatorService::OpenSessio
 ServerUnaryReactor* CoordinatorService::ListWorkers(CallbackServerContext* context,
                                                     const weft::v1::ListWorkersRequest* request,
                                                     weft::v1::ListWorkersResponse* response) {
-  return Unary(context, response, [&] { return coordinator_->ListWorkers(); });
+  return Unary(auth_.get(), context, response, [&] { return coordinator_->ListWorkers(); });
 }
 
 ServerUnaryReactor* CoordinatorService::Join(CallbackServerContext* context,
                                              const weft::v1::JoinRequest* request,
                                              weft::v1::JoinResponse* response) {
-  ServerUnaryReactor* reactor = context->DefaultReactor();
+  ServerUnaryReactor* reactor = nullptr;
+  if (Reject(auth_.get(), context, &reactor)) return reactor;
+  reactor = context->DefaultReactor();
   coordinator_->Join(*request, CallDeadline(context), Finisher(reactor, response));
   return reactor;
 }
@@ -356,7 +393,7 @@ ServerUnaryReactor* CoordinatorService::Join(CallbackServerContext* context,
 ServerUnaryReactor* CoordinatorService::ReportProgress(
     CallbackServerContext* context, const weft::v1::ReportProgressRequest* request,
     weft::v1::ReportProgressResponse* response) {
-  return Unary(context, response, [&] { return coordinator_->ReportProgress(*request); });
+  return Unary(auth_.get(), context, response, [&] { return coordinator_->ReportProgress(*request); });
 }
 
 // ---- Store service -------------------------------------------------------------------------
@@ -364,7 +401,7 @@ ServerUnaryReactor* CoordinatorService::ReportProgress(
 ServerUnaryReactor* StoreService::Set(CallbackServerContext* context,
                                       const weft::v1::StoreSetRequest* request,
                                       weft::v1::StoreSetResponse* response) {
-  return Unary(context, response, [&]() -> absl::StatusOr<weft::v1::StoreSetResponse> {
+  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreSetResponse> {
     WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
     WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
     WEFT_RETURN_IF_ERROR(store->Set(request->key(), request->value()));
@@ -375,7 +412,7 @@ ServerUnaryReactor* StoreService::Set(CallbackServerContext* context,
 ServerUnaryReactor* StoreService::Get(CallbackServerContext* context,
                                       const weft::v1::StoreGetRequest* request,
                                       weft::v1::StoreGetResponse* response) {
-  return Unary(context, response, [&]() -> absl::StatusOr<weft::v1::StoreGetResponse> {
+  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreGetResponse> {
     WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
     WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
     WEFT_ASSIGN_OR_RETURN(std::string value, store->Get(request->key()));
@@ -388,7 +425,7 @@ ServerUnaryReactor* StoreService::Get(CallbackServerContext* context,
 ServerUnaryReactor* StoreService::Add(CallbackServerContext* context,
                                       const weft::v1::StoreAddRequest* request,
                                       weft::v1::StoreAddResponse* response) {
-  return Unary(context, response, [&]() -> absl::StatusOr<weft::v1::StoreAddResponse> {
+  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreAddResponse> {
     WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
     WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
     WEFT_ASSIGN_OR_RETURN(int64_t value, store->Add(request->key(), request->delta()));
@@ -401,7 +438,7 @@ ServerUnaryReactor* StoreService::Add(CallbackServerContext* context,
 ServerUnaryReactor* StoreService::CompareSet(CallbackServerContext* context,
                                              const weft::v1::StoreCompareSetRequest* request,
                                              weft::v1::StoreCompareSetResponse* response) {
-  return Unary(context, response, [&]() -> absl::StatusOr<weft::v1::StoreCompareSetResponse> {
+  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreCompareSetResponse> {
     WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
     WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
     std::optional<std::string> expected;
@@ -419,7 +456,9 @@ ServerUnaryReactor* StoreService::CompareSet(CallbackServerContext* context,
 ServerUnaryReactor* StoreService::Wait(CallbackServerContext* context,
                                        const weft::v1::StoreWaitRequest* request,
                                        weft::v1::StoreWaitResponse* response) {
-  ServerUnaryReactor* reactor = context->DefaultReactor();
+  ServerUnaryReactor* reactor = nullptr;
+  if (Reject(auth_.get(), context, &reactor)) return reactor;
+  reactor = context->DefaultReactor();
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
   absl::Status check = keys.empty() ? absl::InvalidArgumentError("keys: at least one required")
                                     : absl::OkStatus();
@@ -469,7 +508,7 @@ ServerUnaryReactor* StoreService::Wait(CallbackServerContext* context,
 ServerUnaryReactor* StoreService::Delete(CallbackServerContext* context,
                                          const weft::v1::StoreDeleteRequest* request,
                                          weft::v1::StoreDeleteResponse* response) {
-  return Unary(context, response, [&]() -> absl::StatusOr<weft::v1::StoreDeleteResponse> {
+  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreDeleteResponse> {
     WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
     WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
     WEFT_ASSIGN_OR_RETURN(bool deleted, store->Delete(request->key()));

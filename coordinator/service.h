@@ -4,6 +4,7 @@
 #ifndef WEFT_COORDINATOR_SERVICE_H_
 #define WEFT_COORDINATOR_SERVICE_H_
 
+#include "common/security.h"
 #include "coordinator/coordinator.h"
 #include "weft/v1/coordinator.grpc.pb.h"
 
@@ -11,7 +12,11 @@ namespace weft::coordinator {
 
 class CoordinatorService final : public weft::v1::Coordinator::CallbackService {
  public:
-  explicit CoordinatorService(Coordinator* coordinator) : coordinator_(coordinator) {}
+  // `auth`: when set, every call must carry one of its bearer tokens (UNAUTHENTICATED
+  // otherwise).
+  explicit CoordinatorService(Coordinator* coordinator,
+                              std::shared_ptr<const TokenAuthorizer> auth = nullptr)
+      : coordinator_(coordinator), auth_(std::move(auth)) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const weft::v1::SubmitJobRequest* request,
@@ -47,11 +52,14 @@ class CoordinatorService final : public weft::v1::Coordinator::CallbackService {
 
  private:
   Coordinator* coordinator_;
+  std::shared_ptr<const TokenAuthorizer> auth_;
 };
 
 class StoreService final : public weft::v1::Store::CallbackService {
  public:
-  explicit StoreService(Coordinator* coordinator) : coordinator_(coordinator) {}
+  explicit StoreService(Coordinator* coordinator,
+                        std::shared_ptr<const TokenAuthorizer> auth = nullptr)
+      : coordinator_(coordinator), auth_(std::move(auth)) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
                                 const weft::v1::StoreSetRequest* request,
@@ -74,6 +82,7 @@ class StoreService final : public weft::v1::Store::CallbackService {
 
  private:
   Coordinator* coordinator_;
+  std::shared_ptr<const TokenAuthorizer> auth_;
 };
 
 }  // namespace weft::coordinator

@@ -19,6 +19,7 @@
 #include "common/logging.h"
 #include "common/daemon.h"
 #include "common/rpc.h"
+#include "common/security_flags.h"
 #include "worker/agent.h"
 #include "worker/engine/gpt.h"
 
@@ -119,9 +120,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{100}, int64_t{3600000}));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
+  weft::SecurityFlags security;
+  weft::AddSecurityFlags(app, &security);
   CLI11_PARSE(app, argc, argv);
 
   if (auto s = weft::InitLogging("worker", log_level); !s.ok()) return Fail(s);
+  if (auto s = weft::InstallSecurity(security); !s.ok()) return Fail(s);
   if (auto s = weft::CheckHostPort(coordinator, "--coordinator"); !s.ok()) return Fail(s);
   weft::worker::AgentOptions options;
   options.coordinator = coordinator;

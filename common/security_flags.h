@@ -1,0 +1,46 @@
+// The security flags every Weft binary takes (see common/security.h), in one place so that
+// they read the same everywhere.
+#ifndef WEFT_COMMON_SECURITY_FLAGS_H_
+#define WEFT_COMMON_SECURITY_FLAGS_H_
+
+#include <cstdlib>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "common/security.h"
+
+namespace weft {
+
+struct SecurityFlags {
+  TlsFlags tls;
+  std::string token;  // --token, else WEFT_TOKEN
+};
+
+inline void AddSecurityFlags(CLI::App& app, SecurityFlags* flags) {
+  app.add_option("--tls-cert", flags->tls.cert_file,
+                 "PEM certificate: serve TLS, and present it to servers (with --tls-key)");
+  app.add_option("--tls-key", flags->tls.key_file, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", flags->tls.ca_file,
+                 "PEM CA: verify servers against it; servers also require client "
+                 "certificates from it (mutual TLS)");
+  app.add_option("--token", flags->token,
+                 "bearer token sent on every call (default: env WEFT_TOKEN); never logged");
+}
+
+// Loads the files and makes them the process's security (SetProcessSecurity). Call in main()
+// after parsing, before the first channel or server.
+inline absl::Status InstallSecurity(const SecurityFlags& flags) {
+  std::string token = flags.token;
+  if (token.empty()) {
+    if (const char* env = std::getenv("WEFT_TOKEN")) token = env;
+  }
+  auto security = LoadSecurity(flags.tls, token);
+  if (!security.ok()) return security.status();
+  SetProcessSecurity(std::move(*security));
+  return absl::OkStatus();
+}
+
+}  // namespace weft
+
+#endif  // WEFT_COMMON_SECURITY_FLAGS_H_
