@@ -1,13 +1,13 @@
 #include "checkpointd/store.h"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "checkpointd/chunk_codec.h"
 #include "common/crc32c.h"
 #include "common/metrics.h"
 #include "common/status.h"
@@ -173,9 +173,7 @@ absl::Status ShardWriter::AddChunk(const ShardChunk& chunk) {
         "chunk of tensor %s at element %d: CRC32C mismatch (sent %08x, data has %08x)",
         chunk.tensor(), chunk.offset_elements(), chunk.crc32c(), crc)));
   }
-  std::string value(4 + n, '\0');
-  std::memcpy(value.data(), &crc, 4);  // little-endian hosts only
-  std::memcpy(value.data() + 4, chunk.data().data(), n);
+  const std::string value = EncodeChunkValue(chunk.data(), crc);
   const std::string key =
       absl::StrCat(ChunkPrefix(header_.job_id(), header_.step(), header_.rank(), chunk.tensor()),
                    absl::StrFormat("%020d", chunk.offset_elements()));
@@ -701,19 +699,16 @@ absl::Status CheckpointStore::ReadRange(const weft::v1::ReadRangeRequest& req,
       }
       const rocksdb::Slice v = it->value();
       if (!it->status().ok()) return loss(it->status().ToString());
-      if (v.size() < 4 || (v.size() - 4) % es != 0) return loss("stored chunk has a bad size");
-      uint32_t crc;
-      std::memcpy(&crc, v.data(), 4);
-      if (Crc32c(v.data() + 4, v.size() - 4) != crc) {
-        return loss(absl::StrCat("CRC32C mismatch in the chunk at element ", offset));
-      }
-      const int64_t chunk_end = offset + static_cast<int64_t>((v.size() - 4) / es);
+      const absl::StatusOr<std::string_view> data =
+          DecodeChunkValue(std::string_view(v.data(), v.size()), es, offset);
+      if (!data.ok()) return loss(std::string(data.status().message()));
+      const int64_t chunk_end = offset + static_cast<int64_t>(data->size() / es);
       if (offset > pos || chunk_end <= pos) {
         return loss(absl::StrCat("no stored chunk holds element ", pos));
       }
       const int64_t take_end = std::min(chunk_end, stop);
       out.set_offset_elements(pos);
-      out.set_data(v.data() + 4 + (pos - offset) * es, (take_end - pos) * es);
+      out.set_data(data->data() + (pos - offset) * es, (take_end - pos) * es);
       out.set_crc32c(Crc32c(out.data().data(), out.data().size()));
       if (!emit(out)) return absl::CancelledError("reader went away");
       bytes_read_->Increment(static_cast<double>(out.data().size()));

@@ -149,6 +149,11 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
   if (m.num_layers() < 1) bad("model.num_layers", absl::StrCat("must be >= 1, got ", m.num_layers()));
   if (m.num_layers() > 1024) bad("model.num_layers", absl::StrCat("must be <= 1024, got ", m.num_layers()));
   if (m.hidden_size() < 1) bad("model.hidden_size", absl::StrCat("must be >= 1, got ", m.hidden_size()));
+  // Upper bounds far past any real model, so that sizes computed from them (parameter
+  // counts, activation plans) cannot overflow.
+  if (m.hidden_size() > 65536) {
+    bad("model.hidden_size", absl::StrCat("must be <= 65536, got ", m.hidden_size()));
+  }
   if (m.num_heads() < 1) {
     bad("model.num_heads", absl::StrCat("must be >= 1, got ", m.num_heads()));
   } else if (m.hidden_size() >= 1 && m.hidden_size() % m.num_heads() != 0) {
@@ -162,8 +167,14 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
   if (m.padded_vocab_size() < m.vocab_size()) {
     bad("model.padded_vocab_size", absl::StrCat("must be >= model.vocab_size (", m.vocab_size(),
                                                 "), got ", m.padded_vocab_size()));
+  } else if (m.padded_vocab_size() > 2 * int64_t{kMaxVocabSize}) {
+    bad("model.padded_vocab_size",
+        absl::StrCat("must be <= ", 2 * int64_t{kMaxVocabSize}, ", got ", m.padded_vocab_size()));
   }
   if (m.context_length() < 1) bad("model.context_length", absl::StrCat("must be >= 1, got ", m.context_length()));
+  if (m.context_length() > 1048576) {
+    bad("model.context_length", absl::StrCat("must be <= 1048576, got ", m.context_length()));
+  }
 
   const auto& d = spec.data();
   if (d.train_path().empty()) bad("data.train_path", "required");

@@ -8,6 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "common/security.h"
 
 namespace weft {
@@ -35,6 +36,8 @@ inline absl::Status InstallSecurity(const SecurityFlags& flags) {
   if (token.empty()) {
     if (const char* env = std::getenv("WEFT_TOKEN")) token = env;
   }
+  // Tokens kept in files (`openssl rand -hex 32 > f`, Kubernetes secrets) end in a newline.
+  token = std::string(absl::StripAsciiWhitespace(token));
   auto security = LoadSecurity(flags.tls, token);
   if (!security.ok()) return security.status();
   SetProcessSecurity(std::move(*security));

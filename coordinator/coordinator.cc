@@ -140,6 +140,32 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
   }
   generations_started_ = &AddCounter(*registry_, "weft_coordinator_generations_started_total",
                                      "Job generations formed (first starts and restarts)");
+  recoveries_ = &prometheus::BuildCounter()
+                     .Name("weft_coordinator_recoveries_total")
+                     .Help("Generation failures a job recovers from (it goes RECOVERING), by job")
+                     .Register(*registry_);
+  job_events_ = &prometheus::BuildCounter()
+                     .Name("weft_coordinator_job_events_total")
+                     .Help("Job events (trainctl events), by job and type")
+                     .Register(*registry_);
+  heartbeat_age_ = &prometheus::BuildGauge()
+                        .Name("weft_coordinator_worker_heartbeat_age_seconds")
+                        .Help("Time since each live worker's last heartbeat")
+                        .Register(*registry_);
+  auto job_gauge = [this](const char* name, const char* help) {
+    return &prometheus::BuildGauge().Name(name).Help(help).Register(*registry_);
+  };
+  job_gauges_ = {
+      job_gauge("weft_coordinator_job_step", "Last step rank 0 reported"),
+      job_gauge("weft_coordinator_job_loss", "Training loss rank 0 reported last"),
+      job_gauge("weft_coordinator_job_tokens_per_second", "Tokens per second of the whole job"),
+      job_gauge("weft_coordinator_job_mfu_ratio", "Model FLOPs utilisation per rank (0-1)"),
+      job_gauge("weft_coordinator_job_step_seconds", "Wall time of the last step"),
+      job_gauge("weft_coordinator_job_checkpoint_stall_seconds",
+                "Training time the last committed checkpoint's snapshot took"),
+      job_gauge("weft_coordinator_job_checkpoint_save_seconds",
+                "Upload-to-commit time of the last committed checkpoint"),
+  };
 }
 
 Coordinator::~Coordinator() { Shutdown(); }
@@ -208,6 +234,7 @@ void Coordinator::AddEventLocked(JobRecord& rec, JobEventType type, const std::s
   event->set_generation(status->generation());
   event->set_state(status->state());
   event->set_message(message);
+  job_events_->Add({{"job_id", status->job_id()}, {"type", JobEventType_Name(type)}}).Increment();
   if (status->events_size() > options_.max_events_per_job) {
     status->mutable_events()->DeleteSubrange(
         0, status->events_size() - options_.max_events_per_job);
@@ -447,6 +474,9 @@ void Coordinator::FailGenerationLocked(JobRecord& rec, const std::string& cause,
   const RecoveryDecision d = DecideAfterFailure(
       status->restarts(), rec.job.spec().fault().max_restarts(), permanent, cause);
   if (d.counts_as_restart) status->set_restarts(status->restarts() + 1);
+  if (d.next_state == weft::v1::RECOVERING) {
+    recoveries_->Add({{"job_id", status->job_id()}}).Increment();
+  }
   if (d.next_state == weft::v1::FAILED) status->set_error(d.reason);
   SetStateLocked(rec, d.next_state, d.reason, actions);
   CommitLocked(rec, actions);
@@ -572,6 +602,7 @@ absl::StatusOr<weft::v1::SubmitJobResponse> Coordinator::SubmitJob(const JobSpec
   const std::string job_id = status->job_id();
   jobs_.emplace(job_id, std::move(rec));
   jobs_submitted_->Increment();
+  recoveries_->Add({{"job_id", job_id}});  // 0 until it recovers: "none" rather than no data
   ScheduleLocked(actions);
   UpdateGaugesLocked();
   weft::v1::SubmitJobResponse response;
@@ -1028,6 +1059,13 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
     }
     status->set_step(std::max(status->step(), request.metrics().step()));
     *status->mutable_last_metrics() = request.metrics();
+    const prometheus::Labels job{{"job_id", request.job_id()}};
+    const auto& m = request.metrics();
+    job_gauges_.step->Add(job).Set(static_cast<double>(status->step()));
+    job_gauges_.loss->Add(job).Set(m.loss());
+    job_gauges_.tokens_per_second->Add(job).Set(m.tokens_per_s());
+    job_gauges_.mfu->Add(job).Set(m.mfu());
+    job_gauges_.step_seconds->Add(job).Set(m.step_ms() / 1000.0);
     ToProtoTime(Now(), status->mutable_last_metrics()->mutable_time());
   }
   if (request.checkpoint_step() > 0 && request.rank() == 0 &&
@@ -1035,6 +1073,9 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
     status->set_checkpoint_step(request.checkpoint_step());
     status->set_checkpoint_stall_ms(request.checkpoint_stall_ms());
     status->set_checkpoint_save_ms(request.checkpoint_save_ms());
+    const prometheus::Labels job{{"job_id", request.job_id()}};
+    job_gauges_.checkpoint_stall->Add(job).Set(request.checkpoint_stall_ms() / 1000.0);
+    job_gauges_.checkpoint_save->Add(job).Set(request.checkpoint_save_ms() / 1000.0);
     AddEventLocked(rec, weft::v1::CHECKPOINT_COMMITTED,
                    absl::StrCat("checkpoint at step ", request.checkpoint_step(),
                                 absl::StrFormat(" committed (training stalled %.1f ms, saved in "
@@ -1101,6 +1142,13 @@ void Coordinator::Tick() {
   for (const auto& [id, w] : workers_) {
     workers.push_back({id, w.status.state(), w.last_heartbeat, w.connection_lost,
                        w.status.job_id(), w.status.generation()});
+    // A dead worker's age would only grow; its series shows the worker is gone instead.
+    auto& age = heartbeat_age_->Add({{"worker_id", id}});
+    if (w.status.state() == weft::v1::WORKER_DEAD) {
+      heartbeat_age_->Remove(&age);
+    } else {
+      age.Set(absl::ToDoubleSeconds(now - w.last_heartbeat));
+    }
   }
   std::vector<GenerationView> generations;
   for (const auto& [id, rec] : jobs_) {

@@ -293,6 +293,19 @@ class Coordinator {
   prometheus::Histogram* rendezvous_latency_;
   prometheus::Family<prometheus::Counter>* failures_;
   prometheus::Counter* generations_started_;
+  prometheus::Family<prometheus::Counter>* recoveries_;
+  prometheus::Family<prometheus::Counter>* job_events_;
+  prometheus::Family<prometheus::Gauge>* heartbeat_age_;
+  // The job's rank-0 metrics, labelled job=<id>.
+  struct JobGauges {
+    prometheus::Family<prometheus::Gauge>* step;
+    prometheus::Family<prometheus::Gauge>* loss;
+    prometheus::Family<prometheus::Gauge>* tokens_per_second;
+    prometheus::Family<prometheus::Gauge>* mfu;
+    prometheus::Family<prometheus::Gauge>* step_seconds;
+    prometheus::Family<prometheus::Gauge>* checkpoint_stall;
+    prometheus::Family<prometheus::Gauge>* checkpoint_save;
+  } job_gauges_;
 
   // Last member: destroyed first, so no timer callback runs into a half-destroyed object.
   DeadlineTimer timer_;

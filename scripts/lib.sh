@@ -12,6 +12,11 @@ WEFT_PACKAGES=(
   libgloo-dev libopenblas-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   curl fortunes
   python3-grpcio python3-protobuf  # examples/python and its test
+  # tests/deploy/k8s_manifests_test.py: YAML lint, and the Kubernetes API models it checks
+  # every manifest field against (no cluster or schema download needed).
+  yamllint python3-yaml python3-kubernetes
+  prometheus  # tests/deploy/prometheus_dashboards_test.sh runs it against a live job
+  clang libclang-rt-14-dev llvm  # scripts/fuzz.sh: libFuzzer builds of the input decoders
 )
 
 weft_log() { printf '\033[1m[weft]\033[0m %s\n' "$*" >&2; }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/remote_store.h"
+#include "common/job_spec.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/comm/communicator.h"
@@ -164,6 +165,7 @@ absl::StatusOr<int64_t> GenerationRun::RestoreLatest(TrainingEngine* engine,
 }
 
 void GenerationRun::Run() {
+  metrics_->SetAssignment(job_id(), command_.rank());
   metrics_->SetBusy(true);
   absl::Status status = Train();
   metrics_->SetBusy(false);
@@ -283,6 +285,7 @@ absl::Status GenerationRun::Train() {
     if (auto committed = checkpointer->TakeCommitted()) {
       report->set_checkpoint_step(committed->step);
       report->set_checkpoint_save_ms(committed->save_ms);
+      metrics_->RecordCheckpointUpload(committed->save_ms);
       report->set_checkpoint_stall_ms(stall_ms_by_step[committed->step]);
     }
   };
@@ -290,6 +293,12 @@ absl::Status GenerationRun::Train() {
   const int64_t total = spec.training().total_steps();
   const double tokens_per_step = static_cast<double>(world) * batch * seq_len *
                                  spec.training().grad_accum_steps();
+  // MFU's numerator: FLOPs per token of the forward and backward passes (weights: 6 per
+  // parameter; attention scores: 12 x layers x width x context).
+  const auto& model = spec.model();
+  const double flops_per_token =
+      6.0 * static_cast<double>(ModelParameterCount(model)) +
+      12.0 * model.num_layers() * model.hidden_size() * static_cast<double>(model.context_length());
   double val_loss = 0;
   step_ = start_step;
   for (int64_t step = start_step; step < total; ++step) {
@@ -320,9 +329,12 @@ absl::Status GenerationRun::Train() {
       stall_ms_by_step[step + 1] = std::chrono::duration<double, std::milli>(
                                        std::chrono::steady_clock::now() - start)
                                        .count();
+      metrics_->RecordCheckpointStall(stall_ms_by_step[step + 1]);
     }
     const double tokens_per_s = tokens_per_step / (result->timings.step_ms / 1000.0);
-    metrics_->RecordStep(step + 1, *result, tokens_per_s, (*engine)->StateBytes());
+    const double mfu =
+        options_.peak_flops > 0 ? tokens_per_s / world * flops_per_token / options_.peak_flops : 0;
+    metrics_->RecordStep(step + 1, *result, tokens_per_s, mfu, (*engine)->StateBytes());
     if (rank_ == 0) {
       weft::v1::ReportProgressRequest report;
       report.set_job_id(job_id());
@@ -336,6 +348,7 @@ absl::Status GenerationRun::Train() {
       m->set_learning_rate(result->learning_rate);
       m->set_grad_norm(result->grad_norm);
       m->set_tokens_per_s(tokens_per_s);
+      m->set_mfu(mfu);
       m->set_step_ms(result->timings.step_ms);
       m->set_forward_ms(result->timings.forward_ms);
       m->set_backward_ms(result->timings.backward_ms);

@@ -35,6 +35,8 @@ struct RunOptions {
   // CUDA device this worker trains on; -1: the CPU engine.
   int cuda_device = -1;
   int64_t rendezvous_timeout_ms = 120000;
+  // Peak FLOP/s of this worker's device, the denominator of MFU.
+  double peak_flops = 989e12;
 };
 
 class GenerationRun {

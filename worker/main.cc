@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
   std::string output_dir = "weft-models";
   std::string checkpointd = std::getenv("WEFT_CHECKPOINTD") ? std::getenv("WEFT_CHECKPOINTD") : "";
   int blas_threads = 1;
+  double peak_tflops = 0;
   int64_t collective_timeout_ms = 60000;
   std::string log_level = "info";
 
@@ -111,6 +112,10 @@ int main(int argc, char** argv) {
                  "WEFT_CHECKPOINTD); none: no checkpoints");
   app.add_option("--output-dir", output_dir, "where rank 0 writes trained models")
       ->capture_default_str();
+  app.add_option("--peak-tflops", peak_tflops,
+                 "peak TFLOP/s of the device, for MFU (default: 989 on CUDA, the H100/H200 "
+                 "dense bf16 figure; 0.05 per BLAS thread on CPU, a nominal figure)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--blas-threads", blas_threads, "OpenBLAS threads for CPU matmuls")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
@@ -149,6 +154,11 @@ int main(int argc, char** argv) {
   if (options.info.device_kind() == weft::v1::DEVICE_KIND_CUDA) {
     options.run.cuda_device = options.info.device_index();
   }
+  if (peak_tflops == 0) {
+    peak_tflops = options.info.device_kind() == weft::v1::DEVICE_KIND_CUDA ? 989.0
+                                                                          : 0.05 * blas_threads;
+  }
+  options.run.peak_flops = peak_tflops * 1e12;
   if (!checkpointd.empty() && checkpointd != "none") {
     if (auto s = weft::CheckHostPort(checkpointd, "--checkpointd"); !s.ok()) return Fail(s);
     options.run.checkpointd = checkpointd;

@@ -20,12 +20,30 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
                            "Parameters + gradients + optimizer state held by this rank", labels_);
   busy_ =
       &AddGauge(registry, "weft_worker_busy", "1 while the worker is in a job generation", labels_);
+  step_seconds_ = &AddGauge(registry, "weft_worker_step_seconds",
+                            "Wall time of the last optimizer step", labels_);
+  compute_seconds_ = &AddGauge(
+      registry, "weft_worker_compute_seconds",
+      "Forward + backward + optimizer time of the last step, without exposed communication: "
+      "the slowest rank's against the median shows a straggler",
+      labels_);
+  mfu_ = &AddGauge(registry, "weft_worker_mfu_ratio",
+                   "Model FLOPs utilisation of this rank over the last step (0-1)", labels_);
+  checkpoint_stall_ = &AddGauge(registry, "weft_worker_checkpoint_stall_seconds",
+                                "Training time the last checkpoint's snapshot took", labels_);
+  checkpoint_upload_ = &AddGauge(registry, "weft_worker_checkpoint_upload_seconds",
+                                 "Upload time of the last committed checkpoint (rank 0)", labels_);
   phase_seconds_ = &prometheus::BuildGauge()
                         .Name("weft_worker_step_phase_seconds")
                         .Help("Time split of the last step: forward, backward, exposed "
                               "communication, optimizer, total")
                         .Register(registry);
   steps_ = &AddCounter(registry, "weft_worker_steps_total", "Optimizer steps completed", labels_);
+  job_info_ = &prometheus::BuildGauge()
+                   .Name("weft_worker_job_info")
+                   .Help("1, labelled with the job and rank of the worker's current or last "
+                         "generation")
+                   .Register(registry);
   runs_ = &prometheus::BuildCounter()
                .Name("weft_worker_generation_runs_total")
                .Help("Job generations this worker took part in, by outcome")
@@ -33,7 +51,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
 }
 
 void WorkerMetrics::RecordStep(int64_t step, const StepResult& result, double tokens_per_s,
-                               size_t state_bytes) {
+                               double mfu, size_t state_bytes) {
   step_->Set(static_cast<double>(step));
   loss_->Set(result.loss);
   tokens_per_s_->Set(tokens_per_s);
@@ -42,6 +60,9 @@ void WorkerMetrics::RecordStep(int64_t step, const StepResult& result, double to
   state_bytes_->Set(static_cast<double>(state_bytes));
   steps_->Increment();
   const auto& t = result.timings;
+  step_seconds_->Set(t.step_ms / 1000.0);
+  compute_seconds_->Set((t.forward_ms + t.backward_ms + t.optimizer_ms) / 1000.0);
+  mfu_->Set(mfu);
   auto phase = [&](const char* name, double ms) {
     prometheus::Labels labels = labels_;
     labels["phase"] = name;
@@ -52,6 +73,15 @@ void WorkerMetrics::RecordStep(int64_t step, const StepResult& result, double to
   phase("exposed_comm", t.exposed_comm_ms);
   phase("optimizer", t.optimizer_ms);
   phase("total", t.step_ms);
+}
+
+void WorkerMetrics::SetAssignment(const std::string& job_id, int32_t rank) {
+  if (assignment_ != nullptr) job_info_->Remove(assignment_);
+  prometheus::Labels labels = labels_;
+  labels["job_id"] = job_id;
+  labels["rank"] = std::to_string(rank);
+  assignment_ = &job_info_->Add(labels);
+  assignment_->Set(1);
 }
 
 void WorkerMetrics::CountRunEnd(const std::string& outcome) {

@@ -16,9 +16,17 @@ class WorkerMetrics {
  public:
   WorkerMetrics(prometheus::Registry& registry, const std::string& worker_id);
 
-  void RecordStep(int64_t step, const StepResult& result, double tokens_per_s, size_t state_bytes);
+  void RecordStep(int64_t step, const StepResult& result, double tokens_per_s, double mfu,
+                  size_t state_bytes);
+  // Training time lost to taking a checkpoint's snapshot (every rank), and the upload time of
+  // a committed checkpoint (rank 0, which learns of commits).
+  void RecordCheckpointStall(double ms) { checkpoint_stall_->Set(ms / 1000.0); }
+  void RecordCheckpointUpload(double ms) { checkpoint_upload_->Set(ms / 1000.0); }
   void RecordValidation(double val_loss) { val_loss_->Set(val_loss); }
   void SetBusy(bool busy) { busy_->Set(busy ? 1 : 0); }
+  // weft_worker_job_info{job_id, rank} = 1 for the worker's current (or, once it ended, last)
+  // generation: dashboards join per-rank metrics with it to select a job's ranks.
+  void SetAssignment(const std::string& job_id, int32_t rank);
   void CountRunEnd(const std::string& outcome);
 
  private:
@@ -30,9 +38,16 @@ class WorkerMetrics {
   prometheus::Gauge* learning_rate_;
   prometheus::Gauge* state_bytes_;
   prometheus::Gauge* busy_;
+  prometheus::Gauge* step_seconds_;
+  prometheus::Gauge* compute_seconds_;
+  prometheus::Gauge* mfu_;
+  prometheus::Gauge* checkpoint_stall_;
+  prometheus::Gauge* checkpoint_upload_;
   prometheus::Family<prometheus::Gauge>* phase_seconds_;
   prometheus::Counter* steps_;
   prometheus::Family<prometheus::Counter>* runs_;
+  prometheus::Family<prometheus::Gauge>* job_info_;
+  prometheus::Gauge* assignment_ = nullptr;
   prometheus::Labels labels_;
 };
 

@@ -12,6 +12,7 @@
 #include "client/coordinator_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/pki.h"
 #include "tests/testing/subprocess.h"
 
 namespace weft {
@@ -20,52 +21,17 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::CoordinatorProcess;
+using testing::Pki;
 using testing::RunCommand;
 using testing::TempDir;
 
 constexpr char kToken[] = "weft-test-token-5f0c2a9d1e";
 constexpr char kOtherToken[] = "weft-test-token-not-listed";
 
-// Certificates for one test suite: two CAs, a server certificate for 127.0.0.1 and a client
-// certificate from each CA.
-class Pki {
- public:
-  Pki() {
-    Ca("ca-a");
-    Ca("ca-b");
-    Leaf("server", "ca-a", "weft-coordinator", "subjectAltName=IP:127.0.0.1,DNS:localhost");
-    Leaf("client-a", "ca-a", "worker-a", "extendedKeyUsage=clientAuth");
-    Leaf("client-b", "ca-b", "worker-b", "extendedKeyUsage=clientAuth");
-  }
-  std::string Pem(const std::string& name) const { return dir_.File(name + ".pem"); }
-  std::string Key(const std::string& name) const { return dir_.File(name + ".key"); }
-  std::string Dir() const { return dir_.path(); }
-
- private:
-  void Run(const std::vector<std::string>& argv) {
-    auto r = RunCommand(argv);
-    ASSERT_EQ(r.exit_code, 0) << absl::StrJoin(argv, " ") << "\n" << r.err;
-  }
-  void Ca(const std::string& name) {
-    Run({"/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-         "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", Key(name), "-out", Pem(name),
-         "-days", "2", "-subj", "/CN=" + name});
-  }
-  void Leaf(const std::string& name, const std::string& ca, const std::string& cn,
-            const std::string& extension) {
-    testing::WriteFile(dir_.File(name + ".ext"), extension + "\n");
-    Run({"/usr/bin/openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", Key(name), "-out", dir_.File(name + ".csr"), "-subj", "/CN=" + cn});
-    Run({"/usr/bin/openssl", "x509", "-req", "-in", dir_.File(name + ".csr"), "-CA", Pem(ca),
-         "-CAkey", Key(ca), "-CAcreateserial", "-out", Pem(name), "-days", "2", "-extfile",
-         dir_.File(name + ".ext")});
-  }
-  TempDir dir_;
-};
-
 class SecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { pki_ = new Pki(); }
+  void SetUp() override { ASSERT_TRUE(pki_->status().ok()) << pki_->status(); }
   static void TearDownTestSuite() { delete pki_; }
 
   void StartCoordinator(const std::vector<std::string>& args) {

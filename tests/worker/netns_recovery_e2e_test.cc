@@ -23,9 +23,11 @@
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
 #include "common/job_spec.h"
+#include "common/security.h"
 #include "common/time_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/pki.h"
 #include "tests/testing/subprocess.h"
 #include "tests/worker/cluster.h"
 
@@ -44,6 +46,8 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 constexpr int kSteps = 160;
+// The bearer token the coordinator accepts (--auth-tokens-file) and the workers send.
+constexpr char kToken[] = "netns-test-token-8d41c07e";
 // Worker ids (--host "/cpu" --device index): the namespaced one is a member of the job from
 // the start; host/cpu2 is the spare that replaces it.
 constexpr char kCutWorkerId[] = "netns/cpu0";
@@ -154,22 +158,35 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
 
   // The coordinator and checkpointd listen on the host end of the veth pair, not on
   // 127.0.0.1 as every other test's do: the namespaced worker has its own loopback and reaches
-  // the host only through the veth. (They warn about serving plaintext beyond loopback.)
+  // the host only through the veth. Beyond loopback they serve only TLS, so this cluster runs
+  // as a production one does: mutual TLS everywhere (each process presents a certificate from
+  // the cluster CA) and a bearer token on every call to the coordinator.
   void StartDaemons() {
-    coordinator_address_ = StartDaemon(
-        "coordinator",
-        {BinDir() + "/weft-coordinator", absl::StrCat("--listen=", host_ip_, ":0"),
-         "--data-dir=" + dir_.File("coordinator-db"), "--metrics-address=none",
-         "--tick-interval-ms=50"},
-        &coordinator_);
+    pki_ = std::make_unique<testing::Pki>(std::vector<std::string>{host_ip_});
+    ASSERT_TRUE(pki_->status().ok()) << pki_->status();
+    testing::WriteFile(dir_.File("tokens"), absl::StrCat(kToken, "\n"));
+    std::vector<std::string> coordinator = {
+        BinDir() + "/weft-coordinator", absl::StrCat("--listen=", host_ip_, ":0"),
+        "--data-dir=" + dir_.File("coordinator-db"), "--metrics-address=none",
+        "--tick-interval-ms=50", "--auth-tokens-file=" + dir_.File("tokens")};
+    for (const auto& flag : pki_->Flags("server")) coordinator.push_back(flag);
+    coordinator_address_ = StartDaemon("coordinator", coordinator, &coordinator_);
     ASSERT_FALSE(coordinator_address_.empty());
-    checkpointd_address_ = StartDaemon(
-        "checkpointd",
-        {BinDir() + "/weft-checkpointd", absl::StrCat("--listen=", host_ip_, ":0"),
-         "--data-dir=" + dir_.File("ckpt"), "--metrics-address=none"},
-        &checkpointd_);
+    std::vector<std::string> checkpointd = {
+        BinDir() + "/weft-checkpointd", absl::StrCat("--listen=", host_ip_, ":0"),
+        "--data-dir=" + dir_.File("ckpt"), "--metrics-address=none"};
+    for (const auto& flag : pki_->Flags("server")) checkpointd.push_back(flag);
+    checkpointd_address_ = StartDaemon("checkpointd", checkpointd, &checkpointd_);
     ASSERT_FALSE(checkpointd_address_.empty());
-    client_ = std::make_unique<CoordinatorClient>(coordinator_address_);
+    auto security = LoadSecurity({.cert_file = pki_->Pem("client-a"),
+                                  .key_file = pki_->Key("client-a"),
+                                  .ca_file = pki_->Pem("ca-a")},
+                                 kToken);
+    ASSERT_TRUE(security.ok()) << security.status();
+    client_security_ = *security;
+    ClientOptions options;
+    options.channel.security = &client_security_;
+    client_ = std::make_unique<CoordinatorClient>(coordinator_address_, options);
   }
 
   // Worker "<host>/cpu<device>", in the namespace when `in_netns`. Gloo listens on and
@@ -189,7 +206,10 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
         "--output-dir=" + dir_.File("models"),
         "--metrics-address=none"};
     argv.insert(argv.end(), worker.begin(), worker.end());
-    auto w = Subprocess::Start(argv, dir_.File(absl::StrCat("worker-cpu", device, ".log")));
+    // A worker's certificate is its client certificate: the servers require one from the CA.
+    for (const auto& flag : pki_->Flags("client-a")) argv.push_back(flag);
+    auto w = Subprocess::Start(argv, dir_.File(absl::StrCat("worker-cpu", device, ".log")),
+                               {{"WEFT_TOKEN", kToken}});
     ASSERT_TRUE(w.ok()) << w.status();
     workers_.push_back(std::move(*w));
   }
@@ -217,6 +237,8 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
   std::unique_ptr<Subprocess> coordinator_, checkpointd_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
   std::string coordinator_address_, checkpointd_address_;
+  std::unique_ptr<testing::Pki> pki_;
+  Security client_security_;
   std::unique_ptr<CoordinatorClient> client_;
 };
 
