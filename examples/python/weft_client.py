@@ -6,10 +6,14 @@
     weft_client.py --checkpointd HOST:PORT checkpoints JOB
     weft_client.py --coordinator ... --checkpointd ... run job.pb.txt   # all three
 
+Security, as for trainctl: --tls-ca CA.pem (TLS), plus --tls-cert/--tls-key (mutual TLS), and
+--token or WEFT_TOKEN (a bearer token on every call).
+
 Exit status: 0 on success (watch: the job SUCCEEDED), 1 on an error, which is printed as
 "weft_client: <gRPC code>: <the server's message>" (the servers name the offending fields).
 """
 import argparse
+import collections
 import os
 import sys
 
@@ -61,10 +65,61 @@ def checkpoints(checkpointd, job_id):
     return list(response.checkpoints)
 
 
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds "authorization: Bearer <token>" to every call (what the coordinator checks when it
+    runs with --auth-tokens-file). An interceptor rather than call credentials, which gRPC
+    sends only over TLS: plaintext is fine on loopback."""
+
+    def __init__(self, token):
+        self._metadata = (("authorization", f"Bearer {token}"),)
+
+    def _with_token(self, details):
+        return _CallDetails(details.method, details.timeout,
+                            tuple(details.metadata or ()) + self._metadata, details.credentials,
+                            getattr(details, "wait_for_ready", None),
+                            getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+
+class _CallDetails(
+        collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
+                                                "wait_for_ready", "compression")),
+        grpc.ClientCallDetails):
+    pass
+
+
+def channel(target, args):
+    """A channel to target with the same security flags as the C++ binaries: TLS verified
+    against --tls-ca (presenting --tls-cert/--tls-key for mutual TLS), and the bearer token."""
+    if args.tls_ca or args.tls_cert:
+        def read(path):
+            with open(path, "rb") as f:
+                return f.read()
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=read(args.tls_ca) if args.tls_ca else None,
+            private_key=read(args.tls_key) if args.tls_key else None,
+            certificate_chain=read(args.tls_cert) if args.tls_cert else None)
+        ch = grpc.secure_channel(target, credentials)
+    else:
+        ch = grpc.insecure_channel(target)
+    token = (args.token or "").strip()
+    return grpc.intercept_channel(ch, _BearerToken(token)) if token else ch
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--coordinator", default=os.environ.get("WEFT_COORDINATOR", "127.0.0.1:7070"))
     parser.add_argument("--checkpointd", default=os.environ.get("WEFT_CHECKPOINTD", "127.0.0.1:7071"))
+    parser.add_argument("--tls-ca", help="PEM CA to verify the servers against (enables TLS)")
+    parser.add_argument("--tls-cert", help="PEM client certificate, for mutual TLS")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    parser.add_argument("--token", default=os.environ.get("WEFT_TOKEN", ""),
+                        help="bearer token (default: env WEFT_TOKEN)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("submit").add_argument("spec")
     sub.add_parser("watch").add_argument("job")
@@ -72,9 +127,9 @@ def main(argv):
     sub.add_parser("run").add_argument("spec")
     args = parser.parse_args(argv)
 
-    coordinator = grpc.insecure_channel(args.coordinator)
-    checkpointd = grpc.insecure_channel(args.checkpointd)
     try:
+        coordinator = channel(args.coordinator, args)
+        checkpointd = channel(args.checkpointd, args)
         if args.command == "submit":
             print(submit(coordinator, args.spec))
             return 0

@@ -1,7 +1,9 @@
 #!/bin/bash
 # The Python client (examples/python) against live services on 127.0.0.1: stubs generated from
-# protos/weft/v1, a coordinator, a checkpointd and two CPU workers; the client submits a small
-# job, watches it to SUCCEEDED and lists its checkpoints; bad input gets the servers' errors.
+# protos/weft/v1, a coordinator, a checkpointd and two CPU workers, secured as in production
+# (mutual TLS everywhere, a bearer token on every coordinator call); the client submits a small
+# job, watches it to SUCCEEDED and lists its checkpoints; bad input gets the servers' errors,
+# and so does a client without a token or without a certificate.
 #   tests/python/python_client_test.sh BIN_DIR
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -28,13 +30,34 @@ wait_for_file() {
 export WEFT_PYTHON_STUBS=$WORK/stubs
 # Debian's interpreter, which has python3-grpcio and python3-protobuf (not a pyenv one).
 PYTHON=${WEFT_PYTHON:-/usr/bin/python3}
-CLIENT=("$PYTHON" "$ROOT/examples/python/weft_client.py")
+
+# A CA, a certificate for the servers (127.0.0.1) and one for the clients.
+PKI=$WORK/pki
+mkdir -p "$PKI"
+ssl() { openssl "$@" 2>>"$PKI/openssl.log" || fail "openssl $1 failed: $(cat "$PKI/openssl.log")"; }
+ssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$PKI/ca.key" \
+  -out "$PKI/ca.pem" -days 2 -subj /CN=weft-python-test-ca
+for name in server client; do
+  ssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$PKI/$name.key" \
+    -out "$PKI/$name.csr" -subj "/CN=weft-python-test-$name"
+  echo "subjectAltName=IP:127.0.0.1" >"$PKI/$name.ext"
+  ssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.pem" -CAkey "$PKI/ca.key" -CAcreateserial \
+    -out "$PKI/$name.pem" -days 2 -extfile "$PKI/$name.ext"
+done
+SERVER_TLS=(--tls-cert="$PKI/server.pem" --tls-key="$PKI/server.key" --tls-ca="$PKI/ca.pem")
+CLIENT_TLS=(--tls-cert="$PKI/client.pem" --tls-key="$PKI/client.key" --tls-ca="$PKI/ca.pem")
+TOKEN=python-test-token-0c7f1e2d
+echo "$TOKEN" >"$WORK/tokens"
+export WEFT_TOKEN=$TOKEN  # for the workers and the client
+CLIENT=("$PYTHON" "$ROOT/examples/python/weft_client.py" "${CLIENT_TLS[@]}")
 
 "$BIN/weft-coordinator" --listen=127.0.0.1:0 --port-file="$WORK/coordinator.port" \
-  --data-dir="$WORK/coordinator" --metrics-address=none >"$WORK/coordinator.log" 2>&1 &
+  --data-dir="$WORK/coordinator" --metrics-address=none "${SERVER_TLS[@]}" \
+  --auth-tokens-file="$WORK/tokens" >"$WORK/coordinator.log" 2>&1 &
 PIDS+=($!)
 "$BIN/weft-checkpointd" --listen=127.0.0.1:0 --port-file="$WORK/checkpointd.port" \
-  --data-dir="$WORK/checkpoints" --metrics-address=none >"$WORK/checkpointd.log" 2>&1 &
+  --data-dir="$WORK/checkpoints" --metrics-address=none "${SERVER_TLS[@]}" \
+  >"$WORK/checkpointd.log" 2>&1 &
 PIDS+=($!)
 wait_for_file "$WORK/coordinator.port"
 wait_for_file "$WORK/checkpointd.port"
@@ -42,7 +65,7 @@ export WEFT_COORDINATOR="127.0.0.1:$(cat "$WORK/coordinator.port")"
 export WEFT_CHECKPOINTD="127.0.0.1:$(cat "$WORK/checkpointd.port")"
 for i in 0 1; do
   "$BIN/weft-worker" --device="cpu:$i" --metrics-address=none --output-dir="$WORK/models" \
-    >"$WORK/worker$i.log" 2>&1 &
+    "${CLIENT_TLS[@]}" >"$WORK/worker$i.log" 2>&1 &
   PIDS+=($!)
 done
 
@@ -80,4 +103,13 @@ grep -q "NOT_FOUND" <<<"$err" || fail "no NOT_FOUND: $err"
 printf 'name: "x"\nmodel { num_layers: }\n' >"$WORK/syntax.pb.txt"
 if err=$("${CLIENT[@]}" submit "$WORK/syntax.pb.txt" 2>&1); then fail "a syntax error was accepted"; fi
 grep -q "2:" <<<"$err" || fail "the syntax error does not name its line: $err"
-echo "PASS: python client (job $job)"
+# Security: the coordinator refuses a client without the token, and the servers one without a
+# certificate from the CA.
+if err=$(WEFT_TOKEN= "${CLIENT[@]}" watch "$job" 2>&1); then fail "a client without a token got in"; fi
+grep -q "UNAUTHENTICATED" <<<"$err" || fail "no UNAUTHENTICATED without a token: $err"
+if err=$(timeout 60 "$PYTHON" "$ROOT/examples/python/weft_client.py" --tls-ca="$PKI/ca.pem" \
+    checkpoints "$job" 2>&1); then
+  fail "a client without a certificate got in"
+fi
+grep -q "UNAVAILABLE" <<<"$err" || fail "no UNAVAILABLE without a client certificate: $err"
+echo "PASS: python client (job $job), over mutual TLS with a token"
