@@ -92,7 +92,7 @@ absl::StatusOr<Security> LoadSecurity(const TlsFlags& flags, const std::string& 
 
 void SetProcessSecurity(Security security) {
   absl::MutexLock lock(&process_mu);
-  delete process_security;
+  // The previous one is left alive on purpose: ProcessSecurity() hands out references.
   process_security = new Security(std::move(security));
 }
 
