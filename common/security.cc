@@ -81,7 +81,6 @@ absl::StatusOr<Security> LoadSecurity(const TlsFlags& flags, const std::string& 
     server.pem_root_certs = ca;
     server.pem_key_cert_pairs.push_back({key, cert});
     security.server_credentials = grpc::SslServerCredentials(server);
-    security.mutual = !ca.empty();
   } else {
     // A client-only configuration (--tls-ca alone): a server of this process has no
     // certificate to serve TLS with.

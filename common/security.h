@@ -37,7 +37,6 @@ struct Security {
   bool tls = false;
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;  // never null
   std::shared_ptr<grpc::ServerCredentials> server_credentials;    // never null
-  bool mutual = false;      // servers require client certificates
   std::string bearer_token;  // sent on every call; empty: none
 };
 

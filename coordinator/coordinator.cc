@@ -688,6 +688,10 @@ void Coordinator::RemoveWatcher(uint64_t id) {
 
 // ---- workers -------------------------------------------------------------------------------
 
+// Session tokens follow the worker id rule (letters, digits, ._/:-, 1-128 characters).
+constexpr char kBadSessionToken[] =
+    "session_token: must be 1-128 characters of letters, digits, ._/:-";
+
 absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     weft::v1::WorkerInfo info, const std::string& session_token) {
   std::vector<std::string> problems;
@@ -707,7 +711,7 @@ absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
                                     "\" must be 1-128 characters of letters, digits, ._/:-"));
   }
   if (!session_token.empty() && !ValidWorkerId(session_token)) {
-    problems.push_back("session_token: must be 1-128 characters of letters, digits, ._/:-");
+    problems.push_back(kBadSessionToken);
   }
   if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
 
@@ -876,10 +880,7 @@ Coordinator::WorkerRecord* Coordinator::SessionWorkerLocked(const std::string& t
 }
 
 absl::StatusOr<uint64_t> Coordinator::OpenSession(const std::string& token, SessionEnd end) {
-  if (!ValidWorkerId(token)) {
-    return absl::InvalidArgumentError(
-        "session_token: must be 1-128 characters of letters, digits, ._/:-");
-  }
+  if (!ValidWorkerId(token)) return absl::InvalidArgumentError(kBadSessionToken);
   Actions actions;
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("coordinator shutting down; retry");
@@ -905,7 +906,6 @@ void Coordinator::SessionClosed(const std::string& token, uint64_t session_id) {
   SessionRecord& session = it->second;
   session.id = 0;
   session.end = nullptr;  // its stream is finishing on its own
-  session.closed = Now();
   WorkerRecord* worker = SessionWorkerLocked(token);
   spdlog::debug("session {} of {} closed by the transport", session_id,
                 worker ? session.worker_id : "no worker");
@@ -1142,12 +1142,12 @@ void Coordinator::Tick() {
   for (const auto& [id, w] : workers_) {
     workers.push_back({id, w.status.state(), w.last_heartbeat, w.connection_lost,
                        w.status.job_id(), w.status.generation()});
-    // A dead worker's age would only grow; its series shows the worker is gone instead.
-    auto& age = heartbeat_age_->Add({{"worker_id", id}});
-    if (w.status.state() == weft::v1::WORKER_DEAD) {
-      heartbeat_age_->Remove(&age);
-    } else {
-      age.Set(absl::ToDoubleSeconds(now - w.last_heartbeat));
+    // A dead worker's age would only grow: its series goes, which shows the worker is gone.
+    const prometheus::Labels worker{{"worker_id", id}};
+    if (w.status.state() != weft::v1::WORKER_DEAD) {
+      heartbeat_age_->Add(worker).Set(absl::ToDoubleSeconds(now - w.last_heartbeat));
+    } else if (heartbeat_age_->Has(worker)) {
+      heartbeat_age_->Remove(&heartbeat_age_->Add(worker));
     }
   }
   std::vector<GenerationView> generations;

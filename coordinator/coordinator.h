@@ -178,7 +178,6 @@ class Coordinator {
   struct SessionRecord {
     uint64_t id = 0;      // the open stream's session id; 0: none open
     SessionEnd end;       // ends the open stream
-    absl::Time closed;    // when the last stream was cancelled (id == 0)
     std::string worker_id;  // registered with this token (empty: not yet)
   };
 

@@ -51,11 +51,9 @@ class RejectedWriter final : public grpc::ServerWriteReactor<T> {
 template <typename Response, typename Op>
 ServerUnaryReactor* Unary(const TokenAuthorizer* auth, CallbackServerContext* context,
                           Response* response, Op&& op) {
-  ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status s = Authorize(auth, context); !s.ok()) {
-    reactor->Finish(ToGrpcStatus(s));
-    return reactor;
-  }
+  ServerUnaryReactor* reactor = nullptr;
+  if (Reject(auth, context, &reactor)) return reactor;
+  reactor = context->DefaultReactor();
   absl::StatusOr<Response> result = op();
   if (result.ok()) *response = std::move(*result);
   reactor->Finish(ToGrpcStatus(result.status()));
