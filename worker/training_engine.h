@@ -5,6 +5,7 @@
 #ifndef WEFT_WORKER_TRAINING_ENGINE_H_
 #define WEFT_WORKER_TRAINING_ENGINE_H_
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -51,6 +52,19 @@ struct UnitSlice {
   int64_t end = 0;
   std::vector<float> params, m, v;  // end - begin elements each
 };
+
+// Elements [begin, end) of a unit of `size` elements that `rank` owns when the unit is split in
+// shards of `shard` elements: rank * shard onward, clipped to the unit (empty for ranks whose
+// shard is all padding).
+struct ShardRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+inline ShardRange OwnedShard(size_t size, size_t shard, int rank) {
+  const auto n = static_cast<int64_t>(size);
+  const auto first = static_cast<int64_t>(rank * shard);
+  return {std::min(first, n), std::min(first + static_cast<int64_t>(shard), n)};
+}
 
 // Reads elements [begin, end) of the named checkpoint tensor into `out`.
 using RangeReader = std::function<absl::Status(const std::string& tensor, int64_t begin,

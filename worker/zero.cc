@@ -334,8 +334,9 @@ std::vector<UnitSlice> ZeroEngine::Snapshot() const {
     UnitSlice slice;
     slice.unit = static_cast<int>(u);
     slice.size = static_cast<int64_t>(unit.size);
-    slice.begin = std::min<int64_t>(static_cast<int64_t>(rank_ * unit.shard), slice.size);
-    slice.end = std::min<int64_t>(static_cast<int64_t>((rank_ + 1) * unit.shard), slice.size);
+    const ShardRange owned = OwnedShard(unit.size, unit.shard, rank_);
+    slice.begin = owned.begin;
+    slice.end = owned.end;
     // Stage 0 owns whole units; stages 1-3 own exactly the shard, which starts at `begin`.
     const size_t offset = stage_ == 0 ? static_cast<size_t>(slice.begin) : 0;
     const size_t n = static_cast<size_t>(slice.end - slice.begin);
@@ -353,10 +354,10 @@ absl::Status ZeroEngine::Restore(const RangeReader& read) {
     const int unit_index = static_cast<int>(u);
     const int64_t size = static_cast<int64_t>(unit.size);
     // What this rank owns: the whole unit at stage 0, its shard otherwise.
-    const int64_t begin =
-        stage_ == 0 ? 0 : std::min<int64_t>(static_cast<int64_t>(rank_ * unit.shard), size);
-    const int64_t end =
-        stage_ == 0 ? size : std::min<int64_t>(static_cast<int64_t>((rank_ + 1) * unit.shard), size);
+    const ShardRange owned =
+        stage_ == 0 ? ShardRange{0, size} : OwnedShard(unit.size, unit.shard, rank_);
+    const int64_t begin = owned.begin;
+    const int64_t end = owned.end;
     std::fill(unit.params.begin(), unit.params.end(), 0.0f);
     std::fill(unit.m.begin(), unit.m.end(), 0.0f);
     std::fill(unit.v.begin(), unit.v.end(), 0.0f);

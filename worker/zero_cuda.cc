@@ -469,8 +469,9 @@ std::vector<UnitSlice> ZeroCudaEngine::Snapshot() const {
     UnitSlice slice;
     slice.unit = static_cast<int>(u);
     slice.size = static_cast<int64_t>(unit.size);
-    slice.begin = std::min<int64_t>(static_cast<int64_t>(rank_ * unit.shard), slice.size);
-    slice.end = std::min<int64_t>(static_cast<int64_t>((rank_ + 1) * unit.shard), slice.size);
+    const ShardRange owned = OwnedShard(unit.size, unit.shard, rank_);
+    slice.begin = owned.begin;
+    slice.end = owned.end;
     const size_t n = static_cast<size_t>(slice.end - slice.begin);
     slice.params.resize(n);
     slice.m.resize(n);
@@ -490,9 +491,7 @@ absl::Status ZeroCudaEngine::Restore(const RangeReader& read) {
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
     const int index = static_cast<int>(u);
-    const int64_t size = static_cast<int64_t>(unit.size);
-    const int64_t begin = std::min<int64_t>(static_cast<int64_t>(rank_ * unit.shard), size);
-    const int64_t end = std::min<int64_t>(static_cast<int64_t>((rank_ + 1) * unit.shard), size);
+    const auto [begin, end] = OwnedShard(unit.size, unit.shard, rank_);
     std::vector<float> params(unit.shard, 0.0f), m(unit.shard, 0.0f), v(unit.shard, 0.0f);
     if (end > begin) {
       WEFT_RETURN_IF_ERROR(read(CheckpointTensorName(index, "params"), begin, end, params.data()));

@@ -165,24 +165,6 @@ class BarrierOpts : public ::gloo::BarrierOptions {
   UnboundBuffer* unbound_buffer() { return buffer.get(); }
 };
 
-enum class OpKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
-
-const char* OpName(OpKind kind) {
-  switch (kind) {
-    case OpKind::kAllGather:
-      return "AllGather";
-    case OpKind::kReduceScatter:
-      return "ReduceScatter";
-    case OpKind::kAllReduce:
-      return "AllReduce";
-    case OpKind::kBroadcast:
-      return "Broadcast";
-    case OpKind::kBarrier:
-      return "Barrier";
-  }
-  return "?";
-}
-
 struct Op {
   OpKind kind = OpKind::kBarrier;
   uint64_t seq = 0;

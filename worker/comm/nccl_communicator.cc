@@ -65,24 +65,6 @@ constexpr auto kStoreCheckInterval = std::chrono::milliseconds(200);
 // The most a healthy communicator's destructor waits for ncclCommFinalize before aborting.
 constexpr int64_t kFinalizeLimitMs = 10000;
 
-enum class OpKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
-
-const char* OpName(OpKind kind) {
-  switch (kind) {
-    case OpKind::kAllGather:
-      return "AllGather";
-    case OpKind::kReduceScatter:
-      return "ReduceScatter";
-    case OpKind::kAllReduce:
-      return "AllReduce";
-    case OpKind::kBroadcast:
-      return "Broadcast";
-    case OpKind::kBarrier:
-      return "Barrier";
-  }
-  return "?";
-}
-
 ncclDataType_t NcclType(DataType type) {
   return type == DataType::kBFloat16 ? ncclBfloat16 : ncclFloat32;
 }

@@ -52,4 +52,20 @@ std::shared_ptr<Work> MakeCompletedWork(absl::Status status) {
   return work;
 }
 
+const char* OpName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllGather:
+      return "AllGather";
+    case OpKind::kReduceScatter:
+      return "ReduceScatter";
+    case OpKind::kAllReduce:
+      return "AllReduce";
+    case OpKind::kBroadcast:
+      return "Broadcast";
+    case OpKind::kBarrier:
+      return "Barrier";
+  }
+  return "?";
+}
+
 }  // namespace weft::comm

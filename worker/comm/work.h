@@ -1,4 +1,5 @@
-// A Work completed once by whoever runs the op (a backend's communication thread).
+// What the backends share about the ops they run: their kinds, and a Work completed once by
+// whoever runs the op (a backend's communication thread).
 #ifndef WEFT_WORKER_COMM_WORK_H_
 #define WEFT_WORKER_COMM_WORK_H_
 
@@ -8,6 +9,11 @@
 #include "worker/comm/communicator.h"
 
 namespace weft::comm {
+
+// The collectives a backend queues.
+enum class OpKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
+// The Communicator method's name ("AllGather", ...), for messages.
+const char* OpName(OpKind kind);
 
 class CompletionWork final : public Work {
  public:

@@ -103,24 +103,11 @@ double RelError(const std::vector<float>& gpu, const std::vector<float>& ref) {
 
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 
-class Bf16OpsTest : public ::testing::Test {
+class Bf16OpsTest : public test_util::CudaStreamTest {
  protected:
-  void SetUp() override {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-      GTEST_SKIP() << "no CUDA device (" << cudaGetErrorName(err) << ", count " << count
-                   << "): bf16 CUDA ops not checked";
-    }
-    CUDA_CHECK(cudaStreamCreate(&stream_));
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) CUDA_CHECK(cudaStreamDestroy(stream_));
-  }
-  void Sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  Bf16OpsTest() : CudaStreamTest("bf16 CUDA ops") {}
 
   std::mt19937_64 rng_{4321};
-  cudaStream_t stream_ = nullptr;
 };
 
 TEST_F(Bf16OpsTest, Encoder) {

@@ -47,24 +47,11 @@ double RelError(const std::vector<float>& gpu, const std::vector<float>& cpu) {
 #define EXPECT_CLOSE(gpu, cpu, tol) \
   EXPECT_LE(RelError((gpu), (cpu)), (tol)) << #gpu " vs " #cpu
 
-class CudaOpsTest : public ::testing::Test {
+class CudaOpsTest : public test_util::CudaStreamTest {
  protected:
-  void SetUp() override {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-      GTEST_SKIP() << "no CUDA device (" << cudaGetErrorName(err) << ", count " << count
-                   << "): CUDA op parity not checked";
-    }
-    CUDA_CHECK(cudaStreamCreate(&stream_));
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) CUDA_CHECK(cudaStreamDestroy(stream_));
-  }
-  void Sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  CudaOpsTest() : CudaStreamTest("CUDA op parity") {}
 
   std::mt19937_64 rng_{1234};
-  cudaStream_t stream_ = nullptr;
 };
 
 TEST_F(CudaOpsTest, Encoder) {

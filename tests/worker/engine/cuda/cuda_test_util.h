@@ -1,6 +1,6 @@
 // Helpers shared by the CUDA op tests: device buffers that copy host vectors in and out,
 // bf16 bit conversions done on the host exactly as the kernels round (nearest even), and
-// random / filled host vectors.
+// random / filled host vectors, and a fixture with a stream that skips without a GPU.
 #ifndef WEFT_TESTS_WORKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_
 #define WEFT_TESTS_WORKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_
 
@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "gtest/gtest.h"
 #include "worker/engine/cuda/cuda_check.h"
 
 namespace weft::engine::cuda::test_util {
@@ -71,6 +72,31 @@ inline std::vector<float> Random(std::mt19937_64& rng, size_t n, float mean = 0.
 inline std::vector<float> Filled(size_t n, float value = 0.0f) {
   return std::vector<float>(n, value);
 }
+
+// A fixture with a CUDA stream; its tests skip where there is no CUDA device.
+class CudaStreamTest : public ::testing::Test {
+ protected:
+  // `unchecked`: what goes unchecked when the tests skip, for the skip message.
+  explicit CudaStreamTest(const char* unchecked) : unchecked_(unchecked) {}
+  void SetUp() override {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+      GTEST_SKIP() << "no CUDA device (" << cudaGetErrorName(err) << ", count " << count
+                   << "): " << unchecked_ << " not checked";
+    }
+    CUDA_CHECK(cudaStreamCreate(&stream_));
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) CUDA_CHECK(cudaStreamDestroy(stream_));
+  }
+  void Sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  cudaStream_t stream_ = nullptr;
+
+ private:
+  const char* unchecked_;
+};
 
 }  // namespace weft::engine::cuda::test_util
 

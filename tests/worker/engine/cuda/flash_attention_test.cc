@@ -168,21 +168,9 @@ double RelError(const std::vector<T>& gpu, const std::vector<double>& ref) {
   return err / std::max(mag, 1e-30);
 }
 
-class FlashAttentionTest : public ::testing::Test {
+class FlashAttentionTest : public test_util::CudaStreamTest {
  protected:
-  void SetUp() override {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-      GTEST_SKIP() << "no CUDA device (" << cudaGetErrorName(err) << ", count " << count
-                   << "): flash attention not checked";
-    }
-    CUDA_CHECK(cudaStreamCreate(&stream_));
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) CUDA_CHECK(cudaStreamDestroy(stream_));
-  }
-  cudaStream_t stream_ = nullptr;
+  FlashAttentionTest() : CudaStreamTest("flash attention") {}
 };
 
 class FlashAttentionShapeTest : public FlashAttentionTest,
