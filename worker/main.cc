@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   app.add_option("--peak-tflops", peak_tflops,
                  "peak TFLOP/s of the device, for MFU (default: 989 on CUDA, the H100/H200 "
                  "dense bf16 figure; 0.05 per BLAS thread on CPU, a nominal figure)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0.0, 1e6));
   app.add_option("--blas-threads", blas_threads, "OpenBLAS threads for CPU matmuls")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));

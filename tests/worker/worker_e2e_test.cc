@@ -276,6 +276,18 @@ TEST_F(WorkerE2eTest, BadDeviceIsRefusedNamingIt) {
       << cuda.err;
 }
 
+// MFU's denominator must be a number of TFLOP/s, never negative.
+TEST_F(WorkerE2eTest, BadPeakTflopsIsRefusedNamingIt) {
+  for (const std::string value : {"-1", "fast"}) {
+    testing::CommandResult r = testing::RunCommand(
+        {testing::BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
+         "--peak-tflops=" + value, "--metrics-address=none"},
+        {}, absl::Seconds(30));
+    EXPECT_NE(r.exit_code, 0) << value << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--peak-tflops")) << value;
+  }
+}
+
 // The worker's Prometheus endpoint answers scrape after scrape. Its serving threads have small
 // fixed stacks from which glibc takes the static TLS of every loaded library; with OpenBLAS,
 // the CUDA runtime and NCCL loaded, the first scrape used to crash the worker (see
