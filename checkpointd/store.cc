@@ -8,10 +8,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpointd/chunk_codec.h"
+#include "checkpointd/decisions.h"
 #include "common/crc32c.h"
 #include "common/metrics.h"
 #include "common/status.h"
-#include "google/protobuf/util/message_differencer.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
 #include "spdlog/spdlog.h"
@@ -74,10 +74,6 @@ absl::Status CheckLayout(const TensorLayout& t, int64_t* numel) {
   return absl::OkStatus();
 }
 
-bool SameLayout(const TensorLayout& a, const TensorLayout& b) {
-  return google::protobuf::util::MessageDifferencer::Equals(a, b);
-}
-
 absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.ok()) return absl::OkStatus();
   if (s.IsCorruption()) return absl::DataLossError(absl::StrCat(what, ": ", s.ToString()));
@@ -99,6 +95,67 @@ bool ParseJobStep(const rocksdb::Slice& key, std::string* job, int64_t* step) {
   if (b == std::string::npos) return false;
   *job = k.substr(a + 1, b - a - 1);
   return absl::SimpleAtoi(k.substr(b + 1, 20), step);
+}
+
+// What a manifest says of itself, checked before anything is read.
+struct ManifestSizes {
+  std::map<std::string, int64_t> numels;  // tensor name -> elements
+  int64_t total_bytes = 0;
+  std::map<int, weft::v1::RankState> ranks;  // the request's entries, by rank
+};
+
+absl::StatusOr<ManifestSizes> ValidateManifest(const CheckpointManifest& m) {
+  WEFT_RETURN_IF_ERROR(CheckName(m.job_id(), "manifest.job_id"));
+  if (m.step() < 0) return absl::InvalidArgumentError("manifest.step: must be >= 0");
+  if (m.world_size() < 1 || m.world_size() > kMaxWorldSize) {
+    return absl::InvalidArgumentError("manifest.world_size: must be in [1, 1000000]");
+  }
+  ManifestSizes sizes;
+  for (const TensorLayout& t : m.tensors()) {
+    int64_t numel = 0;
+    WEFT_RETURN_IF_ERROR(CheckLayout(t, &numel));
+    if (!sizes.numels.emplace(t.name(), numel).second) {
+      return absl::InvalidArgumentError(absl::StrCat("manifest.tensors: ", t.name(), " twice"));
+    }
+    sizes.total_bytes += numel * ElementSize(t.dtype());
+  }
+  for (const auto& r : m.ranks()) {
+    if (r.rank() < 0 || r.rank() >= m.world_size() || !sizes.ranks.emplace(r.rank(), r).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest.ranks: rank ", r.rank(), " out of range or given twice"));
+    }
+  }
+  return sizes;
+}
+
+// Adds to `batch` the removal of one rank's chunks, shard marker and open-stream marker.
+void DeleteRank(const std::string& job, int64_t step, int rank, rocksdb::WriteBatch* batch) {
+  const std::string prefix = RankKey("ckpt", job, step, rank) + "/";
+  batch->DeleteRange(prefix, PrefixEnd(prefix));
+  batch->Delete(RankKey("shard", job, step, rank));
+  batch->Delete(RankKey("open", job, step, rank));
+}
+
+// Adds to `batch` the removal of everything stored for one step of a job: its manifest and
+// pending record, and its ranks' chunks, shard markers and open-stream markers. Callers hold
+// the store's lock and have checked that no stream of the step is open.
+void DeleteStep(const std::string& job, int64_t step, rocksdb::WriteBatch* batch) {
+  batch->Delete(ManifestKey(job, step));
+  batch->Delete(StepPrefix("pending", job, step));
+  for (const char* kind : {"ckpt", "shard", "open"}) {
+    const std::string p = StepPrefix(kind, job, step);
+    batch->DeleteRange(p, PrefixEnd(p));
+  }
+}
+
+absl::StatusOr<CheckpointManifest> ParseManifest(std::string_view value, const std::string& job,
+                                                 int64_t step) {
+  CheckpointManifest m;
+  if (!m.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", job, " step ", step, ": its manifest is unreadable"));
+  }
+  return m;
 }
 
 }  // namespace
@@ -312,10 +369,7 @@ absl::Status CheckpointStore::RecoverCrashedStreams() {
 
 absl::Status CheckpointStore::DropRank(const std::string& job, int64_t step, int rank) {
   rocksdb::WriteBatch batch;
-  const std::string prefix = RankKey("ckpt", job, step, rank) + "/";
-  batch.DeleteRange(prefix, PrefixEnd(prefix));
-  batch.Delete(RankKey("shard", job, step, rank));
-  batch.Delete(RankKey("open", job, step, rank));
+  DeleteRank(job, step, rank, &batch);
   // Unsynced: if this is lost, the open/ key survives and startup drops the rank again.
   return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "checkpoint store delete");
 }
@@ -388,9 +442,7 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> CheckpointStore::BeginShard(
     }
     // A rewrite replaces whatever an earlier stream of this rank left.
     rocksdb::WriteBatch batch;
-    const std::string prefix = RankKey("ckpt", job, header.step(), header.rank()) + "/";
-    batch.DeleteRange(prefix, PrefixEnd(prefix));
-    batch.Delete(RankKey("shard", job, header.step(), header.rank()));
+    DeleteRank(job, header.step(), header.rank(), &batch);
     batch.Put(RankKey("open", job, header.step(), header.rank()), "");
     const std::string pending = StepPrefix("pending", job, header.step());
     std::string unused;
@@ -446,30 +498,9 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::Commit(CheckpointManifest m)
     failed_->Increment();
     return s;
   };
-  WEFT_RETURN_IF_ERROR(CheckName(m.job_id(), "manifest.job_id"));
+  absl::StatusOr<ManifestSizes> sizes = ValidateManifest(m);
+  if (!sizes.ok()) return refuse(sizes.status());
   const std::string job = m.job_id();
-  if (m.step() < 0) return refuse(absl::InvalidArgumentError("manifest.step: must be >= 0"));
-  if (m.world_size() < 1 || m.world_size() > kMaxWorldSize) {
-    return refuse(absl::InvalidArgumentError("manifest.world_size: must be in [1, 1000000]"));
-  }
-  std::map<std::string, int64_t> numels;
-  int64_t total_bytes = 0;
-  for (const TensorLayout& t : m.tensors()) {
-    int64_t numel = 0;
-    WEFT_RETURN_IF_ERROR(CheckLayout(t, &numel));
-    if (!numels.emplace(t.name(), numel).second) {
-      return refuse(absl::InvalidArgumentError(absl::StrCat("manifest.tensors: ", t.name(),
-                                                            " twice")));
-    }
-    total_bytes += numel * ElementSize(t.dtype());
-  }
-  std::map<int, weft::v1::RankState> ranks;
-  for (const auto& r : m.ranks()) {
-    if (r.rank() < 0 || r.rank() >= m.world_size() || !ranks.emplace(r.rank(), r).second) {
-      return refuse(absl::InvalidArgumentError(absl::StrCat(
-          "manifest.ranks: rank ", r.rank(), " out of range or given twice")));
-    }
-  }
 
   absl::MutexLock lock(&mu_);
   WEFT_ASSIGN_OR_RETURN(bool committed, IsCommitted(job, m.step()));
@@ -483,43 +514,12 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::Commit(CheckpointManifest m)
           absl::StrCat("rank ", rank, " is still writing its shard of ", job, " step ", step)));
     }
   }
+  std::map<int, ShardHeader> shards;
   std::vector<int> missing;
-  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> coverage;
-  for (int rank = 0; rank < m.world_size(); ++rank) {
-    std::string value;
-    rocksdb::Status s =
-        db_->Get(rocksdb::ReadOptions(), RankKey("shard", job, m.step(), rank), &value);
-    if (s.IsNotFound()) {
-      missing.push_back(rank);
-      continue;
-    }
-    WEFT_RETURN_IF_ERROR(FromRocks(s, "checkpoint store read"));
-    ShardHeader h;
-    if (!h.ParseFromString(value)) {
-      return absl::DataLossError(absl::StrCat("shard marker of rank ", rank, " is unreadable"));
-    }
-    if (h.world_size() != m.world_size()) {
-      return refuse(absl::FailedPreconditionError(absl::StrCat(
-          "rank ", rank, " wrote its shard for world size ", h.world_size(), ", manifest says ",
-          m.world_size())));
-    }
-    for (const TensorLayout& t : h.tensors()) {
-      auto it = std::find_if(m.tensors().begin(), m.tensors().end(),
-                             [&](const TensorLayout& mt) { return mt.name() == t.name(); });
-      if (it != m.tensors().end() && !SameLayout(*it, t)) {
-        return refuse(absl::FailedPreconditionError(absl::StrCat(
-            "tensor ", t.name(), ": rank ", rank, " wrote it with another dtype or shape")));
-      }
-    }
-    weft::v1::RankState& state = ranks[rank];
-    state.set_rank(rank);
-    state.mutable_ranges()->CopyFrom(h.ranges());
-    for (const auto& r : h.ranges()) {
-      if (!numels.contains(r.tensor())) {
-        return refuse(absl::FailedPreconditionError(absl::StrCat(
-            "rank ", rank, " wrote tensor ", r.tensor(), " that the manifest does not list")));
-      }
-      coverage[r.tensor()].emplace_back(r.begin(), r.end());
+  WEFT_RETURN_IF_ERROR(ReadShardMarkers(job, m.step(), m.world_size(), &shards, &missing));
+  for (const auto& [rank, shard] : shards) {
+    if (Verdict v = CheckShardAgainstManifest(m, shard, rank); !v.ok) {
+      return refuse(absl::FailedPreconditionError(v.reason));
     }
   }
   if (!missing.empty()) {
@@ -527,54 +527,64 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::Commit(CheckpointManifest m)
         absl::StrCat("checkpoint ", job, " step ", m.step(), ": ranks ",
                      absl::StrJoin(missing, ", "), " have not written their shards")));
   }
-  for (const auto& [name, numel] : numels) {
-    auto& ranges = coverage[name];
-    std::sort(ranges.begin(), ranges.end());
-    int64_t next = 0;
-    for (const auto& [b, e] : ranges) {
-      if (b != next) break;
-      next = e;
-    }
-    if (next != numel) {
-      return refuse(absl::FailedPreconditionError(absl::StrCat(
-          "tensor ", name, ": the ranks' ranges do not cover [0, ", numel,
-          ") exactly once (first gap or overlap at element ", next, ")")));
-    }
+  // Each rank's entry keeps what the request said of it, with the ranges its shard declared.
+  std::map<int, weft::v1::RankState>& ranks = sizes->ranks;
+  for (const auto& [rank, shard] : shards) {
+    ranks[rank].set_rank(rank);
+    ranks[rank].mutable_ranges()->CopyFrom(shard.ranges());
   }
   m.clear_ranks();
   for (auto& [rank, state] : ranks) *m.add_ranks() = std::move(state);
-  m.set_total_bytes(total_bytes);
+  const Verdict coverage = CheckCoverage(
+      sizes->numels, std::vector<weft::v1::RankState>(m.ranks().begin(), m.ranks().end()));
+  if (!coverage.ok) return refuse(absl::FailedPreconditionError(coverage.reason));
+
+  m.set_total_bytes(sizes->total_bytes);
   m.set_pinned(false);
   const absl::Time now = absl::Now();
   m.mutable_commit_time()->set_seconds(absl::ToUnixSeconds(now));
   m.mutable_commit_time()->set_nanos(static_cast<int32_t>(absl::ToUnixNanos(now) % 1000000000));
-
-  rocksdb::WriteBatch batch;
-  batch.Put(ManifestKey(job, m.step()), m.SerializeAsString());
-  batch.Delete(StepPrefix("pending", job, m.step()));
-  // Retention: the newest keep_last (this one included) plus pinned ones survive.
-  const int keep = m.spec().checkpoint().keep_last();
-  if (keep >= 1) {
-    WEFT_ASSIGN_OR_RETURN(auto existing, List(job));  // newest first, without this one
-    int kept = 1;
-    for (const auto& old : existing) {
-      if (old.step() > m.step() || kept < keep) {
-        ++kept;
-        continue;
-      }
-      if (old.pinned()) continue;
-      spdlog::info("retention: deleting checkpoint {} step {}", job, old.step());
-      batch.Delete(ManifestKey(job, old.step()));
-      for (const char* kind : {"ckpt", "shard"}) {
-        const std::string p = StepPrefix(kind, job, old.step());
-        batch.DeleteRange(p, PrefixEnd(p));
-      }
-    }
-  }
-  WEFT_RETURN_IF_ERROR(FromRocks(db_->Write(Synced(), &batch), "checkpoint commit"));
+  WEFT_RETURN_IF_ERROR(WriteCommitLocked(m));
   committed_->Increment();
   UpdateStoreBytes();
   return m;
+}
+
+absl::Status CheckpointStore::ReadShardMarkers(const std::string& job, int64_t step, int world_size,
+                                               std::map<int, ShardHeader>* shards,
+                                               std::vector<int>* missing) {
+  for (int rank = 0; rank < world_size; ++rank) {
+    std::string value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), RankKey("shard", job, step, rank), &value);
+    if (s.IsNotFound()) {
+      missing->push_back(rank);
+      continue;
+    }
+    WEFT_RETURN_IF_ERROR(FromRocks(s, "checkpoint store read"));
+    if (!(*shards)[rank].ParseFromString(value)) {
+      return absl::DataLossError(absl::StrCat("shard marker of rank ", rank, " is unreadable"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointStore::WriteCommitLocked(const CheckpointManifest& m) {
+  const std::string& job = m.job_id();
+  rocksdb::WriteBatch batch;
+  batch.Put(ManifestKey(job, m.step()), m.SerializeAsString());
+  batch.Delete(StepPrefix("pending", job, m.step()));
+  const int keep = m.spec().checkpoint().keep_last();
+  if (keep >= 1) {
+    WEFT_ASSIGN_OR_RETURN(auto existing, List(job));  // newest first, without this one
+    std::vector<StoredCheckpoint> stored;
+    for (const auto& old : existing) stored.push_back({old.step(), old.pinned()});
+    const RetentionDecision retention = DecideRetention(m.step(), keep, stored);
+    if (!retention.victims.empty()) {
+      spdlog::info("retention of checkpoints of {}: {}", job, retention.reason);
+    }
+    for (int64_t victim : retention.victims) DeleteStep(job, victim, &batch);
+  }
+  return FromRocks(db_->Write(Synced(), &batch), "checkpoint commit");
 }
 
 absl::StatusOr<std::vector<CheckpointManifest>> CheckpointStore::List(const std::string& job) {
@@ -604,29 +614,31 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifest(const std::stri
                                                                  const rocksdb::ReadOptions& ro) {
   WEFT_RETURN_IF_ERROR(CheckName(job, "job_id"));
   if (step < 0) return absl::InvalidArgumentError("step: must be >= 0 (0: latest)");
+  if (step != 0) return ReadManifestAt(job, step, ro);
+  const std::string prefix = absl::StrCat("manifest/", job, "/");
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+  it->SeekForPrev(PrefixEnd(prefix));
+  WEFT_RETURN_IF_ERROR(FromRocks(it->status(), "checkpoint store scan"));
+  if (!it->Valid() || !it->key().starts_with(prefix)) {
+    return absl::NotFoundError(absl::StrCat("job ", job, " has no committed checkpoint"));
+  }
+  std::string unused_job;
+  int64_t latest = 0;
+  ParseJobStep(it->key(), &unused_job, &latest);
+  return ParseManifest(std::string_view(it->value().data(), it->value().size()), job, latest);
+}
+
+absl::StatusOr<CheckpointManifest> CheckpointStore::ReadManifestAt(const std::string& job,
+                                                                   int64_t step,
+                                                                   const rocksdb::ReadOptions& ro) {
   std::string value;
-  if (step == 0) {
-    const std::string prefix = absl::StrCat("manifest/", job, "/");
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
-    it->SeekForPrev(PrefixEnd(prefix));
-    WEFT_RETURN_IF_ERROR(FromRocks(it->status(), "checkpoint store scan"));
-    if (!it->Valid() || !it->key().starts_with(prefix)) {
-      return absl::NotFoundError(absl::StrCat("job ", job, " has no committed checkpoint"));
-    }
-    value = it->value().ToString();
-  } else {
-    rocksdb::Status s = db_->Get(ro, ManifestKey(job, step), &value);
-    if (s.IsNotFound()) {
-      return absl::NotFoundError(
-          absl::StrCat("job ", job, " has no committed checkpoint at step ", step));
-    }
-    WEFT_RETURN_IF_ERROR(FromRocks(s, "checkpoint store read"));
+  rocksdb::Status s = db_->Get(ro, ManifestKey(job, step), &value);
+  if (s.IsNotFound()) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", job, " has no committed checkpoint at step ", step));
   }
-  CheckpointManifest m;
-  if (!m.ParseFromString(value)) {
-    return absl::DataLossError(absl::StrCat("manifest of ", job, " unreadable"));
-  }
-  return m;
+  WEFT_RETURN_IF_ERROR(FromRocks(s, "checkpoint store read"));
+  return ParseManifest(value, job, step);
 }
 
 absl::Status CheckpointStore::ReadRange(const weft::v1::ReadRangeRequest& req,
@@ -727,41 +739,23 @@ absl::Status CheckpointStore::SetPinned(const std::string& job, int64_t step, bo
   WEFT_RETURN_IF_ERROR(CheckName(job, "job_id"));
   absl::MutexLock lock(&mu_);
   // An exact step: "0 = latest" is GetManifest's convenience only.
-  std::string value;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ManifestKey(job, step), &value);
-  if (s.IsNotFound()) {
-    return absl::NotFoundError(
-        absl::StrCat("job ", job, " has no committed checkpoint at step ", step));
-  }
-  WEFT_RETURN_IF_ERROR(FromRocks(s, "checkpoint store read"));
-  CheckpointManifest m;
-  if (!m.ParseFromString(value)) return absl::DataLossError("manifest unreadable");
+  WEFT_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifestAt(job, step, rocksdb::ReadOptions()));
   m.set_pinned(pinned);
-  return FromRocks(db_->Put(Synced(), ManifestKey(job, m.step()), m.SerializeAsString()),
+  return FromRocks(db_->Put(Synced(), ManifestKey(job, step), m.SerializeAsString()),
                    "checkpoint store write");
 }
 
 absl::Status CheckpointStore::Delete(const std::string& job, int64_t step) {
   WEFT_RETURN_IF_ERROR(CheckName(job, "job_id"));
   absl::MutexLock lock(&mu_);
-  std::string value;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ManifestKey(job, step), &value);
-  if (s.IsNotFound()) {
-    return absl::NotFoundError(
-        absl::StrCat("job ", job, " has no committed checkpoint at step ", step));
-  }
-  WEFT_RETURN_IF_ERROR(FromRocks(s, "checkpoint store read"));
-  CheckpointManifest m;
-  if (m.ParseFromString(value) && m.pinned()) {
+  // An unreadable manifest cannot say whether the checkpoint is pinned: refused, like SetPinned.
+  WEFT_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifestAt(job, step, rocksdb::ReadOptions()));
+  if (m.pinned()) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint ", job, " step ", step, " is pinned; unpin it first"));
   }
   rocksdb::WriteBatch batch;
-  batch.Delete(ManifestKey(job, step));
-  for (const char* kind : {"ckpt", "shard"}) {
-    const std::string p = StepPrefix(kind, job, step);
-    batch.DeleteRange(p, PrefixEnd(p));
-  }
+  DeleteStep(job, step, &batch);
   WEFT_RETURN_IF_ERROR(FromRocks(db_->Write(Synced(), &batch), "checkpoint delete"));
   UpdateStoreBytes();
   return absl::OkStatus();
@@ -790,11 +784,7 @@ absl::Status CheckpointStore::Sweep() {
     for (const auto& [j, s, r] : open_streams_) open |= (j == job && s == step);
     if (open) continue;
     spdlog::info("collecting uncommitted checkpoint {} step {}", job, step);
-    for (const char* kind : {"ckpt", "shard", "open"}) {
-      const std::string p = StepPrefix(kind, job, step);
-      batch.DeleteRange(p, PrefixEnd(p));
-    }
-    batch.Delete(it->key());
+    DeleteStep(job, step, &batch);
   }
   WEFT_RETURN_IF_ERROR(FromRocks(it->status(), "checkpoint store scan"));
   if (batch.Count() > 0) {

@@ -13,6 +13,7 @@
 #define WEFT_CHECKPOINTD_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -99,10 +100,12 @@ class CheckpointStore {
   // returns CANCELLED if emit returns false.
   absl::Status ReadRange(const weft::v1::ReadRangeRequest& request,
                          absl::FunctionRef<bool(const weft::v1::ShardChunk&)> emit);
-  // Sets the pinned flag of the committed checkpoint at exactly `step`. NOT_FOUND if none.
+  // Sets the pinned flag of the committed checkpoint at exactly `step`. NOT_FOUND if none,
+  // DATA_LOSS naming the step if its manifest is unreadable.
   absl::Status SetPinned(const std::string& job_id, int64_t step, bool pinned);
   // Removes a committed checkpoint (manifest and data in one synced batch). NOT_FOUND if
-  // none, FAILED_PRECONDITION if pinned.
+  // none, FAILED_PRECONDITION if pinned, DATA_LOSS naming the step if its manifest is
+  // unreadable (whether it is pinned cannot be known; nothing is deleted).
   absl::Status Delete(const std::string& job_id, int64_t step);
 
   // Collects uncommitted steps older than the grace period (and with no open stream).
@@ -117,8 +120,20 @@ class CheckpointStore {
   absl::Status EndStream(const ShardWriter& writer, bool ok, int64_t bytes);
   absl::Status WriteMarker(const ShardWriter& writer);
   absl::StatusOr<bool> IsCommitted(const std::string& job, int64_t step);
+  // Step 0: the latest. NOT_FOUND if none; DATA_LOSS naming the step if unreadable.
   absl::StatusOr<weft::v1::CheckpointManifest> ReadManifest(const std::string& job, int64_t step,
                                                             const rocksdb::ReadOptions& ro);
+  // Exactly `step` (0 is step 0, not the latest); errors as ReadManifest's.
+  absl::StatusOr<weft::v1::CheckpointManifest> ReadManifestAt(const std::string& job, int64_t step,
+                                                              const rocksdb::ReadOptions& ro);
+  // Under mu_: each rank's shard marker of (job, step), and the ranks that have none.
+  absl::Status ReadShardMarkers(const std::string& job, int64_t step, int world_size,
+                                std::map<int, weft::v1::ShardHeader>* shards,
+                                std::vector<int>* missing) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under mu_: writes the manifest `m` (the commit point) and applies keep-last retention, in
+  // one synced batch.
+  absl::Status WriteCommitLocked(const weft::v1::CheckpointManifest& m)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateStoreBytes();
 
   std::unique_ptr<rocksdb::DB> db_;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/rpc_call.h"
 #include "common/crc32c.h"
 #include "common/rpc.h"
 #include "common/status.h"
@@ -18,6 +19,7 @@ namespace {
 
 using weft::v1::CheckpointManifest;
 using weft::v1::DType;
+using Stub = weft::v1::Checkpoint::Stub;
 
 // The daemon's naming rule (checkpoint.proto: 1 to 512 bytes, no '/' or NUL), checked here so
 // a bad name fails before a shard is streamed.
@@ -38,6 +40,53 @@ absl::Status CheckStep(int64_t step) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step, ": must be >= 0"));
   }
   return absl::OkStatus();
+}
+
+// The first message of a WriteShard stream: every tensor's layout and each non-empty range,
+// after the checks the daemon would make at the end of the stream.
+absl::StatusOr<weft::v1::WriteShardRequest> ShardHeaderMessage(
+    const std::string& job_id, int64_t step, int32_t rank, int32_t world_size,
+    const std::vector<ShardTensor>& tensors) {
+  weft::v1::WriteShardRequest first;
+  weft::v1::ShardHeader* header = first.mutable_header();
+  header->set_job_id(job_id);
+  header->set_step(step);
+  header->set_rank(rank);
+  header->set_world_size(world_size);
+  std::set<std::string> seen;
+  for (const ShardTensor& t : tensors) {
+    WEFT_RETURN_IF_ERROR(CheckName(t.name, "tensor name"));
+    if (!seen.insert(t.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": listed twice"));
+    }
+    if (DTypeSize(t.dtype) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": no element type"));
+    }
+    const int64_t numel = NumElements(t.shape);
+    if (numel < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", t.name, ": every shape dimension must be >= 1"));
+    }
+    if (t.begin < 0 || t.begin > t.end || t.end > numel) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": range [", t.begin, ", ",
+                                                     t.end, ") not within [0, ", numel, "]"));
+    }
+    if (t.end > t.begin && t.data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": no data"));
+    }
+    weft::v1::TensorLayout* layout = header->add_tensors();
+    layout->set_name(t.name);
+    layout->set_dtype(t.dtype);
+    for (int64_t d : t.shape) layout->add_shape(d);
+    // The protocol wants only non-empty ranges; a rank that holds none of this tensor still
+    // declares its layout so that every rank's header agrees with the manifest.
+    if (t.end == t.begin) continue;
+    weft::v1::ShardRange* range = header->add_ranges();
+    range->set_tensor(t.name);
+    range->set_begin(t.begin);
+    range->set_end(t.end);
+  }
+  return first;
 }
 
 }  // namespace
@@ -70,18 +119,8 @@ CheckpointClient::CheckpointClient(const std::string& address, absl::Duration rp
   // would otherwise share one TCP stream and its flow-control window.
   ChannelOptions options;
   options.private_connection = true;
-  channel_ = MakeChannel(address, options);
-  stub_ = weft::v1::Checkpoint::NewStub(channel_);
-}
-
-absl::Status CheckpointClient::Convert(const grpc::Status& status) const {
-  absl::Status converted = FromGrpcStatus(status);
-  const bool connection_failure = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                                  status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-  // A READY channel means the daemon itself answered with this code: its message is right.
-  if (!connection_failure || channel_->GetState(false) == GRPC_CHANNEL_READY) return converted;
-  return absl::Status(converted.code(), absl::StrCat("checkpointd ", address_,
-                                                     " unreachable: ", converted.message()));
+  server_ = {MakeChannel(address, options), absl::StrCat("checkpointd ", address)};
+  stub_ = weft::v1::Checkpoint::NewStub(server_.channel);
 }
 
 absl::StatusOr<int64_t> CheckpointClient::WriteShard(const std::string& job_id, int64_t step,
@@ -99,49 +138,11 @@ absl::StatusOr<int64_t> CheckpointClient::WriteShard(const std::string& job_id, 
   }
   if (chunk_bytes == 0) return absl::InvalidArgumentError("chunk_bytes: must be >= 1");
 
-  weft::v1::WriteShardRequest first;
-  weft::v1::ShardHeader* header = first.mutable_header();
-  header->set_job_id(job_id);
-  header->set_step(step);
-  header->set_rank(rank);
-  header->set_world_size(world_size);
-  std::set<std::string> seen;
-  for (const ShardTensor& t : tensors) {
-    WEFT_RETURN_IF_ERROR(CheckName(t.name, "tensor name"));
-    if (!seen.insert(t.name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": listed twice"));
-    }
-    if (DTypeSize(t.dtype) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": no element type"));
-    }
-    const int64_t numel = NumElements(t.shape);
-    if (numel < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor ", t.name, ": every shape dimension must be >= 1"));
-    }
-    if (t.begin < 0 || t.begin > t.end || t.end > numel) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": range [", t.begin,
-                                                     ", ", t.end, ") not within [0, ", numel,
-                                                     "]"));
-    }
-    if (t.end > t.begin && t.data == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": no data"));
-    }
-    weft::v1::TensorLayout* layout = header->add_tensors();
-    layout->set_name(t.name);
-    layout->set_dtype(t.dtype);
-    for (int64_t d : t.shape) layout->add_shape(d);
-    // The protocol wants only non-empty ranges; a rank that holds none of this tensor still
-    // declares its layout so that every rank's header agrees with the manifest.
-    if (t.end == t.begin) continue;
-    weft::v1::ShardRange* range = header->add_ranges();
-    range->set_tensor(t.name);
-    range->set_begin(t.begin);
-    range->set_end(t.end);
-  }
+  WEFT_ASSIGN_OR_RETURN(const weft::v1::WriteShardRequest first,
+                        ShardHeaderMessage(job_id, step, rank, world_size, tensors));
 
   grpc::ClientContext context;
-  SetTimeout(&context, rpc_timeout_);
+  SetTimeoutUnlessInfinite(&context, rpc_timeout_);
   weft::v1::WriteShardResponse response;
   std::unique_ptr<grpc::ClientWriter<weft::v1::WriteShardRequest>> writer =
       stub_->WriteShard(&context, &response);
@@ -169,29 +170,22 @@ absl::StatusOr<int64_t> CheckpointClient::WriteShard(const std::string& job_id, 
   }
   if (open) writer->WritesDone();
   grpc::Status status = writer->Finish();
-  if (!status.ok()) return Convert(status);
+  if (!status.ok()) return ConvertNamingServer(status, server_);
   return response.bytes_written();
 }
 
 absl::Status CheckpointClient::Commit(const CheckpointManifest& manifest) {
   weft::v1::CommitCheckpointRequest request;
   *request.mutable_manifest() = manifest;
-  weft::v1::CommitCheckpointResponse response;
-  grpc::ClientContext context;
-  SetTimeout(&context, rpc_timeout_);
-  grpc::Status status = stub_->CommitCheckpoint(&context, request, &response);
-  return status.ok() ? absl::OkStatus() : Convert(status);
+  return CallUnary(*stub_, &Stub::CommitCheckpoint, request, rpc_timeout_, server_).status();
 }
 
 absl::StatusOr<std::vector<CheckpointManifest>> CheckpointClient::List(const std::string& job_id) {
   WEFT_RETURN_IF_ERROR(CheckName(job_id, "job id"));
   weft::v1::ListCheckpointsRequest request;
   request.set_job_id(job_id);
-  weft::v1::ListCheckpointsResponse response;
-  grpc::ClientContext context;
-  SetTimeout(&context, rpc_timeout_);
-  grpc::Status status = stub_->ListCheckpoints(&context, request, &response);
-  if (!status.ok()) return Convert(status);
+  WEFT_ASSIGN_OR_RETURN(weft::v1::ListCheckpointsResponse response,
+                        CallUnary(*stub_, &Stub::ListCheckpoints, request, rpc_timeout_, server_));
   return std::vector<CheckpointManifest>(
       std::make_move_iterator(response.mutable_checkpoints()->begin()),
       std::make_move_iterator(response.mutable_checkpoints()->end()));
@@ -204,12 +198,7 @@ absl::StatusOr<CheckpointManifest> CheckpointClient::GetManifest(const std::stri
   weft::v1::GetManifestRequest request;
   request.set_job_id(job_id);
   request.set_step(step);
-  CheckpointManifest response;
-  grpc::ClientContext context;
-  SetTimeout(&context, rpc_timeout_);
-  grpc::Status status = stub_->GetManifest(&context, request, &response);
-  if (!status.ok()) return Convert(status);
-  return response;
+  return CallUnary(*stub_, &Stub::GetManifest, request, rpc_timeout_, server_);
 }
 
 absl::StatusOr<std::pair<int64_t, DType>> CheckpointClient::ResolveTensor(
@@ -270,7 +259,7 @@ absl::Status CheckpointClient::ReadRange(const std::string& job_id, int64_t step
   request.set_begin(begin);
   request.set_end(end);
   grpc::ClientContext context;
-  SetTimeout(&context, rpc_timeout_);
+  SetTimeoutUnlessInfinite(&context, rpc_timeout_);
   std::unique_ptr<grpc::ClientReader<weft::v1::ReadRangeResponse>> reader =
       stub_->ReadRange(&context, request);
   weft::v1::ReadRangeResponse response;
@@ -304,7 +293,7 @@ absl::Status CheckpointClient::ReadRange(const std::string& job_id, int64_t step
     return bad;
   }
   grpc::Status status = reader->Finish();
-  if (!status.ok()) return Convert(status);
+  if (!status.ok()) return ConvertNamingServer(status, server_);
   if (pos != end) {
     return loss(absl::StrCat("stream ended at element ", pos, ", expected ", end));
   }
@@ -318,11 +307,7 @@ absl::Status CheckpointClient::SetPinned(const std::string& job_id, int64_t step
   request.set_job_id(job_id);
   request.set_step(step);
   request.set_pinned(pinned);
-  weft::v1::SetPinnedResponse response;
-  grpc::ClientContext context;
-  SetTimeout(&context, rpc_timeout_);
-  grpc::Status status = stub_->SetPinned(&context, request, &response);
-  return status.ok() ? absl::OkStatus() : Convert(status);
+  return CallUnary(*stub_, &Stub::SetPinned, request, rpc_timeout_, server_).status();
 }
 
 absl::Status CheckpointClient::Delete(const std::string& job_id, int64_t step) {
@@ -331,11 +316,8 @@ absl::Status CheckpointClient::Delete(const std::string& job_id, int64_t step) {
   weft::v1::DeleteCheckpointRequest request;
   request.set_job_id(job_id);
   request.set_step(step);
-  weft::v1::DeleteCheckpointResponse response;
-  grpc::ClientContext context;
-  SetTimeout(&context, rpc_timeout_);
-  grpc::Status status = stub_->DeleteCheckpoint(&context, request, &response);
-  if (!status.ok()) return Convert(status);
+  WEFT_RETURN_IF_ERROR(
+      CallUnary(*stub_, &Stub::DeleteCheckpoint, request, rpc_timeout_, server_).status());
   // The step may be written again with other tensors: forget what we knew of it.
   absl::MutexLock lock(&mu_);
   dtypes_.erase({job_id, step});

@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/rpc_call.h"
 #include "grpcpp/channel.h"
 #include "weft/v1/checkpoint.grpc.pb.h"
 
@@ -104,16 +105,15 @@ class CheckpointClient {
   const std::string& address() const { return address_; }
 
  private:
-  // FromGrpcStatus, plus the address when the failure is that nothing answered.
-  absl::Status Convert(const grpc::Status& status) const;
   // The step `step` names (0: the latest committed one, resolved once so that the read that
   // follows cannot straddle a concurrent commit) and the dtype of `tensor` in it.
-  absl::StatusOr<std::pair<int64_t, weft::v1::DType>> ResolveTensor(const std::string& job_id, int64_t step,
-                                              const std::string& tensor);
+  absl::StatusOr<std::pair<int64_t, weft::v1::DType>> ResolveTensor(const std::string& job_id,
+                                                                    int64_t step,
+                                                                    const std::string& tensor);
 
   std::string address_;
   absl::Duration rpc_timeout_;
-  std::shared_ptr<grpc::Channel> channel_;
+  ServerName server_;
   std::unique_ptr<weft::v1::Checkpoint::Stub> stub_;
 
   // Tensor dtypes of committed checkpoints, keyed by (job, step). A committed checkpoint

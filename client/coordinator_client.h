@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/rpc_call.h"
 #include "common/rpc.h"
 #include "grpcpp/channel.h"
 #include "weft/v1/coordinator.grpc.pb.h"
@@ -76,15 +77,12 @@ class CoordinatorClient {
   absl::StatusOr<weft::v1::ReportProgressResponse> ReportProgress(
       const weft::v1::ReportProgressRequest& request);
 
-  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  std::shared_ptr<grpc::Channel> channel() const { return server_.channel; }
 
  private:
-  // FromGrpcStatus, plus the address when the failure is that nothing answered.
-  absl::Status Convert(const grpc::Status& status) const;
-
-  std::string address_;  // empty when built from a channel
   ClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
+  // Names the address when built from one.
+  ServerName server_;
   std::unique_ptr<weft::v1::Coordinator::Stub> stub_;
 };
 

@@ -3,11 +3,17 @@
 #include <algorithm>
 #include <utility>
 
+#include "client/rpc_call.h"
 #include "common/rpc.h"
 #include "common/status.h"
 #include "grpcpp/client_context.h"
 
 namespace weft {
+namespace {
+
+using Stub = weft::v1::Store::Stub;
+
+}  // namespace
 
 RemoteStore::RemoteStore(std::shared_ptr<grpc::Channel> channel, std::string job_id,
                          int64_t generation, absl::Duration rpc_timeout)
@@ -22,45 +28,38 @@ void RemoteStore::FillScope(weft::v1::StoreScope* scope) const {
   scope->set_generation(generation_);
 }
 
-absl::Status RemoteStore::Set(std::string_view key, std::string_view value) {
-  weft::v1::StoreSetRequest request;
+template <typename Request>
+Request RemoteStore::KeyRequest(std::string_view key) const {
+  Request request;
   FillScope(request.mutable_scope());
   request.set_key(std::string(key));
+  return request;
+}
+
+absl::Status RemoteStore::Set(std::string_view key, std::string_view value) {
+  auto request = KeyRequest<weft::v1::StoreSetRequest>(key);
   request.set_value(std::string(value));
-  weft::v1::StoreSetResponse response;
-  grpc::ClientContext context;
-  SetTimeout(&context, rpc_timeout_);
-  return FromGrpcStatus(stub_->Set(&context, request, &response));
+  return CallUnary(*stub_, &Stub::Set, request, rpc_timeout_, unchanged_).status();
 }
 
 absl::StatusOr<std::string> RemoteStore::Get(std::string_view key) {
-  weft::v1::StoreGetRequest request;
-  FillScope(request.mutable_scope());
-  request.set_key(std::string(key));
-  weft::v1::StoreGetResponse response;
-  grpc::ClientContext context;
-  SetTimeout(&context, rpc_timeout_);
-  WEFT_RETURN_IF_ERROR(FromGrpcStatus(stub_->Get(&context, request, &response)));
+  WEFT_ASSIGN_OR_RETURN(weft::v1::StoreGetResponse response,
+                        CallUnary(*stub_, &Stub::Get, KeyRequest<weft::v1::StoreGetRequest>(key),
+                                  rpc_timeout_, unchanged_));
   return std::move(*response.mutable_value());
 }
 
 absl::StatusOr<int64_t> RemoteStore::Add(std::string_view key, int64_t delta) {
-  weft::v1::StoreAddRequest request;
-  FillScope(request.mutable_scope());
-  request.set_key(std::string(key));
+  auto request = KeyRequest<weft::v1::StoreAddRequest>(key);
   request.set_delta(delta);
-  weft::v1::StoreAddResponse response;
-  grpc::ClientContext context;
-  SetTimeout(&context, rpc_timeout_);
-  WEFT_RETURN_IF_ERROR(FromGrpcStatus(stub_->Add(&context, request, &response)));
+  WEFT_ASSIGN_OR_RETURN(weft::v1::StoreAddResponse response,
+                        CallUnary(*stub_, &Stub::Add, request, rpc_timeout_, unchanged_));
   return response.value();
 }
 
 absl::StatusOr<CompareSetResult> RemoteStore::CompareSet(
     std::string_view key, const std::optional<std::string>& expected, std::string_view desired) {
-  weft::v1::StoreCompareSetRequest request;
-  FillScope(request.mutable_scope());
-  request.set_key(std::string(key));
+  auto request = KeyRequest<weft::v1::StoreCompareSetRequest>(key);
   // proto3 bytes cannot tell "absent" from "empty", hence the explicit flag.
   if (expected.has_value()) {
     request.set_expected_value(*expected);
@@ -68,10 +67,8 @@ absl::StatusOr<CompareSetResult> RemoteStore::CompareSet(
     request.set_expect_absent(true);
   }
   request.set_desired_value(std::string(desired));
-  weft::v1::StoreCompareSetResponse response;
-  grpc::ClientContext context;
-  SetTimeout(&context, rpc_timeout_);
-  WEFT_RETURN_IF_ERROR(FromGrpcStatus(stub_->CompareSet(&context, request, &response)));
+  WEFT_ASSIGN_OR_RETURN(weft::v1::StoreCompareSetResponse response,
+                        CallUnary(*stub_, &Stub::CompareSet, request, rpc_timeout_, unchanged_));
   CompareSetResult result;
   result.swapped = response.swapped();
   if (response.exists()) result.value = std::move(*response.mutable_value());
@@ -97,13 +94,10 @@ absl::Status RemoteStore::Wait(const std::vector<std::string>& keys, absl::Durat
 }
 
 absl::StatusOr<bool> RemoteStore::Delete(std::string_view key) {
-  weft::v1::StoreDeleteRequest request;
-  FillScope(request.mutable_scope());
-  request.set_key(std::string(key));
-  weft::v1::StoreDeleteResponse response;
-  grpc::ClientContext context;
-  SetTimeout(&context, rpc_timeout_);
-  WEFT_RETURN_IF_ERROR(FromGrpcStatus(stub_->Delete(&context, request, &response)));
+  WEFT_ASSIGN_OR_RETURN(
+      weft::v1::StoreDeleteResponse response,
+      CallUnary(*stub_, &Stub::Delete, KeyRequest<weft::v1::StoreDeleteRequest>(key), rpc_timeout_,
+                unchanged_));
   return response.deleted();
 }
 

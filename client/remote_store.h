@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/rpc_call.h"
 #include "common/store.h"
 #include "grpcpp/channel.h"
 #include "weft/v1/coordinator.grpc.pb.h"
@@ -48,12 +49,17 @@ class RemoteStore : public Store {
 
  private:
   void FillScope(weft::v1::StoreScope* scope) const;
+  // A request of type Request scoped to this generation, for `key`.
+  template <typename Request>
+  Request KeyRequest(std::string_view key) const;
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<weft::v1::Store::Stub> stub_;
   std::string job_id_;
   int64_t generation_;
   absl::Duration rpc_timeout_;
+  // Names no server: errors are the server's, converted unchanged.
+  const ServerName unchanged_;
 };
 
 }  // namespace weft

@@ -32,23 +32,20 @@
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
 #include "client/trainctl_checkpoints.h"
+#include "client/trainctl_output.h"
 #include "common/job_spec.h"
 #include "common/security_flags.h"
 #include "common/status.h"
 #include "common/time_util.h"
-#include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "worker/model_io.h"
 
-namespace weft {
+namespace weft::trainctl {
 namespace {
 
-using weft::v1::Job;
 using weft::v1::JobEvent;
-using weft::v1::JobSpec;
 using weft::v1::JobState;
 using weft::v1::JobStatus;
-using weft::v1::WorkerStatus;
 
 constexpr char kDefaultCoordinator[] = "127.0.0.1:7070";
 constexpr char kDefaultCheckpointd[] = "127.0.0.1:7071";
@@ -59,14 +56,10 @@ struct GlobalOptions {
   std::string checkpointd = kDefaultCheckpointd;
   std::string output = "text";
   double timeout_s = 10;
+  SecurityFlags security;
 
   bool json() const { return output == "json"; }
 };
-
-int Fail(const absl::Status& status) {
-  std::cerr << "trainctl: " << status.message() << "\n";
-  return 1;
-}
 
 // ---------------------------------------------------------------------------------------
 // Formatting helpers.
@@ -137,42 +130,6 @@ std::string StepOf(const JobStatus& status) {
   return absl::StrCat(status.step(), "/", status.total_steps());
 }
 
-// Prints rows as columns separated by two spaces; the last column is not padded so that a
-// long message does not drag trailing blanks.
-void PrintTable(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> widths;
-  for (const auto& row : rows) {
-    if (widths.size() < row.size()) widths.resize(row.size(), 0);
-    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      if (i > 0) line += "  ";
-      line += row[i];
-      if (i + 1 < row.size()) line.append(widths[i] - row[i].size(), ' ');
-    }
-    std::cout << line << "\n";
-  }
-}
-
-absl::Status PrintJson(const google::protobuf::Message& message, bool pretty) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = pretty;
-  // Scripts should find every field, including zeros (step 0, generation 0).
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  std::string json;
-  auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
-  if (!status.ok()) {
-    return absl::InternalError(absl::StrCat("cannot print JSON: ", status.ToString()));
-  }
-  std::cout << json;
-  if (!pretty || json.empty() || json.back() != '\n') std::cout << "\n";
-  std::cout.flush();
-  return absl::OkStatus();
-}
-
 // Events carry milliseconds: recovery is measured in them.
 std::string FormatEventTime(const google::protobuf::Timestamp& t) {
   if (t.seconds() == 0 && t.nanos() == 0) return "-";
@@ -212,7 +169,7 @@ absl::StatusOr<JobState> ParseJobState(const std::string& text) {
 
 int Submit(CoordinatorClient& client, const GlobalOptions& global, const std::string& path,
            const std::string& resume_from) {
-  absl::StatusOr<JobSpec> spec = ReadJobSpecFile(path);
+  absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile(path);
   if (!spec.ok()) {
     if (spec.status().code() == absl::StatusCode::kInvalidArgument) {
       // Already "file:line:column: message" lines, the shape editors jump to.
@@ -230,15 +187,12 @@ int Submit(CoordinatorClient& client, const GlobalOptions& global, const std::st
     }
     return Fail(response.status());
   }
-  if (global.json()) {
-    absl::Status printed = PrintJson(*response, true);
-    return printed.ok() ? 0 : Fail(printed);
-  }
+  if (global.json()) return PrintJsonExit(*response);
   std::cout << response->job_id() << "\n";
   return 0;
 }
 
-void PrintSpecSummary(const JobSpec& spec) {
+void PrintSpecSummary(const v1::JobSpec& spec) {
   const auto& m = spec.model();
   const auto& d = spec.data();
   const auto& o = spec.optimizer();
@@ -302,12 +256,9 @@ void PrintSpecSummary(const JobSpec& spec) {
 }
 
 int Status(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id) {
-  absl::StatusOr<Job> job = client.GetJob(job_id);
+  absl::StatusOr<v1::Job> job = client.GetJob(job_id);
   if (!job.ok()) return Fail(job.status());
-  if (global.json()) {
-    absl::Status printed = PrintJson(*job, true);
-    return printed.ok() ? 0 : Fail(printed);
-  }
+  if (global.json()) return PrintJsonExit(*job);
   const JobStatus& s = job->status();
   std::vector<std::vector<std::string>> rows = {
       {"Job", s.job_id()},
@@ -378,10 +329,7 @@ int List(CoordinatorClient& client, const GlobalOptions& global,
   absl::StatusOr<std::vector<JobStatus>> jobs = client.ListJobs(states, limit);
   if (!jobs.ok()) return Fail(jobs.status());
   if (global.json()) {
-    weft::v1::ListJobsResponse response;
-    for (JobStatus& job : *jobs) *response.add_jobs() = std::move(job);
-    absl::Status printed = PrintJson(response, true);
-    return printed.ok() ? 0 : Fail(printed);
+    return PrintListJson(std::move(*jobs), &weft::v1::ListJobsResponse::mutable_jobs);
   }
   std::vector<std::vector<std::string>> rows = {
       {"JOB ID", "NAME", "STATE", "GEN", "STEP", "LOSS", "AGE"}};
@@ -398,10 +346,7 @@ int Cancel(CoordinatorClient& client, const GlobalOptions& global, const std::st
            const std::string& reason) {
   absl::StatusOr<JobStatus> status = client.CancelJob(job_id, reason);
   if (!status.ok()) return Fail(status.status());
-  if (global.json()) {
-    absl::Status printed = PrintJson(*status, true);
-    return printed.ok() ? 0 : Fail(printed);
-  }
+  if (global.json()) return PrintJsonExit(*status);
   std::cout << status->job_id() << " " << StateName(status->state()) << "\n";
   return 0;
 }
@@ -573,17 +518,14 @@ int Events(CoordinatorClient& client, const GlobalOptions& global, const std::st
 }
 
 int Workers(CoordinatorClient& client, const GlobalOptions& global) {
-  absl::StatusOr<std::vector<WorkerStatus>> workers = client.ListWorkers();
+  absl::StatusOr<std::vector<v1::WorkerStatus>> workers = client.ListWorkers();
   if (!workers.ok()) return Fail(workers.status());
   if (global.json()) {
-    weft::v1::ListWorkersResponse response;
-    for (WorkerStatus& worker : *workers) *response.add_workers() = std::move(worker);
-    absl::Status printed = PrintJson(response, true);
-    return printed.ok() ? 0 : Fail(printed);
+    return PrintListJson(std::move(*workers), &weft::v1::ListWorkersResponse::mutable_workers);
   }
   std::vector<std::vector<std::string>> rows = {
       {"WORKER ID", "HOST", "DEVICE", "STATE", "JOB", "GEN", "RANK", "HEARTBEAT", "REASON"}};
-  for (const WorkerStatus& w : *workers) {
+  for (const v1::WorkerStatus& w : *workers) {
     const auto& info = w.info();
     std::string device =
         absl::StrCat(absl::AsciiStrToLower(ShortEnumName(
@@ -644,27 +586,46 @@ int Sample(CoordinatorClient& client, const GlobalOptions& global, const std::st
   return 0;
 }
 
+void AddGlobalOptions(CLI::App& app, GlobalOptions* global) {
+  app.add_option("--coordinator", global->coordinator, "Coordinator address host:port")
+      ->envname("WEFT_COORDINATOR")
+      ->capture_default_str();
+  app.add_option("--checkpointd", global->checkpointd, "weft-checkpointd address host:port")
+      ->envname("WEFT_CHECKPOINTD")
+      ->capture_default_str();
+  app.add_option("-o,--output", global->output, "Output format")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
+  app.add_option("--timeout-s", global->timeout_s, "Deadline of each call in seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  AddSecurityFlags(app, &global->security);
+}
+
+CLI::App* AddSampleCommand(CLI::App& app, std::string* job_id, SampleFlags* flags) {
+  CLI::App* sample =
+      app.add_subcommand("sample", "Generate text from a finished job's trained model");
+  sample->add_option("JOB", *job_id, "Job id")->required();
+  sample->add_option("--prompt", flags->prompt, "Text to continue");
+  sample->add_option("--tokens", flags->options.tokens, "Tokens to generate")
+      ->capture_default_str();
+  sample->add_option("--temperature", flags->options.temperature, "0 picks the most likely token")
+      ->capture_default_str();
+  sample->add_option("--top-k", flags->options.top_k, "Sample among the k most likely (0: all)")
+      ->capture_default_str();
+  sample->add_option("--seed", flags->options.seed, "Sampling seed")->capture_default_str();
+  sample->add_option("--model", flags->model_path,
+                     "Model file to use instead of the job's (model.safetensors)");
+  return sample;
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"trainctl: submit, inspect and cancel Weft training jobs"};
   app.require_subcommand(1);
   // Global options may also follow the subcommand (`trainctl list -o json`).
   app.fallthrough();
-
   GlobalOptions global;
-  app.add_option("--coordinator", global.coordinator, "Coordinator address host:port")
-      ->envname("WEFT_COORDINATOR")
-      ->capture_default_str();
-  app.add_option("--checkpointd", global.checkpointd, "weft-checkpointd address host:port")
-      ->envname("WEFT_CHECKPOINTD")
-      ->capture_default_str();
-  app.add_option("-o,--output", global.output, "Output format")
-      ->check(CLI::IsMember({"text", "json"}))
-      ->capture_default_str();
-  app.add_option("--timeout-s", global.timeout_s, "Deadline of each call in seconds")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  SecurityFlags security;
-  AddSecurityFlags(app, &security);
+  AddGlobalOptions(app, &global);
 
   std::string spec_path;
   CLI::App* submit = app.add_subcommand("submit", "Submit a job spec (text-format JobSpec)");
@@ -704,20 +665,7 @@ int Main(int argc, char** argv) {
   CLI::App* workers = app.add_subcommand("workers", "List registered workers");
 
   SampleFlags sample_flags;
-  CLI::App* sample =
-      app.add_subcommand("sample", "Generate text from a finished job's trained model");
-  sample->add_option("JOB", job_id, "Job id")->required();
-  sample->add_option("--prompt", sample_flags.prompt, "Text to continue");
-  sample->add_option("--tokens", sample_flags.options.tokens, "Tokens to generate")
-      ->capture_default_str();
-  sample->add_option("--temperature", sample_flags.options.temperature,
-                     "0 picks the most likely token")
-      ->capture_default_str();
-  sample->add_option("--top-k", sample_flags.options.top_k, "Sample among the k most likely (0: all)")
-      ->capture_default_str();
-  sample->add_option("--seed", sample_flags.options.seed, "Sampling seed")->capture_default_str();
-  sample->add_option("--model", sample_flags.model_path,
-                     "Model file to use instead of the job's (model.safetensors)");
+  CLI::App* sample = AddSampleCommand(app, &job_id, &sample_flags);
 
   CheckpointCommands checkpoint_commands(&app);
 
@@ -726,7 +674,7 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (absl::Status s = InstallSecurity(security); !s.ok()) return Fail(s);
+  if (absl::Status s = InstallSecurity(global.security); !s.ok()) return Fail(s);
 
   // Checkpoint commands talk to weft-checkpointd only: a bad --coordinator must not stop them.
   if (checkpoint_commands.Parsed()) {
@@ -752,6 +700,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace weft
+}  // namespace weft::trainctl
 
-int main(int argc, char** argv) { return weft::Main(argc, argv); }
+int main(int argc, char** argv) { return weft::trainctl::Main(argc, argv); }

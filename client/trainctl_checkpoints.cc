@@ -11,9 +11,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/checkpoint_client.h"
+#include "client/trainctl_output.h"
 #include "common/rpc.h"
 #include "common/time_util.h"
-#include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/gpt.h"
 #include "worker/model_io.h"
@@ -23,10 +23,7 @@ namespace {
 
 using weft::v1::CheckpointManifest;
 
-int Fail(const absl::Status& status) {
-  std::cerr << "trainctl: " << status.message() << "\n";
-  return 1;
-}
+using trainctl::Fail;
 
 absl::StatusOr<int64_t> ParseStep(const std::string& text) {
   int64_t step = 0;
@@ -48,47 +45,12 @@ std::string FormatBytes(int64_t bytes) {
   return absl::StrCat(bytes, " B");
 }
 
-// Columns separated by two spaces, the last one unpadded.
-void PrintColumns(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width;
-  for (const auto& row : rows) {
-    width.resize(std::max(width.size(), row.size()), 0);
-    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      if (i > 0) line += "  ";
-      line += row[i];
-      if (i + 1 < row.size()) line.append(width[i] - row[i].size(), ' ');
-    }
-    std::cout << line << "\n";
-  }
-}
-
-// Same JSON conventions as the rest of trainctl: proto field names, zeros included.
-int PrintProtoJson(const google::protobuf::Message& message) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  std::string json;
-  auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
-  if (!status.ok()) {
-    return Fail(absl::InternalError(absl::StrCat("cannot print JSON: ", status.ToString())));
-  }
-  std::cout << json;
-  if (json.empty() || json.back() != '\n') std::cout << "\n";
-  return 0;
-}
-
 int ListCheckpoints(CheckpointClient& client, bool json, const std::string& job_id) {
   auto manifests = client.List(job_id);
   if (!manifests.ok()) return Fail(manifests.status());
   if (json) {
-    weft::v1::ListCheckpointsResponse response;
-    for (auto& m : *manifests) *response.add_checkpoints() = std::move(m);
-    return PrintProtoJson(response);
+    return trainctl::PrintListJson(std::move(*manifests),
+                                   &weft::v1::ListCheckpointsResponse::mutable_checkpoints);
   }
   if (manifests->empty()) {
     std::cout << "job " << job_id << " has no committed checkpoints\n";
@@ -103,7 +65,7 @@ int ListCheckpoints(CheckpointClient& client, bool json, const std::string& job_
                                      absl::LocalTimeZone()),
                     m.pinned() ? "yes" : "no"});
   }
-  PrintColumns(rows);
+  trainctl::PrintTable(rows);
   return 0;
 }
 

@@ -157,5 +157,60 @@ TEST_F(StoreTest, OneStreamPerRankAndAbandonedStreamsLeaveNothing) {
   EXPECT_TRUE(store->Commit(Manifest(2, 1, 3000)).ok());
 }
 
+TEST_F(StoreTest, UnreadableManifestIsDataLossForPinAndDeleteAlike) {
+  {
+    auto store = Open();
+    ASSERT_TRUE(WriteRank(store.get(), 6, 0, 1, 3000).ok());
+    ASSERT_TRUE(store->Commit(Manifest(6, 1, 3000)).ok());
+  }
+  const std::string key = absl::StrFormat("manifest/j/%020d", 6);
+  {
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir_.path() + "/db", &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    // Not a CheckpointManifest: a truncated varint.
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), key, std::string(1, '\x80')).ok());
+  }
+  auto store = Open();
+  for (const absl::Status& s : {store->SetPinned("j", 6, true), store->Delete("j", 6)}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(s.message(), HasSubstr("checkpoint j step 6"));
+    EXPECT_THAT(s.message(), HasSubstr("manifest is unreadable"));
+  }
+  // Nothing was deleted: the data is still there for whoever repairs the manifest.
+  v1::ReadRangeRequest request;
+  request.set_job_id("j");
+  request.set_step(6);
+  request.set_tensor("t");
+  request.set_end(10);
+  EXPECT_EQ(store->ReadRange(request, [](const v1::ShardChunk&) { return true; }).code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store->GetManifest("j", 6).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store->GetManifest("j", 0).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(StoreTest, RetentionDeletesEveryKeyOfTheVictimStep) {
+  auto store = Open();
+  auto commit = [&](int64_t step) {
+    ASSERT_TRUE(WriteRank(store.get(), step, 0, 1, 3000).ok());
+    auto m = Manifest(step, 1, 3000);
+    m.mutable_spec()->mutable_checkpoint()->set_keep_last(1);
+    ASSERT_TRUE(store->Commit(m).ok());
+  };
+  ASSERT_NO_FATAL_FAILURE(commit(1));
+  ASSERT_NO_FATAL_FAILURE(commit(2));
+  store.reset();
+  rocksdb::DB* raw = nullptr;
+  ASSERT_TRUE(rocksdb::DB::OpenForReadOnly(rocksdb::Options(), dir_.path() + "/db", &raw).ok());
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  std::vector<std::string> left;
+  const std::string step1 = absl::StrFormat("/j/%020d", 1);
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    if (it->key().ToString().find(step1) != std::string::npos) left.push_back(it->key().ToString());
+  }
+  EXPECT_THAT(left, ::testing::IsEmpty());
+}
+
 }  // namespace
 }  // namespace weft::checkpointd
