@@ -24,52 +24,30 @@ COUNTS=${4:-"1 2"}
 # WEFT_BENCH_WORK keeps the logs and status streams (default: a fresh temporary folder).
 WORK=${WEFT_BENCH_WORK:-$(mktemp -d /tmp/weft-gpu-bench.XXXXXX)}
 mkdir -p "$WORK"
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-
-wait_for_file() {
-  for _ in $(seq 400); do [[ -s "$1" ]] && return 0; sleep 0.05; done
-  echo "timed out waiting for $1" >&2
-  return 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/procs.sh"
+weft_stop_at_exit TERM
 
 # A fresh coordinator per job: workers stopped for the previous job would otherwise still be
 # registered (idle until their heartbeat deadline) and could be handed the next job.
 start_coordinator() {
-  rm -f "$WORK/coordinator.port"
-  "$BIN/weft-coordinator" --listen=127.0.0.1:0 --port-file="$WORK/coordinator.port" \
-    --data-dir="$WORK/coordinator-$1" --metrics-address=none >"$WORK/coordinator-$1.log" 2>&1 &
-  COORDINATOR_PID=$!
-  PIDS+=($!)
-  wait_for_file "$WORK/coordinator.port"
-  export WEFT_COORDINATOR="127.0.0.1:$(cat "$WORK/coordinator.port")"
+  weft_serve "$WORK/coordinator-$1" "$BIN/weft-coordinator" --data-dir="$WORK/coordinator-$1" \
+    --metrics-address=none
+  COORDINATOR_PID=$WEFT_SPAWNED_PID
 }
-stop_coordinator() {
-  kill "$COORDINATOR_PID" 2>/dev/null || true
-  wait "$COORDINATOR_PID" 2>/dev/null || true
-}
+stop_coordinator() { weft_stop "$COORDINATOR_PID"; }
 
 # start_workers KIND COUNT: starts COUNT workers (cuda:0.. or cpu:0..), sets WORKER_PIDS.
 start_workers() {
   WORKER_PIDS=()
   for ((i = 0; i < $2; i++)); do
     # CPU workers get 8 BLAS threads so the reference curve finishes inside a device call.
-    "$BIN/weft-worker" --device="$1:$i" --checkpointd=none --metrics-address=none \
-      $([[ $1 == cpu ]] && echo --blas-threads=8) \
-      --output-dir="$WORK/models" --worker-id="bench-$1$i-$RANDOM" \
-      >"$WORK/worker-$1$i-$RANDOM.log" 2>&1 &
-    WORKER_PIDS+=($!)
-    PIDS+=($!)
+    weft_spawn "$WORK/worker-$1$i-$RANDOM.log" "$BIN/weft-worker" --device="$1:$i" \
+      --checkpointd=none --metrics-address=none $([[ $1 == cpu ]] && echo --blas-threads=8) \
+      --output-dir="$WORK/models" --worker-id="bench-$1$i-$RANDOM"
+    WORKER_PIDS+=("$WEFT_SPAWNED_PID")
   done
 }
-stop_workers() {
-  for pid in "${WORKER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${WORKER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
+stop_workers() { weft_stop "${WORKER_PIDS[@]}"; }
 
 # spec NAME KIND WORKERS LAYERS WIDTH HEADS VOCAB CONTEXT MICRO_BATCH STEPS LR
 spec() {

@@ -20,35 +20,19 @@ SPEC=$ROOT/examples/fortunes-char.pb.txt
 }
 WORK=${WEFT_BENCH_WORK:-$(mktemp -d /tmp/weft-recovery-bench.XXXXXX)}
 mkdir -p "$WORK"
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-wait_for_file() {
-  for _ in $(seq 400); do [[ -s "$1" ]] && return 0; sleep 0.05; done
-  echo "timed out waiting for $1" >&2
-  return 1
-}
+source "$ROOT/scripts/procs.sh"
+weft_stop_at_exit KILL
 
-"$BIN/weft-coordinator" --listen=127.0.0.1:0 --port-file="$WORK/coordinator.port" \
-  --data-dir="$WORK/coordinator" --metrics-address=none >"$WORK/coordinator.log" 2>&1 &
-PIDS+=($!)
-wait_for_file "$WORK/coordinator.port"
-export WEFT_COORDINATOR="127.0.0.1:$(cat "$WORK/coordinator.port")"
-"$BIN/weft-checkpointd" --listen=127.0.0.1:0 --port-file="$WORK/checkpointd.port" \
-  --data-dir="$WORK/checkpoints" --metrics-address=none >"$WORK/checkpointd.log" 2>&1 &
-PIDS+=($!)
-wait_for_file "$WORK/checkpointd.port"
-export WEFT_CHECKPOINTD="127.0.0.1:$(cat "$WORK/checkpointd.port")"
+weft_serve "$WORK/coordinator" "$BIN/weft-coordinator" --data-dir="$WORK/coordinator" \
+  --metrics-address=none
+weft_serve "$WORK/checkpointd" "$BIN/weft-checkpointd" --data-dir="$WORK/checkpoints" \
+  --metrics-address=none
 
 declare -A WORKER_PID
 for i in 0 1 2; do
-  "$BIN/weft-worker" --device="cpu:$i" --worker-id="bench/cpu$i" --metrics-address=none \
-    --output-dir="$WORK/models" >"$WORK/worker$i.log" 2>&1 &
-  WORKER_PID["bench/cpu$i"]=$!
-  PIDS+=($!)
+  weft_spawn "$WORK/worker$i.log" "$BIN/weft-worker" --device="cpu:$i" \
+    --worker-id="bench/cpu$i" --metrics-address=none --output-dir="$WORK/models"
+  WORKER_PID["bench/cpu$i"]=$WEFT_SPAWNED_PID
 done
 
 JOB=$("$BIN/trainctl" submit "$SPEC")

@@ -5,6 +5,7 @@
 # from the trained model. State lives in .demo/.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/procs.sh"
 
 weft_install_missing
 weft_build weft-coordinator weft-checkpointd weft-worker trainctl
@@ -13,43 +14,22 @@ DEMO="$WEFT_ROOT/.demo"
 rm -rf "$DEMO"
 mkdir -p "$DEMO"
 BIN="$WEFT_BUILD/bin"
-PIDS=()
-
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-
-wait_for_file() {
-  for _ in $(seq 200); do [[ -s "$1" ]] && return 0; sleep 0.05; done
-  echo "timed out waiting for $1" >&2
-  return 1
-}
+weft_stop_at_exit TERM
 
 weft_log "starting weft-coordinator (log: .demo/coordinator.log)"
-"$BIN/weft-coordinator" --listen=127.0.0.1:0 --port-file="$DEMO/coordinator.port" \
-  --data-dir="$DEMO/coordinator" --metrics-address=127.0.0.1:0 \
-  --metrics-port-file="$DEMO/coordinator-metrics.port" >"$DEMO/coordinator.log" 2>&1 &
-PIDS+=($!)
-wait_for_file "$DEMO/coordinator.port" || { cat "$DEMO/coordinator.log"; exit 1; }
-export WEFT_COORDINATOR="127.0.0.1:$(cat "$DEMO/coordinator.port")"
+weft_serve "$DEMO/coordinator" "$BIN/weft-coordinator" --data-dir="$DEMO/coordinator" \
+  --metrics-address=127.0.0.1:0 --metrics-port-file="$DEMO/coordinator-metrics.port"
 
 weft_log "starting weft-checkpointd (checkpoints in .demo/checkpoints, log: .demo/checkpointd.log)"
-"$BIN/weft-checkpointd" --listen=127.0.0.1:0 --port-file="$DEMO/checkpointd.port" \
-  --data-dir="$DEMO/checkpoints" --metrics-address=127.0.0.1:0 \
-  --metrics-port-file="$DEMO/checkpointd-metrics.port" >"$DEMO/checkpointd.log" 2>&1 &
-PIDS+=($!)
-wait_for_file "$DEMO/checkpointd.port" || { cat "$DEMO/checkpointd.log"; exit 1; }
-export WEFT_CHECKPOINTD="127.0.0.1:$(cat "$DEMO/checkpointd.port")"
+weft_serve "$DEMO/checkpointd" "$BIN/weft-checkpointd" --data-dir="$DEMO/checkpoints" \
+  --metrics-address=127.0.0.1:0 --metrics-port-file="$DEMO/checkpointd-metrics.port"
 
 for i in 0 1; do
   weft_log "starting weft-worker cpu:$i (log: .demo/worker$i.log)"
-  "$BIN/weft-worker" --device="cpu:$i" --output-dir="$DEMO/models" \
-    --metrics-port-file="$DEMO/worker$i-metrics.port" >"$DEMO/worker$i.log" 2>&1 &
-  PIDS+=($!)
+  weft_spawn "$DEMO/worker$i.log" "$BIN/weft-worker" --device="cpu:$i" \
+    --output-dir="$DEMO/models" --metrics-port-file="$DEMO/worker$i-metrics.port"
 done
-for i in 0 1; do wait_for_file "$DEMO/worker$i-metrics.port"; done
+for i in 0 1; do weft_wait_for_file "$DEMO/worker$i-metrics.port"; done
 weft_log "coordinator $WEFT_COORDINATOR; metrics: coordinator :$(cat "$DEMO/coordinator-metrics.port"), workers :$(cat "$DEMO/worker0-metrics.port") :$(cat "$DEMO/worker1-metrics.port")"
 
 JOB=$("$BIN/trainctl" submit "$WEFT_ROOT/examples/fortunes-char.pb.txt")

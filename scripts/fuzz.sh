@@ -23,10 +23,10 @@ weft_install_missing clang libclang-rt-14-dev llvm
 
 # Its own build: clang, sanitizers, and no CUDA (nvcc would want its own host compiler, and
 # nothing fuzzed is CUDA code). Configured once, then incremental.
-if ! grep -qs '^WEFT_FUZZ:BOOL=ON$' "$build/CMakeCache.txt"; then
+if [[ ! -f "$build/build.ninja" ]] || ! grep -qs '^WEFT_FUZZ:BOOL=ON$' "$build/CMakeCache.txt"; then
   weft_log "configuring $build (clang, WEFT_FUZZ=ON)"
-  CC=clang CXX=clang++ cmake -S "$WEFT_ROOT" -B "$build" -G Ninja \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_FUZZ=ON -DWEFT_ENABLE_CUDA=OFF >/dev/null
+  CC=clang CXX=clang++ weft_configure "$build" \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_FUZZ=ON -DWEFT_ENABLE_CUDA=OFF
 fi
 weft_log "building ${fuzzers[*]}"
 ninja -C "$build" -j"${WEFT_FUZZ_JOBS:-$(nproc)}" "${fuzzers[@]}"

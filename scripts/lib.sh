@@ -37,12 +37,30 @@ weft_install_missing() {
   fi
 }
 
-# Configures once (CUDA is picked up when nvcc exists), then builds incrementally.
+# Configures once (CUDA is picked up when nvcc exists), then builds incrementally. A configure
+# that fails stops here, with cmake's errors, rather than leaving ninja to report a missing or
+# stale build.ninja.
 weft_build() {
   if [[ ! -f "$WEFT_BUILD/build.ninja" ]]; then
     weft_log "configuring $WEFT_BUILD"
-    cmake -S "$WEFT_ROOT" -B "$WEFT_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    weft_configure "$WEFT_BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo || return 1
+  elif ! ninja -C "$WEFT_BUILD" build.ninja >"$WEFT_BUILD/reconfigure.log" 2>&1; then
+    # A CMakeLists.txt changed since the last configure and cmake now rejects it.
+    cat "$WEFT_BUILD/reconfigure.log" >&2
+    weft_log "cmake could not reconfigure $WEFT_BUILD (errors above)"
+    return 1
   fi
   weft_log "building (this takes a few minutes the first time)"
   ninja -C "$WEFT_BUILD" -j"$(nproc)" "$@"
+}
+
+# weft_configure BUILD_DIR [CMAKE_ARG...]: configures the tree into BUILD_DIR with Ninja;
+# cmake's errors (stderr) are shown, its progress is not. Fails if cmake does.
+weft_configure() {
+  local build=$1
+  shift
+  if ! cmake -S "$WEFT_ROOT" -B "$build" -G Ninja "$@" >/dev/null; then
+    weft_log "cmake could not configure $build (errors above); nothing was built"
+    return 1
+  fi
 }

@@ -1,4 +1,3 @@
-include_guard(GLOBAL)  # safe if both tests/CMakeLists.txt and WEFT_EXTRA_TEST_CMAKE include it
 # Unit tests: one process each, no network, no child processes; fast (label "unit").
 weft_test(job_spec_test unit SOURCES common/job_spec_test.cc LIBS weft_common)
 weft_test(decisions_test unit SOURCES coordinator/decisions_test.cc LIBS weft_coordinator_lib)

@@ -5,5 +5,5 @@ weft_test(checkpointd_decisions_test unit
   SOURCES checkpointd/decisions_test.cc LIBS weft_checkpointd_lib)
 weft_test(checkpointd_store_test unit SOURCES checkpointd/store_test.cc LIBS weft_checkpointd_lib)
 weft_test(checkpointd_process_test integration
-  SOURCES checkpointd/checkpointd_process_test.cc LIBS weft_checkpointd_lib)
-add_dependencies(checkpointd_process_test weft-checkpointd)
+  SOURCES checkpointd/checkpointd_process_test.cc LIBS weft_checkpointd_lib
+  DEPENDS weft-checkpointd)

@@ -18,14 +18,9 @@
 namespace weft {
 namespace {
 
-using ::testing::AllOf;
-using ::testing::Contains;
-using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::IsEmpty;
-using ::testing::SizeIs;
 using ::testing::StartsWith;
-using weft::v1::JobSpec;
+using v1::JobSpec;
 
 // Every field set explicitly except those whose defaults are under test.
 constexpr char kFullSpec[] = R"pb(
@@ -59,6 +54,15 @@ JobSpec ParseOrDie(std::string_view text) {
   auto spec = ParseJobSpecText(text, "job.pb.txt");
   EXPECT_TRUE(spec.ok()) << spec.status();
   return spec.ok() ? *spec : JobSpec();
+}
+
+// The message of the error ParseJobSpecText must refuse `text` with: INVALID_ARGUMENT, the
+// position prefixed with `filename`.
+std::string ParseError(std::string_view text, std::string_view filename) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecText(text, filename);
+  EXPECT_FALSE(spec.ok()) << text;
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  return std::string(spec.status().message());
 }
 
 // A small valid CPU spec with every default already applied.
@@ -132,7 +136,7 @@ TEST(ApplyJobSpecDefaultsTest, CpuDefaultsToFp32AndHoldsOutValidationFraction) {
   EXPECT_DOUBLE_EQ(spec.data().val_fraction(), 0.1);  // no val_path
   EXPECT_EQ(spec.model().padded_vocab_size(), 256);   // already a multiple of 128
   EXPECT_EQ(spec.training().val_batches(), 0);        // validation disabled: no default
-  EXPECT_THAT(ValidateJobSpec(spec), IsEmpty());
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
 }
 
 TEST(ApplyJobSpecDefaultsTest, PaddedVocabRoundsUpToMultipleOf128) {
@@ -207,23 +211,15 @@ TEST(ParseJobSpecTextTest, SyntaxErrorReportsOneBasedLineAndColumn) {
       "model {\n"
       "  num_layers 12\n"
       "}\n";
-  absl::StatusOr<JobSpec> spec = ParseJobSpecText(kText, "job.pb.txt");
-  ASSERT_FALSE(spec.ok());
-  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(spec.status().message()), StartsWith("job.pb.txt:3:14: "));
+  EXPECT_THAT(ParseError(kText, "job.pb.txt"), StartsWith("job.pb.txt:3:14: "));
 }
 
 TEST(ParseJobSpecTextTest, ErrorOnFirstLineFirstColumnIsOneOne) {
-  absl::StatusOr<JobSpec> spec = ParseJobSpecText("}", "a.pb.txt");
-  ASSERT_FALSE(spec.ok());
-  EXPECT_THAT(std::string(spec.status().message()), StartsWith("a.pb.txt:1:1: "));
+  EXPECT_THAT(ParseError("}", "a.pb.txt"), StartsWith("a.pb.txt:1:1: "));
 }
 
 TEST(ParseJobSpecTextTest, UnterminatedMessageReportsEndPosition) {
-  absl::StatusOr<JobSpec> spec = ParseJobSpecText("model {\n  num_layers: 2\n", "f.txt");
-  ASSERT_FALSE(spec.ok());
-  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(spec.status().message()), StartsWith("f.txt:3:"));
+  EXPECT_THAT(ParseError("model {\n  num_layers: 2\n", "f.txt"), StartsWith("f.txt:3:"));
 }
 
 TEST(ParseJobSpecTextTest, UnknownFieldIsNamedWithItsPosition) {
@@ -233,10 +229,7 @@ TEST(ParseJobSpecTextTest, UnknownFieldIsNamedWithItsPosition) {
       "  num_layers: 2\n"
       "  layers: 3\n"
       "}\n";
-  absl::StatusOr<JobSpec> spec = ParseJobSpecText(kText, "job.pb.txt");
-  ASSERT_FALSE(spec.ok());
-  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
-  const std::string message(spec.status().message());
+  const std::string message = ParseError(kText, "job.pb.txt");
   // protobuf reports the position of the token after the unknown name (the ':' at 4:9), so
   // only the line is pinned here.
   EXPECT_THAT(message, StartsWith("job.pb.txt:4:"));
@@ -245,21 +238,16 @@ TEST(ParseJobSpecTextTest, UnknownFieldIsNamedWithItsPosition) {
 }
 
 TEST(ParseJobSpecTextTest, WrongEnumValueIsNamed) {
-  absl::StatusOr<JobSpec> spec =
-      ParseJobSpecText("name: \"x\"\nprecision: FP64 zero_stage: 1\n", "job.pb.txt");
-  ASSERT_FALSE(spec.ok());
-  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
-  const std::string message(spec.status().message());
+  const std::string message =
+      ParseError("name: \"x\"\nprecision: FP64 zero_stage: 1\n", "job.pb.txt");
   EXPECT_THAT(message, StartsWith("job.pb.txt:2:"));
   EXPECT_THAT(message, HasSubstr("FP64"));
   EXPECT_THAT(message, HasSubstr("precision"));
 }
 
 TEST(ParseJobSpecTextTest, WrongTypeIsAnError) {
-  absl::StatusOr<JobSpec> spec =
-      ParseJobSpecText("training { total_steps: \"many\" }", "job.pb.txt");
-  ASSERT_FALSE(spec.ok());
-  EXPECT_THAT(std::string(spec.status().message()), StartsWith("job.pb.txt:1:"));
+  EXPECT_THAT(ParseError("training { total_steps: \"many\" }", "job.pb.txt"),
+              StartsWith("job.pb.txt:1:"));
 }
 
 TEST(ParseJobSpecTextTest, EmptyTextIsAnEmptySpec) {
@@ -316,10 +304,10 @@ class ValidateJobSpecViolationTest : public ::testing::TestWithParam<ViolationCa
 TEST_P(ValidateJobSpecViolationTest, NamesTheFieldOfTheOnlyViolation) {
   const ViolationCase& c = GetParam();
   JobSpec spec = ValidCpuSpec();
-  ASSERT_THAT(ValidateJobSpec(spec), IsEmpty());
+  ASSERT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
   c.mutate(&spec);
   const std::vector<std::string> violations = ValidateJobSpec(spec);
-  ASSERT_THAT(violations, SizeIs(1)) << ::testing::PrintToString(violations);
+  ASSERT_THAT(violations, ::testing::SizeIs(1)) << ::testing::PrintToString(violations);
   EXPECT_THAT(violations[0], StartsWith(c.field + ": "));
   EXPECT_THAT(violations[0], HasSubstr(c.problem));
 
@@ -480,18 +468,18 @@ INSTANTIATE_TEST_SUITE_P(EveryRule, ValidateJobSpecViolationTest, ::testing::Val
 TEST(ValidateJobSpecTest, OutOfRangeEnumValuesAreRejected) {
   JobSpec spec = ValidCpuSpec();
   spec.set_precision(static_cast<weft::v1::Precision>(7));
-  EXPECT_THAT(ValidateJobSpec(spec), Contains(StartsWith("precision: ")));
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::Contains(StartsWith("precision: ")));
   spec = ValidCpuSpec();
   spec.mutable_lr_schedule()->set_kind(static_cast<weft::v1::LrSchedule::Kind>(9));
-  EXPECT_THAT(ValidateJobSpec(spec), Contains(StartsWith("lr_schedule.kind: ")));
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::Contains(StartsWith("lr_schedule.kind: ")));
 }
 
 TEST(ValidateJobSpecTest, OutOfRangeDeviceKindAndFormatAreRejected) {
   JobSpec spec = ValidCpuSpec();
   spec.mutable_resources()->set_device_kind(static_cast<weft::v1::DeviceKind>(5));
   spec.mutable_data()->set_format(static_cast<weft::v1::DataFormat>(6));
-  EXPECT_THAT(ValidateJobSpec(spec),
-              ElementsAre(StartsWith("data.format: "), StartsWith("resources.device_kind: ")));
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::ElementsAre(StartsWith("data.format: "),
+                                                            StartsWith("resources.device_kind: ")));
 }
 
 TEST(ValidateJobSpecTest, BoundaryValuesAreAccepted) {
@@ -508,7 +496,7 @@ TEST(ValidateJobSpecTest, BoundaryValuesAreAccepted) {
   spec.mutable_fault()->set_heartbeat_timeout_ms(11);
   spec.mutable_fault()->set_stall_timeout_ms(12);
   spec.mutable_fault()->set_max_restarts(0);
-  EXPECT_THAT(ValidateJobSpec(spec), IsEmpty());
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
 }
 
 TEST(NormalizeJobSpecTest, ReportsEveryProblemAtOnce) {
@@ -534,11 +522,11 @@ TEST(NormalizeJobSpecTest, ReportsEveryProblemAtOnce) {
   EXPECT_EQ(normalized.status().code(), absl::StatusCode::kInvalidArgument);
   const std::string message(normalized.status().message());
   std::vector<std::string> lines = absl::StrSplit(message, '\n');
-  EXPECT_THAT(lines, ElementsAre("invalid job spec (4 problems):",
-                                 StartsWith("name: \"bad name\" must be"),
-                                 "optimizer.learning_rate: must be > 0, got -1",
-                                 "zero_stage: must be in [0, 3], got 7",
-                                 "checkpoint.interval_steps: must be >= 0, got -3"));
+  EXPECT_THAT(lines, ::testing::ElementsAre(
+                         "invalid job spec (4 problems):", StartsWith("name: \"bad name\" must be"),
+                         "optimizer.learning_rate: must be > 0, got -1",
+                         "zero_stage: must be in [0, 3], got 7",
+                         "checkpoint.interval_steps: must be >= 0, got -3"));
 }
 
 TEST(NormalizeJobSpecTest, EmptySpecNamesEveryRequiredField) {
@@ -553,7 +541,7 @@ TEST(NormalizeJobSpecTest, EmptySpecNamesEveryRequiredField) {
         "data.format: required", "optimizer.learning_rate: ", "training.total_steps: ",
         "training.micro_batch_size: ", "training.sequence_length: ",
         "resources.device_kind: required", "resources.min_workers: "}) {
-    EXPECT_THAT(violations, Contains(StartsWith(field))) << field;
+    EXPECT_THAT(violations, ::testing::Contains(StartsWith(field))) << field;
   }
 }
 

@@ -12,18 +12,8 @@ for tool in /usr/bin/prometheus /usr/bin/promtool; do
 done
 [[ -r /usr/share/games/fortunes/cookie ]] || { echo "FAIL: the demo corpus is missing (apt-get install fortunes)" >&2; exit 1; }
 WORK=$(mktemp -d /tmp/weft-prometheus-test.XXXXXX)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-wait_for_file() {
-  for _ in $(seq 400); do [[ -s "$1" ]] && return 0; sleep 0.05; done
-  echo "FAIL: timed out waiting for $1" >&2
-  return 1
-}
+source "$ROOT/scripts/procs.sh"
+weft_stop_at_exit KILL "$WORK"
 fail_with_logs() {
   echo "FAIL: $1" >&2
   tail -n 20 "$WORK"/*.log >&2 || true
@@ -36,26 +26,20 @@ python3 "$ROOT/deploy/grafana/dashboards.py" "$WORK/dashboards"
 diff -r "$WORK/dashboards" "$ROOT/deploy/grafana/dashboards" >&2 ||
   fail_with_logs "deploy/grafana/dashboards differs from what deploy/grafana/dashboards.py writes: rerun it"
 
-"$BIN/weft-coordinator" --listen=127.0.0.1:0 --port-file="$WORK/coordinator.port" \
-  --data-dir="$WORK/coordinator" --metrics-address=127.0.0.1:0 \
-  --metrics-port-file="$WORK/coordinator-metrics.port" >"$WORK/coordinator.log" 2>&1 &
-PIDS+=($!)
-wait_for_file "$WORK/coordinator-metrics.port"
-wait_for_file "$WORK/coordinator.port"
-export WEFT_COORDINATOR="127.0.0.1:$(cat "$WORK/coordinator.port")"
-"$BIN/weft-checkpointd" --listen=127.0.0.1:0 --port-file="$WORK/checkpointd.port" \
-  --data-dir="$WORK/checkpoints" --metrics-address=127.0.0.1:0 \
-  --metrics-port-file="$WORK/checkpointd-metrics.port" >"$WORK/checkpointd.log" 2>&1 &
-PIDS+=($!)
-wait_for_file "$WORK/checkpointd-metrics.port"
-wait_for_file "$WORK/checkpointd.port"
-export WEFT_CHECKPOINTD="127.0.0.1:$(cat "$WORK/checkpointd.port")"
+# Each server, then its metrics port (what Prometheus scrapes).
+weft_serve "$WORK/coordinator" "$BIN/weft-coordinator" --data-dir="$WORK/coordinator" \
+  --metrics-address=127.0.0.1:0 --metrics-port-file="$WORK/coordinator-metrics.port" ||
+  fail_with_logs "weft-coordinator did not start"
+weft_serve "$WORK/checkpointd" "$BIN/weft-checkpointd" --data-dir="$WORK/checkpoints" \
+  --metrics-address=127.0.0.1:0 --metrics-port-file="$WORK/checkpointd-metrics.port" ||
+  fail_with_logs "weft-checkpointd did not start"
 for i in 0 1; do
-  "$BIN/weft-worker" --device="cpu:$i" --output-dir="$WORK/models" --metrics-address=127.0.0.1:0 \
-    --metrics-port-file="$WORK/worker$i-metrics.port" >"$WORK/worker$i.log" 2>&1 &
-  PIDS+=($!)
+  weft_spawn "$WORK/worker$i.log" "$BIN/weft-worker" --device="cpu:$i" --output-dir="$WORK/models" \
+    --metrics-address=127.0.0.1:0 --metrics-port-file="$WORK/worker$i-metrics.port"
 done
-for i in 0 1; do wait_for_file "$WORK/worker$i-metrics.port"; done
+for name in coordinator checkpointd worker0 worker1; do
+  weft_wait_for_file "$WORK/$name-metrics.port" || fail_with_logs "$name reports no metrics port"
+done
 
 # The deploy config with its file_sd targets pointed at this run's ports, scraping every second.
 mkdir -p "$WORK/sd"
@@ -66,9 +50,8 @@ sed -e "s|/etc/prometheus/weft/|$WORK/sd/|" -e 's|interval: 5s|interval: 1s|' \
   "$ROOT/deploy/prometheus/prometheus.yml" >"$WORK/prometheus.yml"
 # Prometheus cannot report a port it picked, so take a free one just before it binds.
 PROM_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-/usr/bin/prometheus --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/tsdb" \
-  --web.listen-address="127.0.0.1:$PROM_PORT" >"$WORK/prometheus.log" 2>&1 &
-PIDS+=($!)
+weft_spawn "$WORK/prometheus.log" /usr/bin/prometheus --config.file="$WORK/prometheus.yml" \
+  --storage.tsdb.path="$WORK/tsdb" --web.listen-address="127.0.0.1:$PROM_PORT"
 
 # The demo job, long enough to still be training when the queries run, checkpointing often.
 sed -e 's/total_steps: [0-9]*/total_steps: 5000/' -e 's/interval_steps: 150/interval_steps: 40/' \

@@ -4,8 +4,6 @@
 // the value; intact ones must round-trip through EncodeChunkValue.
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string_view>
 
@@ -13,20 +11,14 @@
 #include "absl/status/statusor.h"
 #include "checkpointd/chunk_codec.h"
 #include "common/crc32c.h"
+#include "tests/fuzz/require.h"
 
 namespace {
 
 using weft::checkpointd::DecodeChunkValue;
 using weft::checkpointd::EncodeChunkValue;
 using weft::checkpointd::kChunkCrcBytes;
-
-// Aborts so that libFuzzer keeps the input; a plain assert would vanish under NDEBUG.
-void Require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "checkpoint_chunk_fuzzer: invariant broken: %s\n", what);
-    std::abort();
-  }
-}
+using weft::fuzz::Require;
 
 }  // namespace
 

@@ -3,26 +3,15 @@
 // back as a spec or a Status; crashes, sanitizer reports and broken invariants are findings.
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/job_spec.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "tests/fuzz/require.h"
 
-namespace {
-
-// Aborts so that libFuzzer keeps the input; a plain assert would vanish under NDEBUG.
-void Require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "job_spec_fuzzer: invariant broken: %s\n", what);
-    std::abort();
-  }
-}
-
-}  // namespace
+using weft::fuzz::Require;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -9,21 +9,12 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN=$(cd "${1:?bin dir}" && pwd)
 WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/weft-python-test.XXXXXX")
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+source "$ROOT/scripts/procs.sh"
+weft_stop_at_exit KILL "$WORK"
 fail() {
   echo "FAIL: $*" >&2
   for f in "$WORK"/*.log; do echo "--- $f" >&2; tail -n 20 "$f" >&2; done
   exit 1
-}
-wait_for_file() {
-  for _ in $(seq 400); do [[ -s "$1" ]] && return 0; sleep 0.05; done
-  fail "timed out waiting for $1"
 }
 
 "$ROOT/examples/python/generate.sh" "$WORK/stubs"
@@ -51,22 +42,14 @@ echo "$TOKEN" >"$WORK/tokens"
 export WEFT_TOKEN=$TOKEN  # for the workers and the client
 CLIENT=("$PYTHON" "$ROOT/examples/python/weft_client.py" "${CLIENT_TLS[@]}")
 
-"$BIN/weft-coordinator" --listen=127.0.0.1:0 --port-file="$WORK/coordinator.port" \
-  --data-dir="$WORK/coordinator" --metrics-address=none "${SERVER_TLS[@]}" \
-  --auth-tokens-file="$WORK/tokens" >"$WORK/coordinator.log" 2>&1 &
-PIDS+=($!)
-"$BIN/weft-checkpointd" --listen=127.0.0.1:0 --port-file="$WORK/checkpointd.port" \
-  --data-dir="$WORK/checkpoints" --metrics-address=none "${SERVER_TLS[@]}" \
-  >"$WORK/checkpointd.log" 2>&1 &
-PIDS+=($!)
-wait_for_file "$WORK/coordinator.port"
-wait_for_file "$WORK/checkpointd.port"
-export WEFT_COORDINATOR="127.0.0.1:$(cat "$WORK/coordinator.port")"
-export WEFT_CHECKPOINTD="127.0.0.1:$(cat "$WORK/checkpointd.port")"
+weft_serve "$WORK/coordinator" "$BIN/weft-coordinator" --data-dir="$WORK/coordinator" \
+  --metrics-address=none "${SERVER_TLS[@]}" --auth-tokens-file="$WORK/tokens" ||
+  fail "weft-coordinator did not start"
+weft_serve "$WORK/checkpointd" "$BIN/weft-checkpointd" --data-dir="$WORK/checkpoints" \
+  --metrics-address=none "${SERVER_TLS[@]}" || fail "weft-checkpointd did not start"
 for i in 0 1; do
-  "$BIN/weft-worker" --device="cpu:$i" --metrics-address=none --output-dir="$WORK/models" \
-    "${CLIENT_TLS[@]}" >"$WORK/worker$i.log" 2>&1 &
-  PIDS+=($!)
+  weft_spawn "$WORK/worker$i.log" "$BIN/weft-worker" --device="cpu:$i" --metrics-address=none \
+    --output-dir="$WORK/models" "${CLIENT_TLS[@]}"
 done
 
 "$PYTHON" -c "print('the quick brown fox jumps over the lazy dog. ' * 400)" >"$WORK/corpus.txt"

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -23,6 +24,22 @@
 #include "absl/strings/str_split.h"
 
 namespace weft::testing {
+namespace {
+
+// In a forked child: adds `env` to the environment and execs argv[0]; exit code 127, with the
+// reason on stderr, when the exec fails.
+[[noreturn]] void ExecChild(const std::vector<std::string>& argv,
+                            const std::map<std::string, std::string>& env) {
+  for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  ::execv(args[0], args.data());
+  std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+  ::_exit(127);
+}
+
+}  // namespace
 
 std::string BinDir() {
   if (const char* dir = std::getenv("WEFT_BIN_DIR")) return dir;
@@ -56,13 +73,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(
         ::close(fd);
       }
     }
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
-    ::_exit(127);
+    ExecChild(argv, env);
   }
   return std::unique_ptr<Subprocess>(new Subprocess(pid));
 }
@@ -130,13 +141,7 @@ CommandResult RunCommand(const std::vector<std::string>& argv,
     ::dup2(in, 0);
     ::dup2(out, 1);
     ::dup2(err, 2);
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
-    ::_exit(127);
+    ExecChild(argv, env);
   }
   const absl::Time deadline = absl::Now() + timeout;
   int status = 0;

@@ -1,6 +1,8 @@
-// A whole Weft deployment as real processes on 127.0.0.1 for end-to-end tests: a coordinator,
-// a checkpointd and N CPU workers ("node/cpu<i>"), all keeping their state under one folder so
-// that any of them can be killed and started again.
+// Real Weft processes on 127.0.0.1 for the end-to-end tests of tests/worker: WorkersTest (a
+// coordinator and the workers a test starts itself), Cluster (a whole deployment: coordinator,
+// checkpointd and N CPU workers "node/cpu<i>", all keeping their state under one folder so that
+// any of them can be killed and started again), and what their tests share (corpora, the
+// recovery tests' job, waiting for a job, comparing final models).
 #ifndef WEFT_TESTS_WORKER_CLUSTER_H_
 #define WEFT_TESTS_WORKER_CLUSTER_H_
 
@@ -29,6 +31,98 @@ inline std::string WordCorpus() {
   for (int i = 0; i < 4000; ++i) text += words[(i * 7 + i / 5) % 5];
   return text;
 }
+
+// English-like sentences, `lines` of them, cycling subjects, verbs and objects: a tiny model
+// learns their structure within a few dozen steps.
+inline std::string SentenceCorpus(int lines) {
+  const char* subjects[] = {"the cat", "a dog", "the old man", "my friend", "the bird"};
+  const char* verbs[] = {"sees", "likes", "finds", "wants", "helps"};
+  const char* objects[] = {"the ball.", "a red hat.", "the sun.", "some bread.", "the river."};
+  std::string text;
+  for (int i = 0; i < lines; ++i) {
+    absl::StrAppend(&text, subjects[i % 5], " ", verbs[(i / 5) % 5], " ", objects[(i / 25) % 5],
+                    "\n");
+  }
+  return text;
+}
+
+// Polls job `id` until it has ended (SUCCEEDED, FAILED or CANCELLED) or `timeout` passes;
+// returns the last status read.
+inline v1::JobStatus WaitForJobEnd(CoordinatorClient& client, const std::string& id,
+                                   absl::Duration timeout) {
+  v1::JobStatus status;
+  Eventually(
+      [&] {
+        auto job = client.GetJob(id);
+        if (job.ok()) status = job->status();
+        return job.ok() && (status.state() == v1::SUCCEEDED || status.state() == v1::FAILED ||
+                            status.state() == v1::CANCELLED);
+      },
+      timeout);
+  return status;
+}
+
+// Whether job `id` reports at least `step` steps within `timeout`.
+inline bool WaitForJobStep(CoordinatorClient& client, const std::string& id, int64_t step,
+                           absl::Duration timeout) {
+  return Eventually(
+      [&] {
+        auto job = client.GetJob(id);
+        return job.ok() && job->status().step() >= step;
+      },
+      timeout);
+}
+
+// A fixture: a coordinator on 127.0.0.1 with its state in dir_, and the weft-worker processes a
+// test starts against it (host "node"; worker i logs to dir_/worker<i>.log).
+class WorkersTest : public ::testing::Test {
+ protected:
+  // Starts the coordinator (fast ticks) and writes `corpus` to corpus_.
+  void StartCoordinator(const std::string& corpus) {
+    auto cp = CoordinatorProcess::Start(dir_.path(), {"--tick-interval-ms=50"});
+    ASSERT_TRUE(cp.ok()) << cp.status();
+    coordinator_ = std::move(*cp);
+    client_ = std::make_unique<CoordinatorClient>(coordinator_->address());
+    corpus_ = dir_.File("corpus.txt");
+    WriteFile(corpus_, corpus);
+  }
+
+  // Starts the next worker on `device` ("cpu:1", "cuda:0"), writing its models under
+  // dir_/models; `flags` follow the common ones.
+  void StartWorker(const std::string& device, const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {BinDir() + "/weft-worker",
+                                     "--coordinator=" + coordinator_->address(),
+                                     "--device=" + device, "--host=node",
+                                     "--output-dir=" + dir_.File("models")};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto p = Subprocess::Start(argv, dir_.File(absl::StrCat("worker", workers_.size(), ".log")));
+    ASSERT_TRUE(p.ok());
+    workers_.push_back(std::move(*p));
+  }
+
+  v1::JobStatus WaitForEnd(const std::string& id, absl::Duration timeout) {
+    return WaitForJobEnd(*client_, id, timeout);
+  }
+  bool WaitForStep(const std::string& id, int64_t step, absl::Duration timeout) {
+    return WaitForJobStep(*client_, id, step, timeout);
+  }
+
+  // The coordinator's log, then every worker's.
+  std::string Logs() {
+    std::string all = ReadFile(coordinator_->log_path());
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      absl::StrAppend(&all, "\n--- worker ", i, "\n",
+                      ReadFile(dir_.File(absl::StrCat("worker", i, ".log"))));
+    }
+    return all;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<CoordinatorProcess> coordinator_;
+  std::unique_ptr<CoordinatorClient> client_;
+  std::vector<std::unique_ptr<Subprocess>> workers_;
+  std::string corpus_;
+};
 
 // The recovery tests' job: a tiny GPT on `world` CPU workers (min = max), checkpoints every
 // 20 steps, heartbeats every 200 ms, a member silent for 1.5 s is lost, 2 restarts allowed.
@@ -174,6 +268,25 @@ class Cluster {
   std::unique_ptr<CoordinatorClient> client_;
   std::string checkpointd_address_;
 };
+
+// Runs `spec` on a fresh Cluster of `workers` workers under `dir` without interrupting it, and
+// stops the cluster; the job's final status, which the test expects to be SUCCEEDED.
+inline v1::JobStatus RunUninterrupted(const std::string& dir, int workers,
+                                      const v1::JobSpec& spec) {
+  Cluster cluster(dir, workers);
+  cluster.Start();
+  if (::testing::Test::HasFatalFailure()) return v1::JobStatus();
+  auto job = cluster.client().SubmitJob(spec);
+  if (!job.ok()) {
+    ADD_FAILURE() << job.status();
+    return v1::JobStatus();
+  }
+  EXPECT_TRUE(cluster.WaitFor(job->job_id(), v1::SUCCEEDED, absl::Seconds(120)))
+      << cluster.Logs();
+  const v1::JobStatus status = cluster.Status(job->job_id());
+  cluster.KillEverything();
+  return status;
+}
 
 }  // namespace weft::testing
 

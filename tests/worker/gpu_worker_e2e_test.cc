@@ -19,51 +19,28 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/worker/cluster.h"
 
 namespace weft {
 namespace {
 
-using testing::CoordinatorProcess;
 using testing::Eventually;
-using testing::Subprocess;
-using testing::TempDir;
 using ::testing::HasSubstr;
 
 constexpr int kHeartbeatTimeoutMs = 3000;
 
-std::string Corpus() {
-  const char* subjects[] = {"the cat", "a dog", "the old man", "my friend", "the bird"};
-  const char* verbs[] = {"sees", "likes", "finds", "wants", "helps"};
-  const char* objects[] = {"the ball.", "a red hat.", "the sun.", "some bread.", "the river."};
-  std::string text;
-  for (int i = 0; i < 4000; ++i) {
-    absl::StrAppend(&text, subjects[i % 5], " ", verbs[(i / 5) % 5], " ", objects[(i / 25) % 5],
-                    "\n");
-  }
-  return text;
-}
-
-class GpuWorkerE2eTest : public ::testing::Test {
+class GpuWorkerE2eTest : public testing::WorkersTest {
  protected:
   void SetUp() override {
     int gpus = 0;
     if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 2) {
       GTEST_SKIP() << "needs 2 CUDA devices";
     }
-    auto cp = CoordinatorProcess::Start(dir_.path(), {"--tick-interval-ms=50"});
-    ASSERT_TRUE(cp.ok()) << cp.status();
-    coordinator_ = std::move(*cp);
-    client_ = std::make_unique<CoordinatorClient>(coordinator_->address());
-    corpus_ = dir_.File("corpus.txt");
-    testing::WriteFile(corpus_, Corpus());
+    ASSERT_NO_FATAL_FAILURE(StartCoordinator(testing::SentenceCorpus(4000)));
     for (int i = 0; i < 2; ++i) {
-      auto p = Subprocess::Start(
-          {testing::BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
-           absl::StrCat("--device=cuda:", i), "--host=node", "--output-dir=" + dir_.File("models"),
-           "--collective-timeout-ms=120000", "--metrics-address=none", "--checkpointd=none"},
-          dir_.File(absl::StrCat("worker", i, ".log")));
-      ASSERT_TRUE(p.ok());
-      workers_.push_back(std::move(*p));
+      ASSERT_NO_FATAL_FAILURE(StartWorker(absl::StrCat("cuda:", i),
+                                          {"--collective-timeout-ms=120000",
+                                           "--metrics-address=none", "--checkpointd=none"}));
     }
     ASSERT_TRUE(Eventually(
         [&] {
@@ -95,43 +72,12 @@ class GpuWorkerE2eTest : public ::testing::Test {
     return *spec;
   }
 
-  v1::JobStatus WaitForEnd(const std::string& id, absl::Duration timeout) {
-    v1::JobStatus status;
-    Eventually(
-        [&] {
-          auto job = client_->GetJob(id);
-          if (job.ok()) status = job->status();
-          return job.ok() && (status.state() == v1::SUCCEEDED || status.state() == v1::FAILED ||
-                              status.state() == v1::CANCELLED);
-        },
-        timeout);
-    return status;
-  }
-
-  bool WaitForStep(const std::string& id, int64_t step) {
-    return Eventually(
-        [&] {
-          auto job = client_->GetJob(id);
-          return job.ok() && job->status().step() >= step;
-        },
-        absl::Seconds(120));
-  }
-
-  std::string Logs() {
-    std::string all = testing::ReadFile(coordinator_->log_path());
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      absl::StrAppend(&all, "\n--- worker ", i, "\n",
-                      testing::ReadFile(dir_.File(absl::StrCat("worker", i, ".log"))));
-    }
-    return all;
-  }
-
   // Stops rank 1's process with `signal` mid-training and returns how long rank 0 stayed in
   // the generation afterwards (until its own log says the run was aborted).
   absl::Duration SurvivorReleaseAfter(int signal) {
     auto submitted = client_->SubmitJob(Spec(1000000));
     EXPECT_TRUE(submitted.ok());
-    EXPECT_TRUE(WaitForStep(submitted->job_id(), 20)) << Logs();
+    EXPECT_TRUE(WaitForStep(submitted->job_id(), 20, absl::Seconds(120))) << Logs();
     workers_[1]->Signal(signal);
     const absl::Time stopped = absl::Now();
     EXPECT_TRUE(Eventually(
@@ -150,12 +96,6 @@ class GpuWorkerE2eTest : public ::testing::Test {
     if (signal == SIGSTOP) workers_[1]->Signal(SIGKILL);
     return released;
   }
-
-  TempDir dir_;
-  std::unique_ptr<CoordinatorProcess> coordinator_;
-  std::unique_ptr<CoordinatorClient> client_;
-  std::vector<std::unique_ptr<Subprocess>> workers_;
-  std::string corpus_;
 };
 
 TEST_F(GpuWorkerE2eTest, TwoGpuWorkersTrainToCompletion) {
@@ -185,21 +125,19 @@ TEST_F(GpuWorkerE2eTest, FrozenRankReleasesTheSurvivorAtTheHeartbeatTimeout) {
 }
 
 TEST_F(GpuWorkerE2eTest, ImpossibleMemoryFailsTheJobBeforeTrainingWithTheNumbers) {
-  // 256 sequences of 256 tokens per GPU at width 8192 need ~100s of GiB of activations.
-  auto spec = ParseJobSpecText(absl::StrCat(R"pb(
-      name: "too-big"
-      model { num_layers: 8 hidden_size: 8192 num_heads: 64 vocab_size: 256 context_length: 256 }
-      data { format: DATA_FORMAT_TEXT_BYTES val_fraction: 0.1 train_path: ")pb", corpus_,
-                                            R"pb(" }
-      optimizer { learning_rate: 0.003 }
-      training { micro_batch_size: 256 total_steps: 10 }
-      zero_stage: 3
-      resources { device_kind: DEVICE_KIND_CUDA min_workers: 2 }
-      fault { max_restarts: 3 }
-    )pb"),
-                               "too-big");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto submitted = client_->SubmitJob(*spec);
+  // 256 sequences of 256 tokens per GPU at width 8192 need ~100s of GiB of activations. The
+  // job is Spec's with that model and batch, 3 restarts allowed, and nothing else set.
+  v1::JobSpec spec = Spec(10, 256);
+  spec.set_name("too-big");
+  spec.mutable_model()->set_num_layers(8);
+  spec.mutable_model()->set_hidden_size(8192);
+  spec.mutable_model()->set_num_heads(64);
+  spec.clear_lr_schedule();
+  spec.mutable_training()->clear_val_interval_steps();
+  spec.mutable_training()->clear_seed();
+  spec.clear_fault();
+  spec.mutable_fault()->set_max_restarts(3);
+  auto submitted = client_->SubmitJob(spec);
   ASSERT_TRUE(submitted.ok());
   const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(60));
   EXPECT_EQ(s.state(), v1::FAILED) << Logs();

@@ -35,7 +35,6 @@ namespace weft {
 namespace {
 
 using testing::BinDir;
-using testing::Cluster;
 using testing::CommandResult;
 using testing::Eventually;
 using testing::ExpectSameModel;
@@ -129,15 +128,8 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
 
   // The same job without interruption on two workers, all on 127.0.0.1.
   v1::JobStatus Uninterrupted() {
-    Cluster cluster(dir_.File("straight"), 2);
-    cluster.Start();
-    auto job = cluster.client().SubmitJob(testing::RecoveryJobSpec("partition", corpus_, 2, kSteps));
-    EXPECT_TRUE(job.ok()) << job.status();
-    EXPECT_TRUE(cluster.WaitFor(job->job_id(), v1::SUCCEEDED, absl::Seconds(120)))
-        << cluster.Logs();
-    const v1::JobStatus status = cluster.Status(job->job_id());
-    cluster.KillEverything();
-    return status;
+    return testing::RunUninterrupted(
+        dir_.File("straight"), 2, testing::RecoveryJobSpec("partition", corpus_, 2, kSteps));
   }
 
   // Starts a process whose stdout and stderr go to dir_/<name>.log, and waits for it to write

@@ -40,15 +40,8 @@ class RecoveryE2eTest : public ::testing::Test {
 
   // The same job without interruption, on exactly `world` workers.
   v1::JobStatus Uninterrupted(int world) {
-    Cluster cluster(dir_.File(absl::StrCat("straight", world)), world);
-    cluster.Start();
-    auto job = cluster.client().SubmitJob(Spec(world));
-    EXPECT_TRUE(job.ok()) << job.status();
-    EXPECT_TRUE(cluster.WaitFor(job->job_id(), v1::SUCCEEDED, absl::Seconds(120)))
-        << cluster.Logs();
-    const v1::JobStatus status = cluster.Status(job->job_id());
-    cluster.KillEverything();
-    return status;
+    return testing::RunUninterrupted(dir_.File(absl::StrCat("straight", world)), world,
+                                     Spec(world));
   }
 
   // Runs the job on `world` workers plus one spare, and once a mid-run checkpoint is
@@ -86,27 +79,28 @@ class RecoveryE2eTest : public ::testing::Test {
     return after;
   }
 
+  // The job run straight, then interrupted by `signal` (InterruptedBySignal), ends with the
+  // same model.
+  void ExpectTheSameModelAsUninterrupted(int world, int signal) {
+    const v1::JobStatus straight = Uninterrupted(world);
+    ExpectSameModel(straight, InterruptedBySignal(world, signal));
+  }
+
   TempDir dir_;
   std::string corpus_;
 };
 
 TEST_F(RecoveryE2eTest, KilledWorkerOfTwoIsReplacedByASpareAndTheModelIsUnchanged) {
-  const v1::JobStatus straight = Uninterrupted(2);
-  const v1::JobStatus recovered = InterruptedBySignal(2, SIGKILL);
-  ExpectSameModel(straight, recovered);
+  ExpectTheSameModelAsUninterrupted(2, SIGKILL);
 }
 
 TEST_F(RecoveryE2eTest, KilledWorkerOfThreeIsReplacedByASpareAndTheModelIsUnchanged) {
-  const v1::JobStatus straight = Uninterrupted(3);
-  const v1::JobStatus recovered = InterruptedBySignal(3, SIGKILL);
-  ExpectSameModel(straight, recovered);
+  ExpectTheSameModelAsUninterrupted(3, SIGKILL);
 }
 
 // A frozen process keeps its connection: the missed heartbeats (1.5 s) give it away.
 TEST_F(RecoveryE2eTest, HungWorkerIsDetectedAndReplacedAndTheModelIsUnchanged) {
-  const v1::JobStatus straight = Uninterrupted(2);
-  const v1::JobStatus recovered = InterruptedBySignal(2, SIGSTOP);
-  ExpectSameModel(straight, recovered);
+  ExpectTheSameModelAsUninterrupted(2, SIGSTOP);
 }
 
 // The workers keep training and retrying their reports while the coordinator is down; the

@@ -23,14 +23,9 @@
 namespace weft {
 namespace {
 
-using testing::CoordinatorProcess;
-using testing::Eventually;
-using testing::Subprocess;
-using testing::TempDir;
-
 using testing::Cluster;
-
-std::string Corpus() { return testing::WordCorpus(); }
+using testing::Eventually;
+using testing::TempDir;
 
 v1::JobSpec Spec(const std::string& corpus) {
   auto spec = ParseJobSpecText(absl::StrCat(R"pb(
@@ -52,22 +47,14 @@ v1::JobSpec Spec(const std::string& corpus) {
 TEST(ResumeE2eTest, KillingEveryProcessAfterACheckpointChangesNothing) {
   TempDir dir;
   const std::string corpus = dir.File("corpus.txt");
-  testing::WriteFile(corpus, Corpus());
+  testing::WriteFile(corpus, testing::WordCorpus());
 
   // The uninterrupted run.
-  v1::JobStatus straight;
-  {
-    Cluster cluster(dir.File("straight"));
-    ASSERT_NO_FATAL_FAILURE(cluster.Start());
-    auto job = cluster.client().SubmitJob(Spec(corpus));
-    ASSERT_TRUE(job.ok()) << job.status();
-    ASSERT_TRUE(cluster.WaitFor(job->job_id(), v1::SUCCEEDED, absl::Seconds(120)))
-        << cluster.Logs();
-    straight = cluster.Status(job->job_id());
-    EXPECT_EQ(straight.checkpoint_step(), 160);
-    EXPECT_GT(straight.checkpoint_save_ms(), 0);
-    cluster.KillEverything();
-  }
+  const v1::JobStatus straight =
+      testing::RunUninterrupted(dir.File("straight"), 2, Spec(corpus));
+  ASSERT_EQ(straight.state(), v1::SUCCEEDED);
+  EXPECT_EQ(straight.checkpoint_step(), 160);
+  EXPECT_GT(straight.checkpoint_save_ms(), 0);
 
   // The interrupted run: everything dies once a mid-run checkpoint is committed.
   Cluster cluster(dir.File("interrupted"));
@@ -131,7 +118,7 @@ bool FlipByteOf(const std::string& dir, float value) {
 TEST(ResumeE2eTest, CorruptNewestCheckpointFallsBackToThePreviousOne) {
   TempDir dir;
   const std::string corpus = dir.File("corpus.txt");
-  testing::WriteFile(corpus, Corpus());
+  testing::WriteFile(corpus, testing::WordCorpus());
   Cluster cluster(dir.File("cluster"));
   ASSERT_NO_FATAL_FAILURE(cluster.Start());
   // Large enough units (> 64 KiB) that checkpointd keeps their data in blob files.

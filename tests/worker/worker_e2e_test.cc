@@ -15,51 +15,26 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/worker/cluster.h"
 
 namespace weft {
 namespace {
 
-using testing::CoordinatorProcess;
 using testing::Eventually;
-using testing::Subprocess;
-using testing::TempDir;
 using ::testing::HasSubstr;
 
-
-// English-like text with structure a tiny model picks up within a few dozen steps.
-std::string Corpus() {
-  const char* subjects[] = {"the cat", "a dog", "the old man", "my friend", "the bird"};
-  const char* verbs[] = {"sees", "likes", "finds", "wants", "helps"};
-  const char* objects[] = {"the ball.", "a red hat.", "the sun.", "some bread.", "the river."};
-  std::string text;
-  for (int i = 0; i < 2000; ++i) {
-    absl::StrAppend(&text, subjects[i % 5], " ", verbs[(i / 5) % 5], " ", objects[(i / 25) % 5],
-                    "\n");
-  }
-  return text;
-}
-
-class WorkerE2eTest : public ::testing::Test {
+class WorkerE2eTest : public testing::WorkersTest {
  protected:
   void SetUp() override {
-    auto cp = CoordinatorProcess::Start(dir_.path(), {"--tick-interval-ms=50"});
-    ASSERT_TRUE(cp.ok()) << cp.status();
-    coordinator_ = std::move(*cp);
-    client_ = std::make_unique<CoordinatorClient>(coordinator_->address());
-    corpus_ = dir_.File("corpus.txt");
-    testing::WriteFile(corpus_, Corpus());
+    ASSERT_NO_FATAL_FAILURE(StartCoordinator(testing::SentenceCorpus(2000)));
   }
 
   void StartWorkers(int n) {
     for (int i = 0; i < n; ++i) {
-      auto p = Subprocess::Start(
-          {testing::BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
-           absl::StrCat("--device=cpu:", i), "--host=node", "--output-dir=" + dir_.File("models"),
-           "--collective-timeout-ms=20000", "--metrics-address=127.0.0.1:0",
-           "--metrics-port-file=" + dir_.File(absl::StrCat("metrics", i, ".port"))},
-          dir_.File(absl::StrCat("worker", i, ".log")));
-      ASSERT_TRUE(p.ok());
-      workers_.push_back(std::move(*p));
+      ASSERT_NO_FATAL_FAILURE(StartWorker(
+          absl::StrCat("cpu:", i),
+          {"--collective-timeout-ms=20000", "--metrics-address=127.0.0.1:0",
+           "--metrics-port-file=" + dir_.File(absl::StrCat("metrics", i, ".port"))}));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     for (auto& w : workers_) ASSERT_TRUE(w->Running()) << "a worker exited at startup\n" << Logs();
@@ -84,38 +59,6 @@ class WorkerE2eTest : public ::testing::Test {
     return *spec;
   }
 
-  v1::JobStatus WaitForEnd(const std::string& id, absl::Duration timeout) {
-    v1::JobStatus status;
-    Eventually(
-        [&] {
-          auto job = client_->GetJob(id);
-          if (job.ok()) status = job->status();
-          return job.ok() && (status.state() == v1::SUCCEEDED || status.state() == v1::FAILED ||
-                              status.state() == v1::CANCELLED);
-        },
-        timeout);
-    return status;
-  }
-
-  std::string Logs() {
-    std::string all = testing::ReadFile(coordinator_->log_path());
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      absl::StrAppend(&all, "\n--- worker ", i, "\n",
-                      testing::ReadFile(dir_.File(absl::StrCat("worker", i, ".log"))));
-    }
-    return all;
-  }
-
-  // Waits until the job has reported at least `step` steps.
-  bool WaitForStep(const std::string& id, int64_t step) {
-    return Eventually(
-        [&] {
-          auto job = client_->GetJob(id);
-          return job.ok() && job->status().step() >= step;
-        },
-        absl::Seconds(60));
-  }
-
   bool AllWorkersIdle(size_t expected) {
     auto workers = client_->ListWorkers();
     if (!workers.ok() || workers->size() != expected) return false;
@@ -124,12 +67,6 @@ class WorkerE2eTest : public ::testing::Test {
     }
     return true;
   }
-
-  TempDir dir_;
-  std::unique_ptr<CoordinatorProcess> coordinator_;
-  std::unique_ptr<CoordinatorClient> client_;
-  std::vector<std::unique_ptr<Subprocess>> workers_;
-  std::string corpus_;
 };
 
 TEST_F(WorkerE2eTest, TwoWorkersTrainToCompletionAndTheModelSamples) {
@@ -224,7 +161,7 @@ TEST_F(WorkerE2eTest, RankKilledMidTrainingFailsTheJobAndTheSurvivorDoesNotHang)
   StartWorkers(2);
   auto submitted = client_->SubmitJob(Spec(100000));
   ASSERT_TRUE(submitted.ok());
-  ASSERT_TRUE(WaitForStep(submitted->job_id(), 3)) << Logs();
+  ASSERT_TRUE(WaitForStep(submitted->job_id(), 3, absl::Seconds(60))) << Logs();
   workers_[1]->Signal(SIGKILL);
   const absl::Time killed = absl::Now();
   const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(30));
@@ -309,7 +246,7 @@ TEST_F(WorkerE2eTest, CancelStopsTrainingWithinAStep) {
   StartWorkers(2);
   auto submitted = client_->SubmitJob(Spec(100000));
   ASSERT_TRUE(submitted.ok());
-  ASSERT_TRUE(WaitForStep(submitted->job_id(), 2)) << Logs();
+  ASSERT_TRUE(WaitForStep(submitted->job_id(), 2, absl::Seconds(60))) << Logs();
   ASSERT_TRUE(client_->CancelJob(submitted->job_id(), "test").ok());
   const absl::Time cancelled = absl::Now();
   EXPECT_TRUE(Eventually(
