@@ -293,31 +293,19 @@ class GlooCommunicator final : public Communicator {
 
   std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t count_per_rank,
                                   DataType type) override {
-    Op op;
-    op.kind = OpKind::kAllGather;
-    op.send = send;
-    op.recv = recv;
-    op.count = count_per_rank;
-    return Submit(std::move(op), type);
+    return Submit(
+        {.kind = OpKind::kAllGather, .send = send, .recv = recv, .count = count_per_rank}, type);
   }
 
   std::shared_ptr<Work> ReduceScatter(const void* send, void* recv, size_t count_per_rank,
                                       DataType type) override {
-    Op op;
-    op.kind = OpKind::kReduceScatter;
-    op.send = send;
-    op.recv = recv;
-    op.count = count_per_rank;
-    return Submit(std::move(op), type);
+    return Submit(
+        {.kind = OpKind::kReduceScatter, .send = send, .recv = recv, .count = count_per_rank},
+        type);
   }
 
   std::shared_ptr<Work> AllReduce(void* buf, size_t count, DataType type) override {
-    Op op;
-    op.kind = OpKind::kAllReduce;
-    op.send = buf;
-    op.recv = buf;
-    op.count = count;
-    return Submit(std::move(op), type);
+    return Submit({.kind = OpKind::kAllReduce, .send = buf, .recv = buf, .count = count}, type);
   }
 
   std::shared_ptr<Work> Broadcast(void* buf, size_t count, DataType type, int root) override {
@@ -325,20 +313,13 @@ class GlooCommunicator final : public Communicator {
       return MakeCompletedWork(absl::InvalidArgumentError(
           absl::StrCat("Gloo Broadcast: root ", root, " is not a rank of a world of ", world_)));
     }
-    Op op;
-    op.kind = OpKind::kBroadcast;
-    op.send = buf;
-    op.recv = buf;
-    op.count = count;
-    op.root = root;
-    return Submit(std::move(op), type);
+    return Submit(
+        {.kind = OpKind::kBroadcast, .send = buf, .recv = buf, .count = count, .root = root},
+        type);
   }
 
   std::shared_ptr<Work> Barrier() override {
-    Op op;
-    op.kind = OpKind::kBarrier;
-    op.count = 1;
-    return Submit(std::move(op), DataType::kFloat32);
+    return Submit({.kind = OpKind::kBarrier, .count = 1}, DataType::kFloat32);
   }
 
   void Abort(absl::Status reason) override {

@@ -110,19 +110,11 @@ class DeviceBuffer {
 // Creates the communicators of ranks [0, world) concurrently, rank r on device r.
 std::vector<std::unique_ptr<CudaCommunicator>> CreateNcclGroup(Store* store, int world,
                                                                NcclOptions options = {}) {
-  std::vector<absl::StatusOr<std::unique_ptr<CudaCommunicator>>> results(world);
-  OnRanks(world, [&](int r) {
+  return testing::CreateRanks<CudaCommunicator>(world, [&](int r) {
     NcclOptions mine = options;
     mine.device = r;
-    results[r] = CreateNcclCommunicator(store, r, world, mine);
+    return CreateNcclCommunicator(store, r, world, mine);
   });
-  std::vector<std::unique_ptr<CudaCommunicator>> comms;
-  for (int r = 0; r < world; ++r) {
-    EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
-    if (!results[r].ok()) return {};
-    comms.push_back(std::move(results[r]).value());
-  }
-  return comms;
 }
 
 // Rank r's element k: small integers, exact in bf16 and their sums too.
@@ -518,6 +510,17 @@ TEST(NcclCommunicatorTest, DestroyWithAPendingOpDoesNotHang) {
   EXPECT_LT(destroy, 4.0);
 }
 
+// Creates rank `rank` of a world of 2 whose peer never calls Create; *took gets the seconds
+// Create took.
+absl::StatusOr<std::unique_ptr<CudaCommunicator>> CreateAlone(Store* store, int rank,
+                                                              const NcclOptions& options,
+                                                              double* took) {
+  const Clock::time_point start = Clock::now();
+  auto comm = CreateNcclCommunicator(store, rank, 2, options);
+  *took = SecondsSince(start);
+  return comm;
+}
+
 // Init with a rank that never calls Create: DEADLINE_EXCEEDED within the timeout, naming
 // the missing rank; and the same for a rank waiting for rank 0's unique id.
 TEST(NcclCommunicatorTest, InitTimesOutWhenAPeerNeverArrives) {
@@ -527,9 +530,8 @@ TEST(NcclCommunicatorTest, InitTimesOutWhenAPeerNeverArrives) {
   for (int rank : {0, 1}) {
     SCOPED_TRACE(::testing::Message() << "alone: rank " << rank);
     MemoryStore store;
-    const Clock::time_point start = Clock::now();
-    auto comm = CreateNcclCommunicator(&store, rank, 2, options);
-    const double took = SecondsSince(start);
+    double took = 0;
+    auto comm = CreateAlone(&store, rank, options, &took);
     ASSERT_FALSE(comm.ok());
     EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded) << comm.status();
     EXPECT_GT(took, 1.9);
@@ -553,9 +555,8 @@ TEST(NcclCommunicatorTest, StoreClosingDuringInitAborts) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       store.Close(absl::AbortedError("generation 4 ended"));
     });
-    const Clock::time_point start = Clock::now();
-    auto comm = CreateNcclCommunicator(&store, rank, 2, options);
-    const double took = SecondsSince(start);
+    double took = 0;
+    auto comm = CreateAlone(&store, rank, options, &took);
     coordinator.join();
     ASSERT_FALSE(comm.ok());
     EXPECT_EQ(comm.status().code(), absl::StatusCode::kAborted) << comm.status();

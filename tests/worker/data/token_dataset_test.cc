@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/worker/data/data_test_util.h"
 
 namespace weft::data {
 namespace {
@@ -55,15 +56,7 @@ weft::v1::DataSpec Spec(const std::string& train, weft::v1::DataFormat format,
 constexpr auto kBytes = weft::v1::DATA_FORMAT_TEXT_BYTES;
 constexpr auto kBin = weft::v1::DATA_FORMAT_UINT16_BIN;
 
-class TokenDatasetTest : public ::testing::Test {
- protected:
-  std::string Write(const std::string& name, const std::string& contents) {
-    const std::string path = dir_.File(name);
-    weft::testing::WriteFile(path, contents);
-    return path;
-  }
-  weft::testing::TempDir dir_;
-};
+class TokenDatasetTest : public testing::TempFilesTest {};
 
 TEST_F(TokenDatasetTest, TextBytesReadsEveryByteAsAToken) {
   const std::string path = Write("t.txt", "hello world, hello tokens");

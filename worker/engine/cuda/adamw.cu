@@ -117,33 +117,24 @@ absl::Status LaunchAdamWBf16(float* params, bf16* params_bf16, const float* grad
                              const AdamWScalars& scalars, const float* grad_scale,
                              cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  constexpr const char* kOp = "adamw bf16";
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(params, kOp, "params"));
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(params_bf16, kOp, "params_bf16"));
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(grads, kOp, "grads"));
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(m, kOp, "m"));
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(v, kOp, "v"));
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(decay_mask, kOp, "decay_mask"));
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(grad_scale, kOp, "grad_scale"));
+  WEFT_BF16_RETURN_IF_ERROR(CheckPointers(
+      "adamw bf16", {NotNull(params, "params"), NotNull(params_bf16, "params_bf16"),
+                     NotNull(grads, "grads"), NotNull(m, "m"), NotNull(v, "v"),
+                     NotNull(decay_mask, "decay_mask"), NotNull(grad_scale, "grad_scale")}));
   const int64_t count = static_cast<int64_t>(n);
-  AdamWBf16Kernel<<<GridFor(count), kBlockSize, 0, stream>>>(params, params_bf16, grads, m, v,
-                                                             decay_mask, count, scalars,
-                                                             grad_scale);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return Launch(AdamWBf16Kernel, GridFor(count), kBlockSize, 0, stream, params, params_bf16, grads,
+                m, v, decay_mask, count, scalars, grad_scale);
 }
 
 }  // namespace internal
 
 absl::Status CastToBf16(bf16* out, const float* in, size_t n, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(out, "cast to bf16", "out"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(in, "cast to bf16", "in"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "cast to bf16", {internal::NotNull(out, "out"), internal::NotNull(in, "in")}));
   const int64_t count = static_cast<int64_t>(n);
-  CastToBf16Kernel<<<internal::GridFor(count), internal::kBlockSize, 0, stream>>>(out, in,
-                                                                                  count);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return internal::Launch(CastToBf16Kernel, internal::GridFor(count), internal::kBlockSize, 0,
+                          stream, out, in, count);
 }
 
 size_t SumOfSquaresScratchFloats(size_t n) { return static_cast<size_t>(SumBlocks(n)); }
@@ -151,23 +142,22 @@ size_t SumOfSquaresScratchFloats(size_t n) { return static_cast<size_t>(SumBlock
 absl::Status SumOfSquares(float* out, const float* x, size_t n, float* scratch,
                           cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(out, "sum of squares", "out"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(x, "sum of squares", "x"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(scratch, "sum of squares", "scratch"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "sum of squares", {internal::NotNull(out, "out"), internal::NotNull(x, "x"),
+                         internal::NotNull(scratch, "scratch")}));
   const int blocks = SumBlocks(n);
-  SumOfSquaresPartialKernel<<<blocks, internal::kBlockSize, 0, stream>>>(
-      scratch, x, static_cast<int64_t>(n));
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  SumOfSquaresFinalKernel<<<1, 1024, 0, stream>>>(out, scratch, blocks);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(SumOfSquaresPartialKernel, blocks,
+                                             internal::kBlockSize, 0, stream, scratch, x,
+                                             static_cast<int64_t>(n)));
+  return internal::Launch(SumOfSquaresFinalKernel, 1, 1024, 0, stream, out,
+                          static_cast<const float*>(scratch), blocks);
 }
 
 absl::Status ClipScale(float* grad_scale, const float* sumsq, float clip, cudaStream_t stream) {
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(grad_scale, "clip scale", "grad_scale"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(sumsq, "clip scale", "sumsq"));
-  ClipScaleKernel<<<1, 1, 0, stream>>>(grad_scale, sumsq, clip);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "clip scale",
+      {internal::NotNull(grad_scale, "grad_scale"), internal::NotNull(sumsq, "sumsq")}));
+  return internal::Launch(ClipScaleKernel, 1, 1, 0, stream, grad_scale, sumsq, clip);
 }
+
 }  // namespace weft::engine::cuda

@@ -26,11 +26,11 @@ using internal::LoadVec;
 using internal::StoreFloats;
 using internal::StoreVec;
 
-__global__ void EncoderForwardBf16Kernel(bf16* __restrict__ out,             // (B, T, C)
-                                         const int32_t* __restrict__ tokens,  // (B, T)
-                                         const bf16* __restrict__ wte,        // (Vp, C)
-                                         const bf16* __restrict__ wpe,        // (maxT, C)
-                                         int64_t vecs, int t, int c) {
+__global__ void EncoderForwardKernel(bf16* __restrict__ out,              // (B, T, C)
+                                     const int32_t* __restrict__ tokens,  // (B, T)
+                                     const bf16* __restrict__ wte,        // (Vp, C)
+                                     const bf16* __restrict__ wpe,        // (maxT, C)
+                                     int64_t vecs, int t, int c) {
   const int vecs_per_row = c / kVec;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -48,9 +48,9 @@ __global__ void EncoderForwardBf16Kernel(bf16* __restrict__ out,             // 
 }
 
 // One thread per (t, 8-channel vector): adds dout over b in order onto dwpe.
-__global__ void EncoderBackwardWpeBf16Kernel(float* __restrict__ dwpe,       // (maxT, C) +=
-                                             const bf16* __restrict__ dout,  // (B, T, C)
-                                             int b, int t, int c) {
+__global__ void EncoderBackwardWpeKernel(float* __restrict__ dwpe,       // (maxT, C) +=
+                                         const bf16* __restrict__ dout,  // (B, T, C)
+                                         int b, int t, int c) {
   const int64_t tc = static_cast<int64_t>(t) * c;
   for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * kVec; i < tc;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x * kVec) {
@@ -66,10 +66,10 @@ __global__ void EncoderBackwardWpeBf16Kernel(float* __restrict__ dwpe,       // 
   }
 }
 
-__global__ void EncoderBackwardWteBf16Kernel(float* __restrict__ dwte,            // (Vp, C) +=
-                                             const bf16* __restrict__ dout,       // (B, T, C)
-                                             const int32_t* __restrict__ tokens,  // (B, T)
-                                             int64_t vecs, int c) {
+__global__ void EncoderBackwardWteKernel(float* __restrict__ dwte,            // (Vp, C) +=
+                                         const bf16* __restrict__ dout,       // (B, T, C)
+                                         const int32_t* __restrict__ tokens,  // (B, T)
+                                         int64_t vecs, int c) {
   const int vecs_per_row = c / kVec;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -94,33 +94,26 @@ absl::Status CheckBf16Shape(int b, int t, int c) {
 absl::Status EncoderForward(bf16* out, const int32_t* tokens, const bf16* wte, const bf16* wpe,
                             int b, int t, int c, cudaStream_t stream) {
   WEFT_BF16_RETURN_IF_ERROR(CheckBf16Shape(b, t, c));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(out, "encoder", "out"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(tokens, "encoder", "tokens"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(wte, "encoder", "wte"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(wpe, "encoder", "wpe"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "encoder", {internal::Aligned16(out, "out"), internal::NotNull(tokens, "tokens"),
+                  internal::Aligned16(wte, "wte"), internal::Aligned16(wpe, "wpe")}));
   const int64_t vecs = static_cast<int64_t>(b) * t * (c / kVec);
-  EncoderForwardBf16Kernel<<<internal::GridFor(vecs), internal::kBlockSize, 0, stream>>>(
-      out, tokens, wte, wpe, vecs, t, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return internal::Launch(EncoderForwardKernel, internal::GridFor(vecs), internal::kBlockSize, 0,
+                          stream, out, tokens, wte, wpe, vecs, t, c);
 }
 
 absl::Status EncoderBackward(float* dwte, float* dwpe, const bf16* dout, const int32_t* tokens,
                              int b, int t, int c, cudaStream_t stream) {
   WEFT_BF16_RETURN_IF_ERROR(CheckBf16Shape(b, t, c));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(dwte, "encoder", "dwte"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dwpe, "encoder", "dwpe"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dout, "encoder", "dout"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(tokens, "encoder", "tokens"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "encoder", {internal::NotNull(dwte, "dwte"), internal::Aligned16(dwpe, "dwpe"),
+                  internal::Aligned16(dout, "dout"), internal::NotNull(tokens, "tokens")}));
   const int64_t tc_vecs = static_cast<int64_t>(t) * (c / kVec);
-  EncoderBackwardWpeBf16Kernel<<<internal::GridFor(tc_vecs), internal::kBlockSize, 0, stream>>>(
-      dwpe, dout, b, t, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(EncoderBackwardWpeKernel, internal::GridFor(tc_vecs),
+                                             internal::kBlockSize, 0, stream, dwpe, dout, b, t, c));
   const int64_t vecs = static_cast<int64_t>(b) * tc_vecs;
-  EncoderBackwardWteBf16Kernel<<<internal::GridFor(vecs), internal::kBlockSize, 0, stream>>>(
-      dwte, dout, tokens, vecs, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return internal::Launch(EncoderBackwardWteKernel, internal::GridFor(vecs), internal::kBlockSize,
+                          0, stream, dwte, dout, tokens, vecs, c);
 }
 
 }  // namespace weft::engine::cuda

@@ -47,8 +47,8 @@ using internal::LoadVec;
 using internal::StoreVec;
 
 __global__ void GeluForwardKernel(bf16* __restrict__ out,        // (N)
-                                      const bf16* __restrict__ inp,  // (N)
-                                      int64_t n) {
+                                  const bf16* __restrict__ inp,  // (N)
+                                  int64_t n) {
   const int64_t vecs = n / kVec;
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   for (int64_t i = tid; i < vecs; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -63,9 +63,9 @@ __global__ void GeluForwardKernel(bf16* __restrict__ out,        // (N)
 }
 
 __global__ void GeluBackwardOverwriteKernel(bf16* dinp,                    // (N) =
-                                       const bf16* __restrict__ inp,  // (N)
-                                       const bf16* dout,              // (N), may be dinp
-                                       int64_t n) {
+                                            const bf16* __restrict__ inp,  // (N)
+                                            const bf16* dout,              // (N), may be dinp
+                                            int64_t n) {
   const int64_t vecs = n / kVec;
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   for (int64_t i = tid; i < vecs; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -88,24 +88,21 @@ __global__ void GeluBackwardOverwriteKernel(bf16* dinp,                    // (N
 
 absl::Status GeluForward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream) {
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(n, "gelu", "n"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(out, "gelu", "out"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp, "gelu", "inp"));
-  GeluForwardKernel<<<internal::GridFor((n + kVec - 1) / kVec), internal::kBlockSize, 0,
-                          stream>>>(out, inp, n);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "gelu", {internal::Aligned16(out, "out"), internal::Aligned16(inp, "inp")}));
+  return internal::Launch(GeluForwardKernel, internal::GridFor((n + kVec - 1) / kVec),
+                          internal::kBlockSize, 0, stream, out, inp, n);
 }
 
 absl::Status GeluBackwardOverwrite(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n,
                                    cudaStream_t stream) {
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(n, "gelu backward", "n"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dinp, "gelu backward", "dinp"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp, "gelu backward", "inp"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dout, "gelu backward", "dout"));
-  GeluBackwardOverwriteKernel<<<internal::GridFor((n + kVec - 1) / kVec), internal::kBlockSize, 0,
-                           stream>>>(dinp, inp, dout, n);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  constexpr const char* kOp = "gelu backward";
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(n, kOp, "n"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      kOp, {internal::Aligned16(dinp, "dinp"), internal::Aligned16(inp, "inp"),
+            internal::Aligned16(dout, "dout")}));
+  return internal::Launch(GeluBackwardOverwriteKernel, internal::GridFor((n + kVec - 1) / kVec),
+                          internal::kBlockSize, 0, stream, dinp, inp, dout, n);
 }
 
 }  // namespace weft::engine::cuda

@@ -49,13 +49,13 @@ constexpr int kMaxBwdBlocks = 1024;
 
 int BackwardBlocks(int n) { return std::min((n + kBwdWarps - 1) / kBwdWarps, kMaxBwdBlocks); }
 
-__global__ void LayerNormForwardBf16Kernel(bf16* __restrict__ out,           // (N, C)
-                                           float* __restrict__ mean,         // (N)
-                                           float* __restrict__ rstd,         // (N)
-                                           const bf16* __restrict__ inp,     // (N, C)
-                                           const bf16* __restrict__ weight,  // (C)
-                                           const bf16* __restrict__ bias,    // (C)
-                                           int n, int c) {
+__global__ void LayerNormForwardKernel(bf16* __restrict__ out,           // (N, C)
+                                       float* __restrict__ mean,         // (N)
+                                       float* __restrict__ rstd,         // (N)
+                                       const bf16* __restrict__ inp,     // (N, C)
+                                       const bf16* __restrict__ weight,  // (C)
+                                       const bf16* __restrict__ bias,    // (C)
+                                       int n, int c) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= n) return;  // whole warps exit together
@@ -103,14 +103,14 @@ __global__ void LayerNormForwardBf16Kernel(bf16* __restrict__ out,           // 
 // per block: partials[blockIdx.x] = (sum of xhat * dy, sum of dy) over the block's rows.
 // Dynamic shared memory: kBwdWarps * 2 * C floats.
 __global__ void __launch_bounds__(kBwdWarps * kWarpSize)
-    LayerNormBackwardBf16Kernel(bf16* __restrict__ dinp,          // (N, C) +=
-                                float* __restrict__ partials,     // (gridDim.x, 2C)
-                                const bf16* __restrict__ dout,    // (N, C)
-                                const bf16* __restrict__ inp,     // (N, C)
-                                const bf16* __restrict__ weight,  // (C)
-                                const float* __restrict__ mean,   // (N)
-                                const float* __restrict__ rstd,   // (N)
-                                int n, int c) {
+    LayerNormBackwardKernel(bf16* __restrict__ dinp,          // (N, C) +=
+                            float* __restrict__ partials,     // (gridDim.x, 2C)
+                            const bf16* __restrict__ dout,    // (N, C)
+                            const bf16* __restrict__ inp,     // (N, C)
+                            const bf16* __restrict__ weight,  // (C)
+                            const float* __restrict__ mean,   // (N)
+                            const float* __restrict__ rstd,   // (N)
+                            int n, int c) {
   extern __shared__ float4 shared_vec[];
   float* acc = reinterpret_cast<float*>(shared_vec);  // (kBwdWarps, 2, C)
   const int warp = threadIdx.x / kWarpSize;
@@ -195,19 +195,14 @@ absl::Status CheckBf16Shape(int n, int c) {
 absl::Status LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* inp,
                               const bf16* weight, const bf16* bias, int n, int c,
                               cudaStream_t stream) {
-  constexpr const char* kOp = "layernorm";
   WEFT_BF16_RETURN_IF_ERROR(CheckBf16Shape(n, c));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(out, kOp, "out"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(mean, kOp, "mean"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(rstd, kOp, "rstd"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp, kOp, "inp"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(weight, kOp, "weight"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(bias, kOp, "bias"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "layernorm", {internal::Aligned16(out, "out"), internal::NotNull(mean, "mean"),
+                    internal::NotNull(rstd, "rstd"), internal::Aligned16(inp, "inp"),
+                    internal::Aligned16(weight, "weight"), internal::Aligned16(bias, "bias")}));
   const int blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
-  LayerNormForwardBf16Kernel<<<blocks, internal::kBlockSize, 0, stream>>>(out, mean, rstd, inp,
-                                                                          weight, bias, n, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return internal::Launch(LayerNormForwardKernel, blocks, internal::kBlockSize, 0, stream, out,
+                          mean, rstd, inp, weight, bias, n, c);
 }
 
 size_t LayerNormBackwardScratchFloats(int n, int c) {
@@ -219,28 +214,25 @@ absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const b
                                const bf16* inp, const bf16* weight, const float* mean,
                                const float* rstd, float* scratch, int n, int c,
                                cudaStream_t stream) {
-  constexpr const char* kOp = "layernorm backward";
   WEFT_BF16_RETURN_IF_ERROR(CheckBf16Shape(n, c));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dinp, kOp, "dinp"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(dweight, kOp, "dweight"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(dbias, kOp, "dbias"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dout, kOp, "dout"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp, kOp, "inp"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(weight, kOp, "weight"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(mean, kOp, "mean"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(rstd, kOp, "rstd"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(scratch, kOp, "scratch"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "layernorm backward",
+      {internal::Aligned16(dinp, "dinp"), internal::NotNull(dweight, "dweight"),
+       internal::NotNull(dbias, "dbias"), internal::Aligned16(dout, "dout"),
+       internal::Aligned16(inp, "inp"), internal::Aligned16(weight, "weight"),
+       internal::NotNull(mean, "mean"), internal::NotNull(rstd, "rstd"),
+       internal::NotNull(scratch, "scratch")}));
   const int blocks = BackwardBlocks(n);
   const size_t shared_bytes = static_cast<size_t>(kBwdWarps) * 2 * c * sizeof(float);
   // Above 48 KiB (C > 1536) the kernel must opt in to the larger shared memory carve-out.
   if (shared_bytes > 48 * 1024) {
-    WEFT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(LayerNormBackwardBf16Kernel,
+    WEFT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(LayerNormBackwardKernel,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(shared_bytes)));
   }
-  LayerNormBackwardBf16Kernel<<<blocks, kBwdWarps * kWarpSize, shared_bytes, stream>>>(
-      dinp, scratch, dout, inp, weight, mean, rstd, n, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(LayerNormBackwardKernel, blocks, kBwdWarps * kWarpSize,
+                                             shared_bytes, stream, dinp, scratch, dout, inp, weight,
+                                             mean, rstd, n, c));
   return internal::LaunchAddColumnSums(dweight, dbias, c, scratch, blocks, 2 * c, stream);
 }
 

@@ -13,10 +13,10 @@
 namespace weft::engine::cuda {
 namespace {
 
-__global__ void ResidualForwardBf16Kernel(bf16* __restrict__ out,         // (N)
-                                          const bf16* __restrict__ inp1,  // (N)
-                                          const bf16* __restrict__ inp2,  // (N)
-                                          int64_t n) {
+__global__ void ResidualForwardKernel(bf16* __restrict__ out,         // (N)
+                                      const bf16* __restrict__ inp1,  // (N)
+                                      const bf16* __restrict__ inp2,  // (N)
+                                      int64_t n) {
   using internal::kVec;
   const int64_t vecs = n / kVec;
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -40,14 +40,12 @@ __global__ void ResidualForwardBf16Kernel(bf16* __restrict__ out,         // (N)
 absl::Status ResidualForward(bf16* out, const bf16* inp1, const bf16* inp2, int64_t n,
                              cudaStream_t stream) {
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(n, "residual", "n"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(out, "residual", "out"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp1, "residual", "inp1"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp2, "residual", "inp2"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "residual", {internal::Aligned16(out, "out"), internal::Aligned16(inp1, "inp1"),
+                   internal::Aligned16(inp2, "inp2")}));
   const int64_t vecs = (n + internal::kVec - 1) / internal::kVec;
-  ResidualForwardBf16Kernel<<<internal::GridFor(vecs), internal::kBlockSize, 0, stream>>>(
-      out, inp1, inp2, n);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return internal::Launch(ResidualForwardKernel, internal::GridFor(vecs), internal::kBlockSize, 0,
+                          stream, out, inp1, inp2, n);
 }
 
 }  // namespace weft::engine::cuda
