@@ -293,8 +293,8 @@ class GlooCommunicator final : public Communicator {
 
   std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t count_per_rank,
                                   DataType type) override {
-    return Submit(
-        {.kind = OpKind::kAllGather, .send = send, .recv = recv, .count = count_per_rank}, type);
+    return Submit({.kind = OpKind::kAllGather, .send = send, .recv = recv, .count = count_per_rank},
+                  type);
   }
 
   std::shared_ptr<Work> ReduceScatter(const void* send, void* recv, size_t count_per_rank,
@@ -314,8 +314,7 @@ class GlooCommunicator final : public Communicator {
           absl::StrCat("Gloo Broadcast: root ", root, " is not a rank of a world of ", world_)));
     }
     return Submit(
-        {.kind = OpKind::kBroadcast, .send = buf, .recv = buf, .count = count, .root = root},
-        type);
+        {.kind = OpKind::kBroadcast, .send = buf, .recv = buf, .count = count, .root = root}, type);
   }
 
   std::shared_ptr<Work> Barrier() override {
@@ -494,10 +493,7 @@ class GlooCommunicator final : public Communicator {
         if (in) live.push_back(in.get());
         opts.setOutput<float>(std::move(out));
         if (in) opts.setInput<float>(std::move(in));
-        opts.setTag(tag);
-        opts.setTimeout(timeout_);
-        LiveBuffers guard(this, std::move(live));
-        ::gloo::allgather(opts);
+        RunAlgorithm(::gloo::allgather, opts, tag, std::move(live));
         return;
       }
       case OpKind::kAllReduce:
@@ -509,10 +505,7 @@ class GlooCommunicator final : public Communicator {
         std::vector<UnboundBuffer*> live = {out.get()};
         opts.setOutput<float>(std::move(out));
         opts.setRoot(op.root);
-        opts.setTag(tag);
-        opts.setTimeout(timeout_);
-        LiveBuffers guard(this, std::move(live));
-        ::gloo::broadcast(opts);
+        RunAlgorithm(::gloo::broadcast, opts, tag, std::move(live));
         return;
       }
       case OpKind::kBarrier:
@@ -526,10 +519,18 @@ class GlooCommunicator final : public Communicator {
 
   void RunBarrier(uint32_t tag) {
     BarrierOpts opts(context_);
+    RunAlgorithm(::gloo::barrier, opts, tag, {opts.unbound_buffer()});
+  }
+
+  // Runs a Gloo collective (`algorithm` on opts) under the op's tag and the timeout, with its
+  // unbound buffers `live` registered for Abort while it runs.
+  template <typename Algorithm, typename Options>
+  void RunAlgorithm(Algorithm algorithm, Options& opts, uint32_t tag,
+                    std::vector<UnboundBuffer*> live) {
     opts.setTag(tag);
     opts.setTimeout(timeout_);
-    LiveBuffers guard(this, {opts.unbound_buffer()});
-    ::gloo::barrier(opts);
+    LiveBuffers guard(this, std::move(live));
+    algorithm(opts);
   }
 
   // AllReduce and ReduceScatter run Gloo's halving-doubling algorithms

@@ -3,6 +3,7 @@
 // process over TCP loopback; nothing may hang.
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -64,6 +65,14 @@ std::shared_ptr<Work> Issue(Communicator& comm, Kind kind, size_t count, OpBuffe
   return nullptr;
 }
 
+// A group of `world` ranks whose ops time out after timeout_ms.
+std::vector<std::unique_ptr<Communicator>> CreateGroupWithTimeout(MemoryStore* store, int world,
+                                                                  int64_t timeout_ms) {
+  GlooOptions options;
+  options.timeout_ms = timeout_ms;
+  return CreateGroup(store, world, options);
+}
+
 class PerKindTest : public ::testing::TestWithParam<Kind> {};
 
 // Ranks 0 and 1 enter a collective that rank 2 never joins (it stays alive and connected, and
@@ -75,10 +84,8 @@ class PerKindTest : public ::testing::TestWithParam<Kind> {};
 TEST_P(PerKindTest, AbortReleasesABlockedCollective) {
   const Kind kind = GetParam();
   const int world = 3;
-  GlooOptions options;
-  options.timeout_ms = 30000;
   MemoryStore store;
-  auto comms = CreateGroup(&store, world, options);
+  auto comms = CreateGroupWithTimeout(&store, world, 30000);
   ASSERT_EQ(comms.size(), 3u);
 
   std::atomic<int64_t> abort_at_ns[2] = {0, 0};
@@ -137,12 +144,6 @@ TEST_P(PerKindTest, AbortReleasesABlockedCollective) {
 // Checks the survivors (ranks 0 and 1) after rank 2 died: each either finished (it already
 // had everything it needed from rank 2) or failed well within the 1 s timeout with UNAVAILABLE
 // naming a lost peer, or DEADLINE_EXCEEDED; a failed survivor is broken afterwards.
-// Three ranks with a 1 s timeout, for the tests in which rank 2 dies.
-std::vector<std::unique_ptr<Communicator>> CreateThreeRanks(MemoryStore* store) {
-  GlooOptions options;
-  options.timeout_ms = 1000;
-  return CreateGroup(store, 3, options);
-}
 
 // Seconds from `at_ns` (Clock ticks since its epoch, as an atomic can hold them) to now.
 double SecondsSinceTicks(int64_t at_ns) {
@@ -180,7 +181,7 @@ int CheckSurvivors(std::vector<std::unique_ptr<Communicator>>& comms, Kind kind,
 TEST_P(PerKindTest, PeerDeathWhileOthersWaitFailsThemAtOnce) {
   const Kind kind = GetParam();
   MemoryStore store;
-  auto comms = CreateThreeRanks(&store);
+  auto comms = CreateGroupWithTimeout(&store, 3, 1000);
   ASSERT_EQ(comms.size(), 3u);
   absl::Status status[2];
   double elapsed[2] = {0, 0};
@@ -220,7 +221,7 @@ TEST_P(PerKindTest, PeerDeathWhileOthersWaitFailsThemAtOnce) {
 TEST_P(PerKindTest, PeerDeathMidCollectiveNeverHangsTheOthers) {
   const Kind kind = GetParam();
   MemoryStore store;
-  auto comms = CreateThreeRanks(&store);
+  auto comms = CreateGroupWithTimeout(&store, 3, 1000);
   ASSERT_EQ(comms.size(), 3u);
   const size_t count = 2000000;  // ~8 MB per rank: still running when rank 2 goes
   absl::Status status[2];
@@ -264,10 +265,8 @@ INSTANTIATE_TEST_SUITE_P(Kinds, PerKindTest,
 TEST(TimeoutTest, PeerThatNeverJoinsTimesOut) {
   for (Kind kind : {Kind::kAllReduce, Kind::kReduceScatter}) {
     const int world = 3;
-    GlooOptions options;
-    options.timeout_ms = 1000;
     MemoryStore store;
-    auto comms = CreateGroup(&store, world, options);
+    auto comms = CreateGroupWithTimeout(&store, world, 1000);
     ASSERT_EQ(comms.size(), 3u);
     absl::Status status[2];
     double elapsed[2];

@@ -513,8 +513,9 @@ TEST(NcclCommunicatorTest, DestroyWithAPendingOpDoesNotHang) {
 // Creates rank `rank` of a world of 2 whose peer never calls Create; *took gets the seconds
 // Create took.
 absl::StatusOr<std::unique_ptr<CudaCommunicator>> CreateAlone(Store* store, int rank,
-                                                              const NcclOptions& options,
-                                                              double* took) {
+                                                              int64_t timeout_ms, double* took) {
+  NcclOptions options;
+  options.timeout_ms = timeout_ms;
   const Clock::time_point start = Clock::now();
   auto comm = CreateNcclCommunicator(store, rank, 2, options);
   *took = SecondsSince(start);
@@ -525,13 +526,11 @@ absl::StatusOr<std::unique_ptr<CudaCommunicator>> CreateAlone(Store* store, int 
 // the missing rank; and the same for a rank waiting for rank 0's unique id.
 TEST(NcclCommunicatorTest, InitTimesOutWhenAPeerNeverArrives) {
   WEFT_REQUIRE_GPUS(1);
-  NcclOptions options;
-  options.timeout_ms = 2000;
   for (int rank : {0, 1}) {
     SCOPED_TRACE(::testing::Message() << "alone: rank " << rank);
     MemoryStore store;
     double took = 0;
-    auto comm = CreateAlone(&store, rank, options, &took);
+    auto comm = CreateAlone(&store, rank, /*timeout_ms=*/2000, &took);
     ASSERT_FALSE(comm.ok());
     EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded) << comm.status();
     EXPECT_GT(took, 1.9);
@@ -546,8 +545,6 @@ TEST(NcclCommunicatorTest, InitTimesOutWhenAPeerNeverArrives) {
 // or sits in NCCL's init: Create returns ABORTED promptly.
 TEST(NcclCommunicatorTest, StoreClosingDuringInitAborts) {
   WEFT_REQUIRE_GPUS(1);
-  NcclOptions options;
-  options.timeout_ms = 20000;
   for (int rank : {0, 1}) {
     SCOPED_TRACE(::testing::Message() << "alone: rank " << rank);
     MemoryStore store;
@@ -556,7 +553,7 @@ TEST(NcclCommunicatorTest, StoreClosingDuringInitAborts) {
       store.Close(absl::AbortedError("generation 4 ended"));
     });
     double took = 0;
-    auto comm = CreateAlone(&store, rank, options, &took);
+    auto comm = CreateAlone(&store, rank, /*timeout_ms=*/20000, &took);
     coordinator.join();
     ASSERT_FALSE(comm.ok());
     EXPECT_EQ(comm.status().code(), absl::StatusCode::kAborted) << comm.status();

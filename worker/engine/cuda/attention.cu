@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "worker/engine/cuda/bf16.cuh"
 #include "worker/engine/cuda/cuda_check.h"
@@ -52,33 +53,30 @@ __device__ inline int64_t HeadOffset(int64_t i, int row_vecs, int t, int c, int 
   return ((bi * nh + h) * t + ti) * hs + d;
 }
 
-// rows (B, T, n_tensors * C) -> heads[which] (B, NH, T, HS), one 8-channel vector per step.
-// Iterating in the row layout keeps both sides coalesced: a head's HS channels are contiguous
-// in both layouts.
-__global__ void RowsToHeadsKernel(HeadTensors heads,             // n_tensors x (B, NH, T, HS)
-                                  const bf16* __restrict__ rows,  // (B, T, n_tensors * C)
-                                  int64_t vecs, int t, int c, int hs, int nh, int n_tensors) {
-  const int row_vecs = n_tensors * c / kVec;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int which;
-    const int64_t dst = HeadOffset(i, row_vecs, t, c, hs, nh, &which);
-    *reinterpret_cast<uint4*>(heads.ptr[which] + dst) =
-        *reinterpret_cast<const uint4*>(rows + i * kVec);
-  }
-}
+// The rows (B, T, n_tensors * C) of a permutation: const when they are its source.
+template <bool kToHeads>
+using RowsPointer = std::conditional_t<kToHeads, const bf16*, bf16*>;
 
-// heads[which] (B, NH, T, HS) -> rows (B, T, n_tensors * C); the inverse of the above.
-__global__ void HeadsToRowsKernel(bf16* __restrict__ rows,  // (B, T, n_tensors * C)
-                                  HeadTensors heads,        // n_tensors x (B, NH, T, HS)
-                                  int64_t vecs, int t, int c, int hs, int nh, int n_tensors) {
+// Copies rows to heads[which] (B, NH, T, HS) when kToHeads, else the other way, one 8-channel
+// vector per step. Iterating in the row layout keeps both sides coalesced: a head's HS
+// channels are contiguous in both layouts.
+template <bool kToHeads>
+__global__ void PermuteHeadsKernel(
+    RowsPointer<kToHeads> __restrict__ rows,  // (B, T, n_tensors * C)
+    HeadTensors heads,                        // n_tensors x (B, NH, T, HS)
+    int64_t vecs, int t, int c, int hs, int nh, int n_tensors) {
   const int row_vecs = n_tensors * c / kVec;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int which;
-    const int64_t src = HeadOffset(i, row_vecs, t, c, hs, nh, &which);
-    *reinterpret_cast<uint4*>(rows + i * kVec) =
-        *reinterpret_cast<const uint4*>(heads.ptr[which] + src);
+    const int64_t offset = HeadOffset(i, row_vecs, t, c, hs, nh, &which);
+    if constexpr (kToHeads) {
+      *reinterpret_cast<uint4*>(heads.ptr[which] + offset) =
+          *reinterpret_cast<const uint4*>(rows + i * kVec);
+    } else {
+      *reinterpret_cast<uint4*>(rows + i * kVec) =
+          *reinterpret_cast<const uint4*>(heads.ptr[which] + offset);
+    }
   }
 }
 
@@ -198,14 +196,16 @@ absl::Status LaunchPerRow(void (*kernel)(Params...), int64_t rows, cudaStream_t 
   return internal::Launch(kernel, blocks, internal::kBlockSize, 0, stream, args...);
 }
 
-// The permutations between rows (B, T, n_tensors * C) and heads (B, NH, T, HS), one thread
-// per 8-channel vector.
-template <typename... Params, typename... Args>
-absl::Status LaunchPermutation(void (*kernel)(Params...), int n_tensors, int b, int t, int c,
-                               int nh, cudaStream_t stream, Args... args) {
+// The permutation between rows (B, T, n_tensors * C) and the heads, one thread per 8-channel
+// vector. The heads are only read when they are the source (kToHeads false), so const tensors
+// may be cast for the shared struct.
+template <bool kToHeads>
+absl::Status Permute(RowsPointer<kToHeads> rows, HeadTensors heads, int n_tensors, int b, int t,
+                     int c, int nh, cudaStream_t stream) {
   const int64_t vecs = static_cast<int64_t>(b) * t * n_tensors * c / kVec;
-  return internal::Launch(kernel, internal::GridFor(vecs), internal::kBlockSize, 0, stream, args...,
-                          vecs, t, c, c / nh, nh, n_tensors);
+  return internal::Launch(PermuteHeadsKernel<kToHeads>, internal::GridFor(vecs),
+                          internal::kBlockSize, 0, stream, rows, heads, vecs, t, c, c / nh, nh,
+                          n_tensors);
 }
 
 }  // namespace
@@ -217,7 +217,7 @@ absl::Status AttentionSplitHeads(bf16* q, bf16* k, bf16* v, const bf16* qkv, int
   WEFT_BF16_RETURN_IF_ERROR(
       internal::CheckPointers(kOp, {internal::Aligned16(q, "q"), internal::Aligned16(k, "k"),
                                     internal::Aligned16(v, "v"), internal::Aligned16(qkv, "qkv")}));
-  return LaunchPermutation(RowsToHeadsKernel, 3, b, t, c, nh, stream, HeadTensors{{q, k, v}}, qkv);
+  return Permute<true>(qkv, {{q, k, v}}, 3, b, t, c, nh, stream);
 }
 
 absl::Status AttentionMergeHeads(bf16* out, const bf16* y, int b, int t, int c, int nh,
@@ -226,9 +226,7 @@ absl::Status AttentionMergeHeads(bf16* out, const bf16* y, int b, int t, int c, 
   WEFT_BF16_RETURN_IF_ERROR(CheckHeads(b, t, c, nh, kOp));
   WEFT_BF16_RETURN_IF_ERROR(
       internal::CheckPointers(kOp, {internal::Aligned16(out, "out"), internal::Aligned16(y, "y")}));
-  // The kernel only reads through the head pointers.
-  return LaunchPermutation(HeadsToRowsKernel, 1, b, t, c, nh, stream, out,
-                           HeadTensors{{const_cast<bf16*>(y), nullptr, nullptr}});
+  return Permute<false>(out, {{const_cast<bf16*>(y), nullptr, nullptr}}, 1, b, t, c, nh, stream);
 }
 
 absl::Status AttentionSplitGrad(bf16* dy, const bf16* dout, int b, int t, int c, int nh,
@@ -237,8 +235,7 @@ absl::Status AttentionSplitGrad(bf16* dy, const bf16* dout, int b, int t, int c,
   WEFT_BF16_RETURN_IF_ERROR(CheckHeads(b, t, c, nh, kOp));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
       kOp, {internal::Aligned16(dy, "dy"), internal::Aligned16(dout, "dout")}));
-  return LaunchPermutation(RowsToHeadsKernel, 1, b, t, c, nh, stream,
-                           HeadTensors{{dy, nullptr, nullptr}}, dout);
+  return Permute<true>(dout, {{dy, nullptr, nullptr}}, 1, b, t, c, nh, stream);
 }
 
 absl::Status AttentionMergeGrads(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv,
@@ -248,9 +245,9 @@ absl::Status AttentionMergeGrads(bf16* dqkv, const bf16* dq, const bf16* dk, con
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
       kOp, {internal::Aligned16(dqkv, "dqkv"), internal::Aligned16(dq, "dq"),
             internal::Aligned16(dk, "dk"), internal::Aligned16(dv, "dv")}));
-  return LaunchPermutation(
-      HeadsToRowsKernel, 3, b, t, c, nh, stream, dqkv,
-      HeadTensors{{const_cast<bf16*>(dq), const_cast<bf16*>(dk), const_cast<bf16*>(dv)}});
+  return Permute<false>(dqkv,
+                        {{const_cast<bf16*>(dq), const_cast<bf16*>(dk), const_cast<bf16*>(dv)}}, 3,
+                        b, t, c, nh, stream);
 }
 
 absl::Status CausalSoftmaxForward(bf16* att, float* lse, int64_t rows, int t, float scale,

@@ -23,7 +23,6 @@ namespace {
 using internal::kVec;
 using internal::kWarpSize;
 using internal::LoadVec;
-using internal::MaxSum;
 using internal::StoreVec;
 
 constexpr int kBlock = 512;
@@ -43,7 +42,7 @@ __global__ void __launch_bounds__(kBlock)
   bf16* row = logits + static_cast<int64_t>(blockIdx.x) * vp;  // (Vp)
   const int target = targets[blockIdx.x];
 
-  MaxSum acc = {-INFINITY, 0.0f};
+  internal::MaxSum acc = {-INFINITY, 0.0f};
   for (int j = threadIdx.x * kVec; j < v; j += kBlockStride) {
     float x[kVec];
     LoadVec(row + j, x);
@@ -58,7 +57,7 @@ __global__ void __launch_bounds__(kBlock)
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    MaxSum total = {warp_max[0], warp_sum[0]};
+    internal::MaxSum total = {warp_max[0], warp_sum[0]};
     for (int w = 1; w < kWarps; ++w) total = internal::Merge(total, {warp_max[w], warp_sum[w]});
     const float lse = total.m + logf(total.s);
     row_lse = lse;

@@ -248,8 +248,9 @@ __device__ __forceinline__ void ForEachElement(float (&acc)[kN / 8][4], int lane
 #pragma unroll
   for (int nt = 0; nt < kN / 8; ++nt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
+    for (int e = 0; e < 4; ++e) {
       acc[nt][e] = f(acc[nt][e], e / 2, nt * 8 + 2 * (lane % 4) + e % 2, nt, e);
+    }
   }
 }
 
@@ -275,6 +276,31 @@ __device__ __forceinline__ void LoadKeyTile(bf16* sk, bf16* sv, const HeadBase& 
   constexpr int kStride = Tiles<kHs>::kStride;
   LoadTile<kHs, kBk>(sk + buf * kBk * kStride, head.k, step * kBk, t, head.ld_qkv);
   LoadTile<kHs, kBk>(sv + buf * kBk * kStride, head.v, step * kBk, t, head.ld_qkv);
+}
+
+// The walk of the forward and dQ kernels over key tiles [0, n_steps) (kBk keys each),
+// double-buffered. For each tile that reaches this warp's rows (tiles start on multiples of 16,
+// so k0 <= warp_row + 15 means every row of the warp sees at least key k0; a tile entirely
+// above them contributes nothing), computes the warp's scores s (16, kBk) = Q K^T and calls
+// on_tile(s, k0, straddles, skb, svb): straddles says the tile crosses the diagonal (masking
+// needed), skb / svb are the tile's keys and values in shared memory.
+template <int kHs, int kBk, typename OnTile>
+__device__ __forceinline__ void WalkKeyTiles(bf16* sk, bf16* sv, const bf16* sq_warp,
+                                             const HeadBase& head, int n_steps, int warp_row, int t,
+                                             int lane, OnTile on_tile) {
+  constexpr int kStride = Tiles<kHs>::kStride;
+  for (int j = 0; j < n_steps; ++j) {
+    const int buf = j % 2;
+    AwaitStep(j + 1 < n_steps, [&] { LoadKeyTile<kHs, kBk>(sk, sv, head, j + 1, 1 - buf, t); });
+    const int k0 = j * kBk;
+    if (k0 <= warp_row + kWarpRows - 1) {
+      const bf16* skb = sk + buf * kBk * kStride;
+      float s[kBk / 8][4] = {};
+      MmaABt<kHs, kBk>(s, sq_warp, skb, lane);
+      on_tile(s, k0, k0 + kBk - 1 > warp_row, skb, sv + buf * kBk * kStride);
+    }
+    __syncthreads();  // the buffer is refilled by the next step's prefetch
+  }
 }
 
 // ---- kernels ----
@@ -311,50 +337,41 @@ __global__ void __launch_bounds__(kThreads)
   float o[kHs / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY};  // running max (log2 units) of rows row_lo, row_lo + 8
   float l[2] = {0.0f, 0.0f};            // this lane's share of the running sum
-  for (int j = 0; j < n_steps; ++j) {
-    const int buf = j % 2;
-    AwaitStep(j + 1 < n_steps, [&] { LoadKeyTile<kHs, kBk>(sk, sv, head, j + 1, 1 - buf, t); });
-    const int k0 = j * kBk;
-    // A tile entirely above this warp's rows contributes nothing (tiles start on multiples of
-    // 16, so k0 <= warp_row + 15 means every row of the warp sees at least key k0).
-    if (k0 <= warp_row + kWarpRows - 1) {
-      const bf16* skb = sk + buf * kBk * kStride;
-      const bf16* svb = sv + buf * kBk * kStride;
-      float s[kBk / 8][4] = {};
-      MmaABt<kHs, kBk>(s, sq + warp * kWarpRows * kStride, skb, lane);  // (16, kBk) = Q K^T
-      const bool straddles = k0 + kBk - 1 > warp_row;
-      ForEachElement<kBk>(s, lane, [&](float x, int h, int col, int, int) {
-        return straddles && k0 + col > row_lo + 8 * h ? -INFINITY : x * scale_log2;
+  WalkKeyTiles<kHs, kBk>(
+      sk, sv, sq + warp * kWarpRows * kStride, head, n_steps, warp_row, t, lane,
+      [&](float(&s)[kBk / 8][4], int k0, bool straddles, const bf16*, const bf16* svb) {
+        ForEachElement<kBk>(s, lane, [&](float x, int h, int col, int, int) {
+          return straddles && k0 + col > row_lo + 8 * h ? -INFINITY : x * scale_log2;
+        });
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = m[h];
+#pragma unroll
+          for (int nt = 0; nt < kBk / 8; ++nt) {
+            mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+          }
+          // The 4 lanes of a quad share a row.
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          // A row with no key yet keeps max -inf; subtracting 0 instead avoids -inf - -inf.
+          const float base = mx == -INFINITY ? 0.0f : mx;
+          const float corr = exp2f(m[h] - base);
+          m[h] = mx;
+          l[h] *= corr;
+#pragma unroll
+          for (int nt = 0; nt < kHs / 8; ++nt) {
+            o[nt][2 * h] *= corr;
+            o[nt][2 * h + 1] *= corr;
+          }
+#pragma unroll
+          for (int nt = 0; nt < kBk / 8; ++nt) {
+            s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
+            s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
+            l[h] += s[nt][2 * h] + s[nt][2 * h + 1];
+          }
+        }
+        MmaPB<kHs, kBk>(o, s, svb, lane);  // O += P V
       });
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = m[h];
-#pragma unroll
-        for (int nt = 0; nt < kBk / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
-        // The 4 lanes of a quad share a row.
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // A row with no key yet keeps max -inf; subtracting 0 instead avoids -inf - -inf.
-        const float base = mx == -INFINITY ? 0.0f : mx;
-        const float corr = exp2f(m[h] - base);
-        m[h] = mx;
-        l[h] *= corr;
-#pragma unroll
-        for (int nt = 0; nt < kHs / 8; ++nt) {
-          o[nt][2 * h] *= corr;
-          o[nt][2 * h + 1] *= corr;
-        }
-#pragma unroll
-        for (int nt = 0; nt < kBk / 8; ++nt) {
-          s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
-          s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
-          l[h] += s[nt][2 * h] + s[nt][2 * h + 1];
-        }
-      }
-      MmaPB<kHs, kBk>(o, s, svb, lane);  // O += P V
-    }
-    __syncthreads();  // the buffer is refilled by the next step's prefetch
-  }
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -526,29 +543,20 @@ __global__ void __launch_bounds__(kThreads)
   const int n_steps = (min(t, q0 + kTile) + kBk - 1) / kBk;
 
   float dq_acc[kHs / 8][4] = {};
-  for (int j = 0; j < n_steps; ++j) {
-    const int buf = j % 2;
-    AwaitStep(j + 1 < n_steps, [&] { LoadKeyTile<kHs, kBk>(sk, sv, head, j + 1, 1 - buf, t); });
-    const int k0 = j * kBk;
-    if (k0 <= warp_row + kWarpRows - 1) {
-      const bf16* skb = sk + buf * kBk * kStride;
-      const bf16* svb = sv + buf * kBk * kStride;
-      float s[kBk / 8][4] = {};
-      MmaABt<kHs, kBk>(s, sq + warp * kWarpRows * kStride, skb, lane);  // S = Q K^T
-      const bool straddles = k0 + kBk - 1 > warp_row;
-      ForEachElement<kBk>(s, lane, [&](float x, int h, int col, int, int) {
-        const float p = exp2f(x * scale_log2 - row_lse[h]);
-        return straddles && k0 + col > row_lo + 8 * h ? 0.0f : p;  // P
+  WalkKeyTiles<kHs, kBk>(
+      sk, sv, sq + warp * kWarpRows * kStride, head, n_steps, warp_row, t, lane,
+      [&](float(&s)[kBk / 8][4], int k0, bool straddles, const bf16* skb, const bf16* svb) {
+        ForEachElement<kBk>(s, lane, [&](float x, int h, int col, int, int) {
+          const float p = exp2f(x * scale_log2 - row_lse[h]);
+          return straddles && k0 + col > row_lo + 8 * h ? 0.0f : p;  // P
+        });
+        float dp[kBk / 8][4] = {};
+        MmaABt<kHs, kBk>(dp, sdy + warp * kWarpRows * kStride, svb, lane);  // dP = dY V^T
+        ForEachElement<kBk>(s, lane, [&](float p, int h, int, int nt, int e) {
+          return p * (dp[nt][e] - row_dsum[h]);  // dS / scale
+        });
+        MmaPB<kHs, kBk>(dq_acc, s, skb, lane);  // dQ += dS K
       });
-      float dp[kBk / 8][4] = {};
-      MmaABt<kHs, kBk>(dp, sdy + warp * kWarpRows * kStride, svb, lane);  // dP = dY V^T
-      ForEachElement<kBk>(s, lane, [&](float p, int h, int, int nt, int e) {
-        return p * (dp[nt][e] - row_dsum[h]);  // dS / scale
-      });
-      MmaPB<kHs, kBk>(dq_acc, s, skb, lane);  // dQ += dS K
-    }
-    __syncthreads();
-  }
   const float mul[2] = {scale, scale};
   StoreRows<kHs>(dq, dq_acc, mul, row_lo, t, head.ld_qkv, lane);
 }

@@ -1,4 +1,4 @@
-// The bf16 CUDA ops (worker/engine/cuda/ops.h, "bf16 training ops") against the CPU fp32 ops
+// The bf16 CUDA ops (worker/engine/cuda/ops.h) against the CPU fp32 ops
 // (or, for the attention pieces and the bias gradient, a small host reference). Inputs are
 // random and ROUNDED to bf16 first; the reference runs in fp32 (double for the host softmax)
 // on exactly those values, so what remains is the kernels' bf16 rounding of their outputs
