@@ -108,12 +108,13 @@ class DeviceBuffer {
 };
 
 // Creates the communicators of ranks [0, world) concurrently, rank r on device r.
-std::vector<std::unique_ptr<CudaCommunicator>> CreateNcclGroup(Store* store, int world,
-                                                               NcclOptions options = {}) {
+std::vector<std::unique_ptr<CudaCommunicator>> CreateNcclGroup(
+    Store* store, int world, int64_t timeout_ms = NcclOptions{}.timeout_ms) {
   return testing::CreateRanks<CudaCommunicator>(world, [&](int r) {
-    NcclOptions mine = options;
-    mine.device = r;
-    return CreateNcclCommunicator(store, r, world, mine);
+    NcclOptions options;
+    options.device = r;
+    options.timeout_ms = timeout_ms;
+    return CreateNcclCommunicator(store, r, world, options);
   });
 }
 
@@ -389,9 +390,7 @@ TEST_P(AbortTest, ReleasesACollectiveAPeerNeverJoins) {
   const bool warm = GetParam();
   WEFT_REQUIRE_GPUS(2);
   MemoryStore store;
-  NcclOptions options;
-  options.timeout_ms = 30000;
-  auto comms = CreateNcclGroup(&store, 2, options);
+  auto comms = CreateNcclGroup(&store, 2, /*timeout_ms=*/30000);
   ASSERT_EQ(comms.size(), 2u);
   constexpr size_t kCount = 1 << 16;
   if (warm) WarmUp(comms, kCount);
@@ -461,9 +460,7 @@ TEST(NcclCommunicatorTest, WaitTimesOut) {
   for (bool warm : {false, true}) {
     SCOPED_TRACE(warm ? "warm" : "cold");
     MemoryStore store;
-    NcclOptions options;
-    options.timeout_ms = 1000;
-    auto comms = CreateNcclGroup(&store, 2, options);
+    auto comms = CreateNcclGroup(&store, 2, /*timeout_ms=*/1000);
     ASSERT_EQ(comms.size(), 2u);
     if (warm) WarmUp(comms, 512);
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
@@ -488,9 +485,7 @@ TEST(NcclCommunicatorTest, WaitTimesOut) {
 TEST(NcclCommunicatorTest, DestroyWithAPendingOpDoesNotHang) {
   WEFT_REQUIRE_GPUS(2);
   MemoryStore store;
-  NcclOptions options;
-  options.timeout_ms = 3000;
-  auto comms = CreateNcclGroup(&store, 2, options);
+  auto comms = CreateNcclGroup(&store, 2, /*timeout_ms=*/3000);
   ASSERT_EQ(comms.size(), 2u);
   WarmUp(comms, 4096);
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);

@@ -5,10 +5,11 @@
 // mean/rstd, softmax logsumexp, losses) and every PARAMETER gradient are fp32; arithmetic
 // inside a kernel is fp32.
 //
-// Contract (where it differs from the CPU ops, the names say so):
-//  - Parameter gradients (float*) ACCUMULATE (+=), as the CPU ops'.
-//  - Activation gradients (bf16*) are WRITTEN (=), unlike the CPU ops, except where a comment
-//    says "+=" (the residual stream's gradient, which several consumers add into).
+// Contract (an op named as a CPU op has that op's accumulate contract; GeluBackwardOverwrite's
+// name says where it differs):
+//  - Parameter gradients (float*) ACCUMULATE (+=).
+//  - Activation gradients (bf16*) are WRITTEN (=) except where a comment says "+=" (the
+//    residual stream's gradient, which several consumers add into).
 //  - Nothing is written but the outputs / gradient buffers named.
 //  - Every launcher enqueues on `stream` (taken LAST) and returns without synchronizing.
 //    Its absl::Status reports argument errors and launch errors (cudaGetLastError after the
