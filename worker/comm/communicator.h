@@ -1,27 +1,33 @@
 // The collective-communication interface of the training engine, in the spirit of c10d's
-// Backend: every collective is enqueued and returns a Work handle at once; a backend
-// implements what it supports and answers UNIMPLEMENTED (saying what it lacks) otherwise.
+// Backend: every collective is enqueued and returns a Work handle; a backend implements what
+// it supports and answers UNIMPLEMENTED (saying what it lacks) otherwise.
 //
-// Implementations: Gloo over TCP (CPU, this folder: CreateGlooCommunicator) and NCCL (GPU,
-// later). Both rendezvous through the generation's weft::Store — never a file store or a
-// separate TCP store.
+// Implementations, both rendezvousing through the generation's weft::Store (never a file store
+// or a separate TCP store):
+//   - Gloo over TCP (CPU): CreateGlooCommunicator, below (gloo_communicator.cc).
+//   - NCCL (GPU, one device per rank): CreateNcclCommunicator, nccl_communicator.h, which adds
+//     the CUDA stream the collectives run on and an event wait (CudaCommunicator).
 //
-// Ordering: the collectives of one Communicator form a single stream. They run one after
-// another, in call order, on the communicator's own thread, so a caller may enqueue the next
-// unit's AllGather and compute while it runs (ZeRO prefetch). Every rank must enqueue the same
-// sequence of collectives with the same counts, types and roots.
+// Ordering: the collectives of one Communicator form a single stream of ops, executed in call
+// order, so a caller may enqueue the next unit's AllGather and compute while it runs (ZeRO
+// prefetch). Where they execute is the backend's: Gloo queues them to one communication thread
+// per communicator; NCCL enqueues them on the caller's thread onto the communicator's CUDA
+// stream (NCCL's own threads do the networking), and a Work polls an event recorded behind
+// the op. Every rank must enqueue the same sequence of collectives with the same counts, types
+// and roots.
 //
 // Errors: a Work's status is the op's outcome.
 //   - ABORTED (or the code of the status given to Abort): the communicator was aborted.
-//   - DEADLINE_EXCEEDED: the op (or connection setup) ran past GlooOptions::timeout_ms.
-//   - UNAVAILABLE: a peer's connection was lost (the peer died, failed or aborted); names the
-//     ranks whose connections failed.
+//   - DEADLINE_EXCEEDED: the op (or connection setup) ran past the backend's timeout_ms
+//     (GlooOptions, NcclOptions).
+//   - UNAVAILABLE: a peer's connection was lost (the peer died, failed or aborted); Gloo names
+//     the ranks whose connections failed.
 //   - UNIMPLEMENTED: the backend does not support the data type or op.
 //   - INVALID_ARGUMENT: bad arguments (null buffer, root out of range, count too large).
 // After a failed op the communicator is broken (the ranks' streams are out of step): every
 // later op fails at once with the first failure's code. A new generation needs a new
-// communicator. Destroying a communicator cancels its pending ops (CANCELLED) and never
-// hangs, even when peers have vanished.
+// communicator. Destroying a communicator never hangs, even when peers have vanished; the
+// Works of ops that never finished complete with CANCELLED.
 #ifndef WEFT_WORKER_COMM_COMMUNICATOR_H_
 #define WEFT_WORKER_COMM_COMMUNICATOR_H_
 
@@ -86,8 +92,9 @@ class Communicator {
   virtual std::shared_ptr<Work> Barrier() = 0;
 
   // Fails every in-flight and queued op promptly (well under a second) with `reason` (OK is
-  // replaced by ABORTED) and every later op too; closes the connections so that peers fail
-  // promptly as well. Thread-safe, idempotent (the first reason wins); callable from any
+  // replaced by ABORTED) and every later op too. Gloo also fails its connections, so peers
+  // fail promptly as well; NCCL peers blocked on this rank fail at their own timeout or Abort
+  // (nccl_communicator.h). Thread-safe, idempotent (the first reason wins); callable from any
   // thread while the communicator exists (the worker's heartbeat thread calls it when the
   // coordinator says the generation ended).
   virtual void Abort(absl::Status reason) = 0;

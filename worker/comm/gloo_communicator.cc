@@ -293,31 +293,19 @@ class GlooCommunicator final : public Communicator {
 
   std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t count_per_rank,
                                   DataType type) override {
-    Op op;
-    op.kind = OpKind::kAllGather;
-    op.send = send;
-    op.recv = recv;
-    op.count = count_per_rank;
-    return Submit(std::move(op), type);
+    return Submit({.kind = OpKind::kAllGather, .send = send, .recv = recv, .count = count_per_rank},
+                  type);
   }
 
   std::shared_ptr<Work> ReduceScatter(const void* send, void* recv, size_t count_per_rank,
                                       DataType type) override {
-    Op op;
-    op.kind = OpKind::kReduceScatter;
-    op.send = send;
-    op.recv = recv;
-    op.count = count_per_rank;
-    return Submit(std::move(op), type);
+    return Submit(
+        {.kind = OpKind::kReduceScatter, .send = send, .recv = recv, .count = count_per_rank},
+        type);
   }
 
   std::shared_ptr<Work> AllReduce(void* buf, size_t count, DataType type) override {
-    Op op;
-    op.kind = OpKind::kAllReduce;
-    op.send = buf;
-    op.recv = buf;
-    op.count = count;
-    return Submit(std::move(op), type);
+    return Submit({.kind = OpKind::kAllReduce, .send = buf, .recv = buf, .count = count}, type);
   }
 
   std::shared_ptr<Work> Broadcast(void* buf, size_t count, DataType type, int root) override {
@@ -325,20 +313,12 @@ class GlooCommunicator final : public Communicator {
       return MakeCompletedWork(absl::InvalidArgumentError(
           absl::StrCat("Gloo Broadcast: root ", root, " is not a rank of a world of ", world_)));
     }
-    Op op;
-    op.kind = OpKind::kBroadcast;
-    op.send = buf;
-    op.recv = buf;
-    op.count = count;
-    op.root = root;
-    return Submit(std::move(op), type);
+    return Submit(
+        {.kind = OpKind::kBroadcast, .send = buf, .recv = buf, .count = count, .root = root}, type);
   }
 
   std::shared_ptr<Work> Barrier() override {
-    Op op;
-    op.kind = OpKind::kBarrier;
-    op.count = 1;
-    return Submit(std::move(op), DataType::kFloat32);
+    return Submit({.kind = OpKind::kBarrier, .count = 1}, DataType::kFloat32);
   }
 
   void Abort(absl::Status reason) override {
@@ -513,10 +493,7 @@ class GlooCommunicator final : public Communicator {
         if (in) live.push_back(in.get());
         opts.setOutput<float>(std::move(out));
         if (in) opts.setInput<float>(std::move(in));
-        opts.setTag(tag);
-        opts.setTimeout(timeout_);
-        LiveBuffers guard(this, std::move(live));
-        ::gloo::allgather(opts);
+        RunAlgorithm(::gloo::allgather, opts, tag, std::move(live));
         return;
       }
       case OpKind::kAllReduce:
@@ -528,10 +505,7 @@ class GlooCommunicator final : public Communicator {
         std::vector<UnboundBuffer*> live = {out.get()};
         opts.setOutput<float>(std::move(out));
         opts.setRoot(op.root);
-        opts.setTag(tag);
-        opts.setTimeout(timeout_);
-        LiveBuffers guard(this, std::move(live));
-        ::gloo::broadcast(opts);
+        RunAlgorithm(::gloo::broadcast, opts, tag, std::move(live));
         return;
       }
       case OpKind::kBarrier:
@@ -545,10 +519,18 @@ class GlooCommunicator final : public Communicator {
 
   void RunBarrier(uint32_t tag) {
     BarrierOpts opts(context_);
+    RunAlgorithm(::gloo::barrier, opts, tag, {opts.unbound_buffer()});
+  }
+
+  // Runs a Gloo collective (`algorithm` on opts) under the op's tag and the timeout, with its
+  // unbound buffers `live` registered for Abort while it runs.
+  template <typename Algorithm, typename Options>
+  void RunAlgorithm(Algorithm algorithm, Options& opts, uint32_t tag,
+                    std::vector<UnboundBuffer*> live) {
     opts.setTag(tag);
     opts.setTimeout(timeout_);
-    LiveBuffers guard(this, {opts.unbound_buffer()});
-    ::gloo::barrier(opts);
+    LiveBuffers guard(this, std::move(live));
+    algorithm(opts);
   }
 
   // AllReduce and ReduceScatter run Gloo's halving-doubling algorithms

@@ -1,6 +1,8 @@
 // Shared pieces of the Communicator interface: data type helpers and the completion Work.
 #include "worker/comm/work.h"
 
+#include <cstddef>
+#include <iterator>
 #include <utility>
 
 #include "worker/comm/communicator.h"
@@ -53,19 +55,11 @@ std::shared_ptr<Work> MakeCompletedWork(absl::Status status) {
 }
 
 const char* OpName(OpKind kind) {
-  switch (kind) {
-    case OpKind::kAllGather:
-      return "AllGather";
-    case OpKind::kReduceScatter:
-      return "ReduceScatter";
-    case OpKind::kAllReduce:
-      return "AllReduce";
-    case OpKind::kBroadcast:
-      return "Broadcast";
-    case OpKind::kBarrier:
-      return "Barrier";
-  }
-  return "?";
+  // In OpKind's order; kBarrier is the last kind.
+  static constexpr const char* kNames[] = {"AllGather", "ReduceScatter", "AllReduce", "Broadcast",
+                                           "Barrier"};
+  static_assert(std::size(kNames) == static_cast<size_t>(OpKind::kBarrier) + 1);
+  return kNames[static_cast<int>(kind)];
 }
 
 }  // namespace weft::comm

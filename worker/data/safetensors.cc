@@ -292,44 +292,31 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorD
   return SyncDirectory(dir, path);
 }
 
-absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": file does not exist"));
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": cannot open: ", std::strerror(err)));
-  }
-  absl::Cleanup closer = [fd] { close(fd); };
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": cannot stat: ", std::strerror(errno)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(path, ": not a regular file"));
-  }
-  const auto file_size = static_cast<uint64_t>(st.st_size);
+namespace {
+
+// The 8-byte header length and the JSON header after it, checked against the file's size;
+// *header_size gets the header's length in bytes.
+absl::StatusOr<Json> ReadHeader(int fd, uint64_t file_size, const std::string& path,
+                                uint64_t* header_size) {
   if (file_size < 8) {
     return absl::DataLossError(absl::StrCat(path, ": truncated: ", file_size,
                                             " bytes, less than the 8-byte header length"));
   }
   unsigned char length_bytes[8];
   WEFT_RETURN_IF_ERROR(ReadAllAt(fd, length_bytes, 8, 0, path));
-  uint64_t header_size = 0;
-  for (int i = 0; i < 8; ++i) header_size |= static_cast<uint64_t>(length_bytes[i]) << (8 * i);
-  if (header_size > file_size - 8) {
-    return absl::DataLossError(absl::StrCat(path, ": truncated: header length is ", header_size,
-                                            " bytes but only ", file_size - 8,
-                                            " bytes follow it"));
+  *header_size = 0;
+  for (int i = 0; i < 8; ++i) *header_size |= static_cast<uint64_t>(length_bytes[i]) << (8 * i);
+  if (*header_size > file_size - 8) {
+    return absl::DataLossError(absl::StrCat(path, ": truncated: header length is ", *header_size,
+                                            " bytes but only ", file_size - 8, " bytes follow it"));
   }
-  if (header_size > kMaxHeaderBytes) {
-    return absl::DataLossError(absl::StrCat(path, ": header length ", header_size,
+  if (*header_size > kMaxHeaderBytes) {
+    return absl::DataLossError(absl::StrCat(path, ": header length ", *header_size,
                                             " exceeds the limit of ", kMaxHeaderBytes,
                                             " bytes; not a safetensors file?"));
   }
-  std::string header_text(header_size, '\0');
-  WEFT_RETURN_IF_ERROR(ReadAllAt(fd, header_text.data(), header_size, 8, path));
+  std::string header_text(*header_size, '\0');
+  WEFT_RETURN_IF_ERROR(ReadAllAt(fd, header_text.data(), *header_size, 8, path));
   Json header;
   try {
     header = Json::parse(header_text);
@@ -339,33 +326,29 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
   if (!header.is_object()) {
     return absl::DataLossError(absl::StrCat(path, ": header JSON is not an object"));
   }
+  return header;
+}
 
-  const uint64_t data_start = 8 + header_size;
-  const uint64_t data_size = file_size - data_start;
-  SafetensorsFile result;
-  std::vector<Entry> entries;
-  for (const auto& [key, value] : header.items()) {
-    if (key == kMetadataKey) {
-      if (!value.is_object()) {
-        return absl::DataLossError(
-            absl::StrCat(path, ": \"", kMetadataKey, "\" is not a JSON object"));
-      }
-      for (const auto& [mkey, mvalue] : value.items()) {
-        if (!mvalue.is_string()) {
-          return absl::DataLossError(absl::StrCat(path, ": ", kMetadataKey, " value of \"", mkey,
-                                                  "\" is not a string: ", mvalue.dump()));
-        }
-        result.metadata[mkey] = mvalue.get<std::string>();
-      }
-      continue;
-    }
-    WEFT_ASSIGN_OR_RETURN(Entry entry, ParseEntry(path, key, value, data_size));
-    entries.push_back(std::move(entry));
+// The "__metadata__" entry's string values into *metadata.
+absl::Status ParseMetadata(const std::string& path, const Json& value,
+                           std::map<std::string, std::string>* metadata) {
+  if (!value.is_object()) {
+    return absl::DataLossError(absl::StrCat(path, ": \"", kMetadataKey, "\" is not a JSON object"));
   }
+  for (const auto& [mkey, mvalue] : value.items()) {
+    if (!mvalue.is_string()) {
+      return absl::DataLossError(absl::StrCat(path, ": ", kMetadataKey, " value of \"", mkey,
+                                              "\" is not a string: ", mvalue.dump()));
+    }
+    (*metadata)[mkey] = mvalue.get<std::string>();
+  }
+  return absl::OkStatus();
+}
 
-  // The tensors must tile [0, data_size) exactly. Sorting by (begin, end) puts empty tensors
-  // before a non-empty one at the same offset, so they never read as overlaps; stable keeps
-  // header order among equals.
+// The tensors must tile [0, data_size) exactly. Sorts `entries` by (begin, end), which puts
+// empty tensors before a non-empty one at the same offset, so they never read as overlaps;
+// stable keeps header order among equals.
+absl::Status CheckTiling(const std::string& path, uint64_t data_size, std::vector<Entry>& entries) {
   std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
@@ -390,6 +373,44 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
                                             " bytes but the tensors cover only ", covered,
                                             " (trailing bytes after the last tensor)"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": file does not exist"));
+    return absl::FailedPreconditionError(absl::StrCat(path, ": cannot open: ", std::strerror(err)));
+  }
+  absl::Cleanup closer = [fd] { close(fd); };
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": cannot stat: ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": not a regular file"));
+  }
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+  uint64_t header_size = 0;
+  WEFT_ASSIGN_OR_RETURN(const Json header, ReadHeader(fd, file_size, path, &header_size));
+
+  const uint64_t data_start = 8 + header_size;
+  const uint64_t data_size = file_size - data_start;
+  SafetensorsFile result;
+  std::vector<Entry> entries;
+  for (const auto& [key, value] : header.items()) {
+    if (key == kMetadataKey) {
+      WEFT_RETURN_IF_ERROR(ParseMetadata(path, value, &result.metadata));
+      continue;
+    }
+    WEFT_ASSIGN_OR_RETURN(Entry entry, ParseEntry(path, key, value, data_size));
+    entries.push_back(std::move(entry));
+  }
+  WEFT_RETURN_IF_ERROR(CheckTiling(path, data_size, entries));
 
   result.tensors.reserve(entries.size());
   for (Entry& e : entries) {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,19 +25,27 @@ inline void OnRanks(int world, const std::function<void(int)>& fn) {
   for (auto& t : threads) t.join();
 }
 
-// Creates the communicators of ranks [0, world) concurrently (creation blocks until all
-// ranks have connected). Fails the test (and returns an empty vector) if any creation fails.
-inline std::vector<std::unique_ptr<Communicator>> CreateGroup(Store* store, int world,
-                                                              const GlooOptions& options = {}) {
-  std::vector<absl::StatusOr<std::unique_ptr<Communicator>>> results(world);
-  OnRanks(world, [&](int r) { results[r] = CreateGlooCommunicator(store, r, world, options); });
-  std::vector<std::unique_ptr<Communicator>> comms;
+// Creates the communicators of ranks [0, world) concurrently, rank r's by create(r) (creation
+// blocks until all ranks have connected). Fails the test (and returns an empty vector) if any
+// creation fails.
+template <typename Comm, typename Create>
+std::vector<std::unique_ptr<Comm>> CreateRanks(int world, Create create) {
+  std::vector<absl::StatusOr<std::unique_ptr<Comm>>> results(world);
+  OnRanks(world, [&](int r) { results[r] = create(r); });
+  std::vector<std::unique_ptr<Comm>> comms;
   for (int r = 0; r < world; ++r) {
     EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
     if (!results[r].ok()) return {};
     comms.push_back(std::move(results[r]).value());
   }
   return comms;
+}
+
+// A Gloo group of `world` ranks (CreateRanks).
+inline std::vector<std::unique_ptr<Communicator>> CreateGroup(Store* store, int world,
+                                                              const GlooOptions& options = {}) {
+  return CreateRanks<Communicator>(
+      world, [&](int r) { return CreateGlooCommunicator(store, r, world, options); });
 }
 
 inline double SecondsSince(std::chrono::steady_clock::time_point start) {

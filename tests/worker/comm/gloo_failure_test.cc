@@ -3,6 +3,7 @@
 // process over TCP loopback; nothing may hang.
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -32,20 +33,11 @@ constexpr DataType kF32 = DataType::kFloat32;
 
 enum class Kind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
 
+// The Communicator method of each kind, as the failure messages must name it.
 std::string KindName(Kind kind) {
-  switch (kind) {
-    case Kind::kAllGather:
-      return "AllGather";
-    case Kind::kReduceScatter:
-      return "ReduceScatter";
-    case Kind::kAllReduce:
-      return "AllReduce";
-    case Kind::kBroadcast:
-      return "Broadcast";
-    case Kind::kBarrier:
-      return "Barrier";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"AllGather", "ReduceScatter", "AllReduce", "Broadcast",
+                                           "Barrier"};
+  return kNames[static_cast<int>(kind)];
 }
 
 // Buffers for one op of `count` elements per rank; they outlive the Work.
@@ -73,6 +65,14 @@ std::shared_ptr<Work> Issue(Communicator& comm, Kind kind, size_t count, OpBuffe
   return nullptr;
 }
 
+// A group of `world` ranks whose ops time out after timeout_ms.
+std::vector<std::unique_ptr<Communicator>> CreateGroupWithTimeout(MemoryStore* store, int world,
+                                                                  int64_t timeout_ms) {
+  GlooOptions options;
+  options.timeout_ms = timeout_ms;
+  return CreateGroup(store, world, options);
+}
+
 class PerKindTest : public ::testing::TestWithParam<Kind> {};
 
 // Ranks 0 and 1 enter a collective that rank 2 never joins (it stays alive and connected, and
@@ -84,10 +84,8 @@ class PerKindTest : public ::testing::TestWithParam<Kind> {};
 TEST_P(PerKindTest, AbortReleasesABlockedCollective) {
   const Kind kind = GetParam();
   const int world = 3;
-  GlooOptions options;
-  options.timeout_ms = 30000;
   MemoryStore store;
-  auto comms = CreateGroup(&store, world, options);
+  auto comms = CreateGroupWithTimeout(&store, world, 30000);
   ASSERT_EQ(comms.size(), 3u);
 
   std::atomic<int64_t> abort_at_ns[2] = {0, 0};
@@ -146,6 +144,13 @@ TEST_P(PerKindTest, AbortReleasesABlockedCollective) {
 // Checks the survivors (ranks 0 and 1) after rank 2 died: each either finished (it already
 // had everything it needed from rank 2) or failed well within the 1 s timeout with UNAVAILABLE
 // naming a lost peer, or DEADLINE_EXCEEDED; a failed survivor is broken afterwards.
+
+// Seconds from `at_ns` (Clock ticks since its epoch, as an atomic can hold them) to now.
+double SecondsSinceTicks(int64_t at_ns) {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch() - Clock::duration(at_ns))
+      .count();
+}
+
 // Returns how many failed.
 int CheckSurvivors(std::vector<std::unique_ptr<Communicator>>& comms, Kind kind,
                    const absl::Status (&status)[2], const double (&elapsed)[2]) {
@@ -175,10 +180,8 @@ int CheckSurvivors(std::vector<std::unique_ptr<Communicator>>& comms, Kind kind,
 // for the second to notice, the first, which closed its connections when it failed).
 TEST_P(PerKindTest, PeerDeathWhileOthersWaitFailsThemAtOnce) {
   const Kind kind = GetParam();
-  GlooOptions options;
-  options.timeout_ms = 1000;
   MemoryStore store;
-  auto comms = CreateGroup(&store, 3, options);
+  auto comms = CreateGroupWithTimeout(&store, 3, 1000);
   ASSERT_EQ(comms.size(), 3u);
   absl::Status status[2];
   double elapsed[2] = {0, 0};
@@ -191,9 +194,7 @@ TEST_P(PerKindTest, PeerDeathWhileOthersWaitFailsThemAtOnce) {
   OnRanks(2, [&](int r) {
     OpBuffers bufs;
     status[r] = Issue(*comms[r], kind, 100000, &bufs)->Wait();
-    elapsed[r] = std::chrono::duration<double>(Clock::now().time_since_epoch() -
-                                               Clock::duration(death_at_ns.load()))
-                     .count();
+    elapsed[r] = SecondsSinceTicks(death_at_ns.load());
   });
   killer.join();
   std::printf("[ metric ] %s, peer dies while others wait: failed %.1f ms / %.1f ms later\n",
@@ -219,10 +220,8 @@ TEST_P(PerKindTest, PeerDeathWhileOthersWaitFailsThemAtOnce) {
 // rank was cut in the middle of a message is not woken by Gloo and fails at the timeout.
 TEST_P(PerKindTest, PeerDeathMidCollectiveNeverHangsTheOthers) {
   const Kind kind = GetParam();
-  GlooOptions options;
-  options.timeout_ms = 1000;
   MemoryStore store;
-  auto comms = CreateGroup(&store, 3, options);
+  auto comms = CreateGroupWithTimeout(&store, 3, 1000);
   ASSERT_EQ(comms.size(), 3u);
   const size_t count = 2000000;  // ~8 MB per rank: still running when rank 2 goes
   absl::Status status[2];
@@ -240,9 +239,7 @@ TEST_P(PerKindTest, PeerDeathMidCollectiveNeverHangsTheOthers) {
     }
     status[r] = work->Wait();
     while (death_at_ns.load() == 0) std::this_thread::yield();
-    elapsed[r] = std::chrono::duration<double>(Clock::now().time_since_epoch() -
-                                               Clock::duration(death_at_ns.load()))
-                     .count();
+    elapsed[r] = SecondsSinceTicks(death_at_ns.load());
   });
   std::printf("[ metric ] %s, peer dies mid-collective: %s after %.1f ms / %s after %.1f ms\n",
               KindName(kind).c_str(), absl::StatusCodeToString(status[0].code()).c_str(),
@@ -268,10 +265,8 @@ INSTANTIATE_TEST_SUITE_P(Kinds, PerKindTest,
 TEST(TimeoutTest, PeerThatNeverJoinsTimesOut) {
   for (Kind kind : {Kind::kAllReduce, Kind::kReduceScatter}) {
     const int world = 3;
-    GlooOptions options;
-    options.timeout_ms = 1000;
     MemoryStore store;
-    auto comms = CreateGroup(&store, world, options);
+    auto comms = CreateGroupWithTimeout(&store, world, 1000);
     ASSERT_EQ(comms.size(), 3u);
     absl::Status status[2];
     double elapsed[2];

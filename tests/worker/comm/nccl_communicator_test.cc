@@ -108,21 +108,14 @@ class DeviceBuffer {
 };
 
 // Creates the communicators of ranks [0, world) concurrently, rank r on device r.
-std::vector<std::unique_ptr<CudaCommunicator>> CreateNcclGroup(Store* store, int world,
-                                                               NcclOptions options = {}) {
-  std::vector<absl::StatusOr<std::unique_ptr<CudaCommunicator>>> results(world);
-  OnRanks(world, [&](int r) {
-    NcclOptions mine = options;
-    mine.device = r;
-    results[r] = CreateNcclCommunicator(store, r, world, mine);
+std::vector<std::unique_ptr<CudaCommunicator>> CreateNcclGroup(
+    Store* store, int world, int64_t timeout_ms = NcclOptions{}.timeout_ms) {
+  return testing::CreateRanks<CudaCommunicator>(world, [&](int r) {
+    NcclOptions options;
+    options.device = r;
+    options.timeout_ms = timeout_ms;
+    return CreateNcclCommunicator(store, r, world, options);
   });
-  std::vector<std::unique_ptr<CudaCommunicator>> comms;
-  for (int r = 0; r < world; ++r) {
-    EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
-    if (!results[r].ok()) return {};
-    comms.push_back(std::move(results[r]).value());
-  }
-  return comms;
 }
 
 // Rank r's element k: small integers, exact in bf16 and their sums too.
@@ -397,9 +390,7 @@ TEST_P(AbortTest, ReleasesACollectiveAPeerNeverJoins) {
   const bool warm = GetParam();
   WEFT_REQUIRE_GPUS(2);
   MemoryStore store;
-  NcclOptions options;
-  options.timeout_ms = 30000;
-  auto comms = CreateNcclGroup(&store, 2, options);
+  auto comms = CreateNcclGroup(&store, 2, /*timeout_ms=*/30000);
   ASSERT_EQ(comms.size(), 2u);
   constexpr size_t kCount = 1 << 16;
   if (warm) WarmUp(comms, kCount);
@@ -469,9 +460,7 @@ TEST(NcclCommunicatorTest, WaitTimesOut) {
   for (bool warm : {false, true}) {
     SCOPED_TRACE(warm ? "warm" : "cold");
     MemoryStore store;
-    NcclOptions options;
-    options.timeout_ms = 1000;
-    auto comms = CreateNcclGroup(&store, 2, options);
+    auto comms = CreateNcclGroup(&store, 2, /*timeout_ms=*/1000);
     ASSERT_EQ(comms.size(), 2u);
     if (warm) WarmUp(comms, 512);
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
@@ -496,9 +485,7 @@ TEST(NcclCommunicatorTest, WaitTimesOut) {
 TEST(NcclCommunicatorTest, DestroyWithAPendingOpDoesNotHang) {
   WEFT_REQUIRE_GPUS(2);
   MemoryStore store;
-  NcclOptions options;
-  options.timeout_ms = 3000;
-  auto comms = CreateNcclGroup(&store, 2, options);
+  auto comms = CreateNcclGroup(&store, 2, /*timeout_ms=*/3000);
   ASSERT_EQ(comms.size(), 2u);
   WarmUp(comms, 4096);
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
@@ -518,18 +505,27 @@ TEST(NcclCommunicatorTest, DestroyWithAPendingOpDoesNotHang) {
   EXPECT_LT(destroy, 4.0);
 }
 
+// Creates rank `rank` of a world of 2 whose peer never calls Create; *took gets the seconds
+// Create took.
+absl::StatusOr<std::unique_ptr<CudaCommunicator>> CreateAlone(Store* store, int rank,
+                                                              int64_t timeout_ms, double* took) {
+  NcclOptions options;
+  options.timeout_ms = timeout_ms;
+  const Clock::time_point start = Clock::now();
+  auto comm = CreateNcclCommunicator(store, rank, 2, options);
+  *took = SecondsSince(start);
+  return comm;
+}
+
 // Init with a rank that never calls Create: DEADLINE_EXCEEDED within the timeout, naming
 // the missing rank; and the same for a rank waiting for rank 0's unique id.
 TEST(NcclCommunicatorTest, InitTimesOutWhenAPeerNeverArrives) {
   WEFT_REQUIRE_GPUS(1);
-  NcclOptions options;
-  options.timeout_ms = 2000;
   for (int rank : {0, 1}) {
     SCOPED_TRACE(::testing::Message() << "alone: rank " << rank);
     MemoryStore store;
-    const Clock::time_point start = Clock::now();
-    auto comm = CreateNcclCommunicator(&store, rank, 2, options);
-    const double took = SecondsSince(start);
+    double took = 0;
+    auto comm = CreateAlone(&store, rank, /*timeout_ms=*/2000, &took);
     ASSERT_FALSE(comm.ok());
     EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded) << comm.status();
     EXPECT_GT(took, 1.9);
@@ -544,8 +540,6 @@ TEST(NcclCommunicatorTest, InitTimesOutWhenAPeerNeverArrives) {
 // or sits in NCCL's init: Create returns ABORTED promptly.
 TEST(NcclCommunicatorTest, StoreClosingDuringInitAborts) {
   WEFT_REQUIRE_GPUS(1);
-  NcclOptions options;
-  options.timeout_ms = 20000;
   for (int rank : {0, 1}) {
     SCOPED_TRACE(::testing::Message() << "alone: rank " << rank);
     MemoryStore store;
@@ -553,9 +547,8 @@ TEST(NcclCommunicatorTest, StoreClosingDuringInitAborts) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       store.Close(absl::AbortedError("generation 4 ended"));
     });
-    const Clock::time_point start = Clock::now();
-    auto comm = CreateNcclCommunicator(&store, rank, 2, options);
-    const double took = SecondsSince(start);
+    double took = 0;
+    auto comm = CreateAlone(&store, rank, /*timeout_ms=*/20000, &took);
     coordinator.join();
     ASSERT_FALSE(comm.ok());
     EXPECT_EQ(comm.status().code(), absl::StatusCode::kAborted) << comm.status();

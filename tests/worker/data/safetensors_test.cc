@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/worker/data/data_test_util.h"
 
 namespace weft::data {
 namespace {
@@ -50,13 +51,8 @@ std::vector<std::string> DirEntries(const std::string& dir) {
   return names;
 }
 
-class SafetensorsTest : public ::testing::Test {
+class SafetensorsTest : public testing::TempFilesTest {
  protected:
-  std::string Write(const std::string& name, const std::string& contents) {
-    const std::string path = dir_.File(name);
-    weft::testing::WriteFile(path, contents);
-    return path;
-  }
   // Reads `contents` as a file and expects `code` with a message naming the file and `what`.
   void ExpectError(const std::string& contents, absl::StatusCode code, const std::string& what) {
     const std::string path = Write("bad.safetensors", contents);
@@ -64,7 +60,6 @@ class SafetensorsTest : public ::testing::Test {
     EXPECT_EQ(file.status().code(), code) << file.status();
     EXPECT_THAT(file.status().message(), AllOf(HasSubstr(path), HasSubstr(what)));
   }
-  weft::testing::TempDir dir_;
 };
 
 TEST_F(SafetensorsTest, ExactBytesOfOneSmallTensor) {

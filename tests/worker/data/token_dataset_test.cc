@@ -1,13 +1,16 @@
 #include "worker/data/token_dataset.h"
 
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/worker/data/data_test_util.h"
 
 namespace weft::data {
 namespace {
@@ -55,15 +58,14 @@ weft::v1::DataSpec Spec(const std::string& train, weft::v1::DataFormat format,
 constexpr auto kBytes = weft::v1::DATA_FORMAT_TEXT_BYTES;
 constexpr auto kBin = weft::v1::DATA_FORMAT_UINT16_BIN;
 
-class TokenDatasetTest : public ::testing::Test {
- protected:
-  std::string Write(const std::string& name, const std::string& contents) {
-    const std::string path = dir_.File(name);
-    weft::testing::WriteFile(path, contents);
-    return path;
-  }
-  weft::testing::TempDir dir_;
-};
+class TokenDatasetTest : public testing::TempFilesTest {};
+
+// Open refused the files: FAILED_PRECONDITION, with a message that `message` matches.
+void ExpectRefused(const absl::StatusOr<std::unique_ptr<TokenDataset>>& ds,
+                   const ::testing::Matcher<std::string>& message) {
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition) << ds.status();
+  EXPECT_THAT(std::string(ds.status().message()), message);
+}
 
 TEST_F(TokenDatasetTest, TextBytesReadsEveryByteAsAToken) {
   const std::string path = Write("t.txt", "hello world, hello tokens");
@@ -244,25 +246,21 @@ TEST_F(TokenDatasetTest, EmptyFile) {
   for (auto format : {kBytes, kBin}) {
     const std::string path = Write("empty", "");
     auto ds = TokenDataset::Open(Spec(path, format, "/unused"), 256, 4, Split::kTrain);
-    EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(ds.status().message(), AllOf(HasSubstr(path), HasSubstr("is empty")));
+    ExpectRefused(ds, AllOf(HasSubstr(path), HasSubstr("is empty")));
   }
 }
 
 TEST_F(TokenDatasetTest, DirectoryIsUnreadable) {
   auto ds = TokenDataset::Open(Spec(dir_.path(), kBytes, "/unused"), 256, 4, Split::kTrain);
-  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(ds.status().message(),
-              AllOf(HasSubstr(dir_.path()), HasSubstr("not a regular file"), HasSubstr("directory")));
+  ExpectRefused(
+      ds, AllOf(HasSubstr(dir_.path()), HasSubstr("not a regular file"), HasSubstr("directory")));
 }
 
 TEST_F(TokenDatasetTest, TooShortForOneSequence) {
   const std::string path = Write("short.txt", "0123456789");  // 10 tokens
   auto ds = TokenDataset::Open(Spec(path, kBytes, "/unused"), 256, 10, Split::kTrain);
-  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(ds.status().message(),
-              AllOf(HasSubstr(path), HasSubstr("too short"), HasSubstr("has 10 tokens"),
-                    HasSubstr("needs 11")));
+  ExpectRefused(ds, AllOf(HasSubstr(path), HasSubstr("too short"), HasSubstr("has 10 tokens"),
+                          HasSubstr("needs 11")));
   // Exactly seq_len + 1 tokens is enough.
   EXPECT_TRUE(TokenDataset::Open(Spec(path, kBytes, "/unused"), 256, 9, Split::kTrain).ok());
 }
@@ -270,17 +268,14 @@ TEST_F(TokenDatasetTest, TooShortForOneSequence) {
 TEST_F(TokenDatasetTest, BinWithZeroTokensIsTooShort) {
   const std::string path = Write("zero.bin", BinFile({}));
   auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 256, 4, Split::kTrain);
-  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(ds.status().message(), AllOf(HasSubstr("has 0 tokens"), HasSubstr("needs 5")));
+  ExpectRefused(ds, AllOf(HasSubstr("has 0 tokens"), HasSubstr("needs 5")));
 }
 
 TEST_F(TokenDatasetTest, HeldOutValidationSplitTooShort) {
   const std::string path = Write("t.txt", std::string(100, 'a'));  // val = last 10 tokens
   auto ds = TokenDataset::Open(Spec(path, kBytes), 256, 16, Split::kVal);
-  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(ds.status().message(),
-              AllOf(HasSubstr(path), HasSubstr("validation split"), HasSubstr("has 10 tokens"),
-                    HasSubstr("needs 17")));
+  ExpectRefused(ds, AllOf(HasSubstr(path), HasSubstr("validation split"),
+                          HasSubstr("has 10 tokens"), HasSubstr("needs 17")));
   // The train split of the same file is long enough.
   EXPECT_TRUE(TokenDataset::Open(Spec(path, kBytes), 256, 16, Split::kTrain).ok());
 }
@@ -288,42 +283,33 @@ TEST_F(TokenDatasetTest, HeldOutValidationSplitTooShort) {
 TEST_F(TokenDatasetTest, BinHeaderTruncated) {
   const std::string path = Write("trunc.bin", BinFile({}).substr(0, 100));
   auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 256, 4, Split::kTrain);
-  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(ds.status().message(),
-              AllOf(HasSubstr(path), HasSubstr("truncated"), HasSubstr("100 bytes")));
+  ExpectRefused(ds, AllOf(HasSubstr(path), HasSubstr("truncated"), HasSubstr("100 bytes")));
 }
 
 TEST_F(TokenDatasetTest, BinBadMagic) {
   const std::string path = Write("magic.bin", BinFile(Iota(100), /*magic=*/20240521));
   auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 256, 4, Split::kTrain);
-  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(ds.status().message(),
-              AllOf(HasSubstr(path), HasSubstr("bad magic number 20240521")));
+  ExpectRefused(ds, AllOf(HasSubstr(path), HasSubstr("bad magic number 20240521")));
 }
 
 TEST_F(TokenDatasetTest, TextFileOpenedAsBinHasBadMagic) {
   const std::string path = Write("text.bin", std::string(4096, 'x'));
   auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 256, 4, Split::kTrain);
-  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(ds.status().message(), HasSubstr("bad magic number"));
+  ExpectRefused(ds, HasSubstr("bad magic number"));
 }
 
 TEST_F(TokenDatasetTest, BinBadVersion) {
   const std::string path = Write("version.bin", BinFile(Iota(100), 20240520, /*version=*/2));
   auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 256, 4, Split::kTrain);
-  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(ds.status().message(), AllOf(HasSubstr(path), HasSubstr("unsupported"),
-                                           HasSubstr("version 2")));
+  ExpectRefused(ds, AllOf(HasSubstr(path), HasSubstr("unsupported"), HasSubstr("version 2")));
 }
 
 TEST_F(TokenDatasetTest, BinSizeMismatch) {
   // Header claims more tokens than the file holds (a truncated download)...
   const std::string short_path = Write("short.bin", BinFile(Iota(100), 20240520, 1, 101));
   auto a = TokenDataset::Open(Spec(short_path, kBin, "/unused"), 256, 4, Split::kTrain);
-  EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(a.status().message(),
-              AllOf(HasSubstr(short_path), HasSubstr("size mismatch"), HasSubstr("101 tokens"),
-                    HasSubstr("has 200 bytes")));
+  ExpectRefused(a, AllOf(HasSubstr(short_path), HasSubstr("size mismatch"), HasSubstr("101 tokens"),
+                         HasSubstr("has 200 bytes")));
   // ...fewer, and an odd trailing byte: all must match exactly.
   const std::string long_path = Write("long.bin", BinFile(Iota(100), 20240520, 1, 99));
   EXPECT_EQ(TokenDataset::Open(Spec(long_path, kBin, "/unused"), 256, 4, Split::kTrain)
@@ -343,10 +329,8 @@ TEST_F(TokenDatasetTest, TokenOutOfVocabulary) {
   tokens[57] = 50257;  // a GPT-2 token in a file opened with a small vocabulary
   const std::string path = Write("vocab.bin", BinFile(tokens));
   auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 50257, 4, Split::kTrain);
-  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(ds.status().message(),
-              AllOf(HasSubstr(path), HasSubstr("token 50257"), HasSubstr("index 57"),
-                    HasSubstr("vocab_size is 50257")));
+  ExpectRefused(ds, AllOf(HasSubstr(path), HasSubstr("token 50257"), HasSubstr("index 57"),
+                          HasSubstr("vocab_size is 50257")));
   EXPECT_TRUE(TokenDataset::Open(Spec(path, kBin, "/unused"), 50258, 4, Split::kTrain).ok());
 }
 
@@ -355,15 +339,13 @@ TEST_F(TokenDatasetTest, BadTokenInValidationTailFailsTheTrainSplitToo) {
   tokens[99] = 100;
   const std::string path = Write("vocab.bin", BinFile(tokens));
   auto ds = TokenDataset::Open(Spec(path, kBin), 100, 4, Split::kTrain);
-  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(ds.status().message(), AllOf(HasSubstr("token 100"), HasSubstr("index 99")));
+  ExpectRefused(ds, AllOf(HasSubstr("token 100"), HasSubstr("index 99")));
 }
 
 TEST_F(TokenDatasetTest, TextBytesWithSmallVocabularyAreChecked) {
   const std::string path = Write("t.txt", std::string("abc\xC3\xA9z"));
   auto ds = TokenDataset::Open(Spec(path, kBytes, "/unused"), 128, 2, Split::kTrain);
-  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(ds.status().message(), AllOf(HasSubstr("token 195"), HasSubstr("index 3")));
+  ExpectRefused(ds, AllOf(HasSubstr("token 195"), HasSubstr("index 3")));
 }
 
 TEST_F(TokenDatasetTest, InvalidArguments) {

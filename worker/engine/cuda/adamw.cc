@@ -11,33 +11,22 @@
 
 namespace weft::engine::cuda {
 
-absl::Status AdamWUpdate(float* params, const float* grads, float* m, float* v,
-                         const uint8_t* decay_mask, size_t n, const AdamWConfig& config,
-                         int64_t step, float grad_scale, cudaStream_t stream) {
-  if (step < 1) return absl::InvalidArgumentError("adamw: step is 1-based");
-  // In double: 1 - beta2^step for small steps would lose most of its digits in float.
-  const float correction1 =
-      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta1), step));
-  const float correction2 =
-      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta2), step));
-  return internal::LaunchAdamW(params, grads, m, v, decay_mask, n, config.lr, config.beta1,
-                               config.beta2, config.eps, config.lr * config.weight_decay,
-                               correction1, correction2, grad_scale, stream);
-}
-
 absl::Status AdamWUpdateBf16(float* params, bf16* params_bf16, const float* grads, float* m,
                              float* v, const uint8_t* decay_mask, size_t n,
                              const AdamWConfig& config, int64_t step, const float* grad_scale,
                              cudaStream_t stream) {
   if (step < 1) return absl::InvalidArgumentError("adamw bf16: step is 1-based");
-  // In double, as AdamWUpdate above and the CPU op.
-  const float correction1 =
-      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta1), step));
-  const float correction2 =
-      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta2), step));
-  return internal::LaunchAdamWBf16(params, params_bf16, grads, m, v, decay_mask, n, config.lr,
-                                   config.beta1, config.beta2, config.eps,
-                                   config.lr * config.weight_decay, correction1, correction2,
+  // In double, as the CPU op: 1 - beta2^step for small steps would lose most of its digits in
+  // float.
+  const internal::AdamWScalars scalars = {
+      config.lr,
+      config.beta1,
+      config.beta2,
+      config.eps,
+      config.lr * config.weight_decay,
+      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta1), step)),
+      static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta2), step))};
+  return internal::LaunchAdamWBf16(params, params_bf16, grads, m, v, decay_mask, n, scalars,
                                    grad_scale, stream);
 }
 

@@ -1,15 +1,15 @@
-// AdamW on a device-resident flat shard: the kernel and its launcher (adamw.cc folds the
-// AdamWConfig and the bias corrections into scalars). Same per-element math as
-// engine::AdamWUpdate (worker/engine/adamw.cc):
+// The mixed-precision optimizer on device-resident flat shards: AdamW's kernel and launcher
+// (adamw.cc folds the AdamWConfig and the bias corrections into scalars). Same per-element
+// math as engine::AdamWUpdate (worker/engine/adamw.cc):
 //   g = grad_scale * grads[i]; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2
 //   p = p - lr * (m / c1) / (sqrt(v / c2) + eps) - lr * wd * p_old * (mask[i] != 0)
 // Elementwise, so independent of the sharding; results match the CPU op to a few ulp (nvcc
 // contracts multiply-adds into FMAs, the CPU build does not).
 //
-// Also the mixed-precision optimizer's helpers: the bf16 variant of the update (fp32 master
-// weights, m and v; also writes the bf16 working copy; grad_scale read on the device), the
-// fp32 -> bf16 cast, and the global-norm clipping pieces (sum of squares in two phases with
-// fixed-order partials, so deterministic; the clip factor computed on the device).
+// fp32 master weights, m and v; the update also writes the bf16 working copy and reads
+// grad_scale on the device. Also the optimizer's helpers: the fp32 -> bf16 cast, and the
+// global-norm clipping pieces (sum of squares in two phases with fixed-order partials, so
+// deterministic; the clip factor computed on the device).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -23,16 +23,7 @@
 namespace weft::engine::cuda {
 namespace {
 
-// The host-folded scalars of one AdamW step.
-struct AdamWScalars {
-  float lr;
-  float beta1;
-  float beta2;
-  float eps;
-  float lr_wd;
-  float correction1;
-  float correction2;
-};
+using internal::AdamWScalars;
 
 // One element's update: m and v in place, returns the new parameter.
 __device__ inline float AdamWElement(float p, float g, float* m, float* v, bool decay,
@@ -46,22 +37,6 @@ __device__ inline float AdamWElement(float p, float g, float* m, float* v, bool 
   // Decay reads the parameter before the Adam step, as PyTorch's AdamW and the CPU op.
   const float decay_term = decay ? a.lr_wd * p : 0.0f;
   return (p - a.lr * m_hat / (sqrtf(v_hat) + a.eps)) - decay_term;
-}
-
-__global__ void AdamWKernel(float* __restrict__ params,              // (n)
-                            const float* __restrict__ grads,         // (n)
-                            float* __restrict__ m,                   // (n)
-                            float* __restrict__ v,                   // (n)
-                            const uint8_t* __restrict__ decay_mask,  // (n)
-                            int64_t n, float lr, float beta1, float beta2, float eps,
-                            float lr_wd, float correction1, float correction2,
-                            float grad_scale) {
-  const AdamWScalars scalars = {lr, beta1, beta2, eps, lr_wd, correction1, correction2};
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    params[i] =
-        AdamWElement(params[i], grads[i] * grad_scale, m + i, v + i, decay_mask[i] != 0, scalars);
-  }
 }
 
 __global__ void AdamWBf16Kernel(float* __restrict__ params,              // (n)
@@ -137,52 +112,29 @@ __global__ void ClipScaleKernel(float* __restrict__ grad_scale,   // scalar
 
 namespace internal {
 
-absl::Status LaunchAdamW(float* params, const float* grads, float* m, float* v,
-                         const uint8_t* decay_mask, size_t n, float lr, float beta1, float beta2,
-                         float eps, float lr_wd, float correction1, float correction2,
-                         float grad_scale, cudaStream_t stream) {
-  if (n == 0) return absl::OkStatus();
-  const int64_t count = static_cast<int64_t>(n);
-  AdamWKernel<<<GridFor(count), kBlockSize, 0, stream>>>(params, grads, m, v, decay_mask, count,
-                                                         lr, beta1, beta2, eps, lr_wd,
-                                                         correction1, correction2, grad_scale);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
-}
-
 absl::Status LaunchAdamWBf16(float* params, bf16* params_bf16, const float* grads, float* m,
-                             float* v, const uint8_t* decay_mask, size_t n, float lr,
-                             float beta1, float beta2, float eps, float lr_wd, float correction1,
-                             float correction2, const float* grad_scale, cudaStream_t stream) {
+                             float* v, const uint8_t* decay_mask, size_t n,
+                             const AdamWScalars& scalars, const float* grad_scale,
+                             cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  constexpr const char* kOp = "adamw bf16";
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(params, kOp, "params"));
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(params_bf16, kOp, "params_bf16"));
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(grads, kOp, "grads"));
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(m, kOp, "m"));
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(v, kOp, "v"));
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(decay_mask, kOp, "decay_mask"));
-  WEFT_BF16_RETURN_IF_ERROR(CheckNotNull(grad_scale, kOp, "grad_scale"));
+  WEFT_BF16_RETURN_IF_ERROR(CheckPointers(
+      "adamw bf16", {NotNull(params, "params"), NotNull(params_bf16, "params_bf16"),
+                     NotNull(grads, "grads"), NotNull(m, "m"), NotNull(v, "v"),
+                     NotNull(decay_mask, "decay_mask"), NotNull(grad_scale, "grad_scale")}));
   const int64_t count = static_cast<int64_t>(n);
-  const AdamWScalars scalars = {lr, beta1, beta2, eps, lr_wd, correction1, correction2};
-  AdamWBf16Kernel<<<GridFor(count), kBlockSize, 0, stream>>>(params, params_bf16, grads, m, v,
-                                                             decay_mask, count, scalars,
-                                                             grad_scale);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return Launch(AdamWBf16Kernel, GridFor(count), kBlockSize, 0, stream, params, params_bf16, grads,
+                m, v, decay_mask, count, scalars, grad_scale);
 }
 
 }  // namespace internal
 
 absl::Status CastToBf16(bf16* out, const float* in, size_t n, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(out, "cast to bf16", "out"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(in, "cast to bf16", "in"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "cast to bf16", {internal::NotNull(out, "out"), internal::NotNull(in, "in")}));
   const int64_t count = static_cast<int64_t>(n);
-  CastToBf16Kernel<<<internal::GridFor(count), internal::kBlockSize, 0, stream>>>(out, in,
-                                                                                  count);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return internal::Launch(CastToBf16Kernel, internal::GridFor(count), internal::kBlockSize, 0,
+                          stream, out, in, count);
 }
 
 size_t SumOfSquaresScratchFloats(size_t n) { return static_cast<size_t>(SumBlocks(n)); }
@@ -190,23 +142,22 @@ size_t SumOfSquaresScratchFloats(size_t n) { return static_cast<size_t>(SumBlock
 absl::Status SumOfSquares(float* out, const float* x, size_t n, float* scratch,
                           cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(out, "sum of squares", "out"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(x, "sum of squares", "x"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(scratch, "sum of squares", "scratch"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "sum of squares", {internal::NotNull(out, "out"), internal::NotNull(x, "x"),
+                         internal::NotNull(scratch, "scratch")}));
   const int blocks = SumBlocks(n);
-  SumOfSquaresPartialKernel<<<blocks, internal::kBlockSize, 0, stream>>>(
-      scratch, x, static_cast<int64_t>(n));
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  SumOfSquaresFinalKernel<<<1, 1024, 0, stream>>>(out, scratch, blocks);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(SumOfSquaresPartialKernel, blocks,
+                                             internal::kBlockSize, 0, stream, scratch, x,
+                                             static_cast<int64_t>(n)));
+  return internal::Launch(SumOfSquaresFinalKernel, 1, 1024, 0, stream, out,
+                          static_cast<const float*>(scratch), blocks);
 }
 
 absl::Status ClipScale(float* grad_scale, const float* sumsq, float clip, cudaStream_t stream) {
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(grad_scale, "clip scale", "grad_scale"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(sumsq, "clip scale", "sumsq"));
-  ClipScaleKernel<<<1, 1, 0, stream>>>(grad_scale, sumsq, clip);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "clip scale",
+      {internal::NotNull(grad_scale, "grad_scale"), internal::NotNull(sumsq, "sumsq")}));
+  return internal::Launch(ClipScaleKernel, 1, 1, 0, stream, grad_scale, sumsq, clip);
 }
+
 }  // namespace weft::engine::cuda

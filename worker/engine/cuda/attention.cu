@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "worker/engine/cuda/bf16.cuh"
 #include "worker/engine/cuda/cuda_check.h"
@@ -38,45 +39,44 @@ struct HeadTensors {
   bf16* ptr[3];
 };
 
-// rows (B, T, n_tensors * C) -> heads[which] (B, NH, T, HS), one 8-channel vector per step.
-// Iterating in the row layout keeps both sides coalesced: a head's HS channels are contiguous
-// in both layouts.
-__global__ void RowsToHeadsKernel(HeadTensors heads,             // n_tensors x (B, NH, T, HS)
-                                  const bf16* __restrict__ rows,  // (B, T, n_tensors * C)
-                                  int64_t vecs, int t, int c, int hs, int nh, int n_tensors) {
-  const int row_vecs = n_tensors * c / kVec;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t bt = i / row_vecs;
-    const int col = static_cast<int>(i % row_vecs) * kVec;
-    const int which = col / c;
-    const int h = (col % c) / hs;
-    const int d = col % hs;
-    const int64_t bi = bt / t;
-    const int ti = static_cast<int>(bt % t);
-    const int64_t dst = ((bi * nh + h) * t + ti) * hs + d;
-    *reinterpret_cast<uint4*>(heads.ptr[which] + dst) =
-        *reinterpret_cast<const uint4*>(rows + i * kVec);
-  }
+// Where the 8-channel vector i of rows (B, T, n_tensors * C) lives in the head layout: the
+// tensor (*which: 0 = q, 1 = k, 2 = v) and the element offset in its (B, NH, T, HS).
+__device__ inline int64_t HeadOffset(int64_t i, int row_vecs, int t, int c, int hs, int nh,
+                                     int* which) {
+  const int64_t bt = i / row_vecs;
+  const int col = static_cast<int>(i % row_vecs) * kVec;
+  *which = col / c;
+  const int h = (col % c) / hs;
+  const int d = col % hs;
+  const int64_t bi = bt / t;
+  const int ti = static_cast<int>(bt % t);
+  return ((bi * nh + h) * t + ti) * hs + d;
 }
 
-// heads[which] (B, NH, T, HS) -> rows (B, T, n_tensors * C); the inverse of the above.
-__global__ void HeadsToRowsKernel(bf16* __restrict__ rows,  // (B, T, n_tensors * C)
-                                  HeadTensors heads,        // n_tensors x (B, NH, T, HS)
-                                  int64_t vecs, int t, int c, int hs, int nh, int n_tensors) {
+// The rows (B, T, n_tensors * C) of a permutation: const when they are its source.
+template <bool kToHeads>
+using RowsPointer = std::conditional_t<kToHeads, const bf16*, bf16*>;
+
+// Copies rows to heads[which] (B, NH, T, HS) when kToHeads, else the other way, one 8-channel
+// vector per step. Iterating in the row layout keeps both sides coalesced: a head's HS
+// channels are contiguous in both layouts.
+template <bool kToHeads>
+__global__ void PermuteHeadsKernel(
+    RowsPointer<kToHeads> __restrict__ rows,  // (B, T, n_tensors * C)
+    HeadTensors heads,                        // n_tensors x (B, NH, T, HS)
+    int64_t vecs, int t, int c, int hs, int nh, int n_tensors) {
   const int row_vecs = n_tensors * c / kVec;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t bt = i / row_vecs;
-    const int col = static_cast<int>(i % row_vecs) * kVec;
-    const int which = col / c;
-    const int h = (col % c) / hs;
-    const int d = col % hs;
-    const int64_t bi = bt / t;
-    const int ti = static_cast<int>(bt % t);
-    const int64_t src = ((bi * nh + h) * t + ti) * hs + d;
-    *reinterpret_cast<uint4*>(rows + i * kVec) =
-        *reinterpret_cast<const uint4*>(heads.ptr[which] + src);
+    int which;
+    const int64_t offset = HeadOffset(i, row_vecs, t, c, hs, nh, &which);
+    if constexpr (kToHeads) {
+      *reinterpret_cast<uint4*>(heads.ptr[which] + offset) =
+          *reinterpret_cast<const uint4*>(rows + i * kVec);
+    } else {
+      *reinterpret_cast<uint4*>(rows + i * kVec) =
+          *reinterpret_cast<const uint4*>(heads.ptr[which] + offset);
+    }
   }
 }
 
@@ -112,18 +112,9 @@ __global__ void CausalSoftmaxForwardKernel(bf16* __restrict__ att,   // (rows, T
   for (int j = lane * kVec; j <= pos; j += kLaneStride) {
     float x[kVec];
     LoadVec(row + j, x);
-    float vec_max = -INFINITY;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      x[k] = j + k <= pos ? scale * x[k] : -INFINITY;
-      vec_max = fmaxf(vec_max, x[k]);
-    }
-    // Column j <= pos is causal, so vec_max and m are finite; exp(-inf - m) = 0 is fine.
-    const float m = fmaxf(acc.m, vec_max);
-    float s = acc.s * expf(acc.m - m);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) s += expf(x[k] - m);
-    acc = {m, s};
+    for (int k = 0; k < kVec; ++k) x[k] = j + k <= pos ? scale * x[k] : -INFINITY;
+    acc = internal::AddVec(acc, x);  // column j <= pos is causal: at least one finite value
   }
   acc = internal::WarpMerge(acc);
   // Lane 0's value for every lane: P must be computed from exactly the lse that is stored, so
@@ -188,32 +179,33 @@ absl::Status CheckHeads(int b, int t, int c, int nh, const char* op) {
   return internal::CheckMultipleOf8(c / nh, op, "head size c / nh");
 }
 
-absl::Status CheckSoftmax(const void* att, int64_t rows, int t, const char* op) {
+// The softmax ops' checks: att (aligned), the shape, then the op's other pointer.
+absl::Status CheckSoftmax(const char* op, const bf16* att, int64_t rows, int t,
+                          internal::PointerArg other) {
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(att, op, "att"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(rows, op, "rows"));
-  return internal::CheckMultipleOf8(t, op, "t");
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckMultipleOf8(t, op, "t"));
+  return internal::CheckPointers(op, {other});
 }
 
-int SoftmaxBlocks(int64_t rows) {
-  return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+// A softmax kernel over `rows` rows, one warp per row.
+template <typename... Params, typename... Args>
+absl::Status LaunchPerRow(void (*kernel)(Params...), int64_t rows, cudaStream_t stream,
+                          Args... args) {
+  const int blocks = static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  return internal::Launch(kernel, blocks, internal::kBlockSize, 0, stream, args...);
 }
 
-absl::Status LaunchRowsToHeads(HeadTensors heads, const bf16* rows, int n_tensors, int b, int t,
-                               int c, int nh, cudaStream_t stream) {
+// The permutation between rows (B, T, n_tensors * C) and the heads, one thread per 8-channel
+// vector. The heads are only read when they are the source (kToHeads false), so const tensors
+// may be cast for the shared struct.
+template <bool kToHeads>
+absl::Status Permute(RowsPointer<kToHeads> rows, HeadTensors heads, int n_tensors, int b, int t,
+                     int c, int nh, cudaStream_t stream) {
   const int64_t vecs = static_cast<int64_t>(b) * t * n_tensors * c / kVec;
-  RowsToHeadsKernel<<<internal::GridFor(vecs), internal::kBlockSize, 0, stream>>>(
-      heads, rows, vecs, t, c, c / nh, nh, n_tensors);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
-}
-
-absl::Status LaunchHeadsToRows(bf16* rows, HeadTensors heads, int n_tensors, int b, int t, int c,
-                               int nh, cudaStream_t stream) {
-  const int64_t vecs = static_cast<int64_t>(b) * t * n_tensors * c / kVec;
-  HeadsToRowsKernel<<<internal::GridFor(vecs), internal::kBlockSize, 0, stream>>>(
-      rows, heads, vecs, t, c, c / nh, nh, n_tensors);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return internal::Launch(PermuteHeadsKernel<kToHeads>, internal::GridFor(vecs),
+                          internal::kBlockSize, 0, stream, rows, heads, vecs, t, c, c / nh, nh,
+                          n_tensors);
 }
 
 }  // namespace
@@ -222,77 +214,61 @@ absl::Status AttentionSplitHeads(bf16* q, bf16* k, bf16* v, const bf16* qkv, int
                                  int c, int nh, cudaStream_t stream) {
   constexpr const char* kOp = "attention split heads";
   WEFT_BF16_RETURN_IF_ERROR(CheckHeads(b, t, c, nh, kOp));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(q, kOp, "q"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(k, kOp, "k"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(v, kOp, "v"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(qkv, kOp, "qkv"));
-  return LaunchRowsToHeads({{q, k, v}}, qkv, 3, b, t, c, nh, stream);
+  WEFT_BF16_RETURN_IF_ERROR(
+      internal::CheckPointers(kOp, {internal::Aligned16(q, "q"), internal::Aligned16(k, "k"),
+                                    internal::Aligned16(v, "v"), internal::Aligned16(qkv, "qkv")}));
+  return Permute<true>(qkv, {{q, k, v}}, 3, b, t, c, nh, stream);
 }
 
 absl::Status AttentionMergeHeads(bf16* out, const bf16* y, int b, int t, int c, int nh,
                                  cudaStream_t stream) {
   constexpr const char* kOp = "attention merge heads";
   WEFT_BF16_RETURN_IF_ERROR(CheckHeads(b, t, c, nh, kOp));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(out, kOp, "out"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(y, kOp, "y"));
-  // The kernel only reads through the head pointers.
-  return LaunchHeadsToRows(out, {{const_cast<bf16*>(y), nullptr, nullptr}}, 1, b, t, c, nh,
-                           stream);
+  WEFT_BF16_RETURN_IF_ERROR(
+      internal::CheckPointers(kOp, {internal::Aligned16(out, "out"), internal::Aligned16(y, "y")}));
+  return Permute<false>(out, {{const_cast<bf16*>(y), nullptr, nullptr}}, 1, b, t, c, nh, stream);
 }
 
 absl::Status AttentionSplitGrad(bf16* dy, const bf16* dout, int b, int t, int c, int nh,
                                 cudaStream_t stream) {
   constexpr const char* kOp = "attention split grad";
   WEFT_BF16_RETURN_IF_ERROR(CheckHeads(b, t, c, nh, kOp));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dy, kOp, "dy"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dout, kOp, "dout"));
-  return LaunchRowsToHeads({{dy, nullptr, nullptr}}, dout, 1, b, t, c, nh, stream);
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      kOp, {internal::Aligned16(dy, "dy"), internal::Aligned16(dout, "dout")}));
+  return Permute<true>(dout, {{dy, nullptr, nullptr}}, 1, b, t, c, nh, stream);
 }
 
 absl::Status AttentionMergeGrads(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv,
                                  int b, int t, int c, int nh, cudaStream_t stream) {
   constexpr const char* kOp = "attention merge grads";
   WEFT_BF16_RETURN_IF_ERROR(CheckHeads(b, t, c, nh, kOp));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dqkv, kOp, "dqkv"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dq, kOp, "dq"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dk, kOp, "dk"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dv, kOp, "dv"));
-  return LaunchHeadsToRows(
-      dqkv, {{const_cast<bf16*>(dq), const_cast<bf16*>(dk), const_cast<bf16*>(dv)}}, 3, b, t, c,
-      nh, stream);
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      kOp, {internal::Aligned16(dqkv, "dqkv"), internal::Aligned16(dq, "dq"),
+            internal::Aligned16(dk, "dk"), internal::Aligned16(dv, "dv")}));
+  return Permute<false>(dqkv,
+                        {{const_cast<bf16*>(dq), const_cast<bf16*>(dk), const_cast<bf16*>(dv)}}, 3,
+                        b, t, c, nh, stream);
 }
 
 absl::Status CausalSoftmaxForward(bf16* att, float* lse, int64_t rows, int t, float scale,
                                   cudaStream_t stream) {
-  constexpr const char* kOp = "causal softmax";
-  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax(att, rows, t, kOp));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(lse, kOp, "lse"));
-  CausalSoftmaxForwardKernel<<<SoftmaxBlocks(rows), internal::kBlockSize, 0, stream>>>(
-      att, lse, rows, t, scale);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  WEFT_BF16_RETURN_IF_ERROR(
+      CheckSoftmax("causal softmax", att, rows, t, internal::NotNull(lse, "lse")));
+  return LaunchPerRow(CausalSoftmaxForwardKernel, rows, stream, att, lse, rows, t, scale);
 }
 
 absl::Status CausalSoftmaxRecompute(bf16* att, const float* lse, int64_t rows, int t,
                                     float scale, cudaStream_t stream) {
-  constexpr const char* kOp = "causal softmax recompute";
-  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax(att, rows, t, kOp));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(lse, kOp, "lse"));
-  CausalSoftmaxRecomputeKernel<<<SoftmaxBlocks(rows), internal::kBlockSize, 0, stream>>>(
-      att, lse, rows, t, scale);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  WEFT_BF16_RETURN_IF_ERROR(
+      CheckSoftmax("causal softmax recompute", att, rows, t, internal::NotNull(lse, "lse")));
+  return LaunchPerRow(CausalSoftmaxRecomputeKernel, rows, stream, att, lse, rows, t, scale);
 }
 
 absl::Status CausalSoftmaxBackward(bf16* datt, const bf16* att, int64_t rows, int t,
                                    float scale, cudaStream_t stream) {
-  constexpr const char* kOp = "causal softmax backward";
-  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax(att, rows, t, kOp));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(datt, kOp, "datt"));
-  CausalSoftmaxBackwardKernel<<<SoftmaxBlocks(rows), internal::kBlockSize, 0, stream>>>(
-      datt, att, rows, t, scale);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  WEFT_BF16_RETURN_IF_ERROR(
+      CheckSoftmax("causal softmax backward", att, rows, t, internal::Aligned16(datt, "datt")));
+  return LaunchPerRow(CausalSoftmaxBackwardKernel, rows, stream, datt, att, rows, t, scale);
 }
 
 }  // namespace weft::engine::cuda

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -99,6 +100,19 @@ __device__ inline MaxSum Merge(MaxSum a, MaxSum b) {
   return {m, __fmul_rn(a.s, expf(a.m - m)) + __fmul_rn(b.s, expf(b.m - m))};
 }
 
+// Folds 8 values into the state: x holds scaled scores, the masked ones -inf, at least one of
+// them finite (so the new max is finite and exp(-inf - m) = 0 drops the masked ones).
+__device__ inline MaxSum AddVec(MaxSum acc, const float (&x)[kVec]) {
+  float vec_max = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) vec_max = fmaxf(vec_max, x[k]);
+  const float m = fmaxf(acc.m, vec_max);
+  float s = acc.s * expf(acc.m - m);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) s += expf(x[k] - m);
+  return {m, s};
+}
+
 __device__ inline MaxSum WarpMerge(MaxSum x) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     const MaxSum other = {__shfl_xor_sync(0xffffffffu, x.m, offset),
@@ -119,6 +133,25 @@ inline absl::Status CheckAligned16(const void* p, const char* op, const char* ar
   if (reinterpret_cast<uintptr_t>(p) % 16 == 0) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(op, ": ", arg, " is not 16-byte aligned (128-bit vector access)"));
+}
+
+// One pointer argument of a launcher and what it must be: 16-byte aligned (a bf16 tensor read
+// as vectors; implies non-null) or just non-null.
+struct PointerArg {
+  const void* ptr;
+  const char* name;
+  bool aligned16;
+};
+inline PointerArg Aligned16(const void* p, const char* name) { return {p, name, true}; }
+inline PointerArg NotNull(const void* p, const char* name) { return {p, name, false}; }
+
+// The checks above over a launcher's pointers, in order: the first failure is returned.
+inline absl::Status CheckPointers(const char* op, std::initializer_list<PointerArg> args) {
+  for (const PointerArg& arg : args) {
+    WEFT_BF16_RETURN_IF_ERROR(arg.aligned16 ? CheckAligned16(arg.ptr, op, arg.name)
+                                            : CheckNotNull(arg.ptr, op, arg.name));
+  }
+  return absl::OkStatus();
 }
 
 inline absl::Status CheckPositive(int64_t x, const char* op, const char* arg) {

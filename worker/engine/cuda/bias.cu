@@ -116,9 +116,8 @@ absl::Status LaunchAddColumnSums(float* out0, float* out1, int split, const floa
                                  int parts, int m, cudaStream_t stream) {
   const dim3 block(kWarpSize, kPartLanes);
   const int blocks = (m + kWarpSize - 1) / kWarpSize;
-  AddColumnSumsKernel<<<blocks, block, 0, stream>>>(out0, out1, split, partials, parts, m);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return Launch(AddColumnSumsKernel, blocks, block, 0, stream, out0, out1, split, partials, parts,
+                m);
 }
 
 }  // namespace internal
@@ -133,15 +132,15 @@ absl::Status BiasBackward(float* dbias, const bf16* dout, float* scratch, int n,
   constexpr const char* kOp = "bias backward";
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(n, kOp, "n"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckMultipleOf8(oc, kOp, "oc"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(dbias, kOp, "dbias"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dout, kOp, "dout"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(scratch, kOp, "scratch"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      kOp, {internal::NotNull(dbias, "dbias"), internal::Aligned16(dout, "dout"),
+            internal::NotNull(scratch, "scratch")}));
   const int slab_rows = SlabRows(n, oc);
   const int slabs = Slabs(n, oc);
   const dim3 grid((oc + kTileChannels - 1) / kTileChannels, slabs);
   const dim3 block(kWarpSize, kRowLanes);
-  BiasBackwardPartialKernel<<<grid, block, 0, stream>>>(scratch, dout, n, oc, slab_rows);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(BiasBackwardPartialKernel, grid, block, 0, stream,
+                                             scratch, dout, n, oc, slab_rows));
   return internal::LaunchAddColumnSums(dbias, nullptr, oc, scratch, slabs, oc, stream);
 }
 

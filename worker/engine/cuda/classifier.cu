@@ -23,7 +23,6 @@ namespace {
 using internal::kVec;
 using internal::kWarpSize;
 using internal::LoadVec;
-using internal::MaxSum;
 using internal::StoreVec;
 
 constexpr int kBlock = 512;
@@ -43,22 +42,13 @@ __global__ void __launch_bounds__(kBlock)
   bf16* row = logits + static_cast<int64_t>(blockIdx.x) * vp;  // (Vp)
   const int target = targets[blockIdx.x];
 
-  MaxSum acc = {-INFINITY, 0.0f};
+  internal::MaxSum acc = {-INFINITY, 0.0f};
   for (int j = threadIdx.x * kVec; j < v; j += kBlockStride) {
     float x[kVec];
     LoadVec(row + j, x);
-    float vec_max = -INFINITY;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      x[k] = j + k < v ? x[k] : -INFINITY;
-      vec_max = fmaxf(vec_max, x[k]);
-    }
-    // Column j < V is real, so m is finite; exp(-inf - m) = 0 drops the padding.
-    const float m = fmaxf(acc.m, vec_max);
-    float s = acc.s * expf(acc.m - m);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) s += expf(x[k] - m);
-    acc = {m, s};
+    for (int k = 0; k < kVec; ++k) x[k] = j + k < v ? x[k] : -INFINITY;
+    acc = internal::AddVec(acc, x);  // column j < V is real: at least one finite value
   }
   acc = internal::WarpMerge(acc);
   if (lane == 0) {
@@ -67,7 +57,7 @@ __global__ void __launch_bounds__(kBlock)
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    MaxSum total = {warp_max[0], warp_sum[0]};
+    internal::MaxSum total = {warp_max[0], warp_sum[0]};
     for (int w = 1; w < kWarps; ++w) total = internal::Merge(total, {warp_max[w], warp_sum[w]});
     const float lse = total.m + logf(total.s);
     row_lse = lse;
@@ -105,12 +95,11 @@ absl::Status CrossEntropyForwardBackward(bf16* logits, float* losses, const int3
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": v = ", v, " exceeds the padded vocabulary vp = ", vp));
   }
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(logits, kOp, "logits"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(losses, kOp, "losses"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(targets, kOp, "targets"));
-  CrossEntropyKernel<<<n, kBlock, 0, stream>>>(logits, losses, targets, v, vp, grad_scale);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      kOp, {internal::Aligned16(logits, "logits"), internal::NotNull(losses, "losses"),
+            internal::NotNull(targets, "targets")}));
+  return internal::Launch(CrossEntropyKernel, n, kBlock, 0, stream, logits, losses, targets, v, vp,
+                          grad_scale);
 }
 
 }  // namespace weft::engine::cuda

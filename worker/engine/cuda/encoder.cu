@@ -3,16 +3,10 @@
 // Contract (as cpu/encoder.cc): the backward ACCUMULATES (+=) into dwte and dwpe and reads
 // only the tokens. Tokens must be in [0, V); the data layer validates them.
 //
-// Determinism: the backward uses no atomics. dwpe: one thread per (t, c) adds over b in order.
-// dwte: one thread per channel walks every position in (b, t) order, so a token repeated in
-// the batch adds into its row in the CPU op's order; the result is bit-identical to the CPU
-// op. That walk is serial in B * T (a few ms at GPT-2 124M sizes); a sort-by-token reduction
-// is the follow-up.
-//
-// bf16 versions (the GPU engine's): each thread handles one 8-channel vector (C % 8 == 0,
-// 16-byte aligned rows). dwpe is reduced over b in order (deterministic); dwte uses one fp32
-// atomicAdd per element, since a serial walk over B * T would dominate the step at GPT-2
-// sizes: repeated tokens make its summation order, hence its last bits, vary run to run.
+// In bf16, each thread handles one 8-channel vector (C % 8 == 0, 16-byte aligned rows). dwpe
+// is reduced over b in order (deterministic); dwte uses one fp32 atomicAdd per element, since
+// a serial walk over B * T would dominate the step at GPT-2 sizes: repeated tokens make its
+// summation order, hence its last bits, vary run to run.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -26,56 +20,17 @@
 namespace weft::engine::cuda {
 namespace {
 
-__global__ void EncoderForwardKernel(float* __restrict__ out,             // (B, T, C)
-                                     const int32_t* __restrict__ tokens,  // (B, T)
-                                     const float* __restrict__ wte,       // (Vp, C)
-                                     const float* __restrict__ wpe,       // (maxT, C)
-                                     int64_t total, int t, int c) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t bt = i / c;
-    const int ci = static_cast<int>(i % c);
-    const int ti = static_cast<int>(bt % t);
-    out[i] = wte[static_cast<int64_t>(tokens[bt]) * c + ci] + wpe[static_cast<int64_t>(ti) * c + ci];
-  }
-}
-
-__global__ void EncoderBackwardWpeKernel(float* __restrict__ dwpe,        // (maxT, C) +=
-                                         const float* __restrict__ dout,  // (B, T, C)
-                                         int b, int t, int c) {
-  const int64_t tc = static_cast<int64_t>(t) * c;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < tc;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float acc = dwpe[i];  // (t, c) and (b = 0, t, c) share the offset i
-    for (int bi = 0; bi < b; ++bi) acc += dout[bi * tc + i];
-    dwpe[i] = acc;
-  }
-}
-
-__global__ void EncoderBackwardWteKernel(float* __restrict__ dwte,            // (Vp, C) +=
-                                         const float* __restrict__ dout,      // (B, T, C)
-                                         const int32_t* __restrict__ tokens,  // (B, T)
-                                         int64_t bt_total, int c) {
-  const int ci = blockIdx.x * blockDim.x + threadIdx.x;
-  if (ci >= c) return;
-  // Read-modify-write straight to memory each step: the same row may come back at any
-  // position, and threads of other channels never touch this channel's column.
-  for (int64_t bt = 0; bt < bt_total; ++bt) {
-    dwte[static_cast<int64_t>(tokens[bt]) * c + ci] += dout[bt * c + ci];
-  }
-}
-
 using internal::kVec;
 using internal::LoadFloats;
 using internal::LoadVec;
 using internal::StoreFloats;
 using internal::StoreVec;
 
-__global__ void EncoderForwardBf16Kernel(bf16* __restrict__ out,             // (B, T, C)
-                                         const int32_t* __restrict__ tokens,  // (B, T)
-                                         const bf16* __restrict__ wte,        // (Vp, C)
-                                         const bf16* __restrict__ wpe,        // (maxT, C)
-                                         int64_t vecs, int t, int c) {
+__global__ void EncoderForwardKernel(bf16* __restrict__ out,              // (B, T, C)
+                                     const int32_t* __restrict__ tokens,  // (B, T)
+                                     const bf16* __restrict__ wte,        // (Vp, C)
+                                     const bf16* __restrict__ wpe,        // (maxT, C)
+                                     int64_t vecs, int t, int c) {
   const int vecs_per_row = c / kVec;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -93,9 +48,9 @@ __global__ void EncoderForwardBf16Kernel(bf16* __restrict__ out,             // 
 }
 
 // One thread per (t, 8-channel vector): adds dout over b in order onto dwpe.
-__global__ void EncoderBackwardWpeBf16Kernel(float* __restrict__ dwpe,       // (maxT, C) +=
-                                             const bf16* __restrict__ dout,  // (B, T, C)
-                                             int b, int t, int c) {
+__global__ void EncoderBackwardWpeKernel(float* __restrict__ dwpe,       // (maxT, C) +=
+                                         const bf16* __restrict__ dout,  // (B, T, C)
+                                         int b, int t, int c) {
   const int64_t tc = static_cast<int64_t>(t) * c;
   for (int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * kVec; i < tc;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x * kVec) {
@@ -111,10 +66,10 @@ __global__ void EncoderBackwardWpeBf16Kernel(float* __restrict__ dwpe,       // 
   }
 }
 
-__global__ void EncoderBackwardWteBf16Kernel(float* __restrict__ dwte,            // (Vp, C) +=
-                                             const bf16* __restrict__ dout,       // (B, T, C)
-                                             const int32_t* __restrict__ tokens,  // (B, T)
-                                             int64_t vecs, int c) {
+__global__ void EncoderBackwardWteKernel(float* __restrict__ dwte,            // (Vp, C) +=
+                                         const bf16* __restrict__ dout,       // (B, T, C)
+                                         const int32_t* __restrict__ tokens,  // (B, T)
+                                         int64_t vecs, int c) {
   const int vecs_per_row = c / kVec;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -128,11 +83,6 @@ __global__ void EncoderBackwardWteBf16Kernel(float* __restrict__ dwte,          
   }
 }
 
-absl::Status CheckShape(int b, int t, int c) {
-  if (b < 0 || t < 0 || c < 0) return absl::InvalidArgumentError("encoder: negative shape");
-  return absl::OkStatus();
-}
-
 absl::Status CheckBf16Shape(int b, int t, int c) {
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(b, "encoder", "b"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(t, "encoder", "t"));
@@ -141,62 +91,29 @@ absl::Status CheckBf16Shape(int b, int t, int c) {
 
 }  // namespace
 
-absl::Status EncoderForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                            int b, int t, int c, cudaStream_t stream) {
-  if (absl::Status s = CheckShape(b, t, c); !s.ok()) return s;
-  const int64_t total = static_cast<int64_t>(b) * t * c;
-  if (total == 0) return absl::OkStatus();
-  EncoderForwardKernel<<<internal::GridFor(total), internal::kBlockSize, 0, stream>>>(
-      out, tokens, wte, wpe, total, t, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
-}
-
-absl::Status EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                             int b, int t, int c, cudaStream_t stream) {
-  if (absl::Status s = CheckShape(b, t, c); !s.ok()) return s;
-  if (static_cast<int64_t>(b) * t * c == 0) return absl::OkStatus();
-  const int64_t tc = static_cast<int64_t>(t) * c;
-  EncoderBackwardWpeKernel<<<internal::GridFor(tc), internal::kBlockSize, 0, stream>>>(
-      dwpe, dout, b, t, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  const int wte_blocks = (c + internal::kBlockSize - 1) / internal::kBlockSize;
-  EncoderBackwardWteKernel<<<wte_blocks, internal::kBlockSize, 0, stream>>>(
-      dwte, dout, tokens, static_cast<int64_t>(b) * t, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
-}
-
 absl::Status EncoderForward(bf16* out, const int32_t* tokens, const bf16* wte, const bf16* wpe,
                             int b, int t, int c, cudaStream_t stream) {
   WEFT_BF16_RETURN_IF_ERROR(CheckBf16Shape(b, t, c));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(out, "encoder", "out"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(tokens, "encoder", "tokens"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(wte, "encoder", "wte"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(wpe, "encoder", "wpe"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "encoder", {internal::Aligned16(out, "out"), internal::NotNull(tokens, "tokens"),
+                  internal::Aligned16(wte, "wte"), internal::Aligned16(wpe, "wpe")}));
   const int64_t vecs = static_cast<int64_t>(b) * t * (c / kVec);
-  EncoderForwardBf16Kernel<<<internal::GridFor(vecs), internal::kBlockSize, 0, stream>>>(
-      out, tokens, wte, wpe, vecs, t, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return internal::Launch(EncoderForwardKernel, internal::GridFor(vecs), internal::kBlockSize, 0,
+                          stream, out, tokens, wte, wpe, vecs, t, c);
 }
 
 absl::Status EncoderBackward(float* dwte, float* dwpe, const bf16* dout, const int32_t* tokens,
                              int b, int t, int c, cudaStream_t stream) {
   WEFT_BF16_RETURN_IF_ERROR(CheckBf16Shape(b, t, c));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(dwte, "encoder", "dwte"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dwpe, "encoder", "dwpe"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dout, "encoder", "dout"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(tokens, "encoder", "tokens"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "encoder", {internal::NotNull(dwte, "dwte"), internal::Aligned16(dwpe, "dwpe"),
+                  internal::Aligned16(dout, "dout"), internal::NotNull(tokens, "tokens")}));
   const int64_t tc_vecs = static_cast<int64_t>(t) * (c / kVec);
-  EncoderBackwardWpeBf16Kernel<<<internal::GridFor(tc_vecs), internal::kBlockSize, 0, stream>>>(
-      dwpe, dout, b, t, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(EncoderBackwardWpeKernel, internal::GridFor(tc_vecs),
+                                             internal::kBlockSize, 0, stream, dwpe, dout, b, t, c));
   const int64_t vecs = static_cast<int64_t>(b) * tc_vecs;
-  EncoderBackwardWteBf16Kernel<<<internal::GridFor(vecs), internal::kBlockSize, 0, stream>>>(
-      dwte, dout, tokens, vecs, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return internal::Launch(EncoderBackwardWteKernel, internal::GridFor(vecs), internal::kBlockSize,
+                          0, stream, dwte, dout, tokens, vecs, c);
 }
 
 }  // namespace weft::engine::cuda

@@ -120,21 +120,36 @@ __device__ inline uint32_t PackBf16(float lo, float hi) {
 
 // ---- tile helpers (all threads of the block call them) ----
 
-// Where the head of block blockIdx.x = b * NH + h starts in each layout (elements).
+// The head of block blockIdx.x = b * NH + h: where it starts in each layout (elements), its
+// q, k, v and the layouts' row strides.
 struct HeadBase {
   size_t qkv;   // q's (t = 0, d = 0) in (B, T, 3C); k at + C, v at + 2C
   size_t rows;  // (t = 0, d = 0) in (B, T, C)
   size_t lse;   // row t = 0 in (B * NH * T)
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  int c;       // C = NH * HS
+  int ld_qkv;  // 3C, the row stride of qkv and dqkv
+  int ld_y;    // C, the row stride of y and dy
 };
 
 template <int kHs>
-__device__ inline HeadBase HeadOffsets(int nh, int t) {
+__device__ inline HeadBase HeadOffsets(const bf16* qkv, int nh, int t) {
   const int bi = blockIdx.x / nh;
   const int hi = blockIdx.x % nh;
-  const size_t c = static_cast<size_t>(nh) * kHs;
+  const int c = nh * kHs;
   const size_t bt0 = static_cast<size_t>(bi) * t;  // row b * T + 0
-  return {bt0 * 3 * c + static_cast<size_t>(hi) * kHs, bt0 * c + static_cast<size_t>(hi) * kHs,
-          static_cast<size_t>(blockIdx.x) * t};
+  const size_t q = bt0 * 3 * static_cast<size_t>(c) + static_cast<size_t>(hi) * kHs;
+  return {q,
+          bt0 * c + static_cast<size_t>(hi) * kHs,
+          static_cast<size_t>(blockIdx.x) * t,
+          qkv + q,
+          qkv + q + c,
+          qkv + q + 2 * c,
+          c,
+          3 * c,
+          c};
 }
 
 // Rows [row0, row0 + kRows) of one head's (T, kHs) matrix, row stride ld elements (3C or C),
@@ -225,6 +240,69 @@ __device__ inline void StoreRows(bf16* __restrict__ out, const float (&acc)[kHs 
   }
 }
 
+// Sets every element of a warp's (16, kN) accumulator to f(value, h, col, nt, e): h = 0 or 1
+// is the row half (rows L/4 and L/4 + 8 of the strip), col the column in [0, kN), and (nt, e)
+// the element's place in acc.
+template <int kN, typename F>
+__device__ __forceinline__ void ForEachElement(float (&acc)[kN / 8][4], int lane, F f) {
+#pragma unroll
+  for (int nt = 0; nt < kN / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      acc[nt][e] = f(acc[nt][e], e / 2, nt * 8 + 2 * (lane % 4) + e % 2, nt, e);
+    }
+  }
+}
+
+// One step of a double-buffered walk: starts loading the next step's tiles into the other
+// buffer when there is a next step (load_next), then waits until this step's tiles are in
+// shared memory, block-wide.
+template <typename LoadNext>
+__device__ __forceinline__ void AwaitStep(bool has_next, LoadNext load_next) {
+  if (has_next) {
+    load_next();
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+  } else {
+    CpAsyncWait<0>();
+  }
+  __syncthreads();
+}
+
+// Key tile `step` (kBk keys of k and of v) -> buffer `buf` of sk and sv.
+template <int kHs, int kBk>
+__device__ __forceinline__ void LoadKeyTile(bf16* sk, bf16* sv, const HeadBase& head, int step,
+                                            int buf, int t) {
+  constexpr int kStride = Tiles<kHs>::kStride;
+  LoadTile<kHs, kBk>(sk + buf * kBk * kStride, head.k, step * kBk, t, head.ld_qkv);
+  LoadTile<kHs, kBk>(sv + buf * kBk * kStride, head.v, step * kBk, t, head.ld_qkv);
+}
+
+// The walk of the forward and dQ kernels over key tiles [0, n_steps) (kBk keys each),
+// double-buffered. For each tile that reaches this warp's rows (tiles start on multiples of 16,
+// so k0 <= warp_row + 15 means every row of the warp sees at least key k0; a tile entirely
+// above them contributes nothing), computes the warp's scores s (16, kBk) = Q K^T and calls
+// on_tile(s, k0, straddles, skb, svb): straddles says the tile crosses the diagonal (masking
+// needed), skb / svb are the tile's keys and values in shared memory.
+template <int kHs, int kBk, typename OnTile>
+__device__ __forceinline__ void WalkKeyTiles(bf16* sk, bf16* sv, const bf16* sq_warp,
+                                             const HeadBase& head, int n_steps, int warp_row, int t,
+                                             int lane, OnTile on_tile) {
+  constexpr int kStride = Tiles<kHs>::kStride;
+  for (int j = 0; j < n_steps; ++j) {
+    const int buf = j % 2;
+    AwaitStep(j + 1 < n_steps, [&] { LoadKeyTile<kHs, kBk>(sk, sv, head, j + 1, 1 - buf, t); });
+    const int k0 = j * kBk;
+    if (k0 <= warp_row + kWarpRows - 1) {
+      const bf16* skb = sk + buf * kBk * kStride;
+      float s[kBk / 8][4] = {};
+      MmaABt<kHs, kBk>(s, sq_warp, skb, lane);
+      on_tile(s, k0, k0 + kBk - 1 > warp_row, skb, sv + buf * kBk * kStride);
+    }
+    __syncthreads();  // the buffer is refilled by the next step's prefetch
+  }
+}
+
 // ---- kernels ----
 // Grids are (B * NH, tiles): blocks are scheduled x fastest, so with the heaviest tiles at
 // y = 0 (the last query tile has the most keys; the first key tile the most queries) every
@@ -244,86 +322,56 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sv = sk + 2 * kBk * kStride;         // 2 x (kBk, kStride)
   const int warp = threadIdx.x / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
-  const int c = nh * kHs;
-  const int ld_qkv = 3 * c;  // row strides
-  const int ld_y = c;
-  const HeadBase base = HeadOffsets<kHs>(nh, t);
-  const bf16* q = qkv + base.qkv;
-  const bf16* k = q + c;
-  const bf16* v = q + 2 * c;
-  y += base.rows;
-  lse += base.lse;
+  const HeadBase head = HeadOffsets<kHs>(qkv, nh, t);
+  y += head.rows;
+  lse += head.lse;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
   const int warp_row = q0 + warp * kWarpRows;  // the warp's first query
   const int row_lo = warp_row + lane / 4;      // this lane's rows: row_lo, row_lo + 8
 
-  LoadTile<kHs, kTile>(sq, q, q0, t, ld_qkv);
-  LoadTile<kHs, kBk>(sk, k, 0, t, ld_qkv);
-  LoadTile<kHs, kBk>(sv, v, 0, t, ld_qkv);
+  LoadTile<kHs, kTile>(sq, head.q, q0, t, head.ld_qkv);
+  LoadKeyTile<kHs, kBk>(sk, sv, head, 0, 0, t);
   CpAsyncCommit();
   const int n_steps = (min(t, q0 + kTile) + kBk - 1) / kBk;  // keys [0, q0 + kTile)
 
   float o[kHs / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY};  // running max (log2 units) of rows row_lo, row_lo + 8
   float l[2] = {0.0f, 0.0f};            // this lane's share of the running sum
-  for (int j = 0; j < n_steps; ++j) {
-    const int buf = j % 2;
-    if (j + 1 < n_steps) {
-      LoadTile<kHs, kBk>(sk + (1 - buf) * kBk * kStride, k, (j + 1) * kBk, t, ld_qkv);
-      LoadTile<kHs, kBk>(sv + (1 - buf) * kBk * kStride, v, (j + 1) * kBk, t, ld_qkv);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
-    const int k0 = j * kBk;
-    // A tile entirely above this warp's rows contributes nothing (tiles start on multiples of
-    // 16, so k0 <= warp_row + 15 means every row of the warp sees at least key k0).
-    if (k0 <= warp_row + kWarpRows - 1) {
-      const bf16* skb = sk + buf * kBk * kStride;
-      const bf16* svb = sv + buf * kBk * kStride;
-      float s[kBk / 8][4] = {};
-      MmaABt<kHs, kBk>(s, sq + warp * kWarpRows * kStride, skb, lane);  // (16, kBk) = Q K^T
-      const bool straddles = k0 + kBk - 1 > warp_row;
+  WalkKeyTiles<kHs, kBk>(
+      sk, sv, sq + warp * kWarpRows * kStride, head, n_steps, warp_row, t, lane,
+      [&](float(&s)[kBk / 8][4], int k0, bool straddles, const bf16*, const bf16* svb) {
+        ForEachElement<kBk>(s, lane, [&](float x, int h, int col, int, int) {
+          return straddles && k0 + col > row_lo + 8 * h ? -INFINITY : x * scale_log2;
+        });
 #pragma unroll
-      for (int nt = 0; nt < kBk / 8; ++nt) {
+        for (int h = 0; h < 2; ++h) {
+          float mx = m[h];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = row_lo + 8 * (e / 2);
-          const int col = k0 + nt * 8 + 2 * (lane % 4) + e % 2;
-          s[nt][e] = straddles && col > row ? -INFINITY : s[nt][e] * scale_log2;
+          for (int nt = 0; nt < kBk / 8; ++nt) {
+            mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+          }
+          // The 4 lanes of a quad share a row.
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          // A row with no key yet keeps max -inf; subtracting 0 instead avoids -inf - -inf.
+          const float base = mx == -INFINITY ? 0.0f : mx;
+          const float corr = exp2f(m[h] - base);
+          m[h] = mx;
+          l[h] *= corr;
+#pragma unroll
+          for (int nt = 0; nt < kHs / 8; ++nt) {
+            o[nt][2 * h] *= corr;
+            o[nt][2 * h + 1] *= corr;
+          }
+#pragma unroll
+          for (int nt = 0; nt < kBk / 8; ++nt) {
+            s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
+            s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
+            l[h] += s[nt][2 * h] + s[nt][2 * h + 1];
+          }
         }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = m[h];
-#pragma unroll
-        for (int nt = 0; nt < kBk / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
-        // The 4 lanes of a quad share a row.
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // A row with no key yet keeps max -inf; subtracting 0 instead avoids -inf - -inf.
-        const float base = mx == -INFINITY ? 0.0f : mx;
-        const float corr = exp2f(m[h] - base);
-        m[h] = mx;
-        l[h] *= corr;
-#pragma unroll
-        for (int nt = 0; nt < kHs / 8; ++nt) {
-          o[nt][2 * h] *= corr;
-          o[nt][2 * h + 1] *= corr;
-        }
-#pragma unroll
-        for (int nt = 0; nt < kBk / 8; ++nt) {
-          s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
-          s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
-          l[h] += s[nt][2 * h] + s[nt][2 * h + 1];
-        }
-      }
-      MmaPB<kHs, kBk>(o, s, svb, lane);  // O += P V
-    }
-    __syncthreads();  // the buffer is refilled by the next step's prefetch
-  }
+        MmaPB<kHs, kBk>(o, s, svb, lane);  // O += P V
+      });
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -333,7 +381,7 @@ __global__ void __launch_bounds__(kThreads)
     const int row = row_lo + 8 * h;
     if (lane % 4 == 0 && row < t) lse[row] = (m[h] + log2f(l[h])) * kLn2;
   }
-  StoreRows<kHs>(y, o, inv, row_lo, t, ld_y, lane);
+  StoreRows<kHs>(y, o, inv, row_lo, t, head.ld_y, lane);
 }
 
 // dsum[b, h, t] = sum_d dy[b, h, t, d] * y[b, h, t, d]: one thread per 8-wide vector of the
@@ -390,25 +438,19 @@ __global__ void __launch_bounds__(kThreads)
   float* sdsum = slse + 2 * kBq;                                     // 2 x (kBq)
   const int warp = threadIdx.x / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
-  const int c = nh * kHs;
-  const int ld_qkv = 3 * c;  // row strides
-  const int ld_y = c;
-  const HeadBase base = HeadOffsets<kHs>(nh, t);
-  const bf16* q = qkv + base.qkv;
-  const bf16* k = q + c;
-  const bf16* v = q + 2 * c;
-  bf16* dk = dqkv + base.qkv + c;
-  bf16* dv = dqkv + base.qkv + 2 * c;
-  dy += base.rows;
-  lse += base.lse;
-  dsum += base.lse;
+  const HeadBase head = HeadOffsets<kHs>(qkv, nh, t);
+  bf16* dk = dqkv + head.qkv + head.c;
+  bf16* dv = dqkv + head.qkv + 2 * head.c;
+  dy += head.rows;
+  lse += head.lse;
+  dsum += head.lse;
   const int k0 = blockIdx.y * kTile;  // key tile 0 sees every query: heaviest first
   const int warp_key = k0 + warp * kWarpRows;
   const int key_lo = warp_key + lane / 4;  // this lane's keys: key_lo, key_lo + 8
 
   const auto load_queries = [&](int step_q0, int buf) {
-    LoadTile<kHs, kBq>(sq + buf * kBq * kStride, q, step_q0, t, ld_qkv);
-    LoadTile<kHs, kBq>(sdy + buf * kBq * kStride, dy, step_q0, t, ld_y);
+    LoadTile<kHs, kBq>(sq + buf * kBq * kStride, head.q, step_q0, t, head.ld_qkv);
+    LoadTile<kHs, kBq>(sdy + buf * kBq * kStride, dy, step_q0, t, head.ld_y);
     for (int i = threadIdx.x; i < kBq; i += kThreads) {
       const int row = step_q0 + i;
       // Padded queries: lse = +inf makes their P exactly 0, so they add nothing.
@@ -416,8 +458,8 @@ __global__ void __launch_bounds__(kThreads)
       sdsum[buf * kBq + i] = row < t ? dsum[row] : 0.0f;
     }
   };
-  LoadTile<kHs, kTile>(sk, k, k0, t, ld_qkv);
-  LoadTile<kHs, kTile>(sv, v, k0, t, ld_qkv);
+  LoadTile<kHs, kTile>(sk, head.k, k0, t, head.ld_qkv);
+  LoadTile<kHs, kTile>(sv, head.v, k0, t, head.ld_qkv);
   const int first = k0 / kBq;  // the first query tile that reaches key k0
   const int n_steps = (t + kBq - 1) / kBq;
   load_queries(first * kBq, 0);
@@ -427,14 +469,7 @@ __global__ void __launch_bounds__(kThreads)
   float dv_acc[kHs / 8][4] = {};
   for (int i = first; i < n_steps; ++i) {
     const int buf = (i - first) % 2;
-    if (i + 1 < n_steps) {
-      load_queries((i + 1) * kBq, 1 - buf);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
+    AwaitStep(i + 1 < n_steps, [&] { load_queries((i + 1) * kBq, 1 - buf); });
     const int q0 = i * kBq;
     if (q0 + kBq - 1 >= warp_key) {  // some query of the tile sees some key of the warp
       const bf16* sqb = sq + buf * kBq * kStride;
@@ -445,35 +480,25 @@ __global__ void __launch_bounds__(kThreads)
       float pt[kBq / 8][4] = {};
       MmaABt<kHs, kBq>(pt, sk + warp * kWarpRows * kStride, sqb, lane);
       const bool straddles = warp_key + kWarpRows - 1 > q0;
-#pragma unroll
-      for (int nt = 0; nt < kBq / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key_lo + 8 * (e / 2);
-          const int col = nt * 8 + 2 * (lane % 4) + e % 2;
-          const float p = exp2f(pt[nt][e] * scale_log2 - slseb[col]);
-          pt[nt][e] = straddles && key > q0 + col ? 0.0f : p;
-        }
-      }
+      ForEachElement<kBq>(pt, lane, [&](float x, int h, int col, int, int) {
+        const float p = exp2f(x * scale_log2 - slseb[col]);
+        return straddles && key_lo + 8 * h > q0 + col ? 0.0f : p;
+      });
       float dpt[kBq / 8][4] = {};
       MmaABt<kHs, kBq>(dpt, sv + warp * kWarpRows * kStride, sdyb, lane);  // dP^T = V dY^T
       MmaPB<kHs, kBq>(dv_acc, pt, sdyb, lane);                              // dV += P^T dY
       // dS^T = P^T * (dP^T - D[query]) (the scale is applied to dK once, at the end).
-#pragma unroll
-      for (int nt = 0; nt < kBq / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          pt[nt][e] *= dpt[nt][e] - sdsumb[nt * 8 + 2 * (lane % 4) + e % 2];
-        }
-      }
+      ForEachElement<kBq>(pt, lane, [&](float p, int, int col, int nt, int e) {
+        return p * (dpt[nt][e] - sdsumb[col]);
+      });
       MmaPB<kHs, kBq>(dk_acc, pt, sqb, lane);  // dK += dS^T Q
     }
     __syncthreads();
   }
   const float dk_mul[2] = {scale, scale};
   const float dv_mul[2] = {1.0f, 1.0f};
-  StoreRows<kHs>(dk, dk_acc, dk_mul, key_lo, t, ld_qkv, lane);
-  StoreRows<kHs>(dv, dv_acc, dv_mul, key_lo, t, ld_qkv, lane);
+  StoreRows<kHs>(dk, dk_acc, dk_mul, key_lo, t, head.ld_qkv, lane);
+  StoreRows<kHs>(dv, dv_acc, dv_mul, key_lo, t, head.ld_qkv, lane);
 }
 
 template <int kHs>
@@ -493,25 +518,18 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sv = sk + 2 * kBk * kStride;         // 2 x (kBk, kStride)
   const int warp = threadIdx.x / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
-  const int c = nh * kHs;
-  const int ld_qkv = 3 * c;  // row strides
-  const int ld_y = c;
-  const HeadBase base = HeadOffsets<kHs>(nh, t);
-  const bf16* q = qkv + base.qkv;
-  const bf16* k = q + c;
-  const bf16* v = q + 2 * c;
-  bf16* dq = dqkv + base.qkv;
-  dy += base.rows;
-  lse += base.lse;
-  dsum += base.lse;
+  const HeadBase head = HeadOffsets<kHs>(qkv, nh, t);
+  bf16* dq = dqkv + head.qkv;
+  dy += head.rows;
+  lse += head.lse;
+  dsum += head.lse;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
   const int warp_row = q0 + warp * kWarpRows;
   const int row_lo = warp_row + lane / 4;
 
-  LoadTile<kHs, kTile>(sq, q, q0, t, ld_qkv);
-  LoadTile<kHs, kTile>(sdy, dy, q0, t, ld_y);
-  LoadTile<kHs, kBk>(sk, k, 0, t, ld_qkv);
-  LoadTile<kHs, kBk>(sv, v, 0, t, ld_qkv);
+  LoadTile<kHs, kTile>(sq, head.q, q0, t, head.ld_qkv);
+  LoadTile<kHs, kTile>(sdy, dy, q0, t, head.ld_y);
+  LoadKeyTile<kHs, kBk>(sk, sv, head, 0, 0, t);
   CpAsyncCommit();
   float row_lse[2];  // log2 units
   float row_dsum[2];
@@ -525,47 +543,22 @@ __global__ void __launch_bounds__(kThreads)
   const int n_steps = (min(t, q0 + kTile) + kBk - 1) / kBk;
 
   float dq_acc[kHs / 8][4] = {};
-  for (int j = 0; j < n_steps; ++j) {
-    const int buf = j % 2;
-    if (j + 1 < n_steps) {
-      LoadTile<kHs, kBk>(sk + (1 - buf) * kBk * kStride, k, (j + 1) * kBk, t, ld_qkv);
-      LoadTile<kHs, kBk>(sv + (1 - buf) * kBk * kStride, v, (j + 1) * kBk, t, ld_qkv);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
-    const int k0 = j * kBk;
-    if (k0 <= warp_row + kWarpRows - 1) {
-      const bf16* skb = sk + buf * kBk * kStride;
-      const bf16* svb = sv + buf * kBk * kStride;
-      float s[kBk / 8][4] = {};
-      MmaABt<kHs, kBk>(s, sq + warp * kWarpRows * kStride, skb, lane);  // S = Q K^T
-      const bool straddles = k0 + kBk - 1 > warp_row;
-#pragma unroll
-      for (int nt = 0; nt < kBk / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = row_lo + 8 * (e / 2);
-          const int col = k0 + nt * 8 + 2 * (lane % 4) + e % 2;
-          const float p = exp2f(s[nt][e] * scale_log2 - row_lse[e / 2]);
-          s[nt][e] = straddles && col > row ? 0.0f : p;  // P
-        }
-      }
-      float dp[kBk / 8][4] = {};
-      MmaABt<kHs, kBk>(dp, sdy + warp * kWarpRows * kStride, svb, lane);  // dP = dY V^T
-#pragma unroll
-      for (int nt = 0; nt < kBk / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] *= dp[nt][e] - row_dsum[e / 2];  // dS / scale
-      }
-      MmaPB<kHs, kBk>(dq_acc, s, skb, lane);  // dQ += dS K
-    }
-    __syncthreads();
-  }
+  WalkKeyTiles<kHs, kBk>(
+      sk, sv, sq + warp * kWarpRows * kStride, head, n_steps, warp_row, t, lane,
+      [&](float(&s)[kBk / 8][4], int k0, bool straddles, const bf16* skb, const bf16* svb) {
+        ForEachElement<kBk>(s, lane, [&](float x, int h, int col, int, int) {
+          const float p = exp2f(x * scale_log2 - row_lse[h]);
+          return straddles && k0 + col > row_lo + 8 * h ? 0.0f : p;  // P
+        });
+        float dp[kBk / 8][4] = {};
+        MmaABt<kHs, kBk>(dp, sdy + warp * kWarpRows * kStride, svb, lane);  // dP = dY V^T
+        ForEachElement<kBk>(s, lane, [&](float p, int h, int, int nt, int e) {
+          return p * (dp[nt][e] - row_dsum[h]);  // dS / scale
+        });
+        MmaPB<kHs, kBk>(dq_acc, s, skb, lane);  // dQ += dS K
+      });
   const float mul[2] = {scale, scale};
-  StoreRows<kHs>(dq, dq_acc, mul, row_lo, t, ld_qkv, lane);
+  StoreRows<kHs>(dq, dq_acc, mul, row_lo, t, head.ld_qkv, lane);
 }
 
 // ---- launchers ----
@@ -597,15 +590,13 @@ absl::Status CheckShape(int b, int nh, int t, int hs, const char* op) {
   return absl::OkStatus();
 }
 
-// Opts the kernel into more than the default 48 KiB of dynamic shared memory.
-template <typename Kernel, typename... Args>
-absl::Status Launch(Kernel kernel, dim3 grid, size_t smem_bytes, cudaStream_t stream,
-                    Args... args) {
+// A tile kernel's launch, opting it into more than the default 48 KiB of dynamic shared memory.
+template <typename... Params, typename... Args>
+absl::Status LaunchTiles(void (*kernel)(Params...), dim3 grid, size_t smem_bytes,
+                         cudaStream_t stream, Args... args) {
   WEFT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(args...);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return internal::Launch(kernel, grid, kThreads, smem_bytes, stream, args...);
 }
 
 template <int kHs>
@@ -615,7 +606,7 @@ absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, 
   const size_t smem = (kTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16);
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHs));
   const dim3 grid(b * nh, (t + kTile - 1) / kTile);
-  return Launch(FlashForwardKernel<kHs>, grid, smem, stream, y, lse, qkv, t, nh, scale_log2);
+  return LaunchTiles(FlashForwardKernel<kHs>, grid, smem, stream, y, lse, qkv, t, nh, scale_log2);
 }
 
 template <int kHs>
@@ -626,19 +617,18 @@ absl::Status LaunchBackward(bf16* dqkv, const bf16* dy, const bf16* y, const flo
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHs));
   const float scale_log2 = scale * kLog2e;
   const int64_t vecs = static_cast<int64_t>(b) * t * nh * (kHs / internal::kVec);
-  RowDotKernel<kHs><<<static_cast<int>((vecs + internal::kBlockSize - 1) /
-                                       internal::kBlockSize),
-                      internal::kBlockSize, 0, stream>>>(dsum, dy, y, vecs, t, nh);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(
+      RowDotKernel<kHs>, static_cast<int>((vecs + internal::kBlockSize - 1) / internal::kBlockSize),
+      internal::kBlockSize, 0, stream, dsum, dy, y, vecs, t, nh));
   const dim3 grid(b * nh, (t + kTile - 1) / kTile);
   const size_t kv_smem = (2 * kTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16) +
                          4 * Cfg::kWalk * sizeof(float);
-  WEFT_BF16_RETURN_IF_ERROR(Launch(FlashBackwardKvKernel<kHs>, grid, kv_smem, stream, dqkv, qkv,
-                                   dy, lse, static_cast<const float*>(dsum), t, nh, scale,
-                                   scale_log2));
+  WEFT_BF16_RETURN_IF_ERROR(LaunchTiles(FlashBackwardKvKernel<kHs>, grid, kv_smem, stream, dqkv,
+                                        qkv, dy, lse, static_cast<const float*>(dsum), t, nh, scale,
+                                        scale_log2));
   const size_t q_smem = (2 * kTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16);
-  return Launch(FlashBackwardQKernel<kHs>, grid, q_smem, stream, dqkv, qkv, dy, lse,
-                static_cast<const float*>(dsum), t, nh, scale, scale_log2);
+  return LaunchTiles(FlashBackwardQKernel<kHs>, grid, q_smem, stream, dqkv, qkv, dy, lse,
+                     static_cast<const float*>(dsum), t, nh, scale, scale_log2);
 }
 
 }  // namespace
@@ -654,9 +644,9 @@ absl::Status FlashAttentionForward(bf16* y, float* lse, const bf16* qkv, int b, 
                                    int hs, cudaStream_t stream) {
   constexpr const char* kOp = "flash attention forward";
   WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, t, hs, kOp));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(y, kOp, "y"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(lse, kOp, "lse"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(qkv, kOp, "qkv"));
+  WEFT_BF16_RETURN_IF_ERROR(
+      internal::CheckPointers(kOp, {internal::Aligned16(y, "y"), internal::NotNull(lse, "lse"),
+                                    internal::Aligned16(qkv, "qkv")}));
   switch (hs) {
     case 16:
       return LaunchForward<16>(y, lse, qkv, b, nh, t, stream);
@@ -674,12 +664,10 @@ absl::Status FlashAttentionBackward(bf16* dqkv, const bf16* dy, const bf16* y, c
                                     int hs, cudaStream_t stream) {
   constexpr const char* kOp = "flash attention backward";
   WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, t, hs, kOp));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dqkv, kOp, "dqkv"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dy, kOp, "dy"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(y, kOp, "y"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(lse, kOp, "lse"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(qkv, kOp, "qkv"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(scratch, kOp, "scratch"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      kOp, {internal::Aligned16(dqkv, "dqkv"), internal::Aligned16(dy, "dy"),
+            internal::Aligned16(y, "y"), internal::NotNull(lse, "lse"),
+            internal::Aligned16(qkv, "qkv"), internal::NotNull(scratch, "scratch")}));
   if (dqkv == qkv) {
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": dqkv must not alias qkv (still read while dqkv is written)"));

@@ -3,11 +3,13 @@
 // with tanh(u) = 1 - 2 / (exp(2u) + 1), as cpu/gelu.cc computes it, so both backends round
 // the same way up to expf's last-ulp differences (CUDA's expf is within 2 ulp).
 //
-// Contract: the backward recomputes from the input and ACCUMULATES (+=) into dinp.
+// In bf16: fp32 math on 16-byte vectors of 8 values (the n % 8 tail elementwise), rounded to
+// bf16 on the store. The backward recomputes from the input and WRITES dinp (=), unlike the
+// CPU op's, which accumulates (hence its name, GeluBackwardOverwrite); it may run in place
+// (dinp == dout), so those two pointers are not __restrict__.
 //
-// bf16 versions (the GPU engine's): the same fp32 math on 16-byte vectors of 8 values (the
-// n % 8 tail elementwise), rounded to bf16 on the store. Their backward WRITES dinp (=) and
-// may run in place (dinp == dout), so those two pointers are not __restrict__.
+// The model itself fuses GELU into the MLP GEMMs' epilogues (matmul.h); these kernels are the
+// standalone form of the same formula.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -40,32 +42,13 @@ __device__ inline float GeluGrad(float x) {
   return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du_dx;
 }
 
-__global__ void GeluForwardKernel(float* __restrict__ out,        // (N)
-                                  const float* __restrict__ inp,  // (N)
-                                  int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = Gelu(inp[i]);
-  }
-}
-
-__global__ void GeluBackwardKernel(float* __restrict__ dinp,        // (N) +=
-                                   const float* __restrict__ inp,   // (N)
-                                   const float* __restrict__ dout,  // (N)
-                                   int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    dinp[i] += GeluGrad(inp[i]) * dout[i];
-  }
-}
-
 using internal::kVec;
 using internal::LoadVec;
 using internal::StoreVec;
 
-__global__ void GeluForwardBf16Kernel(bf16* __restrict__ out,        // (N)
-                                      const bf16* __restrict__ inp,  // (N)
-                                      int64_t n) {
+__global__ void GeluForwardKernel(bf16* __restrict__ out,        // (N)
+                                  const bf16* __restrict__ inp,  // (N)
+                                  int64_t n) {
   const int64_t vecs = n / kVec;
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   for (int64_t i = tid; i < vecs; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -79,10 +62,10 @@ __global__ void GeluForwardBf16Kernel(bf16* __restrict__ out,        // (N)
   if (tail < n) out[tail] = __float2bfloat16(Gelu(__bfloat162float(inp[tail])));
 }
 
-__global__ void GeluBackwardBf16Kernel(bf16* dinp,                    // (N) =
-                                       const bf16* __restrict__ inp,  // (N)
-                                       const bf16* dout,              // (N), may be dinp
-                                       int64_t n) {
+__global__ void GeluBackwardOverwriteKernel(bf16* dinp,                    // (N) =
+                                            const bf16* __restrict__ inp,  // (N)
+                                            const bf16* dout,              // (N), may be dinp
+                                            int64_t n) {
   const int64_t vecs = n / kVec;
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   for (int64_t i = tid; i < vecs; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -103,44 +86,23 @@ __global__ void GeluBackwardBf16Kernel(bf16* dinp,                    // (N) =
 
 }  // namespace
 
-absl::Status GeluForward(float* out, const float* inp, int64_t n, cudaStream_t stream) {
-  if (n < 0) return absl::InvalidArgumentError("gelu: negative n");
-  if (n == 0) return absl::OkStatus();
-  GeluForwardKernel<<<internal::GridFor(n), internal::kBlockSize, 0, stream>>>(out, inp, n);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
-}
-
-absl::Status GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n,
-                          cudaStream_t stream) {
-  if (n < 0) return absl::InvalidArgumentError("gelu: negative n");
-  if (n == 0) return absl::OkStatus();
-  GeluBackwardKernel<<<internal::GridFor(n), internal::kBlockSize, 0, stream>>>(dinp, inp, dout,
-                                                                                n);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
-}
-
 absl::Status GeluForward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream) {
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(n, "gelu", "n"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(out, "gelu", "out"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp, "gelu", "inp"));
-  GeluForwardBf16Kernel<<<internal::GridFor((n + kVec - 1) / kVec), internal::kBlockSize, 0,
-                          stream>>>(out, inp, n);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "gelu", {internal::Aligned16(out, "out"), internal::Aligned16(inp, "inp")}));
+  return internal::Launch(GeluForwardKernel, internal::GridFor((n + kVec - 1) / kVec),
+                          internal::kBlockSize, 0, stream, out, inp, n);
 }
 
-absl::Status GeluBackward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n,
-                          cudaStream_t stream) {
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(n, "gelu backward", "n"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dinp, "gelu backward", "dinp"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp, "gelu backward", "inp"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dout, "gelu backward", "dout"));
-  GeluBackwardBf16Kernel<<<internal::GridFor((n + kVec - 1) / kVec), internal::kBlockSize, 0,
-                           stream>>>(dinp, inp, dout, n);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+absl::Status GeluBackwardOverwrite(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n,
+                                   cudaStream_t stream) {
+  constexpr const char* kOp = "gelu backward";
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(n, kOp, "n"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      kOp, {internal::Aligned16(dinp, "dinp"), internal::Aligned16(inp, "inp"),
+            internal::Aligned16(dout, "dout")}));
+  return internal::Launch(GeluBackwardOverwriteKernel, internal::GridFor((n + kVec - 1) / kVec),
+                          internal::kBlockSize, 0, stream, dinp, inp, dout, n);
 }
 
 }  // namespace weft::engine::cuda

@@ -1,8 +1,14 @@
-// Launch-shape helpers shared by the CUDA layer files.
+// Launch helpers shared by the CUDA layer files.
 #ifndef WEFT_WORKER_ENGINE_CUDA_LAUNCH_CUH_
 #define WEFT_WORKER_ENGINE_CUDA_LAUNCH_CUH_
 
+#include <cuda_runtime.h>
+
+#include <cstddef>
 #include <cstdint>
+
+#include "absl/status/status.h"
+#include "worker/engine/cuda/cuda_check.h"
 
 namespace weft::engine::cuda::internal {
 
@@ -15,6 +21,16 @@ inline constexpr int64_t kMaxGrid = 132 * 32;
 inline int GridFor(int64_t n, int block = kBlockSize) {
   const int64_t blocks = (n + block - 1) / block;
   return static_cast<int>(blocks < kMaxGrid ? blocks : kMaxGrid);
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), returning the launch's error
+// (cudaGetLastError) as a Status; an error in the kernel's execution surfaces at the caller's
+// next synchronization.
+template <typename... Params, typename... Args>
+absl::Status Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                    cudaStream_t stream, Args... args) {
+  kernel<<<grid, block, shared_bytes, stream>>>(args...);
+  return CudaStatus(cudaGetLastError(), "cudaGetLastError()");
 }
 
 // Sum over a warp; every lane gets the total. The butterfly order is fixed, so it is

@@ -2,21 +2,17 @@
 // rstd = 1 / sqrt(var + 1e-5) and the biased variance, as cpu/layernorm.cc.
 //
 // Contract: the forward keeps mean and rstd (N) for the backward; the backward ACCUMULATES
-// (+=) into dinp, dweight and dbias.
+// (+=) into dinp (the residual stream's gradient), dweight and dbias.
 //
-// One warp per row for the row statistics (two passes, mean then squared deviations, as the
-// CPU op, which stays accurate when |mean| >> std). The sums are taken in a different order
-// than the CPU's serial loop, hence ~1e-6 relative differences. dweight/dbias are reduced
-// over rows by one thread per channel in row order (deterministic, no atomics); a
-// block-partial two-stage reduction is the follow-up for speed.
-//
-// bf16 versions (the GPU engine's): C % 8 == 0, rows read as 16-byte vectors, fp32 math.
-// Forward: one warp per row, three passes over the row (mean, squared deviations, output;
-// the second and third hit L1). Backward: one warp per row for dinp (+=, the residual stream);
-// dweight/dbias are reduced in two phases: each block keeps per-warp fp32 accumulators in
-// shared memory (each lane owns its channels, so there are no races), sums its warps in order
-// into one partial row of `scratch`, then internal::LaunchAddColumnSums adds the partials in
-// block order. The block count depends only on N, so the result is bit-identical run to run.
+// In bf16: C % 8 == 0, rows read as 16-byte vectors, fp32 math. Forward: one warp per row,
+// three passes over the row (mean, squared deviations as the CPU op, which stays accurate when
+// |mean| >> std, then the output; the second and third hit L1). The sums are taken in warp
+// order instead of the CPU's serial loop, hence ~1e-6 relative differences. Backward: one warp
+// per row for dinp; dweight/dbias are reduced in two phases: each block keeps per-warp fp32
+// accumulators in shared memory (each lane owns its channels, so there are no races), sums its
+// warps in order into one partial row of `scratch`, then internal::LaunchAddColumnSums adds
+// the partials in block order. The block count depends only on N, so the result is
+// bit-identical run to run.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,90 +34,6 @@ using internal::WarpSum;
 constexpr int kRowsPerBlock = internal::kBlockSize / kWarpSize;
 constexpr float kEps = static_cast<float>(cpu::kLayerNormEps);
 
-__global__ void LayerNormForwardKernel(float* __restrict__ out,           // (N, C)
-                                       float* __restrict__ mean,          // (N)
-                                       float* __restrict__ rstd,          // (N)
-                                       const float* __restrict__ inp,     // (N, C)
-                                       const float* __restrict__ weight,  // (C)
-                                       const float* __restrict__ bias,    // (C)
-                                       int n, int c) {
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (row >= n) return;  // whole warps exit together, so the shuffles below stay full-warp
-  const float* x = inp + static_cast<int64_t>(row) * c;  // (C)
-  float* y = out + static_cast<int64_t>(row) * c;        // (C)
-  float sum = 0.0f;
-  for (int j = lane; j < c; j += kWarpSize) sum += x[j];
-  const float m = WarpSum(sum) / c;
-  float var_sum = 0.0f;
-  for (int j = lane; j < c; j += kWarpSize) {
-    const float d = x[j] - m;
-    var_sum += d * d;
-  }
-  const float s = 1.0f / sqrtf(WarpSum(var_sum) / c + kEps);
-  for (int j = lane; j < c; j += kWarpSize) y[j] = (x[j] - m) * s * weight[j] + bias[j];
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = s;
-  }
-}
-
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight, xhat = (x - mean) * rstd.
-__global__ void LayerNormBackwardInputKernel(float* __restrict__ dinp,          // (N, C) +=
-                                             const float* __restrict__ dout,    // (N, C)
-                                             const float* __restrict__ inp,     // (N, C)
-                                             const float* __restrict__ weight,  // (C)
-                                             const float* __restrict__ mean,    // (N)
-                                             const float* __restrict__ rstd,    // (N)
-                                             int n, int c) {
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (row >= n) return;
-  const int64_t offset = static_cast<int64_t>(row) * c;
-  const float* x = inp + offset;    // (C)
-  const float* dy = dout + offset;  // (C)
-  float* dx = dinp + offset;        // (C)
-  const float m = mean[row];
-  const float s = rstd[row];
-  float g_sum = 0.0f;
-  float g_xhat_sum = 0.0f;
-  for (int j = lane; j < c; j += kWarpSize) {
-    const float xhat = (x[j] - m) * s;
-    const float g = dy[j] * weight[j];
-    g_sum += g;
-    g_xhat_sum += g * xhat;
-  }
-  const float g_mean = WarpSum(g_sum) / c;
-  const float g_xhat_mean = WarpSum(g_xhat_sum) / c;
-  for (int j = lane; j < c; j += kWarpSize) {
-    const float xhat = (x[j] - m) * s;
-    const float g = dy[j] * weight[j];
-    dx[j] += (g - g_mean - xhat * g_xhat_mean) * s;
-  }
-}
-
-__global__ void LayerNormBackwardParamsKernel(float* __restrict__ dweight,     // (C) +=
-                                              float* __restrict__ dbias,       // (C) +=
-                                              const float* __restrict__ dout,  // (N, C)
-                                              const float* __restrict__ inp,   // (N, C)
-                                              const float* __restrict__ mean,  // (N)
-                                              const float* __restrict__ rstd,  // (N)
-                                              int n, int c) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= c) return;
-  // Accumulate onto the existing value in row order, as the CPU op does.
-  float dw = dweight[j];
-  float db = dbias[j];
-  for (int i = 0; i < n; ++i) {
-    const int64_t k = static_cast<int64_t>(i) * c + j;
-    const float xhat = (inp[k] - mean[i]) * rstd[i];
-    db += dout[k];
-    dw += xhat * dout[k];
-  }
-  dweight[j] = dw;
-  dbias[j] = db;
-}
-
 using internal::kVec;
 using internal::LoadFloats;
 using internal::LoadVec;
@@ -137,13 +49,13 @@ constexpr int kMaxBwdBlocks = 1024;
 
 int BackwardBlocks(int n) { return std::min((n + kBwdWarps - 1) / kBwdWarps, kMaxBwdBlocks); }
 
-__global__ void LayerNormForwardBf16Kernel(bf16* __restrict__ out,           // (N, C)
-                                           float* __restrict__ mean,         // (N)
-                                           float* __restrict__ rstd,         // (N)
-                                           const bf16* __restrict__ inp,     // (N, C)
-                                           const bf16* __restrict__ weight,  // (C)
-                                           const bf16* __restrict__ bias,    // (C)
-                                           int n, int c) {
+__global__ void LayerNormForwardKernel(bf16* __restrict__ out,           // (N, C)
+                                       float* __restrict__ mean,         // (N)
+                                       float* __restrict__ rstd,         // (N)
+                                       const bf16* __restrict__ inp,     // (N, C)
+                                       const bf16* __restrict__ weight,  // (C)
+                                       const bf16* __restrict__ bias,    // (C)
+                                       int n, int c) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= n) return;  // whole warps exit together
@@ -191,14 +103,14 @@ __global__ void LayerNormForwardBf16Kernel(bf16* __restrict__ out,           // 
 // per block: partials[blockIdx.x] = (sum of xhat * dy, sum of dy) over the block's rows.
 // Dynamic shared memory: kBwdWarps * 2 * C floats.
 __global__ void __launch_bounds__(kBwdWarps * kWarpSize)
-    LayerNormBackwardBf16Kernel(bf16* __restrict__ dinp,          // (N, C) +=
-                                float* __restrict__ partials,     // (gridDim.x, 2C)
-                                const bf16* __restrict__ dout,    // (N, C)
-                                const bf16* __restrict__ inp,     // (N, C)
-                                const bf16* __restrict__ weight,  // (C)
-                                const float* __restrict__ mean,   // (N)
-                                const float* __restrict__ rstd,   // (N)
-                                int n, int c) {
+    LayerNormBackwardKernel(bf16* __restrict__ dinp,          // (N, C) +=
+                            float* __restrict__ partials,     // (gridDim.x, 2C)
+                            const bf16* __restrict__ dout,    // (N, C)
+                            const bf16* __restrict__ inp,     // (N, C)
+                            const bf16* __restrict__ weight,  // (C)
+                            const float* __restrict__ mean,   // (N)
+                            const float* __restrict__ rstd,   // (N)
+                            int n, int c) {
   extern __shared__ float4 shared_vec[];
   float* acc = reinterpret_cast<float*>(shared_vec);  // (kBwdWarps, 2, C)
   const int warp = threadIdx.x / kWarpSize;
@@ -273,11 +185,6 @@ __global__ void __launch_bounds__(kBwdWarps * kWarpSize)
   }
 }
 
-absl::Status CheckShape(int n, int c) {
-  if (n < 0 || c < 0) return absl::InvalidArgumentError("layernorm: negative shape");
-  return absl::OkStatus();
-}
-
 absl::Status CheckBf16Shape(int n, int c) {
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(n, "layernorm", "n"));
   return internal::CheckMultipleOf8(c, "layernorm", "c");
@@ -285,50 +192,17 @@ absl::Status CheckBf16Shape(int n, int c) {
 
 }  // namespace
 
-absl::Status LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
-                              const float* weight, const float* bias, int n, int c,
-                              cudaStream_t stream) {
-  if (absl::Status s = CheckShape(n, c); !s.ok()) return s;
-  if (n == 0 || c == 0) return absl::OkStatus();
-  const int blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
-  LayerNormForwardKernel<<<blocks, internal::kBlockSize, 0, stream>>>(out, mean, rstd, inp,
-                                                                      weight, bias, n, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
-}
-
-absl::Status LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                               const float* inp, const float* weight, const float* mean,
-                               const float* rstd, int n, int c, cudaStream_t stream) {
-  if (absl::Status s = CheckShape(n, c); !s.ok()) return s;
-  if (n == 0 || c == 0) return absl::OkStatus();
-  const int row_blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
-  LayerNormBackwardInputKernel<<<row_blocks, internal::kBlockSize, 0, stream>>>(
-      dinp, dout, inp, weight, mean, rstd, n, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  const int channel_blocks = (c + internal::kBlockSize - 1) / internal::kBlockSize;
-  LayerNormBackwardParamsKernel<<<channel_blocks, internal::kBlockSize, 0, stream>>>(
-      dweight, dbias, dout, inp, mean, rstd, n, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
-}
-
 absl::Status LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* inp,
                               const bf16* weight, const bf16* bias, int n, int c,
                               cudaStream_t stream) {
-  constexpr const char* kOp = "layernorm";
   WEFT_BF16_RETURN_IF_ERROR(CheckBf16Shape(n, c));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(out, kOp, "out"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(mean, kOp, "mean"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(rstd, kOp, "rstd"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp, kOp, "inp"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(weight, kOp, "weight"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(bias, kOp, "bias"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "layernorm", {internal::Aligned16(out, "out"), internal::NotNull(mean, "mean"),
+                    internal::NotNull(rstd, "rstd"), internal::Aligned16(inp, "inp"),
+                    internal::Aligned16(weight, "weight"), internal::Aligned16(bias, "bias")}));
   const int blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
-  LayerNormForwardBf16Kernel<<<blocks, internal::kBlockSize, 0, stream>>>(out, mean, rstd, inp,
-                                                                          weight, bias, n, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return internal::Launch(LayerNormForwardKernel, blocks, internal::kBlockSize, 0, stream, out,
+                          mean, rstd, inp, weight, bias, n, c);
 }
 
 size_t LayerNormBackwardScratchFloats(int n, int c) {
@@ -340,28 +214,25 @@ absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const b
                                const bf16* inp, const bf16* weight, const float* mean,
                                const float* rstd, float* scratch, int n, int c,
                                cudaStream_t stream) {
-  constexpr const char* kOp = "layernorm backward";
   WEFT_BF16_RETURN_IF_ERROR(CheckBf16Shape(n, c));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dinp, kOp, "dinp"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(dweight, kOp, "dweight"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(dbias, kOp, "dbias"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(dout, kOp, "dout"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp, kOp, "inp"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(weight, kOp, "weight"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(mean, kOp, "mean"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(rstd, kOp, "rstd"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckNotNull(scratch, kOp, "scratch"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "layernorm backward",
+      {internal::Aligned16(dinp, "dinp"), internal::NotNull(dweight, "dweight"),
+       internal::NotNull(dbias, "dbias"), internal::Aligned16(dout, "dout"),
+       internal::Aligned16(inp, "inp"), internal::Aligned16(weight, "weight"),
+       internal::NotNull(mean, "mean"), internal::NotNull(rstd, "rstd"),
+       internal::NotNull(scratch, "scratch")}));
   const int blocks = BackwardBlocks(n);
   const size_t shared_bytes = static_cast<size_t>(kBwdWarps) * 2 * c * sizeof(float);
   // Above 48 KiB (C > 1536) the kernel must opt in to the larger shared memory carve-out.
   if (shared_bytes > 48 * 1024) {
-    WEFT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(LayerNormBackwardBf16Kernel,
+    WEFT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(LayerNormBackwardKernel,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(shared_bytes)));
   }
-  LayerNormBackwardBf16Kernel<<<blocks, kBwdWarps * kWarpSize, shared_bytes, stream>>>(
-      dinp, scratch, dout, inp, weight, mean, rstd, n, c);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(LayerNormBackwardKernel, blocks, kBwdWarps * kWarpSize,
+                                             shared_bytes, stream, dinp, scratch, dout, inp, weight,
+                                             mean, rstd, n, c));
   return internal::LaunchAddColumnSums(dweight, dbias, c, scratch, blocks, 2 * c, stream);
 }
 

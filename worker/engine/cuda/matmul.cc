@@ -2,11 +2,13 @@
 
 #include <dlfcn.h>
 
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "worker/engine/cuda/cuda_check.h"
 
 namespace weft::engine::cuda {
@@ -119,6 +121,26 @@ absl::Status CheckDims(const char* op, int a, int b, int c) {
         absl::StrCat(op, ": dimensions must be positive, got ", a, ", ", b, ", ", c));
   }
   return absl::OkStatus();
+}
+
+// A Linear GEMM's checks: its buffers are not null (`names` lists them for the message), then
+// its dimensions.
+absl::Status CheckLinear(const char* op, const char* names,
+                         std::initializer_list<const void*> buffers, int n, int c, int oc) {
+  for (const void* buffer : buffers) {
+    if (buffer == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": ", names, " must not be null"));
+    }
+  }
+  return CheckDims(op, n, c, oc);
+}
+
+// The GELU epilogues' aux matrix is accessed in vectors: its leading dimension is a multiple
+// of 8.
+absl::Status CheckMultipleOf8(const char* op, const char* name, int x) {
+  if (x % 8 == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ", name, " must be a multiple of 8, got ", x));
 }
 
 }  // namespace
@@ -238,10 +260,8 @@ absl::Status Blas::LtMatmul(const PlanKey& key, void* d, const bf16* a, const bf
 
 absl::Status Blas::LinearForward(bf16* out, const bf16* inp, const bf16* weight,
                                  const bf16* bias, int n, int c, int oc, cudaStream_t stream) {
-  if (out == nullptr || inp == nullptr || weight == nullptr) {
-    return absl::InvalidArgumentError("LinearForward: out, inp and weight must not be null");
-  }
-  if (absl::Status s = CheckDims("LinearForward", n, c, oc); !s.ok()) return s;
+  WEFT_RETURN_IF_ERROR(
+      CheckLinear("LinearForward", "out, inp and weight", {out, inp, weight}, n, c, oc));
   // Column-major: out^T (OC, N) = weight (OC, C) [stored as (C, OC)]^T-op x inp^T (C, N).
   return LtMatmul({true, false, oc, n, c, false, bias != nullptr ? kBias : kPlain, false}, out,
                   weight, inp, bias, stream);
@@ -250,16 +270,10 @@ absl::Status Blas::LinearForward(bf16* out, const bf16* inp, const bf16* weight,
 absl::Status Blas::LinearForwardGelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight,
                                      const bf16* bias, int n, int c, int oc,
                                      cudaStream_t stream) {
-  if (out == nullptr || pre == nullptr || inp == nullptr || weight == nullptr ||
-      bias == nullptr) {
-    return absl::InvalidArgumentError(
-        "LinearForwardGelu: out, pre, inp, weight and bias must not be null");
-  }
-  if (absl::Status s = CheckDims("LinearForwardGelu", n, c, oc); !s.ok()) return s;
-  if (oc % 8 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LinearForwardGelu: oc must be a multiple of 8, got ", oc));
-  }
+  constexpr const char* kOp = "LinearForwardGelu";
+  WEFT_RETURN_IF_ERROR(
+      CheckLinear(kOp, "out, pre, inp, weight and bias", {out, pre, inp, weight, bias}, n, c, oc));
+  WEFT_RETURN_IF_ERROR(CheckMultipleOf8(kOp, "oc", oc));
   return LtMatmul({true, false, oc, n, c, false, kGeluAuxBias, false}, out, weight, inp, bias,
                   stream, pre);
 }
@@ -267,26 +281,18 @@ absl::Status Blas::LinearForwardGelu(bf16* out, bf16* pre, const bf16* inp, cons
 absl::Status Blas::LinearBackwardInputGelu(bf16* dinp, const bf16* dout, const bf16* weight,
                                            const bf16* pre, int n, int c, int oc,
                                            cudaStream_t stream) {
-  if (dinp == nullptr || dout == nullptr || weight == nullptr || pre == nullptr) {
-    return absl::InvalidArgumentError(
-        "LinearBackwardInputGelu: dinp, dout, weight and pre must not be null");
-  }
-  if (absl::Status s = CheckDims("LinearBackwardInputGelu", n, c, oc); !s.ok()) return s;
-  if (c % 8 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LinearBackwardInputGelu: c must be a multiple of 8, got ", c));
-  }
+  constexpr const char* kOp = "LinearBackwardInputGelu";
+  WEFT_RETURN_IF_ERROR(
+      CheckLinear(kOp, "dinp, dout, weight and pre", {dinp, dout, weight, pre}, n, c, oc));
+  WEFT_RETURN_IF_ERROR(CheckMultipleOf8(kOp, "c", c));
   return LtMatmul({false, false, c, n, oc, false, kDGelu, false}, dinp, weight, dout, nullptr,
                   stream, pre);
 }
 
 absl::Status Blas::LinearBackwardInput(bf16* dinp, const bf16* dout, const bf16* weight, int n,
                                        int c, int oc, cudaStream_t stream) {
-  if (dinp == nullptr || dout == nullptr || weight == nullptr) {
-    return absl::InvalidArgumentError(
-        "LinearBackwardInput: dinp, dout and weight must not be null");
-  }
-  if (absl::Status s = CheckDims("LinearBackwardInput", n, c, oc); !s.ok()) return s;
+  WEFT_RETURN_IF_ERROR(
+      CheckLinear("LinearBackwardInput", "dinp, dout and weight", {dinp, dout, weight}, n, c, oc));
   // dinp^T (C, N) = weight^T (C, OC) x dout^T (OC, N).
   return LtMatmul({false, false, c, n, oc, false, kPlain, false}, dinp, weight, dout, nullptr,
                   stream);
@@ -294,11 +300,8 @@ absl::Status Blas::LinearBackwardInput(bf16* dinp, const bf16* dout, const bf16*
 
 absl::Status Blas::LinearBackwardWeight(float* dweight, const bf16* dout, const bf16* inp, int n,
                                         int c, int oc, cudaStream_t stream) {
-  if (dweight == nullptr || dout == nullptr || inp == nullptr) {
-    return absl::InvalidArgumentError(
-        "LinearBackwardWeight: dweight, dout and inp must not be null");
-  }
-  if (absl::Status s = CheckDims("LinearBackwardWeight", n, c, oc); !s.ok()) return s;
+  WEFT_RETURN_IF_ERROR(
+      CheckLinear("LinearBackwardWeight", "dweight, dout and inp", {dweight, dout, inp}, n, c, oc));
   // dweight^T (C, OC) += inp^T (C, N) x dout (N, OC).
   return LtMatmul({false, true, c, oc, n, true, kPlain, true}, dweight, inp, dout, nullptr,
                   stream);

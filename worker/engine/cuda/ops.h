@@ -1,19 +1,30 @@
-// The CUDA layers of GPT-2 (first increment: fp32, the CPU ops' math), each with its forward
-// and backward in one .cu file per layer. Every pointer is DEVICE memory, dense row-major,
-// with the shapes of worker/engine/cpu/ops.h (N = B * T positions, C channels, Vp padded
-// vocabulary).
+// The CUDA layers of GPT-2 as the GPU engine trains them (bf16 mixed precision), each with its
+// forward and backward in one .cu file per layer. Every pointer is DEVICE memory, dense
+// row-major, with the shapes of worker/engine/cpu/ops.h (N = B * T positions, C channels, Vp
+// padded vocabulary). Activations and their gradients are bf16; statistics (LayerNorm
+// mean/rstd, softmax logsumexp, losses) and every PARAMETER gradient are fp32; arithmetic
+// inside a kernel is fp32.
 //
-// Contract, the CPU ops' (so the two backends are interchangeable and testable against each
-// other):
-//  - Parameter gradients ACCUMULATE (+=), and so do input gradients; a caller that wants
-//    plain gradients zeroes the buffer first.
+// Contract (an op named as a CPU op has that op's accumulate contract; GeluBackwardOverwrite's
+// name says where it differs):
+//  - Parameter gradients (float*) ACCUMULATE (+=).
+//  - Activation gradients (bf16*) are WRITTEN (=) except where a comment says "+=" (the
+//    residual stream's gradient, which several consumers add into).
 //  - Nothing is written but the outputs / gradient buffers named.
 //  - Every launcher enqueues on `stream` (taken LAST) and returns without synchronizing.
 //    Its absl::Status reports argument errors and launch errors (cudaGetLastError after the
 //    launch); an error in a kernel's execution surfaces at the caller's next synchronization.
-//  - Gradient reductions run in a fixed order (no atomics), so results are bit-identical run
-//    to run, like the CPU engine. The encoder and LayerNorm parameter-gradient reductions are
-//    correct but serial per channel; faster deterministic reductions are a follow-up.
+//  - `scratch` arguments are device workspace the caller owns, sized by the matching
+//    *ScratchFloats function; nothing is kept in them between calls.
+//  - Deterministic run to run unless a comment says otherwise. Parameter-gradient reductions
+//    over rows (LayerNorm, BiasBackward, SumOfSquares) are two-phase: per-block fp32 partials
+//    in `scratch`, then a second kernel adds them in a fixed order.
+//  - Requirements, checked (INVALID_ARGUMENT naming the argument): non-null pointers; sizes
+//    positive (n == 0 is a no-op only for the optimizer helpers, whose shards may be empty);
+//    bf16 tensors are accessed as 16-byte vectors of 8 values, so every bf16 pointer of a layer
+//    op is 16-byte aligned and the row lengths C, OC, T, Vp and the head size C / NH are
+//    multiples of 8 (V need not be); the elementwise ops (GELU, residual) take any n.
+// Tolerances against the CPU fp32 ops are stated in tests/worker/engine/cuda/bf16_ops_test.cc.
 #ifndef WEFT_WORKER_ENGINE_CUDA_OPS_H_
 #define WEFT_WORKER_ENGINE_CUDA_OPS_H_
 
@@ -31,86 +42,6 @@ struct AdamWConfig;  // worker/engine/adamw.h; not included so nvcc never parses
 
 namespace weft::engine::cuda {
 
-// ---- encoder.cu: out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :] ----
-absl::Status EncoderForward(float* out,             // (B, T, C)
-                            const int32_t* tokens,  // (B, T), each in [0, V), not checked
-                            const float* wte,       // (Vp, C)
-                            const float* wpe,       // (maxT, C), rows [0, T) used
-                            int b, int t, int c, cudaStream_t stream);
-absl::Status EncoderBackward(float* dwte,            // (Vp, C) +=
-                             float* dwpe,            // (maxT, C) +=
-                             const float* dout,      // (B, T, C)
-                             const int32_t* tokens,  // (B, T)
-                             int b, int t, int c, cudaStream_t stream);
-
-// ---- layernorm.cu (eps = cpu::kLayerNormEps, biased variance) ----
-absl::Status LayerNormForward(float* out,           // (N, C)
-                              float* mean,          // (N) kept for backward
-                              float* rstd,          // (N) kept for backward
-                              const float* inp,     // (N, C)
-                              const float* weight,  // (C)
-                              const float* bias,    // (C)
-                              int n, int c, cudaStream_t stream);
-absl::Status LayerNormBackward(float* dinp,          // (N, C) +=
-                               float* dweight,       // (C) +=
-                               float* dbias,         // (C) +=
-                               const float* dout,    // (N, C)
-                               const float* inp,     // (N, C)
-                               const float* weight,  // (C)
-                               const float* mean,    // (N)
-                               const float* rstd,    // (N)
-                               int n, int c, cudaStream_t stream);
-
-// ---- gelu.cu: tanh approximation, the CPU op's formula ----
-absl::Status GeluForward(float* out,        // (N)
-                         const float* inp,  // (N)
-                         int64_t n, cudaStream_t stream);
-absl::Status GeluBackward(float* dinp,        // (N) +=
-                          const float* inp,   // (N)
-                          const float* dout,  // (N)
-                          int64_t n, cudaStream_t stream);
-
-// ---- residual.cu: out = inp1 + inp2 ----
-absl::Status ResidualForward(float* out,         // (N)
-                             const float* inp1,  // (N)
-                             const float* inp2,  // (N)
-                             int64_t n, cudaStream_t stream);
-absl::Status ResidualBackward(float* dinp1,       // (N) +=
-                              float* dinp2,       // (N) +=
-                              const float* dout,  // (N)
-                              int64_t n, cudaStream_t stream);
-
-// ---- adamw.cu + adamw.cc: engine::AdamWUpdate on a device-resident flat shard ----
-// Same semantics as engine::AdamWUpdate (worker/engine/adamw.h): g = grad_scale * grads[i];
-// decoupled decay where decay_mask[i] != 0, applied to the parameter before the Adam step;
-// `step` 1-based; bias corrections computed in double on the host.
-absl::Status AdamWUpdate(float* params,              // (n) updated
-                         const float* grads,         // (n)
-                         float* m,                   // (n) updated
-                         float* v,                   // (n) updated
-                         const uint8_t* decay_mask,  // (n)
-                         size_t n, const AdamWConfig& config, int64_t step, float grad_scale,
-                         cudaStream_t stream);
-
-// ======================================================================================
-// bf16 training ops (mixed precision, as the GPU engine trains): activations and their
-// gradients are bf16, statistics (LayerNorm mean/rstd, softmax logsumexp, losses) and every
-// PARAMETER gradient are fp32; arithmetic inside a kernel is fp32.
-// Contract of this section (differs from the fp32 section above on activation gradients):
-//  - Parameter gradients (float*) ACCUMULATE (+=).
-//  - Activation gradients (bf16*) are WRITTEN (=), except where a comment says "+=" (the
-//    residual stream's gradient, which several consumers add into).
-//  - `scratch` arguments are device workspace the caller owns, sized by the matching
-//    *ScratchFloats function; nothing is kept in them between calls.
-//  - Deterministic run to run unless a comment says otherwise. Parameter-gradient reductions
-//    over rows (LayerNorm, BiasBackward, SumOfSquares) are two-phase: per-block fp32 partials
-//    in `scratch`, then a second kernel adds them in a fixed order.
-//  - Requirements, checked (INVALID_ARGUMENT naming the argument): non-null pointers; sizes
-//    positive (n == 0 is a no-op only for the optimizer helpers, whose shards may be empty);
-//    bf16 tensors are accessed as 16-byte vectors of 8 values, so every bf16 pointer of a layer
-//    op is 16-byte aligned and the row lengths C, OC, T, Vp and the head size C / NH are
-//    multiples of 8 (V need not be); the elementwise ops (GELU, residual) take any n.
-// Tolerances against the CPU fp32 ops are stated in tests/worker/engine/cuda/bf16_ops_test.cc.
 using bf16 = __nv_bfloat16;
 
 // ---- encoder.cu ----
@@ -147,11 +78,13 @@ absl::Status LayerNormBackward(bf16* dinp,          // (N, C) += (the residual s
                                float* scratch,      // LayerNormBackwardScratchFloats(n, c)
                                int n, int c, cudaStream_t stream);
 
-// ---- gelu.cu (tanh approximation) ----
+// ---- gelu.cu (tanh approximation). The model fuses both into its MLP GEMMs (matmul.h);
+// these are the standalone kernels of the same formula. ----
 absl::Status GeluForward(bf16* out, const bf16* inp, int64_t n, cudaStream_t stream);
-// dinp = gelu'(inp) * dout; dinp may alias dout (in place).
-absl::Status GeluBackward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n,
-                          cudaStream_t stream);
+// dinp = gelu'(inp) * dout, WRITTEN (=), where cpu::GeluBackward accumulates (+=); dinp may
+// alias dout (in place).
+absl::Status GeluBackwardOverwrite(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n,
+                                   cudaStream_t stream);
 
 // ---- residual.cu: out = inp1 + inp2 (the backward is the identity: callers pass the
 // gradient on) ----
@@ -234,10 +167,12 @@ absl::Status CrossEntropyForwardBackward(bf16* logits,            // (N, Vp) in/
                                          int n, int v, int vp, float grad_scale,
                                          cudaStream_t stream);
 
-// ---- adamw.cu: the fp32 master update that also writes the bf16 working copy ----
-// engine::AdamWUpdate's math (see the fp32 AdamWUpdate above), then params_bf16[i] =
-// bf16(params[i]). `grad_scale` is read from DEVICE memory (*grad_scale), so clipping by a
-// norm computed on the GPU needs no host round trip.
+// ---- adamw.cu + adamw.cc: the fp32 master update that also writes the bf16 working copy ----
+// engine::AdamWUpdate's semantics (worker/engine/adamw.h) on a device-resident flat shard:
+// g = grad_scale * grads[i]; decoupled decay where decay_mask[i] != 0, applied to the
+// parameter before the Adam step; `step` 1-based; bias corrections computed in double on the
+// host. Then params_bf16[i] = bf16(params[i]). `grad_scale` is read from DEVICE memory
+// (*grad_scale), so clipping by a norm computed on the GPU needs no host round trip.
 absl::Status AdamWUpdateBf16(float* params, bf16* params_bf16, const float* grads, float* m,
                              float* v, const uint8_t* decay_mask, size_t n,
                              const AdamWConfig& config, int64_t step,
@@ -252,17 +187,22 @@ absl::Status SumOfSquares(float* out /* device scalar, += */, const float* x, si
 absl::Status ClipScale(float* grad_scale, const float* sumsq, float clip, cudaStream_t stream);
 
 namespace internal {
-// The AdamW kernel's launcher with the host-side scalars already folded (adamw.cu), so the
-// .cu file needs no protobuf-dependent header. Callers use AdamWUpdate.
-absl::Status LaunchAdamW(float* params, const float* grads, float* m, float* v,
-                         const uint8_t* decay_mask, size_t n, float lr, float beta1, float beta2,
-                         float eps, float lr_wd, float correction1, float correction2,
-                         float grad_scale, cudaStream_t stream);
-// AdamWUpdateBf16's launcher, likewise (adamw.cu).
+// The host-folded scalars of one AdamW step (adamw.cc computes them from AdamWConfig, so
+// adamw.cu needs no protobuf-dependent header).
+struct AdamWScalars {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float lr_wd;  // lr * weight_decay
+  float correction1;
+  float correction2;
+};
+// AdamWUpdateBf16's launcher (adamw.cu). Callers use AdamWUpdateBf16.
 absl::Status LaunchAdamWBf16(float* params, bf16* params_bf16, const float* grads, float* m,
-                             float* v, const uint8_t* decay_mask, size_t n, float lr,
-                             float beta1, float beta2, float eps, float lr_wd, float correction1,
-                             float correction2, const float* grad_scale, cudaStream_t stream);
+                             float* v, const uint8_t* decay_mask, size_t n,
+                             const AdamWScalars& scalars, const float* grad_scale,
+                             cudaStream_t stream);
 }  // namespace internal
 
 }  // namespace weft::engine::cuda

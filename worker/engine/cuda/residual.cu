@@ -1,11 +1,6 @@
-// Residual: out = inp1 + inp2.
-//
-// Contract (as cpu/residual.cc): the backward ACCUMULATES (+=) dout into dinp1 and dinp2.
-// Both directions are one IEEE add per element, so they match the CPU op bit for bit.
-//
-// bf16 forward (the GPU engine's): the fp32 sum of the two bf16 inputs rounded once to bf16,
-// on 16-byte vectors of 8 values (the n % 8 tail elementwise). There is no bf16 backward:
-// the gradient passes through unchanged (ops.h).
+// Residual: out = inp1 + inp2, the fp32 sum of the two bf16 inputs rounded once to bf16, on
+// 16-byte vectors of 8 values (the n % 8 tail elementwise). There is no backward kernel: the
+// gradient passes through unchanged (ops.h).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -18,32 +13,10 @@
 namespace weft::engine::cuda {
 namespace {
 
-__global__ void ResidualForwardKernel(float* __restrict__ out,         // (N)
-                                      const float* __restrict__ inp1,  // (N)
-                                      const float* __restrict__ inp2,  // (N)
+__global__ void ResidualForwardKernel(bf16* __restrict__ out,         // (N)
+                                      const bf16* __restrict__ inp1,  // (N)
+                                      const bf16* __restrict__ inp2,  // (N)
                                       int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = inp1[i] + inp2[i];
-  }
-}
-
-__global__ void ResidualBackwardKernel(float* __restrict__ dinp1,       // (N) +=
-                                       float* __restrict__ dinp2,       // (N) +=
-                                       const float* __restrict__ dout,  // (N)
-                                       int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float d = dout[i];
-    dinp1[i] += d;
-    dinp2[i] += d;
-  }
-}
-
-__global__ void ResidualForwardBf16Kernel(bf16* __restrict__ out,         // (N)
-                                          const bf16* __restrict__ inp1,  // (N)
-                                          const bf16* __restrict__ inp2,  // (N)
-                                          int64_t n) {
   using internal::kVec;
   const int64_t vecs = n / kVec;
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -64,37 +37,15 @@ __global__ void ResidualForwardBf16Kernel(bf16* __restrict__ out,         // (N)
 
 }  // namespace
 
-absl::Status ResidualForward(float* out, const float* inp1, const float* inp2, int64_t n,
-                             cudaStream_t stream) {
-  if (n < 0) return absl::InvalidArgumentError("residual: negative n");
-  if (n == 0) return absl::OkStatus();
-  ResidualForwardKernel<<<internal::GridFor(n), internal::kBlockSize, 0, stream>>>(out, inp1,
-                                                                                   inp2, n);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
-}
-
-absl::Status ResidualBackward(float* dinp1, float* dinp2, const float* dout, int64_t n,
-                              cudaStream_t stream) {
-  if (n < 0) return absl::InvalidArgumentError("residual: negative n");
-  if (n == 0) return absl::OkStatus();
-  ResidualBackwardKernel<<<internal::GridFor(n), internal::kBlockSize, 0, stream>>>(
-      dinp1, dinp2, dout, n);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
-}
-
 absl::Status ResidualForward(bf16* out, const bf16* inp1, const bf16* inp2, int64_t n,
                              cudaStream_t stream) {
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(n, "residual", "n"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(out, "residual", "out"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp1, "residual", "inp1"));
-  WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(inp2, "residual", "inp2"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "residual", {internal::Aligned16(out, "out"), internal::Aligned16(inp1, "inp1"),
+                   internal::Aligned16(inp2, "inp2")}));
   const int64_t vecs = (n + internal::kVec - 1) / internal::kVec;
-  ResidualForwardBf16Kernel<<<internal::GridFor(vecs), internal::kBlockSize, 0, stream>>>(
-      out, inp1, inp2, n);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return internal::Launch(ResidualForwardKernel, internal::GridFor(vecs), internal::kBlockSize, 0,
+                          stream, out, inp1, inp2, n);
 }
 
 }  // namespace weft::engine::cuda

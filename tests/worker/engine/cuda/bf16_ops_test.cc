@@ -1,4 +1,4 @@
-// The bf16 CUDA ops (worker/engine/cuda/ops.h, "bf16 training ops") against the CPU fp32 ops
+// The bf16 CUDA ops (worker/engine/cuda/ops.h) against the CPU fp32 ops
 // (or, for the attention pieces and the bias gradient, a small host reference). Inputs are
 // random and ROUNDED to bf16 first; the reference runs in fp32 (double for the host softmax)
 // on exactly those values, so what remains is the kernels' bf16 rounding of their outputs
@@ -218,18 +218,19 @@ TEST_F(Bf16OpsTest, Gelu) {
 
   Bf16Buffer d_inp(inp), d_dout(dout), d_out(n), d_dinp(n);
   ASSERT_TRUE(GeluForward(d_out.get(), d_inp.get(), n, stream_).ok());
-  ASSERT_TRUE(GeluBackward(d_dinp.get(), d_inp.get(), d_dout.get(), n, stream_).ok());
+  ASSERT_TRUE(GeluBackwardOverwrite(d_dinp.get(), d_inp.get(), d_dout.get(), n, stream_).ok());
   Sync();
   EXPECT_CLOSE(d_out.ToHost(), out, kBf16);
   EXPECT_CLOSE(d_dinp.ToHost(), dinp, kBf16);
   // In place (dinp == dout), as the engine runs it.
-  ASSERT_TRUE(GeluBackward(d_dout.get(), d_inp.get(), d_dout.get(), n, stream_).ok());
+  ASSERT_TRUE(GeluBackwardOverwrite(d_dout.get(), d_inp.get(), d_dout.get(), n, stream_).ok());
   Sync();
   EXPECT_EQ(d_dout.Bits(), d_dinp.Bits());
 
   EXPECT_EQ(GeluForward(d_out.get(), d_inp.get(), 0, stream_).code(), kInvalid);
-  EXPECT_EQ(GeluBackward(d_dinp.get(), d_inp.get() + 1, d_dout.get(), n - 1, stream_).code(),
-            kInvalid);
+  EXPECT_EQ(
+      GeluBackwardOverwrite(d_dinp.get(), d_inp.get() + 1, d_dout.get(), n - 1, stream_).code(),
+      kInvalid);
 }
 
 TEST_F(Bf16OpsTest, Residual) {
