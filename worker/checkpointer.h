@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "client/checkpoint_client.h"
 #include "common/store.h"
-#include "worker/zero.h"
+#include "worker/zero_cpu.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::worker {

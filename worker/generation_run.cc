@@ -17,7 +17,7 @@
 #include "worker/data/token_dataset.h"
 #include "worker/model_io.h"
 #include "worker/checkpointer.h"
-#include "worker/zero.h"
+#include "worker/zero_cpu.h"
 #ifdef WEFT_WORKER_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -109,7 +109,7 @@ absl::StatusOr<std::unique_ptr<TrainingEngine>> GenerationRun::CreateEngine(
     return absl::UnimplementedError("this weft-worker was built without CUDA");
 #endif
   }
-  WEFT_ASSIGN_OR_RETURN(auto engine, ZeroEngine::Create(spec, comm));
+  WEFT_ASSIGN_OR_RETURN(auto engine, ZeroCpuEngine::Create(spec, comm));
   return std::unique_ptr<TrainingEngine>(std::move(engine));
 }
 

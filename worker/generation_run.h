@@ -15,7 +15,7 @@
 #include "client/checkpoint_client.h"
 #include "client/coordinator_client.h"
 #include "common/store.h"
-#include "worker/zero.h"
+#include "worker/zero_cpu.h"
 #include "worker/comm/communicator.h"
 #include "worker/worker_metrics.h"
 #include "weft/v1/worker.pb.h"

@@ -1,5 +1,5 @@
-// What a generation run needs of a training engine, whatever the device: the CPU ZeroEngine
-// (worker/zero.h, Gloo) and the GPU ZeroCudaEngine (worker/zero_cuda.h, NCCL) implement it.
+// What a generation run needs of a training engine, whatever the device: the CPU ZeroCpuEngine
+// (worker/zero_cpu.h, Gloo) and the GPU ZeroCudaEngine (worker/zero_cuda.h, NCCL) implement it.
 // Both shard units the same way and name checkpoint tensors the same way, so a checkpoint
 // written by one is read by the other, at any world size.
 #ifndef WEFT_WORKER_TRAINING_ENGINE_H_

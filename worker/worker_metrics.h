@@ -8,7 +8,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
-#include "worker/zero.h"
+#include "worker/zero_cpu.h"
 
 namespace weft::worker {
 

@@ -1,4 +1,4 @@
-// ZeRO-3 data parallelism on GPUs: the CUDA twin of ZeroEngine (worker/zero.h), over NCCL.
+// ZeRO-3 data parallelism on GPUs: the CUDA twin of ZeroCpuEngine (worker/zero_cpu.h), over NCCL.
 //
 // Units and shards are the CPU engine's (engine/gpt.h units, padded to a multiple of the world,
 // rank r owns shard r), so checkpoints move freely between the two engines and world sizes.

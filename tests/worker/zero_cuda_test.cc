@@ -24,7 +24,7 @@
 #include "worker/engine/cuda/gpt_cuda.h"
 #include "worker/engine/cuda/ops.h"
 #include "worker/engine/gpt.h"
-#include "worker/zero.h"
+#include "worker/zero_cpu.h"
 
 namespace weft::worker {
 namespace {
@@ -138,7 +138,7 @@ Curve TrainCpu(const weft::v1::JobSpec& spec) {
   Curve curve;
   auto c = comm::CreateGlooCommunicator(nullptr, 0, 1, {});
   EXPECT_TRUE(c.ok()) << c.status();
-  auto engine = ZeroEngine::Create(spec, c->get());
+  auto engine = ZeroCpuEngine::Create(spec, c->get());
   EXPECT_TRUE(engine.ok()) << engine.status();
   const BatchFn batch = GlobalBatch(0, spec.training().micro_batch_size());
   for (int step = 0; step < spec.training().total_steps(); ++step) {
@@ -354,7 +354,7 @@ TEST_F(ZeroCudaTest, CheckpointMovesToTheCpuEngine) {
 
   auto g = comm::CreateGlooCommunicator(nullptr, 0, 1, {});
   ASSERT_TRUE(g.ok());
-  auto cpu = ZeroEngine::Create(spec, g->get());
+  auto cpu = ZeroCpuEngine::Create(spec, g->get());
   ASSERT_TRUE(cpu.ok());
   ASSERT_TRUE((*cpu)
                   ->Restore([&](const std::string& tensor, int64_t begin, int64_t end,

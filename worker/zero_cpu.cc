@@ -1,4 +1,4 @@
-#include "worker/zero.h"
+#include "worker/zero_cpu.h"
 
 #include <algorithm>
 #include <chrono>
@@ -25,18 +25,18 @@ void AddInto(float* dst, const float* src, size_t n) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(const weft::v1::JobSpec& spec,
+absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(const weft::v1::JobSpec& spec,
                                                                comm::Communicator* comm) {
   if (spec.zero_stage() < 0 || spec.zero_stage() > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("zero_stage: must be in [0, 3], got ", spec.zero_stage()));
   }
-  std::unique_ptr<ZeroEngine> engine(new ZeroEngine(spec, comm));
+  std::unique_ptr<ZeroCpuEngine> engine(new ZeroCpuEngine(spec, comm));
   engine->Initialize();
   return engine;
 }
 
-ZeroEngine::ZeroEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm)
+ZeroCpuEngine::ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm)
     : spec_(spec),
       comm_(comm),
       config_(engine::ConfigFromSpec(spec.model())),
@@ -47,7 +47,7 @@ ZeroEngine::ZeroEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm)
       seq_len_(spec.training().sequence_length()),
       model_(config_, spec.training().micro_batch_size(), spec.training().sequence_length()) {}
 
-void ZeroEngine::Initialize() {
+void ZeroCpuEngine::Initialize() {
   const int num_units = engine::NumUnits(config_);
   units_.resize(num_units);
   size_t max_block = 0;
@@ -86,25 +86,25 @@ void ZeroEngine::Initialize() {
   targets_.resize(inputs_.size());
 }
 
-const float* ZeroEngine::ResidentParams(int unit) const {
+const float* ZeroCpuEngine::ResidentParams(int unit) const {
   return stage_ == 0 ? units_[unit].params.data() : units_[unit].resident.data();
 }
 
-float* ZeroEngine::FullGrad(int unit) { return units_[unit].full_grad.data(); }
+float* ZeroCpuEngine::FullGrad(int unit) { return units_[unit].full_grad.data(); }
 
-absl::Status ZeroEngine::Await(const std::shared_ptr<comm::Work>& work) {
+absl::Status ZeroCpuEngine::Await(const std::shared_ptr<comm::Work>& work) {
   const auto start = Clock::now();
   absl::Status s = work->Wait();
   exposed_ms_ += MsSince(start);
   return s;
 }
 
-std::shared_ptr<comm::Work> ZeroEngine::GatherInto(int unit, float* dst) {
+std::shared_ptr<comm::Work> ZeroCpuEngine::GatherInto(int unit, float* dst) {
   const Unit& u = units_[unit];
   return comm_->AllGather(u.params.data(), dst, u.shard, DataType::kFloat32);
 }
 
-absl::Status ZeroEngine::ReduceScatterAccumulate(int unit, float* full) {
+absl::Status ZeroCpuEngine::ReduceScatterAccumulate(int unit, float* full) {
   Unit& u = units_[unit];
   std::vector<float>& out = unit == 0 ? head_scatter_out_ : scatter_out_[0];
   if (out.size() < u.shard) out.resize(u.shard);
@@ -116,13 +116,13 @@ absl::Status ZeroEngine::ReduceScatterAccumulate(int unit, float* full) {
 
 // ---- one micro-batch -----------------------------------------------------------------------
 
-absl::StatusOr<float> ZeroEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
+absl::StatusOr<float> ZeroCpuEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
                                             bool backward, float loss_scale) {
   return stage_ == 3 ? MicroStepStage3(inputs, targets, backward, loss_scale)
                      : MicroStepResident(inputs, targets, backward, loss_scale);
 }
 
-absl::StatusOr<float> ZeroEngine::MicroStepResident(const int32_t* inputs,
+absl::StatusOr<float> ZeroCpuEngine::MicroStepResident(const int32_t* inputs,
                                                     const int32_t* targets, bool backward,
                                                     float loss_scale) {
   const int layers = config_.num_layers;
@@ -158,7 +158,7 @@ absl::StatusOr<float> ZeroEngine::MicroStepResident(const int32_t* inputs,
   return loss;
 }
 
-absl::StatusOr<float> ZeroEngine::MicroStepStage3(const int32_t* inputs, const int32_t* targets,
+absl::StatusOr<float> ZeroCpuEngine::MicroStepStage3(const int32_t* inputs, const int32_t* targets,
                                                   bool backward, float loss_scale) {
   const int layers = config_.num_layers;
   auto block_buf = [this](int l) { return block_work_[l % 2].data(); };
@@ -222,7 +222,7 @@ absl::StatusOr<float> ZeroEngine::MicroStepStage3(const int32_t* inputs, const i
 
 // ---- optimizer step ------------------------------------------------------------------------
 
-absl::StatusOr<StepResult> ZeroEngine::TrainStep(int64_t step, const BatchFn& batch) {
+absl::StatusOr<StepResult> ZeroCpuEngine::TrainStep(int64_t step, const BatchFn& batch) {
   const auto step_start = Clock::now();
   StepResult result;
   exposed_ms_ = 0;
@@ -294,7 +294,7 @@ absl::StatusOr<StepResult> ZeroEngine::TrainStep(int64_t step, const BatchFn& ba
   return result;
 }
 
-absl::StatusOr<float> ZeroEngine::EvalLoss(int batches, const BatchFn& batch) {
+absl::StatusOr<float> ZeroCpuEngine::EvalLoss(int batches, const BatchFn& batch) {
   double sum = 0;
   for (int i = 0; i < batches; ++i) {
     batch(0, i, inputs_.data(), targets_.data());
@@ -306,7 +306,7 @@ absl::StatusOr<float> ZeroEngine::EvalLoss(int batches, const BatchFn& batch) {
   return total / static_cast<float>(world_ * std::max(1, batches));
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> ZeroEngine::GatherParameters() {
+absl::StatusOr<std::vector<std::vector<float>>> ZeroCpuEngine::GatherParameters() {
   std::vector<std::vector<float>> out(units_.size());
   for (size_t u = 0; u < units_.size(); ++u) {
     const Unit& unit = units_[u];
@@ -327,7 +327,7 @@ std::string CheckpointTensorName(int unit, const char* what) {
   return absl::StrCat("u", unit, ".", what);
 }
 
-std::vector<UnitSlice> ZeroEngine::Snapshot() const {
+std::vector<UnitSlice> ZeroCpuEngine::Snapshot() const {
   std::vector<UnitSlice> slices;
   for (size_t u = 0; u < units_.size(); ++u) {
     const Unit& unit = units_[u];
@@ -348,7 +348,7 @@ std::vector<UnitSlice> ZeroEngine::Snapshot() const {
   return slices;
 }
 
-absl::Status ZeroEngine::Restore(const RangeReader& read) {
+absl::Status ZeroCpuEngine::Restore(const RangeReader& read) {
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
     const int unit_index = static_cast<int>(u);
@@ -377,7 +377,7 @@ absl::Status ZeroEngine::Restore(const RangeReader& read) {
   return absl::OkStatus();
 }
 
-size_t ZeroEngine::StateBytes() const {
+size_t ZeroCpuEngine::StateBytes() const {
   size_t floats = 0;
   for (const Unit& u : units_) {
     floats += u.params.size() + u.grads.size() + u.m.size() + u.v.size() + u.resident.size() +
@@ -386,7 +386,7 @@ size_t ZeroEngine::StateBytes() const {
   return floats * sizeof(float);
 }
 
-size_t ZeroEngine::WorkingBytes() const {
+size_t ZeroCpuEngine::WorkingBytes() const {
   size_t floats = head_work_.size() + head_grad_work_.size() + head_scatter_out_.size();
   for (int i = 0; i < 2; ++i) {
     floats += block_work_[i].size() + block_grad_work_[i].size() + scatter_out_[i].size();

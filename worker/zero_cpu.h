@@ -21,8 +21,8 @@
 // each backward is scaled by 1 / (world * grad_accum) so that the reduce-scattered (summed)
 // gradient is the gradient of that mean. Initialisation depends on (seed, unit) only, so any
 // world size starts from the same model.
-#ifndef WEFT_WORKER_ZERO_H_
-#define WEFT_WORKER_ZERO_H_
+#ifndef WEFT_WORKER_ZERO_CPU_H_
+#define WEFT_WORKER_ZERO_CPU_H_
 
 #include <chrono>
 #include <cstdint>
@@ -39,12 +39,12 @@
 
 namespace weft::worker {
 
-class ZeroEngine : public TrainingEngine {
+class ZeroCpuEngine : public TrainingEngine {
  public:
   // The model of `spec` sharded over `comm` (not owned; must outlive the engine), with
   // activations for micro-batches of spec.training (micro_batch_size, sequence_length).
   // Initialises parameters from spec.training.seed. INVALID_ARGUMENT for a stage outside 0-3.
-  static absl::StatusOr<std::unique_ptr<ZeroEngine>> Create(const weft::v1::JobSpec& spec,
+  static absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> Create(const weft::v1::JobSpec& spec,
                                                            comm::Communicator* comm);
 
   // One optimizer step (grad_accum_steps micro-steps). `step` is 0-based and picks the
@@ -88,7 +88,7 @@ class ZeroEngine : public TrainingEngine {
     std::vector<float> full_grad;
   };
 
-  ZeroEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm);
+  ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm);
   void Initialize();
 
   // Full parameters of `unit` for compute (stages 0-2: resident).
@@ -134,7 +134,7 @@ class ZeroEngine : public TrainingEngine {
   // Compute time of a phase: wall time minus the exposed communication inside it.
   class PhaseTimer {
    public:
-    PhaseTimer(ZeroEngine* engine, double* total)
+    PhaseTimer(ZeroCpuEngine* engine, double* total)
         : engine_(engine), total_(total), start_(std::chrono::steady_clock::now()),
           exposed_at_start_(engine->exposed_ms_) {}
     ~PhaseTimer() { Stop(); }
@@ -147,7 +147,7 @@ class ZeroEngine : public TrainingEngine {
     }
 
    private:
-    ZeroEngine* engine_;
+    ZeroCpuEngine* engine_;
     double* total_;
     std::chrono::steady_clock::time_point start_;
     double exposed_at_start_;
@@ -161,4 +161,4 @@ class ZeroEngine : public TrainingEngine {
 
 }  // namespace weft::worker
 
-#endif  // WEFT_WORKER_ZERO_H_
+#endif  // WEFT_WORKER_ZERO_CPU_H_
