@@ -79,14 +79,13 @@ void Checkpointer::Loop() {
 std::vector<ShardTensor> ShardTensorsOf(const std::vector<UnitSlice>& state) {
   std::vector<ShardTensor> tensors;
   for (const UnitSlice& slice : state) {
-    for (const auto& [what, data] : {std::pair{"params", &slice.params},
-                                     std::pair{"m", &slice.m}, std::pair{"v", &slice.v}}) {
+    for (UnitState what : kUnitStates) {
       ShardTensor t;
       t.name = CheckpointTensorName(slice.unit, what);
       t.shape = {slice.size};
       t.begin = slice.begin;
       t.end = slice.end;
-      t.data = data->data();
+      t.data = slice.data(what).data();
       if (t.end > t.begin) tensors.push_back(std::move(t));
     }
   }
@@ -104,7 +103,7 @@ weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, in
   manifest.set_optimizer_step(step);
   *manifest.mutable_spec() = spec;
   for (const UnitSlice& slice : state) {
-    for (const char* what : {"params", "m", "v"}) {
+    for (UnitState what : kUnitStates) {
       auto* layout = manifest.add_tensors();
       layout->set_name(CheckpointTensorName(slice.unit, what));
       layout->set_dtype(weft::v1::DTYPE_F32);

@@ -325,7 +325,12 @@ absl::Status GenerationRun::Train() {
       // The stall: copying this rank's state to host memory, plus waiting for the previous
       // upload. The upload itself overlaps the next steps.
       const auto start = std::chrono::steady_clock::now();
-      checkpointer->Submit(step + 1, (*engine)->Snapshot());
+      auto snapshot = (*engine)->Snapshot();
+      if (!snapshot.ok()) {
+        ReportError(snapshot.status(), /*permanent=*/false);
+        return snapshot.status();
+      }
+      checkpointer->Submit(step + 1, *std::move(snapshot));
       stall_ms_by_step[step + 1] = std::chrono::duration<double, std::milli>(
                                        std::chrono::steady_clock::now() - start)
                                        .count();

@@ -1,7 +1,8 @@
-// ZeRO-3 data parallelism on GPUs: the CUDA twin of ZeroCpuEngine (worker/zero_cpu.h), over NCCL.
+// ZeRO-3 data parallelism on GPUs: the CUDA device of ZeroEngine (worker/zero_engine.h), over
+// NCCL; the twin of ZeroCpuEngine (worker/zero_cpu.h).
 //
-// Units and shards are the CPU engine's (engine/gpt.h units, padded to a multiple of the world,
-// rank r owns shard r), so checkpoints move freely between the two engines and world sizes.
+// Units and shards come from the same ShardLayout as the CPU engine's, so checkpoints move
+// freely between the two engines and world sizes.
 // Each rank keeps, for its shards only: fp32 master parameters, AdamW m and v, the fp32
 // gradient, and a bf16 copy of the parameters (what the all-gathers send).
 //
@@ -38,6 +39,7 @@
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/cuda/gpt_cuda.h"
 #include "worker/training_engine.h"
+#include "worker/zero_engine.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::worker {
@@ -54,7 +56,7 @@ GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, int world_size);
 // "needs 9.1 GiB (state 1.5, working 0.6, activations 6.0, reserve 1.0)".
 std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan);
 
-class ZeroCudaEngine : public TrainingEngine {
+class ZeroCudaEngine : public ZeroEngine {
  public:
   // The model of `spec` on the communicator's device (current device must be it), sharded
   // over `comm` (not owned). Checks the memory plan against the device's free memory first:
@@ -67,14 +69,10 @@ class ZeroCudaEngine : public TrainingEngine {
   absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) override;
   absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) override;
   absl::StatusOr<std::vector<std::vector<float>>> GatherParameters() override;
-  std::vector<UnitSlice> Snapshot() const override;
-  absl::Status Restore(const RangeReader& read) override;
   size_t StateBytes() const override { return plan_.state_bytes; }
   size_t WorkingBytes() const override {
     return plan_.working_bytes + plan_.activation_bytes;
   }
-  const engine::GptConfig& config() const override { return config_; }
-  int stage() const override { return 3; }
 
   // Everything the engine allocates is allocated at creation, so this is also its peak.
   size_t EngineDeviceBytes() const override {
@@ -84,9 +82,9 @@ class ZeroCudaEngine : public TrainingEngine {
 
  private:
   using bf16 = __nv_bfloat16;
+  // This rank's shard of one unit (ShardLayout::unit(u).shard elements each).
   struct Unit {
-    size_t size = 0, padded = 0, shard = 0;
-    float* params = nullptr;  // (shard) fp32 master
+    float* params = nullptr;  // fp32 master
     float* m = nullptr;
     float* v = nullptr;
     float* grads = nullptr;
@@ -96,6 +94,11 @@ class ZeroCudaEngine : public TrainingEngine {
 
   ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm);
   absl::Status Initialize();
+  absl::Status CopyKeptToHost(int u, UnitState state, size_t offset, size_t n,
+                              float* host) const override;
+  absl::Status CopyKeptFromHost(int u, UnitState state, const float* host) override;
+  absl::Status FinishRestore(const RangeReader& read) override;
+  float* Kept(int u, UnitState state) const;
   template <typename T>
   absl::StatusOr<T*> Alloc(size_t count);
 
@@ -109,10 +112,8 @@ class ZeroCudaEngine : public TrainingEngine {
   // Waits for the compute stream's work so far (host), through the communicator.
   absl::Status SyncCompute();
 
-  const weft::v1::JobSpec spec_;
   comm::CudaCommunicator* comm_;
-  const engine::GptConfig config_;
-  const int world_, rank_, batch_size_, seq_len_;
+  const int world_, batch_size_, seq_len_;
   GpuMemoryPlan plan_;
   cudaStream_t compute_ = nullptr;
   std::unique_ptr<engine::cuda::GptCuda> model_;

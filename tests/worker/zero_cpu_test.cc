@@ -204,11 +204,10 @@ class GlobalCheckpoint {
  public:
   void Add(const std::vector<UnitSlice>& slices) {
     for (const UnitSlice& s : slices) {
-      for (const auto& [what, data] : {std::pair{"params", &s.params}, std::pair{"m", &s.m},
-                                       std::pair{"v", &s.v}}) {
+      for (UnitState what : kUnitStates) {
         auto& global = tensors_[CheckpointTensorName(s.unit, what)];
         global.resize(s.size);
-        std::copy(data->begin(), data->end(), global.begin() + s.begin);
+        std::copy(s.data(what).begin(), s.data(what).end(), global.begin() + s.begin);
       }
     }
   }
@@ -251,7 +250,9 @@ std::vector<float> TrainRange(int world, int stage, int batch_per_rank, int firs
         ASSERT_TRUE(r.ok()) << r.status();
         if (rank == 0) losses.push_back(r->loss);
       }
-      snapshots[rank] = (*engine)->Snapshot();
+      auto snapshot = (*engine)->Snapshot();
+      ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+      snapshots[rank] = *std::move(snapshot);
       ASSERT_TRUE((*c)->Barrier()->Wait().ok());
     });
   }

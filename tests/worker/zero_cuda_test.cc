@@ -348,7 +348,9 @@ TEST_F(ZeroCudaTest, CheckpointMovesToTheCpuEngine) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   const BatchFn batch = GlobalBatch(0, 4);
   for (int step = 0; step < 3; ++step) ASSERT_TRUE((*gpu)->TrainStep(step, batch).ok());
-  const std::vector<UnitSlice> slices = (*gpu)->Snapshot();
+  const absl::StatusOr<std::vector<UnitSlice>> snapshot = (*gpu)->Snapshot();
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  const std::vector<UnitSlice>& slices = *snapshot;
   auto gpu_params = (*gpu)->GatherParameters();
   ASSERT_TRUE(gpu_params.ok());
 
@@ -360,11 +362,9 @@ TEST_F(ZeroCudaTest, CheckpointMovesToTheCpuEngine) {
                   ->Restore([&](const std::string& tensor, int64_t begin, int64_t end,
                                 float* out) -> absl::Status {
                     for (const UnitSlice& s : slices) {
-                      for (const char* what : {"params", "m", "v"}) {
+                      for (UnitState what : kUnitStates) {
                         if (tensor != CheckpointTensorName(s.unit, what)) continue;
-                        const auto& src = std::string(what) == "params" ? s.params
-                                          : std::string(what) == "m"    ? s.m
-                                                                        : s.v;
+                        const std::vector<float>& src = s.data(what);
                         std::copy(src.begin() + (begin - s.begin), src.begin() + (end - s.begin),
                                   out);
                         return absl::OkStatus();
