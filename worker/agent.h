@@ -3,9 +3,10 @@
 // The agent never trains on its own thread: each JoinJob command starts a GenerationRun;
 // heartbeats keep flowing while it trains, so the coordinator sees the worker alive and can
 // abort the run at once. Nor does it tear runs down there (see worker/run_sequencer.h): a slow
-// teardown must not stop the heartbeats. When the coordinator is unreachable the agent retries with backoff
-// (a restarted coordinator finds its workers again); when it has forgotten this worker
-// (FAILED_PRECONDITION) the agent drops any run and registers again; a Stop command ends it.
+// teardown must not stop the heartbeats. When the coordinator is unreachable the agent retries
+// with backoff (a restarted coordinator finds its workers again); when it has forgotten this
+// worker (FAILED_PRECONDITION) the agent drops any run and registers again; a Stop command ends
+// it.
 #ifndef WEFT_WORKER_AGENT_H_
 #define WEFT_WORKER_AGENT_H_
 

@@ -134,21 +134,24 @@ void AddTrainingFlags(CLI::App& app, Flags& f) {
       ->check(CLI::Range(1, 256));
 }
 
+// A timeout flag in milliseconds, from 100 ms to `max_ms`.
+void AddTimeoutMsFlag(CLI::App& app, const std::string& name, int64_t& value,
+                      const std::string& help, int64_t max_ms) {
+  app.add_option(name, value, help)->capture_default_str()->check(
+      CLI::Range(int64_t{100}, max_ms));
+}
+
 // How long this worker waits for its peers before giving up.
 void AddTimeoutFlags(CLI::App& app, Flags& f) {
-  const auto ms = CLI::Range(int64_t{100}, int64_t{24 * 3600 * 1000});
-  app.add_option("--collective-timeout-ms", f.collective_timeout_ms,
-                 "a collective not done by then fails the generation")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{100}, int64_t{3600000}));
-  app.add_option("--restore-wait-timeout-ms", f.checkpoint_timeouts.restore_wait_timeout_ms,
-                 "how long a rank waits for rank 0 to list the checkpoints to restore")
-      ->capture_default_str()
-      ->check(ms);
-  app.add_option("--checkpoint-commit-timeout-ms", f.checkpoint_timeouts.commit_timeout_ms,
-                 "how long rank 0 waits for every rank's shard before giving a checkpoint up")
-      ->capture_default_str()
-      ->check(ms);
+  constexpr int64_t kHourMs = 3600 * 1000;
+  AddTimeoutMsFlag(app, "--collective-timeout-ms", f.collective_timeout_ms,
+                   "a collective not done by then fails the generation", kHourMs);
+  AddTimeoutMsFlag(app, "--restore-wait-timeout-ms", f.checkpoint_timeouts.restore_wait_timeout_ms,
+                   "how long a rank waits for rank 0 to list the checkpoints to restore",
+                   24 * kHourMs);
+  AddTimeoutMsFlag(app, "--checkpoint-commit-timeout-ms", f.checkpoint_timeouts.commit_timeout_ms,
+                   "how long rank 0 waits for every rank's shard before giving a checkpoint up",
+                   24 * kHourMs);
   // Test-only (tests/worker/slow_teardown_e2e_test.cc): stands for a run whose teardown is
   // slow, such as an upload finishing. Hidden from --help.
   app.add_option("--test-teardown-delay-ms", f.test_teardown_delay_ms)

@@ -18,7 +18,8 @@ weft::v1::ModelSpec Model(int layers, int width, int vocab, int padded_vocab, in
 
 TEST(MfuTest, FlopsPerTokenOfGpt2Small) {
   // 6 x 124,475,904 parameters + 12 x 12 layers x 768 wide x 1024 context.
-  EXPECT_EQ(TrainingFlopsPerToken(Model(12, 768, 50257, 50304, 1024)), 746'855'424.0 + 113'246'208.0);
+  EXPECT_EQ(TrainingFlopsPerToken(Model(12, 768, 50257, 50304, 1024)),
+            746'855'424.0 + 113'246'208.0);
 }
 
 TEST(MfuTest, FlopsPerTokenOfATinyModelByHand) {
