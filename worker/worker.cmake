@@ -4,7 +4,8 @@ if(TARGET weft_engine AND TARGET weft_comm AND TARGET weft_data)
   target_link_libraries(weft_model PUBLIC weft_engine weft_data weft_common)
 
   add_library(weft_worker_lib STATIC shard_layout.cc checkpoint_schema.cc zero_engine.cc
-    zero_cpu.cc generation_run.cc agent.cc worker_metrics.cc checkpointer.cc)
+    zero_cpu.cc generation_run.cc agent.cc worker_metrics.cc checkpointer.cc device_backend.cc
+    mfu.cc run_sequencer.cc)
   target_link_libraries(weft_worker_lib PUBLIC weft_model weft_comm weft_client)
   # The GPU engine (ZeRO-3 over NCCL) where CUDA was found; weft-worker --device cuda:K.
   if(TARGET weft_gpt_cuda AND TARGET weft_comm_nccl)
