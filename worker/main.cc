@@ -21,7 +21,7 @@
 #include "common/rpc.h"
 #include "common/security_flags.h"
 #include "worker/agent.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/cpu/model.h"
 
 namespace {
 
@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
     if (auto s = weft::CheckHostPort(checkpointd, "--checkpointd"); !s.ok()) return Fail(s);
     options.run.checkpointd = checkpointd;
   }
-  weft::engine::SetBlasThreads(blas_threads);
+  weft::engine::cpu::SetBlasThreads(blas_threads);
 
   // Before any thread starts, so that only the signal thread below takes SIGINT/SIGTERM.
   weft::BlockShutdownSignals();

@@ -1,7 +1,7 @@
 // Whole-model tests of the GPT-2 engine: parameter layout and init, the gradient of every unit
 // against finite differences of the full loss, the accumulate contract, padded vocabulary,
 // determinism (run to run and across BLAS thread counts) and an overfitting sanity run.
-#include "worker/engine/gpt.h"
+#include "worker/engine/cpu/gpt2_model.h"
 
 #include <cblas.h>
 
@@ -15,7 +15,6 @@
 
 #include "gtest/gtest.h"
 #include "worker/engine/adamw.h"
-#include "worker/engine/cpu/gpt_model.h"
 
 namespace weft::engine {
 namespace {
@@ -513,9 +512,9 @@ TEST(GptDeterminismTest, RunsAreBitIdenticalAtAFixedThreadCount) {
   const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(config, 10));
   const std::vector<int32_t> tokens = PatternTokens(4 * 32, 200, 37, 0);
   const std::vector<int32_t> targets = PatternTokens(4 * 32, 200, 53, 1);
-  const int saved = BlasThreads();
+  const int saved = cpu::BlasThreads();
   for (int threads : {1, 2}) {
-    SetBlasThreads(threads);
+    cpu::SetBlasThreads(threads);
     const RunResult first = TrainStep(config, params, tokens, targets, 4, 32);
     for (int run = 0; run < 3; ++run) {
       const RunResult again = TrainStep(config, params, tokens, targets, 4, 32);
@@ -524,7 +523,7 @@ TEST(GptDeterminismTest, RunsAreBitIdenticalAtAFixedThreadCount) {
       EXPECT_EQ(again.grads, first.grads) << threads << " threads";
     }
   }
-  SetBlasThreads(saved);
+  cpu::SetBlasThreads(saved);
 }
 
 // OpenBLAS 0.3.21's threaded GEMM driver does NOT give bit-identical results for different
@@ -536,11 +535,11 @@ TEST(GptDeterminismTest, BlasThreadCountChangesOnlyRounding) {
   const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(config, 11));
   const std::vector<int32_t> tokens = PatternTokens(4 * 32, 200, 41, 0);
   const std::vector<int32_t> targets = PatternTokens(4 * 32, 200, 59, 3);
-  const int saved = BlasThreads();
-  SetBlasThreads(1);
+  const int saved = cpu::BlasThreads();
+  cpu::SetBlasThreads(1);
   const RunResult one = TrainStep(config, params, tokens, targets, 4, 32);
   for (int threads : {2, 4}) {
-    SetBlasThreads(threads);
+    cpu::SetBlasThreads(threads);
     const RunResult many = TrainStep(config, params, tokens, targets, 4, 32);
     EXPECT_NEAR(many.loss, one.loss, 1e-5 * one.loss) << threads << " threads";
     for (size_t u = 0; u < one.grads.size(); ++u) {
@@ -552,7 +551,7 @@ TEST(GptDeterminismTest, BlasThreadCountChangesOnlyRounding) {
       }
     }
   }
-  SetBlasThreads(saved);
+  cpu::SetBlasThreads(saved);
 }
 
 // The same two properties on bare sgemm, with awkward shapes that leave partial blocks at
@@ -566,11 +565,11 @@ TEST(GptDeterminismTest, SgemmIsRepeatableAtAFixedThreadCount) {
   for (float& x : a) x = dist(rng);
   for (float& x : b) x = dist(rng);
   for (float& x : c0) x = dist(rng);
-  const int saved = BlasThreads();
+  const int saved = cpu::BlasThreads();
   for (int ta = 0; ta < 2; ++ta) {
     for (int tb = 0; tb < 2; ++tb) {
       auto gemm = [&](int threads) {
-        SetBlasThreads(threads);
+        cpu::SetBlasThreads(threads);
         std::vector<float> c = c0;
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     m, n, k, 1.0f, a.data(), ta ? m : k, b.data(), tb ? k : n, 1.0f, c.data(), n);
@@ -588,7 +587,7 @@ TEST(GptDeterminismTest, SgemmIsRepeatableAtAFixedThreadCount) {
       }
     }
   }
-  SetBlasThreads(saved);
+  cpu::SetBlasThreads(saved);
 }
 
 // ---- training ----
