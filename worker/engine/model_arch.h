@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -62,7 +61,7 @@ class ModelArch {
   virtual ~ModelArch() = default;
 
   // Short lowercase name ("gpt2"): messages and the model file's format tag.
-  virtual std::string_view name() const = 0;
+  virtual std::string name() const = 0;
 
   virtual int num_layers() const = 0;
   int NumUnits() const { return num_layers() + 1; }

@@ -3,6 +3,8 @@
 weft_test(engine_ops_test unit SOURCES worker/engine/ops_test.cc LIBS weft_engine_cpu)
 weft_test(engine_gpt_test unit SOURCES worker/engine/gpt_test.cc LIBS weft_engine_cpu)
 weft_test(engine_adamw_test unit SOURCES worker/engine/adamw_test.cc LIBS weft_engine_cpu)
+weft_test(engine_model_arch_test unit SOURCES worker/engine/model_arch_test.cc
+  LIBS weft_engine_cpu weft_common)
 
 # CUDA ops (fp32 and bf16) against the CPU ops; skip themselves without a GPU.
 if(TARGET weft_engine_cuda)

@@ -16,7 +16,7 @@ std::unique_ptr<CpuModel> CreateCpuModel(const ModelArch& arch, int max_b, int m
     return std::make_unique<GptCpu>(gpt2->config(), max_b, max_t);
   }
   std::fprintf(stderr, "weft::engine::cpu: no CPU model for architecture %s\n",
-               std::string(arch.name()).c_str());
+               arch.name().c_str());
   std::abort();
 }
 

@@ -14,7 +14,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(const ModelArch& arch
     return GptCuda::Create(gpt2->config(), max_b, max_t, stream);
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("model: architecture ", std::string(arch.name()), " has no CUDA model"));
+      absl::StrCat("model: architecture ", arch.name(), " has no CUDA model"));
 }
 
 size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t) {

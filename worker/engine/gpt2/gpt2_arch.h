@@ -11,7 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string_view>
+#include <string>
 #include <vector>
 
 #include "worker/engine/model_arch.h"
@@ -68,7 +68,7 @@ class Gpt2Arch final : public ModelArch {
 
   const GptConfig& config() const { return config_; }
 
-  std::string_view name() const override { return "gpt2"; }
+  std::string name() const override { return "gpt2"; }
   int num_layers() const override { return config_.num_layers; }
   int vocab_size() const override { return config_.vocab_size; }
   int padded_vocab_size() const override { return config_.padded_vocab_size; }
