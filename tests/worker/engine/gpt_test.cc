@@ -21,14 +21,8 @@ namespace {
 
 // A tiny GPT: 2 layers, C = 8, 2 heads, V = 11 padded to 16, context 6, micro-batch (2, 5).
 GptConfig TinyConfig() {
-  GptConfig config;
-  config.num_layers = 2;
-  config.hidden_size = 8;
-  config.num_heads = 2;
-  config.vocab_size = 11;
-  config.padded_vocab_size = 16;
-  config.context_length = 6;
-  return config;
+  return GptConfig{.num_layers = 2, .hidden_size = 8, .num_heads = 2, .vocab_size = 11,
+                   .padded_vocab_size = 16, .context_length = 6};
 }
 
 constexpr int kB = 2;
@@ -183,13 +177,8 @@ double StdDev(const float* x, size_t n) {
 }
 
 TEST(GptInitTest, FollowsGpt2AndDependsOnlyOnSeedAndUnit) {
-  GptConfig config;
-  config.num_layers = 8;
-  config.hidden_size = 64;
-  config.num_heads = 4;
-  config.vocab_size = 1000;
-  config.padded_vocab_size = 1024;
-  config.context_length = 128;
+  const GptConfig config{.num_layers = 8, .hidden_size = 64, .num_heads = 4, .vocab_size = 1000,
+                         .padded_vocab_size = 1024, .context_length = 128};
   std::vector<float> head(UnitSize(config, 0)), b0(UnitSize(config, 1)), b0_again(b0.size()),
       b1(b0.size()), b0_other_seed(b0.size());
   InitUnit(config, 0, 42, head.data());
@@ -489,14 +478,8 @@ RunResult TrainStep(const GptConfig& config, const std::vector<std::vector<float
 // Large enough that OpenBLAS really splits the GEMMs across threads (it stays single-threaded
 // below M * N * K = 262144): B * T = 128 positions, C = 64, Vp = 256.
 GptConfig ThreadedConfig() {
-  GptConfig config;
-  config.num_layers = 2;
-  config.hidden_size = 64;
-  config.num_heads = 4;
-  config.vocab_size = 200;
-  config.padded_vocab_size = 256;
-  config.context_length = 32;
-  return config;
+  return GptConfig{.num_layers = 2, .hidden_size = 64, .num_heads = 4, .vocab_size = 200,
+                   .padded_vocab_size = 256, .context_length = 32};
 }
 
 std::vector<int32_t> PatternTokens(size_t n, int vocab, int mul, int add) {

@@ -15,26 +15,20 @@
 namespace weft::engine {
 namespace {
 
-weft::v1::ModelSpec Gpt2Small() {
+weft::v1::ModelSpec Spec(int layers, int hidden, int heads, int vocab, int padded, int context) {
   weft::v1::ModelSpec spec;
-  spec.set_num_layers(12);
-  spec.set_hidden_size(768);
-  spec.set_num_heads(12);
-  spec.set_vocab_size(50257);
-  spec.set_context_length(1024);
+  spec.set_num_layers(layers);
+  spec.set_hidden_size(hidden);
+  spec.set_num_heads(heads);
+  spec.set_vocab_size(vocab);
+  spec.set_padded_vocab_size(padded);
+  spec.set_context_length(context);
   return spec;
 }
 
-weft::v1::ModelSpec Tiny() {
-  weft::v1::ModelSpec spec;
-  spec.set_num_layers(2);
-  spec.set_hidden_size(8);
-  spec.set_num_heads(2);
-  spec.set_vocab_size(11);
-  spec.set_padded_vocab_size(16);
-  spec.set_context_length(6);
-  return spec;
-}
+// padded_vocab_size 0: the proto's default (a multiple of 128), 50304 here.
+weft::v1::ModelSpec Gpt2Small() { return Spec(12, 768, 12, 50257, 0, 1024); }
+weft::v1::ModelSpec Tiny() { return Spec(2, 8, 2, 11, 16, 6); }
 
 TEST(MakeModelArchTest, Gpt2SmallFiguresMatchTheSpecsCount) {
   auto arch = MakeModelArch(Gpt2Small());
@@ -47,8 +41,11 @@ TEST(MakeModelArchTest, Gpt2SmallFiguresMatchTheSpecsCount) {
   EXPECT_EQ(a.padded_vocab_size(), 50304);
   EXPECT_EQ(a.context_length(), 1024);
   EXPECT_EQ(a.ParameterCount(), 124475904u);
-  // The coordinator's count (common/job_spec.h) and the engine's must never drift apart.
-  EXPECT_EQ(static_cast<int64_t>(a.ParameterCount()), ModelParameterCount(Gpt2Small()));
+  // The coordinator's count (common/job_spec.h, of a normalized spec: padding filled in) and
+  // the engine's must never drift apart.
+  weft::v1::ModelSpec normalized = Gpt2Small();
+  normalized.set_padded_vocab_size(a.padded_vocab_size());
+  EXPECT_EQ(static_cast<int64_t>(a.ParameterCount()), ModelParameterCount(normalized));
 }
 
 TEST(MakeModelArchTest, RefusesShapesNoArchitectureTakes) {
