@@ -14,7 +14,7 @@
 #include "common/job_spec.h"
 #include "coordinator/memory_store.h"
 #include "worker/comm/communicator.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/cpu/model.h"
 #include "worker/zero_cpu.h"
 
 namespace {
@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--stages", stages, "ZeRO stages to measure");
   CLI11_PARSE(app, argc, argv);
-  weft::engine::SetBlasThreads(1);
+  weft::engine::cpu::SetBlasThreads(1);
 
   for (int stage : stages) {
     const Measured one = Run(1, stage, warmup, steps);

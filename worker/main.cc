@@ -22,7 +22,7 @@
 #include "common/security_flags.h"
 #include "common/status.h"
 #include "worker/agent.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/cpu/model.h"
 
 namespace {
 
@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
   if (auto s = weft::InstallSecurity(flags.security); !s.ok()) return Fail(s);
   auto options = ToAgentOptions(flags);
   if (!options.ok()) return Fail(options.status());
-  weft::engine::SetBlasThreads(flags.blas_threads);
+  weft::engine::cpu::SetBlasThreads(flags.blas_threads);
 
   // Before any thread starts, so that only the signal thread below takes SIGINT/SIGTERM.
   weft::BlockShutdownSignals();

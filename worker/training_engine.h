@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/checkpoint_schema.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/model_arch.h"
 #include "worker/shard_layout.h"
 
 namespace weft::worker {
@@ -72,7 +72,8 @@ class TrainingEngine {
   virtual size_t EngineDeviceBytes() const { return 0; }
   virtual size_t DeviceUsedBytes() const { return 0; }
 
-  virtual const engine::GptConfig& config() const = 0;
+  // The model's architecture: units, tensors, sizes.
+  virtual const engine::ModelArch& arch() const = 0;
   virtual int stage() const = 0;
 };
 

@@ -32,18 +32,22 @@ absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(const weft:
     return absl::InvalidArgumentError(
         absl::StrCat("zero_stage: must be in [0, 3], got ", spec.zero_stage()));
   }
-  std::unique_ptr<ZeroCpuEngine> engine(new ZeroCpuEngine(spec, comm));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
+                        engine::MakeModelArch(spec.model()));
+  std::unique_ptr<ZeroCpuEngine> engine(new ZeroCpuEngine(spec, comm, std::move(arch)));
   engine->Initialize();
   return engine;
 }
 
-ZeroCpuEngine::ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm)
-    : ZeroEngine(spec, comm->world_size(), comm->rank()),
+ZeroCpuEngine::ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm,
+                             std::unique_ptr<const engine::ModelArch> arch)
+    : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
       comm_(comm),
       world_(comm->world_size()),
       batch_size_(spec.training().micro_batch_size()),
       seq_len_(spec.training().sequence_length()),
-      model_(config_, spec.training().micro_batch_size(), spec.training().sequence_length()) {}
+      model_(engine::cpu::CreateCpuModel(*arch_, spec.training().micro_batch_size(),
+                                         spec.training().sequence_length())) {}
 
 void ZeroCpuEngine::Initialize() {
   units_.resize(layout_.num_units());
@@ -110,25 +114,25 @@ absl::StatusOr<float> ZeroCpuEngine::MicroStep(const int32_t* inputs, const int3
 absl::StatusOr<float> ZeroCpuEngine::MicroStepResident(const int32_t* inputs,
                                                     const int32_t* targets, bool backward,
                                                     float loss_scale) {
-  const int layers = config_.num_layers;
+  const int layers = arch_->num_layers();
   PhaseTimer forward(this, &forward_ms_);
-  model_.EncoderForward(ResidentParams(0), inputs);
-  for (int l = 0; l < layers; ++l) model_.BlockForward(l, ResidentParams(1 + l));
-  const float loss = model_.ClassifierForward(ResidentParams(0), targets, loss_scale);
+  model_->EncoderForward(ResidentParams(0), inputs);
+  for (int l = 0; l < layers; ++l) model_->BlockForward(l, ResidentParams(1 + l));
+  const float loss = model_->ClassifierForward(ResidentParams(0), targets, loss_scale);
   forward.Stop();
   if (!backward) return loss;
   PhaseTimer backward_timer(this, &backward_ms_);
 
-  model_.ClassifierBackward(ResidentParams(0), FullGrad(0));
+  model_->ClassifierBackward(ResidentParams(0), FullGrad(0));
   for (int l = layers - 1; l >= 0; --l) {
-    model_.BlockBackward(l, ResidentParams(1 + l), FullGrad(1 + l));
+    model_->BlockBackward(l, ResidentParams(1 + l), FullGrad(1 + l));
     if (stage_ >= 1) {
       // Stage 2: the block's gradient leaves as soon as it is complete.
       WEFT_RETURN_IF_ERROR(ReduceScatterAccumulate(1 + l, FullGrad(1 + l)));
       std::fill(units_[1 + l].full_grad.begin(), units_[1 + l].full_grad.end(), 0.0f);
     }
   }
-  model_.EncoderBackward(FullGrad(0));
+  model_->EncoderBackward(FullGrad(0));
   if (stage_ >= 1) {
     WEFT_RETURN_IF_ERROR(ReduceScatterAccumulate(0, FullGrad(0)));
     std::fill(units_[0].full_grad.begin(), units_[0].full_grad.end(), 0.0f);
@@ -145,7 +149,7 @@ absl::StatusOr<float> ZeroCpuEngine::MicroStepResident(const int32_t* inputs,
 
 absl::StatusOr<float> ZeroCpuEngine::MicroStepStage3(const int32_t* inputs, const int32_t* targets,
                                                   bool backward, float loss_scale) {
-  const int layers = config_.num_layers;
+  const int layers = arch_->num_layers();
   auto block_buf = [this](int l) { return block_work_[l % 2].data(); };
 
   // ---- forward: head, then blocks with the next one's gather in flight.
@@ -153,16 +157,16 @@ absl::StatusOr<float> ZeroCpuEngine::MicroStepStage3(const int32_t* inputs, cons
   auto head = GatherInto(0, head_work_.data());
   auto next = layers > 0 ? GatherInto(1, block_buf(0)) : nullptr;
   WEFT_RETURN_IF_ERROR(Await(head));
-  model_.EncoderForward(head_work_.data(), inputs);
+  model_->EncoderForward(head_work_.data(), inputs);
   for (int l = 0; l < layers; ++l) {
     WEFT_RETURN_IF_ERROR(Await(next));
     // Prefetch: the next block, or the head again for the classifier.
     next = l + 1 < layers ? GatherInto(2 + l, block_buf(l + 1)) : GatherInto(0, head_work_.data());
-    model_.BlockForward(l, block_buf(l));
+    model_->BlockForward(l, block_buf(l));
   }
   if (layers == 0) next = GatherInto(0, head_work_.data());
   WEFT_RETURN_IF_ERROR(Await(next));
-  const float loss = model_.ClassifierForward(head_work_.data(), targets, loss_scale);
+  const float loss = model_->ClassifierForward(head_work_.data(), targets, loss_scale);
   forward.Stop();
   if (!backward) return loss;
   PhaseTimer backward_timer(this, &backward_ms_);
@@ -171,7 +175,7 @@ absl::StatusOr<float> ZeroCpuEngine::MicroStepStage3(const int32_t* inputs, cons
   // the block below computes.
   std::fill(head_grad_work_.begin(), head_grad_work_.end(), 0.0f);
   next = layers > 0 ? GatherInto(layers, block_buf(layers - 1)) : nullptr;
-  model_.ClassifierBackward(head_work_.data(), head_grad_work_.data());
+  model_->ClassifierBackward(head_work_.data(), head_grad_work_.data());
   std::shared_ptr<comm::Work> scatter[2];
   int scatter_unit[2] = {-1, -1};
   auto finish_scatter = [&](int slot) -> absl::Status {
@@ -190,12 +194,12 @@ absl::StatusOr<float> ZeroCpuEngine::MicroStepStage3(const int32_t* inputs, cons
     WEFT_RETURN_IF_ERROR(finish_scatter(slot));
     float* grad = block_grad_work_[slot].data();
     std::fill(grad, grad + layout_.unit(1 + l).padded, 0.0f);
-    model_.BlockBackward(l, block_buf(l), grad);
+    model_->BlockBackward(l, block_buf(l), grad);
     scatter[slot] = comm_->ReduceScatter(grad, scatter_out_[slot].data(),
                                          layout_.unit(1 + l).shard, DataType::kFloat32);
     scatter_unit[slot] = 1 + l;
   }
-  model_.EncoderBackward(head_grad_work_.data());
+  model_->EncoderBackward(head_grad_work_.data());
   auto head_scatter = comm_->ReduceScatter(head_grad_work_.data(), head_scatter_out_.data(),
                                            layout_.unit(0).shard, DataType::kFloat32);
   WEFT_RETURN_IF_ERROR(finish_scatter(0));
@@ -355,7 +359,7 @@ size_t ZeroCpuEngine::WorkingBytes() const {
   for (int i = 0; i < 2; ++i) {
     floats += block_work_[i].size() + block_grad_work_[i].size() + scatter_out_[i].size();
   }
-  return floats * sizeof(float) + model_.ActivationBytes();
+  return floats * sizeof(float) + model_->ActivationBytes();
 }
 
 }  // namespace weft::worker

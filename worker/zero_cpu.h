@@ -33,7 +33,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/training_engine.h"
 #include "worker/zero_engine.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/cpu/model.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::worker {
@@ -74,7 +74,8 @@ class ZeroCpuEngine : public ZeroEngine {
     std::vector<float> full_grad;
   };
 
-  ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm);
+  ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm,
+                std::unique_ptr<const engine::ModelArch> arch);
   void Initialize();
 
   // The kept params, m or v of unit `u`.
@@ -110,7 +111,7 @@ class ZeroCpuEngine : public ZeroEngine {
   const int batch_size_;
   const int seq_len_;
   std::vector<Unit> units_;
-  engine::GptCpu model_;
+  const std::unique_ptr<engine::cpu::CpuModel> model_;
 
   // Stage 3 working buffers: two for blocks (current and prefetched), one for the head.
   std::vector<float> block_work_[2];

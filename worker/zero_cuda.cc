@@ -28,10 +28,10 @@ double GiB(size_t bytes) { return static_cast<double>(bytes) / (1u << 30); }
 
 }  // namespace
 
-GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, int world) {
-  const engine::GptConfig config = engine::ConfigFromSpec(spec.model());
+GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                            int world) {
   // Every rank's shards are the same size, so rank 0's layout speaks for all.
-  const ShardLayout layout(UnitSizes(config), world, /*rank=*/0);
+  const ShardLayout layout(UnitSizes(arch), world, /*rank=*/0);
   GpuMemoryPlan plan;
   plan.state_bytes =
       layout.total_shard() * (4 * sizeof(float) + sizeof(__nv_bfloat16) + 1);
@@ -40,8 +40,8 @@ GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, int world) {
   plan.working_bytes = layout.unit(0).padded * unit_bytes +
                        2 * layout.max_block_padded() * unit_bytes + max_shard * sizeof(float) +
                        cuda::SumOfSquaresScratchFloats(max_shard) * sizeof(float) + 4096;
-  plan.activation_bytes = cuda::GptCuda::PlanActivationBytes(
-      config, spec.training().micro_batch_size(), spec.training().sequence_length());
+  plan.activation_bytes = cuda::PlanCudaActivationBytes(
+      arch, spec.training().micro_batch_size(), spec.training().sequence_length());
   plan.reserve_bytes = kReserveBytes;
   return plan;
 }
@@ -83,8 +83,9 @@ absl::StatusOr<size_t> ZeroCudaEngine::Mark() {
 
 // ---- creation -------------------------------------------------------------------------------
 
-ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm)
-    : ZeroEngine(spec, comm->world_size(), comm->rank()),
+ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
+                               std::unique_ptr<const engine::ModelArch> arch)
+    : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
       comm_(comm),
       world_(comm->world_size()),
       batch_size_(spec.training().micro_batch_size()),
@@ -123,7 +124,9 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
     return absl::FailedPreconditionError(absl::StrCat(
         "zero_stage: the CUDA engine implements ZeRO stage 3 only, got ", spec.zero_stage()));
   }
-  const GpuMemoryPlan plan = PlanGpuMemory(spec, comm->world_size());
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
+                        engine::MakeModelArch(spec.model()));
+  const GpuMemoryPlan plan = PlanGpuMemory(spec, *arch, comm->world_size());
   size_t free_bytes = 0, total_bytes = 0;
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (plan.total() > free_bytes) {
@@ -134,7 +137,7 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
         DescribeGpuMemoryPlan(plan), comm->world_size(), spec.training().micro_batch_size(),
         spec.training().sequence_length(), GiB(free_bytes), GiB(total_bytes)));
   }
-  std::unique_ptr<ZeroCudaEngine> engine(new ZeroCudaEngine(spec, comm));
+  std::unique_ptr<ZeroCudaEngine> engine(new ZeroCudaEngine(spec, comm, std::move(arch)));
   engine->plan_ = plan;
   WEFT_RETURN_IF_ERROR(engine->Initialize());
   return engine;
@@ -147,7 +150,7 @@ absl::Status ZeroCudaEngine::Initialize() {
     WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
   WEFT_ASSIGN_OR_RETURN(model_,
-                        cuda::GptCuda::Create(config_, batch_size_, seq_len_, compute_));
+                        cuda::CreateCudaModel(*arch_, batch_size_, seq_len_, compute_));
   units_.resize(layout_.num_units());
   for (int u = 0; u < layout_.num_units(); ++u) {
     Unit& unit = units_[u];
@@ -240,7 +243,7 @@ absl::Status ZeroCudaEngine::ReduceScatterGrad(int unit, float* full, bool accum
 
 absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
                                        bool backward, float grad_scale, bool first_micro_step) {
-  const int layers = config_.num_layers;
+  const int layers = arch_->num_layers();
   cudaStream_t comm_stream = comm_->stream();
   std::array<size_t, 3> phase{};
   WEFT_ASSIGN_OR_RETURN(phase[0], Mark());

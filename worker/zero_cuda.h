@@ -37,7 +37,8 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/nccl_communicator.h"
-#include "worker/engine/cuda/gpt_cuda.h"
+#include "worker/engine/cuda/model.h"
+#include "worker/engine/model_arch.h"
 #include "worker/training_engine.h"
 #include "worker/zero_engine.h"
 #include "weft/v1/job.pb.h"
@@ -48,11 +49,12 @@ namespace weft::worker {
 struct GpuMemoryPlan {
   size_t state_bytes = 0;       // shards: fp32 params, m, v, grads; bf16 params; decay mask
   size_t working_bytes = 0;     // gathered bf16 units, full fp32 gradient units, scratch
-  size_t activation_bytes = 0;  // GptCuda's activations and scratch, cuBLAS workspace
+  size_t activation_bytes = 0;  // the CudaModel's activations and scratch, cuBLAS workspace
   size_t reserve_bytes = 0;     // NCCL buffers, CUDA context growth, allocator slack
   size_t total() const { return state_bytes + working_bytes + activation_bytes + reserve_bytes; }
 };
-GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, int world_size);
+GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                            int world_size);
 // "needs 9.1 GiB (state 1.5, working 0.6, activations 6.0, reserve 1.0)".
 std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan);
 
@@ -92,7 +94,8 @@ class ZeroCudaEngine : public ZeroEngine {
     uint8_t* decay_mask = nullptr;
   };
 
-  ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm);
+  ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
+                 std::unique_ptr<const engine::ModelArch> arch);
   absl::Status Initialize();
   absl::Status CopyKeptToHost(int u, UnitState state, size_t offset, size_t n,
                               float* host) const override;
@@ -116,7 +119,7 @@ class ZeroCudaEngine : public ZeroEngine {
   const int world_, batch_size_, seq_len_;
   GpuMemoryPlan plan_;
   cudaStream_t compute_ = nullptr;
-  std::unique_ptr<engine::cuda::GptCuda> model_;
+  std::unique_ptr<engine::cuda::CudaModel> model_;
   std::vector<Unit> units_;
   std::vector<void*> allocations_;
   size_t allocated_bytes_ = 0;

@@ -1,20 +1,23 @@
 #include "worker/zero_engine.h"
 
+#include <utility>
+
 #include "common/status.h"
 
 namespace weft::worker {
 
-std::vector<size_t> UnitSizes(const engine::GptConfig& config) {
+std::vector<size_t> UnitSizes(const engine::ModelArch& arch) {
   std::vector<size_t> sizes;
-  for (int u = 0; u < engine::NumUnits(config); ++u) sizes.push_back(engine::UnitSize(config, u));
+  for (int u = 0; u < arch.NumUnits(); ++u) sizes.push_back(arch.UnitSize(u));
   return sizes;
 }
 
-ZeroEngine::ZeroEngine(const weft::v1::JobSpec& spec, int world, int rank)
+ZeroEngine::ZeroEngine(const weft::v1::JobSpec& spec,
+                       std::unique_ptr<const engine::ModelArch> arch, int world, int rank)
     : spec_(spec),
-      config_(engine::ConfigFromSpec(spec.model())),
+      arch_(std::move(arch)),
       stage_(spec.zero_stage()),
-      layout_(UnitSizes(config_), world, rank) {}
+      layout_(UnitSizes(*arch_), world, rank) {}
 
 ZeroEngine::InitialUnit ZeroEngine::InitialState(int u) const {
   const UnitShard& unit = layout_.unit(u);
@@ -23,8 +26,8 @@ ZeroEngine::InitialUnit ZeroEngine::InitialState(int u) const {
   // world size, at the cost of initialising (once) what other ranks own.
   init.full.assign(unit.padded, 0.0f);
   std::vector<uint8_t> mask(unit.padded, 0);
-  engine::InitUnit(config_, u, spec_.training().seed(), init.full.data());
-  engine::UnitDecayMask(config_, u, mask.data());
+  arch_->InitUnit(u, spec_.training().seed(), init.full.data());
+  arch_->UnitDecayMask(u, mask.data());
   const size_t kept = layout_.KeptElements(u, stage_);
   const size_t begin = stage_ == 0 ? 0 : static_cast<size_t>(layout_.rank()) * unit.shard;
   init.kept.assign(init.full.begin() + begin, init.full.begin() + begin + kept);

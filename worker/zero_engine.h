@@ -14,12 +14,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/checkpoint_schema.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/model_arch.h"
 #include "worker/shard_layout.h"
 #include "worker/training_engine.h"
 #include "weft/v1/job.pb.h"
@@ -27,7 +28,7 @@
 namespace weft::worker {
 
 // Every unit's size in elements, in unit order: what a ShardLayout is made of.
-std::vector<size_t> UnitSizes(const engine::GptConfig& config);
+std::vector<size_t> UnitSizes(const engine::ModelArch& arch);
 
 class ZeroEngine : public TrainingEngine {
  public:
@@ -38,12 +39,14 @@ class ZeroEngine : public TrainingEngine {
   // device finish (FinishRestore). On error the model state is unspecified.
   absl::Status Restore(const RangeReader& read) final;
 
-  const engine::GptConfig& config() const final { return config_; }
+  const engine::ModelArch& arch() const final { return *arch_; }
   int stage() const final { return stage_; }
   const ShardLayout& layout() const { return layout_; }
 
  protected:
-  ZeroEngine(const weft::v1::JobSpec& spec, int world, int rank);
+  // `arch` is MakeModelArch(spec.model()).
+  ZeroEngine(const weft::v1::JobSpec& spec, std::unique_ptr<const engine::ModelArch> arch,
+             int world, int rank);
 
   // Unit `u` as this rank starts it: the whole unit initialised (padded with zeros), and the
   // kept part of it and of its AdamW decay mask.
@@ -66,7 +69,7 @@ class ZeroEngine : public TrainingEngine {
   virtual absl::Status FinishRestore(const RangeReader& read) = 0;
 
   const weft::v1::JobSpec spec_;
-  const engine::GptConfig config_;
+  const std::unique_ptr<const engine::ModelArch> arch_;
   const int stage_;
   const ShardLayout layout_;
 };

@@ -21,9 +21,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/comm/nccl_communicator.h"
-#include "worker/engine/cuda/gpt_cuda.h"
+#include "worker/engine/cuda/gpt2_model.h"
 #include "worker/engine/cuda/ops.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/cpu/gpt2_model.h"
 #include "worker/zero_cpu.h"
 
 namespace weft::worker {
