@@ -14,8 +14,8 @@
 #include "common/job_spec.h"
 #include "coordinator/memory_store.h"
 #include "worker/comm/communicator.h"
-#include "worker/engine/gpt.h"
-#include "worker/zero.h"
+#include "worker/engine/cpu/model.h"
+#include "worker/zero_cpu.h"
 
 namespace {
 
@@ -61,7 +61,7 @@ Measured Run(int ranks, int stage, int warmup, int steps) {
         std::exit(1);
       }
       const weft::v1::JobSpec spec = DemoSpec(stage);
-      auto engine = weft::worker::ZeroEngine::Create(spec, comm->get());
+      auto engine = weft::worker::ZeroCpuEngine::Create(spec, comm->get());
       if (!engine.ok()) std::exit(1);
       auto batch = [rank](int64_t step, int micro, int32_t* in, int32_t* tg) {
         for (int i = 0; i < 8 * 128; ++i) {
@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--stages", stages, "ZeRO stages to measure");
   CLI11_PARSE(app, argc, argv);
-  weft::engine::SetBlasThreads(1);
+  weft::engine::cpu::SetBlasThreads(1);
 
   for (int stage : stages) {
     const Measured one = Run(1, stage, warmup, steps);

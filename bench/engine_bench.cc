@@ -11,7 +11,7 @@
 
 #include "CLI/CLI.hpp"
 #include "worker/engine/adamw.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/cpu/gpt2_model.h"
 
 namespace {
 
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   spec.set_vocab_size(vocab);
   spec.set_context_length(seq);
   const GptConfig config = ConfigFromSpec(spec);
-  SetBlasThreads(threads);
+  cpu::SetBlasThreads(threads);
 
   const int units = NumUnits(config);
   std::vector<std::vector<float>> params(units), grads(units), m(units), v(units);

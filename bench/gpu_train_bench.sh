@@ -100,21 +100,23 @@ if not any(k >= 10 for k in steps):
     sys.exit(f"no step metrics past step 10 in {path}: last status {line.strip()[:2000]}")
 first = min(k for k in steps if k >= 10)
 last = max(steps)
-B, T, L, C, V = 16, 1024, 12, 768, 50304
+B, T = 16, 1024
 tokens = (last - first) * B * T * gpus
 tps = tokens / (ts(steps[last]) - ts(steps[first]))
-params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
-flops_per_token = 6 * params + 12 * L * C * T
 per_gpu = tps / gpus
 late = [steps[k] for k in steps if k >= first]
 def med(xs):
     xs = sorted(xs); return xs[len(xs) // 2]
+# The MFU the worker reports (worker/mfu.h) is its FLOPs per token over the device peak, times
+# its own tokens/s per GPU; the same ratio times the end-to-end tokens/s is the end-to-end MFU.
+flops_per_token_over_peak = med([float(m.get("mfu", 0)) * gpus / float(m["tokens_per_s"])
+                                 for m in late])
 step_ms = med([float(m["step_ms"]) for m in late])
 exposed = med([float(m.get("exposed_comm_ms", 0)) for m in late])
 peak = max(int(m.get("engine_device_bytes", 0)) for m in late) / 2**30
 used = max(int(m.get("device_used_bytes", 0)) for m in late) / 2**30
 print(f"BENCH gpu_train gpus={gpus} tokens_per_s_per_gpu={per_gpu:.0f} "
-      f"mfu={per_gpu * flops_per_token / 989e12:.3f} peak_mem_gib={peak:.2f} "
+      f"mfu={per_gpu * flops_per_token_over_peak:.3f} peak_mem_gib={peak:.2f} "
       f"exposed_comm_pct={100 * exposed / step_ms:.1f} device_used_gib={used:.2f} "
       f"step_ms={step_ms:.1f} reported_tokens_per_s_per_gpu={B*T*1000/step_ms:.0f} "
       f"steps={first}-{last} loss={float(steps[last]['loss']):.3f}", flush=True)

@@ -15,7 +15,7 @@
 #include "common/rpc.h"
 #include "common/time_util.h"
 #include "nlohmann/json.hpp"
-#include "worker/engine/gpt.h"
+#include "worker/engine/model_arch.h"
 #include "worker/model_io.h"
 
 namespace weft {
@@ -113,14 +113,18 @@ int Export(CheckpointClient& client, bool json, const std::string& job_id, int64
         "checkpoint ", job_id, " step ", at,
         " has no model spec in its manifest; cannot name the GPT-2 tensors")));
   }
-  const engine::GptConfig config = engine::ConfigFromSpec(model);
-  const int units = engine::NumUnits(config);
+  auto arch = engine::MakeModelArch(model);
+  if (!arch.ok()) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", job_id, " step ", at, ": ", arch.status().message())));
+  }
+  const int units = (*arch)->NumUnits();
   std::vector<std::vector<float>> params;
   params.reserve(units);
   for (int u = 0; u < units; ++u) {
     const std::string name = absl::StrCat("u", u, ".params");
     const weft::v1::TensorLayout* layout = find(name);
-    const int64_t want = static_cast<int64_t>(engine::UnitSize(config, u));
+    const int64_t want = static_cast<int64_t>((*arch)->UnitSize(u));
     if (layout == nullptr) {
       return Fail(absl::FailedPreconditionError(
           absl::StrCat("checkpoint ", job_id, " step ", at, " lacks tensor ", name, " (the model has ",

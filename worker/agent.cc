@@ -59,7 +59,7 @@ absl::Status WorkerAgent::RegisterWithRetry(const std::atomic<bool>& stop) {
 void WorkerAgent::DropRun(const absl::Status& reason) {
   if (!run_) return;
   run_->Abort(reason);
-  run_.reset();  // joins the run's thread; aborted collectives return promptly
+  runs_.Retire(std::move(run_));
 }
 
 absl::Status WorkerAgent::Apply(const weft::v1::Command& command) {
@@ -82,7 +82,7 @@ absl::Status WorkerAgent::Apply(const weft::v1::Command& command) {
     spdlog::info("joining job {} generation {} as rank {} of {}", join.job_id(),
                  join.generation(), join.rank(), join.world_size());
     run_ = std::make_unique<GenerationRun>(join, options_.run, &client_, &metrics_);
-    run_->Start();
+    runs_.Start(run_.get());
   }
   return absl::OkStatus();
 }
@@ -91,7 +91,7 @@ absl::Status WorkerAgent::Run(const std::atomic<bool>& stop) {
   if (absl::Status s = RegisterWithRetry(stop); !s.ok()) return s;
   absl::Duration backoff = absl::Milliseconds(100);
   while (!stop.load()) {
-    if (run_ && run_->Finished()) run_.reset();
+    if (run_ && run_->Finished()) runs_.Retire(std::move(run_));
     weft::v1::HeartbeatRequest request;
     request.set_worker_id(options_.run.worker_id);
     request.set_incarnation(options_.run.incarnation);
@@ -123,6 +123,7 @@ absl::Status WorkerAgent::Run(const std::atomic<bool>& stop) {
     }
   }
   DropRun(absl::AbortedError("worker shutting down"));
+  runs_.Drain();
   session_.Stop();
   return absl::OkStatus();
 }

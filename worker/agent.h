@@ -2,9 +2,11 @@
 //
 // The agent never trains on its own thread: each JoinJob command starts a GenerationRun;
 // heartbeats keep flowing while it trains, so the coordinator sees the worker alive and can
-// abort the run at once. When the coordinator is unreachable the agent retries with backoff
-// (a restarted coordinator finds its workers again); when it has forgotten this worker
-// (FAILED_PRECONDITION) the agent drops any run and registers again; a Stop command ends it.
+// abort the run at once. Nor does it tear runs down there (see worker/run_sequencer.h): a slow
+// teardown must not stop the heartbeats. When the coordinator is unreachable the agent retries
+// with backoff (a restarted coordinator finds its workers again); when it has forgotten this
+// worker (FAILED_PRECONDITION) the agent drops any run and registers again; a Stop command ends
+// it.
 #ifndef WEFT_WORKER_AGENT_H_
 #define WEFT_WORKER_AGENT_H_
 
@@ -16,6 +18,7 @@
 #include "client/coordinator_client.h"
 #include "client/worker_session.h"
 #include "worker/generation_run.h"
+#include "worker/run_sequencer.h"
 #include "worker/worker_metrics.h"
 #include "weft/v1/worker.pb.h"
 
@@ -48,7 +51,10 @@ class WorkerAgent {
   WorkerSession session_;
   WorkerMetrics metrics_;
   int64_t interval_ms_ = 500;
+  // The current run: started, or about to be once the runs before it are torn down.
   std::unique_ptr<GenerationRun> run_;
+  // After run_, so that it is destroyed first, while run_ (which it may still start) lives.
+  RunSequencer runs_;
 };
 
 }  // namespace weft::worker

@@ -2,7 +2,10 @@
 
 #include <chrono>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 
@@ -13,12 +16,16 @@ std::string DoneKey(int64_t step, int32_t rank) {
   return absl::StrCat("ckpt/", step, "/rank/", rank);
 }
 
+double MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(CheckpointClient* client, Store* store, const weft::v1::JobSpec& spec,
-                           std::string job_id, int32_t rank, int32_t world_size)
-    : client_(client), store_(store), spec_(spec), job_id_(std::move(job_id)), rank_(rank),
-      world_(world_size), thread_([this] { Loop(); }) {}
+                           CheckpointRank who, CheckpointTimeouts timeouts)
+    : client_(client), store_(store), spec_(spec), who_(std::move(who)), timeouts_(timeouts) {}
 
 Checkpointer::~Checkpointer() {
   {
@@ -27,12 +34,88 @@ Checkpointer::~Checkpointer() {
     stopping_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::StatusOr<std::vector<std::string>> Checkpointer::RestoreCandidates() {
+  // Rank 0 decides the candidates, so that every rank tries the same checkpoints in order.
+  constexpr char kKey[] = "restore/candidates";
+  std::string candidates;
+  if (who_.rank == 0) {
+    std::vector<std::string> list;
+    for (const std::string& job : {who_.job_id, spec_.resume_from_job()}) {
+      if (job.empty()) continue;
+      WEFT_ASSIGN_OR_RETURN(auto manifests, client_->List(job));
+      for (const auto& m : manifests) list.push_back(absl::StrCat(m.job_id(), " ", m.step()));
+      if (!list.empty()) break;  // a job's own checkpoints win over the one it resumes from
+    }
+    candidates = absl::StrJoin(list, ",");
+    WEFT_RETURN_IF_ERROR(store_->Set(kKey, candidates));
+  } else {
+    WEFT_RETURN_IF_ERROR(
+        store_->Wait({kKey}, absl::Milliseconds(timeouts_.restore_wait_timeout_ms)));
+    WEFT_ASSIGN_OR_RETURN(candidates, store_->Get(kKey));
+  }
+  std::vector<std::string> split = absl::StrSplit(candidates, ',', absl::SkipEmpty());
+  return split;
+}
+
+absl::StatusOr<int64_t> Checkpointer::RestoreLatest(TrainingEngine* engine,
+                                                     comm::Communicator* comm) {
+  WEFT_ASSIGN_OR_RETURN(const std::vector<std::string> candidates, RestoreCandidates());
+  std::string failures;
+  for (absl::string_view candidate : candidates) {
+    std::vector<std::string> parts = absl::StrSplit(candidate, ' ');
+    int64_t step = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &step)) {
+      return absl::InternalError(absl::StrCat("bad restore candidate \"", candidate, "\""));
+    }
+    const std::string& job = parts[0];
+    absl::Status s = engine->Restore([&](const std::string& tensor, int64_t begin, int64_t end,
+                                         float* out) {
+      return client_->ReadRange(job, step, tensor, begin, end, out);
+    });
+    // Every rank must restore the same checkpoint: one bad read anywhere rejects it for all.
+    float bad = s.ok() ? 0.0f : 1.0f;
+    WEFT_RETURN_IF_ERROR(comm->AllReduce(&bad, 1, comm::DataType::kFloat32)->Wait());
+    if (bad == 0.0f) {
+      spdlog::info("job {} generation {}: restored checkpoint {} step {}", who_.job_id,
+                   who_.generation, job, step);
+      return step;
+    }
+    spdlog::warn("job {}: checkpoint {} step {} cannot be restored ({}); trying an older one",
+                 who_.job_id, job, step,
+                 s.ok() ? "another rank failed" : std::string(s.message()));
+    absl::StrAppend(&failures, failures.empty() ? "" : "; ", job, " step ", step, ": ",
+                    s.ok() ? "failed on another rank" : std::string(s.message()));
+  }
+  if (!failures.empty()) {
+    return absl::DataLossError(absl::StrCat("no checkpoint could be restored: ", failures));
+  }
+  return 0;
+}
+
+bool Checkpointer::Due(int64_t completed_steps) const {
+  const int64_t interval = spec_.checkpoint().interval_steps();
+  return interval > 0 && completed_steps % interval == 0;
+}
+
+absl::StatusOr<double> Checkpointer::Save(int64_t step, const TrainingEngine& engine) {
+  // The stall: copying this rank's state to host memory, plus waiting for the previous
+  // upload. The upload itself overlaps the next steps.
+  const auto start = std::chrono::steady_clock::now();
+  WEFT_ASSIGN_OR_RETURN(std::vector<UnitSlice> snapshot, engine.Snapshot());
+  Submit(step, std::move(snapshot));
+  const double stall_ms = MsSince(start);
+  std::lock_guard<std::mutex> lock(mu_);
+  stall_ms_by_step_[step] = stall_ms;
+  return stall_ms;
 }
 
 void Checkpointer::Submit(int64_t step, std::vector<UnitSlice> state) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !busy_ && !next_; });
+  if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
   next_.emplace(step, std::move(state));
   busy_ = true;
   cv_.notify_all();
@@ -42,6 +125,11 @@ std::optional<Checkpointer::Committed> Checkpointer::TakeCommitted() {
   std::lock_guard<std::mutex> lock(mu_);
   auto out = committed_;
   committed_.reset();
+  if (out) {
+    out->stall_ms = stall_ms_by_step_[out->step];
+    // Older saves can no longer be reported: each report names the newest commit only.
+    stall_ms_by_step_.erase(stall_ms_by_step_.begin(), stall_ms_by_step_.upper_bound(out->step));
+  }
   return out;
 }
 
@@ -62,15 +150,13 @@ void Checkpointer::Loop() {
     }
     const auto start = std::chrono::steady_clock::now();
     absl::Status s = Upload(work.first, work.second);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-            .count();
+    const double ms = MsSince(start);
     if (!s.ok()) {
-      spdlog::warn("job {} rank {}: checkpoint at step {} not saved: {}", job_id_, rank_,
-                   work.first, std::string(s.message()));
+      spdlog::warn("job {} rank {}: checkpoint at step {} not saved: {}", who_.job_id,
+                   who_.rank, work.first, std::string(s.message()));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (s.ok() && rank_ == 0) committed_ = Committed{work.first, ms};
+    if (s.ok() && who_.rank == 0) committed_ = Committed{work.first, ms};
     busy_ = false;
     cv_.notify_all();
   }
@@ -79,14 +165,13 @@ void Checkpointer::Loop() {
 std::vector<ShardTensor> ShardTensorsOf(const std::vector<UnitSlice>& state) {
   std::vector<ShardTensor> tensors;
   for (const UnitSlice& slice : state) {
-    for (const auto& [what, data] : {std::pair{"params", &slice.params},
-                                     std::pair{"m", &slice.m}, std::pair{"v", &slice.v}}) {
+    for (UnitState what : kUnitStates) {
       ShardTensor t;
       t.name = CheckpointTensorName(slice.unit, what);
       t.shape = {slice.size};
       t.begin = slice.begin;
       t.end = slice.end;
-      t.data = data->data();
+      t.data = slice.data(what).data();
       if (t.end > t.begin) tensors.push_back(std::move(t));
     }
   }
@@ -104,7 +189,7 @@ weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, in
   manifest.set_optimizer_step(step);
   *manifest.mutable_spec() = spec;
   for (const UnitSlice& slice : state) {
-    for (const char* what : {"params", "m", "v"}) {
+    for (UnitState what : kUnitStates) {
       auto* layout = manifest.add_tensors();
       layout->set_name(CheckpointTensorName(slice.unit, what));
       layout->set_dtype(weft::v1::DTYPE_F32);
@@ -121,15 +206,17 @@ weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, in
 }
 
 absl::Status Checkpointer::Upload(int64_t step, const std::vector<UnitSlice>& state) {
+  const int32_t rank = who_.rank;
+  const int32_t world = who_.world_size;
   WEFT_RETURN_IF_ERROR(
-      client_->WriteShard(job_id_, step, rank_, world_, ShardTensorsOf(state)).status());
-  WEFT_RETURN_IF_ERROR(store_->Set(DoneKey(step, rank_), "stored"));
-  if (rank_ != 0) return absl::OkStatus();
+      client_->WriteShard(who_.job_id, step, rank, world, ShardTensorsOf(state)).status());
+  WEFT_RETURN_IF_ERROR(store_->Set(DoneKey(step, rank), "stored"));
+  if (rank != 0) return absl::OkStatus();
 
   std::vector<std::string> keys;
-  for (int32_t r = 0; r < world_; ++r) keys.push_back(DoneKey(step, r));
-  WEFT_RETURN_IF_ERROR(store_->Wait(keys, absl::Minutes(10)));
-  return client_->Commit(CheckpointManifestFor(job_id_, step, world_, spec_, state));
+  for (int32_t r = 0; r < world; ++r) keys.push_back(DoneKey(step, r));
+  WEFT_RETURN_IF_ERROR(store_->Wait(keys, absl::Milliseconds(timeouts_.commit_timeout_ms)));
+  return client_->Commit(CheckpointManifestFor(who_.job_id, step, world, spec_, state));
 }
 
 }  // namespace weft::worker

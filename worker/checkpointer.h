@@ -1,26 +1,37 @@
-// Asynchronous checkpoints of one generation run.
+// The checkpoint lifecycle of one generation run, on one rank: restore at the start, save
+// asynchronously while training.
 //
-// Training hands a host copy of this rank's state to Submit() and goes on; a background thread
-// streams it to checkpointd, then records "shard stored" in the generation's store. Rank 0's
-// thread waits there for every rank and commits the manifest: the checkpoint exists only then.
-// One upload is in flight at a time; Submit() waits for the previous one, and that wait is part
-// of the training stall it reports.
+// Restore (RestoreLatest): rank 0 lists the candidate checkpoints (this job's, else the one it
+// resumes from; newest first) into the generation's store, so that every rank tries the same
+// ones in the same order; after each attempt the ranks all-reduce a failure flag, and one bad
+// read anywhere rejects that checkpoint for all of them and moves everyone to an older one.
 //
-// Upload failures do not stop training (the next checkpoint may succeed); they are logged, and
-// the first one is kept for error().
+// Save (Save): training hands over a host copy of this rank's state and goes on; a background
+// thread streams it to checkpointd, then records "shard stored" in the generation's store.
+// Rank 0's thread waits there for every rank and commits the manifest: the checkpoint exists
+// only then. One upload is in flight at a time; Save waits for the previous one, and that wait
+// is part of the training stall it returns.
+//
+// Upload failures do not stop training (the next checkpoint may succeed); they are logged.
 #ifndef WEFT_WORKER_CHECKPOINTER_H_
 #define WEFT_WORKER_CHECKPOINTER_H_
 
 #include <condition_variable>
+#include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "client/checkpoint_client.h"
 #include "common/store.h"
-#include "worker/zero.h"
+#include "worker/comm/communicator.h"
+#include "worker/training_engine.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::worker {
@@ -35,20 +46,50 @@ weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, in
 // The tensors of `state` as one rank's shard (pointing into `state`).
 std::vector<ShardTensor> ShardTensorsOf(const std::vector<UnitSlice>& state);
 
+struct CheckpointTimeouts {
+  // How long a rank other than 0 waits for rank 0's list of checkpoints to restore.
+  int64_t restore_wait_timeout_ms = 5 * 60 * 1000;
+  // How long rank 0 waits for every rank's shard of a checkpoint before giving that
+  // checkpoint up.
+  int64_t commit_timeout_ms = 10 * 60 * 1000;
+};
+
+// Who this rank is: the checkpoints it reads and writes are `job_id`'s.
+struct CheckpointRank {
+  std::string job_id;
+  int64_t generation = 0;
+  int32_t rank = 0;
+  int32_t world_size = 1;
+};
+
 class Checkpointer {
  public:
-  // `client` and `store` (the generation's store) must outlive this object.
+  // `client` and `store` (the generation's store) must outlive this object. Saves happen every
+  // `spec.checkpoint().interval_steps()` steps (never when 0).
   Checkpointer(CheckpointClient* client, Store* store, const weft::v1::JobSpec& spec,
-               std::string job_id, int32_t rank, int32_t world_size);
+               CheckpointRank who, CheckpointTimeouts timeouts = {});
   // Waits for the upload in flight.
   ~Checkpointer();
 
-  // Queues the state after `step` completed steps, first waiting for the previous upload.
-  void Submit(int64_t step, std::vector<UnitSlice> state);
+  // Restores into `engine` the newest checkpoint every rank can read (this job's, else
+  // resume_from_job's), falling back to older ones; returns its step, 0 when there is none.
+  // DATA_LOSS when there were checkpoints but none could be restored. Collective over `comm`:
+  // every rank calls it.
+  absl::StatusOr<int64_t> RestoreLatest(TrainingEngine* engine, comm::Communicator* comm);
+
+  // Whether a checkpoint is due once `completed_steps` steps are done.
+  bool Due(int64_t completed_steps) const;
+
+  // Takes the snapshot of `engine` after `step` completed steps and queues its upload, first
+  // waiting for the previous one. Returns the stall this cost training, in milliseconds, or
+  // the error of the device copy (nothing is queued then).
+  absl::StatusOr<double> Save(int64_t step, const TrainingEngine& engine);
 
   struct Committed {
     int64_t step = 0;
     double save_ms = 0;
+    // The training stall Save returned for this step.
+    double stall_ms = 0;
   };
   // Rank 0: the newest checkpoint committed since the last call, if any.
   std::optional<Committed> TakeCommitted();
@@ -57,15 +98,17 @@ class Checkpointer {
   void Drain();
 
  private:
+  // The candidates every rank tries, as "<job> <step>" entries, newest first.
+  absl::StatusOr<std::vector<std::string>> RestoreCandidates();
+  void Submit(int64_t step, std::vector<UnitSlice> state);
   void Loop();
   absl::Status Upload(int64_t step, const std::vector<UnitSlice>& state);
 
   CheckpointClient* client_;
   Store* store_;
   const weft::v1::JobSpec spec_;
-  const std::string job_id_;
-  const int32_t rank_;
-  const int32_t world_;
+  const CheckpointRank who_;
+  const CheckpointTimeouts timeouts_;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -73,6 +116,9 @@ class Checkpointer {
   bool busy_ = false;
   std::optional<std::pair<int64_t, std::vector<UnitSlice>>> next_;
   std::optional<Committed> committed_;
+  // Stalls of the saves not yet reported as committed, by step.
+  std::map<int64_t, double> stall_ms_by_step_;
+  // Started by the first save.
   std::thread thread_;
 };
 

@@ -1,6 +1,7 @@
-// One generation of one job on this worker: rendezvous, communicator, data, training loop,
-// reports, final model. Runs on its own thread; the agent's heartbeat thread keeps the worker
-// alive meanwhile and calls Abort() when the coordinator ends the generation.
+// One generation of one job on this worker: rendezvous, data, device backend, checkpoint
+// restore, the training loop with its reports, the final model. Runs on its own thread; the
+// agent's heartbeat thread keeps the worker alive meanwhile and calls Abort() when the
+// coordinator ends the generation.
 #ifndef WEFT_WORKER_GENERATION_RUN_H_
 #define WEFT_WORKER_GENERATION_RUN_H_
 
@@ -11,12 +12,16 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "client/checkpoint_client.h"
 #include "client/coordinator_client.h"
 #include "common/store.h"
-#include "worker/zero.h"
+#include "worker/checkpointer.h"
 #include "worker/comm/communicator.h"
+#include "worker/data/token_dataset.h"
+#include "worker/device_backend.h"
+#include "worker/training_engine.h"
 #include "worker/worker_metrics.h"
 #include "weft/v1/worker.pb.h"
 
@@ -25,18 +30,19 @@ namespace weft::worker {
 struct RunOptions {
   std::string worker_id;
   int64_t incarnation = 0;
-  // Address other ranks reach this worker at (the Gloo listening address).
-  std::string data_address = "127.0.0.1";
+  // The device and how its collectives connect.
+  DeviceOptions device;
   // Where rank 0 writes the final model: <output_dir>/<job_id>/model.safetensors.
   std::string output_dir;
-  int64_t collective_timeout_ms = 60000;
   // checkpointd host:port; empty: no checkpoints are saved or restored.
   std::string checkpointd;
-  // CUDA device this worker trains on; -1: the CPU engine.
-  int cuda_device = -1;
+  CheckpointTimeouts checkpoint_timeouts;
   int64_t rendezvous_timeout_ms = 120000;
   // Peak FLOP/s of this worker's device, the denominator of MFU.
   double peak_flops = 989e12;
+  // Test-only: how long a run that ended waits before it is done, standing for a slow teardown
+  // (an upload finishing). The worker must keep heartbeating meanwhile.
+  int64_t test_teardown_delay_ms = 0;
 };
 
 class GenerationRun {
@@ -56,8 +62,44 @@ class GenerationRun {
   int64_t step() const { return step_.load(); }
 
  private:
+  // This rank's training data; `val` is null without validation.
+  struct Data {
+    std::unique_ptr<data::TokenDataset> train;
+    std::unique_ptr<data::TokenDataset> val;
+  };
+  // What the step loop works with.
+  struct Training {
+    int world = 0;
+    Data* data = nullptr;
+    DeviceBackend* backend = nullptr;
+    // Null without checkpoints.
+    Checkpointer* checkpointer = nullptr;
+  };
+  // Makes the communicator reachable by Abort() while this object lives.
+  class AbortHook;
+
   void Run();
   absl::Status Train();
+  // The phases of Train. Each reports its own failure to the coordinator before returning it.
+  // Rendezvous: every member present, ranks confirmed. Returns the world size.
+  absl::StatusOr<int> Join();
+  absl::StatusOr<Data> OpenData();
+  absl::StatusOr<DeviceBackend> CreateBackend(Store* store, int world);
+  // Restores the newest restorable checkpoint (see Checkpointer::RestoreLatest); 0 without
+  // checkpointd.
+  absl::StatusOr<int64_t> Restore(Checkpointer* checkpointer, DeviceBackend* backend);
+  absl::Status StepLoop(int64_t start_step, const Training& training);
+  // Validation after `completed` steps when it is due; returns the latest validation loss.
+  absl::StatusOr<double> MaybeValidate(int64_t completed, const Training& training,
+                                       double val_loss);
+  // Rank 0: reports a completed step; false when the coordinator ended the generation.
+  bool ReportStep(int64_t completed, const StepResult& result, double tokens_per_s, double mfu,
+                  double val_loss, const Training& training);
+  // Gathers the model, and on rank 0 writes it and reports the job finished.
+  absl::Status Finish(const Training& training);
+  // Rank 0 tells the coordinator about each commit with its next report.
+  void AddCommit(Checkpointer* checkpointer, weft::v1::ReportProgressRequest* report);
+  weft::v1::ReportProgressRequest NewReport() const;
   // Tells the coordinator this rank failed (unless the run was aborted: then it is expected).
   void ReportError(const absl::Status& status, bool permanent);
   // A collective failed. When a peer died, the survivors' collectives fail at once (the TCP
@@ -65,15 +107,6 @@ class GenerationRun {
   // reporting at once would blame this healthy rank. So wait for the coordinator's verdict
   // first, and report only if it does not end the generation.
   void ReportCollectiveError(const absl::Status& status);
-  // Gloo for CPU runs, NCCL on options_.cuda_device for GPU runs; then the matching engine.
-  absl::StatusOr<std::unique_ptr<comm::Communicator>> CreateCommunicator(Store* store,
-                                                                         int world);
-  absl::StatusOr<std::unique_ptr<TrainingEngine>> CreateEngine(const weft::v1::JobSpec& spec,
-                                                               comm::Communicator* comm);
-  // Restores the newest checkpoint every rank can read (this job's, else resume_from_job's),
-  // falling back to older ones; returns its step, 0 when there is none.
-  absl::StatusOr<int64_t> RestoreLatest(TrainingEngine* engine, comm::Communicator* comm,
-                                        Store* store, CheckpointClient* client);
 
   const weft::v1::JoinJobCommand command_;
   const RunOptions options_;

@@ -20,8 +20,9 @@
 #include "common/daemon.h"
 #include "common/rpc.h"
 #include "common/security_flags.h"
+#include "common/status.h"
 #include "worker/agent.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/cpu/model.h"
 
 namespace {
 
@@ -76,11 +77,13 @@ std::string HostName() {
   return name;
 }
 
-}  // namespace
+std::string EnvOr(const char* name, const char* fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : fallback;
+}
 
-int main(int argc, char** argv) {
-  std::string coordinator = std::getenv("WEFT_COORDINATOR") ? std::getenv("WEFT_COORDINATOR")
-                                                            : "127.0.0.1:7070";
+struct Flags {
+  std::string coordinator = EnvOr("WEFT_COORDINATOR", "127.0.0.1:7070");
   std::string device = "cpu";
   std::string host = HostName();
   std::string worker_id;
@@ -88,91 +91,137 @@ int main(int argc, char** argv) {
   std::string metrics_address = "127.0.0.1:0";
   std::string metrics_port_file;
   std::string output_dir = "weft-models";
-  std::string checkpointd = std::getenv("WEFT_CHECKPOINTD") ? std::getenv("WEFT_CHECKPOINTD") : "";
+  std::string checkpointd = EnvOr("WEFT_CHECKPOINTD", "");
   int blas_threads = 1;
   double peak_tflops = 0;
   int64_t collective_timeout_ms = 60000;
+  weft::worker::CheckpointTimeouts checkpoint_timeouts;
+  int64_t test_teardown_delay_ms = 0;
   std::string log_level = "info";
+  weft::SecurityFlags security;
+};
 
-  CLI::App app{"weft-worker: trains the job generations the coordinator assigns"};
-  app.add_option("--coordinator", coordinator, "coordinator host:port (env WEFT_COORDINATOR)")
+// Where this worker is and how it is reached.
+void AddPlacementFlags(CLI::App& app, Flags& f) {
+  app.add_option("--coordinator", f.coordinator, "coordinator host:port (env WEFT_COORDINATOR)")
       ->capture_default_str();
-  app.add_option("--device", device, "cpu, cpu:N (N-th CPU worker on this host) or cuda:N")
+  app.add_option("--device", f.device, "cpu, cpu:N (N-th CPU worker on this host) or cuda:N")
       ->capture_default_str();
-  app.add_option("--host", host, "host name reported to the coordinator")->capture_default_str();
-  app.add_option("--worker-id", worker_id, "stable id (default <host>/<device>)");
-  app.add_option("--data-address", data_address,
+  app.add_option("--host", f.host, "host name reported to the coordinator")
+      ->capture_default_str();
+  app.add_option("--worker-id", f.worker_id, "stable id (default <host>/<device>)");
+  app.add_option("--data-address", f.data_address,
                  "address other ranks reach this worker at for collectives (default: 127.0.0.1 "
                  "with a loopback coordinator, else --host)");
-  app.add_option("--metrics-address", metrics_address, "Prometheus endpoint host:port, or none")
+  app.add_option("--metrics-address", f.metrics_address, "Prometheus endpoint host:port, or none")
       ->capture_default_str();
-  app.add_option("--metrics-port-file", metrics_port_file, "write the bound metrics port here");
-  app.add_option("--checkpointd", checkpointd,
+  app.add_option("--metrics-port-file", f.metrics_port_file, "write the bound metrics port here");
+}
+
+// How this worker trains and keeps what it trained.
+void AddTrainingFlags(CLI::App& app, Flags& f) {
+  app.add_option("--checkpointd", f.checkpointd,
                  "checkpointd host:port for saving and restoring checkpoints (env "
                  "WEFT_CHECKPOINTD); none: no checkpoints");
-  app.add_option("--output-dir", output_dir, "where rank 0 writes trained models")
+  app.add_option("--output-dir", f.output_dir, "where rank 0 writes trained models")
       ->capture_default_str();
-  app.add_option("--peak-tflops", peak_tflops,
+  app.add_option("--peak-tflops", f.peak_tflops,
                  "peak TFLOP/s of the device, for MFU (default: 989 on CUDA, the H100/H200 "
                  "dense bf16 figure; 0.05 per BLAS thread on CPU, a nominal figure)")
       ->check(CLI::Range(0.0, 1e6));
-  app.add_option("--blas-threads", blas_threads, "OpenBLAS threads for CPU matmuls")
+  app.add_option("--blas-threads", f.blas_threads, "OpenBLAS threads for CPU matmuls")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
-  app.add_option("--collective-timeout-ms", collective_timeout_ms,
-                 "a collective not done by then fails the generation")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{100}, int64_t{3600000}));
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
-      ->capture_default_str();
-  weft::SecurityFlags security;
-  weft::AddSecurityFlags(app, &security);
-  CLI11_PARSE(app, argc, argv);
+}
 
-  if (auto s = weft::InitLogging("worker", log_level); !s.ok()) return Fail(s);
-  if (auto s = weft::InstallSecurity(security); !s.ok()) return Fail(s);
-  if (auto s = weft::CheckHostPort(coordinator, "--coordinator"); !s.ok()) return Fail(s);
+// A timeout flag in milliseconds, from 100 ms to `max_ms`.
+void AddTimeoutMsFlag(CLI::App& app, const std::string& name, int64_t& value,
+                      const std::string& help, int64_t max_ms) {
+  app.add_option(name, value, help)->capture_default_str()->check(
+      CLI::Range(int64_t{100}, max_ms));
+}
+
+// How long this worker waits for its peers before giving up.
+void AddTimeoutFlags(CLI::App& app, Flags& f) {
+  constexpr int64_t kHourMs = 3600 * 1000;
+  AddTimeoutMsFlag(app, "--collective-timeout-ms", f.collective_timeout_ms,
+                   "a collective not done by then fails the generation", kHourMs);
+  AddTimeoutMsFlag(app, "--restore-wait-timeout-ms", f.checkpoint_timeouts.restore_wait_timeout_ms,
+                   "how long a rank waits for rank 0 to list the checkpoints to restore",
+                   24 * kHourMs);
+  AddTimeoutMsFlag(app, "--checkpoint-commit-timeout-ms", f.checkpoint_timeouts.commit_timeout_ms,
+                   "how long rank 0 waits for every rank's shard before giving a checkpoint up",
+                   24 * kHourMs);
+  // Test-only (tests/worker/slow_teardown_e2e_test.cc): stands for a run whose teardown is
+  // slow, such as an upload finishing. Hidden from --help.
+  app.add_option("--test-teardown-delay-ms", f.test_teardown_delay_ms)
+      ->group("")
+      ->check(CLI::Range(int64_t{0}, int64_t{600000}));
+}
+
+// The agent's options from the flags; the checks a flag's own validator cannot make.
+absl::StatusOr<weft::worker::AgentOptions> ToAgentOptions(Flags f) {
+  WEFT_RETURN_IF_ERROR(weft::CheckHostPort(f.coordinator, "--coordinator"));
   weft::worker::AgentOptions options;
-  options.coordinator = coordinator;
-  if (auto s = ParseDevice(device, &options.info); !s.ok()) return Fail(s);
-  options.info.set_host(host);
+  options.coordinator = f.coordinator;
+  WEFT_RETURN_IF_ERROR(ParseDevice(f.device, &options.info));
+  options.info.set_host(f.host);
+  const bool cuda = options.info.device_kind() == weft::v1::DEVICE_KIND_CUDA;
   // The coordinator would pick the same default; knowing it before registering labels this
   // worker's metrics and logs with its real id from the start.
-  if (worker_id.empty()) {
-    const bool cuda = options.info.device_kind() == weft::v1::DEVICE_KIND_CUDA;
-    worker_id = absl::StrCat(host, "/", cuda ? "cuda" : "cpu", options.info.device_index());
+  if (f.worker_id.empty()) {
+    f.worker_id = absl::StrCat(f.host, "/", cuda ? "cuda" : "cpu", options.info.device_index());
   }
-  options.info.set_worker_id(worker_id);
+  options.info.set_worker_id(f.worker_id);
   options.info.set_pid(::getpid());
-  if (data_address.empty()) {
-    data_address = weft::IsLoopbackAddress(coordinator) ? "127.0.0.1" : host;
+  if (f.data_address.empty()) {
+    f.data_address = weft::IsLoopbackAddress(f.coordinator) ? "127.0.0.1" : f.host;
   }
-  options.info.set_address(data_address);
-  options.run.data_address = data_address;
-  options.run.output_dir = output_dir;
-  options.run.collective_timeout_ms = collective_timeout_ms;
-  if (options.info.device_kind() == weft::v1::DEVICE_KIND_CUDA) {
-    options.run.cuda_device = options.info.device_index();
+  options.info.set_address(f.data_address);
+  weft::worker::RunOptions& run = options.run;
+  run.device.data_address = f.data_address;
+  run.device.collective_timeout_ms = f.collective_timeout_ms;
+  if (cuda) run.device.cuda_device = options.info.device_index();
+  run.output_dir = f.output_dir;
+  if (f.peak_tflops == 0) f.peak_tflops = cuda ? 989.0 : 0.05 * f.blas_threads;
+  run.peak_flops = f.peak_tflops * 1e12;
+  if (!f.checkpointd.empty() && f.checkpointd != "none") {
+    WEFT_RETURN_IF_ERROR(weft::CheckHostPort(f.checkpointd, "--checkpointd"));
+    run.checkpointd = f.checkpointd;
   }
-  if (peak_tflops == 0) {
-    peak_tflops = options.info.device_kind() == weft::v1::DEVICE_KIND_CUDA ? 989.0
-                                                                          : 0.05 * blas_threads;
-  }
-  options.run.peak_flops = peak_tflops * 1e12;
-  if (!checkpointd.empty() && checkpointd != "none") {
-    if (auto s = weft::CheckHostPort(checkpointd, "--checkpointd"); !s.ok()) return Fail(s);
-    options.run.checkpointd = checkpointd;
-  }
-  weft::engine::SetBlasThreads(blas_threads);
+  run.checkpoint_timeouts = f.checkpoint_timeouts;
+  run.test_teardown_delay_ms = f.test_teardown_delay_ms;
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  CLI::App app{"weft-worker: trains the job generations the coordinator assigns"};
+  AddPlacementFlags(app, flags);
+  AddTrainingFlags(app, flags);
+  AddTimeoutFlags(app, flags);
+  app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error")
+      ->capture_default_str();
+  weft::AddSecurityFlags(app, &flags.security);
+  CLI11_PARSE(app, argc, argv);
+
+  if (auto s = weft::InitLogging("worker", flags.log_level); !s.ok()) return Fail(s);
+  if (auto s = weft::InstallSecurity(flags.security); !s.ok()) return Fail(s);
+  auto options = ToAgentOptions(flags);
+  if (!options.ok()) return Fail(options.status());
+  weft::engine::cpu::SetBlasThreads(flags.blas_threads);
 
   // Before any thread starts, so that only the signal thread below takes SIGINT/SIGTERM.
   weft::BlockShutdownSignals();
   auto registry = std::make_shared<prometheus::Registry>();
-  auto metrics = weft::StartMetrics(metrics_address, metrics_port_file, registry);
+  auto metrics = weft::StartMetrics(flags.metrics_address, flags.metrics_port_file, registry);
   if (!metrics.ok()) return Fail(metrics.status());
   if (*metrics) {
-    options.info.set_metrics_address(absl::StrCat(
-        metrics_address.substr(0, metrics_address.rfind(':')), ":", (*metrics)->port()));
+    const std::string& address = flags.metrics_address;
+    options->info.set_metrics_address(
+        absl::StrCat(address.substr(0, address.rfind(':')), ":", (*metrics)->port()));
   }
 
   // SIGTERM/SIGINT end the worker cleanly: the run is aborted, the process exits.
@@ -182,7 +231,7 @@ int main(int argc, char** argv) {
   });
   signal_thread.detach();
 
-  weft::worker::WorkerAgent agent(options, registry);
+  weft::worker::WorkerAgent agent(*options, registry);
   absl::Status status = agent.Run(g_stop);
   if (!status.ok()) return Fail(status);
   return 0;

@@ -10,6 +10,7 @@
 #include "google/protobuf/text_format.h"
 #include "worker/data/safetensors.h"
 #include "worker/data/sampler.h"
+#include "worker/engine/cpu/model.h"
 
 namespace weft::worker {
 namespace {
@@ -20,14 +21,15 @@ constexpr char kSpecKey[] = "weft.job_spec";
 
 absl::Status SaveModel(const std::string& path, const weft::v1::JobSpec& spec,
                        const std::vector<std::vector<float>>& units) {
-  const engine::GptConfig config = engine::ConfigFromSpec(spec.model());
-  if (static_cast<int>(units.size()) != engine::NumUnits(config)) {
-    return absl::InternalError(absl::StrCat("SaveModel: ", units.size(), " units, the model has ",
-                                            engine::NumUnits(config)));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
+                        engine::MakeModelArch(spec.model()));
+  if (static_cast<int>(units.size()) != arch->NumUnits()) {
+    return absl::InternalError(
+        absl::StrCat("SaveModel: ", units.size(), " units, the model has ", arch->NumUnits()));
   }
   std::vector<data::TensorData> tensors;
-  for (int u = 0; u < engine::NumUnits(config); ++u) {
-    for (const engine::TensorInfo& t : engine::UnitTensors(config, u)) {
+  for (int u = 0; u < arch->NumUnits(); ++u) {
+    for (const engine::TensorInfo& t : arch->UnitTensors(u)) {
       data::TensorData out;
       out.name = t.name;
       out.shape = t.shape;
@@ -37,8 +39,9 @@ absl::Status SaveModel(const std::string& path, const weft::v1::JobSpec& spec,
   }
   std::string spec_text;
   google::protobuf::TextFormat::PrintToString(spec, &spec_text);
-  return data::WriteSafetensors(path, tensors,
-                                {{kSpecKey, spec_text}, {"format", "weft-gpt2-fp32"}});
+  return data::WriteSafetensors(
+      path, tensors,
+      {{kSpecKey, spec_text}, {"format", absl::StrCat("weft-", arch->name(), "-fp32")}});
 }
 
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
@@ -50,12 +53,16 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": no readable ", kSpecKey, " metadata: not a Weft model"));
   }
-  model.config = engine::ConfigFromSpec(model.spec.model());
+  auto arch = engine::MakeModelArch(model.spec.model());
+  if (!arch.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", arch.status().message()));
+  }
+  model.arch = std::move(*arch);
   std::map<std::string, const data::TensorData*> by_name;
   for (const auto& t : file.tensors) by_name[t.name] = &t;
-  for (int u = 0; u < engine::NumUnits(model.config); ++u) {
-    std::vector<float> unit(engine::UnitSize(model.config, u));
-    for (const engine::TensorInfo& t : engine::UnitTensors(model.config, u)) {
+  for (int u = 0; u < model.arch->NumUnits(); ++u) {
+    std::vector<float> unit(model.arch->UnitSize(u));
+    for (const engine::TensorInfo& t : model.arch->UnitTensors(u)) {
       auto it = by_name.find(t.name);
       if (it == by_name.end()) {
         return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", t.name, " missing"));
@@ -73,40 +80,42 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
 
 absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::string& prompt,
                                          const SampleOptions& options) {
-  const engine::GptConfig& c = model.config;
-  WEFT_RETURN_IF_ERROR(data::CheckSamplingParams(options.temperature, options.top_k,
-                                                 options.tokens, c.vocab_size));
-  const bool bytes = c.vocab_size == 256;
+  const engine::ModelArch& arch = *model.arch;
+  const int vocab = arch.vocab_size();
+  const int context = arch.context_length();
+  WEFT_RETURN_IF_ERROR(
+      data::CheckSamplingParams(options.temperature, options.top_k, options.tokens, vocab));
+  const bool bytes = vocab == 256;
   std::vector<int32_t> tokens;
   if (bytes) {
     for (unsigned char ch : prompt) tokens.push_back(ch);
   } else {
     for (absl::string_view piece : absl::StrSplit(prompt, ' ', absl::SkipWhitespace())) {
       int32_t id = 0;
-      if (!absl::SimpleAtoi(piece, &id) || id < 0 || id >= c.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--prompt: this model reads token ids in [0, ", c.vocab_size, "), got \"",
-            std::string(piece), "\""));
+      if (!absl::SimpleAtoi(piece, &id) || id < 0 || id >= vocab) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--prompt: this model reads token ids in [0, ", vocab, "), got \"",
+                         std::string(piece), "\""));
       }
       tokens.push_back(id);
     }
   }
   if (tokens.empty()) tokens.push_back(bytes ? '\n' : 0);
 
-  engine::GptCpu gpt(c, 1, c.context_length);
+  const std::unique_ptr<engine::cpu::CpuModel> cpu =
+      engine::cpu::CreateCpuModel(arch, 1, context);
   uint64_t rng = options.seed;
   std::string out;
   for (int i = 0; i < options.tokens; ++i) {
     // The model sees at most its context: the most recent tokens.
-    const int t = std::min<int>(static_cast<int>(tokens.size()), c.context_length);
+    const int t = std::min<int>(static_cast<int>(tokens.size()), context);
     const int32_t* window = tokens.data() + tokens.size() - t;
-    gpt.SetShape(1, t);
-    gpt.EncoderForward(model.units[0].data(), window);
-    for (int l = 0; l < c.num_layers; ++l) gpt.BlockForward(l, model.units[1 + l].data());
-    gpt.ClassifierForward(model.units[0].data(), nullptr, 0.0f);
-    const float* logits = gpt.Logits() + static_cast<size_t>(t - 1) * c.padded_vocab_size;
-    const int32_t next =
-        data::SampleToken(logits, c.vocab_size, options.temperature, options.top_k, &rng);
+    cpu->SetShape(1, t);
+    cpu->EncoderForward(model.units[0].data(), window);
+    for (int l = 0; l < arch.num_layers(); ++l) cpu->BlockForward(l, model.units[1 + l].data());
+    cpu->ClassifierForward(model.units[0].data(), nullptr, 0.0f);
+    const float* logits = cpu->Logits() + static_cast<size_t>(t - 1) * arch.padded_vocab_size();
+    const int32_t next = data::SampleToken(logits, vocab, options.temperature, options.top_k, &rng);
     tokens.push_back(next);
     if (bytes) {
       out.push_back(static_cast<char>(next));

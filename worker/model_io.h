@@ -1,14 +1,15 @@
-// The trained model as one portable file: safetensors, one tensor per GPT-2 parameter (named
-// as in the unit layout of engine/gpt.h), with the JobSpec it was trained under in the
-// metadata. Written by rank 0 at the end of a job; read by `trainctl sample`.
+// The trained model as one portable file: safetensors, one tensor per parameter (named as in
+// the architecture's unit layout, engine/model_arch.h), with the JobSpec it was trained under in
+// the metadata. Written by rank 0 at the end of a job; read by `trainctl sample`.
 #ifndef WEFT_WORKER_MODEL_IO_H_
 #define WEFT_WORKER_MODEL_IO_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/model_arch.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::worker {
@@ -19,12 +20,12 @@ absl::Status SaveModel(const std::string& path, const weft::v1::JobSpec& spec,
 
 struct LoadedModel {
   weft::v1::JobSpec spec;
-  engine::GptConfig config;
+  std::shared_ptr<const engine::ModelArch> arch;
   std::vector<std::vector<float>> units;
 };
 
-// Errors name the file: unreadable, not safetensors, no weft.job_spec metadata, a tensor
-// missing or of the wrong shape.
+// Errors name the file: unreadable, not safetensors, no weft.job_spec metadata, a model spec no
+// architecture takes, a tensor missing or of the wrong shape.
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
 
 struct SampleOptions {

@@ -1,11 +1,10 @@
-// What a generation run needs of a training engine, whatever the device: the CPU ZeroEngine
-// (worker/zero.h, Gloo) and the GPU ZeroCudaEngine (worker/zero_cuda.h, NCCL) implement it.
+// What a generation run needs of a training engine, whatever the device: the CPU ZeroCpuEngine
+// (worker/zero_cpu.h, Gloo) and the GPU ZeroCudaEngine (worker/zero_cuda.h, NCCL) implement it.
 // Both shard units the same way and name checkpoint tensors the same way, so a checkpoint
 // written by one is read by the other, at any world size.
 #ifndef WEFT_WORKER_TRAINING_ENGINE_H_
 #define WEFT_WORKER_TRAINING_ENGINE_H_
 
-#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -15,7 +14,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/engine/gpt.h"
+#include "worker/checkpoint_schema.h"
+#include "worker/engine/model_arch.h"
+#include "worker/shard_layout.h"
 
 namespace weft::worker {
 
@@ -42,37 +43,6 @@ struct StepResult {
 using BatchFn =
     std::function<void(int64_t step, int micro_step, int32_t* inputs, int32_t* targets)>;
 
-// What one rank saves of one unit in a checkpoint: the elements [begin, end) of the unit's
-// global (unpadded) flat space, slice `rank` of `world` — whatever the stage, so that any world
-// size can read any checkpoint back by range.
-struct UnitSlice {
-  int unit = 0;
-  int64_t size = 0;  // elements in the whole unit
-  int64_t begin = 0;
-  int64_t end = 0;
-  std::vector<float> params, m, v;  // end - begin elements each
-};
-
-// Elements [begin, end) of a unit of `size` elements that `rank` owns when the unit is split in
-// shards of `shard` elements: rank * shard onward, clipped to the unit (empty for ranks whose
-// shard is all padding).
-struct ShardRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-};
-inline ShardRange OwnedShard(size_t size, size_t shard, int rank) {
-  const auto n = static_cast<int64_t>(size);
-  const auto first = static_cast<int64_t>(rank * shard);
-  return {std::min(first, n), std::min(first + static_cast<int64_t>(shard), n)};
-}
-
-// Reads elements [begin, end) of the named checkpoint tensor into `out`.
-using RangeReader = std::function<absl::Status(const std::string& tensor, int64_t begin,
-                                               int64_t end, float* out)>;
-
-// Checkpoint tensor names: "u<unit>.params", "u<unit>.m", "u<unit>.v".
-std::string CheckpointTensorName(int unit, const char* what);
-
 class TrainingEngine {
  public:
   virtual ~TrainingEngine() = default;
@@ -86,8 +56,9 @@ class TrainingEngine {
   // Every unit's full fp32 parameters (unpadded). Collective: all ranks must call it.
   virtual absl::StatusOr<std::vector<std::vector<float>>> GatherParameters() = 0;
   // A host copy of this rank's checkpoint slices (params, AdamW m and v). Local: no
-  // communication, so training can go on while the copy is uploaded.
-  virtual std::vector<UnitSlice> Snapshot() const = 0;
+  // communication, so training can go on while the copy is uploaded. Fails only when the
+  // device copy does (a GPU fault).
+  virtual absl::StatusOr<std::vector<UnitSlice>> Snapshot() const = 0;
   // Loads the state this rank owns from a checkpoint written at any world size. Local; on
   // error the model state is unspecified (restore another checkpoint or start over).
   virtual absl::Status Restore(const RangeReader& read) = 0;
@@ -101,7 +72,8 @@ class TrainingEngine {
   virtual size_t EngineDeviceBytes() const { return 0; }
   virtual size_t DeviceUsedBytes() const { return 0; }
 
-  virtual const engine::GptConfig& config() const = 0;
+  // The model's architecture: units, tensors, sizes.
+  virtual const engine::ModelArch& arch() const = 0;
   virtual int stage() const = 0;
 };
 

@@ -8,7 +8,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
-#include "worker/zero.h"
+#include "worker/training_engine.h"
 
 namespace weft::worker {
 
@@ -30,24 +30,28 @@ class WorkerMetrics {
   void CountRunEnd(const std::string& outcome);
 
  private:
+  // The last step's figures.
   prometheus::Gauge* step_;
   prometheus::Gauge* loss_;
-  prometheus::Gauge* val_loss_;
-  prometheus::Gauge* tokens_per_s_;
   prometheus::Gauge* grad_norm_;
   prometheus::Gauge* learning_rate_;
-  prometheus::Gauge* state_bytes_;
-  prometheus::Gauge* busy_;
+  prometheus::Counter* steps_;
+  // Its speed.
+  prometheus::Gauge* tokens_per_s_;
+  prometheus::Gauge* mfu_;
   prometheus::Gauge* step_seconds_;
   prometheus::Gauge* compute_seconds_;
-  prometheus::Gauge* mfu_;
+  prometheus::Family<prometheus::Gauge>* phase_seconds_;
+  // Memory, validation, checkpoints.
+  prometheus::Gauge* state_bytes_;
+  prometheus::Gauge* val_loss_;
   prometheus::Gauge* checkpoint_stall_;
   prometheus::Gauge* checkpoint_upload_;
-  prometheus::Family<prometheus::Gauge>* phase_seconds_;
-  prometheus::Counter* steps_;
-  prometheus::Family<prometheus::Counter>* runs_;
+  // The worker's assignment and its runs.
+  prometheus::Gauge* busy_;
   prometheus::Family<prometheus::Gauge>* job_info_;
   prometheus::Gauge* assignment_ = nullptr;
+  prometheus::Family<prometheus::Counter>* runs_;
   prometheus::Labels labels_;
 };
 

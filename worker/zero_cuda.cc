@@ -24,30 +24,24 @@ namespace cuda = engine::cuda;
 // H200, GPT-2 124M on 1 GPU measured 1.26 GiB of device memory beyond the engine's own.
 constexpr size_t kReserveBytes = size_t{3} << 29;  // 1.5 GiB
 
-size_t PaddedSize(size_t size, int world) { return (size + world - 1) / world * world; }
-
 double GiB(size_t bytes) { return static_cast<double>(bytes) / (1u << 30); }
 
 }  // namespace
 
-GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, int world) {
-  const engine::GptConfig config = engine::ConfigFromSpec(spec.model());
+GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                            int world) {
+  // Every rank's shards are the same size, so rank 0's layout speaks for all.
+  const ShardLayout layout(UnitSizes(arch), world, /*rank=*/0);
   GpuMemoryPlan plan;
-  size_t max_block = 0, max_shard = 0;
-  for (int u = 0; u < engine::NumUnits(config); ++u) {
-    const size_t padded = PaddedSize(engine::UnitSize(config, u), world);
-    const size_t shard = padded / world;
-    plan.state_bytes += shard * (4 * sizeof(float) + sizeof(__nv_bfloat16) + 1);
-    max_shard = std::max(max_shard, shard);
-    if (u > 0) max_block = std::max(max_block, padded);
-  }
-  const size_t head = PaddedSize(engine::UnitSize(config, 0), world);
+  plan.state_bytes =
+      layout.total_shard() * (4 * sizeof(float) + sizeof(__nv_bfloat16) + 1);
+  const size_t max_shard = layout.max_shard();
   const size_t unit_bytes = sizeof(__nv_bfloat16) + sizeof(float);  // gathered + gradient
-  plan.working_bytes = head * unit_bytes + 2 * max_block * unit_bytes +
-                       max_shard * sizeof(float) +
+  plan.working_bytes = layout.unit(0).padded * unit_bytes +
+                       2 * layout.max_block_padded() * unit_bytes + max_shard * sizeof(float) +
                        cuda::SumOfSquaresScratchFloats(max_shard) * sizeof(float) + 4096;
-  plan.activation_bytes = cuda::GptCuda::PlanActivationBytes(
-      config, spec.training().micro_batch_size(), spec.training().sequence_length());
+  plan.activation_bytes = cuda::PlanCudaActivationBytes(
+      arch, spec.training().micro_batch_size(), spec.training().sequence_length());
   plan.reserve_bytes = kReserveBytes;
   return plan;
 }
@@ -89,12 +83,11 @@ absl::StatusOr<size_t> ZeroCudaEngine::Mark() {
 
 // ---- creation -------------------------------------------------------------------------------
 
-ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm)
-    : spec_(spec),
+ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
+                               std::unique_ptr<const engine::ModelArch> arch)
+    : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
       comm_(comm),
-      config_(engine::ConfigFromSpec(spec.model())),
       world_(comm->world_size()),
-      rank_(comm->rank()),
       batch_size_(spec.training().micro_batch_size()),
       seq_len_(spec.training().sequence_length()) {}
 
@@ -131,7 +124,9 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
     return absl::FailedPreconditionError(absl::StrCat(
         "zero_stage: the CUDA engine implements ZeRO stage 3 only, got ", spec.zero_stage()));
   }
-  const GpuMemoryPlan plan = PlanGpuMemory(spec, comm->world_size());
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
+                        engine::MakeModelArch(spec.model()));
+  const GpuMemoryPlan plan = PlanGpuMemory(spec, *arch, comm->world_size());
   size_t free_bytes = 0, total_bytes = 0;
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (plan.total() > free_bytes) {
@@ -142,7 +137,7 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
         DescribeGpuMemoryPlan(plan), comm->world_size(), spec.training().micro_batch_size(),
         spec.training().sequence_length(), GiB(free_bytes), GiB(total_bytes)));
   }
-  std::unique_ptr<ZeroCudaEngine> engine(new ZeroCudaEngine(spec, comm));
+  std::unique_ptr<ZeroCudaEngine> engine(new ZeroCudaEngine(spec, comm, std::move(arch)));
   engine->plan_ = plan;
   WEFT_RETURN_IF_ERROR(engine->Initialize());
   return engine;
@@ -155,42 +150,31 @@ absl::Status ZeroCudaEngine::Initialize() {
     WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
   WEFT_ASSIGN_OR_RETURN(model_,
-                        cuda::GptCuda::Create(config_, batch_size_, seq_len_, compute_));
-  const int num_units = engine::NumUnits(config_);
-  units_.resize(num_units);
-  size_t max_block = 0, max_shard = 0;
-  for (int u = 0; u < num_units; ++u) {
+                        cuda::CreateCudaModel(*arch_, batch_size_, seq_len_, compute_));
+  units_.resize(layout_.num_units());
+  for (int u = 0; u < layout_.num_units(); ++u) {
     Unit& unit = units_[u];
-    unit.size = engine::UnitSize(config_, u);
-    unit.padded = PaddedSize(unit.size, world_);
-    unit.shard = unit.padded / world_;
-    max_shard = std::max(max_shard, unit.shard);
-    if (u > 0) max_block = std::max(max_block, unit.padded);
-    WEFT_ASSIGN_OR_RETURN(unit.params, Alloc<float>(unit.shard));
-    WEFT_ASSIGN_OR_RETURN(unit.m, Alloc<float>(unit.shard));
-    WEFT_ASSIGN_OR_RETURN(unit.v, Alloc<float>(unit.shard));
-    WEFT_ASSIGN_OR_RETURN(unit.grads, Alloc<float>(unit.shard));
-    WEFT_ASSIGN_OR_RETURN(unit.params_bf16, Alloc<bf16>(unit.shard));
-    WEFT_ASSIGN_OR_RETURN(unit.decay_mask, Alloc<uint8_t>(unit.shard));
-    // Every rank initialises the whole unit and keeps its shard: the model is the same for any
-    // world size (and the same as the CPU engine's).
-    std::vector<float> full(unit.padded, 0.0f);
-    std::vector<uint8_t> mask(unit.padded, 0);
-    engine::InitUnit(config_, u, spec_.training().seed(), full.data());
-    engine::UnitDecayMask(config_, u, mask.data());
-    const size_t begin = static_cast<size_t>(rank_) * unit.shard;
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.params, full.data() + begin,
-                                         unit.shard * sizeof(float), cudaMemcpyHostToDevice));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.decay_mask, mask.data() + begin, unit.shard,
+    const size_t shard = layout_.unit(u).shard;
+    WEFT_ASSIGN_OR_RETURN(unit.params, Alloc<float>(shard));
+    WEFT_ASSIGN_OR_RETURN(unit.m, Alloc<float>(shard));
+    WEFT_ASSIGN_OR_RETURN(unit.v, Alloc<float>(shard));
+    WEFT_ASSIGN_OR_RETURN(unit.grads, Alloc<float>(shard));
+    WEFT_ASSIGN_OR_RETURN(unit.params_bf16, Alloc<bf16>(shard));
+    WEFT_ASSIGN_OR_RETURN(unit.decay_mask, Alloc<uint8_t>(shard));
+    const InitialUnit init = InitialState(u);
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.params, init.kept.data(), shard * sizeof(float),
                                          cudaMemcpyHostToDevice));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.m, 0, unit.shard * sizeof(float), compute_));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.v, 0, unit.shard * sizeof(float), compute_));
     WEFT_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(unit.grads, 0, unit.shard * sizeof(float), compute_));
-    WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, unit.shard, compute_));
+        cudaMemcpy(unit.decay_mask, init.decay_mask.data(), shard, cudaMemcpyHostToDevice));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.m, 0, shard * sizeof(float), compute_));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.v, 0, shard * sizeof(float), compute_));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, shard * sizeof(float), compute_));
+    WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, shard, compute_));
   }
-  WEFT_ASSIGN_OR_RETURN(head_work_, Alloc<bf16>(units_[0].padded));
-  WEFT_ASSIGN_OR_RETURN(head_grad_, Alloc<float>(units_[0].padded));
+  const size_t max_block = layout_.max_block_padded();
+  const size_t max_shard = layout_.max_shard();
+  WEFT_ASSIGN_OR_RETURN(head_work_, Alloc<bf16>(layout_.unit(0).padded));
+  WEFT_ASSIGN_OR_RETURN(head_grad_, Alloc<float>(layout_.unit(0).padded));
   for (int i = 0; i < 2; ++i) {
     WEFT_ASSIGN_OR_RETURN(block_work_[i], Alloc<bf16>(max_block));
     WEFT_ASSIGN_OR_RETURN(block_grad_[i], Alloc<float>(max_block));
@@ -204,7 +188,7 @@ absl::Status ZeroCudaEngine::Initialize() {
   // Padding elements of the gradient units are never written by the model; zero them once
   // (block buffers are re-zeroed per use anyway).
   WEFT_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(head_grad_, 0, units_[0].padded * sizeof(float), compute_));
+      cudaMemsetAsync(head_grad_, 0, layout_.unit(0).padded * sizeof(float), compute_));
   inputs_.resize(static_cast<size_t>(batch_size_) * seq_len_);
   targets_.resize(inputs_.size());
   return SyncCompute();
@@ -239,26 +223,27 @@ absl::Status ZeroCudaEngine::SyncCompute() {
 }
 
 absl::Status ZeroCudaEngine::Gather(int unit, bf16* dst) {
-  const Unit& u = units_[unit];
-  return CheckWork(comm_->AllGather(u.params_bf16, dst, u.shard, DataType::kBFloat16));
+  return CheckWork(comm_->AllGather(units_[unit].params_bf16, dst, layout_.unit(unit).shard,
+                                    DataType::kBFloat16));
 }
 
 absl::Status ZeroCudaEngine::ReduceScatterGrad(int unit, float* full, bool accumulate) {
-  Unit& u = units_[unit];
+  float* grads = units_[unit].grads;
+  const size_t shard = layout_.unit(unit).shard;
   if (!accumulate) {
-    return CheckWork(comm_->ReduceScatter(full, u.grads, u.shard, DataType::kFloat32));
+    return CheckWork(comm_->ReduceScatter(full, grads, shard, DataType::kFloat32));
   }
   WEFT_RETURN_IF_ERROR(
-      CheckWork(comm_->ReduceScatter(full, scatter_tmp_, u.shard, DataType::kFloat32)));
+      CheckWork(comm_->ReduceScatter(full, scatter_tmp_, shard, DataType::kFloat32)));
   // On the comm stream, right behind the reduce-scatter: the next one reuses scatter_tmp_.
-  return cuda::AccumulateInto(u.grads, scatter_tmp_, u.shard, comm_->stream());
+  return cuda::AccumulateInto(grads, scatter_tmp_, shard, comm_->stream());
 }
 
 // ---- one micro-batch ------------------------------------------------------------------------
 
 absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
                                        bool backward, float grad_scale, bool first_micro_step) {
-  const int layers = config_.num_layers;
+  const int layers = arch_->num_layers();
   cudaStream_t comm_stream = comm_->stream();
   std::array<size_t, 3> phase{};
   WEFT_ASSIGN_OR_RETURN(phase[0], Mark());
@@ -287,7 +272,7 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
   if (backward) {
     if (scatter_pending_[2]) WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
     WEFT_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(head_grad_, 0, units_[0].padded * sizeof(float), compute_));
+        cudaMemsetAsync(head_grad_, 0, layout_.unit(0).padded * sizeof(float), compute_));
   }
   WEFT_RETURN_IF_ERROR(
       model_->Classifier(head_work_, grad_scale, backward ? head_grad_ : nullptr));
@@ -312,7 +297,7 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
     if (l < layers - 1) WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot]));
     // The gradient buffer of this slot was last reduce-scattered for block l+2.
     if (scatter_pending_[slot]) WEFT_RETURN_IF_ERROR(ComputeWaits(scattered_[slot]));
-    const size_t block_padded = units_[1 + l].padded;
+    const size_t block_padded = layout_.unit(1 + l).padded;
     WEFT_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(block_grad_[slot], 0, block_padded * sizeof(float), compute_));
     WEFT_RETURN_IF_ERROR(model_->BlockBackward(l, block_work_[slot], block_grad_[slot]));
@@ -356,9 +341,9 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   WEFT_RETURN_IF_ERROR(ComputeWaits(comm_done_));
   scatter_pending_[0] = scatter_pending_[1] = scatter_pending_[2] = false;
   WEFT_ASSIGN_OR_RETURN(const size_t opt_begin, Mark());
-  for (const Unit& u : units_) {
-    WEFT_RETURN_IF_ERROR(cuda::SumOfSquares(&stats_[0], u.grads, u.shard, norm_scratch_,
-                                            compute_));
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    WEFT_RETURN_IF_ERROR(cuda::SumOfSquares(&stats_[0], units_[u].grads, layout_.unit(u).shard,
+                                            norm_scratch_, compute_));
   }
   // One all-reduce of [sum of squares, loss sum].
   WEFT_RETURN_IF_ERROR(CommWaitsCompute());
@@ -370,10 +355,11 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
                                        static_cast<float>(opt.grad_clip_norm()), compute_));
   result.learning_rate = engine::LearningRate(spec_, step);
   const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
-  for (Unit& u : units_) {
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    const Unit& u = units_[i];
     WEFT_RETURN_IF_ERROR(cuda::AdamWUpdateBf16(u.params, u.params_bf16, u.grads, u.m, u.v,
-                                               u.decay_mask, u.shard, adamw, step + 1,
-                                               grad_scale_, compute_));
+                                               u.decay_mask, layout_.unit(i).shard, adamw,
+                                               step + 1, grad_scale_, compute_));
   }
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
                                             cudaMemcpyDeviceToHost, compute_));
@@ -432,17 +418,17 @@ absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> ZeroCudaEngine::GatherParameters() {
-  size_t max_padded = 0;
-  for (const Unit& u : units_) max_padded = std::max(max_padded, u.padded);
+  const size_t max_padded = std::max(layout_.unit(0).padded, layout_.max_block_padded());
   float* full = nullptr;
   WEFT_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&full), max_padded * sizeof(float)));
   std::vector<std::vector<float>> out(units_.size());
   absl::Status status;
   for (size_t u = 0; u < units_.size() && status.ok(); ++u) {
-    const Unit& unit = units_[u];
+    const UnitShard& unit = layout_.unit(static_cast<int>(u));
     status = CommWaitsCompute();
     if (status.ok()) {
-      status = CheckWork(comm_->AllGather(unit.params, full, unit.shard, DataType::kFloat32));
+      status = CheckWork(
+          comm_->AllGather(units_[u].params, full, unit.shard, DataType::kFloat32));
     }
     if (status.ok()) {
       status = engine::cuda::CudaStatus(cudaEventRecord(comm_done_, comm_->stream()),
@@ -461,49 +447,31 @@ absl::StatusOr<std::vector<std::vector<float>>> ZeroCudaEngine::GatherParameters
   return out;
 }
 
-std::vector<UnitSlice> ZeroCudaEngine::Snapshot() const {
-  // Called between steps: TrainStep returned only after the optimizer finished.
-  std::vector<UnitSlice> slices;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const Unit& unit = units_[u];
-    UnitSlice slice;
-    slice.unit = static_cast<int>(u);
-    slice.size = static_cast<int64_t>(unit.size);
-    const ShardRange owned = OwnedShard(unit.size, unit.shard, rank_);
-    slice.begin = owned.begin;
-    slice.end = owned.end;
-    const size_t n = static_cast<size_t>(slice.end - slice.begin);
-    slice.params.resize(n);
-    slice.m.resize(n);
-    slice.v.resize(n);
-    if (n > 0) {
-      CUDA_CHECK(cudaMemcpy(slice.params.data(), unit.params, n * sizeof(float),
-                            cudaMemcpyDeviceToHost));
-      CUDA_CHECK(cudaMemcpy(slice.m.data(), unit.m, n * sizeof(float), cudaMemcpyDeviceToHost));
-      CUDA_CHECK(cudaMemcpy(slice.v.data(), unit.v, n * sizeof(float), cudaMemcpyDeviceToHost));
-    }
-    slices.push_back(std::move(slice));
-  }
-  return slices;
+float* ZeroCudaEngine::Kept(int u, UnitState state) const {
+  const Unit& unit = units_[u];
+  return state == UnitState::kParams ? unit.params : state == UnitState::kM ? unit.m : unit.v;
 }
 
-absl::Status ZeroCudaEngine::Restore(const RangeReader& read) {
-  for (size_t u = 0; u < units_.size(); ++u) {
-    Unit& unit = units_[u];
-    const int index = static_cast<int>(u);
-    const auto [begin, end] = OwnedShard(unit.size, unit.shard, rank_);
-    std::vector<float> params(unit.shard, 0.0f), m(unit.shard, 0.0f), v(unit.shard, 0.0f);
-    if (end > begin) {
-      WEFT_RETURN_IF_ERROR(read(CheckpointTensorName(index, "params"), begin, end, params.data()));
-      WEFT_RETURN_IF_ERROR(read(CheckpointTensorName(index, "m"), begin, end, m.data()));
-      WEFT_RETURN_IF_ERROR(read(CheckpointTensorName(index, "v"), begin, end, v.data()));
-    }
-    const size_t bytes = unit.shard * sizeof(float);
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.params, params.data(), bytes, cudaMemcpyHostToDevice));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.m, m.data(), bytes, cudaMemcpyHostToDevice));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.v, v.data(), bytes, cudaMemcpyHostToDevice));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, bytes, compute_));
-    WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, unit.shard, compute_));
+absl::Status ZeroCudaEngine::CopyKeptToHost(int u, UnitState state, size_t offset, size_t n,
+                                            float* host) const {
+  // Between steps: TrainStep returned only after the optimizer finished.
+  return cuda::CudaStatus(cudaMemcpy(host, Kept(u, state) + offset, n * sizeof(float),
+                                     cudaMemcpyDeviceToHost),
+                          "cudaMemcpy of a checkpoint shard");
+}
+
+absl::Status ZeroCudaEngine::CopyKeptFromHost(int u, UnitState state, const float* host) {
+  return cuda::CudaStatus(cudaMemcpy(Kept(u, state), host, layout_.unit(u).shard * sizeof(float),
+                                     cudaMemcpyHostToDevice),
+                          "cudaMemcpy of a restored shard");
+}
+
+absl::Status ZeroCudaEngine::FinishRestore(const RangeReader&) {
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    const Unit& unit = units_[u];
+    const size_t shard = layout_.unit(u).shard;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, shard * sizeof(float), compute_));
+    WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, shard, compute_));
   }
   return SyncCompute();
 }

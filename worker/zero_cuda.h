@@ -1,7 +1,8 @@
-// ZeRO-3 data parallelism on GPUs: the CUDA twin of ZeroEngine (worker/zero.h), over NCCL.
+// ZeRO-3 data parallelism on GPUs: the CUDA device of ZeroEngine (worker/zero_engine.h), over
+// NCCL; the twin of ZeroCpuEngine (worker/zero_cpu.h).
 //
-// Units and shards are the CPU engine's (engine/gpt.h units, padded to a multiple of the world,
-// rank r owns shard r), so checkpoints move freely between the two engines and world sizes.
+// Units and shards come from the same ShardLayout as the CPU engine's, so checkpoints move
+// freely between the two engines and world sizes.
 // Each rank keeps, for its shards only: fp32 master parameters, AdamW m and v, the fp32
 // gradient, and a bf16 copy of the parameters (what the all-gathers send).
 //
@@ -36,8 +37,10 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/nccl_communicator.h"
-#include "worker/engine/cuda/gpt_cuda.h"
+#include "worker/engine/cuda/model.h"
+#include "worker/engine/model_arch.h"
 #include "worker/training_engine.h"
+#include "worker/zero_engine.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::worker {
@@ -46,15 +49,16 @@ namespace weft::worker {
 struct GpuMemoryPlan {
   size_t state_bytes = 0;       // shards: fp32 params, m, v, grads; bf16 params; decay mask
   size_t working_bytes = 0;     // gathered bf16 units, full fp32 gradient units, scratch
-  size_t activation_bytes = 0;  // GptCuda's activations and scratch, cuBLAS workspace
+  size_t activation_bytes = 0;  // the CudaModel's activations and scratch, cuBLAS workspace
   size_t reserve_bytes = 0;     // NCCL buffers, CUDA context growth, allocator slack
   size_t total() const { return state_bytes + working_bytes + activation_bytes + reserve_bytes; }
 };
-GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, int world_size);
+GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                            int world_size);
 // "needs 9.1 GiB (state 1.5, working 0.6, activations 6.0, reserve 1.0)".
 std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan);
 
-class ZeroCudaEngine : public TrainingEngine {
+class ZeroCudaEngine : public ZeroEngine {
  public:
   // The model of `spec` on the communicator's device (current device must be it), sharded
   // over `comm` (not owned). Checks the memory plan against the device's free memory first:
@@ -67,14 +71,10 @@ class ZeroCudaEngine : public TrainingEngine {
   absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) override;
   absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) override;
   absl::StatusOr<std::vector<std::vector<float>>> GatherParameters() override;
-  std::vector<UnitSlice> Snapshot() const override;
-  absl::Status Restore(const RangeReader& read) override;
   size_t StateBytes() const override { return plan_.state_bytes; }
   size_t WorkingBytes() const override {
     return plan_.working_bytes + plan_.activation_bytes;
   }
-  const engine::GptConfig& config() const override { return config_; }
-  int stage() const override { return 3; }
 
   // Everything the engine allocates is allocated at creation, so this is also its peak.
   size_t EngineDeviceBytes() const override {
@@ -84,9 +84,9 @@ class ZeroCudaEngine : public TrainingEngine {
 
  private:
   using bf16 = __nv_bfloat16;
+  // This rank's shard of one unit (ShardLayout::unit(u).shard elements each).
   struct Unit {
-    size_t size = 0, padded = 0, shard = 0;
-    float* params = nullptr;  // (shard) fp32 master
+    float* params = nullptr;  // fp32 master
     float* m = nullptr;
     float* v = nullptr;
     float* grads = nullptr;
@@ -94,8 +94,14 @@ class ZeroCudaEngine : public TrainingEngine {
     uint8_t* decay_mask = nullptr;
   };
 
-  ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm);
+  ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
+                 std::unique_ptr<const engine::ModelArch> arch);
   absl::Status Initialize();
+  absl::Status CopyKeptToHost(int u, UnitState state, size_t offset, size_t n,
+                              float* host) const override;
+  absl::Status CopyKeptFromHost(int u, UnitState state, const float* host) override;
+  absl::Status FinishRestore(const RangeReader& read) override;
+  float* Kept(int u, UnitState state) const;
   template <typename T>
   absl::StatusOr<T*> Alloc(size_t count);
 
@@ -109,13 +115,11 @@ class ZeroCudaEngine : public TrainingEngine {
   // Waits for the compute stream's work so far (host), through the communicator.
   absl::Status SyncCompute();
 
-  const weft::v1::JobSpec spec_;
   comm::CudaCommunicator* comm_;
-  const engine::GptConfig config_;
-  const int world_, rank_, batch_size_, seq_len_;
+  const int world_, batch_size_, seq_len_;
   GpuMemoryPlan plan_;
   cudaStream_t compute_ = nullptr;
-  std::unique_ptr<engine::cuda::GptCuda> model_;
+  std::unique_ptr<engine::cuda::CudaModel> model_;
   std::vector<Unit> units_;
   std::vector<void*> allocations_;
   size_t allocated_bytes_ = 0;

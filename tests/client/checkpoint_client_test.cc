@@ -18,7 +18,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/gpt2/gpt2_arch.h"
 #include "worker/model_io.h"
 
 namespace weft {

@@ -18,7 +18,7 @@
 #include "client/checkpoint_client.h"
 #include "worker/checkpointer.h"
 #include "worker/data/safetensors.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/gpt2/gpt2_arch.h"
 
 namespace weft {
 namespace {

@@ -21,10 +21,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/comm/nccl_communicator.h"
-#include "worker/engine/cuda/gpt_cuda.h"
+#include "worker/engine/cuda/gpt2_model.h"
 #include "worker/engine/cuda/ops.h"
-#include "worker/engine/gpt.h"
-#include "worker/zero.h"
+#include "worker/engine/cpu/gpt2_model.h"
+#include "worker/zero_cpu.h"
 
 namespace weft::worker {
 namespace {
@@ -138,7 +138,7 @@ Curve TrainCpu(const weft::v1::JobSpec& spec) {
   Curve curve;
   auto c = comm::CreateGlooCommunicator(nullptr, 0, 1, {});
   EXPECT_TRUE(c.ok()) << c.status();
-  auto engine = ZeroEngine::Create(spec, c->get());
+  auto engine = ZeroCpuEngine::Create(spec, c->get());
   EXPECT_TRUE(engine.ok()) << engine.status();
   const BatchFn batch = GlobalBatch(0, spec.training().micro_batch_size());
   for (int step = 0; step < spec.training().total_steps(); ++step) {
@@ -348,23 +348,23 @@ TEST_F(ZeroCudaTest, CheckpointMovesToTheCpuEngine) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   const BatchFn batch = GlobalBatch(0, 4);
   for (int step = 0; step < 3; ++step) ASSERT_TRUE((*gpu)->TrainStep(step, batch).ok());
-  const std::vector<UnitSlice> slices = (*gpu)->Snapshot();
+  const absl::StatusOr<std::vector<UnitSlice>> snapshot = (*gpu)->Snapshot();
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  const std::vector<UnitSlice>& slices = *snapshot;
   auto gpu_params = (*gpu)->GatherParameters();
   ASSERT_TRUE(gpu_params.ok());
 
   auto g = comm::CreateGlooCommunicator(nullptr, 0, 1, {});
   ASSERT_TRUE(g.ok());
-  auto cpu = ZeroEngine::Create(spec, g->get());
+  auto cpu = ZeroCpuEngine::Create(spec, g->get());
   ASSERT_TRUE(cpu.ok());
   ASSERT_TRUE((*cpu)
                   ->Restore([&](const std::string& tensor, int64_t begin, int64_t end,
                                 float* out) -> absl::Status {
                     for (const UnitSlice& s : slices) {
-                      for (const char* what : {"params", "m", "v"}) {
+                      for (UnitState what : kUnitStates) {
                         if (tensor != CheckpointTensorName(s.unit, what)) continue;
-                        const auto& src = std::string(what) == "params" ? s.params
-                                          : std::string(what) == "m"    ? s.m
-                                                                        : s.v;
+                        const std::vector<float>& src = s.data(what);
                         std::copy(src.begin() + (begin - s.begin), src.begin() + (end - s.begin),
                                   out);
                         return absl::OkStatus();

@@ -1,7 +1,7 @@
 // Whole-model tests of the GPT-2 engine: parameter layout and init, the gradient of every unit
 // against finite differences of the full loss, the accumulate contract, padded vocabulary,
 // determinism (run to run and across BLAS thread counts) and an overfitting sanity run.
-#include "worker/engine/gpt.h"
+#include "worker/engine/cpu/gpt2_model.h"
 
 #include <cblas.h>
 
@@ -15,21 +15,14 @@
 
 #include "gtest/gtest.h"
 #include "worker/engine/adamw.h"
-#include "worker/engine/cpu/gpt_model.h"
 
 namespace weft::engine {
 namespace {
 
 // A tiny GPT: 2 layers, C = 8, 2 heads, V = 11 padded to 16, context 6, micro-batch (2, 5).
 GptConfig TinyConfig() {
-  GptConfig config;
-  config.num_layers = 2;
-  config.hidden_size = 8;
-  config.num_heads = 2;
-  config.vocab_size = 11;
-  config.padded_vocab_size = 16;
-  config.context_length = 6;
-  return config;
+  return GptConfig{.num_layers = 2, .hidden_size = 8, .num_heads = 2, .vocab_size = 11,
+                   .padded_vocab_size = 16, .context_length = 6};
 }
 
 constexpr int kB = 2;
@@ -184,13 +177,8 @@ double StdDev(const float* x, size_t n) {
 }
 
 TEST(GptInitTest, FollowsGpt2AndDependsOnlyOnSeedAndUnit) {
-  GptConfig config;
-  config.num_layers = 8;
-  config.hidden_size = 64;
-  config.num_heads = 4;
-  config.vocab_size = 1000;
-  config.padded_vocab_size = 1024;
-  config.context_length = 128;
+  const GptConfig config{.num_layers = 8, .hidden_size = 64, .num_heads = 4, .vocab_size = 1000,
+                         .padded_vocab_size = 1024, .context_length = 128};
   std::vector<float> head(UnitSize(config, 0)), b0(UnitSize(config, 1)), b0_again(b0.size()),
       b1(b0.size()), b0_other_seed(b0.size());
   InitUnit(config, 0, 42, head.data());
@@ -490,14 +478,8 @@ RunResult TrainStep(const GptConfig& config, const std::vector<std::vector<float
 // Large enough that OpenBLAS really splits the GEMMs across threads (it stays single-threaded
 // below M * N * K = 262144): B * T = 128 positions, C = 64, Vp = 256.
 GptConfig ThreadedConfig() {
-  GptConfig config;
-  config.num_layers = 2;
-  config.hidden_size = 64;
-  config.num_heads = 4;
-  config.vocab_size = 200;
-  config.padded_vocab_size = 256;
-  config.context_length = 32;
-  return config;
+  return GptConfig{.num_layers = 2, .hidden_size = 64, .num_heads = 4, .vocab_size = 200,
+                   .padded_vocab_size = 256, .context_length = 32};
 }
 
 std::vector<int32_t> PatternTokens(size_t n, int vocab, int mul, int add) {
@@ -513,9 +495,9 @@ TEST(GptDeterminismTest, RunsAreBitIdenticalAtAFixedThreadCount) {
   const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(config, 10));
   const std::vector<int32_t> tokens = PatternTokens(4 * 32, 200, 37, 0);
   const std::vector<int32_t> targets = PatternTokens(4 * 32, 200, 53, 1);
-  const int saved = BlasThreads();
+  const int saved = cpu::BlasThreads();
   for (int threads : {1, 2}) {
-    SetBlasThreads(threads);
+    cpu::SetBlasThreads(threads);
     const RunResult first = TrainStep(config, params, tokens, targets, 4, 32);
     for (int run = 0; run < 3; ++run) {
       const RunResult again = TrainStep(config, params, tokens, targets, 4, 32);
@@ -524,7 +506,7 @@ TEST(GptDeterminismTest, RunsAreBitIdenticalAtAFixedThreadCount) {
       EXPECT_EQ(again.grads, first.grads) << threads << " threads";
     }
   }
-  SetBlasThreads(saved);
+  cpu::SetBlasThreads(saved);
 }
 
 // OpenBLAS 0.3.21's threaded GEMM driver does NOT give bit-identical results for different
@@ -536,11 +518,11 @@ TEST(GptDeterminismTest, BlasThreadCountChangesOnlyRounding) {
   const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(config, 11));
   const std::vector<int32_t> tokens = PatternTokens(4 * 32, 200, 41, 0);
   const std::vector<int32_t> targets = PatternTokens(4 * 32, 200, 59, 3);
-  const int saved = BlasThreads();
-  SetBlasThreads(1);
+  const int saved = cpu::BlasThreads();
+  cpu::SetBlasThreads(1);
   const RunResult one = TrainStep(config, params, tokens, targets, 4, 32);
   for (int threads : {2, 4}) {
-    SetBlasThreads(threads);
+    cpu::SetBlasThreads(threads);
     const RunResult many = TrainStep(config, params, tokens, targets, 4, 32);
     EXPECT_NEAR(many.loss, one.loss, 1e-5 * one.loss) << threads << " threads";
     for (size_t u = 0; u < one.grads.size(); ++u) {
@@ -552,7 +534,7 @@ TEST(GptDeterminismTest, BlasThreadCountChangesOnlyRounding) {
       }
     }
   }
-  SetBlasThreads(saved);
+  cpu::SetBlasThreads(saved);
 }
 
 // The same two properties on bare sgemm, with awkward shapes that leave partial blocks at
@@ -566,11 +548,11 @@ TEST(GptDeterminismTest, SgemmIsRepeatableAtAFixedThreadCount) {
   for (float& x : a) x = dist(rng);
   for (float& x : b) x = dist(rng);
   for (float& x : c0) x = dist(rng);
-  const int saved = BlasThreads();
+  const int saved = cpu::BlasThreads();
   for (int ta = 0; ta < 2; ++ta) {
     for (int tb = 0; tb < 2; ++tb) {
       auto gemm = [&](int threads) {
-        SetBlasThreads(threads);
+        cpu::SetBlasThreads(threads);
         std::vector<float> c = c0;
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     m, n, k, 1.0f, a.data(), ta ? m : k, b.data(), tb ? k : n, 1.0f, c.data(), n);
@@ -588,7 +570,7 @@ TEST(GptDeterminismTest, SgemmIsRepeatableAtAFixedThreadCount) {
       }
     }
   }
-  SetBlasThreads(saved);
+  cpu::SetBlasThreads(saved);
 }
 
 // ---- training ----

@@ -1,13 +1,15 @@
 # CPU training engine: per-op and whole-model gradient checks, determinism, AdamW and the LR
 # schedule, an overfitting sanity run. Paths are relative to tests/.
-weft_test(engine_ops_test unit SOURCES worker/engine/ops_test.cc LIBS weft_engine)
-weft_test(engine_gpt_test unit SOURCES worker/engine/gpt_test.cc LIBS weft_engine)
-weft_test(engine_adamw_test unit SOURCES worker/engine/adamw_test.cc LIBS weft_engine)
+weft_test(engine_ops_test unit SOURCES worker/engine/ops_test.cc LIBS weft_engine_cpu)
+weft_test(engine_gpt_test unit SOURCES worker/engine/gpt_test.cc LIBS weft_engine_cpu)
+weft_test(engine_adamw_test unit SOURCES worker/engine/adamw_test.cc LIBS weft_engine_cpu)
+weft_test(engine_model_arch_test unit SOURCES worker/engine/model_arch_test.cc
+  LIBS weft_engine_cpu weft_common)
 
 # CUDA bf16 ops against the CPU ops; skip themselves without a GPU.
 if(TARGET weft_engine_cuda)
   weft_test(engine_cuda_bf16_ops_test gpu SOURCES worker/engine/cuda/bf16_ops_test.cc
-    LIBS weft_engine_cuda weft_engine)
+    LIBS weft_engine_cuda weft_engine_cpu)
   weft_test(engine_cuda_flash_attention_test gpu SOURCES worker/engine/cuda/flash_attention_test.cc
-    LIBS weft_engine_cuda weft_engine)
+    LIBS weft_engine_cuda weft_engine_cpu)
 endif()

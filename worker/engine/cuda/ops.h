@@ -99,7 +99,7 @@ absl::Status BiasBackward(float* dbias,      // (OC) +=
                           int n, int oc, cudaStream_t stream);
 
 // ---- attention.cu: the non-GEMM parts of causal attention; the GEMMs are cuBLAS batched
-// (gpt_cuda.cc). Heads: q | k | v each a contiguous C/NH slice per head, as the CPU op.
+// (gpt2_model.cc). Heads: q | k | v each a contiguous C/NH slice per head, as the CPU op.
 // C % NH == 0 and the head size C / NH a multiple of 8; T a multiple of 8 for the softmax. ----
 // (B, T, 3C) -> q, k, v each (B, NH, T, HS), HS = C / NH.
 absl::Status AttentionSplitHeads(bf16* q, bf16* k, bf16* v, const bf16* qkv, int b, int t,

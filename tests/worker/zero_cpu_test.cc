@@ -1,7 +1,7 @@
 // ZeRO equivalence: the same spec trained on 1, 2 and 4 ranks (threads of this process, real
 // Gloo over loopback) at stages 0, 2 and 3 follows the unsharded single-process reference that
 // reads the same global batch; and each rank holds about 1/N of the state.
-#include "worker/zero.h"
+#include "worker/zero_cpu.h"
 
 #include <cmath>
 #include <map>
@@ -88,7 +88,7 @@ RunResult Train(int world, int stage, int batch_per_rank) {
         errors[rank] = c.status();
         return;
       }
-      auto engine = ZeroEngine::Create(TinySpec(stage, batch_per_rank), c->get());
+      auto engine = ZeroCpuEngine::Create(TinySpec(stage, batch_per_rank), c->get());
       if (!engine.ok()) {
         errors[rank] = engine.status();
         return;
@@ -204,11 +204,10 @@ class GlobalCheckpoint {
  public:
   void Add(const std::vector<UnitSlice>& slices) {
     for (const UnitSlice& s : slices) {
-      for (const auto& [what, data] : {std::pair{"params", &s.params}, std::pair{"m", &s.m},
-                                       std::pair{"v", &s.v}}) {
+      for (UnitState what : kUnitStates) {
         auto& global = tensors_[CheckpointTensorName(s.unit, what)];
         global.resize(s.size);
-        std::copy(data->begin(), data->end(), global.begin() + s.begin);
+        std::copy(s.data(what).begin(), s.data(what).end(), global.begin() + s.begin);
       }
     }
   }
@@ -240,7 +239,7 @@ std::vector<float> TrainRange(int world, int stage, int batch_per_rank, int firs
     threads.emplace_back([&, rank] {
       auto c = comm::CreateGlooCommunicator(&store, rank, world, {});
       ASSERT_TRUE(c.ok()) << c.status();
-      auto engine = ZeroEngine::Create(TinySpec(stage, batch_per_rank), c->get());
+      auto engine = ZeroCpuEngine::Create(TinySpec(stage, batch_per_rank), c->get());
       ASSERT_TRUE(engine.ok());
       if (restore_from) {
         ASSERT_TRUE((*engine)->Restore(restore_from->Reader()).ok());
@@ -251,7 +250,9 @@ std::vector<float> TrainRange(int world, int stage, int batch_per_rank, int firs
         ASSERT_TRUE(r.ok()) << r.status();
         if (rank == 0) losses.push_back(r->loss);
       }
-      snapshots[rank] = (*engine)->Snapshot();
+      auto snapshot = (*engine)->Snapshot();
+      ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+      snapshots[rank] = *std::move(snapshot);
       ASSERT_TRUE((*c)->Barrier()->Wait().ok());
     });
   }

@@ -1,19 +1,12 @@
-// GPT-2 on one GPU in mixed precision, unit by unit, for the ZeRO-3 layer to drive: the CUDA
-// twin of engine::GptCpu (worker/engine/gpt.h), with the same unit layout so the two share
-// checkpoints and initialisation.
+// GPT-2 on one GPU in mixed precision, unit by unit: the CudaModel (engine/cuda/model.h) of
+// Gpt2Arch (layout: engine/gpt2/gpt2_arch.h), the CUDA twin of engine::GptCpu
+// (engine/cpu/gpt2_model.h).
 //
 // Precision: parameters arrive as bf16 units (the gathered working copies); activations are
 // bf16; LayerNorm statistics, attention log-sum-exps, losses and every parameter gradient are
 // fp32. GEMMs are cuBLASLt/cuBLAS bf16 with fp32 accumulation.
 //
-// A training micro-step, every backward ACCUMULATING (+=) into fp32 gradient units:
-//   model.SetBatch(inputs, targets);                 // host (B, T) int32, copied to the GPU
-//   model.EncoderForward(head);
-//   for l = 0 .. L-1: model.BlockForward(l, block[l]);
-//   model.Classifier(head, grad_scale, head_grad);   // forward AND backward, fused
-//   for l = L-1 .. 0: model.BlockBackward(l, block[l], block_grad[l]);
-//   model.EncoderBackward(head_grad);
-// Everything is enqueued on the stream given at creation; nothing synchronises the host.
+// The call order and the accumulate (+=) contract are CudaModel's.
 //
 // Memory: activations are planned up front from (config, max B, T) — PlanActivationBytes —
 // and allocated in one piece, so an impossible configuration fails before training starts.
@@ -24,8 +17,8 @@
 // Attention: fused flash attention (flash_attention.cu) when it supports the head size, so no
 // (B, NH, T, T) buffer exists at all; otherwise cuBLAS batched GEMMs around the causal softmax
 // kernels, with one shared (B, NH, T, T) scores buffer and one for its gradient.
-#ifndef WEFT_WORKER_ENGINE_CUDA_GPT_CUDA_H_
-#define WEFT_WORKER_ENGINE_CUDA_GPT_CUDA_H_
+#ifndef WEFT_WORKER_ENGINE_CUDA_GPT2_MODEL_H_
+#define WEFT_WORKER_ENGINE_CUDA_GPT2_MODEL_H_
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -38,11 +31,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/engine/cuda/matmul.h"
-#include "worker/engine/gpt.h"
+#include "worker/engine/cuda/model.h"
+#include "worker/engine/gpt2/gpt2_arch.h"
 
 namespace weft::engine::cuda {
 
-class GptCuda {
+class GptCuda final : public CudaModel {
  public:
   // Bytes Create allocates for activations and scratch (exact, for the memory planner).
   static size_t PlanActivationBytes(const GptConfig& config, int max_b, int max_t);
@@ -52,33 +46,27 @@ class GptCuda {
   // the activations do not fit.
   static absl::StatusOr<std::unique_ptr<GptCuda>> Create(const GptConfig& config, int max_b,
                                                          int max_t, cudaStream_t stream);
-  ~GptCuda();
+  ~GptCuda() override;
   GptCuda(const GptCuda&) = delete;
   GptCuda& operator=(const GptCuda&) = delete;
 
   const GptConfig& config() const { return config_; }
-  int b() const { return b_; }
-  int t() const { return t_; }
+  int b() const override { return b_; }
+  int t() const override { return t_; }
 
-  // Sets the micro-batch's shape and copies its tokens (host (B, T) int32; targets may be null
-  // for no loss) to the GPU. The host buffers may be reused as soon as this returns.
-  absl::Status SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets);
+  absl::Status SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) override;
 
-  absl::Status EncoderForward(const bf16* head);
-  absl::Status BlockForward(int layer, const bf16* block);
-  // Final LayerNorm, tied LM head and cross-entropy over the B*T positions (per-position
-  // losses in Losses()). With head_grad, also the backward of all three: gradients of
-  // grad_scale * sum of losses accumulate into head_grad (wte, lnfw, lnfb), and the residual
-  // stream's gradient is prepared for BlockBackward. Needs targets.
-  absl::Status Classifier(const bf16* head, float grad_scale, float* head_grad);
-  // (B, T) fp32, device memory, valid after Classifier until the next Classifier.
-  const float* Losses() const { return losses_; }
+  absl::Status EncoderForward(const bf16* head) override;
+  absl::Status BlockForward(int layer, const bf16* block) override;
+  // Final LayerNorm, tied LM head (wte) and cross-entropy; head_grad gets wte, lnfw, lnfb.
+  absl::Status Classifier(const bf16* head, float grad_scale, float* head_grad) override;
+  const float* Losses() const override { return losses_; }
 
-  absl::Status BlockBackward(int layer, const bf16* block, float* block_grad);
-  absl::Status EncoderBackward(float* head_grad);
+  absl::Status BlockBackward(int layer, const bf16* block, float* block_grad) override;
+  absl::Status EncoderBackward(float* head_grad) override;
 
-  size_t ActivationBytes() const { return arena_bytes_; }
-  size_t BlasWorkspaceBytes() const { return BlasOptions{}.workspace_bytes; }
+  size_t ActivationBytes() const override { return arena_bytes_; }
+  size_t BlasWorkspaceBytes() const override { return BlasOptions{}.workspace_bytes; }
 
  private:
   GptCuda(const GptConfig& config, int max_b, int max_t, cudaStream_t stream);
@@ -125,4 +113,4 @@ class GptCuda {
 
 }  // namespace weft::engine::cuda
 
-#endif  // WEFT_WORKER_ENGINE_CUDA_GPT_CUDA_H_
+#endif  // WEFT_WORKER_ENGINE_CUDA_GPT2_MODEL_H_

@@ -1,15 +1,17 @@
-// The GPT-2 model over the CPU ops, templated on the element type: GptModel<float> is the
-// engine behind GptCpu (gpt.h), GptModel<double> exists for tight whole-model gradient checks.
-// Same contract as GptCpu: activations owned, parameters and gradients not; every backward
-// ACCUMULATES (+=) into the unit's gradient buffer.
-#ifndef WEFT_WORKER_ENGINE_CPU_GPT_MODEL_H_
-#define WEFT_WORKER_ENGINE_CPU_GPT_MODEL_H_
+// GPT-2 on the CPU (layout: engine/gpt2/gpt2_arch.h). GptModel<T> is the model over the CPU
+// ops, templated on the element type: GptModel<float> is the engine behind GptCpu, the
+// CpuModel the ZeRO engine drives; GptModel<double> exists for tight whole-model gradient
+// checks. Both keep CpuModel's contract (engine/cpu/model.h): activations owned, parameters and
+// gradients not; every backward ACCUMULATES (+=) into the unit's gradient buffer.
+#ifndef WEFT_WORKER_ENGINE_CPU_GPT2_MODEL_H_
+#define WEFT_WORKER_ENGINE_CPU_GPT2_MODEL_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
-#include "worker/engine/gpt.h"
+#include "worker/engine/cpu/model.h"
+#include "worker/engine/gpt2/gpt2_arch.h"
 
 namespace weft::engine::cpu {
 
@@ -96,4 +98,40 @@ extern template class GptModel<double>;
 
 }  // namespace weft::engine::cpu
 
-#endif  // WEFT_WORKER_ENGINE_CPU_GPT_MODEL_H_
+namespace weft::engine {
+
+// GPT-2 in fp32: the CpuModel of Gpt2Arch (CreateCpuModel), also built directly from a config
+// by tests and benchmarks.
+class GptCpu final : public cpu::CpuModel {
+ public:
+  GptCpu(const GptConfig& config, int max_b, int max_t) : model_(config, max_b, max_t) {}
+
+  const GptConfig& config() const { return model_.config(); }
+  int b() const override { return model_.b(); }
+  int t() const override { return model_.t(); }
+  void SetShape(int b, int t) override { model_.SetShape(b, t); }
+  void EncoderForward(const float* head, const int32_t* tokens) override {
+    model_.EncoderForward(head, tokens);
+  }
+  void BlockForward(int layer, const float* block) override { model_.BlockForward(layer, block); }
+  float ClassifierForward(const float* head, const int32_t* targets, float loss_scale) override {
+    return static_cast<float>(model_.ClassifierForward(head, targets, loss_scale));
+  }
+  const float* Logits() const override { return model_.Logits(); }
+  const float* Losses() const override { return model_.Losses(); }
+  void ClassifierBackward(const float* head, float* head_grad) override {
+    model_.ClassifierBackward(head, head_grad);
+  }
+  void BlockBackward(int layer, const float* block, float* block_grad) override {
+    model_.BlockBackward(layer, block, block_grad);
+  }
+  void EncoderBackward(float* head_grad) override { model_.EncoderBackward(head_grad); }
+  size_t ActivationBytes() const override { return model_.ActivationBytes(); }
+
+ private:
+  cpu::GptModel<float> model_;
+};
+
+}  // namespace weft::engine
+
+#endif  // WEFT_WORKER_ENGINE_CPU_GPT2_MODEL_H_

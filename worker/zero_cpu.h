@@ -1,8 +1,6 @@
-// ZeRO data parallelism over the unit-wise GPT engine.
-//
-// Parameters live in units (engine/gpt.h): the head (embeddings + final LayerNorm) and one per
-// transformer block, each a flat buffer. Every unit is split into `world` equal shards (the
-// unit padded with zeros to a multiple of `world`); rank r owns shard r.
+// ZeRO data parallelism on the CPU (fp32, Gloo), stages 0-3: the CPU device of ZeroEngine
+// (worker/zero_engine.h), which holds the sharding (ShardLayout: units padded to a multiple of
+// the world, rank r owns shard r), initialisation and the checkpoint protocol.
 //
 //   stage 0   every rank holds everything; gradients are all-reduced; full AdamW everywhere.
 //   stage 1-2 parameters stay resident in full; gradients are reduce-scattered unit by unit as
@@ -21,8 +19,8 @@
 // each backward is scaled by 1 / (world * grad_accum) so that the reduce-scattered (summed)
 // gradient is the gradient of that mean. Initialisation depends on (seed, unit) only, so any
 // world size starts from the same model.
-#ifndef WEFT_WORKER_ZERO_H_
-#define WEFT_WORKER_ZERO_H_
+#ifndef WEFT_WORKER_ZERO_CPU_H_
+#define WEFT_WORKER_ZERO_CPU_H_
 
 #include <chrono>
 #include <cstdint>
@@ -34,17 +32,18 @@
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
 #include "worker/training_engine.h"
-#include "worker/engine/gpt.h"
+#include "worker/zero_engine.h"
+#include "worker/engine/cpu/model.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::worker {
 
-class ZeroEngine : public TrainingEngine {
+class ZeroCpuEngine : public ZeroEngine {
  public:
   // The model of `spec` sharded over `comm` (not owned; must outlive the engine), with
   // activations for micro-batches of spec.training (micro_batch_size, sequence_length).
   // Initialises parameters from spec.training.seed. INVALID_ARGUMENT for a stage outside 0-3.
-  static absl::StatusOr<std::unique_ptr<ZeroEngine>> Create(const weft::v1::JobSpec& spec,
+  static absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> Create(const weft::v1::JobSpec& spec,
                                                            comm::Communicator* comm);
 
   // One optimizer step (grad_accum_steps micro-steps). `step` is 0-based and picks the
@@ -58,28 +57,15 @@ class ZeroEngine : public TrainingEngine {
   // Every unit's full parameters (unpadded). Collective: all ranks must call it.
   absl::StatusOr<std::vector<std::vector<float>>> GatherParameters() override;
 
-  // A host copy of this rank's checkpoint slices (params, AdamW m and v). Local: no
-  // communication, so training can go on while the copy is uploaded.
-  std::vector<UnitSlice> Snapshot() const override;
-  // Loads the state this rank owns from a checkpoint written at any world size. Local; on
-  // error the model state is unspecified (restore another checkpoint or start over).
-  absl::Status Restore(const RangeReader& read) override;
-
   // Bytes of parameters + gradients + optimizer state this rank keeps between steps (working
   // buffers of stage 3 excluded; see WorkingBytes).
   size_t StateBytes() const override;
   // Bytes of the transient full-unit buffers (stage 3 gathers) and activations.
   size_t WorkingBytes() const override;
 
-  const engine::GptConfig& config() const override { return config_; }
-  int stage() const override { return stage_; }
-
  private:
   struct Unit {
-    size_t size = 0;    // floats in the unit
-    size_t padded = 0;  // size rounded up to a multiple of world
-    size_t shard = 0;   // padded / world
-    // Owned state. Stage 0: full (padded) sizes; stages 1-3: shard sizes.
+    // Kept state (ShardLayout::KeptElements): stage 0 the whole padded unit, else the shard.
     std::vector<float> params, grads, m, v;
     std::vector<uint8_t> decay_mask;
     // Stages 1-2: the resident full parameters; stage 0 uses `params` (full) directly.
@@ -88,8 +74,17 @@ class ZeroEngine : public TrainingEngine {
     std::vector<float> full_grad;
   };
 
-  ZeroEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm);
+  ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm,
+                std::unique_ptr<const engine::ModelArch> arch);
   void Initialize();
+
+  // The kept params, m or v of unit `u`.
+  std::vector<float>& Kept(int u, UnitState state);
+  const std::vector<float>& Kept(int u, UnitState state) const;
+  absl::Status CopyKeptToHost(int u, UnitState state, size_t offset, size_t n,
+                              float* host) const override;
+  absl::Status CopyKeptFromHost(int u, UnitState state, const float* host) override;
+  absl::Status FinishRestore(const RangeReader& read) override;
 
   // Full parameters of `unit` for compute (stages 0-2: resident).
   const float* ResidentParams(int unit) const;
@@ -111,16 +106,12 @@ class ZeroEngine : public TrainingEngine {
   // Reduce-scatters `full` (padded) and adds the result into the unit's gradient shard.
   absl::Status ReduceScatterAccumulate(int unit, float* full);
 
-  const weft::v1::JobSpec spec_;
   comm::Communicator* comm_;
-  const engine::GptConfig config_;
-  const int stage_;
   const int world_;
-  const int rank_;
   const int batch_size_;
   const int seq_len_;
   std::vector<Unit> units_;
-  engine::GptCpu model_;
+  const std::unique_ptr<engine::cpu::CpuModel> model_;
 
   // Stage 3 working buffers: two for blocks (current and prefetched), one for the head.
   std::vector<float> block_work_[2];
@@ -134,7 +125,7 @@ class ZeroEngine : public TrainingEngine {
   // Compute time of a phase: wall time minus the exposed communication inside it.
   class PhaseTimer {
    public:
-    PhaseTimer(ZeroEngine* engine, double* total)
+    PhaseTimer(ZeroCpuEngine* engine, double* total)
         : engine_(engine), total_(total), start_(std::chrono::steady_clock::now()),
           exposed_at_start_(engine->exposed_ms_) {}
     ~PhaseTimer() { Stop(); }
@@ -147,7 +138,7 @@ class ZeroEngine : public TrainingEngine {
     }
 
    private:
-    ZeroEngine* engine_;
+    ZeroCpuEngine* engine_;
     double* total_;
     std::chrono::steady_clock::time_point start_;
     double exposed_at_start_;
@@ -161,4 +152,4 @@ class ZeroEngine : public TrainingEngine {
 
 }  // namespace weft::worker
 
-#endif  // WEFT_WORKER_ZERO_H_
+#endif  // WEFT_WORKER_ZERO_CPU_H_

@@ -13,7 +13,7 @@
 // backward is the identity on both inputs, so each branch's input gradient is accumulated
 // straight into dres_ (+=) and dres_ then holds the gradient of the block's input. This is
 // why every op's backward accumulates into its input gradient too.
-#include "worker/engine/cpu/gpt_model.h"
+#include "worker/engine/cpu/gpt2_model.h"
 
 #include <cstdio>
 #include <cstdlib>

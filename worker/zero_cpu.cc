@@ -1,9 +1,10 @@
-#include "worker/zero.h"
+#include "worker/zero_cpu.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -25,125 +26,113 @@ void AddInto(float* dst, const float* src, size_t n) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(const weft::v1::JobSpec& spec,
+absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(const weft::v1::JobSpec& spec,
                                                                comm::Communicator* comm) {
   if (spec.zero_stage() < 0 || spec.zero_stage() > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("zero_stage: must be in [0, 3], got ", spec.zero_stage()));
   }
-  std::unique_ptr<ZeroEngine> engine(new ZeroEngine(spec, comm));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
+                        engine::MakeModelArch(spec.model()));
+  std::unique_ptr<ZeroCpuEngine> engine(new ZeroCpuEngine(spec, comm, std::move(arch)));
   engine->Initialize();
   return engine;
 }
 
-ZeroEngine::ZeroEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm)
-    : spec_(spec),
+ZeroCpuEngine::ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm,
+                             std::unique_ptr<const engine::ModelArch> arch)
+    : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
       comm_(comm),
-      config_(engine::ConfigFromSpec(spec.model())),
-      stage_(spec.zero_stage()),
       world_(comm->world_size()),
-      rank_(comm->rank()),
       batch_size_(spec.training().micro_batch_size()),
       seq_len_(spec.training().sequence_length()),
-      model_(config_, spec.training().micro_batch_size(), spec.training().sequence_length()) {}
+      model_(engine::cpu::CreateCpuModel(*arch_, spec.training().micro_batch_size(),
+                                         spec.training().sequence_length())) {}
 
-void ZeroEngine::Initialize() {
-  const int num_units = engine::NumUnits(config_);
-  units_.resize(num_units);
-  size_t max_block = 0;
-  for (int u = 0; u < num_units; ++u) {
+void ZeroCpuEngine::Initialize() {
+  units_.resize(layout_.num_units());
+  for (int u = 0; u < layout_.num_units(); ++u) {
     Unit& unit = units_[u];
-    unit.size = engine::UnitSize(config_, u);
-    unit.padded = (unit.size + world_ - 1) / world_ * world_;
-    unit.shard = unit.padded / world_;
-    if (u > 0) max_block = std::max(max_block, unit.padded);
-
-    // Every rank initialises the whole unit and keeps its part: the model is the same for any
-    // world size, at the cost of initialising (once) what other ranks own.
-    std::vector<float> full(unit.padded, 0.0f);
-    std::vector<uint8_t> mask(unit.padded, 0);
-    engine::InitUnit(config_, u, spec_.training().seed(), full.data());
-    engine::UnitDecayMask(config_, u, mask.data());
-    const size_t owned = stage_ == 0 ? unit.padded : unit.shard;
-    const size_t begin = stage_ == 0 ? 0 : rank_ * unit.shard;
-    unit.params.assign(full.begin() + begin, full.begin() + begin + owned);
-    unit.decay_mask.assign(mask.begin() + begin, mask.begin() + begin + owned);
-    unit.grads.assign(owned, 0.0f);
-    unit.m.assign(owned, 0.0f);
-    unit.v.assign(owned, 0.0f);
-    if (stage_ == 1 || stage_ == 2) unit.resident = std::move(full);
-    if (stage_ <= 2) unit.full_grad.assign(unit.padded, 0.0f);
+    InitialUnit init = InitialState(u);
+    const size_t kept = init.kept.size();
+    unit.params = std::move(init.kept);
+    unit.decay_mask = std::move(init.decay_mask);
+    unit.grads.assign(kept, 0.0f);
+    unit.m.assign(kept, 0.0f);
+    unit.v.assign(kept, 0.0f);
+    if (stage_ == 1 || stage_ == 2) unit.resident = std::move(init.full);
+    if (stage_ <= 2) unit.full_grad.assign(layout_.unit(u).padded, 0.0f);
   }
   if (stage_ == 3) {
+    const size_t max_block = layout_.max_block_padded();
     for (auto& b : block_work_) b.assign(max_block, 0.0f);
     for (auto& b : block_grad_work_) b.assign(max_block, 0.0f);
     for (auto& b : scatter_out_) b.assign(max_block / world_, 0.0f);
-    head_work_.assign(units_[0].padded, 0.0f);
-    head_grad_work_.assign(units_[0].padded, 0.0f);
-    head_scatter_out_.assign(units_[0].shard, 0.0f);
+    head_work_.assign(layout_.unit(0).padded, 0.0f);
+    head_grad_work_.assign(layout_.unit(0).padded, 0.0f);
+    head_scatter_out_.assign(layout_.unit(0).shard, 0.0f);
   }
   inputs_.resize(static_cast<size_t>(batch_size_) * seq_len_);
   targets_.resize(inputs_.size());
 }
 
-const float* ZeroEngine::ResidentParams(int unit) const {
+const float* ZeroCpuEngine::ResidentParams(int unit) const {
   return stage_ == 0 ? units_[unit].params.data() : units_[unit].resident.data();
 }
 
-float* ZeroEngine::FullGrad(int unit) { return units_[unit].full_grad.data(); }
+float* ZeroCpuEngine::FullGrad(int unit) { return units_[unit].full_grad.data(); }
 
-absl::Status ZeroEngine::Await(const std::shared_ptr<comm::Work>& work) {
+absl::Status ZeroCpuEngine::Await(const std::shared_ptr<comm::Work>& work) {
   const auto start = Clock::now();
   absl::Status s = work->Wait();
   exposed_ms_ += MsSince(start);
   return s;
 }
 
-std::shared_ptr<comm::Work> ZeroEngine::GatherInto(int unit, float* dst) {
-  const Unit& u = units_[unit];
-  return comm_->AllGather(u.params.data(), dst, u.shard, DataType::kFloat32);
+std::shared_ptr<comm::Work> ZeroCpuEngine::GatherInto(int unit, float* dst) {
+  return comm_->AllGather(units_[unit].params.data(), dst, layout_.unit(unit).shard,
+                          DataType::kFloat32);
 }
 
-absl::Status ZeroEngine::ReduceScatterAccumulate(int unit, float* full) {
-  Unit& u = units_[unit];
+absl::Status ZeroCpuEngine::ReduceScatterAccumulate(int unit, float* full) {
+  const size_t shard = layout_.unit(unit).shard;
   std::vector<float>& out = unit == 0 ? head_scatter_out_ : scatter_out_[0];
-  if (out.size() < u.shard) out.resize(u.shard);
-  WEFT_RETURN_IF_ERROR(
-      Await(comm_->ReduceScatter(full, out.data(), u.shard, DataType::kFloat32)));
-  AddInto(u.grads.data(), out.data(), u.shard);
+  if (out.size() < shard) out.resize(shard);
+  WEFT_RETURN_IF_ERROR(Await(comm_->ReduceScatter(full, out.data(), shard, DataType::kFloat32)));
+  AddInto(units_[unit].grads.data(), out.data(), shard);
   return absl::OkStatus();
 }
 
 // ---- one micro-batch -----------------------------------------------------------------------
 
-absl::StatusOr<float> ZeroEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
+absl::StatusOr<float> ZeroCpuEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
                                             bool backward, float loss_scale) {
   return stage_ == 3 ? MicroStepStage3(inputs, targets, backward, loss_scale)
                      : MicroStepResident(inputs, targets, backward, loss_scale);
 }
 
-absl::StatusOr<float> ZeroEngine::MicroStepResident(const int32_t* inputs,
+absl::StatusOr<float> ZeroCpuEngine::MicroStepResident(const int32_t* inputs,
                                                     const int32_t* targets, bool backward,
                                                     float loss_scale) {
-  const int layers = config_.num_layers;
+  const int layers = arch_->num_layers();
   PhaseTimer forward(this, &forward_ms_);
-  model_.EncoderForward(ResidentParams(0), inputs);
-  for (int l = 0; l < layers; ++l) model_.BlockForward(l, ResidentParams(1 + l));
-  const float loss = model_.ClassifierForward(ResidentParams(0), targets, loss_scale);
+  model_->EncoderForward(ResidentParams(0), inputs);
+  for (int l = 0; l < layers; ++l) model_->BlockForward(l, ResidentParams(1 + l));
+  const float loss = model_->ClassifierForward(ResidentParams(0), targets, loss_scale);
   forward.Stop();
   if (!backward) return loss;
   PhaseTimer backward_timer(this, &backward_ms_);
 
-  model_.ClassifierBackward(ResidentParams(0), FullGrad(0));
+  model_->ClassifierBackward(ResidentParams(0), FullGrad(0));
   for (int l = layers - 1; l >= 0; --l) {
-    model_.BlockBackward(l, ResidentParams(1 + l), FullGrad(1 + l));
+    model_->BlockBackward(l, ResidentParams(1 + l), FullGrad(1 + l));
     if (stage_ >= 1) {
       // Stage 2: the block's gradient leaves as soon as it is complete.
       WEFT_RETURN_IF_ERROR(ReduceScatterAccumulate(1 + l, FullGrad(1 + l)));
       std::fill(units_[1 + l].full_grad.begin(), units_[1 + l].full_grad.end(), 0.0f);
     }
   }
-  model_.EncoderBackward(FullGrad(0));
+  model_->EncoderBackward(FullGrad(0));
   if (stage_ >= 1) {
     WEFT_RETURN_IF_ERROR(ReduceScatterAccumulate(0, FullGrad(0)));
     std::fill(units_[0].full_grad.begin(), units_[0].full_grad.end(), 0.0f);
@@ -151,16 +140,16 @@ absl::StatusOr<float> ZeroEngine::MicroStepResident(const int32_t* inputs,
     // Every stage accumulates micro-steps the same way (a fresh gradient, then +=), so that
     // one rank gives the same bits at any stage.
     for (Unit& u : units_) {
-      AddInto(u.grads.data(), u.full_grad.data(), u.padded);
+      AddInto(u.grads.data(), u.full_grad.data(), u.full_grad.size());
       std::fill(u.full_grad.begin(), u.full_grad.end(), 0.0f);
     }
   }
   return loss;
 }
 
-absl::StatusOr<float> ZeroEngine::MicroStepStage3(const int32_t* inputs, const int32_t* targets,
+absl::StatusOr<float> ZeroCpuEngine::MicroStepStage3(const int32_t* inputs, const int32_t* targets,
                                                   bool backward, float loss_scale) {
-  const int layers = config_.num_layers;
+  const int layers = arch_->num_layers();
   auto block_buf = [this](int l) { return block_work_[l % 2].data(); };
 
   // ---- forward: head, then blocks with the next one's gather in flight.
@@ -168,16 +157,16 @@ absl::StatusOr<float> ZeroEngine::MicroStepStage3(const int32_t* inputs, const i
   auto head = GatherInto(0, head_work_.data());
   auto next = layers > 0 ? GatherInto(1, block_buf(0)) : nullptr;
   WEFT_RETURN_IF_ERROR(Await(head));
-  model_.EncoderForward(head_work_.data(), inputs);
+  model_->EncoderForward(head_work_.data(), inputs);
   for (int l = 0; l < layers; ++l) {
     WEFT_RETURN_IF_ERROR(Await(next));
     // Prefetch: the next block, or the head again for the classifier.
     next = l + 1 < layers ? GatherInto(2 + l, block_buf(l + 1)) : GatherInto(0, head_work_.data());
-    model_.BlockForward(l, block_buf(l));
+    model_->BlockForward(l, block_buf(l));
   }
   if (layers == 0) next = GatherInto(0, head_work_.data());
   WEFT_RETURN_IF_ERROR(Await(next));
-  const float loss = model_.ClassifierForward(head_work_.data(), targets, loss_scale);
+  const float loss = model_->ClassifierForward(head_work_.data(), targets, loss_scale);
   forward.Stop();
   if (!backward) return loss;
   PhaseTimer backward_timer(this, &backward_ms_);
@@ -186,14 +175,14 @@ absl::StatusOr<float> ZeroEngine::MicroStepStage3(const int32_t* inputs, const i
   // the block below computes.
   std::fill(head_grad_work_.begin(), head_grad_work_.end(), 0.0f);
   next = layers > 0 ? GatherInto(layers, block_buf(layers - 1)) : nullptr;
-  model_.ClassifierBackward(head_work_.data(), head_grad_work_.data());
+  model_->ClassifierBackward(head_work_.data(), head_grad_work_.data());
   std::shared_ptr<comm::Work> scatter[2];
   int scatter_unit[2] = {-1, -1};
   auto finish_scatter = [&](int slot) -> absl::Status {
     if (!scatter[slot]) return absl::OkStatus();
     WEFT_RETURN_IF_ERROR(Await(scatter[slot]));
-    Unit& u = units_[scatter_unit[slot]];
-    AddInto(u.grads.data(), scatter_out_[slot].data(), u.shard);
+    const int u = scatter_unit[slot];
+    AddInto(units_[u].grads.data(), scatter_out_[slot].data(), layout_.unit(u).shard);
     scatter[slot] = nullptr;
     return absl::OkStatus();
   };
@@ -204,25 +193,25 @@ absl::StatusOr<float> ZeroEngine::MicroStepStage3(const int32_t* inputs, const i
     // This slot's gradient buffer was sent two blocks ago; its scatter must be done first.
     WEFT_RETURN_IF_ERROR(finish_scatter(slot));
     float* grad = block_grad_work_[slot].data();
-    std::fill(grad, grad + units_[1 + l].padded, 0.0f);
-    model_.BlockBackward(l, block_buf(l), grad);
-    scatter[slot] = comm_->ReduceScatter(grad, scatter_out_[slot].data(), units_[1 + l].shard,
-                                         DataType::kFloat32);
+    std::fill(grad, grad + layout_.unit(1 + l).padded, 0.0f);
+    model_->BlockBackward(l, block_buf(l), grad);
+    scatter[slot] = comm_->ReduceScatter(grad, scatter_out_[slot].data(),
+                                         layout_.unit(1 + l).shard, DataType::kFloat32);
     scatter_unit[slot] = 1 + l;
   }
-  model_.EncoderBackward(head_grad_work_.data());
+  model_->EncoderBackward(head_grad_work_.data());
   auto head_scatter = comm_->ReduceScatter(head_grad_work_.data(), head_scatter_out_.data(),
-                                           units_[0].shard, DataType::kFloat32);
+                                           layout_.unit(0).shard, DataType::kFloat32);
   WEFT_RETURN_IF_ERROR(finish_scatter(0));
   WEFT_RETURN_IF_ERROR(finish_scatter(1));
   WEFT_RETURN_IF_ERROR(Await(head_scatter));
-  AddInto(units_[0].grads.data(), head_scatter_out_.data(), units_[0].shard);
+  AddInto(units_[0].grads.data(), head_scatter_out_.data(), layout_.unit(0).shard);
   return loss;
 }
 
 // ---- optimizer step ------------------------------------------------------------------------
 
-absl::StatusOr<StepResult> ZeroEngine::TrainStep(int64_t step, const BatchFn& batch) {
+absl::StatusOr<StepResult> ZeroCpuEngine::TrainStep(int64_t step, const BatchFn& batch) {
   const auto step_start = Clock::now();
   StepResult result;
   exposed_ms_ = 0;
@@ -247,7 +236,7 @@ absl::StatusOr<StepResult> ZeroEngine::TrainStep(int64_t step, const BatchFn& ba
     // Gradients are complete per rank; sum them across ranks unit by unit.
     for (Unit& u : units_) {
       WEFT_RETURN_IF_ERROR(
-          Await(comm_->AllReduce(u.grads.data(), u.padded, DataType::kFloat32)));
+          Await(comm_->AllReduce(u.grads.data(), u.grads.size(), DataType::kFloat32)));
     }
   }
   // Global gradient norm: every rank sums the squares of what it owns, then one all-reduce of
@@ -272,10 +261,7 @@ absl::StatusOr<StepResult> ZeroEngine::TrainStep(int64_t step, const BatchFn& ba
     grad_scale = static_cast<float>(opt.grad_clip_norm() / result.grad_norm);
   }
   result.learning_rate = engine::LearningRate(spec_, step);
-  engine::AdamWConfig adamw{static_cast<float>(result.learning_rate),
-                            static_cast<float>(opt.beta1()), static_cast<float>(opt.beta2()),
-                            static_cast<float>(opt.epsilon()),
-                            static_cast<float>(opt.weight_decay())};
+  const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
   for (Unit& u : units_) {
     engine::AdamWUpdate(u.params.data(), u.grads.data(), u.m.data(), u.v.data(),
                         u.decay_mask.data(), u.params.size(), adamw, step + 1, grad_scale);
@@ -294,7 +280,7 @@ absl::StatusOr<StepResult> ZeroEngine::TrainStep(int64_t step, const BatchFn& ba
   return result;
 }
 
-absl::StatusOr<float> ZeroEngine::EvalLoss(int batches, const BatchFn& batch) {
+absl::StatusOr<float> ZeroCpuEngine::EvalLoss(int batches, const BatchFn& batch) {
   double sum = 0;
   for (int i = 0; i < batches; ++i) {
     batch(0, i, inputs_.data(), targets_.data());
@@ -306,10 +292,10 @@ absl::StatusOr<float> ZeroEngine::EvalLoss(int batches, const BatchFn& batch) {
   return total / static_cast<float>(world_ * std::max(1, batches));
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> ZeroEngine::GatherParameters() {
+absl::StatusOr<std::vector<std::vector<float>>> ZeroCpuEngine::GatherParameters() {
   std::vector<std::vector<float>> out(units_.size());
   for (size_t u = 0; u < units_.size(); ++u) {
-    const Unit& unit = units_[u];
+    const UnitShard& unit = layout_.unit(static_cast<int>(u));
     if (stage_ == 3) {
       std::vector<float> full(unit.padded);
       WEFT_RETURN_IF_ERROR(Await(GatherInto(static_cast<int>(u), full.data())));
@@ -323,61 +309,43 @@ absl::StatusOr<std::vector<std::vector<float>>> ZeroEngine::GatherParameters() {
   return out;
 }
 
-std::string CheckpointTensorName(int unit, const char* what) {
-  return absl::StrCat("u", unit, ".", what);
+const std::vector<float>& ZeroCpuEngine::Kept(int u, UnitState state) const {
+  const Unit& unit = units_[u];
+  return state == UnitState::kParams ? unit.params : state == UnitState::kM ? unit.m : unit.v;
 }
 
-std::vector<UnitSlice> ZeroEngine::Snapshot() const {
-  std::vector<UnitSlice> slices;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const Unit& unit = units_[u];
-    UnitSlice slice;
-    slice.unit = static_cast<int>(u);
-    slice.size = static_cast<int64_t>(unit.size);
-    const ShardRange owned = OwnedShard(unit.size, unit.shard, rank_);
-    slice.begin = owned.begin;
-    slice.end = owned.end;
-    // Stage 0 owns whole units; stages 1-3 own exactly the shard, which starts at `begin`.
-    const size_t offset = stage_ == 0 ? static_cast<size_t>(slice.begin) : 0;
-    const size_t n = static_cast<size_t>(slice.end - slice.begin);
-    slice.params.assign(unit.params.begin() + offset, unit.params.begin() + offset + n);
-    slice.m.assign(unit.m.begin() + offset, unit.m.begin() + offset + n);
-    slice.v.assign(unit.v.begin() + offset, unit.v.begin() + offset + n);
-    slices.push_back(std::move(slice));
-  }
-  return slices;
+std::vector<float>& ZeroCpuEngine::Kept(int u, UnitState state) {
+  return const_cast<std::vector<float>&>(std::as_const(*this).Kept(u, state));
 }
 
-absl::Status ZeroEngine::Restore(const RangeReader& read) {
-  for (size_t u = 0; u < units_.size(); ++u) {
+absl::Status ZeroCpuEngine::CopyKeptToHost(int u, UnitState state, size_t offset, size_t n,
+                                           float* host) const {
+  const std::vector<float>& kept = Kept(u, state);
+  std::copy(kept.begin() + offset, kept.begin() + offset + n, host);
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCpuEngine::CopyKeptFromHost(int u, UnitState state, const float* host) {
+  std::vector<float>& kept = Kept(u, state);
+  std::copy(host, host + kept.size(), kept.begin());
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCpuEngine::FinishRestore(const RangeReader& read) {
+  for (int u = 0; u < layout_.num_units(); ++u) {
     Unit& unit = units_[u];
-    const int unit_index = static_cast<int>(u);
-    const int64_t size = static_cast<int64_t>(unit.size);
-    // What this rank owns: the whole unit at stage 0, its shard otherwise.
-    const ShardRange owned =
-        stage_ == 0 ? ShardRange{0, size} : OwnedShard(unit.size, unit.shard, rank_);
-    const int64_t begin = owned.begin;
-    const int64_t end = owned.end;
-    std::fill(unit.params.begin(), unit.params.end(), 0.0f);
-    std::fill(unit.m.begin(), unit.m.end(), 0.0f);
-    std::fill(unit.v.begin(), unit.v.end(), 0.0f);
-    if (end > begin) {
-      WEFT_RETURN_IF_ERROR(
-          read(CheckpointTensorName(unit_index, "params"), begin, end, unit.params.data()));
-      WEFT_RETURN_IF_ERROR(read(CheckpointTensorName(unit_index, "m"), begin, end, unit.m.data()));
-      WEFT_RETURN_IF_ERROR(read(CheckpointTensorName(unit_index, "v"), begin, end, unit.v.data()));
-    }
     if (!unit.resident.empty()) {
       std::fill(unit.resident.begin(), unit.resident.end(), 0.0f);
-      WEFT_RETURN_IF_ERROR(
-          read(CheckpointTensorName(unit_index, "params"), 0, size, unit.resident.data()));
+      WEFT_RETURN_IF_ERROR(read(CheckpointTensorName(u, UnitState::kParams), 0,
+                                static_cast<int64_t>(layout_.unit(u).size),
+                                unit.resident.data()));
     }
     std::fill(unit.grads.begin(), unit.grads.end(), 0.0f);
   }
   return absl::OkStatus();
 }
 
-size_t ZeroEngine::StateBytes() const {
+size_t ZeroCpuEngine::StateBytes() const {
   size_t floats = 0;
   for (const Unit& u : units_) {
     floats += u.params.size() + u.grads.size() + u.m.size() + u.v.size() + u.resident.size() +
@@ -386,12 +354,12 @@ size_t ZeroEngine::StateBytes() const {
   return floats * sizeof(float);
 }
 
-size_t ZeroEngine::WorkingBytes() const {
+size_t ZeroCpuEngine::WorkingBytes() const {
   size_t floats = head_work_.size() + head_grad_work_.size() + head_scatter_out_.size();
   for (int i = 0; i < 2; ++i) {
     floats += block_work_[i].size() + block_grad_work_[i].size() + scatter_out_[i].size();
   }
-  return floats * sizeof(float) + model_.ActivationBytes();
+  return floats * sizeof(float) + model_->ActivationBytes();
 }
 
 }  // namespace weft::worker

@@ -1,4 +1,4 @@
-#include "worker/engine/cuda/gpt_cuda.h"
+#include "worker/engine/cuda/gpt2_model.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,0 +1,47 @@
+// The device a worker trains on, as the pair a generation run needs: a communicator and the
+// ZeRO engine that runs over it. The CPU pairs Gloo with ZeroCpuEngine; CUDA pairs NCCL with
+// ZeroCudaEngine. Only this file's implementation knows which devices this build supports.
+#ifndef WEFT_WORKER_DEVICE_BACKEND_H_
+#define WEFT_WORKER_DEVICE_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/store.h"
+#include "worker/comm/communicator.h"
+#include "worker/training_engine.h"
+#include "weft/v1/job.pb.h"
+
+namespace weft::worker {
+
+struct DeviceOptions {
+  // CUDA device this worker trains on; -1: the CPU.
+  int cuda_device = -1;
+  // Address other ranks reach this worker at (the Gloo listening address).
+  std::string data_address = "127.0.0.1";
+  // A collective (or the communicator's connection setup) not done by then fails.
+  int64_t collective_timeout_ms = 60000;
+};
+
+struct DeviceBackend {
+  // Declared before the engine, which uses it: the engine is destroyed first.
+  std::unique_ptr<comm::Communicator> comm;
+  std::unique_ptr<TrainingEngine> engine;
+};
+
+// Which part of a backend could not be made. The communicator fails when a peer or the
+// rendezvous does (often transient); the engine fails on what the job asks of this device.
+enum class BackendPart { kCommunicator, kEngine };
+
+// Connects rank `rank` of `world` through `store` (the generation's store) and builds the engine
+// for `spec` over that communicator. On failure, `*failed` (when not null) says which part.
+absl::StatusOr<DeviceBackend> CreateDeviceBackend(const DeviceOptions& options, Store* store,
+                                                  int rank, int world,
+                                                  const weft::v1::JobSpec& spec,
+                                                  BackendPart* failed = nullptr);
+
+}  // namespace weft::worker
+
+#endif  // WEFT_WORKER_DEVICE_BACKEND_H_

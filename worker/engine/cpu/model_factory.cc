@@ -1,0 +1,27 @@
+// The CPU's architecture registry: one case per architecture.
+#include <cblas.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "worker/engine/cpu/gpt2_model.h"
+#include "worker/engine/cpu/model.h"
+#include "worker/engine/gpt2/gpt2_arch.h"
+
+namespace weft::engine::cpu {
+
+std::unique_ptr<CpuModel> CreateCpuModel(const ModelArch& arch, int max_b, int max_t) {
+  if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
+    return std::make_unique<GptCpu>(gpt2->config(), max_b, max_t);
+  }
+  std::fprintf(stderr, "weft::engine::cpu: no CPU model for architecture %s\n",
+               arch.name().c_str());
+  std::abort();
+}
+
+void SetBlasThreads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
+
+int BlasThreads() { return openblas_get_num_threads(); }
+
+}  // namespace weft::engine::cpu

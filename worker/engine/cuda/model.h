@@ -1,0 +1,79 @@
+// What the GPU ZeRO-3 engine (worker/zero_cuda.h) drives: one architecture's model on one GPU
+// in mixed precision, unit by unit (unit 0 the head, unit 1 + l block l: see
+// engine/model_arch.h), with the CPU model's unit layout so the two share checkpoints and
+// initialisation. Implemented per architecture (engine/cuda/gpt2_model.h for GPT-2) and created
+// by CreateCudaModel, the GPU's one registration point.
+//
+// Precision: parameters arrive as bf16 units (the gathered working copies); every parameter
+// gradient is an fp32 unit.
+//
+// A training micro-step, every backward ACCUMULATING (+=) into fp32 gradient units:
+//   model.SetBatch(b, t, inputs, targets);           // host (B, T) int32, copied to the GPU
+//   model.EncoderForward(head);
+//   for l = 0 .. L-1: model.BlockForward(l, block[l]);
+//   model.Classifier(head, grad_scale, head_grad);   // forward AND backward, fused
+//   for l = L-1 .. 0: model.BlockBackward(l, block[l], block_grad[l]);
+//   model.EncoderBackward(head_grad);
+// Everything is enqueued on the stream given at creation; nothing synchronises the host.
+#ifndef WEFT_WORKER_ENGINE_CUDA_MODEL_H_
+#define WEFT_WORKER_ENGINE_CUDA_MODEL_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/model_arch.h"
+
+namespace weft::engine::cuda {
+
+class CudaModel {
+ public:
+  using bf16 = __nv_bfloat16;
+
+  virtual ~CudaModel() = default;
+
+  virtual int b() const = 0;
+  virtual int t() const = 0;
+
+  // Sets the micro-batch's shape ([1, max_B] x [1, max_T], else INVALID_ARGUMENT) and copies
+  // its tokens (host (B, T) int32; targets may be null for no loss) to the GPU. The host
+  // buffers may be reused as soon as this returns.
+  virtual absl::Status SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) = 0;
+
+  // Forward, unit by unit: `head` is unit 0, `block` unit 1 + layer (bf16, UnitSize elements).
+  virtual absl::Status EncoderForward(const bf16* head) = 0;
+  virtual absl::Status BlockForward(int layer, const bf16* block) = 0;
+  // Final norm, LM head and cross-entropy over the B*T positions (per-position losses in
+  // Losses()). With head_grad, also the backward of all three: gradients of
+  // grad_scale * sum of losses accumulate into head_grad, and the residual stream's gradient
+  // is prepared for BlockBackward. Needs targets.
+  virtual absl::Status Classifier(const bf16* head, float grad_scale, float* head_grad) = 0;
+  // (B, T) fp32, device memory, valid after Classifier until the next Classifier.
+  virtual const float* Losses() const = 0;
+
+  // Backward, in reverse order; each ACCUMULATES (+=) into the fp32 gradient unit.
+  virtual absl::Status BlockBackward(int layer, const bf16* block, float* block_grad) = 0;
+  virtual absl::Status EncoderBackward(float* head_grad) = 0;
+
+  // Device bytes of activations and scratch, and of the GEMM library's workspace.
+  virtual size_t ActivationBytes() const = 0;
+  virtual size_t BlasWorkspaceBytes() const = 0;
+};
+
+// The model of `arch` on the current device, kernels on `stream` (not owned), for
+// micro-batches up to (max_b, max_t). INVALID_ARGUMENT for shapes the kernels cannot take or an
+// architecture without a CUDA model; RESOURCE_EXHAUSTED when the activations do not fit.
+absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(const ModelArch& arch, int max_b,
+                                                           int max_t, cudaStream_t stream);
+// Device bytes CreateCudaModel allocates for activations, scratch and the GEMM workspace (exact,
+// for the memory planner); 0 for an architecture without a CUDA model (Create then refuses).
+size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t);
+
+}  // namespace weft::engine::cuda
+
+#endif  // WEFT_WORKER_ENGINE_CUDA_MODEL_H_

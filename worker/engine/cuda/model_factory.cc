@@ -1,0 +1,27 @@
+// The GPU's architecture registry: one case per architecture with a CUDA model.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/cuda/gpt2_model.h"
+#include "worker/engine/cuda/model.h"
+#include "worker/engine/gpt2/gpt2_arch.h"
+
+namespace weft::engine::cuda {
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(const ModelArch& arch, int max_b,
+                                                           int max_t, cudaStream_t stream) {
+  if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
+    return GptCuda::Create(gpt2->config(), max_b, max_t, stream);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("model: architecture ", arch.name(), " has no CUDA model"));
+}
+
+size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t) {
+  if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
+    return GptCuda::PlanActivationBytes(gpt2->config(), max_b, max_t);
+  }
+  return 0;
+}
+
+}  // namespace weft::engine::cuda

@@ -1,0 +1,79 @@
+// The ZeRO scheme, written once for every device: which part of each unit a rank keeps
+// (ShardLayout), how a unit starts (initialised whole, a pure function of (seed, unit), then
+// cut to the rank's part: any world size starts from the same model), and the checkpoint
+// protocol (Snapshot and Restore by global range, so any world size and either device reads
+// any checkpoint).
+//
+// A device engine (ZeroCpuEngine over Gloo, ZeroCudaEngine over NCCL) derives from it, runs the
+// steps, and lends two copy primitives over the state it keeps: CopyKeptToHost and
+// CopyKeptFromHost. "Kept" is ShardLayout::KeptElements of a unit: the whole padded unit at
+// stage 0, the rank's shard at stages 1-3; element 0 of what is kept is element
+// KeptRange(u).begin of the unit.
+#ifndef WEFT_WORKER_ZERO_ENGINE_H_
+#define WEFT_WORKER_ZERO_ENGINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/checkpoint_schema.h"
+#include "worker/engine/model_arch.h"
+#include "worker/shard_layout.h"
+#include "worker/training_engine.h"
+#include "weft/v1/job.pb.h"
+
+namespace weft::worker {
+
+// Every unit's size in elements, in unit order: what a ShardLayout is made of.
+std::vector<size_t> UnitSizes(const engine::ModelArch& arch);
+
+class ZeroEngine : public TrainingEngine {
+ public:
+  // Local (no communication): copies this rank's slice of every unit through CopyKeptToHost.
+  absl::StatusOr<std::vector<UnitSlice>> Snapshot() const final;
+  // Local: reads the kept range of every unit's params, m and v (any writer's world size),
+  // hands each to CopyKeptFromHost (zeros where the kept part is padding), then lets the
+  // device finish (FinishRestore). On error the model state is unspecified.
+  absl::Status Restore(const RangeReader& read) final;
+
+  const engine::ModelArch& arch() const final { return *arch_; }
+  int stage() const final { return stage_; }
+  const ShardLayout& layout() const { return layout_; }
+
+ protected:
+  // `arch` is MakeModelArch(spec.model()).
+  ZeroEngine(const weft::v1::JobSpec& spec, std::unique_ptr<const engine::ModelArch> arch,
+             int world, int rank);
+
+  // Unit `u` as this rank starts it: the whole unit initialised (padded with zeros), and the
+  // kept part of it and of its AdamW decay mask.
+  struct InitialUnit {
+    std::vector<float> full;  // (padded)
+    std::vector<float> kept;  // (KeptElements)
+    std::vector<uint8_t> decay_mask;  // (KeptElements)
+  };
+  InitialUnit InitialState(int u) const;
+
+  // Copies `n` elements of the kept `state` of unit `u`, from element `offset` of the kept
+  // part, to `host`. Called between steps only.
+  virtual absl::Status CopyKeptToHost(int u, UnitState state, size_t offset, size_t n,
+                                      float* host) const = 0;
+  // Replaces the whole kept `state` of unit `u` (KeptElements floats at `host`).
+  virtual absl::Status CopyKeptFromHost(int u, UnitState state, const float* host) = 0;
+  // After every unit's params, m and v were replaced: clear the gradients and rebuild what
+  // derives from the parameters (resident copies, low-precision copies). `read` reads the
+  // same checkpoint again.
+  virtual absl::Status FinishRestore(const RangeReader& read) = 0;
+
+  const weft::v1::JobSpec spec_;
+  const std::unique_ptr<const engine::ModelArch> arch_;
+  const int stage_;
+  const ShardLayout layout_;
+};
+
+}  // namespace weft::worker
+
+#endif  // WEFT_WORKER_ZERO_ENGINE_H_
