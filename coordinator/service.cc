@@ -13,16 +13,9 @@ namespace {
 using grpc::CallbackServerContext;
 using grpc::ServerUnaryReactor;
 
-// Blocking calls never outlive a day, whatever deadline the caller set (or did not).
-constexpr absl::Duration kMaxHold = absl::Hours(24);
-// Answer held calls this much before the caller's deadline, so the answer arrives in time.
-constexpr absl::Duration kDeadlineMargin = absl::Milliseconds(50);
-
-absl::Time CallDeadline(const CallbackServerContext* context) {
-  const absl::Time cap = absl::Now() + kMaxHold;
-  const auto deadline = context->deadline();
-  if (deadline >= std::chrono::system_clock::now() + absl::ToChronoSeconds(kMaxHold)) return cap;
-  return std::min(cap, absl::FromChrono(deadline) - kDeadlineMargin);
+// When the coordinator must answer a blocking call (see Coordinator::HoldDeadline).
+absl::Time CallDeadline(const Coordinator* coordinator, const CallbackServerContext* context) {
+  return coordinator->HoldDeadline(absl::FromChrono(context->deadline()));
 }
 
 absl::Status Authorize(const TokenAuthorizer* auth, const CallbackServerContext* context) {
@@ -69,12 +62,26 @@ Coordinator::Done<Response> Finisher(ServerUnaryReactor* reactor, Response* resp
   };
 }
 
-absl::Status CheckKey(const std::string& key, const char* field) {
-  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
-  if (key.size() > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": longer than 4096 bytes"));
-  }
-  return absl::OkStatus();
+// A blocking call: `op` parks its completion with the coordinator, which finishes the call.
+template <typename Response, typename Op>
+ServerUnaryReactor* Parked(const TokenAuthorizer* auth, CallbackServerContext* context,
+                           Response* response, Op&& op) {
+  ServerUnaryReactor* reactor = nullptr;
+  if (Reject(auth, context, &reactor)) return reactor;
+  reactor = context->DefaultReactor();
+  op(Finisher(reactor, response));
+  return reactor;
+}
+
+// A Store call on the key of `request`: runs `op` on the generation's store.
+template <typename Request, typename Response, typename Op>
+ServerUnaryReactor* OnStore(const TokenAuthorizer* auth, Coordinator* coordinator,
+                            CallbackServerContext* context, const Request* request,
+                            Response* response, Op&& op) {
+  return Unary(auth, context, response, [&]() -> absl::StatusOr<Response> {
+    WEFT_ASSIGN_OR_RETURN(auto store, coordinator->StoreForKey(request->scope(), request->key()));
+    return op(*store);
+  });
 }
 
 // One worker session (Coordinator.OpenSession): writes the confirmation, then stays open until
@@ -355,11 +362,9 @@ ServerUnaryReactor* CoordinatorService::RegisterWorker(
 ServerUnaryReactor* CoordinatorService::Heartbeat(CallbackServerContext* context,
                                                   const weft::v1::HeartbeatRequest* request,
                                                   weft::v1::HeartbeatResponse* response) {
-  ServerUnaryReactor* reactor = nullptr;
-  if (Reject(auth_.get(), context, &reactor)) return reactor;
-  reactor = context->DefaultReactor();
-  coordinator_->Heartbeat(*request, CallDeadline(context), Finisher(reactor, response));
-  return reactor;
+  return Parked(auth_.get(), context, response, [&](auto done) {
+    coordinator_->Heartbeat(*request, CallDeadline(coordinator_, context), std::move(done));
+  });
 }
 
 grpc::ServerWriteReactor<weft::v1::SessionEvent>* CoordinatorService::OpenSession(
@@ -381,11 +386,9 @@ ServerUnaryReactor* CoordinatorService::ListWorkers(CallbackServerContext* conte
 ServerUnaryReactor* CoordinatorService::Join(CallbackServerContext* context,
                                              const weft::v1::JoinRequest* request,
                                              weft::v1::JoinResponse* response) {
-  ServerUnaryReactor* reactor = nullptr;
-  if (Reject(auth_.get(), context, &reactor)) return reactor;
-  reactor = context->DefaultReactor();
-  coordinator_->Join(*request, CallDeadline(context), Finisher(reactor, response));
-  return reactor;
+  return Parked(auth_.get(), context, response, [&](auto done) {
+    coordinator_->Join(*request, CallDeadline(coordinator_, context), std::move(done));
+  });
 }
 
 ServerUnaryReactor* CoordinatorService::ReportProgress(
@@ -399,121 +402,76 @@ ServerUnaryReactor* CoordinatorService::ReportProgress(
 ServerUnaryReactor* StoreService::Set(CallbackServerContext* context,
                                       const weft::v1::StoreSetRequest* request,
                                       weft::v1::StoreSetResponse* response) {
-  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreSetResponse> {
-    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
-    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
-    WEFT_RETURN_IF_ERROR(store->Set(request->key(), request->value()));
-    return weft::v1::StoreSetResponse();
-  });
+  return OnStore(auth_.get(), coordinator_, context, request, response,
+                 [&](MemoryStore& store) -> absl::StatusOr<weft::v1::StoreSetResponse> {
+                   WEFT_RETURN_IF_ERROR(store.Set(request->key(), request->value()));
+                   return weft::v1::StoreSetResponse();
+                 });
 }
 
 ServerUnaryReactor* StoreService::Get(CallbackServerContext* context,
                                       const weft::v1::StoreGetRequest* request,
                                       weft::v1::StoreGetResponse* response) {
-  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreGetResponse> {
-    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
-    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
-    WEFT_ASSIGN_OR_RETURN(std::string value, store->Get(request->key()));
-    weft::v1::StoreGetResponse r;
-    r.set_value(std::move(value));
-    return r;
-  });
+  return OnStore(auth_.get(), coordinator_, context, request, response,
+                 [&](MemoryStore& store) -> absl::StatusOr<weft::v1::StoreGetResponse> {
+                   weft::v1::StoreGetResponse r;
+                   WEFT_ASSIGN_OR_RETURN(*r.mutable_value(), store.Get(request->key()));
+                   return r;
+                 });
 }
 
 ServerUnaryReactor* StoreService::Add(CallbackServerContext* context,
                                       const weft::v1::StoreAddRequest* request,
                                       weft::v1::StoreAddResponse* response) {
-  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreAddResponse> {
-    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
-    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
-    WEFT_ASSIGN_OR_RETURN(int64_t value, store->Add(request->key(), request->delta()));
-    weft::v1::StoreAddResponse r;
-    r.set_value(value);
-    return r;
-  });
+  return OnStore(auth_.get(), coordinator_, context, request, response,
+                 [&](MemoryStore& store) -> absl::StatusOr<weft::v1::StoreAddResponse> {
+                   WEFT_ASSIGN_OR_RETURN(int64_t value, store.Add(request->key(), request->delta()));
+                   weft::v1::StoreAddResponse r;
+                   r.set_value(value);
+                   return r;
+                 });
 }
 
 ServerUnaryReactor* StoreService::CompareSet(CallbackServerContext* context,
                                              const weft::v1::StoreCompareSetRequest* request,
                                              weft::v1::StoreCompareSetResponse* response) {
-  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreCompareSetResponse> {
-    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
-    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
-    std::optional<std::string> expected;
-    if (!request->expect_absent()) expected = request->expected_value();
-    WEFT_ASSIGN_OR_RETURN(CompareSetResult result,
-                          store->CompareSet(request->key(), expected, request->desired_value()));
-    weft::v1::StoreCompareSetResponse r;
-    r.set_swapped(result.swapped);
-    r.set_exists(result.value.has_value());
-    if (result.value) r.set_value(*result.value);
-    return r;
-  });
+  return OnStore(
+      auth_.get(), coordinator_, context, request, response,
+      [&](MemoryStore& store) -> absl::StatusOr<weft::v1::StoreCompareSetResponse> {
+        std::optional<std::string> expected;
+        if (!request->expect_absent()) expected = request->expected_value();
+        WEFT_ASSIGN_OR_RETURN(CompareSetResult result,
+                              store.CompareSet(request->key(), expected, request->desired_value()));
+        weft::v1::StoreCompareSetResponse r;
+        r.set_swapped(result.swapped);
+        r.set_exists(result.value.has_value());
+        if (result.value) r.set_value(*result.value);
+        return r;
+      });
 }
 
 ServerUnaryReactor* StoreService::Wait(CallbackServerContext* context,
                                        const weft::v1::StoreWaitRequest* request,
                                        weft::v1::StoreWaitResponse* response) {
-  ServerUnaryReactor* reactor = nullptr;
-  if (Reject(auth_.get(), context, &reactor)) return reactor;
-  reactor = context->DefaultReactor();
-  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
-  absl::Status check = keys.empty() ? absl::InvalidArgumentError("keys: at least one required")
-                                    : absl::OkStatus();
-  for (size_t i = 0; i < keys.size() && check.ok(); ++i) {
-    check = CheckKey(keys[i], "keys[]");
-  }
-  if (request->timeout_ms() < 0) {
-    check = absl::InvalidArgumentError(
-        absl::StrCat("timeout_ms: must be >= 0, got ", request->timeout_ms()));
-  }
-  auto store = check.ok() ? coordinator_->GenerationStore(request->scope())
-                          : absl::StatusOr<std::shared_ptr<MemoryStore>>(check);
-  if (!store.ok()) {
-    reactor->Finish(ToGrpcStatus(store.status()));
-    return reactor;
-  }
-  absl::Time deadline = CallDeadline(context);
-  if (request->timeout_ms() > 0) {
-    deadline = std::min(deadline, absl::Now() + absl::Milliseconds(request->timeout_ms()));
-  }
-  // Exactly one of the key waiter and the deadline timer finishes the call.
-  struct State {
-    std::atomic<bool> finished{false};
-    std::atomic<uint64_t> wait_id{0};
-  };
-  auto state = std::make_shared<State>();
-  DeadlineTimer& timer = coordinator_->timer();
-  const absl::Time started = absl::Now();
-  const uint64_t timer_id =
-      timer.Schedule(deadline, [reactor, state, keys, s = *store, started] {
-        if (state->finished.exchange(true)) return;
-        if (uint64_t id = state->wait_id.load(); id != 0) s->CancelWait(id);
-        reactor->Finish(ToGrpcStatus(absl::DeadlineExceededError(absl::StrCat(
-            "store wait timed out after ", absl::FormatDuration(absl::Now() - started),
-            "; missing keys: ", absl::StrJoin(s->Missing(keys), ", ")))));
-      });
-  const uint64_t wait_id =
-      (*store)->WhenAll(keys, [reactor, state, &timer, timer_id](absl::Status s) {
-        if (state->finished.exchange(true)) return;
-        timer.Cancel(timer_id);
-        reactor->Finish(ToGrpcStatus(s));
-      });
-  state->wait_id = wait_id;
-  return reactor;
+  return Parked(auth_.get(), context, response, [&](auto done) {
+    coordinator_->WaitForKeys(request->scope(),
+                              std::vector<std::string>(request->keys().begin(),
+                                                       request->keys().end()),
+                              request->timeout_ms(), CallDeadline(coordinator_, context),
+                              std::move(done));
+  });
 }
 
 ServerUnaryReactor* StoreService::Delete(CallbackServerContext* context,
                                          const weft::v1::StoreDeleteRequest* request,
                                          weft::v1::StoreDeleteResponse* response) {
-  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreDeleteResponse> {
-    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
-    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
-    WEFT_ASSIGN_OR_RETURN(bool deleted, store->Delete(request->key()));
-    weft::v1::StoreDeleteResponse r;
-    r.set_deleted(deleted);
-    return r;
-  });
+  return OnStore(auth_.get(), coordinator_, context, request, response,
+                 [&](MemoryStore& store) -> absl::StatusOr<weft::v1::StoreDeleteResponse> {
+                   WEFT_ASSIGN_OR_RETURN(bool deleted, store.Delete(request->key()));
+                   weft::v1::StoreDeleteResponse r;
+                   r.set_deleted(deleted);
+                   return r;
+                 });
 }
 
 }  // namespace weft::coordinator

@@ -556,7 +556,7 @@ TEST_F(CoordinatorProcessTest, KilledWorkerIsDeclaredDeadFromItsDroppedSession) 
     bool lost_event = false;
     const v1::Job job = GetJob(*id);
     for (const auto& e : job.status().events()) {
-      if (e.type() == v1::WORKER_LOST) {
+      if (e.type() == v1::CONNECTION_LOST) {
         lost_event = true;
         EXPECT_THAT(e.message(), HasSubstr(host + "/cpu1"));
         EXPECT_THAT(e.message(), HasSubstr("lost its connection"));
@@ -786,6 +786,7 @@ TEST_F(CoordinatorProcessTest, MetricsEndpointExportsCoordinatorMetrics) {
   EXPECT_THAT(body, HasSubstr("weft_coordinator_rendezvous_latency_seconds_count 1"));
   EXPECT_THAT(body, HasSubstr("weft_coordinator_heartbeats_total"));
   EXPECT_THAT(body, HasSubstr("weft_coordinator_failures_detected_total{kind=\"heartbeat_timeout\"} 0"));
+  EXPECT_THAT(body, HasSubstr("weft_coordinator_failures_detected_total{kind=\"connection_lost\"} 0"));
 }
 
 }  // namespace

@@ -1193,7 +1193,9 @@ TEST_F(CoordinatorTest, ClosedSessionIsDeadAfterTheGraceNotTheHeartbeatTimeout) 
   coord_->Tick();
   const JobStatus s = Status(job);
   EXPECT_EQ(s.state(), weft::v1::PENDING);
-  const weft::v1::JobEvent* lost = FindEvent(s, weft::v1::WORKER_LOST);
+  // A dropped session is its own failure kind (issue 12), not a missed heartbeat.
+  EXPECT_EQ(FindEvent(s, weft::v1::WORKER_LOST), nullptr);
+  const weft::v1::JobEvent* lost = FindEvent(s, weft::v1::CONNECTION_LOST);
   ASSERT_NE(lost, nullptr);
   EXPECT_THAT(lost->message(), HasSubstr("h/cpu1"));
   EXPECT_THAT(lost->message(), HasSubstr("lost its connection 1001 ms ago"));
