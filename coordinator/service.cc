@@ -1,11 +1,12 @@
 #include "coordinator/service.h"
 
-#include <atomic>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "coordinator/streams.h"
 
 namespace weft::coordinator {
 namespace {
@@ -84,232 +85,31 @@ ServerUnaryReactor* OnStore(const TokenAuthorizer* auth, Coordinator* coordinato
   });
 }
 
-// One worker session (Coordinator.OpenSession): writes the confirmation, then stays open until
-// the transport cancels it — the worker's process exited or its connection broke, which
-// SessionClosed reports — or the coordinator ends it. State shared with the coordinator's
-// SessionEnd lives in Sink, which outlives the reactor.
-class SessionReactor final : public grpc::ServerWriteReactor<weft::v1::SessionEvent> {
+// A gRPC server stream over one of the coordinator's stream state machines (streams.h): it
+// forwards the transport's events and performs the writes the stream asks for.
+template <typename Message, typename Stream>
+class StreamReactor final : public grpc::ServerWriteReactor<Message>,
+                            public StreamOutput<Message> {
  public:
-  SessionReactor(Coordinator* coordinator, const weft::v1::OpenSessionRequest& request)
-      : coordinator_(coordinator), token_(request.session_token()), sink_(std::make_shared<Sink>()) {
-    sink_->reactor = this;
-  }
+  template <typename... Args>
+  explicit StreamReactor(Coordinator* coordinator, Args&&... args)
+      : stream_(coordinator, std::forward<Args>(args)..., this) {}
+  Stream& stream() { return stream_; }
 
-  void Start() {
-    auto id = coordinator_->OpenSession(token_, [sink = sink_](absl::Status s) { sink->End(s); });
-    if (!id.ok()) {
-      sink_->End(id.status());
-      return;
-    }
-    bool cancelled = false;
-    bool write = false;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      session_id_ = *id;
-      cancelled = sink_->cancelled;
-      write = sink_->writing = !cancelled && !sink_->finish_called;
-    }
-    // Cancelled before the session was recorded: OnCancel could not report it.
-    if (cancelled) coordinator_->SessionClosed(token_, *id);
-    if (!write) return;  // cancelled, or already replaced and finished
-    event_.set_session_id(*id);
-    StartWrite(&event_);
+  void Send(const Message* message) override { this->StartWrite(message); }
+  void SendLast(const Message* message, const absl::Status& status) override {
+    this->StartWriteAndFinish(message, grpc::WriteOptions(), ToGrpcStatus(status));
   }
-
-  void OnWriteDone(bool /*ok*/) override {
-    // Nothing more is sent; a failed write is followed by OnCancel.
-    std::optional<grpc::Status> finish;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      sink_->writing = false;
-      if (sink_->deferred && !sink_->finish_called) {
-        sink_->finish_called = true;
-        finish = *sink_->deferred;
-      }
-    }
-    if (finish) Finish(*finish);
-  }
-
-  void OnCancel() override {
-    uint64_t id = 0;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      sink_->cancelled = true;
-      id = session_id_;
-    }
-    if (id != 0) coordinator_->SessionClosed(token_, id);
-    sink_->End(absl::CancelledError("session cancelled"));
-  }
-
+  void End(const absl::Status& status) override { this->Finish(ToGrpcStatus(status)); }
+  void OnWriteDone(bool ok) override { stream_.OnWriteDone(ok); }
+  void OnCancel() override { stream_.OnCancel(); }
   void OnDone() override {
-    {
-      absl::MutexLock lock(&sink_->mu);
-      sink_->reactor = nullptr;
-    }
+    stream_.OnDone();
     delete this;
   }
 
  private:
-  struct Sink {
-    absl::Mutex mu;
-    SessionReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
-    bool writing ABSL_GUARDED_BY(mu) = false;
-    bool finish_called ABSL_GUARDED_BY(mu) = false;
-    bool cancelled ABSL_GUARDED_BY(mu) = false;
-    std::optional<grpc::Status> deferred ABSL_GUARDED_BY(mu);
-
-    // Finishes the stream once, after the confirmation's write if one is in flight.
-    void End(const absl::Status& status) {
-      SessionReactor* finish = nullptr;
-      {
-        absl::MutexLock lock(&mu);
-        if (reactor == nullptr || finish_called) return;
-        if (writing) {
-          deferred = ToGrpcStatus(status);
-          return;
-        }
-        finish_called = true;
-        finish = reactor;
-      }
-      // OnDone (which clears `reactor`) cannot run before this Finish.
-      finish->Finish(ToGrpcStatus(status));
-    }
-  };
-
-  Coordinator* coordinator_;
-  const std::string token_;
-  std::shared_ptr<Sink> sink_;
-  uint64_t session_id_ ABSL_GUARDED_BY(sink_->mu) = 0;
-  weft::v1::SessionEvent event_;
-};
-
-// Streams job status snapshots to one WatchJob caller. Snapshots arriving while a write is in
-// flight are coalesced (the newest wins: each carries the full status). gRPC operations are
-// started outside mu_, because gRPC may run the resulting reaction on the calling thread.
-class WatchReactor final : public grpc::ServerWriteReactor<weft::v1::JobStatus> {
- public:
-  explicit WatchReactor(Coordinator* coordinator) : coordinator_(coordinator) {}
-
-  void Start(const std::string& job_id) {
-    auto id = coordinator_->AddWatcher(
-        job_id, [self = sink_](const weft::v1::JobStatus& status, uint64_t seq, bool final) {
-          if (auto* reactor = self->Acquire(status, seq, final)) reactor->WriteNext();
-        });
-    if (!id.ok()) {
-      bool finish = false;
-      {
-        absl::MutexLock lock(&sink_->mu);
-        if (!sink_->writing && !sink_->finish_called) finish = sink_->finish_called = true;
-        sink_->deferred_status = ToGrpcStatus(id.status());
-      }
-      if (finish) Finish(ToGrpcStatus(id.status()));
-      return;
-    }
-    absl::MutexLock lock(&sink_->mu);
-    watcher_id_ = *id;
-  }
-
-  void OnWriteDone(bool ok) override {
-    bool finish = false;
-    grpc::Status status;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      sink_->writing = false;
-      if (sink_->finish_called) return;  // that write carried the finish
-      if (!ok || sink_->cancelled) {
-        sink_->finish_called = finish = true;
-        status = grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
-      } else if (!sink_->pending) {
-        return;
-      }
-    }
-    if (finish) {
-      Finish(status);
-    } else {
-      WriteNext();
-    }
-  }
-
-  void OnCancel() override {
-    bool finish = false;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      sink_->cancelled = true;
-      if (!sink_->writing && !sink_->finish_called) finish = sink_->finish_called = true;
-    }
-    if (finish) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
-  }
-
-  void OnDone() override {
-    {
-      absl::MutexLock lock(&sink_->mu);
-      sink_->reactor = nullptr;
-    }
-    uint64_t id = 0;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      id = watcher_id_;
-    }
-    if (id != 0) coordinator_->RemoveWatcher(id);
-    delete this;
-  }
-
- private:
-  struct Sink {
-    absl::Mutex mu;
-    WatchReactor* reactor = nullptr;
-    uint64_t last_seq = 0;
-    std::optional<weft::v1::JobStatus> pending;
-    bool pending_final = false;
-    bool writing = false;
-    bool finish_called = false;
-    bool cancelled = false;
-    grpc::Status deferred_status;
-
-    // Records a snapshot; returns the reactor if the caller must start a write.
-    WatchReactor* Acquire(const weft::v1::JobStatus& status, uint64_t seq, bool final) {
-      absl::MutexLock lock(&mu);
-      if (reactor == nullptr || finish_called || seq <= last_seq) return nullptr;
-      last_seq = seq;
-      pending = status;
-      pending_final = final;
-      return writing ? nullptr : reactor;
-    }
-  };
-
-  // Starts a write of the pending snapshot, if any and none is in flight.
-  void WriteNext() {
-    bool final = false;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      if (sink_->writing || sink_->finish_called || !sink_->pending) return;
-      in_flight_ = std::move(*sink_->pending);
-      sink_->pending.reset();
-      sink_->writing = true;
-      final = sink_->pending_final;
-      if (final) sink_->finish_called = true;
-    }
-    if (!final) {
-      StartWrite(&in_flight_);
-      return;
-    }
-    const auto state = in_flight_.state();
-    const bool ended = state == weft::v1::SUCCEEDED || state == weft::v1::FAILED ||
-                       state == weft::v1::CANCELLED;
-    StartWriteAndFinish(&in_flight_, grpc::WriteOptions(),
-                        ended ? grpc::Status::OK
-                              : grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                             "coordinator shutting down; watch again"));
-  }
-
-  Coordinator* coordinator_;
-  std::shared_ptr<Sink> sink_ = [this] {
-    auto s = std::make_shared<Sink>();
-    s->reactor = this;
-    return s;
-  }();
-  uint64_t watcher_id_ = 0;  // guarded by sink_->mu
-  weft::v1::JobStatus in_flight_;
+  Stream stream_;
 };
 
 }  // namespace
@@ -346,8 +146,8 @@ grpc::ServerWriteReactor<weft::v1::JobStatus>* CoordinatorService::WatchJob(
   if (absl::Status s = Authorize(auth_.get(), context); !s.ok()) {
     return new RejectedWriter<weft::v1::JobStatus>(s);
   }
-  auto* reactor = new WatchReactor(coordinator_);
-  reactor->Start(request->job_id());
+  auto* reactor = new StreamReactor<weft::v1::JobStatus, WatchStream>(coordinator_);
+  reactor->stream().Start(request->job_id());
   return reactor;
 }
 
@@ -372,8 +172,9 @@ grpc::ServerWriteReactor<weft::v1::SessionEvent>* CoordinatorService::OpenSessio
   if (absl::Status s = Authorize(auth_.get(), context); !s.ok()) {
     return new RejectedWriter<weft::v1::SessionEvent>(s);
   }
-  auto* reactor = new SessionReactor(coordinator_, *request);
-  reactor->Start();
+  auto* reactor = new StreamReactor<weft::v1::SessionEvent, SessionStream>(
+      coordinator_, request->session_token());
+  reactor->stream().Start();
   return reactor;
 }
 
