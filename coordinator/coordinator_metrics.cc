@@ -1,5 +1,7 @@
 #include "coordinator/coordinator_metrics.h"
 
+#include <utility>
+
 #include "common/metrics.h"
 
 namespace weft::coordinator {
@@ -14,6 +16,14 @@ constexpr JobState kAllJobStates[] = {weft::v1::PENDING,   weft::v1::RUNNING,
 constexpr WorkerState kAllWorkerStates[] = {weft::v1::WORKER_IDLE, weft::v1::WORKER_BUSY,
                                             weft::v1::WORKER_DEAD};
 
+// The liveness failures and their `kind` labels.
+constexpr std::pair<FailureKind, const char*> kFailureKinds[] = {
+    {FailureKind::kHeartbeatTimeout, "heartbeat_timeout"},
+    {FailureKind::kRendezvousTimeout, "rendezvous_timeout"},
+    {FailureKind::kStall, "stall"},
+    {FailureKind::kConnectionLost, "connection_lost"},
+};
+
 template <typename Builder>
 auto* Register(Builder builder, prometheus::Registry& registry, const char* name,
                const char* help) {
@@ -23,15 +33,8 @@ auto* Register(Builder builder, prometheus::Registry& registry, const char* name
 }  // namespace
 
 std::string_view FailureKindLabel(FailureKind kind) {
-  switch (kind) {
-    case FailureKind::kHeartbeatTimeout:
-      return "heartbeat_timeout";
-    case FailureKind::kRendezvousTimeout:
-      return "rendezvous_timeout";
-    case FailureKind::kStall:
-      return "stall";
-    case FailureKind::kConnectionLost:
-      return "connection_lost";
+  for (const auto& [k, label] : kFailureKinds) {
+    if (k == kind) return label;
   }
   return "unknown";
 }
@@ -51,10 +54,7 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry) {
   failures_ = Register(prometheus::BuildCounter(), registry,
                        "weft_coordinator_failures_detected_total",
                        "Failures that ended a generation or marked a worker dead, by kind");
-  for (FailureKind kind : {FailureKind::kHeartbeatTimeout, FailureKind::kRendezvousTimeout,
-                           FailureKind::kStall, FailureKind::kConnectionLost}) {
-    failures_->Add({{"kind", std::string(FailureKindLabel(kind))}});
-  }
+  for (const auto& [kind, label] : kFailureKinds) failures_->Add({{"kind", label}});
   for (const char* kind : {"rank_error", "reregistered"}) failures_->Add({{"kind", kind}});
   generations_started_ = &AddCounter(registry, "weft_coordinator_generations_started_total",
                                      "Job generations formed (first starts and restarts)");

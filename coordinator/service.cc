@@ -41,19 +41,6 @@ class RejectedWriter final : public grpc::ServerWriteReactor<T> {
   void OnDone() override { delete this; }
 };
 
-// Runs a synchronous operation and finishes the call with its result.
-template <typename Response, typename Op>
-ServerUnaryReactor* Unary(const TokenAuthorizer* auth, CallbackServerContext* context,
-                          Response* response, Op&& op) {
-  ServerUnaryReactor* reactor = nullptr;
-  if (Reject(auth, context, &reactor)) return reactor;
-  reactor = context->DefaultReactor();
-  absl::StatusOr<Response> result = op();
-  if (result.ok()) *response = std::move(*result);
-  reactor->Finish(ToGrpcStatus(result.status()));
-  return reactor;
-}
-
 // A completion for an asynchronous operation: copies the result and finishes the call.
 template <typename Response>
 Coordinator::Done<Response> Finisher(ServerUnaryReactor* reactor, Response* response) {
@@ -72,6 +59,14 @@ ServerUnaryReactor* Parked(const TokenAuthorizer* auth, CallbackServerContext* c
   reactor = context->DefaultReactor();
   op(Finisher(reactor, response));
   return reactor;
+}
+
+// Runs a synchronous operation and finishes the call with its result.
+template <typename Response, typename Op>
+ServerUnaryReactor* Unary(const TokenAuthorizer* auth, CallbackServerContext* context,
+                          Response* response, Op&& op) {
+  return Parked(auth, context, response,
+                [&](Coordinator::Done<Response> done) { done(op()); });
 }
 
 // A Store call on the key of `request`: runs `op` on the generation's store.

@@ -287,6 +287,20 @@ class CoordinatorTest : public ::testing::Test {
     }
   }
 
+  // A two-worker job whose rank 1 stays silent for `silence`, with the given idle and job
+  // heartbeat timeouts: the job and that member end up in the states given.
+  void ExpectSilentMember(int64_t idle_timeout_ms, int64_t job_timeout_ms, absl::Duration silence,
+                          weft::v1::JobState job_state, weft::v1::WorkerState member_state) {
+    options_.heartbeat_timeout_ms = idle_timeout_ms;
+    Reopen();
+    JobSpec spec = CpuSpec("silent", 2);
+    spec.mutable_fault()->set_heartbeat_timeout_ms(job_timeout_ms);
+    auto [job, w] = StartRunningJob(spec, 2);
+    AdvanceKeepingAlive(silence, {w[0]}, job, 1);
+    EXPECT_EQ(Status(job).state(), job_state);
+    EXPECT_EQ(WorkerStatus(w[1].id).state(), member_state);
+  }
+
   weft::testing::TempDir dir_;
   FakeClock clock_;
   CoordinatorOptions options_;
@@ -654,25 +668,15 @@ TEST_F(CoordinatorTest, ReturningDeadMemberGetsNoStaleJoinCommand) {
 }
 
 TEST_F(CoordinatorTest, MemberTimeoutIsTheJobsNotTheIdleOne) {
-  options_.heartbeat_timeout_ms = 60000;  // idle workers: generous
-  Reopen();
-  JobSpec spec = CpuSpec("short", 2);
-  spec.mutable_fault()->set_heartbeat_timeout_ms(2000);
-  auto [job, w] = StartRunningJob(spec, 2);
-  AdvanceKeepingAlive(absl::Milliseconds(2001), {w[0]}, job, 1);
-  EXPECT_EQ(Status(job).state(), weft::v1::PENDING);
-  EXPECT_EQ(WorkerStatus(w[1].id).state(), weft::v1::WORKER_DEAD);
+  // Idle workers: generous; the job's 2000 ms rules its silent member.
+  ExpectSilentMember(/*idle_timeout_ms=*/60000, /*job_timeout_ms=*/2000, absl::Milliseconds(2001),
+                     weft::v1::PENDING, weft::v1::WORKER_DEAD);
 }
 
 TEST_F(CoordinatorTest, LongJobTimeoutKeepsSilentMemberAlive) {
-  options_.heartbeat_timeout_ms = 1000;  // idle workers: strict
-  Reopen();
-  JobSpec spec = CpuSpec("long", 2);
-  spec.mutable_fault()->set_heartbeat_timeout_ms(20000);
-  auto [job, w] = StartRunningJob(spec, 2);
-  AdvanceKeepingAlive(absl::Seconds(5), {w[0]}, job, 1);
-  EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);
-  EXPECT_EQ(WorkerStatus(w[1].id).state(), weft::v1::WORKER_BUSY);
+  // Idle workers: strict; the job's 20 s keeps its silent member.
+  ExpectSilentMember(/*idle_timeout_ms=*/1000, /*job_timeout_ms=*/20000, absl::Seconds(5),
+                     weft::v1::RUNNING, weft::v1::WORKER_BUSY);
 }
 
 TEST_F(CoordinatorTest, ZeroMaxRestartsFailsOnFirstLoss) {

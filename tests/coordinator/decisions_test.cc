@@ -492,13 +492,10 @@ TEST(DecideQuarantineTest, DisabledLeavesTheCountAlone) {
 
 // ---- Job lifecycle -------------------------------------------------------------------------
 
-using weft::v1::CANCELLED;
-using weft::v1::FAILED;
-using weft::v1::JobState;
-using weft::v1::PENDING;
-using weft::v1::RECOVERING;
-using weft::v1::RUNNING;
-using weft::v1::SUCCEEDED;
+namespace v1 = weft::v1;
+constexpr v1::JobState PENDING = v1::PENDING, RUNNING = v1::RUNNING, RECOVERING = v1::RECOVERING,
+                       SUCCEEDED = v1::SUCCEEDED, FAILED = v1::FAILED, CANCELLED = v1::CANCELLED;
+using JobState = v1::JobState;
 
 TEST(JobHasEndedTest, OnlyTheFinalStates) {
   EXPECT_TRUE(JobHasEnded(SUCCEEDED));
