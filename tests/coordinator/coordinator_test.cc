@@ -287,6 +287,18 @@ class CoordinatorTest : public ::testing::Test {
     }
   }
 
+  // One more millisecond and a tick: generation 1 of `job` ends with a GENERATION_ENDED event
+  // saying `why`, a restart is used, and (its members released) generation 2 forms at once.
+  void ExpectRestartedAtOnce(const std::string& job, const std::string& why) {
+    clock_.Advance(absl::Milliseconds(1));
+    coord_->Tick();
+    JobStatus s = Status(job);
+    EXPECT_EQ(s.restarts(), 1);
+    EXPECT_EQ(s.state(), weft::v1::RUNNING);
+    EXPECT_EQ(s.generation(), 2);
+    EXPECT_NE(FindEvent(s, weft::v1::GENERATION_ENDED, why), nullptr) << s.DebugString();
+  }
+
   // A two-worker job whose rank 1 stays silent for `silence`, with the given idle and job
   // heartbeat timeouts: the job and that member end up in the states given.
   void ExpectSilentMember(int64_t idle_timeout_ms, int64_t job_timeout_ms, absl::Duration silence,
@@ -546,15 +558,7 @@ TEST_F(CoordinatorTest, RendezvousTimeoutEndsTheGeneration) {
   auto j0 = StartJoin(job, 1, w0);
   AdvanceKeepingAlive(absl::Seconds(2), {w0, w1});
   EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);  // exactly at the timeout
-  clock_.Advance(absl::Milliseconds(1));
-  coord_->Tick();
-  JobStatus s = Status(job);
-  EXPECT_EQ(s.restarts(), 1);
-  // Both workers were released, so generation 2 formed at once.
-  EXPECT_EQ(s.state(), weft::v1::RUNNING);
-  EXPECT_EQ(s.generation(), 2);
-  EXPECT_NE(FindEvent(s, weft::v1::GENERATION_ENDED, "not joined: h/cpu1"), nullptr)
-      << s.DebugString();
+  ExpectRestartedAtOnce(job, "not joined: h/cpu1");
   // The member that did join is released.
   ASSERT_TRUE(j0->finished());
   EXPECT_EQ(j0->Get().status().code(), absl::StatusCode::kAborted);
@@ -830,15 +834,7 @@ TEST_F(CoordinatorTest, StallEndsTheGeneration) {
   AdvanceKeepingAlive(absl::Seconds(5), w, job, 1);
   EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);
   ASSERT_TRUE(Report(job, 1, w[0], 0, 1).ok());  // the same step again is not progress
-  clock_.Advance(absl::Milliseconds(1));
-  coord_->Tick();
-  JobStatus s = Status(job);
-  EXPECT_EQ(s.restarts(), 1);
-  // The worker was released, so generation 2 formed at once.
-  EXPECT_EQ(s.state(), weft::v1::RUNNING);
-  EXPECT_EQ(s.generation(), 2);
-  EXPECT_NE(FindEvent(s, weft::v1::GENERATION_ENDED, "made no progress for 5001 ms"), nullptr)
-      << s.DebugString();
+  ExpectRestartedAtOnce(job, "made no progress for 5001 ms");
 }
 
 TEST_F(CoordinatorTest, ElasticJobRestartsOnSurvivorsWithinMinMax) {
