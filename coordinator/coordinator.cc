@@ -29,14 +29,15 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(
     absl::MutexLock lock(&c->mu_);
     auto running = c->jobs_.Load();
     if (!running.ok()) return running.status();
-    for (JobRecord* rec : *running) {
+    for (const std::string& id : *running) {
+      JobRecord& rec = **c->jobs_.Find(id);
       // Its workers were attached to the previous process; they re-register and the job
       // forms a new generation. Not the job's fault, so no restart is used.
-      c->jobs_.SetState(*rec, weft::v1::RECOVERING,
+      c->jobs_.SetState(rec, weft::v1::RECOVERING,
                         absl::StrCat("coordinator restarted; generation ",
-                                     rec->job.status().generation(), " abandoned"));
-      rec->status()->clear_worker_ids();
-      c->jobs_.Commit(*rec, actions);
+                                     rec.job.status().generation(), " abandoned"));
+      rec.status()->clear_worker_ids();
+      c->jobs_.Commit(rec, actions);
     }
     c->UpdateGaugesLocked();
     spdlog::info("state loaded from {}: {} jobs, next job sequence {}", options.data_dir,

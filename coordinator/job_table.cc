@@ -36,20 +36,20 @@ JobTable::JobTable(std::unique_ptr<StateDb> db, CoordinatorMetrics* metrics, Clo
                    const Options& options)
     : db_(std::move(db)), metrics_(metrics), clock_(std::move(clock)), options_(options) {}
 
-absl::StatusOr<std::vector<JobRecord*>> JobTable::Load() {
+absl::StatusOr<std::vector<std::string>> JobTable::Load() {
   auto jobs = db_->LoadJobs();
   if (!jobs.ok()) return jobs.status();
   auto seq = db_->LoadNextJobSeq();
   if (!seq.ok()) return seq.status();
   next_job_seq_ = *seq;
-  std::vector<JobRecord*> running;
+  std::vector<std::string> running;
   for (weft::v1::Job& job : *jobs) {
     const std::string id = job.status().job_id();
     JobRecord& rec = jobs_[id];
     rec.job = std::move(job);
     rec.seq = SeqFromJobId(id);
     rec.last_persist = clock_();
-    if (rec.state() == weft::v1::RUNNING) running.push_back(&rec);
+    if (rec.state() == weft::v1::RUNNING) running.push_back(id);
   }
   return running;
 }

@@ -41,6 +41,7 @@ struct JobRecord {
   }
 };
 
+// Records move when the table grows: hold a JobRecord* only while no job is added.
 class JobTable {
  public:
   // Receives the job's status after each change; `final` on the last call (the job ended or
@@ -59,9 +60,9 @@ class JobTable {
   JobTable(std::unique_ptr<StateDb> db, CoordinatorMetrics* metrics, Clock clock,
            const Options& options);
 
-  // Loads every stored job and the job sequence; returns the jobs that were RUNNING (their
-  // workers went with the previous process).
-  absl::StatusOr<std::vector<JobRecord*>> Load();
+  // Loads every stored job and the job sequence; returns the ids of the jobs that were
+  // RUNNING (their workers went with the previous process).
+  absl::StatusOr<std::vector<std::string>> Load();
   size_t size() const { return jobs_.size(); }
   int64_t next_job_seq() const { return next_job_seq_; }
 
