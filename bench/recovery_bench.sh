@@ -5,7 +5,7 @@
 #   bench/recovery_bench.sh [BIN_DIR]      (default build/bin)
 # Prints
 #   BENCH recovery detect_s=D resume_s=R lost_steps=L ...
-#   detect_s: SIGKILL -> the coordinator's WORKER_LOST event;
+#   detect_s: SIGKILL -> the coordinator's CONNECTION_LOST (or WORKER_LOST) event;
 #   resume_s: SIGKILL -> the first step of the new generation reported;
 #   lost_steps: steps done before the kill that the new generation had to redo (the kill comes
 #   25 steps after the first checkpoint).
@@ -76,7 +76,8 @@ watch, final, kill_time, kill_step = sys.argv[1], sys.argv[2], float(sys.argv[3]
 def ts(t):
     return datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
 status = json.load(open(final))["status"]
-lost = [e for e in status["events"] if e["type"] == "WORKER_LOST" and ts(e["time"]) >= kill_time]
+lost = [e for e in status["events"]
+        if e["type"] in ("CONNECTION_LOST", "WORKER_LOST") and ts(e["time"]) >= kill_time]
 detect = ts(lost[0]["time"]) - kill_time
 first_new = None
 for line in open(watch):

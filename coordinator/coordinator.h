@@ -1,37 +1,36 @@
 // The coordinator's state machine: jobs, workers, generations, rendezvous and stores.
 //
 // Thread-safe; one mutex guards all state (thousands of heartbeats a second fit easily). The
-// decisions themselves live in decisions.h as pure functions; this class gathers their inputs,
-// applies their results, persists jobs and completes parked calls. Callbacks handed in (call
-// completions, watchers) always run with no lock held.
+// state is kept in parts that each need that lock held: the job table (jobs, events,
+// persistence, watchers; job_table.h), the worker registry (workers, sessions, command queues,
+// held heartbeats; worker_registry.h) and each job's active generation (rendezvous.h); the
+// metrics (coordinator_metrics.h) need no lock. The decisions live in decisions.h as pure
+// functions; this class gathers their inputs, applies their results across the parts, and
+// completes calls. Callbacks handed in (call completions, watchers) always run with no lock
+// held.
 //
-// Blocking operations (held heartbeats, Join, store waits) never hold a thread: they park a
-// completion callback with a deadline on the DeadlineTimer.
+// Blocking operations (held heartbeats, Join, store waits) never hold a thread: they are
+// parked with a deadline (ParkedCall, parked_call.h) on the DeadlineTimer.
 #ifndef WEFT_COORDINATOR_COORDINATOR_H_
 #define WEFT_COORDINATOR_COORDINATOR_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/deadline_timer.h"
 #include "coordinator/decisions.h"
+#include "coordinator/job_table.h"
 #include "coordinator/memory_store.h"
-#include "coordinator/state_db.h"
-#include "prometheus/counter.h"
-#include "prometheus/gauge.h"
-#include "prometheus/histogram.h"
+#include "coordinator/parked_call.h"
+#include "coordinator/worker_registry.h"
 #include "prometheus/registry.h"
 #include "weft/v1/coordinator.pb.h"
 
@@ -60,18 +59,20 @@ struct CoordinatorOptions {
   int32_t max_events_per_job = 200;
   // A step report persists the job at most this often (state changes always persist).
   int64_t metrics_persist_interval_ms = 1000;
+  // Blocking calls (held heartbeats, Join, Store.Wait) never outlive this, whatever deadline
+  // the caller set (or did not).
+  int64_t max_call_hold_ms = 24 * 3600 * 1000;
+  // Held calls are answered this long before the caller's deadline, so the answer arrives in
+  // time.
+  int64_t call_deadline_margin_ms = 50;
 };
 
 class Coordinator {
  public:
-  using Clock = std::function<absl::Time()>;
+  using Clock = weft::coordinator::Clock;
   template <typename T>
   using Done = std::function<void(absl::StatusOr<T>)>;
-  // Receives the job's status after each change; `final` on the last call (the job ended or
-  // the coordinator is shutting down). Calls may arrive concurrently and out of order: `seq`
-  // increases with every change, so a receiver keeps only the highest it has seen.
-  using Watcher =
-      std::function<void(const weft::v1::JobStatus& status, uint64_t seq, bool final)>;
+  using Watcher = JobTable::Watcher;
 
   // Opens the state database and loads every job. Jobs found RUNNING (their workers are gone
   // with the old process) go to RECOVERING without using a restart. `registry` receives the
@@ -82,9 +83,13 @@ class Coordinator {
       Clock clock = nullptr, bool start_ticking = true);
   ~Coordinator();  // Shutdown(), then stops the timer.
 
-  // Answers every parked call UNAVAILABLE, ends every watch and session and refuses new calls. Call before
-  // shutting the gRPC server down: the server waits for parked calls to finish.
+  // Answers every parked call UNAVAILABLE, ends every watch and session and refuses new
+  // calls. Call before shutting the gRPC server down: the server waits for parked calls.
   void Shutdown();
+
+  // When a blocking call whose caller gives up at `caller_deadline` (InfiniteFuture: never)
+  // must be answered: call_deadline_margin_ms before it, and at most max_call_hold_ms from now.
+  absl::Time HoldDeadline(absl::Time caller_deadline) const;
 
   // ---- Jobs ----
   absl::StatusOr<weft::v1::SubmitJobResponse> SubmitJob(const weft::v1::JobSpec& spec);
@@ -92,8 +97,9 @@ class Coordinator {
   absl::StatusOr<weft::v1::ListJobsResponse> ListJobs(const weft::v1::ListJobsRequest& request);
   absl::StatusOr<weft::v1::JobStatus> CancelJob(const std::string& job_id,
                                                 const std::string& reason);
-  // Calls `watcher` at once with the current status, then after every change. Returns an id
-  // for RemoveWatcher; a watcher of an ended job is called once with final=true and not kept.
+  // Calls `watcher` at once with the current status, then after every change (see
+  // JobTable::Watcher). Returns an id for RemoveWatcher; a watcher of an ended job is called
+  // once with final=true and not kept.
   absl::StatusOr<uint64_t> AddWatcher(const std::string& job_id, Watcher watcher);
   void RemoveWatcher(uint64_t id);
 
@@ -108,14 +114,15 @@ class Coordinator {
 
   // Called with OK when a newer session with the same token replaces a session, UNAVAILABLE at
   // shutdown; never after SessionClosed for the same session.
-  using SessionEnd = std::function<void(absl::Status)>;
+  using SessionEnd = WorkerRegistry::SessionEnd;
   // Opens a session under `token` (see Coordinator.OpenSession) and returns its id; the
   // token's previous session, if still open, is ended through its SessionEnd.
   // INVALID_ARGUMENT: a bad token.
   absl::StatusOr<uint64_t> OpenSession(const std::string& token, SessionEnd end);
   // The transport cancelled session `session_id`: when it is its token's current session, the
   // process exited or its connection broke. Unless a new session with the token opens within
-  // LivenessOptions::connection_lost_grace_ms, the worker registered with it is declared dead.
+  // LivenessOptions::connection_lost_grace_ms, the worker registered with it is declared dead
+  // (failure kind connection_lost).
   void SessionClosed(const std::string& token, uint64_t session_id);
   absl::StatusOr<weft::v1::ListWorkersResponse> ListWorkers();
 
@@ -130,138 +137,61 @@ class Coordinator {
   // The store of an active generation. ABORTED if that generation has ended, NOT_FOUND if the
   // job or generation never existed.
   absl::StatusOr<std::shared_ptr<MemoryStore>> GenerationStore(const weft::v1::StoreScope& scope);
+  // GenerationStore for an operation on `key`: INVALID_ARGUMENT when the key is empty or
+  // longer than 4096 bytes.
+  absl::StatusOr<std::shared_ptr<MemoryStore>> StoreForKey(const weft::v1::StoreScope& scope,
+                                                           const std::string& key);
+  // Answers OK once every key of `keys` exists in the scope's store; DEADLINE_EXCEEDED naming
+  // the missing keys at `deadline` or after `timeout_ms` (0: no timeout of its own); the
+  // store's closing status if its generation ends first.
+  void WaitForKeys(const weft::v1::StoreScope& scope, const std::vector<std::string>& keys,
+                   int64_t timeout_ms, absl::Time deadline, Done<weft::v1::StoreWaitResponse> done);
 
   // Liveness checks, scheduling and gauges. Runs every tick_interval_ms on the timer thread;
   // tests that own the clock call it directly.
   void Tick();
 
-  DeadlineTimer& timer() { return timer_; }
-
  private:
-  // Side effects (call completions, watcher calls) gathered under the lock and run after it.
-  class Actions {
-   public:
-    void Add(std::function<void()> fn) { fns_.push_back(std::move(fn)); }
-    void Run() {
-      for (auto& fn : fns_) fn();
-      fns_.clear();
-    }
-    ~Actions() { Run(); }
-
-   private:
-    std::vector<std::function<void()>> fns_;
-  };
-
-  struct ParkedHeartbeat {
-    uint64_t timer_id = 0;
-    Done<weft::v1::HeartbeatResponse> done;
-    int64_t interval_ms = 0;
-  };
-
-  struct WorkerRecord {
-    weft::v1::WorkerStatus status;
-    absl::Time last_heartbeat;
-    // When the transport cancelled the session of session_token (see SessionClosed), if no
-    // new one opened since.
-    absl::Time connection_lost = absl::InfiniteFuture();
-    // RegisterWorker's session_token (empty: none).
-    std::string session_token;
-    // Generation failures blamed on this worker since a generation last made progress with it.
-    int32_t consecutive_failures = 0;
-    // Not scheduled before this time (see CoordinatorOptions::quarantine_after_failures).
-    absl::Time quarantined_until = absl::InfinitePast();
-    std::deque<weft::v1::Command> pending;
-    std::optional<ParkedHeartbeat> parked;
-  };
-
-  // A process's session (Coordinator.OpenSession), by token.
-  struct SessionRecord {
-    uint64_t id = 0;      // the open stream's session id; 0: none open
-    SessionEnd end;       // ends the open stream
-    std::string worker_id;  // registered with this token (empty: not yet)
-  };
-
-  struct JoinWaiter {
-    uint64_t timer_id = 0;
-    bool include_peers = false;
-    Done<weft::v1::JoinResponse> done;
-  };
-
-  struct Generation {
-    int64_t number = 0;
-    std::vector<std::string> members;  // rank order
-    absl::flat_hash_map<std::string, int32_t> rank_of;
-    // By rank: position among the members on the same host, and how many those are.
-    std::vector<int32_t> local_rank;
-    std::vector<int32_t> local_world_size;
-    absl::flat_hash_set<std::string> joined;
-    std::map<std::string, JoinWaiter> join_waiters;
-    bool rendezvous_complete = false;
-    absl::Time start_time;
-    absl::Time last_progress_time;
-    std::shared_ptr<MemoryStore> store;
-  };
-
-  struct JobRecord {
-    weft::v1::Job job;
-    int64_t seq = 0;
-    std::optional<Generation> generation;  // the active one
-    absl::Time last_persist;
-  };
-
-  struct WatcherRecord {
-    std::string job_id;
-    Watcher fn;
-  };
-
   Coordinator(const CoordinatorOptions& options, std::shared_ptr<prometheus::Registry> registry,
               Clock clock, std::unique_ptr<StateDb> db);
 
   absl::Time Now() const { return clock_(); }
-  bool IsTerminal(weft::v1::JobState state) const;
+  // INVALID_ARGUMENT naming `field` unless `key` is a valid store key.
+  static absl::Status CheckStoreKey(const std::string& key, const char* field);
+  absl::Status Refusal() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // ---- helpers; all require mu_ ----
-  void AddEventLocked(JobRecord& rec, weft::v1::JobEventType type, const std::string& message,
-                      Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetStateLocked(JobRecord& rec, weft::v1::JobState state, const std::string& reason,
-                      Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Persists the job and notifies its watchers.
-  void CommitLocked(JobRecord& rec, Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NotifyWatchersLocked(const JobRecord& rec, Actions& actions)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EnqueueCommandLocked(WorkerRecord& worker, weft::v1::Command command, Actions& actions)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Answers a parked heartbeat with the pending commands.
-  void FlushHeartbeatLocked(WorkerRecord& worker, Actions& actions)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The answer to a heartbeat of an incarnation that a newer registration replaced.
-  static weft::v1::HeartbeatResponse StopResponse(const std::string& worker_id, int64_t stale,
-                                                  int64_t current);
-  weft::v1::HeartbeatResponse TakeCommandsLocked(WorkerRecord& worker, int64_t interval_ms)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t HeartbeatIntervalLocked(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
+  // ---- helpers across the parts; all require mu_ ----
   // Ends the active generation of `rec`: live members go IDLE (told to abort unless
   // `completed`), parked joins answer ABORTED, the store closes.
   void EndGenerationLocked(JobRecord& rec, const std::string& reason, bool completed,
-                           Actions& actions)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                           Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A generation failed: end it and decide RECOVERING or FAILED. Mark a dead member
   // WORKER_DEAD first, so it is not told to abort or handed out again.
   void FailGenerationLocked(JobRecord& rec, const std::string& cause, bool permanent,
-                            weft::v1::JobEventType event, Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                            weft::v1::JobEventType event, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartGenerationLocked(JobRecord& rec, const Placement& placement, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Schedules waiting jobs, then updates the state gauges.
   void ScheduleLocked(Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The worker registered with `token`, if it still is (nullptr otherwise).
-  WorkerRecord* SessionWorkerLocked(const std::string& token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a failure of `rec`'s generation against `worker_id`; at the threshold the worker is
   // quarantined and `rec` gets a WORKER_QUARANTINED event.
-  void BlameWorkerLocked(const std::string& worker_id, JobRecord& rec, const std::string& cause,
-                         Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BlameWorkerLocked(const std::string& worker_id, JobRecord& rec, const std::string& cause)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteRendezvousLocked(JobRecord& rec, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  weft::v1::JoinResponse JoinResponseFor(const JobRecord& rec, int32_t rank, bool include_peers)
+  Generation::PeerInfo PeerInfoLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The parts of ReportProgress: a rank's error, rank 0's step metrics and checkpoint, the end.
+  void RankErrorLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request,
+                       Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordStepLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordCheckpointLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request,
+                              Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishJobLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request,
+                       Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the generations of the failures CheckLiveness found.
+  void ApplyFailuresLocked(const std::vector<Failure>& failures, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleTick();
@@ -269,42 +199,14 @@ class Coordinator {
   const CoordinatorOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
   const Clock clock_;
-  std::unique_ptr<StateDb> db_;
+  CoordinatorMetrics metrics_;
 
   absl::Mutex mu_;
-  int64_t next_job_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_watcher_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<std::string, SessionRecord> sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, WatcherRecord> watchers_ ABSL_GUARDED_BY(mu_);
-  uint64_t update_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  JobTable jobs_ ABSL_GUARDED_BY(mu_);
+  WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   bool ticking_ ABSL_GUARDED_BY(mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t tick_timer_id_ ABSL_GUARDED_BY(mu_) = 0;
-
-  // Metrics (prometheus-cpp metrics are thread-safe).
-  prometheus::Family<prometheus::Gauge>* jobs_gauge_;
-  prometheus::Family<prometheus::Gauge>* workers_gauge_;
-  prometheus::Counter* heartbeats_;
-  prometheus::Counter* jobs_submitted_;
-  prometheus::Histogram* rendezvous_latency_;
-  prometheus::Family<prometheus::Counter>* failures_;
-  prometheus::Counter* generations_started_;
-  prometheus::Family<prometheus::Counter>* recoveries_;
-  prometheus::Family<prometheus::Counter>* job_events_;
-  prometheus::Family<prometheus::Gauge>* heartbeat_age_;
-  // The job's rank-0 metrics, labelled job=<id>.
-  struct JobGauges {
-    prometheus::Family<prometheus::Gauge>* step;
-    prometheus::Family<prometheus::Gauge>* loss;
-    prometheus::Family<prometheus::Gauge>* tokens_per_second;
-    prometheus::Family<prometheus::Gauge>* mfu;
-    prometheus::Family<prometheus::Gauge>* step_seconds;
-    prometheus::Family<prometheus::Gauge>* checkpoint_stall;
-    prometheus::Family<prometheus::Gauge>* checkpoint_save;
-  } job_gauges_;
 
   // Last member: destroyed first, so no timer callback runs into a half-destroyed object.
   DeadlineTimer timer_;

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -88,6 +89,33 @@ ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
   return decision;
 }
 
+ScheduleDecision ScheduleSparingQuarantined(const std::vector<WaitingJobView>& jobs,
+                                            const std::vector<IdleWorkerView>& healthy,
+                                            const std::vector<IdleWorkerView>& quarantined) {
+  ScheduleDecision decision = Schedule(jobs, healthy);
+  if (quarantined.empty() || decision.waiting.empty()) return decision;
+  absl::flat_hash_set<std::string_view> taken;
+  for (const auto& p : decision.placements) taken.insert(p.worker_ids.begin(), p.worker_ids.end());
+  std::vector<IdleWorkerView> rest = quarantined;
+  for (const auto& w : healthy) {
+    if (!taken.contains(w.worker_id)) rest.push_back(w);
+  }
+  std::vector<WaitingJobView> still_waiting;
+  for (const auto& [job_id, reason] : decision.waiting) {
+    for (const auto& j : jobs) {
+      if (j.job_id == job_id) still_waiting.push_back(j);
+    }
+  }
+  ScheduleDecision second = Schedule(still_waiting, rest);
+  for (auto& p : second.placements) decision.placements.push_back(std::move(p));
+  decision.waiting = std::move(second.waiting);
+  return decision;
+}
+
+bool IsWorkerDeath(FailureKind kind) {
+  return kind == FailureKind::kHeartbeatTimeout || kind == FailureKind::kConnectionLost;
+}
+
 std::vector<Failure> CheckLiveness(absl::Time now, const std::vector<WorkerLivenessView>& workers,
                                    const std::vector<GenerationView>& generations,
                                    const LivenessOptions& options) {
@@ -114,7 +142,7 @@ std::vector<Failure> CheckLiveness(absl::Time now, const std::vector<WorkerLiven
     } else if (w.connection_lost != absl::InfiniteFuture() &&
                Ms(now - w.connection_lost) > grace_ms) {
       failures.push_back(
-          {FailureKind::kHeartbeatTimeout, w.worker_id, gen ? gen->job_id : "",
+          {FailureKind::kConnectionLost, w.worker_id, gen ? gen->job_id : "",
            gen ? gen->generation : 0,
            absl::StrCat("worker ", w.worker_id, " lost its connection ",
                         Ms(now - w.connection_lost), " ms ago and opened no new session since ",
@@ -158,6 +186,62 @@ RecoveryDecision DecideAfterFailure(int32_t restarts_so_far, int32_t max_restart
   }
   return {weft::v1::RECOVERING, true,
           absl::StrCat(cause, "; restarting (", restarts_so_far + 1, " of ", max_restarts, ")")};
+}
+
+QuarantineDecision DecideQuarantine(absl::Time now, const std::string& worker_id,
+                                    int32_t failures_so_far, const std::string& cause,
+                                    const QuarantineOptions& options) {
+  QuarantineDecision d;
+  d.consecutive_failures = failures_so_far;
+  if (options.after_failures <= 0) {
+    d.reason = "quarantine disabled";
+    return d;
+  }
+  d.consecutive_failures = failures_so_far + 1;
+  if (d.consecutive_failures < options.after_failures) {
+    d.reason = absl::StrCat("worker ", worker_id, " failed ", d.consecutive_failures, " of ",
+                            options.after_failures, " generations in a row before quarantine");
+    return d;
+  }
+  const absl::Time until = now + absl::Milliseconds(options.cooldown_ms);
+  d.reason = absl::StrCat(
+      "worker ", worker_id, " quarantined until ",
+      absl::FormatTime("%Y-%m-%d %H:%M:%S", until, absl::UTCTimeZone()), " UTC after ",
+      d.consecutive_failures, " failed generations in a row (last: ", cause, ")");
+  d.consecutive_failures = 0;
+  d.quarantined_until = until;
+  return d;
+}
+
+bool JobHasEnded(weft::v1::JobState state) {
+  return state == weft::v1::SUCCEEDED || state == weft::v1::FAILED ||
+         state == weft::v1::CANCELLED;
+}
+
+absl::Status CheckTransition(weft::v1::JobState from, weft::v1::JobState to) {
+  auto refuse = [from, to](const char* why) {
+    return absl::FailedPreconditionError(absl::StrCat("job state ", JobState_Name(from), " -> ",
+                                                      JobState_Name(to), " refused: ", why));
+  };
+  if (from == to) return refuse("the job is already in that state");
+  if (JobHasEnded(from)) return refuse("an ended job never changes state again");
+  if (to == weft::v1::CANCELLED) return absl::OkStatus();  // any live job can be cancelled
+  switch (from) {
+    case weft::v1::PENDING:
+      if (to == weft::v1::RUNNING) return absl::OkStatus();
+      return refuse("a pending job has no generation: it can only start running or be cancelled");
+    case weft::v1::RUNNING:
+      if (to == weft::v1::RECOVERING || to == weft::v1::FAILED || to == weft::v1::SUCCEEDED) {
+        return absl::OkStatus();
+      }
+      return refuse("a running job waits for workers only after its generation failed "
+                    "(RECOVERING)");
+    case weft::v1::RECOVERING:
+      if (to == weft::v1::RUNNING || to == weft::v1::PENDING) return absl::OkStatus();
+      return refuse("a recovering job has no generation to succeed or fail with");
+    default:
+      return refuse("the job's current state is not a known job state");
+  }
 }
 
 }  // namespace weft::coordinator

@@ -6,10 +6,12 @@
 #define WEFT_COORDINATOR_DECISIONS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "weft/v1/job.pb.h"
 #include "weft/v1/worker.pb.h"
@@ -59,6 +61,13 @@ ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
 // contiguous and follow device order, and the same set of workers always gets the same ranks.
 void SortInRankOrder(std::vector<IdleWorkerView>* workers);
 
+// Schedule, but quarantined workers are left out first; a job that cannot start without them
+// gets them after all (second pass), so quarantine steers work to healthy workers but never
+// starves a job: one whose every worker keeps failing still spends its restart budget and fails.
+ScheduleDecision ScheduleSparingQuarantined(const std::vector<WaitingJobView>& jobs,
+                                            const std::vector<IdleWorkerView>& healthy,
+                                            const std::vector<IdleWorkerView>& quarantined);
+
 // ---- Liveness ------------------------------------------------------------------------------
 
 struct WorkerLivenessView {
@@ -99,11 +108,16 @@ struct LivenessOptions {
   int64_t connection_lost_grace_ms = 1000;
 };
 
-enum class FailureKind { kHeartbeatTimeout, kRendezvousTimeout, kStall };
+// kConnectionLost: the worker's session dropped and stayed gone past the grace (its process
+// exited or its host became unreachable), which is told apart from plain silence.
+enum class FailureKind { kHeartbeatTimeout, kRendezvousTimeout, kStall, kConnectionLost };
+
+// Whether the failure is a worker's death (it names the worker, who is declared dead).
+bool IsWorkerDeath(FailureKind kind);
 
 struct Failure {
   FailureKind kind;
-  // The dead worker (kHeartbeatTimeout), else empty.
+  // The dead worker (kHeartbeatTimeout, kConnectionLost), else empty.
   std::string worker_id;
   // The generation that must end; empty job_id for an idle worker's death.
   std::string job_id;
@@ -131,6 +145,42 @@ struct RecoveryDecision {
 // What a job does after its generation ended because of `cause`.
 RecoveryDecision DecideAfterFailure(int32_t restarts_so_far, int32_t max_restarts,
                                     bool permanent_error, const std::string& cause);
+
+// ---- Quarantine ----------------------------------------------------------------------------
+
+struct QuarantineOptions {
+  // Generation failures in a row blamed on one worker that quarantine it; 0 disables it.
+  int32_t after_failures = 2;
+  // How long a quarantined worker is given no job while others are idle.
+  int64_t cooldown_ms = 60000;
+};
+
+struct QuarantineDecision {
+  // The worker's failures in a row after this one (back to 0 when it is quarantined now).
+  int32_t consecutive_failures = 0;
+  // Set when the worker is quarantined now: it is not scheduled before this time.
+  std::optional<absl::Time> quarantined_until;
+  std::string reason;
+};
+
+// A failure of a generation was blamed on `worker_id`, which had `failures_so_far` in a row
+// before it. With quarantine disabled the count is left as it was.
+QuarantineDecision DecideQuarantine(absl::Time now, const std::string& worker_id,
+                                    int32_t failures_so_far, const std::string& cause,
+                                    const QuarantineOptions& options);
+
+// ---- Job lifecycle -------------------------------------------------------------------------
+
+// SUCCEEDED, FAILED and CANCELLED: the job never runs again and never changes state again.
+bool JobHasEnded(weft::v1::JobState state);
+
+// Whether a job may go from `from` to `to`: OK, or FAILED_PRECONDITION naming both states and
+// why the move is refused. The allowed moves:
+//   PENDING    -> RUNNING (a generation was assigned), CANCELLED
+//   RUNNING    -> RECOVERING (restart), FAILED, SUCCEEDED, CANCELLED
+//   RECOVERING -> RUNNING (the next generation), PENDING (too few workers), CANCELLED
+// An ended job moves nowhere; a job never "moves" to the state it is in.
+absl::Status CheckTransition(weft::v1::JobState from, weft::v1::JobState to);
 
 }  // namespace weft::coordinator
 

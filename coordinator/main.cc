@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
@@ -30,7 +31,15 @@ struct Flags {
   weft::SecurityFlags security;
   std::string auth_tokens_file;
   weft::coordinator::CoordinatorOptions options;
+  int64_t shutdown_grace_ms = 5000;
 };
+
+// An option whose default is shown in --help and whose value must lie in [lo, hi].
+template <typename T>
+void AddBounded(CLI::App& app, const char* name, T* value, const char* help,
+                std::type_identity_t<T> lo, std::type_identity_t<T> hi) {
+  app.add_option(name, *value, help)->capture_default_str()->check(CLI::Range(lo, hi));
+}
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "weft-coordinator: %s\n", std::string(status.message()).c_str());
@@ -49,36 +58,25 @@ int main(int argc, char** argv) {
                  "require every call to carry one of these bearer tokens (one per line)");
   app.add_option("--data-dir", flags.options.data_dir, "directory of the state database")
       ->capture_default_str();
-  app.add_option("--heartbeat-interval-ms", flags.options.heartbeat_interval_ms,
-                 "heartbeat interval of idle workers")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{10}, int64_t{600000}));
-  app.add_option("--heartbeat-timeout-ms", flags.options.heartbeat_timeout_ms,
-                 "idle workers silent this long are declared dead")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{20}, int64_t{3600000}));
-  app.add_option("--rendezvous-timeout-ms", flags.options.rendezvous_timeout_ms,
-                 "a generation whose members have not all joined by then fails")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{100}, int64_t{86400000}));
-  app.add_option("--connection-lost-grace-ms", flags.options.connection_lost_grace_ms,
-                 "a worker whose session (connection) dropped is dead after this long "
-                 "without a new session")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
-  app.add_option("--quarantine-after-failures", flags.options.quarantine_after_failures,
-                 "quarantine a worker blamed for this many failed generations in a row "
-                 "(0: never)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1000));
-  app.add_option("--quarantine-cooldown-ms", flags.options.quarantine_cooldown_ms,
-                 "how long a quarantined worker is given no job")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{86400000}));
-  app.add_option("--tick-interval-ms", flags.options.tick_interval_ms,
-                 "period of liveness checks and scheduling")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{5}, int64_t{10000}));
+  AddBounded(app, "--heartbeat-interval-ms", &flags.options.heartbeat_interval_ms,
+             "heartbeat interval of idle workers", 10, 600000);
+  AddBounded(app, "--heartbeat-timeout-ms", &flags.options.heartbeat_timeout_ms,
+             "idle workers silent this long are declared dead", 20, 3600000);
+  AddBounded(app, "--rendezvous-timeout-ms", &flags.options.rendezvous_timeout_ms,
+             "a generation whose members have not all joined by then fails", 100, 86400000);
+  AddBounded(app, "--connection-lost-grace-ms", &flags.options.connection_lost_grace_ms,
+             "a worker whose session (connection) dropped is dead after this long without a "
+             "new session",
+             0, 3600000);
+  AddBounded(app, "--quarantine-after-failures", &flags.options.quarantine_after_failures,
+             "quarantine a worker blamed for this many failed generations in a row (0: never)",
+             0, 1000);
+  AddBounded(app, "--quarantine-cooldown-ms", &flags.options.quarantine_cooldown_ms,
+             "how long a quarantined worker is given no job", 0, 86400000);
+  AddBounded(app, "--tick-interval-ms", &flags.options.tick_interval_ms,
+             "period of liveness checks and scheduling", 5, 10000);
+  AddBounded(app, "--shutdown-grace-ms", &flags.shutdown_grace_ms,
+             "on SIGTERM/SIGINT, how long calls in progress may take to finish", 0, 600000);
   app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -113,6 +111,6 @@ int main(int argc, char** argv) {
   const int signo = weft::WaitForShutdownSignal();
   spdlog::info("signal {}: shutting down", signo);
   (*coordinator)->Shutdown();
-  (*daemon)->Shutdown(absl::Seconds(5));
+  (*daemon)->Shutdown(absl::Milliseconds(flags.shutdown_grace_ms));
   return 0;
 }

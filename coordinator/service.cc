@@ -1,11 +1,12 @@
 #include "coordinator/service.h"
 
-#include <atomic>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "coordinator/streams.h"
 
 namespace weft::coordinator {
 namespace {
@@ -13,16 +14,9 @@ namespace {
 using grpc::CallbackServerContext;
 using grpc::ServerUnaryReactor;
 
-// Blocking calls never outlive a day, whatever deadline the caller set (or did not).
-constexpr absl::Duration kMaxHold = absl::Hours(24);
-// Answer held calls this much before the caller's deadline, so the answer arrives in time.
-constexpr absl::Duration kDeadlineMargin = absl::Milliseconds(50);
-
-absl::Time CallDeadline(const CallbackServerContext* context) {
-  const absl::Time cap = absl::Now() + kMaxHold;
-  const auto deadline = context->deadline();
-  if (deadline >= std::chrono::system_clock::now() + absl::ToChronoSeconds(kMaxHold)) return cap;
-  return std::min(cap, absl::FromChrono(deadline) - kDeadlineMargin);
+// When the coordinator must answer a blocking call (see Coordinator::HoldDeadline).
+absl::Time CallDeadline(const Coordinator* coordinator, const CallbackServerContext* context) {
+  return coordinator->HoldDeadline(absl::FromChrono(context->deadline()));
 }
 
 absl::Status Authorize(const TokenAuthorizer* auth, const CallbackServerContext* context) {
@@ -47,19 +41,6 @@ class RejectedWriter final : public grpc::ServerWriteReactor<T> {
   void OnDone() override { delete this; }
 };
 
-// Runs a synchronous operation and finishes the call with its result.
-template <typename Response, typename Op>
-ServerUnaryReactor* Unary(const TokenAuthorizer* auth, CallbackServerContext* context,
-                          Response* response, Op&& op) {
-  ServerUnaryReactor* reactor = nullptr;
-  if (Reject(auth, context, &reactor)) return reactor;
-  reactor = context->DefaultReactor();
-  absl::StatusOr<Response> result = op();
-  if (result.ok()) *response = std::move(*result);
-  reactor->Finish(ToGrpcStatus(result.status()));
-  return reactor;
-}
-
 // A completion for an asynchronous operation: copies the result and finishes the call.
 template <typename Response>
 Coordinator::Done<Response> Finisher(ServerUnaryReactor* reactor, Response* response) {
@@ -69,240 +50,61 @@ Coordinator::Done<Response> Finisher(ServerUnaryReactor* reactor, Response* resp
   };
 }
 
-absl::Status CheckKey(const std::string& key, const char* field) {
-  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
-  if (key.size() > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": longer than 4096 bytes"));
-  }
-  return absl::OkStatus();
+// A blocking call: `op` parks its completion with the coordinator, which finishes the call.
+template <typename Response, typename Op>
+ServerUnaryReactor* Parked(const TokenAuthorizer* auth, CallbackServerContext* context,
+                           Response* response, Op&& op) {
+  ServerUnaryReactor* reactor = nullptr;
+  if (Reject(auth, context, &reactor)) return reactor;
+  reactor = context->DefaultReactor();
+  op(Finisher(reactor, response));
+  return reactor;
 }
 
-// One worker session (Coordinator.OpenSession): writes the confirmation, then stays open until
-// the transport cancels it — the worker's process exited or its connection broke, which
-// SessionClosed reports — or the coordinator ends it. State shared with the coordinator's
-// SessionEnd lives in Sink, which outlives the reactor.
-class SessionReactor final : public grpc::ServerWriteReactor<weft::v1::SessionEvent> {
+// Runs a synchronous operation and finishes the call with its result.
+template <typename Response, typename Op>
+ServerUnaryReactor* Unary(const TokenAuthorizer* auth, CallbackServerContext* context,
+                          Response* response, Op&& op) {
+  return Parked(auth, context, response,
+                [&](Coordinator::Done<Response> done) { done(op()); });
+}
+
+// A Store call on the key of `request`: runs `op` on the generation's store.
+template <typename Request, typename Response, typename Op>
+ServerUnaryReactor* OnStore(const TokenAuthorizer* auth, Coordinator* coordinator,
+                            CallbackServerContext* context, const Request* request,
+                            Response* response, Op&& op) {
+  return Unary(auth, context, response, [&]() -> absl::StatusOr<Response> {
+    WEFT_ASSIGN_OR_RETURN(auto store, coordinator->StoreForKey(request->scope(), request->key()));
+    return op(*store);
+  });
+}
+
+// A gRPC server stream over one of the coordinator's stream state machines (streams.h): it
+// forwards the transport's events and performs the writes the stream asks for.
+template <typename Message, typename Stream>
+class StreamReactor final : public grpc::ServerWriteReactor<Message>,
+                            public StreamOutput<Message> {
  public:
-  SessionReactor(Coordinator* coordinator, const weft::v1::OpenSessionRequest& request)
-      : coordinator_(coordinator), token_(request.session_token()), sink_(std::make_shared<Sink>()) {
-    sink_->reactor = this;
-  }
+  template <typename... Args>
+  explicit StreamReactor(Coordinator* coordinator, Args&&... args)
+      : stream_(coordinator, std::forward<Args>(args)..., this) {}
+  Stream& stream() { return stream_; }
 
-  void Start() {
-    auto id = coordinator_->OpenSession(token_, [sink = sink_](absl::Status s) { sink->End(s); });
-    if (!id.ok()) {
-      sink_->End(id.status());
-      return;
-    }
-    bool cancelled = false;
-    bool write = false;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      session_id_ = *id;
-      cancelled = sink_->cancelled;
-      write = sink_->writing = !cancelled && !sink_->finish_called;
-    }
-    // Cancelled before the session was recorded: OnCancel could not report it.
-    if (cancelled) coordinator_->SessionClosed(token_, *id);
-    if (!write) return;  // cancelled, or already replaced and finished
-    event_.set_session_id(*id);
-    StartWrite(&event_);
+  void Send(const Message* message) override { this->StartWrite(message); }
+  void SendLast(const Message* message, const absl::Status& status) override {
+    this->StartWriteAndFinish(message, grpc::WriteOptions(), ToGrpcStatus(status));
   }
-
-  void OnWriteDone(bool /*ok*/) override {
-    // Nothing more is sent; a failed write is followed by OnCancel.
-    std::optional<grpc::Status> finish;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      sink_->writing = false;
-      if (sink_->deferred && !sink_->finish_called) {
-        sink_->finish_called = true;
-        finish = *sink_->deferred;
-      }
-    }
-    if (finish) Finish(*finish);
-  }
-
-  void OnCancel() override {
-    uint64_t id = 0;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      sink_->cancelled = true;
-      id = session_id_;
-    }
-    if (id != 0) coordinator_->SessionClosed(token_, id);
-    sink_->End(absl::CancelledError("session cancelled"));
-  }
-
+  void End(const absl::Status& status) override { this->Finish(ToGrpcStatus(status)); }
+  void OnWriteDone(bool ok) override { stream_.OnWriteDone(ok); }
+  void OnCancel() override { stream_.OnCancel(); }
   void OnDone() override {
-    {
-      absl::MutexLock lock(&sink_->mu);
-      sink_->reactor = nullptr;
-    }
+    stream_.OnDone();
     delete this;
   }
 
  private:
-  struct Sink {
-    absl::Mutex mu;
-    SessionReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
-    bool writing ABSL_GUARDED_BY(mu) = false;
-    bool finish_called ABSL_GUARDED_BY(mu) = false;
-    bool cancelled ABSL_GUARDED_BY(mu) = false;
-    std::optional<grpc::Status> deferred ABSL_GUARDED_BY(mu);
-
-    // Finishes the stream once, after the confirmation's write if one is in flight.
-    void End(const absl::Status& status) {
-      SessionReactor* finish = nullptr;
-      {
-        absl::MutexLock lock(&mu);
-        if (reactor == nullptr || finish_called) return;
-        if (writing) {
-          deferred = ToGrpcStatus(status);
-          return;
-        }
-        finish_called = true;
-        finish = reactor;
-      }
-      // OnDone (which clears `reactor`) cannot run before this Finish.
-      finish->Finish(ToGrpcStatus(status));
-    }
-  };
-
-  Coordinator* coordinator_;
-  const std::string token_;
-  std::shared_ptr<Sink> sink_;
-  uint64_t session_id_ ABSL_GUARDED_BY(sink_->mu) = 0;
-  weft::v1::SessionEvent event_;
-};
-
-// Streams job status snapshots to one WatchJob caller. Snapshots arriving while a write is in
-// flight are coalesced (the newest wins: each carries the full status). gRPC operations are
-// started outside mu_, because gRPC may run the resulting reaction on the calling thread.
-class WatchReactor final : public grpc::ServerWriteReactor<weft::v1::JobStatus> {
- public:
-  explicit WatchReactor(Coordinator* coordinator) : coordinator_(coordinator) {}
-
-  void Start(const std::string& job_id) {
-    auto id = coordinator_->AddWatcher(
-        job_id, [self = sink_](const weft::v1::JobStatus& status, uint64_t seq, bool final) {
-          if (auto* reactor = self->Acquire(status, seq, final)) reactor->WriteNext();
-        });
-    if (!id.ok()) {
-      bool finish = false;
-      {
-        absl::MutexLock lock(&sink_->mu);
-        if (!sink_->writing && !sink_->finish_called) finish = sink_->finish_called = true;
-        sink_->deferred_status = ToGrpcStatus(id.status());
-      }
-      if (finish) Finish(ToGrpcStatus(id.status()));
-      return;
-    }
-    absl::MutexLock lock(&sink_->mu);
-    watcher_id_ = *id;
-  }
-
-  void OnWriteDone(bool ok) override {
-    bool finish = false;
-    grpc::Status status;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      sink_->writing = false;
-      if (sink_->finish_called) return;  // that write carried the finish
-      if (!ok || sink_->cancelled) {
-        sink_->finish_called = finish = true;
-        status = grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
-      } else if (!sink_->pending) {
-        return;
-      }
-    }
-    if (finish) {
-      Finish(status);
-    } else {
-      WriteNext();
-    }
-  }
-
-  void OnCancel() override {
-    bool finish = false;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      sink_->cancelled = true;
-      if (!sink_->writing && !sink_->finish_called) finish = sink_->finish_called = true;
-    }
-    if (finish) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
-  }
-
-  void OnDone() override {
-    {
-      absl::MutexLock lock(&sink_->mu);
-      sink_->reactor = nullptr;
-    }
-    uint64_t id = 0;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      id = watcher_id_;
-    }
-    if (id != 0) coordinator_->RemoveWatcher(id);
-    delete this;
-  }
-
- private:
-  struct Sink {
-    absl::Mutex mu;
-    WatchReactor* reactor = nullptr;
-    uint64_t last_seq = 0;
-    std::optional<weft::v1::JobStatus> pending;
-    bool pending_final = false;
-    bool writing = false;
-    bool finish_called = false;
-    bool cancelled = false;
-    grpc::Status deferred_status;
-
-    // Records a snapshot; returns the reactor if the caller must start a write.
-    WatchReactor* Acquire(const weft::v1::JobStatus& status, uint64_t seq, bool final) {
-      absl::MutexLock lock(&mu);
-      if (reactor == nullptr || finish_called || seq <= last_seq) return nullptr;
-      last_seq = seq;
-      pending = status;
-      pending_final = final;
-      return writing ? nullptr : reactor;
-    }
-  };
-
-  // Starts a write of the pending snapshot, if any and none is in flight.
-  void WriteNext() {
-    bool final = false;
-    {
-      absl::MutexLock lock(&sink_->mu);
-      if (sink_->writing || sink_->finish_called || !sink_->pending) return;
-      in_flight_ = std::move(*sink_->pending);
-      sink_->pending.reset();
-      sink_->writing = true;
-      final = sink_->pending_final;
-      if (final) sink_->finish_called = true;
-    }
-    if (!final) {
-      StartWrite(&in_flight_);
-      return;
-    }
-    const auto state = in_flight_.state();
-    const bool ended = state == weft::v1::SUCCEEDED || state == weft::v1::FAILED ||
-                       state == weft::v1::CANCELLED;
-    StartWriteAndFinish(&in_flight_, grpc::WriteOptions(),
-                        ended ? grpc::Status::OK
-                              : grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                             "coordinator shutting down; watch again"));
-  }
-
-  Coordinator* coordinator_;
-  std::shared_ptr<Sink> sink_ = [this] {
-    auto s = std::make_shared<Sink>();
-    s->reactor = this;
-    return s;
-  }();
-  uint64_t watcher_id_ = 0;  // guarded by sink_->mu
-  weft::v1::JobStatus in_flight_;
+  Stream stream_;
 };
 
 }  // namespace
@@ -339,8 +141,8 @@ grpc::ServerWriteReactor<weft::v1::JobStatus>* CoordinatorService::WatchJob(
   if (absl::Status s = Authorize(auth_.get(), context); !s.ok()) {
     return new RejectedWriter<weft::v1::JobStatus>(s);
   }
-  auto* reactor = new WatchReactor(coordinator_);
-  reactor->Start(request->job_id());
+  auto* reactor = new StreamReactor<weft::v1::JobStatus, WatchStream>(coordinator_);
+  reactor->stream().Start(request->job_id());
   return reactor;
 }
 
@@ -355,11 +157,9 @@ ServerUnaryReactor* CoordinatorService::RegisterWorker(
 ServerUnaryReactor* CoordinatorService::Heartbeat(CallbackServerContext* context,
                                                   const weft::v1::HeartbeatRequest* request,
                                                   weft::v1::HeartbeatResponse* response) {
-  ServerUnaryReactor* reactor = nullptr;
-  if (Reject(auth_.get(), context, &reactor)) return reactor;
-  reactor = context->DefaultReactor();
-  coordinator_->Heartbeat(*request, CallDeadline(context), Finisher(reactor, response));
-  return reactor;
+  return Parked(auth_.get(), context, response, [&](auto done) {
+    coordinator_->Heartbeat(*request, CallDeadline(coordinator_, context), std::move(done));
+  });
 }
 
 grpc::ServerWriteReactor<weft::v1::SessionEvent>* CoordinatorService::OpenSession(
@@ -367,8 +167,9 @@ grpc::ServerWriteReactor<weft::v1::SessionEvent>* CoordinatorService::OpenSessio
   if (absl::Status s = Authorize(auth_.get(), context); !s.ok()) {
     return new RejectedWriter<weft::v1::SessionEvent>(s);
   }
-  auto* reactor = new SessionReactor(coordinator_, *request);
-  reactor->Start();
+  auto* reactor = new StreamReactor<weft::v1::SessionEvent, SessionStream>(
+      coordinator_, request->session_token());
+  reactor->stream().Start();
   return reactor;
 }
 
@@ -381,11 +182,9 @@ ServerUnaryReactor* CoordinatorService::ListWorkers(CallbackServerContext* conte
 ServerUnaryReactor* CoordinatorService::Join(CallbackServerContext* context,
                                              const weft::v1::JoinRequest* request,
                                              weft::v1::JoinResponse* response) {
-  ServerUnaryReactor* reactor = nullptr;
-  if (Reject(auth_.get(), context, &reactor)) return reactor;
-  reactor = context->DefaultReactor();
-  coordinator_->Join(*request, CallDeadline(context), Finisher(reactor, response));
-  return reactor;
+  return Parked(auth_.get(), context, response, [&](auto done) {
+    coordinator_->Join(*request, CallDeadline(coordinator_, context), std::move(done));
+  });
 }
 
 ServerUnaryReactor* CoordinatorService::ReportProgress(
@@ -399,121 +198,76 @@ ServerUnaryReactor* CoordinatorService::ReportProgress(
 ServerUnaryReactor* StoreService::Set(CallbackServerContext* context,
                                       const weft::v1::StoreSetRequest* request,
                                       weft::v1::StoreSetResponse* response) {
-  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreSetResponse> {
-    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
-    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
-    WEFT_RETURN_IF_ERROR(store->Set(request->key(), request->value()));
-    return weft::v1::StoreSetResponse();
-  });
+  return OnStore(auth_.get(), coordinator_, context, request, response,
+                 [&](MemoryStore& store) -> absl::StatusOr<weft::v1::StoreSetResponse> {
+                   WEFT_RETURN_IF_ERROR(store.Set(request->key(), request->value()));
+                   return weft::v1::StoreSetResponse();
+                 });
 }
 
 ServerUnaryReactor* StoreService::Get(CallbackServerContext* context,
                                       const weft::v1::StoreGetRequest* request,
                                       weft::v1::StoreGetResponse* response) {
-  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreGetResponse> {
-    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
-    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
-    WEFT_ASSIGN_OR_RETURN(std::string value, store->Get(request->key()));
-    weft::v1::StoreGetResponse r;
-    r.set_value(std::move(value));
-    return r;
-  });
+  return OnStore(auth_.get(), coordinator_, context, request, response,
+                 [&](MemoryStore& store) -> absl::StatusOr<weft::v1::StoreGetResponse> {
+                   weft::v1::StoreGetResponse r;
+                   WEFT_ASSIGN_OR_RETURN(*r.mutable_value(), store.Get(request->key()));
+                   return r;
+                 });
 }
 
 ServerUnaryReactor* StoreService::Add(CallbackServerContext* context,
                                       const weft::v1::StoreAddRequest* request,
                                       weft::v1::StoreAddResponse* response) {
-  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreAddResponse> {
-    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
-    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
-    WEFT_ASSIGN_OR_RETURN(int64_t value, store->Add(request->key(), request->delta()));
-    weft::v1::StoreAddResponse r;
-    r.set_value(value);
-    return r;
-  });
+  return OnStore(auth_.get(), coordinator_, context, request, response,
+                 [&](MemoryStore& store) -> absl::StatusOr<weft::v1::StoreAddResponse> {
+                   WEFT_ASSIGN_OR_RETURN(int64_t value, store.Add(request->key(), request->delta()));
+                   weft::v1::StoreAddResponse r;
+                   r.set_value(value);
+                   return r;
+                 });
 }
 
 ServerUnaryReactor* StoreService::CompareSet(CallbackServerContext* context,
                                              const weft::v1::StoreCompareSetRequest* request,
                                              weft::v1::StoreCompareSetResponse* response) {
-  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreCompareSetResponse> {
-    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
-    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
-    std::optional<std::string> expected;
-    if (!request->expect_absent()) expected = request->expected_value();
-    WEFT_ASSIGN_OR_RETURN(CompareSetResult result,
-                          store->CompareSet(request->key(), expected, request->desired_value()));
-    weft::v1::StoreCompareSetResponse r;
-    r.set_swapped(result.swapped);
-    r.set_exists(result.value.has_value());
-    if (result.value) r.set_value(*result.value);
-    return r;
-  });
+  return OnStore(
+      auth_.get(), coordinator_, context, request, response,
+      [&](MemoryStore& store) -> absl::StatusOr<weft::v1::StoreCompareSetResponse> {
+        std::optional<std::string> expected;
+        if (!request->expect_absent()) expected = request->expected_value();
+        WEFT_ASSIGN_OR_RETURN(CompareSetResult result,
+                              store.CompareSet(request->key(), expected, request->desired_value()));
+        weft::v1::StoreCompareSetResponse r;
+        r.set_swapped(result.swapped);
+        r.set_exists(result.value.has_value());
+        if (result.value) r.set_value(*result.value);
+        return r;
+      });
 }
 
 ServerUnaryReactor* StoreService::Wait(CallbackServerContext* context,
                                        const weft::v1::StoreWaitRequest* request,
                                        weft::v1::StoreWaitResponse* response) {
-  ServerUnaryReactor* reactor = nullptr;
-  if (Reject(auth_.get(), context, &reactor)) return reactor;
-  reactor = context->DefaultReactor();
-  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
-  absl::Status check = keys.empty() ? absl::InvalidArgumentError("keys: at least one required")
-                                    : absl::OkStatus();
-  for (size_t i = 0; i < keys.size() && check.ok(); ++i) {
-    check = CheckKey(keys[i], "keys[]");
-  }
-  if (request->timeout_ms() < 0) {
-    check = absl::InvalidArgumentError(
-        absl::StrCat("timeout_ms: must be >= 0, got ", request->timeout_ms()));
-  }
-  auto store = check.ok() ? coordinator_->GenerationStore(request->scope())
-                          : absl::StatusOr<std::shared_ptr<MemoryStore>>(check);
-  if (!store.ok()) {
-    reactor->Finish(ToGrpcStatus(store.status()));
-    return reactor;
-  }
-  absl::Time deadline = CallDeadline(context);
-  if (request->timeout_ms() > 0) {
-    deadline = std::min(deadline, absl::Now() + absl::Milliseconds(request->timeout_ms()));
-  }
-  // Exactly one of the key waiter and the deadline timer finishes the call.
-  struct State {
-    std::atomic<bool> finished{false};
-    std::atomic<uint64_t> wait_id{0};
-  };
-  auto state = std::make_shared<State>();
-  DeadlineTimer& timer = coordinator_->timer();
-  const absl::Time started = absl::Now();
-  const uint64_t timer_id =
-      timer.Schedule(deadline, [reactor, state, keys, s = *store, started] {
-        if (state->finished.exchange(true)) return;
-        if (uint64_t id = state->wait_id.load(); id != 0) s->CancelWait(id);
-        reactor->Finish(ToGrpcStatus(absl::DeadlineExceededError(absl::StrCat(
-            "store wait timed out after ", absl::FormatDuration(absl::Now() - started),
-            "; missing keys: ", absl::StrJoin(s->Missing(keys), ", ")))));
-      });
-  const uint64_t wait_id =
-      (*store)->WhenAll(keys, [reactor, state, &timer, timer_id](absl::Status s) {
-        if (state->finished.exchange(true)) return;
-        timer.Cancel(timer_id);
-        reactor->Finish(ToGrpcStatus(s));
-      });
-  state->wait_id = wait_id;
-  return reactor;
+  return Parked(auth_.get(), context, response, [&](auto done) {
+    coordinator_->WaitForKeys(request->scope(),
+                              std::vector<std::string>(request->keys().begin(),
+                                                       request->keys().end()),
+                              request->timeout_ms(), CallDeadline(coordinator_, context),
+                              std::move(done));
+  });
 }
 
 ServerUnaryReactor* StoreService::Delete(CallbackServerContext* context,
                                          const weft::v1::StoreDeleteRequest* request,
                                          weft::v1::StoreDeleteResponse* response) {
-  return Unary(auth_.get(), context, response, [&]() -> absl::StatusOr<weft::v1::StoreDeleteResponse> {
-    WEFT_RETURN_IF_ERROR(CheckKey(request->key(), "key"));
-    WEFT_ASSIGN_OR_RETURN(auto store, coordinator_->GenerationStore(request->scope()));
-    WEFT_ASSIGN_OR_RETURN(bool deleted, store->Delete(request->key()));
-    weft::v1::StoreDeleteResponse r;
-    r.set_deleted(deleted);
-    return r;
-  });
+  return OnStore(auth_.get(), coordinator_, context, request, response,
+                 [&](MemoryStore& store) -> absl::StatusOr<weft::v1::StoreDeleteResponse> {
+                   WEFT_ASSIGN_OR_RETURN(bool deleted, store.Delete(request->key()));
+                   weft::v1::StoreDeleteResponse r;
+                   r.set_deleted(deleted);
+                   return r;
+                 });
 }
 
 }  // namespace weft::coordinator

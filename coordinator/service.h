@@ -1,6 +1,8 @@
 // gRPC edge of the coordinator: weft.v1.Coordinator and weft.v1.Store over the Coordinator
-// state machine. Handlers only translate; blocking calls (Heartbeat holds, Join, Store.Wait,
-// WatchJob) use the callback API so a parked call holds no thread.
+// state machine. Handlers only translate requests into coordinator calls and Status into gRPC
+// codes; blocking calls (Heartbeat holds, Join, Store.Wait) are parked by the coordinator and
+// the two streams (OpenSession, WatchJob) are state machines in streams.h, so a waiting
+// caller holds no thread.
 #ifndef WEFT_COORDINATOR_SERVICE_H_
 #define WEFT_COORDINATOR_SERVICE_H_
 

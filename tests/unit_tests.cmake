@@ -4,3 +4,4 @@ weft_test(decisions_test unit SOURCES coordinator/decisions_test.cc LIBS weft_co
 weft_test(memory_store_test unit SOURCES coordinator/memory_store_test.cc LIBS weft_coordinator_lib)
 weft_test(deadline_timer_test unit SOURCES coordinator/deadline_timer_test.cc LIBS weft_coordinator_lib)
 weft_test(coordinator_test unit SOURCES coordinator/coordinator_test.cc LIBS weft_coordinator_lib)
+weft_test(parked_call_test unit SOURCES coordinator/parked_call_test.cc LIBS weft_coordinator_lib)

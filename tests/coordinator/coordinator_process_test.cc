@@ -85,22 +85,28 @@ class CoordinatorProcessTest : public ::testing::Test {
     return resp.job_id();
   }
 
+  // Calls `method` on the stub with a 10 s deadline; a failed call fails the test.
+  template <typename Request, typename Response>
+  Response Call(grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
+                                                              const Request&, Response*),
+                const Request& request) {
+    Response response;
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, absl::Seconds(10));
+    grpc::Status s = (stub_.get()->*method)(&ctx, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response;
+  }
+
   v1::Job GetJob(const std::string& id) {
     v1::GetJobRequest req;
     req.set_job_id(id);
-    v1::Job job;
-    grpc::ClientContext ctx;
-    SetTimeout(&ctx, absl::Seconds(10));
-    grpc::Status s = stub_->GetJob(&ctx, req, &job);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return job;
+    return Call(&v1::Coordinator::Stub::GetJob, req);
   }
 
   std::vector<v1::WorkerStatus> Workers() {
-    v1::ListWorkersResponse resp;
-    grpc::ClientContext ctx;
-    SetTimeout(&ctx, absl::Seconds(10));
-    EXPECT_TRUE(stub_->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp).ok());
+    const v1::ListWorkersResponse resp =
+        Call(&v1::Coordinator::Stub::ListWorkers, v1::ListWorkersRequest());
     return {resp.workers().begin(), resp.workers().end()};
   }
 
@@ -116,12 +122,7 @@ class CoordinatorProcessTest : public ::testing::Test {
     req.mutable_info()->set_device_kind(v1::DEVICE_KIND_CPU);
     req.mutable_info()->set_device_index(device_index);
     req.mutable_info()->set_address(absl::StrCat(host, ":", 20000 + device_index));
-    v1::RegisterWorkerResponse resp;
-    grpc::ClientContext ctx;
-    SetTimeout(&ctx, absl::Seconds(10));
-    grpc::Status s = stub_->RegisterWorker(&ctx, req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp;
+    return Call(&v1::Coordinator::Stub::RegisterWorker, req);
   }
 
   absl::StatusOr<v1::JoinJobCommand> AwaitJoinCommand(const v1::RegisterWorkerResponse& reg,
@@ -556,7 +557,7 @@ TEST_F(CoordinatorProcessTest, KilledWorkerIsDeclaredDeadFromItsDroppedSession) 
     bool lost_event = false;
     const v1::Job job = GetJob(*id);
     for (const auto& e : job.status().events()) {
-      if (e.type() == v1::WORKER_LOST) {
+      if (e.type() == v1::CONNECTION_LOST) {
         lost_event = true;
         EXPECT_THAT(e.message(), HasSubstr(host + "/cpu1"));
         EXPECT_THAT(e.message(), HasSubstr("lost its connection"));
@@ -786,6 +787,7 @@ TEST_F(CoordinatorProcessTest, MetricsEndpointExportsCoordinatorMetrics) {
   EXPECT_THAT(body, HasSubstr("weft_coordinator_rendezvous_latency_seconds_count 1"));
   EXPECT_THAT(body, HasSubstr("weft_coordinator_heartbeats_total"));
   EXPECT_THAT(body, HasSubstr("weft_coordinator_failures_detected_total{kind=\"heartbeat_timeout\"} 0"));
+  EXPECT_THAT(body, HasSubstr("weft_coordinator_failures_detected_total{kind=\"connection_lost\"} 0"));
 }
 
 }  // namespace

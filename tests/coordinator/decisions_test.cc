@@ -238,7 +238,10 @@ TEST(CheckLivenessTest, LostConnectionIsDeadAfterTheGraceNotTheTimeout) {
   EXPECT_THAT(CheckLiveness(kT0 + absl::Milliseconds(1100), {w}, gens, opts), IsEmpty());
   auto f = CheckLiveness(kT0 + absl::Milliseconds(1101), {w}, gens, opts);
   ASSERT_THAT(f, SizeIs(1));
-  EXPECT_EQ(f[0].kind, FailureKind::kHeartbeatTimeout);
+  // Its own kind (issue 12): not counted as a heartbeat timeout.
+  EXPECT_EQ(f[0].kind, FailureKind::kConnectionLost);
+  EXPECT_TRUE(IsWorkerDeath(f[0].kind));
+  EXPECT_EQ(f[0].worker_id, "w");
   EXPECT_EQ(f[0].job_id, "job");
   EXPECT_EQ(f[0].generation, 1);
   EXPECT_THAT(f[0].reason, HasSubstr("lost its connection 1001 ms ago"));
@@ -251,6 +254,7 @@ TEST(CheckLivenessTest, LostConnectionGraceNeverExceedsTheHeartbeatTimeout) {
   opts.connection_lost_grace_ms = 1000;
   auto f = CheckLiveness(kT0 + absl::Milliseconds(501), {w}, {}, opts);
   ASSERT_THAT(f, SizeIs(1));
+  EXPECT_EQ(f[0].kind, FailureKind::kHeartbeatTimeout);
   EXPECT_THAT(f[0].reason, HasSubstr("missed heartbeats"));
 }
 
@@ -418,6 +422,135 @@ TEST(DecideAfterFailureTest, PermanentErrorNeverRetried) {
     EXPECT_FALSE(d.counts_as_restart);
     EXPECT_EQ(d.reason, "rank 1: no such file /data/x (permanent error: not retried)");
   }
+}
+
+TEST(IsWorkerDeathTest, OnlyFailuresThatNameADeadWorker) {
+  EXPECT_TRUE(IsWorkerDeath(FailureKind::kHeartbeatTimeout));
+  EXPECT_TRUE(IsWorkerDeath(FailureKind::kConnectionLost));
+  EXPECT_FALSE(IsWorkerDeath(FailureKind::kRendezvousTimeout));
+  EXPECT_FALSE(IsWorkerDeath(FailureKind::kStall));
+}
+
+// ---- ScheduleSparingQuarantined ------------------------------------------------------------
+
+TEST(ScheduleSparingQuarantinedTest, HealthyWorkersFirst) {
+  auto d = ScheduleSparingQuarantined({Job("j", DEVICE_KIND_CPU, 1, 1)}, {Cpu("h", 1)},
+                                      {Cpu("h", 0)});
+  ASSERT_THAT(d.placements, SizeIs(1));
+  EXPECT_THAT(d.placements[0].worker_ids, ElementsAre("h/cpu1"));
+  EXPECT_THAT(d.waiting, IsEmpty());
+}
+
+TEST(ScheduleSparingQuarantinedTest, QuarantinedWorkersWhenTheJobCannotStartWithoutThem) {
+  auto d = ScheduleSparingQuarantined({Job("j", DEVICE_KIND_CPU, 2, 2)}, {Cpu("h", 1)},
+                                      {Cpu("h", 0)});
+  ASSERT_THAT(d.placements, SizeIs(1));
+  EXPECT_THAT(d.placements[0].worker_ids, ElementsAre("h/cpu0", "h/cpu1"));
+  EXPECT_THAT(d.waiting, IsEmpty());
+}
+
+TEST(ScheduleSparingQuarantinedTest, HealthyWorkersTakenInTheFirstPassAreNotHandedOutTwice) {
+  auto d = ScheduleSparingQuarantined(
+      {Job("a", DEVICE_KIND_CPU, 1, 1), Job("b", DEVICE_KIND_CPU, 2, 2)}, {Cpu("h", 1)},
+      {Cpu("h", 0)});
+  ASSERT_THAT(d.placements, SizeIs(1));
+  EXPECT_EQ(d.placements[0].job_id, "a");
+  EXPECT_THAT(d.placements[0].worker_ids, ElementsAre("h/cpu1"));
+  ASSERT_THAT(d.waiting, SizeIs(1));
+  EXPECT_EQ(d.waiting[0].first, "b");
+  EXPECT_THAT(d.waiting[0].second, HasSubstr("needs 2 idle CPU workers, 1 idle"));
+}
+
+// ---- DecideQuarantine ----------------------------------------------------------------------
+
+TEST(DecideQuarantineTest, CountsFailuresBelowTheThreshold) {
+  QuarantineDecision d = DecideQuarantine(kT0, "h/cpu0", 0, "rank 0: boom", QuarantineOptions{});
+  EXPECT_EQ(d.consecutive_failures, 1);
+  EXPECT_FALSE(d.quarantined_until.has_value());
+  EXPECT_THAT(d.reason, HasSubstr("1 of 2"));
+}
+
+TEST(DecideQuarantineTest, QuarantinesAtTheThresholdForTheCooldownAndResetsTheCount) {
+  QuarantineOptions opts;
+  opts.after_failures = 2;
+  opts.cooldown_ms = 60000;
+  QuarantineDecision d = DecideQuarantine(kT0, "h/cpu0", 1, "rank 0: boom", opts);
+  ASSERT_TRUE(d.quarantined_until.has_value());
+  EXPECT_EQ(*d.quarantined_until, kT0 + absl::Seconds(60));
+  EXPECT_EQ(d.consecutive_failures, 0);
+  EXPECT_THAT(d.reason, HasSubstr("worker h/cpu0 quarantined until "));
+  EXPECT_THAT(d.reason, HasSubstr("after 2 failed generations in a row (last: rank 0: boom)"));
+}
+
+TEST(DecideQuarantineTest, DisabledLeavesTheCountAlone) {
+  QuarantineOptions opts;
+  opts.after_failures = 0;
+  QuarantineDecision d = DecideQuarantine(kT0, "w", 7, "x", opts);
+  EXPECT_EQ(d.consecutive_failures, 7);
+  EXPECT_FALSE(d.quarantined_until.has_value());
+}
+
+// ---- Job lifecycle -------------------------------------------------------------------------
+
+namespace v1 = weft::v1;
+constexpr v1::JobState PENDING = v1::PENDING, RUNNING = v1::RUNNING, RECOVERING = v1::RECOVERING,
+                       SUCCEEDED = v1::SUCCEEDED, FAILED = v1::FAILED, CANCELLED = v1::CANCELLED;
+using JobState = v1::JobState;
+
+TEST(JobHasEndedTest, OnlyTheFinalStates) {
+  EXPECT_TRUE(JobHasEnded(SUCCEEDED));
+  EXPECT_TRUE(JobHasEnded(FAILED));
+  EXPECT_TRUE(JobHasEnded(CANCELLED));
+  EXPECT_FALSE(JobHasEnded(PENDING));
+  EXPECT_FALSE(JobHasEnded(RUNNING));
+  EXPECT_FALSE(JobHasEnded(RECOVERING));
+}
+
+TEST(CheckTransitionTest, EveryAllowedTransitionIsAccepted) {
+  const std::vector<std::pair<JobState, JobState>> allowed = {
+      {PENDING, RUNNING},       {PENDING, CANCELLED},   {RUNNING, RECOVERING},
+      {RUNNING, FAILED},        {RUNNING, SUCCEEDED},   {RUNNING, CANCELLED},
+      {RECOVERING, RUNNING},    {RECOVERING, PENDING},  {RECOVERING, CANCELLED},
+  };
+  for (const auto& [from, to] : allowed) {
+    EXPECT_TRUE(CheckTransition(from, to).ok())
+        << JobState_Name(from) << " -> " << JobState_Name(to) << ": "
+        << CheckTransition(from, to);
+  }
+}
+
+TEST(CheckTransitionTest, EveryOtherPairIsRefusedNamingBothStates) {
+  const std::set<std::pair<JobState, JobState>> allowed = {
+      {PENDING, RUNNING},    {PENDING, CANCELLED},    {RUNNING, RECOVERING},
+      {RUNNING, FAILED},     {RUNNING, SUCCEEDED},    {RUNNING, CANCELLED},
+      {RECOVERING, RUNNING}, {RECOVERING, PENDING},   {RECOVERING, CANCELLED},
+  };
+  const JobState all[] = {PENDING, RUNNING, RECOVERING, SUCCEEDED, FAILED, CANCELLED};
+  int refused = 0;
+  for (JobState from : all) {
+    for (JobState to : all) {
+      if (allowed.contains({from, to})) continue;
+      const absl::Status s = CheckTransition(from, to);
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition)
+          << JobState_Name(from) << " -> " << JobState_Name(to);
+      EXPECT_THAT(s.message(), HasSubstr(absl::StrCat(JobState_Name(from), " -> ",
+                                                      JobState_Name(to), " refused: ")));
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, 36 - 9);
+}
+
+TEST(CheckTransitionTest, RefusalsSayWhy) {
+  EXPECT_THAT(CheckTransition(SUCCEEDED, RUNNING).message(),
+              HasSubstr("an ended job never changes state again"));
+  EXPECT_THAT(CheckTransition(CANCELLED, CANCELLED).message(),
+              HasSubstr("already in that state"));
+  EXPECT_THAT(CheckTransition(PENDING, SUCCEEDED).message(),
+              HasSubstr("a pending job has no generation"));
+  EXPECT_THAT(CheckTransition(RUNNING, PENDING).message(), HasSubstr("RECOVERING"));
+  EXPECT_THAT(CheckTransition(RECOVERING, FAILED).message(),
+              HasSubstr("no generation to succeed or fail with"));
 }
 
 }  // namespace

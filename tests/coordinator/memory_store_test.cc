@@ -130,34 +130,30 @@ TEST(MemoryStoreTest, CompareSetExpectAbsentOnAbsentKeySwaps) {
   EXPECT_EQ(*store.Get("k"), "first");
 }
 
-TEST(MemoryStoreTest, CompareSetExpectAbsentOnPresentKeyReturnsCurrent) {
+// Sets "k" to `held`, then CompareSet("k", expected, desired): the swap happens or not as
+// `swapped` says, and both the result and the store hold the value that won.
+void CheckCompareSetOnHeldKey(const std::string& held, const std::optional<std::string>& expected,
+                              const std::string& desired, bool swapped) {
   MemoryStore store;
-  ASSERT_TRUE(store.Set("k", "held").ok());
-  absl::StatusOr<CompareSetResult> r = store.CompareSet("k", std::nullopt, "mine");
+  ASSERT_TRUE(store.Set("k", held).ok());
+  absl::StatusOr<CompareSetResult> r = store.CompareSet("k", expected, desired);
   ASSERT_TRUE(r.ok());
-  EXPECT_FALSE(r->swapped);
-  EXPECT_EQ(r->value, "held");
-  EXPECT_EQ(*store.Get("k"), "held");
+  const std::string now_held = swapped ? desired : held;
+  EXPECT_EQ(r->swapped, swapped);
+  EXPECT_EQ(r->value, now_held);
+  EXPECT_EQ(*store.Get("k"), now_held);
+}
+
+TEST(MemoryStoreTest, CompareSetExpectAbsentOnPresentKeyReturnsCurrent) {
+  CheckCompareSetOnHeldKey("held", std::nullopt, "mine", /*swapped=*/false);
 }
 
 TEST(MemoryStoreTest, CompareSetMatchingValueSwaps) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Set("k", "a").ok());
-  absl::StatusOr<CompareSetResult> r = store.CompareSet("k", std::string("a"), "b");
-  ASSERT_TRUE(r.ok());
-  EXPECT_TRUE(r->swapped);
-  EXPECT_EQ(r->value, "b");
-  EXPECT_EQ(*store.Get("k"), "b");
+  CheckCompareSetOnHeldKey("a", std::string("a"), "b", /*swapped=*/true);
 }
 
 TEST(MemoryStoreTest, CompareSetMismatchKeepsValue) {
-  MemoryStore store;
-  ASSERT_TRUE(store.Set("k", "a").ok());
-  absl::StatusOr<CompareSetResult> r = store.CompareSet("k", std::string("x"), "b");
-  ASSERT_TRUE(r.ok());
-  EXPECT_FALSE(r->swapped);
-  EXPECT_EQ(r->value, "a");
-  EXPECT_EQ(*store.Get("k"), "a");
+  CheckCompareSetOnHeldKey("a", std::string("x"), "b", /*swapped=*/false);
 }
 
 TEST(MemoryStoreTest, CompareSetExpectedValueOnAbsentKeyDoesNotCreate) {

@@ -67,7 +67,9 @@ class RecoveryE2eTest : public ::testing::Test {
     EXPECT_EQ(after.generation(), 2);
     bool lost = false;
     for (const auto& e : after.events()) {
-      if (e.type() == v1::WORKER_LOST) {
+      // A killed process drops its session (CONNECTION_LOST, or WORKER_LOST should its
+      // heartbeat deadline pass first); a frozen one only goes silent (WORKER_LOST).
+      if (e.type() == v1::WORKER_LOST || (signal == SIGKILL && e.type() == v1::CONNECTION_LOST)) {
         lost = true;
         EXPECT_THAT(e.message(), HasSubstr(before.worker_ids(world - 1)));
       }

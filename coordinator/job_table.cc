@@ -1,0 +1,227 @@
+#include "coordinator/job_table.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/time_util.h"
+#include "spdlog/spdlog.h"
+
+namespace weft::coordinator {
+namespace {
+
+int64_t SeqFromJobId(const std::string& job_id) {
+  int64_t seq = 0;
+  const size_t dash = job_id.rfind('-');
+  if (dash != std::string::npos) (void)absl::SimpleAtoi(job_id.substr(dash + 1), &seq);
+  return seq;
+}
+
+// "submitted: 124439808 parameters on 2-4 CPU workers".
+std::string SubmittedMessage(const weft::v1::JobSpec& spec) {
+  const auto& r = spec.resources();
+  const std::string gang = r.min_workers() == r.max_workers()
+                               ? absl::StrCat(r.min_workers())
+                               : absl::StrCat(r.min_workers(), "-", r.max_workers());
+  return absl::StrCat("submitted: ", ModelParameterCount(spec.model()), " parameters on ", gang,
+                      " ", r.device_kind() == weft::v1::DEVICE_KIND_CUDA ? "CUDA" : "CPU",
+                      " worker", r.max_workers() == 1 ? "" : "s");
+}
+
+}  // namespace
+
+JobTable::JobTable(std::unique_ptr<StateDb> db, CoordinatorMetrics* metrics, Clock clock,
+                   const Options& options)
+    : db_(std::move(db)), metrics_(metrics), clock_(std::move(clock)), options_(options) {}
+
+absl::StatusOr<std::vector<std::string>> JobTable::Load() {
+  auto jobs = db_->LoadJobs();
+  if (!jobs.ok()) return jobs.status();
+  auto seq = db_->LoadNextJobSeq();
+  if (!seq.ok()) return seq.status();
+  next_job_seq_ = *seq;
+  std::vector<std::string> running;
+  for (weft::v1::Job& job : *jobs) {
+    const std::string id = job.status().job_id();
+    JobRecord& rec = jobs_[id];
+    rec.job = std::move(job);
+    rec.seq = SeqFromJobId(id);
+    rec.last_persist = clock_();
+    if (rec.state() == weft::v1::RUNNING) running.push_back(id);
+  }
+  return running;
+}
+
+absl::StatusOr<JobRecord*> JobTable::Create(const weft::v1::JobSpec& spec) {
+  const int64_t seq = next_job_seq_;
+  JobRecord rec;
+  rec.seq = seq;
+  *rec.job.mutable_spec() = spec;
+  auto* status = rec.status();
+  status->set_job_id(absl::StrCat(spec.name(), "-", seq));
+  status->set_name(spec.name());
+  // A job's first state: every later one goes through SetState.
+  status->set_state(weft::v1::PENDING);
+  status->set_total_steps(spec.training().total_steps());
+  ToProtoTime(clock_(), status->mutable_create_time());
+  AddEvent(rec, weft::v1::SUBMITTED, SubmittedMessage(spec));
+  // Durable before acknowledged: a job the client was told about survives any crash.
+  if (absl::Status s = db_->PutJob(rec.job, seq + 1); !s.ok()) return s;
+  next_job_seq_ = seq + 1;
+  rec.last_persist = clock_();
+  const std::string job_id = status->job_id();
+  metrics_->CountJobSubmitted(job_id);
+  return &jobs_.emplace(job_id, std::move(rec)).first->second;
+}
+
+absl::StatusOr<JobRecord*> JobTable::Find(const std::string& job_id, const char* field) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat(field ? field : "", field ? ": " : "", "job ",
+                                            job_id, " not found"));
+  }
+  return &it->second;
+}
+
+std::vector<JobRecord*> JobTable::Waiting() {
+  std::vector<JobRecord*> waiting;
+  for (auto& [id, rec] : jobs_) {
+    const weft::v1::JobState s = rec.state();
+    if ((s == weft::v1::PENDING || s == weft::v1::RECOVERING) && !rec.generation) {
+      waiting.push_back(&rec);
+    }
+  }
+  std::sort(waiting.begin(), waiting.end(),
+            [](const JobRecord* a, const JobRecord* b) { return a->seq < b->seq; });
+  return waiting;
+}
+
+void JobTable::ForEachGeneration(const std::function<void(JobRecord&)>& fn) {
+  for (auto& [id, rec] : jobs_) {
+    if (rec.generation) fn(rec);
+  }
+}
+
+absl::flat_hash_map<int, int> JobTable::CountByState() const {
+  absl::flat_hash_map<int, int> counts;
+  for (const auto& [id, rec] : jobs_) ++counts[rec.state()];
+  return counts;
+}
+
+absl::StatusOr<weft::v1::ListJobsResponse> JobTable::List(
+    const weft::v1::ListJobsRequest& request) const {
+  if (request.limit() < 0 || request.limit() > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit: must be in [0, 1000], got ", request.limit()));
+  }
+  const int limit = request.limit() == 0 ? 100 : request.limit();
+  absl::flat_hash_set<int> states(request.states().begin(), request.states().end());
+  std::vector<const JobRecord*> selected;
+  for (const auto& [id, rec] : jobs_) {
+    if (states.empty() || states.contains(rec.state())) selected.push_back(&rec);
+  }
+  std::sort(selected.begin(), selected.end(),
+            [](const JobRecord* a, const JobRecord* b) { return a->seq > b->seq; });
+  weft::v1::ListJobsResponse response;
+  for (size_t i = 0; i < selected.size() && static_cast<int>(i) < limit; ++i) {
+    weft::v1::JobStatus* status = response.add_jobs();
+    *status = selected[i]->job.status();
+    // A listing is a summary: the full event log is one GetJob away.
+    status->clear_events();
+  }
+  return response;
+}
+
+void JobTable::AddEvent(JobRecord& rec, weft::v1::JobEventType type, const std::string& message) {
+  auto* status = rec.status();
+  auto* event = status->add_events();
+  ToProtoTime(clock_(), event->mutable_time());
+  event->set_type(type);
+  event->set_generation(status->generation());
+  event->set_state(status->state());
+  event->set_message(message);
+  metrics_->CountJobEvent(status->job_id(), type);
+  if (status->events_size() > options_.max_events_per_job) {
+    status->mutable_events()->DeleteSubrange(
+        0, status->events_size() - options_.max_events_per_job);
+  }
+  spdlog::info("job {}: {}: {}", status->job_id(), weft::v1::JobEventType_Name(type), message);
+}
+
+void JobTable::SetState(JobRecord& rec, weft::v1::JobState state, const std::string& reason) {
+  auto* status = rec.status();
+  if (status->state() == state) return;
+  if (absl::Status s = CheckTransition(status->state(), state); !s.ok()) {
+    spdlog::error("job {}: {} (reason given: {})", status->job_id(), std::string(s.message()),
+                  reason);
+    return;
+  }
+  status->set_state(state);
+  if (JobHasEnded(state)) ToProtoTime(clock_(), status->mutable_end_time());
+  if (state != weft::v1::PENDING && state != weft::v1::RECOVERING) status->clear_pending_reason();
+  AddEvent(rec, weft::v1::STATE_CHANGED, absl::StrCat(JobState_Name(state), ": ", reason));
+}
+
+void JobTable::Commit(JobRecord& rec, Actions& actions) {
+  if (absl::Status s = db_->PutJob(rec.job); !s.ok()) {
+    // The in-memory state stays authoritative; the next commit retries the write.
+    spdlog::error("job {}: {}", rec.id(), std::string(s.message()));
+  } else {
+    rec.last_persist = clock_();
+  }
+  NotifyWatchers(rec, actions);
+}
+
+void JobTable::CommitIfDue(JobRecord& rec, Actions& actions) {
+  if (clock_() - rec.last_persist >= absl::Milliseconds(options_.metrics_persist_interval_ms)) {
+    Commit(rec, actions);
+  } else {
+    NotifyWatchers(rec, actions);
+  }
+}
+
+void JobTable::NotifyWatchers(const JobRecord& rec, Actions& actions) {
+  const std::string& job_id = rec.id();
+  const bool final = JobHasEnded(rec.state());
+  const uint64_t seq = ++update_seq_;
+  for (auto it = watchers_.begin(); it != watchers_.end();) {
+    if (it->second.job_id != job_id) {
+      ++it;
+      continue;
+    }
+    actions.Add([fn = it->second.fn, status = rec.job.status(), seq, final] {
+      fn(status, seq, final);
+    });
+    it = final ? watchers_.erase(it) : std::next(it);
+  }
+}
+
+absl::StatusOr<uint64_t> JobTable::AddWatcher(const std::string& job_id, Watcher watcher,
+                                              Actions& actions) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  const bool final = JobHasEnded(it->second.state());
+  const uint64_t seq = ++update_seq_;
+  actions.Add([watcher, status = it->second.job.status(), seq, final] {
+    watcher(status, seq, final);
+  });
+  if (final) return 0;
+  const uint64_t id = next_watcher_id_++;
+  watchers_.emplace(id, WatcherRecord{job_id, std::move(watcher)});
+  return id;
+}
+
+void JobTable::EndWatches(Actions& actions) {
+  for (auto& [id, watcher] : watchers_) {
+    auto it = jobs_.find(watcher.job_id);
+    if (it == jobs_.end()) continue;
+    actions.Add([fn = std::move(watcher.fn), status = it->second.job.status()] {
+      fn(status, UINT64_MAX, true);
+    });
+  }
+  watchers_.clear();
+}
+
+}  // namespace weft::coordinator

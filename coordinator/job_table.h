@@ -1,0 +1,121 @@
+// The coordinator's jobs: their records (spec, status, events, the active generation), their
+// persistence in the state database, and the watchers of their status.
+//
+// Part of the coordinator's state: a JobTable is a member of Coordinator guarded by its one
+// lock, so every method runs with that lock held. Watcher calls are not made here but added to
+// the caller's Actions, which run after the lock is released.
+#ifndef WEFT_COORDINATOR_JOB_TABLE_H_
+#define WEFT_COORDINATOR_JOB_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/coordinator_metrics.h"
+#include "coordinator/parked_call.h"
+#include "coordinator/rendezvous.h"
+#include "coordinator/state_db.h"
+#include "weft/v1/coordinator.pb.h"
+
+namespace weft::coordinator {
+
+struct JobRecord {
+  weft::v1::Job job;
+  int64_t seq = 0;
+  std::optional<Generation> generation;  // the active one
+  absl::Time last_persist;
+
+  const std::string& id() const { return job.status().job_id(); }
+  weft::v1::JobState state() const { return job.status().state(); }
+  weft::v1::JobStatus* status() { return job.mutable_status(); }
+  // The active generation if it is number `number`, else nullptr.
+  Generation* ActiveGeneration(int64_t number) {
+    return generation && generation->number() == number ? &*generation : nullptr;
+  }
+};
+
+// Records move when the table grows: hold a JobRecord* only while no job is added.
+class JobTable {
+ public:
+  // Receives the job's status after each change; `final` on the last call (the job ended or
+  // the coordinator is shutting down). Calls may arrive concurrently and out of order: `seq`
+  // increases with every change, so a receiver keeps only the highest it has seen.
+  using Watcher =
+      std::function<void(const weft::v1::JobStatus& status, uint64_t seq, bool final)>;
+
+  struct Options {
+    // Events kept per job (oldest dropped first).
+    int32_t max_events_per_job = 200;
+    // A step report persists the job at most this often (state changes always persist).
+    int64_t metrics_persist_interval_ms = 1000;
+  };
+
+  JobTable(std::unique_ptr<StateDb> db, CoordinatorMetrics* metrics, Clock clock,
+           const Options& options);
+
+  // Loads every stored job and the job sequence; returns the ids of the jobs that were
+  // RUNNING (their workers went with the previous process).
+  absl::StatusOr<std::vector<std::string>> Load();
+  size_t size() const { return jobs_.size(); }
+  int64_t next_job_seq() const { return next_job_seq_; }
+
+  // Validates nothing: `spec` is normalized. Creates the job PENDING with its SUBMITTED event
+  // and stores it (and the next sequence) durably before returning.
+  absl::StatusOr<JobRecord*> Create(const weft::v1::JobSpec& spec);
+  // NOT_FOUND "job <id> not found" (`field`, when set, prefixes the message).
+  absl::StatusOr<JobRecord*> Find(const std::string& job_id, const char* field = nullptr);
+  bool Contains(const std::string& job_id) const { return jobs_.contains(job_id); }
+  // Jobs waiting for a generation (PENDING or RECOVERING without one), oldest first.
+  std::vector<JobRecord*> Waiting();
+  // Visits each job with an active generation.
+  void ForEachGeneration(const std::function<void(JobRecord&)>& fn);
+  absl::flat_hash_map<int, int> CountByState() const;
+  absl::StatusOr<weft::v1::ListJobsResponse> List(const weft::v1::ListJobsRequest& request) const;
+
+  void AddEvent(JobRecord& rec, weft::v1::JobEventType type, const std::string& message);
+  // The one place a job's state changes; the move must pass CheckTransition (a refused move is
+  // a coordinator bug: logged, and the state is left as it was). Records a STATE_CHANGED
+  // event; entering an ended state sets the end time. Setting the current state does nothing.
+  void SetState(JobRecord& rec, weft::v1::JobState state, const std::string& reason);
+  // Persists the job and notifies its watchers.
+  void Commit(JobRecord& rec, Actions& actions);
+  // Commit when the job was last persisted metrics_persist_interval_ms ago, else only notify.
+  void CommitIfDue(JobRecord& rec, Actions& actions);
+  void NotifyWatchers(const JobRecord& rec, Actions& actions);
+
+  // Calls `watcher` (among `actions`) with the current status, then after every change.
+  // Returns an id for RemoveWatcher; a watcher of an ended job is called once with final=true
+  // and not kept (id 0).
+  absl::StatusOr<uint64_t> AddWatcher(const std::string& job_id, Watcher watcher,
+                                      Actions& actions);
+  void RemoveWatcher(uint64_t id) { watchers_.erase(id); }
+  // Calls every watcher a last time with final=true and forgets them (shutdown).
+  void EndWatches(Actions& actions);
+
+ private:
+  struct WatcherRecord {
+    std::string job_id;
+    Watcher fn;
+  };
+
+  std::unique_ptr<StateDb> db_;
+  CoordinatorMetrics* metrics_;
+  const Clock clock_;
+  const Options options_;
+  int64_t next_job_seq_ = 1;
+  absl::flat_hash_map<std::string, JobRecord> jobs_;
+  uint64_t next_watcher_id_ = 1;
+  std::map<uint64_t, WatcherRecord> watchers_;
+  uint64_t update_seq_ = 0;
+};
+
+}  // namespace weft::coordinator
+
+#endif  // WEFT_COORDINATOR_JOB_TABLE_H_
