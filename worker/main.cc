@@ -216,7 +216,9 @@ int main(int argc, char** argv) {
   // Before any thread starts, so that only the signal thread below takes SIGINT/SIGTERM.
   weft::BlockShutdownSignals();
   auto registry = std::make_shared<prometheus::Registry>();
-  auto metrics = weft::StartMetrics(flags.metrics_address, flags.metrics_port_file, registry);
+  // The port file is written below, once the agent has registered its metrics: a scrape that
+  // follows the file must find the weft_worker_ families.
+  auto metrics = weft::StartMetrics(flags.metrics_address, /*port_file=*/"", registry);
   if (!metrics.ok()) return Fail(metrics.status());
   if (*metrics) {
     const std::string& address = flags.metrics_address;
@@ -232,6 +234,13 @@ int main(int argc, char** argv) {
   signal_thread.detach();
 
   weft::worker::WorkerAgent agent(*options, registry);
+  if (*metrics && !flags.metrics_port_file.empty()) {
+    if (auto s = weft::WriteFileAtomically(flags.metrics_port_file,
+                                           absl::StrCat((*metrics)->port(), "\n"));
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
   absl::Status status = agent.Run(g_stop);
   if (!status.ok()) return Fail(status);
   return 0;
