@@ -748,9 +748,15 @@ absl::Status CheckpointStore::SetPinned(const std::string& job, int64_t step, bo
 absl::Status CheckpointStore::Delete(const std::string& job, int64_t step) {
   WEFT_RETURN_IF_ERROR(CheckName(job, "job_id"));
   absl::MutexLock lock(&mu_);
-  // An unreadable manifest cannot say whether the checkpoint is pinned: refused, like SetPinned.
-  WEFT_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifestAt(job, step, rocksdb::ReadOptions()));
-  if (m.pinned()) {
+  // Both read the manifest the same way. An unreadable one (DATA_LOSS) cannot be pinned, but it
+  // can be deleted: the checkpoint can never be restored, and while it stays every List of the
+  // job fails, so deleting it is how an operator clears it.
+  absl::StatusOr<CheckpointManifest> m = ReadManifestAt(job, step, rocksdb::ReadOptions());
+  if (!m.ok() && m.status().code() != absl::StatusCode::kDataLoss) return m.status();
+  if (!m.ok()) {
+    spdlog::warn("deleting checkpoint {} step {} whose manifest is unreadable: {}", job, step,
+                 std::string(m.status().message()));
+  } else if (m->pinned()) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint ", job, " step ", step, " is pinned; unpin it first"));
   }

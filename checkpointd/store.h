@@ -104,8 +104,9 @@ class CheckpointStore {
   // DATA_LOSS naming the step if its manifest is unreadable.
   absl::Status SetPinned(const std::string& job_id, int64_t step, bool pinned);
   // Removes a committed checkpoint (manifest and data in one synced batch). NOT_FOUND if
-  // none, FAILED_PRECONDITION if pinned, DATA_LOSS naming the step if its manifest is
-  // unreadable (whether it is pinned cannot be known; nothing is deleted).
+  // none, FAILED_PRECONDITION if pinned. A checkpoint whose manifest is unreadable is deleted
+  // too (with a warning): it can never be restored, and while it stays every List of the job
+  // fails, so this is how it is cleared.
   absl::Status Delete(const std::string& job_id, int64_t step);
 
   // Collects uncommitted steps older than the grace period (and with no open stream).

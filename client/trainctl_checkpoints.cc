@@ -15,6 +15,7 @@
 #include "common/rpc.h"
 #include "common/time_util.h"
 #include "nlohmann/json.hpp"
+#include "worker/checkpoint_schema.h"
 #include "worker/engine/model_arch.h"
 #include "worker/model_io.h"
 
@@ -100,10 +101,11 @@ int Export(CheckpointClient& client, bool json, const std::string& job_id, int64
     }
     return nullptr;
   };
-  if (find("u0.params") == nullptr) {
+  const std::string head = worker::CheckpointTensorName(0, worker::UnitState::kParams);
+  if (find(head) == nullptr) {
     return Fail(absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", job_id, " step ", at,
-        " holds no GPT model parameters (no tensor u0.params; it has: ",
+        " holds no GPT model parameters (no tensor ", head, "; it has: ",
         names.empty() ? std::string("no tensors") : absl::StrJoin(names, ", "),
         "); export understands checkpoints written by weft-worker only")));
   }
@@ -111,7 +113,7 @@ int Export(CheckpointClient& client, bool json, const std::string& job_id, int64
   if (model.num_layers() < 1 || model.hidden_size() < 1 || model.vocab_size() < 1) {
     return Fail(absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", job_id, " step ", at,
-        " has no model spec in its manifest; cannot name the GPT-2 tensors")));
+        " has no model spec in its manifest; cannot name the model's tensors")));
   }
   auto arch = engine::MakeModelArch(model);
   if (!arch.ok()) {
@@ -122,7 +124,7 @@ int Export(CheckpointClient& client, bool json, const std::string& job_id, int64
   std::vector<std::vector<float>> params;
   params.reserve(units);
   for (int u = 0; u < units; ++u) {
-    const std::string name = absl::StrCat("u", u, ".params");
+    const std::string name = worker::CheckpointTensorName(u, worker::UnitState::kParams);
     const weft::v1::TensorLayout* layout = find(name);
     const int64_t want = static_cast<int64_t>((*arch)->UnitSize(u));
     if (layout == nullptr) {

@@ -2,7 +2,8 @@
 // shared by both engines (worker/zero_cpu.h, worker/zero_cuda.h), the GPU memory planner and
 // checkpoint slicing, so that all of them agree on every offset by construction.
 //
-// Every unit (a flat buffer of `size` elements; see the model's Architecture) is padded with
+// Every unit (a flat buffer of `size` elements; see engine::ModelArch in
+// worker/engine/model_arch.h) is padded with
 // zeros to a multiple of the world size and split into `world` equal shards; rank r owns shard
 // r. The padding is never trained (it holds zeros and receives zero gradient) and never
 // checkpointed: checkpoints speak of the unpadded elements only, so any world size reads them.

@@ -1,8 +1,9 @@
 # The ZeRO engines, the trained-model file and the weft-worker process.
-add_library(weft_model STATIC model_io.cc)
+# weft_model: the trained-model file and the checkpoint schema, which trainctl needs too.
+add_library(weft_model STATIC model_io.cc checkpoint_schema.cc)
 target_link_libraries(weft_model PUBLIC weft_engine_cpu weft_data weft_common)
 
-add_library(weft_worker_lib STATIC shard_layout.cc checkpoint_schema.cc zero_engine.cc
+add_library(weft_worker_lib STATIC shard_layout.cc zero_engine.cc
   zero_cpu.cc generation_run.cc agent.cc worker_metrics.cc checkpointer.cc device_backend.cc
   mfu.cc run_sequencer.cc)
 target_link_libraries(weft_worker_lib PUBLIC weft_model weft_comm weft_client)

@@ -461,7 +461,8 @@ absl::Status ZeroCudaEngine::CopyKeptToHost(int u, UnitState state, size_t offse
 }
 
 absl::Status ZeroCudaEngine::CopyKeptFromHost(int u, UnitState state, const float* host) {
-  return cuda::CudaStatus(cudaMemcpy(Kept(u, state), host, layout_.unit(u).shard * sizeof(float),
+  return cuda::CudaStatus(cudaMemcpy(Kept(u, state), host,
+                                     layout_.KeptElements(u, stage_) * sizeof(float),
                                      cudaMemcpyHostToDevice),
                           "cudaMemcpy of a restored shard");
 }
