@@ -570,7 +570,7 @@ void Coordinator::WaitForKeys(const weft::v1::StoreScope& scope,
             "store wait timed out after ", absl::FormatDuration(absl::Now() - started),
             "; missing keys: ", absl::StrJoin(s->Missing(keys), ", ")));
       });
-  *wait_id = (*store)->WhenAll(keys, [call](absl::Status s) {
+  const uint64_t id = (*store)->WhenAll(keys, [call](absl::Status s) {
     if (auto answer = call->Take()) {
       if (s.ok()) {
         answer(weft::v1::StoreWaitResponse());
@@ -579,6 +579,10 @@ void Coordinator::WaitForKeys(const weft::v1::StoreScope& scope,
       }
     }
   });
+  *wait_id = id;
+  // A deadline that fired before the id was known could not cancel the waiter: do it here, or
+  // it would stay in the store until its keys came or the generation closed.
+  if (call->Answered()) (*store)->CancelWait(id);
 }
 
 // ---- liveness ------------------------------------------------------------------------------

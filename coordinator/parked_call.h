@@ -87,6 +87,12 @@ class ParkedCall {
     return done;
   }
 
+  // True once the completion was taken, by Take() or the deadline.
+  bool Answered() {
+    absl::MutexLock lock(&mu_);
+    return done_ == nullptr;
+  }
+
   // Take(), then answer with `result` among `actions` (run after the caller's lock).
   void AnswerLater(Actions& actions, absl::StatusOr<T> result) {
     if (Done done = Take()) {

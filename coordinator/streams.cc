@@ -100,10 +100,12 @@ void SessionStream::OnDone() {
 
 // ---- WatchStream ---------------------------------------------------------------------------
 
+// What the coordinator's watcher callback and the stream share. The callback may run on any
+// thread at any time, also while the stream is being destroyed, so it reaches only the sink
+// (shared) and never the WatchStream; OnDone clears `output`, after which nothing is written.
 struct WatchStream::Sink {
   absl::Mutex mu;
   StreamOutput<weft::v1::JobStatus>* output ABSL_GUARDED_BY(mu) = nullptr;
-  WatchStream* stream ABSL_GUARDED_BY(mu) = nullptr;
   uint64_t watcher_id ABSL_GUARDED_BY(mu) = 0;
   uint64_t last_seq ABSL_GUARDED_BY(mu) = 0;
   std::optional<weft::v1::JobStatus> pending ABSL_GUARDED_BY(mu);
@@ -111,15 +113,18 @@ struct WatchStream::Sink {
   bool writing ABSL_GUARDED_BY(mu) = false;
   bool finish_called ABSL_GUARDED_BY(mu) = false;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
+  // The message being written: set by the one writer (`writing` true), read by gRPC until
+  // OnWriteDone.
+  weft::v1::JobStatus in_flight;
 
-  // Records a snapshot; returns the stream if the caller must start a write.
-  WatchStream* Acquire(const weft::v1::JobStatus& status, uint64_t seq, bool final) {
+  // Records a snapshot; true if the caller must start a write.
+  bool Acquire(const weft::v1::JobStatus& status, uint64_t seq, bool final) {
     absl::MutexLock lock(&mu);
-    if (stream == nullptr || finish_called || seq <= last_seq) return nullptr;
+    if (output == nullptr || finish_called || seq <= last_seq) return false;
     last_seq = seq;
     pending = status;
     pending_final = final;
-    return writing ? nullptr : stream;
+    return !writing;
   }
 };
 
@@ -127,13 +132,12 @@ WatchStream::WatchStream(Coordinator* coordinator, StreamOutput<weft::v1::JobSta
     : coordinator_(coordinator), sink_(std::make_shared<Sink>()) {
   absl::MutexLock lock(&sink_->mu);
   sink_->output = output;
-  sink_->stream = this;
 }
 
 void WatchStream::Start(const std::string& job_id) {
   auto id = coordinator_->AddWatcher(
       job_id, [sink = sink_](const weft::v1::JobStatus& status, uint64_t seq, bool final) {
-        if (WatchStream* stream = sink->Acquire(status, seq, final)) stream->WriteNext();
+        if (sink->Acquire(status, seq, final)) WriteNext(sink);
       });
   if (!id.ok()) {
     StreamOutput<weft::v1::JobStatus>* finish = nullptr;
@@ -167,7 +171,7 @@ void WatchStream::OnWriteDone(bool ok) {
   if (finish) {
     finish->End(absl::CancelledError("watch cancelled"));
   } else {
-    WriteNext();
+    WriteNext(sink_);
   }
 }
 
@@ -189,30 +193,31 @@ void WatchStream::OnDone() {
   {
     absl::MutexLock lock(&sink_->mu);
     sink_->output = nullptr;
-    sink_->stream = nullptr;
     id = sink_->watcher_id;
   }
   if (id != 0) coordinator_->RemoveWatcher(id);
 }
 
-void WatchStream::WriteNext() {
+void WatchStream::WriteNext(const std::shared_ptr<Sink>& sink) {
   bool final = false;
   StreamOutput<weft::v1::JobStatus>* output = nullptr;
   {
-    absl::MutexLock lock(&sink_->mu);
-    if (sink_->writing || sink_->finish_called || !sink_->pending) return;
-    in_flight_ = std::move(*sink_->pending);
-    sink_->pending.reset();
-    sink_->writing = true;
-    final = sink_->pending_final;
-    if (final) sink_->finish_called = true;
-    output = sink_->output;
+    absl::MutexLock lock(&sink->mu);
+    if (sink->output == nullptr || sink->writing || sink->finish_called || !sink->pending) {
+      return;
+    }
+    sink->in_flight = std::move(*sink->pending);
+    sink->pending.reset();
+    sink->writing = true;
+    final = sink->pending_final;
+    if (final) sink->finish_called = true;
+    output = sink->output;
   }
   if (!final) {
-    output->Send(&in_flight_);
+    output->Send(&sink->in_flight);
     return;
   }
-  output->SendLast(&in_flight_, JobHasEnded(in_flight_.state())
+  output->SendLast(&sink->in_flight, JobHasEnded(sink->in_flight.state())
                                     ? absl::OkStatus()
                                     : absl::UnavailableError(
                                           "coordinator shutting down; watch again"));

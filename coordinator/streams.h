@@ -64,12 +64,13 @@ class WatchStream {
 
  private:
   struct Sink;
-  // Starts a write of the pending snapshot, if any and none is in flight.
-  void WriteNext();
+  // Starts a write of the sink's pending snapshot, if any, none is in flight and the stream
+  // is not done. Static: the watcher callback calls it with only the sink, which outlives the
+  // stream.
+  static void WriteNext(const std::shared_ptr<Sink>& sink);
 
   Coordinator* coordinator_;
   std::shared_ptr<Sink> sink_;
-  weft::v1::JobStatus in_flight_;
 };
 
 }  // namespace weft::coordinator
