@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -53,6 +54,127 @@ bool InUnitInterval(double x, bool include_one) {
   return std::isfinite(x) && x >= 0.0 && (include_one ? x <= 1.0 : x < 1.0);
 }
 
+using Complain = std::function<void(const std::string& field, const std::string& problem)>;
+
+// The fields only LLAMA reads; for GPT2 they must be unset, so that a spec never carries a
+// number that silently does nothing.
+void ValidateLlamaOnlyFieldsUnset(const weft::v1::ModelSpec& m, const Complain& bad) {
+  const std::string why = "is a LLAMA field; must be unset for architecture GPT2";
+  if (m.num_kv_heads() != 0) bad("model.num_kv_heads", why);
+  if (m.intermediate_size() != 0) bad("model.intermediate_size", why);
+  if (m.rope_theta() != 0.0) bad("model.rope_theta", why);
+  if (m.has_rope_scaling()) bad("model.rope_scaling", why);
+  if (m.rms_norm_eps() != 0.0) bad("model.rms_norm_eps", why);
+  if (m.has_tie_word_embeddings() && !m.tie_word_embeddings()) {
+    bad("model.tie_word_embeddings", "GPT2 always ties the LM head to the token embedding; "
+                                     "leave it unset or true");
+  }
+}
+
+void ValidateRopeScaling(const weft::v1::RopeScaling& r, const Complain& bad) {
+  switch (r.kind()) {
+    case weft::v1::RopeScaling::KIND_UNSPECIFIED:
+    case weft::v1::RopeScaling::NONE:
+      if (r.factor() != 0.0 || r.low_freq_factor() != 0.0 || r.high_freq_factor() != 0.0 ||
+          r.original_context_length() != 0) {
+        bad("model.rope_scaling", "kind NONE takes no factor, low_freq_factor, high_freq_factor "
+                                  "or original_context_length");
+      }
+      return;
+    case weft::v1::RopeScaling::LLAMA3:
+      if (!(std::isfinite(r.factor()) && r.factor() > 1.0)) {
+        bad("model.rope_scaling.factor", absl::StrCat("must be > 1 for LLAMA3, got ", r.factor()));
+      }
+      if (!(std::isfinite(r.low_freq_factor()) && r.low_freq_factor() > 0.0)) {
+        bad("model.rope_scaling.low_freq_factor",
+            absl::StrCat("must be > 0 for LLAMA3, got ", r.low_freq_factor()));
+      }
+      if (!(std::isfinite(r.high_freq_factor()) && r.high_freq_factor() > r.low_freq_factor())) {
+        bad("model.rope_scaling.high_freq_factor",
+            absl::StrCat("must be > model.rope_scaling.low_freq_factor (", r.low_freq_factor(),
+                         ") for LLAMA3, got ", r.high_freq_factor()));
+      }
+      if (r.original_context_length() < 1) {
+        bad("model.rope_scaling.original_context_length",
+            absl::StrCat("must be >= 1 for LLAMA3, got ", r.original_context_length()));
+      }
+      return;
+    default:
+      bad("model.rope_scaling.kind", absl::StrCat("unknown value ", r.kind(), "; use NONE or LLAMA3"));
+  }
+}
+
+void ValidateLlamaFields(const weft::v1::ModelSpec& m, const Complain& bad) {
+  if (m.num_kv_heads() < 1 || m.num_kv_heads() > m.num_heads()) {
+    bad("model.num_kv_heads", absl::StrCat("must be in [1, model.num_heads = ", m.num_heads(),
+                                           "], got ", m.num_kv_heads()));
+  } else if (m.num_heads() % m.num_kv_heads() != 0) {
+    bad("model.num_kv_heads", absl::StrCat("must divide model.num_heads (", m.num_heads(), " % ",
+                                           m.num_kv_heads(), " = ",
+                                           m.num_heads() % m.num_kv_heads(), ")"));
+  }
+  if (m.num_heads() >= 1 && m.hidden_size() >= 1 && m.hidden_size() % m.num_heads() == 0 &&
+      (m.hidden_size() / m.num_heads()) % 2 != 0) {
+    bad("model.hidden_size", absl::StrCat("the head size hidden_size / num_heads = ",
+                                          m.hidden_size() / m.num_heads(),
+                                          " must be even for rotary embeddings"));
+  }
+  if (m.intermediate_size() < 1 || m.intermediate_size() > 1048576) {
+    bad("model.intermediate_size",
+        absl::StrCat("must be in [1, 1048576] for LLAMA, got ", m.intermediate_size()));
+  }
+  if (!(std::isfinite(m.rope_theta()) && m.rope_theta() > 0.0)) {
+    bad("model.rope_theta", absl::StrCat("must be > 0, got ", m.rope_theta()));
+  }
+  if (!(std::isfinite(m.rms_norm_eps()) && m.rms_norm_eps() > 0.0)) {
+    bad("model.rms_norm_eps", absl::StrCat("must be > 0, got ", m.rms_norm_eps()));
+  }
+  ValidateRopeScaling(m.rope_scaling(), bad);
+}
+
+void ValidateModel(const weft::v1::ModelSpec& m, const Complain& bad) {
+  if (m.num_layers() < 1) bad("model.num_layers", absl::StrCat("must be >= 1, got ", m.num_layers()));
+  if (m.num_layers() > 1024) bad("model.num_layers", absl::StrCat("must be <= 1024, got ", m.num_layers()));
+  if (m.hidden_size() < 1) bad("model.hidden_size", absl::StrCat("must be >= 1, got ", m.hidden_size()));
+  // Upper bounds far past any real model, so that sizes computed from them (parameter
+  // counts, activation plans) cannot overflow.
+  if (m.hidden_size() > 65536) {
+    bad("model.hidden_size", absl::StrCat("must be <= 65536, got ", m.hidden_size()));
+  }
+  if (m.num_heads() < 1) {
+    bad("model.num_heads", absl::StrCat("must be >= 1, got ", m.num_heads()));
+  } else if (m.hidden_size() >= 1 && m.hidden_size() % m.num_heads() != 0) {
+    bad("model.hidden_size", absl::StrCat("must be divisible by model.num_heads (", m.hidden_size(),
+                                          " % ", m.num_heads(), " = ",
+                                          m.hidden_size() % m.num_heads(), ")"));
+  }
+  if (m.vocab_size() < 2 || m.vocab_size() > kMaxVocabSize) {
+    bad("model.vocab_size", absl::StrCat("must be in [2, ", kMaxVocabSize, "], got ", m.vocab_size()));
+  }
+  if (m.padded_vocab_size() < m.vocab_size()) {
+    bad("model.padded_vocab_size", absl::StrCat("must be >= model.vocab_size (", m.vocab_size(),
+                                                "), got ", m.padded_vocab_size()));
+  } else if (m.padded_vocab_size() > 2 * int64_t{kMaxVocabSize}) {
+    bad("model.padded_vocab_size",
+        absl::StrCat("must be <= ", 2 * int64_t{kMaxVocabSize}, ", got ", m.padded_vocab_size()));
+  }
+  if (m.context_length() < 1) bad("model.context_length", absl::StrCat("must be >= 1, got ", m.context_length()));
+  if (m.context_length() > 1048576) {
+    bad("model.context_length", absl::StrCat("must be <= 1048576, got ", m.context_length()));
+  }
+  switch (m.architecture()) {
+    case weft::v1::ARCHITECTURE_UNSPECIFIED:
+    case weft::v1::GPT2:
+      ValidateLlamaOnlyFieldsUnset(m, bad);
+      break;
+    case weft::v1::LLAMA:
+      ValidateLlamaFields(m, bad);
+      break;
+    default:
+      bad("model.architecture", absl::StrCat("unknown value ", m.architecture(), "; use GPT2 or LLAMA"));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpecText(std::string_view text, std::string_view filename) {
@@ -93,6 +215,18 @@ void ApplyJobSpecDefaults(JobSpec* spec) {
   if (model->padded_vocab_size() == 0 && model->vocab_size() > 0 &&
       model->vocab_size() <= kMaxVocabSize) {
     model->set_padded_vocab_size((model->vocab_size() + 127) / 128 * 128);
+  }
+  if (model->architecture() == weft::v1::ARCHITECTURE_UNSPECIFIED) {
+    model->set_architecture(weft::v1::GPT2);
+  }
+  if (model->architecture() == weft::v1::LLAMA) {
+    if (model->num_kv_heads() == 0) model->set_num_kv_heads(model->num_heads());
+    if (model->rope_theta() == 0.0) model->set_rope_theta(10000.0);
+    if (model->rms_norm_eps() == 0.0) model->set_rms_norm_eps(1e-5);
+    if (!model->has_tie_word_embeddings()) model->set_tie_word_embeddings(false);
+    if (model->rope_scaling().kind() == weft::v1::RopeScaling::KIND_UNSPECIFIED) {
+      model->mutable_rope_scaling()->set_kind(weft::v1::RopeScaling::NONE);
+    }
   }
   auto* data = spec->mutable_data();
   if (data->val_fraction() == 0.0 && data->val_path().empty()) data->set_val_fraction(0.1);
@@ -146,35 +280,7 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
   }
 
   const auto& m = spec.model();
-  if (m.num_layers() < 1) bad("model.num_layers", absl::StrCat("must be >= 1, got ", m.num_layers()));
-  if (m.num_layers() > 1024) bad("model.num_layers", absl::StrCat("must be <= 1024, got ", m.num_layers()));
-  if (m.hidden_size() < 1) bad("model.hidden_size", absl::StrCat("must be >= 1, got ", m.hidden_size()));
-  // Upper bounds far past any real model, so that sizes computed from them (parameter
-  // counts, activation plans) cannot overflow.
-  if (m.hidden_size() > 65536) {
-    bad("model.hidden_size", absl::StrCat("must be <= 65536, got ", m.hidden_size()));
-  }
-  if (m.num_heads() < 1) {
-    bad("model.num_heads", absl::StrCat("must be >= 1, got ", m.num_heads()));
-  } else if (m.hidden_size() >= 1 && m.hidden_size() % m.num_heads() != 0) {
-    bad("model.hidden_size", absl::StrCat("must be divisible by model.num_heads (", m.hidden_size(),
-                                          " % ", m.num_heads(), " = ",
-                                          m.hidden_size() % m.num_heads(), ")"));
-  }
-  if (m.vocab_size() < 2 || m.vocab_size() > kMaxVocabSize) {
-    bad("model.vocab_size", absl::StrCat("must be in [2, ", kMaxVocabSize, "], got ", m.vocab_size()));
-  }
-  if (m.padded_vocab_size() < m.vocab_size()) {
-    bad("model.padded_vocab_size", absl::StrCat("must be >= model.vocab_size (", m.vocab_size(),
-                                                "), got ", m.padded_vocab_size()));
-  } else if (m.padded_vocab_size() > 2 * int64_t{kMaxVocabSize}) {
-    bad("model.padded_vocab_size",
-        absl::StrCat("must be <= ", 2 * int64_t{kMaxVocabSize}, ", got ", m.padded_vocab_size()));
-  }
-  if (m.context_length() < 1) bad("model.context_length", absl::StrCat("must be >= 1, got ", m.context_length()));
-  if (m.context_length() > 1048576) {
-    bad("model.context_length", absl::StrCat("must be <= 1048576, got ", m.context_length()));
-  }
+  ValidateModel(m, bad);
 
   const auto& d = spec.data();
   if (d.train_path().empty()) bad("data.train_path", "required");
@@ -191,8 +297,11 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
                                              m.vocab_size()));
       }
       break;
+    case weft::v1::DATA_FORMAT_UINT32_BIN:
+      break;  // kMaxVocabSize is far below 2^32
     default:
-      bad("data.format", "required: DATA_FORMAT_TEXT_BYTES or DATA_FORMAT_UINT16_BIN");
+      bad("data.format",
+          "required: DATA_FORMAT_TEXT_BYTES, DATA_FORMAT_UINT16_BIN or DATA_FORMAT_UINT32_BIN");
   }
   if (!(std::isfinite(d.val_fraction()) && d.val_fraction() >= 0.0 && d.val_fraction() <= 0.5)) {
     bad("data.val_fraction", absl::StrCat("must be in [0, 0.5], got ", d.val_fraction()));
@@ -258,6 +367,10 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
   }
   if (r.max_workers() > 65536) bad("resources.max_workers", absl::StrCat("must be <= 65536, got ", r.max_workers()));
 
+  if (!spec.init_from_hf_dir().empty() && !spec.resume_from_job().empty()) {
+    bad("init_from_hf_dir", "not together with resume_from_job: a job starts from one of them");
+  }
+
   const auto& c = spec.checkpoint();
   if (c.interval_steps() < 0) bad("checkpoint.interval_steps", absl::StrCat("must be >= 0, got ", c.interval_steps()));
   if (c.keep_last() < 1) bad("checkpoint.keep_last", absl::StrCat("must be >= 1, got ", c.keep_last()));
@@ -295,6 +408,17 @@ int64_t ModelParameterCount(const weft::v1::ModelSpec& m) {
   const int64_t c = m.hidden_size();
   const int64_t l = m.num_layers();
   const int64_t v = m.padded_vocab_size() > 0 ? m.padded_vocab_size() : m.vocab_size();
+  if (m.architecture() == weft::v1::LLAMA) {
+    const int64_t nh = m.num_heads() > 0 ? m.num_heads() : 1;
+    const int64_t kv = m.num_kv_heads() > 0 ? m.num_kv_heads() : nh;
+    const int64_t kv_width = c / nh * kv;
+    // Per block: 2 RMSNorms (2C), QKV (C x (C + 2 kv_width)), output (C^2), gate and up
+    // (2 x C x I), down (I x C). Head: embedding, final RMSNorm, and an untied LM head.
+    const int64_t i = m.intermediate_size();
+    const int64_t per_block = 2 * c + c * (c + 2 * kv_width) + c * c + 3 * c * i;
+    const bool tied = m.has_tie_word_embeddings() && m.tie_word_embeddings();
+    return v * c * (tied ? 1 : 2) + c + l * per_block;
+  }
   const int64_t t = m.context_length();
   // Per block: 2 LayerNorms (4C), QKV (3C^2 + 3C), attention projection (C^2 + C),
   // MLP up (4C^2 + 4C) and down (4C^2 + C).

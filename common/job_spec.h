@@ -35,7 +35,8 @@ std::vector<std::string> ValidateJobSpec(const weft::v1::JobSpec& spec);
 // Applies defaults and validates; INVALID_ARGUMENT listing every violation, one per line.
 absl::StatusOr<weft::v1::JobSpec> NormalizeJobSpec(weft::v1::JobSpec spec);
 
-// GPT-2 parameter count of the spec's model (tied LM head, padded vocabulary).
+// Parameter count of the spec's model (its architecture, padded vocabulary, tied or untied
+// head); engine::ModelArch::ParameterCount agrees (tests/worker/engine/model_arch_test.cc).
 int64_t ModelParameterCount(const weft::v1::ModelSpec& model);
 
 }  // namespace weft

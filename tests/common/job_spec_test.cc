@@ -463,6 +463,151 @@ INSTANTIATE_TEST_SUITE_P(EveryRule, ValidateJobSpecViolationTest, ::testing::Val
                            return info.param.label;
                          });
 
+// The same small model as a Llama (GQA 4/2, SwiGLU 176), every default applied.
+JobSpec ValidLlamaSpec() {
+  JobSpec spec = ValidCpuSpec();
+  auto* m = spec.mutable_model();
+  m->set_architecture(weft::v1::LLAMA);
+  m->set_num_kv_heads(2);
+  m->set_intermediate_size(176);
+  ApplyJobSpecDefaults(&spec);
+  return spec;
+}
+
+TEST(ApplyJobSpecDefaultsTest, LlamaDefaults) {
+  JobSpec spec = ValidCpuSpec();
+  EXPECT_EQ(spec.model().architecture(), weft::v1::GPT2);  // UNSPECIFIED is read as GPT2
+  EXPECT_FALSE(spec.model().has_tie_word_embeddings());
+  spec.mutable_model()->set_architecture(weft::v1::LLAMA);
+  spec.mutable_model()->set_intermediate_size(176);
+  ApplyJobSpecDefaults(&spec);
+  EXPECT_EQ(spec.model().num_kv_heads(), 4);
+  EXPECT_EQ(spec.model().rope_theta(), 10000.0);
+  EXPECT_EQ(spec.model().rms_norm_eps(), 1e-5);
+  EXPECT_TRUE(spec.model().has_tie_word_embeddings());
+  EXPECT_FALSE(spec.model().tie_word_embeddings());
+  EXPECT_EQ(spec.model().rope_scaling().kind(), weft::v1::RopeScaling::NONE);
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+}
+
+class ValidateLlamaSpecViolationTest : public ::testing::TestWithParam<ViolationCase> {};
+
+TEST_P(ValidateLlamaSpecViolationTest, NamesTheFieldOfTheOnlyViolation) {
+  const ViolationCase& c = GetParam();
+  JobSpec spec = ValidLlamaSpec();
+  ASSERT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+  c.mutate(&spec);
+  const std::vector<std::string> violations = ValidateJobSpec(spec);
+  ASSERT_THAT(violations, ::testing::SizeIs(1)) << ::testing::PrintToString(violations);
+  EXPECT_THAT(violations[0], StartsWith(c.field + ": "));
+  EXPECT_THAT(violations[0], HasSubstr(c.problem));
+}
+
+weft::v1::RopeScaling Llama3Scaling() {
+  weft::v1::RopeScaling r;
+  r.set_kind(weft::v1::RopeScaling::LLAMA3);
+  r.set_factor(8);
+  r.set_low_freq_factor(1);
+  r.set_high_freq_factor(4);
+  r.set_original_context_length(8192);
+  return r;
+}
+
+const ViolationCase kLlamaViolationCases[] = {
+    {"KvHeadsDoNotDivideHeads", [](JobSpec* s) { s->mutable_model()->set_num_kv_heads(3); },
+     "model.num_kv_heads", "must divide model.num_heads (4 % 3 = 1)"},
+    {"MoreKvHeadsThanHeads", [](JobSpec* s) { s->mutable_model()->set_num_kv_heads(8); },
+     "model.num_kv_heads", "must be in [1, model.num_heads = 4], got 8"},
+    {"OddHeadSize",
+     [](JobSpec* s) {
+       s->mutable_model()->set_hidden_size(60);  // 60 / 4 = 15
+     },
+     "model.hidden_size", "head size hidden_size / num_heads = 15 must be even"},
+    {"NoIntermediateSize", [](JobSpec* s) { s->mutable_model()->set_intermediate_size(0); },
+     "model.intermediate_size", "must be in [1, 1048576] for LLAMA, got 0"},
+    {"NegativeRopeTheta", [](JobSpec* s) { s->mutable_model()->set_rope_theta(-1); },
+     "model.rope_theta", "must be > 0, got -1"},
+    {"NanRmsEps",
+     [](JobSpec* s) { s->mutable_model()->set_rms_norm_eps(std::numeric_limits<double>::quiet_NaN()); },
+     "model.rms_norm_eps", "must be > 0"},
+    {"Llama3FactorNotAboveOne",
+     [](JobSpec* s) {
+       *s->mutable_model()->mutable_rope_scaling() = Llama3Scaling();
+       s->mutable_model()->mutable_rope_scaling()->set_factor(1);
+     },
+     "model.rope_scaling.factor", "must be > 1 for LLAMA3, got 1"},
+    {"Llama3HighNotAboveLow",
+     [](JobSpec* s) {
+       *s->mutable_model()->mutable_rope_scaling() = Llama3Scaling();
+       s->mutable_model()->mutable_rope_scaling()->set_high_freq_factor(0.5);
+     },
+     "model.rope_scaling.high_freq_factor", "must be > model.rope_scaling.low_freq_factor (1)"},
+    {"Llama3NoOriginalContext",
+     [](JobSpec* s) {
+       *s->mutable_model()->mutable_rope_scaling() = Llama3Scaling();
+       s->mutable_model()->mutable_rope_scaling()->set_original_context_length(0);
+     },
+     "model.rope_scaling.original_context_length", "must be >= 1 for LLAMA3, got 0"},
+    {"NoneWithFactor",
+     [](JobSpec* s) { s->mutable_model()->mutable_rope_scaling()->set_factor(8); },
+     "model.rope_scaling", "kind NONE takes no factor"},
+    {"UnknownRopeKind",
+     [](JobSpec* s) {
+       s->mutable_model()->mutable_rope_scaling()->set_kind(
+           static_cast<weft::v1::RopeScaling::Kind>(9));
+     },
+     "model.rope_scaling.kind", "unknown value 9"},
+    {"HfDirWithResume",
+     [](JobSpec* s) {
+       s->set_init_from_hf_dir("/models/llama");
+       s->set_resume_from_job("other-1");
+     },
+     "init_from_hf_dir", "not together with resume_from_job"},
+    {"UnknownArchitecture",
+     [](JobSpec* s) {
+       s->mutable_model()->set_architecture(static_cast<weft::v1::Architecture>(5));
+     },
+     "model.architecture", "unknown value 5"},
+};
+
+INSTANTIATE_TEST_SUITE_P(EveryRule, ValidateLlamaSpecViolationTest,
+                         ::testing::ValuesIn(kLlamaViolationCases),
+                         [](const ::testing::TestParamInfo<ViolationCase>& info) {
+                           return info.param.label;
+                         });
+
+TEST(ValidateJobSpecTest, Gpt2RefusesEveryLlamaField) {
+  JobSpec spec = ValidCpuSpec();
+  auto* m = spec.mutable_model();
+  m->set_num_kv_heads(2);
+  m->set_intermediate_size(100);
+  m->set_rope_theta(1);
+  *m->mutable_rope_scaling() = Llama3Scaling();
+  m->set_rms_norm_eps(1e-6);
+  m->set_tie_word_embeddings(false);
+  const std::vector<std::string> v = ValidateJobSpec(spec);
+  ASSERT_THAT(v, ::testing::SizeIs(6)) << ::testing::PrintToString(v);
+  for (const char* field : {"model.num_kv_heads", "model.intermediate_size", "model.rope_theta",
+                            "model.rope_scaling", "model.rms_norm_eps"}) {
+    EXPECT_THAT(v, ::testing::Contains(
+                       StartsWith(absl::StrCat(field, ": is a LLAMA field; must be unset"))));
+  }
+  EXPECT_THAT(v, ::testing::Contains(StartsWith("model.tie_word_embeddings: GPT2 always ties")));
+  m->set_tie_word_embeddings(true);  // says what GPT2 does anyway: accepted
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::SizeIs(5));
+}
+
+TEST(ValidateJobSpecTest, Uint32TokensTakeLlama3Vocabulary) {
+  JobSpec spec = ValidLlamaSpec();
+  spec.mutable_data()->set_format(weft::v1::DATA_FORMAT_UINT32_BIN);
+  spec.mutable_model()->set_vocab_size(128256);
+  spec.mutable_model()->set_padded_vocab_size(128256);
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+  spec.mutable_data()->set_format(weft::v1::DATA_FORMAT_UINT16_BIN);
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ::testing::ElementsAre(HasSubstr("must be <= 65536 for DATA_FORMAT_UINT16_BIN")));
+}
+
 // proto3 enums are open: a SubmitJob request can carry a value outside the enum, and it reaches
 // the workers unchanged: every enum field must reject such values.
 TEST(ValidateJobSpecTest, OutOfRangeEnumValuesAreRejected) {
@@ -569,6 +714,34 @@ TEST(ModelParameterCountTest, UnpaddedVocabularyUsesVocabSize) {
   m.set_context_length(1024);
   // The published GPT-2 small count (tied head, unpadded vocabulary).
   EXPECT_EQ(ModelParameterCount(m), 124'439'808);
+}
+
+TEST(ModelParameterCountTest, Llama3_8BAndTiedLlamaByHand) {
+  weft::v1::ModelSpec m;
+  m.set_architecture(weft::v1::LLAMA);
+  m.set_num_layers(32);
+  m.set_hidden_size(4096);
+  m.set_num_heads(32);
+  m.set_num_kv_heads(8);
+  m.set_intermediate_size(14336);
+  m.set_vocab_size(128256);
+  m.set_padded_vocab_size(128256);
+  m.set_context_length(8192);
+  m.set_tie_word_embeddings(false);
+  EXPECT_EQ(ModelParameterCount(m), 8'030'261'248);  // Meta-Llama-3-8B's published count
+  // Tied, by hand: L=1, C=4, NH=2, NKV=1 (KV width 2), I=3, V=5.
+  weft::v1::ModelSpec t;
+  t.set_architecture(weft::v1::LLAMA);
+  t.set_num_layers(1);
+  t.set_hidden_size(4);
+  t.set_num_heads(2);
+  t.set_num_kv_heads(1);
+  t.set_intermediate_size(3);
+  t.set_vocab_size(5);
+  t.set_padded_vocab_size(5);
+  t.set_tie_word_embeddings(true);
+  // embed 20 + norm 4 + block (norms 8, qkv 4 x 8 = 32, out 16, gate/up/down 36)
+  EXPECT_EQ(ModelParameterCount(t), 20 + 4 + 8 + 32 + 16 + 36);
 }
 
 TEST(ModelParameterCountTest, TinyModelByHand) {

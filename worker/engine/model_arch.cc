@@ -4,7 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "worker/engine/gpt2/gpt2_arch.h"
+#include "worker/engine/llama/llama_arch.h"
 
 namespace weft::engine {
 namespace {
@@ -32,6 +34,7 @@ void AppendTensor(std::vector<TensorInfo>* tensors, std::string name, std::vecto
   info.shape = std::move(shape);
   info.decay = decay;
   info.init = init;
+  info.live_size = info.size;
   tensors->push_back(std::move(info));
 }
 
@@ -52,6 +55,36 @@ double StandardNormalAt(uint64_t key, uint64_t index) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
+void InitTensors(const std::vector<TensorInfo>& tensors, uint64_t key, int num_layers,
+                 float* params) {
+  constexpr double kInitStd = 0.02;
+  const double residual_std = kInitStd / std::sqrt(2.0 * num_layers);
+  for (const TensorInfo& info : tensors) {
+    float* p = params + info.offset;
+    for (size_t i = 0; i < info.size; ++i) {
+      const uint64_t index = info.offset + i;
+      if (i >= info.live_size) {
+        p[i] = 0.0f;
+        continue;
+      }
+      switch (info.init) {
+        case TensorInit::kNormal:
+          p[i] = static_cast<float>(kInitStd * StandardNormalAt(key, index));
+          break;
+        case TensorInit::kResidualNormal:
+          p[i] = static_cast<float>(residual_std * StandardNormalAt(key, index));
+          break;
+        case TensorInit::kZeros:
+          p[i] = 0.0f;
+          break;
+        case TensorInit::kOnes:
+          p[i] = 1.0f;
+          break;
+      }
+    }
+  }
+}
+
 size_t ModelArch::ParameterCount() const {
   size_t total = 0;
   for (int u = 0; u < NumUnits(); ++u) total += UnitSize(u);
@@ -59,8 +92,20 @@ size_t ModelArch::ParameterCount() const {
 }
 
 absl::StatusOr<std::unique_ptr<const ModelArch>> MakeModelArch(const weft::v1::ModelSpec& spec) {
-  // Only GPT-2 exists today; a new architecture adds its ModelSpec selector and
-  // a case here.
+  if (spec.architecture() == weft::v1::LLAMA) {
+    const LlamaConfig config = LlamaConfigFromSpec(spec);
+    const std::vector<std::string> problems = LlamaConfigProblems(config);
+    if (!problems.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: not a Llama shape: ", absl::StrJoin(problems, "; ")));
+    }
+    return std::make_unique<const LlamaArch>(config);
+  }
+  if (spec.architecture() != weft::v1::GPT2 &&
+      spec.architecture() != weft::v1::ARCHITECTURE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.architecture: unknown value ", spec.architecture()));
+  }
   const GptConfig config = ConfigFromSpec(spec);
   if (config.num_layers < 1 || config.hidden_size < 1 || config.num_heads < 1 ||
       config.hidden_size % config.num_heads != 0 || config.vocab_size < 1 ||

@@ -42,6 +42,9 @@ struct TensorInfo {
   size_t size = 0;             // floats
   bool decay = false;          // AdamW weight decay applies
   TensorInit init = TensorInit::kZeros;
+  // Elements [live_size, size) are vocabulary padding: 0 at init, never read as an input and
+  // never a target, so they stay 0. AppendTensor sets live_size = size.
+  size_t live_size = 0;
 };
 
 // Appends a tensor right after the last one of `tensors` (units are tiled without gaps).
@@ -49,6 +52,12 @@ void AppendTensor(std::vector<TensorInfo>* tensors, std::string name, std::vecto
                   bool decay, TensorInit init);
 // Writes 1 where `tensors` says weight decay applies, 0 elsewhere, over the unit they tile.
 void FillDecayMask(const std::vector<TensorInfo>& tensors, uint8_t* mask);
+
+// Fills `params`, the unit `tensors` tile, by each tensor's TensorInit: noise drawn through
+// StandardNormalAt(key, offset in the unit), kResidualNormal scaled for `num_layers` blocks, and
+// 0 past each tensor's live_size.
+void InitTensors(const std::vector<TensorInfo>& tensors, uint64_t key, int num_layers,
+                 float* params);
 
 // Counter-based initialisation noise: a standard normal that is a function of (seed, unit,
 // index in the unit) alone, so a unit's values never depend on how it is split across ranks

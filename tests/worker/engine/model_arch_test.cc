@@ -3,6 +3,7 @@
 // the CPU registry building the same model as a direct GptCpu.
 #include "worker/engine/model_arch.h"
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "worker/engine/cpu/gpt2_model.h"
 #include "worker/engine/cpu/model.h"
 #include "worker/engine/gpt2/gpt2_arch.h"
+#include "worker/engine/llama/llama_arch.h"
 
 namespace weft::engine {
 namespace {
@@ -89,6 +91,104 @@ TEST(Gpt2ArchTest, AnswersExactlyTheGpt2Layout) {
     UnitDecayMask(config, u, mask_direct.data());
     EXPECT_EQ(mask_arch, mask_direct) << "unit " << u;
   }
+}
+
+// The tiny Llama the reference fixtures use (tests/fixtures/hf): GQA 4/2, SwiGLU 176, vocab 300.
+weft::v1::ModelSpec TinyLlama(bool tied) {
+  weft::v1::ModelSpec spec = Spec(2, 64, 4, 300, 0, 64);
+  spec.set_architecture(weft::v1::LLAMA);
+  spec.set_num_kv_heads(2);
+  spec.set_intermediate_size(176);
+  spec.set_tie_word_embeddings(tied);
+  return spec;
+}
+
+TEST(LlamaArchTest, LayoutStacksHuggingFaceMatricesAndCountsMatchTheSpecs) {
+  for (bool tied : {false, true}) {
+    auto arch = MakeModelArch(TinyLlama(tied));
+    ASSERT_TRUE(arch.ok()) << arch.status();
+    const ModelArch& a = **arch;
+    EXPECT_EQ(a.name(), "llama");
+    EXPECT_EQ(a.NumUnits(), 3);
+    EXPECT_EQ(a.padded_vocab_size(), 384);
+    const std::vector<TensorInfo> head = a.UnitTensors(0);
+    ASSERT_EQ(head.size(), tied ? 2u : 3u);
+    EXPECT_EQ(head[kLlamaEmbed].name, "embed");
+    EXPECT_EQ(head[kLlamaEmbed].shape, (std::vector<int64_t>{384, 64}));
+    EXPECT_EQ(head[kLlamaEmbed].live_size, 300u * 64);
+    EXPECT_EQ(head[kLlamaNorm].name, "norm");
+    if (!tied) EXPECT_EQ(head[kLlamaLmHead].name, "lm_head");
+    const std::vector<TensorInfo> block = a.UnitTensors(2);
+    ASSERT_EQ(block.size(), static_cast<size_t>(kLlamaNumBlockTensors));
+    EXPECT_EQ(block[kLlamaQkvw].name, "layers.1.qkvw");
+    EXPECT_EQ(block[kLlamaQkvw].shape, (std::vector<int64_t>{64 + 2 * 32, 64}));
+    EXPECT_EQ(block[kLlamaAttnOut].shape, (std::vector<int64_t>{64, 64}));
+    EXPECT_EQ(block[kLlamaGateUp].shape, (std::vector<int64_t>{2 * 176, 64}));
+    EXPECT_EQ(block[kLlamaDown].shape, (std::vector<int64_t>{64, 176}));
+    EXPECT_EQ(a.UnitSize(1), block.back().offset + block.back().size);
+    weft::v1::ModelSpec normalized = TinyLlama(tied);
+    normalized.set_padded_vocab_size(384);
+    EXPECT_EQ(static_cast<int64_t>(a.ParameterCount()), ModelParameterCount(normalized));
+  }
+}
+
+TEST(LlamaArchTest, InitZeroesVocabularyPaddingAndSetsNormsToOne) {
+  auto arch = MakeModelArch(TinyLlama(false));
+  ASSERT_TRUE(arch.ok()) << arch.status();
+  const ModelArch& a = **arch;
+  std::vector<float> head(a.UnitSize(0));
+  a.InitUnit(0, 5, head.data());
+  const std::vector<TensorInfo> t = a.UnitTensors(0);
+  for (int k : {kLlamaEmbed, kLlamaLmHead}) {
+    const TensorInfo& info = t[k];
+    EXPECT_NE(head[info.offset + info.live_size - 1], 0.0f) << info.name;
+    for (size_t i = info.live_size; i < info.size; ++i) {
+      ASSERT_EQ(head[info.offset + i], 0.0f) << info.name << " padding element " << i;
+    }
+  }
+  EXPECT_EQ(head[t[kLlamaNorm].offset], 1.0f);
+  std::vector<float> again(a.UnitSize(0));
+  a.InitUnit(0, 5, again.data());
+  EXPECT_EQ(head, again);
+  a.InitUnit(0, 6, again.data());
+  EXPECT_NE(head, again);
+}
+
+TEST(LlamaArchTest, RotaryFrequenciesWithAndWithoutLlama3Scaling) {
+  LlamaConfig c;
+  c.num_layers = 1;
+  c.hidden_size = 64;
+  c.num_heads = 4;  // D = 16: 8 frequencies
+  c.num_kv_heads = 2;
+  c.rope_theta = 10000.0;
+  std::vector<double> f = RopeInverseFrequencies(c);
+  ASSERT_EQ(f.size(), 8u);
+  EXPECT_DOUBLE_EQ(f[0], 1.0);
+  EXPECT_DOUBLE_EQ(f[1], std::pow(10000.0, -2.0 / 16));
+  EXPECT_DOUBLE_EQ(f[7], std::pow(10000.0, -14.0 / 16));
+  // original context 16, low 1, high 4: wavelengths above 16 are divided by 8, below 4 kept,
+  // between blended. f[0] has wavelength 2 pi (between): smooth = (16 / 2 pi - 1) / 3.
+  c.rope_llama3 = true;
+  c.rope_factor = 8;
+  c.rope_low_freq_factor = 1;
+  c.rope_high_freq_factor = 4;
+  c.rope_original_context_length = 16;
+  const std::vector<double> scaled = RopeInverseFrequencies(c);
+  const double smooth = (16.0 / (2 * M_PI) - 1.0) / 3.0;
+  EXPECT_DOUBLE_EQ(scaled[0], (1 - smooth) * 1.0 / 8 + smooth * 1.0);
+  EXPECT_DOUBLE_EQ(scaled[7], f[7] / 8);  // wavelength ~ 4600 > 16
+}
+
+TEST(MakeModelArchTest, RefusesLlamaShapesWithReasons) {
+  weft::v1::ModelSpec spec = TinyLlama(false);
+  spec.set_num_kv_heads(3);
+  auto arch = MakeModelArch(spec);
+  ASSERT_FALSE(arch.ok());
+  EXPECT_NE(arch.status().message().find("num_kv_heads 3 does not divide num_heads 4"),
+            absl::string_view::npos) << arch.status();
+  spec = TinyLlama(false);
+  spec.set_intermediate_size(0);
+  EXPECT_EQ(MakeModelArch(spec).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TensorTableTest, AppendTensorTilesAndFillDecayMaskFollowsTheTable) {

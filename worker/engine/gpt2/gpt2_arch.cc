@@ -8,8 +8,6 @@
 namespace weft::engine {
 namespace {
 
-constexpr double kInitStd = 0.02;
-
 void CheckUnit(const GptConfig& config, int unit) {
   if (unit >= 0 && unit < NumUnits(config)) return;
   std::fprintf(stderr, "weft::engine: unit %d out of range [0, %d)\n", unit, NumUnits(config));
@@ -39,6 +37,7 @@ std::vector<TensorInfo> UnitTensors(const GptConfig& config, int unit) {
   if (unit == 0) {
     t.reserve(kNumHeadTensors);
     AppendTensor(&t, "wte", {config.padded_vocab_size, c}, true, TensorInit::kNormal);
+    t.back().live_size = static_cast<size_t>(config.vocab_size) * c;
     AppendTensor(&t, "wpe", {config.context_length, c}, true, TensorInit::kNormal);
     AppendTensor(&t, "lnfw", {c}, false, TensorInit::kOnes);
     AppendTensor(&t, "lnfb", {c}, false, TensorInit::kZeros);
@@ -76,34 +75,7 @@ void UnitDecayMask(const GptConfig& config, int unit, uint8_t* mask) {
 
 void InitUnit(const GptConfig& config, int unit, uint64_t seed, float* params) {
   // One stream per (seed, unit); elements are indexed by their offset in the unit.
-  const uint64_t key = InitStreamKey(seed, unit);
-  const double residual_std = kInitStd / std::sqrt(2.0 * config.num_layers);
-  const std::vector<TensorInfo> tensors = UnitTensors(config, unit);
-  for (size_t k = 0; k < tensors.size(); ++k) {
-    const TensorInfo& info = tensors[k];
-    float* p = params + info.offset;
-    // wte rows >= V are vocabulary padding: never an input, never a target.
-    const size_t live = (unit == 0 && k == kWte)
-                            ? static_cast<size_t>(config.vocab_size) * config.hidden_size
-                            : info.size;
-    for (size_t i = 0; i < info.size; ++i) {
-      const uint64_t index = info.offset + i;
-      switch (info.init) {
-        case TensorInit::kNormal:
-          p[i] = i < live ? static_cast<float>(kInitStd * StandardNormalAt(key, index)) : 0.0f;
-          break;
-        case TensorInit::kResidualNormal:
-          p[i] = static_cast<float>(residual_std * StandardNormalAt(key, index));
-          break;
-        case TensorInit::kZeros:
-          p[i] = 0.0f;
-          break;
-        case TensorInit::kOnes:
-          p[i] = 1.0f;
-          break;
-      }
-    }
-  }
+  InitTensors(UnitTensors(config, unit), InitStreamKey(seed, unit), config.num_layers, params);
 }
 
 }  // namespace weft::engine

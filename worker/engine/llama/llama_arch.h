@@ -1,0 +1,99 @@
+// Llama's parameter layout, initialisation and rotary frequencies (device-independent); its
+// models are engine/cpu/llama_model.h (fp32) and engine/cuda/llama_model.h (bf16).
+//
+//   unit 0 ("head"):  embed (Vp, C), norm (C), lm_head (Vp, C) — lm_head only when untied
+//   unit 1+l (block l): attn_norm (C), qkvw (Q + 2 KV, C), attn_out (C, Q), mlp_norm (C),
+//                       gate_up (2 I, C), down (C, I)
+// with head size D = C / NH, Q = NH * D (= C) and KV = NKV * D. Weights are (out, in) like
+// PyTorch's Linear. The fused matrices stack Hugging Face's separate ones row-wise — qkvw is
+// [q_proj; k_proj; v_proj], gate_up is [gate_proj; up_proj] — so each Hugging Face tensor is
+// one contiguous range of a unit (imports read it in place; engine/llama has the mapping).
+//
+// Rotary embeddings follow Hugging Face's convention: within a head, element i and element
+// i + D/2 form the pair rotated by angle position * inv_freq[i] (i < D/2), so imported q/k
+// weights need no permutation.
+#ifndef WEFT_WORKER_ENGINE_LLAMA_LLAMA_ARCH_H_
+#define WEFT_WORKER_ENGINE_LLAMA_LLAMA_ARCH_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "worker/engine/model_arch.h"
+#include "weft/v1/job.pb.h"
+
+namespace weft::engine {
+
+struct LlamaConfig {
+  int num_layers = 0;
+  int hidden_size = 0;        // C
+  int num_heads = 0;          // NH; divides C, head size D = C / NH is even
+  int num_kv_heads = 0;       // NKV; divides NH
+  int intermediate_size = 0;  // I: SwiGLU width
+  int vocab_size = 0;         // V: token ids are in [0, V)
+  int padded_vocab_size = 0;  // Vp >= V: rows of embed (and lm_head) allocated
+  int context_length = 0;     // maxT
+  double rope_theta = 10000.0;
+  // Rotary scaling (weft.v1.RopeScaling); llama3 false means none.
+  bool rope_llama3 = false;
+  double rope_factor = 0.0;
+  double rope_low_freq_factor = 0.0;
+  double rope_high_freq_factor = 0.0;
+  int rope_original_context_length = 0;
+  double rms_norm_eps = 1e-5;
+  bool tie_word_embeddings = false;
+
+  int head_size() const { return hidden_size / num_heads; }        // D
+  int q_width() const { return num_heads * head_size(); }          // Q
+  int kv_width() const { return num_kv_heads * head_size(); }      // KV
+  int qkv_width() const { return q_width() + 2 * kv_width(); }
+};
+
+// Sizes from a normalized ModelSpec (architecture LLAMA, defaults applied; padded_vocab_size 0
+// takes V rounded up to a multiple of 128).
+LlamaConfig LlamaConfigFromSpec(const weft::v1::ModelSpec& spec);
+// What is wrong with `config` for a Llama model, one "field: problem" per violation (empty: ok).
+std::vector<std::string> LlamaConfigProblems(const LlamaConfig& config);
+
+// Index of each tensor in the head and in a block: the layout order.
+enum LlamaHeadTensor : int { kLlamaEmbed, kLlamaNorm, kLlamaLmHead };
+enum LlamaBlockTensor : int {
+  kLlamaAttnNorm,
+  kLlamaQkvw,
+  kLlamaAttnOut,
+  kLlamaMlpNorm,
+  kLlamaGateUp,
+  kLlamaDown,
+  kLlamaNumBlockTensors
+};
+
+// The rotary inverse frequencies inv_freq[i], i in [0, D/2), scaling applied: computed in
+// double (Hugging Face computes them in fp32; the two agree to fp32 rounding).
+std::vector<double> RopeInverseFrequencies(const LlamaConfig& config);
+
+class LlamaArch final : public ModelArch {
+ public:
+  explicit LlamaArch(const LlamaConfig& config) : config_(config) {}
+
+  const LlamaConfig& config() const { return config_; }
+
+  std::string name() const override { return "llama"; }
+  int num_layers() const override { return config_.num_layers; }
+  int vocab_size() const override { return config_.vocab_size; }
+  int padded_vocab_size() const override { return config_.padded_vocab_size; }
+  int context_length() const override { return config_.context_length; }
+  size_t UnitSize(int unit) const override;
+  std::vector<TensorInfo> UnitTensors(int unit) const override;
+  // N(0, 0.02) matrices and embeddings (attn_out and down scaled by 1 / sqrt(2 * num_layers),
+  // as GPT-2 does for projections into the residual stream), unit norm weights; vocabulary
+  // padding rows are 0. Each element depends only on (seed, unit, its index in the unit).
+  void InitUnit(int unit, uint64_t seed, float* params) const override;
+
+ private:
+  const LlamaConfig config_;
+};
+
+}  // namespace weft::engine
+
+#endif  // WEFT_WORKER_ENGINE_LLAMA_LLAMA_ARCH_H_
