@@ -269,13 +269,19 @@ absl::Status Problems(const std::string& path, const std::vector<std::string>& p
   return absl::InvalidArgumentError(absl::StrJoin(lines, "\n"));
 }
 
+template <typename T>
+std::string ValueText(const T& value) {
+  return absl::StrCat(value);
+}
+std::string ValueText(bool value) { return value ? "true" : "false"; }
+
 // Appends "model.<field> is <want> but config.json <key> is <got>" when they differ.
 template <typename T>
 void Compare(const char* field, const T& want, const char* key, const T& got,
              std::vector<std::string>* problems) {
   if (want == got) return;
-  problems->push_back(absl::StrCat("model.", field, " is ", want, " but config.json ", key,
-                                   " is ", got));
+  problems->push_back(absl::StrCat("model.", field, " is ", ValueText(want), " but config.json ",
+                                   key, " is ", ValueText(got)));
 }
 
 void CompareLlama(const ModelSpec& spec, const ModelSpec& hf, std::vector<std::string>* p) {
@@ -294,8 +300,11 @@ void CompareLlama(const ModelSpec& spec, const ModelSpec& hf, std::vector<std::s
                               " (it must be at most that)"));
   }
   Compare("rope_theta", want.rope_theta, "rope_theta", got.rope_theta, p);
-  Compare("rope_scaling.kind", std::string(want.rope_llama3 ? "LLAMA3" : "NONE"),
-          "rope_scaling type", std::string(got.rope_llama3 ? "llama3" : "none"), p);
+  if (want.rope_llama3 != got.rope_llama3) {
+    p->push_back(absl::StrCat("model.rope_scaling.kind is ", want.rope_llama3 ? "LLAMA3" : "NONE",
+                              " but config.json rope_scaling is ",
+                              got.rope_llama3 ? "llama3" : "none"));
+  }
   if (want.rope_llama3 && got.rope_llama3) {
     Compare("rope_scaling.factor", want.rope_factor, "rope_scaling.factor", got.rope_factor, p);
     Compare("rope_scaling.low_freq_factor", want.rope_low_freq_factor,
