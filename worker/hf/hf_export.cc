@@ -120,9 +120,8 @@ data::TensorData HfTensorFromUnits(const HfTensorMap& m,
     return t;
   }
   t.data.resize(m.size());
-  for (int64_t r = 0; r < m.rows; ++r) {
-    for (int64_t c = 0; c < m.cols; ++c) t.data[c * m.rows + r] = src[r * m.cols + c];
-  }
+  const float* unit = units[m.unit].data();
+  for (size_t i = 0; i < m.size(); ++i) t.data[i] = unit[UnitOffsetOf(m, static_cast<int64_t>(i))];
   return t;
 }
 

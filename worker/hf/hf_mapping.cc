@@ -137,6 +137,14 @@ absl::StatusOr<std::vector<HfTensorMap>> HfTensorMapping(const engine::ModelArch
   return out;
 }
 
+size_t UnitOffsetOf(const HfTensorMap& m, int64_t index) {
+  if (!m.transposed) return m.offset + static_cast<size_t>(index);
+  // Hugging Face's (c, r), of shape (cols, rows), is Weft's (r, c).
+  const int64_t c = index / m.rows;
+  const int64_t r = index % m.rows;
+  return m.offset + static_cast<size_t>(r * m.cols + c);
+}
+
 std::string HfAlternateName(const std::string& name) {
   const std::string kPrefix = "transformer.";
   if (!absl::StartsWith(name, kPrefix)) return "";

@@ -57,6 +57,10 @@ struct HfTensorMap {
   size_t size() const { return static_cast<size_t>(rows * cols); }
 };
 
+// The float of the unit that holds element `index` (flat, row-major in Hugging Face's shape)
+// of `m`.
+size_t UnitOffsetOf(const HfTensorMap& m, int64_t index);
+
 // Every Hugging Face tensor of `arch` (gpt2 or llama), by unit then offset. The mapped blocks
 // and the vocabulary padding rows tile every unit exactly. INVALID_ARGUMENT for another
 // architecture.
