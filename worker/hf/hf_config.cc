@@ -1,6 +1,7 @@
 #include "worker/hf/hf_config.h"
 
 #include <cstdint>
+#include <initializer_list>
 #include <set>
 #include <string>
 #include <vector>
@@ -108,16 +109,29 @@ class KeyReader {
   std::set<std::string> seen_;
 };
 
+// An integer size of the config and the ModelSpec field it sets.
+struct SizeKey {
+  const char* key;
+  int64_t absent;  // transformers' default
+  void (ModelSpec::*set)(int32_t);
+};
+
+void ReadSizes(KeyReader& r, std::initializer_list<SizeKey> keys, ModelSpec* spec) {
+  for (const SizeKey& k : keys) (spec->*k.set)(static_cast<int32_t>(r.Int(k.key, k.absent)));
+}
+
 // GPT-2 as Weft implements it (llm.c's): GELU (tanh), LayerNorm eps 1e-5, scaled dot-product
 // attention, tied head, MLP 4C. transformers' GPT2Config defaults fill absent keys.
 ModelSpec Gpt2Spec(KeyReader& r) {
   ModelSpec spec;
   spec.set_architecture(weft::v1::GPT2);
-  spec.set_num_layers(static_cast<int32_t>(r.Int("n_layer", 12)));
-  spec.set_hidden_size(static_cast<int32_t>(r.Int("n_embd", 768)));
-  spec.set_num_heads(static_cast<int32_t>(r.Int("n_head", 12)));
-  spec.set_vocab_size(static_cast<int32_t>(r.Int("vocab_size", 50257)));
-  spec.set_context_length(static_cast<int32_t>(r.Int("n_positions", 1024)));
+  ReadSizes(r,
+            {{"n_layer", 12, &ModelSpec::set_num_layers},
+             {"n_embd", 768, &ModelSpec::set_hidden_size},
+             {"n_head", 12, &ModelSpec::set_num_heads},
+             {"vocab_size", 50257, &ModelSpec::set_vocab_size},
+             {"n_positions", 1024, &ModelSpec::set_context_length}},
+            &spec);
   const int64_t n_ctx = r.Int("n_ctx", spec.context_length());
   if (n_ctx != spec.context_length()) {
     r.Refuse("n_ctx", absl::StrCat(n_ctx),
@@ -200,13 +214,15 @@ void ReadLlamaRope(KeyReader& r, ModelSpec* spec) {
 ModelSpec LlamaSpec(KeyReader& r) {
   ModelSpec spec;
   spec.set_architecture(weft::v1::LLAMA);
-  spec.set_num_layers(static_cast<int32_t>(r.Int("num_hidden_layers", 32)));
-  spec.set_hidden_size(static_cast<int32_t>(r.Int("hidden_size", 4096)));
-  spec.set_num_heads(static_cast<int32_t>(r.Int("num_attention_heads", 32)));
+  ReadSizes(r,
+            {{"num_hidden_layers", 32, &ModelSpec::set_num_layers},
+             {"hidden_size", 4096, &ModelSpec::set_hidden_size},
+             {"num_attention_heads", 32, &ModelSpec::set_num_heads},
+             {"intermediate_size", 11008, &ModelSpec::set_intermediate_size},
+             {"vocab_size", 32000, &ModelSpec::set_vocab_size},
+             {"max_position_embeddings", 2048, &ModelSpec::set_context_length}},
+            &spec);
   spec.set_num_kv_heads(static_cast<int32_t>(r.Int("num_key_value_heads", spec.num_heads())));
-  spec.set_intermediate_size(static_cast<int32_t>(r.Int("intermediate_size", 11008)));
-  spec.set_vocab_size(static_cast<int32_t>(r.Int("vocab_size", 32000)));
-  spec.set_context_length(static_cast<int32_t>(r.Int("max_position_embeddings", 2048)));
   spec.set_rms_norm_eps(r.Number("rms_norm_eps", 1e-6));
   spec.set_tie_word_embeddings(r.Bool("tie_word_embeddings", false));
   ReadLlamaRope(r, &spec);

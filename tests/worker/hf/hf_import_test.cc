@@ -28,7 +28,6 @@ namespace weft::hf {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::ArchOf;
 using testing::ExactUnits;
