@@ -12,9 +12,11 @@
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
 #include "worker/engine/cpu/model.h"
 #include "worker/hf/hf_checkpoint.h"
 #include "worker/hf/hf_config.h"
+#include "worker/hf/hf_export.h"
 #include "worker/hf/hf_mapping.h"
 
 namespace weft::hf {
@@ -153,6 +155,31 @@ TEST_P(HfReferenceTest, LossLogitsAndGradientsMatchTransformers) {
     }
   }
   EXPECT_EQ(checked, 16 * static_cast<int>(ref["grads"].size()));
+}
+
+// Imported and exported again, a checkpoint transformers saved comes out with the same tensor
+// names, shapes and values (fp32), whatever the file layout.
+TEST_P(HfReferenceTest, ExportGivesBackWhatTransformersSaved) {
+  const std::string dir = Fixture(GetParam());
+  Imported m = Import(dir);
+  ASSERT_NE(m.importer, nullptr);
+  weft::testing::TempDir tmp;
+  const std::string out = tmp.File("export");
+  ASSERT_TRUE(ExportHf(out, m.spec, m.units, {}).ok());
+  auto exported = HfCheckpoint::Open(out);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  const HfCheckpoint& saved = m.importer->checkpoint();
+  EXPECT_EQ((*exported)->TensorNames(), saved.TensorNames());
+  for (const std::string& name : saved.TensorNames()) {
+    const HfCheckpoint::Located a = saved.Find(name);
+    const HfCheckpoint::Located b = (*exported)->Find(name);
+    ASSERT_NE(b.tensor, nullptr) << name;
+    ASSERT_EQ(a.tensor->shape, b.tensor->shape) << name;
+    std::vector<float> x(a.tensor->elements), y(b.tensor->elements);
+    ASSERT_TRUE(a.file->Read(*a.tensor, 0, a.tensor->elements, x.data()).ok());
+    ASSERT_TRUE(b.file->Read(*b.tensor, 0, b.tensor->elements, y.data()).ok());
+    EXPECT_EQ(x, y) << name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfReferenceTest,
