@@ -15,8 +15,6 @@
 // why every op's backward accumulates into its input gradient too.
 #include "worker/engine/cpu/gpt2_model.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "worker/engine/cpu/ops.h"
@@ -24,13 +22,9 @@
 namespace weft::engine::cpu {
 namespace {
 
-// Programmer errors (shapes out of range, calls out of order): fail loudly rather than read
-// out of bounds or stale activations.
-void Check(bool ok, const char* what) {
-  if (ok) return;
-  std::fprintf(stderr, "weft::engine::GptModel: %s\n", what);
-  std::abort();
-}
+// Programmer errors (shapes or tokens out of range): fail loudly rather than read out of
+// bounds.
+void Check(bool ok, const char* what) { CheckOrDie(ok, "GptModel", what); }
 
 template <typename T>
 void Zero(T* x, size_t n) {
@@ -41,7 +35,12 @@ void Zero(T* x, size_t n) {
 
 template <typename T>
 GptModel<T>::GptModel(const GptConfig& config, int max_b, int max_t)
-    : config_(config), max_b_(max_b), max_t_(max_t), b_(max_b), t_(max_t) {
+    : config_(config),
+      max_b_(max_b),
+      max_t_(max_t),
+      b_(max_b),
+      t_(max_t),
+      order_("GptModel", config.num_layers) {
   Check(config.num_layers >= 1 && config.hidden_size >= 1 && config.num_heads >= 1 &&
             config.hidden_size % config.num_heads == 0,
         "bad layer/width/head counts");
@@ -112,7 +111,7 @@ void GptModel<T>::SetShape(int b, int t) {
   Check(b >= 1 && b <= max_b_ && t >= 1 && t <= max_t_, "SetShape outside [1, max_b] x [1, max_t]");
   b_ = b;
   t_ = t;
-  stage_ = Stage::kIdle;
+  order_.SetShape();
 }
 
 template <typename T>
@@ -127,14 +126,12 @@ void GptModel<T>::EncoderForward(const T* head, const int32_t* tokens) {
   // Qualified: the member of the same name would hide the op.
   cpu::EncoderForward(residual_[0], tokens_.data(), head + head_offsets_[kWte],
                       head + head_offsets_[kWpe], b_, t_, c);
-  stage_ = Stage::kForward;
-  next_layer_ = 0;
+  order_.EncoderForward();
 }
 
 template <typename T>
 void GptModel<T>::BlockForward(int layer, const T* block) {
-  Check(stage_ == Stage::kForward && layer == next_layer_,
-        "BlockForward out of order (EncoderForward, then layers 0..L-1)");
+  order_.BlockForward(layer);
   const int n = b_ * t_;
   const int c = config_.hidden_size;
   const std::vector<size_t>& off = block_offsets_;
@@ -151,13 +148,11 @@ void GptModel<T>::BlockForward(int layer, const T* block) {
   GeluForward(a.fch_gelu, a.fch, static_cast<int64_t>(n) * 4 * c);
   MatmulForward(proj_, a.fch_gelu, block + off[kFcprojw], block + off[kFcprojb], n, 4 * c, c);
   ResidualForward(residual_[layer + 1], a.res2, proj_, static_cast<int64_t>(n) * c);
-  ++next_layer_;
 }
 
 template <typename T>
 double GptModel<T>::ClassifierForward(const T* head, const int32_t* targets, T loss_scale) {
-  Check(stage_ == Stage::kForward && next_layer_ == config_.num_layers,
-        "ClassifierForward before every BlockForward");
+  order_.ClassifierForward(targets != nullptr);
   const int n = b_ * t_;
   const int c = config_.hidden_size;
   const int vp = config_.padded_vocab_size;
@@ -166,28 +161,24 @@ double GptModel<T>::ClassifierForward(const T* head, const int32_t* targets, T l
                    head + off[kLnfb], n, c);
   // Tied LM head: logits (N, Vp) = lnf (N, C) @ wte^T (C, Vp).
   MatmulForward(logits_, lnf_, head + off[kWte], static_cast<const T*>(nullptr), n, c, vp);
-  if (targets == nullptr) {
-    stage_ = Stage::kInference;
-    return 0;
-  }
+  if (targets == nullptr) return 0;
   for (int i = 0; i < n; ++i) {
     Check(targets[i] >= 0 && targets[i] < config_.vocab_size, "target outside [0, vocab_size)");
   }
   const double loss = SoftmaxCrossEntropyForwardBackward(logits_, losses_, targets, n,
                                                          config_.vocab_size, vp, loss_scale);
-  stage_ = Stage::kBackwardReady;
   return loss;
 }
 
 template <typename T>
 const T* GptModel<T>::Logits() const {
-  Check(stage_ == Stage::kInference, "Logits() needs an inference ClassifierForward");
+  order_.Logits();
   return logits_;
 }
 
 template <typename T>
 void GptModel<T>::ClassifierBackward(const T* head, T* head_grad) {
-  Check(stage_ == Stage::kBackwardReady, "ClassifierBackward needs a training ClassifierForward");
+  order_.ClassifierBackward();
   const int n = b_ * t_;
   const int c = config_.hidden_size;
   const int vp = config_.padded_vocab_size;
@@ -200,14 +191,11 @@ void GptModel<T>::ClassifierBackward(const T* head, T* head_grad) {
   Zero(dres_, static_cast<size_t>(n) * c);
   LayerNormBackward(dres_, head_grad + off[kLnfw], head_grad + off[kLnfb], dln_,
                     residual_[config_.num_layers], head + off[kLnfw], lnf_mean_, lnf_rstd_, n, c);
-  stage_ = Stage::kBackward;
-  next_layer_ = config_.num_layers - 1;
 }
 
 template <typename T>
 void GptModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
-  Check(stage_ == Stage::kBackward && layer == next_layer_,
-        "BlockBackward out of order (ClassifierBackward, then layers L-1..0)");
+  order_.BlockBackward(layer);
   const int n = b_ * t_;
   const int c = config_.hidden_size;
   const size_t nc = static_cast<size_t>(n) * c;
@@ -237,16 +225,13 @@ void GptModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
   // += into dres_: it becomes d/dx, the gradient flowing into block layer - 1.
   LayerNormBackward(dres_, g + off[kLn1w], g + off[kLn1b], dln_, residual_[layer], w + off[kLn1w],
                     a.ln1_mean, a.ln1_rstd, n, c);
-  --next_layer_;
 }
 
 template <typename T>
 void GptModel<T>::EncoderBackward(T* head_grad) {
-  Check(stage_ == Stage::kBackward && next_layer_ == -1,
-        "EncoderBackward before every BlockBackward");
+  order_.EncoderBackward();
   cpu::EncoderBackward(head_grad + head_offsets_[kWte], head_grad + head_offsets_[kWpe], dres_,
                        tokens_.data(), b_, t_, config_.hidden_size);
-  stage_ = Stage::kIdle;
 }
 
 template class GptModel<float>;

@@ -10,7 +10,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "worker/engine/cpu/model.h"
+#include "worker/engine/cpu/call_order.h"
+#include "worker/engine/cpu/model_adapter.h"
 #include "worker/engine/gpt2/gpt2_arch.h"
 
 namespace weft::engine::cpu {
@@ -37,10 +38,6 @@ class GptModel {
   size_t ActivationBytes() const { return arena_.size() * sizeof(T) + tokens_.size() * 4; }
 
  private:
-  // Where a micro-batch is in its forward/backward; calls out of order are programmer errors
-  // that would otherwise silently read stale activations, so they abort with a message.
-  enum class Stage { kIdle, kForward, kInference, kBackwardReady, kBackward };
-
   // Activations one block keeps from its forward for its backward.
   struct BlockActs {
     T* ln1;       // (B, T, C)
@@ -89,8 +86,7 @@ class GptModel {
   T* dgelu_;  // (B, T, 4C)
   T* datt_;   // (T, T) attention backward scratch
 
-  Stage stage_ = Stage::kIdle;
-  int next_layer_ = 0;  // next BlockForward (counting up) or BlockBackward (counting down)
+  CallOrder order_;
 };
 
 extern template class GptModel<float>;
@@ -102,34 +98,9 @@ namespace weft::engine {
 
 // GPT-2 in fp32: the CpuModel of Gpt2Arch (CreateCpuModel), also built directly from a config
 // by tests and benchmarks.
-class GptCpu final : public cpu::CpuModel {
+class GptCpu final : public cpu::FloatCpuModel<cpu::GptModel<float>> {
  public:
-  GptCpu(const GptConfig& config, int max_b, int max_t) : model_(config, max_b, max_t) {}
-
-  const GptConfig& config() const { return model_.config(); }
-  int b() const override { return model_.b(); }
-  int t() const override { return model_.t(); }
-  void SetShape(int b, int t) override { model_.SetShape(b, t); }
-  void EncoderForward(const float* head, const int32_t* tokens) override {
-    model_.EncoderForward(head, tokens);
-  }
-  void BlockForward(int layer, const float* block) override { model_.BlockForward(layer, block); }
-  float ClassifierForward(const float* head, const int32_t* targets, float loss_scale) override {
-    return static_cast<float>(model_.ClassifierForward(head, targets, loss_scale));
-  }
-  const float* Logits() const override { return model_.Logits(); }
-  const float* Losses() const override { return model_.Losses(); }
-  void ClassifierBackward(const float* head, float* head_grad) override {
-    model_.ClassifierBackward(head, head_grad);
-  }
-  void BlockBackward(int layer, const float* block, float* block_grad) override {
-    model_.BlockBackward(layer, block, block_grad);
-  }
-  void EncoderBackward(float* head_grad) override { model_.EncoderBackward(head_grad); }
-  size_t ActivationBytes() const override { return model_.ActivationBytes(); }
-
- private:
-  cpu::GptModel<float> model_;
+  using FloatCpuModel::FloatCpuModel;
 };
 
 }  // namespace weft::engine
