@@ -13,34 +13,16 @@
 // branch's input gradient is accumulated straight into it.
 #include "worker/engine/cpu/llama_model.h"
 
-#include <cstring>
-
 #include "worker/engine/cpu/ops.h"
 
 namespace weft::engine::cpu {
-namespace {
-
-// Programmer errors (shapes or tokens out of range): fail loudly rather than read out of
-// bounds.
-void Check(bool ok, const char* what) { CheckOrDie(ok, "LlamaModel", what); }
-
-template <typename T>
-void Zero(T* x, size_t n) {
-  std::memset(x, 0, n * sizeof(T));
-}
-
-}  // namespace
 
 template <typename T>
 LlamaModel<T>::LlamaModel(const LlamaConfig& config, int max_b, int max_t)
-    : config_(config),
-      max_b_(max_b),
-      max_t_(max_t),
-      b_(max_b),
-      t_(max_t),
-      order_("LlamaModel", config.num_layers) {
-  Check(LlamaConfigProblems(config).empty(), "bad LlamaConfig (LlamaConfigProblems says what)");
-  Check(max_b >= 1 && max_t >= 1 && max_t <= config.context_length, "bad max_b/max_t");
+    : CpuModelBase<T>("LlamaModel", config.num_layers, config.vocab_size, max_b, max_t,
+                      config.context_length),
+      config_(config) {
+  mb_.Check(LlamaConfigProblems(config).empty(), "bad LlamaConfig (LlamaConfigProblems says what)");
   const LlamaArch arch(config);
   for (const TensorInfo& info : arch.UnitTensors(0)) head_offsets_.push_back(info.offset);
   for (const TensorInfo& info : arch.UnitTensors(1)) block_offsets_.push_back(info.offset);
@@ -53,56 +35,40 @@ LlamaModel<T>::LlamaModel(const LlamaConfig& config, int max_b, int max_t)
   const size_t half = config.head_size() / 2;
   const size_t layers = config.num_layers;
   const size_t att = static_cast<size_t>(max_b) * config.num_heads * max_t * max_t;
-  // Per block (BlockActs): norm1, res2, norm2 (C each), qkv, atty (Q), gate_up (2I), swiglu (I)
-  // per position, two RMS statistics, and the (NH, T, T) softmax per sequence.
-  const size_t per_block = n * (3 * c + qkv + q + 3 * inter) + 2 * n + att;
-  const size_t total = (layers + 1) * n * c                           // residual_
-                       + layers * per_block                           // acts_
-                       + 2 * static_cast<size_t>(max_t) * half        // rope tables
-                       + n * c + n                                    // normf
-                       + n * config.padded_vocab_size                 // logits
-                       + n                                            // losses
-                       + n * (3 * c + q + qkv + 3 * inter)            // proj_ .. dgate_up_
-                       + static_cast<size_t>(max_t) * max_t;          // datt_
-  arena_.assign(total, T(0));
-  tokens_.assign(n, 0);
-
-  T* next = arena_.data();
-  auto take = [&next](size_t count) {
-    T* p = next;
-    next += count;
-    return p;
-  };
-  for (size_t l = 0; l <= layers; ++l) residual_.push_back(take(n * c));
-  for (size_t l = 0; l < layers; ++l) {
-    BlockActs a;
-    a.norm1 = take(n * c);
-    a.rrms1 = take(n);
-    a.qkv = take(n * qkv);
-    a.atty = take(n * q);
-    a.att = take(att);
-    a.res2 = take(n * c);
-    a.norm2 = take(n * c);
-    a.rrms2 = take(n);
-    a.gate_up = take(n * 2 * inter);
-    a.swiglu = take(n * inter);
-    acts_.push_back(a);
-  }
-  rope_cos_ = take(max_t * half);
-  rope_sin_ = take(max_t * half);
-  normf_ = take(n * c);
-  normf_rrms_ = take(n);
-  logits_ = take(n * config.padded_vocab_size);
-  losses_ = take(n);
-  proj_ = take(n * c);
-  dres_ = take(n * c);
-  dnorm_ = take(n * c);
-  datty_ = take(n * q);
-  dqkv_ = take(n * qkv);
-  dswiglu_ = take(n * inter);
-  dgate_up_ = take(n * 2 * inter);
-  datt_ = take(static_cast<size_t>(max_t) * max_t);
-  Check(next == arena_.data() + arena_.size(), "activation arena miscounted");
+  arena_.Build([&] {
+    auto take = [this](size_t count) { return arena_.Take(count); };
+    residual_.clear();
+    acts_.clear();
+    for (size_t l = 0; l <= layers; ++l) residual_.push_back(take(n * c));
+    for (size_t l = 0; l < layers; ++l) {
+      BlockActs a;
+      a.norm1 = take(n * c);
+      a.rrms1 = take(n);
+      a.qkv = take(n * qkv);
+      a.atty = take(n * q);
+      a.att = take(att);
+      a.res2 = take(n * c);
+      a.norm2 = take(n * c);
+      a.rrms2 = take(n);
+      a.gate_up = take(n * 2 * inter);
+      a.swiglu = take(n * inter);
+      acts_.push_back(a);
+    }
+    rope_cos_ = take(max_t * half);
+    rope_sin_ = take(max_t * half);
+    normf_ = take(n * c);
+    normf_rrms_ = take(n);
+    logits_ = take(n * config.padded_vocab_size);
+    losses_ = take(n);
+    proj_ = take(n * c);
+    dres_ = take(n * c);
+    dnorm_ = take(n * c);
+    datty_ = take(n * q);
+    dqkv_ = take(n * qkv);
+    dswiglu_ = take(n * inter);
+    dgate_up_ = take(n * 2 * inter);
+    datt_ = take(static_cast<size_t>(max_t) * max_t);
+  });
 
   const std::vector<double> inv_freq = RopeInverseFrequencies(config);
   RopeTables(rope_cos_, rope_sin_, inv_freq.data(), max_t, config.head_size());
@@ -114,31 +80,17 @@ size_t LlamaModel<T>::LmHeadOffset() const {
 }
 
 template <typename T>
-void LlamaModel<T>::SetShape(int b, int t) {
-  Check(b >= 1 && b <= max_b_ && t >= 1 && t <= max_t_, "SetShape outside [1, max_b] x [1, max_t]");
-  b_ = b;
-  t_ = t;
-  order_.SetShape();
-}
-
-template <typename T>
 void LlamaModel<T>::EncoderForward(const T* head, const int32_t* tokens) {
-  std::memcpy(tokens_.data(), tokens, sizeof(int32_t) * b_ * t_);
-  // The data layer validates tokens; this O(B*T) scan only turns a bug into a clear abort
-  // instead of a read outside embed.
-  for (int i = 0; i < b_ * t_; ++i) {
-    Check(tokens_[i] >= 0 && tokens_[i] < config_.vocab_size, "token outside [0, vocab_size)");
-  }
+  mb_.EncoderForward(tokens);
   // Qualified: the member of the same name would hide the op. No position embedding.
-  cpu::EncoderForward(residual_[0], tokens_.data(), head + head_offsets_[kLlamaEmbed],
-                      static_cast<const T*>(nullptr), b_, t_, config_.hidden_size);
-  order_.EncoderForward();
+  cpu::EncoderForward(residual_[0], mb_.tokens(), head + head_offsets_[kLlamaEmbed],
+                      static_cast<const T*>(nullptr), mb_.b(), mb_.t(), config_.hidden_size);
 }
 
 template <typename T>
 void LlamaModel<T>::BlockForward(int layer, const T* block) {
-  order_.BlockForward(layer);
-  const int n = b_ * t_;
+  mb_.BlockForward(layer);
+  const int n = mb_.n();
   const int c = config_.hidden_size;
   const int nh = config_.num_heads;
   const int nkv = config_.num_kv_heads;
@@ -150,8 +102,8 @@ void LlamaModel<T>::BlockForward(int layer, const T* block) {
   const T* no_bias = nullptr;
   RmsNormForward(a.norm1, a.rrms1, x, block + off[kLlamaAttnNorm], n, c, config_.rms_norm_eps);
   MatmulForward(a.qkv, a.norm1, block + off[kLlamaQkvw], no_bias, n, c, config_.qkv_width());
-  RopeForward(a.qkv, rope_cos_, rope_sin_, b_, t_, nh, nkv, d);
-  GqaAttentionForward(a.atty, a.att, a.qkv, b_, t_, nh, nkv, d);
+  RopeForward(a.qkv, rope_cos_, rope_sin_, mb_.b(), mb_.t(), nh, nkv, d);
+  GqaAttentionForward(a.atty, a.att, a.qkv, mb_.b(), mb_.t(), nh, nkv, d);
   MatmulForward(proj_, a.atty, block + off[kLlamaAttnOut], no_bias, n, config_.q_width(), c);
   ResidualForward(a.res2, x, proj_, static_cast<int64_t>(n) * c);
   RmsNormForward(a.norm2, a.rrms2, a.res2, block + off[kLlamaMlpNorm], n, c, config_.rms_norm_eps);
@@ -163,32 +115,19 @@ void LlamaModel<T>::BlockForward(int layer, const T* block) {
 
 template <typename T>
 double LlamaModel<T>::ClassifierForward(const T* head, const int32_t* targets, T loss_scale) {
-  order_.ClassifierForward(targets != nullptr);
-  const int n = b_ * t_;
+  mb_.ClassifierForward(targets);
+  const int n = mb_.n();
   const int c = config_.hidden_size;
-  const int vp = config_.padded_vocab_size;
   RmsNormForward(normf_, normf_rrms_, residual_[config_.num_layers],
                  head + head_offsets_[kLlamaNorm], n, c, config_.rms_norm_eps);
-  // logits (N, Vp) = normf (N, C) @ lm_head^T (C, Vp)
-  MatmulForward(logits_, normf_, head + LmHeadOffset(), static_cast<const T*>(nullptr), n, c, vp);
-  if (targets == nullptr) return 0;
-  for (int i = 0; i < n; ++i) {
-    Check(targets[i] >= 0 && targets[i] < config_.vocab_size, "target outside [0, vocab_size)");
-  }
-  return SoftmaxCrossEntropyForwardBackward(logits_, losses_, targets, n, config_.vocab_size, vp,
-                                            loss_scale);
-}
-
-template <typename T>
-const T* LlamaModel<T>::Logits() const {
-  order_.Logits();
-  return logits_;
+  return LmHeadForward(logits_, losses_, normf_, head + LmHeadOffset(), targets, n, c,
+                       config_.vocab_size, config_.padded_vocab_size, loss_scale);
 }
 
 template <typename T>
 void LlamaModel<T>::ClassifierBackward(const T* head, T* head_grad) {
-  order_.ClassifierBackward();
-  const int n = b_ * t_;
+  mb_.ClassifierBackward();
+  const int n = mb_.n();
   const int c = config_.hidden_size;
   const T* dlogits = logits_;  // (N, Vp), left in place by the fused softmax cross-entropy
   Zero(dnorm_, static_cast<size_t>(n) * c);
@@ -203,8 +142,8 @@ void LlamaModel<T>::ClassifierBackward(const T* head, T* head_grad) {
 
 template <typename T>
 void LlamaModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
-  order_.BlockBackward(layer);
-  const int n = b_ * t_;
+  mb_.BlockBackward(layer);
+  const int n = mb_.n();
   const int c = config_.hidden_size;
   const int q = config_.q_width();
   const int qkv = config_.qkv_width();
@@ -232,10 +171,10 @@ void LlamaModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
   MatmulBackward(datty_, g + off[kLlamaAttnOut], no_bias, dres_, a.atty, w + off[kLlamaAttnOut], n,
                  q, c);
   Zero(dqkv_, nn * qkv);
-  GqaAttentionBackward(dqkv_, datt_, datty_, a.qkv, a.att, b_, t_, config_.num_heads,
+  GqaAttentionBackward(dqkv_, datt_, datty_, a.qkv, a.att, mb_.b(), mb_.t(), config_.num_heads,
                        config_.num_kv_heads, config_.head_size());
   // Now the gradient w.r.t. the rotated q, k: rotate it back to the projection's output.
-  RopeBackward(dqkv_, rope_cos_, rope_sin_, b_, t_, config_.num_heads, config_.num_kv_heads,
+  RopeBackward(dqkv_, rope_cos_, rope_sin_, mb_.b(), mb_.t(), config_.num_heads, config_.num_kv_heads,
                config_.head_size());
   Zero(dnorm_, nn * c);
   MatmulBackward(dnorm_, g + off[kLlamaQkvw], no_bias, dqkv_, a.norm1, w + off[kLlamaQkvw], n, c,
@@ -247,9 +186,9 @@ void LlamaModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
 
 template <typename T>
 void LlamaModel<T>::EncoderBackward(T* head_grad) {
-  order_.EncoderBackward();
+  mb_.EncoderBackward();
   cpu::EncoderBackward(head_grad + head_offsets_[kLlamaEmbed], static_cast<T*>(nullptr), dres_,
-                       tokens_.data(), b_, t_, config_.hidden_size);
+                       mb_.tokens(), mb_.b(), mb_.t(), config_.hidden_size);
 }
 
 template class LlamaModel<float>;

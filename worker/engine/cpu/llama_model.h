@@ -12,32 +12,31 @@
 #include <cstdint>
 #include <vector>
 
-#include "worker/engine/cpu/call_order.h"
+#include "worker/engine/cpu/model_core.h"
 #include "worker/engine/cpu/model_adapter.h"
 #include "worker/engine/llama/llama_arch.h"
 
 namespace weft::engine::cpu {
 
 template <typename T>
-class LlamaModel {
+class LlamaModel : public CpuModelBase<T> {
  public:
+  // Aborts on a config LlamaConfigProblems refuses (specs are validated long before).
   LlamaModel(const LlamaConfig& config, int max_b, int max_t);
 
   const LlamaConfig& config() const { return config_; }
-  int b() const { return b_; }
-  int t() const { return t_; }
 
-  void SetShape(int b, int t);
+  // The embed rows of the tokens; positions enter only through rotary, inside attention.
   void EncoderForward(const T* head, const int32_t* tokens);
   void BlockForward(int layer, const T* block);
-  // Returns the mean loss in double (0 for inference, targets == nullptr).
+  // Final RMSNorm, LM head, loss: the mean loss in double (0 for inference, targets nullptr).
   double ClassifierForward(const T* head, const int32_t* targets, T loss_scale);
-  const T* Logits() const;
-  const T* Losses() const { return losses_; }
+
+  // With a tied head, both the LM head's and the encoder's gradient land in embed's rows.
   void ClassifierBackward(const T* head, T* head_grad);
   void BlockBackward(int layer, const T* block, T* block_grad);
   void EncoderBackward(T* head_grad);
-  size_t ActivationBytes() const { return arena_.size() * sizeof(T) + tokens_.size() * 4; }
+
 
  private:
   // Activations one block keeps from its forward for its backward.
@@ -61,13 +60,10 @@ class LlamaModel {
   std::vector<size_t> block_offsets_;
 
   LlamaConfig config_;
-  int max_b_;
-  int max_t_;
-  int b_;
-  int t_;
-
-  std::vector<T> arena_;         // every buffer below points into it
-  std::vector<int32_t> tokens_;  // (B, T) copy for EncoderBackward
+  using CpuModelBase<T>::mb_;
+  using CpuModelBase<T>::arena_;
+  using CpuModelBase<T>::logits_;
+  using CpuModelBase<T>::losses_;
   // residual_[l] is the input of block l; residual_[L] feeds the final RMSNorm.
   std::vector<T*> residual_;  // L + 1 of (B, T, C)
   std::vector<BlockActs> acts_;
@@ -75,8 +71,6 @@ class LlamaModel {
   T* rope_sin_;   // (maxT, D/2)
   T* normf_;      // (B, T, C)
   T* normf_rrms_;  // (B, T)
-  T* logits_;     // (B, T, Vp): logits, then (training) dlogits in place
-  T* losses_;     // (B, T)
   // Scratch shared by all blocks (one block at a time).
   T* proj_;     // (B, T, C) a projection into the residual stream
   T* dres_;     // (B, T, C) gradient of the residual stream, flowing down through the blocks
@@ -86,8 +80,6 @@ class LlamaModel {
   T* dswiglu_;  // (B, T, I)
   T* dgate_up_;  // (B, T, 2I)
   T* datt_;     // (T, T) attention backward scratch
-
-  CallOrder order_;
 };
 
 extern template class LlamaModel<float>;

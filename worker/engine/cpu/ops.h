@@ -172,6 +172,16 @@ double SoftmaxCrossEntropyForwardBackward(T* logits,  // (N, Vp) in: logits, out
                                           T* losses,  // (N) per-position loss
                                           const int32_t* targets,  // (N), each in [0, V)
                                           int n, int v, int vp, T loss_scale);
+// The LM head in front of it: logits = inp @ weight^T (no bias), then, for training
+// (targets != nullptr), the fused loss above in place. Returns the mean loss, 0 for inference
+// (the logits are kept). Its backward is MatmulBackward with the dlogits left in `logits`.
+template <typename T>
+double LmHeadForward(T* logits,               // (N, Vp): logits, or dlogits when training
+                     T* losses,               // (N) per-position loss (training)
+                     const T* inp,            // (N, C)
+                     const T* weight,         // (Vp, C)
+                     const int32_t* targets,  // (N), each in [0, V); nullptr: inference
+                     int n, int c, int v, int vp, T loss_scale);
 
 }  // namespace weft::engine::cpu
 
