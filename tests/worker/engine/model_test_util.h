@@ -4,12 +4,15 @@
 #ifndef WEFT_TESTS_WORKER_ENGINE_MODEL_TEST_UTIL_H_
 #define WEFT_TESTS_WORKER_ENGINE_MODEL_TEST_UTIL_H_
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "gtest/gtest.h"
 #include "worker/engine/model_arch.h"
 
 namespace weft::engine {
@@ -78,6 +81,77 @@ double ForwardBackward(Model& model, const std::vector<std::vector<T>>& params,
   }
   model.EncoderBackward((*grads)[0].data());
   return loss;
+}
+
+// Every coordinate of every unit of `arch`, in double: the analytic `grads` against central
+// differences (h = 1e-5) of `objective()`, which reads `*x`; required
+// |analytic - numeric| <= 1e-7 * max(1e-2, |numeric|). Returns the worst relative error.
+template <typename Objective>
+double ExpectGradientsMatchFiniteDifferences(const ModelArch& arch, const Units& grads, Units* x,
+                                             Objective objective) {
+  const double h = 1e-5;
+  double worst = 0;
+  for (size_t u = 0; u < x->size(); ++u) {
+    for (const TensorInfo& info : arch.UnitTensors(static_cast<int>(u))) {
+      for (size_t i = 0; i < info.size; ++i) {
+        double& p = (*x)[u][info.offset + i];
+        const double saved = p;
+        p = saved + h;
+        const double plus = objective();
+        p = saved - h;
+        const double minus = objective();
+        p = saved;
+        const double numeric = (plus - minus) / (2 * h);
+        const double analytic = grads[u][info.offset + i];
+        const double err = std::abs(analytic - numeric) / std::max(1e-2, std::abs(numeric));
+        worst = std::max(worst, err);
+        EXPECT_LE(err, 1e-7) << info.name << "[" << i << "]: analytic " << analytic << " numeric "
+                             << numeric;
+      }
+    }
+  }
+  return worst;
+}
+
+// Every element of `grads` within `tolerance` times the largest |gradient| of its unit in
+// `expected` (a small gradient can be the sum of much larger, cancelling terms).
+template <typename T>
+void ExpectUnitsNear(const std::vector<std::vector<T>>& grads, const Units& expected,
+                     double tolerance) {
+  for (size_t u = 0; u < grads.size(); ++u) {
+    double scale = 0;
+    for (double g : expected[u]) scale = std::max(scale, std::abs(g));
+    for (size_t i = 0; i < grads[u].size(); ++i) {
+      ASSERT_NEAR(grads[u][i], expected[u][i], tolerance * scale)
+          << "unit " << u << " element " << i;
+    }
+  }
+}
+
+// The logits (B, T, Vp) of an inference forward of `tokens` (B, T) at shape (b, t).
+template <typename Model, typename T>
+std::vector<T> InferenceLogits(Model& model, const std::vector<std::vector<T>>& params,
+                               const int32_t* tokens, int b, int t, int vp) {
+  const int layers = static_cast<int>(params.size()) - 1;
+  model.SetShape(b, t);
+  model.EncoderForward(params[0].data(), tokens);
+  for (int l = 0; l < layers; ++l) model.BlockForward(l, params[1 + l].data());
+  model.ClassifierForward(params[0].data(), nullptr, T(1));
+  return std::vector<T>(model.Logits(), model.Logits() + static_cast<size_t>(b) * t * vp);
+}
+
+// Causality, as sampling relies on (B = 1, a growing T, a model sized for training): the
+// logits of a prefix of row 1 of `tokens` (b, t) equal those of the full batch's row 1.
+template <typename Model>
+void ExpectPrefixLogitsMatch(Model& model, const std::vector<std::vector<float>>& params,
+                             const std::vector<int32_t>& tokens, int b, int t, int prefix,
+                             int vp) {
+  const std::vector<float> full = InferenceLogits(model, params, tokens.data(), b, t, vp);
+  const std::vector<float> part = InferenceLogits(model, params, tokens.data() + t, 1, prefix, vp);
+  for (int i = 0; i < prefix * vp; ++i) {
+    const float expected = full[static_cast<size_t>(t) * vp + i];
+    EXPECT_NEAR(part[i], expected, 1e-5f * std::max(1.0f, std::abs(expected))) << i;
+  }
 }
 
 }  // namespace weft::engine

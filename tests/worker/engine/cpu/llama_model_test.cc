@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "tests/worker/engine/model_test_util.h"
 #include "worker/engine/adamw.h"
@@ -22,24 +23,13 @@ namespace {
 // A tiny Llama: 2 layers, C = 16, 4 query heads sharing 2 kv heads (D = 4), SwiGLU 12,
 // V = 11 padded to 16, context 6, micro-batch (2, 5).
 LlamaConfig TinyConfig(bool tied, bool llama3) {
-  LlamaConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 16;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.intermediate_size = 12;
-  c.vocab_size = 11;
-  c.padded_vocab_size = 16;
-  c.context_length = 6;
-  c.rope_theta = 100.0;  // fast rotations: every position's angle matters at T = 5
-  c.rms_norm_eps = 1e-5;
-  c.tie_word_embeddings = tied;
-  c.rope_llama3 = llama3;
-  c.rope_factor = 4;
-  c.rope_low_freq_factor = 1;
-  c.rope_high_freq_factor = 2;
-  c.rope_original_context_length = 8;
-  return c;
+  // rope_theta 100: fast rotations, so every position's angle matters at T = 5.
+  return LlamaConfig{.num_layers = 2, .hidden_size = 16, .num_heads = 4, .num_kv_heads = 2,
+                     .intermediate_size = 12, .vocab_size = 11, .padded_vocab_size = 16,
+                     .context_length = 6, .rope_theta = 100.0, .rope_llama3 = llama3,
+                     .rope_factor = 4, .rope_low_freq_factor = 1, .rope_high_freq_factor = 2,
+                     .rope_original_context_length = 8, .rms_norm_eps = 1e-5,
+                     .tie_word_embeddings = tied};
 }
 
 constexpr int kB = 2;
@@ -173,13 +163,11 @@ TEST_P(LlamaModelTest, LossAndLogitsMatchAPositionByPositionReference) {
     const double expected = ReferenceLoss(config, params, &expected_logits);
     cpu::LlamaModel<double> model(config, kB, kT);
     EXPECT_NEAR(Forward(model, params, kTokens, kTargets, 1.0), expected, 1e-12 * expected);
-    model.SetShape(kB, kT);
-    model.EncoderForward(params[0].data(), kTokens.data());
-    for (int l = 0; l < config.num_layers; ++l) model.BlockForward(l, params[1 + l].data());
-    model.ClassifierForward(params[0].data(), nullptr, 1.0);
+    const std::vector<double> logits =
+        InferenceLogits(model, params, kTokens.data(), kB, kT, config.padded_vocab_size);
     for (int i = 0; i < kB * kT; ++i) {
       for (int j = 0; j < config.vocab_size; ++j) {
-        EXPECT_NEAR(model.Logits()[i * config.padded_vocab_size + j], expected_logits[i][j],
+        EXPECT_NEAR(logits[i * config.padded_vocab_size + j], expected_logits[i][j],
                     1e-12 * std::max(1.0, std::abs(expected_logits[i][j])))
             << "position " << i << " token " << j << (llama3 ? " (llama3 rope)" : "");
       }
@@ -201,27 +189,7 @@ TEST_P(LlamaModelTest, EveryUnitMatchesFiniteDifferencesInDouble) {
 
   Units x = params;
   auto objective = [&] { return loss_scale * Forward(model, x, kTokens, kTargets, loss_scale); };
-  const double h = 1e-5;
-  double worst = 0;
-  for (size_t u = 0; u < x.size(); ++u) {
-    for (const TensorInfo& info : arch.UnitTensors(static_cast<int>(u))) {
-      for (size_t i = 0; i < info.size; ++i) {
-        double& p = x[u][info.offset + i];
-        const double saved = p;
-        p = saved + h;
-        const double plus = objective();
-        p = saved - h;
-        const double minus = objective();
-        p = saved;
-        const double numeric = (plus - minus) / (2 * h);
-        const double analytic = grads[u][info.offset + i];
-        const double err = std::abs(analytic - numeric) / std::max(1e-2, std::abs(numeric));
-        worst = std::max(worst, err);
-        EXPECT_LE(err, 1e-7) << info.name << "[" << i << "]: analytic " << analytic << " numeric "
-                             << numeric;
-      }
-    }
-  }
+  const double worst = ExpectGradientsMatchFiniteDifferences(arch, grads, &x, objective);
   RecordProperty("worst_relative_error", Sci(worst));
 
   // Vocabulary padding rows get exactly nothing, from the encoder or the LM head.
@@ -257,13 +225,7 @@ TEST_P(LlamaModelTest, FloatEngineMatchesDouble) {
   Units grads_d = ZerosLike(exact_params);
   const double loss_d = ForwardBackward(reference, exact_params, kTokens, kTargets, 0.5, &grads_d);
   EXPECT_NEAR(loss, loss_d, 1e-5 * loss_d);
-  for (size_t u = 0; u < grads.size(); ++u) {
-    double scale = 0;
-    for (double g : grads_d[u]) scale = std::max(scale, std::abs(g));
-    for (size_t i = 0; i < grads[u].size(); ++i) {
-      ASSERT_NEAR(grads[u][i], grads_d[u][i], 2e-5 * scale) << "unit " << u << " element " << i;
-    }
-  }
+  ExpectUnitsNear(grads, grads_d, 2e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Head, LlamaModelTest, ::testing::Bool(),
@@ -275,34 +237,15 @@ TEST(LlamaCpuTest, ShorterShapeGivesPrefixLogits) {
   const LlamaConfig config = TinyConfig(false, true);
   const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(LlamaArch(config), 4));
   LlamaCpu model(config, kB, kT);
-  model.EncoderForward(params[0].data(), kTokens.data());
-  for (int l = 0; l < config.num_layers; ++l) model.BlockForward(l, params[1 + l].data());
-  EXPECT_EQ(model.ClassifierForward(params[0].data(), nullptr, 1.0f), 0.0f);
-  const int vp = config.padded_vocab_size;
-  const std::vector<float> full(model.Logits(), model.Logits() + kB * kT * vp);
-
-  const int t = 3;
-  model.SetShape(1, t);
-  const std::vector<int32_t> prefix(kTokens.begin() + kT, kTokens.begin() + kT + t);  // row 1
-  model.EncoderForward(params[0].data(), prefix.data());
-  for (int l = 0; l < config.num_layers; ++l) model.BlockForward(l, params[1 + l].data());
-  model.ClassifierForward(params[0].data(), nullptr, 1.0f);
-  for (int i = 0; i < t * vp; ++i) {
-    EXPECT_NEAR(model.Logits()[i], full[kT * vp + i], 1e-5f * std::max(1.0f, std::abs(full[i])))
-        << i;
-  }
+  ExpectPrefixLogitsMatch(model, params, kTokens, kB, kT, 3, config.padded_vocab_size);
 }
 
 TEST(LlamaCpuTest, RegistryBuildsLlamaCpuFromASpec) {
   weft::v1::ModelSpec spec;
-  spec.set_architecture(weft::v1::LLAMA);
-  spec.set_num_layers(2);
-  spec.set_hidden_size(16);
-  spec.set_num_heads(4);
-  spec.set_num_kv_heads(2);
-  spec.set_intermediate_size(12);
-  spec.set_vocab_size(11);
-  spec.set_context_length(6);
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      "architecture: LLAMA num_layers: 2 hidden_size: 16 num_heads: 4 num_kv_heads: 2 "
+      "intermediate_size: 12 vocab_size: 11 context_length: 6",
+      &spec));
   auto arch = MakeModelArch(spec);
   ASSERT_TRUE(arch.ok()) << arch.status();
   const std::unique_ptr<cpu::CpuModel> model = cpu::CreateCpuModel(**arch, kB, kT);

@@ -73,20 +73,13 @@ TEST(RmsNormTest, ScalesByTheRootMeanSquareWithoutCentering) {
 constexpr int kB = 2, kT = 5, kNh = 4, kNkv = 2, kD = 8;
 constexpr int kRow = (kNh + 2 * kNkv) * kD;
 
+// inv_freq 1, 0.1, 0.01, 0.001: wavelengths 6.3, 63, 628, 6283. With an original context of
+// 64, low 1 and high 4 (bands at 64 and 16), the first is kept, the second blended and the
+// other two divided by the factor: every branch of the scaling is exercised.
 LlamaConfig RopeConfig(bool llama3) {
-  LlamaConfig c;
-  c.hidden_size = kNh * kD;
-  c.num_heads = kNh;
-  c.rope_theta = 10000.0;
-  // inv_freq 1, 0.1, 0.01, 0.001: wavelengths 6.3, 63, 628, 6283. With an original context of
-  // 64, low 1 and high 4 (bands at 64 and 16), the first is kept, the second blended and the
-  // other two divided by the factor: every branch of the scaling is exercised.
-  c.rope_llama3 = llama3;
-  c.rope_factor = 8;
-  c.rope_low_freq_factor = 1;
-  c.rope_high_freq_factor = 4;
-  c.rope_original_context_length = 64;
-  return c;
+  return LlamaConfig{.hidden_size = kNh * kD, .num_heads = kNh, .rope_theta = 10000.0,
+                     .rope_llama3 = llama3, .rope_factor = 8, .rope_low_freq_factor = 1,
+                     .rope_high_freq_factor = 4, .rope_original_context_length = 64};
 }
 
 template <typename T>
