@@ -109,6 +109,31 @@ TEST_F(WorkerE2eTest, TwoWorkersTrainToCompletionAndTheModelSamples) {
   }
 }
 
+// The same job on a Llama (grouped-query attention, untied head): it trains through the real
+// services on CPU workers and its model samples.
+TEST_F(WorkerE2eTest, TwoWorkersTrainATinyLlamaAndItSamples) {
+  StartWorkers(2);
+  v1::JobSpec spec = Spec(60);
+  v1::ModelSpec* m = spec.mutable_model();
+  m->set_architecture(v1::LLAMA);
+  m->set_num_heads(4);
+  m->set_num_kv_heads(2);
+  m->set_intermediate_size(64);
+  auto submitted = client_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(180));
+  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+  EXPECT_EQ(s.step(), 60);
+  EXPECT_LT(s.last_metrics().loss(), 3.0) << s.last_metrics().DebugString();
+  auto sample = testing::RunCommand({testing::BinDir() + "/trainctl",
+                                     "--coordinator=" + coordinator_->address(), "sample",
+                                     submitted->job_id(), "--prompt=the cat", "--tokens=40",
+                                     "--temperature=0"});
+  EXPECT_EQ(sample.exit_code, 0) << sample.err;
+  EXPECT_THAT(sample.out, ::testing::StartsWith("the cat"));
+  EXPECT_GE(sample.out.size(), 40u);
+}
+
 TEST_F(WorkerE2eTest, BadDataFilesFailTheJobWithTheFileNamedAndNoRestart) {
   StartWorkers(2);
   struct Case {
