@@ -59,6 +59,17 @@ class WorkerE2eTest : public testing::WorkersTest {
     return *spec;
   }
 
+  // `trainctl sample` continues a prompt with the finished job's model.
+  void ExpectModelSamples(const std::string& job_id) {
+    auto sample = testing::RunCommand({testing::BinDir() + "/trainctl",
+                                       "--coordinator=" + coordinator_->address(), "sample",
+                                       job_id, "--prompt=the cat", "--tokens=40",
+                                       "--temperature=0"});
+    EXPECT_EQ(sample.exit_code, 0) << sample.err;
+    EXPECT_THAT(sample.out, ::testing::StartsWith("the cat"));
+    EXPECT_GE(sample.out.size(), 40u);
+  }
+
   bool AllWorkersIdle(size_t expected) {
     auto workers = client_->ListWorkers();
     if (!workers.ok() || workers->size() != expected) return false;
@@ -84,13 +95,7 @@ TEST_F(WorkerE2eTest, TwoWorkersTrainToCompletionAndTheModelSamples) {
   EXPECT_EQ(s.model_host(), "node");
   ASSERT_FALSE(s.model_path().empty());
 
-  auto sample = testing::RunCommand({testing::BinDir() + "/trainctl",
-                                     "--coordinator=" + coordinator_->address(), "sample",
-                                     submitted->job_id(), "--prompt=the cat", "--tokens=40",
-                                     "--temperature=0"});
-  EXPECT_EQ(sample.exit_code, 0) << sample.err;
-  EXPECT_THAT(sample.out, ::testing::StartsWith("the cat"));
-  EXPECT_GE(sample.out.size(), 40u);
+  ExpectModelSamples(submitted->job_id());
   EXPECT_TRUE(Eventually([&] { return AllWorkersIdle(2); }, absl::Seconds(10)));
 
   // Each worker's own Prometheus endpoint saw every step.
@@ -125,13 +130,7 @@ TEST_F(WorkerE2eTest, TwoWorkersTrainATinyLlamaAndItSamples) {
   ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
   EXPECT_EQ(s.step(), 60);
   EXPECT_LT(s.last_metrics().loss(), 3.0) << s.last_metrics().DebugString();
-  auto sample = testing::RunCommand({testing::BinDir() + "/trainctl",
-                                     "--coordinator=" + coordinator_->address(), "sample",
-                                     submitted->job_id(), "--prompt=the cat", "--tokens=40",
-                                     "--temperature=0"});
-  EXPECT_EQ(sample.exit_code, 0) << sample.err;
-  EXPECT_THAT(sample.out, ::testing::StartsWith("the cat"));
-  EXPECT_GE(sample.out.size(), 40u);
+  ExpectModelSamples(submitted->job_id());
 }
 
 TEST_F(WorkerE2eTest, BadDataFilesFailTheJobWithTheFileNamedAndNoRestart) {
