@@ -113,9 +113,9 @@ TEST(ModelIoTest, LlamaFileWithoutItsLmHeadIsRefusedNamingIt) {
   std::vector<data::TensorData> tensors;
   for (int u = 0; u < (*arch)->NumUnits(); ++u) {
     for (const engine::TensorInfo& t : (*arch)->UnitTensors(u)) {
-      tensors.push_back({t.name, t.shape,
-                         std::vector<float>(units[u].begin() + t.offset,
-                                            units[u].begin() + t.offset + t.size)});
+      tensors.push_back(
+          {t.name, t.shape,
+           std::vector<float>(units[u].begin() + t.offset, units[u].begin() + t.offset + t.size)});
     }
   }
   std::string untied_text;

@@ -33,7 +33,7 @@ constexpr double kPrefill = 0.375;  // gradient buffers start here (exact in flo
 using Tensors = std::vector<std::vector<double>>;
 
 inline std::vector<double> RandomVector(std::mt19937_64& rng, size_t n, double mean = 0.0,
-                                 double stddev = 1.0) {
+                                        double stddev = 1.0) {
   std::normal_distribution<double> dist(mean, stddev);
   std::vector<double> x(n);
   for (double& v : x) v = dist(rng);

@@ -144,8 +144,7 @@ std::vector<T> InferenceLogits(Model& model, const std::vector<std::vector<T>>& 
 // logits of a prefix of row 1 of `tokens` (b, t) equal those of the full batch's row 1.
 template <typename Model>
 void ExpectPrefixLogitsMatch(Model& model, const std::vector<std::vector<float>>& params,
-                             const std::vector<int32_t>& tokens, int b, int t, int prefix,
-                             int vp) {
+                             const std::vector<int32_t>& tokens, int b, int t, int prefix, int vp) {
   const std::vector<float> full = InferenceLogits(model, params, tokens.data(), b, t, vp);
   const std::vector<float> part = InferenceLogits(model, params, tokens.data() + t, 1, prefix, vp);
   for (int i = 0; i < prefix * vp; ++i) {

@@ -34,10 +34,10 @@ void GqaAttentionForward(T* out, T* att, const T* qkv, int b, int t, int nh, int
   for (int bi = 0; bi < b; ++bi) {
     for (int h = 0; h < nh; ++h) {
       const T* seq = qkv + static_cast<size_t>(bi) * t * row;
-      const T* q = seq + h * d;                                   // (T, D), stride QKV
-      const T* k = seq + q_width + (h / group) * d;               // (T, D), stride QKV
-      const T* v = k + kv_width;                                  // (T, D), stride QKV
-      T* a = att + (static_cast<size_t>(bi) * nh + h) * t * t;    // (T, T)
+      const T* q = seq + h * d;                                    // (T, D), stride QKV
+      const T* k = seq + q_width + (h / group) * d;                // (T, D), stride QKV
+      const T* v = k + kv_width;                                   // (T, D), stride QKV
+      T* a = att + (static_cast<size_t>(bi) * nh + h) * t * t;     // (T, T)
       T* o = out + static_cast<size_t>(bi) * t * q_width + h * d;  // (T, D), stride NH * D
       // a (T, T) = scale * q (T, D) @ k^T (D, T); the upper triangle is overwritten below.
       Gemm(false, true, t, t, d, scale, q, row, k, row, T(0), a, t);
@@ -74,15 +74,15 @@ void GqaAttentionBackward(T* dqkv, T* scratch, const T* dout, const T* qkv, cons
       const size_t seq = static_cast<size_t>(bi) * t * row;
       const size_t q_off = seq + h * d;
       const size_t k_off = seq + q_width + (h / group) * d;
-      const T* q = qkv + q_off;                                                 // (T, D)
-      const T* k = qkv + k_off;                                                 // (T, D)
-      const T* v = k + kv_width;                                                // (T, D)
-      T* dq = dqkv + q_off;                                                     // (T, D)
-      T* dk = dqkv + k_off;                                                     // (T, D)
-      T* dv = dk + kv_width;                                                    // (T, D)
-      const T* a = att + (static_cast<size_t>(bi) * nh + h) * t * t;            // (T, T)
+      const T* q = qkv + q_off;                                                // (T, D)
+      const T* k = qkv + k_off;                                                // (T, D)
+      const T* v = k + kv_width;                                               // (T, D)
+      T* dq = dqkv + q_off;                                                    // (T, D)
+      T* dk = dqkv + k_off;                                                    // (T, D)
+      T* dv = dk + kv_width;                                                   // (T, D)
+      const T* a = att + (static_cast<size_t>(bi) * nh + h) * t * t;           // (T, T)
       const T* dout_h = dout + static_cast<size_t>(bi) * t * q_width + h * d;  // (T, D)
-      T* da = scratch;                                                          // (T, T)
+      T* da = scratch;                                                         // (T, T)
       // da (T, T) = dout_h (T, D) @ v^T (D, T)
       Gemm(false, true, t, t, d, T(1), dout_h, q_width, v, row, T(0), da, t);
       // dv (T, D) += a^T (T, T) @ dout_h (T, D)
@@ -124,10 +124,9 @@ template void AttentionBackward<float>(float*, float*, const float*, const float
 template void AttentionBackward<double>(double*, double*, const double*, const double*,
                                         const double*, int, int, int, int);
 template void GqaAttentionForward<float>(float*, float*, const float*, int, int, int, int, int);
-template void GqaAttentionForward<double>(double*, double*, const double*, int, int, int, int,
-                                          int);
-template void GqaAttentionBackward<float>(float*, float*, const float*, const float*,
-                                          const float*, int, int, int, int, int);
+template void GqaAttentionForward<double>(double*, double*, const double*, int, int, int, int, int);
+template void GqaAttentionBackward<float>(float*, float*, const float*, const float*, const float*,
+                                          int, int, int, int, int);
 template void GqaAttentionBackward<double>(double*, double*, const double*, const double*,
                                            const double*, int, int, int, int, int);
 

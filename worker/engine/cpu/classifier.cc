@@ -60,8 +60,8 @@ template double SoftmaxCrossEntropyForwardBackward<float>(float*, float*, const 
 template double SoftmaxCrossEntropyForwardBackward<double>(double*, double*, const int32_t*, int,
                                                            int, int, double);
 
-template double LmHeadForward<float>(float*, float*, const float*, const float*, const int32_t*, int,
-                                     int, int, int, float);
+template double LmHeadForward<float>(float*, float*, const float*, const float*, const int32_t*,
+                                     int, int, int, int, float);
 template double LmHeadForward<double>(double*, double*, const double*, const double*,
                                       const int32_t*, int, int, int, int, double);
 

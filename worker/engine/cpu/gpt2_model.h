@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "worker/engine/cpu/model_core.h"
 #include "worker/engine/cpu/model_adapter.h"
+#include "worker/engine/cpu/model_core.h"
 #include "worker/engine/gpt2/gpt2_arch.h"
 
 namespace weft::engine::cpu {

@@ -174,8 +174,8 @@ void LlamaModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
   GqaAttentionBackward(dqkv_, datt_, datty_, a.qkv, a.att, mb_.b(), mb_.t(), config_.num_heads,
                        config_.num_kv_heads, config_.head_size());
   // Now the gradient w.r.t. the rotated q, k: rotate it back to the projection's output.
-  RopeBackward(dqkv_, rope_cos_, rope_sin_, mb_.b(), mb_.t(), config_.num_heads, config_.num_kv_heads,
-               config_.head_size());
+  RopeBackward(dqkv_, rope_cos_, rope_sin_, mb_.b(), mb_.t(), config_.num_heads,
+               config_.num_kv_heads, config_.head_size());
   Zero(dnorm_, nn * c);
   MatmulBackward(dnorm_, g + off[kLlamaQkvw], no_bias, dqkv_, a.norm1, w + off[kLlamaQkvw], n, c,
                  qkv);

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "worker/engine/cpu/model_core.h"
 #include "worker/engine/cpu/model_adapter.h"
+#include "worker/engine/cpu/model_core.h"
 #include "worker/engine/llama/llama_arch.h"
 
 namespace weft::engine::cpu {
@@ -37,20 +37,19 @@ class LlamaModel : public CpuModelBase<T> {
   void BlockBackward(int layer, const T* block, T* block_grad);
   void EncoderBackward(T* head_grad);
 
-
  private:
   // Activations one block keeps from its forward for its backward.
   struct BlockActs {
-    T* norm1;     // (B, T, C) attention RMSNorm output
-    T* rrms1;     // (B, T)
-    T* qkv;       // (B, T, QKV) after rotary (what attention read)
-    T* atty;      // (B, T, Q) attention output before the projection
-    T* att;       // (B, NH, T, T) softmax
-    T* res2;      // (B, T, C) residual stream after the attention branch
-    T* norm2;     // (B, T, C)
-    T* rrms2;     // (B, T)
-    T* gate_up;   // (B, T, 2I) gate | up
-    T* swiglu;    // (B, T, I)
+    T* norm1;    // (B, T, C) attention RMSNorm output
+    T* rrms1;    // (B, T)
+    T* qkv;      // (B, T, QKV) after rotary (what attention read)
+    T* atty;     // (B, T, Q) attention output before the projection
+    T* att;      // (B, NH, T, T) softmax
+    T* res2;     // (B, T, C) residual stream after the attention branch
+    T* norm2;    // (B, T, C)
+    T* rrms2;    // (B, T)
+    T* gate_up;  // (B, T, 2I) gate | up
+    T* swiglu;   // (B, T, I)
   };
 
   // Where the LM head's weight is in the head unit: lm_head, or embed when tied.
@@ -67,19 +66,19 @@ class LlamaModel : public CpuModelBase<T> {
   // residual_[l] is the input of block l; residual_[L] feeds the final RMSNorm.
   std::vector<T*> residual_;  // L + 1 of (B, T, C)
   std::vector<BlockActs> acts_;
-  T* rope_cos_;   // (maxT, D/2)
-  T* rope_sin_;   // (maxT, D/2)
-  T* normf_;      // (B, T, C)
+  T* rope_cos_;    // (maxT, D/2)
+  T* rope_sin_;    // (maxT, D/2)
+  T* normf_;       // (B, T, C)
   T* normf_rrms_;  // (B, T)
   // Scratch shared by all blocks (one block at a time).
-  T* proj_;     // (B, T, C) a projection into the residual stream
-  T* dres_;     // (B, T, C) gradient of the residual stream, flowing down through the blocks
-  T* dnorm_;    // (B, T, C) gradient of an RMSNorm output
-  T* datty_;    // (B, T, Q)
-  T* dqkv_;     // (B, T, QKV)
-  T* dswiglu_;  // (B, T, I)
+  T* proj_;      // (B, T, C) a projection into the residual stream
+  T* dres_;      // (B, T, C) gradient of the residual stream, flowing down through the blocks
+  T* dnorm_;     // (B, T, C) gradient of an RMSNorm output
+  T* datty_;     // (B, T, Q)
+  T* dqkv_;      // (B, T, QKV)
+  T* dswiglu_;   // (B, T, I)
   T* dgate_up_;  // (B, T, 2I)
-  T* datt_;     // (T, T) attention backward scratch
+  T* datt_;      // (T, T) attention backward scratch
 };
 
 extern template class LlamaModel<float>;

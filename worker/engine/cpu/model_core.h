@@ -24,8 +24,7 @@ void Zero(T* x, size_t n) {
 class MicroBatch {
  public:
   // For micro-batches up to (max_b, max_t), max_t <= context; `model` names it in aborts.
-  MicroBatch(const char* model, int num_layers, int vocab_size, int max_b, int max_t,
-             int context);
+  MicroBatch(const char* model, int num_layers, int vocab_size, int max_b, int max_t, int context);
 
   int b() const { return b_; }
   int t() const { return t_; }
@@ -117,8 +116,7 @@ class CpuModelBase {
   }
 
  protected:
-  CpuModelBase(const char* model, int num_layers, int vocab_size, int max_b, int max_t,
-               int context)
+  CpuModelBase(const char* model, int num_layers, int vocab_size, int max_b, int max_t, int context)
       : mb_(model, num_layers, vocab_size, max_b, max_t, context) {}
 
   MicroBatch mb_;

@@ -1,5 +1,5 @@
-// The CPU layers of GPT-2 and Llama, each with its forward and backward (one .cc file per layer, see
-// the contract at the top of each). Templates on the element type T, instantiated for float
+// The CPU layers of GPT-2 and Llama, each with its forward and backward (one .cc file per layer,
+// see the contract at the top of each). Templates on the element type T, instantiated for float
 // (the engine) and double (gradient checks in tests).
 //
 // Contract shared by every backward:
@@ -77,8 +77,8 @@ void RmsNormBackward(T* dinp,          // (N, C) +=
 // i + D/2 of a head, angle position * inv_freq[i]) ----
 // cos/sin tables of positions [0, T): angles in double, then rounded to T.
 template <typename T>
-void RopeTables(T* cos,                   // (T, D/2)
-                T* sin,                   // (T, D/2)
+void RopeTables(T* cos,                  // (T, D/2)
+                T* sin,                  // (T, D/2)
                 const double* inv_freq,  // (D/2), engine/llama RopeInverseFrequencies
                 int t, int d);
 // Rotates the q (NH heads) and k (NKV heads) parts of every row IN PLACE; v is untouched.
@@ -97,8 +97,8 @@ void RopeBackward(T* dqkv,       // (B, T, QKV)
 
 // ---- swiglu.cc: out = silu(gate) * up ----
 template <typename T>
-void SwiGluForward(T* out,          // (N, I)
-                   const T* inp,    // (N, 2I): gate | up
+void SwiGluForward(T* out,        // (N, I)
+                   const T* inp,  // (N, 2I): gate | up
                    int64_t n, int i);
 template <typename T>
 void SwiGluBackward(T* dinp,        // (N, 2I) +=

@@ -50,7 +50,7 @@ template void RmsNormForward<double>(double*, double*, const double*, const doub
                                      double);
 template void RmsNormBackward<float>(float*, float*, const float*, const float*, const float*,
                                      const float*, int, int);
-template void RmsNormBackward<double>(double*, double*, const double*, const double*,
-                                      const double*, const double*, int, int);
+template void RmsNormBackward<double>(double*, double*, const double*, const double*, const double*,
+                                      const double*, int, int);
 
 }  // namespace weft::engine::cpu

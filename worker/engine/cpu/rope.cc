@@ -44,8 +44,8 @@ void RotateQk(T* qkv, const T* cos, const T* sin, int b, int t, int nh, int nkv,
   const int row = (nh + 2 * nkv) * d;  // QKV
   for (int bi = 0; bi < b; ++bi) {
     T* seq = qkv + static_cast<size_t>(bi) * t * row;
-    RotateHeads(seq, row, cos, sin, t, nh, d, sign);               // q
-    RotateHeads(seq + nh * d, row, cos, sin, t, nkv, d, sign);     // k
+    RotateHeads(seq, row, cos, sin, t, nh, d, sign);            // q
+    RotateHeads(seq + nh * d, row, cos, sin, t, nkv, d, sign);  // k
   }
 }
 
@@ -78,7 +78,6 @@ template void RopeTables<double>(double*, double*, const double*, int, int);
 template void RopeForward<float>(float*, const float*, const float*, int, int, int, int, int);
 template void RopeForward<double>(double*, const double*, const double*, int, int, int, int, int);
 template void RopeBackward<float>(float*, const float*, const float*, int, int, int, int, int);
-template void RopeBackward<double>(double*, const double*, const double*, int, int, int, int,
-                                   int);
+template void RopeBackward<double>(double*, const double*, const double*, int, int, int, int, int);
 
 }  // namespace weft::engine::cpu

@@ -14,8 +14,8 @@ template <typename T>
 void SwiGluForward(T* out, const T* inp, int64_t n, int i) {
   for (int64_t r = 0; r < n; ++r) {
     const T* gate = inp + static_cast<size_t>(r) * 2 * i;  // (I)
-    const T* up = gate + i;                                 // (I)
-    T* y = out + static_cast<size_t>(r) * i;                // (I)
+    const T* up = gate + i;                                // (I)
+    T* y = out + static_cast<size_t>(r) * i;               // (I)
     for (int j = 0; j < i; ++j) {
       const T silu = gate[j] / (T(1) + std::exp(-gate[j]));
       y[j] = silu * up[j];
@@ -27,10 +27,10 @@ template <typename T>
 void SwiGluBackward(T* dinp, const T* dout, const T* inp, int64_t n, int i) {
   for (int64_t r = 0; r < n; ++r) {
     const T* gate = inp + static_cast<size_t>(r) * 2 * i;  // (I)
-    const T* up = gate + i;                                 // (I)
-    const T* dy = dout + static_cast<size_t>(r) * i;        // (I)
-    T* dgate = dinp + static_cast<size_t>(r) * 2 * i;       // (I)
-    T* dup = dgate + i;                                     // (I)
+    const T* up = gate + i;                                // (I)
+    const T* dy = dout + static_cast<size_t>(r) * i;       // (I)
+    T* dgate = dinp + static_cast<size_t>(r) * 2 * i;      // (I)
+    T* dup = dgate + i;                                    // (I)
     for (int j = 0; j < i; ++j) {
       const T g = gate[j];
       const T sig = T(1) / (T(1) + std::exp(-g));

@@ -24,11 +24,21 @@ namespace {
 // V = 11 padded to 16, context 6, micro-batch (2, 5).
 LlamaConfig TinyConfig(bool tied, bool llama3) {
   // rope_theta 100: fast rotations, so every position's angle matters at T = 5.
-  return LlamaConfig{.num_layers = 2, .hidden_size = 16, .num_heads = 4, .num_kv_heads = 2,
-                     .intermediate_size = 12, .vocab_size = 11, .padded_vocab_size = 16,
-                     .context_length = 6, .rope_theta = 100.0, .rope_llama3 = llama3,
-                     .rope_factor = 4, .rope_low_freq_factor = 1, .rope_high_freq_factor = 2,
-                     .rope_original_context_length = 8, .rms_norm_eps = 1e-5,
+  return LlamaConfig{.num_layers = 2,
+                     .hidden_size = 16,
+                     .num_heads = 4,
+                     .num_kv_heads = 2,
+                     .intermediate_size = 12,
+                     .vocab_size = 11,
+                     .padded_vocab_size = 16,
+                     .context_length = 6,
+                     .rope_theta = 100.0,
+                     .rope_llama3 = llama3,
+                     .rope_factor = 4,
+                     .rope_low_freq_factor = 1,
+                     .rope_high_freq_factor = 2,
+                     .rope_original_context_length = 8,
+                     .rms_norm_eps = 1e-5,
                      .tie_word_embeddings = tied};
 }
 
@@ -103,9 +113,9 @@ void ReferenceBlock(const LlamaConfig& c, const double* w, const Vec& inv_freq,
   const int d = c.head_size(), q_w = c.q_width(), kv_w = c.kv_width(), inter = c.intermediate_size;
   std::vector<Vec> q, k, v;
   for (int pos = 0; pos < static_cast<int>(x->size()); ++pos) {
-    const Vec qkv = Linear(w + t[kLlamaQkvw].offset,
-                           RmsNorm((*x)[pos], w + t[kLlamaAttnNorm].offset, c.rms_norm_eps),
-                           c.qkv_width());
+    const Vec qkv =
+        Linear(w + t[kLlamaQkvw].offset,
+               RmsNorm((*x)[pos], w + t[kLlamaAttnNorm].offset, c.rms_norm_eps), c.qkv_width());
     q.emplace_back(qkv.begin(), qkv.begin() + q_w);
     k.emplace_back(qkv.begin() + q_w, qkv.begin() + q_w + kv_w);
     v.emplace_back(qkv.begin() + q_w + kv_w, qkv.end());
@@ -131,18 +141,21 @@ double ReferenceLoss(const LlamaConfig& c, const Units& p, std::vector<Vec>* log
   const LlamaArch arch(c);
   const std::vector<TensorInfo> head = arch.UnitTensors(0);
   const Vec inv_freq = RopeInverseFrequencies(c);
-  const double* lm_head = p[0].data() + head[c.tie_word_embeddings ? kLlamaEmbed : kLlamaLmHead].offset;
+  const double* lm_head =
+      p[0].data() + head[c.tie_word_embeddings ? kLlamaEmbed : kLlamaLmHead].offset;
   double loss = 0;
   for (int b = 0; b < kB; ++b) {
     std::vector<Vec> x;
     for (int pos = 0; pos < kT; ++pos) {
-      const double* row = p[0].data() + head[kLlamaEmbed].offset + kTokens[b * kT + pos] * c.hidden_size;
+      const double* row =
+          p[0].data() + head[kLlamaEmbed].offset + kTokens[b * kT + pos] * c.hidden_size;
       x.emplace_back(row, row + c.hidden_size);
     }
     for (int l = 0; l < c.num_layers; ++l) ReferenceBlock(c, p[1 + l].data(), inv_freq, &x);
     for (int pos = 0; pos < kT; ++pos) {
-      const Vec z = Linear(lm_head, RmsNorm(x[pos], p[0].data() + head[kLlamaNorm].offset,
-                                             c.rms_norm_eps), c.vocab_size);
+      const Vec z =
+          Linear(lm_head, RmsNorm(x[pos], p[0].data() + head[kLlamaNorm].offset, c.rms_norm_eps),
+                 c.vocab_size);
       double mx = -1e300, sum = 0;
       for (double v : z) mx = std::max(mx, v);
       for (double v : z) sum += std::exp(v - mx);
@@ -215,7 +228,8 @@ TEST_P(LlamaModelTest, EveryUnitMatchesFiniteDifferencesInDouble) {
 // the loss to 1e-5 relative, every gradient within 2e-5 of the largest gradient of its unit.
 TEST_P(LlamaModelTest, FloatEngineMatchesDouble) {
   const LlamaConfig config = TinyConfig(GetParam(), true);
-  const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(LlamaArch(config), 3));
+  const std::vector<std::vector<float>> params =
+      CastUnits<float>(RandomParams(LlamaArch(config), 3));
   LlamaCpu model(config, kB, kT);
   std::vector<std::vector<float>> grads = ZerosLike(params);
   const double loss = ForwardBackward(model, params, kTokens, kTargets, 0.5f, &grads);
@@ -235,7 +249,8 @@ INSTANTIATE_TEST_SUITE_P(Head, LlamaModelTest, ::testing::Bool(),
 // same logits as the full sequence (causality; rotary angles depend on the position only).
 TEST(LlamaCpuTest, ShorterShapeGivesPrefixLogits) {
   const LlamaConfig config = TinyConfig(false, true);
-  const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(LlamaArch(config), 4));
+  const std::vector<std::vector<float>> params =
+      CastUnits<float>(RandomParams(LlamaArch(config), 4));
   LlamaCpu model(config, kB, kT);
   ExpectPrefixLogitsMatch(model, params, kTokens, kB, kT, 3, config.padded_vocab_size);
 }
@@ -259,7 +274,8 @@ TEST(LlamaCpuDeathTest, CallsOutOfOrderAbort) {
   // OpenBLAS has worker threads: re-execute the test binary instead of forking it as is.
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const LlamaConfig config = TinyConfig(true, false);
-  const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(LlamaArch(config), 5));
+  const std::vector<std::vector<float>> params =
+      CastUnits<float>(RandomParams(LlamaArch(config), 5));
   LlamaCpu model(config, kB, kT);
   model.EncoderForward(params[0].data(), kTokens.data());
   EXPECT_DEATH(model.BlockForward(1, params[2].data()), "LlamaModel: BlockForward out of order");

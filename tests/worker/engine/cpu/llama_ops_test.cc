@@ -24,8 +24,7 @@ TEST(EncoderTest, WithoutPositionsGradientsMatchFiniteDifferences) {
   const Tensors inputs = {RandomVector(rng, vp * c)};
   auto forward = [&]<typename T>(const std::vector<std::vector<T>>& x) {
     std::vector<T> out(b * t * c);  // (B, T, C)
-    EncoderForward(out.data(), tokens.data(), x[0].data(), static_cast<const T*>(nullptr), b, t,
-                   c);
+    EncoderForward(out.data(), tokens.data(), x[0].data(), static_cast<const T*>(nullptr), b, t, c);
     return out;
   };
   auto backward = [&]<typename T>(const std::vector<std::vector<T>>& x, const std::vector<T>& dout,
@@ -77,9 +76,14 @@ constexpr int kRow = (kNh + 2 * kNkv) * kD;
 // 64, low 1 and high 4 (bands at 64 and 16), the first is kept, the second blended and the
 // other two divided by the factor: every branch of the scaling is exercised.
 LlamaConfig RopeConfig(bool llama3) {
-  return LlamaConfig{.hidden_size = kNh * kD, .num_heads = kNh, .rope_theta = 10000.0,
-                     .rope_llama3 = llama3, .rope_factor = 8, .rope_low_freq_factor = 1,
-                     .rope_high_freq_factor = 4, .rope_original_context_length = 64};
+  return LlamaConfig{.hidden_size = kNh * kD,
+                     .num_heads = kNh,
+                     .rope_theta = 10000.0,
+                     .rope_llama3 = llama3,
+                     .rope_factor = 8,
+                     .rope_low_freq_factor = 1,
+                     .rope_high_freq_factor = 4,
+                     .rope_original_context_length = 64};
 }
 
 template <typename T>
@@ -278,7 +282,8 @@ TEST(GqaAttentionTest, EqualsMultiHeadAttentionOverRepeatedKvHeads) {
   std::vector<double> dqkv(qkv.size(), 0.0), drep(rep.size(), 0.0), scratch(t * t);
   GqaAttentionBackward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att_g.data(), b, t, nh,
                        nkv, d);
-  AttentionBackward(drep.data(), scratch.data(), dout.data(), rep.data(), att_m.data(), b, t, c, nh);
+  AttentionBackward(drep.data(), scratch.data(), dout.data(), rep.data(), att_m.data(), b, t, c,
+                    nh);
   for (int p = 0; p < b * t; ++p) {
     for (int i = 0; i < c; ++i) EXPECT_NEAR(dqkv[p * row + i], drep[p * 3 * c + i], 1e-14) << "dq";
     for (int kv = 0; kv < nkv; ++kv) {
