@@ -1,11 +1,14 @@
 // weft-worker end to end: a real coordinator and real worker processes on 127.0.0.1 train a
-// job, fail it cleanly on bad data, survive a rank killed mid-collective without hanging, and
-// stop on cancel.
+// job (also from a uint32 token file), fail it cleanly on bad data, survive a rank killed
+// mid-collective without hanging, and stop on cancel.
 #include <signal.h>
 
 #include <cmath>
+#include <cstdint>
 #include <fstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/ascii.h"
@@ -179,6 +182,47 @@ TEST_F(WorkerE2eTest, BadDataFilesFailTheJobWithTheFileNamedAndNoRestart) {
   EXPECT_EQ(s.state(), v1::FAILED);
   EXPECT_THAT(s.error(), HasSubstr("tokens.bin"));
   EXPECT_THAT(s.error(), HasSubstr("999"));
+}
+
+// llm.c's Llama-3 token file: the same 1 KiB header as the uint16 one, then uint32 ids.
+void WriteUint32Tokens(const std::string& path, const std::vector<uint32_t>& ids) {
+  std::ofstream bin(path, std::ios::binary);
+  int32_t header[256] = {20240801, 7, static_cast<int32_t>(ids.size())};
+  bin.write(reinterpret_cast<const char*>(header), sizeof(header));
+  bin.write(reinterpret_cast<const char*>(ids.data()), 4 * ids.size());
+}
+
+TEST_F(WorkerE2eTest, Uint32TokenFileTrainsAndAnIdPastTheVocabularyFailsNamingIt) {
+  StartWorkers(2);
+  // A vocabulary past uint16, and ids that need the upper half: 65536 + a cycle of 64.
+  constexpr int kVocab = 70000;
+  std::vector<uint32_t> ids(3000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = 65536 + i % 64;
+  WriteUint32Tokens(dir_.File("llama.bin"), ids);
+  v1::JobSpec spec = Spec(20);
+  spec.mutable_model()->set_vocab_size(kVocab);
+  spec.mutable_model()->set_padded_vocab_size(0);
+  spec.mutable_data()->set_train_path(dir_.File("llama.bin"));
+  spec.mutable_data()->set_format(v1::DATA_FORMAT_UINT32_BIN);
+  auto submitted = client_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(120));
+  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+  EXPECT_EQ(s.step(), 20);
+  // Below a uniform guess over the vocabulary (ln 70000 = 11.2): the ids were learned from.
+  EXPECT_LT(s.last_metrics().loss(), std::log(kVocab) - 1.0) << s.last_metrics().DebugString();
+  ASSERT_TRUE(Eventually([&] { return AllWorkersIdle(2); }, absl::Seconds(10))) << Logs();
+
+  ids[2900] = kVocab;  // in the held-out validation tail: still refused at start
+  WriteUint32Tokens(dir_.File("bad-llama.bin"), ids);
+  spec.mutable_data()->set_train_path(dir_.File("bad-llama.bin"));
+  submitted = client_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  s = WaitForEnd(submitted->job_id(), absl::Seconds(30));
+  EXPECT_EQ(s.state(), v1::FAILED) << Logs();
+  EXPECT_THAT(s.error(), HasSubstr("bad-llama.bin: token 70000 at token index 2900"));
+  EXPECT_THAT(s.error(), HasSubstr("model.vocab_size is 70000"));
+  EXPECT_EQ(s.restarts(), 0);
 }
 
 TEST_F(WorkerE2eTest, RankKilledMidTrainingFailsTheJobAndTheSurvivorDoesNotHang) {
