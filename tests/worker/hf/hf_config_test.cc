@@ -148,7 +148,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadKey{true, "head_dim", "8", "hidden_size / num_attention_heads"},
         BadKey{true, "hidden_act", "\"gelu\"", "silu only"},
         BadKey{true, "pretraining_tp", "2", "only 1"},
-        BadKey{true, "attention_dropout", "0.1", "without dropout"},
+        BadKey{true, "attention_dropout", "1.5", "in [0, 1)"},
         BadKey{true, "quantization_config", R"({"quant_method": "gptq"})", "not a key Weft knows"},
         BadKey{true, "hidden_size", "\"16\"", "must be an integer"},
         BadKey{false, "activation_function", "\"relu\"", "gelu_new only"},
@@ -158,7 +158,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadKey{false, "scale_attn_weights", "false", "1/sqrt"},
         BadKey{false, "layer_norm_epsilon", "1e-6", "1e-05"},
         BadKey{false, "tie_word_embeddings", "false", "ties"},
-        BadKey{false, "resid_pdrop", "0.1", "without dropout"},
+        BadKey{false, "resid_pdrop", "-0.1", "in [0, 1)"},
         BadKey{false, "n_ctx", "4", "must equal n_positions"},
         BadKey{false, "add_cross_attention", "true", "cross-attention"},
         BadKey{false, "some_new_option", "1", "not a key Weft knows"}));
@@ -170,6 +170,20 @@ TEST(HfConfigTest, HarmlessKeysAndAFullWidthMlpAreAccepted) {
   c["_name_or_path"] = "somewhere";
   c["id2label"] = {{"0", "LABEL_0"}};
   EXPECT_TRUE(CheckHfConfig(c.dump(), "config.json", TinyGpt2()).ok());
+}
+
+// OpenAI's released GPT-2 configs say dropout 0.1 (and transformers' default is 0.1 when the
+// key is absent): dropout regularised their training and is no part of the weights, so they
+// import (Weft continues without dropout).
+TEST(HfConfigTest, TrainingDropoutOfReleasedModelsIsAccepted) {
+  Json c = Json::parse(HfConfigJson(TinyGpt2(), data::Dtype::kF32));
+  for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) c[key] = 0.1;
+  EXPECT_TRUE(CheckHfConfig(c.dump(), "config.json", TinyGpt2()).ok());
+  for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) c.erase(key);
+  EXPECT_TRUE(CheckHfConfig(c.dump(), "config.json", TinyGpt2()).ok());
+  Json l = Json::parse(HfConfigJson(TinyLlama(false), data::Dtype::kF32));
+  l["attention_dropout"] = 0.1;
+  EXPECT_TRUE(CheckHfConfig(l.dump(), "config.json", TinyLlama(false)).ok());
 }
 
 TEST(HfConfigTest, EveryMismatchingFieldIsNamedWithBothValues) {

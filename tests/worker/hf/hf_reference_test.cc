@@ -68,17 +68,6 @@ Imported Import(const std::string& dir) {
   return m;
 }
 
-bool HaveCpuModel(const std::string& arch) {
-  if (arch == "gpt2") return true;
-  // TODO(lead): drop this guard once the CPU Llama model (engine/cpu/llama_model.h) is merged;
-  // CreateCpuModel aborts for an architecture it does not know.
-#if __has_include("worker/engine/cpu/llama_model.h")
-  return arch == "llama";
-#else
-  return false;
-#endif
-}
-
 void ExpectRelativelyNear(double got, double want, double tolerance, const std::string& what) {
   EXPECT_LE(std::abs(got - want), tolerance * std::max(std::abs(want), 1e-30))
       << what << ": Weft " << got << ", transformers " << want;
@@ -92,9 +81,6 @@ TEST_P(HfReferenceTest, LossLogitsAndGradientsMatchTransformers) {
   Imported m = Import(dir);
   ASSERT_NE(m.importer, nullptr);
   const engine::ModelArch& arch = m.importer->arch();
-  if (!HaveCpuModel(arch.name())) {
-    GTEST_SKIP() << "no CPU model for " << arch.name() << " in this build yet";
-  }
   const int b = ref["batch"].get<int>();
   const int t = ref["seq_len"].get<int>();
   const std::vector<int32_t> inputs = Flat(ref["inputs"]);
