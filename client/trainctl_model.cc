@@ -8,7 +8,9 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/trainctl_output.h"
 #include "common/job_spec.h"
 #include "google/protobuf/text_format.h"
@@ -102,6 +104,32 @@ int ExportHfDirectory(const weft::v1::JobSpec& job_spec,
   return 0;
 }
 
+namespace {
+
+// {"inputs": [[ids]], "logits": [[[row] per position]]}: the format check_export.py reads.
+int PrintLogits(const worker::LoadedModel& model, const std::string& tokens_flag) {
+  std::vector<int32_t> tokens;
+  for (absl::string_view piece : absl::StrSplit(tokens_flag, ' ', absl::SkipWhitespace())) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(piece, &id)) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--tokens: \"", std::string(piece), "\" is not a token id")));
+    }
+    tokens.push_back(id);
+  }
+  absl::StatusOr<std::vector<float>> logits = worker::ModelLogits(model, tokens);
+  if (!logits.ok()) return Fail(logits.status());
+  const size_t v = model.arch->vocab_size();
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    rows.push_back(std::vector<float>(logits->begin() + i * v, logits->begin() + (i + 1) * v));
+  }
+  std::cout << nlohmann::json{{"inputs", {tokens}}, {"logits", {rows}}}.dump() << "\n";
+  return 0;
+}
+
+}  // namespace
+
 ModelCommands::ModelCommands(CLI::App* app) {
   group_ = app->add_subcommand("model", "Hugging Face models: derive a spec, export a model");
   group_->require_subcommand(1);
@@ -118,6 +146,12 @@ ModelCommands::ModelCommands(CLI::App* app) {
       ->check(CLI::IsMember({"hf"}))
       ->capture_default_str();
   flags_.AddTo(export_);
+  logits_ = group_->add_subcommand(
+      "logits", "Print a model's logits for a token sequence as JSON (to compare with another "
+                "implementation, e.g. transformers)");
+  logits_->add_option("SOURCE", source_, "A Weft model file (*.safetensors) or a finished job")
+      ->required();
+  logits_->add_option("--tokens", tokens_, "Whitespace-separated token ids")->required();
 }
 
 bool ModelCommands::Parsed() const { return group_->parsed(); }
@@ -133,6 +167,7 @@ int ModelCommands::Run(bool json, const JobModelPath& job_model_path) const {
   }
   auto model = worker::LoadModel(path);
   if (!model.ok()) return Fail(model.status());
+  if (logits_->parsed()) return PrintLogits(*model, tokens_);
   return ExportHfDirectory(model->spec, model->units, out_dir_, flags_, json, path);
 }
 

@@ -3,6 +3,7 @@
 //   trainctl model from-hf DIR        the ModelSpec of a Hugging Face directory, as text format
 //   trainctl model export MODEL.safetensors|JOB --out DIR [--dtype bf16|fp32]
 //                         [--max-shard-bytes N]   a Weft model file as a Hugging Face directory
+//   trainctl model logits MODEL.safetensors|JOB --tokens "1 2 3"   the model's logits, as JSON
 // and the Hugging Face export flags `trainctl checkpoint export --format hf` shares.
 #ifndef WEFT_CLIENT_TRAINCTL_MODEL_H_
 #define WEFT_CLIENT_TRAINCTL_MODEL_H_
@@ -49,6 +50,8 @@ class ModelCommands {
   CLI::App* group_ = nullptr;
   CLI::App* from_hf_ = nullptr;
   CLI::App* export_ = nullptr;
+  CLI::App* logits_ = nullptr;
+  std::string tokens_;
   std::string dir_;
   std::string source_;
   std::string out_dir_;

@@ -130,4 +130,31 @@ absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::st
   return out;
 }
 
+absl::StatusOr<std::vector<float>> ModelLogits(const LoadedModel& model,
+                                               const std::vector<int32_t>& tokens) {
+  const engine::ModelArch& arch = *model.arch;
+  const int t = static_cast<int>(tokens.size());
+  if (t < 1 || t > arch.context_length()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tokens: between 1 and the context length ",
+                                                   arch.context_length(), " ids, got ", t));
+  }
+  for (int32_t id : tokens) {
+    if (id < 0 || id >= arch.vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("--tokens: ids are in [0, ",
+                                                     arch.vocab_size(), "), got ", id));
+    }
+  }
+  const std::unique_ptr<engine::cpu::CpuModel> cpu = engine::cpu::CreateCpuModel(arch, 1, t);
+  cpu->SetShape(1, t);
+  cpu->EncoderForward(model.units[0].data(), tokens.data());
+  for (int l = 0; l < arch.num_layers(); ++l) cpu->BlockForward(l, model.units[1 + l].data());
+  cpu->ClassifierForward(model.units[0].data(), nullptr, 0.0f);
+  std::vector<float> logits(static_cast<size_t>(t) * arch.vocab_size());
+  for (int i = 0; i < t; ++i) {
+    const float* row = cpu->Logits() + static_cast<size_t>(i) * arch.padded_vocab_size();
+    std::copy(row, row + arch.vocab_size(), logits.begin() + static_cast<size_t>(i) * arch.vocab_size());
+  }
+  return logits;
+}
+
 }  // namespace weft::worker

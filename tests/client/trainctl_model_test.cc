@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 #include "tests/worker/hf/hf_test_util.h"
 #include "worker/hf/hf_checkpoint.h"
@@ -79,6 +80,37 @@ TEST(TrainctlModelTest, ExportOfAModelFileImportsBackExactly) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("--dtype"));
   EXPECT_FALSE(std::filesystem::exists(tmp.File("x")));
+}
+
+TEST(TrainctlModelTest, LogitsPrintsTheModelsRowsAndNamesBadTokens) {
+  testing::TempDir tmp;
+  v1::JobSpec job;
+  *job.mutable_model() = hf::testing::TinyLlama(false);
+  const auto arch = hf::testing::ArchOf(job.model());
+  const std::string file = tmp.File("model.safetensors");
+  ASSERT_TRUE(worker::SaveModel(file, job, hf::testing::ExactUnits(*arch, 2)).ok());
+  CommandResult r = Trainctl({"model", "logits", file, "--tokens", "3 1 4"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["inputs"], nlohmann::json::parse("[[3, 1, 4]]"));
+  ASSERT_EQ(j["logits"][0].size(), 3u);
+  ASSERT_EQ(j["logits"][0][2].size(), static_cast<size_t>(arch->vocab_size()));
+  // The same numbers as the library call (the JSON holds floats exactly).
+  auto model = worker::LoadModel(file);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto want = worker::ModelLogits(*model, {3, 1, 4});
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(j["logits"][0][2][5].get<float>(), (*want)[2 * arch->vocab_size() + 5]);
+
+  r = Trainctl({"model", "logits", file, "--tokens", "3 x"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--tokens: \"x\" is not a token id"));
+  r = Trainctl({"model", "logits", file, "--tokens", std::to_string(arch->vocab_size())});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--tokens: ids are in [0, "));
+  r = Trainctl({"model", "logits", file, "--tokens", " "});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("between 1 and the context length"));
 }
 
 }  // namespace
