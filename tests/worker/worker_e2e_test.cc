@@ -66,6 +66,17 @@ class WorkerE2eTest : public testing::WorkersTest {
     return *spec;
   }
 
+  // `trainctl sample` continues a prompt with the finished job's model.
+  void ExpectModelSamples(const std::string& job_id) {
+    auto sample = testing::RunCommand({testing::BinDir() + "/trainctl",
+                                       "--coordinator=" + coordinator_->address(), "sample",
+                                       job_id, "--prompt=the cat", "--tokens=40",
+                                       "--temperature=0"});
+    EXPECT_EQ(sample.exit_code, 0) << sample.err;
+    EXPECT_THAT(sample.out, ::testing::StartsWith("the cat"));
+    EXPECT_GE(sample.out.size(), 40u);
+  }
+
   bool AllWorkersIdle(size_t expected) {
     auto workers = client_->ListWorkers();
     if (!workers.ok() || workers->size() != expected) return false;
@@ -91,13 +102,7 @@ TEST_F(WorkerE2eTest, TwoWorkersTrainToCompletionAndTheModelSamples) {
   EXPECT_EQ(s.model_host(), "node");
   ASSERT_FALSE(s.model_path().empty());
 
-  auto sample = testing::RunCommand({testing::BinDir() + "/trainctl",
-                                     "--coordinator=" + coordinator_->address(), "sample",
-                                     submitted->job_id(), "--prompt=the cat", "--tokens=40",
-                                     "--temperature=0"});
-  EXPECT_EQ(sample.exit_code, 0) << sample.err;
-  EXPECT_THAT(sample.out, ::testing::StartsWith("the cat"));
-  EXPECT_GE(sample.out.size(), 40u);
+  ExpectModelSamples(submitted->job_id());
   EXPECT_TRUE(Eventually([&] { return AllWorkersIdle(2); }, absl::Seconds(10)));
 
   // Each worker's own Prometheus endpoint saw every step.
@@ -114,6 +119,25 @@ TEST_F(WorkerE2eTest, TwoWorkersTrainToCompletionAndTheModelSamples) {
     EXPECT_THAT(*body, HasSubstr("weft_worker_step_phase_seconds{phase=\"exposed_comm\""));
     EXPECT_THAT(*body, HasSubstr(absl::StrCat("weft_worker_generation_runs_total{outcome=\"completed\",worker_id=\"", id, "\"} 1")));
   }
+}
+
+// The same job on a Llama (grouped-query attention, untied head): it trains through the real
+// services on CPU workers and its model samples.
+TEST_F(WorkerE2eTest, TwoWorkersTrainATinyLlamaAndItSamples) {
+  StartWorkers(2);
+  v1::JobSpec spec = Spec(60);
+  v1::ModelSpec* m = spec.mutable_model();
+  m->set_architecture(v1::LLAMA);
+  m->set_num_heads(4);
+  m->set_num_kv_heads(2);
+  m->set_intermediate_size(64);
+  auto submitted = client_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(180));
+  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+  EXPECT_EQ(s.step(), 60);
+  EXPECT_LT(s.last_metrics().loss(), 3.0) << s.last_metrics().DebugString();
+  ExpectModelSamples(submitted->job_id());
 }
 
 TEST_F(WorkerE2eTest, BadDataFilesFailTheJobWithTheFileNamedAndNoRestart) {
