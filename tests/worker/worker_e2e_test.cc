@@ -77,6 +77,18 @@ class WorkerE2eTest : public testing::WorkersTest {
     EXPECT_GE(sample.out.size(), 40u);
   }
 
+  // Submits `spec` and expects the job to fail without a restart, its error holding each of
+  // `fragments`.
+  void ExpectFailsWithoutRestart(const v1::JobSpec& spec,
+                                 const std::vector<std::string>& fragments) {
+    auto submitted = client_->SubmitJob(spec);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(30));
+    EXPECT_EQ(s.state(), v1::FAILED) << Logs();
+    for (const std::string& fragment : fragments) EXPECT_THAT(s.error(), HasSubstr(fragment));
+    EXPECT_EQ(s.restarts(), 0);
+  }
+
   bool AllWorkersIdle(size_t expected) {
     auto workers = client_->ListWorkers();
     if (!workers.ok() || workers->size() != expected) return false;
@@ -220,13 +232,8 @@ TEST_F(WorkerE2eTest, Uint32TokenFileTrainsAndAnIdPastTheVocabularyFailsNamingIt
   ids[2900] = kVocab;  // in the held-out validation tail: still refused at start
   WriteUint32Tokens(dir_.File("bad-llama.bin"), ids);
   spec.mutable_data()->set_train_path(dir_.File("bad-llama.bin"));
-  submitted = client_->SubmitJob(spec);
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  s = WaitForEnd(submitted->job_id(), absl::Seconds(30));
-  EXPECT_EQ(s.state(), v1::FAILED) << Logs();
-  EXPECT_THAT(s.error(), HasSubstr("bad-llama.bin: token 70000 at token index 2900"));
-  EXPECT_THAT(s.error(), HasSubstr("model.vocab_size is 70000"));
-  EXPECT_EQ(s.restarts(), 0);
+  ExpectFailsWithoutRestart(spec, {"bad-llama.bin: token 70000 at token index 2900",
+                                   "model.vocab_size is 70000"});
 }
 
 // A prepared dataset (worker/data/manifest.h) of byte tokens in uint16 shards: `train` shards
@@ -282,13 +289,8 @@ TEST_F(WorkerE2eTest, PreparedDatasetTrainsSequentiallyAndAChangedShardFailsNami
   bytes[1024 + 100] ^= 1;
   testing::WriteFile(shard, bytes);
   spec.mutable_fault()->set_max_restarts(3);  // a permanent error must not use them
-  submitted = client_->SubmitJob(spec);
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  s = WaitForEnd(submitted->job_id(), absl::Seconds(30));
-  EXPECT_EQ(s.state(), v1::FAILED) << Logs();
-  EXPECT_THAT(s.error(), HasSubstr("train-1.bin: shard changed after its manifest was written"));
-  EXPECT_THAT(s.error(), HasSubstr("permanent"));
-  EXPECT_EQ(s.restarts(), 0);
+  ExpectFailsWithoutRestart(
+      spec, {"train-1.bin: shard changed after its manifest was written", "permanent"});
 }
 
 TEST_F(WorkerE2eTest, RankKilledMidTrainingFailsTheJobAndTheSurvivorDoesNotHang) {
