@@ -158,17 +158,18 @@ absl::StatusOr<int> GenerationRun::Join() {
 absl::StatusOr<GenerationRun::Data> GenerationRun::OpenData() {
   // The data is checked before any collective: a bad file fails the job, not a timeout.
   const weft::v1::JobSpec& spec = command_.spec();
-  const int vocab = spec.model().vocab_size();
-  const int seq_len = spec.training().sequence_length();
+  const data::TokenDataset::Options options{spec.model().vocab_size(),
+                                             spec.training().sequence_length(),
+                                             spec.training().grad_accum_steps()};
   Data data;
-  auto train = data::TokenDataset::Open(spec.data(), vocab, seq_len, data::Split::kTrain);
+  auto train = data::TokenDataset::Open(spec.data(), options, data::Split::kTrain);
   if (!train.ok()) {
     ReportError(train.status(), /*permanent=*/true);
     return train.status();
   }
   data.train = std::move(*train);
   if (spec.training().val_interval_steps() > 0) {
-    auto val = data::TokenDataset::Open(spec.data(), vocab, seq_len, data::Split::kVal);
+    auto val = data::TokenDataset::Open(spec.data(), options, data::Split::kVal);
     if (!val.ok()) {
       ReportError(val.status(), /*permanent=*/true);
       return val.status();
