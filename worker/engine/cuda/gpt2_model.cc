@@ -7,35 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/model_util.h"
 #include "worker/engine/cuda/ops.h"
 
 namespace weft::engine::cuda {
-namespace {
-
-// Carves typed, 256-byte aligned pieces out of one allocation; with a null base it only
-// measures.
-class Arena {
- public:
-  explicit Arena(char* base) : base_(base) {}
-  template <typename T>
-  T* Take(size_t count) {
-    offset_ = (offset_ + 255) / 256 * 256;
-    T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + offset_);
-    offset_ += count * sizeof(T);
-    return p;
-  }
-  size_t size() const { return offset_; }
-
- private:
-  char* base_;
-  size_t offset_ = 0;
-};
-
-// Budget for one chunk of logits (rows x Vp bf16): large enough for efficient LM-head GEMMs,
-// small enough that the (B*T, Vp) logits of a whole micro-batch never exist at once.
-constexpr size_t kLogitChunkBytes = size_t{512} << 20;
-
-}  // namespace
 
 GptCuda::GptCuda(const GptConfig& config, int max_b, int max_t, cudaStream_t stream)
     : config_(config),
@@ -102,8 +77,7 @@ size_t GptCuda::Layout(char* base) {
   tmp_ = a.Take<bf16>(nc);
   dres_ = a.Take<bf16>(nc);
   dtmp_ = a.Take<bf16>(nc);
-  const size_t row_bytes = static_cast<size_t>(config_.padded_vocab_size) * sizeof(bf16);
-  logit_rows_ = static_cast<int>(std::clamp<size_t>(kLogitChunkBytes / row_bytes, 1, n));
+  logit_rows_ = LogitChunkRows(n, config_.padded_vocab_size);
   logits_ = a.Take<bf16>(static_cast<size_t>(logit_rows_) * config_.padded_vocab_size);
   losses_ = a.Take<float>(n);
   size_t scratch = LayerNormBackwardScratchFloats(static_cast<int>(n), c);
@@ -150,36 +124,17 @@ absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config
 absl::Status GptCuda::Allocate() {
   WEFT_ASSIGN_OR_RETURN(blas_, Blas::Create());
   const size_t bytes = Layout(nullptr);
-  const cudaError_t err = cudaMalloc(&arena_, bytes);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear the (non-sticky) allocation error
-    size_t free_bytes = 0, total = 0;
-    cudaMemGetInfo(&free_bytes, &total);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "activations need ", bytes >> 20, " MiB but the GPU has ", free_bytes >> 20,
-        " MiB free"));
-  }
+  WEFT_RETURN_IF_ERROR(AllocateActivations(bytes, &arena_));
   arena_bytes_ = bytes;
   Layout(static_cast<char*>(arena_));
   return absl::OkStatus();
 }
 
 absl::Status GptCuda::SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) {
-  if (b < 1 || b > max_b_ || t < 1 || t > max_t_) {
-    return absl::InvalidArgumentError(absl::StrCat("batch shape (", b, ", ", t,
-                                                   ") outside [1, ", max_b_, "] x [1, ", max_t_,
-                                                   "]"));
-  }
+  WEFT_RETURN_IF_ERROR(UploadBatch(b, t, max_b_, max_t_, inputs, targets, tokens_, targets_,
+                                   stream_));
   b_ = b;
   t_ = t;
-  const size_t bytes = static_cast<size_t>(b) * t * sizeof(int32_t);
-  // Pageable sources: the call returns once the data is staged, so the caller may refill them.
-  WEFT_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(tokens_, inputs, bytes, cudaMemcpyHostToDevice, stream_));
-  if (targets != nullptr) {
-    WEFT_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(targets_, targets, bytes, cudaMemcpyHostToDevice, stream_));
-  }
   return absl::OkStatus();
 }
 
@@ -204,8 +159,8 @@ absl::Status GptCuda::BlockForward(int l, const bf16* block) {
   WEFT_RETURN_IF_ERROR(blas_->LinearForward(qkv, ln1_[l], p(kQkvw), p(kQkvb), n, c, 3 * c,
                                             stream_));  // (B, T, 3C)
   if (flash_) {
-    WEFT_RETURN_IF_ERROR(FlashAttentionForward(atty_[l], lse_[l], qkv, b_, nh, t_, hs,
-                                               stream_));  // (B, T, C)
+    WEFT_RETURN_IF_ERROR(FlashAttentionForward(atty_[l], lse_[l], qkv, b_, nh, nh, t_,
+                                               hs, stream_));  // (B, T, C)
   } else {
     WEFT_RETURN_IF_ERROR(AttentionSplitHeads(q_[l], k_[l], v_[l], qkv, b_, t_, c, nh, stream_));
     const int batch = b_ * nh;
@@ -292,7 +247,7 @@ absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad)
     // Straight from the (B, T, C) dy = dtmp_ and forward output atty, and the layer's qkv:
     // dq, dk, dv land in dqkv = qkv_ (B, T, 3C) at the places of q, k, v.
     WEFT_RETURN_IF_ERROR(FlashAttentionBackward(qkv_, dtmp_, atty_[l], lse_[l], layer_qkv_[l],
-                                                flash_scratch_, b_, nh, t_, hs, stream_));
+                                                flash_scratch_, b_, nh, nh, t_, hs, stream_));
   } else {
     WEFT_RETURN_IF_ERROR(AttentionSplitGrad(y_, dtmp_, b_, t_, c, nh, stream_));  // dy
     const int batch = b_ * nh;
