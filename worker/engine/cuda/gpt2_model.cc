@@ -13,17 +13,11 @@
 namespace weft::engine::cuda {
 
 GptCuda::GptCuda(const GptConfig& config, int max_b, int max_t, cudaStream_t stream)
-    : config_(config),
-      max_b_(max_b),
-      max_t_(max_t),
-      stream_(stream),
+    : ArenaModel(max_b, max_t, stream),
+      config_(config),
       flash_(FlashAttentionSupported(config.hidden_size / config.num_heads)) {
   head_tensors_ = UnitTensors(config, 0);
   block_tensors_ = UnitTensors(config, 1);
-}
-
-GptCuda::~GptCuda() {
-  if (arena_ != nullptr) cudaFree(arena_);
 }
 
 size_t GptCuda::Layout(char* base) {
@@ -77,22 +71,18 @@ size_t GptCuda::Layout(char* base) {
   tmp_ = a.Take<bf16>(nc);
   dres_ = a.Take<bf16>(nc);
   dtmp_ = a.Take<bf16>(nc);
-  logit_rows_ = LogitChunkRows(n, config_.padded_vocab_size);
-  logits_ = a.Take<bf16>(static_cast<size_t>(logit_rows_) * config_.padded_vocab_size);
-  losses_ = a.Take<float>(n);
   size_t scratch = LayerNormBackwardScratchFloats(static_cast<int>(n), c);
   for (int oc : {c, 3 * c, 4 * c}) {
     scratch = std::max(scratch, BiasBackwardScratchFloats(static_cast<int>(n), oc));
   }
   reduce_scratch_ = a.Take<float>(scratch);
-  tokens_ = a.Take<int32_t>(n);
-  targets_ = a.Take<int32_t>(n);
+  TakeCommon(a, config_.padded_vocab_size);
   return a.size();
 }
 
 size_t GptCuda::PlanActivationBytes(const GptConfig& config, int max_b, int max_t) {
   GptCuda probe(config, max_b, max_t, nullptr);
-  return probe.Layout(nullptr) + BlasOptions{}.workspace_bytes;
+  return probe.PlannedBytes();
 }
 
 absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config, int max_b,
@@ -119,23 +109,6 @@ absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config
   std::unique_ptr<GptCuda> model(new GptCuda(config, max_b, max_t, stream));
   WEFT_RETURN_IF_ERROR(model->Allocate());
   return model;
-}
-
-absl::Status GptCuda::Allocate() {
-  WEFT_ASSIGN_OR_RETURN(blas_, Blas::Create());
-  const size_t bytes = Layout(nullptr);
-  WEFT_RETURN_IF_ERROR(AllocateActivations(bytes, &arena_));
-  arena_bytes_ = bytes;
-  Layout(static_cast<char*>(arena_));
-  return absl::OkStatus();
-}
-
-absl::Status GptCuda::SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) {
-  WEFT_RETURN_IF_ERROR(UploadBatch(b, t, max_b_, max_t_, inputs, targets, tokens_, targets_,
-                                   stream_));
-  b_ = b;
-  t_ = t;
-  return absl::OkStatus();
 }
 
 absl::Status GptCuda::EncoderForward(const bf16* head) {
@@ -189,23 +162,13 @@ absl::Status GptCuda::Classifier(const bf16* head, float grad_scale, float* head
   const int vp = config_.padded_vocab_size;
   const int n = b_ * t_;
   const auto p = [&](int tensor) { return head + head_tensors_[tensor].offset; };
-  const bf16* wte = p(kWte);  // (Vp, C)
   const bf16* last = res_[config_.num_layers];
   WEFT_RETURN_IF_ERROR(
       LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, last, p(kLnfw), p(kLnfb), n, c, stream_));
-  for (int r0 = 0; r0 < n; r0 += logit_rows_) {
-    const int rows = std::min(logit_rows_, n - r0);
-    const bf16* lnf = lnf_ + static_cast<size_t>(r0) * c;  // (rows, C)
-    WEFT_RETURN_IF_ERROR(blas_->LinearForward(logits_, lnf, wte, nullptr, rows, c, vp, stream_));
-    WEFT_RETURN_IF_ERROR(CrossEntropyForwardBackward(logits_, losses_ + r0, targets_ + r0, rows,
-                                                     config_.vocab_size, vp, grad_scale,
-                                                     stream_));  // logits -> dlogits
-    if (head_grad == nullptr) continue;
-    WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dtmp_ + static_cast<size_t>(r0) * c, logits_,
-                                                    wte, rows, c, vp, stream_));
-    WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(head_grad + head_tensors_[kWte].offset,
-                                                     logits_, lnf, rows, c, vp, stream_));
-  }
+  WEFT_RETURN_IF_ERROR(LmHeadLoss(lnf_, p(kWte),
+                                  head_grad == nullptr ? nullptr
+                                                       : head_grad + head_tensors_[kWte].offset,
+                                  dtmp_, c, config_.vocab_size, vp, grad_scale));
   if (head_grad == nullptr) return absl::OkStatus();
   // The residual stream's gradient starts here; LayerNormBackward accumulates into it.
   WEFT_CUDA_RETURN_IF_ERROR(

@@ -23,60 +23,39 @@
 #ifndef WEFT_WORKER_ENGINE_CUDA_LLAMA_MODEL_H_
 #define WEFT_WORKER_ENGINE_CUDA_LLAMA_MODEL_H_
 
-#include <cuda_bf16.h>
-#include <cuda_runtime_api.h>
-
-#include <cstddef>
-#include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/engine/cuda/matmul.h"
-#include "worker/engine/cuda/model.h"
+#include "worker/engine/cuda/model_util.h"
 #include "worker/engine/llama/llama_arch.h"
 
 namespace weft::engine::cuda {
 
-class LlamaCuda final : public CudaModel {
+class LlamaCuda final : public ArenaModel {
  public:
-  // Bytes Create allocates for activations, scratch and the GEMM workspace (exact).
-  static size_t PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t);
-
-  // On the current device; kernels go to `stream` (not owned). INVALID_ARGUMENT for shapes the
-  // kernels cannot take, RESOURCE_EXHAUSTED when the activations do not fit.
+  // INVALID_ARGUMENT for shapes the kernels cannot take (see above), RESOURCE_EXHAUSTED when
+  // the activations do not fit; kernels go to `stream` (not owned), on the current device.
   static absl::StatusOr<std::unique_ptr<LlamaCuda>> Create(const LlamaConfig& config, int max_b,
                                                            int max_t, cudaStream_t stream);
-  ~LlamaCuda() override;
-  LlamaCuda(const LlamaCuda&) = delete;
-  LlamaCuda& operator=(const LlamaCuda&) = delete;
+  // What Create allocates: activations, scratch and the GEMM workspace (exact).
+  static size_t PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t);
 
   const LlamaConfig& config() const { return config_; }
-  int b() const override { return b_; }
-  int t() const override { return t_; }
 
-  absl::Status SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) override;
-
+  // CudaModel's passes over the head: the forward is the token embedding alone; Classifier
+  // is the final RMSNorm, the LM head (lm_head, or embed when tied) and cross-entropy, and its
+  // backward adds to the norm's and the LM head's gradients.
   absl::Status EncoderForward(const bf16* head) override;
-  absl::Status BlockForward(int layer, const bf16* block) override;
-  // Final RMSNorm, LM head (lm_head, or embed when tied) and cross-entropy; head_grad gets the
-  // norm's and the LM head's gradients.
   absl::Status Classifier(const bf16* head, float grad_scale, float* head_grad) override;
-  const float* Losses() const override { return losses_; }
-
-  absl::Status BlockBackward(int layer, const bf16* block, float* block_grad) override;
   absl::Status EncoderBackward(float* head_grad) override;
-
-  size_t ActivationBytes() const override { return arena_bytes_; }
-  size_t BlasWorkspaceBytes() const override { return BlasOptions{}.workspace_bytes; }
+  // Over block `layer` (unit 1 + layer).
+  absl::Status BlockForward(int layer, const bf16* block) override;
+  absl::Status BlockBackward(int layer, const bf16* block, float* block_grad) override;
 
  private:
   LlamaCuda(const LlamaConfig& config, int max_b, int max_t, cudaStream_t stream);
-  // Points every buffer into the allocation at `base` and returns the bytes used; a null base
-  // only measures.
-  size_t Layout(char* base);
-  absl::Status Allocate();
+  size_t Layout(char* base) override;
   // The rotary tables from RopeInverseFrequencies (once, at creation).
   absl::Status BuildRopeTables();
   // The attention half of BlockBackward: dres_ (the gradient at the mid-block residual) gets
@@ -84,32 +63,34 @@ class LlamaCuda final : public CudaModel {
   absl::Status AttentionBackward(int l, const bf16* block, float* block_grad);
 
   const LlamaConfig config_;
-  const int max_b_, max_t_;
-  cudaStream_t stream_;
-  int b_ = 0, t_ = 0;
-  std::unique_ptr<Blas> blas_;
   std::vector<TensorInfo> head_tensors_, block_tensors_;
-
-  void* arena_ = nullptr;
-  size_t arena_bytes_ = 0;
-  // Per layer l; the residual stream res_ has L + 1 entries (res_[l] is block l's input).
-  std::vector<bf16*> res_, attn_norm_, qkv_, atty_, res2_, mlp_norm_, gate_up_, act_;
-  std::vector<float*> attn_rstd_, mlp_rstd_, lse_;
+  // What a block's forward keeps for its backward.
+  struct Saved {
+    bf16* attn_norm;   // (B, T, C)
+    float* attn_rstd;  // (B, T)
+    bf16* qkv;         // (B, T, (NH + 2 NKV) D), q and k rotated: flash attention's input
+    float* lse;        // (B * NH * T)
+    bf16* atty;        // (B, T, C) attention output
+    bf16* res2;        // (B, T, C) the mid-block residual stream
+    bf16* mlp_norm;    // (B, T, C)
+    float* mlp_rstd;   // (B, T)
+    bf16* gate_up;     // (B, T, 2I)
+    bf16* act;         // (B, T, I) SwiGLU output
+  };
+  std::vector<Saved> saved_;  // per layer
+  // The residual stream, L + 1 entries: res_[l] is block l's input, res_[L] the last output.
+  std::vector<bf16*> res_;
   bf16* final_norm_ = nullptr;
   float* final_rstd_ = nullptr;
   // Scratch shared by the layers: dqkv (B, T, (NH + 2 NKV) D), dgate_up (B, T, 2I), dact
   // (B, T, I), and (B, T, C) tmp_, dres_ (the residual stream's gradient), dtmp_.
   bf16 *dqkv_ = nullptr, *dgate_up_ = nullptr, *dact_ = nullptr, *tmp_ = nullptr,
-       *dres_ = nullptr, *dtmp_ = nullptr, *logits_ = nullptr;
-  float* losses_ = nullptr;
+       *dres_ = nullptr, *dtmp_ = nullptr;
   float* norm_scratch_ = nullptr;   // RmsNormBackwardScratchFloats
   float* flash_scratch_ = nullptr;  // FlashAttentionBackwardScratchFloats
   float* rope_cos_ = nullptr;       // (maxT, D/2)
   float* rope_sin_ = nullptr;       // (maxT, D/2)
   float* inv_freq_ = nullptr;       // (D/2)
-  int32_t* tokens_ = nullptr;
-  int32_t* targets_ = nullptr;
-  int logit_rows_ = 0;
 };
 
 }  // namespace weft::engine::cuda

@@ -77,6 +77,18 @@ __global__ void RmsNormForwardKernel(bf16* __restrict__ out,           // (N, C)
   if (lane == 0) rstd[row] = r;
 }
 
+// One 8-channel vector of a row's input, its output gradient and the weight, as floats.
+struct RowVectors {
+  float x[kVec];
+  float dy[kVec];
+  float w[kVec];
+  __device__ void Load(const bf16* x_at, const bf16* dy_at, const bf16* w_at) {
+    LoadVec(x_at, x);
+    LoadVec(dy_at, dy);
+    LoadVec(w_at, w);
+  }
+};
+
 // Dynamic shared memory: kBackwardWarps * C floats (one dweight accumulator per warp).
 __global__ void __launch_bounds__(kBackwardWarps * kWarpSize)
     RmsNormBackwardKernel(bf16* __restrict__ dinp,          // (N, C) +=
@@ -97,34 +109,27 @@ __global__ void __launch_bounds__(kBackwardWarps * kWarpSize)
        row += gridDim.x * kBackwardWarps) {
     const size_t base = static_cast<size_t>(row) * c;
     const float r = rstd[row];
-    float dot = 0.0f;  // sum of g * xhat over the row
+    // Pass 1: the row's sum of g * xhat; pass 2 (from L1): dx and this warp's dweight.
+    float dot = 0.0f;
     for (int j = lane * kVec; j < c; j += kRowStep) {
-      float x[kVec];
-      float dy[kVec];
-      float w[kVec];
-      LoadVec(inp + base + j, x);
-      LoadVec(dout + base + j, dy);
-      LoadVec(weight + j, w);
+      RowVectors v;
+      v.Load(inp + base + j, dout + base + j, weight + j);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) dot += dy[k] * w[k] * (x[k] * r);
+      for (int k = 0; k < kVec; ++k) dot += v.dy[k] * v.w[k] * (v.x[k] * r);
     }
     const float mean_dot = WarpSum(dot) * inv_c;
     for (int j = lane * kVec; j < c; j += kRowStep) {
-      float x[kVec];
-      float dy[kVec];
-      float w[kVec];
+      RowVectors v;
+      v.Load(inp + base + j, dout + base + j, weight + j);
       float dx[kVec];
       float acc[kVec];
-      LoadVec(inp + base + j, x);
-      LoadVec(dout + base + j, dy);
-      LoadVec(weight + j, w);
       LoadVec(dinp + base + j, dx);
       LoadFloats(dw + j, acc);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        const float xhat = x[k] * r;
-        dx[k] += r * (dy[k] * w[k] - xhat * mean_dot);
-        acc[k] += dy[k] * xhat;
+        const float xhat = v.x[k] * r;
+        dx[k] += r * (v.dy[k] * v.w[k] - xhat * mean_dot);
+        acc[k] += v.dy[k] * xhat;
       }
       StoreVec(dinp + base + j, dx);
       StoreFloats(dw + j, acc);

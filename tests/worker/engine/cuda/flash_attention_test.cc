@@ -51,7 +51,7 @@ constexpr double kTolDv = 1e-2;
 constexpr double kTolDqDk = 1e-2;
 constexpr double kTolLse = 1e-5;
 
-bf16* AsBf16(DeviceBuffer<uint16_t>& buf) { return reinterpret_cast<bf16*>(buf.get()); }
+bf16* AsBf16(DeviceBuffer<uint16_t>& buf) { return buf.bf16(); }
 
 struct Shape {
   int b, nh, t, hs;
@@ -92,12 +92,8 @@ std::vector<T> ToHeads(const std::vector<T>& rows, const Shape& s, Part part) {
   return out;
 }
 
-// Random bf16 bits for values ~ N(0, sigma) (the values the reference uses are exactly these).
 std::vector<uint16_t> RandomBf16(size_t n, float sigma, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<uint16_t> out(n);
-  for (auto& x : out) x = ToBf16Bits(dist(rng));
-  return out;
+  return test_util::RandomBf16Bits(n, sigma, rng);
 }
 
 std::vector<double> ToDouble(const std::vector<uint16_t>& bits) {

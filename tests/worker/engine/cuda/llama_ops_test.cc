@@ -30,25 +30,16 @@
 namespace weft::engine::cuda {
 namespace {
 
-using test_util::DeviceBuffer;
-using test_util::FromBf16Bits;
-using test_util::kGarbageBits;
-using test_util::ToBf16Bits;
-
 constexpr double kTolBf16 = 1e-2;
 constexpr double kTolStat = 1e-5;
 constexpr double kTolGrad = 1e-4;
 
-bf16* AsBf16(DeviceBuffer<uint16_t>& buf) { return reinterpret_cast<bf16*>(buf.get()); }
+using test_util::DeviceBuffer;
+using test_util::kGarbageBits;
 
-std::vector<uint16_t> RandomBf16(size_t n, float sigma, std::mt19937& rng, float mean = 0.0f) {
-  std::normal_distribution<float> dist(mean, sigma);
-  std::vector<uint16_t> out(n);
-  for (auto& x : out) x = ToBf16Bits(dist(rng));
-  return out;
-}
+bf16* AsBf16(DeviceBuffer<uint16_t>& buf) { return buf.bf16(); }
 
-double Val(uint16_t bits) { return FromBf16Bits(bits); }
+double Val(uint16_t bits) { return test_util::FromBf16Bits(bits); }
 double Val(float x) { return x; }
 
 // max |gpu - ref| / max |ref| (infinite if the GPU produced a non-finite value).
@@ -95,8 +86,8 @@ TEST_F(LlamaOpsTest, RmsNormForwardMatchesReference) {
   // 37 rows (not a multiple of the 8 rows of a block), C = 320 (lanes with 1 and 2 vectors).
   const RmsCase k{37, 320, 1e-5f};
   std::mt19937 rng(1);
-  const auto x = RandomBf16(static_cast<size_t>(k.n) * k.c, 2.0f, rng, 0.5f);
-  const auto w = RandomBf16(k.c, 0.3f, rng, 1.0f);
+  const auto x = test_util::RandomBf16Bits(static_cast<size_t>(k.n) * k.c, 2.0f, rng, 0.5f);
+  const auto w = test_util::RandomBf16Bits(k.c, 0.3f, rng, 1.0f);
   std::vector<double> rstd, out;
   RmsReference(k, x, w, &rstd, &out);
   DeviceBuffer<uint16_t> d_x(x), d_w(w);
@@ -114,10 +105,11 @@ TEST_F(LlamaOpsTest, RmsNormBackwardAccumulatesTheReferenceGradients) {
   const RmsCase k{64, 264, 1e-6f};
   std::mt19937 rng(2);
   const size_t nc = static_cast<size_t>(k.n) * k.c;
-  const auto x = RandomBf16(nc, 1.0f, rng);
-  const auto w = RandomBf16(k.c, 0.3f, rng, 1.0f);
-  const auto dy = RandomBf16(nc, 1.0f, rng);
-  const auto dinp0 = RandomBf16(nc, 0.5f, rng);  // the residual stream's gradient so far
+  const auto x = test_util::RandomBf16Bits(nc, 1.0f, rng);
+  const auto w = test_util::RandomBf16Bits(k.c, 0.3f, rng, 1.0f);
+  const auto dy = test_util::RandomBf16Bits(nc, 1.0f, rng);
+  // The residual stream's gradient so far.
+  const auto dinp0 = test_util::RandomBf16Bits(nc, 0.5f, rng);
   std::mt19937_64 rng64(3);
   const std::vector<float> dw0 = test_util::Random(rng64, k.c);
   std::vector<double> rstd, out;
@@ -227,7 +219,7 @@ class RopeTest : public LlamaOpsTest, public ::testing::WithParamInterface<RopeC
 TEST_P(RopeTest, RotatesQAndKInPlaceAndLeavesV) {
   const RopeCase k = GetParam();
   std::mt19937 rng(4);
-  const auto qkv = RandomBf16(k.elems(), 1.0f, rng);
+  const auto qkv = test_util::RandomBf16Bits(k.elems(), 1.0f, rng);
   const std::vector<float> inv_freq = InvFreq(k.hs, 500000.0);
   BuildTables(k, inv_freq);
   for (int sign : {1, -1}) {
@@ -263,7 +255,7 @@ double Silu(double g) { return g / (1.0 + std::exp(-g)); }
 TEST_F(LlamaOpsTest, SwiGluForwardMatchesReference) {
   const int n = 29, inter = 200;
   std::mt19937 rng(5);
-  const auto gu = RandomBf16(static_cast<size_t>(n) * 2 * inter, 2.0f, rng);
+  const auto gu = test_util::RandomBf16Bits(static_cast<size_t>(n) * 2 * inter, 2.0f, rng);
   std::vector<double> out(static_cast<size_t>(n) * inter);
   for (int r = 0; r < n; ++r) {
     for (int j = 0; j < inter; ++j) {
@@ -280,8 +272,8 @@ TEST_F(LlamaOpsTest, SwiGluForwardMatchesReference) {
 TEST_F(LlamaOpsTest, SwiGluBackwardWritesTheReferenceGradient) {
   const int n = 29, inter = 200;
   std::mt19937 rng(6);
-  const auto gu = RandomBf16(static_cast<size_t>(n) * 2 * inter, 2.0f, rng);
-  const auto dout = RandomBf16(static_cast<size_t>(n) * inter, 1.0f, rng);
+  const auto gu = test_util::RandomBf16Bits(static_cast<size_t>(n) * 2 * inter, 2.0f, rng);
+  const auto dout = test_util::RandomBf16Bits(static_cast<size_t>(n) * inter, 1.0f, rng);
   std::vector<double> dgu(gu.size());
   for (int r = 0; r < n; ++r) {
     for (int j = 0; j < inter; ++j) {
@@ -304,9 +296,9 @@ TEST_F(LlamaOpsTest, SwiGluBackwardWritesTheReferenceGradient) {
 TEST_F(LlamaOpsTest, EmbeddingForwardCopiesRowsAndBackwardAccumulates) {
   const int b = 2, t = 5, c = 64, vp = 16;
   std::mt19937 rng(7);
-  const auto wte = RandomBf16(static_cast<size_t>(vp) * c, 1.0f, rng);
+  const auto wte = test_util::RandomBf16Bits(static_cast<size_t>(vp) * c, 1.0f, rng);
   const std::vector<int32_t> tokens = {3, 1, 3, 15, 0, 7, 3, 1, 9, 9};  // repeats
-  const auto dout = RandomBf16(static_cast<size_t>(b) * t * c, 1.0f, rng);
+  const auto dout = test_util::RandomBf16Bits(static_cast<size_t>(b) * t * c, 1.0f, rng);
   std::vector<float> dwte0(static_cast<size_t>(vp) * c);
   for (size_t i = 0; i < dwte0.size(); ++i) dwte0[i] = 0.01f * static_cast<float>(i % 13);
   std::vector<double> dwte(dwte0.begin(), dwte0.end());
