@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdio>
 #include <thread>
 #include <vector>
 
@@ -370,6 +371,77 @@ TEST_F(ZeroCudaTest, LossCurveToleranceCatchesBrokenGradients) {
   const Curve good = TrainGpu(SmallSpec(4, 20), 1);
   const Curve bad = TrainGpu(wrong, 1);
   EXPECT_GT(WorstRelative(bad.losses, good.losses), 0.03);
+}
+
+// Not a check: the model's own time (no optimizer, no collectives) at the Llama-3.2-1B-like
+// bench shape (2048 wide, 32 / 8 heads, SwiGLU 8192, vocab 128,256, B = 8, T = 2048) with 2 of
+// its 16 blocks, printed per block and extrapolated to 16, for comparing with the peer.
+TEST_F(ZeroCudaTest, LlamaBenchShapeModelTiming) {
+  weft::v1::ModelSpec m;
+  m.set_architecture(weft::v1::LLAMA);
+  m.set_num_layers(2);
+  m.set_hidden_size(2048);
+  m.set_num_heads(32);
+  m.set_num_kv_heads(8);
+  m.set_intermediate_size(8192);
+  m.set_vocab_size(128256);
+  m.set_context_length(2048);
+  m.set_rope_theta(500000);
+  auto arch = engine::MakeModelArch(m);
+  ASSERT_TRUE(arch.ok()) << arch.status();
+  const int b = 8, t = 2048, layers = 2;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  auto made = engine::cuda::CreateCudaModel(**arch, b, t, stream);
+  ASSERT_TRUE(made.ok()) << made.status();
+  engine::cuda::CudaModel& model = **made;
+  // Weights and gradients of no particular value: the time does not depend on them.
+  std::vector<void*> buffers;
+  const auto device = [&](size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p, 0, bytes), cudaSuccess);
+    buffers.push_back(p);
+    return p;
+  };
+  const auto* head = static_cast<__nv_bfloat16*>(device((*arch)->UnitSize(0) * 2));
+  const auto* block = static_cast<__nv_bfloat16*>(device((*arch)->UnitSize(1) * 2));
+  auto* head_grad = static_cast<float*>(device((*arch)->UnitSize(0) * 4));
+  auto* block_grad = static_cast<float*>(device((*arch)->UnitSize(1) * 4));
+  std::vector<int32_t> tokens(static_cast<size_t>(b) * t);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 7919 % 128256);
+  ASSERT_TRUE(model.SetBatch(b, t, tokens.data(), tokens.data()).ok());
+  cudaEvent_t marks[6];
+  for (cudaEvent_t& e : marks) ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
+  for (int round = 0; round < 3; ++round) {  // the last one timed
+    ASSERT_EQ(cudaEventRecord(marks[0], stream), cudaSuccess);
+    ASSERT_TRUE(model.EncoderForward(head).ok());
+    ASSERT_EQ(cudaEventRecord(marks[1], stream), cudaSuccess);
+    for (int l = 0; l < layers; ++l) ASSERT_TRUE(model.BlockForward(l, block).ok());
+    ASSERT_EQ(cudaEventRecord(marks[2], stream), cudaSuccess);
+    ASSERT_TRUE(model.Classifier(head, 1.0f / (b * t), head_grad).ok());
+    ASSERT_EQ(cudaEventRecord(marks[3], stream), cudaSuccess);
+    for (int l = layers - 1; l >= 0; --l) {
+      ASSERT_TRUE(model.BlockBackward(l, block, block_grad).ok());
+    }
+    ASSERT_EQ(cudaEventRecord(marks[4], stream), cudaSuccess);
+    ASSERT_TRUE(model.EncoderBackward(head_grad).ok());
+    ASSERT_EQ(cudaEventRecord(marks[5], stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  }
+  float ms[5];
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_EQ(cudaEventElapsedTime(&ms[i], marks[i], marks[i + 1]), cudaSuccess);
+  }
+  const double fwd = ms[1] / layers, bwd = ms[3] / layers;
+  const double step = ms[0] + ms[2] + ms[4] + 16 * (fwd + bwd);
+  std::printf("llama 1B-like B=%d T=%d: block forward %.2f ms, block backward %.2f ms, "
+              "classifier (fwd+bwd) %.2f ms, embedding %.2f + %.2f ms; 16 blocks: %.1f ms per "
+              "micro-step = %.0f tokens/s (model only)\n",
+              b, t, fwd, bwd, ms[2], ms[0], ms[4], step, b * t * 1000.0 / step);
+  for (cudaEvent_t e : marks) cudaEventDestroy(e);
+  for (void* p : buffers) cudaFree(p);
+  cudaStreamDestroy(stream);
 }
 
 TEST_F(ZeroCudaTest, ImpossibleMemoryIsRejectedWithTheNumbers) {
