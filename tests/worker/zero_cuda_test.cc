@@ -20,6 +20,7 @@
 #include "common/job_spec.h"
 #include "coordinator/memory_store.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/cpu/model.h"
@@ -378,15 +379,10 @@ TEST_F(ZeroCudaTest, LossCurveToleranceCatchesBrokenGradients) {
 // its 16 blocks, printed per block and extrapolated to 16, for comparing with the peer.
 TEST_F(ZeroCudaTest, LlamaBenchShapeModelTiming) {
   weft::v1::ModelSpec m;
-  m.set_architecture(weft::v1::LLAMA);
-  m.set_num_layers(2);
-  m.set_hidden_size(2048);
-  m.set_num_heads(32);
-  m.set_num_kv_heads(8);
-  m.set_intermediate_size(8192);
-  m.set_vocab_size(128256);
-  m.set_context_length(2048);
-  m.set_rope_theta(500000);
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      "architecture: LLAMA num_layers: 2 hidden_size: 2048 num_heads: 32 num_kv_heads: 8 "
+      "intermediate_size: 8192 vocab_size: 128256 context_length: 2048 rope_theta: 500000",
+      &m));
   auto arch = engine::MakeModelArch(m);
   ASSERT_TRUE(arch.ok()) << arch.status();
   const int b = 8, t = 2048, layers = 2;
