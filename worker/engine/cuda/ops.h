@@ -24,7 +24,8 @@
 //    bf16 tensors are accessed as 16-byte vectors of 8 values, so every bf16 pointer of a layer
 //    op is 16-byte aligned and the row lengths C, OC, T, Vp and the head size C / NH are
 //    multiples of 8 (V need not be); the elementwise ops (GELU, residual) take any n.
-// Tolerances against the CPU fp32 ops are stated in tests/worker/engine/cuda/bf16_ops_test.cc.
+// Tolerances against the CPU fp32 ops are stated in tests/worker/engine/cuda/bf16_ops_test.cc,
+// those of Llama's ops (against host references) in llama_ops_test.cc.
 #ifndef WEFT_WORKER_ENGINE_CUDA_OPS_H_
 #define WEFT_WORKER_ENGINE_CUDA_OPS_H_
 
