@@ -293,32 +293,45 @@ TEST_F(LlamaOpsTest, SwiGluBackwardWritesTheReferenceGradient) {
 
 // ---- embedding (no positions) ----
 
-TEST_F(LlamaOpsTest, EmbeddingForwardCopiesRowsAndBackwardAccumulates) {
-  const int b = 2, t = 5, c = 64, vp = 16;
+class EmbeddingTest : public LlamaOpsTest {
+ protected:
+  static constexpr int kB = 2, kT = 5, kC = 64, kVp = 16;
+  // Repeated tokens: the backward's atomics add several rows into one.
+  const std::vector<int32_t> tokens_ = {3, 1, 3, 15, 0, 7, 3, 1, 9, 9};
+};
+
+TEST_F(EmbeddingTest, ForwardCopiesTheTokensRows) {
   std::mt19937 rng(7);
-  const auto wte = test_util::RandomBf16Bits(static_cast<size_t>(vp) * c, 1.0f, rng);
-  const std::vector<int32_t> tokens = {3, 1, 3, 15, 0, 7, 3, 1, 9, 9};  // repeats
-  const auto dout = test_util::RandomBf16Bits(static_cast<size_t>(b) * t * c, 1.0f, rng);
-  std::vector<float> dwte0(static_cast<size_t>(vp) * c);
-  for (size_t i = 0; i < dwte0.size(); ++i) dwte0[i] = 0.01f * static_cast<float>(i % 13);
-  std::vector<double> dwte(dwte0.begin(), dwte0.end());
-  for (int r = 0; r < b * t; ++r) {
-    for (int j = 0; j < c; ++j) dwte[tokens[r] * c + j] += Val(dout[r * c + j]);
-  }
-  DeviceBuffer<uint16_t> d_wte(wte), d_dout(dout);
-  DeviceBuffer<int32_t> d_tokens(tokens);
-  DeviceBuffer<uint16_t> d_out(std::vector<uint16_t>(static_cast<size_t>(b) * t * c,
-                                                     kGarbageBits));
-  DeviceBuffer<float> d_dwte(dwte0);
-  ASSERT_TRUE(EmbeddingForward(AsBf16(d_out), d_tokens.get(), AsBf16(d_wte), b, t, c, stream_)
-                  .ok());
-  ASSERT_TRUE(EmbeddingBackward(d_dwte.get(), AsBf16(d_dout), d_tokens.get(), b, t, c, stream_)
-                  .ok());
+  const auto wte = test_util::RandomBf16Bits(static_cast<size_t>(kVp) * kC, 1.0f, rng);
+  DeviceBuffer<uint16_t> d_wte(wte);
+  DeviceBuffer<int32_t> d_tokens(tokens_);
+  DeviceBuffer<uint16_t> d_out(std::vector<uint16_t>(kB * kT * kC, kGarbageBits));
+  ASSERT_TRUE(
+      EmbeddingForward(AsBf16(d_out), d_tokens.get(), AsBf16(d_wte), kB, kT, kC, stream_).ok());
   Sync();
   const std::vector<uint16_t> out = d_out.ToHost();
-  for (int r = 0; r < b * t; ++r) {
-    for (int j = 0; j < c; ++j) ASSERT_EQ(out[r * c + j], wte[tokens[r] * c + j]) << r << " " << j;
+  for (int r = 0; r < kB * kT; ++r) {
+    for (int j = 0; j < kC; ++j) {
+      ASSERT_EQ(out[r * kC + j], wte[tokens_[r] * kC + j]) << "row " << r << " channel " << j;
+    }
   }
+}
+
+TEST_F(EmbeddingTest, BackwardAccumulatesRowsPerToken) {
+  std::mt19937 rng(8);
+  const auto dout = test_util::RandomBf16Bits(kB * kT * kC, 1.0f, rng);
+  std::vector<float> dwte0(kVp * kC);
+  for (size_t i = 0; i < dwte0.size(); ++i) dwte0[i] = 0.01f * static_cast<float>(i % 13);
+  std::vector<double> dwte(dwte0.begin(), dwte0.end());
+  for (int r = 0; r < kB * kT; ++r) {
+    for (int j = 0; j < kC; ++j) dwte[tokens_[r] * kC + j] += Val(dout[r * kC + j]);
+  }
+  DeviceBuffer<uint16_t> d_dout(dout);
+  DeviceBuffer<int32_t> d_tokens(tokens_);
+  DeviceBuffer<float> d_dwte(dwte0);
+  ASSERT_TRUE(
+      EmbeddingBackward(d_dwte.get(), AsBf16(d_dout), d_tokens.get(), kB, kT, kC, stream_).ok());
+  Sync();
   EXPECT_LE(RelError(d_dwte.ToHost(), dwte), kTolGrad);
 }
 
