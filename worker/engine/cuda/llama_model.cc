@@ -1,8 +1,9 @@
 #include "worker/engine/cuda/llama_model.h"
 
-#include <algorithm>
-#include <cmath>
-#include <utility>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"

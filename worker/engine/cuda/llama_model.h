@@ -16,7 +16,7 @@
 // Memory: activations are planned up front (PlanActivationBytes) and allocated in one piece.
 // Per layer it keeps the block input, both norms' outputs and rstd, qkv (after rotary), the
 // attention output, the mid-block residual, gate_up and the SwiGLU output, and the attention
-// lse: (6 C + (NH + 2 NKV) D + 3 I) bf16 per position.
+// lse: (5 C + (NH + 2 NKV) D + 3 I) bf16 per position.
 //
 // Needs: hidden size, head size and intermediate size multiples of 8 (16-byte vectors), a head
 // size flash attention supports that is a multiple of 16 (rotary halves as vectors), Vp % 8.
