@@ -35,6 +35,15 @@ namespace {
 constexpr int kT = 32;
 constexpr int kVocab = 61;
 
+// The Llama comparisons with the CPU engine need the CPU Llama model (its own branch of issue
+// 13); without it CreateCpuModel would abort the whole binary, so they skip instead.
+#if __has_include("worker/engine/cpu/llama_model.h")
+constexpr bool kCpuLlama = true;
+#else
+constexpr bool kCpuLlama = false;
+#endif
+constexpr const char* kNoCpuLlama = "no CPU Llama model (engine/cpu/llama_model.h) in this build";
+
 int GpuCount() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
@@ -204,14 +213,15 @@ TEST_F(ZeroCudaTest, ModelGradientsMatchCpuOnTheCublasAttentionPath) {
 }
 
 // Llama (RMSNorm, rotary, grouped-query flash attention, SwiGLU, untied head) against the CPU
-// Llama model (engine/cpu/llama_model.h, registered in CreateCpuModel): needs that model on
-// the branch, or CreateCpuModel aborts naming the architecture.
+// Llama model (engine/cpu/llama_model.h, registered in CreateCpuModel).
 TEST_F(ZeroCudaTest, LlamaModelGradientsMatchCpu) {
+  if (!kCpuLlama) GTEST_SKIP() << kNoCpuLlama;
   ExpectModelGradientsMatchCpu(SmallSpec(4, 1, /*llama=*/true));
 }
 
 // Tied: the LM head's gradient goes to the embedding, with the encoder's.
 TEST_F(ZeroCudaTest, TiedLlamaModelGradientsMatchCpu) {
+  if (!kCpuLlama) GTEST_SKIP() << kNoCpuLlama;
   weft::v1::JobSpec spec = SmallSpec(4, 1, /*llama=*/true);
   spec.mutable_model()->set_tie_word_embeddings(true);
   ExpectModelGradientsMatchCpu(spec);
@@ -219,6 +229,7 @@ TEST_F(ZeroCudaTest, TiedLlamaModelGradientsMatchCpu) {
 
 // Every query head its own kv head (NKV = NH) and a single shared one (NKV = 1).
 TEST_F(ZeroCudaTest, LlamaModelGradientsMatchCpuAtBothGroupingExtremes) {
+  if (!kCpuLlama) GTEST_SKIP() << kNoCpuLlama;
   for (int kv : {4, 1}) {
     SCOPED_TRACE(absl::StrCat("num_kv_heads ", kv));
     weft::v1::JobSpec spec = SmallSpec(4, 1, /*llama=*/true);
@@ -345,11 +356,19 @@ TEST_F(ZeroCudaTest, LlamaTwoGpusFollowOneGpu) {
 // ZeRO-3 Llama on 1 GPU follows the CPU engine's curve (needs the CPU Llama model, as
 // LlamaModelGradientsMatchCpu) and learns.
 TEST_F(ZeroCudaTest, LlamaOneGpuFollowsTheCpuEngine) {
+  if (!kCpuLlama) GTEST_SKIP() << kNoCpuLlama;
   const weft::v1::JobSpec spec = SmallSpec(4, 60, /*llama=*/true);
   const Curve cpu = TrainCpu(spec);
   const Curve gpu = TrainGpu(spec, 1);
   ASSERT_EQ(gpu.losses.size(), 60u);
   EXPECT_LT(WorstRelative(gpu.losses, cpu.losses), 0.03);
+  EXPECT_LT(gpu.losses.back(), 0.5f * gpu.losses.front()) << "the GPU engine did not learn";
+}
+
+// Without the CPU model too: ZeRO-3 Llama on 1 GPU learns the token family.
+TEST_F(ZeroCudaTest, LlamaOneGpuLearns) {
+  const Curve gpu = TrainGpu(SmallSpec(4, 60, /*llama=*/true), 1);
+  ASSERT_EQ(gpu.losses.size(), 60u);
   EXPECT_LT(gpu.losses.back(), 0.5f * gpu.losses.front()) << "the GPU engine did not learn";
 }
 
