@@ -490,12 +490,16 @@ __global__ void __launch_bounds__(kThreads)
 
   float dk_acc[kHs / 8][4] = {};
   float dv_acc[kHs / 8][4] = {};
-  for (int s = 0; s < walk; ++s) {
+  // Step s is query tile i of the group's head g; (next_g, next_i) is step s + 1.
+  for (int s = 0, g = 0, i = first; s < walk; ++s) {
     const int buf = s % 2;
-    AwaitStep(s + 1 < walk, [&] {
-      load_queries((s + 1) / per_head, (first + (s + 1) % per_head) * kBq, 1 - buf);
-    });
-    const int q0 = (first + s % per_head) * kBq;
+    const bool head_done = i + 1 == n_steps;
+    const int next_g = head_done ? g + 1 : g;
+    const int next_i = head_done ? first : i + 1;
+    AwaitStep(s + 1 < walk, [&] { load_queries(next_g, next_i * kBq, 1 - buf); });
+    const int q0 = i * kBq;
+    g = next_g;
+    i = next_i;
     if (q0 + kBq - 1 >= warp_key) {  // some query of the tile sees some key of the warp
       const bf16* sqb = sq + buf * kBq * kStride;
       const bf16* sdyb = sdy + buf * kBq * kStride;
