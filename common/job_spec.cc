@@ -175,6 +175,30 @@ void ValidateModel(const weft::v1::ModelSpec& m, const Complain& bad) {
   }
 }
 
+
+void ValidateDataFormat(const weft::v1::DataSpec& d, const weft::v1::ModelSpec& m,
+                        const Complain& bad) {
+  switch (d.format()) {
+    case weft::v1::DATA_FORMAT_TEXT_BYTES:
+      if (m.vocab_size() >= 2 && m.vocab_size() < 256) {
+        bad("model.vocab_size", absl::StrCat("must be >= 256 for DATA_FORMAT_TEXT_BYTES, got ",
+                                             m.vocab_size()));
+      }
+      break;
+    case weft::v1::DATA_FORMAT_UINT16_BIN:
+      if (m.vocab_size() > 65536) {
+        bad("model.vocab_size", absl::StrCat("must be <= 65536 for DATA_FORMAT_UINT16_BIN, got ",
+                                             m.vocab_size()));
+      }
+      break;
+    case weft::v1::DATA_FORMAT_UINT32_BIN:
+      break;  // kMaxVocabSize is far below 2^32
+    default:
+      bad("data.format",
+          "required: DATA_FORMAT_TEXT_BYTES, DATA_FORMAT_UINT16_BIN or DATA_FORMAT_UINT32_BIN");
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpecText(std::string_view text, std::string_view filename) {
@@ -283,25 +307,21 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
   ValidateModel(m, bad);
 
   const auto& d = spec.data();
-  if (d.train_path().empty()) bad("data.train_path", "required");
-  switch (d.format()) {
-    case weft::v1::DATA_FORMAT_TEXT_BYTES:
-      if (m.vocab_size() >= 2 && m.vocab_size() < 256) {
-        bad("model.vocab_size", absl::StrCat("must be >= 256 for DATA_FORMAT_TEXT_BYTES, got ",
-                                             m.vocab_size()));
-      }
-      break;
-    case weft::v1::DATA_FORMAT_UINT16_BIN:
-      if (m.vocab_size() > 65536) {
-        bad("model.vocab_size", absl::StrCat("must be <= 65536 for DATA_FORMAT_UINT16_BIN, got ",
-                                             m.vocab_size()));
-      }
-      break;
-    case weft::v1::DATA_FORMAT_UINT32_BIN:
-      break;  // kMaxVocabSize is far below 2^32
-    default:
-      bad("data.format",
-          "required: DATA_FORMAT_TEXT_BYTES, DATA_FORMAT_UINT16_BIN or DATA_FORMAT_UINT32_BIN");
+  if (!d.manifest_path().empty()) {
+    // The manifest names the shards, their format and the tokenizer; the worker checks them
+    // against the model when it opens the dataset.
+    const std::string why = "must be empty when data.manifest_path is set (the manifest says)";
+    if (!d.train_path().empty()) bad("data.train_path", why);
+    if (!d.val_path().empty()) bad("data.val_path", why);
+    if (!d.tokenizer_path().empty()) bad("data.tokenizer_path", why);
+    if (d.format() != weft::v1::DATA_FORMAT_UNSPECIFIED) bad("data.format", why);
+  } else {
+    if (d.train_path().empty()) bad("data.train_path", "required (or data.manifest_path)");
+    ValidateDataFormat(d, m, bad);
+  }
+  if (!weft::v1::DataSpec::Sampling_IsValid(d.sampling())) {
+    bad("data.sampling", absl::StrCat("unknown value ", d.sampling(),
+                                      "; use RANDOM_WINDOWS or SEQUENTIAL"));
   }
   if (!(std::isfinite(d.val_fraction()) && d.val_fraction() >= 0.0 && d.val_fraction() <= 0.5)) {
     bad("data.val_fraction", absl::StrCat("must be in [0, 0.5], got ", d.val_fraction()));

@@ -1,6 +1,7 @@
 #include "worker/model_io.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 
 #include "absl/strings/numbers.h"
@@ -102,8 +103,11 @@ absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::st
   }
   if (tokens.empty()) tokens.push_back(bytes ? '\n' : 0);
 
-  const std::unique_ptr<engine::cpu::CpuModel> cpu =
-      engine::cpu::CreateCpuModel(arch, 1, context);
+  // Activations for the longest window this call runs, not the whole context: attention keeps
+  // (NH, T, T) scores, which at a Llama-3 context (131,072) would not fit in any memory.
+  const int max_t = static_cast<int>(
+      std::min<int64_t>(context, static_cast<int64_t>(tokens.size()) + options.tokens));
+  const std::unique_ptr<engine::cpu::CpuModel> cpu = engine::cpu::CreateCpuModel(arch, 1, max_t);
   uint64_t rng = options.seed;
   std::string out;
   for (int i = 0; i < options.tokens; ++i) {

@@ -576,6 +576,31 @@ INSTANTIATE_TEST_SUITE_P(EveryRule, ValidateLlamaSpecViolationTest,
                            return info.param.label;
                          });
 
+TEST(ValidateJobSpecTest, ManifestReplacesPathsFormatAndTokenizer) {
+  JobSpec spec = ValidCpuSpec();
+  spec.mutable_data()->set_manifest_path("/data/fortunes/manifest.json");
+  std::vector<std::string> v = ValidateJobSpec(spec);
+  EXPECT_THAT(v, ::testing::UnorderedElementsAre(StartsWith("data.train_path: must be empty"),
+                                                 StartsWith("data.format: must be empty")));
+  spec.mutable_data()->clear_train_path();
+  spec.mutable_data()->set_format(weft::v1::DATA_FORMAT_UNSPECIFIED);
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+  spec.mutable_data()->set_val_path("/data/val.bin");
+  spec.mutable_data()->set_tokenizer_path("/data/spm.model");
+  v = ValidateJobSpec(spec);
+  EXPECT_THAT(v, ::testing::UnorderedElementsAre(StartsWith("data.val_path: must be empty"),
+                                                 StartsWith("data.tokenizer_path: must be empty")));
+}
+
+TEST(ValidateJobSpecTest, SamplingModes) {
+  JobSpec spec = ValidCpuSpec();
+  spec.mutable_data()->set_sampling(weft::v1::DataSpec::SEQUENTIAL);
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+  spec.mutable_data()->set_sampling(static_cast<weft::v1::DataSpec::Sampling>(7));
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ::testing::ElementsAre(StartsWith("data.sampling: unknown value 7")));
+}
+
 TEST(ValidateJobSpecTest, Gpt2RefusesEveryLlamaField) {
   JobSpec spec = ValidCpuSpec();
   auto* m = spec.mutable_model();

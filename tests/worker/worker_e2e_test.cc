@@ -1,11 +1,14 @@
 // weft-worker end to end: a real coordinator and real worker processes on 127.0.0.1 train a
-// job, fail it cleanly on bad data, survive a rank killed mid-collective without hanging, and
-// stop on cancel.
+// job (also from a uint32 token file), fail it cleanly on bad data, survive a rank killed
+// mid-collective without hanging, and stop on cancel.
 #include <signal.h>
 
 #include <cmath>
+#include <cstdint>
 #include <fstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/ascii.h"
@@ -59,6 +62,17 @@ class WorkerE2eTest : public testing::WorkersTest {
     return *spec;
   }
 
+  // `trainctl sample` continues a prompt with the finished job's model.
+  void ExpectModelSamples(const std::string& job_id) {
+    auto sample = testing::RunCommand({testing::BinDir() + "/trainctl",
+                                       "--coordinator=" + coordinator_->address(), "sample",
+                                       job_id, "--prompt=the cat", "--tokens=40",
+                                       "--temperature=0"});
+    EXPECT_EQ(sample.exit_code, 0) << sample.err;
+    EXPECT_THAT(sample.out, ::testing::StartsWith("the cat"));
+    EXPECT_GE(sample.out.size(), 40u);
+  }
+
   bool AllWorkersIdle(size_t expected) {
     auto workers = client_->ListWorkers();
     if (!workers.ok() || workers->size() != expected) return false;
@@ -84,13 +98,7 @@ TEST_F(WorkerE2eTest, TwoWorkersTrainToCompletionAndTheModelSamples) {
   EXPECT_EQ(s.model_host(), "node");
   ASSERT_FALSE(s.model_path().empty());
 
-  auto sample = testing::RunCommand({testing::BinDir() + "/trainctl",
-                                     "--coordinator=" + coordinator_->address(), "sample",
-                                     submitted->job_id(), "--prompt=the cat", "--tokens=40",
-                                     "--temperature=0"});
-  EXPECT_EQ(sample.exit_code, 0) << sample.err;
-  EXPECT_THAT(sample.out, ::testing::StartsWith("the cat"));
-  EXPECT_GE(sample.out.size(), 40u);
+  ExpectModelSamples(submitted->job_id());
   EXPECT_TRUE(Eventually([&] { return AllWorkersIdle(2); }, absl::Seconds(10)));
 
   // Each worker's own Prometheus endpoint saw every step.
@@ -107,6 +115,25 @@ TEST_F(WorkerE2eTest, TwoWorkersTrainToCompletionAndTheModelSamples) {
     EXPECT_THAT(*body, HasSubstr("weft_worker_step_phase_seconds{phase=\"exposed_comm\""));
     EXPECT_THAT(*body, HasSubstr(absl::StrCat("weft_worker_generation_runs_total{outcome=\"completed\",worker_id=\"", id, "\"} 1")));
   }
+}
+
+// The same job on a Llama (grouped-query attention, untied head): it trains through the real
+// services on CPU workers and its model samples.
+TEST_F(WorkerE2eTest, TwoWorkersTrainATinyLlamaAndItSamples) {
+  StartWorkers(2);
+  v1::JobSpec spec = Spec(60);
+  v1::ModelSpec* m = spec.mutable_model();
+  m->set_architecture(v1::LLAMA);
+  m->set_num_heads(4);
+  m->set_num_kv_heads(2);
+  m->set_intermediate_size(64);
+  auto submitted = client_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(180));
+  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+  EXPECT_EQ(s.step(), 60);
+  EXPECT_LT(s.last_metrics().loss(), 3.0) << s.last_metrics().DebugString();
+  ExpectModelSamples(submitted->job_id());
 }
 
 TEST_F(WorkerE2eTest, BadDataFilesFailTheJobWithTheFileNamedAndNoRestart) {
@@ -155,6 +182,47 @@ TEST_F(WorkerE2eTest, BadDataFilesFailTheJobWithTheFileNamedAndNoRestart) {
   EXPECT_EQ(s.state(), v1::FAILED);
   EXPECT_THAT(s.error(), HasSubstr("tokens.bin"));
   EXPECT_THAT(s.error(), HasSubstr("999"));
+}
+
+// llm.c's Llama-3 token file: the same 1 KiB header as the uint16 one, then uint32 ids.
+void WriteUint32Tokens(const std::string& path, const std::vector<uint32_t>& ids) {
+  std::ofstream bin(path, std::ios::binary);
+  int32_t header[256] = {20240801, 7, static_cast<int32_t>(ids.size())};
+  bin.write(reinterpret_cast<const char*>(header), sizeof(header));
+  bin.write(reinterpret_cast<const char*>(ids.data()), 4 * ids.size());
+}
+
+TEST_F(WorkerE2eTest, Uint32TokenFileTrainsAndAnIdPastTheVocabularyFailsNamingIt) {
+  StartWorkers(2);
+  // A vocabulary past uint16, and ids that need the upper half: 65536 + a cycle of 64.
+  constexpr int kVocab = 70000;
+  std::vector<uint32_t> ids(3000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = 65536 + i % 64;
+  WriteUint32Tokens(dir_.File("llama.bin"), ids);
+  v1::JobSpec spec = Spec(20);
+  spec.mutable_model()->set_vocab_size(kVocab);
+  spec.mutable_model()->set_padded_vocab_size(0);
+  spec.mutable_data()->set_train_path(dir_.File("llama.bin"));
+  spec.mutable_data()->set_format(v1::DATA_FORMAT_UINT32_BIN);
+  auto submitted = client_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(120));
+  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+  EXPECT_EQ(s.step(), 20);
+  // Below a uniform guess over the vocabulary (ln 70000 = 11.2): the ids were learned from.
+  EXPECT_LT(s.last_metrics().loss(), std::log(kVocab) - 1.0) << s.last_metrics().DebugString();
+  ASSERT_TRUE(Eventually([&] { return AllWorkersIdle(2); }, absl::Seconds(10))) << Logs();
+
+  ids[2900] = kVocab;  // in the held-out validation tail: still refused at start
+  WriteUint32Tokens(dir_.File("bad-llama.bin"), ids);
+  spec.mutable_data()->set_train_path(dir_.File("bad-llama.bin"));
+  submitted = client_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  s = WaitForEnd(submitted->job_id(), absl::Seconds(30));
+  EXPECT_EQ(s.state(), v1::FAILED) << Logs();
+  EXPECT_THAT(s.error(), HasSubstr("bad-llama.bin: token 70000 at token index 2900"));
+  EXPECT_THAT(s.error(), HasSubstr("model.vocab_size is 70000"));
+  EXPECT_EQ(s.restarts(), 0);
 }
 
 TEST_F(WorkerE2eTest, RankKilledMidTrainingFailsTheJobAndTheSurvivorDoesNotHang) {

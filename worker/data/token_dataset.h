@@ -5,6 +5,10 @@
 //  - DATA_FORMAT_UINT16_BIN: the llm.c / nanoGPT token file: a header of 256 little-endian
 //    int32 ([0] = magic 20240520, [1] = version 1, [2] = token count), then exactly `count`
 //    little-endian uint16 tokens and nothing else.
+//  - DATA_FORMAT_UINT32_BIN: llm.c's Llama-3 token file: the same 256 x int32 header with
+//    [0] = magic 20240801, [1] = version 7, [2] = token count, then exactly `count`
+//    little-endian uint32 tokens (for vocabularies past 65,536, e.g. Llama 3's 128,256).
+//    The two magics are distinct, so a file of one width opened as the other is named as such.
 //
 // Batches are a pure function of (seed, step, micro_step, global sample index), so a resumed
 // job replays exactly and a job gives the same global batch at any world size (DESIGN.md,
@@ -42,9 +46,12 @@ class TokenDataset {
   // sequence ever reads a validation token. val_fraction 0 means the documented default 0.1
   // (as ApplyJobSpecDefaults would set it).
   //
-  // Every token of the whole file (not only this split, so a bad validation token fails the
-  // job at start rather than at its first evaluation) is checked to be < vocab_size; the scan is
-  // skipped when the format cannot hold a token that large (bytes with vocab_size >= 256).
+  // Every token is checked to be < vocab_size (the model's), in one vectorised pass at open.
+  // kTrain checks the whole file, its held-out tail included, so a bad validation token fails
+  // the job at start rather than at its first evaluation; a held-out kVal checks only its own
+  // tail (already covered by kTrain), so a worker opening both reads a large file once. The
+  // scan is skipped when the format cannot hold a token that large (bytes with vocab_size
+  // >= 256, uint16 with vocab_size 65536).
   //
   // Errors, each naming the file and saying what is wrong:
   //  - INVALID_ARGUMENT: the arguments themselves are wrong (a spec that validation should have
@@ -54,9 +61,10 @@ class TokenDataset {
   //  - FAILED_PRECONDITION: the file exists but its contents cannot serve the job; the job
   //    cannot run until someone fixes the file (or the spec), so retrying is pointless:
   //    not a regular file, unreadable (open/mmap failed), empty, .bin header truncated, bad
-  //    magic, bad version, size not matching the header's count, a token >= vocab_size (value
-  //    and token index given), or the split too short for one sequence (how many tokens it has
-  //    and how many it needs).
+  //    magic (or the other .bin width's magic: the format to set is named), bad version, size
+  //    not matching the header's count (both numbers given), a token >= vocab_size (value,
+  //    index in the file and vocab_size given), or the split too short for one sequence (how
+  //    many tokens it has and how many it needs).
   static absl::StatusOr<std::unique_ptr<TokenDataset>> Open(const weft::v1::DataSpec& spec,
                                                             int vocab_size, int seq_len,
                                                             Split split);
@@ -109,7 +117,7 @@ class TokenDataset {
   void* map_base_ = nullptr;  // the whole file's mapping, owned
   size_t map_size_ = 0;
   const unsigned char* tokens_ = nullptr;  // first token of this split, inside the mapping
-  int token_bytes_ = 1;                    // 1 (TEXT_BYTES) or 2 (UINT16_BIN)
+  int token_bytes_ = 1;                    // 1 (TEXT_BYTES), 2 (UINT16_BIN) or 4 (UINT32_BIN)
   int64_t num_tokens_ = 0;
   int64_t first_token_index_ = 0;
 };

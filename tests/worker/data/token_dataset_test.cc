@@ -1,4 +1,5 @@
 #include "worker/data/token_dataset.h"
+#include <chrono>
 
 #include <cstdint>
 #include <memory>
@@ -22,19 +23,32 @@ void PutLe32(std::string* out, int32_t v) {
   for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((static_cast<uint32_t>(v) >> (8 * i)) & 0xFF));
 }
 
-// An llm.c token file; header fields are parameters so tests can corrupt them.
-std::string BinFile(const std::vector<uint16_t>& tokens, int32_t magic = 20240520,
-                    int32_t version = 1, int64_t count_override = -1) {
+// An llm.c token file of `Token`-wide tokens; header fields are parameters so tests can corrupt
+// them.
+template <typename Token>
+std::string BinFileOf(const std::vector<Token>& tokens, int32_t magic, int32_t version,
+                      int64_t count_override) {
   std::string out;
   PutLe32(&out, magic);
   PutLe32(&out, version);
   PutLe32(&out, static_cast<int32_t>(count_override >= 0 ? count_override : tokens.size()));
   for (int i = 3; i < 256; ++i) PutLe32(&out, 0);
-  for (uint16_t t : tokens) {
-    out.push_back(static_cast<char>(t & 0xFF));
-    out.push_back(static_cast<char>(t >> 8));
+  for (Token t : tokens) {
+    for (size_t i = 0; i < sizeof(Token); ++i) {
+      out.push_back(static_cast<char>((t >> (8 * i)) & 0xFF));
+    }
   }
   return out;
+}
+
+std::string BinFile(const std::vector<uint16_t>& tokens, int32_t magic = 20240520,
+                    int32_t version = 1, int64_t count_override = -1) {
+  return BinFileOf(tokens, magic, version, count_override);
+}
+
+std::string Bin32File(const std::vector<uint32_t>& tokens, int32_t magic = 20240801,
+                      int32_t version = 7, int64_t count_override = -1) {
+  return BinFileOf(tokens, magic, version, count_override);
 }
 
 // Tokens 0, 1, ..., n-1: every token names its own position, so a sequence's first input is its
@@ -57,6 +71,8 @@ weft::v1::DataSpec Spec(const std::string& train, weft::v1::DataFormat format,
 
 constexpr auto kBytes = weft::v1::DATA_FORMAT_TEXT_BYTES;
 constexpr auto kBin = weft::v1::DATA_FORMAT_UINT16_BIN;
+constexpr auto kBin32 = weft::v1::DATA_FORMAT_UINT32_BIN;
+constexpr int kLlama3Vocab = 128256;
 
 class TokenDatasetTest : public testing::TempFilesTest {};
 
@@ -330,7 +346,7 @@ TEST_F(TokenDatasetTest, TokenOutOfVocabulary) {
   const std::string path = Write("vocab.bin", BinFile(tokens));
   auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 50257, 4, Split::kTrain);
   ExpectRefused(ds, AllOf(HasSubstr(path), HasSubstr("token 50257"), HasSubstr("index 57"),
-                          HasSubstr("vocab_size is 50257")));
+                          HasSubstr("model.vocab_size is 50257")));
   EXPECT_TRUE(TokenDataset::Open(Spec(path, kBin, "/unused"), 50258, 4, Split::kTrain).ok());
 }
 
@@ -346,6 +362,145 @@ TEST_F(TokenDatasetTest, TextBytesWithSmallVocabularyAreChecked) {
   const std::string path = Write("t.txt", std::string("abc\xC3\xA9z"));
   auto ds = TokenDataset::Open(Spec(path, kBytes, "/unused"), 128, 2, Split::kTrain);
   ExpectRefused(ds, AllOf(HasSubstr("token 195"), HasSubstr("index 3")));
+}
+
+// ---- DATA_FORMAT_UINT32_BIN (llm.c's Llama-3 files). ----
+
+TEST_F(TokenDatasetTest, Uint32BinReadsIdsPastUint16) {
+  // Ids past 65535, with every byte distinct so a wrong byte order or width shows.
+  const std::vector<uint32_t> ids = {0x00010203, 128255, 65536, 0, 0x0001FF00, 7};
+  const std::string path = Write("llama.bin", Bin32File(ids));
+  auto ds = TokenDataset::Open(Spec(path, kBin32, "/unused"), 0x00020000, 1, Split::kTrain);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_EQ((*ds)->num_tokens(), 6);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ((*ds)->Token(i), static_cast<int32_t>(ids[i])) << i;
+}
+
+TEST_F(TokenDatasetTest, Uint32BinTargetsAreInputsShiftedByOne) {
+  // Tokens 70000 + i: every one needs the upper half of the uint32.
+  std::vector<uint32_t> ids(2000);
+  for (int i = 0; i < 2000; ++i) ids[i] = 70000 + i;
+  const std::string path = Write("t.bin", Bin32File(ids));
+  auto ds = TokenDataset::Open(Spec(path, kBin32), kLlama3Vocab, 16, Split::kTrain);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->num_tokens(), 1800);  // the default held-out 10%
+  std::vector<int32_t> in(8 * 16), out(8 * 16);
+  (*ds)->Batch(7, 3, 1, 0, 1, 8, in.data(), out.data());
+  for (int b = 0; b < 8; ++b) {
+    EXPECT_EQ(in[b * 16], 70000 + (*ds)->SequenceStart(7, 3, 1, b));
+    for (int t = 0; t < 16; ++t) {
+      EXPECT_EQ(in[b * 16 + t], in[b * 16] + t);
+      EXPECT_EQ(out[b * 16 + t], in[b * 16 + t] + 1);
+    }
+  }
+  auto val = TokenDataset::Open(Spec(path, kBin32), kLlama3Vocab, 16, Split::kVal);
+  ASSERT_TRUE(val.ok()) << val.status();
+  EXPECT_EQ((*val)->Token(0), 70000 + 1800);
+}
+
+TEST_F(TokenDatasetTest, Uint32BinBadMagic) {
+  const std::string path = Write("magic.bin", Bin32File({1, 2, 3, 4, 5, 6}, /*magic=*/12345));
+  auto ds = TokenDataset::Open(Spec(path, kBin32, "/unused"), kLlama3Vocab, 4, Split::kTrain);
+  ExpectRefused(ds, AllOf(HasSubstr(path), HasSubstr("bad magic number 12345"),
+                          HasSubstr("uint32 token file"), HasSubstr("expected 20240801")));
+}
+
+TEST_F(TokenDatasetTest, Uint16FileOpenedAsUint32IsNamed) {
+  const std::string path = Write("gpt2.bin", BinFile(Iota(100)));
+  auto ds = TokenDataset::Open(Spec(path, kBin32, "/unused"), kLlama3Vocab, 4, Split::kTrain);
+  ExpectRefused(ds, AllOf(HasSubstr(path), HasSubstr("magic number 20240520"),
+                          HasSubstr("uint16 token file"),
+                          HasSubstr("data.format is DATA_FORMAT_UINT32_BIN"),
+                          HasSubstr("set data.format to DATA_FORMAT_UINT16_BIN")));
+}
+
+TEST_F(TokenDatasetTest, Uint32FileOpenedAsUint16IsNamed) {
+  const std::string path = Write("llama.bin", Bin32File({1, 2, 3, 4, 5, 6}));
+  auto ds = TokenDataset::Open(Spec(path, kBin, "/unused"), 50257, 4, Split::kTrain);
+  ExpectRefused(ds, AllOf(HasSubstr(path), HasSubstr("magic number 20240801"),
+                          HasSubstr("uint32 token file"),
+                          HasSubstr("data.format is DATA_FORMAT_UINT16_BIN"),
+                          HasSubstr("set data.format to DATA_FORMAT_UINT32_BIN")));
+}
+
+TEST_F(TokenDatasetTest, Uint32BinBadVersion) {
+  // The uint32 magic with the uint16 format's version.
+  const std::string path =
+      Write("version.bin", Bin32File({1, 2, 3, 4, 5, 6}, 20240801, /*version=*/1));
+  auto ds = TokenDataset::Open(Spec(path, kBin32, "/unused"), kLlama3Vocab, 4, Split::kTrain);
+  ExpectRefused(ds, AllOf(HasSubstr(path), HasSubstr("unsupported uint32 token file"),
+                          HasSubstr("version 1 (expected 7)")));
+}
+
+TEST_F(TokenDatasetTest, Uint32BinTruncated) {
+  const std::string header_only = Write("trunc.bin", Bin32File({}).substr(0, 1000));
+  auto a = TokenDataset::Open(Spec(header_only, kBin32, "/unused"), kLlama3Vocab, 4, Split::kTrain);
+  ExpectRefused(a, AllOf(HasSubstr(header_only), HasSubstr("truncated uint32 token file"),
+                         HasSubstr("1000 bytes")));
+  // A download cut mid-token: 10 tokens promised, 9.5 present.
+  std::vector<uint32_t> ids(10, 5);
+  const std::string cut = Write("cut.bin", Bin32File(ids).substr(0, 1024 + 38));
+  auto b = TokenDataset::Open(Spec(cut, kBin32, "/unused"), kLlama3Vocab, 4, Split::kTrain);
+  ExpectRefused(b, AllOf(HasSubstr(cut), HasSubstr("size mismatch"), HasSubstr("10 tokens"),
+                         HasSubstr("40 bytes"), HasSubstr("has 38 bytes")));
+  // The uint16 count of bytes does not pass for uint32: 20 tokens' worth of uint16 is 10 here.
+  const std::string half = Write("half.bin", Bin32File(ids, 20240801, 7, /*count=*/20));
+  auto c = TokenDataset::Open(Spec(half, kBin32, "/unused"), kLlama3Vocab, 4, Split::kTrain);
+  ExpectRefused(c, AllOf(HasSubstr("20 tokens (80 bytes"), HasSubstr("has 40 bytes")));
+}
+
+TEST_F(TokenDatasetTest, Uint32TokenOutOfVocabulary) {
+  std::vector<uint32_t> ids(100, 1);
+  ids[57] = kLlama3Vocab;  // one past the last Llama 3 id
+  const std::string path = Write("vocab.bin", Bin32File(ids));
+  auto ds = TokenDataset::Open(Spec(path, kBin32, "/unused"), kLlama3Vocab, 4, Split::kTrain);
+  ExpectRefused(ds, AllOf(HasSubstr(path), HasSubstr("token 128256"), HasSubstr("index 57"),
+                          HasSubstr("model.vocab_size is 128256")));
+  EXPECT_TRUE(
+      TokenDataset::Open(Spec(path, kBin32, "/unused"), kLlama3Vocab + 1, 4, Split::kTrain).ok());
+  // An id no int32 can hold is reported as the file has it, not as a negative number.
+  ids[57] = 0xFFFFFFFFu;
+  const std::string huge = Write("huge.bin", Bin32File(ids));
+  ExpectRefused(TokenDataset::Open(Spec(huge, kBin32, "/unused"), kLlama3Vocab, 4, Split::kTrain),
+                HasSubstr("token 4294967295 at token index 57"));
+}
+
+TEST_F(TokenDatasetTest, FirstBadTokenIsFoundAcrossScanBlocks) {
+  // The scan reduces blocks of 4096 tokens: bad tokens in a later block, in the partial last
+  // block, and two in one block (the first is named).
+  constexpr int kN = 3 * 4096 + 100;
+  std::vector<uint32_t> ids(kN, 3);
+  for (int bad : {kN - 1, 2 * 4096 + 17, 4096 + 5, 4096 + 4000}) {
+    ids[bad] = 1000;
+  }
+  auto open = [&](const std::vector<uint32_t>& v) {
+    return TokenDataset::Open(Spec(Write("blocks.bin", Bin32File(v)), kBin32, "/unused"), 1000,
+                              4, Split::kTrain);
+  };
+  ExpectRefused(open(ids), HasSubstr("at token index 4101 "));
+  ids[4096 + 5] = ids[4096 + 4000] = 3;
+  ExpectRefused(open(ids), HasSubstr("at token index 8209 "));
+  ids[2 * 4096 + 17] = 3;
+  ExpectRefused(open(ids), HasSubstr("at token index 12387 "));
+  ids[kN - 1] = 999;
+  EXPECT_TRUE(open(ids).ok());
+}
+
+TEST_F(TokenDatasetTest, HeldOutValidationSplitNamesTheTokensIndexInTheFile) {
+  // The validation split alone (as a worker that opened train first would) checks its tail and
+  // names the index in the file, not in the split.
+  std::vector<uint32_t> ids(1000, 2);
+  ids[950] = 200000;
+  const std::string path = Write("v.bin", Bin32File(ids));
+  ExpectRefused(TokenDataset::Open(Spec(path, kBin32), kLlama3Vocab, 4, Split::kVal),
+                AllOf(HasSubstr("token 200000"), HasSubstr("index 950 ")));
+  // A bad token in the training part is the train split's to report.
+  ids[950] = 2;
+  ids[10] = 200000;
+  const std::string train_bad = Write("t.bin", Bin32File(ids));
+  EXPECT_TRUE(TokenDataset::Open(Spec(train_bad, kBin32), kLlama3Vocab, 4, Split::kVal).ok());
+  ExpectRefused(TokenDataset::Open(Spec(train_bad, kBin32), kLlama3Vocab, 4, Split::kTrain),
+                HasSubstr("index 10 "));
 }
 
 TEST_F(TokenDatasetTest, InvalidArguments) {
