@@ -397,14 +397,14 @@ TEST_F(ZeroCudaTest, LossCurveToleranceCatchesBrokenGradients) {
 // bench shape (2048 wide, 32 / 8 heads, SwiGLU 8192, vocab 128,256, B = 8, T = 2048) with 2 of
 // its 16 blocks, printed per block and extrapolated to 16, for comparing with the peer.
 TEST_F(ZeroCudaTest, LlamaBenchShapeModelTiming) {
-  weft::v1::ModelSpec m;
-  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+  constexpr int b = 8, t = 2048, layers = 2;
+  constexpr const char* kModel =
       "architecture: LLAMA num_layers: 2 hidden_size: 2048 num_heads: 32 num_kv_heads: 8 "
-      "intermediate_size: 8192 vocab_size: 128256 context_length: 2048 rope_theta: 500000",
-      &m));
+      "intermediate_size: 8192 vocab_size: 128256 context_length: 2048 rope_theta: 500000";
+  weft::v1::ModelSpec m;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kModel, &m));
   auto arch = engine::MakeModelArch(m);
   ASSERT_TRUE(arch.ok()) << arch.status();
-  const int b = 8, t = 2048, layers = 2;
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   auto made = engine::cuda::CreateCudaModel(**arch, b, t, stream);
