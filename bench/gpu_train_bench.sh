@@ -2,15 +2,20 @@
 # GPU training through the real services: a coordinator, one weft-worker per GPU
 # (--device cuda:K), a job submitted with trainctl and followed with `trainctl watch -o json`.
 #
-#   bench/gpu_train_bench.sh throughput BIN_DIR DATA_FILE "1 2 4"
-#     GPT-2 124M (12 layers, 768 wide, 12 heads, vocab 50304, context 1024), micro-batch 16
-#     per GPU, bf16, ZeRO-3, on each GPU count; prints per count
-#     BENCH gpu_train gpus=G tokens_per_s_per_gpu=T mfu=M peak_mem_gib=P exposed_comm_pct=C ...
+#   bench/gpu_train_bench.sh throughput BIN_DIR DATA_FILE "1 2 4" [gpt2|llama]
+#     gpt2 (the default): GPT-2 124M (12 layers, 768 wide, 12 heads, vocab 50304, context 1024),
+#     micro-batch 16 per GPU; llama: Llama-3.2-1B-like (16 layers, 2048 wide, 32 heads / 8 kv
+#     heads, SwiGLU 8192, vocab 128,256, untied head, rope_theta 500000, context 2048),
+#     micro-batch 8 per GPU (the shape of ../shared/bench/peer_fsdp_gpt.py --arch llama). bf16,
+#     ZeRO-3, on each GPU count; prints per count
+#     BENCH gpu_train arch=A gpus=G tokens_per_s_per_gpu=T mfu=M peak_mem_gib=P
+#       exposed_comm_pct=C ...
 #     tokens/s is end to end: steps completed between two coordinator timestamps (step 10 and
 #     the last), so reporting, data loading and host overheads count. peak_mem_gib is what the
 #     engine allocated (PyTorch's max_memory_allocated analogue); device_used_gib is the whole
 #     device (CUDA context and NCCL included). exposed_comm_pct is the time the compute stream
-#     waited for collectives (GPU timing events) over the step time.
+#     waited for collectives (GPU timing events) over the step time. mfu counts the peer's
+#     FLOPs per token (worker/mfu.h: 6 x parameters + 12 x layers x width x context).
 #   bench/gpu_train_bench.sh curve BIN_DIR DATA_FILE
 #     A small byte-level GPT on real text (DATA_FILE, bytes), 300 steps, global batch 16, on
 #     1 GPU, 2 GPUs and 1 CPU worker; prints the largest per-step relative loss difference of
@@ -21,6 +26,7 @@ mode=${1:?throughput|curve}
 BIN=$(cd "${2:?bin dir}" && pwd)
 DATA=$(readlink -f "${3:?data file}")
 COUNTS=${4:-"1 2"}
+ARCH=${5:-gpt2}
 # WEFT_BENCH_WORK keeps the logs and status streams (default: a fresh temporary folder).
 WORK=${WEFT_BENCH_WORK:-$(mktemp -d /tmp/weft-gpu-bench.XXXXXX)}
 mkdir -p "$WORK"
@@ -49,11 +55,12 @@ start_workers() {
 }
 stop_workers() { weft_stop "${WORKER_PIDS[@]}"; }
 
-# spec NAME KIND WORKERS LAYERS WIDTH HEADS VOCAB CONTEXT MICRO_BATCH STEPS LR
+# spec NAME KIND WORKERS LAYERS WIDTH HEADS VOCAB CONTEXT MICRO_BATCH STEPS LR [LLAMA_FIELDS]
+# LLAMA_FIELDS (optional): extra ModelSpec fields, e.g. "architecture: LLAMA num_kv_heads: 8".
 spec() {
   cat <<SPEC
 name: "$1"
-model { num_layers: $4 hidden_size: $5 num_heads: $6 vocab_size: $7 context_length: $8 }
+model { num_layers: $4 hidden_size: $5 num_heads: $6 vocab_size: $7 context_length: $8 ${12:-} }
 data { train_path: "$DATA" format: DATA_FORMAT_TEXT_BYTES val_fraction: 0.05 }
 optimizer { learning_rate: ${11} weight_decay: 0.1 grad_clip_norm: 1.0 }
 lr_schedule { kind: COSINE warmup_steps: 20 min_lr_ratio: 0.1 }
@@ -77,17 +84,29 @@ run_job() {
 
 case "$mode" in
 throughput)
+  case "$ARCH" in
+  gpt2) B=16 T=1024 ;;
+  llama) B=8 T=2048 ;;
+  *) echo "unknown architecture $ARCH (gpt2 or llama)" >&2; exit 2 ;;
+  esac
   for g in $COUNTS; do
-    spec "gpt2-124m-g$g" CUDA "$g" 12 768 12 50304 1024 16 60 6e-4 >"$WORK/g$g.pb.txt"
+    if [[ $ARCH == llama ]]; then
+      spec "llama-1b-g$g" CUDA "$g" 16 2048 32 128256 $T $B 60 3e-4 \
+        "architecture: LLAMA num_kv_heads: 8 intermediate_size: 8192 rope_theta: 500000" \
+        >"$WORK/g$g.pb.txt"
+    else
+      spec "gpt2-124m-g$g" CUDA "$g" 12 768 12 50304 $T $B 60 6e-4 >"$WORK/g$g.pb.txt"
+    fi
     start_coordinator "g$g"
     start_workers cuda "$g"
     run_job "$WORK/g$g.pb.txt" "$WORK/g$g.jsonl"
     stop_workers
     stop_coordinator
-    python3 - "$WORK/g$g.jsonl" "$g" <<'PY'
+    python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" <<'PY'
 import json, sys
 from datetime import datetime
-path, gpus = sys.argv[1], int(sys.argv[2])
+path, gpus, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+B, T = int(sys.argv[4]), int(sys.argv[5])
 steps = {}
 for line in open(path):
     s = json.loads(line)
@@ -100,7 +119,6 @@ if not any(k >= 10 for k in steps):
     sys.exit(f"no step metrics past step 10 in {path}: last status {line.strip()[:2000]}")
 first = min(k for k in steps if k >= 10)
 last = max(steps)
-B, T = 16, 1024
 tokens = (last - first) * B * T * gpus
 tps = tokens / (ts(steps[last]) - ts(steps[first]))
 per_gpu = tps / gpus
@@ -115,7 +133,7 @@ step_ms = med([float(m["step_ms"]) for m in late])
 exposed = med([float(m.get("exposed_comm_ms", 0)) for m in late])
 peak = max(int(m.get("engine_device_bytes", 0)) for m in late) / 2**30
 used = max(int(m.get("device_used_bytes", 0)) for m in late) / 2**30
-print(f"BENCH gpu_train gpus={gpus} tokens_per_s_per_gpu={per_gpu:.0f} "
+print(f"BENCH gpu_train arch={arch} gpus={gpus} tokens_per_s_per_gpu={per_gpu:.0f} "
       f"mfu={per_gpu * flops_per_token_over_peak:.3f} peak_mem_gib={peak:.2f} "
       f"exposed_comm_pct={100 * exposed / step_ms:.1f} device_used_gib={used:.2f} "
       f"step_ms={step_ms:.1f} reported_tokens_per_s_per_gpu={B*T*1000/step_ms:.0f} "
@@ -159,7 +177,7 @@ print(f"BENCH gpu_curve steps={last} gpu2_vs_gpu1_max_rel={w21:.4f} compared={n2
 PY
   ;;
 *)
-  echo "usage: $0 throughput|curve BIN_DIR DATA_FILE [GPU_COUNTS]" >&2
+  echo "usage: $0 throughput|curve BIN_DIR DATA_FILE [GPU_COUNTS] [gpt2|llama]" >&2
   exit 2
   ;;
 esac

@@ -27,6 +27,20 @@ TEST(MfuTest, FlopsPerTokenOfATinyModelByHand) {
   EXPECT_EQ(TrainingFlopsPerToken(Model(1, 2, 3, 4, 5)), 576.0 + 120.0);
 }
 
+// The peer's count (../shared/bench/peer_fsdp_gpt.py --arch llama: 6 x every parameter, embedding
+// and untied LM head included, + 12 x layers x width x sequence) for its Llama-3.2-1B-like
+// shape: 16 layers, 2048 wide, 32 heads / 8 kv heads, SwiGLU 8192, vocab 128,256, T = 2048.
+TEST(MfuTest, FlopsPerTokenOfTheLlama1bBenchShape) {
+  weft::v1::ModelSpec m = Model(16, 2048, 128256, 128256, 2048);
+  m.set_architecture(weft::v1::LLAMA);
+  m.set_num_heads(32);
+  m.set_num_kv_heads(8);
+  m.set_intermediate_size(8192);
+  // 1,498,482,688 parameters: 2 x 128256 x 2048 (embed, lm_head) + 2048 (final norm) + 16 x
+  // 60,821,504 (2 norms, qkvw 3072 x 2048, o 2048^2, gate_up and down 3 x 2048 x 8192).
+  EXPECT_EQ(TrainingFlopsPerToken(m), 6.0 * 1'498'482'688 + 12.0 * 16 * 2048 * 2048);
+}
+
 TEST(MfuTest, ShareOfThePeak) {
   // 100k tokens/s x 860,101,632 FLOPs = 8.60101632e13 FLOP/s of a 989e12 peak.
   EXPECT_NEAR(Mfu(100'000, 860'101'632.0, 989e12), 0.0869668, 1e-7);

@@ -16,4 +16,6 @@ if(TARGET weft_engine_cuda)
     LIBS weft_engine_cuda weft_engine_cpu)
   weft_test(engine_cuda_flash_attention_test gpu SOURCES worker/engine/cuda/flash_attention_test.cc
     LIBS weft_engine_cuda weft_engine_cpu)
+  weft_test(engine_cuda_llama_ops_test gpu SOURCES worker/engine/cuda/llama_ops_test.cc
+    LIBS weft_engine_cuda)
 endif()

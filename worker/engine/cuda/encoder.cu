@@ -1,4 +1,5 @@
-// Encoder: out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :].
+// Encoder: out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :] (GPT-2), and Llama's embedding,
+// the same without wpe (EmbeddingForward / EmbeddingBackward).
 //
 // Contract (as cpu/encoder.cc): the backward ACCUMULATES (+=) into dwte and dwpe and reads
 // only the tokens. Tokens must be in [0, V); the data layer validates them.
@@ -26,6 +27,8 @@ using internal::LoadVec;
 using internal::StoreFloats;
 using internal::StoreVec;
 
+// kPositions false: no wpe (null), the rows of wte alone.
+template <bool kPositions>
 __global__ void EncoderForwardKernel(bf16* __restrict__ out,              // (B, T, C)
                                      const int32_t* __restrict__ tokens,  // (B, T)
                                      const bf16* __restrict__ wte,        // (Vp, C)
@@ -38,11 +41,13 @@ __global__ void EncoderForwardKernel(bf16* __restrict__ out,              // (B,
     const int ci = static_cast<int>(i % vecs_per_row) * kVec;
     const int ti = static_cast<int>(bt % t);
     float e[kVec];
-    float p[kVec];
     LoadVec(wte + static_cast<int64_t>(tokens[bt]) * c + ci, e);
-    LoadVec(wpe + static_cast<int64_t>(ti) * c + ci, p);
+    if constexpr (kPositions) {
+      float p[kVec];
+      LoadVec(wpe + static_cast<int64_t>(ti) * c + ci, p);
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) e[k] += p[k];
+      for (int k = 0; k < kVec; ++k) e[k] += p[k];
+    }
     StoreVec(out + bt * c + ci, e);
   }
 }
@@ -98,8 +103,8 @@ absl::Status EncoderForward(bf16* out, const int32_t* tokens, const bf16* wte, c
       "encoder", {internal::Aligned16(out, "out"), internal::NotNull(tokens, "tokens"),
                   internal::Aligned16(wte, "wte"), internal::Aligned16(wpe, "wpe")}));
   const int64_t vecs = static_cast<int64_t>(b) * t * (c / kVec);
-  return internal::Launch(EncoderForwardKernel, internal::GridFor(vecs), internal::kBlockSize, 0,
-                          stream, out, tokens, wte, wpe, vecs, t, c);
+  return internal::Launch(EncoderForwardKernel<true>, internal::GridFor(vecs),
+                          internal::kBlockSize, 0, stream, out, tokens, wte, wpe, vecs, t, c);
 }
 
 absl::Status EncoderBackward(float* dwte, float* dwpe, const bf16* dout, const int32_t* tokens,
@@ -111,7 +116,28 @@ absl::Status EncoderBackward(float* dwte, float* dwpe, const bf16* dout, const i
   const int64_t tc_vecs = static_cast<int64_t>(t) * (c / kVec);
   WEFT_BF16_RETURN_IF_ERROR(internal::Launch(EncoderBackwardWpeKernel, internal::GridFor(tc_vecs),
                                              internal::kBlockSize, 0, stream, dwpe, dout, b, t, c));
-  const int64_t vecs = static_cast<int64_t>(b) * tc_vecs;
+  return EmbeddingBackward(dwte, dout, tokens, b, t, c, stream);
+}
+
+absl::Status EmbeddingForward(bf16* out, const int32_t* tokens, const bf16* wte, int b, int t,
+                              int c, cudaStream_t stream) {
+  WEFT_BF16_RETURN_IF_ERROR(CheckBf16Shape(b, t, c));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "embedding", {internal::Aligned16(out, "out"), internal::NotNull(tokens, "tokens"),
+                    internal::Aligned16(wte, "wte")}));
+  const int64_t vecs = static_cast<int64_t>(b) * t * (c / kVec);
+  return internal::Launch(EncoderForwardKernel<false>, internal::GridFor(vecs),
+                          internal::kBlockSize, 0, stream, out, tokens, wte,
+                          static_cast<const bf16*>(nullptr), vecs, t, c);
+}
+
+absl::Status EmbeddingBackward(float* dwte, const bf16* dout, const int32_t* tokens, int b, int t,
+                               int c, cudaStream_t stream) {
+  WEFT_BF16_RETURN_IF_ERROR(CheckBf16Shape(b, t, c));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
+      "embedding backward", {internal::NotNull(dwte, "dwte"), internal::Aligned16(dout, "dout"),
+                             internal::NotNull(tokens, "tokens")}));
+  const int64_t vecs = static_cast<int64_t>(b) * t * (c / kVec);
   return internal::Launch(EncoderBackwardWteKernel, internal::GridFor(vecs), internal::kBlockSize,
                           0, stream, dwte, dout, tokens, vecs, c);
 }

@@ -2,26 +2,30 @@
 // memory. Forward and backward run on the tensor cores (mma.sync m16n8k16, bf16 inputs, fp32
 // accumulation) over shared-memory tiles; the softmax is computed online in fp32.
 //
-// Layout: the model's own, no head permutation anywhere. q, k, v are read straight from the
-// qkv projection's output (B, T, 3C), rows [q | k | v], head h owning channels
-// [h * HS, (h + 1) * HS) of each C block (as AttentionSplitHeads): element (b, h, t, d) of q is
-// qkv[(b * T + t) * 3C + h * HS + d], k at + C, v at + 2C. dq, dk, dv are written at the same
-// places of dqkv (B, T, 3C). y and dy are (B, T, C): element (b, h, t, d) at
-// (b * T + t) * C + h * HS + d. So one head is a (T, HS) matrix with row stride 3C or C
-// (C = NH * HS); with HS and C multiples of 8 every row starts 16-byte aligned. lse is fp32
-// (B * NH * T) in (b, h, t) order. scale = 1 / sqrt(HS).
+// Layout: the model's own, no head permutation and no copy of shared k/v heads anywhere. q, k,
+// v are read straight from the qkv projection's output (B, T, (NH + 2 NKV) HS), rows
+// [q (NH heads) | k (NKV heads) | v (NKV heads)], each head HS consecutive channels: element
+// (b, h, t, d) of q is qkv[(b * T + t) * W + h * HS + d] (W = (NH + 2 NKV) HS), and query
+// head h reads kv head h / G (G = NH / NKV, grouped-query attention): k at
+// NH * HS + (h / G) * HS, v NKV * HS further. GPT-2 is NKV = NH (W = 3C, as
+// AttentionSplitHeads). dq, dk, dv are written at the same places of dqkv. y and dy are
+// (B, T, C), C = NH * HS: element (b, h, t, d) at (b * T + t) * C + h * HS + d. So one head is
+// a (T, HS) matrix with row stride W or C; with HS a multiple of 8 every row starts 16-byte
+// aligned. lse is fp32 (B * NH * T) in (b, h, t) order. scale = 1 / sqrt(HS).
 //
 // Work split (4 warps per block, each warp owns 16 rows of the block's 64-row tile):
-//  - forward: a block per (head, 64-query tile); it walks the key tiles up to the diagonal,
+//  - forward: a block per (query head, 64-query tile); it walks the key tiles up to the diagonal,
 //    keeping the running max / sum and the output accumulator in registers. Scores are kept
 //    in log2 units (scale * log2(e) folded in) so exp2 is one instruction.
 //  - backward, three kernels, no atomics (deterministic):
 //     1. D[r] = rowsum(dy * y) (the softmax backward's correction term), fp32 in `scratch`;
-//     2. dK, dV: a block per (head, 64-key tile), walking the query tiles from the diagonal
-//        on. It computes the TRANSPOSED products (keys as rows: S^T = K Q^T, dP^T = V dY^T),
-//        so P^T and dS^T come out of the accumulators already in the register layout of the
-//        A operand of dV += P^T dY and dK += dS^T Q: nothing goes back through shared memory;
-//     3. dQ: a block per (head, 64-query tile), like the forward: recompute S, P (from lse),
+//     2. dK, dV: a block per (kv head, 64-key tile), walking the query tiles from the diagonal
+//        on, for each of the G query heads of its group in turn (the group's sum stays in
+//        registers: no atomics, no per-query-head partials). It computes the TRANSPOSED
+//        products (keys as rows: S^T = K Q^T, dP^T = V dY^T), so P^T and dS^T come out of the
+//        accumulators already in the register layout of the A operand of dV += P^T dY and
+//        dK += dS^T Q: nothing goes back through shared memory;
+//     3. dQ: a block per (query head, 64-query tile), like the forward: recompute S, P (from lse),
 //        dP = dY V^T, dS, and dQ += dS K. Recomputing S and dP once more costs two small GEMMs
 //        per tile but removes the fp32 dQ accumulator and its atomics.
 //  - Causal masking is only evaluated on tiles that straddle the diagonal; the padding rows of
@@ -120,36 +124,44 @@ __device__ inline uint32_t PackBf16(float lo, float hi) {
 
 // ---- tile helpers (all threads of the block call them) ----
 
-// The head of block blockIdx.x = b * NH + h: where it starts in each layout (elements), its
-// q, k, v and the layouts' row strides.
+// Query head bh = b * NH + h and the kv head it reads, h / (NH / NKV): where they start in
+// each layout (elements) and the layouts' row strides. Query heads h of one group are adjacent,
+// so head h + 1 of a group is this one's q, y and lse shifted by kHs, kHs and T.
 struct HeadBase {
-  size_t qkv;   // q's (t = 0, d = 0) in (B, T, 3C); k at + C, v at + 2C
-  size_t rows;  // (t = 0, d = 0) in (B, T, C)
-  size_t lse;   // row t = 0 in (B * NH * T)
+  size_t q_off;  // q's (t = 0, d = 0) in (B, T, (NH + 2 NKV) HS)
+  size_t k_off;  // k's; v's is k_off + NKV * HS
+  size_t v_off;
+  size_t rows;   // (t = 0, d = 0) in (B, T, NH * HS)
+  size_t lse;    // row t = 0 in (B * NH * T)
   const bf16* q;
   const bf16* k;
   const bf16* v;
-  int c;       // C = NH * HS
-  int ld_qkv;  // 3C, the row stride of qkv and dqkv
-  int ld_y;    // C, the row stride of y and dy
+  int ld_qkv;  // (NH + 2 NKV) HS, the row stride of qkv and dqkv
+  int ld_y;    // NH * HS, the row stride of y and dy
 };
 
 template <int kHs>
-__device__ inline HeadBase HeadOffsets(const bf16* qkv, int nh, int t) {
-  const int bi = blockIdx.x / nh;
-  const int hi = blockIdx.x % nh;
-  const int c = nh * kHs;
+__device__ inline HeadBase HeadOffsets(const bf16* qkv, int bh, int nh, int nkv, int t) {
+  const int bi = bh / nh;
+  const int hi = bh % nh;
+  const int kvh = hi / (nh / nkv);
+  const int q_width = nh * kHs;
+  const int kv_width = nkv * kHs;
+  const int ld = q_width + 2 * kv_width;
   const size_t bt0 = static_cast<size_t>(bi) * t;  // row b * T + 0
-  const size_t q = bt0 * 3 * static_cast<size_t>(c) + static_cast<size_t>(hi) * kHs;
+  const size_t row0 = bt0 * static_cast<size_t>(ld);
+  const size_t q = row0 + static_cast<size_t>(hi) * kHs;
+  const size_t k = row0 + q_width + static_cast<size_t>(kvh) * kHs;
   return {q,
-          bt0 * c + static_cast<size_t>(hi) * kHs,
-          static_cast<size_t>(blockIdx.x) * t,
+          k,
+          k + kv_width,
+          bt0 * q_width + static_cast<size_t>(hi) * kHs,
+          static_cast<size_t>(bh) * t,
           qkv + q,
-          qkv + q + c,
-          qkv + q + 2 * c,
-          c,
-          3 * c,
-          c};
+          qkv + k,
+          qkv + k + kv_width,
+          ld,
+          q_width};
 }
 
 // Rows [row0, row0 + kRows) of one head's (T, kHs) matrix, row stride ld elements (3C or C),
@@ -312,8 +324,8 @@ template <int kHs>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardKernel(bf16* __restrict__ y,            // (B, T, C)
                        float* __restrict__ lse,         // (B * NH * T)
-                       const bf16* __restrict__ qkv,    // (B, T, 3C)
-                       int t, int nh, float scale_log2) {
+                       const bf16* __restrict__ qkv,    // (B, T, (NH + 2 NKV) HS)
+                       int t, int nh, int nkv, float scale_log2) {
   constexpr int kStride = Tiles<kHs>::kStride;
   constexpr int kBk = Tiles<kHs>::kWalk;  // keys per step
   extern __shared__ __align__(16) unsigned char smem[];
@@ -322,7 +334,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sv = sk + 2 * kBk * kStride;         // 2 x (kBk, kStride)
   const int warp = threadIdx.x / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
-  const HeadBase head = HeadOffsets<kHs>(qkv, nh, t);
+  const HeadBase head = HeadOffsets<kHs>(qkv, blockIdx.x, nh, nkv, t);
   y += head.rows;
   lse += head.lse;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
@@ -421,12 +433,12 @@ __global__ void RowDotKernel(float* __restrict__ dsum,       // (B * NH * T)
 
 template <int kHs>
 __global__ void __launch_bounds__(kThreads)
-    FlashBackwardKvKernel(bf16* __restrict__ dqkv,          // (B, T, 3C), dk and dv parts
-                          const bf16* __restrict__ qkv,     // (B, T, 3C)
+    FlashBackwardKvKernel(bf16* __restrict__ dqkv,          // (B, T, (NH + 2 NKV) HS), dk dv
+                          const bf16* __restrict__ qkv,     // (B, T, (NH + 2 NKV) HS)
                           const bf16* __restrict__ dy,      // (B, T, C)
                           const float* __restrict__ lse,    // (B * NH * T)
                           const float* __restrict__ dsum,   // (B * NH * T)
-                          int t, int nh, float scale, float scale_log2) {
+                          int t, int nh, int nkv, float scale, float scale_log2) {
   constexpr int kStride = Tiles<kHs>::kStride;
   constexpr int kBq = Tiles<kHs>::kWalk;  // queries per step
   extern __shared__ __align__(16) unsigned char smem[];
@@ -438,9 +450,13 @@ __global__ void __launch_bounds__(kThreads)
   float* sdsum = slse + 2 * kBq;                                     // 2 x (kBq)
   const int warp = threadIdx.x / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
-  const HeadBase head = HeadOffsets<kHs>(qkv, nh, t);
-  bf16* dk = dqkv + head.qkv + head.c;
-  bf16* dv = dqkv + head.qkv + 2 * head.c;
+  // Block x = b * NKV + kv head; its group's query heads are b * NH + kv head * G + [0, G).
+  const int group = nh / nkv;
+  const int bi = blockIdx.x / nkv;
+  const HeadBase head =
+      HeadOffsets<kHs>(qkv, bi * nh + (blockIdx.x % nkv) * group, nh, nkv, t);
+  bf16* dk = dqkv + head.k_off;
+  bf16* dv = dqkv + head.v_off;
   dy += head.rows;
   lse += head.lse;
   dsum += head.lse;
@@ -448,29 +464,42 @@ __global__ void __launch_bounds__(kThreads)
   const int warp_key = k0 + warp * kWarpRows;
   const int key_lo = warp_key + lane / 4;  // this lane's keys: key_lo, key_lo + 8
 
-  const auto load_queries = [&](int step_q0, int buf) {
-    LoadTile<kHs, kBq>(sq + buf * kBq * kStride, head.q, step_q0, t, head.ld_qkv);
-    LoadTile<kHs, kBq>(sdy + buf * kBq * kStride, dy, step_q0, t, head.ld_y);
+  // Query tile at step_q0 of the group's query head g.
+  const auto load_queries = [&](int g, int step_q0, int buf) {
+    LoadTile<kHs, kBq>(sq + buf * kBq * kStride, head.q + g * kHs, step_q0, t, head.ld_qkv);
+    LoadTile<kHs, kBq>(sdy + buf * kBq * kStride, dy + g * kHs, step_q0, t, head.ld_y);
+    const float* lse_g = lse + static_cast<size_t>(g) * t;
+    const float* dsum_g = dsum + static_cast<size_t>(g) * t;
     for (int i = threadIdx.x; i < kBq; i += kThreads) {
       const int row = step_q0 + i;
       // Padded queries: lse = +inf makes their P exactly 0, so they add nothing.
-      slse[buf * kBq + i] = row < t ? lse[row] * kLog2e : INFINITY;
-      sdsum[buf * kBq + i] = row < t ? dsum[row] : 0.0f;
+      slse[buf * kBq + i] = row < t ? lse_g[row] * kLog2e : INFINITY;
+      sdsum[buf * kBq + i] = row < t ? dsum_g[row] : 0.0f;
     }
   };
   LoadTile<kHs, kTile>(sk, head.k, k0, t, head.ld_qkv);
   LoadTile<kHs, kTile>(sv, head.v, k0, t, head.ld_qkv);
   const int first = k0 / kBq;  // the first query tile that reaches key k0
   const int n_steps = (t + kBq - 1) / kBq;
-  load_queries(first * kBq, 0);
+  // One walk over the query tiles [first, n_steps) of each of the G query heads in turn, so
+  // the prefetch runs on across heads; dK and dV sum over the group in registers.
+  const int per_head = n_steps - first;
+  const int walk = group * per_head;
+  load_queries(0, first * kBq, 0);
   CpAsyncCommit();
 
   float dk_acc[kHs / 8][4] = {};
   float dv_acc[kHs / 8][4] = {};
-  for (int i = first; i < n_steps; ++i) {
-    const int buf = (i - first) % 2;
-    AwaitStep(i + 1 < n_steps, [&] { load_queries((i + 1) * kBq, 1 - buf); });
+  // Step s is query tile i of the group's head g; (next_g, next_i) is step s + 1.
+  for (int s = 0, g = 0, i = first; s < walk; ++s) {
+    const int buf = s % 2;
+    const bool head_done = i + 1 == n_steps;
+    const int next_g = head_done ? g + 1 : g;
+    const int next_i = head_done ? first : i + 1;
+    AwaitStep(s + 1 < walk, [&] { load_queries(next_g, next_i * kBq, 1 - buf); });
     const int q0 = i * kBq;
+    g = next_g;
+    i = next_i;
     if (q0 + kBq - 1 >= warp_key) {  // some query of the tile sees some key of the warp
       const bf16* sqb = sq + buf * kBq * kStride;
       const bf16* sdyb = sdy + buf * kBq * kStride;
@@ -503,12 +532,12 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int kHs>
 __global__ void __launch_bounds__(kThreads)
-    FlashBackwardQKernel(bf16* __restrict__ dqkv,           // (B, T, 3C), the dq part
-                         const bf16* __restrict__ qkv,      // (B, T, 3C)
+    FlashBackwardQKernel(bf16* __restrict__ dqkv,           // (B, T, (NH + 2 NKV) HS), dq
+                         const bf16* __restrict__ qkv,      // (B, T, (NH + 2 NKV) HS)
                          const bf16* __restrict__ dy,       // (B, T, C)
                          const float* __restrict__ lse,     // (B * NH * T)
                          const float* __restrict__ dsum,    // (B * NH * T)
-                         int t, int nh, float scale, float scale_log2) {
+                         int t, int nh, int nkv, float scale, float scale_log2) {
   constexpr int kStride = Tiles<kHs>::kStride;
   constexpr int kBk = Tiles<kHs>::kWalk;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -518,8 +547,8 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sv = sk + 2 * kBk * kStride;         // 2 x (kBk, kStride)
   const int warp = threadIdx.x / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
-  const HeadBase head = HeadOffsets<kHs>(qkv, nh, t);
-  bf16* dq = dqkv + head.qkv;
+  const HeadBase head = HeadOffsets<kHs>(qkv, blockIdx.x, nh, nkv, t);
+  bf16* dq = dqkv + head.q_off;
   dy += head.rows;
   lse += head.lse;
   dsum += head.lse;
@@ -565,9 +594,14 @@ __global__ void __launch_bounds__(kThreads)
 
 bool SupportedHeadSize(int hs) { return hs == 16 || hs == 32 || hs == 64 || hs == 128; }
 
-absl::Status CheckShape(int b, int nh, int t, int hs, const char* op) {
+absl::Status CheckShape(int b, int nh, int nkv, int t, int hs, const char* op) {
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(b, op, "b"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(nh, op, "nh"));
+  WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(nkv, op, "nkv"));
+  if (nh % nkv != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": nkv = ", nkv, " does not divide nh = ", nh));
+  }
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(t, op, "t"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(hs, op, "hs"));
   if (!SupportedHeadSize(hs)) {
@@ -579,13 +613,14 @@ absl::Status CheckShape(int b, int nh, int t, int hs, const char* op) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": b * nh = ", heads, " or t = ", t, " exceeds the grid limits"));
   }
-  // Row strides (3C) and the RowDot grid are ints.
-  const int64_t c = static_cast<int64_t>(nh) * hs;
+  // Row strides ((NH + 2 NKV) HS) and the RowDot grid are ints.
+  const int64_t c = (static_cast<int64_t>(nh) + 2 * static_cast<int64_t>(nkv)) * hs;
   const int64_t vecs = heads * t * (hs / internal::kVec);
-  if (3 * c > 0x7fffffff ||
+  if (c > 0x7fffffff ||
       (vecs + internal::kBlockSize - 1) / internal::kBlockSize > 0x7fffffff) {
     return absl::InvalidArgumentError(
-        absl::StrCat(op, ": nh * hs = ", c, " or b * nh * t = ", heads * t, " is too large"));
+        absl::StrCat(op, ": (nh + 2 nkv) * hs = ", c, " or b * nh * t = ", heads * t,
+                     " is too large"));
   }
   return absl::OkStatus();
 }
@@ -600,18 +635,19 @@ absl::Status LaunchTiles(void (*kernel)(Params...), dim3 grid, size_t smem_bytes
 }
 
 template <int kHs>
-absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, int t,
+absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, int nkv, int t,
                            cudaStream_t stream) {
   using Cfg = Tiles<kHs>;
   const size_t smem = (kTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16);
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHs));
   const dim3 grid(b * nh, (t + kTile - 1) / kTile);
-  return LaunchTiles(FlashForwardKernel<kHs>, grid, smem, stream, y, lse, qkv, t, nh, scale_log2);
+  return LaunchTiles(FlashForwardKernel<kHs>, grid, smem, stream, y, lse, qkv, t, nh, nkv,
+                     scale_log2);
 }
 
 template <int kHs>
 absl::Status LaunchBackward(bf16* dqkv, const bf16* dy, const bf16* y, const float* lse,
-                            const bf16* qkv, float* dsum, int b, int nh, int t,
+                            const bf16* qkv, float* dsum, int b, int nh, int nkv, int t,
                             cudaStream_t stream) {
   using Cfg = Tiles<kHs>;
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHs));
@@ -620,15 +656,17 @@ absl::Status LaunchBackward(bf16* dqkv, const bf16* dy, const bf16* y, const flo
   WEFT_BF16_RETURN_IF_ERROR(internal::Launch(
       RowDotKernel<kHs>, static_cast<int>((vecs + internal::kBlockSize - 1) / internal::kBlockSize),
       internal::kBlockSize, 0, stream, dsum, dy, y, vecs, t, nh));
-  const dim3 grid(b * nh, (t + kTile - 1) / kTile);
+  const int tiles = (t + kTile - 1) / kTile;
   const size_t kv_smem = (2 * kTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16) +
                          4 * Cfg::kWalk * sizeof(float);
-  WEFT_BF16_RETURN_IF_ERROR(LaunchTiles(FlashBackwardKvKernel<kHs>, grid, kv_smem, stream, dqkv,
-                                        qkv, dy, lse, static_cast<const float*>(dsum), t, nh, scale,
+  // dK, dV: a block per (kv head, key tile); dQ: a block per (query head, query tile).
+  WEFT_BF16_RETURN_IF_ERROR(LaunchTiles(FlashBackwardKvKernel<kHs>, dim3(b * nkv, tiles), kv_smem,
+                                        stream, dqkv, qkv, dy, lse,
+                                        static_cast<const float*>(dsum), t, nh, nkv, scale,
                                         scale_log2));
   const size_t q_smem = (2 * kTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16);
-  return LaunchTiles(FlashBackwardQKernel<kHs>, grid, q_smem, stream, dqkv, qkv, dy, lse,
-                     static_cast<const float*>(dsum), t, nh, scale, scale_log2);
+  return LaunchTiles(FlashBackwardQKernel<kHs>, dim3(b * nh, tiles), q_smem, stream, dqkv, qkv,
+                     dy, lse, static_cast<const float*>(dsum), t, nh, nkv, scale, scale_log2);
 }
 
 }  // namespace
@@ -640,30 +678,30 @@ size_t FlashAttentionBackwardScratchFloats(int b, int nh, int t, int hs) {
   return static_cast<size_t>(std::max(b, 0)) * std::max(nh, 0) * std::max(t, 0);
 }
 
-absl::Status FlashAttentionForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, int t,
-                                   int hs, cudaStream_t stream) {
+absl::Status FlashAttentionForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, int nkv,
+                                   int t, int hs, cudaStream_t stream) {
   constexpr const char* kOp = "flash attention forward";
-  WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, t, hs, kOp));
+  WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, nkv, t, hs, kOp));
   WEFT_BF16_RETURN_IF_ERROR(
       internal::CheckPointers(kOp, {internal::Aligned16(y, "y"), internal::NotNull(lse, "lse"),
                                     internal::Aligned16(qkv, "qkv")}));
   switch (hs) {
     case 16:
-      return LaunchForward<16>(y, lse, qkv, b, nh, t, stream);
+      return LaunchForward<16>(y, lse, qkv, b, nh, nkv, t, stream);
     case 32:
-      return LaunchForward<32>(y, lse, qkv, b, nh, t, stream);
+      return LaunchForward<32>(y, lse, qkv, b, nh, nkv, t, stream);
     case 64:
-      return LaunchForward<64>(y, lse, qkv, b, nh, t, stream);
+      return LaunchForward<64>(y, lse, qkv, b, nh, nkv, t, stream);
     default:
-      return LaunchForward<128>(y, lse, qkv, b, nh, t, stream);
+      return LaunchForward<128>(y, lse, qkv, b, nh, nkv, t, stream);
   }
 }
 
 absl::Status FlashAttentionBackward(bf16* dqkv, const bf16* dy, const bf16* y, const float* lse,
-                                    const bf16* qkv, float* scratch, int b, int nh, int t,
-                                    int hs, cudaStream_t stream) {
+                                    const bf16* qkv, float* scratch, int b, int nh, int nkv,
+                                    int t, int hs, cudaStream_t stream) {
   constexpr const char* kOp = "flash attention backward";
-  WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, t, hs, kOp));
+  WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, nkv, t, hs, kOp));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
       kOp, {internal::Aligned16(dqkv, "dqkv"), internal::Aligned16(dy, "dy"),
             internal::Aligned16(y, "y"), internal::NotNull(lse, "lse"),
@@ -674,13 +712,13 @@ absl::Status FlashAttentionBackward(bf16* dqkv, const bf16* dy, const bf16* y, c
   }
   switch (hs) {
     case 16:
-      return LaunchBackward<16>(dqkv, dy, y, lse, qkv, scratch, b, nh, t, stream);
+      return LaunchBackward<16>(dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
     case 32:
-      return LaunchBackward<32>(dqkv, dy, y, lse, qkv, scratch, b, nh, t, stream);
+      return LaunchBackward<32>(dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
     case 64:
-      return LaunchBackward<64>(dqkv, dy, y, lse, qkv, scratch, b, nh, t, stream);
+      return LaunchBackward<64>(dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
     default:
-      return LaunchBackward<128>(dqkv, dy, y, lse, qkv, scratch, b, nh, t, stream);
+      return LaunchBackward<128>(dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
   }
 }
 

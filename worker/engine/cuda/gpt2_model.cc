@@ -7,48 +7,17 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/model_util.h"
 #include "worker/engine/cuda/ops.h"
 
 namespace weft::engine::cuda {
-namespace {
-
-// Carves typed, 256-byte aligned pieces out of one allocation; with a null base it only
-// measures.
-class Arena {
- public:
-  explicit Arena(char* base) : base_(base) {}
-  template <typename T>
-  T* Take(size_t count) {
-    offset_ = (offset_ + 255) / 256 * 256;
-    T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + offset_);
-    offset_ += count * sizeof(T);
-    return p;
-  }
-  size_t size() const { return offset_; }
-
- private:
-  char* base_;
-  size_t offset_ = 0;
-};
-
-// Budget for one chunk of logits (rows x Vp bf16): large enough for efficient LM-head GEMMs,
-// small enough that the (B*T, Vp) logits of a whole micro-batch never exist at once.
-constexpr size_t kLogitChunkBytes = size_t{512} << 20;
-
-}  // namespace
 
 GptCuda::GptCuda(const GptConfig& config, int max_b, int max_t, cudaStream_t stream)
-    : config_(config),
-      max_b_(max_b),
-      max_t_(max_t),
-      stream_(stream),
+    : ArenaModel(max_b, max_t, stream),
+      config_(config),
       flash_(FlashAttentionSupported(config.hidden_size / config.num_heads)) {
   head_tensors_ = UnitTensors(config, 0);
   block_tensors_ = UnitTensors(config, 1);
-}
-
-GptCuda::~GptCuda() {
-  if (arena_ != nullptr) cudaFree(arena_);
 }
 
 size_t GptCuda::Layout(char* base) {
@@ -102,23 +71,18 @@ size_t GptCuda::Layout(char* base) {
   tmp_ = a.Take<bf16>(nc);
   dres_ = a.Take<bf16>(nc);
   dtmp_ = a.Take<bf16>(nc);
-  const size_t row_bytes = static_cast<size_t>(config_.padded_vocab_size) * sizeof(bf16);
-  logit_rows_ = static_cast<int>(std::clamp<size_t>(kLogitChunkBytes / row_bytes, 1, n));
-  logits_ = a.Take<bf16>(static_cast<size_t>(logit_rows_) * config_.padded_vocab_size);
-  losses_ = a.Take<float>(n);
   size_t scratch = LayerNormBackwardScratchFloats(static_cast<int>(n), c);
   for (int oc : {c, 3 * c, 4 * c}) {
     scratch = std::max(scratch, BiasBackwardScratchFloats(static_cast<int>(n), oc));
   }
   reduce_scratch_ = a.Take<float>(scratch);
-  tokens_ = a.Take<int32_t>(n);
-  targets_ = a.Take<int32_t>(n);
+  TakeCommon(a, config_.padded_vocab_size);
   return a.size();
 }
 
 size_t GptCuda::PlanActivationBytes(const GptConfig& config, int max_b, int max_t) {
   GptCuda probe(config, max_b, max_t, nullptr);
-  return probe.Layout(nullptr) + BlasOptions{}.workspace_bytes;
+  return probe.PlannedBytes();
 }
 
 absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config, int max_b,
@@ -147,42 +111,6 @@ absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config
   return model;
 }
 
-absl::Status GptCuda::Allocate() {
-  WEFT_ASSIGN_OR_RETURN(blas_, Blas::Create());
-  const size_t bytes = Layout(nullptr);
-  const cudaError_t err = cudaMalloc(&arena_, bytes);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear the (non-sticky) allocation error
-    size_t free_bytes = 0, total = 0;
-    cudaMemGetInfo(&free_bytes, &total);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "activations need ", bytes >> 20, " MiB but the GPU has ", free_bytes >> 20,
-        " MiB free"));
-  }
-  arena_bytes_ = bytes;
-  Layout(static_cast<char*>(arena_));
-  return absl::OkStatus();
-}
-
-absl::Status GptCuda::SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) {
-  if (b < 1 || b > max_b_ || t < 1 || t > max_t_) {
-    return absl::InvalidArgumentError(absl::StrCat("batch shape (", b, ", ", t,
-                                                   ") outside [1, ", max_b_, "] x [1, ", max_t_,
-                                                   "]"));
-  }
-  b_ = b;
-  t_ = t;
-  const size_t bytes = static_cast<size_t>(b) * t * sizeof(int32_t);
-  // Pageable sources: the call returns once the data is staged, so the caller may refill them.
-  WEFT_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(tokens_, inputs, bytes, cudaMemcpyHostToDevice, stream_));
-  if (targets != nullptr) {
-    WEFT_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(targets_, targets, bytes, cudaMemcpyHostToDevice, stream_));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status GptCuda::EncoderForward(const bf16* head) {
   return cuda::EncoderForward(res_[0], tokens_, head + head_tensors_[kWte].offset,
                               head + head_tensors_[kWpe].offset, b_, t_, config_.hidden_size,
@@ -204,8 +132,8 @@ absl::Status GptCuda::BlockForward(int l, const bf16* block) {
   WEFT_RETURN_IF_ERROR(blas_->LinearForward(qkv, ln1_[l], p(kQkvw), p(kQkvb), n, c, 3 * c,
                                             stream_));  // (B, T, 3C)
   if (flash_) {
-    WEFT_RETURN_IF_ERROR(FlashAttentionForward(atty_[l], lse_[l], qkv, b_, nh, t_, hs,
-                                               stream_));  // (B, T, C)
+    WEFT_RETURN_IF_ERROR(FlashAttentionForward(atty_[l], lse_[l], qkv, b_, nh, nh, t_,
+                                               hs, stream_));  // (B, T, C)
   } else {
     WEFT_RETURN_IF_ERROR(AttentionSplitHeads(q_[l], k_[l], v_[l], qkv, b_, t_, c, nh, stream_));
     const int batch = b_ * nh;
@@ -234,23 +162,13 @@ absl::Status GptCuda::Classifier(const bf16* head, float grad_scale, float* head
   const int vp = config_.padded_vocab_size;
   const int n = b_ * t_;
   const auto p = [&](int tensor) { return head + head_tensors_[tensor].offset; };
-  const bf16* wte = p(kWte);  // (Vp, C)
   const bf16* last = res_[config_.num_layers];
   WEFT_RETURN_IF_ERROR(
       LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, last, p(kLnfw), p(kLnfb), n, c, stream_));
-  for (int r0 = 0; r0 < n; r0 += logit_rows_) {
-    const int rows = std::min(logit_rows_, n - r0);
-    const bf16* lnf = lnf_ + static_cast<size_t>(r0) * c;  // (rows, C)
-    WEFT_RETURN_IF_ERROR(blas_->LinearForward(logits_, lnf, wte, nullptr, rows, c, vp, stream_));
-    WEFT_RETURN_IF_ERROR(CrossEntropyForwardBackward(logits_, losses_ + r0, targets_ + r0, rows,
-                                                     config_.vocab_size, vp, grad_scale,
-                                                     stream_));  // logits -> dlogits
-    if (head_grad == nullptr) continue;
-    WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dtmp_ + static_cast<size_t>(r0) * c, logits_,
-                                                    wte, rows, c, vp, stream_));
-    WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(head_grad + head_tensors_[kWte].offset,
-                                                     logits_, lnf, rows, c, vp, stream_));
-  }
+  WEFT_RETURN_IF_ERROR(LmHeadLoss(lnf_, p(kWte),
+                                  head_grad == nullptr ? nullptr
+                                                       : head_grad + head_tensors_[kWte].offset,
+                                  dtmp_, c, config_.vocab_size, vp, grad_scale));
   if (head_grad == nullptr) return absl::OkStatus();
   // The residual stream's gradient starts here; LayerNormBackward accumulates into it.
   WEFT_CUDA_RETURN_IF_ERROR(
@@ -292,7 +210,7 @@ absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad)
     // Straight from the (B, T, C) dy = dtmp_ and forward output atty, and the layer's qkv:
     // dq, dk, dv land in dqkv = qkv_ (B, T, 3C) at the places of q, k, v.
     WEFT_RETURN_IF_ERROR(FlashAttentionBackward(qkv_, dtmp_, atty_[l], lse_[l], layer_qkv_[l],
-                                                flash_scratch_, b_, nh, t_, hs, stream_));
+                                                flash_scratch_, b_, nh, nh, t_, hs, stream_));
   } else {
     WEFT_RETURN_IF_ERROR(AttentionSplitGrad(y_, dtmp_, b_, t_, c, nh, stream_));  // dy
     const int batch = b_ * nh;

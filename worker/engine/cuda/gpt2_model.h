@@ -30,13 +30,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/engine/cuda/matmul.h"
-#include "worker/engine/cuda/model.h"
+#include "worker/engine/cuda/model_util.h"
 #include "worker/engine/gpt2/gpt2_arch.h"
 
 namespace weft::engine::cuda {
 
-class GptCuda final : public CudaModel {
+class GptCuda final : public ArenaModel {
  public:
   // Bytes Create allocates for activations and scratch (exact, for the memory planner).
   static size_t PlanActivationBytes(const GptConfig& config, int max_b, int max_t);
@@ -46,44 +45,23 @@ class GptCuda final : public CudaModel {
   // the activations do not fit.
   static absl::StatusOr<std::unique_ptr<GptCuda>> Create(const GptConfig& config, int max_b,
                                                          int max_t, cudaStream_t stream);
-  ~GptCuda() override;
-  GptCuda(const GptCuda&) = delete;
-  GptCuda& operator=(const GptCuda&) = delete;
 
   const GptConfig& config() const { return config_; }
-  int b() const override { return b_; }
-  int t() const override { return t_; }
-
-  absl::Status SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) override;
 
   absl::Status EncoderForward(const bf16* head) override;
   absl::Status BlockForward(int layer, const bf16* block) override;
   // Final LayerNorm, tied LM head (wte) and cross-entropy; head_grad gets wte, lnfw, lnfb.
   absl::Status Classifier(const bf16* head, float grad_scale, float* head_grad) override;
-  const float* Losses() const override { return losses_; }
 
   absl::Status BlockBackward(int layer, const bf16* block, float* block_grad) override;
   absl::Status EncoderBackward(float* head_grad) override;
 
-  size_t ActivationBytes() const override { return arena_bytes_; }
-  size_t BlasWorkspaceBytes() const override { return BlasOptions{}.workspace_bytes; }
-
  private:
   GptCuda(const GptConfig& config, int max_b, int max_t, cudaStream_t stream);
-  // Points every buffer into the allocation at `base` and returns the bytes used; a null base
-  // only measures (the plan and the allocation share this one layout).
-  size_t Layout(char* base);
-  absl::Status Allocate();
+  size_t Layout(char* base) override;
 
   const GptConfig config_;
-  const int max_b_, max_t_;
-  cudaStream_t stream_;
-  int b_ = 0, t_ = 0;
-  std::unique_ptr<Blas> blas_;
   std::vector<TensorInfo> head_tensors_, block_tensors_;
-
-  void* arena_ = nullptr;
-  size_t arena_bytes_ = 0;
   // Kept per layer l (index l), residual stream res has L + 1 entries.
   // fch: the fc layer's output before GELU, fcg: after (both kept: the GEMM epilogues read
   // them in the backward instead of a recomputing kernel).
@@ -100,12 +78,8 @@ class GptCuda final : public CudaModel {
   // Scratch shared by all layers.
   bf16 *qkv_ = nullptr, *y_ = nullptr, *att_ = nullptr, *datt_ = nullptr, *dq_ = nullptr,
        *dk_ = nullptr, *dv_ = nullptr, *dbig4_ = nullptr, *tmp_ = nullptr,
-       *dres_ = nullptr, *dtmp_ = nullptr, *logits_ = nullptr;
-  float* losses_ = nullptr;
+       *dres_ = nullptr, *dtmp_ = nullptr;
   float* reduce_scratch_ = nullptr;
-  int32_t* tokens_ = nullptr;
-  int32_t* targets_ = nullptr;
-  int logit_rows_ = 0;  // rows of the logits chunk
   // Flash attention for this head size (else the cuBLAS + softmax path and att_ / datt_).
   const bool flash_;
   float* flash_scratch_ = nullptr;  // FlashAttentionBackwardScratchFloats

@@ -3,8 +3,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/cuda/gpt2_model.h"
+#include "worker/engine/cuda/llama_model.h"
 #include "worker/engine/cuda/model.h"
 #include "worker/engine/gpt2/gpt2_arch.h"
+#include "worker/engine/llama/llama_arch.h"
 
 namespace weft::engine::cuda {
 
@@ -13,6 +15,9 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(const ModelArch& arch
   if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
     return GptCuda::Create(gpt2->config(), max_b, max_t, stream);
   }
+  if (const auto* llama = dynamic_cast<const LlamaArch*>(&arch)) {
+    return LlamaCuda::Create(llama->config(), max_b, max_t, stream);
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("model: architecture ", arch.name(), " has no CUDA model"));
 }
@@ -20,6 +25,9 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(const ModelArch& arch
 size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t) {
   if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
     return GptCuda::PlanActivationBytes(gpt2->config(), max_b, max_t);
+  }
+  if (const auto* llama = dynamic_cast<const LlamaArch*>(&arch)) {
+    return LlamaCuda::PlanActivationBytes(llama->config(), max_b, max_t);
   }
   return 0;
 }

@@ -1,5 +1,5 @@
-// The CUDA layers of GPT-2 as the GPU engine trains them (bf16 mixed precision), each with its
-// forward and backward in one .cu file per layer. Every pointer is DEVICE memory, dense
+// The CUDA layers of GPT-2 and Llama as the GPU engine trains them (bf16 mixed precision), each
+// with its forward and backward in one .cu file per layer. Every pointer is DEVICE memory, dense
 // row-major, with the shapes of worker/engine/cpu/ops.h (N = B * T positions, C channels, Vp
 // padded vocabulary). Activations and their gradients are bf16; statistics (LayerNorm
 // mean/rstd, softmax logsumexp, losses) and every PARAMETER gradient are fp32; arithmetic
@@ -24,7 +24,8 @@
 //    bf16 tensors are accessed as 16-byte vectors of 8 values, so every bf16 pointer of a layer
 //    op is 16-byte aligned and the row lengths C, OC, T, Vp and the head size C / NH are
 //    multiples of 8 (V need not be); the elementwise ops (GELU, residual) take any n.
-// Tolerances against the CPU fp32 ops are stated in tests/worker/engine/cuda/bf16_ops_test.cc.
+// Tolerances against the CPU fp32 ops are stated in tests/worker/engine/cuda/bf16_ops_test.cc,
+// those of Llama's ops (against host references) in llama_ops_test.cc.
 #ifndef WEFT_WORKER_ENGINE_CUDA_OPS_H_
 #define WEFT_WORKER_ENGINE_CUDA_OPS_H_
 
@@ -58,6 +59,17 @@ absl::Status EncoderBackward(float* dwte,            // (Vp, C) +=
                              const int32_t* tokens,  // (B, T)
                              int b, int t, int c, cudaStream_t stream);
 
+// Llama's encoder, the token embedding alone (no positions): out[b, t, :] = wte[tokens[b, t], :].
+// The backward's dwte has EncoderBackward's fp32 atomics (not bit-deterministic).
+absl::Status EmbeddingForward(bf16* out,              // (B, T, C)
+                              const int32_t* tokens,  // (B, T)
+                              const bf16* wte,        // (Vp, C)
+                              int b, int t, int c, cudaStream_t stream);
+absl::Status EmbeddingBackward(float* dwte,            // (Vp, C) +=
+                               const bf16* dout,       // (B, T, C)
+                               const int32_t* tokens,  // (B, T)
+                               int b, int t, int c, cudaStream_t stream);
+
 // ---- layernorm.cu ----
 absl::Status LayerNormForward(bf16* out,           // (N, C)
                               float* mean,         // (N)
@@ -77,6 +89,51 @@ absl::Status LayerNormBackward(bf16* dinp,          // (N, C) += (the residual s
                                const float* rstd,   // (N)
                                float* scratch,      // LayerNormBackwardScratchFloats(n, c)
                                int n, int c, cudaStream_t stream);
+
+// ---- rmsnorm.cu (Llama): out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), the
+// statistics in fp32 ----
+absl::Status RmsNormForward(bf16* out,           // (N, C)
+                            float* rstd,         // (N)
+                            const bf16* inp,     // (N, C)
+                            const bf16* weight,  // (C)
+                            int n, int c, float eps, cudaStream_t stream);
+size_t RmsNormBackwardScratchFloats(int n, int c);
+absl::Status RmsNormBackward(bf16* dinp,          // (N, C) += (the residual stream)
+                             float* dweight,      // (C) +=
+                             const bf16* dout,    // (N, C)
+                             const bf16* inp,     // (N, C)
+                             const bf16* weight,  // (C)
+                             const float* rstd,   // (N)
+                             float* scratch,      // RmsNormBackwardScratchFloats(n, c)
+                             int n, int c, cudaStream_t stream);
+
+// ---- rope.cu (Llama's rotary embeddings, Hugging Face's rotate-half convention: within a
+// head, element i < HS/2 pairs with i + HS/2 and the pair turns by angle t * inv_freq[i]).
+// The tables are (maxT, HS/2) fp32. qkv is the (B, T, (NH + 2 NKV) HS) projection output of
+// flash attention's layout; the NH q heads and NKV k heads are rotated IN PLACE, v untouched.
+// HS % 16 == 0 (each half is read as 8-wide vectors). ----
+// cos_table[t, i] = cos(t * inv_freq[i]), sin_table likewise, angles in fp32 as Hugging Face
+// computes them. inv_freq (HS/2) is device memory.
+absl::Status RopeTables(float* cos_table, float* sin_table, const float* inv_freq, int max_t,
+                        int half, cudaStream_t stream);
+absl::Status RopeForward(bf16* qkv,  // (B, T, (NH + 2 NKV) HS) in place
+                         const float* cos_table, const float* sin_table, int b, int t, int nh,
+                         int nkv, int hs, cudaStream_t stream);
+// The transpose (rotation by -angle) of the gradients dq, dk in place in dqkv; dv untouched.
+absl::Status RopeBackward(bf16* dqkv,  // (B, T, (NH + 2 NKV) HS) in place
+                          const float* cos_table, const float* sin_table, int b, int t, int nh,
+                          int nkv, int hs, cudaStream_t stream);
+
+// ---- swiglu.cu (Llama's MLP activation): gate_up rows are [gate (I) | up (I)],
+// out = silu(gate) * up, silu(g) = g / (1 + exp(-g)). I % 8 == 0. ----
+absl::Status SwiGluForward(bf16* out,            // (N, I)
+                           const bf16* gate_up,  // (N, 2I)
+                           int n, int i, cudaStream_t stream);
+// dgate_up WRITTEN (=): [dout * up * silu'(gate) | dout * silu(gate)].
+absl::Status SwiGluBackward(bf16* dgate_up,       // (N, 2I)
+                            const bf16* dout,     // (N, I)
+                            const bf16* gate_up,  // (N, 2I)
+                            int n, int i, cudaStream_t stream);
 
 // ---- gelu.cu (tanh approximation). The model fuses both into its MLP GEMMs (matmul.h);
 // these are the standalone kernels of the same formula. ----
@@ -129,31 +186,33 @@ absl::Status CausalSoftmaxBackward(bf16* datt, const bf16* att, int64_t rows, in
                                    float scale, cudaStream_t stream);
 
 // ---- flash_attention.cu: fused causal attention (tensor cores, the (T, T) scores never hit
-// memory), on the model's own layouts (no head split / merge): q, k, v are read straight from
-// the qkv projection's output (B, T, 3C) with the heads of AttentionSplitHeads (element
-// (b, h, t, d) of q at qkv[(b * T + t) * 3C + h * HS + d], k at + C, v at + 2C), y and dy are
-// (B, T, C) (element (b, h, t, d) at (b * T + t) * C + h * HS + d), C = NH * HS;
-// scale = 1 / sqrt(HS). Any T >= 1 and B * NH >= 1; HS in {16, 32, 64, 128}, any other head
-// size is UNIMPLEMENTED (callers fall back to the cuBLAS + softmax path above). Same semantics
-// as that path, but the scores stay fp32 (never rounded to bf16). Deterministic. ----
+// memory), grouped-query (NKV kv heads shared by NH query heads; GPT-2 is NKV = NH), on the
+// model's own layouts (no head split / merge, no repeated k/v): q, k, v are read straight from
+// the qkv projection's output (B, T, W), W = (NH + 2 NKV) HS, rows [q (NH heads) | k (NKV) |
+// v (NKV)], each head HS consecutive channels (GPT-2: W = 3C with the heads of
+// AttentionSplitHeads); query head h reads kv head h / (NH / NKV). y and dy are (B, T, C),
+// C = NH * HS (element (b, h, t, d) at (b * T + t) * C + h * HS + d); scale = 1 / sqrt(HS).
+// Any T >= 1, B * NH >= 1 and NKV dividing NH; HS in {16, 32, 64, 128}, any other head size
+// is UNIMPLEMENTED (GPT-2 falls back to the cuBLAS + softmax path above). Same semantics as
+// that path, but the scores stay fp32 (never rounded to bf16). Deterministic. ----
 bool FlashAttentionSupported(int hs);
-// y = softmax(scale * q k^T, causal) v per head; lse[(b * NH + h) * T + t] = logsumexp of that
-// row's scaled causal scores.
+// y = softmax(scale * q k^T, causal) v per query head; lse[(b * NH + h) * T + t] = logsumexp
+// of that row's scaled causal scores.
 absl::Status FlashAttentionForward(bf16* y,          // (B, T, C) written (=)
                                    float* lse,       // (B * NH * T)
-                                   const bf16* qkv,  // (B, T, 3C)
-                                   int b, int nh, int t, int hs, cudaStream_t stream);
+                                   const bf16* qkv,  // (B, T, W)
+                                   int b, int nh, int nkv, int t, int hs, cudaStream_t stream);
 size_t FlashAttentionBackwardScratchFloats(int b, int nh, int t, int hs);
 // dq, dk, dv written (=) into dqkv at the places q, k, v have in qkv (every element of dqkv is
-// written), from the forward's y and lse (P is recomputed tile by tile). dqkv must not alias
-// qkv.
-absl::Status FlashAttentionBackward(bf16* dqkv,        // (B, T, 3C) written (=)
+// written; a shared k/v head gets the sum over its query heads), from the forward's y and lse
+// (P is recomputed tile by tile). dqkv must not alias qkv.
+absl::Status FlashAttentionBackward(bf16* dqkv,        // (B, T, W) written (=)
                                     const bf16* dy,    // (B, T, C) dL/dy
                                     const bf16* y,     // (B, T, C) the forward's output
                                     const float* lse,  // (B * NH * T) the forward's lse
-                                    const bf16* qkv,   // (B, T, 3C) the forward's input
+                                    const bf16* qkv,   // (B, T, W) the forward's input
                                     float* scratch,    // FlashAttentionBackwardScratchFloats
-                                    int b, int nh, int t, int hs, cudaStream_t stream);
+                                    int b, int nh, int nkv, int t, int hs, cudaStream_t stream);
 
 // ---- classifier.cu: softmax + cross-entropy over the first V of Vp columns (V <= Vp,
 // Vp % 8 == 0; padding columns are never read) ----

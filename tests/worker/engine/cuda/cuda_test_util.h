@@ -4,6 +4,7 @@
 #ifndef WEFT_TESTS_WORKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_
 #define WEFT_TESTS_WORKER_ENGINE_CUDA_CUDA_TEST_UTIL_H_
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -33,6 +34,8 @@ class DeviceBuffer {
   ~DeviceBuffer() { CUDA_CHECK(cudaFree(ptr_)); }
 
   T* get() { return ptr_; }
+  // The buffer of bf16 bits as the kernels' bf16 (a DeviceBuffer<uint16_t>).
+  __nv_bfloat16* bf16() { return reinterpret_cast<__nv_bfloat16*>(ptr_); }
   std::vector<T> ToHost() const {
     std::vector<T> host(n_);
     CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
@@ -65,6 +68,16 @@ inline std::vector<float> Random(std::mt19937_64& rng, size_t n, float mean = 0.
   std::vector<float> x(n);
   for (float& v : x) v = dist(rng);
   return x;
+}
+
+// Random bf16 bits of values ~ N(mean, sigma): the values a host reference uses are exactly
+// these.
+inline std::vector<uint16_t> RandomBf16Bits(size_t n, float sigma, std::mt19937& rng,
+                                            float mean = 0.0f) {
+  std::normal_distribution<float> dist(mean, sigma);
+  std::vector<uint16_t> out(n);
+  for (auto& x : out) x = ToBf16Bits(dist(rng));
+  return out;
 }
 
 // n copies of `value` (a function, not a type, so `DeviceBuffer<float> d(Filled(n))` is not

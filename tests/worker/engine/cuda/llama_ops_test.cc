@@ -1,0 +1,360 @@
+// Llama's CUDA layers (worker/engine/cuda/{rmsnorm,rope,swiglu,encoder}.cu), each forward and
+// backward against a host reference computed here in double on the same bf16 inputs, one test
+// per kernel so a failure names it. Outputs written (=) are prefilled with garbage (a missed
+// write shows); outputs accumulated (+=) are prefilled with values the reference adds to.
+//
+// Error metric per tensor: max_i |gpu_i - ref_i| / max_i |ref_i|. Tolerances:
+//  - bf16 outputs: 1e-2 (one bf16 rounding is 2^-9 relative; the residual-stream gradient
+//    dinp += also rounds the prefill + update sum once);
+//  - fp32 statistics (rstd) and the fp32 rotary tables: 1e-5 (fp32 sums vs double);
+//  - fp32 parameter gradients (RMSNorm dweight, embedding dwte): 1e-4 (fp32 sums of products
+//    of bf16 values over <= 64 rows, in a different order than the reference).
+// The RMSNorm backward is also checked bit-deterministic. Skips without a GPU, except the
+// argument checks.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "tests/worker/engine/cuda/cuda_test_util.h"
+#include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/ops.h"
+
+namespace weft::engine::cuda {
+namespace {
+
+constexpr double kTolBf16 = 1e-2;
+constexpr double kTolStat = 1e-5;
+constexpr double kTolGrad = 1e-4;
+
+using test_util::DeviceBuffer;
+using test_util::kGarbageBits;
+
+bf16* AsBf16(DeviceBuffer<uint16_t>& buf) { return buf.bf16(); }
+
+double Val(uint16_t bits) { return test_util::FromBf16Bits(bits); }
+double Val(float x) { return x; }
+
+// max |gpu - ref| / max |ref| (infinite if the GPU produced a non-finite value).
+template <typename T>
+double RelError(const std::vector<T>& gpu, const std::vector<double>& ref) {
+  EXPECT_EQ(gpu.size(), ref.size());
+  double err = 0.0, mag = 0.0;
+  for (size_t i = 0; i < std::min(gpu.size(), ref.size()); ++i) {
+    const double g = Val(gpu[i]);
+    err = std::isfinite(g) ? std::max(err, std::abs(g - ref[i])) : INFINITY;
+    mag = std::max(mag, std::abs(ref[i]));
+  }
+  return err / std::max(mag, 1e-30);
+}
+
+class LlamaOpsTest : public test_util::CudaStreamTest {
+ protected:
+  LlamaOpsTest() : CudaStreamTest("Llama's CUDA ops") {}
+};
+
+// ---- RMSNorm ----
+
+struct RmsCase {
+  int n, c;
+  float eps;
+};
+
+// rstd (N) and out (N, C) in double.
+void RmsReference(const RmsCase& k, const std::vector<uint16_t>& x, const std::vector<uint16_t>& w,
+                  std::vector<double>* rstd, std::vector<double>* out) {
+  rstd->assign(k.n, 0.0);
+  out->assign(static_cast<size_t>(k.n) * k.c, 0.0);
+  for (int r = 0; r < k.n; ++r) {
+    double sq = 0.0;
+    for (int j = 0; j < k.c; ++j) sq += Val(x[r * k.c + j]) * Val(x[r * k.c + j]);
+    (*rstd)[r] = 1.0 / std::sqrt(sq / k.c + k.eps);
+    for (int j = 0; j < k.c; ++j) {
+      (*out)[r * k.c + j] = Val(x[r * k.c + j]) * (*rstd)[r] * Val(w[j]);
+    }
+  }
+}
+
+TEST_F(LlamaOpsTest, RmsNormForwardMatchesReference) {
+  // 37 rows (not a multiple of the 8 rows of a block), C = 320 (lanes with 1 and 2 vectors).
+  const RmsCase k{37, 320, 1e-5f};
+  std::mt19937 rng(1);
+  const auto x = test_util::RandomBf16Bits(static_cast<size_t>(k.n) * k.c, 2.0f, rng, 0.5f);
+  const auto w = test_util::RandomBf16Bits(k.c, 0.3f, rng, 1.0f);
+  std::vector<double> rstd, out;
+  RmsReference(k, x, w, &rstd, &out);
+  DeviceBuffer<uint16_t> d_x(x), d_w(w);
+  DeviceBuffer<uint16_t> d_out(std::vector<uint16_t>(x.size(), kGarbageBits));
+  DeviceBuffer<float> d_rstd(std::vector<float>(k.n, -1.0f));
+  ASSERT_TRUE(RmsNormForward(AsBf16(d_out), d_rstd.get(), AsBf16(d_x), AsBf16(d_w), k.n, k.c,
+                             k.eps, stream_)
+                  .ok());
+  Sync();
+  EXPECT_LE(RelError(d_out.ToHost(), out), kTolBf16);
+  EXPECT_LE(RelError(d_rstd.ToHost(), rstd), kTolStat);
+}
+
+TEST_F(LlamaOpsTest, RmsNormBackwardAccumulatesTheReferenceGradients) {
+  const RmsCase k{64, 264, 1e-6f};
+  std::mt19937 rng(2);
+  const size_t nc = static_cast<size_t>(k.n) * k.c;
+  const auto x = test_util::RandomBf16Bits(nc, 1.0f, rng);
+  const auto w = test_util::RandomBf16Bits(k.c, 0.3f, rng, 1.0f);
+  const auto dy = test_util::RandomBf16Bits(nc, 1.0f, rng);
+  // The residual stream's gradient so far.
+  const auto dinp0 = test_util::RandomBf16Bits(nc, 0.5f, rng);
+  std::mt19937_64 rng64(3);
+  const std::vector<float> dw0 = test_util::Random(rng64, k.c);
+  std::vector<double> rstd, out;
+  RmsReference(k, x, w, &rstd, &out);
+  // dx = rstd (g - xhat mean(g xhat)), g = dy w, xhat = x rstd; dw = sum_rows dy xhat.
+  std::vector<double> dinp(nc), dw(k.c);
+  for (int j = 0; j < k.c; ++j) dw[j] = dw0[j];
+  for (int r = 0; r < k.n; ++r) {
+    double dot = 0.0;
+    for (int j = 0; j < k.c; ++j) {
+      dot += Val(dy[r * k.c + j]) * Val(w[j]) * Val(x[r * k.c + j]) * rstd[r];
+    }
+    dot /= k.c;
+    for (int j = 0; j < k.c; ++j) {
+      const size_t i = static_cast<size_t>(r) * k.c + j;
+      const double xhat = Val(x[i]) * rstd[r];
+      dinp[i] = Val(dinp0[i]) + rstd[r] * (Val(dy[i]) * Val(w[j]) - xhat * dot);
+      dw[j] += Val(dy[i]) * xhat;
+    }
+  }
+  std::vector<float> rstd_f(rstd.begin(), rstd.end());
+  DeviceBuffer<uint16_t> d_x(x), d_w(w), d_dy(dy), d_dinp(dinp0);
+  DeviceBuffer<float> d_rstd(rstd_f), d_dw(dw0);
+  DeviceBuffer<float> d_scratch(std::vector<float>(RmsNormBackwardScratchFloats(k.n, k.c)));
+  ASSERT_TRUE(RmsNormBackward(AsBf16(d_dinp), d_dw.get(), AsBf16(d_dy), AsBf16(d_x),
+                              AsBf16(d_w), d_rstd.get(), d_scratch.get(), k.n, k.c, stream_)
+                  .ok());
+  Sync();
+  EXPECT_LE(RelError(d_dinp.ToHost(), dinp), kTolBf16);
+  const std::vector<float> dw1 = d_dw.ToHost();
+  EXPECT_LE(RelError(dw1, dw), kTolGrad);
+
+  // Deterministic: the same accumulation again from the same start gives the same bits.
+  DeviceBuffer<uint16_t> d_dinp2(dinp0);
+  DeviceBuffer<float> d_dw2(dw0);
+  ASSERT_TRUE(RmsNormBackward(AsBf16(d_dinp2), d_dw2.get(), AsBf16(d_dy), AsBf16(d_x),
+                              AsBf16(d_w), d_rstd.get(), d_scratch.get(), k.n, k.c, stream_)
+                  .ok());
+  Sync();
+  EXPECT_EQ(d_dw2.ToHost(), dw1);
+}
+
+// ---- rotary embeddings ----
+
+struct RopeCase {
+  int b, t, nh, nkv, hs;
+  int width() const { return (nh + 2 * nkv) * hs; }
+  size_t elems() const { return static_cast<size_t>(b) * t * width(); }
+};
+
+// inv_freq[i] = theta^(-2i / hs) in fp32, as the model uploads it.
+std::vector<float> InvFreq(int hs, double theta) {
+  std::vector<float> f(hs / 2);
+  for (int i = 0; i < hs / 2; ++i) f[i] = static_cast<float>(std::pow(theta, -2.0 * i / hs));
+  return f;
+}
+
+// The angle as the kernel forms it (fp32 product), its cos and sin in double.
+double Angle(int pos, float inv_freq) { return static_cast<float>(pos) * inv_freq; }
+
+// Rotates the q and k heads of qkv (B, T, W) by sign * angle (HF rotate-half pairing).
+std::vector<double> RopeReference(const RopeCase& k, const std::vector<uint16_t>& qkv,
+                                  const std::vector<float>& inv_freq, int sign) {
+  std::vector<double> out(qkv.size());
+  for (size_t i = 0; i < qkv.size(); ++i) out[i] = Val(qkv[i]);
+  const int half = k.hs / 2;
+  for (int r = 0; r < k.b * k.t; ++r) {
+    const int pos = r % k.t;
+    for (int h = 0; h < k.nh + k.nkv; ++h) {
+      const size_t base = static_cast<size_t>(r) * k.width() + static_cast<size_t>(h) * k.hs;
+      for (int i = 0; i < half; ++i) {
+        const double a = Angle(pos, inv_freq[i]);
+        const double c = std::cos(a), s = sign * std::sin(a);
+        const double x1 = Val(qkv[base + i]), x2 = Val(qkv[base + i + half]);
+        out[base + i] = x1 * c - x2 * s;
+        out[base + i + half] = x2 * c + x1 * s;
+      }
+    }
+  }
+  return out;
+}
+
+class RopeTest : public LlamaOpsTest, public ::testing::WithParamInterface<RopeCase> {
+ protected:
+  // Builds the tables for max_t = T on the device from inv_freq and checks them.
+  void BuildTables(const RopeCase& k, const std::vector<float>& inv_freq) {
+    const int half = k.hs / 2;
+    d_inv_ = std::make_unique<DeviceBuffer<float>>(inv_freq);
+    d_cos_ = std::make_unique<DeviceBuffer<float>>(std::vector<float>(k.t * half, -9.0f));
+    d_sin_ = std::make_unique<DeviceBuffer<float>>(std::vector<float>(k.t * half, -9.0f));
+    ASSERT_TRUE(RopeTables(d_cos_->get(), d_sin_->get(), d_inv_->get(), k.t, half, stream_).ok());
+    Sync();
+    std::vector<double> cos_ref(k.t * half), sin_ref(k.t * half);
+    for (int p = 0; p < k.t; ++p) {
+      for (int i = 0; i < half; ++i) {
+        cos_ref[p * half + i] = std::cos(Angle(p, inv_freq[i]));
+        sin_ref[p * half + i] = std::sin(Angle(p, inv_freq[i]));
+      }
+    }
+    EXPECT_LE(RelError(d_cos_->ToHost(), cos_ref), kTolStat);
+    EXPECT_LE(RelError(d_sin_->ToHost(), sin_ref), kTolStat);
+  }
+  std::unique_ptr<DeviceBuffer<float>> d_inv_, d_cos_, d_sin_;
+};
+
+// Forward (sign +1) and backward (-1) in place: q and k heads rotated, v bit-identical.
+TEST_P(RopeTest, RotatesQAndKInPlaceAndLeavesV) {
+  const RopeCase k = GetParam();
+  std::mt19937 rng(4);
+  const auto qkv = test_util::RandomBf16Bits(k.elems(), 1.0f, rng);
+  const std::vector<float> inv_freq = InvFreq(k.hs, 500000.0);
+  BuildTables(k, inv_freq);
+  for (int sign : {1, -1}) {
+    SCOPED_TRACE(sign > 0 ? "forward" : "backward");
+    DeviceBuffer<uint16_t> d_qkv(qkv);
+    const auto launch = sign > 0 ? RopeForward : RopeBackward;
+    ASSERT_TRUE(launch(AsBf16(d_qkv), d_cos_->get(), d_sin_->get(), k.b, k.t, k.nh, k.nkv, k.hs,
+                       stream_)
+                    .ok());
+    Sync();
+    const std::vector<uint16_t> got = d_qkv.ToHost();
+    EXPECT_LE(RelError(got, RopeReference(k, qkv, inv_freq, sign)), kTolBf16);
+    for (int r = 0; r < k.b * k.t; ++r) {  // v untouched, bit for bit
+      const size_t v0 = static_cast<size_t>(r) * k.width() + (k.nh + k.nkv) * k.hs;
+      for (int j = 0; j < k.nkv * k.hs; ++j) ASSERT_EQ(got[v0 + j], qkv[v0 + j]) << "row " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RopeTest,
+                         ::testing::Values(RopeCase{2, 37, 4, 2, 64}, RopeCase{1, 300, 8, 2, 128},
+                                           RopeCase{1, 9, 2, 2, 16}),
+                         [](const ::testing::TestParamInfo<RopeCase>& info) {
+                           const RopeCase& k = info.param;
+                           return "T" + std::to_string(k.t) + "NH" + std::to_string(k.nh) +
+                                  "NKV" + std::to_string(k.nkv) + "HS" + std::to_string(k.hs);
+                         });
+
+// ---- SwiGLU ----
+
+double Silu(double g) { return g / (1.0 + std::exp(-g)); }
+
+TEST_F(LlamaOpsTest, SwiGluForwardMatchesReference) {
+  const int n = 29, inter = 200;
+  std::mt19937 rng(5);
+  const auto gu = test_util::RandomBf16Bits(static_cast<size_t>(n) * 2 * inter, 2.0f, rng);
+  std::vector<double> out(static_cast<size_t>(n) * inter);
+  for (int r = 0; r < n; ++r) {
+    for (int j = 0; j < inter; ++j) {
+      out[r * inter + j] = Silu(Val(gu[r * 2 * inter + j])) * Val(gu[r * 2 * inter + inter + j]);
+    }
+  }
+  DeviceBuffer<uint16_t> d_gu(gu);
+  DeviceBuffer<uint16_t> d_out(std::vector<uint16_t>(out.size(), kGarbageBits));
+  ASSERT_TRUE(SwiGluForward(AsBf16(d_out), AsBf16(d_gu), n, inter, stream_).ok());
+  Sync();
+  EXPECT_LE(RelError(d_out.ToHost(), out), kTolBf16);
+}
+
+TEST_F(LlamaOpsTest, SwiGluBackwardWritesTheReferenceGradient) {
+  const int n = 29, inter = 200;
+  std::mt19937 rng(6);
+  const auto gu = test_util::RandomBf16Bits(static_cast<size_t>(n) * 2 * inter, 2.0f, rng);
+  const auto dout = test_util::RandomBf16Bits(static_cast<size_t>(n) * inter, 1.0f, rng);
+  std::vector<double> dgu(gu.size());
+  for (int r = 0; r < n; ++r) {
+    for (int j = 0; j < inter; ++j) {
+      const double g = Val(gu[r * 2 * inter + j]), u = Val(gu[r * 2 * inter + inter + j]);
+      const double d = Val(dout[r * inter + j]);
+      const double sig = 1.0 / (1.0 + std::exp(-g));
+      dgu[r * 2 * inter + j] = d * u * sig * (1.0 + g * (1.0 - sig));
+      dgu[r * 2 * inter + inter + j] = d * Silu(g);
+    }
+  }
+  DeviceBuffer<uint16_t> d_gu(gu), d_dout(dout);
+  DeviceBuffer<uint16_t> d_dgu(std::vector<uint16_t>(gu.size(), kGarbageBits));
+  ASSERT_TRUE(SwiGluBackward(AsBf16(d_dgu), AsBf16(d_dout), AsBf16(d_gu), n, inter, stream_).ok());
+  Sync();
+  EXPECT_LE(RelError(d_dgu.ToHost(), dgu), kTolBf16);
+}
+
+// ---- embedding (no positions) ----
+
+class EmbeddingTest : public LlamaOpsTest {
+ protected:
+  static constexpr int kB = 2, kT = 5, kC = 64, kVp = 16;
+  // Repeated tokens: the backward's atomics add several rows into one.
+  const std::vector<int32_t> tokens_ = {3, 1, 3, 15, 0, 7, 3, 1, 9, 9};
+};
+
+TEST_F(EmbeddingTest, ForwardCopiesTheTokensRows) {
+  std::mt19937 rng(7);
+  const auto wte = test_util::RandomBf16Bits(static_cast<size_t>(kVp) * kC, 1.0f, rng);
+  DeviceBuffer<uint16_t> d_wte(wte);
+  DeviceBuffer<int32_t> d_tokens(tokens_);
+  DeviceBuffer<uint16_t> d_out(std::vector<uint16_t>(kB * kT * kC, kGarbageBits));
+  ASSERT_TRUE(
+      EmbeddingForward(AsBf16(d_out), d_tokens.get(), AsBf16(d_wte), kB, kT, kC, stream_).ok());
+  Sync();
+  const std::vector<uint16_t> out = d_out.ToHost();
+  for (int r = 0; r < kB * kT; ++r) {
+    for (int j = 0; j < kC; ++j) {
+      ASSERT_EQ(out[r * kC + j], wte[tokens_[r] * kC + j]) << "row " << r << " channel " << j;
+    }
+  }
+}
+
+TEST_F(EmbeddingTest, BackwardAccumulatesRowsPerToken) {
+  std::mt19937 rng(8);
+  const auto dout = test_util::RandomBf16Bits(kB * kT * kC, 1.0f, rng);
+  std::vector<float> dwte0(kVp * kC);
+  for (size_t i = 0; i < dwte0.size(); ++i) dwte0[i] = 0.01f * static_cast<float>(i % 13);
+  std::vector<double> dwte(dwte0.begin(), dwte0.end());
+  for (int r = 0; r < kB * kT; ++r) {
+    for (int j = 0; j < kC; ++j) dwte[tokens_[r] * kC + j] += Val(dout[r * kC + j]);
+  }
+  DeviceBuffer<uint16_t> d_dout(dout);
+  DeviceBuffer<int32_t> d_tokens(tokens_);
+  DeviceBuffer<float> d_dwte(dwte0);
+  ASSERT_TRUE(
+      EmbeddingBackward(d_dwte.get(), AsBf16(d_dout), d_tokens.get(), kB, kT, kC, stream_).ok());
+  Sync();
+  EXPECT_LE(RelError(d_dwte.ToHost(), dwte), kTolGrad);
+}
+
+// ---- argument checks (no GPU needed) ----
+
+TEST(LlamaOpsArgs, RejectsBadArguments) {
+  alignas(16) static uint16_t dummy[256];
+  bf16* p = reinterpret_cast<bf16*>(dummy);
+  float* f = reinterpret_cast<float*>(dummy);
+  const auto code = [](const absl::Status& s) { return s.code(); };
+  constexpr auto kBad = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(code(RmsNormForward(p, f, p, p, 4, 12, 1e-5f, nullptr)), kBad);  // c % 8
+  EXPECT_EQ(code(RmsNormForward(p, f, p, p, 4, 16, 0.0f, nullptr)), kBad);   // eps
+  EXPECT_EQ(code(RmsNormForward(p, nullptr, p, p, 4, 16, 1e-5f, nullptr)), kBad);
+  EXPECT_EQ(code(RmsNormBackward(p, f, p, p, p, f, nullptr, 4, 16, nullptr)), kBad);  // scratch
+  EXPECT_EQ(code(RopeForward(p, f, f, 1, 4, 2, 1, 24, nullptr)), kBad);  // hs % 16
+  EXPECT_EQ(code(RopeBackward(p + 1, f, f, 1, 4, 2, 1, 16, nullptr)), kBad);  // alignment
+  EXPECT_EQ(code(RopeTables(f, f, nullptr, 4, 8, nullptr)), kBad);
+  EXPECT_EQ(code(SwiGluForward(p, p, 4, 12, nullptr)), kBad);  // i % 8
+  EXPECT_EQ(code(SwiGluBackward(p, nullptr, p, 4, 16, nullptr)), kBad);
+  EXPECT_EQ(code(EmbeddingForward(p, nullptr, p, 1, 4, 16, nullptr)), kBad);
+  EXPECT_EQ(code(EmbeddingBackward(f, p, nullptr, 1, 4, 16, nullptr)), kBad);
+}
+
+}  // namespace
+}  // namespace weft::engine::cuda

@@ -1,0 +1,239 @@
+#include "worker/engine/cuda/llama_model.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/model_util.h"
+#include "worker/engine/cuda/ops.h"
+
+namespace weft::engine::cuda {
+namespace {
+
+// What the kernels cannot take, as "field: problem" (empty: fine).
+std::string ShapeProblem(const LlamaConfig& c) {
+  const int d = c.head_size();
+  if (c.hidden_size % 8 != 0) {
+    return absl::StrCat("model.hidden_size: the CUDA engine needs a multiple of 8, got ",
+                        c.hidden_size);
+  }
+  if (!FlashAttentionSupported(d) || d % 16 != 0) {
+    return absl::StrCat("model: the CUDA Llama needs a head size (hidden_size / num_heads) of 16, "
+                        "32, 64 or 128, got ", d);
+  }
+  if (c.intermediate_size % 8 != 0) {
+    return absl::StrCat("model.intermediate_size: the CUDA engine needs a multiple of 8, got ",
+                        c.intermediate_size);
+  }
+  if (c.padded_vocab_size % 8 != 0) {
+    return absl::StrCat("model.padded_vocab_size: the CUDA engine needs a multiple of 8, got ",
+                        c.padded_vocab_size);
+  }
+  return "";
+}
+
+}  // namespace
+
+LlamaCuda::LlamaCuda(const LlamaConfig& config, int max_b, int max_t, cudaStream_t stream)
+    : ArenaModel(max_b, max_t, stream), config_(config) {
+  const LlamaArch arch(config);
+  head_tensors_ = arch.UnitTensors(0);
+  block_tensors_ = arch.UnitTensors(1);
+}
+
+size_t LlamaCuda::Layout(char* base) {
+  Arena a(base);
+  TakeCommon(a, config_.padded_vocab_size);
+  const int layers = config_.num_layers;
+  const size_t n = static_cast<size_t>(max_b_) * max_t_;
+  const size_t nc = n * config_.hidden_size;
+  const size_t n_qkv = n * config_.qkv_width();
+  const size_t n_i = n * config_.intermediate_size;
+  const size_t head_rows = static_cast<size_t>(max_b_) * config_.num_heads * max_t_;
+  res_.resize(layers + 1);
+  for (bf16*& r : res_) r = a.Take<bf16>(nc);
+  saved_.resize(layers);
+  for (Saved& s : saved_) {
+    s.attn_norm = a.Take<bf16>(nc);
+    s.attn_rstd = a.Take<float>(n);
+    s.qkv = a.Take<bf16>(n_qkv);
+    s.lse = a.Take<float>(head_rows);
+    s.atty = a.Take<bf16>(nc);
+    s.res2 = a.Take<bf16>(nc);
+    s.mlp_norm = a.Take<bf16>(nc);
+    s.mlp_rstd = a.Take<float>(n);
+    s.gate_up = a.Take<bf16>(2 * n_i);
+    s.act = a.Take<bf16>(n_i);
+  }
+  final_norm_ = a.Take<bf16>(nc);
+  final_rstd_ = a.Take<float>(n);
+  // Backward scratch: the MLP's, the attention's, then the (B, T, C) ones.
+  norm_scratch_ = a.Take<float>(RmsNormBackwardScratchFloats(static_cast<int>(n),
+                                                             config_.hidden_size));
+  dgate_up_ = a.Take<bf16>(2 * n_i);
+  dact_ = a.Take<bf16>(n_i);
+  flash_scratch_ = a.Take<float>(FlashAttentionBackwardScratchFloats(
+      max_b_, config_.num_heads, max_t_, config_.head_size()));
+  dqkv_ = a.Take<bf16>(n_qkv);
+  for (bf16** p : {&tmp_, &dres_, &dtmp_}) *p = a.Take<bf16>(nc);
+  const size_t half = config_.head_size() / 2;
+  rope_cos_ = a.Take<float>(static_cast<size_t>(max_t_) * half);
+  rope_sin_ = a.Take<float>(static_cast<size_t>(max_t_) * half);
+  inv_freq_ = a.Take<float>(half);
+  return a.size();
+}
+
+absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(const LlamaConfig& config,
+                                                             int max_b, int max_t,
+                                                             cudaStream_t stream) {
+  if (const std::string problem = ShapeProblem(config); !problem.empty()) {
+    return absl::InvalidArgumentError(problem);
+  }
+  if (max_b <= 0 || max_t <= 0 || max_t > config.context_length) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch shape (", max_b, ", ", max_t,
+                                                   ") out of range"));
+  }
+  std::unique_ptr<LlamaCuda> model(new LlamaCuda(config, max_b, max_t, stream));
+  WEFT_RETURN_IF_ERROR(model->Allocate());
+  WEFT_RETURN_IF_ERROR(model->BuildRopeTables());
+  return model;
+}
+
+size_t LlamaCuda::PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t) {
+  LlamaCuda probe(config, max_b, max_t, nullptr);
+  return probe.PlannedBytes();
+}
+
+absl::Status LlamaCuda::BuildRopeTables() {
+  const std::vector<double> inv_freq = RopeInverseFrequencies(config_);
+  // fp32 on the device, as Hugging Face keeps inv_freq.
+  const std::vector<float> host(inv_freq.begin(), inv_freq.end());
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(inv_freq_, host.data(), host.size() * sizeof(float),
+                                            cudaMemcpyHostToDevice, stream_));
+  WEFT_RETURN_IF_ERROR(RopeTables(rope_cos_, rope_sin_, inv_freq_, max_t_,
+                                  static_cast<int>(host.size()), stream_));
+  // `host` dies here: the copy must have left it.
+  WEFT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status LlamaCuda::EncoderForward(const bf16* head) {
+  return EmbeddingForward(res_[0], tokens_, head + head_tensors_[kLlamaEmbed].offset, b_, t_,
+                          config_.hidden_size, stream_);
+}
+
+absl::Status LlamaCuda::BlockForward(int l, const bf16* block) {
+  const int c = config_.hidden_size;
+  const int nh = config_.num_heads;
+  const int nkv = config_.num_kv_heads;
+  const int d = config_.head_size();
+  const int inter = config_.intermediate_size;
+  const int n = b_ * t_;
+  const int64_t nc = static_cast<int64_t>(n) * c;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  const Saved& s = saved_[l];
+  const bf16* x = res_[l];  // (B, T, C)
+  // Attention: res2 = x + attn_out(attention(rope(qkvw(attn_norm(x))))).
+  WEFT_RETURN_IF_ERROR(
+      RmsNormForward(s.attn_norm, s.attn_rstd, x, p(kLlamaAttnNorm), n, c, eps, stream_));
+  WEFT_RETURN_IF_ERROR(blas_->LinearForward(s.qkv, s.attn_norm, p(kLlamaQkvw), nullptr, n, c,
+                                            config_.qkv_width(), stream_));
+  WEFT_RETURN_IF_ERROR(RopeForward(s.qkv, rope_cos_, rope_sin_, b_, t_, nh, nkv, d, stream_));
+  WEFT_RETURN_IF_ERROR(FlashAttentionForward(s.atty, s.lse, s.qkv, b_, nh, nkv, t_, d, stream_));
+  WEFT_RETURN_IF_ERROR(blas_->LinearForward(tmp_, s.atty, p(kLlamaAttnOut), nullptr, n,
+                                            config_.q_width(), c, stream_));
+  WEFT_RETURN_IF_ERROR(ResidualForward(s.res2, x, tmp_, nc, stream_));
+  // MLP: out = res2 + down(swiglu(gate_up(mlp_norm(res2)))).
+  WEFT_RETURN_IF_ERROR(
+      RmsNormForward(s.mlp_norm, s.mlp_rstd, s.res2, p(kLlamaMlpNorm), n, c, eps, stream_));
+  WEFT_RETURN_IF_ERROR(blas_->LinearForward(s.gate_up, s.mlp_norm, p(kLlamaGateUp), nullptr, n,
+                                            c, 2 * inter, stream_));
+  WEFT_RETURN_IF_ERROR(SwiGluForward(s.act, s.gate_up, n, inter, stream_));
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearForward(tmp_, s.act, p(kLlamaDown), nullptr, n, inter, c, stream_));
+  return ResidualForward(res_[l + 1], s.res2, tmp_, nc, stream_);
+}
+
+absl::Status LlamaCuda::Classifier(const bf16* head, float grad_scale, float* head_grad) {
+  const int c = config_.hidden_size;
+  const int vp = config_.padded_vocab_size;
+  const int n = b_ * t_;
+  // The LM head: lm_head, or the embedding when tied (its gradient then joins the encoder's).
+  const size_t lm = head_tensors_[config_.tie_word_embeddings ? kLlamaEmbed : kLlamaLmHead].offset;
+  const bf16* last = res_[config_.num_layers];
+  const bf16* norm_w = head + head_tensors_[kLlamaNorm].offset;
+  WEFT_RETURN_IF_ERROR(RmsNormForward(final_norm_, final_rstd_, last, norm_w, n, c,
+                                      static_cast<float>(config_.rms_norm_eps), stream_));
+  WEFT_RETURN_IF_ERROR(LmHeadLoss(final_norm_, head + lm,
+                                  head_grad == nullptr ? nullptr : head_grad + lm, dtmp_, c,
+                                  config_.vocab_size, vp, grad_scale));
+  if (head_grad == nullptr) return absl::OkStatus();
+  // The residual stream's gradient starts here; RmsNormBackward accumulates into it.
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(dres_, 0, static_cast<size_t>(n) * c * sizeof(bf16), stream_));
+  return RmsNormBackward(dres_, head_grad + head_tensors_[kLlamaNorm].offset, dtmp_, last, norm_w,
+                         final_rstd_, norm_scratch_, n, c, stream_);
+}
+
+absl::Status LlamaCuda::BlockBackward(int l, const bf16* block, float* block_grad) {
+  const int c = config_.hidden_size;
+  const int inter = config_.intermediate_size;
+  const int n = b_ * t_;
+  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  const auto g = [&](int tensor) { return block_grad + block_tensors_[tensor].offset; };
+  const Saved& s = saved_[l];
+  // dres_ (B, T, C) holds dL/d(output of block l) on entry, dL/d(input of block l) on exit.
+  // MLP: out = res2 + down(swiglu(gate_up(mlp_norm(res2)))).
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearBackwardWeight(g(kLlamaDown), dres_, s.act, n, inter, c, stream_));
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearBackwardInput(dact_, dres_, p(kLlamaDown), n, inter, c, stream_));
+  WEFT_RETURN_IF_ERROR(SwiGluBackward(dgate_up_, dact_, s.gate_up, n, inter, stream_));
+  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(g(kLlamaGateUp), dgate_up_, s.mlp_norm, n, c,
+                                                   2 * inter, stream_));
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearBackwardInput(dtmp_, dgate_up_, p(kLlamaGateUp), n, c, 2 * inter, stream_));
+  WEFT_RETURN_IF_ERROR(RmsNormBackward(dres_, g(kLlamaMlpNorm), dtmp_, s.res2, p(kLlamaMlpNorm),
+                                       s.mlp_rstd, norm_scratch_, n, c, stream_));
+  return AttentionBackward(l, block, block_grad);
+}
+
+absl::Status LlamaCuda::AttentionBackward(int l, const bf16* block, float* block_grad) {
+  const int c = config_.hidden_size;
+  const int q_width = config_.q_width();
+  const int width = config_.qkv_width();
+  const int n = b_ * t_;
+  const auto weight = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  const auto grad = [&](int tensor) { return block_grad + block_tensors_[tensor].offset; };
+  const Saved& s = saved_[l];
+  // res2 = x + attn_out(attention(rope(qkvw(attn_norm(x))))).
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearBackwardWeight(grad(kLlamaAttnOut), dres_, s.atty, n, q_width, c, stream_));
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearBackwardInput(dtmp_, dres_, weight(kLlamaAttnOut), n, q_width, c, stream_));
+  // dq, dk (of the rotated q, k) and dv land in dqkv_ at their places in qkv; then rotated back.
+  const int nh = config_.num_heads;
+  const int nkv = config_.num_kv_heads;
+  const int d = config_.head_size();
+  WEFT_RETURN_IF_ERROR(FlashAttentionBackward(dqkv_, dtmp_, s.atty, s.lse, s.qkv, flash_scratch_,
+                                              b_, nh, nkv, t_, d, stream_));
+  WEFT_RETURN_IF_ERROR(RopeBackward(dqkv_, rope_cos_, rope_sin_, b_, t_, nh, nkv, d, stream_));
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearBackwardWeight(grad(kLlamaQkvw), dqkv_, s.attn_norm, n, c, width, stream_));
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearBackwardInput(dtmp_, dqkv_, weight(kLlamaQkvw), n, c, width, stream_));
+  return RmsNormBackward(dres_, grad(kLlamaAttnNorm), dtmp_, res_[l], weight(kLlamaAttnNorm),
+                         s.attn_rstd, norm_scratch_, n, c, stream_);
+}
+
+absl::Status LlamaCuda::EncoderBackward(float* head_grad) {
+  return EmbeddingBackward(head_grad + head_tensors_[kLlamaEmbed].offset, dres_, tokens_, b_, t_,
+                           config_.hidden_size, stream_);
+}
+
+}  // namespace weft::engine::cuda

@@ -1,0 +1,98 @@
+// Llama on one GPU in mixed precision, unit by unit: the CudaModel (engine/cuda/model.h) of
+// LlamaArch (layout and rotary convention: engine/llama/llama_arch.h), the CUDA twin of the CPU
+// Llama model (engine/cpu/llama_model.h).
+//
+// Precision: parameters arrive as bf16 units; activations are bf16; RMSNorm statistics,
+// attention log-sum-exps, the rotary tables, losses and every parameter gradient are fp32. GEMMs
+// are cuBLASLt bf16 with fp32 accumulation; one GEMM for q, k, v (the fused qkvw) and one for
+// gate and up (the fused gate_up).
+//
+// A block: x -> RMSNorm -> qkv (B, T, (NH + 2 NKV) D) -> rotary on q, k in place -> grouped-
+// query flash attention reading the shared k/v heads in place -> o_proj -> + x -> RMSNorm ->
+// gate_up (B, T, 2I) -> SwiGLU (B, T, I) -> down -> + residual. The head: token embedding (no
+// positions); final RMSNorm, LM head (lm_head, or embed when tied) and cross-entropy over the
+// first V of Vp columns, in row chunks so (B, T, Vp) never exists at once.
+//
+// Memory: activations are planned up front (PlanActivationBytes) and allocated in one piece.
+// Per layer it keeps the block input, both norms' outputs and rstd, qkv (after rotary), the
+// attention output, the mid-block residual, gate_up and the SwiGLU output, and the attention
+// lse: (5 C + (NH + 2 NKV) D + 3 I) bf16 per position.
+//
+// Needs: hidden size, head size and intermediate size multiples of 8 (16-byte vectors), a head
+// size flash attention supports that is a multiple of 16 (rotary halves as vectors), Vp % 8.
+#ifndef WEFT_WORKER_ENGINE_CUDA_LLAMA_MODEL_H_
+#define WEFT_WORKER_ENGINE_CUDA_LLAMA_MODEL_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/cuda/model_util.h"
+#include "worker/engine/llama/llama_arch.h"
+
+namespace weft::engine::cuda {
+
+class LlamaCuda final : public ArenaModel {
+ public:
+  // INVALID_ARGUMENT for shapes the kernels cannot take (see above), RESOURCE_EXHAUSTED when
+  // the activations do not fit; kernels go to `stream` (not owned), on the current device.
+  static absl::StatusOr<std::unique_ptr<LlamaCuda>> Create(const LlamaConfig& config, int max_b,
+                                                           int max_t, cudaStream_t stream);
+  // What Create allocates: activations, scratch and the GEMM workspace (exact).
+  static size_t PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t);
+
+  const LlamaConfig& config() const { return config_; }
+
+  // CudaModel's passes over the head: the forward is the token embedding alone; Classifier
+  // is the final RMSNorm, the LM head (lm_head, or embed when tied) and cross-entropy, and its
+  // backward adds to the norm's and the LM head's gradients.
+  absl::Status EncoderForward(const bf16* head) override;
+  absl::Status Classifier(const bf16* head, float grad_scale, float* head_grad) override;
+  absl::Status EncoderBackward(float* head_grad) override;
+  // Over block `layer` (unit 1 + layer).
+  absl::Status BlockForward(int layer, const bf16* block) override;
+  absl::Status BlockBackward(int layer, const bf16* block, float* block_grad) override;
+
+ private:
+  LlamaCuda(const LlamaConfig& config, int max_b, int max_t, cudaStream_t stream);
+  size_t Layout(char* base) override;
+  // The rotary tables from RopeInverseFrequencies (once, at creation).
+  absl::Status BuildRopeTables();
+  // The attention half of BlockBackward: dres_ (the gradient at the mid-block residual) gets
+  // the attention sub-layer's input gradient added.
+  absl::Status AttentionBackward(int l, const bf16* block, float* block_grad);
+
+  const LlamaConfig config_;
+  std::vector<TensorInfo> head_tensors_, block_tensors_;
+  // What a block's forward keeps for its backward.
+  struct Saved {
+    bf16* attn_norm;   // (B, T, C)
+    float* attn_rstd;  // (B, T)
+    bf16* qkv;         // (B, T, (NH + 2 NKV) D), q and k rotated: flash attention's input
+    float* lse;        // (B * NH * T)
+    bf16* atty;        // (B, T, C) attention output
+    bf16* res2;        // (B, T, C) the mid-block residual stream
+    bf16* mlp_norm;    // (B, T, C)
+    float* mlp_rstd;   // (B, T)
+    bf16* gate_up;     // (B, T, 2I)
+    bf16* act;         // (B, T, I) SwiGLU output
+  };
+  std::vector<Saved> saved_;  // per layer
+  // The residual stream, L + 1 entries: res_[l] is block l's input, res_[L] the last output.
+  std::vector<bf16*> res_;
+  bf16* final_norm_ = nullptr;
+  float* final_rstd_ = nullptr;
+  // Scratch shared by the layers: dqkv (B, T, (NH + 2 NKV) D), dgate_up (B, T, 2I), dact
+  // (B, T, I), and (B, T, C) tmp_, dres_ (the residual stream's gradient), dtmp_.
+  bf16 *dqkv_ = nullptr, *dgate_up_ = nullptr, *dact_ = nullptr, *tmp_ = nullptr,
+       *dres_ = nullptr, *dtmp_ = nullptr;
+  float* norm_scratch_ = nullptr;   // RmsNormBackwardScratchFloats
+  float* flash_scratch_ = nullptr;  // FlashAttentionBackwardScratchFloats
+  float* rope_cos_ = nullptr;       // (maxT, D/2)
+  float* rope_sin_ = nullptr;       // (maxT, D/2)
+  float* inv_freq_ = nullptr;       // (D/2)
+};
+
+}  // namespace weft::engine::cuda
+
+#endif  // WEFT_WORKER_ENGINE_CUDA_LLAMA_MODEL_H_

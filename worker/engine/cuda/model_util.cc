@@ -1,0 +1,89 @@
+#include "worker/engine/cuda/model_util.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/ops.h"
+
+namespace weft::engine::cuda {
+namespace {
+
+// Budget for one chunk of logits (rows x Vp bf16): large enough for efficient LM-head GEMMs,
+// small enough that the (B*T, Vp) logits of a whole micro-batch never exist at once.
+constexpr size_t kLogitChunkBytes = size_t{512} << 20;
+
+}  // namespace
+
+ArenaModel::~ArenaModel() {
+  if (arena_ != nullptr) cudaFree(arena_);
+}
+
+void ArenaModel::TakeCommon(Arena& arena, int vp) {
+  const size_t n = static_cast<size_t>(max_b_) * max_t_;
+  const size_t row_bytes = static_cast<size_t>(vp) * sizeof(bf16);
+  logit_rows_ = static_cast<int>(std::clamp<size_t>(kLogitChunkBytes / row_bytes, 1, n));
+  logits_ = arena.Take<bf16>(static_cast<size_t>(logit_rows_) * vp);
+  losses_ = arena.Take<float>(n);
+  tokens_ = arena.Take<int32_t>(n);
+  targets_ = arena.Take<int32_t>(n);
+}
+
+absl::Status ArenaModel::Allocate() {
+  WEFT_ASSIGN_OR_RETURN(blas_, Blas::Create());
+  const size_t bytes = Layout(nullptr);
+  const cudaError_t err = cudaMalloc(&arena_, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the (non-sticky) allocation error
+    arena_ = nullptr;
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    return absl::ResourceExhaustedError(absl::StrCat("activations need ", bytes >> 20,
+                                                     " MiB but the GPU has ", free_bytes >> 20,
+                                                     " MiB free"));
+  }
+  arena_bytes_ = bytes;
+  Layout(static_cast<char*>(arena_));
+  return absl::OkStatus();
+}
+
+absl::Status ArenaModel::SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) {
+  if (b < 1 || b > max_b_ || t < 1 || t > max_t_) {
+    return absl::InvalidArgumentError(absl::StrCat("batch shape (", b, ", ", t, ") outside [1, ",
+                                                   max_b_, "] x [1, ", max_t_, "]"));
+  }
+  b_ = b;
+  t_ = t;
+  const size_t bytes = static_cast<size_t>(b) * t * sizeof(int32_t);
+  // Pageable sources: the call returns once the data is staged, so the caller may refill them.
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(tokens_, inputs, bytes, cudaMemcpyHostToDevice, stream_));
+  if (targets != nullptr) {
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(targets_, targets, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ArenaModel::LmHeadLoss(const bf16* normed, const bf16* weight, float* dweight,
+                                    bf16* dnormed, int c, int v, int vp, float grad_scale) {
+  const int n = b_ * t_;
+  for (int r0 = 0; r0 < n; r0 += logit_rows_) {
+    const int rows = std::min(logit_rows_, n - r0);
+    const bf16* chunk = normed + static_cast<size_t>(r0) * c;  // (rows, C)
+    WEFT_RETURN_IF_ERROR(blas_->LinearForward(logits_, chunk, weight, nullptr, rows, c, vp,
+                                              stream_));
+    WEFT_RETURN_IF_ERROR(CrossEntropyForwardBackward(logits_, losses_ + r0, targets_ + r0, rows,
+                                                     v, vp, grad_scale,
+                                                     stream_));  // logits -> dlogits
+    if (dweight == nullptr) continue;
+    WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dnormed + static_cast<size_t>(r0) * c,
+                                                    logits_, weight, rows, c, vp, stream_));
+    WEFT_RETURN_IF_ERROR(
+        blas_->LinearBackwardWeight(dweight, logits_, chunk, rows, c, vp, stream_));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace weft::engine::cuda

@@ -1,0 +1,92 @@
+// What the per-architecture CUDA models (gpt2_model.cc, llama_model.cc) share: ArenaModel, the
+// CudaModel base that owns the one allocation of activations (carved by the model's measuring
+// Layout), the GEMM library, the batch upload and the chunked LM head with its loss.
+#ifndef WEFT_WORKER_ENGINE_CUDA_MODEL_UTIL_H_
+#define WEFT_WORKER_ENGINE_CUDA_MODEL_UTIL_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "worker/engine/cuda/matmul.h"
+#include "worker/engine/cuda/model.h"
+
+namespace weft::engine::cuda {
+
+// Carves typed, 256-byte aligned pieces out of one allocation; with a null base it only
+// measures, so a model's plan and its allocation share one layout function.
+class Arena {
+ public:
+  explicit Arena(char* base) : base_(base) {}
+  template <typename T>
+  T* Take(size_t count) {
+    offset_ = (offset_ + 255) / 256 * 256;
+    T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + offset_);
+    offset_ += count * sizeof(T);
+    return p;
+  }
+  size_t size() const { return offset_; }
+
+ private:
+  char* base_;
+  size_t offset_ = 0;
+};
+
+class ArenaModel : public CudaModel {
+ public:
+  ~ArenaModel() override;
+  ArenaModel(const ArenaModel&) = delete;
+  ArenaModel& operator=(const ArenaModel&) = delete;
+
+  int b() const override { return b_; }
+  int t() const override { return t_; }
+  absl::Status SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) override;
+  const float* Losses() const override { return losses_; }
+  size_t ActivationBytes() const override { return arena_bytes_; }
+  size_t BlasWorkspaceBytes() const override { return BlasOptions{}.workspace_bytes; }
+
+ protected:
+  ArenaModel(int max_b, int max_t, cudaStream_t stream)
+      : max_b_(max_b), max_t_(max_t), stream_(stream) {}
+
+  // Points every buffer into the allocation at `base` and returns the bytes used; a null base
+  // only measures. Implementations take their buffers and then TakeCommon's.
+  virtual size_t Layout(char* base) = 0;
+  // The buffers of this class: losses, tokens, targets (N = max_b * max_t each), and the
+  // logits chunk for a padded vocabulary of vp.
+  void TakeCommon(Arena& arena, int vp);
+  // Creates the GEMM library and allocates Layout's bytes (RESOURCE_EXHAUSTED naming the need
+  // and the free memory), then lays the buffers out in them.
+  absl::Status Allocate();
+  // Bytes of Layout plus the GEMM workspace: the plan of an instance never allocated.
+  size_t PlannedBytes() { return Layout(nullptr) + BlasOptions{}.workspace_bytes; }
+
+  // The LM head and its loss over the N = b * t rows of normed (N, C), by row chunks so the
+  // (N, Vp) logits never exist at once: logits = normed weight^T (weight (Vp, C)), the fused
+  // softmax cross-entropy over the first v columns into losses_ and, with dweight, the
+  // backward: dnormed (N, C) written, dweight (Vp, C) += (grad_scale as in CudaModel).
+  absl::Status LmHeadLoss(const bf16* normed, const bf16* weight, float* dweight, bf16* dnormed,
+                          int c, int v, int vp, float grad_scale);
+
+  const int max_b_, max_t_;
+  cudaStream_t stream_;
+  int b_ = 0, t_ = 0;
+  std::unique_ptr<Blas> blas_;
+  int32_t* tokens_ = nullptr;   // (B, T) on the device
+  int32_t* targets_ = nullptr;  // (B, T)
+
+ private:
+  void* arena_ = nullptr;
+  size_t arena_bytes_ = 0;
+  float* losses_ = nullptr;  // (B, T)
+  bf16* logits_ = nullptr;   // (logit_rows_, Vp)
+  int logit_rows_ = 0;
+};
+
+}  // namespace weft::engine::cuda
+
+#endif  // WEFT_WORKER_ENGINE_CUDA_MODEL_UTIL_H_
