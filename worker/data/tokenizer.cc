@@ -1,10 +1,14 @@
 #include "worker/data/tokenizer.h"
 
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <unordered_map>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -13,25 +17,51 @@
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/status.h"
+#include "worker/data/sentencepiece_shim.h"
 
-// SentencePiece's headers declare `namespace absl { using std::string_view; }`, which collides
-// with Debian's Abseil (built with its own absl::string_view class). Renaming their namespace
-// while they are read keeps both: the library's symbols take std::string_view either way.
-#define absl weft_sentencepiece_absl
-#include "sentencepiece_processor.h"
-#include "sentencepiece_trainer.h"
-#undef absl
 
 namespace weft::data {
 namespace {
 
 constexpr char kReplacementChar[] = "\xEF\xBF\xBD";  // U+FFFD
 
-absl::Status FromSentencePiece(const sentencepiece::util::Status& status,
-                               absl::string_view context) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.code()),
-                      absl::StrCat(context, ": ", status.error_message()));
+absl::Status FromShim(const spm::Result& result, absl::string_view context) {
+  if (result.code == 0) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(result.code),
+                      absl::StrCat(context, ": ", result.message));
+}
+
+// The SentencePiece shim (sentencepiece_shim.h says why it is loaded, not linked): the file
+// $WEFT_SENTENCEPIECE_LIBRARY names, else libweft_sentencepiece.so beside the running program.
+absl::StatusOr<const spm::Api*> LoadShim() {
+  std::string path;
+  if (const char* env = std::getenv("WEFT_SENTENCEPIECE_LIBRARY"); env != nullptr && *env) {
+    path = env;
+  } else {
+    std::error_code error;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+    path = (exe.parent_path() / spm::kShimFileName).string();
+  }
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+  if (handle == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "SentencePiece support is missing: cannot load ", path, " (", ::dlerror(),
+        "); it is built and installed next to the Weft programs, or named by "
+        "WEFT_SENTENCEPIECE_LIBRARY"));
+  }
+  auto entry = reinterpret_cast<spm::ApiFunction>(::dlsym(handle, spm::kShimEntryPoint));
+  if (entry == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": no ", spm::kShimEntryPoint, " (a different version?)"));
+  }
+  return entry();
+}
+
+// Loaded once per process and never unloaded (processors may live until exit).
+absl::StatusOr<const spm::Api*> Shim() {
+  static const absl::StatusOr<const spm::Api*>* const shim =
+      new absl::StatusOr<const spm::Api*>(LoadShim());
+  return *shim;
 }
 
 // Length of the well-formed UTF-8 sequence starting at text[i], or 0 if there is none.
@@ -96,11 +126,13 @@ class ByteTokenizer final : public Tokenizer {
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  SentencePieceTokenizer(std::string bytes, std::unique_ptr<sentencepiece::SentencePieceProcessor> sp)
-      : Tokenizer(Crc32c(bytes.data(), bytes.size())), bytes_(std::move(bytes)), sp_(std::move(sp)) {}
+  SentencePieceTokenizer(std::string bytes, std::unique_ptr<spm::Processor> sp)
+      : Tokenizer(Crc32c(bytes.data(), bytes.size())),
+        bytes_(std::move(bytes)),
+        sp_(std::move(sp)) {}
 
   absl::string_view kind() const override { return "sentencepiece"; }
-  int vocab_size() const override { return sp_->GetPieceSize(); }
+  int vocab_size() const override { return sp_->piece_size(); }
   int bos_id() const override { return sp_->bos_id(); }
   int eos_id() const override { return sp_->eos_id(); }
   const std::string& model_bytes() const override { return bytes_; }
@@ -112,7 +144,7 @@ class SentencePieceTokenizer final : public Tokenizer {
       if (run.empty()) return;
       std::string piece;
       // Every id in the run is in range, the only reason SentencePiece's Decode fails.
-      sp_->Decode(run, &piece).IgnoreError();
+      sp_->Decode(run, &piece);
       text += piece;
       run.clear();
     };
@@ -131,8 +163,8 @@ class SentencePieceTokenizer final : public Tokenizer {
  protected:
   absl::Status EncodeBody(absl::string_view text, std::vector<int32_t>* ids) const override {
     std::vector<int> out;
-    WEFT_RETURN_IF_ERROR(FromSentencePiece(
-        sp_->Encode(std::string_view(text.data(), text.size()), &out), "sentencepiece encode"));
+    WEFT_RETURN_IF_ERROR(FromShim(sp_->Encode(std::string_view(text.data(), text.size()), &out),
+                                  "sentencepiece encode"));
     ids->insert(ids->end(), out.begin(), out.end());
     return absl::OkStatus();
   }
@@ -140,43 +172,7 @@ class SentencePieceTokenizer final : public Tokenizer {
 
  private:
   const std::string bytes_;
-  const std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
-};
-
-// Feeds SentencePiece's trainer the lines of the documents, one sentence each.
-class LineIterator final : public sentencepiece::SentenceIterator {
- public:
-  explicit LineIterator(const std::vector<std::string>& documents) : documents_(documents) {
-    Advance();
-  }
-
-  bool done() const override { return doc_ >= documents_.size(); }
-  void Next() override { Advance(); }
-  const std::string& value() const override { return line_; }
-  sentencepiece::util::Status status() const override { return {}; }
-
- private:
-  // Moves to the next non-empty line (blank lines carry nothing to learn).
-  void Advance() {
-    while (doc_ < documents_.size()) {
-      const std::string& doc = documents_[doc_];
-      if (pos_ >= doc.size()) {
-        ++doc_;
-        pos_ = 0;
-        continue;
-      }
-      size_t end = doc.find('\n', pos_);
-      if (end == std::string::npos) end = doc.size();
-      line_.assign(doc, pos_, end - pos_);
-      pos_ = end + 1;
-      if (!line_.empty()) return;
-    }
-  }
-
-  const std::vector<std::string>& documents_;
-  size_t doc_ = 0;
-  size_t pos_ = 0;
-  std::string line_;
+  const std::unique_ptr<spm::Processor> sp_;
 };
 
 }  // namespace
@@ -235,11 +231,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceFromBytes(std::strin
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": empty, not a SentencePiece model"));
   }
-  auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
-  const sentencepiece::util::Status loaded = sp->LoadFromSerializedProto(std::string_view(bytes));
-  if (!loaded.ok()) {
+  WEFT_ASSIGN_OR_RETURN(const spm::Api* shim, Shim());
+  std::unique_ptr<spm::Processor> sp;
+  const spm::Result loaded = shim->Load(std::string_view(bytes), &sp);
+  if (loaded.code != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name, ": not a SentencePiece model that can be loaded: ", loaded.error_message()));
+        name, ": not a SentencePiece model that can be loaded: ", loaded.message));
   }
   return std::make_unique<SentencePieceTokenizer>(std::move(bytes), std::move(sp));
 }
@@ -284,7 +281,8 @@ absl::StatusOr<std::string> TrainSentencePiece(const SentencePieceTrainOptions& 
   }
   if (!any_text) return absl::InvalidArgumentError("no training text");
 
-  const std::unordered_map<std::string, std::string> args = {
+  WEFT_ASSIGN_OR_RETURN(const spm::Api* shim, Shim());
+  const std::vector<std::pair<std::string, std::string>> args = {
       {"model_type", options.model_type == SentencePieceTrainOptions::ModelType::kBpe
                          ? "bpe"
                          : "unigram"},
@@ -307,21 +305,18 @@ absl::StatusOr<std::string> TrainSentencePiece(const SentencePieceTrainOptions& 
   };
   // Training reads every sentence in order and samples nothing; the seed (a process-wide
   // setting of the library, as spm_train's --random_seed) pins whatever randomness remains.
-  sentencepiece::SetRandomGeneratorSeed(options.seed);
-  LineIterator lines(options.documents);
   std::string model;
-  const sentencepiece::util::Status trained =
-      sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
-  if (!trained.ok()) {
+  const spm::Result trained = shim->Train(args, options.documents, options.seed, &model);
+  if (trained.code != 0) {
     // SentencePiece reports a vocabulary the text cannot fill as an internal check failure;
     // it is the caller's number that is wrong.
-    const std::string message = trained.error_message();
+    const std::string& message = trained.message;
     if (absl::StrContains(message, "Vocabulary size too high")) {
       return absl::InvalidArgumentError(absl::StrCat(
           "vocab_size ", options.vocab_size, " is more than the training text has pieces for: ",
           message.substr(message.find("Vocabulary size too high"))));
     }
-    return FromSentencePiece(trained, "training the SentencePiece model");
+    return FromShim(trained, "training the SentencePiece model");
   }
   return model;
 }

@@ -4,4 +4,5 @@ weft_test(token_dataset_test unit SOURCES worker/data/token_dataset_test.cc LIBS
 weft_test(manifest_test unit SOURCES worker/data/manifest_test.cc LIBS weft_data)
 weft_test(sampler_test unit SOURCES worker/data/sampler_test.cc LIBS weft_data)
 weft_test(safetensors_test unit SOURCES worker/data/safetensors_test.cc LIBS weft_data)
-weft_test(tokenizer_test unit SOURCES worker/data/tokenizer_test.cc LIBS weft_tokenizer)
+weft_test(tokenizer_test unit SOURCES worker/data/tokenizer_test.cc LIBS weft_tokenizer
+  DEPENDS weft_sentencepiece)
