@@ -42,7 +42,6 @@ namespace fs = std::filesystem;
 using data::ManifestShard;
 using data::Tokenizer;
 
-constexpr size_t kChunkBytes = size_t{1} << 20;
 constexpr size_t kWriteBufferBytes = size_t{1} << 20;
 constexpr int kHeaderInts = 256;
 constexpr char kTokenizerFile[] = "tokenizer.model";
@@ -375,7 +374,7 @@ void ReadChunks(const Plan& plan, ChunkPipe* pipe) {
           chunk.documents.push_back(
               Document{index++, static_cast<int32_t>(s), raw.line, raw.text});
           chunk.input_bytes += static_cast<int64_t>(raw.text.size());
-          if (chunk.input_bytes < static_cast<int64_t>(kChunkBytes)) return absl::OkStatus();
+          if (chunk.input_bytes < plan.options.chunk_bytes) return absl::OkStatus();
           if (!emit()) return absl::CancelledError();
           chunk.files.push_back(*file);
           return absl::OkStatus();
@@ -442,12 +441,9 @@ absl::StatusOr<Written> WriteChunks(const Plan& plan, const std::string& dir, Ch
   ShardWriter val(dir, "val", plan.token_format, plan.options.shard_tokens);
   Written written;
   written.source_documents.assign(plan.sources.size(), 0);
-  ProgressReporter progress(plan.options.progress, plan.options.progress_out,
-                            [&] {
-                              int64_t total = 0;
-                              for (const SourceFile& s : plan.sources) total += s.bytes;
-                              return total;
-                            }());
+  int64_t total_bytes = 0;
+  for (const SourceFile& s : plan.sources) total_bytes += s.bytes;
+  ProgressReporter progress(plan.options.progress, plan.options.progress_out, total_bytes);
   const int32_t eos = plan.tokenizer->eos_id();
   while (std::optional<EncodedChunk> chunk = pipe->Next()) {
     WEFT_RETURN_IF_ERROR(chunk->status);
@@ -460,7 +456,8 @@ absl::StatusOr<Written> WriteChunks(const Plan& plan, const std::string& dir, Ch
     written.input_bytes += chunk->input_bytes;
     progress.Update(written.input_bytes, train.tokens() + val.tokens());
   }
-  progress.Finish(written.input_bytes, train.tokens() + val.tokens());
+  // Separator lines and blank JSONL lines are read but not counted as text: all is read now.
+  progress.Finish(total_bytes, train.tokens() + val.tokens());
   if (train.tokens() == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "no training tokens: ", val.documents(), " documents went to validation (val_fraction ",
@@ -602,6 +599,9 @@ absl::Status CheckOptions(const PrepareOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--shard-tokens ", o.shard_tokens, ": must be in [1, 2147483647] (the llm.c header "
         "counts tokens in an int32)"));
+  }
+  if (o.chunk_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_bytes ", o.chunk_bytes, " < 1"));
   }
   if (o.threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--threads ", o.threads, ": must be >= 0"));

@@ -43,6 +43,8 @@ struct PrepareOptions {
   int64_t shard_tokens = int64_t{1} << 26;
   int threads = 0;  // 0: one per core
   bool force = false;
+  // Text per encoding chunk (the unit of parallel work); small in tests to get many chunks.
+  int64_t chunk_bytes = int64_t{1} << 20;
   Progress progress = Progress::kNone;
   FILE* progress_out = stderr;
 };
