@@ -1,17 +1,20 @@
 // engine_bench: wall time of one fp32 CPU training step (forward, backward, AdamW) of a
-// GPT-2 shaped model, single process, no communication. Reports the median of --steps steps
-// after --warmup untimed ones.
+// GPT-2 (default) or Llama (--arch llama) shaped model, single process, no communication.
+// Reports the median of --steps steps after --warmup untimed ones.
 //
 //   BENCH engine_cpu_step layers=4 width=128 heads=4 seq=128 batch=8 vocab=256 threads=1
-//         step_ms=.. forward_ms=.. backward_ms=.. optimizer_ms=.. tokens_per_s=..
+//         step_ms=.. forward_ms=.. backward_ms=.. optimizer_ms=.. tokens_per_s=.. ... arch=gpt2
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "worker/engine/adamw.h"
-#include "worker/engine/cpu/gpt2_model.h"
+#include "worker/engine/cpu/model.h"
+#include "worker/engine/model_arch.h"
 
 namespace {
 
@@ -30,8 +33,12 @@ double Median(std::vector<double> x) {
 
 int main(int argc, char** argv) {
   int layers = 4, width = 128, heads = 4, seq = 128, batch = 8, vocab = 256, threads = 1;
-  int steps = 10, warmup = 2;
-  CLI::App app{"Times one fp32 CPU training step of a GPT-2 shaped model."};
+  int steps = 10, warmup = 2, kv_heads = 0, intermediate = 0;
+  std::string arch_name = "gpt2";
+  CLI::App app{"Times one fp32 CPU training step of a GPT-2 or Llama shaped model."};
+  app.add_option("--arch", arch_name)->check(CLI::IsMember({"gpt2", "llama"}));
+  app.add_option("--kv-heads", kv_heads, "llama: key/value heads (0: as many as heads)");
+  app.add_option("--intermediate", intermediate, "llama: SwiGLU width (0: 8/3 width)");
   app.add_option("--layers", layers);
   app.add_option("--width", width);
   app.add_option("--heads", heads);
@@ -50,21 +57,31 @@ int main(int argc, char** argv) {
   spec.set_num_heads(heads);
   spec.set_vocab_size(vocab);
   spec.set_context_length(seq);
-  const GptConfig config = ConfigFromSpec(spec);
+  if (arch_name == "llama") {
+    spec.set_architecture(weft::v1::LLAMA);
+    spec.set_num_kv_heads(kv_heads > 0 ? kv_heads : heads);
+    spec.set_intermediate_size(intermediate > 0 ? intermediate : width * 8 / 3);
+  }
+  auto made = MakeModelArch(spec);
+  if (!made.ok()) {
+    std::fprintf(stderr, "engine_bench: %s\n", std::string(made.status().message()).c_str());
+    return 2;
+  }
+  const ModelArch& arch = **made;
   cpu::SetBlasThreads(threads);
 
-  const int units = NumUnits(config);
+  const int units = arch.NumUnits();
   std::vector<std::vector<float>> params(units), grads(units), m(units), v(units);
   std::vector<std::vector<uint8_t>> masks(units);
   for (int u = 0; u < units; ++u) {
-    const size_t n = UnitSize(config, u);
+    const size_t n = arch.UnitSize(u);
     params[u].resize(n);
-    InitUnit(config, u, 1234, params[u].data());
+    arch.InitUnit(u, 1234, params[u].data());
     grads[u].assign(n, 0.0f);
     m[u].assign(n, 0.0f);
     v[u].assign(n, 0.0f);
     masks[u].resize(n);
-    UnitDecayMask(config, u, masks[u].data());
+    arch.UnitDecayMask(u, masks[u].data());
   }
   std::vector<int32_t> tokens(static_cast<size_t>(batch) * seq);
   std::vector<int32_t> targets(tokens.size());
@@ -73,7 +90,8 @@ int main(int argc, char** argv) {
     targets[i] = static_cast<int32_t>((i * 104729 + 13) % vocab);
   }
 
-  GptCpu model(config, batch, seq);
+  const std::unique_ptr<cpu::CpuModel> cpu_model = cpu::CreateCpuModel(arch, batch, seq);
+  cpu::CpuModel& model = *cpu_model;
   model.SetShape(batch, seq);
   AdamWConfig adamw{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
   std::vector<double> step_ms, fwd_ms, bwd_ms, opt_ms;
@@ -106,8 +124,9 @@ int main(int argc, char** argv) {
   std::printf(
       "BENCH engine_cpu_step layers=%d width=%d heads=%d seq=%d batch=%d vocab=%d threads=%d "
       "step_ms=%.2f forward_ms=%.2f backward_ms=%.2f optimizer_ms=%.2f tokens_per_s=%.0f "
-      "loss=%.4f activation_mb=%.1f\n",
+      "loss=%.4f activation_mb=%.1f arch=%s\n",
       layers, width, heads, seq, batch, vocab, threads, step, Median(fwd_ms), Median(bwd_ms),
-      Median(opt_ms), batch * seq / (step / 1000.0), loss, model.ActivationBytes() / 1048576.0);
+      Median(opt_ms), batch * seq / (step / 1000.0), loss, model.ActivationBytes() / 1048576.0,
+      arch.name().c_str());
   return 0;
 }

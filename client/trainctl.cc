@@ -34,6 +34,7 @@
 #include "client/coordinator_client.h"
 #include "client/trainctl_checkpoints.h"
 #include "client/trainctl_data.h"
+#include "client/trainctl_model.h"
 #include "client/trainctl_output.h"
 #include "common/job_spec.h"
 #include "common/security_flags.h"
@@ -554,25 +555,32 @@ struct SampleFlags {
   worker::SampleOptions options;
 };
 
-// Loads the job's trained model (the file rank 0 wrote) and continues the prompt here.
+// Where the trained model of `job_id` (the file rank 0 wrote) is, if this machine can read it.
+absl::StatusOr<std::string> JobModelPath(CoordinatorClient& client, const std::string& job_id) {
+  auto job = client.GetJob(job_id);
+  if (!job.ok()) return job.status();
+  const JobStatus& s = job->status();
+  if (s.model_path().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " has no trained model yet (state ", StateName(s.state()),
+        "); a job writes its model when it SUCCEEDS"));
+  }
+  if (::access(s.model_path().c_str(), R_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "the model of job ", job_id, " is at ", s.model_host(), ":", s.model_path(),
+        ", which this machine cannot read; copy it here and pass the file instead"));
+  }
+  return s.model_path();
+}
+
+// Loads the job's trained model and continues the prompt here.
 int Sample(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id,
            const SampleFlags& flags) {
   std::string path = flags.model_path;
   if (path.empty()) {
-    auto job = client.GetJob(job_id);
-    if (!job.ok()) return Fail(job.status());
-    const JobStatus& s = job->status();
-    if (s.model_path().empty()) {
-      return Fail(absl::FailedPreconditionError(absl::StrCat(
-          "job ", job_id, " has no trained model yet (state ", StateName(s.state()),
-          "); a job writes its model when it SUCCEEDS")));
-    }
-    path = s.model_path();
-    if (::access(path.c_str(), R_OK) != 0) {
-      return Fail(absl::NotFoundError(absl::StrCat(
-          "the model of job ", job_id, " is at ", s.model_host(), ":", path,
-          ", which this machine cannot read; copy it here and pass --model")));
-    }
+    auto job_path = JobModelPath(client, job_id);
+    if (!job_path.ok()) return Fail(job_path.status());
+    path = *job_path;
   }
   auto model = worker::LoadModel(path);
   if (!model.ok()) return Fail(model.status());
@@ -671,6 +679,7 @@ int Main(int argc, char** argv) {
 
   CheckpointCommands checkpoint_commands(&app);
   DataCommands data_commands(&app);
+  ModelCommands model_commands(&app);
 
   try {
     app.parse(argc, argv);
@@ -686,11 +695,20 @@ int Main(int argc, char** argv) {
     return checkpoint_commands.Run(global.checkpointd, global.json(),
                                    absl::Seconds(global.timeout_s));
   }
+  ClientOptions options;
+  options.rpc_timeout = absl::Seconds(global.timeout_s);
+  // Model commands work on local files; only a job's model needs the coordinator.
+  if (model_commands.Parsed()) {
+    return model_commands.Run(global.json(), [&](const std::string& job_id)
+                                                 -> absl::StatusOr<std::string> {
+      WEFT_RETURN_IF_ERROR(CheckHostPort(global.coordinator, "--coordinator"));
+      CoordinatorClient client(global.coordinator, options);
+      return JobModelPath(client, job_id);
+    });
+  }
   if (absl::Status ok = CheckHostPort(global.coordinator, "--coordinator"); !ok.ok()) {
     return Fail(ok);
   }
-  ClientOptions options;
-  options.rpc_timeout = absl::Seconds(global.timeout_s);
   CoordinatorClient client(global.coordinator, options);
 
   if (submit->parsed()) return Submit(client, global, spec_path, resume_from);

@@ -88,8 +88,9 @@ absl::StatusOr<std::vector<float>> ReadWhole(CheckpointClient& client, const std
 
 // The worker stores unit u's flat f32 parameters as tensor "u<u>.params" (with optimizer
 // state in "u<u>.m" and "u<u>.v", which a portable model file leaves out).
+// `hf` (null for Weft's own file): write a Hugging Face directory with these flags instead.
 int Export(CheckpointClient& client, bool json, const std::string& job_id, int64_t step,
-           const std::string& out_path) {
+           const std::string& out_path, const HfExportFlags* hf) {
   auto manifest = client.GetManifest(job_id, step);
   if (!manifest.ok()) return Fail(manifest.status());
   const int64_t at = manifest->step();
@@ -143,6 +144,10 @@ int Export(CheckpointClient& client, bool json, const std::string& job_id, int64
     if (!data.ok()) return Fail(data.status());
     params.push_back(std::move(*data));
   }
+  if (hf != nullptr) {
+    return ExportHfDirectory(manifest->spec(), params, out_path, *hf, json,
+                             absl::StrCat(job_id, " step ", at));
+  }
   if (absl::Status s = worker::SaveModel(out_path, manifest->spec(), params); !s.ok()) {
     return Fail(s);
   }
@@ -176,8 +181,17 @@ CheckpointCommands::CheckpointCommands(CLI::App* app) {
   unpin_ = add("unpin", "Make a pinned checkpoint subject to retention again");
   delete_ = add("delete", "Delete a committed checkpoint (unpin it first)");
   export_ = add("export",
-                "Write a checkpoint's model as one safetensors file (0 as STEP: the latest)");
-  export_->add_option("--out", out_path_, "Output file (*.safetensors)")->required();
+                "Write a checkpoint's model as a file or a Hugging Face directory (0 as STEP: "
+                "the latest)");
+  export_->add_option("--out", out_path_,
+                      "Output file (*.safetensors), or directory with --format hf")
+      ->required();
+  export_->add_option("--format", format_,
+                      "weft: Weft's model file; hf: a Hugging Face directory (config.json, "
+                      "safetensors) that transformers loads")
+      ->check(CLI::IsMember({"weft", "hf"}))
+      ->capture_default_str();
+  hf_flags_.AddTo(export_);
 }
 
 bool CheckpointCommands::Parsed() const { return list_->parsed() || group_->parsed(); }
@@ -189,7 +203,9 @@ int CheckpointCommands::Run(const std::string& checkpointd, bool json,
   if (list_->parsed()) return ListCheckpoints(client, json, job_id_);
   absl::StatusOr<int64_t> step = ParseStep(step_);
   if (!step.ok()) return Fail(step.status());
-  if (export_->parsed()) return Export(client, json, job_id_, *step, out_path_);
+  if (export_->parsed()) {
+    return Export(client, json, job_id_, *step, out_path_, format_ == "hf" ? &hf_flags_ : nullptr);
+  }
   if (pin_->parsed() || unpin_->parsed()) {
     const bool pinned = pin_->parsed();
     if (absl::Status s = client.SetPinned(job_id_, *step, pinned); !s.ok()) return Fail(s);

@@ -1,7 +1,9 @@
 // trainctl's checkpoint subcommands, talking to weft-checkpointd through CheckpointClient:
 //   trainctl checkpoints JOB                         committed checkpoints, newest first
 //   trainctl checkpoint pin|unpin|delete JOB STEP
-//   trainctl checkpoint export JOB STEP --out FILE   one portable safetensors model file
+//   trainctl checkpoint export JOB STEP --out PATH [--format weft|hf]
+//       weft (default): one portable safetensors model file; hf: a Hugging Face directory
+//       ([--dtype bf16|fp32] [--max-shard-bytes N], see trainctl_model.h)
 // Kept apart from trainctl.cc, which talks to the coordinator only.
 #ifndef WEFT_CLIENT_TRAINCTL_CHECKPOINTS_H_
 #define WEFT_CLIENT_TRAINCTL_CHECKPOINTS_H_
@@ -10,6 +12,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/time/time.h"
+#include "client/trainctl_model.h"
 
 namespace weft {
 
@@ -36,6 +39,8 @@ class CheckpointCommands {
   std::string job_id_;
   std::string step_;  // parsed by Run, so a negative step gets our message, not CLI11's
   std::string out_path_;
+  std::string format_ = "weft";
+  HfExportFlags hf_flags_;
 };
 
 }  // namespace weft

@@ -111,6 +111,7 @@ absl::Status GenerationRun::Train() {
   const weft::v1::JobSpec& spec = command_.spec();
   WEFT_ASSIGN_OR_RETURN(const int world, Join());
   WEFT_ASSIGN_OR_RETURN(Data data, OpenData());
+  WEFT_ASSIGN_OR_RETURN(const std::unique_ptr<hf::HfImporter> hf_init, OpenHfInit());
   // Collectives rendezvous through the coordinator's store for this generation (under the
   // communicator's own key prefix).
   RemoteStore store(client_->channel(), job_id(), generation());
@@ -129,7 +130,8 @@ absl::Status GenerationRun::Train() {
     spdlog::warn("job {} asks for checkpoints but this worker has no --checkpointd; "
                  "training without them", job_id());
   }
-  WEFT_ASSIGN_OR_RETURN(const int64_t start_step, Restore(checkpointer.get(), &backend));
+  WEFT_ASSIGN_OR_RETURN(const int64_t start_step,
+                        Restore(checkpointer.get(), hf_init.get(), &backend));
 
   const Training training{world, &data, &backend, checkpointer.get()};
   WEFT_RETURN_IF_ERROR(StepLoop(start_step, training));
@@ -156,17 +158,18 @@ absl::StatusOr<int> GenerationRun::Join() {
 absl::StatusOr<GenerationRun::Data> GenerationRun::OpenData() {
   // The data is checked before any collective: a bad file fails the job, not a timeout.
   const weft::v1::JobSpec& spec = command_.spec();
-  const int vocab = spec.model().vocab_size();
-  const int seq_len = spec.training().sequence_length();
+  const data::TokenDataset::Options options{spec.model().vocab_size(),
+                                             spec.training().sequence_length(),
+                                             spec.training().grad_accum_steps()};
   Data data;
-  auto train = data::TokenDataset::Open(spec.data(), vocab, seq_len, data::Split::kTrain);
+  auto train = data::TokenDataset::Open(spec.data(), options, data::Split::kTrain);
   if (!train.ok()) {
     ReportError(train.status(), /*permanent=*/true);
     return train.status();
   }
   data.train = std::move(*train);
   if (spec.training().val_interval_steps() > 0) {
-    auto val = data::TokenDataset::Open(spec.data(), vocab, seq_len, data::Split::kVal);
+    auto val = data::TokenDataset::Open(spec.data(), options, data::Split::kVal);
     if (!val.ok()) {
       ReportError(val.status(), /*permanent=*/true);
       return val.status();
@@ -192,14 +195,59 @@ absl::StatusOr<DeviceBackend> GenerationRun::CreateBackend(Store* store, int wor
   return backend;
 }
 
-absl::StatusOr<int64_t> GenerationRun::Restore(Checkpointer* checkpointer,
-                                               DeviceBackend* backend) {
-  if (checkpointer == nullptr) return 0;
-  auto restored = checkpointer->RestoreLatest(backend->engine.get(), backend->comm.get());
-  if (!restored.ok()) {
-    ReportError(restored.status(), restored.status().code() == absl::StatusCode::kDataLoss);
+absl::StatusOr<std::unique_ptr<hf::HfImporter>> GenerationRun::OpenHfInit() {
+  const weft::v1::JobSpec& spec = command_.spec();
+  if (spec.init_from_hf_dir().empty()) return std::unique_ptr<hf::HfImporter>();
+  auto importer = hf::HfImporter::Open(spec.init_from_hf_dir(), spec.model());
+  if (!importer.ok()) {
+    const absl::Status s(importer.status().code(),
+                         absl::StrCat("init_from_hf_dir: ", importer.status().message()));
+    ReportError(s, /*permanent=*/true);
+    return s;
   }
-  return restored;
+  return std::move(*importer);
+}
+
+absl::StatusOr<int64_t> GenerationRun::Restore(Checkpointer* checkpointer,
+                                               const hf::HfImporter* hf_init,
+                                               DeviceBackend* backend) {
+  int64_t step = 0;
+  if (checkpointer != nullptr) {
+    auto restored = checkpointer->RestoreLatest(backend->engine.get(), backend->comm.get());
+    if (!restored.ok()) {
+      ReportError(restored.status(), restored.status().code() == absl::StatusCode::kDataLoss);
+      return restored.status();
+    }
+    step = *restored;
+  }
+  // A checkpoint of the job's own wins: the Hugging Face weights are only where it starts.
+  if (step > 0 || hf_init == nullptr) return step;
+  WEFT_RETURN_IF_ERROR(ImportHf(*hf_init, backend));
+  return 0;
+}
+
+absl::Status GenerationRun::ImportHf(const hf::HfImporter& importer, DeviceBackend* backend) {
+  absl::Status s = backend->engine->Restore(importer.Reader());
+  if (!s.ok()) {
+    s = absl::Status(s.code(), absl::StrCat("init_from_hf_dir: ", s.message()));
+  }
+  float bad = s.ok() ? 0.0f : 1.0f;
+  const absl::Status reduced =
+      backend->comm->AllReduce(&bad, 1, comm::DataType::kFloat32)->Wait();
+  if (!reduced.ok()) {
+    ReportCollectiveError(reduced);
+    return reduced;
+  }
+  if (!s.ok()) {
+    // The same files fail the same way on a retry.
+    ReportError(s, /*permanent=*/true);
+    return s;
+  }
+  // The failing rank reports; this one only stops.
+  if (bad != 0.0f) return absl::AbortedError("the Hugging Face import failed on another rank");
+  spdlog::info("job {} rank {}: imported {} ({} tensor bytes read)", job_id(), rank_,
+               importer.checkpoint().dir(), importer.checkpoint().bytes_read());
+  return absl::OkStatus();
 }
 
 absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& training) {

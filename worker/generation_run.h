@@ -21,6 +21,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/data/token_dataset.h"
 #include "worker/device_backend.h"
+#include "worker/hf/hf_checkpoint.h"
 #include "worker/training_engine.h"
 #include "worker/worker_metrics.h"
 #include "weft/v1/worker.pb.h"
@@ -85,9 +86,17 @@ class GenerationRun {
   absl::StatusOr<int> Join();
   absl::StatusOr<Data> OpenData();
   absl::StatusOr<DeviceBackend> CreateBackend(Store* store, int world);
-  // Restores the newest restorable checkpoint (see Checkpointer::RestoreLatest); 0 without
-  // checkpointd.
-  absl::StatusOr<int64_t> Restore(Checkpointer* checkpointer, DeviceBackend* backend);
+  // The Hugging Face checkpoint of spec.init_from_hf_dir, headers read and config.json checked
+  // against the spec (null when the spec names none): before the engine allocates the model,
+  // so that a bad directory fails the job at once. A failure is permanent.
+  absl::StatusOr<std::unique_ptr<hf::HfImporter>> OpenHfInit();
+  // Restores the newest restorable checkpoint (see Checkpointer::RestoreLatest); without one,
+  // imports `hf_init` when given. Returns the step to start at (0 without checkpointd).
+  absl::StatusOr<int64_t> Restore(Checkpointer* checkpointer, const hf::HfImporter* hf_init,
+                                  DeviceBackend* backend);
+  // Every rank loads its shard of `importer`'s weights (AdamW moments 0); one failed read
+  // anywhere fails the import on every rank.
+  absl::Status ImportHf(const hf::HfImporter& importer, DeviceBackend* backend);
   absl::Status StepLoop(int64_t start_step, const Training& training);
   // Validation after `completed` steps when it is due; returns the latest validation loss.
   absl::StatusOr<double> MaybeValidate(int64_t completed, const Training& training,

@@ -1,6 +1,7 @@
 #include "worker/model_io.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 
 #include "absl/strings/numbers.h"
@@ -102,8 +103,11 @@ absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::st
   }
   if (tokens.empty()) tokens.push_back(bytes ? '\n' : 0);
 
-  const std::unique_ptr<engine::cpu::CpuModel> cpu =
-      engine::cpu::CreateCpuModel(arch, 1, context);
+  // Activations for the longest window this call runs, not the whole context: attention keeps
+  // (NH, T, T) scores, which at a Llama-3 context (131,072) would not fit in any memory.
+  const int max_t = static_cast<int>(
+      std::min<int64_t>(context, static_cast<int64_t>(tokens.size()) + options.tokens));
+  const std::unique_ptr<engine::cpu::CpuModel> cpu = engine::cpu::CreateCpuModel(arch, 1, max_t);
   uint64_t rng = options.seed;
   std::string out;
   for (int i = 0; i < options.tokens; ++i) {
@@ -124,6 +128,33 @@ absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::st
     }
   }
   return out;
+}
+
+absl::StatusOr<std::vector<float>> ModelLogits(const LoadedModel& model,
+                                               const std::vector<int32_t>& tokens) {
+  const engine::ModelArch& arch = *model.arch;
+  const int t = static_cast<int>(tokens.size());
+  if (t < 1 || t > arch.context_length()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tokens: between 1 and the context length ",
+                                                   arch.context_length(), " ids, got ", t));
+  }
+  for (int32_t id : tokens) {
+    if (id < 0 || id >= arch.vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("--tokens: ids are in [0, ",
+                                                     arch.vocab_size(), "), got ", id));
+    }
+  }
+  const std::unique_ptr<engine::cpu::CpuModel> cpu = engine::cpu::CreateCpuModel(arch, 1, t);
+  cpu->SetShape(1, t);
+  cpu->EncoderForward(model.units[0].data(), tokens.data());
+  for (int l = 0; l < arch.num_layers(); ++l) cpu->BlockForward(l, model.units[1 + l].data());
+  cpu->ClassifierForward(model.units[0].data(), nullptr, 0.0f);
+  std::vector<float> logits(static_cast<size_t>(t) * arch.vocab_size());
+  for (int i = 0; i < t; ++i) {
+    const float* row = cpu->Logits() + static_cast<size_t>(i) * arch.padded_vocab_size();
+    std::copy(row, row + arch.vocab_size(), logits.begin() + static_cast<size_t>(i) * arch.vocab_size());
+  }
+  return logits;
 }
 
 }  // namespace weft::worker

@@ -28,6 +28,13 @@ struct LoadedModel {
 // architecture takes, a tensor missing or of the wrong shape.
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
 
+// The model's logits for `tokens` (one sequence, 1 <= length <= context): (T, vocab_size)
+// row-major, padding columns left out. INVALID_ARGUMENT for an empty or too long sequence or an
+// id outside [0, vocab_size). What `trainctl model logits` prints, to compare with another
+// implementation (tests/fixtures/hf/check_export.py compares it with transformers).
+absl::StatusOr<std::vector<float>> ModelLogits(const LoadedModel& model,
+                                               const std::vector<int32_t>& tokens);
+
 struct SampleOptions {
   int tokens = 200;
   // 0: always the most likely token.

@@ -3,6 +3,7 @@
 // must be bit-identical, small chunks, pin/unpin/delete/export through the trainctl binary,
 // and the messages a user gets for an unreachable daemon and bad arguments.
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -19,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
 #include "worker/engine/gpt2/gpt2_arch.h"
+#include "worker/hf/hf_checkpoint.h"
 #include "worker/model_io.h"
 
 namespace weft {
@@ -402,6 +404,24 @@ TEST_F(CheckpointClientTest, TrainctlExportGivesALoadableModel) {
         << "unit " << u;
   }
   EXPECT_EQ(loaded->spec.model().num_layers(), 2);
+
+  // The same checkpoint as a Hugging Face directory, sharded: imported back bit for bit.
+  const std::string hf_dir = dir_.File("hf");
+  r = Trainctl({"checkpoint", "export", "job-x", "30", "--format", "hf", "--out", hf_dir,
+                "--max-shard-bytes", "3000"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_THAT(r.out, HasSubstr(hf_dir));
+  EXPECT_TRUE(std::filesystem::exists(hf_dir + "/model.safetensors.index.json"));
+  auto importer = hf::HfImporter::Open(hf_dir, spec.model());
+  ASSERT_TRUE(importer.ok()) << importer.status();
+  for (int u = 0; u < units; ++u) {
+    std::vector<float> unit(params[u].size());
+    ASSERT_TRUE((*importer)->ReadParams(u, 0, unit.size(), unit.data()).ok());
+    EXPECT_EQ(std::memcmp(unit.data(), params[u].data(), unit.size() * 4), 0) << "unit " << u;
+  }
+  r = Trainctl({"checkpoint", "export", "job-x", "30", "--format", "hf", "--out", hf_dir});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("not an empty directory")) << Describe(r);
 
   // A checkpoint that is not a GPT model says so.
   ASSERT_NO_FATAL_FAILURE(WriteAndCommit("job-y", 1, 1, MixedTensors()));

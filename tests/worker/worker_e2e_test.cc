@@ -1,10 +1,12 @@
 // weft-worker end to end: a real coordinator and real worker processes on 127.0.0.1 train a
-// job (also from a uint32 token file), fail it cleanly on bad data, survive a rank killed
-// mid-collective without hanging, and stop on cancel.
+// job (also from a uint32 token file, and from a prepared dataset with sequential sampling),
+// fail it cleanly on bad data, survive a rank killed mid-collective without hanging, and stop
+// on cancel.
 #include <signal.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -14,11 +16,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/coordinator_client.h"
+#include "common/crc32c.h"
 #include "common/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
 #include "tests/worker/cluster.h"
+#include "worker/data/manifest.h"
 
 namespace weft {
 namespace {
@@ -62,6 +66,29 @@ class WorkerE2eTest : public testing::WorkersTest {
     return *spec;
   }
 
+  // `trainctl sample` continues a prompt with the finished job's model.
+  void ExpectModelSamples(const std::string& job_id) {
+    auto sample = testing::RunCommand({testing::BinDir() + "/trainctl",
+                                       "--coordinator=" + coordinator_->address(), "sample",
+                                       job_id, "--prompt=the cat", "--tokens=40",
+                                       "--temperature=0"});
+    EXPECT_EQ(sample.exit_code, 0) << sample.err;
+    EXPECT_THAT(sample.out, ::testing::StartsWith("the cat"));
+    EXPECT_GE(sample.out.size(), 40u);
+  }
+
+  // Submits `spec` and expects the job to fail without a restart, its error holding each of
+  // `fragments`.
+  void ExpectFailsWithoutRestart(const v1::JobSpec& spec,
+                                 const std::vector<std::string>& fragments) {
+    auto submitted = client_->SubmitJob(spec);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(30));
+    EXPECT_EQ(s.state(), v1::FAILED) << Logs();
+    for (const std::string& fragment : fragments) EXPECT_THAT(s.error(), HasSubstr(fragment));
+    EXPECT_EQ(s.restarts(), 0);
+  }
+
   bool AllWorkersIdle(size_t expected) {
     auto workers = client_->ListWorkers();
     if (!workers.ok() || workers->size() != expected) return false;
@@ -87,13 +114,7 @@ TEST_F(WorkerE2eTest, TwoWorkersTrainToCompletionAndTheModelSamples) {
   EXPECT_EQ(s.model_host(), "node");
   ASSERT_FALSE(s.model_path().empty());
 
-  auto sample = testing::RunCommand({testing::BinDir() + "/trainctl",
-                                     "--coordinator=" + coordinator_->address(), "sample",
-                                     submitted->job_id(), "--prompt=the cat", "--tokens=40",
-                                     "--temperature=0"});
-  EXPECT_EQ(sample.exit_code, 0) << sample.err;
-  EXPECT_THAT(sample.out, ::testing::StartsWith("the cat"));
-  EXPECT_GE(sample.out.size(), 40u);
+  ExpectModelSamples(submitted->job_id());
   EXPECT_TRUE(Eventually([&] { return AllWorkersIdle(2); }, absl::Seconds(10)));
 
   // Each worker's own Prometheus endpoint saw every step.
@@ -110,6 +131,25 @@ TEST_F(WorkerE2eTest, TwoWorkersTrainToCompletionAndTheModelSamples) {
     EXPECT_THAT(*body, HasSubstr("weft_worker_step_phase_seconds{phase=\"exposed_comm\""));
     EXPECT_THAT(*body, HasSubstr(absl::StrCat("weft_worker_generation_runs_total{outcome=\"completed\",worker_id=\"", id, "\"} 1")));
   }
+}
+
+// The same job on a Llama (grouped-query attention, untied head): it trains through the real
+// services on CPU workers and its model samples.
+TEST_F(WorkerE2eTest, TwoWorkersTrainATinyLlamaAndItSamples) {
+  StartWorkers(2);
+  v1::JobSpec spec = Spec(60);
+  v1::ModelSpec* m = spec.mutable_model();
+  m->set_architecture(v1::LLAMA);
+  m->set_num_heads(4);
+  m->set_num_kv_heads(2);
+  m->set_intermediate_size(64);
+  auto submitted = client_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(180));
+  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+  EXPECT_EQ(s.step(), 60);
+  EXPECT_LT(s.last_metrics().loss(), 3.0) << s.last_metrics().DebugString();
+  ExpectModelSamples(submitted->job_id());
 }
 
 TEST_F(WorkerE2eTest, BadDataFilesFailTheJobWithTheFileNamedAndNoRestart) {
@@ -192,13 +232,65 @@ TEST_F(WorkerE2eTest, Uint32TokenFileTrainsAndAnIdPastTheVocabularyFailsNamingIt
   ids[2900] = kVocab;  // in the held-out validation tail: still refused at start
   WriteUint32Tokens(dir_.File("bad-llama.bin"), ids);
   spec.mutable_data()->set_train_path(dir_.File("bad-llama.bin"));
-  submitted = client_->SubmitJob(spec);
+  ExpectFailsWithoutRestart(spec, {"bad-llama.bin: token 70000 at token index 2900",
+                                   "model.vocab_size is 70000"});
+}
+
+// A prepared dataset (worker/data/manifest.h) of byte tokens in uint16 shards: `train` shards
+// from the corpus's first 90% and one val shard from the rest.
+std::string WritePreparedDataset(const std::string& dir, const std::string& text, int train) {
+  data::DatasetManifest m;
+  m.token_format = v1::DATA_FORMAT_UINT16_BIN;
+  m.tokenizer = {"bytes", "", 0, 256, -1, -1};
+  m.document_separator = "none";
+  const size_t val_begin = text.size() * 9 / 10;
+  auto add = [&](const std::string& file, size_t begin, size_t end,
+                 std::vector<data::ManifestShard>* split) {
+    std::string bytes(1024 + 2 * (end - begin), '\0');
+    const int32_t header[3] = {20240520, 1, static_cast<int32_t>(end - begin)};
+    std::memcpy(bytes.data(), header, sizeof(header));
+    for (size_t i = begin; i < end; ++i) {
+      bytes[1024 + 2 * (i - begin)] = text[i];
+    }
+    testing::WriteFile(dir + "/" + file, bytes);
+    split->push_back({file, static_cast<int64_t>(end - begin), static_cast<int64_t>(bytes.size()),
+                      Crc32c(bytes.data(), bytes.size())});
+  };
+  for (int k = 0; k < train; ++k) {
+    add(absl::StrCat("train-", k, ".bin"), val_begin * k / train, val_begin * (k + 1) / train,
+        &m.train);
+  }
+  add("val-0.bin", val_begin, text.size(), &m.val);
+  const absl::Status written = data::WriteManifest(m, dir);
+  EXPECT_TRUE(written.ok()) << written;
+  return dir;
+}
+
+TEST_F(WorkerE2eTest, PreparedDatasetTrainsSequentiallyAndAChangedShardFailsNamingIt) {
+  StartWorkers(2);
+  const std::string dir = WritePreparedDataset(dir_.path(), testing::ReadFile(corpus_), 3);
+  v1::JobSpec spec = Spec(40);
+  spec.mutable_data()->Clear();
+  spec.mutable_data()->set_manifest_path(dir);
+  spec.mutable_data()->set_sampling(v1::DataSpec::SEQUENTIAL);
+  auto submitted = client_->SubmitJob(spec);
   ASSERT_TRUE(submitted.ok()) << submitted.status();
-  s = WaitForEnd(submitted->job_id(), absl::Seconds(30));
-  EXPECT_EQ(s.state(), v1::FAILED) << Logs();
-  EXPECT_THAT(s.error(), HasSubstr("bad-llama.bin: token 70000 at token index 2900"));
-  EXPECT_THAT(s.error(), HasSubstr("model.vocab_size is 70000"));
-  EXPECT_EQ(s.restarts(), 0);
+  v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(180));
+  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+  EXPECT_EQ(s.step(), 40);
+  // Learned from (a uniform guess is ln 256 = 5.5), and validated on the val shard.
+  EXPECT_LT(s.last_metrics().loss(), 4.0) << s.last_metrics().DebugString();
+  EXPECT_GT(s.last_metrics().val_loss(), 0.0);
+  ASSERT_TRUE(Eventually([&] { return AllWorkersIdle(2); }, absl::Seconds(10))) << Logs();
+
+  // The same size, one token changed: only the checksum can tell, and it does, at start.
+  const std::string shard = dir + "/train-1.bin";
+  std::string bytes = testing::ReadFile(shard);
+  bytes[1024 + 100] ^= 1;
+  testing::WriteFile(shard, bytes);
+  spec.mutable_fault()->set_max_restarts(3);  // a permanent error must not use them
+  ExpectFailsWithoutRestart(
+      spec, {"train-1.bin: shard changed after its manifest was written", "permanent"});
 }
 
 TEST_F(WorkerE2eTest, RankKilledMidTrainingFailsTheJobAndTheSurvivorDoesNotHang) {

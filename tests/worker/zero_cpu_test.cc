@@ -1,6 +1,7 @@
-// ZeRO equivalence: the same spec trained on 1, 2 and 4 ranks (threads of this process, real
-// Gloo over loopback) at stages 0, 2 and 3 follows the unsharded single-process reference that
-// reads the same global batch; and each rank holds about 1/N of the state.
+// ZeRO equivalence: the same spec (GPT-2 and Llama) trained on 1, 2 and 4 ranks (threads of
+// this process, real Gloo over loopback) at stages 0, 2 and 3 follows the unsharded
+// single-process reference that reads the same global batch; and each rank holds about 1/N of
+// the state.
 #include "worker/zero_cpu.h"
 
 #include <cmath>
@@ -21,7 +22,8 @@ namespace {
 constexpr int kSteps = 24;
 constexpr int kBatchPerRank = 2;
 
-weft::v1::JobSpec TinySpec(int stage, int batch) {
+weft::v1::JobSpec TinySpec(int stage, int batch,
+                           weft::v1::Architecture arch = weft::v1::GPT2) {
   weft::v1::JobSpec spec;
   spec.set_name("zero");
   auto* m = spec.mutable_model();
@@ -31,6 +33,12 @@ weft::v1::JobSpec TinySpec(int stage, int batch) {
   m->set_vocab_size(61);  // not a multiple of anything: exercises padding everywhere
   m->set_padded_vocab_size(64);
   m->set_context_length(16);
+  if (arch == weft::v1::LLAMA) {
+    m->set_architecture(weft::v1::LLAMA);
+    m->set_num_kv_heads(2);  // grouped-query attention
+    m->set_intermediate_size(48);
+    m->set_tie_word_embeddings(false);
+  }
   auto* t = spec.mutable_training();
   t->set_total_steps(kSteps);
   t->set_micro_batch_size(batch);
@@ -73,7 +81,8 @@ struct RunResult {
   std::vector<std::vector<float>> params;  // final, gathered
 };
 
-RunResult Train(int world, int stage, int batch_per_rank) {
+RunResult Train(int world, int stage, int batch_per_rank,
+                weft::v1::Architecture arch = weft::v1::GPT2) {
   MemoryStore store;
   RunResult result;
   result.state_bytes.resize(world);
@@ -88,7 +97,7 @@ RunResult Train(int world, int stage, int batch_per_rank) {
         errors[rank] = c.status();
         return;
       }
-      auto engine = ZeroCpuEngine::Create(TinySpec(stage, batch_per_rank), c->get());
+      auto engine = ZeroCpuEngine::Create(TinySpec(stage, batch_per_rank, arch), c->get());
       if (!engine.ok()) {
         errors[rank] = engine.status();
         return;
@@ -138,13 +147,14 @@ double MaxDiffOverScale(const std::vector<float>& a, const std::vector<float>& b
   return diff / std::max(scale, 1e-12);
 }
 
-class ZeroEquivalenceTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+class ZeroEquivalenceTest
+    : public ::testing::TestWithParam<std::tuple<weft::v1::Architecture, int, int>> {};
 
 TEST_P(ZeroEquivalenceTest, FollowsTheSingleProcessReference) {
-  const auto [world, stage] = GetParam();
+  const auto [arch, world, stage] = GetParam();
   // The reference: one process, stage 0, the whole global batch.
-  const RunResult reference = Train(1, 0, world * kBatchPerRank);
-  const RunResult sharded = Train(world, stage, kBatchPerRank);
+  const RunResult reference = Train(1, 0, world * kBatchPerRank, arch);
+  const RunResult sharded = Train(world, stage, kBatchPerRank, arch);
   ASSERT_EQ(reference.losses.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(sharded.losses.size(), static_cast<size_t>(kSteps));
   // It learns: from ln(61) = 4.11 down by more than half a nat in 24 steps.
@@ -170,11 +180,14 @@ TEST_P(ZeroEquivalenceTest, FollowsTheSingleProcessReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndStages, ZeroEquivalenceTest,
-                         ::testing::Combine(::testing::Values(1, 2, 4),
+                         ::testing::Combine(::testing::Values(weft::v1::GPT2, weft::v1::LLAMA),
+                                            ::testing::Values(1, 2, 4),
                                             ::testing::Values(0, 2, 3)),
                          [](const auto& info) {
-                           return absl::StrCat("world", std::get<0>(info.param), "_stage",
-                                               std::get<1>(info.param));
+                           return absl::StrCat(
+                               std::get<0>(info.param) == weft::v1::LLAMA ? "llama" : "gpt2",
+                               "_world", std::get<1>(info.param), "_stage",
+                               std::get<2>(info.param));
                          });
 
 TEST(ZeroStateTest, EachRankHoldsAboutOneNthOfTheStateAtStage3) {

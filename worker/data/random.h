@@ -7,6 +7,8 @@
 #ifndef WEFT_WORKER_DATA_RANDOM_H_
 #define WEFT_WORKER_DATA_RANDOM_H_
 
+#include <algorithm>
+#include <bit>
 #include <cstdint>
 
 namespace weft::data {
@@ -38,6 +40,51 @@ inline uint64_t HashCombine(uint64_t h, uint64_t value) {
 inline double UniformDouble(uint64_t* state) {
   return static_cast<double>(SplitMix64Next(state) >> 11) * 0x1.0p-53;
 }
+
+// A bijection of [0, n) chosen by `key`, evaluated one element at a time in O(1) memory, so an
+// epoch over billions of sequences needs no shuffled index array: a balanced Feistel network
+// over the smallest even number of bits covering n (any round function gives a bijection; a
+// keyed 64-bit mix per round makes the order look random), and "cycle walking" (applying it
+// again until the value falls inside [0, n)) to shrink that bijection to [0, n). The domain is
+// under 4n, so a lookup takes fewer than 4 network passes on average.
+class KeyedPermutation {
+ public:
+  // Requires n >= 1.
+  KeyedPermutation(uint64_t n, uint64_t key) : n_(n) {
+    const int bits = std::bit_width(n - 1);
+    half_bits_ = std::max(1, (bits + 1) / 2);
+    mask_ = (uint64_t{1} << half_bits_) - 1;
+    for (int r = 0; r < kRounds; ++r) round_keys_[r] = HashCombine(key, r);
+  }
+
+  // The image of i; requires i < n. Distinct i give distinct images.
+  uint64_t operator()(uint64_t i) const {
+    uint64_t x = i;
+    do {
+      x = Network(x);
+    } while (x >= n_);
+    return x;
+  }
+
+ private:
+  static constexpr int kRounds = 6;
+
+  uint64_t Network(uint64_t x) const {
+    uint64_t left = x >> half_bits_;
+    uint64_t right = x & mask_;
+    for (int r = 0; r < kRounds; ++r) {
+      const uint64_t next = left ^ (HashCombine(round_keys_[r], right) & mask_);
+      left = right;
+      right = next;
+    }
+    return (left << half_bits_) | right;
+  }
+
+  uint64_t n_;
+  int half_bits_;
+  uint64_t mask_;
+  uint64_t round_keys_[kRounds];
+};
 
 }  // namespace weft::data
 

@@ -1,6 +1,7 @@
 #include "worker/data/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,6 +28,21 @@ using Json = nlohmann::ordered_json;
 
 constexpr char kMetadataKey[] = "__metadata__";
 constexpr char kF32[] = "F32";
+
+struct DtypeInfo {
+  Dtype dtype;
+  const char* name;
+  size_t bytes;
+};
+constexpr DtypeInfo kDtypes[] = {
+    {Dtype::kF32, "F32", 4}, {Dtype::kBF16, "BF16", 2}, {Dtype::kF16, "F16", 2}};
+
+const DtypeInfo& InfoOf(Dtype dtype) {
+  for (const DtypeInfo& info : kDtypes) {
+    if (info.dtype == dtype) return info;
+  }
+  return kDtypes[0];
+}
 // Same bound as the reference implementation: a header this large is garbage, and refusing it
 // keeps a corrupt length from making us allocate gigabytes.
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
@@ -74,22 +90,43 @@ absl::Status ReadAllAt(int fd, void* data, size_t size, uint64_t offset, const s
   return absl::OkStatus();
 }
 
-absl::Status WriteFloats(int fd, const std::vector<float>& values, const std::string& what) {
-  if constexpr (kHostIsLittleEndian) {
+float Bf16ToFloat(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+
+// Round to nearest even; NaN stays a (quiet) NaN instead of rounding into infinity.
+uint16_t FloatToBf16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// _Float16 conversions are IEEE's (round to nearest even, subnormals kept).
+float F16ToFloat(uint16_t bits) { return static_cast<float>(std::bit_cast<_Float16>(bits)); }
+uint16_t FloatToF16(float value) {
+  return std::bit_cast<uint16_t>(static_cast<_Float16>(value));
+}
+
+// Converts in bounded chunks: staging a multi-GB tensor at once would double its memory.
+absl::Status WriteFloats(int fd, const std::vector<float>& values, Dtype dtype,
+                         const std::string& what) {
+  if (dtype == Dtype::kF32 && kHostIsLittleEndian) {
     return WriteAll(fd, values.data(), values.size() * sizeof(float), what);
-  } else {
-    // Bounded staging buffer: converting a multi-GB tensor at once would double its memory.
-    constexpr size_t kChunk = 1 << 16;
-    std::vector<uint32_t> buffer;
-    for (size_t i = 0; i < values.size(); i += kChunk) {
-      const size_t n = std::min(kChunk, values.size() - i);
-      buffer.resize(n);
-      std::memcpy(buffer.data(), values.data() + i, n * sizeof(float));
-      for (uint32_t& v : buffer) v = ByteSwap32(v);
-      WEFT_RETURN_IF_ERROR(WriteAll(fd, buffer.data(), n * sizeof(float), what));
-    }
-    return absl::OkStatus();
   }
+  constexpr size_t kChunk = 1 << 16;
+  std::vector<unsigned char> buffer;
+  const size_t width = dtype == Dtype::kF32 ? 4 : 2;
+  for (size_t i = 0; i < values.size(); i += kChunk) {
+    const size_t n = std::min(kChunk, values.size() - i);
+    buffer.resize(n * width);
+    for (size_t j = 0; j < n; ++j) {
+      const float v = values[i + j];
+      const uint32_t bits = dtype == Dtype::kF32    ? std::bit_cast<uint32_t>(v)
+                            : dtype == Dtype::kBF16 ? FloatToBf16(v)
+                                                    : FloatToF16(v);
+      for (size_t b = 0; b < width; ++b) buffer[j * width + b] = (bits >> (8 * b)) & 0xFFu;
+    }
+    WEFT_RETURN_IF_ERROR(WriteAll(fd, buffer.data(), buffer.size(), what));
+  }
+  return absl::OkStatus();
 }
 
 // Element count of `shape`, or an error for a negative dimension or int64 overflow.
@@ -134,14 +171,16 @@ std::optional<uint64_t> NonNegativeInt(const Json& j) {
 
 struct Entry {
   std::string name;
+  Dtype dtype = Dtype::kF32;
   std::vector<int64_t> shape;
   uint64_t begin = 0;
   uint64_t end = 0;
 };
 
-// Parses one tensor's header entry; `data_size` is the length of the data section.
+// Parses one tensor's header entry; `data_size` is the length of the data section. With
+// `f32_only`, any dtype but F32 is UNIMPLEMENTED (ReadSafetensors' contract).
 absl::StatusOr<Entry> ParseEntry(const std::string& path, const std::string& name,
-                                 const Json& value, uint64_t data_size) {
+                                 const Json& value, uint64_t data_size, bool f32_only) {
   const std::string where = absl::StrCat(path, ": tensor \"", name, "\": ");
   if (!value.is_object()) {
     return absl::DataLossError(absl::StrCat(where, "header entry is not a JSON object"));
@@ -182,20 +221,29 @@ absl::StatusOr<Entry> ParseEntry(const std::string& path, const std::string& nam
   entry.begin = *begin;
   entry.end = *end;
   const std::string dtype_name = dtype->get<std::string>();
-  if (dtype_name != kF32) {
+  if (f32_only && dtype_name != kF32) {
     return absl::UnimplementedError(absl::StrCat(where, "unsupported dtype ", dtype_name,
                                                  "; only ", kF32, " is supported"));
   }
+  const DtypeInfo* info = nullptr;
+  for (const DtypeInfo& candidate : kDtypes) {
+    if (dtype_name == candidate.name) info = &candidate;
+  }
+  if (info == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(where, "unsupported dtype ", dtype_name,
+                                                 "; Weft reads F32, BF16 and F16"));
+  }
+  entry.dtype = info->dtype;
   const absl::StatusOr<int64_t> elements = ElementCount(entry.shape);
   uint64_t expected_bytes = 0;
   if (!elements.ok() ||
-      __builtin_mul_overflow(static_cast<uint64_t>(*elements), sizeof(float), &expected_bytes)) {
+      __builtin_mul_overflow(static_cast<uint64_t>(*elements), info->bytes, &expected_bytes)) {
     return absl::DataLossError(
         absl::StrCat(where, "shape ", ShapeString(entry.shape), " is too large"));
   }
   if (entry.end - entry.begin != expected_bytes) {
     return absl::DataLossError(absl::StrCat(
-        where, "shape/size mismatch: shape ", ShapeString(entry.shape), " of ", kF32, " needs ",
+        where, "shape/size mismatch: shape ", ShapeString(entry.shape), " of ", info->name, " needs ",
         expected_bytes, " bytes, but data_offsets [", entry.begin, ", ", entry.end, "] span ",
         entry.end - entry.begin));
   }
@@ -209,8 +257,16 @@ absl::StatusOr<Entry> ParseEntry(const std::string& path, const std::string& nam
 
 }  // namespace
 
+const char* DtypeName(Dtype dtype) { return InfoOf(dtype).name; }
+size_t DtypeBytes(Dtype dtype) { return InfoOf(dtype).bytes; }
+
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& tensors,
                               const std::map<std::string, std::string>& metadata) {
+  return WriteSafetensors(path, tensors, metadata, Dtype::kF32);
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& tensors,
+                              const std::map<std::string, std::string>& metadata, Dtype dtype) {
   Json header = Json::object();
   std::set<std::string> names;
   uint64_t offset = 0;
@@ -237,9 +293,9 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorD
           path, ": tensor \"", t.name, "\": shape ", ShapeString(t.shape), " has ", *elements,
           " elements but data has ", t.data.size()));
     }
-    const uint64_t bytes = t.data.size() * sizeof(float);
+    const uint64_t bytes = t.data.size() * DtypeBytes(dtype);
     Json entry = Json::object();
-    entry["dtype"] = kF32;
+    entry["dtype"] = DtypeName(dtype);
     entry["shape"] = t.shape;
     entry["data_offsets"] = {offset, offset + bytes};
     header[t.name] = std::move(entry);
@@ -280,7 +336,7 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorD
   }
   WEFT_RETURN_IF_ERROR(WriteAll(fd, length, sizeof(length), path));
   WEFT_RETURN_IF_ERROR(WriteAll(fd, header_text.data(), header_text.size(), path));
-  for (const TensorData& t : tensors) WEFT_RETURN_IF_ERROR(WriteFloats(fd, t.data, path));
+  for (const TensorData& t : tensors) WEFT_RETURN_IF_ERROR(WriteFloats(fd, t.data, dtype, path));
   // fsync before rename: otherwise a crash can leave the new name pointing at missing data.
   if (fsync(fd) != 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": fsync failed"));
   fd_open = false;
@@ -378,54 +434,161 @@ absl::Status CheckTiling(const std::string& path, uint64_t data_size, std::vecto
 
 }  // namespace
 
-absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
+namespace {
+
+// Opens `path` for reading; a regular file only. *size gets its length.
+absl::StatusOr<int> OpenRegularFile(const std::string& path, uint64_t* size) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": file does not exist"));
     return absl::FailedPreconditionError(absl::StrCat(path, ": cannot open: ", std::strerror(err)));
   }
-  absl::Cleanup closer = [fd] { close(fd); };
   struct stat st;
   if (fstat(fd, &st) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": cannot stat: ", std::strerror(errno)));
+    const int err = errno;
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(path, ": cannot stat: ", std::strerror(err)));
   }
   if (!S_ISREG(st.st_mode)) {
+    close(fd);
     return absl::FailedPreconditionError(absl::StrCat(path, ": not a regular file"));
   }
-  const auto file_size = static_cast<uint64_t>(st.st_size);
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+struct ParsedFile {
+  uint64_t data_start = 0;  // bytes before the data section
+  std::vector<Entry> entries;  // in data-offset order
+  std::map<std::string, std::string> metadata;
+};
+
+// The header of the open file `fd`, every check ReadSafetensors documents applied.
+absl::StatusOr<ParsedFile> ParseFile(int fd, uint64_t file_size, const std::string& path,
+                                     bool f32_only) {
   uint64_t header_size = 0;
   WEFT_ASSIGN_OR_RETURN(const Json header, ReadHeader(fd, file_size, path, &header_size));
-
-  const uint64_t data_start = 8 + header_size;
-  const uint64_t data_size = file_size - data_start;
-  SafetensorsFile result;
-  std::vector<Entry> entries;
+  ParsedFile parsed;
+  parsed.data_start = 8 + header_size;
+  const uint64_t data_size = file_size - parsed.data_start;
   for (const auto& [key, value] : header.items()) {
     if (key == kMetadataKey) {
-      WEFT_RETURN_IF_ERROR(ParseMetadata(path, value, &result.metadata));
+      WEFT_RETURN_IF_ERROR(ParseMetadata(path, value, &parsed.metadata));
       continue;
     }
-    WEFT_ASSIGN_OR_RETURN(Entry entry, ParseEntry(path, key, value, data_size));
-    entries.push_back(std::move(entry));
+    WEFT_ASSIGN_OR_RETURN(Entry entry, ParseEntry(path, key, value, data_size, f32_only));
+    parsed.entries.push_back(std::move(entry));
   }
-  WEFT_RETURN_IF_ERROR(CheckTiling(path, data_size, entries));
+  WEFT_RETURN_IF_ERROR(CheckTiling(path, data_size, parsed.entries));
+  return parsed;
+}
 
-  result.tensors.reserve(entries.size());
-  for (Entry& e : entries) {
+uint16_t LoadLe16(const unsigned char* p) {
+  return static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8));
+}
+uint32_t LoadLe32(const unsigned char* p) {
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+         (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
+}
+
+// `n` elements of `dtype` at `bytes` (little-endian) to floats.
+void DecodeToFloat(Dtype dtype, const unsigned char* bytes, size_t n, float* out) {
+  switch (dtype) {
+    case Dtype::kF32:
+      if constexpr (kHostIsLittleEndian) {
+        std::memcpy(out, bytes, n * sizeof(float));
+      } else {
+        for (size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(LoadLe32(bytes + 4 * i));
+      }
+      return;
+    case Dtype::kBF16:
+      for (size_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(LoadLe16(bytes + 2 * i));
+      return;
+    case Dtype::kF16:
+      for (size_t i = 0; i < n; ++i) out[i] = F16ToFloat(LoadLe16(bytes + 2 * i));
+      return;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
+  uint64_t file_size = 0;
+  WEFT_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, &file_size));
+  absl::Cleanup closer = [fd] { close(fd); };
+  WEFT_ASSIGN_OR_RETURN(ParsedFile parsed, ParseFile(fd, file_size, path, /*f32_only=*/true));
+  SafetensorsFile result;
+  result.metadata = std::move(parsed.metadata);
+  result.tensors.reserve(parsed.entries.size());
+  for (Entry& e : parsed.entries) {
     TensorData t;
     t.name = std::move(e.name);
     t.shape = std::move(e.shape);
     t.data.resize((e.end - e.begin) / sizeof(float));
     WEFT_RETURN_IF_ERROR(
-        ReadAllAt(fd, t.data.data(), e.end - e.begin, data_start + e.begin, path));
+        ReadAllAt(fd, t.data.data(), e.end - e.begin, parsed.data_start + e.begin, path));
     if constexpr (!kHostIsLittleEndian) {
       for (float& f : t.data) f = std::bit_cast<float>(ByteSwap32(std::bit_cast<uint32_t>(f)));
     }
     result.tensors.push_back(std::move(t));
   }
   return result;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
+    const std::string& path) {
+  uint64_t file_size = 0;
+  WEFT_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, &file_size));
+  absl::Cleanup closer = [fd] { close(fd); };
+  WEFT_ASSIGN_OR_RETURN(ParsedFile parsed, ParseFile(fd, file_size, path, /*f32_only=*/false));
+  // ParseFile proved file_size >= 8, so the mapping is never empty.
+  void* map = mmap(nullptr, file_size, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": cannot memory-map: ", std::strerror(errno)));
+  }
+  // Reads land on scattered shard ranges: read-ahead of neighbouring pages is wasted.
+  madvise(map, file_size, MADV_RANDOM);
+  std::unique_ptr<SafetensorsReader> reader(new SafetensorsReader());
+  reader->path_ = path;
+  reader->map_ = static_cast<const unsigned char*>(map);
+  reader->map_size_ = file_size;
+  reader->metadata_ = std::move(parsed.metadata);
+  for (Entry& e : parsed.entries) {
+    Tensor t;
+    t.name = std::move(e.name);
+    t.dtype = e.dtype;
+    t.shape = std::move(e.shape);
+    t.elements = static_cast<int64_t>((e.end - e.begin) / DtypeBytes(e.dtype));
+    t.offset = parsed.data_start + e.begin;
+    reader->by_name_[t.name] = reader->tensors_.size();
+    reader->tensors_.push_back(std::move(t));
+  }
+  return reader;
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (map_ != nullptr) munmap(const_cast<unsigned char*>(map_), map_size_);
+}
+
+const SafetensorsReader::Tensor* SafetensorsReader::Find(const std::string& name) const {
+  const auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+absl::Status SafetensorsReader::Read(const Tensor& tensor, int64_t begin, int64_t end,
+                                     float* out) const {
+  if (begin < 0 || begin > end || end > tensor.elements) {
+    return absl::OutOfRangeError(absl::StrCat(path_, ": tensor \"", tensor.name,
+                                              "\": elements [", begin, ", ", end,
+                                              ") out of range: it has ", tensor.elements));
+  }
+  const size_t bytes = DtypeBytes(tensor.dtype);
+  DecodeToFloat(tensor.dtype, map_ + tensor.offset + static_cast<uint64_t>(begin) * bytes,
+                static_cast<size_t>(end - begin), out);
+  bytes_read_.fetch_add(static_cast<uint64_t>(end - begin) * bytes, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 }  // namespace weft::data

@@ -7,12 +7,17 @@
 // padded with spaces so that N is a multiple of 8 (the data then starts 8-byte aligned); then
 // the tensor bytes, little-endian, with [begin, end) relative to the start of the data.
 //
-// This implementation writes and reads F32 only (all Weft keeps outside the training engine).
+// WriteSafetensors and ReadSafetensors handle whole files of F32 tensors (Weft's own model
+// files); SafetensorsReader reads F32, BF16 and F16 tensors of any file in place, element range
+// by element range (Hugging Face checkpoints), and the writer also writes BF16 and F16.
 #ifndef WEFT_WORKER_DATA_SAFETENSORS_H_
 #define WEFT_WORKER_DATA_SAFETENSORS_H_
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,6 +48,16 @@ struct TensorData {
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& tensors,
                               const std::map<std::string, std::string>& metadata);
 
+// Tensor element types Weft reads and writes ("F32", "BF16", "F16" in the header).
+enum class Dtype { kF32, kBF16, kF16 };
+const char* DtypeName(Dtype dtype);
+size_t DtypeBytes(Dtype dtype);
+
+// The same, every tensor stored as `dtype`: floats are rounded to the nearest representable
+// value, ties to even (BF16 keeps NaN a NaN; F16 overflows to infinity like any IEEE cast).
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& tensors,
+                              const std::map<std::string, std::string>& metadata, Dtype dtype);
+
 struct SafetensorsFile {
   std::vector<TensorData> tensors;  // in data-offset order (= the order they were written)
   std::map<std::string, std::string> metadata;
@@ -61,6 +76,56 @@ struct SafetensorsFile {
 //    range, overlapping, leaving a gap, or not covering the data section.
 //  - UNIMPLEMENTED: a well-formed tensor of a dtype other than F32.
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
+
+// A safetensors file mapped into memory, read lazily: Open parses and checks only the header
+// (every check of ReadSafetensors, F32, BF16 and F16 accepted; another dtype is UNIMPLEMENTED
+// naming it), and Read converts an element range of one tensor to float, touching only the
+// pages of those bytes. That is how a rank imports its shard of a model far larger than its
+// memory. Thread-safe for concurrent Reads.
+//
+// The file must not shrink while mapped (a read past its new end faults, as with any mapping);
+// checkpoints are not rewritten in place.
+class SafetensorsReader {
+ public:
+  struct Tensor {
+    std::string name;
+    Dtype dtype = Dtype::kF32;
+    std::vector<int64_t> shape;
+    int64_t elements = 0;
+    uint64_t offset = 0;  // of its first byte in the file
+  };
+
+  static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  // In data-offset order.
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+  // nullptr when the file has no tensor `name`.
+  const Tensor* Find(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // Elements [begin, end) of `tensor` (one of tensors()), flat row-major, as floats into `out`.
+  // OUT_OF_RANGE naming the file and tensor for a range outside it.
+  absl::Status Read(const Tensor& tensor, int64_t begin, int64_t end, float* out) const;
+
+  // Tensor bytes Read has touched so far (headers excluded): what tests check to prove that a
+  // rank reads its share only.
+  uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
+
+ private:
+  SafetensorsReader() = default;
+
+  std::string path_;
+  const unsigned char* map_ = nullptr;
+  uint64_t map_size_ = 0;
+  std::vector<Tensor> tensors_;
+  std::map<std::string, size_t> by_name_;
+  std::map<std::string, std::string> metadata_;
+  mutable std::atomic<uint64_t> bytes_read_{0};
+};
 
 }  // namespace weft::data
 

@@ -15,8 +15,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "common/status.h"
+#include "worker/data/manifest.h"
 #include "worker/data/random.h"
+#include "worker/data/token_files.h"
 
 namespace weft::data {
 namespace {
@@ -26,6 +29,8 @@ constexpr int64_t kBinHeaderInts = 256;
 constexpr int64_t kBinHeaderBytes = kBinHeaderInts * 4;
 constexpr double kDefaultValFraction = 0.1;
 constexpr double kMaxValFraction = 0.5;
+// Keys SEQUENTIAL's permutations apart from RANDOM_WINDOWS' hashes of the same seed.
+constexpr uint64_t kSequentialDomain = 0x5E9A'E17A'1D0C'0001ULL;
 
 // The two llm.c token files differ only in these; the magic tells them apart, so a file opened
 // with the other format's DataFormat is named as such rather than called corrupt.
@@ -61,6 +66,10 @@ inline int32_t LoadLe32(const unsigned char* p) {
 struct Mapping {
   void* base = nullptr;
   size_t size = 0;
+  Mapping() = default;
+  Mapping(Mapping&& other) noexcept
+      : base(std::exchange(other.base, nullptr)), size(other.size) {}
+  Mapping& operator=(Mapping&&) = delete;
   ~Mapping() {
     if (base != nullptr) munmap(base, size);
   }
@@ -106,9 +115,25 @@ absl::Status MapFile(const std::string& path, Mapping* mapping) {
   return absl::OkStatus();
 }
 
-// Validates an llm.c header of `format`; on success sets the count of tokens after it.
+// Where a split's files come from and what they must be.
+struct Source {
+  std::string name;                // what path() reports
+  std::vector<std::string> files;  // in stream order
+  // With a manifest: what it says of each file (parallel to `files`), its field for messages
+  // ("splits.train") and the manifest's path; empty otherwise.
+  std::vector<ManifestShard> expected;
+  std::string split_field;
+  const BinFormat* format = nullptr;  // null for DATA_FORMAT_TEXT_BYTES
+  // Where the format came from, and what to tell a person who named the other width.
+  std::string format_origin;
+  bool held_out = false;  // kVal/kTrain share one stream split at val_fraction
+  double val_fraction = 0.0;
+};
+
+// Validates an llm.c header of `source.format`; on success sets the count of tokens after it.
 absl::Status ParseBinHeader(const std::string& path, const Mapping& mapping,
-                            const BinFormat& format, int64_t* count) {
+                            const Source& source, int64_t* count) {
+  const BinFormat& format = *source.format;
   const auto* bytes = static_cast<const unsigned char*>(mapping.base);
   const int64_t size = static_cast<int64_t>(mapping.size);
   const std::string what = absl::StrCat(format.name, " token file (",
@@ -122,11 +147,14 @@ absl::Status ParseBinHeader(const std::string& path, const Mapping& mapping,
   if (magic != format.magic) {
     const BinFormat& other = format.magic == kUint16Bin.magic ? kUint32Bin : kUint16Bin;
     if (magic == other.magic) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, ": magic number ", magic, " marks a ", other.name,
-          " token file, but data.format is ",
-          weft::v1::DataFormat_Name(format.format), " (magic ", format.magic,
-          "); set data.format to ", weft::v1::DataFormat_Name(other.format)));
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": magic number ", magic, " marks a ", other.name,
+                       " token file, but ", source.format_origin, " is ",
+                       weft::v1::DataFormat_Name(format.format), " (magic ", format.magic, ")",
+                       source.expected.empty()
+                           ? absl::StrCat("; set data.format to ",
+                                          weft::v1::DataFormat_Name(other.format))
+                           : std::string("; the shard does not belong to this dataset")));
     }
     return absl::FailedPreconditionError(absl::StrCat(
         path, ": bad magic number ", magic, " in ", what, " header (expected ", format.magic,
@@ -152,17 +180,18 @@ absl::Status ParseBinHeader(const std::string& path, const Mapping& mapping,
 }
 
 // Finds the first token >= vocab_size, so the error names a value and a place a person can
-// look at (e.g. with `od`), rather than surfacing later as an out-of-range embedding row.
-// Files run to many GB: each fixed-size block is reduced to its maximum (a loop the compiler
-// vectorises) and only a block holding a bad token is searched again, element by element.
-// `first_index` is the index in the file of tokens[0], for the message.
+// look at (e.g. with `od`), rather than surfacing later as an out-of-range embedding row; with
+// `crc` non-null, also folds the tokens into *crc in the same pass, so a large shard is read
+// once. Files run to many GB: each fixed-size block is reduced to its maximum (a loop the
+// compiler vectorises) and only a block holding a bad token is searched again, element by
+// element. `first_index` is the index in the file of tokens[0], for the message.
 template <typename T>
-absl::Status CheckTokens(const std::string& path, const unsigned char* tokens, int64_t count,
-                         int64_t first_index, int vocab_size) {
-  if (static_cast<uint64_t>(vocab_size) > std::numeric_limits<T>::max()) {
-    return absl::OkStatus();  // every value the format can hold is a valid token
-  }
-  const auto limit = static_cast<T>(vocab_size);
+absl::Status ScanTokens(const std::string& path, const unsigned char* tokens, int64_t count,
+                        int64_t first_index, int vocab_size, uint32_t* crc) {
+  // Otherwise every value the format can hold is a valid token.
+  const bool check = static_cast<uint64_t>(vocab_size) <= std::numeric_limits<T>::max();
+  if (!check && crc == nullptr) return absl::OkStatus();
+  const auto limit = static_cast<T>(check ? vocab_size : 0);
   constexpr int64_t kBlock = 4096;
   const auto block_max = [&](int64_t begin, int64_t n) {
     T m = 0;
@@ -170,9 +199,13 @@ absl::Status CheckTokens(const std::string& path, const unsigned char* tokens, i
     return m;
   };
   for (int64_t begin = 0; begin < count; begin += kBlock) {
+    const int64_t n = std::min(kBlock, count - begin);
+    if (crc != nullptr) {
+      *crc = Crc32c(tokens + begin * sizeof(T), static_cast<size_t>(n) * sizeof(T), *crc);
+    }
+    if (!check) continue;
     // A constant trip count for whole blocks, so the reduction needs no scalar epilogue.
-    const T m =
-        count - begin >= kBlock ? block_max(begin, kBlock) : block_max(begin, count - begin);
+    const T m = n == kBlock ? block_max(begin, kBlock) : block_max(begin, n);
     if (m < limit) continue;
     for (int64_t i = begin;; ++i) {
       const T value = LoadLe<T>(tokens + i * sizeof(T));
@@ -187,19 +220,173 @@ absl::Status CheckTokens(const std::string& path, const unsigned char* tokens, i
   return absl::OkStatus();
 }
 
-// Checks file tokens [first_index, first_index + count) of a file whose tokens start at
-// `file_tokens`.
-absl::Status CheckTokens(const std::string& path, const unsigned char* file_tokens,
-                         int token_bytes, int64_t first_index, int64_t count, int vocab_size) {
-  const unsigned char* tokens = file_tokens + first_index * token_bytes;
-  switch (token_bytes) {
-    case 1: return CheckTokens<uint8_t>(path, tokens, count, first_index, vocab_size);
-    case 2: return CheckTokens<uint16_t>(path, tokens, count, first_index, vocab_size);
-    default: return CheckTokens<uint32_t>(path, tokens, count, first_index, vocab_size);
+// One file of a split, mapped and its header checked.
+struct OpenFile {
+  std::string path;
+  Mapping mapping;
+  const unsigned char* tokens = nullptr;  // the file's first token
+  int64_t count = 0;                      // the file's tokens
+};
+
+// A shard differs from its manifest entry: someone rewrote, truncated or replaced it.
+absl::Status ShardChanged(const std::string& path, const std::string& field, const char* what,
+                          const std::string& actual, const std::string& expected) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(path, ": shard changed after its manifest was written: ", what, " ", actual,
+                   ", but the manifest says ", expected, " (", field, ")"));
+}
+
+absl::StatusOr<OpenFile> OpenTokenFile(const Source& source, size_t i) {
+  OpenFile file;
+  file.path = source.files[i];
+  const bool manifest = !source.expected.empty();
+  const std::string field = absl::StrCat(source.split_field, "[", i, "]");
+  const absl::Status mapped = MapFile(file.path, &file.mapping);
+  if (manifest && absl::IsNotFound(mapped)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        file.path, ": shard is missing: the dataset manifest ", source.name, " lists it (",
+        field, ")"));
+  }
+  WEFT_RETURN_IF_ERROR(mapped);
+  if (manifest && static_cast<int64_t>(file.mapping.size) != source.expected[i].bytes) {
+    return ShardChanged(file.path, field, "size", absl::StrCat(file.mapping.size, " bytes"),
+                        absl::StrCat(source.expected[i].bytes, " bytes"));
+  }
+  file.tokens = static_cast<const unsigned char*>(file.mapping.base);
+  if (source.format == nullptr) {
+    file.count = static_cast<int64_t>(file.mapping.size);
+    return file;
+  }
+  WEFT_RETURN_IF_ERROR(ParseBinHeader(file.path, file.mapping, source, &file.count));
+  file.tokens += kBinHeaderBytes;
+  if (manifest && file.count != source.expected[i].tokens) {
+    return ShardChanged(file.path, field, "header token count", absl::StrCat(file.count),
+                        absl::StrCat(source.expected[i].tokens));
+  }
+  return file;
+}
+
+// Checks the file's tokens [first, first + count) against the vocabulary and, for a manifest
+// shard (always read whole), its crc32c against the manifest's.
+absl::Status ScanFile(const Source& source, size_t i, const OpenFile& file, int64_t first,
+                      int64_t count, int vocab_size) {
+  const bool manifest = !source.expected.empty();
+  uint32_t crc = 0;
+  if (manifest) crc = Crc32c(file.mapping.base, file.tokens - static_cast<const unsigned char*>(
+                                                                  file.mapping.base));
+  uint32_t* crc_out = manifest ? &crc : nullptr;
+  const int width = source.format == nullptr ? 1 : source.format->token_bytes;
+  const unsigned char* tokens = file.tokens + first * width;
+  absl::Status scanned;
+  switch (width) {
+    case 1: scanned = ScanTokens<uint8_t>(file.path, tokens, count, first, vocab_size, crc_out);
+      break;
+    case 2: scanned = ScanTokens<uint16_t>(file.path, tokens, count, first, vocab_size, crc_out);
+      break;
+    default:
+      scanned = ScanTokens<uint32_t>(file.path, tokens, count, first, vocab_size, crc_out);
+  }
+  WEFT_RETURN_IF_ERROR(scanned);
+  if (manifest && crc != source.expected[i].crc32c) {
+    return ShardChanged(file.path, absl::StrCat(source.split_field, "[", i, "]"), "crc32c",
+                        FormatCrc32c(crc), FormatCrc32c(source.expected[i].crc32c));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const BinFormat*> BinFormatOf(weft::v1::DataFormat format) {
+  switch (format) {
+    case weft::v1::DATA_FORMAT_TEXT_BYTES: return nullptr;
+    case weft::v1::DATA_FORMAT_UINT16_BIN: return &kUint16Bin;
+    case weft::v1::DATA_FORMAT_UINT32_BIN: return &kUint32Bin;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.format must be DATA_FORMAT_TEXT_BYTES, DATA_FORMAT_UINT16_BIN or "
+          "DATA_FORMAT_UINT32_BIN, got ",
+          weft::v1::DataFormat_Name(format).empty() ? absl::StrCat(static_cast<int>(format))
+                                                    : weft::v1::DataFormat_Name(format)));
   }
 }
 
-// One sequence and its targets, shifted by one: inputs[t] = p[t], targets[t] = p[t + 1].
+absl::StatusOr<Source> ManifestSourceOf(const std::string& manifest_path, int vocab_size,
+                                        Split split) {
+  WEFT_ASSIGN_OR_RETURN(const DatasetManifest m, ReadManifest(manifest_path));
+  const std::string file = ManifestFilePath(m, kManifestFileName);
+  if (m.tokenizer.vocab_size > vocab_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        file, ": tokenizer.vocab_size ", m.tokenizer.vocab_size, " is larger than "
+        "model.vocab_size ", vocab_size, "; the model has no embedding row for the tokenizer's "
+        "largest ids (set model.vocab_size >= ", m.tokenizer.vocab_size, ")"));
+  }
+  // Once per worker: the train split is opened first and always.
+  if (split == Split::kTrain) WEFT_RETURN_IF_ERROR(CheckManifestTokenizer(m));
+  const std::vector<ManifestShard>& shards = split == Split::kTrain ? m.train : m.val;
+  if (shards.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        file, ": splits.val is empty, but validation is on (training.val_interval_steps > 0): "
+        "prepare the dataset with a validation fraction, or set training.val_interval_steps "
+        "to 0"));
+  }
+  Source source;
+  source.name = file;
+  source.expected = shards;
+  source.split_field = split == Split::kTrain ? "splits.train" : "splits.val";
+  for (const ManifestShard& shard : shards) {
+    source.files.push_back(ManifestFilePath(m, shard.file));
+  }
+  WEFT_ASSIGN_OR_RETURN(source.format, BinFormatOf(m.token_format));
+  source.format_origin = absl::StrCat("the token_format of its manifest ", file);
+  return source;
+}
+
+absl::StatusOr<Source> PathSourceOf(const weft::v1::DataSpec& spec, Split split) {
+  if (spec.train_path().empty()) {
+    return absl::InvalidArgumentError("data.train_path is empty");
+  }
+  Source source;
+  WEFT_ASSIGN_OR_RETURN(source.format, BinFormatOf(spec.format()));
+  source.format_origin = "data.format";
+  source.held_out = spec.val_path().empty();
+  if (source.held_out) {
+    source.val_fraction = spec.val_fraction();
+    if (source.val_fraction == 0.0) source.val_fraction = kDefaultValFraction;
+    // The negated comparison also rejects NaN.
+    if (!(source.val_fraction >= 0.0 && source.val_fraction <= kMaxValFraction)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.val_fraction must be in [0, ", kMaxValFraction, "], got ", source.val_fraction));
+    }
+  }
+  const bool own_val = split == Split::kVal && !source.held_out;
+  source.name = own_val ? spec.val_path() : spec.train_path();
+  WEFT_ASSIGN_OR_RETURN(source.files,
+                        ListTokenFiles(source.name, own_val ? "data.val_path" : "data.train_path"));
+  return source;
+}
+
+// The range of the stream of `total` tokens that `split` reads, and how to describe it.
+struct SplitRange {
+  int64_t first = 0;
+  int64_t count = 0;
+  std::string what;
+};
+
+SplitRange RangeOf(const Source& source, Split split, int64_t total, size_t files) {
+  const std::string all = files == 1 ? "the file" : absl::StrCat("the ", files, " files");
+  if (!source.held_out) return {0, total, all};
+  // Floor, so the held-out tail never exceeds the requested fraction.
+  const auto val_tokens =
+      static_cast<int64_t>(std::floor(static_cast<double>(total) * source.val_fraction));
+  if (split == Split::kTrain) {
+    return {0, total - val_tokens,
+            absl::StrCat("the train split (the first ", 100.0 * (1.0 - source.val_fraction),
+                         "% of the ", total, " tokens)")};
+  }
+  return {total - val_tokens, val_tokens,
+          absl::StrCat("the validation split (the last ", 100.0 * source.val_fraction,
+                       "% of the ", total, " tokens)")};
+}
+
+// One row of a batch: inputs[t] = p[t], targets[t] = p[t + 1].
 template <typename T>
 void CopySequence(const unsigned char* p, int64_t t_len, int32_t* inputs, int32_t* targets) {
   for (int64_t t = 0; t < t_len; ++t) {
@@ -215,107 +402,114 @@ const char* SplitName(Split split) { return split == Split::kTrain ? "train" : "
 absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const weft::v1::DataSpec& spec,
                                                                  int vocab_size, int seq_len,
                                                                  Split split) {
+  return Open(spec, Options{vocab_size, seq_len, 1}, split);
+}
+
+absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const weft::v1::DataSpec& spec,
+                                                                 const Options& options,
+                                                                 Split split) {
+  const int seq_len = options.seq_len;
   if (seq_len < 1) {
     return absl::InvalidArgumentError(absl::StrCat("sequence length must be >= 1, got ", seq_len));
   }
-  if (vocab_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("vocab_size must be >= 1, got ", vocab_size));
+  if (options.vocab_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vocab_size must be >= 1, got ", options.vocab_size));
   }
-  const BinFormat* bin_format = nullptr;
-  switch (spec.format()) {
-    case weft::v1::DATA_FORMAT_TEXT_BYTES: break;
-    case weft::v1::DATA_FORMAT_UINT16_BIN: bin_format = &kUint16Bin; break;
-    case weft::v1::DATA_FORMAT_UINT32_BIN: bin_format = &kUint32Bin; break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.format must be DATA_FORMAT_TEXT_BYTES, DATA_FORMAT_UINT16_BIN or "
-          "DATA_FORMAT_UINT32_BIN, got ",
-          weft::v1::DataFormat_Name(spec.format()).empty()
-              ? absl::StrCat(static_cast<int>(spec.format()))
-              : weft::v1::DataFormat_Name(spec.format())));
+  if (options.grad_accum_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grad_accum_steps must be >= 1, got ", options.grad_accum_steps));
   }
-  const int token_bytes = bin_format == nullptr ? 1 : bin_format->token_bytes;
-  if (spec.train_path().empty()) {
-    return absl::InvalidArgumentError("data.train_path is empty");
+  WEFT_ASSIGN_OR_RETURN(const Source source,
+                        spec.manifest_path().empty()
+                            ? PathSourceOf(spec, split)
+                            : ManifestSourceOf(spec.manifest_path(), options.vocab_size, split));
+  std::vector<OpenFile> files;
+  int64_t total = 0;
+  for (size_t i = 0; i < source.files.size(); ++i) {
+    WEFT_ASSIGN_OR_RETURN(OpenFile file, OpenTokenFile(source, i));
+    total += file.count;
+    files.push_back(std::move(file));
   }
-  const bool held_out = spec.val_path().empty();
-  double val_fraction = spec.val_fraction();
-  if (held_out) {
-    if (val_fraction == 0.0) val_fraction = kDefaultValFraction;
-    // The negated comparison also rejects NaN.
-    if (!(val_fraction >= 0.0 && val_fraction <= kMaxValFraction)) {
-      return absl::InvalidArgumentError(absl::StrCat("data.val_fraction must be in [0, ",
-                                                     kMaxValFraction, "], got ", val_fraction));
-    }
+  const SplitRange range = RangeOf(source, split, total, files.size());
+  if (range.count < static_cast<int64_t>(seq_len) + 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        source.name, ": too short: ", range.what, " has ", range.count,
+        " tokens, but one sequence of seq_len ", seq_len, " needs ",
+        static_cast<int64_t>(seq_len) + 1, " (seq_len + 1 for the targets)"));
   }
 
   auto dataset = std::unique_ptr<TokenDataset>(new TokenDataset());
-  dataset->path_ = (split == Split::kVal && !held_out) ? spec.val_path() : spec.train_path();
+  dataset->path_ = source.name;
   dataset->split_ = split;
   dataset->seq_len_ = seq_len;
-  dataset->token_bytes_ = token_bytes;
-  const std::string& path = dataset->path_;
-
-  Mapping mapping;
-  WEFT_RETURN_IF_ERROR(MapFile(path, &mapping));
-  const auto* bytes = static_cast<const unsigned char*>(mapping.base);
-  int64_t file_tokens = 0;
-  const unsigned char* tokens = bytes;
-  if (bin_format == nullptr) {
-    file_tokens = static_cast<int64_t>(mapping.size);
-  } else {
-    WEFT_RETURN_IF_ERROR(ParseBinHeader(path, mapping, *bin_format, &file_tokens));
-    tokens = bytes + kBinHeaderBytes;
+  dataset->grad_accum_steps_ = options.grad_accum_steps;
+  dataset->token_bytes_ = source.format == nullptr ? 1 : source.format->token_bytes;
+  dataset->num_tokens_ = range.count;
+  dataset->first_token_index_ = range.first;
+  if (split == Split::kTrain && spec.sampling() == weft::v1::DataSpec::SEQUENTIAL) {
+    dataset->sampling_ = weft::v1::DataSpec::SEQUENTIAL;
   }
-
-  int64_t first = 0;
-  int64_t count = file_tokens;
-  std::string what = "the file";
-  if (held_out) {
-    // Floor, so the held-out tail never exceeds the requested fraction.
-    const auto val_tokens =
-        static_cast<int64_t>(std::floor(static_cast<double>(file_tokens) * val_fraction));
-    if (split == Split::kTrain) {
-      count = file_tokens - val_tokens;
-      what = absl::StrCat("the train split (the first ", 100.0 * (1.0 - val_fraction), "% of the ",
-                          file_tokens, " tokens)");
-    } else {
-      first = file_tokens - val_tokens;
-      count = val_tokens;
-      what = absl::StrCat("the validation split (the last ", 100.0 * val_fraction, "% of the ",
-                          file_tokens, " tokens)");
+  // Each file: scan what this split must check, and keep the mapping if the split reads it.
+  // The train split checks every file whole, its held-out tail included, so a bad validation
+  // token fails the job at start; a held-out validation split then checks only its own tail,
+  // so a worker opening both scans a (possibly many-GB) stream once.
+  const bool whole = split == Split::kTrain || !source.held_out;
+  const int64_t end = range.first + range.count;
+  int64_t file_begin = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    OpenFile& file = files[i];
+    const int64_t lo = std::clamp(range.first - file_begin, int64_t{0}, file.count);
+    const int64_t hi = std::clamp(end - file_begin, int64_t{0}, file.count);
+    WEFT_RETURN_IF_ERROR(ScanFile(source, i, file, whole ? 0 : lo, whole ? file.count : hi - lo,
+                                  options.vocab_size));
+    if (hi > lo) {
+      Shard shard;
+      shard.path = file.path;
+      shard.map_size = file.mapping.size;
+      shard.map_base = std::exchange(file.mapping.base, nullptr);
+      shard.tokens = file.tokens + lo * dataset->token_bytes_;
+      shard.count = hi - lo;
+      shard.begin = file_begin + lo - range.first;
+      shard.first_window = dataset->num_windows_;
+      // Windows of seq_len + 1 tokens at a stride of seq_len: the last starts at
+      // (w - 1) * seq_len and ends at w * seq_len <= count - 1.
+      dataset->num_windows_ += (shard.count - 1) / seq_len;
+      dataset->shards_.push_back(std::move(shard));
     }
+    file_begin += file.count;
   }
-  if (count < static_cast<int64_t>(seq_len) + 1) {
+  if (dataset->sampling_ == weft::v1::DataSpec::SEQUENTIAL && dataset->num_windows_ == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        path, ": too short: ", what, " has ", count, " tokens, but one sequence of seq_len ",
-        seq_len, " needs ", static_cast<int64_t>(seq_len) + 1, " (seq_len + 1 for the targets)"));
+        source.name, ": too short for SEQUENTIAL sampling: no file of ", range.what,
+        " holds one window of seq_len + 1 = ", static_cast<int64_t>(seq_len) + 1,
+        " tokens (a window never spans two files)"));
   }
-  // The train split checks the whole file, its held-out tail included, so a bad validation
-  // token fails the job at start; a held-out validation split then checks only its own tail, so
-  // a worker opening both scans a (possibly many-GB) file once.
-  const bool whole_file = split == Split::kTrain || !held_out;
-  WEFT_RETURN_IF_ERROR(CheckTokens(path, tokens, token_bytes, whole_file ? 0 : first,
-                                   whole_file ? file_tokens : count, vocab_size));
-
-  dataset->map_base_ = std::exchange(mapping.base, nullptr);
-  dataset->map_size_ = mapping.size;
-  dataset->tokens_ = tokens + first * token_bytes;
-  dataset->num_tokens_ = count;
-  dataset->first_token_index_ = first;
   return dataset;
 }
 
 TokenDataset::~TokenDataset() {
-  if (map_base_ != nullptr) munmap(map_base_, map_size_);
+  for (const Shard& shard : shards_) {
+    if (shard.map_base != nullptr) munmap(shard.map_base, shard.map_size);
+  }
+}
+
+const TokenDataset::Shard& TokenDataset::ShardOfToken(int64_t i) const {
+  if (shards_.size() == 1) return shards_[0];
+  // The last shard whose first token is at or before i.
+  const auto it = std::upper_bound(shards_.begin(), shards_.end(), i,
+                                   [](int64_t v, const Shard& s) { return v < s.begin; });
+  return *(it - 1);
 }
 
 int32_t TokenDataset::Token(int64_t i) const {
   assert(i >= 0 && i < num_tokens_);
+  const Shard& shard = ShardOfToken(i);
+  const unsigned char* p = shard.tokens + (i - shard.begin) * token_bytes_;
   switch (token_bytes_) {
-    case 1: return tokens_[i];
-    case 2: return LoadLe<uint16_t>(tokens_ + 2 * i);
-    default: return static_cast<int32_t>(LoadLe<uint32_t>(tokens_ + 4 * i));
+    case 1: return *p;
+    case 2: return LoadLe<uint16_t>(p);
+    default: return static_cast<int32_t>(LoadLe<uint32_t>(p));
   }
 }
 
@@ -330,23 +524,54 @@ int64_t TokenDataset::SequenceStart(uint64_t seed, int64_t step, int micro_step,
   return static_cast<int64_t>(h % range);
 }
 
+int64_t TokenDataset::SequentialStart(uint64_t seed, int64_t n) const {
+  assert(n >= 0 && num_windows_ > 0);
+  const auto windows = static_cast<uint64_t>(num_windows_);
+  const uint64_t epoch = static_cast<uint64_t>(n) / windows;
+  const KeyedPermutation order(windows,
+                               HashCombine(HashCombine(Mix64(seed), kSequentialDomain), epoch));
+  const auto window = static_cast<int64_t>(order(static_cast<uint64_t>(n) % windows));
+  // The last shard whose first window is at or before `window` (shards without a window share
+  // their first_window with the next one, and upper_bound passes them).
+  const auto it = std::upper_bound(shards_.begin(), shards_.end(), window,
+                                   [](int64_t v, const Shard& s) { return v < s.first_window; });
+  const Shard& shard = *(it - 1);
+  return shard.begin + (window - shard.first_window) * seq_len_;
+}
+
+void TokenDataset::CopyWindow(int64_t start, int32_t* inputs, int32_t* targets) const {
+  const int64_t t_len = seq_len_;
+  const Shard& shard = ShardOfToken(start);
+  if (start + t_len < shard.begin + shard.count) {
+    const unsigned char* p = shard.tokens + (start - shard.begin) * token_bytes_;
+    // Specialized per width so the inner loops are branch-free copies.
+    switch (token_bytes_) {
+      case 1: CopySequence<uint8_t>(p, t_len, inputs, targets); break;
+      case 2: CopySequence<uint16_t>(p, t_len, inputs, targets); break;
+      default: CopySequence<uint32_t>(p, t_len, inputs, targets); break;
+    }
+    return;
+  }
+  // A random window running from one file into the next: rare, so token by token.
+  for (int64_t t = 0; t < t_len; ++t) {
+    inputs[t] = Token(start + t);
+    targets[t] = Token(start + t + 1);
+  }
+}
+
 void TokenDataset::Batch(uint64_t seed, int64_t step, int micro_step, int rank, int world_size,
                          int batch_size, int32_t* inputs, int32_t* targets) const {
   assert(world_size >= 1 && rank >= 0 && rank < world_size);
   assert(batch_size >= 1 && step >= 0 && micro_step >= 0);
   const int64_t t_len = seq_len_;
+  const int64_t global_batch = static_cast<int64_t>(world_size) * batch_size;
+  const int64_t first_sequence = (step * grad_accum_steps_ + micro_step) * global_batch;
   for (int b = 0; b < batch_size; ++b) {
     const int64_t global_index = static_cast<int64_t>(rank) * batch_size + b;
-    const int64_t start = SequenceStart(seed, step, micro_step, global_index);
-    int32_t* in = inputs + b * t_len;
-    int32_t* out = targets + b * t_len;
-    const unsigned char* p = tokens_ + token_bytes_ * start;
-    // Specialized per width so the inner loops are branch-free copies.
-    switch (token_bytes_) {
-      case 1: CopySequence<uint8_t>(p, t_len, in, out); break;
-      case 2: CopySequence<uint16_t>(p, t_len, in, out); break;
-      default: CopySequence<uint32_t>(p, t_len, in, out); break;
-    }
+    const int64_t start = sampling_ == weft::v1::DataSpec::SEQUENTIAL
+                              ? SequentialStart(seed, first_sequence + global_index)
+                              : SequenceStart(seed, step, micro_step, global_index);
+    CopyWindow(start, inputs + b * t_len, targets + b * t_len);
   }
 }
 

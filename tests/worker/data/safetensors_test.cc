@@ -292,5 +292,119 @@ TEST_F(SafetensorsTest, TrailingBytes) {
               absl::StatusCode::kDataLoss, "the data section has 8 bytes but the tensors cover only 4");
 }
 
+// --- SafetensorsReader (memory-mapped, element ranges) and the BF16 / F16 writer ---
+
+// Little-endian bytes of 16-bit patterns.
+std::string U16Bytes(const std::vector<uint16_t>& values) {
+  std::string out;
+  for (uint16_t v : values) {
+    out.push_back(static_cast<char>(v & 0xFF));
+    out.push_back(static_cast<char>(v >> 8));
+  }
+  return out;
+}
+
+TEST_F(SafetensorsTest, ReaderConvertsEachDtypeAndReadsOnlyTheRange) {
+  // bf16 0x3F80 = 1, 0xC000 = -2, 0x3EAB ~ 0.333984375; f16 0x3C00 = 1, 0xC000 = -2,
+  // 0x0001 = 2^-24 (the smallest subnormal), 0x7C00 = inf.
+  const std::string header =
+      R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]},)"
+      R"( "b": {"dtype": "BF16", "shape": [3], "data_offsets": [12, 18]},)"
+      R"( "c": {"dtype": "F16", "shape": [2, 2], "data_offsets": [18, 26]}})";
+  const std::string path =
+      Write("m.safetensors", RawFile(header, F32Bytes({1.5f, -0.25f, 7}) +
+                                                 U16Bytes({0x3F80, 0xC000, 0x3EAB}) +
+                                                 U16Bytes({0x3C00, 0xC000, 0x0001, 0x7C00})));
+  auto reader = SafetensorsReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const SafetensorsReader& r = **reader;
+  ASSERT_EQ(r.tensors().size(), 3u);
+  EXPECT_EQ(r.bytes_read(), 0u);
+  const SafetensorsReader::Tensor* c = r.Find("c");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->dtype, Dtype::kF16);
+  EXPECT_THAT(c->shape, ElementsAre(2, 2));
+  EXPECT_EQ(r.Find("nope"), nullptr);
+
+  float out[4] = {};
+  ASSERT_TRUE(r.Read(*r.Find("a"), 1, 3, out).ok());
+  EXPECT_THAT(std::vector<float>(out, out + 2), ElementsAre(-0.25f, 7.0f));
+  EXPECT_EQ(r.bytes_read(), 8u);
+  ASSERT_TRUE(r.Read(*r.Find("b"), 0, 3, out).ok());
+  EXPECT_THAT(std::vector<float>(out, out + 3), ElementsAre(1.0f, -2.0f, 0.333984375f));
+  EXPECT_EQ(r.bytes_read(), 14u);
+  ASSERT_TRUE(r.Read(*c, 1, 4, out).ok());
+  EXPECT_EQ(out[0], -2.0f);
+  EXPECT_EQ(out[1], std::ldexp(1.0f, -24));
+  EXPECT_EQ(out[2], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(r.bytes_read(), 20u);
+
+  const absl::Status bad = r.Read(*c, 2, 5, out);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(bad.message(), AllOf(HasSubstr(path), HasSubstr("tensor \"c\"")));
+}
+
+TEST_F(SafetensorsTest, ReaderAppliesTheSameStrictChecks) {
+  const std::string truncated = Write(
+      "t.safetensors",
+      RawFile(R"({"a": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]}})", U16Bytes({1})));
+  auto r = SafetensorsReader::Open(truncated);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), AllOf(HasSubstr(truncated), HasSubstr("out of range")));
+
+  const std::string mismatch = Write(
+      "s.safetensors",
+      RawFile(R"({"a": {"dtype": "F16", "shape": [3], "data_offsets": [0, 4]}})", U16Bytes({1, 2})));
+  r = SafetensorsReader::Open(mismatch);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("shape [3] of F16 needs 6 bytes"));
+
+  const std::string i64 = Write(
+      "i.safetensors",
+      RawFile(R"({"a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", Le64(3)));
+  r = SafetensorsReader::Open(i64);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(r.status().message(),
+              AllOf(HasSubstr(i64), HasSubstr("tensor \"a\": unsupported dtype I64")));
+
+  r = SafetensorsReader::Open(dir_.File("missing.safetensors"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SafetensorsTest, WritesBf16AndF16RoundingToNearestEven) {
+  // 1 + 2^-8 is halfway between bf16 1 and 1 + 2^-7: ties to even (1). 1 + 3 * 2^-8 is halfway
+  // between 1 + 2^-7 and 1 + 2^-6: ties to even (1 + 2^-6). 1 + 2^-8 + 2^-20 rounds up.
+  const std::vector<float> values = {1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8),
+                                     1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20), -3.0f,
+                                     std::numeric_limits<float>::quiet_NaN()};
+  const std::string bf16 = dir_.File("b.safetensors");
+  ASSERT_TRUE(WriteSafetensors(bf16, {{"x", {5}, values}}, {}, Dtype::kBF16).ok());
+  auto r = SafetensorsReader::Open(bf16);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->tensors()[0].dtype, Dtype::kBF16);
+  std::vector<float> out(5);
+  ASSERT_TRUE((*r)->Read((*r)->tensors()[0], 0, 5, out.data()).ok());
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 1.0f + std::ldexp(1.0f, -6));
+  EXPECT_EQ(out[2], 1.0f + std::ldexp(1.0f, -7));
+  EXPECT_EQ(out[3], -3.0f);
+  EXPECT_TRUE(std::isnan(out[4]));
+
+  // f16 has 10 mantissa bits: 1 + 2^-11 ties to 1; 65520 overflows to infinity.
+  const std::string f16 = dir_.File("h.safetensors");
+  ASSERT_TRUE(WriteSafetensors(f16, {{"y", {3}, {1.0f + std::ldexp(1.0f, -11), 65520.0f, 0.5f}}},
+                               {{"format", "pt"}}, Dtype::kF16)
+                  .ok());
+  r = SafetensorsReader::Open(f16);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->metadata().at("format"), "pt");
+  ASSERT_TRUE((*r)->Read((*r)->tensors()[0], 0, 3, out.data()).ok());
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(out[2], 0.5f);
+  // The whole-file F32 reader keeps refusing other dtypes.
+  EXPECT_EQ(ReadSafetensors(f16).status().code(), absl::StatusCode::kUnimplemented);
+}
+
 }  // namespace
 }  // namespace weft::data

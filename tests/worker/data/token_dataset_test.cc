@@ -16,58 +16,12 @@
 namespace weft::data {
 namespace {
 
+using testing::Bin32File;
+using testing::BinFile;
+using testing::Iota;
+using testing::Spec;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-void PutLe32(std::string* out, int32_t v) {
-  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((static_cast<uint32_t>(v) >> (8 * i)) & 0xFF));
-}
-
-// An llm.c token file of `Token`-wide tokens; header fields are parameters so tests can corrupt
-// them.
-template <typename Token>
-std::string BinFileOf(const std::vector<Token>& tokens, int32_t magic, int32_t version,
-                      int64_t count_override) {
-  std::string out;
-  PutLe32(&out, magic);
-  PutLe32(&out, version);
-  PutLe32(&out, static_cast<int32_t>(count_override >= 0 ? count_override : tokens.size()));
-  for (int i = 3; i < 256; ++i) PutLe32(&out, 0);
-  for (Token t : tokens) {
-    for (size_t i = 0; i < sizeof(Token); ++i) {
-      out.push_back(static_cast<char>((t >> (8 * i)) & 0xFF));
-    }
-  }
-  return out;
-}
-
-std::string BinFile(const std::vector<uint16_t>& tokens, int32_t magic = 20240520,
-                    int32_t version = 1, int64_t count_override = -1) {
-  return BinFileOf(tokens, magic, version, count_override);
-}
-
-std::string Bin32File(const std::vector<uint32_t>& tokens, int32_t magic = 20240801,
-                      int32_t version = 7, int64_t count_override = -1) {
-  return BinFileOf(tokens, magic, version, count_override);
-}
-
-// Tokens 0, 1, ..., n-1: every token names its own position, so a sequence's first input is its
-// start and tests can see exactly which region a sample came from.
-std::vector<uint16_t> Iota(int n) {
-  std::vector<uint16_t> v(n);
-  for (int i = 0; i < n; ++i) v[i] = static_cast<uint16_t>(i);
-  return v;
-}
-
-weft::v1::DataSpec Spec(const std::string& train, weft::v1::DataFormat format,
-                        const std::string& val = "", double val_fraction = 0.0) {
-  weft::v1::DataSpec spec;
-  spec.set_train_path(train);
-  spec.set_val_path(val);
-  spec.set_format(format);
-  spec.set_val_fraction(val_fraction);
-  return spec;
-}
 
 constexpr auto kBytes = weft::v1::DATA_FORMAT_TEXT_BYTES;
 constexpr auto kBin = weft::v1::DATA_FORMAT_UINT16_BIN;
@@ -266,10 +220,12 @@ TEST_F(TokenDatasetTest, EmptyFile) {
   }
 }
 
-TEST_F(TokenDatasetTest, DirectoryIsUnreadable) {
-  auto ds = TokenDataset::Open(Spec(dir_.path(), kBytes, "/unused"), 256, 4, Split::kTrain);
-  ExpectRefused(
-      ds, AllOf(HasSubstr(dir_.path()), HasSubstr("not a regular file"), HasSubstr("directory")));
+TEST_F(TokenDatasetTest, EmptyDirectoryAndSpecialFileAreRefused) {
+  auto empty = TokenDataset::Open(Spec(dir_.path(), kBytes, "/unused"), 256, 4, Split::kTrain);
+  ExpectRefused(empty, AllOf(HasSubstr(dir_.path()), HasSubstr("holds no regular files")));
+  auto special = TokenDataset::Open(Spec("/dev/null", kBytes, "/unused"), 256, 4, Split::kTrain);
+  ExpectRefused(special, AllOf(HasSubstr("/dev/null"), HasSubstr("not a regular file"),
+                               HasSubstr("special file")));
 }
 
 TEST_F(TokenDatasetTest, TooShortForOneSequence) {

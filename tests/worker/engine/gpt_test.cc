@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/worker/engine/model_test_util.h"
 #include "worker/engine/adamw.h"
 
 namespace weft::engine {
@@ -32,70 +33,9 @@ constexpr int kT = 5;
 const std::vector<int32_t> kTokens = {3, 7, 3, 0, 10, 5, 3, 9, 1, 3};
 const std::vector<int32_t> kTargets = {7, 3, 0, 10, 3, 3, 9, 1, 3, 2};
 
-using Units = std::vector<std::vector<double>>;
-
-std::string Sci(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3g", x);
-  return buf;
-}
-
-// Parameters far from GPT-2's small init (weights ~0.3, LayerNorm weights ~1 +- 0.2, biases
-// ~0.2, wte padding rows non-zero too) so every nonlinearity is exercised in the check.
+// Parameters far from GPT-2's small init, every nonlinearity exercised (model_test_util.h).
 Units RandomParams(const GptConfig& config, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Units units(NumUnits(config));
-  for (int u = 0; u < NumUnits(config); ++u) {
-    units[u].resize(UnitSize(config, u));
-    for (const TensorInfo& info : UnitTensors(config, u)) {
-      double mean = 0.0, stddev = 0.3;
-      if (info.init == TensorInit::kOnes) mean = 1.0, stddev = 0.2;
-      if (info.init == TensorInit::kZeros) stddev = 0.2;
-      std::normal_distribution<double> dist(mean, stddev);
-      for (size_t i = 0; i < info.size; ++i) units[u][info.offset + i] = dist(rng);
-    }
-  }
-  return units;
-}
-
-template <typename T, typename U>
-std::vector<std::vector<T>> CastUnits(const std::vector<std::vector<U>>& x) {
-  std::vector<std::vector<T>> out;
-  for (const auto& u : x) out.emplace_back(u.begin(), u.end());
-  return out;
-}
-
-// One forward (loss only) of a GptModel<T> or GptCpu.
-template <typename Model, typename T>
-double Forward(Model& model, const std::vector<std::vector<T>>& params,
-               const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
-               T loss_scale) {
-  const int layers = static_cast<int>(params.size()) - 1;
-  model.EncoderForward(params[0].data(), tokens.data());
-  for (int l = 0; l < layers; ++l) model.BlockForward(l, params[1 + l].data());
-  return model.ClassifierForward(params[0].data(), targets.data(), loss_scale);
-}
-
-// Forward + backward, gradients accumulated into `grads`; returns the mean loss.
-template <typename Model, typename T>
-double ForwardBackward(Model& model, const std::vector<std::vector<T>>& params,
-                       const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
-                       T loss_scale, std::vector<std::vector<T>>* grads) {
-  const double loss = Forward(model, params, tokens, targets, loss_scale);
-  const int layers = static_cast<int>(params.size()) - 1;
-  model.ClassifierBackward(params[0].data(), (*grads)[0].data());
-  for (int l = layers - 1; l >= 0; --l) {
-    model.BlockBackward(l, params[1 + l].data(), (*grads)[1 + l].data());
-  }
-  model.EncoderBackward((*grads)[0].data());
-  return loss;
-}
-
-template <typename T>
-std::vector<std::vector<T>> ZerosLike(const std::vector<std::vector<T>>& x) {
-  std::vector<std::vector<T>> out;
-  for (const auto& u : x) out.emplace_back(u.size(), T(0));
-  return out;
+  return weft::engine::RandomParams(Gpt2Arch(config), seed);
 }
 
 // ---- layout and init ----
@@ -229,28 +169,7 @@ TEST(GptGradientTest, EveryUnitMatchesFiniteDifferencesInDouble) {
 
   Units x = params;
   auto objective = [&] { return loss_scale * Forward(model, x, kTokens, kTargets, loss_scale); };
-  const double h = 1e-5;
-  double worst = 0;
-  for (size_t u = 0; u < x.size(); ++u) {
-    const std::vector<TensorInfo> tensors = UnitTensors(config, static_cast<int>(u));
-    for (const TensorInfo& info : tensors) {
-      for (size_t i = 0; i < info.size; ++i) {
-        double& p = x[u][info.offset + i];
-        const double saved = p;
-        p = saved + h;
-        const double plus = objective();
-        p = saved - h;
-        const double minus = objective();
-        p = saved;
-        const double numeric = (plus - minus) / (2 * h);
-        const double analytic = grads[u][info.offset + i];
-        const double err = std::abs(analytic - numeric) / std::max(1e-2, std::abs(numeric));
-        worst = std::max(worst, err);
-        EXPECT_LE(err, 1e-7) << info.name << "[" << i << "]: analytic " << analytic << " numeric "
-                             << numeric;
-      }
-    }
-  }
+  const double worst = ExpectGradientsMatchFiniteDifferences(Gpt2Arch(config), grads, &x, objective);
   RecordProperty("worst_relative_error", Sci(worst));
 
   // The tied wte got both contributions, and what must be zero is exactly zero.
@@ -287,13 +206,7 @@ TEST(GptGradientTest, FloatEngineMatchesDoubleAndFiniteDifferences) {
   Units grads_d = ZerosLike(exact_params);
   const double loss_d = ForwardBackward(reference, exact_params, kTokens, kTargets, 0.5, &grads_d);
   EXPECT_NEAR(loss, loss_d, 1e-5 * loss_d);
-  for (size_t u = 0; u < grads.size(); ++u) {
-    double scale = 0;
-    for (double g : grads_d[u]) scale = std::max(scale, std::abs(g));
-    for (size_t i = 0; i < grads[u].size(); ++i) {
-      ASSERT_NEAR(grads[u][i], grads_d[u][i], 2e-5 * scale) << "unit " << u << " element " << i;
-    }
-  }
+  ExpectUnitsNear(grads, grads_d, 2e-5);
 
   std::vector<std::vector<float>> x = params;
   auto objective = [&] {
@@ -421,23 +334,7 @@ TEST(GptModelTest, ShorterShapeGivesPrefixLogits) {
   const GptConfig config = TinyConfig();
   const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(config, 8));
   GptCpu model(config, kB, kT);
-  model.SetShape(kB, kT);
-  model.EncoderForward(params[0].data(), kTokens.data());
-  for (int l = 0; l < config.num_layers; ++l) model.BlockForward(l, params[1 + l].data());
-  EXPECT_EQ(model.ClassifierForward(params[0].data(), nullptr, 1.0f), 0.0f);
-  const int vp = config.padded_vocab_size;
-  const std::vector<float> full(model.Logits(), model.Logits() + kB * kT * vp);
-
-  const int t = 3;
-  model.SetShape(1, t);
-  const std::vector<int32_t> prefix(kTokens.begin() + kT, kTokens.begin() + kT + t);  // row 1
-  model.EncoderForward(params[0].data(), prefix.data());
-  for (int l = 0; l < config.num_layers; ++l) model.BlockForward(l, params[1 + l].data());
-  model.ClassifierForward(params[0].data(), nullptr, 1.0f);
-  for (int i = 0; i < t * vp; ++i) {
-    EXPECT_NEAR(model.Logits()[i], full[kT * vp + i], 1e-5f * std::max(1.0f, std::abs(full[i])))
-        << i;
-  }
+  ExpectPrefixLogitsMatch(model, params, kTokens, kB, kT, 3, config.padded_vocab_size);
 }
 
 TEST(GptModelDeathTest, CallsOutOfOrderAbort) {

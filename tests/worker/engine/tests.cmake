@@ -1,7 +1,11 @@
-# CPU training engine: per-op and whole-model gradient checks, determinism, AdamW and the LR
+# CPU training engine (GPT-2 and Llama): per-op and whole-model gradient checks, determinism, AdamW and the LR
 # schedule, an overfitting sanity run. Paths are relative to tests/.
 weft_test(engine_ops_test unit SOURCES worker/engine/ops_test.cc LIBS weft_engine_cpu)
+weft_test(engine_llama_ops_test unit SOURCES worker/engine/cpu/llama_ops_test.cc
+  LIBS weft_engine_cpu)
 weft_test(engine_gpt_test unit SOURCES worker/engine/gpt_test.cc LIBS weft_engine_cpu)
+weft_test(engine_llama_model_test unit SOURCES worker/engine/cpu/llama_model_test.cc
+  LIBS weft_engine_cpu)
 weft_test(engine_adamw_test unit SOURCES worker/engine/adamw_test.cc LIBS weft_engine_cpu)
 weft_test(engine_model_arch_test unit SOURCES worker/engine/model_arch_test.cc
   LIBS weft_engine_cpu weft_common)

@@ -1,5 +1,5 @@
-// Classifier loss: softmax over the vocabulary + cross-entropy, fused forward and backward
-// (the tied LM-head matmul before it is an ordinary MatmulForward/Backward with wte).
+// Classifier loss: softmax over the vocabulary + cross-entropy, fused forward and backward,
+// and LmHeadForward, the LM-head matmul (tied or not) followed by it.
 //
 //   p = softmax(logits[:V]); loss_i = -log p[target_i]; loss = mean_i loss_i
 //   d(loss_scale * loss)/dlogits[i, j] = loss_scale / N * (p[j] - [j == target_i])  (j < V)
@@ -47,9 +47,22 @@ double SoftmaxCrossEntropyForwardBackward(T* logits, T* losses, const int32_t* t
   return loss_sum / n;
 }
 
+template <typename T>
+double LmHeadForward(T* logits, T* losses, const T* inp, const T* weight, const int32_t* targets,
+                     int n, int c, int v, int vp, T loss_scale) {
+  MatmulForward(logits, inp, weight, static_cast<const T*>(nullptr), n, c, vp);
+  if (targets == nullptr) return 0;
+  return SoftmaxCrossEntropyForwardBackward(logits, losses, targets, n, v, vp, loss_scale);
+}
+
 template double SoftmaxCrossEntropyForwardBackward<float>(float*, float*, const int32_t*, int, int,
                                                           int, float);
 template double SoftmaxCrossEntropyForwardBackward<double>(double*, double*, const int32_t*, int,
                                                            int, int, double);
+
+template double LmHeadForward<float>(float*, float*, const float*, const float*, const int32_t*,
+                                     int, int, int, int, float);
+template double LmHeadForward<double>(double*, double*, const double*, const double*,
+                                      const int32_t*, int, int, int, int, double);
 
 }  // namespace weft::engine::cpu

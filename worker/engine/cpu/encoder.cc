@@ -1,4 +1,5 @@
-// Encoder: out[b, t, :] = wte[token[b, t], :] + wpe[t, :].
+// Encoder: out[b, t, :] = wte[token[b, t], :] + wpe[t, :], or wte[token[b, t], :] alone for a
+// model without position embeddings (wpe == nullptr: Llama, whose positions are rotary).
 //
 // Contract: the backward ACCUMULATES (+=) into dwte and dwpe; it reads no parameter values,
 // only the tokens. Rows of wte that no token selects (padding rows included) get nothing.
@@ -17,7 +18,11 @@ void EncoderForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, i
     for (int ti = 0; ti < t; ++ti) {
       T* out_bt = out + (static_cast<size_t>(bi) * t + ti) * c;               // (C)
       const T* wte_row = wte + static_cast<size_t>(tokens[bi * t + ti]) * c;  // (C)
-      const T* wpe_row = wpe + static_cast<size_t>(ti) * c;                   // (C)
+      if (wpe == nullptr) {
+        for (int i = 0; i < c; ++i) out_bt[i] = wte_row[i];
+        continue;
+      }
+      const T* wpe_row = wpe + static_cast<size_t>(ti) * c;  // (C)
       for (int i = 0; i < c; ++i) out_bt[i] = wte_row[i] + wpe_row[i];
     }
   }
@@ -31,7 +36,11 @@ void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int
     for (int ti = 0; ti < t; ++ti) {
       const T* dout_bt = dout + (static_cast<size_t>(bi) * t + ti) * c;   // (C)
       T* dwte_row = dwte + static_cast<size_t>(tokens[bi * t + ti]) * c;  // (C)
-      T* dwpe_row = dwpe + static_cast<size_t>(ti) * c;                   // (C)
+      if (dwpe == nullptr) {
+        for (int i = 0; i < c; ++i) dwte_row[i] += dout_bt[i];
+        continue;
+      }
+      T* dwpe_row = dwpe + static_cast<size_t>(ti) * c;  // (C)
       for (int i = 0; i < c; ++i) {
         dwte_row[i] += dout_bt[i];
         dwpe_row[i] += dout_bt[i];

@@ -15,39 +15,20 @@
 // why every op's backward accumulates into its input gradient too.
 #include "worker/engine/cpu/gpt2_model.h"
 
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-
 #include "worker/engine/cpu/ops.h"
 
 namespace weft::engine::cpu {
-namespace {
-
-// Programmer errors (shapes out of range, calls out of order): fail loudly rather than read
-// out of bounds or stale activations.
-void Check(bool ok, const char* what) {
-  if (ok) return;
-  std::fprintf(stderr, "weft::engine::GptModel: %s\n", what);
-  std::abort();
-}
-
-template <typename T>
-void Zero(T* x, size_t n) {
-  std::memset(x, 0, n * sizeof(T));
-}
-
-}  // namespace
 
 template <typename T>
 GptModel<T>::GptModel(const GptConfig& config, int max_b, int max_t)
-    : config_(config), max_b_(max_b), max_t_(max_t), b_(max_b), t_(max_t) {
-  Check(config.num_layers >= 1 && config.hidden_size >= 1 && config.num_heads >= 1 &&
-            config.hidden_size % config.num_heads == 0,
-        "bad layer/width/head counts");
-  Check(config.vocab_size >= 1 && config.padded_vocab_size >= config.vocab_size,
-        "bad vocabulary sizes");
-  Check(max_b >= 1 && max_t >= 1 && max_t <= config.context_length, "bad max_b/max_t");
+    : CpuModelBase<T>("GptModel", config.num_layers, config.vocab_size, max_b, max_t,
+                      config.context_length),
+      config_(config) {
+  mb_.Check(config.num_layers >= 1 && config.hidden_size >= 1 && config.num_heads >= 1 &&
+                config.hidden_size % config.num_heads == 0,
+            "bad layer/width/head counts");
+  mb_.Check(config.vocab_size >= 1 && config.padded_vocab_size >= config.vocab_size,
+            "bad vocabulary sizes");
   for (const TensorInfo& info : UnitTensors(config, 0)) head_offsets_.push_back(info.offset);
   for (const TensorInfo& info : UnitTensors(config, 1)) block_offsets_.push_back(info.offset);
 
@@ -55,94 +36,63 @@ GptModel<T>::GptModel(const GptConfig& config, int max_b, int max_t)
   const size_t c = config.hidden_size;
   const size_t layers = config.num_layers;
   const size_t att = static_cast<size_t>(max_b) * config.num_heads * max_t * max_t;
-  // Floats per block (BlockActs): per position ln1, qkv (3C), atty, res2, ln2, fch (4C) and
-  // fch_gelu (4C) = 15C, four LayerNorm statistics, and the (NH, T, T) softmax per sequence.
-  const size_t per_block = n * c * (1 + 3 + 1 + 1 + 1 + 4 + 4) + 4 * n + att;
-  const size_t total = (layers + 1) * n * c                   // residual_
-                       + layers * per_block                   // acts_
-                       + n * c + 2 * n                        // lnf
-                       + n * config.padded_vocab_size         // logits
-                       + n                                    // losses
-                       + n * c * (1 + 1 + 1 + 1 + 3 + 4 + 4)  // proj_ .. dgelu_
-                       + static_cast<size_t>(max_t) * max_t;  // datt_
-  arena_.assign(total, T(0));
-  tokens_.assign(n, 0);
-
-  T* next = arena_.data();
-  auto take = [&next](size_t count) {
-    T* p = next;
-    next += count;
-    return p;
-  };
-  for (size_t l = 0; l <= layers; ++l) residual_.push_back(take(n * c));
-  for (size_t l = 0; l < layers; ++l) {
-    BlockActs a;
-    a.ln1 = take(n * c);
-    a.ln1_mean = take(n);
-    a.ln1_rstd = take(n);
-    a.qkv = take(n * 3 * c);
-    a.atty = take(n * c);
-    a.att = take(att);
-    a.res2 = take(n * c);
-    a.ln2 = take(n * c);
-    a.ln2_mean = take(n);
-    a.ln2_rstd = take(n);
-    a.fch = take(n * 4 * c);
-    a.fch_gelu = take(n * 4 * c);
-    acts_.push_back(a);
-  }
-  lnf_ = take(n * c);
-  lnf_mean_ = take(n);
-  lnf_rstd_ = take(n);
-  logits_ = take(n * config.padded_vocab_size);
-  losses_ = take(n);
-  proj_ = take(n * c);
-  dres_ = take(n * c);
-  dln_ = take(n * c);
-  datty_ = take(n * c);
-  dqkv_ = take(n * 3 * c);
-  dfch_ = take(n * 4 * c);
-  dgelu_ = take(n * 4 * c);
-  datt_ = take(static_cast<size_t>(max_t) * max_t);
-  Check(next == arena_.data() + arena_.size(), "activation arena miscounted");
-}
-
-template <typename T>
-void GptModel<T>::SetShape(int b, int t) {
-  Check(b >= 1 && b <= max_b_ && t >= 1 && t <= max_t_, "SetShape outside [1, max_b] x [1, max_t]");
-  b_ = b;
-  t_ = t;
-  stage_ = Stage::kIdle;
+  arena_.Build([&] {
+    auto take = [this](size_t count) { return arena_.Take(count); };
+    residual_.clear();
+    acts_.clear();
+    for (size_t l = 0; l <= layers; ++l) residual_.push_back(take(n * c));
+    for (size_t l = 0; l < layers; ++l) {
+      BlockActs a;
+      a.ln1 = take(n * c);
+      a.ln1_mean = take(n);
+      a.ln1_rstd = take(n);
+      a.qkv = take(n * 3 * c);
+      a.atty = take(n * c);
+      a.att = take(att);
+      a.res2 = take(n * c);
+      a.ln2 = take(n * c);
+      a.ln2_mean = take(n);
+      a.ln2_rstd = take(n);
+      a.fch = take(n * 4 * c);
+      a.fch_gelu = take(n * 4 * c);
+      acts_.push_back(a);
+    }
+    lnf_ = take(n * c);
+    lnf_mean_ = take(n);
+    lnf_rstd_ = take(n);
+    logits_ = take(n * config.padded_vocab_size);
+    losses_ = take(n);
+    proj_ = take(n * c);
+    dres_ = take(n * c);
+    dln_ = take(n * c);
+    datty_ = take(n * c);
+    dqkv_ = take(n * 3 * c);
+    dfch_ = take(n * 4 * c);
+    dgelu_ = take(n * 4 * c);
+    datt_ = take(static_cast<size_t>(max_t) * max_t);
+  });
 }
 
 template <typename T>
 void GptModel<T>::EncoderForward(const T* head, const int32_t* tokens) {
   const int c = config_.hidden_size;
-  std::memcpy(tokens_.data(), tokens, sizeof(int32_t) * b_ * t_);
-  // The data layer validates tokens; this O(B*T) scan only turns a bug into a clear abort
-  // instead of a read outside wte.
-  for (int i = 0; i < b_ * t_; ++i) {
-    Check(tokens_[i] >= 0 && tokens_[i] < config_.vocab_size, "token outside [0, vocab_size)");
-  }
+  mb_.EncoderForward(tokens);
   // Qualified: the member of the same name would hide the op.
-  cpu::EncoderForward(residual_[0], tokens_.data(), head + head_offsets_[kWte],
-                      head + head_offsets_[kWpe], b_, t_, c);
-  stage_ = Stage::kForward;
-  next_layer_ = 0;
+  cpu::EncoderForward(residual_[0], mb_.tokens(), head + head_offsets_[kWte],
+                      head + head_offsets_[kWpe], mb_.b(), mb_.t(), c);
 }
 
 template <typename T>
 void GptModel<T>::BlockForward(int layer, const T* block) {
-  Check(stage_ == Stage::kForward && layer == next_layer_,
-        "BlockForward out of order (EncoderForward, then layers 0..L-1)");
-  const int n = b_ * t_;
+  mb_.BlockForward(layer);
+  const int n = mb_.n();
   const int c = config_.hidden_size;
   const std::vector<size_t>& off = block_offsets_;
   const BlockActs& a = acts_[layer];
   const T* x = residual_[layer];  // (B, T, C)
   LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, x, block + off[kLn1w], block + off[kLn1b], n, c);
   MatmulForward(a.qkv, a.ln1, block + off[kQkvw], block + off[kQkvb], n, c, 3 * c);
-  AttentionForward(a.atty, a.att, a.qkv, b_, t_, c, config_.num_heads);
+  AttentionForward(a.atty, a.att, a.qkv, mb_.b(), mb_.t(), c, config_.num_heads);
   MatmulForward(proj_, a.atty, block + off[kAttprojw], block + off[kAttprojb], n, c, c);
   ResidualForward(a.res2, x, proj_, static_cast<int64_t>(n) * c);
   LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, block + off[kLn2w], block + off[kLn2b], n,
@@ -151,44 +101,25 @@ void GptModel<T>::BlockForward(int layer, const T* block) {
   GeluForward(a.fch_gelu, a.fch, static_cast<int64_t>(n) * 4 * c);
   MatmulForward(proj_, a.fch_gelu, block + off[kFcprojw], block + off[kFcprojb], n, 4 * c, c);
   ResidualForward(residual_[layer + 1], a.res2, proj_, static_cast<int64_t>(n) * c);
-  ++next_layer_;
 }
 
 template <typename T>
 double GptModel<T>::ClassifierForward(const T* head, const int32_t* targets, T loss_scale) {
-  Check(stage_ == Stage::kForward && next_layer_ == config_.num_layers,
-        "ClassifierForward before every BlockForward");
-  const int n = b_ * t_;
+  mb_.ClassifierForward(targets);
+  const int n = mb_.n();
   const int c = config_.hidden_size;
-  const int vp = config_.padded_vocab_size;
   const std::vector<size_t>& off = head_offsets_;
   LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, residual_[config_.num_layers], head + off[kLnfw],
                    head + off[kLnfb], n, c);
   // Tied LM head: logits (N, Vp) = lnf (N, C) @ wte^T (C, Vp).
-  MatmulForward(logits_, lnf_, head + off[kWte], static_cast<const T*>(nullptr), n, c, vp);
-  if (targets == nullptr) {
-    stage_ = Stage::kInference;
-    return 0;
-  }
-  for (int i = 0; i < n; ++i) {
-    Check(targets[i] >= 0 && targets[i] < config_.vocab_size, "target outside [0, vocab_size)");
-  }
-  const double loss = SoftmaxCrossEntropyForwardBackward(logits_, losses_, targets, n,
-                                                         config_.vocab_size, vp, loss_scale);
-  stage_ = Stage::kBackwardReady;
-  return loss;
-}
-
-template <typename T>
-const T* GptModel<T>::Logits() const {
-  Check(stage_ == Stage::kInference, "Logits() needs an inference ClassifierForward");
-  return logits_;
+  return LmHeadForward(logits_, losses_, lnf_, head + off[kWte], targets, n, c, config_.vocab_size,
+                       config_.padded_vocab_size, loss_scale);
 }
 
 template <typename T>
 void GptModel<T>::ClassifierBackward(const T* head, T* head_grad) {
-  Check(stage_ == Stage::kBackwardReady, "ClassifierBackward needs a training ClassifierForward");
-  const int n = b_ * t_;
+  mb_.ClassifierBackward();
+  const int n = mb_.n();
   const int c = config_.hidden_size;
   const int vp = config_.padded_vocab_size;
   const std::vector<size_t>& off = head_offsets_;
@@ -200,15 +131,12 @@ void GptModel<T>::ClassifierBackward(const T* head, T* head_grad) {
   Zero(dres_, static_cast<size_t>(n) * c);
   LayerNormBackward(dres_, head_grad + off[kLnfw], head_grad + off[kLnfb], dln_,
                     residual_[config_.num_layers], head + off[kLnfw], lnf_mean_, lnf_rstd_, n, c);
-  stage_ = Stage::kBackward;
-  next_layer_ = config_.num_layers - 1;
 }
 
 template <typename T>
 void GptModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
-  Check(stage_ == Stage::kBackward && layer == next_layer_,
-        "BlockBackward out of order (ClassifierBackward, then layers L-1..0)");
-  const int n = b_ * t_;
+  mb_.BlockBackward(layer);
+  const int n = mb_.n();
   const int c = config_.hidden_size;
   const size_t nc = static_cast<size_t>(n) * c;
   const std::vector<size_t>& off = block_offsets_;
@@ -231,22 +159,19 @@ void GptModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
   MatmulBackward(datty_, g + off[kAttprojw], g + off[kAttprojb], dres_, a.atty, w + off[kAttprojw],
                  n, c, c);
   Zero(dqkv_, 3 * nc);
-  AttentionBackward(dqkv_, datt_, datty_, a.qkv, a.att, b_, t_, c, config_.num_heads);
+  AttentionBackward(dqkv_, datt_, datty_, a.qkv, a.att, mb_.b(), mb_.t(), c, config_.num_heads);
   Zero(dln_, nc);
   MatmulBackward(dln_, g + off[kQkvw], g + off[kQkvb], dqkv_, a.ln1, w + off[kQkvw], n, c, 3 * c);
   // += into dres_: it becomes d/dx, the gradient flowing into block layer - 1.
   LayerNormBackward(dres_, g + off[kLn1w], g + off[kLn1b], dln_, residual_[layer], w + off[kLn1w],
                     a.ln1_mean, a.ln1_rstd, n, c);
-  --next_layer_;
 }
 
 template <typename T>
 void GptModel<T>::EncoderBackward(T* head_grad) {
-  Check(stage_ == Stage::kBackward && next_layer_ == -1,
-        "EncoderBackward before every BlockBackward");
+  mb_.EncoderBackward();
   cpu::EncoderBackward(head_grad + head_offsets_[kWte], head_grad + head_offsets_[kWpe], dres_,
-                       tokens_.data(), b_, t_, config_.hidden_size);
-  stage_ = Stage::kIdle;
+                       mb_.tokens(), mb_.b(), mb_.t(), config_.hidden_size);
 }
 
 template class GptModel<float>;

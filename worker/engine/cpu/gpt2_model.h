@@ -10,37 +10,28 @@
 #include <cstdint>
 #include <vector>
 
-#include "worker/engine/cpu/model.h"
+#include "worker/engine/cpu/model_adapter.h"
+#include "worker/engine/cpu/model_core.h"
 #include "worker/engine/gpt2/gpt2_arch.h"
 
 namespace weft::engine::cpu {
 
 template <typename T>
-class GptModel {
+class GptModel : public CpuModelBase<T> {
  public:
   GptModel(const GptConfig& config, int max_b, int max_t);
 
   const GptConfig& config() const { return config_; }
-  int b() const { return b_; }
-  int t() const { return t_; }
 
-  void SetShape(int b, int t);
   void EncoderForward(const T* head, const int32_t* tokens);
   void BlockForward(int layer, const T* block);
   // Returns the mean loss in double (0 for inference, targets == nullptr).
   double ClassifierForward(const T* head, const int32_t* targets, T loss_scale);
-  const T* Logits() const;
-  const T* Losses() const { return losses_; }
   void ClassifierBackward(const T* head, T* head_grad);
   void BlockBackward(int layer, const T* block, T* block_grad);
   void EncoderBackward(T* head_grad);
-  size_t ActivationBytes() const { return arena_.size() * sizeof(T) + tokens_.size() * 4; }
 
  private:
-  // Where a micro-batch is in its forward/backward; calls out of order are programmer errors
-  // that would otherwise silently read stale activations, so they abort with a message.
-  enum class Stage { kIdle, kForward, kInference, kBackwardReady, kBackward };
-
   // Activations one block keeps from its forward for its backward.
   struct BlockActs {
     T* ln1;       // (B, T, C)
@@ -62,22 +53,16 @@ class GptModel {
   std::vector<size_t> block_offsets_;
 
   GptConfig config_;
-  int max_b_;
-  int max_t_;
-  int b_;
-  int t_;
-
-  std::vector<T> arena_;         // every buffer below points into it
-  std::vector<int32_t> tokens_;  // (B, T) copy: EncoderBackward needs them after the caller's
-                                 // buffer may be gone
+  using CpuModelBase<T>::mb_;
+  using CpuModelBase<T>::arena_;
+  using CpuModelBase<T>::logits_;
+  using CpuModelBase<T>::losses_;
   // residual_[l] is the input of block l; residual_[L] feeds the final LayerNorm.
   std::vector<T*> residual_;  // L + 1 of (B, T, C); residual_[0] is the encoder output
   std::vector<BlockActs> acts_;
   T* lnf_;       // (B, T, C)
   T* lnf_mean_;  // (B, T)
   T* lnf_rstd_;  // (B, T)
-  T* logits_;    // (B, T, Vp): logits, then (training) dlogits in place
-  T* losses_;    // (B, T)
   // Scratch shared by all blocks: the forward's projection output and the backward's
   // activation gradients (one block at a time, so one set suffices).
   T* proj_;   // (B, T, C)
@@ -88,9 +73,6 @@ class GptModel {
   T* dfch_;   // (B, T, 4C)
   T* dgelu_;  // (B, T, 4C)
   T* datt_;   // (T, T) attention backward scratch
-
-  Stage stage_ = Stage::kIdle;
-  int next_layer_ = 0;  // next BlockForward (counting up) or BlockBackward (counting down)
 };
 
 extern template class GptModel<float>;
@@ -102,34 +84,9 @@ namespace weft::engine {
 
 // GPT-2 in fp32: the CpuModel of Gpt2Arch (CreateCpuModel), also built directly from a config
 // by tests and benchmarks.
-class GptCpu final : public cpu::CpuModel {
+class GptCpu final : public cpu::FloatCpuModel<cpu::GptModel<float>> {
  public:
-  GptCpu(const GptConfig& config, int max_b, int max_t) : model_(config, max_b, max_t) {}
-
-  const GptConfig& config() const { return model_.config(); }
-  int b() const override { return model_.b(); }
-  int t() const override { return model_.t(); }
-  void SetShape(int b, int t) override { model_.SetShape(b, t); }
-  void EncoderForward(const float* head, const int32_t* tokens) override {
-    model_.EncoderForward(head, tokens);
-  }
-  void BlockForward(int layer, const float* block) override { model_.BlockForward(layer, block); }
-  float ClassifierForward(const float* head, const int32_t* targets, float loss_scale) override {
-    return static_cast<float>(model_.ClassifierForward(head, targets, loss_scale));
-  }
-  const float* Logits() const override { return model_.Logits(); }
-  const float* Losses() const override { return model_.Losses(); }
-  void ClassifierBackward(const float* head, float* head_grad) override {
-    model_.ClassifierBackward(head, head_grad);
-  }
-  void BlockBackward(int layer, const float* block, float* block_grad) override {
-    model_.BlockBackward(layer, block, block_grad);
-  }
-  void EncoderBackward(float* head_grad) override { model_.EncoderBackward(head_grad); }
-  size_t ActivationBytes() const override { return model_.ActivationBytes(); }
-
- private:
-  cpu::GptModel<float> model_;
+  using FloatCpuModel::FloatCpuModel;
 };
 
 }  // namespace weft::engine

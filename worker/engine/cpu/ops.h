@@ -1,5 +1,5 @@
-// The CPU layers of GPT-2, each with its forward and backward (one .cc file per layer, see
-// the contract at the top of each). Templates on the element type T, instantiated for float
+// The CPU layers of GPT-2 and Llama, each with its forward and backward (one .cc file per layer,
+// see the contract at the top of each). Templates on the element type T, instantiated for float
 // (the engine) and double (gradient checks in tests).
 //
 // Contract shared by every backward:
@@ -7,9 +7,12 @@
 //    tied token embedding (read by the encoder and by the LM head) need no special casing.
 //  - Input gradients also accumulate (+=), as in llm.c: a caller that wants plain gradients
 //    zeroes the buffer first; a residual stream can accumulate both branches into one buffer.
+//    The one exception is the rotary backward, which transforms its gradient in place (=),
+//    as its forward transforms q and k in place.
 //  - Nothing is written but the gradient buffers (and, where named, scratch).
-// Shapes: N = B * T positions; C channels; OC output channels; NH heads; V real vocabulary,
-// Vp padded vocabulary. Every tensor is dense row-major.
+// Shapes: N = B * T positions; C channels; OC output channels; NH heads, NKV key/value heads
+// (grouped-query attention), D head size; QKV = (NH + 2 NKV) * D; I the SwiGLU width; V real
+// vocabulary, Vp padded vocabulary. Every tensor is dense row-major.
 #ifndef WEFT_WORKER_ENGINE_CPU_OPS_H_
 #define WEFT_WORKER_ENGINE_CPU_OPS_H_
 
@@ -25,11 +28,11 @@ template <typename T>
 void EncoderForward(T* out,                 // (B, T, C)
                     const int32_t* tokens,  // (B, T), each in [0, V)
                     const T* wte,           // (Vp, C)
-                    const T* wpe,           // (maxT, C), rows [0, T) used
+                    const T* wpe,           // (maxT, C), rows [0, T) used; nullptr: none
                     int b, int t, int c);
 template <typename T>
 void EncoderBackward(T* dwte,                // (Vp, C) +=
-                     T* dwpe,                // (maxT, C) +=
+                     T* dwpe,                // (maxT, C) += ; nullptr when the forward had none
                      const T* dout,          // (B, T, C)
                      const int32_t* tokens,  // (B, T)
                      int b, int t, int c);
@@ -53,6 +56,55 @@ void LayerNormBackward(T* dinp,          // (N, C) +=
                        const T* mean,    // (N)
                        const T* rstd,    // (N)
                        int n, int c);
+
+// ---- rmsnorm.cc: out = x / sqrt(mean(x^2) + eps) * weight (Llama) ----
+template <typename T>
+void RmsNormForward(T* out,           // (N, C)
+                    T* rrms,          // (N) reciprocal rms, kept for backward
+                    const T* inp,     // (N, C)
+                    const T* weight,  // (C)
+                    int n, int c, double eps);
+template <typename T>
+void RmsNormBackward(T* dinp,          // (N, C) +=
+                     T* dweight,       // (C) +=
+                     const T* dout,    // (N, C)
+                     const T* inp,     // (N, C)
+                     const T* weight,  // (C)
+                     const T* rrms,    // (N)
+                     int n, int c);
+
+// ---- rope.cc: rotary position embeddings on q and k, Hugging Face's pairing (element i with
+// i + D/2 of a head, angle position * inv_freq[i]) ----
+// cos/sin tables of positions [0, T): angles in double, then rounded to T.
+template <typename T>
+void RopeTables(T* cos,                  // (T, D/2)
+                T* sin,                  // (T, D/2)
+                const double* inv_freq,  // (D/2), engine/llama RopeInverseFrequencies
+                int t, int d);
+// Rotates the q (NH heads) and k (NKV heads) parts of every row IN PLACE; v is untouched.
+template <typename T>
+void RopeForward(T* qkv,        // (B, T, QKV): q | k | v
+                 const T* cos,  // (T, D/2)
+                 const T* sin,  // (T, D/2)
+                 int b, int t, int nh, int nkv, int d);
+// Applies the transposed rotation to the dq and dk parts IN PLACE (=): the gradient w.r.t.
+// the rotary input. dv is untouched.
+template <typename T>
+void RopeBackward(T* dqkv,       // (B, T, QKV)
+                  const T* cos,  // (T, D/2)
+                  const T* sin,  // (T, D/2)
+                  int b, int t, int nh, int nkv, int d);
+
+// ---- swiglu.cc: out = silu(gate) * up ----
+template <typename T>
+void SwiGluForward(T* out,        // (N, I)
+                   const T* inp,  // (N, 2I): gate | up
+                   int64_t n, int i);
+template <typename T>
+void SwiGluBackward(T* dinp,        // (N, 2I) +=
+                    const T* dout,  // (N, I)
+                    const T* inp,   // (N, 2I)
+                    int64_t n, int i);
 
 // ---- matmul.cc: out = inp @ weight^T + bias (a PyTorch Linear) ----
 template <typename T>
@@ -84,6 +136,21 @@ void AttentionBackward(T* dqkv,        // (B, T, 3C) +=
                        const T* att,   // (B, NH, T, T)
                        int b, int t, int c, int nh);
 
+// Grouped-query attention: query head h reads key/value head h / (NH / NKV). NKV == NH with
+// D = C / NH is exactly the multi-head attention above (the same arithmetic, bit for bit).
+template <typename T>
+void GqaAttentionForward(T* out,        // (B, T, NH * D)
+                         T* att,        // (B, NH, T, T) softmax, kept for backward
+                         const T* qkv,  // (B, T, QKV): q (NH * D) | k (NKV * D) | v (NKV * D)
+                         int b, int t, int nh, int nkv, int d);
+template <typename T>
+void GqaAttentionBackward(T* dqkv,        // (B, T, QKV) +=
+                          T* scratch,     // (T, T) workspace
+                          const T* dout,  // (B, T, NH * D)
+                          const T* qkv,   // (B, T, QKV)
+                          const T* att,   // (B, NH, T, T)
+                          int b, int t, int nh, int nkv, int d);
+
 // ---- gelu.cc: tanh approximation of GELU, as GPT-2 ----
 template <typename T>
 void GeluForward(T* out, const T* inp, int64_t n);  // (N) each
@@ -105,6 +172,16 @@ double SoftmaxCrossEntropyForwardBackward(T* logits,  // (N, Vp) in: logits, out
                                           T* losses,  // (N) per-position loss
                                           const int32_t* targets,  // (N), each in [0, V)
                                           int n, int v, int vp, T loss_scale);
+// The LM head in front of it: logits = inp @ weight^T (no bias), then, for training
+// (targets != nullptr), the fused loss above in place. Returns the mean loss, 0 for inference
+// (the logits are kept). Its backward is MatmulBackward with the dlogits left in `logits`.
+template <typename T>
+double LmHeadForward(T* logits,               // (N, Vp): logits, or dlogits when training
+                     T* losses,               // (N) per-position loss (training)
+                     const T* inp,            // (N, C)
+                     const T* weight,         // (Vp, C)
+                     const int32_t* targets,  // (N), each in [0, V); nullptr: inference
+                     int n, int c, int v, int vp, T loss_scale);
 
 }  // namespace weft::engine::cpu
 

@@ -1,0 +1,174 @@
+#include "client/trainctl_model.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/trainctl_output.h"
+#include "common/job_spec.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "worker/hf/hf_checkpoint.h"
+#include "worker/hf/hf_config.h"
+#include "worker/model_io.h"
+
+namespace weft {
+namespace {
+
+using trainctl::Fail;
+
+int FromHf(const std::string& dir, bool json) {
+  const std::string path = (std::filesystem::path(dir) / hf::kHfConfigFile).string();
+  std::ifstream in(path);
+  if (!in) return Fail(absl::NotFoundError(absl::StrCat(path, ": cannot read")));
+  std::ostringstream text;
+  text << in.rdbuf();
+  auto spec = hf::ModelSpecFromHfConfig(text.str(), path);
+  if (!spec.ok()) return Fail(spec.status());
+  if (json) {
+    std::string out;
+    google::protobuf::util::JsonPrintOptions options;
+    options.add_whitespace = true;
+    if (!google::protobuf::util::MessageToJsonString(*spec, &out, options).ok()) {
+      return Fail(absl::InternalError("cannot print the spec as JSON"));
+    }
+    std::cout << out;
+    return 0;
+  }
+  std::string out;
+  google::protobuf::TextFormat::PrintToString(*spec, &out);
+  std::cout << "# The model of " << dir << " (context_length is the longest the weights allow; "
+            << "a Llama job may take less). Paste into a job spec:\n"
+            << "model {\n";
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) std::cout << "  " << line << "\n";
+  std::cout << "}\ninit_from_hf_dir: \"" << std::filesystem::absolute(dir).string() << "\"\n";
+  return 0;
+}
+
+}  // namespace
+
+void HfExportFlags::AddTo(CLI::App* command) {
+  command->add_option("--dtype", dtype, "Hugging Face weights as bf16 or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}))
+      ->capture_default_str();
+  command->add_option("--max-shard-bytes", max_shard_bytes,
+                      "Split the weights into files of at most this many bytes (with an index)")
+      ->capture_default_str();
+}
+
+absl::StatusOr<hf::HfExportOptions> HfExportFlags::Options() const {
+  hf::HfExportOptions options;
+  if (dtype == "bf16") {
+    options.dtype = data::Dtype::kBF16;
+  } else if (dtype == "fp32") {
+    options.dtype = data::Dtype::kF32;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype \"", dtype, "\": use bf16 or fp32"));
+  }
+  if (max_shard_bytes == 0) {
+    return absl::InvalidArgumentError("--max-shard-bytes: must be > 0");
+  }
+  options.max_shard_bytes = max_shard_bytes;
+  return options;
+}
+
+int ExportHfDirectory(const weft::v1::JobSpec& job_spec,
+                      const std::vector<std::vector<float>>& units, const std::string& out_dir,
+                      const HfExportFlags& flags, bool json, const std::string& source) {
+  absl::StatusOr<hf::HfExportOptions> options = flags.Options();
+  if (!options.ok()) return Fail(options.status());
+  weft::v1::JobSpec spec = job_spec;
+  ApplyJobSpecDefaults(&spec);
+  if (absl::Status s = hf::ExportHf(out_dir, spec.model(), units, *options); !s.ok()) {
+    return Fail(s);
+  }
+  if (json) {
+    std::cout << nlohmann::json{{"source", source}, {"path", out_dir}, {"format", "hf"},
+                                {"dtype", flags.dtype}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::cout << "exported " << source << " to " << out_dir << " (Hugging Face, " << flags.dtype
+              << ")\n";
+  }
+  return 0;
+}
+
+namespace {
+
+// {"inputs": [[ids]], "logits": [[[row] per position]]}: the format check_export.py reads.
+int PrintLogits(const worker::LoadedModel& model, const std::string& tokens_flag) {
+  std::vector<int32_t> tokens;
+  for (absl::string_view piece : absl::StrSplit(tokens_flag, ' ', absl::SkipWhitespace())) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(piece, &id)) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--tokens: \"", std::string(piece), "\" is not a token id")));
+    }
+    tokens.push_back(id);
+  }
+  absl::StatusOr<std::vector<float>> logits = worker::ModelLogits(model, tokens);
+  if (!logits.ok()) return Fail(logits.status());
+  const size_t v = model.arch->vocab_size();
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    rows.push_back(std::vector<float>(logits->begin() + i * v, logits->begin() + (i + 1) * v));
+  }
+  std::cout << nlohmann::json{{"inputs", {tokens}}, {"logits", {rows}}}.dump() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+ModelCommands::ModelCommands(CLI::App* app) {
+  group_ = app->add_subcommand("model", "Hugging Face models: derive a spec, export a model");
+  group_->require_subcommand(1);
+  from_hf_ = group_->add_subcommand(
+      "from-hf", "Print the ModelSpec of a Hugging Face model directory (its config.json)");
+  from_hf_->add_option("DIR", dir_, "Hugging Face model directory")->required();
+  export_ = group_->add_subcommand(
+      "export", "Write a trained model (a job's, or a model.safetensors) for Hugging Face");
+  export_->add_option("SOURCE", source_, "A Weft model file (*.safetensors) or a finished job")
+      ->required();
+  export_->add_option("--out", out_dir_, "Output directory (must not exist, or be empty)")
+      ->required();
+  export_->add_option("--format", format_, "Output format")
+      ->check(CLI::IsMember({"hf"}))
+      ->capture_default_str();
+  flags_.AddTo(export_);
+  logits_ = group_->add_subcommand(
+      "logits", "Print a model's logits for a token sequence as JSON (to compare with another "
+                "implementation, e.g. transformers)");
+  logits_->add_option("SOURCE", source_, "A Weft model file (*.safetensors) or a finished job")
+      ->required();
+  logits_->add_option("--tokens", tokens_, "Whitespace-separated token ids")->required();
+}
+
+bool ModelCommands::Parsed() const { return group_->parsed(); }
+
+int ModelCommands::Run(bool json, const JobModelPath& job_model_path) const {
+  if (from_hf_->parsed()) return FromHf(dir_, json);
+  std::string path = source_;
+  // A readable file is a model file; anything else names a job.
+  if (!absl::EndsWith(source_, ".safetensors") && ::access(source_.c_str(), R_OK) != 0) {
+    absl::StatusOr<std::string> job_path = job_model_path(source_);
+    if (!job_path.ok()) return Fail(job_path.status());
+    path = *job_path;
+  }
+  auto model = worker::LoadModel(path);
+  if (!model.ok()) return Fail(model.status());
+  if (logits_->parsed()) return PrintLogits(*model, tokens_);
+  return ExportHfDirectory(model->spec, model->units, out_dir_, flags_, json, path);
+}
+
+}  // namespace weft

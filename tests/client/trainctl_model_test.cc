@@ -1,0 +1,117 @@
+// trainctl's Hugging Face model commands through the binary: `model from-hf` prints a spec a
+// job can use, or names what it refuses; `model export` turns a Weft model file into a Hugging
+// Face directory that imports back exactly.
+#include <filesystem>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
+#include "tests/worker/hf/hf_test_util.h"
+#include "worker/hf/hf_checkpoint.h"
+#include "worker/model_io.h"
+
+namespace weft {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::CommandResult;
+using testing::RunCommand;
+
+CommandResult Trainctl(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {testing::BinDir() + "/trainctl"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  // No coordinator is running: these commands must not need one.
+  argv.push_back("--coordinator=127.0.0.1:1");
+  return RunCommand(argv);
+}
+
+TEST(TrainctlModelTest, FromHfPrintsASpecThatParsesAndRefusesNamedKeys) {
+  testing::TempDir tmp;
+  const v1::ModelSpec llama = hf::testing::TinyLlama(false);
+  const std::string dir = tmp.File("llama");
+  hf::testing::WriteHfDir(dir, llama, hf::testing::ExactUnits(*hf::testing::ArchOf(llama), 1),
+                          data::Dtype::kBF16);
+  CommandResult r = Trainctl({"model", "from-hf", dir});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("architecture: LLAMA"));
+  EXPECT_THAT(r.out, HasSubstr("num_kv_heads: 2"));
+  EXPECT_THAT(r.out, HasSubstr("kind: LLAMA3"));
+  EXPECT_THAT(r.out, HasSubstr("init_from_hf_dir: \"" + dir + "\""));
+  // What it prints is a piece of a job spec: it parses as one.
+  v1::JobSpec parsed;
+  auto spec = ParseJobSpecText(r.out, "printed");
+  ASSERT_TRUE(spec.ok()) << spec.status() << "\n" << r.out;
+  EXPECT_EQ(spec->model().intermediate_size(), 24);
+  EXPECT_EQ(spec->init_from_hf_dir(), dir);
+
+  std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "mlp_bias": true})";
+  r = Trainctl({"model", "from-hf", dir});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr(dir + "/config.json: key \"mlp_bias\" is true"));
+  r = Trainctl({"model", "from-hf", tmp.File("nothing")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr(tmp.File("nothing")));
+}
+
+TEST(TrainctlModelTest, ExportOfAModelFileImportsBackExactly) {
+  testing::TempDir tmp;
+  v1::JobSpec job;
+  *job.mutable_model() = hf::testing::TinyGpt2();
+  const auto arch = hf::testing::ArchOf(job.model());
+  const auto units = hf::testing::ExactUnits(*arch, 4);
+  const std::string file = tmp.File("model.safetensors");
+  ASSERT_TRUE(worker::SaveModel(file, job, units).ok());
+  const std::string out = tmp.File("hf");
+  CommandResult r = Trainctl({"model", "export", file, "--out", out, "--dtype", "bf16",
+                              "--max-shard-bytes", "4000"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(out));
+  EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors.index.json"));
+  auto importer = hf::HfImporter::Open(out, job.model());
+  ASSERT_TRUE(importer.ok()) << importer.status();
+  for (int u = 0; u < arch->NumUnits(); ++u) {
+    std::vector<float> unit(arch->UnitSize(u));
+    ASSERT_TRUE((*importer)->ReadParams(u, 0, unit.size(), unit.data()).ok());
+    EXPECT_EQ(unit, units[u]) << "unit " << u;
+  }
+  r = Trainctl({"model", "export", file, "--out", tmp.File("x"), "--dtype", "fp8"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--dtype"));
+  EXPECT_FALSE(std::filesystem::exists(tmp.File("x")));
+}
+
+TEST(TrainctlModelTest, LogitsPrintsTheModelsRowsAndNamesBadTokens) {
+  testing::TempDir tmp;
+  v1::JobSpec job;
+  *job.mutable_model() = hf::testing::TinyLlama(false);
+  const auto arch = hf::testing::ArchOf(job.model());
+  const std::string file = tmp.File("model.safetensors");
+  ASSERT_TRUE(worker::SaveModel(file, job, hf::testing::ExactUnits(*arch, 2)).ok());
+  CommandResult r = Trainctl({"model", "logits", file, "--tokens", "3 1 4"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["inputs"], nlohmann::json::parse("[[3, 1, 4]]"));
+  ASSERT_EQ(j["logits"][0].size(), 3u);
+  ASSERT_EQ(j["logits"][0][2].size(), static_cast<size_t>(arch->vocab_size()));
+  // The same numbers as the library call (the JSON holds floats exactly).
+  auto model = worker::LoadModel(file);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto want = worker::ModelLogits(*model, {3, 1, 4});
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(j["logits"][0][2][5].get<float>(), (*want)[2 * arch->vocab_size() + 5]);
+
+  r = Trainctl({"model", "logits", file, "--tokens", "3 x"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--tokens: \"x\" is not a token id"));
+  r = Trainctl({"model", "logits", file, "--tokens", std::to_string(arch->vocab_size())});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--tokens: ids are in [0, "));
+  r = Trainctl({"model", "logits", file, "--tokens", " "});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("between 1 and the context length"));
+}
+
+}  // namespace
+}  // namespace weft

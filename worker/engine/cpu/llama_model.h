@@ -1,0 +1,100 @@
+// Llama on the CPU (layout and rotary convention: engine/llama/llama_arch.h), the math of
+// Hugging Face's LlamaForCausalLM with eager attention. LlamaModel<T> is the model over the CPU
+// ops, templated on the element type: LlamaModel<float> is the engine behind LlamaCpu, the
+// CpuModel the ZeRO engine drives; LlamaModel<double> exists for tight whole-model gradient
+// checks. Both keep CpuModel's contract (engine/cpu/model.h): activations owned, parameters and
+// gradients not; every backward ACCUMULATES (+=) into the unit's gradient buffer. With a tied
+// head the LM head reads `embed` and its gradient accumulates into embed's.
+#ifndef WEFT_WORKER_ENGINE_CPU_LLAMA_MODEL_H_
+#define WEFT_WORKER_ENGINE_CPU_LLAMA_MODEL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "worker/engine/cpu/model_adapter.h"
+#include "worker/engine/cpu/model_core.h"
+#include "worker/engine/llama/llama_arch.h"
+
+namespace weft::engine::cpu {
+
+template <typename T>
+class LlamaModel : public CpuModelBase<T> {
+ public:
+  // Aborts on a config LlamaConfigProblems refuses (specs are validated long before).
+  LlamaModel(const LlamaConfig& config, int max_b, int max_t);
+
+  const LlamaConfig& config() const { return config_; }
+
+  // The embed rows of the tokens; positions enter only through rotary, inside attention.
+  void EncoderForward(const T* head, const int32_t* tokens);
+  void BlockForward(int layer, const T* block);
+  // Final RMSNorm, LM head, loss: the mean loss in double (0 for inference, targets nullptr).
+  double ClassifierForward(const T* head, const int32_t* targets, T loss_scale);
+
+  // With a tied head, both the LM head's and the encoder's gradient land in embed's rows.
+  void ClassifierBackward(const T* head, T* head_grad);
+  void BlockBackward(int layer, const T* block, T* block_grad);
+  void EncoderBackward(T* head_grad);
+
+ private:
+  // Activations one block keeps from its forward for its backward.
+  struct BlockActs {
+    T* norm1;    // (B, T, C) attention RMSNorm output
+    T* rrms1;    // (B, T)
+    T* qkv;      // (B, T, QKV) after rotary (what attention read)
+    T* atty;     // (B, T, Q) attention output before the projection
+    T* att;      // (B, NH, T, T) softmax
+    T* res2;     // (B, T, C) residual stream after the attention branch
+    T* norm2;    // (B, T, C)
+    T* rrms2;    // (B, T)
+    T* gate_up;  // (B, T, 2I) gate | up
+    T* swiglu;   // (B, T, I)
+  };
+
+  // Where the LM head's weight is in the head unit: lm_head, or embed when tied.
+  size_t LmHeadOffset() const;
+
+  std::vector<size_t> head_offsets_;
+  std::vector<size_t> block_offsets_;
+
+  LlamaConfig config_;
+  using CpuModelBase<T>::mb_;
+  using CpuModelBase<T>::arena_;
+  using CpuModelBase<T>::logits_;
+  using CpuModelBase<T>::losses_;
+  // residual_[l] is the input of block l; residual_[L] feeds the final RMSNorm.
+  std::vector<T*> residual_;  // L + 1 of (B, T, C)
+  std::vector<BlockActs> acts_;
+  T* rope_cos_;    // (maxT, D/2)
+  T* rope_sin_;    // (maxT, D/2)
+  T* normf_;       // (B, T, C)
+  T* normf_rrms_;  // (B, T)
+  // Scratch shared by all blocks (one block at a time).
+  T* proj_;      // (B, T, C) a projection into the residual stream
+  T* dres_;      // (B, T, C) gradient of the residual stream, flowing down through the blocks
+  T* dnorm_;     // (B, T, C) gradient of an RMSNorm output
+  T* datty_;     // (B, T, Q)
+  T* dqkv_;      // (B, T, QKV)
+  T* dswiglu_;   // (B, T, I)
+  T* dgate_up_;  // (B, T, 2I)
+  T* datt_;      // (T, T) attention backward scratch
+};
+
+extern template class LlamaModel<float>;
+extern template class LlamaModel<double>;
+
+}  // namespace weft::engine::cpu
+
+namespace weft::engine {
+
+// Llama in fp32: the CpuModel of LlamaArch (CreateCpuModel), also built directly from a config
+// by tests.
+class LlamaCpu final : public cpu::FloatCpuModel<cpu::LlamaModel<float>> {
+ public:
+  using FloatCpuModel::FloatCpuModel;
+};
+
+}  // namespace weft::engine
+
+#endif  // WEFT_WORKER_ENGINE_CPU_LLAMA_MODEL_H_
