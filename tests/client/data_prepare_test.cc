@@ -388,18 +388,20 @@ TEST_F(PrepareTest, EmptyFile) {
 }
 
 TEST_F(PrepareTest, JsonlErrorsNameFileLineAndField) {
-  const std::string not_json = Write("a.jsonl", "{\"text\": \"ok\"}\n{\"text\": oops}\n");
-  ExpectError(Options({not_json}), absl::StatusCode::kInvalidArgument,
-              absl::StrCat(not_json, ":2: not a JSON value"));
-  const std::string no_field = Write("b.jsonl", "{\"text\": \"ok\"}\n\n{\"body\": \"x\"}\n");
-  ExpectError(Options({no_field}), absl::StatusCode::kInvalidArgument,
-              absl::StrCat(no_field, ":3: no field \"text\""));
-  const std::string not_string = Write("c.jsonl", "{\"text\": 12}\n");
-  ExpectError(Options({not_string}), absl::StatusCode::kInvalidArgument,
-              absl::StrCat(not_string, ":1: field \"text\" is a number, not a string"));
-  const std::string array = Write("d.jsonl", "[1, 2]\n");
-  ExpectError(Options({array}), absl::StatusCode::kInvalidArgument,
-              absl::StrCat(array, ":1: a JSON array, not an object"));
+  struct Case {
+    std::string name, contents, error;
+  };
+  const std::vector<Case> cases = {
+      {"a.jsonl", "{\"text\": \"ok\"}\n{\"text\": oops}\n", ":2: not a JSON value"},
+      {"b.jsonl", "{\"text\": \"ok\"}\n\n{\"body\": \"x\"}\n", ":3: no field \"text\""},
+      {"c.jsonl", "{\"text\": 12}\n", ":1: field \"text\" is a number, not a string"},
+      {"d.jsonl", "[1, 2]\n", ":1: a JSON array, not an object"},
+      {"e.jsonl", "{\"text\": \"caf\xE9\"}\n", ":1: invalid UTF-8 (byte 0xE9 at column 14)"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = Write(c.name, c.contents);
+    ExpectError(Options({path}), absl::StatusCode::kInvalidArgument, path + c.error);
+  }
 }
 
 TEST_F(PrepareTest, MissingInputs) {

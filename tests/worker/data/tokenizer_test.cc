@@ -12,11 +12,7 @@
 namespace weft::data {
 namespace {
 
-using ::testing::Contains;
-using ::testing::Each;
 using ::testing::HasSubstr;
-using ::testing::Lt;
-using ::testing::Not;
 
 // A small corpus with repeated words (so BPE has merges to learn) and multibyte characters.
 std::vector<std::string> Corpus() {
@@ -132,7 +128,7 @@ TEST_F(SentencePieceTest, RoundTripsAsciiMultibyteAndUnseenText) {
   for (const std::string& text : texts) {
     auto ids = tok->Encode(text);
     ASSERT_TRUE(ids.ok()) << text << ": " << ids.status();
-    EXPECT_THAT(*ids, Each(Lt(tok->vocab_size())));
+    EXPECT_THAT(*ids, ::testing::Each(::testing::Lt(tok->vocab_size())));
     EXPECT_EQ(tok->Decode(*ids), text);
   }
 }
@@ -151,8 +147,8 @@ TEST_F(SentencePieceTest, SpecialTokensOnlyWhenAsked) {
   ASSERT_NE(tok, nullptr);
   auto plain = tok->Encode("<s>hello</s>");
   ASSERT_TRUE(plain.ok());
-  EXPECT_THAT(*plain, Not(Contains(tok->bos_id())));
-  EXPECT_THAT(*plain, Not(Contains(tok->eos_id())));
+  EXPECT_THAT(*plain, ::testing::Not(::testing::Contains(tok->bos_id())));
+  EXPECT_THAT(*plain, ::testing::Not(::testing::Contains(tok->eos_id())));
 
   auto both = tok->Encode("hello", {.add_bos = true, .add_eos = true});
   ASSERT_TRUE(both.ok());
