@@ -1,6 +1,7 @@
 // trainctl: the user's command line for a Weft cluster. A thin layer over CoordinatorClient:
 // every subcommand is one call (watch: one stream) plus formatting.
-// The checkpoint subcommands (trainctl_checkpoints.h) talk to weft-checkpointd instead.
+// The checkpoint subcommands (trainctl_checkpoints.h) talk to weft-checkpointd instead, and the
+// data subcommands (trainctl_data.h) to nothing: they prepare text locally.
 //
 // Exit status: 0 on success; 1 on any error (message on stderr as "trainctl: <message>"),
 // and for `watch`, 1 when the job ends FAILED or CANCELLED. Usage errors exit with CLI11's
@@ -32,6 +33,7 @@
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
 #include "client/trainctl_checkpoints.h"
+#include "client/trainctl_data.h"
 #include "client/trainctl_model.h"
 #include "client/trainctl_output.h"
 #include "common/job_spec.h"
@@ -676,6 +678,7 @@ int Main(int argc, char** argv) {
   CLI::App* sample = AddSampleCommand(app, &job_id, &sample_flags);
 
   CheckpointCommands checkpoint_commands(&app);
+  DataCommands data_commands(&app);
   ModelCommands model_commands(&app);
 
   try {
@@ -685,6 +688,8 @@ int Main(int argc, char** argv) {
   }
   if (absl::Status s = InstallSecurity(global.security); !s.ok()) return Fail(s);
 
+  // Data commands are local work: no daemon is involved.
+  if (data_commands.Parsed()) return data_commands.Run(global.json());
   // Checkpoint commands talk to weft-checkpointd only: a bad --coordinator must not stop them.
   if (checkpoint_commands.Parsed()) {
     return checkpoint_commands.Run(global.checkpointd, global.json(),

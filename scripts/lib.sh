@@ -11,6 +11,7 @@ WEFT_PACKAGES=(
   libabsl-dev librocksdb-dev prometheus-cpp-dev libgtest-dev libgmock-dev
   libgloo-dev libopenblas-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   curl fortunes
+  libsentencepiece-dev sentencepiece  # tokenizers; spm_encode is bench/data_prepare_bench.sh's baseline
   python3-grpcio python3-protobuf  # examples/python and its test
   # tests/deploy/k8s_manifests_test.py: YAML lint, and the Kubernetes API models it checks
   # every manifest field against (no cluster or schema download needed).

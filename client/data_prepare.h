@@ -1,0 +1,78 @@
+// `trainctl data prepare`: text files in, a dataset directory out (docs/data.md): token
+// shards, the tokenizer and manifest.json (worker/data/manifest.h).
+//
+// Documents (client/data_inputs.h) are numbered in input order; document i goes to the
+// validation split iff a hash of (seed, i) falls below val_fraction, so the split depends on
+// neither thread count nor chunking. Each split is one stream of tokens: the documents in order
+// with the tokenizer's EOS between consecutive ones (none for bytes, or a model without EOS;
+// empty documents contribute nothing), cut into shards of shard_tokens tokens (the last one
+// shorter), each an llm.c token file (uint16 when the vocabulary fits, else uint32).
+//
+// Encoding runs on `threads` threads over chunks of about a MiB of documents while one thread
+// writes chunks in order, so the output is byte-identical for any thread count. Nothing
+// half-written is visible: everything goes to DIR.tmp-<pid>, renamed to DIR at the end (and
+// removed on failure). DIR holding a manifest of the same inputs (paths, sizes, mtimes) and
+// options is up to date: nothing is written. Any other existing DIR is refused unless `force`.
+#ifndef WEFT_CLIENT_DATA_PREPARE_H_
+#define WEFT_CLIENT_DATA_PREPARE_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "weft/v1/job.pb.h"
+
+namespace weft::dataprep {
+
+enum class Progress {
+  kNone,
+  kLines,  // a plain line every few seconds (a log, a pipe)
+  kBar,    // one line redrawn in place (a terminal)
+};
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;
+  std::string out_dir;
+  std::string tokenizer_path;  // a SentencePiece .model; empty: bytes
+  std::string jsonl_field = "text";
+  std::string doc_separator;  // empty: a text file is one document
+  double val_fraction = 0.01;
+  uint64_t seed = 0;
+  int64_t shard_tokens = int64_t{1} << 26;
+  int threads = 0;  // 0: one per core
+  bool force = false;
+  // Text per encoding chunk (the unit of parallel work); small in tests to get many chunks.
+  int64_t chunk_bytes = int64_t{1} << 20;
+  Progress progress = Progress::kNone;
+  FILE* progress_out = stderr;
+};
+
+struct PrepareResult {
+  bool up_to_date = false;  // DIR already held this dataset; nothing was written
+  int64_t input_bytes = 0;
+  int64_t train_tokens = 0;
+  int64_t val_tokens = 0;
+  int64_t train_documents = 0;
+  int64_t val_documents = 0;
+  int train_shards = 0;
+  int val_shards = 0;
+  double seconds = 0;
+};
+
+// The token file format for a vocabulary: uint16 up to 65,536 ids, uint32 beyond.
+// INVALID_ARGUMENT for a vocabulary uint32 cannot hold or no model can have (> 2^24, the bound
+// of model.vocab_size).
+absl::StatusOr<weft::v1::DataFormat> TokenFormatForVocab(int64_t vocab_size);
+
+// Errors name the file (and line) or option at fault: INVALID_ARGUMENT for bad options and bad
+// input text (invalid UTF-8, a JSONL line that is not JSON or lacks the field), NOT_FOUND for a
+// missing input or tokenizer, FAILED_PRECONDITION for an empty input file, an existing DIR
+// without `force`, or no training token at all; the errno-derived code when DIR cannot be
+// written.
+absl::StatusOr<PrepareResult> PrepareDataset(const PrepareOptions& options);
+
+}  // namespace weft::dataprep
+
+#endif  // WEFT_CLIENT_DATA_PREPARE_H_

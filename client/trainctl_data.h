@@ -1,0 +1,61 @@
+// trainctl's data subcommands, local work with no daemon involved:
+//   trainctl data train-tokenizer --out tok.model --vocab-size N [--model-type bpe|unigram]
+//                                 INPUTS...            a SentencePiece model of the text
+//   trainctl data prepare --out DIR [--tokenizer tok.model | --bytes] INPUTS...
+//                                                      token shards + manifest (docs/data.md)
+#ifndef WEFT_CLIENT_TRAINCTL_DATA_H_
+#define WEFT_CLIENT_TRAINCTL_DATA_H_
+
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "client/data_prepare.h"
+
+namespace weft {
+
+class DataCommands {
+ public:
+  // Adds `data` and its subcommands to `app`; their arguments land in this object, which must
+  // outlive app.parse().
+  explicit DataCommands(CLI::App* app);
+
+  // True if app.parse() chose one of these subcommands.
+  bool Parsed() const;
+
+  // Runs the chosen subcommand; `json` selects -o json. Returns the process exit status
+  // (errors printed as "trainctl: <message>").
+  int Run(bool json) const;
+
+ private:
+  int TrainTokenizer(bool json) const;
+  int Prepare(bool json) const;
+
+  CLI::App* train_tokenizer_ = nullptr;
+  CLI::App* prepare_ = nullptr;
+
+  // Shared by both subcommands.
+  std::vector<std::string> inputs_;
+  std::string out_;
+  std::string jsonl_field_ = "text";
+  std::string doc_separator_;
+  int threads_ = 0;
+  bool quiet_ = false;
+
+  // train-tokenizer
+  int vocab_size_ = 0;
+  std::string model_type_ = "bpe";
+  double character_coverage_ = 0.9995;
+
+  // prepare
+  std::string tokenizer_;
+  bool bytes_ = false;
+  double val_fraction_ = 0.01;
+  uint64_t seed_ = 0;
+  int64_t shard_tokens_ = 0;
+  bool force_ = false;
+};
+
+}  // namespace weft
+
+#endif  // WEFT_CLIENT_TRAINCTL_DATA_H_

@@ -1,0 +1,109 @@
+// `trainctl data train-tokenizer` and `trainctl data prepare` as a user runs them: the real
+// binary, its exit codes and messages (the library's cases are in data_prepare_test.cc).
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+
+namespace weft {
+namespace {
+
+using ::testing::HasSubstr;
+using weft::testing::CommandResult;
+using weft::testing::ReadFile;
+using weft::testing::RunCommand;
+using weft::testing::WriteFile;
+
+class TrainctlDataTest : public ::testing::Test {
+ protected:
+  CommandResult Run(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {weft::testing::BinDir() + "/trainctl"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv, {}, absl::Seconds(60));
+  }
+
+  std::string Corpus() {
+    std::string text;
+    const std::vector<std::string> lines = {
+        "Fortune favours the bold.", "Ничто не вечно под луной.", "To be or not to be.",
+        "The early bird catches the worm, but the second mouse gets the cheese."};
+    for (int i = 0; i < 120; ++i) {
+      absl::StrAppend(&text, lines[i % lines.size()], " ", i, "\n",
+                      lines[(i + 1) % lines.size()], "\n%\n");
+    }
+    const std::string path = dir_.File("corpus.txt");
+    WriteFile(path, text);
+    return path;
+  }
+
+  weft::testing::TempDir dir_;
+};
+
+TEST_F(TrainctlDataTest, TrainTokenizerThenPrepare) {
+  const std::string corpus = Corpus();
+  const std::string model = dir_.File("tok.model");
+  CommandResult trained = Run({"data", "train-tokenizer", "--out", model, "--vocab-size", "400",
+                               "--doc-separator", "%", corpus});
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  EXPECT_THAT(trained.out, HasSubstr("400 pieces"));
+  CommandResult again = Run({"data", "train-tokenizer", "--out", dir_.File("tok2.model"),
+                             "--vocab-size", "400", "--doc-separator", "%", corpus});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(ReadFile(model), ReadFile(dir_.File("tok2.model")));
+
+  const std::string out1 = dir_.File("ds1");
+  CommandResult one = Run({"data", "prepare", "--out", out1, "--tokenizer", model,
+                           "--doc-separator", "%", "--threads", "1", corpus});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_THAT(one.out, HasSubstr("wrote " + out1));
+  // stderr is not a terminal here: plain progress lines, no bar.
+  EXPECT_THAT(one.err, ::testing::Not(HasSubstr("\r")));
+  const std::string out2 = dir_.File("ds2");
+  CommandResult two = Run({"data", "prepare", "--out", out2, "--tokenizer", model,
+                           "--doc-separator", "%", "--threads", "2", "--quiet", corpus});
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_EQ(two.err, "");
+  EXPECT_EQ(ReadFile(out1 + "/manifest.json"), ReadFile(out2 + "/manifest.json"));
+  EXPECT_EQ(ReadFile(out1 + "/train-00000.bin"), ReadFile(out2 + "/train-00000.bin"));
+
+  CommandResult rerun = Run({"data", "prepare", "--out", out1, "--tokenizer", model,
+                             "--doc-separator", "%", "-q", corpus});
+  EXPECT_EQ(rerun.exit_code, 0) << rerun.err;
+  EXPECT_THAT(rerun.out, HasSubstr("up to date"));
+
+  CommandResult other = Run({"data", "prepare", "--out", out1, "--bytes", "-q", corpus});
+  EXPECT_EQ(other.exit_code, 1);
+  EXPECT_THAT(other.err, HasSubstr("--force"));
+  CommandResult forced =
+      Run({"data", "prepare", "--out", out1, "--bytes", "-q", "--force", corpus});
+  EXPECT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_THAT(ReadFile(out1 + "/manifest.json"), HasSubstr("\"kind\": \"bytes\""));
+}
+
+TEST_F(TrainctlDataTest, Refusals) {
+  const std::string corpus = Corpus();
+  CommandResult neither = Run({"data", "prepare", "--out", dir_.File("ds"), corpus});
+  EXPECT_EQ(neither.exit_code, 1);
+  EXPECT_THAT(neither.err, HasSubstr("--tokenizer FILE"));
+
+  const std::string bad = dir_.File("bad.jsonl");
+  WriteFile(bad, "{\"text\": \"fine\"}\n{\"content\": \"no text field\"}\n");
+  CommandResult jsonl =
+      Run({"data", "prepare", "--out", dir_.File("ds"), "--bytes", "-q", corpus, bad});
+  EXPECT_EQ(jsonl.exit_code, 1);
+  EXPECT_THAT(jsonl.err, HasSubstr(absl::StrCat(bad, ":2: no field \"text\"")));
+  EXPECT_FALSE(std::filesystem::exists(dir_.File("ds")));
+
+  CommandResult tiny = Run({"data", "train-tokenizer", "--out", dir_.File("t.model"),
+                            "--vocab-size", "100", corpus});
+  EXPECT_EQ(tiny.exit_code, 1);
+  EXPECT_THAT(tiny.err, HasSubstr("vocab_size 100"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.File("t.model")));
+}
+
+}  // namespace
+}  // namespace weft
