@@ -301,15 +301,24 @@ struct ViolationCase {
 
 class ValidateJobSpecViolationTest : public ::testing::TestWithParam<ViolationCase> {};
 
+// `c` applied to the valid `spec` gives exactly one violation, of c.field; returns it.
+std::vector<std::string> ExpectOnlyViolation(JobSpec spec, const ViolationCase& c) {
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+  c.mutate(&spec);
+  const std::vector<std::string> violations = ValidateJobSpec(spec);
+  EXPECT_THAT(violations, ::testing::SizeIs(1)) << ::testing::PrintToString(violations);
+  if (violations.size() != 1) return violations;
+  EXPECT_THAT(violations[0], StartsWith(c.field + ": "));
+  EXPECT_THAT(violations[0], HasSubstr(c.problem));
+  return violations;
+}
+
 TEST_P(ValidateJobSpecViolationTest, NamesTheFieldOfTheOnlyViolation) {
   const ViolationCase& c = GetParam();
   JobSpec spec = ValidCpuSpec();
-  ASSERT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+  const std::vector<std::string> violations = ExpectOnlyViolation(spec, c);
+  ASSERT_THAT(violations, ::testing::SizeIs(1));
   c.mutate(&spec);
-  const std::vector<std::string> violations = ValidateJobSpec(spec);
-  ASSERT_THAT(violations, ::testing::SizeIs(1)) << ::testing::PrintToString(violations);
-  EXPECT_THAT(violations[0], StartsWith(c.field + ": "));
-  EXPECT_THAT(violations[0], HasSubstr(c.problem));
 
   absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(spec);
   if (c.fixed_by_defaults) {
@@ -493,14 +502,7 @@ TEST(ApplyJobSpecDefaultsTest, LlamaDefaults) {
 class ValidateLlamaSpecViolationTest : public ::testing::TestWithParam<ViolationCase> {};
 
 TEST_P(ValidateLlamaSpecViolationTest, NamesTheFieldOfTheOnlyViolation) {
-  const ViolationCase& c = GetParam();
-  JobSpec spec = ValidLlamaSpec();
-  ASSERT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
-  c.mutate(&spec);
-  const std::vector<std::string> violations = ValidateJobSpec(spec);
-  ASSERT_THAT(violations, ::testing::SizeIs(1)) << ::testing::PrintToString(violations);
-  EXPECT_THAT(violations[0], StartsWith(c.field + ": "));
-  EXPECT_THAT(violations[0], HasSubstr(c.problem));
+  ExpectOnlyViolation(ValidLlamaSpec(), GetParam());
 }
 
 weft::v1::RopeScaling Llama3Scaling() {
