@@ -272,6 +272,9 @@ void ApplyJobSpecDefaults(JobSpec* spec) {
   if (train->sequence_length() == 0) train->set_sequence_length(model->context_length());
   if (train->grad_accum_steps() == 0) train->set_grad_accum_steps(1);
   if (train->val_interval_steps() > 0 && train->val_batches() == 0) train->set_val_batches(8);
+  if (train->activation_checkpointing() == weft::v1::ActivationCheckpointing::LEVEL_UNSPECIFIED) {
+    train->set_activation_checkpointing(weft::v1::ActivationCheckpointing::AUTO);
+  }
 
   auto* res = spec->mutable_resources();
   if (spec->precision() == weft::v1::PRECISION_UNSPECIFIED) {
@@ -352,6 +355,10 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
   if (t.val_interval_steps() < 0) bad("training.val_interval_steps", absl::StrCat("must be >= 0, got ", t.val_interval_steps()));
   if (t.val_interval_steps() > 0 && t.val_batches() < 1) {
     bad("training.val_batches", absl::StrCat("must be >= 1 when validation is enabled, got ", t.val_batches()));
+  }
+  if (!weft::v1::ActivationCheckpointing::Level_IsValid(t.activation_checkpointing())) {
+    bad("training.activation_checkpointing",
+        absl::StrCat("unknown value ", t.activation_checkpointing(), "; use AUTO, NONE, SELECTIVE or FULL"));
   }
 
   const auto& lr = spec.lr_schedule();

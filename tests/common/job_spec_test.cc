@@ -113,6 +113,7 @@ TEST(ParseJobSpecTextTest, FullSpecParsesAndNormalizesWithDocumentedDefaults) {
   EXPECT_EQ(t.sequence_length(), 1024);  // = context_length
   EXPECT_EQ(t.grad_accum_steps(), 1);
   EXPECT_EQ(t.val_batches(), 8);  // validation enabled
+  EXPECT_EQ(t.activation_checkpointing(), weft::v1::ActivationCheckpointing::AUTO);
   EXPECT_EQ(t.seed(), 1337u);
 
   EXPECT_EQ(spec->precision(), weft::v1::BF16);  // CUDA default
@@ -601,6 +602,20 @@ TEST(ValidateJobSpecTest, SamplingModes) {
   spec.mutable_data()->set_sampling(static_cast<weft::v1::DataSpec::Sampling>(7));
   EXPECT_THAT(ValidateJobSpec(spec),
               ::testing::ElementsAre(StartsWith("data.sampling: unknown value 7")));
+}
+
+TEST(ValidateJobSpecTest, ActivationCheckpointingLevels) {
+  JobSpec spec = ValidCpuSpec();
+  for (auto level : {weft::v1::ActivationCheckpointing::AUTO, weft::v1::ActivationCheckpointing::NONE,
+                     weft::v1::ActivationCheckpointing::SELECTIVE,
+                     weft::v1::ActivationCheckpointing::FULL}) {
+    spec.mutable_training()->set_activation_checkpointing(level);
+    EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty()) << level;
+  }
+  spec.mutable_training()->set_activation_checkpointing(
+      static_cast<weft::v1::ActivationCheckpointing::Level>(9));
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ::testing::ElementsAre(StartsWith("training.activation_checkpointing: unknown value 9")));
 }
 
 TEST(ValidateJobSpecTest, Gpt2RefusesEveryLlamaField) {
