@@ -1,0 +1,45 @@
+// Activation checkpointing as the engines take it: the JobSpec's
+// training.activation_checkpointing with AUTO already resolved (by the memory plan on a GPU,
+// to kNone on the CPU). A model created at a level keeps, per block:
+//   kNone       every activation its backward reads;
+//   kSelective  the block input and the matmul outputs (and the small per-row statistics);
+//               the backward first recomputes the norms' outputs, the MLP activation and
+//               attention's output;
+//   kFull       the block input only; the backward first re-runs the block's forward.
+// The recomputation runs the same kernels on the same inputs as the forward did, so the
+// losses and gradients are identical to kNone's (bit for bit).
+#ifndef WEFT_WORKER_ENGINE_CHECKPOINTING_H_
+#define WEFT_WORKER_ENGINE_CHECKPOINTING_H_
+
+#include <string_view>
+
+#include "weft/v1/job.pb.h"
+
+namespace weft::engine {
+
+enum class Checkpointing { kNone, kSelective, kFull };
+
+// "none", "selective", "full": for logs, events and BENCH lines.
+inline std::string_view CheckpointingName(Checkpointing level) {
+  switch (level) {
+    case Checkpointing::kNone: return "none";
+    case Checkpointing::kSelective: return "selective";
+    case Checkpointing::kFull: return "full";
+  }
+  return "?";
+}
+
+// The level a spec names; AUTO and UNSPECIFIED give `automatic` (the caller's resolution).
+inline Checkpointing CheckpointingFromSpec(weft::v1::ActivationCheckpointing::Level level,
+                                           Checkpointing automatic) {
+  switch (level) {
+    case weft::v1::ActivationCheckpointing::NONE: return Checkpointing::kNone;
+    case weft::v1::ActivationCheckpointing::SELECTIVE: return Checkpointing::kSelective;
+    case weft::v1::ActivationCheckpointing::FULL: return Checkpointing::kFull;
+    default: return automatic;
+  }
+}
+
+}  // namespace weft::engine
+
+#endif  // WEFT_WORKER_ENGINE_CHECKPOINTING_H_
