@@ -90,7 +90,8 @@ int main(int argc, char** argv) {
     targets[i] = static_cast<int32_t>((i * 104729 + 13) % vocab);
   }
 
-  const std::unique_ptr<cpu::CpuModel> cpu_model = cpu::CreateCpuModel(arch, batch, seq);
+  const std::unique_ptr<cpu::CpuModel> cpu_model =
+      cpu::CreateCpuModel(arch, batch, seq, Checkpointing::kNone);
   cpu::CpuModel& model = *cpu_model;
   model.SetShape(batch, seq);
   AdamWConfig adamw{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
