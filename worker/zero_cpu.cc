@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
-#include "worker/engine/checkpointing.h"
 #include "worker/engine/adamw.h"
+#include "worker/engine/checkpointing.h"
 
 namespace weft::worker {
 namespace {

@@ -71,7 +71,7 @@ class CpuModel {
 };
 
 // The fp32 model of `arch` for micro-batches up to (max_b, max_t); max_t <= context length;
-// keeping per block what `level` says (inference has no backward: kNone).
+// keeping per block what `level` says.
 // Every architecture has a CPU model (it is the reference the others are tested against), so
 // an unregistered one is a programmer error and aborts.
 std::unique_ptr<CpuModel> CreateCpuModel(const ModelArch& arch, int max_b, int max_t,

@@ -1,8 +1,8 @@
 // What every CPU model (gpt2_model.h, llama_model.h) keeps besides its own layers: the
 // micro-batch in flight (shape, tokens, the call order of engine/cpu/model.h), the arena its
-// activations live in and where the checkpointing level puts each block's activations. A call out of order would silently read stale activations and a shape
-// or token out of range would read out of bounds, so both are programmer errors that abort
-// with a message naming the model.
+// activations live in and where the checkpointing level puts each block's activations. A call
+// out of order would silently read stale activations and a shape or token out of range would
+// read out of bounds, so both are programmer errors that abort with a message naming the model.
 #ifndef WEFT_WORKER_ENGINE_CPU_MODEL_CORE_H_
 #define WEFT_WORKER_ENGINE_CPU_MODEL_CORE_H_
 
@@ -100,10 +100,10 @@ class ActivationArena {
   size_t count_ = 0;
 };
 
-// A block activation's kind, which decides at which checkpointing levels (engine/checkpointing.h)
-// every layer keeps its own copy. The others live in ONE shared set that each block's forward
-// overwrites and its backward recomputes first, by re-running the forward's own op calls on
-// the same inputs (so the recomputed values are bit-identical).
+// A block activation's kind, which decides at which checkpointing levels
+// (engine/checkpointing.h) every layer keeps its own copy. The others live in ONE shared set
+// that each block's forward overwrites and its backward recomputes first, by re-running the
+// forward's own op calls on the same inputs (so the recomputed values are bit-identical).
 enum class ActKind {
   kSaved,  // a matmul output (or the mid-block residual) or a per-row statistic: per layer at
            // kNone and kSelective

@@ -34,16 +34,9 @@ GptConfig Gpt() {
 
 // C = 16, 4 query heads sharing 2 kv heads (D = 4, Q = 16, QKV = 32), SwiGLU 12.
 LlamaConfig Llama(bool tied) {
-  return LlamaConfig{.num_layers = kLayers,
-                     .hidden_size = 16,
-                     .num_heads = 4,
-                     .num_kv_heads = 2,
-                     .intermediate_size = 12,
-                     .vocab_size = kVocab,
-                     .padded_vocab_size = 16,
-                     .context_length = 8,
-                     .rope_theta = 100.0,
-                     .rms_norm_eps = 1e-5,
+  return LlamaConfig{.num_layers = kLayers, .hidden_size = 16, .num_heads = 4, .num_kv_heads = 2,
+                     .intermediate_size = 12, .vocab_size = kVocab, .padded_vocab_size = 16,
+                     .context_length = 8, .rope_theta = 100.0, .rms_norm_eps = 1e-5,
                      .tie_word_embeddings = tied};
 }
 
