@@ -258,7 +258,8 @@ void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {
   std::vector<int32_t> inputs(b * kT), targets(b * kT);
   GlobalBatch(0, b)(3, 0, inputs.data(), targets.data());
 
-  const std::unique_ptr<engine::cpu::CpuModel> cpu = engine::cpu::CreateCpuModel(arch, b, kT);
+  const std::unique_ptr<engine::cpu::CpuModel> cpu =
+      engine::cpu::CreateCpuModel(arch, b, kT, engine::Checkpointing::kNone);
   cpu->SetShape(b, kT);
   cpu->EncoderForward(params[0].data(), inputs.data());
   for (int l = 0; l < arch.num_layers(); ++l) cpu->BlockForward(l, params[1 + l].data());
