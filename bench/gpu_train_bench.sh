@@ -13,7 +13,11 @@
 #     activation_checkpointing=L offload=off
 #     WEFT_BENCH_AC (AUTO, NONE, SELECTIVE or FULL; default AUTO) is the job's
 #     training.activation_checkpointing; the line reports the level the engine ran at (the
-#     job's MEMORY_PLANNED event). WEFT_BENCH_MB overrides the micro-batch.
+#     job's MEMORY_PLANNED event). WEFT_BENCH_MB overrides the micro-batch; WEFT_BENCH_OFFLOAD=1
+#     sets optimizer.offload; WEFT_BENCH_ACCUM sets training.grad_accum_steps (default 1);
+#     WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS KV_HEADS FFN VOCAB SEQ" replaces the llama shape;
+#     WEFT_BENCH_STEPS the steps (default 60; tokens/s counts from step 10, or from the
+#     first reported step past a fifth of them).
 #     tokens/s is end to end: steps completed between two coordinator timestamps (step 10 and
 #     the last), so reporting, data loading and host overheads count. peak_mem_gib is what the
 #     engine allocated (PyTorch's max_memory_allocated analogue); device_used_gib is the whole
@@ -66,9 +70,11 @@ spec() {
 name: "$1"
 model { num_layers: $4 hidden_size: $5 num_heads: $6 vocab_size: $7 context_length: $8 ${12:-} }
 data { train_path: "$DATA" format: DATA_FORMAT_TEXT_BYTES val_fraction: 0.05 }
-optimizer { learning_rate: ${11} weight_decay: 0.1 grad_clip_norm: 1.0 }
+optimizer { learning_rate: ${11} weight_decay: 0.1 grad_clip_norm: 1.0
+            offload: $([[ ${WEFT_BENCH_OFFLOAD:-0} == 1 ]] && echo true || echo false) }
 lr_schedule { kind: COSINE warmup_steps: 20 min_lr_ratio: 0.1 }
 training { total_steps: ${10} micro_batch_size: $9 sequence_length: $8 seed: 1337
+           grad_accum_steps: ${WEFT_BENCH_ACCUM:-1}
            activation_checkpointing: ${WEFT_BENCH_AC:-AUTO} }
 zero_stage: 3
 resources { device_kind: DEVICE_KIND_$2 min_workers: $3 max_workers: $3 }
@@ -95,24 +101,28 @@ throughput)
   *) echo "unknown architecture $ARCH (gpt2 or llama)" >&2; exit 2 ;;
   esac
   B=${WEFT_BENCH_MB:-$B}
+  STEPS=${WEFT_BENCH_STEPS:-60}
+  ACCUM=${WEFT_BENCH_ACCUM:-1}
   for g in $COUNTS; do
     if [[ $ARCH == llama ]]; then
-      spec "llama-1b-g$g" CUDA "$g" 16 2048 32 128256 $T $B 60 3e-4 \
-        "architecture: LLAMA num_kv_heads: 8 intermediate_size: 8192 rope_theta: 500000" \
+      read -r L W H KV F V S <<<"${WEFT_BENCH_SHAPE:-16 2048 32 8 8192 128256 $T}"
+      T=$S
+      spec "llama-${L}x$W-g$g" CUDA "$g" "$L" "$W" "$H" "$V" "$T" "$B" "$STEPS" 3e-4 \
+        "architecture: LLAMA num_kv_heads: $KV intermediate_size: $F rope_theta: 500000" \
         >"$WORK/g$g.pb.txt"
     else
-      spec "gpt2-124m-g$g" CUDA "$g" 12 768 12 50304 $T $B 60 6e-4 >"$WORK/g$g.pb.txt"
+      spec "gpt2-124m-g$g" CUDA "$g" 12 768 12 50304 $T $B "$STEPS" 6e-4 >"$WORK/g$g.pb.txt"
     fi
     start_coordinator "g$g"
     start_workers cuda "$g"
     run_job "$WORK/g$g.pb.txt" "$WORK/g$g.jsonl"
     stop_workers
     stop_coordinator
-    python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" <<'PY'
+    python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" "$ACCUM" <<'PY'
 import json, sys
 from datetime import datetime
 path, gpus, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-B, T = int(sys.argv[4]), int(sys.argv[5])
+B, T, accum = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 steps = {}
 level = "?"
 for line in open(path):
@@ -125,11 +135,13 @@ for line in open(path):
             level = e["message"].split()[2]  # "activation checkpointing <level> (...)"
 def ts(m):
     return datetime.fromisoformat(m["time"].replace("Z", "+00:00")).timestamp()
-if not any(k >= 10 for k in steps):
-    sys.exit(f"no step metrics past step 10 in {path}: last status {line.strip()[:2000]}")
-first = min(k for k in steps if k >= 10)
+last = max(steps) if steps else 0
+start = min(10, max(1, last // 5))
+if not any(k >= start for k in steps) or last <= start:
+    sys.exit(f"too few step metrics in {path}: last status {line.strip()[:2000]}")
+first = min(k for k in steps if k >= start)
 last = max(steps)
-tokens = (last - first) * B * T * gpus
+tokens = (last - first) * B * T * accum * gpus
 tps = tokens / (ts(steps[last]) - ts(steps[first]))
 per_gpu = tps / gpus
 late = [steps[k] for k in steps if k >= first]
@@ -146,7 +158,7 @@ used = max(int(m.get("device_used_bytes", 0)) for m in late) / 2**30
 print(f"BENCH gpu_train arch={arch} gpus={gpus} tokens_per_s_per_gpu={per_gpu:.0f} "
       f"mfu={per_gpu * flops_per_token_over_peak:.3f} peak_mem_gib={peak:.2f} "
       f"exposed_comm_pct={100 * exposed / step_ms:.1f} device_used_gib={used:.2f} "
-      f"step_ms={step_ms:.1f} reported_tokens_per_s_per_gpu={B*T*1000/step_ms:.0f} "
+      f"step_ms={step_ms:.1f} reported_tokens_per_s_per_gpu={B*T*accum*1000/step_ms:.0f} "
       f"steps={first}-{last} loss={float(steps[last]['loss']):.3f} "
       f"activation_checkpointing={level} offload=off", flush=True)
 PY

@@ -384,6 +384,9 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
   if (!weft::v1::Precision_IsValid(spec.precision())) {
     bad("precision", absl::StrCat("unknown value ", spec.precision(), "; use FP32 or BF16"));
   }
+  if (o.offload() && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
+    bad("optimizer.offload", "only for DEVICE_KIND_CUDA jobs: the CPU engine's optimizer state is in host memory already");
+  }
   if (spec.precision() == weft::v1::BF16 && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
     bad("precision", "BF16 needs resources.device_kind DEVICE_KIND_CUDA (the CPU engine is FP32)");
   }

@@ -66,9 +66,13 @@ std::vector<std::string> Alternatives(Checkpointing tried_last, size_t free_byte
 std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan) {
   return absl::StrFormat(
       "%.2f GiB (parameter/optimizer shards %.2f, gathered units and gradients %.2f, "
-      "activations %.2f, NCCL and runtime reserve %.2f)",
+      "activations %.2f, NCCL and runtime reserve %.2f%s)",
       GiB(plan.total()), GiB(plan.state_bytes), GiB(plan.working_bytes),
-      GiB(plan.activation_bytes), GiB(plan.reserve_bytes));
+      GiB(plan.activation_bytes), GiB(plan.reserve_bytes),
+      plan.host_bytes == 0
+          ? ""
+          : absl::StrFormat("; plus %.2f GiB of pinned host memory for the offloaded optimizer",
+                            GiB(plan.host_bytes)));
 }
 
 MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,

@@ -21,7 +21,11 @@ struct GpuMemoryPlan {
   size_t working_bytes = 0;     // gathered bf16 units, full fp32 gradient units, scratch
   size_t activation_bytes = 0;  // the CudaModel's activations and scratch, cuBLAS workspace
   size_t reserve_bytes = 0;     // NCCL buffers, CUDA context growth, allocator slack
+  // Device bytes in all; the pinned host memory below is not part of it.
   size_t total() const { return state_bytes + working_bytes + activation_bytes + reserve_bytes; }
+  // Optimizer offload: fp32 master weights, moments and decay mask of the shard, and the
+  // staging buffers, in pinned host memory. 0 without offload.
+  size_t host_bytes = 0;
 };
 
 // "9.10 GiB (parameter/optimizer shards 1.50, gathered units and gradients 0.60, activations

@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <thread>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -19,6 +22,19 @@ namespace {
 using comm::DataType;
 namespace cuda = engine::cuda;
 
+// /proc/meminfo's MemAvailable: what the host can give without swapping (SIZE_MAX when it
+// cannot be read, so an unreadable file never refuses a job).
+size_t HostAvailableBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return SIZE_MAX;
+}
+
 // NCCL's channel buffers (a few hundred MiB on NVLink machines), cuBLAS's own handles and the
 // CUDA context's growth after creation: not allocated by the engine, but they must fit. On an
 // H200, GPT-2 124M on 1 GPU measured 1.26 GiB of device memory beyond the engine's own.
@@ -31,9 +47,16 @@ GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelAr
   // Every rank's shards are the same size, so rank 0's layout speaks for all.
   const ShardLayout layout(UnitSizes(arch), world, /*rank=*/0);
   GpuMemoryPlan plan;
-  plan.state_bytes =
-      layout.total_shard() * (4 * sizeof(float) + sizeof(__nv_bfloat16) + 1);
   const size_t max_shard = layout.max_shard();
+  if (spec.optimizer().offload()) {
+    // On the GPU: the gradient shard and the bf16 working copy; on the host: master weights,
+    // moments, decay mask, and two staging pairs (fp32 gradients in, bf16 weights out).
+    plan.state_bytes = layout.total_shard() * (sizeof(float) + sizeof(__nv_bfloat16));
+    plan.host_bytes = layout.total_shard() * (3 * sizeof(float) + 1) +
+                      2 * max_shard * (sizeof(float) + sizeof(__nv_bfloat16));
+  } else {
+    plan.state_bytes = layout.total_shard() * (4 * sizeof(float) + sizeof(__nv_bfloat16) + 1);
+  }
   const size_t unit_bytes = sizeof(__nv_bfloat16) + sizeof(float);  // gathered + gradient
   plan.working_bytes = layout.unit(0).padded * unit_bytes +
                        2 * layout.max_block_padded() * unit_bytes + max_shard * sizeof(float) +
@@ -79,13 +102,19 @@ ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunic
       comm_(comm),
       world_(comm->world_size()),
       batch_size_(spec.training().micro_batch_size()),
-      seq_len_(spec.training().sequence_length()) {}
+      seq_len_(spec.training().sequence_length()),
+      offload_(spec.optimizer().offload()),
+      host_threads_(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
 ZeroCudaEngine::~ZeroCudaEngine() {
   if (compute_ != nullptr) cudaStreamSynchronize(compute_);
   model_.reset();
   for (void* p : allocations_) cudaFree(p);
-  if (host_stats_ != nullptr) cudaFreeHost(host_stats_);
+  for (void* p : host_allocations_) cudaFreeHost(p);
+  for (cudaEvent_t e : {grads_copied_[0], grads_copied_[1], weights_copied_[0],
+                        weights_copied_[1]}) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   for (cudaEvent_t e : {compute_ready_, head_gathered_, gathered_[0], gathered_[1],
                         head_scattered_, scattered_[0], scattered_[1], comm_done_}) {
     if (e != nullptr) cudaEventDestroy(e);
@@ -108,6 +137,21 @@ absl::StatusOr<T*> ZeroCudaEngine::Alloc(size_t count) {
   return static_cast<T*>(p);
 }
 
+template <typename T>
+absl::StatusOr<T*> ZeroCudaEngine::HostAlloc(size_t count) {
+  void* p = nullptr;
+  const size_t bytes = std::max<size_t>(count, 1) * sizeof(T);
+  const cudaError_t err = cudaMallocHost(&p, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat("cudaMallocHost of ", bytes,
+                                                     " bytes (pinned host memory) failed: ",
+                                                     cudaGetErrorString(err)));
+  }
+  host_allocations_.push_back(p);
+  return static_cast<T*>(p);
+}
+
 absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
     const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm) {
   if (spec.zero_stage() != 3) {
@@ -125,6 +169,14 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
         return PlanGpuMemory(spec, *arch, level, rows, world);
       });
   if (!memory.fits) return absl::ResourceExhaustedError(memory.reason);
+  if (const size_t host_free = HostAvailableBytes(); memory.plan.host_bytes > host_free) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "host memory: optimizer.offload needs %.2f GiB of pinned host memory per GPU at world "
+        "size %d, but the host has %.2f GiB available (MemAvailable); run on more GPUs or "
+        "hosts, or without optimizer.offload",
+        memory.plan.host_bytes / double(1 << 30), comm->world_size(),
+        host_free / double(1 << 30)));
+  }
   std::unique_ptr<ZeroCudaEngine> engine(new ZeroCudaEngine(spec, comm, std::move(arch)));
   engine->plan_ = memory.plan;
   engine->checkpointing_ = memory.level;
@@ -146,19 +198,27 @@ absl::Status ZeroCudaEngine::Initialize() {
   for (int u = 0; u < layout_.num_units(); ++u) {
     Unit& unit = units_[u];
     const size_t shard = layout_.unit(u).shard;
-    WEFT_ASSIGN_OR_RETURN(unit.params, Alloc<float>(shard));
-    WEFT_ASSIGN_OR_RETURN(unit.m, Alloc<float>(shard));
-    WEFT_ASSIGN_OR_RETURN(unit.v, Alloc<float>(shard));
+    // Offloaded, the optimizer's side lives in pinned host memory (which kernels and copies
+    // reach through unified addressing).
+    WEFT_ASSIGN_OR_RETURN(unit.params, offload_ ? HostAlloc<float>(shard) : Alloc<float>(shard));
+    WEFT_ASSIGN_OR_RETURN(unit.m, offload_ ? HostAlloc<float>(shard) : Alloc<float>(shard));
+    WEFT_ASSIGN_OR_RETURN(unit.v, offload_ ? HostAlloc<float>(shard) : Alloc<float>(shard));
+    WEFT_ASSIGN_OR_RETURN(unit.decay_mask,
+                          offload_ ? HostAlloc<uint8_t>(shard) : Alloc<uint8_t>(shard));
     WEFT_ASSIGN_OR_RETURN(unit.grads, Alloc<float>(shard));
     WEFT_ASSIGN_OR_RETURN(unit.params_bf16, Alloc<bf16>(shard));
-    WEFT_ASSIGN_OR_RETURN(unit.decay_mask, Alloc<uint8_t>(shard));
     const InitialUnit init = InitialState(u);
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.params, init.kept.data(), shard * sizeof(float),
-                                         cudaMemcpyHostToDevice));
+                                         cudaMemcpyDefault));
     WEFT_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(unit.decay_mask, init.decay_mask.data(), shard, cudaMemcpyHostToDevice));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.m, 0, shard * sizeof(float), compute_));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.v, 0, shard * sizeof(float), compute_));
+        cudaMemcpy(unit.decay_mask, init.decay_mask.data(), shard, cudaMemcpyDefault));
+    if (offload_) {
+      std::fill(unit.m, unit.m + shard, 0.0f);
+      std::fill(unit.v, unit.v + shard, 0.0f);
+    } else {
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.m, 0, shard * sizeof(float), compute_));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.v, 0, shard * sizeof(float), compute_));
+    }
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, shard * sizeof(float), compute_));
     WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, shard, compute_));
   }
@@ -175,7 +235,17 @@ absl::Status ZeroCudaEngine::Initialize() {
                         Alloc<float>(cuda::SumOfSquaresScratchFloats(max_shard)));
   WEFT_ASSIGN_OR_RETURN(stats_, Alloc<float>(2));
   WEFT_ASSIGN_OR_RETURN(grad_scale_, Alloc<float>(1));
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&host_stats_), 2 * sizeof(float)));
+  WEFT_ASSIGN_OR_RETURN(host_stats_, HostAlloc<float>(3));  // [sum of squares, loss, clip]
+  if (offload_) {
+    for (int i = 0; i < 2; ++i) {
+      WEFT_ASSIGN_OR_RETURN(staging_grads_[i], HostAlloc<float>(max_shard));
+      WEFT_ASSIGN_OR_RETURN(staging_bf16_[i], HostAlloc<uint16_t>(max_shard));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&grads_copied_[i],
+                                                         cudaEventDisableTiming));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&weights_copied_[i],
+                                                         cudaEventDisableTiming));
+    }
+  }
   // Padding elements of the gradient units are never written by the model; zero them once
   // (block buffers are re-zeroed per use anyway).
   WEFT_CUDA_RETURN_IF_ERROR(
@@ -346,14 +416,18 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
                                        static_cast<float>(opt.grad_clip_norm()), compute_));
   result.learning_rate = engine::LearningRate(spec_, step);
   const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
-  for (int i = 0; i < layout_.num_units(); ++i) {
-    const Unit& u = units_[i];
-    WEFT_RETURN_IF_ERROR(cuda::AdamWUpdateBf16(u.params, u.params_bf16, u.grads, u.m, u.v,
-                                               u.decay_mask, layout_.unit(i).shard, adamw,
-                                               step + 1, grad_scale_, compute_));
-  }
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
                                             cudaMemcpyDeviceToHost, compute_));
+  if (offload_) {
+    WEFT_RETURN_IF_ERROR(HostOptimizerStep(step, adamw));
+  } else {
+    for (int i = 0; i < layout_.num_units(); ++i) {
+      const Unit& u = units_[i];
+      WEFT_RETURN_IF_ERROR(cuda::AdamWUpdateBf16(u.params, u.params_bf16, u.grads, u.m, u.v,
+                                                 u.decay_mask, layout_.unit(i).shard, adamw,
+                                                 step + 1, grad_scale_, compute_));
+    }
+  }
   WEFT_ASSIGN_OR_RETURN(const size_t opt_end, Mark());
   WEFT_RETURN_IF_ERROR(comm_->WaitEvent(timing_.at(opt_end)));
 
@@ -388,6 +462,40 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   return result;
 }
 
+// Unit by unit, a pipeline of three: the GPU copies unit u + 1's gradients out while the host
+// steps unit u, whose new bf16 weights the GPU copies in while the host steps unit u + 1. Two
+// staging pairs alternate; the events say when each is free again.
+absl::Status ZeroCudaEngine::HostOptimizerStep(int64_t step, const engine::AdamWConfig& adamw) {
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_stats_[2], grad_scale_, sizeof(float),
+                                            cudaMemcpyDeviceToHost, compute_));
+  const auto copy_out = [&](int u) -> absl::Status {
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_grads_[u % 2], units_[u].grads,
+                                              layout_.unit(u).shard * sizeof(float),
+                                              cudaMemcpyDeviceToHost, compute_));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(grads_copied_[u % 2], compute_));
+    return absl::OkStatus();
+  };
+  const int units = layout_.num_units();
+  WEFT_RETURN_IF_ERROR(copy_out(0));
+  for (int u = 0; u < units; ++u) {
+    const int slot = u % 2;
+    if (u + 1 < units) WEFT_RETURN_IF_ERROR(copy_out(u + 1));
+    // Through the communicator, so an abort (a peer lost) interrupts the wait.
+    WEFT_RETURN_IF_ERROR(comm_->WaitEvent(grads_copied_[slot]));
+    if (u >= 2) WEFT_RETURN_IF_ERROR(comm_->WaitEvent(weights_copied_[slot]));
+    const Unit& unit = units_[u];
+    const size_t shard = layout_.unit(u).shard;
+    engine::AdamWUpdateParallel(unit.params, staging_grads_[slot], unit.m, unit.v,
+                                unit.decay_mask, shard, adamw, step + 1, host_stats_[2],
+                                staging_bf16_[slot], host_threads_);
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(unit.params_bf16, staging_bf16_[slot],
+                                              shard * sizeof(bf16), cudaMemcpyHostToDevice,
+                                              compute_));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(weights_copied_[slot], compute_));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch) {
   timing_.Reset();
   waits_.clear();
@@ -416,10 +524,17 @@ absl::StatusOr<std::vector<std::vector<float>>> ZeroCudaEngine::GatherParameters
   absl::Status status;
   for (size_t u = 0; u < units_.size() && status.ok(); ++u) {
     const UnitShard& unit = layout_.unit(static_cast<int>(u));
-    status = CommWaitsCompute();
+    // Offloaded master weights go through a device buffer: NCCL reads device memory.
+    const float* shard = offload_ ? scatter_tmp_ : units_[u].params;
+    if (offload_) {
+      status = engine::cuda::CudaStatus(
+          cudaMemcpyAsync(scatter_tmp_, units_[u].params, unit.shard * sizeof(float),
+                          cudaMemcpyHostToDevice, compute_),
+          "cudaMemcpyAsync of offloaded parameters");
+    }
+    if (status.ok()) status = CommWaitsCompute();
     if (status.ok()) {
-      status = CheckWork(
-          comm_->AllGather(units_[u].params, full, unit.shard, DataType::kFloat32));
+      status = CheckWork(comm_->AllGather(shard, full, unit.shard, DataType::kFloat32));
     }
     if (status.ok()) {
       status = engine::cuda::CudaStatus(cudaEventRecord(comm_done_, comm_->stream()),
@@ -447,14 +562,14 @@ absl::Status ZeroCudaEngine::CopyKeptToHost(int u, UnitState state, size_t offse
                                             float* host) const {
   // Between steps: TrainStep returned only after the optimizer finished.
   return cuda::CudaStatus(cudaMemcpy(host, Kept(u, state) + offset, n * sizeof(float),
-                                     cudaMemcpyDeviceToHost),
+                                     cudaMemcpyDefault),
                           "cudaMemcpy of a checkpoint shard");
 }
 
 absl::Status ZeroCudaEngine::CopyKeptFromHost(int u, UnitState state, const float* host) {
   return cuda::CudaStatus(cudaMemcpy(Kept(u, state), host,
                                      layout_.KeptElements(u, stage_) * sizeof(float),
-                                     cudaMemcpyHostToDevice),
+                                     cudaMemcpyDefault),
                           "cudaMemcpy of a restored shard");
 }
 

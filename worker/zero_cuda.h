@@ -37,6 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/nccl_communicator.h"
+#include "worker/engine/adamw.h"
 #include "worker/engine/cuda/model.h"
 #include "worker/engine/model_arch.h"
 #include "worker/memory_plan.h"
@@ -97,6 +98,12 @@ class ZeroCudaEngine : public ZeroEngine {
   float* Kept(int u, UnitState state) const;
   template <typename T>
   absl::StatusOr<T*> Alloc(size_t count);
+  // Pinned host memory (cudaMallocHost), freed with the engine.
+  template <typename T>
+  absl::StatusOr<T*> HostAlloc(size_t count);
+  // Optimizer offload's AdamW on the host (spec.optimizer.offload): after the clip scale is
+  // known on the device, every unit's gradients out, the step on the host, bf16 weights in.
+  absl::Status HostOptimizerStep(int64_t step, const engine::AdamWConfig& adamw);
 
   // Comm waits for everything enqueued on the compute stream so far.
   absl::Status CommWaitsCompute();
@@ -127,7 +134,16 @@ class ZeroCudaEngine : public ZeroEngine {
   float* stats_ = nullptr;         // device [sum of squares, loss sum]
   float* grad_scale_ = nullptr;    // device scalar
   float* norm_scratch_ = nullptr;
-  float* host_stats_ = nullptr;    // pinned [2]
+  float* host_stats_ = nullptr;    // pinned [sum of squares, loss sum, clip scale]
+  // Optimizer offload (offload_): Unit::params, m, v and decay_mask are pinned host memory;
+  // two staging pairs of (max shard) and the events that free them.
+  const bool offload_;
+  const int host_threads_;
+  std::vector<void*> host_allocations_;
+  float* staging_grads_[2] = {nullptr, nullptr};
+  uint16_t* staging_bf16_[2] = {nullptr, nullptr};
+  cudaEvent_t grads_copied_[2] = {nullptr, nullptr};
+  cudaEvent_t weights_copied_[2] = {nullptr, nullptr};
   std::vector<int32_t> inputs_, targets_;
 
   // Ordering events (no timing). One compute->comm event serves every "comm waits for all

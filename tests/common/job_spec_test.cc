@@ -618,6 +618,16 @@ TEST(ValidateJobSpecTest, ActivationCheckpointingLevels) {
               ::testing::ElementsAre(StartsWith("training.activation_checkpointing: unknown value 9")));
 }
 
+TEST(ValidateJobSpecTest, OptimizerOffloadIsForGpuJobs) {
+  JobSpec spec = ValidCpuSpec();
+  spec.mutable_optimizer()->set_offload(true);
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ::testing::ElementsAre(StartsWith("optimizer.offload: only for DEVICE_KIND_CUDA")));
+  spec.mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+  spec.set_precision(weft::v1::BF16);
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+}
+
 TEST(ValidateJobSpecTest, Gpt2RefusesEveryLlamaField) {
   JobSpec spec = ValidCpuSpec();
   auto* m = spec.mutable_model();

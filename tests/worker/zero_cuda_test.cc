@@ -444,6 +444,26 @@ TEST_F(ZeroCudaTest, LlamaCheckpointingLevelsMatchNone) {
   ExpectLevelsMatchNone(SmallSpec(4, 8, /*llama=*/true));
 }
 
+// Optimizer offload steps the same AdamW on the host: the curve and the parameters follow the
+// on-GPU optimizer's to fp32 rounding (the two AdamW implementations round differently), and
+// the weights come back through GatherParameters from host memory.
+TEST_F(ZeroCudaTest, OffloadedOptimizerFollowsTheGpuOptimizer) {
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    weft::v1::JobSpec spec = SmallSpec(4, 8, llama);
+    const Curve gpu = TrainGpu(spec, 1);
+    spec.mutable_optimizer()->set_offload(true);
+    const Curve host = TrainGpu(spec, 1);
+    ASSERT_EQ(host.losses.size(), gpu.losses.size());
+    ASSERT_EQ(host.params.size(), gpu.params.size());
+    EXPECT_LT(WorstRelative(host.losses, gpu.losses), 1e-4);
+    for (size_t u = 0; u < gpu.params.size(); ++u) {
+      EXPECT_LT(NormRelative(host.params[u], gpu.params[u]), 1e-4) << "unit " << u;
+    }
+    EXPECT_LT(host.losses.back(), host.losses.front());
+  }
+}
+
 TEST_F(ZeroCudaTest, AutoChoosesCheckpointingWhenEverythingDoesNotFit) {
   // GPT-2 124M at micro-batch 512 x 1024: keeping every activation needs about 150 GiB, more
   // than any one GPU here; selective or full fits.

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
 
 namespace weft::engine {
 
@@ -45,6 +48,33 @@ void AdamWUpdate(float* params, const float* grads, float* m, float* v, const ui
     p -= lr * m_hat / (std::sqrt(v_hat) + eps);
     params[i] = p - decay;
   }
+}
+
+uint16_t Bf16Bits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+void AdamWUpdateParallel(float* params, const float* grads, float* m, float* v,
+                         const uint8_t* decay_mask, size_t n, const AdamWConfig& config,
+                         int64_t step, float grad_scale, uint16_t* bf16_out, int threads) {
+  const size_t parts = static_cast<size_t>(std::max(1, threads));
+  // Chunks of whole cache lines, so no two threads write one.
+  const size_t chunk = ((n + parts - 1) / parts + 15) / 16 * 16;
+  const auto run = [&](size_t begin) {
+    const size_t end = std::min(n, begin + chunk);
+    if (begin >= end) return;
+    AdamWUpdate(params + begin, grads + begin, m + begin, v + begin, decay_mask + begin,
+                end - begin, config, step, grad_scale);
+    for (size_t i = begin; i < end; ++i) bf16_out[i] = Bf16Bits(params[i]);
+  };
+  std::vector<std::thread> workers;
+  for (size_t begin = chunk; begin < n; begin += chunk) workers.emplace_back(run, begin);
+  run(0);
+  for (std::thread& t : workers) t.join();
 }
 
 double SumOfSquares(const float* x, size_t n) {

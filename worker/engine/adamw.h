@@ -34,6 +34,17 @@ AdamWConfig AdamWConfigFromSpec(const weft::v1::OptimizerSpec& spec, double lr);
 void AdamWUpdate(float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
                  size_t n, const AdamWConfig& config, int64_t step, float grad_scale);
 
+// AdamWUpdate over `threads` contiguous chunks at once (the same result: it is elementwise),
+// each chunk's new parameters then rounded to bf16 into bf16_out (n bit patterns, round to
+// nearest even as the GPU's __float2bfloat16 does): the host step of optimizer offload, whose
+// bf16 output is the device's next working copy. threads < 1 means 1.
+void AdamWUpdateParallel(float* params, const float* grads, float* m, float* v,
+                         const uint8_t* decay_mask, size_t n, const AdamWConfig& config,
+                         int64_t step, float grad_scale, uint16_t* bf16_out, int threads);
+
+// The bf16 bit pattern nearest x (ties to even; NaN stays NaN).
+uint16_t Bf16Bits(float x);
+
 // Sum of x[i]^2 in double, in a fixed order (bit-identical run to run). For the global grad
 // norm: each rank sums its shard, an all-reduce adds the ranks', the norm is the square root.
 double SumOfSquares(const float* x, size_t n);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -197,6 +198,54 @@ TEST(LearningRateTest, ConstantHoldsThePeakAfterWarmup) {
   EXPECT_DOUBLE_EQ(LearningRate(spec, 4), 1e-3);
   EXPECT_DOUBLE_EQ(LearningRate(spec, 49), 1e-3);
   EXPECT_DOUBLE_EQ(LearningRate(spec, 50), 1e-3);
+}
+
+// The host step of optimizer offload: any thread count gives AdamWUpdate's values, and the bf16
+// copy is each new parameter rounded to nearest even.
+TEST(AdamWParallelTest, EqualsTheSerialStepAtAnyThreadCount) {
+  constexpr size_t kN = 1003;  // not a multiple of the chunking
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  std::vector<float> params(kN), grads(kN), m(kN), v(kN);
+  std::vector<uint8_t> mask(kN);
+  for (size_t i = 0; i < kN; ++i) {
+    params[i] = normal(rng);
+    grads[i] = normal(rng);
+    m[i] = 0.1f * normal(rng);
+    v[i] = std::abs(0.01f * normal(rng));
+    mask[i] = static_cast<uint8_t>(i % 3 == 0);
+  }
+  AdamWConfig config;
+  config.lr = 1e-3f;
+  std::vector<float> want_p = params, want_m = m, want_v = v;
+  AdamWUpdate(want_p.data(), grads.data(), want_m.data(), want_v.data(), mask.data(), kN, config,
+              7, 0.5f);
+  for (int threads : {1, 3, 16}) {
+    SCOPED_TRACE(threads);
+    std::vector<float> p = params, mm = m, vv = v;
+    std::vector<uint16_t> bf16(kN);
+    AdamWUpdateParallel(p.data(), grads.data(), mm.data(), vv.data(), mask.data(), kN, config, 7,
+                        0.5f, bf16.data(), threads);
+    EXPECT_EQ(p, want_p);
+    EXPECT_EQ(mm, want_m);
+    EXPECT_EQ(vv, want_v);
+    for (size_t i = 0; i < kN; ++i) ASSERT_EQ(bf16[i], Bf16Bits(p[i])) << i;
+  }
+}
+
+TEST(AdamWParallelTest, Bf16BitsRoundsToNearestEven) {
+  const auto bits = [](uint32_t x) {
+    float f;
+    std::memcpy(&f, &x, sizeof(f));
+    return Bf16Bits(f);
+  };
+  EXPECT_EQ(bits(0x3f800000u), 0x3f80);  // 1.0 exactly
+  EXPECT_EQ(bits(0x3f808000u), 0x3f80);  // a tie, to the even 0x3f80
+  EXPECT_EQ(bits(0x3f818000u), 0x3f82);  // a tie, to the even 0x3f82
+  EXPECT_EQ(bits(0x3f808001u), 0x3f81);  // above the tie
+  EXPECT_EQ(bits(0x3f807fffu), 0x3f80);  // below it
+  EXPECT_EQ(bits(0x7f7fffffu), 0x7f80);  // the largest float rounds to infinity, as CUDA's
+  EXPECT_EQ(bits(0x7fc00001u) & 0x7fc0, 0x7fc0);  // NaN stays NaN
 }
 
 }  // namespace
