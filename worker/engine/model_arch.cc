@@ -134,7 +134,7 @@ void InitTensorRange(const std::vector<TensorInfo>& tensors, uint64_t key, int n
     chunks = std::min(hardware, std::max<size_t>(1, n / kMinInitChunk));
   }
   chunks = std::max<size_t>(1, std::min(chunks, n));
-  const size_t per = (n + chunks - 1) / std::max<size_t>(chunks, 1);
+  const size_t per = (n + chunks - 1) / chunks;
   auto run = [&](size_t c) {
     const size_t b = begin + std::min(n, c * per);
     const size_t e = begin + std::min(n, (c + 1) * per);
