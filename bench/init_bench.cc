@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("BENCH init_state params=%zu world=%d rank=%d stage=%d kept_floats=%zu seconds=%.2f\n",
-              (*arch)->ParameterCount(), world, rank, stage, kept, seconds);
+  std::printf(
+      "BENCH init_state params=%zu world=%d rank=%d stage=%d kept_floats=%zu seconds=%.2f\n",
+      (*arch)->ParameterCount(), world, rank, stage, kept, seconds);
   return 0;
 }

@@ -412,7 +412,10 @@ TEST_F(SafetensorsTest, WritesBf16AndF16RoundingToNearestEven) {
 // every dtype; until Commit only a temporary file exists.
 TEST_F(SafetensorsTest, StreamedPiecesGiveWriteSafetensorsBytes) {
   const std::vector<TensorData> tensors = {
-      {"a", {2, 3}, {1, 2, 3, 4, 5, 6}}, {"b", {}, {7}}, {"c", {0}, {}}, {"d", {4}, {8, 9, 10, 11}}};
+      {"a", {2, 3}, {1, 2, 3, 4, 5, 6}},
+      {"b", {}, {7}},
+      {"c", {0}, {}},
+      {"d", {4}, {8, 9, 10, 11}}};
   std::vector<TensorHeader> headers;
   std::vector<float> data;
   for (const TensorData& t : tensors) {
