@@ -398,11 +398,13 @@ TEST_F(ZeroCudaTest, ActivationPlanIsExactAtEveryLevel) {
 }
 
 // Activation checkpointing recomputes with the same kernels on the same inputs: 8 steps of
-// ZeRO-3 on 1 GPU give the same losses and parameters as keeping everything. Bit for bit,
-// except GPT-2's SELECTIVE level, whose standalone GELU equals the fc GEMM's fused one only to
-// bf16 rounding (engine/cuda/gpt2_model.h). It can fail: with 2 layers the shared buffers hold
-// the last layer's values when the backward starts, so a skipped or partial recompute breaks
-// the first layer's gradients.
+// ZeRO-3 on 1 GPU give the same losses and block parameters as keeping everything, bit for
+// bit, except GPT-2's SELECTIVE level, whose standalone GELU equals the fc GEMM's fused one only
+// to bf16 rounding (engine/cuda/gpt2_model.h), which Adam carries to a few 1e-3 of the
+// parameters in 8 steps. The head unit is compared to 1e-5: its embedding gradient is summed
+// with fp32 atomics (encoder.cu), whose order changes the last bit from run to run at any
+// level. It can fail: with 2 layers the shared buffers hold the last layer's values when the
+// backward starts, so a skipped or partial recompute breaks the first layer's gradients.
 void ExpectLevelsMatchNone(const weft::v1::JobSpec& base) {
   const Curve none = TrainGpu(base, 1);
   ASSERT_EQ(none.losses.size(), 8u);
@@ -418,12 +420,13 @@ void ExpectLevelsMatchNone(const weft::v1::JobSpec& base) {
     if (gelu && level == weft::v1::ActivationCheckpointing::SELECTIVE) {
       EXPECT_LT(WorstRelative(curve.losses, none.losses), 2e-3);
       for (size_t u = 0; u < none.params.size(); ++u) {
-        EXPECT_LT(NormRelative(curve.params[u], none.params[u]), 2e-3) << "unit " << u;
+        EXPECT_LT(NormRelative(curve.params[u], none.params[u]), 1e-2) << "unit " << u;
       }
       continue;
     }
     EXPECT_EQ(curve.losses, none.losses);
-    for (size_t u = 0; u < none.params.size(); ++u) {
+    EXPECT_LT(NormRelative(curve.params[0], none.params[0]), 1e-5) << "the head unit";
+    for (size_t u = 1; u < none.params.size(); ++u) {
       EXPECT_EQ(curve.params[u], none.params[u]) << "unit " << u;
     }
   }
