@@ -364,29 +364,49 @@ void GenerationRun::AddCommit(Checkpointer* checkpointer,
   }
 }
 
+absl::Status GenerationRun::GatherModel(TrainingEngine* engine, ModelFileWriter* file,
+                                        absl::Status* written) {
+  for (int u = 0; u < engine->arch().NumUnits(); ++u) {
+    WEFT_ASSIGN_OR_RETURN(const std::vector<float> unit, engine->GatherUnit(u));
+    // After a failed write the other ranks still wait for this one in every gather.
+    if (file != nullptr && written->ok()) *written = file->WriteUnit(u, unit);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GenerationRun::Finish(const Training& training) {
   // The last checkpoint commits before the job is declared done.
   if (training.checkpointer != nullptr) training.checkpointer->Drain();
 
-  // The trained model, whole, written by rank 0 (every rank takes part in the gather).
-  auto params = training.backend->engine->GatherParameters();
+  // Rank 0 writes the trained model while every rank gathers it, a unit at a time.
+  std::string path;
+  std::unique_ptr<ModelFileWriter> file;
+  absl::Status written;
+  if (rank_ == 0) {
+    const std::string dir = absl::StrCat(options_.output_dir, "/", job_id());
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    path = std::filesystem::absolute(dir + "/model.safetensors").string();
+    auto begun = ModelFileWriter::Begin(path, command_.spec());
+    if (begun.ok()) {
+      file = std::move(*begun);
+    } else {
+      written = begun.status();
+    }
+  }
+  absl::Status gathered = GatherModel(training.backend->engine.get(), file.get(), &written);
   // A last barrier before any rank drops its communicator: a rank that closed its sockets
   // right after the gather could cut off a message a slower peer is still receiving.
-  if (params.ok()) {
-    if (absl::Status s = training.backend->comm->Barrier()->Wait(); !s.ok()) params = s;
-  }
-  if (!params.ok()) {
-    ReportCollectiveError(params.status());
-    return params.status();
+  if (gathered.ok()) gathered = training.backend->comm->Barrier()->Wait();
+  if (!gathered.ok()) {
+    ReportCollectiveError(gathered);
+    return gathered;
   }
   if (rank_ != 0) return absl::OkStatus();
-  const std::string dir = absl::StrCat(options_.output_dir, "/", job_id());
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  const std::string path = std::filesystem::absolute(dir + "/model.safetensors").string();
-  if (absl::Status s = SaveModel(path, command_.spec(), *params); !s.ok()) {
-    ReportError(s, true);
-    return s;
+  if (written.ok()) written = file->Commit();
+  if (!written.ok()) {
+    ReportError(written, true);
+    return written;
   }
   weft::v1::ReportProgressRequest done = NewReport();
   done.set_finished(true);

@@ -23,6 +23,7 @@
 #include "worker/device_backend.h"
 #include "worker/hf/hf_checkpoint.h"
 #include "worker/training_engine.h"
+#include "worker/model_io.h"
 #include "worker/worker_metrics.h"
 #include "weft/v1/worker.pb.h"
 
@@ -106,6 +107,10 @@ class GenerationRun {
                   double val_loss, const Training& training);
   // Gathers the model, and on rank 0 writes it and reports the job finished.
   absl::Status Finish(const Training& training);
+  // Gathers every unit in turn (collective) and hands each to `file` (rank 0; null elsewhere),
+  // then drops it: no rank holds more than one whole unit. A failed write stops the writing,
+  // not the gathers the other ranks wait in; *written keeps the first write error.
+  absl::Status GatherModel(TrainingEngine* engine, ModelFileWriter* file, absl::Status* written);
   // Rank 0 tells the coordinator about each commit with its next report.
   void AddCommit(Checkpointer* checkpointer, weft::v1::ReportProgressRequest* report);
   weft::v1::ReportProgressRequest NewReport() const;

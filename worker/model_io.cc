@@ -45,6 +45,57 @@ absl::Status SaveModel(const std::string& path, const weft::v1::JobSpec& spec,
       {{kSpecKey, spec_text}, {"format", absl::StrCat("weft-", arch->name(), "-fp32")}});
 }
 
+absl::StatusOr<std::unique_ptr<ModelFileWriter>> ModelFileWriter::Begin(
+    const std::string& path, const weft::v1::JobSpec& spec,
+    const std::map<std::string, std::string>& extra_metadata) {
+  std::unique_ptr<ModelFileWriter> writer(new ModelFileWriter());
+  writer->path_ = path;
+  WEFT_ASSIGN_OR_RETURN(writer->arch_, engine::MakeModelArch(spec.model()));
+  const engine::ModelArch& arch = *writer->arch_;
+  std::vector<data::TensorHeader> tensors;
+  for (int u = 0; u < arch.NumUnits(); ++u) {
+    for (const engine::TensorInfo& t : arch.UnitTensors(u)) tensors.push_back({t.name, t.shape});
+  }
+  std::string spec_text;
+  google::protobuf::TextFormat::PrintToString(spec, &spec_text);
+  std::map<std::string, std::string> metadata = {
+      {kSpecKey, spec_text}, {"format", absl::StrCat("weft-", arch.name(), "-fp32")}};
+  for (const auto& [key, value] : extra_metadata) {
+    if (!metadata.emplace(key, value).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": metadata key ", key, " is the model file's own"));
+    }
+  }
+  WEFT_ASSIGN_OR_RETURN(writer->file_, data::SafetensorsWriter::Begin(path, tensors, metadata));
+  return writer;
+}
+
+absl::Status ModelFileWriter::WriteUnit(int unit, const std::vector<float>& params) {
+  if (unit != next_unit_ || unit >= arch_->NumUnits()) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": unit ", unit,
+                                                      " written out of order (next is ",
+                                                      next_unit_, " of ", arch_->NumUnits(), ")"));
+  }
+  if (params.size() != arch_->UnitSize(unit)) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": unit ", unit, " has ",
+                                                      params.size(), " floats, the model needs ",
+                                                      arch_->UnitSize(unit)));
+  }
+  for (const engine::TensorInfo& t : arch_->UnitTensors(unit)) {
+    WEFT_RETURN_IF_ERROR(file_->Append(params.data() + t.offset, t.size));
+  }
+  ++next_unit_;
+  return absl::OkStatus();
+}
+
+absl::Status ModelFileWriter::Commit() {
+  if (next_unit_ != arch_->NumUnits()) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": commit after ", next_unit_,
+                                                      " of ", arch_->NumUnits(), " units"));
+  }
+  return file_->Commit();
+}
+
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
   WEFT_ASSIGN_OR_RETURN(data::SafetensorsFile file, data::ReadSafetensors(path));
   LoadedModel model;

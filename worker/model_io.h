@@ -4,11 +4,13 @@
 #ifndef WEFT_WORKER_MODEL_IO_H_
 #define WEFT_WORKER_MODEL_IO_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/data/safetensors.h"
 #include "worker/engine/model_arch.h"
 #include "weft/v1/job.pb.h"
 
@@ -17,6 +19,36 @@ namespace weft::worker {
 // `units`: every unit's full (unpadded) parameters, in unit order.
 absl::Status SaveModel(const std::string& path, const weft::v1::JobSpec& spec,
                        const std::vector<std::vector<float>>& units);
+
+// SaveModel's file written a unit at a time, so that the writer holds one unit, never the whole
+// model: Begin announces every tensor (the header's offsets come from the architecture's
+// tensor tables, before any data), WriteUnit appends unit 0, 1, ... in order, Commit makes the
+// file appear under `path`. Until then the bytes live in a temporary file beside `path` (removed
+// if the writer is destroyed uncommitted), so a reader never sees a partial model. The bytes
+// equal SaveModel's for the same parameters.
+class ModelFileWriter {
+ public:
+  // `extra_metadata`: entries written next to the JobSpec and the format tag (a key of theirs
+  // is refused: INVALID_ARGUMENT). Errors: a spec no architecture takes, or the file's
+  // (data::SafetensorsWriter::Begin).
+  static absl::StatusOr<std::unique_ptr<ModelFileWriter>> Begin(
+      const std::string& path, const weft::v1::JobSpec& spec,
+      const std::map<std::string, std::string>& extra_metadata = {});
+
+  // Unit `params` (its UnitSize unpadded floats) as the next unit. FAILED_PRECONDITION for a
+  // unit out of order or of the wrong size; a failed write is the file's error.
+  absl::Status WriteUnit(int unit, const std::vector<float>& params);
+  // FAILED_PRECONDITION until every unit was written.
+  absl::Status Commit();
+
+ private:
+  ModelFileWriter() = default;
+
+  std::string path_;
+  std::unique_ptr<const engine::ModelArch> arch_;
+  std::unique_ptr<data::SafetensorsWriter> file_;
+  int next_unit_ = 0;
+};
 
 struct LoadedModel {
   weft::v1::JobSpec spec;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,8 +54,21 @@ class TrainingEngine {
   virtual absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) = 0;
   // Mean loss over `batches` micro-batches per rank (forward only), averaged over ranks.
   virtual absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) = 0;
-  // Every unit's full fp32 parameters (unpadded). Collective: all ranks must call it.
-  virtual absl::StatusOr<std::vector<std::vector<float>>> GatherParameters() = 0;
+  // Unit `u`'s full fp32 parameters (unpadded). Collective: all ranks must call it, for the
+  // same unit. How the final model is written a unit at a time, so that no rank ever holds
+  // more of the model than one unit.
+  virtual absl::StatusOr<std::vector<float>> GatherUnit(int u) = 0;
+  // Every unit's full fp32 parameters (unpadded): the whole model in memory, for callers that
+  // want it so (tests, small models). Collective.
+  absl::StatusOr<std::vector<std::vector<float>>> GatherParameters() {
+    std::vector<std::vector<float>> units;
+    for (int u = 0; u < arch().NumUnits(); ++u) {
+      absl::StatusOr<std::vector<float>> unit = GatherUnit(u);
+      if (!unit.ok()) return unit.status();
+      units.push_back(std::move(*unit));
+    }
+    return units;
+  }
   // A host copy of this rank's checkpoint slices (params, AdamW m and v). Local: no
   // communication, so training can go on while the copy is uploaded. Fails only when the
   // device copy does (a GPU fault).

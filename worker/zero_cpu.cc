@@ -304,21 +304,16 @@ absl::StatusOr<float> ZeroCpuEngine::EvalLoss(int batches, const BatchFn& batch)
   return total / static_cast<float>(world_ * std::max(1, batches));
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> ZeroCpuEngine::GatherParameters() {
-  std::vector<std::vector<float>> out(units_.size());
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const UnitShard& unit = layout_.unit(static_cast<int>(u));
-    if (stage_ == 3) {
-      std::vector<float> full(unit.padded);
-      WEFT_RETURN_IF_ERROR(Await(GatherInto(static_cast<int>(u), full.data())));
-      full.resize(unit.size);
-      out[u] = std::move(full);
-    } else {
-      const float* p = ResidentParams(static_cast<int>(u));
-      out[u].assign(p, p + unit.size);
-    }
+absl::StatusOr<std::vector<float>> ZeroCpuEngine::GatherUnit(int u) {
+  const UnitShard& unit = layout_.unit(u);
+  if (stage_ != 3) {
+    const float* p = ResidentParams(u);
+    return std::vector<float>(p, p + unit.size);
   }
-  return out;
+  std::vector<float> full(unit.padded);
+  WEFT_RETURN_IF_ERROR(Await(GatherInto(u, full.data())));
+  full.resize(unit.size);
+  return full;
 }
 
 const std::vector<float>& ZeroCpuEngine::Kept(int u, UnitState state) const {

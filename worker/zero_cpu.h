@@ -56,8 +56,8 @@ class ZeroCpuEngine : public ZeroEngine {
   // Mean loss over `batches` micro-batches per rank (forward only), averaged over ranks.
   absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) override;
 
-  // Every unit's full parameters (unpadded). Collective: all ranks must call it.
-  absl::StatusOr<std::vector<std::vector<float>>> GatherParameters() override;
+  // Unit `u`'s full parameters (unpadded). Collective: all ranks must call it.
+  absl::StatusOr<std::vector<float>> GatherUnit(int u) override;
 
   // Bytes of parameters + gradients + optimizer state this rank keeps between steps (working
   // buffers of stage 3 excluded; see WorkingBytes).

@@ -516,37 +516,34 @@ absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch
   return static_cast<float>(host_stats_[1] / (world_ * std::max(1, batches) * positions));
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> ZeroCudaEngine::GatherParameters() {
-  const size_t max_padded = std::max(layout_.unit(0).padded, layout_.max_block_padded());
+absl::StatusOr<std::vector<float>> ZeroCudaEngine::GatherUnit(int u) {
+  const UnitShard& unit = layout_.unit(u);
   float* full = nullptr;
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&full), max_padded * sizeof(float)));
-  std::vector<std::vector<float>> out(units_.size());
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&full), unit.padded * sizeof(float)));
+  std::vector<float> out;
   absl::Status status;
-  for (size_t u = 0; u < units_.size() && status.ok(); ++u) {
-    const UnitShard& unit = layout_.unit(static_cast<int>(u));
-    // Offloaded master weights go through a device buffer: NCCL reads device memory.
-    const float* shard = offload_ ? scatter_tmp_ : units_[u].params;
-    if (offload_) {
-      status = engine::cuda::CudaStatus(
-          cudaMemcpyAsync(scatter_tmp_, units_[u].params, unit.shard * sizeof(float),
-                          cudaMemcpyHostToDevice, compute_),
-          "cudaMemcpyAsync of offloaded parameters");
-    }
-    if (status.ok()) status = CommWaitsCompute();
-    if (status.ok()) {
-      status = CheckWork(comm_->AllGather(shard, full, unit.shard, DataType::kFloat32));
-    }
-    if (status.ok()) {
-      status = engine::cuda::CudaStatus(cudaEventRecord(comm_done_, comm_->stream()),
-                                        "cudaEventRecord");
-    }
-    if (status.ok()) status = comm_->WaitEvent(comm_done_);
-    if (status.ok()) {
-      out[u].resize(unit.size);
-      status = engine::cuda::CudaStatus(
-          cudaMemcpy(out[u].data(), full, unit.size * sizeof(float), cudaMemcpyDeviceToHost),
-          "cudaMemcpy of gathered parameters");
-    }
+  // Offloaded master weights go through a device buffer: NCCL reads device memory.
+  const float* shard = offload_ ? scatter_tmp_ : units_[u].params;
+  if (offload_) {
+    status = engine::cuda::CudaStatus(
+        cudaMemcpyAsync(scatter_tmp_, units_[u].params, unit.shard * sizeof(float),
+                        cudaMemcpyHostToDevice, compute_),
+        "cudaMemcpyAsync of offloaded parameters");
+  }
+  if (status.ok()) status = CommWaitsCompute();
+  if (status.ok()) {
+    status = CheckWork(comm_->AllGather(shard, full, unit.shard, DataType::kFloat32));
+  }
+  if (status.ok()) {
+    status = engine::cuda::CudaStatus(cudaEventRecord(comm_done_, comm_->stream()),
+                                      "cudaEventRecord");
+  }
+  if (status.ok()) status = comm_->WaitEvent(comm_done_);
+  if (status.ok()) {
+    out.resize(unit.size);
+    status = engine::cuda::CudaStatus(
+        cudaMemcpy(out.data(), full, unit.size * sizeof(float), cudaMemcpyDeviceToHost),
+        "cudaMemcpy of gathered parameters");
   }
   cudaFree(full);
   if (!status.ok()) return status;

@@ -63,7 +63,7 @@ class ZeroCudaEngine : public ZeroEngine {
 
   absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) override;
   absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) override;
-  absl::StatusOr<std::vector<std::vector<float>>> GatherParameters() override;
+  absl::StatusOr<std::vector<float>> GatherUnit(int u) override;
   size_t StateBytes() const override { return plan_.state_bytes; }
   size_t WorkingBytes() const override {
     return plan_.working_bytes + plan_.activation_bytes;

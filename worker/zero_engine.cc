@@ -12,6 +12,30 @@ std::vector<size_t> UnitSizes(const engine::ModelArch& arch) {
   return sizes;
 }
 
+InitialUnit InitialUnitState(const engine::ModelArch& arch, const ShardLayout& layout, int stage,
+                             uint64_t seed, int u) {
+  const UnitShard& unit = layout.unit(u);
+  const ShardRange range = layout.KeptRange(u, stage);
+  const size_t kept = layout.KeptElements(u, stage);
+  InitialUnit init;
+  // The kept part starts at element range.begin of the unit (or is all padding); what lies
+  // past the unit's end is padding and stays 0.
+  init.decay_mask.assign(kept, 0);
+  if (range.size() > 0) {
+    arch.UnitDecayMaskRange(u, range.begin, range.end, init.decay_mask.data());
+  }
+  if (stage == 1 || stage == 2) {
+    init.full.assign(unit.padded, 0.0f);
+    arch.InitUnit(u, seed, init.full.data());
+    const size_t begin = static_cast<size_t>(layout.rank()) * unit.shard;
+    init.kept.assign(init.full.begin() + begin, init.full.begin() + begin + kept);
+    return init;
+  }
+  init.kept.assign(kept, 0.0f);
+  if (range.size() > 0) arch.InitUnitRange(u, seed, range.begin, range.end, init.kept.data());
+  return init;
+}
+
 ZeroEngine::ZeroEngine(const weft::v1::JobSpec& spec,
                        std::unique_ptr<const engine::ModelArch> arch, int world, int rank)
     : spec_(spec),
@@ -19,20 +43,8 @@ ZeroEngine::ZeroEngine(const weft::v1::JobSpec& spec,
       stage_(spec.zero_stage()),
       layout_(UnitSizes(*arch_), world, rank) {}
 
-ZeroEngine::InitialUnit ZeroEngine::InitialState(int u) const {
-  const UnitShard& unit = layout_.unit(u);
-  InitialUnit init;
-  // Every rank initialises the whole unit and keeps its part: the model is the same for any
-  // world size, at the cost of initialising (once) what other ranks own.
-  init.full.assign(unit.padded, 0.0f);
-  std::vector<uint8_t> mask(unit.padded, 0);
-  arch_->InitUnit(u, spec_.training().seed(), init.full.data());
-  arch_->UnitDecayMask(u, mask.data());
-  const size_t kept = layout_.KeptElements(u, stage_);
-  const size_t begin = stage_ == 0 ? 0 : static_cast<size_t>(layout_.rank()) * unit.shard;
-  init.kept.assign(init.full.begin() + begin, init.full.begin() + begin + kept);
-  init.decay_mask.assign(mask.begin() + begin, mask.begin() + begin + kept);
-  return init;
+InitialUnit ZeroEngine::InitialState(int u) const {
+  return InitialUnitState(*arch_, layout_, stage_, spec_.training().seed(), u);
 }
 
 absl::StatusOr<std::vector<UnitSlice>> ZeroEngine::Snapshot() const {

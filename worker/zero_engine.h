@@ -1,6 +1,7 @@
 // The ZeRO scheme, written once for every device: which part of each unit a rank keeps
-// (ShardLayout), how a unit starts (initialised whole, a pure function of (seed, unit), then
-// cut to the rank's part: any world size starts from the same model), and the checkpoint
+// (ShardLayout), how a unit starts (each element a pure function of (seed, unit, index), so a
+// rank initialises only what it keeps and any world size starts from the same model), and the
+// checkpoint
 // protocol (Snapshot and Restore by global range, so any world size and either device reads
 // any checkpoint).
 //
@@ -30,6 +31,20 @@ namespace weft::worker {
 // Every unit's size in elements, in unit order: what a ShardLayout is made of.
 std::vector<size_t> UnitSizes(const engine::ModelArch& arch);
 
+// Unit `u` as a rank of `layout` starts it at ZeRO `stage` from `seed`: the kept part of its
+// initial values and of its AdamW decay mask (zeros where the kept part is padding), each
+// element initialised from (seed, unit, index) alone, so the values never depend on the world.
+// Only the kept part is ever built, except at stages 1-2, which keep the whole unit resident by
+// design (their price for gathering nothing per step): `full` is then the whole padded unit.
+// At stage 3 no rank holds more than its shard of any unit.
+struct InitialUnit {
+  std::vector<float> full;          // (padded) at stages 1-2; empty at stages 0 and 3
+  std::vector<float> kept;          // (KeptElements)
+  std::vector<uint8_t> decay_mask;  // (KeptElements)
+};
+InitialUnit InitialUnitState(const engine::ModelArch& arch, const ShardLayout& layout, int stage,
+                             uint64_t seed, int u);
+
 class ZeroEngine : public TrainingEngine {
  public:
   // Local (no communication): copies this rank's slice of every unit through CopyKeptToHost.
@@ -48,13 +63,7 @@ class ZeroEngine : public TrainingEngine {
   ZeroEngine(const weft::v1::JobSpec& spec, std::unique_ptr<const engine::ModelArch> arch,
              int world, int rank);
 
-  // Unit `u` as this rank starts it: the whole unit initialised (padded with zeros), and the
-  // kept part of it and of its AdamW decay mask.
-  struct InitialUnit {
-    std::vector<float> full;  // (padded)
-    std::vector<float> kept;  // (KeptElements)
-    std::vector<uint8_t> decay_mask;  // (KeptElements)
-  };
+  // Unit `u` as this rank starts it (InitialUnitState from the job's seed).
   InitialUnit InitialState(int u) const;
 
   // Copies `n` elements of the kept `state` of unit `u`, from element `offset` of the kept

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 namespace weft::worker {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 weft::v1::JobSpec TinyLlamaSpec(bool tied) {
@@ -125,6 +127,95 @@ TEST(ModelIoTest, LlamaFileWithoutItsLmHeadIsRefusedNamingIt) {
   auto loaded = LoadModel(path);
   ASSERT_FALSE(loaded.ok());
   EXPECT_THAT(loaded.status().message(), HasSubstr("tensor lm_head missing"));
+}
+
+// The streamed file, written a unit at a time, is SaveModel's file byte for byte, and appears
+// under its name only once committed.
+TEST(ModelFileWriterTest, StreamsSaveModelsBytesAndAppearsOnlyOnCommit) {
+  weft::testing::TempDir dir;
+  weft::v1::JobSpec gpt2;
+  gpt2.mutable_model()->set_num_layers(3);
+  gpt2.mutable_model()->set_hidden_size(8);
+  gpt2.mutable_model()->set_num_heads(2);
+  gpt2.mutable_model()->set_vocab_size(11);
+  gpt2.mutable_model()->set_context_length(6);
+  for (const weft::v1::JobSpec& spec : {TinyLlamaSpec(false), TinyLlamaSpec(true), gpt2}) {
+    auto arch = engine::MakeModelArch(spec.model());
+    ASSERT_TRUE(arch.ok()) << arch.status();
+    const std::vector<std::vector<float>> units = InitialUnits(**arch, 8);
+    const std::string whole = dir.File("whole.safetensors");
+    ASSERT_TRUE(SaveModel(whole, spec, units).ok());
+
+    const std::string streamed = dir.File("streamed.safetensors");
+    auto writer = ModelFileWriter::Begin(streamed, spec);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    for (int u = 0; u < (*arch)->NumUnits(); ++u) {
+      ASSERT_TRUE((*writer)->WriteUnit(u, units[u]).ok());
+      EXPECT_FALSE(std::filesystem::exists(streamed)) << "visible before commit";
+    }
+    ASSERT_TRUE((*writer)->Commit().ok());
+    EXPECT_EQ(weft::testing::ReadFile(streamed), weft::testing::ReadFile(whole));
+    // No temporary file is left beside them.
+    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 2);
+    std::filesystem::remove(whole);
+    std::filesystem::remove(streamed);
+  }
+}
+
+TEST(ModelFileWriterTest, RefusesUnitsOutOfOrderOrMisSizedAndAnEarlyCommit) {
+  weft::testing::TempDir dir;
+  const weft::v1::JobSpec spec = TinyLlamaSpec(false);
+  auto arch = engine::MakeModelArch(spec.model());
+  ASSERT_TRUE(arch.ok());
+  const std::vector<std::vector<float>> units = InitialUnits(**arch, 2);
+  const std::string path = dir.File("model.safetensors");
+  {
+    auto writer = ModelFileWriter::Begin(path, spec);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    absl::Status s = (*writer)->WriteUnit(1, units[1]);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(s.message(), HasSubstr("unit 1 written out of order (next is 0 of 3)"));
+    s = (*writer)->WriteUnit(0, units[1]);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(s.message(), HasSubstr("the model needs"));
+    ASSERT_TRUE((*writer)->WriteUnit(0, units[0]).ok());
+    s = (*writer)->Commit();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(s.message(), AllOf(HasSubstr(path), HasSubstr("commit after 1 of 3 units")));
+  }
+  // Dropped uncommitted: nothing is left, not even the temporary file.
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+
+  auto clash = ModelFileWriter::Begin(path, spec, {{"weft.job_spec", "x"}});
+  EXPECT_EQ(clash.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(clash.status().message(), HasSubstr("weft.job_spec"));
+  weft::v1::JobSpec bad = spec;
+  bad.mutable_model()->set_num_kv_heads(3);
+  EXPECT_EQ(ModelFileWriter::Begin(path, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ModelFileWriter::Begin(dir.File("no/such/dir/m.safetensors"), spec).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+// Extra metadata goes in next to the spec, and the file loads like SaveModel's.
+TEST(ModelFileWriterTest, ExtraMetadataIsWrittenAndTheFileLoads) {
+  weft::testing::TempDir dir;
+  const weft::v1::JobSpec spec = TinyLlamaSpec(true);
+  auto arch = engine::MakeModelArch(spec.model());
+  ASSERT_TRUE(arch.ok());
+  const std::vector<std::vector<float>> units = InitialUnits(**arch, 4);
+  const std::string path = dir.File("model.safetensors");
+  auto writer = ModelFileWriter::Begin(path, spec, {{"weft.note", "streamed"}});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  for (int u = 0; u < (*arch)->NumUnits(); ++u) ASSERT_TRUE((*writer)->WriteUnit(u, units[u]).ok());
+  ASSERT_TRUE((*writer)->Commit().ok());
+  auto file = data::ReadSafetensors(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->metadata.at("weft.note"), "streamed");
+  auto loaded = LoadModel(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->units, units);
 }
 
 }  // namespace

@@ -106,16 +106,16 @@ uint16_t FloatToF16(float value) {
 }
 
 // Converts in bounded chunks: staging a multi-GB tensor at once would double its memory.
-absl::Status WriteFloats(int fd, const std::vector<float>& values, Dtype dtype,
+absl::Status WriteFloats(int fd, const float* values, size_t count, Dtype dtype,
                          const std::string& what) {
   if (dtype == Dtype::kF32 && kHostIsLittleEndian) {
-    return WriteAll(fd, values.data(), values.size() * sizeof(float), what);
+    return WriteAll(fd, values, count * sizeof(float), what);
   }
   constexpr size_t kChunk = 1 << 16;
   std::vector<unsigned char> buffer;
   const size_t width = dtype == Dtype::kF32 ? 4 : 2;
-  for (size_t i = 0; i < values.size(); i += kChunk) {
-    const size_t n = std::min(kChunk, values.size() - i);
+  for (size_t i = 0; i < count; i += kChunk) {
+    const size_t n = std::min(kChunk, count - i);
     buffer.resize(n * width);
     for (size_t j = 0; j < n; ++j) {
       const float v = values[i + j];
@@ -145,6 +145,58 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&s, i ? ", " : "", shape[i]);
   return s + "]";
+}
+
+// The JSON header (padded with spaces to a multiple of 8 bytes) announcing `tensors` laid out
+// back to back as `dtype`, then `metadata`; *elements gets their total element count. Errors:
+// INVALID_ARGUMENT naming `path` and the tensor.
+absl::StatusOr<std::string> HeaderText(const std::string& path,
+                                       const std::vector<TensorHeader>& tensors,
+                                       const std::map<std::string, std::string>& metadata,
+                                       Dtype dtype, uint64_t* elements) {
+  Json header = Json::object();
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  *elements = 0;
+  for (const TensorHeader& t : tensors) {
+    if (t.name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": a tensor has an empty name"));
+    }
+    if (t.name == kMetadataKey) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": \"", kMetadataKey, "\" is reserved and cannot name a tensor"));
+    }
+    if (!names.insert(t.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": duplicate tensor name \"", t.name, "\""));
+    }
+    const absl::StatusOr<int64_t> count = ElementCount(t.shape);
+    if (!count.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", t.name, "\": shape ",
+                                                     ShapeString(t.shape), ": ",
+                                                     count.status().message()));
+    }
+    const uint64_t bytes = static_cast<uint64_t>(*count) * DtypeBytes(dtype);
+    Json entry = Json::object();
+    entry["dtype"] = DtypeName(dtype);
+    entry["shape"] = t.shape;
+    entry["data_offsets"] = {offset, offset + bytes};
+    header[t.name] = std::move(entry);
+    offset += bytes;
+    *elements += static_cast<uint64_t>(*count);
+  }
+  if (!metadata.empty()) header[kMetadataKey] = metadata;
+
+  std::string header_text;
+  try {
+    // strict: reject invalid UTF-8 rather than write a header other readers refuse.
+    header_text = header.dump(-1, ' ', false, Json::error_handler_t::strict);
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": tensor name or metadata is not valid UTF-8: ", e.what()));
+  }
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  return header_text;
 }
 
 absl::Status SyncDirectory(const std::string& dir, const std::string& path) {
@@ -267,85 +319,111 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorD
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& tensors,
                               const std::map<std::string, std::string>& metadata, Dtype dtype) {
-  Json header = Json::object();
-  std::set<std::string> names;
-  uint64_t offset = 0;
+  std::vector<TensorHeader> headers;
+  headers.reserve(tensors.size());
   for (const TensorData& t : tensors) {
-    if (t.name.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": a tensor has an empty name"));
-    }
-    if (t.name == kMetadataKey) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": \"", kMetadataKey, "\" is reserved and cannot name a tensor"));
-    }
-    if (!names.insert(t.name).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": duplicate tensor name \"", t.name, "\""));
-    }
+    // A bad shape is the writer's to name; here only data that disagrees with a good one.
     const absl::StatusOr<int64_t> elements = ElementCount(t.shape);
-    if (!elements.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", t.name, "\": shape ",
-                                                     ShapeString(t.shape), ": ",
-                                                     elements.status().message()));
-    }
-    if (static_cast<uint64_t>(*elements) != t.data.size()) {
+    if (elements.ok() && static_cast<uint64_t>(*elements) != t.data.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": tensor \"", t.name, "\": shape ", ShapeString(t.shape), " has ", *elements,
           " elements but data has ", t.data.size()));
     }
-    const uint64_t bytes = t.data.size() * DtypeBytes(dtype);
-    Json entry = Json::object();
-    entry["dtype"] = DtypeName(dtype);
-    entry["shape"] = t.shape;
-    entry["data_offsets"] = {offset, offset + bytes};
-    header[t.name] = std::move(entry);
-    offset += bytes;
+    headers.push_back({t.name, t.shape});
   }
-  if (!metadata.empty()) header[kMetadataKey] = metadata;
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
+                        SafetensorsWriter::Begin(path, headers, metadata, dtype));
+  for (const TensorData& t : tensors) {
+    WEFT_RETURN_IF_ERROR(writer->Append(t.data.data(), t.data.size()));
+  }
+  return writer->Commit();
+}
 
-  std::string header_text;
-  try {
-    // strict: reject invalid UTF-8 rather than write a header other readers refuse.
-    header_text = header.dump(-1, ' ', false, Json::error_handler_t::strict);
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": tensor name or metadata is not valid UTF-8: ", e.what()));
-  }
-  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Begin(
+    const std::string& path, const std::vector<TensorHeader>& tensors,
+    const std::map<std::string, std::string>& metadata, Dtype dtype) {
+  uint64_t elements = 0;
+  WEFT_ASSIGN_OR_RETURN(const std::string header_text,
+                        HeaderText(path, tensors, metadata, dtype, &elements));
   unsigned char length[8];
   for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(header_text.size() >> (8 * i));
 
+  std::unique_ptr<SafetensorsWriter> writer(new SafetensorsWriter());
+  writer->path_ = path;
+  writer->dtype_ = dtype;
+  writer->remaining_ = elements;
   // The temporary file must be in the destination's directory: rename is atomic only within
   // one filesystem.
   const std::filesystem::path fs_path(path);
-  const std::string dir =
-      fs_path.has_parent_path() ? fs_path.parent_path().string() : std::string(".");
-  std::string temp = path + ".tmp.XXXXXX";
-  const int fd = mkstemp(temp.data());
-  if (fd < 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot create temporary file ", temp));
+  writer->dir_ = fs_path.has_parent_path() ? fs_path.parent_path().string() : std::string(".");
+  writer->temp_ = path + ".tmp.XXXXXX";
+  writer->fd_ = mkstemp(writer->temp_.data());
+  if (writer->fd_ < 0) {
+    const int err = errno;
+    writer->temp_.clear();
+    return absl::ErrnoToStatus(
+        err, absl::StrCat(path, ": cannot create temporary file ", path, ".tmp.XXXXXX"));
   }
-  bool fd_open = true;
-  absl::Cleanup cleanup = [&] {
-    if (fd_open) close(fd);
-    unlink(temp.c_str());
-  };
   // mkstemp creates 0600; a model file is meant to be shared like any other output.
-  if (fchmod(fd, 0644) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": chmod of ", temp, " failed"));
+  if (fchmod(writer->fd_, 0644) != 0) {
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat(path, ": chmod of ", writer->temp_, " failed"));
   }
-  WEFT_RETURN_IF_ERROR(WriteAll(fd, length, sizeof(length), path));
-  WEFT_RETURN_IF_ERROR(WriteAll(fd, header_text.data(), header_text.size(), path));
-  for (const TensorData& t : tensors) WEFT_RETURN_IF_ERROR(WriteFloats(fd, t.data, dtype, path));
+  WEFT_RETURN_IF_ERROR(WriteAll(writer->fd_, length, sizeof(length), path));
+  WEFT_RETURN_IF_ERROR(WriteAll(writer->fd_, header_text.data(), header_text.size(), path));
+  return writer;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) close(fd_);
+  if (!temp_.empty()) unlink(temp_.c_str());
+}
+
+absl::Status SafetensorsWriter::Append(const float* values, size_t n) {
+  if (fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": Append after Commit or after a failed write"));
+  }
+  if (n > remaining_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path_, ": ", n, " elements appended, but the header announced only ", remaining_,
+        " more"));
+  }
+  absl::Status s = WriteFloats(fd_, values, n, dtype_, path_);
+  if (!s.ok()) {
+    // The file is unusable now: later calls fail, the destructor removes it.
+    close(fd_);
+    fd_ = -1;
+    return s;
+  }
+  remaining_ -= n;
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsWriter::Commit() {
+  if (fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": Commit after Commit or after a failed write"));
+  }
+  if (remaining_ != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path_, ": Commit with ", remaining_, " elements the header announced still unwritten"));
+  }
+  const int fd = fd_;
+  fd_ = -1;
   // fsync before rename: otherwise a crash can leave the new name pointing at missing data.
-  if (fsync(fd) != 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": fsync failed"));
-  fd_open = false;
-  if (close(fd) != 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": close failed"));
-  if (rename(temp.c_str(), path.c_str()) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": rename from ", temp, " failed"));
+  if (fsync(fd) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::ErrnoToStatus(err, absl::StrCat(path_, ": fsync failed"));
   }
-  std::move(cleanup).Cancel();
-  return SyncDirectory(dir, path);
+  if (close(fd) != 0) return absl::ErrnoToStatus(errno, absl::StrCat(path_, ": close failed"));
+  if (rename(temp_.c_str(), path_.c_str()) != 0) {
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat(path_, ": rename from ", temp_, " failed"));
+  }
+  temp_.clear();
+  return SyncDirectory(dir_, path_);
 }
 
 namespace {

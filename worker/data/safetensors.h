@@ -58,6 +58,51 @@ size_t DtypeBytes(Dtype dtype);
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& tensors,
                               const std::map<std::string, std::string>& metadata, Dtype dtype);
 
+// A tensor announced by its name and shape, its data to come: what a streamed file's header
+// is made of.
+struct TensorHeader {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Writes a safetensors file whose data arrives in pieces, so that a file larger than memory
+// (a model gathered unit by unit) never exists whole in memory. The header, which gives every
+// tensor's offset, is written first from the names and shapes alone; Append then streams the
+// data section in layout order (a piece may end mid-tensor or span tensors), and Commit makes
+// the file appear. The bytes are exactly WriteSafetensors' for the same tensors and metadata
+// (WriteSafetensors is this writer fed whole tensors), and so is the atomicity: until Commit
+// succeeds the data lives in a temporary file beside `path`, which the destructor removes.
+class SafetensorsWriter {
+ public:
+  // Creates the temporary file and writes the header. Errors: WriteSafetensors' (bad names,
+  // shapes and UTF-8 are INVALID_ARGUMENT; a failing system call its errno's code), naming
+  // `path`.
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Begin(
+      const std::string& path, const std::vector<TensorHeader>& tensors,
+      const std::map<std::string, std::string>& metadata, Dtype dtype = Dtype::kF32);
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // The next `n` elements of the data section, converted to the file's dtype. FAILED_PRECONDITION
+  // for more elements than the header has left, or after Commit or a failed write (a failed
+  // write leaves the writer unusable).
+  absl::Status Append(const float* values, size_t n);
+  // Syncs the file and renames it over `path` (then syncs the directory). FAILED_PRECONDITION
+  // while elements the header announced are missing.
+  absl::Status Commit();
+
+ private:
+  SafetensorsWriter() = default;
+
+  std::string path_;
+  std::string dir_;
+  std::string temp_;  // empty once renamed (nothing to remove)
+  int fd_ = -1;
+  Dtype dtype_ = Dtype::kF32;
+  uint64_t remaining_ = 0;  // elements the header announced that are not written yet
+};
+
 struct SafetensorsFile {
   std::vector<TensorData> tensors;  // in data-offset order (= the order they were written)
   std::map<std::string, std::string> metadata;

@@ -1,6 +1,11 @@
 #include "worker/engine/model_arch.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +27,56 @@ uint64_t Mix(uint64_t x) {
 // Uniform in (0, 1]: never 0, so log() in Box-Muller stays finite.
 double ToUnit(uint64_t bits) { return (static_cast<double>(bits >> 11) + 1.0) * 0x1.0p-53; }
 
+constexpr double kInitStd = 0.02;
+// Elements per thread below which another thread costs more than it saves (about a
+// millisecond of noise).
+constexpr size_t kMinInitChunk = size_t{1} << 16;
+
+// Floats the tensors tile (they are contiguous from 0).
+size_t TiledSize(const std::vector<TensorInfo>& tensors) {
+  return tensors.empty() ? 0 : tensors.back().offset + tensors.back().size;
+}
+
+// A range outside the unit is a caller's bug: abort with the figures rather than write past
+// the buffer.
+void CheckRange(const std::vector<TensorInfo>& tensors, size_t begin, size_t end) {
+  if (begin <= end && end <= TiledSize(tensors)) return;
+  std::fprintf(stderr, "weft::engine: range [%zu, %zu) outside a unit of %zu floats\n", begin,
+               end, TiledSize(tensors));
+  std::abort();
+}
+
+// Elements [begin, end) of the unit into out[0, end - begin), on the calling thread.
+void InitTensorChunk(const std::vector<TensorInfo>& tensors, uint64_t key, double residual_std,
+                     size_t begin, size_t end, float* out) {
+  for (const TensorInfo& info : tensors) {
+    const size_t lo = std::max(begin, info.offset);
+    const size_t hi = std::min(end, info.offset + info.size);
+    if (lo >= hi) continue;
+    // Past live_size (vocabulary padding) every init is 0.
+    const size_t live_end = std::max(lo, std::min(hi, info.offset + info.live_size));
+    float* const live_out = out + (lo - begin);  // element lo
+    float* const live_stop = out + (live_end - begin);
+    switch (info.init) {
+      case TensorInit::kNormal:
+      case TensorInit::kResidualNormal: {
+        const double stddev = info.init == TensorInit::kNormal ? kInitStd : residual_std;
+        for (size_t i = lo; i < live_end; ++i) {
+          out[i - begin] = static_cast<float>(stddev * StandardNormalAt(key, i));
+        }
+        break;
+      }
+      case TensorInit::kOnes:
+        std::fill(live_out, live_stop, 1.0f);
+        break;
+      case TensorInit::kZeros:
+        std::fill(live_out, live_stop, 0.0f);
+        break;
+    }
+    std::fill(live_stop, out + (hi - begin), 0.0f);
+  }
+}
+
 }  // namespace
 
 void AppendTensor(std::vector<TensorInfo>* tensors, std::string name, std::vector<int64_t> shape,
@@ -39,8 +94,16 @@ void AppendTensor(std::vector<TensorInfo>* tensors, std::string name, std::vecto
 }
 
 void FillDecayMask(const std::vector<TensorInfo>& tensors, uint8_t* mask) {
+  FillDecayMaskRange(tensors, 0, TiledSize(tensors), mask);
+}
+
+void FillDecayMaskRange(const std::vector<TensorInfo>& tensors, size_t begin, size_t end,
+                        uint8_t* mask) {
+  CheckRange(tensors, begin, end);
   for (const TensorInfo& info : tensors) {
-    for (size_t i = 0; i < info.size; ++i) mask[info.offset + i] = info.decay ? 1 : 0;
+    const size_t lo = std::max(begin, info.offset);
+    const size_t hi = std::min(end, info.offset + info.size);
+    if (lo < hi) std::fill(mask + (lo - begin), mask + (hi - begin), info.decay ? 1 : 0);
   }
 }
 
@@ -57,32 +120,43 @@ double StandardNormalAt(uint64_t key, uint64_t index) {
 
 void InitTensors(const std::vector<TensorInfo>& tensors, uint64_t key, int num_layers,
                  float* params) {
-  constexpr double kInitStd = 0.02;
+  InitTensorRange(tensors, key, num_layers, 0, TiledSize(tensors), params);
+}
+
+void InitTensorRange(const std::vector<TensorInfo>& tensors, uint64_t key, int num_layers,
+                     size_t begin, size_t end, float* out, int threads) {
+  CheckRange(tensors, begin, end);
   const double residual_std = kInitStd / std::sqrt(2.0 * num_layers);
-  for (const TensorInfo& info : tensors) {
-    float* p = params + info.offset;
-    for (size_t i = 0; i < info.size; ++i) {
-      const uint64_t index = info.offset + i;
-      if (i >= info.live_size) {
-        p[i] = 0.0f;
-        continue;
-      }
-      switch (info.init) {
-        case TensorInit::kNormal:
-          p[i] = static_cast<float>(kInitStd * StandardNormalAt(key, index));
-          break;
-        case TensorInit::kResidualNormal:
-          p[i] = static_cast<float>(residual_std * StandardNormalAt(key, index));
-          break;
-        case TensorInit::kZeros:
-          p[i] = 0.0f;
-          break;
-        case TensorInit::kOnes:
-          p[i] = 1.0f;
-          break;
-      }
-    }
+  const size_t n = end - begin;
+  size_t chunks = static_cast<size_t>(threads);
+  if (threads <= 0) {
+    const size_t hardware = std::max(1u, std::thread::hardware_concurrency());
+    chunks = std::min(hardware, std::max<size_t>(1, n / kMinInitChunk));
   }
+  chunks = std::max<size_t>(1, std::min(chunks, n));
+  const size_t per = (n + chunks - 1) / chunks;
+  auto run = [&](size_t c) {
+    const size_t b = begin + std::min(n, c * per);
+    const size_t e = begin + std::min(n, (c + 1) * per);
+    InitTensorChunk(tensors, key, residual_std, b, e, out + (b - begin));
+  };
+  std::vector<std::thread> pool;
+  size_t c = 1;
+  try {
+    for (; c < chunks; ++c) pool.emplace_back(run, c);
+  } catch (const std::system_error&) {
+    // No thread to be had (a process at its limits): the caller does the rest itself, which
+    // gives the same values.
+    for (size_t rest = c; rest < chunks; ++rest) run(rest);
+  }
+  run(0);
+  for (std::thread& t : pool) t.join();
+}
+
+void ModelArch::InitUnitRange(int unit, uint64_t seed, size_t begin, size_t end, float* out,
+                              int threads) const {
+  InitTensorRange(UnitTensors(unit), InitStreamKey(seed, unit), num_layers(), begin, end, out,
+                  threads);
 }
 
 size_t ModelArch::ParameterCount() const {

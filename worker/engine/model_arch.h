@@ -52,12 +52,21 @@ void AppendTensor(std::vector<TensorInfo>* tensors, std::string name, std::vecto
                   bool decay, TensorInit init);
 // Writes 1 where `tensors` says weight decay applies, 0 elsewhere, over the unit they tile.
 void FillDecayMask(const std::vector<TensorInfo>& tensors, uint8_t* mask);
+// The same for elements [begin, end) of the unit only: mask[0] is element `begin`.
+void FillDecayMaskRange(const std::vector<TensorInfo>& tensors, size_t begin, size_t end,
+                        uint8_t* mask);
 
 // Fills `params`, the unit `tensors` tile, by each tensor's TensorInit: noise drawn through
 // StandardNormalAt(key, offset in the unit), kResidualNormal scaled for `num_layers` blocks, and
 // 0 past each tensor's live_size.
 void InitTensors(const std::vector<TensorInfo>& tensors, uint64_t key, int num_layers,
                  float* params);
+// Elements [begin, end) of what InitTensors writes (end at most the unit's size), into
+// out[0, end - begin), bit for bit the same values. The range is cut into `threads` chunks run
+// on their own threads (0: as many as the hardware has, fewer for a small range); each element
+// is a function of (key, index) alone, so the result never depends on the thread count.
+void InitTensorRange(const std::vector<TensorInfo>& tensors, uint64_t key, int num_layers,
+                     size_t begin, size_t end, float* out, int threads = 0);
 
 // Counter-based initialisation noise: a standard normal that is a function of (seed, unit,
 // index in the unit) alone, so a unit's values never depend on how it is split across ranks
@@ -86,11 +95,24 @@ class ModelArch {
   // The tensors of `unit` in layout order, contiguous, covering UnitSize(unit) floats.
   virtual std::vector<TensorInfo> UnitTensors(int unit) const = 0;
   // Initial values of `unit` (UnitSize floats): a pure function of (architecture, seed, unit),
-  // never of the world size or device, so any sharding starts from the same model.
-  virtual void InitUnit(int unit, uint64_t seed, float* params) const = 0;
+  // never of the world size or device, so any sharding starts from the same model. Each
+  // tensor's TensorInit (its UnitTensors entry) says how it starts, noise through
+  // InitStreamKey(seed, unit) and StandardNormalAt.
+  void InitUnit(int unit, uint64_t seed, float* params) const {
+    InitUnitRange(unit, seed, 0, UnitSize(unit), params);
+  }
+  // Elements [begin, end) of InitUnit's values (end <= UnitSize(unit)) into out[0, end - begin),
+  // identical bit for bit: how a rank initialises only the part of a unit it keeps. `threads`
+  // as InitTensorRange (0: the hardware's count).
+  void InitUnitRange(int unit, uint64_t seed, size_t begin, size_t end, float* out,
+                     int threads = 0) const;
 
   // 1 where AdamW weight decay applies, per UnitTensors; `mask` holds UnitSize(unit) bytes.
   void UnitDecayMask(int unit, uint8_t* mask) const { FillDecayMask(UnitTensors(unit), mask); }
+  // Elements [begin, end) of UnitDecayMask into mask[0, end - begin).
+  void UnitDecayMaskRange(int unit, size_t begin, size_t end, uint8_t* mask) const {
+    FillDecayMaskRange(UnitTensors(unit), begin, end, mask);
+  }
   // Parameters of the whole model (sum of the unit sizes).
   size_t ParameterCount() const;
 };

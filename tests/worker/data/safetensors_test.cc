@@ -406,5 +406,67 @@ TEST_F(SafetensorsTest, WritesBf16AndF16RoundingToNearestEven) {
   EXPECT_EQ(ReadSafetensors(f16).status().code(), absl::StatusCode::kUnimplemented);
 }
 
+// ---- The streaming writer ----
+
+// Data fed in pieces that end mid-tensor and span tensors gives WriteSafetensors' bytes, in
+// every dtype; until Commit only a temporary file exists.
+TEST_F(SafetensorsTest, StreamedPiecesGiveWriteSafetensorsBytes) {
+  const std::vector<TensorData> tensors = {
+      {"a", {2, 3}, {1, 2, 3, 4, 5, 6}},
+      {"b", {}, {7}},
+      {"c", {0}, {}},
+      {"d", {4}, {8, 9, 10, 11}}};
+  std::vector<TensorHeader> headers;
+  std::vector<float> data;
+  for (const TensorData& t : tensors) {
+    headers.push_back({t.name, t.shape});
+    data.insert(data.end(), t.data.begin(), t.data.end());
+  }
+  for (Dtype dtype : {Dtype::kF32, Dtype::kBF16, Dtype::kF16}) {
+    const std::string whole = dir_.File("whole.safetensors");
+    ASSERT_TRUE(WriteSafetensors(whole, tensors, {{"k", "v"}}, dtype).ok());
+    const std::string path = dir_.File("streamed.safetensors");
+    auto writer = SafetensorsWriter::Begin(path, headers, {{"k", "v"}}, dtype);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    const size_t cuts[] = {0, 4, 5, 9, data.size()};  // [5, 9) spans the end of a, b, c and d
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE((*writer)->Append(data.data() + cuts[i], cuts[i + 1] - cuts[i]).ok());
+    }
+    EXPECT_FALSE(std::filesystem::exists(path));
+    ASSERT_EQ(DirEntries(dir_.path()).size(), 2u);  // whole and the temporary file
+    ASSERT_TRUE((*writer)->Commit().ok());
+    EXPECT_EQ(weft::testing::ReadFile(path), weft::testing::ReadFile(whole));
+    EXPECT_THAT(DirEntries(dir_.path()),
+                ElementsAre("streamed.safetensors", "whole.safetensors"));
+    EXPECT_EQ((*writer)->Commit().code(), absl::StatusCode::kFailedPrecondition);
+    std::filesystem::remove(whole);
+    std::filesystem::remove(path);
+  }
+}
+
+TEST_F(SafetensorsTest, StreamedWriteRefusesTooMuchOrTooLittleDataAndLeavesNothing) {
+  const std::string path = dir_.File("out.safetensors");
+  const std::vector<float> five = {1, 2, 3, 4, 5};
+  {
+    auto writer = SafetensorsWriter::Begin(path, {{"x", {2, 2}}}, {});
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    absl::Status s = (*writer)->Append(five.data(), 5);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(s.message(), AllOf(HasSubstr(path), HasSubstr("announced only 4 more")));
+    ASSERT_TRUE((*writer)->Append(five.data(), 3).ok());
+    s = (*writer)->Commit();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(s.message(), HasSubstr("1 elements the header announced still unwritten"));
+  }
+  // Destroyed without a commit: the temporary file is gone too.
+  EXPECT_TRUE(DirEntries(dir_.path()).empty());
+  auto bad = SafetensorsWriter::Begin(path, {{"x", {1}}, {"x", {1}}}, {});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("duplicate tensor name \"x\""));
+  bad = SafetensorsWriter::Begin(dir_.File("no/such/dir/x.safetensors"), {{"x", {1}}}, {});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(DirEntries(dir_.path()).empty());
+}
+
 }  // namespace
 }  // namespace weft::data

@@ -3,8 +3,12 @@
 // the CPU registry building the same model as a direct GptCpu.
 #include "worker/engine/model_arch.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "common/job_spec.h"
@@ -205,6 +209,119 @@ TEST(TensorTableTest, AppendTensorTilesAndFillDecayMaskFollowsTheTable) {
   std::vector<uint8_t> mask(11, 5);
   FillDecayMask(t, mask.data());
   EXPECT_EQ(mask, (std::vector<uint8_t>{1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1}));
+}
+
+// The init rule spelled out element by element, independently of InitTensorRange's chunking:
+// what a whole unit must hold.
+std::vector<float> ReferenceInit(const ModelArch& a, int unit, uint64_t seed) {
+  const uint64_t key = InitStreamKey(seed, unit);
+  const double residual_std = 0.02 / std::sqrt(2.0 * a.num_layers());
+  std::vector<float> out(a.UnitSize(unit), -1.0f);
+  for (const TensorInfo& t : a.UnitTensors(unit)) {
+    for (size_t i = 0; i < t.size; ++i) {
+      const size_t index = t.offset + i;
+      float v = 0.0f;
+      if (i < t.live_size && t.init == TensorInit::kNormal) {
+        v = static_cast<float>(0.02 * StandardNormalAt(key, index));
+      } else if (i < t.live_size && t.init == TensorInit::kResidualNormal) {
+        v = static_cast<float>(residual_std * StandardNormalAt(key, index));
+      } else if (i < t.live_size && t.init == TensorInit::kOnes) {
+        v = 1.0f;
+      }
+      out[index] = v;
+    }
+  }
+  return out;
+}
+
+bool SameBits(const float* a, const float* b, size_t n) {
+  return n == 0 || std::memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+// Ranges at every awkward place of `unit`: around each tensor's start (across the boundary),
+// around the end of its live part (into vocabulary padding), inside one tensor, empty, whole,
+// and some random ones.
+std::vector<std::pair<size_t, size_t>> AwkwardRanges(const ModelArch& a, int unit) {
+  const size_t size = a.UnitSize(unit);
+  std::vector<std::pair<size_t, size_t>> ranges = {{0, size}, {0, 0}, {size, size}, {0, 1},
+                                                   {size - 1, size}};
+  for (const TensorInfo& t : a.UnitTensors(unit)) {
+    ranges.push_back({t.offset > 3 ? t.offset - 3 : 0, std::min(size, t.offset + 5)});
+    const size_t live_end = t.offset + t.live_size;
+    ranges.push_back({live_end - 1, std::min(size, live_end + 7)});
+    ranges.push_back({t.offset + t.size / 3, t.offset + (2 * t.size) / 3 + 1});
+  }
+  std::mt19937_64 rng(unit);
+  for (int i = 0; i < 20; ++i) {
+    size_t b = rng() % (size + 1), e = rng() % (size + 1);
+    if (b > e) std::swap(b, e);
+    ranges.push_back({b, e});
+  }
+  return ranges;
+}
+
+class InitRangeTest : public ::testing::TestWithParam<weft::v1::ModelSpec> {};
+
+// Any range of a unit, on any number of threads, is bit for bit that slice of the whole unit,
+// which is the init rule applied element by element.
+TEST_P(InitRangeTest, EveryRangeIsTheSliceOfTheWholeUnitOnAnyThreadCount) {
+  auto arch = MakeModelArch(GetParam());
+  ASSERT_TRUE(arch.ok()) << arch.status();
+  const ModelArch& a = **arch;
+  for (int u = 0; u < a.NumUnits(); ++u) {
+    const size_t size = a.UnitSize(u);
+    const std::vector<float> reference = ReferenceInit(a, u, 77);
+    std::vector<float> whole(size, 5.0f);
+    a.InitUnit(u, 77, whole.data());
+    ASSERT_TRUE(SameBits(whole.data(), reference.data(), size)) << "unit " << u;
+    std::vector<uint8_t> mask(size);
+    a.UnitDecayMask(u, mask.data());
+    for (const auto& [begin, end] : AwkwardRanges(a, u)) {
+      for (int threads : {1, 3, 0}) {
+        std::vector<float> part(end - begin + 1, 9.0f);  // one guard element past the range
+        a.InitUnitRange(u, 77, begin, end, part.data(), threads);
+        ASSERT_TRUE(SameBits(part.data(), whole.data() + begin, end - begin))
+            << "unit " << u << " [" << begin << ", " << end << ") threads " << threads;
+        ASSERT_EQ(part.back(), 9.0f) << "wrote past the range";
+      }
+      std::vector<uint8_t> mask_part(end - begin + 1, 7);
+      a.UnitDecayMaskRange(u, begin, end, mask_part.data());
+      ASSERT_TRUE(std::equal(mask_part.begin(), mask_part.end() - 1, mask.begin() + begin))
+          << "unit " << u << " mask [" << begin << ", " << end << ")";
+      ASSERT_EQ(mask_part.back(), 7);
+    }
+  }
+}
+
+// Enough elements that the automatic thread count cuts a unit into several chunks.
+weft::v1::ModelSpec WideLlama() {
+  weft::v1::ModelSpec spec = Spec(1, 256, 4, 1000, 0, 16);
+  spec.set_architecture(weft::v1::LLAMA);
+  spec.set_num_kv_heads(2);
+  spec.set_intermediate_size(512);
+  return spec;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, InitRangeTest,
+                         ::testing::Values(Tiny(), Spec(3, 16, 4, 50, 0, 9), TinyLlama(false),
+                                           TinyLlama(true)));
+
+TEST(InitThreadsTest, ThreadCountNeverChangesTheBits) {
+  auto arch = MakeModelArch(WideLlama());
+  ASSERT_TRUE(arch.ok()) << arch.status();
+  const ModelArch& a = **arch;
+  const size_t size = a.UnitSize(0);
+  const std::vector<float> reference = ReferenceInit(a, 0, 3);
+  // The whole unit, and ranges starting and ending inside tensors and in vocabulary padding.
+  const std::pair<size_t, size_t> ranges[] = {{0, size}, {1, size - 1}, {size / 3 + 1, size - 5}};
+  for (const auto& [begin, end] : ranges) {
+    for (int threads : {1, 3, 7, 0}) {
+      std::vector<float> got(end - begin, 4.0f);
+      a.InitUnitRange(0, 3, begin, end, got.data(), threads);
+      EXPECT_TRUE(SameBits(got.data(), reference.data() + begin, end - begin))
+          << "[" << begin << ", " << end << ") on " << threads << " threads";
+    }
+  }
 }
 
 TEST(InitNoiseTest, StreamsDifferBySeedAndUnitAndAreStandardNormal) {

@@ -77,9 +77,6 @@ class Gpt2Arch final : public ModelArch {
   std::vector<TensorInfo> UnitTensors(int unit) const override {
     return engine::UnitTensors(config_, unit);
   }
-  void InitUnit(int unit, uint64_t seed, float* params) const override {
-    engine::InitUnit(config_, unit, seed, params);
-  }
 
  private:
   const GptConfig config_;

@@ -133,8 +133,4 @@ size_t LlamaArch::UnitSize(int unit) const {
   return t.back().offset + t.back().size;
 }
 
-void LlamaArch::InitUnit(int unit, uint64_t seed, float* params) const {
-  InitTensors(UnitTensors(unit), InitStreamKey(seed, unit), config_.num_layers, params);
-}
-
 }  // namespace weft::engine

@@ -84,11 +84,10 @@ class LlamaArch final : public ModelArch {
   int padded_vocab_size() const override { return config_.padded_vocab_size; }
   int context_length() const override { return config_.context_length; }
   size_t UnitSize(int unit) const override;
+  // Init (ModelArch::InitUnit reads it from here): N(0, 0.02) matrices and embeddings
+  // (attn_out and down scaled by 1 / sqrt(2 * num_layers), as GPT-2 does for projections into
+  // the residual stream), unit norm weights; vocabulary padding rows are 0.
   std::vector<TensorInfo> UnitTensors(int unit) const override;
-  // N(0, 0.02) matrices and embeddings (attn_out and down scaled by 1 / sqrt(2 * num_layers),
-  // as GPT-2 does for projections into the residual stream), unit norm weights; vocabulary
-  // padding rows are 0. Each element depends only on (seed, unit, its index in the unit).
-  void InitUnit(int unit, uint64_t seed, float* params) const override;
 
  private:
   const LlamaConfig config_;
