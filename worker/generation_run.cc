@@ -176,6 +176,14 @@ absl::StatusOr<GenerationRun::Data> GenerationRun::OpenData() {
     }
     data.val = std::move(*val);
   }
+  // Read now, though only rank 0 writes it at the end: a missing or changed tokenizer fails the
+  // job before it trains, not after.
+  auto tokenizer = LoadJobTokenizer(spec);
+  if (!tokenizer.ok()) {
+    ReportError(tokenizer.status(), /*permanent=*/true);
+    return tokenizer.status();
+  }
+  data.tokenizer = std::move(*tokenizer);
   return data;
 }
 
@@ -375,7 +383,8 @@ absl::Status GenerationRun::Finish(const Training& training) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   const std::string path = std::filesystem::absolute(dir + "/model.safetensors").string();
-  if (absl::Status s = SaveModel(path, command_.spec(), *params); !s.ok()) {
+  if (absl::Status s = SaveModel(path, command_.spec(), *params, training.data->tokenizer.get());
+      !s.ok()) {
     ReportError(s, true);
     return s;
   }
