@@ -57,7 +57,7 @@ weft_log "checkpoints (trainctl checkpoints $JOB); each commit's training stall 
 "$BIN/trainctl" status "$JOB" | grep CHECKPOINT_COMMITTED || true
 
 weft_log "sampling text from the trained model (trainctl sample $JOB)"
-for prompt in "The " "A fool"; do
+for prompt in "The" "A man" "Love is"; do
   "$BIN/trainctl" sample "$JOB" --prompt "$prompt" --tokens 60 --temperature 0.8 --top-k 40
   echo
 done

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -255,7 +256,7 @@ absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::st
       std::min<int64_t>(context, static_cast<int64_t>(tokens.size()) + options.tokens));
   const std::unique_ptr<engine::cpu::CpuModel> cpu = engine::cpu::CreateCpuModel(arch, 1, max_t);
   uint64_t rng = options.seed;
-  std::vector<int32_t> generated;
+  const size_t prompt_length = tokens.size();
   for (int i = 0; i < options.tokens; ++i) {
     // The model sees at most its context: the most recent tokens.
     const int t = std::min<int>(static_cast<int>(tokens.size()), context);
@@ -268,11 +269,17 @@ absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::st
     const int32_t next = data::SampleToken(logits, vocab, options.temperature, options.top_k, &rng);
     if (next == stop) break;  // the end of the document
     tokens.push_back(next);
-    generated.push_back(next);
   }
-  // Decoded whole, not id by id: a character may span several byte pieces.
-  if (tokenizer != nullptr) return tokenizer->Decode(generated);
-  return absl::StrJoin(generated, " ");
+  const absl::Span<const int32_t> generated = absl::MakeConstSpan(tokens).subspan(prompt_length);
+  if (tokenizer == nullptr) return absl::StrJoin(generated, " ");
+  // Decoded with the prompt, then the prompt's text cut off: the continuation's first piece may
+  // finish a character the prompt started, and SentencePiece drops the space that leads the
+  // first piece of a text ("▁The" decodes to "The"), which would glue the continuation's
+  // first word to the prompt if decoded alone.
+  const std::string prompt_text = tokenizer->Decode(absl::MakeConstSpan(tokens).first(prompt_length));
+  std::string text = tokenizer->Decode(tokens);
+  if (absl::StartsWith(text, prompt_text)) return text.substr(prompt_text.size());
+  return tokenizer->Decode(generated);
 }
 
 absl::StatusOr<std::vector<float>> ModelLogits(const LoadedModel& model,

@@ -186,13 +186,16 @@ TEST_F(ModelTokenizerTest, GenerateTextEncodesThePromptAndDecodesValidText) {
   ASSERT_GT(prompt_ids.size(), 1u);
 
   // Greedy, one token: the model's argmax after the tokenizer's own encoding of the prompt,
-  // taken among the tokenizer's ids only, decoded.
+  // taken among the tokenizer's ids only; its text is what it adds to the prompt's (a leading
+  // space kept, which SentencePiece drops from a text's first piece).
   SampleOptions greedy;
   greedy.temperature = 0;
   greedy.tokens = 1;
   auto one = GenerateText(*loaded, prompt, greedy);
   ASSERT_TRUE(one.ok()) << one.status();
-  EXPECT_EQ(*one, tok.Decode({Argmax(*loaded, prompt_ids, kTokenizerVocab)}));
+  std::vector<int32_t> with_next = prompt_ids;
+  with_next.push_back(Argmax(*loaded, prompt_ids, kTokenizerVocab));
+  EXPECT_EQ(prompt + *one, tok.Decode(with_next));
 
   SampleOptions options;
   options.tokens = 40;  // past the context of 16: the window slides
