@@ -276,8 +276,9 @@ absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::st
   // finish a character the prompt started, and SentencePiece drops the space that leads the
   // first piece of a text ("▁The" decodes to "The"), which would glue the continuation's
   // first word to the prompt if decoded alone.
-  const std::string prompt_text = tokenizer->Decode(absl::MakeConstSpan(tokens).first(prompt_length));
-  std::string text = tokenizer->Decode(tokens);
+  const absl::Span<const int32_t> all = absl::MakeConstSpan(tokens);
+  const std::string prompt_text = tokenizer->Decode(all.first(prompt_length));
+  std::string text = tokenizer->Decode(all);
   if (absl::StartsWith(text, prompt_text)) return text.substr(prompt_text.size());
   return tokenizer->Decode(generated);
 }

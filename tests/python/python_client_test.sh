@@ -82,7 +82,8 @@ MODEL=$WORK/models/$job/model.safetensors
 info=$("$PYTHON" "$ROOT/examples/python/weft_model.py" "$MODEL") || fail "weft_model.py: $info"
 grep -q '"kind": "bytes"' <<<"$info" || fail "the bytes tokenizer is not recorded: $info"
 grep -q 'name: \\"python\\"' <<<"$info" || fail "no job spec in: $info"
-if err=$("$PYTHON" "$ROOT/examples/python/weft_model.py" "$MODEL" --tokenizer-out "$WORK/x.model" 2>&1); then
+if err=$("$PYTHON" "$ROOT/examples/python/weft_model.py" "$MODEL" \
+    --tokenizer-out "$WORK/x.model" 2>&1); then
   fail "a bytes model wrote a SentencePiece model"
 fi
 grep -q "no SentencePiece tokenizer to write (tokenizer: bytes)" <<<"$err" || fail "unclear: $err"
