@@ -1,9 +1,11 @@
 // engine_bench: wall time of one fp32 CPU training step (forward, backward, AdamW) of a
 // GPT-2 (default) or Llama (--arch llama) shaped model, single process, no communication.
-// Reports the median of --steps steps after --warmup untimed ones.
+// Reports the median of --steps steps after --warmup untimed ones, at an activation
+// checkpointing level (--activation-checkpointing none|selective|full).
 //
 //   BENCH engine_cpu_step layers=4 width=128 heads=4 seq=128 batch=8 vocab=256 threads=1
 //         step_ms=.. forward_ms=.. backward_ms=.. optimizer_ms=.. tokens_per_s=.. ... arch=gpt2
+//         activation_checkpointing=none
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -35,6 +37,7 @@ int main(int argc, char** argv) {
   int layers = 4, width = 128, heads = 4, seq = 128, batch = 8, vocab = 256, threads = 1;
   int steps = 10, warmup = 2, kv_heads = 0, intermediate = 0;
   std::string arch_name = "gpt2";
+  std::string checkpointing = "none";
   CLI::App app{"Times one fp32 CPU training step of a GPT-2 or Llama shaped model."};
   app.add_option("--arch", arch_name)->check(CLI::IsMember({"gpt2", "llama"}));
   app.add_option("--kv-heads", kv_heads, "llama: key/value heads (0: as many as heads)");
@@ -46,6 +49,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch);
   app.add_option("--vocab", vocab);
   app.add_option("--threads", threads, "OpenBLAS threads");
+  app.add_option("--activation-checkpointing", checkpointing)
+      ->check(CLI::IsMember({"none", "selective", "full"}));
   app.add_option("--steps", steps, "timed steps");
   app.add_option("--warmup", warmup, "untimed steps first");
   CLI11_PARSE(app, argc, argv);
@@ -90,7 +95,11 @@ int main(int argc, char** argv) {
     targets[i] = static_cast<int32_t>((i * 104729 + 13) % vocab);
   }
 
-  const std::unique_ptr<cpu::CpuModel> cpu_model = cpu::CreateCpuModel(arch, batch, seq);
+  const std::unique_ptr<cpu::CpuModel> cpu_model =
+      cpu::CreateCpuModel(arch, batch, seq,
+                          checkpointing == "full"        ? Checkpointing::kFull
+                          : checkpointing == "selective" ? Checkpointing::kSelective
+                                                         : Checkpointing::kNone);
   cpu::CpuModel& model = *cpu_model;
   model.SetShape(batch, seq);
   AdamWConfig adamw{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
@@ -124,9 +133,9 @@ int main(int argc, char** argv) {
   std::printf(
       "BENCH engine_cpu_step layers=%d width=%d heads=%d seq=%d batch=%d vocab=%d threads=%d "
       "step_ms=%.2f forward_ms=%.2f backward_ms=%.2f optimizer_ms=%.2f tokens_per_s=%.0f "
-      "loss=%.4f activation_mb=%.1f arch=%s\n",
+      "loss=%.4f activation_mb=%.1f arch=%s activation_checkpointing=%s\n",
       layers, width, heads, seq, batch, vocab, threads, step, Median(fwd_ms), Median(bwd_ms),
       Median(opt_ms), batch * seq / (step / 1000.0), loss, model.ActivationBytes() / 1048576.0,
-      arch.name().c_str());
+      arch.name().c_str(), checkpointing.c_str());
   return 0;
 }

@@ -10,6 +10,10 @@
 #     ZeRO-3, on each GPU count; prints per count
 #     BENCH gpu_train arch=A gpus=G tokens_per_s_per_gpu=T mfu=M peak_mem_gib=P
 #       exposed_comm_pct=C ...
+#     activation_checkpointing=L offload=off
+#     WEFT_BENCH_AC (AUTO, NONE, SELECTIVE or FULL; default AUTO) is the job's
+#     training.activation_checkpointing; the line reports the level the engine ran at (the
+#     job's MEMORY_PLANNED event). WEFT_BENCH_MB overrides the micro-batch.
 #     tokens/s is end to end: steps completed between two coordinator timestamps (step 10 and
 #     the last), so reporting, data loading and host overheads count. peak_mem_gib is what the
 #     engine allocated (PyTorch's max_memory_allocated analogue); device_used_gib is the whole
@@ -64,7 +68,8 @@ model { num_layers: $4 hidden_size: $5 num_heads: $6 vocab_size: $7 context_leng
 data { train_path: "$DATA" format: DATA_FORMAT_TEXT_BYTES val_fraction: 0.05 }
 optimizer { learning_rate: ${11} weight_decay: 0.1 grad_clip_norm: 1.0 }
 lr_schedule { kind: COSINE warmup_steps: 20 min_lr_ratio: 0.1 }
-training { total_steps: ${10} micro_batch_size: $9 sequence_length: $8 seed: 1337 }
+training { total_steps: ${10} micro_batch_size: $9 sequence_length: $8 seed: 1337
+           activation_checkpointing: ${WEFT_BENCH_AC:-AUTO} }
 zero_stage: 3
 resources { device_kind: DEVICE_KIND_$2 min_workers: $3 max_workers: $3 }
 fault { heartbeat_interval_ms: 500 heartbeat_timeout_ms: 5000 max_restarts: 0 }
@@ -89,6 +94,7 @@ throughput)
   llama) B=8 T=2048 ;;
   *) echo "unknown architecture $ARCH (gpt2 or llama)" >&2; exit 2 ;;
   esac
+  B=${WEFT_BENCH_MB:-$B}
   for g in $COUNTS; do
     if [[ $ARCH == llama ]]; then
       spec "llama-1b-g$g" CUDA "$g" 16 2048 32 128256 $T $B 60 3e-4 \
@@ -108,11 +114,15 @@ from datetime import datetime
 path, gpus, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 B, T = int(sys.argv[4]), int(sys.argv[5])
 steps = {}
+level = "?"
 for line in open(path):
     s = json.loads(line)
     m = s.get("last_metrics")
     if m and "step" in m:
         steps[int(m["step"])] = m
+    for e in s.get("events", []):
+        if e.get("type") == "MEMORY_PLANNED":
+            level = e["message"].split()[2]  # "activation checkpointing <level> (...)"
 def ts(m):
     return datetime.fromisoformat(m["time"].replace("Z", "+00:00")).timestamp()
 if not any(k >= 10 for k in steps):
@@ -137,7 +147,8 @@ print(f"BENCH gpu_train arch={arch} gpus={gpus} tokens_per_s_per_gpu={per_gpu:.0
       f"mfu={per_gpu * flops_per_token_over_peak:.3f} peak_mem_gib={peak:.2f} "
       f"exposed_comm_pct={100 * exposed / step_ms:.1f} device_used_gib={used:.2f} "
       f"step_ms={step_ms:.1f} reported_tokens_per_s_per_gpu={B*T*1000/step_ms:.0f} "
-      f"steps={first}-{last} loss={float(steps[last]['loss']):.3f}", flush=True)
+      f"steps={first}-{last} loss={float(steps[last]['loss']):.3f} "
+      f"activation_checkpointing={level} offload=off", flush=True)
 PY
   done
   ;;

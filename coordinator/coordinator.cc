@@ -441,6 +441,9 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
     RankErrorLocked(rec, request, actions);
   } else {
     if (request.has_metrics() && rank0) RecordStepLocked(rec, request);
+    if (!request.memory_plan().empty() && rank0) {
+      jobs_.AddEvent(rec, weft::v1::MEMORY_PLANNED, request.memory_plan());
+    }
     if (request.checkpoint_step() > 0 && rank0 &&
         request.checkpoint_step() > rec.job.status().checkpoint_step()) {
       RecordCheckpointLocked(rec, request, actions);

@@ -116,6 +116,15 @@ absl::Status GenerationRun::Train() {
   // communicator's own key prefix).
   RemoteStore store(client_->channel(), job_id(), generation());
   WEFT_ASSIGN_OR_RETURN(DeviceBackend backend, CreateBackend(&store, world));
+  if (const std::string note = backend.engine->MemoryPlanNote(); rank_ == 0 && !note.empty()) {
+    spdlog::info("job {} generation {}: {}", job_id(), generation(), note);
+    weft::v1::ReportProgressRequest report = NewReport();
+    report.set_memory_plan(note);
+    // Only informative: a lost report must not stop training.
+    if (auto sent = client_->ReportProgress(report); !sent.ok()) {
+      spdlog::warn("job {}: memory plan not reported: {}", job_id(), sent.status().ToString());
+    }
+  }
   AbortHook hook(this, backend.comm.get());
 
   // Checkpoints: resume from the newest restorable one; save every interval_steps.

@@ -71,6 +71,9 @@ class TrainingEngine {
   // (context and NCCL included). 0 on CPU.
   virtual size_t EngineDeviceBytes() const { return 0; }
   virtual size_t DeviceUsedBytes() const { return 0; }
+  // How the engine laid out its memory and why (the activation checkpointing level it runs
+  // at), for the job's events; empty when there is nothing to say.
+  virtual std::string MemoryPlanNote() const { return ""; }
 
   // The model's architecture: units, tensors, sizes.
   virtual const engine::ModelArch& arch() const = 0;

@@ -8,7 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "spdlog/spdlog.h"
 #include "worker/engine/adamw.h"
+#include "worker/engine/checkpointing.h"
 
 namespace weft::worker {
 namespace {
@@ -36,6 +38,13 @@ absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(const weft:
                         engine::MakeModelArch(spec.model()));
   std::unique_ptr<ZeroCpuEngine> engine(new ZeroCpuEngine(spec, comm, std::move(arch)));
   engine->Initialize();
+  // Once per generation (the engine is built for each one): the level AUTO resolved to.
+  spdlog::info("CPU engine, rank {} of {}: activation checkpointing {} (job spec {}), {} bytes "
+               "of activations", comm->rank(), comm->world_size(),
+               engine::CheckpointingName(engine->model_->checkpointing()),
+               weft::v1::ActivationCheckpointing::Level_Name(
+                   spec.training().activation_checkpointing()),
+               engine->model_->ActivationBytes());
   return engine;
 }
 
@@ -46,8 +55,11 @@ ZeroCpuEngine::ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* 
       world_(comm->world_size()),
       batch_size_(spec.training().micro_batch_size()),
       seq_len_(spec.training().sequence_length()),
-      model_(engine::cpu::CreateCpuModel(*arch_, spec.training().micro_batch_size(),
-                                         spec.training().sequence_length())) {}
+      model_(engine::cpu::CreateCpuModel(
+          *arch_, spec.training().micro_batch_size(), spec.training().sequence_length(),
+          // The CPU has no memory plan: AUTO keeps everything, the fastest.
+          engine::CheckpointingFromSpec(spec.training().activation_checkpointing(),
+                                        engine::Checkpointing::kNone))) {}
 
 void ZeroCpuEngine::Initialize() {
   units_.resize(layout_.num_units());

@@ -41,7 +41,9 @@ namespace weft::worker {
 class ZeroCpuEngine : public ZeroEngine {
  public:
   // The model of `spec` sharded over `comm` (not owned; must outlive the engine), with
-  // activations for micro-batches of spec.training (micro_batch_size, sequence_length).
+  // activations for micro-batches of spec.training (micro_batch_size, sequence_length) at
+  // spec.training.activation_checkpointing (AUTO: NONE, the CPU has no memory plan), which
+  // changes memory and time only: the losses and gradients are the same bits at every level.
   // Initialises parameters from spec.training.seed. INVALID_ARGUMENT for a stage outside 0-3.
   static absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> Create(const weft::v1::JobSpec& spec,
                                                            comm::Communicator* comm);

@@ -24,12 +24,10 @@ namespace cuda = engine::cuda;
 // H200, GPT-2 124M on 1 GPU measured 1.26 GiB of device memory beyond the engine's own.
 constexpr size_t kReserveBytes = size_t{3} << 29;  // 1.5 GiB
 
-double GiB(size_t bytes) { return static_cast<double>(bytes) / (1u << 30); }
-
 }  // namespace
 
 GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                            int world) {
+                            engine::Checkpointing level, int micro_batch_size, int world) {
   // Every rank's shards are the same size, so rank 0's layout speaks for all.
   const ShardLayout layout(UnitSizes(arch), world, /*rank=*/0);
   GpuMemoryPlan plan;
@@ -41,17 +39,9 @@ GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelAr
                        2 * layout.max_block_padded() * unit_bytes + max_shard * sizeof(float) +
                        cuda::SumOfSquaresScratchFloats(max_shard) * sizeof(float) + 4096;
   plan.activation_bytes = cuda::PlanCudaActivationBytes(
-      arch, spec.training().micro_batch_size(), spec.training().sequence_length());
+      arch, micro_batch_size, spec.training().sequence_length(), level);
   plan.reserve_bytes = kReserveBytes;
   return plan;
-}
-
-std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan) {
-  return absl::StrFormat(
-      "%.2f GiB (parameter/optimizer shards %.2f, gathered units and gradients %.2f, "
-      "activations %.2f, NCCL and runtime reserve %.2f)",
-      GiB(plan.total()), GiB(plan.state_bytes), GiB(plan.working_bytes),
-      GiB(plan.activation_bytes), GiB(plan.reserve_bytes));
 }
 
 size_t ZeroCudaEngine::DeviceUsedBytes() const {
@@ -126,19 +116,19 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
   }
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec.model()));
-  const GpuMemoryPlan plan = PlanGpuMemory(spec, *arch, comm->world_size());
   size_t free_bytes = 0, total_bytes = 0;
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-  if (plan.total() > free_bytes) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "GPU memory: the job needs %s per GPU at world size %d, micro_batch_size %d, "
-        "sequence_length %d, but %.2f GiB of %.2f GiB is free; lower "
-        "training.micro_batch_size or training.sequence_length, or run on more GPUs",
-        DescribeGpuMemoryPlan(plan), comm->world_size(), spec.training().micro_batch_size(),
-        spec.training().sequence_length(), GiB(free_bytes), GiB(total_bytes)));
-  }
+  const MemoryDecision memory = DecideMemory(
+      spec.training().activation_checkpointing(), free_bytes,
+      spec.training().micro_batch_size(), comm->world_size(),
+      [&](engine::Checkpointing level, int rows, int world) {
+        return PlanGpuMemory(spec, *arch, level, rows, world);
+      });
+  if (!memory.fits) return absl::ResourceExhaustedError(memory.reason);
   std::unique_ptr<ZeroCudaEngine> engine(new ZeroCudaEngine(spec, comm, std::move(arch)));
-  engine->plan_ = plan;
+  engine->plan_ = memory.plan;
+  engine->checkpointing_ = memory.level;
+  engine->plan_note_ = memory.reason;
   WEFT_RETURN_IF_ERROR(engine->Initialize());
   return engine;
 }
@@ -150,7 +140,8 @@ absl::Status ZeroCudaEngine::Initialize() {
     WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
   WEFT_ASSIGN_OR_RETURN(model_,
-                        cuda::CreateCudaModel(*arch_, batch_size_, seq_len_, compute_));
+                        cuda::CreateCudaModel(*arch_, batch_size_, seq_len_, checkpointing_,
+                                              compute_));
   units_.resize(layout_.num_units());
   for (int u = 0; u < layout_.num_units(); ++u) {
     Unit& unit = units_[u];

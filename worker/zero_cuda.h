@@ -39,24 +39,16 @@
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/cuda/model.h"
 #include "worker/engine/model_arch.h"
+#include "worker/memory_plan.h"
 #include "worker/training_engine.h"
 #include "worker/zero_engine.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::worker {
 
-// Device memory a rank of a GPU job needs, decided before anything is allocated.
-struct GpuMemoryPlan {
-  size_t state_bytes = 0;       // shards: fp32 params, m, v, grads; bf16 params; decay mask
-  size_t working_bytes = 0;     // gathered bf16 units, full fp32 gradient units, scratch
-  size_t activation_bytes = 0;  // the CudaModel's activations and scratch, cuBLAS workspace
-  size_t reserve_bytes = 0;     // NCCL buffers, CUDA context growth, allocator slack
-  size_t total() const { return state_bytes + working_bytes + activation_bytes + reserve_bytes; }
-};
+// What a rank of `spec` needs on its GPU at this level, micro-batch rows and world size.
 GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                            int world_size);
-// "needs 9.1 GiB (state 1.5, working 0.6, activations 6.0, reserve 1.0)".
-std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan);
+                            engine::Checkpointing level, int micro_batch_size, int world_size);
 
 class ZeroCudaEngine : public ZeroEngine {
  public:
@@ -81,6 +73,7 @@ class ZeroCudaEngine : public ZeroEngine {
     return allocated_bytes_ + model_->ActivationBytes() + model_->BlasWorkspaceBytes();
   }
   size_t DeviceUsedBytes() const override;
+  std::string MemoryPlanNote() const override { return plan_note_; }
 
  private:
   using bf16 = __nv_bfloat16;
@@ -118,6 +111,8 @@ class ZeroCudaEngine : public ZeroEngine {
   comm::CudaCommunicator* comm_;
   const int world_, batch_size_, seq_len_;
   GpuMemoryPlan plan_;
+  engine::Checkpointing checkpointing_ = engine::Checkpointing::kNone;
+  std::string plan_note_;
   cudaStream_t compute_ = nullptr;
   std::unique_ptr<engine::cuda::CudaModel> model_;
   std::vector<Unit> units_;

@@ -1,7 +1,7 @@
 // ZeRO equivalence: the same spec (GPT-2 and Llama) trained on 1, 2 and 4 ranks (threads of
 // this process, real Gloo over loopback) at stages 0, 2 and 3 follows the unsharded
-// single-process reference that reads the same global batch; and each rank holds about 1/N of
-// the state.
+// single-process reference that reads the same global batch; each rank holds about 1/N of
+// the state; and every activation checkpointing level trains as NONE does, bit for bit.
 #include "worker/zero_cpu.h"
 
 #include <cmath>
@@ -22,8 +22,9 @@ namespace {
 constexpr int kSteps = 24;
 constexpr int kBatchPerRank = 2;
 
-weft::v1::JobSpec TinySpec(int stage, int batch,
-                           weft::v1::Architecture arch = weft::v1::GPT2) {
+weft::v1::JobSpec TinySpec(int stage, int batch, weft::v1::Architecture arch = weft::v1::GPT2,
+                           weft::v1::ActivationCheckpointing::Level checkpointing =
+                               weft::v1::ActivationCheckpointing::AUTO) {
   weft::v1::JobSpec spec;
   spec.set_name("zero");
   auto* m = spec.mutable_model();
@@ -45,6 +46,7 @@ weft::v1::JobSpec TinySpec(int stage, int batch,
   t->set_sequence_length(16);
   t->set_grad_accum_steps(2);
   t->set_seed(7);
+  t->set_activation_checkpointing(checkpointing);
   auto* o = spec.mutable_optimizer();
   o->set_learning_rate(3e-3);
   spec.mutable_lr_schedule()->set_kind(weft::v1::LrSchedule::COSINE);
@@ -78,14 +80,19 @@ BatchFn GlobalBatch(int rank, int batch) {
 struct RunResult {
   std::vector<float> losses;          // rank 0's view of the global loss per step
   std::vector<size_t> state_bytes;    // per rank
+  std::vector<size_t> working_bytes;  // per rank
   std::vector<std::vector<float>> params;  // final, gathered
 };
 
 RunResult Train(int world, int stage, int batch_per_rank,
-                weft::v1::Architecture arch = weft::v1::GPT2) {
+                weft::v1::Architecture arch = weft::v1::GPT2,
+                weft::v1::ActivationCheckpointing::Level checkpointing =
+                    weft::v1::ActivationCheckpointing::AUTO,
+                int steps = kSteps) {
   MemoryStore store;
   RunResult result;
   result.state_bytes.resize(world);
+  result.working_bytes.resize(world);
   std::vector<std::thread> threads;
   std::vector<absl::Status> errors(world);
   for (int rank = 0; rank < world; ++rank) {
@@ -97,14 +104,16 @@ RunResult Train(int world, int stage, int batch_per_rank,
         errors[rank] = c.status();
         return;
       }
-      auto engine = ZeroCpuEngine::Create(TinySpec(stage, batch_per_rank, arch), c->get());
+      auto engine =
+          ZeroCpuEngine::Create(TinySpec(stage, batch_per_rank, arch, checkpointing), c->get());
       if (!engine.ok()) {
         errors[rank] = engine.status();
         return;
       }
       result.state_bytes[rank] = (*engine)->StateBytes();
+      result.working_bytes[rank] = (*engine)->WorkingBytes();
       const BatchFn batch = GlobalBatch(rank, batch_per_rank);
-      for (int step = 0; step < kSteps; ++step) {
+      for (int step = 0; step < steps; ++step) {
         auto r = (*engine)->TrainStep(step, batch);
         if (!r.ok()) {
           errors[rank] = r.status();
@@ -189,6 +198,34 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndStages, ZeroEquivalenceTest,
                                "_world", std::get<1>(info.param), "_stage",
                                std::get<2>(info.param));
                          });
+
+// Activation checkpointing where ZeRO-3 re-gathers each block for its backward: 2 ranks, a few
+// steps (gradient accumulation 2) of each level over the same batches. SELECTIVE and FULL
+// recompute from the re-gathered block what NONE kept, so the losses and the final parameters
+// are NONE's bit for bit, in less activation memory; AUTO is NONE on the CPU.
+TEST(ZeroCheckpointingTest, EveryLevelTrainsLikeNoneAtStage3) {
+  using weft::v1::ActivationCheckpointing;
+  constexpr int kFewSteps = 4;
+  for (weft::v1::Architecture arch : {weft::v1::GPT2, weft::v1::LLAMA}) {
+    SCOPED_TRACE(weft::v1::Architecture_Name(arch));
+    const RunResult none = Train(2, 3, kBatchPerRank, arch, ActivationCheckpointing::NONE,
+                                 kFewSteps);
+    ASSERT_EQ(none.losses.size(), static_cast<size_t>(kFewSteps));
+    size_t previous_bytes = none.working_bytes[0];
+    for (auto level : {ActivationCheckpointing::SELECTIVE, ActivationCheckpointing::FULL}) {
+      SCOPED_TRACE(ActivationCheckpointing::Level_Name(level));
+      const RunResult run = Train(2, 3, kBatchPerRank, arch, level, kFewSteps);
+      EXPECT_EQ(run.losses, none.losses);
+      EXPECT_EQ(run.params, none.params);
+      EXPECT_LT(run.working_bytes[0], previous_bytes);
+      previous_bytes = run.working_bytes[0];
+    }
+    const RunResult automatic = Train(2, 3, kBatchPerRank, arch, ActivationCheckpointing::AUTO,
+                                      1);
+    EXPECT_EQ(automatic.working_bytes[0], none.working_bytes[0]);
+    EXPECT_EQ(automatic.losses.front(), none.losses.front());
+  }
+}
 
 TEST(ZeroStateTest, EachRankHoldsAboutOneNthOfTheStateAtStage3) {
   const RunResult one = Train(1, 3, kBatchPerRank);

@@ -195,6 +195,10 @@ class ZeroCudaTest : public ::testing::Test {
   }
 };
 
+constexpr engine::Checkpointing kLevels[] = {engine::Checkpointing::kNone,
+                                             engine::Checkpointing::kSelective,
+                                             engine::Checkpointing::kFull};
+
 float RoundToBf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 // One micro-step of `spec`'s CUDA model against its CPU model on the same (bf16-rounded)
@@ -254,7 +258,8 @@ void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {
   std::vector<int32_t> inputs(b * kT), targets(b * kT);
   GlobalBatch(0, b)(3, 0, inputs.data(), targets.data());
 
-  const std::unique_ptr<engine::cpu::CpuModel> cpu = engine::cpu::CreateCpuModel(arch, b, kT);
+  const std::unique_ptr<engine::cpu::CpuModel> cpu =
+      engine::cpu::CreateCpuModel(arch, b, kT, engine::Checkpointing::kNone);
   cpu->SetShape(b, kT);
   cpu->EncoderForward(params[0].data(), inputs.data());
   for (int l = 0; l < arch.num_layers(); ++l) cpu->BlockForward(l, params[1 + l].data());
@@ -267,7 +272,7 @@ void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {
 
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  auto gpu = engine::cuda::CreateCudaModel(arch, b, kT, stream);
+  auto gpu = engine::cuda::CreateCudaModel(arch, b, kT, engine::Checkpointing::kNone, stream);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::vector<__nv_bfloat16*> dparams(units);
   std::vector<float*> dgrads(units);
@@ -372,15 +377,99 @@ TEST_F(ZeroCudaTest, LlamaOneGpuLearns) {
   EXPECT_LT(gpu.losses.back(), 0.5f * gpu.losses.front()) << "the GPU engine did not learn";
 }
 
-// The memory plan is the allocation: PlanCudaActivationBytes is what the model allocates.
-TEST_F(ZeroCudaTest, LlamaActivationPlanIsExact) {
-  const weft::v1::JobSpec spec = SmallSpec(4, 1, /*llama=*/true);
-  auto arch = engine::MakeModelArch(spec.model());
-  ASSERT_TRUE(arch.ok()) << arch.status();
-  auto model = engine::cuda::CreateCudaModel(**arch, 4, kT, nullptr);
-  ASSERT_TRUE(model.ok()) << model.status();
-  EXPECT_EQ((*model)->ActivationBytes() + (*model)->BlasWorkspaceBytes(),
-            engine::cuda::PlanCudaActivationBytes(**arch, 4, kT));
+// The memory plan is the allocation: PlanCudaActivationBytes is what the model allocates, at
+// every checkpointing level, and each level keeps less than the one before.
+TEST_F(ZeroCudaTest, ActivationPlanIsExactAtEveryLevel) {
+  for (bool llama : {false, true}) {
+    const weft::v1::JobSpec spec = SmallSpec(4, 1, llama);
+    auto arch = engine::MakeModelArch(spec.model());
+    ASSERT_TRUE(arch.ok()) << arch.status();
+    size_t previous = SIZE_MAX;
+    for (engine::Checkpointing level : kLevels) {
+      SCOPED_TRACE(absl::StrCat(llama ? "llama " : "gpt2 ", std::string(engine::CheckpointingName(level))));
+      auto model = engine::cuda::CreateCudaModel(**arch, 4, kT, level, nullptr);
+      ASSERT_TRUE(model.ok()) << model.status();
+      const size_t planned = engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level);
+      EXPECT_EQ((*model)->ActivationBytes() + (*model)->BlasWorkspaceBytes(), planned);
+      EXPECT_LT(planned, previous);
+      previous = planned;
+    }
+  }
+}
+
+// Activation checkpointing recomputes with the same kernels on the same inputs: 8 steps of
+// ZeRO-3 on 1 GPU give the same losses and parameters as keeping everything. Bit for bit,
+// except GPT-2's SELECTIVE level, whose standalone GELU equals the fc GEMM's fused one only to
+// bf16 rounding (engine/cuda/gpt2_model.h). It can fail: with 2 layers the shared buffers hold
+// the last layer's values when the backward starts, so a skipped or partial recompute breaks
+// the first layer's gradients.
+void ExpectLevelsMatchNone(const weft::v1::JobSpec& base) {
+  const Curve none = TrainGpu(base, 1);
+  ASSERT_EQ(none.losses.size(), 8u);
+  const bool gelu = base.model().architecture() != weft::v1::LLAMA;
+  for (auto level : {weft::v1::ActivationCheckpointing::SELECTIVE,
+                     weft::v1::ActivationCheckpointing::FULL}) {
+    SCOPED_TRACE(weft::v1::ActivationCheckpointing::Level_Name(level));
+    weft::v1::JobSpec spec = base;
+    spec.mutable_training()->set_activation_checkpointing(level);
+    const Curve curve = TrainGpu(spec, 1);
+    ASSERT_EQ(curve.losses.size(), none.losses.size());
+    ASSERT_EQ(curve.params.size(), none.params.size());
+    if (gelu && level == weft::v1::ActivationCheckpointing::SELECTIVE) {
+      EXPECT_LT(WorstRelative(curve.losses, none.losses), 2e-3);
+      for (size_t u = 0; u < none.params.size(); ++u) {
+        EXPECT_LT(NormRelative(curve.params[u], none.params[u]), 2e-3) << "unit " << u;
+      }
+      continue;
+    }
+    EXPECT_EQ(curve.losses, none.losses);
+    for (size_t u = 0; u < none.params.size(); ++u) {
+      EXPECT_EQ(curve.params[u], none.params[u]) << "unit " << u;
+    }
+  }
+}
+
+TEST_F(ZeroCudaTest, CheckpointingLevelsMatchNone) {
+  weft::v1::JobSpec spec = SmallSpec(4, 8);
+  ExpectLevelsMatchNone(spec);
+  SCOPED_TRACE("the cuBLAS attention path (head size 24)");
+  spec.mutable_model()->set_hidden_size(96);
+  ExpectLevelsMatchNone(spec);
+}
+
+TEST_F(ZeroCudaTest, LlamaCheckpointingLevelsMatchNone) {
+  ExpectLevelsMatchNone(SmallSpec(4, 8, /*llama=*/true));
+}
+
+TEST_F(ZeroCudaTest, AutoChoosesCheckpointingWhenEverythingDoesNotFit) {
+  // GPT-2 124M at micro-batch 512 x 1024: keeping every activation needs about 150 GiB, more
+  // than any one GPU here; selective or full fits.
+  weft::v1::JobSpec spec = SmallSpec(512, 1);
+  auto* m = spec.mutable_model();
+  m->set_num_layers(12);
+  m->set_hidden_size(768);
+  m->set_num_heads(12);
+  m->set_vocab_size(50257);
+  m->set_padded_vocab_size(50304);
+  m->set_context_length(1024);
+  spec.mutable_training()->set_sequence_length(1024);
+  MemoryStore store;
+  auto c = comm::CreateNcclCommunicator(&store, 0, 1, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto engine = ZeroCudaEngine::Create(spec, c->get());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::string note = (*engine)->MemoryPlanNote();
+  EXPECT_THAT(note, ::testing::HasSubstr("(chosen by AUTO)"));
+  EXPECT_THAT(note, ::testing::HasSubstr("none would need"));
+  EXPECT_THAT(note, ::testing::Not(::testing::StartsWith("activation checkpointing none")));
+  // The same job asking for NONE is refused, naming a level that fits.
+  spec.mutable_training()->set_activation_checkpointing(weft::v1::ActivationCheckpointing::NONE);
+  engine->reset();
+  auto refused = ZeroCudaEngine::Create(spec, c->get());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              ::testing::HasSubstr("training.activation_checkpointing: "));
 }
 
 // The curve tolerance above is not vacuous: a run whose learning rate is 3x off (a stand-in
@@ -407,7 +496,7 @@ TEST_F(ZeroCudaTest, LlamaBenchShapeModelTiming) {
   ASSERT_TRUE(arch.ok()) << arch.status();
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  auto made = engine::cuda::CreateCudaModel(**arch, b, t, stream);
+  auto made = engine::cuda::CreateCudaModel(**arch, b, t, engine::Checkpointing::kNone, stream);
   ASSERT_TRUE(made.ok()) << made.status();
   engine::cuda::CudaModel& model = **made;
   // Weights and gradients of no particular value: the time does not depend on them.

@@ -163,7 +163,7 @@ TEST(GptGradientTest, EveryUnitMatchesFiniteDifferencesInDouble) {
   const GptConfig config = TinyConfig();
   const double loss_scale = 0.5;
   const Units params = RandomParams(config, 1);
-  cpu::GptModel<double> model(config, kB, kT);
+  cpu::GptModel<double> model(config, kB, kT, Checkpointing::kNone);
   Units grads = ZerosLike(params);
   ForwardBackward(model, params, kTokens, kTargets, loss_scale, &grads);
 
@@ -197,12 +197,12 @@ TEST(GptGradientTest, FloatEngineMatchesDoubleAndFiniteDifferences) {
   const GptConfig config = TinyConfig();
   const float loss_scale = 0.5f;
   const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(config, 2));
-  GptCpu model(config, kB, kT);
+  GptCpu model(config, kB, kT, Checkpointing::kNone);
   std::vector<std::vector<float>> grads = ZerosLike(params);
   const double loss = ForwardBackward(model, params, kTokens, kTargets, loss_scale, &grads);
 
   const Units exact_params = CastUnits<double>(params);
-  cpu::GptModel<double> reference(config, kB, kT);
+  cpu::GptModel<double> reference(config, kB, kT, Checkpointing::kNone);
   Units grads_d = ZerosLike(exact_params);
   const double loss_d = ForwardBackward(reference, exact_params, kTokens, kTargets, 0.5, &grads_d);
   EXPECT_NEAR(loss, loss_d, 1e-5 * loss_d);
@@ -236,7 +236,7 @@ TEST(GptGradientTest, FloatEngineMatchesDoubleAndFiniteDifferences) {
 TEST(GptGradientTest, BackwardAccumulates) {
   const GptConfig config = TinyConfig();
   const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(config, 4));
-  GptCpu model(config, kB, kT);
+  GptCpu model(config, kB, kT, Checkpointing::kNone);
   std::vector<std::vector<float>> once = ZerosLike(params), twice = ZerosLike(params);
   ForwardBackward(model, params, kTokens, kTargets, 1.0f, &once);
   ForwardBackward(model, params, kTokens, kTargets, 1.0f, &twice);
@@ -258,7 +258,7 @@ TEST(GptGradientTest, BackwardAccumulates) {
 TEST(GptGradientTest, LossScaleScalesGradientsExactly) {
   const GptConfig config = TinyConfig();
   const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(config, 5));
-  GptCpu model(config, kB, kT);
+  GptCpu model(config, kB, kT, Checkpointing::kNone);
   std::vector<std::vector<float>> full = ZerosLike(params), quarter = ZerosLike(params);
   const float loss_full = ForwardBackward(model, params, kTokens, kTargets, 1.0f, &full);
   const float loss_quarter = ForwardBackward(model, params, kTokens, kTargets, 0.25f, &quarter);
@@ -285,7 +285,8 @@ TEST(GptModelTest, PaddedVocabularyChangesNothing) {
   head.erase(head.begin() + unpadded.vocab_size * c, head.begin() + padded.padded_vocab_size * c);
   ASSERT_EQ(head.size(), UnitSize(unpadded, 0));
 
-  cpu::GptModel<double> model_p(padded, kB, kT), model_u(unpadded, kB, kT);
+  cpu::GptModel<double> model_p(padded, kB, kT, Checkpointing::kNone);
+  cpu::GptModel<double> model_u(unpadded, kB, kT, Checkpointing::kNone);
   Units grads_p = ZerosLike(params_padded), grads_u = ZerosLike(params_unpadded);
   const double loss_p = ForwardBackward(model_p, params_padded, kTokens, kTargets, 1.0, &grads_p);
   const double loss_u = ForwardBackward(model_u, params_unpadded, kTokens, kTargets, 1.0, &grads_u);
@@ -322,7 +323,7 @@ TEST(GptModelTest, InitialLossIsNearLogVocab) {
     tokens[i] = static_cast<int32_t>((i * 17) % 50);
     targets[i] = static_cast<int32_t>((i * 31 + 5) % 50);
   }
-  GptCpu model(config, 4, 16);
+  GptCpu model(config, 4, 16, Checkpointing::kNone);
   const double loss = Forward(model, params, tokens, targets, 1.0f);
   // Slightly above ln V: the tied embedding makes the input token's own logit a little larger.
   EXPECT_NEAR(loss, std::log(50.0), 0.1);
@@ -333,7 +334,7 @@ TEST(GptModelTest, InitialLossIsNearLogVocab) {
 TEST(GptModelTest, ShorterShapeGivesPrefixLogits) {
   const GptConfig config = TinyConfig();
   const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(config, 8));
-  GptCpu model(config, kB, kT);
+  GptCpu model(config, kB, kT, Checkpointing::kNone);
   ExpectPrefixLogitsMatch(model, params, kTokens, kB, kT, 3, config.padded_vocab_size);
 }
 
@@ -342,7 +343,7 @@ TEST(GptModelDeathTest, CallsOutOfOrderAbort) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const GptConfig config = TinyConfig();
   const std::vector<std::vector<float>> params = CastUnits<float>(RandomParams(config, 9));
-  GptCpu model(config, kB, kT);
+  GptCpu model(config, kB, kT, Checkpointing::kNone);
   model.EncoderForward(params[0].data(), kTokens.data());
   EXPECT_DEATH(model.BlockForward(1, params[2].data()), "out of order");
   EXPECT_DEATH(model.SetShape(kB + 1, kT), "SetShape");
@@ -364,7 +365,7 @@ struct RunResult {
 RunResult TrainStep(const GptConfig& config, const std::vector<std::vector<float>>& params,
                     const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, int b,
                     int t) {
-  GptCpu model(config, b, t);
+  GptCpu model(config, b, t, Checkpointing::kNone);
   RunResult r;
   r.grads = ZerosLike(params);
   r.loss = ForwardBackward(model, params, tokens, targets, 1.0f, &r.grads);
@@ -500,7 +501,7 @@ TEST(GptTrainingTest, LossFallsWhenOverfittingOneBatch) {
     masks[u].resize(params[u].size());
     UnitDecayMask(config, u, masks[u].data());
   }
-  GptCpu model(config, b, t);
+  GptCpu model(config, b, t, Checkpointing::kNone);
   std::vector<float> losses;
   for (int step = 0; step < 50; ++step) {
     std::vector<std::vector<float>> grads = ZerosLike(params);

@@ -240,8 +240,11 @@ TEST(CreateCpuModelTest, BuildsTheSameModelAsGptCpu) {
     for (int l = 0; l < a.num_layers(); ++l) model.BlockForward(l, params[1 + l].data());
     return model.ClassifierForward(params[0].data(), targets.data(), 1.0f);
   };
-  const std::unique_ptr<cpu::CpuModel> created = cpu::CreateCpuModel(a, 2, 4);
-  GptCpu direct(ConfigFromSpec(Tiny()), 2, 4);
+  // A level other than kNone: the registry must pass it on.
+  const std::unique_ptr<cpu::CpuModel> created =
+      cpu::CreateCpuModel(a, 2, 4, Checkpointing::kSelective);
+  GptCpu direct(ConfigFromSpec(Tiny()), 2, 4, Checkpointing::kSelective);
+  EXPECT_EQ(created->checkpointing(), Checkpointing::kSelective);
   const float loss = loss_of(*created);
   EXPECT_GT(loss, 0.0f);
   EXPECT_EQ(loss, loss_of(direct));

@@ -6,6 +6,9 @@ weft_test(engine_llama_ops_test unit SOURCES worker/engine/cpu/llama_ops_test.cc
 weft_test(engine_gpt_test unit SOURCES worker/engine/gpt_test.cc LIBS weft_engine_cpu)
 weft_test(engine_llama_model_test unit SOURCES worker/engine/cpu/llama_model_test.cc
   LIBS weft_engine_cpu)
+# Activation checkpointing levels against kNone, bit for bit, and their memory.
+weft_test(engine_cpu_checkpointing_test unit SOURCES worker/engine/cpu/checkpointing_test.cc
+  LIBS weft_engine_cpu)
 weft_test(engine_adamw_test unit SOURCES worker/engine/adamw_test.cc LIBS weft_engine_cpu)
 weft_test(engine_model_arch_test unit SOURCES worker/engine/model_arch_test.cc
   LIBS weft_engine_cpu weft_common)

@@ -20,9 +20,9 @@
 namespace weft::engine::cpu {
 
 template <typename T>
-GptModel<T>::GptModel(const GptConfig& config, int max_b, int max_t)
+GptModel<T>::GptModel(const GptConfig& config, int max_b, int max_t, Checkpointing level)
     : CpuModelBase<T>("GptModel", config.num_layers, config.vocab_size, max_b, max_t,
-                      config.context_length),
+                      config.context_length, level),
       config_(config) {
   mb_.Check(config.num_layers >= 1 && config.hidden_size >= 1 && config.num_heads >= 1 &&
                 config.hidden_size % config.num_heads == 0,
@@ -39,24 +39,22 @@ GptModel<T>::GptModel(const GptConfig& config, int max_b, int max_t)
   arena_.Build([&] {
     auto take = [this](size_t count) { return arena_.Take(count); };
     residual_.clear();
-    acts_.clear();
     for (size_t l = 0; l <= layers; ++l) residual_.push_back(take(n * c));
-    for (size_t l = 0; l < layers; ++l) {
-      BlockActs a;
-      a.ln1 = take(n * c);
-      a.ln1_mean = take(n);
-      a.ln1_rstd = take(n);
-      a.qkv = take(n * 3 * c);
-      a.atty = take(n * c);
-      a.att = take(att);
-      a.res2 = take(n * c);
-      a.ln2 = take(n * c);
-      a.ln2_mean = take(n);
-      a.ln2_rstd = take(n);
-      a.fch = take(n * 4 * c);
-      a.fch_gelu = take(n * 4 * c);
-      acts_.push_back(a);
-    }
+    const ActKind saved = ActKind::kSaved, cheap = ActKind::kCheap;
+    acts_ = this->template TakeBlockActs<BlockActs>(static_cast<int>(layers), {
+        {&BlockActs::ln1, n * c, cheap},
+        {&BlockActs::ln1_mean, n, saved},
+        {&BlockActs::ln1_rstd, n, saved},
+        {&BlockActs::qkv, n * 3 * c, saved},
+        {&BlockActs::atty, n * c, cheap},
+        {&BlockActs::att, att, cheap},
+        {&BlockActs::res2, n * c, saved},
+        {&BlockActs::ln2, n * c, cheap},
+        {&BlockActs::ln2_mean, n, saved},
+        {&BlockActs::ln2_rstd, n, saved},
+        {&BlockActs::fch, n * 4 * c, saved},
+        {&BlockActs::fch_gelu, n * 4 * c, cheap},
+    });
     lnf_ = take(n * c);
     lnf_mean_ = take(n);
     lnf_rstd_ = take(n);
@@ -85,20 +83,42 @@ void GptModel<T>::EncoderForward(const T* head, const int32_t* tokens) {
 template <typename T>
 void GptModel<T>::BlockForward(int layer, const T* block) {
   mb_.BlockForward(layer);
+  RunBlock(layer, block, /*recompute=*/false);
+}
+
+template <typename T>
+void GptModel<T>::RunBlock(int layer, const T* block, bool recompute) {
   const int n = mb_.n();
   const int c = config_.hidden_size;
   const std::vector<size_t>& off = block_offsets_;
   const BlockActs& a = acts_[layer];
   const T* x = residual_[layer];  // (B, T, C)
-  LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, x, block + off[kLn1w], block + off[kLn1b], n, c);
-  MatmulForward(a.qkv, a.ln1, block + off[kQkvw], block + off[kQkvb], n, c, 3 * c);
-  AttentionForward(a.atty, a.att, a.qkv, mb_.b(), mb_.t(), c, config_.num_heads);
-  MatmulForward(proj_, a.atty, block + off[kAttprojw], block + off[kAttprojb], n, c, c);
-  ResidualForward(a.res2, x, proj_, static_cast<int64_t>(n) * c);
-  LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, block + off[kLn2w], block + off[kLn2b], n,
-                   c);
-  MatmulForward(a.fch, a.ln2, block + off[kFcw], block + off[kFcb], n, c, 4 * c);
-  GeluForward(a.fch_gelu, a.fch, static_cast<int64_t>(n) * 4 * c);
+  // Each op is guarded by the kind of the output its backward reads.
+  if (this->Runs(recompute, ActKind::kCheap)) {
+    LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, x, block + off[kLn1w], block + off[kLn1b], n,
+                     c);
+  }
+  if (this->Runs(recompute, ActKind::kSaved)) {
+    MatmulForward(a.qkv, a.ln1, block + off[kQkvw], block + off[kQkvb], n, c, 3 * c);
+  }
+  if (this->Runs(recompute, ActKind::kCheap)) {
+    AttentionForward(a.atty, a.att, a.qkv, mb_.b(), mb_.t(), c, config_.num_heads);
+  }
+  if (this->Runs(recompute, ActKind::kSaved)) {
+    MatmulForward(proj_, a.atty, block + off[kAttprojw], block + off[kAttprojb], n, c, c);
+    ResidualForward(a.res2, x, proj_, static_cast<int64_t>(n) * c);
+  }
+  if (this->Runs(recompute, ActKind::kCheap)) {
+    LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, block + off[kLn2w], block + off[kLn2b],
+                     n, c);
+  }
+  if (this->Runs(recompute, ActKind::kSaved)) {
+    MatmulForward(a.fch, a.ln2, block + off[kFcw], block + off[kFcb], n, c, 4 * c);
+  }
+  if (this->Runs(recompute, ActKind::kCheap)) {
+    GeluForward(a.fch_gelu, a.fch, static_cast<int64_t>(n) * 4 * c);
+  }
+  if (recompute) return;  // the block's output, residual_[layer + 1], is always kept
   MatmulForward(proj_, a.fch_gelu, block + off[kFcprojw], block + off[kFcprojb], n, 4 * c, c);
   ResidualForward(residual_[layer + 1], a.res2, proj_, static_cast<int64_t>(n) * c);
 }
@@ -136,6 +156,7 @@ void GptModel<T>::ClassifierBackward(const T* head, T* head_grad) {
 template <typename T>
 void GptModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
   mb_.BlockBackward(layer);
+  RunBlock(layer, block, /*recompute=*/true);
   const int n = mb_.n();
   const int c = config_.hidden_size;
   const size_t nc = static_cast<size_t>(n) * c;

@@ -3,6 +3,23 @@
 // CpuModel the ZeRO engine drives; GptModel<double> exists for tight whole-model gradient
 // checks. Both keep CpuModel's contract (engine/cpu/model.h): activations owned, parameters and
 // gradients not; every backward ACCUMULATES (+=) into the unit's gradient buffer.
+//
+// Activation checkpointing (engine/checkpointing.h, model_core.h's ActKind). Per position of
+// the (max_B, max_T) micro-batch, in elements (C hidden, NH heads, L layers): the residual
+// stream, C for each of the L + 1 block boundaries, is kept at every level (block l's input is
+// residual l). A block's other activations are
+//   kSaved  8C + 4          qkv 3C, the mid-block residual C, the fc output 4C, LayerNorm
+//                           mean and rstd (2 + 2);
+//   kCheap  7C + NH max_T   ln1 C, attention's output C, ln2 C, GELU's output 4C, and
+//                           attention's softmax (B, NH, T, T), NH max_T per position.
+// The softmax is the largest of them, and it is not a matmul output: at kSelective the
+// backward recomputes it (and attention's output) from the kept qkv by re-running the
+// attention forward, whose per-row max and sum are that recomputation's "saved statistics"
+// (the CPU attention keeps no separate ones). kNone keeps both kinds per layer; kSelective
+// keeps kSaved per layer and one shared kCheap set; kFull one shared set of both. Against
+// kNone, kSelective so saves (L - 1)(7C + NH max_T) elements per position and kFull
+// (L - 1)(15C + 4 + NH max_T). The recomputation re-runs the forward's own calls on the same
+// inputs (GptModel::RunBlock), so losses and gradients are bit-identical at every level.
 #ifndef WEFT_WORKER_ENGINE_CPU_GPT2_MODEL_H_
 #define WEFT_WORKER_ENGINE_CPU_GPT2_MODEL_H_
 
@@ -19,7 +36,7 @@ namespace weft::engine::cpu {
 template <typename T>
 class GptModel : public CpuModelBase<T> {
  public:
-  GptModel(const GptConfig& config, int max_b, int max_t);
+  GptModel(const GptConfig& config, int max_b, int max_t, Checkpointing level);
 
   const GptConfig& config() const { return config_; }
 
@@ -32,7 +49,7 @@ class GptModel : public CpuModelBase<T> {
   void EncoderBackward(T* head_grad);
 
  private:
-  // Activations one block keeps from its forward for its backward.
+  // What a block's backward reads from its forward; the ActKind of each is in the constructor.
   struct BlockActs {
     T* ln1;       // (B, T, C)
     T* ln1_mean;  // (B, T)
@@ -47,6 +64,10 @@ class GptModel : public CpuModelBase<T> {
     T* fch;       // (B, T, 4C) MLP hidden, before GELU
     T* fch_gelu;  // (B, T, 4C)
   };
+
+  // Block `layer`'s forward into acts_[layer]. With `recompute` (the start of its backward),
+  // only the ops whose outputs the level does not keep per layer, and never the block's output.
+  void RunBlock(int layer, const T* block, bool recompute);
 
   // Offsets (floats) of each tensor in the head and block units, from UnitTensors().
   std::vector<size_t> head_offsets_;

@@ -18,9 +18,9 @@
 namespace weft::engine::cpu {
 
 template <typename T>
-LlamaModel<T>::LlamaModel(const LlamaConfig& config, int max_b, int max_t)
+LlamaModel<T>::LlamaModel(const LlamaConfig& config, int max_b, int max_t, Checkpointing level)
     : CpuModelBase<T>("LlamaModel", config.num_layers, config.vocab_size, max_b, max_t,
-                      config.context_length),
+                      config.context_length, level),
       config_(config) {
   mb_.Check(LlamaConfigProblems(config).empty(), "bad LlamaConfig (LlamaConfigProblems says what)");
   const LlamaArch arch(config);
@@ -38,22 +38,20 @@ LlamaModel<T>::LlamaModel(const LlamaConfig& config, int max_b, int max_t)
   arena_.Build([&] {
     auto take = [this](size_t count) { return arena_.Take(count); };
     residual_.clear();
-    acts_.clear();
     for (size_t l = 0; l <= layers; ++l) residual_.push_back(take(n * c));
-    for (size_t l = 0; l < layers; ++l) {
-      BlockActs a;
-      a.norm1 = take(n * c);
-      a.rrms1 = take(n);
-      a.qkv = take(n * qkv);
-      a.atty = take(n * q);
-      a.att = take(att);
-      a.res2 = take(n * c);
-      a.norm2 = take(n * c);
-      a.rrms2 = take(n);
-      a.gate_up = take(n * 2 * inter);
-      a.swiglu = take(n * inter);
-      acts_.push_back(a);
-    }
+    const ActKind saved = ActKind::kSaved, cheap = ActKind::kCheap;
+    acts_ = this->template TakeBlockActs<BlockActs>(static_cast<int>(layers), {
+        {&BlockActs::norm1, n * c, cheap},
+        {&BlockActs::rrms1, n, saved},
+        {&BlockActs::qkv, n * qkv, saved},
+        {&BlockActs::atty, n * q, cheap},
+        {&BlockActs::att, att, cheap},
+        {&BlockActs::res2, n * c, saved},
+        {&BlockActs::norm2, n * c, cheap},
+        {&BlockActs::rrms2, n, saved},
+        {&BlockActs::gate_up, n * 2 * inter, saved},
+        {&BlockActs::swiglu, n * inter, cheap},
+    });
     rope_cos_ = take(max_t * half);
     rope_sin_ = take(max_t * half);
     normf_ = take(n * c);
@@ -90,25 +88,45 @@ void LlamaModel<T>::EncoderForward(const T* head, const int32_t* tokens) {
 template <typename T>
 void LlamaModel<T>::BlockForward(int layer, const T* block) {
   mb_.BlockForward(layer);
+  RunBlock(layer, block, /*recompute=*/false);
+}
+
+template <typename T>
+void LlamaModel<T>::RunBlock(int layer, const T* block, bool recompute) {
   const int n = mb_.n();
   const int c = config_.hidden_size;
   const int nh = config_.num_heads;
   const int nkv = config_.num_kv_heads;
   const int d = config_.head_size();
   const int inter = config_.intermediate_size;
+  const double eps = config_.rms_norm_eps;
   const std::vector<size_t>& off = block_offsets_;
   const BlockActs& a = acts_[layer];
   const T* x = residual_[layer];  // (B, T, C)
   const T* no_bias = nullptr;
-  RmsNormForward(a.norm1, a.rrms1, x, block + off[kLlamaAttnNorm], n, c, config_.rms_norm_eps);
-  MatmulForward(a.qkv, a.norm1, block + off[kLlamaQkvw], no_bias, n, c, config_.qkv_width());
-  RopeForward(a.qkv, rope_cos_, rope_sin_, mb_.b(), mb_.t(), nh, nkv, d);
-  GqaAttentionForward(a.atty, a.att, a.qkv, mb_.b(), mb_.t(), nh, nkv, d);
-  MatmulForward(proj_, a.atty, block + off[kLlamaAttnOut], no_bias, n, config_.q_width(), c);
-  ResidualForward(a.res2, x, proj_, static_cast<int64_t>(n) * c);
-  RmsNormForward(a.norm2, a.rrms2, a.res2, block + off[kLlamaMlpNorm], n, c, config_.rms_norm_eps);
-  MatmulForward(a.gate_up, a.norm2, block + off[kLlamaGateUp], no_bias, n, c, 2 * inter);
-  SwiGluForward(a.swiglu, a.gate_up, n, inter);
+  // Each op is guarded by the kind of the output its backward reads.
+  if (this->Runs(recompute, ActKind::kCheap)) {
+    RmsNormForward(a.norm1, a.rrms1, x, block + off[kLlamaAttnNorm], n, c, eps);
+  }
+  if (this->Runs(recompute, ActKind::kSaved)) {
+    MatmulForward(a.qkv, a.norm1, block + off[kLlamaQkvw], no_bias, n, c, config_.qkv_width());
+    RopeForward(a.qkv, rope_cos_, rope_sin_, mb_.b(), mb_.t(), nh, nkv, d);
+  }
+  if (this->Runs(recompute, ActKind::kCheap)) {
+    GqaAttentionForward(a.atty, a.att, a.qkv, mb_.b(), mb_.t(), nh, nkv, d);
+  }
+  if (this->Runs(recompute, ActKind::kSaved)) {
+    MatmulForward(proj_, a.atty, block + off[kLlamaAttnOut], no_bias, n, config_.q_width(), c);
+    ResidualForward(a.res2, x, proj_, static_cast<int64_t>(n) * c);
+  }
+  if (this->Runs(recompute, ActKind::kCheap)) {
+    RmsNormForward(a.norm2, a.rrms2, a.res2, block + off[kLlamaMlpNorm], n, c, eps);
+  }
+  if (this->Runs(recompute, ActKind::kSaved)) {
+    MatmulForward(a.gate_up, a.norm2, block + off[kLlamaGateUp], no_bias, n, c, 2 * inter);
+  }
+  if (this->Runs(recompute, ActKind::kCheap)) SwiGluForward(a.swiglu, a.gate_up, n, inter);
+  if (recompute) return;  // the block's output, residual_[layer + 1], is always kept
   MatmulForward(proj_, a.swiglu, block + off[kLlamaDown], no_bias, n, inter, c);
   ResidualForward(residual_[layer + 1], a.res2, proj_, static_cast<int64_t>(n) * c);
 }
@@ -143,6 +161,7 @@ void LlamaModel<T>::ClassifierBackward(const T* head, T* head_grad) {
 template <typename T>
 void LlamaModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
   mb_.BlockBackward(layer);
+  RunBlock(layer, block, /*recompute=*/true);
   const int n = mb_.n();
   const int c = config_.hidden_size;
   const int q = config_.q_width();

@@ -5,6 +5,25 @@
 // checks. Both keep CpuModel's contract (engine/cpu/model.h): activations owned, parameters and
 // gradients not; every backward ACCUMULATES (+=) into the unit's gradient buffer. With a tied
 // head the LM head reads `embed` and its gradient accumulates into embed's.
+//
+// Activation checkpointing, as in gpt2_model.h (engine/checkpointing.h, model_core.h's
+// ActKind). Per position of the (max_B, max_T) micro-batch, in elements (C hidden, Q = NH D,
+// QKV = (NH + 2 NKV) D, I the SwiGLU width, L layers): the residual stream, C for each of the
+// L + 1 block boundaries, is kept at every level (block l's input is residual l). A block's
+// other activations are
+//   kSaved  QKV + C + 2I + 2   qkv AFTER rotary (what attention and its backward read: rotary
+//                              is cheap, but keeping its output leaves one qkv buffer and no
+//                              second rotation), the mid-block residual C, gate | up 2I, the
+//                              two RMSNorms' reciprocal rms (1 + 1);
+//   kCheap  2C + Q + I + NH max_T   the two RMSNorm outputs C + C, attention's output Q,
+//                              SwiGLU's output I, and attention's softmax (B, NH, T, T).
+// The softmax is recomputed at kSelective from the kept qkv by re-running the attention
+// forward (the CPU attention keeps no separate per-row statistics). kNone keeps both kinds per
+// layer; kSelective keeps kSaved per layer and one shared kCheap set; kFull one shared set of
+// both. Against kNone, kSelective so saves (L - 1)(2C + Q + I + NH max_T) elements per
+// position and kFull (L - 1)(3C + QKV + Q + 3I + 2 + NH max_T). The recomputation re-runs the
+// forward's own calls on the same inputs (LlamaModel::RunBlock), so losses and gradients are
+// bit-identical at every level.
 #ifndef WEFT_WORKER_ENGINE_CPU_LLAMA_MODEL_H_
 #define WEFT_WORKER_ENGINE_CPU_LLAMA_MODEL_H_
 
@@ -22,7 +41,7 @@ template <typename T>
 class LlamaModel : public CpuModelBase<T> {
  public:
   // Aborts on a config LlamaConfigProblems refuses (specs are validated long before).
-  LlamaModel(const LlamaConfig& config, int max_b, int max_t);
+  LlamaModel(const LlamaConfig& config, int max_b, int max_t, Checkpointing level);
 
   const LlamaConfig& config() const { return config_; }
 
@@ -38,7 +57,7 @@ class LlamaModel : public CpuModelBase<T> {
   void EncoderBackward(T* head_grad);
 
  private:
-  // Activations one block keeps from its forward for its backward.
+  // What a block's backward reads from its forward; the ActKind of each is in the constructor.
   struct BlockActs {
     T* norm1;    // (B, T, C) attention RMSNorm output
     T* rrms1;    // (B, T)
@@ -51,6 +70,10 @@ class LlamaModel : public CpuModelBase<T> {
     T* gate_up;  // (B, T, 2I) gate | up
     T* swiglu;   // (B, T, I)
   };
+
+  // Block `layer`'s forward into acts_[layer]. With `recompute` (the start of its backward),
+  // only the ops whose outputs the level does not keep per layer, and never the block's output.
+  void RunBlock(int layer, const T* block, bool recompute);
 
   // Where the LM head's weight is in the head unit: lm_head, or embed when tied.
   size_t LmHeadOffset() const;

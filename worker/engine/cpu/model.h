@@ -16,7 +16,8 @@
 //   model.ClassifierBackward(head, head_grad);
 //   for l = L-1 .. 0: model.BlockBackward(l, block[l], block_grad[l]);
 //   model.EncoderBackward(head_grad);
-// The parameter buffers passed to a backward must hold the same values as in its forward.
+// The parameter buffers passed to a backward must hold the same values as in its forward (at
+// kSelective and kFull the backward first recomputes from them what the forward did not keep).
 // Calls out of this order are programmer errors and abort with a message.
 #ifndef WEFT_WORKER_ENGINE_CPU_MODEL_H_
 #define WEFT_WORKER_ENGINE_CPU_MODEL_H_
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "worker/engine/checkpointing.h"
 #include "worker/engine/model_arch.h"
 
 namespace weft::engine::cpu {
@@ -33,6 +35,8 @@ class CpuModel {
  public:
   virtual ~CpuModel() = default;
 
+  // What the model keeps per block (engine/checkpointing.h); fixed at creation.
+  virtual Checkpointing checkpointing() const = 0;
   virtual int b() const = 0;
   virtual int t() const = 0;
 
@@ -61,14 +65,17 @@ class CpuModel {
   virtual void BlockBackward(int layer, const float* block, float* block_grad) = 0;
   virtual void EncoderBackward(float* head_grad) = 0;  // needs only the tokens, no parameters
 
-  // Bytes of activations and scratch allocated for (max_B, max_T).
+  // Bytes of activations and scratch allocated for (max_B, max_T) at the model's checkpointing
+  // level (the per-position formulas are in each model's header).
   virtual size_t ActivationBytes() const = 0;
 };
 
-// The fp32 model of `arch` for micro-batches up to (max_b, max_t); max_t <= context length.
+// The fp32 model of `arch` for micro-batches up to (max_b, max_t); max_t <= context length;
+// keeping per block what `level` says.
 // Every architecture has a CPU model (it is the reference the others are tested against), so
 // an unregistered one is a programmer error and aborts.
-std::unique_ptr<CpuModel> CreateCpuModel(const ModelArch& arch, int max_b, int max_t);
+std::unique_ptr<CpuModel> CreateCpuModel(const ModelArch& arch, int max_b, int max_t,
+                                         Checkpointing level);
 
 // Sets the threads OpenBLAS uses for every GEMM of this process (openblas_set_num_threads;
 // n < 1 means 1). Results are bit-identical run to run at a fixed count but NOT across counts

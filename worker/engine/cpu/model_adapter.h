@@ -15,9 +15,11 @@ template <typename Model>
 class FloatCpuModel : public CpuModel {
  public:
   template <typename Config>
-  FloatCpuModel(const Config& config, int max_b, int max_t) : model_(config, max_b, max_t) {}
+  FloatCpuModel(const Config& config, int max_b, int max_t, Checkpointing level)
+      : model_(config, max_b, max_t, level) {}
 
   const auto& config() const { return model_.config(); }
+  Checkpointing checkpointing() const override { return model_.checkpointing(); }
   int b() const override { return model_.b(); }
   int t() const override { return model_.t(); }
   void SetShape(int b, int t) override { model_.SetShape(b, t); }

@@ -1,8 +1,8 @@
 // What every CPU model (gpt2_model.h, llama_model.h) keeps besides its own layers: the
-// micro-batch in flight (shape, tokens, the call order of engine/cpu/model.h) and the arena its
-// activations live in. A call out of order would silently read stale activations and a shape
-// or token out of range would read out of bounds, so both are programmer errors that abort
-// with a message naming the model.
+// micro-batch in flight (shape, tokens, the call order of engine/cpu/model.h), the arena its
+// activations live in and where the checkpointing level puts each block's activations. A call
+// out of order would silently read stale activations and a shape or token out of range would
+// read out of bounds, so both are programmer errors that abort with a message naming the model.
 #ifndef WEFT_WORKER_ENGINE_CPU_MODEL_CORE_H_
 #define WEFT_WORKER_ENGINE_CPU_MODEL_CORE_H_
 
@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "worker/engine/checkpointing.h"
 
 namespace weft::engine::cpu {
 
@@ -98,11 +100,36 @@ class ActivationArena {
   size_t count_ = 0;
 };
 
+// A block activation's kind, which decides at which checkpointing levels
+// (engine/checkpointing.h) every layer keeps its own copy. The others live in ONE shared set
+// that each block's forward overwrites and its backward recomputes first, by re-running the
+// forward's own op calls on the same inputs (so the recomputed values are bit-identical).
+enum class ActKind {
+  kSaved,  // a matmul output (or the mid-block residual) or a per-row statistic: per layer at
+           // kNone and kSelective
+  kCheap,  // a norm's output, the MLP activation, attention's output and softmax: per layer at
+           // kNone only
+};
+
+inline bool KeptPerLayer(Checkpointing level, ActKind kind) {
+  return level == Checkpointing::kNone ||
+         (level == Checkpointing::kSelective && kind == ActKind::kSaved);
+}
+
+// One pointer of a model's per-block activation struct Acts, its element count and kind.
+template <typename T, typename Acts>
+struct ActSlot {
+  T* Acts::*field;
+  size_t count;
+  ActKind kind;
+};
+
 // The part of a CPU model's CpuModel-shaped interface that is not about its layers, and the
 // state behind it. A model derives from it and allocates logits_ and losses_ in arena_.
 template <typename T>
 class CpuModelBase {
  public:
+  Checkpointing checkpointing() const { return level_; }
   int b() const { return mb_.b(); }
   int t() const { return mb_.t(); }
   void SetShape(int b, int t) { mb_.SetShape(b, t); }
@@ -116,13 +143,40 @@ class CpuModelBase {
   }
 
  protected:
-  CpuModelBase(const char* model, int num_layers, int vocab_size, int max_b, int max_t, int context)
-      : mb_(model, num_layers, vocab_size, max_b, max_t, context) {}
+  CpuModelBase(const char* model, int num_layers, int vocab_size, int max_b, int max_t, int context,
+               Checkpointing level)
+      : mb_(model, num_layers, vocab_size, max_b, max_t, context), level_(level) {}
+
+  // Inside arena_.Build: takes every layer's Acts, each slot per layer where the level keeps it
+  // there and otherwise pointing into the one shared set.
+  template <typename Acts>
+  std::vector<Acts> TakeBlockActs(int layers, const std::vector<ActSlot<T, Acts>>& slots) {
+    Acts shared{};
+    for (const ActSlot<T, Acts>& s : slots) {
+      if (!KeptPerLayer(level_, s.kind)) shared.*(s.field) = arena_.Take(s.count);
+    }
+    std::vector<Acts> acts(layers, shared);
+    for (Acts& a : acts) {
+      for (const ActSlot<T, Acts>& s : slots) {
+        if (KeptPerLayer(level_, s.kind)) a.*(s.field) = arena_.Take(s.count);
+      }
+    }
+    return acts;
+  }
+
+  // Whether a block's op whose output is of `kind` runs: always in the forward; in the
+  // backward's recomputation only when that output is not kept per layer.
+  bool Runs(bool recompute, ActKind kind) const {
+    return !recompute || !KeptPerLayer(level_, kind);
+  }
 
   MicroBatch mb_;
   ActivationArena<T> arena_;  // every activation and scratch buffer of the model
   T* logits_ = nullptr;       // (B, T, Vp): logits, then (training) dlogits in place
   T* losses_ = nullptr;       // (B, T)
+
+ private:
+  Checkpointing level_;
 };
 
 }  // namespace weft::engine::cpu

@@ -13,12 +13,13 @@
 
 namespace weft::engine::cpu {
 
-std::unique_ptr<CpuModel> CreateCpuModel(const ModelArch& arch, int max_b, int max_t) {
+std::unique_ptr<CpuModel> CreateCpuModel(const ModelArch& arch, int max_b, int max_t,
+                                         Checkpointing level) {
   if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
-    return std::make_unique<GptCpu>(gpt2->config(), max_b, max_t);
+    return std::make_unique<GptCpu>(gpt2->config(), max_b, max_t, level);
   }
   if (const auto* llama = dynamic_cast<const LlamaArch*>(&arch)) {
-    return std::make_unique<LlamaCpu>(llama->config(), max_b, max_t);
+    return std::make_unique<LlamaCpu>(llama->config(), max_b, max_t, level);
   }
   std::fprintf(stderr, "weft::engine::cpu: no CPU model for architecture %s\n",
                arch.name().c_str());

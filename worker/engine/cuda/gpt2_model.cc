@@ -12,8 +12,9 @@
 
 namespace weft::engine::cuda {
 
-GptCuda::GptCuda(const GptConfig& config, int max_b, int max_t, cudaStream_t stream)
-    : ArenaModel(max_b, max_t, stream),
+GptCuda::GptCuda(const GptConfig& config, int max_b, int max_t, Checkpointing level,
+                 cudaStream_t stream)
+    : ArenaModel(max_b, max_t, level, stream),
       config_(config),
       flash_(FlashAttentionSupported(config.hidden_size / config.num_heads)) {
   head_tensors_ = UnitTensors(config, 0);
@@ -32,20 +33,35 @@ size_t GptCuda::Layout(char* base) {
   for (auto* vec : {&ln1_, &q_, &k_, &v_, &atty_, &res2_, &ln2_, &fch_, &fcg_}) vec->resize(layers);
   for (auto* vec : {&ln1_mean_, &ln1_rstd_, &ln2_mean_, &ln2_rstd_, &lse_}) vec->resize(layers);
   layer_qkv_.resize(layers);
+  // The level's per-layer buffers (gpt2_model.h); what it does not keep is taken once, here,
+  // and shared by every layer.
+  const bool keep_all = level_ == Checkpointing::kNone;
+  const bool keep_matmuls = level_ != Checkpointing::kFull;
+  const auto shared = [&](bool kept, size_t count) { return kept ? nullptr : a.Take<bf16>(count); };
+  bf16* const ln1 = shared(keep_all, nc);
+  bf16* const atty = shared(keep_all, nc);
+  bf16* const ln2 = shared(keep_all, nc);
+  bf16* const fcg = shared(keep_all, 4 * nc);
+  bf16* const qkv = shared(keep_matmuls || !flash_, 3 * nc);
+  bf16* const q = shared(keep_matmuls || flash_, nc);
+  bf16* const k = shared(keep_matmuls || flash_, nc);
+  bf16* const v = shared(keep_matmuls || flash_, nc);
+  bf16* const res2 = shared(keep_matmuls, nc);
+  bf16* const fch = shared(keep_matmuls, 4 * nc);
   for (int l = 0; l < layers; ++l) {
-    ln1_[l] = a.Take<bf16>(nc);
+    ln1_[l] = a.TakeOr(keep_all, ln1, nc);
     if (flash_) {
-      layer_qkv_[l] = a.Take<bf16>(3 * nc);  // (B, T, 3C), read in place by flash attention
+      layer_qkv_[l] = a.TakeOr(keep_matmuls, qkv, 3 * nc);  // (B, T, 3C), read in place
     } else {
-      q_[l] = a.Take<bf16>(nc);  // (B, NH, T, HS) head copies for the cuBLAS path
-      k_[l] = a.Take<bf16>(nc);
-      v_[l] = a.Take<bf16>(nc);
+      q_[l] = a.TakeOr(keep_matmuls, q, nc);  // (B, NH, T, HS) head copies for the cuBLAS path
+      k_[l] = a.TakeOr(keep_matmuls, k, nc);
+      v_[l] = a.TakeOr(keep_matmuls, v, nc);
     }
-    atty_[l] = a.Take<bf16>(nc);
-    res2_[l] = a.Take<bf16>(nc);
-    ln2_[l] = a.Take<bf16>(nc);
-    fch_[l] = a.Take<bf16>(4 * nc);
-    fcg_[l] = a.Take<bf16>(4 * nc);
+    atty_[l] = a.TakeOr(keep_all, atty, nc);
+    res2_[l] = a.TakeOr(keep_matmuls, res2, nc);
+    ln2_[l] = a.TakeOr(keep_all, ln2, nc);
+    fch_[l] = a.TakeOr(keep_matmuls, fch, 4 * nc);
+    fcg_[l] = a.TakeOr(keep_all, fcg, 4 * nc);
     ln1_mean_[l] = a.Take<float>(n);
     ln1_rstd_[l] = a.Take<float>(n);
     ln2_mean_[l] = a.Take<float>(n);
@@ -80,13 +96,15 @@ size_t GptCuda::Layout(char* base) {
   return a.size();
 }
 
-size_t GptCuda::PlanActivationBytes(const GptConfig& config, int max_b, int max_t) {
-  GptCuda probe(config, max_b, max_t, nullptr);
+size_t GptCuda::PlanActivationBytes(const GptConfig& config, int max_b, int max_t,
+                                    Checkpointing level) {
+  GptCuda probe(config, max_b, max_t, level, nullptr);
   return probe.PlannedBytes();
 }
 
 absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config, int max_b,
-                                                         int max_t, cudaStream_t stream) {
+                                                         int max_t, Checkpointing level,
+                                                         cudaStream_t stream) {
   if (config.hidden_size % 8 != 0 || config.hidden_size % config.num_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.hidden_size: the CUDA engine needs a multiple of 8 that num_heads divides, got ",
@@ -106,7 +124,7 @@ absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config
     return absl::InvalidArgumentError(absl::StrCat("micro-batch shape (", max_b, ", ", max_t,
                                                    ") out of range"));
   }
-  std::unique_ptr<GptCuda> model(new GptCuda(config, max_b, max_t, stream));
+  std::unique_ptr<GptCuda> model(new GptCuda(config, max_b, max_t, level, stream));
   WEFT_RETURN_IF_ERROR(model->Allocate());
   return model;
 }
@@ -119,42 +137,88 @@ absl::Status GptCuda::EncoderForward(const bf16* head) {
 
 absl::Status GptCuda::BlockForward(int l, const bf16* block) {
   const int c = config_.hidden_size;
-  const int nh = config_.num_heads;
-  const int hs = c / nh;
+  const int n = b_ * t_;
+  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  WEFT_RETURN_IF_ERROR(AttentionForward(l, block));
+  WEFT_RETURN_IF_ERROR(MlpForwardToActivation(l, block));
+  // out = res2 + fcproj(fcg).
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearForward(tmp_, fcg_[l], p(kFcprojw), p(kFcprojb), n, 4 * c, c, stream_));
+  return ResidualForward(res_[l + 1], res2_[l], tmp_, static_cast<int64_t>(n) * c, stream_);
+}
+
+absl::Status GptCuda::AttentionForward(int l, const bf16* block) {
+  const int c = config_.hidden_size;
   const int n = b_ * t_;
   const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
   const bf16* x = res_[l];  // (B, T, C)
+  // res2 = x + attproj(attention(qkv(ln1(x)))).
   WEFT_RETURN_IF_ERROR(LayerNormForward(ln1_[l], ln1_mean_[l], ln1_rstd_[l], x, p(kLn1w),
                                         p(kLn1b), n, c, stream_));
-  // Flash: qkv is kept per layer and the kernel reads q, k, v from it and writes atty in
-  // place; cuBLAS: split into head copies, merged back after.
+  // Flash: qkv is kept per layer and the kernel reads q, k, v from it in place; cuBLAS: split
+  // into head copies.
   bf16* qkv = flash_ ? layer_qkv_[l] : qkv_;
   WEFT_RETURN_IF_ERROR(blas_->LinearForward(qkv, ln1_[l], p(kQkvw), p(kQkvb), n, c, 3 * c,
                                             stream_));  // (B, T, 3C)
-  if (flash_) {
-    WEFT_RETURN_IF_ERROR(FlashAttentionForward(atty_[l], lse_[l], qkv, b_, nh, nh, t_,
-                                               hs, stream_));  // (B, T, C)
-  } else {
-    WEFT_RETURN_IF_ERROR(AttentionSplitHeads(q_[l], k_[l], v_[l], qkv, b_, t_, c, nh, stream_));
-    const int batch = b_ * nh;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    WEFT_RETURN_IF_ERROR(blas_->AttentionScores(att_, q_[l], k_[l], batch, t_, hs, stream_));
-    WEFT_RETURN_IF_ERROR(CausalSoftmaxForward(att_, lse_[l], static_cast<int64_t>(batch) * t_,
-                                              t_, scale, stream_));  // (B, NH, T, T)
-    WEFT_RETURN_IF_ERROR(blas_->AttentionApply(y_, att_, v_[l], batch, t_, hs, stream_));
-    WEFT_RETURN_IF_ERROR(AttentionMergeHeads(atty_[l], y_, b_, t_, c, nh, stream_));  // (B,T,C)
+  if (!flash_) {
+    WEFT_RETURN_IF_ERROR(AttentionSplitHeads(q_[l], k_[l], v_[l], qkv, b_, t_, c,
+                                             config_.num_heads, stream_));
   }
+  WEFT_RETURN_IF_ERROR(Attend(l));
   WEFT_RETURN_IF_ERROR(
       blas_->LinearForward(tmp_, atty_[l], p(kAttprojw), p(kAttprojb), n, c, c, stream_));
-  const int64_t nc = static_cast<int64_t>(n) * c;
-  WEFT_RETURN_IF_ERROR(ResidualForward(res2_[l], x, tmp_, nc, stream_));
+  return ResidualForward(res2_[l], x, tmp_, static_cast<int64_t>(n) * c, stream_);
+}
+
+absl::Status GptCuda::Attend(int l) {
+  const int c = config_.hidden_size;
+  const int nh = config_.num_heads;
+  const int hs = c / nh;
+  if (flash_) {
+    return FlashAttentionForward(atty_[l], lse_[l], layer_qkv_[l], b_, nh, nh, t_, hs,
+                                 stream_);  // (B, T, C)
+  }
+  const int batch = b_ * nh;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  WEFT_RETURN_IF_ERROR(blas_->AttentionScores(att_, q_[l], k_[l], batch, t_, hs, stream_));
+  WEFT_RETURN_IF_ERROR(CausalSoftmaxForward(att_, lse_[l], static_cast<int64_t>(batch) * t_, t_,
+                                            scale, stream_));  // (B, NH, T, T)
+  WEFT_RETURN_IF_ERROR(blas_->AttentionApply(y_, att_, v_[l], batch, t_, hs, stream_));
+  return AttentionMergeHeads(atty_[l], y_, b_, t_, c, nh, stream_);  // (B, T, C)
+}
+
+absl::Status GptCuda::MlpForwardToActivation(int l, const bf16* block) {
+  const int c = config_.hidden_size;
+  const int n = b_ * t_;
+  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  // fcg = gelu(fch), fch = fc(ln2(res2)).
   WEFT_RETURN_IF_ERROR(LayerNormForward(ln2_[l], ln2_mean_[l], ln2_rstd_[l], res2_[l], p(kLn2w),
                                         p(kLn2b), n, c, stream_));
-  WEFT_RETURN_IF_ERROR(blas_->LinearForwardGelu(fcg_[l], fch_[l], ln2_[l], p(kFcw), p(kFcb), n,
-                                                c, 4 * c, stream_));  // (B, T, 4C) each
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearForward(tmp_, fcg_[l], p(kFcprojw), p(kFcprojb), n, 4 * c, c, stream_));
-  return ResidualForward(res_[l + 1], res2_[l], tmp_, nc, stream_);
+  return blas_->LinearForwardGelu(fcg_[l], fch_[l], ln2_[l], p(kFcw), p(kFcb), n, c, 4 * c,
+                                  stream_);  // (B, T, 4C) each
+}
+
+absl::Status GptCuda::Recompute(int l, const bf16* block) {
+  switch (level_) {
+    case Checkpointing::kNone:
+      return absl::OkStatus();
+    case Checkpointing::kFull:
+      WEFT_RETURN_IF_ERROR(AttentionForward(l, block));
+      return MlpForwardToActivation(l, block);
+    case Checkpointing::kSelective:
+      break;
+  }
+  const int c = config_.hidden_size;
+  const int n = b_ * t_;
+  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  WEFT_RETURN_IF_ERROR(LayerNormForward(ln1_[l], ln1_mean_[l], ln1_rstd_[l], res_[l], p(kLn1w),
+                                        p(kLn1b), n, c, stream_));
+  WEFT_RETURN_IF_ERROR(Attend(l));
+  WEFT_RETURN_IF_ERROR(LayerNormForward(ln2_[l], ln2_mean_[l], ln2_rstd_[l], res2_[l], p(kLn2w),
+                                        p(kLn2b), n, c, stream_));
+  // The standalone GELU of the kept bf16 pre-activation: equal to the GEMM epilogue's GELU to
+  // bf16 rounding, not bit for bit (the epilogue sees the fp32 accumulator).
+  return GeluForward(fcg_[l], fch_[l], static_cast<int64_t>(n) * 4 * c, stream_);
 }
 
 absl::Status GptCuda::Classifier(const bf16* head, float grad_scale, float* head_grad) {
@@ -185,6 +249,7 @@ absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad)
   const int n = b_ * t_;
   const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
   const auto g = [&](int tensor) { return block_grad + block_tensors_[tensor].offset; };
+  WEFT_RETURN_IF_ERROR(Recompute(l, block));
   // dres_ (B, T, C) holds dL/d(output of block l) on entry, dL/d(input of block l) on exit.
 
   // MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).

@@ -8,11 +8,21 @@
 //
 // The call order and the accumulate (+=) contract are CudaModel's.
 //
-// Memory: activations are planned up front from (config, max B, T) — PlanActivationBytes —
-// and allocated in one piece, so an impossible configuration fails before training starts.
-// Per layer it keeps ln1, q/k/v, the attention output, the mid-block residual, ln2 and the fc
-// output before and after GELU (15 * B*T*C bf16) plus the per-row softmax log-sum-exp; the
-// logits are processed in row chunks, so (B, T, Vp) never exists at once.
+// Memory: activations are planned up front from (config, max B, T, checkpointing level) —
+// PlanActivationBytes — and allocated in one piece, so an impossible configuration fails before
+// training starts. Per layer, in (B, T, C) bf16 units, besides the fp32 row statistics (both
+// LayerNorms' mean and rstd, the softmax log-sum-exp) which every level keeps:
+//   kNone       the block input, ln1, q/k/v, the attention output, the mid-block residual,
+//               ln2 and the fc output before and after GELU: 16;
+//   kSelective  the block input, q/k/v, the mid-block residual and the fc output before
+//               GELU: 9; the backward first recomputes both LayerNorms, attention (from the
+//               kept q, k, v) and GELU — the standalone GELU kernel, which equals the fc GEMM's
+//               fused GELU to bf16 rounding, so this level matches kNone to bf16 rounding
+//               rather than bit for bit;
+//   kFull       the block input: 1; the backward first re-runs the block's forward up to the
+//               GELU (bit for bit: the same kernels).
+// What a level does not keep lives in one set of buffers all layers share. The logits are
+// processed in row chunks, so (B, T, Vp) never exists at once.
 //
 // Attention: fused flash attention (flash_attention.cu) when it supports the head size, so no
 // (B, NH, T, T) buffer exists at all; otherwise cuBLAS batched GEMMs around the causal softmax
@@ -38,13 +48,15 @@ namespace weft::engine::cuda {
 class GptCuda final : public ArenaModel {
  public:
   // Bytes Create allocates for activations and scratch (exact, for the memory planner).
-  static size_t PlanActivationBytes(const GptConfig& config, int max_b, int max_t);
+  static size_t PlanActivationBytes(const GptConfig& config, int max_b, int max_t,
+                                    Checkpointing level);
 
   // On the current device; kernels go to `stream` (not owned). INVALID_ARGUMENT for shapes
   // the kernels cannot take (hidden size not a multiple of 8, ...), RESOURCE_EXHAUSTED when
   // the activations do not fit.
   static absl::StatusOr<std::unique_ptr<GptCuda>> Create(const GptConfig& config, int max_b,
-                                                         int max_t, cudaStream_t stream);
+                                                         int max_t, Checkpointing level,
+                                                         cudaStream_t stream);
 
   const GptConfig& config() const { return config_; }
 
@@ -57,8 +69,18 @@ class GptCuda final : public ArenaModel {
   absl::Status EncoderBackward(float* head_grad) override;
 
  private:
-  GptCuda(const GptConfig& config, int max_b, int max_t, cudaStream_t stream);
+  GptCuda(const GptConfig& config, int max_b, int max_t, Checkpointing level,
+          cudaStream_t stream);
   size_t Layout(char* base) override;
+  // The forward's pieces: the attention sub-layer (x -> res2), attention itself (q, k, v ->
+  // atty), and the MLP up to the GELU output (res2 -> fcg); BlockForward adds fcproj and the
+  // residual.
+  absl::Status AttentionForward(int l, const bf16* block);
+  absl::Status Attend(int l);
+  absl::Status MlpForwardToActivation(int l, const bf16* block);
+  // What activation checkpointing dropped of block l's forward, recomputed into the shared
+  // buffers (nothing at kNone).
+  absl::Status Recompute(int l, const bf16* block);
 
   const GptConfig config_;
   std::vector<TensorInfo> head_tensors_, block_tensors_;

@@ -38,8 +38,9 @@ std::string ShapeProblem(const LlamaConfig& c) {
 
 }  // namespace
 
-LlamaCuda::LlamaCuda(const LlamaConfig& config, int max_b, int max_t, cudaStream_t stream)
-    : ArenaModel(max_b, max_t, stream), config_(config) {
+LlamaCuda::LlamaCuda(const LlamaConfig& config, int max_b, int max_t, Checkpointing level,
+                     cudaStream_t stream)
+    : ArenaModel(max_b, max_t, level, stream), config_(config) {
   const LlamaArch arch(config);
   head_tensors_ = arch.UnitTensors(0);
   block_tensors_ = arch.UnitTensors(1);
@@ -56,18 +57,29 @@ size_t LlamaCuda::Layout(char* base) {
   const size_t head_rows = static_cast<size_t>(max_b_) * config_.num_heads * max_t_;
   res_.resize(layers + 1);
   for (bf16*& r : res_) r = a.Take<bf16>(nc);
+  // The level's per-layer buffers; what it does not keep is taken once, here, and shared.
+  const bool keep_all = level_ == Checkpointing::kNone;
+  const bool keep_matmuls = level_ != Checkpointing::kFull;
+  Saved shared{};
+  shared.attn_norm = keep_all ? nullptr : a.Take<bf16>(nc);
+  shared.atty = keep_all ? nullptr : a.Take<bf16>(nc);
+  shared.mlp_norm = keep_all ? nullptr : a.Take<bf16>(nc);
+  shared.act = keep_all ? nullptr : a.Take<bf16>(n_i);
+  shared.qkv = keep_matmuls ? nullptr : a.Take<bf16>(n_qkv);
+  shared.res2 = keep_matmuls ? nullptr : a.Take<bf16>(nc);
+  shared.gate_up = keep_matmuls ? nullptr : a.Take<bf16>(2 * n_i);
   saved_.resize(layers);
   for (Saved& s : saved_) {
-    s.attn_norm = a.Take<bf16>(nc);
     s.attn_rstd = a.Take<float>(n);
-    s.qkv = a.Take<bf16>(n_qkv);
     s.lse = a.Take<float>(head_rows);
-    s.atty = a.Take<bf16>(nc);
-    s.res2 = a.Take<bf16>(nc);
-    s.mlp_norm = a.Take<bf16>(nc);
     s.mlp_rstd = a.Take<float>(n);
-    s.gate_up = a.Take<bf16>(2 * n_i);
-    s.act = a.Take<bf16>(n_i);
+    s.attn_norm = a.TakeOr(keep_all, shared.attn_norm, nc);
+    s.atty = a.TakeOr(keep_all, shared.atty, nc);
+    s.mlp_norm = a.TakeOr(keep_all, shared.mlp_norm, nc);
+    s.act = a.TakeOr(keep_all, shared.act, n_i);
+    s.qkv = a.TakeOr(keep_matmuls, shared.qkv, n_qkv);
+    s.res2 = a.TakeOr(keep_matmuls, shared.res2, nc);
+    s.gate_up = a.TakeOr(keep_matmuls, shared.gate_up, 2 * n_i);
   }
   final_norm_ = a.Take<bf16>(nc);
   final_rstd_ = a.Take<float>(n);
@@ -89,6 +101,7 @@ size_t LlamaCuda::Layout(char* base) {
 
 absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(const LlamaConfig& config,
                                                              int max_b, int max_t,
+                                                             Checkpointing level,
                                                              cudaStream_t stream) {
   if (const std::string problem = ShapeProblem(config); !problem.empty()) {
     return absl::InvalidArgumentError(problem);
@@ -97,14 +110,15 @@ absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(const LlamaConfig& 
     return absl::InvalidArgumentError(absl::StrCat("micro-batch shape (", max_b, ", ", max_t,
                                                    ") out of range"));
   }
-  std::unique_ptr<LlamaCuda> model(new LlamaCuda(config, max_b, max_t, stream));
+  std::unique_ptr<LlamaCuda> model(new LlamaCuda(config, max_b, max_t, level, stream));
   WEFT_RETURN_IF_ERROR(model->Allocate());
   WEFT_RETURN_IF_ERROR(model->BuildRopeTables());
   return model;
 }
 
-size_t LlamaCuda::PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t) {
-  LlamaCuda probe(config, max_b, max_t, nullptr);
+size_t LlamaCuda::PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t,
+                                      Checkpointing level) {
+  LlamaCuda probe(config, max_b, max_t, level, nullptr);
   return probe.PlannedBytes();
 }
 
@@ -128,35 +142,77 @@ absl::Status LlamaCuda::EncoderForward(const bf16* head) {
 
 absl::Status LlamaCuda::BlockForward(int l, const bf16* block) {
   const int c = config_.hidden_size;
+  const int n = b_ * t_;
+  WEFT_RETURN_IF_ERROR(AttentionForward(l, block));
+  WEFT_RETURN_IF_ERROR(MlpForwardToActivation(l, block));
+  // out = res2 + down(act).
+  const Saved& s = saved_[l];
+  WEFT_RETURN_IF_ERROR(blas_->LinearForward(tmp_, s.act,
+                                            block + block_tensors_[kLlamaDown].offset, nullptr, n,
+                                            config_.intermediate_size, c, stream_));
+  return ResidualForward(res_[l + 1], s.res2, tmp_, static_cast<int64_t>(n) * c, stream_);
+}
+
+absl::Status LlamaCuda::AttentionForward(int l, const bf16* block) {
+  const int c = config_.hidden_size;
   const int nh = config_.num_heads;
   const int nkv = config_.num_kv_heads;
   const int d = config_.head_size();
-  const int inter = config_.intermediate_size;
   const int n = b_ * t_;
-  const int64_t nc = static_cast<int64_t>(n) * c;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
   const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
   const Saved& s = saved_[l];
   const bf16* x = res_[l];  // (B, T, C)
-  // Attention: res2 = x + attn_out(attention(rope(qkvw(attn_norm(x))))).
-  WEFT_RETURN_IF_ERROR(
-      RmsNormForward(s.attn_norm, s.attn_rstd, x, p(kLlamaAttnNorm), n, c, eps, stream_));
+  // res2 = x + attn_out(attention(rope(qkvw(attn_norm(x))))).
+  WEFT_RETURN_IF_ERROR(RmsNormForward(s.attn_norm, s.attn_rstd, x, p(kLlamaAttnNorm), n, c,
+                                      static_cast<float>(config_.rms_norm_eps), stream_));
   WEFT_RETURN_IF_ERROR(blas_->LinearForward(s.qkv, s.attn_norm, p(kLlamaQkvw), nullptr, n, c,
                                             config_.qkv_width(), stream_));
   WEFT_RETURN_IF_ERROR(RopeForward(s.qkv, rope_cos_, rope_sin_, b_, t_, nh, nkv, d, stream_));
   WEFT_RETURN_IF_ERROR(FlashAttentionForward(s.atty, s.lse, s.qkv, b_, nh, nkv, t_, d, stream_));
   WEFT_RETURN_IF_ERROR(blas_->LinearForward(tmp_, s.atty, p(kLlamaAttnOut), nullptr, n,
                                             config_.q_width(), c, stream_));
-  WEFT_RETURN_IF_ERROR(ResidualForward(s.res2, x, tmp_, nc, stream_));
-  // MLP: out = res2 + down(swiglu(gate_up(mlp_norm(res2)))).
-  WEFT_RETURN_IF_ERROR(
-      RmsNormForward(s.mlp_norm, s.mlp_rstd, s.res2, p(kLlamaMlpNorm), n, c, eps, stream_));
+  return ResidualForward(s.res2, x, tmp_, static_cast<int64_t>(n) * c, stream_);
+}
+
+absl::Status LlamaCuda::MlpForwardToActivation(int l, const bf16* block) {
+  const int c = config_.hidden_size;
+  const int inter = config_.intermediate_size;
+  const int n = b_ * t_;
+  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  const Saved& s = saved_[l];
+  // act = swiglu(gate_up(mlp_norm(res2))).
+  WEFT_RETURN_IF_ERROR(RmsNormForward(s.mlp_norm, s.mlp_rstd, s.res2, p(kLlamaMlpNorm), n, c,
+                                      static_cast<float>(config_.rms_norm_eps), stream_));
   WEFT_RETURN_IF_ERROR(blas_->LinearForward(s.gate_up, s.mlp_norm, p(kLlamaGateUp), nullptr, n,
                                             c, 2 * inter, stream_));
-  WEFT_RETURN_IF_ERROR(SwiGluForward(s.act, s.gate_up, n, inter, stream_));
+  return SwiGluForward(s.act, s.gate_up, n, inter, stream_);
+}
+
+absl::Status LlamaCuda::Recompute(int l, const bf16* block) {
+  switch (level_) {
+    case Checkpointing::kNone:
+      return absl::OkStatus();
+    case Checkpointing::kFull:
+      WEFT_RETURN_IF_ERROR(AttentionForward(l, block));
+      return MlpForwardToActivation(l, block);
+    case Checkpointing::kSelective:
+      break;
+  }
+  // The same kernels on the same kept inputs as the forward: the same values. The statistics
+  // (rstd, lse) are written again, identically.
+  const int c = config_.hidden_size;
+  const int n = b_ * t_;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  const Saved& s = saved_[l];
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearForward(tmp_, s.act, p(kLlamaDown), nullptr, n, inter, c, stream_));
-  return ResidualForward(res_[l + 1], s.res2, tmp_, nc, stream_);
+      RmsNormForward(s.attn_norm, s.attn_rstd, res_[l], p(kLlamaAttnNorm), n, c, eps, stream_));
+  WEFT_RETURN_IF_ERROR(FlashAttentionForward(s.atty, s.lse, s.qkv, b_, config_.num_heads,
+                                             config_.num_kv_heads, t_, config_.head_size(),
+                                             stream_));
+  WEFT_RETURN_IF_ERROR(
+      RmsNormForward(s.mlp_norm, s.mlp_rstd, s.res2, p(kLlamaMlpNorm), n, c, eps, stream_));
+  return SwiGluForward(s.act, s.gate_up, n, config_.intermediate_size, stream_);
 }
 
 absl::Status LlamaCuda::Classifier(const bf16* head, float grad_scale, float* head_grad) {
@@ -186,6 +242,7 @@ absl::Status LlamaCuda::BlockBackward(int l, const bf16* block, float* block_gra
   const int n = b_ * t_;
   const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
   const auto g = [&](int tensor) { return block_grad + block_tensors_[tensor].offset; };
+  WEFT_RETURN_IF_ERROR(Recompute(l, block));
   const Saved& s = saved_[l];
   // dres_ (B, T, C) holds dL/d(output of block l) on entry, dL/d(input of block l) on exit.
   // MLP: out = res2 + down(swiglu(gate_up(mlp_norm(res2)))).

@@ -14,9 +14,17 @@
 // first V of Vp columns, in row chunks so (B, T, Vp) never exists at once.
 //
 // Memory: activations are planned up front (PlanActivationBytes) and allocated in one piece.
-// Per layer it keeps the block input, both norms' outputs and rstd, qkv (after rotary), the
-// attention output, the mid-block residual, gate_up and the SwiGLU output, and the attention
-// lse: (5 C + (NH + 2 NKV) D + 3 I) bf16 per position.
+// Per layer, bf16 per position, besides the fp32 row statistics (both rstd, attention's lse)
+// which every level keeps:
+//   kNone       the block input, both norms' outputs, qkv (after rotary), the attention
+//               output, the mid-block residual, gate_up and the SwiGLU output:
+//               5 C + (NH + 2 NKV) D + 3 I;
+//   kSelective  the block input, qkv, the mid-block residual and gate_up: 2 C + (NH + 2 NKV) D
+//               + 2 I; the backward first recomputes both norms, attention (flash forward from
+//               the kept q, k, v) and SwiGLU;
+//   kFull       the block input: C; the backward first re-runs the block's forward up to the
+//               SwiGLU output (the down projection's output is not needed).
+// What a level does not keep lives in one set of buffers all layers share.
 //
 // Needs: hidden size, head size and intermediate size multiples of 8 (16-byte vectors), a head
 // size flash attention supports that is a multiple of 16 (rotary halves as vectors), Vp % 8.
@@ -37,9 +45,11 @@ class LlamaCuda final : public ArenaModel {
   // INVALID_ARGUMENT for shapes the kernels cannot take (see above), RESOURCE_EXHAUSTED when
   // the activations do not fit; kernels go to `stream` (not owned), on the current device.
   static absl::StatusOr<std::unique_ptr<LlamaCuda>> Create(const LlamaConfig& config, int max_b,
-                                                           int max_t, cudaStream_t stream);
+                                                           int max_t, Checkpointing level,
+                                                           cudaStream_t stream);
   // What Create allocates: activations, scratch and the GEMM workspace (exact).
-  static size_t PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t);
+  static size_t PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t,
+                                    Checkpointing level);
 
   const LlamaConfig& config() const { return config_; }
 
@@ -54,8 +64,16 @@ class LlamaCuda final : public ArenaModel {
   absl::Status BlockBackward(int layer, const bf16* block, float* block_grad) override;
 
  private:
-  LlamaCuda(const LlamaConfig& config, int max_b, int max_t, cudaStream_t stream);
+  LlamaCuda(const LlamaConfig& config, int max_b, int max_t, Checkpointing level,
+            cudaStream_t stream);
   size_t Layout(char* base) override;
+  // The forward's halves: the attention sub-layer (x -> res2), and the MLP up to the SwiGLU
+  // output (res2 -> act); BlockForward adds the down projection and the residual.
+  absl::Status AttentionForward(int l, const bf16* block);
+  absl::Status MlpForwardToActivation(int l, const bf16* block);
+  // What activation checkpointing dropped of block l's forward, recomputed into the shared
+  // buffers (nothing at kNone).
+  absl::Status Recompute(int l, const bf16* block);
   // The rotary tables from RopeInverseFrequencies (once, at creation).
   absl::Status BuildRopeTables();
   // The attention half of BlockBackward: dres_ (the gradient at the mid-block residual) gets

@@ -15,6 +15,12 @@
 //   for l = L-1 .. 0: model.BlockBackward(l, block[l], block_grad[l]);
 //   model.EncoderBackward(head_grad);
 // Everything is enqueued on the stream given at creation; nothing synchronises the host.
+//
+// Activation checkpointing (engine/checkpointing.h): a model created at kSelective or kFull
+// keeps less per block and BlockBackward recomputes the rest first, into buffers all blocks
+// share. BlockBackward(l) therefore needs block l's parameters exactly as its forward had them
+// (the ZeRO engine's gathered unit) and the residual stream's entry to block l untouched since
+// BlockForward(l).
 #ifndef WEFT_WORKER_ENGINE_CUDA_MODEL_H_
 #define WEFT_WORKER_ENGINE_CUDA_MODEL_H_
 
@@ -27,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/engine/checkpointing.h"
 #include "worker/engine/model_arch.h"
 
 namespace weft::engine::cuda {
@@ -66,13 +73,15 @@ class CudaModel {
 };
 
 // The model of `arch` on the current device, kernels on `stream` (not owned), for
-// micro-batches up to (max_b, max_t). INVALID_ARGUMENT for shapes the kernels cannot take or an
-// architecture without a CUDA model; RESOURCE_EXHAUSTED when the activations do not fit.
+// micro-batches up to (max_b, max_t), keeping what `level` says. INVALID_ARGUMENT for shapes
+// the kernels cannot take or an architecture without a CUDA model; RESOURCE_EXHAUSTED when the
+// activations do not fit.
 absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(const ModelArch& arch, int max_b,
-                                                           int max_t, cudaStream_t stream);
+                                                           int max_t, Checkpointing level,
+                                                           cudaStream_t stream);
 // Device bytes CreateCudaModel allocates for activations, scratch and the GEMM workspace (exact,
 // for the memory planner); 0 for an architecture without a CUDA model (Create then refuses).
-size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t);
+size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t, Checkpointing level);
 
 }  // namespace weft::engine::cuda
 

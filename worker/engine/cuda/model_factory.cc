@@ -11,23 +11,25 @@
 namespace weft::engine::cuda {
 
 absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(const ModelArch& arch, int max_b,
-                                                           int max_t, cudaStream_t stream) {
+                                                           int max_t, Checkpointing level,
+                                                           cudaStream_t stream) {
   if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
-    return GptCuda::Create(gpt2->config(), max_b, max_t, stream);
+    return GptCuda::Create(gpt2->config(), max_b, max_t, level, stream);
   }
   if (const auto* llama = dynamic_cast<const LlamaArch*>(&arch)) {
-    return LlamaCuda::Create(llama->config(), max_b, max_t, stream);
+    return LlamaCuda::Create(llama->config(), max_b, max_t, level, stream);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("model: architecture ", arch.name(), " has no CUDA model"));
 }
 
-size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t) {
+size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t,
+                               Checkpointing level) {
   if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
-    return GptCuda::PlanActivationBytes(gpt2->config(), max_b, max_t);
+    return GptCuda::PlanActivationBytes(gpt2->config(), max_b, max_t, level);
   }
   if (const auto* llama = dynamic_cast<const LlamaArch*>(&arch)) {
-    return LlamaCuda::PlanActivationBytes(llama->config(), max_b, max_t);
+    return LlamaCuda::PlanActivationBytes(llama->config(), max_b, max_t, level);
   }
   return 0;
 }

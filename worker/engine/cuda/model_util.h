@@ -29,6 +29,12 @@ class Arena {
     offset_ += count * sizeof(T);
     return p;
   }
+  // `count` of its own when `keep`, else `shared` (a buffer every layer reuses: activation
+  // checkpointing's recompute target).
+  template <typename T>
+  T* TakeOr(bool keep, T* shared, size_t count) {
+    return keep ? Take<T>(count) : shared;
+  }
   size_t size() const { return offset_; }
 
  private:
@@ -50,8 +56,8 @@ class ArenaModel : public CudaModel {
   size_t BlasWorkspaceBytes() const override { return BlasOptions{}.workspace_bytes; }
 
  protected:
-  ArenaModel(int max_b, int max_t, cudaStream_t stream)
-      : max_b_(max_b), max_t_(max_t), stream_(stream) {}
+  ArenaModel(int max_b, int max_t, Checkpointing level, cudaStream_t stream)
+      : max_b_(max_b), max_t_(max_t), level_(level), stream_(stream) {}
 
   // Points every buffer into the allocation at `base` and returns the bytes used; a null base
   // only measures. Implementations take their buffers and then TakeCommon's.
@@ -73,6 +79,7 @@ class ArenaModel : public CudaModel {
                           int c, int v, int vp, float grad_scale);
 
   const int max_b_, max_t_;
+  const Checkpointing level_;
   cudaStream_t stream_;
   int b_ = 0, t_ = 0;
   std::unique_ptr<Blas> blas_;

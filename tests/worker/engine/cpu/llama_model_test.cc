@@ -174,7 +174,7 @@ TEST_P(LlamaModelTest, LossAndLogitsMatchAPositionByPositionReference) {
     const Units params = RandomParams(LlamaArch(config), 1);
     std::vector<Vec> expected_logits;
     const double expected = ReferenceLoss(config, params, &expected_logits);
-    cpu::LlamaModel<double> model(config, kB, kT);
+    cpu::LlamaModel<double> model(config, kB, kT, Checkpointing::kNone);
     EXPECT_NEAR(Forward(model, params, kTokens, kTargets, 1.0), expected, 1e-12 * expected);
     const std::vector<double> logits =
         InferenceLogits(model, params, kTokens.data(), kB, kT, config.padded_vocab_size);
@@ -196,7 +196,7 @@ TEST_P(LlamaModelTest, EveryUnitMatchesFiniteDifferencesInDouble) {
   const LlamaArch arch(config);
   const double loss_scale = 0.5;
   const Units params = RandomParams(arch, 2);
-  cpu::LlamaModel<double> model(config, kB, kT);
+  cpu::LlamaModel<double> model(config, kB, kT, Checkpointing::kNone);
   Units grads = ZerosLike(params);
   ForwardBackward(model, params, kTokens, kTargets, loss_scale, &grads);
 
@@ -230,12 +230,12 @@ TEST_P(LlamaModelTest, FloatEngineMatchesDouble) {
   const LlamaConfig config = TinyConfig(GetParam(), true);
   const std::vector<std::vector<float>> params =
       CastUnits<float>(RandomParams(LlamaArch(config), 3));
-  LlamaCpu model(config, kB, kT);
+  LlamaCpu model(config, kB, kT, Checkpointing::kNone);
   std::vector<std::vector<float>> grads = ZerosLike(params);
   const double loss = ForwardBackward(model, params, kTokens, kTargets, 0.5f, &grads);
 
   const Units exact_params = CastUnits<double>(params);
-  cpu::LlamaModel<double> reference(config, kB, kT);
+  cpu::LlamaModel<double> reference(config, kB, kT, Checkpointing::kNone);
   Units grads_d = ZerosLike(exact_params);
   const double loss_d = ForwardBackward(reference, exact_params, kTokens, kTargets, 0.5, &grads_d);
   EXPECT_NEAR(loss, loss_d, 1e-5 * loss_d);
@@ -251,7 +251,7 @@ TEST(LlamaCpuTest, ShorterShapeGivesPrefixLogits) {
   const LlamaConfig config = TinyConfig(false, true);
   const std::vector<std::vector<float>> params =
       CastUnits<float>(RandomParams(LlamaArch(config), 4));
-  LlamaCpu model(config, kB, kT);
+  LlamaCpu model(config, kB, kT, Checkpointing::kNone);
   ExpectPrefixLogitsMatch(model, params, kTokens, kB, kT, 3, config.padded_vocab_size);
 }
 
@@ -263,7 +263,8 @@ TEST(LlamaCpuTest, RegistryBuildsLlamaCpuFromASpec) {
       &spec));
   auto arch = MakeModelArch(spec);
   ASSERT_TRUE(arch.ok()) << arch.status();
-  const std::unique_ptr<cpu::CpuModel> model = cpu::CreateCpuModel(**arch, kB, kT);
+  const std::unique_ptr<cpu::CpuModel> model =
+      cpu::CreateCpuModel(**arch, kB, kT, Checkpointing::kNone);
   const auto* llama = dynamic_cast<const LlamaCpu*>(model.get());
   ASSERT_NE(llama, nullptr);
   EXPECT_EQ(llama->config().num_kv_heads, 2);
@@ -276,7 +277,7 @@ TEST(LlamaCpuDeathTest, CallsOutOfOrderAbort) {
   const LlamaConfig config = TinyConfig(true, false);
   const std::vector<std::vector<float>> params =
       CastUnits<float>(RandomParams(LlamaArch(config), 5));
-  LlamaCpu model(config, kB, kT);
+  LlamaCpu model(config, kB, kT, Checkpointing::kNone);
   model.EncoderForward(params[0].data(), kTokens.data());
   EXPECT_DEATH(model.BlockForward(1, params[2].data()), "LlamaModel: BlockForward out of order");
   EXPECT_DEATH(model.ClassifierBackward(params[0].data(), nullptr), "needs a training");
@@ -312,7 +313,7 @@ TEST(LlamaCpuTest, LossFallsWhenOverfittingOneBatch) {
     masks[u].resize(params[u].size());
     arch.UnitDecayMask(u, masks[u].data());
   }
-  LlamaCpu model(config, b, t);
+  LlamaCpu model(config, b, t, Checkpointing::kNone);
   std::vector<float> losses;
   for (int step = 0; step < 40; ++step) {
     std::vector<std::vector<float>> grads = ZerosLike(params);

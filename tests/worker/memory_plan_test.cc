@@ -1,0 +1,87 @@
+// DecideMemory's choices and refusals against a made-up planner: activations of 30, 20 and
+// 10 GiB at NONE, SELECTIVE and FULL for 8 micro-batch rows (proportional to the rows), and
+// 40 GiB of state spread over the world.
+#include "worker/memory_plan.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace weft::worker {
+namespace {
+
+using engine::Checkpointing;
+using Level = weft::v1::ActivationCheckpointing;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr size_t kGiB = size_t{1} << 30;
+
+GpuMemoryPlan Plan(Checkpointing level, int rows, int world) {
+  const size_t per_8_rows = level == Checkpointing::kNone        ? 30
+                            : level == Checkpointing::kSelective ? 20
+                                                                 : 10;
+  GpuMemoryPlan plan;
+  plan.state_bytes = 40 * kGiB / world;
+  plan.activation_bytes = per_8_rows * kGiB * rows / 8;
+  return plan;
+}
+
+MemoryDecision Decide(Level::Level requested, size_t free_gib, int rows = 8, int world = 1) {
+  return DecideMemory(requested, free_gib * kGiB, rows, world, Plan);
+}
+
+TEST(DecideMemoryTest, AutoKeepsEverythingWhenItFits) {
+  const MemoryDecision d = Decide(Level::AUTO, 80);
+  ASSERT_TRUE(d.fits);
+  EXPECT_EQ(d.level, Checkpointing::kNone);
+  EXPECT_EQ(d.plan.total(), 70 * kGiB);
+  EXPECT_THAT(d.reason, HasSubstr("activation checkpointing none (chosen by AUTO)"));
+  EXPECT_THAT(d.reason, Not(HasSubstr("would need")));
+}
+
+TEST(DecideMemoryTest, AutoTakesTheLeastRecomputationThatFits) {
+  MemoryDecision d = Decide(Level::AUTO, 65);
+  ASSERT_TRUE(d.fits);
+  EXPECT_EQ(d.level, Checkpointing::kSelective);
+  EXPECT_THAT(d.reason, HasSubstr("none would need 70.00 GiB"));
+  d = Decide(Level::LEVEL_UNSPECIFIED, 55);
+  ASSERT_TRUE(d.fits);
+  EXPECT_EQ(d.level, Checkpointing::kFull);
+  EXPECT_THAT(d.reason, HasSubstr("none would need 70.00 GiB, selective would need 60.00 GiB"));
+}
+
+TEST(DecideMemoryTest, AnExplicitLevelIsKeptOrRefusedNamingOneThatFits) {
+  MemoryDecision d = Decide(Level::FULL, 80);
+  ASSERT_TRUE(d.fits);
+  EXPECT_EQ(d.level, Checkpointing::kFull);  // asked for, though NONE would fit
+  EXPECT_THAT(d.reason, HasSubstr("(as asked)"));
+  d = Decide(Level::NONE, 65);
+  ASSERT_FALSE(d.fits);
+  EXPECT_THAT(d.reason, HasSubstr("but 65.00 GiB is free"));
+  EXPECT_THAT(d.reason, HasSubstr("training.activation_checkpointing: SELECTIVE (60.00 GiB)"));
+  // Fewer rows at the level asked for: 6 rows of NONE need 40 + 22.5.
+  EXPECT_THAT(d.reason, HasSubstr("training.micro_batch_size: 6 (62.50 GiB)"));
+  // More GPUs at the level asked for: 40/2 + 30 = 50.
+  EXPECT_THAT(d.reason, HasSubstr("resources.min_workers: 2 GPUs (50.00 GiB each)"));
+}
+
+TEST(DecideMemoryTest, NothingFitsSaysWhatWould) {
+  const MemoryDecision d = Decide(Level::AUTO, 45);
+  ASSERT_FALSE(d.fits);
+  EXPECT_THAT(d.reason, HasSubstr("activation checkpointing full"));
+  EXPECT_THAT(d.reason, HasSubstr("micro_batch_size"));
+  // FULL with 4 rows: 40 + 5; more GPUs: 40/2 + 10 = 30.
+  EXPECT_THAT(d.reason, HasSubstr("training.micro_batch_size: 4 (45.00 GiB)"));
+  EXPECT_THAT(d.reason, HasSubstr("resources.min_workers: 2 GPUs (30.00 GiB each)"));
+  EXPECT_THAT(d.reason, Not(HasSubstr("training.activation_checkpointing:")));
+}
+
+TEST(DecideMemoryTest, NothingWithinReach) {
+  // Activations alone at one row of FULL exceed the device: no hint helps.
+  const MemoryDecision d = DecideMemory(Level::AUTO, kGiB / 2, 8, 1, Plan);
+  ASSERT_FALSE(d.fits);
+  EXPECT_THAT(d.reason, HasSubstr("Nothing within reach fits"));
+}
+
+}  // namespace
+}  // namespace weft::worker

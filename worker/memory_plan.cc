@@ -1,0 +1,117 @@
+#include "worker/memory_plan.h"
+
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace weft::worker {
+namespace {
+
+using engine::Checkpointing;
+
+double GiB(size_t bytes) { return static_cast<double>(bytes) / (1u << 30); }
+
+constexpr Checkpointing kLevels[] = {Checkpointing::kNone, Checkpointing::kSelective,
+                                     Checkpointing::kFull};
+// How far the "more GPUs" hint looks.
+constexpr int kMaxWorldHint = 4096;
+
+bool IsAuto(weft::v1::ActivationCheckpointing::Level level) {
+  return level == weft::v1::ActivationCheckpointing::AUTO ||
+         level == weft::v1::ActivationCheckpointing::LEVEL_UNSPECIFIED;
+}
+
+// What would fit instead, lightest change first; empty when nothing does.
+std::vector<std::string> Alternatives(Checkpointing tried_last, size_t free_bytes,
+                                      int micro_batch_size, int world, bool automatic,
+                                      const MemoryPlanner& plan) {
+  std::vector<std::string> out;
+  if (!automatic) {
+    for (Checkpointing level : kLevels) {
+      const GpuMemoryPlan p = plan(level, micro_batch_size, world);
+      if (p.total() <= free_bytes) {
+        out.push_back(absl::StrFormat("training.activation_checkpointing: %s (%.2f GiB)",
+                                      absl::AsciiStrToUpper(std::string(CheckpointingName(level))),
+                                      GiB(p.total())));
+        break;
+      }
+    }
+  }
+  // The most recomputation on offer keeps the other hints as small a change as they can be.
+  const Checkpointing level = automatic ? Checkpointing::kFull : tried_last;
+  for (int rows = micro_batch_size - 1; rows >= 1; --rows) {
+    const GpuMemoryPlan p = plan(level, rows, world);
+    if (p.total() <= free_bytes) {
+      out.push_back(absl::StrFormat("training.micro_batch_size: %d (%.2f GiB)", rows,
+                                    GiB(p.total())));
+      break;
+    }
+  }
+  for (int w = world + 1; w <= kMaxWorldHint; ++w) {
+    const GpuMemoryPlan p = plan(level, micro_batch_size, w);
+    if (p.total() <= free_bytes) {
+      out.push_back(absl::StrFormat("resources.min_workers: %d GPUs (%.2f GiB each)", w,
+                                    GiB(p.total())));
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan) {
+  return absl::StrFormat(
+      "%.2f GiB (parameter/optimizer shards %.2f, gathered units and gradients %.2f, "
+      "activations %.2f, NCCL and runtime reserve %.2f)",
+      GiB(plan.total()), GiB(plan.state_bytes), GiB(plan.working_bytes),
+      GiB(plan.activation_bytes), GiB(plan.reserve_bytes));
+}
+
+MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
+                            size_t free_bytes, int micro_batch_size, int world,
+                            const MemoryPlanner& plan) {
+  const bool automatic = IsAuto(requested);
+  std::vector<Checkpointing> candidates;
+  if (automatic) {
+    candidates.assign(std::begin(kLevels), std::end(kLevels));
+  } else {
+    candidates.push_back(engine::CheckpointingFromSpec(requested, Checkpointing::kNone));
+  }
+  std::vector<std::string> too_big;
+  MemoryDecision decision;
+  for (Checkpointing level : candidates) {
+    const GpuMemoryPlan p = plan(level, micro_batch_size, world);
+    if (p.total() <= free_bytes) {
+      decision.fits = true;
+      decision.level = level;
+      decision.plan = p;
+      decision.reason = absl::StrFormat(
+          "activation checkpointing %s (%s): %s per GPU of %.2f GiB free%s",
+          CheckpointingName(level), automatic ? "chosen by AUTO" : "as asked",
+          DescribeGpuMemoryPlan(p), GiB(free_bytes),
+          too_big.empty() ? "" : absl::StrCat("; ", absl::StrJoin(too_big, ", ")));
+      return decision;
+    }
+    too_big.push_back(absl::StrFormat("%s would need %.2f GiB", CheckpointingName(level),
+                                      GiB(p.total())));
+    decision.plan = p;
+    decision.level = level;
+  }
+  const std::vector<std::string> instead = Alternatives(
+      decision.level, free_bytes, micro_batch_size, world, automatic, plan);
+  decision.reason = absl::StrFormat(
+      "GPU memory: the job needs %s per GPU at world size %d, micro_batch_size %d, activation "
+      "checkpointing %s, but %.2f GiB is free (%s). %s",
+      DescribeGpuMemoryPlan(decision.plan), world, micro_batch_size,
+      CheckpointingName(decision.level), GiB(free_bytes), absl::StrJoin(too_big, ", "),
+      instead.empty()
+          ? "Nothing within reach fits: lower training.sequence_length or the model's size."
+          : absl::StrCat("It would fit with ", absl::StrJoin(instead, ", or "), "."));
+  return decision;
+}
+
+}  // namespace weft::worker

@@ -1,0 +1,53 @@
+// The GPU memory plan of a job, decided before anything is allocated: what one rank needs at a
+// given activation checkpointing level, micro-batch and world size, and the choice among the
+// levels — the requested one, or under AUTO the least recomputation that fits. DecideMemory is
+// a pure function of its inputs (the device's free memory is one of them), so its choices and
+// refusals are tested without a GPU.
+#ifndef WEFT_WORKER_MEMORY_PLAN_H_
+#define WEFT_WORKER_MEMORY_PLAN_H_
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+#include "worker/engine/checkpointing.h"
+#include "weft/v1/job.pb.h"
+
+namespace weft::worker {
+
+// Device memory one rank of a GPU job needs.
+struct GpuMemoryPlan {
+  size_t state_bytes = 0;       // shards: fp32 params, m, v, grads; bf16 params; decay mask
+  size_t working_bytes = 0;     // gathered bf16 units, full fp32 gradient units, scratch
+  size_t activation_bytes = 0;  // the CudaModel's activations and scratch, cuBLAS workspace
+  size_t reserve_bytes = 0;     // NCCL buffers, CUDA context growth, allocator slack
+  size_t total() const { return state_bytes + working_bytes + activation_bytes + reserve_bytes; }
+};
+
+// "9.10 GiB (parameter/optimizer shards 1.50, gathered units and gradients 0.60, activations
+// 6.00, NCCL and runtime reserve 1.00)".
+std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan);
+
+// The plan of the job at a level, micro-batch rows per rank and world size.
+using MemoryPlanner =
+    std::function<GpuMemoryPlan(engine::Checkpointing level, int micro_batch_size, int world)>;
+
+struct MemoryDecision {
+  bool fits = false;
+  // When it fits: the level to run at, and its plan.
+  engine::Checkpointing level = engine::Checkpointing::kNone;
+  GpuMemoryPlan plan;
+  // For the job's events when it fits; when it does not, the error: the numbers and what would
+  // fit (another level, fewer micro-batch rows, more GPUs).
+  std::string reason;
+};
+
+// `requested`: the job's training.activation_checkpointing (AUTO or UNSPECIFIED: the least
+// recomputation that fits, trying none, selective, full in that order).
+MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
+                            size_t free_bytes, int micro_batch_size, int world,
+                            const MemoryPlanner& plan);
+
+}  // namespace weft::worker
+
+#endif  // WEFT_WORKER_MEMORY_PLAN_H_
