@@ -208,11 +208,14 @@ void PrintSpecSummary(const v1::JobSpec& spec) {
   std::string data = absl::StrCat(
       d.train_path(), " (", ShortEnumName(weft::v1::DataFormat_Name(d.format()), "DATA_FORMAT_"),
       ")");
-  if (!d.val_path().empty()) {
+  if (!d.manifest_path().empty()) {
+    data = absl::StrCat("dataset ", d.manifest_path(), " (its manifest's splits)");
+  } else if (!d.val_path().empty()) {
     absl::StrAppend(&data, ", validation ", d.val_path());
   } else {
     absl::StrAppend(&data, absl::StrFormat(", last %g%% held out", d.val_fraction() * 100));
   }
+  if (d.sampling() == weft::v1::DataSpec::SEQUENTIAL) absl::StrAppend(&data, ", sequential epochs");
   std::string checkpoint =
       c.interval_steps() > 0
           ? absl::StrCat("every ", c.interval_steps(), " steps, keep last ", c.keep_last())
@@ -573,7 +576,8 @@ absl::StatusOr<std::string> JobModelPath(CoordinatorClient& client, const std::s
   return s.model_path();
 }
 
-// Loads the job's trained model and continues the prompt here.
+// Loads the job's trained model and continues the prompt here, in text when the model records
+// its tokenizer (bytes or SentencePiece), in token ids otherwise.
 int Sample(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id,
            const SampleFlags& flags) {
   std::string path = flags.model_path;
@@ -587,9 +591,13 @@ int Sample(CoordinatorClient& client, const GlobalOptions& global, const std::st
   auto text = worker::GenerateText(*model, flags.prompt, flags.options);
   if (!text.ok()) return Fail(text.status());
   if (global.json()) {
-    nlohmann::json out = {{"job_id", job_id}, {"model_path", path}, {"prompt", flags.prompt},
-                          {"text", *text}};
+    const std::string tokenizer =
+        model->tokenizer != nullptr ? std::string(model->tokenizer->kind()) : "none";
+    nlohmann::json out = {{"job_id", job_id}, {"model_path", path}, {"tokenizer", tokenizer},
+                          {"prompt", flags.prompt}, {"text", *text}};
     std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else if (model->tokenizer == nullptr) {
+    std::cout << flags.prompt << (flags.prompt.empty() ? "" : " ") << *text << "\n";
   } else {
     std::cout << flags.prompt << *text << "\n";
   }
@@ -616,7 +624,8 @@ CLI::App* AddSampleCommand(CLI::App& app, std::string* job_id, SampleFlags* flag
   CLI::App* sample =
       app.add_subcommand("sample", "Generate text from a finished job's trained model");
   sample->add_option("JOB", *job_id, "Job id")->required();
-  sample->add_option("--prompt", flags->prompt, "Text to continue");
+  sample->add_option("--prompt", flags->prompt,
+                     "Text to continue (token ids if the model records no tokenizer)");
   sample->add_option("--tokens", flags->options.tokens, "Tokens to generate")
       ->capture_default_str();
   sample->add_option("--temperature", flags->options.temperature, "0 picks the most likely token")

@@ -148,7 +148,15 @@ int Export(CheckpointClient& client, bool json, const std::string& job_id, int64
     return ExportHfDirectory(manifest->spec(), params, out_path, *hf, json,
                              absl::StrCat(job_id, " step ", at));
   }
-  if (absl::Status s = worker::SaveModel(out_path, manifest->spec(), params); !s.ok()) {
+  // The job's tokenizer, as its workers would record it, if its files are readable here; a
+  // model without one still samples, in token ids.
+  auto tokenizer = worker::LoadJobTokenizer(manifest->spec());
+  if (!tokenizer.ok()) {
+    std::cerr << "trainctl: warning: no tokenizer recorded in " << out_path << ": "
+              << tokenizer.status().message() << "\n";
+  }
+  const data::Tokenizer* recorded = tokenizer.ok() ? tokenizer->get() : nullptr;
+  if (absl::Status s = worker::SaveModel(out_path, manifest->spec(), params, recorded); !s.ok()) {
     return Fail(s);
   }
   if (json) {

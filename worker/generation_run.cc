@@ -185,6 +185,14 @@ absl::StatusOr<GenerationRun::Data> GenerationRun::OpenData() {
     }
     data.val = std::move(*val);
   }
+  // Read now, though only rank 0 writes it at the end: a missing or changed tokenizer fails the
+  // job before it trains, not after.
+  auto tokenizer = LoadJobTokenizer(spec);
+  if (!tokenizer.ok()) {
+    ReportError(tokenizer.status(), /*permanent=*/true);
+    return tokenizer.status();
+  }
+  data.tokenizer = std::move(*tokenizer);
   return data;
 }
 
@@ -387,7 +395,10 @@ absl::Status GenerationRun::Finish(const Training& training) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     path = std::filesystem::absolute(dir + "/model.safetensors").string();
-    auto begun = ModelFileWriter::Begin(path, command_.spec());
+    auto metadata = TokenizerMetadata(training.data->tokenizer.get(),
+                                      command_.spec().model().vocab_size());
+    absl::StatusOr<std::unique_ptr<ModelFileWriter>> begun = metadata.status();
+    if (metadata.ok()) begun = ModelFileWriter::Begin(path, command_.spec(), *metadata);
     if (begun.ok()) {
       file = std::move(*begun);
     } else {

@@ -20,6 +20,7 @@
 #include "worker/checkpointer.h"
 #include "worker/comm/communicator.h"
 #include "worker/data/token_dataset.h"
+#include "worker/data/tokenizer.h"
 #include "worker/device_backend.h"
 #include "worker/hf/hf_checkpoint.h"
 #include "worker/training_engine.h"
@@ -68,6 +69,8 @@ class GenerationRun {
   struct Data {
     std::unique_ptr<data::TokenDataset> train;
     std::unique_ptr<data::TokenDataset> val;
+    // What the trained model records (null: none, token ids in and out).
+    std::shared_ptr<const data::Tokenizer> tokenizer;
   };
   // What the step loop works with.
   struct Training {

@@ -1,6 +1,16 @@
 // The trained model as one portable file: safetensors, one tensor per parameter (named as in
-// the architecture's unit layout, engine/model_arch.h), with the JobSpec it was trained under in
-// the metadata. Written by rank 0 at the end of a job; read by `trainctl sample`.
+// the architecture's unit layout, engine/model_arch.h), with the JobSpec it was trained under and
+// the tokenizer of its data in the metadata. Written by rank 0 at the end of a job; read by
+// `trainctl sample`.
+//
+// The tokenizer lives in string metadata, not in a tensor, so every reader of the tensors (the
+// Hugging Face export, Python's `safetensors`, transformers) sees the model's parameters only:
+//   weft.tokenizer.kind    "bytes" or "sentencepiece"; absent: none recorded (the model reads
+//                          and writes token ids), except that a file of a vocabulary of 256
+//                          written before tokenizers were recorded is read as bytes
+//   weft.tokenizer.model   sentencepiece only: the .model file's bytes, base64 (RFC 4648)
+//   weft.tokenizer.crc32c  sentencepiece only: the model bytes' CRC32C, "0x" and 8 hex digits
+//                          (the tokenizer's fingerprint, as in a dataset manifest)
 #ifndef WEFT_WORKER_MODEL_IO_H_
 #define WEFT_WORKER_MODEL_IO_H_
 
@@ -11,14 +21,34 @@
 
 #include "absl/status/statusor.h"
 #include "worker/data/safetensors.h"
+#include "worker/data/tokenizer.h"
 #include "worker/engine/model_arch.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::worker {
 
-// `units`: every unit's full (unpadded) parameters, in unit order.
+// The tokenizer a job's tokens were made with, read when the job starts so that a missing or
+// changed file fails it before training: the manifest's (data.manifest_path), else
+// data.tokenizer_path's SentencePiece model, else bytes for DATA_FORMAT_TEXT_BYTES or a
+// vocabulary of 256; nullptr otherwise (token ids in and out). FAILED_PRECONDITION or NOT_FOUND
+// naming the field and the file: unreadable or not a SentencePiece model, a manifest's tokenizer
+// that differs from what its manifest says (crc32c, vocab_size), data.tokenizer_path with more
+// pieces than model.vocab_size or next to DATA_FORMAT_TEXT_BYTES data. (The dataset checks a
+// manifest's vocab_size against the model; that is not repeated here.)
+absl::StatusOr<std::shared_ptr<const data::Tokenizer>> LoadJobTokenizer(
+    const weft::v1::JobSpec& spec);
+
+// The metadata entries that record `tokenizer` in a model file (none for null: no tokenizer
+// recorded); INVALID_ARGUMENT if its vocabulary is larger than the model's.
+absl::StatusOr<std::map<std::string, std::string>> TokenizerMetadata(
+    const data::Tokenizer* tokenizer, int model_vocab_size);
+
+// `units`: every unit's full (unpadded) parameters, in unit order, written through
+// ModelFileWriter. `tokenizer` (may be null: none recorded) goes into the metadata;
+// INVALID_ARGUMENT if its vocabulary is larger than the model's.
 absl::Status SaveModel(const std::string& path, const weft::v1::JobSpec& spec,
-                       const std::vector<std::vector<float>>& units);
+                       const std::vector<std::vector<float>>& units,
+                       const data::Tokenizer* tokenizer = nullptr);
 
 // SaveModel's file written a unit at a time, so that the writer holds one unit, never the whole
 // model: Begin announces every tensor (the header's offsets come from the architecture's
@@ -54,10 +84,14 @@ struct LoadedModel {
   weft::v1::JobSpec spec;
   std::shared_ptr<const engine::ModelArch> arch;
   std::vector<std::vector<float>> units;
+  // Null when the file records none: GenerateText then speaks token ids.
+  std::shared_ptr<const data::Tokenizer> tokenizer;
 };
 
 // Errors name the file: unreadable, not safetensors, no weft.job_spec metadata, a model spec no
-// architecture takes, a tensor missing or of the wrong shape.
+// architecture takes, a tensor missing or of the wrong shape (INVALID_ARGUMENT); a tokenizer
+// entry of an unknown kind, not base64, whose bytes are not a SentencePiece model or differ from
+// their crc32c, or with more pieces than the model's vocabulary (DATA_LOSS, naming the key).
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
 
 // The model's logits for `tokens` (one sequence, 1 <= length <= context): (T, vocab_size)
@@ -76,8 +110,12 @@ struct SampleOptions {
   uint64_t seed = 1;
 };
 
-// Continues `prompt`. Byte-level models (vocab 256) read and write text; other models read the
-// prompt as whitespace-separated token ids and write ids.
+// Continues `prompt` and returns the continuation only. With a tokenizer the prompt is text,
+// encoded without BOS (a prepared dataset has none: documents are separated by EOS, so an empty
+// prompt starts after an EOS, as a document does), and the output is the decoded text of the
+// sampled ids, drawn from the tokenizer's vocabulary only and ending before the first EOS.
+// Without one, the prompt is whitespace-separated token ids and so is the output.
+// INVALID_ARGUMENT for a prompt the tokenizer refuses (invalid UTF-8) or a bad id.
 absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::string& prompt,
                                          const SampleOptions& options);
 

@@ -1,7 +1,8 @@
 # The ZeRO engines, the trained-model file and the weft-worker process.
 # weft_model: the trained-model file and the checkpoint schema, which trainctl needs too.
 add_library(weft_model STATIC model_io.cc checkpoint_schema.cc)
-target_link_libraries(weft_model PUBLIC weft_engine_cpu weft_data weft_common)
+target_link_libraries(weft_model PUBLIC weft_engine_cpu weft_data weft_tokenizer weft_common)
+add_dependencies(weft_model weft_sentencepiece)  # loaded at run time, see worker/data
 
 add_library(weft_worker_lib STATIC shard_layout.cc zero_engine.cc memory_plan.cc
   zero_cpu.cc generation_run.cc agent.cc worker_metrics.cc checkpointer.cc device_backend.cc

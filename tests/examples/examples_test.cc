@@ -1,11 +1,15 @@
 // Every job spec in examples/ is one a user can submit as it stands: it parses, and the
 // coordinator's defaults and validation (NormalizeJobSpec) accept it. The Llama examples also
-// keep the shapes of the real models they claim to be.
+// keep the shapes of the real models they claim to be, and fortunes-spm reads what the demo
+// prepares.
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -14,6 +18,7 @@ namespace weft {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::HasSubstr;
 
 const fs::path kExamples = fs::path(WEFT_SOURCE_DIR) / "examples";
 
@@ -35,12 +40,34 @@ absl::StatusOr<weft::v1::JobSpec> LoadExample(const std::string& name) {
 TEST(ExamplesTest, EverySpecParsesAndIsValid) {
   const std::set<std::string> names = ExampleSpecs();
   // The listing itself must work, or the loop below would check nothing.
-  EXPECT_THAT(names, ::testing::IsSupersetOf({"fortunes-char.pb.txt", "llama-gpu.pb.txt",
+  EXPECT_THAT(names, ::testing::IsSupersetOf({"fortunes-char.pb.txt", "fortunes-spm.pb.txt",
+                                              "llama-gpu.pb.txt",
                                               "llama-continue-from-hf.pb.txt"}));
   for (const std::string& name : names) {
     auto spec = LoadExample(name);
     EXPECT_TRUE(spec.ok()) << name << ": " << spec.status();
   }
+}
+
+std::string ReadSource(const fs::path& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// scripts/demo.sh makes the dataset this spec reads: where the spec looks, with a tokenizer of
+// the spec's vocabulary.
+TEST(ExamplesTest, FortunesSpmReadsWhatTheDemoPrepares) {
+  auto spec = LoadExample("fortunes-spm.pb.txt");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::string demo = ReadSource(fs::path(WEFT_SOURCE_DIR) / "scripts" / "demo.sh");
+  ASSERT_THAT(demo, HasSubstr("examples/fortunes-spm.pb.txt"));
+  EXPECT_EQ(spec->data().manifest_path(), "/tmp/weft-fortunes/data");
+  EXPECT_THAT(demo, HasSubstr("DATA=/tmp/weft-fortunes\n"));
+  EXPECT_THAT(demo, HasSubstr("--out \"$DATA/data\""));
+  EXPECT_THAT(demo, HasSubstr(absl::StrCat("--vocab-size ", spec->model().vocab_size(), " ")));
+  EXPECT_EQ(spec->resources().device_kind(), weft::v1::DEVICE_KIND_CPU);
 }
 
 // Published parameter counts: Llama-3.2-1B 1,235,814,400 (tied head); Llama-3-8B

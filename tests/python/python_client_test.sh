@@ -2,7 +2,8 @@
 # The Python client (examples/python) against live services on 127.0.0.1: stubs generated from
 # protos/weft/v1, a coordinator, a checkpointd and two CPU workers, secured as in production
 # (mutual TLS everywhere, a bearer token on every coordinator call); the client submits a small
-# job, watches it to SUCCEEDED and lists its checkpoints; bad input gets the servers' errors,
+# job, watches it to SUCCEEDED and lists its checkpoints, and weft_model.py reads the trained
+# model's file; bad input gets the servers' errors,
 # and so does a client without a token or without a certificate.
 #   tests/python/python_client_test.sh BIN_DIR
 set -euo pipefail
@@ -75,6 +76,21 @@ grep -q "^checkpoint $job step 20 world 2" <<<"$out" || fail "step-20 checkpoint
 # The pieces on their own.
 [[ $("${CLIENT[@]}" checkpoints "$job" | wc -l) == 2 ]] || fail "keep_last 2: expected 2 checkpoints"
 "${CLIENT[@]}" watch "$job" | grep -q "SUCCEEDED" || fail "watch of an ended job"
+
+# The trained model's file: weft_model.py reads its spec and tokenizer (bytes: no .model).
+MODEL=$WORK/models/$job/model.safetensors
+info=$("$PYTHON" "$ROOT/examples/python/weft_model.py" "$MODEL") || fail "weft_model.py: $info"
+grep -q '"kind": "bytes"' <<<"$info" || fail "the bytes tokenizer is not recorded: $info"
+grep -q 'name: \\"python\\"' <<<"$info" || fail "no job spec in: $info"
+if err=$("$PYTHON" "$ROOT/examples/python/weft_model.py" "$MODEL" \
+    --tokenizer-out "$WORK/x.model" 2>&1); then
+  fail "a bytes model wrote a SentencePiece model"
+fi
+grep -q "no SentencePiece tokenizer to write (tokenizer: bytes)" <<<"$err" || fail "unclear: $err"
+if err=$("$PYTHON" "$ROOT/examples/python/weft_model.py" "$WORK/job.pb.txt" 2>&1); then
+  fail "a job spec was read as a model file"
+fi
+grep -q "job.pb.txt: not a safetensors file" <<<"$err" || fail "the file is not named: $err"
 
 # Bad input: the servers' own errors come back, naming what is wrong.
 sed 's/learning_rate: 0.01/learning_rate: -1/' "$WORK/job.pb.txt" >"$WORK/bad.pb.txt"

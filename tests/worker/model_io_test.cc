@@ -1,22 +1,34 @@
 // The trained-model file and sampling for Llama: a saved model loads back bit for bit under
 // its architecture, samples deterministically (greedy sampling follows the model's own argmax),
 // and a file that lacks a tensor its spec needs is refused naming it.
+//
+// And the tokenizer it records: the job's tokenizer is read from its spec (manifest,
+// data.tokenizer_path, bytes, none) with every bad input named, a SentencePiece tokenizer
+// survives SaveModel/LoadModel with its fingerprint, sampling encodes the prompt and decodes the
+// output with it, and a model file whose tokenizer entry is corrupt is refused naming the file.
 #include "worker/model_io.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/job_spec.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "worker/data/manifest.h"
 #include "worker/data/safetensors.h"
+#include "worker/data/tokenizer.h"
 #include "worker/engine/cpu/model.h"
 
 namespace weft::worker {
@@ -24,6 +36,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 weft::v1::JobSpec TinyLlamaSpec(bool tied) {
   weft::v1::JobSpec spec;
@@ -49,8 +62,9 @@ std::vector<std::vector<float>> InitialUnits(const engine::ModelArch& arch, uint
   return units;
 }
 
-// The most likely next token of `tokens` (the last position's argmax over the real vocabulary).
-int32_t Argmax(const LoadedModel& model, const std::vector<int32_t>& tokens) {
+// The most likely next token of `tokens`: the last position's argmax over ids [0, vocab) (-1:
+// the model's whole real vocabulary).
+int32_t Argmax(const LoadedModel& model, const std::vector<int32_t>& tokens, int vocab = -1) {
   const engine::ModelArch& arch = *model.arch;
   const int t = static_cast<int>(tokens.size());
   auto cpu = engine::cpu::CreateCpuModel(arch, 1, t, engine::Checkpointing::kNone);
@@ -59,7 +73,8 @@ int32_t Argmax(const LoadedModel& model, const std::vector<int32_t>& tokens) {
   for (int l = 0; l < arch.num_layers(); ++l) cpu->BlockForward(l, model.units[1 + l].data());
   cpu->ClassifierForward(model.units[0].data(), nullptr, 0.0f);
   const float* row = cpu->Logits() + static_cast<size_t>(t - 1) * arch.padded_vocab_size();
-  return static_cast<int32_t>(std::max_element(row, row + arch.vocab_size()) - row);
+  const int n = vocab < 0 ? arch.vocab_size() : vocab;
+  return static_cast<int32_t>(std::max_element(row, row + n) - row);
 }
 
 TEST(ModelIoTest, LlamaSavesLoadsAndSamples) {
@@ -216,6 +231,309 @@ TEST(ModelFileWriterTest, ExtraMetadataIsWrittenAndTheFileLoads) {
   auto loaded = LoadModel(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->units, units);
+
+// ---------------------------------------------------------------------------------------
+// The tokenizer a model records.
+
+constexpr int kTokenizerVocab = 300;
+// Larger than the tokenizer's, as a model declared with padding is: sampling must stay below
+// the tokenizer's vocabulary.
+constexpr int kModelVocab = 320;
+
+std::string TrainTinyTokenizer() {
+  data::SentencePieceTrainOptions options;
+  options.vocab_size = kTokenizerVocab;
+  const std::vector<std::string> lines = {
+      "the cat sat on the mat and the dog sat on the log",
+      "a fortune cookie says: you will write many tests today",
+      "naïve café, déjà vu — Grüße aus Köln",
+      "she sells sea shells by the sea shore",
+  };
+  for (int i = 0; i < 30; ++i) {
+    std::string doc;
+    for (size_t j = 0; j < lines.size(); ++j) absl::StrAppend(&doc, lines[(i + j) % 4], "\n");
+    options.documents.push_back(doc);
+  }
+  absl::StatusOr<std::string> bytes = data::TrainSentencePiece(options);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.ok() ? *bytes : "";
+}
+
+weft::v1::JobSpec TinyGptSpec(int vocab) {
+  weft::v1::JobSpec spec;
+  google::protobuf::TextFormat::ParseFromString(
+      absl::StrCat("model { num_layers: 1 hidden_size: 16 num_heads: 2 context_length: 16 "
+                   "vocab_size: ", vocab, " }"),
+      &spec);
+  return spec;
+}
+
+// The spec's model with its initial parameters.
+std::vector<std::vector<float>> InitialUnits(const weft::v1::JobSpec& spec) {
+  auto arch = engine::MakeModelArch(spec.model());
+  EXPECT_TRUE(arch.ok()) << arch.status();
+  return InitialUnits(**arch, 7);
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+class ModelTokenizerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_bytes_ = new std::string(TrainTinyTokenizer()); }
+  static void TearDownTestSuite() { delete model_bytes_; }
+
+  std::shared_ptr<const data::Tokenizer> Tokenizer() {
+    auto tok = data::LoadSentencePieceFromBytes(*model_bytes_, "tiny");
+    EXPECT_TRUE(tok.ok()) << tok.status();
+    return std::move(*tok);
+  }
+
+  // A model saved with the tiny SentencePiece tokenizer, and its path.
+  std::string SaveTinyModel() {
+    const weft::v1::JobSpec spec = TinyGptSpec(kModelVocab);
+    const std::string path = dir_.File("model.safetensors");
+    EXPECT_TRUE(SaveModel(path, spec, InitialUnits(spec), Tokenizer().get()).ok());
+    return path;
+  }
+
+  // The saved model's file with metadata `key` set to `value` ("" removes it).
+  std::string RewriteMetadata(const std::string& key, const std::string& value) {
+    auto file = data::ReadSafetensors(SaveTinyModel());
+    EXPECT_TRUE(file.ok()) << file.status();
+    if (value.empty()) {
+      file->metadata.erase(key);
+    } else {
+      file->metadata[key] = value;
+    }
+    const std::string path = dir_.File("edited.safetensors");
+    EXPECT_TRUE(data::WriteSafetensors(path, file->tensors, file->metadata).ok());
+    return path;
+  }
+
+  static std::string* model_bytes_;
+  weft::testing::TempDir dir_;
+};
+std::string* ModelTokenizerTest::model_bytes_ = nullptr;
+
+TEST_F(ModelTokenizerTest, SentencePieceRoundTripsThroughTheModelFile) {
+  const std::string path = SaveTinyModel();
+  auto loaded = LoadModel(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_NE(loaded->tokenizer, nullptr);
+  EXPECT_EQ(loaded->tokenizer->kind(), "sentencepiece");
+  EXPECT_EQ(loaded->tokenizer->fingerprint(), Tokenizer()->fingerprint());
+  EXPECT_EQ(loaded->tokenizer->model_bytes(), *model_bytes_);
+  EXPECT_EQ(loaded->tokenizer->vocab_size(), kTokenizerVocab);
+
+  // The tokenizer is metadata, not a tensor: the file's tensors are the model's parameters.
+  auto file = data::ReadSafetensors(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->metadata.at("weft.tokenizer.kind"), "sentencepiece");
+  EXPECT_EQ(file->metadata.at("weft.tokenizer.crc32c"),
+            data::FormatCrc32c(Tokenizer()->fingerprint()));
+  for (const data::TensorData& t : file->tensors) EXPECT_THAT(t.name, Not(HasSubstr("tokenizer")));
+}
+
+TEST_F(ModelTokenizerTest, BytesAndNoTokenizerRoundTrip) {
+  const weft::v1::JobSpec bytes_spec = TinyGptSpec(256);
+  const std::string bytes_path = dir_.File("bytes.safetensors");
+  ASSERT_TRUE(
+      SaveModel(bytes_path, bytes_spec, InitialUnits(bytes_spec), data::MakeByteTokenizer().get())
+          .ok());
+  auto bytes = LoadModel(bytes_path);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  ASSERT_NE(bytes->tokenizer, nullptr);
+  EXPECT_EQ(bytes->tokenizer->kind(), "bytes");
+
+  const weft::v1::JobSpec ids_spec = TinyGptSpec(50);
+  const std::string ids_path = dir_.File("ids.safetensors");
+  ASSERT_TRUE(SaveModel(ids_path, ids_spec, InitialUnits(ids_spec)).ok());
+  auto ids = LoadModel(ids_path);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->tokenizer, nullptr);
+
+  // A model of 256 ids written before tokenizers were recorded reads and writes bytes.
+  const std::string legacy_path = dir_.File("legacy.safetensors");
+  ASSERT_TRUE(SaveModel(legacy_path, bytes_spec, InitialUnits(bytes_spec)).ok());
+  auto legacy = LoadModel(legacy_path);
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  ASSERT_NE(legacy->tokenizer, nullptr);
+  EXPECT_EQ(legacy->tokenizer->kind(), "bytes");
+}
+
+TEST_F(ModelTokenizerTest, GenerateTextEncodesThePromptAndDecodesValidText) {
+  auto loaded = LoadModel(SaveTinyModel());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const data::Tokenizer& tok = *loaded->tokenizer;
+  const std::string prompt = "the café sat";
+  const std::vector<int32_t> prompt_ids = *tok.Encode(prompt);
+  ASSERT_GT(prompt_ids.size(), 1u);
+
+  // Greedy, one token: the model's argmax after the tokenizer's own encoding of the prompt,
+  // taken among the tokenizer's ids only; its text is what it adds to the prompt's (a leading
+  // space kept, which SentencePiece drops from a text's first piece).
+  SampleOptions greedy;
+  greedy.temperature = 0;
+  greedy.tokens = 1;
+  auto one = GenerateText(*loaded, prompt, greedy);
+  ASSERT_TRUE(one.ok()) << one.status();
+  std::vector<int32_t> with_next = prompt_ids;
+  with_next.push_back(Argmax(*loaded, prompt_ids, kTokenizerVocab));
+  EXPECT_EQ(prompt + *one, tok.Decode(with_next));
+
+  SampleOptions options;
+  options.tokens = 40;  // past the context of 16: the window slides
+  options.temperature = 1.0f;
+  options.top_k = 0;
+  auto text = GenerateText(*loaded, prompt, options);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(data::FindInvalidUtf8(*text), std::nullopt) << *text;
+  EXPECT_EQ(*GenerateText(*loaded, prompt, options), *text);  // deterministic for a seed
+  EXPECT_FALSE(text->empty());
+  // An empty prompt starts where documents start, after an EOS.
+  auto empty = GenerateText(*loaded, "", options);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(data::FindInvalidUtf8(*empty), std::nullopt);
+
+  auto bad = GenerateText(*loaded, "caf\xc3", options);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), AllOf(HasSubstr("--prompt"), HasSubstr("invalid UTF-8")));
+}
+
+TEST_F(ModelTokenizerTest, CorruptTokenizerEntryIsRefusedNamingTheFile) {
+  const std::string good_b64 = absl::Base64Escape(*model_bytes_);
+  const struct {
+    std::string key, value, says;
+  } cases[] = {
+      {"weft.tokenizer.kind", "wordpiece", "weft.tokenizer.kind is \"wordpiece\""},
+      {"weft.tokenizer.model", "", "weft.tokenizer.model is missing"},
+      {"weft.tokenizer.model", "not base64 at all!", "weft.tokenizer.model is not base64"},
+      {"weft.tokenizer.model", absl::Base64Escape("not a sentencepiece model"),
+       "weft.tokenizer.model"},
+      {"weft.tokenizer.model", good_b64.substr(0, good_b64.size() / 2 / 4 * 4),
+       "weft.tokenizer.model"},
+      {"weft.tokenizer.crc32c", "0x00000000", "but weft.tokenizer.crc32c says 0x00000000"},
+      {"weft.tokenizer.crc32c", "", "weft.tokenizer.crc32c is missing"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = RewriteMetadata(c.key, c.value);
+    auto loaded = LoadModel(path);
+    ASSERT_FALSE(loaded.ok()) << c.key << " = " << c.value;
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(loaded.status().message(),
+                AllOf(HasSubstr(path), HasSubstr(c.says), HasSubstr("tokenizer entry is corrupt")))
+        << c.key << " = " << c.value;
+  }
+}
+
+TEST_F(ModelTokenizerTest, TokenizerLargerThanTheModelIsRefused) {
+  const weft::v1::JobSpec spec = TinyGptSpec(kTokenizerVocab - 1);
+  const absl::Status s =
+      SaveModel(dir_.File("small.safetensors"), spec, InitialUnits(spec), Tokenizer().get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("more than the model's vocabulary 299"));
+}
+
+TEST_F(ModelTokenizerTest, JobTokenizerFromTokenizerPath) {
+  const std::string file = dir_.File("tok.model");
+  WriteFile(file, *model_bytes_);
+  weft::v1::JobSpec spec = TinyGptSpec(kModelVocab);
+  spec.mutable_data()->set_format(weft::v1::DATA_FORMAT_UINT16_BIN);
+  spec.mutable_data()->set_tokenizer_path(file);
+  auto tok = LoadJobTokenizer(spec);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  ASSERT_NE(*tok, nullptr);
+  EXPECT_EQ((*tok)->fingerprint(), Tokenizer()->fingerprint());
+
+  spec.mutable_model()->set_vocab_size(kTokenizerVocab - 1);
+  auto small = LoadJobTokenizer(spec);
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(small.status().message(),
+              AllOf(HasSubstr("data.tokenizer_path"), HasSubstr(file),
+                    HasSubstr("more than model.vocab_size 299")));
+
+  spec.mutable_model()->set_vocab_size(kModelVocab);
+  spec.mutable_data()->set_tokenizer_path(dir_.File("absent.model"));
+  auto absent = LoadJobTokenizer(spec);
+  EXPECT_EQ(absent.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(absent.status().message(),
+              AllOf(HasSubstr("data.tokenizer_path"), HasSubstr(dir_.File("absent.model"))));
+
+  const std::string garbage = dir_.File("garbage.model");
+  WriteFile(garbage, "this is not a model");
+  spec.mutable_data()->set_tokenizer_path(garbage);
+  auto bad = LoadJobTokenizer(spec);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), AllOf(HasSubstr("data.tokenizer_path"), HasSubstr(garbage)));
+
+  spec.mutable_data()->set_tokenizer_path(file);
+  spec.mutable_data()->set_format(weft::v1::DATA_FORMAT_TEXT_BYTES);
+  auto text_bytes = LoadJobTokenizer(spec);
+  EXPECT_EQ(text_bytes.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(text_bytes.status().message(), HasSubstr("DATA_FORMAT_TEXT_BYTES"));
+}
+
+TEST_F(ModelTokenizerTest, JobTokenizerWithoutAFile) {
+  weft::v1::JobSpec spec = TinyGptSpec(260);
+  spec.mutable_data()->set_format(weft::v1::DATA_FORMAT_TEXT_BYTES);
+  auto bytes = LoadJobTokenizer(spec);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  ASSERT_NE(*bytes, nullptr);
+  EXPECT_EQ((*bytes)->kind(), "bytes");
+
+  spec.mutable_data()->set_format(weft::v1::DATA_FORMAT_UINT16_BIN);
+  auto none = LoadJobTokenizer(spec);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, nullptr);
+
+  spec.mutable_model()->set_vocab_size(256);
+  auto bytes256 = LoadJobTokenizer(spec);
+  ASSERT_TRUE(bytes256.ok()) << bytes256.status();
+  ASSERT_NE(*bytes256, nullptr);
+  EXPECT_EQ((*bytes256)->kind(), "bytes");
+}
+
+TEST_F(ModelTokenizerTest, JobTokenizerFromManifest) {
+  const std::shared_ptr<const data::Tokenizer> tok = Tokenizer();
+  WriteFile(dir_.File("tokenizer.model"), *model_bytes_);
+  data::DatasetManifest m;
+  m.token_format = weft::v1::DATA_FORMAT_UINT16_BIN;
+  m.tokenizer = {"sentencepiece", "tokenizer.model", tok->fingerprint(), tok->vocab_size(),
+                 tok->bos_id(), tok->eos_id()};
+  m.document_separator = "eos";
+  m.train = {{"train-00000.bin", 100, 1024 + 200, 0xdeadbeef}};  // never opened here
+  m.train_documents = 1;
+  m.sources = {{"/data/a.txt", 10, 1}};
+  ASSERT_TRUE(data::WriteManifest(m, dir_.path()).ok());
+  weft::v1::JobSpec spec = TinyGptSpec(kModelVocab);
+  spec.mutable_data()->set_manifest_path(dir_.path());
+  auto loaded = LoadJobTokenizer(spec);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_NE(*loaded, nullptr);
+  EXPECT_EQ((*loaded)->fingerprint(), tok->fingerprint());
+
+  // Replaced after the manifest was written: another valid model.
+  data::SentencePieceTrainOptions other;
+  other.vocab_size = kTokenizerVocab;
+  other.documents = {std::string(2000, 'x') + "\nyet another corpus, quite unlike the first\n" +
+                     "with its own words: zebra, quokka, narwhal, axolotl, pangolin\n"};
+  auto other_bytes = data::TrainSentencePiece(other);
+  ASSERT_TRUE(other_bytes.ok()) << other_bytes.status();
+  WriteFile(dir_.File("tokenizer.model"), *other_bytes);
+  auto changed = LoadJobTokenizer(spec);
+  EXPECT_EQ(changed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(changed.status().message(),
+              AllOf(HasSubstr("data.manifest_path"), HasSubstr(dir_.File("tokenizer.model")),
+                    HasSubstr("changed after its manifest was written")));
+
+  std::remove(dir_.File("tokenizer.model").c_str());
+  auto missing = LoadJobTokenizer(spec);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr(dir_.File("tokenizer.model")));
 }
 
 }  // namespace

@@ -1,13 +1,16 @@
 // weft-worker end to end: a real coordinator and real worker processes on 127.0.0.1 train a
-// job (also from a uint32 token file, and from a prepared dataset with sequential sampling),
-// fail it cleanly on bad data, survive a rank killed mid-collective without hanging, and stop
+// job (also from a uint32 token file, from a prepared dataset with sequential sampling, and from
+// text through trainctl's tokenizer and dataset commands to a text sample), fail it cleanly on
+// bad data, survive a rank killed mid-collective without hanging, and stop
 // on cancel.
 #include <signal.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +26,7 @@
 #include "tests/testing/subprocess.h"
 #include "tests/worker/cluster.h"
 #include "worker/data/manifest.h"
+#include "worker/data/tokenizer.h"
 
 namespace weft {
 namespace {
@@ -291,6 +295,85 @@ TEST_F(WorkerE2eTest, PreparedDatasetTrainsSequentiallyAndAChangedShardFailsNami
   spec.mutable_fault()->set_max_restarts(3);  // a permanent error must not use them
   ExpectFailsWithoutRestart(
       spec, {"train-1.bin: shard changed after its manifest was written", "permanent"});
+}
+
+// The whole path a user takes, with the real commands: a SentencePiece tokenizer trained on a
+// folder of text, the text prepared into a dataset, the job submitted on its manifest, and
+// `trainctl sample` answering a text prompt in text.
+TEST_F(WorkerE2eTest, TextToTokenizerToDatasetToJobToTextSample) {
+  StartWorkers(2);
+  const std::string trainctl = testing::BinDir() + "/trainctl";
+  const std::string coordinator = "--coordinator=" + coordinator_->address();
+  // Documents of 50 lines each between "%" lines, so that some are held out for validation.
+  std::string text;
+  const std::string sentences = testing::SentenceCorpus(2000);
+  size_t line = 0;
+  for (size_t begin = 0, end; begin < sentences.size(); begin = end + 1, ++line) {
+    end = sentences.find('\n', begin);
+    if (line > 0 && line % 50 == 0) text += "%\n";
+    text += sentences.substr(begin, end - begin + 1);
+  }
+  testing::WriteFile(dir_.File("text.txt"), text);
+  const std::string model = dir_.File("tok.model");
+  const std::string dataset = dir_.File("dataset");
+  for (const std::vector<std::string>& argv :
+       {std::vector<std::string>{trainctl, "data", "train-tokenizer", "--out", model,
+                                 "--vocab-size", "300", "--doc-separator", "%",
+                                 dir_.File("text.txt")},
+        std::vector<std::string>{trainctl, "data", "prepare", "--out", dataset, "--tokenizer",
+                                 model, "--doc-separator", "%", "--val-fraction", "0.1", "-q",
+                                 dir_.File("text.txt")}}) {
+    auto ran = testing::RunCommand(argv, {}, absl::Seconds(60));
+    ASSERT_EQ(ran.exit_code, 0) << argv[2] << ": " << ran.err;
+  }
+  testing::WriteFile(dir_.File("job.pb.txt"), absl::StrCat(R"pb(
+    name: "text-e2e"
+    model { num_layers: 2 hidden_size: 32 num_heads: 2 vocab_size: 300 context_length: 32 }
+    data { manifest_path: ")pb", dataset, R"pb(" sampling: SEQUENTIAL }
+    optimizer { learning_rate: 0.01 }
+    lr_schedule { warmup_steps: 5 }
+    training { micro_batch_size: 4 val_interval_steps: 20 seed: 3 total_steps: 60 }
+    resources { device_kind: DEVICE_KIND_CPU min_workers: 2 }
+    fault { heartbeat_interval_ms: 200 heartbeat_timeout_ms: 1500 max_restarts: 0 }
+  )pb"));
+  auto submitted = testing::RunCommand({trainctl, coordinator, "submit", dir_.File("job.pb.txt")},
+                                       {}, absl::Seconds(30));
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  const std::string job_id(absl::StripAsciiWhitespace(submitted.out));
+  const v1::JobStatus s = WaitForEnd(job_id, absl::Seconds(180));
+  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+
+  const std::string prompt = "the old man";
+  auto sample = testing::RunCommand({trainctl, coordinator, "sample", job_id, "--prompt", prompt,
+                                     "--tokens=20", "--temperature=0"},
+                                    {}, absl::Seconds(60));
+  ASSERT_EQ(sample.exit_code, 0) << sample.err;
+  ASSERT_THAT(sample.out, ::testing::StartsWith(prompt));
+  const std::string continuation =
+      std::string(absl::StripAsciiWhitespace(sample.out.substr(prompt.size())));
+  EXPECT_FALSE(continuation.empty()) << sample.out;
+  EXPECT_EQ(data::FindInvalidUtf8(sample.out), std::nullopt) << sample.out;
+  // Text, not the token ids a model without a tokenizer prints: the corpus's letters.
+  EXPECT_TRUE(std::any_of(continuation.begin(), continuation.end(),
+                          [](char c) { return absl::ascii_isalpha(c); }))
+      << sample.out;
+
+  auto json = testing::RunCommand({trainctl, coordinator, "-o", "json", "sample", job_id,
+                                   "--prompt", prompt, "--tokens=5"},
+                                  {}, absl::Seconds(60));
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_THAT(json.out, HasSubstr("\"tokenizer\": \"sentencepiece\""));
+
+  // Python reads the model file's tokenizer back (examples/python/weft_model.py, standard
+  // library only): the very .model the dataset was prepared with.
+  auto python = testing::RunCommand(
+      {"/usr/bin/python3", std::string(WEFT_SOURCE_DIR) + "/examples/python/weft_model.py",
+       s.model_path(), "--tokenizer-out", dir_.File("from-model.model")},
+      {}, absl::Seconds(30));
+  ASSERT_EQ(python.exit_code, 0) << python.err;
+  EXPECT_THAT(python.out, HasSubstr("\"kind\": \"sentencepiece\""));
+  EXPECT_EQ(testing::ReadFile(dir_.File("from-model.model")),
+            testing::ReadFile(dataset + "/tokenizer.model"));
 }
 
 TEST_F(WorkerE2eTest, RankKilledMidTrainingFailsTheJobAndTheSurvivorDoesNotHang) {
