@@ -231,6 +231,7 @@ TEST(ModelFileWriterTest, ExtraMetadataIsWrittenAndTheFileLoads) {
   auto loaded = LoadModel(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->units, units);
+}
 
 // ---------------------------------------------------------------------------------------
 // The tokenizer a model records.
