@@ -72,7 +72,7 @@ model { num_layers: $4 hidden_size: $5 num_heads: $6 vocab_size: $7 context_leng
 data { train_path: "$DATA" format: DATA_FORMAT_TEXT_BYTES val_fraction: 0.05 }
 optimizer { learning_rate: ${11} weight_decay: 0.1 grad_clip_norm: 1.0
             offload: $([[ ${WEFT_BENCH_OFFLOAD:-0} == 1 ]] && echo true || echo false) }
-lr_schedule { kind: COSINE warmup_steps: 20 min_lr_ratio: 0.1 }
+lr_schedule { kind: COSINE warmup_steps: $(( ${10} >= 60 ? 20 : ${10} / 4 )) min_lr_ratio: 0.1 }
 training { total_steps: ${10} micro_batch_size: $9 sequence_length: $8 seed: 1337
            grad_accum_steps: ${WEFT_BENCH_ACCUM:-1}
            activation_checkpointing: ${WEFT_BENCH_AC:-AUTO} }

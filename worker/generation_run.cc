@@ -397,9 +397,9 @@ absl::Status GenerationRun::Finish(const Training& training) {
     path = std::filesystem::absolute(dir + "/model.safetensors").string();
     auto metadata = TokenizerMetadata(training.data->tokenizer.get(),
                                       command_.spec().model().vocab_size());
-    absl::StatusOr<std::unique_ptr<ModelFileWriter>> begun = metadata.status();
-    if (metadata.ok()) begun = ModelFileWriter::Begin(path, command_.spec(), *metadata);
-    if (begun.ok()) {
+    if (!metadata.ok()) {
+      written = metadata.status();
+    } else if (auto begun = ModelFileWriter::Begin(path, command_.spec(), *metadata); begun.ok()) {
       file = std::move(*begun);
     } else {
       written = begun.status();

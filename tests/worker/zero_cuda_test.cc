@@ -445,8 +445,11 @@ TEST_F(ZeroCudaTest, LlamaCheckpointingLevelsMatchNone) {
 }
 
 // Optimizer offload steps the same AdamW on the host: the curve and the parameters follow the
-// on-GPU optimizer's to fp32 rounding (the two AdamW implementations round differently), and
-// the weights come back through GatherParameters from host memory.
+// on-GPU optimizer's. The two AdamW implementations round differently in the last fp32 bit,
+// which now and then moves a weight's bf16 working copy by one bf16 step; in 8 steps the
+// parameters drift apart by about 1e-3 (measured on an H100: 9.5e-4), while a step lost or
+// applied to stale weights moves them by 1e-1. The weights come back through GatherParameters
+// from host memory.
 TEST_F(ZeroCudaTest, OffloadedOptimizerFollowsTheGpuOptimizer) {
   for (bool llama : {false, true}) {
     SCOPED_TRACE(llama ? "llama" : "gpt2");
@@ -456,9 +459,9 @@ TEST_F(ZeroCudaTest, OffloadedOptimizerFollowsTheGpuOptimizer) {
     const Curve host = TrainGpu(spec, 1);
     ASSERT_EQ(host.losses.size(), gpu.losses.size());
     ASSERT_EQ(host.params.size(), gpu.params.size());
-    EXPECT_LT(WorstRelative(host.losses, gpu.losses), 1e-4);
+    EXPECT_LT(WorstRelative(host.losses, gpu.losses), 1e-3);
     for (size_t u = 0; u < gpu.params.size(); ++u) {
-      EXPECT_LT(NormRelative(host.params[u], gpu.params[u]), 1e-4) << "unit " << u;
+      EXPECT_LT(NormRelative(host.params[u], gpu.params[u]), 5e-3) << "unit " << u;
     }
     EXPECT_LT(host.losses.back(), host.losses.front());
   }
