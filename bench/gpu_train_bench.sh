@@ -10,7 +10,7 @@
 #     ZeRO-3, on each GPU count; prints per count
 #     BENCH gpu_train arch=A gpus=G tokens_per_s_per_gpu=T mfu=M peak_mem_gib=P
 #       exposed_comm_pct=C ...
-#     activation_checkpointing=L offload=off
+#     activation_checkpointing=L offload=on|off
 #     WEFT_BENCH_AC (AUTO, NONE, SELECTIVE or FULL; default AUTO) is the job's
 #     training.activation_checkpointing; the line reports the level the engine ran at (the
 #     job's MEMORY_PLANNED event). WEFT_BENCH_MB overrides the micro-batch; WEFT_BENCH_OFFLOAD=1
@@ -118,11 +118,12 @@ throughput)
     run_job "$WORK/g$g.pb.txt" "$WORK/g$g.jsonl"
     stop_workers
     stop_coordinator
-    python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" "$ACCUM" <<'PY'
+    python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" "$ACCUM" "${WEFT_BENCH_OFFLOAD:-0}" <<'PY'
 import json, sys
 from datetime import datetime
 path, gpus, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 B, T, accum = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+offload = "on" if sys.argv[7] == "1" else "off"
 steps = {}
 level = "?"
 for line in open(path):
@@ -160,7 +161,7 @@ print(f"BENCH gpu_train arch={arch} gpus={gpus} tokens_per_s_per_gpu={per_gpu:.0
       f"exposed_comm_pct={100 * exposed / step_ms:.1f} device_used_gib={used:.2f} "
       f"step_ms={step_ms:.1f} reported_tokens_per_s_per_gpu={B*T*accum*1000/step_ms:.0f} "
       f"steps={first}-{last} loss={float(steps[last]['loss']):.3f} "
-      f"activation_checkpointing={level} offload=off", flush=True)
+      f"activation_checkpointing={level} offload={offload}", flush=True)
 PY
   done
   ;;
