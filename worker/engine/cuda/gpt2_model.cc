@@ -198,16 +198,7 @@ absl::Status GptCuda::MlpForwardToActivation(int l, const bf16* block) {
                                   stream_);  // (B, T, 4C) each
 }
 
-absl::Status GptCuda::Recompute(int l, const bf16* block) {
-  switch (level_) {
-    case Checkpointing::kNone:
-      return absl::OkStatus();
-    case Checkpointing::kFull:
-      WEFT_RETURN_IF_ERROR(AttentionForward(l, block));
-      return MlpForwardToActivation(l, block);
-    case Checkpointing::kSelective:
-      break;
-  }
+absl::Status GptCuda::RecomputeSelective(int l, const bf16* block) {
   const int c = config_.hidden_size;
   const int n = b_ * t_;
   const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };

@@ -75,12 +75,10 @@ class GptCuda final : public ArenaModel {
   // The forward's pieces: the attention sub-layer (x -> res2), attention itself (q, k, v ->
   // atty), and the MLP up to the GELU output (res2 -> fcg); BlockForward adds fcproj and the
   // residual.
-  absl::Status AttentionForward(int l, const bf16* block);
+  absl::Status AttentionForward(int l, const bf16* block) override;
   absl::Status Attend(int l);
-  absl::Status MlpForwardToActivation(int l, const bf16* block);
-  // What activation checkpointing dropped of block l's forward, recomputed into the shared
-  // buffers (nothing at kNone).
-  absl::Status Recompute(int l, const bf16* block);
+  absl::Status MlpForwardToActivation(int l, const bf16* block) override;
+  absl::Status RecomputeSelective(int l, const bf16* block) override;
 
   const GptConfig config_;
   std::vector<TensorInfo> head_tensors_, block_tensors_;

@@ -188,16 +188,7 @@ absl::Status LlamaCuda::MlpForwardToActivation(int l, const bf16* block) {
   return SwiGluForward(s.act, s.gate_up, n, inter, stream_);
 }
 
-absl::Status LlamaCuda::Recompute(int l, const bf16* block) {
-  switch (level_) {
-    case Checkpointing::kNone:
-      return absl::OkStatus();
-    case Checkpointing::kFull:
-      WEFT_RETURN_IF_ERROR(AttentionForward(l, block));
-      return MlpForwardToActivation(l, block);
-    case Checkpointing::kSelective:
-      break;
-  }
+absl::Status LlamaCuda::RecomputeSelective(int l, const bf16* block) {
   // The same kernels on the same kept inputs as the forward: the same values. The statistics
   // (rstd, lse) are written again, identically.
   const int c = config_.hidden_size;

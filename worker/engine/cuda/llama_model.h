@@ -69,11 +69,9 @@ class LlamaCuda final : public ArenaModel {
   size_t Layout(char* base) override;
   // The forward's halves: the attention sub-layer (x -> res2), and the MLP up to the SwiGLU
   // output (res2 -> act); BlockForward adds the down projection and the residual.
-  absl::Status AttentionForward(int l, const bf16* block);
-  absl::Status MlpForwardToActivation(int l, const bf16* block);
-  // What activation checkpointing dropped of block l's forward, recomputed into the shared
-  // buffers (nothing at kNone).
-  absl::Status Recompute(int l, const bf16* block);
+  absl::Status AttentionForward(int l, const bf16* block) override;
+  absl::Status MlpForwardToActivation(int l, const bf16* block) override;
+  absl::Status RecomputeSelective(int l, const bf16* block) override;
   // The rotary tables from RopeInverseFrequencies (once, at creation).
   absl::Status BuildRopeTables();
   // The attention half of BlockBackward: dres_ (the gradient at the mid-block residual) gets

@@ -86,4 +86,17 @@ absl::Status ArenaModel::LmHeadLoss(const bf16* normed, const bf16* weight, floa
   return absl::OkStatus();
 }
 
+absl::Status ArenaModel::Recompute(int l, const bf16* block) {
+  switch (level_) {
+    case Checkpointing::kNone:
+      return absl::OkStatus();
+    case Checkpointing::kFull:
+      WEFT_RETURN_IF_ERROR(AttentionForward(l, block));
+      return MlpForwardToActivation(l, block);
+    case Checkpointing::kSelective:
+      return RecomputeSelective(l, block);
+  }
+  return absl::InternalError("unknown activation checkpointing level");
+}
+
 }  // namespace weft::engine::cuda

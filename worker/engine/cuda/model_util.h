@@ -71,6 +71,19 @@ class ArenaModel : public CudaModel {
   // Bytes of Layout plus the GEMM workspace: the plan of an instance never allocated.
   size_t PlannedBytes() { return Layout(nullptr) + BlasOptions{}.workspace_bytes; }
 
+  // Activation checkpointing (engine/checkpointing.h): what BlockBackward(l) calls first to
+  // bring back what level_ did not keep of block l's forward — nothing at kNone; at kFull the
+  // block's forward up to the MLP's activation (its two halves below); at kSelective the
+  // model's RecomputeSelective.
+  absl::Status Recompute(int l, const bf16* block);
+  // The forward's halves: the attention sub-layer (block input -> mid-block residual) and the
+  // MLP up to its activation function's output; BlockForward adds the down projection and the
+  // residual.
+  virtual absl::Status AttentionForward(int l, const bf16* block) = 0;
+  virtual absl::Status MlpForwardToActivation(int l, const bf16* block) = 0;
+  // SELECTIVE's recomputation from the kept block input and matmul outputs.
+  virtual absl::Status RecomputeSelective(int l, const bf16* block) = 0;
+
   // The LM head and its loss over the N = b * t rows of normed (N, C), by row chunks so the
   // (N, Vp) logits never exist at once: logits = normed weight^T (weight (Vp, C)), the fused
   // softmax cross-entropy over the first v columns into losses_ and, with dweight, the
