@@ -1,5 +1,7 @@
 #include "worker/memory_plan.h"
 
+#include <cstdint>
+#include <fstream>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -116,6 +118,27 @@ MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
           ? "Nothing within reach fits: lower training.sequence_length or the model's size."
           : absl::StrCat("It would fit with ", absl::StrJoin(instead, ", or "), "."));
   return decision;
+}
+
+absl::Status CheckHostMemory(const GpuMemoryPlan& plan, size_t host_available_bytes,
+                             int world) {
+  if (plan.host_bytes <= host_available_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "host memory: optimizer.offload needs %.2f GiB of pinned host memory per GPU at world "
+      "size %d, but the host has %.2f GiB available (MemAvailable); run on more GPUs or "
+      "hosts, or without optimizer.offload",
+      GiB(plan.host_bytes), world, GiB(host_available_bytes)));
+}
+
+size_t HostAvailableBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return SIZE_MAX;
 }
 
 }  // namespace weft::worker

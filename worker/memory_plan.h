@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "worker/engine/checkpointing.h"
 #include "weft/v1/job.pb.h"
 
@@ -51,6 +52,15 @@ struct MemoryDecision {
 MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
                             size_t free_bytes, int micro_batch_size, int world,
                             const MemoryPlanner& plan);
+
+// The pinned host memory of optimizer offload (plan.host_bytes, 0 without offload) against
+// what the host has available: OK, or RESOURCE_EXHAUSTED with both figures. The check is one
+// worker's: workers sharing a host each check their own need.
+absl::Status CheckHostMemory(const GpuMemoryPlan& plan, size_t host_available_bytes, int world);
+
+// /proc/meminfo's MemAvailable: what the host can give without swapping (SIZE_MAX when it
+// cannot be read, so an unreadable file never refuses a job).
+size_t HostAvailableBytes();
 
 }  // namespace weft::worker
 

@@ -152,8 +152,9 @@ absl::Status SaveModel(const std::string& path, const weft::v1::JobSpec& spec,
         absl::StrCat("SaveModel: ", units.size(), " units, the model has ", arch->NumUnits()));
   }
   auto metadata = TokenizerMetadata(tokenizer, arch->vocab_size());
-  if (!metadata.ok()) return absl::InvalidArgumentError(
-      absl::StrCat("SaveModel: ", metadata.status().message()));
+  if (!metadata.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("SaveModel: ", metadata.status().message()));
+  }
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<ModelFileWriter> file,
                         ModelFileWriter::Begin(path, spec, *metadata));
   for (int u = 0; u < arch->NumUnits(); ++u) WEFT_RETURN_IF_ERROR(file->WriteUnit(u, units[u]));

@@ -4,9 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <thread>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,19 +20,6 @@ namespace {
 
 using comm::DataType;
 namespace cuda = engine::cuda;
-
-// /proc/meminfo's MemAvailable: what the host can give without swapping (SIZE_MAX when it
-// cannot be read, so an unreadable file never refuses a job).
-size_t HostAvailableBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  size_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return SIZE_MAX;
-}
 
 // NCCL's channel buffers (a few hundred MiB on NVLink machines), cuBLAS's own handles and the
 // CUDA context's growth after creation: not allocated by the engine, but they must fit. On an
@@ -169,14 +155,7 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
         return PlanGpuMemory(spec, *arch, level, rows, world);
       });
   if (!memory.fits) return absl::ResourceExhaustedError(memory.reason);
-  if (const size_t host_free = HostAvailableBytes(); memory.plan.host_bytes > host_free) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "host memory: optimizer.offload needs %.2f GiB of pinned host memory per GPU at world "
-        "size %d, but the host has %.2f GiB available (MemAvailable); run on more GPUs or "
-        "hosts, or without optimizer.offload",
-        memory.plan.host_bytes / double(1 << 30), comm->world_size(),
-        host_free / double(1 << 30)));
-  }
+  WEFT_RETURN_IF_ERROR(CheckHostMemory(memory.plan, HostAvailableBytes(), comm->world_size()));
   std::unique_ptr<ZeroCudaEngine> engine(new ZeroCudaEngine(spec, comm, std::move(arch)));
   engine->plan_ = memory.plan;
   engine->checkpointing_ = memory.level;

@@ -83,5 +83,26 @@ TEST(DecideMemoryTest, NothingWithinReach) {
   EXPECT_THAT(d.reason, HasSubstr("Nothing within reach fits"));
 }
 
+// Optimizer offload's pinned host memory: refused with both figures when the host lacks it; a
+// plan without offload (no host bytes) passes on any host.
+TEST(CheckHostMemoryTest, RefusesOffloadThatTheHostCannotHold) {
+  GpuMemoryPlan plan = Plan(Checkpointing::kNone, 8, 1);
+  EXPECT_TRUE(CheckHostMemory(plan, 0, 1).ok());
+  plan.host_bytes = 90 * kGiB;
+  EXPECT_TRUE(CheckHostMemory(plan, 90 * kGiB, 1).ok());
+  const absl::Status refused = CheckHostMemory(plan, 80 * kGiB, 2);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("optimizer.offload needs 90.00 GiB"));
+  EXPECT_THAT(refused.message(), HasSubstr("world size 2"));
+  EXPECT_THAT(refused.message(), HasSubstr("80.00 GiB available"));
+}
+
+TEST(CheckHostMemoryTest, MemAvailableIsRead) {
+  // This machine has /proc/meminfo: a real figure, not the unreadable-file fallback.
+  const size_t available = HostAvailableBytes();
+  EXPECT_GT(available, 0u);
+  EXPECT_LT(available, SIZE_MAX);
+}
+
 }  // namespace
 }  // namespace weft::worker

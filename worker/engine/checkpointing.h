@@ -19,6 +19,20 @@ namespace weft::engine {
 
 enum class Checkpointing { kNone, kSelective, kFull };
 
+// A block activation's kind, which decides at which levels every layer keeps its own copy; a
+// model keeps the others in one set all layers share and recomputes them in the backward.
+enum class ActKind {
+  kSaved,  // a matmul output (or the mid-block residual) or a per-row statistic: per layer at
+           // kNone and kSelective
+  kCheap,  // a norm's output, the MLP activation, attention's output (and, on the CPU, its
+           // softmax): per layer at kNone only
+};
+
+inline bool KeptPerLayer(Checkpointing level, ActKind kind) {
+  return level == Checkpointing::kNone ||
+         (level == Checkpointing::kSelective && kind == ActKind::kSaved);
+}
+
 // "none", "selective", "full": for logs, events and BENCH lines.
 inline std::string_view CheckpointingName(Checkpointing level) {
   switch (level) {

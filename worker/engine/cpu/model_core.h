@@ -100,23 +100,10 @@ class ActivationArena {
   size_t count_ = 0;
 };
 
-// A block activation's kind, which decides at which checkpointing levels
-// (engine/checkpointing.h) every layer keeps its own copy. The others live in ONE shared set
-// that each block's forward overwrites and its backward recomputes first, by re-running the
-// forward's own op calls on the same inputs (so the recomputed values are bit-identical).
-enum class ActKind {
-  kSaved,  // a matmul output (or the mid-block residual) or a per-row statistic: per layer at
-           // kNone and kSelective
-  kCheap,  // a norm's output, the MLP activation, attention's output and softmax: per layer at
-           // kNone only
-};
-
-inline bool KeptPerLayer(Checkpointing level, ActKind kind) {
-  return level == Checkpointing::kNone ||
-         (level == Checkpointing::kSelective && kind == ActKind::kSaved);
-}
-
-// One pointer of a model's per-block activation struct Acts, its element count and kind.
+// One pointer of a model's per-block activation struct Acts, its element count and kind
+// (engine/checkpointing.h). What a level does not keep per layer lives in ONE shared set that
+// each block's forward overwrites and its backward recomputes first, by re-running the forward's
+// own op calls on the same inputs (so the recomputed values are bit-identical).
 template <typename T, typename Acts>
 struct ActSlot {
   T* Acts::*field;

@@ -35,8 +35,8 @@ size_t GptCuda::Layout(char* base) {
   layer_qkv_.resize(layers);
   // The level's per-layer buffers (gpt2_model.h); what it does not keep is taken once, here,
   // and shared by every layer.
-  const bool keep_all = level_ == Checkpointing::kNone;
-  const bool keep_matmuls = level_ != Checkpointing::kFull;
+  const bool keep_all = KeptPerLayer(level_, ActKind::kCheap);
+  const bool keep_matmuls = KeptPerLayer(level_, ActKind::kSaved);
   const auto shared = [&](bool kept, size_t count) { return kept ? nullptr : a.Take<bf16>(count); };
   bf16* const ln1 = shared(keep_all, nc);
   bf16* const atty = shared(keep_all, nc);

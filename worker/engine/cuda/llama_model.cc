@@ -58,8 +58,8 @@ size_t LlamaCuda::Layout(char* base) {
   res_.resize(layers + 1);
   for (bf16*& r : res_) r = a.Take<bf16>(nc);
   // The level's per-layer buffers; what it does not keep is taken once, here, and shared.
-  const bool keep_all = level_ == Checkpointing::kNone;
-  const bool keep_matmuls = level_ != Checkpointing::kFull;
+  const bool keep_all = KeptPerLayer(level_, ActKind::kCheap);
+  const bool keep_matmuls = KeptPerLayer(level_, ActKind::kSaved);
   Saved shared{};
   shared.attn_norm = keep_all ? nullptr : a.Take<bf16>(nc);
   shared.atty = keep_all ? nullptr : a.Take<bf16>(nc);
