@@ -10,10 +10,11 @@
 #     ZeRO-3, on each GPU count; prints per count
 #     BENCH gpu_train arch=A gpus=G tokens_per_s_per_gpu=T mfu=M peak_mem_gib=P
 #       exposed_comm_pct=C ...
-#     activation_checkpointing=L offload=on|off
+#       step_ms=... forward_ms=... backward_ms=... optimizer_ms=... (medians of the worker's
+#       GPU-timed phases) ... activation_checkpointing=L offload=on|off
 #     WEFT_BENCH_AC (AUTO, NONE, SELECTIVE or FULL; default AUTO) is the job's
-#     training.activation_checkpointing; the line reports the level the engine ran at (the
-#     job's MEMORY_PLANNED event). WEFT_BENCH_MB overrides the micro-batch; WEFT_BENCH_OFFLOAD=1
+#     training.activation_checkpointing; the line reports the plan the engine ran at (the
+#     job's MEMORY_PLANNED event), e.g. full+selective:0-15 (blocks 0-15 one level lighter). WEFT_BENCH_MB overrides the micro-batch; WEFT_BENCH_OFFLOAD=1
 #     sets optimizer.offload; WEFT_BENCH_ACCUM sets training.grad_accum_steps (default 1);
 #     WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS KV_HEADS FFN VOCAB SEQ" replaces the llama shape;
 #     WEFT_BENCH_STEPS the steps (default 60; tokens/s counts from step 10, or from the
@@ -133,7 +134,9 @@ for line in open(path):
         steps[int(m["step"])] = m
     for e in s.get("events", []):
         if e.get("type") == "MEMORY_PLANNED":
-            level = e["message"].split()[2]  # "activation checkpointing <level> (...)"
+            # "activation checkpointing full, selective for blocks 0-16 (chosen by AUTO): ..."
+            said = e["message"].split("activation checkpointing ", 1)[1].split(" (", 1)[0]
+            level = said.replace(", ", "+").replace(" for blocks ", ":").replace(" for block ", ":")
 def ts(m):
     return datetime.fromisoformat(m["time"].replace("Z", "+00:00")).timestamp()
 last = max(steps) if steps else 0
@@ -153,13 +156,17 @@ def med(xs):
 flops_per_token_over_peak = med([float(m.get("mfu", 0)) * gpus / float(m["tokens_per_s"])
                                  for m in late])
 step_ms = med([float(m["step_ms"]) for m in late])
+phase = {k: med([float(m.get(k, 0)) for m in late])
+         for k in ("forward_ms", "backward_ms", "optimizer_ms")}
 exposed = med([float(m.get("exposed_comm_ms", 0)) for m in late])
 peak = max(int(m.get("engine_device_bytes", 0)) for m in late) / 2**30
 used = max(int(m.get("device_used_bytes", 0)) for m in late) / 2**30
 print(f"BENCH gpu_train arch={arch} gpus={gpus} tokens_per_s_per_gpu={per_gpu:.0f} "
       f"mfu={per_gpu * flops_per_token_over_peak:.3f} peak_mem_gib={peak:.2f} "
       f"exposed_comm_pct={100 * exposed / step_ms:.1f} device_used_gib={used:.2f} "
-      f"step_ms={step_ms:.1f} reported_tokens_per_s_per_gpu={B*T*accum*1000/step_ms:.0f} "
+      f"step_ms={step_ms:.1f} forward_ms={phase['forward_ms']:.1f} "
+      f"backward_ms={phase['backward_ms']:.1f} optimizer_ms={phase['optimizer_ms']:.1f} "
+      f"reported_tokens_per_s_per_gpu={B*T*accum*1000/step_ms:.0f} "
       f"steps={first}-{last} loss={float(steps[last]['loss']):.3f} "
       f"activation_checkpointing={level} offload={offload}", flush=True)
 PY

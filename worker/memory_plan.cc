@@ -63,6 +63,23 @@ std::vector<std::string> Alternatives(Checkpointing tried_last, size_t free_byte
   return out;
 }
 
+// Under `level` (which fits), the most blocks in [0, num_layers) one level lighter that still
+// fit: each lighter block only adds memory, so the count that fits is a prefix.
+engine::CheckpointingPlan MostLighterBlocks(Checkpointing level, size_t free_bytes,
+                                            int micro_batch_size, int world, int num_layers,
+                                            const MemoryPlanner& plan) {
+  int lo = 0, hi = num_layers - 1;  // all num_layers lighter is the uniform level that did not fit
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (plan({level, mid}, micro_batch_size, world).total() <= free_bytes) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return {level, lo};
+}
+
 }  // namespace
 
 std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan) {
@@ -78,7 +95,7 @@ std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan) {
 }
 
 MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
-                            size_t free_bytes, int micro_batch_size, int world,
+                            size_t free_bytes, int micro_batch_size, int world, int num_layers,
                             const MemoryPlanner& plan) {
   const bool automatic = IsAuto(requested);
   std::vector<Checkpointing> candidates;
@@ -95,10 +112,16 @@ MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
       decision.fits = true;
       decision.level = level;
       decision.plan = p;
+      if (automatic && level != Checkpointing::kNone && num_layers > 1) {
+        decision.level =
+            MostLighterBlocks(level, free_bytes, micro_batch_size, world, num_layers, plan);
+        decision.plan = plan(decision.level, micro_batch_size, world);
+      }
       decision.reason = absl::StrFormat(
           "activation checkpointing %s (%s): %s per GPU of %.2f GiB free%s",
-          CheckpointingName(level), automatic ? "chosen by AUTO" : "as asked",
-          DescribeGpuMemoryPlan(p), GiB(free_bytes),
+          engine::DescribeCheckpointing(decision.level),
+          automatic ? "chosen by AUTO" : "as asked", DescribeGpuMemoryPlan(decision.plan),
+          GiB(free_bytes),
           too_big.empty() ? "" : absl::StrCat("; ", absl::StrJoin(too_big, ", ")));
       return decision;
     }
@@ -108,12 +131,12 @@ MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
     decision.level = level;
   }
   const std::vector<std::string> instead = Alternatives(
-      decision.level, free_bytes, micro_batch_size, world, automatic, plan);
+      decision.level.level, free_bytes, micro_batch_size, world, automatic, plan);
   decision.reason = absl::StrFormat(
       "GPU memory: the job needs %s per GPU at world size %d, micro_batch_size %d, activation "
       "checkpointing %s, but %.2f GiB is free (%s). %s",
       DescribeGpuMemoryPlan(decision.plan), world, micro_batch_size,
-      CheckpointingName(decision.level), GiB(free_bytes), absl::StrJoin(too_big, ", "),
+      CheckpointingName(decision.level.level), GiB(free_bytes), absl::StrJoin(too_big, ", "),
       instead.empty()
           ? "Nothing within reach fits: lower training.sequence_length or the model's size."
           : absl::StrCat("It would fit with ", absl::StrJoin(instead, ", or "), "."));

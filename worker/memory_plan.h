@@ -1,6 +1,8 @@
 // The GPU memory plan of a job, decided before anything is allocated: what one rank needs at a
-// given activation checkpointing level, micro-batch and world size, and the choice among the
-// levels — the requested one, or under AUTO the least recomputation that fits. DecideMemory is
+// given activation checkpointing plan, micro-batch and world size, and the choice among the
+// levels — the requested one, or under AUTO the least recomputation that fits (block by block:
+// the lightest uniform level that fits, then as many blocks one level lighter as still fit).
+// DecideMemory is
 // a pure function of its inputs (the device's free memory is one of them), so its choices and
 // refusals are tested without a GPU.
 #ifndef WEFT_WORKER_MEMORY_PLAN_H_
@@ -18,7 +20,7 @@ namespace weft::worker {
 
 // Device memory one rank of a GPU job needs.
 struct GpuMemoryPlan {
-  size_t state_bytes = 0;       // shards: fp32 params, m, v, grads; bf16 params; decay mask
+  size_t state_bytes = 0;       // shards: fp32 params, m, v, grads (offload: grads, bf16 params)
   size_t working_bytes = 0;     // gathered bf16 units, full fp32 gradient units, scratch
   size_t activation_bytes = 0;  // the CudaModel's activations and scratch, cuBLAS workspace
   size_t reserve_bytes = 0;     // NCCL buffers, CUDA context growth, allocator slack
@@ -33,14 +35,14 @@ struct GpuMemoryPlan {
 // 6.00, NCCL and runtime reserve 1.00)".
 std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan);
 
-// The plan of the job at a level, micro-batch rows per rank and world size.
-using MemoryPlanner =
-    std::function<GpuMemoryPlan(engine::Checkpointing level, int micro_batch_size, int world)>;
+// The plan of the job at a checkpointing plan, micro-batch rows per rank and world size.
+using MemoryPlanner = std::function<GpuMemoryPlan(const engine::CheckpointingPlan& level,
+                                                  int micro_batch_size, int world)>;
 
 struct MemoryDecision {
   bool fits = false;
-  // When it fits: the level to run at, and its plan.
-  engine::Checkpointing level = engine::Checkpointing::kNone;
+  // When it fits: the checkpointing to run at, and its plan.
+  engine::CheckpointingPlan level;
   GpuMemoryPlan plan;
   // For the job's events when it fits; when it does not, the error: the numbers and what would
   // fit (another level, fewer micro-batch rows, more GPUs).
@@ -48,9 +50,11 @@ struct MemoryDecision {
 };
 
 // `requested`: the job's training.activation_checkpointing (AUTO or UNSPECIFIED: the least
-// recomputation that fits, trying none, selective, full in that order).
+// recomputation that fits, trying none, selective, full in that order, then under the first
+// that fits as many of the model's `num_layers` blocks one level lighter as fit; a named level
+// runs uniform).
 MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
-                            size_t free_bytes, int micro_batch_size, int world,
+                            size_t free_bytes, int micro_batch_size, int world, int num_layers,
                             const MemoryPlanner& plan);
 
 // The pinned host memory of optimizer offload (plan.host_bytes, 0 without offload) against

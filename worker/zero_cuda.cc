@@ -26,27 +26,63 @@ namespace cuda = engine::cuda;
 // H200, GPT-2 124M on 1 GPU measured 1.26 GiB of device memory beyond the engine's own.
 constexpr size_t kReserveBytes = size_t{3} << 29;  // 1.5 GiB
 
+// GatherUnit's device staging: the world's pieces of one chunk of a unit (64 MiB in all), so
+// the end-of-job gather never needs a whole fp32 unit on the device.
+constexpr size_t kGatherStagingFloats = size_t{16} << 20;
+
+size_t GatherChunkFloats(int world) {
+  return std::max<size_t>(1, kGatherStagingFloats / static_cast<size_t>(world));
+}
+
+// At world 1 a unit's shard is the whole unit: the model accumulates its gradients straight
+// into the shard's gradient (no full-unit buffer, no reduce-scatter).
+bool DirectGradients(int world) { return world == 1; }
+
+// Whether micro-steps after the first need a scratch shard to accumulate reduce-scatters.
+bool NeedsScatterScratch(const weft::v1::JobSpec& spec, int world) {
+  return !DirectGradients(world) && spec.training().grad_accum_steps() > 1;
+}
+
+// The runs of equal decay in a kept decay mask (so the device keeps a few runs per unit, not
+// a byte per parameter).
+std::vector<ZeroCudaEngine::DecayRun> DecayRuns(const std::vector<uint8_t>& mask) {
+  std::vector<ZeroCudaEngine::DecayRun> runs;
+  for (size_t i = 0; i < mask.size(); ++i) {
+    const bool decay = mask[i] != 0;
+    if (runs.empty() || runs.back().decay != decay) runs.push_back({i, i, decay});
+    runs.back().end = i + 1;
+  }
+  return runs;
+}
+
 }  // namespace
 
 GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                            engine::Checkpointing level, int micro_batch_size, int world) {
+                            const engine::CheckpointingPlan& level, int micro_batch_size, int world) {
   // Every rank's shards are the same size, so rank 0's layout speaks for all.
   const ShardLayout layout(UnitSizes(arch), world, /*rank=*/0);
   GpuMemoryPlan plan;
   const size_t max_shard = layout.max_shard();
-  if (spec.optimizer().offload()) {
+  const bool offload = spec.optimizer().offload();
+  if (offload) {
     // On the GPU: the gradient shard and the bf16 working copy; on the host: master weights,
     // moments, decay mask, and two staging pairs (fp32 gradients in, bf16 weights out).
     plan.state_bytes = layout.total_shard() * (sizeof(float) + sizeof(__nv_bfloat16));
     plan.host_bytes = layout.total_shard() * (3 * sizeof(float) + 1) +
                       2 * max_shard * (sizeof(float) + sizeof(__nv_bfloat16));
   } else {
-    plan.state_bytes = layout.total_shard() * (4 * sizeof(float) + sizeof(__nv_bfloat16) + 1);
+    // fp32 master, m, v and gradient: 16 bytes a parameter, as PyTorch's FSDP keeps. The bf16
+    // copy the all-gathers send is cast from the master as each gather starts.
+    plan.state_bytes = layout.total_shard() * 4 * sizeof(float);
   }
-  const size_t unit_bytes = sizeof(__nv_bfloat16) + sizeof(float);  // gathered + gradient
-  plan.working_bytes = layout.unit(0).padded * unit_bytes +
-                       2 * layout.max_block_padded() * unit_bytes + max_shard * sizeof(float) +
+  // The gathered bf16 head and two block slots; beyond world 1, their fp32 gradients too.
+  const size_t gathered = layout.unit(0).padded + 2 * layout.max_block_padded();
+  plan.working_bytes = gathered * sizeof(__nv_bfloat16) +
                        cuda::SumOfSquaresScratchFloats(max_shard) * sizeof(float) + 4096;
+  if (!DirectGradients(world)) plan.working_bytes += gathered * sizeof(float);
+  if (NeedsScatterScratch(spec, world)) plan.working_bytes += max_shard * sizeof(float);
+  const size_t chunk = GatherChunkFloats(world);
+  plan.working_bytes += (chunk * world + (offload ? chunk : 0)) * sizeof(float);
   plan.activation_bytes = cuda::PlanCudaActivationBytes(
       arch, micro_batch_size, spec.training().sequence_length(), level);
   plan.reserve_bytes = kReserveBytes;
@@ -90,6 +126,7 @@ ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunic
       batch_size_(spec.training().micro_batch_size()),
       seq_len_(spec.training().sequence_length()),
       offload_(spec.optimizer().offload()),
+      direct_grads_(DirectGradients(comm->world_size())),
       host_threads_(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
 ZeroCudaEngine::~ZeroCudaEngine() {
@@ -150,8 +187,8 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   const MemoryDecision memory = DecideMemory(
       spec.training().activation_checkpointing(), free_bytes,
-      spec.training().micro_batch_size(), comm->world_size(),
-      [&](engine::Checkpointing level, int rows, int world) {
+      spec.training().micro_batch_size(), comm->world_size(), arch->num_layers(),
+      [&](const engine::CheckpointingPlan& level, int rows, int world) {
         return PlanGpuMemory(spec, *arch, level, rows, world);
       });
   if (!memory.fits) return absl::ResourceExhaustedError(memory.reason);
@@ -182,34 +219,49 @@ absl::Status ZeroCudaEngine::Initialize() {
     WEFT_ASSIGN_OR_RETURN(unit.params, offload_ ? HostAlloc<float>(shard) : Alloc<float>(shard));
     WEFT_ASSIGN_OR_RETURN(unit.m, offload_ ? HostAlloc<float>(shard) : Alloc<float>(shard));
     WEFT_ASSIGN_OR_RETURN(unit.v, offload_ ? HostAlloc<float>(shard) : Alloc<float>(shard));
-    WEFT_ASSIGN_OR_RETURN(unit.decay_mask,
-                          offload_ ? HostAlloc<uint8_t>(shard) : Alloc<uint8_t>(shard));
     WEFT_ASSIGN_OR_RETURN(unit.grads, Alloc<float>(shard));
-    WEFT_ASSIGN_OR_RETURN(unit.params_bf16, Alloc<bf16>(shard));
     const InitialUnit init = InitialState(u);
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.params, init.kept.data(), shard * sizeof(float),
                                          cudaMemcpyDefault));
-    WEFT_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(unit.decay_mask, init.decay_mask.data(), shard, cudaMemcpyDefault));
     if (offload_) {
+      // The host AdamW reads a mask; the device one is told the runs.
+      WEFT_ASSIGN_OR_RETURN(unit.host_decay_mask, HostAlloc<uint8_t>(shard));
+      std::copy(init.decay_mask.begin(), init.decay_mask.end(), unit.host_decay_mask);
+      WEFT_ASSIGN_OR_RETURN(unit.params_bf16, Alloc<bf16>(shard));
       std::fill(unit.m, unit.m + shard, 0.0f);
       std::fill(unit.v, unit.v + shard, 0.0f);
+      WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, shard, compute_));
     } else {
+      unit.decay_runs = DecayRuns(init.decay_mask);
       WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.m, 0, shard * sizeof(float), compute_));
       WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.v, 0, shard * sizeof(float), compute_));
     }
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, shard * sizeof(float), compute_));
-    WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, shard, compute_));
   }
   const size_t max_block = layout_.max_block_padded();
   const size_t max_shard = layout_.max_shard();
   WEFT_ASSIGN_OR_RETURN(head_work_, Alloc<bf16>(layout_.unit(0).padded));
-  WEFT_ASSIGN_OR_RETURN(head_grad_, Alloc<float>(layout_.unit(0).padded));
   for (int i = 0; i < 2; ++i) {
     WEFT_ASSIGN_OR_RETURN(block_work_[i], Alloc<bf16>(max_block));
-    WEFT_ASSIGN_OR_RETURN(block_grad_[i], Alloc<float>(max_block));
   }
-  WEFT_ASSIGN_OR_RETURN(scatter_tmp_, Alloc<float>(max_shard));
+  if (!direct_grads_) {
+    WEFT_ASSIGN_OR_RETURN(head_grad_, Alloc<float>(layout_.unit(0).padded));
+    for (int i = 0; i < 2; ++i) {
+      WEFT_ASSIGN_OR_RETURN(block_grad_[i], Alloc<float>(max_block));
+    }
+    // Padding elements of the gradient units are never written by the model; zero them once
+    // (block buffers are re-zeroed per use anyway).
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(head_grad_, 0, layout_.unit(0).padded * sizeof(float), compute_));
+  }
+  if (NeedsScatterScratch(spec_, world_)) {
+    WEFT_ASSIGN_OR_RETURN(scatter_tmp_, Alloc<float>(max_shard));
+  }
+  gather_chunk_ = GatherChunkFloats(world_);
+  WEFT_ASSIGN_OR_RETURN(gather_staging_, Alloc<float>(gather_chunk_ * world_));
+  if (offload_) {
+    WEFT_ASSIGN_OR_RETURN(gather_source_, Alloc<float>(gather_chunk_));
+  }
   WEFT_ASSIGN_OR_RETURN(norm_scratch_,
                         Alloc<float>(cuda::SumOfSquaresScratchFloats(max_shard)));
   WEFT_ASSIGN_OR_RETURN(stats_, Alloc<float>(2));
@@ -225,10 +277,6 @@ absl::Status ZeroCudaEngine::Initialize() {
                                                          cudaEventDisableTiming));
     }
   }
-  // Padding elements of the gradient units are never written by the model; zero them once
-  // (block buffers are re-zeroed per use anyway).
-  WEFT_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(head_grad_, 0, layout_.unit(0).padded * sizeof(float), compute_));
   inputs_.resize(static_cast<size_t>(batch_size_) * seq_len_);
   targets_.resize(inputs_.size());
   return SyncCompute();
@@ -263,8 +311,17 @@ absl::Status ZeroCudaEngine::SyncCompute() {
 }
 
 absl::Status ZeroCudaEngine::Gather(int unit, bf16* dst) {
-  return CheckWork(comm_->AllGather(units_[unit].params_bf16, dst, layout_.unit(unit).shard,
-                                    DataType::kBFloat16));
+  const size_t shard = layout_.unit(unit).shard;
+  if (offload_) {
+    return CheckWork(
+        comm_->AllGather(units_[unit].params_bf16, dst, shard, DataType::kBFloat16));
+  }
+  // The bf16 copy of the shard is cast from the master where the gather reads it (this rank's
+  // part of dst), then gathered in place: no resident bf16 copy of the shard.
+  bf16* mine = dst + static_cast<size_t>(comm_->rank()) * shard;
+  WEFT_RETURN_IF_ERROR(cuda::CastToBf16(mine, units_[unit].params, shard, comm_->stream()));
+  if (world_ == 1) return absl::OkStatus();
+  return CheckWork(comm_->AllGather(mine, dst, shard, DataType::kBFloat16));
 }
 
 absl::Status ZeroCudaEngine::ReduceScatterGrad(int unit, float* full, bool accumulate) {
@@ -309,13 +366,17 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
     WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot]));
     WEFT_RETURN_IF_ERROR(model_->BlockForward(l, block_work_[slot]));
   }
+  float* const head_grad = direct_grads_ ? units_[0].grads : head_grad_;
   if (backward) {
     if (scatter_pending_[2]) WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
-    WEFT_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(head_grad_, 0, layout_.unit(0).padded * sizeof(float), compute_));
+    // Direct gradients accumulate over micro-steps in place: zeroed by the first only.
+    if (!direct_grads_ || first_micro_step) {
+      WEFT_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(head_grad, 0, layout_.unit(0).padded * sizeof(float), compute_));
+    }
   }
   WEFT_RETURN_IF_ERROR(
-      model_->Classifier(head_work_, grad_scale, backward ? head_grad_ : nullptr));
+      model_->Classifier(head_work_, grad_scale, backward ? head_grad : nullptr));
   WEFT_RETURN_IF_ERROR(cuda::SumInto(&stats_[1], model_->Losses(),
                                      static_cast<size_t>(batch_size_) * seq_len_, compute_));
   WEFT_ASSIGN_OR_RETURN(phase[1], Mark());
@@ -337,18 +398,23 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
     if (l < layers - 1) WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot]));
     // The gradient buffer of this slot was last reduce-scattered for block l+2.
     if (scatter_pending_[slot]) WEFT_RETURN_IF_ERROR(ComputeWaits(scattered_[slot]));
-    const size_t block_padded = layout_.unit(1 + l).padded;
-    WEFT_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(block_grad_[slot], 0, block_padded * sizeof(float), compute_));
-    WEFT_RETURN_IF_ERROR(model_->BlockBackward(l, block_work_[slot], block_grad_[slot]));
-    WEFT_RETURN_IF_ERROR(CommWaitsCompute());
-    WEFT_RETURN_IF_ERROR(ReduceScatterGrad(1 + l, block_grad_[slot], !first_micro_step));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(scattered_[slot], comm_stream));
-    scatter_pending_[slot] = true;
+    float* const grad = direct_grads_ ? units_[1 + l].grads : block_grad_[slot];
+    if (!direct_grads_ || first_micro_step) {
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+          grad, 0, layout_.unit(1 + l).padded * sizeof(float), compute_));
+    }
+    WEFT_RETURN_IF_ERROR(model_->BlockBackward(l, block_work_[slot], grad));
+    if (!direct_grads_) {
+      WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+      WEFT_RETURN_IF_ERROR(ReduceScatterGrad(1 + l, grad, !first_micro_step));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(scattered_[slot], comm_stream));
+      scatter_pending_[slot] = true;
+    }
   }
-  WEFT_RETURN_IF_ERROR(model_->EncoderBackward(head_grad_));
+  WEFT_RETURN_IF_ERROR(model_->EncoderBackward(head_grad));
   WEFT_ASSIGN_OR_RETURN(phase[2], Mark());
   phases_.push_back(phase);
+  if (direct_grads_) return absl::OkStatus();
   WEFT_RETURN_IF_ERROR(CommWaitsCompute());
   WEFT_RETURN_IF_ERROR(ReduceScatterGrad(0, head_grad_, !first_micro_step));
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
@@ -400,11 +466,13 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   if (offload_) {
     WEFT_RETURN_IF_ERROR(HostOptimizerStep(step, adamw));
   } else {
-    for (int i = 0; i < layout_.num_units(); ++i) {
-      const Unit& u = units_[i];
-      WEFT_RETURN_IF_ERROR(cuda::AdamWUpdateBf16(u.params, u.params_bf16, u.grads, u.m, u.v,
-                                                 u.decay_mask, layout_.unit(i).shard, adamw,
-                                                 step + 1, grad_scale_, compute_));
+    for (const Unit& u : units_) {
+      for (const DecayRun& r : u.decay_runs) {
+        WEFT_RETURN_IF_ERROR(cuda::AdamWUpdate(u.params + r.begin, /*params_bf16=*/nullptr,
+                                               u.grads + r.begin, u.m + r.begin, u.v + r.begin,
+                                               r.end - r.begin, r.decay, adamw, step + 1,
+                                               grad_scale_, compute_));
+      }
     }
   }
   WEFT_ASSIGN_OR_RETURN(const size_t opt_end, Mark());
@@ -465,7 +533,7 @@ absl::Status ZeroCudaEngine::HostOptimizerStep(int64_t step, const engine::AdamW
     const Unit& unit = units_[u];
     const size_t shard = layout_.unit(u).shard;
     engine::AdamWUpdateParallel(unit.params, staging_grads_[slot], unit.m, unit.v,
-                                unit.decay_mask, shard, adamw, step + 1, host_stats_[2],
+                                unit.host_decay_mask, shard, adamw, step + 1, host_stats_[2],
                                 staging_bf16_[slot], host_threads_);
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(unit.params_bf16, staging_bf16_[slot],
                                               shard * sizeof(bf16), cudaMemcpyHostToDevice,
@@ -497,35 +565,31 @@ absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch
 
 absl::StatusOr<std::vector<float>> ZeroCudaEngine::GatherUnit(int u) {
   const UnitShard& unit = layout_.unit(u);
-  float* full = nullptr;
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&full), unit.padded * sizeof(float)));
-  std::vector<float> out;
-  absl::Status status;
-  // Offloaded master weights go through a device buffer: NCCL reads device memory.
-  const float* shard = offload_ ? scatter_tmp_ : units_[u].params;
-  if (offload_) {
-    status = engine::cuda::CudaStatus(
-        cudaMemcpyAsync(scatter_tmp_, units_[u].params, unit.shard * sizeof(float),
-                        cudaMemcpyHostToDevice, compute_),
-        "cudaMemcpyAsync of offloaded parameters");
+  std::vector<float> out(unit.size);
+  // Chunk by chunk of every rank's shard: gather_staging_ receives the world's pieces of a
+  // chunk in rank order; rank r's piece is elements r * shard + offset onward of the unit.
+  for (size_t offset = 0; offset < unit.shard; offset += gather_chunk_) {
+    const size_t n = std::min(gather_chunk_, unit.shard - offset);
+    const float* piece = units_[u].params + offset;
+    if (offload_) {
+      // NCCL reads device memory: offloaded master weights go through a device buffer.
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gather_source_, piece, n * sizeof(float),
+                                                cudaMemcpyHostToDevice, compute_));
+      piece = gather_source_;
+    }
+    WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+    WEFT_RETURN_IF_ERROR(CheckWork(comm_->AllGather(piece, gather_staging_, n,
+                                                    DataType::kFloat32)));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
+    WEFT_RETURN_IF_ERROR(comm_->WaitEvent(comm_done_));
+    for (int r = 0; r < world_; ++r) {
+      const size_t begin = static_cast<size_t>(r) * unit.shard + offset;
+      if (begin >= unit.size) break;  // the rest is padding
+      const size_t count = std::min(n, unit.size - begin);
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.data() + begin, gather_staging_ + r * n,
+                                           count * sizeof(float), cudaMemcpyDeviceToHost));
+    }
   }
-  if (status.ok()) status = CommWaitsCompute();
-  if (status.ok()) {
-    status = CheckWork(comm_->AllGather(shard, full, unit.shard, DataType::kFloat32));
-  }
-  if (status.ok()) {
-    status = engine::cuda::CudaStatus(cudaEventRecord(comm_done_, comm_->stream()),
-                                      "cudaEventRecord");
-  }
-  if (status.ok()) status = comm_->WaitEvent(comm_done_);
-  if (status.ok()) {
-    out.resize(unit.size);
-    status = engine::cuda::CudaStatus(
-        cudaMemcpy(out.data(), full, unit.size * sizeof(float), cudaMemcpyDeviceToHost),
-        "cudaMemcpy of gathered parameters");
-  }
-  cudaFree(full);
-  if (!status.ok()) return status;
   return out;
 }
 
@@ -554,7 +618,9 @@ absl::Status ZeroCudaEngine::FinishRestore(const RangeReader&) {
     const Unit& unit = units_[u];
     const size_t shard = layout_.unit(u).shard;
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, shard * sizeof(float), compute_));
-    WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, shard, compute_));
+    if (offload_) {
+      WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, shard, compute_));
+    }
   }
   return SyncCompute();
 }

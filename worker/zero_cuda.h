@@ -3,8 +3,14 @@
 //
 // Units and shards come from the same ShardLayout as the CPU engine's, so checkpoints move
 // freely between the two engines and world sizes.
-// Each rank keeps, for its shards only: fp32 master parameters, AdamW m and v, the fp32
-// gradient, and a bf16 copy of the parameters (what the all-gathers send).
+// Each rank keeps, for its shards only: fp32 master parameters, AdamW m and v and the fp32
+// gradient: 16 bytes a parameter. Weight decay is kept as runs of each shard (a unit's
+// tensors alternate between decayed matrices and undecayed norms), not as a per-element mask.
+// What an all-gather sends is cast to bf16 from the master as the gather starts, in place in
+// the destination. At world 1 the model's backward accumulates straight into the shard's
+// gradient (the shard is the unit): no full-unit gradient buffers, no reduce-scatter.
+// With optimizer offload the master, m, v and a decay mask live in pinned host memory and the
+// device keeps the gradient and a bf16 copy of the shard.
 //
 // Two streams, ordered by CUDA events only — the host never waits inside a step:
 //   compute: the model's kernels and GEMMs, the optimizer;
@@ -47,9 +53,11 @@
 
 namespace weft::worker {
 
-// What a rank of `spec` needs on its GPU at this level, micro-batch rows and world size.
+// What a rank of `spec` needs on its GPU at this checkpointing plan, micro-batch rows and world
+// size.
 GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                            engine::Checkpointing level, int micro_batch_size, int world_size);
+                            const engine::CheckpointingPlan& level, int micro_batch_size,
+                            int world_size);
 
 class ZeroCudaEngine : public ZeroEngine {
  public:
@@ -76,6 +84,13 @@ class ZeroCudaEngine : public ZeroEngine {
   size_t DeviceUsedBytes() const override;
   std::string MemoryPlanNote() const override { return plan_note_; }
 
+  // Elements [begin, end) of a shard, all decayed or all not.
+  struct DecayRun {
+    size_t begin = 0;
+    size_t end = 0;
+    bool decay = false;
+  };
+
  private:
   using bf16 = __nv_bfloat16;
   // This rank's shard of one unit (ShardLayout::unit(u).shard elements each).
@@ -84,8 +99,10 @@ class ZeroCudaEngine : public ZeroEngine {
     float* m = nullptr;
     float* v = nullptr;
     float* grads = nullptr;
+    std::vector<DecayRun> decay_runs;  // covering the shard (on the device's side)
+    // Optimizer offload only: the bf16 copy the gathers send, and the host AdamW's mask.
     bf16* params_bf16 = nullptr;
-    uint8_t* decay_mask = nullptr;
+    uint8_t* host_decay_mask = nullptr;
   };
 
   ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
@@ -118,7 +135,7 @@ class ZeroCudaEngine : public ZeroEngine {
   comm::CudaCommunicator* comm_;
   const int world_, batch_size_, seq_len_;
   GpuMemoryPlan plan_;
-  engine::Checkpointing checkpointing_ = engine::Checkpointing::kNone;
+  engine::CheckpointingPlan checkpointing_;
   std::string plan_note_;
   cudaStream_t compute_ = nullptr;
   std::unique_ptr<engine::cuda::CudaModel> model_;
@@ -130,14 +147,19 @@ class ZeroCudaEngine : public ZeroEngine {
   bf16* block_work_[2] = {nullptr, nullptr};
   float* head_grad_ = nullptr;
   float* block_grad_[2] = {nullptr, nullptr};
-  float* scatter_tmp_ = nullptr;   // (max shard) for accumulating micro-steps
+  float* scatter_tmp_ = nullptr;   // (max shard) for accumulating micro-steps, world > 1
+  // GatherUnit: world pieces of gather_chunk_ floats; with offload, a device copy of a piece.
+  size_t gather_chunk_ = 0;
+  float* gather_staging_ = nullptr;
+  float* gather_source_ = nullptr;
   float* stats_ = nullptr;         // device [sum of squares, loss sum]
   float* grad_scale_ = nullptr;    // device scalar
   float* norm_scratch_ = nullptr;
   float* host_stats_ = nullptr;    // pinned [sum of squares, loss sum, clip scale]
-  // Optimizer offload (offload_): Unit::params, m, v and decay_mask are pinned host memory;
+  // Optimizer offload (offload_): Unit::params, m, v and host_decay_mask are pinned host memory;
   // two staging pairs of (max shard) and the events that free them.
   const bool offload_;
+  const bool direct_grads_;  // world 1: the model writes the shard's gradient itself
   const int host_threads_;
   std::vector<void*> host_allocations_;
   float* staging_grads_[2] = {nullptr, nullptr};

@@ -1,6 +1,7 @@
 // DecideMemory's choices and refusals against a made-up planner: activations of 30, 20 and
-// 10 GiB at NONE, SELECTIVE and FULL for 8 micro-batch rows (proportional to the rows), and
-// 40 GiB of state spread over the world.
+// 10 GiB at NONE, SELECTIVE and FULL for 8 micro-batch rows (proportional to the rows) over 10
+// blocks (so each block one level lighter adds a tenth of the difference), and 40 GiB of state
+// spread over the world.
 #include "worker/memory_plan.h"
 
 #include "gmock/gmock.h"
@@ -10,50 +11,78 @@ namespace weft::worker {
 namespace {
 
 using engine::Checkpointing;
+using engine::CheckpointingPlan;
 using Level = weft::v1::ActivationCheckpointing;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
 constexpr size_t kGiB = size_t{1} << 30;
 
-GpuMemoryPlan Plan(Checkpointing level, int rows, int world) {
-  const size_t per_8_rows = level == Checkpointing::kNone        ? 30
-                            : level == Checkpointing::kSelective ? 20
-                                                                 : 10;
+constexpr int kLayers = 10;
+
+size_t Per8Rows(Checkpointing level) {
+  return level == Checkpointing::kNone ? 30 : level == Checkpointing::kSelective ? 20 : 10;
+}
+
+GpuMemoryPlan Plan(const CheckpointingPlan& level, int rows, int world) {
+  const size_t base = Per8Rows(level.level) * kGiB * rows / 8;
+  const size_t lighter = Per8Rows(engine::Lighter(level.level)) * kGiB * rows / 8;
   GpuMemoryPlan plan;
   plan.state_bytes = 40 * kGiB / world;
-  plan.activation_bytes = per_8_rows * kGiB * rows / 8;
+  plan.activation_bytes = base + (lighter - base) * level.lighter_layers / kLayers;
   return plan;
 }
 
 MemoryDecision Decide(Level::Level requested, size_t free_gib, int rows = 8, int world = 1) {
-  return DecideMemory(requested, free_gib * kGiB, rows, world, Plan);
+  return DecideMemory(requested, free_gib * kGiB, rows, world, kLayers, Plan);
 }
 
 TEST(DecideMemoryTest, AutoKeepsEverythingWhenItFits) {
   const MemoryDecision d = Decide(Level::AUTO, 80);
   ASSERT_TRUE(d.fits);
-  EXPECT_EQ(d.level, Checkpointing::kNone);
+  EXPECT_EQ(d.level, CheckpointingPlan(Checkpointing::kNone));
   EXPECT_EQ(d.plan.total(), 70 * kGiB);
   EXPECT_THAT(d.reason, HasSubstr("activation checkpointing none (chosen by AUTO)"));
   EXPECT_THAT(d.reason, Not(HasSubstr("would need")));
 }
 
 TEST(DecideMemoryTest, AutoTakesTheLeastRecomputationThatFits) {
+  // 60.5 GiB: SELECTIVE fits with no room for a block at NONE (each adds 1 GiB).
+  MemoryDecision d = DecideMemory(Level::AUTO, 60 * kGiB + kGiB / 2, 8, 1, kLayers, Plan);
+  ASSERT_TRUE(d.fits);
+  EXPECT_EQ(d.level, CheckpointingPlan(Checkpointing::kSelective));
+  EXPECT_THAT(d.reason, HasSubstr("activation checkpointing selective (chosen by AUTO)"));
+  EXPECT_THAT(d.reason, HasSubstr("none would need 70.00 GiB"));
+  d = Decide(Level::LEVEL_UNSPECIFIED, 50);
+  ASSERT_TRUE(d.fits);
+  EXPECT_EQ(d.level, CheckpointingPlan(Checkpointing::kFull));
+  EXPECT_THAT(d.reason, HasSubstr("none would need 70.00 GiB, selective would need 60.00 GiB"));
+}
+
+// What the lightest uniform level leaves free goes to blocks one level lighter, as many as fit.
+TEST(DecideMemoryTest, AutoSpendsTheRestOnLighterBlocks) {
   MemoryDecision d = Decide(Level::AUTO, 65);
   ASSERT_TRUE(d.fits);
-  EXPECT_EQ(d.level, Checkpointing::kSelective);
-  EXPECT_THAT(d.reason, HasSubstr("none would need 70.00 GiB"));
-  d = Decide(Level::LEVEL_UNSPECIFIED, 55);
+  EXPECT_EQ(d.level, CheckpointingPlan(Checkpointing::kSelective, 5));  // 60 + 5 x 1
+  EXPECT_EQ(d.plan.total(), 65 * kGiB);
+  EXPECT_THAT(d.reason,
+              HasSubstr("activation checkpointing selective, none for blocks 0-4 (chosen by AUTO)"));
+  d = Decide(Level::AUTO, 59);
   ASSERT_TRUE(d.fits);
-  EXPECT_EQ(d.level, Checkpointing::kFull);
-  EXPECT_THAT(d.reason, HasSubstr("none would need 70.00 GiB, selective would need 60.00 GiB"));
+  EXPECT_EQ(d.level, CheckpointingPlan(Checkpointing::kFull, 9));  // 50 + 9 x 1; 10 is SELECTIVE
+  EXPECT_THAT(d.reason, HasSubstr("full, selective for blocks 0-8"));
+  d = Decide(Level::AUTO, 51);
+  EXPECT_EQ(d.level, CheckpointingPlan(Checkpointing::kFull, 1));
+  EXPECT_THAT(d.reason, HasSubstr("full, selective for block 0 (chosen"));
+  // A level named by the job runs uniform, whatever is free.
+  d = Decide(Level::FULL, 59);
+  EXPECT_EQ(d.level, CheckpointingPlan(Checkpointing::kFull));
 }
 
 TEST(DecideMemoryTest, AnExplicitLevelIsKeptOrRefusedNamingOneThatFits) {
   MemoryDecision d = Decide(Level::FULL, 80);
   ASSERT_TRUE(d.fits);
-  EXPECT_EQ(d.level, Checkpointing::kFull);  // asked for, though NONE would fit
+  EXPECT_EQ(d.level, CheckpointingPlan(Checkpointing::kFull));  // asked for, though NONE fits
   EXPECT_THAT(d.reason, HasSubstr("(as asked)"));
   d = Decide(Level::NONE, 65);
   ASSERT_FALSE(d.fits);
@@ -78,7 +107,7 @@ TEST(DecideMemoryTest, NothingFitsSaysWhatWould) {
 
 TEST(DecideMemoryTest, NothingWithinReach) {
   // Activations alone at one row of FULL exceed the device: no hint helps.
-  const MemoryDecision d = DecideMemory(Level::AUTO, kGiB / 2, 8, 1, Plan);
+  const MemoryDecision d = DecideMemory(Level::AUTO, kGiB / 2, 8, 1, kLayers, Plan);
   ASSERT_FALSE(d.fits);
   EXPECT_THAT(d.reason, HasSubstr("Nothing within reach fits"));
 }

@@ -195,9 +195,6 @@ class ZeroCudaTest : public ::testing::Test {
   }
 };
 
-constexpr engine::Checkpointing kLevels[] = {engine::Checkpointing::kNone,
-                                             engine::Checkpointing::kSelective,
-                                             engine::Checkpointing::kFull};
 
 float RoundToBf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
@@ -378,22 +375,103 @@ TEST_F(ZeroCudaTest, LlamaOneGpuLearns) {
 }
 
 // The memory plan is the allocation: PlanCudaActivationBytes is what the model allocates, at
-// every checkpointing level, and each level keeps less than the one before.
+// every checkpointing level and mix of levels, and each uniform level keeps less than the one
+// before. A mix keeps no more than the uniform lighter level: with 2 blocks, one block lighter
+// equals it (the heavier block's shared buffers are as large as a block's own).
 TEST_F(ZeroCudaTest, ActivationPlanIsExactAtEveryLevel) {
   for (bool llama : {false, true}) {
     const weft::v1::JobSpec spec = SmallSpec(4, 1, llama);
     auto arch = engine::MakeModelArch(spec.model());
     ASSERT_TRUE(arch.ok()) << arch.status();
-    size_t previous = SIZE_MAX;
-    for (engine::Checkpointing level : kLevels) {
-      SCOPED_TRACE(absl::StrCat(llama ? "llama " : "gpt2 ", std::string(engine::CheckpointingName(level))));
+    size_t previous = SIZE_MAX, previous_uniform = SIZE_MAX;
+    // Heaviest recomputation last; a block one level lighter sits between two uniform levels.
+    const engine::CheckpointingPlan plans[] = {
+        engine::Checkpointing::kNone, {engine::Checkpointing::kSelective, 1},
+        engine::Checkpointing::kSelective, {engine::Checkpointing::kFull, 1},
+        engine::Checkpointing::kFull};
+    for (const engine::CheckpointingPlan& level : plans) {
+      SCOPED_TRACE(
+          absl::StrCat(llama ? "llama " : "gpt2 ", engine::DescribeCheckpointing(level)));
       auto model = engine::cuda::CreateCudaModel(**arch, 4, kT, level, nullptr);
       ASSERT_TRUE(model.ok()) << model.status();
       const size_t planned = engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level);
       EXPECT_EQ((*model)->ActivationBytes() + (*model)->BlasWorkspaceBytes(), planned);
-      EXPECT_LT(planned, previous);
+      if (level.lighter_layers == 0) {
+        EXPECT_LT(planned, previous_uniform);
+        previous_uniform = planned;
+      }
+      EXPECT_LE(planned, previous);
       previous = planned;
     }
+  }
+}
+
+// One forward and backward of the model of `spec` at `level` on fixed bf16 parameters: the
+// losses, then every unit's gradient.
+std::vector<std::vector<float>> ModelPass(const weft::v1::JobSpec& spec,
+                                          const engine::CheckpointingPlan& level) {
+  auto arch = engine::MakeModelArch(spec.model());
+  EXPECT_TRUE(arch.ok()) << arch.status();
+  const int b = spec.training().micro_batch_size();
+  std::vector<int32_t> inputs(b * kT), targets(b * kT);
+  GlobalBatch(0, b)(3, 0, inputs.data(), targets.data());
+  cudaStream_t stream = nullptr;
+  EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  auto model = engine::cuda::CreateCudaModel(**arch, b, kT, level, stream);
+  EXPECT_TRUE(model.ok()) << model.status();
+  const int units = (*arch)->NumUnits();
+  std::vector<__nv_bfloat16*> params(units);
+  std::vector<float*> grads(units);
+  for (int u = 0; u < units; ++u) {
+    std::vector<float> init((*arch)->UnitSize(u));
+    (*arch)->InitUnit(u, 5, init.data());
+    std::vector<__nv_bfloat16> host(init.size());
+    for (size_t i = 0; i < host.size(); ++i) host[i] = __float2bfloat16(init[i]);
+    cudaMalloc(reinterpret_cast<void**>(&params[u]), host.size() * 2);
+    cudaMemcpy(params[u], host.data(), host.size() * 2, cudaMemcpyHostToDevice);
+    cudaMalloc(reinterpret_cast<void**>(&grads[u]), host.size() * 4);
+    cudaMemset(grads[u], 0, host.size() * 4);
+  }
+  auto& m = **model;
+  const int layers = (*arch)->num_layers();
+  EXPECT_TRUE(m.SetBatch(b, kT, inputs.data(), targets.data()).ok());
+  EXPECT_TRUE(m.EncoderForward(params[0]).ok());
+  for (int l = 0; l < layers; ++l) EXPECT_TRUE(m.BlockForward(l, params[1 + l]).ok());
+  EXPECT_TRUE(m.Classifier(params[0], 1.0f / (b * kT), grads[0]).ok());
+  for (int l = layers - 1; l >= 0; --l) {
+    EXPECT_TRUE(m.BlockBackward(l, params[1 + l], grads[1 + l]).ok());
+  }
+  EXPECT_TRUE(m.EncoderBackward(grads[0]).ok());
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  std::vector<std::vector<float>> out(1 + units);
+  out[0].resize(b * kT);
+  cudaMemcpy(out[0].data(), m.Losses(), out[0].size() * 4, cudaMemcpyDeviceToHost);
+  for (int u = 0; u < units; ++u) {
+    out[1 + u].resize((*arch)->UnitSize(u));
+    cudaMemcpy(out[1 + u].data(), grads[u], out[1 + u].size() * 4, cudaMemcpyDeviceToHost);
+    cudaFree(params[u]);
+    cudaFree(grads[u]);
+  }
+  cudaStreamDestroy(stream);
+  return out;
+}
+
+// A plan with block 0 one level lighter than block 1 (a mix AUTO picks to fill the device)
+// gives NONE's losses and block gradients bit for bit on Llama (the head's embedding gradient
+// sums with fp32 atomics: 1e-5). Fails if a block recomputes at the wrong level or writes into
+// the other level's shared buffers.
+TEST_F(ZeroCudaTest, MixedCheckpointingPlansMatchNone) {
+  const weft::v1::JobSpec spec = SmallSpec(4, 1, /*llama=*/true);
+  const auto none = ModelPass(spec, engine::Checkpointing::kNone);
+  for (const engine::CheckpointingPlan level :
+       {engine::CheckpointingPlan(engine::Checkpointing::kSelective, 1),
+        engine::CheckpointingPlan(engine::Checkpointing::kFull, 1)}) {
+    SCOPED_TRACE(engine::DescribeCheckpointing(level));
+    const auto mixed = ModelPass(spec, level);
+    ASSERT_EQ(mixed.size(), none.size());
+    EXPECT_EQ(mixed[0], none[0]) << "losses";
+    EXPECT_LT(NormRelative(mixed[1], none[1]), 1e-5) << "the head unit";
+    for (size_t u = 2; u < none.size(); ++u) EXPECT_EQ(mixed[u], none[u]) << "unit " << u - 1;
   }
 }
 
@@ -442,6 +520,32 @@ TEST_F(ZeroCudaTest, CheckpointingLevelsMatchNone) {
 
 TEST_F(ZeroCudaTest, LlamaCheckpointingLevelsMatchNone) {
   ExpectLevelsMatchNone(SmallSpec(4, 8, /*llama=*/true));
+}
+
+// The engine's plan is its allocation: what Create allocated (state, working buffers,
+// activations) is what PlanGpuMemory said, to the few small buffers the plan rounds up —
+// with and without offload, with and without gradient accumulation. At world 1 the state is
+// 16 bytes a parameter.
+TEST_F(ZeroCudaTest, StatePlanIsTheAllocation) {
+  for (bool offload : {false, true}) {
+    for (int accum : {1, 2}) {
+      SCOPED_TRACE(absl::StrCat("offload=", offload, " accum=", accum));
+      weft::v1::JobSpec spec = SmallSpec(4, 1, /*llama=*/true);
+      spec.mutable_optimizer()->set_offload(offload);
+      spec.mutable_training()->set_grad_accum_steps(accum);
+      MemoryStore store;
+      auto c = comm::CreateNcclCommunicator(&store, 0, 1, {});
+      ASSERT_TRUE(c.ok()) << c.status();
+      auto engine = ZeroCudaEngine::Create(spec, c->get());
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      const size_t planned = (*engine)->StateBytes() + (*engine)->WorkingBytes();
+      const size_t allocated = (*engine)->EngineDeviceBytes();
+      EXPECT_LE(allocated, planned);
+      EXPECT_GE(allocated + 8192, planned);
+      const size_t params = (*engine)->layout().total_shard();
+      EXPECT_EQ((*engine)->StateBytes(), params * (offload ? 6 : 16));
+    }
+  }
 }
 
 // Optimizer offload steps the same AdamW on the host: the curve and the parameters follow the

@@ -11,6 +11,7 @@
 #ifndef WEFT_WORKER_ENGINE_CHECKPOINTING_H_
 #define WEFT_WORKER_ENGINE_CHECKPOINTING_H_
 
+#include <string>
 #include <string_view>
 
 #include "weft/v1/job.pb.h"
@@ -41,6 +42,40 @@ inline std::string_view CheckpointingName(Checkpointing level) {
     case Checkpointing::kFull: return "full";
   }
   return "?";
+}
+
+// The next lighter level: FULL -> SELECTIVE -> NONE (NONE stays).
+inline Checkpointing Lighter(Checkpointing level) {
+  return level == Checkpointing::kFull ? Checkpointing::kSelective : Checkpointing::kNone;
+}
+
+// A level per block: blocks [0, lighter_layers) at Lighter(level), the others at `level`. The
+// memory plan's AUTO spends what a uniform level leaves free on the device this way (the
+// lightest uniform level that fits, then as many blocks one step lighter as still fit); a
+// level a job names runs uniform. Which blocks are lighter does not matter for memory or time.
+struct CheckpointingPlan {
+  CheckpointingPlan() = default;
+  // A uniform plan: implicit, so a plain level reads as one wherever a plan is taken.
+  CheckpointingPlan(Checkpointing uniform) : level(uniform) {}  // NOLINT(runtime/explicit)
+  CheckpointingPlan(Checkpointing base, int lighter) : level(base), lighter_layers(lighter) {}
+
+  Checkpointing At(int layer) const { return layer < lighter_layers ? Lighter(level) : level; }
+  bool operator==(const CheckpointingPlan&) const = default;
+
+  Checkpointing level = Checkpointing::kNone;
+  int lighter_layers = 0;
+};
+
+// "full", or "full, selective for blocks 0-16": for logs and events.
+inline std::string DescribeCheckpointing(const CheckpointingPlan& plan) {
+  std::string out(CheckpointingName(plan.level));
+  if (plan.lighter_layers > 0 && plan.level != Checkpointing::kNone) {
+    out += ", ";
+    out += CheckpointingName(Lighter(plan.level));
+    out += plan.lighter_layers == 1 ? " for block 0"
+                                    : " for blocks 0-" + std::to_string(plan.lighter_layers - 1);
+  }
+  return out;
 }
 
 // The level a spec names; AUTO and UNSPECIFIED give `automatic` (the caller's resolution).

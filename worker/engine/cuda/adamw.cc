@@ -11,11 +11,10 @@
 
 namespace weft::engine::cuda {
 
-absl::Status AdamWUpdateBf16(float* params, bf16* params_bf16, const float* grads, float* m,
-                             float* v, const uint8_t* decay_mask, size_t n,
-                             const AdamWConfig& config, int64_t step, const float* grad_scale,
-                             cudaStream_t stream) {
-  if (step < 1) return absl::InvalidArgumentError("adamw bf16: step is 1-based");
+absl::Status AdamWUpdate(float* params, bf16* params_bf16, const float* grads, float* m,
+                         float* v, size_t n, bool decay, const AdamWConfig& config, int64_t step,
+                         const float* grad_scale, cudaStream_t stream) {
+  if (step < 1) return absl::InvalidArgumentError("adamw: step is 1-based");
   // In double, as the CPU op: 1 - beta2^step for small steps would lose most of its digits in
   // float.
   const internal::AdamWScalars scalars = {
@@ -26,8 +25,8 @@ absl::Status AdamWUpdateBf16(float* params, bf16* params_bf16, const float* grad
       config.lr * config.weight_decay,
       static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta1), step)),
       static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta2), step))};
-  return internal::LaunchAdamWBf16(params, params_bf16, grads, m, v, decay_mask, n, scalars,
-                                   grad_scale, stream);
+  return internal::LaunchAdamW(params, params_bf16, grads, m, v, n, decay, scalars, grad_scale,
+                               stream);
 }
 
 }  // namespace weft::engine::cuda

@@ -6,8 +6,9 @@
 // Elementwise, so independent of the sharding; results match the CPU op to a few ulp (nvcc
 // contracts multiply-adds into FMAs, the CPU build does not).
 //
-// fp32 master weights, m and v; the update also writes the bf16 working copy and reads
-// grad_scale on the device. Also the optimizer's helpers: the fp32 -> bf16 cast, and the
+// fp32 master weights, m and v; the update optionally also writes a bf16 copy, and reads
+// grad_scale on the device. Decay is per call (a run of elements that all decay or all do
+// not): the engine keeps the runs, not a byte per parameter. Also the optimizer's helpers: the fp32 -> bf16 cast, and the
 // global-norm clipping pieces (sum of squares in two phases with fixed-order partials, so
 // deterministic; the clip factor computed on the device).
 #include <cuda_runtime.h>
@@ -39,21 +40,20 @@ __device__ inline float AdamWElement(float p, float g, float* m, float* v, bool 
   return (p - a.lr * m_hat / (sqrtf(v_hat) + a.eps)) - decay_term;
 }
 
-__global__ void AdamWBf16Kernel(float* __restrict__ params,              // (n)
-                                bf16* __restrict__ params_bf16,          // (n)
-                                const float* __restrict__ grads,         // (n)
-                                float* __restrict__ m,                   // (n)
-                                float* __restrict__ v,                   // (n)
-                                const uint8_t* __restrict__ decay_mask,  // (n)
-                                int64_t n, AdamWScalars scalars,
-                                const float* __restrict__ grad_scale) {  // device scalar
+template <bool kWriteBf16>
+__global__ void AdamWKernel(float* __restrict__ params,              // (n)
+                            bf16* __restrict__ params_bf16,          // (n) when kWriteBf16
+                            const float* __restrict__ grads,         // (n)
+                            float* __restrict__ m,                   // (n)
+                            float* __restrict__ v,                   // (n)
+                            int64_t n, bool decay, AdamWScalars scalars,
+                            const float* __restrict__ grad_scale) {  // device scalar
   const float scale = *grad_scale;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float p =
-        AdamWElement(params[i], grads[i] * scale, m + i, v + i, decay_mask[i] != 0, scalars);
+    const float p = AdamWElement(params[i], grads[i] * scale, m + i, v + i, decay, scalars);
     params[i] = p;
-    params_bf16[i] = __float2bfloat16(p);
+    if constexpr (kWriteBf16) params_bf16[i] = __float2bfloat16(p);
   }
 }
 
@@ -112,18 +112,20 @@ __global__ void ClipScaleKernel(float* __restrict__ grad_scale,   // scalar
 
 namespace internal {
 
-absl::Status LaunchAdamWBf16(float* params, bf16* params_bf16, const float* grads, float* m,
-                             float* v, const uint8_t* decay_mask, size_t n,
-                             const AdamWScalars& scalars, const float* grad_scale,
-                             cudaStream_t stream) {
+absl::Status LaunchAdamW(float* params, bf16* params_bf16, const float* grads, float* m,
+                         float* v, size_t n, bool decay, const AdamWScalars& scalars,
+                         const float* grad_scale, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
   WEFT_BF16_RETURN_IF_ERROR(CheckPointers(
-      "adamw bf16", {NotNull(params, "params"), NotNull(params_bf16, "params_bf16"),
-                     NotNull(grads, "grads"), NotNull(m, "m"), NotNull(v, "v"),
-                     NotNull(decay_mask, "decay_mask"), NotNull(grad_scale, "grad_scale")}));
+      "adamw", {NotNull(params, "params"), NotNull(grads, "grads"), NotNull(m, "m"),
+                NotNull(v, "v"), NotNull(grad_scale, "grad_scale")}));
   const int64_t count = static_cast<int64_t>(n);
-  return Launch(AdamWBf16Kernel, GridFor(count), kBlockSize, 0, stream, params, params_bf16, grads,
-                m, v, decay_mask, count, scalars, grad_scale);
+  if (params_bf16 == nullptr) {
+    return Launch(AdamWKernel<false>, GridFor(count), kBlockSize, 0, stream, params, params_bf16,
+                  grads, m, v, count, decay, scalars, grad_scale);
+  }
+  return Launch(AdamWKernel<true>, GridFor(count), kBlockSize, 0, stream, params, params_bf16,
+                grads, m, v, count, decay, scalars, grad_scale);
 }
 
 }  // namespace internal

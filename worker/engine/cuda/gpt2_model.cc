@@ -12,7 +12,7 @@
 
 namespace weft::engine::cuda {
 
-GptCuda::GptCuda(const GptConfig& config, int max_b, int max_t, Checkpointing level,
+GptCuda::GptCuda(const GptConfig& config, int max_b, int max_t, CheckpointingPlan level,
                  cudaStream_t stream)
     : ArenaModel(max_b, max_t, level, stream),
       config_(config),
@@ -33,10 +33,10 @@ size_t GptCuda::Layout(char* base) {
   for (auto* vec : {&ln1_, &q_, &k_, &v_, &atty_, &res2_, &ln2_, &fch_, &fcg_}) vec->resize(layers);
   for (auto* vec : {&ln1_mean_, &ln1_rstd_, &ln2_mean_, &ln2_rstd_, &lse_}) vec->resize(layers);
   layer_qkv_.resize(layers);
-  // The level's per-layer buffers (gpt2_model.h); what it does not keep is taken once, here,
-  // and shared by every layer.
-  const bool keep_all = KeptPerLayer(level_, ActKind::kCheap);
-  const bool keep_matmuls = KeptPerLayer(level_, ActKind::kSaved);
+  // The level's per-layer buffers (gpt2_model.h); what the plan's heaviest level does not keep
+  // is taken once, here, and shared by every layer at that level.
+  bool keep_all = KeptPerLayer(level_.level, ActKind::kCheap);
+  bool keep_matmuls = KeptPerLayer(level_.level, ActKind::kSaved);
   const auto shared = [&](bool kept, size_t count) { return kept ? nullptr : a.Take<bf16>(count); };
   bf16* const ln1 = shared(keep_all, nc);
   bf16* const atty = shared(keep_all, nc);
@@ -49,6 +49,8 @@ size_t GptCuda::Layout(char* base) {
   bf16* const res2 = shared(keep_matmuls, nc);
   bf16* const fch = shared(keep_matmuls, 4 * nc);
   for (int l = 0; l < layers; ++l) {
+    keep_all = KeptPerLayer(level_.At(l), ActKind::kCheap);
+    keep_matmuls = KeptPerLayer(level_.At(l), ActKind::kSaved);
     ln1_[l] = a.TakeOr(keep_all, ln1, nc);
     if (flash_) {
       layer_qkv_[l] = a.TakeOr(keep_matmuls, qkv, 3 * nc);  // (B, T, 3C), read in place
@@ -97,13 +99,13 @@ size_t GptCuda::Layout(char* base) {
 }
 
 size_t GptCuda::PlanActivationBytes(const GptConfig& config, int max_b, int max_t,
-                                    Checkpointing level) {
+                                    CheckpointingPlan level) {
   GptCuda probe(config, max_b, max_t, level, nullptr);
   return probe.PlannedBytes();
 }
 
 absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config, int max_b,
-                                                         int max_t, Checkpointing level,
+                                                         int max_t, CheckpointingPlan level,
                                                          cudaStream_t stream) {
   if (config.hidden_size % 8 != 0 || config.hidden_size % config.num_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

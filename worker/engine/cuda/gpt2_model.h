@@ -21,7 +21,8 @@
 //               rather than bit for bit;
 //   kFull       the block input: 1; the backward first re-runs the block's forward up to the
 //               GELU (bit for bit: the same kernels).
-// What a level does not keep lives in one set of buffers all layers share. The logits are
+// What a level does not keep lives in one set of buffers the layers at that level share (a plan
+// may run some blocks one level lighter: engine::CheckpointingPlan). The logits are
 // processed in row chunks, so (B, T, Vp) never exists at once.
 //
 // Attention: fused flash attention (flash_attention.cu) when it supports the head size, so no
@@ -49,13 +50,13 @@ class GptCuda final : public ArenaModel {
  public:
   // Bytes Create allocates for activations and scratch (exact, for the memory planner).
   static size_t PlanActivationBytes(const GptConfig& config, int max_b, int max_t,
-                                    Checkpointing level);
+                                    CheckpointingPlan level);
 
   // On the current device; kernels go to `stream` (not owned). INVALID_ARGUMENT for shapes
   // the kernels cannot take (hidden size not a multiple of 8, ...), RESOURCE_EXHAUSTED when
   // the activations do not fit.
   static absl::StatusOr<std::unique_ptr<GptCuda>> Create(const GptConfig& config, int max_b,
-                                                         int max_t, Checkpointing level,
+                                                         int max_t, CheckpointingPlan level,
                                                          cudaStream_t stream);
 
   const GptConfig& config() const { return config_; }
@@ -69,7 +70,7 @@ class GptCuda final : public ArenaModel {
   absl::Status EncoderBackward(float* head_grad) override;
 
  private:
-  GptCuda(const GptConfig& config, int max_b, int max_t, Checkpointing level,
+  GptCuda(const GptConfig& config, int max_b, int max_t, CheckpointingPlan level,
           cudaStream_t stream);
   size_t Layout(char* base) override;
   // The forward's pieces: the attention sub-layer (x -> res2), attention itself (q, k, v ->

@@ -38,7 +38,7 @@ std::string ShapeProblem(const LlamaConfig& c) {
 
 }  // namespace
 
-LlamaCuda::LlamaCuda(const LlamaConfig& config, int max_b, int max_t, Checkpointing level,
+LlamaCuda::LlamaCuda(const LlamaConfig& config, int max_b, int max_t, CheckpointingPlan level,
                      cudaStream_t stream)
     : ArenaModel(max_b, max_t, level, stream), config_(config) {
   const LlamaArch arch(config);
@@ -57,9 +57,10 @@ size_t LlamaCuda::Layout(char* base) {
   const size_t head_rows = static_cast<size_t>(max_b_) * config_.num_heads * max_t_;
   res_.resize(layers + 1);
   for (bf16*& r : res_) r = a.Take<bf16>(nc);
-  // The level's per-layer buffers; what it does not keep is taken once, here, and shared.
-  const bool keep_all = KeptPerLayer(level_, ActKind::kCheap);
-  const bool keep_matmuls = KeptPerLayer(level_, ActKind::kSaved);
+  // The level's per-layer buffers; what the plan's heaviest level does not keep is taken once,
+  // here, and shared by the layers at that level.
+  bool keep_all = KeptPerLayer(level_.level, ActKind::kCheap);
+  bool keep_matmuls = KeptPerLayer(level_.level, ActKind::kSaved);
   Saved shared{};
   shared.attn_norm = keep_all ? nullptr : a.Take<bf16>(nc);
   shared.atty = keep_all ? nullptr : a.Take<bf16>(nc);
@@ -69,7 +70,10 @@ size_t LlamaCuda::Layout(char* base) {
   shared.res2 = keep_matmuls ? nullptr : a.Take<bf16>(nc);
   shared.gate_up = keep_matmuls ? nullptr : a.Take<bf16>(2 * n_i);
   saved_.resize(layers);
-  for (Saved& s : saved_) {
+  for (int l = 0; l < layers; ++l) {
+    Saved& s = saved_[l];
+    keep_all = KeptPerLayer(level_.At(l), ActKind::kCheap);
+    keep_matmuls = KeptPerLayer(level_.At(l), ActKind::kSaved);
     s.attn_rstd = a.Take<float>(n);
     s.lse = a.Take<float>(head_rows);
     s.mlp_rstd = a.Take<float>(n);
@@ -101,7 +105,7 @@ size_t LlamaCuda::Layout(char* base) {
 
 absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(const LlamaConfig& config,
                                                              int max_b, int max_t,
-                                                             Checkpointing level,
+                                                             CheckpointingPlan level,
                                                              cudaStream_t stream) {
   if (const std::string problem = ShapeProblem(config); !problem.empty()) {
     return absl::InvalidArgumentError(problem);
@@ -117,7 +121,7 @@ absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(const LlamaConfig& 
 }
 
 size_t LlamaCuda::PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t,
-                                      Checkpointing level) {
+                                      CheckpointingPlan level) {
   LlamaCuda probe(config, max_b, max_t, level, nullptr);
   return probe.PlannedBytes();
 }

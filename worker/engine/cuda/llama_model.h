@@ -24,7 +24,8 @@
 //               the kept q, k, v) and SwiGLU;
 //   kFull       the block input: C; the backward first re-runs the block's forward up to the
 //               SwiGLU output (the down projection's output is not needed).
-// What a level does not keep lives in one set of buffers all layers share.
+// What a level does not keep lives in one set of buffers the layers at that level share (a plan
+// may run some blocks one level lighter: engine::CheckpointingPlan).
 //
 // Needs: hidden size, head size and intermediate size multiples of 8 (16-byte vectors), a head
 // size flash attention supports that is a multiple of 16 (rotary halves as vectors), Vp % 8.
@@ -45,11 +46,11 @@ class LlamaCuda final : public ArenaModel {
   // INVALID_ARGUMENT for shapes the kernels cannot take (see above), RESOURCE_EXHAUSTED when
   // the activations do not fit; kernels go to `stream` (not owned), on the current device.
   static absl::StatusOr<std::unique_ptr<LlamaCuda>> Create(const LlamaConfig& config, int max_b,
-                                                           int max_t, Checkpointing level,
+                                                           int max_t, CheckpointingPlan level,
                                                            cudaStream_t stream);
   // What Create allocates: activations, scratch and the GEMM workspace (exact).
   static size_t PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t,
-                                    Checkpointing level);
+                                    CheckpointingPlan level);
 
   const LlamaConfig& config() const { return config_; }
 
@@ -64,7 +65,7 @@ class LlamaCuda final : public ArenaModel {
   absl::Status BlockBackward(int layer, const bf16* block, float* block_grad) override;
 
  private:
-  LlamaCuda(const LlamaConfig& config, int max_b, int max_t, Checkpointing level,
+  LlamaCuda(const LlamaConfig& config, int max_b, int max_t, CheckpointingPlan level,
             cudaStream_t stream);
   size_t Layout(char* base) override;
   // The forward's halves: the attention sub-layer (x -> res2), and the MLP up to the SwiGLU

@@ -73,15 +73,16 @@ class CudaModel {
 };
 
 // The model of `arch` on the current device, kernels on `stream` (not owned), for
-// micro-batches up to (max_b, max_t), keeping what `level` says. INVALID_ARGUMENT for shapes
+// micro-batches up to (max_b, max_t), keeping what `level` says of each block. INVALID_ARGUMENT for shapes
 // the kernels cannot take or an architecture without a CUDA model; RESOURCE_EXHAUSTED when the
 // activations do not fit.
 absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(const ModelArch& arch, int max_b,
-                                                           int max_t, Checkpointing level,
+                                                           int max_t, CheckpointingPlan level,
                                                            cudaStream_t stream);
 // Device bytes CreateCudaModel allocates for activations, scratch and the GEMM workspace (exact,
 // for the memory planner); 0 for an architecture without a CUDA model (Create then refuses).
-size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t, Checkpointing level);
+size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t,
+                               CheckpointingPlan level);
 
 }  // namespace weft::engine::cuda
 

@@ -11,7 +11,7 @@
 namespace weft::engine::cuda {
 
 absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(const ModelArch& arch, int max_b,
-                                                           int max_t, Checkpointing level,
+                                                           int max_t, CheckpointingPlan level,
                                                            cudaStream_t stream) {
   if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
     return GptCuda::Create(gpt2->config(), max_b, max_t, level, stream);
@@ -24,7 +24,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(const ModelArch& arch
 }
 
 size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t,
-                               Checkpointing level) {
+                               CheckpointingPlan level) {
   if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
     return GptCuda::PlanActivationBytes(gpt2->config(), max_b, max_t, level);
   }

@@ -87,7 +87,7 @@ absl::Status ArenaModel::LmHeadLoss(const bf16* normed, const bf16* weight, floa
 }
 
 absl::Status ArenaModel::Recompute(int l, const bf16* block) {
-  switch (level_) {
+  switch (level_.At(l)) {
     case Checkpointing::kNone:
       return absl::OkStatus();
     case Checkpointing::kFull:

@@ -56,7 +56,7 @@ class ArenaModel : public CudaModel {
   size_t BlasWorkspaceBytes() const override { return BlasOptions{}.workspace_bytes; }
 
  protected:
-  ArenaModel(int max_b, int max_t, Checkpointing level, cudaStream_t stream)
+  ArenaModel(int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream)
       : max_b_(max_b), max_t_(max_t), level_(level), stream_(stream) {}
 
   // Points every buffer into the allocation at `base` and returns the bytes used; a null base
@@ -72,7 +72,7 @@ class ArenaModel : public CudaModel {
   size_t PlannedBytes() { return Layout(nullptr) + BlasOptions{}.workspace_bytes; }
 
   // Activation checkpointing (engine/checkpointing.h): what BlockBackward(l) calls first to
-  // bring back what level_ did not keep of block l's forward — nothing at kNone; at kFull the
+  // bring back what level_.At(l) did not keep of block l's forward — nothing at kNone; at kFull the
   // block's forward up to the MLP's activation (its two halves below); at kSelective the
   // model's RecomputeSelective.
   absl::Status Recompute(int l, const bf16* block);
@@ -92,7 +92,7 @@ class ArenaModel : public CudaModel {
                           int c, int v, int vp, float grad_scale);
 
   const int max_b_, max_t_;
-  const Checkpointing level_;
+  const CheckpointingPlan level_;
   cudaStream_t stream_;
   int b_ = 0, t_ = 0;
   std::unique_ptr<Blas> blas_;

@@ -226,16 +226,17 @@ absl::Status CrossEntropyForwardBackward(bf16* logits,            // (N, Vp) in/
                                          int n, int v, int vp, float grad_scale,
                                          cudaStream_t stream);
 
-// ---- adamw.cu + adamw.cc: the fp32 master update that also writes the bf16 working copy ----
-// engine::AdamWUpdate's semantics (worker/engine/adamw.h) on a device-resident flat shard:
-// g = grad_scale * grads[i]; decoupled decay where decay_mask[i] != 0, applied to the
-// parameter before the Adam step; `step` 1-based; bias corrections computed in double on the
-// host. Then params_bf16[i] = bf16(params[i]). `grad_scale` is read from DEVICE memory
+// ---- adamw.cu + adamw.cc: the fp32 master update (and, optionally, its bf16 copy) ----
+// engine::AdamWUpdate's semantics (worker/engine/adamw.h) on a device-resident run of a flat
+// shard whose elements all decay (`decay`) or all do not: g = grad_scale * grads[i];
+// decoupled decay applied to the parameter before the Adam step; `step` 1-based; bias
+// corrections computed in double on the host. With params_bf16 (may be null),
+// params_bf16[i] = bf16(params[i]) too. `grad_scale` is read from DEVICE memory
 // (*grad_scale), so clipping by a norm computed on the GPU needs no host round trip.
-absl::Status AdamWUpdateBf16(float* params, bf16* params_bf16, const float* grads, float* m,
-                             float* v, const uint8_t* decay_mask, size_t n,
-                             const AdamWConfig& config, int64_t step,
-                             const float* grad_scale /* device scalar */, cudaStream_t stream);
+absl::Status AdamWUpdate(float* params, bf16* params_bf16 /* nullable */, const float* grads,
+                         float* m, float* v, size_t n, bool decay, const AdamWConfig& config,
+                         int64_t step, const float* grad_scale /* device scalar */,
+                         cudaStream_t stream);
 // out[i] = bf16(in[i]).
 absl::Status CastToBf16(bf16* out, const float* in, size_t n, cudaStream_t stream);
 // *out += sum_i x[i]^2 (fp32 partial sums, fixed order): a shard's part of the global grad norm.
@@ -257,11 +258,10 @@ struct AdamWScalars {
   float correction1;
   float correction2;
 };
-// AdamWUpdateBf16's launcher (adamw.cu). Callers use AdamWUpdateBf16.
-absl::Status LaunchAdamWBf16(float* params, bf16* params_bf16, const float* grads, float* m,
-                             float* v, const uint8_t* decay_mask, size_t n,
-                             const AdamWScalars& scalars, const float* grad_scale,
-                             cudaStream_t stream);
+// AdamWUpdate's launcher (adamw.cu). Callers use AdamWUpdate.
+absl::Status LaunchAdamW(float* params, bf16* params_bf16, const float* grads, float* m,
+                         float* v, size_t n, bool decay, const AdamWScalars& scalars,
+                         const float* grad_scale, cudaStream_t stream);
 }  // namespace internal
 
 }  // namespace weft::engine::cuda

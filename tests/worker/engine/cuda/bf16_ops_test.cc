@@ -456,40 +456,52 @@ TEST_F(Bf16OpsTest, CrossEntropy) {
             kInvalid);  // vp % 8
 }
 
-TEST_F(Bf16OpsTest, AdamWBf16) {
+TEST_F(Bf16OpsTest, AdamWRunsFollowTheCpuOp) {
   const size_t n = 50001;
   std::vector<float> params = Random(rng_, n), m = Random(rng_, n, 0.0f, 0.01f);
   std::vector<float> v = Random(rng_, n, 0.0f, 0.01f);
   for (float& x : v) x = x * x;  // second moments are non-negative
   const std::vector<float> grads = Random(rng_, n);
-  std::vector<uint8_t> mask(n);
-  for (size_t i = 0; i < n; ++i) mask[i] = static_cast<uint8_t>(i % 3);  // 0, 1 and 2 (!= 0)
+  // Two runs as the engine keeps them: [0, split) decays, [split, n) does not.
+  const size_t split = 20011;
+  std::vector<uint8_t> mask(n, 0);
+  std::fill(mask.begin(), mask.begin() + split, 1);
   AdamWConfig config;
   config.lr = 3e-3f;
+  config.weight_decay = 0.1f;
   const int64_t step = 7;
   const float grad_scale = 0.5f;
 
   DeviceBuffer<float> d_params(params), d_grads(grads), d_m(m), d_v(v);
   DeviceBuffer<float> d_scale(std::vector<float>{grad_scale});
-  DeviceBuffer<uint8_t> d_mask(mask);
   Bf16Buffer d_params_bf16(n);
   engine::AdamWUpdate(params.data(), grads.data(), m.data(), v.data(), mask.data(), n, config,
                       step, grad_scale);
-  ASSERT_TRUE(AdamWUpdateBf16(d_params.get(), d_params_bf16.get(), d_grads.get(), d_m.get(),
-                              d_v.get(), d_mask.get(), n, config, step, d_scale.get(), stream_)
+  // The first run also writes the bf16 copy; the second does not (a null copy).
+  ASSERT_TRUE(AdamWUpdate(d_params.get(), d_params_bf16.get(), d_grads.get(), d_m.get(),
+                          d_v.get(), split, /*decay=*/true, config, step, d_scale.get(), stream_)
+                  .ok());
+  ASSERT_TRUE(AdamWUpdate(d_params.get() + split, nullptr, d_grads.get() + split,
+                          d_m.get() + split, d_v.get() + split, n - split, /*decay=*/false,
+                          config, step, d_scale.get(), stream_)
                   .ok());
   Sync();
   const std::vector<float> gpu_params = d_params.ToHost();
   EXPECT_CLOSE(gpu_params, params, 1e-6);
   EXPECT_CLOSE(d_m.ToHost(), m, 1e-6);
   EXPECT_CLOSE(d_v.ToHost(), v, 1e-6);
-  EXPECT_EQ(d_params_bf16.ToHost(), Rounded(gpu_params));
+  const std::vector<float> copy = d_params_bf16.ToHost();
+  const std::vector<float> rounded = Rounded(gpu_params);
+  EXPECT_TRUE(std::equal(copy.begin(), copy.begin() + split, rounded.begin()));
+  const std::vector<uint16_t> bits = d_params_bf16.Bits();
+  EXPECT_TRUE(std::all_of(bits.begin() + split, bits.end(),
+                          [](uint16_t b) { return b == kGarbageBits; }));
 
-  EXPECT_EQ(AdamWUpdateBf16(d_params.get(), d_params_bf16.get(), d_grads.get(), d_m.get(),
-                            d_v.get(), d_mask.get(), n, config, step, nullptr, stream_).code(),
+  EXPECT_EQ(AdamWUpdate(d_params.get(), nullptr, d_grads.get(), d_m.get(), d_v.get(), n, true,
+                        config, step, nullptr, stream_).code(),
             kInvalid);
-  EXPECT_EQ(AdamWUpdateBf16(d_params.get(), d_params_bf16.get(), d_grads.get(), d_m.get(),
-                            d_v.get(), d_mask.get(), n, config, 0, d_scale.get(), stream_).code(),
+  EXPECT_EQ(AdamWUpdate(d_params.get(), nullptr, d_grads.get(), d_m.get(), d_v.get(), n, true,
+                        config, 0, d_scale.get(), stream_).code(),
             kInvalid);
 }
 
