@@ -10,7 +10,12 @@
 #     micro-batch WEFT_BENCH_MB (default 4), checkpointing every WEFT_BENCH_INTERVAL steps
 #     (default 10); prints, from the job's SUBMITTED and CHECKPOINT_COMMITTED events,
 #     BENCH checkpoint_train params=P world=1 device=D saves=K stall_ms_max=... stall_ms_mean=...
-#       stall_ms_first=... upload_gbps=... (rank 0's bytes over its save time, mean of saves)
+#       stall_ms_first=... upload_gbps=... copy_ms_first=... copy_ms_max_reused=... wait_ms_max=...
+#     upload_gbps: rank 0's bytes over its save time up to the commit, mean of the saves. A stall
+#     is the wait for the previous upload (one is in flight at a time) plus the copy to host
+#     memory (the first into new buffers, the later ones into the same): the worker's log
+#     splits it, copy_ms_* and wait_ms_max. When an upload outlasts the interval, the next save
+#     waits for it: wait_ms_max is then about the upload time less the interval's training.
 #     (b) two CPU workers resume that job (resume_from_job) for one more step at micro-batch 1
 #     and a WEFT_BENCH_RESTORE_SEQ-token sequence (default 64); prints
 #     BENCH checkpoint_restore from_world=1 from_device=D to_world=2 to_device=cpu restore_s=...
@@ -34,6 +39,8 @@ RESTORE_SEQ=${WEFT_BENCH_RESTORE_SEQ:-64}
 ((RESTORE_SEQ > T)) && RESTORE_SEQ=$T
 WORK=${WEFT_BENCH_WORK:-$(mktemp -d /tmp/weft-ckpt-bench.XXXXXX)}
 mkdir -p "$WORK"
+# A kept folder from an earlier run: start from empty services.
+rm -rf "$WORK/coordinator" "$WORK/checkpointd" "$WORK"/worker-*.log
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/procs.sh"
 weft_stop_at_exit TERM
 
@@ -68,13 +75,15 @@ $7
 SPEC
 }
 
-# start_workers PHASE KIND COUNT: logs to worker-PHASE-KIND<i>.log; sets WORKER_PIDS.
+# start_workers PHASE KIND COUNT: logs to worker-PHASE-KIND<i>.log; sets WORKER_PIDS. CPU
+# workers share the cores for their matmuls.
 start_workers() {
   WORKER_PIDS=()
+  local blas=$(($(nproc) / $3))
   for ((i = 0; i < $3; i++)); do
     weft_spawn "$WORK/worker-$1-$2$i.log" "$BIN/weft-worker" --device="$2:$i" \
       --checkpointd="$WEFT_CHECKPOINTD" --metrics-address=none --output-dir="$WORK/models" \
-      --worker-id="ckpt-bench-$1-$2$i"
+      --worker-id="ckpt-bench-$1-$2$i" --blas-threads=$((blas > 0 ? blas : 1))
     WORKER_PIDS+=("$WEFT_SPAWNED_PID")
   done
 }
@@ -108,9 +117,9 @@ spec ckpt-train "${DEVICE^^}" 1 "$MB" "$T" "$STEPS" \
 TRAIN_JOB=$(run_job "$WORK/train.pb.txt" "$WORK/train.jsonl")
 weft_stop "${WORKER_PIDS[@]}" "$COORDINATOR_PID"
 
-python3 - "$WORK/train.jsonl" "$DEVICE" <<'PY' | tee "$WORK/train.bench"
+python3 - "$WORK/train.jsonl" "$DEVICE" "$WORK/worker-train-${DEVICE}0.log" <<'PY'
 import json, re, sys
-path, device = sys.argv[1], sys.argv[2]
+path, device, log = sys.argv[1], sys.argv[2], sys.argv[3]
 events = {}
 for line in open(path):
     for e in json.loads(line).get("events", []):
@@ -132,10 +141,22 @@ if params is None or not saves:
 stalls = [saves[k][0] for k in sorted(saves)]
 # World 1: rank 0 writes params, m and v whole, 12 bytes per parameter.
 rates = [12 * params / (saves[k][1] / 1000) / 1e9 for k in sorted(saves)]
+# The worker's split of each stall: waiting for the previous upload, then the copy.
+waits, copies = [], []
+for line in open(log):
+    m = re.search(r"checkpoint at step \d+: training stalled [\d.]+ ms \(([\d.]+) ms waiting "
+                  r"for the previous upload, ([\d.]+) ms copying", line)
+    if m:
+        waits.append(float(m.group(1)))
+        copies.append(float(m.group(2)))
+if len(copies) != len(saves):
+    sys.exit(f"{len(saves)} checkpoints committed but {len(copies)} saves logged in {log}")
 print(f"BENCH checkpoint_train params={params} world=1 device={device} saves={len(saves)} "
       f"stall_ms_max={max(stalls):.1f} stall_ms_mean={sum(stalls) / len(stalls):.1f} "
       f"stall_ms_first={stalls[0]:.1f} upload_gbps={sum(rates) / len(rates):.3f} "
-      f"steps_saved={','.join(str(k) for k in sorted(saves))}", flush=True)
+      f"copy_ms_first={copies[0]:.1f} copy_ms_max_reused={max(copies[1:], default=0):.1f} "
+      f"wait_ms_max={max(waits):.1f} steps_saved={','.join(str(k) for k in sorted(saves))}",
+      flush=True)
 PY
 
 # (b) The newest checkpoint's step, then one more step from it on two CPU workers.

@@ -22,6 +22,12 @@ double MsSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
+int64_t SnapshotBytes(const std::vector<UnitSlice>& state) {
+  int64_t elements = 0;
+  for (const UnitSlice& slice : state) elements += slice.end - slice.begin;
+  return elements * static_cast<int64_t>(kUnitStates.size() * sizeof(float));
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(CheckpointClient* client, Store* store, const weft::v1::JobSpec& spec,
@@ -108,13 +114,21 @@ absl::StatusOr<double> Checkpointer::Save(int64_t step, const TrainingEngine& en
   // The upload itself overlaps the next steps.
   const auto start = std::chrono::steady_clock::now();
   std::vector<UnitSlice> snapshot = TakeBuffers();
+  const double waited_ms = MsSince(start);
+  const bool reused = !snapshot.empty();
   if (absl::Status s = engine.Snapshot(&snapshot); !s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     spare_ = std::move(snapshot);  // still the right sizes for the next try
     return s;
   }
+  const int64_t bytes = SnapshotBytes(snapshot);
   Submit(step, std::move(snapshot));
   const double stall_ms = MsSince(start);
+  // bench/checkpoint_scale_bench.sh reads this line: the two parts of the stall.
+  spdlog::info("job {} rank {}: checkpoint at step {}: training stalled {:.1f} ms ({:.1f} ms "
+               "waiting for the previous upload, {:.1f} ms copying {} bytes into {} buffers)",
+               who_.job_id, who_.rank, step, stall_ms, waited_ms, stall_ms - waited_ms, bytes,
+               reused ? "reused" : "new");
   std::lock_guard<std::mutex> lock(mu_);
   stall_ms_by_step_[step] = stall_ms;
   return stall_ms;
@@ -225,8 +239,15 @@ weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, in
 absl::Status Checkpointer::Upload(int64_t step, const std::vector<UnitSlice>& state) {
   const int32_t rank = who_.rank;
   const int32_t world = who_.world_size;
-  WEFT_RETURN_IF_ERROR(
-      client_->WriteShard(who_.job_id, step, rank, world, ShardTensorsOf(state)).status());
+  const auto start = std::chrono::steady_clock::now();
+  WEFT_ASSIGN_OR_RETURN(const int64_t bytes,
+                        client_->WriteShard(who_.job_id, step, rank, world, ShardTensorsOf(state)));
+  const double ms = MsSince(start);
+  // bench/checkpoint_scale_bench.sh reads this line: this rank's own upload, without the wait
+  // for the other ranks and the commit that the coordinator's event includes.
+  spdlog::info("job {} rank {}: checkpoint at step {}: uploaded {} bytes in {:.1f} ms "
+               "({:.3f} GB/s)",
+               who_.job_id, rank, step, bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0);
   WEFT_RETURN_IF_ERROR(store_->Set(DoneKey(step, rank), "stored"));
   if (rank != 0) return absl::OkStatus();
 
