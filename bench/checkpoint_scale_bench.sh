@@ -89,16 +89,7 @@ start_workers() {
 }
 
 # run_job SPEC_FILE OUT_JSONL: submits, follows to the end (every status update), echoes the id.
-run_job() {
-  local job
-  job=$("$BIN/trainctl" submit "$1")
-  "$BIN/trainctl" watch "$job" -o json >"$2" || {
-    echo "job $job did not succeed; worker logs:" >&2
-    tail -n 20 "$WORK"/worker-*.log >&2
-    return 1
-  }
-  echo "$job"
-}
+run_job() { weft_run_job "$BIN/trainctl" "$1" "$2" "$WORK"/worker-*.log; }
 
 # A coordinator per job, on the same state (the second job names the first): the first job's
 # stopped worker is then never offered the second.

@@ -19,25 +19,21 @@ namespace weft::worker {
 namespace {
 
 weft::v1::JobSpec TinySpec() {
-  weft::v1::JobSpec spec;
-  spec.set_name("ckpt");
-  auto* m = spec.mutable_model();
-  m->set_num_layers(2);
-  m->set_hidden_size(32);
-  m->set_num_heads(4);
-  m->set_vocab_size(61);
-  m->set_padded_vocab_size(64);
-  m->set_context_length(16);
-  auto* t = spec.mutable_training();
-  t->set_total_steps(4);
-  t->set_micro_batch_size(2);
-  t->set_sequence_length(16);
-  t->set_seed(11);
-  spec.mutable_optimizer()->set_learning_rate(1e-2);
-  spec.mutable_checkpoint()->set_interval_steps(1);
-  spec.set_zero_stage(3);
-  ApplyJobSpecDefaults(&spec);
-  return spec;
+  constexpr char kSpec[] = R"pb(
+    name: "ckpt"
+    model { num_layers: 2 hidden_size: 32 num_heads: 4 vocab_size: 61 context_length: 16 }
+    training { total_steps: 4 micro_batch_size: 2 sequence_length: 16 seed: 11 }
+    optimizer { learning_rate: 1e-2 }
+    checkpoint { interval_steps: 1 }
+    zero_stage: 3
+  )pb";
+  absl::StatusOr<weft::v1::JobSpec> spec = ParseJobSpecText(kSpec, "tiny.pb.txt");
+  if (!spec.ok()) {
+    ADD_FAILURE() << spec.status();
+    return {};
+  }
+  ApplyJobSpecDefaults(&*spec);
+  return *spec;
 }
 
 void Batch(int64_t step, int, int32_t* inputs, int32_t* targets) {
