@@ -26,8 +26,9 @@
 #   Runs on a CPU-only machine with WEFT_BENCH_DEVICE=cpu and a small WEFT_BENCH_SHAPE, e.g.
 #   WEFT_BENCH_DEVICE=cpu WEFT_BENCH_SHAPE="2 64 4 256 64" WEFT_BENCH_MB=2.
 #   WEFT_BENCH_WORK keeps the logs, specs and status streams (default: a fresh temporary folder);
-#   it also holds checkpointd's database: at 1.5B two checkpoints (keep_last 1 plus the one
-#   being written) need ~38 GB of disk there.
+#   it also holds checkpointd's database: at 1.5B allow 18.7 GB of disk per save (keep_last 1
+#   deletes the older checkpoints, but RocksDB frees their blob files only as compaction and
+#   blob garbage collection reach them).
 set -euo pipefail
 BIN=$(cd "${1:?bin dir}" && pwd)
 DEVICE=${WEFT_BENCH_DEVICE:-cuda}
