@@ -1,15 +1,16 @@
 // Checkpoint save/restore throughput against a real weft-checkpointd, compared with what the
 // disk gives a plain sequential write of the same bytes in the same directory.
 //
-// Two ranks (threads, each its own CheckpointClient and so its own TCP connection) write
-// halves of four f32 tensors of random data (--bytes in all), the checkpoint is committed,
-// then two readers read everything back and check CRC32C against the source. The baseline
+// --ranks ranks (threads, each its own CheckpointClient and so its own TCP connection; 2 by
+// default) write equal parts of four f32 tensors of random data (--bytes in all), the
+// checkpoint is committed, then as many readers read everything back and check CRC32C against
+// the source: how checkpointd's throughput grows with the ranks streaming into it. The baseline
 // writes the same bytes to one file in 4 MiB writes and fdatasyncs it. Save and baseline both
 // end on durable storage (the daemon syncs each shard and the commit), so save_vs_raw is the
 // fraction of the disk's sequential bandwidth the checkpoint path achieves.
 //
 // Prints exactly one line on stdout:
-//   BENCH checkpoint bytes=B save_gbps=X restore_gbps=Y raw_write_gbps=Z save_vs_raw=R
+//   BENCH checkpoint ranks=N bytes=B save_gbps=X restore_gbps=Y raw_write_gbps=Z save_vs_raw=R
 // (GB/s = 1e9 bytes/s). Progress and errors go to stderr; exit status 1 on any failure.
 #include <fcntl.h>
 #include <signal.h>
@@ -30,7 +31,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/checkpoint_client.h"
@@ -40,7 +40,6 @@
 namespace weft {
 namespace {
 
-constexpr int kRanks = 2;
 constexpr int kTensors = 4;
 constexpr char kJob[] = "bench";
 constexpr int64_t kStep = 1;
@@ -57,21 +56,22 @@ std::string ExeDir() {
   return std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
 }
 
+// Rank `rank` of `ranks`'s part [begin, end) of a tensor of `n` elements.
+std::pair<int64_t, int64_t> Split(int64_t n, int rank, int ranks) {
+  return {n * rank / ranks, n * (rank + 1) / ranks};
+}
+
 // One rank's part of every tensor, random, with the CRC32C of each part.
 struct RankData {
   std::vector<std::vector<float>> parts;  // per tensor
   std::vector<uint32_t> crcs;
 };
 
-std::pair<int64_t, int64_t> Split(int64_t n, int rank) {
-  return {n * rank / kRanks, n * (rank + 1) / kRanks};
-}
-
-RankData MakeRankData(int64_t tensor_elems, int rank) {
+RankData MakeRankData(int64_t tensor_elems, int rank, int ranks) {
   RankData d;
   std::mt19937_64 rng(0x5eed + rank);
   for (int t = 0; t < kTensors; ++t) {
-    auto [b, e] = Split(tensor_elems, rank);
+    auto [b, e] = Split(tensor_elems, rank, ranks);
     std::vector<float> part(e - b);
     // Random bits (not random floats): what is stored is bytes, and compressible data would
     // flatter the store.
@@ -119,9 +119,14 @@ absl::StatusOr<absl::Duration> RawWrite(const std::string& path,
 int Main(int argc, char** argv) {
   CLI::App app{"Checkpoint save/restore throughput vs raw sequential write"};
   int64_t bytes = int64_t{1} << 30;
+  int ranks = 2;
   std::string dir;
-  app.add_option("--bytes", bytes, "Tensor bytes to checkpoint (split over 2 ranks, 4 tensors)")
+  app.add_option("--bytes", bytes, "Tensor bytes to checkpoint (split over the ranks, 4 tensors)")
       ->check(CLI::Range(int64_t{1} << 20, int64_t{8} << 30))
+      ->capture_default_str();
+  app.add_option("--ranks", ranks, "Ranks writing (and then reading) concurrently, each over "
+                 "its own connection")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app.add_option("--dir", dir,
                  "Parent directory for the daemon's data and the baseline file (default: "
@@ -135,47 +140,35 @@ int Main(int argc, char** argv) {
   testing::TempDir tmp;
   std::fprintf(stderr, "checkpoint_bench: %lld bytes in %s\n", static_cast<long long>(total),
                tmp.path().c_str());
-  std::vector<RankData> data(kRanks);
+  std::vector<RankData> data(ranks);
   {
     std::vector<std::thread> threads;
-    for (int r = 0; r < kRanks; ++r) {
-      threads.emplace_back([&, r] { data[r] = MakeRankData(tensor_elems, r); });
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] { data[r] = MakeRankData(tensor_elems, r, ranks); });
     }
     for (auto& t : threads) t.join();
   }
 
-  const std::string port_file = tmp.File("port");
-  const std::string metrics_file = tmp.File("metrics-port");
-  const std::string log = tmp.File("checkpointd.log");
-  auto daemon = testing::Subprocess::Start(
-      {ExeDir() + "/weft-checkpointd", "--listen=127.0.0.1:0", "--port-file=" + port_file,
-       "--data-dir=" + tmp.File("db"), "--metrics-address=127.0.0.1:0",
-       "--metrics-port-file=" + metrics_file},
-      log);
+  auto daemon = testing::CheckpointdProcess::Start(tmp.path(), ExeDir());
   if (!daemon.ok()) return Fail(daemon.status());
-  auto port = testing::WaitForFile(port_file, absl::Seconds(30));
-  if (!port.ok()) {
-    return Fail(absl::UnavailableError(
-        absl::StrCat("weft-checkpointd did not start: ", testing::ReadFile(log))));
-  }
-  const std::string address = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
+  const std::string address = (*daemon)->address();
   const absl::Duration timeout = absl::Minutes(10);
 
-  // Save: both ranks stream concurrently; the commit is part of the save.
-  std::vector<absl::Status> results(kRanks);
+  // Save: every rank streams concurrently; the commit is part of the save.
+  std::vector<absl::Status> results(ranks);
   const absl::Time save_start = absl::Now();
   {
     std::vector<std::thread> threads;
-    for (int r = 0; r < kRanks; ++r) {
+    for (int r = 0; r < ranks; ++r) {
       threads.emplace_back([&, r] {
         CheckpointClient client(address, timeout);
         std::vector<ShardTensor> shard;
         for (int t = 0; t < kTensors; ++t) {
-          auto [b, e] = Split(tensor_elems, r);
+          auto [b, e] = Split(tensor_elems, r, ranks);
           shard.push_back({TensorName(t), v1::DTYPE_F32, {tensor_elems}, b, e,
                            data[r].parts[t].data()});
         }
-        auto written = client.WriteShard(kJob, kStep, r, kRanks, shard);
+        auto written = client.WriteShard(kJob, kStep, r, ranks, shard);
         results[r] = written.ok() ? absl::OkStatus() : written.status();
       });
     }
@@ -188,7 +181,7 @@ int Main(int argc, char** argv) {
   v1::CheckpointManifest manifest;
   manifest.set_job_id(kJob);
   manifest.set_step(kStep);
-  manifest.set_world_size(kRanks);
+  manifest.set_world_size(ranks);
   for (int t = 0; t < kTensors; ++t) {
     auto* layout = manifest.add_tensors();
     layout->set_name(TensorName(t));
@@ -198,16 +191,16 @@ int Main(int argc, char** argv) {
   if (absl::Status s = client.Commit(manifest); !s.ok()) return Fail(s);
   const absl::Duration save = absl::Now() - save_start;
 
-  // Restore: two readers, each the same half as a writer so CRCs compare part by part.
+  // Restore: one reader per rank, each the same part as a writer so CRCs compare part by part.
   const absl::Time restore_start = absl::Now();
   {
     std::vector<std::thread> threads;
-    for (int r = 0; r < kRanks; ++r) {
+    for (int r = 0; r < ranks; ++r) {
       threads.emplace_back([&, r] {
         CheckpointClient reader(address, timeout);
         std::vector<float> buffer(static_cast<size_t>(kReadPieceElements));
         for (int t = 0; t < kTensors && results[r].ok(); ++t) {
-          auto [b, e] = Split(tensor_elems, r);
+          auto [b, e] = Split(tensor_elems, r, ranks);
           uint32_t crc = 0;
           for (int64_t p = b; p < e; p += kReadPieceElements) {
             const int64_t q = std::min(e, p + kReadPieceElements);
@@ -229,8 +222,8 @@ int Main(int argc, char** argv) {
     if (!s.ok()) return Fail(s);
   }
 
-  (*daemon)->Signal(SIGTERM);
-  (void)(*daemon)->Wait(absl::Seconds(60));
+  (*daemon)->process().Signal(SIGTERM);
+  (void)(*daemon)->process().Wait(absl::Seconds(60));
 
   // Baseline on the same disk, with the daemon's data still there (same free space).
   auto raw = RawWrite(tmp.File("raw.bin"), data);
@@ -238,9 +231,9 @@ int Main(int argc, char** argv) {
   std::remove(tmp.File("raw.bin").c_str());
 
   auto gbps = [&](absl::Duration d) { return total / absl::ToDoubleSeconds(d) / 1e9; };
-  std::printf("BENCH checkpoint bytes=%lld save_gbps=%.3f restore_gbps=%.3f raw_write_gbps=%.3f "
-              "save_vs_raw=%.3f\n",
-              static_cast<long long>(total), gbps(save), gbps(restore), gbps(*raw),
+  std::printf("BENCH checkpoint ranks=%d bytes=%lld save_gbps=%.3f restore_gbps=%.3f "
+              "raw_write_gbps=%.3f save_vs_raw=%.3f\n",
+              ranks, static_cast<long long>(total), gbps(save), gbps(restore), gbps(*raw),
               gbps(save) / gbps(*raw));
   return 0;
 }

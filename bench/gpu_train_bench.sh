@@ -84,15 +84,7 @@ SPEC
 }
 
 # run_job SPEC_FILE OUT_JSONL: submits, follows to the end, keeps every status update.
-run_job() {
-  local job
-  job=$("$BIN/trainctl" submit "$1")
-  "$BIN/trainctl" watch "$job" -o json >"$2" || {
-    echo "job $job did not succeed; worker logs:" >&2
-    tail -n 20 "$WORK"/worker-*.log >&2
-    return 1
-  }
-}
+run_job() { weft_run_job "$BIN/trainctl" "$1" "$2" "$WORK"/worker-*.log >/dev/null; }
 
 case "$mode" in
 throughput)

@@ -14,6 +14,35 @@ namespace weft::coordinator {
 
 using weft::v1::JobState;
 
+namespace {
+
+// "7.4 ms" below a second, "2.31 s" from there.
+std::string FormatMs(double ms) {
+  return ms < 1000 ? absl::StrFormat("%.1f ms", ms) : absl::StrFormat("%.2f s", ms / 1000);
+}
+
+// What the CHECKPOINT_COMMITTED event says: the stall, and rank 0's upload with its rate.
+// The report carries no byte count: rank 0 writes its shard of every unit's params, m and v,
+// ceil(size / world) fp32 elements of each, which is 12 * ceil(parameters / world) bytes to
+// within 12 bytes per unit.
+std::string CheckpointCommittedMessage(const weft::v1::ReportProgressRequest& request,
+                                       const weft::v1::JobSpec& spec, int32_t world) {
+  const int64_t params = ModelParameterCount(spec.model());
+  const int64_t w = std::max(world, 1);
+  const double bytes = 12.0 * static_cast<double>((params + w - 1) / w);
+  const std::string size = bytes < 1e9 ? absl::StrFormat("%.1f MB", bytes / 1e6)
+                                       : absl::StrFormat("%.2f GB", bytes / 1e9);
+  const double save_ms = request.checkpoint_save_ms();
+  // save_ms runs to the commit: past world 1 it includes waiting for the slowest rank.
+  std::string rate;
+  if (save_ms > 0) rate = absl::StrFormat(" (%.2f GB/s)", bytes / save_ms / 1e6);
+  return absl::StrCat("checkpoint at step ", request.checkpoint_step(),
+                      " committed: training stalled ", FormatMs(request.checkpoint_stall_ms()),
+                      "; rank 0 uploaded ", size, " and committed in ", FormatMs(save_ms), rate);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(
     const CoordinatorOptions& options, std::shared_ptr<prometheus::Registry> registry,
     Clock clock, bool start_ticking) {
@@ -492,11 +521,8 @@ void Coordinator::RecordCheckpointLocked(JobRecord& rec,
   metrics_.SetCheckpointTimes(request.job_id(), request.checkpoint_stall_ms(),
                               request.checkpoint_save_ms());
   jobs_.AddEvent(rec, weft::v1::CHECKPOINT_COMMITTED,
-                 absl::StrCat("checkpoint at step ", request.checkpoint_step(),
-                              absl::StrFormat(" committed (training stalled %.1f ms, saved in "
-                                              "%.1f ms)",
-                                              request.checkpoint_stall_ms(),
-                                              request.checkpoint_save_ms())));
+                 CheckpointCommittedMessage(request, rec.job.spec(),
+                                            rec.generation ? rec.generation->world_size() : 1));
   jobs_.Commit(rec, actions);
 }
 

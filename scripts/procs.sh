@@ -69,3 +69,18 @@ weft_serve() {
   weft_wait_for_file "$prefix.port" || { tail -n 20 "$prefix.log" >&2; return 1; }
   export "WEFT_${name^^}=127.0.0.1:$(cat "$prefix.port")"
 }
+
+# weft_run_job TRAINCTL SPEC_FILE OUT_JSONL LOG...: submits the spec, follows the job to its end
+# keeping every status update (`trainctl watch -o json`) in OUT_JSONL, and prints the job's id.
+# If the job does not succeed, prints the end of each LOG and fails.
+weft_run_job() {
+  local trainctl=$1 spec=$2 out=$3 job
+  shift 3
+  job=$("$trainctl" submit "$spec")
+  "$trainctl" watch "$job" -o json >"$out" || {
+    echo "job $job did not succeed; worker logs:" >&2
+    tail -n 20 "$@" >&2
+    return 1
+  }
+  echo "$job"
+}

@@ -1,6 +1,7 @@
 #include "worker/checkpointer.h"
 
 #include <chrono>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,12 @@ std::string DoneKey(int64_t step, int32_t rank) {
 double MsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
       .count();
+}
+
+int64_t SnapshotBytes(const std::vector<UnitSlice>& state) {
+  int64_t elements = 0;
+  for (const UnitSlice& slice : state) elements += slice.end - slice.begin;
+  return elements * static_cast<int64_t>(kUnitStates.size() * sizeof(float));
 }
 
 }  // namespace
@@ -62,6 +69,7 @@ absl::StatusOr<std::vector<std::string>> Checkpointer::RestoreCandidates() {
 
 absl::StatusOr<int64_t> Checkpointer::RestoreLatest(TrainingEngine* engine,
                                                      comm::Communicator* comm) {
+  const auto start = std::chrono::steady_clock::now();
   WEFT_ASSIGN_OR_RETURN(const std::vector<std::string> candidates, RestoreCandidates());
   std::string failures;
   for (absl::string_view candidate : candidates) {
@@ -79,8 +87,9 @@ absl::StatusOr<int64_t> Checkpointer::RestoreLatest(TrainingEngine* engine,
     float bad = s.ok() ? 0.0f : 1.0f;
     WEFT_RETURN_IF_ERROR(comm->AllReduce(&bad, 1, comm::DataType::kFloat32)->Wait());
     if (bad == 0.0f) {
-      spdlog::info("job {} generation {}: restored checkpoint {} step {}", who_.job_id,
-                   who_.generation, job, step);
+      // bench/checkpoint_scale_bench.sh reads this line.
+      spdlog::info("job {} generation {}: restored checkpoint {} step {} in {:.3f} s",
+                   who_.job_id, who_.generation, job, step, MsSince(start) / 1000);
       return step;
     }
     spdlog::warn("job {}: checkpoint {} step {} cannot be restored ({}); trying an older one",
@@ -101,20 +110,41 @@ bool Checkpointer::Due(int64_t completed_steps) const {
 }
 
 absl::StatusOr<double> Checkpointer::Save(int64_t step, const TrainingEngine& engine) {
-  // The stall: copying this rank's state to host memory, plus waiting for the previous
-  // upload. The upload itself overlaps the next steps.
+  // The stall: waiting for the previous upload, plus copying this rank's state to host memory.
+  // The upload itself overlaps the next steps.
   const auto start = std::chrono::steady_clock::now();
-  WEFT_ASSIGN_OR_RETURN(std::vector<UnitSlice> snapshot, engine.Snapshot());
+  std::vector<UnitSlice> snapshot = TakeBuffers();
+  const double waited_ms = MsSince(start);
+  const bool reused = !snapshot.empty();
+  if (absl::Status s = engine.Snapshot(&snapshot); !s.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    spare_ = std::move(snapshot);  // still the right sizes for the next try
+    return s;
+  }
+  const int64_t bytes = SnapshotBytes(snapshot);
   Submit(step, std::move(snapshot));
   const double stall_ms = MsSince(start);
+  // bench/checkpoint_scale_bench.sh reads this line: the two parts of the stall.
+  spdlog::info("job {} rank {}: checkpoint at step {}: training stalled {:.1f} ms ({:.1f} ms "
+               "waiting for the previous upload, {:.1f} ms copying {} bytes into {} buffers)",
+               who_.job_id, who_.rank, step, stall_ms, waited_ms, stall_ms - waited_ms, bytes,
+               reused ? "reused" : "new");
   std::lock_guard<std::mutex> lock(mu_);
   stall_ms_by_step_[step] = stall_ms;
   return stall_ms;
 }
 
-void Checkpointer::Submit(int64_t step, std::vector<UnitSlice> state) {
+std::vector<UnitSlice> Checkpointer::TakeBuffers() {
+  // Only Save (the training thread) takes and submits buffers, so once nothing is in flight
+  // the thread no longer reads `spare_`'s buffers until the next Submit hands them back: the
+  // copy never overwrites data being sent.
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !busy_ && !next_; });
+  return std::exchange(spare_, {});
+}
+
+void Checkpointer::Submit(int64_t step, std::vector<UnitSlice> state) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
   next_.emplace(step, std::move(state));
   busy_ = true;
@@ -157,6 +187,7 @@ void Checkpointer::Loop() {
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (s.ok() && who_.rank == 0) committed_ = Committed{work.first, ms};
+    spare_ = std::move(work.second);
     busy_ = false;
     cv_.notify_all();
   }
@@ -208,8 +239,15 @@ weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, in
 absl::Status Checkpointer::Upload(int64_t step, const std::vector<UnitSlice>& state) {
   const int32_t rank = who_.rank;
   const int32_t world = who_.world_size;
-  WEFT_RETURN_IF_ERROR(
-      client_->WriteShard(who_.job_id, step, rank, world, ShardTensorsOf(state)).status());
+  const auto start = std::chrono::steady_clock::now();
+  WEFT_ASSIGN_OR_RETURN(const int64_t bytes,
+                        client_->WriteShard(who_.job_id, step, rank, world, ShardTensorsOf(state)));
+  const double ms = MsSince(start);
+  // bench/checkpoint_scale_bench.sh reads this line: this rank's own upload, without the wait
+  // for the other ranks and the commit that the coordinator's event includes.
+  spdlog::info("job {} rank {}: checkpoint at step {}: uploaded {} bytes in {:.1f} ms "
+               "({:.3f} GB/s)",
+               who_.job_id, rank, step, bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0);
   WEFT_RETURN_IF_ERROR(store_->Set(DoneKey(step, rank), "stored"));
   if (rank != 0) return absl::OkStatus();
 

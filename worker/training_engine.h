@@ -69,10 +69,19 @@ class TrainingEngine {
     }
     return units;
   }
-  // A host copy of this rank's checkpoint slices (params, AdamW m and v). Local: no
+  // A host copy of this rank's checkpoint slices (params, AdamW m and v) into `into`. Local: no
   // communication, so training can go on while the copy is uploaded. Fails only when the
-  // device copy does (a GPU fault).
-  virtual absl::StatusOr<std::vector<UnitSlice>> Snapshot() const = 0;
+  // device copy does (a GPU fault); `into` is then partly written. Buffers `into` already
+  // holds are filled in place when they have the sizes of this rank's slices (a previous
+  // snapshot's): a save after the first allocates and page-faults nothing, which at billions
+  // of parameters is most of what a fresh copy costs.
+  virtual absl::Status Snapshot(std::vector<UnitSlice>* into) const = 0;
+  // The same into fresh buffers.
+  absl::StatusOr<std::vector<UnitSlice>> Snapshot() const {
+    std::vector<UnitSlice> slices;
+    if (absl::Status s = Snapshot(&slices); !s.ok()) return s;
+    return slices;
+  }
   // Loads the state this rank owns from a checkpoint written at any world size. Local; on
   // error the model state is unspecified (restore another checkpoint or start over).
   virtual absl::Status Restore(const RangeReader& read) = 0;

@@ -47,11 +47,11 @@ InitialUnit ZeroEngine::InitialState(int u) const {
   return InitialUnitState(*arch_, layout_, stage_, spec_.training().seed(), u);
 }
 
-absl::StatusOr<std::vector<UnitSlice>> ZeroEngine::Snapshot() const {
-  std::vector<UnitSlice> slices;
+absl::Status ZeroEngine::Snapshot(std::vector<UnitSlice>* into) const {
+  into->resize(layout_.num_units());
   for (int u = 0; u < layout_.num_units(); ++u) {
     const UnitShard& unit = layout_.unit(u);
-    UnitSlice slice;
+    UnitSlice& slice = (*into)[u];
     slice.unit = u;
     slice.size = static_cast<int64_t>(unit.size);
     // A checkpoint takes each rank's shard range whatever the stage, so that the world's
@@ -62,12 +62,12 @@ absl::StatusOr<std::vector<UnitSlice>> ZeroEngine::Snapshot() const {
     const size_t n = static_cast<size_t>(slice.end - slice.begin);
     for (UnitState state : kUnitStates) {
       std::vector<float>& data = slice.data(state);
+      // Same size as the previous snapshot's: no reallocation, no zero fill.
       data.resize(n);
       if (n > 0) WEFT_RETURN_IF_ERROR(CopyKeptToHost(u, state, offset, n, data.data()));
     }
-    slices.push_back(std::move(slice));
   }
-  return slices;
+  return absl::OkStatus();
 }
 
 absl::Status ZeroEngine::Restore(const RangeReader& read) {

@@ -47,8 +47,10 @@ InitialUnit InitialUnitState(const engine::ModelArch& arch, const ShardLayout& l
 
 class ZeroEngine : public TrainingEngine {
  public:
-  // Local (no communication): copies this rank's slice of every unit through CopyKeptToHost.
-  absl::StatusOr<std::vector<UnitSlice>> Snapshot() const final;
+  // Local (no communication): copies this rank's slice of every unit through CopyKeptToHost,
+  // into `into`'s buffers where they have the right sizes.
+  absl::Status Snapshot(std::vector<UnitSlice>* into) const final;
+  using TrainingEngine::Snapshot;
   // Local: reads the kept range of every unit's params, m and v (any writer's world size),
   // hands each to CopyKeptFromHost (zeros where the kept part is padding), then lets the
   // device finish (FinishRestore). On error the model state is unspecified.

@@ -965,6 +965,34 @@ TEST_F(CoordinatorTest, ProgressUpdatesStepAndMetrics) {
   EXPECT_EQ(Report("nope-1", 1, w[0], 0, 6).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(CoordinatorTest, CheckpointCommittedEventSaysTheStallAndRankZerosUploadRate) {
+  JobSpec spec = CpuSpec("ckpt", 2);
+  // GPT-2 1.5B: 1,557,686,400 parameters; rank 0 of 2 writes 12 bytes for each of half.
+  spec.mutable_model()->set_num_layers(48);
+  spec.mutable_model()->set_hidden_size(1600);
+  spec.mutable_model()->set_num_heads(25);
+  spec.mutable_model()->set_vocab_size(50304);
+  spec.mutable_model()->set_context_length(1024);
+  auto [job, w] = StartRunningJob(spec, 2);
+  weft::v1::ReportProgressRequest request;
+  request.set_job_id(job);
+  request.set_generation(1);
+  request.set_worker_id(w[0].id);
+  request.set_rank(0);
+  request.set_checkpoint_step(100);
+  request.set_checkpoint_stall_ms(410);
+  request.set_checkpoint_save_ms(12300);
+  ASSERT_TRUE(coord_->ReportProgress(request).ok());
+
+  const JobStatus s = Status(job);
+  EXPECT_EQ(s.checkpoint_step(), 100);
+  const weft::v1::JobEvent* event = FindEvent(s, weft::v1::CHECKPOINT_COMMITTED);
+  ASSERT_NE(event, nullptr) << s.DebugString();
+  EXPECT_EQ(event->message(),
+            "checkpoint at step 100 committed: training stalled 410.0 ms; rank 0 uploaded "
+            "9.35 GB and committed in 12.30 s (0.76 GB/s)");
+}
+
 TEST_F(CoordinatorTest, FinishedFromRankZeroSucceedsAndReleasesWorkers) {
   auto [job, w] = StartRunningJob(CpuSpec("done", 2), 2);
   ASSERT_TRUE(Report(job, 1, w[0], 0, 99).ok());

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -202,6 +203,28 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
   cp->metrics_address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*metrics_port));
   std::remove(port_file.c_str());
   std::remove(metrics_port_file.c_str());
+  return cp;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointdProcess>> CheckpointdProcess::Start(
+    const std::string& dir, const std::string& bin_dir) {
+  auto cp = std::unique_ptr<CheckpointdProcess>(new CheckpointdProcess());
+  const std::string port_file = dir + "/checkpointd.port";
+  cp->log_path_ = dir + "/checkpointd.log";
+  std::filesystem::create_directories(dir);
+  std::remove(port_file.c_str());
+  auto proc = Subprocess::Start({bin_dir + "/weft-checkpointd", "--listen=127.0.0.1:0",
+                                 "--port-file=" + port_file, "--data-dir=" + dir + "/db",
+                                 "--metrics-address=none"},
+                                cp->log_path_);
+  if (!proc.ok()) return proc.status();
+  cp->process_ = std::move(*proc);
+  auto port = WaitForFile(port_file, absl::Seconds(30));
+  if (!port.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("weft-checkpointd did not start: ", ReadFile(cp->log_path_)));
+  }
+  cp->address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
   return cp;
 }
 

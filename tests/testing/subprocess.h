@@ -92,6 +92,23 @@ class CoordinatorProcess {
   std::string log_path_;
 };
 
+// A weft-checkpointd process on 127.0.0.1 with a free port, its database under `dir`/db and
+// its log at `dir`/checkpointd.log. SIGKILLed by the destructor (Subprocess's).
+class CheckpointdProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<CheckpointdProcess>> Start(
+      const std::string& dir, const std::string& bin_dir = BinDir());
+
+  const std::string& address() const { return address_; }  // "127.0.0.1:PORT"
+  Subprocess& process() { return *process_; }
+  std::string log() const { return ReadFile(log_path_); }
+
+ private:
+  std::unique_ptr<Subprocess> process_;
+  std::string address_;
+  std::string log_path_;
+};
+
 // Polls `pred` every 20 ms until it holds or `timeout` passes; returns its last value.
 template <typename Pred>
 bool Eventually(Pred pred, absl::Duration timeout = absl::Seconds(10)) {

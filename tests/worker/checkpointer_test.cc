@@ -1,0 +1,165 @@
+// Checkpointer against a real weft-checkpointd on 127.0.0.1: a save after the first copies into
+// the previous save's host buffers (no new allocation), and what each checkpoint holds is the
+// state at its own step, the earlier one intact after its buffers were reused; a failed copy
+// keeps the buffers.
+#include "worker/checkpointer.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "coordinator/memory_store.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+#include "worker/comm/communicator.h"
+#include "worker/zero_cpu.h"
+
+namespace weft::worker {
+namespace {
+
+weft::v1::JobSpec TinySpec() {
+  constexpr char kSpec[] = R"pb(
+    name: "ckpt"
+    model { num_layers: 2 hidden_size: 32 num_heads: 4 vocab_size: 61 context_length: 16 }
+    training { total_steps: 4 micro_batch_size: 2 sequence_length: 16 seed: 11 }
+    optimizer { learning_rate: 1e-2 }
+    checkpoint { interval_steps: 1 }
+    zero_stage: 3
+  )pb";
+  absl::StatusOr<weft::v1::JobSpec> spec = ParseJobSpecText(kSpec, "tiny.pb.txt");
+  if (!spec.ok()) {
+    ADD_FAILURE() << spec.status();
+    return {};
+  }
+  ApplyJobSpecDefaults(&*spec);
+  return *spec;
+}
+
+void Batch(int64_t step, int, int32_t* inputs, int32_t* targets) {
+  for (int i = 0; i < 2 * 16; ++i) {
+    inputs[i] = static_cast<int32_t>((step * 5 + i) % 61);
+    targets[i] = static_cast<int32_t>((step * 5 + i + 1) % 61);
+  }
+}
+
+// Every unit's params, m and v data pointers in `slices`.
+std::vector<const float*> DataOf(const std::vector<UnitSlice>& slices) {
+  std::vector<const float*> out;
+  for (const UnitSlice& slice : slices) {
+    for (UnitState what : kUnitStates) out.push_back(slice.data(what).data());
+  }
+  return out;
+}
+
+// The engine as training sees it, remembering the buffers each snapshot was handed and those
+// it filled.
+class RecordingEngine : public TrainingEngine {
+ public:
+  explicit RecordingEngine(TrainingEngine* inner) : inner_(inner) {}
+
+  absl::Status Snapshot(std::vector<UnitSlice>* into) const override {
+    handed_ = DataOf(*into);
+    if (fail_next_) {
+      fail_next_ = false;
+      return absl::InternalError("device copy failed");
+    }
+    absl::Status s = inner_->Snapshot(into);
+    filled_ = DataOf(*into);
+    return s;
+  }
+  using TrainingEngine::Snapshot;
+  // Of the last snapshot: the buffers it was given (none: fresh ones) and those it filled.
+  const std::vector<const float*>& handed() const { return handed_; }
+  const std::vector<const float*>& filled() const { return filled_; }
+  // The next snapshot fails as a faulty device copy would.
+  void FailNextSnapshot() { fail_next_ = true; }
+
+  absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) override {
+    return inner_->TrainStep(step, batch);
+  }
+  absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) override {
+    return inner_->EvalLoss(batches, batch);
+  }
+  absl::StatusOr<std::vector<float>> GatherUnit(int u) override { return inner_->GatherUnit(u); }
+  absl::Status Restore(const RangeReader& read) override { return inner_->Restore(read); }
+  size_t StateBytes() const override { return inner_->StateBytes(); }
+  size_t WorkingBytes() const override { return inner_->WorkingBytes(); }
+  const engine::ModelArch& arch() const override { return inner_->arch(); }
+  int stage() const override { return inner_->stage(); }
+
+ private:
+  TrainingEngine* inner_;
+  mutable std::vector<const float*> handed_, filled_;
+  mutable bool fail_next_ = false;
+};
+
+// Every tensor of checkpoint `step` of job "ckpt" that `expected` (a world-1 snapshot) covers
+// equals it.
+void ExpectCheckpointHolds(CheckpointClient& client, int64_t step,
+                           const std::vector<UnitSlice>& expected) {
+  for (const UnitSlice& slice : expected) {
+    for (UnitState what : kUnitStates) {
+      const std::string name = CheckpointTensorName(slice.unit, what);
+      std::vector<float> stored(slice.end - slice.begin);
+      ASSERT_TRUE(
+          client.ReadRange("ckpt", step, name, slice.begin, slice.end, stored.data()).ok());
+      EXPECT_EQ(stored, slice.data(what)) << name << " of the checkpoint at step " << step;
+    }
+  }
+}
+
+TEST(CheckpointerTest, LaterSavesReuseTheHostBuffersAndStoreTheirOwnStep) {
+  testing::TempDir dir;
+  auto daemon = testing::CheckpointdProcess::Start(dir.path());
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  MemoryStore store;
+  auto comm = comm::CreateGlooCommunicator(&store, 0, 1, {});
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  const weft::v1::JobSpec spec = TinySpec();
+  auto cpu = ZeroCpuEngine::Create(spec, comm->get());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  RecordingEngine engine(cpu->get());
+  CheckpointClient client((*daemon)->address());
+  Checkpointer checkpointer(&client, &store, spec, CheckpointRank{"ckpt", 1, 0, 1});
+
+  ASSERT_TRUE(engine.TrainStep(0, Batch).ok());
+  ASSERT_TRUE(checkpointer.Save(1, engine).ok());
+  EXPECT_TRUE(engine.handed().empty());
+  const std::vector<const float*> first = engine.filled();
+  auto at1 = (*cpu)->Snapshot();
+  ASSERT_TRUE(at1.ok());
+  // Training goes on while step 1 uploads; step 2's save waits for that upload.
+  ASSERT_TRUE(engine.TrainStep(1, Batch).ok());
+  auto at2 = (*cpu)->Snapshot();
+  ASSERT_TRUE(at2.ok());
+  ASSERT_TRUE(checkpointer.Save(2, engine).ok());
+  checkpointer.Drain();
+
+  // The second save was handed the first one's buffers and filled them where they were.
+  ASSERT_FALSE(first.empty());
+  EXPECT_EQ(engine.handed(), first);
+  EXPECT_EQ(engine.filled(), first);
+  ASSERT_NE((*at1)[1].params, (*at2)[1].params);  // the step changed the state
+  ExpectCheckpointHolds(client, 1, *at1);
+  ExpectCheckpointHolds(client, 2, *at2);
+  const std::optional<Checkpointer::Committed> committed = checkpointer.TakeCommitted();
+  ASSERT_TRUE(committed.has_value());
+  EXPECT_EQ(committed->step, 2);
+  EXPECT_GT(committed->stall_ms, 0);
+
+  // A failed copy queues nothing and keeps the buffers for the next save.
+  engine.FailNextSnapshot();
+  const absl::StatusOr<double> failed = checkpointer.Save(3, engine);
+  EXPECT_EQ(failed.status().message(), "device copy failed");
+  ASSERT_TRUE(engine.TrainStep(2, Batch).ok());
+  ASSERT_TRUE(checkpointer.Save(3, engine).ok());
+  EXPECT_EQ(engine.handed(), first);
+  checkpointer.Drain();
+  auto at3 = (*cpu)->Snapshot();
+  ASSERT_TRUE(at3.ok());
+  ExpectCheckpointHolds(client, 3, *at3);
+}
+
+}  // namespace
+}  // namespace weft::worker
