@@ -20,11 +20,11 @@ std::string CheckpointTensorName(int unit, UnitState state) {
   return absl::StrCat("u", unit, ".", UnitStateName(state));
 }
 
-std::vector<float>& UnitSlice::data(UnitState state) {
+HostFloats& UnitSlice::data(UnitState state) {
   return state == UnitState::kParams ? params : state == UnitState::kM ? m : v;
 }
 
-const std::vector<float>& UnitSlice::data(UnitState state) const {
+const HostFloats& UnitSlice::data(UnitState state) const {
   return state == UnitState::kParams ? params : state == UnitState::kM ? m : v;
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "worker/host_buffer.h"
 
 namespace weft::worker {
 
@@ -31,10 +32,11 @@ struct UnitSlice {
   int64_t size = 0;  // elements in the whole unit
   int64_t begin = 0;
   int64_t end = 0;
-  std::vector<float> params, m, v;  // end - begin elements each
+  // end - begin elements each; in host memory a device engine may pin (worker/host_buffer.h).
+  HostFloats params, m, v;
 
-  std::vector<float>& data(UnitState state);
-  const std::vector<float>& data(UnitState state) const;
+  HostFloats& data(UnitState state);
+  const HostFloats& data(UnitState state) const;
 };
 
 // Reads elements [begin, end) of the named checkpoint tensor into `out`.

@@ -109,6 +109,15 @@ bool Checkpointer::Due(int64_t completed_steps) const {
   return interval > 0 && completed_steps % interval == 0;
 }
 
+absl::Status Checkpointer::Prepare(const TrainingEngine& engine) {
+  if (spec_.checkpoint().interval_steps() <= 0) return absl::OkStatus();
+  std::vector<UnitSlice> buffers = TakeBuffers();
+  const absl::Status status = engine.Snapshot(&buffers);
+  std::lock_guard<std::mutex> lock(mu_);
+  spare_ = std::move(buffers);
+  return status;
+}
+
 absl::StatusOr<double> Checkpointer::Save(int64_t step, const TrainingEngine& engine) {
   // The stall: waiting for the previous upload, plus copying this rank's state to host memory.
   // The upload itself overlaps the next steps.

@@ -82,6 +82,11 @@ class Checkpointer {
   // Whether a checkpoint is due once `completed_steps` steps are done.
   bool Due(int64_t completed_steps) const;
 
+  // When saves are on: allocates (and faults in) the host buffers saves copy into, from a first
+  // snapshot of `engine`, so the first save's stall is a copy too, not an allocation of the
+  // rank's whole state. Call once before training; an error leaves saves to allocate.
+  absl::Status Prepare(const TrainingEngine& engine);
+
   // Takes the snapshot of `engine` after `step` completed steps and queues its upload, first
   // waiting for the previous one. Returns the stall this cost training, in milliseconds, or
   // the error of the device copy (nothing is queued then).

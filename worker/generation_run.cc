@@ -141,6 +141,12 @@ absl::Status GenerationRun::Train() {
   }
   WEFT_ASSIGN_OR_RETURN(const int64_t start_step,
                         Restore(checkpointer.get(), hf_init.get(), &backend));
+  if (checkpointer != nullptr) {
+    // Not fatal: without prepared buffers the first save allocates them (a longer stall).
+    if (const absl::Status s = checkpointer->Prepare(*backend.engine); !s.ok()) {
+      spdlog::warn("job {}: checkpoint buffers not prepared: {}", job_id(), s.ToString());
+    }
+  }
 
   const Training training{world, &data, &backend, checkpointer.get()};
   WEFT_RETURN_IF_ERROR(StepLoop(start_step, training));

@@ -1,6 +1,6 @@
 # The ZeRO engines, the trained-model file and the weft-worker process.
 # weft_model: the trained-model file and the checkpoint schema, which trainctl needs too.
-add_library(weft_model STATIC model_io.cc checkpoint_schema.cc)
+add_library(weft_model STATIC model_io.cc checkpoint_schema.cc host_buffer.cc)
 target_link_libraries(weft_model PUBLIC weft_engine_cpu weft_data weft_tokenizer weft_common)
 add_dependencies(weft_model weft_sentencepiece)  # loaded at run time, see worker/data
 

@@ -14,6 +14,7 @@
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/ops.h"
 #include "worker/engine/cuda/reduce.h"
+#include "worker/host_buffer.h"
 
 namespace weft::worker {
 namespace {
@@ -33,6 +34,18 @@ constexpr size_t kGatherStagingFloats = size_t{16} << 20;
 size_t GatherChunkFloats(int world) {
   return std::max<size_t>(1, kGatherStagingFloats / static_cast<size_t>(world));
 }
+
+// Checkpoint snapshots in pinned memory (worker/host_buffer.h); null makes them heap memory.
+void* PinnedAllocate(size_t bytes) {
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+void PinnedRelease(void* p) { cudaFreeHost(p); }
 
 // At world 1 a unit's shard is the whole unit: the model accumulates its gradients straight
 // into the shard's gradient (no full-unit buffer, no reduce-scatter).
@@ -193,6 +206,7 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
       });
   if (!memory.fits) return absl::ResourceExhaustedError(memory.reason);
   WEFT_RETURN_IF_ERROR(CheckHostMemory(memory.plan, HostAvailableBytes(), comm->world_size()));
+  SetHostBufferAllocator({PinnedAllocate, PinnedRelease});
   std::unique_ptr<ZeroCudaEngine> engine(new ZeroCudaEngine(spec, comm, std::move(arch)));
   engine->plan_ = memory.plan;
   engine->checkpointing_ = memory.level;

@@ -61,7 +61,7 @@ absl::Status ZeroEngine::Snapshot(std::vector<UnitSlice>* into) const {
     const size_t offset = static_cast<size_t>(slice.begin - layout_.KeptRange(u, stage_).begin);
     const size_t n = static_cast<size_t>(slice.end - slice.begin);
     for (UnitState state : kUnitStates) {
-      std::vector<float>& data = slice.data(state);
+      HostFloats& data = slice.data(state);
       // Same size as the previous snapshot's: no reallocation, no zero fill.
       data.resize(n);
       if (n > 0) WEFT_RETURN_IF_ERROR(CopyKeptToHost(u, state, offset, n, data.data()));

@@ -101,7 +101,7 @@ void ExpectCheckpointHolds(CheckpointClient& client, int64_t step,
   for (const UnitSlice& slice : expected) {
     for (UnitState what : kUnitStates) {
       const std::string name = CheckpointTensorName(slice.unit, what);
-      std::vector<float> stored(slice.end - slice.begin);
+      HostFloats stored(slice.end - slice.begin);
       ASSERT_TRUE(
           client.ReadRange("ckpt", step, name, slice.begin, slice.end, stored.data()).ok());
       EXPECT_EQ(stored, slice.data(what)) << name << " of the checkpoint at step " << step;

@@ -737,7 +737,7 @@ TEST_F(ZeroCudaTest, CheckpointMovesToTheCpuEngine) {
                     for (const UnitSlice& s : slices) {
                       for (UnitState what : kUnitStates) {
                         if (tensor != CheckpointTensorName(s.unit, what)) continue;
-                        const std::vector<float>& src = s.data(what);
+                        const HostFloats& src = s.data(what);
                         std::copy(src.begin() + (begin - s.begin), src.begin() + (end - s.begin),
                                   out);
                         return absl::OkStatus();

@@ -152,8 +152,8 @@ void ImportIntoEngines(const std::string& dir, int world, int stage,
       (*read)[rank] = (*importer)->checkpoint().bytes_read();
       for (const worker::UnitSlice& s : *slices) {
         std::copy(s.params.begin(), s.params.end(), (*params)[s.unit].begin() + s.begin);
-        EXPECT_EQ(s.m, std::vector<float>(s.m.size(), 0.0f));
-        EXPECT_EQ(s.v, std::vector<float>(s.v.size(), 0.0f));
+        EXPECT_EQ(s.m, worker::HostFloats(s.m.size(), 0.0f));
+        EXPECT_EQ(s.v, worker::HostFloats(s.v.size(), 0.0f));
       }
     });
   }
