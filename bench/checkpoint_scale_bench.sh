@@ -11,11 +11,12 @@
 #     (default 10); prints, from the job's SUBMITTED and CHECKPOINT_COMMITTED events,
 #     BENCH checkpoint_train params=P world=1 device=D saves=K stall_ms_max=... stall_ms_mean=...
 #       stall_ms_first=... upload_gbps=... copy_ms_first=... copy_ms_max_reused=... wait_ms_max=...
+#       deferred=N steps_committed=...
 #     upload_gbps: rank 0's bytes over its save time up to the commit, mean of the saves. A stall
-#     is the wait for the previous upload (one is in flight at a time) plus the copy to host
-#     memory (the first into new buffers, the later ones into the same): the worker's log
-#     splits it, copy_ms_* and wait_ms_max. When an upload outlasts the interval, the next save
-#     waits for it: wait_ms_max is then about the upload time less the interval's training.
+#     is the copy to host memory (pinned on a GPU, into buffers prepared before training): a
+#     save due while an upload is in flight is deferred until it ended (deferred counts them),
+#     so wait_ms_max stays 0. The worker's log splits each stall, copy_ms_* and wait_ms_max.
+#     The last save may still be uploading when the job ends: steps_committed lists the rest.
 #     (b) two CPU workers resume that job (resume_from_job) for one more step at micro-batch 1
 #     and a WEFT_BENCH_RESTORE_SEQ-token sequence (default 64); prints
 #     BENCH checkpoint_restore from_world=1 from_device=D to_world=2 to_device=cpu restore_s=...
@@ -134,20 +135,25 @@ stalls = [saves[k][0] for k in sorted(saves)]
 # World 1: rank 0 writes params, m and v whole, 12 bytes per parameter.
 rates = [12 * params / (saves[k][1] / 1000) / 1e9 for k in sorted(saves)]
 # The worker's split of each stall: waiting for the previous upload, then the copy.
-waits, copies = [], []
+# Every save is logged; the last may still be uploading when the job ends (not committed).
+waits, copies, deferred = [], [], 0
+logged = set()
 for line in open(log):
-    m = re.search(r"checkpoint at step \d+: training stalled [\d.]+ ms \(([\d.]+) ms waiting "
+    m = re.search(r"checkpoint at step (\d+): training stalled [\d.]+ ms \(([\d.]+) ms waiting "
                   r"for the previous upload, ([\d.]+) ms copying", line)
     if m:
-        waits.append(float(m.group(1)))
-        copies.append(float(m.group(2)))
-if len(copies) != len(saves):
-    sys.exit(f"{len(saves)} checkpoints committed but {len(copies)} saves logged in {log}")
+        logged.add(int(m.group(1)))
+        waits.append(float(m.group(2)))
+        copies.append(float(m.group(3)))
+    deferred += "deferred:" in line
+if not set(saves) <= logged:
+    sys.exit(f"checkpoints {sorted(saves)} committed but saves {sorted(logged)} logged in {log}")
 print(f"BENCH checkpoint_train params={params} world=1 device={device} saves={len(saves)} "
       f"stall_ms_max={max(stalls):.1f} stall_ms_mean={sum(stalls) / len(stalls):.1f} "
       f"stall_ms_first={stalls[0]:.1f} upload_gbps={sum(rates) / len(rates):.3f} "
       f"copy_ms_first={copies[0]:.1f} copy_ms_max_reused={max(copies[1:], default=0):.1f} "
-      f"wait_ms_max={max(waits):.1f} steps_saved={','.join(str(k) for k in sorted(saves))}",
+      f"wait_ms_max={max(waits):.1f} deferred={deferred} "
+      f"steps_committed={','.join(str(k) for k in sorted(saves))}",
       flush=True)
 PY
 

@@ -109,6 +109,32 @@ bool Checkpointer::Due(int64_t completed_steps) const {
   return interval > 0 && completed_steps % interval == 0;
 }
 
+absl::StatusOr<bool> Checkpointer::ShouldSave(int64_t completed_steps,
+                                               comm::Communicator* comm) {
+  if (!Due(completed_steps) && deferred_from_ == 0) return false;
+  float uploading = 0.0f;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    uploading = busy_ || next_ ? 1.0f : 0.0f;
+  }
+  WEFT_RETURN_IF_ERROR(comm->AllReduce(&uploading, 1, comm::DataType::kFloat32)->Wait());
+  if (uploading > 0.0f) {
+    if (deferred_from_ == 0) {
+      deferred_from_ = completed_steps;
+      spdlog::warn("job {} rank {}: checkpoint due at step {} deferred: {} rank(s) still "
+                   "uploading the previous one (storage slower than checkpoint.interval_steps)",
+                   who_.job_id, who_.rank, completed_steps, static_cast<int>(uploading));
+    }
+    return false;
+  }
+  if (deferred_from_ != 0) {
+    spdlog::info("job {} rank {}: checkpoint due at step {} taken at step {}", who_.job_id,
+                 who_.rank, deferred_from_, completed_steps);
+    deferred_from_ = 0;
+  }
+  return true;
+}
+
 absl::Status Checkpointer::Prepare(const TrainingEngine& engine) {
   if (spec_.checkpoint().interval_steps() <= 0) return absl::OkStatus();
   std::vector<UnitSlice> buffers = TakeBuffers();

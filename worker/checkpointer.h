@@ -9,8 +9,9 @@
 // Save (Save): training hands over a host copy of this rank's state and goes on; a background
 // thread streams it to checkpointd, then records "shard stored" in the generation's store.
 // Rank 0's thread waits there for every rank and commits the manifest: the checkpoint exists
-// only then. One upload is in flight at a time; Save waits for the previous one, and that wait
-// is part of the training stall it returns. The host copy's buffers go back to the Checkpointer
+// only then. One upload is in flight at a time: ShouldSave defers a due save until every
+// rank's upload ended, so the stall Save returns is its copy (Save itself still waits for an
+// upload in flight, for callers that save unconditionally). The host copy's buffers go back to the Checkpointer
 // once uploaded and the next Save copies into them: at 1.5B parameters a fresh copy would
 // allocate and page-fault ~18 GB per save.
 //
@@ -82,6 +83,15 @@ class Checkpointer {
   // Whether a checkpoint is due once `completed_steps` steps are done.
   bool Due(int64_t completed_steps) const;
 
+  // Whether to save now, once `completed_steps` steps are done: a checkpoint is due (or was
+  // deferred) and no rank still uploads the previous one. A due save that would wait for an
+  // upload in flight is deferred to the first step after every rank's upload ended instead,
+  // so a save never stalls training for longer than its copy to host memory; when storage is
+  // slower than the interval, checkpoints come as often as it allows. Collective over `comm`
+  // (a one-value all-reduce, so every rank decides alike) when a save is due or deferred;
+  // local otherwise.
+  absl::StatusOr<bool> ShouldSave(int64_t completed_steps, comm::Communicator* comm);
+
   // When saves are on: allocates (and faults in) the host buffers saves copy into, from a first
   // snapshot of `engine`, so the first save's stall is a copy too, not an allocation of the
   // rank's whole state. Call once before training; an error leaves saves to allocate.
@@ -128,6 +138,8 @@ class Checkpointer {
   // The last upload's buffers, back from the thread; empty while one is in flight.
   std::vector<UnitSlice> spare_;
   std::optional<Committed> committed_;
+  // The step a due save was deferred from while an upload was in flight (0: none).
+  int64_t deferred_from_ = 0;
   // Stalls of the saves not yet reported as committed, by step.
   std::map<int64_t, double> stall_ms_by_step_;
   // Started by the first save.

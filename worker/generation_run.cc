@@ -301,7 +301,15 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
     }
     step_ = step + 1;
     WEFT_ASSIGN_OR_RETURN(val_loss, MaybeValidate(step + 1, training, val_loss));
-    if (training.checkpointer != nullptr && training.checkpointer->Due(step + 1)) {
+    absl::StatusOr<bool> save = false;
+    if (training.checkpointer != nullptr) {
+      save = training.checkpointer->ShouldSave(step + 1, training.backend->comm.get());
+      if (!save.ok()) {  // its all-reduce failed: a peer is gone, as for a failed step
+        ReportCollectiveError(save.status());
+        return save.status();
+      }
+    }
+    if (*save) {
       const absl::StatusOr<double> stall_ms = training.checkpointer->Save(step + 1, engine);
       if (!stall_ms.ok()) {
         ReportError(stall_ms.status(), /*permanent=*/false);

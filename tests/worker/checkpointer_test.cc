@@ -1,7 +1,7 @@
 // Checkpointer against a real weft-checkpointd on 127.0.0.1: a save after the first copies into
 // the previous save's host buffers (no new allocation), and what each checkpoint holds is the
 // state at its own step, the earlier one intact after its buffers were reused; a failed copy
-// keeps the buffers.
+// keeps the buffers; a due save never waits for an upload in flight (it is deferred).
 #include "worker/checkpointer.h"
 
 #include <memory>
@@ -159,6 +159,41 @@ TEST(CheckpointerTest, LaterSavesReuseTheHostBuffersAndStoreTheirOwnStep) {
   auto at3 = (*cpu)->Snapshot();
   ASSERT_TRUE(at3.ok());
   ExpectCheckpointHolds(client, 3, *at3);
+}
+
+// Rank 0 of a world of 2 whose rank 1 never stores its shard: rank 0's upload stays in flight
+// (its thread waits for rank 1) until the commit times out, which is how a slow upload looks.
+TEST(CheckpointerTest, ADueSaveIsDeferredWhileAnUploadIsInFlight) {
+  testing::TempDir dir;
+  auto daemon = testing::CheckpointdProcess::Start(dir.path());
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  MemoryStore store;
+  auto comm = comm::CreateGlooCommunicator(&store, 0, 1, {});
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  weft::v1::JobSpec spec = TinySpec();
+  spec.mutable_checkpoint()->set_interval_steps(2);
+  auto cpu = ZeroCpuEngine::Create(spec, comm->get());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  CheckpointClient client((*daemon)->address());
+  CheckpointTimeouts timeouts;
+  timeouts.commit_timeout_ms = 1500;
+  Checkpointer checkpointer(&client, &store, spec, CheckpointRank{"ckpt", 1, 0, 2}, timeouts);
+  const auto should = [&](int64_t step) {
+    absl::StatusOr<bool> s = checkpointer.ShouldSave(step, comm->get());
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() && *s;
+  };
+
+  EXPECT_FALSE(should(1));  // not due
+  EXPECT_TRUE(should(2));
+  ASSERT_TRUE(checkpointer.Save(2, **cpu).ok());
+  EXPECT_FALSE(should(3));  // not due
+  EXPECT_FALSE(should(4));  // due, but step 2's upload is in flight: deferred, no wait
+  EXPECT_FALSE(should(5));  // still in flight
+  checkpointer.Drain();     // the commit gave up waiting for rank 1
+  EXPECT_TRUE(should(5));   // the deferred save, off the interval's cadence
+  EXPECT_FALSE(should(7));  // nothing due or deferred any more
+  EXPECT_TRUE(should(8));
 }
 
 }  // namespace
