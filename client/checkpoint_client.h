@@ -10,8 +10,9 @@
 // rank outside the world, a range past the tensor) are refused here with INVALID_ARGUMENT
 // before anything is sent, so a worker never streams gigabytes only to be told at the end.
 //
-// Deadlines: every call, streams included, must finish within rpc_timeout of its start. A
-// stream's deadline covers all its bytes, so size rpc_timeout for the largest shard.
+// Deadlines: every unary call must finish within rpc_timeout of its start; a stream (a shard
+// written, a range read) within rpc_timeout plus its bytes at 20 MB/s, so large shards are
+// never cut short on a working link while a stalled stream still ends.
 //
 // Thread-safe: calls may run concurrently from any number of threads on one client (one
 // channel; gRPC multiplexes). Concurrent writers of big shards get more bandwidth from one

@@ -244,6 +244,16 @@ TEST_F(CheckpointClientTest, SmallChunksRoundTrip) {
   }
 }
 
+// A stream's deadline grows with its bytes: a 64 MB shard streams well past a 1 ms call timeout
+// and lands whole (with the call timeout alone it would end DEADLINE_EXCEEDED).
+TEST_F(CheckpointClientTest, LargeShardsOutliveTheCallTimeout) {
+  const std::vector<Whole> wholes = {MakeWhole("big", v1::DTYPE_F32, {16 << 20}, 9)};
+  CheckpointClient hurried(daemon_.address(), absl::Milliseconds(1));
+  auto bytes = hurried.WriteShard("job-big", 1, 0, 1, Shard(wholes, 0, 1));
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(*bytes, int64_t{64} << 20);
+}
+
 TEST_F(CheckpointClientTest, BadArgumentsAndUnknownCheckpointsGiveClearErrors) {
   const auto wholes = MixedTensors();
   auto shard = Shard(wholes, 0, 1);
