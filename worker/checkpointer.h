@@ -11,9 +11,10 @@
 // Rank 0's thread waits there for every rank and commits the manifest: the checkpoint exists
 // only then. One upload is in flight at a time: ShouldSave defers a due save until every
 // rank's upload ended, so the stall Save returns is its copy (Save itself still waits for an
-// upload in flight, for callers that save unconditionally). The host copy's buffers go back to the Checkpointer
-// once uploaded and the next Save copies into them: at 1.5B parameters a fresh copy would
-// allocate and page-fault ~18 GB per save.
+// upload in flight, for callers that save unconditionally). The host copy's buffers go back
+// to the Checkpointer once uploaded and the next Save copies into them (Prepare allocates
+// them before training): at 1.5B parameters a fresh copy would allocate and page-fault
+// ~18 GB per save.
 //
 // Upload failures do not stop training (the next checkpoint may succeed); they are logged.
 #ifndef WEFT_WORKER_CHECKPOINTER_H_

@@ -109,19 +109,31 @@ void ExpectCheckpointHolds(CheckpointClient& client, int64_t step,
   }
 }
 
-TEST(CheckpointerTest, LaterSavesReuseTheHostBuffersAndStoreTheirOwnStep) {
-  testing::TempDir dir;
-  auto daemon = testing::CheckpointdProcess::Start(dir.path());
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
-  MemoryStore store;
-  auto comm = comm::CreateGlooCommunicator(&store, 0, 1, {});
-  ASSERT_TRUE(comm.ok()) << comm.status();
+// A real checkpointd, the generation's store and a world-1 Gloo communicator.
+class CheckpointerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto daemon = testing::CheckpointdProcess::Start(dir_.path());
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::move(*daemon);
+    auto comm = comm::CreateGlooCommunicator(&store_, 0, 1, {});
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    comm_ = std::move(*comm);
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<testing::CheckpointdProcess> daemon_;
+  MemoryStore store_;
+  std::unique_ptr<comm::Communicator> comm_;
+};
+
+TEST_F(CheckpointerTest, LaterSavesReuseTheHostBuffersAndStoreTheirOwnStep) {
   const weft::v1::JobSpec spec = TinySpec();
-  auto cpu = ZeroCpuEngine::Create(spec, comm->get());
+  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   RecordingEngine engine(cpu->get());
-  CheckpointClient client((*daemon)->address());
-  Checkpointer checkpointer(&client, &store, spec, CheckpointRank{"ckpt", 1, 0, 1});
+  CheckpointClient client(daemon_->address());
+  Checkpointer checkpointer(&client, &store_, spec, CheckpointRank{"ckpt", 1, 0, 1});
 
   ASSERT_TRUE(engine.TrainStep(0, Batch).ok());
   ASSERT_TRUE(checkpointer.Save(1, engine).ok());
@@ -163,23 +175,17 @@ TEST(CheckpointerTest, LaterSavesReuseTheHostBuffersAndStoreTheirOwnStep) {
 
 // Rank 0 of a world of 2 whose rank 1 never stores its shard: rank 0's upload stays in flight
 // (its thread waits for rank 1) until the commit times out, which is how a slow upload looks.
-TEST(CheckpointerTest, ADueSaveIsDeferredWhileAnUploadIsInFlight) {
-  testing::TempDir dir;
-  auto daemon = testing::CheckpointdProcess::Start(dir.path());
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
-  MemoryStore store;
-  auto comm = comm::CreateGlooCommunicator(&store, 0, 1, {});
-  ASSERT_TRUE(comm.ok()) << comm.status();
+TEST_F(CheckpointerTest, ADueSaveIsDeferredWhileAnUploadIsInFlight) {
   weft::v1::JobSpec spec = TinySpec();
   spec.mutable_checkpoint()->set_interval_steps(2);
-  auto cpu = ZeroCpuEngine::Create(spec, comm->get());
+  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  CheckpointClient client((*daemon)->address());
+  CheckpointClient client(daemon_->address());
   CheckpointTimeouts timeouts;
   timeouts.commit_timeout_ms = 1500;
-  Checkpointer checkpointer(&client, &store, spec, CheckpointRank{"ckpt", 1, 0, 2}, timeouts);
+  Checkpointer checkpointer(&client, &store_, spec, CheckpointRank{"ckpt", 1, 0, 2}, timeouts);
   const auto should = [&](int64_t step) {
-    absl::StatusOr<bool> s = checkpointer.ShouldSave(step, comm->get());
+    absl::StatusOr<bool> s = checkpointer.ShouldSave(step, comm_.get());
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() && *s;
   };

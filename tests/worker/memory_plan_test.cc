@@ -65,8 +65,8 @@ TEST(DecideMemoryTest, AutoSpendsTheRestOnLighterBlocks) {
   ASSERT_TRUE(d.fits);
   EXPECT_EQ(d.level, CheckpointingPlan(Checkpointing::kSelective, 5));  // 60 + 5 x 1
   EXPECT_EQ(d.plan.total(), 65 * kGiB);
-  EXPECT_THAT(d.reason,
-              HasSubstr("activation checkpointing selective, none for blocks 0-4 (chosen by AUTO)"));
+  EXPECT_THAT(d.reason, HasSubstr("activation checkpointing selective, none for blocks 0-4 "
+                                  "(chosen by AUTO)"));
   d = Decide(Level::AUTO, 59);
   ASSERT_TRUE(d.fits);
   EXPECT_EQ(d.level, CheckpointingPlan(Checkpointing::kFull, 9));  // 50 + 9 x 1; 10 is SELECTIVE

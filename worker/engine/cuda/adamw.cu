@@ -8,9 +8,9 @@
 //
 // fp32 master weights, m and v; the update optionally also writes a bf16 copy, and reads
 // grad_scale on the device. Decay is per call (a run of elements that all decay or all do
-// not): the engine keeps the runs, not a byte per parameter. Also the optimizer's helpers: the fp32 -> bf16 cast, and the
-// global-norm clipping pieces (sum of squares in two phases with fixed-order partials, so
-// deterministic; the clip factor computed on the device).
+// not): the engine keeps the runs, not a byte per parameter. Also the optimizer's helpers: the
+// fp32 -> bf16 cast, and the global-norm clipping pieces (sum of squares in two phases with
+// fixed-order partials, so deterministic; the clip factor computed on the device).
 #include <cuda_runtime.h>
 
 #include <cstddef>

@@ -73,9 +73,9 @@ class CudaModel {
 };
 
 // The model of `arch` on the current device, kernels on `stream` (not owned), for
-// micro-batches up to (max_b, max_t), keeping what `level` says of each block. INVALID_ARGUMENT for shapes
-// the kernels cannot take or an architecture without a CUDA model; RESOURCE_EXHAUSTED when the
-// activations do not fit.
+// micro-batches up to (max_b, max_t), keeping what `level` says of each block. INVALID_ARGUMENT
+// for shapes the kernels cannot take or an architecture without a CUDA model;
+// RESOURCE_EXHAUSTED when the activations do not fit.
 absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(const ModelArch& arch, int max_b,
                                                            int max_t, CheckpointingPlan level,
                                                            cudaStream_t stream);
