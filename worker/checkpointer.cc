@@ -135,6 +135,17 @@ absl::StatusOr<bool> Checkpointer::ShouldSave(int64_t completed_steps,
   return true;
 }
 
+absl::StatusOr<bool> Checkpointer::SaveDeferred(int64_t step, const TrainingEngine& engine) {
+  Drain();
+  if (deferred_from_ == 0) return false;
+  spdlog::info("job {} rank {}: checkpoint due at step {} taken at the end, step {}",
+               who_.job_id, who_.rank, deferred_from_, step);
+  deferred_from_ = 0;
+  WEFT_RETURN_IF_ERROR(Save(step, engine).status());
+  Drain();
+  return true;
+}
+
 absl::Status Checkpointer::Prepare(const TrainingEngine& engine) {
   if (spec_.checkpoint().interval_steps() <= 0) return absl::OkStatus();
   std::vector<UnitSlice> buffers = TakeBuffers();

@@ -93,6 +93,11 @@ class Checkpointer {
   // local otherwise.
   absl::StatusOr<bool> ShouldSave(int64_t completed_steps, comm::Communicator* comm);
 
+  // At the end of training, after every rank's upload ended: takes the save ShouldSave
+  // deferred, if any (as `step`), and waits for its upload; returns whether it saved. Every
+  // rank agrees (ShouldSave decides collectively), so every rank calls it alike.
+  absl::StatusOr<bool> SaveDeferred(int64_t step, const TrainingEngine& engine);
+
   // When saves are on: allocates (and faults in) the host buffers saves copy into, from a first
   // snapshot of `engine`, so the first save's stall is a copy too, not an allocation of the
   // rank's whole state. Call once before training; an error leaves saves to allocate.

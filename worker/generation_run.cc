@@ -397,8 +397,16 @@ absl::Status GenerationRun::GatherModel(TrainingEngine* engine, ModelFileWriter*
 }
 
 absl::Status GenerationRun::Finish(const Training& training) {
-  // The last checkpoint commits before the job is declared done.
-  if (training.checkpointer != nullptr) training.checkpointer->Drain();
+  // The last checkpoint commits before the job is declared done; a save deferred behind an
+  // upload is taken now, so a job continued later resumes from its last step.
+  if (training.checkpointer != nullptr) {
+    const absl::StatusOr<bool> saved =
+        training.checkpointer->SaveDeferred(step_.load(), *training.backend->engine);
+    if (!saved.ok()) {
+      ReportError(saved.status(), /*permanent=*/false);
+      return saved.status();
+    }
+  }
 
   // Rank 0 writes the trained model while every rank gathers it, a unit at a time.
   std::string path;

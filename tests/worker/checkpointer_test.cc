@@ -200,6 +200,16 @@ TEST_F(CheckpointerTest, ADueSaveIsDeferredWhileAnUploadIsInFlight) {
   EXPECT_TRUE(should(5));   // the deferred save, off the interval's cadence
   EXPECT_FALSE(should(7));  // nothing due or deferred any more
   EXPECT_TRUE(should(8));
+
+  // Training ends with a save deferred: the end takes it (after the upload in flight).
+  ASSERT_TRUE(checkpointer.Save(8, **cpu).ok());
+  EXPECT_FALSE(should(10));
+  const absl::StatusOr<bool> at_end = checkpointer.SaveDeferred(11, **cpu);
+  ASSERT_TRUE(at_end.ok()) << at_end.status();
+  EXPECT_TRUE(*at_end);
+  const absl::StatusOr<bool> again = checkpointer.SaveDeferred(11, **cpu);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(*again);  // nothing deferred any more
 }
 
 }  // namespace
