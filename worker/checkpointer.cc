@@ -1,12 +1,15 @@
 #include "worker/checkpointer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/job_spec.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 
@@ -146,8 +149,18 @@ absl::StatusOr<bool> Checkpointer::SaveDeferred(int64_t step, const TrainingEngi
   return true;
 }
 
-absl::Status Checkpointer::Prepare(const TrainingEngine& engine) {
+absl::Status Checkpointer::Prepare(const TrainingEngine& engine, size_t host_available_bytes) {
   if (spec_.checkpoint().interval_steps() <= 0) return absl::OkStatus();
+  const int64_t world = std::max(who_.world_size, 1);
+  const double need = 12.0 * static_cast<double>(
+                                 (ModelParameterCount(spec_.model()) + world - 1) / world);
+  if (need > static_cast<double>(host_available_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "checkpoint.interval_steps: each save copies this rank's params, m and v (%.2f GB) "
+        "to host memory kept for the whole run, but the host has %.2f GB available "
+        "(MemAvailable); run on more ranks or hosts, or without checkpoints",
+        need / 1e9, static_cast<double>(host_available_bytes) / 1e9));
+  }
   std::vector<UnitSlice> buffers = TakeBuffers();
   const absl::Status status = engine.Snapshot(&buffers);
   std::lock_guard<std::mutex> lock(mu_);

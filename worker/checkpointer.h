@@ -100,8 +100,12 @@ class Checkpointer {
 
   // When saves are on: allocates (and faults in) the host buffers saves copy into, from a first
   // snapshot of `engine`, so the first save's stall is a copy too, not an allocation of the
-  // rank's whole state. Call once before training; an error leaves saves to allocate.
-  absl::Status Prepare(const TrainingEngine& engine);
+  // rank's whole state. Call once before training. RESOURCE_EXHAUSTED, naming both figures,
+  // when the rank's share (12 bytes a parameter over the world) exceeds
+  // `host_available_bytes` (MemAvailable): the buffers stay for the whole run, and a host
+  // that cannot hold them would kill the worker at the first save instead. Another error
+  // leaves saves to allocate.
+  absl::Status Prepare(const TrainingEngine& engine, size_t host_available_bytes);
 
   // Takes the snapshot of `engine` after `step` completed steps and queues its upload, first
   // waiting for the previous one. Returns the stall this cost training, in milliseconds, or

@@ -8,6 +8,7 @@
 #include "client/remote_store.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
+#include "worker/memory_plan.h"
 #include "worker/mfu.h"
 #include "worker/model_io.h"
 
@@ -142,8 +143,13 @@ absl::Status GenerationRun::Train() {
   WEFT_ASSIGN_OR_RETURN(const int64_t start_step,
                         Restore(checkpointer.get(), hf_init.get(), &backend));
   if (checkpointer != nullptr) {
-    // Not fatal: without prepared buffers the first save allocates them (a longer stall).
-    if (const absl::Status s = checkpointer->Prepare(*backend.engine); !s.ok()) {
+    const absl::Status s = checkpointer->Prepare(*backend.engine, HostAvailableBytes());
+    if (s.code() == absl::StatusCode::kResourceExhausted) {
+      ReportError(s, /*permanent=*/true);  // the same host will not have more next time
+      return s;
+    }
+    // Otherwise not fatal: without prepared buffers the first save allocates them.
+    if (!s.ok()) {
       spdlog::warn("job {}: checkpoint buffers not prepared: {}", job_id(), s.ToString());
     }
   }

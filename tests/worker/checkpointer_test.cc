@@ -212,5 +212,20 @@ TEST_F(CheckpointerTest, ADueSaveIsDeferredWhileAnUploadIsInFlight) {
   EXPECT_FALSE(*again);  // nothing deferred any more
 }
 
+// The snapshot buffers stay for the whole run: a host without room for them refuses before
+// training, naming both figures, rather than losing the worker at the first save.
+TEST_F(CheckpointerTest, PrepareRefusesAHostWithoutRoomForTheSnapshot) {
+  const weft::v1::JobSpec spec = TinySpec();
+  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  CheckpointClient client(daemon_->address());
+  Checkpointer checkpointer(&client, &store_, spec, CheckpointRank{"ckpt", 1, 0, 1});
+  const absl::Status refused = checkpointer.Prepare(**cpu, 1000);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("checkpoint.interval_steps"), std::string::npos);
+  EXPECT_NE(refused.message().find("0.00 GB available"), std::string::npos);
+  EXPECT_TRUE(checkpointer.Prepare(**cpu, size_t{1} << 40).ok());
+}
+
 }  // namespace
 }  // namespace weft::worker
