@@ -456,4 +456,9 @@ int64_t ModelParameterCount(const weft::v1::ModelSpec& m) {
   return v * c + t * c + l * per_block + 2 * c;
 }
 
+int64_t CheckpointRankBytes(const weft::v1::ModelSpec& model, int world) {
+  const int64_t w = std::max(world, 1);
+  return 12 * ((ModelParameterCount(model) + w - 1) / w);
+}
+
 }  // namespace weft

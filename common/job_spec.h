@@ -39,6 +39,11 @@ absl::StatusOr<weft::v1::JobSpec> NormalizeJobSpec(weft::v1::JobSpec spec);
 // head); engine::ModelArch::ParameterCount agrees (tests/worker/engine/model_arch_test.cc).
 int64_t ModelParameterCount(const weft::v1::ModelSpec& model);
 
+// Bytes one rank of `world` writes per checkpoint: the fp32 params, AdamW m and v of its
+// shard, 12 * ceil(parameters / world) (exact at world 1; within 12 bytes a unit otherwise,
+// since each unit is split separately). world < 1 counts as 1.
+int64_t CheckpointRankBytes(const weft::v1::ModelSpec& model, int world);
+
 }  // namespace weft
 
 #endif  // WEFT_COMMON_JOB_SPEC_H_

@@ -22,14 +22,10 @@ std::string FormatMs(double ms) {
 }
 
 // What the CHECKPOINT_COMMITTED event says: the stall, and rank 0's upload with its rate.
-// The report carries no byte count: rank 0 writes its shard of every unit's params, m and v,
-// ceil(size / world) fp32 elements of each, which is 12 * ceil(parameters / world) bytes to
-// within 12 bytes per unit.
+// The report carries no byte count: rank 0's is CheckpointRankBytes.
 std::string CheckpointCommittedMessage(const weft::v1::ReportProgressRequest& request,
                                        const weft::v1::JobSpec& spec, int32_t world) {
-  const int64_t params = ModelParameterCount(spec.model());
-  const int64_t w = std::max(world, 1);
-  const double bytes = 12.0 * static_cast<double>((params + w - 1) / w);
+  const double bytes = static_cast<double>(CheckpointRankBytes(spec.model(), world));
   const std::string size = bytes < 1e9 ? absl::StrFormat("%.1f MB", bytes / 1e6)
                                        : absl::StrFormat("%.2f GB", bytes / 1e9);
   const double save_ms = request.checkpoint_save_ms();

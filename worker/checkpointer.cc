@@ -1,6 +1,5 @@
 #include "worker/checkpointer.h"
 
-#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -151,9 +150,8 @@ absl::StatusOr<bool> Checkpointer::SaveDeferred(int64_t step, const TrainingEngi
 
 absl::Status Checkpointer::Prepare(const TrainingEngine& engine, size_t host_available_bytes) {
   if (spec_.checkpoint().interval_steps() <= 0) return absl::OkStatus();
-  const int64_t world = std::max(who_.world_size, 1);
-  const double need = 12.0 * static_cast<double>(
-                                 (ModelParameterCount(spec_.model()) + world - 1) / world);
+  const double need =
+      static_cast<double>(CheckpointRankBytes(spec_.model(), who_.world_size));
   if (need > static_cast<double>(host_available_bytes)) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "checkpoint.interval_steps: each save copies this rank's params, m and v (%.2f GB) "

@@ -239,11 +239,69 @@ TEST_F(ZeroCudaTest, LlamaModelGradientsMatchCpuAtBothGroupingExtremes) {
   }
 }
 
+// One forward and backward of the model of `spec` at `level` on fixed parameters (InitUnit
+// from seed 5, rounded to bf16) and step 3's batch: the per-position losses, then every unit's
+// gradient. Empty after a failure (reported).
+std::vector<std::vector<float>> ModelPass(const weft::v1::JobSpec& spec,
+                                          const engine::CheckpointingPlan& level) {
+  auto arch = engine::MakeModelArch(spec.model());
+  if (!arch.ok()) {
+    ADD_FAILURE() << arch.status();
+    return {};
+  }
+  const int b = spec.training().micro_batch_size();
+  std::vector<int32_t> inputs(b * kT), targets(b * kT);
+  GlobalBatch(0, b)(3, 0, inputs.data(), targets.data());
+  cudaStream_t stream = nullptr;
+  EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  auto model = engine::cuda::CreateCudaModel(**arch, b, kT, level, stream);
+  if (!model.ok()) {
+    ADD_FAILURE() << model.status();
+    cudaStreamDestroy(stream);
+    return {};
+  }
+  const int units = (*arch)->NumUnits();
+  std::vector<__nv_bfloat16*> params(units);
+  std::vector<float*> grads(units);
+  for (int u = 0; u < units; ++u) {
+    std::vector<float> init((*arch)->UnitSize(u));
+    (*arch)->InitUnit(u, 5, init.data());
+    std::vector<__nv_bfloat16> host(init.size());
+    for (size_t i = 0; i < host.size(); ++i) host[i] = __float2bfloat16(init[i]);
+    cudaMalloc(reinterpret_cast<void**>(&params[u]), host.size() * 2);
+    cudaMemcpy(params[u], host.data(), host.size() * 2, cudaMemcpyHostToDevice);
+    cudaMalloc(reinterpret_cast<void**>(&grads[u]), host.size() * 4);
+    cudaMemset(grads[u], 0, host.size() * 4);
+  }
+  auto& m = **model;
+  const int layers = (*arch)->num_layers();
+  EXPECT_TRUE(m.SetBatch(b, kT, inputs.data(), targets.data()).ok());
+  EXPECT_TRUE(m.EncoderForward(params[0]).ok());
+  for (int l = 0; l < layers; ++l) EXPECT_TRUE(m.BlockForward(l, params[1 + l]).ok());
+  EXPECT_TRUE(m.Classifier(params[0], 1.0f / (b * kT), grads[0]).ok());
+  for (int l = layers - 1; l >= 0; --l) {
+    EXPECT_TRUE(m.BlockBackward(l, params[1 + l], grads[1 + l]).ok());
+  }
+  EXPECT_TRUE(m.EncoderBackward(grads[0]).ok());
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  std::vector<std::vector<float>> out(1 + units);
+  out[0].resize(b * kT);
+  cudaMemcpy(out[0].data(), m.Losses(), out[0].size() * 4, cudaMemcpyDeviceToHost);
+  for (int u = 0; u < units; ++u) {
+    out[1 + u].resize((*arch)->UnitSize(u));
+    cudaMemcpy(out[1 + u].data(), grads[u], out[1 + u].size() * 4, cudaMemcpyDeviceToHost);
+    cudaFree(params[u]);
+    cudaFree(grads[u]);
+  }
+  cudaStreamDestroy(stream);
+  return out;
+}
+
 void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {
   auto made = engine::MakeModelArch(spec.model());
   ASSERT_TRUE(made.ok()) << made.status();
   const engine::ModelArch& arch = **made;
-  const int b = 4;
+  const int b = spec.training().micro_batch_size();
   const int units = arch.NumUnits();
   std::vector<std::vector<float>> params(units), cpu_grads(units);
   for (int u = 0; u < units; ++u) {
@@ -267,44 +325,15 @@ void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {
   }
   cpu->EncoderBackward(cpu_grads[0].data());
 
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  auto gpu = engine::cuda::CreateCudaModel(arch, b, kT, engine::Checkpointing::kNone, stream);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  std::vector<__nv_bfloat16*> dparams(units);
-  std::vector<float*> dgrads(units);
-  for (int u = 0; u < units; ++u) {
-    std::vector<__nv_bfloat16> host(params[u].size());
-    for (size_t i = 0; i < host.size(); ++i) host[i] = __float2bfloat16(params[u][i]);
-    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dparams[u]), host.size() * 2), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dparams[u], host.data(), host.size() * 2, cudaMemcpyHostToDevice),
-              cudaSuccess);
-    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dgrads[u]), host.size() * 4), cudaSuccess);
-    ASSERT_EQ(cudaMemset(dgrads[u], 0, host.size() * 4), cudaSuccess);
-  }
-  auto& model = **gpu;
-  ASSERT_TRUE(model.SetBatch(b, kT, inputs.data(), targets.data()).ok());
-  ASSERT_TRUE(model.EncoderForward(dparams[0]).ok());
-  for (int l = 0; l < arch.num_layers(); ++l) {
-    ASSERT_TRUE(model.BlockForward(l, dparams[1 + l]).ok());
-  }
-  ASSERT_TRUE(model.Classifier(dparams[0], 1.0f / (b * kT), dgrads[0]).ok());
-  for (int l = arch.num_layers() - 1; l >= 0; --l) {
-    ASSERT_TRUE(model.BlockBackward(l, dparams[1 + l], dgrads[1 + l]).ok());
-  }
-  ASSERT_TRUE(model.EncoderBackward(dgrads[0]).ok());
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-
-  std::vector<float> losses(b * kT);
-  ASSERT_EQ(cudaMemcpy(losses.data(), model.Losses(), losses.size() * 4, cudaMemcpyDeviceToHost),
-            cudaSuccess);
+  const std::vector<std::vector<float>> gpu = ModelPass(spec, engine::Checkpointing::kNone);
+  ASSERT_EQ(gpu.size(), static_cast<size_t>(1 + units));
+  const std::vector<float>& losses = gpu[0];
   double gpu_loss = 0;
   for (float x : losses) gpu_loss += x;
   gpu_loss /= losses.size();
   EXPECT_NEAR(gpu_loss, cpu_loss, 0.01 * cpu_loss);
   for (int u = 0; u < units; ++u) {
-    std::vector<float> g(params[u].size());
-    ASSERT_EQ(cudaMemcpy(g.data(), dgrads[u], g.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    const std::vector<float>& g = gpu[1 + u];
     // Tensor by tensor, so a wrong small tensor (a bias, a norm weight) is not hidden by a
     // large one.
     for (const engine::TensorInfo& t : arch.UnitTensors(u)) {
@@ -317,10 +346,7 @@ void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {
       }
       EXPECT_LT(NormRelative(a, r), 0.05) << "unit " << u << " tensor " << t.name;
     }
-    cudaFree(dparams[u]);
-    cudaFree(dgrads[u]);
   }
-  cudaStreamDestroy(stream);
 }
 
 TEST_F(ZeroCudaTest, OneGpuFollowsTheCpuEngine) {
@@ -406,56 +432,6 @@ TEST_F(ZeroCudaTest, ActivationPlanIsExactAtEveryLevel) {
   }
 }
 
-// One forward and backward of the model of `spec` at `level` on fixed bf16 parameters: the
-// losses, then every unit's gradient.
-std::vector<std::vector<float>> ModelPass(const weft::v1::JobSpec& spec,
-                                          const engine::CheckpointingPlan& level) {
-  auto arch = engine::MakeModelArch(spec.model());
-  EXPECT_TRUE(arch.ok()) << arch.status();
-  const int b = spec.training().micro_batch_size();
-  std::vector<int32_t> inputs(b * kT), targets(b * kT);
-  GlobalBatch(0, b)(3, 0, inputs.data(), targets.data());
-  cudaStream_t stream = nullptr;
-  EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  auto model = engine::cuda::CreateCudaModel(**arch, b, kT, level, stream);
-  EXPECT_TRUE(model.ok()) << model.status();
-  const int units = (*arch)->NumUnits();
-  std::vector<__nv_bfloat16*> params(units);
-  std::vector<float*> grads(units);
-  for (int u = 0; u < units; ++u) {
-    std::vector<float> init((*arch)->UnitSize(u));
-    (*arch)->InitUnit(u, 5, init.data());
-    std::vector<__nv_bfloat16> host(init.size());
-    for (size_t i = 0; i < host.size(); ++i) host[i] = __float2bfloat16(init[i]);
-    cudaMalloc(reinterpret_cast<void**>(&params[u]), host.size() * 2);
-    cudaMemcpy(params[u], host.data(), host.size() * 2, cudaMemcpyHostToDevice);
-    cudaMalloc(reinterpret_cast<void**>(&grads[u]), host.size() * 4);
-    cudaMemset(grads[u], 0, host.size() * 4);
-  }
-  auto& m = **model;
-  const int layers = (*arch)->num_layers();
-  EXPECT_TRUE(m.SetBatch(b, kT, inputs.data(), targets.data()).ok());
-  EXPECT_TRUE(m.EncoderForward(params[0]).ok());
-  for (int l = 0; l < layers; ++l) EXPECT_TRUE(m.BlockForward(l, params[1 + l]).ok());
-  EXPECT_TRUE(m.Classifier(params[0], 1.0f / (b * kT), grads[0]).ok());
-  for (int l = layers - 1; l >= 0; --l) {
-    EXPECT_TRUE(m.BlockBackward(l, params[1 + l], grads[1 + l]).ok());
-  }
-  EXPECT_TRUE(m.EncoderBackward(grads[0]).ok());
-  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  std::vector<std::vector<float>> out(1 + units);
-  out[0].resize(b * kT);
-  cudaMemcpy(out[0].data(), m.Losses(), out[0].size() * 4, cudaMemcpyDeviceToHost);
-  for (int u = 0; u < units; ++u) {
-    out[1 + u].resize((*arch)->UnitSize(u));
-    cudaMemcpy(out[1 + u].data(), grads[u], out[1 + u].size() * 4, cudaMemcpyDeviceToHost);
-    cudaFree(params[u]);
-    cudaFree(grads[u]);
-  }
-  cudaStreamDestroy(stream);
-  return out;
-}
-
 // A plan with block 0 one level lighter than block 1 (a mix AUTO picks to fill the device)
 // gives NONE's losses and block gradients bit for bit on Llama (the head's embedding gradient
 // sums with fp32 atomics: 1e-5). Fails if a block recomputes at the wrong level or writes into
@@ -463,6 +439,7 @@ std::vector<std::vector<float>> ModelPass(const weft::v1::JobSpec& spec,
 TEST_F(ZeroCudaTest, MixedCheckpointingPlansMatchNone) {
   const weft::v1::JobSpec spec = SmallSpec(4, 1, /*llama=*/true);
   const auto none = ModelPass(spec, engine::Checkpointing::kNone);
+  ASSERT_FALSE(none.empty());
   for (const engine::CheckpointingPlan level :
        {engine::CheckpointingPlan(engine::Checkpointing::kSelective, 1),
         engine::CheckpointingPlan(engine::Checkpointing::kFull, 1)}) {
