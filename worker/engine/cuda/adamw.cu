@@ -13,8 +13,10 @@
 // fixed-order partials, so deterministic; the clip factor computed on the device).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "worker/engine/cuda/bf16.cuh"
 #include "worker/engine/cuda/cuda_check.h"
@@ -40,30 +42,104 @@ __device__ inline float AdamWElement(float p, float g, float* m, float* v, bool 
   return (p - a.lr * m_hat / (sqrtf(v_hat) + a.eps)) - decay_term;
 }
 
+// The elements are split at 16-byte boundaries (see Split): `head` scalar elements, then
+// `vecs` float4s, then the scalar rest. Each float4 lane is one element's update exactly as
+// the scalar path does it: vectorising changes the memory transactions, not the math.
+struct Split {
+  int64_t head;  // elements before the first 16-byte boundary
+  int64_t vecs;  // float4s after it
+  int64_t n;     // all elements
+};
+
 template <bool kWriteBf16>
 __global__ void AdamWKernel(float* __restrict__ params,              // (n)
                             bf16* __restrict__ params_bf16,          // (n) when kWriteBf16
                             const float* __restrict__ grads,         // (n)
                             float* __restrict__ m,                   // (n)
                             float* __restrict__ v,                   // (n)
-                            int64_t n, bool decay, AdamWScalars scalars,
+                            Split split, bool decay, AdamWScalars scalars,
                             const float* __restrict__ grad_scale) {  // device scalar
   const float scale = *grad_scale;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const auto one = [&](int64_t i) {
     const float p = AdamWElement(params[i], grads[i] * scale, m + i, v + i, decay, scalars);
     params[i] = p;
     if constexpr (kWriteBf16) params_bf16[i] = __float2bfloat16(p);
+  };
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  float4* p4 = reinterpret_cast<float4*>(params + split.head);
+  const float4* g4 = reinterpret_cast<const float4*>(grads + split.head);
+  float4* m4 = reinterpret_cast<float4*>(m + split.head);
+  float4* v4 = reinterpret_cast<float4*>(v + split.head);
+  for (int64_t i = first; i < split.vecs; i += stride) {
+    float4 p = p4[i];
+    const float4 g = g4[i];
+    float4 mi = m4[i];
+    float4 vi = v4[i];
+    p.x = AdamWElement(p.x, g.x * scale, &mi.x, &vi.x, decay, scalars);
+    p.y = AdamWElement(p.y, g.y * scale, &mi.y, &vi.y, decay, scalars);
+    p.z = AdamWElement(p.z, g.z * scale, &mi.z, &vi.z, decay, scalars);
+    p.w = AdamWElement(p.w, g.w * scale, &mi.w, &vi.w, decay, scalars);
+    p4[i] = p;
+    m4[i] = mi;
+    v4[i] = vi;
+    if constexpr (kWriteBf16) {
+      bf16* out = params_bf16 + split.head + 4 * i;
+      out[0] = __float2bfloat16(p.x);
+      out[1] = __float2bfloat16(p.y);
+      out[2] = __float2bfloat16(p.z);
+      out[3] = __float2bfloat16(p.w);
+    }
   }
+  // The scalar ends: at most 3 elements each, unless the arrays' alignments differ.
+  const int64_t rest = split.head + 4 * split.vecs;
+  for (int64_t i = first; i < split.head; i += stride) one(i);
+  for (int64_t i = first; i < split.n - rest; i += stride) one(rest + i);
 }
 
 __global__ void CastToBf16Kernel(bf16* __restrict__ out,         // (n)
                                  const float* __restrict__ in,   // (n)
-                                 int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = __float2bfloat16(in[i]);
+                                 Split split) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const float4* in4 = reinterpret_cast<const float4*>(in + split.head);
+  // 4 bf16 are 8 bytes: aligned whenever `out` has the alignment of `in` halved (Split).
+  uint2* out4 = reinterpret_cast<uint2*>(out + split.head);
+  for (int64_t i = first; i < split.vecs; i += stride) {
+    const float4 x = in4[i];
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(x.z, x.w);
+    out4[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
+                         *reinterpret_cast<const uint32_t*>(&hi));
   }
+  const int64_t rest = split.head + 4 * split.vecs;
+  for (int64_t i = first; i < split.head; i += stride) out[i] = __float2bfloat16(in[i]);
+  for (int64_t i = rest + first; i < split.n; i += stride) out[i] = __float2bfloat16(in[i]);
+}
+
+// Where n floats at `p` cross 16-byte boundaries, when every other array of the call sits at
+// the same offset modulo 16 bytes (`others`, in float units: bf16 arrays at half the offset
+// in bytes); otherwise everything is scalar (head = n), which is still correct.
+Split SplitAt(const float* p, size_t n, std::initializer_list<uintptr_t> other_offsets) {
+  const uintptr_t off = reinterpret_cast<uintptr_t>(p) % 16;
+  Split split{static_cast<int64_t>(n), 0, static_cast<int64_t>(n)};
+  if (off % sizeof(float) != 0) return split;
+  for (uintptr_t o : other_offsets) {
+    if (o != off) return split;
+  }
+  const int64_t head = std::min<int64_t>(static_cast<int64_t>((16 - off) % 16 / sizeof(float)),
+                                         static_cast<int64_t>(n));
+  split.head = head;
+  split.vecs = (static_cast<int64_t>(n) - head) / 4;
+  return split;
+}
+
+uintptr_t Offset16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16; }
+
+// Threads enough for the widest of the three parts.
+int GridOf(const Split& s) {
+  const int64_t rest = s.n - s.head - 4 * s.vecs;
+  return internal::GridFor(std::max({s.vecs, s.head, rest, int64_t{1}}));
 }
 
 // Sum of squares phase 1: at most kMaxSumBlocks blocks, each over a fixed grid-stride subset
@@ -119,13 +195,15 @@ absl::Status LaunchAdamW(float* params, bf16* params_bf16, const float* grads, f
   WEFT_BF16_RETURN_IF_ERROR(CheckPointers(
       "adamw", {NotNull(params, "params"), NotNull(grads, "grads"), NotNull(m, "m"),
                 NotNull(v, "v"), NotNull(grad_scale, "grad_scale")}));
-  const int64_t count = static_cast<int64_t>(n);
+  // The bf16 copy is written element by element, so its alignment does not matter.
+  const Split split = SplitAt(params, n, {Offset16(grads), Offset16(m), Offset16(v)});
+  const int grid = GridOf(split);
   if (params_bf16 == nullptr) {
-    return Launch(AdamWKernel<false>, GridFor(count), kBlockSize, 0, stream, params, params_bf16,
-                  grads, m, v, count, decay, scalars, grad_scale);
+    return Launch(AdamWKernel<false>, grid, kBlockSize, 0, stream, params, params_bf16, grads, m,
+                  v, split, decay, scalars, grad_scale);
   }
-  return Launch(AdamWKernel<true>, GridFor(count), kBlockSize, 0, stream, params, params_bf16,
-                grads, m, v, count, decay, scalars, grad_scale);
+  return Launch(AdamWKernel<true>, grid, kBlockSize, 0, stream, params, params_bf16, grads, m, v,
+                split, decay, scalars, grad_scale);
 }
 
 }  // namespace internal
@@ -134,9 +212,9 @@ absl::Status CastToBf16(bf16* out, const float* in, size_t n, cudaStream_t strea
   if (n == 0) return absl::OkStatus();
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
       "cast to bf16", {internal::NotNull(out, "out"), internal::NotNull(in, "in")}));
-  const int64_t count = static_cast<int64_t>(n);
-  return internal::Launch(CastToBf16Kernel, internal::GridFor(count), internal::kBlockSize, 0,
-                          stream, out, in, count);
+  const Split split = SplitAt(in, n, {(2 * reinterpret_cast<uintptr_t>(out)) % 16});
+  return internal::Launch(CastToBf16Kernel, GridOf(split), internal::kBlockSize, 0, stream, out,
+                          in, split);
 }
 
 size_t SumOfSquaresScratchFloats(size_t n) { return static_cast<size_t>(SumBlocks(n)); }

@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -503,6 +504,60 @@ TEST_F(Bf16OpsTest, AdamWRunsFollowTheCpuOp) {
   EXPECT_EQ(AdamWUpdate(d_params.get(), nullptr, d_grads.get(), d_m.get(), d_v.get(), n, true,
                         config, 0, d_scale.get(), stream_).code(),
             kInvalid);
+}
+
+// The kernels move float4s between the 16-byte boundaries and single elements around them,
+// and fall back to single elements when the arrays' alignments differ: every offset must give
+// the CPU op's result.
+TEST_F(Bf16OpsTest, AdamWAndCastTakeAnyAlignment) {
+  const size_t n = 1031;
+  AdamWConfig config;
+  config.lr = 1e-3f;
+  const int64_t step = 3;
+  DeviceBuffer<float> d_scale(std::vector<float>{1.0f});
+  // (params, grads, m, v) offsets in elements: aligned alike, or not.
+  const std::vector<std::array<size_t, 4>> offsets = {
+      {0, 0, 0, 0}, {1, 1, 1, 1}, {3, 3, 3, 3}, {0, 1, 2, 3}, {2, 2, 2, 0}};
+  for (const auto& off : offsets) {
+    std::vector<float> params = Random(rng_, n + 3), m = Random(rng_, n + 3, 0.0f, 0.01f);
+    std::vector<float> v = Random(rng_, n + 3, 0.0f, 0.01f);
+    for (float& x : v) x = x * x;
+    const std::vector<float> grads = Random(rng_, n + 3);
+    DeviceBuffer<float> d_params(params), d_grads(grads), d_m(m), d_v(v);
+    std::vector<float> p(params.begin() + off[0], params.begin() + off[0] + n);
+    std::vector<float> mm(m.begin() + off[2], m.begin() + off[2] + n);
+    std::vector<float> vv(v.begin() + off[3], v.begin() + off[3] + n);
+    const std::vector<uint8_t> mask(n, 1);
+    engine::AdamWUpdate(p.data(), grads.data() + off[1], mm.data(), vv.data(), mask.data(), n,
+                        config, step, 1.0f);
+    ASSERT_TRUE(AdamWUpdate(d_params.get() + off[0], nullptr, d_grads.get() + off[1],
+                            d_m.get() + off[2], d_v.get() + off[3], n, /*decay=*/true, config,
+                            step, d_scale.get(), stream_)
+                    .ok());
+    Sync();
+    const std::vector<float> gpu = d_params.ToHost();
+    EXPECT_CLOSE(std::vector<float>(gpu.begin() + off[0], gpu.begin() + off[0] + n), p, 1e-6)
+        << "offsets " << off[0] << " " << off[1] << " " << off[2] << " " << off[3];
+    // Untouched around the range.
+    for (size_t i = 0; i < off[0]; ++i) EXPECT_EQ(gpu[i], params[i]);
+    for (size_t i = off[0] + n; i < n + 3; ++i) EXPECT_EQ(gpu[i], params[i]);
+    const std::vector<float> gpu_m = d_m.ToHost();
+    EXPECT_CLOSE(std::vector<float>(gpu_m.begin() + off[2], gpu_m.begin() + off[2] + n), mm,
+                 1e-6);
+
+    // The cast: out at every offset against in at off[0].
+    Bf16Buffer d_cast(n + 4);
+    const std::vector<uint16_t> before = d_cast.Bits();
+    ASSERT_TRUE(CastToBf16(d_cast.get() + off[1], d_params.get() + off[0], n, stream_).ok());
+    Sync();
+    const std::vector<float> cast = d_cast.ToHost();
+    const std::vector<float> want =
+        Rounded(std::vector<float>(gpu.begin() + off[0], gpu.begin() + off[0] + n));
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), cast.begin() + off[1]));
+    const std::vector<uint16_t> after = d_cast.Bits();
+    for (size_t i = 0; i < off[1]; ++i) EXPECT_EQ(after[i], before[i]);
+    for (size_t i = off[1] + n; i < n + 4; ++i) EXPECT_EQ(after[i], before[i]);
+  }
 }
 
 TEST_F(Bf16OpsTest, CastAndGradNorm) {

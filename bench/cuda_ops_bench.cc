@@ -1,0 +1,278 @@
+// cuda_ops_bench: where a GPU training step of a Llama block goes, op by op, at a given shape
+// (default: the Llama-8B shape at micro-batch 2, sequence 4096). Each op runs --iters times
+// after one untimed run, timed by CUDA events on one stream; the inputs are random bf16.
+// Prints one line per op:
+//
+//   BENCH cuda_op op=gate_up_fwd ms=.. tflops=..    (GEMMs and attention: FLOPs / time)
+//   BENCH cuda_op op=adamw ms=.. gbps=..            (memory-bound ops: bytes moved / time)
+//
+// then `BENCH cuda_ops ...` with the block's forward and backward (sum of its ops), so that a
+// change to one kernel can be weighed against the whole step.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "worker/engine/adamw.h"
+#include "worker/engine/cuda/matmul.h"
+#include "worker/engine/cuda/ops.h"
+
+namespace {
+
+using weft::engine::cuda::bf16;
+namespace cuda = weft::engine::cuda;
+
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "cuda_ops_bench: %s: %s\n", what, std::string(s.message()).c_str());
+    std::exit(1);
+  }
+}
+
+void CheckCuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "cuda_ops_bench: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// Device buffers, freed at exit (the process is short-lived).
+template <typename T>
+T* Alloc(size_t n) {
+  void* p = nullptr;
+  CheckCuda(cudaMalloc(&p, n * sizeof(T) + 256), "cudaMalloc");
+  return static_cast<T*>(p);
+}
+
+// Random bf16 in [-scale, scale), generated on the host once and copied.
+bf16* RandomBf16(size_t n, float scale, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<bf16> host(n);
+  for (auto& x : host) x = __float2bfloat16(u(rng));
+  bf16* d = Alloc<bf16>(n);
+  CheckCuda(cudaMemcpy(d, host.data(), n * sizeof(bf16), cudaMemcpyHostToDevice), "copy");
+  return d;
+}
+
+float* ZeroFloats(size_t n) {
+  float* d = Alloc<float>(n);
+  CheckCuda(cudaMemset(d, 0, n * sizeof(float)), "memset");
+  return d;
+}
+
+struct Timer {
+  cudaStream_t stream;
+  int iters;
+  cudaEvent_t begin, end;
+  double block_forward_ms = 0, block_backward_ms = 0;
+
+  // Median-free mean over `iters` back-to-back runs (launch overhead amortised the way the
+  // engine's back-to-back enqueueing does).
+  double Time(const std::function<absl::Status()>& op, const char* name) {
+    Check(op(), name);
+    CheckCuda(cudaStreamSynchronize(stream), name);
+    CheckCuda(cudaEventRecord(begin, stream), "event");
+    for (int i = 0; i < iters; ++i) Check(op(), name);
+    CheckCuda(cudaEventRecord(end, stream), "event");
+    CheckCuda(cudaEventSynchronize(end), name);
+    float ms = 0;
+    CheckCuda(cudaEventElapsedTime(&ms, begin, end), "elapsed");
+    return ms / iters;
+  }
+
+  enum Phase { kForward, kBackward, kNone };
+  void Flops(const char* name, Phase phase, double flops,
+             const std::function<absl::Status()>& op) {
+    const double ms = Time(op, name);
+    Add(phase, ms);
+    std::printf("BENCH cuda_op op=%s ms=%.3f tflops=%.1f\n", name, ms, flops / ms / 1e9);
+  }
+  void Bytes(const char* name, Phase phase, double bytes,
+             const std::function<absl::Status()>& op) {
+    const double ms = Time(op, name);
+    Add(phase, ms);
+    std::printf("BENCH cuda_op op=%s ms=%.3f gbps=%.0f\n", name, ms, bytes / ms / 1e6);
+  }
+  void Add(Phase phase, double ms) {
+    if (phase == kForward) block_forward_ms += ms;
+    if (phase == kBackward) block_backward_ms += ms;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int b = 2, t = 4096, c = 4096, nh = 32, nkv = 8, inter = 14336, iters = 20;
+  size_t optimizer_elems = size_t{256} << 20;
+  CLI::App app{"Times the CUDA ops of one Llama block and the optimizer at one shape."};
+  app.add_option("--batch", b);
+  app.add_option("--seq", t);
+  app.add_option("--width", c);
+  app.add_option("--heads", nh);
+  app.add_option("--kv-heads", nkv);
+  app.add_option("--intermediate", inter);
+  app.add_option("--iters", iters, "timed runs of each op");
+  app.add_option("--optimizer-elems", optimizer_elems, "elements the AdamW and casts run over");
+  CLI11_PARSE(app, argc, argv);
+  const int hs = c / nh;
+  const int qkv_w = (nh + 2 * nkv) * hs;
+  const int n = b * t;
+  const size_t nc = static_cast<size_t>(n) * c;
+
+  std::mt19937 rng(1234);
+  cudaStream_t stream;
+  CheckCuda(cudaStreamCreate(&stream), "stream");
+  auto blas_or = cuda::Blas::Create();
+  Check(blas_or.status(), "blas");
+  cuda::Blas& blas = **blas_or;
+  Timer timer{stream, iters, nullptr, nullptr};
+  CheckCuda(cudaEventCreate(&timer.begin), "event");
+  CheckCuda(cudaEventCreate(&timer.end), "event");
+
+  // Weights (OC, C) and activations (N, *), as a block sees them.
+  bf16* w_qkv = RandomBf16(static_cast<size_t>(qkv_w) * c, 0.02f, rng);
+  bf16* w_out = RandomBf16(static_cast<size_t>(c) * c, 0.02f, rng);
+  bf16* w_gate_up = RandomBf16(static_cast<size_t>(2) * inter * c, 0.02f, rng);
+  bf16* w_down = RandomBf16(static_cast<size_t>(c) * inter, 0.02f, rng);
+  bf16* norm_w = RandomBf16(c, 1.0f, rng);
+  bf16* x = RandomBf16(nc, 1.0f, rng);
+  bf16* xn = RandomBf16(nc, 1.0f, rng);
+  bf16* qkv = RandomBf16(static_cast<size_t>(n) * qkv_w, 1.0f, rng);
+  bf16* y = Alloc<bf16>(nc);
+  bf16* tmp = Alloc<bf16>(nc);
+  bf16* dres = RandomBf16(nc, 0.01f, rng);
+  bf16* gate_up = RandomBf16(static_cast<size_t>(n) * 2 * inter, 1.0f, rng);
+  bf16* act = Alloc<bf16>(static_cast<size_t>(n) * inter);
+  bf16* dact = RandomBf16(static_cast<size_t>(n) * inter, 0.01f, rng);
+  bf16* dgate_up = Alloc<bf16>(static_cast<size_t>(n) * 2 * inter);
+  bf16* dqkv = Alloc<bf16>(static_cast<size_t>(n) * qkv_w);
+  float* rstd = ZeroFloats(n);
+  float* lse = ZeroFloats(static_cast<size_t>(b) * nh * t);
+  float* dw_big = ZeroFloats(static_cast<size_t>(2) * inter * c);
+  float* dw_norm = ZeroFloats(c);
+  float* norm_scratch = ZeroFloats(cuda::RmsNormBackwardScratchFloats(n, c));
+  float* flash_scratch = ZeroFloats(cuda::FlashAttentionBackwardScratchFloats(b, nh, t, hs));
+  const int half = hs / 2;
+  float* cos_t = ZeroFloats(static_cast<size_t>(t) * half);
+  float* sin_t = ZeroFloats(static_cast<size_t>(t) * half);
+
+  const auto F = Timer::kForward;
+  const auto B = Timer::kBackward;
+  const double gemm = 2.0 * n * c;  // times the output width
+  // Forward, in the block's order.
+  timer.Bytes("rmsnorm_fwd", F, 2.0 * nc * 2,
+              [&] { return cuda::RmsNormForward(xn, rstd, x, norm_w, n, c, 1e-5f, stream); });
+  timer.Flops("qkv_fwd", F, gemm * qkv_w, [&] {
+    return blas.LinearForward(qkv, xn, w_qkv, nullptr, n, c, qkv_w, stream);
+  });
+  timer.Bytes("rope_fwd", F, 2.0 * n * (nh + nkv) * hs * 2, [&] {
+    return cuda::RopeForward(qkv, cos_t, sin_t, b, t, nh, nkv, hs, stream);
+  });
+  // Causal: half the (T, T) products, 2 GEMMs of 2 T T HS each per head.
+  const double attn_fwd = 2.0 * 2.0 * b * nh * static_cast<double>(t) * t * hs / 2;
+  timer.Flops("attention_fwd", F, attn_fwd, [&] {
+    return cuda::FlashAttentionForward(y, lse, qkv, b, nh, nkv, t, hs, stream);
+  });
+  timer.Flops("attn_out_fwd", F, gemm * c, [&] {
+    return blas.LinearForward(tmp, y, w_out, nullptr, n, c, c, stream);
+  });
+  timer.Bytes("residual_fwd", F, 3.0 * nc * 2,
+              [&] { return cuda::ResidualForward(tmp, x, tmp, static_cast<int64_t>(nc), stream); });
+  timer.Bytes("rmsnorm_fwd", F, 2.0 * nc * 2,
+              [&] { return cuda::RmsNormForward(xn, rstd, x, norm_w, n, c, 1e-5f, stream); });
+  timer.Flops("gate_up_fwd", F, gemm * 2 * inter, [&] {
+    return blas.LinearForward(gate_up, xn, w_gate_up, nullptr, n, c, 2 * inter, stream);
+  });
+  timer.Bytes("swiglu_fwd", F, 3.0 * n * inter * 2,
+              [&] { return cuda::SwiGluForward(act, gate_up, n, inter, stream); });
+  timer.Flops("down_fwd", F, 2.0 * n * inter * c, [&] {
+    return blas.LinearForward(tmp, act, w_down, nullptr, n, inter, c, stream);
+  });
+  timer.Bytes("residual_fwd", F, 3.0 * nc * 2,
+              [&] { return cuda::ResidualForward(tmp, x, tmp, static_cast<int64_t>(nc), stream); });
+
+  // Backward, in the block's order (weight gradients fp32 +=).
+  timer.Flops("down_bwd_weight", B, 2.0 * n * inter * c, [&] {
+    return blas.LinearBackwardWeight(dw_big, dres, act, n, inter, c, stream);
+  });
+  timer.Flops("down_bwd_input", B, 2.0 * n * inter * c, [&] {
+    return blas.LinearBackwardInput(dact, dres, w_down, n, inter, c, stream);
+  });
+  timer.Bytes("swiglu_bwd", B, 5.0 * n * inter * 2, [&] {
+    return cuda::SwiGluBackward(dgate_up, dact, gate_up, n, inter, stream);
+  });
+  timer.Flops("gate_up_bwd_weight", B, gemm * 2 * inter, [&] {
+    return blas.LinearBackwardWeight(dw_big, dgate_up, xn, n, c, 2 * inter, stream);
+  });
+  timer.Flops("gate_up_bwd_input", B, gemm * 2 * inter, [&] {
+    return blas.LinearBackwardInput(tmp, dgate_up, w_gate_up, n, c, 2 * inter, stream);
+  });
+  timer.Bytes("rmsnorm_bwd", B, 4.0 * nc * 2, [&] {
+    return cuda::RmsNormBackward(dres, dw_norm, tmp, x, norm_w, rstd, norm_scratch, n, c, stream);
+  });
+  timer.Flops("attn_out_bwd_weight", B, gemm * c, [&] {
+    return blas.LinearBackwardWeight(dw_big, dres, y, n, c, c, stream);
+  });
+  timer.Flops("attn_out_bwd_input", B, gemm * c, [&] {
+    return blas.LinearBackwardInput(tmp, dres, w_out, n, c, c, stream);
+  });
+  // Backward of attention: 5 (T, T) products where the forward has 2.
+  timer.Flops("attention_bwd", B, attn_fwd * 2.5, [&] {
+    return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nkv, t, hs,
+                                        stream);
+  });
+  timer.Bytes("rope_bwd", B, 2.0 * n * (nh + nkv) * hs * 2, [&] {
+    return cuda::RopeBackward(dqkv, cos_t, sin_t, b, t, nh, nkv, hs, stream);
+  });
+  timer.Flops("qkv_bwd_weight", B, gemm * qkv_w, [&] {
+    return blas.LinearBackwardWeight(dw_big, dqkv, xn, n, c, qkv_w, stream);
+  });
+  timer.Flops("qkv_bwd_input", B, gemm * qkv_w, [&] {
+    return blas.LinearBackwardInput(tmp, dqkv, w_qkv, n, c, qkv_w, stream);
+  });
+  timer.Bytes("rmsnorm_bwd", B, 4.0 * nc * 2, [&] {
+    return cuda::RmsNormBackward(dres, dw_norm, tmp, x, norm_w, rstd, norm_scratch, n, c, stream);
+  });
+
+  // The optimizer's ops over optimizer_elems fp32 elements.
+  const size_t m = optimizer_elems;
+  float* p = ZeroFloats(m);
+  float* g = ZeroFloats(m);
+  float* mo = ZeroFloats(m);
+  float* vo = ZeroFloats(m);
+  bf16* p16 = Alloc<bf16>(m);
+  float* scale = ZeroFloats(1);
+  float* sumsq = ZeroFloats(1);
+  float* sum_scratch = ZeroFloats(cuda::SumOfSquaresScratchFloats(m));
+  const float one = 1.0f;
+  CheckCuda(cudaMemcpy(scale, &one, sizeof(float), cudaMemcpyHostToDevice), "copy");
+  weft::engine::AdamWConfig adamw;
+  adamw.lr = 1e-4f;
+  const auto N = Timer::kNone;
+  timer.Bytes("adamw", N, 28.0 * m, [&] {
+    return cuda::AdamWUpdate(p, nullptr, g, mo, vo, m, true, adamw, 10, scale, stream);
+  });
+  timer.Bytes("sum_of_squares", N, 4.0 * m,
+              [&] { return cuda::SumOfSquares(sumsq, g, m, sum_scratch, stream); });
+  timer.Bytes("cast_bf16", N, 6.0 * m, [&] { return cuda::CastToBf16(p16, p, m, stream); });
+  timer.Bytes("memset_grads", N, 4.0 * m, [&] {
+    return cudaMemsetAsync(g, 0, m * sizeof(float), stream) == cudaSuccess
+               ? absl::OkStatus()
+               : absl::InternalError("memset");
+  });
+
+  const double block_params = static_cast<double>(c) * (qkv_w + c + 3.0 * inter) + 2.0 * c;
+  const double block_flops = 6.0 * n * block_params + 3.5 * attn_fwd;
+  std::printf(
+      "BENCH cuda_ops batch=%d seq=%d width=%d heads=%d kv_heads=%d intermediate=%d "
+      "block_forward_ms=%.2f block_backward_ms=%.2f block_tflops=%.1f\n",
+      b, t, c, nh, nkv, inter, timer.block_forward_ms, timer.block_backward_ms,
+      block_flops / (timer.block_forward_ms + timer.block_backward_ms) / 1e9);
+  return 0;
+}
