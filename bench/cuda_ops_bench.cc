@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
 
   // Backward, in the block's order (weight gradients fp32 +=).
   timer.Flops("down_bwd_weight", B, 2.0 * n * inter * c, [&] {
-    return blas.LinearBackwardWeight(dw_big, dres, act, n, inter, c, stream);
+    return blas.LinearBackwardWeight(dw_big, dres, act, n, inter, c, true, stream);
   });
   timer.Flops("down_bwd_input", B, 2.0 * n * inter * c, [&] {
     return blas.LinearBackwardInput(dact, dres, w_down, n, inter, c, stream);
@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
     return cuda::SwiGluBackward(dgate_up, dact, gate_up, n, inter, stream);
   });
   timer.Flops("gate_up_bwd_weight", B, gemm * 2 * inter, [&] {
-    return blas.LinearBackwardWeight(dw_big, dgate_up, xn, n, c, 2 * inter, stream);
+    return blas.LinearBackwardWeight(dw_big, dgate_up, xn, n, c, 2 * inter, true, stream);
   });
   timer.Flops("gate_up_bwd_input", B, gemm * 2 * inter, [&] {
     return blas.LinearBackwardInput(tmp, dgate_up, w_gate_up, n, c, 2 * inter, stream);
@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
     return cuda::RmsNormBackward(dres, dw_norm, tmp, x, norm_w, rstd, norm_scratch, n, c, stream);
   });
   timer.Flops("attn_out_bwd_weight", B, gemm * c, [&] {
-    return blas.LinearBackwardWeight(dw_big, dres, y, n, c, c, stream);
+    return blas.LinearBackwardWeight(dw_big, dres, y, n, c, c, true, stream);
   });
   timer.Flops("attn_out_bwd_input", B, gemm * c, [&] {
     return blas.LinearBackwardInput(tmp, dres, w_out, n, c, c, stream);
@@ -231,7 +231,7 @@ int main(int argc, char** argv) {
     return cuda::RopeBackward(dqkv, cos_t, sin_t, b, t, nh, nkv, hs, stream);
   });
   timer.Flops("qkv_bwd_weight", B, gemm * qkv_w, [&] {
-    return blas.LinearBackwardWeight(dw_big, dqkv, xn, n, c, qkv_w, stream);
+    return blas.LinearBackwardWeight(dw_big, dqkv, xn, n, c, qkv_w, true, stream);
   });
   timer.Flops("qkv_bwd_input", B, gemm * qkv_w, [&] {
     return blas.LinearBackwardInput(tmp, dqkv, w_qkv, n, c, qkv_w, stream);

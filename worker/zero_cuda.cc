@@ -263,10 +263,12 @@ absl::Status ZeroCudaEngine::Initialize() {
     for (int i = 0; i < 2; ++i) {
       WEFT_ASSIGN_OR_RETURN(block_grad_[i], Alloc<float>(max_block));
     }
-    // Padding elements of the gradient units are never written by the model; zero them once
-    // (block buffers are re-zeroed per use anyway).
+    // Padding elements of the gradient units are never written by the model; zero them once.
     WEFT_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(head_grad_, 0, layout_.unit(0).padded * sizeof(float), compute_));
+    for (float* g : block_grad_) {
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g, 0, max_block * sizeof(float), compute_));
+    }
   }
   if (NeedsScatterScratch(spec_, world_)) {
     WEFT_ASSIGN_OR_RETURN(scatter_tmp_, Alloc<float>(max_shard));
@@ -352,8 +354,14 @@ absl::Status ZeroCudaEngine::ReduceScatterGrad(int unit, float* full, bool accum
 
 // ---- one micro-batch ------------------------------------------------------------------------
 
+absl::Status ZeroCudaEngine::SumSquaresOnComm(int unit) {
+  return cuda::SumOfSquares(&stats_[0], units_[unit].grads, layout_.unit(unit).shard,
+                            norm_scratch_, comm_->stream());
+}
+
 absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
-                                       bool backward, float grad_scale, bool first_micro_step) {
+                                       bool backward, float grad_scale, bool first_micro_step,
+                                       bool last_micro_step) {
   const int layers = arch_->num_layers();
   cudaStream_t comm_stream = comm_->stream();
   std::array<size_t, 3> phase{};
@@ -413,26 +421,31 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
     // The gradient buffer of this slot was last reduce-scattered for block l+2.
     if (scatter_pending_[slot]) WEFT_RETURN_IF_ERROR(ComputeWaits(scattered_[slot]));
     float* const grad = direct_grads_ ? units_[1 + l].grads : block_grad_[slot];
-    if (!direct_grads_ || first_micro_step) {
-      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-          grad, 0, layout_.unit(1 + l).padded * sizeof(float), compute_));
-    }
-    WEFT_RETURN_IF_ERROR(model_->BlockBackward(l, block_work_[slot], grad));
+    // A slot buffer holds one micro-step's gradient; a direct one accumulates over the
+    // micro-steps after the first. Overwriting needs no memset and no read of the old values.
+    const bool accumulate = direct_grads_ && !first_micro_step;
+    WEFT_RETURN_IF_ERROR(model_->BlockBackward(
+        l, block_work_[slot], grad,
+        accumulate ? cuda::GradWrite::kAccumulate : cuda::GradWrite::kOverwrite));
+    if (!direct_grads_ || last_micro_step) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
     if (!direct_grads_) {
-      WEFT_RETURN_IF_ERROR(CommWaitsCompute());
       WEFT_RETURN_IF_ERROR(ReduceScatterGrad(1 + l, grad, !first_micro_step));
       WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(scattered_[slot], comm_stream));
       scatter_pending_[slot] = true;
     }
+    // Behind the reduce-scatter (or the backward) of unit 1 + l, its shard gradient is final.
+    if (last_micro_step) WEFT_RETURN_IF_ERROR(SumSquaresOnComm(1 + l));
   }
   WEFT_RETURN_IF_ERROR(model_->EncoderBackward(head_grad));
   WEFT_ASSIGN_OR_RETURN(phase[2], Mark());
   phases_.push_back(phase);
-  if (direct_grads_) return absl::OkStatus();
-  WEFT_RETURN_IF_ERROR(CommWaitsCompute());
-  WEFT_RETURN_IF_ERROR(ReduceScatterGrad(0, head_grad_, !first_micro_step));
-  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
-  scatter_pending_[2] = true;
+  if (!direct_grads_ || last_micro_step) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+  if (!direct_grads_) {
+    WEFT_RETURN_IF_ERROR(ReduceScatterGrad(0, head_grad_, !first_micro_step));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
+    scatter_pending_[2] = true;
+  }
+  if (last_micro_step) WEFT_RETURN_IF_ERROR(SumSquaresOnComm(0));
   return absl::OkStatus();
 }
 
@@ -454,17 +467,15 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   for (int micro = 0; micro < accum; ++micro) {
     batch(step, micro, inputs_.data(), targets_.data());
     WEFT_RETURN_IF_ERROR(
-        MicroStep(inputs_.data(), targets_.data(), true, grad_scale, micro == 0));
+        MicroStep(inputs_.data(), targets_.data(), true, grad_scale, micro == 0,
+                  micro + 1 == accum));
   }
   // The optimizer needs every reduce-scatter (and accumulation) done.
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
   WEFT_RETURN_IF_ERROR(ComputeWaits(comm_done_));
   scatter_pending_[0] = scatter_pending_[1] = scatter_pending_[2] = false;
   WEFT_ASSIGN_OR_RETURN(const size_t opt_begin, Mark());
-  for (int u = 0; u < layout_.num_units(); ++u) {
-    WEFT_RETURN_IF_ERROR(cuda::SumOfSquares(&stats_[0], units_[u].grads, layout_.unit(u).shard,
-                                            norm_scratch_, compute_));
-  }
+  // The sum of squares is in stats_[0] already (the last micro-step's comm stream).
   // One all-reduce of [sum of squares, loss sum].
   WEFT_RETURN_IF_ERROR(CommWaitsCompute());
   WEFT_RETURN_IF_ERROR(CheckWork(comm_->AllReduce(stats_, 2, DataType::kFloat32)));
@@ -564,7 +575,7 @@ absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats_, 0, 2 * sizeof(float), compute_));
   for (int i = 0; i < batches; ++i) {
     batch(0, i, inputs_.data(), targets_.data());
-    WEFT_RETURN_IF_ERROR(MicroStep(inputs_.data(), targets_.data(), false, 1.0f, true));
+    WEFT_RETURN_IF_ERROR(MicroStep(inputs_.data(), targets_.data(), false, 1.0f, true, false));
   }
   WEFT_RETURN_IF_ERROR(CommWaitsCompute());
   WEFT_RETURN_IF_ERROR(CheckWork(comm_->AllReduce(stats_, 2, DataType::kFloat32)));

@@ -126,9 +126,13 @@ class ZeroCudaEngine : public ZeroEngine {
   absl::Status CommWaitsCompute();
   absl::Status Gather(int unit, bf16* dst);
   absl::Status ReduceScatterGrad(int unit, float* full, bool accumulate);
-  // One micro-batch through the model; with `backward`, gradients reach the shards.
+  // One micro-batch through the model; with `backward`, gradients reach the shards. The last
+  // micro-step of a step also adds each shard's sum of squares into stats_[0] on the comm
+  // stream as soon as that shard's gradient is final, behind the backward of the next units.
   absl::Status MicroStep(const int32_t* inputs, const int32_t* targets, bool backward,
-                         float grad_scale, bool first_micro_step);
+                         float grad_scale, bool first_micro_step, bool last_micro_step);
+  // stats_[0] += the sum of squares of unit u's (final) shard gradient, on the comm stream.
+  absl::Status SumSquaresOnComm(int unit);
   // Waits for the compute stream's work so far (host), through the communicator.
   absl::Status SyncCompute();
 

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <thread>
@@ -104,6 +105,7 @@ BatchFn GlobalBatch(int rank, int batch) {
 
 struct Curve {
   std::vector<float> losses;
+  std::vector<float> grad_norms;
   std::vector<std::vector<float>> params;
 };
 
@@ -136,7 +138,10 @@ Curve TrainGpu(const weft::v1::JobSpec& spec, int world) {
           errors[rank] = r.status();
           return;
         }
-        if (rank == 0) curve.losses.push_back(r->loss);
+        if (rank == 0) {
+          curve.losses.push_back(r->loss);
+          curve.grad_norms.push_back(r->grad_norm);
+        }
       }
       auto params = (*engine)->GatherParameters();
       if (!params.ok()) {
@@ -165,6 +170,7 @@ Curve TrainCpu(const weft::v1::JobSpec& spec) {
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) break;
     curve.losses.push_back(r->loss);
+    curve.grad_norms.push_back(r->grad_norm);
   }
   return curve;
 }
@@ -241,9 +247,11 @@ TEST_F(ZeroCudaTest, LlamaModelGradientsMatchCpuAtBothGroupingExtremes) {
 
 // One forward and backward of the model of `spec` at `level` on fixed parameters (InitUnit
 // from seed 5, rounded to bf16) and step 3's batch: the per-position losses, then every unit's
-// gradient. Empty after a failure (reported).
-std::vector<std::vector<float>> ModelPass(const weft::v1::JobSpec& spec,
-                                          const engine::CheckpointingPlan& level) {
+// gradient. The block gradients start at 0 when accumulated, at NaN when overwritten. Empty
+// after a failure (reported).
+std::vector<std::vector<float>> ModelPass(
+    const weft::v1::JobSpec& spec, const engine::CheckpointingPlan& level,
+    engine::cuda::GradWrite write = engine::cuda::GradWrite::kAccumulate) {
   auto arch = engine::MakeModelArch(spec.model());
   if (!arch.ok()) {
     ADD_FAILURE() << arch.status();
@@ -271,7 +279,8 @@ std::vector<std::vector<float>> ModelPass(const weft::v1::JobSpec& spec,
     cudaMalloc(reinterpret_cast<void**>(&params[u]), host.size() * 2);
     cudaMemcpy(params[u], host.data(), host.size() * 2, cudaMemcpyHostToDevice);
     cudaMalloc(reinterpret_cast<void**>(&grads[u]), host.size() * 4);
-    cudaMemset(grads[u], 0, host.size() * 4);
+    const bool garbage = u > 0 && write == engine::cuda::GradWrite::kOverwrite;
+    cudaMemset(grads[u], garbage ? 0xff : 0, host.size() * 4);
   }
   auto& m = **model;
   const int layers = (*arch)->num_layers();
@@ -280,7 +289,7 @@ std::vector<std::vector<float>> ModelPass(const weft::v1::JobSpec& spec,
   for (int l = 0; l < layers; ++l) EXPECT_TRUE(m.BlockForward(l, params[1 + l]).ok());
   EXPECT_TRUE(m.Classifier(params[0], 1.0f / (b * kT), grads[0]).ok());
   for (int l = layers - 1; l >= 0; --l) {
-    EXPECT_TRUE(m.BlockBackward(l, params[1 + l], grads[1 + l]).ok());
+    EXPECT_TRUE(m.BlockBackward(l, params[1 + l], grads[1 + l], write).ok());
   }
   EXPECT_TRUE(m.EncoderBackward(grads[0]).ok());
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
@@ -349,13 +358,21 @@ void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {
   }
 }
 
+// Losses and gradient norms (what clipping divides by) follow the CPU engine, with and without
+// gradient accumulation (a micro-step that is both the first and the last of its step
+// overwrites the gradients and sums their squares in one pass).
 TEST_F(ZeroCudaTest, OneGpuFollowsTheCpuEngine) {
-  const weft::v1::JobSpec spec = SmallSpec(4, 60);
-  const Curve cpu = TrainCpu(spec);
-  const Curve gpu = TrainGpu(spec, 1);
-  ASSERT_EQ(gpu.losses.size(), 60u);
-  EXPECT_LT(WorstRelative(gpu.losses, cpu.losses), 0.03);
-  EXPECT_LT(gpu.losses.back(), 0.5f * gpu.losses.front()) << "the GPU engine did not learn";
+  for (const int accum : {2, 1}) {
+    SCOPED_TRACE(absl::StrCat("grad_accum_steps ", accum));
+    weft::v1::JobSpec spec = SmallSpec(4, 60);
+    spec.mutable_training()->set_grad_accum_steps(accum);
+    const Curve cpu = TrainCpu(spec);
+    const Curve gpu = TrainGpu(spec, 1);
+    ASSERT_EQ(gpu.losses.size(), 60u);
+    EXPECT_LT(WorstRelative(gpu.losses, cpu.losses), 0.03);
+    EXPECT_LT(WorstRelative(gpu.grad_norms, cpu.grad_norms), 0.05);
+    EXPECT_LT(gpu.losses.back(), 0.5f * gpu.losses.front()) << "the GPU engine did not learn";
+  }
 }
 
 // ZeRO-3 on 2 GPUs against 1, the same global batch split in two.
@@ -390,6 +407,7 @@ TEST_F(ZeroCudaTest, LlamaOneGpuFollowsTheCpuEngine) {
   const Curve gpu = TrainGpu(spec, 1);
   ASSERT_EQ(gpu.losses.size(), 60u);
   EXPECT_LT(WorstRelative(gpu.losses, cpu.losses), 0.03);
+  EXPECT_LT(WorstRelative(gpu.grad_norms, cpu.grad_norms), 0.05);
   EXPECT_LT(gpu.losses.back(), 0.5f * gpu.losses.front()) << "the GPU engine did not learn";
 }
 
@@ -449,6 +467,29 @@ TEST_F(ZeroCudaTest, MixedCheckpointingPlansMatchNone) {
     EXPECT_EQ(mixed[0], none[0]) << "losses";
     EXPECT_LT(NormRelative(mixed[1], none[1]), 1e-5) << "the head unit";
     for (size_t u = 2; u < none.size(); ++u) EXPECT_EQ(mixed[u], none[u]) << "unit " << u - 1;
+  }
+}
+
+// GradWrite::kOverwrite (what the engine asks when a gradient buffer holds nothing yet) gives
+// the accumulating pass's block gradients from buffers that start as NaN, on both
+// architectures: a tensor left unwritten, or accumulated into the garbage, shows as NaN. The
+// GEMMs without beta may run another cuBLAS algorithm, hence 1e-6 rather than bit equality.
+TEST_F(ZeroCudaTest, OverwrittenBlockGradientsMatchAccumulatedOnes) {
+  for (const bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    const weft::v1::JobSpec spec = SmallSpec(4, 1, llama);
+    const auto accumulated = ModelPass(spec, engine::Checkpointing::kNone);
+    const auto overwritten = ModelPass(spec, engine::Checkpointing::kNone,
+                                       engine::cuda::GradWrite::kOverwrite);
+    ASSERT_EQ(overwritten.size(), accumulated.size());
+    ASSERT_GT(accumulated.size(), 3u);
+    EXPECT_EQ(overwritten[0], accumulated[0]) << "losses";
+    for (size_t u = 2; u < accumulated.size(); ++u) {
+      EXPECT_TRUE(std::none_of(overwritten[u].begin(), overwritten[u].end(),
+                               [](float x) { return std::isnan(x); }))
+          << "unit " << u - 1;
+      EXPECT_LT(NormRelative(overwritten[u], accumulated[u]), 1e-6) << "unit " << u - 1;
+    }
   }
 }
 
@@ -633,7 +674,8 @@ TEST_F(ZeroCudaTest, LlamaBenchShapeModelTiming) {
     ASSERT_TRUE(model.Classifier(head, 1.0f / (b * t), head_grad).ok());
     ASSERT_EQ(cudaEventRecord(marks[3], stream), cudaSuccess);
     for (int l = layers - 1; l >= 0; --l) {
-      ASSERT_TRUE(model.BlockBackward(l, block, block_grad).ok());
+      ASSERT_TRUE(model.BlockBackward(l, block, block_grad, engine::cuda::GradWrite::kAccumulate)
+                      .ok());
     }
     ASSERT_EQ(cudaEventRecord(marks[4], stream), cudaSuccess);
     ASSERT_TRUE(model.EncoderBackward(head_grad).ok());

@@ -3,8 +3,9 @@
 // to kNone on the CPU). A model created at a level keeps, per block:
 //   kNone       every activation its backward reads;
 //   kSelective  the block input and the matmul outputs (and the small per-row statistics);
-//               the backward first recomputes the norms' outputs, the MLP activation and
-//               attention's output;
+//               the backward first recomputes the norms' outputs and the MLP activation, and
+//               either attention's output (keeping the mid-block residual) or, in the CUDA
+//               Llama, the mid-block residual from the kept attention output;
 //   kFull       the block input only; the backward first re-runs the block's forward.
 // The recomputation runs the same kernels on the same inputs as the forward did, so the
 // losses and gradients are identical to kNone's (bit for bit).
@@ -23,10 +24,11 @@ enum class Checkpointing { kNone, kSelective, kFull };
 // A block activation's kind, which decides at which levels every layer keeps its own copy; a
 // model keeps the others in one set all layers share and recomputes them in the backward.
 enum class ActKind {
-  kSaved,  // a matmul output (or the mid-block residual) or a per-row statistic: per layer at
-           // kNone and kSelective
+  kSaved,  // a matmul output (or the mid-block residual, or in the CUDA Llama attention's
+           // output instead) or a per-row statistic: per layer at kNone and kSelective
   kCheap,  // a norm's output, the MLP activation, attention's output (and, on the CPU, its
-           // softmax): per layer at kNone only
+           // softmax; in the CUDA Llama the mid-block residual instead): per layer at kNone
+           // only
 };
 
 inline bool KeptPerLayer(Checkpointing level, ActKind kind) {

@@ -235,25 +235,34 @@ absl::Status GptCuda::Classifier(const bf16* head, float grad_scale, float* head
                            lnf_mean_, lnf_rstd_, reduce_scratch_, n, c, stream_);
 }
 
-absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad) {
+absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad,
+                                    GradWrite write) {
   const int c = config_.hidden_size;
   const int nh = config_.num_heads;
   const int hs = c / nh;
   const int n = b_ * t_;
   const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
   const auto g = [&](int tensor) { return block_grad + block_tensors_[tensor].offset; };
+  // GPT-2's blocks interleave small bias and LayerNorm tensors, whose kernels accumulate, with
+  // the GEMMs' weights: overwriting is a memset of the tensors, then the accumulating pass.
+  // (What overwriting saves is a read of fp32 gradients, negligible at GPT-2's sizes.)
+  if (write == GradWrite::kOverwrite) {
+    const TensorInfo& last = block_tensors_.back();
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(block_grad, 0, (last.offset + last.size) * sizeof(float), stream_));
+  }
   WEFT_RETURN_IF_ERROR(Recompute(l, block));
   // dres_ (B, T, C) holds dL/d(output of block l) on entry, dL/d(input of block l) on exit.
 
   // MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).
   WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(g(kFcprojw), dres_, fcg_[l], n, 4 * c, c,
-                                                   stream_));
+                                                   true, stream_));
   WEFT_RETURN_IF_ERROR(BiasBackward(g(kFcprojb), dres_, reduce_scratch_, n, c, stream_));
   // d(pre-GELU fc output) (B, T, 4C), the GELU backward in the GEMM's epilogue.
   WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInputGelu(dbig4_, dres_, p(kFcprojw), fch_[l], n,
                                                       4 * c, c, stream_));
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(g(kFcw), dbig4_, ln2_[l], n, c, 4 * c, stream_));
+      blas_->LinearBackwardWeight(g(kFcw), dbig4_, ln2_[l], n, c, 4 * c, true, stream_));
   WEFT_RETURN_IF_ERROR(BiasBackward(g(kFcb), dbig4_, reduce_scratch_, n, 4 * c, stream_));
   WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dtmp_, dbig4_, p(kFcw), n, c, 4 * c, stream_));
   WEFT_RETURN_IF_ERROR(LayerNormBackward(dres_, g(kLn2w), g(kLn2b), dtmp_, res2_[l], p(kLn2w),
@@ -261,7 +270,7 @@ absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad)
                                          stream_));
   // Attention: res2 = x + attproj(attention(qkv(ln1(x)))).
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(g(kAttprojw), dres_, atty_[l], n, c, c, stream_));
+      blas_->LinearBackwardWeight(g(kAttprojw), dres_, atty_[l], n, c, c, true, stream_));
   WEFT_RETURN_IF_ERROR(BiasBackward(g(kAttprojb), dres_, reduce_scratch_, n, c, stream_));
   WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dtmp_, dres_, p(kAttprojw), n, c, c, stream_));
   if (flash_) {
@@ -287,7 +296,7 @@ absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad)
     WEFT_RETURN_IF_ERROR(AttentionMergeGrads(qkv_, dq_, dk_, dv_, b_, t_, c, nh, stream_));
   }
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(g(kQkvw), qkv_, ln1_[l], n, c, 3 * c, stream_));
+      blas_->LinearBackwardWeight(g(kQkvw), qkv_, ln1_[l], n, c, 3 * c, true, stream_));
   WEFT_RETURN_IF_ERROR(BiasBackward(g(kQkvb), qkv_, reduce_scratch_, n, 3 * c, stream_));
   WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dtmp_, qkv_, p(kQkvw), n, c, 3 * c, stream_));
   return LayerNormBackward(dres_, g(kLn1w), g(kLn1b), dtmp_, res_[l], p(kLn1w), ln1_mean_[l],

@@ -63,11 +63,13 @@ size_t LlamaCuda::Layout(char* base) {
   bool keep_matmuls = KeptPerLayer(level_.level, ActKind::kSaved);
   Saved shared{};
   shared.attn_norm = keep_all ? nullptr : a.Take<bf16>(nc);
-  shared.atty = keep_all ? nullptr : a.Take<bf16>(nc);
+  // Attention's output is kept with the matmul outputs, the mid-block residual recomputed
+  // with the cheap ones (llama_model.h says why).
+  shared.atty = keep_matmuls ? nullptr : a.Take<bf16>(nc);
   shared.mlp_norm = keep_all ? nullptr : a.Take<bf16>(nc);
   shared.act = keep_all ? nullptr : a.Take<bf16>(n_i);
   shared.qkv = keep_matmuls ? nullptr : a.Take<bf16>(n_qkv);
-  shared.res2 = keep_matmuls ? nullptr : a.Take<bf16>(nc);
+  shared.res2 = keep_all ? nullptr : a.Take<bf16>(nc);
   shared.gate_up = keep_matmuls ? nullptr : a.Take<bf16>(2 * n_i);
   saved_.resize(layers);
   for (int l = 0; l < layers; ++l) {
@@ -78,11 +80,11 @@ size_t LlamaCuda::Layout(char* base) {
     s.lse = a.Take<float>(head_rows);
     s.mlp_rstd = a.Take<float>(n);
     s.attn_norm = a.TakeOr(keep_all, shared.attn_norm, nc);
-    s.atty = a.TakeOr(keep_all, shared.atty, nc);
+    s.atty = a.TakeOr(keep_matmuls, shared.atty, nc);
     s.mlp_norm = a.TakeOr(keep_all, shared.mlp_norm, nc);
     s.act = a.TakeOr(keep_all, shared.act, n_i);
     s.qkv = a.TakeOr(keep_matmuls, shared.qkv, n_qkv);
-    s.res2 = a.TakeOr(keep_matmuls, shared.res2, nc);
+    s.res2 = a.TakeOr(keep_all, shared.res2, nc);
     s.gate_up = a.TakeOr(keep_matmuls, shared.gate_up, 2 * n_i);
   }
   final_norm_ = a.Take<bf16>(nc);
@@ -193,18 +195,20 @@ absl::Status LlamaCuda::MlpForwardToActivation(int l, const bf16* block) {
 }
 
 absl::Status LlamaCuda::RecomputeSelective(int l, const bf16* block) {
-  // The same kernels on the same kept inputs as the forward: the same values. The statistics
-  // (rstd, lse) are written again, identically.
+  // The same kernels on the same kept inputs as the forward: the same values. The norms'
+  // statistics (rstd) are written again, identically.
   const int c = config_.hidden_size;
   const int n = b_ * t_;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
   const Saved& s = saved_[l];
+  const bf16* x = res_[l];  // (B, T, C)
   WEFT_RETURN_IF_ERROR(
-      RmsNormForward(s.attn_norm, s.attn_rstd, res_[l], p(kLlamaAttnNorm), n, c, eps, stream_));
-  WEFT_RETURN_IF_ERROR(FlashAttentionForward(s.atty, s.lse, s.qkv, b_, config_.num_heads,
-                                             config_.num_kv_heads, t_, config_.head_size(),
-                                             stream_));
+      RmsNormForward(s.attn_norm, s.attn_rstd, x, p(kLlamaAttnNorm), n, c, eps, stream_));
+  // res2 = x + attn_out(atty), as AttentionForward ends.
+  WEFT_RETURN_IF_ERROR(blas_->LinearForward(tmp_, s.atty, p(kLlamaAttnOut), nullptr, n,
+                                            config_.q_width(), c, stream_));
+  WEFT_RETURN_IF_ERROR(ResidualForward(s.res2, x, tmp_, static_cast<int64_t>(n) * c, stream_));
   WEFT_RETURN_IF_ERROR(
       RmsNormForward(s.mlp_norm, s.mlp_rstd, s.res2, p(kLlamaMlpNorm), n, c, eps, stream_));
   return SwiGluForward(s.act, s.gate_up, n, config_.intermediate_size, stream_);
@@ -231,31 +235,41 @@ absl::Status LlamaCuda::Classifier(const bf16* head, float grad_scale, float* he
                          final_rstd_, norm_scratch_, n, c, stream_);
 }
 
-absl::Status LlamaCuda::BlockBackward(int l, const bf16* block, float* block_grad) {
+absl::Status LlamaCuda::BlockBackward(int l, const bf16* block, float* block_grad,
+                                      GradWrite write) {
   const int c = config_.hidden_size;
   const int inter = config_.intermediate_size;
   const int n = b_ * t_;
   const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
   const auto g = [&](int tensor) { return block_grad + block_tensors_[tensor].offset; };
+  // The GEMMs overwrite when asked; the norms' kernels only accumulate, so their (C) gradients
+  // are zeroed first.
+  const bool acc = write == GradWrite::kAccumulate;
+  if (!acc) {
+    for (const int norm : {kLlamaMlpNorm, kLlamaAttnNorm}) {
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g(norm), 0, c * sizeof(float), stream_));
+    }
+  }
   WEFT_RETURN_IF_ERROR(Recompute(l, block));
   const Saved& s = saved_[l];
   // dres_ (B, T, C) holds dL/d(output of block l) on entry, dL/d(input of block l) on exit.
   // MLP: out = res2 + down(swiglu(gate_up(mlp_norm(res2)))).
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(g(kLlamaDown), dres_, s.act, n, inter, c, stream_));
+      blas_->LinearBackwardWeight(g(kLlamaDown), dres_, s.act, n, inter, c, acc, stream_));
   WEFT_RETURN_IF_ERROR(
       blas_->LinearBackwardInput(dact_, dres_, p(kLlamaDown), n, inter, c, stream_));
   WEFT_RETURN_IF_ERROR(SwiGluBackward(dgate_up_, dact_, s.gate_up, n, inter, stream_));
   WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(g(kLlamaGateUp), dgate_up_, s.mlp_norm, n, c,
-                                                   2 * inter, stream_));
+                                                   2 * inter, acc, stream_));
   WEFT_RETURN_IF_ERROR(
       blas_->LinearBackwardInput(dtmp_, dgate_up_, p(kLlamaGateUp), n, c, 2 * inter, stream_));
   WEFT_RETURN_IF_ERROR(RmsNormBackward(dres_, g(kLlamaMlpNorm), dtmp_, s.res2, p(kLlamaMlpNorm),
                                        s.mlp_rstd, norm_scratch_, n, c, stream_));
-  return AttentionBackward(l, block, block_grad);
+  return AttentionBackward(l, block, block_grad, acc);
 }
 
-absl::Status LlamaCuda::AttentionBackward(int l, const bf16* block, float* block_grad) {
+absl::Status LlamaCuda::AttentionBackward(int l, const bf16* block, float* block_grad,
+                                          bool accumulate) {
   const int c = config_.hidden_size;
   const int q_width = config_.q_width();
   const int width = config_.qkv_width();
@@ -265,7 +279,8 @@ absl::Status LlamaCuda::AttentionBackward(int l, const bf16* block, float* block
   const Saved& s = saved_[l];
   // res2 = x + attn_out(attention(rope(qkvw(attn_norm(x))))).
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(grad(kLlamaAttnOut), dres_, s.atty, n, q_width, c, stream_));
+      blas_->LinearBackwardWeight(grad(kLlamaAttnOut), dres_, s.atty, n, q_width, c, accumulate,
+                                  stream_));
   WEFT_RETURN_IF_ERROR(
       blas_->LinearBackwardInput(dtmp_, dres_, weight(kLlamaAttnOut), n, q_width, c, stream_));
   // dq, dk (of the rotated q, k) and dv land in dqkv_ at their places in qkv; then rotated back.
@@ -276,7 +291,8 @@ absl::Status LlamaCuda::AttentionBackward(int l, const bf16* block, float* block
                                               b_, nh, nkv, t_, d, stream_));
   WEFT_RETURN_IF_ERROR(RopeBackward(dqkv_, rope_cos_, rope_sin_, b_, t_, nh, nkv, d, stream_));
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(grad(kLlamaQkvw), dqkv_, s.attn_norm, n, c, width, stream_));
+      blas_->LinearBackwardWeight(grad(kLlamaQkvw), dqkv_, s.attn_norm, n, c, width, accumulate,
+                                  stream_));
   WEFT_RETURN_IF_ERROR(
       blas_->LinearBackwardInput(dtmp_, dqkv_, weight(kLlamaQkvw), n, c, width, stream_));
   return RmsNormBackward(dres_, grad(kLlamaAttnNorm), dtmp_, res_[l], weight(kLlamaAttnNorm),

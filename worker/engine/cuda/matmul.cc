@@ -299,11 +299,11 @@ absl::Status Blas::LinearBackwardInput(bf16* dinp, const bf16* dout, const bf16*
 }
 
 absl::Status Blas::LinearBackwardWeight(float* dweight, const bf16* dout, const bf16* inp, int n,
-                                        int c, int oc, cudaStream_t stream) {
+                                        int c, int oc, bool accumulate, cudaStream_t stream) {
   WEFT_RETURN_IF_ERROR(
       CheckLinear("LinearBackwardWeight", "dweight, dout and inp", {dweight, dout, inp}, n, c, oc));
-  // dweight^T (C, OC) += inp^T (C, N) x dout (N, OC).
-  return LtMatmul({false, true, c, oc, n, true, kPlain, true}, dweight, inp, dout, nullptr,
+  // dweight^T (C, OC) (+)= inp^T (C, N) x dout (N, OC).
+  return LtMatmul({false, true, c, oc, n, true, kPlain, accumulate}, dweight, inp, dout, nullptr,
                   stream);
 }
 

@@ -58,9 +58,9 @@ class Blas {
   // dinp (N, C) = dout (N, OC) @ weight (OC, C)   (written, not accumulated)
   absl::Status LinearBackwardInput(bf16* dinp, const bf16* dout, const bf16* weight, int n, int c,
                                    int oc, cudaStream_t stream);
-  // dweight (OC, C) += dout (N, OC)^T @ inp (N, C)   (fp32 gradient, accumulated)
+  // dweight (OC, C) += dout (N, OC)^T @ inp (N, C)   (fp32 gradient; = when !accumulate)
   absl::Status LinearBackwardWeight(float* dweight, const bf16* dout, const bf16* inp, int n,
-                                    int c, int oc, cudaStream_t stream);
+                                    int c, int oc, bool accumulate, cudaStream_t stream);
 
   // Attention GEMMs over `batch` = B * NH independent heads; q, k, v, dy, dq, dk, dv are
   // (batch, T, HS), att and datt (batch, T, T), all bf16 with fp32 accumulation. `alpha`

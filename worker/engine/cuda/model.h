@@ -7,12 +7,13 @@
 // Precision: parameters arrive as bf16 units (the gathered working copies); every parameter
 // gradient is an fp32 unit.
 //
-// A training micro-step, every backward ACCUMULATING (+=) into fp32 gradient units:
+// A training micro-step, every backward ACCUMULATING (+=) into fp32 gradient units, except
+// BlockBackward told GradWrite::kOverwrite:
 //   model.SetBatch(b, t, inputs, targets);           // host (B, T) int32, copied to the GPU
 //   model.EncoderForward(head);
 //   for l = 0 .. L-1: model.BlockForward(l, block[l]);
 //   model.Classifier(head, grad_scale, head_grad);   // forward AND backward, fused
-//   for l = L-1 .. 0: model.BlockBackward(l, block[l], block_grad[l]);
+//   for l = L-1 .. 0: model.BlockBackward(l, block[l], block_grad[l], write);
 //   model.EncoderBackward(head_grad);
 // Everything is enqueued on the stream given at creation; nothing synchronises the host.
 //
@@ -37,6 +38,11 @@
 #include "worker/engine/model_arch.h"
 
 namespace weft::engine::cuda {
+
+// How BlockBackward stores a block's parameter gradients. kOverwrite writes them (=) and
+// ignores what the gradient unit held, which spares the caller a memset and the GEMMs a read
+// of the old values; the unit's padding past its tensors is left as it is.
+enum class GradWrite { kAccumulate, kOverwrite };
 
 class CudaModel {
  public:
@@ -63,8 +69,10 @@ class CudaModel {
   // (B, T) fp32, device memory, valid after Classifier until the next Classifier.
   virtual const float* Losses() const = 0;
 
-  // Backward, in reverse order; each ACCUMULATES (+=) into the fp32 gradient unit.
-  virtual absl::Status BlockBackward(int layer, const bf16* block, float* block_grad) = 0;
+  // Backward, in reverse order, into the fp32 gradient units: BlockBackward as `write` says,
+  // EncoderBackward always ACCUMULATING (+=).
+  virtual absl::Status BlockBackward(int layer, const bf16* block, float* block_grad,
+                                     GradWrite write) = 0;
   virtual absl::Status EncoderBackward(float* head_grad) = 0;
 
   // Device bytes of activations and scratch, and of the GEMM library's workspace.

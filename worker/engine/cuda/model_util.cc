@@ -81,7 +81,7 @@ absl::Status ArenaModel::LmHeadLoss(const bf16* normed, const bf16* weight, floa
     WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dnormed + static_cast<size_t>(r0) * c,
                                                     logits_, weight, rows, c, vp, stream_));
     WEFT_RETURN_IF_ERROR(
-        blas_->LinearBackwardWeight(dweight, logits_, chunk, rows, c, vp, stream_));
+        blas_->LinearBackwardWeight(dweight, logits_, chunk, rows, c, vp, true, stream_));
   }
   return absl::OkStatus();
 }
