@@ -188,12 +188,27 @@ absl::StatusOr<T*> ZeroCudaEngine::HostAlloc(size_t count) {
   return static_cast<T*>(p);
 }
 
+absl::Status CheckComputeCapability(int major, int minor) {
+  if (major >= 8) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the CUDA engine needs a GPU of compute capability 8.0 (A100) or newer for its bf16 "
+      "tensor-core kernels; this one is ", major, ".", minor,
+      " (run the worker with --device cpu, or on a newer GPU)"));
+}
+
 absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
     const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm) {
   if (spec.zero_stage() != 3) {
     return absl::FailedPreconditionError(absl::StrCat(
         "zero_stage: the CUDA engine implements ZeRO stage 3 only, got ", spec.zero_stage()));
   }
+  int device = 0, major = 0, minor = 0;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  WEFT_RETURN_IF_ERROR(CheckComputeCapability(major, minor));
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec.model()));
   size_t free_bytes = 0, total_bytes = 0;

@@ -59,6 +59,10 @@ GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelAr
                             const engine::CheckpointingPlan& level, int micro_batch_size,
                             int world_size);
 
+// OK for a GPU of compute capability major.minor that the CUDA engine's kernels run on (bf16
+// tensor cores: 8.0, Ampere, or newer); FAILED_PRECONDITION saying so otherwise.
+absl::Status CheckComputeCapability(int major, int minor);
+
 class ZeroCudaEngine : public ZeroEngine {
  public:
   // The model of `spec` on the communicator's device (current device must be it), sharded

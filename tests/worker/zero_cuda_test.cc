@@ -849,6 +849,17 @@ TEST_F(ZeroCudaTest, ImpossibleMemoryIsRejectedWithTheNumbers) {
   EXPECT_THAT(engine.status().message(), ::testing::HasSubstr("activations"));
 }
 
+// Runs without a GPU too: the check is a pure function of the capability.
+TEST(ZeroCudaCapability, PreAmpereGpusAreRefusedWithTheReason) {
+  EXPECT_TRUE(CheckComputeCapability(8, 0).ok());
+  EXPECT_TRUE(CheckComputeCapability(9, 0).ok());
+  EXPECT_TRUE(CheckComputeCapability(12, 0).ok());
+  const absl::Status v100 = CheckComputeCapability(7, 0);
+  EXPECT_EQ(v100.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(v100.message(), ::testing::HasSubstr("7.0"));
+  EXPECT_THAT(v100.message(), ::testing::HasSubstr("8.0"));
+}
+
 TEST_F(ZeroCudaTest, StageOtherThanThreeIsRefused) {
   weft::v1::JobSpec spec = SmallSpec(4, 1);
   spec.set_zero_stage(1);

@@ -684,8 +684,17 @@ absl::Status CheckShape(int b, int nh, int nkv, int t, int hs, const char* op) {
 template <typename... Params, typename... Args>
 absl::Status LaunchTiles(void (*kernel)(Params...), dim3 grid, size_t smem_bytes,
                          cudaStream_t stream, Args... args) {
-  WEFT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)));
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem_bytes)) != cudaSuccess) {
+    cudaGetLastError();  // not sticky; say why instead
+    int device = 0, limit = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    // Ampere's sm_86/sm_89 parts (A10, A40, L40S) allow 99 KiB a block; A100 and Hopper more.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "flash attention: a block needs ", smem_bytes / 1024, " KiB of shared memory, GPU ",
+        device, " allows ", limit / 1024, " KiB (a smaller head size, or an A100/H100 class GPU)"));
+  }
   return internal::Launch(kernel, grid, kThreads, smem_bytes, stream, args...);
 }
 
