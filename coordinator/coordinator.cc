@@ -473,6 +473,13 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
         request.checkpoint_step() > rec.job.status().checkpoint_step()) {
       RecordCheckpointLocked(rec, request, actions);
     }
+    if (!request.checkpoint_failure().empty()) {
+      // Any rank's: a rank's own upload can fail while rank 0's commit only times out.
+      jobs_.AddEvent(rec, weft::v1::CHECKPOINT_FAILED,
+                     absl::StrCat("checkpoint at step ", request.checkpoint_failed_step(),
+                                  " not saved by rank ", request.rank(), " (worker ",
+                                  request.worker_id(), "): ", request.checkpoint_failure()));
+    }
     if (ends) {
       FinishJobLocked(rec, request, actions);
     } else {
@@ -515,7 +522,7 @@ void Coordinator::RecordCheckpointLocked(JobRecord& rec,
   status->set_checkpoint_stall_ms(request.checkpoint_stall_ms());
   status->set_checkpoint_save_ms(request.checkpoint_save_ms());
   metrics_.SetCheckpointTimes(request.job_id(), request.checkpoint_stall_ms(),
-                              request.checkpoint_save_ms());
+                              request.checkpoint_save_ms(), Now());
   jobs_.AddEvent(rec, weft::v1::CHECKPOINT_COMMITTED,
                  CheckpointCommittedMessage(request, rec.job.spec(),
                                             rec.generation ? rec.generation->world_size() : 1));

@@ -75,6 +75,8 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry) {
        "Training time the last committed checkpoint's snapshot took"},
       {"weft_coordinator_job_checkpoint_save_seconds",
        "Upload-to-commit time of the last committed checkpoint"},
+      {"weft_coordinator_job_checkpoint_timestamp_seconds",
+       "When the job's newest checkpoint committed (Unix time): time() minus it is its age"},
   };
   for (int i = 0; i < kJobGaugeCount; ++i) {
     job_gauges_[i] =
@@ -145,9 +147,10 @@ void CoordinatorMetrics::SetStepMetrics(const std::string& job_id, int64_t step,
 }
 
 void CoordinatorMetrics::SetCheckpointTimes(const std::string& job_id, double stall_ms,
-                                            double save_ms) {
+                                            double save_ms, absl::Time committed) {
   SetJobGauge(kCheckpointStall, job_id, stall_ms / 1000.0);
   SetJobGauge(kCheckpointSave, job_id, save_ms / 1000.0);
+  SetJobGauge(kCheckpointTime, job_id, absl::ToDoubleSeconds(committed - absl::UnixEpoch()));
 }
 
 }  // namespace weft::coordinator

@@ -47,14 +47,17 @@ class CoordinatorMetrics {
                       const absl::flat_hash_map<int, int>& workers_by_state);
   // What rank 0 reported last, labelled by job.
   void SetStepMetrics(const std::string& job_id, int64_t step, const weft::v1::StepMetrics& m);
-  void SetCheckpointTimes(const std::string& job_id, double stall_ms, double save_ms);
+  // A committed checkpoint: its stall and save times, and when it committed (Unix seconds),
+  // from which dashboards and alerts take the age of a job's newest checkpoint.
+  void SetCheckpointTimes(const std::string& job_id, double stall_ms, double save_ms,
+                          absl::Time committed);
 
  private:
   template <typename M>
   using Family = prometheus::Family<M>;
   // The per-job gauges of rank 0's reports, indexed by JobGauge.
   enum JobGauge { kStep, kLoss, kTokensPerSecond, kMfu, kStepSeconds, kCheckpointStall,
-                  kCheckpointSave, kJobGaugeCount };
+                  kCheckpointSave, kCheckpointTime, kJobGaugeCount };
   void SetJobGauge(JobGauge gauge, const std::string& job_id, double value);
 
   Family<prometheus::Gauge>* jobs_;

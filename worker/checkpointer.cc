@@ -220,6 +220,11 @@ std::optional<Checkpointer::Committed> Checkpointer::TakeCommitted() {
   return out;
 }
 
+std::optional<Checkpointer::Failed> Checkpointer::TakeFailed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(failed_, std::nullopt);
+}
+
 void Checkpointer::Drain() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !busy_ && !next_; });
@@ -244,6 +249,7 @@ void Checkpointer::Loop() {
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (s.ok() && who_.rank == 0) committed_ = Committed{work.first, ms};
+    if (!s.ok()) failed_ = Failed{work.first, std::string(s.message())};
     spare_ = std::move(work.second);
     busy_ = false;
     cv_.notify_all();

@@ -122,6 +122,15 @@ class Checkpointer {
   // Rank 0: the newest checkpoint committed since the last call, if any.
   std::optional<Committed> TakeCommitted();
 
+  struct Failed {
+    int64_t step = 0;
+    // Why this rank's save was not stored (its upload, or rank 0's commit).
+    std::string reason;
+  };
+  // Any rank: the newest of its saves that failed since the last call, if any (a failure is
+  // also logged when it happens).
+  std::optional<Failed> TakeFailed();
+
   // Waits until nothing is in flight.
   void Drain();
 
@@ -148,6 +157,7 @@ class Checkpointer {
   // The last upload's buffers, back from the thread; empty while one is in flight.
   std::vector<UnitSlice> spare_;
   std::optional<Committed> committed_;
+  std::optional<Failed> failed_;
   // The step a due save was deferred from while an upload was in flight (0: none).
   int64_t deferred_from_ = 0;
   // Stalls of the saves not yet reported as committed, by step.

@@ -329,6 +329,8 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
     if (rank_ == 0 && !ReportStep(step + 1, *result, tokens_per_s, mfu, val_loss, training)) {
       return absl::AbortedError("the coordinator ended the generation");
     }
+    // Rank 0's step reports carry its own failed saves; the other ranks report theirs.
+    if (rank_ != 0) ReportCheckpointFailure(training.checkpointer);
   }
   return absl::OkStatus();
 }
@@ -376,20 +378,33 @@ bool GenerationRun::ReportStep(int64_t completed, const StepResult& result, doub
   m->set_state_bytes(static_cast<int64_t>(engine.StateBytes()));
   m->set_engine_device_bytes(static_cast<int64_t>(engine.EngineDeviceBytes()));
   m->set_device_used_bytes(static_cast<int64_t>(engine.DeviceUsedBytes()));
-  AddCommit(training.checkpointer, &report);
+  AddCheckpointOutcome(training.checkpointer, &report);
   auto answer = client_->ReportProgress(report);
   return !answer.ok() || answer->continue_training();
 }
 
-void GenerationRun::AddCommit(Checkpointer* checkpointer,
-                              weft::v1::ReportProgressRequest* report) {
-  if (checkpointer == nullptr) return;
+bool GenerationRun::AddCheckpointOutcome(Checkpointer* checkpointer,
+                                         weft::v1::ReportProgressRequest* report) {
+  if (checkpointer == nullptr) return false;
   if (auto committed = checkpointer->TakeCommitted()) {
     report->set_checkpoint_step(committed->step);
     report->set_checkpoint_save_ms(committed->save_ms);
     metrics_->RecordCheckpointUpload(committed->save_ms);
     report->set_checkpoint_stall_ms(committed->stall_ms);
   }
+  auto failed = checkpointer->TakeFailed();
+  if (!failed) return false;
+  metrics_->CountCheckpointFailure();
+  report->set_checkpoint_failed_step(failed->step);
+  report->set_checkpoint_failure(failed->reason);
+  return true;
+}
+
+void GenerationRun::ReportCheckpointFailure(Checkpointer* checkpointer) {
+  weft::v1::ReportProgressRequest report = NewReport();
+  if (!AddCheckpointOutcome(checkpointer, &report)) return;
+  // Best effort: a coordinator that cannot be reached now has the worker's log.
+  (void)client_->ReportProgress(report);
 }
 
 absl::Status GenerationRun::GatherModel(TrainingEngine* engine, ModelFileWriter* file,
@@ -441,7 +456,10 @@ absl::Status GenerationRun::Finish(const Training& training) {
     ReportCollectiveError(gathered);
     return gathered;
   }
-  if (rank_ != 0) return absl::OkStatus();
+  if (rank_ != 0) {
+    ReportCheckpointFailure(training.checkpointer);
+    return absl::OkStatus();
+  }
   if (written.ok()) written = file->Commit();
   if (!written.ok()) {
     ReportError(written, true);
@@ -450,7 +468,7 @@ absl::Status GenerationRun::Finish(const Training& training) {
   weft::v1::ReportProgressRequest done = NewReport();
   done.set_finished(true);
   done.set_model_path(path);
-  AddCommit(training.checkpointer, &done);
+  AddCheckpointOutcome(training.checkpointer, &done);
   auto answer = client_->ReportProgress(done);
   if (!answer.ok()) return answer.status();
   spdlog::info("job {} finished; model at {}", job_id(), path);

@@ -114,8 +114,11 @@ class GenerationRun {
   // then drops it: no rank holds more than one whole unit. A failed write stops the writing,
   // not the gathers the other ranks wait in; *written keeps the first write error.
   absl::Status GatherModel(TrainingEngine* engine, ModelFileWriter* file, absl::Status* written);
-  // Rank 0 tells the coordinator about each commit with its next report.
-  void AddCommit(Checkpointer* checkpointer, weft::v1::ReportProgressRequest* report);
+  // Rank 0 tells the coordinator about each commit with its next report, and every rank about
+  // its failed saves (CHECKPOINT_FAILED events); true when `report` now carries a failure.
+  bool AddCheckpointOutcome(Checkpointer* checkpointer, weft::v1::ReportProgressRequest* report);
+  // Ranks other than 0, which send no step reports: a report of their failed save, if any.
+  void ReportCheckpointFailure(Checkpointer* checkpointer);
   weft::v1::ReportProgressRequest NewReport() const;
   // Tells the coordinator this rank failed (unless the run was aborted: then it is expected).
   void ReportError(const absl::Status& status, bool permanent);

@@ -33,6 +33,10 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
                                 "Training time the last checkpoint's snapshot took", labels_);
   checkpoint_upload_ = &AddGauge(registry, "weft_worker_checkpoint_upload_seconds",
                                  "Upload time of the last committed checkpoint (rank 0)", labels_);
+  checkpoint_failures_ =
+      &AddCounter(registry, "weft_worker_checkpoint_failures_total",
+                  "Saves of this rank that were not stored (each also a CHECKPOINT_FAILED event)",
+                  labels_);
   phase_seconds_ = &prometheus::BuildGauge()
                         .Name("weft_worker_step_phase_seconds")
                         .Help("Time split of the last step: forward, backward, exposed "

@@ -22,6 +22,8 @@ class WorkerMetrics {
   // a committed checkpoint (rank 0, which learns of commits).
   void RecordCheckpointStall(double ms) { checkpoint_stall_->Set(ms / 1000.0); }
   void RecordCheckpointUpload(double ms) { checkpoint_upload_->Set(ms / 1000.0); }
+  // A save of this rank that was not stored.
+  void CountCheckpointFailure() { checkpoint_failures_->Increment(); }
   void RecordValidation(double val_loss) { val_loss_->Set(val_loss); }
   void SetBusy(bool busy) { busy_->Set(busy ? 1 : 0); }
   // weft_worker_job_info{job_id, rank} = 1 for the worker's current (or, once it ended, last)
@@ -47,6 +49,7 @@ class WorkerMetrics {
   prometheus::Gauge* val_loss_;
   prometheus::Gauge* checkpoint_stall_;
   prometheus::Gauge* checkpoint_upload_;
+  prometheus::Counter* checkpoint_failures_;
   // The worker's assignment and its runs.
   prometheus::Gauge* busy_;
   prometheus::Family<prometheus::Gauge>* job_info_;

@@ -993,6 +993,39 @@ TEST_F(CoordinatorTest, CheckpointCommittedEventSaysTheStallAndRankZerosUploadRa
             "9.35 GB and committed in 12.30 s (0.76 GB/s)");
 }
 
+// A save that failed on any rank becomes a CHECKPOINT_FAILED event naming the step, the rank
+// and the reason; the job keeps running and its newest committed checkpoint is unchanged.
+TEST_F(CoordinatorTest, FailedSaveOfAnyRankIsAJobEvent) {
+  auto [job, w] = StartRunningJob(CpuSpec("ckpt-fail", 2), 2);
+  weft::v1::ReportProgressRequest request;
+  request.set_job_id(job);
+  request.set_generation(1);
+  request.set_worker_id(w[1].id);
+  request.set_rank(1);
+  request.set_checkpoint_failed_step(150);
+  request.set_checkpoint_failure("checkpointd at 127.0.0.1:9 unreachable: connection refused");
+  auto r = coord_->ReportProgress(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->continue_training());
+
+  const JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.checkpoint_step(), 0);
+  const weft::v1::JobEvent* event = FindEvent(s, weft::v1::CHECKPOINT_FAILED);
+  ASSERT_NE(event, nullptr) << s.DebugString();
+  EXPECT_EQ(event->message(),
+            absl::StrCat("checkpoint at step 150 not saved by rank 1 (worker ", w[1].id,
+                         "): checkpointd at 127.0.0.1:9 unreachable: connection refused"));
+  // A report without a failure adds none.
+  request.clear_checkpoint_failure();
+  request.clear_checkpoint_failed_step();
+  ASSERT_TRUE(coord_->ReportProgress(request).ok());
+  int failed = 0;
+  const JobStatus later = Status(job);
+  for (const auto& e : later.events()) failed += e.type() == weft::v1::CHECKPOINT_FAILED;
+  EXPECT_EQ(failed, 1);
+}
+
 TEST_F(CoordinatorTest, FinishedFromRankZeroSucceedsAndReleasesWorkers) {
   auto [job, w] = StartRunningJob(CpuSpec("done", 2), 2);
   ASSERT_TRUE(Report(job, 1, w[0], 0, 99).ok());

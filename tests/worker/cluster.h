@@ -172,17 +172,7 @@ class Cluster {
   // Starts every process (call it again after KillEverything to restart them all).
   void Start() {
     ASSERT_NO_FATAL_FAILURE(StartCoordinator(0));
-    const std::string port_file = dir_ + "/checkpointd.port";
-    std::remove(port_file.c_str());
-    auto ck = Subprocess::Start({BinDir() + "/weft-checkpointd", "--listen=127.0.0.1:0",
-                                 "--port-file=" + port_file, "--data-dir=" + dir_ + "/ckpt",
-                                 "--metrics-address=none"},
-                                dir_ + "/checkpointd.log");
-    ASSERT_TRUE(ck.ok());
-    checkpointd_ = std::move(*ck);
-    auto port = WaitForFile(port_file, absl::Seconds(30));
-    ASSERT_TRUE(port.ok()) << ReadFile(dir_ + "/checkpointd.log");
-    checkpointd_address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
+    ASSERT_NO_FATAL_FAILURE(StartCheckpointd(0));
     workers_.clear();
     for (int i = 0; i < num_workers_; ++i) ASSERT_NO_FATAL_FAILURE(StartWorker(i));
   }
@@ -219,6 +209,18 @@ class Cluster {
     ASSERT_NO_FATAL_FAILURE(StartCoordinator(port));
   }
 
+  // SIGKILLs checkpointd; RestartCheckpointd starts it again on the same port and data.
+  void KillCheckpointd() {
+    checkpointd_->Signal(SIGKILL);
+    (void)checkpointd_->Wait(absl::Seconds(10));
+  }
+  void RestartCheckpointd() {
+    int port = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(
+        checkpointd_address_.substr(checkpointd_address_.rfind(':') + 1), &port));
+    ASSERT_NO_FATAL_FAILURE(StartCheckpointd(port));
+  }
+
   Subprocess& worker(int i) { return *workers_[i]; }
   // The index of the worker process registered as `worker_id` ("node/cpu<i>").
   static int WorkerIndex(const std::string& worker_id) {
@@ -252,6 +254,23 @@ class Cluster {
   }
 
  private:
+  // Appends to checkpointd.log (a restart keeps the first run's lines).
+  void StartCheckpointd(int port) {
+    const std::string port_file = dir_ + "/checkpointd.port";
+    std::remove(port_file.c_str());
+    const std::string log = dir_ + (port == 0 ? "/checkpointd.log" : "/checkpointd-restart.log");
+    auto ck = Subprocess::Start({BinDir() + "/weft-checkpointd",
+                                 absl::StrCat("--listen=127.0.0.1:", port),
+                                 "--port-file=" + port_file, "--data-dir=" + dir_ + "/ckpt",
+                                 "--metrics-address=none"},
+                                log);
+    ASSERT_TRUE(ck.ok());
+    checkpointd_ = std::move(*ck);
+    auto bound = WaitForFile(port_file, absl::Seconds(30));
+    ASSERT_TRUE(bound.ok()) << ReadFile(log);
+    checkpointd_address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*bound));
+  }
+
   void StartCoordinator(int port) {
     auto cp = CoordinatorProcess::Start(dir_ + "/coordinator", {"--tick-interval-ms=50"},
                                         BinDir(), port);

@@ -2,13 +2,18 @@
 // SIGKILLed or SIGSTOPped mid-job is declared lost, the survivors abort their collectives, a
 // new generation forms with an idle spare, restores the last checkpoint and finishes; a
 // SIGKILLed and restarted coordinator picks the job up again. Each ends SUCCEEDED with the
-// model an uninterrupted run of the same world size gives, bit for bit.
+// model an uninterrupted run of the same world size gives, bit for bit. Saves that checkpointd
+// cannot take (killed, or its disk full) become CHECKPOINT_FAILED events while the job trains
+// on.
 #include <signal.h>
 
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/coordinator_client.h"
 #include "common/job_spec.h"
 #include "gmock/gmock.h"
@@ -91,6 +96,85 @@ class RecoveryE2eTest : public ::testing::Test {
   TempDir dir_;
   std::string corpus_;
 };
+
+// A checkpoint that cannot be stored is not silent: with checkpointd SIGKILLed mid-job, the
+// workers' next saves fail, the job records CHECKPOINT_FAILED events that say which step and
+// why, and trains on; once checkpointd is back on its port and data, saves commit again and
+// the job succeeds.
+TEST_F(RecoveryE2eTest, SavesFailingWhileCheckpointdIsDownAreJobEventsAndTheJobGoesOn) {
+  constexpr int kLongSteps = 600;
+  Cluster cluster(dir_.File("checkpointd-down"), 2);
+  cluster.Start();
+  auto job =
+      cluster.client().SubmitJob(testing::RecoveryJobSpec("ckpt-down", corpus_, 2, kLongSteps));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job_id();
+  ASSERT_TRUE(Eventually([&] { return cluster.Status(id).checkpoint_step() >= 20; },
+                         absl::Seconds(120)))
+      << cluster.Logs();
+  cluster.KillCheckpointd();
+  const auto failed_event = [&]() -> std::optional<v1::JobEvent> {
+    const v1::JobStatus status = cluster.Status(id);
+    for (const auto& e : status.events()) {
+      if (e.type() == v1::CHECKPOINT_FAILED) return e;
+    }
+    return std::nullopt;
+  };
+  ASSERT_TRUE(Eventually([&] { return failed_event().has_value(); }, absl::Seconds(120)))
+      << cluster.Logs();
+  const v1::JobStatus during = cluster.Status(id);
+  EXPECT_EQ(during.state(), v1::RUNNING) << cluster.Logs();
+  EXPECT_LT(during.step(), kLongSteps) << "the job ended before checkpointd came back";
+  const v1::JobEvent failed = *failed_event();
+  EXPECT_THAT(failed.message(), ::testing::MatchesRegex(
+                                    "checkpoint at step [0-9]+ not saved by rank [01] .*"));
+  const int64_t committed_before = during.checkpoint_step();
+
+  ASSERT_NO_FATAL_FAILURE(cluster.RestartCheckpointd());
+  ASSERT_TRUE(cluster.WaitFor(id, v1::SUCCEEDED, absl::Seconds(180))) << cluster.Logs();
+  const v1::JobStatus after = cluster.Status(id);
+  EXPECT_GT(after.checkpoint_step(), committed_before) << "no save committed after the restart";
+  EXPECT_EQ(after.generation(), 1) << "a failed save must not restart the job";
+  cluster.KillEverything();
+}
+
+// The same with checkpointd's disk full: its data directory is a 16 MiB tmpfs made for the
+// test and each checkpoint is about 20 MB, so every save is refused by checkpointd itself;
+// the events say so and the job still trains to the end. Needs root (mount); skips otherwise.
+TEST_F(RecoveryE2eTest, SavesRefusedByAFullDiskAreJobEventsAndTheJobGoesOn) {
+  const std::string dir = dir_.File("disk-full");
+  const std::string data = dir + "/ckpt";
+  ASSERT_EQ(system(absl::StrCat("mkdir -p ", data).c_str()), 0);
+  if (system(absl::StrCat("mount -t tmpfs -o size=16m weft-test-full ", data,
+                          " 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  }
+  // Destroyed after the cluster (whose processes die with it), on every way out of the test.
+  struct Unmount {
+    std::string path;
+    ~Unmount() { (void)system(absl::StrCat("umount ", path, " 2>/dev/null").c_str()); }
+  } unmount{data};
+  Cluster cluster(dir, 2);
+  cluster.Start();
+  v1::JobSpec spec = testing::RecoveryJobSpec("disk-full", corpus_, 2, 60);
+  // 1.6M parameters: params, m and v are about 20 MB a checkpoint.
+  spec.mutable_model()->set_hidden_size(256);
+  spec.mutable_model()->set_num_heads(4);
+  auto job = cluster.client().SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job_id();
+  EXPECT_TRUE(cluster.WaitFor(id, v1::SUCCEEDED, absl::Seconds(180))) << cluster.Logs();
+  const v1::JobStatus after = cluster.Status(id);
+  std::vector<std::string> failures;
+  for (const auto& e : after.events()) {
+    if (e.type() == v1::CHECKPOINT_FAILED) failures.push_back(e.message());
+  }
+  ASSERT_FALSE(failures.empty()) << after.DebugString() << cluster.Logs();
+  EXPECT_THAT(failures[0], HasSubstr("not saved by rank"));
+  EXPECT_THAT(absl::StrJoin(failures, "\n"), HasSubstr("No space left on device"));
+  EXPECT_EQ(after.checkpoint_step(), 0);
+  cluster.KillEverything();
+}
 
 TEST_F(RecoveryE2eTest, KilledWorkerOfTwoIsReplacedByASpareAndTheModelIsUnchanged) {
   ExpectTheSameModelAsUninterrupted(2, SIGKILL);
@@ -177,3 +261,4 @@ TEST_F(RecoveryE2eTest, WorkersFailingAtEveryStartExhaustTheBudgetAndTheJobSaysW
 
 }  // namespace
 }  // namespace weft
+
