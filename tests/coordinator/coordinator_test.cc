@@ -217,15 +217,23 @@ class CoordinatorTest : public ::testing::Test {
     return pending;
   }
 
-  absl::StatusOr<weft::v1::ReportProgressResponse> Report(const std::string& job_id,
-                                                          int64_t generation, const Worker& w,
-                                                          int32_t rank, int64_t step,
-                                                          bool finished = false) {
+  // A report of `w` as `rank` of `generation`, carrying nothing yet.
+  static weft::v1::ReportProgressRequest EmptyReport(const std::string& job_id,
+                                                     int64_t generation, const Worker& w,
+                                                     int32_t rank) {
     weft::v1::ReportProgressRequest request;
     request.set_job_id(job_id);
     request.set_generation(generation);
     request.set_worker_id(w.id);
     request.set_rank(rank);
+    return request;
+  }
+
+  absl::StatusOr<weft::v1::ReportProgressResponse> Report(const std::string& job_id,
+                                                          int64_t generation, const Worker& w,
+                                                          int32_t rank, int64_t step,
+                                                          bool finished = false) {
+    weft::v1::ReportProgressRequest request = EmptyReport(job_id, generation, w, rank);
     if (step > 0) {
       request.mutable_metrics()->set_step(step);
       request.mutable_metrics()->set_loss(5.0 - 0.01 * step);
@@ -240,11 +248,7 @@ class CoordinatorTest : public ::testing::Test {
                                                                int32_t rank,
                                                                const std::string& error,
                                                                bool permanent) {
-    weft::v1::ReportProgressRequest request;
-    request.set_job_id(job_id);
-    request.set_generation(generation);
-    request.set_worker_id(w.id);
-    request.set_rank(rank);
+    weft::v1::ReportProgressRequest request = EmptyReport(job_id, generation, w, rank);
     request.set_error(error);
     request.set_error_is_permanent(permanent);
     return coord_->ReportProgress(request);
@@ -974,11 +978,7 @@ TEST_F(CoordinatorTest, CheckpointCommittedEventSaysTheStallAndRankZerosUploadRa
   spec.mutable_model()->set_vocab_size(50304);
   spec.mutable_model()->set_context_length(1024);
   auto [job, w] = StartRunningJob(spec, 2);
-  weft::v1::ReportProgressRequest request;
-  request.set_job_id(job);
-  request.set_generation(1);
-  request.set_worker_id(w[0].id);
-  request.set_rank(0);
+  weft::v1::ReportProgressRequest request = EmptyReport(job, 1, w[0], 0);
   request.set_checkpoint_step(100);
   request.set_checkpoint_stall_ms(410);
   request.set_checkpoint_save_ms(12300);
@@ -997,11 +997,7 @@ TEST_F(CoordinatorTest, CheckpointCommittedEventSaysTheStallAndRankZerosUploadRa
 // and the reason; the job keeps running and its newest committed checkpoint is unchanged.
 TEST_F(CoordinatorTest, FailedSaveOfAnyRankIsAJobEvent) {
   auto [job, w] = StartRunningJob(CpuSpec("ckpt-fail", 2), 2);
-  weft::v1::ReportProgressRequest request;
-  request.set_job_id(job);
-  request.set_generation(1);
-  request.set_worker_id(w[1].id);
-  request.set_rank(1);
+  weft::v1::ReportProgressRequest request = EmptyReport(job, 1, w[1], 1);
   request.set_checkpoint_failed_step(150);
   request.set_checkpoint_failure("checkpointd at 127.0.0.1:9 unreachable: connection refused");
   auto r = coord_->ReportProgress(request);

@@ -459,17 +459,22 @@ void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {
 // Losses and gradient norms (what clipping divides by) follow the CPU engine, with and without
 // gradient accumulation (a micro-step that is both the first and the last of its step
 // overwrites the gradients and sums their squares in one pass).
+// 60 steps of `spec` on one GPU against the CPU engine, and learning.
+void ExpectOneGpuFollowsTheCpuEngine(const weft::v1::JobSpec& spec) {
+  const Curve cpu = TrainCpu(spec);
+  const Curve gpu = TrainGpu(spec, 1);
+  ASSERT_EQ(gpu.losses.size(), 60u);
+  EXPECT_LT(WorstRelative(gpu.losses, cpu.losses), 0.03);
+  EXPECT_LT(WorstRelative(gpu.grad_norms, cpu.grad_norms), 0.05);
+  EXPECT_LT(gpu.losses.back(), 0.5f * gpu.losses.front()) << "the GPU engine did not learn";
+}
+
 TEST_F(ZeroCudaTest, OneGpuFollowsTheCpuEngine) {
   for (const int accum : {2, 1}) {
     SCOPED_TRACE(absl::StrCat("grad_accum_steps ", accum));
     weft::v1::JobSpec spec = SmallSpec(4, 60);
     spec.mutable_training()->set_grad_accum_steps(accum);
-    const Curve cpu = TrainCpu(spec);
-    const Curve gpu = TrainGpu(spec, 1);
-    ASSERT_EQ(gpu.losses.size(), 60u);
-    EXPECT_LT(WorstRelative(gpu.losses, cpu.losses), 0.03);
-    EXPECT_LT(WorstRelative(gpu.grad_norms, cpu.grad_norms), 0.05);
-    EXPECT_LT(gpu.losses.back(), 0.5f * gpu.losses.front()) << "the GPU engine did not learn";
+    ExpectOneGpuFollowsTheCpuEngine(spec);
   }
 }
 
@@ -533,13 +538,7 @@ TEST_F(ZeroCudaTest, TwoRanksOnOneGpuFollowOneRank) {
 // LlamaModelGradientsMatchCpu) and learns.
 TEST_F(ZeroCudaTest, LlamaOneGpuFollowsTheCpuEngine) {
   if (!kCpuLlama) GTEST_SKIP() << kNoCpuLlama;
-  const weft::v1::JobSpec spec = SmallSpec(4, 60, /*llama=*/true);
-  const Curve cpu = TrainCpu(spec);
-  const Curve gpu = TrainGpu(spec, 1);
-  ASSERT_EQ(gpu.losses.size(), 60u);
-  EXPECT_LT(WorstRelative(gpu.losses, cpu.losses), 0.03);
-  EXPECT_LT(WorstRelative(gpu.grad_norms, cpu.grad_norms), 0.05);
-  EXPECT_LT(gpu.losses.back(), 0.5f * gpu.losses.front()) << "the GPU engine did not learn";
+  ExpectOneGpuFollowsTheCpuEngine(SmallSpec(4, 60, /*llama=*/true));
 }
 
 // Without the CPU model too: ZeRO-3 Llama on 1 GPU learns the token family.
