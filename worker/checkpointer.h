@@ -16,7 +16,8 @@
 // them before training): at 1.5B parameters a fresh copy would allocate and page-fault
 // ~18 GB per save.
 //
-// Upload failures do not stop training (the next checkpoint may succeed); they are logged.
+// Upload failures do not stop training (the next checkpoint may succeed); they are logged and
+// handed to the caller (TakeFailed), which reports them as CHECKPOINT_FAILED job events.
 #ifndef WEFT_WORKER_CHECKPOINTER_H_
 #define WEFT_WORKER_CHECKPOINTER_H_
 

@@ -254,11 +254,11 @@ class Cluster {
   }
 
  private:
-  // Appends to checkpointd.log (a restart keeps the first run's lines).
+  // Appends to checkpointd.log (a restart keeps the first run's lines, and Logs shows both).
   void StartCheckpointd(int port) {
     const std::string port_file = dir_ + "/checkpointd.port";
     std::remove(port_file.c_str());
-    const std::string log = dir_ + (port == 0 ? "/checkpointd.log" : "/checkpointd-restart.log");
+    const std::string log = dir_ + "/checkpointd.log";
     auto ck = Subprocess::Start({BinDir() + "/weft-checkpointd",
                                  absl::StrCat("--listen=127.0.0.1:", port),
                                  "--port-file=" + port_file, "--data-dir=" + dir_ + "/ckpt",

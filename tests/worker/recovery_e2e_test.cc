@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -144,7 +145,7 @@ TEST_F(RecoveryE2eTest, SavesFailingWhileCheckpointdIsDownAreJobEventsAndTheJobG
 TEST_F(RecoveryE2eTest, SavesRefusedByAFullDiskAreJobEventsAndTheJobGoesOn) {
   const std::string dir = dir_.File("disk-full");
   const std::string data = dir + "/ckpt";
-  ASSERT_EQ(system(absl::StrCat("mkdir -p ", data).c_str()), 0);
+  ASSERT_TRUE(std::filesystem::create_directories(data));
   if (system(absl::StrCat("mount -t tmpfs -o size=16m weft-test-full ", data,
                           " 2>/dev/null").c_str()) != 0) {
     GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";

@@ -59,6 +59,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * internal::kWarpSize;
 constexpr int kWarpRows = 16;                // rows of one mma tile
+constexpr int kMinTile = kWarps * kWarpRows;  // rows of the smallest block tile (dK/dV's)
 constexpr int kPad = 8;                      // bf16 of padding per shared-memory row
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -82,7 +83,7 @@ struct Tiles {
   // HS = 128: 64 keys a step cannot fit two (32, 64) fp32 products in registers next to the
   // (32, 128) dQ accumulator. 32 spills a few bytes, yet measured faster than 16 on an H200.
   static constexpr int kQWalk = kHs == 128 ? 32 : 64;
-  static constexpr int kKvTile = kWarps * kWarpRows;
+  static constexpr int kKvTile = kMinTile;
   static constexpr int kKvWalk = 64;
 };
 
@@ -664,7 +665,8 @@ absl::Status CheckShape(int b, int nh, int nkv, int t, int hs, const char* op) {
         absl::StrCat(op, ": head size hs = ", hs, " is not supported (16, 32, 64 or 128)"));
   }
   const int64_t heads = static_cast<int64_t>(b) * nh;
-  if (heads > 0x7fffffff || (t + kWarpRows - 1) / kWarpRows > 65535) {
+  // The grids' y is the number of tiles: the most with the smallest tile.
+  if (heads > 0x7fffffff || (t + kMinTile - 1) / kMinTile > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": b * nh = ", heads, " or t = ", t, " exceeds the grid limits"));
   }
