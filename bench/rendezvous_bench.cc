@@ -1,39 +1,64 @@
-// rendezvous_bench: how fast the coordinator turns N idle workers into one running job.
+// rendezvous_bench: how fast the coordinator turns N idle workers into one running job, and
+// what 10K idle workers heartbeating cost it.
 //
-// Starts a real weft-coordinator process, submits a job needing N workers, and runs N simulated
-// workers as threads, each with its own channel (its own TCP connection). Every worker
-// registers, heartbeats (long-poll) until it is gang-assigned, joins the rendezvous, and then
-// rank 0 sets a key in the generation's store that every other rank waits for — the shape of
-// an NCCL unique-id exchange. The clock runs from the first Register to the last worker
-// holding the key.
+// Starts a real weft-coordinator process for each measurement and plays every simulated
+// worker as a state machine on asynchronous gRPC calls (CompletionQueue API): a few client
+// threads (--client-threads, 2) and a few channels (--channels, 16; each its own TCP
+// connection) carry all of them, so the figures measure the coordinator, not the scheduling
+// of thousands of client threads. Each worker does what a real one (worker/agent.cc) does, in
+// order: it opens its session stream (Coordinator.OpenSession, kept open to the end, as
+// client/worker_session.cc does), registers with the session's token, long-polls Heartbeat
+// (wait_for_command_ms = the interval the coordinator gave it) until it receives JoinJob,
+// joins, and then rank 0 sets a key in the generation's store that every other rank waits for
+// and reads — the shape of an NCCL unique-id exchange. The clock runs from the first call to
+// the last worker holding the key.
 //
 //   BENCH rendezvous workers=N seconds=S registered_s=.. assigned_s=.. joined_s=..
+//
+// --heartbeat-workers N (e.g. 10000) adds the heartbeat-load phase: N workers register and
+// stay idle, long-polling Heartbeat at the coordinator's default interval (the coordinator is
+// started without --heartbeat-interval-ms). After a warm-up, the coordinator process's CPU
+// time (utime+stime from /proc/<pid>/stat) is measured over --heartbeat-seconds:
+//
+//   BENCH rendezvous_heartbeats workers=N interval_ms=.. seconds=.. coordinator_core_pct=..
+//        heartbeats_per_s=..
+//
+// Limits set for 16K workers: this process raises its open-file soft limit to the hard limit
+// (the coordinator inherits it and raises its own); the coordinator runs with
+// --log-level=warn (no line per call), and, in the rendezvous runs, a heartbeat timeout of
+// 60 s and a job heartbeat timeout of 120 s, so a client that is slow to start thousands of
+// workers is never mistaken for dead ones. The coordinator needs no other flag: its gRPC
+// server sets no stream or connection cap, and the 2 calls per worker (session, held
+// heartbeat or Join) are about 2,000 streams per connection at 16K workers on 16 channels.
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <barrier>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "grpcpp/completion_queue.h"
 #include "tests/testing/subprocess.h"
 #include "weft/v1/coordinator.grpc.pb.h"
 
 namespace {
 
-struct Milestones {
-  std::atomic<int64_t> registered_ns{0};  // last Register answered
-  std::atomic<int64_t> assigned_ns{0};    // last JoinJob command received
-  std::atomic<int64_t> joined_ns{0};      // last Join answered
-  std::atomic<int64_t> done_ns{0};        // last worker holding the key
-  std::atomic<int> failures{0};
-};
+using weft::v1::Coordinator;
+using weft::v1::Store;
+
+int64_t NowNs() { return absl::ToUnixNanos(absl::Now()); }
 
 void AtLeast(std::atomic<int64_t>& slot, int64_t value) {
   int64_t cur = slot.load();
@@ -41,123 +66,353 @@ void AtLeast(std::atomic<int64_t>& slot, int64_t value) {
   }
 }
 
-int64_t NowNs() { return absl::ToUnixNanos(absl::Now()); }
+// Something waiting on a completion queue; the queue's thread calls Done with the event's ok.
+class Tag {
+ public:
+  virtual ~Tag() = default;
+  virtual void Done(bool ok) = 0;
+};
 
-absl::Status RunWorker(int index, const std::string& address, const std::string& job_id,
-                       const std::function<void()>& wait_for_start, Milestones& m) {
-  weft::ChannelOptions options;
-  options.private_connection = true;
-  auto channel = weft::MakeChannel(address, options);
-  auto stub = weft::v1::Coordinator::NewStub(channel);
-  auto store = weft::v1::Store::NewStub(channel);
-  wait_for_start();
-
-  weft::v1::RegisterWorkerRequest reg;
-  reg.mutable_info()->set_host(absl::StrFormat("node%04d", index / 8));
-  reg.mutable_info()->set_device_kind(weft::v1::DEVICE_KIND_CPU);
-  reg.mutable_info()->set_device_index(index % 8);
-  weft::v1::RegisterWorkerResponse registered;
-  {
-    grpc::ClientContext ctx;
-    weft::SetTimeout(&ctx, absl::Seconds(60));
-    grpc::Status s = stub->RegisterWorker(&ctx, reg, &registered);
-    if (!s.ok()) return weft::FromGrpcStatus(s);
+// A tag that runs a function and deletes itself (one-shot) or stays (`keep`).
+class FnTag final : public Tag {
+ public:
+  explicit FnTag(std::function<void(bool)> fn, bool keep = false)
+      : fn_(std::move(fn)), keep_(keep) {}
+  void Done(bool ok) override {
+    fn_(ok);
+    if (!keep_) delete this;
   }
-  AtLeast(m.registered_ns, NowNs());
 
-  weft::v1::JoinJobCommand join;
-  while (!join.has_spec()) {
-    weft::v1::HeartbeatRequest hb;
-    hb.set_worker_id(registered.worker_id());
-    hb.set_incarnation(registered.incarnation());
-    hb.set_wait_for_command_ms(registered.heartbeat_interval_ms());
-    weft::v1::HeartbeatResponse resp;
-    grpc::ClientContext ctx;
-    weft::SetTimeout(&ctx, absl::Seconds(60));
-    grpc::Status s = stub->Heartbeat(&ctx, hb, &resp);
-    if (!s.ok()) return weft::FromGrpcStatus(s);
-    for (const auto& c : resp.commands()) {
-      if (c.has_join_job() && c.join_job().job_id() == job_id) join = c.join_job();
+ private:
+  std::function<void(bool)> fn_;
+  const bool keep_;
+};
+
+// One unary call in flight: its context, request and response live until `then` has run.
+template <typename Request, typename Response>
+class UnaryCall final : public Tag {
+ public:
+  using Then = std::function<void(const grpc::Status&, Response&)>;
+  using Prepare = std::function<std::unique_ptr<grpc::ClientAsyncResponseReader<Response>>(
+      grpc::ClientContext*, const Request&, grpc::CompletionQueue*)>;
+
+  static void Start(const Prepare& prepare, Request request, absl::Duration timeout,
+                    grpc::CompletionQueue* cq, Then then) {
+    auto* call = new UnaryCall(std::move(request), std::move(then));
+    weft::SetTimeout(&call->context_, timeout);
+    call->reader_ = prepare(&call->context_, call->request_, cq);
+    call->reader_->StartCall();
+    call->reader_->Finish(&call->response_, &call->status_, call);
+  }
+  void Done(bool /*ok*/) override {
+    then_(status_, response_);
+    delete this;
+  }
+
+ private:
+  UnaryCall(Request request, Then then) : request_(std::move(request)), then_(std::move(then)) {}
+
+  grpc::ClientContext context_;
+  Request request_;
+  Response response_;
+  grpc::Status status_;
+  Then then_;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> reader_;
+};
+
+struct Milestones {
+  std::atomic<int64_t> registered_ns{0};  // last Register answered
+  std::atomic<int64_t> assigned_ns{0};    // last JoinJob command received
+  std::atomic<int64_t> joined_ns{0};      // last Join answered
+  std::atomic<int64_t> done_ns{0};        // last worker holding the key
+  std::atomic<int64_t> heartbeats{0};     // heartbeats answered
+  std::atomic<int> registered{0};
+  std::atomic<int64_t> interval_ms{0};    // the heartbeat interval registration gave
+  std::atomic<int> failures{0};
+};
+
+// What every simulated worker shares: stubs, queues, the milestones and the end of the run.
+struct Fleet {
+  std::vector<std::unique_ptr<Coordinator::Stub>> coordinators;  // one per channel
+  std::vector<std::unique_ptr<Store::Stub>> stores;
+  std::vector<std::unique_ptr<grpc::CompletionQueue>> queues;
+  std::string job_id;  // empty: idle workers that heartbeat until `stop`
+  bool sessions = true;
+  std::atomic<bool> stop{false};
+  Milestones m;
+  absl::Mutex mu;
+  int finished ABSL_GUARDED_BY(mu) = 0;  // workers whose part is over (done or failed)
+  int sessions_open ABSL_GUARDED_BY(mu) = 0;
+};
+
+// One simulated worker. Its calls complete on one queue, so one thread runs all its steps.
+class SimWorker {
+ public:
+  SimWorker(int index, Fleet* fleet)
+      : index_(index),
+        fleet_(fleet),
+        coordinator_(fleet->coordinators[index % fleet->coordinators.size()].get()),
+        store_(fleet->stores[index % fleet->stores.size()].get()),
+        cq_(fleet->queues[index % fleet->queues.size()].get()),
+        token_(absl::StrFormat("bench-session-%06d", index)) {}
+
+  void Start() { fleet_->sessions ? OpenSession() : Register(); }
+  // Ends the session stream (the run is over).
+  void CloseSession() {
+    absl::MutexLock lock(&session_mu_);
+    if (session_context_) session_context_->TryCancel();
+  }
+
+ private:
+  template <typename Request, typename Response>
+  using Prepare = typename UnaryCall<Request, Response>::Prepare;
+
+  void Fail(const std::string& step, const grpc::Status& status) {
+    if (fleet_->m.failures.fetch_add(1) < 5) {
+      std::fprintf(stderr, "worker %d: %s: %s\n", index_, step.c_str(),
+                   status.error_message().c_str());
+    }
+    Finish();
+  }
+  void Finish() {
+    AtLeast(fleet_->m.done_ns, NowNs());
+    absl::MutexLock lock(&fleet_->mu);
+    ++fleet_->finished;
+  }
+
+  void OpenSession() {
+    weft::v1::OpenSessionRequest request;
+    request.set_session_token(token_);
+    {
+      absl::MutexLock lock(&session_mu_);
+      session_context_ = std::make_unique<grpc::ClientContext>();
+    }
+    session_ = coordinator_->PrepareAsyncOpenSession(session_context_.get(), request, cq_);
+    session_read_ = std::make_unique<FnTag>([this](bool ok) { OnSessionEvent(ok); }, true);
+    session_->StartCall(new FnTag([this](bool ok) {
+      if (ok) return session_->Read(&event_, session_read_.get());
+      OnSessionEvent(false);
+    }));
+  }
+  void OnSessionEvent(bool ok) {
+    if (ok) {
+      if (!session_opened_) {
+        session_opened_ = true;
+        {
+          absl::MutexLock lock(&fleet_->mu);
+          ++fleet_->sessions_open;
+        }
+        Register();
+      }
+      return session_->Read(&event_, session_read_.get());
+    }
+    session_->Finish(&session_status_, new FnTag([this](bool) {
+      absl::MutexLock lock(&fleet_->mu);
+      if (session_opened_) --fleet_->sessions_open;
+      if (!session_opened_) {
+        ++fleet_->finished;  // never registered
+        fleet_->m.failures.fetch_add(1);
+        std::fprintf(stderr, "worker %d: session: %s\n", index_,
+                     session_status_.error_message().c_str());
+      }
+    }));
+  }
+
+  void Register() {
+    weft::v1::RegisterWorkerRequest request;
+    request.mutable_info()->set_host(absl::StrFormat("node%05d", index_ / 8));
+    request.mutable_info()->set_device_kind(weft::v1::DEVICE_KIND_CPU);
+    request.mutable_info()->set_device_index(index_ % 8);
+    if (fleet_->sessions) request.set_session_token(token_);
+    auto* stub = coordinator_;
+    UnaryCall<weft::v1::RegisterWorkerRequest, weft::v1::RegisterWorkerResponse>::Start(
+        [stub](auto* ctx, const auto& req, auto* cq) {
+          return stub->PrepareAsyncRegisterWorker(ctx, req, cq);
+        },
+        std::move(request), absl::Seconds(60), cq_, [this](const grpc::Status& s, auto& r) {
+          if (!s.ok()) return Fail("register", s);
+          registered_ = r;
+          fleet_->m.registered.fetch_add(1);
+          fleet_->m.interval_ms = r.heartbeat_interval_ms();
+          AtLeast(fleet_->m.registered_ns, NowNs());
+          Heartbeat();
+        });
+  }
+
+  void Heartbeat() {
+    if (fleet_->stop.load()) return Finish();
+    weft::v1::HeartbeatRequest request;
+    request.set_worker_id(registered_.worker_id());
+    request.set_incarnation(registered_.incarnation());
+    request.set_wait_for_command_ms(registered_.heartbeat_interval_ms());
+    auto* stub = coordinator_;
+    UnaryCall<weft::v1::HeartbeatRequest, weft::v1::HeartbeatResponse>::Start(
+        [stub](auto* ctx, const auto& req, auto* cq) {
+          return stub->PrepareAsyncHeartbeat(ctx, req, cq);
+        },
+        std::move(request), absl::Seconds(60), cq_, [this](const grpc::Status& s, auto& r) {
+          if (!s.ok()) return Fail("heartbeat", s);
+          fleet_->m.heartbeats.fetch_add(1, std::memory_order_relaxed);
+          for (const auto& c : r.commands()) {
+            if (c.has_join_job() && c.join_job().job_id() == fleet_->job_id) {
+              AtLeast(fleet_->m.assigned_ns, NowNs());
+              return Join(c.join_job());
+            }
+          }
+          Heartbeat();
+        });
+  }
+
+  void Join(const weft::v1::JoinJobCommand& join) {
+    scope_.set_job_id(join.job_id());
+    scope_.set_generation(join.generation());
+    weft::v1::JoinRequest request;
+    request.set_job_id(join.job_id());
+    request.set_generation(join.generation());
+    request.set_worker_id(registered_.worker_id());
+    request.set_incarnation(registered_.incarnation());
+    auto* stub = coordinator_;
+    UnaryCall<weft::v1::JoinRequest, weft::v1::JoinResponse>::Start(
+        [stub](auto* ctx, const auto& req, auto* cq) {
+          return stub->PrepareAsyncJoin(ctx, req, cq);
+        },
+        std::move(request), absl::Seconds(120), cq_, [this](const grpc::Status& s, auto& r) {
+          if (!s.ok()) return Fail("join", s);
+          AtLeast(fleet_->m.joined_ns, NowNs());
+          r.rank() == 0 ? SetKey() : WaitKey();
+        });
+  }
+
+  void SetKey() {
+    weft::v1::StoreSetRequest request;
+    *request.mutable_scope() = scope_;
+    request.set_key(kKey);
+    request.set_value(std::string(128, 'x'));  // the size of an ncclUniqueId
+    auto* stub = store_;
+    UnaryCall<weft::v1::StoreSetRequest, weft::v1::StoreSetResponse>::Start(
+        [stub](auto* ctx, const auto& req, auto* cq) { return stub->PrepareAsyncSet(ctx, req, cq); },
+        std::move(request), absl::Seconds(60), cq_, [this](const grpc::Status& s, auto&) {
+          if (!s.ok()) return Fail("store set", s);
+          Finish();
+        });
+  }
+
+  void WaitKey() {
+    weft::v1::StoreWaitRequest request;
+    *request.mutable_scope() = scope_;
+    request.add_keys(kKey);
+    request.set_timeout_ms(120000);
+    auto* stub = store_;
+    UnaryCall<weft::v1::StoreWaitRequest, weft::v1::StoreWaitResponse>::Start(
+        [stub](auto* ctx, const auto& req, auto* cq) { return stub->PrepareAsyncWait(ctx, req, cq); },
+        std::move(request), absl::Seconds(130), cq_, [this](const grpc::Status& s, auto&) {
+          if (!s.ok()) return Fail("store wait", s);
+          GetKey();
+        });
+  }
+
+  void GetKey() {
+    weft::v1::StoreGetRequest request;
+    *request.mutable_scope() = scope_;
+    request.set_key(kKey);
+    auto* stub = store_;
+    UnaryCall<weft::v1::StoreGetRequest, weft::v1::StoreGetResponse>::Start(
+        [stub](auto* ctx, const auto& req, auto* cq) { return stub->PrepareAsyncGet(ctx, req, cq); },
+        std::move(request), absl::Seconds(60), cq_, [this](const grpc::Status& s, auto& r) {
+          if (!s.ok()) return Fail("store get", s);
+          if (r.value().size() != 128) {
+            return Fail("store get", grpc::Status(grpc::StatusCode::DATA_LOSS, "wrong size"));
+          }
+          Finish();
+        });
+  }
+
+  static constexpr char kKey[] = "nccl/unique_id";
+
+  const int index_;
+  Fleet* const fleet_;
+  Coordinator::Stub* const coordinator_;
+  Store::Stub* const store_;
+  grpc::CompletionQueue* const cq_;
+  const std::string token_;
+  weft::v1::RegisterWorkerResponse registered_;
+  weft::v1::StoreScope scope_;
+  // The session stream; its context is cancelled from the main thread at the end.
+  absl::Mutex session_mu_;
+  std::unique_ptr<grpc::ClientContext> session_context_ ABSL_GUARDED_BY(session_mu_);
+  std::unique_ptr<grpc::ClientAsyncReader<weft::v1::SessionEvent>> session_;
+  std::unique_ptr<FnTag> session_read_;
+  weft::v1::SessionEvent event_;
+  grpc::Status session_status_;
+  bool session_opened_ = false;
+};
+
+// Channels, stubs and queue threads for one run.
+class Client {
+ public:
+  Client(const std::string& address, int channels, int threads, Fleet* fleet) : fleet_(fleet) {
+    for (int i = 0; i < channels; ++i) {
+      weft::ChannelOptions options;
+      options.private_connection = true;  // its own TCP connection
+      auto channel = weft::MakeChannel(address, options);
+      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      fleet->coordinators.push_back(Coordinator::NewStub(channel));
+      fleet->stores.push_back(Store::NewStub(channel));
+    }
+    for (int i = 0; i < threads; ++i) {
+      fleet->queues.push_back(std::make_unique<grpc::CompletionQueue>());
+    }
+    for (auto& q : fleet->queues) {
+      threads_.emplace_back([cq = q.get()] {
+        void* tag = nullptr;
+        bool ok = false;
+        while (cq->Next(&tag, &ok)) static_cast<Tag*>(tag)->Done(ok);
+      });
     }
   }
-  AtLeast(m.assigned_ns, NowNs());
-
-  weft::v1::JoinRequest jr;
-  jr.set_job_id(join.job_id());
-  jr.set_generation(join.generation());
-  jr.set_worker_id(registered.worker_id());
-  jr.set_incarnation(registered.incarnation());
-  weft::v1::JoinResponse joined;
-  {
-    grpc::ClientContext ctx;
-    weft::SetTimeout(&ctx, absl::Seconds(120));
-    grpc::Status s = stub->Join(&ctx, jr, &joined);
-    if (!s.ok()) return weft::FromGrpcStatus(s);
+  // Ends the sessions, waits for their streams to finish, drains and joins the queues.
+  ~Client() {
+    for (auto& w : workers_) w->CloseSession();
+    {
+      absl::MutexLock lock(&fleet_->mu);
+      auto closed = [this]() ABSL_SHARED_LOCKS_REQUIRED(fleet_->mu) {
+        return fleet_->sessions_open == 0;
+      };
+      fleet_->mu.AwaitWithTimeout(absl::Condition(&closed), absl::Seconds(30));
+    }
+    for (auto& q : fleet_->queues) q->Shutdown();
+    for (auto& t : threads_) t.join();
   }
-  AtLeast(m.joined_ns, NowNs());
 
-  weft::v1::StoreScope scope;
-  scope.set_job_id(join.job_id());
-  scope.set_generation(join.generation());
-  const std::string key = "nccl/unique_id";
-  if (joined.rank() == 0) {
-    weft::v1::StoreSetRequest set;
-    *set.mutable_scope() = scope;
-    set.set_key(key);
-    set.set_value(std::string(128, 'x'));  // the size of an ncclUniqueId
-    weft::v1::StoreSetResponse r;
-    grpc::ClientContext ctx;
-    weft::SetTimeout(&ctx, absl::Seconds(60));
-    grpc::Status s = store->Set(&ctx, set, &r);
-    if (!s.ok()) return weft::FromGrpcStatus(s);
-  } else {
-    weft::v1::StoreWaitRequest wait;
-    *wait.mutable_scope() = scope;
-    wait.add_keys(key);
-    wait.set_timeout_ms(120000);
-    weft::v1::StoreWaitResponse waited;
-    grpc::ClientContext wctx;
-    weft::SetTimeout(&wctx, absl::Seconds(130));
-    grpc::Status s = store->Wait(&wctx, wait, &waited);
-    if (!s.ok()) return weft::FromGrpcStatus(s);
-    weft::v1::StoreGetRequest get;
-    *get.mutable_scope() = scope;
-    get.set_key(key);
-    weft::v1::StoreGetResponse got;
-    grpc::ClientContext gctx;
-    weft::SetTimeout(&gctx, absl::Seconds(60));
-    s = store->Get(&gctx, get, &got);
-    if (!s.ok()) return weft::FromGrpcStatus(s);
-    if (got.value().size() != 128) return absl::DataLossError("wrong value size");
+  void StartWorkers(int n) {
+    for (int i = 0; i < n; ++i) {
+      workers_.push_back(std::make_unique<SimWorker>(i, fleet_));
+      workers_.back()->Start();
+    }
   }
-  AtLeast(m.done_ns, NowNs());
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  int workers = 256;
-  std::string bin_dir = std::filesystem::canonical("/proc/self/exe").parent_path().string();
-  CLI::App app{"rendezvous_bench: N simulated workers rendezvous through a real coordinator"};
-  app.add_option("--workers", workers, "simulated workers")->check(CLI::Range(1, 16384));
-  app.add_option("--bin-dir", bin_dir, "directory holding weft-coordinator");
-  CLI11_PARSE(app, argc, argv);
-  weft::RaiseOpenFileLimit();
-
-  weft::testing::TempDir dir;
-  // Idle heartbeats are long-polls held up to the interval; a generous timeout keeps thousands
-  // of threads on two cores from being declared dead while they start.
-  auto coordinator = weft::testing::CoordinatorProcess::Start(
-      dir.path(), {"--heartbeat-interval-ms=1000", "--heartbeat-timeout-ms=60000",
-                   "--log-level=warn"},
-      bin_dir);
-  if (!coordinator.ok()) {
-    std::fprintf(stderr, "rendezvous_bench: %s\n", std::string(coordinator.status().message()).c_str());
-    return 1;
+  // Waits until `n` workers have finished their part (at most `timeout`).
+  bool AwaitFinished(int n, absl::Duration timeout) {
+    absl::MutexLock lock(&fleet_->mu);
+    auto done = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(fleet_->mu) {
+      return fleet_->finished >= n;
+    };
+    return fleet_->mu.AwaitWithTimeout(absl::Condition(&done), timeout);
   }
-  const std::string address = (*coordinator)->address();
 
+ private:
+  Fleet* fleet_;
+  std::vector<std::thread> threads_;
+  std::vector<std::unique_ptr<SimWorker>> workers_;
+};
+
+struct Options {
+  std::string bin_dir;
+  int channels = 16;
+  int client_threads = 2;
+  bool sessions = true;
+};
+
+absl::StatusOr<std::string> Submit(const std::string& address, int workers) {
   weft::v1::SubmitJobRequest submit;
   auto* spec = submit.mutable_spec();
   spec->set_name("rendezvous-bench");
@@ -176,45 +431,157 @@ int main(int argc, char** argv) {
   spec->mutable_fault()->set_heartbeat_timeout_ms(120000);
   spec->mutable_fault()->set_stall_timeout_ms(600000);
   weft::v1::SubmitJobResponse submitted;
+  auto stub = Coordinator::NewStub(weft::MakeChannel(address));
+  grpc::ClientContext ctx;
+  weft::SetTimeout(&ctx, absl::Seconds(30));
+  grpc::Status s = stub->SubmitJob(&ctx, submit, &submitted);
+  if (!s.ok()) return weft::FromGrpcStatus(s);
+  return submitted.job_id();
+}
+
+absl::StatusOr<std::unique_ptr<weft::testing::CoordinatorProcess>> StartCoordinator(
+    const std::string& dir, const std::vector<std::string>& flags, const Options& options) {
+  std::vector<std::string> args = {"--log-level=warn"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  return weft::testing::CoordinatorProcess::Start(dir, args, options.bin_dir);
+}
+
+// One rendezvous of `workers` workers on a fresh coordinator; prints its BENCH line.
+absl::Status RunRendezvous(int workers, const Options& options) {
+  weft::testing::TempDir dir;
+  WEFT_ASSIGN_OR_RETURN(auto coordinator,
+                        StartCoordinator(dir.path(),
+                                         {"--heartbeat-interval-ms=1000",
+                                          "--heartbeat-timeout-ms=60000"},
+                                         options));
+  Fleet fleet;
+  fleet.sessions = options.sessions;
+  WEFT_ASSIGN_OR_RETURN(fleet.job_id, Submit(coordinator->address(), workers));
+  int64_t t0 = 0;
+  bool all = false;
   {
-    auto stub = weft::v1::Coordinator::NewStub(weft::MakeChannel(address));
-    grpc::ClientContext ctx;
-    weft::SetTimeout(&ctx, absl::Seconds(30));
-    grpc::Status s = stub->SubmitJob(&ctx, submit, &submitted);
-    if (!s.ok()) {
-      std::fprintf(stderr, "rendezvous_bench: submit: %s\n", s.error_message().c_str());
+    Client client(coordinator->address(), options.channels, options.client_threads, &fleet);
+    t0 = NowNs();
+    client.StartWorkers(workers);
+    all = client.AwaitFinished(workers, absl::Seconds(300));
+  }
+  coordinator->process().Signal(SIGTERM);
+  (void)coordinator->process().Wait(absl::Seconds(10));
+  if (!all) return absl::DeadlineExceededError("workers did not all finish within 300 s");
+  if (int f = fleet.m.failures.load(); f > 0) {
+    return absl::InternalError(absl::StrCat(f, " workers failed"));
+  }
+  auto since = [t0](const std::atomic<int64_t>& ns) { return (ns.load() - t0) / 1e9; };
+  std::printf("BENCH rendezvous workers=%d seconds=%.3f registered_s=%.3f assigned_s=%.3f "
+              "joined_s=%.3f\n",
+              workers, since(fleet.m.done_ns), since(fleet.m.registered_ns),
+              since(fleet.m.assigned_ns), since(fleet.m.joined_ns));
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+// utime + stime of process `pid`, in seconds.
+absl::StatusOr<double> CpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command name (which may hold spaces) start at field 3, "state".
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return absl::NotFoundError("no /proc/<pid>/stat");
+  std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
+  if (fields.size() < 13) return absl::DataLossError("short /proc/<pid>/stat");
+  const double ticks = std::stod(fields[11]) + std::stod(fields[12]);  // fields 14 and 15
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// `workers` idle workers heartbeating at the coordinator's default interval; prints the
+// coordinator's CPU use over `seconds`.
+absl::Status RunHeartbeats(int workers, double seconds, const Options& options) {
+  weft::testing::TempDir dir;
+  WEFT_ASSIGN_OR_RETURN(auto coordinator, StartCoordinator(dir.path(), {}, options));
+  Fleet fleet;
+  fleet.sessions = options.sessions;
+  std::string line;
+  {
+    Client client(coordinator->address(), options.channels, options.client_threads, &fleet);
+    client.StartWorkers(workers);
+    const absl::Time give_up = absl::Now() + absl::Seconds(120);
+    while (fleet.m.registered.load() < workers && fleet.m.failures.load() == 0 &&
+           absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    absl::SleepFor(absl::Seconds(3));  // warm-up: every worker in its heartbeat loop
+    const pid_t pid = coordinator->process().pid();
+    WEFT_ASSIGN_OR_RETURN(double cpu0, CpuSeconds(pid));
+    const int64_t beats0 = fleet.m.heartbeats.load();
+    const absl::Time start = absl::Now();
+    absl::SleepFor(absl::Seconds(seconds));
+    WEFT_ASSIGN_OR_RETURN(double cpu1, CpuSeconds(pid));
+    const double wall = absl::ToDoubleSeconds(absl::Now() - start);
+    const int64_t beats = fleet.m.heartbeats.load() - beats0;
+    line = absl::StrFormat(
+        "BENCH rendezvous_heartbeats workers=%d interval_ms=%d seconds=%.1f "
+        "coordinator_core_pct=%.1f heartbeats_per_s=%.0f\n",
+        workers, fleet.m.interval_ms.load(), wall, 100 * (cpu1 - cpu0) / wall, beats / wall);
+    fleet.stop = true;
+    client.AwaitFinished(workers, absl::Seconds(30));
+  }
+  coordinator->process().Signal(SIGTERM);
+  (void)coordinator->process().Wait(absl::Seconds(10));
+  if (fleet.m.registered.load() < workers) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(fleet.m.registered.load(), " of ", workers, " workers registered"));
+  }
+  if (int f = fleet.m.failures.load(); f > 0) {
+    return absl::InternalError(absl::StrCat(f, " workers failed"));
+  }
+  std::fputs(line.c_str(), stdout);
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> workers = {256};
+  int heartbeat_workers = 0;
+  double heartbeat_seconds = 20;
+  Options options;
+  options.bin_dir = std::filesystem::canonical("/proc/self/exe").parent_path().string();
+  CLI::App app{"rendezvous_bench: simulated workers rendezvous through a real coordinator"};
+  app.add_option("--workers", workers, "simulated workers; repeat or list (8192,16384)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 65536))
+      ->capture_default_str();
+  app.add_option("--heartbeat-workers", heartbeat_workers,
+                 "idle workers of the heartbeat-load phase (0: skip it)")
+      ->check(CLI::Range(0, 65536));
+  app.add_option("--heartbeat-seconds", heartbeat_seconds, "length of the measured window")
+      ->check(CLI::Range(1.0, 600.0))
+      ->capture_default_str();
+  app.add_option("--channels", options.channels, "client channels (TCP connections)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--client-threads", options.client_threads, "completion-queue threads")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_flag("!--no-sessions", options.sessions,
+               "register without a session stream (as a worker of an older coordinator)");
+  app.add_option("--bin-dir", options.bin_dir, "directory holding weft-coordinator");
+  CLI11_PARSE(app, argc, argv);
+  weft::RaiseOpenFileLimit();
+
+  for (int n : workers) {
+    if (n == 0) continue;
+    if (absl::Status s = RunRendezvous(n, options); !s.ok()) {
+      std::fprintf(stderr, "rendezvous_bench: workers=%d: %s\n", n, s.ToString().c_str());
       return 1;
     }
   }
-
-  Milestones m;
-  // Every worker meets here once its channel exists; the clock starts as the barrier opens.
-  std::atomic<int64_t> t0{0};
-  auto started = [&t0]() noexcept { t0 = NowNs(); };
-  std::barrier start(workers, started);
-  const std::function<void()> wait_for_start = [&start] { start.arrive_and_wait(); };
-  std::vector<std::thread> threads;
-  threads.reserve(workers);
-  for (int i = 0; i < workers; ++i) {
-    threads.emplace_back([&, i] {
-      absl::Status s = RunWorker(i, address, submitted.job_id(), wait_for_start, m);
-      if (!s.ok() && m.failures.fetch_add(1) < 5) {
-        std::fprintf(stderr, "worker %d: %s\n", i, std::string(s.message()).c_str());
-      }
-    });
+  if (heartbeat_workers > 0) {
+    if (absl::Status s = RunHeartbeats(heartbeat_workers, heartbeat_seconds, options); !s.ok()) {
+      std::fprintf(stderr, "rendezvous_bench: heartbeats: %s\n", s.ToString().c_str());
+      return 1;
+    }
   }
-  for (auto& t : threads) t.join();
-  (*coordinator)->process().Signal(SIGTERM);
-  (void)(*coordinator)->process().Wait(absl::Seconds(10));
-
-  if (m.failures.load() > 0) {
-    std::fprintf(stderr, "rendezvous_bench: %d workers failed\n", m.failures.load());
-    return 1;
-  }
-  auto since = [&t0](const std::atomic<int64_t>& ns) { return (ns.load() - t0.load()) / 1e9; };
-  std::printf("BENCH rendezvous workers=%d seconds=%.3f registered_s=%.3f assigned_s=%.3f "
-              "joined_s=%.3f\n",
-              workers, since(m.done_ns), since(m.registered_ns), since(m.assigned_ns),
-              since(m.joined_ns));
   return 0;
 }
