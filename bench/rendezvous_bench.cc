@@ -14,6 +14,7 @@
 // the last worker holding the key.
 //
 //   BENCH rendezvous workers=N seconds=S registered_s=.. assigned_s=.. joined_s=..
+//         coordinator_cpu_s=..   (its CPU time from start to the end of the run)
 //
 // --heartbeat-workers N (e.g. 10000) adds the heartbeat-load phase: N workers register and
 // stay idle, long-polling Heartbeat at the coordinator's default interval (the coordinator is
@@ -446,6 +447,19 @@ absl::StatusOr<std::unique_ptr<weft::testing::CoordinatorProcess>> StartCoordina
   return weft::testing::CoordinatorProcess::Start(dir, args, options.bin_dir);
 }
 
+// utime + stime of process `pid`, in seconds.
+absl::StatusOr<double> CpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command name (which may hold spaces) start at field 3, "state".
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return absl::NotFoundError("no /proc/<pid>/stat");
+  std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
+  if (fields.size() < 13) return absl::DataLossError("short /proc/<pid>/stat");
+  const double ticks = std::stod(fields[11]) + std::stod(fields[12]);  // fields 14 and 15
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 // One rendezvous of `workers` workers on a fresh coordinator; prints its BENCH line.
 absl::Status RunRendezvous(int workers, const Options& options) {
   weft::testing::TempDir dir;
@@ -465,6 +479,8 @@ absl::Status RunRendezvous(int workers, const Options& options) {
     client.StartWorkers(workers);
     all = client.AwaitFinished(workers, absl::Seconds(300));
   }
+  // Its CPU time shows its share when other processes load the machine.
+  WEFT_ASSIGN_OR_RETURN(const double cpu, CpuSeconds(coordinator->process().pid()));
   coordinator->process().Signal(SIGTERM);
   (void)coordinator->process().Wait(absl::Seconds(10));
   if (!all) return absl::DeadlineExceededError("workers did not all finish within 300 s");
@@ -473,24 +489,11 @@ absl::Status RunRendezvous(int workers, const Options& options) {
   }
   auto since = [t0](const std::atomic<int64_t>& ns) { return (ns.load() - t0) / 1e9; };
   std::printf("BENCH rendezvous workers=%d seconds=%.3f registered_s=%.3f assigned_s=%.3f "
-              "joined_s=%.3f\n",
+              "joined_s=%.3f coordinator_cpu_s=%.2f\n",
               workers, since(fleet.m.done_ns), since(fleet.m.registered_ns),
-              since(fleet.m.assigned_ns), since(fleet.m.joined_ns));
+              since(fleet.m.assigned_ns), since(fleet.m.joined_ns), cpu);
   std::fflush(stdout);
   return absl::OkStatus();
-}
-
-// utime + stime of process `pid`, in seconds.
-absl::StatusOr<double> CpuSeconds(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // Fields after the command name (which may hold spaces) start at field 3, "state".
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) return absl::NotFoundError("no /proc/<pid>/stat");
-  std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
-  if (fields.size() < 13) return absl::DataLossError("short /proc/<pid>/stat");
-  const double ticks = std::stod(fields[11]) + std::stod(fields[12]);  // fields 14 and 15
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 // `workers` idle workers heartbeating at the coordinator's default interval; prints the

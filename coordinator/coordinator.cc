@@ -217,9 +217,13 @@ void Coordinator::ScheduleLocked(Actions& actions) {
     jobs.push_back({rec->id(), r.device_kind(), r.min_workers(), r.max_workers()});
     by_id[rec->id()] = rec;
   }
+  // Counts first: most calls (one per registration while a large job gathers its workers)
+  // place nothing, and then need no view of every idle worker.
+  std::optional<ScheduleDecision> waits = WaitingByCounts(jobs, workers_.IdleByKind());
   std::vector<IdleWorkerView> healthy, quarantined;
-  workers_.IdleViews(&healthy, &quarantined);
-  const ScheduleDecision decision = ScheduleSparingQuarantined(jobs, healthy, quarantined);
+  if (!waits) workers_.IdleViews(&healthy, &quarantined);
+  const ScheduleDecision decision =
+      waits ? *std::move(waits) : ScheduleSparingQuarantined(jobs, healthy, quarantined);
   for (const auto& placement : decision.placements) {
     StartGenerationLocked(*by_id[placement.job_id], placement, actions);
   }
@@ -328,7 +332,7 @@ absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     auto job = jobs_.Find(worker.status.job_id());
     if (job.ok() && (*job)->ActiveGeneration(worker.status.generation()) != nullptr) {
       metrics_.CountFailure("reregistered");
-      worker.status.set_state(weft::v1::WORKER_DEAD);
+      workers_.MarkDead(worker, "re-registered by a new process");
       FailGenerationLocked(**job,
                            absl::StrCat("worker ", id, " re-registered (its previous process, "
                                         "rank ", worker.status.rank(), ", is gone)"),

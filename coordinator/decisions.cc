@@ -34,25 +34,29 @@ void SortInRankOrder(std::vector<IdleWorkerView>* workers) {
   });
 }
 
-ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
-                          const std::vector<IdleWorkerView>& idle_workers) {
-  ScheduleDecision decision;
-  // First decide by counts alone; only the kinds that place a job pay for sorting workers.
-  absl::flat_hash_map<weft::v1::DeviceKind, size_t> available;
-  for (const auto& w : idle_workers) ++available[w.device_kind];
+namespace {
+
+// Schedule's first phase, by counts of idle workers alone: which jobs wait (and why), and how
+// many workers each job that can be placed takes.
+struct CountPlan {
+  std::vector<std::pair<std::string, std::string>> waiting;
+  std::vector<std::pair<const WaitingJobView*, size_t>> placed;  // job, workers to take
+};
+
+CountPlan PlanByCounts(const std::vector<WaitingJobView>& jobs, IdleCounts available) {
+  CountPlan plan;
   // Kinds whose queue head could not be placed: everything behind it waits.
   absl::flat_hash_map<weft::v1::DeviceKind, std::string> blocked_by;
-  std::vector<std::pair<const WaitingJobView*, size_t>> placed;  // job, workers to take
 
   for (const auto& job : jobs) {
     size_t& count = available[job.device_kind];
     if (auto it = blocked_by.find(job.device_kind); it != blocked_by.end()) {
-      decision.waiting.emplace_back(
+      plan.waiting.emplace_back(
           job.job_id, absl::StrCat("queued behind job ", it->second, " (first come, first served)"));
       continue;
     }
     if (count < static_cast<size_t>(std::max(job.min_workers, 0))) {
-      decision.waiting.emplace_back(
+      plan.waiting.emplace_back(
           job.job_id, absl::StrCat("needs ", job.min_workers, " idle ", KindName(job.device_kind),
                                    " worker", job.min_workers == 1 ? "" : "s", ", ", count,
                                    " idle"));
@@ -61,8 +65,31 @@ ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
     }
     const size_t take = std::min<size_t>(count, std::max(job.max_workers, job.min_workers));
     count -= take;
-    placed.emplace_back(&job, take);
+    plan.placed.emplace_back(&job, take);
   }
+  return plan;
+}
+
+}  // namespace
+
+std::optional<ScheduleDecision> WaitingByCounts(const std::vector<WaitingJobView>& jobs,
+                                                const IdleCounts& idle) {
+  CountPlan plan = PlanByCounts(jobs, idle);
+  if (!plan.placed.empty()) return std::nullopt;
+  ScheduleDecision decision;
+  decision.waiting = std::move(plan.waiting);
+  return decision;
+}
+
+ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
+                          const std::vector<IdleWorkerView>& idle_workers) {
+  ScheduleDecision decision;
+  // First decide by counts alone; only the kinds that place a job pay for sorting workers.
+  IdleCounts available;
+  for (const auto& w : idle_workers) ++available[w.device_kind];
+  CountPlan plan = PlanByCounts(jobs, std::move(available));
+  decision.waiting = std::move(plan.waiting);
+  const auto& placed = plan.placed;
   if (placed.empty()) return decision;
 
   std::map<weft::v1::DeviceKind, std::vector<IdleWorkerView>> pool;

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "weft/v1/job.pb.h"
@@ -56,6 +57,17 @@ struct ScheduleDecision {
 // be placed, which is what most calls (one per registration) find.
 ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
                           const std::vector<IdleWorkerView>& idle_workers);
+
+// Idle workers by device kind.
+using IdleCounts = absl::flat_hash_map<weft::v1::DeviceKind, size_t>;
+
+// Schedule's decision when, from counts of idle workers alone, no job can be placed: the jobs
+// that wait, with Schedule's reasons; nullopt when some job can be placed (Schedule must then
+// choose the workers). Count quarantined workers too, as ScheduleSparingQuarantined hands
+// them out before a job waits; then the decision is that of ScheduleSparingQuarantined. O(jobs):
+// the call on each of thousands of registrations needs no list of every idle worker.
+std::optional<ScheduleDecision> WaitingByCounts(const std::vector<WaitingJobView>& jobs,
+                                                const IdleCounts& idle);
 
 // Rank order: by host, then device index, then worker id — so the ranks of one host are
 // contiguous and follow device order, and the same set of workers always gets the same ranks.

@@ -72,6 +72,21 @@ WorkerRecord* WorkerRegistry::Find(const std::string& worker_id) {
   return it == workers_.end() ? nullptr : &it->second;
 }
 
+WorkerRecord& WorkerRegistry::FindOrAdd(const std::string& worker_id) {
+  auto [it, added] = workers_.try_emplace(worker_id);
+  if (added) ++state_counts_[it->second.state()];
+  return it->second;
+}
+
+void WorkerRegistry::SetState(WorkerRecord& worker, weft::v1::WorkerState state) {
+  const weft::v1::DeviceKind kind = worker.status.info().device_kind();
+  if (worker.state() == weft::v1::WORKER_IDLE) --idle_by_kind_[kind];
+  --state_counts_[worker.state()];
+  worker.status.set_state(state);
+  ++state_counts_[state];
+  if (state == weft::v1::WORKER_IDLE) ++idle_by_kind_[kind];
+}
+
 const weft::v1::WorkerInfo* WorkerRegistry::Info(const std::string& worker_id) {
   const WorkerRecord* w = Find(worker_id);
   return w ? &w->status.info() : nullptr;
@@ -86,9 +101,10 @@ void WorkerRegistry::Register(WorkerRecord& worker, weft::v1::WorkerInfo info,
     worker.held.reset();
   }
   worker.pending.clear();
+  SetState(worker, weft::v1::WORKER_STATE_UNSPECIFIED);  // leaves its old device kind's count
   worker.status = weft::v1::WorkerStatus();
   *worker.status.mutable_info() = std::move(info);
-  worker.status.set_state(weft::v1::WORKER_IDLE);
+  SetState(worker, weft::v1::WORKER_IDLE);
   worker.status.set_incarnation(incarnation);
   worker.status.set_reason("registered");
   worker.last_heartbeat = clock_();
@@ -119,7 +135,7 @@ bool WorkerRegistry::Beat(WorkerRecord& worker, const weft::v1::HeartbeatRequest
   ToProtoTime(clock_(), worker.status.mutable_last_heartbeat_time());
   bool revived = false;
   if (worker.state() == weft::v1::WORKER_DEAD) {
-    worker.status.set_state(weft::v1::WORKER_IDLE);
+    SetState(worker, weft::v1::WORKER_IDLE);
     worker.status.set_reason("heartbeating again after being declared dead");
     // Alive after all (e.g. its connection came back late): judged again from here on.
     worker.connection_lost = absl::InfiniteFuture();
@@ -203,7 +219,7 @@ void WorkerRegistry::Enqueue(WorkerRecord& worker, Command command, Actions& act
 void WorkerRegistry::Assign(WorkerRecord& worker, const weft::v1::JobSpec& spec,
                             const std::string& job_id, int64_t generation, int32_t rank,
                             int32_t world_size, Actions& actions) {
-  worker.status.set_state(weft::v1::WORKER_BUSY);
+  SetState(worker, weft::v1::WORKER_BUSY);
   worker.status.set_job_id(job_id);
   worker.status.set_generation(generation);
   worker.status.set_rank(rank);
@@ -235,7 +251,7 @@ void WorkerRegistry::Release(WorkerRecord& worker, const std::string& job_id, in
   });
   const bool never_told = worker.pending.size() != queued;
   if (worker.state() == weft::v1::WORKER_DEAD) return;
-  worker.status.set_state(weft::v1::WORKER_IDLE);
+  SetState(worker, weft::v1::WORKER_IDLE);
   worker.status.set_reason(absl::StrCat("released from job ", job_id, " generation ", generation));
   if (completed || never_told) return;
   Command command;
@@ -247,7 +263,7 @@ void WorkerRegistry::Release(WorkerRecord& worker, const std::string& job_id, in
 }
 
 void WorkerRegistry::MarkDead(WorkerRecord& worker, const std::string& reason) {
-  worker.status.set_state(weft::v1::WORKER_DEAD);
+  SetState(worker, weft::v1::WORKER_DEAD);
   worker.status.set_reason(reason);
 }
 
@@ -293,12 +309,6 @@ std::vector<WorkerLivenessView> WorkerRegistry::LivenessViews() {
                                       : std::optional<absl::Duration>(now - w.last_heartbeat));
   }
   return views;
-}
-
-absl::flat_hash_map<int, int> WorkerRegistry::CountByState() const {
-  absl::flat_hash_map<int, int> counts;
-  for (const auto& [id, w] : workers_) ++counts[w.state()];
-  return counts;
 }
 
 weft::v1::ListWorkersResponse WorkerRegistry::List() const {

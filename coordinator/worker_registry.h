@@ -29,6 +29,7 @@ namespace weft::coordinator {
 struct WorkerRecord {
   using HeldHeartbeat = ParkedCall<weft::v1::HeartbeatResponse>;
 
+  // Its state changes only through WorkerRegistry, which keeps counts of states.
   weft::v1::WorkerStatus status;
   absl::Time last_heartbeat;
   // When the transport cancelled the session of session_token (see CloseSession), if no new
@@ -74,7 +75,7 @@ class WorkerRegistry {
   WorkerRecord* Find(const std::string& worker_id);
   const weft::v1::WorkerInfo* Info(const std::string& worker_id);
   // The record for `worker_id`, created empty if new.
-  WorkerRecord& FindOrAdd(const std::string& worker_id) { return workers_[worker_id]; }
+  WorkerRecord& FindOrAdd(const std::string& worker_id);
   // (Re-)registers the worker as a new incarnation, IDLE. A held heartbeat of the previous
   // incarnation is told to stop; queued commands are dropped.
   void Register(WorkerRecord& worker, weft::v1::WorkerInfo info, const std::string& token,
@@ -114,7 +115,10 @@ class WorkerRegistry {
   void IdleViews(std::vector<IdleWorkerView>* healthy, std::vector<IdleWorkerView>* quarantined);
   // Every worker's liveness view; updates the heartbeat-age gauges on the way.
   std::vector<WorkerLivenessView> LivenessViews();
-  absl::flat_hash_map<int, int> CountByState() const;
+  // Workers by state (keyed by enum value), kept up to date as states change.
+  const absl::flat_hash_map<int, int>& CountByState() const { return state_counts_; }
+  // IDLE workers by device kind, quarantined ones included (see WaitingByCounts).
+  const IdleCounts& IdleByKind() const { return idle_by_kind_; }
   weft::v1::ListWorkersResponse List() const;
 
   // Sessions (see Coordinator::OpenSession / SessionClosed).
@@ -134,6 +138,10 @@ class WorkerRegistry {
     std::string worker_id;  // registered with this token (empty: not yet)
   };
 
+  // Every state change goes through here, which keeps the counts above: the scheduler asks
+  // them on every registration, and counting thousands of workers each time would cost
+  // O(workers) per call.
+  void SetState(WorkerRecord& worker, weft::v1::WorkerState state);
   // Answers a held heartbeat with the pending commands.
   void Flush(WorkerRecord& worker, Actions& actions);
   weft::v1::HeartbeatResponse TakeCommands(WorkerRecord& worker, int64_t interval_ms);
@@ -146,6 +154,8 @@ class WorkerRegistry {
   const Clock clock_;
   const Options options_;
   absl::flat_hash_map<std::string, WorkerRecord> workers_;
+  absl::flat_hash_map<int, int> state_counts_;
+  IdleCounts idle_by_kind_;
   uint64_t next_session_id_ = 1;
   absl::flat_hash_map<std::string, SessionRecord> sessions_;
 };
