@@ -3,8 +3,8 @@
 //
 // Starts a real weft-coordinator process for each measurement and plays every simulated
 // worker as a state machine on asynchronous gRPC calls (CompletionQueue API): a few client
-// threads (--client-threads, 2) and a few channels (--channels, 16; each its own TCP
-// connection) carry all of them, so the figures measure the coordinator, not the scheduling
+// threads (--client-threads, 4, each polling its own queue) and a few channels (--channels,
+// 16; each its own TCP connection) carry all of them, so the figures measure the coordinator, not the scheduling
 // of thousands of client threads. Each worker does what a real one (worker/agent.cc) does, in
 // order: it opens its session stream (Coordinator.OpenSession, kept open to the end, as
 // client/worker_session.cc does), registers with the session's token, long-polls Heartbeat
@@ -22,7 +22,11 @@
 // time (utime+stime from /proc/<pid>/stat) is measured over --heartbeat-seconds:
 //
 //   BENCH rendezvous_heartbeats workers=N interval_ms=.. seconds=.. coordinator_core_pct=..
-//        heartbeats_per_s=..
+//        heartbeats_per_s=.. coordinator_us_per_heartbeat=.. client_core_pct=.. declared_dead=..
+//
+// heartbeats_per_s is what the coordinator answered (N * 1000 / interval_ms when every held
+// heartbeat is answered on time and the client keeps up); client_core_pct is this process's
+// CPU, to tell a client-bound run from a coordinator-bound one.
 //
 // Limits set for 16K workers: this process raises its open-file soft limit to the hard limit
 // (the coordinator inherits it and raises its own); the coordinator runs with
@@ -45,6 +49,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -409,7 +414,7 @@ class Client {
 struct Options {
   std::string bin_dir;
   int channels = 16;
-  int client_threads = 2;
+  int client_threads = 4;
   bool sessions = true;
 };
 
@@ -496,6 +501,24 @@ absl::Status RunRendezvous(int workers, const Options& options) {
   return absl::OkStatus();
 }
 
+// Workers the coordinator declared dead so far (DEAD now, or revived since): a heartbeat
+// answered later than the timeout, which a loaded machine can cause.
+absl::StatusOr<int> DeclaredDead(const std::string& address) {
+  auto stub = Coordinator::NewStub(weft::MakeChannel(address));
+  grpc::ClientContext ctx;
+  weft::SetTimeout(&ctx, absl::Seconds(30));
+  weft::v1::ListWorkersResponse listed;
+  grpc::Status s = stub->ListWorkers(&ctx, weft::v1::ListWorkersRequest(), &listed);
+  if (!s.ok()) return weft::FromGrpcStatus(s);
+  int dead = 0;
+  for (const auto& w : listed.workers()) {
+    if (w.state() == weft::v1::WORKER_DEAD || absl::StrContains(w.reason(), "declared dead")) {
+      ++dead;
+    }
+  }
+  return dead;
+}
+
 // `workers` idle workers heartbeating at the coordinator's default interval; prints the
 // coordinator's CPU use over `seconds`.
 absl::Status RunHeartbeats(int workers, double seconds, const Options& options) {
@@ -515,16 +538,22 @@ absl::Status RunHeartbeats(int workers, double seconds, const Options& options) 
     absl::SleepFor(absl::Seconds(3));  // warm-up: every worker in its heartbeat loop
     const pid_t pid = coordinator->process().pid();
     WEFT_ASSIGN_OR_RETURN(double cpu0, CpuSeconds(pid));
+    WEFT_ASSIGN_OR_RETURN(double client0, CpuSeconds(getpid()));
     const int64_t beats0 = fleet.m.heartbeats.load();
     const absl::Time start = absl::Now();
     absl::SleepFor(absl::Seconds(seconds));
     WEFT_ASSIGN_OR_RETURN(double cpu1, CpuSeconds(pid));
+    WEFT_ASSIGN_OR_RETURN(double client1, CpuSeconds(getpid()));
     const double wall = absl::ToDoubleSeconds(absl::Now() - start);
     const int64_t beats = fleet.m.heartbeats.load() - beats0;
+    WEFT_ASSIGN_OR_RETURN(const int dead, DeclaredDead(coordinator->address()));
     line = absl::StrFormat(
         "BENCH rendezvous_heartbeats workers=%d interval_ms=%d seconds=%.1f "
-        "coordinator_core_pct=%.1f heartbeats_per_s=%.0f\n",
-        workers, fleet.m.interval_ms.load(), wall, 100 * (cpu1 - cpu0) / wall, beats / wall);
+        "coordinator_core_pct=%.1f heartbeats_per_s=%.0f coordinator_us_per_heartbeat=%.1f "
+        "client_core_pct=%.1f declared_dead=%d\n",
+        workers, fleet.m.interval_ms.load(), wall, 100 * (cpu1 - cpu0) / wall, beats / wall,
+        1e6 * (cpu1 - cpu0) / std::max<int64_t>(beats, 1), 100 * (client1 - client0) / wall,
+        dead);
     fleet.stop = true;
     client.AwaitFinished(workers, absl::Seconds(30));
   }

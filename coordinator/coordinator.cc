@@ -627,7 +627,11 @@ void Coordinator::Tick() {
   Actions actions;
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return;
-  const std::vector<WorkerLivenessView> workers = workers_.LivenessViews();
+  // Heartbeat ages are a gauge per worker, scraped every few seconds: refreshing them once
+  // a second is enough, and at 10K workers every tick (10 a second) cost a tenth of a core.
+  const bool refresh_ages = Now() >= next_age_refresh_;
+  if (refresh_ages) next_age_refresh_ = Now() + absl::Seconds(1);
+  const std::vector<WorkerLivenessView> workers = workers_.LivenessViews(refresh_ages);
   std::vector<GenerationView> generations;
   jobs_.ForEachGeneration(
       [&](JobRecord& rec) { generations.push_back(rec.generation->View(rec.id(), rec.job)); });

@@ -207,6 +207,8 @@ class Coordinator {
   bool ticking_ ABSL_GUARDED_BY(mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t tick_timer_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // When a tick next refreshes the per-worker heartbeat-age gauges (see Tick).
+  absl::Time next_age_refresh_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   // Last member: destroyed first, so no timer callback runs into a half-destroyed object.
   DeadlineTimer timer_;

@@ -297,13 +297,14 @@ void WorkerRegistry::IdleViews(std::vector<IdleWorkerView>* healthy,
   }
 }
 
-std::vector<WorkerLivenessView> WorkerRegistry::LivenessViews() {
+std::vector<WorkerLivenessView> WorkerRegistry::LivenessViews(bool refresh_ages) {
   const absl::Time now = clock_();
   std::vector<WorkerLivenessView> views;
   views.reserve(workers_.size());
   for (const auto& [id, w] : workers_) {
     views.push_back({id, w.state(), w.last_heartbeat, w.connection_lost, w.status.job_id(),
                      w.status.generation()});
+    if (!refresh_ages) continue;
     metrics_->SetHeartbeatAge(id, w.state() == weft::v1::WORKER_DEAD
                                       ? std::nullopt
                                       : std::optional<absl::Duration>(now - w.last_heartbeat));

@@ -113,8 +113,9 @@ class WorkerRegistry {
   // Idle workers for Schedule, split into healthy and quarantined ones. Views point into the
   // records.
   void IdleViews(std::vector<IdleWorkerView>* healthy, std::vector<IdleWorkerView>* quarantined);
-  // Every worker's liveness view; updates the heartbeat-age gauges on the way.
-  std::vector<WorkerLivenessView> LivenessViews();
+  // Every worker's liveness view; with `refresh_ages`, updates the heartbeat-age gauges on
+  // the way (a labelled series per worker: too dear to set for 10K workers every tick).
+  std::vector<WorkerLivenessView> LivenessViews(bool refresh_ages);
   // Workers by state (keyed by enum value), kept up to date as states change.
   const absl::flat_hash_map<int, int>& CountByState() const { return state_counts_; }
   // IDLE workers by device kind, quarantined ones included (see WaitingByCounts).
