@@ -427,6 +427,36 @@ TEST_F(CoordinatorTest, CpuJobIgnoresCudaWorkers) {
   EXPECT_THAT(Status(job).worker_ids(), ElementsAre("cpu-host/cpu0"));
 }
 
+TEST_F(CoordinatorTest, IdleCountsFollowWorkersAcrossDeviceKindsAndJobs) {
+  // The scheduler counts idle workers by kind as states change (it does not list them on
+  // every registration): a worker that re-registers under its id as another kind moves
+  // between counts, and members of a job leave them and come back when it ends.
+  weft::v1::WorkerInfo info;
+  info.set_worker_id("flex");
+  info.set_host("h");
+  info.set_device_kind(weft::v1::DEVICE_KIND_CPU);
+  ASSERT_TRUE(coord_->RegisterWorker(info).ok());
+  JobSpec cuda_spec = CpuSpec("cuda-job", 2);
+  cuda_spec.mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+  const std::string cuda_job = Submit(cuda_spec);
+  EXPECT_EQ(Status(cuda_job).pending_reason(), "needs 2 idle CUDA workers, 0 idle");
+  info.set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+  ASSERT_TRUE(coord_->RegisterWorker(info).ok());
+  EXPECT_EQ(Status(cuda_job).pending_reason(), "needs 2 idle CUDA workers, 1 idle");
+
+  const std::string cpu_job = Submit(CpuSpec("cpu-job", 2));
+  Register("h", 0);
+  EXPECT_EQ(Status(cpu_job).pending_reason(), "needs 2 idle CPU workers, 1 idle");
+  Register("h", 1);
+  EXPECT_EQ(Status(cpu_job).state(), weft::v1::RUNNING);
+  const std::string next = Submit(CpuSpec("next", 2));
+  EXPECT_EQ(Status(next).pending_reason(), "needs 2 idle CPU workers, 0 idle");
+  // Released members count as idle again: the waiting job takes them at once.
+  ASSERT_TRUE(coord_->CancelJob(cpu_job, "make room").ok());
+  EXPECT_EQ(Status(next).state(), weft::v1::RUNNING);
+  EXPECT_THAT(Status(next).worker_ids(), ElementsAre("h/cpu0", "h/cpu1"));
+}
+
 TEST_F(CoordinatorTest, MaxWorkersCapsTheGang) {
   for (int i = 0; i < 5; ++i) Register("h", i);
   const std::string job = Submit(CpuSpec("elastic", 2, 3));

@@ -461,6 +461,52 @@ TEST(ScheduleSparingQuarantinedTest, HealthyWorkersTakenInTheFirstPassAreNotHand
   EXPECT_THAT(d.waiting[0].second, HasSubstr("needs 2 idle CPU workers, 1 idle"));
 }
 
+// ---- WaitingByCounts -----------------------------------------------------------------------
+
+TEST(WaitingByCountsTest, NoneWhenTheQueueHeadCanBePlaced) {
+  EXPECT_FALSE(WaitingByCounts({Job("j", DEVICE_KIND_CPU, 2, 2)}, {{DEVICE_KIND_CPU, 2}}));
+  // A job of another kind behind a blocked one can still start.
+  EXPECT_FALSE(WaitingByCounts(
+      {Job("big", DEVICE_KIND_CPU, 8, 8), Job("gpu", DEVICE_KIND_CUDA, 1, 1)},
+      {{DEVICE_KIND_CPU, 3}, {DEVICE_KIND_CUDA, 1}}));
+}
+
+TEST(WaitingByCountsTest, ReasonsAreSchedules) {
+  const std::vector<WaitingJobView> jobs = {Job("big", DEVICE_KIND_CPU, 4, 4),
+                                            Job("small", DEVICE_KIND_CPU, 1, 1),
+                                            Job("gpu", DEVICE_KIND_CUDA, 1, 1)};
+  auto d = WaitingByCounts(jobs, {{DEVICE_KIND_CPU, 3}});
+  ASSERT_TRUE(d.has_value());
+  EXPECT_THAT(d->placements, IsEmpty());
+  const ScheduleDecision full = Schedule(jobs, {Cpu("h", 0), Cpu("h", 1), Cpu("h", 2)});
+  EXPECT_EQ(d->waiting, full.waiting);
+  EXPECT_THAT(d->waiting,
+              ElementsAre(Pair("big", "needs 4 idle CPU workers, 3 idle"),
+                          Pair("small", HasSubstr("queued behind job big")),
+                          Pair("gpu", "needs 1 idle CUDA worker, 0 idle")));
+}
+
+TEST(WaitingByCountsTest, QuarantinedWorkersCountAsScheduleSparingQuarantinedHandsThemOut) {
+  // One healthy and one quarantined idle worker: the job of 2 starts (second pass), so the
+  // counts, which include quarantined workers, must not say it waits.
+  const std::vector<WaitingJobView> jobs = {Job("j", DEVICE_KIND_CPU, 2, 2)};
+  EXPECT_THAT(ScheduleSparingQuarantined(jobs, {Cpu("h", 1)}, {Cpu("h", 0)}).placements,
+              SizeIs(1));
+  EXPECT_FALSE(WaitingByCounts(jobs, {{DEVICE_KIND_CPU, 2}}));
+  // With 3 needed, both say it waits, with the same reason.
+  const std::vector<WaitingJobView> three = {Job("j", DEVICE_KIND_CPU, 3, 3)};
+  auto d = WaitingByCounts(three, {{DEVICE_KIND_CPU, 2}});
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->waiting, ScheduleSparingQuarantined(three, {Cpu("h", 1)}, {Cpu("h", 0)}).waiting);
+}
+
+TEST(WaitingByCountsTest, NothingWaitingNothingToSay) {
+  auto d = WaitingByCounts({}, {});
+  ASSERT_TRUE(d.has_value());
+  EXPECT_THAT(d->waiting, IsEmpty());
+  EXPECT_THAT(d->placements, IsEmpty());
+}
+
 // ---- DecideQuarantine ----------------------------------------------------------------------
 
 TEST(DecideQuarantineTest, CountsFailuresBelowTheThreshold) {
