@@ -3,8 +3,8 @@
 //
 // Starts a real weft-coordinator process for each measurement and plays every simulated
 // worker as a state machine on asynchronous gRPC calls (CompletionQueue API): a few client
-// threads (--client-threads, 4, each polling its own queue) and a few channels (--channels,
-// 16; each its own TCP connection) carry all of them, so the figures measure the coordinator, not the scheduling
+// threads (--client-threads, 4, each polling its own queue, plus one for the session streams)
+// and a few channels (--channels, 16; each its own TCP connection) carry all of them, so the figures measure the coordinator, not the scheduling
 // of thousands of client threads. Each worker does what a real one (worker/agent.cc) does, in
 // order: it opens its session stream (Coordinator.OpenSession, kept open to the end, as
 // client/worker_session.cc does), registers with the session's token, long-polls Heartbeat
@@ -142,6 +142,9 @@ struct Fleet {
   std::vector<std::unique_ptr<Coordinator::Stub>> coordinators;  // one per channel
   std::vector<std::unique_ptr<Store::Stub>> stores;
   std::vector<std::unique_ptr<grpc::CompletionQueue>> queues;
+  // The session streams' own queue: gRPC's debug builds scan a queue's outstanding operations
+  // on every completion, and a session's stays outstanding for the whole run.
+  std::unique_ptr<grpc::CompletionQueue> session_queue = std::make_unique<grpc::CompletionQueue>();
   std::string job_id;  // empty: idle workers that heartbeat until `stop`
   bool sessions = true;
   std::atomic<bool> stop{false};
@@ -151,7 +154,8 @@ struct Fleet {
   int sessions_open ABSL_GUARDED_BY(mu) = 0;
 };
 
-// One simulated worker. Its calls complete on one queue, so one thread runs all its steps.
+// One simulated worker. Its unary calls complete on one queue, so one thread runs all its
+// steps after Register (which the session's thread starts).
 class SimWorker {
  public:
   SimWorker(int index, Fleet* fleet)
@@ -193,7 +197,8 @@ class SimWorker {
       absl::MutexLock lock(&session_mu_);
       session_context_ = std::make_unique<grpc::ClientContext>();
     }
-    session_ = coordinator_->PrepareAsyncOpenSession(session_context_.get(), request, cq_);
+    session_ = coordinator_->PrepareAsyncOpenSession(session_context_.get(), request,
+                                                     fleet_->session_queue.get());
     session_read_ = std::make_unique<FnTag>([this](bool ok) { OnSessionEvent(ok); }, true);
     session_->StartCall(new FnTag([this](bool ok) {
       if (ok) return session_->Read(&event_, session_read_.get());
@@ -368,8 +373,11 @@ class Client {
     for (int i = 0; i < threads; ++i) {
       fleet->queues.push_back(std::make_unique<grpc::CompletionQueue>());
     }
-    for (auto& q : fleet->queues) {
-      threads_.emplace_back([cq = q.get()] {
+    std::vector<grpc::CompletionQueue*> all;
+    for (auto& q : fleet->queues) all.push_back(q.get());
+    all.push_back(fleet->session_queue.get());
+    for (grpc::CompletionQueue* q : all) {
+      threads_.emplace_back([cq = q] {
         void* tag = nullptr;
         bool ok = false;
         while (cq->Next(&tag, &ok)) static_cast<Tag*>(tag)->Done(ok);
@@ -387,6 +395,7 @@ class Client {
       fleet_->mu.AwaitWithTimeout(absl::Condition(&closed), absl::Seconds(30));
     }
     for (auto& q : fleet_->queues) q->Shutdown();
+    fleet_->session_queue->Shutdown();
     for (auto& t : threads_) t.join();
   }
 

@@ -21,7 +21,8 @@ class DeadlineTimer {
   // Stops the thread; callbacks not yet run are dropped.
   ~DeadlineTimer();
 
-  // Runs `fn` on the timer thread at (or soon after) `when`. Returns an id for Cancel (never 0).
+  // Runs `fn` on the timer thread at (or soon after: about a millisecond, to batch deadlines
+  // that fall close together) `when`. Returns an id for Cancel (never 0).
   uint64_t Schedule(absl::Time when, std::function<void()> fn);
 
   // True if the callback was removed before it started; false if it ran, is running, or the id
