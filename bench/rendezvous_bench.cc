@@ -17,8 +17,10 @@
 //         coordinator_cpu_s=..   (its CPU time from start to the end of the run)
 //
 // --heartbeat-workers N (e.g. 10000) adds the heartbeat-load phase: N workers register and
-// stay idle, long-polling Heartbeat at the coordinator's default interval (the coordinator is
-// started without --heartbeat-interval-ms). After a warm-up, the coordinator process's CPU
+// stay idle, long-polling Heartbeat at the interval the coordinator gives them with its
+// defaults (it is started without heartbeat flags: 500 ms, stretched past
+// --max-idle-heartbeats-per-s, 5000 by default, so 2000 ms at 10K idle workers;
+// --coordinator-flag=--max-idle-heartbeats-per-s=0 measures the plain 500 ms). After a warm-up, the coordinator process's CPU
 // time (utime+stime from /proc/<pid>/stat) is measured over --heartbeat-seconds:
 //
 //   BENCH rendezvous_heartbeats workers=N interval_ms=.. seconds=.. coordinator_core_pct=..
@@ -425,6 +427,7 @@ struct Options {
   int channels = 16;
   int client_threads = 4;
   bool sessions = true;
+  std::vector<std::string> coordinator_flags;  // added to every coordinator's command line
 };
 
 absl::StatusOr<std::string> Submit(const std::string& address, int workers) {
@@ -458,6 +461,7 @@ absl::StatusOr<std::unique_ptr<weft::testing::CoordinatorProcess>> StartCoordina
     const std::string& dir, const std::vector<std::string>& flags, const Options& options) {
   std::vector<std::string> args = {"--log-level=warn"};
   args.insert(args.end(), flags.begin(), flags.end());
+  args.insert(args.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
   return weft::testing::CoordinatorProcess::Start(dir, args, options.bin_dir);
 }
 
@@ -544,7 +548,8 @@ absl::Status RunHeartbeats(int workers, double seconds, const Options& options) 
            absl::Now() < give_up) {
       absl::SleepFor(absl::Milliseconds(50));
     }
-    absl::SleepFor(absl::Seconds(3));  // warm-up: every worker in its heartbeat loop
+    // Warm-up: every worker in its heartbeat loop, at the interval it was last given.
+    absl::SleepFor(std::max(absl::Seconds(3), absl::Milliseconds(3 * fleet.m.interval_ms)));
     const pid_t pid = coordinator->process().pid();
     WEFT_ASSIGN_OR_RETURN(double cpu0, CpuSeconds(pid));
     WEFT_ASSIGN_OR_RETURN(double client0, CpuSeconds(getpid()));
@@ -608,6 +613,9 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-sessions", options.sessions,
                "register without a session stream (as a worker of an older coordinator)");
   app.add_option("--bin-dir", options.bin_dir, "directory holding weft-coordinator");
+  app.add_option("--coordinator-flag", options.coordinator_flags,
+                 "a flag for every coordinator started (repeatable), e.g. "
+                 "--coordinator-flag=--max-idle-heartbeats-per-s=0");
   CLI11_PARSE(app, argc, argv);
   weft::RaiseOpenFileLimit();
 

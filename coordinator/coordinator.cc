@@ -83,6 +83,8 @@ Coordinator::Coordinator(const CoordinatorOptions& options,
              .metrics_persist_interval_ms = options.metrics_persist_interval_ms}),
       workers_(timer_, &mu_, &metrics_, clock_,
                {.idle_heartbeat_interval_ms = options.heartbeat_interval_ms,
+                .idle_heartbeat_timeout_ms = options.heartbeat_timeout_ms,
+                .max_idle_heartbeats_per_s = options.max_idle_heartbeats_per_s,
                 .quarantine = {.after_failures = options.quarantine_after_failures,
                                .cooldown_ms = options.quarantine_cooldown_ms}}) {}
 
@@ -636,7 +638,7 @@ void Coordinator::Tick() {
   jobs_.ForEachGeneration(
       [&](JobRecord& rec) { generations.push_back(rec.generation->View(rec.id(), rec.job)); });
   LivenessOptions liveness;
-  liveness.idle_heartbeat_timeout_ms = options_.heartbeat_timeout_ms;
+  liveness.idle_heartbeat_timeout_ms = workers_.IdleHeartbeatNow().timeout_ms;
   liveness.rendezvous_timeout_ms = options_.rendezvous_timeout_ms;
   liveness.connection_lost_grace_ms = options_.connection_lost_grace_ms;
   workers_.DropStaleSessions();

@@ -42,6 +42,10 @@ struct CoordinatorOptions {
   // Heartbeat interval and timeout for workers in no job (jobs set their own).
   int64_t heartbeat_interval_ms = 500;
   int64_t heartbeat_timeout_ms = 3000;
+  // Past this many idle heartbeats a second (idle workers * 1000 / heartbeat_interval_ms), the
+  // idle interval and timeout stretch so as to stay at it (IdleHeartbeatFor): 10K idle workers
+  // heartbeat every 2 s, with a 12 s timeout, instead of 20K heartbeats a second. 0: no cap.
+  int32_t max_idle_heartbeats_per_s = 5000;
   // How long a new generation may take for all members to call Join.
   int64_t rendezvous_timeout_ms = 120000;
   // Period of liveness checks, scheduling retries and gauge updates.

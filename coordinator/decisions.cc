@@ -139,6 +139,15 @@ ScheduleDecision ScheduleSparingQuarantined(const std::vector<WaitingJobView>& j
   return decision;
 }
 
+IdleHeartbeat IdleHeartbeatFor(int64_t idle_workers, const IdleHeartbeat& configured,
+                               int32_t max_per_s) {
+  if (max_per_s <= 0 || configured.interval_ms <= 0) return configured;
+  // The interval at which `idle_workers` send max_per_s heartbeats a second, rounded up.
+  const int64_t needed_ms = (idle_workers * 1000 + max_per_s - 1) / max_per_s;
+  if (needed_ms <= configured.interval_ms) return configured;
+  return {needed_ms, configured.timeout_ms * needed_ms / configured.interval_ms};
+}
+
 bool IsWorkerDeath(FailureKind kind) {
   return kind == FailureKind::kHeartbeatTimeout || kind == FailureKind::kConnectionLost;
 }

@@ -120,6 +120,19 @@ struct LivenessOptions {
   int64_t connection_lost_grace_ms = 1000;
 };
 
+// How often idle workers heartbeat, and after how long without one they are dead: the
+// configured interval and timeout, both stretched by the same factor when `idle_workers`
+// heartbeating at that interval would send more than `max_per_s` heartbeats a second (0: no
+// cap). Idle heartbeats are long-polls, so a longer one delays no command (a command answers
+// the held call at once), and a process that exits is caught by its session, not its
+// heartbeat; what grows is the time to notice an idle worker that hangs while connected.
+struct IdleHeartbeat {
+  int64_t interval_ms = 500;
+  int64_t timeout_ms = 3000;
+};
+IdleHeartbeat IdleHeartbeatFor(int64_t idle_workers, const IdleHeartbeat& configured,
+                               int32_t max_per_s);
+
 // kConnectionLost: the worker's session dropped and stayed gone past the grace (its process
 // exited or its host became unreachable), which is told apart from plain silence.
 enum class FailureKind { kHeartbeatTimeout, kRendezvousTimeout, kStall, kConnectionLost };

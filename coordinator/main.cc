@@ -63,6 +63,10 @@ int main(int argc, char** argv) {
              "heartbeat interval of idle workers", 10, 600000);
   AddBounded(app, "--heartbeat-timeout-ms", &flags.options.heartbeat_timeout_ms,
              "idle workers silent this long are declared dead", 20, 3600000);
+  AddBounded(app, "--max-idle-heartbeats-per-s", &flags.options.max_idle_heartbeats_per_s,
+             "past this many idle heartbeats a second, the idle interval and timeout stretch "
+             "in proportion (0: never)",
+             0, 10000000);
   AddBounded(app, "--rendezvous-timeout-ms", &flags.options.rendezvous_timeout_ms,
              "a generation whose members have not all joined by then fails", 100, 86400000);
   AddBounded(app, "--connection-lost-grace-ms", &flags.options.connection_lost_grace_ms,

@@ -118,7 +118,14 @@ void WorkerRegistry::Register(WorkerRecord& worker, weft::v1::WorkerInfo info,
 
 int64_t WorkerRegistry::HeartbeatInterval(const WorkerRecord& worker) const {
   return worker.state() == weft::v1::WORKER_BUSY ? worker.busy_heartbeat_interval_ms
-                                                 : options_.idle_heartbeat_interval_ms;
+                                                 : IdleHeartbeatNow().interval_ms;
+}
+
+IdleHeartbeat WorkerRegistry::IdleHeartbeatNow() const {
+  auto idle = state_counts_.find(weft::v1::WORKER_IDLE);
+  return IdleHeartbeatFor(idle == state_counts_.end() ? 0 : idle->second,
+                          {options_.idle_heartbeat_interval_ms, options_.idle_heartbeat_timeout_ms},
+                          options_.max_idle_heartbeats_per_s);
 }
 
 HeartbeatResponse WorkerRegistry::StopResponse(const std::string& worker_id, int64_t stale,

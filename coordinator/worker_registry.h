@@ -57,8 +57,11 @@ class WorkerRegistry {
   using Done = std::function<void(absl::StatusOr<T>)>;
 
   struct Options {
-    // Heartbeat interval of workers in no job (jobs set their own).
+    // Heartbeat interval and timeout of workers in no job (jobs set their own), stretched
+    // past max_idle_heartbeats_per_s (see IdleHeartbeatFor).
     int64_t idle_heartbeat_interval_ms = 500;
+    int64_t idle_heartbeat_timeout_ms = 3000;
+    int32_t max_idle_heartbeats_per_s = 0;
     QuarantineOptions quarantine;
   };
 
@@ -81,6 +84,8 @@ class WorkerRegistry {
   void Register(WorkerRecord& worker, weft::v1::WorkerInfo info, const std::string& token,
                 Actions& actions);
   int64_t HeartbeatInterval(const WorkerRecord& worker) const;
+  // The idle workers' interval and timeout now (IdleHeartbeatFor over the IDLE count).
+  IdleHeartbeat IdleHeartbeatNow() const;
   static weft::v1::HeartbeatResponse StopResponse(const std::string& worker_id, int64_t stale,
                                                   int64_t current);
 

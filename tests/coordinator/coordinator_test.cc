@@ -457,6 +457,29 @@ TEST_F(CoordinatorTest, IdleCountsFollowWorkersAcrossDeviceKindsAndJobs) {
   EXPECT_THAT(Status(next).worker_ids(), ElementsAre("h/cpu0", "h/cpu1"));
 }
 
+TEST_F(CoordinatorTest, ManyIdleWorkersHeartbeatLessOftenWithALongerTimeout) {
+  // A cap of 2 idle heartbeats a second: 2 idle workers at 500 ms would send 4, so both the
+  // interval and the timeout double.
+  options_.max_idle_heartbeats_per_s = 2;
+  Reopen();
+  Worker w0 = Register("h", 0);
+  auto hb = Beat(w0);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->heartbeat_interval_ms(), 500);  // one idle worker: under the cap
+  Worker w1 = Register("h", 1);
+  hb = Beat(w1);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->heartbeat_interval_ms(), 1000);
+  // Silent past the configured timeout (3000 ms) but within the stretched one (6000 ms).
+  clock_.Advance(absl::Milliseconds(5000));
+  coord_->Tick();
+  EXPECT_EQ(WorkerStatus(w0.id).state(), weft::v1::WORKER_IDLE);
+  clock_.Advance(absl::Milliseconds(1001));
+  coord_->Tick();
+  EXPECT_EQ(WorkerStatus(w0.id).state(), weft::v1::WORKER_DEAD);
+  EXPECT_THAT(WorkerStatus(w0.id).reason(), HasSubstr("(timeout 6000 ms)"));
+}
+
 TEST_F(CoordinatorTest, MaxWorkersCapsTheGang) {
   for (int i = 0; i < 5; ++i) Register("h", i);
   const std::string job = Submit(CpuSpec("elastic", 2, 3));

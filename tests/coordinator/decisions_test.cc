@@ -507,6 +507,32 @@ TEST(WaitingByCountsTest, NothingWaitingNothingToSay) {
   EXPECT_THAT(d->placements, IsEmpty());
 }
 
+// ---- IdleHeartbeatFor ----------------------------------------------------------------------
+
+TEST(IdleHeartbeatForTest, ConfiguredWhileUnderTheCap) {
+  const IdleHeartbeat configured{500, 3000};
+  IdleHeartbeat h = IdleHeartbeatFor(2500, configured, 5000);  // exactly 5000 a second
+  EXPECT_EQ(h.interval_ms, 500);
+  EXPECT_EQ(h.timeout_ms, 3000);
+  h = IdleHeartbeatFor(0, configured, 5000);
+  EXPECT_EQ(h.interval_ms, 500);
+}
+
+TEST(IdleHeartbeatForTest, StretchesIntervalAndTimeoutTogetherPastTheCap) {
+  IdleHeartbeat h = IdleHeartbeatFor(10000, {500, 3000}, 5000);
+  EXPECT_EQ(h.interval_ms, 2000);
+  EXPECT_EQ(h.timeout_ms, 12000);
+  h = IdleHeartbeatFor(2501, {500, 3000}, 5000);  // rounds the interval up
+  EXPECT_EQ(h.interval_ms, 501);
+  EXPECT_EQ(h.timeout_ms, 3006);
+}
+
+TEST(IdleHeartbeatForTest, NoCapIsTheConfiguredValues) {
+  IdleHeartbeat h = IdleHeartbeatFor(1000000, {500, 3000}, 0);
+  EXPECT_EQ(h.interval_ms, 500);
+  EXPECT_EQ(h.timeout_ms, 3000);
+}
+
 // ---- DecideQuarantine ----------------------------------------------------------------------
 
 TEST(DecideQuarantineTest, CountsFailuresBelowTheThreshold) {
