@@ -135,7 +135,7 @@ struct Milestones {
   std::atomic<int64_t> done_ns{0};        // last worker holding the key
   std::atomic<int64_t> heartbeats{0};     // heartbeats answered
   std::atomic<int> registered{0};
-  std::atomic<int64_t> interval_ms{0};    // the heartbeat interval registration gave
+  std::atomic<int64_t> interval_ms{0};    // the heartbeat interval last given to a worker
   std::atomic<int> failures{0};
 };
 
@@ -245,6 +245,7 @@ class SimWorker {
         std::move(request), absl::Seconds(60), cq_, [this](const grpc::Status& s, auto& r) {
           if (!s.ok()) return Fail("register", s);
           registered_ = r;
+          interval_ms_ = r.heartbeat_interval_ms();
           fleet_->m.registered.fetch_add(1);
           fleet_->m.interval_ms = r.heartbeat_interval_ms();
           AtLeast(fleet_->m.registered_ns, NowNs());
@@ -257,7 +258,7 @@ class SimWorker {
     weft::v1::HeartbeatRequest request;
     request.set_worker_id(registered_.worker_id());
     request.set_incarnation(registered_.incarnation());
-    request.set_wait_for_command_ms(registered_.heartbeat_interval_ms());
+    request.set_wait_for_command_ms(interval_ms_);
     auto* stub = coordinator_;
     UnaryCall<weft::v1::HeartbeatRequest, weft::v1::HeartbeatResponse>::Start(
         [stub](auto* ctx, const auto& req, auto* cq) {
@@ -266,6 +267,11 @@ class SimWorker {
         std::move(request), absl::Seconds(60), cq_, [this](const grpc::Status& s, auto& r) {
           if (!s.ok()) return Fail("heartbeat", s);
           fleet_->m.heartbeats.fetch_add(1, std::memory_order_relaxed);
+          // As worker/agent.cc: the coordinator may change the interval (many idle workers).
+          if (r.heartbeat_interval_ms() > 0) {
+            interval_ms_ = r.heartbeat_interval_ms();
+            fleet_->m.interval_ms = interval_ms_;
+          }
           for (const auto& c : r.commands()) {
             if (c.has_join_job() && c.join_job().job_id() == fleet_->job_id) {
               AtLeast(fleet_->m.assigned_ns, NowNs());
@@ -349,6 +355,7 @@ class SimWorker {
   grpc::CompletionQueue* const cq_;
   const std::string token_;
   weft::v1::RegisterWorkerResponse registered_;
+  int64_t interval_ms_ = 0;  // wait_for_command_ms of the next heartbeat
   weft::v1::StoreScope scope_;
   // The session stream; its context is cancelled from the main thread at the end.
   absl::Mutex session_mu_;
