@@ -47,6 +47,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -176,9 +177,6 @@ class SimWorker {
   }
 
  private:
-  template <typename Request, typename Response>
-  using Prepare = typename UnaryCall<Request, Response>::Prepare;
-
   void Fail(const std::string& step, const grpc::Status& status) {
     if (fleet_->m.failures.fetch_add(1) < 5) {
       std::fprintf(stderr, "worker %d: %s: %s\n", index_, step.c_str(),
@@ -231,26 +229,39 @@ class SimWorker {
     }));
   }
 
+  // Calls `method` of `stub` on this worker's queue; a failure ends the worker, naming `step`.
+  template <typename Stub, typename Request, typename Response>
+  void Call(Stub* stub,
+            std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> (Stub::*method)(
+                grpc::ClientContext*, const Request&, grpc::CompletionQueue*),
+            Request request, absl::Duration timeout, const char* step,
+            std::type_identity_t<std::function<void(Response&)>> then) {
+    UnaryCall<Request, Response>::Start(
+        [stub, method](grpc::ClientContext* ctx, const Request& req, grpc::CompletionQueue* cq) {
+          return (stub->*method)(ctx, req, cq);
+        },
+        std::move(request), timeout, cq_,
+        [this, step, then = std::move(then)](const grpc::Status& s, Response& r) {
+          if (!s.ok()) return Fail(step, s);
+          then(r);
+        });
+  }
+
   void Register() {
     weft::v1::RegisterWorkerRequest request;
     request.mutable_info()->set_host(absl::StrFormat("node%05d", index_ / 8));
     request.mutable_info()->set_device_kind(weft::v1::DEVICE_KIND_CPU);
     request.mutable_info()->set_device_index(index_ % 8);
     if (fleet_->sessions) request.set_session_token(token_);
-    auto* stub = coordinator_;
-    UnaryCall<weft::v1::RegisterWorkerRequest, weft::v1::RegisterWorkerResponse>::Start(
-        [stub](auto* ctx, const auto& req, auto* cq) {
-          return stub->PrepareAsyncRegisterWorker(ctx, req, cq);
-        },
-        std::move(request), absl::Seconds(60), cq_, [this](const grpc::Status& s, auto& r) {
-          if (!s.ok()) return Fail("register", s);
-          registered_ = r;
-          interval_ms_ = r.heartbeat_interval_ms();
-          fleet_->m.registered.fetch_add(1);
-          fleet_->m.interval_ms = r.heartbeat_interval_ms();
-          AtLeast(fleet_->m.registered_ns, NowNs());
-          Heartbeat();
-        });
+    Call(coordinator_, &Coordinator::Stub::PrepareAsyncRegisterWorker, std::move(request),
+         absl::Seconds(60), "register", [this](weft::v1::RegisterWorkerResponse& r) {
+           registered_ = r;
+           interval_ms_ = r.heartbeat_interval_ms();
+           fleet_->m.registered.fetch_add(1);
+           fleet_->m.interval_ms = interval_ms_;
+           AtLeast(fleet_->m.registered_ns, NowNs());
+           Heartbeat();
+         });
   }
 
   void Heartbeat() {
@@ -259,27 +270,22 @@ class SimWorker {
     request.set_worker_id(registered_.worker_id());
     request.set_incarnation(registered_.incarnation());
     request.set_wait_for_command_ms(interval_ms_);
-    auto* stub = coordinator_;
-    UnaryCall<weft::v1::HeartbeatRequest, weft::v1::HeartbeatResponse>::Start(
-        [stub](auto* ctx, const auto& req, auto* cq) {
-          return stub->PrepareAsyncHeartbeat(ctx, req, cq);
-        },
-        std::move(request), absl::Seconds(60), cq_, [this](const grpc::Status& s, auto& r) {
-          if (!s.ok()) return Fail("heartbeat", s);
-          fleet_->m.heartbeats.fetch_add(1, std::memory_order_relaxed);
-          // As worker/agent.cc: the coordinator may change the interval (many idle workers).
-          if (r.heartbeat_interval_ms() > 0) {
-            interval_ms_ = r.heartbeat_interval_ms();
-            fleet_->m.interval_ms = interval_ms_;
-          }
-          for (const auto& c : r.commands()) {
-            if (c.has_join_job() && c.join_job().job_id() == fleet_->job_id) {
-              AtLeast(fleet_->m.assigned_ns, NowNs());
-              return Join(c.join_job());
-            }
-          }
-          Heartbeat();
-        });
+    Call(coordinator_, &Coordinator::Stub::PrepareAsyncHeartbeat, std::move(request),
+         absl::Seconds(60), "heartbeat", [this](weft::v1::HeartbeatResponse& r) {
+           fleet_->m.heartbeats.fetch_add(1, std::memory_order_relaxed);
+           // As worker/agent.cc: the coordinator may change the interval (many idle workers).
+           if (r.heartbeat_interval_ms() > 0) {
+             interval_ms_ = r.heartbeat_interval_ms();
+             fleet_->m.interval_ms = interval_ms_;
+           }
+           for (const auto& c : r.commands()) {
+             if (c.has_join_job() && c.join_job().job_id() == fleet_->job_id) {
+               AtLeast(fleet_->m.assigned_ns, NowNs());
+               return Join(c.join_job());
+             }
+           }
+           Heartbeat();
+         });
   }
 
   void Join(const weft::v1::JoinJobCommand& join) {
@@ -290,16 +296,11 @@ class SimWorker {
     request.set_generation(join.generation());
     request.set_worker_id(registered_.worker_id());
     request.set_incarnation(registered_.incarnation());
-    auto* stub = coordinator_;
-    UnaryCall<weft::v1::JoinRequest, weft::v1::JoinResponse>::Start(
-        [stub](auto* ctx, const auto& req, auto* cq) {
-          return stub->PrepareAsyncJoin(ctx, req, cq);
-        },
-        std::move(request), absl::Seconds(120), cq_, [this](const grpc::Status& s, auto& r) {
-          if (!s.ok()) return Fail("join", s);
-          AtLeast(fleet_->m.joined_ns, NowNs());
-          r.rank() == 0 ? SetKey() : WaitKey();
-        });
+    Call(coordinator_, &Coordinator::Stub::PrepareAsyncJoin, std::move(request),
+         absl::Seconds(120), "join", [this](weft::v1::JoinResponse& r) {
+           AtLeast(fleet_->m.joined_ns, NowNs());
+           r.rank() == 0 ? SetKey() : WaitKey();
+         });
   }
 
   void SetKey() {
@@ -307,13 +308,8 @@ class SimWorker {
     *request.mutable_scope() = scope_;
     request.set_key(kKey);
     request.set_value(std::string(128, 'x'));  // the size of an ncclUniqueId
-    auto* stub = store_;
-    UnaryCall<weft::v1::StoreSetRequest, weft::v1::StoreSetResponse>::Start(
-        [stub](auto* ctx, const auto& req, auto* cq) { return stub->PrepareAsyncSet(ctx, req, cq); },
-        std::move(request), absl::Seconds(60), cq_, [this](const grpc::Status& s, auto&) {
-          if (!s.ok()) return Fail("store set", s);
-          Finish();
-        });
+    Call(store_, &Store::Stub::PrepareAsyncSet, std::move(request), absl::Seconds(60),
+         "store set", [this](weft::v1::StoreSetResponse&) { Finish(); });
   }
 
   void WaitKey() {
@@ -321,29 +317,21 @@ class SimWorker {
     *request.mutable_scope() = scope_;
     request.add_keys(kKey);
     request.set_timeout_ms(120000);
-    auto* stub = store_;
-    UnaryCall<weft::v1::StoreWaitRequest, weft::v1::StoreWaitResponse>::Start(
-        [stub](auto* ctx, const auto& req, auto* cq) { return stub->PrepareAsyncWait(ctx, req, cq); },
-        std::move(request), absl::Seconds(130), cq_, [this](const grpc::Status& s, auto&) {
-          if (!s.ok()) return Fail("store wait", s);
-          GetKey();
-        });
+    Call(store_, &Store::Stub::PrepareAsyncWait, std::move(request), absl::Seconds(130),
+         "store wait", [this](weft::v1::StoreWaitResponse&) { GetKey(); });
   }
 
   void GetKey() {
     weft::v1::StoreGetRequest request;
     *request.mutable_scope() = scope_;
     request.set_key(kKey);
-    auto* stub = store_;
-    UnaryCall<weft::v1::StoreGetRequest, weft::v1::StoreGetResponse>::Start(
-        [stub](auto* ctx, const auto& req, auto* cq) { return stub->PrepareAsyncGet(ctx, req, cq); },
-        std::move(request), absl::Seconds(60), cq_, [this](const grpc::Status& s, auto& r) {
-          if (!s.ok()) return Fail("store get", s);
-          if (r.value().size() != 128) {
-            return Fail("store get", grpc::Status(grpc::StatusCode::DATA_LOSS, "wrong size"));
-          }
-          Finish();
-        });
+    Call(store_, &Store::Stub::PrepareAsyncGet, std::move(request), absl::Seconds(60),
+         "store get", [this](weft::v1::StoreGetResponse& r) {
+           if (r.value().size() != 128) {
+             return Fail("store get", grpc::Status(grpc::StatusCode::DATA_LOSS, "wrong size"));
+           }
+           Finish();
+         });
   }
 
   static constexpr char kKey[] = "nccl/unique_id";
