@@ -4,14 +4,15 @@
 // Starts a real weft-coordinator process for each measurement and plays every simulated
 // worker as a state machine on asynchronous gRPC calls (CompletionQueue API): a few client
 // threads (--client-threads, 4, each polling its own queue, plus one for the session streams)
-// and a few channels (--channels, 16; each its own TCP connection) carry all of them, so the figures measure the coordinator, not the scheduling
-// of thousands of client threads. Each worker does what a real one (worker/agent.cc) does, in
-// order: it opens its session stream (Coordinator.OpenSession, kept open to the end, as
-// client/worker_session.cc does), registers with the session's token, long-polls Heartbeat
-// (wait_for_command_ms = the interval the coordinator gave it) until it receives JoinJob,
-// joins, and then rank 0 sets a key in the generation's store that every other rank waits for
-// and reads — the shape of an NCCL unique-id exchange. The clock runs from the first call to
-// the last worker holding the key.
+// and a few channels (--channels, 16; each its own TCP connection) carry all of them, so the
+// figures measure the coordinator, not the scheduling of thousands of client threads. Each
+// worker does what a real one (worker/agent.cc) does, in order: it opens its session stream
+// (Coordinator.OpenSession, kept open to the end, as client/worker_session.cc does), registers
+// with the session's token, long-polls Heartbeat (wait_for_command_ms = the interval the
+// coordinator last gave it) until it receives JoinJob, joins, and then rank 0 sets a key in
+// the generation's store that every other rank waits for and reads — the shape of an NCCL
+// unique-id exchange. The clock runs from the first call to the last worker holding the key.
+// --workers takes a list (8192,16384) and runs each size on a fresh coordinator.
 //
 //   BENCH rendezvous workers=N seconds=S registered_s=.. assigned_s=.. joined_s=..
 //         coordinator_cpu_s=..   (its CPU time from start to the end of the run)
@@ -20,23 +21,26 @@
 // stay idle, long-polling Heartbeat at the interval the coordinator gives them with its
 // defaults (it is started without heartbeat flags: 500 ms, stretched past
 // --max-idle-heartbeats-per-s, 5000 by default, so 2000 ms at 10K idle workers;
-// --coordinator-flag=--max-idle-heartbeats-per-s=0 measures the plain 500 ms). After a warm-up, the coordinator process's CPU
-// time (utime+stime from /proc/<pid>/stat) is measured over --heartbeat-seconds:
+// --coordinator-flag=--max-idle-heartbeats-per-s=0 measures the plain 500 ms). After a
+// warm-up, the coordinator process's CPU time (utime+stime from /proc/<pid>/stat) is measured
+// over --heartbeat-seconds:
 //
 //   BENCH rendezvous_heartbeats workers=N interval_ms=.. seconds=.. coordinator_core_pct=..
 //        heartbeats_per_s=.. coordinator_us_per_heartbeat=.. client_core_pct=.. declared_dead=..
 //
 // heartbeats_per_s is what the coordinator answered (N * 1000 / interval_ms when every held
 // heartbeat is answered on time and the client keeps up); client_core_pct is this process's
-// CPU, to tell a client-bound run from a coordinator-bound one.
+// CPU, to tell a client-bound run from a coordinator-bound one; declared_dead counts workers
+// the coordinator declared dead (answers later than the timeout: an overloaded machine).
 //
 // Limits set for 16K workers: this process raises its open-file soft limit to the hard limit
 // (the coordinator inherits it and raises its own); the coordinator runs with
-// --log-level=warn (no line per call), and, in the rendezvous runs, a heartbeat timeout of
-// 60 s and a job heartbeat timeout of 120 s, so a client that is slow to start thousands of
-// workers is never mistaken for dead ones. The coordinator needs no other flag: its gRPC
-// server sets no stream or connection cap, and the 2 calls per worker (session, held
-// heartbeat or Join) are about 2,000 streams per connection at 16K workers on 16 channels.
+// --log-level=warn (no line per call), and, in the rendezvous runs, an idle heartbeat
+// interval of 1 s with a 60 s timeout and a job heartbeat timeout of 120 s, so a client slow
+// to start thousands of workers is never mistaken for dead ones. No other flag is needed: the
+// coordinator's gRPC server sets no stream, connection or memory cap, and at 16K workers on 16
+// channels each connection carries about 2,000 open calls (every worker's session, and its
+// held heartbeat or Join).
 #include <signal.h>
 #include <unistd.h>
 
