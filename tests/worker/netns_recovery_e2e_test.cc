@@ -9,7 +9,6 @@
 //
 // Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2's `ip`; skips without them.
 #include <signal.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -18,7 +17,6 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
@@ -27,6 +25,7 @@
 #include "common/time_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/netns.h"
 #include "tests/testing/pki.h"
 #include "tests/testing/subprocess.h"
 #include "tests/worker/cluster.h"
@@ -35,7 +34,6 @@ namespace weft {
 namespace {
 
 using testing::BinDir;
-using testing::CommandResult;
 using testing::Eventually;
 using testing::ExpectSameModel;
 using testing::Subprocess;
@@ -51,59 +49,16 @@ constexpr char kToken[] = "netns-test-token-8d41c07e";
 // the start; host/cpu2 is the spare that replaces it.
 constexpr char kCutWorkerId[] = "netns/cpu0";
 
-// RunCommand execs a path, not a name looked up in PATH.
-std::string FindIp() {
-  for (const char* path : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-    if (::access(path, X_OK) == 0) return path;
-  }
-  return "";
-}
-
 class NetnsRecoveryE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
     corpus_ = dir_.File("corpus.txt");
     testing::WriteFile(corpus_, testing::WordCorpus());
-    ip_ = FindIp();
-    if (ip_.empty()) GTEST_SKIP() << "no `ip` binary (iproute2) to build the test network";
-
-    // Names and subnet derive from the pid so that concurrent runs do not collide (interface
-    // names are at most 15 characters; a pid has at most 7 digits). The /30 is taken from
-    // 198.18.0.0/15, the range reserved for network tests (RFC 2544), so it cannot shadow a
-    // real network of the machine as a 10.x one could.
-    const int pid = ::getpid();
-    netns_ = absl::StrCat("weft", pid);
-    host_veth_ = absl::StrCat("wv", pid, "h");
-    ns_veth_ = absl::StrCat("wv", pid, "n");
-    const int offset = pid % 32768 * 4;  // of the /30 in 198.18.0.0/15: 32768 of them
-    const std::string subnet =
-        absl::StrCat("198.", 18 + offset / 65536, ".", offset / 256 % 256, ".");
-    host_ip_ = absl::StrCat(subnet, offset % 256 + 1);
-    ns_ip_ = absl::StrCat(subnet, offset % 256 + 2);
-
-    // Leftovers of a crashed run with the same pid would make `add` fail.
-    (void)Ip({"netns", "del", netns_});
-    (void)Ip({"link", "del", host_veth_});
-    const std::vector<std::vector<std::string>> steps = {
-        {"netns", "add", netns_},
-        {"link", "add", host_veth_, "type", "veth", "peer", "name", ns_veth_},
-        {"link", "set", ns_veth_, "netns", netns_},
-        {"addr", "add", host_ip_ + "/30", "dev", host_veth_},
-        {"link", "set", host_veth_, "up"},
-        {"netns", "exec", netns_, ip_, "addr", "add", ns_ip_ + "/30", "dev", ns_veth_},
-        {"netns", "exec", netns_, ip_, "link", "set", ns_veth_, "up"},
-        {"netns", "exec", netns_, ip_, "link", "set", "lo", "up"},
-    };
-    for (const auto& step : steps) {
-      network_created_ = true;  // from the first attempt on, TearDown cleans up
-      const CommandResult r = Ip(step);
-      if (r.exit_code != 0) {
-        GTEST_SKIP() << "cannot build the test network (needs root: CAP_SYS_ADMIN and "
-                        "CAP_NET_ADMIN): `ip "
-                     << absl::StrJoin(step, " ") << "` exited " << r.exit_code << ": "
-                     << absl::StripAsciiWhitespace(r.err);
-      }
-    }
+    auto netns = testing::Netns::Create();
+    if (!netns.ok()) GTEST_SKIP() << netns.status();
+    netns_ = std::move(*netns);
+    host_ip_ = netns_->host_ip();
+    ns_ip_ = netns_->ns_ip();
   }
 
   void TearDown() override {
@@ -115,15 +70,7 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
     for (auto& w : workers_) (void)w->Wait(absl::Seconds(10));
     if (checkpointd_) (void)checkpointd_->Wait(absl::Seconds(10));
     if (coordinator_) (void)coordinator_->Wait(absl::Seconds(10));
-    if (network_created_) {
-      (void)Ip({"netns", "del", netns_});
-      (void)Ip({"link", "del", host_veth_});  // gone with the namespace unless that failed
-    }
-  }
-
-  CommandResult Ip(std::vector<std::string> args) {
-    args.insert(args.begin(), ip_);
-    return testing::RunCommand(args, {}, absl::Seconds(10));
+    netns_.reset();  // after its processes are gone
   }
 
   // The same job without interruption on two workers, all on 127.0.0.1.
@@ -186,8 +133,6 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
   // default would be 127.0.0.1 only for a loopback coordinator, else the host name.
   void StartWorker(int device, bool in_netns) {
     std::vector<std::string> argv;
-    // `ip netns exec` execs the command in place, so the Subprocess pid is the worker's.
-    if (in_netns) argv = {ip_, "netns", "exec", netns_};
     const std::vector<std::string> worker = {
         BinDir() + "/weft-worker",
         "--coordinator=" + coordinator_address_,
@@ -197,7 +142,7 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
         "--data-address=" + (in_netns ? ns_ip_ : host_ip_),
         "--output-dir=" + dir_.File("models"),
         "--metrics-address=none"};
-    argv.insert(argv.end(), worker.begin(), worker.end());
+    argv = in_netns ? netns_->Wrap(worker) : worker;
     // A worker's certificate is its client certificate: the servers require one from the CA.
     for (const auto& flag : pki_->Flags("client-a")) argv.push_back(flag);
     auto w = Subprocess::Start(argv, dir_.File(absl::StrCat("worker-cpu", device, ".log")),
@@ -223,9 +168,8 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
 
   TempDir dir_;
   std::string corpus_;
-  std::string ip_;
-  std::string netns_, host_veth_, ns_veth_, host_ip_, ns_ip_;
-  bool network_created_ = false;
+  std::unique_ptr<testing::Netns> netns_;
+  std::string host_ip_, ns_ip_;
   std::unique_ptr<Subprocess> coordinator_, checkpointd_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
   std::string coordinator_address_, checkpointd_address_;
@@ -256,10 +200,9 @@ TEST_F(NetnsRecoveryE2eTest, WorkerWhoseLinkIsCutIsDetectedAndReplacedAndTheMode
   ASSERT_LT(before.step(), kSteps) << "the job ended before its link could be cut";
   ASSERT_THAT(before.worker_ids(), Contains(kCutWorkerId));
 
-  // Down on the namespace side: the host end only loses carrier and keeps its address and
-  // local route, so the host's own traffic to host_ip_ (workers to the coordinator) goes on.
-  const CommandResult cut = Ip({"netns", "exec", netns_, ip_, "link", "set", ns_veth_, "down"});
-  ASSERT_EQ(cut.exit_code, 0) << cut.err;
+  // The host's own traffic to host_ip_ (workers to the coordinator) goes on.
+  const absl::Status cut = netns_->Cut();
+  ASSERT_TRUE(cut.ok()) << cut;
   // Taken once the link is surely down: the detection time below is, if anything, low by
   // the few milliseconds the command took.
   const absl::Time cut_time = absl::Now();
