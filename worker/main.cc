@@ -20,6 +20,7 @@
 #include "common/daemon.h"
 #include "common/rpc.h"
 #include "common/security_flags.h"
+#include "common/serving_flags.h"
 #include "common/status.h"
 #include "worker/agent.h"
 #include "worker/engine/cpu/model.h"
@@ -99,6 +100,7 @@ struct Flags {
   int64_t test_teardown_delay_ms = 0;
   std::string log_level = "info";
   weft::SecurityFlags security;
+  weft::KeepaliveOptions keepalive = weft::kDefaultKeepalive;  // to the coordinator
 };
 
 // Where this worker is and how it is reached.
@@ -164,6 +166,7 @@ absl::StatusOr<weft::worker::AgentOptions> ToAgentOptions(Flags f) {
   WEFT_RETURN_IF_ERROR(weft::CheckHostPort(f.coordinator, "--coordinator"));
   weft::worker::AgentOptions options;
   options.coordinator = f.coordinator;
+  options.keepalive = f.keepalive;
   WEFT_RETURN_IF_ERROR(ParseDevice(f.device, &options.info));
   options.info.set_host(f.host);
   const bool cuda = options.info.device_kind() == weft::v1::DEVICE_KIND_CUDA;
@@ -202,6 +205,7 @@ int main(int argc, char** argv) {
   AddPlacementFlags(app, flags);
   AddTrainingFlags(app, flags);
   AddTimeoutFlags(app, flags);
+  weft::AddKeepaliveFlags(app, &flags.keepalive, "the coordinator");
   app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   weft::AddSecurityFlags(app, &flags.security);

@@ -100,7 +100,7 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
   // the host only through the veth. Beyond loopback they serve only TLS, so this cluster runs
   // as a production one does: mutual TLS everywhere (each process presents a certificate from
   // the cluster CA) and a bearer token on every call to the coordinator.
-  void StartDaemons() {
+  void StartDaemons(const std::vector<std::string>& coordinator_flags = {}) {
     pki_ = std::make_unique<testing::Pki>(std::vector<std::string>{host_ip_});
     ASSERT_TRUE(pki_->status().ok()) << pki_->status();
     testing::WriteFile(dir_.File("tokens"), absl::StrCat(kToken, "\n"));
@@ -109,6 +109,7 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
         "--data-dir=" + dir_.File("coordinator-db"), "--metrics-address=none",
         "--tick-interval-ms=50", "--auth-tokens-file=" + dir_.File("tokens")};
     for (const auto& flag : pki_->Flags("server")) coordinator.push_back(flag);
+    coordinator.insert(coordinator.end(), coordinator_flags.begin(), coordinator_flags.end());
     coordinator_address_ = StartDaemon("coordinator", coordinator, &coordinator_);
     ASSERT_FALSE(coordinator_address_.empty());
     std::vector<std::string> checkpointd = {
@@ -268,6 +269,52 @@ TEST_F(NetnsRecoveryE2eTest, WorkerWhoseLinkIsCutIsDetectedAndReplacedAndTheMode
 
   EXPECT_THAT(Logs(), HasSubstr("restored checkpoint"));
   ExpectSameModel(straight, after);
+}
+
+// A cut link closes nothing, so only HTTP/2 keepalive pings (common/rpc.h, default every
+// 1 s with a 1 s timeout, on the coordinator's server and the worker's channel) can reveal it
+// before the heartbeat timeout, here 30 s. The coordinator's pings go unanswered, it closes
+// the connection, the worker's session stream is cancelled, and after the connection-lost
+// grace the job records CONNECTION_LOST.
+TEST_F(NetnsRecoveryE2eTest, CutLinkIsSeenByKeepaliveWithinThreeSeconds) {
+  // Grace 500 ms: at most 1 s to the next ping, 1 s for its timeout, the grace, 50 ms ticks.
+  ASSERT_NO_FATAL_FAILURE(StartDaemons({"--connection-lost-grace-ms=500"}));
+  ASSERT_NO_FATAL_FAILURE(StartWorker(0, /*in_netns=*/true));
+  v1::JobSpec spec = testing::RecoveryJobSpec("keepalive", corpus_, 1, 1000000);
+  spec.mutable_fault()->set_heartbeat_timeout_ms(30000);
+  spec.mutable_fault()->set_max_restarts(0);
+  auto job = client_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job_id();
+  ASSERT_TRUE(Eventually([&] { return Status(id).step() >= 1; }, absl::Seconds(60))) << Logs();
+  ASSERT_THAT(Status(id).worker_ids(), Contains(kCutWorkerId));
+
+  ASSERT_TRUE(netns_->Cut().ok());
+  const absl::Time cut_time = absl::Now();
+
+  const v1::JobEvent* lost = nullptr;
+  v1::JobStatus s;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        s = Status(id);
+        for (const auto& e : s.events()) {
+          const bool loss = e.type() == v1::CONNECTION_LOST || e.type() == v1::WORKER_LOST;
+          if (loss && lost == nullptr) lost = &e;
+        }
+        return lost != nullptr;
+      },
+      absl::Seconds(20)))
+      << "the cut link was not noticed within 20 s: " << Logs();
+  EXPECT_EQ(lost->type(), v1::CONNECTION_LOST) << lost->message();
+  EXPECT_THAT(lost->message(), HasSubstr(kCutWorkerId));
+  EXPECT_THAT(lost->message(), HasSubstr("lost its connection"));
+  const absl::Duration detection = FromProtoTime(lost->time()) - cut_time;
+  std::printf("link cut: %s after %s\n", v1::JobEventType_Name(lost->type()).c_str(),
+              absl::FormatDuration(detection).c_str());
+  RecordProperty("detection_ms", static_cast<int>(absl::ToInt64Milliseconds(detection)));
+  EXPECT_GT(detection, absl::ZeroDuration());
+  EXPECT_LT(detection, absl::Seconds(3)) << Logs();
+  EXPECT_TRUE(workers_[0]->Running()) << "the namespaced worker exited: " << Logs();
 }
 
 }  // namespace
