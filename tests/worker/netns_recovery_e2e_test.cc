@@ -43,7 +43,8 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 constexpr int kSteps = 160;
-// The bearer token the coordinator accepts (--auth-tokens-file) and the workers send.
+// The bearer token the coordinator and checkpointd accept (--auth-tokens-file) and the workers
+// send.
 constexpr char kToken[] = "netns-test-token-8d41c07e";
 // Worker ids (--host "/cpu" --device index): the namespaced one is a member of the job from
 // the start; host/cpu2 is the spare that replaces it.
@@ -99,7 +100,7 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
   // 127.0.0.1 as every other test's do: the namespaced worker has its own loopback and reaches
   // the host only through the veth. Beyond loopback they serve only TLS, so this cluster runs
   // as a production one does: mutual TLS everywhere (each process presents a certificate from
-  // the cluster CA) and a bearer token on every call to the coordinator.
+  // the cluster CA) and a bearer token on every call to the coordinator and to checkpointd.
   void StartDaemons(const std::vector<std::string>& coordinator_flags = {}) {
     pki_ = std::make_unique<testing::Pki>(std::vector<std::string>{host_ip_});
     ASSERT_TRUE(pki_->status().ok()) << pki_->status();
@@ -114,7 +115,8 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
     ASSERT_FALSE(coordinator_address_.empty());
     std::vector<std::string> checkpointd = {
         BinDir() + "/weft-checkpointd", absl::StrCat("--listen=", host_ip_, ":0"),
-        "--data-dir=" + dir_.File("ckpt"), "--metrics-address=none"};
+        "--data-dir=" + dir_.File("ckpt"), "--metrics-address=none",
+        "--auth-tokens-file=" + dir_.File("tokens")};
     for (const auto& flag : pki_->Flags("server")) checkpointd.push_back(flag);
     checkpointd_address_ = StartDaemon("checkpointd", checkpointd, &checkpointd_);
     ASSERT_FALSE(checkpointd_address_.empty());
