@@ -243,6 +243,7 @@ void Coordinator::ScheduleLocked(Actions& actions) {
 
 void Coordinator::UpdateGaugesLocked() {
   metrics_.SetStateCounts(jobs_.CountByState(), workers_.CountByState());
+  metrics_.RemoveEndedJobs(Now());
 }
 
 // ---- jobs ----------------------------------------------------------------------------------

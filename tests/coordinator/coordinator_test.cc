@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "coordinator/coordinator_metrics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
@@ -146,8 +147,9 @@ class CoordinatorTest : public ::testing::Test {
 
   void Reopen() {
     coord_.reset();  // releases the database lock
-    auto c = Coordinator::Open(options_, std::make_shared<prometheus::Registry>(),
-                               [this] { return clock_.Now(); }, /*start_ticking=*/false);
+    registry_ = std::make_shared<prometheus::Registry>();
+    auto c = Coordinator::Open(options_, registry_, [this] { return clock_.Now(); },
+                               /*start_ticking=*/false);
     ASSERT_TRUE(c.ok()) << c.status();
     coord_ = std::move(*c);
   }
@@ -320,8 +322,20 @@ class CoordinatorTest : public ::testing::Test {
   weft::testing::TempDir dir_;
   FakeClock clock_;
   CoordinatorOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Coordinator> coord_;
 };
+
+// The series with label job_id=`job_id` the coordinator's registry exports now.
+int SeriesOfJob(prometheus::Registry& registry, const std::string& job_id) {
+  int n = 0;
+  for (const auto& family : registry.Collect()) {
+    for (const auto& metric : family.metric) {
+      for (const auto& label : metric.label) n += label.name == "job_id" && label.value == job_id;
+    }
+  }
+  return n;
+}
 
 // ---- submit and schedule ---------------------------------------------------------------------
 
@@ -1495,6 +1509,46 @@ TEST_F(CoordinatorTest, SecondCoordinatorOnTheSameDirectoryIsRefused) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// ---- metrics ---------------------------------------------------------------------------------
+
+// Every family labelled job_id drops an ended job's series once its final values have had
+// time to be scraped, so the series count follows the live jobs, not the job history. The
+// checkpoint interval, which arms the stale-checkpoint alert, goes as soon as the job stops
+// running.
+TEST_F(CoordinatorTest, AnEndedJobsMetricSeriesAreRemovedAfterTheRetention) {
+  JobSpec spec = CpuSpec("ended", 1);
+  spec.mutable_checkpoint()->set_interval_steps(50);
+  auto [ended, w] = StartRunningJob(spec, 1);
+  // Needs two workers: it stays pending when the ended job frees the one there is.
+  const std::string live = Submit(CpuSpec("live", 2));
+  auto interval = [&]() -> std::optional<double> {
+    for (const auto& family : registry_->Collect()) {
+      if (family.name != "weft_coordinator_job_checkpoint_interval_steps") continue;
+      for (const auto& metric : family.metric) {
+        if (metric.label.size() == 1 && metric.label[0].value == ended) return metric.gauge.value;
+      }
+    }
+    return std::nullopt;
+  };
+  EXPECT_EQ(interval(), 50.0);
+  const int live_series = SeriesOfJob(*registry_, live);
+  EXPECT_EQ(live_series, 2);  // recoveries, event SUBMITTED
+
+  ASSERT_TRUE(coord_->CancelJob(ended, "done").ok());
+  coord_->Tick();
+  EXPECT_EQ(interval(), std::nullopt) << "a job that no longer runs keeps its checkpoint interval";
+  const int ended_series = SeriesOfJob(*registry_, ended);
+  EXPECT_GE(ended_series, 3);  // recoveries, events SUBMITTED and STATE_CHANGED at least
+
+  clock_.Advance(CoordinatorMetrics::kEndedJobRetention - absl::Seconds(1));
+  coord_->Tick();
+  EXPECT_EQ(SeriesOfJob(*registry_, ended), ended_series) << "removed before the retention passed";
+  clock_.Advance(absl::Seconds(1));
+  coord_->Tick();
+  EXPECT_EQ(SeriesOfJob(*registry_, ended), 0);
+  EXPECT_EQ(SeriesOfJob(*registry_, live), live_series);
 }
 
 }  // namespace
