@@ -52,13 +52,22 @@ start_coordinator() {
 stop_coordinator() { weft_stop "$COORDINATOR_PID"; }
 
 # start_workers KIND COUNT: starts COUNT workers (cuda:0.. or cpu:0..), sets WORKER_PIDS.
+# WEFT_BENCH_TRANSPORT=net declares each worker a host of its own (--host-id, and NCCL_HOSTID
+# so that NCCL agrees) and turns NCCL's peer-to-peer and shared-memory transports off, so every
+# collective goes through NCCL's network transport as it would between hosts; nvlink (the
+# default) leaves NCCL its own choice.
 start_workers() {
   WORKER_PIDS=()
   for ((i = 0; i < $2; i++)); do
+    local net=()
+    if [[ ${WEFT_BENCH_TRANSPORT:-nvlink} == net ]]; then
+      net=(--host-id="bench-host-$i" --nccl-env=NCCL_HOSTID="bench-host-$i"
+           --nccl-env=NCCL_P2P_DISABLE=1 --nccl-env=NCCL_SHM_DISABLE=1)
+    fi
     # CPU workers get 8 BLAS threads so the reference curve finishes inside a device call.
     weft_spawn "$WORK/worker-$1$i-$RANDOM.log" "$BIN/weft-worker" --device="$1:$i" \
       --checkpointd=none --metrics-address=none $([[ $1 == cpu ]] && echo --blas-threads=8) \
-      --output-dir="$WORK/models" --worker-id="bench-$1$i-$RANDOM"
+      --output-dir="$WORK/models" --worker-id="bench-$1$i-$RANDOM" "${net[@]}"
     WORKER_PIDS+=("$WEFT_SPAWNED_PID")
   done
 }
