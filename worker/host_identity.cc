@@ -3,7 +3,9 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -162,6 +164,55 @@ absl::StatusOr<std::string> InterfaceIpv4Address(const std::string& name) {
         absl::StrCat("network interface \"", name, "\" has no IPv4 address"));
   }
   return address;
+}
+
+absl::Status CheckCanListenOn(const std::string& address) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = ::getaddrinfo(address.c_str(), "0", &hints, &found); rc != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("\"", address, "\" does not resolve: ", ::gai_strerror(rc)));
+  }
+  std::string error = "no address";
+  bool bound = false;
+  for (addrinfo* a = found; a != nullptr && !bound; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      error = std::strerror(errno);
+      continue;
+    }
+    bound = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (!bound) error = std::strerror(errno);
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  if (bound) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "cannot listen on \"", address, "\" (", error,
+      "): it is not an address of this machine"));
+}
+
+bool ResolvesOnlyToLoopback(const std::string& address) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(address.c_str(), nullptr, &hints, &found) != 0) return false;
+  bool all_loopback = found != nullptr;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      all_loopback &= (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      all_loopback &= IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) != 0;
+    } else {
+      all_loopback = false;
+    }
+  }
+  ::freeaddrinfo(found);
+  return all_loopback;
 }
 
 absl::StatusOr<weft::v1::CommSettings> ResolveCommSettings(

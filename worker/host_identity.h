@@ -28,6 +28,17 @@ absl::StatusOr<std::string> ReadMachineId(const std::vector<std::string>& paths)
 // no IPv4 address.
 absl::StatusOr<std::string> InterfaceIpv4Address(const std::string& name);
 
+// OK when this machine can listen on `address` (an IP address or a name resolving to one of
+// its addresses): Gloo binds its listening socket there, and an address of another machine
+// would otherwise fail every generation the worker joins, long after it registered.
+// FAILED_PRECONDITION naming the address and what bind(2) or the resolver said.
+absl::Status CheckCanListenOn(const std::string& address);
+
+// Whether every address `address` resolves to is a loopback one (127.0.0.0/8, ::1). Debian's
+// /etc/hosts maps the host name to 127.0.1.1, so a worker that advertises its host name is
+// unreachable from other hosts; false when it does not resolve.
+bool ResolvesOnlyToLoopback(const std::string& address);
+
 // The cross-host settings a person gives a worker.
 struct CommFlags {
   // --net-interface: one interface name (NCCL_SOCKET_IFNAME; Gloo listens on its address).

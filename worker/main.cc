@@ -227,6 +227,18 @@ absl::StatusOr<weft::worker::AgentOptions> ToAgentOptions(Flags f) {
     f.data_address = weft::IsLoopbackAddress(f.coordinator) ? "127.0.0.1" : f.host;
   }
   options.info.set_address(f.data_address);
+  // Gloo listens there; a GPU worker's NCCL picks its own interface (--net-interface).
+  if (!cuda) {
+    if (absl::Status s = weft::worker::CheckCanListenOn(f.data_address); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("--data-address: ", s.message()));
+    }
+    if (!weft::IsLoopbackAddress(f.coordinator) &&
+        weft::worker::ResolvesOnlyToLoopback(f.data_address)) {
+      spdlog::warn("the data address \"{}\" is a loopback address: workers on other hosts "
+                   "cannot reach this one; pass --net-interface or --data-address",
+                   f.data_address);
+    }
+  }
   weft::worker::RunOptions& run = options.run;
   run.device.data_address = f.data_address;
   run.device.collective_timeout_ms = f.collective_timeout_ms;

@@ -50,6 +50,30 @@ TEST(InterfaceIpv4AddressTest, AMissingInterfaceListsTheOnesThereAre) {
   EXPECT_THAT(address.status().message(), HasSubstr("lo"));
 }
 
+TEST(CheckCanListenOnTest, AnAddressOfThisMachineOrANameResolvingToOne) {
+  EXPECT_TRUE(CheckCanListenOn("127.0.0.1").ok());
+  EXPECT_TRUE(CheckCanListenOn("localhost").ok());
+}
+
+TEST(CheckCanListenOnTest, AnotherMachinesAddressIsRefusedNamingIt) {
+  // 198.18.0.0/15 is reserved for network tests: no interface here has this one.
+  absl::Status s = CheckCanListenOn("198.18.255.254");
+  ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("cannot listen on \"198.18.255.254\""));
+  EXPECT_THAT(s.message(), HasSubstr("not an address of this machine"));
+  s = CheckCanListenOn("no-such-host.invalid");
+  ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("\"no-such-host.invalid\" does not resolve"));
+}
+
+TEST(ResolvesOnlyToLoopbackTest, LoopbackNamesAndAddresses) {
+  EXPECT_TRUE(ResolvesOnlyToLoopback("127.0.1.1"));
+  EXPECT_TRUE(ResolvesOnlyToLoopback("::1"));
+  EXPECT_TRUE(ResolvesOnlyToLoopback("localhost"));
+  EXPECT_FALSE(ResolvesOnlyToLoopback("198.18.0.1"));
+  EXPECT_FALSE(ResolvesOnlyToLoopback("no-such-host.invalid"));
+}
+
 TEST(ResolveCommSettingsTest, FlagsWinOverTheInheritedEnvironment) {
   CommFlags flags;
   flags.network_interface = "eth1";

@@ -470,7 +470,9 @@ TEST_F(WorkerE2eTest, BadNetworkFlagsAreRefusedNamingThem) {
   for (const Case& c :
        {Case{"--net-interface=nosuchif0", "--net-interface: no network interface \"nosuchif0\""},
         Case{"--nccl-env=NCCL_DEBUG", "--nccl-env: \"NCCL_DEBUG\" is not NCCL_NAME=value"},
-        Case{"--nccl-socket-threads=99", "--nccl-socket-threads: must be 1-16"}}) {
+        Case{"--nccl-socket-threads=99", "--nccl-socket-threads: must be 1-16"},
+        Case{"--data-address=198.18.255.254",
+             "--data-address: cannot listen on \"198.18.255.254\""}}) {
     testing::CommandResult r = testing::RunCommand(
         {testing::BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
          c.flag, "--metrics-address=none"},
