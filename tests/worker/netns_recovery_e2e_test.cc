@@ -26,9 +26,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/netns.h"
-#include "tests/testing/pki.h"
 #include "tests/testing/subprocess.h"
 #include "tests/worker/cluster.h"
+#include "tests/worker/tls_cluster.h"
 
 namespace weft {
 namespace {
@@ -43,9 +43,6 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 constexpr int kSteps = 160;
-// The bearer token the coordinator and checkpointd accept (--auth-tokens-file) and the workers
-// send.
-constexpr char kToken[] = "netns-test-token-8d41c07e";
 // Worker ids (--host "/cpu" --device index): the namespaced one is a member of the job from
 // the start; host/cpu2 is the spare that replaces it.
 constexpr char kCutWorkerId[] = "netns/cpu0";
@@ -66,11 +63,8 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
     // The namespaced worker may hang forever on its dead link; it must also be gone before
     // the namespace can disappear.
     for (auto& w : workers_) w->Signal(SIGKILL);
-    if (checkpointd_) checkpointd_->Signal(SIGKILL);
-    if (coordinator_) coordinator_->Signal(SIGKILL);
+    daemons_.Kill();
     for (auto& w : workers_) (void)w->Wait(absl::Seconds(10));
-    if (checkpointd_) (void)checkpointd_->Wait(absl::Seconds(10));
-    if (coordinator_) (void)coordinator_->Wait(absl::Seconds(10));
     netns_.reset();  // after its processes are gone
   }
 
@@ -80,90 +74,39 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
         dir_.File("straight"), 2, testing::RecoveryJobSpec("partition", corpus_, 2, kSteps));
   }
 
-  // Starts a process whose stdout and stderr go to dir_/<name>.log, and waits for it to write
-  // its bound port to a file; returns "host_ip_:port".
-  std::string StartDaemon(const std::string& name, std::vector<std::string> argv,
-                          std::unique_ptr<Subprocess>* process) {
-    const std::string port_file = dir_.File(name + ".port");
-    argv.push_back("--port-file=" + port_file);
-    auto p = Subprocess::Start(argv, dir_.File(name + ".log"));
-    EXPECT_TRUE(p.ok()) << p.status();
-    if (!p.ok()) return "";
-    *process = std::move(*p);
-    auto port = testing::WaitForFile(port_file, absl::Seconds(30));
-    EXPECT_TRUE(port.ok()) << testing::ReadFile(dir_.File(name + ".log"));
-    if (!port.ok()) return "";
-    return absl::StrCat(host_ip_, ":", absl::StripAsciiWhitespace(*port));
-  }
-
   // The coordinator and checkpointd listen on the host end of the veth pair, not on
   // 127.0.0.1 as every other test's do: the namespaced worker has its own loopback and reaches
-  // the host only through the veth. Beyond loopback they serve only TLS, so this cluster runs
-  // as a production one does: mutual TLS everywhere (each process presents a certificate from
-  // the cluster CA) and a bearer token on every call to the coordinator and to checkpointd.
+  // the host only through the veth.
   void StartDaemons(const std::vector<std::string>& coordinator_flags = {}) {
-    pki_ = std::make_unique<testing::Pki>(std::vector<std::string>{host_ip_});
-    ASSERT_TRUE(pki_->status().ok()) << pki_->status();
-    testing::WriteFile(dir_.File("tokens"), absl::StrCat(kToken, "\n"));
-    std::vector<std::string> coordinator = {
-        BinDir() + "/weft-coordinator", absl::StrCat("--listen=", host_ip_, ":0"),
-        "--data-dir=" + dir_.File("coordinator-db"), "--metrics-address=none",
-        "--tick-interval-ms=50", "--auth-tokens-file=" + dir_.File("tokens")};
-    for (const auto& flag : pki_->Flags("server")) coordinator.push_back(flag);
-    coordinator.insert(coordinator.end(), coordinator_flags.begin(), coordinator_flags.end());
-    coordinator_address_ = StartDaemon("coordinator", coordinator, &coordinator_);
-    ASSERT_FALSE(coordinator_address_.empty());
-    std::vector<std::string> checkpointd = {
-        BinDir() + "/weft-checkpointd", absl::StrCat("--listen=", host_ip_, ":0"),
-        "--data-dir=" + dir_.File("ckpt"), "--metrics-address=none",
-        "--auth-tokens-file=" + dir_.File("tokens")};
-    for (const auto& flag : pki_->Flags("server")) checkpointd.push_back(flag);
-    checkpointd_address_ = StartDaemon("checkpointd", checkpointd, &checkpointd_);
-    ASSERT_FALSE(checkpointd_address_.empty());
-    auto security = LoadSecurity({.cert_file = pki_->Pem("client-a"),
-                                  .key_file = pki_->Key("client-a"),
-                                  .ca_file = pki_->Pem("ca-a")},
-                                 kToken);
-    ASSERT_TRUE(security.ok()) << security.status();
-    client_security_ = *security;
-    ClientOptions options;
-    options.channel.security = &client_security_;
-    client_ = std::make_unique<CoordinatorClient>(coordinator_address_, options);
+    ASSERT_NO_FATAL_FAILURE(daemons_.Start(host_ip_, {host_ip_}, coordinator_flags));
+    client_ = &daemons_.client();
   }
 
   // Worker "<host>/cpu<device>", in the namespace when `in_netns`. Gloo listens on and
   // advertises --data-address, which must be reachable from the other side of the veth: the
   // default would be 127.0.0.1 only for a loopback coordinator, else the host name.
   void StartWorker(int device, bool in_netns) {
-    std::vector<std::string> argv;
-    const std::vector<std::string> worker = {
+    std::vector<std::string> worker = {
         BinDir() + "/weft-worker",
-        "--coordinator=" + coordinator_address_,
-        "--checkpointd=" + checkpointd_address_,
         absl::StrCat("--device=cpu:", device),
         in_netns ? "--host=netns" : "--host=host",
         in_netns ? "--host-id=netns" : "--host-id=host",
         "--data-address=" + (in_netns ? ns_ip_ : host_ip_),
         "--output-dir=" + dir_.File("models"),
         "--metrics-address=none"};
-    argv = in_netns ? netns_->Wrap(worker) : worker;
-    // A worker's certificate is its client certificate: the servers require one from the CA.
-    for (const auto& flag : pki_->Flags("client-a")) argv.push_back(flag);
-    auto w = Subprocess::Start(argv, dir_.File(absl::StrCat("worker-cpu", device, ".log")),
-                               {{"WEFT_TOKEN", kToken}});
+    for (const auto& flag : daemons_.WorkerFlags(host_ip_)) worker.push_back(flag);
+    auto w = Subprocess::Start(in_netns ? netns_->Wrap(worker) : worker,
+                               dir_.File(absl::StrCat("worker-cpu", device, ".log")),
+                               testing::TlsDaemons::Env());
     ASSERT_TRUE(w.ok()) << w.status();
     workers_.push_back(std::move(*w));
   }
 
-  v1::JobStatus Status(const std::string& id) {
-    auto job = client_->GetJob(id);
-    return job.ok() ? job->status() : v1::JobStatus();
-  }
+  v1::JobStatus Status(const std::string& id) { return daemons_.Status(id); }
 
   std::string Logs() {
-    std::string all;
-    for (const char* name :
-         {"coordinator", "checkpointd", "worker-cpu0", "worker-cpu1", "worker-cpu2"}) {
+    std::string all = daemons_.Logs();
+    for (const char* name : {"worker-cpu0", "worker-cpu1", "worker-cpu2"}) {
       absl::StrAppend(&all, "\n--- ", name, "\n",
                       testing::ReadFile(dir_.File(absl::StrCat(name, ".log"))));
     }
@@ -174,12 +117,9 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
   std::string corpus_;
   std::unique_ptr<testing::Netns> netns_;
   std::string host_ip_, ns_ip_;
-  std::unique_ptr<Subprocess> coordinator_, checkpointd_;
+  testing::TlsDaemons daemons_{dir_.path()};
+  CoordinatorClient* client_ = nullptr;
   std::vector<std::unique_ptr<Subprocess>> workers_;
-  std::string coordinator_address_, checkpointd_address_;
-  std::unique_ptr<testing::Pki> pki_;
-  Security client_security_;
-  std::unique_ptr<CoordinatorClient> client_;
 };
 
 TEST_F(NetnsRecoveryE2eTest, WorkerWhoseLinkIsCutIsDetectedAndReplacedAndTheModelIsUnchanged) {
