@@ -10,6 +10,7 @@
 #include "common/daemon.h"
 #include "common/daemon_flags.h"
 #include "common/metrics.h"
+#include "common/security_flags.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -21,11 +22,13 @@ struct Flags {
       .serving = {.listen = "127.0.0.1:7071", .metrics_address = "127.0.0.1:9471"}};
   int64_t gc_grace_seconds = 3600;
   int64_t sweep_interval_seconds = 60;
+  std::string auth_tokens_file;
   weft::checkpointd::StoreOptions options;
 };
 
 void AddFlags(CLI::App& app, Flags* flags) {
   weft::AddDaemonFlags(app, &flags->daemon);
+  weft::AddAuthTokensFlag(app, &flags->auth_tokens_file);
   app.add_option("--data-dir", flags->options.data_dir, "directory of the checkpoint store")
       ->capture_default_str();
   app.add_option("--gc-grace-seconds", flags->gc_grace_seconds,
@@ -50,12 +53,14 @@ int main(int argc, char** argv) {
     return weft::ExitWithError(kProgram, s);
   }
   flags.options.gc_grace = absl::Seconds(flags.gc_grace_seconds);
+  auto auth = weft::LoadAuthTokens(flags.auth_tokens_file);
+  if (!auth.ok()) return weft::ExitWithError(kProgram, auth.status());
 
   auto registry = std::make_shared<prometheus::Registry>();
   auto store = weft::checkpointd::CheckpointStore::Open(flags.options, registry);
   if (!store.ok()) return weft::ExitWithError(kProgram, store.status());
 
-  weft::checkpointd::CheckpointService service(store->get());
+  weft::checkpointd::CheckpointService service(store->get(), *auth);
   auto daemon = weft::ServingDaemon::Start(flags.daemon.serving, registry, {&service});
   if (!daemon.ok()) return weft::ExitWithError(kProgram, daemon.status());
   spdlog::info("serving on port {} (metrics on {}), store in {}", (*daemon)->port(),

@@ -4,9 +4,14 @@
 
 namespace weft::checkpointd {
 
+grpc::Status CheckpointService::Authorize(const grpc::ServerContext& context) const {
+  return auth_ == nullptr ? grpc::Status::OK : ToGrpcStatus(auth_->Check(context));
+}
+
 grpc::Status CheckpointService::WriteShard(grpc::ServerContext* context,
                                            grpc::ServerReader<weft::v1::WriteShardRequest>* reader,
                                            weft::v1::WriteShardResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   weft::v1::WriteShardRequest request;
   if (!reader->Read(&request)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty WriteShard stream");
@@ -35,12 +40,14 @@ grpc::Status CheckpointService::WriteShard(grpc::ServerContext* context,
 grpc::Status CheckpointService::CommitCheckpoint(grpc::ServerContext* context,
                                                  const weft::v1::CommitCheckpointRequest* request,
                                                  weft::v1::CommitCheckpointResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   return ToGrpcStatus(store_->Commit(request->manifest()).status());
 }
 
 grpc::Status CheckpointService::ListCheckpoints(grpc::ServerContext* context,
                                                 const weft::v1::ListCheckpointsRequest* request,
                                                 weft::v1::ListCheckpointsResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   auto list = store_->List(request->job_id());
   if (!list.ok()) return ToGrpcStatus(list.status());
   for (auto& m : *list) *response->add_checkpoints() = std::move(m);
@@ -50,6 +57,7 @@ grpc::Status CheckpointService::ListCheckpoints(grpc::ServerContext* context,
 grpc::Status CheckpointService::GetManifest(grpc::ServerContext* context,
                                             const weft::v1::GetManifestRequest* request,
                                             weft::v1::CheckpointManifest* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   auto m = store_->GetManifest(request->job_id(), request->step());
   if (!m.ok()) return ToGrpcStatus(m.status());
   *response = std::move(*m);
@@ -59,6 +67,7 @@ grpc::Status CheckpointService::GetManifest(grpc::ServerContext* context,
 grpc::Status CheckpointService::ReadRange(
     grpc::ServerContext* context, const weft::v1::ReadRangeRequest* request,
     grpc::ServerWriter<weft::v1::ReadRangeResponse>* writer) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   weft::v1::ReadRangeResponse response;
   return ToGrpcStatus(store_->ReadRange(*request, [&](const weft::v1::ShardChunk& chunk) {
     *response.mutable_chunk() = chunk;
@@ -69,12 +78,14 @@ grpc::Status CheckpointService::ReadRange(
 grpc::Status CheckpointService::SetPinned(grpc::ServerContext* context,
                                           const weft::v1::SetPinnedRequest* request,
                                           weft::v1::SetPinnedResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   return ToGrpcStatus(store_->SetPinned(request->job_id(), request->step(), request->pinned()));
 }
 
 grpc::Status CheckpointService::DeleteCheckpoint(grpc::ServerContext* context,
                                                  const weft::v1::DeleteCheckpointRequest* request,
                                                  weft::v1::DeleteCheckpointResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   return ToGrpcStatus(store_->Delete(request->job_id(), request->step()));
 }
 

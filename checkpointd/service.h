@@ -1,17 +1,25 @@
-// gRPC edge of checkpointd: weft.v1.Checkpoint over CheckpointStore. Handlers only translate.
+// gRPC edge of checkpointd: weft.v1.Checkpoint over CheckpointStore. Handlers only translate,
+// after checking the caller's bearer token when the daemon was given --auth-tokens-file.
 // The synchronous API is used on purpose: every handler blocks on disk I/O anyway, and a
 // streaming handler on its own thread keeps the write and read loops plain.
 #ifndef WEFT_CHECKPOINTD_SERVICE_H_
 #define WEFT_CHECKPOINTD_SERVICE_H_
 
+#include <memory>
+#include <utility>
+
 #include "checkpointd/store.h"
+#include "common/security.h"
 #include "weft/v1/checkpoint.grpc.pb.h"
 
 namespace weft::checkpointd {
 
 class CheckpointService final : public weft::v1::Checkpoint::Service {
  public:
-  explicit CheckpointService(CheckpointStore* store) : store_(store) {}
+  // `auth` null: every caller is accepted (the transport's client certificates aside).
+  explicit CheckpointService(CheckpointStore* store,
+                             std::shared_ptr<const TokenAuthorizer> auth = nullptr)
+      : store_(store), auth_(std::move(auth)) {}
 
   grpc::Status WriteShard(grpc::ServerContext* context,
                           grpc::ServerReader<weft::v1::WriteShardRequest>* reader,
@@ -34,7 +42,11 @@ class CheckpointService final : public weft::v1::Checkpoint::Service {
                                 weft::v1::DeleteCheckpointResponse* response) override;
 
  private:
+  // OK, or the UNAUTHENTICATED refusal to return before touching the store.
+  grpc::Status Authorize(const grpc::ServerContext& context) const;
+
   CheckpointStore* store_;
+  std::shared_ptr<const TokenAuthorizer> auth_;
 };
 
 }  // namespace weft::checkpointd

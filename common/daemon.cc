@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<ServingDaemon>> ServingDaemon::Start(
   daemon->metrics_ = std::move(*metrics);
 
   grpc::ServerBuilder builder;
-  ConfigureServerBuilder(&builder);
+  ConfigureServerBuilder(&builder, options.keepalive);
   builder.AddListeningPort(options.listen, security.server_credentials, &daemon->port_);
   for (grpc::Service* service : services) builder.RegisterService(service);
   daemon->server_ = builder.BuildAndStart();

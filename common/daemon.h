@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
+#include "common/rpc.h"
 #include "grpcpp/server.h"
 #include "prometheus/registry.h"
 
@@ -35,6 +36,8 @@ struct ServingOptions {
   std::string port_file;          // --port-file: the bound gRPC port, written once serving
   std::string metrics_address;    // --metrics-address, or none
   std::string metrics_port_file;  // --metrics-port-file
+  // --keepalive-interval-ms, --keepalive-timeout-ms: pings to every client (common/rpc.h).
+  KeepaliveOptions keepalive = kDefaultKeepalive;
 };
 
 // A daemon's gRPC server and metrics endpoint, started together.

@@ -2,10 +2,12 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -16,6 +18,20 @@
 
 namespace weft {
 namespace {
+
+int ClampToInt(int64_t v) {
+  return static_cast<int>(std::clamp<int64_t>(v, 0, std::numeric_limits<int>::max()));
+}
+
+// ServerBuilder's AddChannelArgument under the name ChannelArguments uses, for SetKeepalive.
+class ServerArgs {
+ public:
+  explicit ServerArgs(grpc::ServerBuilder* builder) : builder_(builder) {}
+  void SetInt(const std::string& name, int value) { builder_->AddChannelArgument(name, value); }
+
+ private:
+  grpc::ServerBuilder* builder_;
+};
 
 // Adds "authorization: Bearer <token>" to every call of a channel.
 class BearerTokenInterceptor final : public grpc::experimental::Interceptor {
@@ -47,6 +63,18 @@ class BearerTokenInterceptorFactory final
   const std::string header_;
 };
 
+// Keepalive pings on a channel or server (`args` is either's argument setter).
+template <typename Args>
+void SetKeepalive(const KeepaliveOptions& keepalive, Args* args) {
+  if (keepalive.interval_ms <= 0) return;
+  args->SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, ClampToInt(keepalive.interval_ms));
+  args->SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ClampToInt(keepalive.timeout_ms));
+  args->SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // A session stream carries no data for hours; by default gRPC stops pinging after two pings
+  // without data, which would leave exactly that stream unwatched.
+  args->SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+}
+
 }  // namespace
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
@@ -61,6 +89,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   // minimum time a connection attempt may take, and a small value makes every connection in
   // a burst of thousands give up before the server's handshake reaches it.
   if (options.private_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  SetKeepalive(options.keepalive, &args);
   const Security& security = options.security ? *options.security : ProcessSecurity();
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!security.bearer_token.empty()) {
@@ -70,12 +99,18 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
       target, security.channel_credentials, args, std::move(interceptors));
 }
 
-void ConfigureServerBuilder(grpc::ServerBuilder* builder) {
+void ConfigureServerBuilder(grpc::ServerBuilder* builder, const KeepaliveOptions& keepalive) {
   builder->SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder->SetMaxSendMessageSize(kMaxMessageBytes);
-  // Let clients keep idle connections open with pings (long-held heartbeats, Watch streams).
-  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  // Clients ping as often as their own keepalive flags say (workers every second by
+  // default), on connections that may carry nothing else for hours. A server that counted
+  // those pings as abuse would answer with GOAWAY "too_many_pings" and so tear down the very
+  // streams the pings watch: accept them at any rate, without strikes.
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 0);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  ServerArgs args(builder);
+  SetKeepalive(keepalive, &args);
 }
 
 absl::Status CheckHostPort(const std::string& address, const std::string& flag) {

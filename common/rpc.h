@@ -3,6 +3,7 @@
 #define WEFT_COMMON_RPC_H_
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -19,6 +20,19 @@ namespace weft {
 // Largest message any Weft server or channel accepts (checkpoint chunks are <= 4 MiB).
 inline constexpr int kMaxMessageBytes = 16 * 1024 * 1024;
 
+// HTTP/2 keepalive: ping the peer every interval_ms, whether or not a call is in flight, and
+// close the connection (failing every call on it) when a ping is not acknowledged within
+// timeout_ms. A cut link closes nothing, so without pings a long-lived stream such as a
+// worker's session would stay open on a dead connection until TCP gives up, minutes later.
+struct KeepaliveOptions {
+  int64_t interval_ms = 0;  // 0: no keepalive pings
+  int64_t timeout_ms = 1000;
+};
+
+// A cut link is then seen within interval + timeout, about 2 s, for a ping of a few dozen
+// bytes per connection and second.
+inline constexpr KeepaliveOptions kDefaultKeepalive = {.interval_ms = 1000, .timeout_ms = 1000};
+
 struct ChannelOptions {
   // A channel of its own TCP connection instead of one shared with other channels to the same
   // target (simulated workers in one process must not share a connection).
@@ -29,6 +43,9 @@ struct ChannelOptions {
   // Credentials and token to use instead of the process's (ProcessSecurity()); for tests that
   // play several clients.
   const Security* security = nullptr;
+  // Off by default: only channels whose loss must be noticed fast (a worker's to the
+  // coordinator) ping.
+  KeepaliveOptions keepalive;
 };
 
 // A channel to `target` ("host:port") with the process's security (common/security.h): TLS
@@ -36,8 +53,11 @@ struct ChannelOptions {
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const ChannelOptions& options = {});
 
-// Applies Weft's server defaults (message size, keepalive) to `builder`.
-void ConfigureServerBuilder(grpc::ServerBuilder* builder);
+// Applies Weft's server defaults (message size) to `builder`, and `keepalive`: the server
+// pings its clients with it (so that it sees them behind a cut link), and accepts any rate of
+// pings from clients.
+void ConfigureServerBuilder(grpc::ServerBuilder* builder,
+                            const KeepaliveOptions& keepalive = kDefaultKeepalive);
 
 // Sets a deadline `timeout` from now on `context`.
 inline void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {

@@ -4,10 +4,12 @@
 #define WEFT_COMMON_SECURITY_FLAGS_H_
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "common/security.h"
 
@@ -42,6 +44,19 @@ inline absl::Status InstallSecurity(const SecurityFlags& flags) {
   if (!security.ok()) return security.status();
   SetProcessSecurity(std::move(*security));
   return absl::OkStatus();
+}
+
+// --auth-tokens-file, the same on every server that checks bearer tokens.
+inline void AddAuthTokensFlag(CLI::App& app, std::string* path) {
+  app.add_option("--auth-tokens-file", *path,
+                 "require every call to carry one of these bearer tokens (one per line)");
+}
+
+// The tokens of --auth-tokens-file `path`; nullptr (every call accepted) when it is empty.
+inline absl::StatusOr<std::shared_ptr<const TokenAuthorizer>> LoadAuthTokens(
+    const std::string& path) {
+  if (path.empty()) return nullptr;
+  return TokenAuthorizer::FromFile(path, "--auth-tokens-file");
 }
 
 }  // namespace weft

@@ -1,6 +1,7 @@
 #include "coordinator/coordinator_metrics.h"
 
 #include <utility>
+#include <vector>
 
 #include "common/metrics.h"
 
@@ -77,6 +78,8 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry) {
        "Upload-to-commit time of the last committed checkpoint"},
       {"weft_coordinator_job_checkpoint_timestamp_seconds",
        "When the job's newest checkpoint committed (Unix time): time() minus it is its age"},
+      {"weft_coordinator_job_checkpoint_interval_steps",
+       "Steps between checkpoints of a running job (absent once it stops running)"},
   };
   for (int i = 0; i < kJobGaugeCount; ++i) {
     job_gauges_[i] =
@@ -151,6 +154,46 @@ void CoordinatorMetrics::SetCheckpointTimes(const std::string& job_id, double st
   SetJobGauge(kCheckpointStall, job_id, stall_ms / 1000.0);
   SetJobGauge(kCheckpointSave, job_id, save_ms / 1000.0);
   SetJobGauge(kCheckpointTime, job_id, absl::ToDoubleSeconds(committed - absl::UnixEpoch()));
+}
+
+void CoordinatorMetrics::SetCheckpointIntervalSteps(const std::string& job_id, int64_t steps) {
+  const prometheus::Labels job{{"job_id", job_id}};
+  Family<prometheus::Gauge>* family = job_gauges_[kCheckpointIntervalSteps];
+  if (steps > 0) {
+    family->Add(job).Set(static_cast<double>(steps));
+  } else if (family->Has(job)) {
+    family->Remove(&family->Add(job));
+  }
+}
+
+void CoordinatorMetrics::EndJob(const std::string& job_id, absl::Time now) {
+  absl::MutexLock lock(&ended_mu_);
+  ended_.emplace(job_id, now);
+}
+
+void CoordinatorMetrics::RemoveEndedJobs(absl::Time now) {
+  std::vector<std::string> expired;
+  {
+    absl::MutexLock lock(&ended_mu_);
+    for (const auto& [job_id, end] : ended_) {
+      if (now - end >= kEndedJobRetention) expired.push_back(job_id);
+    }
+    for (const std::string& job_id : expired) ended_.erase(job_id);
+  }
+  for (const std::string& job_id : expired) RemoveJobSeries(job_id);
+}
+
+void CoordinatorMetrics::RemoveJobSeries(const std::string& job_id) {
+  auto remove = [](auto* family, const prometheus::Labels& labels) {
+    if (family->Has(labels)) family->Remove(&family->Add(labels));
+  };
+  const prometheus::Labels job{{"job_id", job_id}};
+  remove(recoveries_, job);
+  for (auto* gauges : job_gauges_) remove(gauges, job);
+  const auto* types = weft::v1::JobEventType_descriptor();
+  for (int i = 0; i < types->value_count(); ++i) {
+    remove(job_events_, {{"job_id", job_id}, {"type", types->value(i)->name()}});
+  }
 }
 
 }  // namespace weft::coordinator

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/decisions.h"
 #include "prometheus/counter.h"
@@ -51,13 +52,28 @@ class CoordinatorMetrics {
   // from which dashboards and alerts take the age of a job's newest checkpoint.
   void SetCheckpointTimes(const std::string& job_id, double stall_ms, double save_ms,
                           absl::Time committed);
+  // The checkpoint interval (spec's checkpoint.interval_steps) of a RUNNING job; `steps` 0
+  // (a job not running, or without checkpoints) removes the series. The stale-checkpoint
+  // alert of deploy/prometheus/rules.yml multiplies by it, so it fires only for running jobs.
+  void SetCheckpointIntervalSteps(const std::string& job_id, int64_t steps);
+
+  // How long an ended job's series stay: long enough for every scrape (intervals of 15-60 s)
+  // to see its final values, short enough that the series count follows the live jobs rather
+  // than the job history.
+  static constexpr absl::Duration kEndedJobRetention = absl::Minutes(5);
+  // `job_id` reached a final state at `now`: its series (every family with a job_id label)
+  // go kEndedJobRetention later, at the first RemoveEndedJobs after that.
+  void EndJob(const std::string& job_id, absl::Time now);
+  void RemoveEndedJobs(absl::Time now);
 
  private:
   template <typename M>
   using Family = prometheus::Family<M>;
+  void RemoveJobSeries(const std::string& job_id);
+
   // The per-job gauges of rank 0's reports, indexed by JobGauge.
   enum JobGauge { kStep, kLoss, kTokensPerSecond, kMfu, kStepSeconds, kCheckpointStall,
-                  kCheckpointSave, kCheckpointTime, kJobGaugeCount };
+                  kCheckpointSave, kCheckpointTime, kCheckpointIntervalSteps, kJobGaugeCount };
   void SetJobGauge(JobGauge gauge, const std::string& job_id, double value);
 
   Family<prometheus::Gauge>* jobs_;
@@ -71,6 +87,8 @@ class CoordinatorMetrics {
   Family<prometheus::Counter>* job_events_;
   Family<prometheus::Gauge>* heartbeat_age_;
   std::array<Family<prometheus::Gauge>*, kJobGaugeCount> job_gauges_;
+  absl::Mutex ended_mu_;
+  absl::flat_hash_map<std::string, absl::Time> ended_ ABSL_GUARDED_BY(ended_mu_);  // job -> end
 };
 
 }  // namespace weft::coordinator

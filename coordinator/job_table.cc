@@ -49,7 +49,10 @@ absl::StatusOr<std::vector<std::string>> JobTable::Load() {
     rec.job = std::move(job);
     rec.seq = SeqFromJobId(id);
     rec.last_persist = clock_();
-    if (rec.state() == weft::v1::RUNNING) running.push_back(id);
+    if (rec.state() == weft::v1::RUNNING) {
+      running.push_back(id);
+      metrics_->SetCheckpointIntervalSteps(id, rec.job.spec().checkpoint().interval_steps());
+    }
   }
   return running;
 }
@@ -162,6 +165,10 @@ void JobTable::SetState(JobRecord& rec, weft::v1::JobState state, const std::str
   if (JobHasEnded(state)) ToProtoTime(clock_(), status->mutable_end_time());
   if (state != weft::v1::PENDING && state != weft::v1::RECOVERING) status->clear_pending_reason();
   AddEvent(rec, weft::v1::STATE_CHANGED, absl::StrCat(JobState_Name(state), ": ", reason));
+  metrics_->SetCheckpointIntervalSteps(
+      status->job_id(),
+      state == weft::v1::RUNNING ? rec.job.spec().checkpoint().interval_steps() : 0);
+  if (JobHasEnded(state)) metrics_->EndJob(status->job_id(), clock_());
 }
 
 void JobTable::Commit(JobRecord& rec, Actions& actions) {

@@ -55,8 +55,7 @@ int main(int argc, char** argv) {
   CLI::App app{"weft-coordinator: job queue, worker registry, rendezvous and store"};
   weft::AddServingFlags(app, &flags.serving);
   weft::AddSecurityFlags(app, &flags.security);
-  app.add_option("--auth-tokens-file", flags.auth_tokens_file,
-                 "require every call to carry one of these bearer tokens (one per line)");
+  weft::AddAuthTokensFlag(app, &flags.auth_tokens_file);
   app.add_option("--data-dir", flags.options.data_dir, "directory of the state database")
       ->capture_default_str();
   AddBounded(app, "--heartbeat-interval-ms", &flags.options.heartbeat_interval_ms,
@@ -92,12 +91,8 @@ int main(int argc, char** argv) {
         "--heartbeat-timeout-ms: must be greater than --heartbeat-interval-ms"));
   }
   if (absl::Status s = weft::InstallSecurity(flags.security); !s.ok()) return Fail(s);
-  std::shared_ptr<const weft::TokenAuthorizer> auth;
-  if (!flags.auth_tokens_file.empty()) {
-    auto loaded = weft::TokenAuthorizer::FromFile(flags.auth_tokens_file, "--auth-tokens-file");
-    if (!loaded.ok()) return Fail(loaded.status());
-    auth = std::move(*loaded);
-  }
+  auto auth = weft::LoadAuthTokens(flags.auth_tokens_file);
+  if (!auth.ok()) return Fail(auth.status());
   weft::RaiseOpenFileLimit();
   weft::BlockShutdownSignals();
   // The distribution's Abseil is built with Mutex deadlock detection on, which records every
@@ -109,8 +104,8 @@ int main(int argc, char** argv) {
   auto coordinator = weft::coordinator::Coordinator::Open(flags.options, registry);
   if (!coordinator.ok()) return Fail(coordinator.status());
 
-  weft::coordinator::CoordinatorService coordinator_service(coordinator->get(), auth);
-  weft::coordinator::StoreService store_service(coordinator->get(), auth);
+  weft::coordinator::CoordinatorService coordinator_service(coordinator->get(), *auth);
+  weft::coordinator::StoreService store_service(coordinator->get(), *auth);
   auto daemon = weft::ServingDaemon::Start(flags.serving, registry,
                                            {&coordinator_service, &store_service});
   if (!daemon.ok()) return Fail(daemon.status());

@@ -21,7 +21,7 @@ void SleepUnlessStopped(const std::atomic<bool>& stop, absl::Duration d) {
 WorkerAgent::WorkerAgent(AgentOptions options, std::shared_ptr<prometheus::Registry> registry)
     : options_(std::move(options)),
       registry_(std::move(registry)),
-      client_(options_.coordinator),
+      client_(options_.coordinator, {.channel = {.keepalive = options_.keepalive}}),
       session_(client_.channel()),
       metrics_(*registry_, options_.info.worker_id()) {}
 

@@ -26,6 +26,9 @@ namespace weft::worker {
 
 struct AgentOptions {
   std::string coordinator;  // host:port
+  // Pings on the channel to the coordinator, so that this worker sees a cut link and
+  // reconnects (the coordinator sees it through its own pings).
+  KeepaliveOptions keepalive = kDefaultKeepalive;
   weft::v1::WorkerInfo info;
   RunOptions run;
 };

@@ -69,12 +69,18 @@ job = dashboard("weft-job", "Weft job", "One training job: progress, speed, wher
     panel(9, "Per-rank compute time", [('weft_worker_compute_seconds * ' + RANK, "rank {{rank}}")], 0, 20, 12, 8, "heatmap", "s",
           desc="Forward + backward + optimizer per rank: a slow rank stands out as a hot row."),
     panel(10, "Stragglers: slowest rank / median", [
-        ('max(weft_worker_compute_seconds * ' + RANK + ') / quantile(0.5, weft_worker_compute_seconds * ' + RANK + ')', "slowest / median")],
-          12, 20, 12, 8, unit="short", desc="1.0: balanced. Every rank waits for the slowest at each collective."),
+        ('job_id:weft_worker_compute_seconds:max_over_median{job_id="$job"}', "slowest / median")],
+          12, 20, 12, 8, unit="short",
+          desc="Compute time of the slowest rank over the median rank's (recording rule of deploy/prometheus/rules.yml). 1.0: balanced. Every rank waits for the slowest at each collective."),
     panel(11, "Heartbeat age of the job's workers", [
         ('weft_coordinator_worker_heartbeat_age_seconds * ' + RANK, "rank {{rank}}")], 0, 28, 12, 8, unit="s",
           desc="Past the job's heartbeat timeout the worker is declared dead."),
     panel(12, "Checkpoint stall per rank", [('weft_worker_checkpoint_stall_seconds * ' + RANK, "rank {{rank}}")], 12, 28, 12, 8, unit="s"),
+    panel(13, "Age of the newest checkpoint", [
+        ('time() - weft_coordinator_job_checkpoint_timestamp_seconds{job_id="$job"}', "age"),
+        ('clamp_min(3 * job_id:weft_checkpoint_interval_seconds:estimated{job_id="$job"}, 300)', "alert above")],
+          0, 36, 24, 8, unit="s",
+          desc="How much training a crash now would lose. Alert WeftCheckpointStale (deploy/prometheus/rules.yml) fires past three checkpoint intervals (at least 5 min) while the job runs."),
 ], [job_var])
 
 cluster = dashboard("weft-cluster", "Weft cluster", "Workers, jobs, failures and recoveries across the cluster.", [
@@ -95,6 +101,11 @@ cluster = dashboard("weft-cluster", "Weft cluster", "Workers, jobs, failures and
                                    ("rate(weft_checkpointd_bytes_written_total[$__rate_interval])", "written/s")], 0, 32, 12, 8, unit="bytes"),
     panel(10, "Checkpoints committed", [("weft_checkpointd_checkpoints_committed_total", "committed"),
                                          ("weft_checkpointd_checkpoints_failed_total", "failed")], 12, 32, 12, 8, "stat"),
+    panel(11, "Age of each job's newest checkpoint", [
+        ("time() - weft_coordinator_job_checkpoint_timestamp_seconds", "{{job_id}}")], 0, 40, 12, 8, unit="s",
+          desc="Alert WeftCheckpointStale fires for a running job past three checkpoint intervals."),
+    panel(12, "Straggler ratio by job", [("job_id:weft_worker_compute_seconds:max_over_median", "{{job_id}}")],
+          12, 40, 12, 8, unit="short", desc="Slowest rank's compute time over the median rank's, per running job. 1.0: balanced."),
 ])
 
 os.makedirs(OUT, exist_ok=True)

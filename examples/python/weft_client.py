@@ -66,8 +66,8 @@ def checkpoints(checkpointd, job_id):
 
 
 class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
-    """Adds "authorization: Bearer <token>" to every call (what the coordinator checks when it
-    runs with --auth-tokens-file). An interceptor rather than call credentials, which gRPC
+    """Adds "authorization: Bearer <token>" to every call (what the coordinator and checkpointd
+    check when they run with --auth-tokens-file). An interceptor rather than call credentials, which gRPC
     sends only over TLS: plaintext is fine on loopback."""
 
     def __init__(self, token):

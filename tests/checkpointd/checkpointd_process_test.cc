@@ -12,6 +12,7 @@
 #include "absl/strings/strip.h"
 #include "common/crc32c.h"
 #include "common/rpc.h"
+#include "common/security.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -28,7 +29,8 @@ using ::testing::HasSubstr;
 // A weft-checkpointd process over `data_dir`; restartable on the same directory.
 class Daemon {
  public:
-  explicit Daemon(std::string data_dir) : dir_(std::move(data_dir)) {}
+  explicit Daemon(std::string data_dir, std::vector<std::string> extra_args = {})
+      : dir_(std::move(data_dir)), extra_args_(std::move(extra_args)) {}
 
   absl::Status Start() {
     static int counter = 0;
@@ -37,12 +39,13 @@ class Daemon {
     const std::string metrics_file = absl::StrCat(dir_, "/.metrics-", tag);
     log_ = absl::StrCat(dir_, "/checkpointd-", tag, ".log");
     std::filesystem::create_directories(dir_);
-    auto proc = Subprocess::Start(
-        {testing::BinDir() + "/weft-checkpointd", "--listen=127.0.0.1:0",
-         "--port-file=" + port_file, "--data-dir=" + dir_ + "/db",
-         "--metrics-address=127.0.0.1:0", "--metrics-port-file=" + metrics_file,
-         "--log-level=debug"},
-        log_);
+    std::vector<std::string> argv = {
+        testing::BinDir() + "/weft-checkpointd", "--listen=127.0.0.1:0",
+        "--port-file=" + port_file, "--data-dir=" + dir_ + "/db",
+        "--metrics-address=127.0.0.1:0", "--metrics-port-file=" + metrics_file,
+        "--log-level=debug"};
+    argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
+    auto proc = Subprocess::Start(argv, log_);
     if (!proc.ok()) return proc.status();
     process_ = std::move(*proc);
     auto port = testing::WaitForFile(port_file, absl::Seconds(30));
@@ -71,13 +74,23 @@ class Daemon {
     stub_.reset();
   }
 
-  v1::Checkpoint::Stub* stub() { return stub_.get(); }
+  v1::Checkpoint::Stub* stub() { return stub_.get(); }  // sends no bearer token
+  // A stub of its own connection that sends `token` on every call.
+  std::unique_ptr<v1::Checkpoint::Stub> StubWithToken(const std::string& token) {
+    auto security = LoadSecurity({}, token);
+    EXPECT_TRUE(security.ok()) << security.status();
+    securities_.push_back(std::make_unique<Security>(*security));
+    return v1::Checkpoint::NewStub(MakeChannel(
+        address_, {.private_connection = true, .security = securities_.back().get()}));
+  }
   const std::string& metrics() const { return metrics_; }
   const std::string& dir() const { return dir_; }
   Subprocess& process() { return *process_; }
 
  private:
   std::string dir_;
+  std::vector<std::string> extra_args_;
+  std::vector<std::unique_ptr<Security>> securities_;  // of StubWithToken's channels
   std::string log_;
   std::string address_;
   std::string metrics_;
@@ -658,6 +671,64 @@ TEST_F(CheckpointdTest, CorruptedDataOnDiskIsDataLoss) {
   std::fprintf(stderr, "corruption reported as: %s\n", s.error_message().c_str());
   // The listing is still served; only that tensor's data is lost.
   EXPECT_THAT(ListSteps(daemon_.stub(), "job-x"), ::testing::ElementsAre(3));
+}
+
+// With --auth-tokens-file, checkpointd refuses every call that lacks an accepted bearer token,
+// as the coordinator does (same status, same messages), before the store sees it.
+TEST(CheckpointdAuthTest, CallsWithoutAnAcceptedTokenAreRefusedAndStoreNothing) {
+  TempDir tmp;
+  constexpr char kToken[] = "checkpointd-test-token-5e0c";
+  testing::WriteFile(tmp.File("tokens"), absl::StrCat("# workers\n", kToken, "\n"));
+  Daemon daemon(tmp.File("d"), {"--auth-tokens-file=" + tmp.File("tokens")});
+  ASSERT_TRUE(daemon.Start().ok());
+  const std::vector<Tensor> tensors = {MakeTensor("w", v1::DTYPE_F32, {100, 10}, 7)};
+  auto wrong = daemon.StubWithToken("not-the-token-of-the-file");
+  auto right = daemon.StubWithToken(kToken);
+  const std::vector<std::pair<v1::Checkpoint::Stub*, std::string>> refused = {
+      {daemon.stub(), "missing bearer token"}, {wrong.get(), "bearer token not accepted"}};
+  for (const auto& [stub, message] : refused) {
+    SCOPED_TRACE(message);
+    auto expect_refused = [&](const grpc::Status& s) {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+      EXPECT_THAT(s.error_message(), HasSubstr(message));
+    };
+    expect_refused(WriteRank(stub, "job-t", 10, 0, 1, tensors));
+    expect_refused(Commit(stub, Manifest("job-t", 10, 1, tensors)));
+    std::string out;
+    expect_refused(Read(stub, "job-t", 10, "w", 0, 10, 4, &out));
+    expect_refused(Pin(stub, "job-t", 10, true));
+    expect_refused(Delete(stub, "job-t", 10));
+    grpc::ClientContext context;
+    v1::ListCheckpointsRequest list;
+    list.set_job_id("job-t");
+    v1::ListCheckpointsResponse response;
+    expect_refused(stub->ListCheckpoints(&context, list, &response));
+  }
+  // The refused shard was not stored: committing it with the right token finds no rank 0.
+  EXPECT_FALSE(Commit(right.get(), Manifest("job-t", 10, 1, tensors)).ok());
+  EXPECT_TRUE(ListSteps(right.get(), "job-t").empty());
+
+  ASSERT_TRUE(WriteRank(right.get(), "job-t", 10, 0, 1, tensors).ok());
+  ASSERT_TRUE(Commit(right.get(), Manifest("job-t", 10, 1, tensors)).ok());
+  EXPECT_THAT(ListSteps(right.get(), "job-t"), ::testing::ElementsAre(10));
+  std::string out;
+  ASSERT_TRUE(Read(right.get(), "job-t", 10, "w", 0, 1000, 4, &out).ok());
+  EXPECT_EQ(out, tensors[0].bytes);
+}
+
+TEST(CheckpointdAuthTest, BadTokenFileStopsTheDaemonNamingTheFlag) {
+  TempDir tmp;
+  testing::WriteFile(tmp.File("short"), "short\n");
+  for (const auto& [file, message] : std::vector<std::pair<std::string, std::string>>{
+           {tmp.File("missing"), ": cannot read"},
+           {tmp.File("short"), ":1: a token must be 16-4096 printable characters"}}) {
+    const testing::CommandResult r = testing::RunCommand(
+        {testing::BinDir() + "/weft-checkpointd", "--listen=127.0.0.1:0",
+         "--data-dir=" + tmp.File("db"), "--metrics-address=none",
+         "--auth-tokens-file=" + file});
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--auth-tokens-file " + file + message));
+  }
 }
 
 }  // namespace

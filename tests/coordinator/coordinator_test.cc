@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "coordinator/coordinator_metrics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
@@ -146,8 +147,9 @@ class CoordinatorTest : public ::testing::Test {
 
   void Reopen() {
     coord_.reset();  // releases the database lock
-    auto c = Coordinator::Open(options_, std::make_shared<prometheus::Registry>(),
-                               [this] { return clock_.Now(); }, /*start_ticking=*/false);
+    registry_ = std::make_shared<prometheus::Registry>();
+    auto c = Coordinator::Open(options_, registry_, [this] { return clock_.Now(); },
+                               /*start_ticking=*/false);
     ASSERT_TRUE(c.ok()) << c.status();
     coord_ = std::move(*c);
   }
@@ -320,8 +322,20 @@ class CoordinatorTest : public ::testing::Test {
   weft::testing::TempDir dir_;
   FakeClock clock_;
   CoordinatorOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Coordinator> coord_;
 };
+
+// The series with label job_id=`job_id` the coordinator's registry exports now.
+int SeriesOfJob(prometheus::Registry& registry, const std::string& job_id) {
+  int n = 0;
+  for (const auto& family : registry.Collect()) {
+    for (const auto& metric : family.metric) {
+      for (const auto& label : metric.label) n += label.name == "job_id" && label.value == job_id;
+    }
+  }
+  return n;
+}
 
 // ---- submit and schedule ---------------------------------------------------------------------
 
@@ -523,6 +537,60 @@ TEST_F(CoordinatorTest, RanksAreContiguousPerHostByDeviceIndex) {
   EXPECT_EQ(peer.host(), "node-b");
   EXPECT_EQ(peer.device_index(), 0);
   EXPECT_EQ(peer.address(), "node-b:7000");
+}
+
+// Hosts are grouped by host_id, not by name: two processes of one machine that report different
+// host names (a renamed host) share a host, and simulated hosts on one machine (distinct
+// host_ids) do not.
+TEST_F(CoordinatorTest, RanksAreContiguousPerHostId) {
+  const std::string job = Submit(CpuSpec("host-ids", 4));
+  struct Spec {
+    const char* host;
+    const char* host_id;
+    int32_t index;
+  };
+  std::vector<Worker> workers;
+  for (const Spec& spec : {Spec{"renamed", "machine-1", 1}, Spec{"same-box", "sim-b", 0},
+                           Spec{"old-name", "machine-1", 0}, Spec{"same-box", "sim-a", 0}}) {
+    weft::v1::WorkerInfo info;
+    info.set_worker_id(absl::StrCat(spec.host_id, "/cpu", spec.index));
+    info.set_host(spec.host);
+    info.set_host_id(spec.host_id);
+    info.set_device_index(spec.index);
+    info.set_device_kind(weft::v1::DEVICE_KIND_CPU);
+    auto r = coord_->RegisterWorker(info, "");
+    ASSERT_TRUE(r.ok()) << r.status();
+    workers.push_back({r->worker_id(), r->incarnation()});
+  }
+  JobStatus s = Status(job);
+  ASSERT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_THAT(s.worker_ids(),
+              ElementsAre("machine-1/cpu0", "machine-1/cpu1", "sim-a/cpu0", "sim-b/cpu0"));
+  std::vector<std::unique_ptr<Pending<JoinResponse>>> joins;
+  for (const Worker& w : workers) joins.push_back(StartJoin(job, 1, w));
+  auto renamed = joins[0]->Get();  // machine-1/cpu1
+  ASSERT_TRUE(renamed.ok()) << renamed.status();
+  EXPECT_EQ(renamed->local_rank(), 1);
+  EXPECT_EQ(renamed->local_world_size(), 2);
+  EXPECT_EQ(renamed->peers(0).host(), "old-name");
+  EXPECT_EQ(renamed->peers(0).host_id(), "machine-1");
+  auto sim_b = joins[1]->Get();
+  ASSERT_TRUE(sim_b.ok()) << sim_b.status();
+  EXPECT_EQ(sim_b->rank(), 3);
+  EXPECT_EQ(sim_b->local_rank(), 0);
+  EXPECT_EQ(sim_b->local_world_size(), 1);
+}
+
+TEST_F(CoordinatorTest, HostIdDefaultsToHostAndIsChecked) {
+  Worker w = Register("plain-host", 0);
+  EXPECT_EQ(WorkerStatus(w.id).info().host_id(), "plain-host");
+  weft::v1::WorkerInfo info;
+  info.set_host("h");
+  info.set_host_id("bad host id");
+  info.set_device_kind(weft::v1::DEVICE_KIND_CPU);
+  auto r = coord_->RegisterWorker(info, "");
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("info.host_id: \"bad host id\""));
 }
 
 // ---- rendezvous ------------------------------------------------------------------------------
@@ -1548,6 +1616,46 @@ TEST_F(CoordinatorTest, SecondCoordinatorOnTheSameDirectoryIsRefused) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// ---- metrics ---------------------------------------------------------------------------------
+
+// Every family labelled job_id drops an ended job's series once its final values have had
+// time to be scraped, so the series count follows the live jobs, not the job history. The
+// checkpoint interval, which arms the stale-checkpoint alert, goes as soon as the job stops
+// running.
+TEST_F(CoordinatorTest, AnEndedJobsMetricSeriesAreRemovedAfterTheRetention) {
+  JobSpec spec = CpuSpec("ended", 1);
+  spec.mutable_checkpoint()->set_interval_steps(50);
+  auto [ended, w] = StartRunningJob(spec, 1);
+  // Needs two workers: it stays pending when the ended job frees the one there is.
+  const std::string live = Submit(CpuSpec("live", 2));
+  auto interval = [&]() -> std::optional<double> {
+    for (const auto& family : registry_->Collect()) {
+      if (family.name != "weft_coordinator_job_checkpoint_interval_steps") continue;
+      for (const auto& metric : family.metric) {
+        if (metric.label.size() == 1 && metric.label[0].value == ended) return metric.gauge.value;
+      }
+    }
+    return std::nullopt;
+  };
+  EXPECT_EQ(interval(), 50.0);
+  const int live_series = SeriesOfJob(*registry_, live);
+  EXPECT_EQ(live_series, 2);  // recoveries, event SUBMITTED
+
+  ASSERT_TRUE(coord_->CancelJob(ended, "done").ok());
+  coord_->Tick();
+  EXPECT_EQ(interval(), std::nullopt) << "a job that no longer runs keeps its checkpoint interval";
+  const int ended_series = SeriesOfJob(*registry_, ended);
+  EXPECT_GE(ended_series, 3);  // recoveries, events SUBMITTED and STATE_CHANGED at least
+
+  clock_.Advance(CoordinatorMetrics::kEndedJobRetention - absl::Seconds(1));
+  coord_->Tick();
+  EXPECT_EQ(SeriesOfJob(*registry_, ended), ended_series) << "removed before the retention passed";
+  clock_.Advance(absl::Seconds(1));
+  coord_->Tick();
+  EXPECT_EQ(SeriesOfJob(*registry_, ended), 0);
+  EXPECT_EQ(SeriesOfJob(*registry_, live), live_series);
 }
 
 }  // namespace

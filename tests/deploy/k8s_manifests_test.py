@@ -10,7 +10,7 @@ No cluster and no schema download are needed (neither is available in CI); the c
     workers dialing the coordinator and checkpointd through their Services, and
     kustomization.yaml listing every manifest and every image;
   - security: every daemon runs mutual TLS with --tls-cert/--tls-key/--tls-ca naming the right
-    keys of Secret weft-tls, mounted read-only; the coordinator's --auth-tokens-file is key
+    keys of Secret weft-tls, mounted read-only; the daemons' --auth-tokens-file is key
     `tokens` of Secret weft-auth-tokens, mounted the same way; workers take WEFT_TOKEN from
     key `token` of Secret weft-worker-token; no secret is written into a manifest;
   - every flag a container passes is one its binary accepts (its --help lists it), like
@@ -448,6 +448,8 @@ def check(docs, kustomization, files, bin_dir):
                           "volumeClaimTemplate for its data")
         if "--data-dir" not in checkpointd[2]:
             errors.append("weft-checkpointd must pass --data-dir on its volume")
+        check_secret_files(w, checkpointd[1], checkpointd[2], AUTH_TOKENS_FILE,
+                           "weft-checkpointd", errors)
     worker = by_binary.get("weft-worker")
     if not worker:
         errors.append("no workload runs weft-worker")
@@ -628,6 +630,9 @@ BREAKAGES = [
     ("a coordinator that takes any caller",
      lambda d, k: drop_arg(first_container(d, "Deployment", "weft-coordinator"),
                            "--auth-tokens-file"), "must pass --auth-tokens-file"),
+    ("a checkpointd that takes any caller",
+     lambda d, k: drop_arg(first_container(d, "StatefulSet", "weft-checkpointd"),
+                           "--auth-tokens-file"), "must pass --auth-tokens-file"),
     ("the coordinator's tokens from the wrong Secret",
      lambda d, k: volume(d, "Deployment", "weft-coordinator", "auth-tokens")["secret"].update(
          secretName="weft-worker-token"), "not key tokens of Secret weft-auth-tokens"),
@@ -659,8 +664,8 @@ def main():
     # The checker is not vacuous: a wrong flag is refused, and each breakage is caught.
     if "--no-such-flag" in (binary_flags(bin_dir, "weft-coordinator") or {"--no-such-flag"}):
         errors.append("the --help parser accepts anything")
-    # 13 before TLS, 3 TLS flags per daemon and --auth-tokens-file.
-    if stats["workloads"] != 3 or stats["flags"] < 23:
+    # 13 before TLS, 3 TLS flags per daemon and --auth-tokens-file on both daemons.
+    if stats["workloads"] != 3 or stats["flags"] < 24:
         errors.append(f"only {stats['workloads']} workloads and {stats['flags']} flags checked")
     for what, breakage, expected in BREAKAGES:
         broken_docs, broken_kustomization = copy.deepcopy(docs), copy.deepcopy(kustomization)

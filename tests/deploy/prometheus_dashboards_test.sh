@@ -1,8 +1,10 @@
 #!/bin/bash
 # Every query of every panel of deploy/grafana/dashboards returns data from a real Prometheus
 # (Debian's `prometheus`, run with deploy/prometheus/prometheus.yml) scraping a live CPU job of
-# the demo's shape: coordinator, checkpointd and two workers on 127.0.0.1. Also: the config
-# passes promtool, and the committed dashboard JSON is what deploy/grafana/dashboards.py writes.
+# the demo's shape: coordinator, checkpointd and two workers on 127.0.0.1, with the rules of
+# deploy/prometheus/rules.yml loaded and healthy. Also: the config and rules pass promtool,
+# every weft_ metric the rules and panels name is one the code registers, and the committed
+# dashboard JSON is what deploy/grafana/dashboards.py writes.
 #   tests/deploy/prometheus_dashboards_test.sh BIN_DIR
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -22,9 +24,49 @@ fail_with_logs() {
 
 promtool check config "$ROOT/deploy/prometheus/prometheus.yml" >/dev/null 2>"$WORK/promtool.err" ||
   { cat "$WORK/promtool.err" >&2; fail_with_logs "promtool rejects deploy/prometheus/prometheus.yml"; }
+promtool check rules "$ROOT/deploy/prometheus/rules.yml" >/dev/null 2>"$WORK/promtool.err" ||
+  { cat "$WORK/promtool.err" >&2; fail_with_logs "promtool rejects deploy/prometheus/rules.yml"; }
 python3 "$ROOT/deploy/grafana/dashboards.py" "$WORK/dashboards"
 diff -r "$WORK/dashboards" "$ROOT/deploy/grafana/dashboards" >&2 ||
   fail_with_logs "deploy/grafana/dashboards differs from what deploy/grafana/dashboards.py writes: rerun it"
+
+# Every metric the rules and panels name exists: a weft_ name is registered by the code (a string
+# literal in a daemon's sources; _bucket/_sum/_count are a histogram's series), a level:metric:op
+# name is recorded by rules.yml. Names are found by pattern, so a renamed metric fails here
+# rather than as an empty panel in production.
+python3 - "$ROOT" <<'PY' || fail_with_logs "the rules or dashboards name metrics that do not exist"
+import glob, json, os, re, sys
+root = sys.argv[1]
+code = ""
+for d in ("coordinator", "worker", "checkpointd", "common"):
+    for path in glob.glob(os.path.join(root, d, "**", "*.cc"), recursive=True):
+        code += open(path).read()
+rules_text = open(os.path.join(root, "deploy/prometheus/rules.yml")).read()
+recorded = set(re.findall(r"^\s*- record: (\S+)", rules_text, re.M))
+exprs = [("rules.yml", rules_text)]
+for name in sorted(os.listdir(os.path.join(root, "deploy/grafana/dashboards"))):
+    d = json.load(open(os.path.join(root, "deploy/grafana/dashboards", name)))
+    exprs += [(f"{name} / {p['title']}", t["expr"]) for p in d["panels"] for t in p["targets"]]
+missing, named = [], 0
+for where, expr in exprs:
+    for metric in set(re.findall(r"[a-z_]*:[a-z_:]+|weft_[a-z0-9_]+", expr)):
+        named += 1
+        if ":" in metric:
+            ok = metric in recorded
+        else:
+            ok = f'"{re.sub(r"_(bucket|sum|count)$", "", metric)}"' in code
+        if not ok:
+            missing.append(f"{where}: {metric}")
+for m in missing:
+    print("FAIL: no such metric:", m, file=sys.stderr)
+if named < 30 or len(recorded) < 2:
+    print(f"FAIL: only {named} metric names and {len(recorded)} recording rules found", file=sys.stderr)
+    sys.exit(1)
+# Not vacuous: a made-up name is caught.
+if '"weft_no_such_metric"' in code:
+    sys.exit(1)
+sys.exit(1 if missing else 0)
+PY
 
 # Each server, then its metrics port (what Prometheus scrapes).
 weft_serve "$WORK/coordinator" "$BIN/weft-coordinator" --data-dir="$WORK/coordinator" \
@@ -48,6 +90,7 @@ echo "- targets: [127.0.0.1:$(cat "$WORK/checkpointd-metrics.port")]" >"$WORK/sd
 echo "- targets: [127.0.0.1:$(cat "$WORK/worker0-metrics.port"), 127.0.0.1:$(cat "$WORK/worker1-metrics.port")]" >"$WORK/sd/workers.yml"
 sed -e "s|/etc/prometheus/weft/|$WORK/sd/|" -e 's|interval: 5s|interval: 1s|' \
   "$ROOT/deploy/prometheus/prometheus.yml" >"$WORK/prometheus.yml"
+cp "$ROOT/deploy/prometheus/rules.yml" "$WORK/rules.yml"  # rule_files is relative to the config
 # Prometheus cannot report a port it picked, so take a free one just before it binds.
 PROM_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 weft_spawn "$WORK/prometheus.log" /usr/bin/prometheus --config.file="$WORK/prometheus.yml" \
@@ -121,8 +164,18 @@ if checked < 20:
 if query(substitute('weft_coordinator_job_step{job_id="no-such-job"}')):
     print("FAIL: a query for a missing job returned data", file=sys.stderr)
     sys.exit(1)
-if failures:
+# The rules loaded and evaluate without errors (an alert that cannot evaluate never fires).
+with urllib.request.urlopen(f"http://{prom}/api/v1/rules", timeout=10) as r:
+    groups = json.load(r)["data"]["groups"]
+rules = [rule for g in groups for rule in g["rules"]]
+rule_failures = [f"rule {rule['name']}: health {rule.get('health')}: {rule.get('lastError')}"
+                 for rule in rules if rule.get("health") != "ok"]
+if len(rules) < 3 or not any(rule["type"] == "alerting" for rule in rules):
+    rule_failures.append(f"rules.yml not loaded: {[rule['name'] for rule in rules]}")
+for f in rule_failures:
+    print("FAIL:", f, file=sys.stderr)
+if failures or rule_failures:
     sys.exit(1)
-print(f"PASS: {checked} dashboard queries returned data for job {job}")
+print(f"PASS: {checked} dashboard queries returned data for job {job}; {len(rules)} rules healthy")
 PY
 "$BIN/trainctl" cancel "$JOB" >/dev/null

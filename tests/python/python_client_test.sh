@@ -47,7 +47,8 @@ weft_serve "$WORK/coordinator" "$BIN/weft-coordinator" --data-dir="$WORK/coordin
   --metrics-address=none "${SERVER_TLS[@]}" --auth-tokens-file="$WORK/tokens" ||
   fail "weft-coordinator did not start"
 weft_serve "$WORK/checkpointd" "$BIN/weft-checkpointd" --data-dir="$WORK/checkpoints" \
-  --metrics-address=none "${SERVER_TLS[@]}" || fail "weft-checkpointd did not start"
+  --metrics-address=none "${SERVER_TLS[@]}" --auth-tokens-file="$WORK/tokens" ||
+  fail "weft-checkpointd did not start"
 for i in 0 1; do
   weft_spawn "$WORK/worker$i.log" "$BIN/weft-worker" --device="cpu:$i" --metrics-address=none \
     --output-dir="$WORK/models" "${CLIENT_TLS[@]}"
