@@ -328,6 +328,7 @@ absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   Actions actions;
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return Refusal();
+  if (absl::Status s = workers_.CheckDeviceClaim(info); !s.ok()) return s;
   const std::string id = info.worker_id();
   WorkerRecord& worker = workers_.FindOrAdd(id);
   if (worker.state() == weft::v1::WORKER_BUSY) {

@@ -33,6 +33,11 @@ std::string DeviceName(const weft::v1::WorkerInfo& info) {
                       info.device_index());
 }
 
+// One device of one machine.
+std::string DeviceKey(const weft::v1::WorkerInfo& info) {
+  return absl::StrCat(info.host_id(), "\n", DeviceName(info));
+}
+
 }  // namespace
 
 WorkerRegistry::WorkerRegistry(DeadlineTimer& timer, absl::Mutex* guard,
@@ -97,9 +102,29 @@ const weft::v1::WorkerInfo* WorkerRegistry::Info(const std::string& worker_id) {
   return w ? &w->status.info() : nullptr;
 }
 
+absl::Status WorkerRegistry::CheckDeviceClaim(const weft::v1::WorkerInfo& info) {
+  auto owner = device_owner_.find(DeviceKey(info));
+  if (owner == device_owner_.end() || owner->second == info.worker_id()) return absl::OkStatus();
+  const WorkerRecord* other = Find(owner->second);
+  if (other == nullptr || (other->state() != weft::v1::WORKER_IDLE &&
+                           other->state() != weft::v1::WORKER_BUSY)) {
+    return absl::OkStatus();
+  }
+  const weft::v1::WorkerInfo& theirs = other->status.info();
+  // Same host name: one machine whose worker came back under another id.
+  if (theirs.host() == info.host()) return absl::OkStatus();
+  return absl::AlreadyExistsError(absl::StrCat(
+      "info.host_id: worker ", theirs.worker_id(), " of host \"", theirs.host(),
+      "\" already drives ", DeviceName(info), " of machine \"", info.host_id(),
+      "\", which this worker of host \"", info.host(),
+      "\" claims too: two machines share a machine id (a cloned disk image?); give each "
+      "its own --host-id, e.g. its host name"));
+}
+
 void WorkerRegistry::Register(WorkerRecord& worker, weft::v1::WorkerInfo info,
                               const std::string& token, Actions& actions) {
   const std::string id = info.worker_id();
+  device_owner_[DeviceKey(info)] = id;
   const int64_t incarnation = worker.status.incarnation() + 1;
   if (worker.held) {
     worker.held->AnswerLater(actions, StopResponse(id, incarnation - 1, incarnation));

@@ -75,6 +75,12 @@ class WorkerRegistry {
   // INVALID_ARGUMENT unless `token` is a valid session token.
   static absl::Status CheckSessionToken(const std::string& token);
 
+  // ALREADY_EXISTS when a live worker of another host name already drives the device `info`
+  // names on the machine `info.host_id` names: two machines that share a machine id (a cloned
+  // disk image), which would be ranked as one host. The worker retries, and gets in once the
+  // other is gone or the machines are told apart with --host-id.
+  absl::Status CheckDeviceClaim(const weft::v1::WorkerInfo& info);
+
   WorkerRecord* Find(const std::string& worker_id);
   const weft::v1::WorkerInfo* Info(const std::string& worker_id);
   // The record for `worker_id`, created empty if new.
@@ -161,6 +167,8 @@ class WorkerRegistry {
   const Options options_;
   absl::flat_hash_map<std::string, WorkerRecord> workers_;
   absl::flat_hash_map<int, int> state_counts_;
+  // DeviceKey(info) -> the worker id that last registered for that device of that machine.
+  absl::flat_hash_map<std::string, std::string> device_owner_;
   IdleCounts idle_by_kind_;
   uint64_t next_session_id_ = 1;
   absl::flat_hash_map<std::string, SessionRecord> sessions_;

@@ -581,6 +581,36 @@ TEST_F(CoordinatorTest, RanksAreContiguousPerHostId) {
   EXPECT_EQ(sim_b->local_world_size(), 1);
 }
 
+// Two machines cloned from one disk image state the same machine id: their workers would be
+// ranked as one host. The second claim of a device is refused, naming both hosts; the same
+// host re-registering a device under another id is a restart and goes through.
+TEST_F(CoordinatorTest, ADeviceClaimedByTwoHostsOfOneMachineIdIsRefused) {
+  auto info = [](const std::string& host, const std::string& id) {
+    weft::v1::WorkerInfo info;
+    info.set_worker_id(id);
+    info.set_host(host);
+    info.set_host_id("0123456789abcdef0123456789abcdef");
+    info.set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+    info.set_device_index(0);
+    return info;
+  };
+  ASSERT_TRUE(coord_->RegisterWorker(info("node-a", "node-a/cuda0"), "").ok());
+  auto clone = coord_->RegisterWorker(info("node-b", "node-b/cuda0"), "");
+  ASSERT_EQ(clone.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(clone.status().message(),
+              HasSubstr("worker node-a/cuda0 of host \"node-a\" already drives cuda0"));
+  EXPECT_THAT(clone.status().message(), HasSubstr("host \"node-b\" claims too"));
+  EXPECT_THAT(clone.status().message(), HasSubstr("--host-id"));
+  EXPECT_TRUE(coord_->RegisterWorker(info("node-a", "renamed-worker"), "").ok());
+  // Another device of the shared id, or the same device under another machine id, is fine.
+  auto other_device = info("node-b", "node-b/cuda1");
+  other_device.set_device_index(1);
+  EXPECT_TRUE(coord_->RegisterWorker(other_device, "").ok());
+  auto told_apart = info("node-b", "node-b/cuda0");
+  told_apart.set_host_id("node-b");
+  EXPECT_TRUE(coord_->RegisterWorker(told_apart, "").ok());
+}
+
 TEST_F(CoordinatorTest, HostIdDefaultsToHostAndIsChecked) {
   Worker w = Register("plain-host", 0);
   EXPECT_EQ(WorkerStatus(w.id).info().host_id(), "plain-host");
