@@ -1,8 +1,8 @@
 // weft-worker end to end: a real coordinator and real worker processes on 127.0.0.1 train a
-// job (also from a uint32 token file, from a prepared dataset with sequential sampling, and from
-// text through trainctl's tokenizer and dataset commands to a text sample), fail it cleanly on
-// bad data, survive a rank killed mid-collective without hanging, and stop
-// on cancel.
+// job (also with hybrid sharding over two simulated hosts, from a uint32 token file, from a
+// prepared dataset with sequential sampling, and from text through trainctl's tokenizer and
+// dataset commands to a text sample), fail it cleanly on bad data, survive a rank killed
+// mid-collective without hanging, and stop on cancel.
 #include <signal.h>
 
 #include <algorithm>
@@ -40,12 +40,16 @@ class WorkerE2eTest : public testing::WorkersTest {
     ASSERT_NO_FATAL_FAILURE(StartCoordinator(testing::SentenceCorpus(2000)));
   }
 
-  void StartWorkers(int n) {
+  // `n` workers, on host "node" or, with `per_host`, on hosts "a", "b", ... of `per_host` each.
+  void StartWorkers(int n, int per_host = 0) {
     for (int i = 0; i < n; ++i) {
+      const std::string host =
+          per_host > 0 ? std::string(1, static_cast<char>('a' + i / per_host)) : "node";
       ASSERT_NO_FATAL_FAILURE(StartWorker(
           absl::StrCat("cpu:", i),
           {"--collective-timeout-ms=20000", "--metrics-address=127.0.0.1:0",
-           "--metrics-port-file=" + dir_.File(absl::StrCat("metrics", i, ".port"))}));
+           "--metrics-port-file=" + dir_.File(absl::StrCat("metrics", i, ".port"))},
+          host));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     for (auto& w : workers_) ASSERT_TRUE(w->Running()) << "a worker exited at startup\n" << Logs();
@@ -154,6 +158,42 @@ TEST_F(WorkerE2eTest, TwoWorkersTrainATinyLlamaAndItSamples) {
   EXPECT_EQ(s.step(), 60);
   EXPECT_LT(s.last_metrics().loss(), 3.0) << s.last_metrics().DebugString();
   ExpectModelSamples(submitted->job_id());
+}
+
+// Hybrid sharding over two simulated hosts of two workers each: ZeRO-3 within a host,
+// replicated across the two (Gloo over loopback either way). The job succeeds, and its model
+// is the full-sharding job's on the same four workers and batches up to float summation order.
+TEST_F(WorkerE2eTest, HostShardingOverTwoHostsTrainsLikeFullSharding) {
+  StartWorkers(4, /*per_host=*/2);
+  std::vector<v1::JobStatus> ended;
+  for (const bool hybrid : {true, false}) {
+    v1::JobSpec spec = Spec(30);
+    spec.mutable_resources()->set_min_workers(4);
+    spec.mutable_resources()->set_max_workers(4);
+    if (hybrid) spec.mutable_sharding()->set_scope(v1::ShardingSpec::HOST);
+    auto submitted = client_->SubmitJob(spec);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    ended.push_back(WaitForEnd(submitted->job_id(), absl::Seconds(180)));
+    ASSERT_EQ(ended.back().state(), v1::SUCCEEDED) << ended.back().DebugString() << Logs();
+    EXPECT_TRUE(Eventually([&] { return AllWorkersIdle(4); }, absl::Seconds(10)));
+  }
+  EXPECT_THAT(Logs(), HasSubstr("hybrid sharding, 2 replicas of 2 ranks"));
+  EXPECT_NEAR(ended[0].last_metrics().loss(), ended[1].last_metrics().loss(),
+              1e-4 * ended[1].last_metrics().loss());
+  const auto hybrid = testing::ReadModel(ended[0]);
+  const auto full = testing::ReadModel(ended[1]);
+  ASSERT_EQ(hybrid.size(), full.size());
+  ASSERT_FALSE(full.empty());
+  for (size_t t = 0; t < full.size(); ++t) {
+    ASSERT_EQ(hybrid[t].data.size(), full[t].data.size()) << full[t].name;
+    double diff = 0, scale = 1e-12;
+    for (size_t i = 0; i < full[t].data.size(); ++i) {
+      diff = std::max(diff, std::abs(static_cast<double>(hybrid[t].data[i]) - full[t].data[i]));
+      scale = std::max(scale, std::abs(static_cast<double>(full[t].data[i])));
+    }
+    // As in tests/worker/zero_cpu_test.cc: float rounding of the gradient sums only.
+    EXPECT_LT(diff / scale, 1e-3) << full[t].name;
+  }
 }
 
 TEST_F(WorkerE2eTest, BadDataFilesFailTheJobWithTheFileNamedAndNoRestart) {
