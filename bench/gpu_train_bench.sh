@@ -17,6 +17,10 @@
 #     job's MEMORY_PLANNED event), e.g. full+selective:0-15 (blocks 0-15 one level lighter). WEFT_BENCH_MB overrides the micro-batch; WEFT_BENCH_OFFLOAD=1
 #     sets optimizer.offload; WEFT_BENCH_ACCUM sets training.grad_accum_steps (default 1);
 #     WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS KV_HEADS FFN VOCAB SEQ" replaces the llama shape;
+#     WEFT_BENCH_TRANSPORT=net makes every worker a host of its own with NCCL on its network
+#     transport (start_workers); WEFT_BENCH_SHARD=hybrid sets sharding { scope: HOST } (with
+#     one GPU per declared host: replicas only, each gradient shard all-reduced across them);
+#     the line ends transport=nvlink|net shard=full|hybrid.
 #     WEFT_BENCH_STEPS the steps (default 60; tokens/s counts from step 10, or from the
 #     first reported step past a fifth of them).
 #     tokens/s is end to end: steps completed between two coordinator timestamps (step 10 and
@@ -25,6 +29,9 @@
 #     device (CUDA context and NCCL included). exposed_comm_pct is the time the compute stream
 #     waited for collectives (GPU timing events) over the step time. mfu counts the peer's
 #     FLOPs per token (worker/mfu.h: 6 x parameters + 12 x layers x width x context).
+#   bench/gpu_train_bench.sh transport BIN_DIR DATA_FILE [gpt2|llama]
+#     On 2 GPUs, in one call: NCCL's own choice (NVLink) with full sharding, then the network
+#     transport with full sharding and with hybrid sharding; one gpu_train line each.
 #   bench/gpu_train_bench.sh curve BIN_DIR DATA_FILE
 #     A small byte-level GPT on real text (DATA_FILE, bytes), 300 steps, global batch 16, on
 #     1 GPU, 2 GPUs and 1 CPU worker; prints the largest per-step relative loss difference of
@@ -52,13 +59,22 @@ start_coordinator() {
 stop_coordinator() { weft_stop "$COORDINATOR_PID"; }
 
 # start_workers KIND COUNT: starts COUNT workers (cuda:0.. or cpu:0..), sets WORKER_PIDS.
+# WEFT_BENCH_TRANSPORT=net declares each worker a host of its own (--host-id, and NCCL_HOSTID
+# so that NCCL agrees) and turns NCCL's peer-to-peer and shared-memory transports off, so every
+# collective goes through NCCL's network transport as it would between hosts; nvlink (the
+# default) leaves NCCL its own choice.
 start_workers() {
   WORKER_PIDS=()
   for ((i = 0; i < $2; i++)); do
+    local net=()
+    if [[ ${WEFT_BENCH_TRANSPORT:-nvlink} == net ]]; then
+      net=(--host-id="bench-host-$i" --nccl-env=NCCL_HOSTID="bench-host-$i"
+           --nccl-env=NCCL_P2P_DISABLE=1 --nccl-env=NCCL_SHM_DISABLE=1)
+    fi
     # CPU workers get 8 BLAS threads so the reference curve finishes inside a device call.
     weft_spawn "$WORK/worker-$1$i-$RANDOM.log" "$BIN/weft-worker" --device="$1:$i" \
       --checkpointd=none --metrics-address=none $([[ $1 == cpu ]] && echo --blas-threads=8) \
-      --output-dir="$WORK/models" --worker-id="bench-$1$i-$RANDOM"
+      --output-dir="$WORK/models" --worker-id="bench-$1$i-$RANDOM" "${net[@]}"
     WORKER_PIDS+=("$WEFT_SPAWNED_PID")
   done
 }
@@ -78,6 +94,7 @@ training { total_steps: ${10} micro_batch_size: $9 sequence_length: $8 seed: 133
            grad_accum_steps: ${WEFT_BENCH_ACCUM:-1}
            activation_checkpointing: ${WEFT_BENCH_AC:-AUTO} }
 zero_stage: 3
+$([[ ${WEFT_BENCH_SHARD:-full} == hybrid ]] && echo "sharding { scope: HOST }")
 resources { device_kind: DEVICE_KIND_$2 min_workers: $3 max_workers: $3 }
 fault { heartbeat_interval_ms: 500 heartbeat_timeout_ms: 5000 max_restarts: 0 }
 SPEC
@@ -87,6 +104,14 @@ SPEC
 run_job() { weft_run_job "$BIN/trainctl" "$1" "$2" "$WORK"/worker-*.log >/dev/null; }
 
 case "$mode" in
+transport)
+  for run in "nvlink full" "net full" "net hybrid"; do
+    read -r WEFT_BENCH_TRANSPORT WEFT_BENCH_SHARD <<<"$run"
+    export WEFT_BENCH_TRANSPORT WEFT_BENCH_SHARD
+    WEFT_BENCH_WORK="$WORK/$WEFT_BENCH_TRANSPORT-$WEFT_BENCH_SHARD" \
+      "${BASH_SOURCE[0]}" throughput "$BIN" "$DATA" 2 "${4:-gpt2}"
+  done
+  ;;
 throughput)
   case "$ARCH" in
   gpt2) B=16 T=1024 ;;
@@ -111,10 +136,12 @@ throughput)
     run_job "$WORK/g$g.pb.txt" "$WORK/g$g.jsonl"
     stop_workers
     stop_coordinator
-    python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" "$ACCUM" "${WEFT_BENCH_OFFLOAD:-0}" <<'PY'
+    python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" "$ACCUM" "${WEFT_BENCH_OFFLOAD:-0}" \
+      "${WEFT_BENCH_TRANSPORT:-nvlink}" "${WEFT_BENCH_SHARD:-full}" <<'PY'
 import json, sys
 from datetime import datetime
 path, gpus, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+transport, shard = sys.argv[8], sys.argv[9]
 B, T, accum = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 offload = "on" if sys.argv[7] == "1" else "off"
 steps = {}
@@ -160,7 +187,8 @@ print(f"BENCH gpu_train arch={arch} gpus={gpus} tokens_per_s_per_gpu={per_gpu:.0
       f"backward_ms={phase['backward_ms']:.1f} optimizer_ms={phase['optimizer_ms']:.1f} "
       f"reported_tokens_per_s_per_gpu={B*T*accum*1000/step_ms:.0f} "
       f"steps={first}-{last} loss={float(steps[last]['loss']):.3f} "
-      f"activation_checkpointing={level} offload={offload}", flush=True)
+      f"activation_checkpointing={level} offload={offload} transport={transport} "
+      f"shard={shard}", flush=True)
 PY
   done
   ;;

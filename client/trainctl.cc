@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -523,6 +524,24 @@ int Events(CoordinatorClient& client, const GlobalOptions& global, const std::st
   return last.state() == weft::v1::SUCCEEDED ? 0 : 1;
 }
 
+// A machine id (32 hex digits) cut to its first 12, as `git log` shortens hashes; other host ids
+// (names given with --host-id) in full.
+std::string ShortHostId(const std::string& host_id) {
+  const bool machine_id =
+      host_id.size() == 32 && std::all_of(host_id.begin(), host_id.end(), absl::ascii_isxdigit);
+  return machine_id ? host_id.substr(0, 12) : host_id;
+}
+
+// Where a worker's collectives listen and the NCCL variables it runs with.
+std::string NetworkOf(const v1::WorkerInfo& info) {
+  std::vector<std::string> parts;
+  if (!info.address().empty()) parts.push_back(info.address());
+  std::map<std::string, std::string> sorted(info.comm().nccl_env().begin(),
+                                            info.comm().nccl_env().end());
+  for (const auto& [name, value] : sorted) parts.push_back(absl::StrCat(name, "=", value));
+  return parts.empty() ? std::string(kNone) : absl::StrJoin(parts, " ");
+}
+
 int Workers(CoordinatorClient& client, const GlobalOptions& global) {
   absl::StatusOr<std::vector<v1::WorkerStatus>> workers = client.ListWorkers();
   if (!workers.ok()) return Fail(workers.status());
@@ -530,7 +549,8 @@ int Workers(CoordinatorClient& client, const GlobalOptions& global) {
     return PrintListJson(std::move(*workers), &weft::v1::ListWorkersResponse::mutable_workers);
   }
   std::vector<std::vector<std::string>> rows = {
-      {"WORKER ID", "HOST", "DEVICE", "STATE", "JOB", "GEN", "RANK", "HEARTBEAT", "REASON"}};
+      {"WORKER ID", "HOST", "HOST ID", "DEVICE", "STATE", "JOB", "GEN", "RANK", "HEARTBEAT",
+       "NETWORK", "REASON"}};
   for (const v1::WorkerStatus& w : *workers) {
     const auto& info = w.info();
     std::string device =
@@ -539,14 +559,14 @@ int Workers(CoordinatorClient& client, const GlobalOptions& global) {
                      ":", info.device_index());
     if (!info.gpu_model().empty()) absl::StrAppend(&device, " ", info.gpu_model());
     const bool busy = w.state() == weft::v1::WORKER_BUSY;
-    rows.push_back({info.worker_id(), info.host(), device,
+    rows.push_back({info.worker_id(), info.host(), ShortHostId(info.host_id()), device,
                     ShortEnumName(weft::v1::WorkerState_Name(w.state()), "WORKER_"),
                     busy ? w.job_id() : kNone, busy ? absl::StrCat(w.generation()) : kNone,
                     busy ? absl::StrCat(w.rank()) : kNone,
                     HasTime(w.last_heartbeat_time())
                         ? absl::StrCat(AgeOf(w.last_heartbeat_time()), " ago")
                         : kNone,
-                    w.reason()});
+                    NetworkOf(info), w.reason()});
   }
   PrintTable(rows);
   return 0;

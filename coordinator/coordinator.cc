@@ -134,7 +134,7 @@ void Coordinator::StartGenerationLocked(JobRecord& rec, const Placement& placeme
       number, placement.worker_ids,
       [this](const std::string& id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         const weft::v1::WorkerInfo* info = workers_.Info(id);
-        return info ? info->host() : std::string();
+        return info ? info->host_id() : std::string();
       },
       Now());
   const int32_t world = rec.generation->world_size();

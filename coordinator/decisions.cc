@@ -29,8 +29,20 @@ int64_t Ms(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
 void SortInRankOrder(std::vector<IdleWorkerView>* workers) {
   std::sort(workers->begin(), workers->end(), [](const auto& a, const auto& b) {
-    return std::tie(a.host, a.device_index, a.worker_id) <
-           std::tie(b.host, b.device_index, b.worker_id);
+    return std::tie(a.host_id, a.device_index, a.worker_id) <
+           std::tie(b.host_id, b.device_index, b.worker_id);
+  });
+}
+
+void SortInPlacementOrder(std::vector<IdleWorkerView>* workers) {
+  absl::flat_hash_map<std::string_view, size_t> idle_on_host;
+  for (const auto& w : *workers) ++idle_on_host[w.host_id];
+  std::sort(workers->begin(), workers->end(), [&](const auto& a, const auto& b) {
+    const size_t na = idle_on_host[a.host_id];
+    const size_t nb = idle_on_host[b.host_id];
+    if (na != nb) return na > nb;
+    return std::tie(a.host_id, a.device_index, a.worker_id) <
+           std::tie(b.host_id, b.device_index, b.worker_id);
   });
 }
 
@@ -71,23 +83,30 @@ ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
   for (const auto& w : idle_workers) {
     if (auto it = pool.find(w.device_kind); it != pool.end()) it->second.push_back(w);
   }
-  for (auto& [kind, workers] : pool) SortInRankOrder(&workers);
+  for (auto& [kind, workers] : pool) SortInPlacementOrder(&workers);
   absl::flat_hash_map<weft::v1::DeviceKind, size_t> next;  // first unassigned in each pool
   for (const auto& [job, take] : placed) {
     const auto& workers = pool[job->device_kind];
     size_t& first = next[job->device_kind];
     Placement placement;
     placement.job_id = job->job_id;
-    for (size_t i = first; i < first + take; ++i) {
-      placement.worker_ids.emplace_back(workers[i].worker_id);
-    }
+    std::vector<IdleWorkerView> taken(workers.begin() + first, workers.begin() + first + take);
     first += take;
+    SortInRankOrder(&taken);
+    absl::flat_hash_set<std::string_view> hosts;
+    for (const auto& w : taken) {
+      placement.worker_ids.emplace_back(w.worker_id);
+      hosts.insert(w.host_id);
+    }
     placement.reason = absl::StrCat(take, " idle ", KindName(job->device_kind), " worker",
-                                    take == 1 ? "" : "s", " (min ", job->min_workers, ", max ",
-                                    job->max_workers, job->world_multiple > 1
+                                    take == 1 ? "" : "s", " on ", hosts.size(), " host",
+                                    hosts.size() == 1 ? "" : "s", " (min ", job->min_workers,
+                                    ", max ", job->max_workers,
+                                    job->world_multiple > 1
                                         ? absl::StrCat(", a multiple of the group size ",
                                                        job->world_multiple)
-                                        : "", ")");
+                                        : "",
+                                    ")");
     decision.placements.push_back(std::move(placement));
   }
   return decision;

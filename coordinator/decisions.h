@@ -23,7 +23,8 @@ namespace weft::coordinator {
 // Views point into the caller's records, which must outlive the call.
 struct IdleWorkerView {
   std::string_view worker_id;
-  std::string_view host;
+  // WorkerInfo.host_id: the machine, as its workers state it.
+  std::string_view host_id;
   int32_t device_index = 0;
   weft::v1::DeviceKind device_kind = weft::v1::DEVICE_KIND_UNSPECIFIED;
 };
@@ -56,14 +57,22 @@ struct ScheduleDecision {
 // takes up to max_workers idle workers of that kind (rounded down to a multiple of
 // world_multiple) once at least min_workers exist; until it
 // can, later jobs of that kind wait too (so a large gang is never starved by small ones).
-// Workers are chosen, and ranked, in rank order (SortInRankOrder). O(workers) when nothing can
-// be placed, which is what most calls (one per registration) find.
+// Workers are taken in placement order (SortInPlacementOrder), so a job spans as few hosts as
+// the idle workers allow, and each placement lists its workers in rank order
+// (SortInRankOrder). O(workers) when nothing can be placed, which is what most calls (one per
+// registration) find.
 ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
                           const std::vector<IdleWorkerView>& idle_workers);
 
-// Rank order: by host, then device index, then worker id — so the ranks of one host are
+// Rank order: by host_id, then device index, then worker id — so the ranks of one host are
 // contiguous and follow device order, and the same set of workers always gets the same ranks.
 void SortInRankOrder(std::vector<IdleWorkerView>* workers);
+
+// The order idle workers of one kind are taken in: hosts with the most idle workers first
+// (ties by host_id), each host's workers in rank order. Taking a prefix then spans the fewest
+// hosts: a job of 8 on 8-GPU nodes takes one whole idle node rather than the 3 idle GPUs of a
+// busy node and 5 of another, which would send its collectives over the network.
+void SortInPlacementOrder(std::vector<IdleWorkerView>* workers);
 
 // Schedule, but quarantined workers are left out first; a job that cannot start without them
 // gets them after all (second pass), so quarantine steers work to healthy workers but never

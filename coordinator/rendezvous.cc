@@ -54,6 +54,7 @@ weft::v1::JoinResponse Generation::ResponseFor(int32_t rank, bool include_peers,
     p->set_worker_id(members_[r]);
     if (const weft::v1::WorkerInfo* info = peer(members_[r])) {
       p->set_host(info->host());
+      p->set_host_id(info->host_id());
       p->set_device_index(info->device_index());
       p->set_address(info->address());
     }

@@ -54,6 +54,11 @@ absl::Status WorkerRegistry::CheckRegistration(weft::v1::WorkerInfo& info,
   if (info.worker_id().empty() && problems.empty()) {
     info.set_worker_id(absl::StrCat(info.host(), "/", DeviceName(info)));
   }
+  if (info.host_id().empty()) info.set_host_id(info.host());
+  if (!info.host_id().empty() && !ValidWorkerId(info.host_id())) {
+    problems.push_back(absl::StrCat("info.host_id: \"", info.host_id(),
+                                    "\" must be 1-128 characters of letters, digits, ._/:-"));
+  }
   if (!info.worker_id().empty() && !ValidWorkerId(info.worker_id())) {
     problems.push_back(absl::StrCat("info.worker_id: \"", info.worker_id(),
                                     "\" must be 1-128 characters of letters, digits, ._/:-"));
@@ -276,7 +281,7 @@ void WorkerRegistry::IdleViews(std::vector<IdleWorkerView>* healthy,
   for (const auto& [id, w] : workers_) {
     if (w.state() != weft::v1::WORKER_IDLE) continue;
     (w.quarantined_until > now ? quarantined : healthy)
-        ->push_back({std::string_view(id), std::string_view(w.status.info().host()),
+        ->push_back({std::string_view(id), std::string_view(w.status.info().host_id()),
                      w.status.info().device_index(), w.status.info().device_kind()});
   }
 }

@@ -17,12 +17,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "spdlog/spdlog.h"
 #include "common/daemon.h"
 #include "common/rpc.h"
 #include "common/security_flags.h"
 #include "common/status.h"
 #include "worker/agent.h"
 #include "worker/engine/cpu/model.h"
+#include "worker/host_identity.h"
 
 namespace {
 
@@ -86,6 +88,7 @@ struct Flags {
   std::string coordinator = EnvOr("WEFT_COORDINATOR", "127.0.0.1:7070");
   std::string device = "cpu";
   std::string host = HostName();
+  std::string host_id;
   std::string worker_id;
   std::string data_address;
   std::string metrics_address = "127.0.0.1:0";
@@ -99,6 +102,7 @@ struct Flags {
   int64_t test_teardown_delay_ms = 0;
   std::string log_level = "info";
   weft::SecurityFlags security;
+  weft::worker::CommFlags comm;
 };
 
 // Where this worker is and how it is reached.
@@ -109,6 +113,10 @@ void AddPlacementFlags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_option("--host", f.host, "host name reported to the coordinator")
       ->capture_default_str();
+  app.add_option("--host-id", f.host_id,
+                 "the machine this worker runs on: the coordinator keeps a machine's ranks "
+                 "contiguous and groups hybrid sharding by it (default: the machine id, "
+                 "/etc/machine-id, else --host; in containers pass the node's name)");
   app.add_option("--worker-id", f.worker_id, "stable id (default <host>/<device>)");
   app.add_option("--data-address", f.data_address,
                  "address other ranks reach this worker at for collectives (default: 127.0.0.1 "
@@ -116,6 +124,32 @@ void AddPlacementFlags(CLI::App& app, Flags& f) {
   app.add_option("--metrics-address", f.metrics_address, "Prometheus endpoint host:port, or none")
       ->capture_default_str();
   app.add_option("--metrics-port-file", f.metrics_port_file, "write the bound metrics port here");
+}
+
+// How this worker's collectives reach other hosts (WorkerInfo.comm).
+void AddNetworkFlags(CLI::App& app, Flags& f) {
+  app.add_option("--net-interface", f.comm.network_interface,
+                 "network interface for collectives: NCCL_SOCKET_IFNAME, and Gloo listens on its "
+                 "IPv4 address unless --data-address is given");
+  app.add_option("--nccl-ib-hca", f.comm.ib_hcas,
+                 "InfiniBand HCAs NCCL may use (NCCL_IB_HCA), e.g. mlx5_0,mlx5_1");
+  app.add_option("--nccl-socket-threads", f.comm.socket_threads,
+                 "threads per NCCL socket connection (NCCL_SOCKET_NTHREADS), 1-16; 0: NCCL's "
+                 "default")
+      ->capture_default_str();
+  app.add_option("--nccl-env", f.comm.nccl_env,
+                 "another NCCL variable, NCCL_NAME=value (repeatable); shown by trainctl workers "
+                 "with the NCCL_* variables inherited from the environment");
+}
+
+// The host id a worker states when --host-id is not given.
+std::string DefaultHostId(const std::string& host) {
+  absl::StatusOr<std::string> id = weft::worker::ReadMachineId(
+      weft::worker::DefaultMachineIdPaths());
+  if (id.ok()) return *id;
+  spdlog::warn("--host-id not given and {}: using the host name \"{}\" as this machine's id",
+               std::string(id.status().message()), host);
+  return host;
 }
 
 // How this worker trains and keeps what it trained.
@@ -166,6 +200,12 @@ absl::StatusOr<weft::worker::AgentOptions> ToAgentOptions(Flags f) {
   options.coordinator = f.coordinator;
   WEFT_RETURN_IF_ERROR(ParseDevice(f.device, &options.info));
   options.info.set_host(f.host);
+  options.info.set_host_id(f.host_id.empty() ? DefaultHostId(f.host) : f.host_id);
+  WEFT_ASSIGN_OR_RETURN(*options.info.mutable_comm(),
+                        weft::worker::ResolveCommSettings(f.comm,
+                                                          weft::worker::ProcessEnvironment()));
+  // Before any thread starts, and before NCCL reads them.
+  WEFT_RETURN_IF_ERROR(weft::worker::ApplyCommSettings(options.info.comm()));
   const bool cuda = options.info.device_kind() == weft::v1::DEVICE_KIND_CUDA;
   // The coordinator would pick the same default; knowing it before registering labels this
   // worker's metrics and logs with its real id from the start.
@@ -174,10 +214,31 @@ absl::StatusOr<weft::worker::AgentOptions> ToAgentOptions(Flags f) {
   }
   options.info.set_worker_id(f.worker_id);
   options.info.set_pid(::getpid());
+  if (f.data_address.empty() && !f.comm.network_interface.empty()) {
+    absl::StatusOr<std::string> address =
+        weft::worker::InterfaceIpv4Address(f.comm.network_interface);
+    if (!address.ok()) {
+      return absl::Status(address.status().code(),
+                          absl::StrCat("--net-interface: ", address.status().message()));
+    }
+    f.data_address = *address;
+  }
   if (f.data_address.empty()) {
     f.data_address = weft::IsLoopbackAddress(f.coordinator) ? "127.0.0.1" : f.host;
   }
   options.info.set_address(f.data_address);
+  // Gloo listens there; a GPU worker's NCCL picks its own interface (--net-interface).
+  if (!cuda) {
+    if (absl::Status s = weft::worker::CheckCanListenOn(f.data_address); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("--data-address: ", s.message()));
+    }
+    if (!weft::IsLoopbackAddress(f.coordinator) &&
+        weft::worker::ResolvesOnlyToLoopback(f.data_address)) {
+      spdlog::warn("the data address \"{}\" is a loopback address: workers on other hosts "
+                   "cannot reach this one; pass --net-interface or --data-address",
+                   f.data_address);
+    }
+  }
   weft::worker::RunOptions& run = options.run;
   run.device.data_address = f.data_address;
   run.device.collective_timeout_ms = f.collective_timeout_ms;
@@ -200,6 +261,7 @@ int main(int argc, char** argv) {
   Flags flags;
   CLI::App app{"weft-worker: trains the job generations the coordinator assigns"};
   AddPlacementFlags(app, flags);
+  AddNetworkFlags(app, flags);
   AddTrainingFlags(app, flags);
   AddTimeoutFlags(app, flags);
   app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error")

@@ -29,7 +29,7 @@ bool CountRuns(const std::vector<std::string>& rank_hosts,
 std::vector<std::string> RankHosts(const weft::v1::JoinResponse& joined) {
   std::vector<std::string> hosts;
   hosts.reserve(joined.peers_size());
-  for (const weft::v1::Peer& peer : joined.peers()) hosts.push_back(peer.host());
+  for (const weft::v1::Peer& peer : joined.peers()) hosts.push_back(peer.host_id());
   return hosts;
 }
 

@@ -29,8 +29,9 @@ struct ShardingGroups {
   bool operator==(const ShardingGroups&) const = default;
 };
 
-// The host of every rank of a Join answered with include_peers, in rank order. The one place
-// that says which host a rank is on.
+// The host of every rank of a Join answered with include_peers, in rank order: Peer.host_id
+// (the machine as its workers state it, which is what orders ranks). The one place that says
+// which host a rank is on.
 std::vector<std::string> RankHosts(const weft::v1::JoinResponse& joined);
 
 // The groups `sharding` makes of a world of rank_hosts.size() ranks. WORLD: one group. GROUP:

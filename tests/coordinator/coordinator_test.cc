@@ -472,6 +472,60 @@ TEST_F(CoordinatorTest, RanksAreContiguousPerHostByDeviceIndex) {
   EXPECT_EQ(peer.address(), "node-b:7000");
 }
 
+// Hosts are grouped by host_id, not by name: two processes of one machine that report different
+// host names (a renamed host) share a host, and simulated hosts on one machine (distinct
+// host_ids) do not.
+TEST_F(CoordinatorTest, RanksAreContiguousPerHostId) {
+  const std::string job = Submit(CpuSpec("host-ids", 4));
+  struct Spec {
+    const char* host;
+    const char* host_id;
+    int32_t index;
+  };
+  std::vector<Worker> workers;
+  for (const Spec& spec : {Spec{"renamed", "machine-1", 1}, Spec{"same-box", "sim-b", 0},
+                           Spec{"old-name", "machine-1", 0}, Spec{"same-box", "sim-a", 0}}) {
+    weft::v1::WorkerInfo info;
+    info.set_worker_id(absl::StrCat(spec.host_id, "/cpu", spec.index));
+    info.set_host(spec.host);
+    info.set_host_id(spec.host_id);
+    info.set_device_index(spec.index);
+    info.set_device_kind(weft::v1::DEVICE_KIND_CPU);
+    auto r = coord_->RegisterWorker(info, "");
+    ASSERT_TRUE(r.ok()) << r.status();
+    workers.push_back({r->worker_id(), r->incarnation()});
+  }
+  JobStatus s = Status(job);
+  ASSERT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_THAT(s.worker_ids(),
+              ElementsAre("machine-1/cpu0", "machine-1/cpu1", "sim-a/cpu0", "sim-b/cpu0"));
+  std::vector<std::unique_ptr<Pending<JoinResponse>>> joins;
+  for (const Worker& w : workers) joins.push_back(StartJoin(job, 1, w));
+  auto renamed = joins[0]->Get();  // machine-1/cpu1
+  ASSERT_TRUE(renamed.ok()) << renamed.status();
+  EXPECT_EQ(renamed->local_rank(), 1);
+  EXPECT_EQ(renamed->local_world_size(), 2);
+  EXPECT_EQ(renamed->peers(0).host(), "old-name");
+  EXPECT_EQ(renamed->peers(0).host_id(), "machine-1");
+  auto sim_b = joins[1]->Get();
+  ASSERT_TRUE(sim_b.ok()) << sim_b.status();
+  EXPECT_EQ(sim_b->rank(), 3);
+  EXPECT_EQ(sim_b->local_rank(), 0);
+  EXPECT_EQ(sim_b->local_world_size(), 1);
+}
+
+TEST_F(CoordinatorTest, HostIdDefaultsToHostAndIsChecked) {
+  Worker w = Register("plain-host", 0);
+  EXPECT_EQ(WorkerStatus(w.id).info().host_id(), "plain-host");
+  weft::v1::WorkerInfo info;
+  info.set_host("h");
+  info.set_host_id("bad host id");
+  info.set_device_kind(weft::v1::DEVICE_KIND_CPU);
+  auto r = coord_->RegisterWorker(info, "");
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("info.host_id: \"bad host id\""));
+}
+
 // ---- rendezvous ------------------------------------------------------------------------------
 
 TEST_F(CoordinatorTest, PeersAreSentOnlyToCallersThatAskForThem) {

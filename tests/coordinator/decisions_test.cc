@@ -79,8 +79,42 @@ TEST(ScheduleTest, PlacesWhenMinWorkersIdleInRankOrder) {
   ASSERT_THAT(d.placements, SizeIs(1));
   EXPECT_EQ(d.placements[0].job_id, "j1");
   EXPECT_THAT(d.placements[0].worker_ids, ElementsAre("hostA/cpu0", "hostA/cpu1", "hostB/cpu0"));
-  EXPECT_EQ(d.placements[0].reason, "3 idle CPU workers (min 3, max 3)");
+  EXPECT_EQ(d.placements[0].reason, "3 idle CPU workers on 2 hosts (min 3, max 3)");
   EXPECT_THAT(d.waiting, IsEmpty());
+}
+
+TEST(SortInPlacementOrderTest, HostsWithMostIdleWorkersFirstEachInRankOrder) {
+  std::vector<IdleWorkerView> workers = {Cpu("a", 0), Cpu("c", 1), Cpu("b", 2), Cpu("c", 0),
+                                         Cpu("b", 0), Cpu("b", 1), Cpu("a", 1)};
+  SortInPlacementOrder(&workers);
+  std::vector<std::string_view> ids;
+  for (const auto& w : workers) ids.push_back(w.worker_id);
+  // b has 3 idle, then a and c with 2 each, in host order.
+  EXPECT_THAT(ids, ElementsAre("b/cpu0", "b/cpu1", "b/cpu2", "a/cpu0", "a/cpu1", "c/cpu0",
+                               "c/cpu1"));
+}
+
+TEST(ScheduleTest, AJobTakesOneWholeHostRatherThanSpanningTwo) {
+  // A busy node "a" has 3 idle GPUs left, node "b" all 8: the job of 8 takes b alone.
+  std::vector<IdleWorkerView> idle;
+  for (int i : {1, 4, 6}) idle.push_back(Gpu("a", i));
+  for (int i = 0; i < 8; ++i) idle.push_back(Gpu("b", i));
+  ScheduleDecision d = Schedule({Job("j1", DEVICE_KIND_CUDA, 8, 8)}, idle);
+  ASSERT_THAT(d.placements, SizeIs(1));
+  EXPECT_THAT(d.placements[0].worker_ids,
+              ElementsAre("b/cuda0", "b/cuda1", "b/cuda2", "b/cuda3", "b/cuda4", "b/cuda5",
+                          "b/cuda6", "b/cuda7"));
+  EXPECT_EQ(d.placements[0].reason, "8 idle CUDA workers on 1 host (min 8, max 8)");
+}
+
+TEST(ScheduleTest, RanksOfAPlacementSpanningHostsAreContiguousPerHost) {
+  // Taken in placement order (c first: most idle), ranked in rank order (by host).
+  ScheduleDecision d = Schedule({Job("j1", DEVICE_KIND_CPU, 5, 5)},
+                                {Cpu("c", 2), Cpu("a", 1), Cpu("c", 0), Cpu("c", 1), Cpu("a", 0),
+                                 Cpu("b", 0)});
+  ASSERT_THAT(d.placements, SizeIs(1));
+  EXPECT_THAT(d.placements[0].worker_ids,
+              ElementsAre("a/cpu0", "a/cpu1", "c/cpu0", "c/cpu1", "c/cpu2"));
 }
 
 TEST(ScheduleTest, WaitsWithReasonWhenTooFewIdle) {
@@ -101,7 +135,7 @@ TEST(ScheduleTest, TakesUpToMaxWorkers) {
   ScheduleDecision d = Schedule({Job("j1", DEVICE_KIND_CPU, 2, 4)}, idle);
   ASSERT_THAT(d.placements, SizeIs(1));
   EXPECT_THAT(d.placements[0].worker_ids, ElementsAre("h/cpu0", "h/cpu1", "h/cpu2", "h/cpu3"));
-  EXPECT_EQ(d.placements[0].reason, "4 idle CPU workers (min 2, max 4)");
+  EXPECT_EQ(d.placements[0].reason, "4 idle CPU workers on 1 host (min 2, max 4)");
 }
 
 TEST(ScheduleTest, TakesAllIdleBetweenMinAndMax) {
@@ -121,7 +155,7 @@ TEST(ScheduleTest, HybridShardingTakesWholeGroupsAndLeavesTheRest) {
   // 7 idle, up to 8 wanted: 6, three groups of 2; the seventh goes to the next job.
   EXPECT_THAT(d.placements[0].worker_ids, SizeIs(6));
   EXPECT_EQ(d.placements[0].reason,
-            "6 idle CPU workers (min 2, max 8, a multiple of the group size 2)");
+            "6 idle CPU workers on 1 host (min 2, max 8, a multiple of the group size 2)");
   EXPECT_THAT(d.placements[1].worker_ids, ElementsAre("h/cpu6"));
   // At max_workers already a multiple: no rounding.
   hybrid.max_workers = 4;

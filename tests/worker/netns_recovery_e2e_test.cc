@@ -194,6 +194,7 @@ class NetnsRecoveryE2eTest : public ::testing::Test {
         "--checkpointd=" + checkpointd_address_,
         absl::StrCat("--device=cpu:", device),
         in_netns ? "--host=netns" : "--host=host",
+        in_netns ? "--host-id=netns" : "--host-id=host",
         "--data-address=" + (in_netns ? ns_ip_ : host_ip_),
         "--output-dir=" + dir_.File("models"),
         "--metrics-address=none"};

@@ -62,7 +62,7 @@ TEST(ShardingGroupsTest, UnevenOrScatteredHostsAreRefusedNamingTheirCounts) {
 
 TEST(ShardingGroupsTest, RankHostsAreThePeersHostsInRankOrder) {
   weft::v1::JoinResponse joined;
-  for (const char* host : {"a", "a", "b"}) joined.add_peers()->set_host(host);
+  for (const char* host : {"a", "a", "b"}) joined.add_peers()->set_host_id(host);
   EXPECT_THAT(RankHosts(joined), ::testing::ElementsAre("a", "a", "b"));
 }
 

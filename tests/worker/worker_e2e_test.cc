@@ -40,16 +40,17 @@ class WorkerE2eTest : public testing::WorkersTest {
     ASSERT_NO_FATAL_FAILURE(StartCoordinator(testing::SentenceCorpus(2000)));
   }
 
-  // `n` workers, on host "node" or, with `per_host`, on hosts "a", "b", ... of `per_host` each.
+  // `n` workers, on host "node" or, with `per_host`, on simulated hosts "a", "b", ... (host
+  // name and host id) of `per_host` each.
   void StartWorkers(int n, int per_host = 0) {
     for (int i = 0; i < n; ++i) {
       const std::string host =
           per_host > 0 ? std::string(1, static_cast<char>('a' + i / per_host)) : "node";
-      ASSERT_NO_FATAL_FAILURE(StartWorker(
-          absl::StrCat("cpu:", i),
-          {"--collective-timeout-ms=20000", "--metrics-address=127.0.0.1:0",
-           "--metrics-port-file=" + dir_.File(absl::StrCat("metrics", i, ".port"))},
-          host));
+      std::vector<std::string> flags = {
+          "--collective-timeout-ms=20000", "--metrics-address=127.0.0.1:0",
+          "--metrics-port-file=" + dir_.File(absl::StrCat("metrics", i, ".port"))};
+      if (per_host > 0) flags.push_back("--host-id=" + host);
+      ASSERT_NO_FATAL_FAILURE(StartWorker(absl::StrCat("cpu:", i), flags, host));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     for (auto& w : workers_) ASSERT_TRUE(w->Running()) << "a worker exited at startup\n" << Logs();
@@ -476,6 +477,56 @@ TEST_F(WorkerE2eTest, BadDeviceIsRefusedNamingIt) {
   EXPECT_TRUE(absl::StrContains(cuda.err, "CUDA device(s)") ||
               absl::StrContains(cuda.err, "built without CUDA"))
       << cuda.err;
+}
+
+// What a worker states about its machine and its network reaches `trainctl workers`: the host
+// id it was given (not its host name) and the NCCL variables it runs with, the inherited ones
+// included; Gloo listens on the named interface's address.
+TEST_F(WorkerE2eTest, WorkersShowTheirHostIdAndNetworkSettings) {
+  std::vector<std::string> argv = {
+      testing::BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
+      "--device=cpu:0", "--host=renamed-host", "--host-id=rack7-node3", "--net-interface=lo",
+      "--nccl-socket-threads=4", "--nccl-env=NCCL_P2P_DISABLE=1", "--metrics-address=none"};
+  auto worker = testing::Subprocess::Start(argv, dir_.File("worker0.log"),
+                                           {{"NCCL_DEBUG", "WARN"}});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  workers_.push_back(std::move(*worker));
+  testing::CommandResult table;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        table = testing::RunCommand(
+            {testing::BinDir() + "/trainctl", "--coordinator=" + coordinator_->address(),
+             "workers"},
+            {}, absl::Seconds(30));
+        return absl::StrContains(table.out, "renamed-host/cpu0");
+      },
+      absl::Seconds(20)))
+      << table.out << table.err << Logs();
+  EXPECT_THAT(table.out, HasSubstr("NETWORK"));
+  EXPECT_THAT(table.out, HasSubstr("rack7-node3"));
+  EXPECT_THAT(table.out, HasSubstr("127.0.0.1 NCCL_DEBUG=WARN NCCL_P2P_DISABLE=1 "
+                                   "NCCL_SOCKET_IFNAME=lo NCCL_SOCKET_NTHREADS=4"));
+}
+
+// Network flags that cannot work stop the worker at startup, naming the flag and the reason.
+TEST_F(WorkerE2eTest, BadNetworkFlagsAreRefusedNamingThem) {
+  struct Case {
+    std::string flag;
+    std::string message;
+  };
+  for (const Case& c :
+       {Case{"--net-interface=nosuchif0", "--net-interface: no network interface \"nosuchif0\""},
+        Case{"--nccl-env=NCCL_DEBUG", "--nccl-env: \"NCCL_DEBUG\" is not NCCL_NAME=value"},
+        Case{"--nccl-socket-threads=99", "--nccl-socket-threads: must be 1-16"},
+        Case{"--data-address=198.18.255.254",
+             "--data-address: cannot listen on \"198.18.255.254\""}}) {
+    testing::CommandResult r = testing::RunCommand(
+        {testing::BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
+         c.flag, "--metrics-address=none"},
+        {}, absl::Seconds(30));
+    EXPECT_EQ(r.exit_code, 1) << c.flag << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.flag;
+  }
 }
 
 // MFU's denominator must be a number of TFLOP/s, never negative.
