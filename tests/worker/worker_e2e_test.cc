@@ -203,6 +203,21 @@ TEST_F(WorkerE2eTest, HostShardingOverTwoHostsTrainsLikeFullSharding) {
   }
 }
 
+// HOST scope over hosts of unequal size: the generation fails naming every host's rank count
+// (not permanently, but this job allows no restart).
+TEST_F(WorkerE2eTest, HostShardingOverUnevenHostsFailsNamingTheirCounts) {
+  StartWorkers(3, /*per_host=*/2);
+  v1::JobSpec spec = Spec(10);
+  spec.mutable_resources()->set_min_workers(3);
+  spec.mutable_sharding()->set_scope(v1::ShardingSpec::HOST);
+  auto submitted = client_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(60));
+  EXPECT_EQ(s.state(), v1::FAILED) << Logs();
+  EXPECT_THAT(s.error(), HasSubstr("sharding.scope HOST needs every host"));
+  EXPECT_THAT(s.error(), HasSubstr("ranks by host: a=2, b=1"));
+}
+
 TEST_F(WorkerE2eTest, BadDataFilesFailTheJobWithTheFileNamedAndNoRestart) {
   StartWorkers(2);
   struct Case {
