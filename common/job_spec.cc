@@ -199,6 +199,35 @@ void ValidateDataFormat(const weft::v1::DataSpec& d, const weft::v1::ModelSpec& 
   }
 }
 
+// Hybrid sharding splits ZeRO-3's shards: other stages have nothing to split that way, and a
+// generation must consist of whole groups.
+void ValidateSharding(const JobSpec& spec, const Complain& bad) {
+  const auto& s = spec.sharding();
+  if (!weft::v1::ShardingSpec::Scope_IsValid(s.scope())) {
+    bad("sharding.scope", absl::StrCat("unknown value ", s.scope(), "; use WORLD, HOST or GROUP"));
+    return;
+  }
+  if (s.scope() != weft::v1::ShardingSpec::GROUP && s.group_size() != 0) {
+    bad("sharding.group_size",
+        absl::StrCat("only for scope GROUP (the group is the world or the host otherwise), got ",
+                     s.group_size()));
+  }
+  if (s.scope() == weft::v1::ShardingSpec::WORLD) return;
+  if (spec.zero_stage() != 3) {
+    bad("sharding.scope", absl::StrCat("HOST and GROUP shard ZeRO-3 state: need zero_stage 3, got ",
+                                       spec.zero_stage()));
+  }
+  if (s.scope() != weft::v1::ShardingSpec::GROUP) return;
+  const int32_t min_workers = spec.resources().min_workers();
+  if (s.group_size() < 1) {
+    bad("sharding.group_size", absl::StrCat("must be >= 1 for scope GROUP, got ", s.group_size()));
+  } else if (min_workers >= 1 && min_workers % s.group_size() != 0) {
+    bad("resources.min_workers",
+        absl::StrCat("must be a multiple of sharding.group_size (", s.group_size(), "), got ",
+                     min_workers, ": a generation is made of whole groups"));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpecText(std::string_view text, std::string_view filename) {
@@ -396,6 +425,7 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
                                               "), got ", r.max_workers()));
   }
   if (r.max_workers() > 65536) bad("resources.max_workers", absl::StrCat("must be <= 65536, got ", r.max_workers()));
+  ValidateSharding(spec, bad);
 
   if (!spec.init_from_hf_dir().empty() && !spec.resume_from_job().empty()) {
     bad("init_from_hf_dir", "not together with resume_from_job: a job starts from one of them");

@@ -75,7 +75,8 @@ CountPlan PlanByCounts(const std::vector<WaitingJobView>& jobs, IdleCounts avail
       blocked_by[job.device_kind] = job.job_id;
       continue;
     }
-    const size_t take = std::min<size_t>(count, std::max(job.max_workers, job.min_workers));
+    size_t take = std::min<size_t>(count, std::max(job.max_workers, job.min_workers));
+    take -= take % static_cast<size_t>(std::max(job.world_multiple, 1));
     count -= take;
     plan.placed.emplace_back(&job, take);
   }
@@ -127,7 +128,12 @@ ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
     placement.reason = absl::StrCat(take, " idle ", KindName(job->device_kind), " worker",
                                     take == 1 ? "" : "s", " on ", hosts.size(), " host",
                                     hosts.size() == 1 ? "" : "s", " (min ", job->min_workers,
-                                    ", max ", job->max_workers, ")");
+                                    ", max ", job->max_workers,
+                                    job->world_multiple > 1
+                                        ? absl::StrCat(", a multiple of the group size ",
+                                                       job->world_multiple)
+                                        : "",
+                                    ")");
     decision.placements.push_back(std::move(placement));
   }
   return decision;

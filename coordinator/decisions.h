@@ -36,6 +36,9 @@ struct WaitingJobView {
   weft::v1::DeviceKind device_kind = weft::v1::DEVICE_KIND_UNSPECIFIED;
   int32_t min_workers = 1;
   int32_t max_workers = 1;
+  // The world must be a multiple of this (hybrid sharding's sharding.group_size, whose
+  // validation makes min_workers one too): the workers taken are rounded down to it.
+  int32_t world_multiple = 1;
 };
 
 struct Placement {
@@ -52,7 +55,8 @@ struct ScheduleDecision {
 };
 
 // Gang scheduling, first come first served per device kind: the oldest waiting job of a kind
-// takes up to max_workers idle workers of that kind once at least min_workers exist; until it
+// takes up to max_workers idle workers of that kind (rounded down to a multiple of
+// world_multiple) once at least min_workers exist; until it
 // can, later jobs of that kind wait too (so a large gang is never starved by small ones).
 // Workers are taken in placement order (SortInPlacementOrder), so a job spans as few hosts as
 // the idle workers allow, and each placement lists its workers in rank order

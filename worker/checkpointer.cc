@@ -149,9 +149,9 @@ absl::StatusOr<bool> Checkpointer::SaveDeferred(int64_t step, const TrainingEngi
 }
 
 absl::Status Checkpointer::Prepare(const TrainingEngine& engine, size_t host_available_bytes) {
-  if (spec_.checkpoint().interval_steps() <= 0) return absl::OkStatus();
+  if (spec_.checkpoint().interval_steps() <= 0 || !who_.Writes()) return absl::OkStatus();
   const double need =
-      static_cast<double>(CheckpointRankBytes(spec_.model(), who_.world_size));
+      static_cast<double>(CheckpointRankBytes(spec_.model(), who_.Writers()));
   if (need > static_cast<double>(host_available_bytes)) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "checkpoint.interval_steps: each save copies this rank's params, m and v (%.2f GB) "
@@ -169,6 +169,7 @@ absl::Status Checkpointer::Prepare(const TrainingEngine& engine, size_t host_ava
 absl::StatusOr<double> Checkpointer::Save(int64_t step, const TrainingEngine& engine) {
   // The stall: waiting for the previous upload, plus copying this rank's state to host memory.
   // The upload itself overlaps the next steps.
+  if (!who_.Writes()) return 0.0;
   const auto start = std::chrono::steady_clock::now();
   std::vector<UnitSlice> snapshot = TakeBuffers();
   const double waited_ms = MsSince(start);
@@ -301,7 +302,7 @@ weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, in
 
 absl::Status Checkpointer::Upload(int64_t step, const std::vector<UnitSlice>& state) {
   const int32_t rank = who_.rank;
-  const int32_t world = who_.world_size;
+  const int32_t world = who_.Writers();
   const auto start = std::chrono::steady_clock::now();
   WEFT_ASSIGN_OR_RETURN(const int64_t bytes,
                         client_->WriteShard(who_.job_id, step, rank, world, ShardTensorsOf(state)));

@@ -16,6 +16,9 @@
 // them before training): at 1.5B parameters a fresh copy would allocate and page-fault
 // ~18 GB per save.
 //
+// Ranks that do not write (CheckpointRank::writers) save nothing and allocate nothing; they still
+// restore and take part in every collective decision.
+//
 // Upload failures do not stop training (the next checkpoint may succeed); they are logged and
 // handed to the caller (TakeFailed), which reports them as CHECKPOINT_FAILED job events.
 #ifndef WEFT_WORKER_CHECKPOINTER_H_
@@ -65,6 +68,13 @@ struct CheckpointRank {
   int64_t generation = 0;
   int32_t rank = 0;
   int32_t world_size = 1;
+  // Ranks [0, writers) upload; 0: all. Hybrid sharding passes its group size: group 0's shards
+  // are the whole state (every replica holds the same), so the checkpoint is the sharding of
+  // one group and the other ranks only restore and vote.
+  int32_t writers = 0;
+
+  int32_t Writers() const { return writers > 0 ? writers : world_size; }
+  bool Writes() const { return rank < Writers(); }
 };
 
 class Checkpointer {

@@ -1,6 +1,9 @@
 // The device a worker trains on, as the pair a generation run needs: a communicator and the
 // ZeRO engine that runs over it. The CPU pairs Gloo with ZeroCpuEngine; CUDA pairs NCCL with
 // ZeroCudaEngine. Only this file's implementation knows which devices this build supports.
+// With hybrid sharding (worker/sharding_groups.h) a backend connects two communicators, the
+// rank's group and its replica, and `comm` is their HybridCommunicator (the world's scalar
+// all-reduces and barriers, and Abort of both); the engine runs over the two.
 #ifndef WEFT_WORKER_DEVICE_BACKEND_H_
 #define WEFT_WORKER_DEVICE_BACKEND_H_
 
@@ -11,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/store.h"
 #include "worker/comm/communicator.h"
+#include "worker/sharding_groups.h"
 #include "worker/training_engine.h"
 #include "weft/v1/job.pb.h"
 
@@ -26,7 +30,8 @@ struct DeviceOptions {
 };
 
 struct DeviceBackend {
-  // Declared before the engine, which uses it: the engine is destroyed first.
+  // The world (AllReduce, Barrier, Abort for the generation run). Declared before the engine,
+  // which uses it (or the communicators it owns): the engine is destroyed first.
   std::unique_ptr<comm::Communicator> comm;
   std::unique_ptr<TrainingEngine> engine;
 };
@@ -35,10 +40,12 @@ struct DeviceBackend {
 // rendezvous does (often transient); the engine fails on what the job asks of this device.
 enum class BackendPart { kCommunicator, kEngine };
 
-// Connects rank `rank` of `world` through `store` (the generation's store) and builds the engine
-// for `spec` over that communicator. On failure, `*failed` (when not null) says which part.
+// Connects rank `rank` of `groups.world` through `store` (the generation's store) and builds the
+// engine for `spec` over that communicator, or with hybrid groups over the rank's group and
+// replica (rendezvousing under "<backend>/group/<g>" and "<backend>/replica/<position>"). On
+// failure, `*failed` (when not null) says which part.
 absl::StatusOr<DeviceBackend> CreateDeviceBackend(const DeviceOptions& options, Store* store,
-                                                  int rank, int world,
+                                                  int rank, const ShardingGroups& groups,
                                                   const weft::v1::JobSpec& spec,
                                                   BackendPart* failed = nullptr);
 

@@ -110,13 +110,14 @@ void GenerationRun::Run() {
 
 absl::Status GenerationRun::Train() {
   const weft::v1::JobSpec& spec = command_.spec();
-  WEFT_ASSIGN_OR_RETURN(const int world, Join());
+  WEFT_ASSIGN_OR_RETURN(const ShardingGroups groups, Join());
+  const int world = groups.world;
   WEFT_ASSIGN_OR_RETURN(Data data, OpenData());
   WEFT_ASSIGN_OR_RETURN(const std::unique_ptr<hf::HfImporter> hf_init, OpenHfInit());
   // Collectives rendezvous through the coordinator's store for this generation (under the
   // communicator's own key prefix).
   RemoteStore store(client_->channel(), job_id(), generation());
-  WEFT_ASSIGN_OR_RETURN(DeviceBackend backend, CreateBackend(&store, world));
+  WEFT_ASSIGN_OR_RETURN(DeviceBackend backend, CreateBackend(&store, groups));
   if (const std::string note = backend.engine->MemoryPlanNote(); rank_ == 0 && !note.empty()) {
     spdlog::info("job {} generation {}: {}", job_id(), generation(), note);
     weft::v1::ReportProgressRequest report = NewReport();
@@ -133,8 +134,11 @@ absl::Status GenerationRun::Train() {
   std::unique_ptr<Checkpointer> checkpointer;
   if (!options_.checkpointd.empty()) {
     checkpoints = std::make_unique<CheckpointClient>(options_.checkpointd);
+    // With hybrid sharding group 0 holds the whole state: only it uploads.
     checkpointer = std::make_unique<Checkpointer>(
-        checkpoints.get(), &store, spec, CheckpointRank{job_id(), generation(), rank_, world},
+        checkpoints.get(), &store, spec,
+        CheckpointRank{job_id(), generation(), rank_, world,
+                       groups.hybrid() ? groups.group_size : 0},
         options_.checkpoint_timeouts);
   } else if (spec.checkpoint().interval_steps() > 0 && rank_ == 0) {
     spdlog::warn("job {} asks for checkpoints but this worker has no --checkpointd; "
@@ -159,12 +163,14 @@ absl::Status GenerationRun::Train() {
   return Finish(training);
 }
 
-absl::StatusOr<int> GenerationRun::Join() {
+absl::StatusOr<ShardingGroups> GenerationRun::Join() {
+  const weft::v1::ShardingSpec& sharding = command_.spec().sharding();
   weft::v1::JoinRequest join;
   join.set_job_id(job_id());
   join.set_generation(generation());
   join.set_worker_id(options_.worker_id);
   join.set_incarnation(options_.incarnation);
+  join.set_include_peers(sharding.scope() == weft::v1::ShardingSpec::HOST);
   auto joined = client_->Join(join, absl::Milliseconds(options_.rendezvous_timeout_ms));
   if (!joined.ok()) {
     if (joined.status().code() != absl::StatusCode::kAborted) ReportError(joined.status(), false);
@@ -173,7 +179,22 @@ absl::StatusOr<int> GenerationRun::Join() {
   rank_ = joined->rank();
   spdlog::info("job {} generation {}: rank {} of {}", job_id(), generation(), rank_,
                joined->world_size());
-  return joined->world_size();
+  if (sharding.scope() == weft::v1::ShardingSpec::WORLD) {
+    return ShardingGroups::Full(joined->world_size());
+  }
+  std::vector<std::string> hosts = RankHosts(*joined);
+  // GROUP needs only the count; HOST gets the peers it asked for.
+  if (sharding.scope() == weft::v1::ShardingSpec::GROUP) hosts.resize(joined->world_size());
+  auto groups = ResolveShardingGroups(sharding, hosts);
+  if (!groups.ok()) {
+    // Not permanent: the placement is this generation's, and the next one may be placed on
+    // other workers; a job that keeps landing on uneven hosts spends its restart budget.
+    ReportError(groups.status(), /*permanent=*/false);
+    return groups.status();
+  }
+  spdlog::info("job {} generation {}: hybrid sharding, {} replicas of {} ranks", job_id(),
+               generation(), groups->replicas(), groups->group_size);
+  return *groups;
 }
 
 absl::StatusOr<GenerationRun::Data> GenerationRun::OpenData() {
@@ -208,10 +229,11 @@ absl::StatusOr<GenerationRun::Data> GenerationRun::OpenData() {
   return data;
 }
 
-absl::StatusOr<DeviceBackend> GenerationRun::CreateBackend(Store* store, int world) {
+absl::StatusOr<DeviceBackend> GenerationRun::CreateBackend(Store* store,
+                                                          const ShardingGroups& groups) {
   BackendPart failed = BackendPart::kCommunicator;
   auto backend =
-      CreateDeviceBackend(options_.device, store, rank_, world, command_.spec(), &failed);
+      CreateDeviceBackend(options_.device, store, rank_, groups, command_.spec(), &failed);
   if (!backend.ok()) {
     // A communicator that cannot connect usually means a peer is gone: the coordinator decides.
     // An engine that cannot be built for this spec will not be on a retry either.

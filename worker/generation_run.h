@@ -25,6 +25,7 @@
 #include "worker/hf/hf_checkpoint.h"
 #include "worker/training_engine.h"
 #include "worker/model_io.h"
+#include "worker/sharding_groups.h"
 #include "worker/worker_metrics.h"
 #include "weft/v1/worker.pb.h"
 
@@ -86,10 +87,11 @@ class GenerationRun {
   void Run();
   absl::Status Train();
   // The phases of Train. Each reports its own failure to the coordinator before returning it.
-  // Rendezvous: every member present, ranks confirmed. Returns the world size.
-  absl::StatusOr<int> Join();
+  // Rendezvous: every member present, ranks confirmed. Returns the world and, with hybrid
+  // sharding, its groups (scope HOST: from the members' hosts).
+  absl::StatusOr<ShardingGroups> Join();
   absl::StatusOr<Data> OpenData();
-  absl::StatusOr<DeviceBackend> CreateBackend(Store* store, int world);
+  absl::StatusOr<DeviceBackend> CreateBackend(Store* store, const ShardingGroups& groups);
   // The Hugging Face checkpoint of spec.init_from_hf_dir, headers read and config.json checked
   // against the spec (null when the spec names none): before the engine allocates the model,
   // so that a bad directory fails the job at once. A failure is permanent.
@@ -108,7 +110,8 @@ class GenerationRun {
   // Rank 0: reports a completed step; false when the coordinator ended the generation.
   bool ReportStep(int64_t completed, const StepResult& result, double tokens_per_s, double mfu,
                   double val_loss, const Training& training);
-  // Gathers the model, and on rank 0 writes it and reports the job finished.
+  // Gathers the model (each group gathers its own copy, over the group), and on rank 0 writes
+  // it and reports the job finished.
   absl::Status Finish(const Training& training);
   // Gathers every unit in turn (collective) and hands each to `file` (rank 0; null elsewhere),
   // then drops it: no rank holds more than one whole unit. A failed write stops the writing,

@@ -29,18 +29,20 @@ void AddInto(float* dst, const float* src, size_t n) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(const weft::v1::JobSpec& spec,
-                                                               comm::Communicator* comm) {
+                                                               comm::Communicator* comm,
+                                                               comm::Communicator* replica) {
   if (spec.zero_stage() < 0 || spec.zero_stage() > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("zero_stage: must be in [0, 3], got ", spec.zero_stage()));
   }
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec.model()));
-  std::unique_ptr<ZeroCpuEngine> engine(new ZeroCpuEngine(spec, comm, std::move(arch)));
+  std::unique_ptr<ZeroCpuEngine> engine(new ZeroCpuEngine(spec, comm, replica, std::move(arch)));
   engine->Initialize();
   // Once per generation (the engine is built for each one): the level AUTO resolved to.
-  spdlog::info("CPU engine, rank {} of {}: activation checkpointing {} (job spec {}), {} bytes "
-               "of activations", comm->rank(), comm->world_size(),
+  spdlog::info("CPU engine, rank {} of a group of {} ({} replicas): activation checkpointing {} "
+               "(job spec {}), {} bytes of activations", comm->rank(), comm->world_size(),
+               replica != nullptr ? replica->world_size() : 1,
                engine::CheckpointingName(engine->model_->checkpointing()),
                weft::v1::ActivationCheckpointing::Level_Name(
                    spec.training().activation_checkpointing()),
@@ -49,10 +51,12 @@ absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(const weft:
 }
 
 ZeroCpuEngine::ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm,
+                             comm::Communicator* replica,
                              std::unique_ptr<const engine::ModelArch> arch)
     : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
       comm_(comm),
-      world_(comm->world_size()),
+      replica_(replica != nullptr && replica->world_size() > 1 ? replica : nullptr),
+      world_(comm->world_size() * (replica != nullptr ? replica->world_size() : 1)),
       batch_size_(spec.training().micro_batch_size()),
       seq_len_(spec.training().sequence_length()),
       model_(engine::cpu::CreateCpuModel(
@@ -79,7 +83,7 @@ void ZeroCpuEngine::Initialize() {
     const size_t max_block = layout_.max_block_padded();
     for (auto& b : block_work_) b.assign(max_block, 0.0f);
     for (auto& b : block_grad_work_) b.assign(max_block, 0.0f);
-    for (auto& b : scatter_out_) b.assign(max_block / world_, 0.0f);
+    for (auto& b : scatter_out_) b.assign(max_block / layout_.world(), 0.0f);
     head_work_.assign(layout_.unit(0).padded, 0.0f);
     head_grad_work_.assign(layout_.unit(0).padded, 0.0f);
     head_scatter_out_.assign(layout_.unit(0).shard, 0.0f);
@@ -113,6 +117,22 @@ absl::Status ZeroCpuEngine::ReduceScatterAccumulate(int unit, float* full) {
   WEFT_RETURN_IF_ERROR(Await(comm_->ReduceScatter(full, out.data(), shard, DataType::kFloat32)));
   AddInto(units_[unit].grads.data(), out.data(), shard);
   return absl::OkStatus();
+}
+
+absl::Status ZeroCpuEngine::AllReduceOverReplica() {
+  if (replica_ == nullptr) return absl::OkStatus();
+  std::vector<std::shared_ptr<comm::Work>> reduces;
+  for (Unit& u : units_) {
+    reduces.push_back(replica_->AllReduce(u.grads.data(), u.grads.size(), DataType::kFloat32));
+  }
+  for (auto& r : reduces) WEFT_RETURN_IF_ERROR(Await(r));
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCpuEngine::SumOverWorld(float* values, size_t n) {
+  WEFT_RETURN_IF_ERROR(Await(comm_->AllReduce(values, n, DataType::kFloat32)));
+  if (replica_ == nullptr) return absl::OkStatus();
+  return Await(replica_->AllReduce(values, n, DataType::kFloat32));
 }
 
 // ---- one micro-batch -----------------------------------------------------------------------
@@ -251,18 +271,23 @@ absl::StatusOr<StepResult> ZeroCpuEngine::TrainStep(int64_t step, const BatchFn&
           Await(comm_->AllReduce(u.grads.data(), u.grads.size(), DataType::kFloat32)));
     }
   }
+  WEFT_RETURN_IF_ERROR(AllReduceOverReplica());
   // Global gradient norm: every rank sums the squares of what it owns, then one all-reduce of
-  // a scalar (stage 0 owns everything, so no reduction is needed there).
+  // a scalar over the group (stage 0 owns everything, so no reduction is needed there; the
+  // replicas own the same shards, so their squares are counted once).
   double sum_squares = 0;
   for (const Unit& u : units_) sum_squares += engine::SumOfSquares(u.grads.data(), u.grads.size());
   float stats[2] = {static_cast<float>(sum_squares), static_cast<float>(loss_sum)};
   if (stage_ == 0) {
     // Losses still need averaging across ranks.
     float loss_only = stats[1];
-    WEFT_RETURN_IF_ERROR(Await(comm_->AllReduce(&loss_only, 1, DataType::kFloat32)));
+    WEFT_RETURN_IF_ERROR(SumOverWorld(&loss_only, 1));
     stats[1] = loss_only;
   } else {
     WEFT_RETURN_IF_ERROR(Await(comm_->AllReduce(stats, 2, DataType::kFloat32)));
+    if (replica_ != nullptr) {
+      WEFT_RETURN_IF_ERROR(Await(replica_->AllReduce(&stats[1], 1, DataType::kFloat32)));
+    }
   }
   result.loss = stats[1] / static_cast<float>(world_ * accum);
   result.grad_norm = std::sqrt(std::max(0.0f, stats[0]));
@@ -300,7 +325,7 @@ absl::StatusOr<float> ZeroCpuEngine::EvalLoss(int batches, const BatchFn& batch)
     sum += loss;
   }
   float total = static_cast<float>(sum);
-  WEFT_RETURN_IF_ERROR(Await(comm_->AllReduce(&total, 1, DataType::kFloat32)));
+  WEFT_RETURN_IF_ERROR(SumOverWorld(&total, 1));
   return total / static_cast<float>(world_ * std::max(1, batches));
 }
 

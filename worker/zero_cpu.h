@@ -15,6 +15,13 @@
 // the only synchronisation, and the time spent waiting is the "exposed communication".
 // All ranks issue the same collectives in the same order.
 //
+// Hybrid sharding (worker/sharding_groups.h): `comm` is the rank's group, the engine shards
+// over it, and a `replica` communicator joins the ranks at the same position in every group.
+// After the micro-steps of a step, each unit's gradient shard is all-reduced over the replica
+// (once per step, not per micro-step: the sums are the same and the bytes a grad_accum-th), so
+// every replica holds the gradient of the whole world; the gradient norm sums the squares over
+// the group only (the replicas' shards are equal), and losses sum over group then replica.
+//
 // Numerics: the loss of one optimizer step is the mean over world * grad_accum micro-batches;
 // each backward is scaled by 1 / (world * grad_accum) so that the reduce-scattered (summed)
 // gradient is the gradient of that mean. Initialisation depends on (seed, unit) only, so any
@@ -45,8 +52,11 @@ class ZeroCpuEngine : public ZeroEngine {
   // spec.training.activation_checkpointing (AUTO: NONE, the CPU has no memory plan), which
   // changes memory and time only: the losses and gradients are the same bits at every level.
   // Initialises parameters from spec.training.seed. INVALID_ARGUMENT for a stage outside 0-3.
+  // `replica` (not owned; may be null: one replica) makes it hybrid: the world is
+  // comm->world_size() * replica->world_size().
   static absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> Create(const weft::v1::JobSpec& spec,
-                                                           comm::Communicator* comm);
+                                                           comm::Communicator* comm,
+                                                           comm::Communicator* replica = nullptr);
 
   // One optimizer step (grad_accum_steps micro-steps). `step` is 0-based and picks the
   // learning rate and the batches. A failed collective returns its status (ABORTED after the
@@ -77,7 +87,7 @@ class ZeroCpuEngine : public ZeroEngine {
   };
 
   ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm,
-                std::unique_ptr<const engine::ModelArch> arch);
+                comm::Communicator* replica, std::unique_ptr<const engine::ModelArch> arch);
   void Initialize();
 
   // The kept params, m or v of unit `u`.
@@ -107,9 +117,14 @@ class ZeroCpuEngine : public ZeroEngine {
                                           bool backward, float loss_scale);
   // Reduce-scatters `full` (padded) and adds the result into the unit's gradient shard.
   absl::Status ReduceScatterAccumulate(int unit, float* full);
+  // Hybrid: sums every unit's kept gradient over the replica (no-op with one replica).
+  absl::Status AllReduceOverReplica();
+  // Sums `n` floats at `values` over the whole world: the group, then the replica.
+  absl::Status SumOverWorld(float* values, size_t n);
 
-  comm::Communicator* comm_;
-  const int world_;
+  comm::Communicator* comm_;     // the group (the world without hybrid sharding)
+  comm::Communicator* replica_;  // null: one replica
+  const int world_;              // every rank of every replica
   const int batch_size_;
   const int seq_len_;
   std::vector<Unit> units_;

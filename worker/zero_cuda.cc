@@ -132,10 +132,13 @@ absl::StatusOr<size_t> ZeroCudaEngine::Mark() {
 // ---- creation -------------------------------------------------------------------------------
 
 ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
+                               comm::CudaCommunicator* replica,
                                std::unique_ptr<const engine::ModelArch> arch)
     : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
       comm_(comm),
-      world_(comm->world_size()),
+      replica_(replica != nullptr && replica->world_size() > 1 ? replica : nullptr),
+      world_(comm->world_size() * (replica_ != nullptr ? replica_->world_size() : 1)),
+      group_(comm->world_size()),
       batch_size_(spec.training().micro_batch_size()),
       seq_len_(spec.training().sequence_length()),
       offload_(spec.optimizer().offload()),
@@ -152,7 +155,8 @@ ZeroCudaEngine::~ZeroCudaEngine() {
     if (e != nullptr) cudaEventDestroy(e);
   }
   for (cudaEvent_t e : {compute_ready_, head_gathered_, gathered_[0], gathered_[1],
-                        head_scattered_, scattered_[0], scattered_[1], comm_done_}) {
+                        head_scattered_, scattered_[0], scattered_[1], comm_done_,
+                        replica_ready_, replica_done_}) {
     if (e != nullptr) cudaEventDestroy(e);
   }
   if (compute_ != nullptr) cudaStreamDestroy(compute_);
@@ -197,7 +201,8 @@ absl::Status CheckComputeCapability(int major, int minor) {
 }
 
 absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
-    const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm) {
+    const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
+    comm::CudaCommunicator* replica) {
   if (spec.zero_stage() != 3) {
     return absl::FailedPreconditionError(absl::StrCat(
         "zero_stage: the CUDA engine implements ZeRO stage 3 only, got ", spec.zero_stage()));
@@ -222,7 +227,8 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
   if (!memory.fits) return absl::ResourceExhaustedError(memory.reason);
   WEFT_RETURN_IF_ERROR(CheckHostMemory(memory.plan, HostAvailableBytes(), comm->world_size()));
   SetHostBufferAllocator({PinnedAllocate, PinnedRelease});
-  std::unique_ptr<ZeroCudaEngine> engine(new ZeroCudaEngine(spec, comm, std::move(arch)));
+  std::unique_ptr<ZeroCudaEngine> engine(
+      new ZeroCudaEngine(spec, comm, replica, std::move(arch)));
   engine->plan_ = memory.plan;
   engine->checkpointing_ = memory.level;
   engine->plan_note_ = memory.reason;
@@ -235,6 +241,11 @@ absl::Status ZeroCudaEngine::Initialize() {
   for (cudaEvent_t* e : {&compute_ready_, &head_gathered_, &gathered_[0], &gathered_[1],
                          &head_scattered_, &scattered_[0], &scattered_[1], &comm_done_}) {
     WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
+  if (replica_ != nullptr) {
+    for (cudaEvent_t* e : {&replica_ready_, &replica_done_}) {
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    }
   }
   WEFT_ASSIGN_OR_RETURN(model_,
                         cuda::CreateCudaModel(*arch_, batch_size_, seq_len_, checkpointing_,
@@ -285,11 +296,11 @@ absl::Status ZeroCudaEngine::Initialize() {
       WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g, 0, max_block * sizeof(float), compute_));
     }
   }
-  if (NeedsScatterScratch(spec_, world_)) {
+  if (NeedsScatterScratch(spec_, group_)) {
     WEFT_ASSIGN_OR_RETURN(scatter_tmp_, Alloc<float>(max_shard));
   }
-  gather_chunk_ = GatherChunkFloats(world_);
-  WEFT_ASSIGN_OR_RETURN(gather_staging_, Alloc<float>(gather_chunk_ * world_));
+  gather_chunk_ = GatherChunkFloats(group_);
+  WEFT_ASSIGN_OR_RETURN(gather_staging_, Alloc<float>(gather_chunk_ * group_));
   if (offload_) {
     WEFT_ASSIGN_OR_RETURN(gather_source_, Alloc<float>(gather_chunk_));
   }
@@ -351,7 +362,7 @@ absl::Status ZeroCudaEngine::Gather(int unit, bf16* dst) {
   // part of dst), then gathered in place: no resident bf16 copy of the shard.
   bf16* mine = dst + static_cast<size_t>(comm_->rank()) * shard;
   WEFT_RETURN_IF_ERROR(cuda::CastToBf16(mine, units_[unit].params, shard, comm_->stream()));
-  if (world_ == 1) return absl::OkStatus();
+  if (group_ == 1) return absl::OkStatus();
   return CheckWork(comm_->AllGather(mine, dst, shard, DataType::kBFloat16));
 }
 
@@ -372,6 +383,29 @@ absl::Status ZeroCudaEngine::ReduceScatterGrad(int unit, float* full, bool accum
 absl::Status ZeroCudaEngine::SumSquaresOnComm(int unit) {
   return cuda::SumOfSquares(&stats_[0], units_[unit].grads, layout_.unit(unit).shard,
                             norm_scratch_, comm_->stream());
+}
+
+absl::Status ZeroCudaEngine::FinishShardGradient(int unit) {
+  if (replica_ == nullptr) return SumSquaresOnComm(unit);
+  float* grads = units_[unit].grads;
+  const size_t shard = layout_.unit(unit).shard;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(replica_ready_, comm_->stream()));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(replica_->stream(), replica_ready_, 0));
+  WEFT_RETURN_IF_ERROR(CheckWork(replica_->AllReduce(grads, shard, DataType::kFloat32)));
+  // Only this stream touches stats_[0] and norm_scratch_ in a hybrid step.
+  return cuda::SumOfSquares(&stats_[0], grads, shard, norm_scratch_, replica_->stream());
+}
+
+absl::Status ZeroCudaEngine::AllReduceStats() {
+  WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+  WEFT_RETURN_IF_ERROR(CheckWork(comm_->AllReduce(stats_, 2, DataType::kFloat32)));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
+  if (replica_ != nullptr) {
+    WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(replica_->stream(), comm_done_, 0));
+    WEFT_RETURN_IF_ERROR(CheckWork(replica_->AllReduce(&stats_[1], 1, DataType::kFloat32)));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, replica_->stream()));
+  }
+  return ComputeWaits(comm_done_);
 }
 
 absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
@@ -449,7 +483,7 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
       scatter_pending_[slot] = true;
     }
     // Behind the reduce-scatter (or the backward) of unit 1 + l, its shard gradient is final.
-    if (last_micro_step) WEFT_RETURN_IF_ERROR(SumSquaresOnComm(1 + l));
+    if (last_micro_step) WEFT_RETURN_IF_ERROR(FinishShardGradient(1 + l));
   }
   WEFT_RETURN_IF_ERROR(model_->EncoderBackward(head_grad));
   WEFT_ASSIGN_OR_RETURN(phase[2], Mark());
@@ -460,7 +494,7 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
     WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
     scatter_pending_[2] = true;
   }
-  if (last_micro_step) WEFT_RETURN_IF_ERROR(SumSquaresOnComm(0));
+  if (last_micro_step) WEFT_RETURN_IF_ERROR(FinishShardGradient(0));
   return absl::OkStatus();
 }
 
@@ -488,14 +522,15 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   // The optimizer needs every reduce-scatter (and accumulation) done.
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
   WEFT_RETURN_IF_ERROR(ComputeWaits(comm_done_));
+  if (replica_ != nullptr) {  // and every replica all-reduce
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(replica_done_, replica_->stream()));
+    WEFT_RETURN_IF_ERROR(ComputeWaits(replica_done_));
+  }
   scatter_pending_[0] = scatter_pending_[1] = scatter_pending_[2] = false;
   WEFT_ASSIGN_OR_RETURN(const size_t opt_begin, Mark());
   // The sum of squares is in stats_[0] already (the last micro-step's comm stream).
   // One all-reduce of [sum of squares, loss sum].
-  WEFT_RETURN_IF_ERROR(CommWaitsCompute());
-  WEFT_RETURN_IF_ERROR(CheckWork(comm_->AllReduce(stats_, 2, DataType::kFloat32)));
-  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
-  WEFT_RETURN_IF_ERROR(ComputeWaits(comm_done_));
+  WEFT_RETURN_IF_ERROR(AllReduceStats());
   const auto& opt = spec_.optimizer();
   WEFT_RETURN_IF_ERROR(cuda::ClipScale(grad_scale_, &stats_[0],
                                        static_cast<float>(opt.grad_clip_norm()), compute_));
@@ -592,10 +627,7 @@ absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch
     batch(0, i, inputs_.data(), targets_.data());
     WEFT_RETURN_IF_ERROR(MicroStep(inputs_.data(), targets_.data(), false, 1.0f, true, false));
   }
-  WEFT_RETURN_IF_ERROR(CommWaitsCompute());
-  WEFT_RETURN_IF_ERROR(CheckWork(comm_->AllReduce(stats_, 2, DataType::kFloat32)));
-  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
-  WEFT_RETURN_IF_ERROR(ComputeWaits(comm_done_));
+  WEFT_RETURN_IF_ERROR(AllReduceStats());
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
                                             cudaMemcpyDeviceToHost, compute_));
   WEFT_RETURN_IF_ERROR(SyncCompute());
@@ -622,7 +654,7 @@ absl::StatusOr<std::vector<float>> ZeroCudaEngine::GatherUnit(int u) {
                                                     DataType::kFloat32)));
     WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
     WEFT_RETURN_IF_ERROR(comm_->WaitEvent(comm_done_));
-    for (int r = 0; r < world_; ++r) {
+    for (int r = 0; r < group_; ++r) {
       const size_t begin = static_cast<size_t>(r) * unit.shard + offset;
       if (begin >= unit.size) break;  // the rest is padding
       const size_t count = std::min(n, unit.size - begin);

@@ -25,6 +25,15 @@
 // The host synchronises once per step (after the optimizer), through
 // CudaCommunicator::WaitEvent, so an abort or a dead peer ends the wait.
 //
+// Hybrid sharding (worker/sharding_groups.h): `comm` is the rank's group, the engine shards over
+// it, and a `replica` communicator (its own stream) joins the ranks at the same position in
+// every group. On the last micro-step, right behind each unit's reduce-scatter (and
+// accumulation) on the comm stream, the replica stream waits for it, all-reduces the shard's
+// gradient over the replicas and adds its sum of squares: the cross-group traffic overlaps
+// the backward of the units below, and the group's gathers never queue behind it. Compute
+// waits for the replica stream before the optimizer. Without replicas the code path is the
+// full-sharding one, unchanged.
+//
 // Exposed communication is measured on the GPU: timing events around every point where the
 // compute stream waits for the comm stream; their sum is the time compute stood still.
 #ifndef WEFT_WORKER_ZERO_CUDA_H_
@@ -68,9 +77,11 @@ class ZeroCudaEngine : public ZeroEngine {
   // The model of `spec` on the communicator's device (current device must be it), sharded
   // over `comm` (not owned). Checks the memory plan against the device's free memory first:
   // RESOURCE_EXHAUSTED with the numbers when it does not fit. FAILED_PRECONDITION for a stage
-  // other than 3 (the only one this engine implements).
-  static absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> Create(const weft::v1::JobSpec& spec,
-                                                               comm::CudaCommunicator* comm);
+  // other than 3 (the only one this engine implements). `replica` (not owned; may be null: one
+  // replica) makes it hybrid: the world is comm->world_size() * replica->world_size().
+  static absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> Create(
+      const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
+      comm::CudaCommunicator* replica = nullptr);
   ~ZeroCudaEngine() override;
 
   absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) override;
@@ -110,7 +121,7 @@ class ZeroCudaEngine : public ZeroEngine {
   };
 
   ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
-                 std::unique_ptr<const engine::ModelArch> arch);
+                 comm::CudaCommunicator* replica, std::unique_ptr<const engine::ModelArch> arch);
   absl::Status Initialize();
   absl::Status CopyKeptToHost(int u, UnitState state, size_t offset, size_t n,
                               float* host) const override;
@@ -137,11 +148,19 @@ class ZeroCudaEngine : public ZeroEngine {
                          float grad_scale, bool first_micro_step, bool last_micro_step);
   // stats_[0] += the sum of squares of unit u's (final) shard gradient, on the comm stream.
   absl::Status SumSquaresOnComm(int unit);
+  // Last micro-step, behind unit u's reduce-scatter (or backward): SumSquaresOnComm, or with
+  // replicas the shard's all-reduce over them and its sum of squares, on the replica stream.
+  absl::Status FinishShardGradient(int unit);
+  // stats_ ([sum of squares, loss sum]) summed over the group, the loss sum also over the
+  // replicas (their shards are the same: squares counted once); then compute waits for it.
+  absl::Status AllReduceStats();
   // Waits for the compute stream's work so far (host), through the communicator.
   absl::Status SyncCompute();
 
-  comm::CudaCommunicator* comm_;
-  const int world_, batch_size_, seq_len_;
+  comm::CudaCommunicator* comm_;     // the group (the world without hybrid sharding)
+  comm::CudaCommunicator* replica_;  // null: one replica
+  // world_: every rank of every replica; group_: the ranks the state is sharded over.
+  const int world_, group_, batch_size_, seq_len_;
   GpuMemoryPlan plan_;
   engine::CheckpointingPlan checkpointing_;
   std::string plan_note_;
@@ -183,6 +202,8 @@ class ZeroCudaEngine : public ZeroEngine {
   cudaEvent_t head_gathered_ = nullptr, gathered_[2] = {nullptr, nullptr};
   cudaEvent_t head_scattered_ = nullptr, scattered_[2] = {nullptr, nullptr};
   cudaEvent_t comm_done_ = nullptr;
+  // Hybrid only: the replica stream waits for the comm stream / compute for the replica's.
+  cudaEvent_t replica_ready_ = nullptr, replica_done_ = nullptr;
   bool scatter_pending_[3] = {false, false, false};  // block slots 0, 1; head
   // Timing events, recycled every step: pairs around compute-stream waits (exposed
   // communication) and the phase marks.

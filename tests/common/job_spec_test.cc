@@ -808,5 +808,55 @@ TEST(ModelParameterCountTest, TinyModelByHand) {
   EXPECT_EQ(ModelParameterCount(m), 8 + 10 + 74 + 4);
 }
 
+
+TEST(ValidateJobSpecTest, HybridShardingScopes) {
+  JobSpec spec = ValidCpuSpec();  // min_workers 2
+  spec.set_zero_stage(3);
+  spec.mutable_sharding()->set_scope(weft::v1::ShardingSpec::HOST);
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+  spec.mutable_sharding()->set_scope(weft::v1::ShardingSpec::GROUP);
+  spec.mutable_sharding()->set_group_size(2);
+  spec.mutable_resources()->set_max_workers(5);  // a generation of 5 takes 4
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+  spec.mutable_sharding()->set_group_size(1);  // pure replication
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+}
+
+TEST(ValidateJobSpecTest, HybridShardingErrorsNameTheField) {
+  using weft::v1::ShardingSpec;
+  struct Case {
+    ShardingSpec::Scope scope;
+    int32_t group_size;
+    int32_t zero_stage;
+    std::string error;
+  };
+  const Case cases[] = {
+      {static_cast<ShardingSpec::Scope>(7), 0, 3, "sharding.scope: unknown value 7"},
+      {ShardingSpec::HOST, 2, 3, "sharding.group_size: only for scope GROUP"},
+      {ShardingSpec::WORLD, 2, 3, "sharding.group_size: only for scope GROUP"},
+      {ShardingSpec::GROUP, 0, 3, "sharding.group_size: must be >= 1 for scope GROUP, got 0"},
+      {ShardingSpec::GROUP, -2, 3, "sharding.group_size: must be >= 1 for scope GROUP, got -2"},
+      // ValidCpuSpec's min_workers is 2.
+      {ShardingSpec::GROUP, 3, 3,
+       "resources.min_workers: must be a multiple of sharding.group_size (3), got 2"},
+      {ShardingSpec::GROUP, 2, 2,
+       "sharding.scope: HOST and GROUP shard ZeRO-3 state: need zero_stage 3, got 2"},
+      {ShardingSpec::HOST, 0, 0,
+       "sharding.scope: HOST and GROUP shard ZeRO-3 state: need zero_stage 3, got 0"},
+  };
+  for (const Case& c : cases) {
+    JobSpec spec = ValidCpuSpec();
+    spec.set_zero_stage(c.zero_stage);
+    spec.mutable_sharding()->set_scope(c.scope);
+    spec.mutable_sharding()->set_group_size(c.group_size);
+    EXPECT_THAT(ValidateJobSpec(spec), ::testing::ElementsAre(StartsWith(c.error))) << c.error;
+  }
+  // Full sharding takes every stage.
+  JobSpec spec = ValidCpuSpec();
+  spec.set_zero_stage(2);
+  spec.mutable_sharding()->set_scope(ShardingSpec::WORLD);
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+}
+
 }  // namespace
 }  // namespace weft

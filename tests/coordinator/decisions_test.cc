@@ -145,6 +145,25 @@ TEST(ScheduleTest, TakesAllIdleBetweenMinAndMax) {
   EXPECT_THAT(d.placements[0].worker_ids, SizeIs(3));
 }
 
+TEST(ScheduleTest, HybridShardingTakesWholeGroupsAndLeavesTheRest) {
+  std::vector<IdleWorkerView> idle;
+  for (int i = 0; i < 7; ++i) idle.push_back(Cpu("h", i));
+  WaitingJobView hybrid = Job("hybrid", DEVICE_KIND_CPU, 2, 8);
+  hybrid.world_multiple = 2;
+  ScheduleDecision d = Schedule({hybrid, Job("small", DEVICE_KIND_CPU, 1, 1)}, idle);
+  ASSERT_THAT(d.placements, SizeIs(2));
+  // 7 idle, up to 8 wanted: 6, three groups of 2; the seventh goes to the next job.
+  EXPECT_THAT(d.placements[0].worker_ids, SizeIs(6));
+  EXPECT_EQ(d.placements[0].reason,
+            "6 idle CPU workers on 1 host (min 2, max 8, a multiple of the group size 2)");
+  EXPECT_THAT(d.placements[1].worker_ids, ElementsAre("h/cpu6"));
+  // At max_workers already a multiple: no rounding.
+  hybrid.max_workers = 4;
+  d = Schedule({hybrid}, idle);
+  ASSERT_THAT(d.placements, SizeIs(1));
+  EXPECT_THAT(d.placements[0].worker_ids, SizeIs(4));
+}
+
 TEST(ScheduleTest, FifoWithinKindLaterJobsGetTheRest) {
   std::vector<IdleWorkerView> idle;
   for (int i = 0; i < 5; ++i) idle.push_back(Cpu("h", i));

@@ -173,6 +173,42 @@ TEST_F(CheckpointerTest, LaterSavesReuseTheHostBuffersAndStoreTheirOwnStep) {
   ExpectCheckpointHolds(client, 3, *at3);
 }
 
+// Hybrid sharding: in a world of 2 replicas of one rank, only rank 0 (group 0) writes. Its
+// commit waits for no other rank and the manifest is a 1-rank sharding; rank 1 copies and
+// allocates nothing.
+TEST_F(CheckpointerTest, OnlyTheWritersUploadAndTheManifestIsTheirSharding) {
+  CheckpointClient client(daemon_->address());
+  CheckpointTimeouts timeouts;
+  timeouts.commit_timeout_ms = 5000;  // a wait for rank 1 would time out: no commit
+  const weft::v1::JobSpec spec = TinySpec();
+  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  RecordingEngine engine(cpu->get());
+  Checkpointer replica(&client, &store_, spec, CheckpointRank{"ckpt", 1, 1, 2, 1}, timeouts);
+  ASSERT_TRUE(replica.Prepare(engine, 1).ok());  // no buffers: any host has room
+  const absl::StatusOr<double> nothing = replica.Save(1, engine);
+  ASSERT_TRUE(nothing.ok()) << nothing.status();
+  EXPECT_EQ(*nothing, 0.0);
+  EXPECT_TRUE(engine.filled().empty());
+  replica.Drain();
+  EXPECT_FALSE(replica.TakeFailed().has_value());
+
+  Checkpointer writer(&client, &store_, spec, CheckpointRank{"ckpt", 1, 0, 2, 1}, timeouts);
+  ASSERT_TRUE(engine.TrainStep(0, Batch).ok());
+  ASSERT_TRUE(writer.Save(1, engine).ok());
+  writer.Drain();
+  const std::optional<Checkpointer::Committed> committed = writer.TakeCommitted();
+  ASSERT_TRUE(committed.has_value());
+  EXPECT_EQ(committed->step, 1);
+  auto manifests = client.List("ckpt");
+  ASSERT_TRUE(manifests.ok()) << manifests.status();
+  ASSERT_EQ(manifests->size(), 1u);
+  EXPECT_EQ((*manifests)[0].world_size(), 1);
+  auto at1 = (*cpu)->Snapshot();
+  ASSERT_TRUE(at1.ok());
+  ExpectCheckpointHolds(client, 1, *at1);
+}
+
 // Rank 0 of a world of 2 whose rank 1 never stores its shard: rank 0's upload stays in flight
 // (its thread waits for rank 1) until the commit times out, which is how a slow upload looks.
 TEST_F(CheckpointerTest, ADueSaveIsDeferredWhileAnUploadIsInFlight) {

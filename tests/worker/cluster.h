@@ -87,12 +87,13 @@ class WorkersTest : public ::testing::Test {
     WriteFile(corpus_, corpus);
   }
 
-  // Starts the next worker on `device` ("cpu:1", "cuda:0"), writing its models under
+  // Starts the next worker on `device` ("cpu:1", "cuda:0") of `host`, writing its models under
   // dir_/models; `flags` follow the common ones.
-  void StartWorker(const std::string& device, const std::vector<std::string>& flags) {
+  void StartWorker(const std::string& device, const std::vector<std::string>& flags,
+                   const std::string& host = "node") {
     std::vector<std::string> argv = {BinDir() + "/weft-worker",
                                      "--coordinator=" + coordinator_->address(),
-                                     "--device=" + device, "--host=node",
+                                     "--device=" + device, "--host=" + host,
                                      "--output-dir=" + dir_.File("models")};
     argv.insert(argv.end(), flags.begin(), flags.end());
     auto p = Subprocess::Start(argv, dir_.File(absl::StrCat("worker", workers_.size(), ".log")));

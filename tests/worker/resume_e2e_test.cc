@@ -1,6 +1,6 @@
-// Exact resume with real processes: a job whose every process (coordinator, checkpointd, both
+// Exact resume with real processes: a job whose every process (coordinator, checkpointd, the
 // workers) is SIGKILLed after a checkpoint, then started again, ends with the same model, bit
-// for bit, as the same job run without interruption.
+// for bit, as the same job run without interruption (full and hybrid sharding).
 #include <signal.h>
 
 #include <filesystem>
@@ -44,22 +44,34 @@ v1::JobSpec Spec(const std::string& corpus) {
   return *spec;
 }
 
-TEST(ResumeE2eTest, KillingEveryProcessAfterACheckpointChangesNothing) {
+// Full sharding on 2 workers; hybrid sharding on 4 (2 replicas of groups of 2), where only the
+// first group writes the checkpoints and every rank restores them.
+class KillAndResumeE2eTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(KillAndResumeE2eTest, KillingEveryProcessAfterACheckpointChangesNothing) {
+  const bool hybrid = GetParam();
+  const int workers = hybrid ? 4 : 2;
   TempDir dir;
   const std::string corpus = dir.File("corpus.txt");
   testing::WriteFile(corpus, testing::WordCorpus());
+  v1::JobSpec spec = Spec(corpus);
+  if (hybrid) {
+    spec.mutable_resources()->set_min_workers(4);
+    spec.mutable_resources()->set_max_workers(4);
+    spec.mutable_sharding()->set_scope(v1::ShardingSpec::GROUP);
+    spec.mutable_sharding()->set_group_size(2);
+  }
 
   // The uninterrupted run.
-  const v1::JobStatus straight =
-      testing::RunUninterrupted(dir.File("straight"), 2, Spec(corpus));
+  const v1::JobStatus straight = testing::RunUninterrupted(dir.File("straight"), workers, spec);
   ASSERT_EQ(straight.state(), v1::SUCCEEDED);
   EXPECT_EQ(straight.checkpoint_step(), 160);
   EXPECT_GT(straight.checkpoint_save_ms(), 0);
 
   // The interrupted run: everything dies once a mid-run checkpoint is committed.
-  Cluster cluster(dir.File("interrupted"));
+  Cluster cluster(dir.File("interrupted"), workers);
   ASSERT_NO_FATAL_FAILURE(cluster.Start());
-  auto job = cluster.client().SubmitJob(Spec(corpus));
+  auto job = cluster.client().SubmitJob(spec);
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(Eventually([&] { return cluster.Status(job->job_id()).checkpoint_step() >= 40; },
                          absl::Seconds(120)))
@@ -75,10 +87,14 @@ TEST(ResumeE2eTest, KillingEveryProcessAfterACheckpointChangesNothing) {
   EXPECT_EQ(resumed.generation(), 2);
   EXPECT_EQ(resumed.restarts(), 0);
   EXPECT_THAT(cluster.Logs(), ::testing::HasSubstr("restored checkpoint"));
+  if (hybrid) EXPECT_THAT(cluster.Logs(), ::testing::HasSubstr("2 replicas of 2 ranks"));
 
   testing::ExpectSameModel(straight, resumed);
   EXPECT_EQ(resumed.last_metrics().loss(), straight.last_metrics().loss());
 }
+
+INSTANTIATE_TEST_SUITE_P(Sharding, KillAndResumeE2eTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "hybrid" : "full"; });
 
 // Every unit of `spec`'s model with all parameters = `value` (AdamW moments 0), as one rank.
 std::vector<worker::UnitSlice> FilledState(const v1::JobSpec& spec, float value) {

@@ -1,7 +1,8 @@
 // ZeRO equivalence: the same spec (GPT-2 and Llama) trained on 1, 2 and 4 ranks (threads of
 // this process, real Gloo over loopback) at stages 0, 2 and 3 follows the unsharded
 // single-process reference that reads the same global batch; each rank holds about 1/N of
-// the state; and every activation checkpointing level trains as NONE does, bit for bit.
+// the state; every activation checkpointing level trains as NONE does, bit for bit; and hybrid
+// sharding (groups of S ranks, replicated) trains like full sharding over the same world.
 #include "worker/zero_cpu.h"
 
 #include <cmath>
@@ -311,6 +312,130 @@ std::vector<float> TrainRange(int world, int stage, int batch_per_rank, int firs
     for (const auto& s : snapshots) save_to->Add(s);
   }
   return losses;
+}
+
+// ---- hybrid sharding ----------------------------------------------------------------------
+
+struct HybridResult {
+  std::vector<float> losses;      // rank 0's
+  std::vector<float> grad_norms;  // rank 0's
+  // The gathered model as the first rank of each group sees it.
+  std::vector<std::vector<std::vector<float>>> params;
+};
+
+// `replicas` x `group_size` ranks (threads, real Gloo) at stage 3 from step `first` to `last`:
+// groups and replicas connected as worker/device_backend.cc does; one replica is plain full
+// sharding over one communicator. Restores from `restore_from` when given; group 0's snapshots
+// (what the Checkpointer uploads) go to `save_to` when given.
+HybridResult TrainHybrid(int replicas, int group_size, int first, int last,
+                         GlobalCheckpoint* restore_from = nullptr,
+                         GlobalCheckpoint* save_to = nullptr) {
+  const int world = replicas * group_size;
+  MemoryStore store;
+  HybridResult result;
+  result.params.resize(replicas);
+  std::vector<std::vector<UnitSlice>> snapshots(group_size);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      const int group = rank / group_size, position = rank % group_size;
+      comm::GlooOptions options;
+      options.timeout_ms = 20000;
+      options.store_prefix = replicas > 1 ? absl::StrCat("gloo/group/", group) : "gloo";
+      auto g = comm::CreateGlooCommunicator(&store, position, group_size, options);
+      ASSERT_TRUE(g.ok()) << g.status();
+      std::unique_ptr<comm::Communicator> across;
+      if (replicas > 1) {
+        options.store_prefix = absl::StrCat("gloo/replica/", position);
+        auto r = comm::CreateGlooCommunicator(&store, group, replicas, options);
+        ASSERT_TRUE(r.ok()) << r.status();
+        across = *std::move(r);
+      }
+      auto engine = ZeroCpuEngine::Create(TinySpec(3, kBatchPerRank), g->get(), across.get());
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      if (restore_from) ASSERT_TRUE((*engine)->Restore(restore_from->Reader()).ok());
+      // Every rank reads its own micro-batches, as a plain job of the same world does.
+      const BatchFn batch = GlobalBatch(rank, kBatchPerRank);
+      for (int step = first; step < last; ++step) {
+        auto r = (*engine)->TrainStep(step, batch);
+        ASSERT_TRUE(r.ok()) << r.status();
+        if (rank == 0) result.losses.push_back(r->loss);
+        if (rank == 0) result.grad_norms.push_back(r->grad_norm);
+      }
+      auto snapshot = (*engine)->Snapshot();
+      ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+      if (group == 0) snapshots[position] = *std::move(snapshot);
+      auto params = (*engine)->GatherParameters();
+      ASSERT_TRUE(params.ok()) << params.status();
+      if (position == 0) result.params[group] = *std::move(params);
+      ASSERT_TRUE((*g)->Barrier()->Wait().ok());
+      if (across) ASSERT_TRUE(across->Barrier()->Wait().ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (save_to) {
+    for (const auto& s : snapshots) save_to->Add(s);
+  }
+  return result;
+}
+
+class ZeroHybridTest : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+// Hybrid sharding sums each gradient shard over its group, then over the replicas: the same
+// terms as full sharding's one reduce-scatter over the world, in another order, so float
+// rounding only (not bit for bit); the gradient norm sums squares over one group, whose
+// shards tile the model once, as full sharding's over the world do.
+TEST_P(ZeroHybridTest, TrainsLikeFullShardingOverTheSameWorld) {
+  const auto [replicas, group_size] = GetParam();
+  const int world = replicas * group_size;
+  const HybridResult full = TrainHybrid(1, world, 0, kSteps);
+  const HybridResult hybrid = TrainHybrid(replicas, group_size, 0, kSteps);
+  ASSERT_EQ(full.losses.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(hybrid.losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_LT(full.losses.back(), full.losses.front() - 0.5f);  // it learns
+  const double loss_diff = MaxRelativeDiff(hybrid.losses, full.losses);
+  const double norm_diff = MaxRelativeDiff(hybrid.grad_norms, full.grad_norms);
+  std::printf("hybrid %dx%d vs full %d: max relative loss difference %.3g, grad norm %.3g\n",
+              replicas, group_size, world, loss_diff, norm_diff);
+  EXPECT_LT(loss_diff, 1e-6);
+  EXPECT_LT(norm_diff, 1e-5);
+  double worst_params = 0;
+  for (size_t u = 0; u < full.params[0].size(); ++u) {
+    const double diff = MaxDiffOverScale(hybrid.params[0][u], full.params[0][u]);
+    EXPECT_LT(diff, 1e-3) << "unit " << u;
+    worst_params = std::max(worst_params, diff);
+  }
+  std::printf("hybrid %dx%d: final parameters differ by at most %.3g of a unit's scale\n",
+              replicas, group_size, worst_params);
+  // The replicas hold the same model, bit for bit: each applies the same summed gradient.
+  for (int r = 1; r < replicas; ++r) EXPECT_EQ(hybrid.params[r], hybrid.params[0]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ZeroHybridTest,
+                         ::testing::Values(std::pair{2, 2}, std::pair{2, 1}),
+                         [](const auto& info) {
+                           return absl::StrCat(info.param.first, "x", info.param.second);
+                         });
+
+// A hybrid checkpoint is group 0's S-rank sharding: full sharding at another world reads it
+// back exactly (params, m and v), and a full-sharding checkpoint restores into a hybrid job.
+TEST(ZeroHybridTest, CheckpointsMoveBetweenHybridAndFullSharding) {
+  constexpr int kAt = 6;
+  GlobalCheckpoint hybrid_saved;
+  TrainHybrid(2, 2, 0, kAt, nullptr, &hybrid_saved);
+  GlobalCheckpoint full_reread;
+  TrainHybrid(1, 3, kAt, kAt, &hybrid_saved, &full_reread);
+  EXPECT_EQ(full_reread.tensors(), hybrid_saved.tensors());
+
+  GlobalCheckpoint full_saved;
+  TrainHybrid(1, 3, 0, kAt, nullptr, &full_saved);
+  const HybridResult resumed = TrainHybrid(2, 2, kAt, kAt + 2, &full_saved);
+  GlobalCheckpoint at_restore;
+  TrainHybrid(2, 1, kAt, kAt, &full_saved, &at_restore);
+  EXPECT_EQ(at_restore.tensors(), full_saved.tensors());
+  // And it trains on from there like full sharding resumed from the same checkpoint.
+  const HybridResult full_resumed = TrainHybrid(1, 4, kAt, kAt + 2, &full_saved);
+  EXPECT_LT(MaxRelativeDiff(resumed.losses, full_resumed.losses), 1e-6);
 }
 
 TEST(ZeroCheckpointTest, ResumeIsExactAtTheSameWorldSizeAndReshardsToOthers) {

@@ -9,3 +9,5 @@ if(TARGET weft_comm_nccl)
   weft_test(nccl_communicator_test gpu
     SOURCES worker/comm/nccl_communicator_test.cc LIBS weft_comm_nccl weft_coordinator_lib)
 endif()
+weft_test(hybrid_communicator_test integration
+  SOURCES worker/comm/hybrid_communicator_test.cc LIBS weft_comm weft_coordinator_lib)
