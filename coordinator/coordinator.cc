@@ -216,7 +216,9 @@ void Coordinator::ScheduleLocked(Actions& actions) {
   absl::flat_hash_map<std::string, JobRecord*> by_id;
   for (JobRecord* rec : waiting) {
     const auto& r = rec->job.spec().resources();
-    jobs.push_back({rec->id(), r.device_kind(), r.min_workers(), r.max_workers()});
+    const auto& sharding = rec->job.spec().sharding();
+    jobs.push_back({rec->id(), r.device_kind(), r.min_workers(), r.max_workers(),
+                    sharding.scope() == weft::v1::ShardingSpec::GROUP ? sharding.group_size() : 1});
     by_id[rec->id()] = rec;
   }
   // Counts first: most calls (one per registration while a large job gathers its workers)

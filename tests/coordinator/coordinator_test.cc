@@ -539,6 +539,19 @@ TEST_F(CoordinatorTest, RanksAreContiguousPerHostByDeviceIndex) {
   EXPECT_EQ(peer.address(), "node-b:7000");
 }
 
+// An elastic job sharded in groups of 2 takes a whole number of groups: 4 of 5 idle workers.
+TEST_F(CoordinatorTest, AGroupShardedJobTakesWholeGroups) {
+  JobSpec spec = CpuSpec("groups", 2, 6);
+  spec.set_zero_stage(3);
+  spec.mutable_sharding()->set_scope(weft::v1::ShardingSpec::GROUP);
+  spec.mutable_sharding()->set_group_size(2);
+  for (int i = 0; i < 5; ++i) Register("h", i);
+  const std::string job = Submit(spec);
+  JobStatus s = Status(job);
+  ASSERT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_THAT(s.worker_ids(), ElementsAre("h/cpu0", "h/cpu1", "h/cpu2", "h/cpu3"));
+}
+
 // Hosts are grouped by host_id, not by name: two processes of one machine that report different
 // host names (a renamed host) share a host, and simulated hosts on one machine (distinct
 // host_ids) do not.
