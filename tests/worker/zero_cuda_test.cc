@@ -563,7 +563,7 @@ TEST_F(ZeroCudaTest, TwoRanksOnOneGpuFollowOneRank) {
 // only the fp32 order of the gradient sums differs, which bf16 rounding then amplifies slowly
 // (as between world sizes, ExpectTwoGpusFollowOne).
 TEST_F(ZeroCudaTest, HybridShardingOnOneGpuFollowsFullSharding) {
-  for (const auto [replicas, group_size] : {std::pair{2, 1}, std::pair{2, 2}}) {
+  for (const auto& [replicas, group_size] : {std::pair{2, 1}, std::pair{2, 2}}) {
     SCOPED_TRACE(absl::StrCat(replicas, "x", group_size));
     const int world = replicas * group_size;
     const weft::v1::JobSpec spec = SmallSpec(2, 60);
