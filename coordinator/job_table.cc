@@ -52,9 +52,21 @@ absl::StatusOr<std::vector<std::string>> JobTable::Load() {
     if (rec.state() == weft::v1::RUNNING) {
       running.push_back(id);
       metrics_->SetCheckpointIntervalSteps(id, rec.job.spec().checkpoint().interval_steps());
+      RestoreCheckpointTimes(rec);
     }
   }
   return running;
+}
+
+void JobTable::RestoreCheckpointTimes(const JobRecord& rec) {
+  const weft::v1::JobStatus& s = rec.job.status();
+  for (auto e = s.events().rbegin(); e != s.events().rend(); ++e) {
+    if (e->type() != weft::v1::CHECKPOINT_COMMITTED) continue;
+    metrics_->SetCheckpointTimes(s.job_id(), static_cast<double>(s.checkpoint_stall_ms()),
+                                 static_cast<double>(s.checkpoint_save_ms()),
+                                 FromProtoTime(e->time()));
+    return;
+  }
 }
 
 absl::StatusOr<JobRecord*> JobTable::Create(const weft::v1::JobSpec& spec) {

@@ -324,6 +324,19 @@ class CoordinatorTest : public ::testing::Test {
   CoordinatorOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Coordinator> coord_;
+
+  // The value of gauge family `name` for `job_id` (its only label), if exported.
+  std::optional<double> JobGauge(const std::string& name, const std::string& job_id) {
+    for (const auto& family : registry_->Collect()) {
+      if (family.name != name) continue;
+      for (const auto& metric : family.metric) {
+        if (metric.label.size() == 1 && metric.label[0].value == job_id) {
+          return metric.gauge.value;
+        }
+      }
+    }
+    return std::nullopt;
+  }
 };
 
 // The series with label job_id=`job_id` the coordinator's registry exports now.
@@ -1663,6 +1676,24 @@ TEST_F(CoordinatorTest, SecondCoordinatorOnTheSameDirectoryIsRefused) {
 
 // ---- metrics ---------------------------------------------------------------------------------
 
+// A restarted coordinator exports the newest commit's time of a running job again at once: the
+// stale-checkpoint alert must not go quiet until a commit that may never come.
+TEST_F(CoordinatorTest, CheckpointAgeSurvivesACoordinatorRestart) {
+  JobSpec spec = CpuSpec("age", 1);
+  spec.mutable_checkpoint()->set_interval_steps(50);
+  auto [job, w] = StartRunningJob(spec, 1);
+  weft::v1::ReportProgressRequest request = EmptyReport(job, 1, w[0], 0);
+  request.set_checkpoint_step(50);
+  const double committed = absl::ToDoubleSeconds(clock_.Now() - absl::UnixEpoch());
+  ASSERT_TRUE(coord_->ReportProgress(request).ok());
+  const char kTimestamp[] = "weft_coordinator_job_checkpoint_timestamp_seconds";
+  ASSERT_EQ(JobGauge(kTimestamp, job), committed);
+
+  clock_.Advance(absl::Minutes(10));
+  Reopen();
+  EXPECT_EQ(JobGauge(kTimestamp, job), committed);
+}
+
 // Every family labelled job_id drops an ended job's series once its final values have had
 // time to be scraped, so the series count follows the live jobs, not the job history. The
 // checkpoint interval, which arms the stale-checkpoint alert, goes as soon as the job stops
@@ -1673,15 +1704,7 @@ TEST_F(CoordinatorTest, AnEndedJobsMetricSeriesAreRemovedAfterTheRetention) {
   auto [ended, w] = StartRunningJob(spec, 1);
   // Needs two workers: it stays pending when the ended job frees the one there is.
   const std::string live = Submit(CpuSpec("live", 2));
-  auto interval = [&]() -> std::optional<double> {
-    for (const auto& family : registry_->Collect()) {
-      if (family.name != "weft_coordinator_job_checkpoint_interval_steps") continue;
-      for (const auto& metric : family.metric) {
-        if (metric.label.size() == 1 && metric.label[0].value == ended) return metric.gauge.value;
-      }
-    }
-    return std::nullopt;
-  };
+  auto interval = [&] { return JobGauge("weft_coordinator_job_checkpoint_interval_steps", ended); };
   EXPECT_EQ(interval(), 50.0);
   const int live_series = SeriesOfJob(*registry_, live);
   EXPECT_EQ(live_series, 2);  // recoveries, event SUBMITTED
