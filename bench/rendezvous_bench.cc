@@ -604,7 +604,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1.0, 600.0))
       ->capture_default_str();
   app.add_option("--channels", options.channels, "client channels (TCP connections)")
-      ->check(CLI::Range(1, 1024))
+      ->check(CLI::Range(1, 65536))
       ->capture_default_str();
   app.add_option("--client-threads", options.client_threads, "completion-queue threads")
       ->check(CLI::Range(1, 64))
