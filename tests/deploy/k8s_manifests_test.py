@@ -7,7 +7,8 @@ No cluster and no schema download are needed (neither is available in CI); the c
     the API models shipped in python3-kubernetes (Debian; Kubernetes 1.22 API);
   - structure: names, selectors matching pod labels, Services whose targetPorts exist,
     probes on the metrics port, state on persistent volumes, one GPU per worker, the
-    workers dialing the coordinator and checkpointd through their Services, and
+    workers dialing the coordinator and checkpointd through their Services and stating
+    their node as their host id, and
     kustomization.yaml listing every manifest and every image;
   - security: every daemon runs mutual TLS with --tls-cert/--tls-key/--tls-ca naming the right
     keys of Secret weft-tls, mounted read-only; the daemons' --auth-tokens-file is key
@@ -467,7 +468,22 @@ def check(docs, kustomization, files, bin_dir):
         if not service_port_reaches(flags.get("--checkpointd"), "weft-checkpointd"):
             errors.append(f"weft-worker --checkpointd={flags.get('--checkpointd')} is not a "
                           f"Service port of checkpointd's gRPC port")
+        check_host_id(container, flags, errors)
     return errors, stats
+
+
+def check_host_id(container, flags, errors):
+    """A pod's /etc/machine-id comes from the image, the same in every pod: the worker must
+    state its node instead, or every node's ranks would be grouped as one host."""
+    match = re.fullmatch(r"\$\((\w+)\)", flags.get("--host-id") or "")
+    if not match:
+        errors.append("weft-worker must pass --host-id=$(VAR) naming its node")
+        return
+    entry = next((e for e in container.get("env", []) if e.get("name") == match.group(1)), {})
+    field = entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    if field != "spec.nodeName":
+        errors.append(f"weft-worker --host-id=$({match.group(1)}) must come from fieldRef "
+                      f"spec.nodeName, not {field}")
 
 
 # --- the files -----------------------------------------------------------------------------
@@ -646,6 +662,12 @@ BREAKAGES = [
     ("a worker token from the wrong key",
      lambda d, k: env_entry(first_container(d, "StatefulSet", "weft-worker"), "WEFT_TOKEN")[
          "valueFrom"]["secretKeyRef"].update(key="tokens"), "not key token of Secret"),
+    ("workers without --host-id (every pod states the image's machine id)",
+     lambda d, k: drop_arg(first_container(d, "StatefulSet", "weft-worker"), "--host-id"),
+     "must pass --host-id"),
+    ("a host id from the pod's name",
+     lambda d, k: set_arg(first_container(d, "StatefulSet", "weft-worker"), "--host-id",
+                          "$(POD_NAME)"), "must come from fieldRef spec.nodeName, not"),
     ("a token in the args",
      lambda d, k: set_arg(first_container(d, "StatefulSet", "weft-worker"), "--token",
                           "0123456789abcdef0123"), "passes --token"),
