@@ -195,6 +195,38 @@ void AddTimeoutFlags(CLI::App& app, Flags& f) {
       ->check(CLI::Range(int64_t{0}, int64_t{600000}));
 }
 
+// The address other ranks reach this worker at: --data-address, else --net-interface's
+// address, else 127.0.0.1 under a loopback coordinator, else --host. A CPU worker's Gloo
+// listens there, so it must be one of this machine's.
+absl::StatusOr<std::string> DataAddress(const Flags& f, bool cuda) {
+  std::string address = f.data_address;
+  std::string from = "--data-address";
+  if (address.empty() && !f.comm.network_interface.empty()) {
+    absl::StatusOr<std::string> found =
+        weft::worker::InterfaceIpv4Address(f.comm.network_interface);
+    if (!found.ok()) {
+      return absl::Status(found.status().code(),
+                          absl::StrCat("--net-interface: ", found.status().message()));
+    }
+    address = *found;
+    from = "the data address (of --net-interface)";
+  }
+  if (address.empty()) {
+    address = weft::IsLoopbackAddress(f.coordinator) ? "127.0.0.1" : f.host;
+    from = "the data address (by default --host; pass --data-address or --net-interface)";
+  }
+  if (cuda) return address;  // NCCL picks its own interface (--net-interface)
+  if (absl::Status s = weft::worker::CheckCanListenOn(address); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(from, ": ", s.message()));
+  }
+  if (!weft::IsLoopbackAddress(f.coordinator) && weft::worker::ResolvesOnlyToLoopback(address)) {
+    spdlog::warn("the data address \"{}\" is a loopback address: workers on other hosts "
+                 "cannot reach this one; pass --net-interface or --data-address",
+                 address);
+  }
+  return address;
+}
+
 // The agent's options from the flags; the checks a flag's own validator cannot make.
 absl::StatusOr<weft::worker::AgentOptions> ToAgentOptions(Flags f) {
   WEFT_RETURN_IF_ERROR(weft::CheckHostPort(f.coordinator, "--coordinator"));
@@ -217,31 +249,8 @@ absl::StatusOr<weft::worker::AgentOptions> ToAgentOptions(Flags f) {
   }
   options.info.set_worker_id(f.worker_id);
   options.info.set_pid(::getpid());
-  if (f.data_address.empty() && !f.comm.network_interface.empty()) {
-    absl::StatusOr<std::string> address =
-        weft::worker::InterfaceIpv4Address(f.comm.network_interface);
-    if (!address.ok()) {
-      return absl::Status(address.status().code(),
-                          absl::StrCat("--net-interface: ", address.status().message()));
-    }
-    f.data_address = *address;
-  }
-  if (f.data_address.empty()) {
-    f.data_address = weft::IsLoopbackAddress(f.coordinator) ? "127.0.0.1" : f.host;
-  }
+  WEFT_ASSIGN_OR_RETURN(f.data_address, DataAddress(f, cuda));
   options.info.set_address(f.data_address);
-  // Gloo listens there; a GPU worker's NCCL picks its own interface (--net-interface).
-  if (!cuda) {
-    if (absl::Status s = weft::worker::CheckCanListenOn(f.data_address); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("--data-address: ", s.message()));
-    }
-    if (!weft::IsLoopbackAddress(f.coordinator) &&
-        weft::worker::ResolvesOnlyToLoopback(f.data_address)) {
-      spdlog::warn("the data address \"{}\" is a loopback address: workers on other hosts "
-                   "cannot reach this one; pass --net-interface or --data-address",
-                   f.data_address);
-    }
-  }
   weft::worker::RunOptions& run = options.run;
   run.device.data_address = f.data_address;
   run.device.collective_timeout_ms = f.collective_timeout_ms;
