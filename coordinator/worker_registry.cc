@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -60,13 +61,13 @@ absl::Status WorkerRegistry::CheckRegistration(weft::v1::WorkerInfo& info,
     info.set_worker_id(absl::StrCat(info.host(), "/", DeviceName(info)));
   }
   if (info.host_id().empty()) info.set_host_id(info.host());
-  if (!info.host_id().empty() && !ValidWorkerId(info.host_id())) {
-    problems.push_back(absl::StrCat("info.host_id: \"", info.host_id(),
-                                    "\" must be 1-128 characters of letters, digits, ._/:-"));
-  }
-  if (!info.worker_id().empty() && !ValidWorkerId(info.worker_id())) {
-    problems.push_back(absl::StrCat("info.worker_id: \"", info.worker_id(),
-                                    "\" must be 1-128 characters of letters, digits, ._/:-"));
+  // Ids share one alphabet; empty ones were reported above (or take a default).
+  for (const auto& [field, id] : {std::pair{"info.host_id", &info.host_id()},
+                                  std::pair{"info.worker_id", &info.worker_id()}}) {
+    if (!id->empty() && !ValidWorkerId(*id)) {
+      problems.push_back(absl::StrCat(field, ": \"", *id,
+                                      "\" must be 1-128 characters of letters, digits, ._/:-"));
+    }
   }
   if (!token.empty() && !ValidWorkerId(token)) problems.push_back(kBadSessionToken);
   if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
