@@ -15,7 +15,8 @@
 #     WEFT_BENCH_AC (AUTO, NONE, SELECTIVE or FULL; default AUTO) is the job's
 #     training.activation_checkpointing; the line reports the plan the engine ran at (the
 #     job's MEMORY_PLANNED event), e.g. full+selective:0-15 (blocks 0-15 one level lighter). WEFT_BENCH_MB overrides the micro-batch; WEFT_BENCH_OFFLOAD=1
-#     sets optimizer.offload; WEFT_BENCH_ACCUM sets training.grad_accum_steps (default 1);
+#     sets optimizer.offload (WEFT_BENCH_OFFLOAD_FRACTION its offload_fraction; the line's
+#     offload= is on, off or the share the engine offloaded); WEFT_BENCH_ACCUM sets training.grad_accum_steps (default 1);
 #     WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS KV_HEADS FFN VOCAB SEQ" replaces the llama shape;
 #     WEFT_BENCH_TRANSPORT=net makes every worker a host of its own with NCCL on its network
 #     transport (start_workers); WEFT_BENCH_SHARD=hybrid sets sharding { scope: HOST } (with
@@ -47,7 +48,8 @@ ARCH=${5:-gpt2}
 WORK=${WEFT_BENCH_WORK:-$(mktemp -d /tmp/weft-gpu-bench.XXXXXX)}
 mkdir -p "$WORK"
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/procs.sh"
-weft_stop_at_exit TERM
+# The trained models are not kept: a 13B one is 26 GB, and a few runs fill a device's disk.
+weft_stop_at_exit TERM "$WORK/models"
 
 # A fresh coordinator per job: workers stopped for the previous job would otherwise still be
 # registered (idle until their heartbeat deadline) and could be handed the next job.
@@ -88,7 +90,8 @@ name: "$1"
 model { num_layers: $4 hidden_size: $5 num_heads: $6 vocab_size: $7 context_length: $8 ${12:-} }
 data { train_path: "$DATA" format: DATA_FORMAT_TEXT_BYTES val_fraction: 0.05 }
 optimizer { learning_rate: ${11} weight_decay: 0.1 grad_clip_norm: 1.0
-            offload: $([[ ${WEFT_BENCH_OFFLOAD:-0} == 1 ]] && echo true || echo false) }
+            offload: $([[ ${WEFT_BENCH_OFFLOAD:-0} == 1 ]] && echo true || echo false)
+            $([[ -n ${WEFT_BENCH_OFFLOAD_FRACTION:-} ]] && echo "offload_fraction: $WEFT_BENCH_OFFLOAD_FRACTION") }
 lr_schedule { kind: COSINE warmup_steps: $(( ${10} >= 60 ? 20 : ${10} / 4 )) min_lr_ratio: 0.1 }
 training { total_steps: ${10} micro_batch_size: $9 sequence_length: $8 seed: 1337
            grad_accum_steps: ${WEFT_BENCH_ACCUM:-1}
@@ -136,6 +139,7 @@ throughput)
     run_job "$WORK/g$g.pb.txt" "$WORK/g$g.jsonl"
     stop_workers
     stop_coordinator
+    rm -rf "$WORK/models"
     python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" "$ACCUM" "${WEFT_BENCH_OFFLOAD:-0}" \
       "${WEFT_BENCH_TRANSPORT:-nvlink}" "${WEFT_BENCH_SHARD:-full}" <<'PY'
 import json, sys
@@ -143,7 +147,7 @@ from datetime import datetime
 path, gpus, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 transport, shard = sys.argv[8], sys.argv[9]
 B, T, accum = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-offload = "on" if sys.argv[7] == "1" else "off"
+offload = "off"
 steps = {}
 level = "?"
 for line in open(path):
@@ -156,6 +160,10 @@ for line in open(path):
             # "activation checkpointing full, selective for blocks 0-16 (chosen by AUTO): ..."
             said = e["message"].split("activation checkpointing ", 1)[1].split(" (", 1)[0]
             level = said.replace(", ", "+").replace(" for blocks ", ":").replace(" for block ", ":")
+            # "...; optimizer offloaded to the host for units 20-32 of 0-32 (offload_fraction 0.38)"
+            if "(offload_fraction " in e["message"]:
+                share = e["message"].split("(offload_fraction ", 1)[1].split(")", 1)[0]
+                offload = "on" if share == "1.00" else share
 def ts(m):
     return datetime.fromisoformat(m["time"].replace("Z", "+00:00")).timestamp()
 last = max(steps) if steps else 0

@@ -416,6 +416,13 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
   if (o.offload() && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
     bad("optimizer.offload", "only for DEVICE_KIND_CUDA jobs: the CPU engine's optimizer state is in host memory already");
   }
+  if (!InUnitInterval(o.offload_fraction(), true)) {
+    bad("optimizer.offload_fraction",
+        absl::StrCat("must be in [0, 1] (0: all of it), got ", o.offload_fraction()));
+  } else if (o.offload_fraction() > 0.0 && !o.offload()) {
+    bad("optimizer.offload_fraction",
+        "set without optimizer.offload: true (the share applies to an offloaded optimizer)");
+  }
   if (spec.precision() == weft::v1::BF16 && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
     bad("precision", "BF16 needs resources.device_kind DEVICE_KIND_CUDA (the CPU engine is FP32)");
   }

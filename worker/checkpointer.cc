@@ -155,8 +155,9 @@ absl::Status Checkpointer::Prepare(const TrainingEngine& engine, size_t host_ava
   if (need > static_cast<double>(host_available_bytes)) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "checkpoint.interval_steps: each save copies this rank's params, m and v (%.2f GB) "
-        "to host memory kept for the whole run, but the host has %.2f GB available "
-        "(MemAvailable); run on more ranks or hosts, or without checkpoints",
+        "to host memory kept for the whole run, but its share of the host's available memory "
+        "is %.2f GB (MemAvailable over the job's ranks on the host); run on more ranks or "
+        "hosts, or without checkpoints",
         need / 1e9, static_cast<double>(host_available_bytes) / 1e9));
   }
   std::vector<UnitSlice> buffers = TakeBuffers();

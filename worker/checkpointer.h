@@ -113,9 +113,9 @@ class Checkpointer {
   // snapshot of `engine`, so the first save's stall is a copy too, not an allocation of the
   // rank's whole state. Call once before training. RESOURCE_EXHAUSTED, naming both figures,
   // when the rank's share (12 bytes a parameter over the world) exceeds
-  // `host_available_bytes` (MemAvailable): the buffers stay for the whole run, and a host
-  // that cannot hold them would kill the worker at the first save instead. Another error
-  // leaves saves to allocate.
+  // `host_available_bytes` (this rank's share of MemAvailable): the buffers stay for the
+  // whole run, and a host that cannot hold them would kill the worker at the first save
+  // instead. Another error leaves saves to allocate.
   absl::Status Prepare(const TrainingEngine& engine, size_t host_available_bytes);
 
   // Takes the snapshot of `engine` after `step` completed steps and queues its upload, first

@@ -111,7 +111,8 @@ absl::StatusOr<DeviceBackend> CreateCudaBackend(const DeviceOptions& options, St
       ConnectComms<comm::CudaCommunicator>("nccl", rank, groups, connect, &backend));
   *failed = BackendPart::kEngine;
   WEFT_ASSIGN_OR_RETURN(backend.engine,
-                        ZeroCudaEngine::Create(spec, comms.shards, comms.replica));
+                        ZeroCudaEngine::Create(spec, comms.shards, comms.replica,
+                                               options.ranks_on_host));
   return backend;
 #else
   (void)options, (void)store, (void)rank, (void)groups, (void)spec;

@@ -27,6 +27,9 @@ struct DeviceOptions {
   std::string data_address = "127.0.0.1";
   // A collective (or the communicator's connection setup) not done by then fails.
   int64_t collective_timeout_ms = 60000;
+  // The generation's ranks on this worker's host (JoinResponse.local_world_size), which share
+  // its memory: the GPU engine's optimizer offload checks the host holds all of theirs.
+  int ranks_on_host = 1;
 };
 
 struct DeviceBackend {

@@ -1,5 +1,6 @@
 #include "worker/generation_run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <thread>
@@ -147,7 +148,9 @@ absl::Status GenerationRun::Train() {
   WEFT_ASSIGN_OR_RETURN(const int64_t start_step,
                         Restore(checkpointer.get(), hf_init.get(), &backend));
   if (checkpointer != nullptr) {
-    const absl::Status s = checkpointer->Prepare(*backend.engine, HostAvailableBytes());
+    // The host's ranks each keep buffers: this rank's share of what is available.
+    const absl::Status s =
+        checkpointer->Prepare(*backend.engine, HostAvailableBytes() / ranks_on_host_);
     if (s.code() == absl::StatusCode::kResourceExhausted) {
       ReportError(s, /*permanent=*/true);  // the same host will not have more next time
       return s;
@@ -177,6 +180,8 @@ absl::StatusOr<ShardingGroups> GenerationRun::Join() {
     return joined.status();
   }
   rank_ = joined->rank();
+  // An older coordinator leaves it 0: then this rank counts alone.
+  ranks_on_host_ = std::max(1, joined->local_world_size());
   spdlog::info("job {} generation {}: rank {} of {}", job_id(), generation(), rank_,
                joined->world_size());
   if (sharding.scope() == weft::v1::ShardingSpec::WORLD) {
@@ -232,8 +237,9 @@ absl::StatusOr<GenerationRun::Data> GenerationRun::OpenData() {
 absl::StatusOr<DeviceBackend> GenerationRun::CreateBackend(Store* store,
                                                           const ShardingGroups& groups) {
   BackendPart failed = BackendPart::kCommunicator;
-  auto backend =
-      CreateDeviceBackend(options_.device, store, rank_, groups, command_.spec(), &failed);
+  DeviceOptions device = options_.device;
+  device.ranks_on_host = ranks_on_host_;
+  auto backend = CreateDeviceBackend(device, store, rank_, groups, command_.spec(), &failed);
   if (!backend.ok()) {
     // A communicator that cannot connect usually means a peer is gone: the coordinator decides.
     // An engine that cannot be built for this spec will not be on a retry either.

@@ -137,6 +137,7 @@ class GenerationRun {
   WorkerMetrics* metrics_;
   // As assigned by the JoinJob command; Join confirms it.
   int32_t rank_;
+  int32_t ranks_on_host_ = 1;  // the generation's ranks on this host (JoinResponse)
 
   absl::Mutex mu_;
   absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);

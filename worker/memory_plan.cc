@@ -1,5 +1,7 @@
 #include "worker/memory_plan.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <vector>
@@ -143,14 +145,74 @@ MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
   return decision;
 }
 
-absl::Status CheckHostMemory(const GpuMemoryPlan& plan, size_t host_available_bytes,
-                             int world) {
-  if (plan.host_bytes <= host_available_bytes) return absl::OkStatus();
+int FirstOffloadedUnit(const std::vector<size_t>& unit_sizes,
+                       const weft::v1::OptimizerSpec& optimizer) {
+  const int n = static_cast<int>(unit_sizes.size());
+  if (!optimizer.offload()) return n;
+  const double fraction = optimizer.offload_fraction();
+  if (fraction <= 0.0 || fraction >= 1.0) return 0;
+  double total = 0;
+  for (size_t size : unit_sizes) total += static_cast<double>(size);
+  double taken = 0;
+  for (int first = n - 1; first >= 0; --first) {
+    taken += static_cast<double>(unit_sizes[first]);
+    if (taken >= fraction * total) return first;
+  }
+  return 0;
+}
+
+std::string OffloadFractionFor(const std::vector<size_t>& unit_sizes, int first) {
+  double total = 0, taken = 0;
+  for (size_t u = 0; u < unit_sizes.size(); ++u) {
+    total += static_cast<double>(unit_sizes[u]);
+    if (static_cast<int>(u) >= first) taken += static_cast<double>(unit_sizes[u]);
+  }
+  const double share = total > 0 ? taken / total : 1.0;
+  weft::v1::OptimizerSpec optimizer;
+  optimizer.set_offload(true);
+  // Rounded down, a share never asks for more than these units; enough places make it no less.
+  for (int places = 2; places <= 9; ++places) {
+    const double scale = std::pow(10.0, places);
+    const double rounded = std::floor(share * scale) / scale;
+    optimizer.set_offload_fraction(rounded);
+    if (rounded > 0 && FirstOffloadedUnit(unit_sizes, optimizer) == first) {
+      return absl::StrFormat("%.*f", places, rounded);
+    }
+  }
+  return absl::StrFormat("%.9f", share);
+}
+
+std::string OffloadThatFits(const std::vector<size_t>& unit_sizes, int current_first,
+                            size_t free_bytes,
+                            const std::function<GpuMemoryPlan(int first)>& plan_at) {
+  // Each unit offloaded only lowers the device's need, so scanning down finds the least.
+  for (int first = current_first - 1; first >= 0; --first) {
+    const GpuMemoryPlan p = plan_at(first);
+    if (p.total() > free_bytes) continue;
+    return absl::StrFormat(
+        "optimizer.offload: true with offload_fraction: %s (%.2f GiB per GPU, plus %.2f GiB of "
+        "pinned host memory)",
+        first == 0 ? "1" : OffloadFractionFor(unit_sizes, first), GiB(p.total()),
+        GiB(p.host_bytes));
+  }
+  return "";
+}
+
+absl::Status CheckHostMemory(const GpuMemoryPlan& plan, size_t host_available_bytes, int world,
+                             int ranks_on_host) {
+  ranks_on_host = std::max(ranks_on_host, 1);
+  const size_t need = plan.host_bytes * static_cast<size_t>(ranks_on_host);
+  if (need <= host_available_bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrFormat(
       "host memory: optimizer.offload needs %.2f GiB of pinned host memory per GPU at world "
-      "size %d, but the host has %.2f GiB available (MemAvailable); run on more GPUs or "
-      "hosts, or without optimizer.offload",
-      GiB(plan.host_bytes), world, GiB(host_available_bytes)));
+      "size %d%s, but the host has %.2f GiB available (MemAvailable); run on more GPUs or "
+      "hosts, with a smaller optimizer.offload_fraction, or without optimizer.offload",
+      GiB(plan.host_bytes), world,
+      ranks_on_host == 1
+          ? ""
+          : absl::StrFormat(", %.2f GiB for the job's %d ranks on this host", GiB(need),
+                            ranks_on_host),
+      GiB(host_available_bytes)));
 }
 
 size_t HostAvailableBytes() {

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "worker/engine/checkpointing.h"
@@ -20,14 +21,14 @@ namespace weft::worker {
 
 // Device memory one rank of a GPU job needs.
 struct GpuMemoryPlan {
-  size_t state_bytes = 0;       // shards: fp32 params, m, v, grads (offload: grads, bf16 params)
+  size_t state_bytes = 0;       // shards: fp32 params, m, v, grads (offloaded units: grads, bf16 params)
   size_t working_bytes = 0;     // gathered bf16 units, full fp32 gradient units, scratch
   size_t activation_bytes = 0;  // the CudaModel's activations and scratch, cuBLAS workspace
   size_t reserve_bytes = 0;     // NCCL buffers, CUDA context growth, allocator slack
   // Device bytes in all; the pinned host memory below is not part of it.
   size_t total() const { return state_bytes + working_bytes + activation_bytes + reserve_bytes; }
-  // Optimizer offload: fp32 master weights, moments and decay mask of the shard, and the
-  // staging buffers, in pinned host memory. 0 without offload.
+  // Optimizer offload: fp32 master weights, moments and decay mask of the offloaded units'
+  // shards, and the staging buffers, in pinned host memory. 0 without offload.
   size_t host_bytes = 0;
 };
 
@@ -57,10 +58,32 @@ MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
                             size_t free_bytes, int micro_batch_size, int world, int num_layers,
                             const MemoryPlanner& plan);
 
-// The pinned host memory of optimizer offload (plan.host_bytes, 0 without offload) against
-// what the host has available: OK, or RESOURCE_EXHAUSTED with both figures. The check is one
-// worker's: workers sharing a host each check their own need.
-absl::Status CheckHostMemory(const GpuMemoryPlan& plan, size_t host_available_bytes, int world);
+// Optimizer offload takes whole units from the end (the last block first, the head last):
+// units [first, n) of `unit_sizes` are offloaded. This returns `first` for the optimizer's
+// settings: n without offload, 0 for offload with offload_fraction 0 (all) or 1, otherwise the
+// largest first whose units hold at least offload_fraction of the parameters.
+int FirstOffloadedUnit(const std::vector<size_t>& unit_sizes,
+                       const weft::v1::OptimizerSpec& optimizer);
+
+// The offload_fraction to write for offloading units [first, n): the shortest decimal (at
+// least two places) that FirstOffloadedUnit maps back to `first` ("0.62").
+std::string OffloadFractionFor(const std::vector<size_t>& unit_sizes, int first);
+
+// For a job that does not fit the GPU with units [current_first, n) offloaded: the least
+// offload that fits (the largest first below current_first with plan_at(first).total() <=
+// free_bytes), as a hint naming the fields to set and both memory figures; empty when even
+// offloading everything does not fit.
+std::string OffloadThatFits(const std::vector<size_t>& unit_sizes, int current_first,
+                            size_t free_bytes,
+                            const std::function<GpuMemoryPlan(int first)>& plan_at);
+
+// The pinned host memory of optimizer offload (plan.host_bytes, 0 without offload) of the job's
+// `ranks_on_host` ranks on this host (each pins as much) against what the host has available:
+// OK, or RESOURCE_EXHAUSTED with the figures. Every rank of a host must check before any of
+// them pins (ZeroCudaEngine::Create agrees on it across ranks), or the later ones would count
+// the earlier ones' memory twice.
+absl::Status CheckHostMemory(const GpuMemoryPlan& plan, size_t host_available_bytes, int world,
+                             int ranks_on_host = 1);
 
 // /proc/meminfo's MemAvailable: what the host can give without swapping (SIZE_MAX when it
 // cannot be read, so an unreadable file never refuses a job).

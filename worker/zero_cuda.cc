@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -47,6 +48,34 @@ void* PinnedAllocate(size_t bytes) {
 
 void PinnedRelease(void* p) { cudaFreeHost(p); }
 
+// How many ranks of the world refused to build their engine: the sum of every rank's 0 or 1
+// over the group, then over the replicas. A barrier too: every rank has checked the host's
+// memory before any of them pins some, and a rank that cannot run makes all of them fail now
+// rather than leaving the others to hang in their first collective.
+absl::StatusOr<int> CountRefusals(comm::CudaCommunicator* group, comm::CudaCommunicator* replica,
+                                  bool refused) {
+  void* memory = nullptr;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMalloc(&memory, sizeof(float)));
+  const std::unique_ptr<void, decltype(&cudaFree)> owned(memory, cudaFree);
+  float* const flag = static_cast<float*>(memory);
+  const float mine = refused ? 1.0f : 0.0f;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(flag, &mine, sizeof(float), cudaMemcpyHostToDevice));
+  for (comm::CudaCommunicator* c : {group, replica}) {
+    if (c == nullptr || c->world_size() == 1) continue;
+    const std::shared_ptr<comm::Work> work = c->AllReduce(flag, 1, DataType::kFloat32);
+    if (work->IsCompleted()) WEFT_RETURN_IF_ERROR(work->Wait());
+    cudaEvent_t done = nullptr;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    absl::Status waited = cuda::CudaStatus(cudaEventRecord(done, c->stream()), "cudaEventRecord");
+    if (waited.ok()) waited = c->WaitEvent(done);
+    cudaEventDestroy(done);
+    WEFT_RETURN_IF_ERROR(waited);
+  }
+  float total = 0;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(&total, flag, sizeof(float), cudaMemcpyDeviceToHost));
+  return static_cast<int>(std::lround(total));
+}
+
 // At world 1 a unit's shard is the whole unit: the model accumulates its gradients straight
 // into the shard's gradient (no full-unit buffer, no reduce-scatter).
 bool DirectGradients(int world) { return world == 1; }
@@ -72,22 +101,35 @@ std::vector<ZeroCudaEngine::DecayRun> DecayRuns(const std::vector<uint8_t>& mask
 
 GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                             const engine::CheckpointingPlan& level, int micro_batch_size, int world) {
+  return PlanGpuMemoryAt(spec, arch, level, micro_batch_size, world,
+                         FirstOffloadedUnit(UnitSizes(arch), spec.optimizer()));
+}
+
+GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                              const engine::CheckpointingPlan& level, int micro_batch_size,
+                              int world, int first_offloaded) {
   // Every rank's shards are the same size, so rank 0's layout speaks for all.
   const ShardLayout layout(UnitSizes(arch), world, /*rank=*/0);
   GpuMemoryPlan plan;
   const size_t max_shard = layout.max_shard();
-  const bool offload = spec.optimizer().offload();
-  if (offload) {
-    // On the GPU: the gradient shard and the bf16 working copy; on the host: master weights,
-    // moments, decay mask, and two staging pairs (fp32 gradients in, bf16 weights out).
-    plan.state_bytes = layout.total_shard() * (sizeof(float) + sizeof(__nv_bfloat16));
-    plan.host_bytes = layout.total_shard() * (3 * sizeof(float) + 1) +
-                      2 * max_shard * (sizeof(float) + sizeof(__nv_bfloat16));
-  } else {
-    // fp32 master, m, v and gradient: 16 bytes a parameter, as PyTorch's FSDP keeps. The bf16
-    // copy the all-gathers send is cast from the master as each gather starts.
-    plan.state_bytes = layout.total_shard() * 4 * sizeof(float);
+  size_t max_offloaded_shard = 0;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const size_t shard = layout.unit(u).shard;
+    if (u < first_offloaded) {
+      // fp32 master, m, v and gradient: 16 bytes a parameter, as PyTorch's FSDP keeps. The
+      // bf16 copy the all-gathers send is cast from the master as each gather starts.
+      plan.state_bytes += shard * 4 * sizeof(float);
+      continue;
+    }
+    // Offloaded. On the GPU: the gradient shard and the bf16 working copy; on the host:
+    // master weights, moments and decay mask.
+    plan.state_bytes += shard * (sizeof(float) + sizeof(__nv_bfloat16));
+    plan.host_bytes += shard * (3 * sizeof(float) + 1);
+    max_offloaded_shard = std::max(max_offloaded_shard, shard);
   }
+  const bool offload = max_offloaded_shard > 0;
+  // Two staging pairs on the host (fp32 gradients in, bf16 weights out).
+  plan.host_bytes += 2 * max_offloaded_shard * (sizeof(float) + sizeof(__nv_bfloat16));
   // The gathered bf16 head and two block slots; beyond world 1, their fp32 gradients too.
   const size_t gathered = layout.unit(0).padded + 2 * layout.max_block_padded();
   plan.working_bytes = gathered * sizeof(__nv_bfloat16) +
@@ -141,7 +183,7 @@ ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunic
       group_(comm->world_size()),
       batch_size_(spec.training().micro_batch_size()),
       seq_len_(spec.training().sequence_length()),
-      offload_(spec.optimizer().offload()),
+      first_offloaded_(FirstOffloadedUnit(UnitSizes(*arch_), spec.optimizer())),
       direct_grads_(DirectGradients(comm->world_size())),
       host_threads_(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
@@ -201,8 +243,8 @@ absl::Status CheckComputeCapability(int major, int minor) {
 }
 
 absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
-    const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
-    comm::CudaCommunicator* replica) {
+    const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm, comm::CudaCommunicator* replica,
+    int ranks_on_host) {
   if (spec.zero_stage() != 3) {
     return absl::FailedPreconditionError(absl::StrCat(
         "zero_stage: the CUDA engine implements ZeRO stage 3 only, got ", spec.zero_stage()));
@@ -224,14 +266,41 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
       [&](const engine::CheckpointingPlan& level, int rows, int world) {
         return PlanGpuMemory(spec, *arch, level, rows, world);
       });
-  if (!memory.fits) return absl::ResourceExhaustedError(memory.reason);
-  WEFT_RETURN_IF_ERROR(CheckHostMemory(memory.plan, HostAvailableBytes(), comm->world_size()));
+  const std::vector<size_t> unit_sizes = UnitSizes(*arch);
+  const int first_offloaded = FirstOffloadedUnit(unit_sizes, spec.optimizer());
+  absl::Status fits = absl::OkStatus();
+  if (!memory.fits) {
+    // Offloading (more of) the optimizer is the one remedy DecideMemory does not weigh.
+    const std::string offload = OffloadThatFits(
+        unit_sizes, first_offloaded, free_bytes, [&](int first) {
+          return PlanGpuMemoryAt(spec, *arch, memory.level, spec.training().micro_batch_size(),
+                                 comm->world_size(), first);
+        });
+    fits = absl::ResourceExhaustedError(
+        offload.empty() ? memory.reason
+                        : absl::StrCat(memory.reason, " It would also fit with ", offload, "."));
+  } else {
+    fits = CheckHostMemory(memory.plan, HostAvailableBytes(), comm->world_size(), ranks_on_host);
+  }
+  WEFT_ASSIGN_OR_RETURN(const int refusals, CountRefusals(comm, replica, !fits.ok()));
+  WEFT_RETURN_IF_ERROR(fits);
+  if (refusals > 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        refusals, " other rank(s) of the job cannot build their engine (their error names "
+        "the memory they lack); this one could"));
+  }
   SetHostBufferAllocator({PinnedAllocate, PinnedRelease});
   std::unique_ptr<ZeroCudaEngine> engine(
       new ZeroCudaEngine(spec, comm, replica, std::move(arch)));
   engine->plan_ = memory.plan;
   engine->checkpointing_ = memory.level;
   engine->plan_note_ = memory.reason;
+  const int units = static_cast<int>(unit_sizes.size());
+  if (first_offloaded < units) {
+    absl::StrAppend(&engine->plan_note_, "; optimizer offloaded to the host for units ",
+                    first_offloaded, "-", units - 1, " of 0-", units - 1, " (offload_fraction ",
+                    OffloadFractionFor(unit_sizes, first_offloaded), ")");
+  }
   WEFT_RETURN_IF_ERROR(engine->Initialize());
   return engine;
 }
@@ -256,14 +325,15 @@ absl::Status ZeroCudaEngine::Initialize() {
     const size_t shard = layout_.unit(u).shard;
     // Offloaded, the optimizer's side lives in pinned host memory (which kernels and copies
     // reach through unified addressing).
-    WEFT_ASSIGN_OR_RETURN(unit.params, offload_ ? HostAlloc<float>(shard) : Alloc<float>(shard));
-    WEFT_ASSIGN_OR_RETURN(unit.m, offload_ ? HostAlloc<float>(shard) : Alloc<float>(shard));
-    WEFT_ASSIGN_OR_RETURN(unit.v, offload_ ? HostAlloc<float>(shard) : Alloc<float>(shard));
+    const bool offloaded = Offloaded(u);
+    WEFT_ASSIGN_OR_RETURN(unit.params, offloaded ? HostAlloc<float>(shard) : Alloc<float>(shard));
+    WEFT_ASSIGN_OR_RETURN(unit.m, offloaded ? HostAlloc<float>(shard) : Alloc<float>(shard));
+    WEFT_ASSIGN_OR_RETURN(unit.v, offloaded ? HostAlloc<float>(shard) : Alloc<float>(shard));
     WEFT_ASSIGN_OR_RETURN(unit.grads, Alloc<float>(shard));
     const InitialUnit init = InitialState(u);
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.params, init.kept.data(), shard * sizeof(float),
                                          cudaMemcpyDefault));
-    if (offload_) {
+    if (offloaded) {
       // The host AdamW reads a mask; the device one is told the runs.
       WEFT_ASSIGN_OR_RETURN(unit.host_decay_mask, HostAlloc<uint8_t>(shard));
       std::copy(init.decay_mask.begin(), init.decay_mask.end(), unit.host_decay_mask);
@@ -301,7 +371,7 @@ absl::Status ZeroCudaEngine::Initialize() {
   }
   gather_chunk_ = GatherChunkFloats(group_);
   WEFT_ASSIGN_OR_RETURN(gather_staging_, Alloc<float>(gather_chunk_ * group_));
-  if (offload_) {
+  if (any_offloaded()) {
     WEFT_ASSIGN_OR_RETURN(gather_source_, Alloc<float>(gather_chunk_));
   }
   WEFT_ASSIGN_OR_RETURN(norm_scratch_,
@@ -309,10 +379,14 @@ absl::Status ZeroCudaEngine::Initialize() {
   WEFT_ASSIGN_OR_RETURN(stats_, Alloc<float>(2));
   WEFT_ASSIGN_OR_RETURN(grad_scale_, Alloc<float>(1));
   WEFT_ASSIGN_OR_RETURN(host_stats_, HostAlloc<float>(3));  // [sum of squares, loss, clip]
-  if (offload_) {
+  if (any_offloaded()) {
+    size_t max_offloaded_shard = 0;
+    for (int u = first_offloaded_; u < layout_.num_units(); ++u) {
+      max_offloaded_shard = std::max(max_offloaded_shard, layout_.unit(u).shard);
+    }
     for (int i = 0; i < 2; ++i) {
-      WEFT_ASSIGN_OR_RETURN(staging_grads_[i], HostAlloc<float>(max_shard));
-      WEFT_ASSIGN_OR_RETURN(staging_bf16_[i], HostAlloc<uint16_t>(max_shard));
+      WEFT_ASSIGN_OR_RETURN(staging_grads_[i], HostAlloc<float>(max_offloaded_shard));
+      WEFT_ASSIGN_OR_RETURN(staging_bf16_[i], HostAlloc<uint16_t>(max_offloaded_shard));
       WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&grads_copied_[i],
                                                          cudaEventDisableTiming));
       WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&weights_copied_[i],
@@ -354,7 +428,7 @@ absl::Status ZeroCudaEngine::SyncCompute() {
 
 absl::Status ZeroCudaEngine::Gather(int unit, bf16* dst) {
   const size_t shard = layout_.unit(unit).shard;
-  if (offload_) {
+  if (Offloaded(unit)) {
     return CheckWork(
         comm_->AllGather(units_[unit].params_bf16, dst, shard, DataType::kBFloat16));
   }
@@ -538,17 +612,10 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
                                             cudaMemcpyDeviceToHost, compute_));
-  if (offload_) {
+  if (any_offloaded()) {
     WEFT_RETURN_IF_ERROR(HostOptimizerStep(step, adamw));
   } else {
-    for (const Unit& u : units_) {
-      for (const DecayRun& r : u.decay_runs) {
-        WEFT_RETURN_IF_ERROR(cuda::AdamWUpdate(u.params + r.begin, /*params_bf16=*/nullptr,
-                                               u.grads + r.begin, u.m + r.begin, u.v + r.begin,
-                                               r.end - r.begin, r.decay, adamw, step + 1,
-                                               grad_scale_, compute_));
-      }
-    }
+    WEFT_RETURN_IF_ERROR(DeviceOptimizerStep(step, adamw));
   }
   WEFT_ASSIGN_OR_RETURN(const size_t opt_end, Mark());
   WEFT_RETURN_IF_ERROR(comm_->WaitEvent(timing_.at(opt_end)));
@@ -584,27 +651,44 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   return result;
 }
 
+absl::Status ZeroCudaEngine::DeviceOptimizerStep(int64_t step, const engine::AdamWConfig& adamw) {
+  for (int u = 0; u < first_offloaded_; ++u) {
+    const Unit& unit = units_[u];
+    for (const DecayRun& r : unit.decay_runs) {
+      WEFT_RETURN_IF_ERROR(cuda::AdamWUpdate(unit.params + r.begin, /*params_bf16=*/nullptr,
+                                             unit.grads + r.begin, unit.m + r.begin,
+                                             unit.v + r.begin, r.end - r.begin, r.decay, adamw,
+                                             step + 1, grad_scale_, compute_));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Unit by unit, a pipeline of three: the GPU copies unit u + 1's gradients out while the host
 // steps unit u, whose new bf16 weights the GPU copies in while the host steps unit u + 1. Two
-// staging pairs alternate; the events say when each is free again.
+// staging pairs alternate; the events say when each is free again. The units kept on the GPU
+// step there, enqueued behind the first copy so the host has work while the GPU does them.
 absl::Status ZeroCudaEngine::HostOptimizerStep(int64_t step, const engine::AdamWConfig& adamw) {
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_stats_[2], grad_scale_, sizeof(float),
                                             cudaMemcpyDeviceToHost, compute_));
+  const int first = first_offloaded_;
   const auto copy_out = [&](int u) -> absl::Status {
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_grads_[u % 2], units_[u].grads,
+    const int slot = (u - first) % 2;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_grads_[slot], units_[u].grads,
                                               layout_.unit(u).shard * sizeof(float),
                                               cudaMemcpyDeviceToHost, compute_));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(grads_copied_[u % 2], compute_));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(grads_copied_[slot], compute_));
     return absl::OkStatus();
   };
   const int units = layout_.num_units();
-  WEFT_RETURN_IF_ERROR(copy_out(0));
-  for (int u = 0; u < units; ++u) {
-    const int slot = u % 2;
+  WEFT_RETURN_IF_ERROR(copy_out(first));
+  WEFT_RETURN_IF_ERROR(DeviceOptimizerStep(step, adamw));
+  for (int u = first; u < units; ++u) {
+    const int slot = (u - first) % 2;
     if (u + 1 < units) WEFT_RETURN_IF_ERROR(copy_out(u + 1));
     // Through the communicator, so an abort (a peer lost) interrupts the wait.
     WEFT_RETURN_IF_ERROR(comm_->WaitEvent(grads_copied_[slot]));
-    if (u >= 2) WEFT_RETURN_IF_ERROR(comm_->WaitEvent(weights_copied_[slot]));
+    if (u - first >= 2) WEFT_RETURN_IF_ERROR(comm_->WaitEvent(weights_copied_[slot]));
     const Unit& unit = units_[u];
     const size_t shard = layout_.unit(u).shard;
     engine::AdamWUpdateParallel(unit.params, staging_grads_[slot], unit.m, unit.v,
@@ -643,7 +727,7 @@ absl::StatusOr<std::vector<float>> ZeroCudaEngine::GatherUnit(int u) {
   for (size_t offset = 0; offset < unit.shard; offset += gather_chunk_) {
     const size_t n = std::min(gather_chunk_, unit.shard - offset);
     const float* piece = units_[u].params + offset;
-    if (offload_) {
+    if (Offloaded(u)) {
       // NCCL reads device memory: offloaded master weights go through a device buffer.
       WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gather_source_, piece, n * sizeof(float),
                                                 cudaMemcpyHostToDevice, compute_));
@@ -690,7 +774,7 @@ absl::Status ZeroCudaEngine::FinishRestore(const RangeReader&) {
     const Unit& unit = units_[u];
     const size_t shard = layout_.unit(u).shard;
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, shard * sizeof(float), compute_));
-    if (offload_) {
+    if (Offloaded(u)) {
       WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, shard, compute_));
     }
   }

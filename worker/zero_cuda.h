@@ -9,8 +9,10 @@
 // What an all-gather sends is cast to bf16 from the master as the gather starts, in place in
 // the destination. At world 1 the model's backward accumulates straight into the shard's
 // gradient (the shard is the unit): no full-unit gradient buffers, no reduce-scatter.
-// With optimizer offload the master, m, v and a decay mask live in pinned host memory and the
-// device keeps the gradient and a bf16 copy of the shard.
+// With optimizer offload the master, m, v and a decay mask of the offloaded units (all of them,
+// or with optimizer.offload_fraction the last ones: memory_plan.h's FirstOffloadedUnit) live in
+// pinned host memory and step on the host; the device keeps their gradient and a bf16 copy of
+// the shard. The other units keep everything on the GPU and step there.
 //
 // Two streams, ordered by CUDA events only — the host never waits inside a step:
 //   compute: the model's kernels and GEMMs, the optimizer;
@@ -67,6 +69,11 @@ namespace weft::worker {
 GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                             const engine::CheckpointingPlan& level, int micro_batch_size,
                             int world_size);
+// The same with units [first_offloaded, n) offloaded whatever the spec says (n: none), for
+// finding the offload that would fit.
+GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                              const engine::CheckpointingPlan& level, int micro_batch_size,
+                              int world_size, int first_offloaded);
 
 // OK for a GPU of compute capability major.minor that the CUDA engine's kernels run on (bf16
 // tensor cores: 8.0, Ampere, or newer); FAILED_PRECONDITION saying so otherwise.
@@ -79,9 +86,12 @@ class ZeroCudaEngine : public ZeroEngine {
   // RESOURCE_EXHAUSTED with the numbers when it does not fit. FAILED_PRECONDITION for a stage
   // other than 3 (the only one this engine implements). `replica` (not owned; may be null: one
   // replica) makes it hybrid: the world is comm->world_size() * replica->world_size().
+  // `ranks_on_host`: the job's ranks on this host, whose optimizer offloads share its memory.
+  // Collective: every rank of the world calls it, and when any rank cannot build its engine
+  // (its memory), all of them return an error, the others saying that another rank could not.
   static absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> Create(
       const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
-      comm::CudaCommunicator* replica = nullptr);
+      comm::CudaCommunicator* replica = nullptr, int ranks_on_host = 1);
   ~ZeroCudaEngine() override;
 
   absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) override;
@@ -114,7 +124,7 @@ class ZeroCudaEngine : public ZeroEngine {
     float* m = nullptr;
     float* v = nullptr;
     float* grads = nullptr;
-    std::vector<DecayRun> decay_runs;  // covering the shard (on the device's side)
+    std::vector<DecayRun> decay_runs;  // covering the shard (units stepped on the GPU)
     // Optimizer offload only: the bf16 copy the gathers send, and the host AdamW's mask.
     bf16* params_bf16 = nullptr;
     uint8_t* host_decay_mask = nullptr;
@@ -134,8 +144,13 @@ class ZeroCudaEngine : public ZeroEngine {
   template <typename T>
   absl::StatusOr<T*> HostAlloc(size_t count);
   // Optimizer offload's AdamW on the host (spec.optimizer.offload): after the clip scale is
-  // known on the device, every unit's gradients out, the step on the host, bf16 weights in.
+  // known on the device, every offloaded unit's gradients out, the step on the host, bf16
+  // weights in; the units kept on the GPU step there (DeviceOptimizerStep) meanwhile.
   absl::Status HostOptimizerStep(int64_t step, const engine::AdamWConfig& adamw);
+  // AdamW on the GPU for units [0, first_offloaded_), enqueued on the compute stream.
+  absl::Status DeviceOptimizerStep(int64_t step, const engine::AdamWConfig& adamw);
+  bool Offloaded(int u) const { return u >= first_offloaded_; }
+  bool any_offloaded() const { return first_offloaded_ < layout_.num_units(); }
 
   // Comm waits for everything enqueued on the compute stream so far.
   absl::Status CommWaitsCompute();
@@ -183,9 +198,10 @@ class ZeroCudaEngine : public ZeroEngine {
   float* grad_scale_ = nullptr;    // device scalar
   float* norm_scratch_ = nullptr;
   float* host_stats_ = nullptr;    // pinned [sum of squares, loss sum, clip scale]
-  // Optimizer offload (offload_): Unit::params, m, v and host_decay_mask are pinned host memory;
-  // two staging pairs of (max shard) and the events that free them.
-  const bool offload_;
+  // Optimizer offload of units [first_offloaded_, n) (n: none): their Unit::params, m, v and
+  // host_decay_mask are pinned host memory; two staging pairs of (their max shard) and the
+  // events that free them.
+  const int first_offloaded_;
   const bool direct_grads_;  // world 1: the model writes the shard's gradient itself
   const int host_threads_;
   std::vector<void*> host_allocations_;

@@ -628,6 +628,28 @@ TEST(ValidateJobSpecTest, OptimizerOffloadIsForGpuJobs) {
   EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
 }
 
+// A partial offload's share: in [0, 1], and only beside offload: true. NaN is refused too.
+TEST(ValidateJobSpecTest, OptimizerOffloadFraction) {
+  JobSpec spec = ValidCpuSpec();
+  spec.mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+  spec.set_precision(weft::v1::BF16);
+  spec.mutable_optimizer()->set_offload_fraction(0.5);
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ::testing::ElementsAre(StartsWith(
+                  "optimizer.offload_fraction: set without optimizer.offload: true")));
+  spec.mutable_optimizer()->set_offload(true);
+  for (double ok : {0.0, 0.25, 1.0}) {
+    spec.mutable_optimizer()->set_offload_fraction(ok);
+    EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty()) << ok;
+  }
+  for (double bad : {-0.1, 1.5, std::nan("")}) {
+    spec.mutable_optimizer()->set_offload_fraction(bad);
+    EXPECT_THAT(ValidateJobSpec(spec),
+                ::testing::ElementsAre(StartsWith("optimizer.offload_fraction: must be in [0, 1]")))
+        << bad;
+  }
+}
+
 TEST(ValidateJobSpecTest, Gpt2RefusesEveryLlamaField) {
   JobSpec spec = ValidCpuSpec();
   auto* m = spec.mutable_model();

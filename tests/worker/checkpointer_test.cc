@@ -259,7 +259,7 @@ TEST_F(CheckpointerTest, PrepareRefusesAHostWithoutRoomForTheSnapshot) {
   const absl::Status refused = checkpointer.Prepare(**cpu, 1000);
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(refused.message().find("checkpoint.interval_steps"), std::string::npos);
-  EXPECT_NE(refused.message().find("0.00 GB available"), std::string::npos);
+  EXPECT_NE(refused.message().find("available memory is 0.00 GB"), std::string::npos);
   EXPECT_TRUE(checkpointer.Prepare(**cpu, size_t{1} << 40).ok());
 }
 

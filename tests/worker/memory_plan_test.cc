@@ -4,6 +4,9 @@
 // spread over the world.
 #include "worker/memory_plan.h"
 
+#include <string>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -124,6 +127,77 @@ TEST(CheckHostMemoryTest, RefusesOffloadThatTheHostCannotHold) {
   EXPECT_THAT(refused.message(), HasSubstr("optimizer.offload needs 90.00 GiB"));
   EXPECT_THAT(refused.message(), HasSubstr("world size 2"));
   EXPECT_THAT(refused.message(), HasSubstr("80.00 GiB available"));
+}
+
+// Ranks sharing a host pin as much each: four of 30 GiB need 120 of the host's 100.
+TEST(CheckHostMemoryTest, CountsEveryRankOnTheHost) {
+  GpuMemoryPlan plan = Plan(Checkpointing::kNone, 8, 1);
+  plan.host_bytes = 30 * kGiB;
+  EXPECT_TRUE(CheckHostMemory(plan, 100 * kGiB, 4, /*ranks_on_host=*/3).ok());
+  const absl::Status refused = CheckHostMemory(plan, 100 * kGiB, 4, /*ranks_on_host=*/4);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("120.00 GiB for the job's 4 ranks on this host"));
+  EXPECT_THAT(refused.message(), HasSubstr("100.00 GiB available"));
+  EXPECT_TRUE(CheckHostMemory(plan, 30 * kGiB, 4, /*ranks_on_host=*/0).ok());  // unknown: 1
+}
+
+// Partial offload takes whole units from the end: a head of 10 and four blocks of 5.
+const std::vector<size_t> kUnits = {10, 5, 5, 5, 5};
+
+weft::v1::OptimizerSpec Offload(bool offload, double fraction) {
+  weft::v1::OptimizerSpec optimizer;
+  optimizer.set_offload(offload);
+  optimizer.set_offload_fraction(fraction);
+  return optimizer;
+}
+
+TEST(OffloadTest, FirstOffloadedUnitCoversTheFractionFromTheEnd) {
+  EXPECT_EQ(FirstOffloadedUnit(kUnits, Offload(false, 0)), 5);  // none
+  EXPECT_EQ(FirstOffloadedUnit(kUnits, Offload(true, 0)), 0);   // unset: all
+  EXPECT_EQ(FirstOffloadedUnit(kUnits, Offload(true, 1)), 0);
+  EXPECT_EQ(FirstOffloadedUnit(kUnits, Offload(true, 0.1)), 4);       // 3 of 30: one block
+  EXPECT_EQ(FirstOffloadedUnit(kUnits, Offload(true, 1.0 / 3)), 3);   // exactly two blocks
+  EXPECT_EQ(FirstOffloadedUnit(kUnits, Offload(true, 0.34)), 2);
+  EXPECT_EQ(FirstOffloadedUnit(kUnits, Offload(true, 0.66)), 1);      // all four blocks
+  EXPECT_EQ(FirstOffloadedUnit(kUnits, Offload(true, 0.7)), 0);       // the head too
+}
+
+// The fraction written back selects the same units: rounded down, with places enough.
+TEST(OffloadTest, OffloadFractionForRoundTrips) {
+  EXPECT_EQ(OffloadFractionFor(kUnits, 3), "0.33");
+  EXPECT_EQ(OffloadFractionFor(kUnits, 4), "0.16");
+  EXPECT_EQ(OffloadFractionFor(kUnits, 0), "1.00");
+  const std::vector<size_t> tiny_last = {1, 1000, 1};  // 1 of 1002
+  EXPECT_EQ(OffloadFractionFor(tiny_last, 2), "0.0009");
+  for (const auto& units : {kUnits, tiny_last}) {
+    for (int first = 0; first < static_cast<int>(units.size()); ++first) {
+      const double f = std::stod(OffloadFractionFor(units, first));
+      EXPECT_EQ(FirstOffloadedUnit(units, Offload(true, f)), first) << f;
+    }
+  }
+}
+
+// 16 bytes a kept parameter and 6 an offloaded one on the GPU (1 GiB "bytes" here), 13 on the
+// host: the least offload that fits is named with both figures.
+TEST(OffloadTest, OffloadThatFitsNamesTheLeastOffload) {
+  const auto plan_at = [](int first) {
+    GpuMemoryPlan plan;
+    for (int u = 0; u < static_cast<int>(kUnits.size()); ++u) {
+      plan.state_bytes += kUnits[u] * (u < first ? 16 : 6) * kGiB;
+      if (u >= first) plan.host_bytes += kUnits[u] * 13 * kGiB;
+    }
+    return plan;
+  };
+  // No offload needs 480; two blocks offloaded 380, three 330.
+  EXPECT_EQ(OffloadThatFits(kUnits, 5, 380 * kGiB, plan_at),
+            "optimizer.offload: true with offload_fraction: 0.33 (380.00 GiB per GPU, plus "
+            "130.00 GiB of pinned host memory)");
+  EXPECT_THAT(OffloadThatFits(kUnits, 5, 379 * kGiB, plan_at), HasSubstr("offload_fraction: 0.50"));
+  // Already offloading two blocks: only more offload is offered.
+  EXPECT_THAT(OffloadThatFits(kUnits, 3, 379 * kGiB, plan_at), HasSubstr("offload_fraction: 0.50"));
+  EXPECT_THAT(OffloadThatFits(kUnits, 5, 180 * kGiB, plan_at), HasSubstr("offload_fraction: 1 "));
+  EXPECT_EQ(OffloadThatFits(kUnits, 5, 179 * kGiB, plan_at), "");
+  EXPECT_EQ(OffloadThatFits(kUnits, 0, 500 * kGiB, plan_at), "");  // nothing more to offload
 }
 
 TEST(CheckHostMemoryTest, MemAvailableIsRead) {

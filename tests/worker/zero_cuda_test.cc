@@ -722,11 +722,13 @@ TEST_F(ZeroCudaTest, LlamaCheckpointingLevelsMatchNone) {
 // with and without offload, with and without gradient accumulation. At world 1 the state is
 // 16 bytes a parameter.
 TEST_F(ZeroCudaTest, StatePlanIsTheAllocation) {
-  for (bool offload : {false, true}) {
+  // -1: no offload; 0: all of it; 0.5: the last units, half the parameters.
+  for (double offload : {-1.0, 0.0, 0.5}) {
     for (int accum : {1, 2}) {
       SCOPED_TRACE(absl::StrCat("offload=", offload, " accum=", accum));
       weft::v1::JobSpec spec = SmallSpec(4, 1, /*llama=*/true);
-      spec.mutable_optimizer()->set_offload(offload);
+      spec.mutable_optimizer()->set_offload(offload >= 0);
+      if (offload > 0) spec.mutable_optimizer()->set_offload_fraction(offload);
       spec.mutable_training()->set_grad_accum_steps(accum);
       MemoryStore store;
       auto c = comm::CreateNcclCommunicator(&store, 0, 1, {});
@@ -737,8 +739,21 @@ TEST_F(ZeroCudaTest, StatePlanIsTheAllocation) {
       const size_t allocated = (*engine)->EngineDeviceBytes();
       EXPECT_LE(allocated, planned);
       EXPECT_GE(allocated + 8192, planned);
-      const size_t params = (*engine)->layout().total_shard();
-      EXPECT_EQ((*engine)->StateBytes(), params * (offload ? 6 : 16));
+      const ShardLayout& layout = (*engine)->layout();
+      const int first = FirstOffloadedUnit(UnitSizes((*engine)->arch()), spec.optimizer());
+      size_t expected = 0, offloaded = 0;
+      for (int u = 0; u < layout.num_units(); ++u) {
+        expected += layout.unit(u).shard * (u < first ? 16 : 6);
+        if (u >= first) offloaded += layout.unit(u).shard;
+      }
+      EXPECT_EQ((*engine)->StateBytes(), expected);
+      if (offload < 0) EXPECT_EQ(offloaded, 0u);
+      if (offload == 0) EXPECT_EQ(offloaded, layout.total_shard());
+      if (offload > 0) {
+        EXPECT_GE(offloaded, layout.total_shard() / 2);
+        EXPECT_LT(offloaded, layout.total_shard());
+        EXPECT_THAT((*engine)->MemoryPlanNote(), ::testing::HasSubstr("optimizer offloaded"));
+      }
     }
   }
 }
@@ -749,21 +764,170 @@ TEST_F(ZeroCudaTest, StatePlanIsTheAllocation) {
 // parameters drift apart by about 1e-3 (measured on an H100: 9.5e-4), while a step lost or
 // applied to stale weights moves them by 1e-1. The weights come back through GatherParameters
 // from host memory.
+// Partial offload (offload_fraction 0.5: the last blocks on the host, the head and first
+// blocks on the GPU) follows it the same way, at world 1 and 2.
 TEST_F(ZeroCudaTest, OffloadedOptimizerFollowsTheGpuOptimizer) {
   for (bool llama : {false, true}) {
-    SCOPED_TRACE(llama ? "llama" : "gpt2");
-    weft::v1::JobSpec spec = SmallSpec(4, 8, llama);
-    const Curve gpu = TrainGpu(spec, 1);
-    spec.mutable_optimizer()->set_offload(true);
-    const Curve host = TrainGpu(spec, 1);
-    ASSERT_EQ(host.losses.size(), gpu.losses.size());
-    ASSERT_EQ(host.params.size(), gpu.params.size());
-    EXPECT_LT(WorstRelative(host.losses, gpu.losses), 1e-3);
-    for (size_t u = 0; u < gpu.params.size(); ++u) {
-      EXPECT_LT(NormRelative(host.params[u], gpu.params[u]), 5e-3) << "unit " << u;
+    for (double fraction : {0.0, 0.5}) {
+      SCOPED_TRACE(absl::StrCat(llama ? "llama" : "gpt2", " offload_fraction=", fraction));
+      weft::v1::JobSpec spec = SmallSpec(4, 8, llama);
+      const Curve gpu = TrainGpu(spec, 1);
+      spec.mutable_optimizer()->set_offload(true);
+      spec.mutable_optimizer()->set_offload_fraction(fraction);
+      const Curve host = TrainGpu(spec, 1);
+      ASSERT_EQ(host.losses.size(), gpu.losses.size());
+      ASSERT_EQ(host.params.size(), gpu.params.size());
+      EXPECT_LT(WorstRelative(host.losses, gpu.losses), 1e-3);
+      for (size_t u = 0; u < gpu.params.size(); ++u) {
+        EXPECT_LT(NormRelative(host.params[u], gpu.params[u]), 5e-3) << "unit " << u;
+      }
+      EXPECT_LT(host.losses.back(), host.losses.front());
     }
-    EXPECT_LT(host.losses.back(), host.losses.front());
   }
+}
+
+TEST_F(ZeroCudaTest, PartiallyOffloadedOptimizerOnTwoRanks) {
+  weft::v1::JobSpec spec = SmallSpec(4, 8, /*llama=*/true);
+  const Curve gpu = TrainGpu(spec, 2, /*one_gpu=*/true);
+  spec.mutable_optimizer()->set_offload(true);
+  spec.mutable_optimizer()->set_offload_fraction(0.5);
+  const Curve host = TrainGpu(spec, 2, /*one_gpu=*/true);
+  ASSERT_EQ(host.params.size(), gpu.params.size());
+  EXPECT_LT(WorstRelative(host.losses, gpu.losses), 1e-3);
+  for (size_t u = 0; u < gpu.params.size(); ++u) {
+    EXPECT_LT(NormRelative(host.params[u], gpu.params[u]), 5e-3) << "unit " << u;
+  }
+}
+
+// A checkpoint moves between offload settings exactly: the state of a half-offloaded engine
+// restores into one that keeps everything on the GPU and into one that offloads everything,
+// and each gives back the same parameters and the same snapshot (moments included).
+TEST_F(ZeroCudaTest, CheckpointMovesBetweenOffloadSettings) {
+  weft::v1::JobSpec spec = SmallSpec(4, 3, /*llama=*/true);
+  spec.mutable_optimizer()->set_offload(true);
+  spec.mutable_optimizer()->set_offload_fraction(0.5);
+  MemoryStore store;
+  auto c = comm::CreateNcclCommunicator(&store, 0, 1, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto partial = ZeroCudaEngine::Create(spec, c->get());
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  const BatchFn batch = GlobalBatch(0, 4);
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE((*partial)->TrainStep(step, batch).ok());
+  const absl::StatusOr<std::vector<UnitSlice>> snapshot = (*partial)->Snapshot();
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  auto params = (*partial)->GatherParameters();
+  ASSERT_TRUE(params.ok());
+  const RangeReader read = [&](const std::string& tensor, int64_t begin, int64_t end,
+                               float* out) -> absl::Status {
+    for (const UnitSlice& s : *snapshot) {
+      for (UnitState what : kUnitStates) {
+        if (tensor != CheckpointTensorName(s.unit, what)) continue;
+        const HostFloats& src = s.data(what);
+        std::copy(src.begin() + (begin - s.begin), src.begin() + (end - s.begin), out);
+        return absl::OkStatus();
+      }
+    }
+    return absl::NotFoundError(tensor);
+  };
+  for (bool offload_all : {false, true}) {
+    SCOPED_TRACE(offload_all ? "restored offloading everything" : "restored on the GPU");
+    weft::v1::JobSpec other = spec;
+    other.mutable_optimizer()->set_offload(offload_all);
+    other.mutable_optimizer()->set_offload_fraction(0);
+    auto restored = ZeroCudaEngine::Create(other, c->get());
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    ASSERT_TRUE((*restored)->Restore(read).ok());
+    auto restored_params = (*restored)->GatherParameters();
+    ASSERT_TRUE(restored_params.ok());
+    EXPECT_EQ(*restored_params, *params);
+    const absl::StatusOr<std::vector<UnitSlice>> again = (*restored)->Snapshot();
+    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_EQ(again->size(), snapshot->size());
+    for (size_t i = 0; i < again->size(); ++i) {
+      for (UnitState what : kUnitStates) {
+        EXPECT_TRUE((*again)[i].data(what) == (*snapshot)[i].data(what))
+            << "unit " << (*again)[i].unit << " state " << static_cast<int>(what);
+      }
+    }
+  }
+}
+
+// Engine creation is collective: a rank whose host cannot hold its offloaded optimizer (here one
+// told it shares the host with a million ranks) refuses with the figures, and the rank that could
+// run refuses too, at once, instead of hanging in its first collective. Then both see a host of
+// their own and build.
+TEST_F(ZeroCudaTest, ARankThatCannotBuildFailsEveryRank) {
+  weft::v1::JobSpec spec = SmallSpec(4, 1, /*llama=*/true);
+  spec.mutable_optimizer()->set_offload(true);
+  for (const int crowded : {1 << 20, 1}) {
+    SCOPED_TRACE(absl::StrCat("rank 1 shares its host with ", crowded, " ranks"));
+    MemoryStore store;
+    std::vector<absl::Status> created(2);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < 2; ++rank) {
+      threads.emplace_back([&, rank] {
+        cudaSetDevice(0);
+        auto c = Connect(&store, rank, 2, "gloo", /*one_gpu=*/true, 0);
+        if (!c.ok()) {
+          created[rank] = c.status();
+          return;
+        }
+        created[rank] =
+            ZeroCudaEngine::Create(spec, c->get(), nullptr, rank == 1 ? crowded : 1).status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    if (crowded == 1) {
+      EXPECT_TRUE(created[0].ok()) << created[0];
+      EXPECT_TRUE(created[1].ok()) << created[1];
+      continue;
+    }
+    EXPECT_EQ(created[1].code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(created[1].message(), ::testing::HasSubstr("ranks on this host"));
+    EXPECT_EQ(created[0].code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(created[0].message(), ::testing::HasSubstr("1 other rank(s) of the job cannot"));
+  }
+}
+
+// A model whose optimizer state does not fit the GPU is refused with the offload that would fit
+// it, and that share does fit by the plan while one unit less does not.
+TEST_F(ZeroCudaTest, RefusalNamesTheOffloadThatWouldFit) {
+  weft::v1::JobSpec spec = SmallSpec(1, 1, /*llama=*/true);
+  auto* m = spec.mutable_model();
+  // 48 blocks of 4096 (218M parameters each, 10.7B in all): 171 GB at 16 bytes a parameter,
+  // more than any one GPU; 64 GB at 6, which an 80 GB one holds.
+  m->set_num_layers(48);
+  m->set_hidden_size(4096);
+  m->set_num_heads(32);
+  m->set_num_kv_heads(8);
+  m->set_intermediate_size(14336);
+  m->set_vocab_size(32000);
+  m->set_padded_vocab_size(32000);
+  m->set_context_length(1024);
+  spec.mutable_training()->set_sequence_length(1024);
+  MemoryStore store;
+  auto c = comm::CreateNcclCommunicator(&store, 0, 1, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto refused = ZeroCudaEngine::Create(spec, c->get());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(refused.status().message());
+  const std::string key = "offload_fraction: ";
+  const size_t at = message.find(key);
+  ASSERT_NE(at, std::string::npos) << message;
+  const double fraction = std::stod(message.substr(at + key.size()));
+  EXPECT_GT(fraction, 0.0) << message;
+  EXPECT_LT(fraction, 1.0) << message;
+  auto arch = engine::MakeModelArch(spec.model());
+  ASSERT_TRUE(arch.ok());
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  spec.mutable_optimizer()->set_offload(true);
+  spec.mutable_optimizer()->set_offload_fraction(fraction);
+  const engine::CheckpointingPlan full{engine::Checkpointing::kFull, 0};
+  EXPECT_LE(PlanGpuMemory(spec, **arch, full, 1, 1).total(), free_bytes);
+  const int first = FirstOffloadedUnit(UnitSizes(**arch), spec.optimizer());
+  EXPECT_GT(PlanGpuMemoryAt(spec, **arch, full, 1, 1, first + 1).total(), free_bytes);
 }
 
 TEST_F(ZeroCudaTest, AutoChoosesCheckpointingWhenEverythingDoesNotFit) {
