@@ -19,8 +19,25 @@ AdamWConfig AdamWConfigFromSpec(const weft::v1::OptimizerSpec& spec, double lr) 
   return config;
 }
 
-void AdamWUpdate(float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
-                 size_t n, const AdamWConfig& config, int64_t step, float grad_scale) {
+namespace {
+
+// The bf16 bit pattern nearest x, as a select rather than a branch so the loops below vectorize.
+inline uint16_t RoundToBf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(nan ? (bits >> 16) | 0x40u : rounded);
+}
+
+// AdamWUpdate, and with kBf16 each new parameter's bf16 pattern in the same pass: the host
+// step of offload is bound by memory traffic, and a second pass would read the parameters
+// back from DRAM. One body for both, so they round identically.
+template <bool kBf16>
+void Update(float* __restrict params, const float* __restrict grads, float* __restrict m,
+            float* __restrict v, const uint8_t* __restrict decay_mask, size_t n,
+            const AdamWConfig& config, int64_t step, float grad_scale,
+            uint16_t* __restrict bf16_out) {
   // Bias corrections in double: beta2^step approaches 1 - tiny for small steps, where float
   // would lose most of the digits of 1 - beta2^step.
   const float correction1 =
@@ -46,17 +63,20 @@ void AdamWUpdate(float* params, const float* grads, float* m, float* v, const ui
     // form (not `mask != 0`); x * 1 and p - 0 are exact, so the result is the branch's.
     const float decay = lr_wd * p * static_cast<float>(decay_mask[i] < 1 ? decay_mask[i] : 1);
     p -= lr * m_hat / (std::sqrt(v_hat) + eps);
-    params[i] = p - decay;
+    p -= decay;
+    params[i] = p;
+    if constexpr (kBf16) bf16_out[i] = RoundToBf16(p);
   }
 }
 
-uint16_t Bf16Bits(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
+}  // namespace
+
+void AdamWUpdate(float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
+                 size_t n, const AdamWConfig& config, int64_t step, float grad_scale) {
+  Update<false>(params, grads, m, v, decay_mask, n, config, step, grad_scale, nullptr);
 }
+
+uint16_t Bf16Bits(float x) { return RoundToBf16(x); }
 
 void AdamWUpdateParallel(float* params, const float* grads, float* m, float* v,
                          const uint8_t* decay_mask, size_t n, const AdamWConfig& config,
@@ -67,9 +87,8 @@ void AdamWUpdateParallel(float* params, const float* grads, float* m, float* v,
   const auto run = [&](size_t begin) {
     const size_t end = std::min(n, begin + chunk);
     if (begin >= end) return;
-    AdamWUpdate(params + begin, grads + begin, m + begin, v + begin, decay_mask + begin,
-                end - begin, config, step, grad_scale);
-    for (size_t i = begin; i < end; ++i) bf16_out[i] = Bf16Bits(params[i]);
+    Update<true>(params + begin, grads + begin, m + begin, v + begin, decay_mask + begin,
+                 end - begin, config, step, grad_scale, bf16_out + begin);
   };
   std::vector<std::thread> workers;
   for (size_t begin = chunk; begin < n; begin += chunk) workers.emplace_back(run, begin);
