@@ -246,6 +246,9 @@ TEST(AdamWParallelTest, Bf16BitsRoundsToNearestEven) {
   EXPECT_EQ(bits(0x3f807fffu), 0x3f80);  // below it
   EXPECT_EQ(bits(0x7f7fffffu), 0x7f80);  // the largest float rounds to infinity, as CUDA's
   EXPECT_EQ(bits(0x7fc00001u) & 0x7fc0, 0x7fc0);  // NaN stays NaN
+  // A NaN whose payload is all below bf16's mantissa would round to infinity: kept a NaN.
+  EXPECT_EQ(bits(0x7f800001u), 0x7fc0);
+  EXPECT_EQ(bits(0xff800001u), 0xffc0);
 }
 
 }  // namespace
