@@ -10,9 +10,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/trainctl_output.h"
 #include "common/job_spec.h"
+#include "common/status.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
@@ -128,6 +130,49 @@ int PrintLogits(const worker::LoadedModel& model, const std::string& tokens_flag
   return 0;
 }
 
+// `trainctl model diff`: the tensors that differ, and whether the model's relative difference
+// is within `tolerance` (0: bit-identical), which decides the exit status.
+int PrintDifference(const worker::ModelDifference& diff, double tolerance, bool json,
+                    const std::string& a, const std::string& b) {
+  const bool within = tolerance == 0 ? diff.identical() : diff.relative <= tolerance;
+  if (json) {
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const worker::TensorDifference& t : diff.tensors) {
+      tensors.push_back({{"name", t.name}, {"elements", t.elements}, {"differing", t.differing},
+                         {"max_abs", t.max_abs}, {"relative", t.relative}});
+    }
+    std::cout << nlohmann::json{{"identical", diff.identical()},
+                                {"within_tolerance", within},
+                                {"tolerance", tolerance},
+                                {"elements", diff.elements},
+                                {"differing", diff.differing},
+                                {"max_abs", diff.max_abs},
+                                {"relative", diff.relative},
+                                {"max_relative", diff.max_relative},
+                                {"tensors", tensors}}
+                     .dump(2)
+              << "\n";
+  } else if (diff.identical()) {
+    std::cout << "identical: " << diff.elements << " parameters, bit for bit\n";
+  } else {
+    std::vector<std::vector<std::string>> rows = {
+        {"TENSOR", "ELEMENTS", "DIFFERING", "MAX ABS", "RELATIVE"}};
+    for (const worker::TensorDifference& t : diff.tensors) {
+      rows.push_back({t.name, absl::StrCat(t.elements), absl::StrCat(t.differing),
+                      absl::StrFormat("%.3g", t.max_abs), absl::StrFormat("%.3g", t.relative)});
+    }
+    trainctl::PrintTable(rows);
+    std::cout << absl::StrFormat(
+        "%d of %d parameters differ; relative difference %.3g (largest of a tensor %.3g; "
+        "tolerance %g)\n",
+        diff.differing, diff.elements, diff.relative, diff.max_relative, tolerance);
+  }
+  if (within) return 0;
+  return Fail(absl::FailedPreconditionError(absl::StrFormat(
+      "%s and %s differ beyond --tolerance %g (relative difference %.3g)", a, b, tolerance,
+      diff.relative)));
+}
+
 }  // namespace
 
 ModelCommands::ModelCommands(CLI::App* app) {
@@ -152,23 +197,49 @@ ModelCommands::ModelCommands(CLI::App* app) {
   logits_->add_option("SOURCE", source_, "A Weft model file (*.safetensors) or a finished job")
       ->required();
   logits_->add_option("--tokens", tokens_, "Whitespace-separated token ids")->required();
+  diff_ = group_->add_subcommand(
+      "diff", "Compare two trained models tensor by tensor (a resumed run against an "
+              "uninterrupted one); exits 1 when they differ beyond --tolerance");
+  diff_->add_option("SOURCE", source_, "A Weft model file (*.safetensors) or a finished job")
+      ->required();
+  diff_->add_option("OTHER", other_, "The model to compare with (file or job)")->required();
+  diff_->add_option("--tolerance", tolerance_,
+                    "Largest relative L2 difference of the model accepted (0: bit-identical)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 }
 
 bool ModelCommands::Parsed() const { return group_->parsed(); }
 
 int ModelCommands::Run(bool json, const JobModelPath& job_model_path) const {
   if (from_hf_->parsed()) return FromHf(dir_, json);
-  std::string path = source_;
   // A readable file is a model file; anything else names a job.
-  if (!absl::EndsWith(source_, ".safetensors") && ::access(source_.c_str(), R_OK) != 0) {
-    absl::StatusOr<std::string> job_path = job_model_path(source_);
-    if (!job_path.ok()) return Fail(job_path.status());
-    path = *job_path;
-  }
-  auto model = worker::LoadModel(path);
+  const auto resolve = [&](const std::string& source) -> absl::StatusOr<std::string> {
+    if (absl::EndsWith(source, ".safetensors") || ::access(source.c_str(), R_OK) == 0) {
+      return source;
+    }
+    return job_model_path(source);
+  };
+  const auto load = [&](const std::string& source) -> absl::StatusOr<worker::LoadedModel> {
+    WEFT_ASSIGN_OR_RETURN(const std::string path, resolve(source));
+    return worker::LoadModel(path);
+  };
+  absl::StatusOr<std::string> path = resolve(source_);
+  if (!path.ok()) return Fail(path.status());
+  auto model = worker::LoadModel(*path);
   if (!model.ok()) return Fail(model.status());
   if (logits_->parsed()) return PrintLogits(*model, tokens_);
-  return ExportHfDirectory(model->spec, model->units, out_dir_, flags_, json, path);
+  if (diff_->parsed()) {
+    auto other = load(other_);
+    if (!other.ok()) return Fail(other.status());
+    auto diff = worker::CompareModels(*model, *other);
+    if (!diff.ok()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          source_, " and ", other_, " are not the same model: ", diff.status().message())));
+    }
+    return PrintDifference(*diff, tolerance_, json, source_, other_);
+  }
+  return ExportHfDirectory(model->spec, model->units, out_dir_, flags_, json, *path);
 }
 
 }  // namespace weft

@@ -4,6 +4,8 @@
 //   trainctl model export MODEL.safetensors|JOB --out DIR [--dtype bf16|fp32]
 //                         [--max-shard-bytes N]   a Weft model file as a Hugging Face directory
 //   trainctl model logits MODEL.safetensors|JOB --tokens "1 2 3"   the model's logits, as JSON
+//   trainctl model diff MODEL|JOB MODEL|JOB [--tolerance R]   the tensors that differ; exit 1
+//                         beyond the tolerance (0: bit-identical)
 // and the Hugging Face export flags `trainctl checkpoint export --format hf` shares.
 #ifndef WEFT_CLIENT_TRAINCTL_MODEL_H_
 #define WEFT_CLIENT_TRAINCTL_MODEL_H_
@@ -51,6 +53,9 @@ class ModelCommands {
   CLI::App* from_hf_ = nullptr;
   CLI::App* export_ = nullptr;
   CLI::App* logits_ = nullptr;
+  CLI::App* diff_ = nullptr;
+  std::string other_;
+  double tolerance_ = 0;
   std::string tokens_;
   std::string dir_;
   std::string source_;

@@ -1,7 +1,10 @@
 #include "worker/model_io.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <map>
 
 #include "absl/strings/escaping.h"
@@ -331,6 +334,67 @@ absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::st
   std::string text = tokenizer->Decode(all);
   if (absl::StartsWith(text, prompt_text)) return text.substr(prompt_text.size());
   return tokenizer->Decode(generated);
+}
+
+absl::StatusOr<ModelDifference> CompareModels(const LoadedModel& a, const LoadedModel& b) {
+  if (a.arch->name() != b.arch->name()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.architecture: ", a.arch->name(),
+                                                   " against ", b.arch->name()));
+  }
+  if (a.arch->NumUnits() != b.arch->NumUnits()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.num_layers: ", a.arch->num_layers(), " against ", b.arch->num_layers()));
+  }
+  ModelDifference diff;
+  double all_delta_squares = 0, all_base_squares = 0;
+  for (int u = 0; u < a.arch->NumUnits(); ++u) {
+    const std::vector<engine::TensorInfo> tensors = a.arch->UnitTensors(u);
+    const std::vector<engine::TensorInfo> other = b.arch->UnitTensors(u);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const engine::TensorInfo& t = tensors[i];
+      if (i >= other.size() || other[i].name != t.name || other[i].shape != t.shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor ", t.name, " of shape [", absl::StrJoin(t.shape, ", "), "] against ",
+            i >= other.size() ? "none"
+                              : absl::StrCat(other[i].name, " of shape [",
+                                             absl::StrJoin(other[i].shape, ", "), "]")));
+      }
+      const float* x = a.units[u].data() + t.offset;
+      const float* y = b.units[u].data() + t.offset;
+      TensorDifference d{t.name, t.size};
+      double delta_squares = 0, base_squares = 0;
+      for (size_t k = 0; k < t.size; ++k) {
+        base_squares += static_cast<double>(y[k]) * y[k];
+        uint32_t xb, yb;
+        std::memcpy(&xb, &x[k], sizeof(xb));
+        std::memcpy(&yb, &y[k], sizeof(yb));
+        if (xb == yb) continue;
+        ++d.differing;
+        const double delta = static_cast<double>(x[k]) - y[k];
+        d.max_abs = std::max(d.max_abs, std::abs(delta));
+        delta_squares += delta * delta;
+      }
+      diff.elements += t.size;
+      all_delta_squares += delta_squares;
+      all_base_squares += base_squares;
+      if (d.differing == 0) continue;
+      d.relative = base_squares > 0 ? std::sqrt(delta_squares / base_squares)
+                                    : std::numeric_limits<double>::infinity();
+      diff.differing += d.differing;
+      diff.max_abs = std::max(diff.max_abs, d.max_abs);
+      diff.max_relative = std::max(diff.max_relative, d.relative);
+      diff.tensors.push_back(std::move(d));
+    }
+    if (tensors.size() != other.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unit ", u, ": ", tensors.size(), " tensors against ", other.size()));
+    }
+  }
+  if (diff.differing > 0) {
+    diff.relative = all_base_squares > 0 ? std::sqrt(all_delta_squares / all_base_squares)
+                                         : std::numeric_limits<double>::infinity();
+  }
+  return diff;
 }
 
 absl::StatusOr<std::vector<float>> ModelLogits(const LoadedModel& model,

@@ -94,6 +94,34 @@ struct LoadedModel {
 // their crc32c, or with more pieces than the model's vocabulary (DATA_LOSS, naming the key).
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
 
+// How far one tensor of a model is from the same tensor of another.
+struct TensorDifference {
+  std::string name;
+  size_t elements = 0;
+  size_t differing = 0;  // elements whose bits differ
+  double max_abs = 0;    // largest |a - b|
+  double relative = 0;   // ||a - b|| / ||b|| (L2); 0 when identical, inf when b is all zeros
+};
+
+struct ModelDifference {
+  size_t elements = 0;
+  size_t differing = 0;
+  double max_abs = 0;
+  // ||a - b|| / ||b|| over every parameter: the summary a tolerance is judged by, since a
+  // tensor of near-zero values (a key bias, whose exact gradient is zero) can differ by a
+  // large share of itself while the model does not.
+  double relative = 0;
+  double max_relative = 0;                 // the largest tensor's `relative`
+  std::vector<TensorDifference> tensors;   // the tensors that differ, in layout order
+  bool identical() const { return differing == 0; }
+};
+
+// `a` against `b`, tensor by tensor of the architecture's layout, bit for bit (a NaN equals
+// only the same NaN). Models of different architectures or shapes are not compared:
+// INVALID_ARGUMENT naming the first field or tensor that differs. What `trainctl model diff`
+// prints: a resumed run against an uninterrupted one, one world size against another.
+absl::StatusOr<ModelDifference> CompareModels(const LoadedModel& a, const LoadedModel& b);
+
 // The model's logits for `tokens` (one sequence, 1 <= length <= context): (T, vocab_size)
 // row-major, padding columns left out. INVALID_ARGUMENT for an empty or too long sequence or an
 // id outside [0, vocab_size). What `trainctl model logits` prints, to compare with another

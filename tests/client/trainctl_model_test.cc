@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -111,6 +112,72 @@ TEST(TrainctlModelTest, LogitsPrintsTheModelsRowsAndNamesBadTokens) {
   r = Trainctl({"model", "logits", file, "--tokens", " "});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("between 1 and the context length"));
+}
+
+// `model diff`: identical files say so and exit 0; one changed element is named with its
+// figures (table and JSON, the library's numbers) and exits 1 unless --tolerance covers it;
+// models of different shapes and missing files are refused by name.
+TEST(TrainctlModelTest, DiffNamesTheTensorsThatDifferAndExitsByTolerance) {
+  testing::TempDir tmp;
+  v1::JobSpec job;
+  *job.mutable_model() = hf::testing::TinyLlama(false);
+  const auto arch = hf::testing::ArchOf(job.model());
+  const auto units = hf::testing::ExactUnits(*arch, 3);
+  const std::string a = tmp.File("a.safetensors"), b = tmp.File("b.safetensors"),
+                    c = tmp.File("c.safetensors");
+  ASSERT_TRUE(worker::SaveModel(a, job, units).ok());
+  ASSERT_TRUE(worker::SaveModel(b, job, units).ok());
+  auto changed = units;
+  const engine::TensorInfo tensor = arch->UnitTensors(1)[0];
+  changed[1][tensor.offset + 2] += 0.25f;
+  ASSERT_TRUE(worker::SaveModel(c, job, changed).ok());
+
+  CommandResult r = Trainctl({"model", "diff", a, b});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("identical"));
+
+  r = Trainctl({"model", "diff", a, c});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr(tensor.name));
+  EXPECT_THAT(r.out, HasSubstr("1 of "));
+  EXPECT_THAT(r.err, HasSubstr("differ beyond --tolerance 0"));
+
+  auto left = worker::LoadModel(a), right = worker::LoadModel(c);
+  ASSERT_TRUE(left.ok() && right.ok());
+  auto want = worker::CompareModels(*left, *right);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(want->tensors.size(), 1u);
+  EXPECT_NEAR(want->max_abs, 0.25, 1e-6);
+  EXPECT_GT(want->relative, 0);
+  EXPECT_LT(want->relative, want->max_relative);  // one tensor's change, over the whole model
+  r = Trainctl({"-o", "json", "model", "diff", a, c, "--tolerance",
+                absl::StrCat(want->relative * 2)});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(j["identical"].get<bool>());
+  EXPECT_TRUE(j["within_tolerance"].get<bool>());
+  EXPECT_EQ(j["differing"].get<size_t>(), 1u);
+  EXPECT_EQ(j["tensors"][0]["name"], tensor.name);
+  EXPECT_DOUBLE_EQ(j["max_relative"].get<double>(), want->max_relative);
+  EXPECT_DOUBLE_EQ(j["relative"].get<double>(), want->relative);
+  r = Trainctl({"model", "diff", a, c, "--tolerance", absl::StrCat(want->relative / 2)});
+  EXPECT_EQ(r.exit_code, 1);
+
+  v1::JobSpec tied = job;
+  *tied.mutable_model() = hf::testing::TinyLlama(true);
+  const std::string d = tmp.File("tied.safetensors");
+  ASSERT_TRUE(
+      worker::SaveModel(d, tied, hf::testing::ExactUnits(*hf::testing::ArchOf(tied.model()), 3))
+          .ok());
+  r = Trainctl({"model", "diff", a, d});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("are not the same model"));
+  r = Trainctl({"model", "diff", a, tmp.File("missing.safetensors")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("missing.safetensors"));
+  r = Trainctl({"model", "diff", a, c, "--tolerance", "-1"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--tolerance"));
 }
 
 }  // namespace
