@@ -18,10 +18,10 @@
 # With WEFT_BENCH_COMPARE=1 the recovered job runs to the end, the same job then runs again
 # uninterrupted on the surviving workers, and the line ends with `trainctl model diff`'s
 # verdict on the two final models: identical=true|false final_relative=X (the relative L2
-# difference of all parameters). The CPU engine resumes bit for bit; the GPU's embedding
-# gradient sums with atomics in no fixed order, so on GPUs the job runs uninterrupted twice
-# more and noise_relative=Y is the same figure between those two: recovery adds nothing when
-# X is of Y's order.
+# difference of all parameters). Both engines are deterministic, so a resumed job should match
+# bit for bit (identical=true); on GPUs the job also runs uninterrupted a second time and
+# noise_relative=Y is the same figure between the two uninterrupted runs, the floor X is to be
+# judged against should a kernel ever lose its determinism.
 # Goals (issue 6): detect <= 2 s, resume <= 10 s.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -94,7 +94,7 @@ size_t GptCuda::Layout(char* base) {
     scratch = std::max(scratch, BiasBackwardScratchFloats(static_cast<int>(n), oc));
   }
   reduce_scratch_ = a.Take<float>(scratch);
-  TakeCommon(a, config_.padded_vocab_size);
+  TakeCommon(a, config_.padded_vocab_size, c);
   return a.size();
 }
 
@@ -305,7 +305,8 @@ absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad,
 
 absl::Status GptCuda::EncoderBackward(float* head_grad) {
   return cuda::EncoderBackward(head_grad + head_tensors_[kWte].offset,
-                               head_grad + head_tensors_[kWpe].offset, dres_, tokens_, b_, t_,
+                               head_grad + head_tensors_[kWpe].offset, dres_, embedding_plan_,
+                               embedding_plan_device_, embedding_scratch_, b_, t_,
                                config_.hidden_size, stream_);
 }
 

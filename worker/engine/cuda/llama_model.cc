@@ -48,7 +48,7 @@ LlamaCuda::LlamaCuda(const LlamaConfig& config, int max_b, int max_t, Checkpoint
 
 size_t LlamaCuda::Layout(char* base) {
   Arena a(base);
-  TakeCommon(a, config_.padded_vocab_size);
+  TakeCommon(a, config_.padded_vocab_size, config_.hidden_size);
   const int layers = config_.num_layers;
   const size_t n = static_cast<size_t>(max_b_) * max_t_;
   const size_t nc = n * config_.hidden_size;
@@ -300,7 +300,8 @@ absl::Status LlamaCuda::AttentionBackward(int l, const bf16* block, float* block
 }
 
 absl::Status LlamaCuda::EncoderBackward(float* head_grad) {
-  return EmbeddingBackward(head_grad + head_tensors_[kLlamaEmbed].offset, dres_, tokens_, b_, t_,
+  return EmbeddingBackward(head_grad + head_tensors_[kLlamaEmbed].offset, dres_, embedding_plan_,
+                           embedding_plan_device_, embedding_scratch_, b_, t_,
                            config_.hidden_size, stream_);
 }
 

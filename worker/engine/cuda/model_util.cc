@@ -20,7 +20,8 @@ ArenaModel::~ArenaModel() {
   if (arena_ != nullptr) cudaFree(arena_);
 }
 
-void ArenaModel::TakeCommon(Arena& arena, int vp) {
+void ArenaModel::TakeCommon(Arena& arena, int vp, int c) {
+  vp_ = vp;
   const size_t n = static_cast<size_t>(max_b_) * max_t_;
   const size_t row_bytes = static_cast<size_t>(vp) * sizeof(bf16);
   logit_rows_ = static_cast<int>(std::clamp<size_t>(kLogitChunkBytes / row_bytes, 1, n));
@@ -28,6 +29,8 @@ void ArenaModel::TakeCommon(Arena& arena, int vp) {
   losses_ = arena.Take<float>(n);
   tokens_ = arena.Take<int32_t>(n);
   targets_ = arena.Take<int32_t>(n);
+  embedding_plan_device_ = arena.Take<int32_t>(EmbeddingGradPlanMaxInts(static_cast<int>(n)));
+  embedding_scratch_ = arena.Take<float>(EmbeddingGradScratchFloats(static_cast<int>(n), c));
 }
 
 absl::Status ArenaModel::Allocate() {
@@ -63,6 +66,11 @@ absl::Status ArenaModel::SetBatch(int b, int t, const int32_t* inputs, const int
     WEFT_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(targets_, targets, bytes, cudaMemcpyHostToDevice, stream_));
   }
+  // Only a backward reads it; building it is a counting sort of b * t tokens.
+  WEFT_ASSIGN_OR_RETURN(embedding_plan_, PlanEmbeddingGrad(inputs, b * t, vp_));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(embedding_plan_device_, embedding_plan_.data.data(),
+                                            embedding_plan_.data.size() * sizeof(int32_t),
+                                            cudaMemcpyHostToDevice, stream_));
   return absl::OkStatus();
 }
 

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "worker/engine/cuda/matmul.h"
 #include "worker/engine/cuda/model.h"
+#include "worker/engine/cuda/ops.h"
 
 namespace weft::engine::cuda {
 
@@ -62,9 +63,10 @@ class ArenaModel : public CudaModel {
   // Points every buffer into the allocation at `base` and returns the bytes used; a null base
   // only measures. Implementations take their buffers and then TakeCommon's.
   virtual size_t Layout(char* base) = 0;
-  // The buffers of this class: losses, tokens, targets (N = max_b * max_t each), and the
-  // logits chunk for a padded vocabulary of vp.
-  void TakeCommon(Arena& arena, int vp);
+  // The buffers of this class: losses, tokens, targets (N = max_b * max_t each), the logits
+  // chunk for a padded vocabulary of vp, and the embedding backward's plan and scratch at
+  // width c.
+  void TakeCommon(Arena& arena, int vp, int c);
   // Creates the GEMM library and allocates Layout's bytes (RESOURCE_EXHAUSTED naming the need
   // and the free memory), then lays the buffers out in them.
   absl::Status Allocate();
@@ -98,11 +100,17 @@ class ArenaModel : public CudaModel {
   std::unique_ptr<Blas> blas_;
   int32_t* tokens_ = nullptr;   // (B, T) on the device
   int32_t* targets_ = nullptr;  // (B, T)
+  // The embedding backward's order for this batch (SetBatch builds it from the host's tokens),
+  // its copy on the device and the scratch its split tokens sum into.
+  EmbeddingGradPlan embedding_plan_;
+  int32_t* embedding_plan_device_ = nullptr;
+  float* embedding_scratch_ = nullptr;
 
  private:
   void* arena_ = nullptr;
   size_t arena_bytes_ = 0;
   float* losses_ = nullptr;  // (B, T)
+  int vp_ = 0;
   bf16* logits_ = nullptr;   // (logit_rows_, Vp)
   int logit_rows_ = 0;
 };

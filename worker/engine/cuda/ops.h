@@ -34,8 +34,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace weft::engine {
 struct AdamWConfig;  // worker/engine/adamw.h; not included so nvcc never parses protobuf.
@@ -51,24 +53,48 @@ absl::Status EncoderForward(bf16* out,              // (B, T, C)
                             const bf16* wte,        // (Vp, C)
                             const bf16* wpe,        // (maxT, C)
                             int b, int t, int c, cudaStream_t stream);
-// dwte rows are accumulated with fp32 atomics (a token repeated in the batch makes the order
-// of its adds vary): NOT bit-deterministic. dwpe is deterministic.
-absl::Status EncoderBackward(float* dwte,            // (Vp, C) +=
-                             float* dwpe,            // (maxT, C) +=
-                             const bf16* dout,       // (B, T, C)
-                             const int32_t* tokens,  // (B, T)
-                             int b, int t, int c, cudaStream_t stream);
+
+// The order the embedding backward adds dout's rows into dwte, so that it is bit-deterministic
+// without atomics: built on the host from the host's copy of the tokens (the model has it in
+// SetBatch), copied to the device as `data`. The n positions are grouped by token, in position
+// order within a token; each token's positions are cut into segments of at most
+// kEmbeddingSegment. A token of one segment adds its rows straight onto its dwte row; a token
+// of several sums each segment into a slot of a scratch buffer, and then its slots in order.
+// Either way every dwte element sees the same additions in the same order on every run.
+inline constexpr int kEmbeddingSegment = 32;
+struct EmbeddingGradPlan {
+  int n = 0;
+  int segments = 0;
+  int combines = 0;            // tokens of more than one segment
+  int slots = 0;               // scratch rows those segments fill
+  std::vector<int32_t> data;   // order (n), then 4 per segment, then 3 per combine
+};
+// INVALID_ARGUMENT naming the position of a token outside [0, vp).
+absl::StatusOr<EmbeddingGradPlan> PlanEmbeddingGrad(const int32_t* tokens, int n, int vp);
+// The most ints a plan of n positions has, and the scratch (floats) its slots need at width c:
+// what a model sizes its buffers by.
+size_t EmbeddingGradPlanMaxInts(int n);
+size_t EmbeddingGradScratchFloats(int n, int c);
+
+// dwte += the rows of dout per token in `plan`'s order (plan_device: plan.data on the device,
+// scratch: EmbeddingGradScratchFloats(plan.n, c) floats): bit-deterministic. dwpe (GPT-2's
+// positions) is reduced over b in order: deterministic too.
+absl::Status EncoderBackward(float* dwte,                // (Vp, C) +=
+                             float* dwpe,                // (maxT, C) +=
+                             const bf16* dout,           // (B, T, C)
+                             const EmbeddingGradPlan& plan, const int32_t* plan_device,
+                             float* scratch, int b, int t, int c, cudaStream_t stream);
 
 // Llama's encoder, the token embedding alone (no positions): out[b, t, :] = wte[tokens[b, t], :].
-// The backward's dwte has EncoderBackward's fp32 atomics (not bit-deterministic).
 absl::Status EmbeddingForward(bf16* out,              // (B, T, C)
                               const int32_t* tokens,  // (B, T)
                               const bf16* wte,        // (Vp, C)
                               int b, int t, int c, cudaStream_t stream);
-absl::Status EmbeddingBackward(float* dwte,            // (Vp, C) +=
-                               const bf16* dout,       // (B, T, C)
-                               const int32_t* tokens,  // (B, T)
-                               int b, int t, int c, cudaStream_t stream);
+// The backward's dwte as EncoderBackward's (deterministic, in `plan`'s order).
+absl::Status EmbeddingBackward(float* dwte,              // (Vp, C) +=
+                               const bf16* dout,         // (B, T, C)
+                               const EmbeddingGradPlan& plan, const int32_t* plan_device,
+                               float* scratch, int b, int t, int c, cudaStream_t stream);
 
 // ---- layernorm.cu ----
 absl::Status LayerNormForward(bf16* out,           // (N, C)

@@ -30,6 +30,7 @@
 #include <random>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/worker/engine/cuda/cuda_test_util.h"
 #include "worker/engine/adamw.h"
@@ -127,10 +128,14 @@ TEST_F(Bf16OpsTest, Encoder) {
   DeviceBuffer<int32_t> d_tokens(tokens);
   Bf16Buffer d_wte(wte), d_wpe(wpe), d_dout(dout), d_out(b * t * c);
   DeviceBuffer<float> d_dwte(Filled(vp * c, kPrefill)), d_dwpe(Filled(max_t * c, kPrefill));
+  auto plan = PlanEmbeddingGrad(tokens.data(), b * t, vp);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  DeviceBuffer<int32_t> d_plan(plan->data);
+  DeviceBuffer<float> d_scratch(std::vector<float>(EmbeddingGradScratchFloats(b * t, c)));
   ASSERT_TRUE(EncoderForward(d_out.get(), d_tokens.get(), d_wte.get(), d_wpe.get(), b, t, c,
                              stream_).ok());
-  ASSERT_TRUE(EncoderBackward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_tokens.get(), b, t, c,
-                              stream_).ok());
+  ASSERT_TRUE(EncoderBackward(d_dwte.get(), d_dwpe.get(), d_dout.get(), *plan, d_plan.get(),
+                              d_scratch.get(), b, t, c, stream_).ok());
   Sync();
   EXPECT_CLOSE(d_out.ToHost(), Rounded(out), 0.0);
   EXPECT_CLOSE(d_dwte.ToHost(), dwte, kFp32);
@@ -139,9 +144,111 @@ TEST_F(Bf16OpsTest, Encoder) {
   EXPECT_EQ(EncoderForward(d_out.get(), d_tokens.get(), d_wte.get(), d_wpe.get(), b, t, 12,
                            stream_).code(),
             kInvalid);  // c not a multiple of 8
-  EXPECT_EQ(EncoderBackward(d_dwte.get(), nullptr, d_dout.get(), d_tokens.get(), b, t, c,
-                            stream_).code(),
+  EXPECT_EQ(EncoderBackward(d_dwte.get(), nullptr, d_dout.get(), *plan, d_plan.get(),
+                            d_scratch.get(), b, t, c, stream_).code(),
             kInvalid);
+  // A plan of another batch's size is refused, not read out of bounds.
+  EXPECT_EQ(EncoderBackward(d_dwte.get(), d_dwpe.get(), d_dout.get(), *plan, d_plan.get(),
+                            d_scratch.get(), b, t - 1, c, stream_).code(),
+            kInvalid);
+}
+
+// The plan groups positions by token in position order and cuts tokens of more than 32
+// positions into segments whose slots a combine entry adds in order; the sizes stay within
+// the bounds models allocate by, for the worst inputs too. Host code: runs without a GPU.
+TEST(EmbeddingGradPlanTest, GroupsByTokenAndSplitsLongRuns) {
+  // Token 2 at 70 positions (three segments: 32, 32, 6), token 0 at 2, token 4 at 1.
+  std::vector<int32_t> tokens(73, 2);
+  tokens[5] = 0, tokens[40] = 0, tokens[72] = 4;
+  auto plan = PlanEmbeddingGrad(tokens.data(), 73, 6);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->segments, 5);
+  EXPECT_EQ(plan->combines, 1);
+  EXPECT_EQ(plan->slots, 3);
+  const std::vector<int32_t>& d = plan->data;
+  EXPECT_EQ(d[0], 5);   // token 0's positions first, in order
+  EXPECT_EQ(d[1], 40);
+  EXPECT_EQ(d[2], 0);   // then token 2's
+  EXPECT_EQ(d[72], 72);  // token 4's last
+  const int32_t* seg = d.data() + 73;
+  EXPECT_EQ(std::vector<int32_t>(seg, seg + 4), (std::vector<int32_t>{0, 2, 0, -1}));
+  EXPECT_EQ(std::vector<int32_t>(seg + 4, seg + 8), (std::vector<int32_t>{2, 34, 2, 0}));
+  EXPECT_EQ(std::vector<int32_t>(seg + 12, seg + 16), (std::vector<int32_t>{66, 72, 2, 2}));
+  EXPECT_EQ(std::vector<int32_t>(seg + 16, seg + 20), (std::vector<int32_t>{72, 73, 4, -1}));
+  EXPECT_EQ(std::vector<int32_t>(seg + 20, seg + 23), (std::vector<int32_t>{2, 0, 3}));
+
+  tokens[9] = 6;
+  const auto refused = PlanEmbeddingGrad(tokens.data(), 73, 6);
+  EXPECT_EQ(refused.status().code(), kInvalid);
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("position 9"));
+
+  // Worst cases for the bounds: one token everywhere, every position its own token, and
+  // tokens of 33 positions (the most slots per position).
+  const int n = 33 * 40;
+  for (int kind = 0; kind < 3; ++kind) {
+    std::vector<int32_t> worst(n);
+    for (int p = 0; p < n; ++p) worst[p] = kind == 0 ? 0 : kind == 1 ? p : p / 33;
+    auto w = PlanEmbeddingGrad(worst.data(), n, n);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_LE(w->data.size(), EmbeddingGradPlanMaxInts(n)) << kind;
+    EXPECT_LE(static_cast<size_t>(w->slots) * 8, EmbeddingGradScratchFloats(n, 8)) << kind;
+  }
+}
+
+// dwte is the host's fp32 sums in the plan's order, bit for bit, run after run: split tokens
+// (a token at every position, and a few frequent ones) and single ones.
+TEST_F(Bf16OpsTest, EmbeddingBackwardAddsInThePlansOrderBitForBit) {
+  const int b = 4, t = 96, c = 40, vp = 40, n = b * t;
+  for (int spread : {1, 3, vp}) {
+    SCOPED_TRACE(testing::Message() << "tokens drawn from " << spread);
+    std::uniform_int_distribution<int32_t> tok(0, spread - 1);
+    std::vector<int32_t> tokens(n);
+    for (int32_t& x : tokens) x = tok(rng_);
+    const std::vector<float> dout = RandomBf16(rng_, static_cast<size_t>(n) * c);
+    const std::vector<float> dwte0 = RandomBf16(rng_, static_cast<size_t>(vp) * c);
+    auto plan = PlanEmbeddingGrad(tokens.data(), n, vp);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    // The host's sums in the plan's order.
+    std::vector<float> want = dwte0;
+    const int32_t* order = plan->data.data();
+    const int32_t* segments = order + n;
+    std::vector<float> slots(static_cast<size_t>(plan->slots) * c, 0.0f);
+    for (int s = 0; s < plan->segments; ++s) {
+      const int32_t* seg = segments + 4 * s;
+      for (int j = 0; j < c; ++j) {
+        float acc = seg[3] < 0 ? want[seg[2] * c + j] : 0.0f;
+        for (int p = seg[0]; p < seg[1]; ++p) acc += dout[order[p] * c + j];
+        (seg[3] < 0 ? want[seg[2] * c + j] : slots[seg[3] * c + j]) = acc;
+      }
+    }
+    const int32_t* combines = segments + 4 * plan->segments;
+    for (int k = 0; k < plan->combines; ++k) {
+      const int32_t* e = combines + 3 * k;
+      for (int j = 0; j < c; ++j) {
+        float acc = want[e[0] * c + j];
+        for (int s = e[1]; s < e[1] + e[2]; ++s) acc += slots[s * c + j];
+        want[e[0] * c + j] = acc;
+      }
+    }
+    if (spread < vp) EXPECT_GT(plan->combines, 0);
+    Bf16Buffer d_dout(dout);
+    DeviceBuffer<int32_t> d_plan(plan->data);
+    DeviceBuffer<float> d_scratch(std::vector<float>(EmbeddingGradScratchFloats(n, c)));
+    for (int run = 0; run < 2; ++run) {
+      DeviceBuffer<float> d_dwte(dwte0);
+      ASSERT_TRUE(EmbeddingBackward(d_dwte.get(), d_dout.get(), *plan, d_plan.get(),
+                                    d_scratch.get(), b, t, c, stream_)
+                      .ok());
+      Sync();
+      const std::vector<float> got = d_dwte.ToHost();
+      for (size_t i = 0; i < got.size(); ++i) {
+        uint32_t gb, wb;
+        std::memcpy(&gb, &got[i], 4);
+        std::memcpy(&wb, &want[i], 4);
+        ASSERT_EQ(gb, wb) << "run " << run << " element " << i;
+      }
+    }
+  }
 }
 
 // LayerNorm at (n, c); c = 1600 needs more than 48 KiB of shared memory in the backward.

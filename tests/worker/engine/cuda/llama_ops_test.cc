@@ -327,10 +327,14 @@ TEST_F(EmbeddingTest, BackwardAccumulatesRowsPerToken) {
     for (int j = 0; j < kC; ++j) dwte[tokens_[r] * kC + j] += Val(dout[r * kC + j]);
   }
   DeviceBuffer<uint16_t> d_dout(dout);
-  DeviceBuffer<int32_t> d_tokens(tokens_);
   DeviceBuffer<float> d_dwte(dwte0);
-  ASSERT_TRUE(
-      EmbeddingBackward(d_dwte.get(), AsBf16(d_dout), d_tokens.get(), kB, kT, kC, stream_).ok());
+  auto plan = PlanEmbeddingGrad(tokens_.data(), kB * kT, kVp);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  DeviceBuffer<int32_t> d_plan(plan->data);
+  DeviceBuffer<float> d_scratch(std::vector<float>(EmbeddingGradScratchFloats(kB * kT, kC)));
+  ASSERT_TRUE(EmbeddingBackward(d_dwte.get(), AsBf16(d_dout), *plan, d_plan.get(),
+                                d_scratch.get(), kB, kT, kC, stream_)
+                  .ok());
   Sync();
   EXPECT_LE(RelError(d_dwte.ToHost(), dwte), kTolGrad);
 }
@@ -353,7 +357,8 @@ TEST(LlamaOpsArgs, RejectsBadArguments) {
   EXPECT_EQ(code(SwiGluForward(p, p, 4, 12, nullptr)), kBad);  // i % 8
   EXPECT_EQ(code(SwiGluBackward(p, nullptr, p, 4, 16, nullptr)), kBad);
   EXPECT_EQ(code(EmbeddingForward(p, nullptr, p, 1, 4, 16, nullptr)), kBad);
-  EXPECT_EQ(code(EmbeddingBackward(f, p, nullptr, 1, 4, 16, nullptr)), kBad);
+  EXPECT_EQ(code(EmbeddingBackward(f, p, EmbeddingGradPlan{4}, nullptr, f, 1, 4, 16, nullptr)),
+            kBad);  // no plan on the device
 }
 
 }  // namespace
