@@ -199,6 +199,23 @@ struct Curve {
   std::vector<std::vector<float>> params;
 };
 
+// Reads a checkpoint out of an engine's snapshot, as checkpointd would serve it: the slices must
+// outlive the reader.
+RangeReader ReaderOf(const std::vector<UnitSlice>& slices) {
+  return [&slices](const std::string& tensor, int64_t begin, int64_t end,
+                   float* out) -> absl::Status {
+    for (const UnitSlice& s : slices) {
+      for (UnitState what : kUnitStates) {
+        if (tensor != CheckpointTensorName(s.unit, what)) continue;
+        const HostFloats& src = s.data(what);
+        std::copy(src.begin() + (begin - s.begin), src.begin() + (end - s.begin), out);
+        return absl::OkStatus();
+      }
+    }
+    return absl::NotFoundError(tensor);
+  };
+}
+
 // A communicator of `size` ranks meeting under `prefix`: NCCL on GPU `device`, or with
 // `one_gpu` staged Gloo.
 absl::StatusOr<std::unique_ptr<comm::CudaCommunicator>> Connect(Store* store, int rank, int size,
@@ -836,18 +853,7 @@ TEST_F(ZeroCudaTest, CheckpointMovesBetweenOffloadSettings) {
   ASSERT_TRUE(snapshot.ok()) << snapshot.status();
   auto params = (*partial)->GatherParameters();
   ASSERT_TRUE(params.ok());
-  const RangeReader read = [&](const std::string& tensor, int64_t begin, int64_t end,
-                               float* out) -> absl::Status {
-    for (const UnitSlice& s : *snapshot) {
-      for (UnitState what : kUnitStates) {
-        if (tensor != CheckpointTensorName(s.unit, what)) continue;
-        const HostFloats& src = s.data(what);
-        std::copy(src.begin() + (begin - s.begin), src.begin() + (end - s.begin), out);
-        return absl::OkStatus();
-      }
-    }
-    return absl::NotFoundError(tensor);
-  };
+  const RangeReader read = ReaderOf(*snapshot);
   for (bool offload_all : {false, true}) {
     SCOPED_TRACE(offload_all ? "restored offloading everything" : "restored on the GPU");
     weft::v1::JobSpec other = spec;
@@ -1121,21 +1127,7 @@ TEST_F(ZeroCudaTest, CheckpointMovesToTheCpuEngine) {
   ASSERT_TRUE(g.ok());
   auto cpu = ZeroCpuEngine::Create(spec, g->get());
   ASSERT_TRUE(cpu.ok());
-  ASSERT_TRUE((*cpu)
-                  ->Restore([&](const std::string& tensor, int64_t begin, int64_t end,
-                                float* out) -> absl::Status {
-                    for (const UnitSlice& s : slices) {
-                      for (UnitState what : kUnitStates) {
-                        if (tensor != CheckpointTensorName(s.unit, what)) continue;
-                        const HostFloats& src = s.data(what);
-                        std::copy(src.begin() + (begin - s.begin), src.begin() + (end - s.begin),
-                                  out);
-                        return absl::OkStatus();
-                      }
-                    }
-                    return absl::NotFoundError(tensor);
-                  })
-                  .ok());
+  ASSERT_TRUE((*cpu)->Restore(ReaderOf(slices)).ok());
   auto cpu_params = (*cpu)->GatherParameters();
   ASSERT_TRUE(cpu_params.ok());
   EXPECT_EQ(*cpu_params, *gpu_params);
