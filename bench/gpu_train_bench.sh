@@ -140,12 +140,12 @@ throughput)
     stop_workers
     stop_coordinator
     rm -rf "$WORK/models"
-    python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" "$ACCUM" "${WEFT_BENCH_OFFLOAD:-0}" \
+    python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" "$ACCUM" \
       "${WEFT_BENCH_TRANSPORT:-nvlink}" "${WEFT_BENCH_SHARD:-full}" <<'PY'
 import json, sys
 from datetime import datetime
 path, gpus, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-transport, shard = sys.argv[8], sys.argv[9]
+transport, shard = sys.argv[7], sys.argv[8]
 B, T, accum = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 offload = "off"
 steps = {}

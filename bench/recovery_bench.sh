@@ -105,26 +105,41 @@ sys.exit(0 if int(s.get('generation', 0)) >= 2 and int(s.get('step', 0)) > $ckpt
   sleep 0.05
 done
 sleep 0.5  # let watch receive that step
+# uninterrupted: the job again, followed to its end on the surviving workers; prints its id.
+uninterrupted() {
+  local id
+  id=$("$BIN/trainctl" submit "$SPEC")
+  "$BIN/trainctl" watch "$id" >"$WORK/$id.txt" 2>&1 || {
+    echo "the uninterrupted job $id failed; see $WORK" >&2; exit 1; }
+  echo "$id"
+}
+# model_diff A B FIELD...: `trainctl model diff` of two jobs' models (which exits 1 when they
+# merely differ); prints the JSON's FIELDs as field=value.
+model_diff() {
+  local out=$WORK/diff-$1-$2.json
+  "$BIN/trainctl" -o json model diff "$1" "$2" >"$out" 2>"$out.err" ||
+    grep -q '"identical"' "$out" || { cat "$out.err" >&2; exit 1; }
+  python3 - "$out" "${@:3}" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+def show(v):
+    return str(v).lower() if isinstance(v, bool) else f"{v:.3g}"
+print(" ".join(f"{f}={show(d[f])}" for f in sys.argv[2:]))
+PY
+}
+
 COMPARED=""
 if [[ ${WEFT_BENCH_COMPARE:-0} == 1 ]]; then
   # The recovered job to its end, then the same job uninterrupted on the surviving workers.
   wait "$WATCH" || true
   "$BIN/trainctl" status "$JOB" -o json >"$WORK/final.json"
-  AGAIN=$("$BIN/trainctl" submit "$SPEC")
-  "$BIN/trainctl" watch "$AGAIN" >"$WORK/again.txt" 2>&1 || {
-    echo "the uninterrupted job $AGAIN failed; see $WORK" >&2; exit 1; }
-  "$BIN/trainctl" -o json model diff "$JOB" "$AGAIN" >"$WORK/diff.json" 2>"$WORK/diff.err" ||
-    grep -q '"identical"' "$WORK/diff.json" || { cat "$WORK/diff.err" >&2; exit 1; }
-  COMPARED=$(python3 -c "
-import json; d = json.load(open('$WORK/diff.json'))
-print(f\"identical={str(d['identical']).lower()} final_relative={d['relative']:.3g}\")")
+  AGAIN=$(uninterrupted)
+  COMPARED=$(model_diff "$JOB" "$AGAIN" identical relative)
+  COMPARED=${COMPARED/relative=/final_relative=}
   if [[ $DEVICE == cuda ]]; then
-    AGAIN2=$("$BIN/trainctl" submit "$SPEC")
-    "$BIN/trainctl" watch "$AGAIN2" >"$WORK/again2.txt" 2>&1 || {
-      echo "the second uninterrupted job $AGAIN2 failed; see $WORK" >&2; exit 1; }
-    "$BIN/trainctl" -o json model diff "$AGAIN" "$AGAIN2" >"$WORK/noise.json" 2>/dev/null || true
-    COMPARED+=" noise_relative=$(python3 -c "
-import json; print(f\"{json.load(open('$WORK/noise.json'))['relative']:.3g}\")")"
+    AGAIN2=$(uninterrupted)
+    NOISE=$(model_diff "$AGAIN" "$AGAIN2" relative)
+    COMPARED+=" noise_${NOISE}"
   fi
 else
   "$BIN/trainctl" cancel "$JOB" --reason "recovery_bench: measured" >/dev/null

@@ -336,6 +336,16 @@ absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::st
   return tokenizer->Decode(generated);
 }
 
+namespace {
+
+// ||a - b|| / ||b|| from the two sums of squares; infinite when b is all zeros.
+double RelativeL2(double delta_squares, double base_squares) {
+  return base_squares > 0 ? std::sqrt(delta_squares / base_squares)
+                          : std::numeric_limits<double>::infinity();
+}
+
+}  // namespace
+
 absl::StatusOr<ModelDifference> CompareModels(const LoadedModel& a, const LoadedModel& b) {
   if (a.arch->name() != b.arch->name()) {
     return absl::InvalidArgumentError(absl::StrCat("model.architecture: ", a.arch->name(),
@@ -378,8 +388,7 @@ absl::StatusOr<ModelDifference> CompareModels(const LoadedModel& a, const Loaded
       all_delta_squares += delta_squares;
       all_base_squares += base_squares;
       if (d.differing == 0) continue;
-      d.relative = base_squares > 0 ? std::sqrt(delta_squares / base_squares)
-                                    : std::numeric_limits<double>::infinity();
+      d.relative = RelativeL2(delta_squares, base_squares);
       diff.differing += d.differing;
       diff.max_abs = std::max(diff.max_abs, d.max_abs);
       diff.max_relative = std::max(diff.max_relative, d.relative);
@@ -391,8 +400,7 @@ absl::StatusOr<ModelDifference> CompareModels(const LoadedModel& a, const Loaded
     }
   }
   if (diff.differing > 0) {
-    diff.relative = all_base_squares > 0 ? std::sqrt(all_delta_squares / all_base_squares)
-                                         : std::numeric_limits<double>::infinity();
+    diff.relative = RelativeL2(all_delta_squares, all_base_squares);
   }
   return diff;
 }

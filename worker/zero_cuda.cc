@@ -175,7 +175,8 @@ absl::StatusOr<size_t> ZeroCudaEngine::Mark() {
 
 ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
                                comm::CudaCommunicator* replica,
-                               std::unique_ptr<const engine::ModelArch> arch)
+                               std::unique_ptr<const engine::ModelArch> arch,
+                               int first_offloaded)
     : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
       comm_(comm),
       replica_(replica != nullptr && replica->world_size() > 1 ? replica : nullptr),
@@ -183,7 +184,7 @@ ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunic
       group_(comm->world_size()),
       batch_size_(spec.training().micro_batch_size()),
       seq_len_(spec.training().sequence_length()),
-      first_offloaded_(FirstOffloadedUnit(UnitSizes(*arch_), spec.optimizer())),
+      first_offloaded_(first_offloaded),
       direct_grads_(DirectGradients(comm->world_size())),
       host_threads_(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
@@ -260,14 +261,16 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
                         engine::MakeModelArch(spec.model()));
   size_t free_bytes = 0, total_bytes = 0;
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  // Which units are offloaded depends on the spec alone: decided once, for every plan tried
+  // and for the engine.
+  const std::vector<size_t> unit_sizes = UnitSizes(*arch);
+  const int first_offloaded = FirstOffloadedUnit(unit_sizes, spec.optimizer());
   const MemoryDecision memory = DecideMemory(
       spec.training().activation_checkpointing(), free_bytes,
       spec.training().micro_batch_size(), comm->world_size(), arch->num_layers(),
       [&](const engine::CheckpointingPlan& level, int rows, int world) {
-        return PlanGpuMemory(spec, *arch, level, rows, world);
+        return PlanGpuMemoryAt(spec, *arch, level, rows, world, first_offloaded);
       });
-  const std::vector<size_t> unit_sizes = UnitSizes(*arch);
-  const int first_offloaded = FirstOffloadedUnit(unit_sizes, spec.optimizer());
   absl::Status fits = absl::OkStatus();
   if (!memory.fits) {
     // Offloading (more of) the optimizer is the one remedy DecideMemory does not weigh.
@@ -291,7 +294,7 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
   }
   SetHostBufferAllocator({PinnedAllocate, PinnedRelease});
   std::unique_ptr<ZeroCudaEngine> engine(
-      new ZeroCudaEngine(spec, comm, replica, std::move(arch)));
+      new ZeroCudaEngine(spec, comm, replica, std::move(arch), first_offloaded));
   engine->plan_ = memory.plan;
   engine->checkpointing_ = memory.level;
   engine->plan_note_ = memory.reason;

@@ -131,7 +131,8 @@ class ZeroCudaEngine : public ZeroEngine {
   };
 
   ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
-                 comm::CudaCommunicator* replica, std::unique_ptr<const engine::ModelArch> arch);
+                 comm::CudaCommunicator* replica, std::unique_ptr<const engine::ModelArch> arch,
+                 int first_offloaded);
   absl::Status Initialize();
   absl::Status CopyKeptToHost(int u, UnitState state, size_t offset, size_t n,
                               float* host) const override;
