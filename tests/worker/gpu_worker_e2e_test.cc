@@ -125,9 +125,12 @@ TEST_F(GpuWorkerE2eTest, FrozenRankReleasesTheSurvivorAtTheHeartbeatTimeout) {
 }
 
 TEST_F(GpuWorkerE2eTest, ImpossibleMemoryFailsTheJobBeforeTrainingWithTheNumbers) {
-  // 256 sequences of 256 tokens per GPU at width 8192 need ~100s of GiB of activations. The
-  // job is Spec's with that model and batch, 3 restarts allowed, and nothing else set.
-  v1::JobSpec spec = Spec(10, 256);
+  // 4096 sequences of 256 tokens per GPU at width 8192: even with every block recomputed (the
+  // last resort of activation checkpointing AUTO, the default), the 8 blocks' saved inputs
+  // alone are 128 GiB, beside 48 GiB of optimizer state, more than any GPU has. (256 sequences
+  // fit an H200 that way.) The job is Spec's with that model and batch, 3 restarts allowed,
+  // and nothing else set.
+  v1::JobSpec spec = Spec(10, 4096);
   spec.set_name("too-big");
   spec.mutable_model()->set_num_layers(8);
   spec.mutable_model()->set_hidden_size(8192);

@@ -11,14 +11,16 @@
 // per row for dinp; dweight/dbias are reduced in two phases: each block keeps per-warp fp32
 // accumulators in shared memory (each lane owns its channels, so there are no races), sums its
 // warps in order into one partial row of `scratch`, then internal::LaunchAddColumnSums adds
-// the partials in block order. The block count depends only on N, so the result is
-// bit-identical run to run.
+// the partials in block order. The warps per block depend only on C (as many as fit the
+// portable shared-memory budget, so C up to 12288), the block count on N and C, so the result
+// is bit-identical run to run.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/strings/str_cat.h"
 #include "worker/engine/cpu/ops.h"
 #include "worker/engine/cuda/bf16.cuh"
 #include "worker/engine/cuda/cuda_check.h"
@@ -42,12 +44,21 @@ using internal::StoreVec;
 
 // Row stride of one lane's 8-channel vectors within a row.
 constexpr int kLaneStride = kWarpSize * kVec;
-// Backward blocks: kBwdWarps warps, each with its own (2, C) fp32 accumulators in shared
-// memory; at most kMaxBwdBlocks blocks (one partial row each, in scratch).
-constexpr int kBwdWarps = 4;
+// Backward blocks: up to kMaxBwdWarps warps, each with its own (2, C) fp32 accumulators in
+// shared memory; at most kMaxBwdBlocks blocks (one partial row each, in scratch).
+constexpr int kMaxBwdWarps = 4;
 constexpr int kMaxBwdBlocks = 1024;
 
-int BackwardBlocks(int n) { return std::min((n + kBwdWarps - 1) / kBwdWarps, kMaxBwdBlocks); }
+size_t BackwardSharedBytesPerWarp(int c) { return static_cast<size_t>(2) * c * sizeof(float); }
+
+// 0 when C is too wide for even one warp's accumulators.
+int BackwardWarps(int c) {
+  return internal::WarpsWithinSharedBudget(BackwardSharedBytesPerWarp(c), kMaxBwdWarps);
+}
+
+int BackwardBlocks(int n, int warps) {
+  return std::min((n + warps - 1) / warps, kMaxBwdBlocks);
+}
 
 __global__ void LayerNormForwardKernel(bf16* __restrict__ out,           // (N, C)
                                        float* __restrict__ mean,         // (N)
@@ -101,8 +112,8 @@ __global__ void LayerNormForwardKernel(bf16* __restrict__ out,           // (N, 
 
 // dx += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight, xhat = (x - mean) * rstd;
 // per block: partials[blockIdx.x] = (sum of xhat * dy, sum of dy) over the block's rows.
-// Dynamic shared memory: kBwdWarps * 2 * C floats.
-__global__ void __launch_bounds__(kBwdWarps * kWarpSize)
+// Dynamic shared memory: (warps per block) * 2 * C floats.
+__global__ void __launch_bounds__(kMaxBwdWarps * kWarpSize)
     LayerNormBackwardKernel(bf16* __restrict__ dinp,          // (N, C) +=
                             float* __restrict__ partials,     // (gridDim.x, 2C)
                             const bf16* __restrict__ dout,    // (N, C)
@@ -112,7 +123,8 @@ __global__ void __launch_bounds__(kBwdWarps * kWarpSize)
                             const float* __restrict__ rstd,   // (N)
                             int n, int c) {
   extern __shared__ float4 shared_vec[];
-  float* acc = reinterpret_cast<float*>(shared_vec);  // (kBwdWarps, 2, C)
+  const int warps = blockDim.x / kWarpSize;
+  float* acc = reinterpret_cast<float*>(shared_vec);  // (warps, 2, C)
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   float* dw_acc = acc + static_cast<int64_t>(warp) * 2 * c;  // (C)
@@ -124,7 +136,7 @@ __global__ void __launch_bounds__(kBwdWarps * kWarpSize)
     StoreFloats(dw_acc + j, zeros);
     StoreFloats(db_acc + j, zeros);
   }
-  for (int row = blockIdx.x * kBwdWarps + warp; row < n; row += gridDim.x * kBwdWarps) {
+  for (int row = blockIdx.x * warps + warp; row < n; row += gridDim.x * warps) {
     const int64_t offset = static_cast<int64_t>(row) * c;
     const bf16* x = inp + offset;    // (C)
     const bf16* dy = dout + offset;  // (C)
@@ -180,7 +192,7 @@ __global__ void __launch_bounds__(kBwdWarps * kWarpSize)
   const int two_c = 2 * c;
   for (int col = threadIdx.x; col < two_c; col += blockDim.x) {
     float total = 0.0f;
-    for (int w = 0; w < kBwdWarps; ++w) total += acc[w * two_c + col];
+    for (int w = 0; w < warps; ++w) total += acc[w * two_c + col];
     partials[static_cast<int64_t>(blockIdx.x) * two_c + col] = total;
   }
 }
@@ -188,6 +200,14 @@ __global__ void __launch_bounds__(kBwdWarps * kWarpSize)
 absl::Status CheckBf16Shape(int n, int c) {
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(n, "layernorm", "n"));
   return internal::CheckMultipleOf8(c, "layernorm", "c");
+}
+
+absl::Status CheckBackwardWidth(int c) {
+  if (BackwardWarps(c) > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "layernorm backward: c = ", c, " is wider than the ",
+      internal::kPortableSharedBytes / BackwardSharedBytesPerWarp(1),
+      " channels whose dweight/dbias accumulators fit in one block's shared memory"));
 }
 
 }  // namespace
@@ -207,7 +227,8 @@ absl::Status LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* i
 
 size_t LayerNormBackwardScratchFloats(int n, int c) {
   if (n <= 0 || c <= 0) return 0;
-  return static_cast<size_t>(BackwardBlocks(n)) * 2 * c;
+  const int warps = std::max(BackwardWarps(c), 1);  // too wide: LayerNormBackward says so
+  return static_cast<size_t>(BackwardBlocks(n, warps)) * 2 * c;
 }
 
 absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dout,
@@ -222,15 +243,12 @@ absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const b
        internal::Aligned16(inp, "inp"), internal::Aligned16(weight, "weight"),
        internal::NotNull(mean, "mean"), internal::NotNull(rstd, "rstd"),
        internal::NotNull(scratch, "scratch")}));
-  const int blocks = BackwardBlocks(n);
-  const size_t shared_bytes = static_cast<size_t>(kBwdWarps) * 2 * c * sizeof(float);
-  // Above 48 KiB (C > 1536) the kernel must opt in to the larger shared memory carve-out.
-  if (shared_bytes > 48 * 1024) {
-    WEFT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(LayerNormBackwardKernel,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(shared_bytes)));
-  }
-  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(LayerNormBackwardKernel, blocks, kBwdWarps * kWarpSize,
+  WEFT_BF16_RETURN_IF_ERROR(CheckBackwardWidth(c));
+  const int warps = BackwardWarps(c);
+  const int blocks = BackwardBlocks(n, warps);
+  const size_t shared_bytes = warps * BackwardSharedBytesPerWarp(c);
+  WEFT_BF16_RETURN_IF_ERROR(internal::AllowSharedBytes(LayerNormBackwardKernel, shared_bytes));
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(LayerNormBackwardKernel, blocks, warps * kWarpSize,
                                              shared_bytes, stream, dinp, scratch, dout, inp, weight,
                                              mean, rstd, n, c));
   return internal::LaunchAddColumnSums(dweight, dbias, c, scratch, blocks, 2 * c, stream);

@@ -14,8 +14,9 @@
 // reduced in two phases so it is bit-identical run to run: each backward block owns a fixed
 // set of rows and keeps one fp32 accumulator row per warp in shared memory (a lane touches only
 // its own channels), sums its warps in order into its row of `scratch`, and
-// internal::LaunchAddColumnSums adds the blocks' rows in block order. The block count depends
-// only on N.
+// internal::LaunchAddColumnSums adds the blocks' rows in block order. The warps per block
+// depend only on C (as many as fit the portable shared-memory budget, so C up to 24576), the
+// block count on N and C.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,11 +42,18 @@ using internal::WarpSum;
 constexpr int kForwardWarps = internal::kBlockSize / kWarpSize;  // rows per forward block
 // A lane's successive 8-channel vectors of a row are this many channels apart.
 constexpr int kRowStep = kWarpSize * kVec;
-constexpr int kBackwardWarps = 4;
+constexpr int kMaxBackwardWarps = 4;
 constexpr int kMaxBackwardBlocks = 1024;
 
-int BackwardBlockCount(int n) {
-  return std::min((n + kBackwardWarps - 1) / kBackwardWarps, kMaxBackwardBlocks);
+size_t BackwardSharedBytesPerWarp(int c) { return static_cast<size_t>(c) * sizeof(float); }
+
+// 0 when C is too wide for even one warp's accumulator.
+int BackwardWarps(int c) {
+  return internal::WarpsWithinSharedBudget(BackwardSharedBytesPerWarp(c), kMaxBackwardWarps);
+}
+
+int BackwardBlockCount(int n, int warps) {
+  return std::min((n + warps - 1) / warps, kMaxBackwardBlocks);
 }
 
 __global__ void RmsNormForwardKernel(bf16* __restrict__ out,           // (N, C)
@@ -89,8 +97,8 @@ struct RowVectors {
   }
 };
 
-// Dynamic shared memory: kBackwardWarps * C floats (one dweight accumulator per warp).
-__global__ void __launch_bounds__(kBackwardWarps * kWarpSize)
+// Dynamic shared memory: (warps per block) * C floats (one dweight accumulator per warp).
+__global__ void __launch_bounds__(kMaxBackwardWarps * kWarpSize)
     RmsNormBackwardKernel(bf16* __restrict__ dinp,          // (N, C) +=
                           float* __restrict__ partials,     // (gridDim.x, C)
                           const bf16* __restrict__ dout,    // (N, C)
@@ -99,14 +107,14 @@ __global__ void __launch_bounds__(kBackwardWarps * kWarpSize)
                           const float* __restrict__ rstd,   // (N)
                           int n, int c) {
   extern __shared__ float4 shared_vec[];
+  const int warps = blockDim.x / kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   float* dw = reinterpret_cast<float*>(shared_vec) + static_cast<size_t>(warp) * c;  // (C)
   const float zero[kVec] = {};
   for (int j = lane * kVec; j < c; j += kRowStep) StoreFloats(dw + j, zero);
   const float inv_c = 1.0f / static_cast<float>(c);
-  for (int row = blockIdx.x * kBackwardWarps + warp; row < n;
-       row += gridDim.x * kBackwardWarps) {
+  for (int row = blockIdx.x * warps + warp; row < n; row += gridDim.x * warps) {
     const size_t base = static_cast<size_t>(row) * c;
     const float r = rstd[row];
     // Pass 1: the row's sum of g * xhat; pass 2 (from L1): dx and this warp's dweight.
@@ -139,7 +147,7 @@ __global__ void __launch_bounds__(kBackwardWarps * kWarpSize)
   const float* all = reinterpret_cast<const float*>(shared_vec);
   for (int col = threadIdx.x; col < c; col += blockDim.x) {
     float total = 0.0f;
-    for (int w = 0; w < kBackwardWarps; ++w) total += all[static_cast<size_t>(w) * c + col];
+    for (int w = 0; w < warps; ++w) total += all[static_cast<size_t>(w) * c + col];
     partials[static_cast<size_t>(blockIdx.x) * c + col] = total;
   }
 }
@@ -168,7 +176,8 @@ absl::Status RmsNormForward(bf16* out, float* rstd, const bf16* inp, const bf16*
 
 size_t RmsNormBackwardScratchFloats(int n, int c) {
   if (n <= 0 || c <= 0) return 0;
-  return static_cast<size_t>(BackwardBlockCount(n)) * c;
+  const int warps = std::max(BackwardWarps(c), 1);  // too wide: RmsNormBackward says so
+  return static_cast<size_t>(BackwardBlockCount(n, warps)) * c;
 }
 
 absl::Status RmsNormBackward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp,
@@ -181,15 +190,18 @@ absl::Status RmsNormBackward(bf16* dinp, float* dweight, const bf16* dout, const
             internal::Aligned16(dout, "dout"), internal::Aligned16(inp, "inp"),
             internal::Aligned16(weight, "weight"), internal::NotNull(rstd, "rstd"),
             internal::NotNull(scratch, "scratch")}));
-  const int blocks = BackwardBlockCount(n);
-  const size_t shared_bytes = static_cast<size_t>(kBackwardWarps) * c * sizeof(float);
-  if (shared_bytes > 48 * 1024) {  // C > 3072: opt in to the larger carve-out
-    WEFT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(RmsNormBackwardKernel,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(shared_bytes)));
+  const int warps = BackwardWarps(c);
+  if (warps == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": c = ", c, " is wider than the ",
+        internal::kPortableSharedBytes / BackwardSharedBytesPerWarp(1),
+        " channels whose dweight accumulator fits in one block's shared memory"));
   }
-  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(RmsNormBackwardKernel, blocks,
-                                             kBackwardWarps * kWarpSize, shared_bytes, stream,
+  const int blocks = BackwardBlockCount(n, warps);
+  const size_t shared_bytes = warps * BackwardSharedBytesPerWarp(c);
+  WEFT_BF16_RETURN_IF_ERROR(internal::AllowSharedBytes(RmsNormBackwardKernel, shared_bytes));
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(RmsNormBackwardKernel, blocks, warps * kWarpSize,
+                                             shared_bytes, stream,
                                              dinp, scratch, dout, inp, weight, rstd, n, c));
   return internal::LaunchAddColumnSums(dweight, nullptr, c, scratch, blocks, c, stream);
 }

@@ -251,7 +251,8 @@ TEST_F(Bf16OpsTest, EmbeddingBackwardAddsInThePlansOrderBitForBit) {
   }
 }
 
-// LayerNorm at (n, c); c = 1600 needs more than 48 KiB of shared memory in the backward.
+// LayerNorm at (n, c); c = 1600 needs more than 48 KiB of shared memory in the backward, and
+// wider rows fewer warps per backward block (4096: 3, 8192 and 12288: 1).
 void CheckLayerNorm(std::mt19937_64& rng, cudaStream_t stream, int n, int c) {
   SCOPED_TRACE(testing::Message() << "n " << n << " c " << c);
   // Rows with a large mean (as on the residual stream) exercise the two-pass variance.
@@ -300,6 +301,9 @@ TEST_F(Bf16OpsTest, LayerNorm) {
   CheckLayerNorm(rng_, stream_, 37, 200);
   CheckLayerNorm(rng_, stream_, 4103, 64);  // more rows than the backward has block slots
   CheckLayerNorm(rng_, stream_, 5, 1600);
+  CheckLayerNorm(rng_, stream_, 7, 4096);
+  CheckLayerNorm(rng_, stream_, 3, 8192);
+  CheckLayerNorm(rng_, stream_, 2, 12288);
 }
 
 TEST_F(Bf16OpsTest, LayerNormRejectsBadArguments) {
@@ -315,6 +319,9 @@ TEST_F(Bf16OpsTest, LayerNormRejectsBadArguments) {
   EXPECT_EQ(LayerNormBackward(x.get(), stats.get(), stats.get(), x.get(), x.get(), x.get(),
                               stats.get(), stats.get(), nullptr, 4, 8, stream_).code(),
             kInvalid);  // no scratch
+  EXPECT_EQ(LayerNormBackward(x.get(), stats.get(), stats.get(), x.get(), x.get(), x.get(),
+                              stats.get(), stats.get(), stats.get(), 4, 12296, stream_).code(),
+            kInvalid);  // wider than the backward's shared-memory accumulators allow
 }
 
 TEST_F(Bf16OpsTest, Gelu) {

@@ -101,8 +101,8 @@ TEST_F(LlamaOpsTest, RmsNormForwardMatchesReference) {
   EXPECT_LE(RelError(d_rstd.ToHost(), rstd), kTolStat);
 }
 
-TEST_F(LlamaOpsTest, RmsNormBackwardAccumulatesTheReferenceGradients) {
-  const RmsCase k{64, 264, 1e-6f};
+void CheckRmsNormBackward(const RmsCase& k, cudaStream_t stream) {
+  SCOPED_TRACE(testing::Message() << "n " << k.n << " c " << k.c);
   std::mt19937 rng(2);
   const size_t nc = static_cast<size_t>(k.n) * k.c;
   const auto x = test_util::RandomBf16Bits(nc, 1.0f, rng);
@@ -135,9 +135,9 @@ TEST_F(LlamaOpsTest, RmsNormBackwardAccumulatesTheReferenceGradients) {
   DeviceBuffer<float> d_rstd(rstd_f), d_dw(dw0);
   DeviceBuffer<float> d_scratch(std::vector<float>(RmsNormBackwardScratchFloats(k.n, k.c)));
   ASSERT_TRUE(RmsNormBackward(AsBf16(d_dinp), d_dw.get(), AsBf16(d_dy), AsBf16(d_x),
-                              AsBf16(d_w), d_rstd.get(), d_scratch.get(), k.n, k.c, stream_)
+                              AsBf16(d_w), d_rstd.get(), d_scratch.get(), k.n, k.c, stream)
                   .ok());
-  Sync();
+  CUDA_CHECK(cudaStreamSynchronize(stream));
   EXPECT_LE(RelError(d_dinp.ToHost(), dinp), kTolBf16);
   const std::vector<float> dw1 = d_dw.ToHost();
   EXPECT_LE(RelError(dw1, dw), kTolGrad);
@@ -146,10 +146,18 @@ TEST_F(LlamaOpsTest, RmsNormBackwardAccumulatesTheReferenceGradients) {
   DeviceBuffer<uint16_t> d_dinp2(dinp0);
   DeviceBuffer<float> d_dw2(dw0);
   ASSERT_TRUE(RmsNormBackward(AsBf16(d_dinp2), d_dw2.get(), AsBf16(d_dy), AsBf16(d_x),
-                              AsBf16(d_w), d_rstd.get(), d_scratch.get(), k.n, k.c, stream_)
+                              AsBf16(d_w), d_rstd.get(), d_scratch.get(), k.n, k.c, stream)
                   .ok());
-  Sync();
+  CUDA_CHECK(cudaStreamSynchronize(stream));
   EXPECT_EQ(d_dw2.ToHost(), dw1);
+}
+
+// Wide rows get fewer warps per backward block (their accumulators share 96 KiB): 8192
+// (Llama-3-70B) gets 3, 16384 (Llama-3.1-405B) 1.
+TEST_F(LlamaOpsTest, RmsNormBackwardAccumulatesTheReferenceGradients) {
+  CheckRmsNormBackward({64, 264, 1e-6f}, stream_);
+  CheckRmsNormBackward({5, 8192, 1e-5f}, stream_);
+  CheckRmsNormBackward({3, 16384, 1e-5f}, stream_);
 }
 
 // ---- rotary embeddings ----
@@ -351,6 +359,7 @@ TEST(LlamaOpsArgs, RejectsBadArguments) {
   EXPECT_EQ(code(RmsNormForward(p, f, p, p, 4, 16, 0.0f, nullptr)), kBad);   // eps
   EXPECT_EQ(code(RmsNormForward(p, nullptr, p, p, 4, 16, 1e-5f, nullptr)), kBad);
   EXPECT_EQ(code(RmsNormBackward(p, f, p, p, p, f, nullptr, 4, 16, nullptr)), kBad);  // scratch
+  EXPECT_EQ(code(RmsNormBackward(p, f, p, p, p, f, f, 4, 24584, nullptr)), kBad);  // too wide
   EXPECT_EQ(code(RopeForward(p, f, f, 1, 4, 2, 1, 24, nullptr)), kBad);  // hs % 16
   EXPECT_EQ(code(RopeBackward(p + 1, f, f, 1, 4, 2, 1, 16, nullptr)), kBad);  // alignment
   EXPECT_EQ(code(RopeTables(f, f, nullptr, 4, 8, nullptr)), kBad);
