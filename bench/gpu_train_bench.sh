@@ -17,7 +17,9 @@
 #     job's MEMORY_PLANNED event), e.g. full+selective:0-15 (blocks 0-15 one level lighter). WEFT_BENCH_MB overrides the micro-batch; WEFT_BENCH_OFFLOAD=1
 #     sets optimizer.offload (WEFT_BENCH_OFFLOAD_FRACTION its offload_fraction; the line's
 #     offload= is on, off or the share the engine offloaded); WEFT_BENCH_ACCUM sets training.grad_accum_steps (default 1);
-#     WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS KV_HEADS FFN VOCAB SEQ" replaces the llama shape;
+#     WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS KV_HEADS FFN VOCAB SEQ" replaces the llama shape,
+#     WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS VOCAB SEQ" the gpt2 one (GPT 6.7B: "32 4096 32 50304
+#     1024");
 #     WEFT_BENCH_TRANSPORT=net makes every worker a host of its own with NCCL on its network
 #     transport (start_workers); WEFT_BENCH_SHARD=hybrid sets sharding { scope: HOST } (with
 #     one GPU per declared host: replicas only, each gradient shard all-reduced across them);
@@ -132,7 +134,10 @@ throughput)
         "architecture: LLAMA num_kv_heads: $KV intermediate_size: $F rope_theta: 500000" \
         >"$WORK/g$g.pb.txt"
     else
-      spec "gpt2-124m-g$g" CUDA "$g" 12 768 12 50304 $T $B "$STEPS" 6e-4 >"$WORK/g$g.pb.txt"
+      read -r L W H V S <<<"${WEFT_BENCH_SHAPE:-12 768 12 50304 $T}"
+      T=$S
+      spec "gpt2-${L}x$W-g$g" CUDA "$g" "$L" "$W" "$H" "$V" "$T" "$B" "$STEPS" 6e-4 \
+        >"$WORK/g$g.pb.txt"
     fi
     start_coordinator "g$g"
     start_workers cuda "$g"
