@@ -205,8 +205,7 @@ absl::Status CheckBf16Shape(int n, int c) {
 absl::Status CheckBackwardWidth(int c) {
   if (BackwardWarps(c) > 0) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "layernorm backward: c = ", c, " is wider than the ",
-      internal::kPortableSharedBytes / BackwardSharedBytesPerWarp(1),
+      "layernorm backward: c = ", c, " is wider than the ", LayerNormMaxChannels(),
       " channels whose dweight/dbias accumulators fit in one block's shared memory"));
 }
 
@@ -223,6 +222,10 @@ absl::Status LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* i
   const int blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
   return internal::Launch(LayerNormForwardKernel, blocks, internal::kBlockSize, 0, stream, out,
                           mean, rstd, inp, weight, bias, n, c);
+}
+
+int LayerNormMaxChannels() {
+  return static_cast<int>(internal::kPortableSharedBytes / BackwardSharedBytesPerWarp(1));
 }
 
 size_t LayerNormBackwardScratchFloats(int n, int c) {

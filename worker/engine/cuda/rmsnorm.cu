@@ -174,6 +174,10 @@ absl::Status RmsNormForward(bf16* out, float* rstd, const bf16* inp, const bf16*
                           rstd, inp, weight, n, c, eps);
 }
 
+int RmsNormMaxChannels() {
+  return static_cast<int>(internal::kPortableSharedBytes / BackwardSharedBytesPerWarp(1));
+}
+
 size_t RmsNormBackwardScratchFloats(int n, int c) {
   if (n <= 0 || c <= 0) return 0;
   const int warps = std::max(BackwardWarps(c), 1);  // too wide: RmsNormBackward says so
@@ -193,9 +197,7 @@ absl::Status RmsNormBackward(bf16* dinp, float* dweight, const bf16* dout, const
   const int warps = BackwardWarps(c);
   if (warps == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        kOp, ": c = ", c, " is wider than the ",
-        internal::kPortableSharedBytes / BackwardSharedBytesPerWarp(1),
-        " channels whose dweight accumulator fits in one block's shared memory"));
+        kOp, ": c = ", c, " is wider than the ", RmsNormMaxChannels(), " channels whose dweight accumulator fits in one block's shared memory"));
   }
   const int blocks = BackwardBlockCount(n, warps);
   const size_t shared_bytes = warps * BackwardSharedBytesPerWarp(c);
