@@ -15,7 +15,8 @@
 #     WEFT_BENCH_AC (AUTO, NONE, SELECTIVE or FULL; default AUTO) is the job's
 #     training.activation_checkpointing; the line reports the plan the engine ran at (the
 #     job's MEMORY_PLANNED event), e.g. full+selective:0-15 (blocks 0-15 one level lighter). WEFT_BENCH_MB overrides the micro-batch; WEFT_BENCH_OFFLOAD=1
-#     sets optimizer.offload (WEFT_BENCH_OFFLOAD_FRACTION its offload_fraction; the line's
+#     sets optimizer.offload, =auto optimizer.offload_auto (WEFT_BENCH_OFFLOAD_FRACTION
+#     offload's offload_fraction; the line's
 #     offload= is on, off or the share the engine offloaded); WEFT_BENCH_ACCUM sets training.grad_accum_steps (default 1);
 #     WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS KV_HEADS FFN VOCAB SEQ" replaces the llama shape,
 #     WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS VOCAB SEQ" the gpt2 one (GPT 6.7B: "32 4096 32 50304
@@ -93,6 +94,7 @@ model { num_layers: $4 hidden_size: $5 num_heads: $6 vocab_size: $7 context_leng
 data { train_path: "$DATA" format: DATA_FORMAT_TEXT_BYTES val_fraction: 0.05 }
 optimizer { learning_rate: ${11} weight_decay: 0.1 grad_clip_norm: 1.0
             offload: $([[ ${WEFT_BENCH_OFFLOAD:-0} == 1 ]] && echo true || echo false)
+            offload_auto: $([[ ${WEFT_BENCH_OFFLOAD:-0} == auto ]] && echo true || echo false)
             $([[ -n ${WEFT_BENCH_OFFLOAD_FRACTION:-} ]] && echo "offload_fraction: $WEFT_BENCH_OFFLOAD_FRACTION") }
 lr_schedule { kind: COSINE warmup_steps: $(( ${10} >= 60 ? 20 : ${10} / 4 )) min_lr_ratio: 0.1 }
 training { total_steps: ${10} micro_batch_size: $9 sequence_length: $8 seed: 1337

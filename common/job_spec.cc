@@ -416,6 +416,13 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
   if (o.offload() && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
     bad("optimizer.offload", "only for DEVICE_KIND_CUDA jobs: the CPU engine's optimizer state is in host memory already");
   }
+  if (o.offload_auto() && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
+    bad("optimizer.offload_auto", "only for DEVICE_KIND_CUDA jobs: the CPU engine's optimizer state is in host memory already");
+  } else if (o.offload_auto() && (o.offload() || o.offload_fraction() != 0.0)) {
+    bad("optimizer.offload_auto",
+        "set with optimizer.offload or offload_fraction: offload_auto chooses the share itself; "
+        "set either offload_auto alone or offload (with or without offload_fraction)");
+  }
   if (!InUnitInterval(o.offload_fraction(), true)) {
     bad("optimizer.offload_fraction",
         absl::StrCat("must be in [0, 1] (0: all of it), got ", o.offload_fraction()));

@@ -182,20 +182,26 @@ std::string OffloadFractionFor(const std::vector<size_t>& unit_sizes, int first)
   return absl::StrFormat("%.9f", share);
 }
 
+int LeastOffloadThatFits(int current_first, size_t free_bytes,
+                         const std::function<GpuMemoryPlan(int first)>& plan_at) {
+  // Each unit offloaded only lowers the device's need, so scanning down finds the least.
+  for (int first = current_first - 1; first >= 0; --first) {
+    if (plan_at(first).total() <= free_bytes) return first;
+  }
+  return -1;
+}
+
 std::string OffloadThatFits(const std::vector<size_t>& unit_sizes, int current_first,
                             size_t free_bytes,
                             const std::function<GpuMemoryPlan(int first)>& plan_at) {
-  // Each unit offloaded only lowers the device's need, so scanning down finds the least.
-  for (int first = current_first - 1; first >= 0; --first) {
-    const GpuMemoryPlan p = plan_at(first);
-    if (p.total() > free_bytes) continue;
-    return absl::StrFormat(
-        "optimizer.offload: true with offload_fraction: %s (%.2f GiB per GPU, plus %.2f GiB of "
-        "pinned host memory)",
-        first == 0 ? "1" : OffloadFractionFor(unit_sizes, first), GiB(p.total()),
-        GiB(p.host_bytes));
-  }
-  return "";
+  const int first = LeastOffloadThatFits(current_first, free_bytes, plan_at);
+  if (first < 0) return "";
+  const GpuMemoryPlan p = plan_at(first);
+  return absl::StrFormat(
+      "optimizer.offload: true with offload_fraction: %s (%.2f GiB per GPU, plus %.2f GiB of "
+      "pinned host memory), or optimizer.offload_auto: true instead",
+      first == 0 ? "1" : OffloadFractionFor(unit_sizes, first), GiB(p.total()),
+      GiB(p.host_bytes));
 }
 
 absl::Status CheckHostMemory(const GpuMemoryPlan& plan, size_t host_available_bytes, int world,

@@ -70,9 +70,14 @@ int FirstOffloadedUnit(const std::vector<size_t>& unit_sizes,
 std::string OffloadFractionFor(const std::vector<size_t>& unit_sizes, int first);
 
 // For a job that does not fit the GPU with units [current_first, n) offloaded: the least
-// offload that fits (the largest first below current_first with plan_at(first).total() <=
-// free_bytes), as a hint naming the fields to set and both memory figures; empty when even
-// offloading everything does not fit.
+// offload that fits, the largest first below current_first with plan_at(first).total() <=
+// free_bytes; -1 when even offloading everything does not fit. (optimizer.offload_auto runs
+// at it.)
+int LeastOffloadThatFits(int current_first, size_t free_bytes,
+                         const std::function<GpuMemoryPlan(int first)>& plan_at);
+
+// LeastOffloadThatFits as a hint naming the fields to set and both memory figures; empty when
+// even offloading everything does not fit.
 std::string OffloadThatFits(const std::vector<size_t>& unit_sizes, int current_first,
                             size_t free_bytes,
                             const std::function<GpuMemoryPlan(int first)>& plan_at);

@@ -264,21 +264,38 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
   // Which units are offloaded depends on the spec alone: decided once, for every plan tried
   // and for the engine.
   const std::vector<size_t> unit_sizes = UnitSizes(*arch);
-  const int first_offloaded = FirstOffloadedUnit(unit_sizes, spec.optimizer());
-  const MemoryDecision memory = DecideMemory(
-      spec.training().activation_checkpointing(), free_bytes,
-      spec.training().micro_batch_size(), comm->world_size(), arch->num_layers(),
-      [&](const engine::CheckpointingPlan& level, int rows, int world) {
-        return PlanGpuMemoryAt(spec, *arch, level, rows, world, first_offloaded);
-      });
+  int first_offloaded = FirstOffloadedUnit(unit_sizes, spec.optimizer());
+  const auto decide = [&](int first) {
+    return DecideMemory(spec.training().activation_checkpointing(), free_bytes,
+                        spec.training().micro_batch_size(), comm->world_size(),
+                        arch->num_layers(),
+                        [&](const engine::CheckpointingPlan& level, int rows, int world) {
+                          return PlanGpuMemoryAt(spec, *arch, level, rows, world, first);
+                        });
+  };
+  MemoryDecision memory = decide(first_offloaded);
+  // Offloading (more of) the optimizer is the one remedy DecideMemory does not weigh: at the
+  // checkpointing it ended at, how much would fit.
+  const engine::CheckpointingPlan heaviest = memory.level;
+  const auto plan_at = [&](int first) {
+    return PlanGpuMemoryAt(spec, *arch, heaviest, spec.training().micro_batch_size(),
+                           comm->world_size(), first);
+  };
+  bool auto_offloaded = false;
+  if (!memory.fits && spec.optimizer().offload_auto()) {
+    // Recomputation first (DecideMemory went as far as the job allows), then the least offload
+    // on top; the host step is the slowest part of an offloaded step. Ranks may choose
+    // differently (their free memory differs): offload moves no collective.
+    const int first = LeastOffloadThatFits(first_offloaded, free_bytes, plan_at);
+    if (first >= 0) {
+      first_offloaded = first;
+      memory = decide(first);
+      auto_offloaded = memory.fits;
+    }
+  }
   absl::Status fits = absl::OkStatus();
   if (!memory.fits) {
-    // Offloading (more of) the optimizer is the one remedy DecideMemory does not weigh.
-    const std::string offload = OffloadThatFits(
-        unit_sizes, first_offloaded, free_bytes, [&](int first) {
-          return PlanGpuMemoryAt(spec, *arch, memory.level, spec.training().micro_batch_size(),
-                                 comm->world_size(), first);
-        });
+    const std::string offload = OffloadThatFits(unit_sizes, first_offloaded, free_bytes, plan_at);
     fits = absl::ResourceExhaustedError(
         offload.empty() ? memory.reason
                         : absl::StrCat(memory.reason, " It would also fit with ", offload, "."));
@@ -302,7 +319,11 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
   if (first_offloaded < units) {
     absl::StrAppend(&engine->plan_note_, "; optimizer offloaded to the host for units ",
                     first_offloaded, "-", units - 1, " of 0-", units - 1, " (offload_fraction ",
-                    OffloadFractionFor(unit_sizes, first_offloaded), ")");
+                    OffloadFractionFor(unit_sizes, first_offloaded), ")",
+                    auto_offloaded ? ", the least that fits (optimizer.offload_auto)" : "");
+  } else if (spec.optimizer().offload_auto()) {
+    absl::StrAppend(&engine->plan_note_,
+                    "; optimizer kept on the GPU (optimizer.offload_auto: the job fits)");
   }
   WEFT_RETURN_IF_ERROR(engine->Initialize());
   return engine;

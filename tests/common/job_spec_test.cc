@@ -650,6 +650,26 @@ TEST(ValidateJobSpecTest, OptimizerOffloadFraction) {
   }
 }
 
+// offload_auto lets the engine choose the share: alone, and on GPU jobs only.
+TEST(ValidateJobSpecTest, OptimizerOffloadAuto) {
+  JobSpec spec = ValidCpuSpec();
+  spec.mutable_optimizer()->set_offload_auto(true);
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::ElementsAre(StartsWith(
+                                         "optimizer.offload_auto: only for DEVICE_KIND_CUDA")));
+  spec.mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+  spec.set_precision(weft::v1::BF16);
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+  spec.mutable_optimizer()->set_offload(true);
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ::testing::ElementsAre(StartsWith(
+                  "optimizer.offload_auto: set with optimizer.offload or offload_fraction")));
+  spec.mutable_optimizer()->set_offload(false);
+  spec.mutable_optimizer()->set_offload_fraction(0.5);
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ::testing::Contains(StartsWith(
+                  "optimizer.offload_auto: set with optimizer.offload or offload_fraction")));
+}
+
 TEST(ValidateJobSpecTest, Gpt2RefusesEveryLlamaField) {
   JobSpec spec = ValidCpuSpec();
   auto* m = spec.mutable_model();

@@ -191,13 +191,32 @@ TEST(OffloadTest, OffloadThatFitsNamesTheLeastOffload) {
   // No offload needs 480; two blocks offloaded 380, three 330.
   EXPECT_EQ(OffloadThatFits(kUnits, 5, 380 * kGiB, plan_at),
             "optimizer.offload: true with offload_fraction: 0.33 (380.00 GiB per GPU, plus "
-            "130.00 GiB of pinned host memory)");
+            "130.00 GiB of pinned host memory), or optimizer.offload_auto: true instead");
   EXPECT_THAT(OffloadThatFits(kUnits, 5, 379 * kGiB, plan_at), HasSubstr("offload_fraction: 0.50"));
   // Already offloading two blocks: only more offload is offered.
   EXPECT_THAT(OffloadThatFits(kUnits, 3, 379 * kGiB, plan_at), HasSubstr("offload_fraction: 0.50"));
   EXPECT_THAT(OffloadThatFits(kUnits, 5, 180 * kGiB, plan_at), HasSubstr("offload_fraction: 1 "));
   EXPECT_EQ(OffloadThatFits(kUnits, 5, 179 * kGiB, plan_at), "");
   EXPECT_EQ(OffloadThatFits(kUnits, 0, 500 * kGiB, plan_at), "");  // nothing more to offload
+}
+
+// What offload_auto runs at: the largest first unit offloaded that fits, -1 for none.
+TEST(OffloadTest, LeastOffloadThatFitsIsTheLargestFirstThatFits) {
+  std::vector<int> asked;
+  const auto plan_at = [&](int first) {
+    asked.push_back(first);
+    GpuMemoryPlan plan;
+    for (int u = 0; u < static_cast<int>(kUnits.size()); ++u) {
+      plan.state_bytes += kUnits[u] * (u < first ? 16 : 6) * kGiB;
+    }
+    return plan;
+  };
+  EXPECT_EQ(LeastOffloadThatFits(5, 380 * kGiB, plan_at), 3);  // two blocks: 380 GiB
+  EXPECT_EQ(asked, (std::vector<int>{4, 3}));  // from the least offload up, stopping at a fit
+  EXPECT_EQ(LeastOffloadThatFits(5, 379 * kGiB, plan_at), 2);
+  EXPECT_EQ(LeastOffloadThatFits(5, 180 * kGiB, plan_at), 0);
+  EXPECT_EQ(LeastOffloadThatFits(5, 179 * kGiB, plan_at), -1);
+  EXPECT_EQ(LeastOffloadThatFits(0, 500 * kGiB, plan_at), -1);  // nothing more to offload
 }
 
 TEST(CheckHostMemoryTest, MemAvailableIsRead) {

@@ -955,6 +955,53 @@ TEST_F(ZeroCudaTest, RefusalNamesTheOffloadThatWouldFit) {
   EXPECT_GT(PlanGpuMemoryAt(spec, **arch, full, 1, 1, first + 1).total(), free_bytes);
 }
 
+// optimizer.offload_auto offloads nothing while the job fits, and otherwise the least run of
+// last units that fits: with the GPU filled to leave room for all but one block's optimizer
+// state, exactly the last block. And the job trains so.
+TEST_F(ZeroCudaTest, OffloadAutoTakesTheLeastShareThatFits) {
+  weft::v1::JobSpec spec = SmallSpec(1, 1, /*llama=*/true);
+  auto* m = spec.mutable_model();
+  // Two blocks of 4096 (92M parameters each): a block's optimizer state takes 1.5 GB on the
+  // GPU, 0.55 GB offloaded (its gradient and bf16 copy).
+  m->set_hidden_size(4096);
+  m->set_num_heads(32);
+  m->set_num_kv_heads(8);
+  m->set_intermediate_size(4096);
+  spec.mutable_optimizer()->set_offload_auto(true);
+  MemoryStore store;
+  auto c = comm::CreateNcclCommunicator(&store, 0, 1, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  {
+    auto roomy = ZeroCudaEngine::Create(spec, c->get());
+    ASSERT_TRUE(roomy.ok()) << roomy.status();
+    EXPECT_THAT((*roomy)->MemoryPlanNote(), ::testing::HasSubstr("optimizer kept on the GPU"));
+  }
+  auto arch = engine::MakeModelArch(spec.model());
+  ASSERT_TRUE(arch.ok()) << arch.status();
+  const int units = static_cast<int>(UnitSizes(**arch).size());
+  const engine::CheckpointingPlan none{engine::Checkpointing::kNone, 0};
+  const engine::CheckpointingPlan full{engine::Checkpointing::kFull, 0};
+  // Room for the last block offloaded at no recomputation, and not for no offload at full.
+  const size_t target =
+      PlanGpuMemoryAt(spec, **arch, none, 1, 1, units - 1).total() + (size_t{256} << 20);
+  ASSERT_GT(PlanGpuMemoryAt(spec, **arch, full, 1, 1, units).total(), target);
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  ASSERT_GT(free_bytes, target);
+  void* hog = nullptr;
+  ASSERT_EQ(cudaMalloc(&hog, free_bytes - target), cudaSuccess);
+  const std::unique_ptr<void, decltype(&cudaFree)> held(hog, cudaFree);
+  auto engine = ZeroCudaEngine::Create(spec, c->get());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::string note = (*engine)->MemoryPlanNote();
+  EXPECT_THAT(note, ::testing::HasSubstr(absl::StrCat("for units ", units - 1, "-", units - 1,
+                                                      " of 0-", units - 1)));
+  EXPECT_THAT(note, ::testing::HasSubstr("the least that fits (optimizer.offload_auto)"));
+  const absl::StatusOr<StepResult> step = (*engine)->TrainStep(0, GlobalBatch(0, 1));
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_TRUE(std::isfinite(step->loss));
+}
+
 TEST_F(ZeroCudaTest, AutoChoosesCheckpointingWhenEverythingDoesNotFit) {
   // GPT-2 124M at micro-batch 512 x 1024: keeping every activation needs about 150 GiB, more
   // than any one GPU here; selective or full fits.
