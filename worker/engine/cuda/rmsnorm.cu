@@ -157,6 +157,13 @@ absl::Status CheckRows(int n, int c, const char* op) {
   return internal::CheckMultipleOf8(c, op, "c");
 }
 
+absl::Status CheckBackwardWidth(int c) {
+  if (BackwardWarps(c) > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "rmsnorm backward: c = ", c, " is wider than the ", RmsNormMaxChannels(),
+      " channels whose dweight accumulators fit in one block's shared memory"));
+}
+
 }  // namespace
 
 absl::Status RmsNormForward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int n,
@@ -194,17 +201,14 @@ absl::Status RmsNormBackward(bf16* dinp, float* dweight, const bf16* dout, const
             internal::Aligned16(dout, "dout"), internal::Aligned16(inp, "inp"),
             internal::Aligned16(weight, "weight"), internal::NotNull(rstd, "rstd"),
             internal::NotNull(scratch, "scratch")}));
+  WEFT_BF16_RETURN_IF_ERROR(CheckBackwardWidth(c));
   const int warps = BackwardWarps(c);
-  if (warps == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kOp, ": c = ", c, " is wider than the ", RmsNormMaxChannels(), " channels whose dweight accumulator fits in one block's shared memory"));
-  }
   const int blocks = BackwardBlockCount(n, warps);
   const size_t shared_bytes = warps * BackwardSharedBytesPerWarp(c);
   WEFT_BF16_RETURN_IF_ERROR(internal::AllowSharedBytes(RmsNormBackwardKernel, shared_bytes));
   WEFT_BF16_RETURN_IF_ERROR(internal::Launch(RmsNormBackwardKernel, blocks, warps * kWarpSize,
-                                             shared_bytes, stream,
-                                             dinp, scratch, dout, inp, weight, rstd, n, c));
+                                             shared_bytes, stream, dinp, scratch, dout, inp,
+                                             weight, rstd, n, c));
   return internal::LaunchAddColumnSums(dweight, nullptr, c, scratch, blocks, c, stream);
 }
 
