@@ -914,18 +914,26 @@ TEST_F(ZeroCudaTest, ARankThatCannotBuildFailsEveryRank) {
   }
 }
 
-// A model whose optimizer state does not fit the GPU is refused with the offload that would fit
-// it, and that share does fit by the plan while one unit less does not.
-TEST_F(ZeroCudaTest, RefusalNamesTheOffloadThatWouldFit) {
+// SmallSpec's Llama at Llama-8B's width (4096, 32 heads, 8 kv heads): the sizes where the
+// optimizer's memory decides.
+weft::v1::JobSpec Llama4096Spec(int layers, int intermediate_size) {
   weft::v1::JobSpec spec = SmallSpec(1, 1, /*llama=*/true);
   auto* m = spec.mutable_model();
-  // 48 blocks of 4096 (218M parameters each, 10.7B in all): 171 GB at 16 bytes a parameter,
-  // more than any one GPU; 64 GB at 6, which an 80 GB one holds.
-  m->set_num_layers(48);
+  m->set_num_layers(layers);
   m->set_hidden_size(4096);
   m->set_num_heads(32);
   m->set_num_kv_heads(8);
-  m->set_intermediate_size(14336);
+  m->set_intermediate_size(intermediate_size);
+  return spec;
+}
+
+// A model whose optimizer state does not fit the GPU is refused with the offload that would fit
+// it, and that share does fit by the plan while one unit less does not.
+TEST_F(ZeroCudaTest, RefusalNamesTheOffloadThatWouldFit) {
+  // 48 blocks of 4096 (218M parameters each, 10.7B in all): 171 GB at 16 bytes a parameter,
+  // more than any one GPU; 64 GB at 6, which an 80 GB one holds.
+  weft::v1::JobSpec spec = Llama4096Spec(48, 14336);
+  auto* m = spec.mutable_model();
   m->set_vocab_size(32000);
   m->set_padded_vocab_size(32000);
   m->set_context_length(1024);
@@ -959,14 +967,9 @@ TEST_F(ZeroCudaTest, RefusalNamesTheOffloadThatWouldFit) {
 // last units that fits: with the GPU filled to leave room for all but one block's optimizer
 // state, exactly the last block. And the job trains so.
 TEST_F(ZeroCudaTest, OffloadAutoTakesTheLeastShareThatFits) {
-  weft::v1::JobSpec spec = SmallSpec(1, 1, /*llama=*/true);
-  auto* m = spec.mutable_model();
   // Two blocks of 4096 (92M parameters each): a block's optimizer state takes 1.5 GB on the
   // GPU, 0.55 GB offloaded (its gradient and bf16 copy).
-  m->set_hidden_size(4096);
-  m->set_num_heads(32);
-  m->set_num_kv_heads(8);
-  m->set_intermediate_size(4096);
+  weft::v1::JobSpec spec = Llama4096Spec(2, 4096);
   spec.mutable_optimizer()->set_offload_auto(true);
   MemoryStore store;
   auto c = comm::CreateNcclCommunicator(&store, 0, 1, {});
