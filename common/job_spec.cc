@@ -422,6 +422,12 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
     bad("optimizer.offload_auto",
         "set with optimizer.offload or offload_fraction: offload_auto chooses the share itself; "
         "set either offload_auto alone or offload (with or without offload_fraction)");
+  } else if (o.offload_auto() && spec.sharding().scope() != weft::v1::ShardingSpec::WORLD) {
+    // Each rank chooses from its own free memory, and the host and GPU optimizers agree only to
+    // rounding: two copies of one shard could drift apart.
+    bad("optimizer.offload_auto",
+        "not with sharding.scope HOST or GROUP: the ranks that hold copies of one shard could "
+        "choose different shares; set optimizer.offload with offload_fraction instead");
   }
   if (!InUnitInterval(o.offload_fraction(), true)) {
     bad("optimizer.offload_fraction",

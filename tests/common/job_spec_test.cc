@@ -650,7 +650,7 @@ TEST(ValidateJobSpecTest, OptimizerOffloadFraction) {
   }
 }
 
-// offload_auto lets the engine choose the share: alone, and on GPU jobs only.
+// offload_auto lets the engine choose the share: alone, on GPU jobs, with full sharding only.
 TEST(ValidateJobSpecTest, OptimizerOffloadAuto) {
   JobSpec spec = ValidCpuSpec();
   spec.mutable_optimizer()->set_offload_auto(true);
@@ -668,6 +668,13 @@ TEST(ValidateJobSpecTest, OptimizerOffloadAuto) {
   EXPECT_THAT(ValidateJobSpec(spec),
               ::testing::Contains(StartsWith(
                   "optimizer.offload_auto: set with optimizer.offload or offload_fraction")));
+  // Replicas of a shard must step alike.
+  spec.mutable_optimizer()->set_offload_fraction(0.0);
+  spec.set_zero_stage(3);
+  spec.mutable_sharding()->set_scope(weft::v1::ShardingSpec::HOST);
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ::testing::ElementsAre(StartsWith(
+                  "optimizer.offload_auto: not with sharding.scope HOST or GROUP")));
 }
 
 TEST(ValidateJobSpecTest, Gpt2RefusesEveryLlamaField) {
