@@ -131,7 +131,11 @@ void Coordinator::StartGenerationLocked(JobRecord& rec, const Placement& placeme
   const int64_t number = status->generation() + 1;
   status->set_generation(number);
   status->clear_worker_ids();
-  if (!status->has_start_time()) ToProtoTime(Now(), status->mutable_start_time());
+  if (!status->has_start_time()) {
+    const absl::Time now = Now();
+    ToProtoTime(now, status->mutable_start_time());
+    metrics_.SetUncheckpointedSince(status->job_id(), now);
+  }
   rec.generation.emplace(
       number, placement.worker_ids,
       [this](const std::string& id) ABSL_NO_THREAD_SAFETY_ANALYSIS {

@@ -77,7 +77,8 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry) {
       {"weft_coordinator_job_checkpoint_save_seconds",
        "Upload-to-commit time of the last committed checkpoint"},
       {"weft_coordinator_job_checkpoint_timestamp_seconds",
-       "When the job's newest checkpoint committed (Unix time): time() minus it is its age"},
+       "When the job's newest checkpoint committed, or before its first when the job started "
+       "(Unix time): time() minus it is the training a crash now would lose"},
       {"weft_coordinator_job_checkpoint_interval_steps",
        "Steps between checkpoints of a running job (absent once it stops running)"},
   };
@@ -154,6 +155,10 @@ void CoordinatorMetrics::SetCheckpointTimes(const std::string& job_id, double st
   SetJobGauge(kCheckpointStall, job_id, stall_ms / 1000.0);
   SetJobGauge(kCheckpointSave, job_id, save_ms / 1000.0);
   SetJobGauge(kCheckpointTime, job_id, absl::ToDoubleSeconds(committed - absl::UnixEpoch()));
+}
+
+void CoordinatorMetrics::SetUncheckpointedSince(const std::string& job_id, absl::Time started) {
+  SetJobGauge(kCheckpointTime, job_id, absl::ToDoubleSeconds(started - absl::UnixEpoch()));
 }
 
 void CoordinatorMetrics::SetCheckpointIntervalSteps(const std::string& job_id, int64_t steps) {

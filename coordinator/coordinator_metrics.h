@@ -52,6 +52,10 @@ class CoordinatorMetrics {
   // from which dashboards and alerts take the age of a job's newest checkpoint.
   void SetCheckpointTimes(const std::string& job_id, double stall_ms, double save_ms,
                           absl::Time committed);
+  // Before a job's first commit, the time its training started stands in for the newest
+  // checkpoint's: what a crash would lose is everything since then, and the stale-checkpoint
+  // alert must be able to fire for a job whose first checkpoint never commits.
+  void SetUncheckpointedSince(const std::string& job_id, absl::Time started);
   // The checkpoint interval (spec's checkpoint.interval_steps) of a RUNNING job; `steps` 0
   // (a job not running, or without checkpoints) removes the series. The stale-checkpoint
   // alert of deploy/prometheus/rules.yml multiplies by it, so it fires only for running jobs.

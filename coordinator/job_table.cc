@@ -67,6 +67,9 @@ void JobTable::RestoreCheckpointTimes(const JobRecord& rec) {
                                  FromProtoTime(e->time()));
     return;
   }
+  if (s.has_start_time()) {
+    metrics_->SetUncheckpointedSince(s.job_id(), FromProtoTime(s.start_time()));
+  }
 }
 
 absl::StatusOr<JobRecord*> JobTable::Create(const weft::v1::JobSpec& spec) {

@@ -100,9 +100,9 @@ class JobTable {
   void EndWatches(Actions& actions);
 
  private:
-  // The newest commit's time from the job's CHECKPOINT_COMMITTED events, so that the age of a
-  // running job's checkpoint (and the alert on it) goes on counting across a restart instead
-  // of waiting for a commit that may never come.
+  // The newest commit's time from the job's CHECKPOINT_COMMITTED events (before the first, the
+  // job's start_time), so that the age of a running job's checkpoint (and the alert on it) goes
+  // on counting across a restart instead of waiting for a commit that may never come.
   void RestoreCheckpointTimes(const JobRecord& rec);
 
   struct WatcherRecord {

@@ -1694,6 +1694,36 @@ TEST_F(CoordinatorTest, CheckpointAgeSurvivesACoordinatorRestart) {
   EXPECT_EQ(JobGauge(kTimestamp, job), committed);
 }
 
+// Before its first commit a job's checkpoint timestamp is when it started: a job whose first
+// checkpoint never commits ages (and alerts) like one whose later saves fail. A commit then
+// takes over.
+TEST_F(CoordinatorTest, CheckpointAgeCountsFromTheStartBeforeTheFirstCommit) {
+  JobSpec spec = CpuSpec("first", 1);
+  spec.mutable_checkpoint()->set_interval_steps(50);
+  const double started = absl::ToDoubleSeconds(clock_.Now() - absl::UnixEpoch());
+  auto [job, w] = StartRunningJob(spec, 1);
+  const char kTimestamp[] = "weft_coordinator_job_checkpoint_timestamp_seconds";
+  EXPECT_EQ(JobGauge(kTimestamp, job), started);
+
+  clock_.Advance(absl::Minutes(30));
+  weft::v1::ReportProgressRequest request = EmptyReport(job, 1, w[0], 0);
+  request.set_checkpoint_step(50);
+  const double committed = absl::ToDoubleSeconds(clock_.Now() - absl::UnixEpoch());
+  ASSERT_TRUE(coord_->ReportProgress(request).ok());
+  EXPECT_EQ(JobGauge(kTimestamp, job), committed);
+}
+
+// ... and a restarted coordinator exports the start again, as it does a commit's time.
+TEST_F(CoordinatorTest, CheckpointAgeFromTheStartSurvivesACoordinatorRestart) {
+  JobSpec spec = CpuSpec("first", 1);
+  spec.mutable_checkpoint()->set_interval_steps(50);
+  const double started = absl::ToDoubleSeconds(clock_.Now() - absl::UnixEpoch());
+  const std::string job = StartRunningJob(spec, 1).job_id;
+  clock_.Advance(absl::Minutes(30));
+  Reopen();
+  EXPECT_EQ(JobGauge("weft_coordinator_job_checkpoint_timestamp_seconds", job), started);
+}
+
 // Every family labelled job_id drops an ended job's series once its final values have had
 // time to be scraped, so the series count follows the live jobs, not the job history. The
 // checkpoint interval, which arms the stale-checkpoint alert, goes as soon as the job stops
