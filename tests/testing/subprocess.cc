@@ -172,6 +172,25 @@ absl::StatusOr<std::string> WaitForFile(const std::string& path, absl::Duration 
   return absl::DeadlineExceededError(absl::StrCat(path, " did not appear"));
 }
 
+absl::StatusOr<std::string> WaitForFileFrom(Subprocess& process, const std::string& path,
+                                            absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    // Checked before the file: a process may write it and exit between the two reads.
+    const bool running = process.Running();
+    std::string contents = ReadFile(path);
+    if (!contents.empty()) return contents;
+    if (!running) {
+      const absl::StatusOr<int> code = process.Wait(absl::ZeroDuration());
+      return absl::FailedPreconditionError(
+          absl::StrCat("pid ", process.pid(), " exited (code ", code.ok() ? *code : -1,
+                       ") before writing ", path));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(path, " did not appear"));
+}
+
 absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
     const std::string& data_dir, const std::vector<std::string>& extra_args,
     const std::string& bin_dir, int listen_port) {
@@ -192,9 +211,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
   auto proc = Subprocess::Start(argv, cp->log_path_);
   if (!proc.ok()) return proc.status();
   cp->process_ = std::move(*proc);
-  auto port = WaitForFile(port_file, absl::Seconds(30));
+  auto port = WaitForFileFrom(*cp->process_, port_file, absl::Seconds(30));
   if (!port.ok()) {
     return absl::UnavailableError(absl::StrCat("coordinator did not start: ",
+                                               port.status().message(), ": ",
                                                ReadFile(cp->log_path_)));
   }
   auto metrics_port = WaitForFile(metrics_port_file, absl::Seconds(10));
@@ -219,10 +239,11 @@ absl::StatusOr<std::unique_ptr<CheckpointdProcess>> CheckpointdProcess::Start(
                                 cp->log_path_);
   if (!proc.ok()) return proc.status();
   cp->process_ = std::move(*proc);
-  auto port = WaitForFile(port_file, absl::Seconds(30));
+  auto port = WaitForFileFrom(*cp->process_, port_file, absl::Seconds(30));
   if (!port.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("weft-checkpointd did not start: ", ReadFile(cp->log_path_)));
+    return absl::UnavailableError(absl::StrCat("weft-checkpointd did not start: ",
+                                               port.status().message(), ": ",
+                                               ReadFile(cp->log_path_)));
   }
   cp->address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
   return cp;

@@ -71,6 +71,12 @@ void WriteFile(const std::string& path, const std::string& contents);
 // Polls until `path` exists and is non-empty, then returns its contents.
 absl::StatusOr<std::string> WaitForFile(const std::string& path, absl::Duration timeout);
 
+// WaitForFile for a file that `process` writes: gives up as soon as the process exits, so a
+// binary that is missing or fails at start-up is reported at once, with its exit code, rather
+// than at the timeout.
+absl::StatusOr<std::string> WaitForFileFrom(Subprocess& process, const std::string& path,
+                                            absl::Duration timeout);
+
 // A weft-coordinator process on 127.0.0.1 with a free port, its state in `data_dir`.
 class CoordinatorProcess {
  public:
