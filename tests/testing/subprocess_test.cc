@@ -17,7 +17,9 @@ using ::testing::HasSubstr;
 TEST(WaitForFileFromTest, ReturnsWhatTheProcessWrote) {
   TempDir dir;
   const std::string file = dir.File("port");
-  auto proc = Subprocess::Start({"/bin/sh", "-c", "echo 7 > " + file + "; sleep 30"}, "");
+  // exec: the SIGKILL at the end reaches the sleep, which would otherwise outlive the shell
+  // holding ctest's output pipe open.
+  auto proc = Subprocess::Start({"/bin/sh", "-c", "echo 7 > " + file + "; exec sleep 30"}, "");
   ASSERT_TRUE(proc.ok()) << proc.status();
   const absl::StatusOr<std::string> got = WaitForFileFrom(**proc, file, absl::Seconds(30));
   ASSERT_TRUE(got.ok()) << got.status();
