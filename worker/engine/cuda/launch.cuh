@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/row_accumulators.h"
 
 namespace weft::engine::cuda::internal {
 
@@ -21,19 +22,6 @@ inline constexpr int64_t kMaxGrid = 132 * 32;
 inline int GridFor(int64_t n, int block = kBlockSize) {
   const int64_t blocks = (n + block - 1) / block;
   return static_cast<int>(blocks < kMaxGrid ? blocks : kMaxGrid);
-}
-
-// Dynamic shared memory a kernel may plan on without asking the device: what every GPU the
-// engine runs on (compute capability 8.0 and newer) grants one block that opts in (99 KiB on
-// sm_86, sm_89 and sm_120, more on sm_80, sm_90 and sm_100). Shapes planned on it, rather than
-// on this device's limit, are the same on every GPU, and so is the order of their sums.
-inline constexpr size_t kPortableSharedBytes = 96 * 1024;
-
-// Warps per block when each warp keeps `bytes_per_warp` of shared memory: as many as fit in
-// kPortableSharedBytes, at most `max_warps`; 0 when not even one does.
-inline int WarpsWithinSharedBudget(size_t bytes_per_warp, int max_warps) {
-  const size_t fit = bytes_per_warp == 0 ? max_warps : kPortableSharedBytes / bytes_per_warp;
-  return static_cast<int>(fit < static_cast<size_t>(max_warps) ? fit : max_warps);
 }
 
 // Beyond 48 KiB of dynamic shared memory a kernel must opt in, once per size it asks for.

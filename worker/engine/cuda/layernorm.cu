@@ -44,21 +44,8 @@ using internal::StoreVec;
 
 // Row stride of one lane's 8-channel vectors within a row.
 constexpr int kLaneStride = kWarpSize * kVec;
-// Backward blocks: up to kMaxBwdWarps warps, each with its own (2, C) fp32 accumulators in
-// shared memory; at most kMaxBwdBlocks blocks (one partial row each, in scratch).
-constexpr int kMaxBwdWarps = 4;
-constexpr int kMaxBwdBlocks = 1024;
-
-size_t BackwardSharedBytesPerWarp(int c) { return static_cast<size_t>(2) * c * sizeof(float); }
-
-// 0 when C is too wide for even one warp's accumulators.
-int BackwardWarps(int c) {
-  return internal::WarpsWithinSharedBudget(BackwardSharedBytesPerWarp(c), kMaxBwdWarps);
-}
-
-int BackwardBlocks(int n, int warps) {
-  return std::min((n + warps - 1) / warps, kMaxBwdBlocks);
-}
+// Backward: per warp (2, C) fp32 accumulators (dweight, dbias) in shared memory.
+constexpr int kBwdFloatsPerChannel = 2;
 
 __global__ void LayerNormForwardKernel(bf16* __restrict__ out,           // (N, C)
                                        float* __restrict__ mean,         // (N)
@@ -113,7 +100,7 @@ __global__ void LayerNormForwardKernel(bf16* __restrict__ out,           // (N, 
 // dx += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight, xhat = (x - mean) * rstd;
 // per block: partials[blockIdx.x] = (sum of xhat * dy, sum of dy) over the block's rows.
 // Dynamic shared memory: (warps per block) * 2 * C floats.
-__global__ void __launch_bounds__(kMaxBwdWarps * kWarpSize)
+__global__ void __launch_bounds__(internal::kMaxRowAccumulatorWarps * kWarpSize)
     LayerNormBackwardKernel(bf16* __restrict__ dinp,          // (N, C) +=
                             float* __restrict__ partials,     // (gridDim.x, 2C)
                             const bf16* __restrict__ dout,    // (N, C)
@@ -202,13 +189,6 @@ absl::Status CheckBf16Shape(int n, int c) {
   return internal::CheckMultipleOf8(c, "layernorm", "c");
 }
 
-absl::Status CheckBackwardWidth(int c) {
-  if (BackwardWarps(c) > 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "layernorm backward: c = ", c, " is wider than the ", LayerNormMaxChannels(),
-      " channels whose dweight/dbias accumulators fit in one block's shared memory"));
-}
-
 }  // namespace
 
 absl::Status LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* inp,
@@ -224,14 +204,12 @@ absl::Status LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* i
                           mean, rstd, inp, weight, bias, n, c);
 }
 
-int LayerNormMaxChannels() {
-  return static_cast<int>(internal::kPortableSharedBytes / BackwardSharedBytesPerWarp(1));
-}
+int LayerNormMaxChannels() { return internal::RowAccumulatorMaxChannels(kBwdFloatsPerChannel); }
 
 size_t LayerNormBackwardScratchFloats(int n, int c) {
   if (n <= 0 || c <= 0) return 0;
-  const int warps = std::max(BackwardWarps(c), 1);  // too wide: LayerNormBackward says so
-  return static_cast<size_t>(BackwardBlocks(n, warps)) * 2 * c;
+  return static_cast<size_t>(internal::PlanRowAccumulators(n, c, kBwdFloatsPerChannel).blocks) *
+         2 * c;
 }
 
 absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dout,
@@ -246,15 +224,16 @@ absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const b
        internal::Aligned16(inp, "inp"), internal::Aligned16(weight, "weight"),
        internal::NotNull(mean, "mean"), internal::NotNull(rstd, "rstd"),
        internal::NotNull(scratch, "scratch")}));
-  WEFT_BF16_RETURN_IF_ERROR(CheckBackwardWidth(c));
-  const int warps = BackwardWarps(c);
-  const int blocks = BackwardBlocks(n, warps);
-  const size_t shared_bytes = warps * BackwardSharedBytesPerWarp(c);
-  WEFT_BF16_RETURN_IF_ERROR(internal::AllowSharedBytes(LayerNormBackwardKernel, shared_bytes));
-  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(LayerNormBackwardKernel, blocks, warps * kWarpSize,
-                                             shared_bytes, stream, dinp, scratch, dout, inp, weight,
-                                             mean, rstd, n, c));
-  return internal::LaunchAddColumnSums(dweight, dbias, c, scratch, blocks, 2 * c, stream);
+  WEFT_BF16_RETURN_IF_ERROR(
+      internal::CheckRowAccumulatorWidth("layernorm backward", c, kBwdFloatsPerChannel));
+  const internal::RowAccumulatorLaunch launch =
+      internal::PlanRowAccumulators(n, c, kBwdFloatsPerChannel);
+  WEFT_BF16_RETURN_IF_ERROR(
+      internal::AllowSharedBytes(LayerNormBackwardKernel, launch.shared_bytes));
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(
+      LayerNormBackwardKernel, launch.blocks, launch.warps * kWarpSize, launch.shared_bytes,
+      stream, dinp, scratch, dout, inp, weight, mean, rstd, n, c));
+  return internal::LaunchAddColumnSums(dweight, dbias, c, scratch, launch.blocks, 2 * c, stream);
 }
 
 }  // namespace weft::engine::cuda

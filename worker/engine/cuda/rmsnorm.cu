@@ -42,19 +42,8 @@ using internal::WarpSum;
 constexpr int kForwardWarps = internal::kBlockSize / kWarpSize;  // rows per forward block
 // A lane's successive 8-channel vectors of a row are this many channels apart.
 constexpr int kRowStep = kWarpSize * kVec;
-constexpr int kMaxBackwardWarps = 4;
-constexpr int kMaxBackwardBlocks = 1024;
-
-size_t BackwardSharedBytesPerWarp(int c) { return static_cast<size_t>(c) * sizeof(float); }
-
-// 0 when C is too wide for even one warp's accumulator.
-int BackwardWarps(int c) {
-  return internal::WarpsWithinSharedBudget(BackwardSharedBytesPerWarp(c), kMaxBackwardWarps);
-}
-
-int BackwardBlockCount(int n, int warps) {
-  return std::min((n + warps - 1) / warps, kMaxBackwardBlocks);
-}
+// Backward: per warp a (C) fp32 dweight accumulator in shared memory.
+constexpr int kBackwardFloatsPerChannel = 1;
 
 __global__ void RmsNormForwardKernel(bf16* __restrict__ out,           // (N, C)
                                      float* __restrict__ rstd,         // (N)
@@ -98,7 +87,7 @@ struct RowVectors {
 };
 
 // Dynamic shared memory: (warps per block) * C floats (one dweight accumulator per warp).
-__global__ void __launch_bounds__(kMaxBackwardWarps * kWarpSize)
+__global__ void __launch_bounds__(internal::kMaxRowAccumulatorWarps * kWarpSize)
     RmsNormBackwardKernel(bf16* __restrict__ dinp,          // (N, C) +=
                           float* __restrict__ partials,     // (gridDim.x, C)
                           const bf16* __restrict__ dout,    // (N, C)
@@ -157,13 +146,6 @@ absl::Status CheckRows(int n, int c, const char* op) {
   return internal::CheckMultipleOf8(c, op, "c");
 }
 
-absl::Status CheckBackwardWidth(int c) {
-  if (BackwardWarps(c) > 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "rmsnorm backward: c = ", c, " is wider than the ", RmsNormMaxChannels(),
-      " channels whose dweight accumulators fit in one block's shared memory"));
-}
-
 }  // namespace
 
 absl::Status RmsNormForward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, int n,
@@ -182,13 +164,14 @@ absl::Status RmsNormForward(bf16* out, float* rstd, const bf16* inp, const bf16*
 }
 
 int RmsNormMaxChannels() {
-  return static_cast<int>(internal::kPortableSharedBytes / BackwardSharedBytesPerWarp(1));
+  return internal::RowAccumulatorMaxChannels(kBackwardFloatsPerChannel);
 }
 
 size_t RmsNormBackwardScratchFloats(int n, int c) {
   if (n <= 0 || c <= 0) return 0;
-  const int warps = std::max(BackwardWarps(c), 1);  // too wide: RmsNormBackward says so
-  return static_cast<size_t>(BackwardBlockCount(n, warps)) * c;
+  return static_cast<size_t>(
+             internal::PlanRowAccumulators(n, c, kBackwardFloatsPerChannel).blocks) *
+         c;
 }
 
 absl::Status RmsNormBackward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp,
@@ -201,15 +184,15 @@ absl::Status RmsNormBackward(bf16* dinp, float* dweight, const bf16* dout, const
             internal::Aligned16(dout, "dout"), internal::Aligned16(inp, "inp"),
             internal::Aligned16(weight, "weight"), internal::NotNull(rstd, "rstd"),
             internal::NotNull(scratch, "scratch")}));
-  WEFT_BF16_RETURN_IF_ERROR(CheckBackwardWidth(c));
-  const int warps = BackwardWarps(c);
-  const int blocks = BackwardBlockCount(n, warps);
-  const size_t shared_bytes = warps * BackwardSharedBytesPerWarp(c);
-  WEFT_BF16_RETURN_IF_ERROR(internal::AllowSharedBytes(RmsNormBackwardKernel, shared_bytes));
-  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(RmsNormBackwardKernel, blocks, warps * kWarpSize,
-                                             shared_bytes, stream, dinp, scratch, dout, inp,
-                                             weight, rstd, n, c));
-  return internal::LaunchAddColumnSums(dweight, nullptr, c, scratch, blocks, c, stream);
+  WEFT_BF16_RETURN_IF_ERROR(
+      internal::CheckRowAccumulatorWidth(kOp, c, kBackwardFloatsPerChannel));
+  const internal::RowAccumulatorLaunch launch =
+      internal::PlanRowAccumulators(n, c, kBackwardFloatsPerChannel);
+  WEFT_BF16_RETURN_IF_ERROR(internal::AllowSharedBytes(RmsNormBackwardKernel, launch.shared_bytes));
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(
+      RmsNormBackwardKernel, launch.blocks, launch.warps * kWarpSize, launch.shared_bytes, stream,
+      dinp, scratch, dout, inp, weight, rstd, n, c));
+  return internal::LaunchAddColumnSums(dweight, nullptr, c, scratch, launch.blocks, c, stream);
 }
 
 }  // namespace weft::engine::cuda

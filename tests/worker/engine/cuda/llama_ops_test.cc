@@ -26,6 +26,7 @@
 #include "tests/worker/engine/cuda/cuda_test_util.h"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/ops.h"
+#include "worker/engine/cuda/row_accumulators.h"
 
 namespace weft::engine::cuda {
 namespace {
@@ -348,6 +349,28 @@ TEST_F(EmbeddingTest, BackwardAccumulatesRowsPerToken) {
 }
 
 // ---- argument checks (no GPU needed) ----
+
+// The norms' backward launch (no GPU needed): as many warps as fit 96 KiB of accumulators, at
+// most 4; blocks cover the rows at that many warps each, at most 1024.
+TEST(LlamaOpsArgs, NormBackwardLaunchFitsThePortableSharedMemory) {
+  using internal::PlanRowAccumulators;
+  // LayerNorm: 2 floats a channel.
+  EXPECT_EQ(PlanRowAccumulators(100, 768, 2).warps, 4);
+  EXPECT_EQ(PlanRowAccumulators(100, 4096, 2).warps, 3);
+  EXPECT_EQ(PlanRowAccumulators(100, 4096, 2).shared_bytes, 3u * 2 * 4096 * sizeof(float));
+  EXPECT_EQ(PlanRowAccumulators(100, 8192, 2).warps, 1);
+  EXPECT_EQ(PlanRowAccumulators(100, 12288, 2).warps, 1);
+  EXPECT_EQ(PlanRowAccumulators(100, 12296, 2).warps, 0);
+  EXPECT_EQ(LayerNormMaxChannels(), 12288);
+  // RMSNorm: 1 float a channel.
+  EXPECT_EQ(PlanRowAccumulators(100, 8192, 1).warps, 3);
+  EXPECT_EQ(PlanRowAccumulators(100, 16384, 1).warps, 1);
+  EXPECT_EQ(RmsNormMaxChannels(), 24576);
+  // Blocks: rows over warps, capped; too wide counts as one warp (the scratch's size).
+  EXPECT_EQ(PlanRowAccumulators(4103, 768, 2).blocks, 1024);
+  EXPECT_EQ(PlanRowAccumulators(7, 4096, 2).blocks, 3);
+  EXPECT_EQ(PlanRowAccumulators(5, 12296, 2).blocks, 5);
+}
 
 TEST(LlamaOpsArgs, RejectsBadArguments) {
   alignas(16) static uint16_t dummy[256];
