@@ -261,8 +261,8 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
                         engine::MakeModelArch(spec.model()));
   size_t free_bytes = 0, total_bytes = 0;
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-  // Which units are offloaded depends on the spec alone: decided once, for every plan tried
-  // and for the engine.
+  // Which units are offloaded: the spec's choice, or with offload_auto the least that fits
+  // (below); decided here once, for every plan tried and for the engine.
   const std::vector<size_t> unit_sizes = UnitSizes(*arch);
   int first_offloaded = FirstOffloadedUnit(unit_sizes, spec.optimizer());
   const auto decide = [&](int first) {

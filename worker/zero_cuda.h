@@ -65,7 +65,7 @@
 namespace weft::worker {
 
 // What a rank of `spec` needs on its GPU at this checkpointing plan, micro-batch rows and world
-// size.
+// size, with the units the spec offloads (none with offload_auto, which Create decides).
 GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                             const engine::CheckpointingPlan& level, int micro_batch_size,
                             int world_size);
