@@ -15,6 +15,7 @@
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/ops.h"
 #include "worker/engine/cuda/reduce.h"
+#include "worker/comm/range_collectives.h"
 #include "worker/host_buffer.h"
 
 namespace weft::worker {
@@ -80,9 +81,13 @@ absl::StatusOr<int> CountRefusals(comm::CudaCommunicator* group, comm::CudaCommu
 // into the shard's gradient (no full-unit buffer, no reduce-scatter).
 bool DirectGradients(int world) { return world == 1; }
 
-// Whether micro-steps after the first need a scratch shard to accumulate reduce-scatters.
-bool NeedsScatterScratch(const weft::v1::JobSpec& spec, int world) {
-  return !DirectGradients(world) && spec.training().grad_accum_steps() > 1;
+// Elements of the head's working buffers (its gathered bf16 copy and, beyond world 1, its
+// fp32 gradient): the whole padded unit, or for a head that splits (HeadOutputBegin) the
+// larger of its two pieces, which take turns in them.
+size_t HeadSlotElements(const engine::ModelArch& arch, const ShardLayout& layout) {
+  const size_t split = arch.HeadOutputBegin();
+  const size_t size = layout.unit(0).size;
+  return split == 0 ? layout.unit(0).padded : std::max(split, size - split);
 }
 
 // The runs of equal decay in a kept decay mask (so the device keeps a few runs per unit, not
@@ -131,11 +136,10 @@ GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::Model
   // Two staging pairs on the host (fp32 gradients in, bf16 weights out).
   plan.host_bytes += 2 * max_offloaded_shard * (sizeof(float) + sizeof(__nv_bfloat16));
   // The gathered bf16 head and two block slots; beyond world 1, their fp32 gradients too.
-  const size_t gathered = layout.unit(0).padded + 2 * layout.max_block_padded();
+  const size_t gathered = HeadSlotElements(arch, layout) + 2 * layout.max_block_padded();
   plan.working_bytes = gathered * sizeof(__nv_bfloat16) +
                        cuda::SumOfSquaresScratchFloats(max_shard) * sizeof(float) + 4096;
   if (!DirectGradients(world)) plan.working_bytes += gathered * sizeof(float);
-  if (NeedsScatterScratch(spec, world)) plan.working_bytes += max_shard * sizeof(float);
   const size_t chunk = GatherChunkFloats(world);
   plan.working_bytes += (chunk * world + (offload ? chunk : 0)) * sizeof(float);
   plan.activation_bytes = cuda::PlanCudaActivationBytes(
@@ -186,6 +190,7 @@ ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunic
       seq_len_(spec.training().sequence_length()),
       first_offloaded_(first_offloaded),
       direct_grads_(DirectGradients(comm->world_size())),
+      head_split_(arch_->HeadOutputBegin()),
       host_threads_(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
 
 ZeroCudaEngine::~ZeroCudaEngine() {
@@ -374,24 +379,22 @@ absl::Status ZeroCudaEngine::Initialize() {
   }
   const size_t max_block = layout_.max_block_padded();
   const size_t max_shard = layout_.max_shard();
-  WEFT_ASSIGN_OR_RETURN(head_work_, Alloc<bf16>(layout_.unit(0).padded));
+  const size_t head_slot = HeadSlotElements(*arch_, layout_);
+  WEFT_ASSIGN_OR_RETURN(head_work_, Alloc<bf16>(head_slot));
   for (int i = 0; i < 2; ++i) {
     WEFT_ASSIGN_OR_RETURN(block_work_[i], Alloc<bf16>(max_block));
   }
   if (!direct_grads_) {
-    WEFT_ASSIGN_OR_RETURN(head_grad_, Alloc<float>(layout_.unit(0).padded));
+    WEFT_ASSIGN_OR_RETURN(head_grad_, Alloc<float>(head_slot));
     for (int i = 0; i < 2; ++i) {
       WEFT_ASSIGN_OR_RETURN(block_grad_[i], Alloc<float>(max_block));
     }
     // Padding elements of the gradient units are never written by the model; zero them once.
     WEFT_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(head_grad_, 0, layout_.unit(0).padded * sizeof(float), compute_));
+        cudaMemsetAsync(head_grad_, 0, head_slot * sizeof(float), compute_));
     for (float* g : block_grad_) {
       WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g, 0, max_block * sizeof(float), compute_));
     }
-  }
-  if (NeedsScatterScratch(spec_, group_)) {
-    WEFT_ASSIGN_OR_RETURN(scatter_tmp_, Alloc<float>(max_shard));
   }
   gather_chunk_ = GatherChunkFloats(group_);
   WEFT_ASSIGN_OR_RETURN(gather_staging_, Alloc<float>(gather_chunk_ * group_));
@@ -470,10 +473,55 @@ absl::Status ZeroCudaEngine::ReduceScatterGrad(int unit, float* full, bool accum
   if (!accumulate) {
     return CheckWork(comm_->ReduceScatter(full, grads, shard, DataType::kFloat32));
   }
-  WEFT_RETURN_IF_ERROR(
-      CheckWork(comm_->ReduceScatter(full, scatter_tmp_, shard, DataType::kFloat32)));
-  // On the comm stream, right behind the reduce-scatter: the next one reuses scatter_tmp_.
-  return cuda::AccumulateInto(grads, scatter_tmp_, shard, comm_->stream());
+  // In place, into this rank's block of the full gradient, which nothing reads again before
+  // the slot is next written (behind this slot's `scattered_` event): no scratch shard. The
+  // sum is added to the shard's, right behind on the comm stream.
+  float* const mine = full + static_cast<size_t>(comm_->rank()) * shard;
+  WEFT_RETURN_IF_ERROR(CheckWork(comm_->ReduceScatter(full, mine, shard, DataType::kFloat32)));
+  return cuda::AccumulateInto(grads, mine, shard, comm_->stream());
+}
+
+absl::Status ZeroCudaEngine::GatherHead(HeadPiece piece) {
+  if (head_split_ == 0) return Gather(0, head_work_);
+  // head_work_[i] is element piece.begin + i of the unit. This rank's part of the piece is
+  // cast (or copied, offloaded) from its shard into place, then every owner broadcasts its.
+  const size_t shard = layout_.unit(0).shard;
+  const comm::RangePart mine =
+      comm::OwnPart(piece.begin, piece.end, shard, group_, comm_->rank());
+  const size_t from = piece.begin + mine.offset - static_cast<size_t>(comm_->rank()) * shard;
+  if (mine.count > 0) {
+    if (Offloaded(0)) {
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(head_work_ + mine.offset,
+                                                units_[0].params_bf16 + from,
+                                                mine.count * sizeof(bf16),
+                                                cudaMemcpyDeviceToDevice, comm_->stream()));
+    } else {
+      WEFT_RETURN_IF_ERROR(cuda::CastToBf16(head_work_ + mine.offset, units_[0].params + from,
+                                            mine.count, comm_->stream()));
+    }
+  }
+  if (group_ == 1) return absl::OkStatus();
+  return CheckWork(comm::AllGatherRange(*comm_, head_work_, piece.begin, piece.end, shard,
+                                        DataType::kBFloat16));
+}
+
+absl::Status ZeroCudaEngine::ReduceHeadGrad(HeadPiece piece, bool accumulate) {
+  if (head_split_ == 0) return ReduceScatterGrad(0, head_grad_, accumulate);
+  const size_t shard = layout_.unit(0).shard;
+  const comm::RangePart mine =
+      comm::OwnPart(piece.begin, piece.end, shard, group_, comm_->rank());
+  // Where this rank's part of the piece lies in its shard (it may own none of the piece).
+  float* const grads =
+      mine.count == 0 ? nullptr
+                      : units_[0].grads + (piece.begin + mine.offset -
+                                           static_cast<size_t>(comm_->rank()) * shard);
+  // Accumulating, the sum goes in place (head_grad_ is not read again before the next memset,
+  // behind `head_scattered_`) and is added to the shard's behind it, as ReduceScatterGrad does.
+  float* const sum = accumulate ? head_grad_ + mine.offset : grads;
+  WEFT_RETURN_IF_ERROR(CheckWork(comm::ReduceScatterRange(
+      *comm_, head_grad_, sum, piece.begin, piece.end, shard, DataType::kFloat32)));
+  if (!accumulate || mine.count == 0) return absl::OkStatus();
+  return cuda::AccumulateInto(grads, sum, mine.count, comm_->stream());
 }
 
 // ---- one micro-batch ------------------------------------------------------------------------
@@ -515,9 +563,16 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
   WEFT_ASSIGN_OR_RETURN(phase[0], Mark());
   WEFT_RETURN_IF_ERROR(model_->SetBatch(batch_size_, seq_len_, inputs, targets));
 
-  // The head stays gathered for the whole micro-step; block 0 goes into slot 0.
+  // An unsplit head stays gathered for the whole micro-step. A split one has its embedding
+  // piece gathered first and its LM head piece after the embedding's forward, into the same
+  // buffer; each piece's gradient is reduced as soon as it is complete (the LM head's right
+  // after the classifier), through one gradient buffer. Block 0 goes into slot 0.
+  const bool split = head_split_ > 0;
+  const size_t head_size = layout_.unit(0).size;
+  const HeadPiece input{0, split ? head_split_ : head_size};
+  const HeadPiece output{head_split_, head_size};
   WEFT_RETURN_IF_ERROR(CommWaitsCompute());
-  WEFT_RETURN_IF_ERROR(Gather(0, head_work_));
+  WEFT_RETURN_IF_ERROR(GatherHead(input));
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
   WEFT_RETURN_IF_ERROR(Gather(1, block_work_[0]));
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[0], comm_stream));
@@ -532,20 +587,42 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
       WEFT_RETURN_IF_ERROR(Gather(2 + l, block_work_[(l + 1) % 2]));
       WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[(l + 1) % 2], comm_stream));
     }
+    if (split && l == 0) {
+      // The embedding's forward is behind the comm stream's wait (the one above, or this):
+      // the LM head's piece takes its place, behind block 1's gather.
+      if (layers == 1) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+      WEFT_RETURN_IF_ERROR(GatherHead(output));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
+    }
     WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot]));
     WEFT_RETURN_IF_ERROR(model_->BlockForward(l, block_work_[slot]));
   }
+  if (split) WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_));
+  // Element i of head_grad is element i of unit 0 for the embedding (and an unsplit head),
+  // element head_split_ + i for the classifier (CudaModel::Classifier).
   float* const head_grad = direct_grads_ ? units_[0].grads : head_grad_;
+  float* const classifier_grad = direct_grads_ ? head_grad + head_split_ : head_grad_;
   if (backward) {
     if (scatter_pending_[2]) WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
     // Direct gradients accumulate over micro-steps in place: zeroed by the first only.
-    if (!direct_grads_ || first_micro_step) {
+    if (direct_grads_ && first_micro_step) {
       WEFT_CUDA_RETURN_IF_ERROR(
           cudaMemsetAsync(head_grad, 0, layout_.unit(0).padded * sizeof(float), compute_));
+    } else if (!direct_grads_) {
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+          head_grad_, 0, (split ? output.size() : layout_.unit(0).padded) * sizeof(float),
+          compute_));
     }
   }
+  // head_work_ holds the output piece (element head_split_ on), or the whole unsplit head.
   WEFT_RETURN_IF_ERROR(
-      model_->Classifier(head_work_, grad_scale, backward ? head_grad : nullptr));
+      model_->Classifier(head_work_, grad_scale, backward ? classifier_grad : nullptr));
+  if (backward && split && !direct_grads_) {
+    WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(output, !first_micro_step));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
+    scatter_pending_[2] = true;
+  }
   WEFT_RETURN_IF_ERROR(cuda::SumInto(&stats_[1], model_->Losses(),
                                      static_cast<size_t>(batch_size_) * seq_len_, compute_));
   WEFT_ASSIGN_OR_RETURN(phase[1], Mark());
@@ -583,12 +660,18 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
     // Behind the reduce-scatter (or the backward) of unit 1 + l, its shard gradient is final.
     if (last_micro_step) WEFT_RETURN_IF_ERROR(FinishShardGradient(1 + l));
   }
+  if (split && !direct_grads_) {
+    // The LM head's gradient has left head_grad_ (the reduce above): the embedding's now.
+    WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(head_grad_, 0, input.size() * sizeof(float), compute_));
+  }
   WEFT_RETURN_IF_ERROR(model_->EncoderBackward(head_grad));
   WEFT_ASSIGN_OR_RETURN(phase[2], Mark());
   phases_.push_back(phase);
   if (!direct_grads_ || last_micro_step) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
   if (!direct_grads_) {
-    WEFT_RETURN_IF_ERROR(ReduceScatterGrad(0, head_grad_, !first_micro_step));
+    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(input, !first_micro_step));
     WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
     scatter_pending_[2] = true;
   }

@@ -157,6 +157,18 @@ class ZeroCudaEngine : public ZeroEngine {
   absl::Status CommWaitsCompute();
   absl::Status Gather(int unit, bf16* dst);
   absl::Status ReduceScatterGrad(int unit, float* full, bool accumulate);
+  // Elements [begin, end) of unit 0: the whole head, or one of its pieces (head_split_).
+  struct HeadPiece {
+    size_t begin = 0;
+    size_t end = 0;
+    size_t size() const { return end - begin; }
+  };
+  // On the comm stream: `piece` into head_work_ (element begin + i at i); an unsplit head is
+  // gathered whole, padding included.
+  absl::Status GatherHead(HeadPiece piece);
+  // On the comm stream: head_grad_ (element begin + i at i) summed over the group into this
+  // rank's shard gradient of `piece`, added to it when `accumulate`.
+  absl::Status ReduceHeadGrad(HeadPiece piece, bool accumulate);
   // One micro-batch through the model; with `backward`, gradients reach the shards. The last
   // micro-step of a step also adds each shard's sum of squares into stats_[0] on the comm
   // stream as soon as that shard's gradient is final, behind the backward of the next units.
@@ -186,11 +198,10 @@ class ZeroCudaEngine : public ZeroEngine {
   std::vector<void*> allocations_;
   size_t allocated_bytes_ = 0;
 
-  bf16* head_work_ = nullptr;
+  bf16* head_work_ = nullptr;  // (HeadSlotElements) bf16
   bf16* block_work_[2] = {nullptr, nullptr};
   float* head_grad_ = nullptr;
   float* block_grad_[2] = {nullptr, nullptr};
-  float* scatter_tmp_ = nullptr;   // (max shard) for accumulating micro-steps, world > 1
   // GatherUnit: world pieces of gather_chunk_ floats; with offload, a device copy of a piece.
   size_t gather_chunk_ = 0;
   float* gather_staging_ = nullptr;
@@ -204,6 +215,10 @@ class ZeroCudaEngine : public ZeroEngine {
   // events that free them.
   const int first_offloaded_;
   const bool direct_grads_;  // world 1: the model writes the shard's gradient itself
+  // ModelArch::HeadOutputBegin: the embedding's piece of unit 0 ends and the final norm and LM
+  // head's starts here; 0 for a head that does not split. A split head's pieces take turns in
+  // head_work_ and head_grad_, each as large as the larger piece.
+  const size_t head_split_;
   const int host_threads_;
   std::vector<void*> host_allocations_;
   float* staging_grads_[2] = {nullptr, nullptr};

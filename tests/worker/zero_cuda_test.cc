@@ -168,6 +168,15 @@ class StagedCudaCommunicator final : public comm::CudaCommunicator {
     if (s.ok()) s = Copy(buf, host.data(), bytes);
     return comm::MakeCompletedWork(s);
   }
+  std::shared_ptr<comm::Work> Reduce(const void* send, void* recv, size_t count,
+                                     comm::DataType type, int root) override {
+    if (type != kF32) return Unsupported("Reduce");
+    std::vector<float> host(count), sum(count);
+    absl::Status s = Copy(host.data(), send, count * 4);
+    if (s.ok()) s = host_->Reduce(host.data(), sum.data(), count, kF32, root)->Wait();
+    if (s.ok() && rank() == root) s = Copy(recv, sum.data(), count * 4);
+    return comm::MakeCompletedWork(s);
+  }
   std::shared_ptr<comm::Work> Barrier() override {
     absl::Status s = Cuda(cudaStreamSynchronize(stream_));
     if (s.ok()) s = host_->Barrier()->Wait();
@@ -425,7 +434,8 @@ std::vector<std::vector<float>> ModelPass(
   EXPECT_TRUE(m.SetBatch(b, kT, inputs.data(), targets.data()).ok());
   EXPECT_TRUE(m.EncoderForward(params[0]).ok());
   for (int l = 0; l < layers; ++l) EXPECT_TRUE(m.BlockForward(l, params[1 + l]).ok());
-  EXPECT_TRUE(m.Classifier(params[0], 1.0f / (b * kT), grads[0]).ok());
+  const size_t split = (*arch)->HeadOutputBegin();  // where Classifier's part of the head starts
+  EXPECT_TRUE(m.Classifier(params[0] + split, 1.0f / (b * kT), grads[0] + split).ok());
   for (int l = layers - 1; l >= 0; --l) {
     EXPECT_TRUE(m.BlockBackward(l, params[1 + l], grads[1 + l], write).ok());
   }
@@ -538,14 +548,14 @@ TEST_F(ZeroCudaTest, OneGpuFollowsTheCpuEngine) {
 }
 
 // ZeRO-3 on 2 GPUs (or 2 ranks on one, `one_gpu`) against 1, the same global batch split in
-// two, with `accum` micro-steps a step.
-void ExpectTwoGpusFollowOne(bool llama, bool one_gpu = false, int accum = 2) {
+// two (or over `ranks`, 4 at most), with `accum` micro-steps a step.
+void ExpectTwoGpusFollowOne(bool llama, bool one_gpu = false, int accum = 2, int ranks = 2) {
   weft::v1::JobSpec one_spec = SmallSpec(4, 200, llama);
-  weft::v1::JobSpec two_spec = SmallSpec(2, 200, llama);
+  weft::v1::JobSpec two_spec = SmallSpec(4 / ranks, 200, llama);
   one_spec.mutable_training()->set_grad_accum_steps(accum);
   two_spec.mutable_training()->set_grad_accum_steps(accum);
   const Curve one = TrainGpu(one_spec, 1);
-  const Curve two = TrainGpu(two_spec, 2, one_gpu);
+  const Curve two = TrainGpu(two_spec, ranks, one_gpu);
   ASSERT_EQ(two.losses.size(), 200u);
   // The first step starts from the same weights: only rounding tells the worlds apart.
   EXPECT_NEAR(two.losses[0], one.losses[0], 1e-3 * one.losses[0]);
@@ -591,6 +601,14 @@ TEST_F(ZeroCudaTest, TwoRanksOnOneGpuFollowOneRank) {
       ExpectTwoGpusFollowOne(llama, /*one_gpu=*/true, accum);
     }
   }
+}
+
+// Four ranks cut the Llama's untied head (8256 elements: embedding 4096, norm 64, LM head
+// 4096) into shards of 2064, so the embedding's piece has two owners, the second of which
+// also owns the first 32 elements of the LM head's piece: the range gathers and reduces
+// (comm/range_collectives.h) with uneven parts, on every micro-step and accumulating.
+TEST_F(ZeroCudaTest, FourRanksOnOneGpuSplitTheLlamaHeadUnevenly) {
+  ExpectTwoGpusFollowOne(/*llama=*/true, /*one_gpu=*/true, /*accum=*/2, /*ranks=*/4);
 }
 
 // Hybrid sharding on one GPU (staged Gloo): 2 replicas of 1 rank (pure replication: no
@@ -1087,7 +1105,9 @@ TEST_F(ZeroCudaTest, LlamaBenchShapeModelTiming) {
     ASSERT_EQ(cudaEventRecord(marks[1], stream), cudaSuccess);
     for (int l = 0; l < layers; ++l) ASSERT_TRUE(model.BlockForward(l, block).ok());
     ASSERT_EQ(cudaEventRecord(marks[2], stream), cudaSuccess);
-    ASSERT_TRUE(model.Classifier(head, 1.0f / (b * t), head_grad).ok());
+    ASSERT_TRUE(model.Classifier(head + (*arch)->HeadOutputBegin(), 1.0f / (b * t),
+                                 head_grad + (*arch)->HeadOutputBegin())
+                    .ok());
     ASSERT_EQ(cudaEventRecord(marks[3], stream), cudaSuccess);
     for (int l = layers - 1; l >= 0; --l) {
       ASSERT_TRUE(model.BlockBackward(l, block, block_grad, engine::cuda::GradWrite::kAccumulate)
@@ -1135,6 +1155,35 @@ TEST_F(ZeroCudaTest, ImpossibleMemoryIsRejectedWithTheNumbers) {
 }
 
 // Runs without a GPU too: the check is a pure function of the capability.
+// The GPU memory plan (pure; no GPU needed) holds an untied head's larger piece, not the
+// whole unit: the embedding and the LM head take turns in the head's buffers, so beyond the
+// shards an untied Llama needs what the tied one does (the sum-of-squares scratch, which
+// follows the largest shard, aside). Before the split, the LM head's bf16 copy and fp32
+// gradient (6 bytes x 128,256 x 4096 = 2.9 GiB) were there too.
+TEST(ZeroCudaPlan, AnUntiedHeadTakesTurnsInTheHeadBuffers) {
+  for (int world : {2, 8}) {
+    SCOPED_TRACE(absl::StrCat("world ", world));
+    weft::v1::JobSpec untied = Llama4096Spec(2, 14336);
+    untied.mutable_model()->set_vocab_size(128256);
+    untied.mutable_model()->set_padded_vocab_size(128256);
+    weft::v1::JobSpec tied = untied;
+    tied.mutable_model()->set_tie_word_embeddings(true);
+    auto untied_arch = engine::MakeModelArch(untied.model());
+    auto tied_arch = engine::MakeModelArch(tied.model());
+    ASSERT_TRUE(untied_arch.ok() && tied_arch.ok());
+    const GpuMemoryPlan a =
+        PlanGpuMemory(untied, **untied_arch, engine::Checkpointing::kFull, 1, world);
+    const GpuMemoryPlan b =
+        PlanGpuMemory(tied, **tied_arch, engine::Checkpointing::kFull, 1, world);
+    EXPECT_GE(a.working_bytes, b.working_bytes);
+    EXPECT_LT(a.working_bytes - b.working_bytes, size_t{16} << 20);
+    // The shards do hold the untied LM head: 16 bytes a parameter over the world.
+    const size_t lm_head = size_t{128256} * 4096;
+    EXPECT_NEAR(static_cast<double>(a.state_bytes - b.state_bytes),
+                16.0 * lm_head / world, 16.0 * world);
+  }
+}
+
 TEST(ZeroCudaCapability, PreAmpereGpusAreRefusedWithTheReason) {
   EXPECT_TRUE(CheckComputeCapability(8, 0).ok());
   EXPECT_TRUE(CheckComputeCapability(9, 0).ok());

@@ -82,13 +82,19 @@ class Communicator {
   virtual std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t count_per_rank,
                                           DataType type) = 0;
   // SUM. send: world*count elements; recv: count elements — rank r gets the sum of every
-  // rank's block r. `send` is not modified.
+  // rank's block r. `send` is not modified, except in place: `recv` may be send + rank*count,
+  // and then only that block of it changes.
   virtual std::shared_ptr<Work> ReduceScatter(const void* send, void* recv, size_t count_per_rank,
                                               DataType type) = 0;
   // SUM, in place.
   virtual std::shared_ptr<Work> AllReduce(void* buf, size_t count, DataType type) = 0;
   // Root's `buf` is copied into every rank's `buf`.
   virtual std::shared_ptr<Work> Broadcast(void* buf, size_t count, DataType type, int root) = 0;
+  // SUM into one rank: root's `recv` (count elements) gets the sum of every rank's `send`. Only
+  // the root's `recv` is written; other ranks may pass null. `send` is not modified, and on
+  // the root may be `recv` itself (in place).
+  virtual std::shared_ptr<Work> Reduce(const void* send, void* recv, size_t count, DataType type,
+                                       int root) = 0;
   virtual std::shared_ptr<Work> Barrier() = 0;
 
   // Fails every in-flight and queued op promptly (well under a second) with `reason` (OK is

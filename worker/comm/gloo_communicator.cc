@@ -317,6 +317,18 @@ class GlooCommunicator final : public Communicator {
         {.kind = OpKind::kBroadcast, .send = buf, .recv = buf, .count = count, .root = root}, type);
   }
 
+  std::shared_ptr<Work> Reduce(const void* send, void* recv, size_t count, DataType type,
+                               int root) override {
+    if (root < 0 || root >= world_) {
+      return MakeCompletedWork(absl::InvalidArgumentError(
+          absl::StrCat("Gloo Reduce: root ", root, " is not a rank of a world of ", world_)));
+    }
+    // Only the root writes `recv`; the null check below wants a buffer on every rank.
+    if (rank_ != root) recv = const_cast<void*>(send);
+    return Submit(
+        {.kind = OpKind::kReduce, .send = send, .recv = recv, .count = count, .root = root}, type);
+  }
+
   std::shared_ptr<Work> Barrier() override {
     return Submit({.kind = OpKind::kBarrier, .count = 1}, DataType::kFloat32);
   }
@@ -471,7 +483,8 @@ class GlooCommunicator final : public Communicator {
 
   // World size 1: no Gloo, only the copies the semantics ask for.
   void RunLocal(const Op& op) {
-    if ((op.kind == OpKind::kAllGather || op.kind == OpKind::kReduceScatter) &&
+    if ((op.kind == OpKind::kAllGather || op.kind == OpKind::kReduceScatter ||
+         op.kind == OpKind::kReduce) &&
         op.send != op.recv) {
       std::memmove(op.recv, op.send, op.count * sizeof(float));
     }
@@ -514,6 +527,9 @@ class GlooCommunicator final : public Communicator {
       case OpKind::kReduceScatter:
         RunReduceScatter(op, tag);
         return;
+      case OpKind::kReduce:
+        RunReduce(op, tag);
+        return;
     }
   }
 
@@ -555,10 +571,24 @@ class GlooCommunicator final : public Communicator {
   }
 
   void RunAllReduce(const Op& op, uint32_t tag) {
+    AllReduceInPlace(static_cast<float*>(op.recv), op.count, tag);
+  }
+
+  // Gloo's own reduce waits on scratch buffers Abort cannot reach (see above), so a Reduce is
+  // the halving-doubling all-reduce of a copy, of which the root keeps the sum: twice the
+  // traffic of a tree reduce, on the CPU backend only (the GPU engine's NCCL has ncclReduce).
+  void RunReduce(const Op& op, uint32_t tag) {
+    const float* send = static_cast<const float*>(op.send);
+    scratch_.assign(send, send + op.count);
+    AllReduceInPlace(scratch_.data(), op.count, tag);
+    if (rank_ == op.root) std::memcpy(op.recv, scratch_.data(), op.count * sizeof(float));
+    if (scratch_.size() > (size_t{16} << 20)) std::vector<float>().swap(scratch_);
+  }
+
+  void AllReduceInPlace(float* buf, size_t count, uint32_t tag) {
     const size_t piece_max = PieceElements() * static_cast<size_t>(world_);
-    float* buf = static_cast<float*>(op.recv);
-    for (size_t offset = 0; offset < op.count; offset += piece_max) {
-      const int n = static_cast<int>(std::min(piece_max, op.count - offset));
+    for (size_t offset = 0; offset < count; offset += piece_max) {
+      const int n = static_cast<int>(std::min(piece_max, count - offset));
       ::gloo::AllreduceHalvingDoubling<float> algorithm(context_, std::vector<float*>{buf + offset},
                                                         n, ::gloo::ReductionFunction<float>::sum);
       RunBarrier(tag);
@@ -618,6 +648,9 @@ class GlooCommunicator final : public Communicator {
         break;
       case OpKind::kBroadcast:
         absl::StrAppend(&out, " (", op.count, " x float32 from rank ", op.root, ")");
+        break;
+      case OpKind::kReduce:
+        absl::StrAppend(&out, " (", op.count, " x float32 to rank ", op.root, ")");
         break;
       case OpKind::kBarrier:
         break;

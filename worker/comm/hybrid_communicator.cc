@@ -39,6 +39,10 @@ std::shared_ptr<Work> HybridCommunicator::Broadcast(void*, size_t, DataType, int
   return Unsupported("Broadcast");
 }
 
+std::shared_ptr<Work> HybridCommunicator::Reduce(const void*, void*, size_t, DataType, int) {
+  return Unsupported("Reduce");
+}
+
 std::shared_ptr<Work> HybridCommunicator::AllReduce(void* buf, size_t count, DataType type) {
   if (absl::Status s = group_->AllReduce(buf, count, type)->Wait(); !s.ok()) {
     return MakeCompletedWork(std::move(s));

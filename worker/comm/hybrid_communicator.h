@@ -39,6 +39,8 @@ class HybridCommunicator final : public Communicator {
                                       DataType type) override;
   std::shared_ptr<Work> AllReduce(void* buf, size_t count, DataType type) override;
   std::shared_ptr<Work> Broadcast(void* buf, size_t count, DataType type, int root) override;
+  std::shared_ptr<Work> Reduce(const void* send, void* recv, size_t count, DataType type,
+                               int root) override;
   std::shared_ptr<Work> Barrier() override;
   void Abort(absl::Status reason) override;
 

@@ -496,6 +496,17 @@ class NcclCommunicator final : public CudaCommunicator {
     }
     return Submit(OpKind::kBroadcast, buf, buf, count, type, root);
   }
+  std::shared_ptr<Work> Reduce(const void* send, void* recv, size_t count, DataType type,
+                               int root) override {
+    if (root < 0 || root >= core_->world()) {
+      return MakeCompletedWork(absl::InvalidArgumentError(absl::StrCat(
+          "NCCL Reduce: root ", root, " is not a rank of a world of ", core_->world())));
+    }
+    // NCCL reads recvbuff on the root only; elsewhere `send` stands in for it, so that the
+    // checks and the staging below see one buffer.
+    if (core_->rank() != root) recv = const_cast<void*>(send);
+    return Submit(OpKind::kReduce, send, recv, count, type, root);
+  }
   std::shared_ptr<Work> Barrier() override {
     return Submit(OpKind::kBarrier, barrier_buf_, barrier_buf_, 1, DataType::kFloat32, 0);
   }
@@ -536,12 +547,17 @@ class NcclCommunicator final : public CudaCommunicator {
     if (kind == OpKind::kAllGather) recv_bytes *= world;
     if (kind == OpKind::kReduceScatter) send_bytes *= world;
     const bool same = send == recv;
+    const size_t rank_offset = static_cast<size_t>(core_->rank()) * count * elem;
     const bool in_place_gather =
-        kind == OpKind::kAllGather &&
-        send == static_cast<const char*>(recv) + static_cast<size_t>(core_->rank()) * send_bytes;
-    if (!same && !in_place_gather && Overlap(send, send_bytes, recv, recv_bytes)) {
-      return MakeCompletedWork(absl::InvalidArgumentError(absl::StrCat(
-          "NCCL ", name, ": send and recv overlap (only in-place AllGather may alias)")));
+        kind == OpKind::kAllGather && send == static_cast<const char*>(recv) + rank_offset;
+    const bool in_place_scatter =
+        kind == OpKind::kReduceScatter && recv == static_cast<const char*>(send) + rank_offset;
+    if (!same && !in_place_gather && !in_place_scatter &&
+        Overlap(send, send_bytes, recv, recv_bytes)) {
+      return MakeCompletedWork(absl::InvalidArgumentError(
+          absl::StrCat("NCCL ", name,
+                       ": send and recv overlap (only in-place AllGather and ReduceScatter may "
+                       "alias)")));
     }
     int send_device = core_->device();
     int recv_device = core_->device();
@@ -673,6 +689,8 @@ class NcclCommunicator final : public CudaCommunicator {
           return ncclAllReduce(send, recv, count, dtype, ncclSum, comm, stream);
         case OpKind::kBroadcast:
           return ncclBroadcast(send, recv, count, dtype, root, comm, stream);
+        case OpKind::kReduce:
+          return ncclReduce(send, recv, count, dtype, ncclSum, root, comm, stream);
       }
       return ncclInvalidArgument;
     });

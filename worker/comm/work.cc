@@ -57,7 +57,7 @@ std::shared_ptr<Work> MakeCompletedWork(absl::Status status) {
 const char* OpName(OpKind kind) {
   // In OpKind's order; kBarrier is the last kind.
   static constexpr const char* kNames[] = {"AllGather", "ReduceScatter", "AllReduce", "Broadcast",
-                                           "Barrier"};
+                                           "Reduce",    "Barrier"};
   static_assert(std::size(kNames) == static_cast<size_t>(OpKind::kBarrier) + 1);
   return kNames[static_cast<int>(kind)];
 }

@@ -11,7 +11,7 @@
 namespace weft::comm {
 
 // The collectives a backend queues.
-enum class OpKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
+enum class OpKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kReduce, kBarrier };
 // The Communicator method's name ("AllGather", ...), for messages.
 const char* OpName(OpKind kind);
 

@@ -115,6 +115,12 @@ class ModelArch {
   }
   // Parameters of the whole model (sum of the unit sizes).
   size_t ParameterCount() const;
+
+  // Where unit 0 splits into what the two ends of the model read: the embedding reads elements
+  // [0, HeadOutputBegin()) only, the final norm and LM head [HeadOutputBegin(), UnitSize(0))
+  // only, so an engine need never hold both at once. 0 (the default) when one tensor serves
+  // both ends (a tied head): every part of the unit is read at both.
+  virtual size_t HeadOutputBegin() const { return 0; }
 };
 
 // The architecture of `spec`: INVALID_ARGUMENT for sizes no architecture can take (specs that

@@ -77,6 +77,10 @@ TEST(WorldOneTest, EveryCollectiveIsALocalCopyOrNoOp) {
     EXPECT_EQ(buf, send);
     ASSERT_TRUE(comm->Broadcast(buf.data(), count, DataType::kFloat32, 0)->Wait().ok());
     EXPECT_EQ(buf, send);
+    std::fill(recv.begin(), recv.end(), -1.f);
+    ASSERT_TRUE(
+        comm->Reduce(send.data(), recv.data(), count, DataType::kFloat32, 0)->Wait().ok());
+    EXPECT_EQ(recv, send);
   }
   EXPECT_TRUE(comm->Barrier()->Wait().ok());
 
@@ -107,7 +111,8 @@ TEST(ValidationTest, BFloat16IsUnimplemented) {
   for (auto work : {comm->AllGather(buf.data(), out.data(), 8, DataType::kBFloat16),
                     comm->ReduceScatter(buf.data(), out.data(), 8, DataType::kBFloat16),
                     comm->AllReduce(buf.data(), 8, DataType::kBFloat16),
-                    comm->Broadcast(buf.data(), 8, DataType::kBFloat16, 0)}) {
+                    comm->Broadcast(buf.data(), 8, DataType::kBFloat16, 0),
+                    comm->Reduce(buf.data(), out.data(), 8, DataType::kBFloat16, 0)}) {
     absl::Status status = work->Wait();
     EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
     EXPECT_THAT(status.message(), HasSubstr("bfloat16"));
@@ -122,6 +127,8 @@ TEST(ValidationTest, BadArgumentsFailTheOpOnly) {
   ASSERT_NE(comm, nullptr);
   std::vector<float> buf(4);
   EXPECT_EQ(comm->Broadcast(buf.data(), 4, DataType::kFloat32, 1)->Wait().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(comm->Reduce(buf.data(), buf.data(), 4, DataType::kFloat32, -1)->Wait().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(comm->AllReduce(nullptr, 4, DataType::kFloat32)->Wait().code(),
             absl::StatusCode::kInvalidArgument);

@@ -67,6 +67,19 @@ void CheckAllCollectives(std::vector<std::unique_ptr<Communicator>>& comms, size
       }
     }
 
+    // ReduceScatter in place: recv is this rank's block of send.
+    rs_send = rs_send_copy;
+    s = comm.ReduceScatter(rs_send.data(), rs_send.data() + r * count, count, kF32)->Wait();
+    EXPECT_TRUE(s.ok()) << s;
+    for (size_t i = 0; i < count && s.ok(); ++i) {
+      float expected = 0;
+      for (int q = 0; q < world; ++q) expected += Value(q, r, i);
+      if (rs_send[r * count + i] != expected) {
+        ADD_FAILURE() << "in-place ReduceScatter rank " << r << " [" << i << "]";
+        break;
+      }
+    }
+
     // AllReduce.
     std::vector<float> buf(count);
     for (size_t i = 0; i < count; ++i) buf[i] = Value(r, 5, i);
@@ -89,6 +102,37 @@ void CheckAllCollectives(std::vector<std::unique_ptr<Communicator>>& comms, size
     for (size_t i = 0; i < count && s.ok(); ++i) {
       if (buf[i] != Value(root, 9, i)) {
         ADD_FAILURE() << "Broadcast rank " << r << " [" << i << "]";
+        break;
+      }
+    }
+
+    // Reduce to the middle rank, from a `send` it leaves alone; the others' recv is null.
+    const int reduce_root = world / 2;
+    for (size_t i = 0; i < count; ++i) buf[i] = Value(r, 11, i);
+    const std::vector<float> reduce_send = buf;
+    std::vector<float> reduced(count, -1.f);
+    s = comm.Reduce(buf.data(), r == reduce_root ? reduced.data() : nullptr, count, kF32,
+                    reduce_root)
+            ->Wait();
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(buf, reduce_send) << "Reduce modified its input on rank " << r;
+    for (size_t i = 0; i < count && s.ok() && r == reduce_root; ++i) {
+      float expected = 0;
+      for (int q = 0; q < world; ++q) expected += Value(q, 11, i);
+      if (reduced[i] != expected) {
+        ADD_FAILURE() << "Reduce [" << i << "] = " << reduced[i] << ", expected " << expected;
+        break;
+      }
+    }
+    // In place on the root.
+    for (size_t i = 0; i < count; ++i) buf[i] = Value(r, 12, i);
+    s = comm.Reduce(buf.data(), buf.data(), count, kF32, 0)->Wait();
+    EXPECT_TRUE(s.ok()) << s;
+    for (size_t i = 0; i < count && s.ok(); ++i) {
+      float expected = 0;
+      for (int q = 0; q < world; ++q) expected += Value(q, 12, i);
+      if (buf[i] != (r == 0 ? expected : Value(r, 12, i))) {
+        ADD_FAILURE() << "in-place Reduce rank " << r << " [" << i << "] = " << buf[i];
         break;
       }
     }

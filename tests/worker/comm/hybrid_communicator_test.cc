@@ -77,6 +77,8 @@ TEST(HybridCommunicatorTest, UncomposedCollectivesAreUnimplementedAndAbortReache
             absl::StatusCode::kUnimplemented);
   EXPECT_EQ(world[0]->Broadcast(buf, 1, DataType::kFloat32, 0)->Wait().code(),
             absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(world[0]->Reduce(buf, buf, 1, DataType::kFloat32, 0)->Wait().code(),
+            absl::StatusCode::kUnimplemented);
   world[0]->Abort(absl::CancelledError("test abort"));
   EXPECT_EQ(world[0]->group()->Barrier()->Wait().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(world[0]->replica()->Barrier()->Wait().code(), absl::StatusCode::kCancelled);

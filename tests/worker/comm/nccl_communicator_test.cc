@@ -171,6 +171,14 @@ void CheckCollectives(std::vector<std::unique_ptr<CudaCommunicator>>& comms, Dat
       }
       // `send` is not modified.
       ASSERT_EQ(Decode(send.Download(), type), all);
+      // In place: recv is this rank's block of send.
+      ASSERT_TRUE(
+          comm.ReduceScatter(send.get(), send.get() + r * count * elem, count, type)->Wait().ok());
+      const std::vector<float> in_place = Decode(send.Download(), type);
+      for (size_t i = 0; i < count; ++i) {
+        const size_t k = r * count + i;
+        ASSERT_EQ(in_place[k], rank_sum + world * static_cast<float>(k % 7)) << i;
+      }
     }
     {  // AllReduce.
       std::vector<float> mine(count);
@@ -194,6 +202,21 @@ void CheckCollectives(std::vector<std::unique_ptr<CudaCommunicator>>& comms, Dat
       ASSERT_TRUE(comm.Broadcast(buf.get(), count, type, root)->Wait().ok());
       const std::vector<float> got = Decode(buf.Download(), type);
       for (size_t k = 0; k < count; ++k) ASSERT_EQ(got[k], 3.f + static_cast<float>(k % 5));
+    }
+    {  // Reduce into rank 0, out of place; the other ranks pass no recv.
+      std::vector<float> mine(count);
+      for (size_t k = 0; k < count; ++k) mine[k] = Value(r, k);
+      DeviceBuffer send(count * elem), recv(count * elem);
+      send.Upload(Encode(mine, type));
+      ASSERT_TRUE(
+          comm.Reduce(send.get(), r == 0 ? recv.get() : nullptr, count, type, 0)->Wait().ok());
+      if (r == 0) {
+        const std::vector<float> got = Decode(recv.Download(), type);
+        for (size_t k = 0; k < count; ++k) {
+          ASSERT_EQ(got[k], rank_sum + world * static_cast<float>(k % 7)) << k;
+        }
+      }
+      ASSERT_EQ(Decode(send.Download(), type), mine);  // `send` is not modified
     }
     auto barrier = comm.Barrier();
     absl::Status s = barrier->Wait();

@@ -11,3 +11,5 @@ if(TARGET weft_comm_nccl)
 endif()
 weft_test(hybrid_communicator_test integration
   SOURCES worker/comm/hybrid_communicator_test.cc LIBS weft_comm weft_coordinator_lib)
+weft_test(range_collectives_test integration
+  SOURCES worker/comm/range_collectives_test.cc LIBS weft_comm weft_coordinator_lib)

@@ -47,6 +47,7 @@ TEST(MakeModelArchTest, Gpt2SmallFiguresMatchTheSpecsCount) {
   EXPECT_EQ(a.padded_vocab_size(), 50304);
   EXPECT_EQ(a.context_length(), 1024);
   EXPECT_EQ(a.ParameterCount(), 124475904u);
+  EXPECT_EQ(a.HeadOutputBegin(), 0u);  // tied: wte is read at both ends
   // The coordinator's count (common/job_spec.h, of a normalized spec: padding filled in) and
   // the engine's must never drift apart.
   weft::v1::ModelSpec normalized = Gpt2Small();
@@ -122,6 +123,9 @@ TEST(LlamaArchTest, LayoutStacksHuggingFaceMatricesAndCountsMatchTheSpecs) {
     EXPECT_EQ(head[kLlamaEmbed].live_size, 300u * 64);
     EXPECT_EQ(head[kLlamaNorm].name, "norm");
     if (!tied) EXPECT_EQ(head[kLlamaLmHead].name, "lm_head");
+    // Untied, the embedding alone is read at the start and the final norm and LM head alone
+    // at the end; tied, the embedding is read at both.
+    EXPECT_EQ(a.HeadOutputBegin(), tied ? 0u : head[kLlamaNorm].offset);
     const std::vector<TensorInfo> block = a.UnitTensors(2);
     ASSERT_EQ(block.size(), static_cast<size_t>(kLlamaNumBlockTensors));
     EXPECT_EQ(block[kLlamaQkvw].name, "layers.1.qkvw");

@@ -222,10 +222,15 @@ absl::Status LlamaCuda::Classifier(const bf16* head, float grad_scale, float* he
   const int c = config_.hidden_size;
   const int vp = config_.padded_vocab_size;
   const int n = b_ * t_;
+  // `head` and `head_grad` start at the final norm when untied (CudaModel::Classifier), at the
+  // embedding when tied.
+  const size_t base = config_.tie_word_embeddings ? 0 : head_tensors_[kLlamaNorm].offset;
   // The LM head: lm_head, or the embedding when tied (its gradient then joins the encoder's).
-  const size_t lm = head_tensors_[config_.tie_word_embeddings ? kLlamaEmbed : kLlamaLmHead].offset;
+  const size_t lm =
+      head_tensors_[config_.tie_word_embeddings ? kLlamaEmbed : kLlamaLmHead].offset - base;
+  const size_t norm = head_tensors_[kLlamaNorm].offset - base;
   const bf16* last = res_[config_.num_layers];
-  const bf16* norm_w = head + head_tensors_[kLlamaNorm].offset;
+  const bf16* norm_w = head + norm;
   WEFT_RETURN_IF_ERROR(RmsNormForward(final_norm_, final_rstd_, last, norm_w, n, c,
                                       static_cast<float>(config_.rms_norm_eps), stream_));
   WEFT_RETURN_IF_ERROR(LmHeadLoss(final_norm_, head + lm,
@@ -235,7 +240,7 @@ absl::Status LlamaCuda::Classifier(const bf16* head, float grad_scale, float* he
   // The residual stream's gradient starts here; RmsNormBackward accumulates into it.
   WEFT_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(dres_, 0, static_cast<size_t>(n) * c * sizeof(bf16), stream_));
-  return RmsNormBackward(dres_, head_grad + head_tensors_[kLlamaNorm].offset, dtmp_, last, norm_w,
+  return RmsNormBackward(dres_, head_grad + norm, dtmp_, last, norm_w,
                          final_rstd_, norm_scratch_, n, c, stream_);
 }
 

@@ -59,12 +59,16 @@ class CudaModel {
   virtual absl::Status SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) = 0;
 
   // Forward, unit by unit: `head` is unit 0, `block` unit 1 + layer (bf16, UnitSize elements).
+  // Only the elements an op reads need to be there: EncoderForward and EncoderBackward read
+  // and write unit 0 below ModelArch::HeadOutputBegin() only.
   virtual absl::Status EncoderForward(const bf16* head) = 0;
   virtual absl::Status BlockForward(int layer, const bf16* block) = 0;
   // Final norm, LM head and cross-entropy over the B*T positions (per-position losses in
   // Losses()). With head_grad, also the backward of all three: gradients of
   // grad_scale * sum of losses accumulate into head_grad, and the residual stream's gradient
-  // is prepared for BlockBackward. Needs targets.
+  // is prepared for BlockBackward. Needs targets. `head` and `head_grad` point at unit 0's
+  // element ModelArch::HeadOutputBegin() (its start for a tied head), so that an engine may
+  // hold only that part of the unit.
   virtual absl::Status Classifier(const bf16* head, float grad_scale, float* head_grad) = 0;
   // (B, T) fp32, device memory, valid after Classifier until the next Classifier.
   virtual const float* Losses() const = 0;

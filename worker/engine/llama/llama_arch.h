@@ -88,6 +88,12 @@ class LlamaArch final : public ModelArch {
   // (attn_out and down scaled by 1 / sqrt(2 * num_layers), as GPT-2 does for projections into
   // the residual stream), unit norm weights; vocabulary padding rows are 0.
   std::vector<TensorInfo> UnitTensors(int unit) const override;
+  // Untied: the embedding ends where the final norm starts. Tied: 0.
+  size_t HeadOutputBegin() const override {
+    return config_.tie_word_embeddings
+               ? 0
+               : static_cast<size_t>(config_.padded_vocab_size) * config_.hidden_size;
+  }
 
  private:
   const LlamaConfig config_;
