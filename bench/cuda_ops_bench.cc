@@ -1,6 +1,8 @@
 // cuda_ops_bench: where a GPU training step of a Llama block goes, op by op, at a given shape
-// (default: the Llama-8B shape at micro-batch 2, sequence 4096). Each op runs --iters times
-// after one untimed run, timed by CUDA events on one stream; the inputs are random bf16.
+// (default: the Llama-8B shape at micro-batch 2, sequence 4096), or with --arch gpt2 of a GPT-2
+// block (default: GPT 6.7B's, 4096 wide, 32 heads, micro-batch 8, sequence 1024). Each op runs
+// --iters times after one untimed run, timed by CUDA events on one stream; the inputs are
+// random bf16.
 // Prints one line per op:
 //
 //   BENCH cuda_op op=gate_up_fwd ms=.. tflops=..    (GEMMs and attention: FLOPs / time)
@@ -10,6 +12,7 @@
 // change to one kernel can be weighed against the whole step.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -87,14 +90,12 @@ struct Timer {
   }
 
   enum Phase { kForward, kBackward, kNone };
-  void Flops(const char* name, Phase phase, double flops,
-             const std::function<absl::Status()>& op) {
+  void Flops(const char* name, Phase phase, double flops, const std::function<absl::Status()>& op) {
     const double ms = Time(op, name);
     Add(phase, ms);
     std::printf("BENCH cuda_op op=%s ms=%.3f tflops=%.1f\n", name, ms, flops / ms / 1e9);
   }
-  void Bytes(const char* name, Phase phase, double bytes,
-             const std::function<absl::Status()>& op) {
+  void Bytes(const char* name, Phase phase, double bytes, const std::function<absl::Status()>& op) {
     const double ms = Time(op, name);
     Add(phase, ms);
     std::printf("BENCH cuda_op op=%s ms=%.3f gbps=%.0f\n", name, ms, bytes / ms / 1e6);
@@ -107,10 +108,119 @@ struct Timer {
 
 }  // namespace
 
+// One GPT-2 block, forward then backward, in GptCuda's order (engine/cuda/gpt2_model.cc):
+// LayerNorm, qkv (+bias), flash attention, projection (+bias), residual; LayerNorm, fc with
+// GELU in the epilogue, projection; the backward's bias gradients and GELU-in-epilogue GEMM.
+void TimeGptBlock(Timer& timer, cuda::Blas& blas, int b, int t, int c, int nh, std::mt19937& rng) {
+  const int hs = c / nh;
+  const int n = b * t;
+  const size_t nc = static_cast<size_t>(n) * c;
+  const size_t n4c = 4 * nc;
+  cudaStream_t stream = timer.stream;
+  bf16* w_qkv = RandomBf16(static_cast<size_t>(3) * c * c, 0.02f, rng);
+  bf16* w_out = RandomBf16(static_cast<size_t>(c) * c, 0.02f, rng);
+  bf16* w_fc = RandomBf16(static_cast<size_t>(4) * c * c, 0.02f, rng);
+  bf16* w_proj = RandomBf16(static_cast<size_t>(4) * c * c, 0.02f, rng);
+  bf16* bias = RandomBf16(static_cast<size_t>(4) * c, 0.02f, rng);
+  bf16* ln_w = RandomBf16(c, 1.0f, rng);
+  bf16* x = RandomBf16(nc, 1.0f, rng);
+  bf16* xn = RandomBf16(nc, 1.0f, rng);
+  bf16* qkv = RandomBf16(3 * nc, 1.0f, rng);
+  bf16* y = Alloc<bf16>(nc);
+  bf16* tmp = Alloc<bf16>(nc);
+  bf16* dres = RandomBf16(nc, 0.01f, rng);
+  bf16* fch = RandomBf16(n4c, 1.0f, rng);
+  bf16* fcg = Alloc<bf16>(n4c);
+  bf16* dbig4 = Alloc<bf16>(n4c);
+  bf16* dqkv = Alloc<bf16>(3 * nc);
+  float* mean = ZeroFloats(n);
+  float* rstd = ZeroFloats(n);
+  float* lse = ZeroFloats(static_cast<size_t>(b) * nh * t);
+  float* dw = ZeroFloats(static_cast<size_t>(4) * c * c);
+  float* db = ZeroFloats(static_cast<size_t>(4) * c);
+  float* dln = ZeroFloats(2 * static_cast<size_t>(c));
+  float* scratch = ZeroFloats(std::max(cuda::LayerNormBackwardScratchFloats(n, c),
+                                       cuda::BiasBackwardScratchFloats(n, 4 * c)));
+  float* flash_scratch = ZeroFloats(cuda::FlashAttentionBackwardScratchFloats(b, nh, t, hs));
+  // LayerNorm's statistics must be sane for its backward: one forward fills them.
+  Check(cuda::LayerNormForward(xn, mean, rstd, x, ln_w, bias, n, c, stream), "layernorm");
+
+  const auto F = Timer::kForward;
+  const auto B = Timer::kBackward;
+  const double gemm = 2.0 * n * c;  // times the output width
+  timer.Bytes("layernorm_fwd", F, 2.0 * nc * 2,
+              [&] { return cuda::LayerNormForward(xn, mean, rstd, x, ln_w, bias, n, c, stream); });
+  timer.Flops("qkv_fwd", F, gemm * 3 * c,
+              [&] { return blas.LinearForward(qkv, xn, w_qkv, bias, n, c, 3 * c, stream); });
+  const double attn_fwd = 2.0 * 2.0 * b * nh * static_cast<double>(t) * t * hs / 2;
+  timer.Flops("attention_fwd", F, attn_fwd,
+              [&] { return cuda::FlashAttentionForward(y, lse, qkv, b, nh, nh, t, hs, stream); });
+  timer.Flops("attn_out_fwd", F, gemm * c,
+              [&] { return blas.LinearForward(tmp, y, w_out, bias, n, c, c, stream); });
+  timer.Bytes("residual_fwd", F, 3.0 * nc * 2,
+              [&] { return cuda::ResidualForward(tmp, x, tmp, static_cast<int64_t>(nc), stream); });
+  timer.Bytes("layernorm_fwd", F, 2.0 * nc * 2,
+              [&] { return cuda::LayerNormForward(xn, mean, rstd, x, ln_w, bias, n, c, stream); });
+  timer.Flops("fc_gelu_fwd", F, gemm * 4 * c, [&] {
+    return blas.LinearForwardGelu(fcg, fch, xn, w_fc, bias, n, c, 4 * c, stream);
+  });
+  timer.Flops("fcproj_fwd", F, gemm * 4 * c,
+              [&] { return blas.LinearForward(tmp, fcg, w_proj, bias, n, 4 * c, c, stream); });
+  timer.Bytes("residual_fwd", F, 3.0 * nc * 2,
+              [&] { return cuda::ResidualForward(tmp, x, tmp, static_cast<int64_t>(nc), stream); });
+
+  timer.Flops("fcproj_bwd_weight", B, gemm * 4 * c,
+              [&] { return blas.LinearBackwardWeight(dw, dres, fcg, n, 4 * c, c, true, stream); });
+  timer.Bytes("fcproj_bwd_bias", B, 2.0 * nc,
+              [&] { return cuda::BiasBackward(db, dres, scratch, n, c, stream); });
+  timer.Flops("fcproj_bwd_input_gelu", B, gemm * 4 * c, [&] {
+    return blas.LinearBackwardInputGelu(dbig4, dres, w_proj, fch, n, 4 * c, c, stream);
+  });
+  timer.Flops("fc_bwd_weight", B, gemm * 4 * c,
+              [&] { return blas.LinearBackwardWeight(dw, dbig4, xn, n, c, 4 * c, true, stream); });
+  timer.Bytes("fc_bwd_bias", B, 2.0 * n4c,
+              [&] { return cuda::BiasBackward(db, dbig4, scratch, n, 4 * c, stream); });
+  timer.Flops("fc_bwd_input", B, gemm * 4 * c,
+              [&] { return blas.LinearBackwardInput(tmp, dbig4, w_fc, n, c, 4 * c, stream); });
+  timer.Bytes("layernorm_bwd", B, 4.0 * nc * 2, [&] {
+    return cuda::LayerNormBackward(dres, dln, dln + c, tmp, x, ln_w, mean, rstd, scratch, n, c,
+                                   stream);
+  });
+  timer.Flops("attn_out_bwd_weight", B, gemm * c,
+              [&] { return blas.LinearBackwardWeight(dw, dres, y, n, c, c, true, stream); });
+  timer.Bytes("attn_out_bwd_bias", B, 2.0 * nc,
+              [&] { return cuda::BiasBackward(db, dres, scratch, n, c, stream); });
+  timer.Flops("attn_out_bwd_input", B, gemm * c,
+              [&] { return blas.LinearBackwardInput(tmp, dres, w_out, n, c, c, stream); });
+  timer.Flops("attention_bwd", B, attn_fwd * 2.5, [&] {
+    return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nh, t, hs,
+                                        stream);
+  });
+  timer.Flops("qkv_bwd_weight", B, gemm * 3 * c,
+              [&] { return blas.LinearBackwardWeight(dw, dqkv, xn, n, c, 3 * c, true, stream); });
+  timer.Bytes("qkv_bwd_bias", B, 2.0 * 3 * nc,
+              [&] { return cuda::BiasBackward(db, dqkv, scratch, n, 3 * c, stream); });
+  timer.Flops("qkv_bwd_input", B, gemm * 3 * c,
+              [&] { return blas.LinearBackwardInput(tmp, dqkv, w_qkv, n, c, 3 * c, stream); });
+  timer.Bytes("layernorm_bwd", B, 4.0 * nc * 2, [&] {
+    return cuda::LayerNormBackward(dres, dln, dln + c, tmp, x, ln_w, mean, rstd, scratch, n, c,
+                                   stream);
+  });
+  const double block_params = 12.0 * c * c + 13.0 * c;
+  const double block_flops = 6.0 * n * block_params + 3.5 * attn_fwd;
+  std::printf(
+      "BENCH cuda_ops arch=gpt2 batch=%d seq=%d width=%d heads=%d block_forward_ms=%.2f "
+      "block_backward_ms=%.2f block_tflops=%.1f\n",
+      b, t, c, nh, timer.block_forward_ms, timer.block_backward_ms,
+      block_flops / (timer.block_forward_ms + timer.block_backward_ms) / 1e9);
+}
+
 int main(int argc, char** argv) {
   int b = 2, t = 4096, c = 4096, nh = 32, nkv = 8, inter = 14336, iters = 20;
   size_t optimizer_elems = size_t{256} << 20;
-  CLI::App app{"Times the CUDA ops of one Llama block and the optimizer at one shape."};
+  std::string arch = "llama";
+  CLI::App app{"Times the CUDA ops of one Llama (or GPT-2) block and the optimizer at one shape."};
+  app.add_option("--arch", arch, "llama or gpt2")->check(CLI::IsMember({"llama", "gpt2"}));
   app.add_option("--batch", b);
   app.add_option("--seq", t);
   app.add_option("--width", c);
@@ -120,6 +230,10 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "timed runs of each op");
   app.add_option("--optimizer-elems", optimizer_elems, "elements the AdamW and casts run over");
   CLI11_PARSE(app, argc, argv);
+  if (arch == "gpt2") {  // GPT 6.7B's block unless told otherwise
+    if (app.count("--batch") == 0) b = 8;
+    if (app.count("--seq") == 0) t = 1024;
+  }
   const int hs = c / nh;
   const int qkv_w = (nh + 2 * nkv) * hs;
   const int n = b * t;
@@ -135,110 +249,115 @@ int main(int argc, char** argv) {
   CheckCuda(cudaEventCreate(&timer.begin), "event");
   CheckCuda(cudaEventCreate(&timer.end), "event");
 
-  // Weights (OC, C) and activations (N, *), as a block sees them.
-  bf16* w_qkv = RandomBf16(static_cast<size_t>(qkv_w) * c, 0.02f, rng);
-  bf16* w_out = RandomBf16(static_cast<size_t>(c) * c, 0.02f, rng);
-  bf16* w_gate_up = RandomBf16(static_cast<size_t>(2) * inter * c, 0.02f, rng);
-  bf16* w_down = RandomBf16(static_cast<size_t>(c) * inter, 0.02f, rng);
-  bf16* norm_w = RandomBf16(c, 1.0f, rng);
-  bf16* x = RandomBf16(nc, 1.0f, rng);
-  bf16* xn = RandomBf16(nc, 1.0f, rng);
-  bf16* qkv = RandomBf16(static_cast<size_t>(n) * qkv_w, 1.0f, rng);
-  bf16* y = Alloc<bf16>(nc);
-  bf16* tmp = Alloc<bf16>(nc);
-  bf16* dres = RandomBf16(nc, 0.01f, rng);
-  bf16* gate_up = RandomBf16(static_cast<size_t>(n) * 2 * inter, 1.0f, rng);
-  bf16* act = Alloc<bf16>(static_cast<size_t>(n) * inter);
-  bf16* dact = RandomBf16(static_cast<size_t>(n) * inter, 0.01f, rng);
-  bf16* dgate_up = Alloc<bf16>(static_cast<size_t>(n) * 2 * inter);
-  bf16* dqkv = Alloc<bf16>(static_cast<size_t>(n) * qkv_w);
-  float* rstd = ZeroFloats(n);
-  float* lse = ZeroFloats(static_cast<size_t>(b) * nh * t);
-  float* dw_big = ZeroFloats(static_cast<size_t>(2) * inter * c);
-  float* dw_norm = ZeroFloats(c);
-  float* norm_scratch = ZeroFloats(cuda::RmsNormBackwardScratchFloats(n, c));
-  float* flash_scratch = ZeroFloats(cuda::FlashAttentionBackwardScratchFloats(b, nh, t, hs));
-  const int half = hs / 2;
-  float* cos_t = ZeroFloats(static_cast<size_t>(t) * half);
-  float* sin_t = ZeroFloats(static_cast<size_t>(t) * half);
+  if (arch == "gpt2") {
+    TimeGptBlock(timer, blas, b, t, c, nh, rng);
+  } else {
+    // Weights (OC, C) and activations (N, *), as a block sees them.
+    bf16* w_qkv = RandomBf16(static_cast<size_t>(qkv_w) * c, 0.02f, rng);
+    bf16* w_out = RandomBf16(static_cast<size_t>(c) * c, 0.02f, rng);
+    bf16* w_gate_up = RandomBf16(static_cast<size_t>(2) * inter * c, 0.02f, rng);
+    bf16* w_down = RandomBf16(static_cast<size_t>(c) * inter, 0.02f, rng);
+    bf16* norm_w = RandomBf16(c, 1.0f, rng);
+    bf16* x = RandomBf16(nc, 1.0f, rng);
+    bf16* xn = RandomBf16(nc, 1.0f, rng);
+    bf16* qkv = RandomBf16(static_cast<size_t>(n) * qkv_w, 1.0f, rng);
+    bf16* y = Alloc<bf16>(nc);
+    bf16* tmp = Alloc<bf16>(nc);
+    bf16* dres = RandomBf16(nc, 0.01f, rng);
+    bf16* gate_up = RandomBf16(static_cast<size_t>(n) * 2 * inter, 1.0f, rng);
+    bf16* act = Alloc<bf16>(static_cast<size_t>(n) * inter);
+    bf16* dact = RandomBf16(static_cast<size_t>(n) * inter, 0.01f, rng);
+    bf16* dgate_up = Alloc<bf16>(static_cast<size_t>(n) * 2 * inter);
+    bf16* dqkv = Alloc<bf16>(static_cast<size_t>(n) * qkv_w);
+    float* rstd = ZeroFloats(n);
+    float* lse = ZeroFloats(static_cast<size_t>(b) * nh * t);
+    float* dw_big = ZeroFloats(static_cast<size_t>(2) * inter * c);
+    float* dw_norm = ZeroFloats(c);
+    float* norm_scratch = ZeroFloats(cuda::RmsNormBackwardScratchFloats(n, c));
+    float* flash_scratch = ZeroFloats(cuda::FlashAttentionBackwardScratchFloats(b, nh, t, hs));
+    const int half = hs / 2;
+    float* cos_t = ZeroFloats(static_cast<size_t>(t) * half);
+    float* sin_t = ZeroFloats(static_cast<size_t>(t) * half);
 
-  const auto F = Timer::kForward;
-  const auto B = Timer::kBackward;
-  const double gemm = 2.0 * n * c;  // times the output width
-  // Forward, in the block's order.
-  timer.Bytes("rmsnorm_fwd", F, 2.0 * nc * 2,
-              [&] { return cuda::RmsNormForward(xn, rstd, x, norm_w, n, c, 1e-5f, stream); });
-  timer.Flops("qkv_fwd", F, gemm * qkv_w, [&] {
-    return blas.LinearForward(qkv, xn, w_qkv, nullptr, n, c, qkv_w, stream);
-  });
-  timer.Bytes("rope_fwd", F, 2.0 * n * (nh + nkv) * hs * 2, [&] {
-    return cuda::RopeForward(qkv, cos_t, sin_t, b, t, nh, nkv, hs, stream);
-  });
-  // Causal: half the (T, T) products, 2 GEMMs of 2 T T HS each per head.
-  const double attn_fwd = 2.0 * 2.0 * b * nh * static_cast<double>(t) * t * hs / 2;
-  timer.Flops("attention_fwd", F, attn_fwd, [&] {
-    return cuda::FlashAttentionForward(y, lse, qkv, b, nh, nkv, t, hs, stream);
-  });
-  timer.Flops("attn_out_fwd", F, gemm * c, [&] {
-    return blas.LinearForward(tmp, y, w_out, nullptr, n, c, c, stream);
-  });
-  timer.Bytes("residual_fwd", F, 3.0 * nc * 2,
-              [&] { return cuda::ResidualForward(tmp, x, tmp, static_cast<int64_t>(nc), stream); });
-  timer.Bytes("rmsnorm_fwd", F, 2.0 * nc * 2,
-              [&] { return cuda::RmsNormForward(xn, rstd, x, norm_w, n, c, 1e-5f, stream); });
-  timer.Flops("gate_up_fwd", F, gemm * 2 * inter, [&] {
-    return blas.LinearForward(gate_up, xn, w_gate_up, nullptr, n, c, 2 * inter, stream);
-  });
-  timer.Bytes("swiglu_fwd", F, 3.0 * n * inter * 2,
-              [&] { return cuda::SwiGluForward(act, gate_up, n, inter, stream); });
-  timer.Flops("down_fwd", F, 2.0 * n * inter * c, [&] {
-    return blas.LinearForward(tmp, act, w_down, nullptr, n, inter, c, stream);
-  });
-  timer.Bytes("residual_fwd", F, 3.0 * nc * 2,
-              [&] { return cuda::ResidualForward(tmp, x, tmp, static_cast<int64_t>(nc), stream); });
+    const auto F = Timer::kForward;
+    const auto B = Timer::kBackward;
+    const double gemm = 2.0 * n * c;  // times the output width
+    // Forward, in the block's order.
+    timer.Bytes("rmsnorm_fwd", F, 2.0 * nc * 2,
+                [&] { return cuda::RmsNormForward(xn, rstd, x, norm_w, n, c, 1e-5f, stream); });
+    timer.Flops("qkv_fwd", F, gemm * qkv_w,
+                [&] { return blas.LinearForward(qkv, xn, w_qkv, nullptr, n, c, qkv_w, stream); });
+    timer.Bytes("rope_fwd", F, 2.0 * n * (nh + nkv) * hs * 2,
+                [&] { return cuda::RopeForward(qkv, cos_t, sin_t, b, t, nh, nkv, hs, stream); });
+    // Causal: half the (T, T) products, 2 GEMMs of 2 T T HS each per head.
+    const double attn_fwd = 2.0 * 2.0 * b * nh * static_cast<double>(t) * t * hs / 2;
+    timer.Flops("attention_fwd", F, attn_fwd, [&] {
+      return cuda::FlashAttentionForward(y, lse, qkv, b, nh, nkv, t, hs, stream);
+    });
+    timer.Flops("attn_out_fwd", F, gemm * c,
+                [&] { return blas.LinearForward(tmp, y, w_out, nullptr, n, c, c, stream); });
+    timer.Bytes("residual_fwd", F, 3.0 * nc * 2, [&] {
+      return cuda::ResidualForward(tmp, x, tmp, static_cast<int64_t>(nc), stream);
+    });
+    timer.Bytes("rmsnorm_fwd", F, 2.0 * nc * 2,
+                [&] { return cuda::RmsNormForward(xn, rstd, x, norm_w, n, c, 1e-5f, stream); });
+    timer.Flops("gate_up_fwd", F, gemm * 2 * inter, [&] {
+      return blas.LinearForward(gate_up, xn, w_gate_up, nullptr, n, c, 2 * inter, stream);
+    });
+    timer.Bytes("swiglu_fwd", F, 3.0 * n * inter * 2,
+                [&] { return cuda::SwiGluForward(act, gate_up, n, inter, stream); });
+    timer.Flops("down_fwd", F, 2.0 * n * inter * c,
+                [&] { return blas.LinearForward(tmp, act, w_down, nullptr, n, inter, c, stream); });
+    timer.Bytes("residual_fwd", F, 3.0 * nc * 2, [&] {
+      return cuda::ResidualForward(tmp, x, tmp, static_cast<int64_t>(nc), stream);
+    });
 
-  // Backward, in the block's order (weight gradients fp32 +=).
-  timer.Flops("down_bwd_weight", B, 2.0 * n * inter * c, [&] {
-    return blas.LinearBackwardWeight(dw_big, dres, act, n, inter, c, true, stream);
-  });
-  timer.Flops("down_bwd_input", B, 2.0 * n * inter * c, [&] {
-    return blas.LinearBackwardInput(dact, dres, w_down, n, inter, c, stream);
-  });
-  timer.Bytes("swiglu_bwd", B, 5.0 * n * inter * 2, [&] {
-    return cuda::SwiGluBackward(dgate_up, dact, gate_up, n, inter, stream);
-  });
-  timer.Flops("gate_up_bwd_weight", B, gemm * 2 * inter, [&] {
-    return blas.LinearBackwardWeight(dw_big, dgate_up, xn, n, c, 2 * inter, true, stream);
-  });
-  timer.Flops("gate_up_bwd_input", B, gemm * 2 * inter, [&] {
-    return blas.LinearBackwardInput(tmp, dgate_up, w_gate_up, n, c, 2 * inter, stream);
-  });
-  timer.Bytes("rmsnorm_bwd", B, 4.0 * nc * 2, [&] {
-    return cuda::RmsNormBackward(dres, dw_norm, tmp, x, norm_w, rstd, norm_scratch, n, c, stream);
-  });
-  timer.Flops("attn_out_bwd_weight", B, gemm * c, [&] {
-    return blas.LinearBackwardWeight(dw_big, dres, y, n, c, c, true, stream);
-  });
-  timer.Flops("attn_out_bwd_input", B, gemm * c, [&] {
-    return blas.LinearBackwardInput(tmp, dres, w_out, n, c, c, stream);
-  });
-  // Backward of attention: 5 (T, T) products where the forward has 2.
-  timer.Flops("attention_bwd", B, attn_fwd * 2.5, [&] {
-    return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nkv, t, hs,
-                                        stream);
-  });
-  timer.Bytes("rope_bwd", B, 2.0 * n * (nh + nkv) * hs * 2, [&] {
-    return cuda::RopeBackward(dqkv, cos_t, sin_t, b, t, nh, nkv, hs, stream);
-  });
-  timer.Flops("qkv_bwd_weight", B, gemm * qkv_w, [&] {
-    return blas.LinearBackwardWeight(dw_big, dqkv, xn, n, c, qkv_w, true, stream);
-  });
-  timer.Flops("qkv_bwd_input", B, gemm * qkv_w, [&] {
-    return blas.LinearBackwardInput(tmp, dqkv, w_qkv, n, c, qkv_w, stream);
-  });
-  timer.Bytes("rmsnorm_bwd", B, 4.0 * nc * 2, [&] {
-    return cuda::RmsNormBackward(dres, dw_norm, tmp, x, norm_w, rstd, norm_scratch, n, c, stream);
-  });
+    // Backward, in the block's order (weight gradients fp32 +=).
+    timer.Flops("down_bwd_weight", B, 2.0 * n * inter * c, [&] {
+      return blas.LinearBackwardWeight(dw_big, dres, act, n, inter, c, true, stream);
+    });
+    timer.Flops("down_bwd_input", B, 2.0 * n * inter * c,
+                [&] { return blas.LinearBackwardInput(dact, dres, w_down, n, inter, c, stream); });
+    timer.Bytes("swiglu_bwd", B, 5.0 * n * inter * 2,
+                [&] { return cuda::SwiGluBackward(dgate_up, dact, gate_up, n, inter, stream); });
+    timer.Flops("gate_up_bwd_weight", B, gemm * 2 * inter, [&] {
+      return blas.LinearBackwardWeight(dw_big, dgate_up, xn, n, c, 2 * inter, true, stream);
+    });
+    timer.Flops("gate_up_bwd_input", B, gemm * 2 * inter, [&] {
+      return blas.LinearBackwardInput(tmp, dgate_up, w_gate_up, n, c, 2 * inter, stream);
+    });
+    timer.Bytes("rmsnorm_bwd", B, 4.0 * nc * 2, [&] {
+      return cuda::RmsNormBackward(dres, dw_norm, tmp, x, norm_w, rstd, norm_scratch, n, c, stream);
+    });
+    timer.Flops("attn_out_bwd_weight", B, gemm * c,
+                [&] { return blas.LinearBackwardWeight(dw_big, dres, y, n, c, c, true, stream); });
+    timer.Flops("attn_out_bwd_input", B, gemm * c,
+                [&] { return blas.LinearBackwardInput(tmp, dres, w_out, n, c, c, stream); });
+    // Backward of attention: 5 (T, T) products where the forward has 2.
+    timer.Flops("attention_bwd", B, attn_fwd * 2.5, [&] {
+      return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nkv, t, hs,
+                                          stream);
+    });
+    timer.Bytes("rope_bwd", B, 2.0 * n * (nh + nkv) * hs * 2,
+                [&] { return cuda::RopeBackward(dqkv, cos_t, sin_t, b, t, nh, nkv, hs, stream); });
+    timer.Flops("qkv_bwd_weight", B, gemm * qkv_w, [&] {
+      return blas.LinearBackwardWeight(dw_big, dqkv, xn, n, c, qkv_w, true, stream);
+    });
+    timer.Flops("qkv_bwd_input", B, gemm * qkv_w,
+                [&] { return blas.LinearBackwardInput(tmp, dqkv, w_qkv, n, c, qkv_w, stream); });
+    timer.Bytes("rmsnorm_bwd", B, 4.0 * nc * 2, [&] {
+      return cuda::RmsNormBackward(dres, dw_norm, tmp, x, norm_w, rstd, norm_scratch, n, c, stream);
+    });
+
+    const double block_params = static_cast<double>(c) * (qkv_w + c + 3.0 * inter) + 2.0 * c;
+    const double block_flops = 6.0 * n * block_params + 3.5 * attn_fwd;
+    std::printf(
+        "BENCH cuda_ops arch=llama batch=%d seq=%d width=%d heads=%d kv_heads=%d "
+        "intermediate=%d "
+        "block_forward_ms=%.2f block_backward_ms=%.2f block_tflops=%.1f\n",
+        b, t, c, nh, nkv, inter, timer.block_forward_ms, timer.block_backward_ms,
+        block_flops / (timer.block_forward_ms + timer.block_backward_ms) / 1e9);
+  }
 
   // The optimizer's ops over optimizer_elems fp32 elements.
   const size_t m = optimizer_elems;
@@ -266,13 +385,5 @@ int main(int argc, char** argv) {
                ? absl::OkStatus()
                : absl::InternalError("memset");
   });
-
-  const double block_params = static_cast<double>(c) * (qkv_w + c + 3.0 * inter) + 2.0 * c;
-  const double block_flops = 6.0 * n * block_params + 3.5 * attn_fwd;
-  std::printf(
-      "BENCH cuda_ops batch=%d seq=%d width=%d heads=%d kv_heads=%d intermediate=%d "
-      "block_forward_ms=%.2f block_backward_ms=%.2f block_tflops=%.1f\n",
-      b, t, c, nh, nkv, inter, timer.block_forward_ms, timer.block_backward_ms,
-      block_flops / (timer.block_forward_ms + timer.block_backward_ms) / 1e9);
   return 0;
 }
