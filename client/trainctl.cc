@@ -257,7 +257,8 @@ void PrintSpecSummary(const v1::JobSpec& spec) {
       {"  faults",
        absl::StrCat("heartbeat ", f.heartbeat_interval_ms(), " ms, timeout ",
                     f.heartbeat_timeout_ms(), " ms, stall ", f.stall_timeout_ms(),
-                    " ms, max restarts ", f.max_restarts())},
+                    " ms, max restarts ", f.max_restarts(), ", max skipped steps ",
+                    f.max_skipped_steps())},
   };
   PrintTable(rows);
 }

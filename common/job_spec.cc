@@ -319,6 +319,7 @@ void ApplyJobSpecDefaults(JobSpec* spec) {
   if (fault->heartbeat_interval_ms() == 0) fault->set_heartbeat_interval_ms(500);
   if (fault->heartbeat_timeout_ms() == 0) fault->set_heartbeat_timeout_ms(3000);
   if (!fault->has_max_restarts()) fault->set_max_restarts(3);
+  if (!fault->has_max_skipped_steps()) fault->set_max_skipped_steps(3);
   if (fault->stall_timeout_ms() == 0) fault->set_stall_timeout_ms(300000);
 }
 
@@ -465,6 +466,9 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
                                                    f.heartbeat_timeout_ms()));
   }
   if (f.max_restarts() < 0) bad("fault.max_restarts", absl::StrCat("must be >= 0, got ", f.max_restarts()));
+  if (f.max_skipped_steps() < 0) {
+    bad("fault.max_skipped_steps", absl::StrCat("must be >= 0, got ", f.max_skipped_steps()));
+  }
   if (f.stall_timeout_ms() <= f.heartbeat_timeout_ms()) {
     bad("fault.stall_timeout_ms", absl::StrCat("must be > fault.heartbeat_timeout_ms (",
                                                f.heartbeat_timeout_ms(), "), got ",

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <thread>
 
@@ -12,6 +13,7 @@
 #include "worker/memory_plan.h"
 #include "worker/mfu.h"
 #include "worker/model_io.h"
+#include "worker/skipped_steps.h"
 
 namespace weft::worker {
 
@@ -324,6 +326,9 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
   const double flops_per_token = TrainingFlopsPerToken(spec.model());
   double val_loss = 0;
   step_ = start_step;
+  // Every rank sees the same global norm, so all of them skip, and give up, at the same step.
+  SkippedRun skipped;
+  const int32_t max_skipped = command_.spec().fault().max_skipped_steps();
   for (int64_t step = start_step; step < total; ++step) {
     if (aborted_.load()) return absl::AbortedError("aborted");
     auto result = engine.TrainStep(step, train_batch);
@@ -331,6 +336,14 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
       const absl::Status s(result.status().code(),
                            absl::StrCat("step ", step, ": ", result.status().message()));
       ReportCollectiveError(s);
+      return s;
+    }
+    if (!std::isfinite(result->grad_norm)) {
+      spdlog::warn("job {} rank {}: step {} skipped: the gradient is not finite (loss {})",
+                   job_id(), rank_, step + 1, result->loss);
+    }
+    if (absl::Status s = AfterStep(step, result->grad_norm, max_skipped, &skipped); !s.ok()) {
+      ReportError(s, /*permanent=*/true);
       return s;
     }
     step_ = step + 1;

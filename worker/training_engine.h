@@ -33,7 +33,8 @@ struct StepTimings {
 struct StepResult {
   // Mean training loss over the global batch of the step.
   float loss = 0;
-  // Global gradient norm before clipping.
+  // Global gradient norm before clipping. Not finite (NaN or infinity): the step was skipped,
+  // parameters and optimizer state are as they were before it (engine::GradScaleFor).
   float grad_norm = 0;
   double learning_rate = 0;
   StepTimings timings;

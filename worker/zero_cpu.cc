@@ -290,13 +290,11 @@ absl::StatusOr<StepResult> ZeroCpuEngine::TrainStep(int64_t step, const BatchFn&
     }
   }
   result.loss = stats[1] / static_cast<float>(world_ * accum);
-  result.grad_norm = std::sqrt(std::max(0.0f, stats[0]));
+  // NaN stays NaN (std::max would hide it): a non-finite norm skips the step below.
+  result.grad_norm = std::isnan(stats[0]) ? stats[0] : std::sqrt(std::max(0.0f, stats[0]));
 
   const auto& opt = spec_.optimizer();
-  float grad_scale = 1.0f;
-  if (opt.grad_clip_norm() > 0 && result.grad_norm > opt.grad_clip_norm()) {
-    grad_scale = static_cast<float>(opt.grad_clip_norm() / result.grad_norm);
-  }
+  const float grad_scale = engine::GradScaleFor(result.grad_norm, opt.grad_clip_norm());
   result.learning_rate = engine::LearningRate(spec_, step);
   const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
   for (Unit& u : units_) {

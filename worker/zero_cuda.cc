@@ -729,7 +729,9 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
 
   result.loss = static_cast<float>(host_stats_[1] /
                                    (static_cast<double>(world_) * accum * positions));
-  result.grad_norm = std::sqrt(std::max(0.0f, host_stats_[0]));
+  // NaN stays NaN (std::max would hide it): ClipScale skipped the update for it.
+  result.grad_norm = std::isnan(host_stats_[0]) ? host_stats_[0]
+                                                : std::sqrt(std::max(0.0f, host_stats_[0]));
   const auto elapsed = [&](size_t a, size_t b) {
     float ms = 0;
     cudaEventElapsedTime(&ms, timing_.at(a), timing_.at(b));

@@ -128,6 +128,8 @@ TEST(ParseJobSpecTextTest, FullSpecParsesAndNormalizesWithDocumentedDefaults) {
   EXPECT_EQ(f.heartbeat_timeout_ms(), 3000);
   ASSERT_TRUE(f.has_max_restarts());
   EXPECT_EQ(f.max_restarts(), 3);
+  ASSERT_TRUE(f.has_max_skipped_steps());
+  EXPECT_EQ(f.max_skipped_steps(), 3);
   EXPECT_EQ(f.stall_timeout_ms(), 300000);
 }
 
@@ -463,6 +465,9 @@ const ViolationCase kViolationCases[] = {
      "fault.heartbeat_timeout_ms", "must be > fault.heartbeat_interval_ms (500), got 500"},
     {"NegativeMaxRestarts", [](JobSpec* s) { s->mutable_fault()->set_max_restarts(-1); },
      "fault.max_restarts", "must be >= 0, got -1"},
+    {"NegativeMaxSkippedSteps",
+     [](JobSpec* s) { s->mutable_fault()->set_max_skipped_steps(-2); },
+     "fault.max_skipped_steps", "must be >= 0, got -2"},
     {"StallNotAboveHeartbeatTimeout",
      [](JobSpec* s) { s->mutable_fault()->set_stall_timeout_ms(3000); },
      "fault.stall_timeout_ms", "must be > fault.heartbeat_timeout_ms (3000), got 3000"},

@@ -248,6 +248,23 @@ TEST_F(WorkerE2eTest, BadDataFilesFailTheJobWithTheFileNamedAndNoRestart) {
   EXPECT_THAT(s.error(), HasSubstr("999"));
 }
 
+// A learning rate of 1e38 makes every step after the first overflow: its gradient is NaN, the
+// step is skipped, and with fault.max_skipped_steps 2 the third such step fails the job for
+// good (restarts left unused: a resumed job would replay the same steps), naming what to
+// change. No step's state reached the weights: the last reported grad norm is not finite, the
+// first one was.
+TEST_F(WorkerE2eTest, AGradientThatStaysNonFiniteFailsTheJobWithoutARestart) {
+  StartWorkers(2);
+  v1::JobSpec spec = Spec(20);
+  spec.mutable_optimizer()->set_learning_rate(1e38);
+  spec.mutable_lr_schedule()->set_warmup_steps(0);
+  spec.mutable_lr_schedule()->set_kind(v1::LrSchedule::CONSTANT);
+  spec.mutable_fault()->set_max_skipped_steps(2);
+  spec.mutable_fault()->set_max_restarts(3);  // a permanent error must not use them
+  ExpectFailsWithoutRestart(spec, {"not finite", "3 steps in a row (2-4)",
+                                   "fault.max_skipped_steps allows 2", "permanent"});
+}
+
 // llm.c's Llama-3 token file: the same 1 KiB header as the uint16 one, then uint32 ids.
 void WriteUint32Tokens(const std::string& path, const std::vector<uint32_t>& ids) {
   std::ofstream bin(path, std::ios::binary);

@@ -243,6 +243,41 @@ TEST(ZeroStateTest, EachRankHoldsAboutOneNthOfTheStateAtStage3) {
   EXPECT_GE(replicated.state_bytes[1], one.state_bytes[0]);
 }
 
+// A learning rate of 1e38 moves every weight to about 1e38 in the first step; the second
+// step's forward overflows, its gradient is NaN, and the engine skips that step: parameters and
+// AdamW moments stay exactly as the first step left them, and the norm it reports says so.
+TEST(ZeroSkippedStepTest, ANonFiniteGradientLeavesEveryStateAsItWas) {
+  weft::v1::JobSpec spec = TinySpec(3, kBatchPerRank, weft::v1::LLAMA);
+  spec.mutable_optimizer()->set_learning_rate(1e38);
+  spec.mutable_lr_schedule()->set_kind(weft::v1::LrSchedule::CONSTANT);
+  spec.mutable_lr_schedule()->set_warmup_steps(0);
+  MemoryStore store;
+  auto c = comm::CreateGlooCommunicator(&store, 0, 1, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto engine = ZeroCpuEngine::Create(spec, c->get());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const BatchFn batch = GlobalBatch(0, kBatchPerRank);
+  auto first = (*engine)->TrainStep(0, batch);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(std::isfinite(first->grad_norm));
+  auto before = (*engine)->Snapshot();
+  ASSERT_TRUE(before.ok()) << before.status();
+  for (int step = 1; step <= 2; ++step) {
+    auto r = (*engine)->TrainStep(step, batch);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(std::isfinite(r->grad_norm)) << "step " << step << ": " << r->grad_norm;
+  }
+  auto after = (*engine)->Snapshot();
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_EQ(after->size(), before->size());
+  for (size_t u = 0; u < before->size(); ++u) {
+    for (UnitState what : kUnitStates) {
+      EXPECT_TRUE((*after)[u].data(what) == (*before)[u].data(what))
+          << "unit " << u << " " << UnitStateName(what) << " changed in a skipped step";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace weft::worker
 

@@ -812,6 +812,46 @@ TEST_F(ZeroCudaTest, StatePlanIsTheAllocation) {
   }
 }
 
+// A step whose gradient is not finite is skipped on the GPU too: ClipScale marks it, the device
+// AdamW (and with offload the host's) leaves parameters and moments as they were, and the
+// reported norm is not finite. A learning rate of 1e38 makes the second step's forward
+// overflow.
+TEST_F(ZeroCudaTest, ANonFiniteGradientLeavesEveryStateAsItWas) {
+  for (const bool offload : {false, true}) {
+    SCOPED_TRACE(offload ? "optimizer offloaded" : "optimizer on the GPU");
+    weft::v1::JobSpec spec = SmallSpec(4, 3, /*llama=*/true);
+    spec.mutable_optimizer()->set_learning_rate(1e38);
+    spec.mutable_optimizer()->set_offload(offload);
+    spec.mutable_lr_schedule()->set_kind(weft::v1::LrSchedule::CONSTANT);
+    spec.mutable_lr_schedule()->set_warmup_steps(0);
+    MemoryStore store;
+    auto c = comm::CreateNcclCommunicator(&store, 0, 1, {});
+    ASSERT_TRUE(c.ok()) << c.status();
+    auto engine = ZeroCudaEngine::Create(spec, c->get());
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const BatchFn batch = GlobalBatch(0, 4);
+    auto first = (*engine)->TrainStep(0, batch);
+    ASSERT_TRUE(first.ok()) << first.status();
+    ASSERT_TRUE(std::isfinite(first->grad_norm));
+    auto before = (*engine)->Snapshot();
+    ASSERT_TRUE(before.ok()) << before.status();
+    for (int step = 1; step <= 2; ++step) {
+      auto r = (*engine)->TrainStep(step, batch);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_FALSE(std::isfinite(r->grad_norm)) << "step " << step << ": " << r->grad_norm;
+    }
+    auto after = (*engine)->Snapshot();
+    ASSERT_TRUE(after.ok()) << after.status();
+    ASSERT_EQ(after->size(), before->size());
+    for (size_t u = 0; u < before->size(); ++u) {
+      for (UnitState what : kUnitStates) {
+        EXPECT_TRUE((*after)[u].data(what) == (*before)[u].data(what))
+            << "unit " << u << " " << UnitStateName(what) << " changed in a skipped step";
+      }
+    }
+  }
+}
+
 // Optimizer offload steps the same AdamW on the host: the curve and the parameters follow the
 // on-GPU optimizer's. The two AdamW implementations round differently in the last fp32 bit,
 // which now and then moves a weight's bf16 working copy by one bf16 step; in 8 steps the

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -38,6 +39,12 @@ __attribute__((always_inline)) inline void Update(float* __restrict params, cons
             float* __restrict v, const uint8_t* __restrict decay_mask, size_t n,
             const AdamWConfig& config, int64_t step, float grad_scale,
             uint16_t* __restrict bf16_out) {
+  if (std::isnan(grad_scale)) {  // a skipped step (GradScaleFor): nothing moves
+    if constexpr (kBf16) {
+      for (size_t i = 0; i < n; ++i) bf16_out[i] = RoundToBf16(params[i]);
+    }
+    return;
+  }
   // Bias corrections in double: beta2^step approaches 1 - tiny for small steps, where float
   // would lose most of the digits of 1 - beta2^step.
   const float correction1 =
@@ -89,6 +96,11 @@ void AdamWUpdate(float* params, const float* grads, float* m, float* v, const ui
 }
 
 uint16_t Bf16Bits(float x) { return RoundToBf16(x); }
+
+float GradScaleFor(double grad_norm, double clip) {
+  if (!std::isfinite(grad_norm)) return std::numeric_limits<float>::quiet_NaN();
+  return clip > 0 && grad_norm > clip ? static_cast<float>(clip / grad_norm) : 1.0f;
+}
 
 void AdamWUpdateParallel(float* params, const float* grads, float* m, float* v,
                          const uint8_t* decay_mask, size_t n, const AdamWConfig& config,

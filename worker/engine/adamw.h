@@ -29,15 +29,24 @@ AdamWConfig AdamWConfigFromSpec(const weft::v1::OptimizerSpec& spec, double lr);
 //   p -= lr * (m / (1 - beta1^step) / (sqrt(v / (1 - beta2^step)) + eps) + wd * p * mask[i])
 // Decay is decoupled (not part of g, so not seen by m and v) and applies only where
 // decay_mask[i] != 0. `step` is 1-based (the bias corrections). grad_scale multiplies the
-// gradients first: global-norm clipping passes min(1, clip / norm). Elementwise and serial, so
+// gradients first: global-norm clipping passes min(1, clip / norm) (GradScaleFor). A NaN
+// grad_scale skips the step: params, m and v are left as they are. Elementwise and serial, so
 // the result is independent of how the parameters are sharded.
 void AdamWUpdate(float* params, const float* grads, float* m, float* v, const uint8_t* decay_mask,
                  size_t n, const AdamWConfig& config, int64_t step, float grad_scale);
 
+// The grad_scale every AdamW here takes for a step whose global gradient norm is `grad_norm`:
+// min(1, clip / norm) when clipping (clip > 0) and the norm exceeds it, else 1; and NaN when
+// the norm is not finite (a NaN or infinity in some gradient), which makes the update a no-op
+// — a skipped step (fault.max_skipped_steps). The CUDA engine's ClipScale computes the same
+// on the device.
+float GradScaleFor(double grad_norm, double clip);
+
 // AdamWUpdate over `threads` contiguous chunks at once (the same result: it is elementwise),
 // each chunk's new parameters then rounded to bf16 into bf16_out (n bit patterns, round to
 // nearest even as the GPU's __float2bfloat16 does): the host step of optimizer offload, whose
-// bf16 output is the device's next working copy. threads < 1 means 1.
+// bf16 output is the device's next working copy (written for a skipped step too, from the
+// unchanged parameters). threads < 1 means 1.
 void AdamWUpdateParallel(float* params, const float* grads, float* m, float* v,
                          const uint8_t* decay_mask, size_t n, const AdamWConfig& config,
                          int64_t step, float grad_scale, uint16_t* bf16_out, int threads);

@@ -60,6 +60,7 @@ __global__ void AdamWKernel(float* __restrict__ params,              // (n)
                             Split split, bool decay, AdamWScalars scalars,
                             const float* __restrict__ grad_scale) {  // device scalar
   const float scale = *grad_scale;
+  if (isnan(scale)) return;  // a skipped step (ClipScale: the gradient was not finite)
   const auto one = [&](int64_t i) {
     const float p = AdamWElement(params[i], grads[i] * scale, m + i, v + i, decay, scalars);
     params[i] = p;
@@ -181,7 +182,10 @@ __global__ void ClipScaleKernel(float* __restrict__ grad_scale,   // scalar
                                 const float* __restrict__ sumsq,  // scalar
                                 float clip) {
   const float norm = sqrtf(*sumsq);
-  *grad_scale = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
+  // engine::GradScaleFor's rule: NaN marks a gradient that is not finite (skip the step).
+  *grad_scale = !isfinite(norm) ? __int_as_float(0x7fc00000)
+                : clip > 0.0f && norm > clip ? clip / norm
+                                             : 1.0f;
 }
 
 }  // namespace

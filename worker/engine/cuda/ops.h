@@ -275,7 +275,9 @@ absl::Status CastToBf16(bf16* out, const float* in, size_t n, cudaStream_t strea
 size_t SumOfSquaresScratchFloats(size_t n);
 absl::Status SumOfSquares(float* out /* device scalar, += */, const float* x, size_t n,
                           float* scratch, cudaStream_t stream);
-// grad_scale (device scalar) = clip > 0 && sqrt(*sumsq) > clip ? clip / sqrt(*sumsq) : 1.
+// grad_scale (device scalar) = clip > 0 && sqrt(*sumsq) > clip ? clip / sqrt(*sumsq) : 1, or
+// NaN when *sumsq is not finite, which makes AdamWUpdate leave everything as it was (a skipped
+// step; engine::GradScaleFor is the host's rule).
 absl::Status ClipScale(float* grad_scale, const float* sumsq, float clip, cudaStream_t stream);
 
 namespace internal {
