@@ -15,6 +15,7 @@
 #include "common/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/worker/skipped_step_expect.h"
 #include "worker/comm/communicator.h"
 
 namespace weft::worker {
@@ -256,26 +257,7 @@ TEST(ZeroSkippedStepTest, ANonFiniteGradientLeavesEveryStateAsItWas) {
   ASSERT_TRUE(c.ok()) << c.status();
   auto engine = ZeroCpuEngine::Create(spec, c->get());
   ASSERT_TRUE(engine.ok()) << engine.status();
-  const BatchFn batch = GlobalBatch(0, kBatchPerRank);
-  auto first = (*engine)->TrainStep(0, batch);
-  ASSERT_TRUE(first.ok()) << first.status();
-  ASSERT_TRUE(std::isfinite(first->grad_norm));
-  auto before = (*engine)->Snapshot();
-  ASSERT_TRUE(before.ok()) << before.status();
-  for (int step = 1; step <= 2; ++step) {
-    auto r = (*engine)->TrainStep(step, batch);
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_FALSE(std::isfinite(r->grad_norm)) << "step " << step << ": " << r->grad_norm;
-  }
-  auto after = (*engine)->Snapshot();
-  ASSERT_TRUE(after.ok()) << after.status();
-  ASSERT_EQ(after->size(), before->size());
-  for (size_t u = 0; u < before->size(); ++u) {
-    for (UnitState what : kUnitStates) {
-      EXPECT_TRUE((*after)[u].data(what) == (*before)[u].data(what))
-          << "unit " << u << " " << UnitStateName(what) << " changed in a skipped step";
-    }
-  }
+  testing::ExpectOverflowingStepsAreSkipped(**engine, GlobalBatch(0, kBatchPerRank));
 }
 
 }  // namespace
