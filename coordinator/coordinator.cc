@@ -193,6 +193,10 @@ void Coordinator::EndGenerationLocked(JobRecord& rec, const std::string& reason,
 
 void Coordinator::FailGenerationLocked(JobRecord& rec, const std::string& cause, bool permanent,
                                        weft::v1::JobEventType event, Actions& actions) {
+  if (event != weft::v1::RANK_ERROR) {
+    rec.last_rank_error.clear();
+    rec.last_rank_error_worker.clear();
+  }
   jobs_.AddEvent(rec, event, cause);
   EndGenerationLocked(rec, cause, /*completed=*/false, actions);
   auto* status = rec.status();
@@ -508,11 +512,18 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
 void Coordinator::RankErrorLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request,
                                   Actions& actions) {
   metrics_.CountFailure("rank_error");
-  FailGenerationLocked(rec,
-                       absl::StrCat("rank ", request.rank(), " (worker ", request.worker_id(),
-                                    "): ", request.error()),
-                       request.error_is_permanent(), weft::v1::RANK_ERROR, actions);
-  if (!request.error_is_permanent()) BlameWorkerLocked(request.worker_id(), rec, request.error());
+  const RepeatDecision repeat =
+      DecideRepeatedRankError(rec.last_rank_error, rec.last_rank_error_worker, request.error(),
+                              request.worker_id());
+  rec.last_rank_error = request.error();
+  rec.last_rank_error_worker = request.worker_id();
+  std::string cause = absl::StrCat("rank ", request.rank(), " (worker ", request.worker_id(),
+                                   "): ", request.error());
+  if (repeat.repeated) absl::StrAppend(&cause, " (", repeat.reason, ")");
+  const bool permanent = request.error_is_permanent() || repeat.repeated;
+  FailGenerationLocked(rec, cause, permanent, weft::v1::RANK_ERROR, actions);
+  // A deterministic failure says nothing about the worker it happened on.
+  if (!permanent) BlameWorkerLocked(request.worker_id(), rec, request.error());
 }
 
 void Coordinator::RecordStepLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request) {

@@ -247,6 +247,15 @@ RecoveryDecision DecideAfterFailure(int32_t restarts_so_far, int32_t max_restart
           absl::StrCat(cause, "; restarting (", restarts_so_far + 1, " of ", max_restarts, ")")};
 }
 
+RepeatDecision DecideRepeatedRankError(const std::string& previous,
+                                       const std::string& previous_worker,
+                                       const std::string& error, const std::string& worker) {
+  if (previous.empty() || error != previous || worker == previous_worker) return {};
+  return {true, absl::StrCat("the previous generation ended with this same error on worker ",
+                             previous_worker,
+                             ": it is the job's, not a machine's, and a restart would replay it")};
+}
+
 QuarantineDecision DecideQuarantine(absl::Time now, const std::string& worker_id,
                                     int32_t failures_so_far, const std::string& cause,
                                     const QuarantineOptions& options) {

@@ -184,6 +184,23 @@ struct RecoveryDecision {
 RecoveryDecision DecideAfterFailure(int32_t restarts_so_far, int32_t max_restarts,
                                     bool permanent_error, const std::string& cause);
 
+// Whether a rank's `error` (the worker's own message, e.g. "step 1200: ...") from `worker`
+// repeats word for word the rank error that ended the job's previous generation (`previous`
+// from `previous_worker`; empty when that generation ended otherwise) on ANOTHER worker. A
+// failure that comes back the same after a restart, from the same checkpoint and batches but
+// on another machine, is the job's — a bug, a kernel that faults on this shape, a batch that
+// breaks the model — and another restart would only replay it, so the coordinator treats it as
+// permanent. From the same worker it may be that worker's (a failing GPU): quarantine
+// (DecideQuarantine) sets the worker aside instead. The reason to append to the cause comes
+// back too.
+struct RepeatDecision {
+  bool repeated = false;
+  std::string reason;  // empty unless repeated
+};
+RepeatDecision DecideRepeatedRankError(const std::string& previous,
+                                       const std::string& previous_worker,
+                                       const std::string& error, const std::string& worker);
+
 // ---- Quarantine ----------------------------------------------------------------------------
 
 struct QuarantineOptions {

@@ -31,6 +31,11 @@ struct JobRecord {
   int64_t seq = 0;
   std::optional<Generation> generation;  // the active one
   absl::Time last_persist;
+  // The worker's message of the rank error that ended the last generation, and the worker
+  // that reported it; empty when that generation ended otherwise (or none has). In memory
+  // only: a coordinator restart forgets them, which at worst costs one more restart.
+  std::string last_rank_error;
+  std::string last_rank_error_worker;
 
   const std::string& id() const { return job.status().job_id(); }
   weft::v1::JobState state() const { return job.status().state(); }

@@ -1006,6 +1006,32 @@ TEST_F(CoordinatorTest, PermanentRankErrorFailsWithoutRestart) {
   EXPECT_THAT(AbortCommands(*hb), SizeIs(1));
 }
 
+// A rank error that ends two generations in a row word for word, from two workers, is the
+// job's: the second fails it although restarts are left, and blames no worker. (From one worker
+// twice it is that worker's, possibly: QuarantineEndsAfterTheCooldown.)
+TEST_F(CoordinatorTest, TheSameRankErrorTwiceInARowFailsTheJob) {
+  JobSpec spec = CpuSpec("det", 2);
+  spec.mutable_fault()->set_max_restarts(5);
+  auto [job, w] = StartRunningJob(spec, 2);
+  const std::string error = "step 12: CUDA kernel rmsnorm_backward: an illegal memory access";
+  ASSERT_TRUE(ReportError(job, 1, w[1], 1, error, false).ok());
+  ASSERT_EQ(Status(job).generation(), 2);  // restarted on the same two workers
+  ASSERT_EQ(Status(job).restarts(), 1);
+  std::vector<std::unique_ptr<Pending<JoinResponse>>> joins;
+  for (const Worker& x : w) {
+    ASSERT_TRUE(Beat(x).ok());
+    joins.push_back(StartJoin(job, 2, x));
+  }
+  ASSERT_TRUE(ReportError(job, 2, w[0], 0, error, false).ok());
+  const JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::FAILED);
+  EXPECT_EQ(s.restarts(), 1);
+  EXPECT_THAT(s.error(), HasSubstr("illegal memory access"));
+  EXPECT_THAT(s.error(), HasSubstr("same error on worker h/cpu1"));
+  EXPECT_THAT(s.error(), HasSubstr("permanent error: not retried"));
+  EXPECT_EQ(FindEvent(s, weft::v1::WORKER_QUARANTINED), nullptr);
+}
+
 TEST_F(CoordinatorTest, StallEndsTheGeneration) {
   JobSpec spec = CpuSpec("stall", 1);
   spec.mutable_fault()->set_stall_timeout_ms(5000);

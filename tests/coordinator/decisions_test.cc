@@ -477,6 +477,21 @@ TEST(DecideAfterFailureTest, PermanentErrorNeverRetried) {
   }
 }
 
+TEST(DecideRepeatedRankErrorTest, OnlyTheSameErrorAgainOnAnotherWorkerIsTheJobs) {
+  const std::string e = "step 1200: cuBLAS GEMM (8192 x 4096 x 4096): an illegal address";
+  EXPECT_FALSE(DecideRepeatedRankError("", "", e, "h/gpu0").repeated);  // the first time
+  EXPECT_FALSE(DecideRepeatedRankError(e, "h/gpu0", "step 1201: " + e.substr(11), "h/gpu1")
+                   .repeated);
+  EXPECT_FALSE(DecideRepeatedRankError(e, "h/gpu0", "", "h/gpu1").repeated);
+  // The same worker again may be a failing machine: quarantine's business, not a verdict.
+  EXPECT_FALSE(DecideRepeatedRankError(e, "h/gpu0", e, "h/gpu0").repeated);
+  const RepeatDecision d = DecideRepeatedRankError(e, "h/gpu0", e, "g/gpu3");
+  EXPECT_TRUE(d.repeated);
+  EXPECT_THAT(d.reason, HasSubstr("same error on worker h/gpu0"));
+  EXPECT_THAT(d.reason, HasSubstr("the job's, not a machine's"));
+  EXPECT_TRUE(DecideRepeatedRankError("x", "a", "y", "b").reason.empty());
+}
+
 TEST(IsWorkerDeathTest, OnlyFailuresThatNameADeadWorker) {
   EXPECT_TRUE(IsWorkerDeath(FailureKind::kHeartbeatTimeout));
   EXPECT_TRUE(IsWorkerDeath(FailureKind::kConnectionLost));
