@@ -13,7 +13,7 @@
 #include "worker/memory_plan.h"
 #include "worker/mfu.h"
 #include "worker/model_io.h"
-#include "worker/skipped_steps.h"
+#include "worker/step_failures.h"
 
 namespace weft::worker {
 
@@ -335,7 +335,11 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
     if (!result.ok()) {
       const absl::Status s(result.status().code(),
                            absl::StrCat("step ", step, ": ", result.status().message()));
-      ReportCollectiveError(s);
+      if (IsDeterministicStepError(s)) {
+        ReportError(s, /*permanent=*/true);
+      } else {
+        ReportCollectiveError(s);
+      }
       return s;
     }
     if (!std::isfinite(result->grad_norm)) {

@@ -1,4 +1,4 @@
-#include "worker/skipped_steps.h"
+#include "worker/step_failures.h"
 
 #include <cmath>
 
@@ -24,6 +24,18 @@ absl::Status AfterStep(int64_t step, double grad_norm, int32_t max_skipped, Skip
       ", but fault.max_skipped_steps allows ", max_skipped,
       " in a row. Lower optimizer.learning_rate or raise lr_schedule.warmup_steps, keep "
       "optimizer.grad_clip_norm on, check the data, or continue from an earlier checkpoint"));
+}
+
+bool IsDeterministicStepError(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kUnimplemented:
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace weft::worker

@@ -1,6 +1,6 @@
-// The skipped-step budget (worker/skipped_steps.h): runs of non-finite steps, their reset by a
+// The skipped-step budget (worker/step_failures.h): runs of non-finite steps, their reset by a
 // finite one, the limit, and the message a user acts on.
-#include "worker/skipped_steps.h"
+#include "worker/step_failures.h"
 
 #include <cmath>
 #include <limits>
@@ -49,6 +49,26 @@ TEST(SkippedStepsTest, ZeroToleratesNone) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("at step 1;"));
   EXPECT_TRUE(AfterStep(0, 3.0, 0, &run).ok());
+}
+
+TEST(StepErrorsTest, OnlyArgumentAndPathErrorsAreDeterministic) {
+  for (const absl::Status& s :
+       {absl::InvalidArgumentError("flash attention: head size 96 is not supported"),
+        absl::FailedPreconditionError("the model is wider than the kernels take"),
+        absl::OutOfRangeError("token 70000 outside the vocabulary"),
+        absl::UnimplementedError("Gloo ReduceScatter: bfloat16")}) {
+    EXPECT_TRUE(IsDeterministicStepError(s)) << s;
+  }
+  // What another rank's or machine's trouble looks like from here: wait for the verdict.
+  for (const absl::Status& s :
+       {absl::UnavailableError("connection to rank 3 lost"),
+        absl::DeadlineExceededError("NCCL AllGather timed out"),
+        absl::AbortedError("the communicator was aborted"),
+        absl::InternalError("CUDA: an illegal memory access"),
+        absl::ResourceExhaustedError("out of memory"), absl::CancelledError("stopped"),
+        absl::UnknownError("?")}) {
+    EXPECT_FALSE(IsDeterministicStepError(s)) << s;
+  }
 }
 
 }  // namespace
