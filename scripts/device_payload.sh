@@ -1,0 +1,33 @@
+#!/bin/bash
+# Packs what a run on the GPU machine needs into one file for the device tool's `carry`: the
+# GPU binaries of this build (debug info stripped) with the Debian libraries they load
+# (../shared/device/bundle.sh), device-env.sh, the PyTorch peer and this repo's scripts/ and
+# bench/.
+#   scripts/device_payload.sh [BUILD_DIR]     -> .device/payload.tar.gz (about 30 MB)
+# EXTRA_BINS="weft-checkpointd ..." adds binaries. On the GPU machine:
+#   mkdir -p /tmp/p && tar xzf .device/payload.tar.gz -C /tmp/p &&
+#   source /tmp/p/device-env.sh /tmp/p/bundle && cd /tmp/p/repo &&
+#   bash scripts/gpu_tests.sh /tmp/p/bundle/bin $OUT/logs
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=$(cd "${1:-$repo/build}" && pwd)
+shared=$(cd "$repo/../shared" && pwd)
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+bins="weft-worker weft-coordinator trainctl engine_cuda_bf16_ops_test
+      engine_cuda_flash_attention_test engine_cuda_llama_ops_test nccl_communicator_test
+      zero_cuda_test gpu_worker_e2e_test cuda_ops_bench ${EXTRA_BINS:-}"
+mkdir -p "$stage/stripped" "$stage/repo"
+paths=()
+for b in $bins; do
+  f="$build/bin/$b"
+  [[ -x "$f" ]] || { echo "device_payload: $f is missing (a CUDA build?)" >&2; exit 1; }
+  strip --strip-debug -o "$stage/stripped/$b" "$f"
+  paths+=("$stage/stripped/$b")
+done
+bash "$shared/device/bundle.sh" "$stage/bundle" "${paths[@]}" >/dev/null
+cp "$shared/device/device-env.sh" "$shared/bench/peer_fsdp_gpt.py" "$stage/"
+cp -r "$repo/scripts" "$repo/bench" "$stage/repo/"
+mkdir -p "$repo/.device"
+tar czf "$repo/.device/payload.tar.gz" -C "$stage" bundle device-env.sh peer_fsdp_gpt.py repo
+du -h "$repo/.device/payload.tar.gz" | cut -f1
