@@ -612,6 +612,8 @@ class NcclCommunicator final : public CudaCommunicator {
     char* host = static_cast<char*>(pinned_);
     const void* dev_send = send_host ? dev + send_offset : send;
     void* dev_recv = recv_host ? dev : recv;
+    // A Reduce's recv is the root's alone (elsewhere it stands for `send`, which stays as is).
+    const bool copy_out = recv_host && !(kind == OpKind::kReduce && core_->rank() != root);
     cudaError_t err = cudaSuccess;
     if (send_host) {
       std::memcpy(host + send_offset, send, send_bytes);
@@ -622,7 +624,7 @@ class NcclCommunicator final : public CudaCommunicator {
     if (absl::Status s = Launch(kind, dev_send, dev_recv, count, type, root, what); !s.ok()) {
       return s;
     }
-    if (recv_host) {
+    if (copy_out) {
       err = cudaMemcpyAsync(host, dev, recv_bytes, cudaMemcpyDeviceToHost, stream_);
       if (err != cudaSuccess) return CudaFailure(what, "copy to the host", err);
     }
@@ -636,7 +638,7 @@ class NcclCommunicator final : public CudaCommunicator {
     err = cudaEventRecord(staging_event_, stream_);
     if (err != cudaSuccess) return CudaFailure(what, "record an event", err);
     if (absl::Status s = core_->AwaitEvent(staging_event_, what); !s.ok()) return s;
-    if (recv_host) std::memcpy(recv, host, recv_bytes);
+    if (copy_out) std::memcpy(recv, host, recv_bytes);
     return absl::OkStatus();
   }
 

@@ -256,6 +256,17 @@ void CheckHostBuffers(std::vector<std::unique_ptr<CudaCommunicator>>& comms) {
     s = comm.Broadcast(&step, 1, DataType::kFloat32, 0)->Wait();
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_EQ(step, 42.f);
+    // A host Reduce into the last rank: only its recv is written.
+    const std::vector<float> mine = {1.f + r, -3.f};
+    std::vector<float> sum = {-1.f, -1.f};
+    s = comm.Reduce(mine.data(), r == world - 1 ? sum.data() : nullptr, 2, DataType::kFloat32,
+                    world - 1)
+            ->Wait();
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(mine, (std::vector<float>{1.f + r, -3.f}));
+    if (r == world - 1) {
+      EXPECT_EQ(sum, (std::vector<float>{world * (world + 1) / 2.0f, -3.f * world}));
+    }
     EXPECT_TRUE(comm.health().ok());
   });
 }
