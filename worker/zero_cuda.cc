@@ -90,6 +90,12 @@ size_t HeadSlotElements(const engine::ModelArch& arch, const ShardLayout& layout
   return split == 0 ? layout.unit(0).padded : std::max(split, size - split);
 }
 
+// Where `part` (a rank's OwnPart of the piece of unit 0 starting at `piece_begin`, count > 0)
+// starts in that rank's shard of the unit.
+size_t ShardOffsetOf(size_t piece_begin, const comm::RangePart& part, size_t shard) {
+  return piece_begin + part.offset - static_cast<size_t>(part.rank) * shard;
+}
+
 // The runs of equal decay in a kept decay mask (so the device keeps a few runs per unit, not
 // a byte per parameter).
 std::vector<ZeroCudaEngine::DecayRun> DecayRuns(const std::vector<uint8_t>& mask) {
@@ -488,8 +494,8 @@ absl::Status ZeroCudaEngine::GatherHead(HeadPiece piece) {
   const size_t shard = layout_.unit(0).shard;
   const comm::RangePart mine =
       comm::OwnPart(piece.begin, piece.end, shard, group_, comm_->rank());
-  const size_t from = piece.begin + mine.offset - static_cast<size_t>(comm_->rank()) * shard;
   if (mine.count > 0) {
+    const size_t from = ShardOffsetOf(piece.begin, mine, shard);
     if (Offloaded(0)) {
       WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(head_work_ + mine.offset,
                                                 units_[0].params_bf16 + from,
@@ -512,9 +518,7 @@ absl::Status ZeroCudaEngine::ReduceHeadGrad(HeadPiece piece, bool accumulate) {
       comm::OwnPart(piece.begin, piece.end, shard, group_, comm_->rank());
   // Where this rank's part of the piece lies in its shard (it may own none of the piece).
   float* const grads =
-      mine.count == 0 ? nullptr
-                      : units_[0].grads + (piece.begin + mine.offset -
-                                           static_cast<size_t>(comm_->rank()) * shard);
+      mine.count == 0 ? nullptr : units_[0].grads + ShardOffsetOf(piece.begin, mine, shard);
   // Accumulating, the sum goes in place (head_grad_ is not read again before the next memset,
   // behind `head_scattered_`) and is added to the shard's behind it, as ReduceScatterGrad does.
   float* const sum = accumulate ? head_grad_ + mine.offset : grads;

@@ -48,6 +48,7 @@ LlamaCuda::LlamaCuda(const LlamaConfig& config, int max_b, int max_t, Checkpoint
   const LlamaArch arch(config);
   head_tensors_ = arch.UnitTensors(0);
   block_tensors_ = arch.UnitTensors(1);
+  head_output_begin_ = arch.HeadOutputBegin();
 }
 
 size_t LlamaCuda::Layout(char* base) {
@@ -222,13 +223,11 @@ absl::Status LlamaCuda::Classifier(const bf16* head, float grad_scale, float* he
   const int c = config_.hidden_size;
   const int vp = config_.padded_vocab_size;
   const int n = b_ * t_;
-  // `head` and `head_grad` start at the final norm when untied (CudaModel::Classifier), at the
-  // embedding when tied.
-  const size_t base = config_.tie_word_embeddings ? 0 : head_tensors_[kLlamaNorm].offset;
+  // `head` and `head_grad` start at unit 0's element head_output_begin_ (CudaModel::Classifier).
   // The LM head: lm_head, or the embedding when tied (its gradient then joins the encoder's).
-  const size_t lm =
-      head_tensors_[config_.tie_word_embeddings ? kLlamaEmbed : kLlamaLmHead].offset - base;
-  const size_t norm = head_tensors_[kLlamaNorm].offset - base;
+  const size_t lm = head_tensors_[config_.tie_word_embeddings ? kLlamaEmbed : kLlamaLmHead].offset -
+                    head_output_begin_;
+  const size_t norm = head_tensors_[kLlamaNorm].offset - head_output_begin_;
   const bf16* last = res_[config_.num_layers];
   const bf16* norm_w = head + norm;
   WEFT_RETURN_IF_ERROR(RmsNormForward(final_norm_, final_rstd_, last, norm_w, n, c,

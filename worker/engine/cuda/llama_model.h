@@ -85,6 +85,7 @@ class LlamaCuda final : public ArenaModel {
 
   const LlamaConfig config_;
   std::vector<TensorInfo> head_tensors_, block_tensors_;
+  size_t head_output_begin_ = 0;  // LlamaArch::HeadOutputBegin: where Classifier's head starts
   // What a block's forward keeps for its backward.
   struct Saved {
     bf16* attn_norm;   // (B, T, C)
