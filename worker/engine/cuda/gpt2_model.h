@@ -86,7 +86,8 @@ class GptCuda final : public ArenaModel {
   std::vector<TensorInfo> head_tensors_, block_tensors_;
   // Kept per layer l (index l), residual stream res has L + 1 entries.
   // fch: the fc layer's output before GELU, fcg: after (both kept: the GEMM epilogues read
-  // them in the backward instead of a recomputing kernel).
+  // them in the backward instead of a recomputing kernel). The backward writes the gradient of
+  // fch over fcg once fcg is spent.
   std::vector<bf16*> res_, ln1_, q_, k_, v_, atty_, res2_, ln2_, fch_, fcg_;
   std::vector<float*> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, lse_;
   // q, k, v: flash path, the qkv projection's output (B, T, 3C) in layer_qkv_, which the
@@ -99,8 +100,8 @@ class GptCuda final : public ArenaModel {
   float* lnf_rstd_ = nullptr;
   // Scratch shared by all layers.
   bf16 *qkv_ = nullptr, *y_ = nullptr, *att_ = nullptr, *datt_ = nullptr, *dq_ = nullptr,
-       *dk_ = nullptr, *dv_ = nullptr, *dbig4_ = nullptr, *tmp_ = nullptr,
-       *dres_ = nullptr, *dtmp_ = nullptr;
+       *dk_ = nullptr, *dv_ = nullptr, *tmp_ = nullptr, *dres_ = nullptr,
+       *dtmp_ = nullptr;
   float* reduce_scratch_ = nullptr;
   // Flash attention for this head size (else the cuBLAS + softmax path and att_ / datt_).
   const bool flash_;

@@ -96,18 +96,17 @@ class LlamaCuda final : public ArenaModel {
     bf16* res2;        // (B, T, C) the mid-block residual stream
     bf16* mlp_norm;    // (B, T, C)
     float* mlp_rstd;   // (B, T)
-    bf16* gate_up;     // (B, T, 2I)
-    bf16* act;         // (B, T, I) SwiGLU output
+    bf16* gate_up;     // (B, T, 2I); its gradient in the backward
+    bf16* act;         // (B, T, I) SwiGLU output; its gradient in the backward
   };
   std::vector<Saved> saved_;  // per layer
   // The residual stream, L + 1 entries: res_[l] is block l's input, res_[L] the last output.
   std::vector<bf16*> res_;
   bf16* final_norm_ = nullptr;
   float* final_rstd_ = nullptr;
-  // Scratch shared by the layers: dqkv (B, T, (NH + 2 NKV) D), dgate_up (B, T, 2I), dact
-  // (B, T, I), and (B, T, C) tmp_, dres_ (the residual stream's gradient), dtmp_.
-  bf16 *dqkv_ = nullptr, *dgate_up_ = nullptr, *dact_ = nullptr, *tmp_ = nullptr,
-       *dres_ = nullptr, *dtmp_ = nullptr;
+  // Scratch shared by the layers: dqkv (B, T, (NH + 2 NKV) D), and (B, T, C) tmp_, dres_ (the
+  // residual stream's gradient), dtmp_.
+  bf16 *dqkv_ = nullptr, *tmp_ = nullptr, *dres_ = nullptr, *dtmp_ = nullptr;
   float* norm_scratch_ = nullptr;   // RmsNormBackwardScratchFloats
   float* flash_scratch_ = nullptr;  // FlashAttentionBackwardScratchFloats
   float* rope_cos_ = nullptr;       // (maxT, D/2)

@@ -161,7 +161,8 @@ absl::Status RopeBackward(bf16* dqkv,  // (B, T, (NH + 2 NKV) HS) in place
 absl::Status SwiGluForward(bf16* out,            // (N, I)
                            const bf16* gate_up,  // (N, 2I)
                            int n, int i, cudaStream_t stream);
-// dgate_up WRITTEN (=): [dout * up * silu'(gate) | dout * silu(gate)].
+// dgate_up WRITTEN (=): [dout * up * silu'(gate) | dout * silu(gate)]. dgate_up may alias
+// gate_up (in place); dout must not alias either.
 absl::Status SwiGluBackward(bf16* dgate_up,       // (N, 2I)
                             const bf16* dout,     // (N, I)
                             const bf16* gate_up,  // (N, 2I)

@@ -2,7 +2,8 @@
 // [gate (I) | up (I)]:
 //   out = silu(gate) * up,  silu(g) = g * sigmoid(g)
 //   dgate = dout * up * sigmoid(g) * (1 + g * (1 - sigmoid(g))),  dup = dout * silu(g)
-// The backward WRITES (=) the (N, 2I) gradient of gate_up, recomputing silu from gate.
+// The backward WRITES (=) the (N, 2I) gradient of gate_up, recomputing silu from gate; it may
+// write it over gate_up itself.
 //
 // In bf16: memory-bound, one pass each way. A thread takes one 8-wide vector of a row's gate
 // and the matching vector of its up (and of dout), fp32 math, rounded once on the store.
@@ -42,9 +43,11 @@ __global__ void SwiGluForwardKernel(bf16* __restrict__ out,            // (N, I)
   }
 }
 
-__global__ void SwiGluBackwardKernel(bf16* __restrict__ dgate_up,       // (N, 2I) =
+// dgate_up may be gate_up: each thread reads its gate and up vectors before it writes their
+// gradients there, and no other thread touches them (hence no __restrict__ on the pair).
+__global__ void SwiGluBackwardKernel(bf16* dgate_up,                    // (N, 2I) =
                                      const bf16* __restrict__ dout,     // (N, I)
-                                     const bf16* __restrict__ gate_up,  // (N, 2I)
+                                     const bf16* gate_up,               // (N, 2I)
                                      int64_t vecs, int width) {
   const int row_vecs = width / kVec;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
