@@ -90,6 +90,28 @@ size_t HeadSlotElements(const engine::ModelArch& arch, const ShardLayout& layout
   return split == 0 ? layout.unit(0).padded : std::max(split, size - split);
 }
 
+// Whether a split head's fp32 gradient takes turns with the two block slots' in one buffer
+// (GradBufferElements) instead of having its own: beyond world 1, for plans that recompute the
+// last block, since such plans trade time for memory (the buffer is the larger piece of the
+// head: 2.1 GB at Llama-8B, 4.2 GB at 70B). It costs waits: block L-1's backward writes its
+// gradient only once the LM head's has been reduced (behind that block's recomputation, which
+// writes no gradient), and the embedding's backward only once blocks 1 and 0 have been
+// reduce-scattered.
+bool HeadGradTakesTurnsWithBlocks(const engine::ModelArch& arch,
+                                  const engine::CheckpointingPlan& level, int world) {
+  return !DirectGradients(world) && arch.HeadOutputBegin() > 0 && arch.num_layers() > 0 &&
+         level.At(arch.num_layers() - 1) != engine::Checkpointing::kNone;
+}
+
+// Elements of the fp32 gradient buffers beyond world 1: the head's and two block slots', or
+// one buffer they take turns in (HeadGradTakesTurnsWithBlocks).
+size_t GradBufferElements(const engine::ModelArch& arch, const ShardLayout& layout,
+                          bool head_takes_turns) {
+  const size_t head = HeadSlotElements(arch, layout);
+  const size_t blocks = 2 * layout.max_block_padded();
+  return head_takes_turns ? std::max(head, blocks) : head + blocks;
+}
+
 // Where `part` (a rank's OwnPart of the piece of unit 0 starting at `piece_begin`, count > 0)
 // starts in that rank's shard of the unit.
 size_t ShardOffsetOf(size_t piece_begin, const comm::RangePart& part, size_t shard) {
@@ -145,7 +167,11 @@ GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::Model
   const size_t gathered = HeadSlotElements(arch, layout) + 2 * layout.max_block_padded();
   plan.working_bytes = gathered * sizeof(__nv_bfloat16) +
                        cuda::SumOfSquaresScratchFloats(max_shard) * sizeof(float) + 4096;
-  if (!DirectGradients(world)) plan.working_bytes += gathered * sizeof(float);
+  if (!DirectGradients(world)) {
+    plan.working_bytes +=
+        GradBufferElements(arch, layout, HeadGradTakesTurnsWithBlocks(arch, level, world)) *
+        sizeof(float);
+  }
   const size_t chunk = GatherChunkFloats(world);
   plan.working_bytes += (chunk * world + (offload ? chunk : 0)) * sizeof(float);
   plan.activation_bytes = cuda::PlanCudaActivationBytes(
@@ -354,6 +380,7 @@ absl::Status ZeroCudaEngine::Initialize() {
   WEFT_ASSIGN_OR_RETURN(model_,
                         cuda::CreateCudaModel(*arch_, batch_size_, seq_len_, checkpointing_,
                                               compute_));
+  head_grad_takes_turns_ = HeadGradTakesTurnsWithBlocks(*arch_, checkpointing_, group_);
   units_.resize(layout_.num_units());
   for (int u = 0; u < layout_.num_units(); ++u) {
     Unit& unit = units_[u];
@@ -391,16 +418,14 @@ absl::Status ZeroCudaEngine::Initialize() {
     WEFT_ASSIGN_OR_RETURN(block_work_[i], Alloc<bf16>(max_block));
   }
   if (!direct_grads_) {
-    WEFT_ASSIGN_OR_RETURN(head_grad_, Alloc<float>(head_slot));
-    for (int i = 0; i < 2; ++i) {
-      WEFT_ASSIGN_OR_RETURN(block_grad_[i], Alloc<float>(max_block));
-    }
-    // Padding elements of the gradient units are never written by the model; zero them once.
-    WEFT_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(head_grad_, 0, head_slot * sizeof(float), compute_));
-    for (float* g : block_grad_) {
-      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g, 0, max_block * sizeof(float), compute_));
-    }
+    // Head first, then the slots: apart, or in one buffer they take turns in.
+    const size_t elements = GradBufferElements(*arch_, layout_, head_grad_takes_turns_);
+    WEFT_ASSIGN_OR_RETURN(head_grad_, Alloc<float>(elements));
+    block_grad_[0] = head_grad_ + (head_grad_takes_turns_ ? 0 : head_slot);
+    block_grad_[1] = block_grad_[0] + max_block;
+    // Padding elements of the gradient units are never written by the model; zero them once
+    // (and again after each turn of the head's: BlockBackward leaves the slots' padding alone).
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(head_grad_, 0, elements * sizeof(float), compute_));
   }
   gather_chunk_ = GatherChunkFloats(group_);
   WEFT_ASSIGN_OR_RETURN(gather_staging_, Alloc<float>(gather_chunk_ * group_));
@@ -528,6 +553,26 @@ absl::Status ZeroCudaEngine::ReduceHeadGrad(HeadPiece piece, bool accumulate) {
   return cuda::AccumulateInto(grads, sum, mine.count, comm_->stream());
 }
 
+absl::Status ZeroCudaEngine::WaitForSlotScatters() {
+  for (int slot : {0, 1}) {
+    if (scatter_pending_[slot]) WEFT_RETURN_IF_ERROR(ComputeWaits(scattered_[slot]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::ZeroSlotPadding() {
+  const size_t max_block = layout_.max_block_padded();
+  // Past the smallest block's elements: every block's padding (and any larger block's
+  // elements, which its backward writes).
+  size_t smallest = max_block;
+  for (int u = 1; u < layout_.num_units(); ++u) smallest = std::min(smallest, layout_.unit(u).size);
+  for (float* slot : block_grad_) {
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(slot + smallest, 0, (max_block - smallest) * sizeof(float), compute_));
+  }
+  return absl::OkStatus();
+}
+
 // ---- one micro-batch ------------------------------------------------------------------------
 
 absl::Status ZeroCudaEngine::SumSquaresOnComm(int unit) {
@@ -608,6 +653,8 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
   float* const classifier_grad = direct_grads_ ? head_grad + head_split_ : head_grad_;
   if (backward) {
     if (scatter_pending_[2]) WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
+    // The slots' last reduce-scatters (the previous micro-step's) are long done by now.
+    if (head_grad_takes_turns_) WEFT_RETURN_IF_ERROR(WaitForSlotScatters());
     // Direct gradients accumulate over micro-steps in place: zeroed by the first only.
     if (direct_grads_ && first_micro_step) {
       WEFT_CUDA_RETURN_IF_ERROR(
@@ -646,13 +693,20 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
     }
     // Block L-1's parameters are still in place from the forward.
     if (l < layers - 1) WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot]));
+    WEFT_RETURN_IF_ERROR(model_->RecomputeBlock(l, block_work_[slot]));
     // The gradient buffer of this slot was last reduce-scattered for block l+2.
     if (scatter_pending_[slot]) WEFT_RETURN_IF_ERROR(ComputeWaits(scattered_[slot]));
+    if (head_grad_takes_turns_ && l == layers - 1) {
+      // The slots lie over the LM head's gradient: its reduce first (it ran behind this
+      // block's recomputation), then the slots' padding, which the head's turn wrote, zeroed.
+      WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
+      WEFT_RETURN_IF_ERROR(ZeroSlotPadding());
+    }
     float* const grad = direct_grads_ ? units_[1 + l].grads : block_grad_[slot];
     // A slot buffer holds one micro-step's gradient; a direct one accumulates over the
     // micro-steps after the first. Overwriting needs no memset and no read of the old values.
     const bool accumulate = direct_grads_ && !first_micro_step;
-    WEFT_RETURN_IF_ERROR(model_->BlockBackward(
+    WEFT_RETURN_IF_ERROR(model_->BlockBackwardRecomputed(
         l, block_work_[slot], grad,
         accumulate ? cuda::GradWrite::kAccumulate : cuda::GradWrite::kOverwrite));
     if (!direct_grads_ || last_micro_step) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
@@ -665,8 +719,10 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
     if (last_micro_step) WEFT_RETURN_IF_ERROR(FinishShardGradient(1 + l));
   }
   if (split && !direct_grads_) {
-    // The LM head's gradient has left head_grad_ (the reduce above): the embedding's now.
+    // The LM head's gradient has left head_grad_ (the reduce above): the embedding's now, and
+    // when the slots lie over it, once they have been reduce-scattered too.
     WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
+    if (head_grad_takes_turns_) WEFT_RETURN_IF_ERROR(WaitForSlotScatters());
     WEFT_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(head_grad_, 0, input.size() * sizeof(float), compute_));
   }

@@ -21,9 +21,12 @@
 // Forward: block l+1's bf16 parameters are all-gathered into the other of two working
 // buffers while block l computes. Backward: the last block's parameters are still in place;
 // block l-1 is gathered while block l computes its backward, and block l's gradient is
-// reduce-scattered (fp32) while block l-1 computes. The head (embeddings, final LayerNorm,
+// reduce-scattered (fp32) while block l-1 computes. A tied head (embeddings, final LayerNorm,
 // tied LM head) stays gathered for the whole micro-step; its gradient is reduce-scattered
-// after the encoder backward.
+// after the encoder backward. An untied one (ModelArch::HeadOutputBegin) is two pieces that
+// take turns in one buffer: the LM head's gradient is reduced right after the classifier, the
+// embedding's after the encoder backward. Under a plan that recomputes the last block, the
+// head's fp32 gradient also takes turns with the block slots' (one buffer, not two).
 // The host synchronises once per step (after the optimizer), through
 // CudaCommunicator::WaitEvent, so an abort or a dead peer ends the wait.
 //
@@ -169,6 +172,10 @@ class ZeroCudaEngine : public ZeroEngine {
   // On the comm stream: head_grad_ (element begin + i at i) summed over the group into this
   // rank's shard gradient of `piece`, added to it when `accumulate`.
   absl::Status ReduceHeadGrad(HeadPiece piece, bool accumulate);
+  // Compute waits for the block slots' pending reduce-scatters.
+  absl::Status WaitForSlotScatters();
+  // Zeroes the block slots' fp32 padding past the blocks' elements (on compute).
+  absl::Status ZeroSlotPadding();
   // One micro-batch through the model; with `backward`, gradients reach the shards. The last
   // micro-step of a step also adds each shard's sum of squares into stats_[0] on the comm
   // stream as soon as that shard's gradient is final, behind the backward of the next units.
@@ -219,6 +226,9 @@ class ZeroCudaEngine : public ZeroEngine {
   // head's starts here; 0 for a head that does not split. A split head's pieces take turns in
   // head_work_ and head_grad_, each as large as the larger piece.
   const size_t head_split_;
+  // HeadGradTakesTurnsWithBlocks (zero_cuda.cc): head_grad_ and block_grad_ are one buffer,
+  // the head's gradient first, the slots over it.
+  bool head_grad_takes_turns_ = false;
   const int host_threads_;
   std::vector<void*> host_allocations_;
   float* staging_grads_[2] = {nullptr, nullptr};

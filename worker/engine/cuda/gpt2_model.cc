@@ -239,8 +239,8 @@ absl::Status GptCuda::Classifier(const bf16* head, float grad_scale, float* head
                            lnf_mean_, lnf_rstd_, reduce_scratch_, n, c, stream_);
 }
 
-absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad,
-                                    GradWrite write) {
+absl::Status GptCuda::BlockBackwardRecomputed(int l, const bf16* block, float* block_grad,
+                                              GradWrite write) {
   const int c = config_.hidden_size;
   const int nh = config_.num_heads;
   const int hs = c / nh;
@@ -255,7 +255,6 @@ absl::Status GptCuda::BlockBackward(int l, const bf16* block, float* block_grad,
     WEFT_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(block_grad, 0, (last.offset + last.size) * sizeof(float), stream_));
   }
-  WEFT_RETURN_IF_ERROR(Recompute(l, block));
   // dres_ (B, T, C) holds dL/d(output of block l) on entry, dL/d(input of block l) on exit.
 
   // MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).

@@ -66,8 +66,8 @@ class GptCuda final : public ArenaModel {
   // Final LayerNorm, tied LM head (wte) and cross-entropy; head_grad gets wte, lnfw, lnfb.
   absl::Status Classifier(const bf16* head, float grad_scale, float* head_grad) override;
 
-  absl::Status BlockBackward(int layer, const bf16* block, float* block_grad,
-                             GradWrite write) override;
+  absl::Status BlockBackwardRecomputed(int layer, const bf16* block, float* block_grad,
+                                       GradWrite write) override;
   absl::Status EncoderBackward(float* head_grad) override;
 
  private:

@@ -242,8 +242,8 @@ absl::Status LlamaCuda::Classifier(const bf16* head, float grad_scale, float* he
                          final_rstd_, norm_scratch_, n, c, stream_);
 }
 
-absl::Status LlamaCuda::BlockBackward(int l, const bf16* block, float* block_grad,
-                                      GradWrite write) {
+absl::Status LlamaCuda::BlockBackwardRecomputed(int l, const bf16* block, float* block_grad,
+                                                GradWrite write) {
   const int c = config_.hidden_size;
   const int inter = config_.intermediate_size;
   const int n = b_ * t_;
@@ -257,7 +257,6 @@ absl::Status LlamaCuda::BlockBackward(int l, const bf16* block, float* block_gra
       WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g(norm), 0, c * sizeof(float), stream_));
     }
   }
-  WEFT_RETURN_IF_ERROR(Recompute(l, block));
   const Saved& s = saved_[l];
   // dres_ (B, T, C) holds dL/d(output of block l) on entry, dL/d(input of block l) on exit.
   // MLP: out = res2 + down(swiglu(gate_up(mlp_norm(res2)))).

@@ -65,8 +65,8 @@ class LlamaCuda final : public ArenaModel {
   absl::Status EncoderBackward(float* head_grad) override;
   // Over block `layer` (unit 1 + layer).
   absl::Status BlockForward(int layer, const bf16* block) override;
-  absl::Status BlockBackward(int layer, const bf16* block, float* block_grad,
-                             GradWrite write) override;
+  absl::Status BlockBackwardRecomputed(int layer, const bf16* block, float* block_grad,
+                                       GradWrite write) override;
 
  private:
   LlamaCuda(const LlamaConfig& config, int max_b, int max_t, CheckpointingPlan level,

@@ -75,8 +75,17 @@ class CudaModel {
 
   // Backward, in reverse order, into the fp32 gradient units: BlockBackward as `write` says,
   // EncoderBackward always ACCUMULATING (+=).
-  virtual absl::Status BlockBackward(int layer, const bf16* block, float* block_grad,
-                                     GradWrite write) = 0;
+  // BlockBackward is RecomputeBlock then BlockBackwardRecomputed. A caller that may write
+  // block_grad only later (the ZeRO engine, while that buffer is still being reduced) calls the
+  // two apart and waits in between: RecomputeBlock brings back what activation checkpointing
+  // did not keep of the block's forward (nothing at kNone) and touches no gradient.
+  absl::Status BlockBackward(int layer, const bf16* block, float* block_grad, GradWrite write) {
+    if (absl::Status s = RecomputeBlock(layer, block); !s.ok()) return s;
+    return BlockBackwardRecomputed(layer, block, block_grad, write);
+  }
+  virtual absl::Status RecomputeBlock(int layer, const bf16* block) = 0;
+  virtual absl::Status BlockBackwardRecomputed(int layer, const bf16* block, float* block_grad,
+                                               GradWrite write) = 0;
   virtual absl::Status EncoderBackward(float* head_grad) = 0;
 
   // Device bytes of activations and scratch, and of the GEMM library's workspace.

@@ -94,7 +94,7 @@ absl::Status ArenaModel::LmHeadLoss(const bf16* normed, const bf16* weight, floa
   return absl::OkStatus();
 }
 
-absl::Status ArenaModel::Recompute(int l, const bf16* block) {
+absl::Status ArenaModel::RecomputeBlock(int l, const bf16* block) {
   switch (level_.At(l)) {
     case Checkpointing::kNone:
       return absl::OkStatus();

@@ -73,11 +73,11 @@ class ArenaModel : public CudaModel {
   // Bytes of Layout plus the GEMM workspace: the plan of an instance never allocated.
   size_t PlannedBytes() { return Layout(nullptr) + BlasOptions{}.workspace_bytes; }
 
-  // Activation checkpointing (engine/checkpointing.h): what BlockBackward(l) calls first to
-  // bring back what level_.At(l) did not keep of block l's forward — nothing at kNone; at kFull the
-  // block's forward up to the MLP's activation (its two halves below); at kSelective the
+  // Activation checkpointing (engine/checkpointing.h): what BlockBackward(l) runs first to
+  // bring back what level_.At(l) did not keep of block l's forward — nothing at kNone; at kFull
+  // the block's forward up to the MLP's activation (its two halves below); at kSelective the
   // model's RecomputeSelective.
-  absl::Status Recompute(int l, const bf16* block);
+  absl::Status RecomputeBlock(int l, const bf16* block) override;
   // The forward's halves: the attention sub-layer (block input -> mid-block residual) and the
   // MLP up to its activation function's output; BlockForward adds the down projection and the
   // residual.
