@@ -1303,30 +1303,21 @@ TEST_F(ZeroCudaTest, StageOtherThanThreeIsRefused) {
   EXPECT_THAT(engine.status().message(), ::testing::HasSubstr("zero_stage"));
 }
 
-// The norms' backward keeps per-warp accumulators of a whole row in shared memory: a model wider
-// than that is refused when it is made (naming the field and the limit), not at step 0.
-TEST_F(ZeroCudaTest, ModelsWiderThanTheNormKernelsTakeAreRefusedWhenMade) {
-  struct Case {
-    const char* model;
-    const char* limit;
-  };
-  for (const Case& c :
-       {Case{"num_layers: 1 hidden_size: 12296 num_heads: 1 vocab_size: 64 context_length: 8",
-             "12288"},
-        Case{"architecture: LLAMA num_layers: 1 hidden_size: 24584 num_heads: 1 "
-             "num_kv_heads: 1 intermediate_size: 64 vocab_size: 64 context_length: 8",
-             "24576"}}) {
-    SCOPED_TRACE(c.model);
+// The norms' backwards keep nothing per row in shared memory, so width alone refuses no model:
+// GPT-2 wider than 12288 and Llama wider than 24576 (the limits they once had) are made.
+TEST_F(ZeroCudaTest, WideModelsAreMadeAtAnyWidth) {
+  for (const char* text :
+       {"num_layers: 1 hidden_size: 12296 num_heads: 1 vocab_size: 64 context_length: 8",
+        "architecture: LLAMA num_layers: 1 hidden_size: 24704 num_heads: 193 "
+        "num_kv_heads: 1 intermediate_size: 64 vocab_size: 64 context_length: 8"}) {
+    SCOPED_TRACE(text);
     weft::v1::ModelSpec m;
-    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(c.model, &m));
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &m));
     auto arch = engine::MakeModelArch(m);
     ASSERT_TRUE(arch.ok()) << arch.status();
     auto model = engine::cuda::CreateCudaModel(**arch, 1, 8, engine::Checkpointing::kNone,
                                                nullptr);
-    ASSERT_FALSE(model.ok());
-    EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(model.status().message(), ::testing::HasSubstr("model.hidden_size"));
-    EXPECT_THAT(model.status().message(), ::testing::HasSubstr(c.limit));
+    EXPECT_TRUE(model.ok()) << model.status();
   }
 }
 

@@ -165,6 +165,28 @@ inline absl::Status CheckMultipleOf8(int64_t x, const char* op, const char* arg)
       absl::StrCat(op, ": ", arg, " = ", x, " must be a positive multiple of 8"));
 }
 
+// First phase of a two-phase column reduction over the rows of an (N, C) tensor (BiasBackward,
+// the norms' weight gradients): a grid of (256-channel tiles) x (row slabs), each block
+// kWarpSize threads across its tile (8 channels each, 16-byte loads) by kColumnRowLanes row
+// lanes, combined in order into one partial row per slab. About kColumnTargetBlocks blocks in
+// all, at least kColumnRowLanes rows a slab; a function of (N, C) alone, never of the device,
+// so the order of the sums is reproducible.
+inline constexpr int kColumnRowLanes = 8;
+inline constexpr int kColumnTileChannels = kWarpSize * kVec;
+inline constexpr int kColumnTargetBlocks = 1024;
+
+inline int ColumnSlabRows(int n, int c) {
+  const int tiles = (c + kColumnTileChannels - 1) / kColumnTileChannels;
+  const int slabs = tiles >= kColumnTargetBlocks ? 1 : kColumnTargetBlocks / tiles;
+  const int rows = (n + slabs - 1) / slabs;
+  return rows > kColumnRowLanes ? rows : kColumnRowLanes;
+}
+
+inline int ColumnSlabs(int n, int c) {
+  const int rows = ColumnSlabRows(n, c);
+  return (n + rows - 1) / rows;
+}
+
 // Second phase of a two-phase column reduction: for col in [0, m),
 //   out[col] += sum_{p in [0, parts)} partials[p, col]     (fp32, fixed order)
 // where columns [0, split) go to out0 and [split, m) to out1[col - split] (LayerNorm reduces

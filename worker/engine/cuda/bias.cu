@@ -10,7 +10,6 @@
 // The slab count depends only on (N, OC), never on the device, so results are reproducible.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -26,29 +25,12 @@ using internal::kVec;
 using internal::kWarpSize;
 using internal::LoadVec;
 
-// Phase 1 block: kWarpSize threads across channels (8 each: a 256-channel tile) by kRowLanes
-// row lanes.
-constexpr int kRowLanes = 8;
-constexpr int kTileChannels = kWarpSize * kVec;
-// About this many phase-1 blocks in all: a few waves on an H100 (132 SMs) while keeping the
-// partials (and phase 2's reads) small.
-constexpr int kTargetBlocks = 1024;
+// Phase 1 (bf16.cuh's column slabs).
+constexpr int kRowLanes = internal::kColumnRowLanes;
+constexpr int kTileChannels = internal::kColumnTileChannels;
 
 // Phase 2 block: 32 columns by kPartLanes lanes over the partial rows.
 constexpr int kPartLanes = 8;
-
-// Rows per slab for (n, oc); the slab count is then ceil(n / rows).
-int SlabRows(int n, int oc) {
-  const int tiles = (oc + kTileChannels - 1) / kTileChannels;
-  const int slabs = std::max(1, kTargetBlocks / tiles);
-  // At least kRowLanes rows per slab, so every row lane has work.
-  return std::max(kRowLanes, (n + slabs - 1) / slabs);
-}
-
-int Slabs(int n, int oc) {
-  const int rows = SlabRows(n, oc);
-  return (n + rows - 1) / rows;
-}
 
 __global__ void __launch_bounds__(kWarpSize* kRowLanes)
     BiasBackwardPartialKernel(float* __restrict__ partials,    // (gridDim.y, OC)
@@ -124,7 +106,7 @@ absl::Status LaunchAddColumnSums(float* out0, float* out1, int split, const floa
 
 size_t BiasBackwardScratchFloats(int n, int oc) {
   if (n <= 0 || oc <= 0) return 0;
-  return static_cast<size_t>(Slabs(n, oc)) * oc;
+  return static_cast<size_t>(internal::ColumnSlabs(n, oc)) * oc;
 }
 
 absl::Status BiasBackward(float* dbias, const bf16* dout, float* scratch, int n, int oc,
@@ -135,8 +117,8 @@ absl::Status BiasBackward(float* dbias, const bf16* dout, float* scratch, int n,
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
       kOp, {internal::NotNull(dbias, "dbias"), internal::Aligned16(dout, "dout"),
             internal::NotNull(scratch, "scratch")}));
-  const int slab_rows = SlabRows(n, oc);
-  const int slabs = Slabs(n, oc);
+  const int slab_rows = internal::ColumnSlabRows(n, oc);
+  const int slabs = internal::ColumnSlabs(n, oc);
   const dim3 grid((oc + kTileChannels - 1) / kTileChannels, slabs);
   const dim3 block(kWarpSize, kRowLanes);
   WEFT_BF16_RETURN_IF_ERROR(internal::Launch(BiasBackwardPartialKernel, grid, block, 0, stream,

@@ -111,11 +111,6 @@ absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config
         "model.hidden_size: the CUDA engine needs a multiple of 8 that num_heads divides, got ",
         config.hidden_size, " with ", config.num_heads, " heads"));
   }
-  if (config.hidden_size > LayerNormMaxChannels()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.hidden_size: the CUDA engine's LayerNorm takes up to ", LayerNormMaxChannels(),
-        " channels, got ", config.hidden_size));
-  }
   if ((config.hidden_size / config.num_heads) % 8 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model: the CUDA engine needs a head size (hidden_size / num_heads) that is a multiple "

@@ -9,7 +9,6 @@
 
 #include "absl/status/status.h"
 #include "worker/engine/cuda/cuda_check.h"
-#include "worker/engine/cuda/row_accumulators.h"
 
 namespace weft::engine::cuda::internal {
 

@@ -8,12 +8,8 @@
 // three passes over the row (mean, squared deviations as the CPU op, which stays accurate when
 // |mean| >> std, then the output; the second and third hit L1). The sums are taken in warp
 // order instead of the CPU's serial loop, hence ~1e-6 relative differences. Backward: one warp
-// per row for dinp; dweight/dbias are reduced in two phases: each block keeps per-warp fp32
-// accumulators in shared memory (each lane owns its channels, so there are no races), sums its
-// warps in order into one partial row of `scratch`, then internal::LaunchAddColumnSums adds
-// the partials in block order. The warps per block depend only on C (as many as fit the
-// portable shared-memory budget, so C up to 12288), the block count on N and C, so the result
-// is bit-identical run to run.
+// per row for dinp, and dweight/dbias as a column reduction over the rows in a fixed order
+// (norm_backward.cuh), so the result is bit-identical run to run.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,6 +21,7 @@
 #include "worker/engine/cuda/bf16.cuh"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/launch.cuh"
+#include "worker/engine/cuda/norm_backward.cuh"
 #include "worker/engine/cuda/ops.h"
 
 namespace weft::engine::cuda {
@@ -37,15 +34,11 @@ constexpr int kRowsPerBlock = internal::kBlockSize / kWarpSize;
 constexpr float kEps = static_cast<float>(cpu::kLayerNormEps);
 
 using internal::kVec;
-using internal::LoadFloats;
 using internal::LoadVec;
-using internal::StoreFloats;
 using internal::StoreVec;
 
 // Row stride of one lane's 8-channel vectors within a row.
 constexpr int kLaneStride = kWarpSize * kVec;
-// Backward: per warp (2, C) fp32 accumulators (dweight, dbias) in shared memory.
-constexpr int kBwdFloatsPerChannel = 2;
 
 __global__ void LayerNormForwardKernel(bf16* __restrict__ out,           // (N, C)
                                        float* __restrict__ mean,         // (N)
@@ -98,89 +91,56 @@ __global__ void LayerNormForwardKernel(bf16* __restrict__ out,           // (N, 
 }
 
 // dx += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight, xhat = (x - mean) * rstd;
-// per block: partials[blockIdx.x] = (sum of xhat * dy, sum of dy) over the block's rows.
-// Dynamic shared memory: (warps per block) * 2 * C floats.
-__global__ void __launch_bounds__(internal::kMaxRowAccumulatorWarps * kWarpSize)
-    LayerNormBackwardKernel(bf16* __restrict__ dinp,          // (N, C) +=
-                            float* __restrict__ partials,     // (gridDim.x, 2C)
-                            const bf16* __restrict__ dout,    // (N, C)
-                            const bf16* __restrict__ inp,     // (N, C)
-                            const bf16* __restrict__ weight,  // (C)
-                            const float* __restrict__ mean,   // (N)
-                            const float* __restrict__ rstd,   // (N)
-                            int n, int c) {
-  extern __shared__ float4 shared_vec[];
-  const int warps = blockDim.x / kWarpSize;
-  float* acc = reinterpret_cast<float*>(shared_vec);  // (warps, 2, C)
-  const int warp = threadIdx.x / kWarpSize;
+// a warp per row: the row's two sums, then (the row again, from L1 or L2) dx.
+__global__ void LayerNormBackwardInputKernel(bf16* __restrict__ dinp,          // (N, C) +=
+                                             const bf16* __restrict__ dout,    // (N, C)
+                                             const bf16* __restrict__ inp,     // (N, C)
+                                             const bf16* __restrict__ weight,  // (C)
+                                             const float* __restrict__ mean,   // (N)
+                                             const float* __restrict__ rstd,   // (N)
+                                             int n, int c) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  float* dw_acc = acc + static_cast<int64_t>(warp) * 2 * c;  // (C)
-  float* db_acc = dw_acc + c;                                // (C)
-  // A lane only ever touches its own channels of its warp's accumulators: no barrier needed
-  // until the cross-warp sum.
-  const float zeros[kVec] = {};
+  if (row >= n) return;  // whole warps exit together
+  const int64_t offset = static_cast<int64_t>(row) * c;
+  const bf16* x = inp + offset;    // (C)
+  const bf16* dy = dout + offset;  // (C)
+  bf16* dx = dinp + offset;        // (C)
+  const float m = mean[row];
+  const float s = rstd[row];
+  float g_sum = 0.0f;
+  float g_xhat_sum = 0.0f;
   for (int j = lane * kVec; j < c; j += kLaneStride) {
-    StoreFloats(dw_acc + j, zeros);
-    StoreFloats(db_acc + j, zeros);
-  }
-  for (int row = blockIdx.x * warps + warp; row < n; row += gridDim.x * warps) {
-    const int64_t offset = static_cast<int64_t>(row) * c;
-    const bf16* x = inp + offset;    // (C)
-    const bf16* dy = dout + offset;  // (C)
-    bf16* dx = dinp + offset;        // (C)
-    const float m = mean[row];
-    const float s = rstd[row];
-    float g_sum = 0.0f;
-    float g_xhat_sum = 0.0f;
-    for (int j = lane * kVec; j < c; j += kLaneStride) {
-      float xv[kVec];
-      float dyv[kVec];
-      float wv[kVec];
-      LoadVec(x + j, xv);
-      LoadVec(dy + j, dyv);
-      LoadVec(weight + j, wv);
+    float xv[kVec];
+    float dyv[kVec];
+    float wv[kVec];
+    LoadVec(x + j, xv);
+    LoadVec(dy + j, dyv);
+    LoadVec(weight + j, wv);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const float g = dyv[k] * wv[k];
-        g_sum += g;
-        g_xhat_sum += g * ((xv[k] - m) * s);
-      }
-    }
-    const float g_mean = WarpSum(g_sum) / c;
-    const float g_xhat_mean = WarpSum(g_xhat_sum) / c;
-    for (int j = lane * kVec; j < c; j += kLaneStride) {
-      float xv[kVec];
-      float dyv[kVec];
-      float wv[kVec];
-      float dxv[kVec];
-      LoadVec(x + j, xv);
-      LoadVec(dy + j, dyv);
-      LoadVec(weight + j, wv);
-      LoadVec(dx + j, dxv);
-      float dw[kVec];
-      float db[kVec];
-      LoadFloats(dw_acc + j, dw);
-      LoadFloats(db_acc + j, db);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const float xhat = (xv[k] - m) * s;
-        const float g = dyv[k] * wv[k];
-        dxv[k] += (g - g_mean - xhat * g_xhat_mean) * s;
-        dw[k] += xhat * dyv[k];
-        db[k] += dyv[k];
-      }
-      StoreVec(dx + j, dxv);
-      StoreFloats(dw_acc + j, dw);
-      StoreFloats(db_acc + j, db);
+    for (int k = 0; k < kVec; ++k) {
+      const float g = dyv[k] * wv[k];
+      g_sum += g;
+      g_xhat_sum += g * ((xv[k] - m) * s);
     }
   }
-  __syncthreads();
-  // The block's partial: its warps' accumulators summed in warp order.
-  const int two_c = 2 * c;
-  for (int col = threadIdx.x; col < two_c; col += blockDim.x) {
-    float total = 0.0f;
-    for (int w = 0; w < warps; ++w) total += acc[w * two_c + col];
-    partials[static_cast<int64_t>(blockIdx.x) * two_c + col] = total;
+  const float g_mean = WarpSum(g_sum) / c;
+  const float g_xhat_mean = WarpSum(g_xhat_sum) / c;
+  for (int j = lane * kVec; j < c; j += kLaneStride) {
+    float xv[kVec];
+    float dyv[kVec];
+    float wv[kVec];
+    float dxv[kVec];
+    LoadVec(x + j, xv);
+    LoadVec(dy + j, dyv);
+    LoadVec(weight + j, wv);
+    LoadVec(dx + j, dxv);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float xhat = (xv[k] - m) * s;
+      dxv[k] += (dyv[k] * wv[k] - g_mean - xhat * g_xhat_mean) * s;
+    }
+    StoreVec(dx + j, dxv);
   }
 }
 
@@ -204,12 +164,8 @@ absl::Status LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* i
                           mean, rstd, inp, weight, bias, n, c);
 }
 
-int LayerNormMaxChannels() { return internal::RowAccumulatorMaxChannels(kBwdFloatsPerChannel); }
-
 size_t LayerNormBackwardScratchFloats(int n, int c) {
-  if (n <= 0 || c <= 0) return 0;
-  return static_cast<size_t>(internal::PlanRowAccumulators(n, c, kBwdFloatsPerChannel).blocks) *
-         2 * c;
+  return internal::NormParamGradScratchFloats(n, c, /*with_bias=*/true);
 }
 
 absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dout,
@@ -224,16 +180,12 @@ absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const b
        internal::Aligned16(inp, "inp"), internal::Aligned16(weight, "weight"),
        internal::NotNull(mean, "mean"), internal::NotNull(rstd, "rstd"),
        internal::NotNull(scratch, "scratch")}));
-  WEFT_BF16_RETURN_IF_ERROR(
-      internal::CheckRowAccumulatorWidth("layernorm backward", c, kBwdFloatsPerChannel));
-  const internal::RowAccumulatorLaunch launch =
-      internal::PlanRowAccumulators(n, c, kBwdFloatsPerChannel);
-  WEFT_BF16_RETURN_IF_ERROR(
-      internal::AllowSharedBytes(LayerNormBackwardKernel, launch.shared_bytes));
-  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(
-      LayerNormBackwardKernel, launch.blocks, launch.warps * kWarpSize, launch.shared_bytes,
-      stream, dinp, scratch, dout, inp, weight, mean, rstd, n, c));
-  return internal::LaunchAddColumnSums(dweight, dbias, c, scratch, launch.blocks, 2 * c, stream);
+  const int blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(LayerNormBackwardInputKernel, blocks,
+                                             internal::kBlockSize, 0, stream, dinp, dout, inp,
+                                             weight, mean, rstd, n, c));
+  return internal::LaunchNormParamGrad(dweight, dbias, dout, inp, mean, rstd, scratch, n, c,
+                                       stream);
 }
 
 }  // namespace weft::engine::cuda

@@ -21,10 +21,6 @@ std::string ShapeProblem(const LlamaConfig& c) {
     return absl::StrCat("model.hidden_size: the CUDA engine needs a multiple of 8, got ",
                         c.hidden_size);
   }
-  if (c.hidden_size > RmsNormMaxChannels()) {
-    return absl::StrCat("model.hidden_size: the CUDA engine's RMSNorm takes up to ",
-                        RmsNormMaxChannels(), " channels, got ", c.hidden_size);
-  }
   if (!FlashAttentionSupported(d) || d % 16 != 0) {
     return absl::StrCat("model: the CUDA Llama needs a head size (hidden_size / num_heads) of 16, "
                         "32, 64 or 128, got ", d);

@@ -105,9 +105,6 @@ absl::Status LayerNormForward(bf16* out,           // (N, C)
                               const bf16* bias,    // (C)
                               int n, int c, cudaStream_t stream);
 size_t LayerNormBackwardScratchFloats(int n, int c);
-// The widest C the backward takes: its per-warp dweight/dbias accumulators live in shared
-// memory (12288; wider is refused with InvalidArgument).
-int LayerNormMaxChannels();
 absl::Status LayerNormBackward(bf16* dinp,          // (N, C) += (the residual stream)
                                float* dweight,      // (C) +=
                                float* dbias,        // (C) +=
@@ -127,9 +124,6 @@ absl::Status RmsNormForward(bf16* out,           // (N, C)
                             const bf16* weight,  // (C)
                             int n, int c, float eps, cudaStream_t stream);
 size_t RmsNormBackwardScratchFloats(int n, int c);
-// The widest C the backward takes: its per-warp dweight accumulators live in shared memory
-// (24576; wider is refused with InvalidArgument).
-int RmsNormMaxChannels();
 absl::Status RmsNormBackward(bf16* dinp,          // (N, C) += (the residual stream)
                              float* dweight,      // (C) +=
                              const bf16* dout,    // (N, C)

@@ -10,13 +10,9 @@
 //   dx = rstd * (g - xhat * mean(g * xhat)),   dweight = sum over rows of dy * xhat.
 //
 // In bf16: C % 8 == 0, rows read as 16-byte vectors, fp32 math, one warp per row (the sum of
-// squares is a warp butterfly, then the row is read again from L1 for the output). dweight is
-// reduced in two phases so it is bit-identical run to run: each backward block owns a fixed
-// set of rows and keeps one fp32 accumulator row per warp in shared memory (a lane touches only
-// its own channels), sums its warps in order into its row of `scratch`, and
-// internal::LaunchAddColumnSums adds the blocks' rows in block order. The warps per block
-// depend only on C (as many as fit the portable shared-memory budget, so C up to 24576), the
-// block count on N and C.
+// squares is a warp butterfly, then the row is read again from L1 for the output). The backward
+// is a warp per row for dx and a column reduction over the rows in a fixed order for dweight
+// (norm_backward.cuh), so it is bit-identical run to run.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,6 +22,7 @@
 #include "worker/engine/cuda/bf16.cuh"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/launch.cuh"
+#include "worker/engine/cuda/norm_backward.cuh"
 #include "worker/engine/cuda/ops.h"
 
 namespace weft::engine::cuda {
@@ -33,17 +30,13 @@ namespace {
 
 using internal::kVec;
 using internal::kWarpSize;
-using internal::LoadFloats;
 using internal::LoadVec;
-using internal::StoreFloats;
 using internal::StoreVec;
 using internal::WarpSum;
 
-constexpr int kForwardWarps = internal::kBlockSize / kWarpSize;  // rows per forward block
+constexpr int kForwardWarps = internal::kBlockSize / kWarpSize;  // rows a block (a warp each)
 // A lane's successive 8-channel vectors of a row are this many channels apart.
 constexpr int kRowStep = kWarpSize * kVec;
-// Backward: per warp a (C) fp32 dweight accumulator in shared memory.
-constexpr int kBackwardFloatsPerChannel = 1;
 
 __global__ void RmsNormForwardKernel(bf16* __restrict__ out,           // (N, C)
                                      float* __restrict__ rstd,         // (N)
@@ -86,58 +79,35 @@ struct RowVectors {
   }
 };
 
-// Dynamic shared memory: (warps per block) * C floats (one dweight accumulator per warp).
-__global__ void __launch_bounds__(internal::kMaxRowAccumulatorWarps * kWarpSize)
-    RmsNormBackwardKernel(bf16* __restrict__ dinp,          // (N, C) +=
-                          float* __restrict__ partials,     // (gridDim.x, C)
-                          const bf16* __restrict__ dout,    // (N, C)
-                          const bf16* __restrict__ inp,     // (N, C)
-                          const bf16* __restrict__ weight,  // (C)
-                          const float* __restrict__ rstd,   // (N)
-                          int n, int c) {
-  extern __shared__ float4 shared_vec[];
-  const int warps = blockDim.x / kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
+// dx += rstd * (g - xhat * mean(g * xhat)); a warp per row, the row read twice (the second
+// time from L1 or L2). kForwardWarps rows a block.
+__global__ void RmsNormBackwardInputKernel(bf16* __restrict__ dinp,          // (N, C) +=
+                                           const bf16* __restrict__ dout,    // (N, C)
+                                           const bf16* __restrict__ inp,     // (N, C)
+                                           const bf16* __restrict__ weight,  // (C)
+                                           const float* __restrict__ rstd,   // (N)
+                                           int n, int c) {
+  const int row = blockIdx.x * kForwardWarps + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  float* dw = reinterpret_cast<float*>(shared_vec) + static_cast<size_t>(warp) * c;  // (C)
-  const float zero[kVec] = {};
-  for (int j = lane * kVec; j < c; j += kRowStep) StoreFloats(dw + j, zero);
-  const float inv_c = 1.0f / static_cast<float>(c);
-  for (int row = blockIdx.x * warps + warp; row < n; row += gridDim.x * warps) {
-    const size_t base = static_cast<size_t>(row) * c;
-    const float r = rstd[row];
-    // Pass 1: the row's sum of g * xhat; pass 2 (from L1): dx and this warp's dweight.
-    float dot = 0.0f;
-    for (int j = lane * kVec; j < c; j += kRowStep) {
-      RowVectors v;
-      v.Load(inp + base + j, dout + base + j, weight + j);
+  if (row >= n) return;  // the whole warp leaves together
+  const size_t base = static_cast<size_t>(row) * c;
+  const float r = rstd[row];
+  float dot = 0.0f;
+  for (int j = lane * kVec; j < c; j += kRowStep) {
+    RowVectors v;
+    v.Load(inp + base + j, dout + base + j, weight + j);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) dot += v.dy[k] * v.w[k] * (v.x[k] * r);
-    }
-    const float mean_dot = WarpSum(dot) * inv_c;
-    for (int j = lane * kVec; j < c; j += kRowStep) {
-      RowVectors v;
-      v.Load(inp + base + j, dout + base + j, weight + j);
-      float dx[kVec];
-      float acc[kVec];
-      LoadVec(dinp + base + j, dx);
-      LoadFloats(dw + j, acc);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const float xhat = v.x[k] * r;
-        dx[k] += r * (v.dy[k] * v.w[k] - xhat * mean_dot);
-        acc[k] += v.dy[k] * xhat;
-      }
-      StoreVec(dinp + base + j, dx);
-      StoreFloats(dw + j, acc);
-    }
+    for (int k = 0; k < kVec; ++k) dot += v.dy[k] * v.w[k] * (v.x[k] * r);
   }
-  __syncthreads();
-  const float* all = reinterpret_cast<const float*>(shared_vec);
-  for (int col = threadIdx.x; col < c; col += blockDim.x) {
-    float total = 0.0f;
-    for (int w = 0; w < warps; ++w) total += all[static_cast<size_t>(w) * c + col];
-    partials[static_cast<size_t>(blockIdx.x) * c + col] = total;
+  const float mean_dot = WarpSum(dot) * (1.0f / static_cast<float>(c));
+  for (int j = lane * kVec; j < c; j += kRowStep) {
+    RowVectors v;
+    v.Load(inp + base + j, dout + base + j, weight + j);
+    float dx[kVec];
+    LoadVec(dinp + base + j, dx);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) dx[k] += r * (v.dy[k] * v.w[k] - v.x[k] * r * mean_dot);
+    StoreVec(dinp + base + j, dx);
   }
 }
 
@@ -163,15 +133,8 @@ absl::Status RmsNormForward(bf16* out, float* rstd, const bf16* inp, const bf16*
                           rstd, inp, weight, n, c, eps);
 }
 
-int RmsNormMaxChannels() {
-  return internal::RowAccumulatorMaxChannels(kBackwardFloatsPerChannel);
-}
-
 size_t RmsNormBackwardScratchFloats(int n, int c) {
-  if (n <= 0 || c <= 0) return 0;
-  return static_cast<size_t>(
-             internal::PlanRowAccumulators(n, c, kBackwardFloatsPerChannel).blocks) *
-         c;
+  return internal::NormParamGradScratchFloats(n, c, /*with_bias=*/false);
 }
 
 absl::Status RmsNormBackward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp,
@@ -184,15 +147,12 @@ absl::Status RmsNormBackward(bf16* dinp, float* dweight, const bf16* dout, const
             internal::Aligned16(dout, "dout"), internal::Aligned16(inp, "inp"),
             internal::Aligned16(weight, "weight"), internal::NotNull(rstd, "rstd"),
             internal::NotNull(scratch, "scratch")}));
-  WEFT_BF16_RETURN_IF_ERROR(
-      internal::CheckRowAccumulatorWidth(kOp, c, kBackwardFloatsPerChannel));
-  const internal::RowAccumulatorLaunch launch =
-      internal::PlanRowAccumulators(n, c, kBackwardFloatsPerChannel);
-  WEFT_BF16_RETURN_IF_ERROR(internal::AllowSharedBytes(RmsNormBackwardKernel, launch.shared_bytes));
-  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(
-      RmsNormBackwardKernel, launch.blocks, launch.warps * kWarpSize, launch.shared_bytes, stream,
-      dinp, scratch, dout, inp, weight, rstd, n, c));
-  return internal::LaunchAddColumnSums(dweight, nullptr, c, scratch, launch.blocks, c, stream);
+  const int blocks = (n + kForwardWarps - 1) / kForwardWarps;
+  WEFT_BF16_RETURN_IF_ERROR(internal::Launch(RmsNormBackwardInputKernel, blocks,
+                                             internal::kBlockSize, 0, stream, dinp, dout, inp,
+                                             weight, rstd, n, c));
+  return internal::LaunchNormParamGrad(dweight, nullptr, dout, inp, nullptr, rstd, scratch, n, c,
+                                       stream);
 }
 
 }  // namespace weft::engine::cuda
