@@ -1281,6 +1281,46 @@ TEST(ZeroCudaPlan, ARecomputingPlanLetsTheHeadGradientTakeTurnsWithTheBlocks) {
             working(untied, **untied_arch, Checkpointing::kNone, 1));
 }
 
+// Recomputing levels keep the classifier's logits chunk in the activations their blocks share
+// (dead while the classifier runs), so a wider vocabulary costs them nothing while its chunk
+// fits there; without recomputation the chunk is a buffer of its own and grows with it. At the
+// Llama-8B shape (2 x 4096 rows) FULL saves the whole 512 MiB chunk.
+TEST(ZeroCudaPlan, RecomputingLevelsKeepTheLogitsInTheSharedActivations) {
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    const auto bytes = [&](int vocab, const engine::CheckpointingPlan& level) {
+      weft::v1::JobSpec spec = SmallSpec(4, 1, llama);
+      spec.mutable_model()->set_vocab_size(vocab);
+      spec.mutable_model()->set_padded_vocab_size(vocab);
+      auto arch = engine::MakeModelArch(spec.model());
+      EXPECT_TRUE(arch.ok()) << arch.status();
+      return arch.ok() ? engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level) : 0;
+    };
+    using engine::Checkpointing;
+    EXPECT_GT(bytes(128, Checkpointing::kNone), bytes(64, Checkpointing::kNone));
+    EXPECT_EQ(bytes(128, Checkpointing::kFull), bytes(64, Checkpointing::kFull));
+    EXPECT_EQ(bytes(128, Checkpointing::kSelective), bytes(64, Checkpointing::kSelective));
+  }
+  // The Llama-8B shape at 2 x 4096 rows: FULL's shared buffers (both norms' outputs,
+  // attention's output and the mid-block residual, 4 x C; qkv; gate_up and the SwiGLU output,
+  // 3 x I) are 1 GiB, so the 512 MiB chunk of 128,256-wide rows fits, and FULL needs no more
+  // than with a 64-token vocabulary.
+  const auto full_at_8b = [](int vocab) -> size_t {
+    weft::v1::JobSpec spec = Llama4096Spec(32, 14336);
+    spec.mutable_model()->set_vocab_size(vocab);
+    spec.mutable_model()->set_padded_vocab_size(vocab);
+    spec.mutable_model()->set_context_length(4096);
+    auto arch = engine::MakeModelArch(spec.model());
+    EXPECT_TRUE(arch.ok()) << arch.status();
+    return arch.ok() ? engine::cuda::PlanCudaActivationBytes(**arch, 2, 4096,
+                                                             engine::Checkpointing::kFull)
+                     : 0;
+  };
+  const size_t n = size_t{2} * 4096;
+  ASSERT_GE(n * (4 * 4096 + 6144 + 3 * 14336) * 2, size_t{2093} * 128256 * 2);
+  EXPECT_EQ(full_at_8b(128256), full_at_8b(64));
+}
+
 TEST(ZeroCudaCapability, PreAmpereGpusAreRefusedWithTheReason) {
   EXPECT_TRUE(CheckComputeCapability(8, 0).ok());
   EXPECT_TRUE(CheckComputeCapability(9, 0).ok());

@@ -49,7 +49,6 @@ LlamaCuda::LlamaCuda(const LlamaConfig& config, int max_b, int max_t, Checkpoint
 
 size_t LlamaCuda::Layout(char* base) {
   Arena a(base);
-  TakeCommon(a, config_.padded_vocab_size, config_.hidden_size);
   const int layers = config_.num_layers;
   const size_t n = static_cast<size_t>(max_b_) * max_t_;
   const size_t nc = n * config_.hidden_size;
@@ -63,6 +62,7 @@ size_t LlamaCuda::Layout(char* base) {
   bool keep_all = KeptPerLayer(level_.level, ActKind::kCheap);
   bool keep_matmuls = KeptPerLayer(level_.level, ActKind::kSaved);
   Saved shared{};
+  ClassifierSpare spare{a.size(), 0};
   shared.attn_norm = keep_all ? nullptr : a.Take<bf16>(nc);
   // Attention's output is kept with the matmul outputs, the mid-block residual recomputed
   // with the cheap ones (llama_model.h says why).
@@ -72,6 +72,10 @@ size_t LlamaCuda::Layout(char* base) {
   shared.qkv = keep_matmuls ? nullptr : a.Take<bf16>(n_qkv);
   shared.res2 = keep_all ? nullptr : a.Take<bf16>(nc);
   shared.gate_up = keep_matmuls ? nullptr : a.Take<bf16>(2 * n_i);
+  spare.end = a.size();
+  // Past the first piece's alignment padding, if the shared buffers took any.
+  if (spare.end > spare.begin) spare.begin = (spare.begin + 255) / 256 * 256;
+  TakeCommon(a, config_.padded_vocab_size, config_.hidden_size, spare);
   saved_.resize(layers);
   for (int l = 0; l < layers; ++l) {
     Saved& s = saved_[l];

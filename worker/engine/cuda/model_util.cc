@@ -20,12 +20,21 @@ ArenaModel::~ArenaModel() {
   if (arena_ != nullptr) cudaFree(arena_);
 }
 
-void ArenaModel::TakeCommon(Arena& arena, int vp, int c) {
+void ArenaModel::TakeCommon(Arena& arena, int vp, int c, ClassifierSpare spare) {
   vp_ = vp;
   const size_t n = static_cast<size_t>(max_b_) * max_t_;
   const size_t row_bytes = static_cast<size_t>(vp) * sizeof(bf16);
+  // The chunk's rows do not depend on where it lives: they set the order in which the LM
+  // head's gradient sums its chunks, which every checkpointing level must share to stay
+  // bit-identical to the others.
   logit_rows_ = static_cast<int>(std::clamp<size_t>(kLogitChunkBytes / row_bytes, 1, n));
-  logits_ = arena.Take<bf16>(static_cast<size_t>(logit_rows_) * vp);
+  const size_t chunk_bytes = static_cast<size_t>(logit_rows_) * row_bytes;
+  // Arena pieces start 256-byte aligned; the spare's start is one.
+  if (spare.end - spare.begin >= chunk_bytes) {
+    logits_ = reinterpret_cast<bf16*>(arena.At(spare.begin));
+  } else {
+    logits_ = arena.Take<bf16>(static_cast<size_t>(logit_rows_) * vp);
+  }
   losses_ = arena.Take<float>(n);
   tokens_ = arena.Take<int32_t>(n);
   targets_ = arena.Take<int32_t>(n);

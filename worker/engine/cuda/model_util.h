@@ -37,6 +37,8 @@ class Arena {
     return keep ? Take<T>(count) : shared;
   }
   size_t size() const { return offset_; }
+  // Where bytes [offset, ...) of the arena are (null when only measuring).
+  char* At(size_t offset) const { return base_ == nullptr ? nullptr : base_ + offset; }
 
  private:
   char* base_;
@@ -61,12 +63,19 @@ class ArenaModel : public CudaModel {
       : max_b_(max_b), max_t_(max_t), level_(level), stream_(stream) {}
 
   // Points every buffer into the allocation at `base` and returns the bytes used; a null base
-  // only measures. Implementations take their buffers and then TakeCommon's.
+  // only measures. Implementations take their buffers and TakeCommon's.
   virtual size_t Layout(char* base) = 0;
+  // Bytes [begin, end) of the arena that nothing reads or writes while Classifier runs: the
+  // activations a checkpointing level shares between blocks, which the last block's forward
+  // has been the last to use and its backward recomputes after the classifier.
+  struct ClassifierSpare {
+    size_t begin = 0;
+    size_t end = 0;
+  };
   // The buffers of this class: losses, tokens, targets (N = max_b * max_t each), the logits
-  // chunk for a padded vocabulary of vp, and the embedding backward's plan and scratch at
-  // width c.
-  void TakeCommon(Arena& arena, int vp, int c);
+  // chunk for a padded vocabulary of vp (inside `spare` when it fits there), and the embedding
+  // backward's plan and scratch at width c.
+  void TakeCommon(Arena& arena, int vp, int c, ClassifierSpare spare);
   // Creates the GEMM library and allocates Layout's bytes (RESOURCE_EXHAUSTED naming the need
   // and the free memory), then lays the buffers out in them.
   absl::Status Allocate();
