@@ -18,6 +18,9 @@
 #     sets optimizer.offload, =auto optimizer.offload_auto (WEFT_BENCH_OFFLOAD_FRACTION
 #     offload's offload_fraction; the line's
 #     offload= is on, off or the share the engine offloaded); WEFT_BENCH_ACCUM sets training.grad_accum_steps (default 1);
+#     WEFT_BENCH_MEMORY_LIMIT_GIB sets training.device_memory_limit_gib (a peer's memory, to
+#     let AUTO choose within it: the limit counts the 1.5 GiB NCCL/runtime reserve, which the
+#     peer's max_memory_allocated does not);
 #     WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS KV_HEADS FFN VOCAB SEQ" replaces the llama shape,
 #     WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS VOCAB SEQ" the gpt2 one (GPT 6.7B: "32 4096 32 50304
 #     1024");
@@ -99,7 +102,8 @@ optimizer { learning_rate: ${11} weight_decay: 0.1 grad_clip_norm: 1.0
 lr_schedule { kind: COSINE warmup_steps: $(( ${10} >= 60 ? 20 : ${10} / 4 )) min_lr_ratio: 0.1 }
 training { total_steps: ${10} micro_batch_size: $9 sequence_length: $8 seed: 1337
            grad_accum_steps: ${WEFT_BENCH_ACCUM:-1}
-           activation_checkpointing: ${WEFT_BENCH_AC:-AUTO} }
+           activation_checkpointing: ${WEFT_BENCH_AC:-AUTO}
+           device_memory_limit_gib: ${WEFT_BENCH_MEMORY_LIMIT_GIB:-0} }
 zero_stage: 3
 $([[ ${WEFT_BENCH_SHARD:-full} == hybrid ]] && echo "sharding { scope: HOST }")
 resources { device_kind: DEVICE_KIND_$2 min_workers: $3 max_workers: $3 }

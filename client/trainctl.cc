@@ -245,7 +245,10 @@ void PrintSpecSummary(const v1::JobSpec& spec) {
       {"  training",
        absl::StrCat(t.total_steps(), " steps, micro-batch ", t.micro_batch_size(), " x ",
                     t.sequence_length(), " tokens, grad accum ", t.grad_accum_steps(), ", seed ",
-                    t.seed(), validation)},
+                    t.seed(), validation,
+                    t.device_memory_limit_gib() > 0
+                        ? absl::StrFormat(", GPU memory limit %g GiB", t.device_memory_limit_gib())
+                        : "")},
       {"  parallelism",
        absl::StrCat("ZeRO-", spec.zero_stage(), ", ",
                     ShortEnumName(weft::v1::Precision_Name(spec.precision()), "PRECISION_"))},

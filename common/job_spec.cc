@@ -386,6 +386,10 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
   if (t.val_interval_steps() > 0 && t.val_batches() < 1) {
     bad("training.val_batches", absl::StrCat("must be >= 1 when validation is enabled, got ", t.val_batches()));
   }
+  if (!(std::isfinite(t.device_memory_limit_gib()) && t.device_memory_limit_gib() >= 0.0)) {
+    bad("training.device_memory_limit_gib",
+        absl::StrCat("must be >= 0 GiB (0: no limit), got ", t.device_memory_limit_gib()));
+  }
   if (!weft::v1::ActivationCheckpointing::Level_IsValid(t.activation_checkpointing())) {
     bad("training.activation_checkpointing",
         absl::StrCat("unknown value ", t.activation_checkpointing(), "; use AUTO, NONE, SELECTIVE or FULL"));

@@ -98,7 +98,7 @@ std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan) {
 
 MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
                             size_t free_bytes, int micro_batch_size, int world, int num_layers,
-                            const MemoryPlanner& plan) {
+                            const MemoryPlanner& plan, std::string_view budget) {
   const bool automatic = IsAuto(requested);
   std::vector<Checkpointing> candidates;
   if (automatic) {
@@ -120,10 +120,10 @@ MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
         decision.plan = plan(decision.level, micro_batch_size, world);
       }
       decision.reason = absl::StrFormat(
-          "activation checkpointing %s (%s): %s per GPU of %.2f GiB free%s",
+          "activation checkpointing %s (%s): %s per GPU of %.2f GiB %s%s",
           engine::DescribeCheckpointing(decision.level),
           automatic ? "chosen by AUTO" : "as asked", DescribeGpuMemoryPlan(decision.plan),
-          GiB(free_bytes),
+          GiB(free_bytes), budget,
           too_big.empty() ? "" : absl::StrCat("; ", absl::StrJoin(too_big, ", ")));
       return decision;
     }
@@ -136,9 +136,10 @@ MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
       decision.level.level, free_bytes, micro_batch_size, world, automatic, plan);
   decision.reason = absl::StrFormat(
       "GPU memory: the job needs %s per GPU at world size %d, micro_batch_size %d, activation "
-      "checkpointing %s, but %.2f GiB is free (%s). %s",
+      "checkpointing %s, but %.2f GiB is %s (%s). %s",
       DescribeGpuMemoryPlan(decision.plan), world, micro_batch_size,
-      CheckpointingName(decision.level.level), GiB(free_bytes), absl::StrJoin(too_big, ", "),
+      CheckpointingName(decision.level.level), GiB(free_bytes), budget,
+      absl::StrJoin(too_big, ", "),
       instead.empty()
           ? "Nothing within reach fits: lower training.sequence_length or the model's size."
           : absl::StrCat("It would fit with ", absl::StrJoin(instead, ", or "), "."));

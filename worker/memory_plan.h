@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -54,9 +55,11 @@ struct MemoryDecision {
 // recomputation that fits, trying none, selective, full in that order, then under the first
 // that fits as many of the model's `num_layers` blocks one level lighter as fit; a named level
 // runs uniform).
+// `budget` names what free_bytes is in the reason: "free" (the device's free memory), or the
+// job's limit ("allowed by training.device_memory_limit_gib").
 MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
                             size_t free_bytes, int micro_batch_size, int world, int num_layers,
-                            const MemoryPlanner& plan);
+                            const MemoryPlanner& plan, std::string_view budget = "free");
 
 // Optimizer offload takes whole units from the end (the last block first, the head last):
 // units [first, n) of `unit_sizes` are offloaded. This returns `first` for the optimizer's

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -75,6 +76,13 @@ absl::StatusOr<int> CountRefusals(comm::CudaCommunicator* group, comm::CudaCommu
   float total = 0;
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(&total, flag, sizeof(float), cudaMemcpyDeviceToHost));
   return static_cast<int>(std::lround(total));
+}
+
+// training.device_memory_limit_gib in bytes; 0 for none.
+size_t DeviceMemoryLimitBytes(const weft::v1::TrainingSpec& training) {
+  const double gib = training.device_memory_limit_gib();
+  if (!(gib > 0.0)) return 0;
+  return static_cast<size_t>(std::min(gib * 1073741824.0, 1.8e19));
 }
 
 // At world 1 a unit's shard is the whole unit: the model accumulates its gradients straight
@@ -298,6 +306,13 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
                         engine::MakeModelArch(spec.model()));
   size_t free_bytes = 0, total_bytes = 0;
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  // The job's limit, where it binds, is what every plan below must fit.
+  std::string_view budget = "free";
+  if (const size_t limit = DeviceMemoryLimitBytes(spec.training());
+      limit > 0 && limit < free_bytes) {
+    free_bytes = limit;
+    budget = "allowed by training.device_memory_limit_gib";
+  }
   // Which units are offloaded: the spec's choice, or with offload_auto the least that fits
   // (below); decided here once, for every plan tried and for the engine.
   const std::vector<size_t> unit_sizes = UnitSizes(*arch);
@@ -308,7 +323,8 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
                         arch->num_layers(),
                         [&](const engine::CheckpointingPlan& level, int rows, int world) {
                           return PlanGpuMemoryAt(spec, *arch, level, rows, world, first);
-                        });
+                        },
+                        budget);
   };
   MemoryDecision memory = decide(first_offloaded);
   // Offloading (more of) the optimizer is the one remedy DecideMemory does not weigh: at the

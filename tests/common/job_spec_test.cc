@@ -412,6 +412,15 @@ const ViolationCase kViolationCases[] = {
        s->mutable_optimizer()->set_grad_clip_norm(std::numeric_limits<double>::quiet_NaN());
      },
      "optimizer.grad_clip_norm", "must be >= 0"},
+    {"NegativeDeviceMemoryLimit",
+     [](JobSpec* s) { s->mutable_training()->set_device_memory_limit_gib(-1); },
+     "training.device_memory_limit_gib", "must be >= 0 GiB (0: no limit), got -1"},
+    {"InfiniteDeviceMemoryLimit",
+     [](JobSpec* s) {
+       s->mutable_training()->set_device_memory_limit_gib(
+           std::numeric_limits<double>::infinity());
+     },
+     "training.device_memory_limit_gib", "must be >= 0 GiB"},
     {"ZeroTotalSteps", [](JobSpec* s) { s->mutable_training()->set_total_steps(0); },
      "training.total_steps", "must be >= 1, got 0"},
     {"ZeroMicroBatch", [](JobSpec* s) { s->mutable_training()->set_micro_batch_size(0); },

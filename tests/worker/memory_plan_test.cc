@@ -82,6 +82,21 @@ TEST(DecideMemoryTest, AutoSpendsTheRestOnLighterBlocks) {
   EXPECT_EQ(d.level, CheckpointingPlan(Checkpointing::kFull));
 }
 
+// A job's training.device_memory_limit_gib stands in for the free memory, and the reasons say
+// which of the two bound the plan.
+TEST(DecideMemoryTest, TheReasonNamesTheBudgetThatBinds) {
+  constexpr const char* kLimit = "allowed by training.device_memory_limit_gib";
+  MemoryDecision d =
+      DecideMemory(Level::AUTO, 80 * kGiB, 8, 1, kLayers, Plan, kLimit);
+  ASSERT_TRUE(d.fits);
+  EXPECT_THAT(d.reason, HasSubstr("of 80.00 GiB allowed by training.device_memory_limit_gib"));
+  d = DecideMemory(Level::NONE, 65 * kGiB, 8, 1, kLayers, Plan, kLimit);
+  ASSERT_FALSE(d.fits);
+  EXPECT_THAT(d.reason,
+              HasSubstr("but 65.00 GiB is allowed by training.device_memory_limit_gib"));
+  EXPECT_THAT(Decide(Level::AUTO, 80).reason, HasSubstr("of 80.00 GiB free"));
+}
+
 TEST(DecideMemoryTest, AnExplicitLevelIsKeptOrRefusedNamingOneThatFits) {
   MemoryDecision d = Decide(Level::FULL, 80);
   ASSERT_TRUE(d.fits);

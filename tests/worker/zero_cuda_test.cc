@@ -1110,6 +1110,42 @@ TEST_F(ZeroCudaTest, AutoChoosesCheckpointingWhenEverythingDoesNotFit) {
               ::testing::HasSubstr("training.activation_checkpointing: "));
 }
 
+// training.device_memory_limit_gib binds the plan like a smaller GPU: between what FULL and
+// NONE need, AUTO recomputes and the plan stays within the limit; below what FULL needs, the
+// job is refused naming the field. A limit above the free memory changes nothing.
+TEST_F(ZeroCudaTest, ADeviceMemoryLimitBindsTheMemoryPlan) {
+  weft::v1::JobSpec spec = SmallSpec(4, 1, /*llama=*/true);
+  auto arch = engine::MakeModelArch(spec.model());
+  ASSERT_TRUE(arch.ok()) << arch.status();
+  const int rows = spec.training().micro_batch_size();
+  const size_t none = PlanGpuMemory(spec, **arch, engine::Checkpointing::kNone, rows, 1).total();
+  const size_t full = PlanGpuMemory(spec, **arch, engine::Checkpointing::kFull, rows, 1).total();
+  ASSERT_LT(full, none);
+  constexpr double kGiB = 1073741824.0;
+  MemoryStore store;
+  auto c = comm::CreateNcclCommunicator(&store, 0, 1, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  spec.mutable_training()->set_device_memory_limit_gib(static_cast<double>(full + 4096) / kGiB);
+  {
+    auto engine = ZeroCudaEngine::Create(spec, c->get());
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const std::string note = (*engine)->MemoryPlanNote();
+    EXPECT_THAT(note, ::testing::StartsWith("activation checkpointing full"));
+    EXPECT_THAT(note, ::testing::HasSubstr("allowed by training.device_memory_limit_gib"));
+  }
+  spec.mutable_training()->set_device_memory_limit_gib(static_cast<double>(full - 4096) / kGiB);
+  auto refused = ZeroCudaEngine::Create(spec, c->get());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              ::testing::HasSubstr("is allowed by training.device_memory_limit_gib"));
+  spec.mutable_training()->set_device_memory_limit_gib(1e9);  // an exabyte: the GPU binds
+  auto unbound = ZeroCudaEngine::Create(spec, c->get());
+  ASSERT_TRUE(unbound.ok()) << unbound.status();
+  EXPECT_THAT((*unbound)->MemoryPlanNote(), ::testing::HasSubstr("GiB free"));
+  EXPECT_THAT((*unbound)->MemoryPlanNote(), ::testing::StartsWith("activation checkpointing none"));
+}
+
 // The curve tolerance above is not vacuous: a run whose learning rate is 3x off (a stand-in
 // for a gradient scaled wrongly, e.g. a missing 1/world) leaves it within 20 steps.
 TEST_F(ZeroCudaTest, LossCurveToleranceCatchesBrokenGradients) {
