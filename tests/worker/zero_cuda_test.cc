@@ -1252,14 +1252,22 @@ TEST_F(ZeroCudaTest, ImpossibleMemoryIsRejectedWithTheNumbers) {
 // shards an untied Llama needs what the tied one does (the sum-of-squares scratch, which
 // follows the largest shard, aside). Before the split, the LM head's bf16 copy and fp32
 // gradient (6 bytes x 128,256 x 4096 = 2.9 GiB) were there too.
+// Llama blocks of the 8B's width with its 128,256-token vocabulary, the head untied (as
+// Llama-3-8B) and tied (as Llama-3.2-1B).
+struct Llama128kHeads {
+  explicit Llama128kHeads(int layers) : untied(Llama4096Spec(layers, 14336)) {
+    untied.mutable_model()->set_vocab_size(128256);
+    untied.mutable_model()->set_padded_vocab_size(128256);
+    tied = untied;
+    tied.mutable_model()->set_tie_word_embeddings(true);
+  }
+  weft::v1::JobSpec untied, tied;
+};
+
 TEST(ZeroCudaPlan, AnUntiedHeadTakesTurnsInTheHeadBuffers) {
   for (int world : {2, 8}) {
     SCOPED_TRACE(absl::StrCat("world ", world));
-    weft::v1::JobSpec untied = Llama4096Spec(2, 14336);
-    untied.mutable_model()->set_vocab_size(128256);
-    untied.mutable_model()->set_padded_vocab_size(128256);
-    weft::v1::JobSpec tied = untied;
-    tied.mutable_model()->set_tie_word_embeddings(true);
+    const auto [untied, tied] = Llama128kHeads(2);
     auto untied_arch = engine::MakeModelArch(untied.model());
     auto tied_arch = engine::MakeModelArch(tied.model());
     ASSERT_TRUE(untied_arch.ok() && tied_arch.ok());
@@ -1282,11 +1290,7 @@ TEST(ZeroCudaPlan, AnUntiedHeadTakesTurnsInTheHeadBuffers) {
 // (1.63 GiB), beyond world 1; a plan that recomputes nothing, a tied head and world 1 (no
 // such buffers) save nothing.
 TEST(ZeroCudaPlan, ARecomputingPlanLetsTheHeadGradientTakeTurnsWithTheBlocks) {
-  weft::v1::JobSpec untied = Llama4096Spec(32, 14336);
-  untied.mutable_model()->set_vocab_size(128256);
-  untied.mutable_model()->set_padded_vocab_size(128256);
-  weft::v1::JobSpec tied = untied;
-  tied.mutable_model()->set_tie_word_embeddings(true);
+  const auto [untied, tied] = Llama128kHeads(32);
   auto untied_arch = engine::MakeModelArch(untied.model());
   auto tied_arch = engine::MakeModelArch(tied.model());
   ASSERT_TRUE(untied_arch.ok() && tied_arch.ok());
