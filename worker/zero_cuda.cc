@@ -581,7 +581,9 @@ absl::Status ZeroCudaEngine::ZeroSlotPadding() {
   // Past the smallest block's elements: every block's padding (and any larger block's
   // elements, which its backward writes).
   size_t smallest = max_block;
-  for (int u = 1; u < layout_.num_units(); ++u) smallest = std::min(smallest, layout_.unit(u).size);
+  for (int u = 1; u < layout_.num_units(); ++u) {
+    smallest = std::min(smallest, layout_.unit(u).size);
+  }
   for (float* slot : block_grad_) {
     WEFT_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(slot + smallest, 0, (max_block - smallest) * sizeof(float), compute_));
