@@ -38,7 +38,7 @@ size_t GptCuda::Layout(char* base) {
   bool keep_all = KeptPerLayer(level_.level, ActKind::kCheap);
   bool keep_matmuls = KeptPerLayer(level_.level, ActKind::kSaved);
   const auto shared = [&](bool kept, size_t count) { return kept ? nullptr : a.Take<bf16>(count); };
-  ClassifierSpare spare{a.size(), 0};
+  ClassifierSpare spare{a.NextOffset(), 0};
   bf16* const ln1 = shared(keep_all, nc);
   bf16* const atty = shared(keep_all, nc);
   bf16* const ln2 = shared(keep_all, nc);
@@ -50,7 +50,6 @@ size_t GptCuda::Layout(char* base) {
   bf16* const res2 = shared(keep_matmuls, nc);
   bf16* const fch = shared(keep_matmuls, 4 * nc);
   spare.end = a.size();
-  if (spare.end > spare.begin) spare.begin = (spare.begin + 255) / 256 * 256;
   for (int l = 0; l < layers; ++l) {
     keep_all = KeptPerLayer(level_.At(l), ActKind::kCheap);
     keep_matmuls = KeptPerLayer(level_.At(l), ActKind::kSaved);

@@ -62,7 +62,7 @@ size_t LlamaCuda::Layout(char* base) {
   bool keep_all = KeptPerLayer(level_.level, ActKind::kCheap);
   bool keep_matmuls = KeptPerLayer(level_.level, ActKind::kSaved);
   Saved shared{};
-  ClassifierSpare spare{a.size(), 0};
+  ClassifierSpare spare{a.NextOffset(), 0};
   shared.attn_norm = keep_all ? nullptr : a.Take<bf16>(nc);
   // Attention's output is kept with the matmul outputs, the mid-block residual recomputed
   // with the cheap ones (llama_model.h says why).
@@ -73,8 +73,6 @@ size_t LlamaCuda::Layout(char* base) {
   shared.res2 = keep_all ? nullptr : a.Take<bf16>(nc);
   shared.gate_up = keep_matmuls ? nullptr : a.Take<bf16>(2 * n_i);
   spare.end = a.size();
-  // Past the first piece's alignment padding, if the shared buffers took any.
-  if (spare.end > spare.begin) spare.begin = (spare.begin + 255) / 256 * 256;
   TakeCommon(a, config_.padded_vocab_size, config_.hidden_size, spare);
   saved_.resize(layers);
   for (int l = 0; l < layers; ++l) {

@@ -29,8 +29,8 @@ void ArenaModel::TakeCommon(Arena& arena, int vp, int c, ClassifierSpare spare) 
   // bit-identical to the others.
   logit_rows_ = static_cast<int>(std::clamp<size_t>(kLogitChunkBytes / row_bytes, 1, n));
   const size_t chunk_bytes = static_cast<size_t>(logit_rows_) * row_bytes;
-  // Arena pieces start 256-byte aligned; the spare's start is one.
-  if (spare.end - spare.begin >= chunk_bytes) {
+  // An empty spare (no shared buffers) may end before the aligned offset it began at.
+  if (spare.end > spare.begin && spare.end - spare.begin >= chunk_bytes) {
     logits_ = reinterpret_cast<bf16*>(arena.At(spare.begin));
   } else {
     logits_ = arena.Take<bf16>(static_cast<size_t>(logit_rows_) * vp);

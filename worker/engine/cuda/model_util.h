@@ -25,7 +25,7 @@ class Arena {
   explicit Arena(char* base) : base_(base) {}
   template <typename T>
   T* Take(size_t count) {
-    offset_ = (offset_ + 255) / 256 * 256;
+    offset_ = NextOffset();
     T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + offset_);
     offset_ += count * sizeof(T);
     return p;
@@ -37,6 +37,8 @@ class Arena {
     return keep ? Take<T>(count) : shared;
   }
   size_t size() const { return offset_; }
+  // Where the next Take starts: the end so far, aligned to 256 bytes.
+  size_t NextOffset() const { return (offset_ + 255) / 256 * 256; }
   // Where bytes [offset, ...) of the arena are (null when only measuring).
   char* At(size_t offset) const { return base_ == nullptr ? nullptr : base_ + offset; }
 
