@@ -106,6 +106,17 @@ struct Timer {
   }
 };
 
+// Where attention_fwd ran the Hopper kernel, the mma.sync one too (outside the block's sums),
+// so one call weighs the two.
+void TimeMmaSyncForward(Timer& timer, double flops, bf16* y, float* lse, const bf16* qkv, int b,
+                        int nh, int nkv, int t, int hs, cudaStream_t stream) {
+  if (!cuda::FlashAttentionHopperForward(hs)) return;
+  timer.Flops("attention_fwd_mma_sync", Timer::kNone, flops, [&] {
+    return cuda::FlashAttentionForwardWith(cuda::FlashAttentionKernel::kMmaSync, y, lse, qkv, b,
+                                           nh, nkv, t, hs, stream);
+  });
+}
+
 }  // namespace
 
 // One GPT-2 block, forward then backward, in GptCuda's order (engine/cuda/gpt2_model.cc):
@@ -155,6 +166,7 @@ void TimeGptBlock(Timer& timer, cuda::Blas& blas, int b, int t, int c, int nh, s
   const double attn_fwd = 2.0 * 2.0 * b * nh * static_cast<double>(t) * t * hs / 2;
   timer.Flops("attention_fwd", F, attn_fwd,
               [&] { return cuda::FlashAttentionForward(y, lse, qkv, b, nh, nh, t, hs, stream); });
+  TimeMmaSyncForward(timer, attn_fwd, y, lse, qkv, b, nh, nh, t, hs, stream);
   timer.Flops("attn_out_fwd", F, gemm * c,
               [&] { return blas.LinearForward(tmp, y, w_out, bias, n, c, c, stream); });
   timer.Bytes("residual_fwd", F, 3.0 * nc * 2,
@@ -294,6 +306,7 @@ int main(int argc, char** argv) {
     timer.Flops("attention_fwd", F, attn_fwd, [&] {
       return cuda::FlashAttentionForward(y, lse, qkv, b, nh, nkv, t, hs, stream);
     });
+    TimeMmaSyncForward(timer, attn_fwd, y, lse, qkv, b, nh, nkv, t, hs, stream);
     timer.Flops("attn_out_fwd", F, gemm * c,
                 [&] { return blas.LinearForward(tmp, y, w_out, nullptr, n, c, c, stream); });
     timer.Bytes("residual_fwd", F, 3.0 * nc * 2, [&] {

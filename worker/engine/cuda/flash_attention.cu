@@ -42,6 +42,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -183,15 +184,30 @@ __device__ inline HeadBase HeadOffsets(const bf16* qkv, int bh, int nh, int nkv,
 template <int kHs, int kRows>
 __device__ inline void LoadTile(bf16* dst, const bf16* __restrict__ src, int row0, int t,
                                 int ld) {
+  // A thread copies the same 16-byte chunk of every kPass-th row, so its addresses advance by
+  // constants: one add per copy instead of a division, a bounds check and a multiply.
   constexpr int kChunks = kHs / internal::kVec;  // 16-byte chunks per row
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks;
-    const int col = (i % kChunks) * internal::kVec;
-    bf16* d = dst + r * Tiles<kHs>::kStride + col;
-    if (row0 + r < t) {
-      CpAsync16(d, src + static_cast<size_t>(row0 + r) * ld + col);
+  constexpr int kPass = kThreads / kChunks;       // rows a pass of the block copies
+  constexpr int kStride = Tiles<kHs>::kStride;
+  static_assert(kThreads % kChunks == 0 && kRows % kPass == 0, "whole passes");
+  const int col = (threadIdx.x % kChunks) * internal::kVec;
+  const int r0 = threadIdx.x / kChunks;
+  bf16* d = dst + r0 * kStride + col;
+  if (row0 + kRows <= t) {
+    const bf16* from = src + static_cast<size_t>(row0 + r0) * ld + col;
+#pragma unroll
+    for (int k = 0; k < kRows / kPass; ++k) {
+      CpAsync16(d + k * kPass * kStride, from + static_cast<size_t>(k) * kPass * ld);
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kRows / kPass; ++k) {
+    const int row = row0 + r0 + k * kPass;
+    if (row < t) {
+      CpAsync16(d + k * kPass * kStride, src + static_cast<size_t>(row) * ld + col);
     } else {
-      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(d + k * kPass * kStride) = make_uint4(0, 0, 0, 0);
     }
   }
 }
@@ -646,6 +662,289 @@ __global__ void __launch_bounds__(kThreads)
   StoreRows<kHs, kMt>(dq, dq_acc, mul, row_lo, t, head.ld_qkv, lane);
 }
 
+// ---- Hopper forward (sm_90a): wgmma ----
+// The same walk as FlashForwardKernel at HS = 128, on the warpgroup MMA: each of kGroups
+// warpgroups owns 64 query rows of a kQTile-query tile and walks kBk keys a step. S = Q K^T
+// reads Q and K from shared memory through descriptors (no ldmatrix, no per-warp fragments of
+// K), the softmax runs on S in registers, and O += P V takes P from registers (the accumulator
+// of S is, converted to bf16, wgmma's A fragment) and V from shared memory read N-major. Tiles
+// sit in shared memory in wgmma's 128-byte swizzle: a tile of R rows is HS / 64 panels of
+// (R, 64); a panel row is 128 bytes, and its 16-byte piece c is stored at piece c ^ (row % 8),
+// so the 8 rows of a core matrix hit distinct banks. Loads are cp.async, double-buffered.
+// Only sm_90a code carries the body: other targets compile a trap, and the launcher only
+// picks this kernel where the sm_90a code is what the GPU runs (HopperForwardRuns).
+namespace hopper {
+
+constexpr int kHs = 128;
+constexpr int kGroupThreads = 128;                  // a warpgroup
+constexpr int kGroups = 2;
+constexpr int kThreads = kGroups * kGroupThreads;
+constexpr int kGroupRows = 64;                      // wgmma's M
+constexpr int kQTile = kGroups * kGroupRows;
+constexpr int kBk = 128;                            // keys a step: S is (64, 128) a warpgroup
+constexpr int kQBytes = kQTile * kHs * 2;
+constexpr int kKvBytes = kBk * kHs * 2;
+constexpr int kStages = 3;                          // K and V buffers
+constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKvBytes + 1024;  // + alignment to 1024
+
+static_assert(kBk == 128 && kHs == 128, "S and O are m64n128 products");
+static_assert(kBk == kQTile, "each warpgroup meets every key tile (no branch around a wgmma)");
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the helpers only the sm_90a body calls
+
+constexpr int kPanelBytes = 128;             // a swizzled row: 64 bf16
+constexpr int kCoreBytes = 8 * kPanelBytes;  // 8 rows: the swizzle's period
+// d (64, 128) (+)= A (64, 16) B (16, 128), both from shared memory (descriptors): A K-major,
+// B K-major (read as the (128, 16) tile B^T) or, with kTransB, N-major ((16, 128), N
+// contiguous). accumulate = 0 overwrites d.
+template <int kTransB>
+__device__ inline void WgmmaSS(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransB));
+}
+
+// d (64, 128) = A (64, 16) B (16, 128), as WgmmaSS with accumulate = 0, but d is only written:
+// with "+f" the compiler would materialize d's old values while earlier wgmmas are in flight.
+__device__ inline void WgmmaSSFirst(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+      : "l"(a), "l"(b));
+}
+
+// d (64, 128) += A (64, 16) B (16, 128): A in registers (each warp's 16 rows in the
+// mma.m16n8k16 A fragment), B from shared memory N-major ((16, 128), N contiguous).
+__device__ inline void WgmmaRS(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+__device__ inline void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ inline void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ inline void WgmmaWaitAll() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// cp.async and st.shared write through the generic proxy, wgmma reads through the async one.
+__device__ inline void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving reads or writes of an accumulator across the asm statements
+// around an in-flight wgmma, which do not name it.
+__device__ inline void Pin(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// A shared-memory matrix descriptor for the 128-byte swizzle. lbo: bytes between panels (read
+// N-major only), sbo: bytes between groups of 8 rows.
+__device__ inline uint64_t Descriptor(const void* p, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((SharedAddress(p) & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>(lbo >> 4) << 16) | (static_cast<uint64_t>(sbo >> 4) << 32) |
+         (1ull << 62);
+}
+
+// Rows [row0, row0 + kRows) of one head's (T, kHs) matrix, row stride ld elements, -> the
+// swizzled tile at dst (1024-byte aligned). Rows at or past t are zero-filled. A thread copies
+// the same 16-byte piece of every kPass-th row: its row's low 3 bits, and so its swizzled
+// place in the row, never change, which leaves one add per copy (the kernel is issue-bound).
+template <int kRows>
+__device__ inline void LoadSwizzled(unsigned char* dst, const bf16* __restrict__ src, int row0,
+                                    int t, int ld) {
+  constexpr int kPieces = kHs / internal::kVec;  // 16-byte pieces per row
+  constexpr int kPanelPieces = kPanelBytes / 16;
+  constexpr int kPass = kThreads / kPieces;      // rows a pass of the block copies
+  static_assert(kPass % 8 == 0 && kRows % kPass == 0, "a thread's rows share their low 3 bits");
+  const int piece = threadIdx.x % kPieces;
+  const int r0 = threadIdx.x / kPieces;
+  unsigned char* d = dst + (piece / kPanelPieces) * kRows * kPanelBytes + r0 * kPanelBytes +
+                     ((piece % kPanelPieces) ^ (r0 % 8)) * 16;
+  const bf16* from = src + static_cast<size_t>(row0 + r0) * ld + piece * internal::kVec;
+  const size_t step = static_cast<size_t>(kPass) * ld;
+  if (row0 + kRows <= t) {
+#pragma unroll
+    for (int k = 0; k < kRows / kPass; ++k) CpAsync16(d + k * kPass * kPanelBytes, from + k * step);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kRows / kPass; ++k) {
+    if (row0 + r0 + k * kPass < t) {
+      CpAsync16(d + k * kPass * kPanelBytes, from + k * step);
+    } else {
+      *reinterpret_cast<uint4*>(d + k * kPass * kPanelBytes) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+__global__ void __launch_bounds__(kThreads, 1)
+    FlashForwardWgmmaKernel(bf16* __restrict__ y,          // (B, T, C)
+                            float* __restrict__ lse,       // (B * NH * T)
+                            const bf16* __restrict__ qkv,  // (B, T, (NH + 2 NKV) HS)
+                            int t, int nh, int nkv, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sq = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  unsigned char* sk = sq + kQBytes;              // kStages x (kBk, kHs)
+  unsigned char* sv = sk + kStages * kKvBytes;  // kStages x (kBk, kHs)
+  const int group = threadIdx.x / kGroupThreads;
+  const int warp = (threadIdx.x % kGroupThreads) / internal::kWarpSize;
+  const int lane = threadIdx.x % internal::kWarpSize;
+  const HeadBase head = HeadOffsets<kHs>(qkv, blockIdx.x, nh, nkv, t);
+  y += head.rows;
+  lse += head.lse;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kQTile;
+  const int group_row = q0 + group * kGroupRows;       // the warpgroup's first query
+  const int row_lo = group_row + 16 * warp + lane / 4;  // this lane's rows: row_lo + 8 h
+
+  LoadSwizzled<kQTile>(sq, head.q, q0, t, head.ld_qkv);
+  LoadSwizzled<kBk>(sk, head.k, 0, t, head.ld_qkv);
+  LoadSwizzled<kBk>(sv, head.v, 0, t, head.ld_qkv);
+  CpAsyncCommit();
+  const int n_steps = (min(t, q0 + kQTile) + kBk - 1) / kBk;  // keys [0, q0 + kQTile)
+
+  // Accumulator element i of a lane: row row_lo + 8 ((i / 2) % 2), column 8 (i / 4) +
+  // 2 (lane % 4) + i % 2 (the mma.m16n8 layout, per warp, n-tile i / 4).
+  float o[64] = {};
+  float m[2] = {-INFINITY, -INFINITY};  // running max (raw scores) of rows row_lo + 8 h
+  float l[2] = {0.0f, 0.0f};            // this lane's share of the running sum
+  const unsigned char* sq_group = sq + group * kGroupRows * kPanelBytes;
+  // The pipeline, per warpgroup: step j issues S_j = Q K_j^T, then the loads of tile j + 1,
+  // then waits for S_j and for P_{j-1} V_{j-1} (issued at the end of step j - 1, so it ran
+  // behind the barrier and the loads), runs the softmax and issues P_j V_j without waiting.
+  // Three buffers: tile j + 1 goes where tile j - 2 was, which every warpgroup's step j - 1
+  // finished with (its wait on P_{j-2} V_{j-2}) before the barrier of step j.
+  Pin(o);  // the zeros are made here, not sunk between wgmmas (which would serialize them)
+  uint32_t p[kBk / 16][4];  // P_j as bf16 A fragments, read by the in-flight P_j V_j
+  for (int j = 0; j < n_steps; ++j) {
+    const int buf = j % kStages;
+    CpAsyncWait<0>();
+    FenceProxyAsync();
+    __syncthreads();  // tile j is in
+    const int k0 = j * kBk;
+    const unsigned char* skb = sk + buf * kKvBytes;
+    const unsigned char* svb = sv + buf * kKvBytes;
+
+    // No tile lies wholly above a warpgroup's rows (kBk = kQTile, tiles aligned), so every
+    // warpgroup multiplies every tile: a branch around the wgmmas would make ptxas serialize
+    // them.
+    float s[64];
+    WgmmaFence();
+#pragma unroll
+    for (int ks = 0; ks < kHs / 16; ++ks) {  // 16 channels a step: 32 bytes into a panel
+      const int panel = ks / (kPanelBytes / 32);
+      const int at = (ks % (kPanelBytes / 32)) * 32;
+      const uint64_t a = Descriptor(sq_group + panel * kQTile * kPanelBytes + at, 16, kCoreBytes);
+      const uint64_t b = Descriptor(skb + panel * kBk * kPanelBytes + at, 16, kCoreBytes);
+      if (ks == 0) {
+        WgmmaSSFirst(s, a, b);
+      } else {
+        WgmmaSS<0>(s, a, b, 1);
+      }
+    }
+    WgmmaCommit();
+    if (j + 1 < n_steps) {
+      const int next = (j + 1) % kStages;
+      LoadSwizzled<kBk>(sk + next * kKvBytes, head.k, (j + 1) * kBk, t, head.ld_qkv);
+      LoadSwizzled<kBk>(sv + next * kKvBytes, head.v, (j + 1) * kBk, t, head.ld_qkv);
+      CpAsyncCommit();
+    }
+    WgmmaWaitAll();
+    Pin(s);
+    Pin(o);
+
+    // Scores stay raw (unscaled) until the exponent, which folds the scale into one FMA;
+    // only the tile on the diagonal is masked.
+    if (k0 + kBk - 1 > group_row) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int col = k0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+        if (col > row_lo + 8 * ((i / 2) % 2)) s[i] = -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = m[h];
+#pragma unroll
+      for (int nt = 0; nt < kBk / 8; ++nt) {
+        mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * h], s[4 * nt + 2 * h + 1]));
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // a quad shares a row
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row with no key yet keeps max -inf; subtracting 0 instead avoids -inf - -inf.
+      const float base = mx == -INFINITY ? 0.0f : mx * scale_log2;
+      const float corr = exp2f(m[h] * scale_log2 - base);
+      m[h] = mx;
+      l[h] *= corr;
+#pragma unroll
+      for (int nt = 0; nt < kHs / 8; ++nt) {
+        o[4 * nt + 2 * h] *= corr;
+        o[4 * nt + 2 * h + 1] *= corr;
+      }
+#pragma unroll
+      for (int nt = 0; nt < kBk / 8; ++nt) {
+        s[4 * nt + 2 * h] = exp2f(fmaf(s[4 * nt + 2 * h], scale_log2, -base));
+        s[4 * nt + 2 * h + 1] = exp2f(fmaf(s[4 * nt + 2 * h + 1], scale_log2, -base));
+        l[h] += s[4 * nt + 2 * h] + s[4 * nt + 2 * h + 1];
+      }
+    }
+
+    // O += P V: 16 keys a step; V's 16 rows start 16 * 128 bytes further into each panel.
+    // P's fragments are all made (and pinned) before the fence: made between the wgmmas, they
+    // would have ptxas serialize them.
+#pragma unroll
+    for (int ks = 0; ks < kBk / 16; ++ks) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        p[ks][r] = PackBf16(s[8 * ks + 2 * r], s[8 * ks + 2 * r + 1]);
+        asm volatile("" : "+r"(p[ks][r])::"memory");
+      }
+    }
+    Pin(o);
+    WgmmaFence();
+#pragma unroll
+    for (int ks = 0; ks < kBk / 16; ++ks) {
+      WgmmaRS(o, p[ks], Descriptor(svb + ks * 16 * kPanelBytes, kBk * kPanelBytes, kCoreBytes));
+    }
+    WgmmaCommit();
+  }
+  WgmmaWaitAll();
+  Pin(o);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int row = row_lo + 8 * h;
+    if (row >= t) continue;
+    if (lane % 4 == 0) lse[row] = (m[h] * scale_log2 + log2f(l[h])) * kLn2;
+    const float inv = 1.0f / l[h];
+    bf16* dst = y + static_cast<size_t>(row) * head.ld_y + 2 * (lane % 4);
+#pragma unroll
+    for (int nt = 0; nt < kHs / 8; ++nt) {
+      *reinterpret_cast<__nv_bfloat162*>(dst + nt * 8) =
+          __floats2bfloat162_rn(o[4 * nt + 2 * h] * inv, o[4 * nt + 2 * h + 1] * inv);
+    }
+  }
+#else
+  __trap();  // never launched: HopperForwardRuns is false without sm_90a code
+#endif
+}
+
+}  // namespace hopper
+
 // ---- launchers ----
 
 bool SupportedHeadSize(int hs) { return hs == 16 || hs == 32 || hs == 64 || hs == 128; }
@@ -711,6 +1010,41 @@ absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, 
                      scale_log2);
 }
 
+// Whether the Hopper forward runs on the current device: an sm_90 GPU running this build's
+// sm_90a code for it (not the sm_80 PTX compiled at load, which carries no body). Asked once
+// per device.
+bool HopperForwardRuns() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  constexpr int kDevices = 64;
+  static std::atomic<int8_t> known[kDevices] = {};  // 0: not asked yet, 1: no, 2: yes
+  if (device >= 0 && device < kDevices && known[device].load() != 0) {
+    return known[device].load() == 2;
+  }
+  int major = 0;
+  cudaFuncAttributes attr{};
+  const bool runs =
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      major == 9 && cudaFuncGetAttributes(&attr, hopper::FlashForwardWgmmaKernel) == cudaSuccess &&
+      attr.binaryVersion >= 90 && attr.ptxVersion >= 90;
+  cudaGetLastError();
+  if (device >= 0 && device < kDevices) known[device].store(runs ? 2 : 1);
+  return runs;
+}
+
+absl::Status LaunchForwardHopper(bf16* y, float* lse, const bf16* qkv, int b, int nh, int nkv,
+                                 int t, cudaStream_t stream) {
+  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(hopper::kHs));
+  const dim3 grid(b * nh, (t + hopper::kQTile - 1) / hopper::kQTile);
+  WEFT_BF16_RETURN_IF_ERROR(
+      internal::AllowSharedBytes(hopper::FlashForwardWgmmaKernel, hopper::kSmemBytes));
+  return internal::Launch(hopper::FlashForwardWgmmaKernel, grid, hopper::kThreads,
+                          hopper::kSmemBytes, stream, y, lse, qkv, t, nh, nkv, scale_log2);
+}
+
 template <int kHs>
 absl::Status LaunchBackward(bf16* dqkv, const bf16* dy, const bf16* y, const float* lse,
                             const bf16* qkv, float* dsum, int b, int nh, int nkv, int t,
@@ -745,13 +1079,33 @@ size_t FlashAttentionBackwardScratchFloats(int b, int nh, int t, int hs) {
   return static_cast<size_t>(std::max(b, 0)) * std::max(nh, 0) * std::max(t, 0);
 }
 
+bool FlashAttentionHopperForward(int hs) {
+  return hs == hopper::kHs && HopperForwardRuns();
+}
+
 absl::Status FlashAttentionForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, int nkv,
                                    int t, int hs, cudaStream_t stream) {
+  return FlashAttentionForwardWith(FlashAttentionKernel::kAuto, y, lse, qkv, b, nh, nkv, t, hs,
+                                   stream);
+}
+
+absl::Status FlashAttentionForwardWith(FlashAttentionKernel kernel, bf16* y, float* lse,
+                                       const bf16* qkv, int b, int nh, int nkv, int t, int hs,
+                                       cudaStream_t stream) {
   constexpr const char* kOp = "flash attention forward";
   WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, nkv, t, hs, kOp));
   WEFT_BF16_RETURN_IF_ERROR(
       internal::CheckPointers(kOp, {internal::Aligned16(y, "y"), internal::NotNull(lse, "lse"),
                                     internal::Aligned16(qkv, "qkv")}));
+  const bool hopper = FlashAttentionHopperForward(hs);
+  if (kernel == FlashAttentionKernel::kHopper && !hopper) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kOp, ": the Hopper (wgmma) kernel needs head size ", hopper::kHs, " (hs = ", hs,
+        ") and an sm_90 GPU running this build's sm_90a code"));
+  }
+  if (hopper && kernel != FlashAttentionKernel::kMmaSync) {
+    return LaunchForwardHopper(y, lse, qkv, b, nh, nkv, t, stream);
+  }
   switch (hs) {
     case 16:
       return LaunchForward<16>(y, lse, qkv, b, nh, nkv, t, stream);

@@ -229,6 +229,17 @@ absl::Status FlashAttentionForward(bf16* y,          // (B, T, C) written (=)
                                    float* lse,       // (B * NH * T)
                                    const bf16* qkv,  // (B, T, W)
                                    int b, int nh, int nkv, int t, int hs, cudaStream_t stream);
+// The forward's kernels: kAuto runs the Hopper one where it runs (FlashAttentionHopperForward),
+// else the mma.sync one, which runs on every supported GPU and head size. Asking for kHopper
+// where it does not run is FAILED_PRECONDITION. The two agree to fp32 rounding (their sums run
+// in different orders), each deterministic. For tests and benchmarks; the models use kAuto.
+enum class FlashAttentionKernel { kAuto, kMmaSync, kHopper };
+// Whether the Hopper forward (wgmma, HS = 128) runs on the current device: an sm_90 GPU
+// (H100, H200) running this build's sm_90a code.
+bool FlashAttentionHopperForward(int hs);
+absl::Status FlashAttentionForwardWith(FlashAttentionKernel kernel, bf16* y, float* lse,
+                                       const bf16* qkv, int b, int nh, int nkv, int t, int hs,
+                                       cudaStream_t stream);
 size_t FlashAttentionBackwardScratchFloats(int b, int nh, int t, int hs);
 // dq, dk, dv written (=) into dqkv at the places q, k, v have in qkv (every element of dqkv is
 // written; a shared k/v head gets the sum over its query heads), from the forward's y and lse

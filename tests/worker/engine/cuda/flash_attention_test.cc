@@ -17,6 +17,8 @@
 // T = 1024 with B * NH = 2, every supported head size (16, 32, 64, 128), and grouped-query
 // attention with NKV = NH / 4 and NH / 2 (and NKV = 1) at HS 64 and 128 with T not a multiple
 // of 64; the backward is checked bit-deterministic.
+// At HS = 128 both forward kernels (mma.sync, and the Hopper wgmma one where it runs) are
+// checked against the reference, each other and their own second run.
 // A timing test prints the GPT-2 124M shape (B = 16, NH = 12, T = 1024, HS = 64).
 // Skips (GTEST_SKIP) when no CUDA device is present, except the argument checks, which fail
 // before touching the GPU.
@@ -28,6 +30,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -254,6 +257,71 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat("B", s.b, "NH", s.nh, "NKV", s.kv(), "T", s.t, "HS", s.hs);
     });
 
+// Both forward kernels at HS = 128 (FlashAttentionForwardWith), each against the reference,
+// and against each other: the Hopper (wgmma) one where it runs (sm_90 with sm_90a code), else
+// only the mma.sync one, which runs everywhere. Shapes: one, two and three 128-key tiles with
+// ragged ends, a single row, grouped-query heads.
+class FlashForwardKernelsTest : public FlashAttentionTest,
+                                public ::testing::WithParamInterface<Shape> {};
+
+TEST_P(FlashForwardKernelsTest, BothMatchTheReferenceAndEachOther) {
+  const Shape s = GetParam();
+  std::mt19937 rng(99 + s.t);
+  const auto qkv = RandomBf16(s.qkv_elems(), 1.0f, rng);
+  const auto dy = RandomBf16(s.elems(), 1.0f, rng);
+  const Reference ref =
+      ComputeReference(s, ToDouble(ToHeads(qkv, s, kQ)), ToDouble(ToHeads(qkv, s, kK)),
+                       ToDouble(ToHeads(qkv, s, kV)), ToDouble(ToHeads(dy, s, kY)));
+  DeviceBuffer<uint16_t> d_qkv(qkv);
+  const auto run = [&](FlashAttentionKernel kernel, std::vector<uint16_t>* y,
+                       std::vector<float>* lse) {
+    DeviceBuffer<uint16_t> d_y(std::vector<uint16_t>(s.elems(), kGarbageBits));
+    DeviceBuffer<float> d_lse(std::vector<float>(s.heads() * s.t, -1.0f));
+    ASSERT_TRUE(FlashAttentionForwardWith(kernel, AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), s.b,
+                                          s.nh, s.kv(), s.t, s.hs, stream_)
+                    .ok());
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    *y = d_y.ToHost();
+    *lse = d_lse.ToHost();
+  };
+  std::vector<uint16_t> y_sync, y_auto;
+  std::vector<float> lse_sync, lse_auto;
+  ASSERT_NO_FATAL_FAILURE(run(FlashAttentionKernel::kMmaSync, &y_sync, &lse_sync));
+  EXPECT_LE(RelError(ToHeads(y_sync, s, kY), ref.y), kTolY);
+  EXPECT_LE(RelError(lse_sync, ref.lse), kTolLse);
+  ASSERT_NO_FATAL_FAILURE(run(FlashAttentionKernel::kAuto, &y_auto, &lse_auto));
+  if (!FlashAttentionHopperForward(s.hs)) {
+    EXPECT_EQ(y_auto, y_sync);  // kAuto is the mma.sync kernel here
+    GTEST_SKIP() << "the Hopper forward does not run on this GPU (sm_90 with sm_90a code)";
+  }
+  std::vector<uint16_t> y_hopper, y_again;
+  std::vector<float> lse_hopper, lse_again;
+  ASSERT_NO_FATAL_FAILURE(run(FlashAttentionKernel::kHopper, &y_hopper, &lse_hopper));
+  ASSERT_NO_FATAL_FAILURE(run(FlashAttentionKernel::kHopper, &y_again, &lse_again));
+  const double e_y = RelError(ToHeads(y_hopper, s, kY), ref.y);
+  const double e_lse = RelError(lse_hopper, ref.lse);
+  std::printf("hopper B=%d NH=%d NKV=%d T=%d: y %.2e lse %.2e (mma.sync y %.2e)\n", s.b, s.nh,
+              s.kv(), s.t, e_y, e_lse, RelError(ToHeads(y_sync, s, kY), ref.y));
+  EXPECT_LE(e_y, kTolY);
+  EXPECT_LE(e_lse, kTolLse);
+  EXPECT_EQ(y_auto, y_hopper);  // kAuto takes the Hopper kernel where it runs
+  EXPECT_EQ(y_again, y_hopper);  // deterministic
+  EXPECT_EQ(lse_again, lse_hopper);
+  // The kernels differ in the order of their fp32 sums only: at most a bf16 rounding apart.
+  std::vector<double> sync_as_ref = ToDouble(y_sync);
+  EXPECT_LE(RelError(y_hopper, sync_as_ref), 1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Hs128, FlashForwardKernelsTest,
+    ::testing::Values(Shape{1, 1, 1, 128}, Shape{1, 1, 65, 128}, Shape{1, 2, 130, 128},
+                      Shape{2, 2, 300, 128}, Shape{1, 8, 130, 128, 2},
+                      Shape{2, 4, 257, 128, 1}, Shape{1, 2, 512, 128}),
+    [](const ::testing::TestParamInfo<Shape>& info) {
+      const Shape& s = info.param;
+      return absl::StrCat("B", s.b, "NH", s.nh, "NKV", s.kv(), "T", s.t);
+    });
+
 // Rejected before any GPU work, so this runs without a device too.
 TEST(FlashAttentionArgs, RejectsBadArguments) {
   alignas(16) static uint16_t dummy[64];
@@ -281,6 +349,12 @@ TEST(FlashAttentionArgs, RejectsBadArguments) {
             absl::StatusCode::kInvalidArgument);  // nkv does not divide nh
   EXPECT_EQ(FlashAttentionBackward(p2, p, p, f, p, f, 1, 4, 0, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // nkv = 0
+  // The Hopper kernel is HS = 128 only; asked for at 64 it says so instead of running another.
+  const absl::Status hopper =
+      FlashAttentionForwardWith(FlashAttentionKernel::kHopper, p, f, p, 1, 1, 1, 8, 64, nullptr);
+  EXPECT_EQ(hopper.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(hopper.message().find("head size 128"), std::string::npos) << hopper.message();
+  EXPECT_FALSE(FlashAttentionHopperForward(64));
 }
 
 // Not a check: prints forward and backward times of one layer's attention at shape `s`.
