@@ -1011,8 +1011,8 @@ absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, 
 }
 
 // Whether the Hopper forward runs on the current device: an sm_90 GPU running this build's
-// sm_90a code for it (not the sm_80 PTX compiled at load, which carries no body). Asked once
-// per device.
+// sm_90a code for it (not the sm_80 PTX compiled at load, which carries no body), with the
+// kernel's 225 KiB of shared memory a block (every sm_90 part has 227). Asked once per device.
 bool HopperForwardRuns() {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
@@ -1024,11 +1024,15 @@ bool HopperForwardRuns() {
   if (device >= 0 && device < kDevices && known[device].load() != 0) {
     return known[device].load() == 2;
   }
-  int major = 0;
+  int major = 0, smem = 0;
   cudaFuncAttributes attr{};
   const bool runs =
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-      major == 9 && cudaFuncGetAttributes(&attr, hopper::FlashForwardWgmmaKernel) == cudaSuccess &&
+      major == 9 &&
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
+          cudaSuccess &&
+      static_cast<size_t>(smem) >= hopper::kSmemBytes &&
+      cudaFuncGetAttributes(&attr, hopper::FlashForwardWgmmaKernel) == cudaSuccess &&
       attr.binaryVersion >= 90 && attr.ptxVersion >= 90;
   cudaGetLastError();
   if (device >= 0 && device < kDevices) known[device].store(runs ? 2 : 1);
