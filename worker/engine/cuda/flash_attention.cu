@@ -663,31 +663,38 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- Hopper forward (sm_90a): wgmma ----
-// The same walk as FlashForwardKernel at HS = 128, on the warpgroup MMA: each of kGroups
+// The same walk as FlashForwardKernel at HS 64 and 128, on the warpgroup MMA: each of kGroups
 // warpgroups owns 64 query rows of a kQTile-query tile and walks kBk keys a step. S = Q K^T
 // reads Q and K from shared memory through descriptors (no ldmatrix, no per-warp fragments of
 // K), the softmax runs on S in registers, and O += P V takes P from registers (the accumulator
 // of S is, converted to bf16, wgmma's A fragment) and V from shared memory read N-major. Tiles
 // sit in shared memory in wgmma's 128-byte swizzle: a tile of R rows is HS / 64 panels of
 // (R, 64); a panel row is 128 bytes, and its 16-byte piece c is stored at piece c ^ (row % 8),
-// so the 8 rows of a core matrix hit distinct banks. Loads are cp.async, double-buffered.
+// so the 8 rows of a core matrix hit distinct banks. Loads are cp.async into kStages buffers.
 // Only sm_90a code carries the body: other targets compile a trap, and the launcher only
 // picks this kernel where the sm_90a code is what the GPU runs (HopperForwardRuns).
 namespace hopper {
 
-constexpr int kHs = 128;
 constexpr int kGroupThreads = 128;                  // a warpgroup
 constexpr int kGroups = 2;
 constexpr int kThreads = kGroups * kGroupThreads;
 constexpr int kGroupRows = 64;                      // wgmma's M
 constexpr int kQTile = kGroups * kGroupRows;
 constexpr int kBk = 128;                            // keys a step: S is (64, 128) a warpgroup
-constexpr int kQBytes = kQTile * kHs * 2;
-constexpr int kKvBytes = kBk * kHs * 2;
 constexpr int kStages = 3;                          // K and V buffers
-constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKvBytes + 1024;  // + alignment to 1024
 
-static_assert(kBk == 128 && kHs == 128, "S and O are m64n128 products");
+// Per head size (64 or 128): O is (64, kHs) a warpgroup, P V an m64n{kHs} product.
+template <int kHs>
+struct Sizes {
+  static_assert(kHs == 64 || kHs == 128, "head sizes 64 and 128");
+  static constexpr int kQBytes = kQTile * kHs * 2;
+  static constexpr int kKvBytes = kBk * kHs * 2;
+  static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKvBytes + 1024;  // + alignment
+};
+
+bool SupportedHeadSize(int hs) { return hs == 64 || hs == 128; }
+
+static_assert(kBk == 128, "S is an m64n128 product");
 static_assert(kBk == kQTile, "each warpgroup meets every key tile (no branch around a wgmma)");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the helpers only the sm_90a body calls
@@ -729,6 +736,16 @@ __device__ inline void WgmmaRS(float (&d)[64], const uint32_t (&a)[4], uint64_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+// The (64, 64) form of WgmmaRS, for head size 64.
+__device__ inline void WgmmaRS(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
 __device__ inline void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ inline void WgmmaCommit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -742,9 +759,10 @@ __device__ inline void FenceProxyAsync() {
 }
 // Keeps the compiler from moving reads or writes of an accumulator across the asm statements
 // around an in-flight wgmma, which do not name it.
-__device__ inline void Pin(float (&d)[64]) {
+template <int kN>
+__device__ inline void Pin(float (&d)[kN]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // A shared-memory matrix descriptor for the 128-byte swizzle. lbo: bytes between panels (read
@@ -759,7 +777,7 @@ __device__ inline uint64_t Descriptor(const void* p, uint32_t lbo, uint32_t sbo)
 // swizzled tile at dst (1024-byte aligned). Rows at or past t are zero-filled. A thread copies
 // the same 16-byte piece of every kPass-th row: its row's low 3 bits, and so its swizzled
 // place in the row, never change, which leaves one add per copy (the kernel is issue-bound).
-template <int kRows>
+template <int kHs, int kRows>
 __device__ inline void LoadSwizzled(unsigned char* dst, const bf16* __restrict__ src, int row0,
                                     int t, int ld) {
   constexpr int kPieces = kHs / internal::kVec;  // 16-byte pieces per row
@@ -789,12 +807,15 @@ __device__ inline void LoadSwizzled(unsigned char* dst, const bf16* __restrict__
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+template <int kHs>
 __global__ void __launch_bounds__(kThreads, 1)
     FlashForwardWgmmaKernel(bf16* __restrict__ y,          // (B, T, C)
                             float* __restrict__ lse,       // (B * NH * T)
                             const bf16* __restrict__ qkv,  // (B, T, (NH + 2 NKV) HS)
                             int t, int nh, int nkv, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kQBytes = Sizes<kHs>::kQBytes;
+  constexpr int kKvBytes = Sizes<kHs>::kKvBytes;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sq = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
@@ -810,15 +831,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group_row = q0 + group * kGroupRows;       // the warpgroup's first query
   const int row_lo = group_row + 16 * warp + lane / 4;  // this lane's rows: row_lo + 8 h
 
-  LoadSwizzled<kQTile>(sq, head.q, q0, t, head.ld_qkv);
-  LoadSwizzled<kBk>(sk, head.k, 0, t, head.ld_qkv);
-  LoadSwizzled<kBk>(sv, head.v, 0, t, head.ld_qkv);
+  LoadSwizzled<kHs, kQTile>(sq, head.q, q0, t, head.ld_qkv);
+  LoadSwizzled<kHs, kBk>(sk, head.k, 0, t, head.ld_qkv);
+  LoadSwizzled<kHs, kBk>(sv, head.v, 0, t, head.ld_qkv);
   CpAsyncCommit();
   const int n_steps = (min(t, q0 + kQTile) + kBk - 1) / kBk;  // keys [0, q0 + kQTile)
 
   // Accumulator element i of a lane: row row_lo + 8 ((i / 2) % 2), column 8 (i / 4) +
   // 2 (lane % 4) + i % 2 (the mma.m16n8 layout, per warp, n-tile i / 4).
-  float o[64] = {};
+  float o[kHs / 2] = {};
   float m[2] = {-INFINITY, -INFINITY};  // running max (raw scores) of rows row_lo + 8 h
   float l[2] = {0.0f, 0.0f};            // this lane's share of the running sum
   const unsigned char* sq_group = sq + group * kGroupRows * kPanelBytes;
@@ -858,8 +879,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgmmaCommit();
     if (j + 1 < n_steps) {
       const int next = (j + 1) % kStages;
-      LoadSwizzled<kBk>(sk + next * kKvBytes, head.k, (j + 1) * kBk, t, head.ld_qkv);
-      LoadSwizzled<kBk>(sv + next * kKvBytes, head.v, (j + 1) * kBk, t, head.ld_qkv);
+      LoadSwizzled<kHs, kBk>(sk + next * kKvBytes, head.k, (j + 1) * kBk, t, head.ld_qkv);
+      LoadSwizzled<kHs, kBk>(sv + next * kKvBytes, head.v, (j + 1) * kBk, t, head.ld_qkv);
       CpAsyncCommit();
     }
     WgmmaWaitAll();
@@ -1012,7 +1033,7 @@ absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, 
 
 // Whether the Hopper forward runs on the current device: an sm_90 GPU running this build's
 // sm_90a code for it (not the sm_80 PTX compiled at load, which carries no body), with the
-// kernel's 225 KiB of shared memory a block (every sm_90 part has 227). Asked once per device.
+// kernel's 225 KiB of shared memory a block at head size 128 (every sm_90 part has 227). Asked once per device.
 bool HopperForwardRuns() {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
@@ -1031,22 +1052,24 @@ bool HopperForwardRuns() {
       major == 9 &&
       cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
           cudaSuccess &&
-      static_cast<size_t>(smem) >= hopper::kSmemBytes &&
-      cudaFuncGetAttributes(&attr, hopper::FlashForwardWgmmaKernel) == cudaSuccess &&
+      static_cast<size_t>(smem) >= hopper::Sizes<128>::kSmemBytes &&
+      cudaFuncGetAttributes(&attr, hopper::FlashForwardWgmmaKernel<128>) == cudaSuccess &&
       attr.binaryVersion >= 90 && attr.ptxVersion >= 90;
   cudaGetLastError();
   if (device >= 0 && device < kDevices) known[device].store(runs ? 2 : 1);
   return runs;
 }
 
+template <int kHs>
 absl::Status LaunchForwardHopper(bf16* y, float* lse, const bf16* qkv, int b, int nh, int nkv,
                                  int t, cudaStream_t stream) {
-  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(hopper::kHs));
+  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHs));
   const dim3 grid(b * nh, (t + hopper::kQTile - 1) / hopper::kQTile);
+  constexpr size_t kSmem = hopper::Sizes<kHs>::kSmemBytes;
   WEFT_BF16_RETURN_IF_ERROR(
-      internal::AllowSharedBytes(hopper::FlashForwardWgmmaKernel, hopper::kSmemBytes));
-  return internal::Launch(hopper::FlashForwardWgmmaKernel, grid, hopper::kThreads,
-                          hopper::kSmemBytes, stream, y, lse, qkv, t, nh, nkv, scale_log2);
+      internal::AllowSharedBytes(hopper::FlashForwardWgmmaKernel<kHs>, kSmem));
+  return internal::Launch(hopper::FlashForwardWgmmaKernel<kHs>, grid, hopper::kThreads, kSmem,
+                          stream, y, lse, qkv, t, nh, nkv, scale_log2);
 }
 
 template <int kHs>
@@ -1084,7 +1107,7 @@ size_t FlashAttentionBackwardScratchFloats(int b, int nh, int t, int hs) {
 }
 
 bool FlashAttentionHopperForward(int hs) {
-  return hs == hopper::kHs && HopperForwardRuns();
+  return hopper::SupportedHeadSize(hs) && HopperForwardRuns();
 }
 
 absl::Status FlashAttentionForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, int nkv,
@@ -1104,11 +1127,12 @@ absl::Status FlashAttentionForwardWith(FlashAttentionKernel kernel, bf16* y, flo
   const bool hopper = FlashAttentionHopperForward(hs);
   if (kernel == FlashAttentionKernel::kHopper && !hopper) {
     return absl::FailedPreconditionError(absl::StrCat(
-        kOp, ": the Hopper (wgmma) kernel needs head size ", hopper::kHs, " (hs = ", hs,
+        kOp, ": the Hopper (wgmma) kernel needs head size 64 or 128 (hs = ", hs,
         ") and an sm_90 GPU running this build's sm_90a code"));
   }
   if (hopper && kernel != FlashAttentionKernel::kMmaSync) {
-    return LaunchForwardHopper(y, lse, qkv, b, nh, nkv, t, stream);
+    return hs == 128 ? LaunchForwardHopper<128>(y, lse, qkv, b, nh, nkv, t, stream)
+                     : LaunchForwardHopper<64>(y, lse, qkv, b, nh, nkv, t, stream);
   }
   switch (hs) {
     case 16:

@@ -234,7 +234,7 @@ absl::Status FlashAttentionForward(bf16* y,          // (B, T, C) written (=)
 // where it does not run is FAILED_PRECONDITION. The two agree to fp32 rounding (their sums run
 // in different orders), each deterministic. For tests and benchmarks; the models use kAuto.
 enum class FlashAttentionKernel { kAuto, kMmaSync, kHopper };
-// Whether the Hopper forward (wgmma, HS = 128) runs on the current device: an sm_90 GPU
+// Whether the Hopper forward (wgmma, HS 64 or 128) runs on the current device: an sm_90 GPU
 // (H100, H200) running this build's sm_90a code.
 bool FlashAttentionHopperForward(int hs);
 absl::Status FlashAttentionForwardWith(FlashAttentionKernel kernel, bf16* y, float* lse,

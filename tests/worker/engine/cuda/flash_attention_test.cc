@@ -17,7 +17,7 @@
 // T = 1024 with B * NH = 2, every supported head size (16, 32, 64, 128), and grouped-query
 // attention with NKV = NH / 4 and NH / 2 (and NKV = 1) at HS 64 and 128 with T not a multiple
 // of 64; the backward is checked bit-deterministic.
-// At HS = 128 both forward kernels (mma.sync, and the Hopper wgmma one where it runs) are
+// At HS 64 and 128 both forward kernels (mma.sync, and the Hopper wgmma one where it runs) are
 // checked against the reference, each other and their own second run.
 // A timing test prints the GPT-2 124M shape (B = 16, NH = 12, T = 1024, HS = 64).
 // Skips (GTEST_SKIP) when no CUDA device is present, except the argument checks, which fail
@@ -257,7 +257,7 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat("B", s.b, "NH", s.nh, "NKV", s.kv(), "T", s.t, "HS", s.hs);
     });
 
-// Both forward kernels at HS = 128 (FlashAttentionForwardWith), each against the reference,
+// Both forward kernels at HS 64 and 128 (FlashAttentionForwardWith), each against the reference,
 // and against each other: the Hopper (wgmma) one where it runs (sm_90 with sm_90a code), else
 // only the mma.sync one, which runs everywhere. Shapes: one, two and three 128-key tiles with
 // ragged ends, a single row, grouped-query heads.
@@ -300,8 +300,8 @@ TEST_P(FlashForwardKernelsTest, BothMatchTheReferenceAndEachOther) {
   ASSERT_NO_FATAL_FAILURE(run(FlashAttentionKernel::kHopper, &y_again, &lse_again));
   const double e_y = RelError(ToHeads(y_hopper, s, kY), ref.y);
   const double e_lse = RelError(lse_hopper, ref.lse);
-  std::printf("hopper B=%d NH=%d NKV=%d T=%d: y %.2e lse %.2e (mma.sync y %.2e)\n", s.b, s.nh,
-              s.kv(), s.t, e_y, e_lse, RelError(ToHeads(y_sync, s, kY), ref.y));
+  std::printf("hopper B=%d NH=%d NKV=%d T=%d HS=%d: y %.2e lse %.2e (mma.sync y %.2e)\n", s.b,
+              s.nh, s.kv(), s.t, s.hs, e_y, e_lse, RelError(ToHeads(y_sync, s, kY), ref.y));
   EXPECT_LE(e_y, kTolY);
   EXPECT_LE(e_lse, kTolLse);
   EXPECT_EQ(y_auto, y_hopper);  // kAuto takes the Hopper kernel where it runs
@@ -313,13 +313,14 @@ TEST_P(FlashForwardKernelsTest, BothMatchTheReferenceAndEachOther) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Hs128, FlashForwardKernelsTest,
+    Hs64And128, FlashForwardKernelsTest,
     ::testing::Values(Shape{1, 1, 1, 128}, Shape{1, 1, 65, 128}, Shape{1, 2, 130, 128},
                       Shape{2, 2, 300, 128}, Shape{1, 8, 130, 128, 2},
-                      Shape{2, 4, 257, 128, 1}, Shape{1, 2, 512, 128}),
+                      Shape{2, 4, 257, 128, 1}, Shape{1, 2, 512, 128}, Shape{1, 1, 1, 64},
+                      Shape{2, 3, 200, 64}, Shape{1, 8, 300, 64, 2}, Shape{1, 2, 512, 64, 1}),
     [](const ::testing::TestParamInfo<Shape>& info) {
       const Shape& s = info.param;
-      return absl::StrCat("B", s.b, "NH", s.nh, "NKV", s.kv(), "T", s.t);
+      return absl::StrCat("B", s.b, "NH", s.nh, "NKV", s.kv(), "T", s.t, "HS", s.hs);
     });
 
 // Rejected before any GPU work, so this runs without a device too.
@@ -349,12 +350,14 @@ TEST(FlashAttentionArgs, RejectsBadArguments) {
             absl::StatusCode::kInvalidArgument);  // nkv does not divide nh
   EXPECT_EQ(FlashAttentionBackward(p2, p, p, f, p, f, 1, 4, 0, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // nkv = 0
-  // The Hopper kernel is HS = 128 only; asked for at 64 it says so instead of running another.
+  // The Hopper kernel is HS 64 and 128 only; asked for at 32 it says so instead of running
+  // another.
   const absl::Status hopper =
-      FlashAttentionForwardWith(FlashAttentionKernel::kHopper, p, f, p, 1, 1, 1, 8, 64, nullptr);
+      FlashAttentionForwardWith(FlashAttentionKernel::kHopper, p, f, p, 1, 1, 1, 8, 32, nullptr);
   EXPECT_EQ(hopper.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(hopper.message().find("head size 128"), std::string::npos) << hopper.message();
-  EXPECT_FALSE(FlashAttentionHopperForward(64));
+  EXPECT_NE(hopper.message().find("head size 64 or 128"), std::string::npos) << hopper.message();
+  EXPECT_FALSE(FlashAttentionHopperForward(32));
+  EXPECT_FALSE(FlashAttentionHopperForward(16));
 }
 
 // Not a check: prints forward and backward times of one layer's attention at shape `s`.
@@ -370,6 +373,10 @@ void PrintTiming(const Shape& s, cudaStream_t stream) {
     return FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), s.b, s.nh, s.kv(), s.t,
                                  s.hs, stream);
   };
+  const auto forward_sync = [&] {
+    return FlashAttentionForwardWith(FlashAttentionKernel::kMmaSync, AsBf16(d_y), d_lse.get(),
+                                     AsBf16(d_qkv), s.b, s.nh, s.kv(), s.t, s.hs, stream);
+  };
   const auto backward = [&] {
     return FlashAttentionBackward(AsBf16(d_dqkv), AsBf16(d_dy), AsBf16(d_y), d_lse.get(),
                                   AsBf16(d_qkv), d_scratch.get(), s.b, s.nh, s.kv(), s.t, s.hs,
@@ -379,11 +386,14 @@ void PrintTiming(const Shape& s, cudaStream_t stream) {
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
   constexpr int kIters = 20;
-  float ms[2];
-  for (int which = 0; which < 2; ++which) {
-    for (int i = 0; i < 3; ++i) ASSERT_TRUE((which == 0 ? forward() : backward()).ok());
+  float ms[3];
+  const auto op = [&](int which) {
+    return which == 0 ? forward() : which == 1 ? backward() : forward_sync();
+  };
+  for (int which = 0; which < 3; ++which) {
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(op(which).ok());
     CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < kIters; ++i) ASSERT_TRUE((which == 0 ? forward() : backward()).ok());
+    for (int i = 0; i < kIters; ++i) ASSERT_TRUE(op(which).ok());
     CUDA_CHECK(cudaEventRecord(stop, stream));
     CUDA_CHECK(cudaEventSynchronize(stop));
     CUDA_CHECK(cudaEventElapsedTime(&ms[which], start, stop));
@@ -393,9 +403,9 @@ void PrintTiming(const Shape& s, cudaStream_t stream) {
   // multiply-adds over the T (T + 1) / 2 visible pairs of every head.
   const double gemm = 2.0 * s.hs * s.heads() * s.t * (s.t + 1) / 2.0;
   std::printf("flash attention B=%d NH=%d NKV=%d T=%d HS=%d: forward %.3f ms (%.0f TFLOP/s), "
-              "backward %.3f ms (%.0f TFLOP/s)\n",
+              "backward %.3f ms (%.0f TFLOP/s), mma.sync forward %.3f ms (%.0f TFLOP/s)\n",
               s.b, s.nh, s.kv(), s.t, s.hs, ms[0], 2 * gemm / ms[0] * 1e-9, ms[1],
-              7 * gemm / ms[1] * 1e-9);
+              7 * gemm / ms[1] * 1e-9, ms[2], 2 * gemm / ms[2] * 1e-9);
   CUDA_CHECK(cudaEventDestroy(start));
   CUDA_CHECK(cudaEventDestroy(stop));
 }
