@@ -1,6 +1,8 @@
 // Fused causal attention (FlashAttention-2 style): the (T, T) score matrix never reaches global
 // memory. Forward and backward run on the tensor cores (mma.sync m16n8k16, bf16 inputs, fp32
-// accumulation) over shared-memory tiles; the softmax is computed online in fp32.
+// accumulation) over shared-memory tiles; the softmax is computed online in fp32. On Hopper
+// the forward at head sizes 64 and 128 runs on the warpgroup MMA instead (wgmma, namespace
+// hopper below); the backward is mma.sync everywhere.
 //
 // Layout: the model's own, no head permutation and no copy of shared k/v heads anywhere. q, k,
 // v are read straight from the qkv projection's output (B, T, (NH + 2 NKV) HS), rows
