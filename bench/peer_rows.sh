@@ -44,9 +44,11 @@ case "$ROW" in
   llama-8b) arch=llama; shape="32 4096 32 8 14336 128256 4096"; mb=2; steps=30
     peer_shape=(--arch llama --layers 32 --dim 4096 --heads 32 --kv-heads 8 --ffn 14336
                 --vocab 128256 --seq 4096 --mb 2) ;;
-  llama-70b) arch=llama; shape="80 8192 64 8 28672 128256 4096"; mb=1; steps=20
+  # Few steps: at 70B a step takes seconds (minutes for the peer with its optimizer on the
+  # CPU), and a device call has 10 minutes.
+  llama-70b) arch=llama; shape="80 8192 64 8 28672 128256 4096"; mb=1; steps=12
     peer_shape=(--arch llama --layers 80 --dim 8192 --heads 64 --kv-heads 8 --ffn 28672
-                --vocab 128256 --seq 4096 --mb 1) ;;
+                --vocab 128256 --seq 4096 --mb 1 --steps 8 --warmup 3) ;;
   *) echo "peer_rows: unknown row '$ROW' (gpt2-124m, gpt-6.7b, llama-8b, llama-70b)" >&2
      exit 2 ;;
 esac
