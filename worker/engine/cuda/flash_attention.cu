@@ -180,38 +180,51 @@ __device__ inline HeadBase HeadOffsets(const bf16* qkv, int bh, int nh, int nkv,
           q_width};
 }
 
+// A thread's share of a tile load: kCopies 16-byte chunks of one column, the k-th from row
+// row + k * kPass of src (row stride ld elements, src already at the column) to
+// dst + k * dst_step bytes. Rows at or past t are zero-filled; a tile wholly before t (whole)
+// skips the check. The addresses advance by constants, one add per copy instead of a
+// division, a bounds check and a multiply: the tile loads were what kept the attention
+// kernels issue-bound.
+template <int kCopies, int kPass>
+__device__ inline void CopyColumnChunks(unsigned char* dst, int dst_step,
+                                        const bf16* __restrict__ src, int row, int ld, int t,
+                                        bool whole) {
+  if (whole) {
+    const bf16* from = src + static_cast<size_t>(row) * ld;
+#pragma unroll
+    for (int k = 0; k < kCopies; ++k) {
+      CpAsync16(dst + k * dst_step, from + static_cast<size_t>(k) * kPass * ld);
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kCopies; ++k) {
+    const int r = row + k * kPass;
+    if (r < t) {
+      CpAsync16(dst + k * dst_step, src + static_cast<size_t>(r) * ld);
+    } else {
+      *reinterpret_cast<uint4*>(dst + k * dst_step) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 // Rows [row0, row0 + kRows) of one head's (T, kHs) matrix, row stride ld elements (3C or C),
 // -> shared (kRows, kStride). Rows at or past t are zero-filled, so a ragged last tile
 // multiplies as zeros (never NaN garbage).
 template <int kHs, int kRows>
 __device__ inline void LoadTile(bf16* dst, const bf16* __restrict__ src, int row0, int t,
                                 int ld) {
-  // A thread copies the same 16-byte chunk of every kPass-th row, so its addresses advance by
-  // constants: one add per copy instead of a division, a bounds check and a multiply.
+  // A thread copies the same 16-byte chunk of every kPass-th row.
   constexpr int kChunks = kHs / internal::kVec;  // 16-byte chunks per row
   constexpr int kPass = kThreads / kChunks;       // rows a pass of the block copies
   constexpr int kStride = Tiles<kHs>::kStride;
   static_assert(kThreads % kChunks == 0 && kRows % kPass == 0, "whole passes");
   const int col = (threadIdx.x % kChunks) * internal::kVec;
   const int r0 = threadIdx.x / kChunks;
-  bf16* d = dst + r0 * kStride + col;
-  if (row0 + kRows <= t) {
-    const bf16* from = src + static_cast<size_t>(row0 + r0) * ld + col;
-#pragma unroll
-    for (int k = 0; k < kRows / kPass; ++k) {
-      CpAsync16(d + k * kPass * kStride, from + static_cast<size_t>(k) * kPass * ld);
-    }
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < kRows / kPass; ++k) {
-    const int row = row0 + r0 + k * kPass;
-    if (row < t) {
-      CpAsync16(d + k * kPass * kStride, src + static_cast<size_t>(row) * ld + col);
-    } else {
-      *reinterpret_cast<uint4*>(d + k * kPass * kStride) = make_uint4(0, 0, 0, 0);
-    }
-  }
+  unsigned char* d = reinterpret_cast<unsigned char*>(dst + r0 * kStride + col);
+  CopyColumnChunks<kRows / kPass, kPass>(d, kPass * kStride * static_cast<int>(sizeof(bf16)),
+                                        src + col, row0 + r0, ld, t, row0 + kRows <= t);
 }
 
 // ---- warp-level products (each warp computes a strip of kMt mma tiles, 16 kMt rows) ----
@@ -798,8 +811,8 @@ __device__ inline uint64_t Descriptor(const void* p, uint32_t lbo, uint32_t sbo)
 
 // Rows [row0, row0 + kRows) of one head's (T, kHs) matrix, row stride ld elements, -> the
 // swizzled tile at dst (1024-byte aligned). Rows at or past t are zero-filled. A thread copies
-// the same 16-byte piece of every kPass-th row: its row's low 3 bits, and so its swizzled
-// place in the row, never change, which leaves one add per copy (the kernel is issue-bound).
+// the same 16-byte piece of every kPass-th row (CopyColumnChunks): its row's low 3 bits, and
+// so its swizzled place in the row, never change.
 template <int kHs, int kRows>
 __device__ inline void LoadSwizzled(unsigned char* dst, const bf16* __restrict__ src, int row0,
                                     int t, int ld) {
@@ -811,21 +824,8 @@ __device__ inline void LoadSwizzled(unsigned char* dst, const bf16* __restrict__
   const int r0 = threadIdx.x / kPieces;
   unsigned char* d = dst + (piece / kPanelPieces) * kRows * kPanelBytes + r0 * kPanelBytes +
                      ((piece % kPanelPieces) ^ (r0 % 8)) * 16;
-  const bf16* from = src + static_cast<size_t>(row0 + r0) * ld + piece * internal::kVec;
-  const size_t step = static_cast<size_t>(kPass) * ld;
-  if (row0 + kRows <= t) {
-#pragma unroll
-    for (int k = 0; k < kRows / kPass; ++k) CpAsync16(d + k * kPass * kPanelBytes, from + k * step);
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < kRows / kPass; ++k) {
-    if (row0 + r0 + k * kPass < t) {
-      CpAsync16(d + k * kPass * kPanelBytes, from + k * step);
-    } else {
-      *reinterpret_cast<uint4*>(d + k * kPass * kPanelBytes) = make_uint4(0, 0, 0, 0);
-    }
-  }
+  CopyColumnChunks<kRows / kPass, kPass>(d, kPass * kPanelBytes, src + piece * internal::kVec,
+                                        row0 + r0, ld, t, row0 + kRows <= t);
 }
 
 #undef WEFT_WGMMA_R32
