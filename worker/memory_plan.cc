@@ -87,9 +87,14 @@ engine::CheckpointingPlan MostLighterBlocks(Checkpointing level, size_t free_byt
 std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan) {
   return absl::StrFormat(
       "%.2f GiB (parameter/optimizer shards %.2f, gathered units and gradients %.2f, "
-      "activations %.2f, NCCL and runtime reserve %.2f%s)",
+      "activations %.2f%s, NCCL and runtime reserve %.2f%s)",
       GiB(plan.total()), GiB(plan.state_bytes), GiB(plan.working_bytes),
-      GiB(plan.activation_bytes), GiB(plan.reserve_bytes),
+      GiB(plan.activation_bytes),
+      plan.spent_activation_grad_bytes == 0
+          ? ""
+          : absl::StrFormat(" beyond the %.2f of shard gradients they hold",
+                            GiB(plan.spent_activation_grad_bytes)),
+      GiB(plan.reserve_bytes),
       plan.host_bytes == 0
           ? ""
           : absl::StrFormat("; plus %.2f GiB of pinned host memory for the offloaded optimizer",

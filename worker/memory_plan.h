@@ -26,6 +26,8 @@ struct GpuMemoryPlan {
   size_t working_bytes = 0;     // gathered bf16 units, full fp32 gradient units, scratch
   size_t activation_bytes = 0;  // the CudaModel's activations and scratch, cuBLAS workspace
   size_t reserve_bytes = 0;     // NCCL buffers, CUDA context growth, allocator slack
+  // Of state_bytes, the block gradients that lie over spent activations (ZeroCudaOptions).
+  size_t spent_activation_grad_bytes = 0;
   // Device bytes in all; the pinned host memory below is not part of it.
   size_t total() const { return state_bytes + working_bytes + activation_bytes + reserve_bytes; }
   // Optimizer offload: fp32 master weights, moments and decay mask of the offloaded units'
@@ -34,7 +36,8 @@ struct GpuMemoryPlan {
 };
 
 // "9.10 GiB (parameter/optimizer shards 1.50, gathered units and gradients 0.60, activations
-// 6.00, NCCL and runtime reserve 1.00)".
+// 6.00, NCCL and runtime reserve 1.00)"; with gradients over spent activations, "activations
+// 6.00 beyond the 1.20 of shard gradients they hold".
 std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan);
 
 // The plan of the job at a checkpointing plan, micro-batch rows per rank and world size.

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -120,6 +121,22 @@ size_t GradBufferElements(const engine::ModelArch& arch, const ShardLayout& layo
   return head_takes_turns ? std::max(head, blocks) : head + blocks;
 }
 
+// Bytes of each block's shard gradient (units 1 and up) to place over spent activations, or
+// none: only a step without gradient accumulation, where a gradient is written once, by its
+// block's backward or reduce-scatter, and read before the next forward (the optimizer's).
+std::vector<size_t> SpentActivationGradBytes(const weft::v1::JobSpec& spec,
+                                             const ShardLayout& layout,
+                                             const ZeroCudaOptions& options) {
+  std::vector<size_t> bytes;
+  if (!options.gradients_over_spent_activations || spec.training().grad_accum_steps() != 1) {
+    return bytes;
+  }
+  for (int u = 1; u < layout.num_units(); ++u) {
+    bytes.push_back(layout.unit(u).shard * sizeof(float));
+  }
+  return bytes;
+}
+
 // Where `part` (a rank's OwnPart of the piece of unit 0 starting at `piece_begin`, count > 0)
 // starts in that rank's shard of the unit.
 size_t ShardOffsetOf(size_t piece_begin, const comm::RangePart& part, size_t shard) {
@@ -141,14 +158,15 @@ std::vector<ZeroCudaEngine::DecayRun> DecayRuns(const std::vector<uint8_t>& mask
 }  // namespace
 
 GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                            const engine::CheckpointingPlan& level, int micro_batch_size, int world) {
+                            const engine::CheckpointingPlan& level, int micro_batch_size, int world,
+                            const ZeroCudaOptions& options) {
   return PlanGpuMemoryAt(spec, arch, level, micro_batch_size, world,
-                         FirstOffloadedUnit(UnitSizes(arch), spec.optimizer()));
+                         FirstOffloadedUnit(UnitSizes(arch), spec.optimizer()), options);
 }
 
 GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                               const engine::CheckpointingPlan& level, int micro_batch_size,
-                              int world, int first_offloaded) {
+                              int world, int first_offloaded, const ZeroCudaOptions& options) {
   // Every rank's shards are the same size, so rank 0's layout speaks for all.
   const ShardLayout layout(UnitSizes(arch), world, /*rank=*/0);
   GpuMemoryPlan plan;
@@ -182,8 +200,14 @@ GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::Model
   }
   const size_t chunk = GatherChunkFloats(world);
   plan.working_bytes += (chunk * world + (offload ? chunk : 0)) * sizeof(float);
-  plan.activation_bytes = cuda::PlanCudaActivationBytes(
-      arch, micro_batch_size, spec.training().sequence_length(), level);
+  // Block gradients over spent activations are counted with the shards (16 bytes a
+  // parameter, above), and only what the activations need beyond them here.
+  const std::vector<size_t> spent = SpentActivationGradBytes(spec, layout, options);
+  plan.spent_activation_grad_bytes = std::accumulate(spent.begin(), spent.end(), size_t{0});
+  plan.activation_bytes =
+      cuda::PlanCudaActivationBytes(arch, micro_batch_size, spec.training().sequence_length(),
+                                    level, spent) -
+      plan.spent_activation_grad_bytes;
   plan.reserve_bytes = kReserveBytes;
   return plan;
 }
@@ -220,7 +244,7 @@ absl::StatusOr<size_t> ZeroCudaEngine::Mark() {
 ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
                                comm::CudaCommunicator* replica,
                                std::unique_ptr<const engine::ModelArch> arch,
-                               int first_offloaded)
+                               int first_offloaded, const ZeroCudaOptions& options)
     : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
       comm_(comm),
       replica_(replica != nullptr && replica->world_size() > 1 ? replica : nullptr),
@@ -229,6 +253,7 @@ ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunic
       batch_size_(spec.training().micro_batch_size()),
       seq_len_(spec.training().sequence_length()),
       first_offloaded_(first_offloaded),
+      options_(options),
       direct_grads_(DirectGradients(comm->world_size())),
       head_split_(arch_->HeadOutputBegin()),
       host_threads_(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
@@ -290,7 +315,7 @@ absl::Status CheckComputeCapability(int major, int minor) {
 
 absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
     const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm, comm::CudaCommunicator* replica,
-    int ranks_on_host) {
+    int ranks_on_host, const ZeroCudaOptions& options) {
   if (spec.zero_stage() != 3) {
     return absl::FailedPreconditionError(absl::StrCat(
         "zero_stage: the CUDA engine implements ZeRO stage 3 only, got ", spec.zero_stage()));
@@ -322,7 +347,8 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
                         spec.training().micro_batch_size(), comm->world_size(),
                         arch->num_layers(),
                         [&](const engine::CheckpointingPlan& level, int rows, int world) {
-                          return PlanGpuMemoryAt(spec, *arch, level, rows, world, first);
+                          return PlanGpuMemoryAt(spec, *arch, level, rows, world, first,
+                                                 options);
                         },
                         budget);
   };
@@ -332,7 +358,7 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
   const engine::CheckpointingPlan heaviest = memory.level;
   const auto plan_at = [&](int first) {
     return PlanGpuMemoryAt(spec, *arch, heaviest, spec.training().micro_batch_size(),
-                           comm->world_size(), first);
+                           comm->world_size(), first, options);
   };
   bool auto_offloaded = false;
   if (!memory.fits && spec.optimizer().offload_auto()) {
@@ -364,7 +390,7 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
   }
   SetHostBufferAllocator({PinnedAllocate, PinnedRelease});
   std::unique_ptr<ZeroCudaEngine> engine(
-      new ZeroCudaEngine(spec, comm, replica, std::move(arch), first_offloaded));
+      new ZeroCudaEngine(spec, comm, replica, std::move(arch), first_offloaded, options));
   engine->plan_ = memory.plan;
   engine->checkpointing_ = memory.level;
   engine->plan_note_ = memory.reason;
@@ -393,9 +419,9 @@ absl::Status ZeroCudaEngine::Initialize() {
       WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     }
   }
-  WEFT_ASSIGN_OR_RETURN(model_,
-                        cuda::CreateCudaModel(*arch_, batch_size_, seq_len_, checkpointing_,
-                                              compute_));
+  WEFT_ASSIGN_OR_RETURN(
+      model_, cuda::CreateCudaModel(*arch_, batch_size_, seq_len_, checkpointing_, compute_,
+                                    SpentActivationGradBytes(spec_, layout_, options_)));
   head_grad_takes_turns_ = HeadGradTakesTurnsWithBlocks(*arch_, checkpointing_, group_);
   units_.resize(layout_.num_units());
   for (int u = 0; u < layout_.num_units(); ++u) {
@@ -407,7 +433,10 @@ absl::Status ZeroCudaEngine::Initialize() {
     WEFT_ASSIGN_OR_RETURN(unit.params, offloaded ? HostAlloc<float>(shard) : Alloc<float>(shard));
     WEFT_ASSIGN_OR_RETURN(unit.m, offloaded ? HostAlloc<float>(shard) : Alloc<float>(shard));
     WEFT_ASSIGN_OR_RETURN(unit.v, offloaded ? HostAlloc<float>(shard) : Alloc<float>(shard));
-    WEFT_ASSIGN_OR_RETURN(unit.grads, Alloc<float>(shard));
+    unit.grads = u > 0 ? model_->SpentActivationGradient(u - 1) : nullptr;
+    if (unit.grads == nullptr) {
+      WEFT_ASSIGN_OR_RETURN(unit.grads, Alloc<float>(shard));
+    }
     const InitialUnit init = InitialState(u);
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.params, init.kept.data(), shard * sizeof(float),
                                          cudaMemcpyDefault));

@@ -67,16 +67,28 @@
 
 namespace weft::worker {
 
+// How the engine lays out its memory; the defaults are what jobs run with, and a test may
+// turn a saving off to compare against it.
+struct ZeroCudaOptions {
+  // Without gradient accumulation (training.grad_accum_steps 1) each block's shard gradient
+  // lives over activations that are spent by the time it is written
+  // (CudaModel::SpentActivationGradient) instead of in memory of its own: the gradients of the
+  // last blocks over the first blocks' activations, as a caching allocator would reuse them.
+  // It saves the smaller of the blocks' gradient shards and their activations, on every GPU.
+  bool gradients_over_spent_activations = true;
+};
+
 // What a rank of `spec` needs on its GPU at this checkpointing plan, micro-batch rows and world
 // size, with the units the spec offloads (none with offload_auto, which Create decides).
 GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                             const engine::CheckpointingPlan& level, int micro_batch_size,
-                            int world_size);
+                            int world_size, const ZeroCudaOptions& options = {});
 // The same with units [first_offloaded, n) offloaded whatever the spec says (n: none), for
 // finding the offload that would fit.
 GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                               const engine::CheckpointingPlan& level, int micro_batch_size,
-                              int world_size, int first_offloaded);
+                              int world_size, int first_offloaded,
+                              const ZeroCudaOptions& options = {});
 
 // OK for a GPU of compute capability major.minor that the CUDA engine's kernels run on (bf16
 // tensor cores: 8.0, Ampere, or newer); FAILED_PRECONDITION saying so otherwise.
@@ -94,7 +106,8 @@ class ZeroCudaEngine : public ZeroEngine {
   // (its memory), all of them return an error, the others saying that another rank could not.
   static absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> Create(
       const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
-      comm::CudaCommunicator* replica = nullptr, int ranks_on_host = 1);
+      comm::CudaCommunicator* replica = nullptr, int ranks_on_host = 1,
+      const ZeroCudaOptions& options = {});
   ~ZeroCudaEngine() override;
 
   absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) override;
@@ -135,7 +148,7 @@ class ZeroCudaEngine : public ZeroEngine {
 
   ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
                  comm::CudaCommunicator* replica, std::unique_ptr<const engine::ModelArch> arch,
-                 int first_offloaded);
+                 int first_offloaded, const ZeroCudaOptions& options);
   absl::Status Initialize();
   absl::Status CopyKeptToHost(int u, UnitState state, size_t offset, size_t n,
                               float* host) const override;
@@ -221,6 +234,7 @@ class ZeroCudaEngine : public ZeroEngine {
   // host_decay_mask are pinned host memory; two staging pairs of (their max shard) and the
   // events that free them.
   const int first_offloaded_;
+  const ZeroCudaOptions options_;
   const bool direct_grads_;  // world 1: the model writes the shard's gradient itself
   // ModelArch::HeadOutputBegin: the embedding's piece of unit 0 ends and the final norm and LM
   // head's starts here; 0 for a head that does not split. A split head's pieces take turns in

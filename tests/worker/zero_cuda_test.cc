@@ -207,6 +207,7 @@ struct Curve {
   std::vector<float> losses;
   std::vector<float> grad_norms;
   std::vector<std::vector<float>> params;
+  std::vector<float> eval_losses;  // TrainGpu's eval_every
   // Rank 0's engine: what its plan said (state and working) and what it allocated.
   size_t planned_bytes = 0;
   size_t allocated_bytes = 0;
@@ -252,7 +253,7 @@ absl::StatusOr<std::unique_ptr<comm::CudaCommunicator>> Connect(Store* store, in
 // world shards over groups of that many ranks, replicated (hybrid sharding, connected as
 // worker/device_backend.cc does).
 Curve TrainGpu(const weft::v1::JobSpec& spec, int world, bool one_gpu = false,
-               int group_size = 0) {
+               int group_size = 0, const ZeroCudaOptions& options = {}, int eval_every = 0) {
   if (group_size == 0) group_size = world;
   const int replicas = world / group_size;
   MemoryStore store;
@@ -277,7 +278,7 @@ Curve TrainGpu(const weft::v1::JobSpec& spec, int world, bool one_gpu = false,
         errors[rank] = c.ok() ? across.status() : c.status();
         return;
       }
-      auto engine = ZeroCudaEngine::Create(spec, c->get(), across->get());
+      auto engine = ZeroCudaEngine::Create(spec, c->get(), across->get(), 1, options);
       if (!engine.ok()) {
         errors[rank] = engine.status();
         return;
@@ -292,6 +293,14 @@ Curve TrainGpu(const weft::v1::JobSpec& spec, int world, bool one_gpu = false,
         if (rank == 0) {
           curve.losses.push_back(r->loss);
           curve.grad_norms.push_back(r->grad_norm);
+        }
+        if (eval_every > 0 && step % eval_every == 0) {
+          auto eval = (*engine)->EvalLoss(1, batch);
+          if (!eval.ok()) {
+            errors[rank] = eval.status();
+            return;
+          }
+          if (rank == 0) curve.eval_losses.push_back(*eval);
         }
       }
       auto params = (*engine)->GatherParameters();
@@ -642,6 +651,42 @@ TEST_F(ZeroCudaTest, FourRanksOnOneGpuTakeTurnsInOneGradientBuffer) {
   EXPECT_GE(turns.allocated_bytes + 8192, turns.planned_bytes);
 }
 
+// Without gradient accumulation the block gradients lie over spent activations
+// (ZeroCudaOptions): a gradient written while a later backward still reads what lies under it,
+// or read after the next forward wrote there, changes values. So runs with and without must
+// match bit for bit: GPT-2 and Llama, at NONE (the gradients lie over the blocks' kept
+// activations) and FULL (over the residual stream), one rank (the backward writes the shard
+// gradients) and four on one GPU (the reduce-scatters do), with evaluations between steps
+// writing over them. The allocation is the plan's, and smaller than without.
+TEST_F(ZeroCudaTest, GradientsOverSpentActivationsChangeNoBit) {
+  ZeroCudaOptions apart;
+  apart.gradients_over_spent_activations = false;
+  for (bool llama : {false, true}) {
+    for (auto level : {weft::v1::ActivationCheckpointing::NONE,
+                       weft::v1::ActivationCheckpointing::FULL}) {
+      for (int world : {1, 4}) {
+        SCOPED_TRACE(absl::StrCat(llama ? "llama " : "gpt2 ",
+                                  weft::v1::ActivationCheckpointing::Level_Name(level),
+                                  " world ", world));
+        weft::v1::JobSpec spec = SmallSpec(4 / world, 12, llama);
+        spec.mutable_model()->set_num_layers(4);
+        spec.mutable_training()->set_grad_accum_steps(1);
+        spec.mutable_training()->set_activation_checkpointing(level);
+        const Curve own = TrainGpu(spec, world, /*one_gpu=*/true, 0, apart, /*eval_every=*/3);
+        const Curve over = TrainGpu(spec, world, /*one_gpu=*/true, 0, {}, /*eval_every=*/3);
+        ASSERT_EQ(own.losses.size(), 12u);
+        EXPECT_EQ(over.losses, own.losses);
+        EXPECT_EQ(over.grad_norms, own.grad_norms);
+        EXPECT_EQ(over.eval_losses, own.eval_losses);
+        EXPECT_EQ(over.params, own.params);
+        EXPECT_LT(over.allocated_bytes, own.allocated_bytes);
+        EXPECT_LE(over.allocated_bytes, over.planned_bytes);
+        EXPECT_GE(over.allocated_bytes + 8192, over.planned_bytes);
+      }
+    }
+  }
+}
+
 // Hybrid sharding on one GPU (staged Gloo): 2 replicas of 1 rank (pure replication: no
 // gathers, direct gradients, the replica all-reduce alone) and 2 replicas of 2 ranks, against
 // full ZeRO-3 over the same 2 or 4 ranks and batches. The bf16 gathers carry the same values;
@@ -702,6 +747,23 @@ TEST_F(ZeroCudaTest, ActivationPlanIsExactAtEveryLevel) {
       ASSERT_TRUE(model.ok()) << model.status();
       const size_t planned = engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level);
       EXPECT_EQ((*model)->ActivationBytes() + (*model)->BlasWorkspaceBytes(), planned);
+      EXPECT_EQ((*model)->SpentActivationGradient(0), nullptr);
+      // With gradients over spent activations, small (inside them) and large (past them).
+      for (size_t bytes : {size_t{1024}, size_t{64} << 20}) {
+        const std::vector<size_t> spent(spec.model().num_layers(), bytes);
+        auto with = engine::cuda::CreateCudaModel(**arch, 4, kT, level, nullptr, spent);
+        ASSERT_TRUE(with.ok()) << with.status();
+        EXPECT_EQ((*with)->ActivationBytes() + (*with)->BlasWorkspaceBytes(),
+                  engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level, spent));
+        EXPECT_GE((*with)->ActivationBytes(), (*model)->ActivationBytes());
+        EXPECT_LE((*with)->ActivationBytes(), (*model)->ActivationBytes() + spent.size() * bytes);
+        for (int l = 0; l + 1 < spec.model().num_layers(); ++l) {
+          const char* a = reinterpret_cast<const char*>((*with)->SpentActivationGradient(l));
+          const char* b = reinterpret_cast<const char*>((*with)->SpentActivationGradient(l + 1));
+          ASSERT_NE(a, nullptr);
+          EXPECT_GE(b, a + bytes) << "gradients " << l << " and " << l + 1 << " overlap";
+        }
+      }
       if (level.lighter_layers == 0) {
         EXPECT_LT(planned, previous_uniform);
         previous_uniform = planned;
@@ -1263,6 +1325,47 @@ struct Llama128kHeads {
   }
   weft::v1::JobSpec untied, tied;
 };
+
+// The block gradients lie over spent activations only without gradient accumulation. At the
+// Llama-8B shape (micro-batch 2, T 4096) that saves, on every GPU, the residual stream at FULL
+// (its 32 entries a block's input: 2 GiB) and at NONE nearly all of the gradient shards.
+TEST(ZeroCudaPlan, GradientsLieOverSpentActivationsWithoutAccumulation) {
+  weft::v1::JobSpec spec = Llama128kHeads(32).untied;
+  spec.mutable_model()->set_context_length(4096);
+  spec.mutable_training()->set_sequence_length(4096);
+  auto arch = engine::MakeModelArch(spec.model());
+  ASSERT_TRUE(arch.ok()) << arch.status();
+  ZeroCudaOptions apart;
+  apart.gradients_over_spent_activations = false;
+  const size_t residuals = size_t{32} * 2 * 4096 * 4096 * sizeof(uint16_t);
+  using engine::Checkpointing;
+  for (int world : {1, 8}) {
+    const ShardLayout layout(UnitSizes(**arch), world, 0);
+    size_t block_grads = 0;
+    for (int u = 1; u < layout.num_units(); ++u) block_grads += layout.unit(u).shard * 4;
+    for (Checkpointing level : {Checkpointing::kNone, Checkpointing::kFull}) {
+      SCOPED_TRACE(absl::StrCat("world ", world, " level ", static_cast<int>(level)));
+      spec.mutable_training()->set_grad_accum_steps(2);
+      const GpuMemoryPlan accumulating = PlanGpuMemory(spec, **arch, level, 2, world);
+      EXPECT_EQ(accumulating.spent_activation_grad_bytes, 0u);
+      EXPECT_EQ(accumulating.total(), PlanGpuMemory(spec, **arch, level, 2, world, apart).total());
+      spec.mutable_training()->set_grad_accum_steps(1);
+      const GpuMemoryPlan over = PlanGpuMemory(spec, **arch, level, 2, world);
+      const GpuMemoryPlan own = PlanGpuMemory(spec, **arch, level, 2, world, apart);
+      EXPECT_EQ(over.spent_activation_grad_bytes, block_grads);
+      EXPECT_EQ(over.state_bytes, own.state_bytes);  // still 16 bytes a parameter
+      ASSERT_LT(over.total(), own.total());
+      const size_t saved = own.total() - over.total();
+      EXPECT_LE(saved, std::min(block_grads, own.activation_bytes));
+      if (level == Checkpointing::kFull || world == 1) {
+        EXPECT_GE(saved, std::min(block_grads, residuals));
+      } else {
+        // NONE beyond one GPU: all but the last block's gradient lie over kept activations.
+        EXPECT_GE(saved, block_grads - layout.unit(32).shard * 4);
+      }
+    }
+  }
+}
 
 TEST(ZeroCudaPlan, AnUntiedHeadTakesTurnsInTheHeadBuffers) {
   for (int world : {2, 8}) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -13,8 +14,8 @@
 namespace weft::engine::cuda {
 
 GptCuda::GptCuda(const GptConfig& config, int max_b, int max_t, CheckpointingPlan level,
-                 cudaStream_t stream)
-    : ArenaModel(max_b, max_t, level, stream),
+                 cudaStream_t stream, std::vector<size_t> spent_grad_bytes)
+    : ArenaModel(max_b, max_t, level, stream, std::move(spent_grad_bytes)),
       config_(config),
       flash_(FlashAttentionSupported(config.hidden_size / config.num_heads)) {
   head_tensors_ = UnitTensors(config, 0);
@@ -29,7 +30,6 @@ size_t GptCuda::Layout(char* base) {
   const size_t nc = n * c;
   const size_t head_rows = static_cast<size_t>(max_b_) * config_.num_heads * max_t_;
   res_.resize(layers + 1);
-  for (int l = 0; l <= layers; ++l) res_[l] = a.Take<bf16>(nc);
   for (auto* vec : {&ln1_, &q_, &k_, &v_, &atty_, &res2_, &ln2_, &fch_, &fcg_}) vec->resize(layers);
   for (auto* vec : {&ln1_mean_, &ln1_rstd_, &ln2_mean_, &ln2_rstd_, &lse_}) vec->resize(layers);
   layer_qkv_.resize(layers);
@@ -50,9 +50,13 @@ size_t GptCuda::Layout(char* base) {
   bf16* const res2 = shared(keep_matmuls, nc);
   bf16* const fch = shared(keep_matmuls, 4 * nc);
   spare.end = a.size();
+  // Layer by layer, its residual-stream entry then what its level keeps, so that the
+  // gradients placed over spent layers (PlaceSpentActivationGradients) find them in order.
+  std::vector<size_t> layer_ends(layers);
   for (int l = 0; l < layers; ++l) {
     keep_all = KeptPerLayer(level_.At(l), ActKind::kCheap);
     keep_matmuls = KeptPerLayer(level_.At(l), ActKind::kSaved);
+    res_[l] = a.Take<bf16>(nc);
     ln1_[l] = a.TakeOr(keep_all, ln1, nc);
     if (flash_) {
       layer_qkv_[l] = a.TakeOr(keep_matmuls, qkv, 3 * nc);  // (B, T, 3C), read in place
@@ -71,7 +75,10 @@ size_t GptCuda::Layout(char* base) {
     ln2_mean_[l] = a.Take<float>(n);
     ln2_rstd_[l] = a.Take<float>(n);
     lse_[l] = a.Take<float>(head_rows);
+    layer_ends[l] = a.size();
   }
+  res_[layers] = a.Take<bf16>(nc);
+  PlaceSpentActivationGradients(a, layer_ends);
   lnf_ = a.Take<bf16>(nc);
   lnf_mean_ = a.Take<float>(n);
   lnf_rstd_ = a.Take<float>(n);
@@ -100,14 +107,16 @@ size_t GptCuda::Layout(char* base) {
 }
 
 size_t GptCuda::PlanActivationBytes(const GptConfig& config, int max_b, int max_t,
-                                    CheckpointingPlan level) {
-  GptCuda probe(config, max_b, max_t, level, nullptr);
+                                    CheckpointingPlan level,
+                                    const std::vector<size_t>& spent_grad_bytes) {
+  GptCuda probe(config, max_b, max_t, level, nullptr, spent_grad_bytes);
   return probe.PlannedBytes();
 }
 
 absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config, int max_b,
                                                          int max_t, CheckpointingPlan level,
-                                                         cudaStream_t stream) {
+                                                         cudaStream_t stream,
+    const std::vector<size_t>& spent_grad_bytes) {
   if (config.hidden_size % 8 != 0 || config.hidden_size % config.num_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.hidden_size: the CUDA engine needs a multiple of 8 that num_heads divides, got ",
@@ -127,7 +136,7 @@ absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config
     return absl::InvalidArgumentError(absl::StrCat("micro-batch shape (", max_b, ", ", max_t,
                                                    ") out of range"));
   }
-  std::unique_ptr<GptCuda> model(new GptCuda(config, max_b, max_t, level, stream));
+  std::unique_ptr<GptCuda> model(new GptCuda(config, max_b, max_t, level, stream, spent_grad_bytes));
   WEFT_RETURN_IF_ERROR(model->Allocate());
   return model;
 }

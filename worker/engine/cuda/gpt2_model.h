@@ -50,14 +50,16 @@ class GptCuda final : public ArenaModel {
  public:
   // Bytes Create allocates for activations and scratch (exact, for the memory planner).
   static size_t PlanActivationBytes(const GptConfig& config, int max_b, int max_t,
-                                    CheckpointingPlan level);
+                                    CheckpointingPlan level,
+      const std::vector<size_t>& spent_grad_bytes = {});
 
   // On the current device; kernels go to `stream` (not owned). INVALID_ARGUMENT for shapes
   // the kernels cannot take (hidden size not a multiple of 8, ...), RESOURCE_EXHAUSTED when
   // the activations do not fit.
   static absl::StatusOr<std::unique_ptr<GptCuda>> Create(const GptConfig& config, int max_b,
                                                          int max_t, CheckpointingPlan level,
-                                                         cudaStream_t stream);
+                                                         cudaStream_t stream,
+      const std::vector<size_t>& spent_grad_bytes = {});
 
   const GptConfig& config() const { return config_; }
 
@@ -72,7 +74,7 @@ class GptCuda final : public ArenaModel {
 
  private:
   GptCuda(const GptConfig& config, int max_b, int max_t, CheckpointingPlan level,
-          cudaStream_t stream);
+          cudaStream_t stream, std::vector<size_t> spent_grad_bytes);
   size_t Layout(char* base) override;
   // The forward's pieces: the attention sub-layer (x -> res2), attention itself (q, k, v ->
   // atty), and the MLP up to the GELU output (res2 -> fcg); BlockForward adds fcproj and the

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -39,8 +40,8 @@ std::string ShapeProblem(const LlamaConfig& c) {
 }  // namespace
 
 LlamaCuda::LlamaCuda(const LlamaConfig& config, int max_b, int max_t, CheckpointingPlan level,
-                     cudaStream_t stream)
-    : ArenaModel(max_b, max_t, level, stream), config_(config) {
+                     cudaStream_t stream, std::vector<size_t> spent_grad_bytes)
+    : ArenaModel(max_b, max_t, level, stream, std::move(spent_grad_bytes)), config_(config) {
   const LlamaArch arch(config);
   head_tensors_ = arch.UnitTensors(0);
   block_tensors_ = arch.UnitTensors(1);
@@ -56,7 +57,6 @@ size_t LlamaCuda::Layout(char* base) {
   const size_t n_i = n * config_.intermediate_size;
   const size_t head_rows = static_cast<size_t>(max_b_) * config_.num_heads * max_t_;
   res_.resize(layers + 1);
-  for (bf16*& r : res_) r = a.Take<bf16>(nc);
   // The level's per-layer buffers; what the plan's heaviest level does not keep is taken once,
   // here, and shared by the layers at that level.
   bool keep_all = KeptPerLayer(level_.level, ActKind::kCheap);
@@ -75,10 +75,14 @@ size_t LlamaCuda::Layout(char* base) {
   spare.end = a.size();
   TakeCommon(a, config_.padded_vocab_size, config_.hidden_size, spare);
   saved_.resize(layers);
+  // Layer by layer, its residual-stream entry then what its level keeps, so that the
+  // gradients placed over spent layers (PlaceSpentActivationGradients) find them in order.
+  std::vector<size_t> layer_ends(layers);
   for (int l = 0; l < layers; ++l) {
     Saved& s = saved_[l];
     keep_all = KeptPerLayer(level_.At(l), ActKind::kCheap);
     keep_matmuls = KeptPerLayer(level_.At(l), ActKind::kSaved);
+    res_[l] = a.Take<bf16>(nc);
     s.attn_rstd = a.Take<float>(n);
     s.lse = a.Take<float>(head_rows);
     s.mlp_rstd = a.Take<float>(n);
@@ -89,7 +93,10 @@ size_t LlamaCuda::Layout(char* base) {
     s.qkv = a.TakeOr(keep_matmuls, shared.qkv, n_qkv);
     s.res2 = a.TakeOr(keep_all, shared.res2, nc);
     s.gate_up = a.TakeOr(keep_matmuls, shared.gate_up, 2 * n_i);
+    layer_ends[l] = a.size();
   }
+  res_[layers] = a.Take<bf16>(nc);
+  PlaceSpentActivationGradients(a, layer_ends);
   final_norm_ = a.Take<bf16>(nc);
   final_rstd_ = a.Take<float>(n);
   // Backward scratch: the attention's, then the (B, T, C) ones. The MLP's gradients need none:
@@ -110,7 +117,8 @@ size_t LlamaCuda::Layout(char* base) {
 absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(const LlamaConfig& config,
                                                              int max_b, int max_t,
                                                              CheckpointingPlan level,
-                                                             cudaStream_t stream) {
+                                                             cudaStream_t stream,
+    const std::vector<size_t>& spent_grad_bytes) {
   if (const std::string problem = ShapeProblem(config); !problem.empty()) {
     return absl::InvalidArgumentError(problem);
   }
@@ -118,15 +126,16 @@ absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(const LlamaConfig& 
     return absl::InvalidArgumentError(absl::StrCat("micro-batch shape (", max_b, ", ", max_t,
                                                    ") out of range"));
   }
-  std::unique_ptr<LlamaCuda> model(new LlamaCuda(config, max_b, max_t, level, stream));
+  std::unique_ptr<LlamaCuda> model(new LlamaCuda(config, max_b, max_t, level, stream, spent_grad_bytes));
   WEFT_RETURN_IF_ERROR(model->Allocate());
   WEFT_RETURN_IF_ERROR(model->BuildRopeTables());
   return model;
 }
 
 size_t LlamaCuda::PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t,
-                                      CheckpointingPlan level) {
-  LlamaCuda probe(config, max_b, max_t, level, nullptr);
+                                      CheckpointingPlan level,
+                                    const std::vector<size_t>& spent_grad_bytes) {
+  LlamaCuda probe(config, max_b, max_t, level, nullptr, spent_grad_bytes);
   return probe.PlannedBytes();
 }
 

@@ -50,10 +50,12 @@ class LlamaCuda final : public ArenaModel {
   // the activations do not fit; kernels go to `stream` (not owned), on the current device.
   static absl::StatusOr<std::unique_ptr<LlamaCuda>> Create(const LlamaConfig& config, int max_b,
                                                            int max_t, CheckpointingPlan level,
-                                                           cudaStream_t stream);
+                                                           cudaStream_t stream,
+      const std::vector<size_t>& spent_grad_bytes = {});
   // What Create allocates: activations, scratch and the GEMM workspace (exact).
   static size_t PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t,
-                                    CheckpointingPlan level);
+                                    CheckpointingPlan level,
+      const std::vector<size_t>& spent_grad_bytes = {});
 
   const LlamaConfig& config() const { return config_; }
 
@@ -70,7 +72,7 @@ class LlamaCuda final : public ArenaModel {
 
  private:
   LlamaCuda(const LlamaConfig& config, int max_b, int max_t, CheckpointingPlan level,
-            cudaStream_t stream);
+            cudaStream_t stream, std::vector<size_t> spent_grad_bytes);
   size_t Layout(char* base) override;
   // The forward's halves: the attention sub-layer (x -> res2), and the MLP up to the SwiGLU
   // output (res2 -> act); BlockForward adds the down projection and the residual.

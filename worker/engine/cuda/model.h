@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -91,19 +92,31 @@ class CudaModel {
   // Device bytes of activations and scratch, and of the GEMM library's workspace.
   virtual size_t ActivationBytes() const = 0;
   virtual size_t BlasWorkspaceBytes() const = 0;
+
+  // Where block `layer`'s gradient may live when the model was created with spent_grad_bytes
+  // (null otherwise): fp32 memory of that many bytes inside the activations, over what blocks
+  // `layer` + 1 and later keep (and the residual stream's entries past `layer`). Their forward
+  // writes it and the backward reads it until BlockBackward(layer + 1) is done; nothing in a
+  // backward touches it from BlockBackward(layer) on. So such a gradient may be written only
+  // by or after BlockBackward(layer), and holds garbage once the next forward begins: it serves
+  // a step without gradient accumulation, consumed by the optimizer before the next forward.
+  virtual float* SpentActivationGradient(int layer) const = 0;
 };
 
 // The model of `arch` on the current device, kernels on `stream` (not owned), for
 // micro-batches up to (max_b, max_t), keeping what `level` says of each block. INVALID_ARGUMENT
 // for shapes the kernels cannot take or an architecture without a CUDA model;
-// RESOURCE_EXHAUSTED when the activations do not fit.
-absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(const ModelArch& arch, int max_b,
-                                                           int max_t, CheckpointingPlan level,
-                                                           cudaStream_t stream);
+// RESOURCE_EXHAUSTED when the activations do not fit. `spent_grad_bytes` (one entry per block,
+// or empty): room for each block's gradient over spent activations (SpentActivationGradient).
+absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(
+    const ModelArch& arch, int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
+    const std::vector<size_t>& spent_grad_bytes = {});
 // Device bytes CreateCudaModel allocates for activations, scratch and the GEMM workspace (exact,
-// for the memory planner); 0 for an architecture without a CUDA model (Create then refuses).
+// for the memory planner), the spent-activation gradients included; 0 for an architecture
+// without a CUDA model (Create then refuses).
 size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t,
-                               CheckpointingPlan level);
+                               CheckpointingPlan level,
+                               const std::vector<size_t>& spent_grad_bytes = {});
 
 }  // namespace weft::engine::cuda
 

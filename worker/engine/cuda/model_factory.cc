@@ -1,5 +1,6 @@
 // The GPU's architecture registry: one case per architecture with a CUDA model.
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/cuda/gpt2_model.h"
@@ -10,26 +11,28 @@
 
 namespace weft::engine::cuda {
 
-absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(const ModelArch& arch, int max_b,
-                                                           int max_t, CheckpointingPlan level,
-                                                           cudaStream_t stream) {
+absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(
+    const ModelArch& arch, int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
+    const std::vector<size_t>& spent_grad_bytes) {
   if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
-    return GptCuda::Create(gpt2->config(), max_b, max_t, level, stream);
+    return GptCuda::Create(gpt2->config(), max_b, max_t, level, stream, spent_grad_bytes);
   }
   if (const auto* llama = dynamic_cast<const LlamaArch*>(&arch)) {
-    return LlamaCuda::Create(llama->config(), max_b, max_t, level, stream);
+    return LlamaCuda::Create(llama->config(), max_b, max_t, level, stream, spent_grad_bytes);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("model: architecture ", arch.name(), " has no CUDA model"));
 }
 
 size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t,
-                               CheckpointingPlan level) {
+                               CheckpointingPlan level,
+                               const std::vector<size_t>& spent_grad_bytes) {
   if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
-    return GptCuda::PlanActivationBytes(gpt2->config(), max_b, max_t, level);
+    return GptCuda::PlanActivationBytes(gpt2->config(), max_b, max_t, level, spent_grad_bytes);
   }
   if (const auto* llama = dynamic_cast<const LlamaArch*>(&arch)) {
-    return LlamaCuda::PlanActivationBytes(llama->config(), max_b, max_t, level);
+    return LlamaCuda::PlanActivationBytes(llama->config(), max_b, max_t, level,
+                                          spent_grad_bytes);
   }
   return 0;
 }

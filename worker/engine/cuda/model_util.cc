@@ -42,6 +42,18 @@ void ArenaModel::TakeCommon(Arena& arena, int vp, int c, ClassifierSpare spare) 
   embedding_scratch_ = arena.Take<float>(EmbeddingGradScratchFloats(static_cast<int>(n), c));
 }
 
+void ArenaModel::PlaceSpentActivationGradients(Arena& arena,
+                                               const std::vector<size_t>& layer_ends) {
+  spent_grads_.assign(spent_grad_bytes_.size(), nullptr);
+  size_t end = 0;
+  for (size_t l = 0; l < spent_grad_bytes_.size() && l < layer_ends.size(); ++l) {
+    const size_t begin = (std::max(end, layer_ends[l]) + 255) / 256 * 256;
+    spent_grads_[l] = reinterpret_cast<float*>(arena.At(begin));
+    end = begin + spent_grad_bytes_[l];
+  }
+  arena.ExtendTo(end);
+}
+
 absl::Status ArenaModel::Allocate() {
   WEFT_ASSIGN_OR_RETURN(blas_, Blas::Create());
   const size_t bytes = Layout(nullptr);

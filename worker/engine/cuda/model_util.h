@@ -7,9 +7,12 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "worker/engine/cuda/matmul.h"
@@ -37,6 +40,9 @@ class Arena {
     return keep ? Take<T>(count) : shared;
   }
   size_t size() const { return offset_; }
+  // Moves the end to `offset` when that lies past it: bytes placed by offset (At) rather than
+  // taken.
+  void ExtendTo(size_t offset) { offset_ = std::max(offset_, offset); }
   // Where the next Take starts: the end so far, aligned to 256 bytes.
   size_t NextOffset() const { return (offset_ + 255) / 256 * 256; }
   // Where bytes [offset, ...) of the arena are (null when only measuring).
@@ -59,10 +65,18 @@ class ArenaModel : public CudaModel {
   const float* Losses() const override { return losses_; }
   size_t ActivationBytes() const override { return arena_bytes_; }
   size_t BlasWorkspaceBytes() const override { return BlasOptions{}.workspace_bytes; }
+  float* SpentActivationGradient(int layer) const override {
+    return layer < static_cast<int>(spent_grads_.size()) ? spent_grads_[layer] : nullptr;
+  }
 
  protected:
-  ArenaModel(int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream)
-      : max_b_(max_b), max_t_(max_t), level_(level), stream_(stream) {}
+  ArenaModel(int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
+             std::vector<size_t> spent_grad_bytes)
+      : max_b_(max_b),
+        max_t_(max_t),
+        level_(level),
+        stream_(stream),
+        spent_grad_bytes_(std::move(spent_grad_bytes)) {}
 
   // Points every buffer into the allocation at `base` and returns the bytes used; a null base
   // only measures. Implementations take their buffers and TakeCommon's.
@@ -78,6 +92,12 @@ class ArenaModel : public CudaModel {
   // chunk for a padded vocabulary of vp (inside `spare` when it fits there), and the embedding
   // backward's plan and scratch at width c.
   void TakeCommon(Arena& arena, int vp, int c, ClassifierSpare spare);
+  // Places the spent-activation gradients (CudaModel::SpentActivationGradient) over the
+  // per-layer buffers just taken. `layer_ends[l]`: the arena offset where layer l's buffers
+  // (its residual-stream entry and what its level keeps) end; the layers' buffers lie in layer
+  // order and nothing else lies among them. Gradient l starts at or past layer_ends[l] and
+  // past gradient l - 1; the arena is extended to the last one's end where that lies further.
+  void PlaceSpentActivationGradients(Arena& arena, const std::vector<size_t>& layer_ends);
   // Creates the GEMM library and allocates Layout's bytes (RESOURCE_EXHAUSTED naming the need
   // and the free memory), then lays the buffers out in them.
   absl::Status Allocate();
@@ -107,6 +127,9 @@ class ArenaModel : public CudaModel {
   const int max_b_, max_t_;
   const CheckpointingPlan level_;
   cudaStream_t stream_;
+  // Bytes of each block's gradient to place over spent activations; empty: none.
+  const std::vector<size_t> spent_grad_bytes_;
+  std::vector<float*> spent_grads_;
   int b_ = 0, t_ = 0;
   std::unique_ptr<Blas> blas_;
   int32_t* tokens_ = nullptr;   // (B, T) on the device
