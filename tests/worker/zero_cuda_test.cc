@@ -656,34 +656,53 @@ TEST_F(ZeroCudaTest, FourRanksOnOneGpuTakeTurnsInOneGradientBuffer) {
 // or read after the next forward wrote there, changes values. So runs with and without must
 // match bit for bit: GPT-2 and Llama, at NONE (the gradients lie over the blocks' kept
 // activations) and FULL (over the residual stream), one rank (the backward writes the shard
-// gradients) and four on one GPU (the reduce-scatters do), with evaluations between steps
-// writing over them. The allocation is the plan's, and smaller than without.
+// gradients) and four on one GPU (the reduce-scatters do), hybrid (2 groups of 2: the replica
+// all-reduce), with half the optimizer offloaded (the host step copies them out), all with
+// evaluations between steps writing over them. The allocation is the plan's, and smaller.
 TEST_F(ZeroCudaTest, GradientsOverSpentActivationsChangeNoBit) {
+  using Level = weft::v1::ActivationCheckpointing;
+  struct Case {
+    bool llama;
+    Level::Level level;
+    int world;
+    int group_size = 0;          // 0: the world
+    double offload_fraction = 0;  // 0: none
+  };
+  std::vector<Case> cases;
+  for (bool llama : {false, true}) {
+    for (Level::Level level : {Level::NONE, Level::FULL}) {
+      for (int world : {1, 4}) cases.push_back({llama, level, world});
+    }
+  }
+  cases.push_back({false, Level::FULL, 4, 2});
+  cases.push_back({true, Level::FULL, 1, 0, 0.5});
+  cases.push_back({true, Level::NONE, 4, 0, 0.5});
   ZeroCudaOptions apart;
   apart.gradients_over_spent_activations = false;
-  for (bool llama : {false, true}) {
-    for (auto level : {weft::v1::ActivationCheckpointing::NONE,
-                       weft::v1::ActivationCheckpointing::FULL}) {
-      for (int world : {1, 4}) {
-        SCOPED_TRACE(absl::StrCat(llama ? "llama " : "gpt2 ",
-                                  weft::v1::ActivationCheckpointing::Level_Name(level),
-                                  " world ", world));
-        weft::v1::JobSpec spec = SmallSpec(4 / world, 12, llama);
-        spec.mutable_model()->set_num_layers(4);
-        spec.mutable_training()->set_grad_accum_steps(1);
-        spec.mutable_training()->set_activation_checkpointing(level);
-        const Curve own = TrainGpu(spec, world, /*one_gpu=*/true, 0, apart, /*eval_every=*/3);
-        const Curve over = TrainGpu(spec, world, /*one_gpu=*/true, 0, {}, /*eval_every=*/3);
-        ASSERT_EQ(own.losses.size(), 12u);
-        EXPECT_EQ(over.losses, own.losses);
-        EXPECT_EQ(over.grad_norms, own.grad_norms);
-        EXPECT_EQ(over.eval_losses, own.eval_losses);
-        EXPECT_EQ(over.params, own.params);
-        EXPECT_LT(over.allocated_bytes, own.allocated_bytes);
-        EXPECT_LE(over.allocated_bytes, over.planned_bytes);
-        EXPECT_GE(over.allocated_bytes + 8192, over.planned_bytes);
-      }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.llama ? "llama " : "gpt2 ", Level::Level_Name(c.level),
+                              " world ", c.world, " group ", c.group_size, " offload ",
+                              c.offload_fraction));
+    weft::v1::JobSpec spec = SmallSpec(4 / c.world, 12, c.llama);
+    spec.mutable_model()->set_num_layers(4);
+    spec.mutable_training()->set_grad_accum_steps(1);
+    spec.mutable_training()->set_activation_checkpointing(c.level);
+    if (c.offload_fraction > 0) {
+      spec.mutable_optimizer()->set_offload(true);
+      spec.mutable_optimizer()->set_offload_fraction(c.offload_fraction);
     }
+    const Curve own = TrainGpu(spec, c.world, /*one_gpu=*/true, c.group_size, apart,
+                               /*eval_every=*/3);
+    const Curve over = TrainGpu(spec, c.world, /*one_gpu=*/true, c.group_size, {},
+                                /*eval_every=*/3);
+    ASSERT_EQ(own.losses.size(), 12u);
+    EXPECT_EQ(over.losses, own.losses);
+    EXPECT_EQ(over.grad_norms, own.grad_norms);
+    EXPECT_EQ(over.eval_losses, own.eval_losses);
+    EXPECT_EQ(over.params, own.params);
+    EXPECT_LT(over.allocated_bytes, own.allocated_bytes);
+    EXPECT_LE(over.allocated_bytes, over.planned_bytes);
+    EXPECT_GE(over.allocated_bytes + 8192, over.planned_bytes);
   }
 }
 

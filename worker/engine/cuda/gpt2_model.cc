@@ -113,9 +113,8 @@ size_t GptCuda::PlanActivationBytes(const GptConfig& config, int max_b, int max_
   return probe.PlannedBytes();
 }
 
-absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config, int max_b,
-                                                         int max_t, CheckpointingPlan level,
-                                                         cudaStream_t stream,
+absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(
+    const GptConfig& config, int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
     const std::vector<size_t>& spent_grad_bytes) {
   if (config.hidden_size % 8 != 0 || config.hidden_size % config.num_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -136,7 +135,8 @@ absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& config
     return absl::InvalidArgumentError(absl::StrCat("micro-batch shape (", max_b, ", ", max_t,
                                                    ") out of range"));
   }
-  std::unique_ptr<GptCuda> model(new GptCuda(config, max_b, max_t, level, stream, spent_grad_bytes));
+  std::unique_ptr<GptCuda> model(
+      new GptCuda(config, max_b, max_t, level, stream, spent_grad_bytes));
   WEFT_RETURN_IF_ERROR(model->Allocate());
   return model;
 }

@@ -51,15 +51,14 @@ class GptCuda final : public ArenaModel {
   // Bytes Create allocates for activations and scratch (exact, for the memory planner).
   static size_t PlanActivationBytes(const GptConfig& config, int max_b, int max_t,
                                     CheckpointingPlan level,
-      const std::vector<size_t>& spent_grad_bytes = {});
+                                    const std::vector<size_t>& spent_grad_bytes = {});
 
   // On the current device; kernels go to `stream` (not owned). INVALID_ARGUMENT for shapes
   // the kernels cannot take (hidden size not a multiple of 8, ...), RESOURCE_EXHAUSTED when
-  // the activations do not fit.
-  static absl::StatusOr<std::unique_ptr<GptCuda>> Create(const GptConfig& config, int max_b,
-                                                         int max_t, CheckpointingPlan level,
-                                                         cudaStream_t stream,
-      const std::vector<size_t>& spent_grad_bytes = {});
+  // the activations do not fit. spent_grad_bytes: CreateCudaModel's (engine/cuda/model.h).
+  static absl::StatusOr<std::unique_ptr<GptCuda>> Create(
+      const GptConfig& config, int max_b, int max_t, CheckpointingPlan level,
+      cudaStream_t stream, const std::vector<size_t>& spent_grad_bytes = {});
 
   const GptConfig& config() const { return config_; }
 

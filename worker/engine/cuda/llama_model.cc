@@ -114,10 +114,8 @@ size_t LlamaCuda::Layout(char* base) {
   return a.size();
 }
 
-absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(const LlamaConfig& config,
-                                                             int max_b, int max_t,
-                                                             CheckpointingPlan level,
-                                                             cudaStream_t stream,
+absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(
+    const LlamaConfig& config, int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
     const std::vector<size_t>& spent_grad_bytes) {
   if (const std::string problem = ShapeProblem(config); !problem.empty()) {
     return absl::InvalidArgumentError(problem);
@@ -126,7 +124,8 @@ absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(const LlamaConfig& 
     return absl::InvalidArgumentError(absl::StrCat("micro-batch shape (", max_b, ", ", max_t,
                                                    ") out of range"));
   }
-  std::unique_ptr<LlamaCuda> model(new LlamaCuda(config, max_b, max_t, level, stream, spent_grad_bytes));
+  std::unique_ptr<LlamaCuda> model(
+      new LlamaCuda(config, max_b, max_t, level, stream, spent_grad_bytes));
   WEFT_RETURN_IF_ERROR(model->Allocate());
   WEFT_RETURN_IF_ERROR(model->BuildRopeTables());
   return model;
@@ -134,7 +133,7 @@ absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(const LlamaConfig& 
 
 size_t LlamaCuda::PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t,
                                       CheckpointingPlan level,
-                                    const std::vector<size_t>& spent_grad_bytes) {
+                                      const std::vector<size_t>& spent_grad_bytes) {
   LlamaCuda probe(config, max_b, max_t, level, nullptr, spent_grad_bytes);
   return probe.PlannedBytes();
 }

@@ -48,14 +48,14 @@ class LlamaCuda final : public ArenaModel {
  public:
   // INVALID_ARGUMENT for shapes the kernels cannot take (see above), RESOURCE_EXHAUSTED when
   // the activations do not fit; kernels go to `stream` (not owned), on the current device.
-  static absl::StatusOr<std::unique_ptr<LlamaCuda>> Create(const LlamaConfig& config, int max_b,
-                                                           int max_t, CheckpointingPlan level,
-                                                           cudaStream_t stream,
-      const std::vector<size_t>& spent_grad_bytes = {});
+  // spent_grad_bytes: CreateCudaModel's (engine/cuda/model.h).
+  static absl::StatusOr<std::unique_ptr<LlamaCuda>> Create(
+      const LlamaConfig& config, int max_b, int max_t, CheckpointingPlan level,
+      cudaStream_t stream, const std::vector<size_t>& spent_grad_bytes = {});
   // What Create allocates: activations, scratch and the GEMM workspace (exact).
   static size_t PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t,
                                     CheckpointingPlan level,
-      const std::vector<size_t>& spent_grad_bytes = {});
+                                    const std::vector<size_t>& spent_grad_bytes = {});
 
   const LlamaConfig& config() const { return config_; }
 
