@@ -55,7 +55,9 @@ absl::StatusOr<std::vector<std::string>> Checkpointer::RestoreCandidates() {
     for (const std::string& job : {who_.job_id, spec_.resume_from_job()}) {
       if (job.empty()) continue;
       WEFT_ASSIGN_OR_RETURN(auto manifests, client_->List(job));
-      for (const auto& m : manifests) list.push_back(absl::StrCat(m.job_id(), " ", m.step()));
+      for (const auto& m : manifests) {
+        list.push_back(absl::StrCat(m.job_id(), " ", m.step(), " ", m.optimizer_step()));
+      }
       if (!list.empty()) break;  // a job's own checkpoints win over the one it resumes from
     }
     candidates = absl::StrJoin(list, ",");
@@ -76,15 +78,17 @@ absl::StatusOr<int64_t> Checkpointer::RestoreLatest(TrainingEngine* engine,
   std::string failures;
   for (absl::string_view candidate : candidates) {
     std::vector<std::string> parts = absl::StrSplit(candidate, ' ');
-    int64_t step = 0;
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &step)) {
+    int64_t step = 0, optimizer_steps = 0;
+    if (parts.size() != 3 || !absl::SimpleAtoi(parts[1], &step) ||
+        !absl::SimpleAtoi(parts[2], &optimizer_steps)) {
       return absl::InternalError(absl::StrCat("bad restore candidate \"", candidate, "\""));
     }
     const std::string& job = parts[0];
-    absl::Status s = engine->Restore([&](const std::string& tensor, int64_t begin, int64_t end,
-                                         float* out) {
-      return client_->ReadRange(job, step, tensor, begin, end, out);
-    });
+    absl::Status s = engine->Restore(
+        [&](const std::string& tensor, int64_t begin, int64_t end, float* out) {
+          return client_->ReadRange(job, step, tensor, begin, end, out);
+        },
+        optimizer_steps);
     // Every rank must restore the same checkpoint: one bad read anywhere rejects it for all.
     float bad = s.ok() ? 0.0f : 1.0f;
     WEFT_RETURN_IF_ERROR(comm->AllReduce(&bad, 1, comm::DataType::kFloat32)->Wait());
@@ -181,7 +185,7 @@ absl::StatusOr<double> Checkpointer::Save(int64_t step, const TrainingEngine& en
     return s;
   }
   const int64_t bytes = SnapshotBytes(snapshot);
-  Submit(step, std::move(snapshot));
+  Submit({step, engine.optimizer_steps(), std::move(snapshot)});
   const double stall_ms = MsSince(start);
   // bench/checkpoint_scale_bench.sh reads this line: the two parts of the stall.
   spdlog::info("job {} rank {}: checkpoint at step {}: training stalled {:.1f} ms ({:.1f} ms "
@@ -202,10 +206,10 @@ std::vector<UnitSlice> Checkpointer::TakeBuffers() {
   return std::exchange(spare_, {});
 }
 
-void Checkpointer::Submit(int64_t step, std::vector<UnitSlice> state) {
+void Checkpointer::Submit(Upload upload) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
-  next_.emplace(step, std::move(state));
+  next_ = std::move(upload);
   busy_ = true;
   cv_.notify_all();
 }
@@ -234,7 +238,7 @@ void Checkpointer::Drain() {
 
 void Checkpointer::Loop() {
   while (true) {
-    std::pair<int64_t, std::vector<UnitSlice>> work;
+    Upload work;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stopping_ || next_.has_value(); });
@@ -243,16 +247,16 @@ void Checkpointer::Loop() {
       next_.reset();
     }
     const auto start = std::chrono::steady_clock::now();
-    absl::Status s = Upload(work.first, work.second);
+    absl::Status s = Send(work);
     const double ms = MsSince(start);
     if (!s.ok()) {
       spdlog::warn("job {} rank {}: checkpoint at step {} not saved: {}", who_.job_id,
-                   who_.rank, work.first, std::string(s.message()));
+                   who_.rank, work.step, std::string(s.message()));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (s.ok() && who_.rank == 0) committed_ = Committed{work.first, ms};
-    if (!s.ok()) failed_ = Failed{work.first, std::string(s.message())};
-    spare_ = std::move(work.second);
+    if (s.ok() && who_.rank == 0) committed_ = Committed{work.step, ms};
+    if (!s.ok()) failed_ = Failed{work.step, std::string(s.message())};
+    spare_ = std::move(work.state);
     busy_ = false;
     cv_.notify_all();
   }
@@ -275,14 +279,14 @@ std::vector<ShardTensor> ShardTensorsOf(const std::vector<UnitSlice>& state) {
 }
 
 weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, int64_t step,
-                                                   int32_t world_size,
+                                                   int64_t optimizer_steps, int32_t world_size,
                                                    const weft::v1::JobSpec& spec,
                                                    const std::vector<UnitSlice>& state) {
   weft::v1::CheckpointManifest manifest;
   manifest.set_job_id(job_id);
   manifest.set_step(step);
   manifest.set_world_size(world_size);
-  manifest.set_optimizer_step(step);
+  manifest.set_optimizer_step(optimizer_steps);
   *manifest.mutable_spec() = spec;
   for (const UnitSlice& slice : state) {
     for (UnitState what : kUnitStates) {
@@ -301,7 +305,9 @@ weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, in
   return manifest;
 }
 
-absl::Status Checkpointer::Upload(int64_t step, const std::vector<UnitSlice>& state) {
+absl::Status Checkpointer::Send(const Upload& upload) {
+  const int64_t step = upload.step;
+  const std::vector<UnitSlice>& state = upload.state;
   const int32_t rank = who_.rank;
   const int32_t world = who_.Writers();
   const auto start = std::chrono::steady_clock::now();
@@ -319,7 +325,8 @@ absl::Status Checkpointer::Upload(int64_t step, const std::vector<UnitSlice>& st
   std::vector<std::string> keys;
   for (int32_t r = 0; r < world; ++r) keys.push_back(DoneKey(step, r));
   WEFT_RETURN_IF_ERROR(store_->Wait(keys, absl::Milliseconds(timeouts_.commit_timeout_ms)));
-  return client_->Commit(CheckpointManifestFor(who_.job_id, step, world, spec_, state));
+  return client_->Commit(
+      CheckpointManifestFor(who_.job_id, step, upload.optimizer_steps, world, spec_, state));
 }
 
 }  // namespace weft::worker

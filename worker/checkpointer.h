@@ -46,8 +46,9 @@ namespace weft::worker {
 
 // The manifest of a checkpoint of `spec`'s model at `step` written by `world_size` ranks, each
 // holding slices like `state` (only the units and sizes of `state` are used).
+// `optimizer_steps`: the AdamW updates the state has had (TrainingEngine::optimizer_steps).
 weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, int64_t step,
-                                                   int32_t world_size,
+                                                   int64_t optimizer_steps, int32_t world_size,
                                                    const weft::v1::JobSpec& spec,
                                                    const std::vector<UnitSlice>& state);
 
@@ -146,13 +147,20 @@ class Checkpointer {
   void Drain();
 
  private:
-  // The candidates every rank tries, as "<job> <step>" entries, newest first.
+  // The candidates every rank tries, as "<job> <step> <optimizer steps>" entries, newest
+  // first.
   absl::StatusOr<std::vector<std::string>> RestoreCandidates();
   // Waits until no upload is in flight, then hands over the buffers of the last one.
   std::vector<UnitSlice> TakeBuffers();
-  void Submit(int64_t step, std::vector<UnitSlice> state);
+  // A snapshot on its way to checkpointd.
+  struct Upload {
+    int64_t step = 0;
+    int64_t optimizer_steps = 0;
+    std::vector<UnitSlice> state;
+  };
+  void Submit(Upload upload);
   void Loop();
-  absl::Status Upload(int64_t step, const std::vector<UnitSlice>& state);
+  absl::Status Send(const Upload& upload);
 
   CheckpointClient* client_;
   Store* store_;
@@ -164,7 +172,7 @@ class Checkpointer {
   std::condition_variable cv_;
   bool stopping_ = false;
   bool busy_ = false;
-  std::optional<std::pair<int64_t, std::vector<UnitSlice>>> next_;
+  std::optional<Upload> next_;
   // The last upload's buffers, back from the thread; empty while one is in flight.
   std::vector<UnitSlice> spare_;
   std::optional<Committed> committed_;

@@ -286,7 +286,8 @@ absl::StatusOr<int64_t> GenerationRun::Restore(Checkpointer* checkpointer,
 }
 
 absl::Status GenerationRun::ImportHf(const hf::HfImporter& importer, DeviceBackend* backend) {
-  absl::Status s = backend->engine->Restore(importer.Reader());
+  // Weights only: the importer's m and v are zeros, and AdamW starts from its first update.
+  absl::Status s = backend->engine->Restore(importer.Reader(), /*optimizer_steps=*/0);
   if (!s.ok()) {
     s = absl::Status(s.code(), absl::StrCat("init_from_hf_dir: ", s.message()));
   }

@@ -83,9 +83,10 @@ class TrainingEngine {
     if (absl::Status s = Snapshot(&slices); !s.ok()) return s;
     return slices;
   }
-  // Loads the state this rank owns from a checkpoint written at any world size. Local; on
+  // Loads the state this rank owns from a checkpoint written at any world size, whose state
+  // had had `optimizer_steps` AdamW updates (CheckpointManifest.optimizer_step). Local; on
   // error the model state is unspecified (restore another checkpoint or start over).
-  virtual absl::Status Restore(const RangeReader& read) = 0;
+  virtual absl::Status Restore(const RangeReader& read, int64_t optimizer_steps) = 0;
   // Bytes of parameters + gradients + optimizer state kept between steps.
   virtual size_t StateBytes() const = 0;
   // Bytes of transient working buffers and activations.
@@ -98,6 +99,11 @@ class TrainingEngine {
   // How the engine laid out its memory and why (the activation checkpointing level it runs
   // at), for the job's events; empty when there is nothing to say.
   virtual std::string MemoryPlanNote() const { return ""; }
+
+  // AdamW updates applied so far: the steps taken less those skipped (a gradient that was not
+  // finite), plus those of the checkpoint restored. The bias corrections count these, not the
+  // step index, as PyTorch's AdamW counts its own steps; a checkpoint carries the count.
+  virtual int64_t optimizer_steps() const = 0;
 
   // The model's architecture: units, tensors, sizes.
   virtual const engine::ModelArch& arch() const = 0;

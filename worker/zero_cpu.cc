@@ -299,8 +299,10 @@ absl::StatusOr<StepResult> ZeroCpuEngine::TrainStep(int64_t step, const BatchFn&
   const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
   for (Unit& u : units_) {
     engine::AdamWUpdate(u.params.data(), u.grads.data(), u.m.data(), u.v.data(),
-                        u.decay_mask.data(), u.params.size(), adamw, step + 1, grad_scale);
+                        u.decay_mask.data(), u.params.size(), adamw, optimizer_steps_ + 1,
+                        grad_scale);
   }
+  if (std::isfinite(result.grad_norm)) ++optimizer_steps_;
   if (stage_ == 1 || stage_ == 2) {
     // Bring every rank's updated shard back into the resident copies.
     std::vector<std::shared_ptr<comm::Work>> gathers;

@@ -827,9 +827,9 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
                                             cudaMemcpyDeviceToHost, compute_));
   if (any_offloaded()) {
-    WEFT_RETURN_IF_ERROR(HostOptimizerStep(step, adamw));
+    WEFT_RETURN_IF_ERROR(HostOptimizerStep(optimizer_steps_ + 1, adamw));
   } else {
-    WEFT_RETURN_IF_ERROR(DeviceOptimizerStep(step, adamw));
+    WEFT_RETURN_IF_ERROR(DeviceOptimizerStep(optimizer_steps_ + 1, adamw));
   }
   WEFT_ASSIGN_OR_RETURN(const size_t opt_end, Mark());
   WEFT_RETURN_IF_ERROR(comm_->WaitEvent(timing_.at(opt_end)));
@@ -839,6 +839,7 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   // NaN stays NaN (std::max would hide it): ClipScale skipped the update for it.
   result.grad_norm = std::isnan(host_stats_[0]) ? host_stats_[0]
                                                 : std::sqrt(std::max(0.0f, host_stats_[0]));
+  if (std::isfinite(result.grad_norm)) ++optimizer_steps_;
   const auto elapsed = [&](size_t a, size_t b) {
     float ms = 0;
     cudaEventElapsedTime(&ms, timing_.at(a), timing_.at(b));
@@ -867,14 +868,15 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   return result;
 }
 
-absl::Status ZeroCudaEngine::DeviceOptimizerStep(int64_t step, const engine::AdamWConfig& adamw) {
+absl::Status ZeroCudaEngine::DeviceOptimizerStep(int64_t adamw_step,
+                                                 const engine::AdamWConfig& adamw) {
   for (int u = 0; u < first_offloaded_; ++u) {
     const Unit& unit = units_[u];
     for (const DecayRun& r : unit.decay_runs) {
       WEFT_RETURN_IF_ERROR(cuda::AdamWUpdate(unit.params + r.begin, /*params_bf16=*/nullptr,
                                              unit.grads + r.begin, unit.m + r.begin,
                                              unit.v + r.begin, r.end - r.begin, r.decay, adamw,
-                                             step + 1, grad_scale_, compute_));
+                                             adamw_step, grad_scale_, compute_));
     }
   }
   return absl::OkStatus();
@@ -884,7 +886,8 @@ absl::Status ZeroCudaEngine::DeviceOptimizerStep(int64_t step, const engine::Ada
 // steps unit u, whose new bf16 weights the GPU copies in while the host steps unit u + 1. Two
 // staging pairs alternate; the events say when each is free again. The units kept on the GPU
 // step there, enqueued behind the first copy so the host has work while the GPU does them.
-absl::Status ZeroCudaEngine::HostOptimizerStep(int64_t step, const engine::AdamWConfig& adamw) {
+absl::Status ZeroCudaEngine::HostOptimizerStep(int64_t adamw_step,
+                                               const engine::AdamWConfig& adamw) {
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_stats_[2], grad_scale_, sizeof(float),
                                             cudaMemcpyDeviceToHost, compute_));
   const int first = first_offloaded_;
@@ -898,7 +901,7 @@ absl::Status ZeroCudaEngine::HostOptimizerStep(int64_t step, const engine::AdamW
   };
   const int units = layout_.num_units();
   WEFT_RETURN_IF_ERROR(copy_out(first));
-  WEFT_RETURN_IF_ERROR(DeviceOptimizerStep(step, adamw));
+  WEFT_RETURN_IF_ERROR(DeviceOptimizerStep(adamw_step, adamw));
   for (int u = first; u < units; ++u) {
     const int slot = (u - first) % 2;
     if (u + 1 < units) WEFT_RETURN_IF_ERROR(copy_out(u + 1));
@@ -908,7 +911,7 @@ absl::Status ZeroCudaEngine::HostOptimizerStep(int64_t step, const engine::AdamW
     const Unit& unit = units_[u];
     const size_t shard = layout_.unit(u).shard;
     engine::AdamWUpdateParallel(unit.params, staging_grads_[slot], unit.m, unit.v,
-                                unit.host_decay_mask, shard, adamw, step + 1, host_stats_[2],
+                                unit.host_decay_mask, shard, adamw, adamw_step, host_stats_[2],
                                 staging_bf16_[slot], host_threads_);
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(unit.params_bf16, staging_bf16_[slot],
                                               shard * sizeof(bf16), cudaMemcpyHostToDevice,

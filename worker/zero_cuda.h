@@ -163,9 +163,10 @@ class ZeroCudaEngine : public ZeroEngine {
   // Optimizer offload's AdamW on the host (spec.optimizer.offload): after the clip scale is
   // known on the device, every offloaded unit's gradients out, the step on the host, bf16
   // weights in; the units kept on the GPU step there (DeviceOptimizerStep) meanwhile.
-  absl::Status HostOptimizerStep(int64_t step, const engine::AdamWConfig& adamw);
+  // `adamw_step`: the 1-based count the bias corrections take (optimizer_steps() + 1).
+  absl::Status HostOptimizerStep(int64_t adamw_step, const engine::AdamWConfig& adamw);
   // AdamW on the GPU for units [0, first_offloaded_), enqueued on the compute stream.
-  absl::Status DeviceOptimizerStep(int64_t step, const engine::AdamWConfig& adamw);
+  absl::Status DeviceOptimizerStep(int64_t adamw_step, const engine::AdamWConfig& adamw);
   bool Offloaded(int u) const { return u >= first_offloaded_; }
   bool any_offloaded() const { return first_offloaded_ < layout_.num_units(); }
 

@@ -70,7 +70,7 @@ absl::Status ZeroEngine::Snapshot(std::vector<UnitSlice>* into) const {
   return absl::OkStatus();
 }
 
-absl::Status ZeroEngine::Restore(const RangeReader& read) {
+absl::Status ZeroEngine::Restore(const RangeReader& read, int64_t optimizer_steps) {
   for (int u = 0; u < layout_.num_units(); ++u) {
     const ShardRange range = layout_.KeptRange(u, stage_);
     std::vector<float> kept(layout_.KeptElements(u, stage_));
@@ -83,7 +83,9 @@ absl::Status ZeroEngine::Restore(const RangeReader& read) {
       WEFT_RETURN_IF_ERROR(CopyKeptFromHost(u, state, kept.data()));
     }
   }
-  return FinishRestore(read);
+  WEFT_RETURN_IF_ERROR(FinishRestore(read));
+  optimizer_steps_ = optimizer_steps;
+  return absl::OkStatus();
 }
 
 }  // namespace weft::worker

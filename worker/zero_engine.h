@@ -54,10 +54,11 @@ class ZeroEngine : public TrainingEngine {
   // Local: reads the kept range of every unit's params, m and v (any writer's world size),
   // hands each to CopyKeptFromHost (zeros where the kept part is padding), then lets the
   // device finish (FinishRestore). On error the model state is unspecified.
-  absl::Status Restore(const RangeReader& read) final;
+  absl::Status Restore(const RangeReader& read, int64_t optimizer_steps) final;
 
   const engine::ModelArch& arch() const final { return *arch_; }
   int stage() const final { return stage_; }
+  int64_t optimizer_steps() const final { return optimizer_steps_; }
   const ShardLayout& layout() const { return layout_; }
 
  protected:
@@ -83,6 +84,9 @@ class ZeroEngine : public TrainingEngine {
   const std::unique_ptr<const engine::ModelArch> arch_;
   const int stage_;
   const ShardLayout layout_;
+  // TrainingEngine::optimizer_steps: a step's AdamW runs with optimizer_steps_ + 1, and the
+  // count advances when the step's gradient norm came out finite (the update was applied).
+  int64_t optimizer_steps_ = 0;
 };
 
 }  // namespace weft::worker

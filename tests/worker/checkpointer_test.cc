@@ -82,9 +82,12 @@ class RecordingEngine : public TrainingEngine {
     return inner_->EvalLoss(batches, batch);
   }
   absl::StatusOr<std::vector<float>> GatherUnit(int u) override { return inner_->GatherUnit(u); }
-  absl::Status Restore(const RangeReader& read) override { return inner_->Restore(read); }
+  absl::Status Restore(const RangeReader& read, int64_t optimizer_steps) override {
+    return inner_->Restore(read, optimizer_steps);
+  }
   size_t StateBytes() const override { return inner_->StateBytes(); }
   size_t WorkingBytes() const override { return inner_->WorkingBytes(); }
+  int64_t optimizer_steps() const override { return inner_->optimizer_steps(); }
   const engine::ModelArch& arch() const override { return inner_->arch(); }
   int stage() const override { return inner_->stage(); }
 
@@ -250,6 +253,52 @@ TEST_F(CheckpointerTest, ADueSaveIsDeferredWhileAnUploadIsInFlight) {
 
 // The snapshot buffers stay for the whole run: a host without room for them refuses before
 // training, naming both figures, rather than losing the worker at the first save.
+// The manifest carries the engine's count of AdamW updates, which need not be the step (a
+// skipped step is not one), and a restore hands it back to the engine, whose bias corrections
+// go on from it.
+TEST_F(CheckpointerTest, TheCheckpointCarriesTheUpdatesAppliedBackToTheEngine) {
+  const weft::v1::JobSpec spec = TinySpec();
+  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  CheckpointClient client(daemon_->address());
+  Checkpointer checkpointer(&client, &store_, spec, CheckpointRank{"ckpt", 1, 0, 1});
+  ASSERT_TRUE((*cpu)->TrainStep(0, Batch).ok());
+  ASSERT_EQ((*cpu)->optimizer_steps(), 1);
+  // As if it came from a run that skipped some of its steps: 6 updates before this one.
+  auto own = (*cpu)->Snapshot();
+  ASSERT_TRUE(own.ok()) << own.status();
+  const RangeReader read = [&](const std::string& tensor, int64_t begin, int64_t end,
+                               float* out) -> absl::Status {
+    for (const UnitSlice& slice : *own) {  // world 1: each slice is its whole tensor
+      for (UnitState what : kUnitStates) {
+        if (tensor != CheckpointTensorName(slice.unit, what)) continue;
+        std::copy(slice.data(what).begin() + begin, slice.data(what).begin() + end, out);
+        return absl::OkStatus();
+      }
+    }
+    return absl::NotFoundError(tensor);
+  };
+  ASSERT_TRUE((*cpu)->Restore(read, 6).ok());
+  ASSERT_TRUE((*cpu)->TrainStep(8, Batch).ok());
+  ASSERT_EQ((*cpu)->optimizer_steps(), 7);
+  ASSERT_TRUE(checkpointer.Save(9, **cpu).ok());
+  checkpointer.Drain();
+  auto manifests = client.List("ckpt");
+  ASSERT_TRUE(manifests.ok()) << manifests.status();
+  ASSERT_EQ(manifests->size(), 1u);
+  EXPECT_EQ((*manifests)[0].step(), 9);
+  EXPECT_EQ((*manifests)[0].optimizer_step(), 7);
+
+  auto fresh = ZeroCpuEngine::Create(spec, comm_.get());
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  MemoryStore store;
+  Checkpointer restorer(&client, &store, spec, CheckpointRank{"ckpt", 2, 0, 1});
+  auto step = restorer.RestoreLatest(fresh->get(), comm_.get());
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 9);
+  EXPECT_EQ((*fresh)->optimizer_steps(), 7);
+}
+
 TEST_F(CheckpointerTest, PrepareRefusesAHostWithoutRoomForTheSnapshot) {
   const weft::v1::JobSpec spec = TinySpec();
   auto cpu = ZeroCpuEngine::Create(spec, comm_.get());

@@ -155,7 +155,7 @@ TEST(ResumeE2eTest, CorruptNewestCheckpointFallsBackToThePreviousOne) {
                     .WriteShard(seed_job->job_id(), step, 0, 1, worker::ShardTensorsOf(state))
                     .ok());
     ASSERT_TRUE(checkpoints
-                    .Commit(worker::CheckpointManifestFor(seed_job->job_id(), step, 1, spec,
+                    .Commit(worker::CheckpointManifestFor(seed_job->job_id(), step, step, 1, spec,
                                                           state))
                     .ok());
   }

@@ -14,12 +14,13 @@ namespace weft::testing {
 // `engine` was made with a learning rate so large (1e38) that its first step (step 0) moves
 // the weights near the float range's end and every later forward overflows: step 0 must come
 // out finite, steps 1 and 2 not finite, and after them every unit's parameters, m and v must
-// be bit for bit what step 0 left.
+// be bit for bit what step 0 left, and the engine must count one AdamW update, not three.
 inline void ExpectOverflowingStepsAreSkipped(worker::TrainingEngine& engine,
                                              const worker::BatchFn& batch) {
   auto first = engine.TrainStep(0, batch);
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(std::isfinite(first->grad_norm));
+  EXPECT_EQ(engine.optimizer_steps(), 1);
   auto before = engine.Snapshot();
   ASSERT_TRUE(before.ok()) << before.status();
   for (int step = 1; step <= 2; ++step) {
@@ -27,6 +28,7 @@ inline void ExpectOverflowingStepsAreSkipped(worker::TrainingEngine& engine,
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_FALSE(std::isfinite(r->grad_norm)) << "step " << step << ": " << r->grad_norm;
   }
+  EXPECT_EQ(engine.optimizer_steps(), 1) << "a skipped step counted as an AdamW update";
   auto after = engine.Snapshot();
   ASSERT_TRUE(after.ok()) << after.status();
   ASSERT_EQ(after->size(), before->size());

@@ -280,6 +280,8 @@ class GlobalCheckpoint {
     }
   }
   const std::map<std::string, std::vector<float>>& tensors() const { return tensors_; }
+  // The AdamW updates the state has had (CheckpointManifest.optimizer_step).
+  int64_t optimizer_steps = 0;
   RangeReader Reader() {
     return [this](const std::string& tensor, int64_t begin, int64_t end, float* out) {
       auto it = tensors_.find(tensor);
@@ -310,7 +312,8 @@ std::vector<float> TrainRange(int world, int stage, int batch_per_rank, int firs
       auto engine = ZeroCpuEngine::Create(TinySpec(stage, batch_per_rank), c->get());
       ASSERT_TRUE(engine.ok());
       if (restore_from) {
-        ASSERT_TRUE((*engine)->Restore(restore_from->Reader()).ok());
+        ASSERT_TRUE(
+            (*engine)->Restore(restore_from->Reader(), restore_from->optimizer_steps).ok());
       }
       const BatchFn batch = GlobalBatch(rank, batch_per_rank);
       for (int step = first; step < last; ++step) {
@@ -321,6 +324,7 @@ std::vector<float> TrainRange(int world, int stage, int batch_per_rank, int firs
       auto snapshot = (*engine)->Snapshot();
       ASSERT_TRUE(snapshot.ok()) << snapshot.status();
       snapshots[rank] = *std::move(snapshot);
+      if (rank == 0 && save_to) save_to->optimizer_steps = (*engine)->optimizer_steps();
       ASSERT_TRUE((*c)->Barrier()->Wait().ok());
     });
   }
@@ -370,7 +374,10 @@ HybridResult TrainHybrid(int replicas, int group_size, int first, int last,
       }
       auto engine = ZeroCpuEngine::Create(TinySpec(3, kBatchPerRank), g->get(), across.get());
       ASSERT_TRUE(engine.ok()) << engine.status();
-      if (restore_from) ASSERT_TRUE((*engine)->Restore(restore_from->Reader()).ok());
+      if (restore_from) {
+        ASSERT_TRUE(
+            (*engine)->Restore(restore_from->Reader(), restore_from->optimizer_steps).ok());
+      }
       // Every rank reads its own micro-batches, as a plain job of the same world does.
       const BatchFn batch = GlobalBatch(rank, kBatchPerRank);
       for (int step = first; step < last; ++step) {
@@ -382,6 +389,7 @@ HybridResult TrainHybrid(int replicas, int group_size, int first, int last,
       auto snapshot = (*engine)->Snapshot();
       ASSERT_TRUE(snapshot.ok()) << snapshot.status();
       if (group == 0) snapshots[position] = *std::move(snapshot);
+      if (rank == 0 && save_to) save_to->optimizer_steps = (*engine)->optimizer_steps();
       auto params = (*engine)->GatherParameters();
       ASSERT_TRUE(params.ok()) << params.status();
       if (position == 0) result.params[group] = *std::move(params);
@@ -485,6 +493,41 @@ TEST(ZeroCheckpointTest, ResumeIsExactAtTheSameWorldSizeAndReshardsToOthers) {
                 stage, diff);
     EXPECT_LT(diff, 1e-6) << "world " << world;
   }
+}
+
+// AdamW's bias corrections count the updates applied (TrainingEngine::optimizer_steps), not
+// the step index: at a constant learning rate and the same batch, a fresh engine's update at
+// step 5 (after five skipped steps, or on a resumed run whose checkpoint had no update) is
+// its update at step 0, bit for bit; the same engine told it has had 5 updates moves less.
+TEST(ZeroSkippedStepTest, BiasCorrectionCountsTheUpdatesAppliedNotTheStep) {
+  weft::v1::JobSpec spec = TinySpec(3, kBatchPerRank, weft::v1::LLAMA);
+  spec.mutable_lr_schedule()->set_kind(weft::v1::LrSchedule::CONSTANT);
+  spec.mutable_lr_schedule()->set_warmup_steps(0);
+  const BatchFn fixed = [](int64_t, int micro, int32_t* inputs, int32_t* targets) {
+    GlobalBatch(0, kBatchPerRank)(0, micro, inputs, targets);
+  };
+  const auto train = [&](int64_t step, int64_t applied) {
+    auto c = comm::CreateGlooCommunicator(nullptr, 0, 1, {});
+    EXPECT_TRUE(c.ok()) << c.status();
+    auto engine = ZeroCpuEngine::Create(spec, c->get());
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    // The engine's own initial state, as a checkpoint with `applied` updates behind it.
+    auto initial = (*engine)->Snapshot();
+    EXPECT_TRUE(initial.ok()) << initial.status();
+    GlobalCheckpoint own;
+    own.Add(*initial);
+    EXPECT_TRUE((*engine)->Restore(own.Reader(), applied).ok());
+    auto r = (*engine)->TrainStep(step, fixed);
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*engine)->optimizer_steps(), applied + 1);
+    auto params = (*engine)->GatherParameters();
+    EXPECT_TRUE(params.ok()) << params.status();
+    return params.ok() ? *params : std::vector<std::vector<float>>{};
+  };
+  const auto first = train(0, 0);
+  ASSERT_FALSE(first.empty());
+  EXPECT_EQ(train(5, 0), first);
+  EXPECT_NE(train(0, 5), first);
 }
 
 }  // namespace

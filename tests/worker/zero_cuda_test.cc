@@ -1016,7 +1016,8 @@ TEST_F(ZeroCudaTest, CheckpointMovesBetweenOffloadSettings) {
     other.mutable_optimizer()->set_offload_fraction(0);
     auto restored = ZeroCudaEngine::Create(other, c->get());
     ASSERT_TRUE(restored.ok()) << restored.status();
-    ASSERT_TRUE((*restored)->Restore(read).ok());
+    ASSERT_TRUE((*restored)->Restore(read, (*partial)->optimizer_steps()).ok());
+    EXPECT_EQ((*restored)->optimizer_steps(), 3);
     auto restored_params = (*restored)->GatherParameters();
     ASSERT_TRUE(restored_params.ok());
     EXPECT_EQ(*restored_params, *params);
@@ -1543,7 +1544,7 @@ TEST_F(ZeroCudaTest, CheckpointMovesToTheCpuEngine) {
   ASSERT_TRUE(g.ok());
   auto cpu = ZeroCpuEngine::Create(spec, g->get());
   ASSERT_TRUE(cpu.ok());
-  ASSERT_TRUE((*cpu)->Restore(ReaderOf(slices)).ok());
+  ASSERT_TRUE((*cpu)->Restore(ReaderOf(slices), (*gpu)->optimizer_steps()).ok());
   auto cpu_params = (*cpu)->GatherParameters();
   ASSERT_TRUE(cpu_params.ok());
   EXPECT_EQ(*cpu_params, *gpu_params);

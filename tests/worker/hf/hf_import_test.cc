@@ -142,7 +142,7 @@ void ImportIntoEngines(const std::string& dir, int world, int stage,
       ASSERT_TRUE(engine.ok()) << engine.status();
       auto importer = HfImporter::Open(dir, spec.model());
       ASSERT_TRUE(importer.ok()) << importer.status();
-      const absl::Status restored = (*engine)->Restore((*importer)->Reader());
+      const absl::Status restored = (*engine)->Restore((*importer)->Reader(), 0);
       ASSERT_TRUE(restored.ok()) << restored;
       auto slices = (*engine)->Snapshot();
       ASSERT_TRUE(slices.ok()) << slices.status();
