@@ -117,6 +117,17 @@ void TimeMmaSyncForward(Timer& timer, double flops, bf16* y, float* lse, const b
   });
 }
 
+// The same for the backward's dK/dV kernel ("attention_bwd_mma_sync").
+void TimeMmaSyncBackward(Timer& timer, double flops, bf16* dqkv, const bf16* dy, const bf16* y,
+                         const float* lse, const bf16* qkv, float* scratch, int b, int nh,
+                         int nkv, int t, int hs, cudaStream_t stream) {
+  if (!cuda::FlashAttentionHopperForward(hs)) return;
+  timer.Flops("attention_bwd_mma_sync", Timer::kNone, flops, [&] {
+    return cuda::FlashAttentionBackwardWith(cuda::FlashAttentionKernel::kMmaSync, dqkv, dy, y,
+                                            lse, qkv, scratch, b, nh, nkv, t, hs, stream);
+  });
+}
+
 }  // namespace
 
 // One GPT-2 block, forward then backward, in GptCuda's order (engine/cuda/gpt2_model.cc):
@@ -208,6 +219,8 @@ void TimeGptBlock(Timer& timer, cuda::Blas& blas, int b, int t, int c, int nh, s
     return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nh, t, hs,
                                         stream);
   });
+  TimeMmaSyncBackward(timer, attn_fwd * 2.5, dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nh, t,
+                      hs, stream);
   timer.Flops("qkv_bwd_weight", B, gemm * 3 * c,
               [&] { return blas.LinearBackwardWeight(dw, dqkv, xn, n, c, 3 * c, true, stream); });
   timer.Bytes("qkv_bwd_bias", B, 2.0 * 3 * nc,
@@ -351,6 +364,8 @@ int main(int argc, char** argv) {
       return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nkv, t, hs,
                                           stream);
     });
+    TimeMmaSyncBackward(timer, attn_fwd * 2.5, dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nkv,
+                        t, hs, stream);
     timer.Bytes("rope_bwd", B, 2.0 * n * (nh + nkv) * hs * 2,
                 [&] { return cuda::RopeBackward(dqkv, cos_t, sin_t, b, t, nh, nkv, hs, stream); });
     timer.Flops("qkv_bwd_weight", B, gemm * qkv_w, [&] {

@@ -707,6 +707,20 @@ struct Sizes {
   static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKvBytes + 1024;  // + alignment
 };
 
+// The dK/dV kernel: each warpgroup owns 64 keys of a kKvKeys-key tile and walks kKvBq queries
+// a step (S^T and dP^T are (64, kKvBq) a warpgroup).
+constexpr int kKvKeys = kGroups * kGroupRows;
+constexpr int kKvBq = 64;
+constexpr int kKvStages = 3;  // Q and dO buffers
+template <int kHs>
+struct KvSizes {
+  static_assert(kHs == 64 || kHs == 128, "head sizes 64 and 128");
+  static constexpr int kKeyBytes = kKvKeys * kHs * 2;  // K (or V)
+  static constexpr int kStepBytes = kKvBq * kHs * 2;   // Q (or dO) of a step
+  static constexpr size_t kSmemBytes =
+      2 * kKeyBytes + 2 * kKvStages * kStepBytes + 2 * kKvStages * kKvBq * sizeof(float) + 1024;
+};
+
 bool SupportedHeadSize(int hs) { return hs == 64 || hs == 128; }
 
 static_assert(kBk == 128, "S is an m64n128 product");
@@ -760,6 +774,23 @@ __device__ inline void WgmmaSSFirst(float (&d)[64], uint64_t a, uint64_t b) {
                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WEFT_WGMMA_D64_REGS
                ", %64, %65, p, 1, 1, 0, 0;\n}\n"
                : WEFT_WGMMA_D64("=f")
+               : "l"(a), "l"(b));
+}
+
+// The (64, 64) forms of WgmmaSS and WgmmaSSFirst: the dK/dV kernel's S^T and dP^T, 64 keys by
+// 64 queries.
+__device__ inline void WgmmaSS(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WEFT_WGMMA_D32_REGS
+               ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+               : WEFT_WGMMA_D32("+f")
+               : "l"(a), "l"(b));
+}
+__device__ inline void WgmmaSSFirst(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WEFT_WGMMA_D32_REGS
+               ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+               : WEFT_WGMMA_D32("=f")
                : "l"(a), "l"(b));
 }
 
@@ -993,6 +1024,192 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// dK and dV on the warpgroup MMA: the walk of FlashBackwardKvKernel (a block per kv head and
+// key tile, over the query tiles of the group's query heads, dK and dV summed in registers).
+// Each of the two warpgroups owns 64 keys of the block's 128 and every step takes kKvBq
+// queries: S^T = K Q^T and dP^T = V dO^T from shared memory (both operands K-major), P^T and
+// dS^T in registers, then dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments and
+// dO and Q read N-major, left in flight behind the next step's loads and products. Q, dO and
+// the queries' lse and D come in kKvStages buffers.
+template <int kHs>
+__global__ void __launch_bounds__(kThreads, 1)
+    FlashBackwardKvWgmmaKernel(bf16* __restrict__ dqkv,         // (B, T, W), dk dv
+                               const bf16* __restrict__ qkv,    // (B, T, W)
+                               const bf16* __restrict__ dy,     // (B, T, C)
+                               const float* __restrict__ lse,   // (B * NH * T)
+                               const float* __restrict__ dsum,  // (B * NH * T)
+                               int t, int nh, int nkv, float scale, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = KvSizes<kHs>;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sk = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  unsigned char* sv = sk + Cfg::kKeyBytes;
+  unsigned char* sq = sv + Cfg::kKeyBytes;               // kKvStages x (kKvBq, kHs)
+  unsigned char* sdo = sq + kKvStages * Cfg::kStepBytes;  // kKvStages x (kKvBq, kHs)
+  float* slse = reinterpret_cast<float*>(sdo + kKvStages * Cfg::kStepBytes);  // log2 units
+  float* sdsum = slse + kKvStages * kKvBq;
+  const int group = threadIdx.x / kGroupThreads;
+  const int warp = (threadIdx.x % kGroupThreads) / internal::kWarpSize;
+  const int lane = threadIdx.x % internal::kWarpSize;
+  // Block x = b * NKV + kv head; its group's query heads are b * NH + kv head * G + [0, G).
+  const int heads = nh / nkv;
+  const HeadBase head = HeadOffsets<kHs>(qkv, (blockIdx.x / nkv) * nh + (blockIdx.x % nkv) * heads,
+                                         nh, nkv, t);
+  dy += head.rows;
+  lse += head.lse;
+  dsum += head.lse;
+  const int k0 = blockIdx.y * kKvKeys;  // key tile 0 sees every query: heaviest first
+  const int group_key = k0 + group * kGroupRows;
+  const int key_lo = group_key + 16 * warp + lane / 4;  // this lane's keys: key_lo + 8 h
+
+  const auto load_queries = [&](int g, int q0, int buf) {
+    LoadSwizzled<kHs, kKvBq>(sq + buf * Cfg::kStepBytes, head.q + g * kHs, q0, t, head.ld_qkv);
+    LoadSwizzled<kHs, kKvBq>(sdo + buf * Cfg::kStepBytes, dy + g * kHs, q0, t, head.ld_y);
+    const float* lse_g = lse + static_cast<size_t>(g) * t;
+    const float* dsum_g = dsum + static_cast<size_t>(g) * t;
+    for (int i = threadIdx.x; i < kKvBq; i += kThreads) {
+      const int row = q0 + i;
+      // Padded queries: lse = +inf makes their P exactly 0, so they add nothing.
+      slse[buf * kKvBq + i] = row < t ? lse_g[row] * kLog2e : INFINITY;
+      sdsum[buf * kKvBq + i] = row < t ? dsum_g[row] : 0.0f;
+    }
+  };
+  LoadSwizzled<kHs, kKvKeys>(sk, head.k, k0, t, head.ld_qkv);
+  LoadSwizzled<kHs, kKvKeys>(sv, head.v, k0, t, head.ld_qkv);
+  const int first = k0 / kKvBq;  // the first query tile that reaches key k0
+  const int n_tiles = (t + kKvBq - 1) / kKvBq;
+  const int per_head = n_tiles - first;
+  const int walk = heads * per_head;
+  load_queries(0, first * kKvBq, 0);
+  CpAsyncCommit();
+
+  // Accumulator element i of a lane: key row key_lo + 8 ((i / 2) % 2), column 8 (i / 4) +
+  // 2 (lane % 4) + i % 2 (a query of the step for S^T, dP^T; a channel for dK, dV).
+  float dk[kHs / 2] = {};
+  float dv[kHs / 2] = {};
+  Pin(dk);
+  Pin(dv);
+  uint32_t p[kKvBq / 16][4];   // P^T as bf16 A fragments, read by the in-flight dV product
+  uint32_t ds[kKvBq / 16][4];  // dS^T (unscaled), read by the in-flight dK product
+  const unsigned char* sk_group = sk + group * kGroupRows * kPanelBytes;
+  const unsigned char* sv_group = sv + group * kGroupRows * kPanelBytes;
+  for (int j = 0, g = 0, i = first; j < walk; ++j) {
+    const int buf = j % kKvStages;
+    CpAsyncWait<0>();
+    FenceProxyAsync();
+    __syncthreads();  // step j's queries are in; every warpgroup is done with step j - 2's
+    const int q0 = i * kKvBq;
+    const unsigned char* sqb = sq + buf * Cfg::kStepBytes;
+    const unsigned char* sdob = sdo + buf * Cfg::kStepBytes;
+    const float* slseb = slse + buf * kKvBq;
+    const float* sdsumb = sdsum + buf * kKvBq;
+
+    float st[32];
+    float dpt[32];
+    WgmmaFence();
+#pragma unroll
+    for (int ks = 0; ks < kHs / 16; ++ks) {
+      const int panel = ks / (kPanelBytes / 32);
+      const int at = (ks % (kPanelBytes / 32)) * 32;
+      const uint64_t bq = Descriptor(sqb + panel * kKvBq * kPanelBytes + at, 16, kCoreBytes);
+      const uint64_t ak =
+          Descriptor(sk_group + panel * kKvKeys * kPanelBytes + at, 16, kCoreBytes);
+      if (ks == 0) {
+        WgmmaSSFirst(st, ak, bq);
+      } else {
+        WgmmaSS(st, ak, bq);
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < kHs / 16; ++ks) {
+      const int panel = ks / (kPanelBytes / 32);
+      const int at = (ks % (kPanelBytes / 32)) * 32;
+      const uint64_t bdo = Descriptor(sdob + panel * kKvBq * kPanelBytes + at, 16, kCoreBytes);
+      const uint64_t av =
+          Descriptor(sv_group + panel * kKvKeys * kPanelBytes + at, 16, kCoreBytes);
+      if (ks == 0) {
+        WgmmaSSFirst(dpt, av, bdo);
+      } else {
+        WgmmaSS(dpt, av, bdo);
+      }
+    }
+    WgmmaCommit();
+    // The next step's queries (of the next head once this one's are done).
+    const bool head_done = i + 1 == n_tiles;
+    const int next_g = head_done ? g + 1 : g;
+    const int next_i = head_done ? first : i + 1;
+    if (j + 1 < walk) {
+      load_queries(next_g, next_i * kKvBq, (j + 1) % kKvStages);
+      CpAsyncCommit();
+    }
+    g = next_g;
+    i = next_i;
+    WgmmaWaitAll();
+    Pin(st);
+    Pin(dpt);
+    Pin(dk);
+    Pin(dv);
+
+    // P^T = exp(scale K Q^T - lse[query]), 0 where key > query (only the tiles that straddle
+    // the diagonal hold such pairs); dS^T = P^T (dP^T - D[query]).
+    const bool straddles = group_key + kGroupRows - 1 > q0;
+#pragma unroll
+    for (int e = 0; e < 32; ++e) {
+      const int col = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
+      float pe = exp2f(fmaf(st[e], scale_log2, -slseb[col]));
+      if (straddles && key_lo + 8 * ((e / 2) % 2) > q0 + col) pe = 0.0f;
+      st[e] = pe;
+      dpt[e] = pe * (dpt[e] - sdsumb[col]);
+    }
+#pragma unroll
+    for (int ks = 0; ks < kKvBq / 16; ++ks) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        p[ks][r] = PackBf16(st[8 * ks + 2 * r], st[8 * ks + 2 * r + 1]);
+        ds[ks][r] = PackBf16(dpt[8 * ks + 2 * r], dpt[8 * ks + 2 * r + 1]);
+        asm volatile("" : "+r"(p[ks][r]), "+r"(ds[ks][r])::"memory");
+      }
+    }
+    Pin(dk);
+    Pin(dv);
+    WgmmaFence();
+    // dV += P^T dO and dK += dS^T Q: 16 queries a k-step, 16 rows further into each panel.
+#pragma unroll
+    for (int ks = 0; ks < kKvBq / 16; ++ks) {
+      WgmmaRS(dv, p[ks],
+              Descriptor(sdob + ks * 16 * kPanelBytes, kKvBq * kPanelBytes, kCoreBytes));
+    }
+#pragma unroll
+    for (int ks = 0; ks < kKvBq / 16; ++ks) {
+      WgmmaRS(dk, ds[ks],
+              Descriptor(sqb + ks * 16 * kPanelBytes, kKvBq * kPanelBytes, kCoreBytes));
+    }
+    WgmmaCommit();
+  }
+  WgmmaWaitAll();
+  Pin(dk);
+  Pin(dv);
+  bf16* dk_out = dqkv + head.k_off;
+  bf16* dv_out = dqkv + head.v_off;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key_lo + 8 * h;
+    if (key >= t) continue;
+    const size_t at = static_cast<size_t>(key) * head.ld_qkv + 2 * (lane % 4);
+#pragma unroll
+    for (int nt = 0; nt < kHs / 8; ++nt) {
+      *reinterpret_cast<__nv_bfloat162*>(dk_out + at + nt * 8) =
+          __floats2bfloat162_rn(dk[4 * nt + 2 * h] * scale, dk[4 * nt + 2 * h + 1] * scale);
+      *reinterpret_cast<__nv_bfloat162*>(dv_out + at + nt * 8) =
+          __floats2bfloat162_rn(dv[4 * nt + 2 * h], dv[4 * nt + 2 * h + 1]);
+    }
+  }
+#else
+  __trap();  // never launched: HopperForwardRuns is false without sm_90a code
+#endif
+}
+
 }  // namespace hopper
 
 // ---- launchers ----
@@ -1103,9 +1320,9 @@ absl::Status LaunchForwardHopper(bf16* y, float* lse, const bf16* qkv, int b, in
 }
 
 template <int kHs>
-absl::Status LaunchBackward(bf16* dqkv, const bf16* dy, const bf16* y, const float* lse,
-                            const bf16* qkv, float* dsum, int b, int nh, int nkv, int t,
-                            cudaStream_t stream) {
+absl::Status LaunchBackward(bool hopper, bf16* dqkv, const bf16* dy, const bf16* y,
+                            const float* lse, const bf16* qkv, float* dsum, int b, int nh,
+                            int nkv, int t, cudaStream_t stream) {
   using Cfg = Tiles<kHs>;
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHs));
   const float scale_log2 = scale * kLog2e;
@@ -1113,14 +1330,30 @@ absl::Status LaunchBackward(bf16* dqkv, const bf16* dy, const bf16* y, const flo
   WEFT_BF16_RETURN_IF_ERROR(internal::Launch(
       RowDotKernel<kHs>, static_cast<int>((vecs + internal::kBlockSize - 1) / internal::kBlockSize),
       internal::kBlockSize, 0, stream, dsum, dy, y, vecs, t, nh));
-  const size_t kv_smem = (2 * Cfg::kKvTile + 4 * Cfg::kKvWalk) * Cfg::kStride * sizeof(bf16) +
-                         4 * Cfg::kKvWalk * sizeof(float);
   // dK, dV: a block per (kv head, key tile); dQ: a block per (query head, query tile).
-  WEFT_BF16_RETURN_IF_ERROR(LaunchTiles(FlashBackwardKvKernel<kHs>,
-                                        dim3(b * nkv, (t + Cfg::kKvTile - 1) / Cfg::kKvTile), kv_smem,
-                                        stream, dqkv, qkv, dy, lse,
-                                        static_cast<const float*>(dsum), t, nh, nkv, scale,
-                                        scale_log2));
+  bool kv_done = false;
+  if constexpr (kHs == 64 || kHs == 128) {
+    if (hopper) {
+      constexpr size_t kSmem = hopper::KvSizes<kHs>::kSmemBytes;
+      WEFT_BF16_RETURN_IF_ERROR(
+          internal::AllowSharedBytes(hopper::FlashBackwardKvWgmmaKernel<kHs>, kSmem));
+      WEFT_BF16_RETURN_IF_ERROR(internal::Launch(
+          hopper::FlashBackwardKvWgmmaKernel<kHs>,
+          dim3(b * nkv, (t + hopper::kKvKeys - 1) / hopper::kKvKeys), hopper::kThreads, kSmem,
+          stream, dqkv, qkv, dy, lse, static_cast<const float*>(dsum), t, nh, nkv, scale,
+          scale_log2));
+      kv_done = true;
+    }
+  }
+  if (!kv_done) {
+    const size_t kv_smem = (2 * Cfg::kKvTile + 4 * Cfg::kKvWalk) * Cfg::kStride * sizeof(bf16) +
+                           4 * Cfg::kKvWalk * sizeof(float);
+    WEFT_BF16_RETURN_IF_ERROR(LaunchTiles(FlashBackwardKvKernel<kHs>,
+                                          dim3(b * nkv, (t + Cfg::kKvTile - 1) / Cfg::kKvTile),
+                                          kv_smem, stream, dqkv, qkv, dy, lse,
+                                          static_cast<const float*>(dsum), t, nh, nkv, scale,
+                                          scale_log2));
+  }
   const size_t q_smem = (2 * Cfg::kQTile + 4 * Cfg::kQWalk) * Cfg::kStride * sizeof(bf16);
   return LaunchTiles(FlashBackwardQKernel<kHs>,
                      dim3(b * nh, (t + Cfg::kQTile - 1) / Cfg::kQTile), q_smem, stream, dqkv, qkv,
@@ -1179,6 +1412,14 @@ absl::Status FlashAttentionForwardWith(FlashAttentionKernel kernel, bf16* y, flo
 absl::Status FlashAttentionBackward(bf16* dqkv, const bf16* dy, const bf16* y, const float* lse,
                                     const bf16* qkv, float* scratch, int b, int nh, int nkv,
                                     int t, int hs, cudaStream_t stream) {
+  return FlashAttentionBackwardWith(FlashAttentionKernel::kAuto, dqkv, dy, y, lse, qkv, scratch,
+                                    b, nh, nkv, t, hs, stream);
+}
+
+absl::Status FlashAttentionBackwardWith(FlashAttentionKernel kernel, bf16* dqkv, const bf16* dy,
+                                        const bf16* y, const float* lse, const bf16* qkv,
+                                        float* scratch, int b, int nh, int nkv, int t, int hs,
+                                        cudaStream_t stream) {
   constexpr const char* kOp = "flash attention backward";
   WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, nkv, t, hs, kOp));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
@@ -1189,15 +1430,22 @@ absl::Status FlashAttentionBackward(bf16* dqkv, const bf16* dy, const bf16* y, c
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": dqkv must not alias qkv (still read while dqkv is written)"));
   }
+  const bool runs = FlashAttentionHopperForward(hs);
+  if (kernel == FlashAttentionKernel::kHopper && !runs) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kOp, ": the Hopper (wgmma) dK/dV kernel needs head size 64 or 128 (hs = ", hs,
+        ") and an sm_90 GPU running this build's sm_90a code"));
+  }
+  const bool hopper = runs && kernel != FlashAttentionKernel::kMmaSync;
   switch (hs) {
     case 16:
-      return LaunchBackward<16>(dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
+      return LaunchBackward<16>(false, dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
     case 32:
-      return LaunchBackward<32>(dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
+      return LaunchBackward<32>(false, dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
     case 64:
-      return LaunchBackward<64>(dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
+      return LaunchBackward<64>(hopper, dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
     default:
-      return LaunchBackward<128>(dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
+      return LaunchBackward<128>(hopper, dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
   }
 }
 

@@ -251,6 +251,13 @@ absl::Status FlashAttentionBackward(bf16* dqkv,        // (B, T, W) written (=)
                                     const bf16* qkv,   // (B, T, W) the forward's input
                                     float* scratch,    // FlashAttentionBackwardScratchFloats
                                     int b, int nh, int nkv, int t, int hs, cudaStream_t stream);
+// The backward with its dK/dV kernel chosen as FlashAttentionForwardWith chooses the forward's
+// (kHopper: a wgmma dK/dV kernel where FlashAttentionHopperForward holds, FAILED_PRECONDITION
+// elsewhere; dQ is the mma.sync kernel either way). kAuto is what FlashAttentionBackward runs.
+absl::Status FlashAttentionBackwardWith(FlashAttentionKernel kernel, bf16* dqkv, const bf16* dy,
+                                        const bf16* y, const float* lse, const bf16* qkv,
+                                        float* scratch, int b, int nh, int nkv, int t, int hs,
+                                        cudaStream_t stream);
 
 // ---- classifier.cu: softmax + cross-entropy over the first V of Vp columns (V <= Vp,
 // Vp % 8 == 0; padding columns are never read) ----

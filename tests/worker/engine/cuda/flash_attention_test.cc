@@ -323,6 +323,80 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat("B", s.b, "NH", s.nh, "NKV", s.kv(), "T", s.t, "HS", s.hs);
     });
 
+// Both dK/dV kernels (FlashAttentionBackwardWith), each against the reference, and against
+// each other where the Hopper one runs; dQ is the same kernel in both, so dq must match bit for
+// bit. Shapes: one to three 128-key tiles with ragged ends, two rows, grouped-query heads (dK
+// and dV summed over 2 and 4 query heads).
+class FlashBackwardKernelsTest : public FlashAttentionTest,
+                                 public ::testing::WithParamInterface<Shape> {};
+
+TEST_P(FlashBackwardKernelsTest, BothMatchTheReferenceAndEachOther) {
+  const Shape s = GetParam();
+  std::mt19937 rng(7 + s.t);
+  const auto qkv = RandomBf16(s.qkv_elems(), 1.0f, rng);
+  const auto dy = RandomBf16(s.elems(), 1.0f, rng);
+  const Reference ref =
+      ComputeReference(s, ToDouble(ToHeads(qkv, s, kQ)), ToDouble(ToHeads(qkv, s, kK)),
+                       ToDouble(ToHeads(qkv, s, kV)), ToDouble(ToHeads(dy, s, kY)));
+  DeviceBuffer<uint16_t> d_qkv(qkv), d_dy(dy);
+  DeviceBuffer<uint16_t> d_y(std::vector<uint16_t>(s.elems(), kGarbageBits));
+  DeviceBuffer<float> d_lse(std::vector<float>(s.heads() * s.t, -1.0f));
+  DeviceBuffer<float> d_scratch(
+      std::vector<float>(FlashAttentionBackwardScratchFloats(s.b, s.nh, s.t, s.hs), 0.0f));
+  ASSERT_TRUE(FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), s.b, s.nh, s.kv(),
+                                    s.t, s.hs, stream_)
+                  .ok());
+  const auto run = [&](FlashAttentionKernel kernel, std::vector<uint16_t>* dqkv) {
+    DeviceBuffer<uint16_t> d_dqkv(std::vector<uint16_t>(s.qkv_elems(), kGarbageBits));
+    ASSERT_TRUE(FlashAttentionBackwardWith(kernel, AsBf16(d_dqkv), AsBf16(d_dy), AsBf16(d_y),
+                                           d_lse.get(), AsBf16(d_qkv), d_scratch.get(), s.b,
+                                           s.nh, s.kv(), s.t, s.hs, stream_)
+                    .ok());
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    *dqkv = d_dqkv.ToHost();
+  };
+  const auto expect_near_reference = [&](const std::vector<uint16_t>& dqkv, const char* what) {
+    const double e_dq = RelError(ToHeads(dqkv, s, kQ), ref.dq);
+    const double e_dk = RelError(ToHeads(dqkv, s, kK), ref.dk);
+    const double e_dv = RelError(ToHeads(dqkv, s, kV), ref.dv);
+    std::printf("%s B=%d NH=%d NKV=%d T=%d HS=%d: dq %.2e dk %.2e dv %.2e\n", what, s.b, s.nh,
+                s.kv(), s.t, s.hs, e_dq, e_dk, e_dv);
+    EXPECT_LE(e_dq, kTolDqDk) << what;
+    EXPECT_LE(e_dk, kTolDqDk) << what;
+    EXPECT_LE(e_dv, kTolDv) << what;
+  };
+  std::vector<uint16_t> sync, automatic;
+  ASSERT_NO_FATAL_FAILURE(run(FlashAttentionKernel::kMmaSync, &sync));
+  expect_near_reference(sync, "mma.sync");
+  ASSERT_NO_FATAL_FAILURE(run(FlashAttentionKernel::kAuto, &automatic));
+  if (!FlashAttentionHopperForward(s.hs)) {
+    EXPECT_EQ(automatic, sync);  // kAuto is the mma.sync kernel here
+    GTEST_SKIP() << "the Hopper kernels do not run on this GPU (sm_90 with sm_90a code)";
+  }
+  std::vector<uint16_t> hopper, again;
+  ASSERT_NO_FATAL_FAILURE(run(FlashAttentionKernel::kHopper, &hopper));
+  ASSERT_NO_FATAL_FAILURE(run(FlashAttentionKernel::kHopper, &again));
+  expect_near_reference(hopper, "hopper");
+  EXPECT_EQ(automatic, hopper);  // kAuto takes the Hopper kernel where it runs
+  EXPECT_EQ(again, hopper);      // deterministic
+  EXPECT_EQ(ToHeads(hopper, s, kQ), ToHeads(sync, s, kQ));  // the same dQ kernel
+  // dK and dV differ in the order of their fp32 sums only.
+  EXPECT_LE(RelError(ToHeads(hopper, s, kK), ToDouble(ToHeads(sync, s, kK))), 2e-2);
+  EXPECT_LE(RelError(ToHeads(hopper, s, kV), ToDouble(ToHeads(sync, s, kV))), 2e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Hs64And128, FlashBackwardKernelsTest,
+    // Not T = 1: its exact dq and dk are 0 (dP = D), which a relative error cannot weigh.
+    ::testing::Values(Shape{1, 1, 2, 128}, Shape{1, 1, 65, 128}, Shape{1, 2, 130, 128},
+                      Shape{2, 2, 300, 128}, Shape{1, 8, 130, 128, 2},
+                      Shape{2, 4, 257, 128, 1}, Shape{1, 2, 512, 128}, Shape{1, 1, 2, 64},
+                      Shape{2, 3, 200, 64}, Shape{1, 8, 300, 64, 2}, Shape{1, 2, 512, 64, 1}),
+    [](const ::testing::TestParamInfo<Shape>& info) {
+      const Shape& s = info.param;
+      return absl::StrCat("B", s.b, "NH", s.nh, "NKV", s.kv(), "T", s.t, "HS", s.hs);
+    });
+
 // Rejected before any GPU work, so this runs without a device too.
 TEST(FlashAttentionArgs, RejectsBadArguments) {
   alignas(16) static uint16_t dummy[64];
@@ -358,6 +432,11 @@ TEST(FlashAttentionArgs, RejectsBadArguments) {
   EXPECT_NE(hopper.message().find("head size 64 or 128"), std::string::npos) << hopper.message();
   EXPECT_FALSE(FlashAttentionHopperForward(32));
   EXPECT_FALSE(FlashAttentionHopperForward(16));
+  const absl::Status hopper_backward = FlashAttentionBackwardWith(
+      FlashAttentionKernel::kHopper, p2, p, p, f, p, f, 1, 1, 1, 8, 32, nullptr);
+  EXPECT_EQ(hopper_backward.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(hopper_backward.message().find("head size 64 or 128"), std::string::npos)
+      << hopper_backward.message();
 }
 
 // Not a check: prints forward and backward times of one layer's attention at shape `s`.
