@@ -180,6 +180,19 @@ __device__ inline HeadBase HeadOffsets(const bf16* qkv, int bh, int nh, int nkv,
           q_width};
 }
 
+// Rows [q0, q0 + kRows) of one query head's lse (in log2 units) and D into shared memory, by
+// the block's kBlockThreads threads: the dK/dV kernels' per-query values of a step. Padded
+// queries get lse = +inf, which makes their P exactly 0, so they add nothing.
+template <int kRows, int kBlockThreads>
+__device__ inline void StageQueryStats(float* slse, float* sdsum, const float* lse_g,
+                                       const float* dsum_g, int q0, int t) {
+  for (int i = threadIdx.x; i < kRows; i += kBlockThreads) {
+    const int row = q0 + i;
+    slse[i] = row < t ? lse_g[row] * kLog2e : INFINITY;
+    sdsum[i] = row < t ? dsum_g[row] : 0.0f;
+  }
+}
+
 // A thread's share of a tile load: kCopies 16-byte chunks of one column, the k-th from row
 // row + k * kPass of src (row stride ld elements, src already at the column) to
 // dst + k * dst_step bytes. Rows at or past t are zero-filled; a tile wholly before t (whole)
@@ -548,14 +561,9 @@ __global__ void __launch_bounds__(kThreads)
   const auto load_queries = [&](int g, int step_q0, int buf) {
     LoadTile<kHs, kBq>(sq + buf * kBq * kStride, head.q + g * kHs, step_q0, t, head.ld_qkv);
     LoadTile<kHs, kBq>(sdy + buf * kBq * kStride, dy + g * kHs, step_q0, t, head.ld_y);
-    const float* lse_g = lse + static_cast<size_t>(g) * t;
-    const float* dsum_g = dsum + static_cast<size_t>(g) * t;
-    for (int i = threadIdx.x; i < kBq; i += kThreads) {
-      const int row = step_q0 + i;
-      // Padded queries: lse = +inf makes their P exactly 0, so they add nothing.
-      slse[buf * kBq + i] = row < t ? lse_g[row] * kLog2e : INFINITY;
-      sdsum[buf * kBq + i] = row < t ? dsum_g[row] : 0.0f;
-    }
+    StageQueryStats<kBq, kThreads>(slse + buf * kBq, sdsum + buf * kBq,
+                                   lse + static_cast<size_t>(g) * t,
+                                   dsum + static_cast<size_t>(g) * t, step_q0, t);
   };
   LoadTile<kHs, kTile>(sk, head.k, k0, t, head.ld_qkv);
   LoadTile<kHs, kTile>(sv, head.v, k0, t, head.ld_qkv);
@@ -1066,14 +1074,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto load_queries = [&](int g, int q0, int buf) {
     LoadSwizzled<kHs, kKvBq>(sq + buf * Cfg::kStepBytes, head.q + g * kHs, q0, t, head.ld_qkv);
     LoadSwizzled<kHs, kKvBq>(sdo + buf * Cfg::kStepBytes, dy + g * kHs, q0, t, head.ld_y);
-    const float* lse_g = lse + static_cast<size_t>(g) * t;
-    const float* dsum_g = dsum + static_cast<size_t>(g) * t;
-    for (int i = threadIdx.x; i < kKvBq; i += kThreads) {
-      const int row = q0 + i;
-      // Padded queries: lse = +inf makes their P exactly 0, so they add nothing.
-      slse[buf * kKvBq + i] = row < t ? lse_g[row] * kLog2e : INFINITY;
-      sdsum[buf * kKvBq + i] = row < t ? dsum_g[row] : 0.0f;
-    }
+    StageQueryStats<kKvBq, kThreads>(slse + buf * kKvBq, sdsum + buf * kKvBq,
+                                     lse + static_cast<size_t>(g) * t,
+                                     dsum + static_cast<size_t>(g) * t, q0, t);
   };
   LoadSwizzled<kHs, kKvKeys>(sk, head.k, k0, t, head.ld_qkv);
   LoadSwizzled<kHs, kKvKeys>(sv, head.v, k0, t, head.ld_qkv);

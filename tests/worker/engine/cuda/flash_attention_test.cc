@@ -184,6 +184,27 @@ double RelError(const std::vector<T>& gpu, const std::vector<double>& ref) {
   return err / std::max(mag, 1e-30);
 }
 
+// Random q, k, v (qkv) and dL/dy (dy), N(0, 1) in bf16 (scores of O(1) with a wide spread of
+// softmax weights), and their double-precision reference.
+struct RandomCase {
+  std::vector<uint16_t> qkv, dy;
+  Reference ref;
+};
+RandomCase MakeCase(const Shape& s, uint32_t seed) {
+  std::mt19937 rng(seed);
+  RandomCase c;
+  c.qkv = RandomBf16(s.qkv_elems(), 1.0f, rng);  // (B, T, W)
+  c.dy = RandomBf16(s.elems(), 1.0f, rng);       // (B, T, C)
+  c.ref = ComputeReference(s, ToDouble(ToHeads(c.qkv, s, kQ)), ToDouble(ToHeads(c.qkv, s, kK)),
+                           ToDouble(ToHeads(c.qkv, s, kV)), ToDouble(ToHeads(c.dy, s, kY)));
+  return c;
+}
+
+std::string ShapeName(const ::testing::TestParamInfo<Shape>& info) {
+  const Shape& s = info.param;
+  return absl::StrCat("B", s.b, "NH", s.nh, "NKV", s.kv(), "T", s.t, "HS", s.hs);
+}
+
 class FlashAttentionTest : public test_util::CudaStreamTest {
  protected:
   FlashAttentionTest() : CudaStreamTest("flash attention") {}
@@ -194,13 +215,8 @@ class FlashAttentionShapeTest : public FlashAttentionTest,
 
 TEST_P(FlashAttentionShapeTest, MatchesHostReference) {
   const Shape s = GetParam();
-  std::mt19937 rng(1234 + s.t * 7 + s.hs);
-  // q, k ~ N(0, 1): scores of O(1) with a wide spread of softmax weights.
-  const auto qkv = RandomBf16(s.qkv_elems(), 1.0f, rng);  // (B, T, W)
-  const auto dy = RandomBf16(s.elems(), 1.0f, rng);        // (B, T, C)
-  const Reference ref =
-      ComputeReference(s, ToDouble(ToHeads(qkv, s, kQ)), ToDouble(ToHeads(qkv, s, kK)),
-                       ToDouble(ToHeads(qkv, s, kV)), ToDouble(ToHeads(dy, s, kY)));
+  const RandomCase c = MakeCase(s, 1234 + s.t * 7 + s.hs);
+  const auto& [qkv, dy, ref] = c;
 
   DeviceBuffer<uint16_t> d_qkv(qkv), d_dy(dy);
   DeviceBuffer<uint16_t> d_y(std::vector<uint16_t>(s.elems(), kGarbageBits));
@@ -252,10 +268,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{2, 8, 100, 64, 2}, Shape{1, 8, 150, 64, 4}, Shape{1, 4, 77, 64, 1},
                       Shape{1, 8, 130, 128, 2}, Shape{2, 4, 65, 128, 2},
                       Shape{1, 4, 200, 16, 2}),
-    [](const ::testing::TestParamInfo<Shape>& info) {
-      const Shape& s = info.param;
-      return absl::StrCat("B", s.b, "NH", s.nh, "NKV", s.kv(), "T", s.t, "HS", s.hs);
-    });
+    ShapeName);
 
 // Both forward kernels at HS 64 and 128 (FlashAttentionForwardWith), each against the reference,
 // and against each other: the Hopper (wgmma) one where it runs (sm_90 with sm_90a code), else
@@ -266,12 +279,8 @@ class FlashForwardKernelsTest : public FlashAttentionTest,
 
 TEST_P(FlashForwardKernelsTest, BothMatchTheReferenceAndEachOther) {
   const Shape s = GetParam();
-  std::mt19937 rng(99 + s.t);
-  const auto qkv = RandomBf16(s.qkv_elems(), 1.0f, rng);
-  const auto dy = RandomBf16(s.elems(), 1.0f, rng);
-  const Reference ref =
-      ComputeReference(s, ToDouble(ToHeads(qkv, s, kQ)), ToDouble(ToHeads(qkv, s, kK)),
-                       ToDouble(ToHeads(qkv, s, kV)), ToDouble(ToHeads(dy, s, kY)));
+  const RandomCase c = MakeCase(s, 99 + s.t);
+  const auto& [qkv, dy, ref] = c;
   DeviceBuffer<uint16_t> d_qkv(qkv);
   const auto run = [&](FlashAttentionKernel kernel, std::vector<uint16_t>* y,
                        std::vector<float>* lse) {
@@ -318,10 +327,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{2, 2, 300, 128}, Shape{1, 8, 130, 128, 2},
                       Shape{2, 4, 257, 128, 1}, Shape{1, 2, 512, 128}, Shape{1, 1, 1, 64},
                       Shape{2, 3, 200, 64}, Shape{1, 8, 300, 64, 2}, Shape{1, 2, 512, 64, 1}),
-    [](const ::testing::TestParamInfo<Shape>& info) {
-      const Shape& s = info.param;
-      return absl::StrCat("B", s.b, "NH", s.nh, "NKV", s.kv(), "T", s.t, "HS", s.hs);
-    });
+    ShapeName);
 
 // Both dK/dV kernels (FlashAttentionBackwardWith), each against the reference, and against
 // each other where the Hopper one runs; dQ is the same kernel in both, so dq must match bit for
@@ -332,12 +338,8 @@ class FlashBackwardKernelsTest : public FlashAttentionTest,
 
 TEST_P(FlashBackwardKernelsTest, BothMatchTheReferenceAndEachOther) {
   const Shape s = GetParam();
-  std::mt19937 rng(7 + s.t);
-  const auto qkv = RandomBf16(s.qkv_elems(), 1.0f, rng);
-  const auto dy = RandomBf16(s.elems(), 1.0f, rng);
-  const Reference ref =
-      ComputeReference(s, ToDouble(ToHeads(qkv, s, kQ)), ToDouble(ToHeads(qkv, s, kK)),
-                       ToDouble(ToHeads(qkv, s, kV)), ToDouble(ToHeads(dy, s, kY)));
+  const RandomCase c = MakeCase(s, 7 + s.t);
+  const auto& [qkv, dy, ref] = c;
   DeviceBuffer<uint16_t> d_qkv(qkv), d_dy(dy);
   DeviceBuffer<uint16_t> d_y(std::vector<uint16_t>(s.elems(), kGarbageBits));
   DeviceBuffer<float> d_lse(std::vector<float>(s.heads() * s.t, -1.0f));
@@ -392,10 +394,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{2, 2, 300, 128}, Shape{1, 8, 130, 128, 2},
                       Shape{2, 4, 257, 128, 1}, Shape{1, 2, 512, 128}, Shape{1, 1, 2, 64},
                       Shape{2, 3, 200, 64}, Shape{1, 8, 300, 64, 2}, Shape{1, 2, 512, 64, 1}),
-    [](const ::testing::TestParamInfo<Shape>& info) {
-      const Shape& s = info.param;
-      return absl::StrCat("B", s.b, "NH", s.nh, "NKV", s.kv(), "T", s.t, "HS", s.hs);
-    });
+    ShapeName);
 
 // Rejected before any GPU work, so this runs without a device too.
 TEST(FlashAttentionArgs, RejectsBadArguments) {
