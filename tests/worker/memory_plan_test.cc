@@ -132,6 +132,24 @@ TEST(DecideMemoryTest, NothingWithinReach) {
 
 // Optimizer offload's pinned host memory: refused with both figures when the host lacks it; a
 // plan without offload (no host bytes) passes on any host.
+// The plan as jobs report it: the parts in GiB, and where block gradients lie over spent
+// activations, how much of the shards' memory the activations share.
+TEST(DescribeGpuMemoryPlanTest, NamesThePartsAndTheSharedGradients) {
+  GpuMemoryPlan plan;
+  plan.state_bytes = size_t{3} << 30;
+  plan.working_bytes = size_t{1} << 29;
+  plan.activation_bytes = size_t{1} << 30;
+  plan.reserve_bytes = size_t{3} << 29;
+  EXPECT_EQ(DescribeGpuMemoryPlan(plan),
+            "6.00 GiB (parameter/optimizer shards 3.00, gathered units and gradients 0.50, "
+            "activations 1.00, NCCL and runtime reserve 1.50)");
+  plan.spent_activation_grad_bytes = size_t{1} << 30;
+  EXPECT_EQ(DescribeGpuMemoryPlan(plan),
+            "6.00 GiB (parameter/optimizer shards 3.00, gathered units and gradients 0.50, "
+            "activations 1.00 beyond the 1.00 of shard gradients they hold, NCCL and runtime "
+            "reserve 1.50)");
+}
+
 TEST(CheckHostMemoryTest, RefusesOffloadThatTheHostCannotHold) {
   GpuMemoryPlan plan = Plan(Checkpointing::kNone, 8, 1);
   EXPECT_TRUE(CheckHostMemory(plan, 0, 1).ok());
