@@ -108,6 +108,11 @@ struct ManifestSizes {
 absl::StatusOr<ManifestSizes> ValidateManifest(const CheckpointManifest& m) {
   WEFT_RETURN_IF_ERROR(CheckName(m.job_id(), "manifest.job_id"));
   if (m.step() < 0) return absl::InvalidArgumentError("manifest.step: must be >= 0");
+  // AdamW updates the state has had: never more than the steps taken (a skipped step is none).
+  if (m.optimizer_step() < 0 || m.optimizer_step() > m.step()) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest.optimizer_step: must be in [0, step ",
+                                                   m.step(), "], got ", m.optimizer_step()));
+  }
   if (m.world_size() < 1 || m.world_size() > kMaxWorldSize) {
     return absl::InvalidArgumentError("manifest.world_size: must be in [1, 1000000]");
   }

@@ -414,6 +414,13 @@ TEST_F(CheckpointdTest, CommitWithMissingRanksIsRefused) {
   auto invalid = Manifest("job-m", 7, 3, tensors);
   invalid.set_world_size(0);
   EXPECT_EQ(Commit(daemon_.stub(), invalid).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  for (int64_t optimizer_step : {int64_t{-1}, int64_t{8}}) {  // more updates than steps
+    auto bad_count = Manifest("job-m", 7, 3, tensors);
+    bad_count.set_optimizer_step(optimizer_step);
+    const grpc::Status refused = Commit(daemon_.stub(), bad_count);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("manifest.optimizer_step"));
+  }
   EXPECT_TRUE(ListSteps(daemon_.stub(), "job-m").empty());
   ASSERT_TRUE(Commit(daemon_.stub(), Manifest("job-m", 7, 3, tensors)).ok());
   EXPECT_EQ(Commit(daemon_.stub(), Manifest("job-m", 7, 3, tensors)).error_code(),
