@@ -12,6 +12,7 @@
 #include "coordinator/memory_store.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/worker/snapshot_reader.h"
 #include "worker/comm/communicator.h"
 #include "worker/zero_cpu.h"
 
@@ -251,8 +252,6 @@ TEST_F(CheckpointerTest, ADueSaveIsDeferredWhileAnUploadIsInFlight) {
   EXPECT_FALSE(*again);  // nothing deferred any more
 }
 
-// The snapshot buffers stay for the whole run: a host without room for them refuses before
-// training, naming both figures, rather than losing the worker at the first save.
 // The manifest carries the engine's count of AdamW updates, which need not be the step (a
 // skipped step is not one), and a restore hands it back to the engine, whose bias corrections
 // go on from it.
@@ -267,18 +266,7 @@ TEST_F(CheckpointerTest, TheCheckpointCarriesTheUpdatesAppliedBackToTheEngine) {
   // As if it came from a run that skipped some of its steps: 6 updates before this one.
   auto own = (*cpu)->Snapshot();
   ASSERT_TRUE(own.ok()) << own.status();
-  const RangeReader read = [&](const std::string& tensor, int64_t begin, int64_t end,
-                               float* out) -> absl::Status {
-    for (const UnitSlice& slice : *own) {  // world 1: each slice is its whole tensor
-      for (UnitState what : kUnitStates) {
-        if (tensor != CheckpointTensorName(slice.unit, what)) continue;
-        std::copy(slice.data(what).begin() + begin, slice.data(what).begin() + end, out);
-        return absl::OkStatus();
-      }
-    }
-    return absl::NotFoundError(tensor);
-  };
-  ASSERT_TRUE((*cpu)->Restore(read, 6).ok());
+  ASSERT_TRUE((*cpu)->Restore(testing::ReaderOf(*own), 6).ok());
   ASSERT_TRUE((*cpu)->TrainStep(8, Batch).ok());
   ASSERT_EQ((*cpu)->optimizer_steps(), 7);
   ASSERT_TRUE(checkpointer.Save(9, **cpu).ok());
@@ -299,6 +287,8 @@ TEST_F(CheckpointerTest, TheCheckpointCarriesTheUpdatesAppliedBackToTheEngine) {
   EXPECT_EQ((*fresh)->optimizer_steps(), 7);
 }
 
+// The snapshot buffers stay for the whole run: a host without room for them refuses before
+// training, naming both figures, rather than losing the worker at the first save.
 TEST_F(CheckpointerTest, PrepareRefusesAHostWithoutRoomForTheSnapshot) {
   const weft::v1::JobSpec spec = TinySpec();
   auto cpu = ZeroCpuEngine::Create(spec, comm_.get());

@@ -29,6 +29,7 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "tests/worker/skipped_step_expect.h"
+#include "tests/worker/snapshot_reader.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/cpu/model.h"
 #include "worker/engine/cuda/model.h"
@@ -212,23 +213,6 @@ struct Curve {
   size_t planned_bytes = 0;
   size_t allocated_bytes = 0;
 };
-
-// Reads a checkpoint out of an engine's snapshot, as checkpointd would serve it: the slices must
-// outlive the reader.
-RangeReader ReaderOf(const std::vector<UnitSlice>& slices) {
-  return [&slices](const std::string& tensor, int64_t begin, int64_t end,
-                   float* out) -> absl::Status {
-    for (const UnitSlice& s : slices) {
-      for (UnitState what : kUnitStates) {
-        if (tensor != CheckpointTensorName(s.unit, what)) continue;
-        const HostFloats& src = s.data(what);
-        std::copy(src.begin() + (begin - s.begin), src.begin() + (end - s.begin), out);
-        return absl::OkStatus();
-      }
-    }
-    return absl::NotFoundError(tensor);
-  };
-}
 
 // A communicator of `size` ranks meeting under `prefix`: NCCL on GPU `device`, or with
 // `one_gpu` staged Gloo.
@@ -1008,7 +992,7 @@ TEST_F(ZeroCudaTest, CheckpointMovesBetweenOffloadSettings) {
   ASSERT_TRUE(snapshot.ok()) << snapshot.status();
   auto params = (*partial)->GatherParameters();
   ASSERT_TRUE(params.ok());
-  const RangeReader read = ReaderOf(*snapshot);
+  const RangeReader read = testing::ReaderOf(*snapshot);
   for (bool offload_all : {false, true}) {
     SCOPED_TRACE(offload_all ? "restored offloading everything" : "restored on the GPU");
     weft::v1::JobSpec other = spec;
@@ -1544,7 +1528,7 @@ TEST_F(ZeroCudaTest, CheckpointMovesToTheCpuEngine) {
   ASSERT_TRUE(g.ok());
   auto cpu = ZeroCpuEngine::Create(spec, g->get());
   ASSERT_TRUE(cpu.ok());
-  ASSERT_TRUE((*cpu)->Restore(ReaderOf(slices), (*gpu)->optimizer_steps()).ok());
+  ASSERT_TRUE((*cpu)->Restore(testing::ReaderOf(slices), (*gpu)->optimizer_steps()).ok());
   auto cpu_params = (*cpu)->GatherParameters();
   ASSERT_TRUE(cpu_params.ok());
   EXPECT_EQ(*cpu_params, *gpu_params);
