@@ -2,7 +2,7 @@
 // memory. Forward and backward run on the tensor cores (mma.sync m16n8k16, bf16 inputs, fp32
 // accumulation) over shared-memory tiles; the softmax is computed online in fp32. On Hopper
 // the forward at head sizes 64 and 128 runs on the warpgroup MMA instead (wgmma, namespace
-// hopper below); the backward is mma.sync everywhere.
+// hopper below), and so does the backward's dK/dV kernel; dQ is mma.sync everywhere.
 //
 // Layout: the model's own, no head permutation and no copy of shared k/v heads anywhere. q, k,
 // v are read straight from the qkv projection's output (B, T, (NH + 2 NKV) HS), rows
@@ -867,6 +867,26 @@ __device__ inline void LoadSwizzled(unsigned char* dst, const bf16* __restrict__
                                         row0 + r0, ld, t, row0 + kRows <= t);
 }
 
+// d = A B^T over the kHs channels, issued as wgmma SS products (the caller fences before and
+// commits after): A is 64 rows at `a` of a swizzled tile of kARows rows, B is the rows at `b` of
+// a tile of kBRows rows (64 or 128: d's kN / 2 columns), both K-major; each k-step takes 16
+// channels, 32 bytes into a panel.
+template <int kHs, int kARows, int kBRows, int kN>
+__device__ inline void WgmmaABt(float (&d)[kN], const unsigned char* a, const unsigned char* b) {
+#pragma unroll
+  for (int ks = 0; ks < kHs / 16; ++ks) {
+    const int panel = ks / (kPanelBytes / 32);
+    const int at = (ks % (kPanelBytes / 32)) * 32;
+    const uint64_t da = Descriptor(a + panel * kARows * kPanelBytes + at, 16, kCoreBytes);
+    const uint64_t db = Descriptor(b + panel * kBRows * kPanelBytes + at, 16, kCoreBytes);
+    if (ks == 0) {
+      WgmmaSSFirst(d, da, db);
+    } else {
+      WgmmaSS(d, da, db);
+    }
+  }
+}
+
 #undef WEFT_WGMMA_R32
 #undef WEFT_WGMMA_D32_REGS
 #undef WEFT_WGMMA_D64_REGS
@@ -932,18 +952,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // them.
     float s[64];
     WgmmaFence();
-#pragma unroll
-    for (int ks = 0; ks < kHs / 16; ++ks) {  // 16 channels a step: 32 bytes into a panel
-      const int panel = ks / (kPanelBytes / 32);
-      const int at = (ks % (kPanelBytes / 32)) * 32;
-      const uint64_t a = Descriptor(sq_group + panel * kQTile * kPanelBytes + at, 16, kCoreBytes);
-      const uint64_t b = Descriptor(skb + panel * kBk * kPanelBytes + at, 16, kCoreBytes);
-      if (ks == 0) {
-        WgmmaSSFirst(s, a, b);
-      } else {
-        WgmmaSS(s, a, b);
-      }
-    }
+    WgmmaABt<kHs, kQTile, kBk>(s, sq_group, skb);
     WgmmaCommit();
     if (j + 1 < n_steps) {
       const int next = (j + 1) % kStages;
@@ -1111,32 +1120,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     float st[32];
     float dpt[32];
     WgmmaFence();
-#pragma unroll
-    for (int ks = 0; ks < kHs / 16; ++ks) {
-      const int panel = ks / (kPanelBytes / 32);
-      const int at = (ks % (kPanelBytes / 32)) * 32;
-      const uint64_t bq = Descriptor(sqb + panel * kKvBq * kPanelBytes + at, 16, kCoreBytes);
-      const uint64_t ak =
-          Descriptor(sk_group + panel * kKvKeys * kPanelBytes + at, 16, kCoreBytes);
-      if (ks == 0) {
-        WgmmaSSFirst(st, ak, bq);
-      } else {
-        WgmmaSS(st, ak, bq);
-      }
-    }
-#pragma unroll
-    for (int ks = 0; ks < kHs / 16; ++ks) {
-      const int panel = ks / (kPanelBytes / 32);
-      const int at = (ks % (kPanelBytes / 32)) * 32;
-      const uint64_t bdo = Descriptor(sdob + panel * kKvBq * kPanelBytes + at, 16, kCoreBytes);
-      const uint64_t av =
-          Descriptor(sv_group + panel * kKvKeys * kPanelBytes + at, 16, kCoreBytes);
-      if (ks == 0) {
-        WgmmaSSFirst(dpt, av, bdo);
-      } else {
-        WgmmaSS(dpt, av, bdo);
-      }
-    }
+    WgmmaABt<kHs, kKvKeys, kKvBq>(st, sk_group, sqb);    // S^T = K Q^T
+    WgmmaABt<kHs, kKvKeys, kKvBq>(dpt, sv_group, sdob);  // dP^T = V dO^T
     WgmmaCommit();
     // The next step's queries (of the next head once this one's are done).
     const bool head_done = i + 1 == n_tiles;
@@ -1376,6 +1361,24 @@ bool FlashAttentionHopperForward(int hs) {
   return hopper::SupportedHeadSize(hs) && HopperForwardRuns();
 }
 
+namespace {
+
+// Into *hopper, whether `kernel` means the Hopper (wgmma) kernels at head size hs on this
+// device (kAuto: wherever they run); FAILED_PRECONDITION, naming `op`, for kHopper where they
+// do not.
+absl::Status UseHopper(FlashAttentionKernel kernel, int hs, const char* op, bool* hopper) {
+  const bool runs = FlashAttentionHopperForward(hs);
+  if (kernel == FlashAttentionKernel::kHopper && !runs) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        op, ": the Hopper (wgmma) kernels need head size 64 or 128 (hs = ", hs,
+        ") and an sm_90 GPU running this build's sm_90a code"));
+  }
+  *hopper = runs && kernel != FlashAttentionKernel::kMmaSync;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status FlashAttentionForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, int nkv,
                                    int t, int hs, cudaStream_t stream) {
   return FlashAttentionForwardWith(FlashAttentionKernel::kAuto, y, lse, qkv, b, nh, nkv, t, hs,
@@ -1390,13 +1393,9 @@ absl::Status FlashAttentionForwardWith(FlashAttentionKernel kernel, bf16* y, flo
   WEFT_BF16_RETURN_IF_ERROR(
       internal::CheckPointers(kOp, {internal::Aligned16(y, "y"), internal::NotNull(lse, "lse"),
                                     internal::Aligned16(qkv, "qkv")}));
-  const bool hopper = FlashAttentionHopperForward(hs);
-  if (kernel == FlashAttentionKernel::kHopper && !hopper) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        kOp, ": the Hopper (wgmma) kernel needs head size 64 or 128 (hs = ", hs,
-        ") and an sm_90 GPU running this build's sm_90a code"));
-  }
-  if (hopper && kernel != FlashAttentionKernel::kMmaSync) {
+  bool hopper = false;
+  WEFT_BF16_RETURN_IF_ERROR(UseHopper(kernel, hs, kOp, &hopper));
+  if (hopper) {
     return hs == 128 ? LaunchForwardHopper<128>(y, lse, qkv, b, nh, nkv, t, stream)
                      : LaunchForwardHopper<64>(y, lse, qkv, b, nh, nkv, t, stream);
   }
@@ -1433,13 +1432,8 @@ absl::Status FlashAttentionBackwardWith(FlashAttentionKernel kernel, bf16* dqkv,
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": dqkv must not alias qkv (still read while dqkv is written)"));
   }
-  const bool runs = FlashAttentionHopperForward(hs);
-  if (kernel == FlashAttentionKernel::kHopper && !runs) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        kOp, ": the Hopper (wgmma) dK/dV kernel needs head size 64 or 128 (hs = ", hs,
-        ") and an sm_90 GPU running this build's sm_90a code"));
-  }
-  const bool hopper = runs && kernel != FlashAttentionKernel::kMmaSync;
+  bool hopper = false;
+  WEFT_BF16_RETURN_IF_ERROR(UseHopper(kernel, hs, kOp, &hopper));
   switch (hs) {
     case 16:
       return LaunchBackward<16>(false, dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
