@@ -86,8 +86,8 @@ engine::CheckpointingPlan MostLighterBlocks(Checkpointing level, size_t free_byt
 
 std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan) {
   return absl::StrFormat(
-      "%.2f GiB (parameter/optimizer shards %.2f, gathered units and gradients %.2f, "
-      "activations %.2f%s, NCCL and runtime reserve %.2f%s)",
+      "%.2f GiB (parameter/optimizer shards %.2f, gathered blocks and gradients %.2f, "
+      "activations and gathered head %.2f%s, NCCL and runtime reserve %.2f%s)",
       GiB(plan.total()), GiB(plan.state_bytes), GiB(plan.working_bytes),
       GiB(plan.activation_bytes),
       plan.spent_activation_grad_bytes == 0

@@ -23,8 +23,10 @@ namespace weft::worker {
 // Device memory one rank of a GPU job needs.
 struct GpuMemoryPlan {
   size_t state_bytes = 0;       // shards: fp32 params, m, v, grads (offloaded units: grads, bf16 params)
-  size_t working_bytes = 0;     // gathered bf16 units, full fp32 gradient units, scratch
-  size_t activation_bytes = 0;  // the CudaModel's activations and scratch, cuBLAS workspace
+  size_t working_bytes = 0;     // gathered bf16 blocks, full fp32 gradient units, scratch
+  // The CudaModel's allocation: activations, scratch, the gathered bf16 head (inside the
+  // spent-activation gradients where they leave room), cuBLAS workspace.
+  size_t activation_bytes = 0;
   size_t reserve_bytes = 0;     // NCCL buffers, CUDA context growth, allocator slack
   // Of state_bytes, the block gradients that lie over spent activations (ZeroCudaOptions).
   size_t spent_activation_grad_bytes = 0;
@@ -35,9 +37,10 @@ struct GpuMemoryPlan {
   size_t host_bytes = 0;
 };
 
-// "9.10 GiB (parameter/optimizer shards 1.50, gathered units and gradients 0.60, activations
-// 6.00, NCCL and runtime reserve 1.00)"; with gradients over spent activations, "activations
-// 6.00 beyond the 1.20 of shard gradients they hold".
+// "9.10 GiB (parameter/optimizer shards 1.50, gathered blocks and gradients 0.60, activations
+// and gathered head 6.00, NCCL and runtime reserve 1.00)"; with gradients over spent
+// activations, "activations and gathered head 6.00 beyond the 1.20 of shard gradients they
+// hold".
 std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan);
 
 // The plan of the job at a checkpointing plan, micro-batch rows per rank and world size.

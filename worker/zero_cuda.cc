@@ -137,6 +137,14 @@ std::vector<size_t> SpentActivationGradBytes(const weft::v1::JobSpec& spec,
   return bytes;
 }
 
+// What the model's allocation holds for the engine: the block gradients over spent
+// activations, and the gathered head (HeadSlotElements), which the model places inside those
+// gradients where they leave room past the activations (it is read only up to the classifier).
+cuda::ArenaRequests ModelRequests(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                                  const ShardLayout& layout, const ZeroCudaOptions& options) {
+  return {SpentActivationGradBytes(spec, layout, options), HeadSlotElements(arch, layout)};
+}
+
 // Where `part` (a rank's OwnPart of the piece of unit 0 starting at `piece_begin`, count > 0)
 // starts in that rank's shard of the unit.
 size_t ShardOffsetOf(size_t piece_begin, const comm::RangePart& part, size_t shard) {
@@ -189,24 +197,27 @@ GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::Model
   const bool offload = max_offloaded_shard > 0;
   // Two staging pairs on the host (fp32 gradients in, bf16 weights out).
   plan.host_bytes += 2 * max_offloaded_shard * (sizeof(float) + sizeof(__nv_bfloat16));
-  // The gathered bf16 head and two block slots; beyond world 1, their fp32 gradients too.
-  const size_t gathered = HeadSlotElements(arch, layout) + 2 * layout.max_block_padded();
-  plan.working_bytes = gathered * sizeof(__nv_bfloat16) +
+  // Two gathered bf16 block slots; beyond world 1, their fp32 gradients and the head's too.
+  // (The gathered head lies in the model's allocation: ModelRequests.)
+  plan.working_bytes = 2 * layout.max_block_padded() * sizeof(__nv_bfloat16) +
                        cuda::SumOfSquaresScratchFloats(max_shard) * sizeof(float) + 4096;
   if (!DirectGradients(world)) {
     plan.working_bytes +=
         GradBufferElements(arch, layout, HeadGradTakesTurnsWithBlocks(arch, level, world)) *
         sizeof(float);
   }
-  const size_t chunk = GatherChunkFloats(world);
-  plan.working_bytes += (chunk * world + (offload ? chunk : 0)) * sizeof(float);
+  if (world > 1) {  // GatherUnit's staging
+    const size_t chunk = GatherChunkFloats(world);
+    plan.working_bytes += (chunk * world + (offload ? chunk : 0)) * sizeof(float);
+  }
   // Block gradients over spent activations are counted with the shards (16 bytes a
   // parameter, above), and only what the activations need beyond them here.
-  const std::vector<size_t> spent = SpentActivationGradBytes(spec, layout, options);
-  plan.spent_activation_grad_bytes = std::accumulate(spent.begin(), spent.end(), size_t{0});
+  const cuda::ArenaRequests requests = ModelRequests(spec, arch, layout, options);
+  plan.spent_activation_grad_bytes = std::accumulate(
+      requests.spent_grad_bytes.begin(), requests.spent_grad_bytes.end(), size_t{0});
   plan.activation_bytes =
       cuda::PlanCudaActivationBytes(arch, micro_batch_size, spec.training().sequence_length(),
-                                    level, spent) -
+                                    level, requests) -
       plan.spent_activation_grad_bytes;
   plan.reserve_bytes = kReserveBytes;
   return plan;
@@ -421,7 +432,8 @@ absl::Status ZeroCudaEngine::Initialize() {
   }
   WEFT_ASSIGN_OR_RETURN(
       model_, cuda::CreateCudaModel(*arch_, batch_size_, seq_len_, checkpointing_, compute_,
-                                    SpentActivationGradBytes(spec_, layout_, options_)));
+                                    ModelRequests(spec_, *arch_, layout_, options_)));
+  head_work_ = model_->HeadWork();
   head_grad_takes_turns_ = HeadGradTakesTurnsWithBlocks(*arch_, checkpointing_, group_);
   units_.resize(layout_.num_units());
   for (int u = 0; u < layout_.num_units(); ++u) {
@@ -458,7 +470,6 @@ absl::Status ZeroCudaEngine::Initialize() {
   const size_t max_block = layout_.max_block_padded();
   const size_t max_shard = layout_.max_shard();
   const size_t head_slot = HeadSlotElements(*arch_, layout_);
-  WEFT_ASSIGN_OR_RETURN(head_work_, Alloc<bf16>(head_slot));
   for (int i = 0; i < 2; ++i) {
     WEFT_ASSIGN_OR_RETURN(block_work_[i], Alloc<bf16>(max_block));
   }
@@ -473,9 +484,11 @@ absl::Status ZeroCudaEngine::Initialize() {
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(head_grad_, 0, elements * sizeof(float), compute_));
   }
   gather_chunk_ = GatherChunkFloats(group_);
-  WEFT_ASSIGN_OR_RETURN(gather_staging_, Alloc<float>(gather_chunk_ * group_));
-  if (any_offloaded()) {
-    WEFT_ASSIGN_OR_RETURN(gather_source_, Alloc<float>(gather_chunk_));
+  if (group_ > 1) {  // one rank's GatherUnit copies its shard straight out
+    WEFT_ASSIGN_OR_RETURN(gather_staging_, Alloc<float>(gather_chunk_ * group_));
+    if (any_offloaded()) {
+      WEFT_ASSIGN_OR_RETURN(gather_source_, Alloc<float>(gather_chunk_));
+    }
   }
   WEFT_ASSIGN_OR_RETURN(norm_scratch_,
                         Alloc<float>(cuda::SumOfSquaresScratchFloats(max_shard)));
@@ -941,6 +954,13 @@ absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch
 absl::StatusOr<std::vector<float>> ZeroCudaEngine::GatherUnit(int u) {
   const UnitShard& unit = layout_.unit(u);
   std::vector<float> out(unit.size);
+  if (group_ == 1) {
+    // The shard is the unit (on the device, or in pinned host memory when offloaded).
+    WEFT_RETURN_IF_ERROR(SyncCompute());
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.data(), units_[u].params, unit.size * sizeof(float),
+                                         cudaMemcpyDefault));
+    return out;
+  }
   // Chunk by chunk of every rank's shard: gather_staging_ receives the world's pieces of a
   // chunk in rank order; rank r's piece is elements r * shard + offset onward of the unit.
   for (size_t offset = 0; offset < unit.shard; offset += gather_chunk_) {

@@ -141,13 +141,13 @@ TEST(DescribeGpuMemoryPlanTest, NamesThePartsAndTheSharedGradients) {
   plan.activation_bytes = size_t{1} << 30;
   plan.reserve_bytes = size_t{3} << 29;
   EXPECT_EQ(DescribeGpuMemoryPlan(plan),
-            "6.00 GiB (parameter/optimizer shards 3.00, gathered units and gradients 0.50, "
-            "activations 1.00, NCCL and runtime reserve 1.50)");
+            "6.00 GiB (parameter/optimizer shards 3.00, gathered blocks and gradients 0.50, "
+            "activations and gathered head 1.00, NCCL and runtime reserve 1.50)");
   plan.spent_activation_grad_bytes = size_t{1} << 30;
   EXPECT_EQ(DescribeGpuMemoryPlan(plan),
-            "6.00 GiB (parameter/optimizer shards 3.00, gathered units and gradients 0.50, "
-            "activations 1.00 beyond the 1.00 of shard gradients they hold, NCCL and runtime "
-            "reserve 1.50)");
+            "6.00 GiB (parameter/optimizer shards 3.00, gathered blocks and gradients 0.50, "
+            "activations and gathered head 1.00 beyond the 1.00 of shard gradients they hold, "
+            "NCCL and runtime reserve 1.50)");
 }
 
 TEST(CheckHostMemoryTest, RefusesOffloadThatTheHostCannotHold) {

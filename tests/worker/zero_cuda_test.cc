@@ -751,13 +751,31 @@ TEST_F(ZeroCudaTest, ActivationPlanIsExactAtEveryLevel) {
       const size_t planned = engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level);
       EXPECT_EQ((*model)->ActivationBytes() + (*model)->BlasWorkspaceBytes(), planned);
       EXPECT_EQ((*model)->SpentActivationGradient(0), nullptr);
+      EXPECT_EQ((*model)->HeadWork(), nullptr);
       // With gradients over spent activations, small (inside them) and large (past them).
       for (size_t bytes : {size_t{1024}, size_t{64} << 20}) {
         const std::vector<size_t> spent(spec.model().num_layers(), bytes);
-        auto with = engine::cuda::CreateCudaModel(**arch, 4, kT, level, nullptr, spent);
+        auto with = engine::cuda::CreateCudaModel(**arch, 4, kT, level, nullptr, {spent});
         ASSERT_TRUE(with.ok()) << with.status();
         EXPECT_EQ((*with)->ActivationBytes() + (*with)->BlasWorkspaceBytes(),
-                  engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level, spent));
+                  engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level, {spent}));
+        // The engine's gathered head: inside the large gradients, past every activation (no
+        // byte more), and a buffer of its own beside the small ones.
+        const engine::cuda::ArenaRequests headed_requests{spent, size_t{1} << 20};
+        auto headed = engine::cuda::CreateCudaModel(**arch, 4, kT, level, nullptr,
+                                                    headed_requests);
+        ASSERT_TRUE(headed.ok()) << headed.status();
+        EXPECT_EQ((*headed)->ActivationBytes() + (*headed)->BlasWorkspaceBytes(),
+                  engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level, headed_requests));
+        ASSERT_NE((*headed)->HeadWork(), nullptr);
+        if (bytes > 1024) {
+          EXPECT_EQ((*headed)->ActivationBytes(), (*with)->ActivationBytes());
+          const char* head = reinterpret_cast<const char*>((*headed)->HeadWork());
+          EXPECT_GE(head, reinterpret_cast<const char*>((*headed)->SpentActivationGradient(0)));
+        } else {
+          EXPECT_GE((*headed)->ActivationBytes(),
+                    (*with)->ActivationBytes() + headed_requests.head_work_elements * 2);
+        }
         EXPECT_GE((*with)->ActivationBytes(), (*model)->ActivationBytes());
         EXPECT_LE((*with)->ActivationBytes(), (*model)->ActivationBytes() + spent.size() * bytes);
         for (int l = 0; l + 1 < spec.model().num_layers(); ++l) {

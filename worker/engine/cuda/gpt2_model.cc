@@ -14,8 +14,8 @@
 namespace weft::engine::cuda {
 
 GptCuda::GptCuda(const GptConfig& config, int max_b, int max_t, CheckpointingPlan level,
-                 cudaStream_t stream, std::vector<size_t> spent_grad_bytes)
-    : ArenaModel(max_b, max_t, level, stream, std::move(spent_grad_bytes)),
+                 cudaStream_t stream, ArenaRequests requests)
+    : ArenaModel(max_b, max_t, level, stream, std::move(requests)),
       config_(config),
       flash_(FlashAttentionSupported(config.hidden_size / config.num_heads)) {
   head_tensors_ = UnitTensors(config, 0);
@@ -39,9 +39,9 @@ size_t GptCuda::Layout(char* base) {
   bool keep_matmuls = KeptPerLayer(level_.level, ActKind::kSaved);
   const auto shared = [&](bool kept, size_t count) { return kept ? nullptr : a.Take<bf16>(count); };
   ClassifierSpare spare{a.NextOffset(), 0};
-  bf16* const ln1 = shared(keep_all, nc);
   bf16* const atty = shared(keep_all, nc);
-  bf16* const ln2 = shared(keep_all, nc);
+  // ln1 is never shared, and ln2 only at FULL (LateNorms).
+  bf16* const ln2 = shared(keep_matmuls, nc);
   bf16* const fcg = shared(keep_all, 4 * nc);
   bf16* const qkv = shared(keep_matmuls || !flash_, 3 * nc);
   bf16* const q = shared(keep_matmuls || flash_, nc);
@@ -57,7 +57,7 @@ size_t GptCuda::Layout(char* base) {
     keep_all = KeptPerLayer(level_.At(l), ActKind::kCheap);
     keep_matmuls = KeptPerLayer(level_.At(l), ActKind::kSaved);
     res_[l] = a.Take<bf16>(nc);
-    ln1_[l] = a.TakeOr(keep_all, ln1, nc);
+    ln1_[l] = keep_all ? a.Take<bf16>(nc) : nullptr;  // else over fch (below)
     if (flash_) {
       layer_qkv_[l] = a.TakeOr(keep_matmuls, qkv, 3 * nc);  // (B, T, 3C), read in place
     } else {
@@ -67,9 +67,17 @@ size_t GptCuda::Layout(char* base) {
     }
     atty_[l] = a.TakeOr(keep_all, atty, nc);
     res2_[l] = a.TakeOr(keep_matmuls, res2, nc);
-    ln2_[l] = a.TakeOr(keep_all, ln2, nc);
     fch_[l] = a.TakeOr(keep_matmuls, fch, 4 * nc);
     fcg_[l] = a.TakeOr(keep_all, fcg, 4 * nc);
+    if (!keep_all) {
+      // LateNorms: in a (re)computed forward, LN1's output is read by the qkv GEMM before the
+      // fc GEMM writes fch, and at SELECTIVE LN2's only by the fc GEMM, atty's last reader
+      // being the attention projection before it.
+      ln1_[l] = fch_[l];
+      ln2_[l] = keep_matmuls ? atty_[l] : ln2;
+    } else {
+      ln2_[l] = a.Take<bf16>(nc);
+    }
     ln1_mean_[l] = a.Take<float>(n);
     ln1_rstd_[l] = a.Take<float>(n);
     ln2_mean_[l] = a.Take<float>(n);
@@ -79,14 +87,16 @@ size_t GptCuda::Layout(char* base) {
   }
   res_[layers] = a.Take<bf16>(nc);
   PlaceSpentActivationGradients(a, layer_ends);
-  lnf_ = a.Take<bf16>(nc);
-  lnf_mean_ = a.Take<float>(n);
-  lnf_rstd_ = a.Take<float>(n);
-  qkv_ = a.Take<bf16>(3 * nc);  // cuBLAS path: the forward's qkv; both paths: dqkv
+  TakeCommon(a, config_.padded_vocab_size, c, spare);
+  lnf_ = TakeBeforeBackward<bf16>(a, nc);
+  dlnf_ = TakeBeforeBackward<bf16>(a, nc);
+  lnf_mean_ = TakeBeforeBackward<float>(a, n);
+  lnf_rstd_ = TakeBeforeBackward<float>(a, n);
   if (flash_) {
     flash_scratch_ = a.Take<float>(FlashAttentionBackwardScratchFloats(
         max_b_, config_.num_heads, max_t_, c / config_.num_heads));
   } else {
+    qkv_ = a.Take<bf16>(3 * nc);  // the forward's qkv, split into head copies
     y_ = a.Take<bf16>(nc);
     att_ = a.Take<bf16>(head_rows * max_t_);
     datt_ = a.Take<bf16>(head_rows * max_t_);
@@ -94,28 +104,25 @@ size_t GptCuda::Layout(char* base) {
     dk_ = a.Take<bf16>(nc);
     dv_ = a.Take<bf16>(nc);
   }
-  tmp_ = a.Take<bf16>(nc);
   dres_ = a.Take<bf16>(nc);
-  dtmp_ = a.Take<bf16>(nc);
   size_t scratch = LayerNormBackwardScratchFloats(static_cast<int>(n), c);
   for (int oc : {c, 3 * c, 4 * c}) {
     scratch = std::max(scratch, BiasBackwardScratchFloats(static_cast<int>(n), oc));
   }
   reduce_scratch_ = a.Take<float>(scratch);
-  TakeCommon(a, config_.padded_vocab_size, c, spare);
   return a.size();
 }
 
 size_t GptCuda::PlanActivationBytes(const GptConfig& config, int max_b, int max_t,
                                     CheckpointingPlan level,
-                                    const std::vector<size_t>& spent_grad_bytes) {
-  GptCuda probe(config, max_b, max_t, level, nullptr, spent_grad_bytes);
+                                    const ArenaRequests& requests) {
+  GptCuda probe(config, max_b, max_t, level, nullptr, requests);
   return probe.PlannedBytes();
 }
 
 absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(
     const GptConfig& config, int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
-    const std::vector<size_t>& spent_grad_bytes) {
+    const ArenaRequests& requests) {
   if (config.hidden_size % 8 != 0 || config.hidden_size % config.num_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.hidden_size: the CUDA engine needs a multiple of 8 that num_heads divides, got ",
@@ -136,7 +143,7 @@ absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(
                                                    ") out of range"));
   }
   std::unique_ptr<GptCuda> model(
-      new GptCuda(config, max_b, max_t, level, stream, spent_grad_bytes));
+      new GptCuda(config, max_b, max_t, level, stream, requests));
   WEFT_RETURN_IF_ERROR(model->Allocate());
   return model;
 }
@@ -153,10 +160,11 @@ absl::Status GptCuda::BlockForward(int l, const bf16* block) {
   const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
   WEFT_RETURN_IF_ERROR(AttentionForward(l, block));
   WEFT_RETURN_IF_ERROR(MlpForwardToActivation(l, block));
-  // out = res2 + fcproj(fcg).
+  // out = res2 + fcproj(fcg), the product in out's place and the sum in place.
+  bf16* const out = res_[l + 1];
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearForward(tmp_, fcg_[l], p(kFcprojw), p(kFcprojb), n, 4 * c, c, stream_));
-  return ResidualForward(res_[l + 1], res2_[l], tmp_, static_cast<int64_t>(n) * c, stream_);
+      blas_->LinearForward(out, fcg_[l], p(kFcprojw), p(kFcprojb), n, 4 * c, c, stream_));
+  return ResidualForward(out, res2_[l], out, static_cast<int64_t>(n) * c, stream_);
 }
 
 absl::Status GptCuda::AttentionForward(int l, const bf16* block) {
@@ -178,8 +186,8 @@ absl::Status GptCuda::AttentionForward(int l, const bf16* block) {
   }
   WEFT_RETURN_IF_ERROR(Attend(l));
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearForward(tmp_, atty_[l], p(kAttprojw), p(kAttprojb), n, c, c, stream_));
-  return ResidualForward(res2_[l], x, tmp_, static_cast<int64_t>(n) * c, stream_);
+      blas_->LinearForward(res2_[l], atty_[l], p(kAttprojw), p(kAttprojb), n, c, c, stream_));
+  return ResidualForward(res2_[l], x, res2_[l], static_cast<int64_t>(n) * c, stream_);
 }
 
 absl::Status GptCuda::Attend(int l) {
@@ -211,14 +219,10 @@ absl::Status GptCuda::MlpForwardToActivation(int l, const bf16* block) {
 }
 
 absl::Status GptCuda::RecomputeSelective(int l, const bf16* block) {
+  (void)block;  // the LayerNorms come back later, where their outputs are read (LateNorms)
   const int c = config_.hidden_size;
   const int n = b_ * t_;
-  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
-  WEFT_RETURN_IF_ERROR(LayerNormForward(ln1_[l], ln1_mean_[l], ln1_rstd_[l], res_[l], p(kLn1w),
-                                        p(kLn1b), n, c, stream_));
   WEFT_RETURN_IF_ERROR(Attend(l));
-  WEFT_RETURN_IF_ERROR(LayerNormForward(ln2_[l], ln2_mean_[l], ln2_rstd_[l], res2_[l], p(kLn2w),
-                                        p(kLn2b), n, c, stream_));
   // The standalone GELU of the kept bf16 pre-activation: equal to the GEMM epilogue's GELU to
   // bf16 rounding, not bit for bit (the epilogue sees the fp32 accumulator).
   return GeluForward(fcg_[l], fch_[l], static_cast<int64_t>(n) * 4 * c, stream_);
@@ -235,13 +239,13 @@ absl::Status GptCuda::Classifier(const bf16* head, float grad_scale, float* head
   WEFT_RETURN_IF_ERROR(LmHeadLoss(lnf_, p(kWte),
                                   head_grad == nullptr ? nullptr
                                                        : head_grad + head_tensors_[kWte].offset,
-                                  dtmp_, c, config_.vocab_size, vp, grad_scale));
+                                  dlnf_, c, config_.vocab_size, vp, grad_scale));
   if (head_grad == nullptr) return absl::OkStatus();
   // The residual stream's gradient starts here; LayerNormBackward accumulates into it.
   WEFT_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(dres_, 0, static_cast<size_t>(n) * c * sizeof(bf16), stream_));
   return LayerNormBackward(dres_, head_grad + head_tensors_[kLnfw].offset,
-                           head_grad + head_tensors_[kLnfb].offset, dtmp_, last, p(kLnfw),
+                           head_grad + head_tensors_[kLnfb].offset, dlnf_, last, p(kLnfw),
                            lnf_mean_, lnf_rstd_, reduce_scratch_, n, c, stream_);
 }
 
@@ -273,25 +277,38 @@ absl::Status GptCuda::BlockBackwardRecomputed(int l, const bf16* block, float* b
   bf16* const dfch = fcg_[l];
   WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInputGelu(dfch, dres_, p(kFcprojw), fch_[l], n,
                                                       4 * c, c, stream_));
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(g(kFcw), dfch, ln2_[l], n, c, 4 * c, true, stream_));
+  // fch has been read for the last time: the late LayerNorm outputs and the sub-layers' input
+  // gradients, (B, T, C) each, lie over it.
+  bf16* const late_norm = fch_[l];
+  bf16* const dx = fch_[l] + static_cast<size_t>(n) * c;
+  const bool late_ln1 = !KeptPerLayer(level_.At(l), ActKind::kCheap);
+  const bool late_ln2 = late_ln1 && KeptPerLayer(level_.At(l), ActKind::kSaved);
+  if (late_ln2) {
+    WEFT_RETURN_IF_ERROR(LayerNormForward(late_norm, ln2_mean_[l], ln2_rstd_[l], res2_[l],
+                                          p(kLn2w), p(kLn2b), n, c, stream_));
+  }
+  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(g(kFcw), dfch, late_ln2 ? late_norm : ln2_[l],
+                                                   n, c, 4 * c, true, stream_));
   WEFT_RETURN_IF_ERROR(BiasBackward(g(kFcb), dfch, reduce_scratch_, n, 4 * c, stream_));
-  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dtmp_, dfch, p(kFcw), n, c, 4 * c, stream_));
-  WEFT_RETURN_IF_ERROR(LayerNormBackward(dres_, g(kLn2w), g(kLn2b), dtmp_, res2_[l], p(kLn2w),
+  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dx, dfch, p(kFcw), n, c, 4 * c, stream_));
+  WEFT_RETURN_IF_ERROR(LayerNormBackward(dres_, g(kLn2w), g(kLn2b), dx, res2_[l], p(kLn2w),
                                          ln2_mean_[l], ln2_rstd_[l], reduce_scratch_, n, c,
                                          stream_));
   // Attention: res2 = x + attproj(attention(qkv(ln1(x)))).
   WEFT_RETURN_IF_ERROR(
       blas_->LinearBackwardWeight(g(kAttprojw), dres_, atty_[l], n, c, c, true, stream_));
   WEFT_RETURN_IF_ERROR(BiasBackward(g(kAttprojb), dres_, reduce_scratch_, n, c, stream_));
-  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dtmp_, dres_, p(kAttprojw), n, c, c, stream_));
+  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dx, dres_, p(kAttprojw), n, c, c, stream_));
+  // dfch has been read for the last time: dqkv (B, T, 3C) lies over it, 192 MiB at GPT 6.7B's
+  // shape not taken for a scratch of its own.
+  bf16* const dqkv = dfch;
   if (flash_) {
-    // Straight from the (B, T, C) dy = dtmp_ and forward output atty, and the layer's qkv:
-    // dq, dk, dv land in dqkv = qkv_ (B, T, 3C) at the places of q, k, v.
-    WEFT_RETURN_IF_ERROR(FlashAttentionBackward(qkv_, dtmp_, atty_[l], lse_[l], layer_qkv_[l],
+    // Straight from the (B, T, C) dy = dx and forward output atty, and the layer's qkv:
+    // dq, dk, dv land in dqkv at the places of q, k, v.
+    WEFT_RETURN_IF_ERROR(FlashAttentionBackward(dqkv, dx, atty_[l], lse_[l], layer_qkv_[l],
                                                 flash_scratch_, b_, nh, nh, t_, hs, stream_));
   } else {
-    WEFT_RETURN_IF_ERROR(AttentionSplitGrad(y_, dtmp_, b_, t_, c, nh, stream_));  // dy
+    WEFT_RETURN_IF_ERROR(AttentionSplitGrad(y_, dx, b_, t_, c, nh, stream_));  // dy
     const int batch = b_ * nh;
     const int64_t rows = static_cast<int64_t>(batch) * t_;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -305,13 +322,17 @@ absl::Status GptCuda::BlockBackwardRecomputed(int l, const bf16* block, float* b
     WEFT_RETURN_IF_ERROR(blas_->AttentionApply(dq_, datt_, k_[l], batch, t_, hs, stream_));
     WEFT_RETURN_IF_ERROR(
         blas_->AttentionApplyTransposed(dk_, datt_, q_[l], batch, t_, hs, stream_));
-    WEFT_RETURN_IF_ERROR(AttentionMergeGrads(qkv_, dq_, dk_, dv_, b_, t_, c, nh, stream_));
+    WEFT_RETURN_IF_ERROR(AttentionMergeGrads(dqkv, dq_, dk_, dv_, b_, t_, c, nh, stream_));
   }
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(g(kQkvw), qkv_, ln1_[l], n, c, 3 * c, true, stream_));
-  WEFT_RETURN_IF_ERROR(BiasBackward(g(kQkvb), qkv_, reduce_scratch_, n, 3 * c, stream_));
-  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dtmp_, qkv_, p(kQkvw), n, c, 3 * c, stream_));
-  return LayerNormBackward(dres_, g(kLn1w), g(kLn1b), dtmp_, res_[l], p(kLn1w), ln1_mean_[l],
+  if (late_ln1) {
+    WEFT_RETURN_IF_ERROR(LayerNormForward(late_norm, ln1_mean_[l], ln1_rstd_[l], res_[l],
+                                          p(kLn1w), p(kLn1b), n, c, stream_));
+  }
+  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(g(kQkvw), dqkv, late_ln1 ? late_norm : ln1_[l],
+                                                   n, c, 3 * c, true, stream_));
+  WEFT_RETURN_IF_ERROR(BiasBackward(g(kQkvb), dqkv, reduce_scratch_, n, 3 * c, stream_));
+  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dx, dqkv, p(kQkvw), n, c, 3 * c, stream_));
+  return LayerNormBackward(dres_, g(kLn1w), g(kLn1b), dx, res_[l], p(kLn1w), ln1_mean_[l],
                            ln1_rstd_[l], reduce_scratch_, n, c, stream_);
 }
 

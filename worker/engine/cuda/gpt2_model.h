@@ -15,15 +15,20 @@
 //   kNone       the block input, ln1, q/k/v, the attention output, the mid-block residual,
 //               ln2 and the fc output before and after GELU: 16;
 //   kSelective  the block input, q/k/v, the mid-block residual and the fc output before
-//               GELU: 9; the backward first recomputes both LayerNorms, attention (from the
-//               kept q, k, v) and GELU — the standalone GELU kernel, which equals the fc GEMM's
-//               fused GELU to bf16 rounding, so this level matches kNone to bf16 rounding
-//               rather than bit for bit;
+//               GELU: 9; the backward first recomputes attention (from the kept q, k, v) and
+//               GELU — the standalone GELU kernel, which equals the fc GEMM's fused GELU to
+//               bf16 rounding, so this level matches kNone to bf16 rounding rather than bit for
+//               bit;
 //   kFull       the block input: 1; the backward first re-runs the block's forward up to the
 //               GELU (bit for bit: the same kernels).
 // What a level does not keep lives in one set of buffers the layers at that level share (a plan
 // may run some blocks one level lighter: engine::CheckpointingPlan). The logits are
 // processed in row chunks, so (B, T, Vp) never exists at once.
+//
+// LateNorms: below kNone, the LayerNorm outputs the backward reads as weight-gradient inputs
+// (ln1 at both levels, ln2 at kSelective) are recomputed where they are read, over the fc
+// output the backward has spent, rather than kept in buffers of their own from the block's
+// recomputation on (bit for bit: the same kernel on the same kept input).
 //
 // Attention: fused flash attention (flash_attention.cu) when it supports the head size, so no
 // (B, NH, T, T) buffer exists at all; otherwise cuBLAS batched GEMMs around the causal softmax
@@ -51,14 +56,14 @@ class GptCuda final : public ArenaModel {
   // Bytes Create allocates for activations and scratch (exact, for the memory planner).
   static size_t PlanActivationBytes(const GptConfig& config, int max_b, int max_t,
                                     CheckpointingPlan level,
-                                    const std::vector<size_t>& spent_grad_bytes = {});
+                                    const ArenaRequests& requests = {});
 
   // On the current device; kernels go to `stream` (not owned). INVALID_ARGUMENT for shapes
   // the kernels cannot take (hidden size not a multiple of 8, ...), RESOURCE_EXHAUSTED when
-  // the activations do not fit. spent_grad_bytes: CreateCudaModel's (engine/cuda/model.h).
+  // the activations do not fit. requests: CreateCudaModel's (engine/cuda/model.h).
   static absl::StatusOr<std::unique_ptr<GptCuda>> Create(
       const GptConfig& config, int max_b, int max_t, CheckpointingPlan level,
-      cudaStream_t stream, const std::vector<size_t>& spent_grad_bytes = {});
+      cudaStream_t stream, const ArenaRequests& requests = {});
 
   const GptConfig& config() const { return config_; }
 
@@ -73,7 +78,7 @@ class GptCuda final : public ArenaModel {
 
  private:
   GptCuda(const GptConfig& config, int max_b, int max_t, CheckpointingPlan level,
-          cudaStream_t stream, std::vector<size_t> spent_grad_bytes);
+          cudaStream_t stream, ArenaRequests requests);
   size_t Layout(char* base) override;
   // The forward's pieces: the attention sub-layer (x -> res2), attention itself (q, k, v ->
   // atty), and the MLP up to the GELU output (res2 -> fcg); BlockForward adds fcproj and the
@@ -88,7 +93,7 @@ class GptCuda final : public ArenaModel {
   // Kept per layer l (index l), residual stream res has L + 1 entries.
   // fch: the fc layer's output before GELU, fcg: after (both kept: the GEMM epilogues read
   // them in the backward instead of a recomputing kernel). The backward writes the gradient of
-  // fch over fcg once fcg is spent.
+  // fch over fcg once fcg is spent, and dqkv over that once it is spent in turn.
   std::vector<bf16*> res_, ln1_, q_, k_, v_, atty_, res2_, ln2_, fch_, fcg_;
   std::vector<float*> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, lse_;
   // q, k, v: flash path, the qkv projection's output (B, T, 3C) in layer_qkv_, which the
@@ -96,13 +101,16 @@ class GptCuda final : public ArenaModel {
   // q_, k_, v_ (layer_qkv_ null). The scratch y_, dq_, dk_, dv_ below exist only on the
   // cuBLAS path.
   std::vector<bf16*> layer_qkv_;
+  // The classifier's: the final LayerNorm's output, statistics and input gradient (B, T, C).
   bf16* lnf_ = nullptr;
   float* lnf_mean_ = nullptr;
   float* lnf_rstd_ = nullptr;
-  // Scratch shared by all layers.
+  bf16* dlnf_ = nullptr;
+  // Scratch shared by all layers: dres_ (B, T, C), the residual stream's gradient; the cuBLAS
+  // path's forward qkv_ and attention buffers. (A block's other (B, T, C) products land in
+  // place: BlockForward, BlockBackwardRecomputed.)
   bf16 *qkv_ = nullptr, *y_ = nullptr, *att_ = nullptr, *datt_ = nullptr, *dq_ = nullptr,
-       *dk_ = nullptr, *dv_ = nullptr, *tmp_ = nullptr, *dres_ = nullptr,
-       *dtmp_ = nullptr;
+       *dk_ = nullptr, *dv_ = nullptr, *dres_ = nullptr;
   float* reduce_scratch_ = nullptr;
   // Flash attention for this head size (else the cuBLAS + softmax path and att_ / datt_).
   const bool flash_;

@@ -40,8 +40,8 @@ std::string ShapeProblem(const LlamaConfig& c) {
 }  // namespace
 
 LlamaCuda::LlamaCuda(const LlamaConfig& config, int max_b, int max_t, CheckpointingPlan level,
-                     cudaStream_t stream, std::vector<size_t> spent_grad_bytes)
-    : ArenaModel(max_b, max_t, level, stream, std::move(spent_grad_bytes)), config_(config) {
+                     cudaStream_t stream, ArenaRequests requests)
+    : ArenaModel(max_b, max_t, level, stream, std::move(requests)), config_(config) {
   const LlamaArch arch(config);
   head_tensors_ = arch.UnitTensors(0);
   block_tensors_ = arch.UnitTensors(1);
@@ -73,7 +73,6 @@ size_t LlamaCuda::Layout(char* base) {
   shared.res2 = keep_all ? nullptr : a.Take<bf16>(nc);
   shared.gate_up = keep_matmuls ? nullptr : a.Take<bf16>(2 * n_i);
   spare.end = a.size();
-  TakeCommon(a, config_.padded_vocab_size, config_.hidden_size, spare);
   saved_.resize(layers);
   // Layer by layer, its residual-stream entry then what its level keeps, so that the
   // gradients placed over spent layers (PlaceSpentActivationGradients) find them in order.
@@ -97,16 +96,18 @@ size_t LlamaCuda::Layout(char* base) {
   }
   res_[layers] = a.Take<bf16>(nc);
   PlaceSpentActivationGradients(a, layer_ends);
-  final_norm_ = a.Take<bf16>(nc);
-  final_rstd_ = a.Take<float>(n);
+  TakeCommon(a, config_.padded_vocab_size, config_.hidden_size, spare);
+  final_norm_ = TakeBeforeBackward<bf16>(a, nc);
+  final_rstd_ = TakeBeforeBackward<float>(a, n);
+  dfinal_norm_ = TakeBeforeBackward<bf16>(a, nc);
   // Backward scratch: the attention's, then the (B, T, C) ones. The MLP's gradients need none:
-  // they take the place of the activations they are the gradients of (BlockBackward).
+  // they take the place of the activations they are the gradients of, and the attention's
+  // dqkv takes gate_up's once the MLP is done with it (BlockBackwardRecomputed).
   norm_scratch_ = a.Take<float>(RmsNormBackwardScratchFloats(static_cast<int>(n),
                                                              config_.hidden_size));
   flash_scratch_ = a.Take<float>(FlashAttentionBackwardScratchFloats(
       max_b_, config_.num_heads, max_t_, config_.head_size()));
-  dqkv_ = a.Take<bf16>(n_qkv);
-  for (bf16** p : {&tmp_, &dres_, &dtmp_}) *p = a.Take<bf16>(nc);
+  dres_ = a.Take<bf16>(nc);
   const size_t half = config_.head_size() / 2;
   rope_cos_ = a.Take<float>(static_cast<size_t>(max_t_) * half);
   rope_sin_ = a.Take<float>(static_cast<size_t>(max_t_) * half);
@@ -116,7 +117,7 @@ size_t LlamaCuda::Layout(char* base) {
 
 absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(
     const LlamaConfig& config, int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
-    const std::vector<size_t>& spent_grad_bytes) {
+    const ArenaRequests& requests) {
   if (const std::string problem = ShapeProblem(config); !problem.empty()) {
     return absl::InvalidArgumentError(problem);
   }
@@ -125,7 +126,7 @@ absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(
                                                    ") out of range"));
   }
   std::unique_ptr<LlamaCuda> model(
-      new LlamaCuda(config, max_b, max_t, level, stream, spent_grad_bytes));
+      new LlamaCuda(config, max_b, max_t, level, stream, requests));
   WEFT_RETURN_IF_ERROR(model->Allocate());
   WEFT_RETURN_IF_ERROR(model->BuildRopeTables());
   return model;
@@ -133,8 +134,8 @@ absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(
 
 size_t LlamaCuda::PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t,
                                       CheckpointingPlan level,
-                                      const std::vector<size_t>& spent_grad_bytes) {
-  LlamaCuda probe(config, max_b, max_t, level, nullptr, spent_grad_bytes);
+                                      const ArenaRequests& requests) {
+  LlamaCuda probe(config, max_b, max_t, level, nullptr, requests);
   return probe.PlannedBytes();
 }
 
@@ -163,10 +164,12 @@ absl::Status LlamaCuda::BlockForward(int l, const bf16* block) {
   WEFT_RETURN_IF_ERROR(MlpForwardToActivation(l, block));
   // out = res2 + down(act).
   const Saved& s = saved_[l];
-  WEFT_RETURN_IF_ERROR(blas_->LinearForward(tmp_, s.act,
+  // The product in out's place, the sum in place.
+  bf16* const out = res_[l + 1];
+  WEFT_RETURN_IF_ERROR(blas_->LinearForward(out, s.act,
                                             block + block_tensors_[kLlamaDown].offset, nullptr, n,
                                             config_.intermediate_size, c, stream_));
-  return ResidualForward(res_[l + 1], s.res2, tmp_, static_cast<int64_t>(n) * c, stream_);
+  return ResidualForward(out, s.res2, out, static_cast<int64_t>(n) * c, stream_);
 }
 
 absl::Status LlamaCuda::AttentionForward(int l, const bf16* block) {
@@ -185,9 +188,9 @@ absl::Status LlamaCuda::AttentionForward(int l, const bf16* block) {
                                             config_.qkv_width(), stream_));
   WEFT_RETURN_IF_ERROR(RopeForward(s.qkv, rope_cos_, rope_sin_, b_, t_, nh, nkv, d, stream_));
   WEFT_RETURN_IF_ERROR(FlashAttentionForward(s.atty, s.lse, s.qkv, b_, nh, nkv, t_, d, stream_));
-  WEFT_RETURN_IF_ERROR(blas_->LinearForward(tmp_, s.atty, p(kLlamaAttnOut), nullptr, n,
+  WEFT_RETURN_IF_ERROR(blas_->LinearForward(s.res2, s.atty, p(kLlamaAttnOut), nullptr, n,
                                             config_.q_width(), c, stream_));
-  return ResidualForward(s.res2, x, tmp_, static_cast<int64_t>(n) * c, stream_);
+  return ResidualForward(s.res2, x, s.res2, static_cast<int64_t>(n) * c, stream_);
 }
 
 absl::Status LlamaCuda::MlpForwardToActivation(int l, const bf16* block) {
@@ -216,9 +219,9 @@ absl::Status LlamaCuda::RecomputeSelective(int l, const bf16* block) {
   WEFT_RETURN_IF_ERROR(
       RmsNormForward(s.attn_norm, s.attn_rstd, x, p(kLlamaAttnNorm), n, c, eps, stream_));
   // res2 = x + attn_out(atty), as AttentionForward ends.
-  WEFT_RETURN_IF_ERROR(blas_->LinearForward(tmp_, s.atty, p(kLlamaAttnOut), nullptr, n,
+  WEFT_RETURN_IF_ERROR(blas_->LinearForward(s.res2, s.atty, p(kLlamaAttnOut), nullptr, n,
                                             config_.q_width(), c, stream_));
-  WEFT_RETURN_IF_ERROR(ResidualForward(s.res2, x, tmp_, static_cast<int64_t>(n) * c, stream_));
+  WEFT_RETURN_IF_ERROR(ResidualForward(s.res2, x, s.res2, static_cast<int64_t>(n) * c, stream_));
   WEFT_RETURN_IF_ERROR(
       RmsNormForward(s.mlp_norm, s.mlp_rstd, s.res2, p(kLlamaMlpNorm), n, c, eps, stream_));
   return SwiGluForward(s.act, s.gate_up, n, config_.intermediate_size, stream_);
@@ -238,13 +241,13 @@ absl::Status LlamaCuda::Classifier(const bf16* head, float grad_scale, float* he
   WEFT_RETURN_IF_ERROR(RmsNormForward(final_norm_, final_rstd_, last, norm_w, n, c,
                                       static_cast<float>(config_.rms_norm_eps), stream_));
   WEFT_RETURN_IF_ERROR(LmHeadLoss(final_norm_, head + lm,
-                                  head_grad == nullptr ? nullptr : head_grad + lm, dtmp_, c,
+                                  head_grad == nullptr ? nullptr : head_grad + lm, dfinal_norm_, c,
                                   config_.vocab_size, vp, grad_scale));
   if (head_grad == nullptr) return absl::OkStatus();
   // The residual stream's gradient starts here; RmsNormBackward accumulates into it.
   WEFT_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(dres_, 0, static_cast<size_t>(n) * c * sizeof(bf16), stream_));
-  return RmsNormBackward(dres_, head_grad + norm, dtmp_, last, norm_w,
+  return RmsNormBackward(dres_, head_grad + norm, dfinal_norm_, last, norm_w,
                          final_rstd_, norm_scratch_, n, c, stream_);
 }
 
@@ -277,17 +280,22 @@ absl::Status LlamaCuda::BlockBackwardRecomputed(int l, const bf16* block, float*
   WEFT_RETURN_IF_ERROR(
       blas_->LinearBackwardInput(dact, dres_, p(kLlamaDown), n, inter, c, stream_));
   WEFT_RETURN_IF_ERROR(SwiGluBackward(dgate_up, dact, s.gate_up, n, inter, stream_));
+  // dact has been read for the last time: the sub-layers' input gradients (B, T, C) lie over
+  // it (I >= C).
+  bf16* const dx = dact;
   WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(g(kLlamaGateUp), dgate_up, s.mlp_norm, n, c,
                                                    2 * inter, acc, stream_));
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardInput(dtmp_, dgate_up, p(kLlamaGateUp), n, c, 2 * inter, stream_));
-  WEFT_RETURN_IF_ERROR(RmsNormBackward(dres_, g(kLlamaMlpNorm), dtmp_, s.res2, p(kLlamaMlpNorm),
+      blas_->LinearBackwardInput(dx, dgate_up, p(kLlamaGateUp), n, c, 2 * inter, stream_));
+  WEFT_RETURN_IF_ERROR(RmsNormBackward(dres_, g(kLlamaMlpNorm), dx, s.res2, p(kLlamaMlpNorm),
                                        s.mlp_rstd, norm_scratch_, n, c, stream_));
-  return AttentionBackward(l, block, block_grad, acc);
+  // dgate_up has been read for the last time: dqkv (N, qkv width) lies over it, 96 MiB at the
+  // Llama-8B shape not taken for a scratch of its own.
+  return AttentionBackward(l, block, block_grad, acc, /*dqkv=*/dgate_up, dx);
 }
 
 absl::Status LlamaCuda::AttentionBackward(int l, const bf16* block, float* block_grad,
-                                          bool accumulate) {
+                                          bool accumulate, bf16* dqkv, bf16* dx) {
   const int c = config_.hidden_size;
   const int q_width = config_.q_width();
   const int width = config_.qkv_width();
@@ -300,20 +308,20 @@ absl::Status LlamaCuda::AttentionBackward(int l, const bf16* block, float* block
       blas_->LinearBackwardWeight(grad(kLlamaAttnOut), dres_, s.atty, n, q_width, c, accumulate,
                                   stream_));
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardInput(dtmp_, dres_, weight(kLlamaAttnOut), n, q_width, c, stream_));
-  // dq, dk (of the rotated q, k) and dv land in dqkv_ at their places in qkv; then rotated back.
+      blas_->LinearBackwardInput(dx, dres_, weight(kLlamaAttnOut), n, q_width, c, stream_));
+  // dq, dk (of the rotated q, k) and dv land in dqkv at their places in qkv; then rotated back.
   const int nh = config_.num_heads;
   const int nkv = config_.num_kv_heads;
   const int d = config_.head_size();
-  WEFT_RETURN_IF_ERROR(FlashAttentionBackward(dqkv_, dtmp_, s.atty, s.lse, s.qkv, flash_scratch_,
+  WEFT_RETURN_IF_ERROR(FlashAttentionBackward(dqkv, dx, s.atty, s.lse, s.qkv, flash_scratch_,
                                               b_, nh, nkv, t_, d, stream_));
-  WEFT_RETURN_IF_ERROR(RopeBackward(dqkv_, rope_cos_, rope_sin_, b_, t_, nh, nkv, d, stream_));
+  WEFT_RETURN_IF_ERROR(RopeBackward(dqkv, rope_cos_, rope_sin_, b_, t_, nh, nkv, d, stream_));
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(grad(kLlamaQkvw), dqkv_, s.attn_norm, n, c, width, accumulate,
+      blas_->LinearBackwardWeight(grad(kLlamaQkvw), dqkv, s.attn_norm, n, c, width, accumulate,
                                   stream_));
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardInput(dtmp_, dqkv_, weight(kLlamaQkvw), n, c, width, stream_));
-  return RmsNormBackward(dres_, grad(kLlamaAttnNorm), dtmp_, res_[l], weight(kLlamaAttnNorm),
+      blas_->LinearBackwardInput(dx, dqkv, weight(kLlamaQkvw), n, c, width, stream_));
+  return RmsNormBackward(dres_, grad(kLlamaAttnNorm), dx, res_[l], weight(kLlamaAttnNorm),
                          s.attn_rstd, norm_scratch_, n, c, stream_);
 }
 

@@ -48,14 +48,14 @@ class LlamaCuda final : public ArenaModel {
  public:
   // INVALID_ARGUMENT for shapes the kernels cannot take (see above), RESOURCE_EXHAUSTED when
   // the activations do not fit; kernels go to `stream` (not owned), on the current device.
-  // spent_grad_bytes: CreateCudaModel's (engine/cuda/model.h).
+  // requests: CreateCudaModel's (engine/cuda/model.h).
   static absl::StatusOr<std::unique_ptr<LlamaCuda>> Create(
       const LlamaConfig& config, int max_b, int max_t, CheckpointingPlan level,
-      cudaStream_t stream, const std::vector<size_t>& spent_grad_bytes = {});
+      cudaStream_t stream, const ArenaRequests& requests = {});
   // What Create allocates: activations, scratch and the GEMM workspace (exact).
   static size_t PlanActivationBytes(const LlamaConfig& config, int max_b, int max_t,
                                     CheckpointingPlan level,
-                                    const std::vector<size_t>& spent_grad_bytes = {});
+                                    const ArenaRequests& requests = {});
 
   const LlamaConfig& config() const { return config_; }
 
@@ -72,7 +72,7 @@ class LlamaCuda final : public ArenaModel {
 
  private:
   LlamaCuda(const LlamaConfig& config, int max_b, int max_t, CheckpointingPlan level,
-            cudaStream_t stream, std::vector<size_t> spent_grad_bytes);
+            cudaStream_t stream, ArenaRequests requests);
   size_t Layout(char* base) override;
   // The forward's halves: the attention sub-layer (x -> res2), and the MLP up to the SwiGLU
   // output (res2 -> act); BlockForward adds the down projection and the residual.
@@ -82,8 +82,10 @@ class LlamaCuda final : public ArenaModel {
   // The rotary tables from RopeInverseFrequencies (once, at creation).
   absl::Status BuildRopeTables();
   // The attention half of BlockBackward: dres_ (the gradient at the mid-block residual) gets
-  // the attention sub-layer's input gradient added.
-  absl::Status AttentionBackward(int l, const bf16* block, float* block_grad, bool accumulate);
+  // the attention sub-layer's input gradient added. Scratch: dqkv (B, T, (NH + 2 NKV) D) and
+  // dx (B, T, C).
+  absl::Status AttentionBackward(int l, const bf16* block, float* block_grad, bool accumulate,
+                                 bf16* dqkv, bf16* dx);
 
   const LlamaConfig config_;
   std::vector<TensorInfo> head_tensors_, block_tensors_;
@@ -98,17 +100,19 @@ class LlamaCuda final : public ArenaModel {
     bf16* res2;        // (B, T, C) the mid-block residual stream
     bf16* mlp_norm;    // (B, T, C)
     float* mlp_rstd;   // (B, T)
-    bf16* gate_up;     // (B, T, 2I); its gradient in the backward
-    bf16* act;         // (B, T, I) SwiGLU output; its gradient in the backward
+    bf16* gate_up;     // (B, T, 2I); its gradient in the backward, then dqkv
+    bf16* act;         // (B, T, I) SwiGLU output; its gradient in the backward, then dx
   };
   std::vector<Saved> saved_;  // per layer
   // The residual stream, L + 1 entries: res_[l] is block l's input, res_[L] the last output.
   std::vector<bf16*> res_;
+  // The classifier's: the final norm's output, statistics and input gradient (B, T, C).
   bf16* final_norm_ = nullptr;
   float* final_rstd_ = nullptr;
-  // Scratch shared by the layers: dqkv (B, T, (NH + 2 NKV) D), and (B, T, C) tmp_, dres_ (the
-  // residual stream's gradient), dtmp_.
-  bf16 *dqkv_ = nullptr, *tmp_ = nullptr, *dres_ = nullptr, *dtmp_ = nullptr;
+  bf16* dfinal_norm_ = nullptr;
+  // Scratch shared by the layers: dres_ (B, T, C), the residual stream's gradient. (A block's
+  // other products land in place: BlockForward, BlockBackwardRecomputed.)
+  bf16* dres_ = nullptr;
   float* norm_scratch_ = nullptr;   // RmsNormBackwardScratchFloats
   float* flash_scratch_ = nullptr;  // FlashAttentionBackwardScratchFloats
   float* rope_cos_ = nullptr;       // (maxT, D/2)

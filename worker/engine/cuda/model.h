@@ -101,22 +101,37 @@ class CudaModel {
   // by or after BlockBackward(layer), and holds garbage once the next forward begins: it serves
   // a step without gradient accumulation, consumed by the optimizer before the next forward.
   virtual float* SpentActivationGradient(int layer) const = 0;
+
+  // The ArenaRequests::head_work_elements bf16 elements the engine gathers the head into (null
+  // for none): EncoderForward's and Classifier's `head`. Read by nothing else, and valid from
+  // a micro-step's start until its Classifier returns: with spent-activation gradients it may
+  // lie over gradients not written by then (past every activation the forward keeps), so it
+  // holds garbage once the first BlockBackward has run.
+  virtual bf16* HeadWork() const = 0;
+};
+
+// What the model's one allocation holds for the engine, besides its activations and scratch.
+struct ArenaRequests {
+  // One entry per block, or empty: room for each block's gradient over spent activations
+  // (SpentActivationGradient).
+  std::vector<size_t> spent_grad_bytes;
+  // bf16 elements of HeadWork, 0 for none.
+  size_t head_work_elements = 0;
 };
 
 // The model of `arch` on the current device, kernels on `stream` (not owned), for
 // micro-batches up to (max_b, max_t), keeping what `level` says of each block. INVALID_ARGUMENT
 // for shapes the kernels cannot take or an architecture without a CUDA model;
-// RESOURCE_EXHAUSTED when the activations do not fit. `spent_grad_bytes` (one entry per block,
-// or empty): room for each block's gradient over spent activations (SpentActivationGradient).
+// RESOURCE_EXHAUSTED when the activations do not fit. `requests`: what the allocation holds
+// for the engine besides.
 absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(
     const ModelArch& arch, int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
-    const std::vector<size_t>& spent_grad_bytes = {});
+    const ArenaRequests& requests = {});
 // Device bytes CreateCudaModel allocates for activations, scratch and the GEMM workspace (exact,
-// for the memory planner), the spent-activation gradients included; 0 for an architecture
-// without a CUDA model (Create then refuses).
+// for the memory planner), what `requests` asks for included; 0 for an architecture without a
+// CUDA model (Create then refuses).
 size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t,
-                               CheckpointingPlan level,
-                               const std::vector<size_t>& spent_grad_bytes = {});
+                               CheckpointingPlan level, const ArenaRequests& requests = {});
 
 }  // namespace weft::engine::cuda
 

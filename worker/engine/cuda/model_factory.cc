@@ -13,26 +13,24 @@ namespace weft::engine::cuda {
 
 absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(
     const ModelArch& arch, int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
-    const std::vector<size_t>& spent_grad_bytes) {
+    const ArenaRequests& requests) {
   if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
-    return GptCuda::Create(gpt2->config(), max_b, max_t, level, stream, spent_grad_bytes);
+    return GptCuda::Create(gpt2->config(), max_b, max_t, level, stream, requests);
   }
   if (const auto* llama = dynamic_cast<const LlamaArch*>(&arch)) {
-    return LlamaCuda::Create(llama->config(), max_b, max_t, level, stream, spent_grad_bytes);
+    return LlamaCuda::Create(llama->config(), max_b, max_t, level, stream, requests);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("model: architecture ", arch.name(), " has no CUDA model"));
 }
 
 size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t,
-                               CheckpointingPlan level,
-                               const std::vector<size_t>& spent_grad_bytes) {
+                               CheckpointingPlan level, const ArenaRequests& requests) {
   if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
-    return GptCuda::PlanActivationBytes(gpt2->config(), max_b, max_t, level, spent_grad_bytes);
+    return GptCuda::PlanActivationBytes(gpt2->config(), max_b, max_t, level, requests);
   }
   if (const auto* llama = dynamic_cast<const LlamaArch*>(&arch)) {
-    return LlamaCuda::PlanActivationBytes(llama->config(), max_b, max_t, level,
-                                          spent_grad_bytes);
+    return LlamaCuda::PlanActivationBytes(llama->config(), max_b, max_t, level, requests);
   }
   return 0;
 }

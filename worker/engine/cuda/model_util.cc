@@ -29,11 +29,16 @@ void ArenaModel::TakeCommon(Arena& arena, int vp, int c, ClassifierSpare spare) 
   // bit-identical to the others.
   logit_rows_ = static_cast<int>(std::clamp<size_t>(kLogitChunkBytes / row_bytes, 1, n));
   const size_t chunk_bytes = static_cast<size_t>(logit_rows_) * row_bytes;
+  // The head is gathered before the forward and read by the classifier: the room first, for
+  // the one buffer that has no other place to go.
+  head_work_ = requests_.head_work_elements == 0
+                   ? nullptr
+                   : TakeBeforeBackward<bf16>(arena, requests_.head_work_elements);
   // An empty spare (no shared buffers) may end before the aligned offset it began at.
   if (spare.end > spare.begin && spare.end - spare.begin >= chunk_bytes) {
     logits_ = reinterpret_cast<bf16*>(arena.At(spare.begin));
   } else {
-    logits_ = arena.Take<bf16>(static_cast<size_t>(logit_rows_) * vp);
+    logits_ = TakeBeforeBackward<bf16>(arena, static_cast<size_t>(logit_rows_) * vp);
   }
   losses_ = arena.Take<float>(n);
   tokens_ = arena.Take<int32_t>(n);
@@ -44,19 +49,21 @@ void ArenaModel::TakeCommon(Arena& arena, int vp, int c, ClassifierSpare spare) 
 
 void ArenaModel::PlaceSpentActivationGradients(Arena& arena,
                                                const std::vector<size_t>& layer_ends) {
-  spent_grads_.assign(spent_grad_bytes_.size(), nullptr);
+  const std::vector<size_t>& bytes = requests_.spent_grad_bytes;
+  spent_grads_.assign(bytes.size(), nullptr);
   size_t end = 0;
-  for (size_t l = 0; l < spent_grad_bytes_.size() && l < layer_ends.size(); ++l) {
+  for (size_t l = 0; l < bytes.size() && l < layer_ends.size(); ++l) {
     const size_t begin = (std::max(end, layer_ends[l]) + 255) / 256 * 256;
     spent_grads_[l] = reinterpret_cast<float*>(arena.At(begin));
-    end = begin + spent_grad_bytes_[l];
+    end = begin + bytes[l];
   }
+  room_ = {arena.size(), std::max(arena.size(), end)};
   arena.ExtendTo(end);
 }
 
 absl::Status ArenaModel::Allocate() {
   WEFT_ASSIGN_OR_RETURN(blas_, Blas::Create());
-  const size_t bytes = Layout(nullptr);
+  const size_t bytes = RunLayout(nullptr);
   const cudaError_t err = cudaMalloc(&arena_, bytes);
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear the (non-sticky) allocation error
@@ -68,7 +75,7 @@ absl::Status ArenaModel::Allocate() {
                                                      " MiB free"));
   }
   arena_bytes_ = bytes;
-  Layout(static_cast<char*>(arena_));
+  RunLayout(static_cast<char*>(arena_));
   return absl::OkStatus();
 }
 

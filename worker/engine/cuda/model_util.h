@@ -68,15 +68,16 @@ class ArenaModel : public CudaModel {
   float* SpentActivationGradient(int layer) const override {
     return layer < static_cast<int>(spent_grads_.size()) ? spent_grads_[layer] : nullptr;
   }
+  bf16* HeadWork() const override { return head_work_; }
 
  protected:
   ArenaModel(int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
-             std::vector<size_t> spent_grad_bytes)
+             ArenaRequests requests)
       : max_b_(max_b),
         max_t_(max_t),
         level_(level),
         stream_(stream),
-        spent_grad_bytes_(std::move(spent_grad_bytes)) {}
+        requests_(std::move(requests)) {}
 
   // Points every buffer into the allocation at `base` and returns the bytes used; a null base
   // only measures. Implementations take their buffers and TakeCommon's.
@@ -88,21 +89,40 @@ class ArenaModel : public CudaModel {
     size_t begin = 0;
     size_t end = 0;
   };
-  // The buffers of this class: losses, tokens, targets (N = max_b * max_t each), the logits
-  // chunk for a padded vocabulary of vp (inside `spare` when it fits there), and the embedding
-  // backward's plan and scratch at width c.
+  // The buffers of this class: the engine's HeadWork, losses, tokens, targets (N = max_b *
+  // max_t each), the logits chunk for a padded vocabulary of vp (inside `spare` when it fits
+  // there), and the embedding backward's plan and scratch at width c. Called after
+  // PlaceSpentActivationGradients, whose room it uses (TakeBeforeBackward).
   void TakeCommon(Arena& arena, int vp, int c, ClassifierSpare spare);
   // Places the spent-activation gradients (CudaModel::SpentActivationGradient) over the
   // per-layer buffers just taken. `layer_ends[l]`: the arena offset where layer l's buffers
   // (its residual-stream entry and what its level keeps) end; the layers' buffers lie in layer
-  // order and nothing else lies among them. Gradient l starts at or past layer_ends[l] and
-  // past gradient l - 1; the arena is extended to the last one's end where that lies further.
+  // order and nothing else lies among them, and the last layer's output entry is taken just
+  // before this. Gradient l starts at or past layer_ends[l] and past gradient l - 1; the arena
+  // is extended to the last one's end where that lies further. What the gradients reach past
+  // the output entry is room for TakeBeforeBackward.
   void PlaceSpentActivationGradients(Arena& arena, const std::vector<size_t>& layer_ends);
+  // `count` Ts for a buffer nothing touches once Classifier has returned (it is dead before
+  // the first BlockBackward): inside the gradients placed over spent activations, past every
+  // activation, when there is room left there (none is written before BlockBackward(L - 1));
+  // else taken from the arena.
+  template <typename T>
+  T* TakeBeforeBackward(Arena& arena, size_t count) {
+    const size_t begin = (room_.begin + 255) / 256 * 256;
+    if (begin + count * sizeof(T) > room_.end) return arena.Take<T>(count);
+    room_.begin = begin + count * sizeof(T);
+    return reinterpret_cast<T*>(arena.At(begin));
+  }
+  // Layout from an empty room.
+  size_t RunLayout(char* base) {
+    room_ = {};
+    return Layout(base);
+  }
   // Creates the GEMM library and allocates Layout's bytes (RESOURCE_EXHAUSTED naming the need
   // and the free memory), then lays the buffers out in them.
   absl::Status Allocate();
   // Bytes of Layout plus the GEMM workspace: the plan of an instance never allocated.
-  size_t PlannedBytes() { return Layout(nullptr) + BlasOptions{}.workspace_bytes; }
+  size_t PlannedBytes() { return RunLayout(nullptr) + BlasOptions{}.workspace_bytes; }
 
   // Activation checkpointing (engine/checkpointing.h): what BlockBackward(l) runs first to
   // bring back what level_.At(l) did not keep of block l's forward — nothing at kNone; at kFull
@@ -127,8 +147,7 @@ class ArenaModel : public CudaModel {
   const int max_b_, max_t_;
   const CheckpointingPlan level_;
   cudaStream_t stream_;
-  // Bytes of each block's gradient to place over spent activations; empty: none.
-  const std::vector<size_t> spent_grad_bytes_;
+  const ArenaRequests requests_;
   std::vector<float*> spent_grads_;
   int b_ = 0, t_ = 0;
   std::unique_ptr<Blas> blas_;
@@ -143,6 +162,13 @@ class ArenaModel : public CudaModel {
  private:
   void* arena_ = nullptr;
   size_t arena_bytes_ = 0;
+  // What of the spent-activation gradients is free until the backward: [begin, end).
+  struct Room {
+    size_t begin = 0;
+    size_t end = 0;
+  };
+  Room room_;
+  bf16* head_work_ = nullptr;
   float* losses_ = nullptr;  // (B, T)
   int vp_ = 0;
   bf16* logits_ = nullptr;   // (logit_rows_, Vp)

@@ -171,7 +171,7 @@ absl::Status GeluBackwardOverwrite(bf16* dinp, const bf16* inp, const bf16* dout
                                    cudaStream_t stream);
 
 // ---- residual.cu: out = inp1 + inp2 (the backward is the identity: callers pass the
-// gradient on) ----
+// gradient on). out may alias either input (in place). ----
 absl::Status ResidualForward(bf16* out, const bf16* inp1, const bf16* inp2, int64_t n,
                              cudaStream_t stream);
 

@@ -13,9 +13,10 @@
 namespace weft::engine::cuda {
 namespace {
 
-__global__ void ResidualForwardKernel(bf16* __restrict__ out,         // (N)
-                                      const bf16* __restrict__ inp1,  // (N)
-                                      const bf16* __restrict__ inp2,  // (N)
+// Not __restrict__: out may be either input, each element read before it is written.
+__global__ void ResidualForwardKernel(bf16* out,         // (N)
+                                      const bf16* inp1,  // (N)
+                                      const bf16* inp2,  // (N)
                                       int64_t n) {
   using internal::kVec;
   const int64_t vecs = n / kVec;
