@@ -731,7 +731,9 @@ TEST_F(ZeroCudaTest, LlamaOneGpuLearns) {
 // The memory plan is the allocation: PlanCudaActivationBytes is what the model allocates, at
 // every checkpointing level and mix of levels, and each uniform level keeps less than the one
 // before. A mix keeps no more than the uniform lighter level: with 2 blocks, one block lighter
-// equals it (the heavier block's shared buffers are as large as a block's own).
+// equals it (the heavier block's shared buffers are as large as a block's own), except that a
+// GPT-2 plan with FULL blocks shares their ln2, which SELECTIVE keeps in no buffer of its own
+// (GptCuda's LateNorms): one (B, T, C) more.
 TEST_F(ZeroCudaTest, ActivationPlanIsExactAtEveryLevel) {
   for (bool llama : {false, true}) {
     const weft::v1::JobSpec spec = SmallSpec(4, 1, llama);
@@ -789,7 +791,10 @@ TEST_F(ZeroCudaTest, ActivationPlanIsExactAtEveryLevel) {
         EXPECT_LT(planned, previous_uniform);
         previous_uniform = planned;
       }
-      EXPECT_LE(planned, previous);
+      const bool late_ln2 = !llama && level.level == engine::Checkpointing::kFull &&
+                            level.lighter_layers > 0;
+      const size_t ln2_bytes = size_t{4} * kT * spec.model().hidden_size() * sizeof(uint16_t);
+      EXPECT_LE(planned, previous + (late_ln2 ? ln2_bytes : 0));
       previous = planned;
     }
   }
