@@ -99,25 +99,35 @@ size_t HeadSlotElements(const engine::ModelArch& arch, const ShardLayout& layout
   return split == 0 ? layout.unit(0).padded : std::max(split, size - split);
 }
 
-// Whether a split head's fp32 gradient takes turns with the two block slots' in one buffer
+// Whether the head's fp32 gradient takes turns with the block slots' in one buffer
 // (GradBufferElements) instead of having its own: beyond world 1, for plans that recompute the
-// last block, since such plans trade time for memory (the buffer is the larger piece of the
-// head: 2.1 GB at Llama-8B, 4.2 GB at 70B). It costs waits: block L-1's backward writes its
-// gradient only once the LM head's has been reduced (behind that block's recomputation, which
-// writes no gradient), and the embedding's backward only once blocks 1 and 0 have been
-// reduce-scattered.
+// last block, since such plans trade time for memory (the buffer is a split head's larger
+// piece, 2.1 GB at Llama-8B, 4.2 GB at 70B; a tied head's whole unit, 0.8 GB at GPT 6.7B). It
+// costs waits: block L-1's backward writes its gradient only once the LM head's has been
+// reduced (behind that block's recomputation, which writes no gradient), and the embedding's
+// backward only once blocks 1 and 0 have been reduce-scattered. A tied head is reduced twice:
+// its LM head's gradient after the classifier, its embedding's added at the end.
 bool HeadGradTakesTurnsWithBlocks(const engine::ModelArch& arch,
                                   const engine::CheckpointingPlan& level, int world) {
-  return !DirectGradients(world) && arch.HeadOutputBegin() > 0 && arch.num_layers() > 0 &&
+  return !DirectGradients(world) && arch.num_layers() > 0 &&
          level.At(arch.num_layers() - 1) != engine::Checkpointing::kNone;
 }
 
-// Elements of the fp32 gradient buffers beyond world 1: the head's and two block slots', or
-// one buffer they take turns in (HeadGradTakesTurnsWithBlocks).
+// Whether the blocks' fp32 gradients take turns in one buffer beyond world 1
+// (ZeroCudaOptions::one_block_grad_slot): where every block recomputes its whole forward,
+// which hides the previous block's reduce-scatter.
+bool OneBlockGradSlot(const engine::CheckpointingPlan& level, int world,
+                      const ZeroCudaOptions& options) {
+  return options.one_block_grad_slot && !DirectGradients(world) &&
+         level.level == engine::Checkpointing::kFull && level.lighter_layers == 0;
+}
+
+// Elements of the fp32 gradient buffers beyond world 1: the head's and the block slots' (one
+// or two), or one buffer they take turns in (HeadGradTakesTurnsWithBlocks).
 size_t GradBufferElements(const engine::ModelArch& arch, const ShardLayout& layout,
-                          bool head_takes_turns) {
+                          bool head_takes_turns, bool one_block_slot) {
   const size_t head = HeadSlotElements(arch, layout);
-  const size_t blocks = 2 * layout.max_block_padded();
+  const size_t blocks = (one_block_slot ? 1 : 2) * layout.max_block_padded();
   return head_takes_turns ? std::max(head, blocks) : head + blocks;
 }
 
@@ -202,9 +212,10 @@ GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::Model
   plan.working_bytes = 2 * layout.max_block_padded() * sizeof(__nv_bfloat16) +
                        cuda::SumOfSquaresScratchFloats(max_shard) * sizeof(float) + 4096;
   if (!DirectGradients(world)) {
-    plan.working_bytes +=
-        GradBufferElements(arch, layout, HeadGradTakesTurnsWithBlocks(arch, level, world)) *
-        sizeof(float);
+    plan.working_bytes += GradBufferElements(arch, layout,
+                                             HeadGradTakesTurnsWithBlocks(arch, level, world),
+                                             OneBlockGradSlot(level, world, options)) *
+                          sizeof(float);
   }
   if (world > 1) {  // GatherUnit's staging
     const size_t chunk = GatherChunkFloats(world);
@@ -435,6 +446,7 @@ absl::Status ZeroCudaEngine::Initialize() {
                                     ModelRequests(spec_, *arch_, layout_, options_)));
   head_work_ = model_->HeadWork();
   head_grad_takes_turns_ = HeadGradTakesTurnsWithBlocks(*arch_, checkpointing_, group_);
+  one_block_grad_slot_ = OneBlockGradSlot(checkpointing_, group_, options_);
   units_.resize(layout_.num_units());
   for (int u = 0; u < layout_.num_units(); ++u) {
     Unit& unit = units_[u];
@@ -475,10 +487,11 @@ absl::Status ZeroCudaEngine::Initialize() {
   }
   if (!direct_grads_) {
     // Head first, then the slots: apart, or in one buffer they take turns in.
-    const size_t elements = GradBufferElements(*arch_, layout_, head_grad_takes_turns_);
+    const size_t elements =
+        GradBufferElements(*arch_, layout_, head_grad_takes_turns_, one_block_grad_slot_);
     WEFT_ASSIGN_OR_RETURN(head_grad_, Alloc<float>(elements));
     block_grad_[0] = head_grad_ + (head_grad_takes_turns_ ? 0 : head_slot);
-    block_grad_[1] = block_grad_[0] + max_block;
+    block_grad_[1] = block_grad_[0] + (one_block_grad_slot_ ? 0 : max_block);
     // Padding elements of the gradient units are never written by the model; zero them once
     // (and again after each turn of the head's: BlockBackward leaves the slots' padding alone).
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(head_grad_, 0, elements * sizeof(float), compute_));
@@ -728,7 +741,10 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
   // head_work_ holds the output piece (element head_split_ on), or the whole unsplit head.
   WEFT_RETURN_IF_ERROR(
       model_->Classifier(head_work_, grad_scale, backward ? classifier_grad : nullptr));
-  if (backward && split && !direct_grads_) {
+  // The LM head's gradient is reduced right away when it is a piece of its own or must make
+  // room for the blocks'.
+  const bool reduce_classifier_grad = (split || head_grad_takes_turns_) && !direct_grads_;
+  if (backward && reduce_classifier_grad) {
     WEFT_RETURN_IF_ERROR(CommWaitsCompute());
     WEFT_RETURN_IF_ERROR(ReduceHeadGrad(output, !first_micro_step));
     WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
@@ -754,8 +770,12 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
     // Block L-1's parameters are still in place from the forward.
     if (l < layers - 1) WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot]));
     WEFT_RETURN_IF_ERROR(model_->RecomputeBlock(l, block_work_[slot]));
-    // The gradient buffer of this slot was last reduce-scattered for block l+2.
+    // The gradient buffer of this slot was last reduce-scattered for block l+2; in one slot,
+    // for block l+1, whose reduce-scatter ran behind this block's recomputation.
     if (scatter_pending_[slot]) WEFT_RETURN_IF_ERROR(ComputeWaits(scattered_[slot]));
+    if (one_block_grad_slot_ && scatter_pending_[1 - slot]) {
+      WEFT_RETURN_IF_ERROR(ComputeWaits(scattered_[1 - slot]));
+    }
     if (head_grad_takes_turns_ && l == layers - 1) {
       // The slots lie over the LM head's gradient: its reduce first (it ran behind this
       // block's recomputation), then the slots' padding, which the head's turn wrote, zeroed.
@@ -778,20 +798,23 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
     // Behind the reduce-scatter (or the backward) of unit 1 + l, its shard gradient is final.
     if (last_micro_step) WEFT_RETURN_IF_ERROR(FinishShardGradient(1 + l));
   }
-  if (split && !direct_grads_) {
+  if (reduce_classifier_grad) {
     // The LM head's gradient has left head_grad_ (the reduce above): the embedding's now, and
-    // when the slots lie over it, once they have been reduce-scattered too.
+    // when the slots lie over it, once they have been reduce-scattered too (a tied head's
+    // padding included: the slots wrote over it).
     WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
     if (head_grad_takes_turns_) WEFT_RETURN_IF_ERROR(WaitForSlotScatters());
-    WEFT_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(head_grad_, 0, input.size() * sizeof(float), compute_));
+    const size_t zeroed = split ? input.size() : layout_.unit(0).padded;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(head_grad_, 0, zeroed * sizeof(float), compute_));
   }
   WEFT_RETURN_IF_ERROR(model_->EncoderBackward(head_grad));
   WEFT_ASSIGN_OR_RETURN(phase[2], Mark());
   phases_.push_back(phase);
   if (!direct_grads_ || last_micro_step) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
   if (!direct_grads_) {
-    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(input, !first_micro_step));
+    // A tied head's LM head gradient is in the shard already, this micro-step's included.
+    const bool tied_twice = !split && head_grad_takes_turns_;
+    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(input, !first_micro_step || tied_twice));
     WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
     scatter_pending_[2] = true;
   }

@@ -76,6 +76,11 @@ struct ZeroCudaOptions {
   // last blocks over the first blocks' activations, as a caching allocator would reuse them.
   // It saves the smaller of the blocks' gradient shards and their activations, on every GPU.
   bool gradients_over_spent_activations = true;
+  // Beyond world 1, when every block recomputes its forward (FULL), the blocks' full fp32
+  // gradients take turns in one buffer instead of two: block l - 1's backward writes it once
+  // block l's reduce-scatter has read it, which ran behind block l - 1's recomputation. It
+  // saves a block's fp32 gradient (0.81 GiB at Llama-8B, 3.2 at 70B) on every GPU.
+  bool one_block_grad_slot = true;
 };
 
 // What a rank of `spec` needs on its GPU at this checkpointing plan, micro-batch rows and world
@@ -219,10 +224,13 @@ class ZeroCudaEngine : public ZeroEngine {
   std::vector<void*> allocations_;
   size_t allocated_bytes_ = 0;
 
-  bf16* head_work_ = nullptr;  // (HeadSlotElements) bf16
+  bf16* head_work_ = nullptr;  // (HeadSlotElements) bf16, CudaModel::HeadWork
   bf16* block_work_[2] = {nullptr, nullptr};
   float* head_grad_ = nullptr;
+  // Block l's fp32 gradient is block_grad_[l % 2], one buffer under two names with
+  // ZeroCudaOptions::one_block_grad_slot (one_block_grad_slot_).
   float* block_grad_[2] = {nullptr, nullptr};
+  bool one_block_grad_slot_ = false;
   // GatherUnit: world pieces of gather_chunk_ floats; with offload, a device copy of a piece.
   size_t gather_chunk_ = 0;
   float* gather_staging_ = nullptr;

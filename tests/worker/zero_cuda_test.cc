@@ -635,6 +635,40 @@ TEST_F(ZeroCudaTest, FourRanksOnOneGpuTakeTurnsInOneGradientBuffer) {
   EXPECT_GE(turns.allocated_bytes + 8192, turns.planned_bytes);
 }
 
+// A tied head (GPT-2) takes its turn in the same buffer by being reduced twice: the LM head's
+// gradient right after the classifier, the embedding's added to the shard at the end. Only
+// the head's fp32 sums change order (the two parts of an embedding row are summed over the
+// ranks apart), so 4 ranks with FULL follow the same ranks without recomputation closely, with
+// gradient accumulation and without; a part reduced into the wrong place, overwritten instead
+// of added or never reduced moves the curve by far more.
+TEST_F(ZeroCudaTest, FourRanksOnOneGpuReduceATiedHeadTwice) {
+  for (int accum : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("accum ", accum));
+    weft::v1::JobSpec spec = SmallSpec(1, 10);
+    spec.mutable_model()->set_num_layers(3);
+    spec.mutable_training()->set_grad_accum_steps(accum);
+    spec.mutable_training()->set_activation_checkpointing(
+        weft::v1::ActivationCheckpointing::NONE);
+    const Curve apart = TrainGpu(spec, 4, /*one_gpu=*/true);
+    spec.mutable_training()->set_activation_checkpointing(
+        weft::v1::ActivationCheckpointing::FULL);
+    const Curve turns = TrainGpu(spec, 4, /*one_gpu=*/true);
+    ASSERT_EQ(apart.losses.size(), 10u);
+    ASSERT_EQ(turns.losses.size(), 10u);
+    for (size_t i = 0; i < apart.losses.size(); ++i) {
+      EXPECT_NEAR(turns.losses[i], apart.losses[i], 1e-4 * apart.losses[i]) << "step " << i;
+      EXPECT_NEAR(turns.grad_norms[i], apart.grad_norms[i], 1e-3 * apart.grad_norms[i])
+          << "step " << i;
+    }
+    ASSERT_EQ(turns.params.size(), apart.params.size());
+    for (size_t u = 0; u < apart.params.size(); ++u) {
+      EXPECT_LT(NormRelative(turns.params[u], apart.params[u]), 1e-3) << "unit " << u;
+    }
+    EXPECT_LE(turns.allocated_bytes, turns.planned_bytes);
+    EXPECT_GE(turns.allocated_bytes + 8192, turns.planned_bytes);
+  }
+}
+
 // Without gradient accumulation the block gradients lie over spent activations
 // (ZeroCudaOptions): a gradient written while a later backward still reads what lies under it,
 // or read after the next forward wrote there, changes values. So runs with and without must
@@ -687,6 +721,40 @@ TEST_F(ZeroCudaTest, GradientsOverSpentActivationsChangeNoBit) {
     EXPECT_LT(over.allocated_bytes, own.allocated_bytes);
     EXPECT_LE(over.allocated_bytes, over.planned_bytes);
     EXPECT_GE(over.allocated_bytes + 8192, over.planned_bytes);
+  }
+}
+
+// Beyond world 1 at FULL the blocks' fp32 gradients take turns in one buffer
+// (ZeroCudaOptions::one_block_grad_slot): a block's backward must wait for the previous
+// block's reduce-scatter to have read it. Against two buffers, 4 ranks on one GPU give the same
+// losses, norms and parameters bit for bit, with the reduce-scatters in place (accumulation)
+// and not, an untied head's gradient taking its turn in the same buffer (Llama), and hybrid
+// sharding; and the engine holds one block's gradient less. A missing wait lets a backward
+// overwrite a gradient still being reduced.
+TEST_F(ZeroCudaTest, OneBlockGradientSlotChangesNoBit) {
+  struct Case {
+    bool llama;
+    int accum;
+    int group_size;  // 0: the world
+  };
+  ZeroCudaOptions two;
+  two.one_block_grad_slot = false;
+  for (const Case& c : {Case{false, 1, 0}, Case{false, 2, 0}, Case{true, 1, 0}, Case{true, 2, 2}}) {
+    SCOPED_TRACE(absl::StrCat(c.llama ? "llama" : "gpt2", " accum ", c.accum, " group ",
+                              c.group_size));
+    weft::v1::JobSpec spec = SmallSpec(1, 8, c.llama);
+    spec.mutable_model()->set_num_layers(4);
+    spec.mutable_training()->set_grad_accum_steps(c.accum);
+    spec.mutable_training()->set_activation_checkpointing(weft::v1::ActivationCheckpointing::FULL);
+    const Curve apart = TrainGpu(spec, 4, /*one_gpu=*/true, c.group_size, two);
+    const Curve one = TrainGpu(spec, 4, /*one_gpu=*/true, c.group_size);
+    ASSERT_EQ(apart.losses.size(), 8u);
+    EXPECT_EQ(one.losses, apart.losses);
+    EXPECT_EQ(one.grad_norms, apart.grad_norms);
+    EXPECT_EQ(one.params, apart.params);
+    EXPECT_LT(one.allocated_bytes, apart.allocated_bytes);
+    EXPECT_LE(one.allocated_bytes, one.planned_bytes);
+    EXPECT_GE(one.allocated_bytes + 8192, one.planned_bytes);
   }
 }
 
@@ -1415,10 +1483,10 @@ TEST(ZeroCudaPlan, AnUntiedHeadTakesTurnsInTheHeadBuffers) {
   }
 }
 
-// A plan that recomputes the last block keeps an untied head's fp32 gradient and the block
-// slots' in one buffer: the Llama-8B shape saves the smaller of the two, 2 x 218M floats
-// (1.63 GiB), beyond world 1; a plan that recomputes nothing, a tied head and world 1 (no
-// such buffers) save nothing.
+// A plan that recomputes the last block keeps the head's fp32 gradient (an untied head's
+// larger piece, a tied head's unit) and the block slots' in one buffer: the Llama-8B shape
+// saves the smaller of the two, 2 x 218M floats (1.63 GiB), beyond world 1; a plan that
+// recomputes nothing and world 1 (no such buffers) save nothing.
 TEST(ZeroCudaPlan, ARecomputingPlanLetsTheHeadGradientTakeTurnsWithTheBlocks) {
   const auto [untied, tied] = Llama128kHeads(32);
   auto untied_arch = engine::MakeModelArch(untied.model());
@@ -1444,8 +1512,10 @@ TEST(ZeroCudaPlan, ARecomputingPlanLetsTheHeadGradientTakeTurnsWithTheBlocks) {
     }
     // Only block 31 decides: every block lighter is no recomputation at the last block.
     EXPECT_EQ(working(untied, **untied_arch, {Checkpointing::kSelective, 32}, world), none);
-    EXPECT_EQ(working(tied, **tied_arch, Checkpointing::kFull, world),
-              working(tied, **tied_arch, Checkpointing::kNone, world));
+    // A tied head's one gradient takes turns as well (reduced twice).
+    EXPECT_EQ(working(tied, **tied_arch, Checkpointing::kNone, world) -
+                  working(tied, **tied_arch, Checkpointing::kFull, world),
+              blocks * sizeof(float));
   }
   EXPECT_EQ(working(untied, **untied_arch, Checkpointing::kFull, 1),
             working(untied, **untied_arch, Checkpointing::kNone, 1));
