@@ -65,21 +65,32 @@ std::vector<std::string> Alternatives(Checkpointing tried_last, size_t free_byte
   return out;
 }
 
-// Under `level` (which fits), the most blocks in [0, num_layers) one level lighter that still
-// fit: each lighter block only adds memory, so the count that fits is a prefix.
+// Under `level` (which fits), the most blocks one level lighter that still fit, the first
+// blocks or the last (engine::CheckpointingPlan says why the end can matter; the first on a
+// tie). Each lighter block only adds memory, so at either end the count that fits is found by
+// bisection.
 engine::CheckpointingPlan MostLighterBlocks(Checkpointing level, size_t free_bytes,
                                             int micro_batch_size, int world, int num_layers,
                                             const MemoryPlanner& plan) {
-  int lo = 0, hi = num_layers - 1;  // all num_layers lighter is the uniform level that did not fit
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (plan({level, mid}, micro_batch_size, world).total() <= free_bytes) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
+  const auto most = [&](const auto& lighter) {
+    int lo = 0, hi = num_layers - 1;  // all lighter is the uniform level that did not fit
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (plan(lighter(mid), micro_batch_size, world).total() <= free_bytes) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
     }
-  }
-  return {level, lo};
+    return lo;
+  };
+  const auto first = [&](int k) { return engine::CheckpointingPlan(level, k); };
+  const auto last = [&](int k) {
+    return engine::CheckpointingPlan(level, num_layers - k, num_layers);
+  };
+  const int at_start = most(first);
+  const int at_end = most(last);
+  return at_end > at_start ? last(at_end) : first(at_start);
 }
 
 }  // namespace

@@ -119,7 +119,7 @@ bool HeadGradTakesTurnsWithBlocks(const engine::ModelArch& arch,
 bool OneBlockGradSlot(const engine::CheckpointingPlan& level, int world,
                       const ZeroCudaOptions& options) {
   return options.one_block_grad_slot && !DirectGradients(world) &&
-         level.level == engine::Checkpointing::kFull && level.lighter_layers == 0;
+         level.level == engine::Checkpointing::kFull && level.lighter_count() == 0;
 }
 
 // Elements of the fp32 gradient buffers beyond world 1: the head's and the block slots' (one

@@ -32,7 +32,7 @@ GpuMemoryPlan Plan(const CheckpointingPlan& level, int rows, int world) {
   const size_t lighter = Per8Rows(engine::Lighter(level.level)) * kGiB * rows / 8;
   GpuMemoryPlan plan;
   plan.state_bytes = 40 * kGiB / world;
-  plan.activation_bytes = base + (lighter - base) * level.lighter_layers / kLayers;
+  plan.activation_bytes = base + (lighter - base) * level.lighter_count() / kLayers;
   return plan;
 }
 
@@ -80,6 +80,29 @@ TEST(DecideMemoryTest, AutoSpendsTheRestOnLighterBlocks) {
   // A level named by the job runs uniform, whatever is free.
   d = Decide(Level::FULL, 59);
   EXPECT_EQ(d.level, CheckpointingPlan(Checkpointing::kFull));
+}
+
+// Where the last blocks' activations lie under gradients not yet written (gradients over spent
+// activations), lighter blocks at the end cost less: here nothing past block 4. AUTO then puts
+// them there; on a tie, first.
+TEST(DecideMemoryTest, AutoPutsLighterBlocksAtTheEndWhereTheyCostLess) {
+  const MemoryPlanner hiding = [](const CheckpointingPlan& level, int rows, int world) {
+    GpuMemoryPlan plan = Plan(level.level, rows, world);
+    for (int l = 0; l < kLayers; ++l) {
+      if (level.At(l) != level.level && l < 5) plan.activation_bytes += kGiB;
+    }
+    return plan;
+  };
+  // SELECTIVE needs 60 GiB; at the start one block fits, at the end blocks 4-9.
+  MemoryDecision d = DecideMemory(Level::AUTO, 61 * kGiB, 8, 1, kLayers, hiding);
+  ASSERT_TRUE(d.fits);
+  EXPECT_EQ(d.level, CheckpointingPlan(Checkpointing::kSelective, 4, 10));
+  EXPECT_EQ(d.plan.total(), 61 * kGiB);
+  EXPECT_THAT(d.reason, HasSubstr("selective, none for blocks 4-9 (chosen by AUTO)"));
+  // The planner of the other tests charges every block alike: the first blocks.
+  EXPECT_EQ(Decide(Level::AUTO, 65).level, CheckpointingPlan(Checkpointing::kSelective, 5));
+  EXPECT_EQ(engine::DescribeCheckpointing(CheckpointingPlan(Checkpointing::kFull, 9, 10)),
+            "full, selective for block 9");
 }
 
 // A job's training.device_memory_limit_gib stands in for the free memory, and the reasons say

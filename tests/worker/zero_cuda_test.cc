@@ -857,12 +857,12 @@ TEST_F(ZeroCudaTest, ActivationPlanIsExactAtEveryLevel) {
           EXPECT_GE(b, a + bytes) << "gradients " << l << " and " << l + 1 << " overlap";
         }
       }
-      if (level.lighter_layers == 0) {
+      if (level.lighter_count() == 0) {
         EXPECT_LT(planned, previous_uniform);
         previous_uniform = planned;
       }
       const bool late_ln2 = !llama && level.level == engine::Checkpointing::kFull &&
-                            level.lighter_layers > 0;
+                            level.lighter_count() > 0;
       const size_t ln2_bytes = size_t{4} * kT * spec.model().hidden_size() * sizeof(uint16_t);
       EXPECT_LE(planned, previous + (late_ln2 ? ln2_bytes : 0));
       previous = planned;
@@ -870,7 +870,8 @@ TEST_F(ZeroCudaTest, ActivationPlanIsExactAtEveryLevel) {
   }
 }
 
-// A plan with block 0 one level lighter than block 1 (a mix AUTO picks to fill the device)
+// A plan with block 0 one level lighter than block 1, or block 1 than block 0 (mixes AUTO
+// picks to fill the device)
 // gives NONE's losses and block gradients bit for bit on Llama (the head's embedding gradient
 // sums with fp32 atomics: 1e-5). Fails if a block recomputes at the wrong level or writes into
 // the other level's shared buffers.
@@ -880,7 +881,9 @@ TEST_F(ZeroCudaTest, MixedCheckpointingPlansMatchNone) {
   ASSERT_FALSE(none.empty());
   for (const engine::CheckpointingPlan level :
        {engine::CheckpointingPlan(engine::Checkpointing::kSelective, 1),
-        engine::CheckpointingPlan(engine::Checkpointing::kFull, 1)}) {
+        engine::CheckpointingPlan(engine::Checkpointing::kFull, 1),
+        engine::CheckpointingPlan(engine::Checkpointing::kSelective, 1, 2),
+        engine::CheckpointingPlan(engine::Checkpointing::kFull, 1, 2)}) {
     SCOPED_TRACE(engine::DescribeCheckpointing(level));
     const auto mixed = ModelPass(spec, level);
     ASSERT_EQ(mixed.size(), none.size());

@@ -51,31 +51,45 @@ inline Checkpointing Lighter(Checkpointing level) {
   return level == Checkpointing::kFull ? Checkpointing::kSelective : Checkpointing::kNone;
 }
 
-// A level per block: blocks [0, lighter_layers) at Lighter(level), the others at `level`. The
-// memory plan's AUTO spends what a uniform level leaves free on the device this way (the
-// lightest uniform level that fits, then as many blocks one step lighter as still fit); a
-// level a job names runs uniform. Which blocks are lighter does not matter for memory or time.
+// A level per block: blocks [lighter_begin, lighter_end) at Lighter(level), the others at
+// `level`. The memory plan's AUTO spends what a uniform level leaves free on the device this
+// way (the lightest uniform level that fits, then as many blocks one step lighter as still
+// fit); a level a job names runs uniform. Which blocks are lighter does not matter for time.
+// For memory it can: with gradients over spent activations (worker/zero_cuda.h) the last
+// blocks' activations lie under gradients not yet written when the backward peaks, block 0's
+// do not; beyond one GPU a lighter last block may take the head's gradient out of its turn.
+// AUTO tries the first blocks and the last.
 struct CheckpointingPlan {
   CheckpointingPlan() = default;
   // A uniform plan: implicit, so a plain level reads as one wherever a plan is taken.
   CheckpointingPlan(Checkpointing uniform) : level(uniform) {}  // NOLINT(runtime/explicit)
-  CheckpointingPlan(Checkpointing base, int lighter) : level(base), lighter_layers(lighter) {}
+  // Blocks [0, lighter) one level lighter.
+  CheckpointingPlan(Checkpointing base, int lighter) : level(base), lighter_end(lighter) {}
+  // Blocks [begin, end) one level lighter.
+  CheckpointingPlan(Checkpointing base, int begin, int end)
+      : level(base), lighter_begin(begin), lighter_end(end) {}
 
-  Checkpointing At(int layer) const { return layer < lighter_layers ? Lighter(level) : level; }
+  Checkpointing At(int layer) const {
+    return layer >= lighter_begin && layer < lighter_end ? Lighter(level) : level;
+  }
+  int lighter_count() const { return lighter_end > lighter_begin ? lighter_end - lighter_begin : 0; }
   bool operator==(const CheckpointingPlan&) const = default;
 
   Checkpointing level = Checkpointing::kNone;
-  int lighter_layers = 0;
+  int lighter_begin = 0;
+  int lighter_end = 0;
 };
 
-// "full", or "full, selective for blocks 0-16": for logs and events.
+// "full", or "full, selective for blocks 0-16" (or "... blocks 20-31"): for logs and events.
 inline std::string DescribeCheckpointing(const CheckpointingPlan& plan) {
   std::string out(CheckpointingName(plan.level));
-  if (plan.lighter_layers > 0 && plan.level != Checkpointing::kNone) {
+  if (plan.lighter_count() > 0 && plan.level != Checkpointing::kNone) {
     out += ", ";
     out += CheckpointingName(Lighter(plan.level));
-    out += plan.lighter_layers == 1 ? " for block 0"
-                                    : " for blocks 0-" + std::to_string(plan.lighter_layers - 1);
+    out += plan.lighter_count() == 1
+               ? " for block " + std::to_string(plan.lighter_begin)
+               : " for blocks " + std::to_string(plan.lighter_begin) + "-" +
+                     std::to_string(plan.lighter_end - 1);
   }
   return out;
 }
