@@ -285,17 +285,10 @@ absl::Status GptCuda::BlockBackwardRecomputed(int l, const bf16* block, float* b
   bf16* const dx = fch_[l] + static_cast<size_t>(n) * c;
   const bool late_ln1 = !KeptPerLayer(level_.At(l), ActKind::kCheap);
   const bool late_ln2 = late_ln1 && KeptPerLayer(level_.At(l), ActKind::kSaved);
-  if (late_ln2) {
-    WEFT_RETURN_IF_ERROR(LayerNormForward(late_norm, ln2_mean_[l], ln2_rstd_[l], res2_[l],
-                                          p(kLn2w), p(kLn2b), n, c, stream_));
-  }
-  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(g(kFcw), dfch, late_ln2 ? late_norm : ln2_[l],
-                                                   n, c, 4 * c, acc, stream_));
-  WEFT_RETURN_IF_ERROR(BiasBackward(g(kFcb), dfch, reduce_scratch_, n, 4 * c, stream_));
-  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dx, dfch, p(kFcw), n, c, 4 * c, stream_));
-  WEFT_RETURN_IF_ERROR(LayerNormBackward(dres_, g(kLn2w), g(kLn2b), dx, res2_[l], p(kLn2w),
-                                         ln2_mean_[l], ln2_rstd_[l], reduce_scratch_, n, c,
-                                         stream_));
+  const NormLinear fc{kLn2w, kLn2b, kFcw, kFcb, res2_[l], ln2_mean_[l], ln2_rstd_[l],
+                      late_ln2 ? nullptr : ln2_[l]};
+  WEFT_RETURN_IF_ERROR(
+      NormLinearBackward(fc, dfch, 4 * c, block, block_grad, acc, late_norm, dx));
   // Attention: res2 = x + attproj(attention(qkv(ln1(x)))).
   WEFT_RETURN_IF_ERROR(
       blas_->LinearBackwardWeight(g(kAttprojw), dres_, atty_[l], n, c, c, acc, stream_));
@@ -326,16 +319,30 @@ absl::Status GptCuda::BlockBackwardRecomputed(int l, const bf16* block, float* b
         blas_->AttentionApplyTransposed(dk_, datt_, q_[l], batch, t_, hs, stream_));
     WEFT_RETURN_IF_ERROR(AttentionMergeGrads(dqkv, dq_, dk_, dv_, b_, t_, c, nh, stream_));
   }
-  if (late_ln1) {
-    WEFT_RETURN_IF_ERROR(LayerNormForward(late_norm, ln1_mean_[l], ln1_rstd_[l], res_[l],
-                                          p(kLn1w), p(kLn1b), n, c, stream_));
+  const NormLinear qkv{kLn1w, kLn1b, kQkvw, kQkvb, res_[l], ln1_mean_[l], ln1_rstd_[l],
+                       late_ln1 ? nullptr : ln1_[l]};
+  return NormLinearBackward(qkv, dqkv, 3 * c, block, block_grad, acc, late_norm, dx);
+}
+
+absl::Status GptCuda::NormLinearBackward(const NormLinear& s, const bf16* dout, int oc,
+                                         const bf16* block, float* block_grad, bool accumulate,
+                                         bf16* late_norm, bf16* dx) {
+  const int c = config_.hidden_size;
+  const int n = b_ * t_;
+  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  const auto g = [&](int tensor) { return block_grad + block_tensors_[tensor].offset; };
+  const bf16* normed = s.kept;
+  if (normed == nullptr) {  // LateNorms
+    WEFT_RETURN_IF_ERROR(LayerNormForward(late_norm, s.mean, s.rstd, s.input, p(s.ln_weight),
+                                          p(s.ln_bias), n, c, stream_));
+    normed = late_norm;
   }
-  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(g(kQkvw), dqkv, late_ln1 ? late_norm : ln1_[l],
-                                                   n, c, 3 * c, acc, stream_));
-  WEFT_RETURN_IF_ERROR(BiasBackward(g(kQkvb), dqkv, reduce_scratch_, n, 3 * c, stream_));
-  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dx, dqkv, p(kQkvw), n, c, 3 * c, stream_));
-  return LayerNormBackward(dres_, g(kLn1w), g(kLn1b), dx, res_[l], p(kLn1w), ln1_mean_[l],
-                           ln1_rstd_[l], reduce_scratch_, n, c, stream_);
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearBackwardWeight(g(s.weight), dout, normed, n, c, oc, accumulate, stream_));
+  WEFT_RETURN_IF_ERROR(BiasBackward(g(s.bias), dout, reduce_scratch_, n, oc, stream_));
+  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dx, dout, p(s.weight), n, c, oc, stream_));
+  return LayerNormBackward(dres_, g(s.ln_weight), g(s.ln_bias), dx, s.input, p(s.ln_weight),
+                           s.mean, s.rstd, reduce_scratch_, n, c, stream_);
 }
 
 absl::Status GptCuda::EncoderBackward(float* head_grad) {

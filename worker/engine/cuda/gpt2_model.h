@@ -87,6 +87,22 @@ class GptCuda final : public ArenaModel {
   absl::Status Attend(int l);
   absl::Status MlpForwardToActivation(int l, const bf16* block) override;
   absl::Status RecomputeSelective(int l, const bf16* block) override;
+  // A sub-layer's LayerNorm -> Linear (C -> OC): its tensors in the block, the LayerNorm's
+  // input (B, T, C) and row statistics (a late recompute writes them again, identically), and
+  // its output when kept (null: LateNorms).
+  struct NormLinear {
+    int ln_weight, ln_bias, weight, bias;
+    const bf16* input;
+    float* mean;
+    float* rstd;
+    const bf16* kept;
+  };
+  // Its backward from dout (B, T, OC): the Linear's weight and bias gradients (the LayerNorm's
+  // output recomputed over late_norm (B, T, C) first when not kept), its input gradient into dx
+  // (B, T, C), then the LayerNorm's backward, adding to dres_ and the LayerNorm's gradients.
+  absl::Status NormLinearBackward(const NormLinear& s, const bf16* dout, int oc,
+                                  const bf16* block, float* block_grad, bool accumulate,
+                                  bf16* late_norm, bf16* dx);
 
   const GptConfig config_;
   std::vector<TensorInfo> head_tensors_, block_tensors_;
