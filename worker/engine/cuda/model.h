@@ -106,7 +106,8 @@ class CudaModel {
   // for none): EncoderForward's and Classifier's `head`. Read by nothing else, and valid from
   // a micro-step's start until its Classifier returns: with spent-activation gradients it may
   // lie over gradients not written by then (past every activation the forward keeps), so it
-  // holds garbage once the first BlockBackward has run.
+  // holds garbage once the first BlockBackward has run, and may be written (gathered into)
+  // only once the gradients of the step before have been read, as the forward's activations.
   virtual bf16* HeadWork() const = 0;
 };
 
