@@ -100,9 +100,10 @@ size_t LlamaCuda::Layout(char* base) {
   final_norm_ = TakeBeforeBackward<bf16>(a, nc);
   final_rstd_ = TakeBeforeBackward<float>(a, n);
   dfinal_norm_ = TakeBeforeBackward<bf16>(a, nc);
-  // Backward scratch: the attention's, then the (B, T, C) ones. The MLP's gradients need none:
-  // they take the place of the activations they are the gradients of, and the attention's
-  // dqkv takes gate_up's once the MLP is done with it (BlockBackwardRecomputed).
+  // Backward scratch: the norms' and the attention's, then the residual stream's gradient.
+  // The MLP's gradients need none: they take the place of the activations they are the
+  // gradients of, and once the MLP is done with them the attention's dqkv takes gate_up's and
+  // the sub-layers' input gradients act's (BlockBackwardRecomputed).
   norm_scratch_ = a.Take<float>(RmsNormBackwardScratchFloats(static_cast<int>(n),
                                                              config_.hidden_size));
   flash_scratch_ = a.Take<float>(FlashAttentionBackwardScratchFloats(
