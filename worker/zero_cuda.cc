@@ -639,9 +639,10 @@ absl::Status ZeroCudaEngine::ZeroSlotPadding() {
   for (int u = 1; u < layout_.num_units(); ++u) {
     smallest = std::min(smallest, layout_.unit(u).size);
   }
-  for (float* slot : block_grad_) {
-    WEFT_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(slot + smallest, 0, (max_block - smallest) * sizeof(float), compute_));
+  // One buffer under both names with one_block_grad_slot_: zeroed once.
+  for (int slot = 0; slot < (one_block_grad_slot_ ? 1 : 2); ++slot) {
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(block_grad_[slot] + smallest, 0,
+                                              (max_block - smallest) * sizeof(float), compute_));
   }
   return absl::OkStatus();
 }
@@ -772,9 +773,10 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
     WEFT_RETURN_IF_ERROR(model_->RecomputeBlock(l, block_work_[slot]));
     // The gradient buffer of this slot was last reduce-scattered for block l+2; in one slot,
     // for block l+1, whose reduce-scatter ran behind this block's recomputation.
-    if (scatter_pending_[slot]) WEFT_RETURN_IF_ERROR(ComputeWaits(scattered_[slot]));
-    if (one_block_grad_slot_ && scatter_pending_[1 - slot]) {
-      WEFT_RETURN_IF_ERROR(ComputeWaits(scattered_[1 - slot]));
+    if (one_block_grad_slot_) {
+      WEFT_RETURN_IF_ERROR(WaitForSlotScatters());
+    } else if (scatter_pending_[slot]) {
+      WEFT_RETURN_IF_ERROR(ComputeWaits(scattered_[slot]));
     }
     if (head_grad_takes_turns_ && l == layers - 1) {
       // The slots lie over the LM head's gradient: its reduce first (it ran behind this

@@ -72,7 +72,9 @@ struct CheckpointingPlan {
   Checkpointing At(int layer) const {
     return layer >= lighter_begin && layer < lighter_end ? Lighter(level) : level;
   }
-  int lighter_count() const { return lighter_end > lighter_begin ? lighter_end - lighter_begin : 0; }
+  int lighter_count() const {
+    return lighter_end > lighter_begin ? lighter_end - lighter_begin : 0;
+  }
   bool operator==(const CheckpointingPlan&) const = default;
 
   Checkpointing level = Checkpointing::kNone;
