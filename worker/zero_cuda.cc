@@ -479,6 +479,17 @@ absl::Status ZeroCudaEngine::Initialize() {
     }
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, shard * sizeof(float), compute_));
   }
+  if (options_.update_in_next_forward && head_work_ != nullptr) {
+    const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+    const uintptr_t head_begin = address(head_work_);
+    const uintptr_t head_end = head_begin + HeadSlotElements(*arch_, layout_) * sizeof(bf16);
+    for (int u = 1; u < layout_.num_units(); ++u) {
+      const uintptr_t grads = address(units_[u].grads);
+      if (grads < head_end && head_begin < grads + layout_.unit(u).shard * sizeof(float)) {
+        under_head_work_.push_back(u);
+      }
+    }
+  }
   const size_t max_block = layout_.max_block_padded();
   const size_t max_shard = layout_.max_shard();
   const size_t head_slot = HeadSlotElements(*arch_, layout_);
@@ -535,11 +546,11 @@ absl::Status ZeroCudaEngine::CommWaitsCompute() {
   return absl::OkStatus();
 }
 
-absl::Status ZeroCudaEngine::ComputeWaits(cudaEvent_t event) {
+absl::Status ZeroCudaEngine::ComputeWaits(cudaEvent_t event, bool behind_update) {
   WEFT_ASSIGN_OR_RETURN(size_t begin, Mark());
   WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, event, 0));
   WEFT_ASSIGN_OR_RETURN(size_t end, Mark());
-  waits_.emplace_back(begin, end);
+  waits_.push_back({begin, end, behind_update});
   return absl::OkStatus();
 }
 
@@ -550,7 +561,7 @@ absl::Status ZeroCudaEngine::CheckWork(const std::shared_ptr<comm::Work>& work) 
   return absl::OkStatus();
 }
 
-absl::Status ZeroCudaEngine::SyncCompute() {
+absl::Status ZeroCudaEngine::SyncCompute() const {
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, compute_));
   return comm_->WaitEvent(comm_done_);
 }
@@ -564,7 +575,11 @@ absl::Status ZeroCudaEngine::Gather(int unit, bf16* dst) {
   // The bf16 copy of the shard is cast from the master where the gather reads it (this rank's
   // part of dst), then gathered in place: no resident bf16 copy of the shard.
   bf16* mine = dst + static_cast<size_t>(comm_->rank()) * shard;
-  WEFT_RETURN_IF_ERROR(cuda::CastToBf16(mine, units_[unit].params, shard, comm_->stream()));
+  WEFT_ASSIGN_OR_RETURN(const bool updated,
+                        RunPendingUpdate(unit, 0, shard, mine, comm_->stream()));
+  if (!updated) {
+    WEFT_RETURN_IF_ERROR(cuda::CastToBf16(mine, units_[unit].params, shard, comm_->stream()));
+  }
   if (group_ == 1) return absl::OkStatus();
   return CheckWork(comm_->AllGather(mine, dst, shard, DataType::kBFloat16));
 }
@@ -598,6 +613,8 @@ absl::Status ZeroCudaEngine::GatherHead(HeadPiece piece) {
                                                 mine.count * sizeof(bf16),
                                                 cudaMemcpyDeviceToDevice, comm_->stream()));
     } else {
+      WEFT_RETURN_IF_ERROR(
+          RunPendingUpdate(0, from, from + mine.count, nullptr, comm_->stream()).status());
       WEFT_RETURN_IF_ERROR(cuda::CastToBf16(head_work_ + mine.offset, units_[0].params + from,
                                             mine.count, comm_->stream()));
     }
@@ -695,11 +712,23 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
   const HeadPiece input{0, split ? head_split_ : head_size};
   const HeadPiece output{head_split_, head_size};
   WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+  // The last step's updates (ZeroCudaOptions::update_in_next_forward) go with the gathers;
+  // the units whose gradients the gathered head overwrites, first. A compute wait behind an
+  // update counts as the optimizer's time.
+  bool behind_update[3] = {false, false, false};  // gathered_[0], gathered_[1], head_gathered_
+  const auto record_gathered = [&](cudaEvent_t event, bool* behind) -> absl::Status {
+    *behind = std::exchange(ran_update_, false);
+    return cuda::CudaStatus(cudaEventRecord(event, comm_stream), "cudaEventRecord");
+  };
+  for (int u : under_head_work_) {
+    WEFT_RETURN_IF_ERROR(
+        RunPendingUpdate(u, 0, layout_.unit(u).shard, nullptr, comm_stream).status());
+  }
   WEFT_RETURN_IF_ERROR(GatherHead(input));
-  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
+  WEFT_RETURN_IF_ERROR(record_gathered(head_gathered_, &behind_update[2]));
   WEFT_RETURN_IF_ERROR(Gather(1, block_work_[0]));
-  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[0], comm_stream));
-  WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_));
+  WEFT_RETURN_IF_ERROR(record_gathered(gathered_[0], &behind_update[0]));
+  WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_, behind_update[2]));
   WEFT_RETURN_IF_ERROR(model_->EncoderForward(head_work_));
   for (int l = 0; l < layers; ++l) {
     const int slot = l % 2;
@@ -708,19 +737,19 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
       // fetches block l+1 while block l computes.
       WEFT_RETURN_IF_ERROR(CommWaitsCompute());
       WEFT_RETURN_IF_ERROR(Gather(2 + l, block_work_[(l + 1) % 2]));
-      WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[(l + 1) % 2], comm_stream));
+      WEFT_RETURN_IF_ERROR(record_gathered(gathered_[(l + 1) % 2], &behind_update[(l + 1) % 2]));
     }
     if (split && l == 0) {
       // The embedding's forward is behind the comm stream's wait (the one above, or this):
       // the LM head's piece takes its place, behind block 1's gather.
       if (layers == 1) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
       WEFT_RETURN_IF_ERROR(GatherHead(output));
-      WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
+      WEFT_RETURN_IF_ERROR(record_gathered(head_gathered_, &behind_update[2]));
     }
-    WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot]));
+    WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot], behind_update[slot]));
     WEFT_RETURN_IF_ERROR(model_->BlockForward(l, block_work_[slot]));
   }
-  if (split) WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_));
+  if (split) WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_, behind_update[2]));
   // Element i of head_grad is element i of unit 0 for the embedding (and an unsplit head),
   // element head_split_ + i for the classifier (CudaModel::Classifier).
   float* const head_grad = direct_grads_ ? units_[0].grads : head_grad_;
@@ -866,6 +895,25 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
                                             cudaMemcpyDeviceToHost, compute_));
   if (any_offloaded()) {
     WEFT_RETURN_IF_ERROR(HostOptimizerStep(optimizer_steps_ + 1, adamw));
+  } else if (options_.update_in_next_forward) {
+    // Every unit's gather in this step's forward ran the last step's update.
+    if (pending_.any()) return absl::InternalError("an update was left pending for two steps");
+    pending_.adamw_step = optimizer_steps_ + 1;
+    pending_.adamw = adamw;
+    pending_.ranges.assign(layout_.num_units(), {});
+    for (int u = 0; u < layout_.num_units(); ++u) {
+      const size_t shard = layout_.unit(u).shard;
+      auto& ranges = pending_.ranges[u];
+      if (u == 0 && head_split_ > 0) {
+        // The input piece's part of this rank's shard, then the output piece's.
+        const size_t first = static_cast<size_t>(comm_->rank()) * shard;
+        const size_t split = std::clamp(head_split_, first, first + shard) - first;
+        if (split > 0) ranges.emplace_back(0, split);
+        if (split < shard) ranges.emplace_back(split, shard);
+      } else {
+        ranges.emplace_back(0, shard);
+      }
+    }
   } else {
     WEFT_RETURN_IF_ERROR(DeviceOptimizerStep(optimizer_steps_ + 1, adamw));
   }
@@ -883,10 +931,10 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
     cudaEventElapsedTime(&ms, timing_.at(a), timing_.at(b));
     return static_cast<double>(ms);
   };
-  double exposed_forward = 0, exposed_backward = 0, exposed_total = 0;
-  for (const auto& [begin, end] : waits_) {
+  double exposed_forward = 0, exposed_backward = 0, exposed_total = 0, behind_update = 0;
+  for (const auto& [begin, end, update] : waits_) {
     const double ms = elapsed(begin, end);
-    exposed_total += ms;
+    (update ? behind_update : exposed_total) += ms;
     for (const auto& phase : phases_) {
       if (begin >= phase[0] && end <= phase[1]) exposed_forward += ms;
       if (begin >= phase[1] && end <= phase[2]) exposed_backward += ms;
@@ -898,7 +946,7 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   }
   result.timings.forward_ms -= exposed_forward;
   result.timings.backward_ms -= exposed_backward;
-  result.timings.optimizer_ms = elapsed(opt_begin, opt_end);
+  result.timings.optimizer_ms = elapsed(opt_begin, opt_end) + behind_update;
   result.timings.exposed_comm_ms = exposed_total;
   result.timings.step_ms = std::chrono::duration<double, std::milli>(
                                std::chrono::steady_clock::now() - wall_start)
@@ -909,15 +957,62 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
 absl::Status ZeroCudaEngine::DeviceOptimizerStep(int64_t adamw_step,
                                                  const engine::AdamWConfig& adamw) {
   for (int u = 0; u < first_offloaded_; ++u) {
-    const Unit& unit = units_[u];
-    for (const DecayRun& r : unit.decay_runs) {
-      WEFT_RETURN_IF_ERROR(cuda::AdamWUpdate(unit.params + r.begin, /*params_bf16=*/nullptr,
-                                             unit.grads + r.begin, unit.m + r.begin,
-                                             unit.v + r.begin, r.end - r.begin, r.decay, adamw,
-                                             adamw_step, grad_scale_, compute_));
-    }
+    WEFT_RETURN_IF_ERROR(
+        UpdateShardRange(u, 0, layout_.unit(u).shard, nullptr, adamw_step, adamw, compute_));
   }
   return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::UpdateShardRange(int u, size_t begin, size_t end, bf16* bf16_out,
+                                              int64_t adamw_step,
+                                              const engine::AdamWConfig& adamw,
+                                              cudaStream_t stream) const {
+  const Unit& unit = units_[u];
+  for (const DecayRun& r : unit.decay_runs) {
+    const size_t from = std::max(r.begin, begin), to = std::min(r.end, end);
+    if (from >= to) continue;
+    WEFT_RETURN_IF_ERROR(cuda::AdamWUpdate(
+        unit.params + from, bf16_out == nullptr ? nullptr : bf16_out + (from - begin),
+        unit.grads + from, unit.m + from, unit.v + from, to - from, r.decay, adamw, adamw_step,
+        grad_scale_, stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ZeroCudaEngine::RunPendingUpdate(int u, size_t begin, size_t end,
+                                                      bf16* bf16_out, cudaStream_t stream) const {
+  if (pending_.ranges.empty()) return false;
+  auto& ranges = pending_.ranges[u];
+  bool wrote = false;
+  for (auto it = ranges.begin(); it != ranges.end();) {
+    const auto [from, to] = *it;
+    if (to <= begin || end <= from) {
+      ++it;
+      continue;
+    }
+    if (bf16_out != nullptr && (from != begin || to != end)) {
+      return absl::InternalError(absl::StrCat("unit ", u, ": pending range [", from, ", ", to,
+                                              ") is not the gathered [", begin, ", ", end, ")"));
+    }
+    WEFT_RETURN_IF_ERROR(UpdateShardRange(u, from, to, bf16_out, pending_.adamw_step,
+                                          pending_.adamw, stream));
+    wrote = bf16_out != nullptr;
+    ran_update_ = true;
+    it = ranges.erase(it);
+  }
+  return wrote;
+}
+
+absl::Status ZeroCudaEngine::RunAllPendingUpdates() const {
+  if (!pending_.any()) return absl::OkStatus();
+  // Behind the step that left them (its gradients and clip scale are on compute already),
+  // and behind any part an evaluation's forward ran on the comm stream: disjoint units.
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    WEFT_RETURN_IF_ERROR(
+        RunPendingUpdate(u, 0, layout_.unit(u).shard, nullptr, compute_).status());
+  }
+  ran_update_ = false;
+  return SyncCompute();
 }
 
 // Unit by unit, a pipeline of three: the GPU copies unit u + 1's gradients out while the host
@@ -977,6 +1072,7 @@ absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch
 }
 
 absl::StatusOr<std::vector<float>> ZeroCudaEngine::GatherUnit(int u) {
+  WEFT_RETURN_IF_ERROR(RunAllPendingUpdates());
   const UnitShard& unit = layout_.unit(u);
   std::vector<float> out(unit.size);
   if (group_ == 1) {
@@ -1020,13 +1116,17 @@ float* ZeroCudaEngine::Kept(int u, UnitState state) const {
 
 absl::Status ZeroCudaEngine::CopyKeptToHost(int u, UnitState state, size_t offset, size_t n,
                                             float* host) const {
-  // Between steps: TrainStep returned only after the optimizer finished.
+  // Between steps: TrainStep returned only after the optimizer finished, or left its update
+  // pending (run here first).
+  WEFT_RETURN_IF_ERROR(RunAllPendingUpdates());
   return cuda::CudaStatus(cudaMemcpy(host, Kept(u, state) + offset, n * sizeof(float),
                                      cudaMemcpyDefault),
                           "cudaMemcpy of a checkpoint shard");
 }
 
 absl::Status ZeroCudaEngine::CopyKeptFromHost(int u, UnitState state, const float* host) {
+  // The restored state replaces what the pending update would have made of the unit's.
+  if (!pending_.ranges.empty()) pending_.ranges[u].clear();
   return cuda::CudaStatus(cudaMemcpy(Kept(u, state), host,
                                      layout_.KeptElements(u, stage_) * sizeof(float),
                                      cudaMemcpyDefault),

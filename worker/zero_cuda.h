@@ -83,6 +83,13 @@ struct ZeroCudaOptions {
   // its turn in the same buffer and is the larger (0.75 GiB at GPT 6.7B, 2.5 at Llama-70B,
   // none at Llama-8B).
   bool one_block_grad_slot = true;
+  // With the optimizer on the GPU (no offload), a step's AdamW update runs in the next forward
+  // (the next TrainStep's or EvalLoss's), unit by unit on the comm stream just before the
+  // unit's gather: it overlaps the forward's matmuls instead of adding its memory traffic to
+  // the step, and writes the bf16 copy the gather sends (no separate cast). The units whose
+  // gradients lie under the gathered head go first. What reads or replaces the state between
+  // steps (Snapshot, GatherUnit, Restore) sees the step's result: pending updates run first.
+  bool update_in_next_forward = true;
 };
 
 // What a rank of `spec` needs on its GPU at this checkpointing plan, micro-batch rows and world
@@ -174,6 +181,19 @@ class ZeroCudaEngine : public ZeroEngine {
   absl::Status HostOptimizerStep(int64_t adamw_step, const engine::AdamWConfig& adamw);
   // AdamW on the GPU for units [0, first_offloaded_), enqueued on the compute stream.
   absl::Status DeviceOptimizerStep(int64_t adamw_step, const engine::AdamWConfig& adamw);
+  // AdamW over elements [begin, end) of unit u's shard on `stream` (bf16 of the new master
+  // at bf16_out[0] on, when not null).
+  absl::Status UpdateShardRange(int u, size_t begin, size_t end, bf16* bf16_out,
+                                int64_t adamw_step, const engine::AdamWConfig& adamw,
+                                cudaStream_t stream) const;
+  // ZeroCudaOptions::update_in_next_forward. The update of unit u's pending shard ranges
+  // that meet [begin, end), enqueued on `stream`; with `bf16_out` ([begin, end) must be one
+  // whole pending range), bf16 of the updated master too, element begin at bf16_out[0].
+  // Returns whether it wrote bf16_out.
+  absl::StatusOr<bool> RunPendingUpdate(int u, size_t begin, size_t end, bf16* bf16_out,
+                                        cudaStream_t stream) const;
+  // Every pending update on the compute stream, then waits for it: the state is the step's.
+  absl::Status RunAllPendingUpdates() const;
   bool Offloaded(int u) const { return u >= first_offloaded_; }
   bool any_offloaded() const { return first_offloaded_ < layout_.num_units(); }
 
@@ -211,7 +231,7 @@ class ZeroCudaEngine : public ZeroEngine {
   // replicas (their shards are the same: squares counted once); then compute waits for it.
   absl::Status AllReduceStats();
   // Waits for the compute stream's work so far (host), through the communicator.
-  absl::Status SyncCompute();
+  absl::Status SyncCompute() const;
 
   comm::CudaCommunicator* comm_;     // the group (the world without hybrid sharding)
   comm::CudaCommunicator* replica_;  // null: one replica
@@ -258,6 +278,26 @@ class ZeroCudaEngine : public ZeroEngine {
   std::vector<void*> host_allocations_;
   float* staging_grads_[2] = {nullptr, nullptr};
   uint16_t* staging_bf16_[2] = {nullptr, nullptr};
+  // ZeroCudaOptions::update_in_next_forward: the last TrainStep's update, not yet enqueued
+  // for the shard ranges in `ranges[u]` (unit 0 of a split head: its input and output pieces'
+  // parts of the shard, each run as its piece is gathered; every other unit: the shard).
+  struct PendingUpdate {
+    int64_t adamw_step = 0;
+    engine::AdamWConfig adamw;
+    std::vector<std::vector<std::pair<size_t, size_t>>> ranges;
+    bool any() const {
+      for (const auto& r : ranges) {
+        if (!r.empty()) return true;
+      }
+      return false;
+    }
+  };
+  // Mutable: running a pending update changes how the state is stored, not what it is.
+  mutable PendingUpdate pending_;
+  mutable bool ran_update_ = false;  // RunPendingUpdate enqueued some since last cleared
+  // Units whose shard gradient lies under head_work_ (both over spent activations): gathering
+  // the head writes over them, so their pending update runs before it.
+  std::vector<int> under_head_work_;
   cudaEvent_t grads_copied_[2] = {nullptr, nullptr};
   cudaEvent_t weights_copied_[2] = {nullptr, nullptr};
   std::vector<int32_t> inputs_, targets_;
@@ -287,10 +327,16 @@ class ZeroCudaEngine : public ZeroEngine {
     size_t used_ = 0;
   };
   TimingEvents timing_;
-  std::vector<std::pair<size_t, size_t>> waits_;        // indices into timing_
+  // Indices into timing_; `behind_update`: the wait was for a gather that ran an update.
+  struct Wait {
+    size_t begin, end;
+    bool behind_update;
+  };
+  std::vector<Wait> waits_;
   std::vector<std::array<size_t, 3>> phases_;           // begin, forward end, backward end
   absl::StatusOr<size_t> Mark();                        // records a timing event on compute
-  absl::Status ComputeWaits(cudaEvent_t event);          // timed wait of compute on `event`
+  // Timed wait of compute on `event`.
+  absl::Status ComputeWaits(cudaEvent_t event, bool behind_update = false);
   absl::Status CheckWork(const std::shared_ptr<comm::Work>& work);
 };
 

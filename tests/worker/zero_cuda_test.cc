@@ -671,13 +671,17 @@ TEST_F(ZeroCudaTest, FourRanksOnOneGpuReduceATiedHeadTwice) {
   }
 }
 
-// `lean` repeats `roomy` bit for bit (losses, norms, evaluations, parameters) and allocates
-// less, within 8 KiB of what its plan said.
+// `a` repeats `b` bit for bit: losses, norms, evaluations, parameters.
+void ExpectSameBits(const Curve& a, const Curve& b) {
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.grad_norms, b.grad_norms);
+  EXPECT_EQ(a.eval_losses, b.eval_losses);
+  EXPECT_EQ(a.params, b.params);
+}
+
+// `lean` repeats `roomy` bit for bit and allocates less, within 8 KiB of what its plan said.
 void ExpectSameBitsInLessMemory(const Curve& lean, const Curve& roomy) {
-  EXPECT_EQ(lean.losses, roomy.losses);
-  EXPECT_EQ(lean.grad_norms, roomy.grad_norms);
-  EXPECT_EQ(lean.eval_losses, roomy.eval_losses);
-  EXPECT_EQ(lean.params, roomy.params);
+  ExpectSameBits(lean, roomy);
   EXPECT_LT(lean.allocated_bytes, roomy.allocated_bytes);
   EXPECT_LE(lean.allocated_bytes, lean.planned_bytes);
   EXPECT_GE(lean.allocated_bytes + 8192, lean.planned_bytes);
@@ -758,6 +762,89 @@ TEST_F(ZeroCudaTest, OneBlockGradientSlotChangesNoBit) {
     const Curve one = TrainGpu(spec, 4, /*one_gpu=*/true, c.group_size);
     ASSERT_EQ(apart.losses.size(), 8u);
     ExpectSameBitsInLessMemory(one, apart);
+  }
+}
+
+// The update in the next forward (ZeroCudaOptions::update_in_next_forward) against the update
+// at the end of the step: the same bits. Each unit's update must run before its gather casts
+// the master (else the forward sees the old weights), and before anything is written over its
+// gradient: the forward's activations over spent ones, and the gathered head, whose units go
+// first (here the small blocks' gradients lie past the activations, under the head). An
+// evaluation between steps runs it in its own forward; GatherParameters after the last step
+// runs what is left. GPT-2 (tied head) and Llama (split head: its pieces' parts run as they are
+// gathered), at NONE and FULL, one rank and four on one GPU, hybrid, with accumulation (the
+// gradients in memory of their own).
+TEST_F(ZeroCudaTest, UpdatingInTheNextForwardChangesNoBit) {
+  using Level = weft::v1::ActivationCheckpointing;
+  struct Case {
+    bool llama;
+    Level::Level level;
+    int world;
+    int group_size = 0;  // 0: the world
+    int accum = 1;
+  };
+  std::vector<Case> cases;
+  for (bool llama : {false, true}) {
+    for (Level::Level level : {Level::NONE, Level::FULL}) {
+      for (int world : {1, 4}) cases.push_back({llama, level, world});
+    }
+  }
+  cases.push_back({true, Level::FULL, 4, 2});
+  cases.push_back({false, Level::SELECTIVE, 1, 0, 2});
+  ZeroCudaOptions at_the_end;
+  at_the_end.update_in_next_forward = false;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.llama ? "llama " : "gpt2 ", Level::Level_Name(c.level),
+                              " world ", c.world, " group ", c.group_size, " accum ", c.accum));
+    weft::v1::JobSpec spec = SmallSpec(4 / c.world, 8, c.llama);
+    spec.mutable_model()->set_num_layers(4);
+    spec.mutable_training()->set_grad_accum_steps(c.accum);
+    spec.mutable_training()->set_activation_checkpointing(c.level);
+    const Curve eager = TrainGpu(spec, c.world, /*one_gpu=*/true, c.group_size, at_the_end,
+                                 /*eval_every=*/3);
+    const Curve next = TrainGpu(spec, c.world, /*one_gpu=*/true, c.group_size, {},
+                                /*eval_every=*/3);
+    ASSERT_EQ(eager.losses.size(), 8u);
+    ExpectSameBits(next, eager);
+    EXPECT_EQ(next.allocated_bytes, eager.allocated_bytes);
+  }
+}
+
+// A step's update left for the next forward belongs to the state it was made from: a snapshot
+// taken after the step holds it, and a restore replaces it (the next forward must not apply
+// it to the restored state). Snapshot after steps 0-3, step 4, restore the snapshot, steps 4-5
+// again: the parameters are those of an engine updating at the end of each step after 0-5.
+TEST_F(ZeroCudaTest, ARestoreDropsTheUpdateLeftForTheNextForward) {
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    weft::v1::JobSpec spec = SmallSpec(4, 6, llama);
+    spec.mutable_training()->set_grad_accum_steps(1);
+    const BatchFn batch = GlobalBatch(0, 4);
+    MemoryStore store;
+    auto c = comm::CreateNcclCommunicator(&store, 0, 1, {});
+    ASSERT_TRUE(c.ok()) << c.status();
+    ZeroCudaOptions at_the_end;
+    at_the_end.update_in_next_forward = false;
+    std::vector<std::vector<float>> want;
+    {
+      auto eager = ZeroCudaEngine::Create(spec, c->get(), nullptr, 1, at_the_end);
+      ASSERT_TRUE(eager.ok()) << eager.status();
+      for (int step = 0; step < 6; ++step) ASSERT_TRUE((*eager)->TrainStep(step, batch).ok());
+      auto params = (*eager)->GatherParameters();
+      ASSERT_TRUE(params.ok()) << params.status();
+      want = *std::move(params);
+    }
+    auto engine = ZeroCudaEngine::Create(spec, c->get());
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    for (int step = 0; step < 4; ++step) ASSERT_TRUE((*engine)->TrainStep(step, batch).ok());
+    const absl::StatusOr<std::vector<UnitSlice>> snapshot = (*engine)->Snapshot();
+    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+    ASSERT_TRUE((*engine)->TrainStep(4, batch).ok());  // its update is left pending
+    ASSERT_TRUE((*engine)->Restore(testing::ReaderOf(*snapshot), 4).ok());
+    for (int step = 4; step < 6; ++step) ASSERT_TRUE((*engine)->TrainStep(step, batch).ok());
+    auto params = (*engine)->GatherParameters();
+    ASSERT_TRUE(params.ok()) << params.status();
+    EXPECT_EQ(*params, want);
   }
 }
 

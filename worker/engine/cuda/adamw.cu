@@ -60,14 +60,22 @@ __global__ void AdamWKernel(float* __restrict__ params,              // (n)
                             Split split, bool decay, AdamWScalars scalars,
                             const float* __restrict__ grad_scale) {  // device scalar
   const float scale = *grad_scale;
-  if (isnan(scale)) return;  // a skipped step (ClipScale: the gradient was not finite)
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (isnan(scale)) {  // a skipped step (ClipScale: the gradient was not finite)
+    // The copy still holds the (unchanged) master: a gather may send it in place of a cast.
+    if constexpr (kWriteBf16) {
+      for (int64_t i = first; i < split.n; i += stride) {
+        params_bf16[i] = __float2bfloat16(params[i]);
+      }
+    }
+    return;
+  }
   const auto one = [&](int64_t i) {
     const float p = AdamWElement(params[i], grads[i] * scale, m + i, v + i, decay, scalars);
     params[i] = p;
     if constexpr (kWriteBf16) params_bf16[i] = __float2bfloat16(p);
   };
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   float4* p4 = reinterpret_cast<float4*>(params + split.head);
   const float4* g4 = reinterpret_cast<const float4*>(grads + split.head);
   float4* m4 = reinterpret_cast<float4*>(m + split.head);

@@ -98,8 +98,9 @@ class CudaModel {
   // `layer` + 1 and later keep (and the residual stream's entries past `layer`). Their forward
   // writes it and the backward reads it until BlockBackward(layer + 1) is done; nothing in a
   // backward touches it from BlockBackward(layer) on. So such a gradient may be written only
-  // by or after BlockBackward(layer), and holds garbage once the next forward begins: it serves
-  // a step without gradient accumulation, consumed by the optimizer before the next forward.
+  // by or after BlockBackward(layer), and the next forward writes over it: it serves a step
+  // without gradient accumulation, read by the optimizer before then. Of what a forward writes
+  // before BlockForward(layer), only HeadWork may lie over it.
   virtual float* SpentActivationGradient(int layer) const = 0;
 
   // The ArenaRequests::head_work_elements bf16 elements the engine gathers the head into (null

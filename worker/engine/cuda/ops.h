@@ -276,8 +276,9 @@ absl::Status CrossEntropyForwardBackward(bf16* logits,            // (N, Vp) in/
 // shard whose elements all decay (`decay`) or all do not: g = grad_scale * grads[i];
 // decoupled decay applied to the parameter before the Adam step; `step` 1-based; bias
 // corrections computed in double on the host. With params_bf16 (may be null),
-// params_bf16[i] = bf16(params[i]) too. `grad_scale` is read from DEVICE memory
-// (*grad_scale), so clipping by a norm computed on the GPU needs no host round trip.
+// params_bf16[i] = bf16(params[i]) too, of the updated parameter (or, for a skipped step, of
+// the unchanged one). `grad_scale` is read from DEVICE memory (*grad_scale), so clipping by a
+// norm computed on the GPU needs no host round trip.
 absl::Status AdamWUpdate(float* params, bf16* params_bf16 /* nullable */, const float* grads,
                          float* m, float* v, size_t n, bool decay, const AdamWConfig& config,
                          int64_t step, const float* grad_scale /* device scalar */,
