@@ -612,6 +612,18 @@ TEST_F(Bf16OpsTest, AdamWRunsFollowTheCpuOp) {
   EXPECT_TRUE(std::all_of(bits.begin() + split, bits.end(),
                           [](uint16_t b) { return b == kGarbageBits; }));
 
+  // A skipped step (NaN scale) leaves params, m and v alone, and the copy still follows the
+  // params: the engine's gathers send it in place of a cast.
+  DeviceBuffer<float> d_nan(std::vector<float>{NAN});
+  Bf16Buffer d_skipped_bf16(n);
+  ASSERT_TRUE(AdamWUpdate(d_params.get(), d_skipped_bf16.get(), d_grads.get(), d_m.get(),
+                          d_v.get(), n, /*decay=*/true, config, step + 1, d_nan.get(), stream_)
+                  .ok());
+  Sync();
+  EXPECT_EQ(d_params.ToHost(), gpu_params);
+  EXPECT_CLOSE(d_m.ToHost(), m, 1e-6);
+  EXPECT_EQ(d_skipped_bf16.ToHost(), Rounded(gpu_params));
+
   EXPECT_EQ(AdamWUpdate(d_params.get(), nullptr, d_grads.get(), d_m.get(), d_v.get(), n, true,
                         config, step, nullptr, stream_).code(),
             kInvalid);
