@@ -431,7 +431,17 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
 }
 
 absl::Status ZeroCudaEngine::Initialize() {
-  WEFT_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  // With nothing to gather or reduce (one rank, one replica) the comm stream carries only the
+  // update in the next forward and the casts: compute takes the GPU first and the update fills
+  // its gaps (2 ms of an 8-layer GPT 6.7B step's 169 measured on an H100). Beyond, collectives
+  // must not queue behind compute, and the streams stay equal.
+  int priority = 0;
+  if (group_ == 1 && replica_ == nullptr) {
+    int least = 0;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &priority));
+  }
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithPriority(&compute_, cudaStreamNonBlocking, priority));
   for (cudaEvent_t* e : {&compute_ready_, &head_gathered_, &gathered_[0], &gathered_[1],
                          &head_scattered_, &scattered_[0], &scattered_[1], &comm_done_}) {
     WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));

@@ -89,6 +89,7 @@ struct ZeroCudaOptions {
   // the step, and writes the bf16 copy the gather sends (no separate cast). The units whose
   // gradients lie under the gathered head go first. What reads or replaces the state between
   // steps (Snapshot, GatherUnit, Restore) sees the step's result: pending updates run first.
+  // 2.3% of an 8-layer GPT 6.7B step on an H100 (docs/performance.md); bit-identical results.
   bool update_in_next_forward = true;
 };
 

@@ -17,7 +17,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "worker/engine/cuda/bf16.cuh"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/launch.cuh"
@@ -209,13 +211,21 @@ absl::Status LaunchAdamW(float* params, bf16* params_bf16, const float* grads, f
                 NotNull(v, "v"), NotNull(grad_scale, "grad_scale")}));
   // The bf16 copy is written element by element, so its alignment does not matter.
   const Split split = SplitAt(params, n, {Offset16(grads), Offset16(m), Offset16(v)});
-  const int grid = GridOf(split);
-  if (params_bf16 == nullptr) {
-    return Launch(AdamWKernel<false>, grid, kBlockSize, 0, stream, params, params_bf16, grads, m,
-                  v, split, decay, scalars, grad_scale);
+  // A block per 256 float4s, each thread one (not GridOf's few waves of long-lived blocks):
+  // the engine runs this update beside the forward's matmuls (ZeroCudaOptions::
+  // update_in_next_forward), and short blocks let the scheduler slip them into the gaps.
+  const int64_t rest = split.n - split.head - 4 * split.vecs;
+  const int64_t widest = std::max({split.vecs, split.head, rest, int64_t{1}});
+  const int64_t grid = (widest + kBlockSize - 1) / kBlockSize;
+  if (grid > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("adamw: ", n, " elements in one call"));
   }
-  return Launch(AdamWKernel<true>, grid, kBlockSize, 0, stream, params, params_bf16, grads, m, v,
-                split, decay, scalars, grad_scale);
+  if (params_bf16 == nullptr) {
+    return Launch(AdamWKernel<false>, static_cast<unsigned>(grid), kBlockSize, 0, stream,
+                  params, params_bf16, grads, m, v, split, decay, scalars, grad_scale);
+  }
+  return Launch(AdamWKernel<true>, static_cast<unsigned>(grid), kBlockSize, 0, stream, params,
+                params_bf16, grads, m, v, split, decay, scalars, grad_scale);
 }
 
 }  // namespace internal
