@@ -687,6 +687,46 @@ void ExpectSameBitsInLessMemory(const Curve& lean, const Curve& roomy) {
   EXPECT_GE(lean.allocated_bytes + 8192, lean.planned_bytes);
 }
 
+// A small run of the layout tests, which train it with one ZeroCudaOptions and another and
+// compare: 4 blocks, 4 sequences a step over `world` ranks on one GPU, evaluations every 3.
+struct LayoutCase {
+  bool llama;
+  weft::v1::ActivationCheckpointing::Level level;
+  int world;
+  int group_size = 0;           // 0: the world
+  int accum = 1;
+  double offload_fraction = 0;  // 0: none
+
+  std::string Name() const {
+    return absl::StrCat(llama ? "llama " : "gpt2 ",
+                        weft::v1::ActivationCheckpointing::Level_Name(level), " world ", world,
+                        " group ", group_size, " accum ", accum, " offload ", offload_fraction);
+  }
+  Curve Train(int steps, const ZeroCudaOptions& options) const {
+    weft::v1::JobSpec spec = SmallSpec(4 / world, steps, llama);
+    spec.mutable_model()->set_num_layers(4);
+    spec.mutable_training()->set_grad_accum_steps(accum);
+    spec.mutable_training()->set_activation_checkpointing(level);
+    if (offload_fraction > 0) {
+      spec.mutable_optimizer()->set_offload(true);
+      spec.mutable_optimizer()->set_offload_fraction(offload_fraction);
+    }
+    return TrainGpu(spec, world, /*one_gpu=*/true, group_size, options, /*eval_every=*/3);
+  }
+};
+
+// GPT-2 and Llama, at NONE and FULL, one rank and four.
+std::vector<LayoutCase> ModelsLevelsAndWorlds() {
+  std::vector<LayoutCase> cases;
+  for (bool llama : {false, true}) {
+    for (auto level : {weft::v1::ActivationCheckpointing::NONE,
+                       weft::v1::ActivationCheckpointing::FULL}) {
+      for (int world : {1, 4}) cases.push_back({llama, level, world});
+    }
+  }
+  return cases;
+}
+
 // Without gradient accumulation the block gradients lie over spent activations
 // (ZeroCudaOptions): a gradient written while a later backward still reads what lies under it,
 // or read after the next forward wrote there, changes values. So runs with and without must
@@ -697,40 +737,16 @@ void ExpectSameBitsInLessMemory(const Curve& lean, const Curve& roomy) {
 // evaluations between steps writing over them. The allocation is the plan's, and smaller.
 TEST_F(ZeroCudaTest, GradientsOverSpentActivationsChangeNoBit) {
   using Level = weft::v1::ActivationCheckpointing;
-  struct Case {
-    bool llama;
-    Level::Level level;
-    int world;
-    int group_size = 0;          // 0: the world
-    double offload_fraction = 0;  // 0: none
-  };
-  std::vector<Case> cases;
-  for (bool llama : {false, true}) {
-    for (Level::Level level : {Level::NONE, Level::FULL}) {
-      for (int world : {1, 4}) cases.push_back({llama, level, world});
-    }
-  }
+  std::vector<LayoutCase> cases = ModelsLevelsAndWorlds();
   cases.push_back({false, Level::FULL, 4, 2});
-  cases.push_back({true, Level::FULL, 1, 0, 0.5});
-  cases.push_back({true, Level::NONE, 4, 0, 0.5});
+  cases.push_back({true, Level::FULL, 1, 0, 1, 0.5});
+  cases.push_back({true, Level::NONE, 4, 0, 1, 0.5});
   ZeroCudaOptions apart;
   apart.gradients_over_spent_activations = false;
-  for (const Case& c : cases) {
-    SCOPED_TRACE(absl::StrCat(c.llama ? "llama " : "gpt2 ", Level::Level_Name(c.level),
-                              " world ", c.world, " group ", c.group_size, " offload ",
-                              c.offload_fraction));
-    weft::v1::JobSpec spec = SmallSpec(4 / c.world, 12, c.llama);
-    spec.mutable_model()->set_num_layers(4);
-    spec.mutable_training()->set_grad_accum_steps(1);
-    spec.mutable_training()->set_activation_checkpointing(c.level);
-    if (c.offload_fraction > 0) {
-      spec.mutable_optimizer()->set_offload(true);
-      spec.mutable_optimizer()->set_offload_fraction(c.offload_fraction);
-    }
-    const Curve own = TrainGpu(spec, c.world, /*one_gpu=*/true, c.group_size, apart,
-                               /*eval_every=*/3);
-    const Curve over = TrainGpu(spec, c.world, /*one_gpu=*/true, c.group_size, {},
-                                /*eval_every=*/3);
+  for (const LayoutCase& c : cases) {
+    SCOPED_TRACE(c.Name());
+    const Curve own = c.Train(12, apart);
+    const Curve over = c.Train(12, {});
     ASSERT_EQ(own.losses.size(), 12u);
     ExpectSameBitsInLessMemory(over, own);
   }
@@ -776,34 +792,15 @@ TEST_F(ZeroCudaTest, OneBlockGradientSlotChangesNoBit) {
 // gradients in memory of their own).
 TEST_F(ZeroCudaTest, UpdatingInTheNextForwardChangesNoBit) {
   using Level = weft::v1::ActivationCheckpointing;
-  struct Case {
-    bool llama;
-    Level::Level level;
-    int world;
-    int group_size = 0;  // 0: the world
-    int accum = 1;
-  };
-  std::vector<Case> cases;
-  for (bool llama : {false, true}) {
-    for (Level::Level level : {Level::NONE, Level::FULL}) {
-      for (int world : {1, 4}) cases.push_back({llama, level, world});
-    }
-  }
+  std::vector<LayoutCase> cases = ModelsLevelsAndWorlds();
   cases.push_back({true, Level::FULL, 4, 2});
   cases.push_back({false, Level::SELECTIVE, 1, 0, 2});
   ZeroCudaOptions at_the_end;
   at_the_end.update_in_next_forward = false;
-  for (const Case& c : cases) {
-    SCOPED_TRACE(absl::StrCat(c.llama ? "llama " : "gpt2 ", Level::Level_Name(c.level),
-                              " world ", c.world, " group ", c.group_size, " accum ", c.accum));
-    weft::v1::JobSpec spec = SmallSpec(4 / c.world, 8, c.llama);
-    spec.mutable_model()->set_num_layers(4);
-    spec.mutable_training()->set_grad_accum_steps(c.accum);
-    spec.mutable_training()->set_activation_checkpointing(c.level);
-    const Curve eager = TrainGpu(spec, c.world, /*one_gpu=*/true, c.group_size, at_the_end,
-                                 /*eval_every=*/3);
-    const Curve next = TrainGpu(spec, c.world, /*one_gpu=*/true, c.group_size, {},
-                                /*eval_every=*/3);
+  for (const LayoutCase& c : cases) {
+    SCOPED_TRACE(c.Name());
+    const Curve eager = c.Train(8, at_the_end);
+    const Curve next = c.Train(8, {});
     ASSERT_EQ(eager.losses.size(), 8u);
     ExpectSameBits(next, eager);
     EXPECT_EQ(next.allocated_bytes, eager.allocated_bytes);
