@@ -15,9 +15,12 @@
 // the shard. The other units keep everything on the GPU and step there.
 //
 // Two streams, ordered by CUDA events only — the host never waits inside a step:
-//   compute: the model's kernels and GEMMs, the optimizer;
+//   compute: the model's kernels and GEMMs (and the optimizer, when it runs at the end of
+//            the step: offload, or ZeroCudaOptions::update_in_next_forward off);
 //   comm:    the communicator's stream (NCCL all-gathers, reduce-scatters, the step's
-//            all-reduce), plus the gradient accumulation of micro-steps after the first.
+//            all-reduce), plus the gradient accumulation of micro-steps after the first and
+//            the last step's AdamW update, unit by unit before each forward gather. With one
+//            rank and one replica, compute has the higher priority.
 // Forward: block l+1's bf16 parameters are all-gathered into the other of two working
 // buffers while block l computes. Backward: the last block's parameters are still in place;
 // block l-1 is gathered while block l computes its backward, and block l's gradient is
