@@ -489,10 +489,13 @@ absl::Status ZeroCudaEngine::Initialize() {
     }
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, shard * sizeof(float), compute_));
   }
+  const size_t max_block = layout_.max_block_padded();
+  const size_t max_shard = layout_.max_shard();
+  const size_t head_slot = HeadSlotElements(*arch_, layout_);
   if (options_.update_in_next_forward && head_work_ != nullptr) {
     const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
     const uintptr_t head_begin = address(head_work_);
-    const uintptr_t head_end = head_begin + HeadSlotElements(*arch_, layout_) * sizeof(bf16);
+    const uintptr_t head_end = head_begin + head_slot * sizeof(bf16);
     for (int u = 1; u < layout_.num_units(); ++u) {
       const uintptr_t grads = address(units_[u].grads);
       if (grads < head_end && head_begin < grads + layout_.unit(u).shard * sizeof(float)) {
@@ -500,9 +503,6 @@ absl::Status ZeroCudaEngine::Initialize() {
       }
     }
   }
-  const size_t max_block = layout_.max_block_padded();
-  const size_t max_shard = layout_.max_shard();
-  const size_t head_slot = HeadSlotElements(*arch_, layout_);
   for (int i = 0; i < 2; ++i) {
     WEFT_ASSIGN_OR_RETURN(block_work_[i], Alloc<bf16>(max_block));
   }
@@ -723,22 +723,18 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
   const HeadPiece output{head_split_, head_size};
   WEFT_RETURN_IF_ERROR(CommWaitsCompute());
   // The last step's updates (ZeroCudaOptions::update_in_next_forward) go with the gathers;
-  // the units whose gradients the gathered head overwrites, first. A compute wait behind an
-  // update counts as the optimizer's time.
-  bool behind_update[3] = {false, false, false};  // gathered_[0], gathered_[1], head_gathered_
-  const auto record_gathered = [&](cudaEvent_t event, bool* behind) -> absl::Status {
-    *behind = std::exchange(ran_update_, false);
-    return cuda::CudaStatus(cudaEventRecord(event, comm_stream), "cudaEventRecord");
-  };
+  // the units whose gradients the gathered head overwrites, first. Every gather of this
+  // forward then runs one, so a compute wait for a gather counts as the optimizer's time.
+  const bool updating = pending_.any();
   for (int u : under_head_work_) {
     WEFT_RETURN_IF_ERROR(
         RunPendingUpdate(u, 0, layout_.unit(u).shard, nullptr, comm_stream).status());
   }
   WEFT_RETURN_IF_ERROR(GatherHead(input));
-  WEFT_RETURN_IF_ERROR(record_gathered(head_gathered_, &behind_update[2]));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
   WEFT_RETURN_IF_ERROR(Gather(1, block_work_[0]));
-  WEFT_RETURN_IF_ERROR(record_gathered(gathered_[0], &behind_update[0]));
-  WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_, behind_update[2]));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[0], comm_stream));
+  WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_, updating));
   WEFT_RETURN_IF_ERROR(model_->EncoderForward(head_work_));
   for (int l = 0; l < layers; ++l) {
     const int slot = l % 2;
@@ -747,19 +743,19 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
       // fetches block l+1 while block l computes.
       WEFT_RETURN_IF_ERROR(CommWaitsCompute());
       WEFT_RETURN_IF_ERROR(Gather(2 + l, block_work_[(l + 1) % 2]));
-      WEFT_RETURN_IF_ERROR(record_gathered(gathered_[(l + 1) % 2], &behind_update[(l + 1) % 2]));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[(l + 1) % 2], comm_stream));
     }
     if (split && l == 0) {
       // The embedding's forward is behind the comm stream's wait (the one above, or this):
       // the LM head's piece takes its place, behind block 1's gather.
       if (layers == 1) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
       WEFT_RETURN_IF_ERROR(GatherHead(output));
-      WEFT_RETURN_IF_ERROR(record_gathered(head_gathered_, &behind_update[2]));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
     }
-    WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot], behind_update[slot]));
+    WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot], updating));
     WEFT_RETURN_IF_ERROR(model_->BlockForward(l, block_work_[slot]));
   }
-  if (split) WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_, behind_update[2]));
+  if (split) WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_, updating));
   // Element i of head_grad is element i of unit 0 for the embedding (and an unsplit head),
   // element head_split_ + i for the classifier (CudaModel::Classifier).
   float* const head_grad = direct_grads_ ? units_[0].grads : head_grad_;
@@ -1007,7 +1003,6 @@ absl::StatusOr<bool> ZeroCudaEngine::RunPendingUpdate(int u, size_t begin, size_
     WEFT_RETURN_IF_ERROR(UpdateShardRange(u, from, to, bf16_out, pending_.adamw_step,
                                           pending_.adamw, stream));
     wrote = bf16_out != nullptr;
-    ran_update_ = true;
     it = ranges.erase(it);
   }
   return wrote;
@@ -1021,7 +1016,6 @@ absl::Status ZeroCudaEngine::RunAllPendingUpdates() const {
     WEFT_RETURN_IF_ERROR(
         RunPendingUpdate(u, 0, layout_.unit(u).shard, nullptr, compute_).status());
   }
-  ran_update_ = false;
   return SyncCompute();
 }
 

@@ -298,7 +298,6 @@ class ZeroCudaEngine : public ZeroEngine {
   };
   // Mutable: running a pending update changes how the state is stored, not what it is.
   mutable PendingUpdate pending_;
-  mutable bool ran_update_ = false;  // RunPendingUpdate enqueued some since last cleared
   // Units whose shard gradient lies under head_work_ (both over spent activations): gathering
   // the head writes over them, so their pending update runs before it.
   std::vector<int> under_head_work_;
@@ -331,7 +330,7 @@ class ZeroCudaEngine : public ZeroEngine {
     size_t used_ = 0;
   };
   TimingEvents timing_;
-  // Indices into timing_; `behind_update`: the wait was for a gather that ran an update.
+  // Indices into timing_; `behind_update`: the wait was for a gather behind an update.
   struct Wait {
     size_t begin, end;
     bool behind_update;
