@@ -28,9 +28,8 @@ namespace weft::engine::cuda::internal {
 // bf16 values per 128-bit vector: the width of every vectorized bf16 load and store.
 inline constexpr int kVec = 8;
 
-// Loads 8 consecutive bf16 (16-byte aligned) as floats.
-__device__ inline void LoadVec(const bf16* p, float (&out)[kVec]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+// 8 bf16 packed in a 128-bit vector, as floats.
+__device__ inline void Unpack(const uint4& raw, float (&out)[kVec]) {
   const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
   for (int k = 0; k < kVec / 2; ++k) {
@@ -38,6 +37,11 @@ __device__ inline void LoadVec(const bf16* p, float (&out)[kVec]) {
     out[2 * k] = f.x;
     out[2 * k + 1] = f.y;
   }
+}
+
+// Loads 8 consecutive bf16 (16-byte aligned) as floats.
+__device__ inline void LoadVec(const bf16* p, float (&out)[kVec]) {
+  Unpack(*reinterpret_cast<const uint4*>(p), out);
 }
 
 // Rounds 8 floats to bf16 (nearest even) and stores them (16-byte aligned).

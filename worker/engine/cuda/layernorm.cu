@@ -7,9 +7,10 @@
 // In bf16: C % 8 == 0, rows read as 16-byte vectors, fp32 math. Forward: one warp per row,
 // three passes over the row (mean, squared deviations as the CPU op, which stays accurate when
 // |mean| >> std, then the output; the second and third hit L1). The sums are taken in warp
-// order instead of the CPU's serial loop, hence ~1e-6 relative differences. Backward: one warp
-// per row for dinp, and dweight/dbias as a column reduction over the rows in a fixed order
-// (norm_backward.cuh), so the result is bit-identical run to run.
+// order instead of the CPU's serial loop, hence ~1e-6 relative differences. Backward
+// (norm_backward.cuh): up to 8192 wide one pass, a row over one block's warps; wider, a warp per
+// row for dinp and a column reduction for dweight/dbias. Either way the parameters' sums run
+// in a fixed order, so the result is bit-identical run to run.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -91,7 +92,8 @@ __global__ void LayerNormForwardKernel(bf16* __restrict__ out,           // (N, 
 }
 
 // dx += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight, xhat = (x - mean) * rstd;
-// a warp per row: the row's two sums, then (the row again, from L1 or L2) dx.
+// a warp per row: the row's two sums, then (the row again, from L1 or L2) dx. Rows wider than
+// the one-pass backward takes.
 __global__ void LayerNormBackwardInputKernel(bf16* __restrict__ dinp,          // (N, C) +=
                                              const bf16* __restrict__ dout,    // (N, C)
                                              const bf16* __restrict__ inp,     // (N, C)
@@ -165,7 +167,7 @@ absl::Status LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* i
 }
 
 size_t LayerNormBackwardScratchFloats(int n, int c) {
-  return internal::NormParamGradScratchFloats(n, c, /*with_bias=*/true);
+  return internal::NormBackwardScratchFloats(n, c, /*with_bias=*/true);
 }
 
 absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dout,
@@ -180,6 +182,10 @@ absl::Status LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const b
        internal::Aligned16(inp, "inp"), internal::Aligned16(weight, "weight"),
        internal::NotNull(mean, "mean"), internal::NotNull(rstd, "rstd"),
        internal::NotNull(scratch, "scratch")}));
+  if (internal::UsesOnePassNormBackward(c)) {
+    return internal::LaunchNormBackwardOnePass<true>(dinp, dweight, dbias, dout, inp, weight,
+                                                     mean, rstd, scratch, n, c, stream);
+  }
   const int blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
   WEFT_BF16_RETURN_IF_ERROR(internal::Launch(LayerNormBackwardInputKernel, blocks,
                                              internal::kBlockSize, 0, stream, dinp, dout, inp,

@@ -11,8 +11,8 @@
 //
 // In bf16: C % 8 == 0, rows read as 16-byte vectors, fp32 math, one warp per row (the sum of
 // squares is a warp butterfly, then the row is read again from L1 for the output). The backward
-// is a warp per row for dx and a column reduction over the rows in a fixed order for dweight
-// (norm_backward.cuh), so it is bit-identical run to run.
+// (norm_backward.cuh) is one pass up to 8192 wide; wider, a warp per row for dx and a column
+// reduction for dweight. The dweight sums run in a fixed order: bit-identical run to run.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -80,7 +80,7 @@ struct RowVectors {
 };
 
 // dx += rstd * (g - xhat * mean(g * xhat)); a warp per row, the row read twice (the second
-// time from L1 or L2). kForwardWarps rows a block.
+// time from L1 or L2). kForwardWarps rows a block. Rows wider than the one-pass backward takes.
 __global__ void RmsNormBackwardInputKernel(bf16* __restrict__ dinp,          // (N, C) +=
                                            const bf16* __restrict__ dout,    // (N, C)
                                            const bf16* __restrict__ inp,     // (N, C)
@@ -134,7 +134,7 @@ absl::Status RmsNormForward(bf16* out, float* rstd, const bf16* inp, const bf16*
 }
 
 size_t RmsNormBackwardScratchFloats(int n, int c) {
-  return internal::NormParamGradScratchFloats(n, c, /*with_bias=*/false);
+  return internal::NormBackwardScratchFloats(n, c, /*with_bias=*/false);
 }
 
 absl::Status RmsNormBackward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp,
@@ -147,6 +147,10 @@ absl::Status RmsNormBackward(bf16* dinp, float* dweight, const bf16* dout, const
             internal::Aligned16(dout, "dout"), internal::Aligned16(inp, "inp"),
             internal::Aligned16(weight, "weight"), internal::NotNull(rstd, "rstd"),
             internal::NotNull(scratch, "scratch")}));
+  if (internal::UsesOnePassNormBackward(c)) {
+    return internal::LaunchNormBackwardOnePass<false>(dinp, dweight, nullptr, dout, inp, weight,
+                                                      nullptr, rstd, scratch, n, c, stream);
+  }
   const int blocks = (n + kForwardWarps - 1) / kForwardWarps;
   WEFT_BF16_RETURN_IF_ERROR(internal::Launch(RmsNormBackwardInputKernel, blocks,
                                              internal::kBlockSize, 0, stream, dinp, dout, inp,

@@ -280,8 +280,11 @@ void CheckLayerNorm(std::mt19937_64& rng, cudaStream_t stream, int n, int c) {
                                 d_scratch.get(), n, c, stream).ok());
   CUDA_CHECK(cudaStreamSynchronize(stream));
   EXPECT_CLOSE(d_out.ToHost(), out, kBf16);
-  EXPECT_CLOSE(d_mean.ToHost(), mean, kFp32);
-  EXPECT_CLOSE(d_rstd.ToHost(), rstd, kFp32);
+  // The CPU sums a row serially in fp32, the GPU in warp order: their difference grows about
+  // as sqrt(C) (1.6e-5 seen at 16384 wide).
+  const double stat_tol = kFp32 * std::max(1.0, std::sqrt(c / 1024.0));
+  EXPECT_CLOSE(d_mean.ToHost(), mean, stat_tol);
+  EXPECT_CLOSE(d_rstd.ToHost(), rstd, stat_tol);
   EXPECT_CLOSE(d_dinp.ToHost(), dinp, kBf16);
   EXPECT_CLOSE(d_dweight.ToHost(), dweight, kFp32);
   EXPECT_CLOSE(d_dbias.ToHost(), dbias, kFp32);
@@ -299,14 +302,20 @@ void CheckLayerNorm(std::mt19937_64& rng, cudaStream_t stream, int n, int c) {
 }
 
 TEST_F(Bf16OpsTest, LayerNorm) {
+  // The one-pass backward (up to 8192 wide): a lane a row, narrow rows sharing a block.
   CheckLayerNorm(rng_, stream_, 37, 200);
-  CheckLayerNorm(rng_, stream_, 4103, 64);  // more rows than the backward has block slots
-  CheckLayerNorm(rng_, stream_, 5, 1600);
+  CheckLayerNorm(rng_, stream_, 5, 1600);  // 7 warps a row, the last one partly idle
   CheckLayerNorm(rng_, stream_, 7, 4096);
-  CheckLayerNorm(rng_, stream_, 3, 8192);
+  CheckLayerNorm(rng_, stream_, 3, 8192);  // a row per 1024-thread block
+  // More rows than lanes: each lane takes several rounds, the last one ragged.
+  CheckLayerNorm(rng_, stream_, 4103, 64);     // 4096 lanes, a second round of 7 rows
+  CheckLayerNorm(rng_, stream_, 20000, 768);   // 1365 lanes, 5 to a block, 15 rounds
+  CheckLayerNorm(rng_, stream_, 600, 8192);    // 128 lanes, 5 rounds
+  // The two-kernel backward, wider: no width limit (nothing per row in shared memory), the
+  // parameters' sums over one row slab and several.
   CheckLayerNorm(rng_, stream_, 2, 12288);
-  CheckLayerNorm(rng_, stream_, 2, 16384);  // no width limit: nothing per row in shared memory
-  CheckLayerNorm(rng_, stream_, 1500, 256);  // the parameters' sums over several row slabs
+  CheckLayerNorm(rng_, stream_, 2, 16384);
+  CheckLayerNorm(rng_, stream_, 300, 16384);
 }
 
 TEST_F(Bf16OpsTest, LayerNormRejectsBadArguments) {

@@ -152,13 +152,17 @@ void CheckRmsNormBackward(const RmsCase& k, cudaStream_t stream) {
   EXPECT_EQ(d_dw2.ToHost(), dw1);
 }
 
-// Rows over many slabs of the weight gradient's column reduction (2000 rows of 264: 250 slabs
-// of 8 rows), Llama-3-70B's and Llama-3.1-405B's widths, and wider: the backward keeps
-// nothing per row in shared memory, so no width is too wide.
+// The one-pass backward with a lane a row (64 and 2000 rows of 264, two warps a row), over
+// several rounds of rows (1000 of 4096: 256 lanes of a block each; 300 of 8192: 128 lanes of
+// 1024 threads), then the two-kernel backward at Llama-3.1-405B's width and wider, over one
+// slab and several: it keeps nothing per row in shared memory, so no width is too wide.
 TEST_F(LlamaOpsTest, RmsNormBackwardAccumulatesTheReferenceGradients) {
   CheckRmsNormBackward({64, 264, 1e-6f}, stream_);
   CheckRmsNormBackward({2000, 264, 1e-6f}, stream_);
+  CheckRmsNormBackward({1000, 4096, 1e-5f}, stream_);
+  CheckRmsNormBackward({300, 8192, 1e-5f}, stream_);
   CheckRmsNormBackward({5, 8192, 1e-5f}, stream_);
+  CheckRmsNormBackward({200, 16384, 1e-5f}, stream_);
   CheckRmsNormBackward({3, 16384, 1e-5f}, stream_);
   CheckRmsNormBackward({2, 32768, 1e-5f}, stream_);
 }
@@ -358,14 +362,19 @@ TEST_F(EmbeddingTest, BackwardAccumulatesRowsPerToken) {
 // ---- argument checks (no GPU needed) ----
 
 // The norms' backward scratch (no GPU needed): one partial row (C; LayerNorm 2C, with the
-// bias) per slab of rows of the column reduction, about 1024 blocks of 256 channels in all
-// and at least 8 rows a slab.
-TEST(LlamaOpsArgs, NormBackwardScratchIsAPartialRowPerSlab) {
-  // 4096 wide: 16 tiles of 256 channels, 64 slabs of 128 rows.
-  EXPECT_EQ(RmsNormBackwardScratchFloats(8192, 4096), 64u * 4096);
-  EXPECT_EQ(LayerNormBackwardScratchFloats(8192, 4096), 64u * 2 * 4096);
-  // Few rows: slabs of 8.
-  EXPECT_EQ(RmsNormBackwardScratchFloats(20, 264), 3u * 264);
+// bias) per row lane of the one-pass backward up to 8192 wide (lanes: 128K threads' worth of
+// rows, at most N), and per slab of rows of the column reduction wider (about 1024 blocks of
+// 256 channels in all, at least 8 rows a slab).
+TEST(LlamaOpsArgs, NormBackwardScratchIsAPartialRowPerLaneOrSlab) {
+  // 4096 wide: rows of 512 threads, 256 lanes.
+  EXPECT_EQ(RmsNormBackwardScratchFloats(8192, 4096), 256u * 4096);
+  EXPECT_EQ(LayerNormBackwardScratchFloats(8192, 4096), 256u * 2 * 4096);
+  // 8192 wide: rows of a whole 1024-thread block, 128 lanes.
+  EXPECT_EQ(RmsNormBackwardScratchFloats(8192, 8192), 128u * 8192);
+  // Fewer rows than lanes: a lane a row.
+  EXPECT_EQ(RmsNormBackwardScratchFloats(20, 264), 20u * 264);
+  // Wider than one pass: 64 tiles, 16 slabs of 512 rows.
+  EXPECT_EQ(RmsNormBackwardScratchFloats(8192, 16384), 16u * 16384);
   // Wider than 1024 tiles: one slab.
   EXPECT_EQ(RmsNormBackwardScratchFloats(100, 262152), 262152u);
   EXPECT_EQ(LayerNormBackwardScratchFloats(0, 64), 0u);
