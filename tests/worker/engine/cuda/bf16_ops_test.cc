@@ -309,7 +309,7 @@ TEST_F(Bf16OpsTest, LayerNorm) {
   CheckLayerNorm(rng_, stream_, 3, 8192);  // a row per 1024-thread block
   // More rows than lanes: each lane takes several rounds, the last one ragged.
   CheckLayerNorm(rng_, stream_, 4103, 64);     // 4096 lanes, a second round of 7 rows
-  CheckLayerNorm(rng_, stream_, 20000, 768);   // 1365 lanes, 5 to a block, 15 rounds
+  CheckLayerNorm(rng_, stream_, 20000, 768);   // 1280 lanes, 5 to a block, 16 rounds
   CheckLayerNorm(rng_, stream_, 600, 8192);    // 128 lanes, 5 rounds
   // The two-kernel backward, wider: no width limit (nothing per row in shared memory), the
   // parameters' sums over one row slab and several.

@@ -82,9 +82,8 @@ void RmsReference(const RmsCase& k, const std::vector<uint16_t>& x, const std::v
   }
 }
 
-TEST_F(LlamaOpsTest, RmsNormForwardMatchesReference) {
-  // 37 rows (not a multiple of the 8 rows of a block), C = 320 (lanes with 1 and 2 vectors).
-  const RmsCase k{37, 320, 1e-5f};
+void CheckRmsNormForward(const RmsCase& k, cudaStream_t stream) {
+  SCOPED_TRACE(testing::Message() << "n " << k.n << " c " << k.c);
   std::mt19937 rng(1);
   const auto x = test_util::RandomBf16Bits(static_cast<size_t>(k.n) * k.c, 2.0f, rng, 0.5f);
   const auto w = test_util::RandomBf16Bits(k.c, 0.3f, rng, 1.0f);
@@ -94,11 +93,19 @@ TEST_F(LlamaOpsTest, RmsNormForwardMatchesReference) {
   DeviceBuffer<uint16_t> d_out(std::vector<uint16_t>(x.size(), kGarbageBits));
   DeviceBuffer<float> d_rstd(std::vector<float>(k.n, -1.0f));
   ASSERT_TRUE(RmsNormForward(AsBf16(d_out), d_rstd.get(), AsBf16(d_x), AsBf16(d_w), k.n, k.c,
-                             k.eps, stream_)
+                             k.eps, stream)
                   .ok());
-  Sync();
+  CUDA_CHECK(cudaStreamSynchronize(stream));
   EXPECT_LE(RelError(d_out.ToHost(), out), kTolBf16);
   EXPECT_LE(RelError(d_rstd.ToHost(), rstd), kTolStat);
+}
+
+// A block per row up to 8192 wide: 320 (the last of 2 warps partly idle) and a whole
+// 1024-thread block; wider, a warp per row (16392: its lanes hold 64 or 65 vectors).
+TEST_F(LlamaOpsTest, RmsNormForwardMatchesReference) {
+  CheckRmsNormForward({37, 320, 1e-5f}, stream_);
+  CheckRmsNormForward({5, 8192, 1e-5f}, stream_);
+  CheckRmsNormForward({3, 16392, 1e-5f}, stream_);
 }
 
 void CheckRmsNormBackward(const RmsCase& k, cudaStream_t stream) {
@@ -362,15 +369,17 @@ TEST_F(EmbeddingTest, BackwardAccumulatesRowsPerToken) {
 // ---- argument checks (no GPU needed) ----
 
 // The norms' backward scratch (no GPU needed): one partial row (C; LayerNorm 2C, with the
-// bias) per row lane of the one-pass backward up to 8192 wide (lanes: 128K threads' worth of
-// rows, at most N), and per slab of rows of the column reduction wider (about 1024 blocks of
-// 256 channels in all, at least 8 rows a slab).
+// bias) per row lane of the one-pass backward up to 8192 wide (a lane per row of 256 blocks of
+// up to 512 threads, or of 128 wider blocks; at most N lanes), and per slab of rows of the
+// column reduction wider (about 1024 blocks of 256 channels in all, at least 8 rows a slab).
 TEST(LlamaOpsArgs, NormBackwardScratchIsAPartialRowPerLaneOrSlab) {
   // 4096 wide: rows of 512 threads, 256 lanes.
   EXPECT_EQ(RmsNormBackwardScratchFloats(8192, 4096), 256u * 4096);
   EXPECT_EQ(LayerNormBackwardScratchFloats(8192, 4096), 256u * 2 * 4096);
   // 8192 wide: rows of a whole 1024-thread block, 128 lanes.
   EXPECT_EQ(RmsNormBackwardScratchFloats(8192, 8192), 128u * 8192);
+  // 768 wide: 5 rows of 96 threads a block, 1280 lanes.
+  EXPECT_EQ(LayerNormBackwardScratchFloats(16384, 768), 1280u * 2 * 768);
   // Fewer rows than lanes: a lane a row.
   EXPECT_EQ(RmsNormBackwardScratchFloats(20, 264), 20u * 264);
   // Wider than one pass: 64 tiles, 16 slabs of 512 rows.

@@ -1,22 +1,24 @@
-// What the backwards of LayerNorm (layernorm.cu) and RMSNorm (rmsnorm.cu) share: the whole
-// backward in one pass for rows up to kOnePassNormMaxWidth wide, and for wider rows the
-// parameters' gradients as a column reduction over the rows.
+// What LayerNorm (layernorm.cu) and RMSNorm (rmsnorm.cu) share: rows up to kOnePassNormMaxWidth
+// wide go in one pass, forward and backward, and wider rows' backward takes the parameters'
+// gradients as a column reduction over the rows.
 //
-// Up to 8192 channels (GPT-2, GPT 6.7B, Llama-8B and Llama-70B widths), one kernel reads x, dy
-// and dx once and writes dx once: 4 x (N, C) bf16, the least the backward can move. A row is
-// spread over as many warps as it needs (8 channels a thread, in registers), so its two sums
-// take one exchange through shared memory and the row is never read twice; the next row's x
-// and dy load while the block waits on that exchange. Each thread sums its channels' dweight
-// (and dbias) over the rows it visits in registers, and the row lanes' partial rows are added
-// in order afterwards (LaunchAddColumnSums). At 8192 x 4096 on an H100: 0.112 ms a LayerNorm
+// One pass, up to 8192 channels (GPT-2, GPT 6.7B, Llama-8B and Llama-70B widths): a row is
+// spread over as many warps as it needs, 8 channels a thread held in registers, so the row is
+// read once and its sums take an exchange through shared memory. The forwards are a block per
+// row. The backward reads x, dy and dx once and writes dx once, 4 x (N, C) bf16, the least it
+// can move; its blocks walk rows in lanes, the next row's x and dy loading while the block
+// waits on the exchange, and each thread sums its channels' dweight (and dbias) over its lane's
+// rows in registers. The lanes' partial rows are added in order afterwards
+// (LaunchAddColumnSums). At 8192 x 4096 on an H100 the backward takes 0.112 ms a LayerNorm
 // (2.4 TB/s of the least traffic) and 0.099 ms an RMSNorm, where the two kernels below moved
 // 6 x (N, C) in 0.197 and 0.193 ms.
 //
-// A wider row would need more than a block's 1024 threads. There a warp per row computes dx
-// (its two sums, then the row again, from L1 or L2) and a column reduction over the rows the
-// parameters' gradients; both hold nothing but registers, so any C that is a multiple of 8 goes.
-#ifndef WEFT_WORKER_ENGINE_CUDA_NORM_BACKWARD_CUH_
-#define WEFT_WORKER_ENGINE_CUDA_NORM_BACKWARD_CUH_
+// A wider row would need more than a block's 1024 threads. There the forwards are a warp per
+// row (the row read again from L1), and the backward a warp per row for dx (its two sums, then
+// the row again, from L1 or L2) and a column reduction over the rows for the parameters'
+// gradients. They hold nothing but registers, so any C that is a multiple of 8 goes.
+#ifndef WEFT_WORKER_ENGINE_CUDA_NORM_CUH_
+#define WEFT_WORKER_ENGINE_CUDA_NORM_CUH_
 
 #include <cuda_runtime.h>
 
@@ -29,9 +31,9 @@
 
 namespace weft::engine::cuda::internal {
 
-// Phase 1 of the parameters' gradients, on the column slabs of bf16.cuh: block (tile, slab)
-// sums over its slab's rows, for its 256 channels, dy * xhat into partials[slab, col] and,
-// kWithBias, dy into partials[slab, C + col]. xhat = (x - mean) * rstd (LayerNorm; mean
+// Rows wider than one pass, phase 1 of the parameters' gradients, on the column slabs of
+// bf16.cuh: block (tile, slab) sums over its slab's rows, for its 256 channels, dy * xhat into
+// partials[slab, col] and, kWithBias, dy into partials[slab, C + col]. xhat = (x - mean) * rstd (LayerNorm; mean
 // read only kWithBias) or x * rstd (RMSNorm). LaunchAddColumnSums finishes.
 template <bool kWithBias>
 __global__ void __launch_bounds__(kWarpSize* kColumnRowLanes)
@@ -117,28 +119,33 @@ inline absl::Status LaunchNormParamGrad(float* dweight, float* dbias, const bf16
   return LaunchAddColumnSums(dweight, nullptr, c, scratch, slabs, c, stream);
 }
 
-// Widest row the one-pass backward takes: a row is at most one block of 1024 threads, 8
-// channels a thread.
+// Widest row the one-pass kernels take: a row is at most one block of 1024 threads, 8 channels
+// a thread.
 inline constexpr int kOnePassNormMaxBlockThreads = 1024;
 inline constexpr int kOnePassNormMaxWidth = kOnePassNormMaxBlockThreads * kVec;
 // Threads a block of narrow rows aims at (several rows share it, a row lane each).
 inline constexpr int kOnePassNormBlockThreads = 512;
-// Threads of the whole one-pass grid: 256 blocks of one 4096-wide row, or 128 of one 8192-wide
-// row, fill an H100 (64 registers a thread, 1024 threads an SM) in one wave.
-inline constexpr int kOnePassNormGridThreads = 256 * 512;
+// Blocks of the one-pass backward: 256 of up to 512 threads (one 4096-wide row, or several
+// narrower ones), or 128 of one 8192-wide row, are one wave on an H100 or H200 (64 registers a
+// thread, 1024 threads an SM, 132 SMs). A few more would be a second wave: 273 blocks of five
+// 768-wide rows took 0.072 ms where 256 took 0.054.
+inline constexpr int kOnePassNormBlocks = 256;
 
-inline bool UsesOnePassNormBackward(int c) { return c <= kOnePassNormMaxWidth; }
+inline bool UsesOnePassNorm(int c) { return c <= kOnePassNormMaxWidth; }
 inline int OnePassNormWarpsPerRow(int c) { return (c / kVec + kWarpSize - 1) / kWarpSize; }
+// Threads that hold one row, 8 channels each, in whole warps.
+inline int OnePassNormRowThreads(int c) { return OnePassNormWarpsPerRow(c) * kWarpSize; }
 // Rows a block of the one-pass backward takes at a time: narrow rows share a block.
 inline int OnePassNormLanesPerBlock(int c) {
-  const int row_threads = OnePassNormWarpsPerRow(c) * kWarpSize;
-  return std::max(1, kOnePassNormBlockThreads / row_threads);
+  return std::max(1, kOnePassNormBlockThreads / OnePassNormRowThreads(c));
 }
 // Row lanes of the one-pass backward: lane l takes rows l, l + lanes, ..., with one partial
 // row of the parameters' gradients each. A function of (N, C) alone, never of the device, so
 // the order of the sums is reproducible.
 inline int OnePassNormRowLanes(int n, int c) {
-  return std::min(n, kOnePassNormGridThreads / (OnePassNormWarpsPerRow(c) * kWarpSize));
+  const int blocks = OnePassNormRowThreads(c) > kOnePassNormBlockThreads ? kOnePassNormBlocks / 2
+                                                                         : kOnePassNormBlocks;
+  return std::min(n, blocks * OnePassNormLanesPerBlock(c));
 }
 
 // One row's inputs at one thread's 8 channels, still packed: loaded a round ahead, so their
@@ -253,7 +260,7 @@ __global__ void __launch_bounds__(kOnePassNormMaxBlockThreads)
 // Floats of scratch a norm's backward needs at (n, c): a partial row of C (RMSNorm) or 2C
 // (LayerNorm, with the bias) per row lane (one pass) or per slab of rows (wider rows).
 inline size_t NormBackwardScratchFloats(int n, int c, bool with_bias) {
-  if (!UsesOnePassNormBackward(c)) return NormParamGradScratchFloats(n, c, with_bias);
+  if (!UsesOnePassNorm(c)) return NormParamGradScratchFloats(n, c, with_bias);
   if (n <= 0 || c <= 0) return 0;
   return static_cast<size_t>(OnePassNormRowLanes(n, c)) * (with_bias ? 2 : 1) * c;
 }
@@ -266,17 +273,16 @@ absl::Status LaunchNormBackwardOnePass(bf16* dinp, float* dweight, float* dbias,
                                        const float* mean, const float* rstd, float* scratch,
                                        int n, int c, cudaStream_t stream) {
   const int lanes = OnePassNormRowLanes(n, c);
-  const int warps_per_row = OnePassNormWarpsPerRow(c);
-  const int row_threads = warps_per_row * kWarpSize;
   const int lanes_per_block = OnePassNormLanesPerBlock(c);
   const int blocks = (lanes + lanes_per_block - 1) / lanes_per_block;
   WEFT_BF16_RETURN_IF_ERROR(Launch(NormBackwardOnePassKernel<kLayerNorm>, blocks,
-                                   lanes_per_block * row_threads, 0, stream, dinp, scratch,
-                                   dout, inp, weight, mean, rstd, n, c, lanes, warps_per_row));
+                                   lanes_per_block * OnePassNormRowThreads(c), 0, stream, dinp,
+                                   scratch, dout, inp, weight, mean, rstd, n, c, lanes,
+                                   OnePassNormWarpsPerRow(c)));
   return LaunchAddColumnSums(dweight, dbias, c, scratch, lanes, (kLayerNorm ? 2 : 1) * c,
                              stream);
 }
 
 }  // namespace weft::engine::cuda::internal
 
-#endif  // WEFT_WORKER_ENGINE_CUDA_NORM_BACKWARD_CUH_
+#endif  // WEFT_WORKER_ENGINE_CUDA_NORM_CUH_
