@@ -33,8 +33,9 @@ namespace weft::engine::cuda::internal {
 
 // Rows wider than one pass, phase 1 of the parameters' gradients, on the column slabs of
 // bf16.cuh: block (tile, slab) sums over its slab's rows, for its 256 channels, dy * xhat into
-// partials[slab, col] and, kWithBias, dy into partials[slab, C + col]. xhat = (x - mean) * rstd (LayerNorm; mean
-// read only kWithBias) or x * rstd (RMSNorm). LaunchAddColumnSums finishes.
+// partials[slab, col] and, kWithBias, dy into partials[slab, C + col]. xhat = (x - mean) *
+// rstd (LayerNorm; mean read only kWithBias) or x * rstd (RMSNorm). LaunchAddColumnSums
+// finishes.
 template <bool kWithBias>
 __global__ void __launch_bounds__(kWarpSize* kColumnRowLanes)
     NormParamGradPartialKernel(float* __restrict__ partials,    // (slabs, C or 2C)
@@ -126,8 +127,8 @@ inline constexpr int kOnePassNormMaxWidth = kOnePassNormMaxBlockThreads * kVec;
 // Threads a block of narrow rows aims at (several rows share it, a row lane each).
 inline constexpr int kOnePassNormBlockThreads = 512;
 // Blocks of the one-pass backward: 256 of up to 512 threads (one 4096-wide row, or several
-// narrower ones), or 128 of one 8192-wide row, are one wave on an H100 or H200 (64 registers a
-// thread, 1024 threads an SM, 132 SMs). A few more would be a second wave: 273 blocks of five
+// narrower ones), or 128 of one wider row (up to 8192 wide, 1024 threads), are one wave on an
+// H100 or H200 (64 registers a thread, 1024 threads an SM, 132 SMs). A few more would be a second wave: 273 blocks of five
 // 768-wide rows took 0.072 ms where 256 took 0.054.
 inline constexpr int kOnePassNormBlocks = 256;
 
