@@ -128,8 +128,8 @@ inline constexpr int kOnePassNormMaxWidth = kOnePassNormMaxBlockThreads * kVec;
 inline constexpr int kOnePassNormBlockThreads = 512;
 // Blocks of the one-pass backward: 256 of up to 512 threads (one 4096-wide row, or several
 // narrower ones), or 128 of one wider row (up to 8192 wide, 1024 threads), are one wave on an
-// H100 or H200 (64 registers a thread, 1024 threads an SM, 132 SMs). A few more would be a second wave: 273 blocks of five
-// 768-wide rows took 0.072 ms where 256 took 0.054.
+// H100 or H200 (64 registers a thread, 1024 threads an SM, 132 SMs). A few more would be a
+// second wave: 273 blocks of five 768-wide rows took 0.072 ms where 256 took 0.054.
 inline constexpr int kOnePassNormBlocks = 256;
 
 inline bool UsesOnePassNorm(int c) { return c <= kOnePassNormMaxWidth; }
