@@ -4,10 +4,11 @@
 // Contract: the forward keeps mean and rstd (N) for the backward; the backward ACCUMULATES
 // (+=) into dinp (the residual stream's gradient), dweight and dbias.
 //
-// In bf16: C % 8 == 0, rows read as 16-byte vectors, fp32 math. Forward: one warp per row,
-// three passes over the row (mean, squared deviations as the CPU op, which stays accurate when
-// |mean| >> std, then the output; the second and third hit L1). The sums are taken in warp
-// order instead of the CPU's serial loop, hence ~1e-6 relative differences. Backward
+// In bf16: C % 8 == 0, rows read as 16-byte vectors, fp32 math. Forward: the mean, then the
+// squared deviations as the CPU op (which stays accurate when |mean| >> std), then the output;
+// up to 8192 wide a block per row holds the row in registers, wider rows take a warp each and
+// read the row three times (the second and third from L1). The sums are taken in warp and
+// block order instead of the CPU's serial loop, hence ~1e-6 relative differences. Backward
 // (norm.cuh): up to 8192 wide one pass, a row over one block's warps; wider, a warp per
 // row for dinp and a column reduction for dweight/dbias. Either way the parameters' sums run
 // in a fixed order, so the result is bit-identical run to run.
@@ -41,6 +42,7 @@ using internal::StoreVec;
 // Row stride of one lane's 8-channel vectors within a row.
 constexpr int kLaneStride = kWarpSize * kVec;
 
+// The forward of rows wider than the one-pass kernel below takes: a warp per row.
 __global__ void LayerNormForwardKernel(bf16* __restrict__ out,           // (N, C)
                                        float* __restrict__ mean,         // (N)
                                        float* __restrict__ rstd,         // (N)

@@ -9,8 +9,9 @@
 // Backward, with xhat = x * rstd and g = dy * weight:
 //   dx = rstd * (g - xhat * mean(g * xhat)),   dweight = sum over rows of dy * xhat.
 //
-// In bf16: C % 8 == 0, rows read as 16-byte vectors, fp32 math, one warp per row (the sum of
-// squares is a warp butterfly, then the row is read again from L1 for the output). The backward
+// In bf16: C % 8 == 0, rows read as 16-byte vectors, fp32 math. The forward is a block per row
+// up to 8192 wide (the row held in registers), wider a warp per row (the sum of squares a warp
+// butterfly, then the row read again from L1 for the output). The backward
 // (norm.cuh) is one pass up to 8192 wide; wider, a warp per row for dx and a column
 // reduction for dweight. The dweight sums run in a fixed order: bit-identical run to run.
 #include <cuda_runtime.h>
@@ -38,6 +39,7 @@ constexpr int kForwardWarps = internal::kBlockSize / kWarpSize;  // rows a block
 // A lane's successive 8-channel vectors of a row are this many channels apart.
 constexpr int kRowStep = kWarpSize * kVec;
 
+// The forward of rows wider than the one-pass kernel below takes: a warp per row.
 __global__ void RmsNormForwardKernel(bf16* __restrict__ out,           // (N, C)
                                      float* __restrict__ rstd,         // (N)
                                      const bf16* __restrict__ inp,     // (N, C)
