@@ -1,6 +1,7 @@
 // The GPU engine against the CPU engine (the numerical reference) and against itself across
-// world sizes. Label gpu: skips without a GPU (multi-GPU cases without 2 GPUs; world 2 also
-// runs as two ranks sharing one GPU, StagedCudaCommunicator, so one GPU covers its code).
+// world sizes. Label gpu: skips without a GPU (multi-GPU cases without 2 GPUs; world 2 and 4
+// also run as ranks sharing one GPU, through StagedCudaCommunicator or the in-process
+// collectives of tests/worker/comm, so one GPU covers their code).
 //
 // Tolerances (bf16 activations and working weights vs the fp32 CPU engine):
 //  - one micro-step of the model: loss within 1% relative; every unit's gradient within 5%
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -28,6 +30,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "tests/worker/comm/in_process_cuda_communicator.h"
 #include "tests/worker/skipped_step_expect.h"
 #include "tests/worker/snapshot_reader.h"
 #include "worker/comm/nccl_communicator.h"
@@ -214,16 +217,37 @@ struct Curve {
   size_t allocated_bytes = 0;
 };
 
-// A communicator of `size` ranks meeting under `prefix`: NCCL on GPU `device`, or with
-// `one_gpu` staged Gloo.
+// How the ranks of a test run reach each other.
+enum class Links {
+  kNccl,        // one GPU each (rank r on GPU r)
+  kStagedGloo,  // all on GPU 0: StagedCudaCommunicator over Gloo, every collective done on return
+  kInProcess,   // all on GPU 0: in-process collectives on the GPU, each done on return
+  kLate,        // the same enqueued as NCCL's are, and held back 2 ms after their inputs are ready
+};
+
+bool OneGpu(Links links) { return links != Links::kNccl; }
+
+// A communicator of `size` ranks meeting under `prefix` (of `store`).
 absl::StatusOr<std::unique_ptr<comm::CudaCommunicator>> Connect(Store* store, int rank, int size,
                                                                 const std::string& prefix,
-                                                                bool one_gpu, int device) {
-  if (one_gpu) {
-    comm::GlooOptions options;
-    options.store_prefix = prefix;
-    WEFT_ASSIGN_OR_RETURN(auto gloo, comm::CreateGlooCommunicator(store, rank, size, options));
-    return std::make_unique<StagedCudaCommunicator>(std::move(gloo));
+                                                                Links links, int device) {
+  switch (links) {
+    case Links::kStagedGloo: {
+      comm::GlooOptions options;
+      options.store_prefix = prefix;
+      WEFT_ASSIGN_OR_RETURN(auto gloo, comm::CreateGlooCommunicator(store, rank, size, options));
+      return std::make_unique<StagedCudaCommunicator>(std::move(gloo));
+    }
+    case Links::kInProcess:
+    case Links::kLate: {
+      comm::testing::InProcessOptions options;
+      options.synchronous = links == Links::kInProcess;
+      options.late_us = links == Links::kLate ? 2000 : 0;
+      return comm::testing::CreateInProcessCudaCommunicator(
+          absl::StrCat(reinterpret_cast<uintptr_t>(store), "/", prefix), rank, size, options);
+    }
+    case Links::kNccl:
+      break;
   }
   comm::NcclOptions options;
   options.device = device;
@@ -233,10 +257,10 @@ absl::StatusOr<std::unique_ptr<comm::CudaCommunicator>> Connect(Store* store, in
 }
 
 // Trains `spec` on `world` GPUs (threads of this process, NCCL) and returns rank 0's losses;
-// with `one_gpu`, all ranks on GPU 0 through StagedCudaCommunicator. A `group_size` below the
+// with other `links`, all ranks on GPU 0. A `group_size` below the
 // world shards over groups of that many ranks, replicated (hybrid sharding, connected as
 // worker/device_backend.cc does).
-Curve TrainGpu(const weft::v1::JobSpec& spec, int world, bool one_gpu = false,
+Curve TrainGpu(const weft::v1::JobSpec& spec, int world, Links links = Links::kNccl,
                int group_size = 0, const ZeroCudaOptions& options = {}, int eval_every = 0) {
   if (group_size == 0) group_size = world;
   const int replicas = world / group_size;
@@ -246,17 +270,17 @@ Curve TrainGpu(const weft::v1::JobSpec& spec, int world, bool one_gpu = false,
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
-      cudaSetDevice(one_gpu ? 0 : rank);
+      const int device = OneGpu(links) ? 0 : rank;
+      cudaSetDevice(device);
       const int group = rank / group_size, position = rank % group_size;
-      const std::string base = one_gpu ? "gloo" : "nccl";
+      const std::string base = OneGpu(links) ? "gloo" : "nccl";
       auto c = Connect(&store, position, group_size,
-                       replicas > 1 ? absl::StrCat(base, "/group/", group) : base, one_gpu,
-                       one_gpu ? 0 : rank);
+                       replicas > 1 ? absl::StrCat(base, "/group/", group) : base, links, device);
       absl::StatusOr<std::unique_ptr<comm::CudaCommunicator>> across =
           std::unique_ptr<comm::CudaCommunicator>();  // none with one replica
       if (c.ok() && replicas > 1) {
         across = Connect(&store, group, replicas, absl::StrCat(base, "/replica/", position),
-                         one_gpu, one_gpu ? 0 : rank);
+                         links, device);
       }
       if (!c.ok() || !across.ok()) {
         errors[rank] = c.ok() ? across.status() : c.status();
@@ -529,8 +553,8 @@ TEST_F(ZeroCudaTest, TrainingRepeatsBitForBit) {
     for (int world : {1, 2}) {
       SCOPED_TRACE(absl::StrCat(llama ? "llama" : "gpt2", " world ", world));
       const weft::v1::JobSpec spec = SmallSpec(4, 6, llama);
-      const Curve first = TrainGpu(spec, world, /*one_gpu=*/true);
-      const Curve second = TrainGpu(spec, world, /*one_gpu=*/true);
+      const Curve first = TrainGpu(spec, world, Links::kStagedGloo);
+      const Curve second = TrainGpu(spec, world, Links::kStagedGloo);
       ASSERT_EQ(first.losses.size(), 6u);
       EXPECT_EQ(first.losses, second.losses);
       EXPECT_EQ(first.grad_norms, second.grad_norms);
@@ -548,15 +572,16 @@ TEST_F(ZeroCudaTest, OneGpuFollowsTheCpuEngine) {
   }
 }
 
-// ZeRO-3 on 2 GPUs (or 2 ranks on one, `one_gpu`) against 1, the same global batch split in
+// ZeRO-3 on 2 GPUs (or 2 ranks on one, `links`) against 1, the same global batch split in
 // two (or over `ranks`, 4 at most), with `accum` micro-steps a step.
-void ExpectTwoGpusFollowOne(bool llama, bool one_gpu = false, int accum = 2, int ranks = 2) {
+void ExpectTwoGpusFollowOne(bool llama, Links links = Links::kNccl, int accum = 2,
+                            int ranks = 2) {
   weft::v1::JobSpec one_spec = SmallSpec(4, 200, llama);
   weft::v1::JobSpec two_spec = SmallSpec(4 / ranks, 200, llama);
   one_spec.mutable_training()->set_grad_accum_steps(accum);
   two_spec.mutable_training()->set_grad_accum_steps(accum);
   const Curve one = TrainGpu(one_spec, 1);
-  const Curve two = TrainGpu(two_spec, ranks, one_gpu);
+  const Curve two = TrainGpu(two_spec, ranks, links);
   ASSERT_EQ(two.losses.size(), 200u);
   // The first step starts from the same weights: only rounding tells the worlds apart.
   EXPECT_NEAR(two.losses[0], one.losses[0], 1e-3 * one.losses[0]);
@@ -599,7 +624,7 @@ TEST_F(ZeroCudaTest, TwoRanksOnOneGpuFollowOneRank) {
   for (const bool llama : {false, true}) {
     for (const int accum : {2, 1}) {
       SCOPED_TRACE(absl::StrCat(llama ? "llama" : "gpt2", " grad_accum_steps ", accum));
-      ExpectTwoGpusFollowOne(llama, /*one_gpu=*/true, accum);
+      ExpectTwoGpusFollowOne(llama, Links::kStagedGloo, accum);
     }
   }
 }
@@ -609,7 +634,7 @@ TEST_F(ZeroCudaTest, TwoRanksOnOneGpuFollowOneRank) {
 // also owns the first 32 elements of the LM head's piece: the range gathers and reduces
 // (comm/range_collectives.h) with uneven parts, on every micro-step and accumulating.
 TEST_F(ZeroCudaTest, FourRanksOnOneGpuSplitTheLlamaHeadUnevenly) {
-  ExpectTwoGpusFollowOne(/*llama=*/true, /*one_gpu=*/true, /*accum=*/2, /*ranks=*/4);
+  ExpectTwoGpusFollowOne(/*llama=*/true, Links::kStagedGloo, /*accum=*/2, /*ranks=*/4);
 }
 
 // Under full checkpointing the head's fp32 gradient and the two block slots' are one buffer
@@ -624,9 +649,9 @@ TEST_F(ZeroCudaTest, FourRanksOnOneGpuTakeTurnsInOneGradientBuffer) {
   weft::v1::JobSpec spec = SmallSpec(1, 30, /*llama=*/true);
   spec.mutable_model()->set_num_layers(3);
   spec.mutable_training()->set_activation_checkpointing(weft::v1::ActivationCheckpointing::NONE);
-  const Curve apart = TrainGpu(spec, 4, /*one_gpu=*/true);
+  const Curve apart = TrainGpu(spec, 4, Links::kStagedGloo);
   spec.mutable_training()->set_activation_checkpointing(weft::v1::ActivationCheckpointing::FULL);
-  const Curve turns = TrainGpu(spec, 4, /*one_gpu=*/true);
+  const Curve turns = TrainGpu(spec, 4, Links::kStagedGloo);
   ASSERT_EQ(apart.losses.size(), 30u);
   EXPECT_EQ(turns.losses, apart.losses);
   EXPECT_EQ(turns.grad_norms, apart.grad_norms);
@@ -649,10 +674,10 @@ TEST_F(ZeroCudaTest, FourRanksOnOneGpuReduceATiedHeadTwice) {
     spec.mutable_training()->set_grad_accum_steps(accum);
     spec.mutable_training()->set_activation_checkpointing(
         weft::v1::ActivationCheckpointing::NONE);
-    const Curve apart = TrainGpu(spec, 4, /*one_gpu=*/true);
+    const Curve apart = TrainGpu(spec, 4, Links::kStagedGloo);
     spec.mutable_training()->set_activation_checkpointing(
         weft::v1::ActivationCheckpointing::FULL);
-    const Curve turns = TrainGpu(spec, 4, /*one_gpu=*/true);
+    const Curve turns = TrainGpu(spec, 4, Links::kStagedGloo);
     ASSERT_EQ(apart.losses.size(), 10u);
     ASSERT_EQ(turns.losses.size(), 10u);
     for (size_t i = 0; i < apart.losses.size(); ++i) {
@@ -711,7 +736,7 @@ struct LayoutCase {
       spec.mutable_optimizer()->set_offload(true);
       spec.mutable_optimizer()->set_offload_fraction(offload_fraction);
     }
-    return TrainGpu(spec, world, /*one_gpu=*/true, group_size, options, /*eval_every=*/3);
+    return TrainGpu(spec, world, Links::kStagedGloo, group_size, options, /*eval_every=*/3);
   }
 };
 
@@ -774,10 +799,43 @@ TEST_F(ZeroCudaTest, OneBlockGradientSlotChangesNoBit) {
     spec.mutable_model()->set_num_layers(4);
     spec.mutable_training()->set_grad_accum_steps(c.accum);
     spec.mutable_training()->set_activation_checkpointing(weft::v1::ActivationCheckpointing::FULL);
-    const Curve apart = TrainGpu(spec, 4, /*one_gpu=*/true, c.group_size, two);
-    const Curve one = TrainGpu(spec, 4, /*one_gpu=*/true, c.group_size);
+    const Curve apart = TrainGpu(spec, 4, Links::kStagedGloo, c.group_size, two);
+    const Curve one = TrainGpu(spec, 4, Links::kStagedGloo, c.group_size);
     ASSERT_EQ(apart.losses.size(), 8u);
     ExpectSameBitsInLessMemory(one, apart);
+  }
+}
+
+// NCCL runs a collective when its stream reaches it, and the host never waits; the staged
+// Gloo of the tests above finishes each before its call returns, so a wait the engine forgot
+// between its compute stream and the collectives would not show there. Here the collectives
+// run on the GPU as NCCL's do, held back 2 ms once their inputs are ready (Links::kLate), and
+// must change no bit against the same collectives finished before each call returns: 4 ranks
+// at FULL (one block-gradient buffer, an untied head's turn in it, a tied head reduced twice),
+// at NONE (gradients over spent activations), with accumulation, hybrid (2 x 2: the replica
+// all-reduce), updating in the next forward and evaluating between steps. Dropping the wait
+// for the previous block's reduce-scatter in one buffer (WaitForSlotScatters) fails it.
+TEST_F(ZeroCudaTest, LateCollectivesChangeNoBit) {
+  using Level = weft::v1::ActivationCheckpointing;
+  struct Case {
+    bool llama;
+    Level::Level level;
+    int accum;
+    int group_size;  // 0: the world
+  };
+  for (const Case& c : {Case{true, Level::FULL, 1, 0}, Case{false, Level::FULL, 1, 0},
+                        Case{false, Level::FULL, 2, 0}, Case{true, Level::NONE, 2, 0},
+                        Case{true, Level::FULL, 2, 2}, Case{false, Level::NONE, 1, 2}}) {
+    SCOPED_TRACE(absl::StrCat(c.llama ? "llama " : "gpt2 ", Level::Level_Name(c.level),
+                              " accum ", c.accum, " group ", c.group_size));
+    weft::v1::JobSpec spec = SmallSpec(1, 8, c.llama);
+    spec.mutable_model()->set_num_layers(3);
+    spec.mutable_training()->set_grad_accum_steps(c.accum);
+    spec.mutable_training()->set_activation_checkpointing(c.level);
+    const Curve done = TrainGpu(spec, 4, Links::kInProcess, c.group_size, {}, /*eval_every=*/3);
+    const Curve late = TrainGpu(spec, 4, Links::kLate, c.group_size, {}, /*eval_every=*/3);
+    ASSERT_EQ(done.losses.size(), 8u);
+    ExpectSameBits(late, done);
   }
 }
 
@@ -855,8 +913,8 @@ TEST_F(ZeroCudaTest, HybridShardingOnOneGpuFollowsFullSharding) {
     SCOPED_TRACE(absl::StrCat(replicas, "x", group_size));
     const int world = replicas * group_size;
     const weft::v1::JobSpec spec = SmallSpec(2, 60);
-    const Curve full = TrainGpu(spec, world, /*one_gpu=*/true);
-    const Curve hybrid = TrainGpu(spec, world, /*one_gpu=*/true, group_size);
+    const Curve full = TrainGpu(spec, world, Links::kStagedGloo);
+    const Curve hybrid = TrainGpu(spec, world, Links::kStagedGloo, group_size);
     ASSERT_EQ(hybrid.losses.size(), 60u);
     EXPECT_NEAR(hybrid.losses[0], full.losses[0], 1e-4 * full.losses[0]);
     EXPECT_NEAR(hybrid.grad_norms[0], full.grad_norms[0], 1e-3 * full.grad_norms[0]);
@@ -1144,10 +1202,10 @@ TEST_F(ZeroCudaTest, OffloadedOptimizerFollowsTheGpuOptimizer) {
 
 TEST_F(ZeroCudaTest, PartiallyOffloadedOptimizerOnTwoRanks) {
   weft::v1::JobSpec spec = SmallSpec(4, 8, /*llama=*/true);
-  const Curve gpu = TrainGpu(spec, 2, /*one_gpu=*/true);
+  const Curve gpu = TrainGpu(spec, 2, Links::kStagedGloo);
   spec.mutable_optimizer()->set_offload(true);
   spec.mutable_optimizer()->set_offload_fraction(0.5);
-  const Curve host = TrainGpu(spec, 2, /*one_gpu=*/true);
+  const Curve host = TrainGpu(spec, 2, Links::kStagedGloo);
   ASSERT_EQ(host.params.size(), gpu.params.size());
   EXPECT_LT(WorstRelative(host.losses, gpu.losses), 1e-3);
   for (size_t u = 0; u < gpu.params.size(); ++u) {
@@ -1213,7 +1271,7 @@ TEST_F(ZeroCudaTest, ARankThatCannotBuildFailsEveryRank) {
     for (int rank = 0; rank < 2; ++rank) {
       threads.emplace_back([&, rank] {
         cudaSetDevice(0);
-        auto c = Connect(&store, rank, 2, "gloo", /*one_gpu=*/true, 0);
+        auto c = Connect(&store, rank, 2, "gloo", Links::kStagedGloo, 0);
         if (!c.ok()) {
           created[rank] = c.status();
           return;
