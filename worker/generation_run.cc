@@ -4,8 +4,11 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <thread>
+#include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "client/remote_store.h"
 #include "common/status.h"
@@ -68,6 +71,7 @@ void GenerationRun::ReportError(const absl::Status& status, bool permanent) {
   if (aborted_.load()) return;  // the generation was ended for us; our failure is a symptom
   spdlog::error("job {} generation {} rank {}: {}", job_id(), generation(), rank_,
                 std::string(status.message()));
+  if (step_reports_ != nullptr) step_reports_->Flush();  // the steps it follows go first
   weft::v1::ReportProgressRequest report = NewReport();
   report.set_error(std::string(status.message()));
   report.set_error_is_permanent(permanent);
@@ -330,8 +334,23 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
   // Every rank sees the same global norm, so all of them skip, and give up, at the same step.
   SkippedRun skipped;
   const int32_t max_skipped = command_.spec().fault().max_skipped_steps();
+  std::optional<StepReports> reports;
+  if (rank_ == 0) {
+    reports.emplace([this](const weft::v1::ReportProgressRequest& report) {
+      return client_->ReportProgress(report);
+    });
+  }
+  step_reports_ = reports ? &*reports : nullptr;
+  // Reports still queued go out before the loop's end (the destructor), except once the
+  // generation is over: nobody reads them then.
+  const absl::Cleanup done = [&] {
+    step_reports_ = nullptr;
+    if (reports && (aborted_.load() || reports->stopped())) reports->Discard();
+  };
+  const auto ended = [&] { return reports && reports->stopped(); };
   for (int64_t step = start_step; step < total; ++step) {
     if (aborted_.load()) return absl::AbortedError("aborted");
+    if (ended()) return absl::AbortedError("the coordinator ended the generation");
     auto result = engine.TrainStep(step, train_batch);
     if (!result.ok()) {
       const absl::Status s(result.status().code(),
@@ -372,12 +391,15 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
     const double tokens_per_s = tokens_per_step / (result->timings.step_ms / 1000.0);
     const double mfu = Mfu(tokens_per_s / world, flops_per_token, options_.peak_flops);
     metrics_->RecordStep(step + 1, *result, tokens_per_s, mfu, engine.StateBytes());
-    if (rank_ == 0 && !ReportStep(step + 1, *result, tokens_per_s, mfu, val_loss, training)) {
-      return absl::AbortedError("the coordinator ended the generation");
+    if (reports) {
+      ReportStep(step + 1, *result, tokens_per_s, mfu, val_loss, training, &*reports);
+    } else {
+      // Rank 0's step reports carry its own failed saves; the other ranks report theirs.
+      ReportCheckpointFailure(training.checkpointer);
     }
-    // Rank 0's step reports carry its own failed saves; the other ranks report theirs.
-    if (rank_ != 0) ReportCheckpointFailure(training.checkpointer);
   }
+  if (reports) reports->Flush();
+  if (ended()) return absl::AbortedError("the coordinator ended the generation");
   return absl::OkStatus();
 }
 
@@ -404,8 +426,9 @@ absl::StatusOr<double> GenerationRun::MaybeValidate(int64_t completed, const Tra
   return *v;
 }
 
-bool GenerationRun::ReportStep(int64_t completed, const StepResult& result, double tokens_per_s,
-                               double mfu, double val_loss, const Training& training) {
+void GenerationRun::ReportStep(int64_t completed, const StepResult& result, double tokens_per_s,
+                               double mfu, double val_loss, const Training& training,
+                               StepReports* reports) {
   const TrainingEngine& engine = *training.backend->engine;
   weft::v1::ReportProgressRequest report = NewReport();
   auto* m = report.mutable_metrics();
@@ -425,8 +448,7 @@ bool GenerationRun::ReportStep(int64_t completed, const StepResult& result, doub
   m->set_engine_device_bytes(static_cast<int64_t>(engine.EngineDeviceBytes()));
   m->set_device_used_bytes(static_cast<int64_t>(engine.DeviceUsedBytes()));
   AddCheckpointOutcome(training.checkpointer, &report);
-  auto answer = client_->ReportProgress(report);
-  return !answer.ok() || answer->continue_training();
+  reports->Send(std::move(report));
 }
 
 bool GenerationRun::AddCheckpointOutcome(Checkpointer* checkpointer,

@@ -26,6 +26,7 @@
 #include "worker/training_engine.h"
 #include "worker/model_io.h"
 #include "worker/sharding_groups.h"
+#include "worker/step_reports.h"
 #include "worker/worker_metrics.h"
 #include "weft/v1/worker.pb.h"
 
@@ -107,9 +108,9 @@ class GenerationRun {
   // Validation after `completed` steps when it is due; returns the latest validation loss.
   absl::StatusOr<double> MaybeValidate(int64_t completed, const Training& training,
                                        double val_loss);
-  // Rank 0: reports a completed step; false when the coordinator ended the generation.
-  bool ReportStep(int64_t completed, const StepResult& result, double tokens_per_s, double mfu,
-                  double val_loss, const Training& training);
+  // Rank 0: queues the report of a completed step on `reports` (sent from its thread).
+  void ReportStep(int64_t completed, const StepResult& result, double tokens_per_s, double mfu,
+                  double val_loss, const Training& training, StepReports* reports);
   // Gathers the model (each group gathers its own copy, over the group), and on rank 0 writes
   // it and reports the job finished.
   absl::Status Finish(const Training& training);
@@ -123,7 +124,8 @@ class GenerationRun {
   // Ranks other than 0, which send no step reports: a report of their failed save, if any.
   void ReportCheckpointFailure(Checkpointer* checkpointer);
   weft::v1::ReportProgressRequest NewReport() const;
-  // Tells the coordinator this rank failed (unless the run was aborted: then it is expected).
+  // Tells the coordinator this rank failed (unless the run was aborted: then it is expected),
+  // behind the step reports still queued.
   void ReportError(const absl::Status& status, bool permanent);
   // A collective failed. When a peer died, the survivors' collectives fail at once (the TCP
   // connection resets) while the coordinator needs up to a heartbeat timeout to see the death;
@@ -138,6 +140,8 @@ class GenerationRun {
   // As assigned by the JoinJob command; Join confirms it.
   int32_t rank_;
   int32_t ranks_on_host_ = 1;  // the generation's ranks on this host (JoinResponse)
+  // Rank 0's step reports while StepLoop runs (its local), else null.
+  StepReports* step_reports_ = nullptr;
 
   absl::Mutex mu_;
   absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);

@@ -813,7 +813,8 @@ TEST_F(ZeroCudaTest, OneBlockGradientSlotChangesNoBit) {
 // must change no bit against the same collectives finished before each call returns: 4 ranks
 // at FULL (one block-gradient buffer, an untied head's turn in it, a tied head reduced twice),
 // at NONE (gradients over spent activations), with accumulation, hybrid (2 x 2: the replica
-// all-reduce), updating in the next forward and evaluating between steps. Dropping the wait
+// all-reduce), half the optimizer offloaded (the host step copies the scattered gradients
+// out), updating in the next forward and evaluating between steps. Dropping the wait
 // for the previous block's reduce-scatter in one buffer (WaitForSlotScatters) fails it.
 TEST_F(ZeroCudaTest, LateCollectivesChangeNoBit) {
   using Level = weft::v1::ActivationCheckpointing;
@@ -821,17 +822,24 @@ TEST_F(ZeroCudaTest, LateCollectivesChangeNoBit) {
     bool llama;
     Level::Level level;
     int accum;
-    int group_size;  // 0: the world
+    int group_size;         // 0: the world
+    double offload = 0.0;  // optimizer.offload_fraction
   };
   for (const Case& c : {Case{true, Level::FULL, 1, 0}, Case{false, Level::FULL, 1, 0},
                         Case{false, Level::FULL, 2, 0}, Case{true, Level::NONE, 2, 0},
-                        Case{true, Level::FULL, 2, 2}, Case{false, Level::NONE, 1, 2}}) {
+                        Case{true, Level::FULL, 2, 2}, Case{false, Level::NONE, 1, 2},
+                        Case{true, Level::NONE, 1, 0, 0.5}}) {
     SCOPED_TRACE(absl::StrCat(c.llama ? "llama " : "gpt2 ", Level::Level_Name(c.level),
-                              " accum ", c.accum, " group ", c.group_size));
+                              " accum ", c.accum, " group ", c.group_size, " offload ",
+                              c.offload));
     weft::v1::JobSpec spec = SmallSpec(1, 8, c.llama);
     spec.mutable_model()->set_num_layers(3);
     spec.mutable_training()->set_grad_accum_steps(c.accum);
     spec.mutable_training()->set_activation_checkpointing(c.level);
+    if (c.offload > 0) {
+      spec.mutable_optimizer()->set_offload(true);
+      spec.mutable_optimizer()->set_offload_fraction(c.offload);
+    }
     const Curve done = TrainGpu(spec, 4, Links::kInProcess, c.group_size, {}, /*eval_every=*/3);
     const Curve late = TrainGpu(spec, 4, Links::kLate, c.group_size, {}, /*eval_every=*/3);
     ASSERT_EQ(done.losses.size(), 8u);
