@@ -131,8 +131,9 @@ void TimeMmaSyncBackward(Timer& timer, double flops, bf16* dqkv, const bf16* dy,
 }  // namespace
 
 // One GPT-2 block, forward then backward, in GptCuda's order (engine/cuda/gpt2_model.cc):
-// LayerNorm, qkv (+bias), flash attention, projection (+bias), residual; LayerNorm, fc with
-// GELU in the epilogue, projection; the backward's bias gradients and GELU-in-epilogue GEMM.
+// LayerNorm, qkv (+bias), flash attention, projection (+bias and the residual in the epilogue);
+// LayerNorm, fc with GELU in the epilogue, projection (+residual); the backward's bias
+// gradients and GELU-in-epilogue GEMM.
 void TimeGptBlock(Timer& timer, cuda::Blas& blas, int b, int t, int c, int nh, std::mt19937& rng) {
   const int hs = c / nh;
   const int n = b * t;
@@ -178,19 +179,17 @@ void TimeGptBlock(Timer& timer, cuda::Blas& blas, int b, int t, int c, int nh, s
   timer.Flops("attention_fwd", F, attn_fwd,
               [&] { return cuda::FlashAttentionForward(y, lse, qkv, b, nh, nh, t, hs, stream); });
   TimeMmaSyncForward(timer, attn_fwd, y, lse, qkv, b, nh, nh, t, hs, stream);
-  timer.Flops("attn_out_fwd", F, gemm * c,
-              [&] { return blas.LinearForward(tmp, y, w_out, bias, n, c, c, stream); });
-  timer.Bytes("residual_fwd", F, 3.0 * nc * 2,
-              [&] { return cuda::ResidualForward(tmp, x, tmp, static_cast<int64_t>(nc), stream); });
+  timer.Flops("attn_out_residual_fwd", F, gemm * c, [&] {
+    return blas.LinearForwardResidual(tmp, y, w_out, bias, x, n, c, c, stream);
+  });
   timer.Bytes("layernorm_fwd", F, 2.0 * nc * 2,
               [&] { return cuda::LayerNormForward(xn, mean, rstd, x, ln_w, bias, n, c, stream); });
   timer.Flops("fc_gelu_fwd", F, gemm * 4 * c, [&] {
     return blas.LinearForwardGelu(fcg, fch, xn, w_fc, bias, n, c, 4 * c, stream);
   });
-  timer.Flops("fcproj_fwd", F, gemm * 4 * c,
-              [&] { return blas.LinearForward(tmp, fcg, w_proj, bias, n, 4 * c, c, stream); });
-  timer.Bytes("residual_fwd", F, 3.0 * nc * 2,
-              [&] { return cuda::ResidualForward(tmp, x, tmp, static_cast<int64_t>(nc), stream); });
+  timer.Flops("fcproj_residual_fwd", F, gemm * 4 * c, [&] {
+    return blas.LinearForwardResidual(tmp, fcg, w_proj, bias, x, n, 4 * c, c, stream);
+  });
 
   timer.Flops("fcproj_bwd_weight", B, gemm * 4 * c,
               [&] { return blas.LinearBackwardWeight(dw, dres, fcg, n, 4 * c, c, true, stream); });
@@ -320,10 +319,8 @@ int main(int argc, char** argv) {
       return cuda::FlashAttentionForward(y, lse, qkv, b, nh, nkv, t, hs, stream);
     });
     TimeMmaSyncForward(timer, attn_fwd, y, lse, qkv, b, nh, nkv, t, hs, stream);
-    timer.Flops("attn_out_fwd", F, gemm * c,
-                [&] { return blas.LinearForward(tmp, y, w_out, nullptr, n, c, c, stream); });
-    timer.Bytes("residual_fwd", F, 3.0 * nc * 2, [&] {
-      return cuda::ResidualForward(tmp, x, tmp, static_cast<int64_t>(nc), stream);
+    timer.Flops("attn_out_residual_fwd", F, gemm * c, [&] {
+      return blas.LinearForwardResidual(tmp, y, w_out, nullptr, x, n, c, c, stream);
     });
     timer.Bytes("rmsnorm_fwd", F, 2.0 * nc * 2,
                 [&] { return cuda::RmsNormForward(xn, rstd, x, norm_w, n, c, 1e-5f, stream); });
@@ -332,10 +329,8 @@ int main(int argc, char** argv) {
     });
     timer.Bytes("swiglu_fwd", F, 3.0 * n * inter * 2,
                 [&] { return cuda::SwiGluForward(act, gate_up, n, inter, stream); });
-    timer.Flops("down_fwd", F, 2.0 * n * inter * c,
-                [&] { return blas.LinearForward(tmp, act, w_down, nullptr, n, inter, c, stream); });
-    timer.Bytes("residual_fwd", F, 3.0 * nc * 2, [&] {
-      return cuda::ResidualForward(tmp, x, tmp, static_cast<int64_t>(nc), stream);
+    timer.Flops("down_residual_fwd", F, 2.0 * n * inter * c, [&] {
+      return blas.LinearForwardResidual(tmp, act, w_down, nullptr, x, n, inter, c, stream);
     });
 
     // Backward, in the block's order (weight gradients fp32 +=).

@@ -16,6 +16,10 @@
 #include "worker/engine/cuda/reduce.h"
 
 namespace weft::comm::testing {
+
+// Holds `stream` for `us` microseconds on the GPU (in_process_cuda_delay.cu).
+cudaError_t LaunchDelay(int64_t us, cudaStream_t stream);
+
 namespace {
 
 using engine::cuda::CudaStatus;
@@ -46,11 +50,6 @@ struct Posted {
   int root = 0;
 };
 
-// Holds the collective's stream for `late_us` (a host function: it blocks the stream while it
-// sleeps and touches nothing of CUDA).
-void CUDART_CB Sleep(void* late_us) {
-  std::this_thread::sleep_for(std::chrono::microseconds(reinterpret_cast<intptr_t>(late_us)));
-}
 
 // The ranks of one group: where they meet, and the stream their collectives run on.
 class Group {
@@ -133,9 +132,7 @@ class Group {
           CudaStatus(cudaStreamWaitEvent(stream_, ready_[r], 0), "cudaStreamWaitEvent"));
     }
     if (options_.late_us > 0) {
-      WEFT_RETURN_IF_ERROR(CudaStatus(
-          cudaLaunchHostFunc(stream_, Sleep, reinterpret_cast<void*>(options_.late_us)),
-          "cudaLaunchHostFunc"));
+      WEFT_RETURN_IF_ERROR(CudaStatus(LaunchDelay(options_.late_us, stream_), "LaunchDelay"));
     }
     WEFT_RETURN_IF_ERROR(Run(first));
     return CudaStatus(cudaEventRecord(done_, stream_), "cudaEventRecord");

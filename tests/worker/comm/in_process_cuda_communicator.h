@@ -8,9 +8,10 @@
 // forgets an event between its compute stream and stream() is then racing the collective, as it
 // would be with NCCL.
 //
-// What it adds: `late_us` holds every collective back on the GPU after its inputs are ready,
-// so compute that does not wait for it runs first, and a missed wait shows as wrong values
-// rather than as a race NCCL on fast links usually wins. With `synchronous` the call returns
+// What it adds: `late_us` holds every collective back on the GPU after its inputs are ready (a
+// one-thread kernel spinning on the GPU's timer ahead of it), so compute that does not wait
+// for it runs first, and a missed wait shows as wrong values rather than as a race NCCL on
+// fast links usually wins. With `synchronous` the call returns
 // only once the collective is done (StagedCudaCommunicator's behaviour): the reference a late
 // run must match bit for bit, since both sum in the same order.
 //

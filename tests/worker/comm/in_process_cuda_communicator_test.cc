@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <latch>
 #include <memory>
 #include <string>
 #include <vector>
@@ -139,17 +140,21 @@ TEST_F(InProcessCudaCommunicatorTest, CollectivesGiveTheirResults) {
 }
 
 // The call returns with the collective still to run: a read that does not wait for the
-// communicator's stream sees the old values; one behind it, the sums.
+// communicator's stream sees the old values; one behind it, the sums. The ranks make their
+// first reads before either makes its second: a read into pageable memory that waits for the
+// collective can hold up the driver's other pageable copies until then.
 TEST_F(InProcessCudaCommunicatorTest, ALateCollectiveLandsOnlyBehindItsStream) {
   InProcessOptions options;
   options.late_us = 300000;
+  std::latch first_reads(2);
   OnGroup(2, options, [&](int rank, CudaCommunicator& comm) {
     Floats buf(Values(rank, 8));
     EXPECT_TRUE(comm.AllReduce(buf.get(), 8, DataType::kFloat32)->Wait().ok());
     cudaStream_t other = nullptr;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
     EXPECT_EQ(buf.Read(other), Values(rank, 8)) << "the collective ran before it was due";
     cudaStreamDestroy(other);
+    first_reads.arrive_and_wait();  // never skipped: the other rank waits here
     std::vector<float> sums(8);
     for (int i = 0; i < 8; ++i) sums[i] = 100.0f + 2.0f * i;
     EXPECT_EQ(buf.Read(comm.stream()), sums);

@@ -16,7 +16,11 @@ weft_test(range_collectives_test integration
 # Ranks of one process on one GPU with NCCL's stream semantics (a test utility for the GPU
 # engine's world > 1 code), and its own test.
 if(TARGET weft_comm_nccl AND TARGET weft_model_cuda)
-  add_library(weft_test_in_process_comm STATIC worker/comm/in_process_cuda_communicator.cc)
+  add_library(weft_test_in_process_comm STATIC worker/comm/in_process_cuda_communicator.cc
+    worker/comm/in_process_cuda_delay.cu)
+  # As weft_engine_cuda: a dialect CMake knows for nvcc (the .cu needs no more than C++17).
+  set_target_properties(weft_test_in_process_comm PROPERTIES CUDA_STANDARD 17
+    CUDA_EXTENSIONS OFF)
   target_link_libraries(weft_test_in_process_comm PUBLIC weft_comm_nccl weft_model_cuda
     CUDA::cudart absl::status absl::statusor absl::strings)
   weft_test(in_process_cuda_communicator_test gpu

@@ -15,8 +15,9 @@ weft_test(engine_model_arch_test unit SOURCES worker/engine/model_arch_test.cc
 
 # CUDA bf16 ops against the CPU ops; skip themselves without a GPU.
 if(TARGET weft_engine_cuda)
+  # weft_model_cuda for Blas: the projection GEMM with the residual in its epilogue.
   weft_test(engine_cuda_bf16_ops_test gpu SOURCES worker/engine/cuda/bf16_ops_test.cc
-    LIBS weft_engine_cuda weft_engine_cpu)
+    LIBS weft_engine_cuda weft_engine_cpu weft_model_cuda)
   weft_test(engine_cuda_flash_attention_test gpu SOURCES worker/engine/cuda/flash_attention_test.cc
     LIBS weft_engine_cuda weft_engine_cpu)
   weft_test(engine_cuda_llama_ops_test gpu SOURCES worker/engine/cuda/llama_ops_test.cc

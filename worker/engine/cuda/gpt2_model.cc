@@ -160,11 +160,9 @@ absl::Status GptCuda::BlockForward(int l, const bf16* block) {
   const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
   WEFT_RETURN_IF_ERROR(AttentionForward(l, block));
   WEFT_RETURN_IF_ERROR(MlpForwardToActivation(l, block));
-  // out = res2 + fcproj(fcg), the product in out's place and the sum in place.
-  bf16* const out = res_[l + 1];
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearForward(out, fcg_[l], p(kFcprojw), p(kFcprojb), n, 4 * c, c, stream_));
-  return ResidualForward(out, res2_[l], out, static_cast<int64_t>(n) * c, stream_);
+  // out = res2 + fcproj(fcg), the residual added in the GEMM's epilogue.
+  return blas_->LinearForwardResidual(res_[l + 1], fcg_[l], p(kFcprojw), p(kFcprojb), res2_[l],
+                                      n, 4 * c, c, stream_);
 }
 
 absl::Status GptCuda::AttentionForward(int l, const bf16* block) {
@@ -185,9 +183,8 @@ absl::Status GptCuda::AttentionForward(int l, const bf16* block) {
                                              config_.num_heads, stream_));
   }
   WEFT_RETURN_IF_ERROR(Attend(l));
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearForward(res2_[l], atty_[l], p(kAttprojw), p(kAttprojb), n, c, c, stream_));
-  return ResidualForward(res2_[l], x, res2_[l], static_cast<int64_t>(n) * c, stream_);
+  return blas_->LinearForwardResidual(res2_[l], atty_[l], p(kAttprojw), p(kAttprojb), x, n, c,
+                                      c, stream_);
 }
 
 absl::Status GptCuda::Attend(int l) {

@@ -165,12 +165,10 @@ absl::Status LlamaCuda::BlockForward(int l, const bf16* block) {
   WEFT_RETURN_IF_ERROR(MlpForwardToActivation(l, block));
   // out = res2 + down(act).
   const Saved& s = saved_[l];
-  // The product in out's place, the sum in place.
-  bf16* const out = res_[l + 1];
-  WEFT_RETURN_IF_ERROR(blas_->LinearForward(out, s.act,
-                                            block + block_tensors_[kLlamaDown].offset, nullptr, n,
-                                            config_.intermediate_size, c, stream_));
-  return ResidualForward(out, s.res2, out, static_cast<int64_t>(n) * c, stream_);
+  // The residual added in the GEMM's epilogue.
+  return blas_->LinearForwardResidual(res_[l + 1], s.act,
+                                      block + block_tensors_[kLlamaDown].offset, nullptr, s.res2,
+                                      n, config_.intermediate_size, c, stream_);
 }
 
 absl::Status LlamaCuda::AttentionForward(int l, const bf16* block) {
@@ -189,9 +187,8 @@ absl::Status LlamaCuda::AttentionForward(int l, const bf16* block) {
                                             config_.qkv_width(), stream_));
   WEFT_RETURN_IF_ERROR(RopeForward(s.qkv, rope_cos_, rope_sin_, b_, t_, nh, nkv, d, stream_));
   WEFT_RETURN_IF_ERROR(FlashAttentionForward(s.atty, s.lse, s.qkv, b_, nh, nkv, t_, d, stream_));
-  WEFT_RETURN_IF_ERROR(blas_->LinearForward(s.res2, s.atty, p(kLlamaAttnOut), nullptr, n,
-                                            config_.q_width(), c, stream_));
-  return ResidualForward(s.res2, x, s.res2, static_cast<int64_t>(n) * c, stream_);
+  return blas_->LinearForwardResidual(s.res2, s.atty, p(kLlamaAttnOut), nullptr, x, n,
+                                      config_.q_width(), c, stream_);
 }
 
 absl::Status LlamaCuda::MlpForwardToActivation(int l, const bf16* block) {
@@ -220,9 +217,8 @@ absl::Status LlamaCuda::RecomputeSelective(int l, const bf16* block) {
   WEFT_RETURN_IF_ERROR(
       RmsNormForward(s.attn_norm, s.attn_rstd, x, p(kLlamaAttnNorm), n, c, eps, stream_));
   // res2 = x + attn_out(atty), as AttentionForward ends.
-  WEFT_RETURN_IF_ERROR(blas_->LinearForward(s.res2, s.atty, p(kLlamaAttnOut), nullptr, n,
-                                            config_.q_width(), c, stream_));
-  WEFT_RETURN_IF_ERROR(ResidualForward(s.res2, x, s.res2, static_cast<int64_t>(n) * c, stream_));
+  WEFT_RETURN_IF_ERROR(blas_->LinearForwardResidual(s.res2, s.atty, p(kLlamaAttnOut), nullptr, x,
+                                                    n, config_.q_width(), c, stream_));
   WEFT_RETURN_IF_ERROR(
       RmsNormForward(s.mlp_norm, s.mlp_rstd, s.res2, p(kLlamaMlpNorm), n, c, eps, stream_));
   return SwiGluForward(s.act, s.gate_up, n, config_.intermediate_size, stream_);

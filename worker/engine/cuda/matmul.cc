@@ -238,7 +238,8 @@ absl::StatusOr<Blas::Plan*> Blas::GetPlan(const PlanKey& key) {
 }
 
 absl::Status Blas::LtMatmul(const PlanKey& key, void* d, const bf16* a, const bf16* b,
-                            const bf16* bias, cudaStream_t stream, const bf16* aux) {
+                            const bf16* bias, cudaStream_t stream, const bf16* aux,
+                            const void* c) {
   absl::StatusOr<Plan*> plan = GetPlan(key);
   if (!plan.ok()) return plan.status();
   if (bias != nullptr) {
@@ -252,7 +253,8 @@ absl::Status Blas::LtMatmul(const PlanKey& key, void* d, const bf16* a, const bf
   const float alpha = 1.0f;
   const float beta = std::get<7>(key) ? 1.0f : 0.0f;
   WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmul(lt_, (*plan)->desc, &alpha, a, (*plan)->a, b,
-                                           (*plan)->b, &beta, d, (*plan)->d, d, (*plan)->d,
+                                           (*plan)->b, &beta, c != nullptr ? c : d, (*plan)->d,
+                                           d, (*plan)->d,
                                            &(*plan)->algo, workspace_, options_.workspace_bytes,
                                            stream));
   return absl::OkStatus();
@@ -265,6 +267,16 @@ absl::Status Blas::LinearForward(bf16* out, const bf16* inp, const bf16* weight,
   // Column-major: out^T (OC, N) = weight (OC, C) [stored as (C, OC)]^T-op x inp^T (C, N).
   return LtMatmul({true, false, oc, n, c, false, bias != nullptr ? kBias : kPlain, false}, out,
                   weight, inp, bias, stream);
+}
+
+absl::Status Blas::LinearForwardResidual(bf16* out, const bf16* inp, const bf16* weight,
+                                         const bf16* bias, const bf16* residual, int n, int c,
+                                         int oc, cudaStream_t stream) {
+  WEFT_RETURN_IF_ERROR(CheckLinear("LinearForwardResidual", "out, inp, weight and residual",
+                                   {out, inp, weight, residual}, n, c, oc));
+  // As LinearForward, with C = the residual (laid out as out) and beta = 1.
+  return LtMatmul({true, false, oc, n, c, false, bias != nullptr ? kBias : kPlain, true}, out,
+                  weight, inp, bias, stream, nullptr, residual);
 }
 
 absl::Status Blas::LinearForwardGelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight,

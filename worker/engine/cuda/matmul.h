@@ -45,6 +45,13 @@ class Blas {
   // out (N, OC) = inp (N, C) @ weight (OC, C)^T (+ bias (OC) when not null).
   absl::Status LinearForward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
                              int n, int c, int oc, cudaStream_t stream);
+  // A projection back into the residual stream, the residual added in the GEMM's epilogue:
+  //   out (N, OC) = inp (N, C) @ weight (OC, C)^T (+ bias (OC)) + residual (N, OC)
+  // in fp32, rounded to bf16 once (the product is not rounded on its own first). residual may
+  // be out itself.
+  absl::Status LinearForwardResidual(bf16* out, const bf16* inp, const bf16* weight,
+                                     const bf16* bias, const bf16* residual, int n, int c, int oc,
+                                     cudaStream_t stream);
   // The MLP's first layer with GELU fused into the GEMM's epilogue (tanh approximation, as the
   // GeluForward kernel, to bf16 precision):
   //   pre (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC);  out (N, OC) = gelu(pre)
@@ -88,11 +95,12 @@ class Blas {
 
   explicit Blas(const BlasOptions& options);
   absl::StatusOr<Plan*> GetPlan(const PlanKey& key);
-  // Column-major D (m, n) = op(A) op(B) [+ bias (m)] [+ D when accumulate].
+  // Column-major D (m, n) = op(A) op(B) [+ bias (m)] [+ C when accumulate].
   // `aux`: the GELU epilogues' pre-activation (written by kGeluAuxBias, read by kDGelu),
-  // column-major (m, n) like D.
+  // column-major (m, n) like D. `c`: C, laid out as D; null: D itself.
   absl::Status LtMatmul(const PlanKey& key, void* d, const bf16* a, const bf16* b,
-                        const bf16* bias, cudaStream_t stream, const bf16* aux = nullptr);
+                        const bf16* bias, cudaStream_t stream, const bf16* aux = nullptr,
+                        const void* c = nullptr);
   absl::Status Batched(bool trans_a, bool trans_b, int m, int n, int k, const bf16* a,
                        int64_t stride_a, const bf16* b, int64_t stride_b, bf16* c,
                        int64_t stride_c, int batch, cudaStream_t stream);

@@ -23,7 +23,7 @@
 //    positive (n == 0 is a no-op only for the optimizer helpers, whose shards may be empty);
 //    bf16 tensors are accessed as 16-byte vectors of 8 values, so every bf16 pointer of a layer
 //    op is 16-byte aligned and the row lengths C, OC, T, Vp and the head size C / NH are
-//    multiples of 8 (V need not be); the elementwise ops (GELU, residual) take any n.
+//    multiples of 8 (V need not be); the elementwise ops (GELU) take any n.
 // Tolerances against the CPU fp32 ops are stated in tests/worker/engine/cuda/bf16_ops_test.cc,
 // those of Llama's ops (against host references) in llama_ops_test.cc.
 #ifndef WEFT_WORKER_ENGINE_CUDA_OPS_H_
@@ -169,11 +169,6 @@ absl::Status GeluForward(bf16* out, const bf16* inp, int64_t n, cudaStream_t str
 // alias dout (in place).
 absl::Status GeluBackwardOverwrite(bf16* dinp, const bf16* inp, const bf16* dout, int64_t n,
                                    cudaStream_t stream);
-
-// ---- residual.cu: out = inp1 + inp2 (the backward is the identity: callers pass the
-// gradient on). out may alias either input (in place). ----
-absl::Status ResidualForward(bf16* out, const bf16* inp1, const bf16* inp2, int64_t n,
-                             cudaStream_t stream);
 
 // ---- bias.cu: dbias[o] += sum_n dout[n, o] (a Linear layer's bias gradient) ----
 size_t BiasBackwardScratchFloats(int n, int oc);

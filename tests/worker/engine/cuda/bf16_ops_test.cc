@@ -8,7 +8,7 @@
 // Error metric per tensor: max_i |gpu_i - ref_i| / max_i |ref_i| (relative to the tensor's
 // largest magnitude). Rounding to bf16 (8 significant bits, nearest) moves a value by at most
 // 2^-8 of its magnitude, hence kBf16 = 2^-8 + 1e-5 (fp32 slack) for every bf16 output.
-//  - encoder forward, residual forward, dwpe, CastToBf16, params_bf16: exact (0): the same fp32
+//  - encoder forward, dwpe, CastToBf16, params_bf16: exact (0): the same fp32
 //    adds in the same order, then one rounding, as the reference rounded with RNE;
 //  - attention split/merge heads: exact (permutations);
 //  - CausalSoftmaxRecompute: exact against CausalSoftmaxForward's P (same formula);
@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -36,6 +37,7 @@
 #include "worker/engine/adamw.h"
 #include "worker/engine/cpu/ops.h"
 #include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/matmul.h"
 #include "worker/engine/cuda/ops.h"
 
 namespace weft::engine::cuda {
@@ -357,17 +359,42 @@ TEST_F(Bf16OpsTest, Gelu) {
       kInvalid);
 }
 
-TEST_F(Bf16OpsTest, Residual) {
-  const int64_t n = 100003;
-  const std::vector<float> a = RandomBf16(rng_, n), b = RandomBf16(rng_, n);
-  std::vector<float> out(n);
-  cpu::ResidualForward(out.data(), a.data(), b.data(), n);
-
-  Bf16Buffer d_a(a), d_b(b), d_out(n);
-  ASSERT_TRUE(ResidualForward(d_out.get(), d_a.get(), d_b.get(), n, stream_).ok());
-  Sync();
-  EXPECT_CLOSE(d_out.ToHost(), Rounded(out), 0.0);
-  EXPECT_EQ(ResidualForward(d_out.get(), nullptr, d_b.get(), n, stream_).code(), kInvalid);
+// The projection back into the residual stream (Blas::LinearForwardResidual): the product,
+// bias and residual summed in fp32 and rounded once, with and without a bias, into another
+// buffer and in place over the residual.
+TEST_F(Bf16OpsTest, LinearForwardResidual) {
+  absl::StatusOr<std::unique_ptr<Blas>> blas = Blas::Create();
+  ASSERT_TRUE(blas.ok()) << blas.status();
+  const int n = 37, c = 64, oc = 96;
+  const std::vector<float> inp = RandomBf16(rng_, n * c), weight = RandomBf16(rng_, oc * c);
+  const std::vector<float> bias = RandomBf16(rng_, oc), residual = RandomBf16(rng_, n * oc);
+  for (const bool with_bias : {true, false}) {
+    for (const bool in_place : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "bias " << with_bias << " in place " << in_place);
+      std::vector<float> ref(n * oc);
+      for (int r = 0; r < n; ++r) {
+        for (int o = 0; o < oc; ++o) {
+          double sum = (with_bias ? bias[o] : 0.0) + residual[r * oc + o];
+          for (int k = 0; k < c; ++k) {
+            sum += static_cast<double>(inp[r * c + k]) * weight[o * c + k];
+          }
+          ref[r * oc + o] = static_cast<float>(sum);
+        }
+      }
+      Bf16Buffer d_inp(inp), d_weight(weight), d_bias(bias), d_residual(residual), d_out(n * oc);
+      bf16* out = in_place ? d_residual.get() : d_out.get();
+      ASSERT_TRUE((*blas)->LinearForwardResidual(out, d_inp.get(), d_weight.get(),
+                                                 with_bias ? d_bias.get() : nullptr,
+                                                 d_residual.get(), n, c, oc, stream_).ok());
+      Sync();
+      EXPECT_CLOSE(in_place ? d_residual.ToHost() : d_out.ToHost(), ref, kBf16);
+    }
+  }
+  Bf16Buffer x(64);
+  const absl::Status null_residual =
+      (*blas)->LinearForwardResidual(x.get(), x.get(), x.get(), nullptr, nullptr, 8, 8, 8, stream_);
+  EXPECT_EQ(null_residual.code(), kInvalid);
+  EXPECT_THAT(null_residual.message(), testing::HasSubstr("residual"));
 }
 
 TEST_F(Bf16OpsTest, BiasBackward) {
