@@ -222,7 +222,7 @@ enum class Links {
   kNccl,        // one GPU each (rank r on GPU r)
   kStagedGloo,  // all on GPU 0: StagedCudaCommunicator over Gloo, every collective done on return
   kInProcess,   // all on GPU 0: in-process collectives on the GPU, each done on return
-  kLate,        // the same enqueued as NCCL's are, and held back 2 ms after their inputs are ready
+  kLate,        // the same, enqueued as NCCL's are and held back 2 ms once their inputs are in
 };
 
 bool OneGpu(Links links) { return links != Links::kNccl; }
@@ -257,9 +257,8 @@ absl::StatusOr<std::unique_ptr<comm::CudaCommunicator>> Connect(Store* store, in
 }
 
 // Trains `spec` on `world` GPUs (threads of this process, NCCL) and returns rank 0's losses;
-// with other `links`, all ranks on GPU 0. A `group_size` below the
-// world shards over groups of that many ranks, replicated (hybrid sharding, connected as
-// worker/device_backend.cc does).
+// with other `links`, all ranks on GPU 0. A `group_size` below the world shards over groups of
+// that many ranks, replicated (hybrid sharding, connected as worker/device_backend.cc does).
 Curve TrainGpu(const weft::v1::JobSpec& spec, int world, Links links = Links::kNccl,
                int group_size = 0, const ZeroCudaOptions& options = {}, int eval_every = 0) {
   if (group_size == 0) group_size = world;
