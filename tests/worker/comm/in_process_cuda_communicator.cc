@@ -50,7 +50,6 @@ struct Posted {
   int root = 0;
 };
 
-
 // The ranks of one group: where they meet, and the stream their collectives run on.
 class Group {
  public:
