@@ -123,8 +123,11 @@ int64_t NumElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-CheckpointClient::CheckpointClient(const std::string& address, absl::Duration rpc_timeout)
-    : address_(address), rpc_timeout_(rpc_timeout) {
+CheckpointClient::CheckpointClient(const std::string& address, absl::Duration rpc_timeout,
+                                   absl::Duration reconnect_wait)
+    : address_(address),
+      rpc_timeout_(rpc_timeout),
+      reconnect_wait_(std::min(rpc_timeout, reconnect_wait)) {
   // A connection of its own: concurrent writers in one process (ranks in tests, the bench)
   // would otherwise share one TCP stream and its flow-control window.
   ChannelOptions options;
@@ -155,35 +158,42 @@ absl::StatusOr<int64_t> CheckpointClient::WriteShard(const std::string& job_id, 
   for (const ShardTensor& t : tensors) {
     bytes += static_cast<double>(t.end - t.begin) * DTypeSize(t.dtype);
   }
-  grpc::ClientContext context;
-  SetTimeoutUnlessInfinite(&context, StreamTimeout(rpc_timeout_, bytes));
+  const absl::Duration timeout = StreamTimeout(rpc_timeout_, bytes);
   weft::v1::WriteShardResponse response;
-  std::unique_ptr<grpc::ClientWriter<weft::v1::WriteShardRequest>> writer =
-      stub_->WriteShard(&context, &response);
-  // A failed Write means the daemon already ended the stream (usually with a refusal):
-  // stop sending and let Finish report why.
-  bool open = writer->Write(first);
-  weft::v1::WriteShardRequest message;
-  weft::v1::ShardChunk* chunk = message.mutable_chunk();
-  for (const ShardTensor& t : tensors) {
-    if (!open) break;
-    const int es = DTypeSize(t.dtype);
-    const int64_t per_chunk =
-        std::max<int64_t>(1, static_cast<int64_t>(std::min(chunk_bytes, kMaxCheckpointChunkBytes)) / es);
-    const char* base = static_cast<const char*>(t.data);
-    chunk->set_tensor(t.name);
-    for (int64_t b = t.begin; b < t.end && open; b += per_chunk) {
-      const int64_t n = std::min(per_chunk, t.end - b);
-      const char* p = base + (b - t.begin) * es;
-      chunk->set_offset_elements(b);
-      chunk->mutable_data()->assign(p, static_cast<size_t>(n * es));
-      // Checksum of the copy we send, not of the caller's memory: it covers the wire only.
-      chunk->set_crc32c(Crc32c(chunk->data().data(), chunk->data().size()));
-      open = writer->Write(message);
-    }
-  }
-  if (open) writer->WritesDone();
-  grpc::Status status = writer->Finish();
+  // Sent again if need be: the daemon replaces whatever an earlier stream of this rank left.
+  grpc::Status status = RunAttempts(
+      [&] {
+        grpc::ClientContext context;
+        SetTimeoutUnlessInfinite(&context, timeout);
+        response.Clear();
+        std::unique_ptr<grpc::ClientWriter<weft::v1::WriteShardRequest>> writer =
+            stub_->WriteShard(&context, &response);
+        // A failed Write means the daemon already ended the stream (usually with a refusal):
+        // stop sending and let Finish report why.
+        bool open = writer->Write(first);
+        weft::v1::WriteShardRequest message;
+        weft::v1::ShardChunk* chunk = message.mutable_chunk();
+        for (const ShardTensor& t : tensors) {
+          if (!open) break;
+          const int es = DTypeSize(t.dtype);
+          const int64_t per_chunk = std::max<int64_t>(
+              1, static_cast<int64_t>(std::min(chunk_bytes, kMaxCheckpointChunkBytes)) / es);
+          const char* base = static_cast<const char*>(t.data);
+          chunk->set_tensor(t.name);
+          for (int64_t b = t.begin; b < t.end && open; b += per_chunk) {
+            const int64_t n = std::min(per_chunk, t.end - b);
+            const char* p = base + (b - t.begin) * es;
+            chunk->set_offset_elements(b);
+            chunk->mutable_data()->assign(p, static_cast<size_t>(n * es));
+            // Checksum of the copy we send, not of the caller's memory: it covers the wire only.
+            chunk->set_crc32c(Crc32c(chunk->data().data(), chunk->data().size()));
+            open = writer->Write(message);
+          }
+        }
+        if (open) writer->WritesDone();
+        return writer->Finish();
+      },
+      reconnect_wait_, server_);
   if (!status.ok()) return ConvertNamingServer(status, server_);
   return response.bytes_written();
 }
@@ -199,7 +209,8 @@ absl::StatusOr<std::vector<CheckpointManifest>> CheckpointClient::List(const std
   weft::v1::ListCheckpointsRequest request;
   request.set_job_id(job_id);
   WEFT_ASSIGN_OR_RETURN(weft::v1::ListCheckpointsResponse response,
-                        CallUnary(*stub_, &Stub::ListCheckpoints, request, rpc_timeout_, server_));
+                        CallUnary(*stub_, &Stub::ListCheckpoints, request, rpc_timeout_, server_,
+                                  reconnect_wait_));
   return std::vector<CheckpointManifest>(
       std::make_move_iterator(response.mutable_checkpoints()->begin()),
       std::make_move_iterator(response.mutable_checkpoints()->end()));
@@ -212,7 +223,7 @@ absl::StatusOr<CheckpointManifest> CheckpointClient::GetManifest(const std::stri
   weft::v1::GetManifestRequest request;
   request.set_job_id(job_id);
   request.set_step(step);
-  return CallUnary(*stub_, &Stub::GetManifest, request, rpc_timeout_, server_);
+  return CallUnary(*stub_, &Stub::GetManifest, request, rpc_timeout_, server_, reconnect_wait_);
 }
 
 absl::StatusOr<std::pair<int64_t, DType>> CheckpointClient::ResolveTensor(
@@ -272,42 +283,51 @@ absl::Status CheckpointClient::ReadRange(const std::string& job_id, int64_t step
   request.set_tensor(tensor);
   request.set_begin(begin);
   request.set_end(end);
-  grpc::ClientContext context;
-  SetTimeoutUnlessInfinite(&context,
-                           StreamTimeout(rpc_timeout_, static_cast<double>(end - begin) * es));
-  std::unique_ptr<grpc::ClientReader<weft::v1::ReadRangeResponse>> reader =
-      stub_->ReadRange(&context, request);
-  weft::v1::ReadRangeResponse response;
+  const absl::Duration timeout =
+      StreamTimeout(rpc_timeout_, static_cast<double>(end - begin) * es);
   char* dst = static_cast<char*>(out);
   int64_t pos = begin;
   absl::Status bad;
-  while (reader->Read(&response)) {
-    const weft::v1::ShardChunk& c = response.chunk();
-    const std::string& data = c.data();
-    // Each check keeps the copy inside the caller's (end - begin) * es bytes, whatever the
-    // daemon sends.
-    if (c.tensor() != tensor) {
-      bad = loss(absl::StrCat("daemon sent data of tensor ", c.tensor()));
-    } else if (c.offset_elements() != pos) {
-      bad = loss(absl::StrCat("daemon sent element ", c.offset_elements(), ", expected ", pos));
-    } else if (data.size() % es != 0 ||
-               static_cast<int64_t>(data.size() / es) > end - pos) {
-      bad = loss(absl::StrCat("daemon sent a chunk of ", data.size(), " bytes at element ", pos,
-                              " (", es, "-byte elements, range ends at ", end, ")"));
-    } else if (Crc32c(data.data(), data.size()) != c.crc32c()) {
-      bad = loss(absl::StrCat("CRC32C mismatch in the chunk at element ", pos,
-                              " as received"));
-    }
-    if (!bad.ok()) break;
-    std::memcpy(dst + (pos - begin) * es, data.data(), data.size());
-    pos += static_cast<int64_t>(data.size()) / es;
-  }
-  if (!bad.ok()) {
-    context.TryCancel();
-    reader->Finish();  // CANCELLED by our own hand; `bad` says why
-    return bad;
-  }
-  grpc::Status status = reader->Finish();
+  // A repeat starts over at `begin` and overwrites what an interrupted attempt copied.
+  grpc::Status status = RunAttempts(
+      [&] {
+        grpc::ClientContext context;
+        SetTimeoutUnlessInfinite(&context, timeout);
+        std::unique_ptr<grpc::ClientReader<weft::v1::ReadRangeResponse>> reader =
+            stub_->ReadRange(&context, request);
+        weft::v1::ReadRangeResponse response;
+        pos = begin;
+        while (reader->Read(&response)) {
+          const weft::v1::ShardChunk& c = response.chunk();
+          const std::string& data = c.data();
+          // Each check keeps the copy inside the caller's (end - begin) * es bytes, whatever
+          // the daemon sends.
+          if (c.tensor() != tensor) {
+            bad = loss(absl::StrCat("daemon sent data of tensor ", c.tensor()));
+          } else if (c.offset_elements() != pos) {
+            bad = loss(
+                absl::StrCat("daemon sent element ", c.offset_elements(), ", expected ", pos));
+          } else if (data.size() % es != 0 ||
+                     static_cast<int64_t>(data.size() / es) > end - pos) {
+            bad = loss(absl::StrCat("daemon sent a chunk of ", data.size(), " bytes at element ",
+                                    pos, " (", es, "-byte elements, range ends at ", end, ")"));
+          } else if (Crc32c(data.data(), data.size()) != c.crc32c()) {
+            bad = loss(absl::StrCat("CRC32C mismatch in the chunk at element ", pos,
+                                    " as received"));
+          }
+          if (!bad.ok()) break;
+          std::memcpy(dst + (pos - begin) * es, data.data(), data.size());
+          pos += static_cast<int64_t>(data.size()) / es;
+        }
+        if (!bad.ok()) {
+          context.TryCancel();
+          reader->Finish();  // CANCELLED by our own hand; `bad` says why, and ends the attempts
+          return grpc::Status(grpc::StatusCode::CANCELLED, "");
+        }
+        return reader->Finish();
+      },
+      reconnect_wait_, server_);
+  if (!bad.ok()) return bad;
   if (!status.ok()) return ConvertNamingServer(status, server_);
   if (pos != end) {
     return loss(absl::StrCat("stream ended at element ", pos, ", expected ", end));
@@ -322,7 +342,8 @@ absl::Status CheckpointClient::SetPinned(const std::string& job_id, int64_t step
   request.set_job_id(job_id);
   request.set_step(step);
   request.set_pinned(pinned);
-  return CallUnary(*stub_, &Stub::SetPinned, request, rpc_timeout_, server_).status();
+  return CallUnary(*stub_, &Stub::SetPinned, request, rpc_timeout_, server_, reconnect_wait_)
+      .status();
 }
 
 absl::Status CheckpointClient::Delete(const std::string& job_id, int64_t step) {

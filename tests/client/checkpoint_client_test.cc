@@ -2,6 +2,7 @@
 // on 127.0.0.1: sharded writes from concurrent ranks, commit, listing, resharded reads that
 // must be bit-identical, small chunks, pin/unpin/delete/export through the trainctl binary,
 // and the messages a user gets for an unreachable daemon and bad arguments.
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -11,8 +12,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "client/checkpoint_client.h"
 #include "common/job_spec.h"
 #include "gmock/gmock.h"
@@ -31,37 +32,6 @@ using ::weft::testing::CommandResult;
 using ::weft::testing::RunCommand;
 using ::weft::testing::Subprocess;
 using ::weft::testing::TempDir;
-
-// A weft-checkpointd on a free loopback port, its database under `dir`.
-class DaemonProcess {
- public:
-  absl::Status Start(const std::string& dir) {
-    const std::string port_file = dir + "/port";
-    const std::string metrics_file = dir + "/metrics-port";
-    log_ = dir + "/checkpointd.log";
-    auto proc = Subprocess::Start(
-        {testing::BinDir() + "/weft-checkpointd", "--listen=127.0.0.1:0",
-         "--port-file=" + port_file, "--data-dir=" + dir + "/db",
-         "--metrics-address=127.0.0.1:0", "--metrics-port-file=" + metrics_file},
-        log_);
-    if (!proc.ok()) return proc.status();
-    process_ = std::move(*proc);
-    auto port = testing::WaitForFile(port_file, absl::Seconds(30));
-    if (!port.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("weft-checkpointd did not start: ", testing::ReadFile(log_)));
-    }
-    address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
-    return absl::OkStatus();
-  }
-  const std::string& address() const { return address_; }
-  std::string log() const { return testing::ReadFile(log_); }
-
- private:
-  std::unique_ptr<Subprocess> process_;
-  std::string address_;
-  std::string log_;
-};
 
 // A whole tensor of random bytes; ranks take slices of it.
 struct Whole {
@@ -127,9 +97,10 @@ std::vector<Whole> MixedTensors() {
 class CheckpointClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::Status started = daemon_.Start(dir_.path());
-    ASSERT_TRUE(started.ok()) << started;
-    client_ = std::make_unique<CheckpointClient>(daemon_.address());
+    auto daemon = testing::CheckpointdProcess::Start(dir_.path());
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::move(*daemon);
+    client_ = std::make_unique<CheckpointClient>(daemon_->address());
   }
 
   // Writes `wholes` from `world` concurrent ranks, each with its own client, and commits.
@@ -139,7 +110,7 @@ class CheckpointClientTest : public ::testing::Test {
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r) {
       threads.emplace_back([&, r] {
-        CheckpointClient rank_client(daemon_.address());
+        CheckpointClient rank_client(daemon_->address());
         results[r] = rank_client.WriteShard(job, step, r, world, Shard(wholes, r, world));
       });
     }
@@ -161,13 +132,13 @@ class CheckpointClientTest : public ::testing::Test {
   // trainctl --checkpointd <ours> args...
   CommandResult Trainctl(const std::vector<std::string>& args) {
     std::vector<std::string> argv = {testing::BinDir() + "/trainctl", "--checkpointd",
-                                     daemon_.address()};
+                                     daemon_->address()};
     argv.insert(argv.end(), args.begin(), args.end());
     return RunCommand(argv);
   }
 
   TempDir dir_;
-  DaemonProcess daemon_;
+  std::unique_ptr<testing::CheckpointdProcess> daemon_;
   std::unique_ptr<CheckpointClient> client_;
 };
 
@@ -209,7 +180,7 @@ TEST_F(CheckpointClientTest, TwoRanksCommitListAndReadReshardedBitIdentical) {
     std::vector<std::thread> threads;
     for (int r = 0; r < 4; ++r) {
       threads.emplace_back([&, r] {
-        CheckpointClient reader(daemon_.address());
+        CheckpointClient reader(daemon_->address());
         auto [b, e] = Split(w.numel(), r, 4);
         results[r] = reader.ReadRange("job-a", 5, w.name, b, e, four.data() + b * w.es());
       });
@@ -248,7 +219,7 @@ TEST_F(CheckpointClientTest, SmallChunksRoundTrip) {
 // and lands whole (with the call timeout alone it would end DEADLINE_EXCEEDED).
 TEST_F(CheckpointClientTest, LargeShardsOutliveTheCallTimeout) {
   const std::vector<Whole> wholes = {MakeWhole("big", v1::DTYPE_F32, {16 << 20}, 9)};
-  CheckpointClient hurried(daemon_.address(), absl::Milliseconds(1));
+  CheckpointClient hurried(daemon_->address(), absl::Milliseconds(1));
   auto bytes = hurried.WriteShard("job-big", 1, 0, 1, Shard(wholes, 0, 1));
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_EQ(*bytes, int64_t{64} << 20);
@@ -303,8 +274,9 @@ TEST_F(CheckpointClientTest, BadArgumentsAndUnknownCheckpointsGiveClearErrors) {
 }
 
 TEST(CheckpointClientUnreachableTest, MessageNamesTheDaemon) {
-  // Port 1 on loopback: nothing listens there.
-  CheckpointClient client("127.0.0.1:1", absl::Seconds(3));
+  // Port 1 on loopback: nothing listens there. A repeatable call waits its 1 s timeout (less
+  // than the default reconnect wait) for the daemon to appear before it gives up.
+  CheckpointClient client("127.0.0.1:1", absl::Seconds(1));
   auto list = client.List("job");
   EXPECT_EQ(list.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(list.status().message(), HasSubstr("checkpointd 127.0.0.1:1 unreachable"));
@@ -315,9 +287,56 @@ TEST(CheckpointClientUnreachableTest, MessageNamesTheDaemon) {
   EXPECT_THAT(written.status().message(), HasSubstr("checkpointd 127.0.0.1:1"));
 
   CommandResult r = RunCommand({testing::BinDir() + "/trainctl", "--checkpointd", "127.0.0.1:1",
-                                "--timeout-s", "3", "checkpoints", "job"});
+                                "--timeout-s", "1", "checkpoints", "job"});
   EXPECT_EQ(r.exit_code, 1) << Describe(r);
   EXPECT_THAT(r.err, HasSubstr("checkpointd 127.0.0.1:1 unreachable")) << Describe(r);
+}
+
+// The daemon is killed, and started again on its port while a client that had talked to it
+// lists, reads and writes: the repeatable calls wait for it instead of failing, and what was
+// committed before the kill reads back bit for bit. A client that sent each call once fails
+// all three with UNAVAILABLE.
+TEST(CheckpointClientRestartTest, RepeatableCallsOutlastADaemonRestart) {
+  TempDir dir;
+  auto daemon = testing::CheckpointdProcess::Start(dir.path());
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  const std::string address = (*daemon)->address();
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) << address;
+  // A wait far longer than a restart takes on a loaded machine.
+  CheckpointClient client(address, absl::Seconds(60), /*reconnect_wait=*/absl::Seconds(60));
+  const auto wholes = MixedTensors();
+  ASSERT_TRUE(client.WriteShard("job-r", 1, 0, 1, Shard(wholes, 0, 1)).ok());
+  ASSERT_TRUE(client.Commit(ManifestOf("job-r", 1, 1, wholes)).ok());
+
+  (*daemon)->process().Signal(SIGKILL);
+  ASSERT_TRUE((*daemon)->process().Wait(absl::Seconds(30)).ok());
+  absl::StatusOr<std::vector<v1::CheckpointManifest>> listed = absl::UnknownError("not run");
+  std::string read(wholes[0].bytes.size(), '\0');
+  absl::Status read_status = absl::UnknownError("not run");
+  absl::StatusOr<int64_t> written = absl::UnknownError("not run");
+  std::thread calls([&] {
+    listed = client.List("job-r");
+    read_status = client.ReadRange("job-r", 1, wholes[0].name, 0, wholes[0].numel(), read.data());
+    written = client.WriteShard("job-r", 2, 0, 1, Shard(wholes, 0, 1));
+  });
+  // Long enough for the first call to find nothing listening.
+  absl::SleepFor(absl::Milliseconds(300));
+  auto restarted = testing::CheckpointdProcess::Start(dir.path(), testing::BinDir(), port);
+  calls.join();
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].step(), 1);
+  ASSERT_TRUE(read_status.ok()) << read_status;
+  EXPECT_TRUE(read == wholes[0].bytes);
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_TRUE(client.Commit(ManifestOf("job-r", 2, 1, wholes)).ok());
+  for (const Whole& w : wholes) {
+    std::string out(w.bytes.size(), '\0');
+    ASSERT_TRUE(client.ReadRange("job-r", 2, w.name, 0, w.numel(), out.data()).ok()) << w.name;
+    EXPECT_TRUE(out == w.bytes) << w.name;
+  }
 }
 
 TEST_F(CheckpointClientTest, TrainctlListPinUnpinDelete) {

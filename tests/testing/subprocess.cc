@@ -227,25 +227,29 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointdProcess>> CheckpointdProcess::Start(
-    const std::string& dir, const std::string& bin_dir) {
+    const std::string& dir, const std::string& bin_dir, int port) {
   auto cp = std::unique_ptr<CheckpointdProcess>(new CheckpointdProcess());
   const std::string port_file = dir + "/checkpointd.port";
-  cp->log_path_ = dir + "/checkpointd.log";
+  // A restart keeps its predecessor's log for the failure message of the test.
+  static std::atomic<int> restarts{0};
+  cp->log_path_ = port == 0 ? dir + "/checkpointd.log"
+                            : absl::StrCat(dir, "/checkpointd-", ++restarts, ".log");
   std::filesystem::create_directories(dir);
   std::remove(port_file.c_str());
-  auto proc = Subprocess::Start({bin_dir + "/weft-checkpointd", "--listen=127.0.0.1:0",
+  auto proc = Subprocess::Start({bin_dir + "/weft-checkpointd",
+                                 absl::StrCat("--listen=127.0.0.1:", port),
                                  "--port-file=" + port_file, "--data-dir=" + dir + "/db",
                                  "--metrics-address=none"},
                                 cp->log_path_);
   if (!proc.ok()) return proc.status();
   cp->process_ = std::move(*proc);
-  auto port = WaitForFileFrom(*cp->process_, port_file, absl::Seconds(30));
-  if (!port.ok()) {
+  auto bound = WaitForFileFrom(*cp->process_, port_file, absl::Seconds(30));
+  if (!bound.ok()) {
     return absl::UnavailableError(absl::StrCat("weft-checkpointd did not start: ",
-                                               port.status().message(), ": ",
+                                               bound.status().message(), ": ",
                                                ReadFile(cp->log_path_)));
   }
-  cp->address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
+  cp->address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*bound));
   return cp;
 }
 

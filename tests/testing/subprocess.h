@@ -98,12 +98,15 @@ class CoordinatorProcess {
   std::string log_path_;
 };
 
-// A weft-checkpointd process on 127.0.0.1 with a free port, its database under `dir`/db and
-// its log at `dir`/checkpointd.log. SIGKILLed by the destructor (Subprocess's).
+// A weft-checkpointd process on 127.0.0.1, its database under `dir`/db and its log at
+// `dir`/checkpointd.log (a restart's at checkpointd-N.log). SIGKILLed by the destructor
+// (Subprocess's).
 class CheckpointdProcess {
  public:
+  // `port` 0 picks a free one; a restarted daemon passes its predecessor's port so that
+  // clients holding the old address find it again.
   static absl::StatusOr<std::unique_ptr<CheckpointdProcess>> Start(
-      const std::string& dir, const std::string& bin_dir = BinDir());
+      const std::string& dir, const std::string& bin_dir = BinDir(), int port = 0);
 
   const std::string& address() const { return address_; }  // "127.0.0.1:PORT"
   Subprocess& process() { return *process_; }
