@@ -39,7 +39,8 @@ absl::StatusOr<weft::v1::SubmitJobResponse> CoordinatorClient::SubmitJob(
 absl::StatusOr<weft::v1::Job> CoordinatorClient::GetJob(const std::string& job_id) {
   weft::v1::GetJobRequest request;
   request.set_job_id(job_id);
-  return CallUnary(*stub_, &Stub::GetJob, request, options_.rpc_timeout, server_);
+  return CallUnary(*stub_, &Stub::GetJob, request, options_.rpc_timeout, server_,
+                   ReconnectWait());
 }
 
 absl::StatusOr<std::vector<weft::v1::JobStatus>> CoordinatorClient::ListJobs(
@@ -48,7 +49,8 @@ absl::StatusOr<std::vector<weft::v1::JobStatus>> CoordinatorClient::ListJobs(
   for (JobState state : states) request.add_states(state);
   request.set_limit(limit);
   WEFT_ASSIGN_OR_RETURN(weft::v1::ListJobsResponse response,
-                        CallUnary(*stub_, &Stub::ListJobs, request, options_.rpc_timeout, server_));
+                        CallUnary(*stub_, &Stub::ListJobs, request, options_.rpc_timeout, server_,
+                                  ReconnectWait()));
   return std::vector<weft::v1::JobStatus>(std::make_move_iterator(response.mutable_jobs()->begin()),
                                           std::make_move_iterator(response.mutable_jobs()->end()));
 }
@@ -109,7 +111,8 @@ absl::StatusOr<std::vector<weft::v1::WorkerStatus>> CoordinatorClient::ListWorke
   const weft::v1::ListWorkersRequest request;
   WEFT_ASSIGN_OR_RETURN(
       weft::v1::ListWorkersResponse response,
-      CallUnary(*stub_, &Stub::ListWorkers, request, options_.rpc_timeout, server_));
+      CallUnary(*stub_, &Stub::ListWorkers, request, options_.rpc_timeout, server_,
+                ReconnectWait()));
   return std::vector<weft::v1::WorkerStatus>(
       std::make_move_iterator(response.mutable_workers()->begin()),
       std::make_move_iterator(response.mutable_workers()->end()));

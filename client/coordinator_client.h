@@ -11,6 +11,7 @@
 #ifndef WEFT_CLIENT_COORDINATOR_CLIENT_H_
 #define WEFT_CLIENT_COORDINATOR_CLIENT_H_
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -30,6 +31,13 @@ struct ClientOptions {
   // Deadline of every unary call that does not block by design (Join, held Heartbeat and
   // WatchJob take theirs from their arguments, see below).
   absl::Duration rpc_timeout = absl::Seconds(10);
+  // How long GetJob, ListJobs and ListWorkers (reads: safe to send again) wait for an
+  // unreachable coordinator to come back before they fail, at most rpc_timeout
+  // (RunAttempts in rpc_call.h): a connection attempt lost on a loaded machine, or a
+  // coordinator restarted within the wait, costs a delay instead of the call. Zero: each is
+  // sent once. SubmitJob and CancelJob are always sent once: a repeat of one that landed would
+  // submit the job twice or be refused.
+  absl::Duration reconnect_wait = absl::Seconds(3);
   // Used only by the address constructor.
   ChannelOptions channel;
 };
@@ -80,6 +88,10 @@ class CoordinatorClient {
   std::shared_ptr<grpc::Channel> channel() const { return server_.channel; }
 
  private:
+  absl::Duration ReconnectWait() const {
+    return std::min(options_.reconnect_wait, options_.rpc_timeout);
+  }
+
   ClientOptions options_;
   // Names the address when built from one.
   ServerName server_;
