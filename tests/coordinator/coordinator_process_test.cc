@@ -1,13 +1,16 @@
 // The coordinator as a real process on 127.0.0.1: rendezvous store semantics, rank assignment,
-// failure detection with real stopped processes, hostile input, crash recovery and metrics.
+// failure detection with real stopped processes, hostile input, crash recovery and metrics;
+// the store also through the worker's client of it, RemoteStore.
 #include <signal.h>
 
 #include <atomic>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/remote_store.h"
 #include "common/job_spec.h"
 #include "common/rpc.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -412,6 +415,102 @@ TEST_F(CoordinatorProcessTest, EndedGenerationAbortsBlockedWaitAndStoreCalls) {
   v1::StoreSetResponse r;
   grpc::ClientContext ctx;
   EXPECT_EQ(store_stub_->Set(&ctx, set, &r).error_code(), grpc::StatusCode::ABORTED);
+}
+
+// The worker's view of the store (client/remote_store.h) against the same process: every
+// Store method through RemoteStore and a PrefixStore over it, Wait's three timeout modes, and
+// the ABORTED that a generation's end gives a waiter and every later call.
+TEST_F(CoordinatorProcessTest, RemoteStoreKeepsTheStoreContract) {
+  const v1::StoreScope scope = StartGeneration();
+  RemoteStore store(channel_, scope.job_id(), scope.generation());
+  EXPECT_EQ(store.Get("k").status().code(), absl::StatusCode::kNotFound);
+  const std::string binary("\x00\x01\xff", 3);
+  ASSERT_TRUE(store.Set("k", binary).ok());
+  auto got = store.Get("k");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, binary);
+  ASSERT_TRUE(store.Set("empty", "").ok());
+  got = store.Get("empty");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "");
+
+  auto sum = store.Add("n", 7);
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, 7);
+  sum = store.Add("n", -10);
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, -3);
+  EXPECT_EQ(store.Add("k", 1).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Absent versus empty: the flag RemoteStore sets, since proto3 bytes cannot tell them apart.
+  auto cas = store.CompareSet("empty", std::nullopt, "x");
+  ASSERT_TRUE(cas.ok()) << cas.status();
+  EXPECT_FALSE(cas->swapped);
+  EXPECT_EQ(cas->value, std::optional<std::string>(""));
+  cas = store.CompareSet("empty", std::string(""), "x");
+  ASSERT_TRUE(cas.ok()) << cas.status();
+  EXPECT_TRUE(cas->swapped);
+  EXPECT_EQ(cas->value, std::optional<std::string>("x"));
+  cas = store.CompareSet("fresh", std::string(""), "y");
+  ASSERT_TRUE(cas.ok()) << cas.status();
+  EXPECT_FALSE(cas->swapped);
+  EXPECT_EQ(cas->value, std::nullopt) << "an expected value must not create the key";
+  cas = store.CompareSet("fresh", std::nullopt, "y");
+  ASSERT_TRUE(cas.ok()) << cas.status();
+  EXPECT_TRUE(cas->swapped);
+
+  auto deleted = store.Delete("fresh");
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_TRUE(*deleted);
+  deleted = store.Delete("fresh");
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_FALSE(*deleted);
+
+  // A prefix namespaces the keys on the server, where an unprefixed view sees them whole.
+  PrefixStore gloo("gloo", &store);
+  ASSERT_TRUE(gloo.Set("addr/0", "a").ok());
+  got = store.Get("gloo/addr/0");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "a");
+  EXPECT_EQ(gloo.Get("k").status().code(), absl::StatusCode::kNotFound);
+
+  // Wait: zero checks once, a finite timeout names what is missing, infinity waits for a Set
+  // from another connection.
+  EXPECT_TRUE(store.Wait({"k", "n"}, absl::ZeroDuration()).ok());
+  absl::Status once = store.Wait({"k", "late"}, absl::ZeroDuration());
+  EXPECT_EQ(once.code(), absl::StatusCode::kDeadlineExceeded);
+  absl::Status timed = store.Wait({"k", "late"}, absl::Milliseconds(200));
+  EXPECT_EQ(timed.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(timed.message(), HasSubstr("late"));
+  std::atomic<bool> released{false};
+  absl::Status waited = absl::UnknownError("not run");
+  std::thread waiter([&] {
+    RemoteStore own(MakeChannel(coordinator_->address(), {.private_connection = true}),
+                    scope.job_id(), scope.generation());
+    waited = own.Wait({"late"}, absl::InfiniteDuration());
+    released = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(released.load());
+  ASSERT_TRUE(store.Set("late", "1").ok());
+  waiter.join();
+  EXPECT_TRUE(waited.ok()) << waited;
+
+  // The generation ends under a waiter that would otherwise wait forever.
+  absl::Status aborted = absl::UnknownError("not run");
+  std::thread forever([&] { aborted = store.Wait({"never"}, absl::InfiniteDuration()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  {
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(scope.job_id());
+    v1::JobStatus status;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->CancelJob(&ctx, cancel, &status).ok());
+  }
+  forever.join();
+  EXPECT_EQ(aborted.code(), absl::StatusCode::kAborted) << aborted;
+  EXPECT_EQ(store.Set("k", "v").code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(store.Get("k").status().code(), absl::StatusCode::kAborted);
 }
 
 // ---- rendezvous ----------------------------------------------------------------------------
