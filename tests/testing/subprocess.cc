@@ -219,7 +219,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
   }
   auto metrics_port = WaitForFile(metrics_port_file, absl::Seconds(10));
   if (!metrics_port.ok()) return metrics_port.status();
-  cp->address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*port));
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*port), &cp->port_)) {
+    return absl::InternalError(absl::StrCat(port_file, ": not a port: ", *port));
+  }
+  cp->address_ = absl::StrCat("127.0.0.1:", cp->port_);
   cp->metrics_address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*metrics_port));
   std::remove(port_file.c_str());
   std::remove(metrics_port_file.c_str());
@@ -249,7 +252,10 @@ absl::StatusOr<std::unique_ptr<CheckpointdProcess>> CheckpointdProcess::Start(
                                                bound.status().message(), ": ",
                                                ReadFile(cp->log_path_)));
   }
-  cp->address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*bound));
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*bound), &cp->port_)) {
+    return absl::InternalError(absl::StrCat(port_file, ": not a port: ", *bound));
+  }
+  cp->address_ = absl::StrCat("127.0.0.1:", cp->port_);
   return cp;
 }
 

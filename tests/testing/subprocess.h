@@ -87,6 +87,7 @@ class CoordinatorProcess {
       const std::string& bin_dir = BinDir(), int port = 0);
 
   const std::string& address() const { return address_; }  // "127.0.0.1:PORT"
+  int port() const { return port_; }  // what a restart on the same port passes
   const std::string& metrics_address() const { return metrics_address_; }
   Subprocess& process() { return *process_; }
   const std::string& log_path() const { return log_path_; }
@@ -94,6 +95,7 @@ class CoordinatorProcess {
  private:
   std::unique_ptr<Subprocess> process_;
   std::string address_;
+  int port_ = 0;
   std::string metrics_address_;
   std::string log_path_;
 };
@@ -109,12 +111,14 @@ class CheckpointdProcess {
       const std::string& dir, const std::string& bin_dir = BinDir(), int port = 0);
 
   const std::string& address() const { return address_; }  // "127.0.0.1:PORT"
+  int port() const { return port_; }  // what a restart on the same port passes
   Subprocess& process() { return *process_; }
   std::string log() const { return ReadFile(log_path_); }
 
  private:
   std::unique_ptr<Subprocess> process_;
   std::string address_;
+  int port_ = 0;
   std::string log_path_;
 };
 

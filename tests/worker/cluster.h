@@ -232,9 +232,7 @@ class Cluster {
   // SIGKILLs the coordinator and starts it again on the same port and state: the workers keep
   // running and find it again.
   void RestartCoordinator() {
-    const std::string address = coordinator_->address();
-    int port = 0;
-    ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port));
+    const int port = coordinator_->port();
     coordinator_->process().Signal(SIGKILL);
     (void)coordinator_->process().Wait(absl::Seconds(10));
     ASSERT_NO_FATAL_FAILURE(StartCoordinator(port));
