@@ -127,7 +127,8 @@ CheckpointClient::CheckpointClient(const std::string& address, absl::Duration rp
                                    absl::Duration reconnect_wait)
     : address_(address),
       rpc_timeout_(rpc_timeout),
-      reconnect_wait_(std::min(rpc_timeout, reconnect_wait)) {
+      repeated_{.wait = std::min(rpc_timeout, reconnect_wait), .repeat = true},
+      sent_once_{.wait = std::min(rpc_timeout, reconnect_wait), .repeat = false} {
   // A connection of its own: concurrent writers in one process (ranks in tests, the bench)
   // would otherwise share one TCP stream and its flow-control window.
   ChannelOptions options;
@@ -193,7 +194,7 @@ absl::StatusOr<int64_t> CheckpointClient::WriteShard(const std::string& job_id, 
         if (open) writer->WritesDone();
         return writer->Finish();
       },
-      reconnect_wait_, server_);
+      repeated_, server_);
   if (!status.ok()) return ConvertNamingServer(status, server_);
   return response.bytes_written();
 }
@@ -201,7 +202,8 @@ absl::StatusOr<int64_t> CheckpointClient::WriteShard(const std::string& job_id, 
 absl::Status CheckpointClient::Commit(const CheckpointManifest& manifest) {
   weft::v1::CommitCheckpointRequest request;
   *request.mutable_manifest() = manifest;
-  return CallUnary(*stub_, &Stub::CommitCheckpoint, request, rpc_timeout_, server_).status();
+  return CallUnary(*stub_, &Stub::CommitCheckpoint, request, rpc_timeout_, server_, sent_once_)
+      .status();
 }
 
 absl::StatusOr<std::vector<CheckpointManifest>> CheckpointClient::List(const std::string& job_id) {
@@ -210,7 +212,7 @@ absl::StatusOr<std::vector<CheckpointManifest>> CheckpointClient::List(const std
   request.set_job_id(job_id);
   WEFT_ASSIGN_OR_RETURN(weft::v1::ListCheckpointsResponse response,
                         CallUnary(*stub_, &Stub::ListCheckpoints, request, rpc_timeout_, server_,
-                                  reconnect_wait_));
+                                  repeated_));
   return std::vector<CheckpointManifest>(
       std::make_move_iterator(response.mutable_checkpoints()->begin()),
       std::make_move_iterator(response.mutable_checkpoints()->end()));
@@ -223,7 +225,7 @@ absl::StatusOr<CheckpointManifest> CheckpointClient::GetManifest(const std::stri
   weft::v1::GetManifestRequest request;
   request.set_job_id(job_id);
   request.set_step(step);
-  return CallUnary(*stub_, &Stub::GetManifest, request, rpc_timeout_, server_, reconnect_wait_);
+  return CallUnary(*stub_, &Stub::GetManifest, request, rpc_timeout_, server_, repeated_);
 }
 
 absl::StatusOr<std::pair<int64_t, DType>> CheckpointClient::ResolveTensor(
@@ -326,7 +328,7 @@ absl::Status CheckpointClient::ReadRange(const std::string& job_id, int64_t step
         }
         return reader->Finish();
       },
-      reconnect_wait_, server_);
+      repeated_, server_);
   if (!bad.ok()) return bad;
   if (!status.ok()) return ConvertNamingServer(status, server_);
   if (pos != end) {
@@ -342,7 +344,7 @@ absl::Status CheckpointClient::SetPinned(const std::string& job_id, int64_t step
   request.set_job_id(job_id);
   request.set_step(step);
   request.set_pinned(pinned);
-  return CallUnary(*stub_, &Stub::SetPinned, request, rpc_timeout_, server_, reconnect_wait_)
+  return CallUnary(*stub_, &Stub::SetPinned, request, rpc_timeout_, server_, repeated_)
       .status();
 }
 
@@ -353,7 +355,8 @@ absl::Status CheckpointClient::Delete(const std::string& job_id, int64_t step) {
   request.set_job_id(job_id);
   request.set_step(step);
   WEFT_RETURN_IF_ERROR(
-      CallUnary(*stub_, &Stub::DeleteCheckpoint, request, rpc_timeout_, server_).status());
+      CallUnary(*stub_, &Stub::DeleteCheckpoint, request, rpc_timeout_, server_, sent_once_)
+          .status());
   // The step may be written again with other tensors: forget what we knew of it.
   absl::MutexLock lock(&mu_);
   dtypes_.erase({job_id, step});

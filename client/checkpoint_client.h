@@ -63,13 +63,14 @@ class CheckpointClient {
   // Dials `address` ("host:port") over a private connection. Never fails here: an
   // unreachable daemon shows up as UNAVAILABLE (naming `address`) on the first call.
   //
-  // WriteShard, List, GetManifest, ReadRange and SetPinned are repeatable (client/rpc_call.h
-  // RunAttempts): one that finds the daemon unreachable waits up to min(rpc_timeout,
-  // reconnect_wait) for it to come back and tries again, so a connection attempt lost on a
-  // loaded machine, or a daemon restarted within the wait, costs a delay and not the call.
-  // The default wait covers a hiccup and a quick restart while still reporting a daemon that
-  // is down (a worker's checkpoint becomes a CHECKPOINT_FAILED event) within seconds. Commit
-  // and Delete are sent once: a repeat of one that did land would be refused.
+  // Every call that finds the daemon unreachable waits up to min(rpc_timeout,
+  // reconnect_wait) for it to come back before it is sent (client/rpc_call.h RunAttempts),
+  // and WriteShard, List, GetManifest, ReadRange and SetPinned, safe to send twice, go again
+  // after an UNAVAILABLE failure. So a connection attempt lost on a loaded machine, or a
+  // daemon restarted within the wait, costs a delay and not the call. The default wait covers
+  // a hiccup and a quick restart while still reporting a daemon that is down (a worker's
+  // checkpoint becomes a CHECKPOINT_FAILED event) within seconds. Commit and Delete are sent
+  // at most once: a repeat of one that did land would be refused.
   explicit CheckpointClient(const std::string& address,
                             absl::Duration rpc_timeout = absl::Seconds(60),
                             absl::Duration reconnect_wait = absl::Seconds(3));
@@ -123,7 +124,9 @@ class CheckpointClient {
 
   std::string address_;
   absl::Duration rpc_timeout_;
-  absl::Duration reconnect_wait_;  // min(rpc_timeout, reconnect_wait)
+  // Both wait min(rpc_timeout, reconnect_wait) for an unreachable daemon.
+  const Reconnect repeated_;   // reads, shard writes, pins
+  const Reconnect sent_once_;  // Commit, Delete
   ServerName server_;
   std::unique_ptr<weft::v1::Checkpoint::Stub> stub_;
 

@@ -31,12 +31,14 @@ struct ClientOptions {
   // Deadline of every unary call that does not block by design (Join, held Heartbeat and
   // WatchJob take theirs from their arguments, see below).
   absl::Duration rpc_timeout = absl::Seconds(10);
-  // How long GetJob, ListJobs and ListWorkers (reads: safe to send again) wait for an
-  // unreachable coordinator to come back before they fail, at most rpc_timeout
-  // (RunAttempts in rpc_call.h): a connection attempt lost on a loaded machine, or a
-  // coordinator restarted within the wait, costs a delay instead of the call. Zero: each is
-  // sent once. SubmitJob and CancelJob are always sent once: a repeat of one that landed would
-  // submit the job twice or be refused.
+  // How long SubmitJob, GetJob, ListJobs, CancelJob and ListWorkers wait for an unreachable
+  // coordinator to come back before they are sent, at most rpc_timeout (RunAttempts in
+  // rpc_call.h); the reads, safe to send twice, also go again after an UNAVAILABLE failure.
+  // A connection attempt lost on a loaded machine, or a coordinator restarted within the
+  // wait, costs a delay instead of the call. SubmitJob and CancelJob are sent at most once: a
+  // repeat of one that landed would submit the job twice or be refused. Zero: every call is
+  // sent at once and fails fast. The worker's own calls (RegisterWorker, Heartbeat, Join,
+  // ReportProgress) never wait here: their loops decide what an unreachable coordinator means.
   absl::Duration reconnect_wait = absl::Seconds(3);
   // Used only by the address constructor.
   ChannelOptions channel;
@@ -88,8 +90,12 @@ class CoordinatorClient {
   std::shared_ptr<grpc::Channel> channel() const { return server_.channel; }
 
  private:
-  absl::Duration ReconnectWait() const {
-    return std::min(options_.reconnect_wait, options_.rpc_timeout);
+  // What reconnect_wait (above) asks for, for a read and for a call sent at most once.
+  Reconnect Repeated() const {
+    return {.wait = std::min(options_.reconnect_wait, options_.rpc_timeout), .repeat = true};
+  }
+  Reconnect SentOnce() const {
+    return {.wait = std::min(options_.reconnect_wait, options_.rpc_timeout), .repeat = false};
   }
 
   ClientOptions options_;

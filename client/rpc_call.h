@@ -37,39 +37,52 @@ struct ServerName {
 // itself answered with that code (a Join that timed out, a refusal), and its message is kept.
 absl::Status ConvertNamingServer(const grpc::Status& status, const ServerName& server);
 
-// Runs `attempt` (a callable making one fresh call and returning its grpc::Status). While it
-// fails with UNAVAILABLE, waits up to `reconnect_wait` for `server`'s channel to connect and
-// runs it again, kCallAttempts in all; a zero `reconnect_wait` runs it once. Only for calls
-// that are safe to send again: reads, and writes that replace what an earlier attempt left,
-// never one whose second arrival would be refused or counted twice. A connection attempt that
-// fails once on a loaded machine, or a server restarted within the wait, then costs the caller
-// a delay instead of the operation; a server that stays away fails the call with gRPC's own
-// status after one wait.
+// How a call meets a server it cannot reach at the moment.
+struct Reconnect {
+  // How long the call waits for its channel to connect before it is sent; zero: sent at
+  // once, failing fast (UNAVAILABLE) while the channel is not connected.
+  absl::Duration wait = absl::ZeroDuration();
+  // Whether a call that failed with UNAVAILABLE goes again (after another wait), kCallAttempts
+  // in all. Only for calls that are safe to send twice: reads, and writes that replace what an
+  // earlier attempt left; never one whose second arrival would be refused or counted twice
+  // (those only wait, so a call is still never sent before its channel connects).
+  bool repeat = false;
+};
 inline constexpr int kCallAttempts = 3;
+
+// Runs `attempt` (a callable making one fresh call and returning its grpc::Status) as
+// `reconnect` says, on `server`'s channel. A connection attempt that fails once on a loaded
+// machine, or a server restarted within the wait, then costs the caller a delay instead of
+// the operation; a server that stays away fails the call with gRPC's own status after one
+// wait.
 template <typename Attempt>
-grpc::Status RunAttempts(Attempt&& attempt, absl::Duration reconnect_wait,
-                         const ServerName& server) {
+grpc::Status RunAttempts(Attempt&& attempt, const Reconnect& reconnect, const ServerName& server) {
+  if (reconnect.wait <= absl::ZeroDuration() || server.channel == nullptr) return attempt();
+  const auto connected = [&] {
+    return server.channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY ||
+           server.channel->WaitForConnected(std::chrono::system_clock::now() +
+                                            absl::ToChronoMilliseconds(reconnect.wait));
+  };
+  // Sent even when the wait ran out, so that the failure carries gRPC's reason.
+  bool reachable = connected();
   grpc::Status status = attempt();
-  if (reconnect_wait <= absl::ZeroDuration() || server.channel == nullptr) return status;
-  for (int i = 1; i < kCallAttempts && status.error_code() == grpc::StatusCode::UNAVAILABLE;
+  for (int i = 1; reconnect.repeat && reachable && i < kCallAttempts &&
+                  status.error_code() == grpc::StatusCode::UNAVAILABLE;
        ++i) {
-    if (!server.channel->WaitForConnected(std::chrono::system_clock::now() +
-                                          absl::ToChronoMilliseconds(reconnect_wait))) {
-      break;
-    }
-    status = attempt();
+    reachable = connected();
+    if (reachable) status = attempt();
   }
   return status;
 }
 
 // Runs unary call `method` of `stub`, each attempt in a fresh context with deadline `timeout`
-// (RunAttempts with `reconnect_wait` decides how many): the response, or the failure converted
-// by ConvertNamingServer.
+// (RunAttempts with `reconnect` decides when and how often): the response, or the failure
+// converted by ConvertNamingServer.
 template <typename Stub, typename Request, typename Response>
 absl::StatusOr<Response> CallUnary(
     Stub& stub, grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
     const Request& request, absl::Duration timeout, const ServerName& server,
-    absl::Duration reconnect_wait = absl::ZeroDuration()) {
+    const Reconnect& reconnect = {}) {
   Response response;
   grpc::Status status = RunAttempts(
       [&] {
@@ -78,7 +91,7 @@ absl::StatusOr<Response> CallUnary(
         response.Clear();
         return (stub.*method)(&context, request, &response);
       },
-      reconnect_wait, server);
+      reconnect, server);
   if (!status.ok()) return ConvertNamingServer(status, server);
   return response;
 }

@@ -273,8 +273,8 @@ TEST_F(CheckpointClientTest, BadArgumentsAndUnknownCheckpointsGiveClearErrors) {
 }
 
 TEST(CheckpointClientUnreachableTest, MessageNamesTheDaemon) {
-  // Port 1 on loopback: nothing listens there. A repeatable call waits its 1 s timeout (less
-  // than the default reconnect wait) for the daemon to appear before it gives up.
+  // Port 1 on loopback: nothing listens there. Each call waits its 1 s timeout (less than the
+  // default reconnect wait) for the daemon to appear before it gives up.
   CheckpointClient client("127.0.0.1:1", absl::Seconds(1));
   auto list = client.List("job");
   EXPECT_EQ(list.status().code(), absl::StatusCode::kUnavailable);
@@ -291,49 +291,60 @@ TEST(CheckpointClientUnreachableTest, MessageNamesTheDaemon) {
   EXPECT_THAT(r.err, HasSubstr("checkpointd 127.0.0.1:1 unreachable")) << Describe(r);
 }
 
-// The daemon is killed, and started again on its port while a client that had talked to it
-// lists, reads and writes: the repeatable calls wait for it instead of failing, and what was
-// committed before the kill reads back bit for bit. A client that sent each call once fails
-// all three with UNAVAILABLE.
-TEST(CheckpointClientRestartTest, RepeatableCallsOutlastADaemonRestart) {
+// The daemon is killed and started again on its port. Meanwhile a new client commits: it
+// waits for the daemon and the commit lands once. And a client that had talked to the old
+// process lists, reads and writes: each goes again on the dead connection's UNAVAILABLE, and
+// what was stored before the kill reads back bit for bit. Sent at once, every call would fail.
+TEST(CheckpointClientRestartTest, CallsOutlastADaemonRestart) {
   TempDir dir;
   auto daemon = testing::CheckpointdProcess::Start(dir.path());
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   const std::string address = (*daemon)->address();
-  const int port = (*daemon)->port();
   // A wait far longer than a restart takes on a loaded machine.
   CheckpointClient client(address, absl::Seconds(60), /*reconnect_wait=*/absl::Seconds(60));
   const auto wholes = MixedTensors();
   ASSERT_TRUE(client.WriteShard("job-r", 1, 0, 1, Shard(wholes, 0, 1)).ok());
   ASSERT_TRUE(client.Commit(ManifestOf("job-r", 1, 1, wholes)).ok());
+  ASSERT_TRUE(client.WriteShard("job-r", 2, 0, 1, Shard(wholes, 0, 1)).ok());
 
   (*daemon)->process().Signal(SIGKILL);
   ASSERT_TRUE((*daemon)->process().Wait(absl::Seconds(30)).ok());
+  absl::Status committed = absl::UnknownError("not run");
   absl::StatusOr<std::vector<v1::CheckpointManifest>> listed = absl::UnknownError("not run");
   std::string read(wholes[0].bytes.size(), '\0');
   absl::Status read_status = absl::UnknownError("not run");
   absl::StatusOr<int64_t> written = absl::UnknownError("not run");
   std::thread calls([&] {
+    // A fresh channel, so that the commit is never sent on the connection the kill left: a
+    // call sent there may or may not have arrived, so a commit would not go again.
+    committed = CheckpointClient(address, absl::Seconds(60), absl::Seconds(60))
+                    .Commit(ManifestOf("job-r", 2, 1, wholes));
     listed = client.List("job-r");
     read_status = client.ReadRange("job-r", 1, wholes[0].name, 0, wholes[0].numel(), read.data());
-    written = client.WriteShard("job-r", 2, 0, 1, Shard(wholes, 0, 1));
+    written = client.WriteShard("job-r", 3, 0, 1, Shard(wholes, 0, 1));
   });
   // Long enough for the first call to find nothing listening.
   absl::SleepFor(absl::Milliseconds(300));
-  auto restarted = testing::CheckpointdProcess::Start(dir.path(), testing::BinDir(), port);
+  auto restarted =
+      testing::CheckpointdProcess::Start(dir.path(), testing::BinDir(), (*daemon)->port());
   calls.join();
   ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_TRUE(committed.ok()) << committed;
   ASSERT_TRUE(listed.ok()) << listed.status();
-  ASSERT_EQ(listed->size(), 1u);
-  EXPECT_EQ((*listed)[0].step(), 1);
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0].step(), 2);
+  EXPECT_EQ((*listed)[1].step(), 1);
   ASSERT_TRUE(read_status.ok()) << read_status;
   EXPECT_TRUE(read == wholes[0].bytes);
   ASSERT_TRUE(written.ok()) << written.status();
-  ASSERT_TRUE(client.Commit(ManifestOf("job-r", 2, 1, wholes)).ok());
-  for (const Whole& w : wholes) {
-    std::string out(w.bytes.size(), '\0');
-    ASSERT_TRUE(client.ReadRange("job-r", 2, w.name, 0, w.numel(), out.data()).ok()) << w.name;
-    EXPECT_TRUE(out == w.bytes) << w.name;
+  ASSERT_TRUE(client.Commit(ManifestOf("job-r", 3, 1, wholes)).ok());
+  for (int64_t step : {2, 3}) {
+    for (const Whole& w : wholes) {
+      std::string out(w.bytes.size(), '\0');
+      ASSERT_TRUE(client.ReadRange("job-r", step, w.name, 0, w.numel(), out.data()).ok())
+          << w.name << " step " << step;
+      EXPECT_TRUE(out == w.bytes) << w.name << " step " << step;
+    }
   }
 }
 
