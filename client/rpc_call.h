@@ -45,7 +45,7 @@ struct Reconnect {
   // Whether a call that failed with UNAVAILABLE goes again (after another wait), kCallAttempts
   // in all. Only for calls that are safe to send twice: reads, and writes that replace what an
   // earlier attempt left; never one whose second arrival would be refused or counted twice
-  // (those only wait, so a call is still never sent before its channel connects).
+  // (those get only the wait before they are sent).
   bool repeat = false;
 };
 inline constexpr int kCallAttempts = 3;
