@@ -11,9 +11,14 @@ Security, as for trainctl: --tls-ca CA.pem (TLS), plus --tls-cert/--tls-key (mut
 
 Exit status: 0 on success (watch: the job SUCCEEDED), 1 on an error, which is printed as
 "weft_client: <gRPC code>: <the server's message>" (the servers name the offending fields).
+
+Like trainctl, each call first waits up to 3 s (WEFT_RECONNECT_WAIT_S) for an unreachable
+server (a restart, one lost connection attempt), and the calls that are safe to send twice go again after UNAVAILABLE
+(service_config.json, generated beside the stubs from protos/weft/v1).
 """
 import argparse
 import collections
+import json
 import os
 import sys
 
@@ -25,6 +30,26 @@ from weft.v1 import checkpoint_pb2, checkpoint_pb2_grpc  # noqa: E402
 from weft.v1 import coordinator_pb2, coordinator_pb2_grpc, job_pb2  # noqa: E402
 
 TERMINAL = {job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED}
+# How long a call waits for an unreachable server before it is sent anyway (and fails with
+# gRPC's reason): 3 s, as trainctl, unless WEFT_RECONNECT_WAIT_S says otherwise.
+RECONNECT_WAIT_S = float(os.environ.get("WEFT_RECONNECT_WAIT_S", "3"))
+
+
+def service_config():
+    """The retry policy of the weft.v1 calls that are safe to send twice, as one JSON string."""
+    import weft.v1
+    path = os.path.join(os.path.dirname(weft.v1.__file__), "service_config.json")
+    with open(path) as f:
+        return json.dumps(json.load(f))
+
+
+def wait_until_connected(ch):
+    """Gives a server that is restarting, or a first connection attempt that failed, time to
+    answer: a call made on a channel that is not connected fails at once."""
+    try:
+        grpc.channel_ready_future(ch).result(timeout=RECONNECT_WAIT_S)
+    except grpc.FutureTimeoutError:
+        pass  # the call goes anyway and its error says why the server is unreachable
 
 
 def state_name(state):
@@ -35,6 +60,7 @@ def submit(coordinator, path):
     spec = job_pb2.JobSpec()
     with open(path) as f:
         text_format.Parse(f.read(), spec)  # raises ParseError naming line:column
+    wait_until_connected(coordinator)
     stub = coordinator_pb2_grpc.CoordinatorStub(coordinator)
     response = stub.SubmitJob(coordinator_pb2.SubmitJobRequest(spec=spec), timeout=30)
     return response.job_id
@@ -42,6 +68,7 @@ def submit(coordinator, path):
 
 def watch(coordinator, job_id):
     """Prints each state change and step until the job ends; returns the final status."""
+    wait_until_connected(coordinator)
     stub = coordinator_pb2_grpc.CoordinatorStub(coordinator)
     last = None
     for status in stub.WatchJob(coordinator_pb2.WatchJobRequest(job_id=job_id)):
@@ -56,6 +83,7 @@ def watch(coordinator, job_id):
 
 
 def checkpoints(checkpointd, job_id):
+    wait_until_connected(checkpointd)
     stub = checkpoint_pb2_grpc.CheckpointStub(checkpointd)
     response = stub.ListCheckpoints(checkpoint_pb2.ListCheckpointsRequest(job_id=job_id),
                                     timeout=30)
@@ -96,6 +124,7 @@ class _CallDetails(
 def channel(target, args):
     """A channel to target with the same security flags as the C++ binaries: TLS verified
     against --tls-ca (presenting --tls-cert/--tls-key for mutual TLS), and the bearer token."""
+    options = [("grpc.enable_retries", 1), ("grpc.service_config", service_config())]
     if args.tls_ca or args.tls_cert:
         def read(path):
             with open(path, "rb") as f:
@@ -104,9 +133,9 @@ def channel(target, args):
             root_certificates=read(args.tls_ca) if args.tls_ca else None,
             private_key=read(args.tls_key) if args.tls_key else None,
             certificate_chain=read(args.tls_cert) if args.tls_cert else None)
-        ch = grpc.secure_channel(target, credentials)
+        ch = grpc.secure_channel(target, credentials, options=options)
     else:
-        ch = grpc.insecure_channel(target)
+        ch = grpc.insecure_channel(target, options=options)
     token = (args.token or "").strip()
     return grpc.intercept_channel(ch, _BearerToken(token)) if token else ch
 

@@ -2,8 +2,8 @@
 # The Python client (examples/python) against live services on 127.0.0.1: stubs generated from
 # protos/weft/v1, a coordinator, a checkpointd and two CPU workers, secured as in production
 # (mutual TLS everywhere, a bearer token on every coordinator call); the client submits a small
-# job, watches it to SUCCEEDED and lists its checkpoints, and weft_model.py reads the trained
-# model's file; bad input gets the servers' errors,
+# job, watches it to SUCCEEDED and lists its checkpoints (also across a checkpointd restart),
+# and weft_model.py reads the trained model's file; bad input gets the servers' errors,
 # and so does a client without a token or without a certificate.
 #   tests/python/python_client_test.sh BIN_DIR
 set -euo pipefail
@@ -49,10 +49,27 @@ weft_serve "$WORK/coordinator" "$BIN/weft-coordinator" --data-dir="$WORK/coordin
 weft_serve "$WORK/checkpointd" "$BIN/weft-checkpointd" --data-dir="$WORK/checkpoints" \
   --metrics-address=none "${SERVER_TLS[@]}" --auth-tokens-file="$WORK/tokens" ||
   fail "weft-checkpointd did not start"
+CHECKPOINTD_PID=$WEFT_SPAWNED_PID
 for i in 0 1; do
   weft_spawn "$WORK/worker$i.log" "$BIN/weft-worker" --device="cpu:$i" --metrics-address=none \
     --output-dir="$WORK/models" "${CLIENT_TLS[@]}"
 done
+
+# Every method service_config.json names exists (gRPC ignores a name that matches nothing).
+PYTHONPATH=$WEFT_PYTHON_STUBS "$PYTHON" - <<'PY' || fail "service_config.json: see above"
+import json, os, sys
+import weft.v1
+from weft.v1 import checkpoint_pb2, coordinator_pb2
+services = {}
+for module in (checkpoint_pb2, coordinator_pb2):
+    for s in module.DESCRIPTOR.services_by_name.values():
+        services[s.full_name] = set(s.methods_by_name)
+config = json.load(open(os.path.join(os.path.dirname(weft.v1.__file__), "service_config.json")))
+bad = [n for c in config["methodConfig"] for n in c["name"]
+       if n.get("method") not in services.get(n["service"], ())]
+if bad:
+    sys.exit(f"service_config.json names methods the protos do not have: {bad}")
+PY
 
 "$PYTHON" -c "print('the quick brown fox jumps over the lazy dog. ' * 400)" >"$WORK/corpus.txt"
 cat >"$WORK/job.pb.txt" <<SPEC
@@ -77,6 +94,20 @@ grep -q "^checkpoint $job step 20 world 2" <<<"$out" || fail "step-20 checkpoint
 # The pieces on their own.
 [[ $("${CLIENT[@]}" checkpoints "$job" | wc -l) == 2 ]] || fail "keep_last 2: expected 2 checkpoints"
 "${CLIENT[@]}" watch "$job" | grep -q "SUCCEEDED" || fail "watch of an ended job"
+
+# checkpointd is killed, and started again on its port and data while a client lists: the
+# client waits for it (a client that called at once would fail with UNAVAILABLE).
+kill -KILL "$CHECKPOINTD_PID"
+wait "$CHECKPOINTD_PID" 2>/dev/null || true
+WEFT_RECONNECT_WAIT_S=60 "${CLIENT[@]}" checkpoints "$job" >"$WORK/listed.txt" 2>&1 &
+lister=$!
+sleep 2  # the interpreter's start, then the client finds nothing listening
+weft_spawn "$WORK/checkpointd-restarted.log" "$BIN/weft-checkpointd" \
+  --listen="${WEFT_CHECKPOINTD}" --data-dir="$WORK/checkpoints" --metrics-address=none \
+  "${SERVER_TLS[@]}" --auth-tokens-file="$WORK/tokens"
+wait "$lister" || fail "listing across a checkpointd restart: $(cat "$WORK/listed.txt")"
+[[ $(grep -c "^checkpoint $job step" "$WORK/listed.txt") == 2 ]] ||
+  fail "the restarted checkpointd did not list both checkpoints: $(cat "$WORK/listed.txt")"
 
 # The trained model's file: weft_model.py reads its spec and tokenizer (bytes: no .model).
 MODEL=$WORK/models/$job/model.safetensors
