@@ -13,8 +13,8 @@ Exit status: 0 on success (watch: the job SUCCEEDED), 1 on an error, which is pr
 "weft_client: <gRPC code>: <the server's message>" (the servers name the offending fields).
 
 Like trainctl, each call first waits up to 3 s (WEFT_RECONNECT_WAIT_S) for an unreachable
-server (a restart, one lost connection attempt), and the calls that are safe to send twice go again after UNAVAILABLE
-(service_config.json, generated beside the stubs from protos/weft/v1).
+server (a restart, one lost connection attempt), and the calls that are safe to send twice go
+again after UNAVAILABLE (service_config.json, copied beside the stubs from protos/weft/v1).
 """
 import argparse
 import collections
@@ -37,8 +37,7 @@ RECONNECT_WAIT_S = float(os.environ.get("WEFT_RECONNECT_WAIT_S", "3"))
 
 def service_config():
     """The retry policy of the weft.v1 calls that are safe to send twice, as one JSON string."""
-    import weft.v1
-    path = os.path.join(os.path.dirname(weft.v1.__file__), "service_config.json")
+    path = os.path.join(os.path.dirname(job_pb2.__file__), "service_config.json")
     with open(path) as f:
         return json.dumps(json.load(f))
 
