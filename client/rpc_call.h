@@ -58,9 +58,9 @@ inline constexpr int kCallAttempts = 3;
 template <typename Attempt>
 grpc::Status RunAttempts(Attempt&& attempt, const Reconnect& reconnect, const ServerName& server) {
   if (reconnect.wait <= absl::ZeroDuration() || server.channel == nullptr) return attempt();
+  // Returns at once on a connected channel; otherwise starts connecting and waits.
   const auto connected = [&] {
-    return server.channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY ||
-           server.channel->WaitForConnected(std::chrono::system_clock::now() +
+    return server.channel->WaitForConnected(std::chrono::system_clock::now() +
                                             absl::ToChronoMilliseconds(reconnect.wait));
   };
   // Sent even when the wait ran out, so that the failure carries gRPC's reason.
