@@ -31,8 +31,19 @@ from weft.v1 import coordinator_pb2, coordinator_pb2_grpc, job_pb2  # noqa: E402
 
 TERMINAL = {job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED}
 # How long a call waits for an unreachable server before it is sent anyway (and fails with
-# gRPC's reason): 3 s, as trainctl, unless WEFT_RECONNECT_WAIT_S says otherwise.
-RECONNECT_WAIT_S = float(os.environ.get("WEFT_RECONNECT_WAIT_S", "3"))
+# gRPC's reason): 3 s, as trainctl, unless WEFT_RECONNECT_WAIT_S says otherwise (main checks it).
+RECONNECT_WAIT_S = 3.0
+
+
+def reconnect_wait_s(text):
+    """WEFT_RECONNECT_WAIT_S as seconds; ValueError naming the variable if it is not >= 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also refuses NaN
+        raise ValueError(f"WEFT_RECONNECT_WAIT_S: {text!r} is not a number of seconds >= 0")
+    return seconds
 
 
 def service_config():
@@ -154,6 +165,12 @@ def main(argv):
     sub.add_parser("checkpoints").add_argument("job")
     sub.add_parser("run").add_argument("spec")
     args = parser.parse_args(argv)
+    global RECONNECT_WAIT_S
+    try:
+        RECONNECT_WAIT_S = reconnect_wait_s(os.environ.get("WEFT_RECONNECT_WAIT_S", "3"))
+    except ValueError as e:
+        print(f"weft_client: {e}", file=sys.stderr)
+        return 1
 
     try:
         coordinator = channel(args.coordinator, args)

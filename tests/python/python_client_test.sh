@@ -129,6 +129,13 @@ sed 's/learning_rate: 0.01/learning_rate: -1/' "$WORK/job.pb.txt" >"$WORK/bad.pb
 if err=$("${CLIENT[@]}" submit "$WORK/bad.pb.txt" 2>&1); then fail "a negative learning rate was accepted"; fi
 grep -q "INVALID_ARGUMENT" <<<"$err" || fail "no INVALID_ARGUMENT: $err"
 grep -q "optimizer.learning_rate" <<<"$err" || fail "the field is not named: $err"
+for wait in soon -1 nan; do
+  if err=$(WEFT_RECONNECT_WAIT_S=$wait "${CLIENT[@]}" watch "$job" 2>&1); then
+    fail "WEFT_RECONNECT_WAIT_S=$wait was accepted"
+  fi
+  grep -q "WEFT_RECONNECT_WAIT_S: '$wait' is not a number of seconds" <<<"$err" ||
+    fail "WEFT_RECONNECT_WAIT_S=$wait: unclear: $err"
+done
 if err=$("${CLIENT[@]}" watch no-such-job-1 2>&1); then fail "watching an unknown job succeeded"; fi
 grep -q "NOT_FOUND" <<<"$err" || fail "no NOT_FOUND: $err"
 printf 'name: "x"\nmodel { num_layers: }\n' >"$WORK/syntax.pb.txt"
