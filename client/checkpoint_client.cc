@@ -127,8 +127,7 @@ CheckpointClient::CheckpointClient(const std::string& address, absl::Duration rp
                                    absl::Duration reconnect_wait)
     : address_(address),
       rpc_timeout_(rpc_timeout),
-      repeated_{.wait = std::min(rpc_timeout, reconnect_wait), .repeat = true},
-      sent_once_{.wait = std::min(rpc_timeout, reconnect_wait), .repeat = false} {
+      reconnect_(reconnect_wait, rpc_timeout) {
   // A connection of its own: concurrent writers in one process (ranks in tests, the bench)
   // would otherwise share one TCP stream and its flow-control window.
   ChannelOptions options;
@@ -194,7 +193,7 @@ absl::StatusOr<int64_t> CheckpointClient::WriteShard(const std::string& job_id, 
         if (open) writer->WritesDone();
         return writer->Finish();
       },
-      repeated_, server_);
+      reconnect_.repeated, server_);
   if (!status.ok()) return ConvertNamingServer(status, server_);
   return response.bytes_written();
 }
@@ -202,7 +201,8 @@ absl::StatusOr<int64_t> CheckpointClient::WriteShard(const std::string& job_id, 
 absl::Status CheckpointClient::Commit(const CheckpointManifest& manifest) {
   weft::v1::CommitCheckpointRequest request;
   *request.mutable_manifest() = manifest;
-  return CallUnary(*stub_, &Stub::CommitCheckpoint, request, rpc_timeout_, server_, sent_once_)
+  return CallUnary(*stub_, &Stub::CommitCheckpoint, request, rpc_timeout_, server_,
+                   reconnect_.sent_once)
       .status();
 }
 
@@ -212,7 +212,7 @@ absl::StatusOr<std::vector<CheckpointManifest>> CheckpointClient::List(const std
   request.set_job_id(job_id);
   WEFT_ASSIGN_OR_RETURN(weft::v1::ListCheckpointsResponse response,
                         CallUnary(*stub_, &Stub::ListCheckpoints, request, rpc_timeout_, server_,
-                                  repeated_));
+                                  reconnect_.repeated));
   return std::vector<CheckpointManifest>(
       std::make_move_iterator(response.mutable_checkpoints()->begin()),
       std::make_move_iterator(response.mutable_checkpoints()->end()));
@@ -225,7 +225,7 @@ absl::StatusOr<CheckpointManifest> CheckpointClient::GetManifest(const std::stri
   weft::v1::GetManifestRequest request;
   request.set_job_id(job_id);
   request.set_step(step);
-  return CallUnary(*stub_, &Stub::GetManifest, request, rpc_timeout_, server_, repeated_);
+  return CallUnary(*stub_, &Stub::GetManifest, request, rpc_timeout_, server_, reconnect_.repeated);
 }
 
 absl::StatusOr<std::pair<int64_t, DType>> CheckpointClient::ResolveTensor(
@@ -328,7 +328,7 @@ absl::Status CheckpointClient::ReadRange(const std::string& job_id, int64_t step
         }
         return reader->Finish();
       },
-      repeated_, server_);
+      reconnect_.repeated, server_);
   if (!bad.ok()) return bad;
   if (!status.ok()) return ConvertNamingServer(status, server_);
   if (pos != end) {
@@ -344,7 +344,7 @@ absl::Status CheckpointClient::SetPinned(const std::string& job_id, int64_t step
   request.set_job_id(job_id);
   request.set_step(step);
   request.set_pinned(pinned);
-  return CallUnary(*stub_, &Stub::SetPinned, request, rpc_timeout_, server_, repeated_)
+  return CallUnary(*stub_, &Stub::SetPinned, request, rpc_timeout_, server_, reconnect_.repeated)
       .status();
 }
 
@@ -354,9 +354,9 @@ absl::Status CheckpointClient::Delete(const std::string& job_id, int64_t step) {
   weft::v1::DeleteCheckpointRequest request;
   request.set_job_id(job_id);
   request.set_step(step);
-  WEFT_RETURN_IF_ERROR(
-      CallUnary(*stub_, &Stub::DeleteCheckpoint, request, rpc_timeout_, server_, sent_once_)
-          .status());
+  WEFT_RETURN_IF_ERROR(CallUnary(*stub_, &Stub::DeleteCheckpoint, request, rpc_timeout_, server_,
+                                 reconnect_.sent_once)
+                           .status());
   // The step may be written again with other tensors: forget what we knew of it.
   absl::MutexLock lock(&mu_);
   dtypes_.erase({job_id, step});

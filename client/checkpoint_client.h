@@ -124,9 +124,8 @@ class CheckpointClient {
 
   std::string address_;
   absl::Duration rpc_timeout_;
-  // Both wait min(rpc_timeout, reconnect_wait) for an unreachable daemon.
-  const Reconnect repeated_;   // reads, shard writes, pins
-  const Reconnect sent_once_;  // Commit, Delete
+  // Reads, shard writes and pins repeat; Commit and Delete are sent once.
+  const ReconnectPolicies reconnect_;
   ServerName server_;
   std::unique_ptr<weft::v1::Checkpoint::Stub> stub_;
 

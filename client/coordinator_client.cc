@@ -21,11 +21,13 @@ bool IsFinalJobState(JobState state) {
 
 CoordinatorClient::CoordinatorClient(const std::string& address, ClientOptions options)
     : options_(std::move(options)),
+      reconnect_(options_.reconnect_wait, options_.rpc_timeout),
       server_{MakeChannel(address, options_.channel), absl::StrCat("coordinator ", address)},
       stub_(weft::v1::Coordinator::NewStub(server_.channel)) {}
 
 CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
     : options_(std::move(options)),
+      reconnect_(options_.reconnect_wait, options_.rpc_timeout),
       server_{std::move(channel), "coordinator"},
       stub_(weft::v1::Coordinator::NewStub(server_.channel)) {}
 
@@ -33,14 +35,15 @@ absl::StatusOr<weft::v1::SubmitJobResponse> CoordinatorClient::SubmitJob(
     const weft::v1::JobSpec& spec) {
   weft::v1::SubmitJobRequest request;
   *request.mutable_spec() = spec;
-  return CallUnary(*stub_, &Stub::SubmitJob, request, options_.rpc_timeout, server_, SentOnce());
+  return CallUnary(*stub_, &Stub::SubmitJob, request, options_.rpc_timeout, server_,
+                   reconnect_.sent_once);
 }
 
 absl::StatusOr<weft::v1::Job> CoordinatorClient::GetJob(const std::string& job_id) {
   weft::v1::GetJobRequest request;
   request.set_job_id(job_id);
   return CallUnary(*stub_, &Stub::GetJob, request, options_.rpc_timeout, server_,
-                   Repeated());
+                   reconnect_.repeated);
 }
 
 absl::StatusOr<std::vector<weft::v1::JobStatus>> CoordinatorClient::ListJobs(
@@ -50,7 +53,7 @@ absl::StatusOr<std::vector<weft::v1::JobStatus>> CoordinatorClient::ListJobs(
   request.set_limit(limit);
   WEFT_ASSIGN_OR_RETURN(weft::v1::ListJobsResponse response,
                         CallUnary(*stub_, &Stub::ListJobs, request, options_.rpc_timeout, server_,
-                                  Repeated()));
+                                  reconnect_.repeated));
   return std::vector<weft::v1::JobStatus>(std::make_move_iterator(response.mutable_jobs()->begin()),
                                           std::make_move_iterator(response.mutable_jobs()->end()));
 }
@@ -60,7 +63,8 @@ absl::StatusOr<weft::v1::JobStatus> CoordinatorClient::CancelJob(const std::stri
   weft::v1::CancelJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
-  return CallUnary(*stub_, &Stub::CancelJob, request, options_.rpc_timeout, server_, SentOnce());
+  return CallUnary(*stub_, &Stub::CancelJob, request, options_.rpc_timeout, server_,
+                   reconnect_.sent_once);
 }
 
 absl::Status CoordinatorClient::WatchJob(
@@ -112,7 +116,7 @@ absl::StatusOr<std::vector<weft::v1::WorkerStatus>> CoordinatorClient::ListWorke
   WEFT_ASSIGN_OR_RETURN(
       weft::v1::ListWorkersResponse response,
       CallUnary(*stub_, &Stub::ListWorkers, request, options_.rpc_timeout, server_,
-                Repeated()));
+                reconnect_.repeated));
   return std::vector<weft::v1::WorkerStatus>(
       std::make_move_iterator(response.mutable_workers()->begin()),
       std::make_move_iterator(response.mutable_workers()->end()));

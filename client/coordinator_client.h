@@ -90,15 +90,9 @@ class CoordinatorClient {
   std::shared_ptr<grpc::Channel> channel() const { return server_.channel; }
 
  private:
-  // What reconnect_wait (above) asks for, for a read and for a call sent at most once.
-  Reconnect Repeated() const {
-    return {.wait = std::min(options_.reconnect_wait, options_.rpc_timeout), .repeat = true};
-  }
-  Reconnect SentOnce() const {
-    return {.wait = std::min(options_.reconnect_wait, options_.rpc_timeout), .repeat = false};
-  }
-
   ClientOptions options_;
+  // What options_.reconnect_wait asks for: reads repeat, SubmitJob and CancelJob are sent once.
+  ReconnectPolicies reconnect_;
   // Names the address when built from one.
   ServerName server_;
   std::unique_ptr<weft::v1::Coordinator::Stub> stub_;

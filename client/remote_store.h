@@ -22,15 +22,23 @@
 
 namespace weft {
 
-// Every call names (job_id, generation) as its scope; errors are the server's, converted
-// unchanged (ABORTED: the generation ended). Thread-safe.
+// Every call names (job_id, generation) as its scope; errors are the server's (ABORTED: the
+// generation ended), with "coordinator unreachable: " in front when nothing answered.
+//
+// A lost connection costs a call a delay rather than the rendezvous or checkpoint it serves
+// (every rank would otherwise start a new generation): each call first waits up to
+// `reconnect_wait` for the channel to connect, and Set, Get and Wait, which are safe to send
+// twice, go again after UNAVAILABLE (kCallAttempts in all; Wait within what is left of its
+// timeout). Add, CompareSet and Delete are sent once, since a lost reply cannot tell whether
+// the server applied them. Thread-safe.
 class RemoteStore : public Store {
  public:
   // `rpc_timeout` is the deadline of each call; Wait gets its own timeout on top of it, so
   // the server's DEADLINE_EXCEEDED (which names the missing keys) arrives before the
-  // client's own (which cannot).
+  // client's own (which cannot). The reconnect wait is capped at `rpc_timeout`.
   RemoteStore(std::shared_ptr<grpc::Channel> channel, std::string job_id, int64_t generation,
-              absl::Duration rpc_timeout = absl::Seconds(10));
+              absl::Duration rpc_timeout = absl::Seconds(10),
+              absl::Duration reconnect_wait = absl::Seconds(3));
 
   absl::Status Set(std::string_view key, std::string_view value) override;
   // NOT_FOUND (the server's) if the key is absent.
@@ -53,13 +61,12 @@ class RemoteStore : public Store {
   template <typename Request>
   Request KeyRequest(std::string_view key) const;
 
-  std::shared_ptr<grpc::Channel> channel_;
+  const ServerName server_;
   std::unique_ptr<weft::v1::Store::Stub> stub_;
   std::string job_id_;
   int64_t generation_;
   absl::Duration rpc_timeout_;
-  // Names no server: errors are the server's, converted unchanged.
-  const ServerName unchanged_;
+  const ReconnectPolicies reconnect_;
 };
 
 }  // namespace weft

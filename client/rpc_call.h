@@ -3,6 +3,7 @@
 #ifndef WEFT_CLIENT_RPC_CALL_H_
 #define WEFT_CLIENT_RPC_CALL_H_
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -49,6 +50,17 @@ struct Reconnect {
   bool repeat = false;
 };
 inline constexpr int kCallAttempts = 3;
+
+// A client's two Reconnects from its one wait (capped at its call timeout, so that a wait never
+// outlasts the call it precedes): `repeated` for calls safe to send twice, `sent_once` for the
+// rest.
+struct ReconnectPolicies {
+  ReconnectPolicies(absl::Duration reconnect_wait, absl::Duration rpc_timeout)
+      : repeated{.wait = std::min(reconnect_wait, rpc_timeout), .repeat = true},
+        sent_once{.wait = std::min(reconnect_wait, rpc_timeout), .repeat = false} {}
+  Reconnect repeated;
+  Reconnect sent_once;
+};
 
 // Runs `attempt` (a callable making one fresh call and returning its grpc::Status) as
 // `reconnect` says, on `server`'s channel. A connection attempt that fails once on a loaded

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/tcp_proxy.h"
 #include "weft/v1/coordinator.grpc.pb.h"
 
 namespace weft {
@@ -27,6 +28,7 @@ namespace {
 using testing::CoordinatorProcess;
 using testing::Eventually;
 using testing::Subprocess;
+using testing::TcpProxy;
 using testing::TempDir;
 using ::testing::HasSubstr;
 
@@ -511,6 +513,61 @@ TEST_F(CoordinatorProcessTest, RemoteStoreKeepsTheStoreContract) {
   EXPECT_EQ(aborted.code(), absl::StatusCode::kAborted) << aborted;
   EXPECT_EQ(store.Set("k", "v").code(), absl::StatusCode::kAborted);
   EXPECT_EQ(store.Get("k").status().code(), absl::StatusCode::kAborted);
+}
+
+// A connection lost under the store's calls while the coordinator lives (a proxy in between
+// resets it): what is safe to send twice goes again and succeeds, so a rendezvous or a
+// checkpoint commit is not lost with it; Add is sent once, and fails rather than risk adding
+// twice.
+TEST_F(CoordinatorProcessTest, RemoteStoreCallsOutlastALostConnection) {
+  const v1::StoreScope scope = StartGeneration();
+  auto proxy = testing::TcpProxy::Start(coordinator_->port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  TcpProxy& link = **proxy;
+  RemoteStore store(MakeChannel(link.address(), {.private_connection = true}), scope.job_id(),
+                    scope.generation());
+  RemoteStore direct(channel_, scope.job_id(), scope.generation());
+  ASSERT_TRUE(store.Set("warm", "1").ok());
+
+  // The reply is lost after the server got the request.
+  link.CutOnNextReply();
+  absl::Status set = store.Set("k", "v");
+  EXPECT_TRUE(set.ok()) << set;
+  link.CutOnNextReply();
+  auto got = store.Get("k");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "v");
+  EXPECT_EQ(link.cuts(), 2);
+
+  // A waiter's connection reset while the server holds its call: it waits again, within its
+  // timeout, and sees the key that another rank sets later.
+  absl::Status waited = absl::UnknownError("not run");
+  const int64_t before = link.bytes_to_server();
+  std::thread waiter([&] { waited = store.Wait({"late"}, absl::Seconds(30)); });
+  ASSERT_TRUE(Eventually([&] { return link.bytes_to_server() > before; }, absl::Seconds(10)));
+  // Time for the server to read the request and start waiting.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  link.CutAll();
+  EXPECT_EQ(link.cuts(), 3);
+  // The key appears only once the waiter is back (had it come first, the repeated Wait would
+  // find it at once, and pass the same).
+  const int64_t after_cut = link.bytes_to_server();
+  ASSERT_TRUE(
+      Eventually([&] { return link.bytes_to_server() > after_cut; }, absl::Seconds(10)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(direct.Set("late", "1").ok());
+  waiter.join();
+  EXPECT_TRUE(waited.ok()) << waited;
+  EXPECT_GE(link.accepted(), 2) << "the waiter came back over a new connection";
+
+  // Add's reply lost: it reports the failure; the server applied it once at most.
+  link.CutOnNextReply();
+  auto sum = store.Add("n", 1);
+  EXPECT_EQ(sum.status().code(), absl::StatusCode::kUnavailable) << sum.status();
+  EXPECT_THAT(sum.status().message(), HasSubstr("coordinator"));
+  auto applied = direct.Add("n", 0);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_LE(*applied, 1) << "an Add whose reply was lost must not be sent again";
 }
 
 // ---- rendezvous ----------------------------------------------------------------------------

@@ -1,0 +1,154 @@
+// testing::TcpProxy itself, over plain sockets: bytes go through both ways, CutAll resets a
+// live connection and later ones still pass, and CutOnNextReply loses exactly one reply.
+#include "tests/testing/tcp_proxy.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace weft::testing {
+namespace {
+
+sockaddr_in Loopback(int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
+}
+
+// A socket that closes itself.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Fd(Fd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// The server behind the proxy: a listener on 127.0.0.1:0.
+class Server {
+ public:
+  Server() : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr = Loopback(0);
+    socklen_t len = sizeof(addr);
+    if (bind(fd_.get(), reinterpret_cast<sockaddr*>(&addr), len) == 0 &&
+        listen(fd_.get(), 16) == 0 &&
+        getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      port_ = ntohs(addr.sin_port);
+    }
+  }
+  int port() const { return port_; }
+  Fd Accept() const { return Fd(accept(fd_.get(), nullptr, nullptr)); }
+
+ private:
+  Fd fd_;
+  int port_ = 0;
+};
+
+Fd Connect(int port) {
+  Fd fd(socket(AF_INET, SOCK_STREAM, 0));
+  const sockaddr_in addr = Loopback(port);
+  if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) return Fd();
+  return fd;
+}
+
+bool Send(const Fd& fd, const std::string& text) {
+  return send(fd.get(), text.data(), text.size(), MSG_NOSIGNAL) ==
+         static_cast<ssize_t>(text.size());
+}
+
+// Reads exactly n bytes; what arrived before EOF or a reset otherwise ("" for nothing).
+std::string Receive(const Fd& fd, size_t n) {
+  std::string out;
+  char buffer[256];
+  while (out.size() < n) {
+    const ssize_t got = recv(fd.get(), buffer, std::min(sizeof(buffer), n - out.size()), 0);
+    if (got <= 0) break;
+    out.append(buffer, static_cast<size_t>(got));
+  }
+  return out;
+}
+
+TEST(TcpProxyTest, ForwardsBothWaysAndCutAllResetsLiveConnections) {
+  Server server;
+  ASSERT_GT(server.port(), 0);
+  auto proxy = TcpProxy::Start(server.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  EXPECT_EQ((*proxy)->address(), "127.0.0.1:" + std::to_string((*proxy)->port()));
+
+  Fd client = Connect((*proxy)->port());
+  ASSERT_GE(client.get(), 0);
+  Fd backend = server.Accept();
+  ASSERT_TRUE(Send(client, "request"));
+  EXPECT_EQ(Receive(backend, 7), "request");
+  EXPECT_EQ((*proxy)->bytes_to_server(), 7);
+  ASSERT_TRUE(Send(backend, "reply"));
+  EXPECT_EQ(Receive(client, 5), "reply");
+  EXPECT_EQ((*proxy)->accepted(), 1);
+
+  (*proxy)->CutAll();
+  EXPECT_EQ((*proxy)->cuts(), 1);
+  EXPECT_EQ(Receive(client, 1), "") << "the client's side must be gone";
+  EXPECT_EQ(Receive(backend, 1), "") << "the server's side must be gone";
+
+  // The proxy itself stays: a new connection is forwarded.
+  Fd again = Connect((*proxy)->port());
+  Fd backend_again = server.Accept();
+  ASSERT_TRUE(Send(again, "second"));
+  EXPECT_EQ(Receive(backend_again, 6), "second");
+  ASSERT_TRUE(Send(backend_again, "ok"));
+  EXPECT_EQ(Receive(again, 2), "ok");
+}
+
+TEST(TcpProxyTest, CutOnNextReplyLosesOneReplyAfterTheServerGotTheRequest) {
+  Server server;
+  auto proxy = TcpProxy::Start(server.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  Fd client = Connect((*proxy)->port());
+  Fd backend = server.Accept();
+
+  (*proxy)->CutOnNextReply();
+  ASSERT_TRUE(Send(client, "add 1"));
+  EXPECT_EQ(Receive(backend, 5), "add 1") << "the request must arrive";
+  Send(backend, "sum 1");  // may fail once the reset is back: nothing to check
+  EXPECT_EQ(Receive(client, 5), "") << "the reply must be lost";
+  EXPECT_EQ((*proxy)->cuts(), 1);
+
+  // One-shot: the next connection's reply passes.
+  Fd again = Connect((*proxy)->port());
+  Fd backend_again = server.Accept();
+  ASSERT_TRUE(Send(again, "add 1"));
+  EXPECT_EQ(Receive(backend_again, 5), "add 1");
+  ASSERT_TRUE(Send(backend_again, "sum 2"));
+  EXPECT_EQ(Receive(again, 5), "sum 2");
+  EXPECT_EQ((*proxy)->cuts(), 1);
+}
+
+TEST(TcpProxyTest, AServerThatIsDownRefusesThroughTheProxy) {
+  int port = 0;
+  {
+    Server gone;
+    port = gone.port();
+  }
+  auto proxy = TcpProxy::Start(port);
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  Fd client = Connect((*proxy)->port());
+  ASSERT_GE(client.get(), 0);
+  EXPECT_EQ(Receive(client, 1), "");
+}
+
+}  // namespace
+}  // namespace weft::testing
