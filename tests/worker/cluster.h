@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -211,7 +212,8 @@ class Cluster {
   void StartWorker(int i) {
     auto w = Subprocess::Start(
         {BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
-         absl::StrCat("--device=cpu:", i), "--host=node", "--checkpointd=" + checkpointd_address_,
+         absl::StrCat("--device=cpu:", i), "--host=node",
+         "--checkpointd=" + checkpointd_->address(),
          "--output-dir=" + dir_ + "/models", "--metrics-address=none"},
         absl::StrCat(dir_, "/worker", i, ".log"));
     ASSERT_TRUE(w.ok());
@@ -221,10 +223,10 @@ class Cluster {
 
   void KillEverything() {
     for (auto& w : workers_) w->Signal(SIGKILL);
-    checkpointd_->Signal(SIGKILL);
+    checkpointd_->process().Signal(SIGKILL);
     coordinator_->process().Signal(SIGKILL);
     for (auto& w : workers_) (void)w->Wait(absl::Seconds(10));
-    (void)checkpointd_->Wait(absl::Seconds(10));
+    (void)checkpointd_->process().Wait(absl::Seconds(10));
     (void)coordinator_->process().Wait(absl::Seconds(10));
     workers_.clear();
   }
@@ -240,15 +242,10 @@ class Cluster {
 
   // SIGKILLs checkpointd; RestartCheckpointd starts it again on the same port and data.
   void KillCheckpointd() {
-    checkpointd_->Signal(SIGKILL);
-    (void)checkpointd_->Wait(absl::Seconds(10));
+    checkpointd_->process().Signal(SIGKILL);
+    (void)checkpointd_->process().Wait(absl::Seconds(10));
   }
-  void RestartCheckpointd() {
-    int port = 0;
-    ASSERT_TRUE(absl::SimpleAtoi(
-        checkpointd_address_.substr(checkpointd_address_.rfind(':') + 1), &port));
-    ASSERT_NO_FATAL_FAILURE(StartCheckpointd(port));
-  }
+  void RestartCheckpointd() { ASSERT_NO_FATAL_FAILURE(StartCheckpointd(checkpointd_->port())); }
 
   Subprocess& worker(int i) { return *workers_[i]; }
   // The index of the worker process registered as `worker_id` ("node/cpu<i>").
@@ -260,8 +257,13 @@ class Cluster {
   }
 
   CoordinatorClient& client() { return *client_; }
-  const std::string& checkpointd_address() const { return checkpointd_address_; }
-  std::string checkpoint_dir() const { return dir_ + "/ckpt"; }
+  const std::string& checkpointd_address() const { return checkpointd_->address(); }
+  // checkpointd's database (CheckpointdProcess keeps it under <its dir>/db), known before the
+  // cluster is made for a test that mounts something there.
+  static std::string CheckpointDirUnder(const std::string& dir) {
+    return dir + "/checkpointd/db";
+  }
+  std::string checkpoint_dir() const { return CheckpointDirUnder(dir_); }
 
   v1::JobStatus Status(const std::string& id) {
     auto job = client_->GetJob(id);
@@ -278,26 +280,21 @@ class Cluster {
       const std::string f = absl::StrCat("/worker", i, ".log");
       absl::StrAppend(&all, "\n--- ", f, "\n", ReadFile(dir_ + f));
     }
-    absl::StrAppend(&all, "\n--- checkpointd\n", ReadFile(dir_ + "/checkpointd.log"));
+    // Every run's log: a restart's goes to a file of its own.
+    std::vector<std::string> logs;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_ + "/checkpointd")) {
+      if (entry.path().extension() == ".log") logs.push_back(entry.path().string());
+    }
+    std::sort(logs.begin(), logs.end());
+    for (const std::string& log : logs) absl::StrAppend(&all, "\n--- ", log, "\n", ReadFile(log));
     return all;
   }
 
  private:
-  // Appends to checkpointd.log (a restart keeps the first run's lines, and Logs shows both).
   void StartCheckpointd(int port) {
-    const std::string port_file = dir_ + "/checkpointd.port";
-    std::remove(port_file.c_str());
-    const std::string log = dir_ + "/checkpointd.log";
-    auto ck = Subprocess::Start({BinDir() + "/weft-checkpointd",
-                                 absl::StrCat("--listen=127.0.0.1:", port),
-                                 "--port-file=" + port_file, "--data-dir=" + dir_ + "/ckpt",
-                                 "--metrics-address=none"},
-                                log);
-    ASSERT_TRUE(ck.ok());
+    auto ck = CheckpointdProcess::Start(dir_ + "/checkpointd", BinDir(), port);
+    ASSERT_TRUE(ck.ok()) << ck.status();
     checkpointd_ = std::move(*ck);
-    auto bound = WaitForFile(port_file, absl::Seconds(30));
-    ASSERT_TRUE(bound.ok()) << ReadFile(log);
-    checkpointd_address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*bound));
   }
 
   void StartCoordinator(int port) {
@@ -311,10 +308,9 @@ class Cluster {
   std::string dir_;
   int num_workers_;
   std::unique_ptr<CoordinatorProcess> coordinator_;
-  std::unique_ptr<Subprocess> checkpointd_;
+  std::unique_ptr<CheckpointdProcess> checkpointd_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
   std::unique_ptr<CoordinatorClient> client_;
-  std::string checkpointd_address_;
 };
 
 // Runs `spec` on a fresh Cluster of `workers` workers under `dir` without interrupting it, and

@@ -146,7 +146,7 @@ TEST_F(RecoveryE2eTest, SavesFailingWhileCheckpointdIsDownAreJobEventsAndTheJobG
 // the events say so and the job still trains to the end. Needs root (mount); skips otherwise.
 TEST_F(RecoveryE2eTest, SavesRefusedByAFullDiskAreJobEventsAndTheJobGoesOn) {
   const std::string dir = dir_.File("disk-full");
-  const std::string data = dir + "/ckpt";
+  const std::string data = Cluster::CheckpointDirUnder(dir);
   ASSERT_TRUE(std::filesystem::create_directories(data));
   if (system(absl::StrCat("mount -t tmpfs -o size=16m weft-test-full ", data,
                           " 2>/dev/null").c_str()) != 0) {
