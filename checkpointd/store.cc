@@ -443,16 +443,21 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> CheckpointStore::BeginShard(
   const auto id = std::make_tuple(job, header.step(), header.rank());
   {
     absl::MutexLock lock(&mu_);
+    const auto ended = [this, &id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return open_streams_.count(id) == 0;
+    };
+    // Waited for before the commit check: the step may be committed meanwhile.
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ended), options_.open_stream_wait)) {
+      return absl::AbortedError(absl::StrCat(
+          "a WriteShard stream for ", job, " step ", header.step(), " rank ", header.rank(),
+          " is still open after ", absl::FormatDuration(options_.open_stream_wait)));
+    }
     WEFT_ASSIGN_OR_RETURN(bool committed, IsCommitted(job, header.step()));
     if (committed) {
       return absl::FailedPreconditionError(
           absl::StrCat("checkpoint ", job, " step ", header.step(), " is already committed"));
     }
-    if (!open_streams_.insert(id).second) {
-      return absl::AbortedError(absl::StrCat("a WriteShard stream for ", job, " step ",
-                                             header.step(), " rank ", header.rank(),
-                                             " is already open"));
-    }
+    open_streams_.insert(id);
     // A rewrite replaces whatever an earlier stream of this rank left.
     rocksdb::WriteBatch batch;
     DeleteRank(job, header.step(), header.rank(), &batch);

@@ -39,6 +39,11 @@ struct StoreOptions {
   std::string data_dir = "weft-checkpointd-data";
   // Uncommitted steps whose first write is older than this are collected by Sweep().
   absl::Duration gc_grace = absl::Hours(1);
+  // How long a WriteShard stream waits for an earlier stream of the same rank to end before it
+  // is refused. The earlier one is usually the same client's, lost with its connection: the
+  // client sends again as soon as it has reconnected, a little before this daemon has seen the
+  // first stream die.
+  absl::Duration open_stream_wait = absl::Seconds(10);
 };
 
 class CheckpointStore;
@@ -85,7 +90,7 @@ class CheckpointStore {
 
   // Validates `header` and starts a stream for its rank: replaces any earlier uncommitted
   // data of that rank. FAILED_PRECONDITION if the step is committed, ABORTED if a stream for
-  // the same rank is already open.
+  // the same rank is still open after options.open_stream_wait.
   absl::StatusOr<std::unique_ptr<ShardWriter>> BeginShard(const weft::v1::ShardHeader& header);
 
   // The commit point (see checkpoint.proto); also applies keep-last retention.

@@ -2,7 +2,9 @@
 // CRC32C fails, the sweep of uncommitted data, concurrent streams of one rank).
 #include "checkpointd/store.h"
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
@@ -70,10 +72,12 @@ absl::Status WriteRank(CheckpointStore* store, int64_t step, int rank, int world
 
 class StoreTest : public ::testing::Test {
  protected:
-  std::unique_ptr<CheckpointStore> Open(absl::Duration grace = absl::Hours(1)) {
+  std::unique_ptr<CheckpointStore> Open(absl::Duration grace = absl::Hours(1),
+                                        absl::Duration open_stream_wait = absl::Seconds(10)) {
     StoreOptions options;
     options.data_dir = dir_.path() + "/db";
     options.gc_grace = grace;
+    options.open_stream_wait = open_stream_wait;
     auto store = CheckpointStore::Open(options, std::make_shared<prometheus::Registry>());
     EXPECT_TRUE(store.ok()) << store.status();
     return store.ok() ? std::move(*store) : nullptr;
@@ -141,11 +145,14 @@ TEST_F(StoreTest, SweepCollectsUncommittedDataPastGrace) {
 }
 
 TEST_F(StoreTest, OneStreamPerRankAndAbandonedStreamsLeaveNothing) {
-  auto store = Open();
+  auto store = Open(absl::Hours(1), absl::Milliseconds(50));
   auto first = store->BeginShard(Header(2, 0, 1, 3000));
   ASSERT_TRUE(first.ok());
+  const absl::Time asked = absl::Now();
   auto second = store->BeginShard(Header(2, 0, 1, 3000));
   EXPECT_EQ(second.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(second.status().message(), HasSubstr("rank 0 is still open after 50ms"));
+  EXPECT_GE(absl::Now() - asked, absl::Milliseconds(50)) << "it must wait before refusing";
   // A commit while a rank is still writing is refused.
   EXPECT_EQ(store->Commit(Manifest(2, 1, 3000)).status().code(),
             absl::StatusCode::kFailedPrecondition);
@@ -155,6 +162,27 @@ TEST_F(StoreTest, OneStreamPerRankAndAbandonedStreamsLeaveNothing) {
             absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(WriteRank(store.get(), 2, 0, 1, 3000).ok());
   EXPECT_TRUE(store->Commit(Manifest(2, 1, 3000)).ok());
+}
+
+// A client that lost its connection mid-stream sends again before the daemon has seen the
+// first stream die: the second stream waits for the first to end, then replaces what it left.
+TEST_F(StoreTest, ARanksSecondStreamWaitsForItsFirstToEnd) {
+  auto store = Open();
+  auto first = store->BeginShard(Header(3, 0, 1, 3000));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE((*first)->AddChunk(Chunk(0, 1000)).ok());
+  std::atomic<bool> written{false};
+  absl::Status again = absl::UnknownError("not run");
+  std::thread resend([&] {
+    again = WriteRank(store.get(), 3, 0, 1, 3000);
+    written = true;
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(written.load()) << "the second stream must wait while the first is open";
+  first->reset();  // the daemon sees the first stream die
+  resend.join();
+  EXPECT_TRUE(again.ok()) << again;
+  EXPECT_TRUE(store->Commit(Manifest(3, 1, 3000)).ok());
 }
 
 TEST_F(StoreTest, UnreadableManifestCannotBePinnedButCanBeDeleted) {

@@ -19,6 +19,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/tcp_proxy.h"
 #include "worker/engine/gpt2/gpt2_arch.h"
 #include "worker/hf/hf_checkpoint.h"
 #include "worker/model_io.h"
@@ -222,6 +223,35 @@ TEST_F(CheckpointClientTest, LargeShardsOutliveTheCallTimeout) {
   auto bytes = hurried.WriteShard("job-big", 1, 0, 1, Shard(wholes, 0, 1));
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_EQ(*bytes, int64_t{64} << 20);
+}
+
+// A connection reset mid-stream while the daemon lives: WriteShard goes again over a new
+// connection, the daemon's second stream of that rank waits for it to see the first die, and
+// the checkpoint reads back whole.
+TEST_F(CheckpointClientTest, AShardWriteOutlastsAConnectionLostMidStream) {
+  auto proxy = testing::TcpProxy::Start(daemon_->port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  testing::TcpProxy& link = **proxy;
+  // 64 MiB: the daemon stores it far slower than the test sees its first MiB pass.
+  const std::vector<Whole> wholes = {MakeWhole("big", v1::DTYPE_F32, {16 << 20}, 11)};
+  CheckpointClient client(link.address());
+  absl::StatusOr<int64_t> written = absl::UnknownError("not run");
+  std::thread writer(
+      [&] { written = client.WriteShard("job-cut", 1, 0, 1, Shard(wholes, 0, 1)); });
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (link.bytes_to_server() < (1 << 20) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  link.CutAll();
+  writer.join();
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(*written, int64_t{64} << 20);
+  EXPECT_EQ(link.cuts(), 1) << "the cut must have met the stream";
+  EXPECT_GE(link.accepted(), 2) << "the stream went again over a new connection";
+  ASSERT_TRUE(client_->Commit(ManifestOf("job-cut", 1, 1, wholes)).ok());
+  std::string out(wholes[0].bytes.size(), '\0');
+  ASSERT_TRUE(client_->ReadRange("job-cut", 1, "big", 0, wholes[0].numel(), out.data()).ok());
+  EXPECT_TRUE(out == wholes[0].bytes);
 }
 
 TEST_F(CheckpointClientTest, BadArgumentsAndUnknownCheckpointsGiveClearErrors) {
