@@ -1,6 +1,7 @@
 // weft-worker --device cuda:K end to end: a real coordinator and real worker processes, one per
-// GPU, NCCL between them. Label gpu: skips without two GPUs.
-//  - two GPU workers train a job to completion through the services;
+// GPU, NCCL between them. Label gpu: each fixture skips without its GPUs (one or two), so a
+// one-GPU machine still runs the first and the last case.
+//  - one GPU worker, and two, train a job to completion through the services;
 //  - a rank SIGKILLed mid-training leaves the survivor inside NCCL for less than the job's
 //    heartbeat timeout (its dropped connection gives it away), a SIGSTOPped one for the
 //    timeout plus the abort's latency: the coordinator declares the rank lost and tells the
@@ -29,15 +30,18 @@ using ::testing::HasSubstr;
 
 constexpr int kHeartbeatTimeoutMs = 3000;
 
-class GpuWorkerE2eTest : public testing::WorkersTest {
+// `gpus` workers, node/cuda0..gpus-1, each on its own GPU.
+class GpuWorkersTest : public testing::WorkersTest {
  protected:
+  explicit GpuWorkersTest(int gpus) : gpus_(gpus) {}
+
   void SetUp() override {
     int gpus = 0;
-    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 2) {
-      GTEST_SKIP() << "needs 2 CUDA devices";
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < gpus_) {
+      GTEST_SKIP() << "needs " << gpus_ << " CUDA devices";
     }
     ASSERT_NO_FATAL_FAILURE(StartCoordinator(testing::SentenceCorpus(4000)));
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < gpus_; ++i) {
       ASSERT_NO_FATAL_FAILURE(StartWorker(absl::StrCat("cuda:", i),
                                           {"--collective-timeout-ms=120000",
                                            "--metrics-address=none", "--checkpointd=none"}));
@@ -45,13 +49,13 @@ class GpuWorkerE2eTest : public testing::WorkersTest {
     ASSERT_TRUE(Eventually(
         [&] {
           auto w = client_->ListWorkers();
-          return w.ok() && w->size() == 2;
+          return w.ok() && static_cast<int>(w->size()) == gpus_;
         },
         absl::Seconds(30)))
         << Logs();
   }
 
-  // A small GPT on the GPU; `batch` sequences of 256 bytes per rank.
+  // A small GPT on every GPU; `batch` sequences of 256 bytes per rank.
   v1::JobSpec Spec(int64_t steps, int batch = 8) {
     auto spec = ParseJobSpecText(absl::StrCat(R"pb(
       name: "gpu-e2e"
@@ -63,7 +67,8 @@ class GpuWorkerE2eTest : public testing::WorkersTest {
       training { val_interval_steps: 25 seed: 3 micro_batch_size: )pb", batch,
                                               " total_steps: ", steps, R"pb( }
       zero_stage: 3
-      resources { device_kind: DEVICE_KIND_CUDA min_workers: 2 }
+      resources { device_kind: DEVICE_KIND_CUDA min_workers: )pb",
+                                              gpus_, R"pb( }
       fault { heartbeat_interval_ms: 250 heartbeat_timeout_ms: )pb",
                                               kHeartbeatTimeoutMs, R"pb( max_restarts: 0 }
     )pb"),
@@ -71,6 +76,31 @@ class GpuWorkerE2eTest : public testing::WorkersTest {
     EXPECT_TRUE(spec.ok()) << spec.status();
     return *spec;
   }
+
+  // Trains Spec(60) through the services and checks that it learned and reported memory.
+  void TrainToCompletion() {
+    auto submitted = client_->SubmitJob(Spec(60));
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(120));
+    ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.error() << "\n" << Logs();
+    EXPECT_EQ(s.step(), 60);
+    EXPECT_LT(s.last_metrics().loss(), 2.0) << "did not learn the corpus";
+    EXPECT_GT(s.last_metrics().engine_device_bytes(), 0);
+    EXPECT_GE(s.last_metrics().device_used_bytes(), s.last_metrics().engine_device_bytes());
+    EXPECT_FALSE(s.model_path().empty());
+  }
+
+  const int gpus_;
+};
+
+class OneGpuWorkerE2eTest : public GpuWorkersTest {
+ protected:
+  OneGpuWorkerE2eTest() : GpuWorkersTest(1) {}
+};
+
+class GpuWorkerE2eTest : public GpuWorkersTest {
+ protected:
+  GpuWorkerE2eTest() : GpuWorkersTest(2) {}
 
   // Stops rank 1's process with `signal` mid-training and returns how long rank 0 stayed in
   // the generation afterwards (until its own log says the run was aborted).
@@ -98,17 +128,9 @@ class GpuWorkerE2eTest : public testing::WorkersTest {
   }
 };
 
-TEST_F(GpuWorkerE2eTest, TwoGpuWorkersTrainToCompletion) {
-  auto submitted = client_->SubmitJob(Spec(60));
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(120));
-  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.error() << "\n" << Logs();
-  EXPECT_EQ(s.step(), 60);
-  EXPECT_LT(s.last_metrics().loss(), 2.0) << "did not learn the corpus";
-  EXPECT_GT(s.last_metrics().engine_device_bytes(), 0);
-  EXPECT_GE(s.last_metrics().device_used_bytes(), s.last_metrics().engine_device_bytes());
-  EXPECT_FALSE(s.model_path().empty());
-}
+TEST_F(OneGpuWorkerE2eTest, OneGpuWorkerTrainsToCompletion) { TrainToCompletion(); }
+
+TEST_F(GpuWorkerE2eTest, TwoGpuWorkersTrainToCompletion) { TrainToCompletion(); }
 
 // A killed process drops its session: the coordinator declares it dead after
 // the 1 s connection-lost grace and tells the survivor to abort (ncclCommAbort). The release,
@@ -124,12 +146,11 @@ TEST_F(GpuWorkerE2eTest, FrozenRankReleasesTheSurvivorAtTheHeartbeatTimeout) {
   EXPECT_LT(SurvivorReleaseAfter(SIGSTOP), absl::Milliseconds(kHeartbeatTimeoutMs + 1000));
 }
 
-TEST_F(GpuWorkerE2eTest, ImpossibleMemoryFailsTheJobBeforeTrainingWithTheNumbers) {
-  // 4096 sequences of 256 tokens per GPU at width 8192: even with every block recomputed (the
-  // last resort of activation checkpointing AUTO, the default), the 8 blocks' saved inputs
-  // alone are 128 GiB, beside 48 GiB of optimizer state, more than any GPU has. (256 sequences
-  // fit an H200 that way.) The job is Spec's with that model and batch, 3 restarts allowed,
-  // and nothing else set.
+TEST_F(OneGpuWorkerE2eTest, ImpossibleMemoryFailsTheJobBeforeTrainingWithTheNumbers) {
+  // 4096 sequences of 256 tokens at width 8192 on one GPU: even with every block recomputed
+  // (the last resort of activation checkpointing AUTO, the default), the 8 blocks' saved
+  // inputs alone are 128 GiB, beside 96 GiB of optimizer state, more than any GPU has. The job
+  // is Spec's with that model and batch, 3 restarts allowed, and nothing else set.
   v1::JobSpec spec = Spec(10, 4096);
   spec.set_name("too-big");
   spec.mutable_model()->set_num_layers(8);
