@@ -24,14 +24,6 @@ absl::Status Errno(const char* what) {
   return absl::InternalError(absl::StrCat("tcp proxy: ", what, ": ", std::strerror(errno)));
 }
 
-sockaddr_in Loopback(int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  return addr;
-}
-
 // Closes with a reset rather than an orderly FIN, as a dropped link looks to a peer that
 // next writes to it.
 void Reset(int fd) {
@@ -57,6 +49,14 @@ struct Pair {
 };
 
 }  // namespace
+
+sockaddr_in Loopback(int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
+}
 
 absl::StatusOr<std::unique_ptr<TcpProxy>> TcpProxy::Start(int target_port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

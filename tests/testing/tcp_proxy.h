@@ -4,6 +4,8 @@
 #ifndef WEFT_TESTS_TESTING_TCP_PROXY_H_
 #define WEFT_TESTS_TESTING_TCP_PROXY_H_
 
+#include <netinet/in.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -13,6 +15,9 @@
 #include "absl/status/statusor.h"
 
 namespace weft::testing {
+
+// 127.0.0.1:`port` (0: any free port, for bind).
+sockaddr_in Loopback(int port);
 
 // Every connection accepted on port() is forwarded, byte for byte in both directions, to
 // 127.0.0.1:target_port over a connection of its own. One thread polls every socket.

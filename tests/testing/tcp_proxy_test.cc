@@ -16,14 +16,6 @@
 namespace weft::testing {
 namespace {
 
-sockaddr_in Loopback(int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  return addr;
-}
-
 // A socket that closes itself.
 class Fd {
  public:
@@ -82,6 +74,16 @@ std::string Receive(const Fd& fd, size_t n) {
   return out;
 }
 
+// A new connection through `proxy` carries a request to `server` and its reply back.
+void ExpectANewConnectionPasses(const TcpProxy& proxy, const Server& server) {
+  Fd client = Connect(proxy.port());
+  Fd backend = server.Accept();
+  ASSERT_TRUE(Send(client, "again"));
+  EXPECT_EQ(Receive(backend, 5), "again");
+  ASSERT_TRUE(Send(backend, "ok"));
+  EXPECT_EQ(Receive(client, 2), "ok");
+}
+
 TEST(TcpProxyTest, ForwardsBothWaysAndCutAllResetsLiveConnections) {
   Server server;
   ASSERT_GT(server.port(), 0);
@@ -105,12 +107,7 @@ TEST(TcpProxyTest, ForwardsBothWaysAndCutAllResetsLiveConnections) {
   EXPECT_EQ(Receive(backend, 1), "") << "the server's side must be gone";
 
   // The proxy itself stays: a new connection is forwarded.
-  Fd again = Connect((*proxy)->port());
-  Fd backend_again = server.Accept();
-  ASSERT_TRUE(Send(again, "second"));
-  EXPECT_EQ(Receive(backend_again, 6), "second");
-  ASSERT_TRUE(Send(backend_again, "ok"));
-  EXPECT_EQ(Receive(again, 2), "ok");
+  ExpectANewConnectionPasses(**proxy, server);
 }
 
 TEST(TcpProxyTest, CutOnNextReplyLosesOneReplyAfterTheServerGotTheRequest) {
@@ -128,12 +125,7 @@ TEST(TcpProxyTest, CutOnNextReplyLosesOneReplyAfterTheServerGotTheRequest) {
   EXPECT_EQ((*proxy)->cuts(), 1);
 
   // One-shot: the next connection's reply passes.
-  Fd again = Connect((*proxy)->port());
-  Fd backend_again = server.Accept();
-  ASSERT_TRUE(Send(again, "add 1"));
-  EXPECT_EQ(Receive(backend_again, 5), "add 1");
-  ASSERT_TRUE(Send(backend_again, "sum 2"));
-  EXPECT_EQ(Receive(again, 5), "sum 2");
+  ExpectANewConnectionPasses(**proxy, server);
   EXPECT_EQ((*proxy)->cuts(), 1);
 }
 
