@@ -96,7 +96,9 @@ class WorkersTest : public ::testing::Test {
   void StartWorker(const std::string& device, const std::vector<std::string>& flags,
                    const std::string& host = "node") {
     std::vector<std::string> argv = {BinDir() + "/weft-worker",
-                                     "--coordinator=" + coordinator_->address(),
+                                     "--coordinator=" + (workers_dial_.empty()
+                                                             ? coordinator_->address()
+                                                             : workers_dial_),
                                      "--device=" + device, "--host=" + host,
                                      "--output-dir=" + dir_.File("models")};
     argv.insert(argv.end(), flags.begin(), flags.end());
@@ -127,6 +129,9 @@ class WorkersTest : public ::testing::Test {
   std::unique_ptr<CoordinatorClient> client_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
   std::string corpus_;
+  // The coordinator address workers started from now on dial; empty: the coordinator's own
+  // (a test puts a TcpProxy in front of it here).
+  std::string workers_dial_;
 };
 
 // The recovery tests' job: a tiny GPT on `world` CPU workers (min = max), checkpoints every

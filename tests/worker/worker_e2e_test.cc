@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/tcp_proxy.h"
 #include "tests/worker/cluster.h"
 #include "worker/data/manifest.h"
 #include "worker/data/tokenizer.h"
@@ -140,6 +141,32 @@ TEST_F(WorkerE2eTest, TwoWorkersTrainToCompletionAndTheModelSamples) {
     EXPECT_THAT(*body, HasSubstr("weft_worker_step_phase_seconds{phase=\"exposed_comm\""));
     EXPECT_THAT(*body, HasSubstr(absl::StrCat("weft_worker_generation_runs_total{outcome=\"completed\",worker_id=\"", id, "\"} 1")));
   }
+}
+
+// Every connection from the workers to the coordinator (their sessions, heartbeats, store
+// calls and step reports) reset at once mid-training while every process lives, as a network
+// blip or a restarted proxy does: the heartbeats see "Connection reset by peer" and go again,
+// the sessions reconnect within their grace, and the job finishes without a restart.
+TEST_F(WorkerE2eTest, ConnectionsToTheCoordinatorResetMidTrainingCostNoRestart) {
+  auto proxy = testing::TcpProxy::Start(coordinator_->port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  workers_dial_ = (*proxy)->address();
+  StartWorkers(2);
+  v1::JobSpec spec = Spec(400);
+  spec.mutable_fault()->set_max_restarts(2);
+  auto submitted = client_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  ASSERT_TRUE(WaitForStep(submitted->job_id(), 20, absl::Seconds(60))) << Logs();
+  (*proxy)->CutAll();
+  auto at_cut = client_->GetJob(submitted->job_id());
+  ASSERT_TRUE(at_cut.ok()) << at_cut.status();
+  ASSERT_LT(at_cut->status().step(), 400) << "the reset must come mid-training";
+  EXPECT_GE((*proxy)->cuts(), 2) << "every worker's connection must have been reset";
+  const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(120));
+  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+  EXPECT_EQ(s.step(), 400);
+  EXPECT_EQ(s.restarts(), 0) << s.DebugString() << Logs();
+  EXPECT_GE((*proxy)->accepted(), 4) << "both workers must have come back over new connections";
 }
 
 // The same job on a Llama (grouped-query attention, untied head): it trains through the real
