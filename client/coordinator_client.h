@@ -88,6 +88,8 @@ class CoordinatorClient {
       const weft::v1::ReportProgressRequest& request);
 
   std::shared_ptr<grpc::Channel> channel() const { return server_.channel; }
+  // The channel and the name errors give it ("coordinator <address>"), for a RemoteStore.
+  const ServerName& server() const { return server_; }
 
  private:
   ClientOptions options_;

@@ -16,10 +16,9 @@ using Stub = weft::v1::Store::Stub;
 
 }  // namespace
 
-RemoteStore::RemoteStore(std::shared_ptr<grpc::Channel> channel, std::string job_id,
-                         int64_t generation, absl::Duration rpc_timeout,
-                         absl::Duration reconnect_wait)
-    : server_{std::move(channel), "coordinator"},
+RemoteStore::RemoteStore(ServerName server, std::string job_id, int64_t generation,
+                         absl::Duration rpc_timeout, absl::Duration reconnect_wait)
+    : server_(std::move(server)),
       stub_(weft::v1::Store::NewStub(server_.channel)),
       job_id_(std::move(job_id)),
       generation_(generation),

@@ -23,7 +23,7 @@
 namespace weft {
 
 // Every call names (job_id, generation) as its scope; errors are the server's (ABORTED: the
-// generation ended), with "coordinator unreachable: " in front when nothing answered.
+// generation ended), with "<server.who> unreachable: " in front when nothing answered.
 //
 // A lost connection costs a call a delay rather than the rendezvous or checkpoint it serves
 // (every rank would otherwise start a new generation): each call first waits up to
@@ -36,7 +36,8 @@ class RemoteStore : public Store {
   // `rpc_timeout` is the deadline of each call; Wait gets its own timeout on top of it, so
   // the server's DEADLINE_EXCEEDED (which names the missing keys) arrives before the
   // client's own (which cannot). The reconnect wait is capped at `rpc_timeout`.
-  RemoteStore(std::shared_ptr<grpc::Channel> channel, std::string job_id, int64_t generation,
+  // `server`: the coordinator's channel and its name for errors (CoordinatorClient::server()).
+  RemoteStore(ServerName server, std::string job_id, int64_t generation,
               absl::Duration rpc_timeout = absl::Seconds(10),
               absl::Duration reconnect_wait = absl::Seconds(3));
 

@@ -123,7 +123,7 @@ absl::Status GenerationRun::Train() {
   WEFT_ASSIGN_OR_RETURN(const std::unique_ptr<hf::HfImporter> hf_init, OpenHfInit());
   // Collectives rendezvous through the coordinator's store for this generation (under the
   // communicator's own key prefix).
-  RemoteStore store(client_->channel(), job_id(), generation());
+  RemoteStore store(client_->server(), job_id(), generation());
   WEFT_ASSIGN_OR_RETURN(DeviceBackend backend, CreateBackend(&store, groups));
   if (const std::string note = backend.engine->MemoryPlanNote(); rank_ == 0 && !note.empty()) {
     spdlog::info("job {} generation {}: {}", job_id(), generation(), note);

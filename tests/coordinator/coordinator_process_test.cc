@@ -424,7 +424,7 @@ TEST_F(CoordinatorProcessTest, EndedGenerationAbortsBlockedWaitAndStoreCalls) {
 // the ABORTED that a generation's end gives a waiter and every later call.
 TEST_F(CoordinatorProcessTest, RemoteStoreKeepsTheStoreContract) {
   const v1::StoreScope scope = StartGeneration();
-  RemoteStore store(channel_, scope.job_id(), scope.generation());
+  RemoteStore store({channel_, "coordinator"}, scope.job_id(), scope.generation());
   EXPECT_EQ(store.Get("k").status().code(), absl::StatusCode::kNotFound);
   const std::string binary("\x00\x01\xff", 3);
   ASSERT_TRUE(store.Set("k", binary).ok());
@@ -487,7 +487,8 @@ TEST_F(CoordinatorProcessTest, RemoteStoreKeepsTheStoreContract) {
   std::atomic<bool> released{false};
   absl::Status waited = absl::UnknownError("not run");
   std::thread waiter([&] {
-    RemoteStore own(MakeChannel(coordinator_->address(), {.private_connection = true}),
+    RemoteStore own({MakeChannel(coordinator_->address(), {.private_connection = true}),
+                     "coordinator"},
                     scope.job_id(), scope.generation());
     waited = own.Wait({"late"}, absl::InfiniteDuration());
     released = true;
@@ -524,9 +525,10 @@ TEST_F(CoordinatorProcessTest, RemoteStoreCallsOutlastALostConnection) {
   auto proxy = testing::TcpProxy::Start(coordinator_->port());
   ASSERT_TRUE(proxy.ok()) << proxy.status();
   TcpProxy& link = **proxy;
-  RemoteStore store(MakeChannel(link.address(), {.private_connection = true}), scope.job_id(),
-                    scope.generation());
-  RemoteStore direct(channel_, scope.job_id(), scope.generation());
+  const std::string who = "coordinator " + link.address();
+  RemoteStore store({MakeChannel(link.address(), {.private_connection = true}), who},
+                    scope.job_id(), scope.generation());
+  RemoteStore direct({channel_, "coordinator"}, scope.job_id(), scope.generation());
   ASSERT_TRUE(store.Set("warm", "1").ok());
 
   // The reply is lost after the server got the request.
@@ -564,7 +566,7 @@ TEST_F(CoordinatorProcessTest, RemoteStoreCallsOutlastALostConnection) {
   link.CutOnNextReply();
   auto sum = store.Add("n", 1);
   EXPECT_EQ(sum.status().code(), absl::StatusCode::kUnavailable) << sum.status();
-  EXPECT_THAT(sum.status().message(), HasSubstr("coordinator"));
+  EXPECT_THAT(sum.status().message(), HasSubstr(who + " unreachable"));
   auto applied = direct.Add("n", 0);
   ASSERT_TRUE(applied.ok()) << applied.status();
   EXPECT_LE(*applied, 1) << "an Add whose reply was lost must not be sent again";
