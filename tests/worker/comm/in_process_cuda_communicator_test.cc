@@ -17,40 +17,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/worker/comm/comm_test_util.h"
+#include "tests/worker/engine/cuda/cuda_test_util.h"
 
 namespace weft::comm::testing {
 namespace {
 
 using ::testing::HasSubstr;
 
-// Device floats, freed on scope exit.
-class Floats {
- public:
-  explicit Floats(const std::vector<float>& host) : n_(host.size()) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&ptr_), n_ * sizeof(float)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(ptr_, host.data(), n_ * sizeof(float), cudaMemcpyHostToDevice),
-              cudaSuccess);
-  }
-  ~Floats() { cudaFree(ptr_); }
-  Floats(const Floats&) = delete;
-  Floats& operator=(const Floats&) = delete;
-
-  float* get() { return ptr_; }
-  // Read back on `stream` (the legacy default stream when null), without waiting for
-  // anything else.
-  std::vector<float> Read(cudaStream_t stream = nullptr) const {
-    std::vector<float> host(n_);
-    EXPECT_EQ(cudaMemcpyAsync(host.data(), ptr_, n_ * sizeof(float), cudaMemcpyDeviceToHost,
-                              stream),
-              cudaSuccess);
-    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    return host;
-  }
-
- private:
-  float* ptr_ = nullptr;
-  size_t n_;
-};
+using Floats = engine::cuda::test_util::DeviceBuffer<float>;
 
 // Waits, through the communicator, for everything enqueued on its stream so far.
 void Drain(CudaCommunicator& comm) {
@@ -122,20 +96,20 @@ TEST_F(InProcessCudaCommunicatorTest, CollectivesGiveTheirResults) {
                             DataType::kFloat32, 2)->Wait().ok());
     Drain(comm);
 
-    EXPECT_EQ(gathered.Read(), all);
-    EXPECT_EQ(in_place.Read(), all);
+    EXPECT_EQ(gathered.ToHost(), all);
+    EXPECT_EQ(in_place.ToHost(), all);
     std::vector<float> sums(kN), block(kN);
     for (int i = 0; i < kN; ++i) {
       sums[i] = 300.0f + 3.0f * i;
       block[i] = 300.0f + 3.0f * (rank * kN + i);
     }
-    EXPECT_EQ(scattered.Read(), block);
+    EXPECT_EQ(scattered.ToHost(), block);
     std::vector<float> in_place_after = Values(rank, kWorld * kN);
     std::copy(block.begin(), block.end(), in_place_after.begin() + rank * kN);
-    EXPECT_EQ(in_place_scatter.Read(), in_place_after);  // only this rank's block changes
-    EXPECT_EQ(reduced_all.Read(), sums);
-    EXPECT_EQ(broadcast.Read(), Values(1, kN));
-    EXPECT_EQ(reduced.Read(), rank == 2 ? sums : Values(rank, kN));
+    EXPECT_EQ(in_place_scatter.ToHost(), in_place_after);  // only this rank's block changes
+    EXPECT_EQ(reduced_all.ToHost(), sums);
+    EXPECT_EQ(broadcast.ToHost(), Values(1, kN));
+    EXPECT_EQ(reduced.ToHost(), rank == 2 ? sums : Values(rank, kN));
   });
 }
 
@@ -152,12 +126,12 @@ TEST_F(InProcessCudaCommunicatorTest, ALateCollectiveLandsOnlyBehindItsStream) {
     EXPECT_TRUE(comm.AllReduce(buf.get(), 8, DataType::kFloat32)->Wait().ok());
     cudaStream_t other = nullptr;
     EXPECT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
-    EXPECT_EQ(buf.Read(other), Values(rank, 8)) << "the collective ran before it was due";
+    EXPECT_EQ(buf.ToHostOn(other), Values(rank, 8)) << "the collective ran before it was due";
     cudaStreamDestroy(other);
     first_reads.arrive_and_wait();  // never skipped: the other rank waits here
     std::vector<float> sums(8);
     for (int i = 0; i < 8; ++i) sums[i] = 100.0f + 2.0f * i;
-    EXPECT_EQ(buf.Read(comm.stream()), sums);
+    EXPECT_EQ(buf.ToHostOn(comm.stream()), sums);
   });
 }
 
@@ -171,7 +145,7 @@ TEST_F(InProcessCudaCommunicatorTest, ASynchronousCollectiveIsDoneOnReturn) {
     ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
     std::vector<float> sums(8);
     for (int i = 0; i < 8; ++i) sums[i] = 100.0f + 2.0f * i;
-    EXPECT_EQ(buf.Read(other), sums);
+    EXPECT_EQ(buf.ToHostOn(other), sums);
     cudaStreamDestroy(other);
   });
 }
@@ -196,7 +170,7 @@ TEST_F(InProcessCudaCommunicatorTest, BadCallsFailWithTheReason) {
     // The group still works.
     EXPECT_TRUE(comm.AllReduce(buf.get(), 8, DataType::kFloat32)->Wait().ok());
     Drain(comm);
-    EXPECT_EQ(buf.Read()[1], 102.0f);
+    EXPECT_EQ(buf.ToHost()[1], 102.0f);
   });
   EXPECT_EQ(CreateInProcessCudaCommunicator("bad", 2, 2, {}).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -41,6 +41,15 @@ class DeviceBuffer {
     CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
     return host;
   }
+  // Read back on `stream`, waiting for nothing but that stream: what work ordered behind it
+  // sees (the legacy default stream, by contrast, waits for every blocking stream).
+  std::vector<T> ToHostOn(cudaStream_t stream) const {
+    std::vector<T> host(n_);
+    CUDA_CHECK(
+        cudaMemcpyAsync(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    return host;
+  }
 
  private:
   T* ptr_ = nullptr;
