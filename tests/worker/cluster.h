@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -287,7 +288,9 @@ class Cluster {
     }
     // Every run's log: a restart's goes to a file of its own.
     std::vector<std::string> logs;
-    for (const auto& entry : std::filesystem::directory_iterator(dir_ + "/checkpointd")) {
+    std::error_code none_yet;  // checkpointd may not have been started
+    for (const auto& entry :
+         std::filesystem::directory_iterator(dir_ + "/checkpointd", none_yet)) {
       if (entry.path().extension() == ".log") logs.push_back(entry.path().string());
     }
     std::sort(logs.begin(), logs.end());
