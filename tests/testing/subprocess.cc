@@ -23,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status.h"
 
 namespace weft::testing {
 namespace {
@@ -38,6 +39,15 @@ namespace {
   ::execv(args[0], args.data());
   std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
   ::_exit(127);
+}
+
+// The port a server wrote to `port_file` (its text `text`).
+absl::StatusOr<int> PortFrom(const std::string& port_file, const std::string& text) {
+  int port = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port)) {
+    return absl::InternalError(absl::StrCat(port_file, ": not a port: ", text));
+  }
+  return port;
 }
 
 }  // namespace
@@ -219,9 +229,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
   }
   auto metrics_port = WaitForFile(metrics_port_file, absl::Seconds(10));
   if (!metrics_port.ok()) return metrics_port.status();
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*port), &cp->port_)) {
-    return absl::InternalError(absl::StrCat(port_file, ": not a port: ", *port));
-  }
+  WEFT_ASSIGN_OR_RETURN(cp->port_, PortFrom(port_file, *port));
   cp->address_ = absl::StrCat("127.0.0.1:", cp->port_);
   cp->metrics_address_ = absl::StrCat("127.0.0.1:", absl::StripAsciiWhitespace(*metrics_port));
   std::remove(port_file.c_str());
@@ -252,9 +260,7 @@ absl::StatusOr<std::unique_ptr<CheckpointdProcess>> CheckpointdProcess::Start(
                                                bound.status().message(), ": ",
                                                ReadFile(cp->log_path_)));
   }
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*bound), &cp->port_)) {
-    return absl::InternalError(absl::StrCat(port_file, ": not a port: ", *bound));
-  }
+  WEFT_ASSIGN_OR_RETURN(cp->port_, PortFrom(port_file, *bound));
   cp->address_ = absl::StrCat("127.0.0.1:", cp->port_);
   return cp;
 }
