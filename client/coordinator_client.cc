@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/rpc_call.h"
 #include "common/status.h"
 #include "grpcpp/client_context.h"
@@ -124,7 +125,19 @@ absl::StatusOr<std::vector<weft::v1::WorkerStatus>> CoordinatorClient::ListWorke
 
 absl::StatusOr<weft::v1::JoinResponse> CoordinatorClient::Join(
     const weft::v1::JoinRequest& request, absl::Duration timeout) {
-  return CallUnary(*stub_, &Stub::Join, request, timeout, server_);
+  // Each attempt gets only what is left of the caller's timeout.
+  const absl::Time deadline = absl::Now() + std::max(timeout, absl::ZeroDuration());
+  weft::v1::JoinResponse response;
+  const grpc::Status status = RunAttempts(
+      [&] {
+        grpc::ClientContext context;
+        SetTimeoutUnlessInfinite(&context, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+        response.Clear();
+        return stub_->Join(&context, request, &response);
+      },
+      reconnect_.repeated, server_);
+  if (!status.ok()) return ConvertNamingServer(status, server_);
+  return response;
 }
 
 absl::StatusOr<weft::v1::ReportProgressResponse> CoordinatorClient::ReportProgress(

@@ -37,8 +37,9 @@ struct ClientOptions {
   // A connection attempt lost on a loaded machine, or a coordinator restarted within the
   // wait, costs a delay instead of the call. SubmitJob and CancelJob are sent at most once: a
   // repeat of one that landed would submit the job twice or be refused. Zero: every call is
-  // sent at once and fails fast. The worker's own calls (RegisterWorker, Heartbeat, Join,
-  // ReportProgress) never wait here: their loops decide what an unreachable coordinator means.
+  // sent at once and fails fast. Join waits and goes again too (see Join). The worker's other
+  // calls (RegisterWorker, Heartbeat, ReportProgress) never wait here: their loops decide what
+  // an unreachable coordinator means.
   absl::Duration reconnect_wait = absl::Seconds(3);
   // Used only by the address constructor.
   ChannelOptions channel;
@@ -81,7 +82,10 @@ class CoordinatorClient {
   absl::StatusOr<std::vector<weft::v1::WorkerStatus>> ListWorkers();
 
   // Blocks until the generation's group is complete, at most `timeout` (the call's deadline;
-  // DEADLINE_EXCEEDED after it). ABORTED if the generation ends first.
+  // DEADLINE_EXCEEDED after it). ABORTED if the generation ends first. Goes again, within what
+  // is left of `timeout`, when its connection is lost (UNAVAILABLE): the coordinator answers a
+  // member's repeated Join like its first, so a connection reset while the call waits for the
+  // other members costs no generation.
   absl::StatusOr<weft::v1::JoinResponse> Join(const weft::v1::JoinRequest& request,
                                               absl::Duration timeout);
   absl::StatusOr<weft::v1::ReportProgressResponse> ReportProgress(

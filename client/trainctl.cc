@@ -286,6 +286,12 @@ int Status(CoordinatorClient& client, const GlobalOptions& global, const std::st
       {"Ended", FormatTimestamp(s.end_time())},
   };
   if (!s.pending_reason().empty()) rows.push_back({"Waiting", s.pending_reason()});
+  if (!s.awaiting_join().empty()) {
+    rows.push_back(
+        {"Rendezvous", absl::StrCat("waiting for ", absl::StrJoin(s.awaiting_join(), ", "),
+                                    " to join (", s.worker_ids_size() - s.awaiting_join_size(),
+                                    " of ", s.worker_ids_size(), " joined)")});
+  }
   if (!s.error().empty()) rows.push_back({"Error", s.error()});
   PrintTable(rows);
 

@@ -289,7 +289,14 @@ absl::StatusOr<weft::v1::Job> Coordinator::GetJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto rec = jobs_.Find(job_id);
   if (!rec.ok()) return rec.status();
-  return (*rec)->job;
+  weft::v1::Job job = (*rec)->job;
+  // Read-time only: stored and streamed statuses would otherwise change (and be written to
+  // the state database) on every member's Join of a large rendezvous.
+  if (const std::optional<Generation>& gen = (*rec)->generation;
+      gen.has_value() && !gen->rendezvous_complete()) {
+    for (std::string& id : gen->NotJoined()) job.mutable_status()->add_awaiting_join(std::move(id));
+  }
+  return job;
 }
 
 absl::StatusOr<weft::v1::ListJobsResponse> Coordinator::ListJobs(
@@ -385,7 +392,30 @@ void Coordinator::Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Tim
                                                worker->status.incarnation()));
   }
   if (workers_.Beat(*worker, request)) ScheduleLocked(actions);
+  if (request.job_id().empty()) ResendLostAssignmentLocked(*worker, actions);
   workers_.Hold(*worker, request.wait_for_command_ms(), deadline, std::move(done), actions);
+}
+
+void Coordinator::ResendLostAssignmentLocked(WorkerRecord& worker, Actions& actions) {
+  if (worker.state() != weft::v1::WORKER_BUSY || worker.status.job_id().empty()) return;
+  const std::string& job_id = worker.status.job_id();
+  const int64_t number = worker.status.generation();
+  auto found = jobs_.Find(job_id);
+  if (!found.ok()) return;
+  JobRecord& rec = **found;
+  const Generation* gen = rec.ActiveGeneration(number);
+  const std::optional<std::string> lost =
+      LostAssignment({.worker_id = worker.id(),
+                      .job_id = job_id,
+                      .generation = number,
+                      .generation_active = gen != nullptr,
+                      .joined = gen != nullptr && gen->HasJoined(worker.id()),
+                      .join_queued = WorkerRegistry::HasPendingJoin(worker, job_id, number)});
+  if (!lost) return;
+  spdlog::warn("job {}: {}", job_id, *lost);
+  metrics_.CountAssignmentResent();
+  workers_.Assign(worker, rec.job.spec(), job_id, number, gen->RankOf(worker.id()),
+                  gen->world_size(), actions);
 }
 
 absl::StatusOr<uint64_t> Coordinator::OpenSession(const std::string& token, SessionEnd end) {

@@ -184,6 +184,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteRendezvousLocked(JobRecord& rec, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member heartbeating without a job whose JoinJob was lost gets it again (LostAssignment).
+  void ResendLostAssignmentLocked(WorkerRecord& worker, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Generation::PeerInfo PeerInfoLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The parts of ReportProgress: a rank's error, rank 0's step metrics and checkpoint, the end.
   void RankErrorLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request,

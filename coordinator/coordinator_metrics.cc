@@ -59,6 +59,9 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry) {
   for (const char* kind : {"rank_error", "reregistered"}) failures_->Add({{"kind", kind}});
   generations_started_ = &AddCounter(registry, "weft_coordinator_generations_started_total",
                                      "Job generations formed (first starts and restarts)");
+  assignments_resent_ =
+      &AddCounter(registry, "weft_coordinator_assignments_resent_total",
+                  "JoinJob commands sent again because the answer that carried them was lost");
   recoveries_ = Register(prometheus::BuildCounter(), registry, "weft_coordinator_recoveries_total",
                          "Generation failures a job recovers from (it goes RECOVERING), by job");
   job_events_ = Register(prometheus::BuildCounter(), registry, "weft_coordinator_job_events_total",
@@ -96,6 +99,8 @@ void CoordinatorMetrics::CountJobSubmitted(const std::string& job_id) {
 }
 
 void CoordinatorMetrics::CountGenerationStarted() { generations_started_->Increment(); }
+
+void CoordinatorMetrics::CountAssignmentResent() { assignments_resent_->Increment(); }
 
 void CoordinatorMetrics::ObserveRendezvous(absl::Duration took) {
   rendezvous_latency_->Observe(absl::ToDoubleSeconds(took));

@@ -35,6 +35,7 @@ class CoordinatorMetrics {
   // A new job: counted, and its recoveries series exists at 0 ("none" rather than no data).
   void CountJobSubmitted(const std::string& job_id);
   void CountGenerationStarted();
+  void CountAssignmentResent();
   void ObserveRendezvous(absl::Duration took);
   // `kind`: FailureKindLabel(...), "rank_error" or "reregistered".
   void CountFailure(std::string_view kind);
@@ -87,6 +88,7 @@ class CoordinatorMetrics {
   prometheus::Histogram* rendezvous_latency_;
   Family<prometheus::Counter>* failures_;
   prometheus::Counter* generations_started_;
+  prometheus::Counter* assignments_resent_;
   Family<prometheus::Counter>* recoveries_;
   Family<prometheus::Counter>* job_events_;
   Family<prometheus::Gauge>* heartbeat_age_;

@@ -281,6 +281,14 @@ QuarantineDecision DecideQuarantine(absl::Time now, const std::string& worker_id
   return d;
 }
 
+std::optional<std::string> LostAssignment(const AssignmentView& view) {
+  if (!view.generation_active || view.joined || view.join_queued) return std::nullopt;
+  return absl::StrCat("worker ", view.worker_id, " heartbeats without a job but is a member of ",
+                      "job ", view.job_id, " generation ", view.generation,
+                      " and has not joined: the answer that carried its JoinJob was lost; "
+                      "sending it again");
+}
+
 bool JobHasEnded(weft::v1::JobState state) {
   return state == weft::v1::SUCCEEDED || state == weft::v1::FAILED ||
          state == weft::v1::CANCELLED;

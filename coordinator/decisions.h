@@ -224,6 +224,32 @@ QuarantineDecision DecideQuarantine(absl::Time now, const std::string& worker_id
                                     int32_t failures_so_far, const std::string& cause,
                                     const QuarantineOptions& options);
 
+// ---- Assignments ---------------------------------------------------------------------------
+
+// A heartbeat that names no job, from a worker the coordinator holds as a member of a
+// generation, and what the coordinator knows of that assignment.
+struct AssignmentView {
+  std::string worker_id;
+  // The generation the worker is a member of (WorkerStatus job_id and generation).
+  std::string job_id;
+  int64_t generation = 0;
+  // That generation is still its job's active one.
+  bool generation_active = false;
+  // The worker called Join in it.
+  bool joined = false;
+  // Its JoinJob is still queued, not yet taken by a heartbeat answer.
+  bool join_queued = false;
+};
+
+// Whether the member's JoinJob must be sent again: yes when the heartbeat answer that carried
+// it never reached the worker (its connection was reset after the coordinator wrote it, or the
+// call's deadline passed first), which the worker shows by heartbeating without a job while
+// it has neither joined nor a JoinJob queued. A worker that received it names the job in
+// every heartbeat until its run ends, and one whose run ended had joined first. Without this
+// the generation waits out its rendezvous timeout and costs a restart. The reason, for the
+// coordinator's log, when it must.
+std::optional<std::string> LostAssignment(const AssignmentView& view);
+
 // ---- Job lifecycle -------------------------------------------------------------------------
 
 // SUCCEEDED, FAILED and CANCELLED: the job never runs again and never changes state again.

@@ -44,7 +44,9 @@ class Generation {
 
   // The member joined; true once every member has (the caller then completes the rendezvous).
   bool MarkJoined(const std::string& worker_id);
-  // Members that have not called Join yet.
+  // Whether the member has called Join (once is enough: it stays joined).
+  bool HasJoined(const std::string& worker_id) const { return joined_.contains(worker_id); }
+  // Members that have not called Join yet, in rank order.
   std::vector<std::string> NotJoined() const;
   weft::v1::JoinResponse ResponseFor(int32_t rank, bool include_peers,
                                      const PeerInfo& peer) const;

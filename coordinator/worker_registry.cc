@@ -254,6 +254,14 @@ void WorkerRegistry::Enqueue(WorkerRecord& worker, Command command, Actions& act
   Flush(worker, actions);
 }
 
+bool WorkerRegistry::HasPendingJoin(const WorkerRecord& worker, const std::string& job_id,
+                                    int64_t generation) {
+  return std::any_of(worker.pending.begin(), worker.pending.end(), [&](const Command& c) {
+    return c.has_join_job() && c.join_job().job_id() == job_id &&
+           c.join_job().generation() == generation;
+  });
+}
+
 void WorkerRegistry::Assign(WorkerRecord& worker, const weft::v1::JobSpec& spec,
                             const std::string& job_id, int64_t generation, int32_t rank,
                             int32_t world_size, Actions& actions) {
@@ -282,12 +290,11 @@ void WorkerRegistry::Release(WorkerRecord& worker, const std::string& job_id, in
   worker.status.clear_rank();
   // A member that has not fetched its JoinJob yet must never see it: withdraw it, and then
   // there is nothing for it to abort either.
-  const size_t queued = worker.pending.size();
+  const bool never_told = HasPendingJoin(worker, job_id, generation);
   std::erase_if(worker.pending, [&](const Command& c) {
     return c.has_join_job() && c.join_job().job_id() == job_id &&
            c.join_job().generation() == generation;
   });
-  const bool never_told = worker.pending.size() != queued;
   if (worker.state() == weft::v1::WORKER_DEAD) return;
   SetState(worker, weft::v1::WORKER_IDLE);
   worker.status.set_reason(absl::StrCat("released from job ", job_id, " generation ", generation));

@@ -106,7 +106,12 @@ class WorkerRegistry {
             Done<weft::v1::HeartbeatResponse> done, Actions& actions);
   void Enqueue(WorkerRecord& worker, weft::v1::Command command, Actions& actions);
 
+  // Whether the worker's JoinJob for `job_id` `generation` is still queued (not yet taken by
+  // a heartbeat answer).
+  static bool HasPendingJoin(const WorkerRecord& worker, const std::string& job_id,
+                             int64_t generation);
   // Makes the worker rank `rank` of generation `generation` of `job_id` and sends it JoinJob.
+  // Also sends it again to a member whose earlier JoinJob was lost (same arguments).
   void Assign(WorkerRecord& worker, const weft::v1::JobSpec& spec, const std::string& job_id,
               int64_t generation, int32_t rank, int32_t world_size, Actions& actions);
   // The generation ended: the member goes IDLE (unless DEAD). A member that has not fetched

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/coordinator_client.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
@@ -123,6 +124,35 @@ TEST_F(TrainctlTest, SubmitPrintsJobIdAndTheJobIsPending) {
   EXPECT_TRUE(absl::StrContains(pending.out, job_id)) << pending.out;
 }
 
+
+// A generation waiting for members to join names them, in the table and in JSON.
+TEST_F(TrainctlTest, StatusNamesTheMembersARendezvousWaitsFor) {
+  const std::string job_id = SubmitValid();
+  CoordinatorClient client(coordinator_->address());
+  for (int device : {0, 1}) {
+    weft::v1::WorkerInfo info;
+    info.set_host("node");
+    info.set_device_kind(weft::v1::DEVICE_KIND_CPU);
+    info.set_device_index(device);
+    ASSERT_TRUE(client.RegisterWorker(info, "").ok());
+  }
+  // Registered workers that never heartbeat: the generation formed, and nobody joins it.
+  ASSERT_TRUE(weft::testing::Eventually(
+      [&] {
+        auto job = client.GetJob(job_id);
+        return job.ok() && job->status().state() == weft::v1::RUNNING;
+      },
+      absl::Seconds(10)));
+  CommandResult status = Run({"status", job_id});
+  ASSERT_EQ(status.exit_code, 0) << Describe(status);
+  EXPECT_TRUE(absl::StrContains(
+      status.out, "waiting for node/cpu0, node/cpu1 to join (0 of 2 joined)"))
+      << status.out;
+  CommandResult json_status = Run({"-o", "json", "status", job_id});
+  ASSERT_EQ(json_status.exit_code, 0) << Describe(json_status);
+  auto job = ParseJson<weft::v1::Job>(json_status.out);
+  EXPECT_EQ(job.status().awaiting_join_size(), 2);
+}
 TEST_F(TrainctlTest, SubmitJsonPrintsTheStoredSpec) {
   CommandResult r = Run({"-o", "json", "submit", WriteSpec("job.pb.txt", kValidSpec)});
   ASSERT_EQ(r.exit_code, 0) << Describe(r);

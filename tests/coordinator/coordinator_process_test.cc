@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/coordinator_client.h"
 #include "client/remote_store.h"
 #include "common/job_spec.h"
 #include "common/rpc.h"
@@ -532,10 +533,10 @@ TEST_F(CoordinatorProcessTest, RemoteStoreCallsOutlastALostConnection) {
   ASSERT_TRUE(store.Set("warm", "1").ok());
 
   // The reply is lost after the server got the request.
-  link.CutOnNextReply();
+  link.CutOnNextGrpcResponse();
   absl::Status set = store.Set("k", "v");
   EXPECT_TRUE(set.ok()) << set;
-  link.CutOnNextReply();
+  link.CutOnNextGrpcResponse();
   auto got = store.Get("k");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, "v");
@@ -563,7 +564,7 @@ TEST_F(CoordinatorProcessTest, RemoteStoreCallsOutlastALostConnection) {
   EXPECT_GE(link.accepted(), 2) << "the waiter came back over a new connection";
 
   // Add's reply lost: it reports the failure; the server applied it once at most.
-  link.CutOnNextReply();
+  link.CutOnNextGrpcResponse();
   auto sum = store.Add("n", 1);
   EXPECT_EQ(sum.status().code(), absl::StatusCode::kUnavailable) << sum.status();
   EXPECT_THAT(sum.status().message(), HasSubstr(who + " unreachable"));
@@ -609,6 +610,80 @@ TEST_F(CoordinatorProcessTest, RanksAreContiguousPerHostAndOrderedByDevice) {
     EXPECT_EQ(joins[i]->peers(2).address(), "host-b:20000");
   }
   EXPECT_EQ(GetJob(*id).status().state(), v1::RUNNING);
+}
+
+// The connection of a member is reset twice in its rendezvous, as a flaky network or a
+// restarted proxy does it, and the generation still forms: the heartbeat answer that carried
+// its JoinJob is lost after the coordinator wrote it (its next heartbeat, which names no job,
+// gets the JoinJob again), and its Join is cut while the coordinator holds it for the other
+// member (CoordinatorClient::Join goes again, and the coordinator answers the repeat like the
+// first). GetJob names the members that have not joined all along.
+TEST_F(CoordinatorProcessTest, ARendezvousOutlastsLostConnections) {
+  auto id = Submit(Spec(2));
+  ASSERT_TRUE(id.ok()) << id.status();
+  const auto a = Register("h", 0);
+  const auto b = Register("h", 1);
+  auto joined_a = AwaitJoinCommand(a);
+  ASSERT_TRUE(joined_a.ok()) << joined_a.status();
+  auto proxy = TcpProxy::Start(coordinator_->port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  TcpProxy& link = **proxy;
+  const auto b_channel = MakeChannel(link.address(), {.private_connection = true});
+  const auto b_stub = v1::Coordinator::NewStub(b_channel);
+
+  // b's JoinJob is lost with the answer that carried it.
+  link.CutOnNextGrpcResponse();
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id(b.worker_id());
+  beat.set_incarnation(b.incarnation());
+  beat.set_wait_for_command_ms(100);
+  v1::HeartbeatResponse lost;
+  grpc::ClientContext context;
+  SetTimeout(&context, absl::Seconds(10));
+  const grpc::Status cut = b_stub->Heartbeat(&context, beat, &lost);
+  ASSERT_EQ(cut.error_code(), grpc::StatusCode::UNAVAILABLE) << cut.error_message();
+  ASSERT_EQ(link.cuts(), 1);
+  // Its next heartbeat names no job, and gets it again.
+  auto joined_b = AwaitJoinCommand(b, absl::Seconds(5));
+  ASSERT_TRUE(joined_b.ok()) << "the lost JoinJob was not sent again: " << joined_b.status();
+  EXPECT_EQ(joined_b->job_id(), *id);
+  EXPECT_EQ(joined_b->generation(), joined_a->generation());
+  EXPECT_EQ(joined_b->rank(), 1);
+  EXPECT_EQ(joined_b->world_size(), 2);
+  EXPECT_THAT(testing::ReadFile(coordinator_->log_path()),
+              HasSubstr("the answer that carried its JoinJob was lost; sending it again"));
+  const auto awaiting = [&] {
+    const v1::JobStatus s = GetJob(*id).status();
+    return std::vector<std::string>(s.awaiting_join().begin(), s.awaiting_join().end());
+  };
+  EXPECT_EQ(awaiting(), (std::vector<std::string>{"h/cpu0", "h/cpu1"}));
+
+  // b's Join is cut while the coordinator holds it for a.
+  CoordinatorClient b_client(b_channel);
+  v1::JoinRequest join;
+  join.set_job_id(*id);
+  join.set_generation(joined_b->generation());
+  join.set_worker_id(b.worker_id());
+  join.set_incarnation(b.incarnation());
+  absl::StatusOr<v1::JoinResponse> b_joined = absl::UnknownError("not run");
+  std::thread b_thread([&] { b_joined = b_client.Join(join, absl::Seconds(30)); });
+  ASSERT_TRUE(Eventually([&] { return awaiting() == std::vector<std::string>{"h/cpu0"}; },
+                         absl::Seconds(10)))
+      << "b's Join never reached the coordinator";
+  link.CutAll();
+  EXPECT_EQ(link.cuts(), 2);
+  // b comes back over a new connection before a completes the group (had a come first, the
+  // repeat would be answered at once and pass the same).
+  EXPECT_TRUE(Eventually([&] { return link.accepted() >= 3; }, absl::Seconds(10)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto a_joined = Join(a, *joined_a);
+  b_thread.join();
+  ASSERT_TRUE(a_joined.ok()) << a_joined.status();
+  ASSERT_TRUE(b_joined.ok()) << "a Join cut while held must go again: " << b_joined.status();
+  EXPECT_EQ(b_joined->rank(), 1);
+  EXPECT_EQ(b_joined->world_size(), 2);
+  EXPECT_TRUE(awaiting().empty());
+  EXPECT_EQ(GetJob(*id).status().restarts(), 0);
 }
 
 TEST_F(CoordinatorProcessTest, JoinTimesOutNamingTheMissingWorker) {

@@ -415,8 +415,8 @@ TEST_F(CoordinatorTest, GangAssignsOnceMinWorkersAreIdle) {
     EXPECT_EQ(join.spec().resources().min_workers(), 2);
     EXPECT_EQ(join.spec().optimizer().beta2(), 0.95);  // the normalized spec
     EXPECT_EQ(hb->heartbeat_interval_ms(), 500);      // the job's interval while busy
-    // Delivered once.
-    hb = Beat(w);
+    // Delivered once to a worker that got it (its heartbeats name the job from then on).
+    hb = Beat(w, job, 1);
     ASSERT_TRUE(hb.ok());
     EXPECT_THAT(hb->commands(), IsEmpty());
 
@@ -426,6 +426,35 @@ TEST_F(CoordinatorTest, GangAssignsOnceMinWorkersAreIdle) {
     EXPECT_EQ(ws.generation(), 1);
     EXPECT_EQ(ws.rank(), rank);
   }
+}
+
+// A member whose heartbeats name no job never got its JoinJob (the answer was lost): it gets it
+// again, until it has joined. GetJob names the members still to join.
+TEST_F(CoordinatorTest, ALostJoinJobIsSentAgainUntilTheMemberJoins) {
+  const std::string job = Submit(CpuSpec("gang", 2));
+  Worker w0 = Register("h", 0);
+  Worker w1 = Register("h", 1);
+  EXPECT_THAT(Status(job).awaiting_join(), ElementsAre("h/cpu0", "h/cpu1"));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto hb = Beat(w1);
+    ASSERT_TRUE(hb.ok());
+    auto joins = JoinCommands(*hb);
+    ASSERT_THAT(joins, SizeIs(1)) << "attempt " << attempt;
+    EXPECT_EQ(joins[0].join_job().rank(), 1);
+    EXPECT_EQ(joins[0].join_job().generation(), 1);
+  }
+  auto w1_join = StartJoin(job, 1, w1);
+  EXPECT_THAT(Status(job).awaiting_join(), ElementsAre("h/cpu0"));
+  // Joined: whatever its heartbeats say, it had the command.
+  auto hb = Beat(w1);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_THAT(JoinCommands(*hb), IsEmpty());
+  hb = Beat(w0);  // w0's first, still queued: sent once
+  ASSERT_TRUE(hb.ok());
+  EXPECT_THAT(JoinCommands(*hb), SizeIs(1));
+  auto w0_join = StartJoin(job, 1, w0);
+  ASSERT_TRUE(w1_join->finished() && w0_join->finished());
+  EXPECT_THAT(Status(job).awaiting_join(), IsEmpty());
 }
 
 TEST_F(CoordinatorTest, JobsOfAKindAreServedInSubmissionOrder) {

@@ -637,6 +637,32 @@ constexpr v1::JobState PENDING = v1::PENDING, RUNNING = v1::RUNNING, RECOVERING 
                        SUCCEEDED = v1::SUCCEEDED, FAILED = v1::FAILED, CANCELLED = v1::CANCELLED;
 using JobState = v1::JobState;
 
+// ---- assignments ----
+
+TEST(LostAssignmentTest, SentAgainOnlyToAMemberThatNeitherJoinedNorHasItQueued) {
+  const AssignmentView lost{.worker_id = "h/cpu1",
+                            .job_id = "j-1",
+                            .generation = 3,
+                            .generation_active = true,
+                            .joined = false,
+                            .join_queued = false};
+  const std::optional<std::string> reason = LostAssignment(lost);
+  ASSERT_TRUE(reason.has_value());
+  EXPECT_THAT(*reason, HasSubstr("worker h/cpu1"));
+  EXPECT_THAT(*reason, HasSubstr("job j-1 generation 3"));
+  EXPECT_THAT(*reason, HasSubstr("was lost; sending it again"));
+
+  AssignmentView joined = lost;
+  joined.joined = true;  // it had the command: its run joined, then ended
+  EXPECT_FALSE(LostAssignment(joined).has_value());
+  AssignmentView queued = lost;
+  queued.join_queued = true;  // the heartbeat's own answer carries it
+  EXPECT_FALSE(LostAssignment(queued).has_value());
+  AssignmentView ended = lost;
+  ended.generation_active = false;  // nothing to join; Release already dealt with it
+  EXPECT_FALSE(LostAssignment(ended).has_value());
+}
+
 TEST(JobHasEndedTest, OnlyTheFinalStates) {
   EXPECT_TRUE(JobHasEnded(SUCCEEDED));
   EXPECT_TRUE(JobHasEnded(FAILED));

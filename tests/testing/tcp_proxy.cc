@@ -9,7 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <tuple>
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,9 +44,51 @@ bool SendAll(int fd, const char* data, ssize_t n) {
   return true;
 }
 
+// Follows the HTTP/2 frames of one byte stream (a server's, which starts with a frame: only
+// clients send the connection preface) across reads of any size.
+class Http2Frames {
+ public:
+  // Scans the stream's next `n` bytes. Returns the offset among them where the first HEADERS
+  // frame on a stream (a response's start) begins, 0 when its 9-byte frame header began in
+  // an earlier read, and -1 when none begins here.
+  ssize_t FirstResponse(const char* data, ssize_t n) {
+    constexpr uint8_t kHeaders = 0x1;
+    ssize_t first = -1;
+    ssize_t i = 0;
+    while (i < n) {
+      if (payload_left_ > 0) {
+        const ssize_t skip = static_cast<ssize_t>(
+            std::min<uint64_t>(payload_left_, static_cast<uint64_t>(n - i)));
+        i += skip;
+        payload_left_ -= static_cast<uint64_t>(skip);
+        continue;
+      }
+      const ssize_t header_start = i - filled_;
+      while (filled_ < kHeaderBytes && i < n) header_[filled_++] = static_cast<uint8_t>(data[i++]);
+      if (filled_ < kHeaderBytes) break;
+      filled_ = 0;
+      payload_left_ = (uint64_t{header_[0]} << 16) | (uint64_t{header_[1]} << 8) | header_[2];
+      const uint32_t stream = ((uint32_t{header_[5]} & 0x7f) << 24) |
+                              (uint32_t{header_[6]} << 16) | (uint32_t{header_[7]} << 8) |
+                              header_[8];
+      if (first < 0 && header_[3] == kHeaders && stream != 0) {
+        first = std::max<ssize_t>(header_start, 0);
+      }
+    }
+    return first;
+  }
+
+ private:
+  static constexpr int kHeaderBytes = 9;  // length (3), type, flags, stream id (4)
+  uint8_t header_[kHeaderBytes] = {};
+  int filled_ = 0;
+  uint64_t payload_left_ = 0;
+};
+
 struct Pair {
   int client;
   int server;
+  Http2Frames from_server;
 };
 
 }  // namespace
@@ -112,6 +155,8 @@ void TcpProxy::CutAll() {
 
 void TcpProxy::CutOnNextReply() { cut_on_reply_ = true; }
 
+void TcpProxy::CutOnNextGrpcResponse() { cut_on_grpc_response_ = true; }
+
 void TcpProxy::Loop() {
   std::vector<Pair> pairs;
   std::vector<pollfd> fds;
@@ -146,7 +191,7 @@ void TcpProxy::Loop() {
         const sockaddr_in target = Loopback(target_port_);
         if (server >= 0 &&
             connect(server, reinterpret_cast<const sockaddr*>(&target), sizeof(target)) == 0) {
-          open.push_back({client, server});
+          open.push_back({client, server, {}});
         } else {
           // The server is down: the client sees its connection refused, as it would directly.
           if (server >= 0) close(server);
@@ -159,26 +204,43 @@ void TcpProxy::Loop() {
     for (size_t i = 0; i < closed.size(); ++i) {
       const pollfd& from_client = fds[2 + 2 * i];
       const pollfd& from_server = fds[3 + 2 * i];
-      const Pair& p = pairs[i];
-      if (from_server.revents != 0 && cut_on_reply_.exchange(false)) {
+      Pair& p = pairs[i];
+      const auto cut = [&] {
         ++cuts_;  // before the reset, which a caller may see at once
         Reset(p.client);
         Reset(p.server);
         closed[i] = true;
+      };
+      if (from_server.revents != 0 && cut_on_reply_.exchange(false)) {
+        cut();
         continue;
       }
-      for (const auto& [ready, source, sink] :
-           {std::tuple{from_client.revents, p.client, p.server},
-            std::tuple{from_server.revents, p.server, p.client}}) {
+      for (const bool to_server : {true, false}) {
+        const short ready = to_server ? from_client.revents : from_server.revents;
         if (closed[i] || ready == 0) continue;
+        const int source = to_server ? p.client : p.server;
+        const int sink = to_server ? p.server : p.client;
         const ssize_t n = read(source, buffer, sizeof(buffer));
-        if (n <= 0 || !SendAll(sink, buffer, n)) {
+        ssize_t pass = n;
+        bool cut_here = false;
+        if (!to_server && n > 0) {
+          // Scanned whether or not a cut is armed, so that the frame boundaries stay known.
+          const ssize_t response = p.from_server.FirstResponse(buffer, n);
+          if (response >= 0 && cut_on_grpc_response_.exchange(false)) {
+            pass = response;
+            cut_here = true;
+          }
+        }
+        // Counted before they are sent, so that whoever reads them at the server then sees
+        // them counted.
+        if (to_server && n > 0) bytes_to_server_ += n;
+        if (n <= 0 || !SendAll(sink, buffer, pass)) {
           // One side closed or failed: close both, as an end-to-end connection would.
           close(p.client);
           close(p.server);
           closed[i] = true;
-        } else if (source == p.client) {
-          bytes_to_server_ += n;
+        } else if (cut_here) {
+          cut();
         }
       }
     }

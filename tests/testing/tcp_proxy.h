@@ -42,13 +42,18 @@ class TcpProxy {
   // it, or while the server is still working on it — the lost reply a client cannot tell
   // from a lost request.
   void CutOnNextReply();
+  // The same for a gRPC (HTTP/2) server, cut at the next response it starts: the next HEADERS
+  // frame it sends on a stream, on any connection. The frames before it on that connection
+  // (settings, pings, window updates) still pass, so that a keepalive ping or a flow-control
+  // update sent while the call is on its way cannot take the cut meant for its reply.
+  void CutOnNextGrpcResponse();
 
-  // Connections reset by CutAll or CutOnNextReply so far.
+  // Connections reset by CutAll, CutOnNextReply or CutOnNextGrpcResponse so far.
   int cuts() const { return cuts_.load(); }
   // Connections accepted so far.
   int accepted() const { return accepted_.load(); }
-  // Bytes forwarded from clients to the server so far: a caller sees its request reach the
-  // server (more than before it was sent) without a sleep.
+  // Bytes read from clients for the server so far, counted as they are forwarded: a caller
+  // sees its request on its way to the server (more than before it was sent) without a sleep.
   int64_t bytes_to_server() const { return bytes_to_server_.load(); }
 
  private:
@@ -65,6 +70,7 @@ class TcpProxy {
   std::atomic<bool> stop_{false};
   std::atomic<bool> cut_all_{false};
   std::atomic<bool> cut_on_reply_{false};
+  std::atomic<bool> cut_on_grpc_response_{false};
   std::atomic<int> cuts_{0};
   std::atomic<int> accepted_{0};
   std::atomic<int64_t> bytes_to_server_{0};

@@ -1,5 +1,6 @@
 // testing::TcpProxy itself, over plain sockets: bytes go through both ways, CutAll resets a
-// live connection and later ones still pass, and CutOnNextReply loses exactly one reply.
+// live connection and later ones still pass, CutOnNextReply loses exactly one reply, and
+// CutOnNextGrpcResponse exactly one HTTP/2 response.
 #include "tests/testing/tcp_proxy.h"
 
 #include <arpa/inet.h>
@@ -8,8 +9,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -122,6 +126,57 @@ TEST(TcpProxyTest, CutOnNextReplyLosesOneReplyAfterTheServerGotTheRequest) {
   EXPECT_EQ(Receive(backend, 5), "add 1") << "the request must arrive";
   Send(backend, "sum 1");  // may fail once the reset is back: nothing to check
   EXPECT_EQ(Receive(client, 5), "") << "the reply must be lost";
+  EXPECT_EQ((*proxy)->cuts(), 1);
+
+  // One-shot: the next connection's reply passes.
+  ExpectANewConnectionPasses(**proxy, server);
+  EXPECT_EQ((*proxy)->cuts(), 1);
+}
+
+// An HTTP/2 frame: 9-byte header (length, type, flags, stream id) and its payload.
+std::string Frame(uint8_t type, uint32_t stream, const std::string& payload) {
+  const size_t n = payload.size();
+  std::string frame = {static_cast<char>(n >> 16), static_cast<char>(n >> 8),
+                       static_cast<char>(n),       static_cast<char>(type),
+                       0,                          static_cast<char>(stream >> 24),
+                       static_cast<char>(stream >> 16), static_cast<char>(stream >> 8),
+                       static_cast<char>(stream)};
+  return frame + payload;
+}
+
+// The gRPC-aware cut lets everything before the next response through, however the frames
+// are split across writes, and loses that response.
+TEST(TcpProxyTest, CutOnNextGrpcResponseCutsAtTheNextHeadersFrameOnAStream) {
+  constexpr uint8_t kData = 0x0, kHeaders = 0x1, kSettings = 0x4, kPing = 0x6;
+  Server server;
+  auto proxy = TcpProxy::Start(server.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  Fd client = Connect((*proxy)->port());
+  Fd backend = server.Accept();
+
+  // Unarmed: a whole response passes (its payload holds bytes that read like a frame header).
+  const std::string lookalike = Frame(kHeaders, 7, "").substr(0, 9);
+  const std::string before = Frame(kSettings, 0, "") + Frame(kHeaders, 1, lookalike + "hpack");
+  ASSERT_TRUE(Send(backend, before));
+  EXPECT_EQ(Receive(client, before.size()), before);
+
+  (*proxy)->CutOnNextGrpcResponse();
+  // A ping and a DATA frame whose payload looks like a HEADERS frame's header still pass, the
+  // ping split in the middle of its header.
+  const std::string ping = Frame(kPing, 0, "12345678");
+  ASSERT_TRUE(Send(backend, ping.substr(0, 4)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_TRUE(Send(backend, ping.substr(4)));
+  EXPECT_EQ(Receive(client, ping.size()), ping);
+  const std::string data = Frame(kData, 1, lookalike);
+  ASSERT_TRUE(Send(backend, data));
+  EXPECT_EQ(Receive(client, data.size()), data);
+  EXPECT_EQ((*proxy)->cuts(), 0);
+
+  // The next response (a ping ahead of it in the same write) is where the connection breaks.
+  const std::string settings = Frame(kSettings, 0, "");
+  Send(backend, settings + Frame(kHeaders, 3, "hpack") + Frame(kData, 3, "reply"));
+  EXPECT_EQ(Receive(client, settings.size() + 1), settings) << "the response must be lost";
   EXPECT_EQ((*proxy)->cuts(), 1);
 
   // One-shot: the next connection's reply passes.
