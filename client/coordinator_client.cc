@@ -142,7 +142,9 @@ absl::StatusOr<weft::v1::JoinResponse> CoordinatorClient::Join(
 
 absl::StatusOr<weft::v1::ReportProgressResponse> CoordinatorClient::ReportProgress(
     const weft::v1::ReportProgressRequest& request) {
-  return CallUnary(*stub_, &Stub::ReportProgress, request, options_.rpc_timeout, server_);
+  const bool ends_generation = request.finished() || !request.error().empty();
+  return CallUnary(*stub_, &Stub::ReportProgress, request, options_.rpc_timeout, server_,
+                   ends_generation ? reconnect_.repeated : Reconnect{});
 }
 
 }  // namespace weft

@@ -37,9 +37,9 @@ struct ClientOptions {
   // A connection attempt lost on a loaded machine, or a coordinator restarted within the
   // wait, costs a delay instead of the call. SubmitJob and CancelJob are sent at most once: a
   // repeat of one that landed would submit the job twice or be refused. Zero: every call is
-  // sent at once and fails fast. Join waits and goes again too (see Join). The worker's other
-  // calls (RegisterWorker, Heartbeat, ReportProgress) never wait here: their loops decide what
-  // an unreachable coordinator means.
+  // sent at once and fails fast. Join and the reports that end a generation wait and go again
+  // too (see them). The worker's other calls (RegisterWorker, Heartbeat, step reports) never
+  // wait here: their loops decide what an unreachable coordinator means.
   absl::Duration reconnect_wait = absl::Seconds(3);
   // Used only by the address constructor.
   ChannelOptions channel;
@@ -88,6 +88,12 @@ class CoordinatorClient {
   // other members costs no generation.
   absl::StatusOr<weft::v1::JoinResponse> Join(const weft::v1::JoinRequest& request,
                                               absl::Duration timeout);
+  // A report that ends the generation (finished, or an error) waits for the coordinator and
+  // goes again after a lost connection: lost, it would leave the generation to its stall
+  // timeout and a restart, and the coordinator takes a repeat of one that landed as a report
+  // on an ended generation (OK, continue_training false). Step reports are sent once, at
+  // once: the next one supersedes a lost one, and waiting would back the training loop up
+  // behind a coordinator that is away.
   absl::StatusOr<weft::v1::ReportProgressResponse> ReportProgress(
       const weft::v1::ReportProgressRequest& request);
 

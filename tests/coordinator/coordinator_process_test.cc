@@ -686,6 +686,44 @@ TEST_F(CoordinatorProcessTest, ARendezvousOutlastsLostConnections) {
   EXPECT_EQ(GetJob(*id).status().restarts(), 0);
 }
 
+// Rank 0's report that the job finished has its answer lost: it goes again, and the repeat,
+// which meets an ended generation, is answered like the first. Sent once, the job would wait
+// for its stall timeout and restart.
+TEST_F(CoordinatorProcessTest, AFinishedReportWhoseAnswerIsLostStillEndsTheJob) {
+  auto id = Submit(Spec(2));
+  ASSERT_TRUE(id.ok()) << id.status();
+  const auto a = Register("h", 0);
+  const auto b = Register("h", 1);
+  auto ja = AwaitJoinCommand(a);
+  auto jb = AwaitJoinCommand(b);
+  ASSERT_TRUE(ja.ok() && jb.ok());
+  std::thread b_joins([&] { EXPECT_TRUE(Join(b, *jb).ok()); });
+  ASSERT_TRUE(Join(a, *ja).ok());
+  b_joins.join();
+  auto proxy = TcpProxy::Start(coordinator_->port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  TcpProxy& link = **proxy;
+  CoordinatorClient rank0(MakeChannel(link.address(), {.private_connection = true}));
+
+  v1::ReportProgressRequest done;
+  done.set_job_id(*id);
+  done.set_generation(ja->generation());
+  done.set_worker_id(a.worker_id());
+  done.set_rank(0);
+  done.set_finished(true);
+  done.set_model_path("/models/m.safetensors");
+  link.CutOnNextGrpcResponse();
+  auto answer = rank0.ReportProgress(done);
+  ASSERT_TRUE(answer.ok()) << "a finished report whose answer was lost must go again: "
+                           << answer.status();
+  EXPECT_FALSE(answer->continue_training());
+  EXPECT_EQ(link.cuts(), 1);
+  const v1::JobStatus s = GetJob(*id).status();
+  EXPECT_EQ(s.state(), v1::SUCCEEDED);
+  EXPECT_EQ(s.model_path(), "/models/m.safetensors");
+  EXPECT_EQ(s.restarts(), 0);
+}
+
 TEST_F(CoordinatorProcessTest, JoinTimesOutNamingTheMissingWorker) {
   auto id = Submit(Spec(2));
   ASSERT_TRUE(id.ok());
