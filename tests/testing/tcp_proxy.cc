@@ -157,6 +157,11 @@ void TcpProxy::CutOnNextReply() { cut_on_reply_ = true; }
 
 void TcpProxy::CutOnNextGrpcResponse() { cut_on_grpc_response_ = true; }
 
+void TcpProxy::HoldNewConnections(bool hold) {
+  hold_new_ = hold;
+  Wake();  // the loop polls the listener again, or stops to
+}
+
 void TcpProxy::Loop() {
   std::vector<Pair> pairs;
   std::vector<pollfd> fds;
@@ -171,7 +176,9 @@ void TcpProxy::Loop() {
       pairs.clear();
       cut_all_ = false;
     }
-    fds.assign({{wake_read_, POLLIN, 0}, {listen_fd_, POLLIN, 0}});
+    // Held: new connections wait in the listen queue, unanswered, until the hold ends.
+    fds.assign({{wake_read_, POLLIN, 0},
+                {listen_fd_, static_cast<short>(hold_new_.load() ? 0 : POLLIN), 0}});
     for (const Pair& p : pairs) {
       fds.push_back({p.client, POLLIN, 0});
       fds.push_back({p.server, POLLIN, 0});

@@ -48,6 +48,12 @@ class TcpProxy {
   // update sent while the call is on its way cannot take the cut meant for its reply.
   void CutOnNextGrpcResponse();
 
+  // While on, new connections are not accepted: they wait in the listen queue (the client's
+  // connect has completed, and what it sends reaches nobody) until the hold ends, then go
+  // through as usual. Live connections are untouched. A client that lost its connection
+  // stays away, as behind a link that drops its packets, until the test lets it back.
+  void HoldNewConnections(bool hold);
+
   // Connections reset by CutAll, CutOnNextReply or CutOnNextGrpcResponse so far.
   int cuts() const { return cuts_.load(); }
   // Connections accepted so far.
@@ -71,6 +77,7 @@ class TcpProxy {
   std::atomic<bool> cut_all_{false};
   std::atomic<bool> cut_on_reply_{false};
   std::atomic<bool> cut_on_grpc_response_{false};
+  std::atomic<bool> hold_new_{false};
   std::atomic<int> cuts_{0};
   std::atomic<int> accepted_{0};
   std::atomic<int64_t> bytes_to_server_{0};

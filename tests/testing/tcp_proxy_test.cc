@@ -184,6 +184,28 @@ TEST(TcpProxyTest, CutOnNextGrpcResponseCutsAtTheNextHeadersFrameOnAStream) {
   EXPECT_EQ((*proxy)->cuts(), 1);
 }
 
+TEST(TcpProxyTest, HeldNewConnectionsWaitAndLiveOnesPass) {
+  Server server;
+  auto proxy = TcpProxy::Start(server.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  Fd live = Connect((*proxy)->port());
+  Fd live_backend = server.Accept();
+  (*proxy)->HoldNewConnections(true);
+  Fd held = Connect((*proxy)->port());  // completes in the kernel's listen queue
+  ASSERT_GE(held.get(), 0);
+  ASSERT_TRUE(Send(held, "early"));
+  ASSERT_TRUE(Send(live, "still"));
+  EXPECT_EQ(Receive(live_backend, 5), "still");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ((*proxy)->accepted(), 1) << "a held connection must not be accepted";
+  (*proxy)->HoldNewConnections(false);
+  Fd held_backend = server.Accept();
+  EXPECT_EQ(Receive(held_backend, 5), "early") << "what it sent while held arrives after";
+  ASSERT_TRUE(Send(held_backend, "ok"));
+  EXPECT_EQ(Receive(held, 2), "ok");
+  EXPECT_EQ((*proxy)->accepted(), 2);
+}
+
 TEST(TcpProxyTest, AServerThatIsDownRefusesThroughTheProxy) {
   int port = 0;
   {

@@ -82,9 +82,11 @@ inline bool WaitForJobStep(CoordinatorClient& client, const std::string& id, int
 // test starts against it (host "node"; worker i logs to dir_/worker<i>.log).
 class WorkersTest : public ::testing::Test {
  protected:
-  // Starts the coordinator (fast ticks) and writes `corpus` to corpus_.
-  void StartCoordinator(const std::string& corpus) {
-    auto cp = CoordinatorProcess::Start(dir_.path(), {"--tick-interval-ms=50"});
+  // Starts the coordinator (fast ticks, then `flags`) and writes `corpus` to corpus_.
+  void StartCoordinator(const std::string& corpus, const std::vector<std::string>& flags = {}) {
+    std::vector<std::string> all = {"--tick-interval-ms=50"};
+    all.insert(all.end(), flags.begin(), flags.end());
+    auto cp = CoordinatorProcess::Start(dir_.path(), all);
     ASSERT_TRUE(cp.ok()) << cp.status();
     coordinator_ = std::move(*cp);
     client_ = std::make_unique<CoordinatorClient>(coordinator_->address());

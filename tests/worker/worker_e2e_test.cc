@@ -44,17 +44,21 @@ class WorkerE2eTest : public testing::WorkersTest {
   // `n` workers, on host "node" or, with `per_host`, on simulated hosts "a", "b", ... (host
   // name and host id) of `per_host` each.
   void StartWorkers(int n, int per_host = 0) {
-    for (int i = 0; i < n; ++i) {
-      const std::string host =
-          per_host > 0 ? std::string(1, static_cast<char>('a' + i / per_host)) : "node";
-      std::vector<std::string> flags = {
-          "--collective-timeout-ms=20000", "--metrics-address=127.0.0.1:0",
-          "--metrics-port-file=" + dir_.File(absl::StrCat("metrics", i, ".port"))};
-      if (per_host > 0) flags.push_back("--host-id=" + host);
-      ASSERT_NO_FATAL_FAILURE(StartWorker(absl::StrCat("cpu:", i), flags, host));
-    }
+    for (int i = 0; i < n; ++i) ASSERT_NO_FATAL_FAILURE(StartNextWorker(per_host));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     for (auto& w : workers_) ASSERT_TRUE(w->Running()) << "a worker exited at startup\n" << Logs();
+  }
+
+  // The next of StartWorkers' workers (cpu:<number started so far>).
+  void StartNextWorker(int per_host = 0) {
+    const size_t i = workers_.size();
+    const std::string host =
+        per_host > 0 ? std::string(1, static_cast<char>('a' + i / per_host)) : "node";
+    std::vector<std::string> flags = {
+        "--collective-timeout-ms=20000", "--metrics-address=127.0.0.1:0",
+        "--metrics-port-file=" + dir_.File(absl::StrCat("metrics", i, ".port"))};
+    if (per_host > 0) flags.push_back("--host-id=" + host);
+    ASSERT_NO_FATAL_FAILURE(StartWorker(absl::StrCat("cpu:", i), flags, host));
   }
 
   v1::JobSpec Spec(int64_t steps) {
@@ -167,6 +171,67 @@ TEST_F(WorkerE2eTest, ConnectionsToTheCoordinatorResetMidTrainingCostNoRestart) 
   EXPECT_EQ(s.step(), 400);
   EXPECT_EQ(s.restarts(), 0) << s.DebugString() << Logs();
   EXPECT_GE((*proxy)->accepted(), 4) << "both workers must have come back over new connections";
+}
+
+// A rendezvous whose members lose their connections to the coordinator: worker 1's JoinJob
+// is lost with the heartbeat answer that carried it, and worker 0's Join is reset while the
+// coordinator holds it for worker 1. Worker 1, back, heartbeats without a job and gets its
+// JoinJob again; worker 0's Join goes again; the generation forms and the job finishes with no
+// restart. Idle heartbeats are held for minutes here, so the only response worker 1's
+// connection carries after the submit is the one with its JoinJob; worker 1's new connections
+// are held until worker 0's Join has been cut, so the two losses overlap every time.
+class WorkerRendezvousE2eTest : public WorkerE2eTest {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(StartCoordinator(
+        testing::SentenceCorpus(2000),
+        {"--heartbeat-interval-ms=600000", "--heartbeat-timeout-ms=600001",
+         "--connection-lost-grace-ms=5000"}));
+  }
+};
+
+TEST_F(WorkerRendezvousE2eTest, ConnectionsResetDuringTheRendezvousCostNoRestart) {
+  std::vector<std::unique_ptr<testing::TcpProxy>> links;
+  for (int i = 0; i < 2; ++i) {
+    auto proxy = testing::TcpProxy::Start(coordinator_->port());
+    ASSERT_TRUE(proxy.ok()) << proxy.status();
+    workers_dial_ = (*proxy)->address();
+    links.push_back(std::move(*proxy));
+    ASSERT_NO_FATAL_FAILURE(StartNextWorker());
+  }
+  ASSERT_TRUE(Eventually([&] { return AllWorkersIdle(2); }, absl::Seconds(30))) << Logs();
+  v1::JobSpec spec = Spec(40);
+  spec.mutable_fault()->set_heartbeat_timeout_ms(10000);
+  // Worker 1's next connection waits until the test lets it through.
+  links[1]->HoldNewConnections(true);
+  links[1]->CutOnNextGrpcResponse();
+  auto submitted = client_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  ASSERT_TRUE(Eventually([&] { return links[1]->cuts() == 1; }, absl::Seconds(10)))
+      << "worker 1's JoinJob answer was never cut\n" << Logs();
+  // Worker 0 joined and waits at the coordinator for worker 1, which cannot come back yet.
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto job = client_->GetJob(submitted->job_id());
+        return job.ok() && job->status().awaiting_join_size() == 1 &&
+               job->status().awaiting_join(0) == "node/cpu1";
+      },
+      absl::Seconds(10)))
+      << Logs();
+  links[0]->CutAll();
+  EXPECT_GE(links[0]->cuts(), 1);
+  EXPECT_EQ(links[1]->accepted(), 1) << "worker 1 must not have come back before now";
+  links[1]->HoldNewConnections(false);
+
+  const v1::JobStatus s = WaitForEnd(submitted->job_id(), absl::Seconds(120));
+  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+  EXPECT_EQ(s.step(), 40);
+  EXPECT_EQ(s.restarts(), 0) << s.DebugString() << Logs();
+  EXPECT_EQ(s.generation(), 1);
+  EXPECT_THAT(testing::ReadFile(coordinator_->log_path()),
+              HasSubstr("worker node/cpu1 heartbeats without a job"));
+  EXPECT_GE(links[0]->accepted(), 2) << "worker 0 came back over a new connection";
+  EXPECT_GE(links[1]->accepted(), 2) << "worker 1 came back over a new connection";
 }
 
 // The same job on a Llama (grouped-query attention, untied head): it trains through the real
