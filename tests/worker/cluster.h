@@ -221,7 +221,8 @@ class Cluster {
     auto w = Subprocess::Start(
         {BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
          absl::StrCat("--device=cpu:", i), "--host=node",
-         "--checkpointd=" + checkpointd_->address(),
+         "--checkpointd=" + (checkpointd_dial_.empty() ? checkpointd_->address()
+                                                      : checkpointd_dial_),
          "--output-dir=" + dir_ + "/models", "--metrics-address=none"},
         absl::StrCat(dir_, "/worker", i, ".log"));
     ASSERT_TRUE(w.ok());
@@ -266,6 +267,10 @@ class Cluster {
 
   CoordinatorClient& client() { return *client_; }
   const std::string& checkpointd_address() const { return checkpointd_->address(); }
+  int checkpointd_port() const { return checkpointd_->port(); }
+  // The checkpointd address workers started from now on dial; empty: checkpointd's own (a
+  // test puts a TcpProxy in front of it here).
+  void set_checkpointd_dial(const std::string& address) { checkpointd_dial_ = address; }
   // checkpointd's database (CheckpointdProcess keeps it under <its dir>/db), known before the
   // cluster is made for a test that mounts something there.
   static std::string CheckpointDirUnder(const std::string& dir) {
@@ -321,6 +326,7 @@ class Cluster {
   std::unique_ptr<CheckpointdProcess> checkpointd_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
   std::unique_ptr<CoordinatorClient> client_;
+  std::string checkpointd_dial_;
 };
 
 // Runs `spec` on a fresh Cluster of `workers` workers under `dir` without interrupting it, and

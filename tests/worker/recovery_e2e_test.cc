@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/tcp_proxy.h"
 #include "tests/worker/cluster.h"
 
 namespace weft {
@@ -138,6 +139,43 @@ TEST_F(RecoveryE2eTest, SavesFailingWhileCheckpointdIsDownAreJobEventsAndTheJobG
   const v1::JobStatus after = cluster.Status(id);
   EXPECT_GT(after.checkpoint_step(), committed_before) << "no save committed after the restart";
   EXPECT_EQ(after.generation(), 1) << "a failed save must not restart the job";
+  cluster.KillEverything();
+}
+
+// A save whose answer from checkpointd is lost after checkpointd stored the shard: the
+// worker's upload goes again, checkpointd replaces what the first stream left, and the
+// checkpoint commits with no CHECKPOINT_FAILED event and no restart.
+TEST_F(RecoveryE2eTest, ASaveWhoseAnswerIsLostIsSentAgainAndCommits) {
+  Cluster cluster(dir_.File("lost-save-answer"), 2);
+  ASSERT_NO_FATAL_FAILURE(cluster.Start());
+  // The workers started by Start dial checkpointd itself: start them again through a proxy.
+  auto proxy = testing::TcpProxy::Start(cluster.checkpointd_port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  cluster.set_checkpointd_dial((*proxy)->address());
+  for (int i = 0; i < 2; ++i) {
+    cluster.worker(i).Signal(SIGKILL);
+    (void)cluster.worker(i).Wait(absl::Seconds(10));
+    ASSERT_NO_FATAL_FAILURE(cluster.StartWorker(i));
+  }
+  // Saves at 200 and 400: the first one comes seconds after the start.
+  v1::JobSpec spec = testing::RecoveryJobSpec("lost-answer", corpus_, 2, 400);
+  spec.mutable_checkpoint()->set_interval_steps(200);
+  auto job = cluster.client().SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job_id();
+  // Past the start (where a restore may read from checkpointd), before the first save.
+  ASSERT_TRUE(Eventually([&] { return cluster.Status(id).step() >= 3; }, absl::Seconds(60)))
+      << cluster.Logs();
+  ASSERT_LT(cluster.Status(id).step(), 200) << "the first save came before the cut was armed";
+  (*proxy)->CutOnNextGrpcResponse();
+  ASSERT_TRUE(cluster.WaitFor(id, v1::SUCCEEDED, absl::Seconds(120))) << cluster.Logs();
+  EXPECT_EQ((*proxy)->cuts(), 1) << "no answer from checkpointd was cut";
+  const v1::JobStatus s = cluster.Status(id);
+  EXPECT_EQ(s.checkpoint_step(), 400);
+  EXPECT_EQ(s.restarts(), 0);
+  for (const auto& e : s.events()) {
+    EXPECT_NE(e.type(), v1::CHECKPOINT_FAILED) << e.message();
+  }
   cluster.KillEverything();
 }
 
