@@ -131,18 +131,24 @@ class CoordinatorProcessTest : public ::testing::Test {
     return Call(&v1::Coordinator::Stub::RegisterWorker, req);
   }
 
+  // One idle heartbeat of `reg` over `stub` (held up to 100 ms for a command).
+  static grpc::Status Beat(v1::Coordinator::Stub& stub, const v1::RegisterWorkerResponse& reg,
+                           v1::HeartbeatResponse* response) {
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(reg.worker_id());
+    hb.set_incarnation(reg.incarnation());
+    hb.set_wait_for_command_ms(100);
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, absl::Seconds(5));
+    return stub.Heartbeat(&ctx, hb, response);
+  }
+
   absl::StatusOr<v1::JoinJobCommand> AwaitJoinCommand(const v1::RegisterWorkerResponse& reg,
                                                       absl::Duration timeout = absl::Seconds(10)) {
     const absl::Time deadline = absl::Now() + timeout;
     while (absl::Now() < deadline) {
-      v1::HeartbeatRequest hb;
-      hb.set_worker_id(reg.worker_id());
-      hb.set_incarnation(reg.incarnation());
-      hb.set_wait_for_command_ms(100);
       v1::HeartbeatResponse resp;
-      grpc::ClientContext ctx;
-      SetTimeout(&ctx, absl::Seconds(5));
-      grpc::Status s = stub_->Heartbeat(&ctx, hb, &resp);
+      grpc::Status s = Beat(*stub_, reg, &resp);
       if (!s.ok()) return FromGrpcStatus(s);
       for (const auto& c : resp.commands()) {
         if (c.has_join_job()) return c.join_job();
@@ -633,14 +639,8 @@ TEST_F(CoordinatorProcessTest, ARendezvousOutlastsLostConnections) {
 
   // b's JoinJob is lost with the answer that carried it.
   link.CutOnNextGrpcResponse();
-  v1::HeartbeatRequest beat;
-  beat.set_worker_id(b.worker_id());
-  beat.set_incarnation(b.incarnation());
-  beat.set_wait_for_command_ms(100);
   v1::HeartbeatResponse lost;
-  grpc::ClientContext context;
-  SetTimeout(&context, absl::Seconds(10));
-  const grpc::Status cut = b_stub->Heartbeat(&context, beat, &lost);
+  const grpc::Status cut = Beat(*b_stub, b, &lost);
   ASSERT_EQ(cut.error_code(), grpc::StatusCode::UNAVAILABLE) << cut.error_message();
   ASSERT_EQ(link.cuts(), 1);
   // Its next heartbeat names no job, and gets it again.
