@@ -201,9 +201,27 @@ absl::StatusOr<int64_t> CheckpointClient::WriteShard(const std::string& job_id, 
 absl::Status CheckpointClient::Commit(const CheckpointManifest& manifest) {
   weft::v1::CommitCheckpointRequest request;
   *request.mutable_manifest() = manifest;
-  return CallUnary(*stub_, &Stub::CommitCheckpoint, request, rpc_timeout_, server_,
-                   reconnect_.sent_once)
-      .status();
+  const auto send = [&] {
+    return CallUnary(*stub_, &Stub::CommitCheckpoint, request, rpc_timeout_, server_,
+                     reconnect_.sent_once)
+        .status();
+  };
+  // Whether the step is committed as this manifest says: a step is committed once, so a
+  // committed manifest with this world size and optimizer step is this commit's.
+  const auto landed = [&] {
+    auto committed = GetManifest(manifest.job_id(), manifest.step());
+    return committed.ok() && committed->world_size() == manifest.world_size() &&
+           committed->optimizer_step() == manifest.optimizer_step();
+  };
+  const absl::Status first = send();
+  // Only a lost connection leaves the outcome unknown: the daemon's own answers stand.
+  if (first.code() != absl::StatusCode::kUnavailable) return first;
+  if (landed()) return absl::OkStatus();
+  // Not visible: it did not reach the commit point, so sending it again is safe. A first
+  // attempt that lands meanwhile makes this one ALREADY_EXISTS, which the read settles.
+  const absl::Status second = send();
+  if (second.code() == absl::StatusCode::kAlreadyExists && landed()) return absl::OkStatus();
+  return second.ok() ? second : first;
 }
 
 absl::StatusOr<std::vector<CheckpointManifest>> CheckpointClient::List(const std::string& job_id) {

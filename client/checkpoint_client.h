@@ -69,8 +69,9 @@ class CheckpointClient {
   // after an UNAVAILABLE failure. So a connection attempt lost on a loaded machine, or a
   // daemon restarted within the wait, costs a delay and not the call. The default wait covers
   // a hiccup and a quick restart while still reporting a daemon that is down (a worker's
-  // checkpoint becomes a CHECKPOINT_FAILED event) within seconds. Commit and Delete are sent
-  // at most once: a repeat of one that did land would be refused.
+  // checkpoint becomes a CHECKPOINT_FAILED event) within seconds. Delete is sent at most
+  // once: a repeat of one that did land would be refused. So is Commit, which settles a lost
+  // answer by reading back (see Commit).
   explicit CheckpointClient(const std::string& address,
                             absl::Duration rpc_timeout = absl::Seconds(60),
                             absl::Duration reconnect_wait = absl::Seconds(3));
@@ -87,7 +88,10 @@ class CheckpointClient {
                                      size_t chunk_bytes = kMaxCheckpointChunkBytes);
 
   // The commit point: FAILED_PRECONDITION naming the missing ranks if some shard is not in,
-  // ALREADY_EXISTS if the step is committed already.
+  // ALREADY_EXISTS if the step is committed already. When the connection is lost (the answer
+  // may be lost after the commit point), the step's manifest is read back: committed with
+  // this world size and optimizer step, the commit landed (OK); not committed, the commit is
+  // sent once more. A lost answer then costs a read, not the checkpoint.
   absl::Status Commit(const weft::v1::CheckpointManifest& manifest);
 
   // Committed checkpoints of `job_id`, newest first (empty for an unknown job).
@@ -124,7 +128,8 @@ class CheckpointClient {
 
   std::string address_;
   absl::Duration rpc_timeout_;
-  // Reads, shard writes and pins repeat; Commit and Delete are sent once.
+  // Reads, shard writes and pins repeat; Commit and Delete are sent once (Commit then reads
+  // back).
   const ReconnectPolicies reconnect_;
   ServerName server_;
   std::unique_ptr<weft::v1::Checkpoint::Stub> stub_;

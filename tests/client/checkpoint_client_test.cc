@@ -254,6 +254,28 @@ TEST_F(CheckpointClientTest, AShardWriteOutlastsAConnectionLostMidStream) {
   EXPECT_TRUE(out == wholes[0].bytes);
 }
 
+// The commit's answer is lost after the daemon committed: the client reads the step's manifest
+// back, finds it committed as it asked, and reports success instead of a lost checkpoint.
+TEST_F(CheckpointClientTest, ACommitWhoseAnswerIsLostIsReadBack) {
+  auto proxy = testing::TcpProxy::Start(daemon_->port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  testing::TcpProxy& link = **proxy;
+  const auto wholes = MixedTensors();
+  CheckpointClient client(link.address());
+  ASSERT_TRUE(client.WriteShard("job-lost", 5, 0, 1, Shard(wholes, 0, 1)).ok());
+  link.CutOnNextGrpcResponse();
+  const absl::Status committed = client.Commit(ManifestOf("job-lost", 5, 1, wholes));
+  EXPECT_TRUE(committed.ok()) << "a commit that landed must not be reported lost: " << committed;
+  EXPECT_EQ(link.cuts(), 1);
+  auto list = client_->List("job-lost");
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].step(), 5);
+  // The daemon's own refusal is not second-guessed: a commit of a committed step still fails.
+  EXPECT_EQ(client.Commit(ManifestOf("job-lost", 5, 1, wholes)).code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
 TEST_F(CheckpointClientTest, BadArgumentsAndUnknownCheckpointsGiveClearErrors) {
   const auto wholes = MixedTensors();
   auto shard = Shard(wholes, 0, 1);
