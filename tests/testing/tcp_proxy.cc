@@ -190,7 +190,9 @@ void TcpProxy::Loop() {
     if (fds[0].revents != 0) (void)!read(wake_read_, buffer, sizeof(buffer));
     // Only the pairs in fds are scanned below; one accepted now joins them after the scan.
     std::vector<Pair> open;
-    if (fds[1].revents & POLLIN) {
+    // A hold set while this poll was already waiting on the listener must still keep the
+    // connection that woke it in the queue.
+    if ((fds[1].revents & POLLIN) && !hold_new_.load()) {
       const int client = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (client >= 0) {
         ++accepted_;
