@@ -7,7 +7,9 @@
 # 124M-shaped byte model in bf16 on WEFT_BENCH_RANKS GPUs (default 4; one more GPU is the
 # spare), checkpoint every 50 of 200 steps. WEFT_BENCH_RANKS also sets the CPU job's workers.
 # WEFT_BENCH_GPUS (default ranks + 1) places worker i on GPU i mod GPUS: with 1 GPU and 1 rank
-# the spare shares the GPU with the worker it replaces. WEFT_BENCH_DATA replaces the corpus
+# the spare shares the GPU with the worker it replaces; with GPUS = RANKS (4 GPUs, 4 ranks) it
+# shares GPU 0 with rank 0, the victim (ranks follow device order), so the new generation still
+# has one rank per GPU, as NCCL requires. WEFT_BENCH_DATA replaces the corpus
 # (/usr/share/games/fortunes/cookie; the GPU job reads it as bytes).
 # Prints
 #   BENCH recovery device=D ranks=N detect_s=D resume_s=R lost_steps=L ...
