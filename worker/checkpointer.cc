@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/job_spec.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -18,6 +19,11 @@ namespace {
 std::string DoneKey(int64_t step, int32_t rank) {
   return absl::StrCat("ckpt/", step, "/rank/", rank);
 }
+
+// A rank's DoneKey holds kStored once its shard is in checkpointd, or kNotStored and the
+// reason when its write failed.
+constexpr char kStored[] = "stored";
+constexpr char kNotStored[] = "not stored: ";
 
 double MsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -311,20 +317,37 @@ absl::Status Checkpointer::Send(const Upload& upload) {
   const int32_t rank = who_.rank;
   const int32_t world = who_.Writers();
   const auto start = std::chrono::steady_clock::now();
-  WEFT_ASSIGN_OR_RETURN(const int64_t bytes,
-                        client_->WriteShard(who_.job_id, step, rank, world, ShardTensorsOf(state)));
+  const absl::StatusOr<int64_t> written =
+      client_->WriteShard(who_.job_id, step, rank, world, ShardTensorsOf(state));
+  if (!written.ok()) {
+    // Said at once, so that rank 0 gives the checkpoint up now instead of waiting out
+    // commit_timeout_ms for this rank: meanwhile its upload would stay in flight, deferring
+    // every later save, and the end of training would wait for it while the other ranks sat
+    // in their next collective until it timed out. Best effort: unsaid, the timeout remains.
+    (void)store_->Set(DoneKey(step, rank), absl::StrCat(kNotStored, written.status().message()));
+    return written.status();
+  }
+  const int64_t bytes = *written;
   const double ms = MsSince(start);
   // bench/checkpoint_scale_bench.sh reads this line: this rank's own upload, without the wait
   // for the other ranks and the commit that the coordinator's event includes.
   spdlog::info("job {} rank {}: checkpoint at step {}: uploaded {} bytes in {:.1f} ms "
                "({:.3f} GB/s)",
                who_.job_id, rank, step, bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0);
-  WEFT_RETURN_IF_ERROR(store_->Set(DoneKey(step, rank), "stored"));
+  WEFT_RETURN_IF_ERROR(store_->Set(DoneKey(step, rank), kStored));
   if (rank != 0) return absl::OkStatus();
 
   std::vector<std::string> keys;
   for (int32_t r = 0; r < world; ++r) keys.push_back(DoneKey(step, r));
   WEFT_RETURN_IF_ERROR(store_->Wait(keys, absl::Milliseconds(timeouts_.commit_timeout_ms)));
+  for (int32_t r = 1; r < world; ++r) {
+    WEFT_ASSIGN_OR_RETURN(const std::string done, store_->Get(keys[r]));
+    if (done != kStored) {
+      return absl::AbortedError(absl::StrCat("rank ", r, " did not store its shard (",
+                                             absl::StripPrefix(done, kNotStored),
+                                             "): the checkpoint is not committed"));
+    }
+  }
   return client_->Commit(
       CheckpointManifestFor(who_.job_id, step, upload.optimizer_steps, world, spec_, state));
 }

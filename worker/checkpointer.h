@@ -59,7 +59,8 @@ struct CheckpointTimeouts {
   // How long a rank other than 0 waits for rank 0's list of checkpoints to restore.
   int64_t restore_wait_timeout_ms = 5 * 60 * 1000;
   // How long rank 0 waits for every rank's shard of a checkpoint before giving that
-  // checkpoint up.
+  // checkpoint up. A rank whose shard write fails says so through the store, which ends the
+  // wait at once; the timeout is for ranks that are slow or gone.
   int64_t commit_timeout_ms = 10 * 60 * 1000;
 };
 

@@ -1,15 +1,20 @@
 // Checkpointer against a real weft-checkpointd on 127.0.0.1: a save after the first copies into
 // the previous save's host buffers (no new allocation), and what each checkpoint holds is the
 // state at its own step, the earlier one intact after its buffers were reused; a failed copy
-// keeps the buffers; a due save never waits for an upload in flight (it is deferred).
+// keeps the buffers; a due save never waits for an upload in flight (it is deferred); a shard
+// that cannot be stored ends rank 0's wait for it at once.
 #include "worker/checkpointer.h"
 
+#include <chrono>
+#include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/job_spec.h"
 #include "coordinator/memory_store.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
 #include "tests/worker/snapshot_reader.h"
@@ -18,6 +23,8 @@
 
 namespace weft::worker {
 namespace {
+
+using ::testing::HasSubstr;
 
 weft::v1::JobSpec TinySpec() {
   constexpr char kSpec[] = R"pb(
@@ -250,6 +257,42 @@ TEST_F(CheckpointerTest, ADueSaveIsDeferredWhileAnUploadIsInFlight) {
   const absl::StatusOr<bool> again = checkpointer.SaveDeferred(11, **cpu);
   ASSERT_TRUE(again.ok());
   EXPECT_FALSE(*again);  // nothing deferred any more
+}
+
+// Rank 1 of 2 cannot reach checkpointd. Its failure reaches rank 0 through the store, so rank
+// 0's upload ends at once with rank 1's reason and commits nothing, instead of staying in
+// flight (deferring every later save, holding up the end of training) until its commit
+// times out.
+TEST_F(CheckpointerTest, AShardThatCannotBeStoredEndsRankZerosWaitAtOnce) {
+  const weft::v1::JobSpec spec = TinySpec();
+  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  CheckpointClient reachable(daemon_->address());
+  // Port 1: nothing listens there, so every attempt is refused.
+  CheckpointClient unreachable("127.0.0.1:1", absl::Seconds(5), absl::Milliseconds(100));
+  CheckpointTimeouts timeouts;
+  timeouts.commit_timeout_ms = 90'000;
+  Checkpointer rank0(&reachable, &store_, spec, CheckpointRank{"ckpt", 1, 0, 2}, timeouts);
+  Checkpointer rank1(&unreachable, &store_, spec, CheckpointRank{"ckpt", 1, 1, 2}, timeouts);
+  ASSERT_TRUE(rank0.Save(1, **cpu).ok());
+  ASSERT_TRUE(rank1.Save(1, **cpu).ok());
+  rank1.Drain();
+  const std::optional<Checkpointer::Failed> failed1 = rank1.TakeFailed();
+  ASSERT_TRUE(failed1.has_value());
+  EXPECT_EQ(failed1->step, 1);
+
+  std::future<void> drained = std::async(std::launch::async, [&] { rank0.Drain(); });
+  ASSERT_EQ(drained.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "rank 0 still waits for rank 1's shard";
+  const std::optional<Checkpointer::Failed> failed0 = rank0.TakeFailed();
+  ASSERT_TRUE(failed0.has_value());
+  EXPECT_EQ(failed0->step, 1);
+  EXPECT_THAT(failed0->reason, HasSubstr("rank 1 did not store its shard"));
+  EXPECT_THAT(failed0->reason, HasSubstr(failed1->reason));
+  EXPECT_FALSE(rank0.TakeCommitted().has_value());
+  auto manifests = reachable.List("ckpt");
+  ASSERT_TRUE(manifests.ok()) << manifests.status();
+  EXPECT_TRUE(manifests->empty());
 }
 
 // The manifest carries the engine's count of AdamW updates, which need not be the step (a
