@@ -20,6 +20,9 @@ std::string DoneKey(int64_t step, int32_t rank) {
   return absl::StrCat("ckpt/", step, "/rank/", rank);
 }
 
+// Set by a rank once its last upload has ended (SaveDeferred).
+std::string EndKey(int32_t rank) { return absl::StrCat("ckpt/end/rank/", rank); }
+
 // A rank's DoneKey holds kStored once its shard is in checkpointd, or kNotStored and the
 // reason when its write failed.
 constexpr char kStored[] = "stored";
@@ -149,13 +152,22 @@ absl::StatusOr<bool> Checkpointer::ShouldSave(int64_t completed_steps,
 
 absl::StatusOr<bool> Checkpointer::SaveDeferred(int64_t step, const TrainingEngine& engine) {
   Drain();
-  if (deferred_from_ == 0) return false;
-  spdlog::info("job {} rank {}: checkpoint due at step {} taken at the end, step {}",
-               who_.job_id, who_.rank, deferred_from_, step);
-  deferred_from_ = 0;
-  WEFT_RETURN_IF_ERROR(Save(step, engine).status());
-  Drain();
-  return true;
+  const bool deferred = deferred_from_ != 0;
+  if (deferred) {
+    spdlog::info("job {} rank {}: checkpoint due at step {} taken at the end, step {}",
+                 who_.job_id, who_.rank, deferred_from_, step);
+    deferred_from_ = 0;
+    WEFT_RETURN_IF_ERROR(Save(step, engine).status());
+    Drain();
+  }
+  if (spec_.checkpoint().interval_steps() > 0) {
+    // Every rank, writer or not: each takes part in the collectives that follow.
+    std::vector<std::string> keys;
+    for (int32_t r = 0; r < who_.world_size; ++r) keys.push_back(EndKey(r));
+    WEFT_RETURN_IF_ERROR(store_->Set(keys[who_.rank], "drained"));
+    WEFT_RETURN_IF_ERROR(store_->Wait(keys, absl::Milliseconds(timeouts_.commit_timeout_ms)));
+  }
+  return deferred;
 }
 
 absl::Status Checkpointer::Prepare(const TrainingEngine& engine, size_t host_available_bytes) {

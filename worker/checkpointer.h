@@ -106,9 +106,13 @@ class Checkpointer {
   // local otherwise.
   absl::StatusOr<bool> ShouldSave(int64_t completed_steps, comm::Communicator* comm);
 
-  // At the end of training, after every rank's upload ended: takes the save ShouldSave
-  // deferred, if any (as `step`), and waits for its upload; returns whether it saved. Every
-  // rank agrees (ShouldSave decides collectively), so every rank calls it alike.
+  // At the end of training: waits for this rank's upload in flight, takes the save
+  // ShouldSave deferred, if any (as `step`), and waits for its upload; returns whether it
+  // saved. Every rank agrees (ShouldSave decides collectively), so every rank calls it alike.
+  // When saves are on it returns only once every rank has got this far (a wait in the store,
+  // at most commit_timeout_ms): ranks finish their uploads at different times, rank 0 last
+  // (it commits), and a rank that went on to the collectives after training would wait there
+  // for the others under the collectives' much shorter timeout.
   absl::StatusOr<bool> SaveDeferred(int64_t step, const TrainingEngine& engine);
 
   // When saves are on: allocates (and faults in) the host buffers saves copy into, from a first

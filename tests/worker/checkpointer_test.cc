@@ -9,6 +9,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/tcp_proxy.h"
 #include "tests/worker/snapshot_reader.h"
 #include "worker/comm/communicator.h"
 #include "worker/zero_cpu.h"
@@ -248,15 +250,87 @@ TEST_F(CheckpointerTest, ADueSaveIsDeferredWhileAnUploadIsInFlight) {
   EXPECT_FALSE(should(7));  // nothing due or deferred any more
   EXPECT_TRUE(should(8));
 
-  // Training ends with a save deferred: the end takes it (after the upload in flight).
+  // Training ends with a save deferred: the end takes it (after the upload in flight). Rank
+  // 1, which never uploads here, reaches the end too: SaveDeferred waits for every rank.
   ASSERT_TRUE(checkpointer.Save(8, **cpu).ok());
   EXPECT_FALSE(should(10));
+  // Its wait for rank 0 outlasts rank 0's commit timeout (above), which the end runs into.
+  Checkpointer rank1(&client, &store_, spec, CheckpointRank{"ckpt", 1, 1, 2});
+  std::future<absl::StatusOr<bool>> rank1_end =
+      std::async(std::launch::async, [&] { return rank1.SaveDeferred(11, **cpu); });
   const absl::StatusOr<bool> at_end = checkpointer.SaveDeferred(11, **cpu);
   ASSERT_TRUE(at_end.ok()) << at_end.status();
   EXPECT_TRUE(*at_end);
   const absl::StatusOr<bool> again = checkpointer.SaveDeferred(11, **cpu);
   ASSERT_TRUE(again.ok());
   EXPECT_FALSE(*again);  // nothing deferred any more
+  const absl::StatusOr<bool> rank1_saved = rank1_end.get();
+  ASSERT_TRUE(rank1_saved.ok()) << rank1_saved.status();
+  EXPECT_FALSE(*rank1_saved);
+}
+
+// The end of training on 3 ranks, rank 1's upload slow (its connection to checkpointd held):
+// rank 2, whose upload ended long before, does not return from SaveDeferred (and go on to the
+// collectives after training, whose timeout is short) until rank 1's upload and rank 0's
+// commit have ended too.
+TEST_F(CheckpointerTest, TheEndOfTrainingWaitsForEveryRanksUpload) {
+  const weft::v1::JobSpec spec = TinySpec();
+  // Three ranks of one engine over Gloo, so that each saves its own shard and rank 0 commits.
+  MemoryStore gloo_store;
+  std::vector<std::unique_ptr<comm::Communicator>> comms(3);
+  std::vector<std::unique_ptr<ZeroCpuEngine>> engines(3);
+  std::vector<absl::Status> created(3);
+  {
+    std::vector<std::thread> threads;
+    for (int32_t r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        auto comm = comm::CreateGlooCommunicator(&gloo_store, r, 3, {});
+        if (!comm.ok()) {
+          created[r] = comm.status();
+          return;
+        }
+        comms[r] = std::move(*comm);
+        auto engine = ZeroCpuEngine::Create(spec, comms[r].get());
+        if (!engine.ok()) {
+          created[r] = engine.status();
+          return;
+        }
+        engines[r] = std::move(*engine);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  for (const absl::Status& s : created) ASSERT_TRUE(s.ok()) << s;
+  auto proxy = testing::TcpProxy::Start(daemon_->port());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  CheckpointClient direct(daemon_->address());
+  // It waits for its held connection rather than failing the write.
+  CheckpointClient held((*proxy)->address(), absl::Seconds(60), absl::Seconds(60));
+  (*proxy)->HoldNewConnections(true);
+  std::vector<std::unique_ptr<Checkpointer>> ranks;
+  for (int32_t r = 0; r < 3; ++r) {
+    ranks.push_back(std::make_unique<Checkpointer>(r == 1 ? &held : &direct, &store_, spec,
+                                                   CheckpointRank{"ckpt", 1, r, 3}));
+    ASSERT_TRUE(ranks.back()->Save(4, *engines[r]).ok());
+  }
+  std::vector<std::future<absl::StatusOr<bool>>> ends;
+  for (int32_t r = 0; r < 3; ++r) {
+    ends.push_back(std::async(std::launch::async,
+                              [&, r] { return ranks[r]->SaveDeferred(4, *engines[r]); }));
+  }
+  EXPECT_EQ(ends[2].wait_for(std::chrono::milliseconds(500)), std::future_status::timeout)
+      << "rank 2 left the end while rank 1 was still uploading";
+  (*proxy)->HoldNewConnections(false);
+  for (int32_t r = 0; r < 3; ++r) {
+    ASSERT_EQ(ends[r].wait_for(std::chrono::seconds(30)), std::future_status::ready) << r;
+    const absl::StatusOr<bool> saved = ends[r].get();
+    ASSERT_TRUE(saved.ok()) << r << ": " << saved.status();
+    EXPECT_FALSE(*saved);  // nothing was deferred
+    EXPECT_FALSE(ranks[r]->TakeFailed().has_value()) << r;
+  }
+  const std::optional<Checkpointer::Committed> committed = ranks[0]->TakeCommitted();
+  ASSERT_TRUE(committed.has_value());
+  EXPECT_EQ(committed->step, 4);
 }
 
 // Rank 1 of 2 cannot reach checkpointd. Its failure reaches rank 0 through the store, so rank
