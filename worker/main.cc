@@ -186,7 +186,8 @@ void AddTimeoutFlags(CLI::App& app, Flags& f) {
                    "how long a rank waits for rank 0 to list the checkpoints to restore",
                    24 * kHourMs);
   AddTimeoutMsFlag(app, "--checkpoint-commit-timeout-ms", f.checkpoint_timeouts.commit_timeout_ms,
-                   "how long rank 0 waits for every rank's shard before giving a checkpoint up",
+                   "how long rank 0 waits for every rank's shard before giving a checkpoint "
+                   "up, and every rank at the end of training for every rank's last upload",
                    24 * kHourMs);
   // Test-only (tests/worker/slow_teardown_e2e_test.cc): stands for a run whose teardown is
   // slow, such as an upload finishing. Hidden from --help.
