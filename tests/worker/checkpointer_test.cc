@@ -2,15 +2,16 @@
 // the previous save's host buffers (no new allocation), and what each checkpoint holds is the
 // state at its own step, the earlier one intact after its buffers were reused; a failed copy
 // keeps the buffers; a due save never waits for an upload in flight (it is deferred); a shard
-// that cannot be stored ends rank 0's wait for it at once.
+// that cannot be stored ends rank 0's wait for it at once; the end of training waits for every
+// rank's upload.
 #include "worker/checkpointer.h"
 
 #include <chrono>
 #include <future>
 #include <memory>
 #include <optional>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/job_spec.h"
