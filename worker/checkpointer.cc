@@ -3,12 +3,12 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "common/job_spec.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -23,10 +23,9 @@ std::string DoneKey(int64_t step, int32_t rank) {
 // Set by a rank once its last upload has ended (SaveDeferred).
 std::string EndKey(int32_t rank) { return absl::StrCat("ckpt/end/rank/", rank); }
 
-// A rank's DoneKey holds kStored once its shard is in checkpointd, or kNotStored and the
-// reason when its write failed.
-constexpr char kStored[] = "stored";
-constexpr char kNotStored[] = "not stored: ";
+// Set, with the rank and its reason, by a rank whose shard write failed, before its DoneKey:
+// rank 0 reads this one key instead of every rank's.
+std::string NotStoredKey(int64_t step) { return absl::StrCat("ckpt/", step, "/not_stored"); }
 
 double MsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -336,7 +335,10 @@ absl::Status Checkpointer::Send(const Upload& upload) {
     // commit_timeout_ms for this rank: meanwhile its upload would stay in flight, deferring
     // every later save, and the end of training would wait for it while the other ranks sat
     // in their next collective until it timed out. Best effort: unsaid, the timeout remains.
-    (void)store_->Set(DoneKey(step, rank), absl::StrCat(kNotStored, written.status().message()));
+    (void)store_->Set(NotStoredKey(step),
+                      absl::StrCat("rank ", rank, " did not store its shard (",
+                                   written.status().message(), ")"));
+    (void)store_->Set(DoneKey(step, rank), "not stored");
     return written.status();
   }
   const int64_t bytes = *written;
@@ -346,20 +348,18 @@ absl::Status Checkpointer::Send(const Upload& upload) {
   spdlog::info("job {} rank {}: checkpoint at step {}: uploaded {} bytes in {:.1f} ms "
                "({:.3f} GB/s)",
                who_.job_id, rank, step, bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0);
-  WEFT_RETURN_IF_ERROR(store_->Set(DoneKey(step, rank), kStored));
+  WEFT_RETURN_IF_ERROR(store_->Set(DoneKey(step, rank), "stored"));
   if (rank != 0) return absl::OkStatus();
 
   std::vector<std::string> keys;
   for (int32_t r = 0; r < world; ++r) keys.push_back(DoneKey(step, r));
   WEFT_RETURN_IF_ERROR(store_->Wait(keys, absl::Milliseconds(timeouts_.commit_timeout_ms)));
-  for (int32_t r = 1; r < world; ++r) {
-    WEFT_ASSIGN_OR_RETURN(const std::string done, store_->Get(keys[r]));
-    if (done != kStored) {
-      return absl::AbortedError(absl::StrCat("rank ", r, " did not store its shard (",
-                                             absl::StripPrefix(done, kNotStored),
-                                             "): the checkpoint is not committed"));
-    }
+  // A failed rank set the not-stored key before its DoneKey, so the wait has made it visible.
+  const absl::StatusOr<std::string> not_stored = store_->Get(NotStoredKey(step));
+  if (not_stored.ok()) {
+    return absl::AbortedError(absl::StrCat(*not_stored, ": the checkpoint is not committed"));
   }
+  if (!absl::IsNotFound(not_stored.status())) return not_stored.status();
   return client_->Commit(
       CheckpointManifestFor(who_.job_id, step, upload.optimizer_steps, world, spec_, state));
 }
