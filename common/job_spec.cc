@@ -519,4 +519,42 @@ int64_t CheckpointRankBytes(const weft::v1::ModelSpec& model, int world) {
   return 12 * ((ModelParameterCount(model) + w - 1) / w);
 }
 
+std::string ModelDifference(const weft::v1::ModelSpec& here, const weft::v1::ModelSpec& there,
+                            std::string_view here_name, std::string_view there_name) {
+  // The fields that shape the parameters; rope_theta, rope_scaling and rms_norm_eps change
+  // only what the same tensors compute (a long-context continuation changes rope_theta on
+  // purpose), and context_length shapes only GPT-2's position embedding.
+  const bool gpt2 = here.architecture() == weft::v1::GPT2 ||
+                    here.architecture() == weft::v1::ARCHITECTURE_UNSPECIFIED;
+  const std::vector<std::pair<const char*, std::pair<int64_t, int64_t>>> fields = {
+      {"architecture",
+       {here.architecture() == weft::v1::ARCHITECTURE_UNSPECIFIED ? weft::v1::GPT2
+                                                                  : here.architecture(),
+        there.architecture() == weft::v1::ARCHITECTURE_UNSPECIFIED ? weft::v1::GPT2
+                                                                   : there.architecture()}},
+      {"num_layers", {here.num_layers(), there.num_layers()}},
+      {"hidden_size", {here.hidden_size(), there.hidden_size()}},
+      {"num_heads", {here.num_heads(), there.num_heads()}},
+      {"num_kv_heads", {here.num_kv_heads(), there.num_kv_heads()}},
+      {"intermediate_size", {here.intermediate_size(), there.intermediate_size()}},
+      {"padded_vocab_size", {here.padded_vocab_size(), there.padded_vocab_size()}},
+      {"tie_word_embeddings", {here.tie_word_embeddings(), there.tie_word_embeddings()}},
+      {"context_length",
+       {gpt2 ? here.context_length() : 0, gpt2 ? there.context_length() : 0}},
+  };
+  for (const auto& [name, values] : fields) {
+    if (values.first == values.second) continue;
+    auto text = [name = std::string_view(name)](int64_t v) {
+      if (name == "architecture") {
+        return weft::v1::Architecture_Name(static_cast<weft::v1::Architecture>(v));
+      }
+      if (name == "tie_word_embeddings") return std::string(v ? "true" : "false");
+      return absl::StrCat(v);
+    };
+    return absl::StrCat("model.", name, ": ", text(values.first), " ", std::string(here_name),
+                        ", ", text(values.second), " ", std::string(there_name));
+  }
+  return "";
+}
+
 }  // namespace weft

@@ -39,6 +39,12 @@ absl::StatusOr<weft::v1::JobSpec> NormalizeJobSpec(weft::v1::JobSpec spec);
 // head); engine::ModelArch::ParameterCount agrees (tests/worker/engine/model_arch_test.cc).
 int64_t ModelParameterCount(const weft::v1::ModelSpec& model);
 
+// The first field in which two normalized models differ, as "model.hidden_size: 256 here,
+// 128 there" (`here` and `there` name the two sides); empty when they are the same model. A
+// checkpoint of one restores into the other only when this is empty.
+std::string ModelDifference(const weft::v1::ModelSpec& here, const weft::v1::ModelSpec& there,
+                            std::string_view here_name, std::string_view there_name);
+
 // Bytes one rank of `world` writes per checkpoint: the fp32 params, AdamW m and v of its
 // shard, 12 * ceil(parameters / world) (exact at world 1; within 12 bytes a unit otherwise,
 // since each unit is split separately). world < 1 counts as 1.

@@ -166,6 +166,16 @@ Generation::PeerInfo Coordinator::PeerInfoLocked() {
 
 void Coordinator::CompleteRendezvousLocked(JobRecord& rec, Actions& actions) {
   Generation& gen = *rec.generation;
+  std::vector<MemberView> members;
+  for (const std::string& id : gen.members()) {
+    const weft::v1::WorkerInfo* info = workers_.Info(id);
+    members.push_back({id, info ? info->version() : "", info ? info->checkpointd() : "",
+                       gen.DataError(id)});
+  }
+  if (MemberCheck check = CheckMembers(members, rec.job.spec().checkpoint().interval_steps() > 0);
+      !check.refused.empty() || !check.job_error.empty()) {
+    return RefuseMembersLocked(rec, check, actions);
+  }
   const absl::Duration took = gen.CompleteRendezvous(Now(), PeerInfoLocked(), actions);
   metrics_.ObserveRendezvous(took);
   spdlog::info("job {}: generation {} rendezvous complete: {} ranks in {}", rec.id(),
@@ -209,6 +219,49 @@ void Coordinator::FailGenerationLocked(JobRecord& rec, const std::string& cause,
   jobs_.Commit(rec, actions);
 }
 
+void Coordinator::RefuseMembersLocked(JobRecord& rec, const MemberCheck& check,
+                                      Actions& actions) {
+  metrics_.CountFailure("member_refused");
+  if (!check.job_error.empty()) {
+    return FailGenerationLocked(rec, check.job_error, /*permanent=*/true,
+                                weft::v1::MEMBER_REFUSED, actions);
+  }
+  std::vector<std::string> parts;
+  for (const RefusedMember& m : check.refused) {
+    const WorkerRecord* w = workers_.Find(m.worker_id);
+    rec.refused_members[m.worker_id] = {w ? w->status.incarnation() : 0, m.reason};
+    parts.push_back(absl::StrCat(m.worker_id, " ", m.reason));
+  }
+  const std::string cause = absl::StrCat(
+      "generation ", rec.generation->number(), " refused at its rendezvous: ",
+      absl::StrJoin(parts, "; "), " (no restart spent; the job is placed again without ",
+      check.refused.size() == 1 ? "it" : "them", " until re-registered)");
+  spdlog::warn("job {}: {}", rec.id(), cause);
+  rec.last_rank_error.clear();
+  rec.last_rank_error_worker.clear();
+  jobs_.AddEvent(rec, weft::v1::MEMBER_REFUSED, cause);
+  EndGenerationLocked(rec, cause, /*completed=*/false, actions);
+  jobs_.SetState(rec, weft::v1::RECOVERING, "placing the job again without refused members");
+  jobs_.Commit(rec, actions);
+  ScheduleLocked(actions);
+}
+
+WaitingJobView Coordinator::WaitingViewLocked(const JobRecord& rec) {
+  const auto& r = rec.job.spec().resources();
+  const auto& sharding = rec.job.spec().sharding();
+  WaitingJobView view{rec.id(), r.device_kind(), r.min_workers(), r.max_workers(),
+                      sharding.scope() == weft::v1::ShardingSpec::GROUP ? sharding.group_size()
+                                                                        : 1};
+  for (const auto& [id, refused] : rec.refused_members) {
+    const WorkerRecord* w = workers_.Find(id);
+    // A worker that re-registered since (restarted, perhaps fixed) is given another chance.
+    if (w != nullptr && w->status.incarnation() == refused.first) {
+      view.excluded.emplace_back(id, refused.second);
+    }
+  }
+  return view;
+}
+
 void Coordinator::BlameWorkerLocked(const std::string& worker_id, JobRecord& rec,
                                     const std::string& cause) {
   if (std::optional<std::string> why = workers_.Blame(worker_id, cause)) {
@@ -223,10 +276,7 @@ void Coordinator::ScheduleLocked(Actions& actions) {
   std::vector<WaitingJobView> jobs;
   absl::flat_hash_map<std::string, JobRecord*> by_id;
   for (JobRecord* rec : waiting) {
-    const auto& r = rec->job.spec().resources();
-    const auto& sharding = rec->job.spec().sharding();
-    jobs.push_back({rec->id(), r.device_kind(), r.min_workers(), r.max_workers(),
-                    sharding.scope() == weft::v1::ShardingSpec::GROUP ? sharding.group_size() : 1});
+    jobs.push_back(WaitingViewLocked(*rec));
     by_id[rec->id()] = rec;
   }
   // Counts first: most calls (one per registration while a large job gathers its workers)
@@ -264,6 +314,24 @@ void Coordinator::UpdateGaugesLocked() {
 
 // ---- jobs ----------------------------------------------------------------------------------
 
+std::string Coordinator::ResumeProblemLocked(const weft::v1::JobSpec& spec) {
+  const std::string& from = spec.resume_from_job();
+  if (from.empty()) return "";
+  auto other = jobs_.Find(from);
+  if (!other.ok()) return absl::StrCat("no job \"", from, "\"");
+  const weft::v1::Job& job = (*other)->job;
+  if (job.status().checkpoint_step() == 0) {
+    return absl::StrCat("job ", from, " (", JobState_Name(job.status().state()),
+                        ") has committed no checkpoint: nothing to resume from");
+  }
+  if (std::string diff = ModelDifference(spec.model(), job.spec().model(), "here",
+                                         absl::StrCat("in job ", from));
+      !diff.empty()) {
+    return absl::StrCat("job ", from, "'s checkpoints are of another model: ", diff);
+  }
+  return "";
+}
+
 absl::StatusOr<weft::v1::SubmitJobResponse> Coordinator::SubmitJob(
     const weft::v1::JobSpec& raw_spec) {
   auto spec = NormalizeJobSpec(raw_spec);
@@ -271,10 +339,9 @@ absl::StatusOr<weft::v1::SubmitJobResponse> Coordinator::SubmitJob(
   Actions actions;
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return Refusal();
-  if (!spec->resume_from_job().empty() && !jobs_.Contains(spec->resume_from_job())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "invalid job spec (1 problem):\nresume_from_job: no job \"", spec->resume_from_job(),
-        "\""));
+  if (std::string problem = ResumeProblemLocked(*spec); !problem.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid job spec (1 problem):\nresume_from_job: ", problem));
   }
   auto rec = jobs_.Create(*spec);
   if (!rec.ok()) return rec.status();
@@ -470,7 +537,7 @@ void Coordinator::Join(const weft::v1::JoinRequest& request, absl::Time deadline
     return fail(absl::FailedPreconditionError(absl::StrCat(
         "worker ", request.worker_id(), " incarnation ", request.incarnation(), " is stale")));
   }
-  const bool all_joined = gen->MarkJoined(request.worker_id());
+  const bool all_joined = gen->MarkJoined(request.worker_id(), request.data_error());
   if (gen->rendezvous_complete()) {
     actions.Add([done, response = gen->ResponseFor(rank, request.include_peers(),
                                                    PeerInfoLocked())] { done(response); });
@@ -517,6 +584,7 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
     if (!request.memory_plan().empty() && rank0) {
       jobs_.AddEvent(rec, weft::v1::MEMORY_PLANNED, request.memory_plan());
     }
+    if (request.has_start() && rank0) RecordStartLocked(rec, request.start(), actions);
     if (request.checkpoint_step() > 0 && rank0 &&
         request.checkpoint_step() > rec.job.status().checkpoint_step()) {
       RecordCheckpointLocked(rec, request, actions);
@@ -554,6 +622,21 @@ void Coordinator::RankErrorLocked(JobRecord& rec, const weft::v1::ReportProgress
   FailGenerationLocked(rec, cause, permanent, weft::v1::RANK_ERROR, actions);
   // A deterministic failure says nothing about the worker it happened on.
   if (!permanent) BlameWorkerLocked(request.worker_id(), rec, request.error());
+}
+
+void Coordinator::RecordStartLocked(JobRecord& rec, const weft::v1::GenerationStart& start,
+                                    Actions& actions) {
+  const int32_t world = rec.generation ? rec.generation->world_size() : 0;
+  if (start.restored_step() > 0) {
+    jobs_.AddEvent(rec, weft::v1::CHECKPOINT_RESTORED,
+                   absl::StrCat("restored step ", start.restored_step(), " from job ",
+                                start.restored_job(), " (world ", start.restored_world_size(),
+                                " -> ", world, ")"));
+  } else {
+    jobs_.AddEvent(rec, weft::v1::STARTED_FRESH,
+                   absl::StrCat("started fresh at step 0 from ", start.fresh_from()));
+  }
+  jobs_.Commit(rec, actions);
 }
 
 void Coordinator::RecordStepLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request) {

@@ -182,8 +182,17 @@ class Coordinator {
   // quarantined and `rec` gets a WORKER_QUARANTINED event.
   void BlameWorkerLocked(const std::string& worker_id, JobRecord& rec, const std::string& cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every member joined: checks them (CheckMembers), then either answers their joins or
+  // refuses the generation (RefuseMembersLocked).
   void CompleteRendezvousLocked(JobRecord& rec, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a generation whose members cannot train together, without spending a restart: the
+  // refused members are left out of the job's placements until they re-register, and the
+  // job is placed again (or fails, for a `check.job_error`).
+  void RefuseMembersLocked(JobRecord& rec, const MemberCheck& check, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's view for Schedule, its refused members among them.
+  WaitingJobView WaitingViewLocked(const JobRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member heartbeating without a job whose JoinJob was lost gets it again (LostAssignment).
   void ResendLostAssignmentLocked(WorkerRecord& worker, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -193,6 +202,13 @@ class Coordinator {
                        Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordStepLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rank 0's word on where the generation's state came from: a CHECKPOINT_RESTORED or
+  // STARTED_FRESH event.
+  void RecordStartLocked(JobRecord& rec, const weft::v1::GenerationStart& start,
+                         Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why spec.resume_from_job cannot be resumed from (no such job, no committed checkpoint,
+  // another model shape), empty when it can or is unset.
+  std::string ResumeProblemLocked(const weft::v1::JobSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordCheckpointLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request,
                               Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishJobLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request,

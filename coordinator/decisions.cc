@@ -48,6 +48,29 @@ void SortInPlacementOrder(std::vector<IdleWorkerView>* workers) {
 
 namespace {
 
+std::string QueuedBehind(const std::string& job_id) {
+  return absl::StrCat("queued behind job ", job_id, " (first come, first served)");
+}
+
+// Why `job` waits for workers: `usable` of its kind are idle and free for it; `excluded` more
+// were refused by it and `shared_gpu` more drive a GPU another candidate drives.
+std::string TooFewReason(const WaitingJobView& job, size_t usable, size_t excluded,
+                         size_t shared_gpu) {
+  std::string reason = absl::StrCat("needs ", job.min_workers, " idle ", KindName(job.device_kind),
+                                    " worker", job.min_workers == 1 ? "" : "s", ", ",
+                                    usable + excluded + shared_gpu, " idle");
+  if (shared_gpu > 0) {
+    absl::StrAppend(&reason, ", ", shared_gpu, " of them sharing a GPU with another");
+  }
+  if (excluded > 0) {
+    std::vector<std::string> why;
+    for (const auto& [id, r] : job.excluded) why.push_back(absl::StrCat(id, ": ", r));
+    absl::StrAppend(&reason, ", ", excluded, " of them refused by this job (",
+                    absl::StrJoin(why, "; "), ")");
+  }
+  return reason;
+}
+
 // Schedule's first phase, by counts of idle workers alone: which jobs wait (and why), and how
 // many workers each job that can be placed takes.
 struct CountPlan {
@@ -64,14 +87,11 @@ CountPlan PlanByCounts(const std::vector<WaitingJobView>& jobs, IdleCounts avail
     size_t& count = available[job.device_kind];
     if (auto it = blocked_by.find(job.device_kind); it != blocked_by.end()) {
       plan.waiting.emplace_back(
-          job.job_id, absl::StrCat("queued behind job ", it->second, " (first come, first served)"));
+          job.job_id, QueuedBehind(it->second));
       continue;
     }
     if (count < static_cast<size_t>(std::max(job.min_workers, 0))) {
-      plan.waiting.emplace_back(
-          job.job_id, absl::StrCat("needs ", job.min_workers, " idle ", KindName(job.device_kind),
-                                   " worker", job.min_workers == 1 ? "" : "s", ", ", count,
-                                   " idle"));
+      plan.waiting.emplace_back(job.job_id, TooFewReason(job, count, 0, 0));
       blocked_by[job.device_kind] = job.job_id;
       continue;
     }
@@ -94,46 +114,110 @@ std::optional<ScheduleDecision> WaitingByCounts(const std::vector<WaitingJobView
   return decision;
 }
 
+namespace {
+
+// The workers `job` may take from `pool` (placement order), skipping those already taken
+// (`used`), those excluded from the job and those whose GPU an earlier candidate drives;
+// counts what it skipped for the waiting reason.
+struct Candidates {
+  std::vector<size_t> indices;  // into the pool, placement order
+  size_t excluded = 0;
+  size_t shared_gpu = 0;
+};
+
+Candidates CandidatesFor(const WaitingJobView& job, const std::vector<IdleWorkerView>& pool,
+                         const std::vector<bool>& used) {
+  Candidates c;
+  absl::flat_hash_set<std::string_view> excluded;
+  for (const auto& [id, why] : job.excluded) excluded.insert(id);
+  absl::flat_hash_set<std::string_view> gpus;
+  for (size_t i = 0; i < pool.size(); ++i) {
+    if (used[i]) continue;
+    const IdleWorkerView& w = pool[i];
+    if (excluded.contains(w.worker_id)) {
+      ++c.excluded;
+    } else if (!w.gpu_uuid.empty() && !gpus.insert(w.gpu_uuid).second) {
+      ++c.shared_gpu;
+    } else {
+      c.indices.push_back(i);
+    }
+  }
+  return c;
+}
+
+std::string PlacedReason(const WaitingJobView& job, size_t take, size_t hosts) {
+  return absl::StrCat(take, " idle ", KindName(job.device_kind), " worker", take == 1 ? "" : "s",
+                      " on ", hosts, " host", hosts == 1 ? "" : "s", " (min ", job.min_workers,
+                      ", max ", job.max_workers,
+                      job.world_multiple > 1
+                          ? absl::StrCat(", a multiple of the group size ", job.world_multiple)
+                          : "",
+                      ")");
+}
+
+}  // namespace
+
 ScheduleDecision Schedule(const std::vector<WaitingJobView>& jobs,
                           const std::vector<IdleWorkerView>& idle_workers) {
   ScheduleDecision decision;
-  // First decide by counts alone; only the kinds that place a job pay for sorting workers.
+  // First decide by counts alone; only the kinds that may place a job pay for sorting workers.
   IdleCounts available;
   for (const auto& w : idle_workers) ++available[w.device_kind];
   CountPlan plan = PlanByCounts(jobs, std::move(available));
-  decision.waiting = std::move(plan.waiting);
-  const auto& placed = plan.placed;
-  if (placed.empty()) return decision;
+  if (plan.placed.empty()) {
+    decision.waiting = std::move(plan.waiting);
+    return decision;
+  }
 
+  // Counts overstate what a job can take when workers share a GPU or were refused by it, so
+  // the placing pass goes over the jobs again, in queue order, with the workers themselves.
   std::map<weft::v1::DeviceKind, std::vector<IdleWorkerView>> pool;
-  for (const auto& [job, take] : placed) pool[job->device_kind];
+  for (const auto& [job, take] : plan.placed) pool[job->device_kind];
   for (const auto& w : idle_workers) {
     if (auto it = pool.find(w.device_kind); it != pool.end()) it->second.push_back(w);
   }
-  for (auto& [kind, workers] : pool) SortInPlacementOrder(&workers);
-  absl::flat_hash_map<weft::v1::DeviceKind, size_t> next;  // first unassigned in each pool
-  for (const auto& [job, take] : placed) {
-    const auto& workers = pool[job->device_kind];
-    size_t& first = next[job->device_kind];
-    Placement placement;
-    placement.job_id = job->job_id;
-    std::vector<IdleWorkerView> taken(workers.begin() + first, workers.begin() + first + take);
-    first += take;
+  std::map<weft::v1::DeviceKind, std::vector<bool>> used;
+  for (auto& [kind, workers] : pool) {
+    SortInPlacementOrder(&workers);
+    used[kind].assign(workers.size(), false);
+  }
+  absl::flat_hash_map<std::string_view, std::string_view> counted_wait;
+  for (const auto& [id, reason] : plan.waiting) counted_wait[id] = reason;
+  absl::flat_hash_map<weft::v1::DeviceKind, std::string> blocked_by;
+  for (const auto& job : jobs) {
+    auto p = pool.find(job.device_kind);
+    if (p == pool.end()) {  // no job of this kind could be placed even by counts
+      decision.waiting.emplace_back(job.job_id, std::string(counted_wait[job.job_id]));
+      continue;
+    }
+    if (auto it = blocked_by.find(job.device_kind); it != blocked_by.end()) {
+      decision.waiting.emplace_back(
+          job.job_id, QueuedBehind(it->second));
+      continue;
+    }
+    const Candidates c = CandidatesFor(job, p->second, used[job.device_kind]);
+    if (c.indices.size() < static_cast<size_t>(std::max(job.min_workers, 0))) {
+      decision.waiting.emplace_back(
+          job.job_id, TooFewReason(job, c.indices.size(), c.excluded, c.shared_gpu));
+      blocked_by[job.device_kind] = job.job_id;
+      continue;
+    }
+    size_t take = std::min<size_t>(c.indices.size(), std::max(job.max_workers, job.min_workers));
+    take -= take % static_cast<size_t>(std::max(job.world_multiple, 1));
+    std::vector<IdleWorkerView> taken;
+    for (size_t k = 0; k < take; ++k) {
+      used[job.device_kind][c.indices[k]] = true;
+      taken.push_back(p->second[c.indices[k]]);
+    }
     SortInRankOrder(&taken);
+    Placement placement;
+    placement.job_id = job.job_id;
     absl::flat_hash_set<std::string_view> hosts;
     for (const auto& w : taken) {
       placement.worker_ids.emplace_back(w.worker_id);
       hosts.insert(w.host_id);
     }
-    placement.reason = absl::StrCat(take, " idle ", KindName(job->device_kind), " worker",
-                                    take == 1 ? "" : "s", " on ", hosts.size(), " host",
-                                    hosts.size() == 1 ? "" : "s", " (min ", job->min_workers,
-                                    ", max ", job->max_workers,
-                                    job->world_multiple > 1
-                                        ? absl::StrCat(", a multiple of the group size ",
-                                                       job->world_multiple)
-                                        : "",
-                                    ")");
+    placement.reason = PlacedReason(job, take, hosts.size());
     decision.placements.push_back(std::move(placement));
   }
   return decision;
@@ -287,6 +371,60 @@ std::optional<std::string> LostAssignment(const AssignmentView& view) {
                       "job ", view.job_id, " generation ", view.generation,
                       " and has not joined: the answer that carried its JoinJob was lost; "
                       "sending it again");
+}
+
+MemberCheck CheckMembers(const std::vector<MemberView>& members, bool checkpoints) {
+  MemberCheck check;
+  if (members.empty()) return check;
+  absl::flat_hash_map<std::string, std::string> refused;  // worker -> reasons so far
+  auto refuse = [&refused](const std::string& worker, const std::string& why) {
+    std::string& r = refused[worker];
+    absl::StrAppend(&r, r.empty() ? "" : "; ", why);
+  };
+
+  size_t unreadable = 0;
+  for (const auto& m : members) unreadable += !m.data_error.empty();
+  if (unreadable == members.size()) {
+    check.job_error = absl::StrCat("no member can read the job's data: ", members[0].data_error);
+    return check;
+  }
+  for (const auto& m : members) {
+    if (!m.data_error.empty()) refuse(m.worker_id, absl::StrCat("cannot read its data (", m.data_error, ") while its peers can"));
+  }
+
+  // The most common release; ties go to the lowest rank's.
+  absl::flat_hash_map<std::string, size_t> releases;
+  for (const auto& m : members) ++releases[m.version];
+  const std::string* common = &members[0].version;
+  for (const auto& m : members) {
+    if (releases[m.version] > releases[*common]) common = &m.version;
+  }
+  for (const auto& m : members) {
+    if (m.version != *common) {
+      refuse(m.worker_id, absl::StrCat("runs weft-worker ", m.version.empty() ? "(unknown)" : m.version,
+                                       " while its peers run ", *common));
+    }
+  }
+
+  if (checkpoints) {
+    const auto with = std::find_if(members.begin(), members.end(),
+                                   [](const MemberView& m) { return !m.checkpointd.empty(); });
+    if (with != members.end()) {
+      for (const auto& m : members) {
+        if (m.checkpointd.empty()) {
+          refuse(m.worker_id, absl::StrCat("has no checkpointd (--checkpointd or WEFT_CHECKPOINTD) "
+                                           "while ", with->worker_id, " saves to ", with->checkpointd,
+                                           " and the job checkpoints"));
+        }
+      }
+    }
+  }
+  for (const auto& m : members) {
+    if (auto it = refused.find(m.worker_id); it != refused.end()) {
+      check.refused.push_back({m.worker_id, it->second});
+    }
+  }
+  return check;
 }
 
 bool JobHasEnded(weft::v1::JobState state) {

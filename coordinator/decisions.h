@@ -28,6 +28,9 @@ struct IdleWorkerView {
   std::string_view host_id;
   int32_t device_index = 0;
   weft::v1::DeviceKind device_kind = weft::v1::DEVICE_KIND_UNSPECIFIED;
+  // WorkerInfo.gpu_uuid: workers with one non-empty UUID drive one physical GPU, and a
+  // placement takes at most one of them. Empty: a device of its own (CPU workers).
+  std::string_view gpu_uuid;
 };
 
 // A job waiting for a generation (PENDING or RECOVERING), in queue (submission) order.
@@ -39,6 +42,9 @@ struct WaitingJobView {
   // The world must be a multiple of this (hybrid sharding's sharding.group_size, whose
   // validation makes min_workers one too): the workers taken are rounded down to it.
   int32_t world_multiple = 1;
+  // Workers this job must not be placed on (refused at one of its rendezvous and not
+  // re-registered since), with why.
+  std::vector<std::pair<std::string, std::string>> excluded;
 };
 
 struct Placement {
@@ -58,6 +64,8 @@ struct ScheduleDecision {
 // takes up to max_workers idle workers of that kind (rounded down to a multiple of
 // world_multiple) once at least min_workers exist; until it
 // can, later jobs of that kind wait too (so a large gang is never starved by small ones).
+// A job takes at most one worker of a physical GPU (IdleWorkerView.gpu_uuid) and none of its
+// `excluded` workers; the waiting reason counts the idle workers it left aside for either.
 // Workers are taken in placement order (SortInPlacementOrder), so a job spans as few hosts as
 // the idle workers allow, and each placement lists its workers in rank order
 // (SortInRankOrder). O(workers) when nothing can be placed, which is what most calls (one per
@@ -249,6 +257,42 @@ struct AssignmentView {
 // the generation waits out its rendezvous timeout and costs a restart. The reason, for the
 // coordinator's log, when it must.
 std::optional<std::string> LostAssignment(const AssignmentView& view);
+
+// ---- Rendezvous ----------------------------------------------------------------------------
+
+// What a member brings to a generation, from its registration and its Join.
+struct MemberView {
+  std::string worker_id;
+  // WorkerInfo.version, WorkerInfo.checkpointd and JoinRequest.data_error.
+  std::string version;
+  std::string checkpointd;
+  std::string data_error;
+};
+
+struct RefusedMember {
+  std::string worker_id;
+  std::string reason;
+};
+
+struct MemberCheck {
+  // Members that cannot train with their peers, in rank order, each with why.
+  std::vector<RefusedMember> refused;
+  // Set when the job itself cannot train on any placement (every member fails the same way,
+  // e.g. no member can read its data): the job fails with this error.
+  std::string job_error;
+};
+
+// Whether the members of a complete rendezvous (rank order) can train together; the
+// generation is refused at once when not, rather than hanging at the first collective or
+// save that needs the missing piece:
+// - data: a member that cannot read the job's data while a peer can is refused; when none
+//   can, the job's data is wrong (job_error names the path).
+// - release: members whose weft-worker release differs from the most common one (ties: rank
+//   0's) are refused: collectives and checkpoints are only compatible within a release.
+// - checkpointd: when the job checkpoints (`checkpoints`), members without one are refused
+//   while any peer has one: the peers would wait for their shard at every save. When none
+//   has one the job trains without checkpoints (the workers say so), as before.
+MemberCheck CheckMembers(const std::vector<MemberView>& members, bool checkpoints);
 
 // ---- Job lifecycle -------------------------------------------------------------------------
 

@@ -36,6 +36,11 @@ struct JobRecord {
   // only: a coordinator restart forgets them, which at worst costs one more restart.
   std::string last_rank_error;
   std::string last_rank_error_worker;
+  // Workers a rendezvous of this job refused (CheckMembers), by id: the incarnation refused
+  // and why. Such a worker is not placed in this job again until it re-registers (a new
+  // incarnation: restarted, perhaps with its configuration fixed). In memory only: after a
+  // coordinator restart the next rendezvous refuses it again, at no restart's cost.
+  std::map<std::string, std::pair<int64_t, std::string>> refused_members;
 
   const std::string& id() const { return job.status().job_id(); }
   weft::v1::JobState state() const { return job.status().state(); }

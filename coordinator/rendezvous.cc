@@ -27,9 +27,20 @@ int32_t Generation::RankOf(const std::string& worker_id) const {
   return it == rank_of_.end() ? -1 : it->second;
 }
 
-bool Generation::MarkJoined(const std::string& worker_id) {
+bool Generation::MarkJoined(const std::string& worker_id, const std::string& data_error) {
   joined_.insert(worker_id);
+  if (data_error.empty()) {
+    data_errors_.erase(worker_id);
+  } else {
+    data_errors_[worker_id] = data_error;
+  }
   return joined_.size() == members_.size();
+}
+
+const std::string& Generation::DataError(const std::string& worker_id) const {
+  static const std::string* const kNone = new std::string;
+  auto it = data_errors_.find(worker_id);
+  return it == data_errors_.end() ? *kNone : it->second;
 }
 
 std::vector<std::string> Generation::NotJoined() const {

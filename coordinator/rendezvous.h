@@ -42,8 +42,12 @@ class Generation {
   const std::shared_ptr<MemoryStore>& store() const { return store_; }
   absl::Time start_time() const { return start_time_; }
 
-  // The member joined; true once every member has (the caller then completes the rendezvous).
-  bool MarkJoined(const std::string& worker_id);
+  // The member joined, saying why it cannot read the job's data (empty when it can); true
+  // once every member has (the caller then checks them and completes the rendezvous). A
+  // member that joins again replaces its data error.
+  bool MarkJoined(const std::string& worker_id, const std::string& data_error);
+  // What the member said of its data when it joined ("" when it can read it).
+  const std::string& DataError(const std::string& worker_id) const;
   // Whether the member has called Join (once is enough: it stays joined).
   bool HasJoined(const std::string& worker_id) const { return joined_.contains(worker_id); }
   // Members that have not called Join yet, in rank order.
@@ -83,6 +87,7 @@ class Generation {
   std::vector<int32_t> local_rank_;
   std::vector<int32_t> local_world_size_;
   absl::flat_hash_set<std::string> joined_;
+  absl::flat_hash_map<std::string, std::string> data_errors_;  // only members that have one
   std::map<std::string, JoinWaiter> join_waiters_;
   bool rendezvous_complete_ = false;
   absl::Time start_time_;

@@ -338,7 +338,8 @@ void WorkerRegistry::IdleViews(std::vector<IdleWorkerView>* healthy,
     if (w.state() != weft::v1::WORKER_IDLE) continue;
     (w.quarantined_until > now ? quarantined : healthy)
         ->push_back({std::string_view(id), std::string_view(w.status.info().host_id()),
-                     w.status.info().device_index(), w.status.info().device_kind()});
+                     w.status.info().device_index(), w.status.info().device_kind(),
+                     std::string_view(w.status.info().gpu_uuid())});
   }
 }
 

@@ -64,9 +64,27 @@ absl::StatusOr<std::vector<std::string>> Checkpointer::RestoreCandidates() {
       if (job.empty()) continue;
       WEFT_ASSIGN_OR_RETURN(auto manifests, client_->List(job));
       for (const auto& m : manifests) {
-        list.push_back(absl::StrCat(m.job_id(), " ", m.step(), " ", m.optimizer_step()));
+        if (job != who_.job_id) {
+          // Refused before any rank reads a byte: another shape would fail as a range error
+          // deep in a tensor, on every rank.
+          if (std::string diff = ModelDifference(spec_.model(), m.spec().model(), "in this job",
+                                                 absl::StrCat("in ", job, "'s checkpoint at step ", m.step()));
+              !diff.empty()) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "resume_from_job: job ", job, " has a model of another shape: ", diff));
+          }
+        }
+        list.push_back(
+            absl::StrCat(m.job_id(), " ", m.step(), " ", m.optimizer_step(), " ", m.world_size()));
       }
       if (!list.empty()) break;  // a job's own checkpoints win over the one it resumes from
+    }
+    if (list.empty() && !spec_.resume_from_job().empty()) {
+      // Training from step 0 instead would look like success and be nothing the user asked.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "resume_from_job: job ", spec_.resume_from_job(),
+          " has no checkpoint in checkpointd (and this job none of its own): nothing to "
+          "resume from"));
     }
     candidates = absl::StrJoin(list, ",");
     WEFT_RETURN_IF_ERROR(store_->Set(kKey, candidates));
@@ -79,16 +97,17 @@ absl::StatusOr<std::vector<std::string>> Checkpointer::RestoreCandidates() {
   return split;
 }
 
-absl::StatusOr<int64_t> Checkpointer::RestoreLatest(TrainingEngine* engine,
-                                                     comm::Communicator* comm) {
+absl::StatusOr<Checkpointer::Restored> Checkpointer::RestoreLatest(TrainingEngine* engine,
+                                                                   comm::Communicator* comm) {
   const auto start = std::chrono::steady_clock::now();
   WEFT_ASSIGN_OR_RETURN(const std::vector<std::string> candidates, RestoreCandidates());
   std::string failures;
   for (absl::string_view candidate : candidates) {
     std::vector<std::string> parts = absl::StrSplit(candidate, ' ');
     int64_t step = 0, optimizer_steps = 0;
-    if (parts.size() != 3 || !absl::SimpleAtoi(parts[1], &step) ||
-        !absl::SimpleAtoi(parts[2], &optimizer_steps)) {
+    int32_t world = 0;
+    if (parts.size() != 4 || !absl::SimpleAtoi(parts[1], &step) ||
+        !absl::SimpleAtoi(parts[2], &optimizer_steps) || !absl::SimpleAtoi(parts[3], &world)) {
       return absl::InternalError(absl::StrCat("bad restore candidate \"", candidate, "\""));
     }
     const std::string& job = parts[0];
@@ -104,7 +123,7 @@ absl::StatusOr<int64_t> Checkpointer::RestoreLatest(TrainingEngine* engine,
       // bench/checkpoint_scale_bench.sh reads this line.
       spdlog::info("job {} generation {}: restored checkpoint {} step {} in {:.3f} s",
                    who_.job_id, who_.generation, job, step, MsSince(start) / 1000);
-      return step;
+      return Restored{step, job, world};
     }
     spdlog::warn("job {}: checkpoint {} step {} cannot be restored ({}); trying an older one",
                  who_.job_id, job, step,
@@ -115,7 +134,7 @@ absl::StatusOr<int64_t> Checkpointer::RestoreLatest(TrainingEngine* engine,
   if (!failures.empty()) {
     return absl::DataLossError(absl::StrCat("no checkpoint could be restored: ", failures));
   }
-  return 0;
+  return Restored{};
 }
 
 bool Checkpointer::Due(int64_t completed_steps) const {

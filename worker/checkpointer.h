@@ -89,10 +89,17 @@ class Checkpointer {
   ~Checkpointer();
 
   // Restores into `engine` the newest checkpoint every rank can read (this job's, else
-  // resume_from_job's), falling back to older ones; returns its step, 0 when there is none.
-  // DATA_LOSS when there were checkpoints but none could be restored. Collective over `comm`:
+  // resume_from_job's), falling back to older ones; returns which (step 0 when there is
+  // none). DATA_LOSS when there were checkpoints but none could be restored;
+  // FAILED_PRECONDITION, naming spec field resume_from_job, when that job has no checkpoint
+  // or one of another model shape (and this job none of its own). Collective over `comm`:
   // every rank calls it.
-  absl::StatusOr<int64_t> RestoreLatest(TrainingEngine* engine, comm::Communicator* comm);
+  struct Restored {
+    int64_t step = 0;
+    std::string job;     // whose checkpoint: this job or resume_from_job
+    int32_t world_size = 0;  // the world that wrote it
+  };
+  absl::StatusOr<Restored> RestoreLatest(TrainingEngine* engine, comm::Communicator* comm);
 
   // Whether a checkpoint is due once `completed_steps` steps are done.
   bool Due(int64_t completed_steps) const;

@@ -117,9 +117,19 @@ void GenerationRun::Run() {
 
 absl::Status GenerationRun::Train() {
   const weft::v1::JobSpec& spec = command_.spec();
-  WEFT_ASSIGN_OR_RETURN(const ShardingGroups groups, Join());
+  // The data is opened before the rendezvous, and what is wrong with it goes to Join: a
+  // member that cannot read what its peers can is refused there, at no restart's cost.
+  absl::StatusOr<Data> opened = OpenData();
+  WEFT_ASSIGN_OR_RETURN(const ShardingGroups groups,
+                        Join(opened.ok() ? "" : std::string(opened.status().message())));
+  if (!opened.ok()) {
+    // A coordinator that knows of data_error never completes such a rendezvous; an older one
+    // does, and then this is the job's error.
+    ReportError(opened.status(), /*permanent=*/true);
+    return opened.status();
+  }
+  Data data = *std::move(opened);
   const int world = groups.world;
-  WEFT_ASSIGN_OR_RETURN(Data data, OpenData());
   WEFT_ASSIGN_OR_RETURN(const std::unique_ptr<hf::HfImporter> hf_init, OpenHfInit());
   // Collectives rendezvous through the coordinator's store for this generation (under the
   // communicator's own key prefix).
@@ -172,9 +182,10 @@ absl::Status GenerationRun::Train() {
   return Finish(training);
 }
 
-absl::StatusOr<ShardingGroups> GenerationRun::Join() {
+absl::StatusOr<ShardingGroups> GenerationRun::Join(const std::string& data_error) {
   const weft::v1::ShardingSpec& sharding = command_.spec().sharding();
   weft::v1::JoinRequest join;
+  join.set_data_error(data_error);
   join.set_job_id(job_id());
   join.set_generation(generation());
   join.set_worker_id(options_.worker_id);
@@ -215,28 +226,15 @@ absl::StatusOr<GenerationRun::Data> GenerationRun::OpenData() {
                                              spec.training().sequence_length(),
                                              spec.training().grad_accum_steps()};
   Data data;
-  auto train = data::TokenDataset::Open(spec.data(), options, data::Split::kTrain);
-  if (!train.ok()) {
-    ReportError(train.status(), /*permanent=*/true);
-    return train.status();
-  }
-  data.train = std::move(*train);
+  WEFT_ASSIGN_OR_RETURN(data.train,
+                        data::TokenDataset::Open(spec.data(), options, data::Split::kTrain));
   if (spec.training().val_interval_steps() > 0) {
-    auto val = data::TokenDataset::Open(spec.data(), options, data::Split::kVal);
-    if (!val.ok()) {
-      ReportError(val.status(), /*permanent=*/true);
-      return val.status();
-    }
-    data.val = std::move(*val);
+    WEFT_ASSIGN_OR_RETURN(data.val,
+                          data::TokenDataset::Open(spec.data(), options, data::Split::kVal));
   }
   // Read now, though only rank 0 writes it at the end: a missing or changed tokenizer fails the
   // job before it trains, not after.
-  auto tokenizer = LoadJobTokenizer(spec);
-  if (!tokenizer.ok()) {
-    ReportError(tokenizer.status(), /*permanent=*/true);
-    return tokenizer.status();
-  }
-  data.tokenizer = std::move(*tokenizer);
+  WEFT_ASSIGN_OR_RETURN(data.tokenizer, LoadJobTokenizer(spec));
   return data;
 }
 
@@ -274,19 +272,47 @@ absl::StatusOr<std::unique_ptr<hf::HfImporter>> GenerationRun::OpenHfInit() {
 absl::StatusOr<int64_t> GenerationRun::Restore(Checkpointer* checkpointer,
                                                const hf::HfImporter* hf_init,
                                                DeviceBackend* backend) {
-  int64_t step = 0;
+  weft::v1::GenerationStart start;
   if (checkpointer != nullptr) {
     auto restored = checkpointer->RestoreLatest(backend->engine.get(), backend->comm.get());
     if (!restored.ok()) {
-      ReportError(restored.status(), restored.status().code() == absl::StatusCode::kDataLoss);
+      const absl::StatusCode code = restored.status().code();
+      ReportError(restored.status(), code == absl::StatusCode::kDataLoss ||
+                                         code == absl::StatusCode::kFailedPrecondition);
       return restored.status();
     }
-    step = *restored;
+    start.set_restored_step(restored->step);
+    start.set_restored_job(restored->job);
+    start.set_restored_world_size(restored->world_size);
+  } else if (!command_.spec().resume_from_job().empty()) {
+    const absl::Status s = absl::FailedPreconditionError(absl::StrCat(
+        "resume_from_job: this worker has no checkpointd (--checkpointd or WEFT_CHECKPOINTD) "
+        "to read job ", command_.spec().resume_from_job(), "'s checkpoint from"));
+    ReportError(s, /*permanent=*/true);
+    return s;
   }
+  const int64_t step = start.restored_step();
   // A checkpoint of the job's own wins: the Hugging Face weights are only where it starts.
-  if (step > 0 || hf_init == nullptr) return step;
-  WEFT_RETURN_IF_ERROR(ImportHf(*hf_init, backend));
-  return 0;
+  if (step == 0) {
+    std::string why = checkpointer == nullptr ? "no checkpointd"
+                                              : absl::StrCat("no checkpoint of job ", job_id());
+    start.set_fresh_from(hf_init != nullptr
+                             ? absl::StrCat("the Hugging Face weights of ",
+                                            command_.spec().init_from_hf_dir(), " (", why, ")")
+                             : absl::StrCat("seed ", command_.spec().training().seed(), " (",
+                                            why, ")"));
+    if (hf_init != nullptr) WEFT_RETURN_IF_ERROR(ImportHf(*hf_init, backend));
+  }
+  if (rank_ == 0) {
+    weft::v1::ReportProgressRequest report = NewReport();
+    *report.mutable_start() = start;
+    // Only informative: a lost report must not stop training.
+    if (auto sent = client_->ReportProgress(report); !sent.ok()) {
+      spdlog::warn("job {}: generation start not reported: {}", job_id(),
+                   sent.status().ToString());
+    }
+  }
+  return step;
 }
 
 absl::Status GenerationRun::ImportHf(const hf::HfImporter& importer, DeviceBackend* backend) {

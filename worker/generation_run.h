@@ -90,7 +90,10 @@ class GenerationRun {
   // The phases of Train. Each reports its own failure to the coordinator before returning it.
   // Rendezvous: every member present, ranks confirmed. Returns the world and, with hybrid
   // sharding, its groups (scope HOST: from the members' hosts).
-  absl::StatusOr<ShardingGroups> Join();
+  // Joins the rendezvous, telling the coordinator what is wrong with this member's data
+  // (empty: nothing).
+  absl::StatusOr<ShardingGroups> Join(const std::string& data_error);
+  // The job's datasets and tokenizer; reports nothing (Train passes the error to Join).
   absl::StatusOr<Data> OpenData();
   absl::StatusOr<DeviceBackend> CreateBackend(Store* store, const ShardingGroups& groups);
   // The Hugging Face checkpoint of spec.init_from_hf_dir, headers read and config.json checked

@@ -22,6 +22,7 @@
 #include "common/security_flags.h"
 #include "common/serving_flags.h"
 #include "common/status.h"
+#include "common/version.h"
 #include "spdlog/spdlog.h"
 #include "worker/agent.h"
 #include "worker/engine/cpu/model.h"
@@ -34,6 +35,16 @@ std::atomic<bool> g_stop{false};
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "weft-worker: %s\n", std::string(status.message()).c_str());
   return 1;
+}
+
+// nvidia-smi's spelling of a GPU's UUID: "GPU-" and its 16 bytes as 8-4-4-4-12 hex digits.
+std::string GpuUuid(const char (&bytes)[16]) {
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    absl::StrAppend(&out, absl::Hex(static_cast<unsigned char>(bytes[i]), absl::kZeroPad2));
+  }
+  return out;
 }
 
 // "cpu", "cpu:N" or "cuda:N".
@@ -64,6 +75,7 @@ absl::Status ParseDevice(const std::string& device, weft::v1::WorkerInfo* info) 
   if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) {
     info->set_gpu_model(prop.name);
     info->set_gpu_memory_bytes(static_cast<int64_t>(prop.totalGlobalMem));
+    info->set_gpu_uuid(GpuUuid(prop.uuid.bytes));
   }
   info->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
   return absl::OkStatus();
@@ -101,6 +113,7 @@ struct Flags {
   int64_t collective_timeout_ms = 60000;
   weft::worker::CheckpointTimeouts checkpoint_timeouts;
   int64_t test_teardown_delay_ms = 0;
+  std::string test_version;
   std::string log_level = "info";
   weft::SecurityFlags security;
   weft::worker::CommFlags comm;
@@ -194,6 +207,8 @@ void AddTimeoutFlags(CLI::App& app, Flags& f) {
   app.add_option("--test-teardown-delay-ms", f.test_teardown_delay_ms)
       ->group("")
       ->check(CLI::Range(int64_t{0}, int64_t{600000}));
+  // Test-only: the release this worker states, so a test can mix releases. Hidden.
+  app.add_option("--test-version", f.test_version)->group("");
 }
 
 // The address other ranks reach this worker at: --data-address, else --net-interface's
@@ -262,7 +277,9 @@ absl::StatusOr<weft::worker::AgentOptions> ToAgentOptions(Flags f) {
   if (!f.checkpointd.empty() && f.checkpointd != "none") {
     WEFT_RETURN_IF_ERROR(weft::CheckHostPort(f.checkpointd, "--checkpointd"));
     run.checkpointd = f.checkpointd;
+    options.info.set_checkpointd(f.checkpointd);
   }
+  options.info.set_version(f.test_version.empty() ? weft::kVersion : f.test_version);
   run.checkpoint_timeouts = f.checkpoint_timeouts;
   run.test_teardown_delay_ms = f.test_teardown_delay_ms;
   return options;

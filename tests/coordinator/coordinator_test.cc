@@ -178,12 +178,14 @@ class CoordinatorTest : public ::testing::Test {
 
   Worker Register(const std::string& host, int32_t index,
                   weft::v1::DeviceKind kind = weft::v1::DEVICE_KIND_CPU,
-                  const std::string& session_token = "") {
+                  const std::string& session_token = "", const std::string& checkpointd = "") {
     weft::v1::WorkerInfo info;
     info.set_host(host);
     info.set_device_index(index);
     info.set_device_kind(kind);
     info.set_address(absl::StrCat(host, ":", 7000 + index));
+    info.set_version("0.1.0");
+    info.set_checkpointd(checkpointd);
     auto r = coord_->RegisterWorker(info, session_token);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return {};
@@ -1459,10 +1461,14 @@ TEST_F(CoordinatorTest, ShutdownAnswersParkedCallsUnavailable) {
 // ---- sessions --------------------------------------------------------------------------------
 
 // What SessionEnd callbacks were called with.
+// The ends of the sessions it gave callbacks to. The coordinator outlives a test's locals (it
+// is the fixture's) and ends every open session when destroyed: a callback must not point
+// into a SessionEnds already gone, so they share the list.
 struct SessionEnds {
-  std::vector<absl::Status> statuses;
+  std::shared_ptr<std::vector<absl::Status>> ends = std::make_shared<std::vector<absl::Status>>();
+  std::vector<absl::Status>& statuses = *ends;
   Coordinator::SessionEnd Callback() {
-    return [this](absl::Status s) { statuses.push_back(s); };
+    return [ends = ends](absl::Status s) { ends->push_back(s); };
   }
 };
 
@@ -1807,6 +1813,121 @@ TEST_F(CoordinatorTest, AnEndedJobsMetricSeriesAreRemovedAfterTheRetention) {
   coord_->Tick();
   EXPECT_EQ(SeriesOfJob(*registry_, ended), 0);
   EXPECT_EQ(SeriesOfJob(*registry_, live), live_series);
+}
+
+
+// ---- issue 37: members that cannot train together, and where a generation starts -----------
+
+class MemberCheckTest : public CoordinatorTest {
+ protected:
+  // Beats every worker (taking its JoinJob, if any) and joins those that got one.
+  std::vector<std::unique_ptr<Pending<JoinResponse>>> BeatAndJoin(const std::string& job,
+                                                                  int64_t generation,
+                                                                  const std::vector<Worker>& ws) {
+    std::vector<std::unique_ptr<Pending<JoinResponse>>> joins;
+    for (const Worker& w : ws) {
+      auto hb = Beat(w);
+      EXPECT_TRUE(hb.ok());
+      if (!JoinCommands(*hb).empty()) joins.push_back(StartJoin(job, generation, w));
+    }
+    return joins;
+  }
+};
+
+// One worker with a checkpointd, one without: every generation used to stall at its first save
+// for the 60 s collective timeout and restart, until max_restarts. Now the rendezvous refuses
+// the one without at once, no restart is spent, and the job runs on a worker that fits.
+TEST_F(MemberCheckTest, AMemberWithoutCheckpointdIsRefusedAtOnceAndTheJobMovesOn) {
+  JobSpec spec = CpuSpec("ckpt", 2, 2);
+  spec.mutable_checkpoint()->set_interval_steps(10);
+  const std::string job = Submit(spec);
+  const Worker w0 = Register("h", 0, weft::v1::DEVICE_KIND_CPU, "", "ckpt:7071");
+  const Worker w1 = Register("h", 1, weft::v1::DEVICE_KIND_CPU, "", "");
+  auto joins = BeatAndJoin(job, 1, {w0, w1});
+  ASSERT_THAT(joins, SizeIs(2));
+  for (auto& j : joins) {
+    ASSERT_TRUE(j->finished());
+    EXPECT_EQ(j->Get().status().code(), absl::StatusCode::kAborted) << j->Get().status();
+  }
+  JobStatus s = Status(job);
+  const weft::v1::JobEvent* refused = FindEvent(s, weft::v1::MEMBER_REFUSED, "h/cpu1");
+  ASSERT_NE(refused, nullptr) << s.DebugString();
+  EXPECT_THAT(refused->message(), HasSubstr("has no checkpointd"));
+  EXPECT_EQ(s.restarts(), 0);
+  // Too few workers without it: the job waits and says why.
+  EXPECT_EQ(s.state(), weft::v1::PENDING);
+  EXPECT_THAT(s.pending_reason(), HasSubstr("1 of them refused by this job (h/cpu1: has no "
+                                            "checkpointd"));
+
+  // A fitting worker comes: generation 2 forms on it and h/cpu0, and trains.
+  const Worker w2 = Register("h", 2, weft::v1::DEVICE_KIND_CPU, "", "ckpt:7071");
+  joins = BeatAndJoin(job, 2, {w0, w1, w2});
+  ASSERT_THAT(joins, SizeIs(2));
+  for (auto& j : joins) EXPECT_TRUE(j->finished() && j->Get().ok());
+  s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_THAT(s.worker_ids(), ElementsAre("h/cpu0", "h/cpu2"));
+  EXPECT_EQ(s.restarts(), 0);
+}
+
+TEST_F(MemberCheckTest, ARefusedWorkerThatReRegistersIsPlacedAgain) {
+  JobSpec spec = CpuSpec("ckpt", 2, 2);
+  spec.mutable_checkpoint()->set_interval_steps(10);
+  const std::string job = Submit(spec);
+  const Worker w0 = Register("h", 0, weft::v1::DEVICE_KIND_CPU, "", "ckpt:7071");
+  const Worker w1 = Register("h", 1, weft::v1::DEVICE_KIND_CPU, "", "");
+  BeatAndJoin(job, 1, {w0, w1});
+  ASSERT_EQ(Status(job).state(), weft::v1::PENDING);
+  // Restarted with its flag fixed: a new incarnation.
+  const Worker fixed = Register("h", 1, weft::v1::DEVICE_KIND_CPU, "", "ckpt:7071");
+  auto joins = BeatAndJoin(job, 2, {w0, fixed});
+  ASSERT_THAT(joins, SizeIs(2));
+  for (auto& j : joins) EXPECT_TRUE(j->finished() && j->Get().ok());
+  EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);
+}
+
+// Rank 0 says where each generation's state came from; resuming from nothing used to train
+// from step 0 in silence.
+TEST_F(MemberCheckTest, EveryGenerationRecordsWhereItsStateCameFrom) {
+  auto [job, w] = StartRunningJob(CpuSpec("start", 2, 2), 2);
+  weft::v1::ReportProgressRequest request = EmptyReport(job, 1, w[0], 0);
+  request.mutable_start()->set_fresh_from("seed 1337 (no checkpoint of job x)");
+  ASSERT_TRUE(coord_->ReportProgress(request).ok());
+  request.mutable_start()->Clear();
+  request.mutable_start()->set_restored_step(60);
+  request.mutable_start()->set_restored_job("old-1");
+  request.mutable_start()->set_restored_world_size(3);
+  ASSERT_TRUE(coord_->ReportProgress(request).ok());
+  JobStatus s = Status(job);
+  EXPECT_NE(FindEvent(s, weft::v1::STARTED_FRESH, "started fresh at step 0 from seed 1337"),
+            nullptr)
+      << s.DebugString();
+  EXPECT_NE(FindEvent(s, weft::v1::CHECKPOINT_RESTORED, "restored step 60 from job old-1 (world 3 -> 2)"),
+            nullptr)
+      << s.DebugString();
+}
+
+TEST_F(MemberCheckTest, SubmitRefusesAResumeThatCannotHappenNamingTheField) {
+  auto [old_job, w] = StartRunningJob(CpuSpec("old", 2, 2), 2);
+  JobSpec next = CpuSpec("next", 2, 2);
+  next.set_resume_from_job(old_job);
+  auto r = coord_->SubmitJob(next);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("resume_from_job: job " + old_job));
+  EXPECT_THAT(r.status().message(), HasSubstr("has committed no checkpoint"));
+
+  weft::v1::ReportProgressRequest ckpt = EmptyReport(old_job, 1, w[0], 0);
+  ckpt.mutable_metrics()->set_step(20);
+  ckpt.set_checkpoint_step(20);
+  ASSERT_TRUE(coord_->ReportProgress(ckpt).ok());
+  next.mutable_model()->set_hidden_size(128);
+  r = coord_->SubmitJob(next);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("model.hidden_size: 128 here, 64 in job " + old_job));
+  // Only the shape matters: another rope_theta, context or name resumes.
+  next.mutable_model()->set_hidden_size(64);
+  EXPECT_TRUE(coord_->SubmitJob(next).ok());
 }
 
 }  // namespace

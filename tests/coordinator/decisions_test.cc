@@ -246,6 +246,122 @@ TEST(ScheduleTest, EveryJobIsEitherPlacedOrWaiting) {
   EXPECT_LE(total, idle.size());
 }
 
+// Issue 37: the GPU recovery bench's spare shares GPU 0 with rank 0, and generation 1 took both
+// GPU-0 workers, so NCCL refused the communicator ("Duplicate GPU detected") three times and
+// the job failed. A placement takes one worker of a GPU, whatever its device index says.
+IdleWorkerView OnGpu(IdleWorkerView w, std::string uuid) {
+  w.gpu_uuid = Intern(std::move(uuid));
+  return w;
+}
+
+TEST(ScheduleTest, APlacementNeverHoldsTwoWorkersOfOneGpu) {
+  IdleWorkerView spare = OnGpu(Gpu("h", 0), "GPU-0");
+  spare.worker_id = Intern("h/spare");
+  ScheduleDecision d = Schedule({Job("j", DEVICE_KIND_CUDA, 4, 4)},
+                                {OnGpu(Gpu("h", 0), "GPU-0"), spare, OnGpu(Gpu("h", 1), "GPU-1"),
+                                 OnGpu(Gpu("h", 2), "GPU-2"), OnGpu(Gpu("h", 3), "GPU-3")});
+  ASSERT_THAT(d.placements, SizeIs(1));
+  EXPECT_THAT(d.placements[0].worker_ids, ElementsAre("h/cuda0", "h/cuda1", "h/cuda2", "h/cuda3"));
+  EXPECT_THAT(d.waiting, IsEmpty());
+}
+
+TEST(ScheduleTest, WorkersSharingAGpuCountOnceAndTheReasonSaysSo) {
+  IdleWorkerView spare = OnGpu(Gpu("h", 0), "GPU-0");
+  spare.worker_id = Intern("h/spare");
+  ScheduleDecision d =
+      Schedule({Job("j", DEVICE_KIND_CUDA, 2, 2)}, {OnGpu(Gpu("h", 0), "GPU-0"), spare});
+  EXPECT_THAT(d.placements, IsEmpty());
+  ASSERT_THAT(d.waiting, SizeIs(1));
+  EXPECT_EQ(d.waiting[0].second,
+            "needs 2 idle CUDA workers, 2 idle, 1 of them sharing a GPU with another");
+}
+
+TEST(ScheduleTest, AJobIsNotPlacedOnWorkersItRefusedAndSaysWhy) {
+  WaitingJobView job = Job("j", DEVICE_KIND_CPU, 2, 2);
+  job.excluded = {{"h/cpu0", "has no checkpointd"}};
+  ScheduleDecision d = Schedule({job}, {Cpu("h", 0), Cpu("h", 1), Cpu("h", 2)});
+  ASSERT_THAT(d.placements, SizeIs(1));
+  EXPECT_THAT(d.placements[0].worker_ids, ElementsAre("h/cpu1", "h/cpu2"));
+
+  d = Schedule({job}, {Cpu("h", 0), Cpu("h", 1)});
+  EXPECT_THAT(d.placements, IsEmpty());
+  ASSERT_THAT(d.waiting, SizeIs(1));
+  EXPECT_EQ(d.waiting[0].second,
+            "needs 2 idle CPU workers, 2 idle, 1 of them refused by this job (h/cpu0: has no "
+            "checkpointd)");
+  // Another job may still have the worker.
+  d = Schedule({job, Job("k", DEVICE_KIND_CPU, 1, 1)}, {Cpu("h", 0), Cpu("h", 1)});
+  EXPECT_THAT(d.placements, IsEmpty()) << "k waits behind j, first come first served";
+  d = Schedule({Job("k", DEVICE_KIND_CPU, 1, 1)}, {Cpu("h", 0)});
+  ASSERT_THAT(d.placements, SizeIs(1));
+}
+
+TEST(ScheduleTest, ALaterJobGetsTheOtherWorkerOfAGpuAnEarlierOneTook) {
+  IdleWorkerView spare = OnGpu(Gpu("h", 0), "GPU-0");
+  spare.worker_id = Intern("h/spare");
+  ScheduleDecision d =
+      Schedule({Job("a", DEVICE_KIND_CUDA, 2, 2), Job("b", DEVICE_KIND_CUDA, 1, 1)},
+               {OnGpu(Gpu("h", 0), "GPU-0"), spare, OnGpu(Gpu("h", 1), "GPU-1")});
+  ASSERT_THAT(d.placements, SizeIs(2));
+  EXPECT_THAT(d.placements[0].worker_ids, ElementsAre("h/cuda0", "h/cuda1"));
+  EXPECT_THAT(d.placements[1].worker_ids, ElementsAre("h/spare"));
+}
+
+// ---- CheckMembers ----------------------------------------------------------------------------
+
+MemberView Member(std::string id, std::string checkpointd = "ckpt:7071",
+                  std::string version = "0.1.0", std::string data_error = "") {
+  return {std::move(id), std::move(version), std::move(checkpointd), std::move(data_error)};
+}
+
+TEST(CheckMembersTest, AgreeingMembersPass) {
+  MemberCheck c = CheckMembers({Member("a"), Member("b")}, /*checkpoints=*/true);
+  EXPECT_THAT(c.refused, IsEmpty());
+  EXPECT_EQ(c.job_error, "");
+  // Nobody has a checkpointd: the job trains without checkpoints, as before.
+  c = CheckMembers({Member("a", ""), Member("b", "")}, true);
+  EXPECT_THAT(c.refused, IsEmpty());
+}
+
+// Issue 37: one worker with WEFT_CHECKPOINTD, one without, stalled every generation at the
+// first save for the 60 s collective timeout, in a loop.
+TEST(CheckMembersTest, AMemberWithoutCheckpointdIsRefusedWhenItsPeersHaveOne) {
+  MemberCheck c = CheckMembers({Member("a"), Member("b", "")}, true);
+  ASSERT_THAT(c.refused, SizeIs(1));
+  EXPECT_EQ(c.refused[0].worker_id, "b");
+  EXPECT_THAT(c.refused[0].reason, HasSubstr("has no checkpointd"));
+  EXPECT_THAT(c.refused[0].reason, HasSubstr("a saves to ckpt:7071"));
+  // A job that does not checkpoint does not care.
+  EXPECT_THAT(CheckMembers({Member("a"), Member("b", "")}, false).refused, IsEmpty());
+}
+
+TEST(CheckMembersTest, AMemberThatCannotReadItsDataIsRefusedAndNoneReadingFailsTheJob) {
+  MemberCheck c =
+      CheckMembers({Member("a"), Member("b", "ckpt:7071", "0.1.0", "data.train_path: /x: gone")},
+                   true);
+  ASSERT_THAT(c.refused, SizeIs(1));
+  EXPECT_EQ(c.refused[0].worker_id, "b");
+  EXPECT_THAT(c.refused[0].reason, HasSubstr("data.train_path: /x: gone"));
+  c = CheckMembers({Member("a", "", "0.1.0", "data.train_path: /x: gone"),
+                    Member("b", "", "0.1.0", "data.train_path: /x: gone")},
+                   true);
+  EXPECT_THAT(c.refused, IsEmpty());
+  EXPECT_THAT(c.job_error, HasSubstr("no member can read the job's data: data.train_path: /x"));
+}
+
+TEST(CheckMembersTest, TheMembersOfAnotherReleaseThanMostAreRefused) {
+  MemberCheck c = CheckMembers(
+      {Member("a", "c", "0.1.0"), Member("b", "c", "0.2.0"), Member("c", "c", "0.2.0")}, true);
+  ASSERT_THAT(c.refused, SizeIs(1));
+  EXPECT_EQ(c.refused[0].worker_id, "a");
+  EXPECT_THAT(c.refused[0].reason, HasSubstr("runs weft-worker 0.1.0 while its peers run 0.2.0"));
+  // A tie goes to rank 0's release.
+  c = CheckMembers({Member("a", "c", "0.1.0"), Member("b", "c", "0.2.0")}, true);
+  ASSERT_THAT(c.refused, SizeIs(1));
+  EXPECT_EQ(c.refused[0].worker_id, "b");
+}
+
+
 // ---- CheckLiveness ---------------------------------------------------------------------------
 
 const absl::Time kT0 = absl::FromUnixSeconds(1'000'000);

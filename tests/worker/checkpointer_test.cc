@@ -399,9 +399,11 @@ TEST_F(CheckpointerTest, TheCheckpointCarriesTheUpdatesAppliedBackToTheEngine) {
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   MemoryStore store;
   Checkpointer restorer(&client, &store, spec, CheckpointRank{"ckpt", 2, 0, 1});
-  auto step = restorer.RestoreLatest(fresh->get(), comm_.get());
-  ASSERT_TRUE(step.ok()) << step.status();
-  EXPECT_EQ(*step, 9);
+  auto restored = restorer.RestoreLatest(fresh->get(), comm_.get());
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step, 9);
+  EXPECT_EQ(restored->job, "ckpt");
+  EXPECT_EQ(restored->world_size, 1);
   EXPECT_EQ((*fresh)->optimizer_steps(), 7);
 }
 

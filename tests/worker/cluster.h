@@ -211,18 +211,24 @@ class Cluster {
 
   // Starts every process (call it again after KillEverything to restart them all).
   void Start() {
+    ASSERT_NO_FATAL_FAILURE(StartServices());
+    for (int i = 0; i < num_workers_; ++i) ASSERT_NO_FATAL_FAILURE(StartWorker(i));
+  }
+  // The coordinator and checkpointd only: the test starts the workers (StartWorker).
+  void StartServices() {
     ASSERT_NO_FATAL_FAILURE(StartCoordinator(0));
     ASSERT_NO_FATAL_FAILURE(StartCheckpointd(0));
     workers_.clear();
-    for (int i = 0; i < num_workers_; ++i) ASSERT_NO_FATAL_FAILURE(StartWorker(i));
   }
 
-  void StartWorker(int i) {
+  // Worker i (cpu:i); without `checkpointd` it is given none (--checkpointd=none).
+  void StartWorker(int i, bool checkpointd = true) {
     auto w = Subprocess::Start(
         {BinDir() + "/weft-worker", "--coordinator=" + coordinator_->address(),
          absl::StrCat("--device=cpu:", i), "--host=node",
-         "--checkpointd=" + (checkpointd_dial_.empty() ? checkpointd_->address()
-                                                      : checkpointd_dial_),
+         "--checkpointd=" + (!checkpointd                ? std::string("none")
+                             : checkpointd_dial_.empty() ? checkpointd_->address()
+                                                         : checkpointd_dial_),
          "--output-dir=" + dir_ + "/models", "--metrics-address=none"},
         absl::StrCat(dir_, "/worker", i, ".log"));
     ASSERT_TRUE(w.ok());

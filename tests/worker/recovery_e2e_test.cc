@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "client/coordinator_client.h"
 #include "common/job_spec.h"
@@ -217,6 +218,63 @@ TEST_F(RecoveryE2eTest, SavesRefusedByAFullDiskAreJobEventsAndTheJobGoesOn) {
   // A rank whose save failed tells rank 0 at once: rank 0 does not sit out its commit timeout
   // while the other rank reaches the end of training and times out in a collective.
   EXPECT_EQ(after.restarts(), 0) << after.DebugString() << cluster.Logs();
+  cluster.KillEverything();
+}
+
+// Issue 37: one worker with a checkpointd and one without used to stall every generation at
+// its first save until the 60 s collective timeout, restart from step 0, and loop until
+// max_restarts. The rendezvous now refuses the one without at once (MEMBER_REFUSED, no
+// restart spent); with a fitting worker the job trains, and its generation says it started
+// fresh, then (after a kill) which checkpoint it restored.
+TEST_F(RecoveryE2eTest, AMemberWithoutCheckpointdIsRefusedAtOnceAndTheJobRunsWithoutIt) {
+  Cluster cluster(dir_.File("disagree"), 3);
+  ASSERT_NO_FATAL_FAILURE(cluster.StartServices());
+  ASSERT_NO_FATAL_FAILURE(cluster.StartWorker(0));
+  ASSERT_NO_FATAL_FAILURE(cluster.StartWorker(1, /*checkpointd=*/false));
+  auto job = cluster.client().SubmitJob(testing::RecoveryJobSpec("disagree", corpus_, 2, 60));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->job_id();
+  auto refused = [&]() -> std::optional<v1::JobEvent> {
+    for (const auto& e : cluster.Status(id).events()) {
+      if (e.type() == v1::MEMBER_REFUSED) return e;
+    }
+    return std::nullopt;
+  };
+  // Seconds, not the 60 s of a collective timeout.
+  ASSERT_TRUE(Eventually([&] { return refused().has_value(); }, absl::Seconds(20)))
+      << cluster.Logs();
+  EXPECT_THAT(refused()->message(), HasSubstr("node/cpu1 has no checkpointd"));
+  EXPECT_EQ(cluster.Status(id).restarts(), 0);
+  EXPECT_TRUE(cluster.WaitFor(id, v1::PENDING, absl::Seconds(10))) << cluster.Logs();
+
+  ASSERT_NO_FATAL_FAILURE(cluster.StartWorker(2));
+  EXPECT_TRUE(cluster.WaitFor(id, v1::SUCCEEDED, absl::Seconds(120))) << cluster.Logs();
+  const v1::JobStatus after = cluster.Status(id);
+  EXPECT_EQ(after.restarts(), 0);
+  EXPECT_GT(after.checkpoint_step(), 0);
+  bool fresh = false;
+  for (const auto& e : after.events()) {
+    fresh |= e.type() == v1::STARTED_FRESH &&
+             absl::StrContains(e.message(), "from seed 5 (no checkpoint of job " + id + ")");
+  }
+  EXPECT_TRUE(fresh) << after.DebugString();
+
+  // Resuming from it restores its last checkpoint and says so; resuming from a job with none
+  // is refused at submit.
+  v1::JobSpec next = testing::RecoveryJobSpec("next", corpus_, 2, 80);
+  next.set_resume_from_job(id);
+  auto resumed = cluster.client().SubmitJob(next);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_TRUE(cluster.WaitFor(resumed->job_id(), v1::SUCCEEDED, absl::Seconds(120)))
+      << cluster.Logs();
+  bool restored = false;
+  for (const auto& e : cluster.Status(resumed->job_id()).events()) {
+    restored |= e.type() == v1::CHECKPOINT_RESTORED &&
+                absl::StrContains(e.message(), absl::StrCat("restored step ",
+                                                            after.checkpoint_step(), " from job ",
+                                                            id, " (world 2 -> 2)"));
+  }
+  EXPECT_TRUE(restored) << cluster.Status(resumed->job_id()).DebugString();
   cluster.KillEverything();
 }
 
