@@ -235,7 +235,8 @@ TEST_F(RecoveryE2eTest, AMemberWithoutCheckpointdIsRefusedAtOnceAndTheJobRunsWit
   ASSERT_TRUE(job.ok()) << job.status();
   const std::string id = job->job_id();
   auto refused = [&]() -> std::optional<v1::JobEvent> {
-    for (const auto& e : cluster.Status(id).events()) {
+    const v1::JobStatus s = cluster.Status(id);
+    for (const auto& e : s.events()) {
       if (e.type() == v1::MEMBER_REFUSED) return e;
     }
     return std::nullopt;
@@ -268,13 +269,14 @@ TEST_F(RecoveryE2eTest, AMemberWithoutCheckpointdIsRefusedAtOnceAndTheJobRunsWit
   EXPECT_TRUE(cluster.WaitFor(resumed->job_id(), v1::SUCCEEDED, absl::Seconds(120)))
       << cluster.Logs();
   bool restored = false;
-  for (const auto& e : cluster.Status(resumed->job_id()).events()) {
+  const v1::JobStatus resumed_status = cluster.Status(resumed->job_id());
+  for (const auto& e : resumed_status.events()) {
     restored |= e.type() == v1::CHECKPOINT_RESTORED &&
                 absl::StrContains(e.message(), absl::StrCat("restored step ",
                                                             after.checkpoint_step(), " from job ",
                                                             id, " (world 2 -> 2)"));
   }
-  EXPECT_TRUE(restored) << cluster.Status(resumed->job_id()).DebugString();
+  EXPECT_TRUE(restored) << resumed_status.DebugString();
   cluster.KillEverything();
 }
 
