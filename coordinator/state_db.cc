@@ -3,6 +3,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
 
@@ -12,9 +13,7 @@ namespace {
 constexpr char kJobPrefix[] = "job/";
 constexpr char kSeqKey[] = "meta/next_job_seq";
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<StateDb>> StateDb::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<rocksdb::DB>> OpenRocks(const std::string& dir) {
   rocksdb::Options options;
   options.create_if_missing = true;
   // The state is small (jobs, not tensors): keep the footprint small too.
@@ -27,7 +26,33 @@ absl::StatusOr<std::unique_ptr<StateDb>> StateDb::Open(const std::string& dir) {
         absl::StrCat("--data-dir ", dir, ": cannot open the state database: ", s.ToString(),
                      s.IsIOError() ? " (is another coordinator using this directory?)" : ""));
   }
-  return std::unique_ptr<StateDb>(new StateDb(std::unique_ptr<rocksdb::DB>(db)));
+  return std::unique_ptr<rocksdb::DB>(db);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StateDb>> StateDb::Open(const std::string& dir) {
+  auto db = OpenRocks(dir);
+  if (!db.ok()) return db.status();
+  return std::unique_ptr<StateDb>(new StateDb(dir, std::move(*db)));
+}
+
+absl::Status StateDb::Recover() {
+  // A failed log write stops RocksDB: it refuses every write until resumed, even once the disk
+  // has room again. Resume() recovers when it can; after a full disk it often cannot (RocksDB
+  // waits for a free-space reserve a small disk never has, and answers Busy meanwhile), and
+  // reopening the database is what lets the coordinator go on without a restart. A torn record
+  // the failed write left at the log's end is dropped by the reopening's recovery: it was never
+  // acknowledged.
+  if (db_ != nullptr && db_->Resume().ok()) return absl::OkStatus();
+  db_.reset();
+  auto db = OpenRocks(dir_);
+  if (!db.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("state database write failed: cannot reopen it: ", db.status().message()));
+  }
+  db_ = std::move(*db);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<weft::v1::Job>> StateDb::LoadJobs() {
@@ -59,12 +84,14 @@ absl::StatusOr<int64_t> StateDb::LoadNextJobSeq() {
 }
 
 absl::Status StateDb::PutJob(const weft::v1::Job& job, int64_t next_job_seq) {
+  if (write_failed_) WEFT_RETURN_IF_ERROR(Recover());
   rocksdb::WriteBatch batch;
   batch.Put(absl::StrCat(kJobPrefix, job.status().job_id()), job.SerializeAsString());
   if (next_job_seq > 0) batch.Put(kSeqKey, absl::StrCat(next_job_seq));
   rocksdb::WriteOptions options;
   options.sync = true;
   rocksdb::Status s = db_->Write(options, &batch);
+  write_failed_ = !s.ok();
   if (!s.ok()) {
     return absl::UnavailableError(absl::StrCat("state database write failed: ", s.ToString()));
   }
