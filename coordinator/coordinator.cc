@@ -289,7 +289,10 @@ absl::StatusOr<weft::v1::SubmitJobResponse> Coordinator::SubmitJob(
         "\""));
   }
   auto rec = jobs_.Create(*spec);
-  if (!rec.ok()) return rec.status();
+  if (!rec.ok()) {
+    return absl::Status(rec.status().code(),
+                        absl::StrCat("job not submitted: ", rec.status().message()));
+  }
   weft::v1::SubmitJobResponse response;
   response.set_job_id((*rec)->id());
   *response.mutable_spec() = *spec;

@@ -1841,15 +1841,22 @@ TEST_F(FullDiskCoordinatorTest, ACancelThatCannotBeStoredIsRefusedAndChangesNoth
   EXPECT_EQ(Status(job).state(), weft::v1::CANCELLED);
 }
 
-TEST_F(FullDiskCoordinatorTest, ARefusedCancelOfAPendingJobLeavesItPendingAfterARestart) {
+TEST_F(FullDiskCoordinatorTest, RefusedCancelAndSubmitLeaveNoTraceAfterARestart) {
   const std::string job = Submit(BigSpec("pending", 2));
   ASSERT_NO_FATAL_FAILURE(FillDisk());
   EXPECT_FALSE(coord_->CancelJob(job, "").ok());
+  auto submitted = coord_->SubmitJob(BigSpec("refused", 2));
+  ASSERT_FALSE(submitted.ok()) << "a job was acknowledged on a full disk";
+  EXPECT_EQ(submitted.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(submitted.status().message(), HasSubstr("job not submitted"));
   FreeDisk();
   Reopen();
   JobStatus s = Status(job);
   EXPECT_EQ(s.state(), weft::v1::PENDING);
   EXPECT_EQ(FindEvent(s, weft::v1::CANCEL_REQUESTED), nullptr);
+  auto all = coord_->ListJobs(weft::v1::ListJobsRequest());
+  ASSERT_TRUE(all.ok());
+  EXPECT_THAT(all->jobs(), SizeIs(1));
 }
 
 // Rank 0's final report is acknowledged only once the success is stored: refused while the
