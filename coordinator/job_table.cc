@@ -273,6 +273,10 @@ void JobTable::CommitIfDue(JobRecord& rec, Actions& actions) {
 }
 
 void JobTable::RetryUnpersisted() {
+  // At most once a second: while the disk stays full, each try resumes or reopens RocksDB.
+  const absl::Time now = clock_();
+  if (now < next_retry_) return;
+  next_retry_ = now + absl::Seconds(1);
   for (auto& [id, rec] : jobs_) {
     if (!rec.unpersisted) continue;
     if (Write(rec).ok()) spdlog::info("job {}: written to the state database again", id);

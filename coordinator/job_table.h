@@ -116,7 +116,8 @@ class JobTable {
   void Commit(JobRecord& rec, Actions& actions);
   // Commit when the job was last persisted metrics_persist_interval_ms ago, else only notify.
   void CommitIfDue(JobRecord& rec, Actions& actions);
-  // Writes every unpersisted record again (each tick); logs when one is written at last.
+  // Writes every unpersisted record again (each tick, at most once a second); logs when one is
+  // written at last.
   void RetryUnpersisted();
 
   // Changes acknowledged to a caller (a cancel, a worker's final report) are durable first:
@@ -171,6 +172,7 @@ class JobTable {
   std::map<uint64_t, WatcherRecord> watchers_;
   uint64_t update_seq_ = 0;
   std::optional<Change> change_;
+  absl::Time next_retry_ = absl::InfinitePast();  // of RetryUnpersisted
 };
 
 }  // namespace weft::coordinator
