@@ -29,7 +29,10 @@ struct Flags {
 void AddFlags(CLI::App& app, Flags* flags) {
   weft::AddDaemonFlags(app, &flags->daemon);
   weft::AddAuthTokensFlag(app, &flags->auth_tokens_file);
-  app.add_option("--data-dir", flags->options.data_dir, "directory of the checkpoint store")
+  app.add_option("--data-dir", flags->options.data_dir,
+                 "directory of the checkpoint store (created if missing; locked: one checkpointd "
+                 "a directory); the default is /var/lib/weft/checkpoints for root, else "
+                 "$XDG_STATE_HOME/weft/checkpoints or ~/.local/state/weft/checkpoints")
       ->capture_default_str();
   app.add_option("--gc-grace-seconds", flags->gc_grace_seconds,
                  "uncommitted checkpoint data older than this is deleted")
@@ -45,6 +48,7 @@ void AddFlags(CLI::App& app, Flags* flags) {
 
 int main(int argc, char** argv) {
   Flags flags;
+  flags.options.data_dir = weft::DefaultDataDir("checkpoints");
   CLI::App app{"weft-checkpointd: sharded checkpoint store"};
   AddFlags(app, &flags);
   CLI11_PARSE(app, argc, argv);
@@ -55,6 +59,11 @@ int main(int argc, char** argv) {
   flags.options.gc_grace = absl::Seconds(flags.gc_grace_seconds);
   auto auth = weft::LoadAuthTokens(flags.auth_tokens_file);
   if (!auth.ok()) return weft::ExitWithError(kProgram, auth.status());
+
+  // Held until exit: two checkpointds on one directory would each sweep the other's data.
+  auto data_dir = weft::DataDirLock::Acquire(flags.options.data_dir, kProgram);
+  if (!data_dir.ok()) return weft::ExitWithError(kProgram, data_dir.status());
+  flags.options.data_dir = (*data_dir)->dir();
 
   auto registry = std::make_shared<prometheus::Registry>();
   auto store = weft::checkpointd::CheckpointStore::Open(flags.options, registry);

@@ -31,6 +31,43 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetrics(
     const std::string& address, const std::string& port_file,
     std::shared_ptr<prometheus::Registry> registry);
 
+// The --data-dir a daemon uses when none is given, for its data `name` ("coordinator",
+// "checkpoints"): /var/lib/weft/<name> when run as root (where deploy/ puts it), else
+// $XDG_STATE_HOME/weft/<name>, else ~/.local/state/weft/<name>. Always absolute: a relative
+// default would put the data wherever the daemon happens to be started, and a daemon started
+// from another directory would come up empty (and hand out the job ids of the first again).
+std::string DefaultDataDir(const std::string& name);
+// DefaultDataDir for a process that is `root` or not, with these $XDG_STATE_HOME and $HOME
+// (null: unset; relative ones are ignored, /tmp standing in for a missing home).
+std::string DefaultDataDirFor(const std::string& name, bool root, const char* xdg_state_home,
+                              const char* home);
+
+// A daemon's exclusive hold on its data directory, for the life of the process (or of this
+// object): an flock on <dir>/weft.lock, which holds the holder's pid and program for the error
+// of the next one. The kernel drops the lock when the holder dies, however it dies.
+class DataDirLock {
+ public:
+  static constexpr char kFileName[] = "weft.lock";
+
+  // Makes `dir` absolute (against the working directory), creates it and its parents, and
+  // locks it for `program`. FAILED_PRECONDITION "--data-dir <abs dir>: in use by <program>
+  // (pid N)" when another process (or another DataDirLock) holds it; errors name the flag and
+  // the directory.
+  static absl::StatusOr<std::unique_ptr<DataDirLock>> Acquire(const std::string& dir,
+                                                              const std::string& program);
+  ~DataDirLock();  // releases the lock
+  DataDirLock(const DataDirLock&) = delete;
+  DataDirLock& operator=(const DataDirLock&) = delete;
+
+  // The absolute directory: what the daemon should use and log.
+  const std::string& dir() const { return dir_; }
+
+ private:
+  DataDirLock(std::string dir, int fd) : dir_(std::move(dir)), fd_(fd) {}
+  std::string dir_;
+  int fd_;
+};
+
 struct ServingOptions {
   std::string listen;             // --listen host:port (0: any free port)
   std::string port_file;          // --port-file: the bound gRPC port, written once serving
@@ -45,7 +82,9 @@ class ServingDaemon {
  public:
   // Starts the metrics endpoint, then a gRPC server with `services` (not owned; they must
   // outlive the daemon) on options.listen with ProcessSecurity()'s credentials, and writes both
-  // port files. Plaintext beyond loopback is refused. Errors name the flag that is wrong.
+  // port files. Plaintext beyond loopback is refused. Both ports are bound exclusively: a port
+  // another process serves is UNAVAILABLE naming the flag, the address and why ("Address
+  // already in use"), never shared. Errors name the flag that is wrong.
   static absl::StatusOr<std::unique_ptr<ServingDaemon>> Start(
       const ServingOptions& options, std::shared_ptr<prometheus::Registry> registry,
       const std::vector<grpc::Service*>& services);

@@ -15,8 +15,12 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     // One civetweb thread is plenty for a scrape every few seconds.
     exposer = std::make_unique<prometheus::Exposer>(bind_address, 1);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics-address ", bind_address, ": cannot listen: ", e.what()));
+    // civetweb's message ("null context ... binding to port") does not say why.
+    const std::string why = WhyCannotBind(bind_address);
+    return absl::UnavailableError(absl::StrCat("--metrics-address ", bind_address,
+                                               ": cannot listen on port ",
+                                               bind_address.substr(bind_address.rfind(':') + 1),
+                                               ": ", why.empty() ? e.what() : why));
   }
   exposer->RegisterCollectable(registry);
   const auto ports = exposer->GetListeningPorts();

@@ -1,6 +1,9 @@
 #include "common/rpc.h"
 
+#include <netdb.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -109,8 +112,49 @@ void ConfigureServerBuilder(grpc::ServerBuilder* builder, const KeepaliveOptions
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 0);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // gRPC sets SO_REUSEPORT on Linux by default: a second daemon on a port already served then
+  // starts "fine" and the kernel spreads new connections over both, so clients alternate
+  // between two coordinators. Bound exclusively, the second one fails to start instead.
+  builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   ServerArgs args(builder);
   SetKeepalive(keepalive, &args);
+}
+
+std::string WhyCannotBind(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return "not host:port";
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string port = address.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int rc = ::getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), port.c_str(),
+                             &hints, &found);
+      rc != 0) {
+    return absl::StrCat("cannot resolve ", host, ": ", gai_strerror(rc));
+  }
+  std::string why;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    // As the servers do, so that connections in TIME_WAIT are not mistaken for a server.
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      why = std::strerror(errno);
+    } else if (::listen(fd, 1) != 0) {
+      why = std::strerror(errno);
+    }
+    ::close(fd);
+    if (!why.empty()) break;
+  }
+  ::freeaddrinfo(found);
+  return why;
 }
 
 absl::Status CheckHostPort(const std::string& address, const std::string& flag) {

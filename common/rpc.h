@@ -53,11 +53,16 @@ struct ChannelOptions {
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const ChannelOptions& options = {});
 
-// Applies Weft's server defaults (message size) to `builder`, and `keepalive`: the server
-// pings its clients with it (so that it sees them behind a cut link), and accepts any rate of
-// pings from clients.
+// Applies Weft's server defaults (message size, exclusive ports) to `builder`, and
+// `keepalive`: the server pings its clients with it (so that it sees them behind a cut link),
+// and accepts any rate of pings from clients.
 void ConfigureServerBuilder(grpc::ServerBuilder* builder,
                             const KeepaliveOptions& keepalive = kDefaultKeepalive);
+
+// Why a listening socket cannot be bound to `address` ("host:port") now, e.g. "Address already
+// in use", or empty if it can. For the error of a server that failed to listen: neither gRPC
+// nor civetweb says why.
+std::string WhyCannotBind(const std::string& address);
 
 // Sets a deadline `timeout` from now on `context`.
 inline void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {

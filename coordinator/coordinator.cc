@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
+#include "common/status.h"
 #include "common/time_util.h"
 #include "spdlog/spdlog.h"
 
@@ -185,6 +186,20 @@ void Coordinator::CompleteRendezvousLocked(JobRecord& rec, Actions& actions) {
 void Coordinator::EndGenerationLocked(JobRecord& rec, const std::string& reason, bool completed,
                                       Actions& actions) {
   if (!rec.generation) return;
+  RecordGenerationEndLocked(rec, reason);
+  ReleaseGenerationLocked(rec, reason, completed, actions);
+}
+
+void Coordinator::RecordGenerationEndLocked(JobRecord& rec, const std::string& reason) {
+  if (!rec.generation) return;
+  rec.status()->clear_worker_ids();
+  jobs_.AddEvent(rec, weft::v1::GENERATION_ENDED,
+                 absl::StrCat("generation ", rec.generation->number(), " ended: ", reason));
+}
+
+void Coordinator::ReleaseGenerationLocked(JobRecord& rec, const std::string& reason,
+                                          bool completed, Actions& actions) {
+  if (!rec.generation) return;
   Generation gen = std::move(*rec.generation);
   rec.generation.reset();
   const std::string& job_id = rec.id();
@@ -196,9 +211,6 @@ void Coordinator::EndGenerationLocked(JobRecord& rec, const std::string& reason,
   gen.Abort(absl::AbortedError(
                 absl::StrCat("generation ", gen.number(), " of job ", job_id, " ended: ", reason)),
             actions);
-  rec.status()->clear_worker_ids();
-  jobs_.AddEvent(rec, weft::v1::GENERATION_ENDED,
-                 absl::StrCat("generation ", gen.number(), " ended: ", reason));
 }
 
 void Coordinator::FailGenerationLocked(JobRecord& rec, const std::string& cause, bool permanent,
@@ -344,7 +356,10 @@ absl::StatusOr<weft::v1::SubmitJobResponse> Coordinator::SubmitJob(
         absl::StrCat("invalid job spec (1 problem):\nresume_from_job: ", problem));
   }
   auto rec = jobs_.Create(*spec);
-  if (!rec.ok()) return rec.status();
+  if (!rec.ok()) {
+    return absl::Status(rec.status().code(),
+                        absl::StrCat("job not submitted: ", rec.status().message()));
+  }
   weft::v1::SubmitJobResponse response;
   response.set_job_id((*rec)->id());
   *response.mutable_spec() = *spec;
@@ -384,10 +399,16 @@ absl::StatusOr<weft::v1::JobStatus> Coordinator::CancelJob(const std::string& jo
         absl::StrCat("job ", job_id, " already ended: ", JobState_Name(rec.state())));
   }
   const std::string why = reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason);
+  // Stored before acknowledged, and before the workers hear of it: a cancel that cannot be
+  // stored is refused and changes nothing, rather than coming undone at the next restart.
+  jobs_.BeginChange(rec);
   jobs_.AddEvent(rec, weft::v1::CANCEL_REQUESTED, why);
-  EndGenerationLocked(rec, why, /*completed=*/false, actions);
+  RecordGenerationEndLocked(rec, why);
   jobs_.SetState(rec, weft::v1::CANCELLED, why);
-  jobs_.Commit(rec, actions);
+  if (absl::Status s = jobs_.CommitChange(rec, actions); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("job ", job_id, " not cancelled: ", s.message()));
+  }
+  ReleaseGenerationLocked(rec, why, /*completed=*/false, actions);
   ScheduleLocked(actions);
   return rec.job.status();
 }
@@ -577,6 +598,12 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
   }
   const bool rank0 = request.rank() == 0;  // other ranks' metrics are not the job's
   const bool ends = !request.error().empty() || (request.finished() && rank0);
+  // Rank 0's final report is acknowledged only once the job's success is stored: refused
+  // (UNAVAILABLE) otherwise, with the job as it was, so that rank 0 sends it again rather than
+  // leave a job that a restarted coordinator would train again. Other reports need no ack of
+  // the write: their changes are written through Commit (and retried while it fails).
+  const bool finishes = ends && request.error().empty();
+  if (finishes) jobs_.BeginChange(rec);
   if (!request.error().empty()) {
     RankErrorLocked(rec, request, actions);
   } else {
@@ -597,7 +624,11 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
                                   request.worker_id(), "): ", request.checkpoint_failure()));
     }
     if (ends) {
-      FinishJobLocked(rec, request, actions);
+      if (absl::Status s = FinishJobLocked(rec, request, actions); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("job ", rec.id(),
+                                                   ": the final report could not be stored: ",
+                                                   s.message()));
+      }
     } else {
       jobs_.CommitIfDue(rec, actions);
     }
@@ -667,8 +698,9 @@ void Coordinator::RecordCheckpointLocked(JobRecord& rec,
   jobs_.Commit(rec, actions);
 }
 
-void Coordinator::FinishJobLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request,
-                                  Actions& actions) {
+absl::Status Coordinator::FinishJobLocked(JobRecord& rec,
+                                          const weft::v1::ReportProgressRequest& request,
+                                          Actions& actions) {
   auto* status = rec.status();
   if (!request.model_path().empty()) {
     status->set_model_path(request.model_path());
@@ -676,11 +708,13 @@ void Coordinator::FinishJobLocked(JobRecord& rec, const weft::v1::ReportProgress
       status->set_model_host(info->host());
     }
   }
-  EndGenerationLocked(rec, "completed", /*completed=*/true, actions);
+  RecordGenerationEndLocked(rec, "completed");
   jobs_.SetState(rec, weft::v1::SUCCEEDED,
                  absl::StrCat("completed ", status->step(), " of ", status->total_steps(),
                               " steps"));
-  jobs_.Commit(rec, actions);
+  WEFT_RETURN_IF_ERROR(jobs_.CommitChange(rec, actions));
+  ReleaseGenerationLocked(rec, "completed", /*completed=*/true, actions);
+  return absl::OkStatus();
 }
 
 // ---- stores --------------------------------------------------------------------------------
@@ -774,6 +808,9 @@ void Coordinator::Tick() {
   liveness.rendezvous_timeout_ms = options_.rendezvous_timeout_ms;
   liveness.connection_lost_grace_ms = options_.connection_lost_grace_ms;
   workers_.DropStaleSessions();
+  // Changes no caller waited on whose write failed (a full disk) are written again, so that
+  // the state database catches up with memory as soon as it can.
+  jobs_.RetryUnpersisted();
   ApplyFailuresLocked(CheckLiveness(Now(), workers, generations, liveness), actions);
   ScheduleLocked(actions);
 }

@@ -99,6 +99,8 @@ class Coordinator {
   absl::StatusOr<weft::v1::SubmitJobResponse> SubmitJob(const weft::v1::JobSpec& spec);
   absl::StatusOr<weft::v1::Job> GetJob(const std::string& job_id);
   absl::StatusOr<weft::v1::ListJobsResponse> ListJobs(const weft::v1::ListJobsRequest& request);
+  // The job CANCELLED, stored before anything else changes: when the state database cannot
+  // store it, the error (UNAVAILABLE naming the cause) and the job goes on as before.
   absl::StatusOr<weft::v1::JobStatus> CancelJob(const std::string& job_id,
                                                 const std::string& reason);
   // Calls `watcher` at once with the current status, then after every change (see
@@ -165,10 +167,19 @@ class Coordinator {
   absl::Status Refusal() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- helpers across the parts; all require mu_ ----
-  // Ends the active generation of `rec`: live members go IDLE (told to abort unless
-  // `completed`), parked joins answer ABORTED, the store closes.
+  // Ends the active generation of `rec`: RecordGenerationEndLocked, then
+  // ReleaseGenerationLocked.
   void EndGenerationLocked(JobRecord& rec, const std::string& reason, bool completed,
                            Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's record of the end of its active generation (a GENERATION_ENDED event, no
+  // workers); the generation itself goes on until ReleaseGenerationLocked. Split so that a
+  // change stored before it is acted on (JobTable::BeginChange) can record the end first.
+  void RecordGenerationEndLocked(JobRecord& rec, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the active generation itself: live members go IDLE (told to abort unless
+  // `completed`), parked joins answer ABORTED, the store closes.
+  void ReleaseGenerationLocked(JobRecord& rec, const std::string& reason, bool completed,
+                               Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A generation failed: end it and decide RECOVERING or FAILED. Mark a dead member
   // WORKER_DEAD first, so it is not told to abort or handed out again.
   void FailGenerationLocked(JobRecord& rec, const std::string& cause, bool permanent,
@@ -211,8 +222,10 @@ class Coordinator {
   std::string ResumeProblemLocked(const weft::v1::JobSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordCheckpointLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request,
                               Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishJobLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request,
-                       Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the change ReportProgress began (JobTable::BeginChange): the job SUCCEEDED once that
+  // is stored; the write's error, and the job as it was, otherwise.
+  absl::Status FinishJobLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request,
+                               Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the generations of the failures CheckLiveness found.
   void ApplyFailuresLocked(const std::vector<Failure>& failures, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

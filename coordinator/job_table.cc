@@ -1,8 +1,14 @@
 #include "coordinator/job_table.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string_view>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
@@ -11,13 +17,6 @@
 
 namespace weft::coordinator {
 namespace {
-
-int64_t SeqFromJobId(const std::string& job_id) {
-  int64_t seq = 0;
-  const size_t dash = job_id.rfind('-');
-  if (dash != std::string::npos) (void)absl::SimpleAtoi(job_id.substr(dash + 1), &seq);
-  return seq;
-}
 
 // "submitted: 124439808 parameters on 2-4 CPU workers".
 std::string SubmittedMessage(const weft::v1::JobSpec& spec) {
@@ -31,6 +30,39 @@ std::string SubmittedMessage(const weft::v1::JobSpec& spec) {
 }
 
 }  // namespace
+
+std::string JobIdSuffix(uint64_t random) {
+  // RFC 4648's base32 alphabet in lower case; the first character is a letter.
+  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz234567";
+  std::string suffix(kJobIdSuffixChars, ' ');
+  suffix[0] = kAlphabet[random % 26];
+  random /= 26;
+  for (int i = 1; i < kJobIdSuffixChars; ++i) {
+    suffix[i] = kAlphabet[random % 32];
+    random /= 32;
+  }
+  return suffix;
+}
+
+std::string MakeJobId(const std::string& name, int64_t seq, uint64_t random) {
+  return absl::StrCat(name, "-", seq, "-", JobIdSuffix(random));
+}
+
+int64_t SeqFromJobId(const std::string& job_id) {
+  // "<name>-<seq>-<suffix>", or "<name>-<seq>" as stored before job ids had a suffix.
+  std::string_view rest = job_id;
+  size_t dash = rest.rfind('-');
+  if (dash == std::string_view::npos) return 0;
+  std::string_view last = rest.substr(dash + 1);
+  if (!last.empty() && !absl::ascii_isdigit(static_cast<unsigned char>(last[0]))) {
+    rest = rest.substr(0, dash);
+    dash = rest.rfind('-');
+    if (dash == std::string_view::npos) return 0;
+    last = rest.substr(dash + 1);
+  }
+  int64_t seq = 0;
+  return absl::SimpleAtoi(absl::string_view(last.data(), last.size()), &seq) ? seq : 0;
+}
 
 JobTable::JobTable(std::unique_ptr<StateDb> db, CoordinatorMetrics* metrics, Clock clock,
                    const Options& options)
@@ -74,19 +106,30 @@ void JobTable::RestoreCheckpointTimes(const JobRecord& rec) {
 
 absl::StatusOr<JobRecord*> JobTable::Create(const weft::v1::JobSpec& spec) {
   const int64_t seq = next_job_seq_;
+  // The kernel's CSPRNG, so that no two coordinators (whatever their seeds, start times or
+  // data directories) are likely to draw the same suffix.
+  uint64_t random = 0;
+  if (getrandom(&random, sizeof(random), 0) != static_cast<ssize_t>(sizeof(random))) {
+    return absl::InternalError(
+        absl::StrCat("cannot draw a job id: getrandom: ", std::strerror(errno)));
+  }
   JobRecord rec;
   rec.seq = seq;
   *rec.job.mutable_spec() = spec;
   auto* status = rec.status();
-  status->set_job_id(absl::StrCat(spec.name(), "-", seq));
+  status->set_job_id(MakeJobId(spec.name(), seq, random));
   status->set_name(spec.name());
   // A job's first state: every later one goes through SetState.
   status->set_state(weft::v1::PENDING);
   status->set_total_steps(spec.training().total_steps());
   ToProtoTime(clock_(), status->mutable_create_time());
+  BeginChange(rec);  // no metrics or log of a job that is never stored
   AddEvent(rec, weft::v1::SUBMITTED, SubmittedMessage(spec));
+  Change change = std::move(*change_);
+  change_.reset();
   // Durable before acknowledged: a job the client was told about survives any crash.
   if (absl::Status s = db_->PutJob(rec.job, seq + 1); !s.ok()) return s;
+  for (const auto& effect : change.effects) effect();
   next_job_seq_ = seq + 1;
   rec.last_persist = clock_();
   const std::string job_id = status->job_id();
@@ -160,12 +203,14 @@ void JobTable::AddEvent(JobRecord& rec, weft::v1::JobEventType type, const std::
   event->set_generation(status->generation());
   event->set_state(status->state());
   event->set_message(message);
-  metrics_->CountJobEvent(status->job_id(), type);
   if (status->events_size() > options_.max_events_per_job) {
     status->mutable_events()->DeleteSubrange(
         0, status->events_size() - options_.max_events_per_job);
   }
-  spdlog::info("job {}: {}: {}", status->job_id(), weft::v1::JobEventType_Name(type), message);
+  Effect(rec, [this, job_id = status->job_id(), type, message] {
+    metrics_->CountJobEvent(job_id, type);
+    spdlog::info("job {}: {}: {}", job_id, weft::v1::JobEventType_Name(type), message);
+  });
 }
 
 void JobTable::SetState(JobRecord& rec, weft::v1::JobState state, const std::string& reason) {
@@ -180,28 +225,80 @@ void JobTable::SetState(JobRecord& rec, weft::v1::JobState state, const std::str
   if (JobHasEnded(state)) ToProtoTime(clock_(), status->mutable_end_time());
   if (state != weft::v1::PENDING && state != weft::v1::RECOVERING) status->clear_pending_reason();
   AddEvent(rec, weft::v1::STATE_CHANGED, absl::StrCat(JobState_Name(state), ": ", reason));
-  metrics_->SetCheckpointIntervalSteps(
-      status->job_id(),
-      state == weft::v1::RUNNING ? rec.job.spec().checkpoint().interval_steps() : 0);
-  if (JobHasEnded(state)) metrics_->EndJob(status->job_id(), clock_());
+  Effect(rec, [this, job_id = status->job_id(), state,
+               interval = rec.job.spec().checkpoint().interval_steps()] {
+    metrics_->SetCheckpointIntervalSteps(job_id, state == weft::v1::RUNNING ? interval : 0);
+    if (JobHasEnded(state)) metrics_->EndJob(job_id, clock_());
+  });
+}
+
+void JobTable::Effect(const JobRecord& rec, std::function<void()> effect) {
+  if (change_ && change_->rec == &rec) {
+    change_->effects.push_back(std::move(effect));
+  } else {
+    effect();
+  }
+}
+
+absl::Status JobTable::Write(JobRecord& rec) {
+  if (absl::Status s = db_->PutJob(rec.job); !s.ok()) return s;
+  rec.last_persist = clock_();
+  rec.unpersisted = false;
+  return absl::OkStatus();
 }
 
 void JobTable::Commit(JobRecord& rec, Actions& actions) {
-  if (absl::Status s = db_->PutJob(rec.job); !s.ok()) {
-    // The in-memory state stays authoritative; the next commit retries the write.
-    spdlog::error("job {}: {}", rec.id(), std::string(s.message()));
-  } else {
-    rec.last_persist = clock_();
+  if (change_ && change_->rec == &rec) return;
+  const bool was_unpersisted = rec.unpersisted;
+  if (absl::Status s = Write(rec); !s.ok()) {
+    // Memory stays ahead (workers may already act on the change); RetryUnpersisted catches up.
+    rec.unpersisted = true;
+    if (!was_unpersisted) {
+      spdlog::error("job {}: {}; kept in memory, written again every tick until it succeeds",
+                    rec.id(), std::string(s.message()));
+    }
+  } else if (was_unpersisted) {
+    spdlog::info("job {}: written to the state database again", rec.id());
   }
   NotifyWatchers(rec, actions);
 }
 
 void JobTable::CommitIfDue(JobRecord& rec, Actions& actions) {
-  if (clock_() - rec.last_persist >= absl::Milliseconds(options_.metrics_persist_interval_ms)) {
+  if (rec.unpersisted ||
+      clock_() - rec.last_persist >= absl::Milliseconds(options_.metrics_persist_interval_ms)) {
     Commit(rec, actions);
   } else {
     NotifyWatchers(rec, actions);
   }
+}
+
+void JobTable::RetryUnpersisted() {
+  // At most once a second: while the disk stays full, each try resumes or reopens RocksDB.
+  const absl::Time now = clock_();
+  if (now < next_retry_) return;
+  next_retry_ = now + absl::Seconds(1);
+  for (auto& [id, rec] : jobs_) {
+    if (!rec.unpersisted) continue;
+    if (Write(rec).ok()) spdlog::info("job {}: written to the state database again", id);
+  }
+}
+
+void JobTable::BeginChange(JobRecord& rec) {
+  change_.emplace(Change{.rec = &rec, .before = rec.job, .effects = {}});
+}
+
+absl::Status JobTable::CommitChange(JobRecord& rec, Actions& actions) {
+  Change change = std::move(*change_);
+  change_.reset();
+  if (absl::Status s = Write(rec); !s.ok()) {
+    rec.job = std::move(change.before);
+    spdlog::error("job {}: change not made, as it could not be stored: {}", rec.id(),
+                  std::string(s.message()));
+    return s;
+  }
+  for (const auto& effect : change.effects) effect();
+  NotifyWatchers(rec, actions);
+  return absl::OkStatus();
 }
 
 void JobTable::NotifyWatchers(const JobRecord& rec, Actions& actions) {

@@ -26,11 +26,29 @@
 
 namespace weft::coordinator {
 
+// Job ids are "<name>-<seq>-<suffix>" ("tiny-1-k3x9qa"): the name and the coordinator's
+// sequence number keep them readable and ordered; the suffix, drawn at random per job, keeps
+// them unique across coordinators and data directories. Everything stored under a job id
+// (checkpoints, model files, metric series) relies on that: a job id from a fresh data directory
+// must never name an older job's data.
+inline constexpr int kJobIdSuffixChars = 6;
+
+// kJobIdSuffixChars characters of lower-case base32 (a-z, 2-7) taken from `random`; the first
+// is a letter, so that a suffix is never read as a sequence number. 26 * 32^5: about 8.7e8.
+std::string JobIdSuffix(uint64_t random);
+// "<name>-<seq>-<JobIdSuffix(random)>".
+std::string MakeJobId(const std::string& name, int64_t seq, uint64_t random);
+// The <seq> of a job id, also of the "<name>-<seq>" ids stored before the suffix; 0 if none.
+int64_t SeqFromJobId(const std::string& job_id);
+
 struct JobRecord {
   weft::v1::Job job;
   int64_t seq = 0;
   std::optional<Generation> generation;  // the active one
   absl::Time last_persist;
+  // The last write of this record failed: memory is ahead of the state database until a later
+  // write (the next commit, or RetryUnpersisted) succeeds.
+  bool unpersisted = false;
   // The worker's message of the rank error that ended the last generation, and the worker
   // that reported it; empty when that generation ended otherwise (or none has). In memory
   // only: a coordinator restart forgets them, which at worst costs one more restart.
@@ -94,10 +112,29 @@ class JobTable {
   // a coordinator bug: logged, and the state is left as it was). Records a STATE_CHANGED
   // event; entering an ended state sets the end time. Setting the current state does nothing.
   void SetState(JobRecord& rec, weft::v1::JobState state, const std::string& reason);
-  // Persists the job and notifies its watchers.
+
+  // Persists the job and notifies its watchers. For changes no caller is waiting on (the
+  // scheduler's, liveness failures): on a failed write the change stays in memory, the record
+  // is marked unpersisted and the error is logged; RetryUnpersisted (every tick) or the job's
+  // next commit writes it. Within a BeginChange of `rec`, does nothing: the change's
+  // CommitChange writes and notifies.
   void Commit(JobRecord& rec, Actions& actions);
   // Commit when the job was last persisted metrics_persist_interval_ms ago, else only notify.
   void CommitIfDue(JobRecord& rec, Actions& actions);
+  // Writes every unpersisted record again (each tick, at most once a second); logs when one is
+  // written at last.
+  void RetryUnpersisted();
+
+  // Changes acknowledged to a caller (a cancel, a worker's final report) are durable first:
+  // between BeginChange(rec) and CommitChange(rec), AddEvent and SetState change the record
+  // only, holding back their metrics and logs. CommitChange writes the record: when that
+  // succeeds the held-back effects happen and the watchers are told; when it fails the record
+  // is restored as it was at BeginChange and the write's error (UNAVAILABLE naming the cause,
+  // e.g. "No space left on device") is returned, so that the caller refuses the call and
+  // nothing in memory says otherwise. One change at a time; the caller makes its other effects
+  // (workers told, generations ended) only after CommitChange succeeded.
+  void BeginChange(JobRecord& rec);
+  absl::Status CommitChange(JobRecord& rec, Actions& actions);
   void NotifyWatchers(const JobRecord& rec, Actions& actions);
 
   // Calls `watcher` (among `actions`) with the current status, then after every change.
@@ -119,6 +156,16 @@ class JobTable {
     std::string job_id;
     Watcher fn;
   };
+  // A change begun by BeginChange: the record as it was, and the effects held back.
+  struct Change {
+    JobRecord* rec;
+    weft::v1::Job before;
+    std::vector<std::function<void()>> effects;
+  };
+  // Runs `effect` (metrics, logs) now, or at CommitChange when `rec` is being changed.
+  void Effect(const JobRecord& rec, std::function<void()> effect);
+  // Writes `rec`; on success clears its unpersisted mark.
+  absl::Status Write(JobRecord& rec);
 
   std::unique_ptr<StateDb> db_;
   CoordinatorMetrics* metrics_;
@@ -129,6 +176,8 @@ class JobTable {
   uint64_t next_watcher_id_ = 1;
   std::map<uint64_t, WatcherRecord> watchers_;
   uint64_t update_seq_ = 0;
+  std::optional<Change> change_;
+  absl::Time next_retry_ = absl::InfinitePast();  // of RetryUnpersisted
 };
 
 }  // namespace weft::coordinator

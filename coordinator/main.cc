@@ -51,12 +51,15 @@ int Fail(const absl::Status& status) {
 
 int main(int argc, char** argv) {
   Flags flags;
-  flags.options.data_dir = "weft-coordinator-data";
+  flags.options.data_dir = weft::DefaultDataDir("coordinator");
   CLI::App app{"weft-coordinator: job queue, worker registry, rendezvous and store"};
   weft::AddServingFlags(app, &flags.serving);
   weft::AddSecurityFlags(app, &flags.security);
   weft::AddAuthTokensFlag(app, &flags.auth_tokens_file);
-  app.add_option("--data-dir", flags.options.data_dir, "directory of the state database")
+  app.add_option("--data-dir", flags.options.data_dir,
+                 "directory of the state database (created if missing; locked: one coordinator "
+                 "a directory); the default is /var/lib/weft/coordinator for root, else "
+                 "$XDG_STATE_HOME/weft/coordinator or ~/.local/state/weft/coordinator")
       ->capture_default_str();
   AddBounded(app, "--heartbeat-interval-ms", &flags.options.heartbeat_interval_ms,
              "heartbeat interval of idle workers", 10, 600000);
@@ -99,6 +102,12 @@ int main(int argc, char** argv) {
   // lock order in one global graph: at 10K workers (a mutex per parked call) that graph cost
   // the coordinator a tenth of its CPU. The unit tests keep it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+
+  // Held until exit: a second coordinator on this directory would hand out the same job ids
+  // and overwrite this one's jobs.
+  auto data_dir = weft::DataDirLock::Acquire(flags.options.data_dir, "weft-coordinator");
+  if (!data_dir.ok()) return Fail(data_dir.status());
+  flags.options.data_dir = (*data_dir)->dir();
 
   auto registry = std::make_shared<prometheus::Registry>();
   auto coordinator = weft::coordinator::Coordinator::Open(flags.options, registry);

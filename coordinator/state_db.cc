@@ -1,10 +1,15 @@
 #include "coordinator/state_db.h"
 
+#include <cstdarg>
+#include <cstdio>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
+#include "spdlog/spdlog.h"
 
 namespace weft::coordinator {
 namespace {
@@ -12,11 +17,33 @@ namespace {
 constexpr char kJobPrefix[] = "job/";
 constexpr char kSeqKey[] = "meta/next_job_seq";
 
-}  // namespace
+// RocksDB's info log, sent to the coordinator's log instead of a LOG file in the data
+// directory: on a full disk, the distribution's RocksDB (built with assertions) aborts the
+// process at the LOG file's next append after one failed, which a failed state write makes
+// likely. Its chatter (options, flushes) goes to debug; its warnings and errors stay visible.
+class SpdlogRocksLogger final : public rocksdb::Logger {
+ public:
+  SpdlogRocksLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL) {}
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    using rocksdb::InfoLogLevel;
+    const spdlog::level::level_enum to = level >= InfoLogLevel::ERROR_LEVEL ? spdlog::level::err
+                                         : level == InfoLogLevel::WARN_LEVEL ? spdlog::level::warn
+                                                                             : spdlog::level::debug;
+    if (!spdlog::should_log(to)) return;
+    char line[1024];
+    std::vsnprintf(line, sizeof(line), format, ap);
+    spdlog::log(to, "state database: {}", line);
+  }
+};
 
-absl::StatusOr<std::unique_ptr<StateDb>> StateDb::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<rocksdb::DB>> OpenRocks(const std::string& dir) {
   rocksdb::Options options;
   options.create_if_missing = true;
+  options.info_log = std::make_shared<SpdlogRocksLogger>();
   // The state is small (jobs, not tensors): keep the footprint small too.
   options.max_background_jobs = 1;
   options.keep_log_file_num = 3;
@@ -25,9 +52,37 @@ absl::StatusOr<std::unique_ptr<StateDb>> StateDb::Open(const std::string& dir) {
   if (!s.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("--data-dir ", dir, ": cannot open the state database: ", s.ToString(),
-                     s.IsIOError() ? " (is another coordinator using this directory?)" : ""));
+                     s.IsIOError() && absl::StrContains(s.ToString(), "lock")
+                         ? " (is another coordinator using this directory?)"
+                         : ""));
   }
-  return std::unique_ptr<StateDb>(new StateDb(std::unique_ptr<rocksdb::DB>(db)));
+  return std::unique_ptr<rocksdb::DB>(db);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StateDb>> StateDb::Open(const std::string& dir) {
+  auto db = OpenRocks(dir);
+  if (!db.ok()) return db.status();
+  return std::unique_ptr<StateDb>(new StateDb(dir, std::move(*db)));
+}
+
+absl::Status StateDb::Recover() {
+  // A failed log write stops RocksDB: it refuses every write until resumed, even once the disk
+  // has room again. Resume() recovers when it can; after a full disk it often cannot (RocksDB
+  // waits for a free-space reserve a small disk never has, and answers Busy meanwhile), and
+  // reopening the database is what lets the coordinator go on without a restart. A torn record
+  // the failed write left at the log's end is dropped by the reopening's recovery: it was never
+  // acknowledged.
+  if (db_ != nullptr && db_->Resume().ok()) return absl::OkStatus();
+  db_.reset();
+  auto db = OpenRocks(dir_);
+  if (!db.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("state database write failed: cannot reopen it: ", db.status().message()));
+  }
+  db_ = std::move(*db);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<weft::v1::Job>> StateDb::LoadJobs() {
@@ -59,12 +114,14 @@ absl::StatusOr<int64_t> StateDb::LoadNextJobSeq() {
 }
 
 absl::Status StateDb::PutJob(const weft::v1::Job& job, int64_t next_job_seq) {
+  if (write_failed_) WEFT_RETURN_IF_ERROR(Recover());
   rocksdb::WriteBatch batch;
   batch.Put(absl::StrCat(kJobPrefix, job.status().job_id()), job.SerializeAsString());
   if (next_job_seq > 0) batch.Put(kSeqKey, absl::StrCat(next_job_seq));
   rocksdb::WriteOptions options;
   options.sync = true;
   rocksdb::Status s = db_->Write(options, &batch);
+  write_failed_ = !s.ok();
   if (!s.ok()) {
     return absl::UnavailableError(absl::StrCat("state database write failed: ", s.ToString()));
   }

@@ -28,11 +28,20 @@ class StateDb {
   absl::StatusOr<int64_t> LoadNextJobSeq();
 
   // Writes `job`; with next_job_seq > 0, also the sequence, in the same atomic batch.
+  // UNAVAILABLE "state database write failed: <RocksDB's reason>" when it is not stored (e.g.
+  // "No space left on device"); the next call tries again, resuming the database first.
   absl::Status PutJob(const weft::v1::Job& job, int64_t next_job_seq = 0);
 
  private:
-  explicit StateDb(std::unique_ptr<rocksdb::DB> db) : db_(std::move(db)) {}
+  StateDb(std::string dir, std::unique_ptr<rocksdb::DB> db)
+      : dir_(std::move(dir)), db_(std::move(db)) {}
+  // After a failed write: resumes the database, or else closes and reopens it. UNAVAILABLE
+  // when neither works yet (db_ may then be null until a later call reopens it).
+  absl::Status Recover();
+
+  const std::string dir_;
   std::unique_ptr<rocksdb::DB> db_;
+  bool write_failed_ = false;  // the last write failed (or so did the recovery since)
 };
 
 }  // namespace weft::coordinator

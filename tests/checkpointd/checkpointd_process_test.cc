@@ -723,6 +723,35 @@ TEST(CheckpointdAuthTest, CallsWithoutAnAcceptedTokenAreRefusedAndStoreNothing) 
   EXPECT_EQ(out, tensors[0].bytes);
 }
 
+// A second checkpointd may neither share a served port (clients would alternate between two
+// stores) nor the data directory of a running one; either fails at once, naming the port or
+// the directory and its holder.
+TEST(CheckpointdExclusiveTest, ASecondDaemonOnAServedPortOrTheSameDataDirectoryExits) {
+  TempDir tmp;
+  auto first = testing::CheckpointdProcess::Start(tmp.File("first"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string listen = (*first)->address();
+  testing::CommandResult r = testing::RunCommand(
+      {testing::BinDir() + "/weft-checkpointd", "--listen=" + listen,
+       "--data-dir=" + tmp.File("second"), "--metrics-address=none"},
+      {}, absl::Seconds(20));
+  EXPECT_EQ(r.exit_code, 1) << r.err;  // not killed at the timeout, still serving
+  EXPECT_THAT(r.err, ::testing::AllOf(HasSubstr("--listen " + listen),
+                                      HasSubstr(absl::StrCat("port ", (*first)->port())),
+                                      HasSubstr("Address already in use")));
+
+  const std::string dir = tmp.File("first") + "/db";  // CheckpointdProcess's
+  r = testing::RunCommand({testing::BinDir() + "/weft-checkpointd", "--listen=127.0.0.1:0",
+                           "--data-dir=" + dir, "--metrics-address=none"},
+                          {}, absl::Seconds(20));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, ::testing::AllOf(
+                         HasSubstr("--data-dir " + dir),
+                         HasSubstr(absl::StrCat("in use by weft-checkpointd (pid ",
+                                                (*first)->process().pid(), ")"))));
+  EXPECT_TRUE((*first)->process().Running());
+}
+
 TEST(CheckpointdAuthTest, BadTokenFileStopsTheDaemonNamingTheFlag) {
   TempDir tmp;
   testing::WriteFile(tmp.File("short"), "short\n");

@@ -31,6 +31,7 @@ using testing::Eventually;
 using testing::Subprocess;
 using testing::TcpProxy;
 using testing::TempDir;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr char kSpecText[] = R"pb(
@@ -1029,7 +1030,7 @@ TEST_F(CoordinatorProcessTest, SigkillAndRestartKeepsEveryJob) {
   // Ids are never reused.
   auto next = Submit(Spec(2));
   ASSERT_TRUE(next.ok());
-  EXPECT_EQ(*next, "tiny-5");
+  EXPECT_THAT(*next, ::testing::MatchesRegex("tiny-5-[a-z][a-z2-7]{5}"));
   // Workers of the old process must register again.
   v1::HeartbeatRequest hb;
   hb.set_worker_id(a.worker_id());
@@ -1045,6 +1046,44 @@ TEST_F(CoordinatorProcessTest, SigkillAndRestartKeepsEveryJob) {
   ASSERT_TRUE(cmd.ok());
   EXPECT_EQ(cmd->job_id(), ids[0]);
   EXPECT_EQ(cmd->generation(), 2);
+}
+
+// A second coordinator (its own data directory) on the port another one serves must not
+// start: sharing the port (gRPC's default SO_REUSEPORT), clients would alternate between the
+// two. The same for its metrics port. The first one serves on.
+TEST_F(CoordinatorProcessTest, ASecondCoordinatorOnAServedPortExitsNamingThePort) {
+  TempDir other;
+  const std::string listen = coordinator_->address();
+  testing::CommandResult r = testing::RunCommand(
+      {testing::BinDir() + "/weft-coordinator", "--listen=" + listen,
+       "--data-dir=" + other.File("db"), "--metrics-address=none"},
+      {}, absl::Seconds(20));
+  EXPECT_EQ(r.exit_code, 1) << r.err;  // not killed at the timeout, still serving
+  EXPECT_THAT(r.err, AllOf(HasSubstr("--listen " + listen),
+                           HasSubstr(absl::StrCat("port ", coordinator_->port())),
+                           HasSubstr("Address already in use")));
+  const std::string metrics = coordinator_->metrics_address();
+  r = testing::RunCommand({testing::BinDir() + "/weft-coordinator", "--listen=127.0.0.1:0",
+                           "--data-dir=" + other.File("db"), "--metrics-address=" + metrics},
+                          {}, absl::Seconds(20));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, AllOf(HasSubstr("--metrics-address " + metrics),
+                           HasSubstr("Address already in use")));
+  EXPECT_TRUE(Submit(Spec(2)).ok());
+}
+
+// A second coordinator on the data directory of a running one fails at once, naming the
+// directory and the process that holds it.
+TEST_F(CoordinatorProcessTest, ASecondCoordinatorOnTheSameDataDirectoryExitsNamingIt) {
+  const testing::CommandResult r = testing::RunCommand(
+      {testing::BinDir() + "/weft-coordinator", "--listen=127.0.0.1:0",
+       "--data-dir=" + dir_.File("db"), "--metrics-address=none"},
+      {}, absl::Seconds(20));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, AllOf(HasSubstr("--data-dir " + dir_.File("db")),
+                           HasSubstr(absl::StrCat("in use by weft-coordinator (pid ",
+                                                  coordinator_->process().pid(), ")"))));
+  EXPECT_TRUE(Submit(Spec(2)).ok());
 }
 
 TEST_F(CoordinatorProcessTest, MetricsEndpointExportsCoordinatorMetrics) {

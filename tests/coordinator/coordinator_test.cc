@@ -5,6 +5,9 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +35,7 @@ using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::MatchesRegex;
 using ::testing::Not;
 using ::testing::SizeIs;
 using weft::v1::Command;
@@ -357,11 +361,11 @@ int SeriesOfJob(prometheus::Registry& registry, const std::string& job_id) {
 TEST_F(CoordinatorTest, SubmitWithoutWorkersIsPendingWithReason) {
   auto r = coord_->SubmitJob(CpuSpec("train", 2));
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->job_id(), "train-1");
+  EXPECT_THAT(r->job_id(), MatchesRegex("train-1-[a-z][a-z2-7]{5}"));
   EXPECT_EQ(r->spec().resources().max_workers(), 2);  // defaults filled in
   EXPECT_EQ(r->spec().fault().heartbeat_timeout_ms(), 3000);
 
-  JobStatus s = Status("train-1");
+  JobStatus s = Status(r->job_id());
   EXPECT_EQ(s.state(), weft::v1::PENDING);
   EXPECT_EQ(s.name(), "train");
   EXPECT_EQ(s.generation(), 0);
@@ -369,7 +373,7 @@ TEST_F(CoordinatorTest, SubmitWithoutWorkersIsPendingWithReason) {
   EXPECT_EQ(s.pending_reason(), "needs 2 idle CPU workers, 0 idle");
   EXPECT_NE(FindEvent(s, weft::v1::SUBMITTED), nullptr);
 
-  EXPECT_EQ(Submit(CpuSpec("train", 1)), "train-2");  // ids keep counting
+  EXPECT_THAT(Submit(CpuSpec("train", 1)), MatchesRegex("train-2-[a-z][a-z2-7]{5}"));  // counting
 }
 
 TEST_F(CoordinatorTest, InvalidSpecIsRejectedNamingTheFields) {
@@ -466,7 +470,7 @@ TEST_F(CoordinatorTest, JobsOfAKindAreServedInSubmissionOrder) {
   // One idle worker would fit "second", but "first" is ahead of it.
   EXPECT_EQ(Status(first).state(), weft::v1::PENDING);
   EXPECT_EQ(Status(second).state(), weft::v1::PENDING);
-  EXPECT_THAT(Status(second).pending_reason(), HasSubstr("queued behind job first-1"));
+  EXPECT_THAT(Status(second).pending_reason(), HasSubstr("queued behind job " + first));
   Worker w1 = Register("h", 1);
   EXPECT_EQ(Status(first).state(), weft::v1::RUNNING);
   EXPECT_EQ(Status(second).state(), weft::v1::PENDING);
@@ -1707,7 +1711,7 @@ TEST_F(CoordinatorTest, ReopenKeepsEveryJobAndRunningOnesRecover) {
   EXPECT_EQ(coord_->GenerationStore(scope).status().code(), absl::StatusCode::kAborted);
 
   // Job ids continue after the stored ones.
-  EXPECT_EQ(Submit(CpuSpec("later", 50)), "later-4");
+  EXPECT_THAT(Submit(CpuSpec("later", 50)), MatchesRegex("later-4-[a-z][a-z2-7]{5}"));
 
   // Workers re-register with the new process; the recovering job forms generation 2.
   Register("h", 0);
@@ -1733,6 +1737,165 @@ TEST_F(CoordinatorTest, SecondCoordinatorOnTheSameDirectoryIsRefused) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Two coordinators that each start on an empty data directory count from 1 alike: their job
+// ids must still differ, or the second one's job would take over the first one's checkpoints
+// and model files (both are stored under the job id).
+TEST_F(CoordinatorTest, CoordinatorsOfEmptyDataDirectoriesGiveTheSameSpecDifferentJobIds) {
+  weft::testing::TempDir other_dir;
+  CoordinatorOptions other_options = options_;
+  other_options.data_dir = other_dir.path();
+  auto other = Coordinator::Open(other_options, std::make_shared<prometheus::Registry>(),
+                                 [this] { return clock_.Now(); }, false);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto theirs = (*other)->SubmitJob(CpuSpec("tiny", 2));
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  const std::string ours = Submit(CpuSpec("tiny", 2));
+  EXPECT_THAT(ours, MatchesRegex("tiny-1-[a-z][a-z2-7]{5}"));
+  EXPECT_THAT(theirs->job_id(), MatchesRegex("tiny-1-[a-z][a-z2-7]{5}"));
+  EXPECT_NE(ours, theirs->job_id());
+}
+
+TEST(JobIdTest, KeepsNameAndSequenceReadableAndParsesBack) {
+  for (uint64_t random : {uint64_t{0}, uint64_t{25}, uint64_t{12345678901}, ~uint64_t{0}}) {
+    const std::string id = MakeJobId("run-2", 17, random);
+    EXPECT_THAT(id, MatchesRegex("run-2-17-[a-z][a-z2-7]{5}")) << random;
+    EXPECT_EQ(SeqFromJobId(id), 17) << id;
+  }
+  EXPECT_EQ(JobIdSuffix(0), "aaaaaa");
+  EXPECT_NE(JobIdSuffix(1), JobIdSuffix(2));
+  // Ids stored before the suffix existed still sort by their sequence after an upgrade.
+  EXPECT_EQ(SeqFromJobId("run-2-17"), 17);
+  EXPECT_EQ(SeqFromJobId("tiny-1"), 1);
+  EXPECT_EQ(SeqFromJobId("nodash"), 0);
+}
+
+// A data directory on a filesystem of its own (a 4 MiB tmpfs), filled up for real. Needs root
+// (mount); the test skips otherwise.
+class FullDiskCoordinatorTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    spdlog::set_level(spdlog::level::off);  // the refused writes are logged as errors
+    mount_ = dir_.File("fs");
+    std::filesystem::create_directories(mount_);
+    if (system(absl::StrCat("mount -t tmpfs -o size=4m weft-test-full ", mount_,
+                            " 2>/dev/null").c_str()) != 0) {
+      GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+    }
+    mounted_ = true;
+    options_.data_dir = mount_ + "/db";
+    Reopen();
+  }
+  void TearDown() override {
+    coord_.reset();  // closes the database, so that the tmpfs can go
+    if (mounted_) (void)system(absl::StrCat("umount ", mount_, " 2>/dev/null").c_str());
+  }
+
+  // Writes a file until the filesystem refuses more with ENOSPC.
+  void FillDisk() {
+    std::FILE* f = std::fopen(Filler().c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    const std::string block(4096, 'x');
+    while (std::fwrite(block.data(), 1, block.size(), f) == block.size() && std::fflush(f) == 0) {
+    }
+    std::fclose(f);
+  }
+  void FreeDisk() { std::remove(Filler().c_str()); }
+  std::string Filler() const { return mount_ + "/filler"; }
+
+  // A job whose record spans pages: writing it needs new blocks of the filesystem, whatever
+  // room the last block of the database's log has left.
+  static JobSpec BigSpec(const std::string& name, int32_t workers) {
+    JobSpec spec = CpuSpec(name, workers);
+    spec.mutable_data()->set_train_path("/data/" + std::string(3 * 4096, 'x') + ".txt");
+    return spec;
+  }
+
+  std::string mount_;
+  bool mounted_ = false;
+};
+
+// A cancel the state database cannot store is refused, and nothing changes: the job runs on,
+// its worker is not told to abort, and after a restart the job is what it really was. Once
+// the disk has room again, the same coordinator stores the cancel.
+TEST_F(FullDiskCoordinatorTest, ACancelThatCannotBeStoredIsRefusedAndChangesNothing) {
+  auto [job, w] = StartRunningJob(BigSpec("full", 1), 1);
+  const JobStatus before = Status(job);
+  ASSERT_NO_FATAL_FAILURE(FillDisk());
+
+  auto cancelled = coord_->CancelJob(job, "");
+  ASSERT_FALSE(cancelled.ok()) << "a cancel was acknowledged on a full disk";
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(cancelled.status().message(),
+              AllOf(HasSubstr(job), HasSubstr("not cancelled"), HasSubstr("No space left")));
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.events_size(), before.events_size());
+  EXPECT_THAT(s.worker_ids(), ElementsAre(w[0].id));
+  auto hb = Beat(w[0], job, 1);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_THAT(AbortCommands(*hb), IsEmpty());
+  EXPECT_EQ(WorkerStatus(w[0].id).state(), weft::v1::WORKER_BUSY);
+
+  // Room again: the same coordinator stores the cancel, without a restart.
+  FreeDisk();
+  cancelled = coord_->CancelJob(job, "");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), weft::v1::CANCELLED);
+  Reopen();
+  EXPECT_EQ(Status(job).state(), weft::v1::CANCELLED);
+}
+
+TEST_F(FullDiskCoordinatorTest, RefusedCancelAndSubmitLeaveNoTraceAfterARestart) {
+  const std::string job = Submit(BigSpec("pending", 2));
+  ASSERT_NO_FATAL_FAILURE(FillDisk());
+  EXPECT_FALSE(coord_->CancelJob(job, "").ok());
+  auto submitted = coord_->SubmitJob(BigSpec("refused", 2));
+  ASSERT_FALSE(submitted.ok()) << "a job was acknowledged on a full disk";
+  EXPECT_EQ(submitted.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(submitted.status().message(), HasSubstr("job not submitted"));
+  FreeDisk();
+  Reopen();
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::PENDING);
+  EXPECT_EQ(FindEvent(s, weft::v1::CANCEL_REQUESTED), nullptr);
+  auto all = coord_->ListJobs(weft::v1::ListJobsRequest());
+  ASSERT_TRUE(all.ok());
+  EXPECT_THAT(all->jobs(), SizeIs(1));
+}
+
+// Rank 0's final report is acknowledged only once the success is stored: refused while the
+// disk is full (the job still RUNNING on its worker), accepted when rank 0 sends it again.
+TEST_F(FullDiskCoordinatorTest, AFinalReportThatCannotBeStoredIsRefused) {
+  auto [job, w] = StartRunningJob(BigSpec("finish", 1), 1);
+  ASSERT_NO_FATAL_FAILURE(FillDisk());
+  auto done = Report(job, 1, w[0], 0, 100, /*finished=*/true);
+  ASSERT_FALSE(done.ok()) << "a final report was acknowledged on a full disk";
+  EXPECT_EQ(done.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);
+  EXPECT_EQ(WorkerStatus(w[0].id).state(), weft::v1::WORKER_BUSY);
+  FreeDisk();
+  done = Report(job, 1, w[0], 0, 100, /*finished=*/true);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_FALSE(done->continue_training());
+  Reopen();
+  EXPECT_EQ(Status(job).state(), weft::v1::SUCCEEDED);
+}
+
+// What the scheduler changes while the disk is full stays in memory (its workers already act
+// on it) and is written once there is room, at the next tick.
+TEST_F(FullDiskCoordinatorTest, SchedulerChangesAreWrittenOnceThereIsRoom) {
+  const std::string job = Submit(BigSpec("later", 1));
+  ASSERT_NO_FATAL_FAILURE(FillDisk());
+  Register("h", 0);  // the job starts: its write fails
+  EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);
+  FreeDisk();
+  coord_->Tick();
+  Reopen();
+  // RUNNING was stored: a restarted coordinator abandons that generation.
+  EXPECT_EQ(Status(job).state(), weft::v1::RECOVERING);
+  EXPECT_EQ(Status(job).generation(), 1);
 }
 
 // ---- metrics ---------------------------------------------------------------------------------
