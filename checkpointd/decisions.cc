@@ -113,4 +113,19 @@ RetentionDecision DecideRetention(int64_t committed_step, int keep_last,
   return d;
 }
 
+Verdict CheckDiskSpace(const std::string& what, int64_t write_bytes, int64_t keep_free_bytes,
+                       const DiskSpace& disk) {
+  const int64_t needed = write_bytes + disk.promised_bytes + keep_free_bytes;
+  if (disk.free_bytes >= needed) return Verdict{};
+  std::string parts = absl::StrCat(write_bytes, " to write");
+  if (disk.promised_bytes > 0) {
+    absl::StrAppend(&parts, ", ", disk.promised_bytes, " promised to shards being written");
+  }
+  absl::StrAppend(&parts, ", ", keep_free_bytes, " kept free for the store's own files");
+  return Refuse(absl::StrCat("no room on the checkpoint store's disk for ", what, ": ",
+                             disk.free_bytes, " bytes free, ", needed, " needed (", parts,
+                             "); delete checkpoints (trainctl checkpoint delete) or free the "
+                             "disk"));
+}
+
 }  // namespace weft::checkpointd

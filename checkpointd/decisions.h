@@ -1,6 +1,6 @@
 // The checkpoint store's decisions as pure functions: whether a rank's shard agrees with the
-// manifest being committed, whether the ranks' ranges cover every tensor exactly once, and
-// which older checkpoints retention deletes. Each result carries a reason a person can read
+// manifest being committed, whether the ranks' ranges cover every tensor exactly once, which
+// older checkpoints retention deletes, and whether the disk has room for a write. Each result carries a reason a person can read
 // (the commit's refusal message, the retention log line). No I/O, no clocks, no locks: the
 // CheckpointStore reads what these need from the database and applies the results.
 #ifndef WEFT_CHECKPOINTD_DECISIONS_H_
@@ -56,6 +56,23 @@ struct RetentionDecision {
 // survive, and so does every pinned one. keep_last < 1 keeps everything.
 RetentionDecision DecideRetention(int64_t committed_step, int keep_last,
                                   const std::vector<StoredCheckpoint>& existing);
+
+// ---- Disk space ------------------------------------------------------------------------------
+
+// The store's disk as a write finds it.
+struct DiskSpace {
+  // Available to the store: statvfs's f_bavail * f_frsize of the data directory, plus the
+  // ballast file the store would remove to make room (see StoreOptions::disk_reserve_bytes).
+  int64_t free_bytes = 0;
+  // Shard data accepted by streams still open, not necessarily on disk yet.
+  int64_t promised_bytes = 0;
+};
+
+// Whether `what` (e.g. "rank 0's shard of job-a step 5"), writing `write_bytes`, may start
+// while leaving `keep_free_bytes` free after it and after every open stream's promised data.
+// The reason, when refused, names the free and the needed bytes and how they add up.
+Verdict CheckDiskSpace(const std::string& what, int64_t write_bytes, int64_t keep_free_bytes,
+                       const DiskSpace& disk);
 
 }  // namespace weft::checkpointd
 

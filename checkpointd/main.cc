@@ -42,6 +42,14 @@ void AddFlags(CLI::App& app, Flags* flags) {
                  "period of the sweep for uncommitted data")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{86400}));
+  app.add_option("--disk-reserve-bytes", flags->options.disk_reserve_bytes,
+                 "free space on the data directory's disk that checkpoint data never uses (kept "
+                 "for the store's own files, commits and deletes); a shard that would leave "
+                 "less is refused with RESOURCE_EXHAUSTED. A quarter of it is held as a ballast "
+                 "file, removed when the disk is found full so the store still opens and "
+                 "deletes")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
 }
 
 }  // namespace

@@ -1,6 +1,15 @@
 #include "checkpointd/store.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <thread>
 
@@ -13,6 +22,7 @@
 #include "common/crc32c.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "rocksdb/env.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
 #include "spdlog/spdlog.h"
@@ -30,6 +40,8 @@ constexpr size_t kMaxChunkBytes = 4 << 20;
 constexpr size_t kBatchBytes = 16 << 20;
 constexpr int64_t kMaxElements = int64_t{1} << 50;
 constexpr int kMaxWorldSize = 1000000;  // the key format has 6 rank digits
+// In the data directory; RocksDB leaves files whose names it does not know alone.
+constexpr char kBallastFile[] = "weft-disk-ballast";
 
 std::string StepPrefix(const char* kind, const std::string& job, int64_t step) {
   return absl::StrFormat("%s/%s/%020d/", kind, job, step);
@@ -78,7 +90,65 @@ absl::Status CheckLayout(const TensorLayout& t, int64_t* numel) {
 absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.ok()) return absl::OkStatus();
   if (s.IsCorruption()) return absl::DataLossError(absl::StrCat(what, ": ", s.ToString()));
+  // The space checks keep this rare: something else filled the disk meanwhile.
+  if (s.IsNoSpace()) return absl::ResourceExhaustedError(absl::StrCat(what, ": ", s.ToString()));
   return absl::UnavailableError(absl::StrCat(what, ": ", s.ToString()));
+}
+
+// RocksDB's informational log, into this daemon's log instead of a LOG file in the data
+// directory. On a full disk RocksDB 7.8's file logger aborts the process: its append after a
+// failed one trips an assert (`sync_without_flush_called_`) that Debian's build keeps, and
+// RocksDB logs while opening, so the daemon could not even start again on that disk.
+class RocksLogger : public rocksdb::Logger {
+ public:
+  RocksLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL) {}
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    // Option dumps and statistics are RocksDB's detail, not the operator's.
+    spdlog::level::level_enum to = spdlog::level::trace;
+    if (level == rocksdb::InfoLogLevel::WARN_LEVEL) to = spdlog::level::warn;
+    if (level == rocksdb::InfoLogLevel::ERROR_LEVEL ||
+        level == rocksdb::InfoLogLevel::FATAL_LEVEL) {
+      to = spdlog::level::err;
+    }
+    if (!spdlog::should_log(to)) return;
+    va_list copy;
+    va_copy(copy, ap);
+    const int n = std::vsnprintf(nullptr, 0, format, copy);
+    va_end(copy);
+    if (n <= 0) return;
+    std::string text(static_cast<size_t>(n) + 1, '\0');
+    std::vsnprintf(text.data(), text.size(), format, ap);
+    text.resize(static_cast<size_t>(n));
+    spdlog::log(to, "rocksdb: {}", text);
+  }
+};
+
+// Bytes an unprivileged writer may still use on the disk of `dir`.
+absl::StatusOr<int64_t> AvailableBytes(const std::string& dir) {
+  struct statvfs fs;
+  if (statvfs(dir.c_str(), &fs) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("statvfs of ", dir, ": ", std::strerror(errno)));
+  }
+  return static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+}
+
+// Allocates `bytes` for real (posix_fallocate) in a new file at `path`; removes it on failure.
+absl::Status WriteBallast(const std::string& path, int64_t bytes) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat(path, ": ", std::strerror(errno)));
+  int err = posix_fallocate(fd, 0, bytes);
+  if (err == 0 && fsync(fd) != 0) err = errno;
+  close(fd);
+  if (err != 0) {
+    unlink(path.c_str());
+    return absl::ResourceExhaustedError(absl::StrCat(path, ": ", std::strerror(err)));
+  }
+  return absl::OkStatus();
 }
 
 rocksdb::WriteOptions Synced() {
@@ -320,8 +390,31 @@ CheckpointStore::~CheckpointStore() {
 
 absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
     const StoreOptions& options, std::shared_ptr<prometheus::Registry> registry) {
+  if (options.disk_reserve_bytes < 0) {
+    return absl::InvalidArgumentError("--disk-reserve-bytes: must be >= 0");
+  }
+  const std::string ballast_path = absl::StrCat(options.data_dir, "/", kBallastFile);
+  const int64_t ballast_bytes = options.disk_reserve_bytes / 4;
+  bool ballast_present = false;
+  if (struct stat st; stat(ballast_path.c_str(), &st) == 0) {
+    // Before RocksDB writes anything (a new MANIFEST, WAL and OPTIONS file at every open): on
+    // a disk filled while this daemon was down, the ballast's room is what lets it start.
+    const absl::StatusOr<int64_t> free = AvailableBytes(options.data_dir);
+    ballast_present = st.st_size == ballast_bytes && free.ok() && *free >= ballast_bytes;
+    if (!ballast_present) {
+      if (st.st_size == ballast_bytes) {
+        spdlog::warn("disk of {} is full: removing the {}-byte ballast to make room",
+                     options.data_dir, ballast_bytes);
+      }
+      unlink(ballast_path.c_str());
+    }
+  }
   rocksdb::Options db_options;
   db_options.create_if_missing = true;
+  db_options.info_log = std::make_shared<RocksLogger>();
+  // Preallocation would hold space the free-space checks cannot see (a WAL reserves 1.1
+  // memtables, 140 MiB here) and makes a small disk fail early.
+  db_options.allow_fallocate = false;
   // Every byte of a checkpoint passes through a memtable flush (to blob files): with RocksDB's
   // derived default of one flush thread, saves ran at a third of the disk's rate on a 16-core
   // host, one rank streaming or two. Flushes get a quarter of the cores (at least 2), so
@@ -343,6 +436,12 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
   db_options.max_write_buffer_number = 8;
   rocksdb::DB* db = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(db_options, options.data_dir, &db);
+  if (s.IsNoSpace()) {
+    // Opening writes a new MANIFEST and WAL: a few KiB, which the ballast normally gives.
+    return absl::ResourceExhaustedError(
+        absl::StrCat("--data-dir ", options.data_dir, ": cannot open the checkpoint store: ",
+                     s.ToString(), " (free some space on its disk; it needs a few KiB)"));
+  }
   if (!s.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("--data-dir ", options.data_dir, ": cannot open the checkpoint store: ",
@@ -351,9 +450,20 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
   }
   std::unique_ptr<CheckpointStore> store(
       new CheckpointStore(std::unique_ptr<rocksdb::DB>(db), options, std::move(registry)));
+  store->ballast_path_ = ballast_path;
+  store->ballast_bytes_ = ballast_bytes;
+  {
+    absl::MutexLock lock(&store->mu_);
+    store->ballast_present_ = ballast_present;
+    store->ReleaseBallastIfFullLocked();
+  }
   WEFT_RETURN_IF_ERROR(store->RecoverCrashedStreams());
   WEFT_RETURN_IF_ERROR(store->Sweep());
   store->UpdateStoreBytes();
+  {
+    absl::MutexLock lock(&store->mu_);
+    store->RestoreBallastLocked();
+  }
   return store;
 }
 
@@ -415,6 +525,7 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> CheckpointStore::BeginShard(
     }
   }
   std::vector<int> elem_sizes;
+  int64_t shard_bytes = 0;  // each range is within its tensor: <= 2^50 elements of <= 4 bytes
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> by_tensor;
   for (const auto& r : header.ranges()) {
     auto layout = layouts.find(r.tensor());
@@ -428,6 +539,9 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> CheckpointStore::BeginShard(
           "): must be non-empty and within [0, ", layout->second.second, ")"));
     }
     elem_sizes.push_back(layout->second.first);
+    // Capped (far above any disk) so that many huge ranges cannot overflow the sum.
+    shard_bytes = std::min(shard_bytes + (r.end() - r.begin()) * layout->second.first,
+                           int64_t{1} << 60);
     by_tensor[r.tensor()].emplace_back(r.begin(), r.end());
   }
   for (auto& [name, ranges] : by_tensor) {
@@ -457,7 +571,17 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> CheckpointStore::BeginShard(
       return absl::FailedPreconditionError(
           absl::StrCat("checkpoint ", job, " step ", header.step(), " is already committed"));
     }
+    WEFT_ASSIGN_OR_RETURN(const DiskSpace disk, DiskSpaceLocked());
+    const Verdict room = CheckDiskSpace(
+        absl::StrCat("rank ", header.rank(), "'s shard of ", job, " step ", header.step()),
+        shard_bytes, options_.disk_reserve_bytes, disk);
+    if (!room.ok) {
+      failed_->Increment();
+      return absl::ResourceExhaustedError(
+          absl::StrCat(room.reason, " (--data-dir ", options_.data_dir, ")"));
+    }
     open_streams_.insert(id);
+    promised_bytes_ += shard_bytes;
     // A rewrite replaces whatever an earlier stream of this rank left.
     rocksdb::WriteBatch batch;
     DeleteRank(job, header.step(), header.rank(), &batch);
@@ -470,11 +594,14 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> CheckpointStore::BeginShard(
     if (absl::Status s = FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "write");
         !s.ok()) {
       open_streams_.erase(id);
+      promised_bytes_ -= shard_bytes;
       return s;
     }
   }
-  return std::unique_ptr<ShardWriter>(
+  std::unique_ptr<ShardWriter> writer(
       new ShardWriter(this, header, std::move(elem_sizes), absl::Now()));
+  writer->promised_bytes_ = shard_bytes;
+  return writer;
 }
 
 absl::Status CheckpointStore::EndStream(const ShardWriter& writer, bool ok, int64_t bytes) {
@@ -508,6 +635,7 @@ absl::Status CheckpointStore::EndStream(const ShardWriter& writer, bool ok, int6
     save_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - writer.start_));
   }
   open_streams_.erase(std::make_tuple(h.job_id(), h.step(), h.rank()));
+  promised_bytes_ -= writer.promised_bytes_;
   return status;
 }
 
@@ -557,6 +685,17 @@ absl::StatusOr<CheckpointManifest> CheckpointStore::Commit(CheckpointManifest m)
       sizes->numels, std::vector<weft::v1::RankState>(m.ranks().begin(), m.ranks().end()));
   if (!coverage.ok) return refuse(absl::FailedPreconditionError(coverage.reason));
 
+  WEFT_ASSIGN_OR_RETURN(const DiskSpace disk, DiskSpaceLocked());
+  // The shards were accepted with the whole reserve left free: a commit fails for space only
+  // when something else has filled the disk since.
+  const Verdict room =
+      CheckDiskSpace(absl::StrCat("the commit of ", job, " step ", m.step()),
+                     static_cast<int64_t>(m.ByteSizeLong()), options_.disk_reserve_bytes / 2,
+                     disk);
+  if (!room.ok) {
+    return refuse(absl::ResourceExhaustedError(
+        absl::StrCat(room.reason, " (--data-dir ", options_.data_dir, ")")));
+  }
   m.set_total_bytes(sizes->total_bytes);
   m.set_pinned(false);
   const absl::Time now = absl::Now();
@@ -592,17 +731,21 @@ absl::Status CheckpointStore::WriteCommitLocked(const CheckpointManifest& m) {
   batch.Put(ManifestKey(job, m.step()), m.SerializeAsString());
   batch.Delete(StepPrefix("pending", job, m.step()));
   const int keep = m.spec().checkpoint().keep_last();
+  std::vector<int64_t> victims;
   if (keep >= 1) {
     WEFT_ASSIGN_OR_RETURN(auto existing, List(job));  // newest first, without this one
     std::vector<StoredCheckpoint> stored;
     for (const auto& old : existing) stored.push_back({old.step(), old.pinned()});
-    const RetentionDecision retention = DecideRetention(m.step(), keep, stored);
+    RetentionDecision retention = DecideRetention(m.step(), keep, stored);
     if (!retention.victims.empty()) {
       spdlog::info("retention of checkpoints of {}: {}", job, retention.reason);
     }
     for (int64_t victim : retention.victims) DeleteStep(job, victim, &batch);
+    victims = std::move(retention.victims);
   }
-  return FromRocks(db_->Write(Synced(), &batch), "checkpoint commit");
+  WEFT_RETURN_IF_ERROR(FromRocks(db_->Write(Synced(), &batch), "checkpoint commit"));
+  CompactSteps(job, victims);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<CheckpointManifest>> CheckpointStore::List(const std::string& job) {
@@ -759,6 +902,7 @@ absl::Status CheckpointStore::SetPinned(const std::string& job, int64_t step, bo
   // An exact step: "0 = latest" is GetManifest's convenience only.
   WEFT_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifestAt(job, step, rocksdb::ReadOptions()));
   m.set_pinned(pinned);
+  ReleaseBallastIfFullLocked();
   return FromRocks(db_->Put(Synced(), ManifestKey(job, step), m.SerializeAsString()),
                    "checkpoint store write");
 }
@@ -778,10 +922,13 @@ absl::Status CheckpointStore::Delete(const std::string& job, int64_t step) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint ", job, " step ", step, " is pinned; unpin it first"));
   }
+  ReleaseBallastIfFullLocked();
   rocksdb::WriteBatch batch;
   DeleteStep(job, step, &batch);
   WEFT_RETURN_IF_ERROR(FromRocks(db_->Write(Synced(), &batch), "checkpoint delete"));
+  CompactSteps(job, {step});
   UpdateStoreBytes();
+  RestoreBallastLocked();
   return absl::OkStatus();
 }
 
@@ -812,6 +959,7 @@ absl::Status CheckpointStore::Sweep() {
   }
   WEFT_RETURN_IF_ERROR(FromRocks(it->status(), "checkpoint store scan"));
   if (batch.Count() > 0) {
+    ReleaseBallastIfFullLocked();
     WEFT_RETURN_IF_ERROR(FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "sweep"));
   }
   UpdateStoreBytes();
@@ -823,6 +971,55 @@ void CheckpointStore::UpdateStoreBytes() {
   db_->GetIntProperty("rocksdb.total-sst-files-size", &sst);
   db_->GetIntProperty("rocksdb.total-blob-file-size", &blob);
   store_bytes_->Set(static_cast<double>(sst + blob));
+}
+
+absl::StatusOr<DiskSpace> CheckpointStore::DiskSpaceLocked() {
+  WEFT_ASSIGN_OR_RETURN(const int64_t available, AvailableBytes(options_.data_dir));
+  return DiskSpace{.free_bytes = available + (ballast_present_ ? ballast_bytes_ : 0),
+                   .promised_bytes = promised_bytes_};
+}
+
+void CheckpointStore::ReleaseBallastIfFullLocked() {
+  if (!ballast_present_) return;
+  const absl::StatusOr<int64_t> available = AvailableBytes(options_.data_dir);
+  if (available.ok() && *available >= ballast_bytes_) return;
+  spdlog::warn("disk of {} is full ({} bytes free): removing the {}-byte ballast to make room",
+               options_.data_dir, available.ok() ? *available : 0, ballast_bytes_);
+  if (unlink(ballast_path_.c_str()) != 0 && errno != ENOENT) {
+    spdlog::warn("cannot remove {}: {}", ballast_path_, std::strerror(errno));
+    return;
+  }
+  ballast_present_ = false;
+}
+
+void CheckpointStore::RestoreBallastLocked() {
+  if (ballast_present_ || ballast_bytes_ == 0) return;
+  const absl::StatusOr<int64_t> available = AvailableBytes(options_.data_dir);
+  if (!available.ok() || *available < 2 * ballast_bytes_) return;
+  if (absl::Status s = WriteBallast(ballast_path_, ballast_bytes_); !s.ok()) {
+    spdlog::warn("cannot write the disk ballast: {}", std::string(s.message()));
+    return;
+  }
+  ballast_present_ = true;
+}
+
+void CheckpointStore::CompactSteps(const std::string& job, const std::vector<int64_t>& steps) {
+  rocksdb::CompactRangeOptions options;
+  // Automatic compactions go on meanwhile: this is a small range of keys (the data is in
+  // blob files, which a compaction only marks as garbage).
+  options.exclusive_manual_compaction = false;
+  // Garbage collection would rewrite the live blobs of older checkpoints here, which needs
+  // room the disk may not have when a delete is meant to free it.
+  options.blob_garbage_collection_policy = rocksdb::BlobGarbageCollectionPolicy::kDisable;
+  for (int64_t step : steps) {
+    const std::string begin = StepPrefix("ckpt", job, step);
+    const std::string end = PrefixEnd(begin);
+    const rocksdb::Slice b(begin), e(end);
+    if (rocksdb::Status s = db_->CompactRange(options, &b, &e); !s.ok()) {
+      // The deletion stands; its space comes back with a later compaction.
+      spdlog::warn("compacting deleted checkpoint {} step {}: {}", job, step, s.ToString());
+    }
+  }
 }
 
 }  // namespace weft::checkpointd

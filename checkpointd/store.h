@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "checkpointd/decisions.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -44,6 +45,14 @@ struct StoreOptions {
   // client sends again as soon as it has reconnected, a little before this daemon has seen the
   // first stream die.
   absl::Duration open_stream_wait = absl::Seconds(10);
+  // Free space on the data directory's disk that shard data never uses: RocksDB's own files
+  // (WAL, MANIFEST, compaction output) need it, and so do commits and deletes. A shard whose
+  // data would leave less is refused with RESOURCE_EXHAUSTED; a commit may use half of it.
+  // A quarter of it is held as a ballast file in the data directory, removed when the disk is
+  // found full (at startup, before a delete), so that a disk filled by something else still
+  // lets the store open and delete checkpoints to free space; it comes back once there is
+  // room again. 0: no reserve and no ballast.
+  int64_t disk_reserve_bytes = int64_t{256} << 20;
 };
 
 class CheckpointStore;
@@ -75,6 +84,8 @@ class ShardWriter {
   size_t range_index_ = 0;
   int64_t next_offset_ = 0;
   int64_t bytes_ = 0;
+  // The shard's data bytes, counted as promised disk space until the stream ends.
+  int64_t promised_bytes_ = 0;
   std::unique_ptr<class rocksdb::WriteBatch> batch_;
   bool done_ = false;
   bool failed_ = false;
@@ -90,10 +101,14 @@ class CheckpointStore {
 
   // Validates `header` and starts a stream for its rank: replaces any earlier uncommitted
   // data of that rank. FAILED_PRECONDITION if the step is committed, ABORTED if a stream for
-  // the same rank is still open after options.open_stream_wait.
+  // the same rank is still open after options.open_stream_wait, RESOURCE_EXHAUSTED (naming
+  // the free and needed bytes) if the shard's data would leave less than
+  // options.disk_reserve_bytes free.
   absl::StatusOr<std::unique_ptr<ShardWriter>> BeginShard(const weft::v1::ShardHeader& header);
 
-  // The commit point (see checkpoint.proto); also applies keep-last retention.
+  // The commit point (see checkpoint.proto); also applies keep-last retention and compacts
+  // what it deleted, so that the space comes back. RESOURCE_EXHAUSTED if the disk has less
+  // than half of options.disk_reserve_bytes free.
   absl::StatusOr<weft::v1::CheckpointManifest> Commit(weft::v1::CheckpointManifest manifest);
   // Committed manifests of `job_id`, newest first.
   absl::StatusOr<std::vector<weft::v1::CheckpointManifest>> List(const std::string& job_id);
@@ -108,8 +123,9 @@ class CheckpointStore {
   // Sets the pinned flag of the committed checkpoint at exactly `step`. NOT_FOUND if none,
   // DATA_LOSS naming the step if its manifest is unreadable.
   absl::Status SetPinned(const std::string& job_id, int64_t step, bool pinned);
-  // Removes a committed checkpoint (manifest and data in one synced batch). NOT_FOUND if
-  // none, FAILED_PRECONDITION if pinned. A checkpoint whose manifest is unreadable is deleted
+  // Removes a committed checkpoint (manifest and data in one synced batch) and compacts its
+  // key range, so that its blob files are deleted before this returns. Works on a full disk
+  // (the ballast makes room for the write). NOT_FOUND if none, FAILED_PRECONDITION if pinned. A checkpoint whose manifest is unreadable is deleted
   // too (with a warning): it can never be restored, and while it stays every List of the job
   // fails, so this is how it is cleared.
   absl::Status Delete(const std::string& job_id, int64_t step);
@@ -141,6 +157,16 @@ class CheckpointStore {
   absl::Status WriteCommitLocked(const weft::v1::CheckpointManifest& m)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateStoreBytes();
+  // Under mu_: the disk as a write finds it (statvfs of the data directory, plus the ballast).
+  absl::StatusOr<DiskSpace> DiskSpaceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under mu_: removes the ballast when the disk has less free than the ballast holds, so that
+  // the metadata write that follows (a delete, a pin, a sweep) finds room.
+  void ReleaseBallastIfFullLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under mu_: recreates the ballast once the disk has room for it twice over.
+  void RestoreBallastLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Compacts the chunk key range of each (job, step) in `steps`: deleted chunks are dropped
+  // and blob files left with only garbage are removed, so the disk space comes back now.
+  void CompactSteps(const std::string& job, const std::vector<int64_t>& steps);
 
   std::unique_ptr<rocksdb::DB> db_;
   StoreOptions options_;
@@ -150,6 +176,13 @@ class CheckpointStore {
   // marker write or a sweep of the same step.
   absl::Mutex mu_;
   std::set<std::tuple<std::string, int64_t, int>> open_streams_ ABSL_GUARDED_BY(mu_);
+  // Sum of the open streams' ShardWriter::promised_bytes_.
+  int64_t promised_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The ballast file (see StoreOptions::disk_reserve_bytes): its path, size, and whether it
+  // is on disk.
+  std::string ballast_path_;
+  int64_t ballast_bytes_ = 0;
+  bool ballast_present_ ABSL_GUARDED_BY(mu_) = false;
 
  public:
   // Metrics (owned by registry_).

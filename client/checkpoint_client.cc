@@ -123,6 +123,13 @@ int64_t NumElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
+bool CheckpointClient::Unreachable() const {
+  // CONNECTING also covers a first attempt that has not failed yet: calls in flight for long
+  // (the only ones asked about) are past it, READY on a reachable daemon.
+  const grpc_connectivity_state state = server_.channel->GetState(/*try_to_connect=*/false);
+  return state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_CONNECTING;
+}
+
 CheckpointClient::CheckpointClient(const std::string& address, absl::Duration rpc_timeout,
                                    absl::Duration reconnect_wait)
     : address_(address),

@@ -119,6 +119,11 @@ class CheckpointClient {
 
   const std::string& address() const { return address_; }
 
+  // Whether the channel to the daemon is not connected but trying (TRANSIENT_FAILURE or
+  // CONNECTING): a call that has been in flight for a while is then waiting for a daemon that
+  // is not there, not for a slow one. Starts no connection attempt.
+  bool Unreachable() const;
+
  private:
   // The step `step` names (0: the latest committed one, resolved once so that the read that
   // follows cannot straddle a concurrent commit) and the dtype of `tensor` in it.

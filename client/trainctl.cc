@@ -730,12 +730,18 @@ int Main(int argc, char** argv) {
   // Data commands are local work: no daemon is involved.
   if (data_commands.Parsed()) return data_commands.Run(global.json());
   // Checkpoint commands talk to weft-checkpointd only: a bad --coordinator must not stop them.
-  if (checkpoint_commands.Parsed()) {
-    return checkpoint_commands.Run(global.checkpointd, global.json(),
-                                   absl::Seconds(global.timeout_s));
-  }
   ClientOptions options;
   options.rpc_timeout = absl::Seconds(global.timeout_s);
+  if (checkpoint_commands.Parsed()) {
+    return checkpoint_commands.Run(
+        global.checkpointd, global.json(), absl::Seconds(global.timeout_s),
+        [&](const std::string& job_id) -> absl::Status {
+          WEFT_RETURN_IF_ERROR(CheckHostPort(global.coordinator, "--coordinator"));
+          ClientOptions fail_fast = options;
+          fail_fast.reconnect_wait = absl::ZeroDuration();  // only a hint: do not wait for it
+          return CoordinatorClient(global.coordinator, fail_fast).GetJob(job_id).status();
+        });
+  }
   // Model commands work on local files; only a job's model needs the coordinator.
   if (model_commands.Parsed()) {
     return model_commands.Run(global.json(), [&](const std::string& job_id)

@@ -46,9 +46,23 @@ std::string FormatBytes(int64_t bytes) {
   return absl::StrCat(bytes, " B");
 }
 
-int ListCheckpoints(CheckpointClient& client, bool json, const std::string& job_id) {
+int ListCheckpoints(CheckpointClient& client, bool json, const std::string& job_id,
+                    const CheckpointCommands::JobLookup& job_exists) {
   auto manifests = client.List(job_id);
   if (!manifests.ok()) return Fail(manifests.status());
+  if (manifests->empty()) {
+    // checkpointd keeps no list of jobs: "none" is all it can say of a mistyped id.
+    const absl::Status known = job_exists(job_id);
+    if (absl::IsNotFound(known)) {
+      return Fail(absl::NotFoundError(
+          absl::StrCat("job ", job_id, ": no such job (the coordinator does not know it) and "
+                       "checkpointd has no checkpoints of it; see `trainctl list`")));
+    }
+    if (!known.ok()) {
+      std::cerr << "trainctl: warning: cannot check that job " << job_id
+                << " exists: " << known.message() << "\n";
+    }
+  }
   if (json) {
     return trainctl::PrintListJson(std::move(*manifests),
                                    &weft::v1::ListCheckpointsResponse::mutable_checkpoints);
@@ -205,10 +219,10 @@ CheckpointCommands::CheckpointCommands(CLI::App* app) {
 bool CheckpointCommands::Parsed() const { return list_->parsed() || group_->parsed(); }
 
 int CheckpointCommands::Run(const std::string& checkpointd, bool json,
-                            absl::Duration rpc_timeout) const {
+                            absl::Duration rpc_timeout, const JobLookup& job_exists) const {
   if (absl::Status ok = CheckHostPort(checkpointd, "--checkpointd"); !ok.ok()) return Fail(ok);
   CheckpointClient client(checkpointd, rpc_timeout);
-  if (list_->parsed()) return ListCheckpoints(client, json, job_id_);
+  if (list_->parsed()) return ListCheckpoints(client, json, job_id_, job_exists);
   absl::StatusOr<int64_t> step = ParseStep(step_);
   if (!step.ok()) return Fail(step.status());
   if (export_->parsed()) {

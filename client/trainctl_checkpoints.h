@@ -8,9 +8,11 @@
 #ifndef WEFT_CLIENT_TRAINCTL_CHECKPOINTS_H_
 #define WEFT_CLIENT_TRAINCTL_CHECKPOINTS_H_
 
+#include <functional>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "client/trainctl_model.h"
 
@@ -25,9 +27,18 @@ class CheckpointCommands {
   // True if app.parse() chose one of these subcommands.
   bool Parsed() const;
 
+  // Asks the coordinator whether a job exists: OK, NOT_FOUND, or why it could not tell.
+  using JobLookup = std::function<absl::Status(const std::string& job_id)>;
+
   // Runs the chosen subcommand against the daemon at `checkpointd`; `json` selects -o json.
-  // Returns the process exit status (errors printed as "trainctl: <message>").
-  int Run(const std::string& checkpointd, bool json, absl::Duration rpc_timeout) const;
+  // `job_exists` is asked only when `checkpoints JOB` finds no checkpoint: a job the
+  // coordinator does not know either is an error (exit 1), most likely a mistyped id, where
+  // one that exists simply has none yet (exit 0). When the coordinator cannot tell (down, bad
+  // --coordinator), the empty list stands with a warning: checkpoint commands must work with
+  // checkpointd alone. Returns the process exit status (errors printed as
+  // "trainctl: <message>").
+  int Run(const std::string& checkpointd, bool json, absl::Duration rpc_timeout,
+          const JobLookup& job_exists) const;
 
  private:
   CLI::App* list_ = nullptr;

@@ -616,8 +616,10 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
         request.checkpoint_step() > rec.job.status().checkpoint_step()) {
       RecordCheckpointLocked(rec, request, actions);
     }
-    if (!request.checkpoint_failure().empty()) {
-      // Any rank's: a rank's own upload can fail while rank 0's commit only times out.
+    if (!request.checkpoint_failure().empty() &&
+        gen->FirstReportOfFailedCheckpoint(request.checkpoint_failed_step())) {
+      // Whichever rank reports first: a rank's own upload can fail while rank 0's commit only
+      // times out, and rank 0's report names the failed rank's reason when it knows it.
       jobs_.AddEvent(rec, weft::v1::CHECKPOINT_FAILED,
                      absl::StrCat("checkpoint at step ", request.checkpoint_failed_step(),
                                   " not saved by rank ", request.rank(), " (worker ",

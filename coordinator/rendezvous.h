@@ -69,6 +69,16 @@ class Generation {
   // or the coordinator shuts down).
   void Abort(const absl::Status& status, Actions& actions);
 
+  // Whether a reported failure of the checkpoint at `step` is the first report of it: every
+  // rank whose part of a save failed reports it (rank 0 too when only its commit failed), and
+  // the job gets one CHECKPOINT_FAILED event per checkpoint. A generation saves at increasing
+  // steps, so a step at or below the newest one reported is a repeat.
+  bool FirstReportOfFailedCheckpoint(int64_t step) {
+    if (step <= last_failed_checkpoint_step_) return false;
+    last_failed_checkpoint_step_ = step;
+    return true;
+  }
+
   // A step advanced: the stall clock restarts.
   void MarkProgress(absl::Time now) { last_progress_time_ = now; }
   // The liveness view of this generation for CheckLiveness.
@@ -93,6 +103,7 @@ class Generation {
   absl::Time start_time_;
   absl::Time last_progress_time_;
   std::shared_ptr<MemoryStore> store_ = std::make_shared<MemoryStore>();
+  int64_t last_failed_checkpoint_step_ = -1;
 };
 
 }  // namespace weft::coordinator

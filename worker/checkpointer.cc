@@ -145,18 +145,21 @@ bool Checkpointer::Due(int64_t completed_steps) const {
 absl::StatusOr<bool> Checkpointer::ShouldSave(int64_t completed_steps,
                                                comm::Communicator* comm) {
   if (!Due(completed_steps) && deferred_from_ == 0) return false;
-  float uploading = 0.0f;
+  // Ranks still uploading, and those of them whose checkpointd does not answer.
+  float uploading[2] = {0.0f, 0.0f};
   {
     std::lock_guard<std::mutex> lock(mu_);
-    uploading = busy_ || next_ ? 1.0f : 0.0f;
+    uploading[0] = busy_ || next_ ? 1.0f : 0.0f;
   }
-  WEFT_RETURN_IF_ERROR(comm->AllReduce(&uploading, 1, comm::DataType::kFloat32)->Wait());
-  if (uploading > 0.0f) {
+  if (uploading[0] > 0.0f && client_->Unreachable()) uploading[1] = 1.0f;
+  WEFT_RETURN_IF_ERROR(comm->AllReduce(uploading, 2, comm::DataType::kFloat32)->Wait());
+  if (uploading[0] > 0.0f) {
     if (deferred_from_ == 0) {
       deferred_from_ = completed_steps;
-      spdlog::warn("job {} rank {}: checkpoint due at step {} deferred: {} rank(s) still "
-                   "uploading the previous one (storage slower than checkpoint.interval_steps)",
-                   who_.job_id, who_.rank, completed_steps, static_cast<int>(uploading));
+      spdlog::warn("job {} rank {}: checkpoint due at step {} deferred: {}", who_.job_id,
+                   who_.rank, completed_steps,
+                   DeferredSaveReason(static_cast<int>(uploading[0]),
+                                      static_cast<int>(uploading[1]), client_->address()));
     }
     return false;
   }
@@ -296,6 +299,16 @@ void Checkpointer::Loop() {
     busy_ = false;
     cv_.notify_all();
   }
+}
+
+std::string DeferredSaveReason(int uploading, int unreachable, const std::string& checkpointd) {
+  if (unreachable > 0) {
+    return absl::StrCat(uploading, " rank(s) still uploading the previous one, ", unreachable,
+                        " of them waiting for checkpointd at ", checkpointd,
+                        ", which is unreachable (is it running?)");
+  }
+  return absl::StrCat(uploading, " rank(s) still uploading the previous one (storage slower "
+                      "than checkpoint.interval_steps)");
 }
 
 std::vector<ShardTensor> ShardTensorsOf(const std::vector<UnitSlice>& state) {

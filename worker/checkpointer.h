@@ -55,6 +55,12 @@ weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, in
 // The tensors of `state` as one rank's shard (pointing into `state`).
 std::vector<ShardTensor> ShardTensorsOf(const std::vector<UnitSlice>& state);
 
+// Why a due save is deferred, for the log: `uploading` ranks still upload the previous
+// checkpoint, `unreachable` of them to a checkpointd (at `checkpointd`) that does not answer.
+// An unreachable checkpointd is said as such: "storage slower than the interval" would send an
+// operator after the wrong problem.
+std::string DeferredSaveReason(int uploading, int unreachable, const std::string& checkpointd);
+
 struct CheckpointTimeouts {
   // How long a rank other than 0 waits for rank 0's list of checkpoints to restore.
   int64_t restore_wait_timeout_ms = 5 * 60 * 1000;
@@ -108,9 +114,10 @@ class Checkpointer {
   // deferred) and no rank still uploads the previous one. A due save that would wait for an
   // upload in flight is deferred to the first step after every rank's upload ended instead,
   // so a save never stalls training for longer than its copy to host memory; when storage is
-  // slower than the interval, checkpoints come as often as it allows. Collective over `comm`
-  // (a one-value all-reduce, so every rank decides alike) when a save is due or deferred;
-  // local otherwise.
+  // slower than the interval, checkpoints come as often as it allows. The deferral is logged
+  // with its cause (DeferredSaveReason). Collective over `comm` (a two-value all-reduce: ranks
+  // uploading, and those of them finding checkpointd unreachable, so every rank decides alike)
+  // when a save is due or deferred; local otherwise.
   absl::StatusOr<bool> ShouldSave(int64_t completed_steps, comm::Communicator* comm);
 
   // At the end of training: waits for this rank's upload in flight, takes the save

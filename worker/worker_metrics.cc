@@ -35,7 +35,8 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
                                  "Upload time of the last committed checkpoint (rank 0)", labels_);
   checkpoint_failures_ =
       &AddCounter(registry, "weft_worker_checkpoint_failures_total",
-                  "Saves of this rank that were not stored (each also a CHECKPOINT_FAILED event)",
+                  "Saves of this rank that were not stored (each reported; the job records one "
+                  "CHECKPOINT_FAILED event per checkpoint)",
                   labels_);
   phase_seconds_ = &prometheus::BuildGauge()
                         .Name("weft_worker_step_phase_seconds")

@@ -1,5 +1,6 @@
 // weft-checkpointd as a real process on 127.0.0.1: write, commit, list, resharded reads,
-// refusals of bad input, crash during a write, on-disk corruption, retention and pins.
+// refusals of bad input, crash during a write, on-disk corruption, retention and pins, a full
+// disk.
 #include <signal.h>
 
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/small_disk.h"
 #include "tests/testing/subprocess.h"
 #include "weft/v1/checkpoint.grpc.pb.h"
 
@@ -678,6 +680,80 @@ TEST_F(CheckpointdTest, CorruptedDataOnDiskIsDataLoss) {
   std::fprintf(stderr, "corruption reported as: %s\n", s.error_message().c_str());
   // The listing is still served; only that tensor's data is lost.
   EXPECT_THAT(ListSteps(daemon_.stub(), "job-x"), ::testing::ElementsAre(3));
+}
+
+// A full disk (a real one: an 8 MiB tmpfs) refuses saves with RESOURCE_EXHAUSTED naming the
+// free and needed bytes, while listing, reading and deleting go on; deleting frees space, and
+// the daemon starts again on the disk even when something else has filled it to the last
+// byte. Needs root (mount); skips otherwise.
+TEST(CheckpointdFullDiskTest, RefusesSavesKeepsServingFreesSpaceAndRestarts) {
+  TempDir tmp;
+  auto disk = testing::SmallDisk::Mount(tmp.File("db"), 8 << 20);
+  if (!disk.ok()) GTEST_SKIP() << disk.status();
+  // A quarter of the reserve (512 KiB) is the ballast.
+  Daemon daemon(tmp.path(), {"--disk-reserve-bytes=2097152"});
+  ASSERT_TRUE(daemon.Start().ok());
+  // 1 MiB a checkpoint, until the disk refuses one.
+  std::map<int64_t, Tensor> saved;
+  grpc::Status refused;
+  for (int64_t step = 1; step <= 20; ++step) {
+    const std::vector<Tensor> tensors = {MakeTensor("w", v1::DTYPE_F32, {256 << 10}, step)};
+    refused = WriteRank(daemon.stub(), "job-f", step, 0, 1, tensors, 64 << 10);
+    if (!refused.ok()) break;
+    const grpc::Status s = Commit(daemon.stub(), Manifest("job-f", step, 1, tensors));
+    ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.error_message();
+    saved.emplace(step, tensors[0]);
+  }
+  ASSERT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr(" bytes free, "));
+  EXPECT_THAT(refused.error_message(), HasSubstr(" needed (1048576 to write"));
+  std::fprintf(stderr, "refused as: %s\n", refused.error_message().c_str());
+  ASSERT_GE(saved.size(), 3u);
+
+  auto expect_serving = [&] {
+    std::vector<int64_t> steps;
+    for (const auto& [step, t] : saved) steps.insert(steps.begin(), step);
+    EXPECT_EQ(ListSteps(daemon.stub(), "job-f"), steps);
+    for (const auto& [step, t] : saved) {
+      std::string out;
+      const grpc::Status s = Read(daemon.stub(), "job-f", step, "w", 0, t.numel(), 4, &out);
+      ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.error_message();
+      EXPECT_TRUE(out == t.bytes) << "step " << step;
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(expect_serving());
+
+  // Something else takes the rest of the disk, to the last byte: deleting still works, and
+  // gives the checkpoint's space back at once.
+  ASSERT_TRUE(disk.value()->Fill("filler-1").ok());
+  const int64_t full = (*disk)->FreeBytes();
+  EXPECT_LT(full, 4096);
+  ASSERT_TRUE(Delete(daemon.stub(), "job-f", saved.begin()->first).ok());
+  saved.erase(saved.begin());
+  EXPECT_GE((*disk)->FreeBytes() - full, 512 << 10);
+  ASSERT_NO_FATAL_FAILURE(expect_serving());
+
+  // Killed, and started again on the disk full to the last byte: it serves.
+  ASSERT_TRUE((*disk)->Fill("filler-2").ok());
+  daemon.Stop(SIGKILL);
+  const absl::Status started = daemon.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  ASSERT_NO_FATAL_FAILURE(expect_serving());
+  const std::vector<Tensor> next = {MakeTensor("w", v1::DTYPE_F32, {256 << 10}, 99)};
+  EXPECT_EQ(WriteRank(daemon.stub(), "job-f", 100, 0, 1, next).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ASSERT_TRUE(Delete(daemon.stub(), "job-f", saved.begin()->first).ok());
+  saved.erase(saved.begin());
+
+  // Once the other files are gone, saves go on (the store did not stay broken).
+  std::filesystem::remove((*disk)->path() + "/filler-1");
+  std::filesystem::remove((*disk)->path() + "/filler-2");
+  ASSERT_TRUE(WriteRank(daemon.stub(), "job-f", 100, 0, 1, next).ok());
+  ASSERT_TRUE(Commit(daemon.stub(), Manifest("job-f", 100, 1, next)).ok());
+  saved.emplace(100, next[0]);
+  ASSERT_NO_FATAL_FAILURE(expect_serving());
+  daemon.Stop(SIGTERM);
 }
 
 // With --auth-tokens-file, checkpointd refuses every call that lacks an accepted bearer token,

@@ -1,4 +1,5 @@
-// Unit tests for checkpointd's pure decisions: shard/manifest agreement, coverage, retention.
+// Unit tests for checkpointd's pure decisions: shard/manifest agreement, coverage, retention,
+// disk space.
 #include "checkpointd/decisions.h"
 
 #include <map>
@@ -180,6 +181,25 @@ TEST(DecideRetentionTest, NothingToDeleteSaysSo) {
   RetentionDecision d = DecideRetention(10, 3, {});
   EXPECT_THAT(d.victims, IsEmpty());
   EXPECT_EQ(d.reason, "keep last 3: keeping 10; deleting none");
+}
+
+// ---- CheckDiskSpace ------------------------------------------------------------------------
+
+TEST(CheckDiskSpaceTest, AWriteThatLeavesTheReserveFreeMayStart) {
+  EXPECT_TRUE(CheckDiskSpace("shard", 100, 50, {.free_bytes = 150}).ok);
+  EXPECT_TRUE(CheckDiskSpace("shard", 100, 50, {.free_bytes = 250, .promised_bytes = 100}).ok);
+}
+
+TEST(CheckDiskSpaceTest, RefusalNamesFreeAndNeededBytesAndHowTheyAddUp) {
+  const Verdict v = CheckDiskSpace("rank 1's shard of j step 5", 100, 50,
+                                   {.free_bytes = 249, .promised_bytes = 100});
+  EXPECT_FALSE(v.ok);
+  EXPECT_THAT(v.reason, HasSubstr("for rank 1's shard of j step 5: 249 bytes free, 250 needed "
+                                  "(100 to write, 100 promised to shards being written, 50 "
+                                  "kept free for the store's own files)"));
+  const Verdict alone = CheckDiskSpace("shard", 100, 50, {.free_bytes = 0});
+  EXPECT_FALSE(alone.ok);
+  EXPECT_THAT(alone.reason, HasSubstr("0 bytes free, 150 needed (100 to write, 50 kept free"));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/checkpoint_client.h"
+#include "client/coordinator_client.h"
 #include "common/job_spec.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
@@ -450,9 +451,55 @@ TEST_F(CheckpointClientTest, TrainctlListPinUnpinDelete) {
   r = Trainctl({"checkpoint", "pin", "no-such-job", "5"});
   EXPECT_EQ(r.exit_code, 1) << Describe(r);
   EXPECT_THAT(r.err, HasSubstr("no-such-job")) << Describe(r);
+  // No coordinator answers at the default address: it cannot tell whether the job exists, so
+  // the empty list stands, with a warning.
   r = Trainctl({"checkpoints", "no-such-job"});
   EXPECT_EQ(r.exit_code, 0) << Describe(r);
   EXPECT_THAT(r.out, HasSubstr("no committed checkpoints"));
+  EXPECT_THAT(r.err, HasSubstr("warning: cannot check that job no-such-job exists"));
+}
+
+// `trainctl checkpoints JOB` for a job the coordinator does not know (a mistyped id) is an
+// error, not an empty list; a known job without checkpoints is an empty list; and a job the
+// coordinator has forgotten still lists the checkpoints checkpointd holds.
+TEST_F(CheckpointClientTest, TrainctlCheckpointsOfAnUnknownJobFails) {
+  auto coordinator = testing::CoordinatorProcess::Start(dir_.File("coordinator"));
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  const std::string at = (*coordinator)->address();
+  CommandResult r = Trainctl({"--coordinator", at, "checkpoints", "no-such-job"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_THAT(r.err, HasSubstr("trainctl: job no-such-job: no such job")) << Describe(r);
+  EXPECT_EQ(r.out, "") << Describe(r);
+  r = Trainctl({"--coordinator", at, "checkpoints", "no-such-job", "-o", "json"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+
+  v1::JobSpec spec;
+  spec.set_name("tiny");
+  auto* model = spec.mutable_model();
+  model->set_num_layers(2);
+  model->set_hidden_size(64);
+  model->set_num_heads(4);
+  model->set_vocab_size(256);
+  model->set_context_length(64);
+  spec.mutable_data()->set_train_path("/tmp/x.txt");
+  spec.mutable_data()->set_format(v1::DATA_FORMAT_TEXT_BYTES);
+  spec.mutable_optimizer()->set_learning_rate(0.001f);
+  spec.mutable_training()->set_total_steps(10);
+  spec.mutable_training()->set_micro_batch_size(4);
+  spec.mutable_resources()->set_device_kind(v1::DEVICE_KIND_CPU);
+  spec.mutable_resources()->set_min_workers(2);  // none registered: it stays PENDING
+  auto submitted = CoordinatorClient(at).SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  r = Trainctl({"--coordinator", at, "checkpoints", submitted->job_id()});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_THAT(r.out, HasSubstr("no committed checkpoints"));
+  EXPECT_EQ(r.err, "") << Describe(r);
+
+  const std::vector<Whole> wholes = {MakeWhole("w", v1::DTYPE_F32, {16}, 3)};
+  ASSERT_NO_FATAL_FAILURE(WriteAndCommit("gone-job", 5, 1, wholes));
+  r = Trainctl({"--coordinator", at, "checkpoints", "gone-job"});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_THAT(r.out, HasSubstr("\n5 "));
 }
 
 TEST_F(CheckpointClientTest, TrainctlExportGivesALoadableModel) {

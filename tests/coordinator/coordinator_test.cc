@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -1258,6 +1259,33 @@ TEST_F(CoordinatorTest, FailedSaveOfAnyRankIsAJobEvent) {
   const JobStatus later = Status(job);
   for (const auto& e : later.events()) failed += e.type() == weft::v1::CHECKPOINT_FAILED;
   EXPECT_EQ(failed, 1);
+}
+
+// Every rank whose part of a save failed reports it (rank 0 too, when its commit is given up):
+// the job gets one CHECKPOINT_FAILED event per checkpoint, the first report's; a later
+// checkpoint's failure is an event of its own.
+TEST_F(CoordinatorTest, FailedSaveReportedByEveryRankIsOneEvent) {
+  auto [job, w] = StartRunningJob(CpuSpec("ckpt-fail-once", 3), 3);
+  auto report_failure = [&, &job = job, &w = w](int rank, int64_t step, const std::string& why) {
+    weft::v1::ReportProgressRequest request = EmptyReport(job, 1, w[rank], rank);
+    request.set_checkpoint_failed_step(step);
+    request.set_checkpoint_failure(why);
+    auto r = coord_->ReportProgress(request);
+    ASSERT_TRUE(r.ok()) << r.status();
+  };
+  report_failure(1, 150, "no room on the checkpoint store's disk");
+  report_failure(2, 150, "no room on the checkpoint store's disk");
+  report_failure(0, 150, "rank 1 did not store its shard: the checkpoint is not committed");
+  report_failure(2, 300, "checkpointd at 127.0.0.1:9 unreachable");
+  report_failure(0, 300, "rank 2 did not store its shard: the checkpoint is not committed");
+  const JobStatus s = Status(job);
+  std::vector<std::string> failed;
+  for (const auto& e : s.events()) {
+    if (e.type() == weft::v1::CHECKPOINT_FAILED) failed.push_back(e.message());
+  }
+  ASSERT_EQ(failed.size(), 2u) << absl::StrJoin(failed, "\n");
+  EXPECT_THAT(failed[0], HasSubstr("checkpoint at step 150 not saved by rank 1"));
+  EXPECT_THAT(failed[1], HasSubstr("checkpoint at step 300 not saved by rank 2"));
 }
 
 TEST_F(CoordinatorTest, FinishedFromRankZeroSucceedsAndReleasesWorkers) {

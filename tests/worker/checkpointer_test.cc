@@ -1,10 +1,13 @@
 // Checkpointer against a real weft-checkpointd on 127.0.0.1: a save after the first copies into
 // the previous save's host buffers (no new allocation), and what each checkpoint holds is the
 // state at its own step, the earlier one intact after its buffers were reused; a failed copy
-// keeps the buffers; a due save never waits for an upload in flight (it is deferred); a shard
+// keeps the buffers; a due save never waits for an upload in flight (it is deferred, and the
+// log names an unreachable checkpointd as the cause when it is); a shard
 // that cannot be stored ends rank 0's wait for it at once; the end of training waits for every
 // rank's upload.
 #include "worker/checkpointer.h"
+
+#include <signal.h>
 
 #include <chrono>
 #include <future>
@@ -14,10 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "coordinator/memory_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/tcp_proxy.h"
 #include "tests/worker/snapshot_reader.h"
@@ -268,6 +274,47 @@ TEST_F(CheckpointerTest, ADueSaveIsDeferredWhileAnUploadIsInFlight) {
   const absl::StatusOr<bool> rank1_saved = rank1_end.get();
   ASSERT_TRUE(rank1_saved.ok()) << rank1_saved.status();
   EXPECT_FALSE(*rank1_saved);
+}
+
+// A save deferred behind an upload to a checkpointd that is down says so, not that storage is
+// slower than the interval (which sends an operator after the wrong problem).
+TEST_F(CheckpointerTest, ASaveDeferredBehindAnUnreachableCheckpointdSaysSo) {
+  EXPECT_THAT(DeferredSaveReason(2, 0, "h:1"), HasSubstr("storage slower than"));
+  EXPECT_THAT(DeferredSaveReason(2, 1, "h:1"),
+              HasSubstr("1 of them waiting for checkpointd at h:1, which is unreachable"));
+
+  const std::string address = daemon_->address();
+  daemon_->process().Signal(SIGKILL);
+  ASSERT_TRUE(daemon_->process().Wait(absl::Seconds(10)).ok());
+  const weft::v1::JobSpec spec = TinySpec();  // a save every step
+  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  CheckpointClient client(address);
+  Checkpointer checkpointer(&client, &store_, spec, CheckpointRank{"ckpt", 1, 0, 1});
+  auto log = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  spdlog::default_logger()->sinks().push_back(log);
+  struct Unhook {
+    ~Unhook() { spdlog::default_logger()->sinks().pop_back(); }
+  } unhook;
+
+  ASSERT_TRUE(checkpointer.Save(1, **cpu).ok());
+  // The upload has tried to connect by the time the next save is due (it waits up to 3 s for
+  // checkpointd to come back, then fails).
+  absl::SleepFor(absl::Milliseconds(500));
+  const absl::StatusOr<bool> save = checkpointer.ShouldSave(2, comm_.get());
+  ASSERT_TRUE(save.ok()) << save.status();
+  EXPECT_FALSE(*save);
+  std::string deferral;
+  for (const std::string& line : log->last_formatted()) {
+    if (line.find("deferred") != std::string::npos) deferral = line;
+  }
+  EXPECT_THAT(deferral, HasSubstr(absl::StrCat("waiting for checkpointd at ", address,
+                                               ", which is unreachable")));
+  EXPECT_THAT(deferral, ::testing::Not(HasSubstr("storage slower")));
+  checkpointer.Drain();
+  const std::optional<Checkpointer::Failed> failed = checkpointer.TakeFailed();
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_THAT(failed->reason, HasSubstr("unreachable"));
 }
 
 // The end of training on 3 ranks, rank 1's upload slow (its connection to checkpointd held):
