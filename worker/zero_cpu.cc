@@ -100,7 +100,8 @@ absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec.model()));
   const bool hybrid = replica != nullptr && replica->world_size() > 1;
-  // Checkpointer's writers: with hybrid sharding, group 0 (replica rank 0) alone.
+  // Checkpointer's writers: with hybrid sharding, group 0 (replica rank 0) alone. Read from
+  // the spec, so a worker without --checkpointd (which then saves nothing) counts them anyway.
   const bool writes_checkpoints =
       spec.checkpoint().interval_steps() > 0 && (!hybrid || replica->rank() == 0);
   const CpuMemoryDecision memory = DecideCpuMemory(
