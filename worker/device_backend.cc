@@ -84,7 +84,8 @@ absl::StatusOr<DeviceBackend> CreateCpuBackend(const DeviceOptions& options, Sto
                         ConnectComms<comm::Communicator>("gloo", rank, groups, connect, &backend));
   *failed = BackendPart::kEngine;
   WEFT_ASSIGN_OR_RETURN(backend.engine,
-                        ZeroCpuEngine::Create(spec, comms.shards, comms.replica));
+                        ZeroCpuEngine::Create(spec, comms.shards, comms.replica,
+                                              ZeroCpuOptions{options.ranks_on_host}));
   return backend;
 }
 

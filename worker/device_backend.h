@@ -28,7 +28,8 @@ struct DeviceOptions {
   // A collective (or the communicator's connection setup) not done by then fails.
   int64_t collective_timeout_ms = 60000;
   // The generation's ranks on this worker's host (JoinResponse.local_world_size), which share
-  // its memory: the GPU engine's optimizer offload checks the host holds all of theirs.
+  // its memory: the CPU engine's memory plan gets a share of the host's available memory, and
+  // the GPU engine's optimizer offload checks the host holds all of theirs.
   int ranks_on_host = 1;
 };
 

@@ -238,6 +238,131 @@ absl::Status CheckHostMemory(const GpuMemoryPlan& plan, size_t host_available_by
       GiB(host_available_bytes)));
 }
 
+namespace {
+
+// A part of a CPU plan: GiB from one up, else MiB, so small parts do not read 0.00.
+std::string Size(size_t bytes) {
+  if (bytes >= (size_t{1} << 30)) return absl::StrFormat("%.2f GiB", GiB(bytes));
+  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1u << 20));
+}
+
+// The smallest group in (group, kMaxWorldHint] whose plan fits, or 0. A larger group never
+// needs more (each shard only shrinks; the activations stay), so it is found by bisection.
+int SmallestGroupThatFits(engine::Checkpointing level, size_t budget, int micro_batch_size,
+                          int group, int stage, const CpuMemoryPlanner& plan) {
+  if (plan(level, micro_batch_size, kMaxWorldHint, stage).total() > budget) return 0;
+  int lo = group + 1, hi = kMaxWorldHint;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (plan(level, micro_batch_size, mid, stage).total() <= budget) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+// What would fit instead of the refused job, lightest change first; empty when nothing does.
+std::vector<std::string> CpuAlternatives(engine::Checkpointing tried_last, bool automatic,
+                                         size_t budget, int micro_batch_size, int group,
+                                         int stage, bool hybrid, const CpuMemoryPlanner& plan) {
+  std::vector<std::string> out;
+  const auto fits = [&](const CpuMemoryPlan& p) { return p.total() <= budget; };
+  if (!automatic) {
+    for (Checkpointing level : kLevels) {
+      const CpuMemoryPlan p = plan(level, micro_batch_size, group, stage);
+      if (level != tried_last && fits(p)) {
+        out.push_back(absl::StrFormat(
+            "training.activation_checkpointing: %s (%s)",
+            absl::AsciiStrToUpper(std::string(CheckpointingName(level))), Size(p.total())));
+        break;
+      }
+    }
+  }
+  // The most recomputation on offer keeps the other hints as small a change as they can be.
+  const Checkpointing level = automatic ? Checkpointing::kFull : tried_last;
+  for (int rows = micro_batch_size - 1; rows >= 1; --rows) {
+    const CpuMemoryPlan p = plan(level, rows, group, stage);
+    if (fits(p)) {
+      out.push_back(absl::StrFormat("training.micro_batch_size: %d (%s)", rows, Size(p.total())));
+      break;
+    }
+  }
+  if (stage < 3) {
+    const CpuMemoryPlan p = plan(level, micro_batch_size, group, 3);
+    if (fits(p)) out.push_back(absl::StrFormat("zero_stage: 3 (%s)", Size(p.total())));
+  }
+  if (const int more = SmallestGroupThatFits(level, budget, micro_batch_size, group, stage, plan);
+      more > 0) {
+    const std::string need = Size(plan(level, micro_batch_size, more, stage).total());
+    out.push_back(hybrid ? absl::StrFormat("sharding groups of %d ranks (%s per rank)", more, need)
+                         : absl::StrFormat("resources.min_workers: %d, the added workers on "
+                                           "other hosts (%s per rank)",
+                                           more, need));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string DescribeCpuMemoryPlan(const CpuMemoryPlan& plan) {
+  return absl::StrFormat(
+      "%s (parameter/optimizer state %s, gathered units and buffers %s, activations %s, "
+      "checkpoint copy %s, communication and process reserve %s)",
+      Size(plan.total()), Size(plan.state_bytes), Size(plan.working_bytes),
+      Size(plan.activation_bytes), Size(plan.checkpoint_bytes), Size(plan.reserve_bytes));
+}
+
+CpuMemoryDecision DecideCpuMemory(weft::v1::ActivationCheckpointing::Level requested,
+                                  size_t host_available_bytes, int ranks_on_host,
+                                  int micro_batch_size, int group, int stage, bool hybrid,
+                                  const CpuMemoryPlanner& plan) {
+  ranks_on_host = std::max(ranks_on_host, 1);
+  const size_t budget = host_available_bytes / static_cast<size_t>(ranks_on_host);
+  const std::string available =
+      ranks_on_host == 1
+          ? absl::StrFormat("%s available on this host (MemAvailable)",
+                            Size(host_available_bytes))
+          : absl::StrFormat("%s available to each of the job's %d ranks on this host "
+                            "(MemAvailable %s)",
+                            Size(budget), ranks_on_host, Size(host_available_bytes));
+  const bool automatic = IsAuto(requested);
+  std::vector<Checkpointing> candidates;
+  if (automatic) {
+    candidates.assign(std::begin(kLevels), std::end(kLevels));
+  } else {
+    candidates.push_back(engine::CheckpointingFromSpec(requested, Checkpointing::kNone));
+  }
+  std::vector<std::string> too_big;
+  CpuMemoryDecision decision;
+  for (Checkpointing level : candidates) {
+    decision.level = level;
+    decision.plan = plan(level, micro_batch_size, group, stage);
+    if (decision.plan.total() <= budget) {
+      decision.fits = true;
+      decision.reason = absl::StrFormat(
+          "activation checkpointing %s (%s): %s per rank of %s%s", CheckpointingName(level),
+          automatic ? "chosen by AUTO" : "as asked", DescribeCpuMemoryPlan(decision.plan),
+          available, too_big.empty() ? "" : absl::StrCat("; ", absl::StrJoin(too_big, ", ")));
+      return decision;
+    }
+    too_big.push_back(absl::StrFormat("%s would need %s", CheckpointingName(level),
+                                      Size(decision.plan.total())));
+  }
+  const std::vector<std::string> instead = CpuAlternatives(
+      decision.level, automatic, budget, micro_batch_size, group, stage, hybrid, plan);
+  decision.reason = absl::StrFormat(
+      "host memory: the job needs %s per rank at ZeRO stage %d over %d ranks, micro_batch_size "
+      "%d, activation checkpointing %s, but %s (%s). %s",
+      DescribeCpuMemoryPlan(decision.plan), stage, group, micro_batch_size,
+      CheckpointingName(decision.level), available, absl::StrJoin(too_big, ", "),
+      instead.empty()
+          ? "Nothing within reach fits: lower training.sequence_length or the model's size."
+          : absl::StrCat("It would fit with ", absl::StrJoin(instead, ", or "), "."));
+  return decision;
+}
+
 size_t HostAvailableBytes() {
   std::ifstream in("/proc/meminfo");
   std::string key;

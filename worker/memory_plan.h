@@ -1,10 +1,11 @@
-// The GPU memory plan of a job, decided before anything is allocated: what one rank needs at a
-// given activation checkpointing plan, micro-batch and world size, and the choice among the
-// levels — the requested one, or under AUTO the least recomputation that fits (block by block:
-// the lightest uniform level that fits, then as many blocks one level lighter as still fit).
-// DecideMemory is
-// a pure function of its inputs (the device's free memory is one of them), so its choices and
-// refusals are tested without a GPU.
+// The memory plan of a job, decided before anything is allocated. On a GPU: what one rank
+// needs at a given activation checkpointing plan, micro-batch and world size, and the choice
+// among the levels — the requested one, or under AUTO the least recomputation that fits (block
+// by block: the lightest uniform level that fits, then as many blocks one level lighter as
+// still fit). On the CPU: what one rank needs in host memory, against its share of what the
+// host has available, with AUTO choosing a uniform level the same way. DecideMemory and
+// DecideCpuMemory are pure functions of their inputs (the free or available memory is one of
+// them), so their choices and refusals are tested without a GPU or a big host.
 #ifndef WEFT_WORKER_MEMORY_PLAN_H_
 #define WEFT_WORKER_MEMORY_PLAN_H_
 
@@ -98,6 +99,67 @@ std::string OffloadThatFits(const std::vector<size_t>& unit_sizes, int current_f
 // the earlier ones' memory twice.
 absl::Status CheckHostMemory(const GpuMemoryPlan& plan, size_t host_available_bytes, int world,
                              int ranks_on_host = 1);
+
+// Host memory one rank of a CPU job (ZeroCpuEngine, worker/zero_cpu.h) needs: what the engine,
+// its model and the checkpointer allocate, and a reserve for the rest of the process.
+// PlanCpuMemory (worker/zero_cpu.h) computes it from the same sizes the engine allocates by.
+struct CpuMemoryPlan {
+  // Kept for the whole run: the fp32 params, gradients, AdamW m and v and the decay mask of
+  // what the rank keeps of each unit (its shard; the whole padded unit at stage 0), plus at
+  // stages 1-2 the resident full parameters and at stages 0-2 the full-unit gradients a
+  // backward accumulates into.
+  size_t state_bytes = 0;
+  // Stage 3's gathered units (two block slots and the head), their full gradients and the
+  // reduce-scatter outputs (stages 1-2: the outputs only); the micro-batch's tokens; the one
+  // unit gathered whole for the model file at the end.
+  size_t working_bytes = 0;
+  // The CPU model's activations and scratch for the micro-batch (CpuModel::ActivationBytes).
+  size_t activation_bytes = 0;
+  // The host copy a writing rank keeps for its checkpoint saves (params, m and v of its shard:
+  // Checkpointer::Prepare allocates it after the engine); 0 without saves or on a rank that
+  // does not write.
+  size_t checkpoint_bytes = 0;
+  // The communicator's scratch (Gloo's pieces of a collective) and the process itself.
+  size_t reserve_bytes = 0;
+  size_t total() const {
+    return state_bytes + working_bytes + activation_bytes + checkpoint_bytes + reserve_bytes;
+  }
+};
+
+// "3.10 GiB (parameter/optimizer state 1.50 GiB, gathered units and buffers 600.0 MiB,
+// activations 1.20 GiB, checkpoint copy 100.0 MiB, communication and process reserve
+// 160.0 MiB)": each part in GiB from one up, else in MiB.
+std::string DescribeCpuMemoryPlan(const CpuMemoryPlan& plan);
+
+// The plan of a CPU job at a (uniform) checkpointing level, micro-batch rows per rank, group
+// size (the ranks each unit is sharded over) and ZeRO stage.
+using CpuMemoryPlanner = std::function<CpuMemoryPlan(engine::Checkpointing level,
+                                                     int micro_batch_size, int group, int stage)>;
+
+struct CpuMemoryDecision {
+  bool fits = false;
+  // When it fits: the level to run at and its plan; when not, the last level tried and its.
+  engine::Checkpointing level = engine::Checkpointing::kNone;
+  CpuMemoryPlan plan;
+  // When it fits, for the job's events (MEMORY_PLANNED); when not, the error: every part of
+  // the need, the budget, and what would fit (another level, fewer micro-batch rows, ZeRO
+  // stage 3, more ranks).
+  std::string reason;
+};
+
+// Each rank of a host gets an equal share of what the host has available,
+// host_available_bytes / ranks_on_host (the job's ranks on this host; < 1 counts as 1), the
+// same rule CheckHostMemory follows, so every rank of a host that reads the same MemAvailable
+// decides alike and none counts another's memory: every rank must decide before any of them
+// allocates (ZeroCpuEngine::Create agrees on it across ranks first).
+// `requested`: the job's training.activation_checkpointing; AUTO (or UNSPECIFIED) takes the
+// least recomputation that fits, trying none, selective and full in that order; a named level
+// is the only one tried. `hybrid`: the group is a sharding group (its size is not
+// resources.min_workers), which only changes how the "more ranks" hint is worded.
+CpuMemoryDecision DecideCpuMemory(weft::v1::ActivationCheckpointing::Level requested,
+                                  size_t host_available_bytes, int ranks_on_host,
+                                  int micro_batch_size, int group, int stage, bool hybrid,
+                                  const CpuMemoryPlanner& plan);
 
 // /proc/meminfo's MemAvailable: what the host can give without swapping (SIZE_MAX when it
 // cannot be read, so an unreadable file never refuses a job).

@@ -26,44 +26,128 @@ void AddInto(float* dst, const float* src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
+// The process besides the engine, model and checkpointer (code, gRPC, the data readers' buffers,
+// thread stacks); an idle weft-worker's resident set is well below it.
+constexpr size_t kProcessReserveBytes = size_t{128} << 20;
+
+// How many ranks of the world refused to build their engine: every rank's 0 or 1 summed over
+// the group, then over the replicas. A barrier too (see Create).
+absl::StatusOr<int> CountRefusals(comm::Communicator* group, comm::Communicator* replica,
+                                  bool refused) {
+  float flag = refused ? 1.0f : 0.0f;
+  for (comm::Communicator* c : {group, replica}) {
+    if (c == nullptr || c->world_size() == 1) continue;
+    WEFT_RETURN_IF_ERROR(c->AllReduce(&flag, 1, DataType::kFloat32)->Wait());
+  }
+  return static_cast<int>(std::lround(flag));
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(const weft::v1::JobSpec& spec,
-                                                               comm::Communicator* comm,
-                                                               comm::Communicator* replica) {
-  if (spec.zero_stage() < 0 || spec.zero_stage() > 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("zero_stage: must be in [0, 3], got ", spec.zero_stage()));
+CpuMemoryPlan PlanCpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                            engine::Checkpointing level, int micro_batch_size, int group,
+                            int stage, bool writes_checkpoints) {
+  // Every rank keeps as much as rank 0 (shards are padded to equal sizes), which owns a whole
+  // shard of every unit, so its layout speaks for all.
+  const ShardLayout layout(UnitSizes(arch), group, /*rank=*/0);
+  CpuMemoryPlan plan;
+  size_t max_padded = 0, max_block_shard = 0;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const UnitShard& unit = layout.unit(u);
+    // Params, grads, m, v (fp32) and the decay mask (a byte) of what the rank keeps.
+    plan.state_bytes += layout.KeptElements(u, stage) * (4 * sizeof(float) + sizeof(uint8_t));
+    if (stage == 1 || stage == 2) plan.state_bytes += unit.padded * sizeof(float);  // resident
+    if (stage <= 2) plan.state_bytes += unit.padded * sizeof(float);                // full grad
+    if (writes_checkpoints) plan.checkpoint_bytes += 3 * unit.shard * sizeof(float);
+    max_padded = std::max(max_padded, unit.padded);
+    if (u > 0) max_block_shard = std::max(max_block_shard, unit.shard);
+  }
+  const size_t head_padded = layout.unit(0).padded, head_shard = layout.unit(0).shard;
+  if (stage == 3) {
+    // Two block slots (current and prefetched) and the head, each gathered and with its full
+    // gradient, and the reduce-scatter outputs of two blocks and the head.
+    plan.working_bytes = (4 * layout.max_block_padded() + 2 * head_padded +
+                          2 * (layout.max_block_padded() / layout.world()) + head_shard) *
+                         sizeof(float);
+  } else if (stage >= 1) {
+    // The reduce-scatter outputs, grown to the largest block's shard and the head's.
+    plan.working_bytes = (max_block_shard + head_shard) * sizeof(float);
+  }
+  const int seq_len = spec.training().sequence_length();
+  const size_t positions = static_cast<size_t>(micro_batch_size) * seq_len;
+  plan.working_bytes += 2 * positions * sizeof(int32_t);  // inputs and targets
+  plan.working_bytes += max_padded * sizeof(float);       // GatherUnit for the model file
+  plan.activation_bytes =
+      engine::cpu::PlanCpuActivationBytes(arch, micro_batch_size, seq_len, level);
+  // Gloo's scratch for a reduce-scatter's piece and its algorithm's own buffers, each at most
+  // a chunk (or the largest unit), once there is anyone to talk to (a group, or replicas,
+  // which hybrid scopes have).
+  if (group > 1 || spec.sharding().scope() != weft::v1::ShardingSpec::WORLD) {
+    const size_t chunk = static_cast<size_t>(comm::GlooOptions().chunk_bytes);
+    plan.reserve_bytes = 2 * std::min(chunk, max_padded * sizeof(float));
+  }
+  plan.reserve_bytes += kProcessReserveBytes;
+  return plan;
+}
+
+absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(
+    const weft::v1::JobSpec& spec, comm::Communicator* comm, comm::Communicator* replica,
+    const ZeroCpuOptions& options) {
+  const int stage = spec.zero_stage();
+  if (stage < 0 || stage > 3) {
+    return absl::InvalidArgumentError(absl::StrCat("zero_stage: must be in [0, 3], got ", stage));
   }
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec.model()));
-  std::unique_ptr<ZeroCpuEngine> engine(new ZeroCpuEngine(spec, comm, replica, std::move(arch)));
+  const bool hybrid = replica != nullptr && replica->world_size() > 1;
+  // Checkpointer's writers: with hybrid sharding, group 0 (replica rank 0) alone. Read from
+  // the spec, so a worker without --checkpointd (which then saves nothing) counts them anyway.
+  const bool writes_checkpoints =
+      spec.checkpoint().interval_steps() > 0 && (!hybrid || replica->rank() == 0);
+  const CpuMemoryDecision memory = DecideCpuMemory(
+      spec.training().activation_checkpointing(),
+      options.host_available_bytes.has_value() ? *options.host_available_bytes
+                                               : HostAvailableBytes(),
+      options.ranks_on_host,
+      spec.training().micro_batch_size(), comm->world_size(), stage, hybrid,
+      [&](engine::Checkpointing level, int rows, int group, int at_stage) {
+        return PlanCpuMemory(spec, *arch, level, rows, group, at_stage, writes_checkpoints);
+      });
+  const absl::Status fits =
+      memory.fits ? absl::OkStatus() : absl::ResourceExhaustedError(memory.reason);
+  WEFT_ASSIGN_OR_RETURN(const int refusals, CountRefusals(comm, replica, !fits.ok()));
+  WEFT_RETURN_IF_ERROR(fits);
+  if (refusals > 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        refusals, " other rank(s) of the job cannot build their engine (their error names "
+        "the memory they lack); this one could, with ", memory.reason));
+  }
+  std::unique_ptr<ZeroCpuEngine> engine(
+      new ZeroCpuEngine(spec, comm, replica, std::move(arch), memory.level));
+  engine->plan_ = memory.plan;
+  engine->plan_note_ = memory.reason;
   engine->Initialize();
   // Once per generation (the engine is built for each one): the level AUTO resolved to.
-  spdlog::info("CPU engine, rank {} of a group of {} ({} replicas): activation checkpointing {} "
-               "(job spec {}), {} bytes of activations", comm->rank(), comm->world_size(),
-               replica != nullptr ? replica->world_size() : 1,
-               engine::CheckpointingName(engine->model_->checkpointing()),
+  spdlog::info("CPU engine, rank {} of a group of {} ({} replicas): {} (job spec {})",
+               comm->rank(), comm->world_size(),
+               replica != nullptr ? replica->world_size() : 1, memory.reason,
                weft::v1::ActivationCheckpointing::Level_Name(
-                   spec.training().activation_checkpointing()),
-               engine->model_->ActivationBytes());
+                   spec.training().activation_checkpointing()));
   return engine;
 }
 
 ZeroCpuEngine::ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm,
                              comm::Communicator* replica,
-                             std::unique_ptr<const engine::ModelArch> arch)
+                             std::unique_ptr<const engine::ModelArch> arch,
+                             engine::Checkpointing level)
     : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
       comm_(comm),
       replica_(replica != nullptr && replica->world_size() > 1 ? replica : nullptr),
       world_(comm->world_size() * (replica != nullptr ? replica->world_size() : 1)),
       batch_size_(spec.training().micro_batch_size()),
       seq_len_(spec.training().sequence_length()),
-      model_(engine::cpu::CreateCpuModel(
-          *arch_, spec.training().micro_batch_size(), spec.training().sequence_length(),
-          // The CPU has no memory plan: AUTO keeps everything, the fastest.
-          engine::CheckpointingFromSpec(spec.training().activation_checkpointing(),
-                                        engine::Checkpointing::kNone))) {}
+      model_(engine::cpu::CreateCpuModel(*arch_, spec.training().micro_batch_size(),
+                                         spec.training().sequence_length(), level)) {}
 
 void ZeroCpuEngine::Initialize() {
   units_.resize(layout_.num_units());
@@ -86,6 +170,15 @@ void ZeroCpuEngine::Initialize() {
     for (auto& b : scatter_out_) b.assign(max_block / layout_.world(), 0.0f);
     head_work_.assign(layout_.unit(0).padded, 0.0f);
     head_grad_work_.assign(layout_.unit(0).padded, 0.0f);
+    head_scatter_out_.assign(layout_.unit(0).shard, 0.0f);
+  } else if (stage_ >= 1) {
+    // The reduce-scatter outputs now rather than at the first backward, so that what the
+    // memory plan counted is taken before training.
+    size_t max_block_shard = 0;
+    for (int u = 1; u < layout_.num_units(); ++u) {
+      max_block_shard = std::max(max_block_shard, layout_.unit(u).shard);
+    }
+    scatter_out_[0].assign(max_block_shard, 0.0f);
     head_scatter_out_.assign(layout_.unit(0).shard, 0.0f);
   }
   inputs_.resize(static_cast<size_t>(batch_size_) * seq_len_);

@@ -33,30 +33,59 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
+#include "worker/memory_plan.h"
 #include "worker/training_engine.h"
 #include "worker/zero_engine.h"
+#include "worker/engine/checkpointing.h"
 #include "worker/engine/cpu/model.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::worker {
 
+// What one rank of `spec` needs in host memory at `level`, `micro_batch_size` rows, ZeRO
+// `stage`, with each unit sharded over `group` ranks (the engine's communicator), from the
+// sizes ZeroCpuEngine and its CpuModel allocate by (the activations counted by the model's own
+// buffer list: engine::cpu::PlanCpuActivationBytes). `writes_checkpoints`: the rank keeps the
+// checkpointer's host copy (a rank that writes, of a job with checkpoint.interval_steps > 0).
+CpuMemoryPlan PlanCpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                            engine::Checkpointing level, int micro_batch_size, int group,
+                            int stage, bool writes_checkpoints);
+
+struct ZeroCpuOptions {
+  // The job's ranks on this host (JoinResponse.local_world_size), which share its memory.
+  int ranks_on_host = 1;
+  // What the host can give, in bytes; unset: /proc/meminfo's MemAvailable
+  // (HostAvailableBytes). Tests set it to try a budget without needing a host that small.
+  std::optional<size_t> host_available_bytes;
+};
+
 class ZeroCpuEngine : public ZeroEngine {
  public:
   // The model of `spec` sharded over `comm` (not owned; must outlive the engine), with
   // activations for micro-batches of spec.training (micro_batch_size, sequence_length) at
-  // spec.training.activation_checkpointing (AUTO: NONE, the CPU has no memory plan), which
+  // spec.training.activation_checkpointing (AUTO: the least recomputation that fits), which
   // changes memory and time only: the losses and gradients are the same bits at every level.
   // Initialises parameters from spec.training.seed. INVALID_ARGUMENT for a stage outside 0-3.
   // `replica` (not owned; may be null: one replica) makes it hybrid: the world is
   // comm->world_size() * replica->world_size().
-  static absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> Create(const weft::v1::JobSpec& spec,
-                                                           comm::Communicator* comm,
-                                                           comm::Communicator* replica = nullptr);
+  //
+  // Before allocating anything, the memory plan (PlanCpuMemory, decided by DecideCpuMemory
+  // against this rank's share of options.host_available_bytes) must fit: RESOURCE_EXHAUSTED
+  // naming every part of the need, the budget and what would fit otherwise. Collective over
+  // `comm` and `replica` (every rank must call it): every rank's verdict is summed before any
+  // rank allocates, so the host's ranks all read MemAvailable before any of them takes memory,
+  // and one rank that cannot run fails every rank at once (RESOURCE_EXHAUSTED) instead of
+  // leaving them to allocate and hang in their first collective. A failed collective returns
+  // its error.
+  static absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> Create(
+      const weft::v1::JobSpec& spec, comm::Communicator* comm,
+      comm::Communicator* replica = nullptr, const ZeroCpuOptions& options = {});
 
   // One optimizer step (grad_accum_steps micro-steps). `step` is 0-based and picks the
   // learning rate and the batches. A failed collective returns its status (ABORTED after the
@@ -75,6 +104,10 @@ class ZeroCpuEngine : public ZeroEngine {
   // Bytes of the transient full-unit buffers (stage 3 gathers) and activations.
   size_t WorkingBytes() const override;
 
+  // The level Create chose and the plan that fitted, for the job's events (MEMORY_PLANNED).
+  std::string MemoryPlanNote() const override { return plan_note_; }
+  const CpuMemoryPlan& memory_plan() const { return plan_; }
+
  private:
   struct Unit {
     // Kept state (ShardLayout::KeptElements): stage 0 the whole padded unit, else the shard.
@@ -87,7 +120,8 @@ class ZeroCpuEngine : public ZeroEngine {
   };
 
   ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm,
-                comm::Communicator* replica, std::unique_ptr<const engine::ModelArch> arch);
+                comm::Communicator* replica, std::unique_ptr<const engine::ModelArch> arch,
+                engine::Checkpointing level);
   void Initialize();
 
   // The kept params, m or v of unit `u`.
@@ -129,6 +163,8 @@ class ZeroCpuEngine : public ZeroEngine {
   const int seq_len_;
   std::vector<Unit> units_;
   const std::unique_ptr<engine::cpu::CpuModel> model_;
+  CpuMemoryPlan plan_;
+  std::string plan_note_;
 
   // Stage 3 working buffers: two for blocks (current and prefetched), one for the head.
   std::vector<float> block_work_[2];

@@ -282,5 +282,101 @@ TEST(CheckHostMemoryTest, MemAvailableIsRead) {
   EXPECT_LT(available, SIZE_MAX);
 }
 
+// DecideCpuMemory against a made-up CPU planner: 40 GiB of sharded state (stages 1-2 add 20 GiB
+// of full units, stage 0 keeps 60 GiB whatever the group), activations of 12, 8 and 4 GiB at
+// NONE, SELECTIVE and FULL for 4 rows (proportional to the rows), and a 1 GiB reserve.
+CpuMemoryPlan CpuPlan(Checkpointing level, int rows, int group, int stage) {
+  CpuMemoryPlan plan;
+  plan.state_bytes = stage == 0 ? 60 * kGiB : 40 * kGiB / group + (stage < 3 ? 20 * kGiB : 0);
+  const size_t per_4_rows = level == Checkpointing::kNone        ? 12
+                            : level == Checkpointing::kSelective ? 8
+                                                                 : 4;
+  plan.activation_bytes = per_4_rows * kGiB * rows / 4;
+  plan.reserve_bytes = kGiB;
+  return plan;
+}
+
+CpuMemoryDecision DecideCpu(Level::Level requested, size_t host_gib, int ranks_on_host = 1,
+                            int stage = 3, bool hybrid = false) {
+  return DecideCpuMemory(requested, host_gib * kGiB, ranks_on_host, /*micro_batch_size=*/4,
+                         /*group=*/4, stage, hybrid, CpuPlan);
+}
+
+TEST(DecideCpuMemoryTest, AutoTakesTheLeastRecomputationThatFitsTheRanksShare) {
+  // 10 GiB of state, 1 of reserve: NONE needs 23 GiB, SELECTIVE 19, FULL 15.
+  CpuMemoryDecision d = DecideCpu(Level::AUTO, 60, /*ranks_on_host=*/2);
+  ASSERT_TRUE(d.fits) << d.reason;
+  EXPECT_EQ(d.level, Checkpointing::kNone);
+  EXPECT_EQ(d.plan.total(), 23 * kGiB);
+  EXPECT_THAT(d.reason, HasSubstr("activation checkpointing none (chosen by AUTO): 23.00 GiB"));
+  // The host's two ranks share 40 GiB: 20 each.
+  d = DecideCpu(Level::LEVEL_UNSPECIFIED, 40, /*ranks_on_host=*/2);
+  ASSERT_TRUE(d.fits) << d.reason;
+  EXPECT_EQ(d.level, Checkpointing::kSelective);
+  EXPECT_THAT(d.reason, HasSubstr("selective (chosen by AUTO)"));
+  EXPECT_THAT(d.reason, HasSubstr("none would need 23.00 GiB"));
+  EXPECT_THAT(d.reason, HasSubstr("20.00 GiB available to each of the job's 2 ranks on this "
+                                  "host (MemAvailable 40.00 GiB)"));
+  // Exactly the need fits; a byte less does not.
+  EXPECT_TRUE(DecideCpuMemory(Level::NONE, 23 * kGiB, 1, 4, 4, 3, false, CpuPlan).fits);
+  EXPECT_FALSE(DecideCpuMemory(Level::NONE, 23 * kGiB - 1, 1, 4, 4, 3, false, CpuPlan).fits);
+  // An unknown count of ranks on the host counts as one.
+  EXPECT_TRUE(DecideCpuMemory(Level::NONE, 23 * kGiB, 0, 4, 4, 3, false, CpuPlan).fits);
+}
+
+TEST(DecideCpuMemoryTest, ARefusalNamesEveryPartTheBudgetAndWhatWouldFit) {
+  const CpuMemoryDecision d = DecideCpu(Level::NONE, 16);
+  ASSERT_FALSE(d.fits);
+  EXPECT_EQ(d.plan.total(), 23 * kGiB);
+  EXPECT_THAT(d.reason, HasSubstr("host memory: the job needs 23.00 GiB (parameter/optimizer "
+                                  "state 10.00 GiB, gathered units and buffers 0.0 MiB, "
+                                  "activations 12.00 GiB, checkpoint copy 0.0 MiB, "
+                                  "communication and process reserve 1.00 GiB) per rank at "
+                                  "ZeRO stage 3 over 4 ranks, micro_batch_size 4"));
+  EXPECT_THAT(d.reason, HasSubstr("but 16.00 GiB available on this host (MemAvailable)"));
+  EXPECT_THAT(d.reason, HasSubstr("training.activation_checkpointing: FULL (15.00 GiB)"));
+  // 10 + 3 per row + 1: one row.
+  EXPECT_THAT(d.reason, HasSubstr("training.micro_batch_size: 1 (14.00 GiB)"));
+  // 40 / g + 13 <= 16 from g = 14.
+  EXPECT_THAT(d.reason, HasSubstr("resources.min_workers: 14, the added workers on other hosts "
+                                  "(15.86 GiB per rank)"));
+  EXPECT_THAT(d.reason, Not(HasSubstr("zero_stage")));
+  // With hybrid sharding the group is what grows.
+  EXPECT_THAT(DecideCpu(Level::NONE, 16, 1, 3, /*hybrid=*/true).reason,
+              HasSubstr("sharding groups of 14 ranks (15.86 GiB per rank)"));
+}
+
+TEST(DecideCpuMemoryTest, BelowStage3TheHintIsStage3) {
+  // Stage 1: 10 + 20 of state, 4 of FULL's activations, 1 of reserve: 35 GiB. More ranks never
+  // get below the 20 GiB of full units.
+  const CpuMemoryDecision d = DecideCpu(Level::FULL, 24, 1, /*stage=*/1);
+  ASSERT_FALSE(d.fits);
+  EXPECT_THAT(d.reason, HasSubstr("ZeRO stage 1"));
+  EXPECT_THAT(d.reason, HasSubstr("It would fit with zero_stage: 3 (15.00 GiB)."));
+  EXPECT_THAT(d.reason, Not(HasSubstr("min_workers")));
+}
+
+TEST(DecideCpuMemoryTest, NothingWithinReach) {
+  const CpuMemoryDecision d = DecideCpu(Level::AUTO, 8, 1, /*stage=*/0);
+  ASSERT_FALSE(d.fits);
+  EXPECT_EQ(d.level, Checkpointing::kFull);
+  EXPECT_THAT(d.reason, HasSubstr("none would need 73.00 GiB, selective would need 69.00 GiB, "
+                                  "full would need 65.00 GiB"));
+  EXPECT_THAT(d.reason, HasSubstr("Nothing within reach fits"));
+}
+
+TEST(DescribeCpuMemoryPlanTest, SmallPartsReadInMiB) {
+  CpuMemoryPlan plan;
+  plan.state_bytes = 3 * kGiB;
+  plan.working_bytes = 96 << 20;
+  plan.activation_bytes = kGiB / 2;
+  plan.checkpoint_bytes = kGiB;
+  plan.reserve_bytes = 128 << 20;
+  EXPECT_EQ(DescribeCpuMemoryPlan(plan),
+            "4.72 GiB (parameter/optimizer state 3.00 GiB, gathered units and buffers 96.0 MiB, "
+            "activations 512.0 MiB, checkpoint copy 1.00 GiB, communication and process reserve "
+            "128.0 MiB)");
+}
+
 }  // namespace
 }  // namespace weft::worker

@@ -1,8 +1,8 @@
 // weft-worker end to end: a real coordinator and real worker processes on 127.0.0.1 train a
 // job (also with hybrid sharding over two simulated hosts, from a uint32 token file, from a
 // prepared dataset with sequential sampling, and from text through trainctl's tokenizer and
-// dataset commands to a text sample), fail it cleanly on bad data, survive a rank killed
-// mid-collective without hanging, and stop on cancel.
+// dataset commands to a text sample), fail it cleanly on bad data and on a model too big for
+// the host's memory, survive a rank killed mid-collective without hanging, and stop on cancel.
 #include <signal.h>
 
 #include <algorithm>
@@ -127,6 +127,13 @@ TEST_F(WorkerE2eTest, TwoWorkersTrainToCompletionAndTheModelSamples) {
   EXPECT_GT(s.last_metrics().state_bytes(), 0);
   EXPECT_EQ(s.model_host(), "node");
   ASSERT_FALSE(s.model_path().empty());
+  // The CPU engine's memory plan, as the GPU's is: what AUTO chose and why.
+  std::string plan;
+  for (const auto& e : s.events()) {
+    if (e.type() == v1::MEMORY_PLANNED) plan = e.message();
+  }
+  EXPECT_THAT(plan, HasSubstr("activation checkpointing none (chosen by AUTO)"));
+  EXPECT_THAT(plan, HasSubstr("per rank of"));
 
   ExpectModelSamples(submitted->job_id());
   EXPECT_TRUE(Eventually([&] { return AllWorkersIdle(2); }, absl::Seconds(10)));
@@ -338,6 +345,27 @@ TEST_F(WorkerE2eTest, BadDataFilesFailTheJobWithTheFileNamedAndNoRestart) {
   EXPECT_EQ(s.state(), v1::FAILED);
   EXPECT_THAT(s.error(), HasSubstr("tokens.bin"));
   EXPECT_THAT(s.error(), HasSubstr("999"));
+}
+
+// A CPU job far too big for the host (GPT-2 at 19B parameters: 164 GB of state a rank at
+// stage 3 over two) is refused by the CPU engine's memory plan before any worker allocates: the
+// job fails within seconds, its error naming the bytes by part and the memory available, with
+// no restart; no worker is killed by the kernel for memory, and both are idle again.
+TEST_F(WorkerE2eTest, ACpuJobTooBigForTheHostFailsAtOnceNamingTheBytes) {
+  StartWorkers(2);
+  v1::JobSpec spec = Spec(10);
+  spec.mutable_model()->set_num_layers(24);
+  spec.mutable_model()->set_hidden_size(8192);
+  spec.mutable_model()->set_num_heads(64);
+  spec.mutable_fault()->set_max_restarts(3);  // a permanent error must not use them
+  const absl::Time start = absl::Now();
+  ExpectFailsWithoutRestart(
+      spec, {"host memory: the job needs", "GiB (parameter/optimizer state ",
+             "per rank at ZeRO stage 3 over 2 ranks", "available to each of the job's 2 ranks "
+             "on this host (MemAvailable", "permanent"});
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  for (auto& w : workers_) EXPECT_TRUE(w->Running()) << Logs();
+  EXPECT_TRUE(Eventually([&] { return AllWorkersIdle(2); }, absl::Seconds(10))) << Logs();
 }
 
 // A learning rate of 1e38 makes every step after the first overflow: its gradient is NaN, the

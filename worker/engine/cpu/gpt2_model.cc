@@ -20,7 +20,8 @@
 namespace weft::engine::cpu {
 
 template <typename T>
-GptModel<T>::GptModel(const GptConfig& config, int max_b, int max_t, Checkpointing level)
+GptModel<T>::GptModel(const GptConfig& config, int max_b, int max_t, Checkpointing level,
+                      bool allocate)
     : CpuModelBase<T>("GptModel", config.num_layers, config.vocab_size, max_b, max_t,
                       config.context_length, level),
       config_(config) {
@@ -68,7 +69,7 @@ GptModel<T>::GptModel(const GptConfig& config, int max_b, int max_t, Checkpointi
     dfch_ = take(n * 4 * c);
     dgelu_ = take(n * 4 * c);
     datt_ = take(static_cast<size_t>(max_t) * max_t);
-  });
+  }, allocate);
 }
 
 template <typename T>

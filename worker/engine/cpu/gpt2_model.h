@@ -36,7 +36,15 @@ namespace weft::engine::cpu {
 template <typename T>
 class GptModel : public CpuModelBase<T> {
  public:
-  GptModel(const GptConfig& config, int max_b, int max_t, Checkpointing level);
+  GptModel(const GptConfig& config, int max_b, int max_t, Checkpointing level)
+      : GptModel(config, max_b, max_t, level, /*allocate=*/true) {}
+
+  // ActivationBytes() of the model these arguments would build, counted without allocating
+  // its arena (what the memory plan reads).
+  static size_t PlannedActivationBytes(const GptConfig& config, int max_b, int max_t,
+                                       Checkpointing level) {
+    return GptModel(config, max_b, max_t, level, /*allocate=*/false).ActivationBytes();
+  }
 
   const GptConfig& config() const { return config_; }
 
@@ -64,6 +72,9 @@ class GptModel : public CpuModelBase<T> {
     T* fch;       // (B, T, 4C) MLP hidden, before GELU
     T* fch_gelu;  // (B, T, 4C)
   };
+
+  // Without `allocate`, only counts the arena: the model is for ActivationBytes() alone.
+  GptModel(const GptConfig& config, int max_b, int max_t, Checkpointing level, bool allocate);
 
   // Block `layer`'s forward into acts_[layer]. With `recompute` (the start of its backward),
   // only the ops whose outputs the level does not keep per layer, and never the block's output.

@@ -18,7 +18,8 @@
 namespace weft::engine::cpu {
 
 template <typename T>
-LlamaModel<T>::LlamaModel(const LlamaConfig& config, int max_b, int max_t, Checkpointing level)
+LlamaModel<T>::LlamaModel(const LlamaConfig& config, int max_b, int max_t,
+                          Checkpointing level, bool allocate)
     : CpuModelBase<T>("LlamaModel", config.num_layers, config.vocab_size, max_b, max_t,
                       config.context_length, level),
       config_(config) {
@@ -66,7 +67,8 @@ LlamaModel<T>::LlamaModel(const LlamaConfig& config, int max_b, int max_t, Check
     dswiglu_ = take(n * inter);
     dgate_up_ = take(n * 2 * inter);
     datt_ = take(static_cast<size_t>(max_t) * max_t);
-  });
+  }, allocate);
+  if (!allocate) return;
 
   const std::vector<double> inv_freq = RopeInverseFrequencies(config);
   RopeTables(rope_cos_, rope_sin_, inv_freq.data(), max_t, config.head_size());

@@ -41,7 +41,15 @@ template <typename T>
 class LlamaModel : public CpuModelBase<T> {
  public:
   // Aborts on a config LlamaConfigProblems refuses (specs are validated long before).
-  LlamaModel(const LlamaConfig& config, int max_b, int max_t, Checkpointing level);
+  LlamaModel(const LlamaConfig& config, int max_b, int max_t, Checkpointing level)
+      : LlamaModel(config, max_b, max_t, level, /*allocate=*/true) {}
+
+  // ActivationBytes() of the model these arguments would build, counted without allocating
+  // its arena (what the memory plan reads).
+  static size_t PlannedActivationBytes(const LlamaConfig& config, int max_b, int max_t,
+                                       Checkpointing level) {
+    return LlamaModel(config, max_b, max_t, level, /*allocate=*/false).ActivationBytes();
+  }
 
   const LlamaConfig& config() const { return config_; }
 
@@ -70,6 +78,9 @@ class LlamaModel : public CpuModelBase<T> {
     T* gate_up;  // (B, T, 2I) gate | up
     T* swiglu;   // (B, T, I)
   };
+
+  // Without `allocate`, only counts the arena: the model is for ActivationBytes() alone.
+  LlamaModel(const LlamaConfig& config, int max_b, int max_t, Checkpointing level, bool allocate);
 
   // Block `layer`'s forward into acts_[layer]. With `recompute` (the start of its backward),
   // only the ops whose outputs the level does not keep per layer, and never the block's output.

@@ -77,6 +77,10 @@ class CpuModel {
 std::unique_ptr<CpuModel> CreateCpuModel(const ModelArch& arch, int max_b, int max_t,
                                          Checkpointing level);
 
+// CreateCpuModel(arch, max_b, max_t, level)->ActivationBytes(), counted without allocating the
+// activations (the CPU memory plan: worker/zero_cpu.h's PlanCpuMemory).
+size_t PlanCpuActivationBytes(const ModelArch& arch, int max_b, int max_t, Checkpointing level);
+
 // Sets the threads OpenBLAS uses for every GEMM of this process (openblas_set_num_threads;
 // n < 1 means 1). Results are bit-identical run to run at a fixed count but NOT across counts
 // (engine/cpu/blas.h), so a job's replays and restarts must use the same count on every rank:

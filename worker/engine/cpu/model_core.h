@@ -67,15 +67,18 @@ class MicroBatch {
 
 // One allocation for all of a model's activations and scratch. Build runs the model's
 // `take_all` (which Takes every buffer, in order, and stores the pointers) twice: once to count,
-// once over the allocated memory, so no total is ever computed by hand.
+// once over the allocated memory, so no total is ever computed by hand. Without `allocate` it
+// only counts (every pointer stays null): the bytes a model of that shape would allocate, for
+// the memory plan (PlanCpuActivationBytes) to read from the same list the model allocates by.
 template <typename T>
 class ActivationArena {
  public:
   template <typename TakeAll>
-  void Build(TakeAll take_all) {
+  void Build(TakeAll take_all, bool allocate = true) {
     counting_ = true;
     count_ = 0;
     take_all();
+    if (!allocate) return;
     buffer_.assign(count_, T(0));
     next_ = buffer_.data();
     counting_ = false;
@@ -91,7 +94,8 @@ class ActivationArena {
     next_ += count;
     return p;
   }
-  size_t bytes() const { return buffer_.size() * sizeof(T); }
+  // What Build allocated, or without `allocate` would have.
+  size_t bytes() const { return count_ * sizeof(T); }
 
  private:
   std::vector<T> buffer_;

@@ -26,6 +26,18 @@ std::unique_ptr<CpuModel> CreateCpuModel(const ModelArch& arch, int max_b, int m
   std::abort();
 }
 
+size_t PlanCpuActivationBytes(const ModelArch& arch, int max_b, int max_t, Checkpointing level) {
+  if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
+    return GptModel<float>::PlannedActivationBytes(gpt2->config(), max_b, max_t, level);
+  }
+  if (const auto* llama = dynamic_cast<const LlamaArch*>(&arch)) {
+    return LlamaModel<float>::PlannedActivationBytes(llama->config(), max_b, max_t, level);
+  }
+  std::fprintf(stderr, "weft::engine::cpu: no CPU model for architecture %s\n",
+               arch.name().c_str());
+  std::abort();
+}
+
 void SetBlasThreads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
 
 int BlasThreads() { return openblas_get_num_threads(); }

@@ -1,8 +1,8 @@
 // Activation checkpointing on the CPU models (gpt2_model.h, llama_model.h): at kSelective and
 // kFull, two accumulated micro-batches (the second smaller than the model's maximum in both B
 // and T) give the losses and gradients of kNone bit for bit, for GPT-2 and Llama (tied and
-// untied head), in float and in double; and ActivationBytes falls by exactly what the headers'
-// per-position formulas say.
+// untied head), in float and in double; ActivationBytes falls by exactly what the headers'
+// per-position formulas say; and the memory plan's count of it is the model's own.
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -145,6 +145,21 @@ TEST(CpuCheckpointingTest, LlamaActivationBytesFallAsTheHeaderSays) {
         },
         {.selective = 2 * c + q + inter + nh * kMaxT,
          .full = 3 * c + qkv + q + 3 * inter + 2 + nh * kMaxT});
+  }
+}
+
+// The memory plan's count (the model's own buffer list, run without allocating) is what the
+// built model holds, at every level.
+TEST(CpuCheckpointingTest, PlannedActivationBytesAreTheModelsOwn) {
+  for (Checkpointing level :
+       {Checkpointing::kNone, Checkpointing::kSelective, Checkpointing::kFull}) {
+    SCOPED_TRACE(CheckpointingName(level));
+    EXPECT_EQ(cpu::GptModel<float>::PlannedActivationBytes(Gpt(), kMaxB, kMaxT, level),
+              GptCpu(Gpt(), kMaxB, kMaxT, level).ActivationBytes());
+    for (bool tied : {false, true}) {
+      EXPECT_EQ(cpu::LlamaModel<float>::PlannedActivationBytes(Llama(tied), kMaxB, kMaxT, level),
+                LlamaCpu(Llama(tied), kMaxB, kMaxT, level).ActivationBytes());
+    }
   }
 }
 
