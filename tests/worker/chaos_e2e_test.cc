@@ -79,7 +79,7 @@ TEST(ChaosE2eTest, RandomKillsOfEveryProcessLoseNothingAndChangeNoBit) {
   TempDir dir;
   const std::string corpus = dir.File("corpus.txt");
   testing::WriteFile(corpus, testing::WordCorpus());
-  v1::JobSpec spec = testing::RecoveryJobSpec("chaos", corpus, 2, 600);
+  v1::JobSpec spec = testing::RecoveryJobSpec("chaos", corpus, 2, 2000);
   spec.mutable_fault()->set_max_restarts(100);
   spec.mutable_checkpoint()->set_interval_steps(25);
   const v1::JobStatus straight = testing::RunUninterrupted(dir.File("straight"), 2, spec);
@@ -90,7 +90,7 @@ TEST(ChaosE2eTest, RandomKillsOfEveryProcessLoseNothingAndChangeNoBit) {
   const absl::Duration length = absl::Seconds(EnvInt("WEFT_CHAOS_SECONDS", 120));
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> victim_of(0, 4);  // coordinator, checkpointd, worker 0-2
-  std::uniform_int_distribution<int> gap_ms(3000, 9000);
+  std::uniform_int_distribution<int> gap_ms(2000, 6000);
 
   Cluster cluster(dir.File("chaos"), 3);
   ASSERT_NO_FATAL_FAILURE(cluster.Start());
