@@ -98,10 +98,13 @@ kill -9 "${WORKER_PID[$victim]}"
 echo "killed $victim at step $step (checkpoint $ckpt)" >"$WORK/kill.txt"
 
 # Once the new generation has reported a step the measurement is complete: cancel the rest.
+# JobStatus.step is the highest step ever reported, so it says nothing of the new generation;
+# last_metrics is rank 0's latest report, which a resumed generation takes below the kill.
 while ! python3 -c "
 import json, sys
 s = json.load(sys.stdin)['status']
-sys.exit(0 if int(s.get('generation', 0)) >= 2 and int(s.get('step', 0)) > $ckpt else 1)" \
+m = s.get('last_metrics', {})
+sys.exit(0 if int(s.get('generation', 0)) >= 2 and 0 < int(m.get('step', 0)) < $step else 1)" \
     < <("$BIN/trainctl" status "$JOB" -o json); do
   kill -0 "$WATCH" 2>/dev/null || { echo "job $JOB ended without recovering; see $WORK" >&2; exit 1; }
   sleep 0.05
