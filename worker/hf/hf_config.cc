@@ -374,7 +374,7 @@ absl::Status CheckHfConfig(const std::string& config_text, const std::string& pa
   return Problems(path, problems);
 }
 
-std::string HfConfigJson(const ModelSpec& spec, data::Dtype dtype) {
+std::string HfConfigJson(const ModelSpec& spec, data::Dtype dtype, const HfTokenIds& ids) {
   Json c = Json::object();
   const char* torch_dtype = dtype == data::Dtype::kBF16  ? "bfloat16"
                             : dtype == data::Dtype::kF16 ? "float16"
@@ -429,6 +429,10 @@ std::string HfConfigJson(const ModelSpec& spec, data::Dtype dtype) {
   c["initializer_range"] = 0.02;
   c["use_cache"] = true;
   c["torch_dtype"] = torch_dtype;
+  const auto id = [](int v) { return v < 0 ? Json(nullptr) : Json(v); };
+  c["bos_token_id"] = id(ids.bos_id);
+  c["eos_token_id"] = id(ids.eos_id);
+  c["pad_token_id"] = id(ids.pad_id);
   return c.dump(2) + "\n";
 }
 

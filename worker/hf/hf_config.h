@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/data/safetensors.h"
+#include "worker/hf/hf_tokenizer.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::hf {
@@ -39,8 +40,10 @@ absl::Status CheckHfConfig(const std::string& config_text, const std::string& pa
                            const weft::v1::ModelSpec& spec);
 
 // The config.json of `spec` (normalized) for weights stored as `dtype`: model_type,
-// architectures, every size and option, torch_dtype.
-std::string HfConfigJson(const weft::v1::ModelSpec& spec, data::Dtype dtype);
+// architectures, every size and option, torch_dtype, and bos/eos/pad_token_id from `ids`
+// (null where -1: transformers' GPT-2 defaults, 50256, would name no token of a Weft model).
+std::string HfConfigJson(const weft::v1::ModelSpec& spec, data::Dtype dtype,
+                         const HfTokenIds& ids = {});
 
 }  // namespace weft::hf
 
