@@ -668,6 +668,39 @@ CLI::App* AddSampleCommand(CLI::App& app, std::string* job_id, SampleFlags* flag
   return sample;
 }
 
+// After a failed parse: "unknown subcommand 'X' ..." when a command that takes a subcommand got
+// a word that is none of them (with the closest name, if one is close), else "".
+std::string UnknownSubcommand(const CLI::App& app) {
+  const CLI::App* command = &app;
+  std::string path = "trainctl";  // app.get_name() is argv[0] as run
+  for (bool deeper = true; deeper;) {
+    deeper = false;
+    for (const CLI::App* sub : command->get_subcommands({})) {
+      if (sub->parsed()) {
+        command = sub;
+        absl::StrAppend(&path, " ", sub->get_name());
+        deeper = true;
+        break;
+      }
+    }
+  }
+  std::vector<std::string> names;
+  for (const CLI::App* sub : command->get_subcommands({})) names.push_back(sub->get_name());
+  if (names.empty()) return "";
+  // A word a subcommand does not take falls through to its parents (app.fallthrough()).
+  for (const std::string& word : app.remaining(true)) {
+    if (word.empty() || word[0] == '-') continue;
+    std::string message = absl::StrCat("unknown subcommand '", word, "' of ", path);
+    if (const std::string closest = ClosestName(word, names); !closest.empty()) {
+      absl::StrAppend(&message, "; did you mean '", closest, "'?");
+    } else {
+      absl::StrAppend(&message, "; `", path, " --help` lists them");
+    }
+    return message;
+  }
+  return "";
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"trainctl: submit, inspect and cancel Weft training jobs"};
   app.require_subcommand(1);
@@ -723,6 +756,10 @@ int Main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // CLI11 reports a mistyped subcommand only as "A subcommand is required".
+    if (std::string unknown = UnknownSubcommand(app); !unknown.empty()) {
+      return Fail(absl::InvalidArgumentError(unknown));
+    }
     return app.exit(e);
   }
   if (absl::Status s = InstallSecurity(global.security); !s.ok()) return Fail(s);

@@ -345,6 +345,28 @@ TEST(TrainctlUnreachableTest, NamesTheCoordinatorAddress) {
       << Describe(r);
 }
 
+// A mistyped subcommand is named, with the closest one, at any level; no daemon is dialled.
+TEST(TrainctlUsageTest, UnknownSubcommandIsNamedWithTheClosest) {
+  CommandResult r = RunCommand({Trainctl(), "sumbit", "job.pb.txt"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_EQ(r.err, "trainctl: unknown subcommand 'sumbit' of trainctl; did you mean 'submit'?\n")
+      << Describe(r);
+  r = RunCommand({Trainctl(), "-o", "json", "data", "prepar", "--out", "x", "a.txt"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(absl::StrContains(
+      r.err, "unknown subcommand 'prepar' of trainctl data; did you mean 'prepare'?"))
+      << Describe(r);
+  r = RunCommand({Trainctl(), "frobnicate"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(absl::StrContains(
+      r.err, "unknown subcommand 'frobnicate' of trainctl; `trainctl --help` lists them"))
+      << Describe(r);
+  // No subcommand at all is still CLI11's own message.
+  r = RunCommand({Trainctl()});
+  EXPECT_NE(r.exit_code, 0) << Describe(r);
+  EXPECT_TRUE(absl::StrContains(r.err, "A subcommand is required")) << Describe(r);
+}
+
 TEST(TrainctlUnreachableTest, MalformedAddressIsRejectedBeforeDialing) {
   CommandResult r = RunCommand({Trainctl(), "--coordinator", "localhost", "list"});
   EXPECT_NE(r.exit_code, 0) << Describe(r);
