@@ -52,6 +52,14 @@ TEST(TrainctlModelTest, FromHfPrintsASpecThatParsesAndRefusesNamedKeys) {
   r = Trainctl({"model", "from-hf", dir});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr(dir + "/config.json: key \"mlp_bias\" is true"));
+  // A supported model_type whose weights come from another class: the field is named.
+  std::ofstream(dir + "/config.json")
+      << R"({"model_type": "llama", "architectures": ["Qwen2ForCausalLM"]})";
+  r = Trainctl({"model", "from-hf", dir});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr(dir + "/config.json: key \"architectures\" is "
+                                     "[\"Qwen2ForCausalLM\"]: for model_type \"llama\" Weft "
+                                     "implements LlamaForCausalLM"));
   r = Trainctl({"model", "from-hf", tmp.File("nothing")});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr(tmp.File("nothing")));

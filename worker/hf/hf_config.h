@@ -11,9 +11,11 @@
 //          depends on it), rope_theta, rope_scaling (null or rope_type "llama3"; also the newer
 //          "rope_parameters" form), rms_norm_eps, tie_word_embeddings.
 // Every key that would change the math in a way Weft does not implement (a bias, a sliding
-// window, another activation or rotary scaling, dropout, ...) is refused, naming it; keys that
-// do not change the math (torch_dtype, token ids, architectures, ...) are accepted; any key
-// this file does not know is refused too, rather than silently ignored.
+// window, another activation or rotary scaling, dropout, ...) is refused, naming it, and so is
+// an "architectures" class Weft does not implement for the model_type (gpt2: GPT2LMHeadModel,
+// GPT2DoubleHeadsModel; llama: LlamaForCausalLM); keys that do not change the math
+// (torch_dtype, token ids, ...) are accepted; any key this file does not know is refused too,
+// rather than silently ignored.
 #ifndef WEFT_WORKER_HF_HF_CONFIG_H_
 #define WEFT_WORKER_HF_HF_CONFIG_H_
 
