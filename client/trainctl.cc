@@ -266,6 +266,38 @@ void PrintSpecSummary(const v1::JobSpec& spec) {
   PrintTable(rows);
 }
 
+// Where a job stands: time since it started (to its end, once ended), the ETA of a running one
+// from its last step time, its last committed checkpoint and the saves that failed (among the
+// events the coordinator still holds), and where its trained model was written.
+std::vector<std::vector<std::string>> ProgressRows(const JobStatus& s, absl::Time now) {
+  std::string elapsed = kNone;
+  if (HasTime(s.start_time())) {
+    const absl::Time end = HasTime(s.end_time()) ? FromProtoTime(s.end_time()) : now;
+    elapsed = FormatEta(end - FromProtoTime(s.start_time()));
+  }
+  std::string eta = kNone;
+  if (s.state() == weft::v1::RUNNING && HasMetrics(s) && s.last_metrics().step_ms() > 0 &&
+      s.total_steps() > s.step()) {
+    eta = absl::StrCat(FormatEta(absl::Milliseconds(s.last_metrics().step_ms() *
+                                                    static_cast<double>(s.total_steps() -
+                                                                        s.step()))),
+                       " (at the last step's time)");
+  }
+  int failed_saves = 0;
+  for (const JobEvent& e : s.events()) failed_saves += e.type() == weft::v1::CHECKPOINT_FAILED;
+  std::string checkpoint = s.checkpoint_step() > 0
+                               ? absl::StrCat("step ", s.checkpoint_step(), " committed")
+                               : std::string("none committed");
+  absl::StrAppend(&checkpoint, "; ", failed_saves, " failed save", failed_saves == 1 ? "" : "s",
+                  " in the recent events");
+  std::string model = kNone;
+  if (!s.model_path().empty()) {
+    model = s.model_host().empty() ? s.model_path()
+                                   : absl::StrCat(s.model_host(), ":", s.model_path());
+  }
+  return {{"Elapsed", elapsed}, {"ETA", eta}, {"Checkpoint", checkpoint}, {"Model", model}};
+}
+
 int Status(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id) {
   absl::StatusOr<v1::Job> job = client.GetJob(job_id);
   if (!job.ok()) return Fail(job.status());
@@ -285,6 +317,7 @@ int Status(CoordinatorClient& client, const GlobalOptions& global, const std::st
       {"Started", FormatTimestamp(s.start_time())},
       {"Ended", FormatTimestamp(s.end_time())},
   };
+  for (std::vector<std::string>& row : ProgressRows(s, absl::Now())) rows.push_back(row);
   if (!s.pending_reason().empty()) rows.push_back({"Waiting", s.pending_reason()});
   if (!s.awaiting_join().empty()) {
     rows.push_back(

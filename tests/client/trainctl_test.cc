@@ -2,6 +2,7 @@
 // user sees (exit status, stdout, stderr) for the everyday commands and the common mistakes.
 #include <map>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -268,6 +269,17 @@ TEST_F(TrainctlTest, WatchFollowsAJobToSuccess) {
   EXPECT_EQ(status.state(), weft::v1::SUCCEEDED);
   EXPECT_EQ(status.step(), 10);
   EXPECT_DOUBLE_EQ(status.last_metrics().loss(), 0.5);
+
+  // status says how long it ran, that nothing is left to wait for, and its checkpoints.
+  CommandResult shown = Run({"status", job_id});
+  ASSERT_EQ(shown.exit_code, 0) << Describe(shown);
+  EXPECT_TRUE(std::regex_search(shown.out, std::regex(R"(\nElapsed +\d+s\n)"))) << shown.out;
+  EXPECT_TRUE(std::regex_search(shown.out, std::regex(R"(\nETA +-\n)"))) << shown.out;
+  EXPECT_TRUE(std::regex_search(
+      shown.out,
+      std::regex(R"(\nCheckpoint +none committed; 0 failed saves in the recent events\n)")))
+      << shown.out;
+  EXPECT_TRUE(std::regex_search(shown.out, std::regex(R"(\nModel +\S+)"))) << shown.out;
 
   CommandResult list = Run({"list"});
   ASSERT_EQ(list.exit_code, 0) << Describe(list);
