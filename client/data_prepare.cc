@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -548,12 +550,57 @@ std::string DifferenceFrom(const Plan& plan, const std::string& dir) {
   return "";
 }
 
+// Whether `dir` holds a manifest.json that says it is a Weft dataset. Only the format tag is
+// read: an older or damaged manifest still marks the directory as prepare's own.
+bool HoldsWeftManifest(const fs::path& dir) {
+  std::ifstream in(dir / data::kManifestFileName);
+  if (!in) return false;
+  const nlohmann::json manifest = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return manifest.is_object() && manifest.contains("format") &&
+         manifest["format"] == data::kManifestFormat;
+}
+
+// OK when `force` may replace the existing `out` (DecideForcedReplace); FAILED_PRECONDITION
+// naming --out and why otherwise.
+absl::Status CheckForcedReplace(const Plan& plan, const std::string& out) {
+  std::error_code error;
+  const auto canonical = [&](const std::string& path) -> absl::StatusOr<std::string> {
+    fs::path resolved = fs::canonical(path, error);
+    if (error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": cannot resolve (", error.message(), ")"));
+    }
+    return resolved.string();
+  };
+  std::vector<std::string> inputs;
+  for (const SourceFile& s : plan.sources) {
+    WEFT_ASSIGN_OR_RETURN(inputs.emplace_back(), canonical(s.path));
+  }
+  if (!plan.options.tokenizer_path.empty()) {
+    WEFT_ASSIGN_OR_RETURN(inputs.emplace_back(), canonical(plan.options.tokenizer_path));
+  }
+  absl::StatusOr<std::string> resolved = canonical(out);
+  if (!resolved.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--out ", out, ": --force refuses it: ", resolved.status().message()));
+  }
+  const bool is_directory = fs::is_directory(*resolved, error);
+  const ForcedReplaceDecision decision = DecideForcedReplace(
+      *resolved, is_directory, is_directory && HoldsWeftManifest(*resolved), inputs);
+  if (decision.replace) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--out ", out, ": --force replaces only another Weft dataset, and ", decision.reason,
+      "; nothing was deleted"));
+}
+
 // Removes DIR.tmp-<pid> and DIR.old-<pid> left by runs that died (their pid is gone).
 void RemoveStaleTemporaries(const std::string& out_dir) {
   const fs::path out(out_dir);
   const std::string prefix = out.filename().string();
+  // A relative DIR's siblings are in the working directory; "" names no directory at all.
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
   std::error_code error;
-  for (const auto& entry : fs::directory_iterator(out.parent_path(), error)) {
+  for (const auto& entry : fs::directory_iterator(parent, error)) {
     const std::string name = entry.path().filename().string();
     absl::string_view rest = name;
     if (!absl::ConsumePrefix(&rest, prefix) ||
@@ -653,6 +700,24 @@ absl::Status CreateTemporary(const std::string& out, const std::string& temp) {
 
 }  // namespace
 
+ForcedReplaceDecision DecideForcedReplace(const std::string& out, bool is_directory,
+                                          bool is_dataset,
+                                          const std::vector<std::string>& inputs) {
+  const std::string out_prefix = out == "/" ? out : out + "/";
+  for (const std::string& input : inputs) {
+    if (input == out) return {false, absl::StrCat("it is the input ", input)};
+    if (absl::StartsWith(input, out_prefix)) {
+      return {false, absl::StrCat("it contains the input ", input)};
+    }
+  }
+  if (!is_directory) return {false, "it is not a directory"};
+  if (!is_dataset) {
+    return {false, absl::StrCat("it is not one (no ", data::kManifestFileName,
+                                " of format \"", data::kManifestFormat, "\")")};
+  }
+  return {true, ""};
+}
+
 absl::StatusOr<weft::v1::DataFormat> TokenFormatForVocab(int64_t vocab_size) {
   constexpr int64_t kMaxVocab = int64_t{1} << 24;  // model.vocab_size's bound
   if (vocab_size < 1) {
@@ -675,7 +740,9 @@ absl::StatusOr<weft::v1::DataFormat> TokenFormatForVocab(int64_t vocab_size) {
 absl::StatusOr<PrepareResult> PrepareDataset(const PrepareOptions& options) {
   const absl::Time start = absl::Now();
   WEFT_ASSIGN_OR_RETURN(Plan plan, MakePlan(options));
-  const std::string out = fs::path(options.out_dir).lexically_normal().string();
+  // "ds/" names ds: without the slash its siblings (ds.tmp-<pid>) are beside it, not inside.
+  std::string out = fs::path(options.out_dir).lexically_normal().string();
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
   PrepareResult result;
   for (const SourceFile& s : plan.sources) result.input_bytes += s.bytes;
   std::error_code error;
@@ -689,6 +756,7 @@ absl::StatusOr<PrepareResult> PrepareDataset(const PrepareOptions& options) {
       return absl::FailedPreconditionError(absl::StrCat(
           out, " exists and is not this dataset: ", difference, "; pass --force to replace it"));
     }
+    WEFT_RETURN_IF_ERROR(CheckForcedReplace(plan, out));
   }
   RemoveStaleTemporaries(out);
   const std::string temp = absl::StrCat(out, ".tmp-", ::getpid());

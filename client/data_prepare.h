@@ -12,7 +12,9 @@
 // writes chunks in order, so the output is byte-identical for any thread count. Nothing
 // half-written is visible: everything goes to DIR.tmp-<pid>, renamed to DIR at the end (and
 // removed on failure). DIR holding a manifest of the same inputs (paths, sizes, mtimes) and
-// options is up to date: nothing is written. Any other existing DIR is refused unless `force`.
+// options is up to date: nothing is written. Any other existing DIR is refused unless `force`,
+// and `force` replaces only another Weft dataset (ForcedReplaceDecision): never an input, a
+// directory holding one, or anything that is not a dataset.
 #ifndef WEFT_CLIENT_DATA_PREPARE_H_
 #define WEFT_CLIENT_DATA_PREPARE_H_
 
@@ -66,10 +68,24 @@ struct PrepareResult {
 // of model.vocab_size).
 absl::StatusOr<weft::v1::DataFormat> TokenFormatForVocab(int64_t vocab_size);
 
+// Whether `--force` may replace what already exists at --out, and why not. Pure: the caller
+// resolves the paths (canonically, symlinks included) and looks at the filesystem.
+struct ForcedReplaceDecision {
+  bool replace = false;
+  std::string reason;  // why not, when !replace: a clause ("it contains the input /a/b.txt")
+};
+// `out`: --out's canonical path; `is_directory`, `is_dataset`: what is there (is_dataset: a
+// manifest.json whose "format" is "weft-dataset"); `inputs`: the canonical paths of every input
+// file and of the tokenizer. Replaced only when `out` is a dataset directory that is neither an
+// input nor an ancestor of one.
+ForcedReplaceDecision DecideForcedReplace(const std::string& out, bool is_directory,
+                                          bool is_dataset, const std::vector<std::string>& inputs);
+
 // Errors name the file (and line) or option at fault: INVALID_ARGUMENT for bad options and bad
 // input text (invalid UTF-8, a JSONL line that is not JSON or lacks the field), NOT_FOUND for a
 // missing input or tokenizer, FAILED_PRECONDITION for an empty input file, an existing DIR
-// without `force`, or no training token at all; the errno-derived code when DIR cannot be
+// without `force` (or with it, one that DecideForcedReplace keeps, naming --out and why; nothing
+// is deleted), or no training token at all; the errno-derived code when DIR cannot be
 // written.
 absl::StatusOr<PrepareResult> PrepareDataset(const PrepareOptions& options);
 

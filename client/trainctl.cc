@@ -266,6 +266,38 @@ void PrintSpecSummary(const v1::JobSpec& spec) {
   PrintTable(rows);
 }
 
+// Where a job stands: time since it started (to its end, once ended), the ETA of a running one
+// from its last step time, its last committed checkpoint and the saves that failed (among the
+// events the coordinator still holds), and where its trained model was written.
+std::vector<std::vector<std::string>> ProgressRows(const JobStatus& s, absl::Time now) {
+  std::string elapsed = kNone;
+  if (HasTime(s.start_time())) {
+    const absl::Time end = HasTime(s.end_time()) ? FromProtoTime(s.end_time()) : now;
+    elapsed = FormatEta(end - FromProtoTime(s.start_time()));
+  }
+  std::string eta = kNone;
+  if (s.state() == weft::v1::RUNNING && HasMetrics(s) && s.last_metrics().step_ms() > 0 &&
+      s.total_steps() > s.step()) {
+    eta = absl::StrCat(FormatEta(absl::Milliseconds(s.last_metrics().step_ms() *
+                                                    static_cast<double>(s.total_steps() -
+                                                                        s.step()))),
+                       " (at the last step's time)");
+  }
+  int failed_saves = 0;
+  for (const JobEvent& e : s.events()) failed_saves += e.type() == weft::v1::CHECKPOINT_FAILED;
+  std::string checkpoint = s.checkpoint_step() > 0
+                               ? absl::StrCat("step ", s.checkpoint_step(), " committed")
+                               : std::string("none committed");
+  absl::StrAppend(&checkpoint, "; ", failed_saves, " failed save", failed_saves == 1 ? "" : "s",
+                  " in the recent events");
+  std::string model = kNone;
+  if (!s.model_path().empty()) {
+    model = s.model_host().empty() ? s.model_path()
+                                   : absl::StrCat(s.model_host(), ":", s.model_path());
+  }
+  return {{"Elapsed", elapsed}, {"ETA", eta}, {"Checkpoint", checkpoint}, {"Model", model}};
+}
+
 int Status(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id) {
   absl::StatusOr<v1::Job> job = client.GetJob(job_id);
   if (!job.ok()) return Fail(job.status());
@@ -285,6 +317,7 @@ int Status(CoordinatorClient& client, const GlobalOptions& global, const std::st
       {"Started", FormatTimestamp(s.start_time())},
       {"Ended", FormatTimestamp(s.end_time())},
   };
+  for (std::vector<std::string>& row : ProgressRows(s, absl::Now())) rows.push_back(row);
   if (!s.pending_reason().empty()) rows.push_back({"Waiting", s.pending_reason()});
   if (!s.awaiting_join().empty()) {
     rows.push_back(
@@ -668,6 +701,39 @@ CLI::App* AddSampleCommand(CLI::App& app, std::string* job_id, SampleFlags* flag
   return sample;
 }
 
+// After a failed parse: "unknown subcommand 'X' ..." when a command that takes a subcommand got
+// a word that is none of them (with the closest name, if one is close), else "".
+std::string UnknownSubcommand(const CLI::App& app) {
+  const CLI::App* command = &app;
+  std::string path = "trainctl";  // app.get_name() is argv[0] as run
+  for (bool deeper = true; deeper;) {
+    deeper = false;
+    for (const CLI::App* sub : command->get_subcommands({})) {
+      if (sub->parsed()) {
+        command = sub;
+        absl::StrAppend(&path, " ", sub->get_name());
+        deeper = true;
+        break;
+      }
+    }
+  }
+  std::vector<std::string> names;
+  for (const CLI::App* sub : command->get_subcommands({})) names.push_back(sub->get_name());
+  if (names.empty()) return "";
+  // A word a subcommand does not take falls through to its parents (app.fallthrough()).
+  for (const std::string& word : app.remaining(true)) {
+    if (word.empty() || word[0] == '-') continue;
+    std::string message = absl::StrCat("unknown subcommand '", word, "' of ", path);
+    if (const std::string closest = ClosestName(word, names); !closest.empty()) {
+      absl::StrAppend(&message, "; did you mean '", closest, "'?");
+    } else {
+      absl::StrAppend(&message, "; `", path, " --help` lists them");
+    }
+    return message;
+  }
+  return "";
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"trainctl: submit, inspect and cancel Weft training jobs"};
   app.require_subcommand(1);
@@ -723,6 +789,10 @@ int Main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // CLI11 reports a mistyped subcommand only as "A subcommand is required".
+    if (std::string unknown = UnknownSubcommand(app); !unknown.empty()) {
+      return Fail(absl::InvalidArgumentError(unknown));
+    }
     return app.exit(e);
   }
   if (absl::Status s = InstallSecurity(global.security); !s.ok()) return Fail(s);

@@ -99,7 +99,9 @@ DataCommands::DataCommands(CLI::App* app) {
                        "Tokens per shard file (default 67108864)");
   prepare_->add_option("--threads", threads_, "Encoding threads (default: one per core); the "
                                               "output does not depend on it");
-  prepare_->add_flag("--force", force_, "Replace an existing DIR that holds other data");
+  prepare_->add_flag("--force", force_,
+                     "Replace an existing DIR that holds another Weft dataset (never an input, "
+                     "a directory holding one, or anything but a dataset)");
   prepare_->add_flag("-q,--quiet", quiet_, "No progress on stderr");
 }
 

@@ -85,25 +85,46 @@ absl::StatusOr<hf::HfExportOptions> HfExportFlags::Options() const {
 }
 
 int ExportHfDirectory(const weft::v1::JobSpec& job_spec,
-                      const std::vector<std::vector<float>>& units, const std::string& out_dir,
+                      const std::vector<std::vector<float>>& units,
+                      std::shared_ptr<const data::Tokenizer> tokenizer, const std::string& out_dir,
                       const HfExportFlags& flags, bool json, const std::string& source) {
   absl::StatusOr<hf::HfExportOptions> options = flags.Options();
   if (!options.ok()) return Fail(options.status());
+  options->tokenizer = tokenizer;
   weft::v1::JobSpec spec = job_spec;
   ApplyJobSpecDefaults(&spec);
   if (absl::Status s = hf::ExportHf(out_dir, spec.model(), units, *options); !s.ok()) {
     return Fail(s);
   }
+  const std::string kind = tokenizer == nullptr ? "none" : std::string(tokenizer->kind());
+  if (tokenizer == nullptr) {
+    std::cerr << "trainctl: warning: " << source << " records no tokenizer: " << out_dir
+              << " has no tokenizer files, so transformers cannot make text with it (token "
+                 "ids only)\n";
+  }
   if (json) {
     std::cout << nlohmann::json{{"source", source}, {"path", out_dir}, {"format", "hf"},
-                                {"dtype", flags.dtype}}
+                                {"dtype", flags.dtype}, {"tokenizer", kind}}
                      .dump(2)
               << "\n";
   } else {
     std::cout << "exported " << source << " to " << out_dir << " (Hugging Face, " << flags.dtype
-              << ")\n";
+              << ", tokenizer: " << kind << ")\n";
   }
   return 0;
+}
+
+int ExportHfDirectory(const weft::v1::JobSpec& job_spec,
+                      const std::vector<std::vector<float>>& units, const std::string& out_dir,
+                      const HfExportFlags& flags, bool json, const std::string& source) {
+  absl::StatusOr<std::shared_ptr<const data::Tokenizer>> tokenizer =
+      worker::LoadJobTokenizer(job_spec);
+  if (!tokenizer.ok()) {
+    std::cerr << "trainctl: warning: the tokenizer of " << source
+              << " cannot be read here: " << tokenizer.status().message() << "\n";
+  }
+  return ExportHfDirectory(job_spec, units, tokenizer.ok() ? *tokenizer : nullptr, out_dir,
+                           flags, json, source);
 }
 
 namespace {
@@ -182,7 +203,8 @@ ModelCommands::ModelCommands(CLI::App* app) {
       "from-hf", "Print the ModelSpec of a Hugging Face model directory (its config.json)");
   from_hf_->add_option("DIR", dir_, "Hugging Face model directory")->required();
   export_ = group_->add_subcommand(
-      "export", "Write a trained model (a job's, or a model.safetensors) for Hugging Face");
+      "export", "Write a trained model (a job's, or a model.safetensors) for Hugging Face, "
+                "with its tokenizer, for transformers' text-generation pipeline");
   export_->add_option("SOURCE", source_, "A Weft model file (*.safetensors) or a finished job")
       ->required();
   export_->add_option("--out", out_dir_, "Output directory (must not exist, or be empty)")
@@ -239,7 +261,8 @@ int ModelCommands::Run(bool json, const JobModelPath& job_model_path) const {
     }
     return PrintDifference(*diff, tolerance_, json, source_, other_);
   }
-  return ExportHfDirectory(model->spec, model->units, out_dir_, flags_, json, *path);
+  return ExportHfDirectory(model->spec, model->units, model->tokenizer, out_dir_, flags_, json,
+                           *path);
 }
 
 }  // namespace weft

@@ -2,7 +2,8 @@
 // coordinator where it is):
 //   trainctl model from-hf DIR        the ModelSpec of a Hugging Face directory, as text format
 //   trainctl model export MODEL.safetensors|JOB --out DIR [--dtype bf16|fp32]
-//                         [--max-shard-bytes N]   a Weft model file as a Hugging Face directory
+//                         [--max-shard-bytes N]   a Weft model file as a Hugging Face directory,
+//                         with its tokenizer's files (worker/hf/hf_tokenizer.h)
 //   trainctl model logits MODEL.safetensors|JOB --tokens "1 2 3"   the model's logits, as JSON
 //   trainctl model diff MODEL|JOB MODEL|JOB [--tolerance R]   the tensors that differ; exit 1
 //                         beyond the tolerance (0: bit-identical)
@@ -12,11 +13,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "weft/v1/job.pb.h"
+#include "worker/data/tokenizer.h"
 #include "worker/hf/hf_export.h"
 
 namespace weft {
@@ -32,7 +35,14 @@ struct HfExportFlags {
 };
 
 // Writes `units` (every unit's parameters) of the model of `job_spec` to `out_dir` as a Hugging
-// Face directory; prints what it did (JSON with `json`). Returns the exit status.
+// Face directory with the files of `tokenizer` (null: none; a warning says the directory cannot
+// make text); prints what it did (JSON with `json`). Returns the exit status.
+int ExportHfDirectory(const weft::v1::JobSpec& job_spec,
+                      const std::vector<std::vector<float>>& units,
+                      std::shared_ptr<const data::Tokenizer> tokenizer, const std::string& out_dir,
+                      const HfExportFlags& flags, bool json, const std::string& source);
+// The same with the job's tokenizer as its workers read it (worker::LoadJobTokenizer), for a
+// checkpoint, whose files do not record it; none, with a warning, if that cannot be read here.
 int ExportHfDirectory(const weft::v1::JobSpec& job_spec,
                       const std::vector<std::vector<float>>& units, const std::string& out_dir,
                       const HfExportFlags& flags, bool json, const std::string& source);

@@ -51,4 +51,39 @@ int PrintJsonExit(const google::protobuf::Message& message, bool pretty) {
   return printed.ok() ? 0 : Fail(printed);
 }
 
+namespace {
+
+// Optimal string alignment distance: edits with swaps of neighbouring characters, so that
+// "sumbit" is one edit from "submit".
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+}  // namespace
+
+std::string ClosestName(const std::string& word, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_distance = 3;  // more than two edits is not a typo
+  for (const std::string& name : names) {
+    const size_t distance = EditDistance(word, name);
+    if (distance < best_distance && 2 * distance < word.size()) {
+      best = name;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
 }  // namespace weft::trainctl

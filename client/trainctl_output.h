@@ -18,6 +18,11 @@ namespace weft::trainctl {
 // Prints "trainctl: <message>" on stderr; returns the exit status, 1.
 int Fail(const absl::Status& status);
 
+// The name among `names` closest to a mistyped `word`, for "did you mean": at most two edits
+// (insertions, deletions, substitutions, swaps of neighbours) away and fewer than half of
+// `word`'s length; the first such of the fewest edits; "" when none is that close.
+std::string ClosestName(const std::string& word, const std::vector<std::string>& names);
+
 // Rows as columns separated by two spaces; the last column is not padded so that a long
 // message does not drag trailing blanks.
 void PrintTable(const std::vector<std::vector<std::string>>& rows);

@@ -1,9 +1,12 @@
 #include "client/data_prepare.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -373,6 +376,124 @@ TEST_F(PrepareTest, RefusesAnExistingDirectoryThatIsNotADataset) {
   EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(result.status().message(), HasSubstr("no readable manifest"));
   EXPECT_EQ(ReadFile(Path("out/precious.txt")), "keep me");
+}
+
+// Every file under `dir` (recursively) with its bytes: what a refused --force must leave.
+std::map<std::string, std::string> TreeContents(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) files[entry.path().string()] = ReadFile(entry.path().string());
+  }
+  return files;
+}
+
+TEST_F(PrepareTest, ForceReplacesOnlyAnotherDataset) {
+  fs::create_directories(Path("corpus"));
+  fs::create_directories(Path("other"));
+  const std::string a = Write("corpus/a.txt", Fortunes(20));
+  Write("notes.txt", "not a dataset");
+  Write("other/precious.txt", "keep me");
+  // A dataset made with other options: the one thing --force may replace...
+  PrepareOptions old = Options({a}, "ds");
+  old.val_fraction = 0.5;
+  ASSERT_TRUE(PrepareDataset(old).ok());
+  // ...unless one of this run's inputs lives inside it (here through a symlink).
+  fs::create_directory_symlink(Path("ds"), Path("alias"));
+  fs::create_directory_symlink(Path("corpus"), Path("corpus_link"));
+
+  struct Case {
+    std::string out;
+    std::vector<std::string> inputs;
+    std::string tokenizer;  // "": the fixture's
+    std::string why;
+  };
+  const std::vector<Case> cases = {
+      {"corpus", {a}, "", absl::StrCat("it contains the input ", Path("corpus/a.txt"))},
+      {"corpus/a.txt", {a}, "", absl::StrCat("it is the input ", Path("corpus/a.txt"))},
+      {"", {a}, "", "it contains the input"},  // the parent of everything
+      {"corpus_link", {a}, "", "it contains the input"},
+      {"notes.txt", {a}, "", "it is not a directory"},
+      {"other", {a}, "", "it is not one (no manifest.json"},
+      {"ds", {Path("alias/manifest.json")}, "",
+       absl::StrCat("it contains the input ", Path("ds/manifest.json"))},
+      {"ds", {a}, Path("ds/tokenizer.model"),
+       absl::StrCat("it contains the input ", Path("ds/tokenizer.model"))},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.out);
+    const auto before = TreeContents(dir_.path());
+    PrepareOptions options = Options(c.inputs, c.out);
+    if (!c.tokenizer.empty()) options.tokenizer_path = c.tokenizer;
+    options.force = true;
+    absl::StatusOr<PrepareResult> result = PrepareDataset(options);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition) << result.status();
+    EXPECT_THAT(result.status().message(), HasSubstr("--out "));
+    EXPECT_THAT(result.status().message(), HasSubstr(c.why));
+    EXPECT_THAT(result.status().message(), HasSubstr("nothing was deleted"));
+    // Nothing deleted, nothing left (the fixture's tok.model is rewritten with the same bytes).
+    EXPECT_EQ(TreeContents(dir_.path()), before);
+    for (const auto& entry : fs::directory_iterator(dir_.path())) {
+      EXPECT_THAT(entry.path().filename().string(), ::testing::Not(HasSubstr(".tmp-")));
+    }
+  }
+
+  // The dataset itself, inputs outside it: replaced.
+  PrepareOptions options = Options({a}, "ds");
+  options.force = true;
+  absl::StatusOr<PrepareResult> replaced = PrepareDataset(options);
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_FALSE(replaced->up_to_date);
+}
+
+TEST(ForcedReplaceTest, Decisions) {
+  const std::vector<std::string> inputs = {"/data/corpus/a.txt", "/models/tok.model"};
+  EXPECT_TRUE(DecideForcedReplace("/data/ds", true, true, inputs).replace);
+  // A sibling whose name merely starts like an input's directory is not its ancestor.
+  EXPECT_TRUE(DecideForcedReplace("/data/corp", true, true, inputs).replace);
+  EXPECT_EQ(DecideForcedReplace("/data", true, true, inputs).reason,
+            "it contains the input /data/corpus/a.txt");
+  EXPECT_EQ(DecideForcedReplace("/", true, true, inputs).reason,
+            "it contains the input /data/corpus/a.txt");
+  EXPECT_EQ(DecideForcedReplace("/models/tok.model", false, false, inputs).reason,
+            "it is the input /models/tok.model");
+  EXPECT_EQ(DecideForcedReplace("/data/file", false, false, inputs).reason,
+            "it is not a directory");
+  EXPECT_THAT(DecideForcedReplace("/data/home", true, false, inputs).reason,
+              HasSubstr("it is not one"));
+}
+
+// A dead run's DIR.tmp-<pid> is found beside a relative --out too (its parent is the working
+// directory, not ""). The real kill of a running `trainctl data prepare` is in
+// trainctl_data_test.cc.
+TEST_F(PrepareTest, RelativeOutRemovesADeadRunsTemporary) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // now a pid no process has
+  const std::string stale = Path(absl::StrCat("out.tmp-", child));
+  fs::create_directories(stale);
+  Write(absl::StrCat("out.tmp-", child, "/train-00000.bin"), "half-written");
+  ASSERT_EQ(ReadFile(stale + "/train-00000.bin"), "half-written");
+
+  PrepareOptions options = Options({Write("a.txt", Fortunes(10))});
+  options.out_dir = "out";
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir_.path());
+  absl::StatusOr<PrepareResult> result = PrepareDataset(options);
+  fs::current_path(cwd);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(fs::exists(Path("out/manifest.json")));
+  EXPECT_FALSE(fs::exists(stale));
+}
+
+// "out/" is the directory out: its temporary is out.tmp-<pid> beside it, not inside.
+TEST_F(PrepareTest, TrailingSlashOut) {
+  PrepareOptions options = Options({Write("a.txt", Fortunes(10))});
+  options.out_dir += "/";
+  absl::StatusOr<PrepareResult> result = PrepareDataset(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(fs::exists(Path("out/manifest.json")));
+  EXPECT_TRUE(PrepareDataset(options).value().up_to_date);
 }
 
 TEST_F(PrepareTest, InvalidUtf8NamesFileAndLine) {

@@ -1,5 +1,7 @@
 // `trainctl data train-tokenizer` and `trainctl data prepare` as a user runs them: the real
 // binary, its exit codes and messages (the library's cases are in data_prepare_test.cc).
+#include <signal.h>
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -82,6 +84,50 @@ TEST_F(TrainctlDataTest, TrainTokenizerThenPrepare) {
       Run({"data", "prepare", "--out", out1, "--bytes", "-q", "--force", corpus});
   EXPECT_EQ(forced.exit_code, 0) << forced.err;
   EXPECT_THAT(ReadFile(out1 + "/manifest.json"), HasSubstr("\"kind\": \"bytes\""));
+}
+
+// A prepare killed mid-way leaves DIR.tmp-<pid>; the next prepare of DIR removes it, also when
+// --out is relative (its siblings are then in the working directory).
+TEST_F(TrainctlDataTest, NextPrepareRemovesAKilledOnesTemporary) {
+  std::string big;
+  while (big.size() < (size_t{4} << 20)) absl::StrAppend(&big, "All work and no play. ", big.size());
+  WriteFile(dir_.File("big.txt"), big);
+  WriteFile(dir_.File("small.txt"), "a small corpus\n");
+  const std::string cd = absl::StrCat("cd '", dir_.path(), "' && exec '",
+                                      weft::testing::BinDir(), "/trainctl' data prepare ");
+  // Thousands of tiny shards, each fsynced: the run is still busy when it is killed.
+  auto process = weft::testing::Subprocess::Start(
+      {"/bin/sh", "-c", cd + "--out ds --bytes -q --threads 1 --shard-tokens 1024 big.txt"},
+      dir_.File("killed.log"));
+  ASSERT_TRUE(process.ok()) << process.status();
+  const std::string temp = dir_.File(absl::StrCat("ds.tmp-", (*process)->pid()));
+  ASSERT_TRUE(weft::testing::Eventually(
+      [&] {
+        return std::filesystem::exists(temp + "/train-00002.bin") || !(*process)->Running();
+      },
+      absl::Seconds(30)));
+  ASSERT_TRUE((*process)->Running()) << "finished before it could be killed: "
+                                     << ReadFile(dir_.File("killed.log"));
+  (*process)->Signal(SIGKILL);
+  ASSERT_EQ((*process)->Wait(absl::Seconds(10)).value(), 128 + SIGKILL);
+  ASSERT_TRUE(std::filesystem::exists(temp));  // what the kill left
+
+  CommandResult next = RunCommand({"/bin/sh", "-c", cd + "--out ds --bytes -q small.txt"});
+  ASSERT_EQ(next.exit_code, 0) << next.err;
+  EXPECT_TRUE(std::filesystem::exists(dir_.File("ds/manifest.json")));
+  EXPECT_FALSE(std::filesystem::exists(temp));
+}
+
+// --force replaces another dataset, never the inputs: here --out names the corpus's directory.
+TEST_F(TrainctlDataTest, ForceRefusesToReplaceTheInputs) {
+  const std::string corpus = Corpus();
+  CommandResult forced =
+      Run({"data", "prepare", "--out", dir_.path(), "--bytes", "-q", "--force", corpus});
+  EXPECT_EQ(forced.exit_code, 1);
+  EXPECT_THAT(forced.err, HasSubstr(absl::StrCat("--out ", dir_.path(), ": --force replaces only "
+                                                 "another Weft dataset, and it contains the "
+                                                 "input ", corpus)));
+  EXPECT_TRUE(std::filesystem::exists(corpus));
 }
 
 TEST_F(TrainctlDataTest, Refusals) {

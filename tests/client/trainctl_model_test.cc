@@ -10,6 +10,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 #include "tests/worker/hf/hf_test_util.h"
+#include "worker/data/tokenizer.h"
 #include "worker/hf/hf_checkpoint.h"
 #include "worker/model_io.h"
 
@@ -51,6 +52,14 @@ TEST(TrainctlModelTest, FromHfPrintsASpecThatParsesAndRefusesNamedKeys) {
   r = Trainctl({"model", "from-hf", dir});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr(dir + "/config.json: key \"mlp_bias\" is true"));
+  // A supported model_type whose weights come from another class: the field is named.
+  std::ofstream(dir + "/config.json")
+      << R"({"model_type": "llama", "architectures": ["Qwen2ForCausalLM"]})";
+  r = Trainctl({"model", "from-hf", dir});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr(dir + "/config.json: key \"architectures\" is "
+                                     "[\"Qwen2ForCausalLM\"]: for model_type \"llama\" Weft "
+                                     "implements LlamaForCausalLM"));
   r = Trainctl({"model", "from-hf", tmp.File("nothing")});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr(tmp.File("nothing")));
@@ -81,6 +90,61 @@ TEST(TrainctlModelTest, ExportOfAModelFileImportsBackExactly) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("--dtype"));
   EXPECT_FALSE(std::filesystem::exists(tmp.File("x")));
+}
+
+// The export carries the model file's tokenizer: transformers gets tokenizer files and the
+// tokenizer's token ids, not GPT-2's defaults (eos 50256, outside this vocabulary).
+TEST(TrainctlModelTest, ExportWritesTheRecordedTokenizer) {
+  testing::TempDir tmp;
+  data::SentencePieceTrainOptions train;
+  train.vocab_size = 320;
+  for (int i = 0; i < 100; ++i) {
+    train.documents.push_back(absl::StrCat("The early bird catches the worm, number ", i,
+                                           ". Ничто не вечно под луной.\n"));
+  }
+  absl::StatusOr<std::string> model = data::TrainSentencePiece(train);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto tokenizer = data::LoadSentencePieceFromBytes(*model, "trained");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  v1::JobSpec job;
+  *job.mutable_model() = hf::testing::TinyGpt2();
+  job.mutable_model()->set_vocab_size(320);
+  job.mutable_model()->set_padded_vocab_size(320);
+  const auto arch = hf::testing::ArchOf(job.model());
+  const std::string file = tmp.File("model.safetensors");
+  ASSERT_TRUE(
+      worker::SaveModel(file, job, hf::testing::ExactUnits(*arch, 5), tokenizer->get()).ok());
+  const std::string out = tmp.File("hf");
+  CommandResult r = Trainctl({"-o", "json", "model", "export", file, "--out", out});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tokenizer"], "sentencepiece");
+  const nlohmann::json config = nlohmann::json::parse(testing::ReadFile(out + "/config.json"));
+  EXPECT_EQ(config["bos_token_id"], 1);
+  EXPECT_EQ(config["eos_token_id"], 2);
+  EXPECT_TRUE(config["pad_token_id"].is_null());
+  const nlohmann::json generation =
+      nlohmann::json::parse(testing::ReadFile(out + "/generation_config.json"));
+  EXPECT_EQ(generation["eos_token_id"], 2);
+  const nlohmann::json tok = nlohmann::json::parse(testing::ReadFile(out + "/tokenizer.json"));
+  EXPECT_EQ(tok["model"]["type"], "BPE");  // train-tokenizer's default type
+  EXPECT_EQ(tok["model"]["vocab"].size(), 320u);
+  EXPECT_EQ(tok["model"]["vocab"]["</s>"], 2);
+  const nlohmann::json tok_config =
+      nlohmann::json::parse(testing::ReadFile(out + "/tokenizer_config.json"));
+  EXPECT_EQ(tok_config["tokenizer_class"], "PreTrainedTokenizerFast");
+  EXPECT_EQ(tok_config["eos_token"], "</s>");
+  EXPECT_TRUE(std::filesystem::exists(out + "/special_tokens_map.json"));
+
+  // A model file without a tokenizer: ids null, no tokenizer files, and a warning says so.
+  const std::string bare = tmp.File("bare.safetensors");
+  ASSERT_TRUE(worker::SaveModel(bare, job, hf::testing::ExactUnits(*arch, 5)).ok());
+  r = Trainctl({"model", "export", bare, "--out", tmp.File("bare")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("records no tokenizer"));
+  EXPECT_FALSE(std::filesystem::exists(tmp.File("bare/tokenizer.json")));
+  EXPECT_TRUE(nlohmann::json::parse(testing::ReadFile(tmp.File("bare/config.json")))
+                  ["eos_token_id"]
+                      .is_null());
 }
 
 TEST(TrainctlModelTest, LogitsPrintsTheModelsRowsAndNamesBadTokens) {

@@ -2,6 +2,7 @@
 // user sees (exit status, stdout, stderr) for the everyday commands and the common mistakes.
 #include <map>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -269,6 +270,17 @@ TEST_F(TrainctlTest, WatchFollowsAJobToSuccess) {
   EXPECT_EQ(status.step(), 10);
   EXPECT_DOUBLE_EQ(status.last_metrics().loss(), 0.5);
 
+  // status says how long it ran, that nothing is left to wait for, and its checkpoints.
+  CommandResult shown = Run({"status", job_id});
+  ASSERT_EQ(shown.exit_code, 0) << Describe(shown);
+  EXPECT_TRUE(std::regex_search(shown.out, std::regex(R"(\nElapsed +\d+s\n)"))) << shown.out;
+  EXPECT_TRUE(std::regex_search(shown.out, std::regex(R"(\nETA +-\n)"))) << shown.out;
+  EXPECT_TRUE(std::regex_search(
+      shown.out,
+      std::regex(R"(\nCheckpoint +none committed; 0 failed saves in the recent events\n)")))
+      << shown.out;
+  EXPECT_TRUE(std::regex_search(shown.out, std::regex(R"(\nModel +\S+)"))) << shown.out;
+
   CommandResult list = Run({"list"});
   ASSERT_EQ(list.exit_code, 0) << Describe(list);
   EXPECT_TRUE(absl::StrContains(list.out, "10/10")) << list.out;
@@ -343,6 +355,28 @@ TEST(TrainctlUnreachableTest, NamesTheCoordinatorAddress) {
   EXPECT_NE(r.exit_code, 0) << Describe(r);
   EXPECT_TRUE(absl::StartsWith(r.err, "trainctl: coordinator 127.0.0.1:1 unreachable"))
       << Describe(r);
+}
+
+// A mistyped subcommand is named, with the closest one, at any level; no daemon is dialled.
+TEST(TrainctlUsageTest, UnknownSubcommandIsNamedWithTheClosest) {
+  CommandResult r = RunCommand({Trainctl(), "sumbit", "job.pb.txt"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_EQ(r.err, "trainctl: unknown subcommand 'sumbit' of trainctl; did you mean 'submit'?\n")
+      << Describe(r);
+  r = RunCommand({Trainctl(), "-o", "json", "data", "prepar", "--out", "x", "a.txt"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(absl::StrContains(
+      r.err, "unknown subcommand 'prepar' of trainctl data; did you mean 'prepare'?"))
+      << Describe(r);
+  r = RunCommand({Trainctl(), "frobnicate"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(absl::StrContains(
+      r.err, "unknown subcommand 'frobnicate' of trainctl; `trainctl --help` lists them"))
+      << Describe(r);
+  // No subcommand at all is still CLI11's own message.
+  r = RunCommand({Trainctl()});
+  EXPECT_NE(r.exit_code, 0) << Describe(r);
+  EXPECT_TRUE(absl::StrContains(r.err, "A subcommand is required")) << Describe(r);
 }
 
 TEST(TrainctlUnreachableTest, MalformedAddressIsRejectedBeforeDialing) {

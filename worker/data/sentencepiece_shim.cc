@@ -20,6 +20,22 @@ class ProcessorImpl final : public Processor {
   int piece_size() const override { return sp_.GetPieceSize(); }
   int bos_id() const override { return sp_.bos_id(); }
   int eos_id() const override { return sp_.eos_id(); }
+  int unk_id() const override { return sp_.unk_id(); }
+  int pad_id() const override { return sp_.pad_id(); }
+  std::vector<Piece> Pieces() const override {
+    std::vector<Piece> pieces(sp_.GetPieceSize());
+    for (int id = 0; id < static_cast<int>(pieces.size()); ++id) {
+      Piece& p = pieces[id];
+      p.text = sp_.IdToPiece(id);
+      p.score = sp_.GetScore(id);
+      p.kind = sp_.IsUnknown(id)   ? Piece::kUnknown
+               : sp_.IsControl(id) ? Piece::kControl
+               : sp_.IsUnused(id)  ? Piece::kUnused
+               : sp_.IsByte(id)    ? Piece::kByte
+                                   : Piece::kNormal;
+    }
+    return pieces;
+  }
   Result Encode(std::string_view text, std::vector<int>* ids) const override {
     return ToResult(sp_.Encode(text, ids));
   }
@@ -88,7 +104,7 @@ class ApiImpl final : public Api {
 }  // namespace weft::data::spm
 
 extern "C" __attribute__((visibility("default"))) const weft::data::spm::Api*
-weft_sentencepiece_api_v1() {
+weft_sentencepiece_api_v2() {
   static const weft::data::spm::ApiImpl api;
   return &api;
 }

@@ -22,12 +22,20 @@ namespace weft::data::spm {
 
 // The library's file name, and its one exported symbol: a function returning the Api.
 inline constexpr char kShimFileName[] = "libweft_sentencepiece.so";
-inline constexpr char kShimEntryPoint[] = "weft_sentencepiece_api_v1";
+inline constexpr char kShimEntryPoint[] = "weft_sentencepiece_api_v2";
 
 // code is an absl::StatusCode number (SentencePiece uses the same numbering); 0 is OK.
 struct Result {
   int code = 0;
   std::string message;
+};
+
+// One piece of a model's vocabulary as the library reports it.
+struct Piece {
+  enum Kind { kNormal = 0, kUnknown, kControl, kUnused, kByte };
+  std::string text;
+  float score = 0;
+  Kind kind = kNormal;  // user-defined pieces read as kNormal: the library does not tell them
 };
 
 // One loaded model. Const methods may be called from any number of threads at once.
@@ -37,6 +45,10 @@ class Processor {
   virtual int piece_size() const = 0;
   virtual int bos_id() const = 0;
   virtual int eos_id() const = 0;
+  virtual int unk_id() const = 0;
+  virtual int pad_id() const = 0;  // -1: none
+  // Every piece, by id.
+  virtual std::vector<Piece> Pieces() const = 0;
   virtual Result Encode(std::string_view text, std::vector<int>* ids) const = 0;
   // Every id must be in [0, piece_size()).
   virtual Result Decode(const std::vector<int>& ids, std::string* text) const = 0;

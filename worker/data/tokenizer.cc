@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/status.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "worker/data/sentencepiece_shim.h"
 
 
@@ -239,6 +240,119 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceFromBytes(std::strin
         name, ": not a SentencePiece model that can be loaded: ", loaded.message));
   }
   return std::make_unique<SentencePieceTokenizer>(std::move(bytes), std::move(sp));
+}
+
+namespace {
+
+// proto2 fields of sentencepiece_model.proto (ModelProto), by number. libsentencepiece's API
+// has no accessor for these and Debian ships no header for the message, so they are read with
+// protobuf's schema-less parser.
+constexpr int kModelPieces = 1;
+constexpr int kModelTrainerSpec = 2;
+constexpr int kModelNormalizerSpec = 3;
+constexpr int kPieceType = 3;
+constexpr uint64_t kPieceTypeUserDefined = 4;
+constexpr int kTrainerModelType = 3;
+constexpr int kTrainerTreatWhitespaceAsSuffix = 24;
+constexpr int kTrainerByteFallback = 35;
+constexpr int kNormalizerName = 1;
+constexpr int kNormalizerPrecompiledCharsmap = 2;
+constexpr int kNormalizerAddDummyPrefix = 3;
+constexpr int kNormalizerRemoveExtraWhitespaces = 4;
+constexpr int kNormalizerEscapeWhitespaces = 5;
+
+// The last value of field `number` (proto2: the last one wins), or nullptr when absent.
+const google::protobuf::UnknownField* LastField(const google::protobuf::UnknownFieldSet& set,
+                                                int number) {
+  const google::protobuf::UnknownField* found = nullptr;
+  for (int i = 0; i < set.field_count(); ++i) {
+    if (set.field(i).number() == number) found = &set.field(i);
+  }
+  return found;
+}
+
+uint64_t VarintField(const google::protobuf::UnknownFieldSet& set, int number,
+                     uint64_t fallback) {
+  const google::protobuf::UnknownField* f = LastField(set, number);
+  return f != nullptr && f->type() == google::protobuf::UnknownField::TYPE_VARINT ? f->varint()
+                                                                                   : fallback;
+}
+
+std::string BytesField(const google::protobuf::UnknownFieldSet& set, int number) {
+  const google::protobuf::UnknownField* f = LastField(set, number);
+  return f != nullptr && f->type() == google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED
+             ? f->length_delimited()
+             : std::string();
+}
+
+// A nested message field (empty when absent); false if its bytes are not a message.
+bool MessageField(const google::protobuf::UnknownFieldSet& set, int number,
+                  google::protobuf::UnknownFieldSet* message) {
+  const google::protobuf::UnknownField* f = LastField(set, number);
+  if (f == nullptr) return true;
+  return f->type() == google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED &&
+         message->ParseFromString(f->length_delimited());
+}
+
+}  // namespace
+
+absl::StatusOr<SentencePieceModelInfo> DescribeSentencePiece(const std::string& model_bytes,
+                                                             absl::string_view name) {
+  WEFT_ASSIGN_OR_RETURN(const spm::Api* shim, Shim());
+  std::unique_ptr<spm::Processor> sp;
+  const spm::Result loaded = shim->Load(std::string_view(model_bytes), &sp);
+  if (loaded.code != 0 || model_bytes.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": not a SentencePiece model that can be loaded: ", loaded.message));
+  }
+  SentencePieceModelInfo info;
+  using Kind = SentencePieceModelInfo::PieceKind;
+  for (spm::Piece& p : sp->Pieces()) {
+    const Kind kind = p.kind == spm::Piece::kUnknown   ? Kind::kUnknown
+                      : p.kind == spm::Piece::kControl ? Kind::kControl
+                      : p.kind == spm::Piece::kUnused  ? Kind::kUnused
+                      : p.kind == spm::Piece::kByte    ? Kind::kByte
+                                                       : Kind::kNormal;
+    info.pieces.push_back({std::move(p.text), p.score, kind});
+  }
+  info.unk_id = sp->unk_id();
+  info.bos_id = sp->bos_id();
+  info.eos_id = sp->eos_id();
+  info.pad_id = sp->pad_id();
+
+  google::protobuf::UnknownFieldSet model, trainer, normalizer;
+  if (!model.ParseFromString(model_bytes) || !MessageField(model, kModelTrainerSpec, &trainer) ||
+      !MessageField(model, kModelNormalizerSpec, &normalizer)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": SentencePiece loaded it, but its protobuf fields do not parse"));
+  }
+  // The library does not tell user-defined pieces (matched verbatim in text) from normal ones.
+  size_t index = 0;
+  for (int i = 0; i < model.field_count() && index < info.pieces.size(); ++i) {
+    if (model.field(i).number() != kModelPieces) continue;
+    google::protobuf::UnknownFieldSet piece;
+    if (model.field(i).type() == google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED &&
+        piece.ParseFromString(model.field(i).length_delimited()) &&
+        VarintField(piece, kPieceType, 1) == kPieceTypeUserDefined) {
+      info.pieces[index].kind = Kind::kUserDefined;
+    }
+    ++index;
+  }
+  const uint64_t type = VarintField(trainer, kTrainerModelType, 1);
+  if (type < 1 || type > 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": unknown SentencePiece model type ", type));
+  }
+  info.type = static_cast<SentencePieceModelInfo::Type>(type);
+  info.byte_fallback = VarintField(trainer, kTrainerByteFallback, 0) != 0;
+  info.treat_whitespace_as_suffix = VarintField(trainer, kTrainerTreatWhitespaceAsSuffix, 0) != 0;
+  info.normalizer_name = BytesField(normalizer, kNormalizerName);
+  info.precompiled_charsmap = BytesField(normalizer, kNormalizerPrecompiledCharsmap);
+  info.add_dummy_prefix = VarintField(normalizer, kNormalizerAddDummyPrefix, 1) != 0;
+  info.remove_extra_whitespaces =
+      VarintField(normalizer, kNormalizerRemoveExtraWhitespaces, 1) != 0;
+  info.escape_whitespaces = VarintField(normalizer, kNormalizerEscapeWhitespaces, 1) != 0;
+  return info;
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceFile(const std::string& path) {

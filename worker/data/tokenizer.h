@@ -90,6 +90,41 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceFromBytes(std::strin
 // The same from a file: NOT_FOUND if it does not exist, FAILED_PRECONDITION if unreadable.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceFile(const std::string& path);
 
+// What a SentencePiece model is made of, for writing it in another library's format (the
+// Hugging Face export, worker/hf/hf_tokenizer.h). The pieces, their scores and kinds and the
+// special ids come from libsentencepiece; the settings its API does not expose (model type,
+// byte fallback, normalizer) are read from the model's protobuf fields, proto2 defaults where
+// a field is absent.
+struct SentencePieceModelInfo {
+  enum class Type { kUnigram = 1, kBpe = 2, kWord = 3, kChar = 4 };
+  enum class PieceKind { kNormal, kUnknown, kControl, kUserDefined, kUnused, kByte };
+  struct Piece {
+    std::string text;
+    float score = 0;
+    PieceKind kind = PieceKind::kNormal;
+  };
+  Type type = Type::kUnigram;
+  std::vector<Piece> pieces;  // by id
+  int unk_id = -1;  // -1: none
+  int bos_id = -1;
+  int eos_id = -1;
+  int pad_id = -1;
+  bool byte_fallback = false;  // characters outside the pieces are spelled as byte pieces
+  bool treat_whitespace_as_suffix = false;
+  // The normalizer: its rule name ("identity", "nmt_nfkc", ...) and compiled character map
+  // (empty for identity), and what it does with whitespace.
+  std::string normalizer_name;
+  std::string precompiled_charsmap;
+  bool add_dummy_prefix = true;          // a space before the text
+  bool remove_extra_whitespaces = true;  // leading, trailing and repeated spaces dropped
+  bool escape_whitespaces = true;        // spaces become U+2581 ("▁")
+};
+
+// The SentencePiece model `model_bytes` (a .model file's contents; `name` labels errors).
+// INVALID_ARGUMENT if the bytes are not a model SentencePiece loads.
+absl::StatusOr<SentencePieceModelInfo> DescribeSentencePiece(const std::string& model_bytes,
+                                                             absl::string_view name);
+
 struct SentencePieceTrainOptions {
   enum class ModelType { kBpe, kUnigram };
   ModelType model_type = ModelType::kBpe;

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -23,7 +24,7 @@ using weft::v1::RopeScaling;
 // token ids, labels, bookkeeping).
 const std::set<std::string>& HarmlessKeys() {
   static const auto* keys = new std::set<std::string>{
-      "architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
+      "torch_dtype", "dtype", "transformers_version", "_name_or_path",
       "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
       "initializer_range", "use_cache", "return_dict", "output_hidden_states",
       "output_attentions", "torchscript", "tokenizer_class", "task_specific_params", "id2label",
@@ -255,6 +256,28 @@ struct Derived {
   std::vector<std::string> problems;
 };
 
+// "architectures" (optional) names the transformers classes the weights were saved from: each
+// must be a class of `model_type`'s family that Weft implements, or the weights may be laid out
+// for another model (a Mistral or Qwen2 checkpoint saved with model_type "llama").
+void CheckArchitectures(const std::string& model_type, KeyReader& r) {
+  static const auto* const kClasses = new std::map<std::string, std::set<std::string>>{
+      {"gpt2", {"GPT2LMHeadModel", "GPT2DoubleHeadsModel"}},
+      {"llama", {"LlamaForCausalLM"}},
+  };
+  const Json* architectures = r.Get("architectures");
+  if (architectures == nullptr) return;
+  const std::set<std::string>& ok = kClasses->at(model_type);
+  bool supported = architectures->is_array();
+  for (const Json& a : supported ? *architectures : Json::array()) {
+    supported = supported && a.is_string() && ok.count(a.get<std::string>()) > 0;
+  }
+  if (!supported) {
+    r.Refuse("architectures", architectures->dump(),
+             absl::StrCat("for model_type \"", model_type, "\" Weft implements ",
+                          absl::StrJoin(ok, " or ")));
+  }
+}
+
 absl::StatusOr<Derived> Derive(const std::string& config_text, const std::string& path) {
   Json config;
   try {
@@ -276,6 +299,7 @@ absl::StatusOr<Derived> Derive(const std::string& config_text, const std::string
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": key \"model_type\" is ", Json(type).dump(), ": Weft imports \"gpt2\" and \"llama\""));
   }
+  CheckArchitectures(type, r);
   r.RefuseUnknownKeys();
   return d;
 }
@@ -374,7 +398,7 @@ absl::Status CheckHfConfig(const std::string& config_text, const std::string& pa
   return Problems(path, problems);
 }
 
-std::string HfConfigJson(const ModelSpec& spec, data::Dtype dtype) {
+std::string HfConfigJson(const ModelSpec& spec, data::Dtype dtype, const HfTokenIds& ids) {
   Json c = Json::object();
   const char* torch_dtype = dtype == data::Dtype::kBF16  ? "bfloat16"
                             : dtype == data::Dtype::kF16 ? "float16"
@@ -429,6 +453,10 @@ std::string HfConfigJson(const ModelSpec& spec, data::Dtype dtype) {
   c["initializer_range"] = 0.02;
   c["use_cache"] = true;
   c["torch_dtype"] = torch_dtype;
+  const auto id = [](int v) { return v < 0 ? Json(nullptr) : Json(v); };
+  c["bos_token_id"] = id(ids.bos_id);
+  c["eos_token_id"] = id(ids.eos_id);
+  c["pad_token_id"] = id(ids.pad_id);
   return c.dump(2) + "\n";
 }
 

@@ -11,9 +11,11 @@
 //          depends on it), rope_theta, rope_scaling (null or rope_type "llama3"; also the newer
 //          "rope_parameters" form), rms_norm_eps, tie_word_embeddings.
 // Every key that would change the math in a way Weft does not implement (a bias, a sliding
-// window, another activation or rotary scaling, dropout, ...) is refused, naming it; keys that
-// do not change the math (torch_dtype, token ids, architectures, ...) are accepted; any key
-// this file does not know is refused too, rather than silently ignored.
+// window, another activation or rotary scaling, dropout, ...) is refused, naming it, and so is
+// an "architectures" class Weft does not implement for the model_type (gpt2: GPT2LMHeadModel,
+// GPT2DoubleHeadsModel; llama: LlamaForCausalLM); keys that do not change the math
+// (torch_dtype, token ids, ...) are accepted; any key this file does not know is refused too,
+// rather than silently ignored.
 #ifndef WEFT_WORKER_HF_HF_CONFIG_H_
 #define WEFT_WORKER_HF_HF_CONFIG_H_
 
@@ -22,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/data/safetensors.h"
+#include "worker/hf/hf_tokenizer.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::hf {
@@ -39,8 +42,10 @@ absl::Status CheckHfConfig(const std::string& config_text, const std::string& pa
                            const weft::v1::ModelSpec& spec);
 
 // The config.json of `spec` (normalized) for weights stored as `dtype`: model_type,
-// architectures, every size and option, torch_dtype.
-std::string HfConfigJson(const weft::v1::ModelSpec& spec, data::Dtype dtype);
+// architectures, every size and option, torch_dtype, and bos/eos/pad_token_id from `ids`
+// (null where -1: transformers' GPT-2 defaults, 50256, would name no token of a Weft model).
+std::string HfConfigJson(const weft::v1::ModelSpec& spec, data::Dtype dtype,
+                         const HfTokenIds& ids = {});
 
 }  // namespace weft::hf
 

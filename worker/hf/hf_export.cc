@@ -17,6 +17,7 @@
 #include "worker/engine/model_arch.h"
 #include "worker/hf/hf_checkpoint.h"
 #include "worker/hf/hf_config.h"
+#include "worker/hf/hf_tokenizer.h"
 
 namespace weft::hf {
 namespace {
@@ -75,13 +76,24 @@ absl::Status CheckUnits(const engine::ModelArch& arch,
   return absl::OkStatus();
 }
 
-// config.json, the weights and, when sharded, the index, into the (empty) directory `dir`.
+// config.json, generation_config.json, the tokenizer's files, the weights and, when sharded,
+// the index, into the (empty) directory `dir`.
 absl::Status WriteContents(const std::string& dir, const weft::v1::ModelSpec& spec,
                            const std::vector<HfTensorMap>& mapping,
                            const std::vector<std::vector<float>>& units,
                            const HfExportOptions& options) {
+  HfTokenizerFiles tokenizer;
+  if (options.tokenizer != nullptr) {
+    WEFT_ASSIGN_OR_RETURN(tokenizer,
+                          HfTokenizerFilesFor(*options.tokenizer, spec.context_length()));
+  }
   WEFT_RETURN_IF_ERROR(WriteTextFile((fs::path(dir) / kHfConfigFile).string(),
-                                     HfConfigJson(spec, options.dtype)));
+                                     HfConfigJson(spec, options.dtype, tokenizer.ids)));
+  WEFT_RETURN_IF_ERROR(WriteTextFile((fs::path(dir) / kHfGenerationConfigFile).string(),
+                                     HfGenerationConfigJson(tokenizer.ids)));
+  for (const auto& [file, contents] : tokenizer.files) {
+    WEFT_RETURN_IF_ERROR(WriteTextFile((fs::path(dir) / file).string(), contents));
+  }
   const size_t element_bytes = data::DtypeBytes(options.dtype);
   const auto shards = Shards(mapping, element_bytes, options.max_shard_bytes);
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
@@ -134,6 +146,11 @@ absl::Status ExportHf(const std::string& out_dir, const weft::v1::ModelSpec& spe
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec));
   WEFT_RETURN_IF_ERROR(CheckUnits(*arch, units));
+  if (options.tokenizer != nullptr && options.tokenizer->vocab_size() > spec.vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Hugging Face export: the tokenizer has ", options.tokenizer->vocab_size(),
+        " tokens, more than the model's vocab_size ", spec.vocab_size()));
+  }
   WEFT_ASSIGN_OR_RETURN(const std::vector<HfTensorMap> mapping, HfTensorMapping(*arch));
   std::error_code ec;
   if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec))) {

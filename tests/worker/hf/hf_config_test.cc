@@ -161,7 +161,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadKey{false, "resid_pdrop", "-0.1", "in [0, 1)"},
         BadKey{false, "n_ctx", "4", "must equal n_positions"},
         BadKey{false, "add_cross_attention", "true", "cross-attention"},
-        BadKey{false, "some_new_option", "1", "not a key Weft knows"}));
+        BadKey{false, "some_new_option", "1", "not a key Weft knows"},
+        // Weights saved from another model's class under a supported model_type.
+        BadKey{true, "architectures", R"(["MistralForCausalLM"])",
+               "for model_type \"llama\" Weft implements LlamaForCausalLM"},
+        BadKey{true, "architectures", R"(["LlamaForCausalLM", "Qwen2ForCausalLM"])",
+               "Weft implements LlamaForCausalLM"},
+        BadKey{false, "architectures", R"(["GPT2ForSequenceClassification"])",
+               "for model_type \"gpt2\" Weft implements GPT2DoubleHeadsModel or GPT2LMHeadModel"},
+        BadKey{false, "architectures", R"("GPT2LMHeadModel")", "Weft implements"}));
 
 TEST(HfConfigTest, HarmlessKeysAndAFullWidthMlpAreAccepted) {
   Json c = Json::parse(HfConfigJson(TinyGpt2(), data::Dtype::kF32));
