@@ -112,16 +112,19 @@ std::string DescribeGpuMemoryPlan(const GpuMemoryPlan& plan) {
                             GiB(plan.host_bytes)));
 }
 
+namespace {
+// The levels a decision tries, lightest first: every one under AUTO, else the one named.
+std::vector<Checkpointing> LevelsToTry(weft::v1::ActivationCheckpointing::Level requested) {
+  if (IsAuto(requested)) return {std::begin(kLevels), std::end(kLevels)};
+  return {engine::CheckpointingFromSpec(requested, Checkpointing::kNone)};
+}
+}  // namespace
+
 MemoryDecision DecideMemory(weft::v1::ActivationCheckpointing::Level requested,
                             size_t free_bytes, int micro_batch_size, int world, int num_layers,
                             const MemoryPlanner& plan, std::string_view budget) {
   const bool automatic = IsAuto(requested);
-  std::vector<Checkpointing> candidates;
-  if (automatic) {
-    candidates.assign(std::begin(kLevels), std::end(kLevels));
-  } else {
-    candidates.push_back(engine::CheckpointingFromSpec(requested, Checkpointing::kNone));
-  }
+  const std::vector<Checkpointing> candidates = LevelsToTry(requested);
   std::vector<std::string> too_big;
   MemoryDecision decision;
   for (Checkpointing level : candidates) {
@@ -328,12 +331,7 @@ CpuMemoryDecision DecideCpuMemory(weft::v1::ActivationCheckpointing::Level reque
                             "(MemAvailable %s)",
                             Size(budget), ranks_on_host, Size(host_available_bytes));
   const bool automatic = IsAuto(requested);
-  std::vector<Checkpointing> candidates;
-  if (automatic) {
-    candidates.assign(std::begin(kLevels), std::end(kLevels));
-  } else {
-    candidates.push_back(engine::CheckpointingFromSpec(requested, Checkpointing::kNone));
-  }
+  const std::vector<Checkpointing> candidates = LevelsToTry(requested);
   std::vector<std::string> too_big;
   CpuMemoryDecision decision;
   for (Checkpointing level : candidates) {
