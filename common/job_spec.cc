@@ -519,8 +519,19 @@ int64_t CheckpointRankBytes(const weft::v1::ModelSpec& model, int world) {
   return 12 * ((ModelParameterCount(model) + w - 1) / w);
 }
 
-std::string ModelDifference(const weft::v1::ModelSpec& here, const weft::v1::ModelSpec& there,
-                            std::string_view here_name, std::string_view there_name) {
+std::string ModelDifference(const weft::v1::ModelSpec& here_raw,
+                            const weft::v1::ModelSpec& there_raw, std::string_view here_name,
+                            std::string_view there_name) {
+  // With defaults filled in: a manifest written by hand or by an older release may leave
+  // derived fields (padded_vocab_size) unset.
+  auto normalized = [](const weft::v1::ModelSpec& model) {
+    weft::v1::JobSpec spec;
+    *spec.mutable_model() = model;
+    ApplyJobSpecDefaults(&spec);
+    return spec.model();
+  };
+  const weft::v1::ModelSpec here = normalized(here_raw);
+  const weft::v1::ModelSpec there = normalized(there_raw);
   // The fields that shape the parameters; rope_theta, rope_scaling and rms_norm_eps change
   // only what the same tensors compute (a long-context continuation changes rope_theta on
   // purpose), and context_length shapes only GPT-2's position embedding.

@@ -39,7 +39,7 @@ absl::StatusOr<weft::v1::JobSpec> NormalizeJobSpec(weft::v1::JobSpec spec);
 // head); engine::ModelArch::ParameterCount agrees (tests/worker/engine/model_arch_test.cc).
 int64_t ModelParameterCount(const weft::v1::ModelSpec& model);
 
-// The first field in which two normalized models differ, as "model.hidden_size: 256 here,
+// The first field in which two models differ once their defaults are filled in, as "model.hidden_size: 256 here,
 // 128 there" (`here` and `there` name the two sides); empty when they are the same model. A
 // checkpoint of one restores into the other only when this is empty.
 std::string ModelDifference(const weft::v1::ModelSpec& here, const weft::v1::ModelSpec& there,

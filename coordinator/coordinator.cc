@@ -332,10 +332,9 @@ std::string Coordinator::ResumeProblemLocked(const weft::v1::JobSpec& spec) {
   auto other = jobs_.Find(from);
   if (!other.ok()) return absl::StrCat("no job \"", from, "\"");
   const weft::v1::Job& job = (*other)->job;
-  if (job.status().checkpoint_step() == 0) {
-    return absl::StrCat("job ", from, " (", JobState_Name(job.status().state()),
-                        ") has committed no checkpoint: nothing to resume from");
-  }
+  // Whether it has a checkpoint is checkpointd's to say, not ours (a job queued to continue a
+  // live one is a pipeline; checkpoints may have been written or deleted without us): the
+  // restore refuses, as a permanent error, a resume that finds none.
   if (std::string diff = ModelDifference(spec.model(), job.spec().model(), "here",
                                          absl::StrCat("in job ", from));
       !diff.empty()) {

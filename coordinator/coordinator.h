@@ -217,8 +217,8 @@ class Coordinator {
   // STARTED_FRESH event.
   void RecordStartLocked(JobRecord& rec, const weft::v1::GenerationStart& start,
                          Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why spec.resume_from_job cannot be resumed from (no such job, no committed checkpoint,
-  // another model shape), empty when it can or is unset.
+  // Why spec.resume_from_job cannot be resumed from (no such job, another model shape), empty
+  // when it can or is unset.
   std::string ResumeProblemLocked(const weft::v1::JobSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordCheckpointLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request,
                               Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

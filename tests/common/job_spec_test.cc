@@ -923,3 +923,42 @@ TEST(ValidateJobSpecTest, HybridShardingErrorsNameTheField) {
 
 }  // namespace
 }  // namespace weft
+
+namespace weft {
+namespace {
+
+// Issue 37: a resume into another shape failed only on the worker, deep in a tensor ("range
+// [0, 99136) of tensor u1.params"). The first field that shapes the parameters is named; the
+// fields that only change what the same tensors compute are not.
+TEST(ModelDifferenceTest, NamesTheFirstFieldThatShapesTheParameters) {
+  weft::v1::ModelSpec a;
+  a.set_architecture(weft::v1::LLAMA);
+  a.set_num_layers(2);
+  a.set_hidden_size(64);
+  a.set_num_heads(4);
+  a.set_num_kv_heads(2);
+  a.set_intermediate_size(128);
+  a.set_padded_vocab_size(256);
+  a.set_context_length(128);
+  weft::v1::ModelSpec b = a;
+  EXPECT_EQ(ModelDifference(a, b, "here", "there"), "");
+  b.set_rope_theta(500000);
+  b.set_context_length(4096);  // Llama: no position embedding to shape
+  EXPECT_EQ(ModelDifference(a, b, "here", "there"), "");
+  b.set_num_kv_heads(4);
+  EXPECT_EQ(ModelDifference(a, b, "here", "there"), "model.num_kv_heads: 2 here, 4 there");
+  b = a;
+  b.set_architecture(weft::v1::GPT2);
+  EXPECT_EQ(ModelDifference(a, b, "here", "there"), "model.architecture: LLAMA here, GPT2 there");
+  // GPT-2's context length is its position embedding's rows.
+  weft::v1::ModelSpec g = a;
+  g.set_architecture(weft::v1::ARCHITECTURE_UNSPECIFIED);
+  weft::v1::ModelSpec h = g;
+  h.set_architecture(weft::v1::GPT2);
+  EXPECT_EQ(ModelDifference(g, h, "here", "there"), "") << "unspecified is GPT-2";
+  h.set_context_length(256);
+  EXPECT_EQ(ModelDifference(g, h, "here", "there"), "model.context_length: 128 here, 256 there");
+}
+
+}  // namespace
+}  // namespace weft
