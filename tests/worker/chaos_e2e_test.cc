@@ -79,7 +79,7 @@ TEST(ChaosE2eTest, RandomKillsOfEveryProcessLoseNothingAndChangeNoBit) {
   TempDir dir;
   const std::string corpus = dir.File("corpus.txt");
   testing::WriteFile(corpus, testing::WordCorpus());
-  v1::JobSpec spec = testing::RecoveryJobSpec("chaos", corpus, 2, 2000);
+  v1::JobSpec spec = testing::RecoveryJobSpec("chaos", corpus, 2, 4500);
   spec.mutable_fault()->set_max_restarts(100);
   spec.mutable_checkpoint()->set_interval_steps(25);
   const v1::JobStatus straight = testing::RunUninterrupted(dir.File("straight"), 2, spec);
