@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdarg>
-#include <cstdio>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -21,6 +19,7 @@
 #include "checkpointd/decisions.h"
 #include "common/crc32c.h"
 #include "common/metrics.h"
+#include "common/rocksdb_log.h"
 #include "common/status.h"
 #include "rocksdb/env.h"
 #include "rocksdb/options.h"
@@ -94,38 +93,6 @@ absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.IsNoSpace()) return absl::ResourceExhaustedError(absl::StrCat(what, ": ", s.ToString()));
   return absl::UnavailableError(absl::StrCat(what, ": ", s.ToString()));
 }
-
-// RocksDB's informational log, into this daemon's log instead of a LOG file in the data
-// directory. On a full disk RocksDB 7.8's file logger aborts the process: its append after a
-// failed one trips an assert (`sync_without_flush_called_`) that Debian's build keeps, and
-// RocksDB logs while opening, so the daemon could not even start again on that disk.
-class RocksLogger : public rocksdb::Logger {
- public:
-  RocksLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL) {}
-  using rocksdb::Logger::Logv;
-  void Logv(const char* format, va_list ap) override {
-    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
-  }
-  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
-    // Option dumps and statistics are RocksDB's detail, not the operator's.
-    spdlog::level::level_enum to = spdlog::level::trace;
-    if (level == rocksdb::InfoLogLevel::WARN_LEVEL) to = spdlog::level::warn;
-    if (level == rocksdb::InfoLogLevel::ERROR_LEVEL ||
-        level == rocksdb::InfoLogLevel::FATAL_LEVEL) {
-      to = spdlog::level::err;
-    }
-    if (!spdlog::should_log(to)) return;
-    va_list copy;
-    va_copy(copy, ap);
-    const int n = std::vsnprintf(nullptr, 0, format, copy);
-    va_end(copy);
-    if (n <= 0) return;
-    std::string text(static_cast<size_t>(n) + 1, '\0');
-    std::vsnprintf(text.data(), text.size(), format, ap);
-    text.resize(static_cast<size_t>(n));
-    spdlog::log(to, "rocksdb: {}", text);
-  }
-};
 
 // Bytes an unprivileged writer may still use on the disk of `dir`.
 absl::StatusOr<int64_t> AvailableBytes(const std::string& dir) {
@@ -411,7 +378,7 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
   }
   rocksdb::Options db_options;
   db_options.create_if_missing = true;
-  db_options.info_log = std::make_shared<RocksLogger>();
+  db_options.info_log = NewRocksDbLogger("checkpoint store");
   // Preallocation would hold space the free-space checks cannot see (a WAL reserves 1.1
   // memtables, 140 MiB here) and makes a small disk fail early.
   db_options.allow_fallocate = false;

@@ -1,15 +1,12 @@
 #include "coordinator/state_db.h"
 
-#include <cstdarg>
-#include <cstdio>
-
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/rocksdb_log.h"
 #include "common/status.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
-#include "spdlog/spdlog.h"
 
 namespace weft::coordinator {
 namespace {
@@ -17,33 +14,10 @@ namespace {
 constexpr char kJobPrefix[] = "job/";
 constexpr char kSeqKey[] = "meta/next_job_seq";
 
-// RocksDB's info log, sent to the coordinator's log instead of a LOG file in the data
-// directory: on a full disk, the distribution's RocksDB (built with assertions) aborts the
-// process at the LOG file's next append after one failed, which a failed state write makes
-// likely. Its chatter (options, flushes) goes to debug; its warnings and errors stay visible.
-class SpdlogRocksLogger final : public rocksdb::Logger {
- public:
-  SpdlogRocksLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL) {}
-  using rocksdb::Logger::Logv;
-  void Logv(const char* format, va_list ap) override {
-    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
-  }
-  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
-    using rocksdb::InfoLogLevel;
-    const spdlog::level::level_enum to = level >= InfoLogLevel::ERROR_LEVEL ? spdlog::level::err
-                                         : level == InfoLogLevel::WARN_LEVEL ? spdlog::level::warn
-                                                                             : spdlog::level::debug;
-    if (!spdlog::should_log(to)) return;
-    char line[1024];
-    std::vsnprintf(line, sizeof(line), format, ap);
-    spdlog::log(to, "state database: {}", line);
-  }
-};
-
 absl::StatusOr<std::unique_ptr<rocksdb::DB>> OpenRocks(const std::string& dir) {
   rocksdb::Options options;
   options.create_if_missing = true;
-  options.info_log = std::make_shared<SpdlogRocksLogger>();
+  options.info_log = NewRocksDbLogger("state database");
   // The state is small (jobs, not tensors): keep the footprint small too.
   options.max_background_jobs = 1;
   options.keep_log_file_num = 3;
