@@ -218,7 +218,8 @@ void Coordinator::ReleaseGenerationLocked(JobRecord& rec, const std::string& rea
 }
 
 void Coordinator::FailGenerationLocked(JobRecord& rec, const std::string& cause, bool permanent,
-                                       weft::v1::JobEventType event, Actions& actions) {
+                                       weft::v1::JobEventType event, Actions& actions,
+                                       bool spends_restart) {
   if (event != weft::v1::RANK_ERROR) {
     rec.last_rank_error.clear();
     rec.last_rank_error_worker.clear();
@@ -226,8 +227,11 @@ void Coordinator::FailGenerationLocked(JobRecord& rec, const std::string& cause,
   jobs_.AddEvent(rec, event, cause);
   EndGenerationLocked(rec, cause, /*completed=*/false, actions);
   auto* status = rec.status();
-  const RecoveryDecision d = DecideAfterFailure(
-      status->restarts(), rec.job.spec().fault().max_restarts(), permanent, cause);
+  const RecoveryDecision d =
+      spends_restart ? DecideAfterFailure(status->restarts(),
+                                          rec.job.spec().fault().max_restarts(), permanent, cause)
+                     : RecoveryDecision{weft::v1::RECOVERING, false,
+                                        absl::StrCat(cause, "; placing the job again")};
   if (d.counts_as_restart) status->set_restarts(status->restarts() + 1);
   if (d.next_state == weft::v1::RECOVERING) metrics_.CountRecovery(status->job_id());
   if (d.next_state == weft::v1::FAILED) status->set_error(d.reason);
@@ -673,9 +677,18 @@ void Coordinator::RankErrorLocked(JobRecord& rec, const weft::v1::ReportProgress
                                    "): ", request.error());
   if (repeat.repeated) absl::StrAppend(&cause, " (", repeat.reason, ")");
   const bool permanent = request.error_is_permanent() || repeat.repeated;
-  FailGenerationLocked(rec, cause, permanent, weft::v1::RANK_ERROR, actions);
+  const SetupFailureDecision setup = DecideSetupFailure(SetupViewLocked(rec, request, permanent));
+  if (setup.setup) absl::StrAppend(&cause, " (", setup.reason, ")");
+  if (setup.free) {
+    ++rec.free_setup_failures;
+    if (std::optional<std::string> why = workers_.QuarantineNow(request.worker_id(), cause)) {
+      jobs_.AddEvent(rec, weft::v1::WORKER_QUARANTINED, *why);
+    }
+  }
+  FailGenerationLocked(rec, cause, permanent, weft::v1::RANK_ERROR, actions,
+                       /*spends_restart=*/!setup.free);
   // A deterministic failure says nothing about the worker it happened on.
-  if (!permanent) BlameWorkerLocked(request.worker_id(), rec, request.error());
+  if (!permanent && !setup.free) BlameWorkerLocked(request.worker_id(), rec, request.error());
 }
 
 void Coordinator::RecordStartLocked(JobRecord& rec, const weft::v1::GenerationStart& start,
@@ -693,7 +706,30 @@ void Coordinator::RecordStartLocked(JobRecord& rec, const weft::v1::GenerationSt
   jobs_.Commit(rec, actions);
 }
 
+SetupFailureView Coordinator::SetupViewLocked(const JobRecord& rec,
+                                              const weft::v1::ReportProgressRequest& request,
+                                              bool permanent) {
+  const Generation& gen = *rec.generation;
+  const weft::v1::JobSpec& spec = rec.job.spec();
+  SetupFailureView view;
+  view.worker_id = request.worker_id();
+  view.trained = gen.trained();
+  view.permanent = permanent;
+  view.min_workers = spec.resources().min_workers();
+  view.free_so_far = rec.free_setup_failures;
+  // Setting the worker aside is what changes the placement: without quarantine, nothing would.
+  view.max_free = options_.quarantine_after_failures > 0 ? spec.fault().max_restarts() : 0;
+  std::vector<IdleWorkerView> healthy, quarantined;
+  workers_.IdleViews(&healthy, &quarantined);
+  view.others_available = gen.world_size() - 1;
+  for (const IdleWorkerView& w : healthy) {
+    if (w.device_kind == spec.resources().device_kind()) ++view.others_available;
+  }
+  return view;
+}
+
 void Coordinator::RecordStepLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request) {
+  rec.generation->MarkTrained();
   auto* status = rec.status();
   if (request.metrics().step() > status->step()) {
     rec.generation->MarkProgress(Now());

@@ -190,9 +190,11 @@ class Coordinator {
                                Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A generation failed: end it and decide RECOVERING or FAILED. Mark a dead member
   // WORKER_DEAD first, so it is not told to abort or handed out again.
+  // Without `spends_restart` (a setup failure placed anew, DecideSetupFailure) the job goes to
+  // RECOVERING whatever its budget, using none of it.
   void FailGenerationLocked(JobRecord& rec, const std::string& cause, bool permanent,
-                            weft::v1::JobEventType event, Actions& actions)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                            weft::v1::JobEventType event, Actions& actions,
+                            bool spends_restart = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartGenerationLocked(JobRecord& rec, const Placement& placement, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ---- coordinator restarts (coordinator_restart.cc) ----
@@ -233,6 +235,10 @@ class Coordinator {
   void RankErrorLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request,
                        Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordStepLocked(JobRecord& rec, const weft::v1::ReportProgressRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What DecideSetupFailure needs of `request`'s rank error in `rec`'s active generation.
+  SetupFailureView SetupViewLocked(const JobRecord& rec,
+                                   const weft::v1::ReportProgressRequest& request, bool permanent)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rank 0's word on where the generation's state came from: a CHECKPOINT_RESTORED or
   // STARTED_FRESH event.

@@ -339,6 +339,25 @@ RecoveryDecision DecideAfterFailure(int32_t restarts_so_far, int32_t max_restart
           absl::StrCat(cause, "; restarting (", restarts_so_far + 1, " of ", max_restarts, ")")};
 }
 
+SetupFailureDecision DecideSetupFailure(const SetupFailureView& view) {
+  if (view.trained || view.permanent) return {};
+  if (view.others_available < view.min_workers) {
+    return {true, false,
+            absl::StrCat("it failed at setup, but no placement without worker ", view.worker_id,
+                         " exists (", view.others_available, " other workers for at least ",
+                         view.min_workers, ")")};
+  }
+  if (view.free_so_far >= view.max_free) {
+    return {true, false,
+            absl::StrCat("it failed at setup; the job has had ", view.free_so_far,
+                         " setup failures without a restart, as many as it may")};
+  }
+  return {true, true,
+          absl::StrCat("it failed at setup: worker ", view.worker_id,
+                       " is set aside and the job placed without it, no restart spent (",
+                       view.free_so_far + 1, " of ", view.max_free, ")")};
+}
+
 RepeatDecision DecideRepeatedRankError(const std::string& previous,
                                        const std::string& previous_worker,
                                        const std::string& error, const std::string& worker) {

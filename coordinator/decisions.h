@@ -205,6 +205,34 @@ struct RecoveryDecision {
 RecoveryDecision DecideAfterFailure(int32_t restarts_so_far, int32_t max_restarts,
                                     bool permanent_error, const std::string& cause);
 
+// A generation that failed before it trained a step, on a rank error (not permanent) from one
+// of its members, failed at setup: communicators, devices, the first allocations. Such a
+// failure is often its placement's rather than the job's (two workers of one GPU, a device in a
+// bad state), and the same placement would only fail again. What Coordinator::RankErrorLocked
+// knows of it:
+struct SetupFailureView {
+  std::string worker_id;  // the member that reported the error
+  bool trained = false;   // the generation reported a step: not a setup failure
+  bool permanent = false;
+  // Workers a next placement could take instead of `worker_id`: the generation's other
+  // members and the healthy idle workers of the job's kind.
+  int32_t others_available = 0;
+  int32_t min_workers = 1;
+  // Setup failures of the job that spent no restart so far, and how many may (0: none).
+  int32_t free_so_far = 0;
+  int32_t max_free = 0;
+};
+
+struct SetupFailureDecision {
+  bool setup = false;  // the failure is a setup failure
+  // No restart is spent: the member is set aside (quarantined) at once and the job is placed
+  // without it. Only while a placement without it exists and the job has free ones left.
+  bool free = false;
+  std::string reason;
+};
+
+SetupFailureDecision DecideSetupFailure(const SetupFailureView& view);
+
 // Whether a rank's `error` (the worker's own message, e.g. "step 1200: ...") from `worker`
 // repeats word for word the rank error that ended the job's previous generation (`previous`
 // from `previous_worker`; empty when that generation ended otherwise) on ANOTHER worker. A

@@ -55,6 +55,8 @@ struct JobRecord {
   // only: a coordinator restart forgets them, which at worst costs one more restart.
   std::string last_rank_error;
   std::string last_rank_error_worker;
+  // Setup failures that spent no restart (DecideSetupFailure). In memory only, like the above.
+  int32_t free_setup_failures = 0;
   // Workers a rendezvous of this job refused (CheckMembers), by id: the incarnation refused
   // and why. Such a worker is not placed in this job again until it re-registers (a new
   // incarnation: restarted, perhaps with its configuration fixed). In memory only: after a

@@ -28,6 +28,7 @@ Generation Generation::Restored(int64_t number, std::vector<std::string> members
   Generation gen(number, std::move(members), [](const std::string&) { return std::string(); },
                  now);
   gen.rendezvous_complete_ = true;
+  gen.trained_ = true;  // it trained before the restart (and set up long before)
   gen.joined_.insert(gen.members_.begin(), gen.members_.end());
   gen.awaiting_reattach_.insert(gen.members_.begin(), gen.members_.end());
   gen.reattach_deadline_ = reattach_deadline;

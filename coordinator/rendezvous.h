@@ -100,6 +100,10 @@ class Generation {
   // Members that have not attached again, in rank order (empty unless restored).
   std::vector<std::string> NotReattached() const;
 
+  // A step was reported: from here a failure is not a setup failure (DecideSetupFailure).
+  void MarkTrained() { trained_ = true; }
+  bool trained() const { return trained_; }
+
   // A step advanced: the stall clock restarts.
   void MarkProgress(absl::Time now) { last_progress_time_ = now; }
   // The liveness view of this generation for CheckLiveness.
@@ -125,6 +129,7 @@ class Generation {
   absl::Time last_progress_time_;
   std::shared_ptr<MemoryStore> store_ = std::make_shared<MemoryStore>();
   int64_t last_failed_checkpoint_step_ = -1;
+  bool trained_ = false;
   absl::flat_hash_set<std::string> awaiting_reattach_;  // restored generations only
   absl::Time reattach_deadline_ = absl::InfiniteFuture();
 };

@@ -330,6 +330,19 @@ std::optional<std::string> WorkerRegistry::Blame(const std::string& worker_id,
   return d.reason;
 }
 
+std::optional<std::string> WorkerRegistry::QuarantineNow(const std::string& worker_id,
+                                                         const std::string& cause) {
+  WorkerRecord* w = Find(worker_id);
+  if (w == nullptr || options_.quarantine.after_failures <= 0) return std::nullopt;
+  QuarantineOptions once = options_.quarantine;
+  once.after_failures = 1;
+  const QuarantineDecision d = DecideQuarantine(clock_(), worker_id, 0, cause, once);
+  w->consecutive_failures = 0;
+  w->quarantined_until = *d.quarantined_until;
+  w->status.set_reason(d.reason);
+  return d.reason;
+}
+
 void WorkerRegistry::ClearFailures(const std::vector<std::string>& members) {
   for (const std::string& m : members) {
     if (WorkerRecord* w = Find(m)) w->consecutive_failures = 0;

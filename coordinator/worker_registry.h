@@ -127,6 +127,11 @@ class WorkerRegistry {
   // A generation failure was blamed on the worker: returns the reason when it is quarantined
   // now (see DecideQuarantine).
   std::optional<std::string> Blame(const std::string& worker_id, const std::string& cause);
+  // Quarantines the worker now, for the quarantine cooldown, whatever its count (a setup
+  // failure it caused, DecideSetupFailure): returns why, or nullopt for an unknown worker or
+  // with quarantine disabled.
+  std::optional<std::string> QuarantineNow(const std::string& worker_id,
+                                           const std::string& cause);
   // A generation with these members made progress: none of them is failing repeatedly.
   void ClearFailures(const std::vector<std::string>& members);
 

@@ -971,6 +971,9 @@ TEST_F(CoordinatorTest, RepeatedlyFailingWorkerIsQuarantinedAndTheJobUsesTheSpar
   spec.mutable_fault()->set_max_restarts(5);
   auto [job, w] = StartRunningJob(spec, 2);
   const Worker spare = Register("h", 2);
+  // Failures after the generations trained (a failure at setup is another matter:
+  // SetupFailureWithASpareChangesThePlacementWithoutARestart).
+  ASSERT_TRUE(Report(job, 1, w[0], 0, 1).ok());
   ASSERT_TRUE(ReportError(job, 1, w[0], 0, "Gloo connect failed", false).ok());
   // One failure: w0 is still given the job (it is first in rank order).
   JobStatus s = Status(job);
@@ -978,6 +981,7 @@ TEST_F(CoordinatorTest, RepeatedlyFailingWorkerIsQuarantinedAndTheJobUsesTheSpar
   EXPECT_THAT(s.worker_ids(), ElementsAre(w[0].id, w[1].id));
   EXPECT_EQ(FindEvent(s, weft::v1::WORKER_QUARANTINED), nullptr);
 
+  ASSERT_TRUE(Report(job, 2, w[0], 0, 1).ok());  // step 1 again: no progress past the last
   ASSERT_TRUE(ReportError(job, 2, w[0], 0, "Gloo connect failed again", false).ok());
   s = Status(job);
   const weft::v1::JobEvent* quarantined = FindEvent(s, weft::v1::WORKER_QUARANTINED);
@@ -999,12 +1003,102 @@ TEST_F(CoordinatorTest, RepeatedlyFailingWorkerIsQuarantinedAndTheJobUsesTheSpar
   EXPECT_THAT(Status(needy).worker_ids(), ElementsAre(w[0].id));
 }
 
+// A generation that fails before it trained a step, on one member's error, failed at setup,
+// which a placement without that member may not (two workers of one GPU, a device in a bad
+// state): with a spare, the member is set aside at once and the job placed without it, and no
+// restart is spent.
+TEST_F(CoordinatorTest, SetupFailureWithASpareChangesThePlacementWithoutARestart) {
+  auto [job, w] = StartRunningJob(CpuSpec("setup", 2), 2);
+  const Worker spare = Register("h", 2);
+  ASSERT_TRUE(ReportError(job, 1, w[1], 1, "ncclCommInitRank: Duplicate GPU detected", false)
+                  .ok());
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.restarts(), 0);
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.generation(), 2);
+  EXPECT_THAT(s.worker_ids(), ElementsAre(w[0].id, spare.id));
+  EXPECT_NE(FindEvent(s, weft::v1::RANK_ERROR, "failed at setup: worker h/cpu1 is set aside"),
+            nullptr)
+      << s.DebugString();
+  EXPECT_NE(FindEvent(s, weft::v1::WORKER_QUARANTINED, "h/cpu1"), nullptr) << s.DebugString();
+
+  // Once a generation trained, a failure is an ordinary one: a restart.
+  ASSERT_TRUE(Report(job, 2, w[0], 0, 3).ok());
+  ASSERT_TRUE(ReportError(job, 2, spare, 1, "Gloo connect failed", false).ok());
+  s = Status(job);
+  EXPECT_EQ(s.restarts(), 1);
+  EXPECT_EQ(s.generation(), 3);
+}
+
+// Without a placement that leaves the member out, the same placement comes again: that costs
+// a restart, as does a job's setup failure past its allowance (max_restarts of them).
+TEST_F(CoordinatorTest, SetupFailureWithoutAnotherPlacementSpendsARestart) {
+  JobSpec spec = CpuSpec("setup-alone", 2);
+  spec.mutable_fault()->set_max_restarts(1);
+  auto [job, w] = StartRunningJob(spec, 2);
+  ASSERT_TRUE(ReportError(job, 1, w[1], 1, "device busy", false).ok());
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.restarts(), 1);
+  EXPECT_EQ(s.generation(), 2);
+  EXPECT_NE(FindEvent(s, weft::v1::RANK_ERROR, "no placement without worker h/cpu1"), nullptr)
+      << s.DebugString();
+
+  const std::string other = Submit([] {
+    JobSpec o = CpuSpec("setup-spares", 1);
+    o.mutable_fault()->set_max_restarts(1);
+    return o;
+  }());
+  ASSERT_TRUE(coord_->CancelJob(job, "make room").ok());
+  const Worker extra = Register("h", 3);
+  // `other` runs on one of the three idle workers; each setup failure with spares left is free
+  // once (max_restarts = 1), the next one spends the restart.
+  s = Status(other);
+  ASSERT_EQ(s.state(), weft::v1::RUNNING) << s.DebugString();
+  Worker first{s.worker_ids(0), 0};
+  ASSERT_TRUE(ReportError(other, 1, first, 0, "device busy", false).ok());
+  s = Status(other);
+  EXPECT_EQ(s.restarts(), 0) << s.DebugString();
+  ASSERT_EQ(s.generation(), 2);
+  Worker second{s.worker_ids(0), 0};
+  EXPECT_NE(second.id, first.id);
+  ASSERT_TRUE(ReportError(other, 2, second, 0, "device lost", false).ok());
+  s = Status(other);
+  EXPECT_EQ(s.restarts(), 1) << s.DebugString();
+  EXPECT_NE(FindEvent(s, weft::v1::RANK_ERROR, "as many as it may"), nullptr) << s.DebugString();
+  (void)extra;
+}
+
+TEST(DecideSetupFailureTest, FreeOnlyBeforeTrainingWithAnotherPlacementAndAllowanceLeft) {
+  SetupFailureView view{.worker_id = "w", .trained = false, .permanent = false,
+                        .others_available = 2, .min_workers = 2, .free_so_far = 0,
+                        .max_free = 3};
+  SetupFailureDecision d = DecideSetupFailure(view);
+  EXPECT_TRUE(d.setup && d.free);
+  EXPECT_THAT(d.reason, HasSubstr("worker w is set aside"));
+  EXPECT_THAT(d.reason, HasSubstr("(1 of 3)"));
+  view.others_available = 1;
+  d = DecideSetupFailure(view);
+  EXPECT_TRUE(d.setup);
+  EXPECT_FALSE(d.free);
+  view.others_available = 2;
+  view.free_so_far = 3;
+  EXPECT_FALSE(DecideSetupFailure(view).free);
+  view.free_so_far = 0;
+  view.trained = true;
+  EXPECT_FALSE(DecideSetupFailure(view).setup);
+  view.trained = false;
+  view.permanent = true;
+  EXPECT_FALSE(DecideSetupFailure(view).setup);
+}
+
 TEST_F(CoordinatorTest, QuarantineEndsAfterTheCooldown) {
   JobSpec spec = CpuSpec("flaky2", 1);
   spec.mutable_fault()->set_max_restarts(5);
   auto [job, w] = StartRunningJob(spec, 1);
   const Worker spare = Register("h", 1);
+  ASSERT_TRUE(Report(job, 1, w[0], 0, 1).ok());
   ASSERT_TRUE(ReportError(job, 1, w[0], 0, "boom", false).ok());   // gen 2: w0 again
+  ASSERT_TRUE(Report(job, 2, w[0], 0, 1).ok());
   ASSERT_TRUE(ReportError(job, 2, w[0], 0, "boom", false).ok());   // quarantined; gen 3: spare
   ASSERT_THAT(Status(job).worker_ids(), ElementsAre(spare.id));
   ASSERT_TRUE(coord_->CancelJob(job, "done").ok());

@@ -338,9 +338,11 @@ class Cluster {
 };
 
 // Runs `spec` on a fresh Cluster of `workers` workers under `dir` without interrupting it, and
-// stops the cluster; the job's final status, which the test expects to be SUCCEEDED.
+// stops the cluster; the job's final status, which the test expects to be SUCCEEDED within
+// `timeout` (a long job on a loaded 2-core machine needs more than the default).
 inline v1::JobStatus RunUninterrupted(const std::string& dir, int workers,
-                                      const v1::JobSpec& spec) {
+                                      const v1::JobSpec& spec,
+                                      absl::Duration timeout = absl::Seconds(120)) {
   Cluster cluster(dir, workers);
   cluster.Start();
   if (::testing::Test::HasFatalFailure()) return v1::JobStatus();
@@ -349,8 +351,7 @@ inline v1::JobStatus RunUninterrupted(const std::string& dir, int workers,
     ADD_FAILURE() << job.status();
     return v1::JobStatus();
   }
-  EXPECT_TRUE(cluster.WaitFor(job->job_id(), v1::SUCCEEDED, absl::Seconds(120)))
-      << cluster.Logs();
+  EXPECT_TRUE(cluster.WaitFor(job->job_id(), v1::SUCCEEDED, timeout)) << cluster.Logs();
   const v1::JobStatus status = cluster.Status(job->job_id());
   cluster.KillEverything();
   return status;
