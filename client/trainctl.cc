@@ -685,8 +685,11 @@ int Logs(CoordinatorClient& client, const GlobalOptions& global, const std::stri
       absl::StatusOr<v1::Job> job = client.GetJob(job_id);
       if (!job.ok()) return Fail(job.status());
       ended = job->status();
-      last_lines_by = absl::Now() + absl::Milliseconds(job->spec().fault().heartbeat_interval_ms()) +
-                      absl::Seconds(1);
+      // From the end itself: following a job that ended long ago waits for nothing.
+      const absl::Time end =
+          HasTime(ended.end_time()) ? FromProtoTime(ended.end_time()) : absl::Now();
+      last_lines_by =
+          end + absl::Milliseconds(job->spec().fault().heartbeat_interval_ms()) + absl::Seconds(1);
     }
     if (progress) continue;  // more may be waiting
     if (last_lines_by && absl::Now() >= *last_lines_by) break;
@@ -804,7 +807,9 @@ void AddGlobalOptions(CLI::App& app, GlobalOptions* global) {
   app.add_option("--checkpointd", global->checkpointd, "weft-checkpointd address host:port")
       ->envname("WEFT_CHECKPOINTD")
       ->capture_default_str();
-  app.add_option("-o,--output", global->output, "Output format")
+  app.add_option("-o,--output", global->output,
+                 "Output format: text, or json (one object per answer, one per line while "
+                 "following; errors stay on stderr)")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
   app.add_option("--timeout-s", global->timeout_s, "Deadline of each call in seconds")

@@ -44,10 +44,10 @@ std::string ValidUtf8(absl::string_view text, size_t max_bytes) {
     // Room for the ellipsis is kept until the last character is known to fit.
     const bool last = i + std::max<size_t>(length, 1) >= text.size();
     if (out.size() + piece.size() + (last ? 0 : kEllipsis.size()) > max_bytes) {
-      out.append(kEllipsis);
+      out.append(kEllipsis.data(), kEllipsis.size());
       return out;
     }
-    out.append(piece);
+    out.append(piece.data(), piece.size());
     i += std::max<size_t>(length, 1);
   }
   return out;

@@ -20,6 +20,10 @@ std::shared_ptr<LogRelay> LogRelay::Attach(spdlog::logger& logger, Options optio
   return relay;
 }
 
+std::shared_ptr<LogRelay> LogRelay::Attach(spdlog::logger& logger) {
+  return Attach(logger, Options());
+}
+
 void LogRelay::SetRun(const std::string& job_id, int64_t generation, int32_t rank) {
   auto run = std::make_shared<const Run>(Run{job_id, generation, rank});
   std::lock_guard<std::mutex> lock(mutex_);

@@ -47,7 +47,8 @@ class LogRelay final : public spdlog::sinks::base_sink<std::mutex> {
   explicit LogRelay(Options options);
   // A relay added to `logger`'s sinks. Call it before other threads log through `logger`:
   // spdlog does not guard a logger's sink list.
-  static std::shared_ptr<LogRelay> Attach(spdlog::logger& logger, Options options = {});
+  static std::shared_ptr<LogRelay> Attach(spdlog::logger& logger, Options options);
+  static std::shared_ptr<LogRelay> Attach(spdlog::logger& logger);
 
   // Lines logged from now on belong to rank `rank` of generation `generation` of `job_id`,
   // until ClearRun or the next SetRun; outside a run nothing is kept.
