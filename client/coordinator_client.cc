@@ -103,10 +103,12 @@ absl::StatusOr<weft::v1::GetJobLogsResponse> CoordinatorClient::GetJobLogs(
 }
 
 absl::StatusOr<weft::v1::RegisterWorkerResponse> CoordinatorClient::RegisterWorker(
-    const weft::v1::WorkerInfo& info, const std::string& session_token) {
+    const weft::v1::WorkerInfo& info, const std::string& session_token,
+    const weft::v1::RunningGeneration* running) {
   weft::v1::RegisterWorkerRequest request;
   *request.mutable_info() = info;
   request.set_session_token(session_token);
+  if (running != nullptr) *request.mutable_running() = *running;
   return CallUnary(*stub_, &Stub::RegisterWorker, request, options_.rpc_timeout, server_);
 }
 

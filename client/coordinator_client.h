@@ -76,9 +76,11 @@ class CoordinatorClient {
   absl::StatusOr<weft::v1::GetJobLogsResponse> GetJobLogs(
       const weft::v1::GetJobLogsRequest& request);
 
-  // `session_token`: the process's WorkerSession::token() (empty: no session).
+  // `session_token`: the process's WorkerSession::token() (empty: no session). `running`: the
+  // generation the process still trains in, to attach to again (RegisterWorkerRequest.running).
   absl::StatusOr<weft::v1::RegisterWorkerResponse> RegisterWorker(
-      const weft::v1::WorkerInfo& info, const std::string& session_token = "");
+      const weft::v1::WorkerInfo& info, const std::string& session_token,
+      const weft::v1::RunningGeneration* running = nullptr);
   // The server may hold the call for request.wait_for_command_ms, so the deadline is that
   // plus rpc_timeout.
   absl::StatusOr<weft::v1::HeartbeatResponse> Heartbeat(

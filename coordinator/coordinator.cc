@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -55,16 +56,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(
     absl::MutexLock lock(&c->mu_);
     auto running = c->jobs_.Load();
     if (!running.ok()) return running.status();
+    absl::flat_hash_set<std::string> kept;
     for (const std::string& id : *running) {
-      JobRecord& rec = **c->jobs_.Find(id);
-      // Its workers were attached to the previous process; they re-register and the job
-      // forms a new generation. Not the job's fault, so no restart is used.
-      c->jobs_.SetState(rec, weft::v1::RECOVERING,
-                        absl::StrCat("coordinator restarted; generation ",
-                                     rec.job.status().generation(), " abandoned"));
-      rec.status()->clear_worker_ids();
-      c->jobs_.Commit(rec, actions);
+      if (c->KeepGenerationLocked(**c->jobs_.Find(id), actions)) kept.insert(id);
     }
+    c->jobs_.DropStoresExcept(kept);
     c->UpdateGaugesLocked();
     spdlog::info("state loaded from {}: {} jobs, next job sequence {}", options.data_dir,
                  c->jobs_.size(), c->jobs_.next_job_seq());
@@ -144,6 +140,8 @@ void Coordinator::StartGenerationLocked(JobRecord& rec, const Placement& placeme
         return info ? info->host_id() : std::string();
       },
       Now());
+  rec.generation->store()->SetJournal(jobs_.StoreJournal(rec.id(), number));
+  status->set_rendezvous_complete(false);
   const int32_t world = rec.generation->world_size();
   for (int32_t rank = 0; rank < world; ++rank) {
     const std::string& id = placement.worker_ids[rank];
@@ -178,6 +176,9 @@ void Coordinator::CompleteRendezvousLocked(JobRecord& rec, Actions& actions) {
     return RefuseMembersLocked(rec, check, actions);
   }
   const absl::Duration took = gen.CompleteRendezvous(Now(), PeerInfoLocked(), actions);
+  // From here a restarted coordinator keeps the generation (KeepGenerationLocked).
+  rec.status()->set_rendezvous_complete(true);
+  jobs_.Commit(rec, actions);
   metrics_.ObserveRendezvous(took);
   spdlog::info("job {}: generation {} rendezvous complete: {} ranks in {}", rec.id(),
                gen.number(), gen.world_size(), absl::FormatDuration(took));
@@ -193,6 +194,7 @@ void Coordinator::EndGenerationLocked(JobRecord& rec, const std::string& reason,
 void Coordinator::RecordGenerationEndLocked(JobRecord& rec, const std::string& reason) {
   if (!rec.generation) return;
   rec.status()->clear_worker_ids();
+  rec.status()->set_rendezvous_complete(false);
   jobs_.AddEvent(rec, weft::v1::GENERATION_ENDED,
                  absl::StrCat("generation ", rec.generation->number(), " ended: ", reason));
 }
@@ -211,6 +213,8 @@ void Coordinator::ReleaseGenerationLocked(JobRecord& rec, const std::string& rea
   gen.Abort(absl::AbortedError(
                 absl::StrCat("generation ", gen.number(), " of job ", job_id, " ended: ", reason)),
             actions);
+  // After the Abort: the closed store writes no more keys through.
+  jobs_.DropStores(job_id);
 }
 
 void Coordinator::FailGenerationLocked(JobRecord& rec, const std::string& cause, bool permanent,
@@ -377,6 +381,11 @@ absl::StatusOr<weft::v1::Job> Coordinator::GetJob(const std::string& job_id) {
       gen.has_value() && !gen->rendezvous_complete()) {
     for (std::string& id : gen->NotJoined()) job.mutable_status()->add_awaiting_join(std::move(id));
   }
+  if (const std::optional<Generation>& gen = (*rec)->generation; gen.has_value()) {
+    for (std::string& id : gen->NotReattached()) {
+      job.mutable_status()->add_awaiting_reattach(std::move(id));
+    }
+  }
   return job;
 }
 
@@ -436,7 +445,8 @@ void Coordinator::RemoveWatcher(uint64_t id) {
 // ---- workers -------------------------------------------------------------------------------
 
 absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
-    weft::v1::WorkerInfo info, const std::string& session_token) {
+    weft::v1::WorkerInfo info, const std::string& session_token,
+    const weft::v1::RunningGeneration* running) {
   if (absl::Status s = WorkerRegistry::CheckRegistration(info, session_token); !s.ok()) return s;
   Actions actions;
   absl::MutexLock lock(&mu_);
@@ -444,7 +454,12 @@ absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   if (absl::Status s = workers_.CheckDeviceClaim(info); !s.ok()) return s;
   const std::string id = info.worker_id();
   WorkerRecord& worker = workers_.FindOrAdd(id);
-  if (worker.state() == weft::v1::WORKER_BUSY) {
+  const ReattachDecision reattach = ReattachLocked(id, running, actions);
+  // A member that attached already and registers again (its answer was lost) stays one.
+  const bool same_generation = reattach.attach &&
+                               worker.status.job_id() == running->job_id() &&
+                               worker.status.generation() == running->generation();
+  if (worker.state() == weft::v1::WORKER_BUSY && !same_generation) {
     // The process that held this id is gone: its generation cannot continue.
     auto job = jobs_.Find(worker.status.job_id());
     if (job.ok() && (*job)->ActiveGeneration(worker.status.generation()) != nullptr) {
@@ -457,8 +472,15 @@ absl::StatusOr<weft::v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     }
   }
   workers_.Register(worker, std::move(info), session_token, actions);
-  ScheduleLocked(actions);
   weft::v1::RegisterWorkerResponse response;
+  if (reattach.attach) {
+    AttachLocked(worker, *running, actions);
+    response.set_reattached(true);
+  } else if (running != nullptr) {
+    spdlog::info("worker {} drops {}", id, reattach.reason);
+    response.set_reattach_refusal(reattach.reason);
+  }
+  ScheduleLocked(actions);
   response.set_worker_id(id);
   response.set_incarnation(worker.status.incarnation());
   response.set_heartbeat_interval_ms(workers_.HeartbeatInterval(worker));
@@ -719,6 +741,9 @@ absl::Status Coordinator::FinishJobLocked(JobRecord& rec,
       status->set_model_host(info->host());
     }
   }
+  // Rank 0 reports the finish only after the last step: the step reports before it may have
+  // been lost (the coordinator away), the steps were not.
+  status->set_step(status->total_steps());
   RecordGenerationEndLocked(rec, "completed");
   jobs_.SetState(rec, weft::v1::SUCCEEDED,
                  absl::StrCat("completed ", status->step(), " of ", status->total_steps(),
@@ -838,7 +863,8 @@ void Coordinator::ApplyFailuresLocked(const std::vector<Failure>& failures, Acti
     // A generation already ended by an earlier failure of this tick is not ended twice.
     if (!job.ok() || (*job)->ActiveGeneration(f.generation) == nullptr) continue;
     const weft::v1::JobEventType event =
-        f.kind == FailureKind::kHeartbeatTimeout ? weft::v1::WORKER_LOST
+        f.kind == FailureKind::kHeartbeatTimeout || f.kind == FailureKind::kReattachTimeout
+            ? weft::v1::WORKER_LOST
         : f.kind == FailureKind::kConnectionLost ? weft::v1::CONNECTION_LOST
                                                  : weft::v1::GENERATION_ENDED;
     FailGenerationLocked(**job, f.reason, /*permanent=*/false, event, actions);

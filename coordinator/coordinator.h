@@ -79,9 +79,12 @@ class Coordinator {
   using Done = std::function<void(absl::StatusOr<T>)>;
   using Watcher = JobTable::Watcher;
 
-  // Opens the state database and loads every job. Jobs found RUNNING (their workers are gone
-  // with the old process) go to RECOVERING without using a restart. `registry` receives the
-  // metrics. `clock` defaults to absl::Now; with `start_ticking` false nothing runs until
+  // Opens the state database and loads every job. A job found RUNNING keeps its generation
+  // when that generation's rendezvous had completed: its members, still training, attach to it
+  // again as they register (see RegisterWorker) within ReattachWindowMs, and it fails like any
+  // generation whose member died if one does not; its store is the previous process's. A job
+  // whose rendezvous had not completed goes to RECOVERING without using a restart. `registry`
+  // receives the metrics. `clock` defaults to absl::Now; with `start_ticking` false nothing runs until
   // Tick() is called (tests drive time).
   static absl::StatusOr<std::unique_ptr<Coordinator>> Open(
       const CoordinatorOptions& options, std::shared_ptr<prometheus::Registry> registry,
@@ -115,9 +118,14 @@ class Coordinator {
       const weft::v1::GetJobLogsRequest& request);
 
   // ---- Workers ----
-  // `session_token`: the process's session (see OpenSession); empty: none.
+  // `session_token`: the process's session (see OpenSession); empty: none. `running`: the
+  // generation the worker still trains in (RegisterWorkerRequest.running), or null: it attaches
+  // to it again when DecideReattach allows (the answer says so), and otherwise registers idle.
+  // A worker that a kept generation awaits and that registers without attaching to it is a
+  // new process: that generation fails at once.
   absl::StatusOr<weft::v1::RegisterWorkerResponse> RegisterWorker(
-      weft::v1::WorkerInfo info, const std::string& session_token = "");
+      weft::v1::WorkerInfo info, const std::string& session_token = "",
+      const weft::v1::RunningGeneration* running = nullptr);
   // Answers (through `done`, maybe inline) at once when commands are pending, else holds the
   // call until a command arrives or `deadline` / the held time passes. Keeps the request's
   // log lines (JobLogs) once it knows the worker's incarnation.
@@ -193,6 +201,19 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartGenerationLocked(JobRecord& rec, const Placement& placement, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- coordinator restarts (coordinator_restart.cc) ----
+  // After Open loaded the RUNNING job `rec`: keeps its generation for its members to attach to
+  // again (true), or, when its rendezvous had not completed, sends the job to RECOVERING.
+  bool KeepGenerationLocked(JobRecord& rec, Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RegisterWorker's part for `worker_id`, before it is registered: whether it attaches to
+  // `running` (and why not), and the end of a kept generation that awaits it in vain.
+  ReattachDecision ReattachLocked(const std::string& worker_id,
+                                  const weft::v1::RunningGeneration* running, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The registered `worker` attached to `running` (ReattachLocked said it may).
+  void AttachLocked(WorkerRecord& worker, const weft::v1::RunningGeneration& running,
+                    Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Schedules waiting jobs, then updates the state gauges.
   void ScheduleLocked(Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a failure of `rec`'s generation against `worker_id`; at the threshold the worker is

@@ -23,6 +23,7 @@ constexpr std::pair<FailureKind, const char*> kFailureKinds[] = {
     {FailureKind::kRendezvousTimeout, "rendezvous_timeout"},
     {FailureKind::kStall, "stall"},
     {FailureKind::kConnectionLost, "connection_lost"},
+    {FailureKind::kReattachTimeout, "reattach_timeout"},
 };
 
 template <typename Builder>

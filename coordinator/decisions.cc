@@ -306,6 +306,14 @@ std::vector<Failure> CheckLiveness(absl::Time now, const std::vector<WorkerLiven
       }
       continue;
     }
+    if (!g.not_reattached.empty() && now > g.reattach_deadline) {
+      failures.push_back({FailureKind::kReattachTimeout, "", g.job_id, g.generation,
+                          absl::StrCat("generation ", g.generation, " kept over the ",
+                                       "coordinator's restart: not every member attached to it ",
+                                       "again in time (their processes died meanwhile?); ",
+                                       "missing: ", absl::StrJoin(g.not_reattached, ", "))});
+      continue;
+    }
     const int64_t idle_ms = Ms(now - g.last_progress_time);
     if (idle_ms > g.stall_timeout_ms) {
       failures.push_back({FailureKind::kStall, "", g.job_id, g.generation,
@@ -456,6 +464,35 @@ absl::Status CheckTransition(weft::v1::JobState from, weft::v1::JobState to) {
     default:
       return refuse("the job's current state is not a known job state");
   }
+}
+
+ReattachDecision DecideReattach(const std::string& worker_id, const std::string& job_id,
+                                int64_t generation, int32_t rank, const ReattachView& view) {
+  const std::string what = absl::StrCat("generation ", generation, " of job ", job_id);
+  if (!view.job_found) {
+    return {false, absl::StrCat(what, ": the coordinator has no such job")};
+  }
+  if (view.state != weft::v1::RUNNING) {
+    return {false, absl::StrCat(what, ": the job is ", weft::v1::JobState_Name(view.state))};
+  }
+  if (view.active_generation != generation) {
+    return {false, absl::StrCat(what, " has ended",
+                                view.active_generation > 0
+                                    ? absl::StrCat(" (the job runs generation ",
+                                                   view.active_generation, ")")
+                                    : " (the job forms a new generation)")};
+  }
+  if (view.member_rank != rank) {
+    return {false, absl::StrCat("worker ", worker_id, " is not rank ", rank, " of ", what,
+                                view.member_rank >= 0
+                                    ? absl::StrCat(" (it is rank ", view.member_rank, ")")
+                                    : " (it is not a member)")};
+  }
+  return {true, ""};
+}
+
+int64_t ReattachWindowMs(int64_t heartbeat_timeout_ms, int64_t floor_ms) {
+  return std::max(heartbeat_timeout_ms, floor_ms);
 }
 
 }  // namespace weft::coordinator

@@ -121,6 +121,10 @@ struct GenerationView {
   absl::Time start_time;
   // Members that have not called Join yet (empty once the rendezvous completed).
   std::vector<std::string> not_joined;
+  // After a coordinator restart: members of the kept generation that have not attached to it
+  // again yet, and until when they may.
+  std::vector<std::string> not_reattached;
+  absl::Time reattach_deadline = absl::InfiniteFuture();
   // When the rendezvous completed or a step last advanced.
   absl::Time last_progress_time;
   int64_t step = 0;
@@ -156,7 +160,15 @@ IdleHeartbeat IdleHeartbeatFor(int64_t idle_workers, const IdleHeartbeat& config
 
 // kConnectionLost: the worker's session dropped and stayed gone past the grace (its process
 // exited or its host became unreachable), which is told apart from plain silence.
-enum class FailureKind { kHeartbeatTimeout, kRendezvousTimeout, kStall, kConnectionLost };
+// kReattachTimeout: after a coordinator restart, a member of the generation it kept did not
+// attach again in time (its process died while the coordinator was away).
+enum class FailureKind {
+  kHeartbeatTimeout,
+  kRendezvousTimeout,
+  kStall,
+  kConnectionLost,
+  kReattachTimeout
+};
 
 // Whether the failure is a worker's death (it names the worker, who is declared dead).
 bool IsWorkerDeath(FailureKind kind);
@@ -172,8 +184,9 @@ struct Failure {
 };
 
 // Workers past their heartbeat deadline (the deadline of their generation's job while busy,
-// the idle one otherwise), generations whose rendezvous took too long, and generations whose
-// step has not advanced within the job's stall timeout.
+// the idle one otherwise), generations whose rendezvous took too long, generations kept over
+// a coordinator restart whose members did not all attach again by the deadline, and
+// generations whose step has not advanced within the job's stall timeout.
 std::vector<Failure> CheckLiveness(absl::Time now, const std::vector<WorkerLivenessView>& workers,
                                    const std::vector<GenerationView>& generations,
                                    const LivenessOptions& options);
@@ -293,6 +306,40 @@ struct MemberCheck {
 //   while any peer has one: the peers would wait for their shard at every save. When none
 //   has one the job trains without checkpoints (the workers say so), as before.
 MemberCheck CheckMembers(const std::vector<MemberView>& members, bool checkpoints);
+
+// ---- Coordinator restarts ------------------------------------------------------------------
+
+// A coordinator that restarts while a generation trains keeps it (its rendezvous had completed)
+// and lets its members, still training, attach to it again when they register.
+
+// What the coordinator has for the generation a registering worker says it still trains in
+// (RegisterWorkerRequest.running).
+struct ReattachView {
+  bool job_found = false;
+  weft::v1::JobState state = weft::v1::JOB_STATE_UNSPECIFIED;
+  // The job's active generation; 0 when it has none.
+  int64_t active_generation = 0;
+  // The worker's rank in it; -1: not a member.
+  int32_t member_rank = -1;
+};
+
+struct ReattachDecision {
+  bool attach = false;
+  // Why not (empty when it attaches).
+  std::string reason;
+};
+
+// Whether `worker_id`, which says it is rank `rank` of generation `generation` of `job_id`,
+// is that generation's member again: only while the job RUNS that very generation with it at
+// that rank. Otherwise it drops the generation (the reason says why) and registers idle.
+ReattachDecision DecideReattach(const std::string& worker_id, const std::string& job_id,
+                                int64_t generation, int32_t rank, const ReattachView& view);
+
+// How long the members of a kept generation have to attach again after the restart: the
+// job's heartbeat timeout (a live worker heartbeats, finds itself unknown and registers well
+// within it), but never less than `floor_ms` (a worker's heartbeat backoff while the
+// coordinator was away reaches 2 s).
+int64_t ReattachWindowMs(int64_t heartbeat_timeout_ms, int64_t floor_ms = 10000);
 
 // ---- Job lifecycle -------------------------------------------------------------------------
 

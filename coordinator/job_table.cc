@@ -90,6 +90,40 @@ absl::StatusOr<std::vector<std::string>> JobTable::Load() {
   return running;
 }
 
+MemoryStore::Journal JobTable::StoreJournal(const std::string& job_id, int64_t generation) {
+  return [db = db_.get(), job_id, generation](const std::string& key, const std::string* value) {
+    if (absl::Status s = db->PutStoreKey(job_id, generation, key, value); !s.ok()) {
+      spdlog::warn("job {} generation {}: store key {} not written through ({}); a restart of "
+                   "the coordinator now would lose it",
+                   job_id, generation, key, std::string(s.message()));
+    }
+  };
+}
+
+absl::flat_hash_map<std::string, std::string> JobTable::LoadStore(const std::string& job_id,
+                                                                  int64_t generation) {
+  auto contents = db_->LoadStore(job_id, generation);
+  if (!contents.ok()) {
+    spdlog::error("job {} generation {}: its store cannot be read back: {}", job_id, generation,
+                  std::string(contents.status().message()));
+    return {};
+  }
+  return *std::move(contents);
+}
+
+void JobTable::DropStores(const std::string& job_id) {
+  if (absl::Status s = db_->DropStores(job_id); !s.ok()) {
+    spdlog::warn("job {}: stored generation store not removed: {}", job_id,
+                 std::string(s.message()));
+  }
+}
+
+void JobTable::DropStoresExcept(const absl::flat_hash_set<std::string>& keep) {
+  if (absl::Status s = db_->DropStoresExcept(keep); !s.ok()) {
+    spdlog::warn("stale generation stores not removed: {}", std::string(s.message()));
+  }
+}
+
 void JobTable::RestoreCheckpointTimes(const JobRecord& rec) {
   const weft::v1::JobStatus& s = rec.job.status();
   for (auto e = s.events().rbegin(); e != s.events().rend(); ++e) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/coordinator_metrics.h"
@@ -93,6 +94,18 @@ class JobTable {
   absl::StatusOr<std::vector<std::string>> Load();
   size_t size() const { return jobs_.size(); }
   int64_t next_job_seq() const { return next_job_seq_; }
+
+  // ---- Generation stores, written through to the state database (see state_db.h) ----
+  // The journal of generation `generation` of `job_id`'s store: writes each change, logging
+  // (not failing the store call) when a write fails.
+  MemoryStore::Journal StoreJournal(const std::string& job_id, int64_t generation);
+  // The stored store of that generation (empty on a read error, which is logged).
+  absl::flat_hash_map<std::string, std::string> LoadStore(const std::string& job_id,
+                                                          int64_t generation);
+  // Forgets the stored stores of `job_id` (its generation ended); logs a failure.
+  void DropStores(const std::string& job_id);
+  // Forgets the stored stores of every job but `keep` (after Load, the generations kept).
+  void DropStoresExcept(const absl::flat_hash_set<std::string>& keep);
 
   // Validates nothing: `spec` is normalized. Creates the job PENDING with its SUBMITTED event
   // and stores it (and the next sequence) durably before returning.

@@ -42,13 +42,19 @@ void MemoryStore::CollectReadyLocked(const std::string& key, std::vector<WaitCal
   }
 }
 
+void MemoryStore::PutLocked(const std::string& key, std::string value) {
+  std::string& slot = data_[key];
+  slot = std::move(value);
+  if (journal_) journal_(key, &slot);
+}
+
 absl::Status MemoryStore::Set(std::string_view key, std::string_view value) {
   std::vector<WaitCallback> ready;
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.ok()) return closed_;
     std::string k(key);
-    data_[k] = std::string(value);
+    PutLocked(k, std::string(value));
     CollectReadyLocked(k, &ready);
   }
   for (auto& cb : ready) cb(absl::OkStatus());
@@ -82,7 +88,7 @@ absl::StatusOr<int64_t> MemoryStore::Add(std::string_view key, int64_t delta) {
       return absl::InvalidArgumentError(absl::StrCat("key \"", k, "\": adding ", delta, " to ",
                                                      current, " overflows int64"));
     }
-    data_[k] = absl::StrCat(sum);
+    PutLocked(k, absl::StrCat(sum));
     CollectReadyLocked(k, &ready);
   }
   for (auto& cb : ready) cb(absl::OkStatus());
@@ -101,7 +107,7 @@ absl::StatusOr<CompareSetResult> MemoryStore::CompareSet(
     const bool matches = expected.has_value() ? (it != data_.end() && it->second == *expected)
                                               : it == data_.end();
     if (matches) {
-      data_[k] = std::string(desired);
+      PutLocked(k, std::string(desired));
       result.swapped = true;
       result.value = std::string(desired);
       CollectReadyLocked(k, &ready);
@@ -174,7 +180,10 @@ absl::Status MemoryStore::Wait(const std::vector<std::string>& keys, absl::Durat
 absl::StatusOr<bool> MemoryStore::Delete(std::string_view key) {
   absl::MutexLock lock(&mu_);
   if (!closed_.ok()) return closed_;
-  return data_.erase(std::string(key)) > 0;
+  const std::string k(key);
+  if (data_.erase(k) == 0) return false;
+  if (journal_) journal_(k, nullptr);
+  return true;
 }
 
 void MemoryStore::Close(absl::Status status) {

@@ -23,8 +23,21 @@ class MemoryStore : public Store {
   // Called exactly once: OK when every key exists, or the status Close() was given.
   using WaitCallback = std::function<void(absl::Status)>;
 
+  // Told every change of a key, in the order the changes happen (under the store's lock, so
+  // keep it quick): the new value, or nullptr when the key was deleted. The coordinator writes
+  // the changes through to its state database, so that a generation's store outlives a restart
+  // of the coordinator process (see Generation::Restored).
+  using Journal = std::function<void(const std::string& key, const std::string* value)>;
+
   MemoryStore() = default;
+  // A store holding `contents` (a journal's replay), with `journal` told of later changes.
+  MemoryStore(absl::flat_hash_map<std::string, std::string> contents, Journal journal)
+      : journal_(std::move(journal)), data_(std::move(contents)) {}
   ~MemoryStore() override;  // Closes with CANCELLED if still open.
+
+  // Sets the journal told of every later change (none by default). Set it before the store
+  // is shared.
+  void SetJournal(Journal journal) { journal_ = std::move(journal); }
 
   absl::Status Set(std::string_view key, std::string_view value) override;
   absl::StatusOr<std::string> Get(std::string_view key) override;
@@ -61,6 +74,10 @@ class MemoryStore : public Store {
   void CollectReadyLocked(const std::string& key, std::vector<WaitCallback>* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllPresentLocked(const std::vector<std::string>& keys) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores `value` under `key` and tells the journal.
+  void PutLocked(const std::string& key, std::string value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Journal journal_;  // set before the store is shared; read under mu_
 
   absl::Mutex mu_;
   absl::Status closed_ ABSL_GUARDED_BY(mu_);

@@ -22,6 +22,27 @@ Generation::Generation(int64_t number, std::vector<std::string> members,
   for (int32_t rank = 0; rank < world; ++rank) local_world_size_[rank] = per_host[hosts[rank]];
 }
 
+Generation Generation::Restored(int64_t number, std::vector<std::string> members,
+                                std::shared_ptr<MemoryStore> store, absl::Time now,
+                                absl::Time reattach_deadline) {
+  Generation gen(number, std::move(members), [](const std::string&) { return std::string(); },
+                 now);
+  gen.rendezvous_complete_ = true;
+  gen.joined_.insert(gen.members_.begin(), gen.members_.end());
+  gen.awaiting_reattach_.insert(gen.members_.begin(), gen.members_.end());
+  gen.reattach_deadline_ = reattach_deadline;
+  gen.store_ = std::move(store);
+  return gen;
+}
+
+std::vector<std::string> Generation::NotReattached() const {
+  std::vector<std::string> missing;
+  for (const auto& m : members_) {
+    if (awaiting_reattach_.contains(m)) missing.push_back(m);
+  }
+  return missing;
+}
+
 int32_t Generation::RankOf(const std::string& worker_id) const {
   auto it = rank_of_.find(worker_id);
   return it == rank_of_.end() ? -1 : it->second;
@@ -119,6 +140,8 @@ GenerationView Generation::View(const std::string& job_id, const weft::v1::Job& 
   view.generation = number_;
   view.start_time = start_time_;
   if (!rendezvous_complete_) view.not_joined = NotJoined();
+  view.not_reattached = NotReattached();
+  view.reattach_deadline = reattach_deadline_;
   view.last_progress_time = last_progress_time_;
   view.step = job.status().step();
   view.heartbeat_timeout_ms = job.spec().fault().heartbeat_timeout_ms();

@@ -33,6 +33,15 @@ class Generation {
   Generation(int64_t number, std::vector<std::string> members,
              const std::function<std::string(const std::string&)>& host_of, absl::Time now);
 
+  // A generation a previous coordinator process completed the rendezvous of, its store holding
+  // `store` (that process's journal of it): its members are still training and may attach to
+  // it again (MarkReattached) until `reattach_deadline`, after which CheckLiveness ends it.
+  // Local ranks are not known again (no peer has registered yet), so that a Join of it could
+  // not be answered: none is expected, since every member joined before.
+  static Generation Restored(int64_t number, std::vector<std::string> members,
+                             std::shared_ptr<MemoryStore> store, absl::Time now,
+                             absl::Time reattach_deadline);
+
   int64_t number() const { return number_; }
   const std::vector<std::string>& members() const { return members_; }
   int32_t world_size() const { return static_cast<int32_t>(members_.size()); }
@@ -79,6 +88,18 @@ class Generation {
     return true;
   }
 
+  // Whether the member has yet to attach to this restored generation again.
+  bool AwaitingReattach(const std::string& worker_id) const {
+    return awaiting_reattach_.contains(worker_id);
+  }
+  // The member attached again; true once every member has.
+  bool MarkReattached(const std::string& worker_id) {
+    awaiting_reattach_.erase(worker_id);
+    return awaiting_reattach_.empty();
+  }
+  // Members that have not attached again, in rank order (empty unless restored).
+  std::vector<std::string> NotReattached() const;
+
   // A step advanced: the stall clock restarts.
   void MarkProgress(absl::Time now) { last_progress_time_ = now; }
   // The liveness view of this generation for CheckLiveness.
@@ -104,6 +125,8 @@ class Generation {
   absl::Time last_progress_time_;
   std::shared_ptr<MemoryStore> store_ = std::make_shared<MemoryStore>();
   int64_t last_failed_checkpoint_step_ = -1;
+  absl::flat_hash_set<std::string> awaiting_reattach_;  // restored generations only
+  absl::Time reattach_deadline_ = absl::InfiniteFuture();
 };
 
 }  // namespace weft::coordinator

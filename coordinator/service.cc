@@ -150,7 +150,8 @@ ServerUnaryReactor* CoordinatorService::RegisterWorker(
     CallbackServerContext* context, const weft::v1::RegisterWorkerRequest* request,
     weft::v1::RegisterWorkerResponse* response) {
   return Unary(auth_.get(), context, response, [&] {
-    return coordinator_->RegisterWorker(request->info(), request->session_token());
+    return coordinator_->RegisterWorker(request->info(), request->session_token(),
+                                        request->has_running() ? &request->running() : nullptr);
   });
 }
 

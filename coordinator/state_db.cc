@@ -13,6 +13,14 @@ namespace {
 
 constexpr char kJobPrefix[] = "job/";
 constexpr char kSeqKey[] = "meta/next_job_seq";
+constexpr char kStorePrefix[] = "store/";
+
+std::string StorePrefix(const std::string& job_id) {
+  return absl::StrCat(kStorePrefix, job_id, "/");
+}
+std::string StorePrefix(const std::string& job_id, int64_t generation) {
+  return absl::StrCat(StorePrefix(job_id), generation, "/");
+}
 
 absl::StatusOr<std::unique_ptr<rocksdb::DB>> OpenRocks(const std::string& dir) {
   rocksdb::Options options;
@@ -60,6 +68,7 @@ absl::Status StateDb::Recover() {
 }
 
 absl::StatusOr<std::vector<weft::v1::Job>> StateDb::LoadJobs() {
+  absl::MutexLock lock(&mu_);
   std::vector<weft::v1::Job> jobs;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek(kJobPrefix); it->Valid() && it->key().starts_with(kJobPrefix); it->Next()) {
@@ -77,6 +86,7 @@ absl::StatusOr<std::vector<weft::v1::Job>> StateDb::LoadJobs() {
 }
 
 absl::StatusOr<int64_t> StateDb::LoadNextJobSeq() {
+  absl::MutexLock lock(&mu_);
   std::string value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kSeqKey, &value);
   if (s.IsNotFound()) return 1;
@@ -88,6 +98,7 @@ absl::StatusOr<int64_t> StateDb::LoadNextJobSeq() {
 }
 
 absl::Status StateDb::PutJob(const weft::v1::Job& job, int64_t next_job_seq) {
+  absl::MutexLock lock(&mu_);
   if (write_failed_) WEFT_RETURN_IF_ERROR(Recover());
   rocksdb::WriteBatch batch;
   batch.Put(absl::StrCat(kJobPrefix, job.status().job_id()), job.SerializeAsString());
@@ -99,6 +110,67 @@ absl::Status StateDb::PutJob(const weft::v1::Job& job, int64_t next_job_seq) {
   if (!s.ok()) {
     return absl::UnavailableError(absl::StrCat("state database write failed: ", s.ToString()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status StateDb::PutStoreKey(const std::string& job_id, int64_t generation,
+                                  const std::string& key, const std::string* value) {
+  absl::MutexLock lock(&mu_);
+  if (write_failed_) WEFT_RETURN_IF_ERROR(Recover());
+  const std::string db_key = absl::StrCat(StorePrefix(job_id, generation), key);
+  rocksdb::WriteOptions options;  // not synced: see the header
+  rocksdb::Status s = value != nullptr ? db_->Put(options, db_key, *value)
+                                       : db_->Delete(options, db_key);
+  write_failed_ = !s.ok();
+  if (!s.ok()) {
+    return absl::UnavailableError(absl::StrCat("state database write failed: ", s.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::flat_hash_map<std::string, std::string>> StateDb::LoadStore(
+    const std::string& job_id, int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  absl::flat_hash_map<std::string, std::string> contents;
+  const std::string prefix = StorePrefix(job_id, generation);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    contents[it->key().ToString().substr(prefix.size())] = it->value().ToString();
+  }
+  if (!it->status().ok()) {
+    return absl::DataLossError(absl::StrCat("state database: ", it->status().ToString()));
+  }
+  return contents;
+}
+
+absl::Status StateDb::DropStores(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  if (write_failed_) WEFT_RETURN_IF_ERROR(Recover());
+  const std::string begin = StorePrefix(job_id);
+  std::string end = begin;
+  end.back() = '/' + 1;  // just past every key with the prefix
+  rocksdb::Status s = db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(),
+                                       begin, end);
+  write_failed_ = !s.ok();
+  if (!s.ok()) {
+    return absl::UnavailableError(absl::StrCat("state database write failed: ", s.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateDb::DropStoresExcept(const absl::flat_hash_set<std::string>& keep) {
+  absl::flat_hash_set<std::string> stale;
+  {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    for (it->Seek(kStorePrefix); it->Valid() && it->key().starts_with(kStorePrefix);
+         it->Next()) {
+      const std::string rest = it->key().ToString().substr(sizeof(kStorePrefix) - 1);
+      const std::string job_id = rest.substr(0, rest.find('/'));
+      if (!keep.contains(job_id)) stale.insert(job_id);
+    }
+  }
+  for (const std::string& job_id : stale) WEFT_RETURN_IF_ERROR(DropStores(job_id));
   return absl::OkStatus();
 }
 

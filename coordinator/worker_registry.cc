@@ -262,9 +262,8 @@ bool WorkerRegistry::HasPendingJoin(const WorkerRecord& worker, const std::strin
   });
 }
 
-void WorkerRegistry::Assign(WorkerRecord& worker, const weft::v1::JobSpec& spec,
-                            const std::string& job_id, int64_t generation, int32_t rank,
-                            int32_t world_size, Actions& actions) {
+void WorkerRegistry::Attach(WorkerRecord& worker, const weft::v1::JobSpec& spec,
+                            const std::string& job_id, int64_t generation, int32_t rank) {
   SetState(worker, weft::v1::WORKER_BUSY);
   worker.status.set_job_id(job_id);
   worker.status.set_generation(generation);
@@ -272,6 +271,12 @@ void WorkerRegistry::Assign(WorkerRecord& worker, const weft::v1::JobSpec& spec,
   worker.status.set_reason(
       absl::StrCat("rank ", rank, " of job ", job_id, " generation ", generation));
   worker.busy_heartbeat_interval_ms = spec.fault().heartbeat_interval_ms();
+}
+
+void WorkerRegistry::Assign(WorkerRecord& worker, const weft::v1::JobSpec& spec,
+                            const std::string& job_id, int64_t generation, int32_t rank,
+                            int32_t world_size, Actions& actions) {
+  Attach(worker, spec, job_id, generation, rank);
   Command command;
   auto* join = command.mutable_join_job();
   join->set_job_id(job_id);

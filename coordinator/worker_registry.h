@@ -114,6 +114,10 @@ class WorkerRegistry {
   // Also sends it again to a member whose earlier JoinJob was lost (same arguments).
   void Assign(WorkerRecord& worker, const weft::v1::JobSpec& spec, const std::string& job_id,
               int64_t generation, int32_t rank, int32_t world_size, Actions& actions);
+  // Makes the worker rank `rank` of generation `generation` of `job_id` without a command: it
+  // trains in that generation already (it attached again after a coordinator restart).
+  void Attach(WorkerRecord& worker, const weft::v1::JobSpec& spec, const std::string& job_id,
+              int64_t generation, int32_t rank);
   // The generation ended: the member goes IDLE (unless DEAD). A member that has not fetched
   // its JoinJob yet never sees it; any other is told to abort unless `completed`.
   void Release(WorkerRecord& worker, const std::string& job_id, int64_t generation,

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "spdlog/spdlog.h"
 
 namespace weft::worker {
@@ -26,7 +27,8 @@ WorkerAgent::WorkerAgent(AgentOptions options, std::shared_ptr<prometheus::Regis
       metrics_(*registry_, options_.info.worker_id()),
       log_relay_(LogRelay::Attach(*spdlog::default_logger())) {}
 
-absl::Status WorkerAgent::RegisterWithRetry(const std::atomic<bool>& stop) {
+absl::StatusOr<bool> WorkerAgent::RegisterWithRetry(const std::atomic<bool>& stop,
+                                                    const weft::v1::RunningGeneration* running) {
   // Registered only once the session is open, so that the coordinator sees this process exit
   // at any moment after; a coordinator that does not answer sessions gets the registration
   // anyway, after the wait (detection then falls back to the heartbeat timeout).
@@ -36,7 +38,7 @@ absl::Status WorkerAgent::RegisterWithRetry(const std::atomic<bool>& stop) {
   }
   absl::Duration backoff = absl::Milliseconds(100);
   while (!stop.load()) {
-    auto registered = client_.RegisterWorker(options_.info, session_.token());
+    auto registered = client_.RegisterWorker(options_.info, session_.token(), running);
     if (registered.ok()) {
       options_.info.set_worker_id(registered->worker_id());
       options_.run.worker_id = registered->worker_id();
@@ -44,7 +46,10 @@ absl::Status WorkerAgent::RegisterWithRetry(const std::atomic<bool>& stop) {
       interval_ms_ = registered->heartbeat_interval_ms();
       spdlog::info("registered as {} (incarnation {}) with {}", registered->worker_id(),
                    registered->incarnation(), options_.coordinator);
-      return absl::OkStatus();
+      if (running != nullptr && !registered->reattached()) {
+        spdlog::warn("dropping {}", registered->reattach_refusal());
+      }
+      return registered->reattached();
     }
     if (registered.status().code() == absl::StatusCode::kInvalidArgument) {
       return registered.status();  // our own flags are wrong: retrying cannot help
@@ -54,6 +59,28 @@ absl::Status WorkerAgent::RegisterWithRetry(const std::atomic<bool>& stop) {
     SleepUnlessStopped(stop, backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
+  return false;
+}
+
+absl::Status WorkerAgent::RegisterAgain(const std::atomic<bool>& stop) {
+  if (!run_ || run_->Finished()) {
+    DropRun(absl::AbortedError("the coordinator no longer knows this worker"));
+    return RegisterWithRetry(stop).status();
+  }
+  // The run goes on meanwhile: its collectives need no coordinator, and its store calls and
+  // reports wait for it (or are lost, for step metrics).
+  weft::v1::RunningGeneration running;
+  running.set_job_id(run_->job_id());
+  running.set_generation(run_->generation());
+  running.set_rank(run_->rank());
+  running.set_step(run_->step());
+  WEFT_ASSIGN_OR_RETURN(const bool reattached, RegisterWithRetry(stop, &running));
+  if (reattached) {
+    spdlog::info("attached again to job {} generation {} as rank {} at step {}",
+                 running.job_id(), running.generation(), running.rank(), run_->step());
+    return absl::OkStatus();
+  }
+  DropRun(absl::AbortedError("the restarted coordinator did not keep this generation"));
   return absl::OkStatus();
 }
 
@@ -91,7 +118,7 @@ absl::Status WorkerAgent::Apply(const weft::v1::Command& command) {
 }
 
 absl::Status WorkerAgent::Run(const std::atomic<bool>& stop) {
-  if (absl::Status s = RegisterWithRetry(stop); !s.ok()) return s;
+  if (absl::Status s = RegisterWithRetry(stop).status(); !s.ok()) return s;
   absl::Duration backoff = absl::Milliseconds(100);
   while (!stop.load()) {
     if (run_ && run_->Finished()) {
@@ -114,8 +141,7 @@ absl::Status WorkerAgent::Run(const std::atomic<bool>& stop) {
     if (!response.ok()) {
       if (response.status().code() == absl::StatusCode::kFailedPrecondition) {
         spdlog::warn("{}", std::string(response.status().message()));
-        DropRun(absl::AbortedError("the coordinator no longer knows this worker"));
-        if (absl::Status s = RegisterWithRetry(stop); !s.ok()) return s;
+        if (absl::Status s = RegisterAgain(stop); !s.ok()) return s;
         continue;
       }
       spdlog::warn("heartbeat: {}; retrying in {}", std::string(response.status().message()),

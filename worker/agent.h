@@ -44,7 +44,13 @@ class WorkerAgent {
   absl::Status Run(const std::atomic<bool>& stop);
 
  private:
-  absl::Status RegisterWithRetry(const std::atomic<bool>& stop);
+  // Registers until it works (or `stop`); with `running`, asks to attach to that generation
+  // again and says whether the coordinator agreed (false also when stopped).
+  absl::StatusOr<bool> RegisterWithRetry(const std::atomic<bool>& stop,
+                                         const weft::v1::RunningGeneration* running = nullptr);
+  // The coordinator does not know this process (it restarted): registers again, keeping the
+  // run when the coordinator kept its generation.
+  absl::Status RegisterAgain(const std::atomic<bool>& stop);
   // Applies one command; returns non-OK for Stop.
   absl::Status Apply(const weft::v1::Command& command);
   void DropRun(const absl::Status& reason);

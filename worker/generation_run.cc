@@ -19,6 +19,14 @@
 #include "worker/step_failures.h"
 
 namespace weft::worker {
+namespace {
+
+// How long a checkpoint's store call waits for an unreachable coordinator (a restart takes a
+// few seconds; a loaded machine more), and how long rank 0 goes on sending its final report.
+constexpr absl::Duration kCheckpointStoreWait = absl::Seconds(60);
+constexpr absl::Duration kFinalReportPatience = absl::Minutes(2);
+
+}  // namespace
 
 class GenerationRun::AbortHook {
  public:
@@ -146,14 +154,19 @@ absl::Status GenerationRun::Train() {
   }
   AbortHook hook(this, backend.comm.get());
 
-  // Checkpoints: resume from the newest restorable one; save every interval_steps.
+  // Checkpoints: resume from the newest restorable one; save every interval_steps. Their
+  // store calls run on the upload thread and wait out an outage of the coordinator (which
+  // keeps the generation and its store over a restart) rather than give the save up.
+  RemoteStore checkpoint_store(client_->server(), job_id(), generation(),
+                               /*rpc_timeout=*/kCheckpointStoreWait,
+                               /*reconnect_wait=*/kCheckpointStoreWait);
   std::unique_ptr<CheckpointClient> checkpoints;
   std::unique_ptr<Checkpointer> checkpointer;
   if (!options_.checkpointd.empty()) {
     checkpoints = std::make_unique<CheckpointClient>(options_.checkpointd);
     // With hybrid sharding group 0 holds the whole state: only it uploads.
     checkpointer = std::make_unique<Checkpointer>(
-        checkpoints.get(), &store, spec,
+        checkpoints.get(), &checkpoint_store, spec,
         CheckpointRank{job_id(), generation(), rank_, world,
                        groups.hybrid() ? groups.group_size : 0},
         options_.checkpoint_timeouts);
@@ -564,6 +577,15 @@ absl::Status GenerationRun::Finish(const Training& training) {
   done.set_model_path(path);
   AddCheckpointOutcome(training.checkpointer, &done);
   auto answer = client_->ReportProgress(done);
+  // UNAVAILABLE: the coordinator is away (a restart keeps this generation) or could not store
+  // the job's success yet. Either way the trained model must not go unreported.
+  for (const absl::Time give_up = absl::Now() + kFinalReportPatience;
+       absl::IsUnavailable(answer.status()) && absl::Now() < give_up && !aborted_.load();) {
+    spdlog::warn("job {}: final report not acknowledged ({}); sending it again",
+                 job_id(), std::string(answer.status().message()));
+    absl::SleepFor(absl::Seconds(1));
+    answer = client_->ReportProgress(done);
+  }
   if (!answer.ok()) return answer.status();
   spdlog::info("job {} finished; model at {}", job_id(), path);
   return absl::OkStatus();

@@ -64,6 +64,7 @@ class GenerationRun {
 
   const std::string& job_id() const { return command_.job_id(); }
   int64_t generation() const { return command_.generation(); }
+  int32_t rank() const { return command_.rank(); }
   int64_t step() const { return step_.load(); }
 
  private:

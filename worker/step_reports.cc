@@ -48,10 +48,18 @@ void StepReports::Loop() {
     lock.unlock();
     const absl::StatusOr<weft::v1::ReportProgressResponse> answer = send_(report);
     if (!answer.ok()) {
-      spdlog::warn("job {}: the report of step {} was lost: {}", report.job_id(),
-                   report.metrics().step(), answer.status().ToString());
-    } else if (!answer->continue_training()) {
-      stopped_.store(true);
+      if (lost_in_a_row_++ == 0) {
+        spdlog::warn("job {}: the report of step {} was lost: {} (later losses are counted, "
+                     "not logged)",
+                     report.job_id(), report.metrics().step(), answer.status().ToString());
+      }
+    } else {
+      if (lost_in_a_row_ > 0) {
+        spdlog::info("job {}: reports go through again at step {}; {} were lost",
+                     report.job_id(), report.metrics().step(), lost_in_a_row_);
+        lost_in_a_row_ = 0;
+      }
+      if (!answer->continue_training()) stopped_.store(true);
     }
     lock.lock();
     sending_ = false;

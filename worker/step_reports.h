@@ -61,6 +61,9 @@ class StepReports {
   bool sending_ = false;  // a report taken off the queue is in flight
   bool closing_ = false;
   std::atomic<bool> stopped_{false};
+  // Reports lost in a row (the coordinator unreachable, or restarting): the first is logged,
+  // the rest summed up once one goes through again. Only the sending thread touches it.
+  int64_t lost_in_a_row_ = 0;
   std::thread thread_;
 };
 

@@ -197,6 +197,25 @@ class CoordinatorTest : public ::testing::Test {
     return {r->worker_id(), r->incarnation()};
   }
 
+  // Registers h/cpu<index> again as a process still training as `rank` of `generation` of
+  // `job_id` (after a coordinator restart).
+  absl::StatusOr<weft::v1::RegisterWorkerResponse> RegisterRunning(
+      const std::string& host, int32_t index, const std::string& job_id, int64_t generation,
+      int32_t rank, int64_t step) {
+    weft::v1::WorkerInfo info;
+    info.set_host(host);
+    info.set_device_index(index);
+    info.set_device_kind(weft::v1::DEVICE_KIND_CPU);
+    info.set_address(absl::StrCat(host, ":", 7000 + index));
+    info.set_version("0.1.0");
+    weft::v1::RunningGeneration running;
+    running.set_job_id(job_id);
+    running.set_generation(generation);
+    running.set_rank(rank);
+    running.set_step(step);
+    return coord_->RegisterWorker(info, "", &running);
+  }
+
   // A heartbeat that must answer inline (wait_for_command_ms = 0).
   absl::StatusOr<HeartbeatResponse> Beat(const Worker& w, const std::string& job_id = "",
                                          int64_t generation = 0) {
@@ -1699,7 +1718,7 @@ TEST_F(CoordinatorTest, ListJobsNewestFirstAndFiltered) {
 
 // ---- persistence -----------------------------------------------------------------------------
 
-TEST_F(CoordinatorTest, ReopenKeepsEveryJobAndRunningOnesRecover) {
+TEST_F(CoordinatorTest, ReopenKeepsEveryJobAndTheRunningGeneration) {
   JobSpec gpu_spec = CpuSpec("pending", 5);
   gpu_spec.mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
   const std::string pending = Submit(gpu_spec);  // does not hold up the CPU queue
@@ -1709,7 +1728,20 @@ TEST_F(CoordinatorTest, ReopenKeepsEveryJobAndRunningOnesRecover) {
   ASSERT_TRUE(Report(running, 1, w[0], 0, 42).ok());
   const std::string cancelled = Submit(CpuSpec("cancelled", 9));
   ASSERT_TRUE(coord_->CancelJob(cancelled, "").ok());
+  // The generation's store, as ranks left it mid-checkpoint.
+  weft::v1::StoreScope scope;
+  scope.set_job_id(running);
+  scope.set_generation(1);
+  {
+    auto store = coord_->GenerationStore(scope);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Set("ckpt/40/done/1", "stored").ok());
+    ASSERT_TRUE((*store)->Add("counter", 5).ok());
+    ASSERT_TRUE((*store)->Set("gone", "x").ok());
+    ASSERT_TRUE((*store)->Delete("gone").ok());
+  }
   const JobStatus running_before = Status(running);
+  EXPECT_TRUE(running_before.rendezvous_complete());
 
   Reopen();
 
@@ -1719,41 +1751,174 @@ TEST_F(CoordinatorTest, ReopenKeepsEveryJobAndRunningOnesRecover) {
   s = Status(cancelled);
   EXPECT_EQ(s.state(), weft::v1::CANCELLED);
   s = Status(running);
-  EXPECT_EQ(s.state(), weft::v1::RECOVERING);
-  EXPECT_EQ(s.restarts(), 0);  // not the job's fault
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.restarts(), 0);
   EXPECT_EQ(s.generation(), 1);
   EXPECT_EQ(s.step(), 42);
-  EXPECT_EQ(s.last_metrics().step(), 42);
-  EXPECT_THAT(s.worker_ids(), IsEmpty());
+  EXPECT_THAT(s.worker_ids(), ElementsAre(w[0].id, w[1].id));
+  EXPECT_THAT(s.awaiting_reattach(), ElementsAre(w[0].id, w[1].id));
   EXPECT_EQ(s.create_time().seconds(), running_before.create_time().seconds());
-  EXPECT_THAT(s.events(), SizeIs(running_before.events_size() + 1));
-  EXPECT_THAT(s.events(s.events_size() - 1).message(), HasSubstr("coordinator restarted"));
+  EXPECT_NE(FindEvent(s, weft::v1::GENERATION_KEPT, "generation 1 kept: its 2 members"), nullptr)
+      << s.DebugString();
   auto job = coord_->GetJob(running);
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->spec().resources().min_workers(), 2);
-  EXPECT_EQ(job->spec().fault().max_restarts(), 3);
 
-  weft::v1::StoreScope scope;
-  scope.set_job_id(running);
-  scope.set_generation(1);
-  EXPECT_EQ(coord_->GenerationStore(scope).status().code(), absl::StatusCode::kAborted);
+  // The store is the previous process's, and goes on.
+  {
+    auto store = coord_->GenerationStore(scope);
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_EQ((*store)->Get("ckpt/40/done/1").value_or(""), "stored");
+    EXPECT_EQ((*store)->Add("counter", 1).value_or(0), 6);
+    EXPECT_EQ((*store)->Get("gone").status().code(), absl::StatusCode::kNotFound);
+  }
 
   // Job ids continue after the stored ones.
   EXPECT_THAT(Submit(CpuSpec("later", 50)), MatchesRegex("later-4-[a-z][a-z2-7]{5}"));
 
-  // Workers re-register with the new process; the recovering job forms generation 2.
+  // The members, still training, register again stating their generation and attach to it.
+  auto again0 = RegisterRunning("h", 0, running, 1, 0, 57);
+  ASSERT_TRUE(again0.ok()) << again0.status();
+  EXPECT_TRUE(again0->reattached()) << again0->reattach_refusal();
+  EXPECT_EQ(WorkerStatus(w[0].id).state(), weft::v1::WORKER_BUSY);
+  EXPECT_THAT(Status(running).awaiting_reattach(), ElementsAre(w[1].id));
+  auto again1 = RegisterRunning("h", 1, running, 1, 1, 57);
+  ASSERT_TRUE(again1.ok()) << again1.status();
+  EXPECT_TRUE(again1->reattached()) << again1->reattach_refusal();
+  // A repeated registration of an attached member (its answer was lost) changes nothing.
+  again1 = RegisterRunning("h", 1, running, 1, 1, 58);
+  ASSERT_TRUE(again1.ok() && again1->reattached());
+  s = Status(running);
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.generation(), 1);
+  EXPECT_THAT(s.awaiting_reattach(), IsEmpty());
+  EXPECT_NE(FindEvent(s, weft::v1::GENERATION_KEPT, "every member of generation 1 attached"),
+            nullptr)
+      << s.DebugString();
+  EXPECT_EQ(FindEvent(s, weft::v1::GENERATION_ENDED), nullptr) << s.DebugString();
+  // Reports, heartbeats and the finish work as before the restart.
+  const Worker r0{again0->worker_id(), again0->incarnation()};
+  const Worker r1{again1->worker_id(), again1->incarnation()};
+  auto hb = Beat(r1, running, 1);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_THAT(AbortCommands(*hb), IsEmpty());
+  ASSERT_TRUE(Report(running, 1, r0, 0, 100, /*finished=*/true).ok());
+  EXPECT_EQ(Status(running).state(), weft::v1::SUCCEEDED);
+
+  // Ended jobs stay ended through a second restart too, and the ended generation's store is
+  // gone with it.
+  Reopen();
+  EXPECT_EQ(Status(cancelled).state(), weft::v1::CANCELLED);
+  EXPECT_EQ(Status(running).state(), weft::v1::SUCCEEDED);
+  EXPECT_FALSE(coord_->GenerationStore(scope).ok());
+}
+
+// A generation whose members were still gathering cannot be kept (their Joins were parked in
+// the previous process): the job forms a new one, without spending a restart.
+TEST_F(CoordinatorTest, ReopenMidRendezvousFormsANewGeneration) {
+  const std::string job = Submit(CpuSpec("gathering", 2));
+  const Worker w0 = Register("h", 0);
+  const Worker w1 = Register("h", 1);
+  ASSERT_EQ(Status(job).state(), weft::v1::RUNNING);
+  ASSERT_FALSE(Status(job).rendezvous_complete());
+
+  Reopen();
+
+  JobStatus s = Status(job);
+  EXPECT_EQ(s.state(), weft::v1::RECOVERING);
+  EXPECT_EQ(s.restarts(), 0);
+  EXPECT_THAT(s.worker_ids(), IsEmpty());
+  EXPECT_THAT(s.events(s.events_size() - 1).message(),
+              HasSubstr("abandoned before its rendezvous completed"));
   Register("h", 0);
   Register("h", 1);
-  s = Status(running);
+  s = Status(job);
   EXPECT_EQ(s.state(), weft::v1::RUNNING);
   EXPECT_EQ(s.generation(), 2);
   EXPECT_EQ(s.restarts(), 0);
+}
 
-  // Ended jobs stay ended through a second restart too.
+// A member that does not attach again within the window (its process died while the
+// coordinator was away) ends the kept generation as a dead member does.
+TEST_F(CoordinatorTest, KeptGenerationEndsWhenAMemberDoesNotAttachAgain) {
+  auto [job, w] = StartRunningJob(CpuSpec("kept", 2), 2);
   Reopen();
-  EXPECT_EQ(Status(cancelled).state(), weft::v1::CANCELLED);
-  EXPECT_EQ(Status(running).state(), weft::v1::RECOVERING);
-  EXPECT_EQ(Status(running).generation(), 2);
+  auto again0 = RegisterRunning("h", 0, job, 1, 0, 10);
+  ASSERT_TRUE(again0.ok() && again0->reattached());
+  const Worker r0{again0->worker_id(), again0->incarnation()};
+  const int64_t window_ms =
+      ReattachWindowMs(coord_->GetJob(job)->spec().fault().heartbeat_timeout_ms());
+  AdvanceKeepingAlive(absl::Milliseconds(window_ms - 1000), {r0}, job, 1);
+  EXPECT_EQ(Status(job).state(), weft::v1::RUNNING);
+  AdvanceKeepingAlive(absl::Seconds(2), {r0}, job, 1);
+  JobStatus s = Status(job);
+  // Waiting for a second worker (RECOVERING, then PENDING once the scheduler found none).
+  EXPECT_THAT(s.state(), ::testing::AnyOf(weft::v1::RECOVERING, weft::v1::PENDING))
+      << s.DebugString();
+  EXPECT_THAT(s.worker_ids(), IsEmpty());
+  EXPECT_EQ(s.restarts(), 1);
+  EXPECT_NE(FindEvent(s, weft::v1::WORKER_LOST, "missing: h/cpu1"), nullptr) << s.DebugString();
+
+}
+
+// One that comes back as a new process (registering without the generation) ends it at once.
+TEST_F(CoordinatorTest, KeptGenerationEndsAtOnceWhenAMemberComesBackAsANewProcess) {
+  auto [job2, w2] = StartRunningJob(CpuSpec("kept-again", 2), 2);
+  Reopen();
+  Register("h", 1);  // no `running`: a new process
+  JobStatus s = Status(job2);
+  EXPECT_THAT(s.state(), ::testing::AnyOf(weft::v1::RECOVERING, weft::v1::PENDING))
+      << s.DebugString();
+  EXPECT_EQ(s.restarts(), 1);
+  EXPECT_NE(FindEvent(s, weft::v1::WORKER_LOST, "registered again without generation 1"),
+            nullptr)
+      << s.DebugString();
+  // Its old peer, still training, is told to drop the generation when it registers.
+  auto late = RegisterRunning("h", 0, job2, 1, 0, 10);
+  ASSERT_TRUE(late.ok());
+  EXPECT_FALSE(late->reattached());
+  EXPECT_THAT(late->reattach_refusal(), HasSubstr("generation 1 of job " + job2 + ": the job is"));
+  // Both idle now, the job forms its next generation on them.
+  s = Status(job2);
+  EXPECT_EQ(s.state(), weft::v1::RUNNING);
+  EXPECT_EQ(s.generation(), 2);
+}
+
+// Registrations that cannot attach say why, and register the worker idle.
+TEST_F(CoordinatorTest, ReattachRefusalsNameTheReason) {
+  auto [job, w] = StartRunningJob(CpuSpec("refusals", 2), 2);
+  Reopen();
+  auto r = RegisterRunning("h", 0, "no-such-job", 1, 0, 10);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->reattached());
+  EXPECT_THAT(r->reattach_refusal(), HasSubstr("no such job"));
+  EXPECT_EQ(WorkerStatus(r->worker_id()).state(), weft::v1::WORKER_IDLE);
+  // (h/cpu0 registered without the kept generation: that generation has ended.)
+  EXPECT_THAT(Status(job).worker_ids(), IsEmpty());
+  r = RegisterRunning("h", 1, job, 1, 1, 10);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->reattached());
+  EXPECT_THAT(r->reattach_refusal(), HasSubstr("generation 1 of job " + job));
+}
+
+// The decision on its own.
+TEST(DecideReattachTest, OnlyTheRunningGenerationAtTheSameRank) {
+  ReattachView view{.job_found = true, .state = weft::v1::RUNNING, .active_generation = 3,
+                    .member_rank = 1};
+  EXPECT_TRUE(DecideReattach("w", "j", 3, 1, view).attach);
+  ReattachDecision d = DecideReattach("w", "j", 3, 0, view);
+  EXPECT_FALSE(d.attach);
+  EXPECT_THAT(d.reason, HasSubstr("not rank 0 of generation 3 of job j (it is rank 1)"));
+  d = DecideReattach("w", "j", 2, 1, view);
+  EXPECT_THAT(d.reason, HasSubstr("generation 2 of job j has ended (the job runs generation 3)"));
+  view.member_rank = -1;
+  EXPECT_THAT(DecideReattach("w", "j", 3, 1, view).reason, HasSubstr("it is not a member"));
+  view.state = weft::v1::CANCELLED;
+  EXPECT_THAT(DecideReattach("w", "j", 3, 1, view).reason, HasSubstr("the job is CANCELLED"));
+  view.job_found = false;
+  EXPECT_THAT(DecideReattach("w", "j", 3, 1, view).reason, HasSubstr("no such job"));
+  EXPECT_EQ(ReattachWindowMs(3000), 10000);
+  EXPECT_EQ(ReattachWindowMs(30000), 30000);
 }
 
 TEST_F(CoordinatorTest, SecondCoordinatorOnTheSameDirectoryIsRefused) {

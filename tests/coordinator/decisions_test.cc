@@ -491,6 +491,25 @@ TEST(CheckLivenessTest, HeartbeatInTheFutureIsAlive) {
   EXPECT_THAT(f, IsEmpty());
 }
 
+// A generation kept over a coordinator restart waits for its members until the deadline, not
+// a millisecond longer, and names those that did not come back.
+TEST(CheckLivenessTest, KeptGenerationEndsAtItsReattachDeadline) {
+  GenerationView g = Gen("j", 4, kT0, 3000);
+  g.not_reattached = {"w1", "w2"};
+  g.reattach_deadline = kT0 + absl::Seconds(10);
+  EXPECT_THAT(CheckLiveness(kT0 + absl::Seconds(10), {}, {g}, Opts()), IsEmpty());
+  auto f = CheckLiveness(kT0 + absl::Seconds(10) + absl::Milliseconds(1), {}, {g}, Opts());
+  ASSERT_THAT(f, SizeIs(1));
+  EXPECT_EQ(f[0].kind, FailureKind::kReattachTimeout);
+  EXPECT_EQ(f[0].job_id, "j");
+  EXPECT_EQ(f[0].generation, 4);
+  EXPECT_FALSE(IsWorkerDeath(f[0].kind));
+  EXPECT_THAT(f[0].reason, HasSubstr("missing: w1, w2"));
+  // Once all are back, the deadline means nothing.
+  g.not_reattached.clear();
+  EXPECT_THAT(CheckLiveness(kT0 + absl::Seconds(11), {}, {g}, Opts()), IsEmpty());
+}
+
 TEST(CheckLivenessTest, RendezvousTimeoutListsWorkersNotJoined) {
   GenerationView gen = Gen("job", 3, kT0, 3000);
   gen.not_joined = {"h/cpu1", "h/cpu3"};

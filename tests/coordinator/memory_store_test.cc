@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -518,6 +519,39 @@ TEST(PrefixStoreTest, WaitThroughPrefixWokenBySetThroughPrefix) {
   });
   EXPECT_TRUE(a.Wait({"ready"}, kLong).ok());
   setter.join();
+}
+
+// The journal hears every change in order (what the coordinator writes through to its state
+// database), and a store built from a journal's replay holds what it said.
+TEST(MemoryStoreJournalTest, EveryChangeIsJournaledAndAReplayRestoresIt) {
+  std::vector<std::string> heard;
+  absl::flat_hash_map<std::string, std::string> replay;
+  MemoryStore store;
+  store.SetJournal([&](const std::string& key, const std::string* value) {
+    heard.push_back(value ? absl::StrCat(key, "=", *value) : absl::StrCat(key, " deleted"));
+    if (value) {
+      replay[key] = *value;
+    } else {
+      replay.erase(key);
+    }
+  });
+  ASSERT_TRUE(store.Set("a", "1").ok());
+  ASSERT_TRUE(store.Add("n", 2).ok());
+  ASSERT_TRUE(store.Add("n", 3).ok());
+  ASSERT_TRUE(store.CompareSet("a", std::string("1"), "two").ok());
+  ASSERT_TRUE(store.CompareSet("a", std::string("9"), "3").ok());  // no swap: not journaled
+  ASSERT_TRUE(store.Set("gone", "x").ok());
+  ASSERT_TRUE(store.Delete("gone").ok());
+  ASSERT_TRUE(store.Delete("never").ok());  // nothing deleted: not journaled
+  ASSERT_FALSE(store.Add("a", 1).ok());     // not a number: refused, not journaled
+  EXPECT_THAT(heard, ElementsAre("a=1", "n=2", "n=5", "a=two", "gone=x", "gone deleted"));
+
+  MemoryStore restored(replay, nullptr);
+  EXPECT_EQ(restored.Get("a").value_or(""), "two");
+  EXPECT_EQ(restored.Get("n").value_or(""), "5");
+  EXPECT_FALSE(restored.Get("gone").ok());
+  // A waiter on a restored key is satisfied at once.
+  EXPECT_TRUE(restored.Wait({"a", "n"}, absl::Milliseconds(1)).ok());
 }
 
 }  // namespace

@@ -248,10 +248,12 @@ class Cluster {
 
   // SIGKILLs the coordinator and starts it again on the same port and state: the workers keep
   // running and find it again.
-  void RestartCoordinator() {
+  // SIGKILLs the coordinator and, `down` later, starts it again on the same port and data.
+  void RestartCoordinator(absl::Duration down = absl::ZeroDuration()) {
     const int port = coordinator_->port();
     coordinator_->process().Signal(SIGKILL);
     (void)coordinator_->process().Wait(absl::Seconds(10));
+    absl::SleepFor(down);
     ASSERT_NO_FATAL_FAILURE(StartCoordinator(port));
   }
 

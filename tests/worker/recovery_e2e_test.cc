@@ -1,10 +1,10 @@
 // Recovery with real processes (coordinator, checkpointd, CPU workers on 127.0.0.1): a worker
 // SIGKILLed or SIGSTOPped mid-job is declared lost, the survivors abort their collectives, a
 // new generation forms with an idle spare, restores the last checkpoint and finishes; a
-// SIGKILLed and restarted coordinator picks the job up again. Each ends SUCCEEDED with the
-// model an uninterrupted run of the same world size gives, bit for bit. Saves that checkpointd
-// cannot take (killed, or its disk full) become CHECKPOINT_FAILED events while the job trains
-// on.
+// SIGKILLed and restarted coordinator keeps the running generation, whose members attach to it
+// again. Each ends SUCCEEDED with the model an uninterrupted run of the same world size gives,
+// bit for bit. Saves that checkpointd cannot take (killed, or its disk full) become
+// CHECKPOINT_FAILED events while the job trains on.
 #include <signal.h>
 
 #include <optional>
@@ -41,14 +41,14 @@ class RecoveryE2eTest : public ::testing::Test {
     testing::WriteFile(corpus_, testing::WordCorpus());
   }
 
-  v1::JobSpec Spec(int world) const {
-    return testing::RecoveryJobSpec("recover", corpus_, world, kSteps);
+  v1::JobSpec Spec(int world, int64_t steps = kSteps) const {
+    return testing::RecoveryJobSpec("recover", corpus_, world, steps);
   }
 
   // The same job without interruption, on exactly `world` workers.
-  v1::JobStatus Uninterrupted(int world) {
-    return testing::RunUninterrupted(dir_.File(absl::StrCat("straight", world)), world,
-                                     Spec(world));
+  v1::JobStatus Uninterrupted(int world, int64_t steps = kSteps) {
+    return testing::RunUninterrupted(dir_.File(absl::StrCat("straight", world, "-", steps)),
+                                     world, Spec(world, steps));
   }
 
   // Runs the job on `world` workers plus one spare, and once a mid-run checkpoint is
@@ -285,24 +285,45 @@ TEST_F(RecoveryE2eTest, HungWorkerIsDetectedAndReplacedAndTheModelIsUnchanged) {
   ExpectTheSameModelAsUninterrupted(2, SIGSTOP);
 }
 
-// The workers keep training and retrying their reports while the coordinator is down; the
-// restarted coordinator reloads the job, ends the generation it cannot vouch for, and a new
-// one resumes from the last checkpoint.
-TEST_F(RecoveryE2eTest, KilledAndRestartedCoordinatorFinishesTheJob) {
-  const v1::JobStatus straight = Uninterrupted(2);
+// The workers train on while the coordinator is down (their collectives need none) and attach
+// again to the generation the restarted coordinator kept: no step is trained twice, no restart
+// is spent, and the saves after the outage commit in the same generation (their store is the
+// one the previous process wrote through). The model is the uninterrupted run's, bit for bit.
+TEST_F(RecoveryE2eTest, KilledAndRestartedCoordinatorKeepsTheGenerationAndTheJobFinishes) {
+  // Long enough to train on well past the outage and the members' return (about 4 s).
+  constexpr int64_t kLongSteps = 3 * kSteps;
+  const v1::JobStatus straight = Uninterrupted(2, kLongSteps);
   Cluster cluster(dir_.File("coordinator-restart"), 2);
   cluster.Start();
-  auto job = cluster.client().SubmitJob(Spec(2));
+  auto job = cluster.client().SubmitJob(Spec(2, kLongSteps));
   ASSERT_TRUE(job.ok()) << job.status();
   const std::string id = job->job_id();
   ASSERT_TRUE(Eventually([&] { return cluster.Status(id).checkpoint_step() >= 40; },
                          absl::Seconds(120)))
       << cluster.Logs();
-  ASSERT_LT(cluster.Status(id).step(), kSteps);
-  ASSERT_NO_FATAL_FAILURE(cluster.RestartCoordinator());
+  const v1::JobStatus before = cluster.Status(id);
+  ASSERT_LT(before.step(), kSteps);
+  ASSERT_NO_FATAL_FAILURE(cluster.RestartCoordinator(/*down=*/absl::Seconds(2)));
+  const auto kept_events = [](const v1::JobStatus& s) {
+    int kept = 0;
+    for (const auto& e : s.events()) kept += e.type() == v1::GENERATION_KEPT ? 1 : 0;
+    return kept;
+  };
   ASSERT_TRUE(cluster.WaitFor(id, v1::SUCCEEDED, absl::Seconds(120))) << cluster.Logs();
   const v1::JobStatus after = cluster.Status(id);
-  EXPECT_GE(after.generation(), 2);
+  EXPECT_EQ(after.generation(), 1) << after.DebugString();
+  EXPECT_EQ(after.restarts(), 0);
+  EXPECT_EQ(after.step(), kLongSteps);
+  for (const auto& e : after.events()) {
+    EXPECT_NE(e.type(), v1::WORKER_LOST) << e.message();
+    EXPECT_NE(e.type(), v1::CONNECTION_LOST) << e.message();
+  }
+  // Kept, then every member attached again while it trained.
+  EXPECT_EQ(kept_events(after), 2) << after.DebugString();
+  EXPECT_GT(after.checkpoint_step(), before.checkpoint_step()) << after.DebugString();
+  const std::string logs = cluster.Logs();
+  EXPECT_THAT(logs, HasSubstr("attached again to job"));
+  EXPECT_THAT(logs, ::testing::Not(HasSubstr("restored checkpoint")));
   ExpectSameModel(straight, after);
   cluster.KillEverything();
 }
