@@ -96,6 +96,12 @@ absl::Status CoordinatorClient::WatchJob(
       absl::StrCat("watch of job ", job_id, " ended before the job did; watch again"));
 }
 
+absl::StatusOr<weft::v1::GetJobLogsResponse> CoordinatorClient::GetJobLogs(
+    const weft::v1::GetJobLogsRequest& request) {
+  return CallUnary(*stub_, &Stub::GetJobLogs, request, options_.rpc_timeout, server_,
+                   reconnect_.repeated);
+}
+
 absl::StatusOr<weft::v1::RegisterWorkerResponse> CoordinatorClient::RegisterWorker(
     const weft::v1::WorkerInfo& info, const std::string& session_token,
     const weft::v1::RunningGeneration* running) {

@@ -31,7 +31,7 @@ struct ClientOptions {
   // Deadline of every unary call that does not block by design (Join, held Heartbeat and
   // WatchJob take theirs from their arguments, see below).
   absl::Duration rpc_timeout = absl::Seconds(10);
-  // How long SubmitJob, GetJob, ListJobs, CancelJob and ListWorkers wait for an unreachable
+  // How long SubmitJob, GetJob, ListJobs, CancelJob, GetJobLogs and ListWorkers wait for an unreachable
   // coordinator to come back before they are sent, at most rpc_timeout (RunAttempts in
   // rpc_call.h); the reads, safe to send twice, also go again after an UNAVAILABLE failure.
   // A connection attempt lost on a loaded machine, or a coordinator restarted within the
@@ -71,6 +71,10 @@ class CoordinatorClient {
   // a job may run for days.
   absl::Status WatchJob(const std::string& job_id,
                         const std::function<bool(const weft::v1::JobStatus&)>& on_update);
+  // What the job's ranks logged after request.after_seq (see coordinator.proto). A read:
+  // goes again after a lost connection.
+  absl::StatusOr<weft::v1::GetJobLogsResponse> GetJobLogs(
+      const weft::v1::GetJobLogsRequest& request);
 
   // `session_token`: the process's WorkerSession::token() (empty: no session). `running`: the
   // generation the process still trains in, to attach to again (RegisterWorkerRequest.running).

@@ -4,17 +4,21 @@
 // data subcommands (trainctl_data.h) to nothing: they prepare text locally.
 //
 // Exit status: 0 on success; 1 on any error (message on stderr as "trainctl: <message>"),
-// and for `watch`, 1 when the job ends FAILED or CANCELLED. Usage errors exit with CLI11's
-// codes (non-zero). Output is a table or summary for people (-o text, the default) or the
-// protobuf JSON of the response message (-o json): lists print the RPC's response object,
-// e.g. {"jobs": [...]}, and `watch` prints one compact JobStatus object per line.
+// and for `watch`, `events -f` and `logs -f`, 1 when the job ends FAILED or CANCELLED. Usage
+// errors exit with CLI11's codes (non-zero). Output is a table or summary for people (-o text,
+// the default) or JSON (-o json) by the one rule of trainctl_output.h: one object for a command
+// that answers once (the RPC's response message), one compact object per line for one that
+// follows a job.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -491,7 +495,7 @@ int Watch(CoordinatorClient& client, const GlobalOptions& global, const std::str
     last = status;
     got_any = true;
     if (global.json()) {
-      print_status = PrintJson(status, false);
+      print_status = PrintJsonLine(status);
       return print_status.ok();
     }
     printer.Update(status);
@@ -534,10 +538,25 @@ std::string EventKey(const JobEvent& e) {
 }
 
 // Every transition of a job with its time and reason, oldest first; with `follow`, new ones as
-// they happen until the job ends (exit 0 if it SUCCEEDED, like watch). JSON: one JobEvent per
-// line.
+// they happen until the job ends (exit 0 if it SUCCEEDED, like watch). JSON: {"job_id": ...,
+// "events": [JobEvent...]}; with `follow`, one JobEvent per line.
 int Events(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id,
            bool follow) {
+  if (!follow) {
+    absl::StatusOr<weft::v1::Job> job = client.GetJob(job_id);
+    if (!job.ok()) return Fail(job.status());
+    if (!global.json()) {
+      for (const JobEvent& e : job->status().events()) std::cout << EventLine(e) << "\n";
+      return 0;
+    }
+    nlohmann::json events = nlohmann::json::array();
+    for (const JobEvent& e : job->status().events()) {
+      absl::StatusOr<nlohmann::json> event = ProtoToJson(e);
+      if (!event.ok()) return Fail(event.status());
+      events.push_back(*std::move(event));
+    }
+    return PrintJsonObject({{"job_id", job_id}, {"events", std::move(events)}});
+  }
   absl::flat_hash_set<std::string> printed;
   absl::Status print_status;
   JobStatus last;
@@ -546,7 +565,7 @@ int Events(CoordinatorClient& client, const GlobalOptions& global, const std::st
     for (const JobEvent& e : status.events()) {
       if (!printed.insert(EventKey(e)).second) continue;
       if (global.json()) {
-        print_status = PrintJson(e, false);
+        print_status = PrintJsonLine(e);
         if (!print_status.ok()) return false;
       } else {
         std::cout << EventLine(e) << "\n";
@@ -555,16 +574,131 @@ int Events(CoordinatorClient& client, const GlobalOptions& global, const std::st
     std::cout.flush();
     return true;
   };
-  if (!follow) {
-    absl::StatusOr<weft::v1::Job> job = client.GetJob(job_id);
-    if (!job.ok()) return Fail(job.status());
-    print_new(job->status());
-    return print_status.ok() ? 0 : Fail(print_status);
-  }
   absl::Status watched = client.WatchJob(job_id, print_new);
   if (!print_status.ok()) return Fail(print_status);
   if (!watched.ok()) return Fail(watched);
   return last.state() == weft::v1::SUCCEEDED ? 0 : 1;
+}
+
+// ---------------------------------------------------------------------------------------
+// logs
+
+// Set by SIGINT and SIGTERM while `logs -f` runs: it stops between polls.
+std::atomic<bool> g_interrupted{false};
+
+extern "C" void OnInterrupt(int) { g_interrupted.store(true); }
+
+struct LogsFlags {
+  int rank = -1;  // -1: every rank's lines
+  bool follow = false;
+};
+
+// "2024-05-01T12:00:00.123Z rank 1 info text": UTC, so that lines of ranks on hosts in
+// other time zones sort; without the rank when only one rank's lines are asked for.
+std::string LogLineText(const v1::JobLogLine& line, bool with_rank) {
+  std::string text = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", FromProtoTime(line.time()),
+                                      absl::UTCTimeZone());
+  if (with_rank) absl::StrAppend(&text, " rank ", line.rank());
+  absl::StrAppend(&text, " ", line.level(), " ", line.text());
+  return text;
+}
+
+// One page of lines after `after_seq`, as many as the coordinator gives at once.
+absl::StatusOr<v1::GetJobLogsResponse> LogsAfter(CoordinatorClient& client,
+                                                  const std::string& job_id,
+                                                  const LogsFlags& flags, int64_t after_seq) {
+  v1::GetJobLogsRequest request;
+  request.set_job_id(job_id);
+  if (flags.rank >= 0) request.set_rank(flags.rank);
+  request.set_after_seq(after_seq);
+  request.set_max_lines(10000);
+  return client.GetJobLogs(request);
+}
+
+// Lines that were gone before they were read; said on stderr (stdout holds only lines).
+void NoteDropped(const std::string& job_id, int64_t dropped, bool first) {
+  if (dropped <= 0) return;
+  std::cerr << "trainctl: " << dropped << (first ? " older" : "") << " line"
+            << (dropped == 1 ? "" : "s") << " of job " << job_id
+            << (first ? " are no longer kept" : " were dropped before they could be read")
+            << " (the coordinator keeps the newest of each job; each worker's own log has "
+               "them all)\n";
+}
+
+// What the job's ranks logged, oldest first: everything the coordinator keeps, or with
+// `follow`, then new lines as they come (polled every 500 ms) until the job has ended and its
+// workers' last lines are in (exit 0 if it SUCCEEDED, like watch). JSON: one
+// GetJobLogsResponse holding every line; with `follow`, one JobLogLine per line.
+int Logs(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id,
+         const LogsFlags& flags) {
+  const bool with_rank = flags.rank < 0;
+  auto print = [&](const v1::GetJobLogsResponse& page) -> absl::Status {
+    for (const v1::JobLogLine& line : page.lines()) {
+      if (global.json()) {
+        WEFT_RETURN_IF_ERROR(PrintJsonLine(line));
+      } else {
+        std::cout << LogLineText(line, with_rank) << "\n";
+      }
+    }
+    std::cout.flush();
+    return absl::OkStatus();
+  };
+  if (!flags.follow) {
+    v1::GetJobLogsResponse all;
+    for (bool first = true;; first = false) {
+      absl::StatusOr<v1::GetJobLogsResponse> page =
+          LogsAfter(client, job_id, flags, all.next_seq());
+      if (!page.ok()) return Fail(page.status());
+      if (first) all.set_dropped(page->dropped());
+      const bool progress = page->next_seq() > all.next_seq();
+      all.set_next_seq(page->next_seq());
+      all.set_state(page->state());
+      if (!global.json()) {
+        if (first) NoteDropped(job_id, page->dropped(), true);
+        if (absl::Status s = print(*page); !s.ok()) return Fail(s);
+      } else {
+        for (v1::JobLogLine& line : *page->mutable_lines()) *all.add_lines() = std::move(line);
+      }
+      if (!progress) break;
+    }
+    return global.json() ? PrintJsonExit(all) : 0;
+  }
+
+  struct sigaction action = {};
+  action.sa_handler = OnInterrupt;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  int64_t after = 0;
+  // Once the job has ended, its workers' last lines still come with their next heartbeats:
+  // the follow goes on until a poll this long after the end finds nothing new.
+  std::optional<absl::Time> last_lines_by;
+  v1::JobStatus ended;
+  for (bool first = true; !g_interrupted.load(); first = false) {
+    absl::StatusOr<v1::GetJobLogsResponse> page = LogsAfter(client, job_id, flags, after);
+    if (!page.ok()) return Fail(page.status());
+    NoteDropped(job_id, page->dropped(), first);
+    if (absl::Status s = print(*page); !s.ok()) return Fail(s);
+    const bool progress = page->next_seq() > after;
+    after = page->next_seq();
+    if (IsFinalJobState(page->state()) && !last_lines_by) {
+      absl::StatusOr<v1::Job> job = client.GetJob(job_id);
+      if (!job.ok()) return Fail(job.status());
+      ended = job->status();
+      // From the end itself: following a job that ended long ago waits for nothing.
+      const absl::Time end =
+          HasTime(ended.end_time()) ? FromProtoTime(ended.end_time()) : absl::Now();
+      last_lines_by =
+          end + absl::Milliseconds(job->spec().fault().heartbeat_interval_ms()) + absl::Seconds(1);
+    }
+    if (progress) continue;  // more may be waiting
+    if (last_lines_by && absl::Now() >= *last_lines_by) break;
+    for (int i = 0; i < 10 && !g_interrupted.load(); ++i) absl::SleepFor(absl::Milliseconds(50));
+  }
+  if (g_interrupted.load()) return 130;  // stopped by the user: quietly, as a signal would
+  if (ended.state() == v1::SUCCEEDED) return 0;
+  return Fail(absl::AbortedError(absl::StrCat("job ", job_id, " ", StateName(ended.state()),
+                                              ended.error().empty() ? "" : ": ", ended.error())));
 }
 
 // A machine id (32 hex digits) cut to its first 12, as `git log` shortens hashes; other host ids
@@ -656,9 +790,8 @@ int Sample(CoordinatorClient& client, const GlobalOptions& global, const std::st
   if (global.json()) {
     const std::string tokenizer =
         model->tokenizer != nullptr ? std::string(model->tokenizer->kind()) : "none";
-    nlohmann::json out = {{"job_id", job_id}, {"model_path", path}, {"tokenizer", tokenizer},
-                          {"prompt", flags.prompt}, {"text", *text}};
-    std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    PrintJsonObject({{"job_id", job_id}, {"model_path", path}, {"tokenizer", tokenizer},
+                     {"prompt", flags.prompt}, {"text", *text}});
   } else if (model->tokenizer == nullptr) {
     std::cout << flags.prompt << (flags.prompt.empty() ? "" : " ") << *text << "\n";
   } else {
@@ -674,7 +807,9 @@ void AddGlobalOptions(CLI::App& app, GlobalOptions* global) {
   app.add_option("--checkpointd", global->checkpointd, "weft-checkpointd address host:port")
       ->envname("WEFT_CHECKPOINTD")
       ->capture_default_str();
-  app.add_option("-o,--output", global->output, "Output format")
+  app.add_option("-o,--output", global->output,
+                 "Output format: text, or json (one object per answer, one per line while "
+                 "following; errors stay on stderr)")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
   app.add_option("--timeout-s", global->timeout_s, "Deadline of each call in seconds")
@@ -777,6 +912,15 @@ int Main(int argc, char** argv) {
   events->add_flag("-f,--follow", follow,
                    "Keep printing new events until the job ends (exit 0 if it SUCCEEDED)");
 
+  LogsFlags logs_flags;
+  CLI::App* logs = app.add_subcommand(
+      "logs", "What a job's ranks logged (lines kept by the coordinator; times in UTC)");
+  logs->add_option("JOB", job_id, "Job id")->required();
+  logs->add_option("--rank", logs_flags.rank, "Only this rank's lines")
+      ->check(CLI::NonNegativeNumber);
+  logs->add_flag("-f,--follow", logs_flags.follow,
+                 "Keep printing new lines until the job ends (exit 0 if it SUCCEEDED)");
+
   CLI::App* workers = app.add_subcommand("workers", "List registered workers");
 
   SampleFlags sample_flags;
@@ -833,6 +977,7 @@ int Main(int argc, char** argv) {
   if (watch->parsed()) return Watch(client, global, job_id);
   if (workers->parsed()) return Workers(client, global);
   if (events->parsed()) return Events(client, global, job_id, follow);
+  if (logs->parsed()) return Logs(client, global, job_id, logs_flags);
   if (sample->parsed()) return Sample(client, global, job_id, sample_flags);
   return Fail(absl::InvalidArgumentError("no subcommand"));
 }

@@ -174,9 +174,8 @@ int Export(CheckpointClient& client, bool json, const std::string& job_id, int64
     return Fail(s);
   }
   if (json) {
-    nlohmann::json out = {{"job_id", job_id}, {"step", at}, {"path", out_path},
-                          {"units", units}};
-    std::cout << out.dump(2) << "\n";
+    trainctl::PrintJsonObject(
+        {{"job_id", job_id}, {"step", at}, {"path", out_path}, {"format", "weft"}, {"units", units}});
   } else {
     std::cout << "exported " << job_id << " step " << at << " (" << units << " units) to "
               << out_path << "\n";
@@ -232,8 +231,7 @@ int CheckpointCommands::Run(const std::string& checkpointd, bool json,
     const bool pinned = pin_->parsed();
     if (absl::Status s = client.SetPinned(job_id_, *step, pinned); !s.ok()) return Fail(s);
     if (json) {
-      std::cout << nlohmann::json{{"job_id", job_id_}, {"step", *step}, {"pinned", pinned}}.dump(2)
-                << "\n";
+      trainctl::PrintJsonObject({{"job_id", job_id_}, {"step", *step}, {"pinned", pinned}});
     } else {
       std::cout << (pinned ? "pinned " : "unpinned ") << job_id_ << " step " << *step << "\n";
     }
@@ -242,8 +240,7 @@ int CheckpointCommands::Run(const std::string& checkpointd, bool json,
   if (delete_->parsed()) {
     if (absl::Status s = client.Delete(job_id_, *step); !s.ok()) return Fail(s);
     if (json) {
-      std::cout << nlohmann::json{{"job_id", job_id_}, {"step", *step}, {"deleted", true}}.dump(2)
-                << "\n";
+      trainctl::PrintJsonObject({{"job_id", job_id_}, {"step", *step}, {"deleted", true}});
     } else {
       std::cout << "deleted " << job_id_ << " step " << *step << "\n";
     }

@@ -139,15 +139,13 @@ int DataCommands::TrainTokenizer(bool json) const {
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   const std::string crc = data::FormatCrc32c((*tokenizer)->fingerprint());
   if (json) {
-    std::cout << nlohmann::json{{"out", out_},
-                                {"model_type", model_type_},
-                                {"vocab_size", (*tokenizer)->vocab_size()},
-                                {"crc32c", crc},
-                                {"documents", count},
-                                {"bytes", bytes},
-                                {"seconds", seconds}}
-                     .dump(2)
-              << "\n";
+    trainctl::PrintJsonObject({{"out", out_},
+                               {"model_type", model_type_},
+                               {"vocab_size", (*tokenizer)->vocab_size()},
+                               {"crc32c", crc},
+                               {"documents", count},
+                               {"bytes", bytes},
+                               {"seconds", seconds}});
   } else {
     std::cout << absl::StrFormat(
         "wrote %s: SentencePiece %s, %d pieces (unk 0, bos 1, eos 2), crc32c %s; trained on %d "
@@ -180,18 +178,16 @@ int DataCommands::Prepare(bool json) const {
   if (!result.ok()) return Fail(result.status());
   const dataprep::PrepareResult& r = *result;
   if (json) {
-    std::cout << nlohmann::json{{"out", out_},
-                                {"up_to_date", r.up_to_date},
-                                {"input_bytes", r.input_bytes},
-                                {"train_tokens", r.train_tokens},
-                                {"val_tokens", r.val_tokens},
-                                {"train_documents", r.train_documents},
-                                {"val_documents", r.val_documents},
-                                {"train_shards", r.train_shards},
-                                {"val_shards", r.val_shards},
-                                {"seconds", r.seconds}}
-                     .dump(2)
-              << "\n";
+    trainctl::PrintJsonObject({{"out", out_},
+                               {"up_to_date", r.up_to_date},
+                               {"input_bytes", r.input_bytes},
+                               {"train_tokens", r.train_tokens},
+                               {"val_tokens", r.val_tokens},
+                               {"train_documents", r.train_documents},
+                               {"val_documents", r.val_documents},
+                               {"train_shards", r.train_shards},
+                               {"val_shards", r.val_shards},
+                               {"seconds", r.seconds}});
   } else if (r.up_to_date) {
     std::cout << out_ << " is up to date (same inputs and options)\n";
   } else {

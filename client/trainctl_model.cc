@@ -16,7 +16,6 @@
 #include "common/job_spec.h"
 #include "common/status.h"
 #include "google/protobuf/text_format.h"
-#include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "worker/hf/hf_checkpoint.h"
 #include "worker/hf/hf_config.h"
@@ -35,16 +34,8 @@ int FromHf(const std::string& dir, bool json) {
   text << in.rdbuf();
   auto spec = hf::ModelSpecFromHfConfig(text.str(), path);
   if (!spec.ok()) return Fail(spec.status());
-  if (json) {
-    std::string out;
-    google::protobuf::util::JsonPrintOptions options;
-    options.add_whitespace = true;
-    if (!google::protobuf::util::MessageToJsonString(*spec, &out, options).ok()) {
-      return Fail(absl::InternalError("cannot print the spec as JSON"));
-    }
-    std::cout << out;
-    return 0;
-  }
+  // The ModelSpec itself: what a job spec's `model` takes (init_from_hf_dir is the directory).
+  if (json) return trainctl::PrintJsonExit(*spec);
   std::string out;
   google::protobuf::TextFormat::PrintToString(*spec, &out);
   std::cout << "# The model of " << dir << " (context_length is the longest the weights allow; "
@@ -103,10 +94,8 @@ int ExportHfDirectory(const weft::v1::JobSpec& job_spec,
                  "ids only)\n";
   }
   if (json) {
-    std::cout << nlohmann::json{{"source", source}, {"path", out_dir}, {"format", "hf"},
-                                {"dtype", flags.dtype}, {"tokenizer", kind}}
-                     .dump(2)
-              << "\n";
+    trainctl::PrintJsonObject({{"source", source}, {"path", out_dir}, {"format", "hf"},
+                               {"dtype", flags.dtype}, {"tokenizer", kind}});
   } else {
     std::cout << "exported " << source << " to " << out_dir << " (Hugging Face, " << flags.dtype
               << ", tokenizer: " << kind << ")\n";
@@ -162,17 +151,15 @@ int PrintDifference(const worker::ModelDifference& diff, double tolerance, bool 
       tensors.push_back({{"name", t.name}, {"elements", t.elements}, {"differing", t.differing},
                          {"max_abs", t.max_abs}, {"relative", t.relative}});
     }
-    std::cout << nlohmann::json{{"identical", diff.identical()},
-                                {"within_tolerance", within},
-                                {"tolerance", tolerance},
-                                {"elements", diff.elements},
-                                {"differing", diff.differing},
-                                {"max_abs", diff.max_abs},
-                                {"relative", diff.relative},
-                                {"max_relative", diff.max_relative},
-                                {"tensors", tensors}}
-                     .dump(2)
-              << "\n";
+    trainctl::PrintJsonObject({{"identical", diff.identical()},
+                               {"within_tolerance", within},
+                               {"tolerance", tolerance},
+                               {"elements", diff.elements},
+                               {"differing", diff.differing},
+                               {"max_abs", diff.max_abs},
+                               {"relative", diff.relative},
+                               {"max_relative", diff.max_relative},
+                               {"tensors", tensors}});
   } else if (diff.identical()) {
     std::cout << "identical: " << diff.elements << " parameters, bit for bit\n";
   } else {

@@ -30,7 +30,9 @@ void PrintTable(const std::vector<std::vector<std::string>>& rows) {
   }
 }
 
-absl::Status PrintJson(const google::protobuf::Message& message, bool pretty) {
+namespace {
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message, bool pretty) {
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = pretty;
   options.always_print_primitive_fields = true;
@@ -40,6 +42,15 @@ absl::Status PrintJson(const google::protobuf::Message& message, bool pretty) {
   if (!status.ok()) {
     return absl::InternalError(absl::StrCat("cannot print JSON: ", status.ToString()));
   }
+  return json;
+}
+
+}  // namespace
+
+absl::Status PrintJson(const google::protobuf::Message& message, bool pretty) {
+  absl::StatusOr<std::string> converted = ToJson(message, pretty);
+  if (!converted.ok()) return converted.status();
+  const std::string& json = *converted;
   std::cout << json;
   if (!pretty || json.empty() || json.back() != '\n') std::cout << "\n";
   std::cout.flush();
@@ -49,6 +60,24 @@ absl::Status PrintJson(const google::protobuf::Message& message, bool pretty) {
 int PrintJsonExit(const google::protobuf::Message& message, bool pretty) {
   absl::Status printed = PrintJson(message, pretty);
   return printed.ok() ? 0 : Fail(printed);
+}
+
+absl::Status PrintJsonLine(const google::protobuf::Message& message) {
+  return PrintJson(message, /*pretty=*/false);
+}
+
+absl::StatusOr<nlohmann::json> ProtoToJson(const google::protobuf::Message& message) {
+  absl::StatusOr<std::string> json = ToJson(message, /*pretty=*/false);
+  if (!json.ok()) return json.status();
+  nlohmann::json value = nlohmann::json::parse(*json, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) return absl::InternalError("cannot read back the JSON printed");
+  return value;
+}
+
+int PrintJsonObject(const nlohmann::json& object) {
+  std::cout << object.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  std::cout.flush();
+  return 0;
 }
 
 namespace {

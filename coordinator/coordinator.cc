@@ -425,6 +425,15 @@ absl::StatusOr<weft::v1::JobStatus> Coordinator::CancelJob(const std::string& jo
   return rec.job.status();
 }
 
+absl::StatusOr<weft::v1::GetJobLogsResponse> Coordinator::GetJobLogs(
+    const weft::v1::GetJobLogsRequest& request) {
+  absl::MutexLock lock(&mu_);
+  WEFT_ASSIGN_OR_RETURN(JobRecord* rec, jobs_.Find(request.job_id()));
+  WEFT_ASSIGN_OR_RETURN(weft::v1::GetJobLogsResponse response, logs_.Read(request));
+  response.set_state(rec->state());
+  return response;
+}
+
 absl::StatusOr<uint64_t> Coordinator::AddWatcher(const std::string& job_id, Watcher watcher) {
   Actions actions;
   absl::MutexLock lock(&mu_);
@@ -504,6 +513,7 @@ void Coordinator::Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Tim
     return answer(WorkerRegistry::StopResponse(request.worker_id(), request.incarnation(),
                                                worker->status.incarnation()));
   }
+  logs_.Append(request, [&](const std::string& job_id) { return jobs_.Contains(job_id); });
   if (workers_.Beat(*worker, request)) ScheduleLocked(actions);
   if (request.job_id().empty()) ResendLostAssignmentLocked(*worker, actions);
   workers_.Hold(*worker, request.wait_for_command_ms(), deadline, std::move(done), actions);

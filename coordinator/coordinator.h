@@ -3,11 +3,11 @@
 // Thread-safe; one mutex guards all state (thousands of heartbeats a second fit easily). The
 // state is kept in parts that each need that lock held: the job table (jobs, events,
 // persistence, watchers; job_table.h), the worker registry (workers, sessions, command queues,
-// held heartbeats; worker_registry.h) and each job's active generation (rendezvous.h); the
-// metrics (coordinator_metrics.h) need no lock. The decisions live in decisions.h as pure
-// functions; this class gathers their inputs, applies their results across the parts, and
-// completes calls. Callbacks handed in (call completions, watchers) always run with no lock
-// held.
+// held heartbeats; worker_registry.h), each job's active generation (rendezvous.h) and what
+// the jobs' ranks logged (in memory only; job_logs.h); the metrics (coordinator_metrics.h)
+// need no lock. The decisions live in decisions.h as pure functions; this class gathers their
+// inputs, applies their results across the parts, and completes calls. Callbacks handed in
+// (call completions, watchers) always run with no lock held.
 //
 // Blocking operations (held heartbeats, Join, store waits) never hold a thread: they are
 // parked with a deadline (ParkedCall, parked_call.h) on the DeadlineTimer.
@@ -27,6 +27,7 @@
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/deadline_timer.h"
 #include "coordinator/decisions.h"
+#include "coordinator/job_logs.h"
 #include "coordinator/job_table.h"
 #include "coordinator/memory_store.h"
 #include "coordinator/parked_call.h"
@@ -111,6 +112,10 @@ class Coordinator {
   // once with final=true and not kept.
   absl::StatusOr<uint64_t> AddWatcher(const std::string& job_id, Watcher watcher);
   void RemoveWatcher(uint64_t id);
+  // What the job's ranks logged (see JobLogs): NOT_FOUND for an unknown job, INVALID_ARGUMENT
+  // naming a negative rank, after_seq or max_lines; `state` is the job's state now.
+  absl::StatusOr<weft::v1::GetJobLogsResponse> GetJobLogs(
+      const weft::v1::GetJobLogsRequest& request);
 
   // ---- Workers ----
   // `session_token`: the process's session (see OpenSession); empty: none. `running`: the
@@ -122,7 +127,8 @@ class Coordinator {
       weft::v1::WorkerInfo info, const std::string& session_token = "",
       const weft::v1::RunningGeneration* running = nullptr);
   // Answers (through `done`, maybe inline) at once when commands are pending, else holds the
-  // call until a command arrives or `deadline` / the held time passes.
+  // call until a command arrives or `deadline` / the held time passes. Keeps the request's
+  // log lines (JobLogs) once it knows the worker's incarnation.
   void Heartbeat(const weft::v1::HeartbeatRequest& request, absl::Time deadline,
                  Done<weft::v1::HeartbeatResponse> done);
 
@@ -267,6 +273,7 @@ class Coordinator {
   absl::Mutex mu_;
   JobTable jobs_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
+  JobLogs logs_ ABSL_GUARDED_BY(mu_);
   bool ticking_ ABSL_GUARDED_BY(mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t tick_timer_id_ ABSL_GUARDED_BY(mu_) = 0;

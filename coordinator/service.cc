@@ -194,6 +194,12 @@ ServerUnaryReactor* CoordinatorService::ReportProgress(
   return Unary(auth_.get(), context, response, [&] { return coordinator_->ReportProgress(*request); });
 }
 
+ServerUnaryReactor* CoordinatorService::GetJobLogs(CallbackServerContext* context,
+                                                   const weft::v1::GetJobLogsRequest* request,
+                                                   weft::v1::GetJobLogsResponse* response) {
+  return Unary(auth_.get(), context, response, [&] { return coordinator_->GetJobLogs(*request); });
+}
+
 // ---- Store service -------------------------------------------------------------------------
 
 ServerUnaryReactor* StoreService::Set(CallbackServerContext* context,

@@ -51,6 +51,9 @@ class CoordinatorService final : public weft::v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* context,
                                            const weft::v1::ReportProgressRequest* request,
                                            weft::v1::ReportProgressResponse* response) override;
+  grpc::ServerUnaryReactor* GetJobLogs(grpc::CallbackServerContext* context,
+                                       const weft::v1::GetJobLogsRequest* request,
+                                       weft::v1::GetJobLogsResponse* response) override;
 
  private:
   Coordinator* coordinator_;

@@ -9,6 +9,7 @@ weft_test(memory_store_test unit SOURCES coordinator/memory_store_test.cc LIBS w
 weft_test(state_db_test unit SOURCES coordinator/state_db_test.cc LIBS weft_coordinator_lib)
 weft_test(deadline_timer_test unit SOURCES coordinator/deadline_timer_test.cc LIBS weft_coordinator_lib)
 weft_test(coordinator_test unit SOURCES coordinator/coordinator_test.cc LIBS weft_coordinator_lib)
+weft_test(job_logs_test unit SOURCES coordinator/job_logs_test.cc LIBS weft_coordinator_lib)
 weft_test(parked_call_test unit SOURCES coordinator/parked_call_test.cc LIBS weft_coordinator_lib)
 # trainctl data prepare's library: inputs, shards, manifest, idempotence, every bad input.
 weft_test(data_prepare_test unit SOURCES client/data_prepare_test.cc LIBS weft_data_prepare

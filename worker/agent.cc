@@ -24,7 +24,8 @@ WorkerAgent::WorkerAgent(AgentOptions options, std::shared_ptr<prometheus::Regis
       registry_(std::move(registry)),
       client_(options_.coordinator, {.channel = {.keepalive = options_.keepalive}}),
       session_(client_.channel()),
-      metrics_(*registry_, options_.info.worker_id()) {}
+      metrics_(*registry_, options_.info.worker_id()),
+      log_relay_(LogRelay::Attach(*spdlog::default_logger())) {}
 
 absl::StatusOr<bool> WorkerAgent::RegisterWithRetry(const std::atomic<bool>& stop,
                                                     const weft::v1::RunningGeneration* running) {
@@ -84,6 +85,7 @@ absl::Status WorkerAgent::RegisterAgain(const std::atomic<bool>& stop) {
 }
 
 void WorkerAgent::DropRun(const absl::Status& reason) {
+  log_relay_->ClearRun();
   if (!run_) return;
   run_->Abort(reason);
   runs_.Retire(std::move(run_));
@@ -106,6 +108,7 @@ absl::Status WorkerAgent::Apply(const weft::v1::Command& command) {
   if (command.has_join_job()) {
     const auto& join = command.join_job();
     DropRun(absl::AbortedError("superseded by a new generation"));
+    log_relay_->SetRun(join.job_id(), join.generation(), join.rank());
     spdlog::info("joining job {} generation {} as rank {} of {}", join.job_id(),
                  join.generation(), join.rank(), join.world_size());
     run_ = std::make_unique<GenerationRun>(join, options_.run, &client_, &metrics_);
@@ -118,7 +121,10 @@ absl::Status WorkerAgent::Run(const std::atomic<bool>& stop) {
   if (absl::Status s = RegisterWithRetry(stop).status(); !s.ok()) return s;
   absl::Duration backoff = absl::Milliseconds(100);
   while (!stop.load()) {
-    if (run_ && run_->Finished()) runs_.Retire(std::move(run_));
+    if (run_ && run_->Finished()) {
+      log_relay_->ClearRun();
+      runs_.Retire(std::move(run_));
+    }
     weft::v1::HeartbeatRequest request;
     request.set_worker_id(options_.run.worker_id);
     request.set_incarnation(options_.run.incarnation);
@@ -129,7 +135,9 @@ absl::Status WorkerAgent::Run(const std::atomic<bool>& stop) {
     }
     // Held by the coordinator until a command arrives or the interval passes.
     request.set_wait_for_command_ms(interval_ms_);
+    log_relay_->FillHeartbeat(&request);
     auto response = client_.Heartbeat(request);
+    log_relay_->HeartbeatDone(response.ok());
     if (!response.ok()) {
       if (response.status().code() == absl::StatusCode::kFailedPrecondition) {
         spdlog::warn("{}", std::string(response.status().message()));

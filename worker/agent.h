@@ -6,7 +6,8 @@
 // teardown must not stop the heartbeats. When the coordinator is unreachable the agent retries
 // with backoff (a restarted coordinator finds its workers again); when it has forgotten this
 // worker (FAILED_PRECONDITION) the agent drops any run and registers again; a Stop command ends
-// it.
+// it. What the process logs while in a run travels to the coordinator with the heartbeats
+// (LogRelay), for `trainctl logs`.
 #ifndef WEFT_WORKER_AGENT_H_
 #define WEFT_WORKER_AGENT_H_
 
@@ -18,6 +19,7 @@
 #include "client/coordinator_client.h"
 #include "client/worker_session.h"
 #include "worker/generation_run.h"
+#include "worker/log_relay.h"
 #include "worker/run_sequencer.h"
 #include "worker/worker_metrics.h"
 #include "weft/v1/worker.pb.h"
@@ -59,6 +61,8 @@ class WorkerAgent {
   // Lets the coordinator see this process exit (see client/worker_session.h).
   WorkerSession session_;
   WorkerMetrics metrics_;
+  // This process's log lines while in a run, sent with the heartbeats (see log_relay.h).
+  std::shared_ptr<LogRelay> log_relay_;
   int64_t interval_ms_ = 500;
   // The current run: started, or about to be once the runs before it are torn down.
   std::unique_ptr<GenerationRun> run_;

@@ -6,7 +6,7 @@ add_dependencies(weft_model weft_sentencepiece)  # loaded at run time, see worke
 
 add_library(weft_worker_lib STATIC shard_layout.cc zero_engine.cc memory_plan.cc
   zero_cpu.cc generation_run.cc agent.cc worker_metrics.cc checkpointer.cc device_backend.cc
-  mfu.cc run_sequencer.cc host_identity.cc sharding_groups.cc step_failures.cc
+  mfu.cc run_sequencer.cc host_identity.cc sharding_groups.cc step_failures.cc log_relay.cc
   step_reports.cc)
 target_link_libraries(weft_worker_lib PUBLIC weft_model weft_hf weft_comm weft_client)
 # The GPU engine (ZeRO-3 over NCCL) where CUDA was found; weft-worker --device cuda:K.

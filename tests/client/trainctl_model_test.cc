@@ -48,6 +48,16 @@ TEST(TrainctlModelTest, FromHfPrintsASpecThatParsesAndRefusesNamedKeys) {
   EXPECT_EQ(spec->model().intermediate_size(), 24);
   EXPECT_EQ(spec->init_from_hf_dir(), dir);
 
+  // -o json: the ModelSpec as every trainctl command prints a message (docs/deploy.md): proto
+  // field names, zeros included.
+  r = Trainctl({"-o", "json", "model", "from-hf", dir});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json printed = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(printed.is_object()) << r.out;
+  EXPECT_EQ(printed.value("num_kv_heads", 0), 2) << r.out;
+  EXPECT_EQ(printed.value("intermediate_size", 0), 24) << r.out;
+  EXPECT_TRUE(printed.contains("padded_vocab_size")) << "zeros are printed too\n" << r.out;
+
   std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "mlp_bias": true})";
   r = Trainctl({"model", "from-hf", dir});
   EXPECT_EQ(r.exit_code, 1);

@@ -13,6 +13,7 @@
 #include "client/coordinator_client.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 #include "weft/v1/coordinator.pb.h"
 #include "weft/v1/job.pb.h"
@@ -303,18 +304,29 @@ TEST_F(TrainctlTest, EventsListEveryTransitionWithTimeAndReason) {
   // Millisecond timestamps: "YYYY-MM-DD HH:MM:SS.mmm".
   EXPECT_EQ(lines[0][19], '.') << lines[0];
 
-  // JSON: one JobEvent per line, in order.
+  // JSON, answered once: one object, {"job_id": ..., "events": [JobEvent...]}, in order.
   CommandResult json = Run({"-o", "json", "events", job_id});
   ASSERT_EQ(json.exit_code, 0) << Describe(json);
-  std::vector<std::string> json_lines = absl::StrSplit(json.out, '\n', absl::SkipEmpty());
-  ASSERT_EQ(json_lines.size(), lines.size()) << json.out;
-  EXPECT_EQ(ParseJson<weft::v1::JobEvent>(json_lines[0]).type(), weft::v1::SUBMITTED);
-  EXPECT_EQ(ParseJson<weft::v1::JobEvent>(json_lines.back()).state(), weft::v1::CANCELLED);
+  const nlohmann::json object = nlohmann::json::parse(json.out, nullptr, false);
+  ASSERT_TRUE(object.is_object()) << json.out;
+  EXPECT_EQ(object.value("job_id", ""), job_id);
+  ASSERT_TRUE(object.contains("events") && object["events"].is_array()) << json.out;
+  ASSERT_EQ(object["events"].size(), lines.size()) << json.out;
+  EXPECT_EQ(ParseJson<weft::v1::JobEvent>(object["events"].front().dump()).type(),
+            weft::v1::SUBMITTED);
+  EXPECT_EQ(ParseJson<weft::v1::JobEvent>(object["events"].back().dump()).state(),
+            weft::v1::CANCELLED);
 
   // Following an ended job prints its events and returns at once; CANCELLED exits 1.
   CommandResult follow = Run({"events", "--follow", job_id});
   EXPECT_EQ(follow.exit_code, 1) << Describe(follow);
   EXPECT_EQ(follow.out, events.out);
+  // JSON, followed: one JobEvent per line (JSON Lines).
+  CommandResult json_follow = Run({"-o", "json", "events", "--follow", job_id});
+  EXPECT_EQ(json_follow.exit_code, 1) << Describe(json_follow);
+  std::vector<std::string> json_lines = absl::StrSplit(json_follow.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(json_lines.size(), lines.size()) << json_follow.out;
+  EXPECT_EQ(ParseJson<weft::v1::JobEvent>(json_lines[0]).type(), weft::v1::SUBMITTED);
 
   CommandResult unknown = Run({"events", "no-such-job-7"});
   EXPECT_EQ(unknown.exit_code, 1) << Describe(unknown);
@@ -325,6 +337,55 @@ TEST_F(TrainctlTest, UnknownJobFails) {
   CommandResult r = Run({"status", "no-such-job-7"});
   EXPECT_EQ(r.exit_code, 1) << Describe(r);
   EXPECT_TRUE(absl::StartsWith(r.err, "trainctl: ")) << Describe(r);
+}
+
+// -o json, one rule (trainctl_output.h): a command that answers once prints exactly one JSON
+// object, whatever it is; errors stay on stderr with exit 1 and leave stdout empty.
+TEST_F(TrainctlTest, JsonIsOneObjectPerAnswerAndErrorsStayOnStderr) {
+  const std::string job_id = SubmitValid();
+  ASSERT_FALSE(job_id.empty());
+  const std::vector<std::vector<std::string>> once = {
+      {"status", job_id}, {"list"}, {"workers"}, {"events", job_id}, {"logs", job_id},
+      {"logs", job_id, "--rank", "0"}, {"cancel", job_id}};
+  for (const std::vector<std::string>& command : once) {
+    std::vector<std::string> args = {"-o", "json"};
+    args.insert(args.end(), command.begin(), command.end());
+    CommandResult r = Run(args);
+    ASSERT_EQ(r.exit_code, 0) << command[0] << "\n" << Describe(r);
+    const nlohmann::json parsed = nlohmann::json::parse(r.out, nullptr, false);
+    EXPECT_TRUE(parsed.is_object()) << command[0] << ": not one JSON object\n" << r.out;
+    EXPECT_EQ(r.err, "") << command[0];
+  }
+  // A job without lines yet: its state, and nothing to print in text.
+  CommandResult logs = Run({"-o", "json", "logs", job_id});
+  auto response = ParseJson<weft::v1::GetJobLogsResponse>(logs.out);
+  EXPECT_EQ(response.state(), weft::v1::CANCELLED);
+  EXPECT_EQ(response.lines_size(), 0);
+  EXPECT_TRUE(absl::StrContains(logs.out, "\"dropped\": \"0\"")) << "zeros included\n" << logs.out;
+  CommandResult text = Run({"logs", job_id});
+  EXPECT_EQ(text.exit_code, 0) << Describe(text);
+  EXPECT_EQ(text.out, "");
+
+  for (const std::vector<std::string>& command :
+       std::vector<std::vector<std::string>>{{"status", "no-such-job-7"},
+                                             {"logs", "no-such-job-7"},
+                                             {"logs", "-f", "no-such-job-7"},
+                                             {"events", "no-such-job-7"},
+                                             {"cancel", job_id}}) {
+    for (const char* output : {"text", "json"}) {
+      std::vector<std::string> args = {"-o", output};
+      args.insert(args.end(), command.begin(), command.end());
+      CommandResult r = Run(args);
+      EXPECT_EQ(r.exit_code, 1) << command[0] << " -o " << output << "\n" << Describe(r);
+      EXPECT_EQ(r.out, "") << command[0] << " -o " << output;
+      EXPECT_TRUE(absl::StartsWith(r.err, "trainctl: ")) << Describe(r);
+    }
+  }
+  CommandResult unknown = Run({"logs", "no-such-job-7"});
+  EXPECT_TRUE(absl::StrContains(unknown.err, "job no-such-job-7 not found")) << Describe(unknown);
+  CommandResult negative = Run({"logs", job_id, "--rank=-1"});
+  EXPECT_NE(negative.exit_code, 0) << Describe(negative);
+  EXPECT_TRUE(absl::StrContains(negative.err, "--rank")) << Describe(negative);
 }
 
 TEST_F(TrainctlTest, WorkersPrintsATableWhenThereAreNone) {

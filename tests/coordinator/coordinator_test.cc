@@ -2357,6 +2357,54 @@ TEST_F(MemberCheckTest, EveryGenerationRecordsWhereItsStateCameFrom) {
       << s.DebugString();
 }
 
+// A worker's log lines come with its heartbeats and are read back by job, with the job's state;
+// a heartbeat the coordinator refuses (an incarnation it never issued) leaves none.
+TEST_F(CoordinatorTest, HeartbeatLogLinesAreReadBackByJob) {
+  const std::string job = Submit(CpuSpec("logged", 2));
+  Worker w = Register("h", 0);
+  weft::v1::HeartbeatRequest request;
+  request.set_worker_id(w.id);
+  request.set_incarnation(w.incarnation);
+  for (const std::string& text : {"joining", "step 1"}) {
+    weft::v1::WorkerLogLine* line = request.add_log_lines();
+    line->set_job_id(job);
+    line->set_generation(1);
+    line->set_rank(1);
+    line->set_level("info");
+    line->set_text(text);
+  }
+  request.add_log_lines()->set_job_id("no-such-job-1-aaaaaa");
+  weft::v1::HeartbeatRequest refused = request;
+  refused.set_incarnation(w.incarnation + 1);
+  Pending<HeartbeatResponse> stale;
+  coord_->Heartbeat(refused, absl::Now() + kFar, stale.Callback());
+  ASSERT_EQ(stale.Get().status().code(), absl::StatusCode::kFailedPrecondition);
+  Pending<HeartbeatResponse> pending;
+  coord_->Heartbeat(request, absl::Now() + kFar, pending.Callback());
+  ASSERT_TRUE(pending.Get().ok()) << pending.Get().status();
+
+  weft::v1::GetJobLogsRequest read;
+  read.set_job_id(job);
+  auto logs = coord_->GetJobLogs(read);
+  ASSERT_TRUE(logs.ok()) << logs.status();
+  ASSERT_THAT(logs->lines(), SizeIs(2));
+  EXPECT_EQ(logs->lines(0).text(), "joining");
+  EXPECT_EQ(logs->lines(1).text(), "step 1");
+  EXPECT_EQ(logs->lines(1).worker_id(), w.id);
+  EXPECT_EQ(logs->lines(1).rank(), 1);
+  EXPECT_LT(logs->lines(0).seq(), logs->lines(1).seq());
+  EXPECT_EQ(logs->state(), weft::v1::PENDING);
+
+  read.set_rank(0);
+  EXPECT_THAT(coord_->GetJobLogs(read)->lines(), IsEmpty());
+  read.set_rank(-1);
+  EXPECT_EQ(coord_->GetJobLogs(read).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(coord_->GetJobLogs(read).status().message()), HasSubstr("rank"));
+  read.clear_rank();
+  read.set_job_id("no-such-job-1-aaaaaa");
+  EXPECT_EQ(coord_->GetJobLogs(read).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(MemberCheckTest, SubmitRefusesAResumeThatCannotHappenNamingTheField) {
   JobSpec next = CpuSpec("next", 2, 2);
   next.set_resume_from_job("nope-1-aaaaaa");

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "worker/data/sentencepiece_shim.h"
 
@@ -63,31 +64,6 @@ absl::StatusOr<const spm::Api*> Shim() {
   static const absl::StatusOr<const spm::Api*>* const shim =
       new absl::StatusOr<const spm::Api*>(LoadShim());
   return *shim;
-}
-
-// Length of the well-formed UTF-8 sequence starting at text[i], or 0 if there is none.
-size_t Utf8SequenceLength(absl::string_view text, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char b0 = byte(i);
-  const size_t left = text.size() - i;
-  const auto cont = [&](size_t k) { return k < left && (byte(i + k) & 0xC0) == 0x80; };
-  if (b0 < 0x80) return 1;
-  if (b0 >= 0xC2 && b0 <= 0xDF) return cont(1) ? 2 : 0;
-  if (b0 >= 0xE0 && b0 <= 0xEF) {
-    if (!cont(1) || !cont(2)) return 0;
-    const unsigned char b1 = byte(i + 1);
-    if (b0 == 0xE0 && b1 < 0xA0) return 0;   // overlong
-    if (b0 == 0xED && b1 >= 0xA0) return 0;  // UTF-16 surrogate
-    return 3;
-  }
-  if (b0 >= 0xF0 && b0 <= 0xF4) {
-    if (!cont(1) || !cont(2) || !cont(3)) return 0;
-    const unsigned char b1 = byte(i + 1);
-    if (b0 == 0xF0 && b1 < 0x90) return 0;   // overlong
-    if (b0 == 0xF4 && b1 >= 0x90) return 0;  // past U+10FFFF
-    return 4;
-  }
-  return 0;
 }
 
 class ByteTokenizer final : public Tokenizer {

@@ -1,0 +1,56 @@
+#include "common/utf8.h"
+
+#include <algorithm>
+
+namespace weft {
+namespace {
+
+constexpr absl::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+constexpr absl::string_view kEllipsis = "\xE2\x80\xA6";     // U+2026
+
+}  // namespace
+
+size_t Utf8SequenceLength(absl::string_view text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char b0 = byte(i);
+  const size_t left = text.size() - i;
+  const auto cont = [&](size_t k) { return k < left && (byte(i + k) & 0xC0) == 0x80; };
+  if (b0 < 0x80) return 1;
+  if (b0 >= 0xC2 && b0 <= 0xDF) return cont(1) ? 2 : 0;
+  if (b0 >= 0xE0 && b0 <= 0xEF) {
+    if (!cont(1) || !cont(2)) return 0;
+    const unsigned char b1 = byte(i + 1);
+    if (b0 == 0xE0 && b1 < 0xA0) return 0;   // overlong
+    if (b0 == 0xED && b1 >= 0xA0) return 0;  // UTF-16 surrogate
+    return 3;
+  }
+  if (b0 >= 0xF0 && b0 <= 0xF4) {
+    if (!cont(1) || !cont(2) || !cont(3)) return 0;
+    const unsigned char b1 = byte(i + 1);
+    if (b0 == 0xF0 && b1 < 0x90) return 0;   // overlong
+    if (b0 == 0xF4 && b1 >= 0x90) return 0;  // past U+10FFFF
+    return 4;
+  }
+  return 0;
+}
+
+std::string ValidUtf8(absl::string_view text, size_t max_bytes) {
+  max_bytes = std::max<size_t>(max_bytes, kEllipsis.size() + 1);
+  std::string out;
+  out.reserve(std::min(text.size(), max_bytes));
+  for (size_t i = 0; i < text.size();) {
+    const size_t length = Utf8SequenceLength(text, i);
+    const absl::string_view piece = length > 0 ? text.substr(i, length) : kReplacement;
+    // Room for the ellipsis is kept until the last character is known to fit.
+    const bool last = i + std::max<size_t>(length, 1) >= text.size();
+    if (out.size() + piece.size() + (last ? 0 : kEllipsis.size()) > max_bytes) {
+      out.append(kEllipsis.data(), kEllipsis.size());
+      return out;
+    }
+    out.append(piece.data(), piece.size());
+    i += std::max<size_t>(length, 1);
+  }
+  return out;
+}
+
+}  // namespace weft
