@@ -630,7 +630,10 @@ void Coordinator::ApplyFailuresLocked(const std::vector<Failure>& failures, Acti
             ? weft::v1::WORKER_LOST
         : f.kind == FailureKind::kConnectionLost ? weft::v1::CONNECTION_LOST
                                                  : weft::v1::GENERATION_ENDED;
-    FailGenerationLocked(**job, f.reason, /*permanent=*/false, event, actions);
+    // A kept generation whose members did not all come back (a restart of the whole cluster,
+    // or members that died while the coordinator was away) is not the job's failure either.
+    FailGenerationLocked(**job, f.reason, /*permanent=*/false, event, actions,
+                         /*spends_restart=*/f.kind != FailureKind::kReattachTimeout);
     if (!f.worker_id.empty()) BlameWorkerLocked(f.worker_id, **job, f.reason);
   }
 }
