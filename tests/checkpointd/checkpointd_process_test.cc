@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/crc32c.h"
@@ -608,6 +609,8 @@ TEST_F(CheckpointdTest, KillDuringWriteKeepsPreviousCheckpoint) {
                              MakeTensor("big", v1::DTYPE_U8, {64 << 20}, 7)};
   const auto header = Header("job-c", 2, 0, 1, big);
   std::atomic<int> sent{0};
+  std::atomic<bool> writer_done{false};
+  grpc::Status finished;  // written before writer_done is set
   std::thread writer([&] {
     grpc::ClientContext context;
     v1::WriteShardResponse response;
@@ -625,11 +628,23 @@ TEST_F(CheckpointdTest, KillDuringWriteKeepsPreviousCheckpoint) {
       }
     }
     stream->WritesDone();
-    EXPECT_FALSE(stream->Finish().ok());
+    finished = stream->Finish();
+    writer_done.store(true);
   });
-  ASSERT_TRUE(testing::Eventually([&] { return sent.load() >= 20; }, absl::Seconds(30)));
+  // Whatever fails below, the writer is not left running (or its thread unjoined).
+  absl::Cleanup stop_writer = [&] {
+    if (!writer.joinable()) return;
+    daemon_.Stop(SIGKILL);
+    writer.join();
+  };
+  // A loaded machine may take a while to take 20 MiB; a stream that ends first says why.
+  ASSERT_TRUE(testing::Eventually([&] { return sent.load() >= 20 || writer_done.load(); },
+                                  absl::Seconds(120)));
+  ASSERT_FALSE(writer_done.load()) << "the write ended after " << sent.load()
+                                   << " chunks, before the kill: " << finished.error_message();
   daemon_.Stop(SIGKILL);
   writer.join();
+  EXPECT_FALSE(finished.ok());
   ASSERT_TRUE(daemon_.Start().ok());
   EXPECT_THAT(ListSteps(daemon_.stub(), "job-c"), ::testing::ElementsAre(1));
   std::string out;
