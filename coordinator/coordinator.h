@@ -81,11 +81,11 @@ class Coordinator {
 
   // Opens the state database and loads every job. A job found RUNNING keeps its generation
   // when that generation's rendezvous had completed: its members, still training, attach to it
-  // again as they register (see RegisterWorker) within ReattachWindowMs, and it fails like any
-  // generation whose member died if one does not; its store is the previous process's. A job
-  // whose rendezvous had not completed goes to RECOVERING without using a restart. `registry`
-  // receives the metrics. `clock` defaults to absl::Now; with `start_ticking` false nothing runs until
-  // Tick() is called (tests drive time).
+  // again as they register (see RegisterWorker) within ReattachWindowMs; if one does not, the
+  // generation ends and the job is placed again without using a restart. Its store is the
+  // previous process's. A job whose rendezvous had not completed goes to RECOVERING without
+  // using a restart either. `registry` receives the metrics. `clock` defaults to absl::Now;
+  // with `start_ticking` false nothing runs until Tick() is called (tests drive time).
   static absl::StatusOr<std::unique_ptr<Coordinator>> Open(
       const CoordinatorOptions& options, std::shared_ptr<prometheus::Registry> registry,
       Clock clock = nullptr, bool start_ticking = true);

@@ -6,8 +6,9 @@
 // the state database. A new process rebuilds such a generation (KeepGenerationLocked); its
 // members find themselves unknown at their next heartbeat, register again stating the
 // generation they train in, and attach to it (ReattachLocked, AttachLocked). A member that does
-// not come back within the window, or comes back as a new process, ends the generation as a
-// dead member would.
+// not come back within the window, or comes back as a new process, ends the generation; that
+// spends no restart, as when the whole cluster restarted: the coordinator cannot tell whether
+// the member died with it.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "coordinator/coordinator.h"
@@ -76,7 +77,8 @@ ReattachDecision Coordinator::ReattachLocked(const std::string& worker_id,
                                       "generation ", rec->generation->number(),
                                       " after the coordinator's restart (its process, rank ",
                                       rec->generation->RankOf(worker_id), ", is gone)"),
-                         /*permanent=*/false, weft::v1::WORKER_LOST, actions);
+                         /*permanent=*/false, weft::v1::WORKER_LOST, actions,
+                         /*spends_restart=*/false);
   }
   return decision;
 }
