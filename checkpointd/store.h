@@ -184,8 +184,8 @@ class CheckpointStore {
   int64_t ballast_bytes_ = 0;
   bool ballast_present_ ABSL_GUARDED_BY(mu_) = false;
 
- public:
-  // Metrics (owned by registry_).
+  // Metrics (owned by registry_), read only through the registry; ShardWriter, a friend,
+  // counts the bytes it writes in bytes_written_.
   prometheus::Counter* bytes_written_;
   prometheus::Counter* bytes_read_;
   prometheus::Histogram* save_seconds_;

@@ -31,6 +31,7 @@
 #include "absl/types/span.h"
 #include "client/data_inputs.h"
 #include "common/status.h"
+#include "common/status_context.h"
 #include "nlohmann/json.hpp"
 #include "worker/data/manifest.h"
 #include "worker/data/random.h"
@@ -418,8 +419,7 @@ EncodedChunk EncodeChunk(const Plan& plan, const Chunk& chunk, uint64_t split_ke
     encoded.val = static_cast<double>(h >> 11) * 0x1.0p-53 < plan.options.val_fraction;
     out.status = plan.tokenizer->EncodeTo(text, &out.tokens);
     if (!out.status.ok()) {
-      out.status = absl::Status(out.status.code(), absl::StrCat(source.path, ":", doc.line, ": ",
-                                                                out.status.message()));
+      out.status = Annotate(out.status, absl::StrCat(source.path, ":", doc.line));
       break;
     }
     encoded.size = static_cast<int64_t>(out.tokens.size()) - encoded.begin;

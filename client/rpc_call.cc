@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/status_context.h"
 
 namespace weft {
 
@@ -13,8 +14,7 @@ absl::Status ConvertNamingServer(const grpc::Status& status, const ServerName& s
       server.channel->GetState(false) == GRPC_CHANNEL_READY) {
     return converted;
   }
-  return absl::Status(converted.code(),
-                      absl::StrCat(server.who, " unreachable: ", converted.message()));
+  return Annotate(converted, absl::StrCat(server.who, " unreachable"));
 }
 
 }  // namespace weft

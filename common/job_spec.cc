@@ -228,6 +228,160 @@ void ValidateSharding(const JobSpec& spec, const Complain& bad) {
   }
 }
 
+// One function per section of the spec, called in the order the violations are listed in
+// (people and tests read them in that order). A check across sections sits with the setting
+// that imposes it: the data format's limit on model.vocab_size with the data, the device's on
+// optimizer.offload with the resources.
+
+void ValidateData(const weft::v1::DataSpec& d, const weft::v1::ModelSpec& m, const Complain& bad) {
+  if (!d.manifest_path().empty()) {
+    // The manifest names the shards, their format and the tokenizer; the worker checks them
+    // against the model when it opens the dataset.
+    const std::string why = "must be empty when data.manifest_path is set (the manifest says)";
+    if (!d.train_path().empty()) bad("data.train_path", why);
+    if (!d.val_path().empty()) bad("data.val_path", why);
+    if (!d.tokenizer_path().empty()) bad("data.tokenizer_path", why);
+    if (d.format() != weft::v1::DATA_FORMAT_UNSPECIFIED) bad("data.format", why);
+  } else {
+    if (d.train_path().empty()) bad("data.train_path", "required (or data.manifest_path)");
+    ValidateDataFormat(d, m, bad);
+  }
+  if (!weft::v1::DataSpec::Sampling_IsValid(d.sampling())) {
+    bad("data.sampling", absl::StrCat("unknown value ", d.sampling(),
+                                      "; use RANDOM_WINDOWS or SEQUENTIAL"));
+  }
+  if (!(std::isfinite(d.val_fraction()) && d.val_fraction() >= 0.0 && d.val_fraction() <= 0.5)) {
+    bad("data.val_fraction", absl::StrCat("must be in [0, 0.5], got ", d.val_fraction()));
+  }
+}
+
+void ValidateOptimizer(const weft::v1::OptimizerSpec& o, const Complain& bad) {
+  if (!(std::isfinite(o.learning_rate()) && o.learning_rate() > 0.0)) {
+    bad("optimizer.learning_rate", absl::StrCat("must be > 0, got ", o.learning_rate()));
+  }
+  if (!InUnitInterval(o.beta1(), false)) bad("optimizer.beta1", absl::StrCat("must be in [0, 1), got ", o.beta1()));
+  if (!InUnitInterval(o.beta2(), false)) bad("optimizer.beta2", absl::StrCat("must be in [0, 1), got ", o.beta2()));
+  if (!(std::isfinite(o.epsilon()) && o.epsilon() > 0.0)) bad("optimizer.epsilon", absl::StrCat("must be > 0, got ", o.epsilon()));
+  if (!(std::isfinite(o.weight_decay()) && o.weight_decay() >= 0.0)) {
+    bad("optimizer.weight_decay", absl::StrCat("must be >= 0, got ", o.weight_decay()));
+  }
+  if (!(std::isfinite(o.grad_clip_norm()) && o.grad_clip_norm() >= 0.0)) {
+    bad("optimizer.grad_clip_norm", absl::StrCat("must be >= 0, got ", o.grad_clip_norm()));
+  }
+}
+
+void ValidateTraining(const weft::v1::TrainingSpec& t, const weft::v1::ModelSpec& m,
+                      const Complain& bad) {
+  if (t.total_steps() < 1) bad("training.total_steps", absl::StrCat("must be >= 1, got ", t.total_steps()));
+  if (t.micro_batch_size() < 1) bad("training.micro_batch_size", absl::StrCat("must be >= 1, got ", t.micro_batch_size()));
+  if (t.sequence_length() < 1 || (m.context_length() >= 1 && t.sequence_length() > m.context_length())) {
+    bad("training.sequence_length", absl::StrCat("must be in [1, model.context_length = ",
+                                                 m.context_length(), "], got ", t.sequence_length()));
+  }
+  if (t.grad_accum_steps() < 1) bad("training.grad_accum_steps", absl::StrCat("must be >= 1, got ", t.grad_accum_steps()));
+  if (t.val_interval_steps() < 0) bad("training.val_interval_steps", absl::StrCat("must be >= 0, got ", t.val_interval_steps()));
+  if (t.val_interval_steps() > 0 && t.val_batches() < 1) {
+    bad("training.val_batches", absl::StrCat("must be >= 1 when validation is enabled, got ", t.val_batches()));
+  }
+  if (!(std::isfinite(t.device_memory_limit_gib()) && t.device_memory_limit_gib() >= 0.0)) {
+    bad("training.device_memory_limit_gib",
+        absl::StrCat("must be >= 0 GiB (0: no limit), got ", t.device_memory_limit_gib()));
+  }
+  if (!weft::v1::ActivationCheckpointing::Level_IsValid(t.activation_checkpointing())) {
+    bad("training.activation_checkpointing",
+        absl::StrCat("unknown value ", t.activation_checkpointing(), "; use AUTO, NONE, SELECTIVE or FULL"));
+  }
+}
+
+void ValidateLrSchedule(const weft::v1::LrSchedule& lr, const weft::v1::TrainingSpec& t,
+                        const Complain& bad) {
+  if (!weft::v1::LrSchedule::Kind_IsValid(lr.kind())) {
+    bad("lr_schedule.kind", absl::StrCat("unknown value ", lr.kind(), "; use CONSTANT or COSINE"));
+  }
+  if (lr.warmup_steps() < 0 || (t.total_steps() >= 1 && lr.warmup_steps() >= t.total_steps())) {
+    bad("lr_schedule.warmup_steps", absl::StrCat("must be in [0, training.total_steps = ",
+                                                 t.total_steps(), "), got ", lr.warmup_steps()));
+  }
+  if (!InUnitInterval(lr.min_lr_ratio(), true)) {
+    bad("lr_schedule.min_lr_ratio", absl::StrCat("must be in [0, 1], got ", lr.min_lr_ratio()));
+  }
+}
+
+// Offloading moves optimizer state from the GPU to the host, so it depends on the device.
+void ValidateOffload(const JobSpec& spec, const Complain& bad) {
+  const auto& o = spec.optimizer();
+  const auto& r = spec.resources();
+  if (o.offload() && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
+    bad("optimizer.offload", "only for DEVICE_KIND_CUDA jobs: the CPU engine's optimizer state is in host memory already");
+  }
+  if (o.offload_auto() && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
+    bad("optimizer.offload_auto", "only for DEVICE_KIND_CUDA jobs: the CPU engine's optimizer state is in host memory already");
+  } else if (o.offload_auto() && (o.offload() || o.offload_fraction() != 0.0)) {
+    bad("optimizer.offload_auto",
+        "set with optimizer.offload or offload_fraction: offload_auto chooses the share itself; "
+        "set either offload_auto alone or offload (with or without offload_fraction)");
+  } else if (o.offload_auto() && spec.sharding().scope() != weft::v1::ShardingSpec::WORLD) {
+    // Each rank chooses from its own free memory, and the host and GPU optimizers agree only to
+    // rounding: two copies of one shard could drift apart.
+    bad("optimizer.offload_auto",
+        "not with sharding.scope HOST or GROUP: the ranks that hold copies of one shard could "
+        "choose different shares; set optimizer.offload with offload_fraction instead");
+  }
+  if (!InUnitInterval(o.offload_fraction(), true)) {
+    bad("optimizer.offload_fraction",
+        absl::StrCat("must be in [0, 1] (0: all of it), got ", o.offload_fraction()));
+  } else if (o.offload_fraction() > 0.0 && !o.offload()) {
+    bad("optimizer.offload_fraction",
+        "set without optimizer.offload: true (the share applies to an offloaded optimizer)");
+  }
+}
+
+// The resources, and what the device decides: the precision and optimizer offload.
+void ValidateResources(const JobSpec& spec, const Complain& bad) {
+  const auto& r = spec.resources();
+  if (r.device_kind() != weft::v1::DEVICE_KIND_CPU && r.device_kind() != weft::v1::DEVICE_KIND_CUDA) {
+    bad("resources.device_kind", "required: DEVICE_KIND_CPU or DEVICE_KIND_CUDA");
+  }
+  if (!weft::v1::Precision_IsValid(spec.precision())) {
+    bad("precision", absl::StrCat("unknown value ", spec.precision(), "; use FP32 or BF16"));
+  }
+  ValidateOffload(spec, bad);
+  if (spec.precision() == weft::v1::BF16 && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
+    bad("precision", "BF16 needs resources.device_kind DEVICE_KIND_CUDA (the CPU engine is FP32)");
+  }
+  if (r.min_workers() < 1) bad("resources.min_workers", absl::StrCat("must be >= 1, got ", r.min_workers()));
+  if (r.max_workers() < r.min_workers()) {
+    bad("resources.max_workers", absl::StrCat("must be >= resources.min_workers (", r.min_workers(),
+                                              "), got ", r.max_workers()));
+  }
+  if (r.max_workers() > 65536) bad("resources.max_workers", absl::StrCat("must be <= 65536, got ", r.max_workers()));
+}
+
+void ValidateCheckpoint(const weft::v1::CheckpointPolicy& c, const Complain& bad) {
+  if (c.interval_steps() < 0) bad("checkpoint.interval_steps", absl::StrCat("must be >= 0, got ", c.interval_steps()));
+  if (c.keep_last() < 1) bad("checkpoint.keep_last", absl::StrCat("must be >= 1, got ", c.keep_last()));
+}
+
+void ValidateFault(const weft::v1::FaultPolicy& f, const Complain& bad) {
+  if (f.heartbeat_interval_ms() < 10) {
+    bad("fault.heartbeat_interval_ms", absl::StrCat("must be >= 10, got ", f.heartbeat_interval_ms()));
+  }
+  if (f.heartbeat_timeout_ms() <= f.heartbeat_interval_ms()) {
+    bad("fault.heartbeat_timeout_ms", absl::StrCat("must be > fault.heartbeat_interval_ms (",
+                                                   f.heartbeat_interval_ms(), "), got ",
+                                                   f.heartbeat_timeout_ms()));
+  }
+  if (f.max_restarts() < 0) bad("fault.max_restarts", absl::StrCat("must be >= 0, got ", f.max_restarts()));
+  if (f.max_skipped_steps() < 0) {
+    bad("fault.max_skipped_steps", absl::StrCat("must be >= 0, got ", f.max_skipped_steps()));
+  }
+  if (f.stall_timeout_ms() <= f.heartbeat_timeout_ms()) {
+    bad("fault.stall_timeout_ms", absl::StrCat("must be > fault.heartbeat_timeout_ms (",
+                                               f.heartbeat_timeout_ms(), "), got ",
+                                               f.stall_timeout_ms()));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpecText(std::string_view text, std::string_view filename) {
@@ -336,148 +490,21 @@ std::vector<std::string> ValidateJobSpec(const JobSpec& spec) {
                              "\" must be 1-64 characters of letters, digits, '.', '_', '-'"));
   }
 
-  const auto& m = spec.model();
-  ValidateModel(m, bad);
-
-  const auto& d = spec.data();
-  if (!d.manifest_path().empty()) {
-    // The manifest names the shards, their format and the tokenizer; the worker checks them
-    // against the model when it opens the dataset.
-    const std::string why = "must be empty when data.manifest_path is set (the manifest says)";
-    if (!d.train_path().empty()) bad("data.train_path", why);
-    if (!d.val_path().empty()) bad("data.val_path", why);
-    if (!d.tokenizer_path().empty()) bad("data.tokenizer_path", why);
-    if (d.format() != weft::v1::DATA_FORMAT_UNSPECIFIED) bad("data.format", why);
-  } else {
-    if (d.train_path().empty()) bad("data.train_path", "required (or data.manifest_path)");
-    ValidateDataFormat(d, m, bad);
-  }
-  if (!weft::v1::DataSpec::Sampling_IsValid(d.sampling())) {
-    bad("data.sampling", absl::StrCat("unknown value ", d.sampling(),
-                                      "; use RANDOM_WINDOWS or SEQUENTIAL"));
-  }
-  if (!(std::isfinite(d.val_fraction()) && d.val_fraction() >= 0.0 && d.val_fraction() <= 0.5)) {
-    bad("data.val_fraction", absl::StrCat("must be in [0, 0.5], got ", d.val_fraction()));
-  }
-
-  const auto& o = spec.optimizer();
-  if (!(std::isfinite(o.learning_rate()) && o.learning_rate() > 0.0)) {
-    bad("optimizer.learning_rate", absl::StrCat("must be > 0, got ", o.learning_rate()));
-  }
-  if (!InUnitInterval(o.beta1(), false)) bad("optimizer.beta1", absl::StrCat("must be in [0, 1), got ", o.beta1()));
-  if (!InUnitInterval(o.beta2(), false)) bad("optimizer.beta2", absl::StrCat("must be in [0, 1), got ", o.beta2()));
-  if (!(std::isfinite(o.epsilon()) && o.epsilon() > 0.0)) bad("optimizer.epsilon", absl::StrCat("must be > 0, got ", o.epsilon()));
-  if (!(std::isfinite(o.weight_decay()) && o.weight_decay() >= 0.0)) {
-    bad("optimizer.weight_decay", absl::StrCat("must be >= 0, got ", o.weight_decay()));
-  }
-  if (!(std::isfinite(o.grad_clip_norm()) && o.grad_clip_norm() >= 0.0)) {
-    bad("optimizer.grad_clip_norm", absl::StrCat("must be >= 0, got ", o.grad_clip_norm()));
-  }
-
-  const auto& t = spec.training();
-  if (t.total_steps() < 1) bad("training.total_steps", absl::StrCat("must be >= 1, got ", t.total_steps()));
-  if (t.micro_batch_size() < 1) bad("training.micro_batch_size", absl::StrCat("must be >= 1, got ", t.micro_batch_size()));
-  if (t.sequence_length() < 1 || (m.context_length() >= 1 && t.sequence_length() > m.context_length())) {
-    bad("training.sequence_length", absl::StrCat("must be in [1, model.context_length = ",
-                                                 m.context_length(), "], got ", t.sequence_length()));
-  }
-  if (t.grad_accum_steps() < 1) bad("training.grad_accum_steps", absl::StrCat("must be >= 1, got ", t.grad_accum_steps()));
-  if (t.val_interval_steps() < 0) bad("training.val_interval_steps", absl::StrCat("must be >= 0, got ", t.val_interval_steps()));
-  if (t.val_interval_steps() > 0 && t.val_batches() < 1) {
-    bad("training.val_batches", absl::StrCat("must be >= 1 when validation is enabled, got ", t.val_batches()));
-  }
-  if (!(std::isfinite(t.device_memory_limit_gib()) && t.device_memory_limit_gib() >= 0.0)) {
-    bad("training.device_memory_limit_gib",
-        absl::StrCat("must be >= 0 GiB (0: no limit), got ", t.device_memory_limit_gib()));
-  }
-  if (!weft::v1::ActivationCheckpointing::Level_IsValid(t.activation_checkpointing())) {
-    bad("training.activation_checkpointing",
-        absl::StrCat("unknown value ", t.activation_checkpointing(), "; use AUTO, NONE, SELECTIVE or FULL"));
-  }
-
-  const auto& lr = spec.lr_schedule();
-  if (!weft::v1::LrSchedule::Kind_IsValid(lr.kind())) {
-    bad("lr_schedule.kind", absl::StrCat("unknown value ", lr.kind(), "; use CONSTANT or COSINE"));
-  }
-  if (lr.warmup_steps() < 0 || (t.total_steps() >= 1 && lr.warmup_steps() >= t.total_steps())) {
-    bad("lr_schedule.warmup_steps", absl::StrCat("must be in [0, training.total_steps = ",
-                                                 t.total_steps(), "), got ", lr.warmup_steps()));
-  }
-  if (!InUnitInterval(lr.min_lr_ratio(), true)) {
-    bad("lr_schedule.min_lr_ratio", absl::StrCat("must be in [0, 1], got ", lr.min_lr_ratio()));
-  }
-
+  ValidateModel(spec.model(), bad);
+  ValidateData(spec.data(), spec.model(), bad);
+  ValidateOptimizer(spec.optimizer(), bad);
+  ValidateTraining(spec.training(), spec.model(), bad);
+  ValidateLrSchedule(spec.lr_schedule(), spec.training(), bad);
   if (spec.zero_stage() < 0 || spec.zero_stage() > 3) {
     bad("zero_stage", absl::StrCat("must be in [0, 3], got ", spec.zero_stage()));
   }
-
-  const auto& r = spec.resources();
-  if (r.device_kind() != weft::v1::DEVICE_KIND_CPU && r.device_kind() != weft::v1::DEVICE_KIND_CUDA) {
-    bad("resources.device_kind", "required: DEVICE_KIND_CPU or DEVICE_KIND_CUDA");
-  }
-  if (!weft::v1::Precision_IsValid(spec.precision())) {
-    bad("precision", absl::StrCat("unknown value ", spec.precision(), "; use FP32 or BF16"));
-  }
-  if (o.offload() && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
-    bad("optimizer.offload", "only for DEVICE_KIND_CUDA jobs: the CPU engine's optimizer state is in host memory already");
-  }
-  if (o.offload_auto() && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
-    bad("optimizer.offload_auto", "only for DEVICE_KIND_CUDA jobs: the CPU engine's optimizer state is in host memory already");
-  } else if (o.offload_auto() && (o.offload() || o.offload_fraction() != 0.0)) {
-    bad("optimizer.offload_auto",
-        "set with optimizer.offload or offload_fraction: offload_auto chooses the share itself; "
-        "set either offload_auto alone or offload (with or without offload_fraction)");
-  } else if (o.offload_auto() && spec.sharding().scope() != weft::v1::ShardingSpec::WORLD) {
-    // Each rank chooses from its own free memory, and the host and GPU optimizers agree only to
-    // rounding: two copies of one shard could drift apart.
-    bad("optimizer.offload_auto",
-        "not with sharding.scope HOST or GROUP: the ranks that hold copies of one shard could "
-        "choose different shares; set optimizer.offload with offload_fraction instead");
-  }
-  if (!InUnitInterval(o.offload_fraction(), true)) {
-    bad("optimizer.offload_fraction",
-        absl::StrCat("must be in [0, 1] (0: all of it), got ", o.offload_fraction()));
-  } else if (o.offload_fraction() > 0.0 && !o.offload()) {
-    bad("optimizer.offload_fraction",
-        "set without optimizer.offload: true (the share applies to an offloaded optimizer)");
-  }
-  if (spec.precision() == weft::v1::BF16 && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
-    bad("precision", "BF16 needs resources.device_kind DEVICE_KIND_CUDA (the CPU engine is FP32)");
-  }
-  if (r.min_workers() < 1) bad("resources.min_workers", absl::StrCat("must be >= 1, got ", r.min_workers()));
-  if (r.max_workers() < r.min_workers()) {
-    bad("resources.max_workers", absl::StrCat("must be >= resources.min_workers (", r.min_workers(),
-                                              "), got ", r.max_workers()));
-  }
-  if (r.max_workers() > 65536) bad("resources.max_workers", absl::StrCat("must be <= 65536, got ", r.max_workers()));
+  ValidateResources(spec, bad);
   ValidateSharding(spec, bad);
-
   if (!spec.init_from_hf_dir().empty() && !spec.resume_from_job().empty()) {
     bad("init_from_hf_dir", "not together with resume_from_job: a job starts from one of them");
   }
-
-  const auto& c = spec.checkpoint();
-  if (c.interval_steps() < 0) bad("checkpoint.interval_steps", absl::StrCat("must be >= 0, got ", c.interval_steps()));
-  if (c.keep_last() < 1) bad("checkpoint.keep_last", absl::StrCat("must be >= 1, got ", c.keep_last()));
-
-  const auto& f = spec.fault();
-  if (f.heartbeat_interval_ms() < 10) {
-    bad("fault.heartbeat_interval_ms", absl::StrCat("must be >= 10, got ", f.heartbeat_interval_ms()));
-  }
-  if (f.heartbeat_timeout_ms() <= f.heartbeat_interval_ms()) {
-    bad("fault.heartbeat_timeout_ms", absl::StrCat("must be > fault.heartbeat_interval_ms (",
-                                                   f.heartbeat_interval_ms(), "), got ",
-                                                   f.heartbeat_timeout_ms()));
-  }
-  if (f.max_restarts() < 0) bad("fault.max_restarts", absl::StrCat("must be >= 0, got ", f.max_restarts()));
-  if (f.max_skipped_steps() < 0) {
-    bad("fault.max_skipped_steps", absl::StrCat("must be >= 0, got ", f.max_skipped_steps()));
-  }
-  if (f.stall_timeout_ms() <= f.heartbeat_timeout_ms()) {
-    bad("fault.stall_timeout_ms", absl::StrCat("must be > fault.heartbeat_timeout_ms (",
-                                               f.heartbeat_timeout_ms(), "), got ",
-                                               f.stall_timeout_ms()));
-  }
+  ValidateCheckpoint(spec.checkpoint(), bad);
+  ValidateFault(spec.fault(), bad);
   return v;
 }
 

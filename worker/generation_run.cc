@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/remote_store.h"
 #include "common/status.h"
+#include "common/status_context.h"
 #include "spdlog/spdlog.h"
 #include "worker/memory_plan.h"
 #include "worker/mfu.h"
@@ -274,8 +275,7 @@ absl::StatusOr<std::unique_ptr<hf::HfImporter>> GenerationRun::OpenHfInit() {
   if (spec.init_from_hf_dir().empty()) return std::unique_ptr<hf::HfImporter>();
   auto importer = hf::HfImporter::Open(spec.init_from_hf_dir(), spec.model());
   if (!importer.ok()) {
-    const absl::Status s(importer.status().code(),
-                         absl::StrCat("init_from_hf_dir: ", importer.status().message()));
+    const absl::Status s = Annotate(importer.status(), "init_from_hf_dir");
     ReportError(s, /*permanent=*/true);
     return s;
   }
@@ -331,9 +331,7 @@ absl::StatusOr<int64_t> GenerationRun::Restore(Checkpointer* checkpointer,
 absl::Status GenerationRun::ImportHf(const hf::HfImporter& importer, DeviceBackend* backend) {
   // Weights only: the importer's m and v are zeros, and AdamW starts from its first update.
   absl::Status s = backend->engine->Restore(importer.Reader(), /*optimizer_steps=*/0);
-  if (!s.ok()) {
-    s = absl::Status(s.code(), absl::StrCat("init_from_hf_dir: ", s.message()));
-  }
+  s = Annotate(s, "init_from_hf_dir");
   float bad = s.ok() ? 0.0f : 1.0f;
   const absl::Status reduced =
       backend->comm->AllReduce(&bad, 1, comm::DataType::kFloat32)->Wait();
@@ -392,8 +390,7 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
     if (ended()) return absl::AbortedError("the coordinator ended the generation");
     auto result = engine.TrainStep(step, train_batch);
     if (!result.ok()) {
-      const absl::Status s(result.status().code(),
-                           absl::StrCat("step ", step, ": ", result.status().message()));
+      const absl::Status s = Annotate(result.status(), absl::StrCat("step ", step));
       if (IsDeterministicStepError(s)) {
         ReportError(s, /*permanent=*/true);
       } else {

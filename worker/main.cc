@@ -22,6 +22,7 @@
 #include "common/security_flags.h"
 #include "common/serving_flags.h"
 #include "common/status.h"
+#include "common/status_context.h"
 #include "common/version.h"
 #include "spdlog/spdlog.h"
 #include "worker/agent.h"
@@ -218,13 +219,9 @@ absl::StatusOr<std::string> DataAddress(const Flags& f, bool cuda) {
   std::string address = f.data_address;
   std::string from = "--data-address";
   if (address.empty() && !f.comm.network_interface.empty()) {
-    absl::StatusOr<std::string> found =
-        weft::worker::InterfaceIpv4Address(f.comm.network_interface);
-    if (!found.ok()) {
-      return absl::Status(found.status().code(),
-                          absl::StrCat("--net-interface: ", found.status().message()));
-    }
-    address = *found;
+    WEFT_ASSIGN_OR_RETURN_CONTEXT(address,
+                                  weft::worker::InterfaceIpv4Address(f.comm.network_interface),
+                                  "--net-interface");
     from = "the data address (of --net-interface)";
   }
   if (address.empty()) {
@@ -232,9 +229,7 @@ absl::StatusOr<std::string> DataAddress(const Flags& f, bool cuda) {
     from = "the data address (by default --host; pass --data-address or --net-interface)";
   }
   if (cuda) return address;  // NCCL picks its own interface (--net-interface)
-  if (absl::Status s = weft::worker::CheckCanListenOn(address); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(from, ": ", s.message()));
-  }
+  WEFT_RETURN_IF_ERROR_CONTEXT(weft::worker::CheckCanListenOn(address), from);
   if (!weft::IsLoopbackAddress(f.coordinator) && weft::worker::ResolvesOnlyToLoopback(address)) {
     spdlog::warn("the data address \"{}\" is a loopback address: workers on other hosts "
                  "cannot reach this one; pass --net-interface or --data-address",

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
+#include "common/status_context.h"
 #include "google/protobuf/text_format.h"
 #include "worker/data/manifest.h"
 #include "worker/data/safetensors.h"
@@ -35,10 +36,7 @@ absl::StatusOr<std::shared_ptr<const data::Tokenizer>> ManifestTokenizer(
   if (m.tokenizer.kind == "bytes") return data::MakeByteTokenizer();
   const std::string file = data::ManifestFilePath(m, m.tokenizer.file);
   auto tok = data::LoadSentencePieceFile(file);
-  if (!tok.ok()) {
-    return absl::Status(tok.status().code(),
-                        absl::StrCat("data.manifest_path: ", tok.status().message()));
-  }
+  if (!tok.ok()) return Annotate(tok.status(), "data.manifest_path");
   const data::Tokenizer& t = **tok;
   if (t.fingerprint() != m.tokenizer.crc32c || t.vocab_size() != m.tokenizer.vocab_size) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -115,10 +113,7 @@ absl::StatusOr<std::shared_ptr<const data::Tokenizer>> LoadJobTokenizer(
         "or prepare the text with `trainctl data prepare --tokenizer`)"));
   }
   auto tok = data::LoadSentencePieceFile(d.tokenizer_path());
-  if (!tok.ok()) {
-    return absl::Status(tok.status().code(),
-                        absl::StrCat("data.tokenizer_path: ", tok.status().message()));
-  }
+  if (!tok.ok()) return Annotate(tok.status(), "data.tokenizer_path");
   if ((*tok)->vocab_size() > vocab) {
     return absl::FailedPreconditionError(absl::StrCat(
         "data.tokenizer_path: ", d.tokenizer_path(), ": the tokenizer has ", (*tok)->vocab_size(),

@@ -68,6 +68,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/status_context.h"
 #include "common/store.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce_halving_doubling.h"
@@ -227,9 +228,8 @@ class GlooCommunicator final : public Communicator {
       context->connectFullMesh(store_adapter, device_);
       context_ = std::move(context);
     } catch (const StoreError& e) {
-      return absl::Status(e.status().code(),
-                          absl::StrCat(SetupPrefix(), "rendezvous through the store failed: ",
-                                       e.status().message()));
+      return Annotate(e.status(),
+                      absl::StrCat(SetupPrefix(), "rendezvous through the store failed"));
     } catch (const ::gloo::IoException& e) {
       return absl::Status(
           LooksLikeTimeout(e.what()) ? absl::StatusCode::kDeadlineExceeded
@@ -420,13 +420,10 @@ class GlooCommunicator final : public Communicator {
       }
       absl::Status status;
       if (aborted) {
-        status = absl::Status(earlier.code(),
-                              absl::StrCat(Describe(op), " aborted: ", earlier.message()));
+        status = Annotate(earlier, absl::StrCat(Describe(op), " aborted"));
       } else if (!earlier.ok()) {
-        status = absl::Status(
-            earlier.code(),
-            absl::StrCat(Describe(op),
-                         " not run: the communicator failed earlier: ", earlier.message()));
+        status = Annotate(earlier,
+                          absl::StrCat(Describe(op), " not run: the communicator failed earlier"));
       } else {
         status = Execute(op);
         bool fail_pairs = false;
@@ -436,8 +433,7 @@ class GlooCommunicator final : public Communicator {
           if (!aborted_.ok()) {
             // Aborted while running: the reason wins, whatever Gloo reported (after an abort
             // an op may even "finish" with partial data).
-            status = absl::Status(aborted_.code(),
-                                  absl::StrCat(Describe(op), " aborted: ", aborted_.message()));
+            status = Annotate(aborted_, absl::StrCat(Describe(op), " aborted"));
           } else if (!status.ok()) {
             broken_ = status;
             fail_pairs = true;
@@ -461,9 +457,7 @@ class GlooCommunicator final : public Communicator {
       RunGloo(op);
       return absl::OkStatus();
     } catch (const StoreError& e) {
-      return absl::Status(
-          e.status().code(),
-          absl::StrCat(Describe(op), " failed: store error: ", e.status().message()));
+      return Annotate(e.status(), absl::StrCat(Describe(op), " failed: store error"));
     } catch (const ::gloo::IoException& e) {
       const bool timeout = LooksLikeTimeout(e.what());
       return absl::Status(

@@ -49,6 +49,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/status_context.h"
 #include "common/store.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/work.h"
@@ -172,8 +173,7 @@ class Core {
   absl::Status HealthFor(absl::string_view what) {
     absl::Status status = health();
     if (status.ok() || absl::StrContains(status.message(), what)) return status;
-    return absl::Status(status.code(), absl::StrCat("NCCL ", what, " on rank ", rank_, " of ",
-                                                    world_, ": ", status.message()));
+    return Annotate(status, absl::StrCat("NCCL ", what, " on rank ", rank_, " of ", world_));
   }
 
   // Records `status` as the failure unless one is already recorded (the first wins), aborts
@@ -735,30 +735,22 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(PrefixStore* store, int rank, int 
           absl::StrCat("NCCL: ncclGetUniqueId failed: ", ncclGetErrorString(r)));
     }
     if (world == 1) return id;
-    if (absl::Status s = store->Set("unique_id", std::string_view(id.internal, sizeof(id)));
-        !s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat("NCCL rank 0: cannot publish the unique id: ", s.message()));
-    }
+    WEFT_RETURN_IF_ERROR_CONTEXT(
+        store->Set("unique_id", std::string_view(id.internal, sizeof(id))),
+        "NCCL rank 0: cannot publish the unique id");
     return id;
   }
   const auto left = std::max(deadline - Clock::now(), Clock::duration::zero());
-  if (absl::Status s = store->Wait({"unique_id"}, absl::FromChrono(left)); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("NCCL rank ", rank, " of ", world,
-                                               ": waiting for rank 0's unique id: ",
-                                               s.message()));
-  }
-  absl::StatusOr<std::string> value = store->Get("unique_id");
-  if (!value.ok()) {
-    return absl::Status(value.status().code(),
-                        absl::StrCat("NCCL rank ", rank, ": reading the unique id: ",
-                                     value.status().message()));
-  }
-  if (value->size() != sizeof(id)) {
+  WEFT_RETURN_IF_ERROR_CONTEXT(
+      store->Wait({"unique_id"}, absl::FromChrono(left)),
+      absl::StrCat("NCCL rank ", rank, " of ", world, ": waiting for rank 0's unique id"));
+  WEFT_ASSIGN_OR_RETURN_CONTEXT(const std::string value, store->Get("unique_id"),
+                                absl::StrCat("NCCL rank ", rank, ": reading the unique id"));
+  if (value.size() != sizeof(id)) {
     return absl::InternalError(absl::StrCat("NCCL rank ", rank, ": the unique id in the store has ",
-                                            value->size(), " bytes, expected ", sizeof(id)));
+                                            value.size(), " bytes, expected ", sizeof(id)));
   }
-  std::memcpy(id.internal, value->data(), sizeof(id));
+  std::memcpy(id.internal, value.data(), sizeof(id));
   return id;
 }
 
@@ -787,9 +779,8 @@ absl::Status AwaitInit(ncclComm_t comm, PrefixStore* store, int rank, int world,
       // then fails every call (ABORTED), which is our cue to give up at once.
       absl::StatusOr<std::string> alive = store->Get("unique_id");
       if (!alive.ok()) {
-        failure = absl::Status(alive.status().code(),
-                               absl::StrCat("NCCL init of rank ", rank, " of ", world,
-                                            ": the store failed: ", alive.status().message()));
+        failure = Annotate(alive.status(), absl::StrCat("NCCL init of rank ", rank, " of ", world,
+                                                        ": the store failed"));
       }
       next_store_check = Clock::now() + kStoreCheckInterval;
     }
@@ -827,9 +818,8 @@ absl::StatusOr<std::unique_ptr<CudaCommunicator>> CreateNcclCommunicator(
   if (world_size > 1) {
     prefixed = std::make_unique<PrefixStore>(options.store_prefix, store);
     // Arrival marks, so that a timeout can name the ranks that never came.
-    if (absl::Status s = prefixed->Set(absl::StrCat("arrived/", rank), "1"); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("NCCL rank ", rank, ": store: ", s.message()));
-    }
+    WEFT_RETURN_IF_ERROR_CONTEXT(prefixed->Set(absl::StrCat("arrived/", rank), "1"),
+                                 absl::StrCat("NCCL rank ", rank, ": store"));
   }
   absl::StatusOr<ncclUniqueId> id = ExchangeUniqueId(prefixed.get(), rank, world_size, deadline);
   if (!id.ok()) return id.status();
