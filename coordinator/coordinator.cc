@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
 #include "common/status.h"
+#include "common/status_context.h"
 #include "common/time_util.h"
 #include "spdlog/spdlog.h"
 
@@ -338,10 +339,7 @@ absl::StatusOr<weft::v1::SubmitJobResponse> Coordinator::SubmitJob(
         absl::StrCat("invalid job spec (1 problem):\nresume_from_job: ", problem));
   }
   auto rec = jobs_.Create(*spec);
-  if (!rec.ok()) {
-    return absl::Status(rec.status().code(),
-                        absl::StrCat("job not submitted: ", rec.status().message()));
-  }
+  if (!rec.ok()) return Annotate(rec.status(), "job not submitted");
   weft::v1::SubmitJobResponse response;
   response.set_job_id((*rec)->id());
   *response.mutable_spec() = *spec;
@@ -392,9 +390,8 @@ absl::StatusOr<weft::v1::JobStatus> Coordinator::CancelJob(const std::string& jo
   jobs_.AddEvent(rec, weft::v1::CANCEL_REQUESTED, why);
   RecordGenerationEndLocked(rec, why);
   jobs_.SetState(rec, weft::v1::CANCELLED, why);
-  if (absl::Status s = jobs_.CommitChange(rec, actions); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("job ", job_id, " not cancelled: ", s.message()));
-  }
+  WEFT_RETURN_IF_ERROR_CONTEXT(jobs_.CommitChange(rec, actions),
+                               absl::StrCat("job ", job_id, " not cancelled"));
   ReleaseGenerationLocked(rec, why, /*completed=*/false, actions);
   ScheduleLocked(actions);
   return rec.job.status();

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "common/job_spec.h"
 #include "common/status.h"
+#include "common/status_context.h"
 #include "common/time_util.h"
 #include "coordinator/coordinator.h"
 
@@ -84,11 +85,9 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
                                   request.worker_id(), "): ", request.checkpoint_failure()));
     }
     if (ends) {
-      if (absl::Status s = FinishJobLocked(rec, request, actions); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("job ", rec.id(),
-                                                   ": the final report could not be stored: ",
-                                                   s.message()));
-      }
+      WEFT_RETURN_IF_ERROR_CONTEXT(
+          FinishJobLocked(rec, request, actions),
+          absl::StrCat("job ", rec.id(), ": the final report could not be stored"));
     } else {
       jobs_.CommitIfDue(rec, actions);
     }
