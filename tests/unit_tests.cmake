@@ -13,5 +13,5 @@ weft_test(coordinator_test unit SOURCES coordinator/coordinator_test.cc LIBS wef
 weft_test(job_logs_test unit SOURCES coordinator/job_logs_test.cc LIBS weft_coordinator_lib)
 weft_test(parked_call_test unit SOURCES coordinator/parked_call_test.cc LIBS weft_coordinator_lib)
 # trainctl data prepare's library: inputs, shards, manifest, idempotence, every bad input.
-weft_test(data_prepare_test unit SOURCES client/data_prepare_test.cc LIBS weft_data_prepare
+weft_test(data_prepare_test unit SOURCES trainctl/data_prepare_test.cc LIBS weft_data_prepare
   DEPENDS weft_sentencepiece)

@@ -1,4 +1,4 @@
-#include "client/data_prepare.h"
+#include "trainctl/data_prepare.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -29,7 +29,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "client/data_inputs.h"
+#include "trainctl/data_inputs.h"
 #include "common/status.h"
 #include "common/status_context.h"
 #include "nlohmann/json.hpp"

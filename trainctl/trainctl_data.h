@@ -3,14 +3,14 @@
 //                                 INPUTS...            a SentencePiece model of the text
 //   trainctl data prepare --out DIR [--tokenizer tok.model | --bytes] INPUTS...
 //                                                      token shards + manifest (docs/data.md)
-#ifndef WEFT_CLIENT_TRAINCTL_DATA_H_
-#define WEFT_CLIENT_TRAINCTL_DATA_H_
+#ifndef WEFT_TRAINCTL_TRAINCTL_DATA_H_
+#define WEFT_TRAINCTL_TRAINCTL_DATA_H_
 
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "client/data_prepare.h"
+#include "trainctl/data_prepare.h"
 
 namespace weft {
 
@@ -58,4 +58,4 @@ class DataCommands {
 
 }  // namespace weft
 
-#endif  // WEFT_CLIENT_TRAINCTL_DATA_H_
+#endif  // WEFT_TRAINCTL_TRAINCTL_DATA_H_

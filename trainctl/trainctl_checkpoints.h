@@ -5,8 +5,8 @@
 //       weft (default): one portable safetensors model file; hf: a Hugging Face directory
 //       ([--dtype bf16|fp32] [--max-shard-bytes N], see trainctl_model.h)
 // Kept apart from trainctl.cc, which talks to the coordinator only.
-#ifndef WEFT_CLIENT_TRAINCTL_CHECKPOINTS_H_
-#define WEFT_CLIENT_TRAINCTL_CHECKPOINTS_H_
+#ifndef WEFT_TRAINCTL_TRAINCTL_CHECKPOINTS_H_
+#define WEFT_TRAINCTL_TRAINCTL_CHECKPOINTS_H_
 
 #include <functional>
 #include <string>
@@ -14,7 +14,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "client/trainctl_model.h"
+#include "trainctl/trainctl_model.h"
 
 namespace weft {
 
@@ -56,4 +56,4 @@ class CheckpointCommands {
 
 }  // namespace weft
 
-#endif  // WEFT_CLIENT_TRAINCTL_CHECKPOINTS_H_
+#endif  // WEFT_TRAINCTL_TRAINCTL_CHECKPOINTS_H_

@@ -6,8 +6,8 @@
 // order). A file named *.jsonl holds one JSON object per line and its `jsonl_field` (a string)
 // is a document; blank lines are skipped. Any other file is text: one document, or, with a
 // document separator, the runs of lines between lines equal to it (a fortune file's "%").
-#ifndef WEFT_CLIENT_DATA_INPUTS_H_
-#define WEFT_CLIENT_DATA_INPUTS_H_
+#ifndef WEFT_TRAINCTL_DATA_INPUTS_H_
+#define WEFT_TRAINCTL_DATA_INPUTS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -83,4 +83,4 @@ absl::StatusOr<std::vector<std::string>> ReadAllDocuments(const std::vector<Sour
 
 }  // namespace weft::dataprep
 
-#endif  // WEFT_CLIENT_DATA_INPUTS_H_
+#endif  // WEFT_TRAINCTL_DATA_INPUTS_H_

@@ -1,4 +1,4 @@
-#include "client/data_inputs.h"
+#include "trainctl/data_inputs.h"
 
 #include <fcntl.h>
 #include <glob.h>

@@ -1,7 +1,7 @@
 // `trainctl data prepare`: text files in, a dataset directory out (docs/data.md): token
 // shards, the tokenizer and manifest.json (worker/data/manifest.h).
 //
-// Documents (client/data_inputs.h) are numbered in input order; document i goes to the
+// Documents (trainctl/data_inputs.h) are numbered in input order; document i goes to the
 // validation split iff a hash of (seed, i) falls below val_fraction, so the split depends on
 // neither thread count nor chunking. Each split is one stream of tokens: the documents in order
 // with the tokenizer's EOS between consecutive ones (none for bytes, or a model without EOS;
@@ -15,8 +15,8 @@
 // options is up to date: nothing is written. Any other existing DIR is refused unless `force`,
 // and `force` replaces only another Weft dataset (ForcedReplaceDecision): never an input, a
 // directory holding one, or anything that is not a dataset.
-#ifndef WEFT_CLIENT_DATA_PREPARE_H_
-#define WEFT_CLIENT_DATA_PREPARE_H_
+#ifndef WEFT_TRAINCTL_DATA_PREPARE_H_
+#define WEFT_TRAINCTL_DATA_PREPARE_H_
 
 #include <cstdint>
 #include <cstdio>
@@ -91,4 +91,4 @@ absl::StatusOr<PrepareResult> PrepareDataset(const PrepareOptions& options);
 
 }  // namespace weft::dataprep
 
-#endif  // WEFT_CLIENT_DATA_PREPARE_H_
+#endif  // WEFT_TRAINCTL_DATA_PREPARE_H_

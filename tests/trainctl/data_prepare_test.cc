@@ -1,4 +1,4 @@
-#include "client/data_prepare.h"
+#include "trainctl/data_prepare.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "client/data_inputs.h"
+#include "trainctl/data_inputs.h"
 #include "common/crc32c.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,4 +1,4 @@
-#include "client/trainctl_output.h"
+#include "trainctl/trainctl_output.h"
 
 #include <algorithm>
 #include <iostream>

@@ -1,4 +1,4 @@
-#include "client/trainctl_model.h"
+#include "trainctl/trainctl_model.h"
 
 #include <unistd.h>
 
@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "client/trainctl_output.h"
+#include "trainctl/trainctl_output.h"
 #include "common/job_spec.h"
 #include "common/status.h"
 #include "google/protobuf/text_format.h"

@@ -1,4 +1,4 @@
-#include "client/trainctl_data.h"
+#include "trainctl/trainctl_data.h"
 
 #include <unistd.h>
 
@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "client/data_inputs.h"
-#include "client/trainctl_output.h"
+#include "trainctl/data_inputs.h"
+#include "trainctl/trainctl_output.h"
 #include "nlohmann/json.hpp"
 #include "worker/data/manifest.h"
 #include "worker/data/tokenizer.h"

@@ -16,8 +16,8 @@
 //   as JSON on stdout. A command whose answer is itself a failure (`watch` or a follow of a
 //   job that did not succeed, `model diff` beyond its tolerance) prints that answer first.
 //   Warnings and progress go to stderr too, so that stdout holds only the answer.
-#ifndef WEFT_CLIENT_TRAINCTL_OUTPUT_H_
-#define WEFT_CLIENT_TRAINCTL_OUTPUT_H_
+#ifndef WEFT_TRAINCTL_TRAINCTL_OUTPUT_H_
+#define WEFT_TRAINCTL_TRAINCTL_OUTPUT_H_
 
 #include <string>
 #include <utility>
@@ -72,4 +72,4 @@ int PrintListJson(std::vector<Item> items,
 
 }  // namespace weft::trainctl
 
-#endif  // WEFT_CLIENT_TRAINCTL_OUTPUT_H_
+#endif  // WEFT_TRAINCTL_TRAINCTL_OUTPUT_H_

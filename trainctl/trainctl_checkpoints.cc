@@ -1,4 +1,4 @@
-#include "client/trainctl_checkpoints.h"
+#include "trainctl/trainctl_checkpoints.h"
 
 #include <algorithm>
 #include <iostream>
@@ -11,7 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/checkpoint_client.h"
-#include "client/trainctl_output.h"
+#include "trainctl/trainctl_output.h"
 #include "common/rpc.h"
 #include "common/time_util.h"
 #include "nlohmann/json.hpp"

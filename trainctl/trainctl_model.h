@@ -8,8 +8,8 @@
 //   trainctl model diff MODEL|JOB MODEL|JOB [--tolerance R]   the tensors that differ; exit 1
 //                         beyond the tolerance (0: bit-identical)
 // and the Hugging Face export flags `trainctl checkpoint export --format hf` shares.
-#ifndef WEFT_CLIENT_TRAINCTL_MODEL_H_
-#define WEFT_CLIENT_TRAINCTL_MODEL_H_
+#ifndef WEFT_TRAINCTL_TRAINCTL_MODEL_H_
+#define WEFT_TRAINCTL_TRAINCTL_MODEL_H_
 
 #include <cstdint>
 #include <functional>
@@ -76,4 +76,4 @@ class ModelCommands {
 
 }  // namespace weft
 
-#endif  // WEFT_CLIENT_TRAINCTL_MODEL_H_
+#endif  // WEFT_TRAINCTL_TRAINCTL_MODEL_H_
