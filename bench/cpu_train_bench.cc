@@ -15,7 +15,7 @@
 #include "coordinator/memory_store.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/cpu/model.h"
-#include "worker/zero_cpu.h"
+#include "worker/zero/zero_cpu.h"
 
 namespace {
 
@@ -61,7 +61,7 @@ Measured Run(int ranks, int stage, int warmup, int steps) {
         std::exit(1);
       }
       const weft::v1::JobSpec spec = DemoSpec(stage);
-      auto engine = weft::worker::ZeroCpuEngine::Create(spec, comm->get());
+      auto engine = weft::zero::ZeroCpuEngine::Create(spec, comm->get());
       if (!engine.ok()) std::exit(1);
       auto batch = [rank](int64_t step, int micro, int32_t* in, int32_t* tg) {
         for (int i = 0; i < 8 * 128; ++i) {

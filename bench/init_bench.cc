@@ -10,8 +10,8 @@
 
 #include "CLI/CLI.hpp"
 #include "worker/engine/model_arch.h"
-#include "worker/shard_layout.h"
-#include "worker/zero_engine.h"
+#include "worker/zero/shard_layout.h"
+#include "worker/zero/zero_engine.h"
 
 int main(int argc, char** argv) {
   int layers = 16, width = 2048, heads = 32, kv_heads = 8, intermediate = 8192;
@@ -42,12 +42,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", arch.status().ToString().c_str());
     return 1;
   }
-  const weft::worker::ShardLayout layout(weft::worker::UnitSizes(**arch), world, rank);
+  const weft::zero::ShardLayout layout(weft::zero::UnitSizes(**arch), world, rank);
   size_t kept = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int u = 0; u < layout.num_units(); ++u) {
     // Each unit is dropped at once: the bench measures time, not the memory of a whole rank.
-    kept += weft::worker::InitialUnitState(**arch, layout, stage, 1234, u).kept.size();
+    kept += weft::zero::InitialUnitState(**arch, layout, stage, 1234, u).kept.size();
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

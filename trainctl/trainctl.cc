@@ -46,7 +46,7 @@
 #include "common/status.h"
 #include "common/time_util.h"
 #include "nlohmann/json.hpp"
-#include "worker/model_io.h"
+#include "worker/model_io/model_file.h"
 
 namespace weft::trainctl {
 namespace {
@@ -752,7 +752,7 @@ int Workers(CoordinatorClient& client, const GlobalOptions& global) {
 struct SampleFlags {
   std::string prompt;
   std::string model_path;
-  worker::SampleOptions options;
+  model_io::SampleOptions options;
 };
 
 // Where the trained model of `job_id` (the file rank 0 wrote) is, if this machine can read it.
@@ -783,9 +783,9 @@ int Sample(CoordinatorClient& client, const GlobalOptions& global, const std::st
     if (!job_path.ok()) return Fail(job_path.status());
     path = *job_path;
   }
-  auto model = worker::LoadModel(path);
+  auto model = model_io::LoadModel(path);
   if (!model.ok()) return Fail(model.status());
-  auto text = worker::GenerateText(*model, flags.prompt, flags.options);
+  auto text = model_io::GenerateText(*model, flags.prompt, flags.options);
   if (!text.ok()) return Fail(text.status());
   if (global.json()) {
     const std::string tokenizer =

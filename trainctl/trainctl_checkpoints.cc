@@ -15,9 +15,9 @@
 #include "common/rpc.h"
 #include "common/time_util.h"
 #include "nlohmann/json.hpp"
-#include "worker/checkpoint_schema.h"
+#include "worker/model_io/checkpoint_schema.h"
 #include "worker/engine/model_arch.h"
-#include "worker/model_io.h"
+#include "worker/model_io/model_file.h"
 
 namespace weft {
 namespace {
@@ -116,7 +116,7 @@ int Export(CheckpointClient& client, bool json, const std::string& job_id, int64
     }
     return nullptr;
   };
-  const std::string head = worker::CheckpointTensorName(0, worker::UnitState::kParams);
+  const std::string head = model_io::CheckpointTensorName(0, model_io::UnitState::kParams);
   if (find(head) == nullptr) {
     return Fail(absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", job_id, " step ", at,
@@ -139,7 +139,7 @@ int Export(CheckpointClient& client, bool json, const std::string& job_id, int64
   std::vector<std::vector<float>> params;
   params.reserve(units);
   for (int u = 0; u < units; ++u) {
-    const std::string name = worker::CheckpointTensorName(u, worker::UnitState::kParams);
+    const std::string name = model_io::CheckpointTensorName(u, model_io::UnitState::kParams);
     const weft::v1::TensorLayout* layout = find(name);
     const int64_t want = static_cast<int64_t>((*arch)->UnitSize(u));
     if (layout == nullptr) {
@@ -164,13 +164,13 @@ int Export(CheckpointClient& client, bool json, const std::string& job_id, int64
   }
   // The job's tokenizer, as its workers would record it, if its files are readable here; a
   // model without one still samples, in token ids.
-  auto tokenizer = worker::LoadJobTokenizer(manifest->spec());
+  auto tokenizer = model_io::LoadJobTokenizer(manifest->spec());
   if (!tokenizer.ok()) {
     std::cerr << "trainctl: warning: no tokenizer recorded in " << out_path << ": "
               << tokenizer.status().message() << "\n";
   }
   const data::Tokenizer* recorded = tokenizer.ok() ? tokenizer->get() : nullptr;
-  if (absl::Status s = worker::SaveModel(out_path, manifest->spec(), params, recorded); !s.ok()) {
+  if (absl::Status s = model_io::SaveModel(out_path, manifest->spec(), params, recorded); !s.ok()) {
     return Fail(s);
   }
   if (json) {

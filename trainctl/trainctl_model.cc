@@ -19,7 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/hf/hf_checkpoint.h"
 #include "worker/hf/hf_config.h"
-#include "worker/model_io.h"
+#include "worker/model_io/model_file.h"
 
 namespace weft {
 namespace {
@@ -61,9 +61,9 @@ void HfExportFlags::AddTo(CLI::App* command) {
 absl::StatusOr<hf::HfExportOptions> HfExportFlags::Options() const {
   hf::HfExportOptions options;
   if (dtype == "bf16") {
-    options.dtype = data::Dtype::kBF16;
+    options.dtype = model_io::Dtype::kBF16;
   } else if (dtype == "fp32") {
-    options.dtype = data::Dtype::kF32;
+    options.dtype = model_io::Dtype::kF32;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--dtype \"", dtype, "\": use bf16 or fp32"));
@@ -107,7 +107,7 @@ int ExportHfDirectory(const weft::v1::JobSpec& job_spec,
                       const std::vector<std::vector<float>>& units, const std::string& out_dir,
                       const HfExportFlags& flags, bool json, const std::string& source) {
   absl::StatusOr<std::shared_ptr<const data::Tokenizer>> tokenizer =
-      worker::LoadJobTokenizer(job_spec);
+      model_io::LoadJobTokenizer(job_spec);
   if (!tokenizer.ok()) {
     std::cerr << "trainctl: warning: the tokenizer of " << source
               << " cannot be read here: " << tokenizer.status().message() << "\n";
@@ -119,7 +119,7 @@ int ExportHfDirectory(const weft::v1::JobSpec& job_spec,
 namespace {
 
 // {"inputs": [[ids]], "logits": [[[row] per position]]}: the format check_export.py reads.
-int PrintLogits(const worker::LoadedModel& model, const std::string& tokens_flag) {
+int PrintLogits(const model_io::LoadedModel& model, const std::string& tokens_flag) {
   std::vector<int32_t> tokens;
   for (absl::string_view piece : absl::StrSplit(tokens_flag, ' ', absl::SkipWhitespace())) {
     int32_t id = 0;
@@ -129,7 +129,7 @@ int PrintLogits(const worker::LoadedModel& model, const std::string& tokens_flag
     }
     tokens.push_back(id);
   }
-  absl::StatusOr<std::vector<float>> logits = worker::ModelLogits(model, tokens);
+  absl::StatusOr<std::vector<float>> logits = model_io::ModelLogits(model, tokens);
   if (!logits.ok()) return Fail(logits.status());
   const size_t v = model.arch->vocab_size();
   nlohmann::json rows = nlohmann::json::array();
@@ -142,12 +142,12 @@ int PrintLogits(const worker::LoadedModel& model, const std::string& tokens_flag
 
 // `trainctl model diff`: the tensors that differ, and whether the model's relative difference
 // is within `tolerance` (0: bit-identical), which decides the exit status.
-int PrintDifference(const worker::ModelDifference& diff, double tolerance, bool json,
+int PrintDifference(const model_io::ModelDifference& diff, double tolerance, bool json,
                     const std::string& a, const std::string& b) {
   const bool within = tolerance == 0 ? diff.identical() : diff.relative <= tolerance;
   if (json) {
     nlohmann::json tensors = nlohmann::json::array();
-    for (const worker::TensorDifference& t : diff.tensors) {
+    for (const model_io::TensorDifference& t : diff.tensors) {
       tensors.push_back({{"name", t.name}, {"elements", t.elements}, {"differing", t.differing},
                          {"max_abs", t.max_abs}, {"relative", t.relative}});
     }
@@ -165,7 +165,7 @@ int PrintDifference(const worker::ModelDifference& diff, double tolerance, bool 
   } else {
     std::vector<std::vector<std::string>> rows = {
         {"TENSOR", "ELEMENTS", "DIFFERING", "MAX ABS", "RELATIVE"}};
-    for (const worker::TensorDifference& t : diff.tensors) {
+    for (const model_io::TensorDifference& t : diff.tensors) {
       rows.push_back({t.name, absl::StrCat(t.elements), absl::StrCat(t.differing),
                       absl::StrFormat("%.3g", t.max_abs), absl::StrFormat("%.3g", t.relative)});
     }
@@ -229,19 +229,19 @@ int ModelCommands::Run(bool json, const JobModelPath& job_model_path) const {
     }
     return job_model_path(source);
   };
-  const auto load = [&](const std::string& source) -> absl::StatusOr<worker::LoadedModel> {
+  const auto load = [&](const std::string& source) -> absl::StatusOr<model_io::LoadedModel> {
     WEFT_ASSIGN_OR_RETURN(const std::string path, resolve(source));
-    return worker::LoadModel(path);
+    return model_io::LoadModel(path);
   };
   absl::StatusOr<std::string> path = resolve(source_);
   if (!path.ok()) return Fail(path.status());
-  auto model = worker::LoadModel(*path);
+  auto model = model_io::LoadModel(*path);
   if (!model.ok()) return Fail(model.status());
   if (logits_->parsed()) return PrintLogits(*model, tokens_);
   if (diff_->parsed()) {
     auto other = load(other_);
     if (!other.ok()) return Fail(other.status());
-    auto diff = worker::CompareModels(*model, *other);
+    auto diff = model_io::CompareModels(*model, *other);
     if (!diff.ok()) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           source_, " and ", other_, " are not the same model: ", diff.status().message())));

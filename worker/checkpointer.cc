@@ -32,10 +32,10 @@ double MsSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-int64_t SnapshotBytes(const std::vector<UnitSlice>& state) {
+int64_t SnapshotBytes(const std::vector<model_io::UnitSlice>& state) {
   int64_t elements = 0;
-  for (const UnitSlice& slice : state) elements += slice.end - slice.begin;
-  return elements * static_cast<int64_t>(kUnitStates.size() * sizeof(float));
+  for (const model_io::UnitSlice& slice : state) elements += slice.end - slice.begin;
+  return elements * static_cast<int64_t>(model_io::kUnitStates.size() * sizeof(float));
 }
 
 }  // namespace
@@ -97,7 +97,7 @@ absl::StatusOr<std::vector<std::string>> Checkpointer::RestoreCandidates() {
   return split;
 }
 
-absl::StatusOr<Checkpointer::Restored> Checkpointer::RestoreLatest(TrainingEngine* engine,
+absl::StatusOr<Checkpointer::Restored> Checkpointer::RestoreLatest(zero::TrainingEngine* engine,
                                                                    comm::Communicator* comm) {
   const auto start = std::chrono::steady_clock::now();
   WEFT_ASSIGN_OR_RETURN(const std::vector<std::string> candidates, RestoreCandidates());
@@ -171,7 +171,7 @@ absl::StatusOr<bool> Checkpointer::ShouldSave(int64_t completed_steps,
   return true;
 }
 
-absl::StatusOr<bool> Checkpointer::SaveDeferred(int64_t step, const TrainingEngine& engine) {
+absl::StatusOr<bool> Checkpointer::SaveDeferred(int64_t step, const zero::TrainingEngine& engine) {
   Drain();
   const bool deferred = deferred_from_ != 0;
   if (deferred) {
@@ -191,7 +191,7 @@ absl::StatusOr<bool> Checkpointer::SaveDeferred(int64_t step, const TrainingEngi
   return deferred;
 }
 
-absl::Status Checkpointer::Prepare(const TrainingEngine& engine, size_t host_available_bytes) {
+absl::Status Checkpointer::Prepare(const zero::TrainingEngine& engine, size_t host_available_bytes) {
   if (spec_.checkpoint().interval_steps() <= 0 || !who_.Writes()) return absl::OkStatus();
   const double need =
       static_cast<double>(CheckpointRankBytes(spec_.model(), who_.Writers()));
@@ -203,19 +203,19 @@ absl::Status Checkpointer::Prepare(const TrainingEngine& engine, size_t host_ava
         "hosts, or without checkpoints",
         need / 1e9, static_cast<double>(host_available_bytes) / 1e9));
   }
-  std::vector<UnitSlice> buffers = TakeBuffers();
+  std::vector<model_io::UnitSlice> buffers = TakeBuffers();
   const absl::Status status = engine.Snapshot(&buffers);
   std::lock_guard<std::mutex> lock(mu_);
   spare_ = std::move(buffers);
   return status;
 }
 
-absl::StatusOr<double> Checkpointer::Save(int64_t step, const TrainingEngine& engine) {
+absl::StatusOr<double> Checkpointer::Save(int64_t step, const zero::TrainingEngine& engine) {
   // The stall: waiting for the previous upload, plus copying this rank's state to host memory.
   // The upload itself overlaps the next steps.
   if (!who_.Writes()) return 0.0;
   const auto start = std::chrono::steady_clock::now();
-  std::vector<UnitSlice> snapshot = TakeBuffers();
+  std::vector<model_io::UnitSlice> snapshot = TakeBuffers();
   const double waited_ms = MsSince(start);
   const bool reused = !snapshot.empty();
   if (absl::Status s = engine.Snapshot(&snapshot); !s.ok()) {
@@ -236,7 +236,7 @@ absl::StatusOr<double> Checkpointer::Save(int64_t step, const TrainingEngine& en
   return stall_ms;
 }
 
-std::vector<UnitSlice> Checkpointer::TakeBuffers() {
+std::vector<model_io::UnitSlice> Checkpointer::TakeBuffers() {
   // Only Save (the training thread) takes and submits buffers, so once nothing is in flight
   // the thread no longer reads `spare_`'s buffers until the next Submit hands them back: the
   // copy never overwrites data being sent.
@@ -311,12 +311,12 @@ std::string DeferredSaveReason(int uploading, int unreachable, const std::string
                       "than checkpoint.interval_steps)");
 }
 
-std::vector<ShardTensor> ShardTensorsOf(const std::vector<UnitSlice>& state) {
+std::vector<ShardTensor> ShardTensorsOf(const std::vector<model_io::UnitSlice>& state) {
   std::vector<ShardTensor> tensors;
-  for (const UnitSlice& slice : state) {
-    for (UnitState what : kUnitStates) {
+  for (const model_io::UnitSlice& slice : state) {
+    for (model_io::UnitState what : model_io::kUnitStates) {
       ShardTensor t;
-      t.name = CheckpointTensorName(slice.unit, what);
+      t.name = model_io::CheckpointTensorName(slice.unit, what);
       t.shape = {slice.size};
       t.begin = slice.begin;
       t.end = slice.end;
@@ -330,17 +330,17 @@ std::vector<ShardTensor> ShardTensorsOf(const std::vector<UnitSlice>& state) {
 weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, int64_t step,
                                                    int64_t optimizer_steps, int32_t world_size,
                                                    const weft::v1::JobSpec& spec,
-                                                   const std::vector<UnitSlice>& state) {
+                                                   const std::vector<model_io::UnitSlice>& state) {
   weft::v1::CheckpointManifest manifest;
   manifest.set_job_id(job_id);
   manifest.set_step(step);
   manifest.set_world_size(world_size);
   manifest.set_optimizer_step(optimizer_steps);
   *manifest.mutable_spec() = spec;
-  for (const UnitSlice& slice : state) {
-    for (UnitState what : kUnitStates) {
+  for (const model_io::UnitSlice& slice : state) {
+    for (model_io::UnitState what : model_io::kUnitStates) {
       auto* layout = manifest.add_tensors();
-      layout->set_name(CheckpointTensorName(slice.unit, what));
+      layout->set_name(model_io::CheckpointTensorName(slice.unit, what));
       layout->set_dtype(weft::v1::DTYPE_F32);
       layout->add_shape(slice.size);
     }
@@ -356,7 +356,7 @@ weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, in
 
 absl::Status Checkpointer::Send(const Upload& upload) {
   const int64_t step = upload.step;
-  const std::vector<UnitSlice>& state = upload.state;
+  const std::vector<model_io::UnitSlice>& state = upload.state;
   const int32_t rank = who_.rank;
   const int32_t world = who_.Writers();
   const auto start = std::chrono::steady_clock::now();

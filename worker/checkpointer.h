@@ -39,7 +39,7 @@
 #include "client/checkpoint_client.h"
 #include "common/store.h"
 #include "worker/comm/communicator.h"
-#include "worker/training_engine.h"
+#include "worker/zero/training_engine.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::worker {
@@ -50,10 +50,10 @@ namespace weft::worker {
 weft::v1::CheckpointManifest CheckpointManifestFor(const std::string& job_id, int64_t step,
                                                    int64_t optimizer_steps, int32_t world_size,
                                                    const weft::v1::JobSpec& spec,
-                                                   const std::vector<UnitSlice>& state);
+                                                   const std::vector<model_io::UnitSlice>& state);
 
 // The tensors of `state` as one rank's shard (pointing into `state`).
-std::vector<ShardTensor> ShardTensorsOf(const std::vector<UnitSlice>& state);
+std::vector<ShardTensor> ShardTensorsOf(const std::vector<model_io::UnitSlice>& state);
 
 // Why a due save is deferred, for the log: `uploading` ranks still upload the previous
 // checkpoint, `unreachable` of them to a checkpointd (at `checkpointd`) that does not answer.
@@ -105,7 +105,7 @@ class Checkpointer {
     std::string job;     // whose checkpoint: this job or resume_from_job
     int32_t world_size = 0;  // the world that wrote it
   };
-  absl::StatusOr<Restored> RestoreLatest(TrainingEngine* engine, comm::Communicator* comm);
+  absl::StatusOr<Restored> RestoreLatest(zero::TrainingEngine* engine, comm::Communicator* comm);
 
   // Whether a checkpoint is due once `completed_steps` steps are done.
   bool Due(int64_t completed_steps) const;
@@ -127,7 +127,7 @@ class Checkpointer {
   // at most commit_timeout_ms): ranks finish their uploads at different times, rank 0 last
   // (it commits), and a rank that went on to the collectives after training would wait there
   // for the others under the collectives' much shorter timeout.
-  absl::StatusOr<bool> SaveDeferred(int64_t step, const TrainingEngine& engine);
+  absl::StatusOr<bool> SaveDeferred(int64_t step, const zero::TrainingEngine& engine);
 
   // When saves are on: allocates (and faults in) the host buffers saves copy into, from a first
   // snapshot of `engine`, so the first save's stall is a copy too, not an allocation of the
@@ -136,12 +136,12 @@ class Checkpointer {
   // `host_available_bytes` (this rank's share of MemAvailable): the buffers stay for the
   // whole run, and a host that cannot hold them would kill the worker at the first save
   // instead. Another error leaves saves to allocate.
-  absl::Status Prepare(const TrainingEngine& engine, size_t host_available_bytes);
+  absl::Status Prepare(const zero::TrainingEngine& engine, size_t host_available_bytes);
 
   // Takes the snapshot of `engine` after `step` completed steps and queues its upload, first
   // waiting for the previous one. Returns the stall this cost training, in milliseconds, or
   // the error of the device copy (nothing is queued then).
-  absl::StatusOr<double> Save(int64_t step, const TrainingEngine& engine);
+  absl::StatusOr<double> Save(int64_t step, const zero::TrainingEngine& engine);
 
   struct Committed {
     int64_t step = 0;
@@ -170,12 +170,12 @@ class Checkpointer {
   // first.
   absl::StatusOr<std::vector<std::string>> RestoreCandidates();
   // Waits until no upload is in flight, then hands over the buffers of the last one.
-  std::vector<UnitSlice> TakeBuffers();
+  std::vector<model_io::UnitSlice> TakeBuffers();
   // A snapshot on its way to checkpointd.
   struct Upload {
     int64_t step = 0;
     int64_t optimizer_steps = 0;
-    std::vector<UnitSlice> state;
+    std::vector<model_io::UnitSlice> state;
   };
   void Submit(Upload upload);
   void Loop();
@@ -193,7 +193,7 @@ class Checkpointer {
   bool busy_ = false;
   std::optional<Upload> next_;
   // The last upload's buffers, back from the thread; empty while one is in flight.
-  std::vector<UnitSlice> spare_;
+  std::vector<model_io::UnitSlice> spare_;
   std::optional<Committed> committed_;
   std::optional<Failed> failed_;
   // The step a due save was deferred from while an upload was in flight (0: none).

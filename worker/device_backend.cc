@@ -7,13 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/comm/hybrid_communicator.h"
-#include "worker/zero_cpu.h"
+#include "worker/zero/zero_cpu.h"
 #ifdef WEFT_WORKER_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/cuda/cuda_check.h"
-#include "worker/zero_cuda.h"
+#include "worker/zero/zero_cuda.h"
 #endif
 
 namespace weft::worker {
@@ -28,11 +28,11 @@ struct CommPart {
 
 // The rank's group and replica under `base` (the backend's store prefix): every group and
 // every replica meets under a prefix of its own.
-CommPart GroupPart(const std::string& base, const ShardingGroups& groups, int rank) {
+CommPart GroupPart(const std::string& base, const zero::ShardingGroups& groups, int rank) {
   return {absl::StrCat(base, "/group/", groups.group(rank)), groups.position(rank),
           groups.group_size};
 }
-CommPart ReplicaPart(const std::string& base, const ShardingGroups& groups, int rank) {
+CommPart ReplicaPart(const std::string& base, const zero::ShardingGroups& groups, int rank) {
   return {absl::StrCat(base, "/replica/", groups.position(rank)), groups.group(rank),
           groups.replicas()};
 }
@@ -49,7 +49,7 @@ struct EngineComms {
 
 template <typename Comm, typename Connect>
 absl::StatusOr<EngineComms<Comm>> ConnectComms(const std::string& base, int rank,
-                                               const ShardingGroups& groups,
+                                               const zero::ShardingGroups& groups,
                                                const Connect& connect, DeviceBackend* backend) {
   EngineComms<Comm> comms;
   if (!groups.hybrid()) {
@@ -67,7 +67,7 @@ absl::StatusOr<EngineComms<Comm>> ConnectComms(const std::string& base, int rank
 }
 
 absl::StatusOr<DeviceBackend> CreateCpuBackend(const DeviceOptions& options, Store* store,
-                                               int rank, const ShardingGroups& groups,
+                                               int rank, const zero::ShardingGroups& groups,
                                                const weft::v1::JobSpec& spec,
                                                BackendPart* failed) {
   comm::GlooOptions gloo_options;
@@ -84,13 +84,13 @@ absl::StatusOr<DeviceBackend> CreateCpuBackend(const DeviceOptions& options, Sto
                         ConnectComms<comm::Communicator>("gloo", rank, groups, connect, &backend));
   *failed = BackendPart::kEngine;
   WEFT_ASSIGN_OR_RETURN(backend.engine,
-                        ZeroCpuEngine::Create(spec, comms.shards, comms.replica,
-                                              ZeroCpuOptions{options.ranks_on_host}));
+                        zero::ZeroCpuEngine::Create(spec, comms.shards, comms.replica,
+                                              zero::ZeroCpuOptions{options.ranks_on_host}));
   return backend;
 }
 
 absl::StatusOr<DeviceBackend> CreateCudaBackend(const DeviceOptions& options, Store* store,
-                                                int rank, const ShardingGroups& groups,
+                                                int rank, const zero::ShardingGroups& groups,
                                                 const weft::v1::JobSpec& spec,
                                                 BackendPart* failed) {
   *failed = BackendPart::kCommunicator;
@@ -112,7 +112,7 @@ absl::StatusOr<DeviceBackend> CreateCudaBackend(const DeviceOptions& options, St
       ConnectComms<comm::CudaCommunicator>("nccl", rank, groups, connect, &backend));
   *failed = BackendPart::kEngine;
   WEFT_ASSIGN_OR_RETURN(backend.engine,
-                        ZeroCudaEngine::Create(spec, comms.shards, comms.replica,
+                        zero::ZeroCudaEngine::Create(spec, comms.shards, comms.replica,
                                                options.ranks_on_host));
   return backend;
 #else
@@ -124,7 +124,7 @@ absl::StatusOr<DeviceBackend> CreateCudaBackend(const DeviceOptions& options, St
 }  // namespace
 
 absl::StatusOr<DeviceBackend> CreateDeviceBackend(const DeviceOptions& options, Store* store,
-                                                  int rank, const ShardingGroups& groups,
+                                                  int rank, const zero::ShardingGroups& groups,
                                                   const weft::v1::JobSpec& spec,
                                                   BackendPart* failed) {
   BackendPart ignored;

@@ -1,7 +1,7 @@
 // The device a worker trains on, as the pair a generation run needs: a communicator and the
 // ZeRO engine that runs over it. The CPU pairs Gloo with ZeroCpuEngine; CUDA pairs NCCL with
 // ZeroCudaEngine. Only this file's implementation knows which devices this build supports.
-// With hybrid sharding (worker/sharding_groups.h) a backend connects two communicators, the
+// With hybrid sharding (worker/zero/sharding_groups.h) a backend connects two communicators, the
 // rank's group and its replica, and `comm` is their HybridCommunicator (the world's scalar
 // all-reduces and barriers, and Abort of both); the engine runs over the two.
 #ifndef WEFT_WORKER_DEVICE_BACKEND_H_
@@ -14,8 +14,8 @@
 #include "absl/status/statusor.h"
 #include "common/store.h"
 #include "worker/comm/communicator.h"
-#include "worker/sharding_groups.h"
-#include "worker/training_engine.h"
+#include "worker/zero/sharding_groups.h"
+#include "worker/zero/training_engine.h"
 #include "weft/v1/job.pb.h"
 
 namespace weft::worker {
@@ -37,7 +37,7 @@ struct DeviceBackend {
   // The world (AllReduce, Barrier, Abort for the generation run). Declared before the engine,
   // which uses it (or the communicators it owns): the engine is destroyed first.
   std::unique_ptr<comm::Communicator> comm;
-  std::unique_ptr<TrainingEngine> engine;
+  std::unique_ptr<zero::TrainingEngine> engine;
 };
 
 // Which part of a backend could not be made. The communicator fails when a peer or the
@@ -49,7 +49,7 @@ enum class BackendPart { kCommunicator, kEngine };
 // replica (rendezvousing under "<backend>/group/<g>" and "<backend>/replica/<position>"). On
 // failure, `*failed` (when not null) says which part.
 absl::StatusOr<DeviceBackend> CreateDeviceBackend(const DeviceOptions& options, Store* store,
-                                                  int rank, const ShardingGroups& groups,
+                                                  int rank, const zero::ShardingGroups& groups,
                                                   const weft::v1::JobSpec& spec,
                                                   BackendPart* failed = nullptr);
 

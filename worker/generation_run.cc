@@ -14,9 +14,9 @@
 #include "common/status.h"
 #include "common/status_context.h"
 #include "spdlog/spdlog.h"
-#include "worker/memory_plan.h"
+#include "worker/zero/memory_plan.h"
 #include "worker/mfu.h"
-#include "worker/model_io.h"
+#include "worker/model_io/model_file.h"
 #include "worker/step_failures.h"
 
 namespace weft::worker {
@@ -129,7 +129,7 @@ absl::Status GenerationRun::Train() {
   // The data is opened before the rendezvous, and what is wrong with it goes to Join: a
   // member that cannot read what its peers can is refused there, at no restart's cost.
   absl::StatusOr<Data> opened = OpenData();
-  WEFT_ASSIGN_OR_RETURN(const ShardingGroups groups,
+  WEFT_ASSIGN_OR_RETURN(const zero::ShardingGroups groups,
                         Join(opened.ok() ? "" : std::string(opened.status().message())));
   if (!opened.ok()) {
     // A coordinator that knows of data_error never completes such a rendezvous; an older one
@@ -180,7 +180,7 @@ absl::Status GenerationRun::Train() {
   if (checkpointer != nullptr) {
     // The host's ranks each keep buffers: this rank's share of what is available.
     const absl::Status s =
-        checkpointer->Prepare(*backend.engine, HostAvailableBytes() / ranks_on_host_);
+        checkpointer->Prepare(*backend.engine, zero::HostAvailableBytes() / ranks_on_host_);
     if (s.code() == absl::StatusCode::kResourceExhausted) {
       ReportError(s, /*permanent=*/true);  // the same host will not have more next time
       return s;
@@ -196,7 +196,7 @@ absl::Status GenerationRun::Train() {
   return Finish(training);
 }
 
-absl::StatusOr<ShardingGroups> GenerationRun::Join(const std::string& data_error) {
+absl::StatusOr<zero::ShardingGroups> GenerationRun::Join(const std::string& data_error) {
   const weft::v1::ShardingSpec& sharding = command_.spec().sharding();
   weft::v1::JoinRequest join;
   join.set_data_error(data_error);
@@ -216,12 +216,12 @@ absl::StatusOr<ShardingGroups> GenerationRun::Join(const std::string& data_error
   spdlog::info("job {} generation {}: rank {} of {}", job_id(), generation(), rank_,
                joined->world_size());
   if (sharding.scope() == weft::v1::ShardingSpec::WORLD) {
-    return ShardingGroups::Full(joined->world_size());
+    return zero::ShardingGroups::Full(joined->world_size());
   }
-  std::vector<std::string> hosts = RankHosts(*joined);
+  std::vector<std::string> hosts = zero::RankHosts(*joined);
   // GROUP needs only the count; HOST gets the peers it asked for.
   if (sharding.scope() == weft::v1::ShardingSpec::GROUP) hosts.resize(joined->world_size());
-  auto groups = ResolveShardingGroups(sharding, hosts);
+  auto groups = zero::ResolveShardingGroups(sharding, hosts);
   if (!groups.ok()) {
     // Not permanent: the placement is this generation's, and the next one may be placed on
     // other workers; a job that keeps landing on uneven hosts spends its restart budget.
@@ -248,12 +248,12 @@ absl::StatusOr<GenerationRun::Data> GenerationRun::OpenData() {
   }
   // Read now, though only rank 0 writes it at the end: a missing or changed tokenizer fails the
   // job before it trains, not after.
-  WEFT_ASSIGN_OR_RETURN(data.tokenizer, LoadJobTokenizer(spec));
+  WEFT_ASSIGN_OR_RETURN(data.tokenizer, model_io::LoadJobTokenizer(spec));
   return data;
 }
 
 absl::StatusOr<DeviceBackend> GenerationRun::CreateBackend(Store* store,
-                                                          const ShardingGroups& groups) {
+                                                          const zero::ShardingGroups& groups) {
   BackendPart failed = BackendPart::kCommunicator;
   DeviceOptions device = options_.device;
   device.ranks_on_host = ranks_on_host_;
@@ -357,10 +357,10 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
   const int batch = spec.training().micro_batch_size();
   const uint64_t seed = spec.training().seed();
   data::TokenDataset* train = training.data->train.get();
-  BatchFn train_batch = [&](int64_t step, int micro, int32_t* inputs, int32_t* targets) {
+  zero::BatchFn train_batch = [&](int64_t step, int micro, int32_t* inputs, int32_t* targets) {
     train->Batch(seed, step, micro, rank_, world, batch, inputs, targets);
   };
-  TrainingEngine& engine = *training.backend->engine;
+  zero::TrainingEngine& engine = *training.backend->engine;
   const int64_t total = spec.training().total_steps();
   const double tokens_per_step = static_cast<double>(world) * batch *
                                  spec.training().sequence_length() *
@@ -450,7 +450,7 @@ absl::StatusOr<double> GenerationRun::MaybeValidate(int64_t completed, const Tra
   }
   const int world = training.world;
   // Validation always reads the same batches, so successive losses compare.
-  BatchFn val_batch = [&](int64_t, int micro, int32_t* inputs, int32_t* targets) {
+  zero::BatchFn val_batch = [&](int64_t, int micro, int32_t* inputs, int32_t* targets) {
     val->Batch(spec.seed(), 0, micro, rank_, world, spec.micro_batch_size(), inputs, targets);
   };
   auto v = training.backend->engine->EvalLoss(spec.val_batches(), val_batch);
@@ -462,10 +462,10 @@ absl::StatusOr<double> GenerationRun::MaybeValidate(int64_t completed, const Tra
   return *v;
 }
 
-void GenerationRun::ReportStep(int64_t completed, const StepResult& result, double tokens_per_s,
+void GenerationRun::ReportStep(int64_t completed, const zero::StepResult& result, double tokens_per_s,
                                double mfu, double val_loss, const Training& training,
                                StepReports* reports) {
-  const TrainingEngine& engine = *training.backend->engine;
+  const zero::TrainingEngine& engine = *training.backend->engine;
   weft::v1::ReportProgressRequest report = NewReport();
   auto* m = report.mutable_metrics();
   m->set_step(completed);
@@ -511,7 +511,7 @@ void GenerationRun::ReportCheckpointFailure(Checkpointer* checkpointer) {
   (void)client_->ReportProgress(report);
 }
 
-absl::Status GenerationRun::GatherModel(TrainingEngine* engine, ModelFileWriter* file,
+absl::Status GenerationRun::GatherModel(zero::TrainingEngine* engine, model_io::ModelFileWriter* file,
                                         absl::Status* written) {
   for (int u = 0; u < engine->arch().NumUnits(); ++u) {
     WEFT_ASSIGN_OR_RETURN(const std::vector<float> unit, engine->GatherUnit(u));
@@ -535,18 +535,18 @@ absl::Status GenerationRun::Finish(const Training& training) {
 
   // Rank 0 writes the trained model while every rank gathers it, a unit at a time.
   std::string path;
-  std::unique_ptr<ModelFileWriter> file;
+  std::unique_ptr<model_io::ModelFileWriter> file;
   absl::Status written;
   if (rank_ == 0) {
     const std::string dir = absl::StrCat(options_.output_dir, "/", job_id());
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     path = std::filesystem::absolute(dir + "/model.safetensors").string();
-    auto metadata = TokenizerMetadata(training.data->tokenizer.get(),
+    auto metadata = model_io::TokenizerMetadata(training.data->tokenizer.get(),
                                       command_.spec().model().vocab_size());
     if (!metadata.ok()) {
       written = metadata.status();
-    } else if (auto begun = ModelFileWriter::Begin(path, command_.spec(), *metadata); begun.ok()) {
+    } else if (auto begun = model_io::ModelFileWriter::Begin(path, command_.spec(), *metadata); begun.ok()) {
       file = std::move(*begun);
     } else {
       written = begun.status();

@@ -23,9 +23,9 @@
 #include "worker/data/tokenizer.h"
 #include "worker/device_backend.h"
 #include "worker/hf/hf_checkpoint.h"
-#include "worker/training_engine.h"
-#include "worker/model_io.h"
-#include "worker/sharding_groups.h"
+#include "worker/zero/training_engine.h"
+#include "worker/model_io/model_file.h"
+#include "worker/zero/sharding_groups.h"
 #include "worker/step_reports.h"
 #include "worker/worker_metrics.h"
 #include "weft/v1/worker.pb.h"
@@ -93,10 +93,10 @@ class GenerationRun {
   // sharding, its groups (scope HOST: from the members' hosts).
   // Joins the rendezvous, telling the coordinator what is wrong with this member's data
   // (empty: nothing).
-  absl::StatusOr<ShardingGroups> Join(const std::string& data_error);
+  absl::StatusOr<zero::ShardingGroups> Join(const std::string& data_error);
   // The job's datasets and tokenizer; reports nothing (Train passes the error to Join).
   absl::StatusOr<Data> OpenData();
-  absl::StatusOr<DeviceBackend> CreateBackend(Store* store, const ShardingGroups& groups);
+  absl::StatusOr<DeviceBackend> CreateBackend(Store* store, const zero::ShardingGroups& groups);
   // The Hugging Face checkpoint of spec.init_from_hf_dir, headers read and config.json checked
   // against the spec (null when the spec names none): before the engine allocates the model,
   // so that a bad directory fails the job at once. A failure is permanent.
@@ -113,7 +113,7 @@ class GenerationRun {
   absl::StatusOr<double> MaybeValidate(int64_t completed, const Training& training,
                                        double val_loss);
   // Rank 0: queues the report of a completed step on `reports` (sent from its thread).
-  void ReportStep(int64_t completed, const StepResult& result, double tokens_per_s, double mfu,
+  void ReportStep(int64_t completed, const zero::StepResult& result, double tokens_per_s, double mfu,
                   double val_loss, const Training& training, StepReports* reports);
   // Gathers the model (each group gathers its own copy, over the group), and on rank 0 writes
   // it and reports the job finished.
@@ -121,7 +121,7 @@ class GenerationRun {
   // Gathers every unit in turn (collective) and hands each to `file` (rank 0; null elsewhere),
   // then drops it: no rank holds more than one whole unit. A failed write stops the writing,
   // not the gathers the other ranks wait in; *written keeps the first write error.
-  absl::Status GatherModel(TrainingEngine* engine, ModelFileWriter* file, absl::Status* written);
+  absl::Status GatherModel(zero::TrainingEngine* engine, model_io::ModelFileWriter* file, absl::Status* written);
   // Rank 0 tells the coordinator about each commit with its next report, and every rank about
   // its failed saves (CHECKPOINT_FAILED events); true when `report` now carries a failure.
   bool AddCheckpointOutcome(Checkpointer* checkpointer, weft::v1::ReportProgressRequest* report);

@@ -55,7 +55,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
                .Register(registry);
 }
 
-void WorkerMetrics::RecordStep(int64_t step, const StepResult& result, double tokens_per_s,
+void WorkerMetrics::RecordStep(int64_t step, const zero::StepResult& result, double tokens_per_s,
                                double mfu, size_t state_bytes) {
   step_->Set(static_cast<double>(step));
   loss_->Set(result.loss);

@@ -8,7 +8,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
-#include "worker/training_engine.h"
+#include "worker/zero/training_engine.h"
 
 namespace weft::worker {
 
@@ -16,7 +16,7 @@ class WorkerMetrics {
  public:
   WorkerMetrics(prometheus::Registry& registry, const std::string& worker_id);
 
-  void RecordStep(int64_t step, const StepResult& result, double tokens_per_s, double mfu,
+  void RecordStep(int64_t step, const zero::StepResult& result, double tokens_per_s, double mfu,
                   size_t state_bytes);
   // Training time lost to taking a checkpoint's snapshot (every rank), and the upload time of
   // a committed checkpoint (rank 0, which learns of commits).

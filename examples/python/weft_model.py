@@ -5,7 +5,7 @@ trained under and the tokenizer of its data. Standard library only.
     weft_model.py MODEL.safetensors                          # JSON: format, tokenizer, spec
     weft_model.py MODEL.safetensors --tokenizer-out tok.model   # the SentencePiece model
 
-The tokenizer is in the file's metadata (worker/model_io.h): "weft.tokenizer.kind" ("bytes" or
+The tokenizer is in the file's metadata (worker/model_io/model_file.h): "weft.tokenizer.kind" ("bytes" or
 "sentencepiece"; absent: none recorded, the model speaks token ids) and, for SentencePiece,
 "weft.tokenizer.model" (the .model file, base64) and "weft.tokenizer.crc32c", which this script
 checks. The .model it writes loads in any SentencePiece (the `sentencepiece` package's

@@ -23,7 +23,7 @@
 #include "tests/testing/tcp_proxy.h"
 #include "worker/engine/gpt2/gpt2_arch.h"
 #include "worker/hf/hf_checkpoint.h"
-#include "worker/model_io.h"
+#include "worker/model_io/model_file.h"
 
 namespace weft {
 namespace {
@@ -532,7 +532,7 @@ TEST_F(CheckpointClientTest, TrainctlExportGivesALoadableModel) {
   CommandResult r = Trainctl({"checkpoint", "export", "job-x", "30", "--out", path});
   ASSERT_EQ(r.exit_code, 0) << Describe(r);
   EXPECT_THAT(r.out, HasSubstr(path));
-  auto loaded = worker::LoadModel(path);
+  auto loaded = model_io::LoadModel(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ASSERT_EQ(loaded->units.size(), params.size());
   for (int u = 0; u < units; ++u) {

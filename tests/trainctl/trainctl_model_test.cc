@@ -12,7 +12,7 @@
 #include "tests/worker/hf/hf_test_util.h"
 #include "worker/data/tokenizer.h"
 #include "worker/hf/hf_checkpoint.h"
-#include "worker/model_io.h"
+#include "worker/model_io/model_file.h"
 
 namespace weft {
 namespace {
@@ -34,7 +34,7 @@ TEST(TrainctlModelTest, FromHfPrintsASpecThatParsesAndRefusesNamedKeys) {
   const v1::ModelSpec llama = hf::testing::TinyLlama(false);
   const std::string dir = tmp.File("llama");
   hf::testing::WriteHfDir(dir, llama, hf::testing::ExactUnits(*hf::testing::ArchOf(llama), 1),
-                          data::Dtype::kBF16);
+                          model_io::Dtype::kBF16);
   CommandResult r = Trainctl({"model", "from-hf", dir});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("architecture: LLAMA"));
@@ -82,7 +82,7 @@ TEST(TrainctlModelTest, ExportOfAModelFileImportsBackExactly) {
   const auto arch = hf::testing::ArchOf(job.model());
   const auto units = hf::testing::ExactUnits(*arch, 4);
   const std::string file = tmp.File("model.safetensors");
-  ASSERT_TRUE(worker::SaveModel(file, job, units).ok());
+  ASSERT_TRUE(model_io::SaveModel(file, job, units).ok());
   const std::string out = tmp.File("hf");
   CommandResult r = Trainctl({"model", "export", file, "--out", out, "--dtype", "bf16",
                               "--max-shard-bytes", "4000"});
@@ -123,7 +123,7 @@ TEST(TrainctlModelTest, ExportWritesTheRecordedTokenizer) {
   const auto arch = hf::testing::ArchOf(job.model());
   const std::string file = tmp.File("model.safetensors");
   ASSERT_TRUE(
-      worker::SaveModel(file, job, hf::testing::ExactUnits(*arch, 5), tokenizer->get()).ok());
+      model_io::SaveModel(file, job, hf::testing::ExactUnits(*arch, 5), tokenizer->get()).ok());
   const std::string out = tmp.File("hf");
   CommandResult r = Trainctl({"-o", "json", "model", "export", file, "--out", out});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -147,7 +147,7 @@ TEST(TrainctlModelTest, ExportWritesTheRecordedTokenizer) {
 
   // A model file without a tokenizer: ids null, no tokenizer files, and a warning says so.
   const std::string bare = tmp.File("bare.safetensors");
-  ASSERT_TRUE(worker::SaveModel(bare, job, hf::testing::ExactUnits(*arch, 5)).ok());
+  ASSERT_TRUE(model_io::SaveModel(bare, job, hf::testing::ExactUnits(*arch, 5)).ok());
   r = Trainctl({"model", "export", bare, "--out", tmp.File("bare")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("records no tokenizer"));
@@ -163,7 +163,7 @@ TEST(TrainctlModelTest, LogitsPrintsTheModelsRowsAndNamesBadTokens) {
   *job.mutable_model() = hf::testing::TinyLlama(false);
   const auto arch = hf::testing::ArchOf(job.model());
   const std::string file = tmp.File("model.safetensors");
-  ASSERT_TRUE(worker::SaveModel(file, job, hf::testing::ExactUnits(*arch, 2)).ok());
+  ASSERT_TRUE(model_io::SaveModel(file, job, hf::testing::ExactUnits(*arch, 2)).ok());
   CommandResult r = Trainctl({"model", "logits", file, "--tokens", "3 1 4"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
@@ -171,9 +171,9 @@ TEST(TrainctlModelTest, LogitsPrintsTheModelsRowsAndNamesBadTokens) {
   ASSERT_EQ(j["logits"][0].size(), 3u);
   ASSERT_EQ(j["logits"][0][2].size(), static_cast<size_t>(arch->vocab_size()));
   // The same numbers as the library call (the JSON holds floats exactly).
-  auto model = worker::LoadModel(file);
+  auto model = model_io::LoadModel(file);
   ASSERT_TRUE(model.ok()) << model.status();
-  auto want = worker::ModelLogits(*model, {3, 1, 4});
+  auto want = model_io::ModelLogits(*model, {3, 1, 4});
   ASSERT_TRUE(want.ok()) << want.status();
   EXPECT_EQ(j["logits"][0][2][5].get<float>(), (*want)[2 * arch->vocab_size() + 5]);
 
@@ -199,12 +199,12 @@ TEST(TrainctlModelTest, DiffNamesTheTensorsThatDifferAndExitsByTolerance) {
   const auto units = hf::testing::ExactUnits(*arch, 3);
   const std::string a = tmp.File("a.safetensors"), b = tmp.File("b.safetensors"),
                     c = tmp.File("c.safetensors");
-  ASSERT_TRUE(worker::SaveModel(a, job, units).ok());
-  ASSERT_TRUE(worker::SaveModel(b, job, units).ok());
+  ASSERT_TRUE(model_io::SaveModel(a, job, units).ok());
+  ASSERT_TRUE(model_io::SaveModel(b, job, units).ok());
   auto changed = units;
   const engine::TensorInfo tensor = arch->UnitTensors(1)[0];
   changed[1][tensor.offset + 2] += 0.25f;
-  ASSERT_TRUE(worker::SaveModel(c, job, changed).ok());
+  ASSERT_TRUE(model_io::SaveModel(c, job, changed).ok());
 
   CommandResult r = Trainctl({"model", "diff", a, b});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -216,9 +216,9 @@ TEST(TrainctlModelTest, DiffNamesTheTensorsThatDifferAndExitsByTolerance) {
   EXPECT_THAT(r.out, HasSubstr("1 of "));
   EXPECT_THAT(r.err, HasSubstr("differ beyond --tolerance 0"));
 
-  auto left = worker::LoadModel(a), right = worker::LoadModel(c);
+  auto left = model_io::LoadModel(a), right = model_io::LoadModel(c);
   ASSERT_TRUE(left.ok() && right.ok());
-  auto want = worker::CompareModels(*left, *right);
+  auto want = model_io::CompareModels(*left, *right);
   ASSERT_TRUE(want.ok()) << want.status();
   ASSERT_EQ(want->tensors.size(), 1u);
   EXPECT_NEAR(want->max_abs, 0.25, 1e-6);
@@ -241,7 +241,7 @@ TEST(TrainctlModelTest, DiffNamesTheTensorsThatDifferAndExitsByTolerance) {
   *tied.mutable_model() = hf::testing::TinyLlama(true);
   const std::string d = tmp.File("tied.safetensors");
   ASSERT_TRUE(
-      worker::SaveModel(d, tied, hf::testing::ExactUnits(*hf::testing::ArchOf(tied.model()), 3))
+      model_io::SaveModel(d, tied, hf::testing::ExactUnits(*hf::testing::ArchOf(tied.model()), 3))
           .ok());
   r = Trainctl({"model", "diff", a, d});
   EXPECT_EQ(r.exit_code, 1);

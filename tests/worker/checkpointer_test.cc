@@ -28,7 +28,7 @@
 #include "tests/testing/tcp_proxy.h"
 #include "tests/worker/snapshot_reader.h"
 #include "worker/comm/communicator.h"
-#include "worker/zero_cpu.h"
+#include "worker/zero/zero_cpu.h"
 
 namespace weft::worker {
 namespace {
@@ -61,21 +61,21 @@ void Batch(int64_t step, int, int32_t* inputs, int32_t* targets) {
 }
 
 // Every unit's params, m and v data pointers in `slices`.
-std::vector<const float*> DataOf(const std::vector<UnitSlice>& slices) {
+std::vector<const float*> DataOf(const std::vector<model_io::UnitSlice>& slices) {
   std::vector<const float*> out;
-  for (const UnitSlice& slice : slices) {
-    for (UnitState what : kUnitStates) out.push_back(slice.data(what).data());
+  for (const model_io::UnitSlice& slice : slices) {
+    for (model_io::UnitState what : model_io::kUnitStates) out.push_back(slice.data(what).data());
   }
   return out;
 }
 
 // The engine as training sees it, remembering the buffers each snapshot was handed and those
 // it filled.
-class RecordingEngine : public TrainingEngine {
+class RecordingEngine : public zero::TrainingEngine {
  public:
-  explicit RecordingEngine(TrainingEngine* inner) : inner_(inner) {}
+  explicit RecordingEngine(zero::TrainingEngine* inner) : inner_(inner) {}
 
-  absl::Status Snapshot(std::vector<UnitSlice>* into) const override {
+  absl::Status Snapshot(std::vector<model_io::UnitSlice>* into) const override {
     handed_ = DataOf(*into);
     if (fail_next_) {
       fail_next_ = false;
@@ -85,21 +85,21 @@ class RecordingEngine : public TrainingEngine {
     filled_ = DataOf(*into);
     return s;
   }
-  using TrainingEngine::Snapshot;
+  using zero::TrainingEngine::Snapshot;
   // Of the last snapshot: the buffers it was given (none: fresh ones) and those it filled.
   const std::vector<const float*>& handed() const { return handed_; }
   const std::vector<const float*>& filled() const { return filled_; }
   // The next snapshot fails as a faulty device copy would.
   void FailNextSnapshot() { fail_next_ = true; }
 
-  absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) override {
+  absl::StatusOr<zero::StepResult> TrainStep(int64_t step, const zero::BatchFn& batch) override {
     return inner_->TrainStep(step, batch);
   }
-  absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) override {
+  absl::StatusOr<float> EvalLoss(int batches, const zero::BatchFn& batch) override {
     return inner_->EvalLoss(batches, batch);
   }
   absl::StatusOr<std::vector<float>> GatherUnit(int u) override { return inner_->GatherUnit(u); }
-  absl::Status Restore(const RangeReader& read, int64_t optimizer_steps) override {
+  absl::Status Restore(const model_io::RangeReader& read, int64_t optimizer_steps) override {
     return inner_->Restore(read, optimizer_steps);
   }
   size_t StateBytes() const override { return inner_->StateBytes(); }
@@ -109,7 +109,7 @@ class RecordingEngine : public TrainingEngine {
   int stage() const override { return inner_->stage(); }
 
  private:
-  TrainingEngine* inner_;
+  zero::TrainingEngine* inner_;
   mutable std::vector<const float*> handed_, filled_;
   mutable bool fail_next_ = false;
 };
@@ -117,11 +117,11 @@ class RecordingEngine : public TrainingEngine {
 // Every tensor of checkpoint `step` of job "ckpt" that `expected` (a world-1 snapshot) covers
 // equals it.
 void ExpectCheckpointHolds(CheckpointClient& client, int64_t step,
-                           const std::vector<UnitSlice>& expected) {
-  for (const UnitSlice& slice : expected) {
-    for (UnitState what : kUnitStates) {
-      const std::string name = CheckpointTensorName(slice.unit, what);
-      HostFloats stored(slice.end - slice.begin);
+                           const std::vector<model_io::UnitSlice>& expected) {
+  for (const model_io::UnitSlice& slice : expected) {
+    for (model_io::UnitState what : model_io::kUnitStates) {
+      const std::string name = model_io::CheckpointTensorName(slice.unit, what);
+      model_io::HostFloats stored(slice.end - slice.begin);
       ASSERT_TRUE(
           client.ReadRange("ckpt", step, name, slice.begin, slice.end, stored.data()).ok());
       EXPECT_EQ(stored, slice.data(what)) << name << " of the checkpoint at step " << step;
@@ -149,7 +149,7 @@ class CheckpointerTest : public ::testing::Test {
 
 TEST_F(CheckpointerTest, LaterSavesReuseTheHostBuffersAndStoreTheirOwnStep) {
   const weft::v1::JobSpec spec = TinySpec();
-  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
+  auto cpu = zero::ZeroCpuEngine::Create(spec, comm_.get());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   RecordingEngine engine(cpu->get());
   CheckpointClient client(daemon_->address());
@@ -201,7 +201,7 @@ TEST_F(CheckpointerTest, OnlyTheWritersUploadAndTheManifestIsTheirSharding) {
   CheckpointTimeouts timeouts;
   timeouts.commit_timeout_ms = 5000;  // a wait for rank 1 would time out: no commit
   const weft::v1::JobSpec spec = TinySpec();
-  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
+  auto cpu = zero::ZeroCpuEngine::Create(spec, comm_.get());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   RecordingEngine engine(cpu->get());
   Checkpointer replica(&client, &store_, spec, CheckpointRank{"ckpt", 1, 1, 2, 1}, timeouts);
@@ -234,7 +234,7 @@ TEST_F(CheckpointerTest, OnlyTheWritersUploadAndTheManifestIsTheirSharding) {
 TEST_F(CheckpointerTest, ADueSaveIsDeferredWhileAnUploadIsInFlight) {
   weft::v1::JobSpec spec = TinySpec();
   spec.mutable_checkpoint()->set_interval_steps(2);
-  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
+  auto cpu = zero::ZeroCpuEngine::Create(spec, comm_.get());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   CheckpointClient client(daemon_->address());
   CheckpointTimeouts timeouts;
@@ -287,7 +287,7 @@ TEST_F(CheckpointerTest, ASaveDeferredBehindAnUnreachableCheckpointdSaysSo) {
   daemon_->process().Signal(SIGKILL);
   ASSERT_TRUE(daemon_->process().Wait(absl::Seconds(10)).ok());
   const weft::v1::JobSpec spec = TinySpec();  // a save every step
-  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
+  auto cpu = zero::ZeroCpuEngine::Create(spec, comm_.get());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   CheckpointClient client(address);
   Checkpointer checkpointer(&client, &store_, spec, CheckpointRank{"ckpt", 1, 0, 1});
@@ -326,7 +326,7 @@ TEST_F(CheckpointerTest, TheEndOfTrainingWaitsForEveryRanksUpload) {
   // Three ranks of one engine over Gloo, so that each saves its own shard and rank 0 commits.
   MemoryStore gloo_store;
   std::vector<std::unique_ptr<comm::Communicator>> comms(3);
-  std::vector<std::unique_ptr<ZeroCpuEngine>> engines(3);
+  std::vector<std::unique_ptr<zero::ZeroCpuEngine>> engines(3);
   std::vector<absl::Status> created(3);
   {
     std::vector<std::thread> threads;
@@ -338,7 +338,7 @@ TEST_F(CheckpointerTest, TheEndOfTrainingWaitsForEveryRanksUpload) {
           return;
         }
         comms[r] = std::move(*comm);
-        auto engine = ZeroCpuEngine::Create(spec, comms[r].get());
+        auto engine = zero::ZeroCpuEngine::Create(spec, comms[r].get());
         if (!engine.ok()) {
           created[r] = engine.status();
           return;
@@ -387,7 +387,7 @@ TEST_F(CheckpointerTest, TheEndOfTrainingWaitsForEveryRanksUpload) {
 // times out.
 TEST_F(CheckpointerTest, AShardThatCannotBeStoredEndsRankZerosWaitAtOnce) {
   const weft::v1::JobSpec spec = TinySpec();
-  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
+  auto cpu = zero::ZeroCpuEngine::Create(spec, comm_.get());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   CheckpointClient reachable(daemon_->address());
   // Port 1: nothing listens there, so every attempt is refused.
@@ -422,7 +422,7 @@ TEST_F(CheckpointerTest, AShardThatCannotBeStoredEndsRankZerosWaitAtOnce) {
 // go on from it.
 TEST_F(CheckpointerTest, TheCheckpointCarriesTheUpdatesAppliedBackToTheEngine) {
   const weft::v1::JobSpec spec = TinySpec();
-  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
+  auto cpu = zero::ZeroCpuEngine::Create(spec, comm_.get());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   CheckpointClient client(daemon_->address());
   Checkpointer checkpointer(&client, &store_, spec, CheckpointRank{"ckpt", 1, 0, 1});
@@ -442,7 +442,7 @@ TEST_F(CheckpointerTest, TheCheckpointCarriesTheUpdatesAppliedBackToTheEngine) {
   EXPECT_EQ((*manifests)[0].step(), 9);
   EXPECT_EQ((*manifests)[0].optimizer_step(), 7);
 
-  auto fresh = ZeroCpuEngine::Create(spec, comm_.get());
+  auto fresh = zero::ZeroCpuEngine::Create(spec, comm_.get());
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   MemoryStore store;
   Checkpointer restorer(&client, &store, spec, CheckpointRank{"ckpt", 2, 0, 1});
@@ -458,7 +458,7 @@ TEST_F(CheckpointerTest, TheCheckpointCarriesTheUpdatesAppliedBackToTheEngine) {
 // training, naming both figures, rather than losing the worker at the first save.
 TEST_F(CheckpointerTest, PrepareRefusesAHostWithoutRoomForTheSnapshot) {
   const weft::v1::JobSpec spec = TinySpec();
-  auto cpu = ZeroCpuEngine::Create(spec, comm_.get());
+  auto cpu = zero::ZeroCpuEngine::Create(spec, comm_.get());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   CheckpointClient client(daemon_->address());
   Checkpointer checkpointer(&client, &store_, spec, CheckpointRank{"ckpt", 1, 0, 1});

@@ -25,7 +25,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
 #include "weft/v1/job.pb.h"
-#include "worker/data/safetensors.h"
+#include "worker/model_io/safetensors.h"
 
 namespace weft::testing {
 
@@ -159,10 +159,10 @@ inline v1::JobSpec RecoveryJobSpec(const std::string& name, const std::string& c
 }
 
 // The tensors of the model file a finished job wrote.
-inline std::vector<data::TensorData> ReadModel(const v1::JobStatus& status) {
-  auto file = data::ReadSafetensors(status.model_path());
+inline std::vector<model_io::TensorData> ReadModel(const v1::JobStatus& status) {
+  auto file = model_io::ReadSafetensors(status.model_path());
   EXPECT_TRUE(file.ok()) << status.model_path() << ": " << file.status();
-  return file.ok() ? file->tensors : std::vector<data::TensorData>();
+  return file.ok() ? file->tensors : std::vector<model_io::TensorData>();
 }
 
 // The two jobs' final models are the same, tensor by tensor, bit for bit.

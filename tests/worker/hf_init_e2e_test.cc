@@ -12,7 +12,7 @@
 #include "tests/testing/subprocess.h"
 #include "tests/worker/cluster.h"
 #include "worker/hf/hf_export.h"
-#include "worker/model_io.h"
+#include "worker/model_io/model_file.h"
 
 namespace weft {
 namespace {
@@ -61,11 +61,11 @@ TEST_F(HfInitE2eTest, JobStartsFromTheExportedWeightsAndAMismatchFailsBeforeTrai
   ASSERT_EQ(a.state(), v1::SUCCEEDED) << Logs();
   const float trained_loss = a.last_metrics().loss();
   ASSERT_LT(trained_loss, 3.0f);
-  auto model = worker::LoadModel(a.model_path());
+  auto model = model_io::LoadModel(a.model_path());
   ASSERT_TRUE(model.ok()) << model.status();
   const std::string hf_dir = dir_.File("hf");
   hf::HfExportOptions options;
-  options.dtype = data::Dtype::kBF16;
+  options.dtype = model_io::Dtype::kBF16;
   options.max_shard_bytes = 20000;
   ASSERT_TRUE(hf::ExportHf(hf_dir, model->spec.model(), model->units, options).ok());
 

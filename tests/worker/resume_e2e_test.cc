@@ -17,7 +17,7 @@
 #include "tests/worker/cluster.h"
 #include "client/checkpoint_client.h"
 #include "worker/checkpointer.h"
-#include "worker/data/safetensors.h"
+#include "worker/model_io/safetensors.h"
 #include "worker/engine/gpt2/gpt2_arch.h"
 
 namespace weft {
@@ -97,11 +97,11 @@ INSTANTIATE_TEST_SUITE_P(Sharding, KillAndResumeE2eTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "hybrid" : "full"; });
 
 // Every unit of `spec`'s model with all parameters = `value` (AdamW moments 0), as one rank.
-std::vector<worker::UnitSlice> FilledState(const v1::JobSpec& spec, float value) {
+std::vector<model_io::UnitSlice> FilledState(const v1::JobSpec& spec, float value) {
   const engine::GptConfig config = engine::ConfigFromSpec(spec.model());
-  std::vector<worker::UnitSlice> state;
+  std::vector<model_io::UnitSlice> state;
   for (int u = 0; u < engine::NumUnits(config); ++u) {
-    worker::UnitSlice slice;
+    model_io::UnitSlice slice;
     slice.unit = u;
     slice.size = static_cast<int64_t>(engine::UnitSize(config, u));
     slice.end = slice.size;

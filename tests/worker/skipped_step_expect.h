@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "gtest/gtest.h"
-#include "worker/checkpoint_schema.h"
-#include "worker/training_engine.h"
+#include "worker/model_io/checkpoint_schema.h"
+#include "worker/zero/training_engine.h"
 
 namespace weft::testing {
 
@@ -15,8 +15,8 @@ namespace weft::testing {
 // the weights near the float range's end and every later forward overflows: step 0 must come
 // out finite, steps 1 and 2 not finite, and after them every unit's parameters, m and v must
 // be bit for bit what step 0 left, and the engine must count one AdamW update, not three.
-inline void ExpectOverflowingStepsAreSkipped(worker::TrainingEngine& engine,
-                                             const worker::BatchFn& batch) {
+inline void ExpectOverflowingStepsAreSkipped(zero::TrainingEngine& engine,
+                                             const zero::BatchFn& batch) {
   auto first = engine.TrainStep(0, batch);
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(std::isfinite(first->grad_norm));
@@ -33,9 +33,9 @@ inline void ExpectOverflowingStepsAreSkipped(worker::TrainingEngine& engine,
   ASSERT_TRUE(after.ok()) << after.status();
   ASSERT_EQ(after->size(), before->size());
   for (size_t u = 0; u < before->size(); ++u) {
-    for (worker::UnitState what : worker::kUnitStates) {
+    for (model_io::UnitState what : worker::kUnitStates) {
       EXPECT_TRUE((*after)[u].data(what) == (*before)[u].data(what))
-          << "unit " << u << " " << worker::UnitStateName(what) << " changed in a skipped step";
+          << "unit " << u << " " << model_io::UnitStateName(what) << " changed in a skipped step";
     }
   }
 }

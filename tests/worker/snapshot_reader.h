@@ -10,20 +10,20 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "worker/checkpoint_schema.h"
-#include "worker/training_engine.h"
+#include "worker/model_io/checkpoint_schema.h"
+#include "worker/zero/training_engine.h"
 
 namespace weft::testing {
 
 // Reads the ranges the slices cover; NOT_FOUND for a tensor they do not hold. The slices must
 // outlive the reader.
-inline worker::RangeReader ReaderOf(const std::vector<worker::UnitSlice>& slices) {
+inline model_io::RangeReader ReaderOf(const std::vector<model_io::UnitSlice>& slices) {
   return [&slices](const std::string& tensor, int64_t begin, int64_t end,
                    float* out) -> absl::Status {
-    for (const worker::UnitSlice& s : slices) {
-      for (worker::UnitState what : worker::kUnitStates) {
-        if (tensor != worker::CheckpointTensorName(s.unit, what)) continue;
-        const worker::HostFloats& src = s.data(what);
+    for (const model_io::UnitSlice& s : slices) {
+      for (model_io::UnitState what : model_io::kUnitStates) {
+        if (tensor != model_io::CheckpointTensorName(s.unit, what)) continue;
+        const model_io::HostFloats& src = s.data(what);
         std::copy(src.begin() + (begin - s.begin), src.begin() + (end - s.begin), out);
         return absl::OkStatus();
       }

@@ -1,4 +1,4 @@
-// The world of a hybrid-sharded generation (worker/sharding_groups.h) seen through its two
+// The world of a hybrid-sharded generation (worker/zero/sharding_groups.h) seen through its two
 // communicators: the rank's group (S ranks) and its replica (the R ranks at the same position
 // in every group). There is no world communicator: on GPUs every NCCL communicator costs
 // device memory, and over Gloo a world mesh is W^2 connections where the two take S^2 + R^2.

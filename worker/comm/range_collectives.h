@@ -1,6 +1,6 @@
 // Collectives over a RANGE of a flat array that is split into equal blocks over the ranks:
 // rank r owns elements [r * block, (r + 1) * block), as ZeRO shards a unit
-// (worker/shard_layout.h). The GPU engine gathers and reduces parts of its head unit this way
+// (worker/zero/shard_layout.h). The GPU engine gathers and reduces parts of its head unit this way
 // (the embedding apart from the final norm and LM head), so that neither is resident while
 // the other works.
 //

@@ -55,7 +55,7 @@ inline Checkpointing Lighter(Checkpointing level) {
 // `level`. The memory plan's AUTO spends what a uniform level leaves free on the device this
 // way (the lightest uniform level that fits, then as many blocks one step lighter as still
 // fit); a level a job names runs uniform. Which blocks are lighter does not matter for time.
-// For memory it can: with gradients over spent activations (worker/zero_cuda.h) the last
+// For memory it can: with gradients over spent activations (worker/zero/zero_cuda.h) the last
 // blocks' activations lie under gradients not yet written when the backward peaks, block 0's
 // do not; beyond one GPU a lighter last block may take the head's gradient out of its turn.
 // AUTO tries the first blocks and the last.

@@ -63,7 +63,7 @@ std::string HfCheckpoint::config_path() const { return (fs::path(dir_) / kHfConf
 
 absl::Status HfCheckpoint::OpenSingle() {
   WEFT_ASSIGN_OR_RETURN(auto file,
-                        data::SafetensorsReader::Open((fs::path(dir_) / kHfSingleFile).string()));
+                        model_io::SafetensorsReader::Open((fs::path(dir_) / kHfSingleFile).string()));
   for (const auto& t : file->tensors()) tensors_[t.name] = Located{file.get(), &t};
   files_[kHfSingleFile] = std::move(file);
   return absl::OkStatus();
@@ -95,8 +95,8 @@ absl::Status HfCheckpoint::OpenIndexed() {
     auto it = files_.find(file);
     if (it == files_.end()) {
       const std::string path = (fs::path(dir_) / file).string();
-      absl::StatusOr<std::unique_ptr<data::SafetensorsReader>> opened =
-          data::SafetensorsReader::Open(path);
+      absl::StatusOr<std::unique_ptr<model_io::SafetensorsReader>> opened =
+          model_io::SafetensorsReader::Open(path);
       if (!opened.ok()) {
         return absl::Status(opened.status().code(),
                             absl::StrCat(opened.status().message(), " (", index_path,
@@ -104,7 +104,7 @@ absl::Status HfCheckpoint::OpenIndexed() {
       }
       it = files_.emplace(file, std::move(*opened)).first;
     }
-    const data::SafetensorsReader::Tensor* tensor = it->second->Find(name);
+    const model_io::SafetensorsReader::Tensor* tensor = it->second->Find(name);
     if (tensor == nullptr) {
       return absl::DataLossError(absl::StrCat(it->second->path(), ": has no tensor \"", name,
                                               "\", which ", index_path, " places there"));
@@ -173,8 +173,8 @@ absl::StatusOr<std::unique_ptr<HfImporter>> HfImporter::Open(const std::string& 
 
 absl::Status HfImporter::ReadBlock(const Mapped& m, int64_t begin, int64_t end,
                                    float* out) const {
-  const data::SafetensorsReader& file = *m.where.file;
-  const data::SafetensorsReader::Tensor& tensor = *m.where.tensor;
+  const model_io::SafetensorsReader& file = *m.where.file;
+  const model_io::SafetensorsReader::Tensor& tensor = *m.where.tensor;
   if (!m.map.transposed) return file.Read(tensor, begin, end, out);
   // Weft's (r, c) is the file's (c, r): read, per file row c, the run of Weft rows [r0, r1)
   // that the range touches, then pick the wanted elements out of that column block.
@@ -210,7 +210,7 @@ absl::Status HfImporter::ReadParams(int unit, int64_t begin, int64_t end, float*
   return absl::OkStatus();
 }
 
-worker::RangeReader HfImporter::Reader() const {
+model_io::RangeReader HfImporter::Reader() const {
   return [this](const std::string& tensor, int64_t begin, int64_t end, float* out) {
     // "u<unit>.<state>"
     const size_t dot = tensor.find('.');
@@ -219,11 +219,11 @@ worker::RangeReader HfImporter::Reader() const {
         absl::SimpleAtoi(absl::string_view(tensor).substr(1, dot - 1), &unit) && unit >= 0 &&
         unit < arch_->NumUnits()) {
       const std::string state = tensor.substr(dot + 1);
-      if (state == worker::UnitStateName(worker::UnitState::kParams)) {
+      if (state == model_io::UnitStateName(model_io::UnitState::kParams)) {
         return ReadParams(unit, begin, end, out);
       }
-      if (state == worker::UnitStateName(worker::UnitState::kM) ||
-          state == worker::UnitStateName(worker::UnitState::kV)) {
+      if (state == model_io::UnitStateName(model_io::UnitState::kM) ||
+          state == model_io::UnitStateName(model_io::UnitState::kV)) {
         if (begin < 0 || begin > end) {
           return absl::OutOfRangeError(absl::StrCat("Hugging Face import: bad range [", begin,
                                                     ", ", end, ") of ", tensor));

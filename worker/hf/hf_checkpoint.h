@@ -24,8 +24,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/checkpoint_schema.h"
-#include "worker/data/safetensors.h"
+#include "worker/model_io/checkpoint_schema.h"
+#include "worker/model_io/safetensors.h"
 #include "worker/engine/model_arch.h"
 #include "worker/hf/hf_mapping.h"
 #include "weft/v1/job.pb.h"
@@ -50,8 +50,8 @@ class HfCheckpoint {
   std::string config_path() const;
 
   struct Located {
-    const data::SafetensorsReader* file = nullptr;
-    const data::SafetensorsReader::Tensor* tensor = nullptr;
+    const model_io::SafetensorsReader* file = nullptr;
+    const model_io::SafetensorsReader::Tensor* tensor = nullptr;
   };
   // The tensor `name`, or nullptr members when the checkpoint has none.
   Located Find(const std::string& name) const;
@@ -68,7 +68,7 @@ class HfCheckpoint {
 
   std::string dir_;
   std::string config_text_;
-  std::map<std::string, std::unique_ptr<data::SafetensorsReader>> files_;  // by file name
+  std::map<std::string, std::unique_ptr<model_io::SafetensorsReader>> files_;  // by file name
   std::map<std::string, Located> tensors_;                                 // by tensor name
 };
 
@@ -85,7 +85,7 @@ class HfImporter {
   // The checkpoint as Weft's: "u<unit>.params" (elements [begin, end) of the unit, fp32),
   // "u<unit>.m" and "u<unit>.v" (zeros: the optimizer starts afresh). NOT_FOUND for another
   // name. Valid while this object lives.
-  worker::RangeReader Reader() const;
+  model_io::RangeReader Reader() const;
   // Elements [begin, end) of unit `unit`'s parameters.
   absl::Status ReadParams(int unit, int64_t begin, int64_t end, float* out) const;
 

@@ -398,10 +398,10 @@ absl::Status CheckHfConfig(const std::string& config_text, const std::string& pa
   return Problems(path, problems);
 }
 
-std::string HfConfigJson(const ModelSpec& spec, data::Dtype dtype, const HfTokenIds& ids) {
+std::string HfConfigJson(const ModelSpec& spec, model_io::Dtype dtype, const HfTokenIds& ids) {
   Json c = Json::object();
-  const char* torch_dtype = dtype == data::Dtype::kBF16  ? "bfloat16"
-                            : dtype == data::Dtype::kF16 ? "float16"
+  const char* torch_dtype = dtype == model_io::Dtype::kBF16  ? "bfloat16"
+                            : dtype == model_io::Dtype::kF16 ? "float16"
                                                          : "float32";
   if (IsLlama(spec)) {
     const engine::LlamaConfig l = engine::LlamaConfigFromSpec(spec);

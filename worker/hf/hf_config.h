@@ -23,7 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/data/safetensors.h"
+#include "worker/model_io/safetensors.h"
 #include "worker/hf/hf_tokenizer.h"
 #include "weft/v1/job.pb.h"
 
@@ -44,7 +44,7 @@ absl::Status CheckHfConfig(const std::string& config_text, const std::string& pa
 // The config.json of `spec` (normalized) for weights stored as `dtype`: model_type,
 // architectures, every size and option, torch_dtype, and bos/eos/pad_token_id from `ids`
 // (null where -1: transformers' GPT-2 defaults, 50256, would name no token of a Weft model).
-std::string HfConfigJson(const weft::v1::ModelSpec& spec, data::Dtype dtype,
+std::string HfConfigJson(const weft::v1::ModelSpec& spec, model_io::Dtype dtype,
                          const HfTokenIds& ids = {});
 
 }  // namespace weft::hf

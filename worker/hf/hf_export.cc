@@ -94,7 +94,7 @@ absl::Status WriteContents(const std::string& dir, const weft::v1::ModelSpec& sp
   for (const auto& [file, contents] : tokenizer.files) {
     WEFT_RETURN_IF_ERROR(WriteTextFile((fs::path(dir) / file).string(), contents));
   }
-  const size_t element_bytes = data::DtypeBytes(options.dtype);
+  const size_t element_bytes = model_io::DtypeBytes(options.dtype);
   const auto shards = Shards(mapping, element_bytes, options.max_shard_bytes);
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   uint64_t total_bytes = 0;
@@ -103,14 +103,14 @@ absl::Status WriteContents(const std::string& dir, const weft::v1::ModelSpec& sp
         shards.size() == 1 ? std::string(kHfSingleFile)
                            : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1,
                                              shards.size());
-    std::vector<data::TensorData> tensors;
+    std::vector<model_io::TensorData> tensors;
     for (const HfTensorMap* m : shards[s]) {
       tensors.push_back(HfTensorFromUnits(*m, units));
       weight_map[m->name] = file;
       total_bytes += m->size() * element_bytes;
     }
     // transformers refuses safetensors whose "format" metadata is not a framework it knows.
-    WEFT_RETURN_IF_ERROR(data::WriteSafetensors((fs::path(dir) / file).string(), tensors,
+    WEFT_RETURN_IF_ERROR(model_io::WriteSafetensors((fs::path(dir) / file).string(), tensors,
                                                 {{"format", "pt"}}, options.dtype));
   }
   if (shards.size() == 1) return absl::OkStatus();
@@ -121,9 +121,9 @@ absl::Status WriteContents(const std::string& dir, const weft::v1::ModelSpec& sp
 
 }  // namespace
 
-data::TensorData HfTensorFromUnits(const HfTensorMap& m,
+model_io::TensorData HfTensorFromUnits(const HfTensorMap& m,
                                    const std::vector<std::vector<float>>& units) {
-  data::TensorData t;
+  model_io::TensorData t;
   t.name = m.name;
   t.shape = m.shape;
   const float* src = units[m.unit].data() + m.offset;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "worker/data/safetensors.h"
+#include "worker/model_io/safetensors.h"
 #include "worker/data/tokenizer.h"
 #include "worker/hf/hf_mapping.h"
 #include "weft/v1/job.pb.h"
@@ -22,7 +22,7 @@
 namespace weft::hf {
 
 struct HfExportOptions {
-  data::Dtype dtype = data::Dtype::kF32;
+  model_io::Dtype dtype = model_io::Dtype::kF32;
   // A file holds tensors up to this many bytes (a larger tensor gets a file of its own);
   // transformers' default is 5 GB.
   uint64_t max_shard_bytes = 5'000'000'000;
@@ -32,7 +32,7 @@ struct HfExportOptions {
 
 // Hugging Face's tensor `m` taken out of `units` (every unit's parameters, in unit order),
 // transposed back where Hugging Face stores the transpose.
-data::TensorData HfTensorFromUnits(const HfTensorMap& m,
+model_io::TensorData HfTensorFromUnits(const HfTensorMap& m,
                                    const std::vector<std::vector<float>>& units);
 
 // Writes the model `spec` (normalized) with parameters `units` (every unit's, unpadded, in

@@ -1,9 +1,8 @@
-# worker/data: token datasets, dataset manifests, token sampling, safetensors files (unit, no
+# worker/data: token datasets, dataset manifests, token sampling, tokenizers (unit, no
 # child processes).
 weft_test(token_dataset_test unit SOURCES worker/data/token_dataset_test.cc LIBS weft_data)
 weft_test(manifest_test unit SOURCES worker/data/manifest_test.cc LIBS weft_data)
 weft_test(sharded_dataset_test unit SOURCES worker/data/sharded_dataset_test.cc LIBS weft_data)
 weft_test(sampler_test unit SOURCES worker/data/sampler_test.cc LIBS weft_data)
-weft_test(safetensors_test unit SOURCES worker/data/safetensors_test.cc LIBS weft_data)
 weft_test(tokenizer_test unit SOURCES worker/data/tokenizer_test.cc LIBS weft_tokenizer
   DEPENDS weft_sentencepiece)

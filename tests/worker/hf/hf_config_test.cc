@@ -102,7 +102,7 @@ TEST(HfConfigTest, ReadsTheNewerRopeParametersForm) {
 
 TEST(HfConfigTest, WrittenConfigDescribesTheSpecExactly) {
   for (const weft::v1::ModelSpec& spec : {TinyGpt2(), TinyLlama(false), TinyLlama(true)}) {
-    const std::string text = HfConfigJson(spec, data::Dtype::kBF16);
+    const std::string text = HfConfigJson(spec, model_io::Dtype::kBF16);
     EXPECT_EQ(Json::parse(text)["torch_dtype"], "bfloat16");
     EXPECT_TRUE(CheckHfConfig(text, "config.json", spec).ok()) << text;
     auto back = ModelSpecFromHfConfig(text, "config.json");
@@ -125,7 +125,7 @@ class HfConfigBadKeyTest : public ::testing::TestWithParam<BadKey> {};
 TEST_P(HfConfigBadKeyTest, RefusedNamingTheKey) {
   const BadKey b = GetParam();
   const weft::v1::ModelSpec spec = b.llama ? TinyLlama(false) : TinyGpt2();
-  Json c = Json::parse(HfConfigJson(spec, data::Dtype::kF32));
+  Json c = Json::parse(HfConfigJson(spec, model_io::Dtype::kF32));
   c[b.key] = Json::parse(b.value);
   const absl::Status s = CheckHfConfig(c.dump(), "/m/config.json", spec);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << b.key;
@@ -172,7 +172,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadKey{false, "architectures", R"("GPT2LMHeadModel")", "Weft implements"}));
 
 TEST(HfConfigTest, HarmlessKeysAndAFullWidthMlpAreAccepted) {
-  Json c = Json::parse(HfConfigJson(TinyGpt2(), data::Dtype::kF32));
+  Json c = Json::parse(HfConfigJson(TinyGpt2(), model_io::Dtype::kF32));
   c["n_inner"] = 64;  // = 4 * n_embd
   c["bos_token_id"] = 1;
   c["_name_or_path"] = "somewhere";
@@ -184,19 +184,19 @@ TEST(HfConfigTest, HarmlessKeysAndAFullWidthMlpAreAccepted) {
 // key is absent): dropout regularised their training and is no part of the weights, so they
 // import (Weft continues without dropout).
 TEST(HfConfigTest, TrainingDropoutOfReleasedModelsIsAccepted) {
-  Json c = Json::parse(HfConfigJson(TinyGpt2(), data::Dtype::kF32));
+  Json c = Json::parse(HfConfigJson(TinyGpt2(), model_io::Dtype::kF32));
   for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) c[key] = 0.1;
   EXPECT_TRUE(CheckHfConfig(c.dump(), "config.json", TinyGpt2()).ok());
   for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) c.erase(key);
   EXPECT_TRUE(CheckHfConfig(c.dump(), "config.json", TinyGpt2()).ok());
-  Json l = Json::parse(HfConfigJson(TinyLlama(false), data::Dtype::kF32));
+  Json l = Json::parse(HfConfigJson(TinyLlama(false), model_io::Dtype::kF32));
   l["attention_dropout"] = 0.1;
   EXPECT_TRUE(CheckHfConfig(l.dump(), "config.json", TinyLlama(false)).ok());
 }
 
 TEST(HfConfigTest, EveryMismatchingFieldIsNamedWithBothValues) {
   const weft::v1::ModelSpec spec = TinyLlama(false);
-  Json c = Json::parse(HfConfigJson(spec, data::Dtype::kF32));
+  Json c = Json::parse(HfConfigJson(spec, model_io::Dtype::kF32));
   c["num_key_value_heads"] = 4;
   c["intermediate_size"] = 32;
   c["rope_theta"] = 10000.0;
@@ -212,7 +212,7 @@ TEST(HfConfigTest, EveryMismatchingFieldIsNamedWithBothValues) {
                               "tie_word_embeddings is true"),
                     HasSubstr("model.rope_scaling.factor is 8 but config.json "
                               "rope_scaling.factor is 4")));
-  c = Json::parse(HfConfigJson(TinyGpt2(), data::Dtype::kF32));
+  c = Json::parse(HfConfigJson(TinyGpt2(), model_io::Dtype::kF32));
   const absl::Status arch = CheckHfConfig(c.dump(), "config.json", spec);
   EXPECT_THAT(arch.message(), HasSubstr("model.architecture is LLAMA but config.json model_type "
                                         "is \"gpt2\""));
@@ -220,7 +220,7 @@ TEST(HfConfigTest, EveryMismatchingFieldIsNamedWithBothValues) {
 
 TEST(HfConfigTest, ContextLengthUpToMaxPositionsForLlamaExactlyNPositionsForGpt2) {
   weft::v1::ModelSpec llama = TinyLlama(false);
-  Json c = Json::parse(HfConfigJson(llama, data::Dtype::kF32));
+  Json c = Json::parse(HfConfigJson(llama, model_io::Dtype::kF32));
   c["max_position_embeddings"] = 4096;
   EXPECT_TRUE(CheckHfConfig(c.dump(), "config.json", llama).ok());
   llama.set_context_length(8192);
@@ -228,7 +228,7 @@ TEST(HfConfigTest, ContextLengthUpToMaxPositionsForLlamaExactlyNPositionsForGpt2
               HasSubstr("model.context_length is 8192 but config.json max_position_embeddings "
                         "is 4096"));
   const weft::v1::ModelSpec gpt2 = TinyGpt2();
-  c = Json::parse(HfConfigJson(gpt2, data::Dtype::kF32));
+  c = Json::parse(HfConfigJson(gpt2, model_io::Dtype::kF32));
   c["n_positions"] = 16;
   EXPECT_THAT(CheckHfConfig(c.dump(), "config.json", gpt2).message(),
               HasSubstr("model.context_length is 8 but config.json n_positions is 16"));

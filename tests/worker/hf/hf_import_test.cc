@@ -20,9 +20,9 @@
 #include "worker/engine/llama/llama_arch.h"
 #include "worker/hf/hf_config.h"
 #include "worker/hf/hf_export.h"
-#include "worker/shard_layout.h"
-#include "worker/zero_cpu.h"
-#include "worker/zero_engine.h"
+#include "worker/zero/shard_layout.h"
+#include "worker/zero/zero_cpu.h"
+#include "worker/zero/zero_engine.h"
 
 namespace weft::hf {
 namespace {
@@ -41,17 +41,17 @@ std::string ReadFileBytes(const std::string& path) {
 }
 
 // Total bytes of the tensors Weft maps, in `dtype`.
-uint64_t MappedBytes(const engine::ModelArch& arch, data::Dtype dtype) {
+uint64_t MappedBytes(const engine::ModelArch& arch, model_io::Dtype dtype) {
   auto mapping = HfTensorMapping(arch);
   EXPECT_TRUE(mapping.ok());
   uint64_t total = 0;
-  for (const HfTensorMap& m : *mapping) total += m.size() * data::DtypeBytes(dtype);
+  for (const HfTensorMap& m : *mapping) total += m.size() * model_io::DtypeBytes(dtype);
   return total;
 }
 
 struct LlamaCase {
   bool tied;
-  data::Dtype dtype;
+  model_io::Dtype dtype;
   uint64_t max_shard_bytes;
 };
 
@@ -69,25 +69,25 @@ TEST_P(LlamaImportTest, EachRankReadsExactlyItsShare) {
   const std::string dir = tmp.File("hf");
   WriteHfDir(dir, spec, units, c.dtype, c.max_shard_bytes);
   if (c.max_shard_bytes < 100000) ASSERT_TRUE(fs::exists(fs::path(dir) / kHfIndexFile));
-  const size_t bytes = data::DtypeBytes(c.dtype);
+  const size_t bytes = model_io::DtypeBytes(c.dtype);
   for (int world : {1, 2, 3}) {
     uint64_t sum = 0;
     for (int rank = 0; rank < world; ++rank) {
       auto importer = HfImporter::Open(dir, spec);
       ASSERT_TRUE(importer.ok()) << importer.status();
-      const worker::ShardLayout layout(worker::UnitSizes(*arch), world, rank);
-      const worker::RangeReader read = (*importer)->Reader();
+      const zero::ShardLayout layout(zero::UnitSizes(*arch), world, rank);
+      const model_io::RangeReader read = (*importer)->Reader();
       uint64_t kept_bytes = 0;
       for (int u = 0; u < arch->NumUnits(); ++u) {
-        const worker::ShardRange r = layout.KeptRange(u, 3);
+        const zero::ShardRange r = layout.KeptRange(u, 3);
         std::vector<float> got(r.size());
-        ASSERT_TRUE(read(worker::CheckpointTensorName(u, worker::UnitState::kParams), r.begin,
+        ASSERT_TRUE(read(model_io::CheckpointTensorName(u, model_io::UnitState::kParams), r.begin,
                          r.end, got.data())
                         .ok());
         EXPECT_EQ(got, std::vector<float>(units[u].begin() + r.begin, units[u].begin() + r.end))
             << "world " << world << " rank " << rank << " unit " << u;
         std::vector<float> m(r.size(), 1.0f);
-        ASSERT_TRUE(read(worker::CheckpointTensorName(u, worker::UnitState::kM), r.begin, r.end,
+        ASSERT_TRUE(read(model_io::CheckpointTensorName(u, model_io::UnitState::kM), r.begin, r.end,
                          m.data())
                         .ok());
         EXPECT_EQ(m, std::vector<float>(r.size(), 0.0f));
@@ -104,10 +104,10 @@ TEST_P(LlamaImportTest, EachRankReadsExactlyItsShare) {
 
 INSTANTIATE_TEST_SUITE_P(
     TiedDtypesShards, LlamaImportTest,
-    ::testing::Values(LlamaCase{false, data::Dtype::kF32, 5'000'000'000},
-                      LlamaCase{true, data::Dtype::kBF16, 5'000'000'000},
-                      LlamaCase{false, data::Dtype::kF16, 3000},
-                      LlamaCase{true, data::Dtype::kF32, 2000}));
+    ::testing::Values(LlamaCase{false, model_io::Dtype::kF32, 5'000'000'000},
+                      LlamaCase{true, model_io::Dtype::kBF16, 5'000'000'000},
+                      LlamaCase{false, model_io::Dtype::kF16, 3000},
+                      LlamaCase{true, model_io::Dtype::kF32, 2000}));
 
 weft::v1::JobSpec Gpt2Job(int stage) {
   weft::v1::JobSpec spec;
@@ -138,7 +138,7 @@ void ImportIntoEngines(const std::string& dir, int world, int stage,
     threads.emplace_back([&, rank] {
       auto comm = comm::CreateGlooCommunicator(&store, rank, world, {});
       ASSERT_TRUE(comm.ok()) << comm.status();
-      auto engine = worker::ZeroCpuEngine::Create(spec, comm->get());
+      auto engine = zero::ZeroCpuEngine::Create(spec, comm->get());
       ASSERT_TRUE(engine.ok()) << engine.status();
       auto importer = HfImporter::Open(dir, spec.model());
       ASSERT_TRUE(importer.ok()) << importer.status();
@@ -150,10 +150,10 @@ void ImportIntoEngines(const std::string& dir, int world, int stage,
       ASSERT_TRUE((*comm)->Barrier()->Wait().ok());
       std::lock_guard<std::mutex> lock(mu);
       (*read)[rank] = (*importer)->checkpoint().bytes_read();
-      for (const worker::UnitSlice& s : *slices) {
+      for (const model_io::UnitSlice& s : *slices) {
         std::copy(s.params.begin(), s.params.end(), (*params)[s.unit].begin() + s.begin);
-        EXPECT_EQ(s.m, worker::HostFloats(s.m.size(), 0.0f));
-        EXPECT_EQ(s.v, worker::HostFloats(s.v.size(), 0.0f));
+        EXPECT_EQ(s.m, model_io::HostFloats(s.m.size(), 0.0f));
+        EXPECT_EQ(s.v, model_io::HostFloats(s.v.size(), 0.0f));
       }
     });
   }
@@ -171,12 +171,12 @@ TEST_P(Gpt2EngineImportTest, EngineHoldsTheHfValues) {
   auto arch = ArchOf(spec);
   const auto units = ExactUnits(*arch, 11);
   const std::string dir = tmp.File("hf");
-  WriteHfDir(dir, spec, units, data::Dtype::kBF16, /*max_shard_bytes=*/4096);
+  WriteHfDir(dir, spec, units, model_io::Dtype::kBF16, /*max_shard_bytes=*/4096);
   std::vector<std::vector<float>> params;
   std::vector<uint64_t> read;
   ImportIntoEngines(dir, world, stage, &params, &read);
   EXPECT_EQ(params, units);
-  const uint64_t all = MappedBytes(*arch, data::Dtype::kBF16);
+  const uint64_t all = MappedBytes(*arch, model_io::Dtype::kBF16);
   for (int rank = 0; rank < world; ++rank) {
     if (stage == 0) {
       EXPECT_EQ(read[rank], all) << "rank " << rank << " keeps everything at stage 0";
@@ -192,7 +192,7 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndStages, Gpt2EngineImportTest,
 
 // Import, then export the imported parameters: the same bytes (fp32 -> fp32, bf16 -> bf16).
 TEST(HfRoundTripTest, ImportThenExportIsBitIdentical) {
-  for (const data::Dtype dtype : {data::Dtype::kF32, data::Dtype::kBF16}) {
+  for (const model_io::Dtype dtype : {model_io::Dtype::kF32, model_io::Dtype::kBF16}) {
     for (const weft::v1::ModelSpec& spec : {TinyGpt2(), TinyLlama(false), TinyLlama(true)}) {
       weft::testing::TempDir tmp;
       auto arch = ArchOf(spec);
@@ -215,7 +215,7 @@ TEST(HfRoundTripTest, ImportThenExportIsBitIdentical) {
       ASSERT_GT(names.size(), 3u) << "sharded: config, index and several files";
       for (const std::string& name : names) {
         EXPECT_EQ(ReadFileBytes(in + "/" + name), ReadFileBytes(out + "/" + name))
-            << name << " " << data::DtypeName(dtype) << " " << arch->name();
+            << name << " " << model_io::DtypeName(dtype) << " " << arch->name();
       }
     }
   }
@@ -229,11 +229,11 @@ TEST(HfExportTest, NamesShapesIndexAndAtomicity) {
   auto arch = ArchOf(spec);
   const auto units = ExactUnits(*arch, 2);
   const std::string dir = tmp.File("hf");
-  WriteHfDir(dir, spec, units, data::Dtype::kF32, /*max_shard_bytes=*/6000);
+  WriteHfDir(dir, spec, units, model_io::Dtype::kF32, /*max_shard_bytes=*/6000);
   auto index = nlohmann::json::parse(ReadFileBytes(dir + "/" + kHfIndexFile));
   const auto& map = index["weight_map"];
   EXPECT_EQ(map.size(), 4u + 12u * 2u);
-  EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), MappedBytes(*arch, data::Dtype::kF32));
+  EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), MappedBytes(*arch, model_io::Dtype::kF32));
   auto checkpoint = HfCheckpoint::Open(dir);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   const auto wte = (*checkpoint)->Find("transformer.wte.weight");
@@ -303,11 +303,11 @@ class HfImportErrorTest : public ::testing::Test {
     for (const HfTensorMap& m : *mapping) tensors_.push_back(HfTensorFromUnits(m, units_));
     dir_ = tmp_.File("hf");
     fs::create_directory(dir_);
-    std::ofstream(dir_ + "/config.json") << HfConfigJson(spec_, data::Dtype::kF32);
+    std::ofstream(dir_ + "/config.json") << HfConfigJson(spec_, model_io::Dtype::kF32);
   }
 
   void WriteWeights(const std::string& file = kHfSingleFile) {
-    ASSERT_TRUE(data::WriteSafetensors(dir_ + "/" + file, tensors_, {}).ok());
+    ASSERT_TRUE(model_io::WriteSafetensors(dir_ + "/" + file, tensors_, {}).ok());
   }
 
   void ExpectImportError(absl::StatusCode code, const std::vector<std::string>& parts) {
@@ -323,7 +323,7 @@ class HfImportErrorTest : public ::testing::Test {
   weft::v1::ModelSpec spec_;
   std::unique_ptr<const engine::ModelArch> arch_;
   std::vector<std::vector<float>> units_;
-  std::vector<data::TensorData> tensors_;
+  std::vector<model_io::TensorData> tensors_;
   std::string dir_;
 };
 
@@ -350,7 +350,7 @@ TEST_F(HfImportErrorTest, MissingTensor) {
 }
 
 TEST_F(HfImportErrorTest, MisShapedTensor) {
-  data::TensorData& wpe = tensors_[1];
+  model_io::TensorData& wpe = tensors_[1];
   ASSERT_EQ(wpe.name, "transformer.wpe.weight");
   wpe.shape = {16, 8};
   WriteWeights();
@@ -413,7 +413,7 @@ TEST_F(HfImportErrorTest, ConfigThatDoesNotMatchTheSpec) {
 }
 
 TEST_F(HfImportErrorTest, NamesWithoutTheTransformerPrefix) {
-  for (data::TensorData& t : tensors_) t.name = HfAlternateName(t.name);
+  for (model_io::TensorData& t : tensors_) t.name = HfAlternateName(t.name);
   WriteWeights();
   auto importer = HfImporter::Open(dir_, spec_);
   ASSERT_TRUE(importer.ok()) << importer.status();

@@ -82,7 +82,7 @@ inline std::vector<std::vector<float>> ExactUnits(const engine::ModelArch& arch,
 
 // Writes `units` of `spec` as a Hugging Face directory `dir` (which must not exist).
 inline void WriteHfDir(const std::string& dir, const weft::v1::ModelSpec& spec,
-                       const std::vector<std::vector<float>>& units, data::Dtype dtype,
+                       const std::vector<std::vector<float>>& units, model_io::Dtype dtype,
                        uint64_t max_shard_bytes = 5'000'000'000) {
   HfExportOptions options;
   options.dtype = dtype;

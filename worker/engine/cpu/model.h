@@ -1,4 +1,4 @@
-// What the CPU ZeRO engine (worker/zero_cpu.h) and sampling (worker/model_io.h) drive: one
+// What the CPU ZeRO engine (worker/zero/zero_cpu.h) and sampling (worker/model_io/model_file.h) drive: one
 // architecture's model in fp32, unit by unit (unit 0 the head, unit 1 + l block l: see
 // engine/model_arch.h). Implemented per architecture (engine/cpu/gpt2_model.h for GPT-2) and
 // created by CreateCpuModel, the CPU's one registration point.
@@ -78,7 +78,7 @@ std::unique_ptr<CpuModel> CreateCpuModel(const ModelArch& arch, int max_b, int m
                                          Checkpointing level);
 
 // CreateCpuModel(arch, max_b, max_t, level)->ActivationBytes(), counted without allocating the
-// activations (the CPU memory plan: worker/zero_cpu.h's PlanCpuMemory).
+// activations (the CPU memory plan: worker/zero/zero_cpu.h's PlanCpuMemory).
 size_t PlanCpuActivationBytes(const ModelArch& arch, int max_b, int max_t, Checkpointing level);
 
 // Sets the threads OpenBLAS uses for every GEMM of this process (openblas_set_num_threads;

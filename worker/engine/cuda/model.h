@@ -1,4 +1,4 @@
-// What the GPU ZeRO-3 engine (worker/zero_cuda.h) drives: one architecture's model on one GPU
+// What the GPU ZeRO-3 engine (worker/zero/zero_cuda.h) drives: one architecture's model on one GPU
 // in mixed precision, unit by unit (unit 0 the head, unit 1 + l block l: see
 // engine/model_arch.h), with the CPU model's unit layout so the two share checkpoints and
 // initialisation. Implemented per architecture (engine/cuda/gpt2_model.h for GPT-2) and created

@@ -1,0 +1,5 @@
+# worker/model_io: model files, host buffers, safetensors files (unit, no child processes).
+weft_test(host_buffer_test unit SOURCES worker/model_io/host_buffer_test.cc LIBS weft_model_io)
+weft_test(model_file_test unit SOURCES worker/model_io/model_file_test.cc LIBS weft_model_io
+  DEPENDS weft_sentencepiece)
+weft_test(safetensors_test unit SOURCES worker/model_io/safetensors_test.cc LIBS weft_model_io)

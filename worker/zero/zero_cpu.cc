@@ -1,0 +1,490 @@
+#include "worker/zero/zero_cpu.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+#include "worker/engine/adamw.h"
+#include "worker/engine/checkpointing.h"
+
+namespace weft::zero {
+namespace {
+
+using comm::DataType;
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+void AddInto(float* dst, const float* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+// The process besides the engine, model and checkpointer (code, gRPC, the data readers' buffers,
+// thread stacks); an idle weft-worker's resident set is well below it.
+constexpr size_t kProcessReserveBytes = size_t{128} << 20;
+
+// How many ranks of the world refused to build their engine: every rank's 0 or 1 summed over
+// the group, then over the replicas. A barrier too (see Create).
+absl::StatusOr<int> CountRefusals(comm::Communicator* group, comm::Communicator* replica,
+                                  bool refused) {
+  float flag = refused ? 1.0f : 0.0f;
+  for (comm::Communicator* c : {group, replica}) {
+    if (c == nullptr || c->world_size() == 1) continue;
+    WEFT_RETURN_IF_ERROR(c->AllReduce(&flag, 1, DataType::kFloat32)->Wait());
+  }
+  return static_cast<int>(std::lround(flag));
+}
+
+}  // namespace
+
+CpuMemoryPlan PlanCpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                            engine::Checkpointing level, int micro_batch_size, int group,
+                            int stage, bool writes_checkpoints) {
+  // Every rank keeps as much as rank 0 (shards are padded to equal sizes), which owns a whole
+  // shard of every unit, so its layout speaks for all.
+  const ShardLayout layout(UnitSizes(arch), group, /*rank=*/0);
+  CpuMemoryPlan plan;
+  size_t max_padded = 0, max_block_shard = 0;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const UnitShard& unit = layout.unit(u);
+    // Params, grads, m, v (fp32) and the decay mask (a byte) of what the rank keeps.
+    plan.state_bytes += layout.KeptElements(u, stage) * (4 * sizeof(float) + sizeof(uint8_t));
+    if (stage == 1 || stage == 2) plan.state_bytes += unit.padded * sizeof(float);  // resident
+    if (stage <= 2) plan.state_bytes += unit.padded * sizeof(float);                // full grad
+    if (writes_checkpoints) plan.checkpoint_bytes += 3 * unit.shard * sizeof(float);
+    max_padded = std::max(max_padded, unit.padded);
+    if (u > 0) max_block_shard = std::max(max_block_shard, unit.shard);
+  }
+  const size_t head_padded = layout.unit(0).padded, head_shard = layout.unit(0).shard;
+  if (stage == 3) {
+    // Two block slots (current and prefetched) and the head, each gathered and with its full
+    // gradient, and the reduce-scatter outputs of two blocks and the head.
+    plan.working_bytes = (4 * layout.max_block_padded() + 2 * head_padded +
+                          2 * (layout.max_block_padded() / layout.world()) + head_shard) *
+                         sizeof(float);
+  } else if (stage >= 1) {
+    // The reduce-scatter outputs, grown to the largest block's shard and the head's.
+    plan.working_bytes = (max_block_shard + head_shard) * sizeof(float);
+  }
+  const int seq_len = spec.training().sequence_length();
+  const size_t positions = static_cast<size_t>(micro_batch_size) * seq_len;
+  plan.working_bytes += 2 * positions * sizeof(int32_t);  // inputs and targets
+  plan.working_bytes += max_padded * sizeof(float);       // GatherUnit for the model file
+  plan.activation_bytes =
+      engine::cpu::PlanCpuActivationBytes(arch, micro_batch_size, seq_len, level);
+  // Gloo's scratch for a reduce-scatter's piece and its algorithm's own buffers, each at most
+  // a chunk (or the largest unit), once there is anyone to talk to (a group, or replicas,
+  // which hybrid scopes have).
+  if (group > 1 || spec.sharding().scope() != weft::v1::ShardingSpec::WORLD) {
+    const size_t chunk = static_cast<size_t>(comm::GlooOptions().chunk_bytes);
+    plan.reserve_bytes = 2 * std::min(chunk, max_padded * sizeof(float));
+  }
+  plan.reserve_bytes += kProcessReserveBytes;
+  return plan;
+}
+
+absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(
+    const weft::v1::JobSpec& spec, comm::Communicator* comm, comm::Communicator* replica,
+    const ZeroCpuOptions& options) {
+  const int stage = spec.zero_stage();
+  if (stage < 0 || stage > 3) {
+    return absl::InvalidArgumentError(absl::StrCat("zero_stage: must be in [0, 3], got ", stage));
+  }
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
+                        engine::MakeModelArch(spec.model()));
+  const bool hybrid = replica != nullptr && replica->world_size() > 1;
+  // Checkpointer's writers: with hybrid sharding, group 0 (replica rank 0) alone. Read from
+  // the spec, so a worker without --checkpointd (which then saves nothing) counts them anyway.
+  const bool writes_checkpoints =
+      spec.checkpoint().interval_steps() > 0 && (!hybrid || replica->rank() == 0);
+  const CpuMemoryDecision memory = DecideCpuMemory(
+      spec.training().activation_checkpointing(),
+      options.host_available_bytes.has_value() ? *options.host_available_bytes
+                                               : HostAvailableBytes(),
+      options.ranks_on_host,
+      spec.training().micro_batch_size(), comm->world_size(), stage, hybrid,
+      [&](engine::Checkpointing level, int rows, int group, int at_stage) {
+        return PlanCpuMemory(spec, *arch, level, rows, group, at_stage, writes_checkpoints);
+      });
+  const absl::Status fits =
+      memory.fits ? absl::OkStatus() : absl::ResourceExhaustedError(memory.reason);
+  WEFT_ASSIGN_OR_RETURN(const int refusals, CountRefusals(comm, replica, !fits.ok()));
+  WEFT_RETURN_IF_ERROR(fits);
+  if (refusals > 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        refusals, " other rank(s) of the job cannot build their engine (their error names "
+        "the memory they lack); this one could, with ", memory.reason));
+  }
+  std::unique_ptr<ZeroCpuEngine> engine(
+      new ZeroCpuEngine(spec, comm, replica, std::move(arch), memory.level));
+  engine->plan_ = memory.plan;
+  engine->plan_note_ = memory.reason;
+  engine->Initialize();
+  // Once per generation (the engine is built for each one): the level AUTO resolved to.
+  spdlog::info("CPU engine, rank {} of a group of {} ({} replicas): {} (job spec {})",
+               comm->rank(), comm->world_size(),
+               replica != nullptr ? replica->world_size() : 1, memory.reason,
+               weft::v1::ActivationCheckpointing::Level_Name(
+                   spec.training().activation_checkpointing()));
+  return engine;
+}
+
+ZeroCpuEngine::ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm,
+                             comm::Communicator* replica,
+                             std::unique_ptr<const engine::ModelArch> arch,
+                             engine::Checkpointing level)
+    : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
+      comm_(comm),
+      replica_(replica != nullptr && replica->world_size() > 1 ? replica : nullptr),
+      world_(comm->world_size() * (replica != nullptr ? replica->world_size() : 1)),
+      batch_size_(spec.training().micro_batch_size()),
+      seq_len_(spec.training().sequence_length()),
+      model_(engine::cpu::CreateCpuModel(*arch_, spec.training().micro_batch_size(),
+                                         spec.training().sequence_length(), level)) {}
+
+void ZeroCpuEngine::Initialize() {
+  units_.resize(layout_.num_units());
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    Unit& unit = units_[u];
+    InitialUnit init = InitialState(u);
+    const size_t kept = init.kept.size();
+    unit.params = std::move(init.kept);
+    unit.decay_mask = std::move(init.decay_mask);
+    unit.grads.assign(kept, 0.0f);
+    unit.m.assign(kept, 0.0f);
+    unit.v.assign(kept, 0.0f);
+    if (stage_ == 1 || stage_ == 2) unit.resident = std::move(init.full);
+    if (stage_ <= 2) unit.full_grad.assign(layout_.unit(u).padded, 0.0f);
+  }
+  if (stage_ == 3) {
+    const size_t max_block = layout_.max_block_padded();
+    for (auto& b : block_work_) b.assign(max_block, 0.0f);
+    for (auto& b : block_grad_work_) b.assign(max_block, 0.0f);
+    for (auto& b : scatter_out_) b.assign(max_block / layout_.world(), 0.0f);
+    head_work_.assign(layout_.unit(0).padded, 0.0f);
+    head_grad_work_.assign(layout_.unit(0).padded, 0.0f);
+    head_scatter_out_.assign(layout_.unit(0).shard, 0.0f);
+  } else if (stage_ >= 1) {
+    // The reduce-scatter outputs now rather than at the first backward, so that what the
+    // memory plan counted is taken before training.
+    size_t max_block_shard = 0;
+    for (int u = 1; u < layout_.num_units(); ++u) {
+      max_block_shard = std::max(max_block_shard, layout_.unit(u).shard);
+    }
+    scatter_out_[0].assign(max_block_shard, 0.0f);
+    head_scatter_out_.assign(layout_.unit(0).shard, 0.0f);
+  }
+  inputs_.resize(static_cast<size_t>(batch_size_) * seq_len_);
+  targets_.resize(inputs_.size());
+}
+
+const float* ZeroCpuEngine::ResidentParams(int unit) const {
+  return stage_ == 0 ? units_[unit].params.data() : units_[unit].resident.data();
+}
+
+float* ZeroCpuEngine::FullGrad(int unit) { return units_[unit].full_grad.data(); }
+
+absl::Status ZeroCpuEngine::Await(const std::shared_ptr<comm::Work>& work) {
+  const auto start = Clock::now();
+  absl::Status s = work->Wait();
+  exposed_ms_ += MsSince(start);
+  return s;
+}
+
+std::shared_ptr<comm::Work> ZeroCpuEngine::GatherInto(int unit, float* dst) {
+  return comm_->AllGather(units_[unit].params.data(), dst, layout_.unit(unit).shard,
+                          DataType::kFloat32);
+}
+
+absl::Status ZeroCpuEngine::ReduceScatterAccumulate(int unit, float* full) {
+  const size_t shard = layout_.unit(unit).shard;
+  std::vector<float>& out = unit == 0 ? head_scatter_out_ : scatter_out_[0];
+  if (out.size() < shard) out.resize(shard);
+  WEFT_RETURN_IF_ERROR(Await(comm_->ReduceScatter(full, out.data(), shard, DataType::kFloat32)));
+  AddInto(units_[unit].grads.data(), out.data(), shard);
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCpuEngine::AllReduceOverReplica() {
+  if (replica_ == nullptr) return absl::OkStatus();
+  std::vector<std::shared_ptr<comm::Work>> reduces;
+  for (Unit& u : units_) {
+    reduces.push_back(replica_->AllReduce(u.grads.data(), u.grads.size(), DataType::kFloat32));
+  }
+  for (auto& r : reduces) WEFT_RETURN_IF_ERROR(Await(r));
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCpuEngine::SumOverWorld(float* values, size_t n) {
+  WEFT_RETURN_IF_ERROR(Await(comm_->AllReduce(values, n, DataType::kFloat32)));
+  if (replica_ == nullptr) return absl::OkStatus();
+  return Await(replica_->AllReduce(values, n, DataType::kFloat32));
+}
+
+// ---- one micro-batch -----------------------------------------------------------------------
+
+absl::StatusOr<float> ZeroCpuEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
+                                            bool backward, float loss_scale) {
+  return stage_ == 3 ? MicroStepStage3(inputs, targets, backward, loss_scale)
+                     : MicroStepResident(inputs, targets, backward, loss_scale);
+}
+
+absl::StatusOr<float> ZeroCpuEngine::MicroStepResident(const int32_t* inputs,
+                                                    const int32_t* targets, bool backward,
+                                                    float loss_scale) {
+  const int layers = arch_->num_layers();
+  PhaseTimer forward(this, &forward_ms_);
+  model_->EncoderForward(ResidentParams(0), inputs);
+  for (int l = 0; l < layers; ++l) model_->BlockForward(l, ResidentParams(1 + l));
+  const float loss = model_->ClassifierForward(ResidentParams(0), targets, loss_scale);
+  forward.Stop();
+  if (!backward) return loss;
+  PhaseTimer backward_timer(this, &backward_ms_);
+
+  model_->ClassifierBackward(ResidentParams(0), FullGrad(0));
+  for (int l = layers - 1; l >= 0; --l) {
+    model_->BlockBackward(l, ResidentParams(1 + l), FullGrad(1 + l));
+    if (stage_ >= 1) {
+      // Stage 2: the block's gradient leaves as soon as it is complete.
+      WEFT_RETURN_IF_ERROR(ReduceScatterAccumulate(1 + l, FullGrad(1 + l)));
+      std::fill(units_[1 + l].full_grad.begin(), units_[1 + l].full_grad.end(), 0.0f);
+    }
+  }
+  model_->EncoderBackward(FullGrad(0));
+  if (stage_ >= 1) {
+    WEFT_RETURN_IF_ERROR(ReduceScatterAccumulate(0, FullGrad(0)));
+    std::fill(units_[0].full_grad.begin(), units_[0].full_grad.end(), 0.0f);
+  } else {
+    // Every stage accumulates micro-steps the same way (a fresh gradient, then +=), so that
+    // one rank gives the same bits at any stage.
+    for (Unit& u : units_) {
+      AddInto(u.grads.data(), u.full_grad.data(), u.full_grad.size());
+      std::fill(u.full_grad.begin(), u.full_grad.end(), 0.0f);
+    }
+  }
+  return loss;
+}
+
+absl::StatusOr<float> ZeroCpuEngine::MicroStepStage3(const int32_t* inputs, const int32_t* targets,
+                                                  bool backward, float loss_scale) {
+  const int layers = arch_->num_layers();
+  auto block_buf = [this](int l) { return block_work_[l % 2].data(); };
+
+  // ---- forward: head, then blocks with the next one's gather in flight.
+  PhaseTimer forward(this, &forward_ms_);
+  auto head = GatherInto(0, head_work_.data());
+  auto next = layers > 0 ? GatherInto(1, block_buf(0)) : nullptr;
+  WEFT_RETURN_IF_ERROR(Await(head));
+  model_->EncoderForward(head_work_.data(), inputs);
+  for (int l = 0; l < layers; ++l) {
+    WEFT_RETURN_IF_ERROR(Await(next));
+    // Prefetch: the next block, or the head again for the classifier.
+    next = l + 1 < layers ? GatherInto(2 + l, block_buf(l + 1)) : GatherInto(0, head_work_.data());
+    model_->BlockForward(l, block_buf(l));
+  }
+  if (layers == 0) next = GatherInto(0, head_work_.data());
+  WEFT_RETURN_IF_ERROR(Await(next));
+  const float loss = model_->ClassifierForward(head_work_.data(), targets, loss_scale);
+  forward.Stop();
+  if (!backward) return loss;
+  PhaseTimer backward_timer(this, &backward_ms_);
+
+  // ---- backward: blocks in reverse, each re-gathered; its gradient reduce-scattered while
+  // the block below computes.
+  std::fill(head_grad_work_.begin(), head_grad_work_.end(), 0.0f);
+  next = layers > 0 ? GatherInto(layers, block_buf(layers - 1)) : nullptr;
+  model_->ClassifierBackward(head_work_.data(), head_grad_work_.data());
+  std::shared_ptr<comm::Work> scatter[2];
+  int scatter_unit[2] = {-1, -1};
+  auto finish_scatter = [&](int slot) -> absl::Status {
+    if (!scatter[slot]) return absl::OkStatus();
+    WEFT_RETURN_IF_ERROR(Await(scatter[slot]));
+    const int u = scatter_unit[slot];
+    AddInto(units_[u].grads.data(), scatter_out_[slot].data(), layout_.unit(u).shard);
+    scatter[slot] = nullptr;
+    return absl::OkStatus();
+  };
+  for (int l = layers - 1; l >= 0; --l) {
+    const int slot = l % 2;
+    WEFT_RETURN_IF_ERROR(Await(next));
+    if (l > 0) next = GatherInto(l, block_buf(l - 1));
+    // This slot's gradient buffer was sent two blocks ago; its scatter must be done first.
+    WEFT_RETURN_IF_ERROR(finish_scatter(slot));
+    float* grad = block_grad_work_[slot].data();
+    std::fill(grad, grad + layout_.unit(1 + l).padded, 0.0f);
+    model_->BlockBackward(l, block_buf(l), grad);
+    scatter[slot] = comm_->ReduceScatter(grad, scatter_out_[slot].data(),
+                                         layout_.unit(1 + l).shard, DataType::kFloat32);
+    scatter_unit[slot] = 1 + l;
+  }
+  model_->EncoderBackward(head_grad_work_.data());
+  auto head_scatter = comm_->ReduceScatter(head_grad_work_.data(), head_scatter_out_.data(),
+                                           layout_.unit(0).shard, DataType::kFloat32);
+  WEFT_RETURN_IF_ERROR(finish_scatter(0));
+  WEFT_RETURN_IF_ERROR(finish_scatter(1));
+  WEFT_RETURN_IF_ERROR(Await(head_scatter));
+  AddInto(units_[0].grads.data(), head_scatter_out_.data(), layout_.unit(0).shard);
+  return loss;
+}
+
+// ---- optimizer step ------------------------------------------------------------------------
+
+absl::StatusOr<StepResult> ZeroCpuEngine::TrainStep(int64_t step, const BatchFn& batch) {
+  const auto step_start = Clock::now();
+  StepResult result;
+  exposed_ms_ = 0;
+  for (Unit& u : units_) std::fill(u.grads.begin(), u.grads.end(), 0.0f);
+
+  const int accum = spec_.training().grad_accum_steps();
+  const float loss_scale = 1.0f / static_cast<float>(world_ * accum);
+  double loss_sum = 0;
+  forward_ms_ = backward_ms_ = 0;
+  for (int micro = 0; micro < accum; ++micro) {
+    batch(step, micro, inputs_.data(), targets_.data());
+    WEFT_ASSIGN_OR_RETURN(float loss,
+                          MicroStep(inputs_.data(), targets_.data(), true, loss_scale));
+    loss_sum += loss;
+  }
+  result.timings.forward_ms = forward_ms_;
+  result.timings.backward_ms = backward_ms_;
+
+  const auto opt_start = Clock::now();
+  const double exposed_before_opt = exposed_ms_;
+  if (stage_ == 0) {
+    // Gradients are complete per rank; sum them across ranks unit by unit.
+    for (Unit& u : units_) {
+      WEFT_RETURN_IF_ERROR(
+          Await(comm_->AllReduce(u.grads.data(), u.grads.size(), DataType::kFloat32)));
+    }
+  }
+  WEFT_RETURN_IF_ERROR(AllReduceOverReplica());
+  // Global gradient norm: every rank sums the squares of what it owns, then one all-reduce of
+  // a scalar over the group (stage 0 owns everything, so no reduction is needed there; the
+  // replicas own the same shards, so their squares are counted once).
+  double sum_squares = 0;
+  for (const Unit& u : units_) sum_squares += engine::SumOfSquares(u.grads.data(), u.grads.size());
+  float stats[2] = {static_cast<float>(sum_squares), static_cast<float>(loss_sum)};
+  if (stage_ == 0) {
+    // Losses still need averaging across ranks.
+    float loss_only = stats[1];
+    WEFT_RETURN_IF_ERROR(SumOverWorld(&loss_only, 1));
+    stats[1] = loss_only;
+  } else {
+    WEFT_RETURN_IF_ERROR(Await(comm_->AllReduce(stats, 2, DataType::kFloat32)));
+    if (replica_ != nullptr) {
+      WEFT_RETURN_IF_ERROR(Await(replica_->AllReduce(&stats[1], 1, DataType::kFloat32)));
+    }
+  }
+  result.loss = stats[1] / static_cast<float>(world_ * accum);
+  // NaN stays NaN (std::max would hide it): a non-finite norm skips the step below.
+  result.grad_norm = std::isnan(stats[0]) ? stats[0] : std::sqrt(std::max(0.0f, stats[0]));
+
+  const auto& opt = spec_.optimizer();
+  const float grad_scale = engine::GradScaleFor(result.grad_norm, opt.grad_clip_norm());
+  result.learning_rate = engine::LearningRate(spec_, step);
+  const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
+  for (Unit& u : units_) {
+    engine::AdamWUpdate(u.params.data(), u.grads.data(), u.m.data(), u.v.data(),
+                        u.decay_mask.data(), u.params.size(), adamw, optimizer_steps_ + 1,
+                        grad_scale);
+  }
+  if (std::isfinite(result.grad_norm)) ++optimizer_steps_;
+  if (stage_ == 1 || stage_ == 2) {
+    // Bring every rank's updated shard back into the resident copies.
+    std::vector<std::shared_ptr<comm::Work>> gathers;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      gathers.push_back(GatherInto(static_cast<int>(u), units_[u].resident.data()));
+    }
+    for (auto& g : gathers) WEFT_RETURN_IF_ERROR(Await(g));
+  }
+  result.timings.optimizer_ms = MsSince(opt_start) - (exposed_ms_ - exposed_before_opt);
+  result.timings.exposed_comm_ms = exposed_ms_;
+  result.timings.step_ms = MsSince(step_start);
+  return result;
+}
+
+absl::StatusOr<float> ZeroCpuEngine::EvalLoss(int batches, const BatchFn& batch) {
+  double sum = 0;
+  for (int i = 0; i < batches; ++i) {
+    batch(0, i, inputs_.data(), targets_.data());
+    WEFT_ASSIGN_OR_RETURN(float loss, MicroStep(inputs_.data(), targets_.data(), false, 1.0f));
+    sum += loss;
+  }
+  float total = static_cast<float>(sum);
+  WEFT_RETURN_IF_ERROR(SumOverWorld(&total, 1));
+  return total / static_cast<float>(world_ * std::max(1, batches));
+}
+
+absl::StatusOr<std::vector<float>> ZeroCpuEngine::GatherUnit(int u) {
+  const UnitShard& unit = layout_.unit(u);
+  if (stage_ != 3) {
+    const float* p = ResidentParams(u);
+    return std::vector<float>(p, p + unit.size);
+  }
+  std::vector<float> full(unit.padded);
+  WEFT_RETURN_IF_ERROR(Await(GatherInto(u, full.data())));
+  full.resize(unit.size);
+  return full;
+}
+
+const std::vector<float>& ZeroCpuEngine::Kept(int u, model_io::UnitState state) const {
+  const Unit& unit = units_[u];
+  return state == model_io::UnitState::kParams ? unit.params : state == model_io::UnitState::kM ? unit.m : unit.v;
+}
+
+std::vector<float>& ZeroCpuEngine::Kept(int u, model_io::UnitState state) {
+  return const_cast<std::vector<float>&>(std::as_const(*this).Kept(u, state));
+}
+
+absl::Status ZeroCpuEngine::CopyKeptToHost(int u, model_io::UnitState state, size_t offset, size_t n,
+                                           float* host) const {
+  const std::vector<float>& kept = Kept(u, state);
+  std::copy(kept.begin() + offset, kept.begin() + offset + n, host);
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCpuEngine::CopyKeptFromHost(int u, model_io::UnitState state, const float* host) {
+  std::vector<float>& kept = Kept(u, state);
+  std::copy(host, host + kept.size(), kept.begin());
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCpuEngine::FinishRestore(const model_io::RangeReader& read) {
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    Unit& unit = units_[u];
+    if (!unit.resident.empty()) {
+      std::fill(unit.resident.begin(), unit.resident.end(), 0.0f);
+      WEFT_RETURN_IF_ERROR(read(model_io::CheckpointTensorName(u, model_io::UnitState::kParams), 0,
+                                static_cast<int64_t>(layout_.unit(u).size),
+                                unit.resident.data()));
+    }
+    std::fill(unit.grads.begin(), unit.grads.end(), 0.0f);
+  }
+  return absl::OkStatus();
+}
+
+size_t ZeroCpuEngine::StateBytes() const {
+  size_t floats = 0;
+  for (const Unit& u : units_) {
+    floats += u.params.size() + u.grads.size() + u.m.size() + u.v.size() + u.resident.size() +
+              u.full_grad.size();
+  }
+  return floats * sizeof(float);
+}
+
+size_t ZeroCpuEngine::WorkingBytes() const {
+  size_t floats = head_work_.size() + head_grad_work_.size() + head_scatter_out_.size();
+  for (int i = 0; i < 2; ++i) {
+    floats += block_work_[i].size() + block_grad_work_[i].size() + scatter_out_[i].size();
+  }
+  return floats * sizeof(float) + model_->ActivationBytes();
+}
+
+}  // namespace weft::zero

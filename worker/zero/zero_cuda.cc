@@ -1,0 +1,1152 @@
+#include "worker/zero/zero_cuda.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "worker/engine/adamw.h"
+#include "worker/engine/cuda/cuda_check.h"
+#include "worker/engine/cuda/ops.h"
+#include "worker/engine/cuda/reduce.h"
+#include "worker/comm/range_collectives.h"
+#include "worker/model_io/host_buffer.h"
+
+namespace weft::zero {
+namespace {
+
+using comm::DataType;
+namespace cuda = engine::cuda;
+
+// NCCL's channel buffers (a few hundred MiB on NVLink machines), cuBLAS's own handles and the
+// CUDA context's growth after creation: not allocated by the engine, but they must fit. On an
+// H200, GPT-2 124M on 1 GPU measured 1.26 GiB of device memory beyond the engine's own.
+constexpr size_t kReserveBytes = size_t{3} << 29;  // 1.5 GiB
+
+// GatherUnit's device staging: the world's pieces of one chunk of a unit (64 MiB in all), so
+// the end-of-job gather never needs a whole fp32 unit on the device.
+constexpr size_t kGatherStagingFloats = size_t{16} << 20;
+
+size_t GatherChunkFloats(int world) {
+  return std::max<size_t>(1, kGatherStagingFloats / static_cast<size_t>(world));
+}
+
+// Checkpoint snapshots in pinned memory (worker/model_io/host_buffer.h); null makes them heap memory.
+void* PinnedAllocate(size_t bytes) {
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+void PinnedRelease(void* p) { cudaFreeHost(p); }
+
+// How many ranks of the world refused to build their engine: the sum of every rank's 0 or 1
+// over the group, then over the replicas. A barrier too: every rank has checked the host's
+// memory before any of them pins some, and a rank that cannot run makes all of them fail now
+// rather than leaving the others to hang in their first collective.
+absl::StatusOr<int> CountRefusals(comm::CudaCommunicator* group, comm::CudaCommunicator* replica,
+                                  bool refused) {
+  void* memory = nullptr;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMalloc(&memory, sizeof(float)));
+  const std::unique_ptr<void, decltype(&cudaFree)> owned(memory, cudaFree);
+  float* const flag = static_cast<float*>(memory);
+  const float mine = refused ? 1.0f : 0.0f;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(flag, &mine, sizeof(float), cudaMemcpyHostToDevice));
+  for (comm::CudaCommunicator* c : {group, replica}) {
+    if (c == nullptr || c->world_size() == 1) continue;
+    const std::shared_ptr<comm::Work> work = c->AllReduce(flag, 1, DataType::kFloat32);
+    if (work->IsCompleted()) WEFT_RETURN_IF_ERROR(work->Wait());
+    cudaEvent_t done = nullptr;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    absl::Status waited = cuda::CudaStatus(cudaEventRecord(done, c->stream()), "cudaEventRecord");
+    if (waited.ok()) waited = c->WaitEvent(done);
+    cudaEventDestroy(done);
+    WEFT_RETURN_IF_ERROR(waited);
+  }
+  float total = 0;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(&total, flag, sizeof(float), cudaMemcpyDeviceToHost));
+  return static_cast<int>(std::lround(total));
+}
+
+// training.device_memory_limit_gib in bytes; 0 for none.
+size_t DeviceMemoryLimitBytes(const weft::v1::TrainingSpec& training) {
+  const double gib = training.device_memory_limit_gib();
+  if (!(gib > 0.0)) return 0;
+  return static_cast<size_t>(std::min(gib * 1073741824.0, 1.8e19));
+}
+
+// At world 1 a unit's shard is the whole unit: the model accumulates its gradients straight
+// into the shard's gradient (no full-unit buffer, no reduce-scatter).
+bool DirectGradients(int world) { return world == 1; }
+
+// Elements of the head's working buffers (its gathered bf16 copy and, beyond world 1, its
+// fp32 gradient): the whole padded unit, or for a head that splits (HeadOutputBegin) the
+// larger of its two pieces, which take turns in them.
+size_t HeadSlotElements(const engine::ModelArch& arch, const ShardLayout& layout) {
+  const size_t split = arch.HeadOutputBegin();
+  const size_t size = layout.unit(0).size;
+  return split == 0 ? layout.unit(0).padded : std::max(split, size - split);
+}
+
+// Whether the head's fp32 gradient takes turns with the block slots' in one buffer
+// (GradBufferElements) instead of having its own: beyond world 1, for plans that recompute the
+// last block, since such plans trade time for memory (the buffer is a split head's larger
+// piece, 2.1 GB at Llama-8B, 4.2 GB at 70B; a tied head's whole unit, 0.8 GB at GPT 6.7B). It
+// costs waits: block L-1's backward writes its gradient only once the LM head's has been
+// reduced (behind that block's recomputation, which writes no gradient), and the embedding's
+// backward only once blocks 1 and 0 have been reduce-scattered. A tied head is reduced twice:
+// its LM head's gradient after the classifier, its embedding's added at the end.
+bool HeadGradTakesTurnsWithBlocks(const engine::ModelArch& arch,
+                                  const engine::CheckpointingPlan& level, int world) {
+  return !DirectGradients(world) && arch.num_layers() > 0 &&
+         level.At(arch.num_layers() - 1) != engine::Checkpointing::kNone;
+}
+
+// Whether the blocks' fp32 gradients take turns in one buffer beyond world 1
+// (ZeroCudaOptions::one_block_grad_slot): where every block recomputes its whole forward,
+// which hides the previous block's reduce-scatter.
+bool OneBlockGradSlot(const engine::CheckpointingPlan& level, int world,
+                      const ZeroCudaOptions& options) {
+  return options.one_block_grad_slot && !DirectGradients(world) &&
+         level.level == engine::Checkpointing::kFull && level.lighter_count() == 0;
+}
+
+// Elements of the fp32 gradient buffers beyond world 1: the head's and the block slots' (one
+// or two), or one buffer they take turns in (HeadGradTakesTurnsWithBlocks).
+size_t GradBufferElements(const engine::ModelArch& arch, const ShardLayout& layout,
+                          bool head_takes_turns, bool one_block_slot) {
+  const size_t head = HeadSlotElements(arch, layout);
+  const size_t blocks = (one_block_slot ? 1 : 2) * layout.max_block_padded();
+  return head_takes_turns ? std::max(head, blocks) : head + blocks;
+}
+
+// Bytes of each block's shard gradient (units 1 and up) to place over spent activations, or
+// none: only a step without gradient accumulation, where a gradient is written once, by its
+// block's backward or reduce-scatter, and read before the next forward (the optimizer's).
+std::vector<size_t> SpentActivationGradBytes(const weft::v1::JobSpec& spec,
+                                             const ShardLayout& layout,
+                                             const ZeroCudaOptions& options) {
+  std::vector<size_t> bytes;
+  if (!options.gradients_over_spent_activations || spec.training().grad_accum_steps() != 1) {
+    return bytes;
+  }
+  for (int u = 1; u < layout.num_units(); ++u) {
+    bytes.push_back(layout.unit(u).shard * sizeof(float));
+  }
+  return bytes;
+}
+
+// What the model's allocation holds for the engine: the block gradients over spent
+// activations, and the gathered head (HeadSlotElements), which the model places inside those
+// gradients where they leave room past the activations (it is read only up to the classifier).
+cuda::ArenaRequests ModelRequests(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                                  const ShardLayout& layout, const ZeroCudaOptions& options) {
+  return {SpentActivationGradBytes(spec, layout, options), HeadSlotElements(arch, layout)};
+}
+
+// Where `part` (a rank's OwnPart of the piece of unit 0 starting at `piece_begin`, count > 0)
+// starts in that rank's shard of the unit.
+size_t ShardOffsetOf(size_t piece_begin, const comm::RangePart& part, size_t shard) {
+  return piece_begin + part.offset - static_cast<size_t>(part.rank) * shard;
+}
+
+// The runs of equal decay in a kept decay mask (so the device keeps a few runs per unit, not
+// a byte per parameter).
+std::vector<ZeroCudaEngine::DecayRun> DecayRuns(const std::vector<uint8_t>& mask) {
+  std::vector<ZeroCudaEngine::DecayRun> runs;
+  for (size_t i = 0; i < mask.size(); ++i) {
+    const bool decay = mask[i] != 0;
+    if (runs.empty() || runs.back().decay != decay) runs.push_back({i, i, decay});
+    runs.back().end = i + 1;
+  }
+  return runs;
+}
+
+}  // namespace
+
+GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                            const engine::CheckpointingPlan& level, int micro_batch_size, int world,
+                            const ZeroCudaOptions& options) {
+  return PlanGpuMemoryAt(spec, arch, level, micro_batch_size, world,
+                         FirstOffloadedUnit(UnitSizes(arch), spec.optimizer()), options);
+}
+
+GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                              const engine::CheckpointingPlan& level, int micro_batch_size,
+                              int world, int first_offloaded, const ZeroCudaOptions& options) {
+  // Every rank's shards are the same size, so rank 0's layout speaks for all.
+  const ShardLayout layout(UnitSizes(arch), world, /*rank=*/0);
+  GpuMemoryPlan plan;
+  const size_t max_shard = layout.max_shard();
+  size_t max_offloaded_shard = 0;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const size_t shard = layout.unit(u).shard;
+    if (u < first_offloaded) {
+      // fp32 master, m, v and gradient: 16 bytes a parameter, as PyTorch's FSDP keeps. The
+      // bf16 copy the all-gathers send is cast from the master as each gather starts.
+      plan.state_bytes += shard * 4 * sizeof(float);
+      continue;
+    }
+    // Offloaded. On the GPU: the gradient shard and the bf16 working copy; on the host:
+    // master weights, moments and decay mask.
+    plan.state_bytes += shard * (sizeof(float) + sizeof(__nv_bfloat16));
+    plan.host_bytes += shard * (3 * sizeof(float) + 1);
+    max_offloaded_shard = std::max(max_offloaded_shard, shard);
+  }
+  const bool offload = max_offloaded_shard > 0;
+  // Two staging pairs on the host (fp32 gradients in, bf16 weights out).
+  plan.host_bytes += 2 * max_offloaded_shard * (sizeof(float) + sizeof(__nv_bfloat16));
+  // Two gathered bf16 block slots; beyond world 1, their fp32 gradients and the head's too.
+  // (The gathered head lies in the model's allocation: ModelRequests.)
+  plan.working_bytes = 2 * layout.max_block_padded() * sizeof(__nv_bfloat16) +
+                       cuda::SumOfSquaresScratchFloats(max_shard) * sizeof(float) + 4096;
+  if (!DirectGradients(world)) {
+    plan.working_bytes += GradBufferElements(arch, layout,
+                                             HeadGradTakesTurnsWithBlocks(arch, level, world),
+                                             OneBlockGradSlot(level, world, options)) *
+                          sizeof(float);
+  }
+  if (world > 1) {  // GatherUnit's staging
+    const size_t chunk = GatherChunkFloats(world);
+    plan.working_bytes += (chunk * world + (offload ? chunk : 0)) * sizeof(float);
+  }
+  // Block gradients over spent activations are counted with the shards (16 bytes a
+  // parameter, above), and only what the activations need beyond them here.
+  const cuda::ArenaRequests requests = ModelRequests(spec, arch, layout, options);
+  plan.spent_activation_grad_bytes = std::accumulate(
+      requests.spent_grad_bytes.begin(), requests.spent_grad_bytes.end(), size_t{0});
+  plan.activation_bytes =
+      cuda::PlanCudaActivationBytes(arch, micro_batch_size, spec.training().sequence_length(),
+                                    level, requests) -
+      plan.spent_activation_grad_bytes;
+  plan.reserve_bytes = kReserveBytes;
+  return plan;
+}
+
+size_t ZeroCudaEngine::DeviceUsedBytes() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0;
+  return total_bytes - free_bytes;
+}
+
+// ---- timing events --------------------------------------------------------------------------
+
+ZeroCudaEngine::TimingEvents::~TimingEvents() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+}
+
+absl::StatusOr<cudaEvent_t> ZeroCudaEngine::TimingEvents::Next() {
+  if (used_ == events_.size()) {
+    cudaEvent_t e = nullptr;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  return events_[used_++];
+}
+
+absl::StatusOr<size_t> ZeroCudaEngine::Mark() {
+  WEFT_ASSIGN_OR_RETURN(cudaEvent_t e, timing_.Next());
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, compute_));
+  return timing_.used() - 1;
+}
+
+// ---- creation -------------------------------------------------------------------------------
+
+ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
+                               comm::CudaCommunicator* replica,
+                               std::unique_ptr<const engine::ModelArch> arch,
+                               int first_offloaded, const ZeroCudaOptions& options)
+    : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
+      comm_(comm),
+      replica_(replica != nullptr && replica->world_size() > 1 ? replica : nullptr),
+      world_(comm->world_size() * (replica_ != nullptr ? replica_->world_size() : 1)),
+      group_(comm->world_size()),
+      batch_size_(spec.training().micro_batch_size()),
+      seq_len_(spec.training().sequence_length()),
+      first_offloaded_(first_offloaded),
+      options_(options),
+      direct_grads_(DirectGradients(comm->world_size())),
+      head_split_(arch_->HeadOutputBegin()),
+      host_threads_(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
+
+ZeroCudaEngine::~ZeroCudaEngine() {
+  if (compute_ != nullptr) cudaStreamSynchronize(compute_);
+  model_.reset();
+  for (void* p : allocations_) cudaFree(p);
+  for (void* p : host_allocations_) cudaFreeHost(p);
+  for (cudaEvent_t e : {grads_copied_[0], grads_copied_[1], weights_copied_[0],
+                        weights_copied_[1]}) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  for (cudaEvent_t e : {compute_ready_, head_gathered_, gathered_[0], gathered_[1],
+                        head_scattered_, scattered_[0], scattered_[1], comm_done_,
+                        replica_ready_, replica_done_}) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  if (compute_ != nullptr) cudaStreamDestroy(compute_);
+}
+
+template <typename T>
+absl::StatusOr<T*> ZeroCudaEngine::Alloc(size_t count) {
+  void* p = nullptr;
+  const size_t bytes = std::max<size_t>(count, 1) * sizeof(T);
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cudaMalloc of ", bytes, " bytes failed: ", cudaGetErrorString(err)));
+  }
+  allocations_.push_back(p);
+  allocated_bytes_ += bytes;
+  return static_cast<T*>(p);
+}
+
+template <typename T>
+absl::StatusOr<T*> ZeroCudaEngine::HostAlloc(size_t count) {
+  void* p = nullptr;
+  const size_t bytes = std::max<size_t>(count, 1) * sizeof(T);
+  const cudaError_t err = cudaMallocHost(&p, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat("cudaMallocHost of ", bytes,
+                                                     " bytes (pinned host memory) failed: ",
+                                                     cudaGetErrorString(err)));
+  }
+  host_allocations_.push_back(p);
+  return static_cast<T*>(p);
+}
+
+absl::Status CheckComputeCapability(int major, int minor) {
+  if (major >= 8) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the CUDA engine needs a GPU of compute capability 8.0 (A100) or newer for its bf16 "
+      "tensor-core kernels; this one is ", major, ".", minor,
+      " (run the worker with --device cpu, or on a newer GPU)"));
+}
+
+absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
+    const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm, comm::CudaCommunicator* replica,
+    int ranks_on_host, const ZeroCudaOptions& options) {
+  if (spec.zero_stage() != 3) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "zero_stage: the CUDA engine implements ZeRO stage 3 only, got ", spec.zero_stage()));
+  }
+  int device = 0, major = 0, minor = 0;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  WEFT_RETURN_IF_ERROR(CheckComputeCapability(major, minor));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
+                        engine::MakeModelArch(spec.model()));
+  size_t free_bytes = 0, total_bytes = 0;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  // The job's limit, where it binds, is what every plan below must fit.
+  std::string_view budget = "free";
+  if (const size_t limit = DeviceMemoryLimitBytes(spec.training());
+      limit > 0 && limit < free_bytes) {
+    free_bytes = limit;
+    budget = "allowed by training.device_memory_limit_gib";
+  }
+  // Which units are offloaded: the spec's choice, or with offload_auto the least that fits
+  // (below); decided here once, for every plan tried and for the engine.
+  const std::vector<size_t> unit_sizes = UnitSizes(*arch);
+  int first_offloaded = FirstOffloadedUnit(unit_sizes, spec.optimizer());
+  const auto decide = [&](int first) {
+    return DecideMemory(spec.training().activation_checkpointing(), free_bytes,
+                        spec.training().micro_batch_size(), comm->world_size(),
+                        arch->num_layers(),
+                        [&](const engine::CheckpointingPlan& level, int rows, int world) {
+                          return PlanGpuMemoryAt(spec, *arch, level, rows, world, first,
+                                                 options);
+                        },
+                        budget);
+  };
+  MemoryDecision memory = decide(first_offloaded);
+  // Offloading (more of) the optimizer is the one remedy DecideMemory does not weigh: at the
+  // checkpointing it ended at, how much would fit.
+  const engine::CheckpointingPlan heaviest = memory.level;
+  const auto plan_at = [&](int first) {
+    return PlanGpuMemoryAt(spec, *arch, heaviest, spec.training().micro_batch_size(),
+                           comm->world_size(), first, options);
+  };
+  bool auto_offloaded = false;
+  if (!memory.fits && spec.optimizer().offload_auto()) {
+    // Recomputation first (DecideMemory went as far as the job allows), then the least offload
+    // on top; the host step is the slowest part of an offloaded step. Ranks may choose
+    // differently (their free memory differs): offload moves no collective.
+    const int first = LeastOffloadThatFits(first_offloaded, free_bytes, plan_at);
+    if (first >= 0) {
+      first_offloaded = first;
+      memory = decide(first);
+      auto_offloaded = memory.fits;
+    }
+  }
+  absl::Status fits = absl::OkStatus();
+  if (!memory.fits) {
+    const std::string offload = OffloadThatFits(unit_sizes, first_offloaded, free_bytes, plan_at);
+    fits = absl::ResourceExhaustedError(
+        offload.empty() ? memory.reason
+                        : absl::StrCat(memory.reason, " It would also fit with ", offload, "."));
+  } else {
+    fits = CheckHostMemory(memory.plan, HostAvailableBytes(), comm->world_size(), ranks_on_host);
+  }
+  WEFT_ASSIGN_OR_RETURN(const int refusals, CountRefusals(comm, replica, !fits.ok()));
+  WEFT_RETURN_IF_ERROR(fits);
+  if (refusals > 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        refusals, " other rank(s) of the job cannot build their engine (their error names "
+        "the memory they lack); this one could"));
+  }
+  model_io::SetHostBufferAllocator({PinnedAllocate, PinnedRelease});
+  std::unique_ptr<ZeroCudaEngine> engine(
+      new ZeroCudaEngine(spec, comm, replica, std::move(arch), first_offloaded, options));
+  engine->plan_ = memory.plan;
+  engine->checkpointing_ = memory.level;
+  engine->plan_note_ = memory.reason;
+  const int units = static_cast<int>(unit_sizes.size());
+  if (first_offloaded < units) {
+    absl::StrAppend(&engine->plan_note_, "; optimizer offloaded to the host for units ",
+                    first_offloaded, "-", units - 1, " of 0-", units - 1, " (offload_fraction ",
+                    OffloadFractionFor(unit_sizes, first_offloaded), ")",
+                    auto_offloaded ? ", the least that fits (optimizer.offload_auto)" : "");
+  } else if (spec.optimizer().offload_auto()) {
+    absl::StrAppend(&engine->plan_note_,
+                    "; optimizer kept on the GPU (optimizer.offload_auto: the job fits)");
+  }
+  WEFT_RETURN_IF_ERROR(engine->Initialize());
+  return engine;
+}
+
+absl::Status ZeroCudaEngine::Initialize() {
+  // With nothing to gather or reduce (one rank, one replica) the comm stream carries only the
+  // update in the next forward and the casts: compute takes the GPU first and the update fills
+  // its gaps (2 ms of an 8-layer GPT 6.7B step's 169 measured on an H100). Beyond, collectives
+  // must not queue behind compute, and the streams stay equal.
+  int priority = 0;
+  if (group_ == 1 && replica_ == nullptr) {
+    int least = 0;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &priority));
+  }
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithPriority(&compute_, cudaStreamNonBlocking, priority));
+  for (cudaEvent_t* e : {&compute_ready_, &head_gathered_, &gathered_[0], &gathered_[1],
+                         &head_scattered_, &scattered_[0], &scattered_[1], &comm_done_}) {
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
+  if (replica_ != nullptr) {
+    for (cudaEvent_t* e : {&replica_ready_, &replica_done_}) {
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    }
+  }
+  WEFT_ASSIGN_OR_RETURN(
+      model_, cuda::CreateCudaModel(*arch_, batch_size_, seq_len_, checkpointing_, compute_,
+                                    ModelRequests(spec_, *arch_, layout_, options_)));
+  head_work_ = model_->HeadWork();
+  head_grad_takes_turns_ = HeadGradTakesTurnsWithBlocks(*arch_, checkpointing_, group_);
+  one_block_grad_slot_ = OneBlockGradSlot(checkpointing_, group_, options_);
+  units_.resize(layout_.num_units());
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    Unit& unit = units_[u];
+    const size_t shard = layout_.unit(u).shard;
+    // Offloaded, the optimizer's side lives in pinned host memory (which kernels and copies
+    // reach through unified addressing).
+    const bool offloaded = Offloaded(u);
+    WEFT_ASSIGN_OR_RETURN(unit.params, offloaded ? HostAlloc<float>(shard) : Alloc<float>(shard));
+    WEFT_ASSIGN_OR_RETURN(unit.m, offloaded ? HostAlloc<float>(shard) : Alloc<float>(shard));
+    WEFT_ASSIGN_OR_RETURN(unit.v, offloaded ? HostAlloc<float>(shard) : Alloc<float>(shard));
+    unit.grads = u > 0 ? model_->SpentActivationGradient(u - 1) : nullptr;
+    if (unit.grads == nullptr) {
+      WEFT_ASSIGN_OR_RETURN(unit.grads, Alloc<float>(shard));
+    }
+    const InitialUnit init = InitialState(u);
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.params, init.kept.data(), shard * sizeof(float),
+                                         cudaMemcpyDefault));
+    if (offloaded) {
+      // The host AdamW reads a mask; the device one is told the runs.
+      WEFT_ASSIGN_OR_RETURN(unit.host_decay_mask, HostAlloc<uint8_t>(shard));
+      std::copy(init.decay_mask.begin(), init.decay_mask.end(), unit.host_decay_mask);
+      WEFT_ASSIGN_OR_RETURN(unit.params_bf16, Alloc<bf16>(shard));
+      std::fill(unit.m, unit.m + shard, 0.0f);
+      std::fill(unit.v, unit.v + shard, 0.0f);
+      WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, shard, compute_));
+    } else {
+      unit.decay_runs = DecayRuns(init.decay_mask);
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.m, 0, shard * sizeof(float), compute_));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.v, 0, shard * sizeof(float), compute_));
+    }
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, shard * sizeof(float), compute_));
+  }
+  const size_t max_block = layout_.max_block_padded();
+  const size_t max_shard = layout_.max_shard();
+  const size_t head_slot = HeadSlotElements(*arch_, layout_);
+  if (options_.update_in_next_forward && head_work_ != nullptr) {
+    const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+    const uintptr_t head_begin = address(head_work_);
+    const uintptr_t head_end = head_begin + head_slot * sizeof(bf16);
+    for (int u = 1; u < layout_.num_units(); ++u) {
+      const uintptr_t grads = address(units_[u].grads);
+      if (grads < head_end && head_begin < grads + layout_.unit(u).shard * sizeof(float)) {
+        under_head_work_.push_back(u);
+      }
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    WEFT_ASSIGN_OR_RETURN(block_work_[i], Alloc<bf16>(max_block));
+  }
+  if (!direct_grads_) {
+    // Head first, then the slots: apart, or in one buffer they take turns in.
+    const size_t elements =
+        GradBufferElements(*arch_, layout_, head_grad_takes_turns_, one_block_grad_slot_);
+    WEFT_ASSIGN_OR_RETURN(head_grad_, Alloc<float>(elements));
+    block_grad_[0] = head_grad_ + (head_grad_takes_turns_ ? 0 : head_slot);
+    block_grad_[1] = block_grad_[0] + (one_block_grad_slot_ ? 0 : max_block);
+    // Padding elements of the gradient units are never written by the model; zero them once
+    // (and again after each turn of the head's: BlockBackward leaves the slots' padding alone).
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(head_grad_, 0, elements * sizeof(float), compute_));
+  }
+  gather_chunk_ = GatherChunkFloats(group_);
+  if (group_ > 1) {  // one rank's GatherUnit copies its shard straight out
+    WEFT_ASSIGN_OR_RETURN(gather_staging_, Alloc<float>(gather_chunk_ * group_));
+    if (any_offloaded()) {
+      WEFT_ASSIGN_OR_RETURN(gather_source_, Alloc<float>(gather_chunk_));
+    }
+  }
+  WEFT_ASSIGN_OR_RETURN(norm_scratch_,
+                        Alloc<float>(cuda::SumOfSquaresScratchFloats(max_shard)));
+  WEFT_ASSIGN_OR_RETURN(stats_, Alloc<float>(2));
+  WEFT_ASSIGN_OR_RETURN(grad_scale_, Alloc<float>(1));
+  WEFT_ASSIGN_OR_RETURN(host_stats_, HostAlloc<float>(3));  // [sum of squares, loss, clip]
+  if (any_offloaded()) {
+    size_t max_offloaded_shard = 0;
+    for (int u = first_offloaded_; u < layout_.num_units(); ++u) {
+      max_offloaded_shard = std::max(max_offloaded_shard, layout_.unit(u).shard);
+    }
+    for (int i = 0; i < 2; ++i) {
+      WEFT_ASSIGN_OR_RETURN(staging_grads_[i], HostAlloc<float>(max_offloaded_shard));
+      WEFT_ASSIGN_OR_RETURN(staging_bf16_[i], HostAlloc<uint16_t>(max_offloaded_shard));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&grads_copied_[i],
+                                                         cudaEventDisableTiming));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&weights_copied_[i],
+                                                         cudaEventDisableTiming));
+    }
+  }
+  inputs_.resize(static_cast<size_t>(batch_size_) * seq_len_);
+  targets_.resize(inputs_.size());
+  return SyncCompute();
+}
+
+// ---- stream ordering ------------------------------------------------------------------------
+
+absl::Status ZeroCudaEngine::CommWaitsCompute() {
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_ready_, compute_));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(comm_->stream(), compute_ready_, 0));
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::ComputeWaits(cudaEvent_t event, bool behind_update) {
+  WEFT_ASSIGN_OR_RETURN(size_t begin, Mark());
+  WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, event, 0));
+  WEFT_ASSIGN_OR_RETURN(size_t end, Mark());
+  waits_.push_back({begin, end, behind_update});
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::CheckWork(const std::shared_ptr<comm::Work>& work) {
+  // Device-buffer collectives complete asynchronously; only an op refused at once (bad
+  // arguments, a communicator already broken) is complete here, and then carries its error.
+  if (work->IsCompleted()) return work->Wait();
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::SyncCompute() const {
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, compute_));
+  return comm_->WaitEvent(comm_done_);
+}
+
+absl::Status ZeroCudaEngine::Gather(int unit, bf16* dst) {
+  const size_t shard = layout_.unit(unit).shard;
+  if (Offloaded(unit)) {
+    return CheckWork(
+        comm_->AllGather(units_[unit].params_bf16, dst, shard, DataType::kBFloat16));
+  }
+  // The bf16 copy of the shard is cast from the master where the gather reads it (this rank's
+  // part of dst), then gathered in place: no resident bf16 copy of the shard.
+  bf16* mine = dst + static_cast<size_t>(comm_->rank()) * shard;
+  WEFT_ASSIGN_OR_RETURN(const bool updated,
+                        RunPendingUpdate(unit, 0, shard, mine, comm_->stream()));
+  if (!updated) {
+    WEFT_RETURN_IF_ERROR(cuda::CastToBf16(mine, units_[unit].params, shard, comm_->stream()));
+  }
+  if (group_ == 1) return absl::OkStatus();
+  return CheckWork(comm_->AllGather(mine, dst, shard, DataType::kBFloat16));
+}
+
+absl::Status ZeroCudaEngine::ReduceScatterGrad(int unit, float* full, bool accumulate) {
+  float* grads = units_[unit].grads;
+  const size_t shard = layout_.unit(unit).shard;
+  if (!accumulate) {
+    return CheckWork(comm_->ReduceScatter(full, grads, shard, DataType::kFloat32));
+  }
+  // In place, into this rank's block of the full gradient, which nothing reads again before
+  // the slot is next written (behind this slot's `scattered_` event): no scratch shard. The
+  // sum is added to the shard's, right behind on the comm stream.
+  float* const mine = full + static_cast<size_t>(comm_->rank()) * shard;
+  WEFT_RETURN_IF_ERROR(CheckWork(comm_->ReduceScatter(full, mine, shard, DataType::kFloat32)));
+  return cuda::AccumulateInto(grads, mine, shard, comm_->stream());
+}
+
+absl::Status ZeroCudaEngine::GatherHead(HeadPiece piece) {
+  if (head_split_ == 0) return Gather(0, head_work_);
+  // head_work_[i] is element piece.begin + i of the unit. This rank's part of the piece is
+  // cast (or copied, offloaded) from its shard into place, then every owner broadcasts its.
+  const size_t shard = layout_.unit(0).shard;
+  const comm::RangePart mine =
+      comm::OwnPart(piece.begin, piece.end, shard, group_, comm_->rank());
+  if (mine.count > 0) {
+    const size_t from = ShardOffsetOf(piece.begin, mine, shard);
+    if (Offloaded(0)) {
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(head_work_ + mine.offset,
+                                                units_[0].params_bf16 + from,
+                                                mine.count * sizeof(bf16),
+                                                cudaMemcpyDeviceToDevice, comm_->stream()));
+    } else {
+      WEFT_RETURN_IF_ERROR(
+          RunPendingUpdate(0, from, from + mine.count, nullptr, comm_->stream()).status());
+      WEFT_RETURN_IF_ERROR(cuda::CastToBf16(head_work_ + mine.offset, units_[0].params + from,
+                                            mine.count, comm_->stream()));
+    }
+  }
+  if (group_ == 1) return absl::OkStatus();
+  return CheckWork(comm::AllGatherRange(*comm_, head_work_, piece.begin, piece.end, shard,
+                                        DataType::kBFloat16));
+}
+
+absl::Status ZeroCudaEngine::ReduceHeadGrad(HeadPiece piece, bool accumulate) {
+  if (head_split_ == 0) return ReduceScatterGrad(0, head_grad_, accumulate);
+  const size_t shard = layout_.unit(0).shard;
+  const comm::RangePart mine =
+      comm::OwnPart(piece.begin, piece.end, shard, group_, comm_->rank());
+  // Where this rank's part of the piece lies in its shard (it may own none of the piece).
+  float* const grads =
+      mine.count == 0 ? nullptr : units_[0].grads + ShardOffsetOf(piece.begin, mine, shard);
+  // Accumulating, the sum goes in place (head_grad_ is not read again before the next memset,
+  // behind `head_scattered_`) and is added to the shard's behind it, as ReduceScatterGrad does.
+  float* const sum = accumulate ? head_grad_ + mine.offset : grads;
+  WEFT_RETURN_IF_ERROR(CheckWork(comm::ReduceScatterRange(
+      *comm_, head_grad_, sum, piece.begin, piece.end, shard, DataType::kFloat32)));
+  if (!accumulate || mine.count == 0) return absl::OkStatus();
+  return cuda::AccumulateInto(grads, sum, mine.count, comm_->stream());
+}
+
+absl::Status ZeroCudaEngine::WaitForSlotScatters() {
+  for (int slot : {0, 1}) {
+    if (scatter_pending_[slot]) WEFT_RETURN_IF_ERROR(ComputeWaits(scattered_[slot]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::ZeroSlotPadding() {
+  const size_t max_block = layout_.max_block_padded();
+  // Past the smallest block's elements: every block's padding (and any larger block's
+  // elements, which its backward writes).
+  size_t smallest = max_block;
+  for (int u = 1; u < layout_.num_units(); ++u) {
+    smallest = std::min(smallest, layout_.unit(u).size);
+  }
+  // One buffer under both names with one_block_grad_slot_: zeroed once.
+  for (int slot = 0; slot < (one_block_grad_slot_ ? 1 : 2); ++slot) {
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(block_grad_[slot] + smallest, 0,
+                                              (max_block - smallest) * sizeof(float), compute_));
+  }
+  return absl::OkStatus();
+}
+
+// ---- one micro-batch ------------------------------------------------------------------------
+
+absl::Status ZeroCudaEngine::SumSquaresOnComm(int unit) {
+  return cuda::SumOfSquares(&stats_[0], units_[unit].grads, layout_.unit(unit).shard,
+                            norm_scratch_, comm_->stream());
+}
+
+absl::Status ZeroCudaEngine::FinishShardGradient(int unit) {
+  if (replica_ == nullptr) return SumSquaresOnComm(unit);
+  float* grads = units_[unit].grads;
+  const size_t shard = layout_.unit(unit).shard;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(replica_ready_, comm_->stream()));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(replica_->stream(), replica_ready_, 0));
+  WEFT_RETURN_IF_ERROR(CheckWork(replica_->AllReduce(grads, shard, DataType::kFloat32)));
+  // Only this stream touches stats_[0] and norm_scratch_ in a hybrid step.
+  return cuda::SumOfSquares(&stats_[0], grads, shard, norm_scratch_, replica_->stream());
+}
+
+absl::Status ZeroCudaEngine::AllReduceStats() {
+  WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+  WEFT_RETURN_IF_ERROR(CheckWork(comm_->AllReduce(stats_, 2, DataType::kFloat32)));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
+  if (replica_ != nullptr) {
+    WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(replica_->stream(), comm_done_, 0));
+    WEFT_RETURN_IF_ERROR(CheckWork(replica_->AllReduce(&stats_[1], 1, DataType::kFloat32)));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, replica_->stream()));
+  }
+  return ComputeWaits(comm_done_);
+}
+
+absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
+                                       bool backward, float grad_scale, bool first_micro_step,
+                                       bool last_micro_step) {
+  const int layers = arch_->num_layers();
+  cudaStream_t comm_stream = comm_->stream();
+  std::array<size_t, 3> phase{};
+  WEFT_ASSIGN_OR_RETURN(phase[0], Mark());
+  WEFT_RETURN_IF_ERROR(model_->SetBatch(batch_size_, seq_len_, inputs, targets));
+
+  // An unsplit head stays gathered for the whole micro-step. A split one has its embedding
+  // piece gathered first and its LM head piece after the embedding's forward, into the same
+  // buffer; each piece's gradient is reduced as soon as it is complete (the LM head's right
+  // after the classifier), through one gradient buffer. Block 0 goes into slot 0.
+  const bool split = head_split_ > 0;
+  const size_t head_size = layout_.unit(0).size;
+  const HeadPiece input{0, split ? head_split_ : head_size};
+  const HeadPiece output{head_split_, head_size};
+  WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+  // The last step's updates (ZeroCudaOptions::update_in_next_forward) go with the gathers;
+  // the units whose gradients the gathered head overwrites, first. Every gather of this
+  // forward then runs one, so a compute wait for a gather counts as the optimizer's time.
+  const bool updating = pending_.any();
+  for (int u : under_head_work_) {
+    WEFT_RETURN_IF_ERROR(
+        RunPendingUpdate(u, 0, layout_.unit(u).shard, nullptr, comm_stream).status());
+  }
+  WEFT_RETURN_IF_ERROR(GatherHead(input));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
+  WEFT_RETURN_IF_ERROR(Gather(1, block_work_[0]));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[0], comm_stream));
+  WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_, updating));
+  WEFT_RETURN_IF_ERROR(model_->EncoderForward(head_work_));
+  for (int l = 0; l < layers; ++l) {
+    const int slot = l % 2;
+    if (l + 1 < layers) {
+      // Slot (l+1)%2 held block l-1, whose forward is enqueued: comm waits for it, then
+      // fetches block l+1 while block l computes.
+      WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+      WEFT_RETURN_IF_ERROR(Gather(2 + l, block_work_[(l + 1) % 2]));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[(l + 1) % 2], comm_stream));
+    }
+    if (split && l == 0) {
+      // The embedding's forward is behind the comm stream's wait (the one above, or this):
+      // the LM head's piece takes its place, behind block 1's gather.
+      if (layers == 1) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+      WEFT_RETURN_IF_ERROR(GatherHead(output));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
+    }
+    WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot], updating));
+    WEFT_RETURN_IF_ERROR(model_->BlockForward(l, block_work_[slot]));
+  }
+  if (split) WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_, updating));
+  // Element i of head_grad is element i of unit 0 for the embedding (and an unsplit head),
+  // element head_split_ + i for the classifier (CudaModel::Classifier).
+  float* const head_grad = direct_grads_ ? units_[0].grads : head_grad_;
+  float* const classifier_grad = direct_grads_ ? head_grad + head_split_ : head_grad_;
+  if (backward) {
+    if (scatter_pending_[2]) WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
+    // The slots' last reduce-scatters (the previous micro-step's) are long done by now.
+    if (head_grad_takes_turns_) WEFT_RETURN_IF_ERROR(WaitForSlotScatters());
+    // Direct gradients accumulate over micro-steps in place: zeroed by the first only.
+    if (direct_grads_ && first_micro_step) {
+      WEFT_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(head_grad, 0, layout_.unit(0).padded * sizeof(float), compute_));
+    } else if (!direct_grads_) {
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+          head_grad_, 0, (split ? output.size() : layout_.unit(0).padded) * sizeof(float),
+          compute_));
+    }
+  }
+  // head_work_ holds the output piece (element head_split_ on), or the whole unsplit head.
+  WEFT_RETURN_IF_ERROR(
+      model_->Classifier(head_work_, grad_scale, backward ? classifier_grad : nullptr));
+  // The LM head's gradient is reduced right away when it is a piece of its own or must make
+  // room for the blocks'.
+  const bool reduce_classifier_grad = (split || head_grad_takes_turns_) && !direct_grads_;
+  if (backward && reduce_classifier_grad) {
+    WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(output, !first_micro_step));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
+    scatter_pending_[2] = true;
+  }
+  WEFT_RETURN_IF_ERROR(cuda::SumInto(&stats_[1], model_->Losses(),
+                                     static_cast<size_t>(batch_size_) * seq_len_, compute_));
+  WEFT_ASSIGN_OR_RETURN(phase[1], Mark());
+  if (!backward) {
+    phase[2] = phase[1];
+    phases_.push_back(phase);
+    return absl::OkStatus();
+  }
+
+  for (int l = layers - 1; l >= 0; --l) {
+    const int slot = l % 2;
+    if (l >= 1) {
+      // Slot (l-1)%2 last held block l+1 (backward) or block l-1 (forward, for l = L-1).
+      WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+      WEFT_RETURN_IF_ERROR(Gather(l, block_work_[(l - 1) % 2]));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[(l - 1) % 2], comm_stream));
+    }
+    // Block L-1's parameters are still in place from the forward.
+    if (l < layers - 1) WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot]));
+    WEFT_RETURN_IF_ERROR(model_->RecomputeBlock(l, block_work_[slot]));
+    // The gradient buffer of this slot was last reduce-scattered for block l+2; in one slot,
+    // for block l+1, whose reduce-scatter ran behind this block's recomputation.
+    if (one_block_grad_slot_) {
+      WEFT_RETURN_IF_ERROR(WaitForSlotScatters());
+    } else if (scatter_pending_[slot]) {
+      WEFT_RETURN_IF_ERROR(ComputeWaits(scattered_[slot]));
+    }
+    if (head_grad_takes_turns_ && l == layers - 1) {
+      // The slots lie over the LM head's gradient: its reduce first (it ran behind this
+      // block's recomputation), then the slots' padding, which the head's turn wrote, zeroed.
+      WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
+      WEFT_RETURN_IF_ERROR(ZeroSlotPadding());
+    }
+    float* const grad = direct_grads_ ? units_[1 + l].grads : block_grad_[slot];
+    // A slot buffer holds one micro-step's gradient; a direct one accumulates over the
+    // micro-steps after the first. Overwriting needs no memset and no read of the old values.
+    const bool accumulate = direct_grads_ && !first_micro_step;
+    WEFT_RETURN_IF_ERROR(model_->BlockBackwardRecomputed(
+        l, block_work_[slot], grad,
+        accumulate ? cuda::GradWrite::kAccumulate : cuda::GradWrite::kOverwrite));
+    if (!direct_grads_ || last_micro_step) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+    if (!direct_grads_) {
+      WEFT_RETURN_IF_ERROR(ReduceScatterGrad(1 + l, grad, !first_micro_step));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(scattered_[slot], comm_stream));
+      scatter_pending_[slot] = true;
+    }
+    // Behind the reduce-scatter (or the backward) of unit 1 + l, its shard gradient is final.
+    if (last_micro_step) WEFT_RETURN_IF_ERROR(FinishShardGradient(1 + l));
+  }
+  if (reduce_classifier_grad) {
+    // The LM head's gradient has left head_grad_ (the reduce above): the embedding's now, and
+    // when the slots lie over it, once they have been reduce-scattered too (a tied head's
+    // padding included: the slots wrote over it).
+    WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
+    if (head_grad_takes_turns_) WEFT_RETURN_IF_ERROR(WaitForSlotScatters());
+    const size_t zeroed = split ? input.size() : layout_.unit(0).padded;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(head_grad_, 0, zeroed * sizeof(float), compute_));
+  }
+  WEFT_RETURN_IF_ERROR(model_->EncoderBackward(head_grad));
+  WEFT_ASSIGN_OR_RETURN(phase[2], Mark());
+  phases_.push_back(phase);
+  if (!direct_grads_ || last_micro_step) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+  if (!direct_grads_) {
+    // A tied head's LM head gradient is in the shard already, this micro-step's included.
+    const bool tied_twice = !split && head_grad_takes_turns_;
+    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(input, !first_micro_step || tied_twice));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
+    scatter_pending_[2] = true;
+  }
+  if (last_micro_step) WEFT_RETURN_IF_ERROR(FinishShardGradient(0));
+  return absl::OkStatus();
+}
+
+// ---- optimizer step -------------------------------------------------------------------------
+
+absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn& batch) {
+  const auto wall_start = std::chrono::steady_clock::now();
+  timing_.Reset();
+  waits_.clear();
+  phases_.clear();
+  StepResult result;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats_, 0, 2 * sizeof(float), compute_));
+  const int accum = spec_.training().grad_accum_steps();
+  const size_t positions = static_cast<size_t>(batch_size_) * seq_len_;
+  // Each rank's backward is of (1 / (world * accum * B * T)) * its summed losses: the
+  // reduce-scattered sum is then the gradient of the global mean loss.
+  const float grad_scale = 1.0f / static_cast<float>(static_cast<double>(world_) * accum *
+                                                     static_cast<double>(positions));
+  for (int micro = 0; micro < accum; ++micro) {
+    batch(step, micro, inputs_.data(), targets_.data());
+    WEFT_RETURN_IF_ERROR(
+        MicroStep(inputs_.data(), targets_.data(), true, grad_scale, micro == 0,
+                  micro + 1 == accum));
+  }
+  // The optimizer needs every reduce-scatter (and accumulation) done.
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
+  WEFT_RETURN_IF_ERROR(ComputeWaits(comm_done_));
+  if (replica_ != nullptr) {  // and every replica all-reduce
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(replica_done_, replica_->stream()));
+    WEFT_RETURN_IF_ERROR(ComputeWaits(replica_done_));
+  }
+  scatter_pending_[0] = scatter_pending_[1] = scatter_pending_[2] = false;
+  WEFT_ASSIGN_OR_RETURN(const size_t opt_begin, Mark());
+  // The sum of squares is in stats_[0] already (the last micro-step's comm stream).
+  // One all-reduce of [sum of squares, loss sum].
+  WEFT_RETURN_IF_ERROR(AllReduceStats());
+  const auto& opt = spec_.optimizer();
+  WEFT_RETURN_IF_ERROR(cuda::ClipScale(grad_scale_, &stats_[0],
+                                       static_cast<float>(opt.grad_clip_norm()), compute_));
+  result.learning_rate = engine::LearningRate(spec_, step);
+  const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
+                                            cudaMemcpyDeviceToHost, compute_));
+  if (any_offloaded()) {
+    WEFT_RETURN_IF_ERROR(HostOptimizerStep(optimizer_steps_ + 1, adamw));
+  } else if (options_.update_in_next_forward) {
+    // Every unit's gather in this step's forward ran the last step's update.
+    if (pending_.any()) return absl::InternalError("an update was left pending for two steps");
+    pending_.adamw_step = optimizer_steps_ + 1;
+    pending_.adamw = adamw;
+    pending_.ranges.assign(layout_.num_units(), {});
+    for (int u = 0; u < layout_.num_units(); ++u) {
+      const size_t shard = layout_.unit(u).shard;
+      auto& ranges = pending_.ranges[u];
+      if (u == 0 && head_split_ > 0) {
+        // The input piece's part of this rank's shard, then the output piece's.
+        const size_t first = static_cast<size_t>(comm_->rank()) * shard;
+        const size_t split = std::clamp(head_split_, first, first + shard) - first;
+        if (split > 0) ranges.emplace_back(0, split);
+        if (split < shard) ranges.emplace_back(split, shard);
+      } else {
+        ranges.emplace_back(0, shard);
+      }
+    }
+  } else {
+    WEFT_RETURN_IF_ERROR(DeviceOptimizerStep(optimizer_steps_ + 1, adamw));
+  }
+  WEFT_ASSIGN_OR_RETURN(const size_t opt_end, Mark());
+  WEFT_RETURN_IF_ERROR(comm_->WaitEvent(timing_.at(opt_end)));
+
+  result.loss = static_cast<float>(host_stats_[1] /
+                                   (static_cast<double>(world_) * accum * positions));
+  // NaN stays NaN (std::max would hide it): ClipScale skipped the update for it.
+  result.grad_norm = std::isnan(host_stats_[0]) ? host_stats_[0]
+                                                : std::sqrt(std::max(0.0f, host_stats_[0]));
+  if (std::isfinite(result.grad_norm)) ++optimizer_steps_;
+  const auto elapsed = [&](size_t a, size_t b) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, timing_.at(a), timing_.at(b));
+    return static_cast<double>(ms);
+  };
+  double exposed_forward = 0, exposed_backward = 0, exposed_total = 0, behind_update = 0;
+  for (const auto& [begin, end, update] : waits_) {
+    const double ms = elapsed(begin, end);
+    (update ? behind_update : exposed_total) += ms;
+    for (const auto& phase : phases_) {
+      if (begin >= phase[0] && end <= phase[1]) exposed_forward += ms;
+      if (begin >= phase[1] && end <= phase[2]) exposed_backward += ms;
+    }
+  }
+  for (const auto& phase : phases_) {
+    result.timings.forward_ms += elapsed(phase[0], phase[1]);
+    result.timings.backward_ms += elapsed(phase[1], phase[2]);
+  }
+  result.timings.forward_ms -= exposed_forward;
+  result.timings.backward_ms -= exposed_backward;
+  result.timings.optimizer_ms = elapsed(opt_begin, opt_end) + behind_update;
+  result.timings.exposed_comm_ms = exposed_total;
+  result.timings.step_ms = std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - wall_start)
+                               .count();
+  return result;
+}
+
+absl::Status ZeroCudaEngine::DeviceOptimizerStep(int64_t adamw_step,
+                                                 const engine::AdamWConfig& adamw) {
+  for (int u = 0; u < first_offloaded_; ++u) {
+    WEFT_RETURN_IF_ERROR(
+        UpdateShardRange(u, 0, layout_.unit(u).shard, nullptr, adamw_step, adamw, compute_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::UpdateShardRange(int u, size_t begin, size_t end, bf16* bf16_out,
+                                              int64_t adamw_step,
+                                              const engine::AdamWConfig& adamw,
+                                              cudaStream_t stream) const {
+  const Unit& unit = units_[u];
+  for (const DecayRun& r : unit.decay_runs) {
+    const size_t from = std::max(r.begin, begin), to = std::min(r.end, end);
+    if (from >= to) continue;
+    WEFT_RETURN_IF_ERROR(cuda::AdamWUpdate(
+        unit.params + from, bf16_out == nullptr ? nullptr : bf16_out + (from - begin),
+        unit.grads + from, unit.m + from, unit.v + from, to - from, r.decay, adamw, adamw_step,
+        grad_scale_, stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ZeroCudaEngine::RunPendingUpdate(int u, size_t begin, size_t end,
+                                                      bf16* bf16_out, cudaStream_t stream) const {
+  if (pending_.ranges.empty()) return false;
+  auto& ranges = pending_.ranges[u];
+  bool wrote = false;
+  for (auto it = ranges.begin(); it != ranges.end();) {
+    const auto [from, to] = *it;
+    if (to <= begin || end <= from) {
+      ++it;
+      continue;
+    }
+    if (bf16_out != nullptr && (from != begin || to != end)) {
+      return absl::InternalError(absl::StrCat("unit ", u, ": pending range [", from, ", ", to,
+                                              ") is not the gathered [", begin, ", ", end, ")"));
+    }
+    WEFT_RETURN_IF_ERROR(UpdateShardRange(u, from, to, bf16_out, pending_.adamw_step,
+                                          pending_.adamw, stream));
+    wrote = bf16_out != nullptr;
+    it = ranges.erase(it);
+  }
+  return wrote;
+}
+
+absl::Status ZeroCudaEngine::RunAllPendingUpdates() const {
+  if (!pending_.any()) return absl::OkStatus();
+  // Behind the step that left them (its gradients and clip scale are on compute already),
+  // and behind any part an evaluation's forward ran on the comm stream: disjoint units.
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    WEFT_RETURN_IF_ERROR(
+        RunPendingUpdate(u, 0, layout_.unit(u).shard, nullptr, compute_).status());
+  }
+  return SyncCompute();
+}
+
+// Unit by unit, a pipeline of three: the GPU copies unit u + 1's gradients out while the host
+// steps unit u, whose new bf16 weights the GPU copies in while the host steps unit u + 1. Two
+// staging pairs alternate; the events say when each is free again. The units kept on the GPU
+// step there, enqueued behind the first copy so the host has work while the GPU does them.
+absl::Status ZeroCudaEngine::HostOptimizerStep(int64_t adamw_step,
+                                               const engine::AdamWConfig& adamw) {
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_stats_[2], grad_scale_, sizeof(float),
+                                            cudaMemcpyDeviceToHost, compute_));
+  const int first = first_offloaded_;
+  const auto copy_out = [&](int u) -> absl::Status {
+    const int slot = (u - first) % 2;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_grads_[slot], units_[u].grads,
+                                              layout_.unit(u).shard * sizeof(float),
+                                              cudaMemcpyDeviceToHost, compute_));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(grads_copied_[slot], compute_));
+    return absl::OkStatus();
+  };
+  const int units = layout_.num_units();
+  WEFT_RETURN_IF_ERROR(copy_out(first));
+  WEFT_RETURN_IF_ERROR(DeviceOptimizerStep(adamw_step, adamw));
+  for (int u = first; u < units; ++u) {
+    const int slot = (u - first) % 2;
+    if (u + 1 < units) WEFT_RETURN_IF_ERROR(copy_out(u + 1));
+    // Through the communicator, so an abort (a peer lost) interrupts the wait.
+    WEFT_RETURN_IF_ERROR(comm_->WaitEvent(grads_copied_[slot]));
+    if (u - first >= 2) WEFT_RETURN_IF_ERROR(comm_->WaitEvent(weights_copied_[slot]));
+    const Unit& unit = units_[u];
+    const size_t shard = layout_.unit(u).shard;
+    engine::AdamWUpdateParallel(unit.params, staging_grads_[slot], unit.m, unit.v,
+                                unit.host_decay_mask, shard, adamw, adamw_step, host_stats_[2],
+                                staging_bf16_[slot], host_threads_);
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(unit.params_bf16, staging_bf16_[slot],
+                                              shard * sizeof(bf16), cudaMemcpyHostToDevice,
+                                              compute_));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(weights_copied_[slot], compute_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch) {
+  timing_.Reset();
+  waits_.clear();
+  phases_.clear();
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats_, 0, 2 * sizeof(float), compute_));
+  for (int i = 0; i < batches; ++i) {
+    batch(0, i, inputs_.data(), targets_.data());
+    WEFT_RETURN_IF_ERROR(MicroStep(inputs_.data(), targets_.data(), false, 1.0f, true, false));
+  }
+  WEFT_RETURN_IF_ERROR(AllReduceStats());
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
+                                            cudaMemcpyDeviceToHost, compute_));
+  WEFT_RETURN_IF_ERROR(SyncCompute());
+  const double positions = static_cast<double>(batch_size_) * seq_len_;
+  return static_cast<float>(host_stats_[1] / (world_ * std::max(1, batches) * positions));
+}
+
+absl::StatusOr<std::vector<float>> ZeroCudaEngine::GatherUnit(int u) {
+  WEFT_RETURN_IF_ERROR(RunAllPendingUpdates());
+  const UnitShard& unit = layout_.unit(u);
+  std::vector<float> out(unit.size);
+  if (group_ == 1) {
+    // The shard is the unit (on the device, or in pinned host memory when offloaded).
+    WEFT_RETURN_IF_ERROR(SyncCompute());
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.data(), units_[u].params, unit.size * sizeof(float),
+                                         cudaMemcpyDefault));
+    return out;
+  }
+  // Chunk by chunk of every rank's shard: gather_staging_ receives the world's pieces of a
+  // chunk in rank order; rank r's piece is elements r * shard + offset onward of the unit.
+  for (size_t offset = 0; offset < unit.shard; offset += gather_chunk_) {
+    const size_t n = std::min(gather_chunk_, unit.shard - offset);
+    const float* piece = units_[u].params + offset;
+    if (Offloaded(u)) {
+      // NCCL reads device memory: offloaded master weights go through a device buffer.
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gather_source_, piece, n * sizeof(float),
+                                                cudaMemcpyHostToDevice, compute_));
+      piece = gather_source_;
+    }
+    WEFT_RETURN_IF_ERROR(CommWaitsCompute());
+    WEFT_RETURN_IF_ERROR(CheckWork(comm_->AllGather(piece, gather_staging_, n,
+                                                    DataType::kFloat32)));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
+    WEFT_RETURN_IF_ERROR(comm_->WaitEvent(comm_done_));
+    for (int r = 0; r < group_; ++r) {
+      const size_t begin = static_cast<size_t>(r) * unit.shard + offset;
+      if (begin >= unit.size) break;  // the rest is padding
+      const size_t count = std::min(n, unit.size - begin);
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.data() + begin, gather_staging_ + r * n,
+                                           count * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+  }
+  return out;
+}
+
+float* ZeroCudaEngine::Kept(int u, model_io::UnitState state) const {
+  const Unit& unit = units_[u];
+  return state == model_io::UnitState::kParams ? unit.params : state == model_io::UnitState::kM ? unit.m : unit.v;
+}
+
+absl::Status ZeroCudaEngine::CopyKeptToHost(int u, model_io::UnitState state, size_t offset, size_t n,
+                                            float* host) const {
+  // Between steps: TrainStep returned only after the optimizer finished, or left its update
+  // pending (run here first).
+  WEFT_RETURN_IF_ERROR(RunAllPendingUpdates());
+  return cuda::CudaStatus(cudaMemcpy(host, Kept(u, state) + offset, n * sizeof(float),
+                                     cudaMemcpyDefault),
+                          "cudaMemcpy of a checkpoint shard");
+}
+
+absl::Status ZeroCudaEngine::CopyKeptFromHost(int u, model_io::UnitState state, const float* host) {
+  // The restored state replaces what the pending update would have made of the unit's.
+  if (!pending_.ranges.empty()) pending_.ranges[u].clear();
+  return cuda::CudaStatus(cudaMemcpy(Kept(u, state), host,
+                                     layout_.KeptElements(u, stage_) * sizeof(float),
+                                     cudaMemcpyDefault),
+                          "cudaMemcpy of a restored shard");
+}
+
+absl::Status ZeroCudaEngine::FinishRestore(const model_io::RangeReader&) {
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    const Unit& unit = units_[u];
+    const size_t shard = layout_.unit(u).shard;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, shard * sizeof(float), compute_));
+    if (Offloaded(u)) {
+      WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, shard, compute_));
+    }
+  }
+  return SyncCompute();
+}
+
+}  // namespace weft::zero

@@ -1,0 +1,348 @@
+// ZeRO-3 data parallelism on GPUs: the CUDA device of ZeroEngine (worker/zero/zero_engine.h), over
+// NCCL; the twin of ZeroCpuEngine (worker/zero/zero_cpu.h).
+//
+// Units and shards come from the same ShardLayout as the CPU engine's, so checkpoints move
+// freely between the two engines and world sizes.
+// Each rank keeps, for its shards only: fp32 master parameters, AdamW m and v and the fp32
+// gradient: 16 bytes a parameter. Weight decay is kept as runs of each shard (a unit's
+// tensors alternate between decayed matrices and undecayed norms), not as a per-element mask.
+// What an all-gather sends is cast to bf16 from the master as the gather starts, in place in
+// the destination. At world 1 the model's backward accumulates straight into the shard's
+// gradient (the shard is the unit): no full-unit gradient buffers, no reduce-scatter.
+// With optimizer offload the master, m, v and a decay mask of the offloaded units (all of them,
+// or with optimizer.offload_fraction the last ones: memory_plan.h's FirstOffloadedUnit) live in
+// pinned host memory and step on the host; the device keeps their gradient and a bf16 copy of
+// the shard. The other units keep everything on the GPU and step there.
+//
+// Two streams, ordered by CUDA events only — the host never waits inside a step:
+//   compute: the model's kernels and GEMMs (and the optimizer, when it runs at the end of
+//            the step: offload, or ZeroCudaOptions::update_in_next_forward off);
+//   comm:    the communicator's stream (NCCL all-gathers, reduce-scatters, the step's
+//            all-reduce), plus the gradient accumulation of micro-steps after the first and
+//            the last step's AdamW update, unit by unit before each forward gather. With one
+//            rank and one replica, compute has the higher priority.
+// Forward: block l+1's bf16 parameters are all-gathered into the other of two working
+// buffers while block l computes. Backward: the last block's parameters are still in place;
+// block l-1 is gathered while block l computes its backward, and block l's gradient is
+// reduce-scattered (fp32) while block l-1 computes. A tied head (embeddings, final LayerNorm,
+// tied LM head) stays gathered for the whole micro-step; its gradient is reduce-scattered
+// after the encoder backward. An untied one (ModelArch::HeadOutputBegin) is two pieces that
+// take turns in one buffer: the LM head's gradient is reduced right after the classifier, the
+// embedding's after the encoder backward. Under a plan that recomputes the last block, the
+// head's fp32 gradient also takes turns with the block slots' (one buffer, not two).
+// The host synchronises once per step (after the optimizer), through
+// CudaCommunicator::WaitEvent, so an abort or a dead peer ends the wait.
+//
+// Hybrid sharding (worker/zero/sharding_groups.h): `comm` is the rank's group, the engine shards over
+// it, and a `replica` communicator (its own stream) joins the ranks at the same position in
+// every group. On the last micro-step, right behind each unit's reduce-scatter (and
+// accumulation) on the comm stream, the replica stream waits for it, all-reduces the shard's
+// gradient over the replicas and adds its sum of squares: the cross-group traffic overlaps
+// the backward of the units below, and the group's gathers never queue behind it. Compute
+// waits for the replica stream before the optimizer. Without replicas the code path is the
+// full-sharding one, unchanged.
+//
+// Exposed communication is measured on the GPU: timing events around every point where the
+// compute stream waits for the comm stream; their sum is the time compute stood still.
+#ifndef WEFT_WORKER_ZERO_ZERO_CUDA_H_
+#define WEFT_WORKER_ZERO_ZERO_CUDA_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/comm/nccl_communicator.h"
+#include "worker/engine/adamw.h"
+#include "worker/engine/cuda/model.h"
+#include "worker/engine/model_arch.h"
+#include "worker/zero/memory_plan.h"
+#include "worker/zero/training_engine.h"
+#include "worker/zero/zero_engine.h"
+#include "weft/v1/job.pb.h"
+
+namespace weft::zero {
+
+// How the engine lays out its memory; the defaults are what jobs run with, and a test may
+// turn a saving off to compare against it.
+struct ZeroCudaOptions {
+  // Without gradient accumulation (training.grad_accum_steps 1) each block's shard gradient
+  // lives over activations that are spent by the time it is written
+  // (CudaModel::SpentActivationGradient) instead of in memory of its own: the gradients of the
+  // last blocks over the first blocks' activations, as a caching allocator would reuse them.
+  // It saves the smaller of the blocks' gradient shards and their activations, on every GPU.
+  bool gradients_over_spent_activations = true;
+  // Beyond world 1, when every block recomputes its forward (FULL), the blocks' full fp32
+  // gradients take turns in one buffer instead of two: block l - 1's backward writes it once
+  // block l's reduce-scatter has read it, which ran behind block l - 1's recomputation. It
+  // saves up to a block's fp32 gradient on every GPU, less where the head's gradient takes
+  // its turn in the same buffer and is the larger (0.75 GiB at GPT 6.7B, 2.5 at Llama-70B,
+  // none at Llama-8B).
+  bool one_block_grad_slot = true;
+  // With the optimizer on the GPU (no offload), a step's AdamW update runs in the next forward
+  // (the next TrainStep's or EvalLoss's), unit by unit on the comm stream just before the
+  // unit's gather: it overlaps the forward's matmuls instead of adding its memory traffic to
+  // the step, and writes the bf16 copy the gather sends (no separate cast). The units whose
+  // gradients lie under the gathered head go first. What reads or replaces the state between
+  // steps (Snapshot, GatherUnit, Restore) sees the step's result: pending updates run first.
+  // 2.3% of an 8-layer GPT 6.7B step on an H100 (docs/performance.md); bit-identical results.
+  bool update_in_next_forward = true;
+};
+
+// What a rank of `spec` needs on its GPU at this checkpointing plan, micro-batch rows and world
+// size, with the units the spec offloads (none with offload_auto, which Create decides).
+GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                            const engine::CheckpointingPlan& level, int micro_batch_size,
+                            int world_size, const ZeroCudaOptions& options = {});
+// The same with units [first_offloaded, n) offloaded whatever the spec says (n: none), for
+// finding the offload that would fit.
+GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                              const engine::CheckpointingPlan& level, int micro_batch_size,
+                              int world_size, int first_offloaded,
+                              const ZeroCudaOptions& options = {});
+
+// OK for a GPU of compute capability major.minor that the CUDA engine's kernels run on (bf16
+// tensor cores: 8.0, Ampere, or newer); FAILED_PRECONDITION saying so otherwise.
+absl::Status CheckComputeCapability(int major, int minor);
+
+class ZeroCudaEngine : public ZeroEngine {
+ public:
+  // The model of `spec` on the communicator's device (current device must be it), sharded
+  // over `comm` (not owned). Checks the memory plan against the device's free memory first:
+  // RESOURCE_EXHAUSTED with the numbers when it does not fit. FAILED_PRECONDITION for a stage
+  // other than 3 (the only one this engine implements). `replica` (not owned; may be null: one
+  // replica) makes it hybrid: the world is comm->world_size() * replica->world_size().
+  // `ranks_on_host`: the job's ranks on this host, whose optimizer offloads share its memory.
+  // Collective: every rank of the world calls it, and when any rank cannot build its engine
+  // (its memory), all of them return an error, the others saying that another rank could not.
+  static absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> Create(
+      const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
+      comm::CudaCommunicator* replica = nullptr, int ranks_on_host = 1,
+      const ZeroCudaOptions& options = {});
+  ~ZeroCudaEngine() override;
+
+  absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) override;
+  absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) override;
+  absl::StatusOr<std::vector<float>> GatherUnit(int u) override;
+  size_t StateBytes() const override { return plan_.state_bytes; }
+  size_t WorkingBytes() const override {
+    return plan_.working_bytes + plan_.activation_bytes;
+  }
+
+  // Everything the engine allocates is allocated at creation, so this is also its peak.
+  size_t EngineDeviceBytes() const override {
+    return allocated_bytes_ + model_->ActivationBytes() + model_->BlasWorkspaceBytes();
+  }
+  size_t DeviceUsedBytes() const override;
+  std::string MemoryPlanNote() const override { return plan_note_; }
+
+  // Elements [begin, end) of a shard, all decayed or all not.
+  struct DecayRun {
+    size_t begin = 0;
+    size_t end = 0;
+    bool decay = false;
+  };
+
+ private:
+  using bf16 = __nv_bfloat16;
+  // This rank's shard of one unit (ShardLayout::unit(u).shard elements each).
+  struct Unit {
+    float* params = nullptr;  // fp32 master
+    float* m = nullptr;
+    float* v = nullptr;
+    float* grads = nullptr;
+    std::vector<DecayRun> decay_runs;  // covering the shard (units stepped on the GPU)
+    // Optimizer offload only: the bf16 copy the gathers send, and the host AdamW's mask.
+    bf16* params_bf16 = nullptr;
+    uint8_t* host_decay_mask = nullptr;
+  };
+
+  ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
+                 comm::CudaCommunicator* replica, std::unique_ptr<const engine::ModelArch> arch,
+                 int first_offloaded, const ZeroCudaOptions& options);
+  absl::Status Initialize();
+  absl::Status CopyKeptToHost(int u, model_io::UnitState state, size_t offset, size_t n,
+                              float* host) const override;
+  absl::Status CopyKeptFromHost(int u, model_io::UnitState state, const float* host) override;
+  absl::Status FinishRestore(const model_io::RangeReader& read) override;
+  float* Kept(int u, model_io::UnitState state) const;
+  template <typename T>
+  absl::StatusOr<T*> Alloc(size_t count);
+  // Pinned host memory (cudaMallocHost), freed with the engine.
+  template <typename T>
+  absl::StatusOr<T*> HostAlloc(size_t count);
+  // Optimizer offload's AdamW on the host (spec.optimizer.offload): after the clip scale is
+  // known on the device, every offloaded unit's gradients out, the step on the host, bf16
+  // weights in; the units kept on the GPU step there (DeviceOptimizerStep) meanwhile.
+  // `adamw_step`: the 1-based count the bias corrections take (optimizer_steps() + 1).
+  absl::Status HostOptimizerStep(int64_t adamw_step, const engine::AdamWConfig& adamw);
+  // AdamW on the GPU for units [0, first_offloaded_), enqueued on the compute stream.
+  absl::Status DeviceOptimizerStep(int64_t adamw_step, const engine::AdamWConfig& adamw);
+  // AdamW over elements [begin, end) of unit u's shard on `stream` (bf16 of the new master
+  // at bf16_out[0] on, when not null).
+  absl::Status UpdateShardRange(int u, size_t begin, size_t end, bf16* bf16_out,
+                                int64_t adamw_step, const engine::AdamWConfig& adamw,
+                                cudaStream_t stream) const;
+  // ZeroCudaOptions::update_in_next_forward. The update of unit u's pending shard ranges
+  // that meet [begin, end), enqueued on `stream`; with `bf16_out` ([begin, end) must be one
+  // whole pending range), bf16 of the updated master too, element begin at bf16_out[0].
+  // Returns whether it wrote bf16_out.
+  absl::StatusOr<bool> RunPendingUpdate(int u, size_t begin, size_t end, bf16* bf16_out,
+                                        cudaStream_t stream) const;
+  // Every pending update on the compute stream, then waits for it: the state is the step's.
+  absl::Status RunAllPendingUpdates() const;
+  bool Offloaded(int u) const { return u >= first_offloaded_; }
+  bool any_offloaded() const { return first_offloaded_ < layout_.num_units(); }
+
+  // Comm waits for everything enqueued on the compute stream so far.
+  absl::Status CommWaitsCompute();
+  absl::Status Gather(int unit, bf16* dst);
+  absl::Status ReduceScatterGrad(int unit, float* full, bool accumulate);
+  // Elements [begin, end) of unit 0: the whole head, or one of its pieces (head_split_).
+  struct HeadPiece {
+    size_t begin = 0;
+    size_t end = 0;
+    size_t size() const { return end - begin; }
+  };
+  // On the comm stream: `piece` into head_work_ (element begin + i at i); an unsplit head is
+  // gathered whole, padding included.
+  absl::Status GatherHead(HeadPiece piece);
+  // On the comm stream: head_grad_ (element begin + i at i) summed over the group into this
+  // rank's shard gradient of `piece`, added to it when `accumulate`.
+  absl::Status ReduceHeadGrad(HeadPiece piece, bool accumulate);
+  // Compute waits for the block slots' pending reduce-scatters.
+  absl::Status WaitForSlotScatters();
+  // Zeroes the block slots' fp32 padding past the blocks' elements (on compute).
+  absl::Status ZeroSlotPadding();
+  // One micro-batch through the model; with `backward`, gradients reach the shards. The last
+  // micro-step of a step also adds each shard's sum of squares into stats_[0] on the comm
+  // stream as soon as that shard's gradient is final, behind the backward of the next units.
+  absl::Status MicroStep(const int32_t* inputs, const int32_t* targets, bool backward,
+                         float grad_scale, bool first_micro_step, bool last_micro_step);
+  // stats_[0] += the sum of squares of unit u's (final) shard gradient, on the comm stream.
+  absl::Status SumSquaresOnComm(int unit);
+  // Last micro-step, behind unit u's reduce-scatter (or backward): SumSquaresOnComm, or with
+  // replicas the shard's all-reduce over them and its sum of squares, on the replica stream.
+  absl::Status FinishShardGradient(int unit);
+  // stats_ ([sum of squares, loss sum]) summed over the group, the loss sum also over the
+  // replicas (their shards are the same: squares counted once); then compute waits for it.
+  absl::Status AllReduceStats();
+  // Waits for the compute stream's work so far (host), through the communicator.
+  absl::Status SyncCompute() const;
+
+  comm::CudaCommunicator* comm_;     // the group (the world without hybrid sharding)
+  comm::CudaCommunicator* replica_;  // null: one replica
+  // world_: every rank of every replica; group_: the ranks the state is sharded over.
+  const int world_, group_, batch_size_, seq_len_;
+  GpuMemoryPlan plan_;
+  engine::CheckpointingPlan checkpointing_;
+  std::string plan_note_;
+  cudaStream_t compute_ = nullptr;
+  std::unique_ptr<engine::cuda::CudaModel> model_;
+  std::vector<Unit> units_;
+  std::vector<void*> allocations_;
+  size_t allocated_bytes_ = 0;
+
+  bf16* head_work_ = nullptr;  // (HeadSlotElements) bf16, CudaModel::HeadWork
+  bf16* block_work_[2] = {nullptr, nullptr};
+  float* head_grad_ = nullptr;
+  // Block l's fp32 gradient is block_grad_[l % 2], one buffer under two names with
+  // ZeroCudaOptions::one_block_grad_slot (one_block_grad_slot_).
+  float* block_grad_[2] = {nullptr, nullptr};
+  bool one_block_grad_slot_ = false;
+  // GatherUnit: world pieces of gather_chunk_ floats; with offload, a device copy of a piece.
+  size_t gather_chunk_ = 0;
+  float* gather_staging_ = nullptr;
+  float* gather_source_ = nullptr;
+  float* stats_ = nullptr;         // device [sum of squares, loss sum]
+  float* grad_scale_ = nullptr;    // device scalar
+  float* norm_scratch_ = nullptr;
+  float* host_stats_ = nullptr;    // pinned [sum of squares, loss sum, clip scale]
+  // Optimizer offload of units [first_offloaded_, n) (n: none): their Unit::params, m, v and
+  // host_decay_mask are pinned host memory; two staging pairs of (their max shard) and the
+  // events that free them.
+  const int first_offloaded_;
+  const ZeroCudaOptions options_;
+  const bool direct_grads_;  // world 1: the model writes the shard's gradient itself
+  // ModelArch::HeadOutputBegin: the embedding's piece of unit 0 ends and the final norm and LM
+  // head's starts here; 0 for a head that does not split. A split head's pieces take turns in
+  // head_work_ and head_grad_, each as large as the larger piece.
+  const size_t head_split_;
+  // HeadGradTakesTurnsWithBlocks (zero_cuda.cc): head_grad_ and block_grad_ are one buffer,
+  // the head's gradient first, the slots over it.
+  bool head_grad_takes_turns_ = false;
+  const int host_threads_;
+  std::vector<void*> host_allocations_;
+  float* staging_grads_[2] = {nullptr, nullptr};
+  uint16_t* staging_bf16_[2] = {nullptr, nullptr};
+  // ZeroCudaOptions::update_in_next_forward: the last TrainStep's update, not yet enqueued
+  // for the shard ranges in `ranges[u]` (unit 0 of a split head: its input and output pieces'
+  // parts of the shard, each run as its piece is gathered; every other unit: the shard).
+  struct PendingUpdate {
+    int64_t adamw_step = 0;
+    engine::AdamWConfig adamw;
+    std::vector<std::vector<std::pair<size_t, size_t>>> ranges;
+    bool any() const {
+      for (const auto& r : ranges) {
+        if (!r.empty()) return true;
+      }
+      return false;
+    }
+  };
+  // Mutable: running a pending update changes how the state is stored, not what it is.
+  mutable PendingUpdate pending_;
+  // Units whose shard gradient lies under head_work_ (both over spent activations): gathering
+  // the head writes over them, so their pending update runs before it.
+  std::vector<int> under_head_work_;
+  cudaEvent_t grads_copied_[2] = {nullptr, nullptr};
+  cudaEvent_t weights_copied_[2] = {nullptr, nullptr};
+  std::vector<int32_t> inputs_, targets_;
+
+  // Ordering events (no timing). One compute->comm event serves every "comm waits for all
+  // compute so far"; comm->compute waits are per buffer so compute never waits for more than
+  // the transfer it needs.
+  cudaEvent_t compute_ready_ = nullptr;
+  cudaEvent_t head_gathered_ = nullptr, gathered_[2] = {nullptr, nullptr};
+  cudaEvent_t head_scattered_ = nullptr, scattered_[2] = {nullptr, nullptr};
+  cudaEvent_t comm_done_ = nullptr;
+  // Hybrid only: the replica stream waits for the comm stream / compute for the replica's.
+  cudaEvent_t replica_ready_ = nullptr, replica_done_ = nullptr;
+  bool scatter_pending_[3] = {false, false, false};  // block slots 0, 1; head
+  // Timing events, recycled every step: pairs around compute-stream waits (exposed
+  // communication) and the phase marks.
+  class TimingEvents {
+   public:
+    ~TimingEvents();
+    absl::StatusOr<cudaEvent_t> Next();
+    void Reset() { used_ = 0; }
+    cudaEvent_t at(size_t i) const { return events_[i]; }
+    size_t used() const { return used_; }
+
+   private:
+    std::vector<cudaEvent_t> events_;
+    size_t used_ = 0;
+  };
+  TimingEvents timing_;
+  // Indices into timing_; `behind_update`: the wait was for a gather behind an update.
+  struct Wait {
+    size_t begin, end;
+    bool behind_update;
+  };
+  std::vector<Wait> waits_;
+  std::vector<std::array<size_t, 3>> phases_;           // begin, forward end, backward end
+  absl::StatusOr<size_t> Mark();                        // records a timing event on compute
+  // Timed wait of compute on `event`.
+  absl::Status ComputeWaits(cudaEvent_t event, bool behind_update = false);
+  absl::Status CheckWork(const std::shared_ptr<comm::Work>& work);
+};
+
+}  // namespace weft::zero
+
+#endif  // WEFT_WORKER_ZERO_ZERO_CUDA_H_
