@@ -26,19 +26,6 @@ namespace {
 using comm::DataType;
 namespace cuda = engine::cuda;
 
-// NCCL's channel buffers (a few hundred MiB on NVLink machines), cuBLAS's own handles and the
-// CUDA context's growth after creation: not allocated by the engine, but they must fit. On an
-// H200, GPT-2 124M on 1 GPU measured 1.26 GiB of device memory beyond the engine's own.
-constexpr size_t kReserveBytes = size_t{3} << 29;  // 1.5 GiB
-
-// GatherUnit's device staging: the world's pieces of one chunk of a unit (64 MiB in all), so
-// the end-of-job gather never needs a whole fp32 unit on the device.
-constexpr size_t kGatherStagingFloats = size_t{16} << 20;
-
-size_t GatherChunkFloats(int world) {
-  return std::max<size_t>(1, kGatherStagingFloats / static_cast<size_t>(world));
-}
-
 // Checkpoint snapshots in pinned memory (worker/model_io/host_buffer.h); null makes them heap memory.
 void* PinnedAllocate(size_t bytes) {
   void* p = nullptr;
@@ -86,75 +73,6 @@ size_t DeviceMemoryLimitBytes(const weft::v1::TrainingSpec& training) {
   return static_cast<size_t>(std::min(gib * 1073741824.0, 1.8e19));
 }
 
-// At world 1 a unit's shard is the whole unit: the model accumulates its gradients straight
-// into the shard's gradient (no full-unit buffer, no reduce-scatter).
-bool DirectGradients(int world) { return world == 1; }
-
-// Elements of the head's working buffers (its gathered bf16 copy and, beyond world 1, its
-// fp32 gradient): the whole padded unit, or for a head that splits (HeadOutputBegin) the
-// larger of its two pieces, which take turns in them.
-size_t HeadSlotElements(const engine::ModelArch& arch, const ShardLayout& layout) {
-  const size_t split = arch.HeadOutputBegin();
-  const size_t size = layout.unit(0).size;
-  return split == 0 ? layout.unit(0).padded : std::max(split, size - split);
-}
-
-// Whether the head's fp32 gradient takes turns with the block slots' in one buffer
-// (GradBufferElements) instead of having its own: beyond world 1, for plans that recompute the
-// last block, since such plans trade time for memory (the buffer is a split head's larger
-// piece, 2.1 GB at Llama-8B, 4.2 GB at 70B; a tied head's whole unit, 0.8 GB at GPT 6.7B). It
-// costs waits: block L-1's backward writes its gradient only once the LM head's has been
-// reduced (behind that block's recomputation, which writes no gradient), and the embedding's
-// backward only once blocks 1 and 0 have been reduce-scattered. A tied head is reduced twice:
-// its LM head's gradient after the classifier, its embedding's added at the end.
-bool HeadGradTakesTurnsWithBlocks(const engine::ModelArch& arch,
-                                  const engine::CheckpointingPlan& level, int world) {
-  return !DirectGradients(world) && arch.num_layers() > 0 &&
-         level.At(arch.num_layers() - 1) != engine::Checkpointing::kNone;
-}
-
-// Whether the blocks' fp32 gradients take turns in one buffer beyond world 1
-// (ZeroCudaOptions::one_block_grad_slot): where every block recomputes its whole forward,
-// which hides the previous block's reduce-scatter.
-bool OneBlockGradSlot(const engine::CheckpointingPlan& level, int world,
-                      const ZeroCudaOptions& options) {
-  return options.one_block_grad_slot && !DirectGradients(world) &&
-         level.level == engine::Checkpointing::kFull && level.lighter_count() == 0;
-}
-
-// Elements of the fp32 gradient buffers beyond world 1: the head's and the block slots' (one
-// or two), or one buffer they take turns in (HeadGradTakesTurnsWithBlocks).
-size_t GradBufferElements(const engine::ModelArch& arch, const ShardLayout& layout,
-                          bool head_takes_turns, bool one_block_slot) {
-  const size_t head = HeadSlotElements(arch, layout);
-  const size_t blocks = (one_block_slot ? 1 : 2) * layout.max_block_padded();
-  return head_takes_turns ? std::max(head, blocks) : head + blocks;
-}
-
-// Bytes of each block's shard gradient (units 1 and up) to place over spent activations, or
-// none: only a step without gradient accumulation, where a gradient is written once, by its
-// block's backward or reduce-scatter, and read before the next forward (the optimizer's).
-std::vector<size_t> SpentActivationGradBytes(const weft::v1::JobSpec& spec,
-                                             const ShardLayout& layout,
-                                             const ZeroCudaOptions& options) {
-  std::vector<size_t> bytes;
-  if (!options.gradients_over_spent_activations || spec.training().grad_accum_steps() != 1) {
-    return bytes;
-  }
-  for (int u = 1; u < layout.num_units(); ++u) {
-    bytes.push_back(layout.unit(u).shard * sizeof(float));
-  }
-  return bytes;
-}
-
-// What the model's allocation holds for the engine: the block gradients over spent
-// activations, and the gathered head (HeadSlotElements), which the model places inside those
-// gradients where they leave room past the activations (it is read only up to the classifier).
-cuda::ArenaRequests ModelRequests(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                                  const ShardLayout& layout, const ZeroCudaOptions& options) {
-  return {SpentActivationGradBytes(spec, layout, options), HeadSlotElements(arch, layout)};
-}
-
 // Where `part` (a rank's OwnPart of the piece of unit 0 starting at `piece_begin`, count > 0)
 // starts in that rank's shard of the unit.
 size_t ShardOffsetOf(size_t piece_begin, const comm::RangePart& part, size_t shard) {
@@ -175,6 +93,13 @@ std::vector<ZeroCudaEngine::DecayRun> DecayRuns(const std::vector<uint8_t>& mask
 
 }  // namespace
 
+ActivationBytesFn CudaActivationBytes(const engine::ModelArch& arch, int sequence_length) {
+  return [&arch, sequence_length](const engine::CheckpointingPlan& level, int rows,
+                                  const cuda::ArenaRequests& requests) {
+    return cuda::PlanCudaActivationBytes(arch, rows, sequence_length, level, requests);
+  };
+}
+
 GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                             const engine::CheckpointingPlan& level, int micro_batch_size, int world,
                             const ZeroCudaOptions& options) {
@@ -185,53 +110,9 @@ GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelAr
 GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                               const engine::CheckpointingPlan& level, int micro_batch_size,
                               int world, int first_offloaded, const ZeroCudaOptions& options) {
-  // Every rank's shards are the same size, so rank 0's layout speaks for all.
-  const ShardLayout layout(UnitSizes(arch), world, /*rank=*/0);
-  GpuMemoryPlan plan;
-  const size_t max_shard = layout.max_shard();
-  size_t max_offloaded_shard = 0;
-  for (int u = 0; u < layout.num_units(); ++u) {
-    const size_t shard = layout.unit(u).shard;
-    if (u < first_offloaded) {
-      // fp32 master, m, v and gradient: 16 bytes a parameter, as PyTorch's FSDP keeps. The
-      // bf16 copy the all-gathers send is cast from the master as each gather starts.
-      plan.state_bytes += shard * 4 * sizeof(float);
-      continue;
-    }
-    // Offloaded. On the GPU: the gradient shard and the bf16 working copy; on the host:
-    // master weights, moments and decay mask.
-    plan.state_bytes += shard * (sizeof(float) + sizeof(__nv_bfloat16));
-    plan.host_bytes += shard * (3 * sizeof(float) + 1);
-    max_offloaded_shard = std::max(max_offloaded_shard, shard);
-  }
-  const bool offload = max_offloaded_shard > 0;
-  // Two staging pairs on the host (fp32 gradients in, bf16 weights out).
-  plan.host_bytes += 2 * max_offloaded_shard * (sizeof(float) + sizeof(__nv_bfloat16));
-  // Two gathered bf16 block slots; beyond world 1, their fp32 gradients and the head's too.
-  // (The gathered head lies in the model's allocation: ModelRequests.)
-  plan.working_bytes = 2 * layout.max_block_padded() * sizeof(__nv_bfloat16) +
-                       cuda::SumOfSquaresScratchFloats(max_shard) * sizeof(float) + 4096;
-  if (!DirectGradients(world)) {
-    plan.working_bytes += GradBufferElements(arch, layout,
-                                             HeadGradTakesTurnsWithBlocks(arch, level, world),
-                                             OneBlockGradSlot(level, world, options)) *
-                          sizeof(float);
-  }
-  if (world > 1) {  // GatherUnit's staging
-    const size_t chunk = GatherChunkFloats(world);
-    plan.working_bytes += (chunk * world + (offload ? chunk : 0)) * sizeof(float);
-  }
-  // Block gradients over spent activations are counted with the shards (16 bytes a
-  // parameter, above), and only what the activations need beyond them here.
-  const cuda::ArenaRequests requests = ModelRequests(spec, arch, layout, options);
-  plan.spent_activation_grad_bytes = std::accumulate(
-      requests.spent_grad_bytes.begin(), requests.spent_grad_bytes.end(), size_t{0});
-  plan.activation_bytes =
-      cuda::PlanCudaActivationBytes(arch, micro_batch_size, spec.training().sequence_length(),
-                                    level, requests) -
-      plan.spent_activation_grad_bytes;
-  plan.reserve_bytes = kReserveBytes;
-  return plan;
+  return PlanGpuBuffers(spec, arch, level, micro_batch_size, world, first_offloaded,
+                        CudaActivationBytes(arch, spec.training().sequence_length()), options)
+      .totals;
 }
 
 size_t ZeroCudaEngine::DeviceUsedBytes() const {
@@ -297,10 +178,9 @@ ZeroCudaEngine::~ZeroCudaEngine() {
   if (compute_ != nullptr) cudaStreamDestroy(compute_);
 }
 
-template <typename T>
-absl::StatusOr<T*> ZeroCudaEngine::Alloc(size_t count) {
+absl::StatusOr<void*> ZeroCudaEngine::Alloc(const GpuBuffer& buffer) {
   void* p = nullptr;
-  const size_t bytes = std::max<size_t>(count, 1) * sizeof(T);
+  const size_t bytes = std::max<size_t>(buffer.elements, 1) * buffer.element_bytes;
   const cudaError_t err = cudaMalloc(&p, bytes);
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -309,13 +189,12 @@ absl::StatusOr<T*> ZeroCudaEngine::Alloc(size_t count) {
   }
   allocations_.push_back(p);
   allocated_bytes_ += bytes;
-  return static_cast<T*>(p);
+  return p;
 }
 
-template <typename T>
-absl::StatusOr<T*> ZeroCudaEngine::HostAlloc(size_t count) {
+absl::StatusOr<void*> ZeroCudaEngine::HostAlloc(const GpuBuffer& buffer) {
   void* p = nullptr;
-  const size_t bytes = std::max<size_t>(count, 1) * sizeof(T);
+  const size_t bytes = std::max<size_t>(buffer.elements, 1) * buffer.element_bytes;
   const cudaError_t err = cudaMallocHost(&p, bytes);
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -324,7 +203,7 @@ absl::StatusOr<T*> ZeroCudaEngine::HostAlloc(size_t count) {
                                                      cudaGetErrorString(err)));
   }
   host_allocations_.push_back(p);
-  return static_cast<T*>(p);
+  return p;
 }
 
 absl::Status CheckComputeCapability(int major, int minor) {
@@ -335,9 +214,10 @@ absl::Status CheckComputeCapability(int major, int minor) {
       " (run the worker with --device cpu, or on a newer GPU)"));
 }
 
-absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
-    const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm, comm::CudaCommunicator* replica,
-    int ranks_on_host, const ZeroCudaOptions& options) {
+namespace {
+
+// Before anything is planned: the stage this engine implements, on a GPU its kernels run on.
+absl::Status CheckStageAndDevice(const weft::v1::JobSpec& spec) {
   if (spec.zero_stage() != 3) {
     return absl::FailedPreconditionError(absl::StrCat(
         "zero_stage: the CUDA engine implements ZeRO stage 3 only, got ", spec.zero_stage()));
@@ -348,89 +228,66 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   WEFT_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  WEFT_RETURN_IF_ERROR(CheckComputeCapability(major, minor));
+  return CheckComputeCapability(major, minor);
+}
+
+// What every plan must fit: the device's free memory, or the job's limit where it binds;
+// `name` says which in the reasons.
+struct DeviceBudget {
+  size_t bytes = 0;
+  std::string_view name = "free";
+};
+
+absl::StatusOr<DeviceBudget> GetDeviceBudget(const weft::v1::TrainingSpec& training) {
+  DeviceBudget budget;
+  size_t total_bytes = 0;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&budget.bytes, &total_bytes));
+  if (const size_t limit = DeviceMemoryLimitBytes(training);
+      limit > 0 && limit < budget.bytes) {
+    budget = {limit, "allowed by training.device_memory_limit_gib"};
+  }
+  return budget;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
+    const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm, comm::CudaCommunicator* replica,
+    int ranks_on_host, const ZeroCudaOptions& options) {
+  WEFT_RETURN_IF_ERROR(CheckStageAndDevice(spec));
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec.model()));
-  size_t free_bytes = 0, total_bytes = 0;
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-  // The job's limit, where it binds, is what every plan below must fit.
-  std::string_view budget = "free";
-  if (const size_t limit = DeviceMemoryLimitBytes(spec.training());
-      limit > 0 && limit < free_bytes) {
-    free_bytes = limit;
-    budget = "allowed by training.device_memory_limit_gib";
-  }
-  // Which units are offloaded: the spec's choice, or with offload_auto the least that fits
-  // (below); decided here once, for every plan tried and for the engine.
-  const std::vector<size_t> unit_sizes = UnitSizes(*arch);
-  int first_offloaded = FirstOffloadedUnit(unit_sizes, spec.optimizer());
-  const auto decide = [&](int first) {
-    return DecideMemory(spec.training().activation_checkpointing(), free_bytes,
-                        spec.training().micro_batch_size(), comm->world_size(),
-                        arch->num_layers(),
-                        [&](const engine::CheckpointingPlan& level, int rows, int world) {
-                          return PlanGpuMemoryAt(spec, *arch, level, rows, world, first,
-                                                 options);
-                        },
-                        budget);
-  };
-  MemoryDecision memory = decide(first_offloaded);
-  // Offloading (more of) the optimizer is the one remedy DecideMemory does not weigh: at the
-  // checkpointing it ended at, how much would fit.
-  const engine::CheckpointingPlan heaviest = memory.level;
-  const auto plan_at = [&](int first) {
-    return PlanGpuMemoryAt(spec, *arch, heaviest, spec.training().micro_batch_size(),
-                           comm->world_size(), first, options);
-  };
-  bool auto_offloaded = false;
-  if (!memory.fits && spec.optimizer().offload_auto()) {
-    // Recomputation first (DecideMemory went as far as the job allows), then the least offload
-    // on top; the host step is the slowest part of an offloaded step. Ranks may choose
-    // differently (their free memory differs): offload moves no collective.
-    const int first = LeastOffloadThatFits(first_offloaded, free_bytes, plan_at);
-    if (first >= 0) {
-      first_offloaded = first;
-      memory = decide(first);
-      auto_offloaded = memory.fits;
-    }
-  }
-  absl::Status fits = absl::OkStatus();
-  if (!memory.fits) {
-    const std::string offload = OffloadThatFits(unit_sizes, first_offloaded, free_bytes, plan_at);
-    fits = absl::ResourceExhaustedError(
-        offload.empty() ? memory.reason
-                        : absl::StrCat(memory.reason, " It would also fit with ", offload, "."));
-  } else {
-    fits = CheckHostMemory(memory.plan, HostAvailableBytes(), comm->world_size(), ranks_on_host);
-  }
-  WEFT_ASSIGN_OR_RETURN(const int refusals, CountRefusals(comm, replica, !fits.ok()));
-  WEFT_RETURN_IF_ERROR(fits);
+  WEFT_ASSIGN_OR_RETURN(const DeviceBudget budget, GetDeviceBudget(spec.training()));
+  const ActivationBytesFn activation_bytes =
+      CudaActivationBytes(*arch, spec.training().sequence_length());
+  const GpuMemoryDecision d =
+      DecideGpuMemory(spec, *arch, comm->world_size(), budget.bytes, budget.name,
+                      HostAvailableBytes(), ranks_on_host, activation_bytes, options);
+  WEFT_ASSIGN_OR_RETURN(const int refusals, CountRefusals(comm, replica, !d.fits.ok()));
+  WEFT_RETURN_IF_ERROR(d.fits);
   if (refusals > 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
         refusals, " other rank(s) of the job cannot build their engine (their error names "
         "the memory they lack); this one could"));
   }
   model_io::SetHostBufferAllocator({PinnedAllocate, PinnedRelease});
-  std::unique_ptr<ZeroCudaEngine> engine(
-      new ZeroCudaEngine(spec, comm, replica, std::move(arch), first_offloaded, options));
-  engine->plan_ = memory.plan;
-  engine->checkpointing_ = memory.level;
-  engine->plan_note_ = memory.reason;
-  const int units = static_cast<int>(unit_sizes.size());
-  if (first_offloaded < units) {
-    absl::StrAppend(&engine->plan_note_, "; optimizer offloaded to the host for units ",
-                    first_offloaded, "-", units - 1, " of 0-", units - 1, " (offload_fraction ",
-                    OffloadFractionFor(unit_sizes, first_offloaded), ")",
-                    auto_offloaded ? ", the least that fits (optimizer.offload_auto)" : "");
-  } else if (spec.optimizer().offload_auto()) {
-    absl::StrAppend(&engine->plan_note_,
-                    "; optimizer kept on the GPU (optimizer.offload_auto: the job fits)");
+  // The buffers of the plan DecideMemory chose (the same function at the same inputs).
+  GpuBufferPlan plan =
+      PlanGpuBuffers(spec, *arch, d.memory.level, spec.training().micro_batch_size(),
+                     comm->world_size(), d.first_offloaded, activation_bytes, options);
+  if (plan.totals.total() != d.memory.plan.total()) {
+    return absl::InternalError("the GPU buffer plan differs from the memory plan decided on");
   }
+  std::unique_ptr<ZeroCudaEngine> engine(
+      new ZeroCudaEngine(spec, comm, replica, std::move(arch), d.first_offloaded, options));
+  engine->plan_ = std::move(plan);
+  engine->checkpointing_ = d.memory.level;
+  engine->plan_note_ = d.note;
   WEFT_RETURN_IF_ERROR(engine->Initialize());
   return engine;
 }
 
-absl::Status ZeroCudaEngine::Initialize() {
+absl::Status ZeroCudaEngine::CreateStreams() {
   // With nothing to gather or reduce (one rank, one replica) the comm stream carries only the
   // update in the next forward and the casts: compute takes the GPU first and the update fills
   // its gaps (2 ms of an 8-layer GPT 6.7B step's 169 measured on an H100). Beyond, collectives
@@ -451,92 +308,126 @@ absl::Status ZeroCudaEngine::Initialize() {
       WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     }
   }
-  WEFT_ASSIGN_OR_RETURN(
-      model_, cuda::CreateCudaModel(*arch_, batch_size_, seq_len_, checkpointing_, compute_,
-                                    ModelRequests(spec_, *arch_, layout_, options_)));
-  head_work_ = model_->HeadWork();
-  head_grad_takes_turns_ = HeadGradTakesTurnsWithBlocks(*arch_, checkpointing_, group_);
-  one_block_grad_slot_ = OneBlockGradSlot(checkpointing_, group_, options_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> ZeroCudaEngine::Carve(const GpuBuffer& buffer) {
+  switch (buffer.place) {
+    case GpuBufferPlace::kDevice: return Alloc(buffer);
+    case GpuBufferPlace::kPinnedHost: return HostAlloc(buffer);
+    case GpuBufferPlace::kModelArena:
+    case GpuBufferPlace::kNowhere: return nullptr;  // the model's own, or not allocated
+    case GpuBufferPlace::kInArena: break;
+  }
+  void* memory = nullptr;
+  if (buffer.role == GpuBufferRole::kHeadWork) memory = model_->HeadWork();
+  if (buffer.role == GpuBufferRole::kGrads && buffer.index > 0) {
+    memory = model_->SpentActivationGradient(buffer.index - 1);
+  }
+  if (memory == nullptr) {
+    return absl::InternalError(absl::StrCat("the plan puts the ", GpuBufferName(buffer),
+                                            " in the model's allocation, which has none"));
+  }
+  return memory;
+}
+
+absl::Status ZeroCudaEngine::Bind(const GpuBuffer& buffer, void* memory) {
+  float* const floats = static_cast<float*>(memory);
+  const int i = buffer.index;
+  switch (buffer.role) {
+    case GpuBufferRole::kModelArena:
+    case GpuBufferRole::kSmallBufferRounding: return absl::OkStatus();
+    case GpuBufferRole::kHeadWork: head_work_ = static_cast<bf16*>(memory); break;
+    case GpuBufferRole::kParams: units_[i].params = floats; break;
+    case GpuBufferRole::kM: units_[i].m = floats; break;
+    case GpuBufferRole::kV: units_[i].v = floats; break;
+    case GpuBufferRole::kGrads: units_[i].grads = floats; break;
+    case GpuBufferRole::kHostDecayMask:
+      units_[i].host_decay_mask = static_cast<uint8_t*>(memory);
+      break;
+    case GpuBufferRole::kParamsBf16: units_[i].params_bf16 = static_cast<bf16*>(memory); break;
+    case GpuBufferRole::kBlockWork: block_work_[i] = static_cast<bf16*>(memory); break;
+    case GpuBufferRole::kGradBuffer: head_grad_ = floats; break;
+    case GpuBufferRole::kGatherStaging: gather_staging_ = floats; break;
+    case GpuBufferRole::kGatherSource: gather_source_ = floats; break;
+    case GpuBufferRole::kNormScratch: norm_scratch_ = floats; break;
+    case GpuBufferRole::kStats: stats_ = floats; break;
+    case GpuBufferRole::kGradScale: grad_scale_ = floats; break;
+    case GpuBufferRole::kHostStats: host_stats_ = floats; break;
+    case GpuBufferRole::kStagingGrads: staging_grads_[i] = floats; break;
+    case GpuBufferRole::kStagingBf16: staging_bf16_[i] = static_cast<uint16_t*>(memory); break;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::AllocatePlanned() {
   units_.resize(layout_.num_units());
+  for (const GpuBuffer& buffer : plan_.buffers) {
+    WEFT_ASSIGN_OR_RETURN(void* const memory, Carve(buffer));
+    WEFT_RETURN_IF_ERROR(Bind(buffer, memory));
+  }
+  if (head_grad_ != nullptr) {
+    // Head first, then the slots: apart, or in one buffer they take turns in.
+    head_grad_takes_turns_ = plan_.head_grad_takes_turns;
+    one_block_grad_slot_ = plan_.one_block_grad_slot;
+    block_grad_[0] = head_grad_ + plan_.block_grad_offset[0];
+    block_grad_[1] = head_grad_ + plan_.block_grad_offset[1];
+    // Padding elements of the gradient units are never written by the model; zero them once
+    // (and again after each turn of the head's: BlockBackward leaves the slots' padding alone).
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+        head_grad_, 0, plan_.Find(GpuBufferRole::kGradBuffer)->bytes(), compute_));
+  }
+  gather_chunk_ = plan_.gather_chunk_floats;
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::InitializeUnits() {
   for (int u = 0; u < layout_.num_units(); ++u) {
-    Unit& unit = units_[u];
+    const Unit& unit = units_[u];
     const size_t shard = layout_.unit(u).shard;
-    // Offloaded, the optimizer's side lives in pinned host memory (which kernels and copies
-    // reach through unified addressing).
-    const bool offloaded = Offloaded(u);
-    WEFT_ASSIGN_OR_RETURN(unit.params, offloaded ? HostAlloc<float>(shard) : Alloc<float>(shard));
-    WEFT_ASSIGN_OR_RETURN(unit.m, offloaded ? HostAlloc<float>(shard) : Alloc<float>(shard));
-    WEFT_ASSIGN_OR_RETURN(unit.v, offloaded ? HostAlloc<float>(shard) : Alloc<float>(shard));
-    unit.grads = u > 0 ? model_->SpentActivationGradient(u - 1) : nullptr;
-    if (unit.grads == nullptr) {
-      WEFT_ASSIGN_OR_RETURN(unit.grads, Alloc<float>(shard));
-    }
     const InitialUnit init = InitialState(u);
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.params, init.kept.data(), shard * sizeof(float),
                                          cudaMemcpyDefault));
-    if (offloaded) {
+    if (Offloaded(u)) {
       // The host AdamW reads a mask; the device one is told the runs.
-      WEFT_ASSIGN_OR_RETURN(unit.host_decay_mask, HostAlloc<uint8_t>(shard));
       std::copy(init.decay_mask.begin(), init.decay_mask.end(), unit.host_decay_mask);
-      WEFT_ASSIGN_OR_RETURN(unit.params_bf16, Alloc<bf16>(shard));
       std::fill(unit.m, unit.m + shard, 0.0f);
       std::fill(unit.v, unit.v + shard, 0.0f);
       WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, shard, compute_));
     } else {
-      unit.decay_runs = DecayRuns(init.decay_mask);
+      units_[u].decay_runs = DecayRuns(init.decay_mask);
       WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.m, 0, shard * sizeof(float), compute_));
       WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.v, 0, shard * sizeof(float), compute_));
     }
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, shard * sizeof(float), compute_));
   }
-  const size_t max_block = layout_.max_block_padded();
-  const size_t max_shard = layout_.max_shard();
-  const size_t head_slot = HeadSlotElements(*arch_, layout_);
-  if (options_.update_in_next_forward && head_work_ != nullptr) {
-    const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
-    const uintptr_t head_begin = address(head_work_);
-    const uintptr_t head_end = head_begin + head_slot * sizeof(bf16);
-    for (int u = 1; u < layout_.num_units(); ++u) {
-      const uintptr_t grads = address(units_[u].grads);
-      if (grads < head_end && head_begin < grads + layout_.unit(u).shard * sizeof(float)) {
-        under_head_work_.push_back(u);
-      }
+  return absl::OkStatus();
+}
+
+void ZeroCudaEngine::FindUnitsUnderHeadWork() {
+  if (!options_.update_in_next_forward || head_work_ == nullptr) return;
+  const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  const uintptr_t head_begin = address(head_work_);
+  const uintptr_t head_end = head_begin + plan_.Find(GpuBufferRole::kHeadWork)->bytes();
+  for (int u = 1; u < layout_.num_units(); ++u) {
+    const uintptr_t grads = address(units_[u].grads);
+    if (grads < head_end && head_begin < grads + layout_.unit(u).shard * sizeof(float)) {
+      under_head_work_.push_back(u);
     }
   }
-  for (int i = 0; i < 2; ++i) {
-    WEFT_ASSIGN_OR_RETURN(block_work_[i], Alloc<bf16>(max_block));
-  }
-  if (!direct_grads_) {
-    // Head first, then the slots: apart, or in one buffer they take turns in.
-    const size_t elements =
-        GradBufferElements(*arch_, layout_, head_grad_takes_turns_, one_block_grad_slot_);
-    WEFT_ASSIGN_OR_RETURN(head_grad_, Alloc<float>(elements));
-    block_grad_[0] = head_grad_ + (head_grad_takes_turns_ ? 0 : head_slot);
-    block_grad_[1] = block_grad_[0] + (one_block_grad_slot_ ? 0 : max_block);
-    // Padding elements of the gradient units are never written by the model; zero them once
-    // (and again after each turn of the head's: BlockBackward leaves the slots' padding alone).
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(head_grad_, 0, elements * sizeof(float), compute_));
-  }
-  gather_chunk_ = GatherChunkFloats(group_);
-  if (group_ > 1) {  // one rank's GatherUnit copies its shard straight out
-    WEFT_ASSIGN_OR_RETURN(gather_staging_, Alloc<float>(gather_chunk_ * group_));
-    if (any_offloaded()) {
-      WEFT_ASSIGN_OR_RETURN(gather_source_, Alloc<float>(gather_chunk_));
-    }
-  }
-  WEFT_ASSIGN_OR_RETURN(norm_scratch_,
-                        Alloc<float>(cuda::SumOfSquaresScratchFloats(max_shard)));
-  WEFT_ASSIGN_OR_RETURN(stats_, Alloc<float>(2));
-  WEFT_ASSIGN_OR_RETURN(grad_scale_, Alloc<float>(1));
-  WEFT_ASSIGN_OR_RETURN(host_stats_, HostAlloc<float>(3));  // [sum of squares, loss, clip]
+}
+
+absl::Status ZeroCudaEngine::Initialize() {
+  WEFT_RETURN_IF_ERROR(CreateStreams());
+  WEFT_ASSIGN_OR_RETURN(model_, cuda::CreateCudaModel(*arch_, batch_size_, seq_len_,
+                                                      checkpointing_, compute_,
+                                                      plan_.arena_requests));
+  // Every buffer the plan lists, and nothing else: what DecideMemory weighed is what runs.
+  WEFT_RETURN_IF_ERROR(AllocatePlanned());
+  WEFT_RETURN_IF_ERROR(InitializeUnits());
+  FindUnitsUnderHeadWork();
   if (any_offloaded()) {
-    size_t max_offloaded_shard = 0;
-    for (int u = first_offloaded_; u < layout_.num_units(); ++u) {
-      max_offloaded_shard = std::max(max_offloaded_shard, layout_.unit(u).shard);
-    }
     for (int i = 0; i < 2; ++i) {
-      WEFT_ASSIGN_OR_RETURN(staging_grads_[i], HostAlloc<float>(max_offloaded_shard));
-      WEFT_ASSIGN_OR_RETURN(staging_bf16_[i], HostAlloc<uint16_t>(max_offloaded_shard));
       WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&grads_copied_[i],
                                                          cudaEventDisableTiming));
       WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&weights_copied_[i],

@@ -63,6 +63,7 @@
 #include "worker/engine/adamw.h"
 #include "worker/engine/cuda/model.h"
 #include "worker/engine/model_arch.h"
+#include "worker/zero/gpu_memory_plan.h"
 #include "worker/zero/memory_plan.h"
 #include "worker/zero/training_engine.h"
 #include "worker/zero/zero_engine.h"
@@ -70,34 +71,13 @@
 
 namespace weft::zero {
 
-// How the engine lays out its memory; the defaults are what jobs run with, and a test may
-// turn a saving off to compare against it.
-struct ZeroCudaOptions {
-  // Without gradient accumulation (training.grad_accum_steps 1) each block's shard gradient
-  // lives over activations that are spent by the time it is written
-  // (CudaModel::SpentActivationGradient) instead of in memory of its own: the gradients of the
-  // last blocks over the first blocks' activations, as a caching allocator would reuse them.
-  // It saves the smaller of the blocks' gradient shards and their activations, on every GPU.
-  bool gradients_over_spent_activations = true;
-  // Beyond world 1, when every block recomputes its forward (FULL), the blocks' full fp32
-  // gradients take turns in one buffer instead of two: block l - 1's backward writes it once
-  // block l's reduce-scatter has read it, which ran behind block l - 1's recomputation. It
-  // saves up to a block's fp32 gradient on every GPU, less where the head's gradient takes
-  // its turn in the same buffer and is the larger (0.75 GiB at GPT 6.7B, 2.5 at Llama-70B,
-  // none at Llama-8B).
-  bool one_block_grad_slot = true;
-  // With the optimizer on the GPU (no offload), a step's AdamW update runs in the next forward
-  // (the next TrainStep's or EvalLoss's), unit by unit on the comm stream just before the
-  // unit's gather: it overlaps the forward's matmuls instead of adding its memory traffic to
-  // the step, and writes the bf16 copy the gather sends (no separate cast). The units whose
-  // gradients lie under the gathered head go first. What reads or replaces the state between
-  // steps (Snapshot, GatherUnit, Restore) sees the step's result: pending updates run first.
-  // 2.3% of an 8-layer GPT 6.7B step on an H100 (docs/performance.md); bit-identical results.
-  bool update_in_next_forward = true;
-};
+// The GPU's ActivationBytesFn (gpu_memory_plan.h): the CUDA model's allocation for `arch` at
+// `sequence_length` (engine::cuda::PlanCudaActivationBytes). `arch` must outlive it.
+ActivationBytesFn CudaActivationBytes(const engine::ModelArch& arch, int sequence_length);
 
 // What a rank of `spec` needs on its GPU at this checkpointing plan, micro-batch rows and world
-// size, with the units the spec offloads (none with offload_auto, which Create decides).
+// size, with the units the spec offloads (none with offload_auto, which Create decides): the
+// totals of PlanGpuBuffers (gpu_memory_plan.h) at CudaActivationBytes.
 GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                             const engine::CheckpointingPlan& level, int micro_batch_size,
                             int world_size, const ZeroCudaOptions& options = {});
@@ -131,9 +111,9 @@ class ZeroCudaEngine : public ZeroEngine {
   absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) override;
   absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) override;
   absl::StatusOr<std::vector<float>> GatherUnit(int u) override;
-  size_t StateBytes() const override { return plan_.state_bytes; }
+  size_t StateBytes() const override { return plan_.totals.state_bytes; }
   size_t WorkingBytes() const override {
-    return plan_.working_bytes + plan_.activation_bytes;
+    return plan_.totals.working_bytes + plan_.totals.activation_bytes;
   }
 
   // Everything the engine allocates is allocated at creation, so this is also its peak.
@@ -173,11 +153,19 @@ class ZeroCudaEngine : public ZeroEngine {
   absl::Status CopyKeptFromHost(int u, model_io::UnitState state, const float* host) override;
   absl::Status FinishRestore(const model_io::RangeReader& read) override;
   float* Kept(int u, model_io::UnitState state) const;
-  template <typename T>
-  absl::StatusOr<T*> Alloc(size_t count);
-  // Pinned host memory (cudaMallocHost), freed with the engine.
-  template <typename T>
-  absl::StatusOr<T*> HostAlloc(size_t count);
+  // Initialize's parts: the streams and ordering events; every buffer of plan_ (Carve) bound
+  // to its member (Bind); each unit's initial state; the units whose gradients lie under the
+  // gathered head.
+  absl::Status CreateStreams();
+  absl::Status AllocatePlanned();
+  absl::StatusOr<void*> Carve(const GpuBuffer& buffer);
+  absl::Status Bind(const GpuBuffer& buffer, void* memory);
+  absl::Status InitializeUnits();
+  void FindUnitsUnderHeadWork();
+  // Device memory for `buffer` (at least one element), freed with the engine.
+  absl::StatusOr<void*> Alloc(const GpuBuffer& buffer);
+  // Pinned host memory (cudaMallocHost) for `buffer`, freed with the engine.
+  absl::StatusOr<void*> HostAlloc(const GpuBuffer& buffer);
   // Optimizer offload's AdamW on the host (spec.optimizer.offload): after the clip scale is
   // known on the device, every offloaded unit's gradients out, the step on the host, bf16
   // weights in; the units kept on the GPU step there (DeviceOptimizerStep) meanwhile.
@@ -241,7 +229,8 @@ class ZeroCudaEngine : public ZeroEngine {
   comm::CudaCommunicator* replica_;  // null: one replica
   // world_: every rank of every replica; group_: the ranks the state is sharded over.
   const int world_, group_, batch_size_, seq_len_;
-  GpuMemoryPlan plan_;
+  // Every buffer the engine allocates (Initialize allocates exactly these), and the totals.
+  GpuBufferPlan plan_;
   engine::CheckpointingPlan checkpointing_;
   std::string plan_note_;
   cudaStream_t compute_ = nullptr;
@@ -250,7 +239,7 @@ class ZeroCudaEngine : public ZeroEngine {
   std::vector<void*> allocations_;
   size_t allocated_bytes_ = 0;
 
-  bf16* head_work_ = nullptr;  // (HeadSlotElements) bf16, CudaModel::HeadWork
+  bf16* head_work_ = nullptr;  // GpuBufferRole::kHeadWork, CudaModel::HeadWork
   bf16* block_work_[2] = {nullptr, nullptr};
   float* head_grad_ = nullptr;
   // Block l's fp32 gradient is block_grad_[l % 2], one buffer under two names with
@@ -275,8 +264,8 @@ class ZeroCudaEngine : public ZeroEngine {
   // head's starts here; 0 for a head that does not split. A split head's pieces take turns in
   // head_work_ and head_grad_, each as large as the larger piece.
   const size_t head_split_;
-  // HeadGradTakesTurnsWithBlocks (zero_cuda.cc): head_grad_ and block_grad_ are one buffer,
-  // the head's gradient first, the slots over it.
+  // GpuBufferPlan::head_grad_takes_turns: head_grad_ and block_grad_ are one buffer, the
+  // head's gradient first, the slots over it.
   bool head_grad_takes_turns_ = false;
   const int host_threads_;
   std::vector<void*> host_allocations_;

@@ -153,16 +153,15 @@ int GridOf(const Split& s) {
   return internal::GridFor(std::max({s.vecs, s.head, rest, int64_t{1}}));
 }
 
-// Sum of squares phase 1: at most kMaxSumBlocks blocks, each over a fixed grid-stride subset
-// of x; the count depends only on n, so the partials (and their order) are reproducible.
-constexpr int kMaxSumBlocks = 1024;
+// Sum of squares phase 1: SumOfSquaresScratchFloats(n) blocks (plan_sizes.h), each over a
+// fixed grid-stride subset of x; the count depends only on n, so the partials (and their
+// order) are reproducible.
 constexpr int kSumElementsPerThread = 8;
+static_assert(static_cast<size_t>(internal::kBlockSize) * kSumElementsPerThread ==
+                  kSumOfSquaresBlockElements,
+              "plan_sizes.h's block of the sum of squares is this launch's");
 
-int SumBlocks(size_t n) {
-  const size_t per_block = static_cast<size_t>(internal::kBlockSize) * kSumElementsPerThread;
-  const size_t blocks = (n + per_block - 1) / per_block;
-  return static_cast<int>(blocks < kMaxSumBlocks ? blocks : kMaxSumBlocks);
-}
+int SumBlocks(size_t n) { return static_cast<int>(SumOfSquaresScratchFloats(n)); }
 
 __global__ void SumOfSquaresPartialKernel(float* __restrict__ partials,  // (gridDim.x)
                                           const float* __restrict__ x,   // (n)
@@ -238,8 +237,6 @@ absl::Status CastToBf16(bf16* out, const float* in, size_t n, cudaStream_t strea
   return internal::Launch(CastToBf16Kernel, GridOf(split), internal::kBlockSize, 0, stream, out,
                           in, split);
 }
-
-size_t SumOfSquaresScratchFloats(size_t n) { return static_cast<size_t>(SumBlocks(n)); }
 
 absl::Status SumOfSquares(float* out, const float* x, size_t n, float* scratch,
                           cudaStream_t stream) {

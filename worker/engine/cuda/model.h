@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/engine/checkpointing.h"
+#include "worker/engine/cuda/plan_sizes.h"
 #include "worker/engine/model_arch.h"
 
 namespace weft::engine::cuda {
@@ -110,15 +111,6 @@ class CudaModel {
   // holds garbage once the first BlockBackward has run, and may be written (gathered into)
   // only once the gradients of the step before have been read, as the forward's activations.
   virtual bf16* HeadWork() const = 0;
-};
-
-// What the model's one allocation holds for the engine, besides its activations and scratch.
-struct ArenaRequests {
-  // One entry per block, or empty: room for each block's gradient over spent activations
-  // (SpentActivationGradient).
-  std::vector<size_t> spent_grad_bytes;
-  // bf16 elements of HeadWork, 0 for none.
-  size_t head_work_elements = 0;
 };
 
 // The model of `arch` on the current device, kernels on `stream` (not owned), for

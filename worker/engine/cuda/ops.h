@@ -38,6 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/engine/cuda/plan_sizes.h"
 
 namespace weft::engine {
 struct AdamWConfig;  // worker/engine/adamw.h; not included so nvcc never parses protobuf.
@@ -281,7 +282,7 @@ absl::Status AdamWUpdate(float* params, bf16* params_bf16 /* nullable */, const 
 // out[i] = bf16(in[i]).
 absl::Status CastToBf16(bf16* out, const float* in, size_t n, cudaStream_t stream);
 // *out += sum_i x[i]^2 (fp32 partial sums, fixed order): a shard's part of the global grad norm.
-size_t SumOfSquaresScratchFloats(size_t n);
+// `scratch`: SumOfSquaresScratchFloats(n) floats (plan_sizes.h).
 absl::Status SumOfSquares(float* out /* device scalar, += */, const float* x, size_t n,
                           float* scratch, cudaStream_t stream);
 // grad_scale (device scalar) = clip > 0 && sqrt(*sumsq) > clip ? clip / sqrt(*sumsq) : 1, or
