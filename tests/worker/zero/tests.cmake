@@ -7,6 +7,8 @@ weft_test(sharding_groups_test unit SOURCES worker/zero/sharding_groups_test.cc 
 # Forks children (gtest death tests) that run under a memory limit.
 weft_test(zero_engine_test integration SOURCES worker/zero/zero_engine_test.cc LIBS weft_worker_lib)
 weft_test(memory_plan_test unit SOURCES worker/zero/memory_plan_test.cc LIBS weft_worker_lib)
+# The GPU engine's buffer plan at real model shapes: CUDA-free, so it runs in CI.
+weft_test(gpu_memory_plan_test unit SOURCES worker/zero/gpu_memory_plan_test.cc LIBS weft_zero)
 # The GPU engine against the CPU engine and across GPU counts; skips without a GPU. Built where
 # the CUDA engine and NCCL are (a CUDA build without NCCL has neither).
 if(TARGET weft_model_cuda AND TARGET weft_comm_nccl)

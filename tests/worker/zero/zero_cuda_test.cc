@@ -1617,64 +1617,8 @@ TEST(ZeroCudaPlan, GradientsLieOverSpentActivationsWithoutAccumulation) {
   }
 }
 
-TEST(ZeroCudaPlan, AnUntiedHeadTakesTurnsInTheHeadBuffers) {
-  for (int world : {2, 8}) {
-    SCOPED_TRACE(absl::StrCat("world ", world));
-    const auto [untied, tied] = Llama128kHeads(2);
-    auto untied_arch = engine::MakeModelArch(untied.model());
-    auto tied_arch = engine::MakeModelArch(tied.model());
-    ASSERT_TRUE(untied_arch.ok() && tied_arch.ok());
-    // Without recomputation, where the head's gradient has a buffer of its own.
-    const GpuMemoryPlan a =
-        PlanGpuMemory(untied, **untied_arch, engine::Checkpointing::kNone, 1, world);
-    const GpuMemoryPlan b =
-        PlanGpuMemory(tied, **tied_arch, engine::Checkpointing::kNone, 1, world);
-    EXPECT_GE(a.working_bytes, b.working_bytes);
-    EXPECT_LT(a.working_bytes - b.working_bytes, size_t{16} << 20);
-    // The shards do hold the untied LM head: 16 bytes a parameter over the world.
-    const size_t lm_head = size_t{128256} * 4096;
-    EXPECT_NEAR(static_cast<double>(a.state_bytes - b.state_bytes),
-                16.0 * lm_head / world, 16.0 * world);
-  }
-}
-
-// A plan that recomputes the last block keeps the head's fp32 gradient (an untied head's
-// larger piece, a tied head's unit) and the block slots' in one buffer: the Llama-8B shape
-// saves the smaller of the two, 2 x 218M floats (1.63 GiB), beyond world 1; a plan that
-// recomputes nothing and world 1 (no such buffers) save nothing.
-TEST(ZeroCudaPlan, ARecomputingPlanLetsTheHeadGradientTakeTurnsWithTheBlocks) {
-  const auto [untied, tied] = Llama128kHeads(32);
-  auto untied_arch = engine::MakeModelArch(untied.model());
-  auto tied_arch = engine::MakeModelArch(tied.model());
-  ASSERT_TRUE(untied_arch.ok() && tied_arch.ok());
-  const auto working = [](const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                          const engine::CheckpointingPlan& level, int world) {
-    return PlanGpuMemory(spec, arch, level, 1, world).working_bytes;
-  };
-  using engine::Checkpointing;
-  for (int world : {2, 8}) {
-    SCOPED_TRACE(absl::StrCat("world ", world));
-    const ShardLayout layout(UnitSizes(**untied_arch), world, 0);
-    const size_t blocks = 2 * layout.max_block_padded();
-    ASSERT_LT(blocks, size_t{128256} * 4096);  // the head's piece is the larger
-    const size_t none = working(untied, **untied_arch, Checkpointing::kNone, world);
-    for (const engine::CheckpointingPlan& level :
-         {engine::CheckpointingPlan(Checkpointing::kFull),
-          engine::CheckpointingPlan(Checkpointing::kSelective),
-          engine::CheckpointingPlan(Checkpointing::kFull, 31)}) {
-      EXPECT_EQ(none - working(untied, **untied_arch, level, world), blocks * sizeof(float))
-          << engine::DescribeCheckpointing(level);
-    }
-    // Only block 31 decides: every block lighter is no recomputation at the last block.
-    EXPECT_EQ(working(untied, **untied_arch, {Checkpointing::kSelective, 32}, world), none);
-    // A tied head's one gradient takes turns as well (reduced twice).
-    EXPECT_EQ(working(tied, **tied_arch, Checkpointing::kNone, world) -
-                  working(tied, **tied_arch, Checkpointing::kFull, world),
-              blocks * sizeof(float));
-  }
-  EXPECT_EQ(working(untied, **untied_arch, Checkpointing::kFull, 1),
-            working(untied, **untied_arch, Checkpointing::kNone, 1));
-}
+// AnUntiedHeadTakesTurnsInTheHeadBuffers and ARecomputingPlanLetsTheHeadGradientTakeTurnsWith
+// TheBlocks need no GPU: tests/worker/zero/gpu_memory_plan_test.cc.
 
 // Recomputing levels keep the classifier's logits chunk in the activations their blocks share
 // (dead while the classifier runs), so a wider vocabulary costs them nothing while its chunk
