@@ -366,10 +366,11 @@ absl::Status ZeroCudaEngine::AllocatePlanned() {
     WEFT_ASSIGN_OR_RETURN(void* const memory, Carve(buffer));
     WEFT_RETURN_IF_ERROR(Bind(buffer, memory));
   }
+  head_grad_takes_turns_ = plan_.head_grad_takes_turns;
+  one_block_grad_slot_ = plan_.one_block_grad_slot;
+  gather_chunk_ = plan_.gather_chunk_floats;
   if (head_grad_ != nullptr) {
     // Head first, then the slots: apart, or in one buffer they take turns in.
-    head_grad_takes_turns_ = plan_.head_grad_takes_turns;
-    one_block_grad_slot_ = plan_.one_block_grad_slot;
     block_grad_[0] = head_grad_ + plan_.block_grad_offset[0];
     block_grad_[1] = head_grad_ + plan_.block_grad_offset[1];
     // Padding elements of the gradient units are never written by the model; zero them once
@@ -377,7 +378,6 @@ absl::Status ZeroCudaEngine::AllocatePlanned() {
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
         head_grad_, 0, plan_.Find(GpuBufferRole::kGradBuffer)->bytes(), compute_));
   }
-  gather_chunk_ = plan_.gather_chunk_floats;
   return absl::OkStatus();
 }
 

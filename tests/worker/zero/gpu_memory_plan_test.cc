@@ -387,7 +387,9 @@ TEST(GpuMemoryPlan, AnUntiedHeadTakesTurnsInTheHeadBuffers) {
 TEST(GpuMemoryPlan, ARecomputingPlanLetsTheHeadGradientTakeTurnsWithTheBlocks) {
   const Llama128kHeads heads(32);
   const auto working = [](const weft::v1::JobSpec& spec, const CheckpointingPlan& level,
-                          int world) { return Plan(spec, level, 1, world).plan.totals.working_bytes; };
+                          int world) {
+    return Plan(spec, level, 1, world).plan.totals.working_bytes;
+  };
   for (int world : {2, 8}) {
     SCOPED_TRACE(absl::StrCat("world ", world));
     const size_t blocks = 2 * Plan(heads.untied, Checkpointing::kNone, 1, world)
