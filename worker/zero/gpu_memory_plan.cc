@@ -1,6 +1,7 @@
 #include "worker/zero/gpu_memory_plan.h"
 
 #include <algorithm>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "worker/zero/shard_layout.h"
@@ -155,6 +156,13 @@ void AddOffloadStaging(size_t max_offloaded_shard, std::vector<GpuBuffer>* out) 
   }
 }
 
+// training.device_memory_limit_gib in bytes; 0 for none.
+size_t DeviceMemoryLimitBytes(const weft::v1::TrainingSpec& training) {
+  const double gib = training.device_memory_limit_gib();
+  if (!(gib > 0.0)) return 0;
+  return static_cast<size_t>(std::min(gib * 1073741824.0, 1.8e19));
+}
+
 // The note's offload part: which units step on the host and why, or that offload_auto kept
 // the optimizer on the GPU.
 std::string OffloadNote(const weft::v1::OptimizerSpec& optimizer,
@@ -275,10 +283,18 @@ GpuBufferPlan PlanGpuBuffers(const weft::v1::JobSpec& spec, const engine::ModelA
 }
 
 GpuMemoryDecision DecideGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                                  int world, size_t free_bytes, std::string_view budget,
+                                  int world, size_t device_free_bytes,
                                   size_t host_available_bytes, int ranks_on_host,
                                   const ActivationBytesFn& activation_bytes,
                                   const ZeroCudaOptions& options) {
+  // The job's limit, where it binds, is what every plan below must fit.
+  size_t free_bytes = device_free_bytes;
+  std::string_view budget = "free";
+  if (const size_t limit = DeviceMemoryLimitBytes(spec.training());
+      limit > 0 && limit < free_bytes) {
+    free_bytes = limit;
+    budget = "allowed by training.device_memory_limit_gib";
+  }
   const std::vector<size_t> unit_sizes = UnitSizes(arch);
   const int rows = spec.training().micro_batch_size();
   GpuMemoryDecision d;

@@ -13,7 +13,6 @@
 #include <cstddef>
 #include <functional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -165,10 +164,11 @@ struct GpuMemoryDecision {
   std::string note;
 };
 
-// `free_bytes`: the device's budget, named `budget` in the reasons (DecideMemory's);
-// `host_available_bytes` and `ranks_on_host`: CheckHostMemory's.
+// Every plan must fit `device_free_bytes`, or training.device_memory_limit_gib where that is
+// less (the reasons say which bound it); `host_available_bytes` and `ranks_on_host`:
+// CheckHostMemory's.
 GpuMemoryDecision DecideGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                                  int world, size_t free_bytes, std::string_view budget,
+                                  int world, size_t device_free_bytes,
                                   size_t host_available_bytes, int ranks_on_host,
                                   const ActivationBytesFn& activation_bytes,
                                   const ZeroCudaOptions& options = {});

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -64,13 +63,6 @@ absl::StatusOr<int> CountRefusals(comm::CudaCommunicator* group, comm::CudaCommu
   float total = 0;
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(&total, flag, sizeof(float), cudaMemcpyDeviceToHost));
   return static_cast<int>(std::lround(total));
-}
-
-// training.device_memory_limit_gib in bytes; 0 for none.
-size_t DeviceMemoryLimitBytes(const weft::v1::TrainingSpec& training) {
-  const double gib = training.device_memory_limit_gib();
-  if (!(gib > 0.0)) return 0;
-  return static_cast<size_t>(std::min(gib * 1073741824.0, 1.8e19));
 }
 
 // Where `part` (a rank's OwnPart of the piece of unit 0 starting at `piece_begin`, count > 0)
@@ -178,31 +170,20 @@ ZeroCudaEngine::~ZeroCudaEngine() {
   if (compute_ != nullptr) cudaStreamDestroy(compute_);
 }
 
-absl::StatusOr<void*> ZeroCudaEngine::Alloc(const GpuBuffer& buffer) {
+absl::StatusOr<void*> ZeroCudaEngine::Allocate(const GpuBuffer& buffer) {
+  const bool device = buffer.place == GpuBufferPlace::kDevice;
   void* p = nullptr;
   const size_t bytes = std::max<size_t>(buffer.elements, 1) * buffer.element_bytes;
-  const cudaError_t err = cudaMalloc(&p, bytes);
+  const cudaError_t err = device ? cudaMalloc(&p, bytes) : cudaMallocHost(&p, bytes);
   if (err != cudaSuccess) {
     cudaGetLastError();
     return absl::ResourceExhaustedError(
-        absl::StrCat("cudaMalloc of ", bytes, " bytes failed: ", cudaGetErrorString(err)));
+        absl::StrCat(device ? "cudaMalloc of " : "cudaMallocHost of ", bytes,
+                     device ? " bytes failed: " : " bytes (pinned host memory) failed: ",
+                     cudaGetErrorString(err)));
   }
-  allocations_.push_back(p);
-  allocated_bytes_ += bytes;
-  return p;
-}
-
-absl::StatusOr<void*> ZeroCudaEngine::HostAlloc(const GpuBuffer& buffer) {
-  void* p = nullptr;
-  const size_t bytes = std::max<size_t>(buffer.elements, 1) * buffer.element_bytes;
-  const cudaError_t err = cudaMallocHost(&p, bytes);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrCat("cudaMallocHost of ", bytes,
-                                                     " bytes (pinned host memory) failed: ",
-                                                     cudaGetErrorString(err)));
-  }
-  host_allocations_.push_back(p);
+  (device ? allocations_ : host_allocations_).push_back(p);
+  if (device) allocated_bytes_ += bytes;
   return p;
 }
 
@@ -231,24 +212,6 @@ absl::Status CheckStageAndDevice(const weft::v1::JobSpec& spec) {
   return CheckComputeCapability(major, minor);
 }
 
-// What every plan must fit: the device's free memory, or the job's limit where it binds;
-// `name` says which in the reasons.
-struct DeviceBudget {
-  size_t bytes = 0;
-  std::string_view name = "free";
-};
-
-absl::StatusOr<DeviceBudget> GetDeviceBudget(const weft::v1::TrainingSpec& training) {
-  DeviceBudget budget;
-  size_t total_bytes = 0;
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&budget.bytes, &total_bytes));
-  if (const size_t limit = DeviceMemoryLimitBytes(training);
-      limit > 0 && limit < budget.bytes) {
-    budget = {limit, "allowed by training.device_memory_limit_gib"};
-  }
-  return budget;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
@@ -257,12 +220,13 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
   WEFT_RETURN_IF_ERROR(CheckStageAndDevice(spec));
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec.model()));
-  WEFT_ASSIGN_OR_RETURN(const DeviceBudget budget, GetDeviceBudget(spec.training()));
+  size_t free_bytes = 0, total_bytes = 0;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   const ActivationBytesFn activation_bytes =
       CudaActivationBytes(*arch, spec.training().sequence_length());
   const GpuMemoryDecision d =
-      DecideGpuMemory(spec, *arch, comm->world_size(), budget.bytes, budget.name,
-                      HostAvailableBytes(), ranks_on_host, activation_bytes, options);
+      DecideGpuMemory(spec, *arch, comm->world_size(), free_bytes, HostAvailableBytes(),
+                      ranks_on_host, activation_bytes, options);
   WEFT_ASSIGN_OR_RETURN(const int refusals, CountRefusals(comm, replica, !d.fits.ok()));
   WEFT_RETURN_IF_ERROR(d.fits);
   if (refusals > 0) {
@@ -313,8 +277,8 @@ absl::Status ZeroCudaEngine::CreateStreams() {
 
 absl::StatusOr<void*> ZeroCudaEngine::Carve(const GpuBuffer& buffer) {
   switch (buffer.place) {
-    case GpuBufferPlace::kDevice: return Alloc(buffer);
-    case GpuBufferPlace::kPinnedHost: return HostAlloc(buffer);
+    case GpuBufferPlace::kDevice:
+    case GpuBufferPlace::kPinnedHost: return Allocate(buffer);
     case GpuBufferPlace::kModelArena:
     case GpuBufferPlace::kNowhere: return nullptr;  // the model's own, or not allocated
     case GpuBufferPlace::kInArena: break;

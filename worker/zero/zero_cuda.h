@@ -162,10 +162,9 @@ class ZeroCudaEngine : public ZeroEngine {
   absl::Status Bind(const GpuBuffer& buffer, void* memory);
   absl::Status InitializeUnits();
   void FindUnitsUnderHeadWork();
-  // Device memory for `buffer` (at least one element), freed with the engine.
-  absl::StatusOr<void*> Alloc(const GpuBuffer& buffer);
-  // Pinned host memory (cudaMallocHost) for `buffer`, freed with the engine.
-  absl::StatusOr<void*> HostAlloc(const GpuBuffer& buffer);
+  // Device memory (kDevice) or pinned host memory (kPinnedHost, cudaMallocHost) for
+  // `buffer`, at least one element, freed with the engine.
+  absl::StatusOr<void*> Allocate(const GpuBuffer& buffer);
   // Optimizer offload's AdamW on the host (spec.optimizer.offload): after the clip scale is
   // known on the device, every offloaded unit's gradients out, the step on the host, bf16
   // weights in; the units kept on the GPU step there (DeviceOptimizerStep) meanwhile.

@@ -27,6 +27,7 @@ using engine::CheckpointingPlan;
 using Role = GpuBufferRole;
 using Place = GpuBufferPlace;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 weft::v1::JobSpec Spec(int layers, int hidden, int heads, int vocab, int padded, int context) {
   weft::v1::JobSpec spec;
@@ -424,15 +425,15 @@ TEST(GpuMemoryPlan, OffloadAutoTakesTheLeastOffloadThatFits) {
   ASSERT_TRUE(arch.ok());
   FixedArena arena;
   const size_t kHostPlenty = size_t{1} << 50;
-  const GpuMemoryDecision roomy = DecideGpuMemory(spec, **arch, 1, size_t{1} << 50, "free",
-                                                  kHostPlenty, 1, arena.fn());
+  const GpuMemoryDecision roomy =
+      DecideGpuMemory(spec, **arch, 1, size_t{1} << 50, kHostPlenty, 1, arena.fn());
   ASSERT_TRUE(roomy.fits.ok()) << roomy.fits;
   EXPECT_EQ(roomy.first_offloaded, 41);
   EXPECT_THAT(roomy.note, HasSubstr("optimizer kept on the GPU (optimizer.offload_auto"));
 
   const size_t budget = size_t{80} << 30;
   const GpuMemoryDecision tight =
-      DecideGpuMemory(spec, **arch, 1, budget, "free", kHostPlenty, 1, arena.fn());
+      DecideGpuMemory(spec, **arch, 1, budget, kHostPlenty, 1, arena.fn());
   ASSERT_TRUE(tight.fits.ok()) << tight.fits;
   EXPECT_TRUE(tight.auto_offloaded);
   ASSERT_GT(tight.first_offloaded, 0);
@@ -448,9 +449,19 @@ TEST(GpuMemoryPlan, OffloadAutoTakesTheLeastOffloadThatFits) {
   EXPECT_THAT(tight.note, HasSubstr("the least that fits (optimizer.offload_auto)"));
 
   const GpuMemoryDecision no_host =
-      DecideGpuMemory(spec, **arch, 1, budget, "free", size_t{1} << 30, 1, arena.fn());
+      DecideGpuMemory(spec, **arch, 1, budget, size_t{1} << 30, 1, arena.fn());
   EXPECT_EQ(no_host.fits.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(no_host.fits.message(), HasSubstr("pinned host memory"));
+
+  // The job's device memory limit binds where it is below the free memory, and the reason
+  // says so: the same offload as with that much free.
+  spec.mutable_training()->set_device_memory_limit_gib(80);
+  const GpuMemoryDecision limited =
+      DecideGpuMemory(spec, **arch, 1, size_t{1} << 50, kHostPlenty, 1, arena.fn());
+  ASSERT_TRUE(limited.fits.ok()) << limited.fits;
+  EXPECT_EQ(limited.first_offloaded, tight.first_offloaded);
+  EXPECT_THAT(limited.note, HasSubstr("allowed by training.device_memory_limit_gib"));
+  EXPECT_THAT(tight.note, Not(HasSubstr("device_memory_limit_gib")));
 }
 
 }  // namespace
