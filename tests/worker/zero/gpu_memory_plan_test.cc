@@ -349,7 +349,9 @@ TEST(GpuMemoryPlan, BlockGradientsLieInTheArenaOnlyWithoutAccumulation) {
       const GpuBuffer* grads = p.plan.Find(Role::kGrads, u);
       ASSERT_NE(grads, nullptr);
       EXPECT_EQ(grads->place, in_arena && u > 0 ? Place::kInArena : Place::kDevice) << u;
-      if (in_arena && u > 0) EXPECT_EQ(p.asked.spent_grad_bytes[u - 1], grads->bytes());
+      if (in_arena && u > 0) {
+        EXPECT_EQ(p.asked.spent_grad_bytes[u - 1], grads->bytes());
+      }
     }
   }
 }
