@@ -47,7 +47,7 @@ constexpr int kT = 32;
 constexpr int kVocab = 61;
 
 // The Llama comparisons with the CPU engine need the CPU Llama model (its own branch of issue
-// 13); without it CreateCpuModel would abort the whole binary, so they skip instead.
+// 13); without it CreateCpuModel would refuse them, so they skip instead.
 #if __has_include("worker/engine/cpu/llama_model.h")
 constexpr bool kCpuLlama = true;
 #else
@@ -495,7 +495,7 @@ void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {
   GlobalBatch(0, b)(3, 0, inputs.data(), targets.data());
 
   const std::unique_ptr<engine::cpu::CpuModel> cpu =
-      engine::cpu::CreateCpuModel(arch, b, kT, engine::Checkpointing::kNone);
+      *engine::cpu::CreateCpuModel(arch, b, kT, engine::Checkpointing::kNone);
   cpu->SetShape(b, kT);
   cpu->EncoderForward(params[0].data(), inputs.data());
   for (int l = 0; l < arch.num_layers(); ++l) cpu->BlockForward(l, params[1 + l].data());
@@ -1255,7 +1255,7 @@ TEST_F(ZeroCudaTest, CheckpointMovesBetweenOffloadSettings) {
     ASSERT_TRUE(again.ok()) << again.status();
     ASSERT_EQ(again->size(), snapshot->size());
     for (size_t i = 0; i < again->size(); ++i) {
-      for (model_io::UnitState what : kUnitStates) {
+      for (model_io::UnitState what : model_io::kUnitStates) {
         EXPECT_TRUE((*again)[i].data(what) == (*snapshot)[i].data(what))
             << "unit " << (*again)[i].unit << " state " << static_cast<int>(what);
       }
