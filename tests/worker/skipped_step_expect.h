@@ -33,7 +33,7 @@ inline void ExpectOverflowingStepsAreSkipped(zero::TrainingEngine& engine,
   ASSERT_TRUE(after.ok()) << after.status();
   ASSERT_EQ(after->size(), before->size());
   for (size_t u = 0; u < before->size(); ++u) {
-    for (model_io::UnitState what : worker::kUnitStates) {
+    for (model_io::UnitState what : model_io::kUnitStates) {
       EXPECT_TRUE((*after)[u].data(what) == (*before)[u].data(what))
           << "unit " << u << " " << model_io::UnitStateName(what) << " changed in a skipped step";
     }
