@@ -7,7 +7,6 @@
 #include <numeric>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -163,8 +162,8 @@ size_t ShardOffsetOf(size_t piece_begin, const comm::RangePart& part, size_t sha
 
 // The runs of equal decay in a kept decay mask (so the device keeps a few runs per unit, not
 // a byte per parameter).
-std::vector<ZeroCudaEngine::DecayRun> DecayRuns(const std::vector<uint8_t>& mask) {
-  std::vector<ZeroCudaEngine::DecayRun> runs;
+std::vector<DecayRun> DecayRuns(const std::vector<uint8_t>& mask) {
+  std::vector<DecayRun> runs;
   for (size_t i = 0; i < mask.size(); ++i) {
     const bool decay = mask[i] != 0;
     if (runs.empty() || runs.back().decay != decay) runs.push_back({i, i, decay});
@@ -277,18 +276,14 @@ ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunic
       first_offloaded_(first_offloaded),
       options_(options),
       direct_grads_(DirectGradients(comm->world_size())),
-      head_split_(arch_->HeadOutputBegin()),
-      host_threads_(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
+      head_split_(arch_->HeadOutputBegin()) {}
 
 ZeroCudaEngine::~ZeroCudaEngine() {
   if (compute_ != nullptr) cudaStreamSynchronize(compute_);
   model_.reset();
+  optimizer_.reset();
   for (void* p : allocations_) cudaFree(p);
   for (void* p : host_allocations_) cudaFreeHost(p);
-  for (cudaEvent_t e : {grads_copied_[0], grads_copied_[1], weights_copied_[0],
-                        weights_copied_[1]}) {
-    if (e != nullptr) cudaEventDestroy(e);
-  }
   for (cudaEvent_t e : {compute_ready_, head_gathered_, gathered_[0], gathered_[1],
                         head_scattered_, scattered_[0], scattered_[1], comm_done_,
                         replica_ready_, replica_done_}) {
@@ -492,17 +487,6 @@ absl::Status ZeroCudaEngine::Initialize() {
   const size_t max_block = layout_.max_block_padded();
   const size_t max_shard = layout_.max_shard();
   const size_t head_slot = HeadSlotElements(*arch_, layout_);
-  if (options_.update_in_next_forward && head_work_ != nullptr) {
-    const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
-    const uintptr_t head_begin = address(head_work_);
-    const uintptr_t head_end = head_begin + head_slot * sizeof(bf16);
-    for (int u = 1; u < layout_.num_units(); ++u) {
-      const uintptr_t grads = address(units_[u].grads);
-      if (grads < head_end && head_begin < grads + layout_.unit(u).shard * sizeof(float)) {
-        under_head_work_.push_back(u);
-      }
-    }
-  }
   for (int i = 0; i < 2; ++i) {
     WEFT_ASSIGN_OR_RETURN(block_work_[i], Alloc<bf16>(max_block));
   }
@@ -529,23 +513,32 @@ absl::Status ZeroCudaEngine::Initialize() {
   WEFT_ASSIGN_OR_RETURN(stats_, Alloc<float>(2));
   WEFT_ASSIGN_OR_RETURN(grad_scale_, Alloc<float>(1));
   WEFT_ASSIGN_OR_RETURN(host_stats_, HostAlloc<float>(3));  // [sum of squares, loss, clip]
-  if (any_offloaded()) {
-    size_t max_offloaded_shard = 0;
-    for (int u = first_offloaded_; u < layout_.num_units(); ++u) {
-      max_offloaded_shard = std::max(max_offloaded_shard, layout_.unit(u).shard);
-    }
-    for (int i = 0; i < 2; ++i) {
-      WEFT_ASSIGN_OR_RETURN(staging_grads_[i], HostAlloc<float>(max_offloaded_shard));
-      WEFT_ASSIGN_OR_RETURN(staging_bf16_[i], HostAlloc<uint16_t>(max_offloaded_shard));
-      WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&grads_copied_[i],
-                                                         cudaEventDisableTiming));
-      WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&weights_copied_[i],
-                                                         cudaEventDisableTiming));
-    }
-  }
+  WEFT_RETURN_IF_ERROR(CreateOptimizer());
   inputs_.resize(static_cast<size_t>(batch_size_) * seq_len_);
   targets_.resize(inputs_.size());
   return SyncCompute();
+}
+
+absl::Status ZeroCudaEngine::CreateOptimizer() {
+  ZeroCudaOptimizer::Config config;
+  config.layout = &layout_;
+  config.shards = &units_;
+  config.comm = comm_;
+  config.compute = compute_;
+  config.grad_scale = grad_scale_;
+  config.host_clip_scale = &host_stats_[2];
+  config.first_offloaded = first_offloaded_;
+  config.head_split = head_split_;
+  config.update_in_next_forward = options_.update_in_next_forward;
+  config.head_work = head_work_;
+  config.head_slot_elements = HeadSlotElements(*arch_, layout_);
+  config.sync_compute = [this] { return SyncCompute(); };
+  const auto host_alloc = [this](size_t bytes) -> absl::StatusOr<void*> {
+    WEFT_ASSIGN_OR_RETURN(uint8_t* p, HostAlloc<uint8_t>(bytes));
+    return p;
+  };
+  WEFT_ASSIGN_OR_RETURN(optimizer_, ZeroCudaOptimizer::Create(config, host_alloc));
+  return absl::OkStatus();
 }
 
 // ---- stream ordering ------------------------------------------------------------------------
@@ -586,7 +579,7 @@ absl::Status ZeroCudaEngine::Gather(int unit, bf16* dst) {
   // part of dst), then gathered in place: no resident bf16 copy of the shard.
   bf16* mine = dst + static_cast<size_t>(comm_->rank()) * shard;
   WEFT_ASSIGN_OR_RETURN(const bool updated,
-                        RunPendingUpdate(unit, 0, shard, mine, comm_->stream()));
+                        optimizer_->RunPending(unit, 0, shard, mine, comm_->stream()));
   if (!updated) {
     WEFT_RETURN_IF_ERROR(cuda::CastToBf16(mine, units_[unit].params, shard, comm_->stream()));
   }
@@ -624,7 +617,7 @@ absl::Status ZeroCudaEngine::GatherHead(HeadPiece piece) {
                                                 cudaMemcpyDeviceToDevice, comm_->stream()));
     } else {
       WEFT_RETURN_IF_ERROR(
-          RunPendingUpdate(0, from, from + mine.count, nullptr, comm_->stream()).status());
+          optimizer_->RunPending(0, from, from + mine.count, nullptr, comm_->stream()).status());
       WEFT_RETURN_IF_ERROR(cuda::CastToBf16(head_work_ + mine.offset, units_[0].params + from,
                                             mine.count, comm_->stream()));
     }
@@ -725,11 +718,8 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
   // The last step's updates (ZeroCudaOptions::update_in_next_forward) go with the gathers;
   // the units whose gradients the gathered head overwrites, first. Every gather of this
   // forward then runs one, so a compute wait for a gather counts as the optimizer's time.
-  const bool updating = pending_.any();
-  for (int u : under_head_work_) {
-    WEFT_RETURN_IF_ERROR(
-        RunPendingUpdate(u, 0, layout_.unit(u).shard, nullptr, comm_stream).status());
-  }
+  const bool updating = optimizer_->pending();
+  WEFT_RETURN_IF_ERROR(optimizer_->RunPendingUnderHead(comm_stream));
   WEFT_RETURN_IF_ERROR(GatherHead(input));
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
   WEFT_RETURN_IF_ERROR(Gather(1, block_work_[0]));
@@ -899,30 +889,7 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
                                             cudaMemcpyDeviceToHost, compute_));
-  if (any_offloaded()) {
-    WEFT_RETURN_IF_ERROR(HostOptimizerStep(optimizer_steps_ + 1, adamw));
-  } else if (options_.update_in_next_forward) {
-    // Every unit's gather in this step's forward ran the last step's update.
-    if (pending_.any()) return absl::InternalError("an update was left pending for two steps");
-    pending_.adamw_step = optimizer_steps_ + 1;
-    pending_.adamw = adamw;
-    pending_.ranges.assign(layout_.num_units(), {});
-    for (int u = 0; u < layout_.num_units(); ++u) {
-      const size_t shard = layout_.unit(u).shard;
-      auto& ranges = pending_.ranges[u];
-      if (u == 0 && head_split_ > 0) {
-        // The input piece's part of this rank's shard, then the output piece's.
-        const size_t first = static_cast<size_t>(comm_->rank()) * shard;
-        const size_t split = std::clamp(head_split_, first, first + shard) - first;
-        if (split > 0) ranges.emplace_back(0, split);
-        if (split < shard) ranges.emplace_back(split, shard);
-      } else {
-        ranges.emplace_back(0, shard);
-      }
-    }
-  } else {
-    WEFT_RETURN_IF_ERROR(DeviceOptimizerStep(optimizer_steps_ + 1, adamw));
-  }
+  WEFT_RETURN_IF_ERROR(optimizer_->Step(optimizer_steps_ + 1, adamw));
   WEFT_ASSIGN_OR_RETURN(const size_t opt_end, Mark());
   WEFT_RETURN_IF_ERROR(comm_->WaitEvent(timing_.at(opt_end)));
 
@@ -960,104 +927,6 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   return result;
 }
 
-absl::Status ZeroCudaEngine::DeviceOptimizerStep(int64_t adamw_step,
-                                                 const engine::AdamWConfig& adamw) {
-  for (int u = 0; u < first_offloaded_; ++u) {
-    WEFT_RETURN_IF_ERROR(
-        UpdateShardRange(u, 0, layout_.unit(u).shard, nullptr, adamw_step, adamw, compute_));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ZeroCudaEngine::UpdateShardRange(int u, size_t begin, size_t end, bf16* bf16_out,
-                                              int64_t adamw_step,
-                                              const engine::AdamWConfig& adamw,
-                                              cudaStream_t stream) const {
-  const Unit& unit = units_[u];
-  for (const DecayRun& r : unit.decay_runs) {
-    const size_t from = std::max(r.begin, begin), to = std::min(r.end, end);
-    if (from >= to) continue;
-    WEFT_RETURN_IF_ERROR(cuda::AdamWUpdate(
-        unit.params + from, bf16_out == nullptr ? nullptr : bf16_out + (from - begin),
-        unit.grads + from, unit.m + from, unit.v + from, to - from, r.decay, adamw, adamw_step,
-        grad_scale_, stream));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<bool> ZeroCudaEngine::RunPendingUpdate(int u, size_t begin, size_t end,
-                                                      bf16* bf16_out, cudaStream_t stream) const {
-  if (pending_.ranges.empty()) return false;
-  auto& ranges = pending_.ranges[u];
-  bool wrote = false;
-  for (auto it = ranges.begin(); it != ranges.end();) {
-    const auto [from, to] = *it;
-    if (to <= begin || end <= from) {
-      ++it;
-      continue;
-    }
-    if (bf16_out != nullptr && (from != begin || to != end)) {
-      return absl::InternalError(absl::StrCat("unit ", u, ": pending range [", from, ", ", to,
-                                              ") is not the gathered [", begin, ", ", end, ")"));
-    }
-    WEFT_RETURN_IF_ERROR(UpdateShardRange(u, from, to, bf16_out, pending_.adamw_step,
-                                          pending_.adamw, stream));
-    wrote = bf16_out != nullptr;
-    it = ranges.erase(it);
-  }
-  return wrote;
-}
-
-absl::Status ZeroCudaEngine::RunAllPendingUpdates() const {
-  if (!pending_.any()) return absl::OkStatus();
-  // Behind the step that left them (its gradients and clip scale are on compute already),
-  // and behind any part an evaluation's forward ran on the comm stream: disjoint units.
-  for (int u = 0; u < layout_.num_units(); ++u) {
-    WEFT_RETURN_IF_ERROR(
-        RunPendingUpdate(u, 0, layout_.unit(u).shard, nullptr, compute_).status());
-  }
-  return SyncCompute();
-}
-
-// Unit by unit, a pipeline of three: the GPU copies unit u + 1's gradients out while the host
-// steps unit u, whose new bf16 weights the GPU copies in while the host steps unit u + 1. Two
-// staging pairs alternate; the events say when each is free again. The units kept on the GPU
-// step there, enqueued behind the first copy so the host has work while the GPU does them.
-absl::Status ZeroCudaEngine::HostOptimizerStep(int64_t adamw_step,
-                                               const engine::AdamWConfig& adamw) {
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_stats_[2], grad_scale_, sizeof(float),
-                                            cudaMemcpyDeviceToHost, compute_));
-  const int first = first_offloaded_;
-  const auto copy_out = [&](int u) -> absl::Status {
-    const int slot = (u - first) % 2;
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_grads_[slot], units_[u].grads,
-                                              layout_.unit(u).shard * sizeof(float),
-                                              cudaMemcpyDeviceToHost, compute_));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(grads_copied_[slot], compute_));
-    return absl::OkStatus();
-  };
-  const int units = layout_.num_units();
-  WEFT_RETURN_IF_ERROR(copy_out(first));
-  WEFT_RETURN_IF_ERROR(DeviceOptimizerStep(adamw_step, adamw));
-  for (int u = first; u < units; ++u) {
-    const int slot = (u - first) % 2;
-    if (u + 1 < units) WEFT_RETURN_IF_ERROR(copy_out(u + 1));
-    // Through the communicator, so an abort (a peer lost) interrupts the wait.
-    WEFT_RETURN_IF_ERROR(comm_->WaitEvent(grads_copied_[slot]));
-    if (u - first >= 2) WEFT_RETURN_IF_ERROR(comm_->WaitEvent(weights_copied_[slot]));
-    const Unit& unit = units_[u];
-    const size_t shard = layout_.unit(u).shard;
-    engine::AdamWUpdateParallel(unit.params, staging_grads_[slot], unit.m, unit.v,
-                                unit.host_decay_mask, shard, adamw, adamw_step, host_stats_[2],
-                                staging_bf16_[slot], host_threads_);
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(unit.params_bf16, staging_bf16_[slot],
-                                              shard * sizeof(bf16), cudaMemcpyHostToDevice,
-                                              compute_));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(weights_copied_[slot], compute_));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch) {
   timing_.Reset();
   waits_.clear();
@@ -1076,7 +945,7 @@ absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch
 }
 
 absl::StatusOr<std::vector<float>> ZeroCudaEngine::GatherUnit(int u) {
-  WEFT_RETURN_IF_ERROR(RunAllPendingUpdates());
+  WEFT_RETURN_IF_ERROR(optimizer_->Flush());
   const UnitShard& unit = layout_.unit(u);
   std::vector<float> out(unit.size);
   if (group_ == 1) {
@@ -1122,7 +991,7 @@ absl::Status ZeroCudaEngine::CopyKeptToHost(int u, model_io::UnitState state, si
                                             float* host) const {
   // Between steps: TrainStep returned only after the optimizer finished, or left its update
   // pending (run here first).
-  WEFT_RETURN_IF_ERROR(RunAllPendingUpdates());
+  WEFT_RETURN_IF_ERROR(optimizer_->Flush());
   return cuda::CudaStatus(cudaMemcpy(host, Kept(u, state) + offset, n * sizeof(float),
                                      cudaMemcpyDefault),
                           "cudaMemcpy of a checkpoint shard");
@@ -1130,7 +999,7 @@ absl::Status ZeroCudaEngine::CopyKeptToHost(int u, model_io::UnitState state, si
 
 absl::Status ZeroCudaEngine::CopyKeptFromHost(int u, model_io::UnitState state, const float* host) {
   // The restored state replaces what the pending update would have made of the unit's.
-  if (!pending_.ranges.empty()) pending_.ranges[u].clear();
+  optimizer_->Drop(u);
   return cuda::CudaStatus(cudaMemcpy(Kept(u, state), host,
                                      layout_.KeptElements(u, stage_) * sizeof(float),
                                      cudaMemcpyDefault),
