@@ -1255,7 +1255,7 @@ TEST_F(ZeroCudaTest, CheckpointMovesBetweenOffloadSettings) {
     ASSERT_TRUE(again.ok()) << again.status();
     ASSERT_EQ(again->size(), snapshot->size());
     for (size_t i = 0; i < again->size(); ++i) {
-      for (model_io::UnitState what : kUnitStates) {
+      for (model_io::UnitState what : model_io::kUnitStates) {
         EXPECT_TRUE((*again)[i].data(what) == (*snapshot)[i].data(what))
             << "unit " << (*again)[i].unit << " state " << static_cast<int>(what);
       }
