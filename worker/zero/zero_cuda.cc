@@ -697,30 +697,53 @@ absl::Status ZeroCudaEngine::AllReduceStats() {
   return ComputeWaits(comm_done_);
 }
 
+ZeroCudaEngine::HeadPiece ZeroCudaEngine::InputPiece() const {
+  return {0, head_split_ > 0 ? head_split_ : layout_.unit(0).size};
+}
+
+ZeroCudaEngine::HeadPiece ZeroCudaEngine::OutputPiece() const {
+  return {head_split_, layout_.unit(0).size};
+}
+
+bool ZeroCudaEngine::ReducesClassifierGrad() const {
+  return (head_split_ > 0 || head_grad_takes_turns_) && !direct_grads_;
+}
+
 absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
                                        bool backward, float grad_scale, bool first_micro_step,
                                        bool last_micro_step) {
-  const int layers = arch_->num_layers();
-  cudaStream_t comm_stream = comm_->stream();
   std::array<size_t, 3> phase{};
   WEFT_ASSIGN_OR_RETURN(phase[0], Mark());
   WEFT_RETURN_IF_ERROR(model_->SetBatch(batch_size_, seq_len_, inputs, targets));
+  WEFT_RETURN_IF_ERROR(Forward());
+  WEFT_RETURN_IF_ERROR(ClassifierStep(backward, grad_scale, first_micro_step));
+  WEFT_ASSIGN_OR_RETURN(phase[1], Mark());
+  if (!backward) {
+    phase[2] = phase[1];
+    phases_.push_back(phase);
+    return absl::OkStatus();
+  }
+  WEFT_RETURN_IF_ERROR(BackwardBlocks(first_micro_step, last_micro_step));
+  WEFT_RETURN_IF_ERROR(EmbeddingBackward());
+  WEFT_ASSIGN_OR_RETURN(phase[2], Mark());
+  phases_.push_back(phase);
+  return ReduceEmbeddingGrad(first_micro_step, last_micro_step);
+}
 
+absl::Status ZeroCudaEngine::Forward() {
+  const int layers = arch_->num_layers();
+  cudaStream_t comm_stream = comm_->stream();
   // An unsplit head stays gathered for the whole micro-step. A split one has its embedding
   // piece gathered first and its LM head piece after the embedding's forward, into the same
-  // buffer; each piece's gradient is reduced as soon as it is complete (the LM head's right
-  // after the classifier), through one gradient buffer. Block 0 goes into slot 0.
+  // buffer. Block 0 goes into slot 0.
   const bool split = head_split_ > 0;
-  const size_t head_size = layout_.unit(0).size;
-  const HeadPiece input{0, split ? head_split_ : head_size};
-  const HeadPiece output{head_split_, head_size};
   WEFT_RETURN_IF_ERROR(CommWaitsCompute());
   // The last step's updates (ZeroCudaOptions::update_in_next_forward) go with the gathers;
   // the units whose gradients the gathered head overwrites, first. Every gather of this
   // forward then runs one, so a compute wait for a gather counts as the optimizer's time.
   const bool updating = optimizer_->pending();
   WEFT_RETURN_IF_ERROR(optimizer_->RunPendingUnderHead(comm_stream));
-  WEFT_RETURN_IF_ERROR(GatherHead(input));
+  WEFT_RETURN_IF_ERROR(GatherHead(InputPiece()));
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
   WEFT_RETURN_IF_ERROR(Gather(1, block_work_[0]));
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[0], comm_stream));
@@ -739,13 +762,19 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
       // The embedding's forward is behind the comm stream's wait (the one above, or this):
       // the LM head's piece takes its place, behind block 1's gather.
       if (layers == 1) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
-      WEFT_RETURN_IF_ERROR(GatherHead(output));
+      WEFT_RETURN_IF_ERROR(GatherHead(OutputPiece()));
       WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
     }
     WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot], updating));
     WEFT_RETURN_IF_ERROR(model_->BlockForward(l, block_work_[slot]));
   }
   if (split) WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_, updating));
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::ClassifierStep(bool backward, float grad_scale,
+                                            bool first_micro_step) {
+  const bool split = head_split_ > 0;
   // Element i of head_grad is element i of unit 0 for the embedding (and an unsplit head),
   // element head_split_ + i for the classifier (CudaModel::Classifier).
   float* const head_grad = direct_grads_ ? units_[0].grads : head_grad_;
@@ -760,31 +789,26 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
           cudaMemsetAsync(head_grad, 0, layout_.unit(0).padded * sizeof(float), compute_));
     } else if (!direct_grads_) {
       WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-          head_grad_, 0, (split ? output.size() : layout_.unit(0).padded) * sizeof(float),
+          head_grad_, 0, (split ? OutputPiece().size() : layout_.unit(0).padded) * sizeof(float),
           compute_));
     }
   }
   // head_work_ holds the output piece (element head_split_ on), or the whole unsplit head.
   WEFT_RETURN_IF_ERROR(
       model_->Classifier(head_work_, grad_scale, backward ? classifier_grad : nullptr));
-  // The LM head's gradient is reduced right away when it is a piece of its own or must make
-  // room for the blocks'.
-  const bool reduce_classifier_grad = (split || head_grad_takes_turns_) && !direct_grads_;
-  if (backward && reduce_classifier_grad) {
+  if (backward && ReducesClassifierGrad()) {
     WEFT_RETURN_IF_ERROR(CommWaitsCompute());
-    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(output, !first_micro_step));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
+    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(OutputPiece(), !first_micro_step));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_->stream()));
     scatter_pending_[2] = true;
   }
-  WEFT_RETURN_IF_ERROR(cuda::SumInto(&stats_[1], model_->Losses(),
-                                     static_cast<size_t>(batch_size_) * seq_len_, compute_));
-  WEFT_ASSIGN_OR_RETURN(phase[1], Mark());
-  if (!backward) {
-    phase[2] = phase[1];
-    phases_.push_back(phase);
-    return absl::OkStatus();
-  }
+  return cuda::SumInto(&stats_[1], model_->Losses(), static_cast<size_t>(batch_size_) * seq_len_,
+                       compute_);
+}
 
+absl::Status ZeroCudaEngine::BackwardBlocks(bool first_micro_step, bool last_micro_step) {
+  const int layers = arch_->num_layers();
+  cudaStream_t comm_stream = comm_->stream();
   for (int l = layers - 1; l >= 0; --l) {
     const int slot = l % 2;
     if (l >= 1) {
@@ -825,24 +849,29 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
     // Behind the reduce-scatter (or the backward) of unit 1 + l, its shard gradient is final.
     if (last_micro_step) WEFT_RETURN_IF_ERROR(FinishShardGradient(1 + l));
   }
-  if (reduce_classifier_grad) {
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::EmbeddingBackward() {
+  if (ReducesClassifierGrad()) {
     // The LM head's gradient has left head_grad_ (the reduce above): the embedding's now, and
     // when the slots lie over it, once they have been reduce-scattered too (a tied head's
     // padding included: the slots wrote over it).
     WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
     if (head_grad_takes_turns_) WEFT_RETURN_IF_ERROR(WaitForSlotScatters());
-    const size_t zeroed = split ? input.size() : layout_.unit(0).padded;
+    const size_t zeroed = head_split_ > 0 ? InputPiece().size() : layout_.unit(0).padded;
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(head_grad_, 0, zeroed * sizeof(float), compute_));
   }
-  WEFT_RETURN_IF_ERROR(model_->EncoderBackward(head_grad));
-  WEFT_ASSIGN_OR_RETURN(phase[2], Mark());
-  phases_.push_back(phase);
+  return model_->EncoderBackward(direct_grads_ ? units_[0].grads : head_grad_);
+}
+
+absl::Status ZeroCudaEngine::ReduceEmbeddingGrad(bool first_micro_step, bool last_micro_step) {
   if (!direct_grads_ || last_micro_step) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
   if (!direct_grads_) {
     // A tied head's LM head gradient is in the shard already, this micro-step's included.
-    const bool tied_twice = !split && head_grad_takes_turns_;
-    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(input, !first_micro_step || tied_twice));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
+    const bool tied_twice = head_split_ == 0 && head_grad_takes_turns_;
+    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(InputPiece(), !first_micro_step || tied_twice));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_->stream()));
     scatter_pending_[2] = true;
   }
   if (last_micro_step) WEFT_RETURN_IF_ERROR(FinishShardGradient(0));
@@ -857,27 +886,8 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   waits_.clear();
   phases_.clear();
   StepResult result;
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats_, 0, 2 * sizeof(float), compute_));
-  const int accum = spec_.training().grad_accum_steps();
-  const size_t positions = static_cast<size_t>(batch_size_) * seq_len_;
-  // Each rank's backward is of (1 / (world * accum * B * T)) * its summed losses: the
-  // reduce-scattered sum is then the gradient of the global mean loss.
-  const float grad_scale = 1.0f / static_cast<float>(static_cast<double>(world_) * accum *
-                                                     static_cast<double>(positions));
-  for (int micro = 0; micro < accum; ++micro) {
-    batch(step, micro, inputs_.data(), targets_.data());
-    WEFT_RETURN_IF_ERROR(
-        MicroStep(inputs_.data(), targets_.data(), true, grad_scale, micro == 0,
-                  micro + 1 == accum));
-  }
-  // The optimizer needs every reduce-scatter (and accumulation) done.
-  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
-  WEFT_RETURN_IF_ERROR(ComputeWaits(comm_done_));
-  if (replica_ != nullptr) {  // and every replica all-reduce
-    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(replica_done_, replica_->stream()));
-    WEFT_RETURN_IF_ERROR(ComputeWaits(replica_done_));
-  }
-  scatter_pending_[0] = scatter_pending_[1] = scatter_pending_[2] = false;
+  WEFT_RETURN_IF_ERROR(AccumulateGradients(step, batch));
+  WEFT_RETURN_IF_ERROR(WaitForGradients());
   WEFT_ASSIGN_OR_RETURN(const size_t opt_begin, Mark());
   // The sum of squares is in stats_[0] already (the last micro-step's comm stream).
   // One all-reduce of [sum of squares, loss sum].
@@ -893,12 +903,50 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   WEFT_ASSIGN_OR_RETURN(const size_t opt_end, Mark());
   WEFT_RETURN_IF_ERROR(comm_->WaitEvent(timing_.at(opt_end)));
 
+  const int accum = spec_.training().grad_accum_steps();
+  const size_t positions = static_cast<size_t>(batch_size_) * seq_len_;
   result.loss = static_cast<float>(host_stats_[1] /
                                    (static_cast<double>(world_) * accum * positions));
   // NaN stays NaN (std::max would hide it): ClipScale skipped the update for it.
   result.grad_norm = std::isnan(host_stats_[0]) ? host_stats_[0]
                                                 : std::sqrt(std::max(0.0f, host_stats_[0]));
   if (std::isfinite(result.grad_norm)) ++optimizer_steps_;
+  result.timings = StepTimingsOf(opt_begin, opt_end, wall_start);
+  return result;
+}
+
+absl::Status ZeroCudaEngine::AccumulateGradients(int64_t step, const BatchFn& batch) {
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats_, 0, 2 * sizeof(float), compute_));
+  const int accum = spec_.training().grad_accum_steps();
+  const size_t positions = static_cast<size_t>(batch_size_) * seq_len_;
+  // Each rank's backward is of (1 / (world * accum * B * T)) * its summed losses: the
+  // reduce-scattered sum is then the gradient of the global mean loss.
+  const float grad_scale = 1.0f / static_cast<float>(static_cast<double>(world_) * accum *
+                                                     static_cast<double>(positions));
+  for (int micro = 0; micro < accum; ++micro) {
+    batch(step, micro, inputs_.data(), targets_.data());
+    WEFT_RETURN_IF_ERROR(
+        MicroStep(inputs_.data(), targets_.data(), true, grad_scale, micro == 0,
+                  micro + 1 == accum));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::WaitForGradients() {
+  // The optimizer needs every reduce-scatter (and accumulation) done.
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
+  WEFT_RETURN_IF_ERROR(ComputeWaits(comm_done_));
+  if (replica_ != nullptr) {  // and every replica all-reduce
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(replica_done_, replica_->stream()));
+    WEFT_RETURN_IF_ERROR(ComputeWaits(replica_done_));
+  }
+  scatter_pending_[0] = scatter_pending_[1] = scatter_pending_[2] = false;
+  return absl::OkStatus();
+}
+
+StepTimings ZeroCudaEngine::StepTimingsOf(
+    size_t opt_begin, size_t opt_end,
+    std::chrono::steady_clock::time_point wall_start) const {
   const auto elapsed = [&](size_t a, size_t b) {
     float ms = 0;
     cudaEventElapsedTime(&ms, timing_.at(a), timing_.at(b));
@@ -913,18 +961,19 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
       if (begin >= phase[1] && end <= phase[2]) exposed_backward += ms;
     }
   }
+  StepTimings timings;
   for (const auto& phase : phases_) {
-    result.timings.forward_ms += elapsed(phase[0], phase[1]);
-    result.timings.backward_ms += elapsed(phase[1], phase[2]);
+    timings.forward_ms += elapsed(phase[0], phase[1]);
+    timings.backward_ms += elapsed(phase[1], phase[2]);
   }
-  result.timings.forward_ms -= exposed_forward;
-  result.timings.backward_ms -= exposed_backward;
-  result.timings.optimizer_ms = elapsed(opt_begin, opt_end) + behind_update;
-  result.timings.exposed_comm_ms = exposed_total;
-  result.timings.step_ms = std::chrono::duration<double, std::milli>(
-                               std::chrono::steady_clock::now() - wall_start)
-                               .count();
-  return result;
+  timings.forward_ms -= exposed_forward;
+  timings.backward_ms -= exposed_backward;
+  timings.optimizer_ms = elapsed(opt_begin, opt_end) + behind_update;
+  timings.exposed_comm_ms = exposed_total;
+  timings.step_ms = std::chrono::duration<double, std::milli>(
+                        std::chrono::steady_clock::now() - wall_start)
+                        .count();
+  return timings;
 }
 
 absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch) {

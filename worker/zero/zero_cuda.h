@@ -51,6 +51,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -195,6 +196,43 @@ class ZeroCudaEngine : public ZeroEngine {
   // stream as soon as that shard's gradient is final, behind the backward of the next units.
   absl::Status MicroStep(const int32_t* inputs, const int32_t* targets, bool backward,
                          float grad_scale, bool first_micro_step, bool last_micro_step);
+  // MicroStep's parts, in its order; each enqueues on the streams and records the events it
+  // names, and none waits on the host.
+  // The head's pieces: the embedding's (input) and the final norm and LM head's (output); an
+  // unsplit head is both.
+  HeadPiece InputPiece() const;
+  HeadPiece OutputPiece() const;
+  // Whether the LM head's gradient is reduced right after the classifier: when it is a piece
+  // of its own, or must make room for the blocks' (HeadGradTakesTurnsWithBlocks).
+  bool ReducesClassifierGrad() const;
+  // The encoder's and every block's forward, each block gathered one ahead of its compute
+  // (the last step's pending update with the gathers, the units under the head first); ends
+  // with the output piece gathered, compute waiting for it.
+  absl::Status Forward();
+  // The classifier and the loss sum into stats_[1]; with `backward`, the LM head's gradient
+  // into the head's buffer (zeroed first unless it accumulates in place), reduced at once
+  // when ReducesClassifierGrad.
+  absl::Status ClassifierStep(bool backward, float grad_scale, bool first_micro_step);
+  // Every block's recomputation and backward, last first: block l-1 gathered while block l
+  // computes, block l's gradient reduce-scattered (beyond world 1) while l-1 computes.
+  absl::Status BackwardBlocks(bool first_micro_step, bool last_micro_step);
+  // The embedding's backward into the head's gradient (zeroed first where the LM head's
+  // was reduced out of it).
+  absl::Status EmbeddingBackward();
+  // On comm: the embedding's (or an unsplit head's) gradient reduced into the shard; the
+  // last micro-step then finishes unit 0's shard gradient (FinishShardGradient).
+  absl::Status ReduceEmbeddingGrad(bool first_micro_step, bool last_micro_step);
+  // TrainStep's parts. Zeroes stats_ and runs the step's micro-steps: gradients in the
+  // shards, the loss sum and sum of squares in stats_.
+  absl::Status AccumulateGradients(int64_t step, const BatchFn& batch);
+  // Compute waits for every reduce-scatter, accumulation and replica all-reduce: what the
+  // optimizer reads is final.
+  absl::Status WaitForGradients();
+  // The step's timings from its timing events (the host has waited for opt_end): forward
+  // and backward less the compute waits inside them, the optimizer with the waits for
+  // gathers behind its update; `wall_start`: when TrainStep began.
+  StepTimings StepTimingsOf(size_t opt_begin, size_t opt_end,
+                            std::chrono::steady_clock::time_point wall_start) const;
   // stats_[0] += the sum of squares of unit u's (final) shard gradient, on the comm stream.
   absl::Status SumSquaresOnComm(int unit);
   // Last micro-step, behind unit u's reduce-scatter (or backward): SumSquaresOnComm, or with
