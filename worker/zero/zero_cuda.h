@@ -13,6 +13,10 @@
 // or with optimizer.offload_fraction the last ones: memory_plan.h's FirstOffloadedUnit) live in
 // pinned host memory and step on the host; the device keeps their gradient and a bf16 copy of
 // the shard. The other units keep everything on the GPU and step there.
+// The optimizer — both AdamWs, the offload's staging, the update in the next forward — is
+// ZeroCudaOptimizer (worker/zero/cuda_optimizer.h): the engine keeps the per-unit state both
+// read (CudaShard) and the stream schedule, and calls it once the clip scale is known, from
+// its gathers, and before anything reads or replaces the state between steps.
 //
 // Two streams, ordered by CUDA events only — the host never waits inside a step:
 //   compute: the model's kernels and GEMMs (and the optimizer, when it runs at the end of
@@ -144,8 +148,6 @@ class ZeroCudaEngine : public ZeroEngine {
   }
   size_t DeviceUsedBytes() const override;
   std::string MemoryPlanNote() const override { return plan_note_; }
-
-  using DecayRun = zero::DecayRun;
 
  private:
   using bf16 = __nv_bfloat16;
