@@ -86,7 +86,8 @@ class ZeroCudaOptimizer {
 
   // The step of TrainStep, once the clip scale is on the device (enqueued on compute before
   // this call). With units offloaded: every offloaded unit's gradients out, AdamW on the host,
-  // bf16 weights in, the others stepped on the GPU meanwhile; the host waits for the copies.
+  // bf16 weights in, the others stepped on the GPU meanwhile; the host waits for each unit's
+  // gradients through the communicator (an abort ends the wait), not for the last copies in.
   // With update_in_next_forward: the step is only recorded, and the next forward's gathers
   // run it (RunPending); INTERNAL when the last step's was not all run. Otherwise every unit
   // steps now on compute. `adamw_step`: the 1-based count the bias corrections take.
