@@ -95,11 +95,15 @@ int main(int argc, char** argv) {
     targets[i] = static_cast<int32_t>((i * 104729 + 13) % vocab);
   }
 
-  const std::unique_ptr<cpu::CpuModel> cpu_model =
-      cpu::CreateCpuModel(arch, batch, seq,
-                          checkpointing == "full"        ? Checkpointing::kFull
-                          : checkpointing == "selective" ? Checkpointing::kSelective
-                                                         : Checkpointing::kNone);
+  auto created = cpu::CreateCpuModel(arch, batch, seq,
+                                     checkpointing == "full"        ? Checkpointing::kFull
+                                     : checkpointing == "selective" ? Checkpointing::kSelective
+                                                                    : Checkpointing::kNone);
+  if (!created.ok()) {
+    std::fprintf(stderr, "engine_bench: %s\n", created.status().ToString().c_str());
+    return 1;
+  }
+  const std::unique_ptr<cpu::CpuModel> cpu_model = *std::move(created);
   cpu::CpuModel& model = *cpu_model;
   model.SetShape(batch, seq);
   AdamWConfig adamw{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};

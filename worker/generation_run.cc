@@ -389,15 +389,7 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
     if (aborted_.load()) return absl::AbortedError("aborted");
     if (ended()) return absl::AbortedError("the coordinator ended the generation");
     auto result = engine.TrainStep(step, train_batch);
-    if (!result.ok()) {
-      const absl::Status s = Annotate(result.status(), absl::StrCat("step ", step));
-      if (IsDeterministicStepError(s)) {
-        ReportError(s, /*permanent=*/true);
-      } else {
-        ReportCollectiveError(s);
-      }
-      return s;
-    }
+    if (!result.ok()) return StepFailed(step, result.status());
     if (!std::isfinite(result->grad_norm)) {
       spdlog::warn("job {} rank {}: step {} skipped: the gradient is not finite (loss {})",
                    job_id(), rank_, step + 1, result->loss);
@@ -408,22 +400,7 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
     }
     step_ = step + 1;
     WEFT_ASSIGN_OR_RETURN(val_loss, MaybeValidate(step + 1, training, val_loss));
-    absl::StatusOr<bool> save = false;
-    if (training.checkpointer != nullptr) {
-      save = training.checkpointer->ShouldSave(step + 1, training.backend->comm.get());
-      if (!save.ok()) {  // its all-reduce failed: a peer is gone, as for a failed step
-        ReportCollectiveError(save.status());
-        return save.status();
-      }
-    }
-    if (*save) {
-      const absl::StatusOr<double> stall_ms = training.checkpointer->Save(step + 1, engine);
-      if (!stall_ms.ok()) {
-        ReportError(stall_ms.status(), /*permanent=*/false);
-        return stall_ms.status();
-      }
-      metrics_->RecordCheckpointStall(*stall_ms);
-    }
+    WEFT_RETURN_IF_ERROR(MaybeSave(step + 1, training));
     const double tokens_per_s = tokens_per_step / (result->timings.step_ms / 1000.0);
     const double mfu = Mfu(tokens_per_s / world, flops_per_token, options_.peak_flops);
     metrics_->RecordStep(step + 1, *result, tokens_per_s, mfu, engine.StateBytes());
@@ -436,6 +413,35 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
   }
   if (reports) reports->Flush();
   if (ended()) return absl::AbortedError("the coordinator ended the generation");
+  return absl::OkStatus();
+}
+
+absl::Status GenerationRun::StepFailed(int64_t step, const absl::Status& error) {
+  const absl::Status s = Annotate(error, absl::StrCat("step ", step));
+  if (IsDeterministicStepError(s)) {
+    ReportError(s, /*permanent=*/true);
+  } else {
+    ReportCollectiveError(s);
+  }
+  return s;
+}
+
+absl::Status GenerationRun::MaybeSave(int64_t completed, const Training& training) {
+  if (training.checkpointer == nullptr) return absl::OkStatus();
+  const absl::StatusOr<bool> save =
+      training.checkpointer->ShouldSave(completed, training.backend->comm.get());
+  if (!save.ok()) {  // its all-reduce failed: a peer is gone, as for a failed step
+    ReportCollectiveError(save.status());
+    return save.status();
+  }
+  if (!*save) return absl::OkStatus();
+  const absl::StatusOr<double> stall_ms =
+      training.checkpointer->Save(completed, *training.backend->engine);
+  if (!stall_ms.ok()) {
+    ReportError(stall_ms.status(), /*permanent=*/false);
+    return stall_ms.status();
+  }
+  metrics_->RecordCheckpointStall(*stall_ms);
   return absl::OkStatus();
 }
 

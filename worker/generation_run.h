@@ -109,6 +109,14 @@ class GenerationRun {
   // anywhere fails the import on every rank.
   absl::Status ImportHf(const hf::HfImporter& importer, DeviceBackend* backend);
   absl::Status StepLoop(int64_t start_step, const Training& training);
+  // A step that failed with `error`: reported (permanent when the same inputs would fail the
+  // same way again, IsDeterministicStepError; otherwise as a lost peer) and returned with the
+  // step named.
+  absl::Status StepFailed(int64_t step, const absl::Status& error);
+  // The checkpoint after `completed` steps when it is due (every rank agrees through the
+  // checkpointer's all-reduce: a failure there is a lost peer); a failed save is reported as
+  // transient.
+  absl::Status MaybeSave(int64_t completed, const Training& training);
   // Validation after `completed` steps when it is due; returns the latest validation loss.
   absl::StatusOr<double> MaybeValidate(int64_t completed, const Training& training,
                                        double val_loss);

@@ -301,8 +301,9 @@ absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::st
   // (NH, T, T) scores, which at a Llama-3 context (131,072) would not fit in any memory.
   const int max_t = static_cast<int>(
       std::min<int64_t>(context, static_cast<int64_t>(tokens.size()) + options.tokens));
-  const std::unique_ptr<engine::cpu::CpuModel> cpu =
-      engine::cpu::CreateCpuModel(arch, 1, max_t, engine::Checkpointing::kNone);
+  WEFT_ASSIGN_OR_RETURN(
+      const std::unique_ptr<engine::cpu::CpuModel> cpu,
+      engine::cpu::CreateCpuModel(arch, 1, max_t, engine::Checkpointing::kNone));
   uint64_t rng = options.seed;
   const size_t prompt_length = tokens.size();
   for (int i = 0; i < options.tokens; ++i) {
@@ -414,8 +415,8 @@ absl::StatusOr<std::vector<float>> ModelLogits(const LoadedModel& model,
                                                      arch.vocab_size(), "), got ", id));
     }
   }
-  const std::unique_ptr<engine::cpu::CpuModel> cpu =
-      engine::cpu::CreateCpuModel(arch, 1, t, engine::Checkpointing::kNone);
+  WEFT_ASSIGN_OR_RETURN(const std::unique_ptr<engine::cpu::CpuModel> cpu,
+                        engine::cpu::CreateCpuModel(arch, 1, t, engine::Checkpointing::kNone));
   cpu->SetShape(1, t);
   cpu->EncoderForward(model.units[0].data(), tokens.data());
   for (int l = 0; l < arch.num_layers(); ++l) cpu->BlockForward(l, model.units[1 + l].data());

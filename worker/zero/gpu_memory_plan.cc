@@ -337,6 +337,10 @@ GpuMemoryDecision DecideGpuMemory(const weft::v1::JobSpec& spec, const engine::M
   }
   d.note = absl::StrCat(d.memory.reason, OffloadNote(spec.optimizer(), unit_sizes,
                                                      d.first_offloaded, d.auto_offloaded));
+  if (d.memory.fits) {  // the plan DecideMemory chose, buffer by buffer
+    d.buffers = PlanGpuBuffers(spec, arch, d.memory.level, rows, world, d.first_offloaded,
+                               activation_bytes, options);
+  }
   return d;
 }
 

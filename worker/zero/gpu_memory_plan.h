@@ -161,7 +161,9 @@ struct GpuMemoryDecision {
   absl::Status fits;
   // For the job's MEMORY_PLANNED event: memory.reason and, with offload, which units step on
   // the host and why (or that offload_auto kept the optimizer on the GPU).
-  std::string note;
+  std::string note;  // When it fits: every buffer of memory.plan (whose totals are memory.plan), for the engine
+  // to allocate.
+  GpuBufferPlan buffers;
 };
 
 // Every plan must fit `device_free_bytes`, or training.device_memory_limit_gib where that is

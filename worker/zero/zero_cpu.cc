@@ -45,8 +45,8 @@ absl::StatusOr<int> CountRefusals(comm::Communicator* group, comm::Communicator*
 }  // namespace
 
 CpuMemoryPlan PlanCpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                            engine::Checkpointing level, int micro_batch_size, int group,
-                            int stage, bool writes_checkpoints) {
+                            const engine::cpu::CpuModelEntry& model, engine::Checkpointing level,
+                            int micro_batch_size, int group, int stage, bool writes_checkpoints) {
   // Every rank keeps as much as rank 0 (shards are padded to equal sizes), which owns a whole
   // shard of every unit, so its layout speaks for all.
   const ShardLayout layout(UnitSizes(arch), group, /*rank=*/0);
@@ -77,8 +77,7 @@ CpuMemoryPlan PlanCpuMemory(const weft::v1::JobSpec& spec, const engine::ModelAr
   const size_t positions = static_cast<size_t>(micro_batch_size) * seq_len;
   plan.working_bytes += 2 * positions * sizeof(int32_t);  // inputs and targets
   plan.working_bytes += max_padded * sizeof(float);       // GatherUnit for the model file
-  plan.activation_bytes =
-      engine::cpu::PlanCpuActivationBytes(arch, micro_batch_size, seq_len, level);
+  plan.activation_bytes = model.activation_bytes(micro_batch_size, seq_len, level);
   // Gloo's scratch for a reduce-scatter's piece and its algorithm's own buffers, each at most
   // a chunk (or the largest unit), once there is anyone to talk to (a group, or replicas,
   // which hybrid scopes have).
@@ -99,6 +98,8 @@ absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(
   }
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec.model()));
+  WEFT_ASSIGN_OR_RETURN(const engine::cpu::CpuModelEntry model,
+                        engine::cpu::FindCpuModel(*arch));
   const bool hybrid = replica != nullptr && replica->world_size() > 1;
   // Checkpointer's writers: with hybrid sharding, group 0 (replica rank 0) alone. Read from
   // the spec, so a worker without --checkpointd (which then saves nothing) counts them anyway.
@@ -111,7 +112,8 @@ absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(
       options.ranks_on_host,
       spec.training().micro_batch_size(), comm->world_size(), stage, hybrid,
       [&](engine::Checkpointing level, int rows, int group, int at_stage) {
-        return PlanCpuMemory(spec, *arch, level, rows, group, at_stage, writes_checkpoints);
+        return PlanCpuMemory(spec, *arch, model, level, rows, group, at_stage,
+                             writes_checkpoints);
       });
   const absl::Status fits =
       memory.fits ? absl::OkStatus() : absl::ResourceExhaustedError(memory.reason);
@@ -122,8 +124,10 @@ absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(
         refusals, " other rank(s) of the job cannot build their engine (their error names "
         "the memory they lack); this one could, with ", memory.reason));
   }
+  std::unique_ptr<engine::cpu::CpuModel> cpu_model = model.create(
+      spec.training().micro_batch_size(), spec.training().sequence_length(), memory.level);
   std::unique_ptr<ZeroCpuEngine> engine(
-      new ZeroCpuEngine(spec, comm, replica, std::move(arch), memory.level));
+      new ZeroCpuEngine(spec, comm, replica, std::move(arch), std::move(cpu_model)));
   engine->plan_ = memory.plan;
   engine->plan_note_ = memory.reason;
   engine->Initialize();
@@ -139,15 +143,14 @@ absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(
 ZeroCpuEngine::ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm,
                              comm::Communicator* replica,
                              std::unique_ptr<const engine::ModelArch> arch,
-                             engine::Checkpointing level)
+                             std::unique_ptr<engine::cpu::CpuModel> model)
     : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
       comm_(comm),
       replica_(replica != nullptr && replica->world_size() > 1 ? replica : nullptr),
       world_(comm->world_size() * (replica != nullptr ? replica->world_size() : 1)),
       batch_size_(spec.training().micro_batch_size()),
       seq_len_(spec.training().sequence_length()),
-      model_(engine::cpu::CreateCpuModel(*arch_, spec.training().micro_batch_size(),
-                                         spec.training().sequence_length(), level)) {}
+      model_(std::move(model)) {}
 
 void ZeroCpuEngine::Initialize() {
   units_.resize(layout_.num_units());

@@ -51,11 +51,11 @@ namespace weft::zero {
 // What one rank of `spec` needs in host memory at `level`, `micro_batch_size` rows, ZeRO
 // `stage`, with each unit sharded over `group` ranks (the engine's communicator), from the
 // sizes ZeroCpuEngine and its CpuModel allocate by (the activations counted by the model's own
-// buffer list: engine::cpu::PlanCpuActivationBytes). `writes_checkpoints`: the rank keeps the
+// buffer list: `model`, the CpuModelEntry of `arch`). `writes_checkpoints`: the rank keeps the
 // checkpointer's host copy (a rank that writes, of a job with checkpoint.interval_steps > 0).
 CpuMemoryPlan PlanCpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                            engine::Checkpointing level, int micro_batch_size, int group,
-                            int stage, bool writes_checkpoints);
+                            const engine::cpu::CpuModelEntry& model, engine::Checkpointing level,
+                            int micro_batch_size, int group, int stage, bool writes_checkpoints);
 
 struct ZeroCpuOptions {
   // The job's ranks on this host (JoinResponse.local_world_size), which share its memory.
@@ -121,7 +121,7 @@ class ZeroCpuEngine : public ZeroEngine {
 
   ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm,
                 comm::Communicator* replica, std::unique_ptr<const engine::ModelArch> arch,
-                engine::Checkpointing level);
+                std::unique_ptr<engine::cpu::CpuModel> model);
   void Initialize();
 
   // The kept params, m or v of unit `u`.

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -64,22 +63,25 @@ absl::StatusOr<int> CountRefusals(comm::CudaCommunicator* group, comm::CudaCommu
   return static_cast<int>(std::lround(total));
 }
 
+// Before anything is planned: the stage this engine implements, on a GPU its kernels run on.
+absl::Status CheckStageAndDevice(const weft::v1::JobSpec& spec) {
+  if (spec.zero_stage() != 3) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "zero_stage: the CUDA engine implements ZeRO stage 3 only, got ", spec.zero_stage()));
+  }
+  int device = 0, major = 0, minor = 0;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return CheckComputeCapability(major, minor);
+}
+
 // Where `part` (a rank's OwnPart of the piece of unit 0 starting at `piece_begin`, count > 0)
 // starts in that rank's shard of the unit.
 size_t ShardOffsetOf(size_t piece_begin, const comm::RangePart& part, size_t shard) {
   return piece_begin + part.offset - static_cast<size_t>(part.rank) * shard;
-}
-
-// The runs of equal decay in a kept decay mask (so the device keeps a few runs per unit, not
-// a byte per parameter).
-std::vector<ZeroCudaEngine::DecayRun> DecayRuns(const std::vector<uint8_t>& mask) {
-  std::vector<ZeroCudaEngine::DecayRun> runs;
-  for (size_t i = 0; i < mask.size(); ++i) {
-    const bool decay = mask[i] != 0;
-    if (runs.empty() || runs.back().decay != decay) runs.push_back({i, i, decay});
-    runs.back().end = i + 1;
-  }
-  return runs;
 }
 
 }  // namespace
@@ -94,14 +96,8 @@ ActivationBytesFn CudaActivationBytes(const engine::ModelArch& arch, int sequenc
 GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                             const engine::CheckpointingPlan& level, int micro_batch_size, int world,
                             const ZeroCudaOptions& options) {
-  return PlanGpuMemoryAt(spec, arch, level, micro_batch_size, world,
-                         FirstOffloadedUnit(UnitSizes(arch), spec.optimizer()), options);
-}
-
-GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                              const engine::CheckpointingPlan& level, int micro_batch_size,
-                              int world, int first_offloaded, const ZeroCudaOptions& options) {
-  return PlanGpuBuffers(spec, arch, level, micro_batch_size, world, first_offloaded,
+  return PlanGpuBuffers(spec, arch, level, micro_batch_size, world,
+                        FirstOffloadedUnit(UnitSizes(arch), spec.optimizer()),
                         CudaActivationBytes(arch, spec.training().sequence_length()), options)
       .totals;
 }
@@ -149,18 +145,14 @@ ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunic
       first_offloaded_(first_offloaded),
       options_(options),
       direct_grads_(DirectGradients(comm->world_size())),
-      head_split_(arch_->HeadOutputBegin()),
-      host_threads_(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
+      head_split_(arch_->HeadOutputBegin()) {}
 
 ZeroCudaEngine::~ZeroCudaEngine() {
   if (compute_ != nullptr) cudaStreamSynchronize(compute_);
   model_.reset();
+  optimizer_.reset();
   for (void* p : allocations_) cudaFree(p);
   for (void* p : host_allocations_) cudaFreeHost(p);
-  for (cudaEvent_t e : {grads_copied_[0], grads_copied_[1], weights_copied_[0],
-                        weights_copied_[1]}) {
-    if (e != nullptr) cudaEventDestroy(e);
-  }
   for (cudaEvent_t e : {compute_ready_, head_gathered_, gathered_[0], gathered_[1],
                         head_scattered_, scattered_[0], scattered_[1], comm_done_,
                         replica_ready_, replica_done_}) {
@@ -194,25 +186,6 @@ absl::Status CheckComputeCapability(int major, int minor) {
       " (run the worker with --device cpu, or on a newer GPU)"));
 }
 
-namespace {
-
-// Before anything is planned: the stage this engine implements, on a GPU its kernels run on.
-absl::Status CheckStageAndDevice(const weft::v1::JobSpec& spec) {
-  if (spec.zero_stage() != 3) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "zero_stage: the CUDA engine implements ZeRO stage 3 only, got ", spec.zero_stage()));
-  }
-  int device = 0, major = 0, minor = 0;
-  WEFT_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  WEFT_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  WEFT_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return CheckComputeCapability(major, minor);
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
     const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm, comm::CudaCommunicator* replica,
     int ranks_on_host, const ZeroCudaOptions& options) {
@@ -221,11 +194,9 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
                         engine::MakeModelArch(spec.model()));
   size_t free_bytes = 0, total_bytes = 0;
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const ActivationBytesFn activation_bytes =
-      CudaActivationBytes(*arch, spec.training().sequence_length());
-  const GpuMemoryDecision d =
-      DecideGpuMemory(spec, *arch, comm->world_size(), free_bytes, HostAvailableBytes(),
-                      ranks_on_host, activation_bytes, options);
+  const GpuMemoryDecision d = DecideGpuMemory(
+      spec, *arch, comm->world_size(), free_bytes, HostAvailableBytes(), ranks_on_host,
+      CudaActivationBytes(*arch, spec.training().sequence_length()), options);
   WEFT_ASSIGN_OR_RETURN(const int refusals, CountRefusals(comm, replica, !d.fits.ok()));
   WEFT_RETURN_IF_ERROR(d.fits);
   if (refusals > 0) {
@@ -234,16 +205,9 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
         "the memory they lack); this one could"));
   }
   model_io::SetHostBufferAllocator({PinnedAllocate, PinnedRelease});
-  // The buffers of the plan DecideMemory chose (the same function at the same inputs).
-  GpuBufferPlan plan =
-      PlanGpuBuffers(spec, *arch, d.memory.level, spec.training().micro_batch_size(),
-                     comm->world_size(), d.first_offloaded, activation_bytes, options);
-  if (plan.totals.total() != d.memory.plan.total()) {
-    return absl::InternalError("the GPU buffer plan differs from the memory plan decided on");
-  }
   std::unique_ptr<ZeroCudaEngine> engine(
       new ZeroCudaEngine(spec, comm, replica, std::move(arch), d.first_offloaded, options));
-  engine->plan_ = std::move(plan);
+  engine->plan_ = d.buffers;
   engine->checkpointing_ = d.memory.level;
   engine->plan_note_ = d.note;
   WEFT_RETURN_IF_ERROR(engine->Initialize());
@@ -367,19 +331,6 @@ absl::Status ZeroCudaEngine::InitializeUnits() {
   return absl::OkStatus();
 }
 
-void ZeroCudaEngine::FindUnitsUnderHeadWork() {
-  if (!options_.update_in_next_forward || head_work_ == nullptr) return;
-  const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
-  const uintptr_t head_begin = address(head_work_);
-  const uintptr_t head_end = head_begin + plan_.Find(GpuBufferRole::kHeadWork)->bytes();
-  for (int u = 1; u < layout_.num_units(); ++u) {
-    const uintptr_t grads = address(units_[u].grads);
-    if (grads < head_end && head_begin < grads + layout_.unit(u).shard * sizeof(float)) {
-      under_head_work_.push_back(u);
-    }
-  }
-}
-
 absl::Status ZeroCudaEngine::Initialize() {
   WEFT_RETURN_IF_ERROR(CreateStreams());
   WEFT_ASSIGN_OR_RETURN(model_, cuda::CreateCudaModel(*arch_, batch_size_, seq_len_,
@@ -388,18 +339,32 @@ absl::Status ZeroCudaEngine::Initialize() {
   // Every buffer the plan lists, and nothing else: what DecideMemory weighed is what runs.
   WEFT_RETURN_IF_ERROR(AllocatePlanned());
   WEFT_RETURN_IF_ERROR(InitializeUnits());
-  FindUnitsUnderHeadWork();
-  if (any_offloaded()) {
-    for (int i = 0; i < 2; ++i) {
-      WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&grads_copied_[i],
-                                                         cudaEventDisableTiming));
-      WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&weights_copied_[i],
-                                                         cudaEventDisableTiming));
-    }
-  }
+  WEFT_RETURN_IF_ERROR(CreateOptimizer());
   inputs_.resize(static_cast<size_t>(batch_size_) * seq_len_);
   targets_.resize(inputs_.size());
   return SyncCompute();
+}
+
+absl::Status ZeroCudaEngine::CreateOptimizer() {
+  ZeroCudaOptimizer::Config config;
+  config.layout = &layout_;
+  config.shards = &units_;
+  config.comm = comm_;
+  config.compute = compute_;
+  config.grad_scale = grad_scale_;
+  config.host_clip_scale = &host_stats_[2];
+  config.first_offloaded = first_offloaded_;
+  config.head_split = head_split_;
+  config.update_in_next_forward = options_.update_in_next_forward;
+  config.head_work = head_work_;
+  config.head_slot_elements = plan_.Find(GpuBufferRole::kHeadWork)->elements;
+  config.sync_compute = [this] { return SyncCompute(); };
+  for (int i = 0; i < 2; ++i) {
+    config.staging_grads[i] = staging_grads_[i];
+    config.staging_bf16[i] = staging_bf16_[i];
+  }
+  WEFT_ASSIGN_OR_RETURN(optimizer_, ZeroCudaOptimizer::Create(config));
+  return absl::OkStatus();
 }
 
 // ---- stream ordering ------------------------------------------------------------------------
@@ -440,7 +405,7 @@ absl::Status ZeroCudaEngine::Gather(int unit, bf16* dst) {
   // part of dst), then gathered in place: no resident bf16 copy of the shard.
   bf16* mine = dst + static_cast<size_t>(comm_->rank()) * shard;
   WEFT_ASSIGN_OR_RETURN(const bool updated,
-                        RunPendingUpdate(unit, 0, shard, mine, comm_->stream()));
+                        optimizer_->RunPending(unit, 0, shard, mine, comm_->stream()));
   if (!updated) {
     WEFT_RETURN_IF_ERROR(cuda::CastToBf16(mine, units_[unit].params, shard, comm_->stream()));
   }
@@ -478,7 +443,7 @@ absl::Status ZeroCudaEngine::GatherHead(HeadPiece piece) {
                                                 cudaMemcpyDeviceToDevice, comm_->stream()));
     } else {
       WEFT_RETURN_IF_ERROR(
-          RunPendingUpdate(0, from, from + mine.count, nullptr, comm_->stream()).status());
+          optimizer_->RunPending(0, from, from + mine.count, nullptr, comm_->stream()).status());
       WEFT_RETURN_IF_ERROR(cuda::CastToBf16(head_work_ + mine.offset, units_[0].params + from,
                                             mine.count, comm_->stream()));
     }
@@ -558,33 +523,53 @@ absl::Status ZeroCudaEngine::AllReduceStats() {
   return ComputeWaits(comm_done_);
 }
 
+ZeroCudaEngine::HeadPiece ZeroCudaEngine::InputPiece() const {
+  return {0, head_split_ > 0 ? head_split_ : layout_.unit(0).size};
+}
+
+ZeroCudaEngine::HeadPiece ZeroCudaEngine::OutputPiece() const {
+  return {head_split_, layout_.unit(0).size};
+}
+
+bool ZeroCudaEngine::ReducesClassifierGrad() const {
+  return (head_split_ > 0 || head_grad_takes_turns_) && !direct_grads_;
+}
+
 absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
                                        bool backward, float grad_scale, bool first_micro_step,
                                        bool last_micro_step) {
-  const int layers = arch_->num_layers();
-  cudaStream_t comm_stream = comm_->stream();
   std::array<size_t, 3> phase{};
   WEFT_ASSIGN_OR_RETURN(phase[0], Mark());
   WEFT_RETURN_IF_ERROR(model_->SetBatch(batch_size_, seq_len_, inputs, targets));
+  WEFT_RETURN_IF_ERROR(Forward());
+  WEFT_RETURN_IF_ERROR(ClassifierStep(backward, grad_scale, first_micro_step));
+  WEFT_ASSIGN_OR_RETURN(phase[1], Mark());
+  if (!backward) {
+    phase[2] = phase[1];
+    phases_.push_back(phase);
+    return absl::OkStatus();
+  }
+  WEFT_RETURN_IF_ERROR(BackwardBlocks(first_micro_step, last_micro_step));
+  WEFT_RETURN_IF_ERROR(EmbeddingBackward());
+  WEFT_ASSIGN_OR_RETURN(phase[2], Mark());
+  phases_.push_back(phase);
+  return ReduceEmbeddingGrad(first_micro_step, last_micro_step);
+}
 
+absl::Status ZeroCudaEngine::Forward() {
+  const int layers = arch_->num_layers();
+  cudaStream_t comm_stream = comm_->stream();
   // An unsplit head stays gathered for the whole micro-step. A split one has its embedding
   // piece gathered first and its LM head piece after the embedding's forward, into the same
-  // buffer; each piece's gradient is reduced as soon as it is complete (the LM head's right
-  // after the classifier), through one gradient buffer. Block 0 goes into slot 0.
+  // buffer. Block 0 goes into slot 0.
   const bool split = head_split_ > 0;
-  const size_t head_size = layout_.unit(0).size;
-  const HeadPiece input{0, split ? head_split_ : head_size};
-  const HeadPiece output{head_split_, head_size};
   WEFT_RETURN_IF_ERROR(CommWaitsCompute());
   // The last step's updates (ZeroCudaOptions::update_in_next_forward) go with the gathers;
   // the units whose gradients the gathered head overwrites, first. Every gather of this
   // forward then runs one, so a compute wait for a gather counts as the optimizer's time.
-  const bool updating = pending_.any();
-  for (int u : under_head_work_) {
-    WEFT_RETURN_IF_ERROR(
-        RunPendingUpdate(u, 0, layout_.unit(u).shard, nullptr, comm_stream).status());
-  }
-  WEFT_RETURN_IF_ERROR(GatherHead(input));
+  const bool updating = optimizer_->pending();
+  WEFT_RETURN_IF_ERROR(optimizer_->RunPendingUnderHead(comm_stream));
+  WEFT_RETURN_IF_ERROR(GatherHead(InputPiece()));
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
   WEFT_RETURN_IF_ERROR(Gather(1, block_work_[0]));
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[0], comm_stream));
@@ -603,13 +588,19 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
       // The embedding's forward is behind the comm stream's wait (the one above, or this):
       // the LM head's piece takes its place, behind block 1's gather.
       if (layers == 1) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
-      WEFT_RETURN_IF_ERROR(GatherHead(output));
+      WEFT_RETURN_IF_ERROR(GatherHead(OutputPiece()));
       WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_gathered_, comm_stream));
     }
     WEFT_RETURN_IF_ERROR(ComputeWaits(gathered_[slot], updating));
     WEFT_RETURN_IF_ERROR(model_->BlockForward(l, block_work_[slot]));
   }
   if (split) WEFT_RETURN_IF_ERROR(ComputeWaits(head_gathered_, updating));
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::ClassifierStep(bool backward, float grad_scale,
+                                            bool first_micro_step) {
+  const bool split = head_split_ > 0;
   // Element i of head_grad is element i of unit 0 for the embedding (and an unsplit head),
   // element head_split_ + i for the classifier (CudaModel::Classifier).
   float* const head_grad = direct_grads_ ? units_[0].grads : head_grad_;
@@ -624,31 +615,26 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
           cudaMemsetAsync(head_grad, 0, layout_.unit(0).padded * sizeof(float), compute_));
     } else if (!direct_grads_) {
       WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-          head_grad_, 0, (split ? output.size() : layout_.unit(0).padded) * sizeof(float),
+          head_grad_, 0, (split ? OutputPiece().size() : layout_.unit(0).padded) * sizeof(float),
           compute_));
     }
   }
   // head_work_ holds the output piece (element head_split_ on), or the whole unsplit head.
   WEFT_RETURN_IF_ERROR(
       model_->Classifier(head_work_, grad_scale, backward ? classifier_grad : nullptr));
-  // The LM head's gradient is reduced right away when it is a piece of its own or must make
-  // room for the blocks'.
-  const bool reduce_classifier_grad = (split || head_grad_takes_turns_) && !direct_grads_;
-  if (backward && reduce_classifier_grad) {
+  if (backward && ReducesClassifierGrad()) {
     WEFT_RETURN_IF_ERROR(CommWaitsCompute());
-    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(output, !first_micro_step));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
+    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(OutputPiece(), !first_micro_step));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_->stream()));
     scatter_pending_[2] = true;
   }
-  WEFT_RETURN_IF_ERROR(cuda::SumInto(&stats_[1], model_->Losses(),
-                                     static_cast<size_t>(batch_size_) * seq_len_, compute_));
-  WEFT_ASSIGN_OR_RETURN(phase[1], Mark());
-  if (!backward) {
-    phase[2] = phase[1];
-    phases_.push_back(phase);
-    return absl::OkStatus();
-  }
+  return cuda::SumInto(&stats_[1], model_->Losses(), static_cast<size_t>(batch_size_) * seq_len_,
+                       compute_);
+}
 
+absl::Status ZeroCudaEngine::BackwardBlocks(bool first_micro_step, bool last_micro_step) {
+  const int layers = arch_->num_layers();
+  cudaStream_t comm_stream = comm_->stream();
   for (int l = layers - 1; l >= 0; --l) {
     const int slot = l % 2;
     if (l >= 1) {
@@ -689,24 +675,29 @@ absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* tar
     // Behind the reduce-scatter (or the backward) of unit 1 + l, its shard gradient is final.
     if (last_micro_step) WEFT_RETURN_IF_ERROR(FinishShardGradient(1 + l));
   }
-  if (reduce_classifier_grad) {
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::EmbeddingBackward() {
+  if (ReducesClassifierGrad()) {
     // The LM head's gradient has left head_grad_ (the reduce above): the embedding's now, and
     // when the slots lie over it, once they have been reduce-scattered too (a tied head's
     // padding included: the slots wrote over it).
     WEFT_RETURN_IF_ERROR(ComputeWaits(head_scattered_));
     if (head_grad_takes_turns_) WEFT_RETURN_IF_ERROR(WaitForSlotScatters());
-    const size_t zeroed = split ? input.size() : layout_.unit(0).padded;
+    const size_t zeroed = head_split_ > 0 ? InputPiece().size() : layout_.unit(0).padded;
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(head_grad_, 0, zeroed * sizeof(float), compute_));
   }
-  WEFT_RETURN_IF_ERROR(model_->EncoderBackward(head_grad));
-  WEFT_ASSIGN_OR_RETURN(phase[2], Mark());
-  phases_.push_back(phase);
+  return model_->EncoderBackward(direct_grads_ ? units_[0].grads : head_grad_);
+}
+
+absl::Status ZeroCudaEngine::ReduceEmbeddingGrad(bool first_micro_step, bool last_micro_step) {
   if (!direct_grads_ || last_micro_step) WEFT_RETURN_IF_ERROR(CommWaitsCompute());
   if (!direct_grads_) {
     // A tied head's LM head gradient is in the shard already, this micro-step's included.
-    const bool tied_twice = !split && head_grad_takes_turns_;
-    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(input, !first_micro_step || tied_twice));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_stream));
+    const bool tied_twice = head_split_ == 0 && head_grad_takes_turns_;
+    WEFT_RETURN_IF_ERROR(ReduceHeadGrad(InputPiece(), !first_micro_step || tied_twice));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(head_scattered_, comm_->stream()));
     scatter_pending_[2] = true;
   }
   if (last_micro_step) WEFT_RETURN_IF_ERROR(FinishShardGradient(0));
@@ -721,6 +712,36 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   waits_.clear();
   phases_.clear();
   StepResult result;
+  WEFT_RETURN_IF_ERROR(AccumulateGradients(step, batch));
+  WEFT_RETURN_IF_ERROR(WaitForGradients());
+  WEFT_ASSIGN_OR_RETURN(const size_t opt_begin, Mark());
+  // The sum of squares is in stats_[0] already (the last micro-step's comm stream).
+  // One all-reduce of [sum of squares, loss sum].
+  WEFT_RETURN_IF_ERROR(AllReduceStats());
+  const auto& opt = spec_.optimizer();
+  WEFT_RETURN_IF_ERROR(cuda::ClipScale(grad_scale_, &stats_[0],
+                                       static_cast<float>(opt.grad_clip_norm()), compute_));
+  result.learning_rate = engine::LearningRate(spec_, step);
+  const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
+                                            cudaMemcpyDeviceToHost, compute_));
+  WEFT_RETURN_IF_ERROR(optimizer_->Step(optimizer_steps_ + 1, adamw));
+  WEFT_ASSIGN_OR_RETURN(const size_t opt_end, Mark());
+  WEFT_RETURN_IF_ERROR(comm_->WaitEvent(timing_.at(opt_end)));
+
+  const int accum = spec_.training().grad_accum_steps();
+  const size_t positions = static_cast<size_t>(batch_size_) * seq_len_;
+  result.loss = static_cast<float>(host_stats_[1] /
+                                   (static_cast<double>(world_) * accum * positions));
+  // NaN stays NaN (std::max would hide it): ClipScale skipped the update for it.
+  result.grad_norm = std::isnan(host_stats_[0]) ? host_stats_[0]
+                                                : std::sqrt(std::max(0.0f, host_stats_[0]));
+  if (std::isfinite(result.grad_norm)) ++optimizer_steps_;
+  result.timings = StepTimingsOf(opt_begin, opt_end, wall_start);
+  return result;
+}
+
+absl::Status ZeroCudaEngine::AccumulateGradients(int64_t step, const BatchFn& batch) {
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats_, 0, 2 * sizeof(float), compute_));
   const int accum = spec_.training().grad_accum_steps();
   const size_t positions = static_cast<size_t>(batch_size_) * seq_len_;
@@ -734,6 +755,10 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
         MicroStep(inputs_.data(), targets_.data(), true, grad_scale, micro == 0,
                   micro + 1 == accum));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::WaitForGradients() {
   // The optimizer needs every reduce-scatter (and accumulation) done.
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
   WEFT_RETURN_IF_ERROR(ComputeWaits(comm_done_));
@@ -742,50 +767,12 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
     WEFT_RETURN_IF_ERROR(ComputeWaits(replica_done_));
   }
   scatter_pending_[0] = scatter_pending_[1] = scatter_pending_[2] = false;
-  WEFT_ASSIGN_OR_RETURN(const size_t opt_begin, Mark());
-  // The sum of squares is in stats_[0] already (the last micro-step's comm stream).
-  // One all-reduce of [sum of squares, loss sum].
-  WEFT_RETURN_IF_ERROR(AllReduceStats());
-  const auto& opt = spec_.optimizer();
-  WEFT_RETURN_IF_ERROR(cuda::ClipScale(grad_scale_, &stats_[0],
-                                       static_cast<float>(opt.grad_clip_norm()), compute_));
-  result.learning_rate = engine::LearningRate(spec_, step);
-  const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
-                                            cudaMemcpyDeviceToHost, compute_));
-  if (any_offloaded()) {
-    WEFT_RETURN_IF_ERROR(HostOptimizerStep(optimizer_steps_ + 1, adamw));
-  } else if (options_.update_in_next_forward) {
-    // Every unit's gather in this step's forward ran the last step's update.
-    if (pending_.any()) return absl::InternalError("an update was left pending for two steps");
-    pending_.adamw_step = optimizer_steps_ + 1;
-    pending_.adamw = adamw;
-    pending_.ranges.assign(layout_.num_units(), {});
-    for (int u = 0; u < layout_.num_units(); ++u) {
-      const size_t shard = layout_.unit(u).shard;
-      auto& ranges = pending_.ranges[u];
-      if (u == 0 && head_split_ > 0) {
-        // The input piece's part of this rank's shard, then the output piece's.
-        const size_t first = static_cast<size_t>(comm_->rank()) * shard;
-        const size_t split = std::clamp(head_split_, first, first + shard) - first;
-        if (split > 0) ranges.emplace_back(0, split);
-        if (split < shard) ranges.emplace_back(split, shard);
-      } else {
-        ranges.emplace_back(0, shard);
-      }
-    }
-  } else {
-    WEFT_RETURN_IF_ERROR(DeviceOptimizerStep(optimizer_steps_ + 1, adamw));
-  }
-  WEFT_ASSIGN_OR_RETURN(const size_t opt_end, Mark());
-  WEFT_RETURN_IF_ERROR(comm_->WaitEvent(timing_.at(opt_end)));
+  return absl::OkStatus();
+}
 
-  result.loss = static_cast<float>(host_stats_[1] /
-                                   (static_cast<double>(world_) * accum * positions));
-  // NaN stays NaN (std::max would hide it): ClipScale skipped the update for it.
-  result.grad_norm = std::isnan(host_stats_[0]) ? host_stats_[0]
-                                                : std::sqrt(std::max(0.0f, host_stats_[0]));
-  if (std::isfinite(result.grad_norm)) ++optimizer_steps_;
+StepTimings ZeroCudaEngine::StepTimingsOf(
+    size_t opt_begin, size_t opt_end,
+    std::chrono::steady_clock::time_point wall_start) const {
   const auto elapsed = [&](size_t a, size_t b) {
     float ms = 0;
     cudaEventElapsedTime(&ms, timing_.at(a), timing_.at(b));
@@ -800,116 +787,19 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
       if (begin >= phase[1] && end <= phase[2]) exposed_backward += ms;
     }
   }
+  StepTimings timings;
   for (const auto& phase : phases_) {
-    result.timings.forward_ms += elapsed(phase[0], phase[1]);
-    result.timings.backward_ms += elapsed(phase[1], phase[2]);
+    timings.forward_ms += elapsed(phase[0], phase[1]);
+    timings.backward_ms += elapsed(phase[1], phase[2]);
   }
-  result.timings.forward_ms -= exposed_forward;
-  result.timings.backward_ms -= exposed_backward;
-  result.timings.optimizer_ms = elapsed(opt_begin, opt_end) + behind_update;
-  result.timings.exposed_comm_ms = exposed_total;
-  result.timings.step_ms = std::chrono::duration<double, std::milli>(
-                               std::chrono::steady_clock::now() - wall_start)
-                               .count();
-  return result;
-}
-
-absl::Status ZeroCudaEngine::DeviceOptimizerStep(int64_t adamw_step,
-                                                 const engine::AdamWConfig& adamw) {
-  for (int u = 0; u < first_offloaded_; ++u) {
-    WEFT_RETURN_IF_ERROR(
-        UpdateShardRange(u, 0, layout_.unit(u).shard, nullptr, adamw_step, adamw, compute_));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ZeroCudaEngine::UpdateShardRange(int u, size_t begin, size_t end, bf16* bf16_out,
-                                              int64_t adamw_step,
-                                              const engine::AdamWConfig& adamw,
-                                              cudaStream_t stream) const {
-  const Unit& unit = units_[u];
-  for (const DecayRun& r : unit.decay_runs) {
-    const size_t from = std::max(r.begin, begin), to = std::min(r.end, end);
-    if (from >= to) continue;
-    WEFT_RETURN_IF_ERROR(cuda::AdamWUpdate(
-        unit.params + from, bf16_out == nullptr ? nullptr : bf16_out + (from - begin),
-        unit.grads + from, unit.m + from, unit.v + from, to - from, r.decay, adamw, adamw_step,
-        grad_scale_, stream));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<bool> ZeroCudaEngine::RunPendingUpdate(int u, size_t begin, size_t end,
-                                                      bf16* bf16_out, cudaStream_t stream) const {
-  if (pending_.ranges.empty()) return false;
-  auto& ranges = pending_.ranges[u];
-  bool wrote = false;
-  for (auto it = ranges.begin(); it != ranges.end();) {
-    const auto [from, to] = *it;
-    if (to <= begin || end <= from) {
-      ++it;
-      continue;
-    }
-    if (bf16_out != nullptr && (from != begin || to != end)) {
-      return absl::InternalError(absl::StrCat("unit ", u, ": pending range [", from, ", ", to,
-                                              ") is not the gathered [", begin, ", ", end, ")"));
-    }
-    WEFT_RETURN_IF_ERROR(UpdateShardRange(u, from, to, bf16_out, pending_.adamw_step,
-                                          pending_.adamw, stream));
-    wrote = bf16_out != nullptr;
-    it = ranges.erase(it);
-  }
-  return wrote;
-}
-
-absl::Status ZeroCudaEngine::RunAllPendingUpdates() const {
-  if (!pending_.any()) return absl::OkStatus();
-  // Behind the step that left them (its gradients and clip scale are on compute already),
-  // and behind any part an evaluation's forward ran on the comm stream: disjoint units.
-  for (int u = 0; u < layout_.num_units(); ++u) {
-    WEFT_RETURN_IF_ERROR(
-        RunPendingUpdate(u, 0, layout_.unit(u).shard, nullptr, compute_).status());
-  }
-  return SyncCompute();
-}
-
-// Unit by unit, a pipeline of three: the GPU copies unit u + 1's gradients out while the host
-// steps unit u, whose new bf16 weights the GPU copies in while the host steps unit u + 1. Two
-// staging pairs alternate; the events say when each is free again. The units kept on the GPU
-// step there, enqueued behind the first copy so the host has work while the GPU does them.
-absl::Status ZeroCudaEngine::HostOptimizerStep(int64_t adamw_step,
-                                               const engine::AdamWConfig& adamw) {
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_stats_[2], grad_scale_, sizeof(float),
-                                            cudaMemcpyDeviceToHost, compute_));
-  const int first = first_offloaded_;
-  const auto copy_out = [&](int u) -> absl::Status {
-    const int slot = (u - first) % 2;
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_grads_[slot], units_[u].grads,
-                                              layout_.unit(u).shard * sizeof(float),
-                                              cudaMemcpyDeviceToHost, compute_));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(grads_copied_[slot], compute_));
-    return absl::OkStatus();
-  };
-  const int units = layout_.num_units();
-  WEFT_RETURN_IF_ERROR(copy_out(first));
-  WEFT_RETURN_IF_ERROR(DeviceOptimizerStep(adamw_step, adamw));
-  for (int u = first; u < units; ++u) {
-    const int slot = (u - first) % 2;
-    if (u + 1 < units) WEFT_RETURN_IF_ERROR(copy_out(u + 1));
-    // Through the communicator, so an abort (a peer lost) interrupts the wait.
-    WEFT_RETURN_IF_ERROR(comm_->WaitEvent(grads_copied_[slot]));
-    if (u - first >= 2) WEFT_RETURN_IF_ERROR(comm_->WaitEvent(weights_copied_[slot]));
-    const Unit& unit = units_[u];
-    const size_t shard = layout_.unit(u).shard;
-    engine::AdamWUpdateParallel(unit.params, staging_grads_[slot], unit.m, unit.v,
-                                unit.host_decay_mask, shard, adamw, adamw_step, host_stats_[2],
-                                staging_bf16_[slot], host_threads_);
-    WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(unit.params_bf16, staging_bf16_[slot],
-                                              shard * sizeof(bf16), cudaMemcpyHostToDevice,
-                                              compute_));
-    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(weights_copied_[slot], compute_));
-  }
-  return absl::OkStatus();
+  timings.forward_ms -= exposed_forward;
+  timings.backward_ms -= exposed_backward;
+  timings.optimizer_ms = elapsed(opt_begin, opt_end) + behind_update;
+  timings.exposed_comm_ms = exposed_total;
+  timings.step_ms = std::chrono::duration<double, std::milli>(
+                        std::chrono::steady_clock::now() - wall_start)
+                        .count();
+  return timings;
 }
 
 absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch) {
@@ -930,7 +820,7 @@ absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch
 }
 
 absl::StatusOr<std::vector<float>> ZeroCudaEngine::GatherUnit(int u) {
-  WEFT_RETURN_IF_ERROR(RunAllPendingUpdates());
+  WEFT_RETURN_IF_ERROR(optimizer_->Flush());
   const UnitShard& unit = layout_.unit(u);
   std::vector<float> out(unit.size);
   if (group_ == 1) {
@@ -976,7 +866,7 @@ absl::Status ZeroCudaEngine::CopyKeptToHost(int u, model_io::UnitState state, si
                                             float* host) const {
   // Between steps: TrainStep returned only after the optimizer finished, or left its update
   // pending (run here first).
-  WEFT_RETURN_IF_ERROR(RunAllPendingUpdates());
+  WEFT_RETURN_IF_ERROR(optimizer_->Flush());
   return cuda::CudaStatus(cudaMemcpy(host, Kept(u, state) + offset, n * sizeof(float),
                                      cudaMemcpyDefault),
                           "cudaMemcpy of a checkpoint shard");
@@ -984,7 +874,7 @@ absl::Status ZeroCudaEngine::CopyKeptToHost(int u, model_io::UnitState state, si
 
 absl::Status ZeroCudaEngine::CopyKeptFromHost(int u, model_io::UnitState state, const float* host) {
   // The restored state replaces what the pending update would have made of the unit's.
-  if (!pending_.ranges.empty()) pending_.ranges[u].clear();
+  optimizer_->Drop(u);
   return cuda::CudaStatus(cudaMemcpy(Kept(u, state), host,
                                      layout_.KeptElements(u, stage_) * sizeof(float),
                                      cudaMemcpyDefault),

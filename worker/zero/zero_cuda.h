@@ -13,6 +13,10 @@
 // or with optimizer.offload_fraction the last ones: memory_plan.h's FirstOffloadedUnit) live in
 // pinned host memory and step on the host; the device keeps their gradient and a bf16 copy of
 // the shard. The other units keep everything on the GPU and step there.
+// The optimizer — both AdamWs, the offload's staging, the update in the next forward — is
+// ZeroCudaOptimizer (worker/zero/cuda_optimizer.h): the engine keeps the per-unit state both
+// read (CudaShard) and the stream schedule, and calls it once the clip scale is known, from
+// its gathers, and before anything reads or replaces the state between steps.
 //
 // Two streams, ordered by CUDA events only — the host never waits inside a step:
 //   compute: the model's kernels and GEMMs (and the optimizer, when it runs at the end of
@@ -51,6 +55,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -63,6 +68,7 @@
 #include "worker/engine/adamw.h"
 #include "worker/engine/cuda/model.h"
 #include "worker/engine/model_arch.h"
+#include "worker/zero/cuda_optimizer.h"
 #include "worker/zero/gpu_memory_plan.h"
 #include "worker/zero/memory_plan.h"
 #include "worker/zero/training_engine.h"
@@ -77,16 +83,11 @@ ActivationBytesFn CudaActivationBytes(const engine::ModelArch& arch, int sequenc
 
 // What a rank of `spec` needs on its GPU at this checkpointing plan, micro-batch rows and world
 // size, with the units the spec offloads (none with offload_auto, which Create decides): the
-// totals of PlanGpuBuffers (gpu_memory_plan.h) at CudaActivationBytes.
+// totals of PlanGpuBuffers (gpu_memory_plan.h) at CudaActivationBytes, which also plans other
+// offloads (first_offloaded).
 GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                             const engine::CheckpointingPlan& level, int micro_batch_size,
                             int world_size, const ZeroCudaOptions& options = {});
-// The same with units [first_offloaded, n) offloaded whatever the spec says (n: none), for
-// finding the offload that would fit.
-GpuMemoryPlan PlanGpuMemoryAt(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                              const engine::CheckpointingPlan& level, int micro_batch_size,
-                              int world_size, int first_offloaded,
-                              const ZeroCudaOptions& options = {});
 
 // OK for a GPU of compute capability major.minor that the CUDA engine's kernels run on (bf16
 // tensor cores: 8.0, Ampere, or newer); FAILED_PRECONDITION saying so otherwise.
@@ -123,26 +124,10 @@ class ZeroCudaEngine : public ZeroEngine {
   size_t DeviceUsedBytes() const override;
   std::string MemoryPlanNote() const override { return plan_note_; }
 
-  // Elements [begin, end) of a shard, all decayed or all not.
-  struct DecayRun {
-    size_t begin = 0;
-    size_t end = 0;
-    bool decay = false;
-  };
-
  private:
   using bf16 = __nv_bfloat16;
-  // This rank's shard of one unit (ShardLayout::unit(u).shard elements each).
-  struct Unit {
-    float* params = nullptr;  // fp32 master
-    float* m = nullptr;
-    float* v = nullptr;
-    float* grads = nullptr;
-    std::vector<DecayRun> decay_runs;  // covering the shard (units stepped on the GPU)
-    // Optimizer offload only: the bf16 copy the gathers send, and the host AdamW's mask.
-    bf16* params_bf16 = nullptr;
-    uint8_t* host_decay_mask = nullptr;
-  };
+  // This rank's shard of one unit, shared with the optimizer (cuda_optimizer.h).
+  using Unit = CudaShard;
 
   ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm,
                  comm::CudaCommunicator* replica, std::unique_ptr<const engine::ModelArch> arch,
@@ -154,37 +139,17 @@ class ZeroCudaEngine : public ZeroEngine {
   absl::Status FinishRestore(const model_io::RangeReader& read) override;
   float* Kept(int u, model_io::UnitState state) const;
   // Initialize's parts: the streams and ordering events; every buffer of plan_ (Carve) bound
-  // to its member (Bind); each unit's initial state; the units whose gradients lie under the
-  // gathered head.
+  // to its member (Bind); each unit's initial state; the optimizer over units_ and this
+  // engine's streams.
   absl::Status CreateStreams();
   absl::Status AllocatePlanned();
   absl::StatusOr<void*> Carve(const GpuBuffer& buffer);
   absl::Status Bind(const GpuBuffer& buffer, void* memory);
   absl::Status InitializeUnits();
-  void FindUnitsUnderHeadWork();
+  absl::Status CreateOptimizer();
   // Device memory (kDevice) or pinned host memory (kPinnedHost, cudaMallocHost) for
   // `buffer`, at least one element, freed with the engine.
   absl::StatusOr<void*> Allocate(const GpuBuffer& buffer);
-  // Optimizer offload's AdamW on the host (spec.optimizer.offload): after the clip scale is
-  // known on the device, every offloaded unit's gradients out, the step on the host, bf16
-  // weights in; the units kept on the GPU step there (DeviceOptimizerStep) meanwhile.
-  // `adamw_step`: the 1-based count the bias corrections take (optimizer_steps() + 1).
-  absl::Status HostOptimizerStep(int64_t adamw_step, const engine::AdamWConfig& adamw);
-  // AdamW on the GPU for units [0, first_offloaded_), enqueued on the compute stream.
-  absl::Status DeviceOptimizerStep(int64_t adamw_step, const engine::AdamWConfig& adamw);
-  // AdamW over elements [begin, end) of unit u's shard on `stream` (bf16 of the new master
-  // at bf16_out[0] on, when not null).
-  absl::Status UpdateShardRange(int u, size_t begin, size_t end, bf16* bf16_out,
-                                int64_t adamw_step, const engine::AdamWConfig& adamw,
-                                cudaStream_t stream) const;
-  // ZeroCudaOptions::update_in_next_forward. The update of unit u's pending shard ranges
-  // that meet [begin, end), enqueued on `stream`; with `bf16_out` ([begin, end) must be one
-  // whole pending range), bf16 of the updated master too, element begin at bf16_out[0].
-  // Returns whether it wrote bf16_out.
-  absl::StatusOr<bool> RunPendingUpdate(int u, size_t begin, size_t end, bf16* bf16_out,
-                                        cudaStream_t stream) const;
-  // Every pending update on the compute stream, then waits for it: the state is the step's.
-  absl::Status RunAllPendingUpdates() const;
   bool Offloaded(int u) const { return u >= first_offloaded_; }
   bool any_offloaded() const { return first_offloaded_ < layout_.num_units(); }
 
@@ -213,6 +178,43 @@ class ZeroCudaEngine : public ZeroEngine {
   // stream as soon as that shard's gradient is final, behind the backward of the next units.
   absl::Status MicroStep(const int32_t* inputs, const int32_t* targets, bool backward,
                          float grad_scale, bool first_micro_step, bool last_micro_step);
+  // MicroStep's parts, in its order; each enqueues on the streams and records the events it
+  // names, and none waits on the host.
+  // The head's pieces: the embedding's (input) and the final norm and LM head's (output); an
+  // unsplit head is both.
+  HeadPiece InputPiece() const;
+  HeadPiece OutputPiece() const;
+  // Whether the LM head's gradient is reduced right after the classifier: when it is a piece
+  // of its own, or must make room for the blocks' (HeadGradTakesTurnsWithBlocks).
+  bool ReducesClassifierGrad() const;
+  // The encoder's and every block's forward, each block gathered one ahead of its compute
+  // (the last step's pending update with the gathers, the units under the head first); ends
+  // with the output piece gathered, compute waiting for it.
+  absl::Status Forward();
+  // The classifier and the loss sum into stats_[1]; with `backward`, the LM head's gradient
+  // into the head's buffer (zeroed first unless it accumulates in place), reduced at once
+  // when ReducesClassifierGrad.
+  absl::Status ClassifierStep(bool backward, float grad_scale, bool first_micro_step);
+  // Every block's recomputation and backward, last first: block l-1 gathered while block l
+  // computes, block l's gradient reduce-scattered (beyond world 1) while l-1 computes.
+  absl::Status BackwardBlocks(bool first_micro_step, bool last_micro_step);
+  // The embedding's backward into the head's gradient (zeroed first where the LM head's
+  // was reduced out of it).
+  absl::Status EmbeddingBackward();
+  // On comm: the embedding's (or an unsplit head's) gradient reduced into the shard; the
+  // last micro-step then finishes unit 0's shard gradient (FinishShardGradient).
+  absl::Status ReduceEmbeddingGrad(bool first_micro_step, bool last_micro_step);
+  // TrainStep's parts. Zeroes stats_ and runs the step's micro-steps: gradients in the
+  // shards, the loss sum and sum of squares in stats_.
+  absl::Status AccumulateGradients(int64_t step, const BatchFn& batch);
+  // Compute waits for every reduce-scatter, accumulation and replica all-reduce: what the
+  // optimizer reads is final.
+  absl::Status WaitForGradients();
+  // The step's timings from its timing events (the host has waited for opt_end): forward
+  // and backward less the compute waits inside them, the optimizer with the waits for
+  // gathers behind its update; `wall_start`: when TrainStep began.
+  StepTimings StepTimingsOf(size_t opt_begin, size_t opt_end,
+                            std::chrono::steady_clock::time_point wall_start) const;
   // stats_[0] += the sum of squares of unit u's (final) shard gradient, on the comm stream.
   absl::Status SumSquaresOnComm(int unit);
   // Last micro-step, behind unit u's reduce-scatter (or backward): SumSquaresOnComm, or with
@@ -254,9 +256,11 @@ class ZeroCudaEngine : public ZeroEngine {
   float* norm_scratch_ = nullptr;
   float* host_stats_ = nullptr;    // pinned [sum of squares, loss sum, clip scale]
   // Optimizer offload of units [first_offloaded_, n) (n: none): their Unit::params, m, v and
-  // host_decay_mask are pinned host memory; two staging pairs of (their max shard) and the
-  // events that free them.
+  // host_decay_mask are pinned host memory, and so are the two staging pairs of the host
+  // step (the plan's, handed to the optimizer).
   const int first_offloaded_;
+  float* staging_grads_[2] = {nullptr, nullptr};
+  uint16_t* staging_bf16_[2] = {nullptr, nullptr};
   const ZeroCudaOptions options_;
   const bool direct_grads_;  // world 1: the model writes the shard's gradient itself
   // ModelArch::HeadOutputBegin: the embedding's piece of unit 0 ends and the final norm and LM
@@ -266,31 +270,11 @@ class ZeroCudaEngine : public ZeroEngine {
   // GpuBufferPlan::head_grad_takes_turns: head_grad_ and block_grad_ are one buffer, the
   // head's gradient first, the slots over it.
   bool head_grad_takes_turns_ = false;
-  const int host_threads_;
   std::vector<void*> host_allocations_;
-  float* staging_grads_[2] = {nullptr, nullptr};
-  uint16_t* staging_bf16_[2] = {nullptr, nullptr};
-  // ZeroCudaOptions::update_in_next_forward: the last TrainStep's update, not yet enqueued
-  // for the shard ranges in `ranges[u]` (unit 0 of a split head: its input and output pieces'
-  // parts of the shard, each run as its piece is gathered; every other unit: the shard).
-  struct PendingUpdate {
-    int64_t adamw_step = 0;
-    engine::AdamWConfig adamw;
-    std::vector<std::vector<std::pair<size_t, size_t>>> ranges;
-    bool any() const {
-      for (const auto& r : ranges) {
-        if (!r.empty()) return true;
-      }
-      return false;
-    }
-  };
-  // Mutable: running a pending update changes how the state is stored, not what it is.
-  mutable PendingUpdate pending_;
-  // Units whose shard gradient lies under head_work_ (both over spent activations): gathering
-  // the head writes over them, so their pending update runs before it.
-  std::vector<int> under_head_work_;
-  cudaEvent_t grads_copied_[2] = {nullptr, nullptr};
-  cudaEvent_t weights_copied_[2] = {nullptr, nullptr};
+  // AdamW, its offload and its update in the next forward. Called from const methods too
+  // (snapshots run the pending update first): that changes how the state is stored, not
+  // what it is.
+  std::unique_ptr<ZeroCudaOptimizer> optimizer_;
   std::vector<int32_t> inputs_, targets_;
 
   // Ordering events (no timing). One compute->comm event serves every "comm waits for all

@@ -344,6 +344,39 @@ TEST(InitNoiseTest, StreamsDifferBySeedAndUnitAndAreStandardNormal) {
   EXPECT_NEAR(squares / kN, 1.0, 0.05);
 }
 
+// An architecture the CPU registry does not know (as a new family is, until its CPU model is
+// registered): an error naming it from every entry point, never an abort.
+class UnregisteredArch final : public ModelArch {
+ public:
+  std::string name() const override { return "unregistered"; }
+  int num_layers() const override { return 1; }
+  int vocab_size() const override { return 8; }
+  int padded_vocab_size() const override { return 8; }
+  int context_length() const override { return 4; }
+  size_t UnitSize(int) const override { return 8; }
+  std::vector<TensorInfo> UnitTensors(int) const override { return {}; }
+};
+
+TEST(CpuModelRegistryTest, AnArchitectureWithoutACpuModelIsAnError) {
+  const UnregisteredArch arch;
+  const absl::Status found = cpu::FindCpuModel(arch).status();
+  EXPECT_EQ(found.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(found.message().find("unregistered"), std::string::npos) << found;
+  EXPECT_EQ(cpu::CreateCpuModel(arch, 1, 4, Checkpointing::kNone).status(), found);
+  EXPECT_EQ(cpu::PlanCpuActivationBytes(arch, 1, 4, Checkpointing::kNone).status(), found);
+}
+
+TEST(CpuModelRegistryTest, EveryBuiltInArchitectureHasACpuModel) {
+  for (const weft::v1::ModelSpec& spec : {Tiny(), TinyLlama(/*tied=*/false)}) {
+    auto arch = MakeModelArch(spec);
+    ASSERT_TRUE(arch.ok()) << arch.status();
+    auto model = cpu::FindCpuModel(**arch);
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ(model->create(2, 4, Checkpointing::kNone)->ActivationBytes(),
+              model->activation_bytes(2, 4, Checkpointing::kNone));
+  }
+}
+
 TEST(CreateCpuModelTest, BuildsTheSameModelAsGptCpu) {
   auto arch = MakeModelArch(Tiny());
   ASSERT_TRUE(arch.ok()) << arch.status();
@@ -362,8 +395,9 @@ TEST(CreateCpuModelTest, BuildsTheSameModelAsGptCpu) {
     return model.ClassifierForward(params[0].data(), targets.data(), 1.0f);
   };
   // A level other than kNone: the registry must pass it on.
-  const std::unique_ptr<cpu::CpuModel> created =
-      cpu::CreateCpuModel(a, 2, 4, Checkpointing::kSelective);
+  auto made = cpu::CreateCpuModel(a, 2, 4, Checkpointing::kSelective);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const std::unique_ptr<cpu::CpuModel> created = *std::move(made);
   GptCpu direct(ConfigFromSpec(Tiny()), 2, 4, Checkpointing::kSelective);
   EXPECT_EQ(created->checkpointing(), Checkpointing::kSelective);
   const float loss = loss_of(*created);

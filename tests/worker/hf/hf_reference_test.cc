@@ -86,7 +86,9 @@ TEST_P(HfReferenceTest, LossLogitsAndGradientsMatchTransformers) {
   const std::vector<int32_t> inputs = Flat(ref["inputs"]);
   const std::vector<int32_t> targets = Flat(ref["targets"]);
   ASSERT_EQ(inputs.size(), static_cast<size_t>(b * t));
-  auto model = engine::cpu::CreateCpuModel(arch, b, t, engine::Checkpointing::kNone);
+  auto made = engine::cpu::CreateCpuModel(arch, b, t, engine::Checkpointing::kNone);
+  ASSERT_TRUE(made.ok()) << made.status();
+  auto model = *std::move(made);
   const int layers = arch.num_layers();
   auto forward = [&] {
     model->SetShape(b, t);

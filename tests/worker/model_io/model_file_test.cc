@@ -67,7 +67,7 @@ std::vector<std::vector<float>> InitialUnits(const engine::ModelArch& arch, uint
 int32_t Argmax(const LoadedModel& model, const std::vector<int32_t>& tokens, int vocab = -1) {
   const engine::ModelArch& arch = *model.arch;
   const int t = static_cast<int>(tokens.size());
-  auto cpu = engine::cpu::CreateCpuModel(arch, 1, t, engine::Checkpointing::kNone);
+  auto cpu = *engine::cpu::CreateCpuModel(arch, 1, t, engine::Checkpointing::kNone);
   cpu->SetShape(1, t);
   cpu->EncoderForward(model.units[0].data(), tokens.data());
   for (int l = 0; l < arch.num_layers(); ++l) cpu->BlockForward(l, model.units[1 + l].data());

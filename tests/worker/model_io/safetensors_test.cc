@@ -51,7 +51,7 @@ std::vector<std::string> DirEntries(const std::string& dir) {
   return names;
 }
 
-class SafetensorsTest : public testing::TempFilesTest {
+class SafetensorsTest : public data::testing::TempFilesTest {
  protected:
   // Reads `contents` as a file and expects `code` with a message naming the file and `what`.
   void ExpectError(const std::string& contents, absl::StatusCode code, const std::string& what) {

@@ -441,6 +441,12 @@ TEST(GpuMemoryPlan, OffloadAutoTakesTheLeastOffloadThatFits) {
   ASSERT_GT(tight.first_offloaded, 0);
   ASSERT_LT(tight.first_offloaded, 41);
   EXPECT_LE(tight.memory.plan.total(), budget);
+  // The engine allocates the buffers of exactly the plan decided on.
+  EXPECT_EQ(tight.buffers.totals.total(), tight.memory.plan.total());
+  EXPECT_EQ(tight.buffers.totals.host_bytes, tight.memory.plan.host_bytes);
+  EXPECT_EQ(tight.buffers.Find(GpuBufferRole::kHostDecayMask, tight.first_offloaded - 1),
+            nullptr);
+  EXPECT_NE(tight.buffers.Find(GpuBufferRole::kHostDecayMask, tight.first_offloaded), nullptr);
   const auto total_at = [&](int first) {
     return PlanGpuBuffers(spec, **arch, Checkpointing::kFull, 1, 1, first, arena.fn())
         .totals.total();

@@ -636,8 +636,10 @@ TEST(ZeroCpuMemoryPlanTest, ThePlanIsWhatTheEngineAllocates) {
         const CpuMemoryPlan& plan = built.engines[rank]->memory_plan();
         auto arch_model = engine::MakeModelArch(spec.model());
         ASSERT_TRUE(arch_model.ok());
+        auto model = engine::cpu::FindCpuModel(**arch_model);
+        ASSERT_TRUE(model.ok()) << model.status();
         const CpuMemoryPlan asked = PlanCpuMemory(
-            spec, **arch_model, engine::CheckpointingFromSpec(c.level, engine::Checkpointing::kNone),
+            spec, **arch_model, *model, engine::CheckpointingFromSpec(c.level, engine::Checkpointing::kNone),
             4, c.world, c.stage, /*writes_checkpoints=*/false);
         EXPECT_EQ(plan.total(), asked.total());  // the plan the engine was built by
         planned += static_cast<int64_t>(plan.state_bytes + plan.working_bytes +
@@ -662,8 +664,10 @@ TEST(ZeroCpuMemoryPlanTest, AnEngineThatDoesNotFitIsRefusedBeforeAllocating) {
   const weft::v1::JobSpec spec = PlanSpec(weft::v1::GPT2, 3, ActivationCheckpointing::NONE);
   auto arch = engine::MakeModelArch(spec.model());
   ASSERT_TRUE(arch.ok());
+  auto model = engine::cpu::FindCpuModel(**arch);
+  ASSERT_TRUE(model.ok()) << model.status();
   const auto plan_at = [&](engine::Checkpointing level) {
-    return PlanCpuMemory(spec, **arch, level, 4, 1, 3, false);
+    return PlanCpuMemory(spec, **arch, *model, level, 4, 1, 3, false);
   };
   const CpuMemoryPlan none = plan_at(engine::Checkpointing::kNone);
   ZeroCpuOptions options;

@@ -24,8 +24,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
+#include "absl/status/statusor.h"
 #include "worker/engine/checkpointing.h"
 #include "worker/engine/model_arch.h"
 
@@ -70,16 +72,29 @@ class CpuModel {
   virtual size_t ActivationBytes() const = 0;
 };
 
-// The fp32 model of `arch` for micro-batches up to (max_b, max_t); max_t <= context length;
-// keeping per block what `level` says.
-// Every architecture has a CPU model (it is the reference the others are tested against), so
-// an unregistered one is a programmer error and aborts.
-std::unique_ptr<CpuModel> CreateCpuModel(const ModelArch& arch, int max_b, int max_t,
-                                         Checkpointing level);
+// One architecture's CPU model, found once by FindCpuModel, so that nothing after that can
+// meet an architecture without one. Refers to the ModelArch it was found for, which must
+// outlive it.
+struct CpuModelEntry {
+  // The fp32 model for micro-batches up to (max_b, max_t); max_t <= context length; keeping
+  // per block what `level` says.
+  std::function<std::unique_ptr<CpuModel>(int max_b, int max_t, Checkpointing level)> create;
+  // create(max_b, max_t, level)->ActivationBytes(), counted without allocating the activations
+  // (the CPU memory plan: worker/zero/zero_cpu.h's PlanCpuMemory).
+  std::function<size_t(int max_b, int max_t, Checkpointing level)> activation_bytes;
+};
 
-// CreateCpuModel(arch, max_b, max_t, level)->ActivationBytes(), counted without allocating the
-// activations (the CPU memory plan: worker/zero/zero_cpu.h's PlanCpuMemory).
-size_t PlanCpuActivationBytes(const ModelArch& arch, int max_b, int max_t, Checkpointing level);
+// The CPU model of `arch`: INVALID_ARGUMENT naming the architecture when none is registered
+// (engine/cpu/model_factory.cc, the CPU's one registration point: a line per architecture).
+absl::StatusOr<CpuModelEntry> FindCpuModel(const ModelArch& arch);
+
+// FindCpuModel(arch)->create(max_b, max_t, level).
+absl::StatusOr<std::unique_ptr<CpuModel>> CreateCpuModel(const ModelArch& arch, int max_b,
+                                                         int max_t, Checkpointing level);
+
+// FindCpuModel(arch)->activation_bytes(max_b, max_t, level).
+absl::StatusOr<size_t> PlanCpuActivationBytes(const ModelArch& arch, int max_b, int max_t,
+                                              Checkpointing level);
 
 // Sets the threads OpenBLAS uses for every GEMM of this process (openblas_set_num_threads;
 // n < 1 means 1). Results are bit-identical run to run at a fixed count but NOT across counts

@@ -25,69 +25,82 @@ GptCuda::GptCuda(const GptConfig& config, int max_b, int max_t, CheckpointingPla
 size_t GptCuda::Layout(char* base) {
   Arena a(base);
   const int layers = config_.num_layers;
-  const int c = config_.hidden_size;
-  const size_t n = static_cast<size_t>(max_b_) * max_t_;
-  const size_t nc = n * c;
-  const size_t head_rows = static_cast<size_t>(max_b_) * config_.num_heads * max_t_;
+  const size_t nc = static_cast<size_t>(max_b_) * max_t_ * config_.hidden_size;
   res_.resize(layers + 1);
   for (auto* vec : {&ln1_, &q_, &k_, &v_, &atty_, &res2_, &ln2_, &fch_, &fcg_}) vec->resize(layers);
   for (auto* vec : {&ln1_mean_, &ln1_rstd_, &ln2_mean_, &ln2_rstd_, &lse_}) vec->resize(layers);
   layer_qkv_.resize(layers);
   // The level's per-layer buffers (gpt2_model.h); what the plan's heaviest level does not keep
   // is taken once, here, and shared by every layer at that level.
-  bool keep_all = KeptPerLayer(level_.level, ActKind::kCheap);
-  bool keep_matmuls = KeptPerLayer(level_.level, ActKind::kSaved);
+  const bool keep_all = KeptPerLayer(level_.level, ActKind::kCheap);
+  const bool keep_matmuls = KeptPerLayer(level_.level, ActKind::kSaved);
   const auto shared = [&](bool kept, size_t count) { return kept ? nullptr : a.Take<bf16>(count); };
   ClassifierSpare spare{a.NextOffset(), 0};
-  bf16* const atty = shared(keep_all, nc);
+  SharedActivations s;
+  s.atty = shared(keep_all, nc);
   // ln1 is never shared, and ln2 only at FULL (LateNorms).
-  bf16* const ln2 = shared(keep_matmuls, nc);
-  bf16* const fcg = shared(keep_all, 4 * nc);
-  bf16* const qkv = shared(keep_matmuls || !flash_, 3 * nc);
-  bf16* const q = shared(keep_matmuls || flash_, nc);
-  bf16* const k = shared(keep_matmuls || flash_, nc);
-  bf16* const v = shared(keep_matmuls || flash_, nc);
-  bf16* const res2 = shared(keep_matmuls, nc);
-  bf16* const fch = shared(keep_matmuls, 4 * nc);
+  s.ln2 = shared(keep_matmuls, nc);
+  s.fcg = shared(keep_all, 4 * nc);
+  s.qkv = shared(keep_matmuls || !flash_, 3 * nc);
+  s.q = shared(keep_matmuls || flash_, nc);
+  s.k = shared(keep_matmuls || flash_, nc);
+  s.v = shared(keep_matmuls || flash_, nc);
+  s.res2 = shared(keep_matmuls, nc);
+  s.fch = shared(keep_matmuls, 4 * nc);
   spare.end = a.size();
   // Layer by layer, its residual-stream entry then what its level keeps, so that the
   // gradients placed over spent layers (PlaceSpentActivationGradients) find them in order.
   std::vector<size_t> layer_ends(layers);
   for (int l = 0; l < layers; ++l) {
-    keep_all = KeptPerLayer(level_.At(l), ActKind::kCheap);
-    keep_matmuls = KeptPerLayer(level_.At(l), ActKind::kSaved);
-    res_[l] = a.Take<bf16>(nc);
-    ln1_[l] = keep_all ? a.Take<bf16>(nc) : nullptr;  // else over fch (below)
-    if (flash_) {
-      layer_qkv_[l] = a.TakeOr(keep_matmuls, qkv, 3 * nc);  // (B, T, 3C), read in place
-    } else {
-      q_[l] = a.TakeOr(keep_matmuls, q, nc);  // (B, NH, T, HS) head copies for the cuBLAS path
-      k_[l] = a.TakeOr(keep_matmuls, k, nc);
-      v_[l] = a.TakeOr(keep_matmuls, v, nc);
-    }
-    atty_[l] = a.TakeOr(keep_all, atty, nc);
-    res2_[l] = a.TakeOr(keep_matmuls, res2, nc);
-    fch_[l] = a.TakeOr(keep_matmuls, fch, 4 * nc);
-    fcg_[l] = a.TakeOr(keep_all, fcg, 4 * nc);
-    if (!keep_all) {
-      // LateNorms: in a (re)computed forward, LN1's output is read by the qkv GEMM before the
-      // fc GEMM writes fch, and at SELECTIVE LN2's only by the fc GEMM, atty's last reader
-      // being the attention projection before it.
-      ln1_[l] = fch_[l];
-      ln2_[l] = keep_matmuls ? atty_[l] : ln2;
-    } else {
-      ln2_[l] = a.Take<bf16>(nc);
-    }
-    ln1_mean_[l] = a.Take<float>(n);
-    ln1_rstd_[l] = a.Take<float>(n);
-    ln2_mean_[l] = a.Take<float>(n);
-    ln2_rstd_[l] = a.Take<float>(n);
-    lse_[l] = a.Take<float>(head_rows);
+    TakeLayer(a, l, s);
     layer_ends[l] = a.size();
   }
   res_[layers] = a.Take<bf16>(nc);
   PlaceSpentActivationGradients(a, layer_ends);
-  TakeCommon(a, config_.padded_vocab_size, c, spare);
+  TakeCommon(a, config_.padded_vocab_size, config_.hidden_size, spare);
+  TakeBackwardBuffers(a);
+  return a.size();
+}
+
+void GptCuda::TakeLayer(Arena& a, int l, const SharedActivations& s) {
+  const size_t n = static_cast<size_t>(max_b_) * max_t_;
+  const size_t nc = n * config_.hidden_size;
+  const bool keep_all = KeptPerLayer(level_.At(l), ActKind::kCheap);
+  const bool keep_matmuls = KeptPerLayer(level_.At(l), ActKind::kSaved);
+  res_[l] = a.Take<bf16>(nc);
+  ln1_[l] = keep_all ? a.Take<bf16>(nc) : nullptr;  // else over fch (below)
+  if (flash_) {
+    layer_qkv_[l] = a.TakeOr(keep_matmuls, s.qkv, 3 * nc);  // (B, T, 3C), read in place
+  } else {
+    q_[l] = a.TakeOr(keep_matmuls, s.q, nc);  // (B, NH, T, HS) head copies for the cuBLAS path
+    k_[l] = a.TakeOr(keep_matmuls, s.k, nc);
+    v_[l] = a.TakeOr(keep_matmuls, s.v, nc);
+  }
+  atty_[l] = a.TakeOr(keep_all, s.atty, nc);
+  res2_[l] = a.TakeOr(keep_matmuls, s.res2, nc);
+  fch_[l] = a.TakeOr(keep_matmuls, s.fch, 4 * nc);
+  fcg_[l] = a.TakeOr(keep_all, s.fcg, 4 * nc);
+  if (!keep_all) {
+    // LateNorms: in a (re)computed forward, LN1's output is read by the qkv GEMM before the
+    // fc GEMM writes fch, and at SELECTIVE LN2's only by the fc GEMM, atty's last reader
+    // being the attention projection before it.
+    ln1_[l] = fch_[l];
+    ln2_[l] = keep_matmuls ? atty_[l] : s.ln2;
+  } else {
+    ln2_[l] = a.Take<bf16>(nc);
+  }
+  ln1_mean_[l] = a.Take<float>(n);
+  ln1_rstd_[l] = a.Take<float>(n);
+  ln2_mean_[l] = a.Take<float>(n);
+  ln2_rstd_[l] = a.Take<float>(n);
+  lse_[l] = a.Take<float>(static_cast<size_t>(max_b_) * config_.num_heads * max_t_);
+}
+
+void GptCuda::TakeBackwardBuffers(Arena& a) {
+  const int c = config_.hidden_size;
+  const size_t n = static_cast<size_t>(max_b_) * max_t_;
+  const size_t nc = n * c;
+  const size_t head_rows = static_cast<size_t>(max_b_) * config_.num_heads * max_t_;
   lnf_ = TakeBeforeBackward<bf16>(a, nc);
   dlnf_ = TakeBeforeBackward<bf16>(a, nc);
   lnf_mean_ = TakeBeforeBackward<float>(a, n);
@@ -110,7 +123,6 @@ size_t GptCuda::Layout(char* base) {
     scratch = std::max(scratch, BiasBackwardScratchFloats(static_cast<int>(n), oc));
   }
   reduce_scratch_ = a.Take<float>(scratch);
-  return a.size();
 }
 
 size_t GptCuda::PlanActivationBytes(const GptConfig& config, int max_b, int max_t,

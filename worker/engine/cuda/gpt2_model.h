@@ -80,6 +80,17 @@ class GptCuda final : public ArenaModel {
   GptCuda(const GptConfig& config, int max_b, int max_t, CheckpointingPlan level,
           cudaStream_t stream, ArenaRequests requests);
   size_t Layout(char* base) override;
+  // The buffers that layers at the plan's heaviest level share instead of keeping their own
+  // (null where every layer keeps its own).
+  struct SharedActivations {
+    bf16 *atty = nullptr, *ln2 = nullptr, *fcg = nullptr, *qkv = nullptr, *q = nullptr,
+         *k = nullptr, *v = nullptr, *res2 = nullptr, *fch = nullptr;
+  };
+  // Layout's layer l: its residual-stream entry, then what its level keeps (or `shared`'s).
+  void TakeLayer(Arena& a, int l, const SharedActivations& shared);
+  // Layout's tail: the final norm's buffers (over what the backward frees), attention's
+  // backward scratch and the reductions' scratch.
+  void TakeBackwardBuffers(Arena& a);
   // The forward's pieces: the attention sub-layer (x -> res2), attention itself (q, k, v ->
   // atty), and the MLP up to the GELU output (res2 -> fcg); BlockForward adds fcproj and the
   // residual.

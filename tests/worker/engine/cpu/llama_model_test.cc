@@ -263,8 +263,9 @@ TEST(LlamaCpuTest, RegistryBuildsLlamaCpuFromASpec) {
       &spec));
   auto arch = MakeModelArch(spec);
   ASSERT_TRUE(arch.ok()) << arch.status();
-  const std::unique_ptr<cpu::CpuModel> model =
-      cpu::CreateCpuModel(**arch, kB, kT, Checkpointing::kNone);
+  auto made = cpu::CreateCpuModel(**arch, kB, kT, Checkpointing::kNone);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const std::unique_ptr<cpu::CpuModel> model = *std::move(made);
   const auto* llama = dynamic_cast<const LlamaCpu*>(model.get());
   ASSERT_NE(llama, nullptr);
   EXPECT_EQ(llama->config().num_kv_heads, 2);
