@@ -6,8 +6,8 @@
 // The engine keeps the stream schedule (gathers, reduce-scatters, events, collectives) and
 // the per-unit state both sides read (CudaShard); this class owns what only the optimizer
 // needs: the pending update of the last step, the events that free the host step's staging
-// pairs (the engine's memory) and the host AdamW's threads. It enqueues on the streams the engine hands it and
-// synchronises the host only where a method says so.
+// pairs (the engine's memory) and the host AdamW's threads. It enqueues on the streams the
+// engine hands it and synchronises the host only where a method says so.
 #ifndef WEFT_WORKER_ZERO_CUDA_OPTIMIZER_H_
 #define WEFT_WORKER_ZERO_CUDA_OPTIMIZER_H_
 

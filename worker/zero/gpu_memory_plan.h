@@ -154,14 +154,15 @@ GpuMemoryPlan SumGpuBuffers(const std::vector<GpuBuffer>& buffers);
 // job allows (ranks may choose differently: offload moves no collective).
 struct GpuMemoryDecision {
   MemoryDecision memory;
-  int first_offloaded = 0;    // units [first_offloaded, n) step on the host
+  int first_offloaded = 0;  // units [first_offloaded, n) step on the host
   bool auto_offloaded = false;  // offload_auto chose first_offloaded
   // OK, or this rank's refusal: the GPU's (with the offload that would also fit) or, for the
   // offload's pinned memory, the host's (CheckHostMemory).
   absl::Status fits;
   // For the job's MEMORY_PLANNED event: memory.reason and, with offload, which units step on
   // the host and why (or that offload_auto kept the optimizer on the GPU).
-  std::string note;  // When it fits: every buffer of memory.plan (whose totals are memory.plan), for the engine
+  std::string note;
+  // When it fits: every buffer of memory.plan (whose totals are memory.plan), for the engine
   // to allocate.
   GpuBufferPlan buffers;
 };
