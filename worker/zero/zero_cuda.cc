@@ -86,19 +86,24 @@ size_t ShardOffsetOf(size_t piece_begin, const comm::RangePart& part, size_t sha
 
 }  // namespace
 
-ActivationBytesFn CudaActivationBytes(const engine::ModelArch& arch, int sequence_length) {
-  return [&arch, sequence_length](const engine::CheckpointingPlan& level, int rows,
-                                  const cuda::ArenaRequests& requests) {
-    return cuda::PlanCudaActivationBytes(arch, rows, sequence_length, level, requests);
+ActivationBytesFn CudaActivationBytes(cuda::CudaModelEntry model, int sequence_length) {
+  return [model = std::move(model), sequence_length](const engine::CheckpointingPlan& level,
+                                                     int rows,
+                                                     const cuda::ArenaRequests& requests) {
+    return model.activation_bytes(rows, sequence_length, level, requests);
   };
 }
 
-GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                            const engine::CheckpointingPlan& level, int micro_batch_size, int world,
-                            const ZeroCudaOptions& options) {
+absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const weft::v1::JobSpec& spec,
+                                            const engine::ModelArch& arch,
+                                            const engine::CheckpointingPlan& level,
+                                            int micro_batch_size, int world,
+                                            const ZeroCudaOptions& options) {
+  WEFT_ASSIGN_OR_RETURN(cuda::CudaModelEntry model, cuda::FindCudaModel(arch));
   return PlanGpuBuffers(spec, arch, level, micro_batch_size, world,
                         FirstOffloadedUnit(UnitSizes(arch), spec.optimizer()),
-                        CudaActivationBytes(arch, spec.training().sequence_length()), options)
+                        CudaActivationBytes(std::move(model), spec.training().sequence_length()),
+                        options)
       .totals;
 }
 
@@ -192,11 +197,12 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
   WEFT_RETURN_IF_ERROR(CheckStageAndDevice(spec));
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec.model()));
+  WEFT_ASSIGN_OR_RETURN(cuda::CudaModelEntry model, cuda::FindCudaModel(*arch));
   size_t free_bytes = 0, total_bytes = 0;
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   const GpuMemoryDecision d = DecideGpuMemory(
       spec, *arch, comm->world_size(), free_bytes, HostAvailableBytes(), ranks_on_host,
-      CudaActivationBytes(*arch, spec.training().sequence_length()), options);
+      CudaActivationBytes(std::move(model), spec.training().sequence_length()), options);
   WEFT_ASSIGN_OR_RETURN(const int refusals, CountRefusals(comm, replica, !d.fits.ok()));
   WEFT_RETURN_IF_ERROR(d.fits);
   if (refusals > 0) {

@@ -77,17 +77,19 @@
 
 namespace weft::zero {
 
-// The GPU's ActivationBytesFn (gpu_memory_plan.h): the CUDA model's allocation for `arch` at
-// `sequence_length` (engine::cuda::PlanCudaActivationBytes). `arch` must outlive it.
-ActivationBytesFn CudaActivationBytes(const engine::ModelArch& arch, int sequence_length);
+// The GPU's ActivationBytesFn (gpu_memory_plan.h): the allocation of `model` (the CUDA model
+// of an architecture, engine::cuda::FindCudaModel) at `sequence_length`.
+ActivationBytesFn CudaActivationBytes(engine::cuda::CudaModelEntry model, int sequence_length);
 
 // What a rank of `spec` needs on its GPU at this checkpointing plan, micro-batch rows and world
 // size, with the units the spec offloads (none with offload_auto, which Create decides): the
 // totals of PlanGpuBuffers (gpu_memory_plan.h) at CudaActivationBytes, which also plans other
-// offloads (first_offloaded).
-GpuMemoryPlan PlanGpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
-                            const engine::CheckpointingPlan& level, int micro_batch_size,
-                            int world_size, const ZeroCudaOptions& options = {});
+// offloads (first_offloaded). INVALID_ARGUMENT for an architecture without a CUDA model.
+absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const weft::v1::JobSpec& spec,
+                                            const engine::ModelArch& arch,
+                                            const engine::CheckpointingPlan& level,
+                                            int micro_batch_size, int world_size,
+                                            const ZeroCudaOptions& options = {});
 
 // OK for a GPU of compute capability major.minor that the CUDA engine's kernels run on (bf16
 // tensor cores: 8.0, Ampere, or newer); FAILED_PRECONDITION saying so otherwise.

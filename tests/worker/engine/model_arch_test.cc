@@ -13,6 +13,7 @@
 
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
+#include "tests/worker/engine/unregistered_arch.h"
 #include "worker/engine/cpu/gpt2_model.h"
 #include "worker/engine/cpu/model.h"
 #include "worker/engine/gpt2/gpt2_arch.h"
@@ -346,19 +347,8 @@ TEST(InitNoiseTest, StreamsDifferBySeedAndUnitAndAreStandardNormal) {
 
 // An architecture the CPU registry does not know (as a new family is, until its CPU model is
 // registered): an error naming it from every entry point, never an abort.
-class UnregisteredArch final : public ModelArch {
- public:
-  std::string name() const override { return "unregistered"; }
-  int num_layers() const override { return 1; }
-  int vocab_size() const override { return 8; }
-  int padded_vocab_size() const override { return 8; }
-  int context_length() const override { return 4; }
-  size_t UnitSize(int) const override { return 8; }
-  std::vector<TensorInfo> UnitTensors(int) const override { return {}; }
-};
-
 TEST(CpuModelRegistryTest, AnArchitectureWithoutACpuModelIsAnError) {
-  const UnregisteredArch arch;
+  const testing::UnregisteredArch arch;
   const absl::Status found = cpu::FindCpuModel(arch).status();
   EXPECT_EQ(found.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(found.message().find("unregistered"), std::string::npos) << found;

@@ -31,6 +31,7 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "tests/worker/comm/in_process_cuda_communicator.h"
+#include "tests/worker/engine/unregistered_arch.h"
 #include "tests/worker/skipped_step_expect.h"
 #include "tests/worker/snapshot_reader.h"
 #include "worker/comm/nccl_communicator.h"
@@ -970,7 +971,7 @@ TEST_F(ZeroCudaTest, ActivationPlanIsExactAtEveryLevel) {
           absl::StrCat(llama ? "llama " : "gpt2 ", engine::DescribeCheckpointing(level)));
       auto model = engine::cuda::CreateCudaModel(**arch, 4, kT, level, nullptr);
       ASSERT_TRUE(model.ok()) << model.status();
-      const size_t planned = engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level);
+      const size_t planned = *engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level);
       EXPECT_EQ((*model)->ActivationBytes() + (*model)->BlasWorkspaceBytes(), planned);
       EXPECT_EQ((*model)->SpentActivationGradient(0), nullptr);
       EXPECT_EQ((*model)->HeadWork(), nullptr);
@@ -980,7 +981,7 @@ TEST_F(ZeroCudaTest, ActivationPlanIsExactAtEveryLevel) {
         auto with = engine::cuda::CreateCudaModel(**arch, 4, kT, level, nullptr, {spent});
         ASSERT_TRUE(with.ok()) << with.status();
         EXPECT_EQ((*with)->ActivationBytes() + (*with)->BlasWorkspaceBytes(),
-                  engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level, {spent}));
+                  *engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level, {spent}));
         // The engine's gathered head: inside the large gradients, past every activation (no
         // byte more), and a buffer of its own beside the small ones.
         const engine::cuda::ArenaRequests headed_requests{spent, size_t{1} << 20};
@@ -988,7 +989,7 @@ TEST_F(ZeroCudaTest, ActivationPlanIsExactAtEveryLevel) {
                                                     headed_requests);
         ASSERT_TRUE(headed.ok()) << headed.status();
         EXPECT_EQ((*headed)->ActivationBytes() + (*headed)->BlasWorkspaceBytes(),
-                  engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level, headed_requests));
+                  *engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level, headed_requests));
         ASSERT_NE((*headed)->HeadWork(), nullptr);
         if (bytes > 1024) {
           EXPECT_EQ((*headed)->ActivationBytes(), (*with)->ActivationBytes());
@@ -1306,7 +1307,8 @@ TEST_F(ZeroCudaTest, ARankThatCannotBuildFailsEveryRank) {
 GpuMemoryPlan PlanAt(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                      const engine::CheckpointingPlan& level, int rows, int world, int first) {
   return PlanGpuBuffers(spec, arch, level, rows, world, first,
-                        CudaActivationBytes(arch, spec.training().sequence_length()))
+                        CudaActivationBytes(*engine::cuda::FindCudaModel(arch),
+                                            spec.training().sequence_length()))
       .totals;
 }
 
@@ -1352,7 +1354,7 @@ TEST_F(ZeroCudaTest, RefusalNamesTheOffloadThatWouldFit) {
   spec.mutable_optimizer()->set_offload(true);
   spec.mutable_optimizer()->set_offload_fraction(fraction);
   const engine::CheckpointingPlan full{engine::Checkpointing::kFull, 0};
-  EXPECT_LE(PlanGpuMemory(spec, **arch, full, 1, 1).total(), free_bytes);
+  EXPECT_LE(PlanGpuMemory(spec, **arch, full, 1, 1)->total(), free_bytes);
   const int first = FirstOffloadedUnit(UnitSizes(**arch), spec.optimizer());
   EXPECT_GT(PlanAt(spec, **arch, full, 1, 1, first + 1).total(), free_bytes);
 }
@@ -1438,8 +1440,8 @@ TEST_F(ZeroCudaTest, ADeviceMemoryLimitBindsTheMemoryPlan) {
   auto arch = engine::MakeModelArch(spec.model());
   ASSERT_TRUE(arch.ok()) << arch.status();
   const int rows = spec.training().micro_batch_size();
-  const size_t none = PlanGpuMemory(spec, **arch, engine::Checkpointing::kNone, rows, 1).total();
-  const size_t full = PlanGpuMemory(spec, **arch, engine::Checkpointing::kFull, rows, 1).total();
+  const size_t none = PlanGpuMemory(spec, **arch, engine::Checkpointing::kNone, rows, 1)->total();
+  const size_t full = PlanGpuMemory(spec, **arch, engine::Checkpointing::kFull, rows, 1)->total();
   ASSERT_LT(full, none);
   constexpr double kGiB = 1073741824.0;
   MemoryStore store;
@@ -1604,12 +1606,12 @@ TEST(ZeroCudaPlan, GradientsLieOverSpentActivationsWithoutAccumulation) {
     for (Checkpointing level : {Checkpointing::kNone, Checkpointing::kFull}) {
       SCOPED_TRACE(absl::StrCat("world ", world, " level ", static_cast<int>(level)));
       spec.mutable_training()->set_grad_accum_steps(2);
-      const GpuMemoryPlan accumulating = PlanGpuMemory(spec, **arch, level, 2, world);
+      const GpuMemoryPlan accumulating = *PlanGpuMemory(spec, **arch, level, 2, world);
       EXPECT_EQ(accumulating.spent_activation_grad_bytes, 0u);
-      EXPECT_EQ(accumulating.total(), PlanGpuMemory(spec, **arch, level, 2, world, apart).total());
+      EXPECT_EQ(accumulating.total(), PlanGpuMemory(spec, **arch, level, 2, world, apart)->total());
       spec.mutable_training()->set_grad_accum_steps(1);
-      const GpuMemoryPlan over = PlanGpuMemory(spec, **arch, level, 2, world);
-      const GpuMemoryPlan own = PlanGpuMemory(spec, **arch, level, 2, world, apart);
+      const GpuMemoryPlan over = *PlanGpuMemory(spec, **arch, level, 2, world);
+      const GpuMemoryPlan own = *PlanGpuMemory(spec, **arch, level, 2, world, apart);
       EXPECT_EQ(over.spent_activation_grad_bytes, block_grads);
       EXPECT_EQ(over.state_bytes, own.state_bytes);  // still 16 bytes a parameter
       ASSERT_LT(over.total(), own.total());
@@ -1641,7 +1643,7 @@ TEST(ZeroCudaPlan, RecomputingLevelsKeepTheLogitsInTheSharedActivations) {
       spec.mutable_model()->set_padded_vocab_size(vocab);
       auto arch = engine::MakeModelArch(spec.model());
       EXPECT_TRUE(arch.ok()) << arch.status();
-      return arch.ok() ? engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level) : 0;
+      return arch.ok() ? *engine::cuda::PlanCudaActivationBytes(**arch, 4, kT, level) : 0;
     };
     using engine::Checkpointing;
     EXPECT_GT(bytes(128, Checkpointing::kNone), bytes(64, Checkpointing::kNone));
@@ -1659,13 +1661,30 @@ TEST(ZeroCudaPlan, RecomputingLevelsKeepTheLogitsInTheSharedActivations) {
     spec.mutable_model()->set_context_length(4096);
     auto arch = engine::MakeModelArch(spec.model());
     EXPECT_TRUE(arch.ok()) << arch.status();
-    return arch.ok() ? engine::cuda::PlanCudaActivationBytes(**arch, 2, 4096,
+    return arch.ok() ? *engine::cuda::PlanCudaActivationBytes(**arch, 2, 4096,
                                                              engine::Checkpointing::kFull)
                      : 0;
   };
   const size_t n = size_t{2} * 4096;
   ASSERT_GE(n * (4 * 4096 + 6144 + 3 * 14336) * 2, size_t{2093} * 128256 * 2);
   EXPECT_EQ(full_at_8b(128256), full_at_8b(64));
+}
+
+// An architecture without a CUDA model is an error naming it from the registry and everything
+// that plans or builds through it (no GPU needed: the registry and the plan touch none).
+TEST(CudaModelRegistry, AnArchitectureWithoutACudaModelIsAnError) {
+  const engine::testing::UnregisteredArch arch;
+  const absl::Status found = engine::cuda::FindCudaModel(arch).status();
+  EXPECT_EQ(found.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(found.message(), ::testing::HasSubstr("unregistered"));
+  EXPECT_EQ(engine::cuda::PlanCudaActivationBytes(arch, 1, 4, engine::Checkpointing::kNone)
+                .status(),
+            found);
+  EXPECT_EQ(engine::cuda::CreateCudaModel(arch, 1, 4, engine::Checkpointing::kNone, nullptr)
+                .status(),
+            found);
+  EXPECT_EQ(PlanGpuMemory(SmallSpec(4, 1), arch, engine::Checkpointing::kNone, 1, 1).status(),
+            found);
 }
 
 TEST(ZeroCudaCapability, PreAmpereGpusAreRefusedWithTheReason) {

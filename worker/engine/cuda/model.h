@@ -30,6 +30,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -113,19 +114,37 @@ class CudaModel {
   virtual bf16* HeadWork() const = 0;
 };
 
-// The model of `arch` on the current device, kernels on `stream` (not owned), for
-// micro-batches up to (max_b, max_t), keeping what `level` says of each block. INVALID_ARGUMENT
-// for shapes the kernels cannot take or an architecture without a CUDA model;
-// RESOURCE_EXHAUSTED when the activations do not fit. `requests`: what the allocation holds
-// for the engine besides.
+// One architecture's CUDA model, found once by FindCudaModel, so that nothing after that can
+// meet an architecture without one. Refers to the ModelArch it was found for, which must
+// outlive it.
+struct CudaModelEntry {
+  // The model on the current device, kernels on `stream` (not owned), for micro-batches up to
+  // (max_b, max_t), keeping what `level` says of each block. INVALID_ARGUMENT for shapes the
+  // kernels cannot take; RESOURCE_EXHAUSTED when the activations do not fit. `requests`: what
+  // the allocation holds for the engine besides.
+  std::function<absl::StatusOr<std::unique_ptr<CudaModel>>(
+      int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
+      const ArenaRequests& requests)>
+      create;
+  // Device bytes `create` allocates for activations, scratch and the GEMM workspace (exact,
+  // for the memory planner), what `requests` asks for included. Touches no device.
+  std::function<size_t(int max_b, int max_t, CheckpointingPlan level,
+                       const ArenaRequests& requests)>
+      activation_bytes;
+};
+
+// The CUDA model of `arch`: INVALID_ARGUMENT naming the architecture when none is registered
+// (engine/cuda/model_factory.cc, the GPU's one registration point: a line per architecture).
+absl::StatusOr<CudaModelEntry> FindCudaModel(const ModelArch& arch);
+
+// FindCudaModel(arch)->create(max_b, max_t, level, stream, requests).
 absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(
     const ModelArch& arch, int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
     const ArenaRequests& requests = {});
-// Device bytes CreateCudaModel allocates for activations, scratch and the GEMM workspace (exact,
-// for the memory planner), what `requests` asks for included; 0 for an architecture without a
-// CUDA model (Create then refuses).
-size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t,
-                               CheckpointingPlan level, const ArenaRequests& requests = {});
+// FindCudaModel(arch)->activation_bytes(max_b, max_t, level, requests).
+absl::StatusOr<size_t> PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t,
+                                               CheckpointingPlan level,
+                                               const ArenaRequests& requests = {});
 
 }  // namespace weft::engine::cuda
 

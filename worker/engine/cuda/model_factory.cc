@@ -1,4 +1,5 @@
-// The GPU's architecture registry: one case per architecture with a CUDA model.
+// The GPU's architecture registry: a line per architecture with a CUDA model in kCudaModels.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,29 +11,56 @@
 #include "worker/engine/llama/llama_arch.h"
 
 namespace weft::engine::cuda {
+namespace {
 
-absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(
-    const ModelArch& arch, int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
-    const ArenaRequests& requests) {
-  if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
-    return GptCuda::Create(gpt2->config(), max_b, max_t, level, stream, requests);
-  }
-  if (const auto* llama = dynamic_cast<const LlamaArch*>(&arch)) {
-    return LlamaCuda::Create(llama->config(), max_b, max_t, level, stream, requests);
+// The entry of Model, the CUDA model of architecture Arch, when `arch` is one.
+template <typename Arch, typename Model>
+std::optional<CudaModelEntry> EntryOf(const ModelArch& arch) {
+  const auto* typed = dynamic_cast<const Arch*>(&arch);
+  if (typed == nullptr) return std::nullopt;
+  return CudaModelEntry{
+      [typed](int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
+              const ArenaRequests& requests) -> absl::StatusOr<std::unique_ptr<CudaModel>> {
+        absl::StatusOr<std::unique_ptr<Model>> model =
+            Model::Create(typed->config(), max_b, max_t, level, stream, requests);
+        if (!model.ok()) return model.status();
+        return std::unique_ptr<CudaModel>(*std::move(model));
+      },
+      [typed](int max_b, int max_t, CheckpointingPlan level, const ArenaRequests& requests) {
+        return Model::PlanActivationBytes(typed->config(), max_b, max_t, level, requests);
+      }};
+}
+
+using EntryFn = std::optional<CudaModelEntry> (*)(const ModelArch&);
+constexpr EntryFn kCudaModels[] = {
+    &EntryOf<Gpt2Arch, GptCuda>,
+    &EntryOf<LlamaArch, LlamaCuda>,
+};
+
+}  // namespace
+
+absl::StatusOr<CudaModelEntry> FindCudaModel(const ModelArch& arch) {
+  for (EntryFn entry : kCudaModels) {
+    if (std::optional<CudaModelEntry> found = entry(arch)) return *std::move(found);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("model: architecture ", arch.name(), " has no CUDA model"));
 }
 
-size_t PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t,
-                               CheckpointingPlan level, const ArenaRequests& requests) {
-  if (const auto* gpt2 = dynamic_cast<const Gpt2Arch*>(&arch)) {
-    return GptCuda::PlanActivationBytes(gpt2->config(), max_b, max_t, level, requests);
-  }
-  if (const auto* llama = dynamic_cast<const LlamaArch*>(&arch)) {
-    return LlamaCuda::PlanActivationBytes(llama->config(), max_b, max_t, level, requests);
-  }
-  return 0;
+absl::StatusOr<std::unique_ptr<CudaModel>> CreateCudaModel(
+    const ModelArch& arch, int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
+    const ArenaRequests& requests) {
+  absl::StatusOr<CudaModelEntry> entry = FindCudaModel(arch);
+  if (!entry.ok()) return entry.status();
+  return entry->create(max_b, max_t, level, stream, requests);
+}
+
+absl::StatusOr<size_t> PlanCudaActivationBytes(const ModelArch& arch, int max_b, int max_t,
+                                               CheckpointingPlan level,
+                                               const ArenaRequests& requests) {
+  absl::StatusOr<CudaModelEntry> entry = FindCudaModel(arch);
+  if (!entry.ok()) return entry.status();
+  return entry->activation_bytes(max_b, max_t, level, requests);
 }
 
 }  // namespace weft::engine::cuda
