@@ -67,8 +67,9 @@ absl::StatusOr<std::vector<std::string>> Checkpointer::RestoreCandidates() {
         if (job != who_.job_id) {
           // Refused before any rank reads a byte: another shape would fail as a range error
           // deep in a tensor, on every rank.
-          if (std::string diff = ModelDifference(spec_.model(), m.spec().model(), "in this job",
-                                                 absl::StrCat("in ", job, "'s checkpoint at step ", m.step()));
+          if (std::string diff = ModelDifference(
+                  spec_.model(), m.spec().model(), "in this job",
+                  absl::StrCat("in ", job, "'s checkpoint at step ", m.step()));
               !diff.empty()) {
             return absl::FailedPreconditionError(absl::StrCat(
                 "resume_from_job: job ", job, " has a model of another shape: ", diff));
@@ -191,7 +192,8 @@ absl::StatusOr<bool> Checkpointer::SaveDeferred(int64_t step, const zero::Traini
   return deferred;
 }
 
-absl::Status Checkpointer::Prepare(const zero::TrainingEngine& engine, size_t host_available_bytes) {
+absl::Status Checkpointer::Prepare(const zero::TrainingEngine& engine,
+                                   size_t host_available_bytes) {
   if (spec_.checkpoint().interval_steps() <= 0 || !who_.Writes()) return absl::OkStatus();
   const double need =
       static_cast<double>(CheckpointRankBytes(spec_.model(), who_.Writers()));

@@ -468,9 +468,9 @@ absl::StatusOr<double> GenerationRun::MaybeValidate(int64_t completed, const Tra
   return *v;
 }
 
-void GenerationRun::ReportStep(int64_t completed, const zero::StepResult& result, double tokens_per_s,
-                               double mfu, double val_loss, const Training& training,
-                               StepReports* reports) {
+void GenerationRun::ReportStep(int64_t completed, const zero::StepResult& result,
+                               double tokens_per_s, double mfu, double val_loss,
+                               const Training& training, StepReports* reports) {
   const zero::TrainingEngine& engine = *training.backend->engine;
   weft::v1::ReportProgressRequest report = NewReport();
   auto* m = report.mutable_metrics();
@@ -517,8 +517,8 @@ void GenerationRun::ReportCheckpointFailure(Checkpointer* checkpointer) {
   (void)client_->ReportProgress(report);
 }
 
-absl::Status GenerationRun::GatherModel(zero::TrainingEngine* engine, model_io::ModelFileWriter* file,
-                                        absl::Status* written) {
+absl::Status GenerationRun::GatherModel(zero::TrainingEngine* engine,
+                                        model_io::ModelFileWriter* file, absl::Status* written) {
   for (int u = 0; u < engine->arch().NumUnits(); ++u) {
     WEFT_ASSIGN_OR_RETURN(const std::vector<float> unit, engine->GatherUnit(u));
     // After a failed write the other ranks still wait for this one in every gather.
@@ -552,7 +552,8 @@ absl::Status GenerationRun::Finish(const Training& training) {
                                       command_.spec().model().vocab_size());
     if (!metadata.ok()) {
       written = metadata.status();
-    } else if (auto begun = model_io::ModelFileWriter::Begin(path, command_.spec(), *metadata); begun.ok()) {
+    } else if (auto begun = model_io::ModelFileWriter::Begin(path, command_.spec(), *metadata);
+               begun.ok()) {
       file = std::move(*begun);
     } else {
       written = begun.status();

@@ -121,15 +121,16 @@ class GenerationRun {
   absl::StatusOr<double> MaybeValidate(int64_t completed, const Training& training,
                                        double val_loss);
   // Rank 0: queues the report of a completed step on `reports` (sent from its thread).
-  void ReportStep(int64_t completed, const zero::StepResult& result, double tokens_per_s, double mfu,
-                  double val_loss, const Training& training, StepReports* reports);
+  void ReportStep(int64_t completed, const zero::StepResult& result, double tokens_per_s,
+                  double mfu, double val_loss, const Training& training, StepReports* reports);
   // Gathers the model (each group gathers its own copy, over the group), and on rank 0 writes
   // it and reports the job finished.
   absl::Status Finish(const Training& training);
   // Gathers every unit in turn (collective) and hands each to `file` (rank 0; null elsewhere),
   // then drops it: no rank holds more than one whole unit. A failed write stops the writing,
   // not the gathers the other ranks wait in; *written keeps the first write error.
-  absl::Status GatherModel(zero::TrainingEngine* engine, model_io::ModelFileWriter* file, absl::Status* written);
+  absl::Status GatherModel(zero::TrainingEngine* engine, model_io::ModelFileWriter* file,
+                           absl::Status* written);
   // Rank 0 tells the coordinator about each commit with its next report, and every rank about
   // its failed saves (CHECKPOINT_FAILED events); true when `report` now carries a failure.
   bool AddCheckpointOutcome(Checkpointer* checkpointer, weft::v1::ReportProgressRequest* report);

@@ -62,8 +62,8 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
 std::string HfCheckpoint::config_path() const { return (fs::path(dir_) / kHfConfigFile).string(); }
 
 absl::Status HfCheckpoint::OpenSingle() {
-  WEFT_ASSIGN_OR_RETURN(auto file,
-                        model_io::SafetensorsReader::Open((fs::path(dir_) / kHfSingleFile).string()));
+  WEFT_ASSIGN_OR_RETURN(
+      auto file, model_io::SafetensorsReader::Open((fs::path(dir_) / kHfSingleFile).string()));
   for (const auto& t : file->tensors()) tensors_[t.name] = Located{file.get(), &t};
   files_[kHfSingleFile] = std::move(file);
   return absl::OkStatus();

@@ -32,7 +32,8 @@ struct UnitSlice {
   int64_t size = 0;  // elements in the whole unit
   int64_t begin = 0;
   int64_t end = 0;
-  // end - begin elements each; in host memory a device engine may pin (worker/model_io/host_buffer.h).
+  // end - begin elements each; in host memory a device engine may pin
+  // (worker/model_io/host_buffer.h).
   HostFloats params, m, v;
 
   HostFloats& data(UnitState state);

@@ -1,6 +1,6 @@
 // How ZeRO splits a model over the ranks of a world: pure arithmetic over the units' sizes,
-// shared by both engines (worker/zero/zero_cpu.h, worker/zero/zero_cuda.h), the GPU memory planner and
-// checkpoint slicing, so that all of them agree on every offset by construction.
+// shared by both engines (worker/zero/zero_cpu.h, worker/zero/zero_cuda.h), the GPU memory planner
+// and checkpoint slicing, so that all of them agree on every offset by construction.
 //
 // Every unit (a flat buffer of `size` elements; see engine::ModelArch in
 // worker/engine/model_arch.h) is padded with

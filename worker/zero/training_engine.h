@@ -1,7 +1,7 @@
 // What a generation run needs of a training engine, whatever the device: the CPU ZeroCpuEngine
-// (worker/zero/zero_cpu.h, Gloo) and the GPU ZeroCudaEngine (worker/zero/zero_cuda.h, NCCL) implement it.
-// Both shard units the same way and name checkpoint tensors the same way, so a checkpoint
-// written by one is read by the other, at any world size.
+// (worker/zero/zero_cpu.h, Gloo) and the GPU ZeroCudaEngine (worker/zero/zero_cuda.h, NCCL)
+// implement it. Both shard units the same way and name checkpoint tensors the same way, so a
+// checkpoint written by one is read by the other, at any world size.
 #ifndef WEFT_WORKER_ZERO_TRAINING_ENGINE_H_
 #define WEFT_WORKER_ZERO_TRAINING_ENGINE_H_
 

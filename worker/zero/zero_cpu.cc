@@ -439,15 +439,17 @@ absl::StatusOr<std::vector<float>> ZeroCpuEngine::GatherUnit(int u) {
 
 const std::vector<float>& ZeroCpuEngine::Kept(int u, model_io::UnitState state) const {
   const Unit& unit = units_[u];
-  return state == model_io::UnitState::kParams ? unit.params : state == model_io::UnitState::kM ? unit.m : unit.v;
+  return state == model_io::UnitState::kParams ? unit.params
+         : state == model_io::UnitState::kM    ? unit.m
+                                               : unit.v;
 }
 
 std::vector<float>& ZeroCpuEngine::Kept(int u, model_io::UnitState state) {
   return const_cast<std::vector<float>&>(std::as_const(*this).Kept(u, state));
 }
 
-absl::Status ZeroCpuEngine::CopyKeptToHost(int u, model_io::UnitState state, size_t offset, size_t n,
-                                           float* host) const {
+absl::Status ZeroCpuEngine::CopyKeptToHost(int u, model_io::UnitState state, size_t offset,
+                                           size_t n, float* host) const {
   const std::vector<float>& kept = Kept(u, state);
   std::copy(kept.begin() + offset, kept.begin() + offset + n, host);
   return absl::OkStatus();

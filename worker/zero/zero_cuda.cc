@@ -3,12 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
-#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/status.h"
 #include "worker/engine/adamw.h"
 #include "worker/engine/cuda/cuda_check.h"
@@ -23,7 +20,7 @@ namespace {
 using comm::DataType;
 namespace cuda = engine::cuda;
 
-// Checkpoint snapshots in pinned memory (worker/model_io/host_buffer.h); null makes them heap memory.
+// Checkpoint snapshots in pinned memory (model_io/host_buffer.h); null makes them heap memory.
 void* PinnedAllocate(size_t bytes) {
   void* p = nullptr;
   if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
@@ -865,11 +862,12 @@ absl::StatusOr<std::vector<float>> ZeroCudaEngine::GatherUnit(int u) {
 
 float* ZeroCudaEngine::Kept(int u, model_io::UnitState state) const {
   const Unit& unit = units_[u];
-  return state == model_io::UnitState::kParams ? unit.params : state == model_io::UnitState::kM ? unit.m : unit.v;
+  if (state == model_io::UnitState::kParams) return unit.params;
+  return state == model_io::UnitState::kM ? unit.m : unit.v;
 }
 
-absl::Status ZeroCudaEngine::CopyKeptToHost(int u, model_io::UnitState state, size_t offset, size_t n,
-                                            float* host) const {
+absl::Status ZeroCudaEngine::CopyKeptToHost(int u, model_io::UnitState state, size_t offset,
+                                            size_t n, float* host) const {
   // Between steps: TrainStep returned only after the optimizer finished, or left its update
   // pending (run here first).
   WEFT_RETURN_IF_ERROR(optimizer_->Flush());

@@ -37,8 +37,8 @@
 // The host synchronises once per step (after the optimizer), through
 // CudaCommunicator::WaitEvent, so an abort or a dead peer ends the wait.
 //
-// Hybrid sharding (worker/zero/sharding_groups.h): `comm` is the rank's group, the engine shards over
-// it, and a `replica` communicator (its own stream) joins the ranks at the same position in
+// Hybrid sharding (worker/zero/sharding_groups.h): `comm` is the rank's group, the engine shards
+// over it, and a `replica` communicator (its own stream) joins the ranks at the same position in
 // every group. On the last micro-step, right behind each unit's reduce-scatter (and
 // accumulation) on the comm stream, the replica stream waits for it, all-reduces the shard's
 // gradient over the replicas and adds its sum of squares: the cross-group traffic overlaps

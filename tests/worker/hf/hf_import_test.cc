@@ -233,7 +233,8 @@ TEST(HfExportTest, NamesShapesIndexAndAtomicity) {
   auto index = nlohmann::json::parse(ReadFileBytes(dir + "/" + kHfIndexFile));
   const auto& map = index["weight_map"];
   EXPECT_EQ(map.size(), 4u + 12u * 2u);
-  EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), MappedBytes(*arch, model_io::Dtype::kF32));
+  EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(),
+            MappedBytes(*arch, model_io::Dtype::kF32));
   auto checkpoint = HfCheckpoint::Open(dir);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   const auto wte = (*checkpoint)->Find("transformer.wte.weight");

@@ -638,9 +638,10 @@ TEST(ZeroCpuMemoryPlanTest, ThePlanIsWhatTheEngineAllocates) {
         ASSERT_TRUE(arch_model.ok());
         auto model = engine::cpu::FindCpuModel(**arch_model);
         ASSERT_TRUE(model.ok()) << model.status();
-        const CpuMemoryPlan asked = PlanCpuMemory(
-            spec, **arch_model, *model, engine::CheckpointingFromSpec(c.level, engine::Checkpointing::kNone),
-            4, c.world, c.stage, /*writes_checkpoints=*/false);
+        const CpuMemoryPlan asked =
+            PlanCpuMemory(spec, **arch_model, *model,
+                          engine::CheckpointingFromSpec(c.level, engine::Checkpointing::kNone), 4,
+                          c.world, c.stage, /*writes_checkpoints=*/false);
         EXPECT_EQ(plan.total(), asked.total());  // the plan the engine was built by
         planned += static_cast<int64_t>(plan.state_bytes + plan.working_bytes +
                                         plan.activation_bytes);

@@ -1,7 +1,7 @@
-// What the CPU ZeRO engine (worker/zero/zero_cpu.h) and sampling (worker/model_io/model_file.h) drive: one
-// architecture's model in fp32, unit by unit (unit 0 the head, unit 1 + l block l: see
+// What the CPU ZeRO engine (worker/zero/zero_cpu.h) and sampling (worker/model_io/model_file.h)
+// drive: one architecture's model in fp32, unit by unit (unit 0 the head, unit 1 + l block l: see
 // engine/model_arch.h). Implemented per architecture (engine/cpu/gpt2_model.h for GPT-2) and
-// created by CreateCpuModel, the CPU's one registration point.
+// found by FindCpuModel, the CPU's one registry (engine/cpu/model_factory.cc).
 //
 // Activations for micro-batches up to (max_B, max_T) are owned; parameters and their gradients
 // are NOT (the ZeRO layer passes each unit's gathered buffer to each call). Not thread-safe: one
