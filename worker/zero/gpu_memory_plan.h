@@ -6,7 +6,8 @@
 //
 // The one size it cannot know is the CUDA model's allocation (activations, scratch, GEMM
 // workspace, and what the engine asks the model to hold): the caller passes it in
-// (ActivationBytesFn; the GPU engine's is engine::cuda::PlanCudaActivationBytes).
+// (ActivationBytesFn; the GPU engine's is zero_cuda.h's CudaActivationBytes, from the CUDA model
+// registry).
 #ifndef WEFT_WORKER_ZERO_GPU_MEMORY_PLAN_H_
 #define WEFT_WORKER_ZERO_GPU_MEMORY_PLAN_H_
 
