@@ -39,6 +39,14 @@
 #   bench/gpu_train_bench.sh transport BIN_DIR DATA_FILE [gpt2|llama]
 #     On 2 GPUs, in one call: NCCL's own choice (NVLink) with full sharding, then the network
 #     transport with full sharding and with hybrid sharding; one gpu_train line each.
+#   bench/gpu_train_bench.sh cluster BIN_DIR DATA_FILE HxG [gpt2|llama]
+#     H simulated hosts of G GPUs each on this machine (bench/sim_cluster.sh: a network
+#     namespace per host, veth links, NCCL's network transport between hosts and NVLink within),
+#     after the same H x G GPUs as one host, in one call; WEFT_BENCH_LINK_GBPS (default "0":
+#     unshaped; e.g. "0 25") the link rates to run at, each a run of its own. Every line of this
+#     mode ends hosts=H gpus_per_host=G link_gbps=R inter_host_busbw_gbps=AG/AR (NCCL all-gather
+#     and all-reduce bus bandwidth across the hosts, measured in that run before the job)
+#     vs_single_host=X (tokens/s per GPU over the one-host run's). Needs root, ip and tc.
 #   bench/gpu_train_bench.sh curve BIN_DIR DATA_FILE
 #     A small byte-level GPT on real text (DATA_FILE, bytes), 300 steps, global batch 16, on
 #     1 GPU, 2 GPUs and 1 CPU worker; prints the largest per-step relative loss difference of
@@ -54,14 +62,20 @@ ARCH=${5:-gpt2}
 WORK=${WEFT_BENCH_WORK:-$(mktemp -d /tmp/weft-gpu-bench.XXXXXX)}
 mkdir -p "$WORK"
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/procs.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/sim_cluster.sh"
 # The trained models are not kept: a 13B one is 26 GB, and a few runs fill a device's disk.
 weft_stop_at_exit TERM "$WORK/models"
 
 # A fresh coordinator per job: workers stopped for the previous job would otherwise still be
 # registered (idle until their heartbeat deadline) and could be handed the next job.
 start_coordinator() {
-  weft_serve "$WORK/coordinator-$1" "$BIN/weft-coordinator" --data-dir="$WORK/coordinator-$1" \
-    --metrics-address=none
+  # The simulated hosts dial it from their namespaces, over TLS (bench/sim_cluster.sh).
+  local tls=()
+  if ((${WEFT_BENCH_HOSTS:-1} > 1)); then
+    tls=(--tls-cert="$SIM_PKI/server.pem" --tls-key="$SIM_PKI/server.key")
+  fi
+  WEFT_SERVE_HOST=$([[ ${WEFT_BENCH_HOSTS:-1} -gt 1 ]] && echo 0.0.0.0 || echo 127.0.0.1) weft_serve "$WORK/coordinator-$1" "$BIN/weft-coordinator" --data-dir="$WORK/coordinator-$1" \
+    --metrics-address=none "${tls[@]}"
   COORDINATOR_PID=$WEFT_SPAWNED_PID
 }
 stop_coordinator() { weft_stop "$COORDINATOR_PID"; }
@@ -71,16 +85,26 @@ stop_coordinator() { weft_stop "$COORDINATOR_PID"; }
 # so that NCCL agrees) and turns NCCL's peer-to-peer and shared-memory transports off, so every
 # collective goes through NCCL's network transport as it would between hosts; nvlink (the
 # default) leaves NCCL its own choice.
+# WEFT_BENCH_HOSTS=H (> 1, with a cluster up: sim_cluster_up) puts worker i on simulated host
+# i / (COUNT / H), in its namespace, dialing the coordinator at its gateway.
 start_workers() {
   WORKER_PIDS=()
+  local hosts=${WEFT_BENCH_HOSTS:-1}
   for ((i = 0; i < $2; i++)); do
-    local net=()
-    if [[ ${WEFT_BENCH_TRANSPORT:-nvlink} == net ]]; then
+    local net=() wrap=()
+    if ((hosts > 1)); then
+      local k=$((i / ($2 / hosts)))
+      wrap=(ip netns exec "$(sim_netns "$k")")
+      net=(--host-id="sim-host-$k" --nccl-env=NCCL_HOSTID="sim-host-$k"
+           --net-interface="$(sim_ifname "$k")" --data-address="$(sim_address "$k")"
+           --coordinator="$(sim_gateway "$k"):${WEFT_COORDINATOR##*:}"
+           --nccl-socket-threads=4 --nccl-env=NCCL_NSOCKS_PERTHREAD=4 --tls-ca="$SIM_PKI/ca.pem")
+    elif [[ ${WEFT_BENCH_TRANSPORT:-nvlink} == net ]]; then
       net=(--host-id="bench-host-$i" --nccl-env=NCCL_HOSTID="bench-host-$i"
            --nccl-env=NCCL_P2P_DISABLE=1 --nccl-env=NCCL_SHM_DISABLE=1)
     fi
     # CPU workers get 8 BLAS threads so the reference curve finishes inside a device call.
-    weft_spawn "$WORK/worker-$1$i-$RANDOM.log" "$BIN/weft-worker" --device="$1:$i" \
+    weft_spawn "$WORK/worker-$1$i-$RANDOM.log" "${wrap[@]}" "$BIN/weft-worker" --device="$1:$i" \
       --checkpointd=none --metrics-address=none $([[ $1 == cpu ]] && echo --blas-threads=8) \
       --output-dir="$WORK/models" --worker-id="bench-$1$i-$RANDOM" "${net[@]}"
     WORKER_PIDS+=("$WEFT_SPAWNED_PID")
@@ -112,9 +136,34 @@ SPEC
 }
 
 # run_job SPEC_FILE OUT_JSONL: submits, follows to the end, keeps every status update.
-run_job() { weft_run_job "$BIN/trainctl" "$1" "$2" "$WORK"/worker-*.log >/dev/null; }
+run_job() {
+  local trainctl=$BIN/trainctl
+  if ((${WEFT_BENCH_HOSTS:-1} > 1)); then  # the coordinator serves TLS
+    printf '#!/bin/sh\nexec "%s" --tls-ca="%s" "$@"\n' "$BIN/trainctl" "$SIM_PKI/ca.pem" \
+      >"$WORK/trainctl"
+    chmod +x "$WORK/trainctl"
+    trainctl=$WORK/trainctl
+  fi
+  weft_run_job "$trainctl" "$1" "$2" "$WORK"/worker-*.log >/dev/null
+}
 
 case "$mode" in
+cluster)
+  IFS=x read -r H G <<<"${4:?HxG, e.g. 2x1}"
+  WEFT_BENCH_HOSTS=1 WEFT_BENCH_WORK="$WORK/one-host" "${BASH_SOURCE[0]}" throughput "$BIN" \
+    "$DATA" $((H * G)) "${5:-gpt2}" | tee "$WORK/one-host.txt"
+  single=$(grep -o 'tokens_per_s_per_gpu=[0-9]*' "$WORK/one-host.txt" | head -n 1 | cut -d= -f2)
+  trap 'sim_cluster_down; weft_stop_all' EXIT
+  for rate in ${WEFT_BENCH_LINK_GBPS:-0}; do
+    sim_cluster_up "$H" "$rate"
+    read -r ag ar <<<"$(sim_busbw "$H" "$G")"
+    SIM_PKI=$SIM_PKI SIM_PREFIX=$SIM_PREFIX WEFT_BENCH_HOSTS=$H WEFT_BENCH_TRANSPORT=net \
+      WEFT_BENCH_SIM="$H $G $rate $ag/$ar ${single:-0}" \
+      WEFT_BENCH_WORK="$WORK/hosts-$rate" "${BASH_SOURCE[0]}" throughput "$BIN" "$DATA" \
+      $((H * G)) "${5:-gpt2}"
+    sim_cluster_down
+  done
+  ;;
 transport)
   for run in "nvlink full" "net full" "net hybrid"; do
     read -r WEFT_BENCH_TRANSPORT WEFT_BENCH_SHARD <<<"$run"
@@ -152,11 +201,15 @@ throughput)
     stop_coordinator
     rm -rf "$WORK/models"
     python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" "$ACCUM" \
-      "${WEFT_BENCH_TRANSPORT:-nvlink}" "${WEFT_BENCH_SHARD:-full}" <<'PY'
+      "${WEFT_BENCH_TRANSPORT:-nvlink}" "${WEFT_BENCH_SHARD:-full}" \
+      "${WEFT_BENCH_SIM:-1 $g na na/na 0}" <<'PY'
 import json, sys
 from datetime import datetime
 path, gpus, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 transport, shard = sys.argv[7], sys.argv[8]
+# Simulated hosts (the cluster mode): hosts, GPUs per host, link rate, measured bus bandwidth,
+# and the one-host run's tokens/s per GPU (0: this is that run, or not the cluster mode).
+sim_hosts, sim_per, sim_rate, sim_busbw, sim_single = sys.argv[9].split()
 B, T, accum = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 offload = "off"
 steps = {}
@@ -207,7 +260,10 @@ print(f"BENCH gpu_train arch={arch} gpus={gpus} tokens_per_s_per_gpu={per_gpu:.0
       f"reported_tokens_per_s_per_gpu={B*T*accum*1000/step_ms:.0f} "
       f"steps={first}-{last} loss={float(steps[last]['loss']):.3f} "
       f"activation_checkpointing={level} offload={offload} transport={transport} "
-      f"shard={shard}", flush=True)
+      f"shard={shard} hosts={sim_hosts} gpus_per_host={sim_per} link_gbps={sim_rate} "
+      f"inter_host_busbw_gbps={sim_busbw} "
+      f"vs_single_host={per_gpu / float(sim_single) if float(sim_single) > 0 else 1.0:.3f}",
+      flush=True)
 PY
   done
   ;;
@@ -247,7 +303,7 @@ print(f"BENCH gpu_curve steps={last} gpu2_vs_gpu1_max_rel={w21:.4f} compared={n2
 PY
   ;;
 *)
-  echo "usage: $0 throughput|curve BIN_DIR DATA_FILE [GPU_COUNTS] [gpt2|llama]" >&2
+  echo "usage: $0 throughput|transport|cluster|curve BIN_DIR DATA_FILE [GPU_COUNTS|HxG] [gpt2|llama]" >&2
   exit 2
   ;;
 esac

@@ -1,8 +1,9 @@
 #!/bin/bash
 # Packs what a run on the GPU machine needs into one file for the device tool's `carry`: the
 # GPU binaries of this build (debug info stripped) with the Debian libraries they load
-# (../shared/device/bundle.sh), device-env.sh, the PyTorch peer and this repo's scripts/ and
-# bench/.
+# (../shared/device/bundle.sh), iproute2's ip and tc and openssl (the GPU machine lacks the
+# first two; the simulated cluster of bench/sim_cluster.sh needs all three: put the bundle's bin/
+# on PATH), device-env.sh, the PyTorch peer and this repo's scripts/ and bench/.
 #   scripts/device_payload.sh [BUILD_DIR]     -> .device/payload.tar.gz (about 30 MB)
 # EXTRA_BINS="weft-checkpointd ..." adds binaries. On the GPU machine:
 #   mkdir -p /tmp/p && tar xzf .device/payload.tar.gz -C /tmp/p &&
@@ -25,6 +26,9 @@ for b in $bins; do
   [[ -x "$f" ]] || { echo "device_payload: $f is missing (a CUDA build?)" >&2; exit 1; }
   strip --strip-debug -o "$stage/stripped/$b" "$f"
   paths+=("$stage/stripped/$b")
+done
+for tool in /usr/sbin/ip /usr/sbin/tc /usr/bin/openssl; do
+  [[ -x $tool ]] && paths+=("$tool") || echo "device_payload: $tool missing (apt-get install iproute2 openssl)" >&2
 done
 bash "$shared/device/bundle.sh" "$stage/bundle" "${paths[@]}" >/dev/null
 cp "$shared/device/device-env.sh" "$shared/bench/peer_fsdp_gpt.py" "$stage/"

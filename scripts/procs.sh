@@ -54,10 +54,13 @@ weft_wait_for_file() {
 }
 
 # weft_serve PREFIX PROGRAM [ARG...]: starts a server (weft-coordinator or weft-checkpointd) on
-# a port of 127.0.0.1 it picks, logging to PREFIX.log and writing the port to PREFIX.port;
+# a port it picks, logging to PREFIX.log and writing the port to PREFIX.port;
 # waits for the port, then exports the address as the variable the clients and workers read
 # (WEFT_COORDINATOR or WEFT_CHECKPOINTD). Its pid is in WEFT_SPAWNED_PID. If the port does not
 # come, prints the end of the log and fails.
+# WEFT_SERVE_HOST (default 127.0.0.1) is the address it listens on: 0.0.0.0 also serves the
+# network namespaces of a simulated cluster (bench/sim_cluster.sh); the exported address stays
+# 127.0.0.1 either way.
 weft_serve() {
   local prefix=$1 program=$2
   shift 2
@@ -65,7 +68,8 @@ weft_serve() {
   name=$(basename "$program")
   name=${name#weft-}
   rm -f "$prefix.port"
-  weft_spawn "$prefix.log" "$program" --listen=127.0.0.1:0 --port-file="$prefix.port" "$@"
+  weft_spawn "$prefix.log" "$program" --listen="${WEFT_SERVE_HOST:-127.0.0.1}:0" \
+    --port-file="$prefix.port" "$@"
   weft_wait_for_file "$prefix.port" || { tail -n 20 "$prefix.log" >&2; return 1; }
   export "WEFT_${name^^}=127.0.0.1:$(cat "$prefix.port")"
 }

@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
@@ -17,10 +19,11 @@ namespace {
 // /30 subnets in 198.18.0.0/15.
 constexpr int kSubnets = 32768;
 
-// RunCommand execs a path, not a name looked up in PATH.
-std::string FindIp() {
-  for (const char* path : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-    if (::access(path, X_OK) == 0) return path;
+// RunCommand execs a path, not a name looked up in PATH: iproute2's `name` (ip, tc).
+std::string FindIproute2(const std::string& name) {
+  for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"}) {
+    const std::string path = absl::StrCat(dir, name);
+    if (::access(path.c_str(), X_OK) == 0) return path;
   }
   return "";
 }
@@ -36,7 +39,7 @@ std::string SubnetAddress(int subnet, int host) {
 
 absl::StatusOr<std::unique_ptr<Netns>> Netns::Create() {
   std::unique_ptr<Netns> netns(new Netns());
-  netns->ip_ = FindIp();
+  netns->ip_ = FindIproute2("ip");
   if (netns->ip_.empty()) {
     return absl::FailedPreconditionError("no `ip` binary (iproute2) to build a test network");
   }
@@ -115,6 +118,53 @@ absl::Status Netns::Restore() {
   WEFT_RETURN_IF_ERROR(Ip({"-n", name_, "link", "set", ns_veth_, "up"}));
   // Taking the link down dropped the route through it.
   return Ip({"-n", name_, "route", "replace", "default", "via", host_ip_});
+}
+
+absl::Status Netns::Shape(int64_t mbit_per_s) {
+  // A burst of a few milliseconds at the rate (at least 64 KiB), as a real card's queue.
+  const std::string rate = absl::StrCat(mbit_per_s, "mbit");
+  const std::string burst = absl::StrCat(std::max<int64_t>(64, mbit_per_s / 8 * 4), "kb");
+  for (const bool ns_end : {false, true}) {
+    std::vector<std::string> args;
+    if (ns_end) args = {"-n", name_};
+    args.insert(args.end(), {"qdisc", "replace", "dev", ns_end ? ns_veth_ : host_veth_, "root",
+                             "tbf", "rate", rate, "burst", burst, "latency", "50ms"});
+    WEFT_RETURN_IF_ERROR(Tc(args).status());
+  }
+  shaped_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Netns::ShapedBytes() const {
+  if (!shaped_) return 0;
+  int64_t bytes = 0;
+  for (const bool ns_end : {false, true}) {
+    std::vector<std::string> args;
+    if (ns_end) args = {"-n", name_};
+    args.insert(args.end(), {"-s", "qdisc", "show", "dev", ns_end ? ns_veth_ : host_veth_});
+    WEFT_ASSIGN_OR_RETURN(const std::string out, Tc(args));
+    // " Sent 123456 bytes 789 pkt (dropped 0, overlimits 0 requeues 0)"
+    const size_t at = out.find("Sent ");
+    int64_t sent = 0;
+    if (at == std::string::npos ||
+        !absl::SimpleAtoi(out.substr(at + 5, out.find(' ', at + 5) - at - 5), &sent)) {
+      return absl::InternalError(absl::StrCat("tc printed no byte count: ", out));
+    }
+    bytes += sent;
+  }
+  return bytes;
+}
+
+absl::StatusOr<std::string> Netns::Tc(std::vector<std::string> args) const {
+  const std::string tc = FindIproute2("tc");
+  if (tc.empty()) return absl::NotFoundError("iproute2's tc is not installed");
+  args.insert(args.begin(), tc);
+  const CommandResult r = RunCommand(args, {}, absl::Seconds(10));
+  if (r.exit_code == 0) return r.out;
+  args.erase(args.begin());
+  return absl::InternalError(absl::StrCat("`tc ", absl::StrJoin(args, " "), "` exited ",
+                                          r.exit_code, ": ",
+                                          absl::StripAsciiWhitespace(r.err)));
 }
 
 absl::Status Netns::Ip(std::vector<std::string> args) const {

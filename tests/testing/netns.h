@@ -5,6 +5,7 @@
 #ifndef WEFT_TESTS_TESTING_NETNS_H_
 #define WEFT_TESTS_TESTING_NETNS_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,12 +55,22 @@ class Netns {
   // Brings the namespace end up again (its address and routes are restored).
   absl::Status Restore();
 
+  // Shapes the link to `mbit_per_s` each way, as a host with that network card would be: a
+  // token bucket (tc tbf) on both ends. NOT_FOUND without iproute2's `tc`.
+  absl::Status Shape(int64_t mbit_per_s);
+  // Bytes the shaping let through, both ways together (tc's counters of both ends); 0 before
+  // Shape.
+  absl::StatusOr<int64_t> ShapedBytes() const;
+
  private:
   Netns() = default;
   absl::Status Ip(std::vector<std::string> args) const;
+  // Runs tc with `args`, returning its output.
+  absl::StatusOr<std::string> Tc(std::vector<std::string> args) const;
   absl::Status SetUp();
 
   std::string ip_;  // path of the `ip` binary
+  bool shaped_ = false;
   std::string name_, host_veth_, ns_veth_, host_ip_, ns_ip_;
 };
 

@@ -6,6 +6,8 @@
 // with full sharding and with hybrid sharding (ZeRO-3 within a host, replicated across the
 // two); the first must give the model the same job gives on one host bit for bit (the network
 // changes nothing the ranks compute), the second the same model up to float summation order.
+// Each host's link is shaped to kLinkMbps each way (tc tbf, as bench/sim_cluster.sh does on the
+// GPU machine), and the collectives must have crossed the shaped links.
 //
 // Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN), iproute2's `ip`, and a writable
 // /proc/sys/net/ipv4/ip_forward (set to 1 for the test and restored after); skips without them.
@@ -37,6 +39,7 @@ using testing::TempDir;
 using ::testing::EndsWith;
 
 constexpr int kSteps = 40;
+constexpr int kLinkMbps = 200;
 constexpr char kIpForward[] = "/proc/sys/net/ipv4/ip_forward";
 
 class MultiHostE2eTest : public ::testing::Test {
@@ -48,6 +51,9 @@ class MultiHostE2eTest : public ::testing::Test {
       auto netns = testing::Netns::Create();
       if (!netns.ok()) GTEST_SKIP() << netns.status();
       hosts_.push_back(std::move(*netns));
+      if (absl::Status shaped = hosts_.back()->Shape(kLinkMbps); !shaped.ok()) {
+        GTEST_SKIP() << shaped;
+      }
     }
     // Packets from one namespace to the other pass the machine, which must forward them.
     saved_ip_forward_ = testing::ReadFile(kIpForward);
@@ -141,6 +147,13 @@ TEST_F(MultiHostE2eTest, TwoHostsInTheirOwnNamespacesTrainFullAndHybridSharded) 
   EXPECT_THAT(members, EndsWith("on 2 hosts (min 4, max 4): host-a/cpu0, host-a/cpu1, "
                                 "host-b/cpu0, host-b/cpu1"));
   testing::ExpectSameModel(full, one_host);
+  // Every rank's gathers and reduce-scatters crossed its host's shaped link: more than the
+  // model's parameters (full sharding gathers each unit from the other host every step).
+  for (const auto& host : hosts_) {
+    auto bytes = host->ShapedBytes();
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    EXPECT_GT(*bytes, int64_t{1} << 20) << host->name();
+  }
 
   v1::JobSpec hybrid_spec = spec;
   hybrid_spec.set_name("multihost-hybrid");
