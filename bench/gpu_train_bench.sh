@@ -47,6 +47,8 @@
 #     mode ends hosts=H gpus_per_host=G link_gbps=R inter_host_busbw_gbps=AG/AR (NCCL all-gather
 #     and all-reduce bus bandwidth across the hosts, measured in that run before the job)
 #     vs_single_host=X (tokens/s per GPU over the one-host run's). Needs root, ip and tc.
+#     WEFT_BENCH_LINK_DELAY_MS adds that one-way delay at each end (netem; refused, naming the
+#     missing qdisc, on a kernel without it, as the GPU machine's).
 #   bench/gpu_train_bench.sh curve BIN_DIR DATA_FILE
 #     A small byte-level GPT on real text (DATA_FILE, bytes), 300 steps, global batch 16, on
 #     1 GPU, 2 GPUs and 1 CPU worker; prints the largest per-step relative loss difference of
@@ -155,7 +157,7 @@ cluster)
   single=$(grep -o 'tokens_per_s_per_gpu=[0-9]*' "$WORK/one-host.txt" | head -n 1 | cut -d= -f2)
   trap 'sim_cluster_down; weft_stop_all' EXIT
   for rate in ${WEFT_BENCH_LINK_GBPS:-0}; do
-    sim_cluster_up "$H" "$rate"
+    sim_cluster_up "$H" "$rate" "${WEFT_BENCH_LINK_DELAY_MS:-0}"
     read -r ag ar <<<"$(sim_busbw "$H" "$G")"
     SIM_PKI=$SIM_PKI SIM_PREFIX=$SIM_PREFIX WEFT_BENCH_HOSTS=$H WEFT_BENCH_TRANSPORT=net \
       WEFT_BENCH_SIM="$H $G $rate $ag/$ar ${single:-0}" \

@@ -29,10 +29,35 @@ sim_netns() { echo "${SIM_PREFIX}-host$1"; }
 sim_gateway() { echo "198.19.$1.1"; }           # the machine's end: where host k dials daemons
 sim_address() { echo "198.19.$1.2"; }
 
-# sim_cluster_up HOSTS LINK_GBPS: makes the namespaces and links (removed by sim_cluster_down,
-# which the caller must run at exit).
+# sim_shape DEV [NETNS]: DEV's egress limited to SIM_LINK_GBPS (tbf) and delayed by
+# SIM_LINK_DELAY_MS (netem, one way); says which qdisc the kernel lacks when it does.
+sim_shape() {
+  local dev=$1 in=() where=(root)
+  [[ -n ${2:-} ]] && in=(ip netns exec "$2")
+  if [[ ${SIM_LINK_DELAY_MS:-0} != 0 ]]; then
+    "${in[@]}" tc qdisc add dev "$dev" root handle 1: netem delay "${SIM_LINK_DELAY_MS}ms" || {
+      echo "sim_cluster: the kernel has no netem qdisc (CONFIG_NET_SCH_NETEM):" \
+        "latency cannot be emulated here" >&2
+      return 1
+    }
+    where=(parent 1:1)
+  fi
+  if [[ ${SIM_LINK_GBPS:-0} != 0 ]]; then
+    "${in[@]}" tc qdisc add dev "$dev" "${where[@]}" tbf rate "${SIM_LINK_GBPS}gbit" \
+      burst 64mb latency 100ms || {
+      echo "sim_cluster: could not shape $dev with tbf (CONFIG_NET_SCH_TBF?)" >&2
+      return 1
+    }
+  fi
+}
+
+# sim_cluster_up HOSTS LINK_GBPS [DELAY_MS]: makes the namespaces and links (removed by
+# sim_cluster_down, which the caller must run at exit). LINK_GBPS 0: unshaped; DELAY_MS (one
+# way, each end: netem) needs a kernel with netem, which the GPU machine's lacks.
 sim_cluster_up() {
-  local hosts=$1 gbps=$2 k ns
+  local hosts=$1 k ns
+  SIM_LINK_GBPS=$2
+  SIM_LINK_DELAY_MS=${3:-0}
   command -v ip >/dev/null && command -v tc >/dev/null || {
     echo "sim_cluster: needs iproute2's ip and tc on PATH" >&2
     return 1
@@ -52,11 +77,8 @@ sim_cluster_up() {
     ip -n "$ns" link set lo up
     ip -n "$ns" link set "$(sim_ifname "$k")" up mtu 9000
     ip -n "$ns" route add default via "$(sim_gateway "$k")"
-    if [[ $gbps != 0 ]]; then
-      tc qdisc add dev "${SIM_PREFIX}k${k}h" root tbf rate "${gbps}gbit" burst 64mb latency 100ms
-      ip netns exec "$ns" tc qdisc add dev "$(sim_ifname "$k")" root tbf rate "${gbps}gbit" \
-        burst 64mb latency 100ms
-    fi
+    sim_shape "${SIM_PREFIX}k${k}h" || return 1
+    sim_shape "$(sim_ifname "$k")" "$ns" || return 1
   done
 }
 
