@@ -397,7 +397,9 @@ HybridResult TrainHybrid(int replicas, int group_size, int first, int last,
       ASSERT_TRUE(params.ok()) << params.status();
       if (position == 0) result.params[group] = *std::move(params);
       ASSERT_TRUE((*g)->Barrier()->Wait().ok());
-      if (across) ASSERT_TRUE(across->Barrier()->Wait().ok());
+      if (across) {
+        ASSERT_TRUE(across->Barrier()->Wait().ok());
+      }
     });
   }
   for (auto& t : threads) t.join();
