@@ -1,7 +1,8 @@
 // trainctl: the user's command line for a Weft cluster. A thin layer over CoordinatorClient:
 // every subcommand is one call (watch: one stream) plus formatting.
 // The checkpoint subcommands (trainctl_checkpoints.h) talk to weft-checkpointd instead, and the
-// data subcommands (trainctl_data.h) to nothing: they prepare text locally.
+// data subcommands (trainctl_data.h) to nothing: they prepare text locally. `logs` lives in
+// trainctl_logs.h.
 //
 // Exit status: 0 on success; 1 on any error (message on stderr as "trainctl: <message>"),
 // and for `watch`, `events -f` and `logs -f`, 1 when the job ends FAILED or CANCELLED. Usage
@@ -9,16 +10,13 @@
 // the default) or JSON (-o json) by the one rule of trainctl_output.h: one object for a command
 // that answers once (the RPC's response message), one compact object per line for one that
 // follows a job.
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <map>
-#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -39,6 +37,7 @@
 #include "client/coordinator_client.h"
 #include "trainctl/trainctl_checkpoints.h"
 #include "trainctl/trainctl_data.h"
+#include "trainctl/trainctl_logs.h"
 #include "trainctl/trainctl_model.h"
 #include "trainctl/trainctl_output.h"
 #include "common/job_spec.h"
@@ -71,18 +70,6 @@ struct GlobalOptions {
 
 // ---------------------------------------------------------------------------------------
 // Formatting helpers.
-
-// Proto enum names carry a prefix that only exists to keep C++ enumerators unique
-// ("DEVICE_KIND_CPU"); people read the rest.
-std::string ShortEnumName(const std::string& name, absl::string_view prefix) {
-  return std::string(absl::StripPrefix(name, prefix));
-}
-
-std::string StateName(JobState state) {
-  return ShortEnumName(weft::v1::JobState_Name(state), "JOB_STATE_");
-}
-
-bool HasTime(const google::protobuf::Timestamp& t) { return t.seconds() != 0 || t.nanos() != 0; }
 
 std::string FormatTimestamp(const google::protobuf::Timestamp& t) {
   if (!HasTime(t)) return kNone;
@@ -580,127 +567,6 @@ int Events(CoordinatorClient& client, const GlobalOptions& global, const std::st
   return last.state() == weft::v1::SUCCEEDED ? 0 : 1;
 }
 
-// ---------------------------------------------------------------------------------------
-// logs
-
-// Set by SIGINT and SIGTERM while `logs -f` runs: it stops between polls.
-std::atomic<bool> g_interrupted{false};
-
-extern "C" void OnInterrupt(int) { g_interrupted.store(true); }
-
-struct LogsFlags {
-  int rank = -1;  // -1: every rank's lines
-  bool follow = false;
-};
-
-// "2024-05-01T12:00:00.123Z rank 1 info text": UTC, so that lines of ranks on hosts in
-// other time zones sort; without the rank when only one rank's lines are asked for.
-std::string LogLineText(const v1::JobLogLine& line, bool with_rank) {
-  std::string text = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", FromProtoTime(line.time()),
-                                      absl::UTCTimeZone());
-  if (with_rank) absl::StrAppend(&text, " rank ", line.rank());
-  absl::StrAppend(&text, " ", line.level(), " ", line.text());
-  return text;
-}
-
-// One page of lines after `after_seq`, as many as the coordinator gives at once.
-absl::StatusOr<v1::GetJobLogsResponse> LogsAfter(CoordinatorClient& client,
-                                                  const std::string& job_id,
-                                                  const LogsFlags& flags, int64_t after_seq) {
-  v1::GetJobLogsRequest request;
-  request.set_job_id(job_id);
-  if (flags.rank >= 0) request.set_rank(flags.rank);
-  request.set_after_seq(after_seq);
-  request.set_max_lines(10000);
-  return client.GetJobLogs(request);
-}
-
-// Lines that were gone before they were read; said on stderr (stdout holds only lines).
-void NoteDropped(const std::string& job_id, int64_t dropped, bool first) {
-  if (dropped <= 0) return;
-  std::cerr << "trainctl: " << dropped << (first ? " older" : "") << " line"
-            << (dropped == 1 ? "" : "s") << " of job " << job_id
-            << (first ? " are no longer kept" : " were dropped before they could be read")
-            << " (the coordinator keeps the newest of each job; each worker's own log has "
-               "them all)\n";
-}
-
-// What the job's ranks logged, oldest first: everything the coordinator keeps, or with
-// `follow`, then new lines as they come (polled every 500 ms) until the job has ended and its
-// workers' last lines are in (exit 0 if it SUCCEEDED, like watch). JSON: one
-// GetJobLogsResponse holding every line; with `follow`, one JobLogLine per line.
-int Logs(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id,
-         const LogsFlags& flags) {
-  const bool with_rank = flags.rank < 0;
-  auto print = [&](const v1::GetJobLogsResponse& page) -> absl::Status {
-    for (const v1::JobLogLine& line : page.lines()) {
-      if (global.json()) {
-        WEFT_RETURN_IF_ERROR(PrintJsonLine(line));
-      } else {
-        std::cout << LogLineText(line, with_rank) << "\n";
-      }
-    }
-    std::cout.flush();
-    return absl::OkStatus();
-  };
-  if (!flags.follow) {
-    v1::GetJobLogsResponse all;
-    for (bool first = true;; first = false) {
-      absl::StatusOr<v1::GetJobLogsResponse> page =
-          LogsAfter(client, job_id, flags, all.next_seq());
-      if (!page.ok()) return Fail(page.status());
-      if (first) all.set_dropped(page->dropped());
-      const bool progress = page->next_seq() > all.next_seq();
-      all.set_next_seq(page->next_seq());
-      all.set_state(page->state());
-      if (!global.json()) {
-        if (first) NoteDropped(job_id, page->dropped(), true);
-        if (absl::Status s = print(*page); !s.ok()) return Fail(s);
-      } else {
-        for (v1::JobLogLine& line : *page->mutable_lines()) *all.add_lines() = std::move(line);
-      }
-      if (!progress) break;
-    }
-    return global.json() ? PrintJsonExit(all) : 0;
-  }
-
-  struct sigaction action = {};
-  action.sa_handler = OnInterrupt;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
-  int64_t after = 0;
-  // Once the job has ended, its workers' last lines still come with their next heartbeats:
-  // the follow goes on until a poll this long after the end finds nothing new.
-  std::optional<absl::Time> last_lines_by;
-  v1::JobStatus ended;
-  for (bool first = true; !g_interrupted.load(); first = false) {
-    absl::StatusOr<v1::GetJobLogsResponse> page = LogsAfter(client, job_id, flags, after);
-    if (!page.ok()) return Fail(page.status());
-    NoteDropped(job_id, page->dropped(), first);
-    if (absl::Status s = print(*page); !s.ok()) return Fail(s);
-    const bool progress = page->next_seq() > after;
-    after = page->next_seq();
-    if (IsFinalJobState(page->state()) && !last_lines_by) {
-      absl::StatusOr<v1::Job> job = client.GetJob(job_id);
-      if (!job.ok()) return Fail(job.status());
-      ended = job->status();
-      // From the end itself: following a job that ended long ago waits for nothing.
-      const absl::Time end =
-          HasTime(ended.end_time()) ? FromProtoTime(ended.end_time()) : absl::Now();
-      last_lines_by =
-          end + absl::Milliseconds(job->spec().fault().heartbeat_interval_ms()) + absl::Seconds(1);
-    }
-    if (progress) continue;  // more may be waiting
-    if (last_lines_by && absl::Now() >= *last_lines_by) break;
-    for (int i = 0; i < 10 && !g_interrupted.load(); ++i) absl::SleepFor(absl::Milliseconds(50));
-  }
-  if (g_interrupted.load()) return 130;  // stopped by the user: quietly, as a signal would
-  if (ended.state() == v1::SUCCEEDED) return 0;
-  return Fail(absl::AbortedError(absl::StrCat("job ", job_id, " ", StateName(ended.state()),
-                                              ended.error().empty() ? "" : ": ", ended.error())));
-}
-
 // A machine id (32 hex digits) cut to its first 12, as `git log` shortens hashes; other host ids
 // (names given with --host-id) in full.
 std::string ShortHostId(const std::string& host_id) {
@@ -977,7 +843,7 @@ int Main(int argc, char** argv) {
   if (watch->parsed()) return Watch(client, global, job_id);
   if (workers->parsed()) return Workers(client, global);
   if (events->parsed()) return Events(client, global, job_id, follow);
-  if (logs->parsed()) return Logs(client, global, job_id, logs_flags);
+  if (logs->parsed()) return Logs(client, global.json(), job_id, logs_flags);
   if (sample->parsed()) return Sample(client, global, job_id, sample_flags);
   return Fail(absl::InvalidArgumentError("no subcommand"));
 }

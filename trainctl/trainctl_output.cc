@@ -4,9 +4,20 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace weft::trainctl {
+
+std::string ShortEnumName(const std::string& name, absl::string_view prefix) {
+  return std::string(absl::StripPrefix(name, prefix));
+}
+
+std::string StateName(weft::v1::JobState state) {
+  return ShortEnumName(weft::v1::JobState_Name(state), "JOB_STATE_");
+}
+
+bool HasTime(const google::protobuf::Timestamp& t) { return t.seconds() != 0 || t.nanos() != 0; }
 
 int Fail(const absl::Status& status) {
   std::cerr << "trainctl: " << status.message() << "\n";

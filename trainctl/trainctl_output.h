@@ -25,11 +25,22 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "google/protobuf/message.h"
+#include "google/protobuf/timestamp.pb.h"
 #include "google/protobuf/repeated_ptr_field.h"
 #include "nlohmann/json.hpp"
+#include "weft/v1/job.pb.h"
 
 namespace weft::trainctl {
+
+// The part of a proto enum name people read: without the prefix that only keeps C++
+// enumerators unique ("DEVICE_KIND_CPU" -> "CPU").
+std::string ShortEnumName(const std::string& name, absl::string_view prefix);
+// "RUNNING" for JOB_STATE_RUNNING.
+std::string StateName(weft::v1::JobState state);
+// Whether a proto timestamp was set (all zero: not).
+bool HasTime(const google::protobuf::Timestamp& t);
 
 // Prints "trainctl: <message>" on stderr; returns the exit status, 1.
 int Fail(const absl::Status& status);
