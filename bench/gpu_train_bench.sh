@@ -72,12 +72,13 @@ weft_stop_at_exit TERM "$WORK/models"
 # registered (idle until their heartbeat deadline) and could be handed the next job.
 start_coordinator() {
   # The simulated hosts dial it from their namespaces, over TLS (bench/sim_cluster.sh).
-  local tls=()
+  local host=127.0.0.1 tls=()
   if ((${WEFT_BENCH_HOSTS:-1} > 1)); then
+    host=0.0.0.0
     tls=(--tls-cert="$SIM_PKI/server.pem" --tls-key="$SIM_PKI/server.key")
   fi
-  WEFT_SERVE_HOST=$([[ ${WEFT_BENCH_HOSTS:-1} -gt 1 ]] && echo 0.0.0.0 || echo 127.0.0.1) weft_serve "$WORK/coordinator-$1" "$BIN/weft-coordinator" --data-dir="$WORK/coordinator-$1" \
-    --metrics-address=none "${tls[@]}"
+  WEFT_SERVE_HOST=$host weft_serve "$WORK/coordinator-$1" "$BIN/weft-coordinator" \
+    --data-dir="$WORK/coordinator-$1" --metrics-address=none "${tls[@]}"
   COORDINATOR_PID=$WEFT_SPAWNED_PID
 }
 stop_coordinator() { weft_stop "$COORDINATOR_PID"; }

@@ -121,7 +121,7 @@ sim_cluster_down() {
 # "ALLGATHER ALLREDUCE" (256 MiB per rank; one rank per GPU, in its host's namespace, with the
 # workers' socket settings), through PyTorch's NCCL; "na na" where PyTorch is missing.
 sim_busbw() {
-  local hosts=$1 per=$2 world=$(($1 * $2)) r k out pids=()
+  local per=$2 world=$(($1 * $2)) r k out pids=()
   python3 -c "import torch.distributed" 2>/dev/null || { echo "na na"; return 0; }
   out=$(mktemp -d)
   cat >"$out/busbw.py" <<'PY'
