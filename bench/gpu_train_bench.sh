@@ -26,8 +26,11 @@
 #     1024");
 #     WEFT_BENCH_TRANSPORT=net makes every worker a host of its own with NCCL on its network
 #     transport (start_workers); WEFT_BENCH_SHARD=hybrid sets sharding { scope: HOST } (with
-#     one GPU per declared host: replicas only, each gradient shard all-reduced across them);
-#     the line ends transport=nvlink|net shard=full|hybrid.
+#     one GPU per declared host: replicas only, each gradient shard all-reduced across them),
+#     =auto sets scope AUTO; WEFT_BENCH_REPLICA_FORMAT (fp32, bf16, int8) its
+#     replica_reduce_format. The line ends transport=nvlink|net shard=full|hybrid+F|auto+F
+#     auto_choice=SCOPE[+format] (what AUTO chose; na otherwise) intra_host_gb_per_step=
+#     inter_host_gb_per_step= (rank 0's collective bytes of a step, StepMetrics).
 #     WEFT_BENCH_STEPS the steps (default 60; tokens/s counts from step 10, or from the
 #     first reported step past a fifth of them).
 #     tokens/s is end to end: steps completed between two coordinator timestamps (step 10 and
@@ -49,6 +52,14 @@
 #     vs_single_host=X (tokens/s per GPU over the one-host run's). Needs root, ip and tc.
 #     WEFT_BENCH_LINK_DELAY_MS adds that one-way delay at each end (netem; refused, naming the
 #     missing qdisc, on a kernel without it, as the GPU machine's).
+#   bench/gpu_train_bench.sh wire_curve BIN_DIR DATA_FILE [cuda|cpu]
+#     The replica all-reduce's formats on real text: a small byte-level GPT (6 x 256, context
+#     256, micro-batch 8, WEFT_BENCH_STEPS default 300) under sharding HOST on
+#     WEFT_BENCH_WIRE_WORKERS (default 2) workers, each a host of its own (replicas of one
+#     rank: the all-reduce carries every gradient), in fp32, bf16 and int8; prints how far each
+#     compressed curve is from the exact one and its bytes across hosts against fp32's:
+#     BENCH wire_curve ... bf16_max_rel= bf16_mean_rel= bf16_last20_rel= (mean loss of the last
+#     20 steps) bf16_inter_bytes_vs_fp32= int8_... loss_first= loss_fp32=
 #   bench/gpu_train_bench.sh curve BIN_DIR DATA_FILE
 #     A small byte-level GPT on real text (DATA_FILE, bytes), 300 steps, global batch 16, on
 #     1 GPU, 2 GPUs and 1 CPU worker; prints the largest per-step relative loss difference of
@@ -115,6 +126,18 @@ start_workers() {
 }
 stop_workers() { weft_stop "${WORKER_PIDS[@]}"; }
 
+# The job's sharding block: WEFT_BENCH_SHARD full (none), hybrid (HOST) or auto (AUTO), with
+# WEFT_BENCH_REPLICA_FORMAT (fp32, bf16 or int8) its replica_reduce_format.
+sharding_block() {
+  local scope format=${WEFT_BENCH_REPLICA_FORMAT:-fp32}
+  case ${WEFT_BENCH_SHARD:-full} in
+  hybrid) scope=HOST ;;
+  auto) scope=AUTO ;;
+  *) return 0 ;;
+  esac
+  echo "sharding { scope: $scope replica_reduce_format: WIRE_${format^^} }"
+}
+
 # spec NAME KIND WORKERS LAYERS WIDTH HEADS VOCAB CONTEXT MICRO_BATCH STEPS LR [LLAMA_FIELDS]
 # LLAMA_FIELDS (optional): extra ModelSpec fields, e.g. "architecture: LLAMA num_kv_heads: 8".
 spec() {
@@ -132,7 +155,7 @@ training { total_steps: ${10} micro_batch_size: $9 sequence_length: $8 seed: 133
            activation_checkpointing: ${WEFT_BENCH_AC:-AUTO}
            device_memory_limit_gib: ${WEFT_BENCH_MEMORY_LIMIT_GIB:-0} }
 zero_stage: 3
-$([[ ${WEFT_BENCH_SHARD:-full} == hybrid ]] && echo "sharding { scope: HOST }")
+$(sharding_block)
 resources { device_kind: DEVICE_KIND_$2 min_workers: $3 max_workers: $3 }
 fault { heartbeat_interval_ms: 500 heartbeat_timeout_ms: 5000 max_restarts: 0 }
 SPEC
@@ -203,8 +226,10 @@ throughput)
     stop_workers
     stop_coordinator
     rm -rf "$WORK/models"
+    shard=${WEFT_BENCH_SHARD:-full}
+    [[ $shard == full ]] || shard+="+${WEFT_BENCH_REPLICA_FORMAT:-fp32}"
     python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" "$ACCUM" \
-      "${WEFT_BENCH_TRANSPORT:-nvlink}" "${WEFT_BENCH_SHARD:-full}" \
+      "${WEFT_BENCH_TRANSPORT:-nvlink}" "$shard" \
       "${WEFT_BENCH_SIM:-1 $g na na/na 0}" <<'PY'
 import json, sys
 from datetime import datetime
@@ -215,6 +240,7 @@ transport, shard = sys.argv[7], sys.argv[8]
 sim_hosts, sim_per, sim_rate, sim_busbw, sim_single = sys.argv[9].split()
 B, T, accum = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 offload = "off"
+chosen = "na"
 steps = {}
 level = "?"
 for line in open(path):
@@ -223,6 +249,11 @@ for line in open(path):
     if m and "step" in m:
         steps[int(m["step"])] = m
     for e in s.get("events", []):
+        if e.get("type") == "SHARDING_CHOSEN":
+            # "HOST: ...; replica all-reduce WIRE_BF16: ..." or "WORLD: ..."
+            chosen = e["message"].split(":", 1)[0]
+            if "replica all-reduce WIRE_" in e["message"]:
+                chosen += "+" + e["message"].split("replica all-reduce WIRE_", 1)[1].split(":")[0].lower()
         if e.get("type") == "MEMORY_PLANNED":
             # "activation checkpointing full, selective for blocks 0-16 (chosen by AUTO): ..."
             said = e["message"].split("activation checkpointing ", 1)[1].split(" (", 1)[0]
@@ -254,6 +285,9 @@ phase = {k: med([float(m.get(k, 0)) for m in late])
          for k in ("forward_ms", "backward_ms", "optimizer_ms")}
 exposed = med([float(m.get("exposed_comm_ms", 0)) for m in late])
 peak = max(int(m.get("engine_device_bytes", 0)) for m in late) / 2**30
+# Bytes rank 0's collectives sent a step, within its host and across hosts (StepMetrics).
+intra = med([int(m.get("intra_host_bytes", 0)) for m in late]) / 1e9
+inter = med([int(m.get("inter_host_bytes", 0)) for m in late]) / 1e9
 used = max(int(m.get("device_used_bytes", 0)) for m in late) / 2**30
 print(f"BENCH gpu_train arch={arch} gpus={gpus} tokens_per_s_per_gpu={per_gpu:.0f} "
       f"mfu={per_gpu * flops_per_token_over_peak:.3f} peak_mem_gib={peak:.2f} "
@@ -263,7 +297,9 @@ print(f"BENCH gpu_train arch={arch} gpus={gpus} tokens_per_s_per_gpu={per_gpu:.0
       f"reported_tokens_per_s_per_gpu={B*T*accum*1000/step_ms:.0f} "
       f"steps={first}-{last} loss={float(steps[last]['loss']):.3f} "
       f"activation_checkpointing={level} offload={offload} transport={transport} "
-      f"shard={shard} hosts={sim_hosts} gpus_per_host={sim_per} link_gbps={sim_rate} "
+      f"shard={shard} auto_choice={chosen} intra_host_gb_per_step={intra:.2f} "
+      f"inter_host_gb_per_step={inter:.2f} "
+      f"hosts={sim_hosts} gpus_per_host={sim_per} link_gbps={sim_rate} "
       f"inter_host_busbw_gbps={sim_busbw} "
       f"vs_single_host={per_gpu / float(sim_single) if float(sim_single) > 0 else 1.0:.3f}",
       flush=True)
@@ -305,8 +341,49 @@ print(f"BENCH gpu_curve steps={last} gpu2_vs_gpu1_max_rel={w21:.4f} compared={n2
       f"loss_cpu={cpu.get(last, float('nan')):.3f}", flush=True)
 PY
   ;;
+wire_curve)
+  # KIND=cuda|cpu, N workers each a host of its own: HOST scope is N replicas of one rank.
+  kind=${4:-cuda}
+  n=${WEFT_BENCH_WIRE_WORKERS:-2}
+  steps=${WEFT_BENCH_STEPS:-300}
+  for format in fp32 bf16 int8; do
+    WEFT_BENCH_SHARD=hybrid WEFT_BENCH_REPLICA_FORMAT=$format \
+      spec "wire-$format" "${kind^^}" "$n" 6 256 8 256 256 8 "$steps" 2e-3 >"$WORK/w-$format.pb.txt"
+    start_coordinator "w-$format"
+    WEFT_BENCH_TRANSPORT=net start_workers "$kind" "$n"
+    run_job "$WORK/w-$format.pb.txt" "$WORK/w-$format.jsonl"
+    stop_workers
+    stop_coordinator
+  done
+  python3 - "$WORK" "$steps" "$kind" "$n" <<'PY'
+import json, sys
+work, steps, kind, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+def curve(fmt):
+    losses, inter = {}, {}
+    for line in open(f"{work}/w-{fmt}.jsonl"):
+        m = json.loads(line).get("last_metrics")
+        if m and "step" in m:
+            losses[int(m["step"])] = float(m["loss"])
+            inter[int(m["step"])] = int(m.get("inter_host_bytes", 0))
+    return losses, inter
+exact, exact_bytes = curve("fp32")
+out = [f"BENCH wire_curve kind={kind} replicas={n} steps={steps} compared={len(exact)}"]
+for fmt in ("bf16", "int8"):
+    got, got_bytes = curve(fmt)
+    common = sorted(set(got) & set(exact))
+    rel = [abs(got[k] - exact[k]) / exact[k] for k in common]
+    tail = [k for k in common if k > steps - 20]
+    final = abs(sum(got[k] for k in tail) - sum(exact[k] for k in tail)) / sum(exact[k] for k in tail)
+    ratio = (sum(got_bytes.values()) / max(1, sum(exact_bytes.values())))
+    out.append(f"{fmt}_max_rel={max(rel):.4f} {fmt}_mean_rel={sum(rel) / len(rel):.4f} "
+               f"{fmt}_last20_rel={final:.4f} {fmt}_inter_bytes_vs_fp32={ratio:.3f}")
+last = max(exact)
+out.append(f"loss_first={exact[min(exact)]:.3f} loss_fp32={exact[last]:.3f}")
+print(" ".join(out), flush=True)
+PY
+  ;;
 *)
-  echo "usage: $0 throughput|transport|cluster|curve BIN_DIR DATA_FILE [GPU_COUNTS|HxG] [gpt2|llama]" >&2
+  echo "usage: $0 throughput|transport|cluster|curve|wire_curve BIN_DIR DATA_FILE [GPU_COUNTS|HxG|KIND] [gpt2|llama]" >&2
   exit 2
   ;;
 esac

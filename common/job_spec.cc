@@ -204,8 +204,20 @@ void ValidateDataFormat(const weft::v1::DataSpec& d, const weft::v1::ModelSpec& 
 void ValidateSharding(const JobSpec& spec, const Complain& bad) {
   const auto& s = spec.sharding();
   if (!weft::v1::ShardingSpec::Scope_IsValid(s.scope())) {
-    bad("sharding.scope", absl::StrCat("unknown value ", s.scope(), "; use WORLD, HOST or GROUP"));
+    bad("sharding.scope",
+        absl::StrCat("unknown value ", s.scope(), "; use WORLD, HOST, GROUP or AUTO"));
     return;
+  }
+  if (!weft::v1::ShardingSpec::WireFormat_IsValid(s.replica_reduce_format())) {
+    bad("sharding.replica_reduce_format",
+        absl::StrCat("unknown value ", s.replica_reduce_format(),
+                     "; use WIRE_FP32, WIRE_BF16 or WIRE_INT8"));
+  } else if (s.scope() == weft::v1::ShardingSpec::WORLD &&
+             s.replica_reduce_format() != weft::v1::ShardingSpec::WIRE_FP32) {
+    bad("sharding.replica_reduce_format",
+        absl::StrCat(weft::v1::ShardingSpec::WireFormat_Name(s.replica_reduce_format()),
+                     " needs scope HOST, GROUP or AUTO: under WORLD the state has one replica, "
+                     "and no all-reduce joins replicas"));
   }
   if (s.scope() != weft::v1::ShardingSpec::GROUP && s.group_size() != 0) {
     bad("sharding.group_size",
@@ -214,8 +226,9 @@ void ValidateSharding(const JobSpec& spec, const Complain& bad) {
   }
   if (s.scope() == weft::v1::ShardingSpec::WORLD) return;
   if (spec.zero_stage() != 3) {
-    bad("sharding.scope", absl::StrCat("HOST and GROUP shard ZeRO-3 state: need zero_stage 3, got ",
-                                       spec.zero_stage()));
+    bad("sharding.scope",
+        absl::StrCat("HOST, GROUP and AUTO shard ZeRO-3 state: need zero_stage 3, got ",
+                     spec.zero_stage()));
   }
   if (s.scope() != weft::v1::ShardingSpec::GROUP) return;
   const int32_t min_workers = spec.resources().min_workers();
@@ -324,8 +337,8 @@ void ValidateOffload(const JobSpec& spec, const Complain& bad) {
     // Each rank chooses from its own free memory, and the host and GPU optimizers agree only to
     // rounding: two copies of one shard could drift apart.
     bad("optimizer.offload_auto",
-        "not with sharding.scope HOST or GROUP: the ranks that hold copies of one shard could "
-        "choose different shares; set optimizer.offload with offload_fraction instead");
+        "not with sharding.scope HOST, GROUP or AUTO: the ranks that hold copies of one shard "
+        "could choose different shares; set optimizer.offload with offload_fraction instead");
   }
   if (!InUnitInterval(o.offload_fraction(), true)) {
     bad("optimizer.offload_fraction",

@@ -70,6 +70,9 @@ absl::StatusOr<weft::v1::ReportProgressResponse> Coordinator::ReportProgress(
     if (!request.memory_plan().empty() && rank0) {
       jobs_.AddEvent(rec, weft::v1::MEMORY_PLANNED, request.memory_plan());
     }
+    if (!request.sharding_choice().empty() && rank0) {
+      jobs_.AddEvent(rec, weft::v1::SHARDING_CHOSEN, request.sharding_choice());
+    }
     if (request.has_start() && rank0) RecordStartLocked(rec, request.start(), actions);
     if (request.checkpoint_step() > 0 && rank0 &&
         request.checkpoint_step() > rec.job.status().checkpoint_step()) {

@@ -10,6 +10,7 @@ mkdir -p "$LOGS"
 export WEFT_BIN_DIR=$BIN  # where the e2e tests find weft-worker and weft-coordinator
 failed=0
 for t in engine_cuda_bf16_ops_test engine_cuda_flash_attention_test engine_cuda_llama_ops_test \
+         engine_cuda_wire_codec_test \
          nccl_communicator_test in_process_cuda_communicator_test zero_cuda_test \
          gpu_worker_e2e_test; do
   timeout 300 "$BIN/$t" >"$LOGS/$t.log" 2>&1

@@ -8,6 +8,7 @@
 #define WEFT_WORKER_DEVICE_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -38,7 +39,18 @@ struct DeviceBackend {
   // which uses it (or the communicators it owns): the engine is destroyed first.
   std::unique_ptr<comm::Communicator> comm;
   std::unique_ptr<zero::TrainingEngine> engine;
+  // What the engine shards over (the world, or the rank's group) and, with hybrid groups, the
+  // replica; both owned by `comm`. For the traffic metrics.
+  const comm::Communicator* shards = nullptr;
+  const comm::Communicator* replica = nullptr;
 };
+
+// Called between the communicators and the engine, for sharding.scope AUTO to settle the spec
+// the engine is built from: with `world` (the backend's comm) and, with hybrid groups, the
+// bus bandwidth in Gb/s of an all-reduce over the replica (timed then, the same on every rank:
+// the mean of the ranks'), 0 without. An error fails the backend as the engine's would.
+using BeforeEngine = std::function<absl::StatusOr<weft::v1::JobSpec>(
+    comm::Communicator& world, double replica_busbw_gbps)>;
 
 // Which part of a backend could not be made. The communicator fails when a peer or the
 // rendezvous does (often transient); the engine fails on what the job asks of this device.
@@ -51,7 +63,14 @@ enum class BackendPart { kCommunicator, kEngine };
 absl::StatusOr<DeviceBackend> CreateDeviceBackend(const DeviceOptions& options, Store* store,
                                                   int rank, const zero::ShardingGroups& groups,
                                                   const weft::v1::JobSpec& spec,
-                                                  BackendPart* failed = nullptr);
+                                                  BackendPart* failed = nullptr,
+                                                  const BeforeEngine& before_engine = nullptr);
+
+// Whether a rank of `spec` on this device, in a group of `group_size` ranks with `replicas`
+// replicas, fits its memory now: the engine's own test (ZeroCudaEngine::CheckFits,
+// ZeroCpuEngine::CheckFits), local to this rank.
+absl::Status CheckShardedStateFits(const DeviceOptions& options, const weft::v1::JobSpec& spec,
+                                   int group_size, int replicas);
 
 }  // namespace weft::worker
 

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "common/status_context.h"
 #include "spdlog/spdlog.h"
+#include "worker/sharding_auto.h"
 #include "worker/zero/memory_plan.h"
 #include "worker/mfu.h"
 #include "worker/model_io/model_file.h"
@@ -129,7 +130,7 @@ absl::Status GenerationRun::Train() {
   // The data is opened before the rendezvous, and what is wrong with it goes to Join: a
   // member that cannot read what its peers can is refused there, at no restart's cost.
   absl::StatusOr<Data> opened = OpenData();
-  WEFT_ASSIGN_OR_RETURN(const zero::ShardingGroups groups,
+  WEFT_ASSIGN_OR_RETURN(zero::ShardingGroups groups,
                         Join(opened.ok() ? "" : std::string(opened.status().message())));
   if (!opened.ok()) {
     // A coordinator that knows of data_error never completes such a rendezvous; an older one
@@ -143,16 +144,16 @@ absl::Status GenerationRun::Train() {
   // Collectives rendezvous through the coordinator's store for this generation (under the
   // communicator's own key prefix).
   RemoteStore store(client_->server(), job_id(), generation());
-  WEFT_ASSIGN_OR_RETURN(DeviceBackend backend, CreateBackend(&store, groups));
-  if (const std::string note = backend.engine->MemoryPlanNote(); rank_ == 0 && !note.empty()) {
-    spdlog::info("job {} generation {}: {}", job_id(), generation(), note);
-    weft::v1::ReportProgressRequest report = NewReport();
-    report.set_memory_plan(note);
-    // Only informative: a lost report must not stop training.
-    if (auto sent = client_->ReportProgress(report); !sent.ok()) {
-      spdlog::warn("job {}: memory plan not reported: {}", job_id(), sent.status().ToString());
-    }
+  std::string sharding_choice;
+  BeforeEngine settle;
+  if (spec.sharding().scope() == weft::v1::ShardingSpec::AUTO) {
+    WEFT_ASSIGN_OR_RETURN(const AutoScope scope, ChooseScopeForAuto(&store));
+    groups = scope.groups;
+    settle = SettleAutoSpec(spec, scope, options_.peak_flops, &sharding_choice);
   }
+  WEFT_ASSIGN_OR_RETURN(DeviceBackend backend, CreateBackend(&store, groups, settle));
+  traffic_ = TrafficLinks(groups);
+  ReportPlans(backend.engine->MemoryPlanNote(), sharding_choice);
   AbortHook hook(this, backend.comm.get());
 
   // Checkpoints: resume from the newest restorable one; save every interval_steps. Their
@@ -204,7 +205,8 @@ absl::StatusOr<zero::ShardingGroups> GenerationRun::Join(const std::string& data
   join.set_generation(generation());
   join.set_worker_id(options_.worker_id);
   join.set_incarnation(options_.incarnation);
-  join.set_include_peers(sharding.scope() == weft::v1::ShardingSpec::HOST);
+  // The peers' hosts: HOST's groups, AUTO's choice and the traffic metrics' links.
+  join.set_include_peers(true);
   auto joined = client_->Join(join, absl::Milliseconds(options_.rendezvous_timeout_ms));
   if (!joined.ok()) {
     if (joined.status().code() != absl::StatusCode::kAborted) ReportError(joined.status(), false);
@@ -215,10 +217,17 @@ absl::StatusOr<zero::ShardingGroups> GenerationRun::Join(const std::string& data
   ranks_on_host_ = std::max(1, joined->local_world_size());
   spdlog::info("job {} generation {}: rank {} of {}", job_id(), generation(), rank_,
                joined->world_size());
-  if (sharding.scope() == weft::v1::ShardingSpec::WORLD) {
+  rank_hosts_ = zero::RankHosts(*joined);
+  std::vector<std::string> hosts = rank_hosts_;
+  // Without the peers' hosts (an older coordinator) AUTO and the metrics see one host.
+  if (rank_hosts_.size() != static_cast<size_t>(joined->world_size())) {
+    rank_hosts_.assign(joined->world_size(), "");
+  }
+  // AUTO chooses once the generation's store can carry the ranks' verdicts (Train).
+  if (sharding.scope() == weft::v1::ShardingSpec::WORLD ||
+      sharding.scope() == weft::v1::ShardingSpec::AUTO) {
     return zero::ShardingGroups::Full(joined->world_size());
   }
-  std::vector<std::string> hosts = zero::RankHosts(*joined);
   // GROUP needs only the count; HOST gets the peers it asked for.
   if (sharding.scope() == weft::v1::ShardingSpec::GROUP) hosts.resize(joined->world_size());
   auto groups = zero::ResolveShardingGroups(sharding, hosts);
@@ -252,12 +261,63 @@ absl::StatusOr<GenerationRun::Data> GenerationRun::OpenData() {
   return data;
 }
 
+absl::StatusOr<AutoScope> GenerationRun::ChooseScopeForAuto(Store* store) {
+  DeviceOptions device = options_.device;
+  device.ranks_on_host = ranks_on_host_;
+  auto scope = ChooseAutoScope(store, rank_, rank_hosts_, command_.spec(), device,
+                               absl::Milliseconds(options_.rendezvous_timeout_ms));
+  if (!scope.ok()) ReportCollectiveError(scope.status());
+  if (scope.ok()) {
+    spdlog::info("job {} generation {}: sharding AUTO: {}", job_id(), generation(),
+                 scope->reason);
+  }
+  return scope;
+}
+
+void GenerationRun::ReportPlans(const std::string& memory_plan,
+                                const std::string& sharding_choice) {
+  if (rank_ != 0 || (memory_plan.empty() && sharding_choice.empty())) return;
+  if (!memory_plan.empty()) {
+    spdlog::info("job {} generation {}: {}", job_id(), generation(), memory_plan);
+  }
+  if (!sharding_choice.empty()) {
+    spdlog::info("job {} generation {}: sharding: {}", job_id(), generation(), sharding_choice);
+  }
+  weft::v1::ReportProgressRequest report = NewReport();
+  report.set_memory_plan(memory_plan);
+  report.set_sharding_choice(sharding_choice);
+  // Only informative: a lost report must not stop training.
+  if (auto sent = client_->ReportProgress(report); !sent.ok()) {
+    spdlog::warn("job {}: memory plan not reported: {}", job_id(), sent.status().ToString());
+  }
+}
+
+GenerationRun::Links GenerationRun::TrafficLinks(const zero::ShardingGroups& groups) const {
+  // A communicator spans hosts when its ranks are on more than one; without the peers' hosts
+  // (an older coordinator) everything counts as within the host.
+  const auto spans = [&](int first, int count, int stride) {
+    for (int i = 1; i < count; ++i) {
+      const size_t r = static_cast<size_t>(first + i * stride);
+      if (r < rank_hosts_.size() && rank_hosts_[r] != rank_hosts_[first]) return true;
+    }
+    return false;
+  };
+  Links links;
+  const int group_first = groups.group(rank_) * groups.group_size;
+  links.shards_span_hosts = spans(group_first, groups.group_size, 1);
+  links.replica_spans_hosts =
+      groups.hybrid() && spans(groups.position(rank_), groups.replicas(), groups.group_size);
+  return links;
+}
+
 absl::StatusOr<DeviceBackend> GenerationRun::CreateBackend(Store* store,
-                                                          const zero::ShardingGroups& groups) {
+                                                          const zero::ShardingGroups& groups,
+                                                          const BeforeEngine& settle) {
   BackendPart failed = BackendPart::kCommunicator;
   DeviceOptions device = options_.device;
   device.ranks_on_host = ranks_on_host_;
-  auto backend = CreateDeviceBackend(device, store, rank_, groups, command_.spec(), &failed);
+  auto backend =
+      CreateDeviceBackend(device, store, rank_, groups, command_.spec(), &failed, settle);
   if (!backend.ok()) {
     // A communicator that cannot connect usually means a peer is gone: the coordinator decides.
     // An engine that cannot be built for this spec will not be on a retry either.
@@ -388,8 +448,11 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
   for (int64_t step = start_step; step < total; ++step) {
     if (aborted_.load()) return absl::AbortedError("aborted");
     if (ended()) return absl::AbortedError("the coordinator ended the generation");
+    const Traffic before = TrafficSoFar(*training.backend);
     auto result = engine.TrainStep(step, train_batch);
     if (!result.ok()) return StepFailed(step, result.status());
+    const Traffic sent = TrafficSoFar(*training.backend) - before;
+    metrics_->CountCollectiveBytes(sent.intra_host, sent.inter_host);
     if (!std::isfinite(result->grad_norm)) {
       spdlog::warn("job {} rank {}: step {} skipped: the gradient is not finite (loss {})",
                    job_id(), rank_, step + 1, result->loss);
@@ -405,7 +468,7 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
     const double mfu = Mfu(tokens_per_s / world, flops_per_token, options_.peak_flops);
     metrics_->RecordStep(step + 1, *result, tokens_per_s, mfu, engine.StateBytes());
     if (reports) {
-      ReportStep(step + 1, *result, tokens_per_s, mfu, val_loss, training, &*reports);
+      ReportStep(step + 1, *result, tokens_per_s, mfu, val_loss, sent, training, &*reports);
     } else {
       // Rank 0's step reports carry its own failed saves; the other ranks report theirs.
       ReportCheckpointFailure(training.checkpointer);
@@ -468,9 +531,20 @@ absl::StatusOr<double> GenerationRun::MaybeValidate(int64_t completed, const Tra
   return *v;
 }
 
+GenerationRun::Traffic GenerationRun::TrafficSoFar(const DeviceBackend& backend) const {
+  Traffic t;
+  const auto add = [&](const comm::Communicator* c, bool spans_hosts) {
+    if (c != nullptr) (spans_hosts ? t.inter_host : t.intra_host) += c->sent_bytes();
+  };
+  add(backend.shards, traffic_.shards_span_hosts);
+  add(backend.replica, traffic_.replica_spans_hosts);
+  return t;
+}
+
 void GenerationRun::ReportStep(int64_t completed, const zero::StepResult& result,
                                double tokens_per_s, double mfu, double val_loss,
-                               const Training& training, StepReports* reports) {
+                               const Traffic& sent, const Training& training,
+                               StepReports* reports) {
   const zero::TrainingEngine& engine = *training.backend->engine;
   weft::v1::ReportProgressRequest report = NewReport();
   auto* m = report.mutable_metrics();
@@ -489,6 +563,8 @@ void GenerationRun::ReportStep(int64_t completed, const zero::StepResult& result
   m->set_state_bytes(static_cast<int64_t>(engine.StateBytes()));
   m->set_engine_device_bytes(static_cast<int64_t>(engine.EngineDeviceBytes()));
   m->set_device_used_bytes(static_cast<int64_t>(engine.DeviceUsedBytes()));
+  m->set_intra_host_bytes(sent.intra_host);
+  m->set_inter_host_bytes(sent.inter_host);
   AddCheckpointOutcome(training.checkpointer, &report);
   reports->Send(std::move(report));
 }

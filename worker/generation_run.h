@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -23,6 +24,7 @@
 #include "worker/data/tokenizer.h"
 #include "worker/device_backend.h"
 #include "worker/hf/hf_checkpoint.h"
+#include "worker/sharding_auto.h"
 #include "worker/zero/training_engine.h"
 #include "worker/model_io/model_file.h"
 #include "worker/zero/sharding_groups.h"
@@ -96,7 +98,30 @@ class GenerationRun {
   absl::StatusOr<zero::ShardingGroups> Join(const std::string& data_error);
   // The job's datasets and tokenizer; reports nothing (Train passes the error to Join).
   absl::StatusOr<Data> OpenData();
-  absl::StatusOr<DeviceBackend> CreateBackend(Store* store, const zero::ShardingGroups& groups);
+  // `settle`: sharding.scope AUTO's spec (SettleAutoSpec), else null.
+  absl::StatusOr<DeviceBackend> CreateBackend(Store* store, const zero::ShardingGroups& groups,
+                                              const BeforeEngine& settle);
+  // sharding.scope AUTO: the groups every rank agrees on (ChooseAutoScope); a failure (of the
+  // store: a peer gone, the generation over) is reported as a lost peer.
+  absl::StatusOr<AutoScope> ChooseScopeForAuto(Store* store);
+  // Rank 0, once per generation: the engine's memory plan and AUTO's sharding choice (either
+  // may be empty), as MEMORY_PLANNED and SHARDING_CHOSEN events.
+  void ReportPlans(const std::string& memory_plan, const std::string& sharding_choice);
+  // Which of this rank's communicators span hosts (from rank_hosts_), for the traffic metrics.
+  struct Links {
+    bool shards_span_hosts = false;
+    bool replica_spans_hosts = false;
+  };
+  Links TrafficLinks(const zero::ShardingGroups& groups) const;
+  // Bytes this rank's collectives have sent, by link (Communicator::sent_bytes).
+  struct Traffic {
+    int64_t intra_host = 0;
+    int64_t inter_host = 0;
+    Traffic operator-(const Traffic& o) const {
+      return {intra_host - o.intra_host, inter_host - o.inter_host};
+    }
+  };
+  Traffic TrafficSoFar(const DeviceBackend& backend) const;
   // The Hugging Face checkpoint of spec.init_from_hf_dir, headers read and config.json checked
   // against the spec (null when the spec names none): before the engine allocates the model,
   // so that a bad directory fails the job at once. A failure is permanent.
@@ -122,7 +147,8 @@ class GenerationRun {
                                        double val_loss);
   // Rank 0: queues the report of a completed step on `reports` (sent from its thread).
   void ReportStep(int64_t completed, const zero::StepResult& result, double tokens_per_s,
-                  double mfu, double val_loss, const Training& training, StepReports* reports);
+                  double mfu, double val_loss, const Traffic& sent, const Training& training,
+                  StepReports* reports);
   // Gathers the model (each group gathers its own copy, over the group), and on rank 0 writes
   // it and reports the job finished.
   absl::Status Finish(const Training& training);
@@ -153,6 +179,9 @@ class GenerationRun {
   // As assigned by the JoinJob command; Join confirms it.
   int32_t rank_;
   int32_t ranks_on_host_ = 1;  // the generation's ranks on this host (JoinResponse)
+  // Every rank's host, in rank order (Join's peers; empty from a coordinator that sends none).
+  std::vector<std::string> rank_hosts_;
+  Links traffic_;
   // Rank 0's step reports while StepLoop runs (its local), else null.
   StepReports* step_reports_ = nullptr;
 

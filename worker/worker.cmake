@@ -1,7 +1,7 @@
 # The weft-worker process: its agent, the generation run, checkpoints, metrics and reports.
 add_library(weft_worker_lib STATIC generation_run.cc agent.cc worker_metrics.cc checkpointer.cc
   device_backend.cc mfu.cc run_sequencer.cc host_identity.cc step_failures.cc log_relay.cc
-  step_reports.cc)
+  step_reports.cc sharding_auto.cc)
 target_link_libraries(weft_worker_lib PUBLIC weft_zero weft_model_io weft_hf weft_comm
   weft_client)
 

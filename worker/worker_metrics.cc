@@ -44,6 +44,17 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
                               "communication, optimizer, total")
                         .Register(registry);
   steps_ = &AddCounter(registry, "weft_worker_steps_total", "Optimizer steps completed", labels_);
+  auto& collective_bytes = prometheus::BuildCounter()
+                               .Name("weft_worker_collective_bytes_total")
+                               .Help("Bytes this rank's collectives sent in training steps, as "
+                                     "ring algorithms send them, by link: intra_host (ranks "
+                                     "of its host) or inter_host (communicators spanning hosts)")
+                               .Register(registry);
+  prometheus::Labels intra = labels_, inter = labels_;
+  intra["link"] = "intra_host";
+  inter["link"] = "inter_host";
+  intra_host_bytes_ = &collective_bytes.Add(intra);
+  inter_host_bytes_ = &collective_bytes.Add(inter);
   job_info_ = &prometheus::BuildGauge()
                    .Name("weft_worker_job_info")
                    .Help("1, labelled with the job and rank of the worker's current or last "
@@ -93,6 +104,11 @@ void WorkerMetrics::CountRunEnd(const std::string& outcome) {
   prometheus::Labels labels = labels_;
   labels["outcome"] = outcome;
   runs_->Add(labels).Increment();
+}
+
+void WorkerMetrics::CountCollectiveBytes(int64_t intra_host, int64_t inter_host) {
+  intra_host_bytes_->Increment(static_cast<double>(intra_host));
+  inter_host_bytes_->Increment(static_cast<double>(inter_host));
 }
 
 }  // namespace weft::worker

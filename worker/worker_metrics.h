@@ -30,6 +30,9 @@ class WorkerMetrics {
   // generation: dashboards join per-rank metrics with it to select a job's ranks.
   void SetAssignment(const std::string& job_id, int32_t rank);
   void CountRunEnd(const std::string& outcome);
+  // What this rank's collectives sent in a step (Communicator::sent_bytes), to ranks of its
+  // own host and over communicators that span hosts.
+  void CountCollectiveBytes(int64_t intra_host, int64_t inter_host);
 
  private:
   // The last step's figures.
@@ -55,6 +58,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>* job_info_;
   prometheus::Gauge* assignment_ = nullptr;
   prometheus::Family<prometheus::Counter>* runs_;
+  prometheus::Counter* intra_host_bytes_;
+  prometheus::Counter* inter_host_bytes_;
   prometheus::Labels labels_;
 };
 

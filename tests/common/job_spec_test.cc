@@ -688,7 +688,7 @@ TEST(ValidateJobSpecTest, OptimizerOffloadAuto) {
   spec.mutable_sharding()->set_scope(weft::v1::ShardingSpec::HOST);
   EXPECT_THAT(ValidateJobSpec(spec),
               ::testing::ElementsAre(StartsWith(
-                  "optimizer.offload_auto: not with sharding.scope HOST or GROUP")));
+                  "optimizer.offload_auto: not with sharding.scope HOST, GROUP or AUTO")));
 }
 
 TEST(ValidateJobSpecTest, Gpt2RefusesEveryLlamaField) {
@@ -883,6 +883,35 @@ TEST(ValidateJobSpecTest, HybridShardingScopes) {
   EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
   spec.mutable_sharding()->set_group_size(1);  // pure replication
   EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+  // Compressed replica all-reduces where there are replicas; AUTO like HOST.
+  for (auto format : {weft::v1::ShardingSpec::WIRE_BF16, weft::v1::ShardingSpec::WIRE_INT8}) {
+    spec.mutable_sharding()->set_replica_reduce_format(format);
+    EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+  }
+  spec.mutable_sharding()->set_group_size(0);
+  spec.mutable_sharding()->set_scope(weft::v1::ShardingSpec::AUTO);
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+}
+
+TEST(ValidateJobSpecTest, ReplicaReduceFormatErrorsNameTheField) {
+  using weft::v1::ShardingSpec;
+  JobSpec spec = ValidCpuSpec();
+  spec.set_zero_stage(3);
+  spec.mutable_sharding()->set_scope(ShardingSpec::HOST);
+  spec.mutable_sharding()->set_replica_reduce_format(static_cast<ShardingSpec::WireFormat>(9));
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ::testing::ElementsAre("sharding.replica_reduce_format: unknown value 9; use "
+                                     "WIRE_FP32, WIRE_BF16 or WIRE_INT8"));
+  spec.mutable_sharding()->set_scope(ShardingSpec::WORLD);
+  spec.mutable_sharding()->set_replica_reduce_format(ShardingSpec::WIRE_INT8);
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ::testing::ElementsAre(StartsWith(
+                  "sharding.replica_reduce_format: WIRE_INT8 needs scope HOST, GROUP or AUTO")));
+  // AUTO shards ZeRO-3 state like HOST.
+  spec.mutable_sharding()->set_scope(ShardingSpec::AUTO);
+  spec.set_zero_stage(1);
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ::testing::ElementsAre(StartsWith("sharding.scope: HOST, GROUP and AUTO shard")));
 }
 
 TEST(ValidateJobSpecTest, HybridShardingErrorsNameTheField) {
@@ -903,9 +932,9 @@ TEST(ValidateJobSpecTest, HybridShardingErrorsNameTheField) {
       {ShardingSpec::GROUP, 3, 3,
        "resources.min_workers: must be a multiple of sharding.group_size (3), got 2"},
       {ShardingSpec::GROUP, 2, 2,
-       "sharding.scope: HOST and GROUP shard ZeRO-3 state: need zero_stage 3, got 2"},
+       "sharding.scope: HOST, GROUP and AUTO shard ZeRO-3 state: need zero_stage 3, got 2"},
       {ShardingSpec::HOST, 0, 0,
-       "sharding.scope: HOST and GROUP shard ZeRO-3 state: need zero_stage 3, got 0"},
+       "sharding.scope: HOST, GROUP and AUTO shard ZeRO-3 state: need zero_stage 3, got 0"},
   };
   for (const Case& c : cases) {
     JobSpec spec = ValidCpuSpec();

@@ -6,6 +6,9 @@
 // with full sharding and with hybrid sharding (ZeRO-3 within a host, replicated across the
 // two); the first must give the model the same job gives on one host bit for bit (the network
 // changes nothing the ranks compute), the second the same model up to float summation order.
+// Then sharding AUTO, which must choose HOST here and train that model bit for bit, and the
+// compressed replica all-reduces (bf16, int8), which must cut the bytes rank 0 sends across
+// hosts (its StepMetrics) and keep the loss near the exact run's.
 // Each host's link is shaped to kLinkMbps each way (tc tbf, as bench/sim_cluster.sh does on the
 // GPU machine), and the collectives must have crossed the shaped links.
 //
@@ -13,11 +16,14 @@
 // /proc/sys/net/ipv4/ip_forward (set to 1 for the test and restored after); skips without them.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
@@ -97,6 +103,20 @@ class MultiHostE2eTest : public ::testing::Test {
     workers_.push_back(std::move(*w));
   }
 
+  // The four workers idle again after a job (its generation's end reaches them in turn).
+  void WaitForIdleWorkers() {
+    ASSERT_TRUE(Eventually(
+        [&] {
+          auto workers = daemons_.client().ListWorkers();
+          if (!workers.ok()) return false;
+          int idle = 0;
+          for (const auto& w : *workers) idle += w.state() == v1::WORKER_IDLE;
+          return idle == 4;
+        },
+        absl::Seconds(20)))
+        << Logs();
+  }
+
   // Submits `spec` and waits for its end.
   v1::JobStatus Run(const v1::JobSpec& spec) {
     auto job = daemons_.client().SubmitJob(spec);
@@ -124,7 +144,7 @@ class MultiHostE2eTest : public ::testing::Test {
   std::vector<std::unique_ptr<Subprocess>> workers_;
 };
 
-TEST_F(MultiHostE2eTest, TwoHostsInTheirOwnNamespacesTrainFullAndHybridSharded) {
+TEST_F(MultiHostE2eTest, TwoHostsInTheirOwnNamespacesTrainWithEveryShardingOption) {
   const v1::JobSpec spec = testing::RecoveryJobSpec("multihost", corpus_, 4, kSteps);
   const v1::JobStatus one_host = testing::RunUninterrupted(dir_.File("one-host"), 4, spec);
   ASSERT_EQ(one_host.state(), v1::SUCCEEDED);
@@ -158,20 +178,58 @@ TEST_F(MultiHostE2eTest, TwoHostsInTheirOwnNamespacesTrainFullAndHybridSharded) 
   v1::JobSpec hybrid_spec = spec;
   hybrid_spec.set_name("multihost-hybrid");
   hybrid_spec.mutable_sharding()->set_scope(v1::ShardingSpec::HOST);
-  ASSERT_TRUE(Eventually(
-      [&] {
-        auto workers = daemons_.client().ListWorkers();
-        if (!workers.ok()) return false;
-        int idle = 0;
-        for (const auto& w : *workers) idle += w.state() == v1::WORKER_IDLE;
-        return idle == 4;
-      },
-      absl::Seconds(20)))
-      << Logs();
+  ASSERT_NO_FATAL_FAILURE(WaitForIdleWorkers());
   const v1::JobStatus hybrid = Run(hybrid_spec);
   ASSERT_EQ(hybrid.state(), v1::SUCCEEDED) << hybrid.DebugString() << Logs();
   EXPECT_THAT(Logs(), ::testing::HasSubstr("hybrid sharding, 2 replicas of 2 ranks"));
   testing::ExpectModelsClose(hybrid, full, 1e-4);
+  // Rank 0's replica all-reduce is its only traffic across hosts; its group stays home.
+  const v1::StepMetrics& exact = hybrid.last_metrics();
+  EXPECT_GT(exact.inter_host_bytes(), 0);
+  EXPECT_GT(exact.intra_host_bytes(), exact.inter_host_bytes());
+
+  // AUTO on two even hosts whose ranks hold a replica: HOST, and with the format left exact,
+  // the same job bit for bit. Its event says what it measured and why.
+  v1::JobSpec auto_spec = spec;
+  auto_spec.set_name("multihost-auto");
+  auto_spec.mutable_sharding()->set_scope(v1::ShardingSpec::AUTO);
+  ASSERT_NO_FATAL_FAILURE(WaitForIdleWorkers());
+  const v1::JobStatus chosen = Run(auto_spec);
+  ASSERT_EQ(chosen.state(), v1::SUCCEEDED) << chosen.DebugString() << Logs();
+  std::string why;
+  for (const auto& e : chosen.events()) {
+    if (e.type() == v1::SHARDING_CHOSEN) why = e.message();
+  }
+  EXPECT_THAT(why, ::testing::StartsWith("HOST: 2 hosts of 2 ranks each"));
+  EXPECT_THAT(why, ::testing::HasSubstr("replica all-reduce WIRE_FP32"));
+  EXPECT_THAT(why, ::testing::HasSubstr("Gb/s measured across the hosts"));
+  testing::ExpectSameModel(chosen, hybrid);
+
+  // The compressed replica all-reduces: a half and about a quarter of the bytes across the
+  // hosts, and the last step's loss near the exact one's (one step of a 40-step run at a high
+  // learning rate: int8's noise moves it by a few percent; bench/gpu_train_bench.sh
+  // wire_curve compares whole 300-step curves).
+  struct Wire {
+    v1::ShardingSpec::WireFormat format;
+    double most_bytes, loss_tolerance;
+  };
+  for (const auto& [format, most, tolerance] : {Wire{v1::ShardingSpec::WIRE_BF16, 0.55, 0.02},
+                                                Wire{v1::ShardingSpec::WIRE_INT8, 0.3, 0.05}}) {
+    v1::JobSpec wire_spec = hybrid_spec;
+    wire_spec.set_name(absl::AsciiStrToLower(absl::StrCat(
+        "multihost-", v1::ShardingSpec::WireFormat_Name(format))).substr(0, 64));
+    std::replace(wire_spec.mutable_name()->begin(), wire_spec.mutable_name()->end(), '_', '-');
+    wire_spec.mutable_sharding()->set_replica_reduce_format(format);
+    ASSERT_NO_FATAL_FAILURE(WaitForIdleWorkers());
+    const v1::JobStatus run = Run(wire_spec);
+    ASSERT_EQ(run.state(), v1::SUCCEEDED) << run.DebugString() << Logs();
+    const v1::StepMetrics& m = run.last_metrics();
+    EXPECT_LT(static_cast<double>(m.inter_host_bytes()), most * exact.inter_host_bytes())
+        << v1::ShardingSpec::WireFormat_Name(format);
+    EXPECT_EQ(m.intra_host_bytes(), exact.intra_host_bytes());
+    EXPECT_NEAR(m.loss(), exact.loss(), tolerance * exact.loss())
+        << v1::ShardingSpec::WireFormat_Name(format);
+  }
 }
 
 }  // namespace

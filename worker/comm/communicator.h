@@ -43,11 +43,13 @@
 
 namespace weft::comm {
 
-enum class DataType { kFloat32, kBFloat16 };
+// kUInt8 is opaque bytes (an encoded payload, worker/comm/wire_codec.h): data movement only
+// (AllGather, AllToAll, Broadcast); the sums refuse it (UNIMPLEMENTED).
+enum class DataType { kFloat32, kBFloat16, kUInt8 };
 
-// "float32" / "bfloat16".
+// "float32" / "bfloat16" / "uint8".
 std::string_view DataTypeName(DataType type);
-// Bytes per element: 4 / 2.
+// Bytes per element: 4 / 2 / 1.
 size_t DataTypeSize(DataType type);
 
 // Handle of one enqueued collective.
@@ -96,6 +98,16 @@ class Communicator {
   virtual std::shared_ptr<Work> Reduce(const void* send, void* recv, size_t count, DataType type,
                                        int root) = 0;
   virtual std::shared_ptr<Work> Barrier() = 0;
+  // send and recv: world*count elements each, apart. Rank r's recv block q is rank q's send
+  // block r. Backends without it answer UNIMPLEMENTED (the default).
+  virtual std::shared_ptr<Work> AllToAll(const void* send, void* recv, size_t count_per_rank,
+                                         DataType type);
+
+  // Bytes this rank's collectives have sent since the communicator was made, counted when
+  // they are enqueued as ring algorithms send them (RingSentBytes, work.h): what the job's
+  // schedule asks of the links, for the intra/inter-host metrics. 0 for a backend that does
+  // not count.
+  virtual int64_t sent_bytes() const { return 0; }
 
   // Fails every in-flight and queued op promptly (well under a second) with `reason` (OK is
   // replaced by ABORTED) and every later op too. Gloo also fails its connections, so peers

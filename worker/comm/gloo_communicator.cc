@@ -44,6 +44,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -72,6 +73,7 @@
 #include "common/store.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce_halving_doubling.h"
+#include "gloo/alltoall.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
@@ -171,8 +173,10 @@ struct Op {
   uint64_t seq = 0;
   const void* send = nullptr;
   void* recv = nullptr;  // the buffer of AllReduce / Broadcast
-  size_t count = 0;      // per rank for AllGather / ReduceScatter
+  size_t count = 0;      // per rank for AllGather / ReduceScatter / AllToAll
+  DataType type = DataType::kFloat32;
   int root = 0;
+  size_t bytes() const { return count * DataTypeSize(type); }
   std::shared_ptr<CompletionWork> work;
 };
 
@@ -333,6 +337,21 @@ class GlooCommunicator final : public Communicator {
     return Submit({.kind = OpKind::kBarrier, .count = 1}, DataType::kFloat32);
   }
 
+  std::shared_ptr<Work> AllToAll(const void* send, void* recv, size_t count_per_rank,
+                                 DataType type) override {
+    const size_t all = count_per_rank * DataTypeSize(type) * static_cast<size_t>(world_);
+    const char* s = static_cast<const char*>(send);
+    const char* r = static_cast<const char*>(recv);
+    if (send != nullptr && recv != nullptr && s < r + all && r < s + all) {
+      return MakeCompletedWork(
+          absl::InvalidArgumentError("Gloo AllToAll: send and recv overlap (they must be apart)"));
+    }
+    return Submit({.kind = OpKind::kAllToAll, .send = send, .recv = recv, .count = count_per_rank},
+                  type);
+  }
+
+  int64_t sent_bytes() const override { return sent_bytes_.load(std::memory_order_relaxed); }
+
   void Abort(absl::Status reason) override {
     if (reason.ok()) reason = absl::AbortedError("the communicator was aborted");
     {
@@ -371,18 +390,20 @@ class GlooCommunicator final : public Communicator {
   };
 
   std::shared_ptr<Work> Submit(Op op, DataType type) {
-    if (type != DataType::kFloat32) {
+    // Sums run on float32; the ops that only move data move any type's bytes.
+    if (Sums(op.kind) && type != DataType::kFloat32) {
       return MakeCompletedWork(absl::UnimplementedError(
           absl::StrCat("Gloo ", OpName(op.kind), ": data type ", std::string(DataTypeName(type)),
-                       " is not supported by the Gloo backend (float32 only)")));
+                       " is not supported by the Gloo backend's sums (float32 only)")));
     }
+    op.type = type;
     if (op.kind != OpKind::kBarrier) {
       if (op.count == 0) return MakeCompletedWork(absl::OkStatus());
       if (op.send == nullptr || op.recv == nullptr) {
         return MakeCompletedWork(absl::InvalidArgumentError(
             absl::StrCat("Gloo ", OpName(op.kind), ": null buffer with count ", op.count)));
       }
-      const size_t limit = SIZE_MAX / (sizeof(float) * static_cast<size_t>(world_));
+      const size_t limit = SIZE_MAX / (DataTypeSize(type) * static_cast<size_t>(world_));
       if (op.count > limit) {
         return MakeCompletedWork(absl::InvalidArgumentError(
             absl::StrCat("Gloo ", OpName(op.kind), ": count ", op.count, " is too large")));
@@ -390,6 +411,8 @@ class GlooCommunicator final : public Communicator {
     }
     auto work = std::make_shared<CompletionWork>();
     op.work = work;
+    sent_bytes_.fetch_add(RingSentBytes(op.kind, op.count, DataTypeSize(type), world_),
+                          std::memory_order_relaxed);
     absl::MutexLock lock(&mu_);
     op.seq = next_seq_++;
     queue_.push_back(std::move(op));
@@ -478,15 +501,15 @@ class GlooCommunicator final : public Communicator {
   // World size 1: no Gloo, only the copies the semantics ask for.
   void RunLocal(const Op& op) {
     if ((op.kind == OpKind::kAllGather || op.kind == OpKind::kReduceScatter ||
-         op.kind == OpKind::kReduce) &&
+         op.kind == OpKind::kReduce || op.kind == OpKind::kAllToAll) &&
         op.send != op.recv) {
-      std::memmove(op.recv, op.send, op.count * sizeof(float));
+      std::memmove(op.recv, op.send, op.bytes());
     }
   }
 
   void RunGloo(const Op& op) {
     const uint32_t tag = static_cast<uint32_t>(op.seq);
-    const size_t bytes = op.count * sizeof(float);
+    const size_t bytes = op.bytes();
     switch (op.kind) {
       case OpKind::kAllGather: {
         ::gloo::AllgatherOptions opts(context_);
@@ -498,9 +521,18 @@ class GlooCommunicator final : public Communicator {
         }
         std::vector<UnboundBuffer*> live = {out.get()};
         if (in) live.push_back(in.get());
-        opts.setOutput<float>(std::move(out));
-        if (in) opts.setInput<float>(std::move(in));
+        SetElements(opts, op.type, std::move(in), std::move(out));
         RunAlgorithm(::gloo::allgather, opts, tag, std::move(live));
+        return;
+      }
+      case OpKind::kAllToAll: {
+        ::gloo::AlltoallOptions opts(context_);
+        std::unique_ptr<UnboundBuffer> out = context_->createUnboundBuffer(op.recv, bytes * world_);
+        std::unique_ptr<UnboundBuffer> in =
+            context_->createUnboundBuffer(const_cast<void*>(op.send), bytes * world_);
+        std::vector<UnboundBuffer*> live = {out.get(), in.get()};
+        SetElements(opts, op.type, std::move(in), std::move(out));
+        RunAlgorithm(::gloo::alltoall, opts, tag, std::move(live));
         return;
       }
       case OpKind::kAllReduce:
@@ -510,7 +542,7 @@ class GlooCommunicator final : public Communicator {
         ::gloo::BroadcastOptions opts(context_);
         std::unique_ptr<UnboundBuffer> out = context_->createUnboundBuffer(op.recv, bytes);
         std::vector<UnboundBuffer*> live = {out.get()};
-        opts.setOutput<float>(std::move(out));
+        SetElements(opts, op.type, nullptr, std::move(out));
         opts.setRoot(op.root);
         RunAlgorithm(::gloo::broadcast, opts, tag, std::move(live));
         return;
@@ -524,6 +556,20 @@ class GlooCommunicator final : public Communicator {
       case OpKind::kReduce:
         RunReduce(op, tag);
         return;
+    }
+  }
+
+  // Gloo's options of a data-movement op, in elements of `type` (float32 as before; the other
+  // types as bytes: Gloo only copies them). A null `in` leaves the input unset (in place).
+  template <typename Options>
+  static void SetElements(Options& opts, DataType type, std::unique_ptr<UnboundBuffer> in,
+                          std::unique_ptr<UnboundBuffer> out) {
+    if (type == DataType::kFloat32) {
+      opts.template setOutput<float>(std::move(out));
+      if (in) opts.template setInput<float>(std::move(in));
+    } else {
+      opts.template setOutput<uint8_t>(std::move(out));
+      if (in) opts.template setInput<uint8_t>(std::move(in));
     }
   }
 
@@ -635,13 +681,15 @@ class GlooCommunicator final : public Communicator {
     switch (op.kind) {
       case OpKind::kAllGather:
       case OpKind::kReduceScatter:
-        absl::StrAppend(&out, " (", op.count, " x float32 per rank)");
+      case OpKind::kAllToAll:
+        absl::StrAppend(&out, " (", op.count, " x ", std::string(DataTypeName(op.type)), " per rank)");
         break;
       case OpKind::kAllReduce:
         absl::StrAppend(&out, " (", op.count, " x float32)");
         break;
       case OpKind::kBroadcast:
-        absl::StrAppend(&out, " (", op.count, " x float32 from rank ", op.root, ")");
+        absl::StrAppend(&out, " (", op.count, " x ", std::string(DataTypeName(op.type)),
+                        " from rank ", op.root, ")");
         break;
       case OpKind::kReduce:
         absl::StrAppend(&out, " (", op.count, " x float32 to rank ", op.root, ")");
@@ -696,6 +744,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<::gloo::transport::Device> device_;
   std::shared_ptr<::gloo::Context> context_;
 
+  std::atomic<int64_t> sent_bytes_{0};
   absl::Mutex mu_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;

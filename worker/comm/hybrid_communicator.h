@@ -9,8 +9,8 @@
 // blocks the caller until the group's part is done and returns the replica's Work; so calls
 // stay in order on both communicators. Barrier: the group's, then the replica's — a rank
 // leaves once every group (each has a member in its replica) has entered. AllGather,
-// ReduceScatter and Broadcast over the world are UNIMPLEMENTED: the engines use the two
-// communicators directly. Abort aborts both.
+// ReduceScatter, Broadcast, Reduce and AllToAll over the world are UNIMPLEMENTED: the engines
+// use the two communicators directly. Abort aborts both.
 #ifndef WEFT_WORKER_COMM_HYBRID_COMMUNICATOR_H_
 #define WEFT_WORKER_COMM_HYBRID_COMMUNICATOR_H_
 
@@ -42,6 +42,8 @@ class HybridCommunicator final : public Communicator {
   std::shared_ptr<Work> Reduce(const void* send, void* recv, size_t count, DataType type,
                                int root) override;
   std::shared_ptr<Work> Barrier() override;
+  // The group's and the replica's.
+  int64_t sent_bytes() const override { return group_->sent_bytes() + replica_->sent_bytes(); }
   void Abort(absl::Status reason) override;
 
  private:

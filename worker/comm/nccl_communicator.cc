@@ -67,6 +67,7 @@ constexpr auto kStoreCheckInterval = std::chrono::milliseconds(200);
 constexpr int64_t kFinalizeLimitMs = 10000;
 
 ncclDataType_t NcclType(DataType type) {
+  if (type == DataType::kUInt8) return ncclUint8;
   return type == DataType::kBFloat16 ? ncclBfloat16 : ncclFloat32;
 }
 
@@ -510,6 +511,11 @@ class NcclCommunicator final : public CudaCommunicator {
   std::shared_ptr<Work> Barrier() override {
     return Submit(OpKind::kBarrier, barrier_buf_, barrier_buf_, 1, DataType::kFloat32, 0);
   }
+  std::shared_ptr<Work> AllToAll(const void* send, void* recv, size_t count_per_rank,
+                                 DataType type) override {
+    return Submit(OpKind::kAllToAll, send, recv, count_per_rank, type, 0);
+  }
+  int64_t sent_bytes() const override { return sent_bytes_.load(std::memory_order_relaxed); }
 
   void Abort(absl::Status reason) override {
     if (reason.ok()) reason = absl::AbortedError("the communicator was aborted");
@@ -527,9 +533,9 @@ class NcclCommunicator final : public CudaCommunicator {
   std::shared_ptr<Work> Submit(OpKind kind, const void* send, void* recv, size_t count,
                                DataType type, int root) {
     const char* name = OpName(kind);
-    if (type != DataType::kFloat32 && type != DataType::kBFloat16) {
-      return MakeCompletedWork(absl::UnimplementedError(
-          absl::StrCat("NCCL ", name, ": unsupported data type ", static_cast<int>(type))));
+    if (Sums(kind) && type == DataType::kUInt8) {
+      return MakeCompletedWork(absl::UnimplementedError(absl::StrCat(
+          "NCCL ", name, ": sums float32 or bfloat16, not ", std::string(DataTypeName(type)))));
     }
     if (count == 0) return MakeCompletedWork(absl::OkStatus());
     if (send == nullptr || recv == nullptr) {
@@ -544,8 +550,8 @@ class NcclCommunicator final : public CudaCommunicator {
     }
     size_t send_bytes = count * elem;
     size_t recv_bytes = count * elem;
-    if (kind == OpKind::kAllGather) recv_bytes *= world;
-    if (kind == OpKind::kReduceScatter) send_bytes *= world;
+    if (kind == OpKind::kAllGather || kind == OpKind::kAllToAll) recv_bytes *= world;
+    if (kind == OpKind::kReduceScatter || kind == OpKind::kAllToAll) send_bytes *= world;
     const bool same = send == recv;
     const size_t rank_offset = static_cast<size_t>(core_->rank()) * count * elem;
     const bool in_place_gather =
@@ -577,6 +583,8 @@ class NcclCommunicator final : public CudaCommunicator {
     const uint64_t seq = next_seq_++;
     const std::string what = absl::StrCat(name, " #", seq);
     if (core_->failed()) return MakeCompletedWork(core_->HealthFor(what));
+    sent_bytes_.fetch_add(RingSentBytes(kind, count, elem, core_->world()),
+                          std::memory_order_relaxed);
     if (!send_host && !recv_host) {
       absl::Status status = Launch(kind, send, recv, count, type, root, what);
       if (!status.ok()) return MakeCompletedWork(std::move(status));
@@ -693,9 +701,28 @@ class NcclCommunicator final : public CudaCommunicator {
           return ncclBroadcast(send, recv, count, dtype, root, comm, stream);
         case OpKind::kReduce:
           return ncclReduce(send, recv, count, dtype, ncclSum, root, comm, stream);
+        case OpKind::kAllToAll:
+          return AllToAllCall(send, recv, count * DataTypeSize(type), count, dtype, comm);
       }
       return ncclInvalidArgument;
     });
+  }
+
+  // A send to and a receive from every rank (itself included: NCCL copies that block), as
+  // one group.
+  ncclResult_t AllToAllCall(const void* send, void* recv, size_t block_bytes, size_t count,
+                            ncclDataType_t dtype, ncclComm_t comm) {
+    ncclResult_t result = ncclGroupStart();
+    if (result != ncclSuccess) return result;
+    for (int r = 0; r < core_->world() && result == ncclSuccess; ++r) {
+      const size_t at = static_cast<size_t>(r) * block_bytes;
+      result = ncclSend(static_cast<const char*>(send) + at, count, dtype, r, comm, stream_);
+      if (result == ncclSuccess) {
+        result = ncclRecv(static_cast<char*>(recv) + at, count, dtype, r, comm, stream_);
+      }
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    return result != ncclSuccess ? result : ended;
   }
 
   const std::shared_ptr<Core> core_;
@@ -709,6 +736,7 @@ class NcclCommunicator final : public CudaCommunicator {
   void* pinned_ ABSL_GUARDED_BY(enqueue_mu_) = nullptr;
   size_t staging_bytes_ ABSL_GUARDED_BY(enqueue_mu_) = 0;
   cudaEvent_t staging_event_ ABSL_GUARDED_BY(enqueue_mu_) = nullptr;
+  std::atomic<int64_t> sent_bytes_{0};
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ std::string_view DataTypeName(DataType type) {
       return "float32";
     case DataType::kBFloat16:
       return "bfloat16";
+    case DataType::kUInt8:
+      return "uint8";
   }
   return "unknown";
 }
@@ -25,6 +27,8 @@ size_t DataTypeSize(DataType type) {
       return 4;
     case DataType::kBFloat16:
       return 2;
+    case DataType::kUInt8:
+      return 1;
   }
   return 0;
 }
@@ -57,9 +61,38 @@ std::shared_ptr<Work> MakeCompletedWork(absl::Status status) {
 const char* OpName(OpKind kind) {
   // In OpKind's order; kBarrier is the last kind.
   static constexpr const char* kNames[] = {"AllGather", "ReduceScatter", "AllReduce", "Broadcast",
-                                           "Reduce",    "Barrier"};
+                                           "Reduce",    "AllToAll",      "Barrier"};
   static_assert(std::size(kNames) == static_cast<size_t>(OpKind::kBarrier) + 1);
   return kNames[static_cast<int>(kind)];
+}
+
+bool Sums(OpKind kind) {
+  return kind == OpKind::kReduceScatter || kind == OpKind::kAllReduce ||
+         kind == OpKind::kReduce || kind == OpKind::kBarrier;
+}
+
+int64_t RingSentBytes(OpKind kind, size_t count, size_t element_bytes, int world) {
+  if (world <= 1) return 0;
+  const double bytes = static_cast<double>(count) * static_cast<double>(element_bytes);
+  const double others = world - 1;
+  switch (kind) {
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllToAll:
+      return static_cast<int64_t>(bytes * others);
+    case OpKind::kAllReduce:
+    case OpKind::kBarrier:
+      return static_cast<int64_t>(2 * bytes * others / world);
+    case OpKind::kBroadcast:
+    case OpKind::kReduce:
+      return static_cast<int64_t>(bytes * others / world);
+  }
+  return 0;
+}
+
+std::shared_ptr<Work> Communicator::AllToAll(const void*, void*, size_t, DataType) {
+  return MakeCompletedWork(
+      absl::UnimplementedError("this communicator does not implement AllToAll"));
 }
 
 }  // namespace weft::comm

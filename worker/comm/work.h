@@ -11,9 +11,25 @@
 namespace weft::comm {
 
 // The collectives a backend queues.
-enum class OpKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kReduce, kBarrier };
+enum class OpKind {
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kBroadcast,
+  kReduce,
+  kAllToAll,
+  kBarrier
+};
 // The Communicator method's name ("AllGather", ...), for messages.
 const char* OpName(OpKind kind);
+// Whether the op sums (and so needs a floating-point type).
+bool Sums(OpKind kind);
+
+// What one rank of `world` sends for an op of `count` elements of `element_bytes` (the
+// Communicator method's count), as a ring sends it: (world - 1) blocks of an all-gather,
+// reduce-scatter or all-to-all; (world - 1) / world of the data for a broadcast or reduce,
+// twice that for an all-reduce. 0 at world 1.
+int64_t RingSentBytes(OpKind kind, size_t count, size_t element_bytes, int world);
 
 class CompletionWork final : public Work {
  public:

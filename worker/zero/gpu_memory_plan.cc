@@ -4,7 +4,9 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "worker/comm/wire_codec.h"
 #include "worker/zero/shard_layout.h"
+#include "worker/zero/sharding_groups.h"
 #include "worker/zero/zero_engine.h"
 
 namespace weft::zero {
@@ -157,6 +159,18 @@ void AddOffloadStaging(size_t max_offloaded_shard, std::vector<GpuBuffer>* out) 
   }
 }
 
+// Hybrid sharding with a compressed replica all-reduce: its send and receive buffers, each
+// of the largest shard's encoding (comm::WireBufferBytes), reused unit after unit on the
+// replica stream.
+void AddReplicaWireBuffers(const weft::v1::JobSpec& spec, const ShardLayout& layout,
+                           int replicas, std::vector<GpuBuffer>* out) {
+  const comm::WireFormat format = ReplicaWireFormat(spec.sharding());
+  if (replicas <= 1 || format == comm::WireFormat::kFp32) return;
+  const size_t bytes = comm::WireBufferBytes(format, layout.max_shard(), replicas);
+  out->push_back(Buffer(Role::kWireSend, 0, Place::kDevice, Part::kWorking, bytes, 1));
+  out->push_back(Buffer(Role::kWireRecv, 0, Place::kDevice, Part::kWorking, bytes, 1));
+}
+
 // training.device_memory_limit_gib in bytes; 0 for none.
 size_t DeviceMemoryLimitBytes(const weft::v1::TrainingSpec& training) {
   const double gib = training.device_memory_limit_gib();
@@ -208,6 +222,8 @@ std::string GpuBufferName(const GpuBuffer& buffer) {
     case Role::kHostStats: return "host stats";
     case Role::kStagingGrads: return slot("staging grads");
     case Role::kStagingBf16: return slot("staging bf16");
+    case Role::kWireSend: return "wire send";
+    case Role::kWireRecv: return "wire receive";
     case Role::kSmallBufferRounding: return "small buffer rounding";
   }
   return "?";
@@ -278,6 +294,7 @@ GpuBufferPlan PlanGpuBuffers(const weft::v1::JobSpec& spec, const engine::ModelA
                     GradBufferElements(arch, layout, plan.head_grad_takes_turns,
                                        plan.one_block_grad_slot),
                     &plan.buffers);
+  AddReplicaWireBuffers(spec, layout, options.replicas, &plan.buffers);
   if (max_offloaded_shard > 0) AddOffloadStaging(max_offloaded_shard, &plan.buffers);
   plan.totals = SumGpuBuffers(plan.buffers);
   return plan;

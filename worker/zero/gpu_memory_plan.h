@@ -49,6 +49,11 @@ struct ZeroCudaOptions {
   // steps (Snapshot, GatherUnit, Restore) sees the step's result: pending updates run first.
   // 2.3% of an 8-layer GPT 6.7B step on an H100 (docs/performance.md); bit-identical results.
   bool update_in_next_forward = true;
+  // Not a choice: the replicas each gradient shard is all-reduced over (hybrid sharding; the
+  // engine's Create sets it from its replica communicator). With sharding.replica_reduce_format
+  // other than WIRE_FP32 the plan holds the two wire buffers of the compressed all-reduce,
+  // sized by it.
+  int replicas = 1;
 };
 
 // sizeof(__nv_bfloat16), without CUDA's headers.
@@ -79,6 +84,8 @@ enum class GpuBufferRole {
   kHostStats,      // [sum of squares, loss sum, clip scale], read by the host
   kStagingGrads,   // offload: a shard gradient on its way to the host AdamW
   kStagingBf16,    // offload: bf16 weights on their way back
+  kWireSend,       // hybrid, a replica_reduce_format other than fp32: the encoded shard
+  kWireRecv,       // and what the replicas send back (comm/wire_codec.h), bytes
   kSmallBufferRounding,  // not allocated: what the small buffers may take beyond their size
 };
 

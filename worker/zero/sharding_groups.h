@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/comm/wire_format.h"
 #include "weft/v1/coordinator.pb.h"
 #include "weft/v1/job.pb.h"
 
@@ -40,6 +41,10 @@ std::vector<std::string> RankHosts(const weft::v1::JoinResponse& joined);
 // count when hosts differ in count or a host's ranks are not contiguous.
 absl::StatusOr<ShardingGroups> ResolveShardingGroups(const weft::v1::ShardingSpec& sharding,
                                                      const std::vector<std::string>& rank_hosts);
+
+// sharding.replica_reduce_format as the communicators' wire format (an unknown value, which
+// the spec's validation refuses, as fp32).
+comm::WireFormat ReplicaWireFormat(const weft::v1::ShardingSpec& sharding);
 
 }  // namespace weft::zero
 

@@ -9,8 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
+#include "worker/comm/wire_codec.h"
 #include "worker/engine/adamw.h"
 #include "worker/engine/checkpointing.h"
+#include "worker/zero/sharding_groups.h"
 
 namespace weft::zero {
 namespace {
@@ -77,6 +79,12 @@ CpuMemoryPlan PlanCpuMemory(const weft::v1::JobSpec& spec, const engine::ModelAr
   const size_t positions = static_cast<size_t>(micro_batch_size) * seq_len;
   plan.working_bytes += 2 * positions * sizeof(int32_t);  // inputs and targets
   plan.working_bytes += max_padded * sizeof(float);       // GatherUnit for the model file
+  // A compressed replica all-reduce's send and receive buffers (comm/wire_codec.h): the
+  // largest shard's encoding each (and up to a block of padding per replica, in the reserve).
+  if (const comm::WireFormat wire = ReplicaWireFormat(spec.sharding());
+      wire != comm::WireFormat::kFp32 && spec.sharding().scope() != weft::v1::ShardingSpec::WORLD) {
+    plan.working_bytes += 2 * comm::WireBufferBytes(wire, layout.max_shard(), 1);
+  }
   plan.activation_bytes = model.activation_bytes(micro_batch_size, seq_len, level);
   // Gloo's scratch for a reduce-scatter's piece and its algorithm's own buffers, each at most
   // a chunk (or the largest unit), once there is anyone to talk to (a group, or replicas,
@@ -89,32 +97,60 @@ CpuMemoryPlan PlanCpuMemory(const weft::v1::JobSpec& spec, const engine::ModelAr
   return plan;
 }
 
+namespace {
+
+// What one rank of a group of `group` ranks needs of the host's memory (its share of what is
+// available), planned now. `replica_rank`: the rank's place among its replicas (-1: none).
+CpuMemoryDecision DecideOnThisHost(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
+                                   const engine::cpu::CpuModelEntry& model, int group,
+                                   int replica_rank, const ZeroCpuOptions& options) {
+  const bool hybrid = replica_rank >= 0;
+  // Checkpointer's writers: with hybrid sharding, group 0 (replica rank 0) alone. Read from
+  // the spec, so a worker without --checkpointd (which then saves nothing) counts them anyway.
+  const bool writes_checkpoints =
+      spec.checkpoint().interval_steps() > 0 && (!hybrid || replica_rank == 0);
+  return DecideCpuMemory(
+      spec.training().activation_checkpointing(),
+      options.host_available_bytes.has_value() ? *options.host_available_bytes
+                                               : HostAvailableBytes(),
+      options.ranks_on_host, spec.training().micro_batch_size(), group, spec.zero_stage(),
+      hybrid, [&](engine::Checkpointing level, int rows, int at_group, int at_stage) {
+        return PlanCpuMemory(spec, arch, model, level, rows, at_group, at_stage,
+                             writes_checkpoints);
+      });
+}
+
+absl::Status CheckStage(int stage) {
+  if (stage >= 0 && stage <= 3) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("zero_stage: must be in [0, 3], got ", stage));
+}
+
+}  // namespace
+
+absl::Status ZeroCpuEngine::CheckFits(const weft::v1::JobSpec& spec, int group_size,
+                                      int replicas, const ZeroCpuOptions& options) {
+  WEFT_RETURN_IF_ERROR(CheckStage(spec.zero_stage()));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
+                        engine::MakeModelArch(spec.model()));
+  WEFT_ASSIGN_OR_RETURN(const engine::cpu::CpuModelEntry model,
+                        engine::cpu::FindCpuModel(*arch));
+  // Replica rank 0 writes checkpoints: the most any rank of the replicas needs.
+  const CpuMemoryDecision memory =
+      DecideOnThisHost(spec, *arch, model, group_size, replicas > 1 ? 0 : -1, options);
+  return memory.fits ? absl::OkStatus() : absl::ResourceExhaustedError(memory.reason);
+}
+
 absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(
     const weft::v1::JobSpec& spec, comm::Communicator* comm, comm::Communicator* replica,
     const ZeroCpuOptions& options) {
-  const int stage = spec.zero_stage();
-  if (stage < 0 || stage > 3) {
-    return absl::InvalidArgumentError(absl::StrCat("zero_stage: must be in [0, 3], got ", stage));
-  }
+  WEFT_RETURN_IF_ERROR(CheckStage(spec.zero_stage()));
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec.model()));
   WEFT_ASSIGN_OR_RETURN(const engine::cpu::CpuModelEntry model,
                         engine::cpu::FindCpuModel(*arch));
   const bool hybrid = replica != nullptr && replica->world_size() > 1;
-  // Checkpointer's writers: with hybrid sharding, group 0 (replica rank 0) alone. Read from
-  // the spec, so a worker without --checkpointd (which then saves nothing) counts them anyway.
-  const bool writes_checkpoints =
-      spec.checkpoint().interval_steps() > 0 && (!hybrid || replica->rank() == 0);
-  const CpuMemoryDecision memory = DecideCpuMemory(
-      spec.training().activation_checkpointing(),
-      options.host_available_bytes.has_value() ? *options.host_available_bytes
-                                               : HostAvailableBytes(),
-      options.ranks_on_host,
-      spec.training().micro_batch_size(), comm->world_size(), stage, hybrid,
-      [&](engine::Checkpointing level, int rows, int group, int at_stage) {
-        return PlanCpuMemory(spec, *arch, model, level, rows, group, at_stage,
-                             writes_checkpoints);
-      });
+  const CpuMemoryDecision memory = DecideOnThisHost(spec, *arch, model, comm->world_size(),
+                                                    hybrid ? replica->rank() : -1, options);
   const absl::Status fits =
       memory.fits ? absl::OkStatus() : absl::ResourceExhaustedError(memory.reason);
   WEFT_ASSIGN_OR_RETURN(const int refusals, CountRefusals(comm, replica, !fits.ok()));
@@ -148,6 +184,8 @@ ZeroCpuEngine::ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* 
       comm_(comm),
       replica_(replica != nullptr && replica->world_size() > 1 ? replica : nullptr),
       world_(comm->world_size() * (replica != nullptr ? replica->world_size() : 1)),
+      replica_format_(replica_ != nullptr ? ReplicaWireFormat(spec.sharding())
+                                          : comm::WireFormat::kFp32),
       batch_size_(spec.training().micro_batch_size()),
       seq_len_(spec.training().sequence_length()),
       model_(std::move(model)) {}
@@ -217,6 +255,16 @@ absl::Status ZeroCpuEngine::ReduceScatterAccumulate(int unit, float* full) {
 
 absl::Status ZeroCpuEngine::AllReduceOverReplica() {
   if (replica_ == nullptr) return absl::OkStatus();
+  if (replica_format_ != comm::WireFormat::kFp32) {
+    const auto start = std::chrono::steady_clock::now();
+    for (Unit& u : units_) {
+      absl::Status s = comm::WireAllReduce(*replica_, replica_format_, u.grads.data(),
+                                           u.grads.size(), &wire_send_, &wire_recv_);
+      if (!s.ok()) return s;
+    }
+    exposed_ms_ += MsSince(start);
+    return absl::OkStatus();
+  }
   std::vector<std::shared_ptr<comm::Work>> reduces;
   for (Unit& u : units_) {
     reduces.push_back(replica_->AllReduce(u.grads.data(), u.grads.size(), DataType::kFloat32));

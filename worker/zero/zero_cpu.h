@@ -21,6 +21,8 @@
 // (once per step, not per micro-step: the sums are the same and the bytes a grad_accum-th), so
 // every replica holds the gradient of the whole world; the gradient norm sums the squares over
 // the group only (the replicas' shards are equal), and losses sum over group then replica.
+// With sharding.replica_reduce_format bf16 or int8 that all-reduce is comm/wire_codec.h's
+// WireAllReduce, unit by unit; fp32 is Gloo's, every unit's enqueued at once.
 //
 // Numerics: the loss of one optimizer step is the mean over world * grad_accum micro-batches;
 // each backward is scaled by 1 / (world * grad_accum) so that the reduce-scattered (summed)
@@ -39,6 +41,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/wire_format.h"
 #include "worker/zero/memory_plan.h"
 #include "worker/zero/training_engine.h"
 #include "worker/zero/zero_engine.h"
@@ -86,6 +89,11 @@ class ZeroCpuEngine : public ZeroEngine {
   static absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> Create(
       const weft::v1::JobSpec& spec, comm::Communicator* comm,
       comm::Communicator* replica = nullptr, const ZeroCpuOptions& options = {});
+  // Whether a rank of `spec` in a group of `group_size` ranks, with `replicas` replicas, would
+  // fit its share of this host's memory now: OK, or Create's RESOURCE_EXHAUSTED (or its
+  // INVALID_ARGUMENT for the stage or architecture). Local: no collective.
+  static absl::Status CheckFits(const weft::v1::JobSpec& spec, int group_size, int replicas,
+                                const ZeroCpuOptions& options = {});
 
   // One optimizer step (grad_accum_steps micro-steps). `step` is 0-based and picks the
   // learning rate and the batches. A failed collective returns its status (ABORTED after the
@@ -159,6 +167,9 @@ class ZeroCpuEngine : public ZeroEngine {
   comm::Communicator* comm_;     // the group (the world without hybrid sharding)
   comm::Communicator* replica_;  // null: one replica
   const int world_;              // every rank of every replica
+  // sharding.replica_reduce_format (fp32 without replicas) and WireAllReduce's scratch.
+  const comm::WireFormat replica_format_;
+  std::vector<uint8_t> wire_send_, wire_recv_;
   const int batch_size_;
   const int seq_len_;
   std::vector<Unit> units_;

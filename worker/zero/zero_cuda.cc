@@ -11,8 +11,11 @@
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/ops.h"
 #include "worker/engine/cuda/reduce.h"
+#include "worker/engine/cuda/wire_codec.h"
+#include "worker/comm/wire_codec.h"
 #include "worker/comm/range_collectives.h"
 #include "worker/model_io/host_buffer.h"
+#include "worker/zero/sharding_groups.h"
 
 namespace weft::zero {
 namespace {
@@ -73,6 +76,20 @@ absl::Status CheckStageAndDevice(const weft::v1::JobSpec& spec) {
   WEFT_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   return CheckComputeCapability(major, minor);
+}
+
+// What one rank of a group of `group` ranks (and `options.replicas` replicas) needs on this
+// device, planned against its free memory now.
+absl::StatusOr<GpuMemoryDecision> DecideOnThisDevice(const weft::v1::JobSpec& spec,
+                                                     const engine::ModelArch& arch, int group,
+                                                     int ranks_on_host,
+                                                     const ZeroCudaOptions& options) {
+  WEFT_ASSIGN_OR_RETURN(cuda::CudaModelEntry model, cuda::FindCudaModel(arch));
+  size_t free_bytes = 0, total_bytes = 0;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return DecideGpuMemory(
+      spec, arch, group, free_bytes, HostAvailableBytes(), ranks_on_host,
+      CudaActivationBytes(std::move(model), spec.training().sequence_length()), options);
 }
 
 // Where `part` (a rank's OwnPart of the piece of unit 0 starting at `piece_begin`, count > 0)
@@ -147,7 +164,9 @@ ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunic
       first_offloaded_(first_offloaded),
       options_(options),
       direct_grads_(DirectGradients(comm->world_size())),
-      head_split_(arch_->HeadOutputBegin()) {}
+      head_split_(arch_->HeadOutputBegin()),
+      replica_format_(replica_ != nullptr ? ReplicaWireFormat(spec.sharding())
+                                          : comm::WireFormat::kFp32) {}
 
 ZeroCudaEngine::~ZeroCudaEngine() {
   if (compute_ != nullptr) cudaStreamSynchronize(compute_);
@@ -190,16 +209,15 @@ absl::Status CheckComputeCapability(int major, int minor) {
 
 absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
     const weft::v1::JobSpec& spec, comm::CudaCommunicator* comm, comm::CudaCommunicator* replica,
-    int ranks_on_host, const ZeroCudaOptions& options) {
+    int ranks_on_host, const ZeroCudaOptions& tuning) {
   WEFT_RETURN_IF_ERROR(CheckStageAndDevice(spec));
+  ZeroCudaOptions options = tuning;
+  options.replicas = replica != nullptr ? replica->world_size() : 1;
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec.model()));
-  WEFT_ASSIGN_OR_RETURN(cuda::CudaModelEntry model, cuda::FindCudaModel(*arch));
-  size_t free_bytes = 0, total_bytes = 0;
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const GpuMemoryDecision d = DecideGpuMemory(
-      spec, *arch, comm->world_size(), free_bytes, HostAvailableBytes(), ranks_on_host,
-      CudaActivationBytes(std::move(model), spec.training().sequence_length()), options);
+  WEFT_ASSIGN_OR_RETURN(
+      const GpuMemoryDecision d,
+      DecideOnThisDevice(spec, *arch, comm->world_size(), ranks_on_host, options));
   WEFT_ASSIGN_OR_RETURN(const int refusals, CountRefusals(comm, replica, !d.fits.ok()));
   WEFT_RETURN_IF_ERROR(d.fits);
   if (refusals > 0) {
@@ -215,6 +233,18 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
   engine->plan_note_ = d.note;
   WEFT_RETURN_IF_ERROR(engine->Initialize());
   return engine;
+}
+
+absl::Status ZeroCudaEngine::CheckFits(const weft::v1::JobSpec& spec, int group_size,
+                                       int replicas, int ranks_on_host) {
+  WEFT_RETURN_IF_ERROR(CheckStageAndDevice(spec));
+  WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
+                        engine::MakeModelArch(spec.model()));
+  ZeroCudaOptions options;
+  options.replicas = replicas;
+  WEFT_ASSIGN_OR_RETURN(const GpuMemoryDecision d,
+                        DecideOnThisDevice(spec, *arch, group_size, ranks_on_host, options));
+  return d.fits;
 }
 
 absl::Status ZeroCudaEngine::CreateStreams() {
@@ -286,6 +316,8 @@ absl::Status ZeroCudaEngine::Bind(const GpuBuffer& buffer, void* memory) {
     case GpuBufferRole::kHostStats: host_stats_ = floats; break;
     case GpuBufferRole::kStagingGrads: staging_grads_[i] = floats; break;
     case GpuBufferRole::kStagingBf16: staging_bf16_[i] = static_cast<uint16_t*>(memory); break;
+    case GpuBufferRole::kWireSend: wire_send_ = static_cast<uint8_t*>(memory); break;
+    case GpuBufferRole::kWireRecv: wire_recv_ = static_cast<uint8_t*>(memory); break;
   }
   return absl::OkStatus();
 }
@@ -509,9 +541,33 @@ absl::Status ZeroCudaEngine::FinishShardGradient(int unit) {
   const size_t shard = layout_.unit(unit).shard;
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(replica_ready_, comm_->stream()));
   WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(replica_->stream(), replica_ready_, 0));
-  WEFT_RETURN_IF_ERROR(CheckWork(replica_->AllReduce(grads, shard, DataType::kFloat32)));
+  if (replica_format_ == comm::WireFormat::kFp32) {
+    WEFT_RETURN_IF_ERROR(CheckWork(replica_->AllReduce(grads, shard, DataType::kFloat32)));
+  } else {
+    WEFT_RETURN_IF_ERROR(WireAllReduceOnReplica(grads, shard));
+  }
   // Only this stream touches stats_[0] and norm_scratch_ in a hybrid step.
   return cuda::SumOfSquares(&stats_[0], grads, shard, norm_scratch_, replica_->stream());
+}
+
+absl::Status ZeroCudaEngine::WireAllReduceOnReplica(float* grads, size_t shard) {
+  // comm/wire_codec.h's all-reduce, on the replica stream: the wire buffers are reused unit
+  // after unit, in that stream's order.
+  const int ranks = replica_->world_size();
+  const size_t chunk = comm::WireChunkValues(shard, ranks);
+  const size_t chunk_bytes = comm::WireChunkBytes(replica_format_, chunk);
+  cudaStream_t stream = replica_->stream();
+  uint8_t* const mine = wire_recv_ + static_cast<size_t>(replica_->rank()) * chunk_bytes;
+  WEFT_RETURN_IF_ERROR(cuda::EncodeWireChunks(replica_format_, grads, shard, ranks, chunk,
+                                              chunk_bytes, wire_send_, stream));
+  WEFT_RETURN_IF_ERROR(
+      CheckWork(replica_->AllToAll(wire_send_, wire_recv_, chunk_bytes, DataType::kUInt8)));
+  WEFT_RETURN_IF_ERROR(cuda::SumWireChunks(replica_format_, wire_recv_, ranks, chunk,
+                                           chunk_bytes, mine, stream));
+  WEFT_RETURN_IF_ERROR(
+      CheckWork(replica_->AllGather(mine, wire_recv_, chunk_bytes, DataType::kUInt8)));
+  return cuda::DecodeWireChunks(replica_format_, wire_recv_, ranks, chunk, chunk_bytes, grads,
+                                shard, stream);
 }
 
 absl::Status ZeroCudaEngine::AllReduceStats() {

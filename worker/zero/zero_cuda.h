@@ -41,7 +41,9 @@
 // over it, and a `replica` communicator (its own stream) joins the ranks at the same position in
 // every group. On the last micro-step, right behind each unit's reduce-scatter (and
 // accumulation) on the comm stream, the replica stream waits for it, all-reduces the shard's
-// gradient over the replicas and adds its sum of squares: the cross-group traffic overlaps
+// gradient over the replicas (in sharding.replica_reduce_format: fp32 through NCCL, bf16 or
+// int8 as comm/wire_codec.h composes them, with engine/cuda/wire_codec.h's kernels) and adds
+// its sum of squares: the cross-group traffic overlaps
 // the backward of the units below, and the group's gathers never queue behind it. Compute
 // waits for the replica stream before the optimizer. Without replicas the code path is the
 // full-sharding one, unchanged.
@@ -65,6 +67,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/nccl_communicator.h"
+#include "worker/comm/wire_format.h"
 #include "worker/engine/adamw.h"
 #include "worker/engine/cuda/model.h"
 #include "worker/engine/model_arch.h"
@@ -110,6 +113,11 @@ class ZeroCudaEngine : public ZeroEngine {
       comm::CudaCommunicator* replica = nullptr, int ranks_on_host = 1,
       const ZeroCudaOptions& options = {});
   ~ZeroCudaEngine() override;
+  // Whether a rank of `spec` in a group of `group_size` ranks, with `replicas` replicas, would
+  // fit this device now (the current device): OK, or Create's refusal (RESOURCE_EXHAUSTED with
+  // the numbers; FAILED_PRECONDITION for the stage or device). Local: no collective.
+  static absl::Status CheckFits(const weft::v1::JobSpec& spec, int group_size, int replicas,
+                                int ranks_on_host);
 
   absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) override;
   absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) override;
@@ -222,6 +230,9 @@ class ZeroCudaEngine : public ZeroEngine {
   // Last micro-step, behind unit u's reduce-scatter (or backward): SumSquaresOnComm, or with
   // replicas the shard's all-reduce over them and its sum of squares, on the replica stream.
   absl::Status FinishShardGradient(int unit);
+  // The replicas' sum of a shard's gradient (`shard` floats at grads) in replica_format_
+  // (not fp32), in place, enqueued on the replica stream.
+  absl::Status WireAllReduceOnReplica(float* grads, size_t shard);
   // stats_ ([sum of squares, loss sum]) summed over the group, the loss sum also over the
   // replicas (their shards are the same: squares counted once); then compute waits for it.
   absl::Status AllReduceStats();
@@ -273,6 +284,11 @@ class ZeroCudaEngine : public ZeroEngine {
   // head's gradient first, the slots over it.
   bool head_grad_takes_turns_ = false;
   std::vector<void*> host_allocations_;
+  // sharding.replica_reduce_format with replicas (fp32 without); its wire buffers
+  // (GpuBufferRole::kWireSend, kWireRecv) where it is not fp32.
+  const comm::WireFormat replica_format_;
+  uint8_t* wire_send_ = nullptr;
+  uint8_t* wire_recv_ = nullptr;
   // AdamW, its offload and its update in the next forward. Called from const methods too
   // (snapshots run the pending update first): that changes how the state is stored, not
   // what it is.

@@ -343,6 +343,37 @@ TEST(NcclCommunicatorTest, HostBuffers) {
   CheckHostBuffers(comms);
 }
 
+// AllToAll of bytes (the compressed all-reduce's) on device buffers: rank r's block q is rank
+// q's block r; the bytes sent are counted as a ring's; sums of bytes are refused.
+TEST(NcclCommunicatorTest, AllToAllSwapsBlocksAndCountsWhatItSends) {
+  WEFT_REQUIRE_GPUS(2);
+  MemoryStore store;
+  auto comms = CreateNcclGroup(&store, 2);
+  ASSERT_EQ(comms.size(), 2u);
+  const size_t count = 4099;
+  OnRanks(2, [&](int r) {
+    ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+    CudaCommunicator& comm = *comms[r];
+    std::vector<char> send(2 * count);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<char>(r * 100 + i % 97);
+    DeviceBuffer in(send.size()), out(send.size());
+    in.Upload(send);
+    const int64_t before = comm.sent_bytes();
+    ASSERT_TRUE(comm.AllToAll(in.get(), out.get(), count, DataType::kUInt8)->Wait().ok());
+    EXPECT_EQ(comm.sent_bytes() - before, static_cast<int64_t>(count));
+    const std::vector<char> got = out.Download();
+    for (int q = 0; q < 2; ++q) {
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(got[q * count + i], static_cast<char>(q * 100 + (r * count + i) % 97))
+            << "rank " << r << " block " << q << " byte " << i;
+      }
+    }
+    EXPECT_EQ(comm.AllReduce(in.get(), count, DataType::kUInt8)->Wait().code(),
+              absl::StatusCode::kUnimplemented);
+    EXPECT_TRUE(comm.health().ok());
+  });
+}
+
 // The pattern of nccl_communicator.h: compute stream -> event -> comm stream -> event ->
 // compute stream, with the host waiting only through WaitEvent. A long memset ahead of the
 // input's copy makes a missing dependency show up as a wrong sum.

@@ -11,6 +11,8 @@ if(TARGET weft_comm_nccl)
 endif()
 weft_test(hybrid_communicator_test integration
   SOURCES worker/comm/hybrid_communicator_test.cc LIBS weft_comm weft_coordinator_lib)
+weft_test(wire_codec_test integration
+  SOURCES worker/comm/wire_codec_test.cc LIBS weft_comm weft_coordinator_lib)
 weft_test(range_collectives_test integration
   SOURCES worker/comm/range_collectives_test.cc LIBS weft_comm weft_coordinator_lib)
 # Ranks of one process on one GPU with NCCL's stream semantics (a test utility for the GPU

@@ -219,6 +219,36 @@ TEST(GpuMemoryPlan, EveryBufferIsListedOnce) {
   }
 }
 
+// A compressed replica all-reduce plans its send and receive buffers, each the largest
+// shard's encoding over the replicas; fp32 (NCCL's all-reduce in place) and one replica plan
+// none.
+TEST(GpuMemoryPlan, ACompressedReplicaAllReducePlansItsWireBuffers) {
+  weft::v1::JobSpec spec = Llama3_8B();
+  const CheckpointingPlan full(Checkpointing::kFull);
+  ZeroCudaOptions two;
+  two.replicas = 2;
+  EXPECT_EQ(Plan(spec, full, 1, 8, kPlusRequests, two).plan.Find(Role::kWireSend), nullptr);
+  for (const auto& [format, bytes_per_value] :
+       {std::pair{weft::v1::ShardingSpec::WIRE_BF16, 2.0},
+        std::pair{weft::v1::ShardingSpec::WIRE_INT8, 1.0 + 4.0 / 256}}) {
+    spec.mutable_sharding()->set_replica_reduce_format(format);
+    EXPECT_EQ(Plan(spec, full, 1, 8).plan.Find(Role::kWireSend), nullptr) << "one replica";
+    const Planned p = Plan(spec, full, 1, 8, kPlusRequests, two);
+    const GpuBuffer* send = p.plan.Find(Role::kWireSend);
+    const GpuBuffer* recv = p.plan.Find(Role::kWireRecv);
+    ASSERT_NE(send, nullptr);
+    ASSERT_NE(recv, nullptr);
+    EXPECT_EQ(send->bytes(), recv->bytes());
+    // The largest shard (the embedding's, 128256 x 4096 / 8) encoded, plus at most a block of
+    // padding per replica.
+    const double encoded = static_cast<double>(p.layout.max_shard()) * bytes_per_value;
+    EXPECT_GE(static_cast<double>(send->bytes()), encoded);
+    EXPECT_LE(static_cast<double>(send->bytes()), encoded + 2 * 256 * bytes_per_value + 8);
+    EXPECT_EQ(send->place, GpuBufferPlace::kDevice);
+    EXPECT_EQ(send->part, GpuPlanPart::kWorking);
+  }
+}
+
 // Beyond world 1 the head's fp32 gradient and the block slots' share one buffer where the last
 // block recomputes (FULL, SELECTIVE), and the two slots are one at uniform FULL; without
 // recomputation all three are apart. At world 1 there is no such buffer.

@@ -4,6 +4,7 @@ weft_test(zero_cpu_test integration SOURCES worker/zero/zero_cpu_test.cc
   LIBS weft_worker_lib weft_coordinator_lib)
 weft_test(shard_layout_test unit SOURCES worker/zero/shard_layout_test.cc LIBS weft_worker_lib)
 weft_test(sharding_groups_test unit SOURCES worker/zero/sharding_groups_test.cc LIBS weft_worker_lib)
+weft_test(sharding_choice_test unit SOURCES worker/zero/sharding_choice_test.cc LIBS weft_zero)
 # Forks children (gtest death tests) that run under a memory limit.
 weft_test(zero_engine_test integration SOURCES worker/zero/zero_engine_test.cc LIBS weft_worker_lib)
 weft_test(memory_plan_test unit SOURCES worker/zero/memory_plan_test.cc LIBS weft_worker_lib)

@@ -188,6 +188,15 @@ class StagedCudaCommunicator final : public comm::CudaCommunicator {
     if (s.ok()) s = host_->Barrier()->Wait();
     return comm::MakeCompletedWork(s);
   }
+  std::shared_ptr<comm::Work> AllToAll(const void* send, void* recv, size_t count,
+                                       comm::DataType type) override {
+    const size_t bytes = count * comm::DataTypeSize(type) * world_size();
+    std::vector<uint8_t> in(bytes), out(bytes);
+    absl::Status s = Copy(in.data(), send, bytes);
+    if (s.ok()) s = host_->AllToAll(in.data(), out.data(), count, type)->Wait();
+    if (s.ok()) s = Copy(recv, out.data(), bytes);
+    return comm::MakeCompletedWork(s);
+  }
 
  private:
   static constexpr comm::DataType kF32 = comm::DataType::kFloat32;
@@ -931,6 +940,33 @@ TEST_F(ZeroCudaTest, HybridShardingOnOneGpuFollowsFullSharding) {
     ASSERT_EQ(hybrid.params.size(), full.params.size());
     for (size_t u = 0; u < full.params.size(); ++u) {
       EXPECT_LT(NormRelative(hybrid.params[u], full.params[u]), 0.05) << "unit " << u;
+    }
+  }
+}
+
+// The compressed replica all-reduces (sharding.replica_reduce_format) on one GPU (staged
+// Gloo), 2 replicas of 1 rank and of 2: the curve stays near the exact hybrid run's, and the
+// plan holds the two wire buffers it allocates.
+TEST_F(ZeroCudaTest, CompressedReplicaAllReducesFollowTheExactOne) {
+  for (const auto& [replicas, group_size] : {std::pair{2, 1}, std::pair{2, 2}}) {
+    const int world = replicas * group_size;
+    weft::v1::JobSpec spec = SmallSpec(2, 40);
+    const Curve exact = TrainGpu(spec, world, Links::kStagedGloo, group_size);
+    for (auto format : {weft::v1::ShardingSpec::WIRE_BF16, weft::v1::ShardingSpec::WIRE_INT8}) {
+      SCOPED_TRACE(absl::StrCat(replicas, "x", group_size, " ",
+                                weft::v1::ShardingSpec::WireFormat_Name(format)));
+      spec.mutable_sharding()->set_scope(weft::v1::ShardingSpec::GROUP);
+      spec.mutable_sharding()->set_group_size(group_size);
+      spec.mutable_sharding()->set_replica_reduce_format(format);
+      const Curve wire = TrainGpu(spec, world, Links::kStagedGloo, group_size);
+      ASSERT_EQ(wire.losses.size(), 40u);
+      EXPECT_NEAR(wire.losses[0], exact.losses[0], 1e-4 * exact.losses[0]);
+      EXPECT_LT(WorstRelative(wire.losses, exact.losses), 0.02);
+      EXPECT_LT(WorstRelative(wire.grad_norms, exact.grad_norms), 0.1);
+      // The wire buffers, planned as allocated.
+      EXPECT_GT(wire.planned_bytes, exact.planned_bytes);
+      EXPECT_EQ(wire.planned_bytes - exact.planned_bytes,
+                wire.allocated_bytes - exact.allocated_bytes);
     }
   }
 }

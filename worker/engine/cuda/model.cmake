@@ -2,7 +2,7 @@
 # the CudaModel interface (model.h), created by model_factory.cc and driven unit by unit by the
 # worker's ZeRO-3 engine. One <arch>_model.{h,cc} per architecture.
 add_library(weft_model_cuda STATIC matmul.cc model_factory.cc model_util.cc gpt2_model.cc
-  llama_model.cc reduce.cu)
+  llama_model.cc reduce.cu wire_codec.cu)
 set_target_properties(weft_model_cuda PROPERTIES CUDA_STANDARD 17 CUDA_EXTENSIONS OFF)
 target_compile_options(weft_model_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
 target_link_libraries(weft_model_cuda PUBLIC weft_engine_cuda weft_model_arch weft_common
