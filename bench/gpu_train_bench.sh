@@ -49,6 +49,10 @@
 #     vs_single_host=X (tokens/s per GPU over the one-host run's). Needs root, ip and tc.
 #     WEFT_BENCH_LINK_DELAY_MS adds that one-way delay at each end (netem; refused, naming the
 #     missing qdisc, on a kernel without it, as the GPU machine's).
+#     WEFT_BENCH_PEERS (e.g. "fsdp2_hsdp deepspeed_zeropp"; names in bench/peers/sim_peers.sh)
+#     runs those peers after Weft at each rate, on the same cluster with the same shape,
+#     micro-batch and accumulation: BENCH peer_cluster peer=NAME hosts=H ... tok_s_per_gpu=..
+#     mfu=.. maxmem_gib=.. accum=.. (status=failed when one fails; the bench goes on).
 #   bench/gpu_train_bench.sh curve BIN_DIR DATA_FILE
 #     A small byte-level GPT on real text (DATA_FILE, bytes), 300 steps, global batch 16, on
 #     1 GPU, 2 GPUs and 1 CPU worker; prints the largest per-step relative loss difference of
@@ -157,6 +161,7 @@ cluster)
     "$DATA" $((H * G)) "${5:-gpt2}" | tee "$WORK/one-host.txt"
   single=$(grep -o 'tokens_per_s_per_gpu=[0-9]*' "$WORK/one-host.txt" | head -n 1 | cut -d= -f2)
   trap 'sim_cluster_down; weft_stop_all' EXIT
+  [[ -z ${WEFT_BENCH_PEERS:-} ]] || source "$(dirname "${BASH_SOURCE[0]}")/peers/sim_peers.sh"
   for rate in ${WEFT_BENCH_LINK_GBPS:-0}; do
     sim_cluster_up "$H" "$rate" "${WEFT_BENCH_LINK_DELAY_MS:-0}"
     read -r ag ar <<<"$(sim_busbw "$H" "$G")"
@@ -164,6 +169,9 @@ cluster)
       WEFT_BENCH_SIM="$H $G $rate $ag/$ar ${single:-0}" \
       WEFT_BENCH_WORK="$WORK/hosts-$rate" "${BASH_SOURCE[0]}" throughput "$BIN" "$DATA" \
       $((H * G)) "${5:-gpt2}"
+    # shellcheck disable=SC2086  # a list of peer names
+    [[ -z ${WEFT_BENCH_PEERS:-} ]] || WEFT_BENCH_WORK=$WORK \
+      sim_peers_bench "$H" "$G" "$rate" "$ag/$ar" "${5:-gpt2}" $WEFT_BENCH_PEERS
     sim_cluster_down
   done
   ;;
