@@ -51,7 +51,14 @@
 #     and all-reduce bus bandwidth across the hosts, measured in that run before the job)
 #     vs_single_host=X (tokens/s per GPU over the one-host run's). Needs root, ip and tc.
 #     WEFT_BENCH_LINK_DELAY_MS adds that one-way delay at each end (netem; refused, naming the
-#     missing qdisc, on a kernel without it, as the GPU machine's).
+#     missing qdisc, on a kernel without it, as the GPU machine's). The one-host run shards
+#     fully; the hosts' runs take WEFT_BENCH_SHARD and WEFT_BENCH_REPLICA_FORMAT, or with
+#     WEFT_BENCH_VARIANTS (e.g. "hybrid+fp32 hybrid+bf16 auto+int8") one run of each at every
+#     rate.
+#     WEFT_BENCH_PEERS (e.g. "fsdp2_hsdp deepspeed_zeropp"; names in bench/peers/sim_peers.sh)
+#     runs those peers after Weft at each rate, on the same cluster with the same shape,
+#     micro-batch and accumulation: BENCH peer_cluster peer=NAME hosts=H ... tok_s_per_gpu=..
+#     mfu=.. maxmem_gib=.. accum=.. (status=failed when one fails; the bench goes on).
 #   bench/gpu_train_bench.sh wire_curve BIN_DIR DATA_FILE [cuda|cpu]
 #     The replica all-reduce's formats on real text: a small byte-level GPT (6 x 256, context
 #     256, micro-batch 8, WEFT_BENCH_STEPS default 300) under sharding HOST on
@@ -176,17 +183,27 @@ run_job() {
 case "$mode" in
 cluster)
   IFS=x read -r H G <<<"${4:?HxG, e.g. 2x1}"
-  WEFT_BENCH_HOSTS=1 WEFT_BENCH_WORK="$WORK/one-host" "${BASH_SOURCE[0]}" throughput "$BIN" \
-    "$DATA" $((H * G)) "${5:-gpt2}" | tee "$WORK/one-host.txt"
+  WEFT_BENCH_HOSTS=1 WEFT_BENCH_SHARD=full WEFT_BENCH_WORK="$WORK/one-host" \
+    "${BASH_SOURCE[0]}" throughput "$BIN" "$DATA" $((H * G)) "${5:-gpt2}" |
+    tee "$WORK/one-host.txt"
   single=$(grep -o 'tokens_per_s_per_gpu=[0-9]*' "$WORK/one-host.txt" | head -n 1 | cut -d= -f2)
   trap 'sim_cluster_down; weft_stop_all' EXIT
+  [[ -z ${WEFT_BENCH_PEERS:-} ]] || source "$(dirname "${BASH_SOURCE[0]}")/peers/sim_peers.sh"
   for rate in ${WEFT_BENCH_LINK_GBPS:-0}; do
     sim_cluster_up "$H" "$rate" "${WEFT_BENCH_LINK_DELAY_MS:-0}"
     read -r ag ar <<<"$(sim_busbw "$H" "$G")"
-    SIM_PKI=$SIM_PKI SIM_PREFIX=$SIM_PREFIX WEFT_BENCH_HOSTS=$H WEFT_BENCH_TRANSPORT=net \
-      WEFT_BENCH_SIM="$H $G $rate $ag/$ar ${single:-0}" \
-      WEFT_BENCH_WORK="$WORK/hosts-$rate" "${BASH_SOURCE[0]}" throughput "$BIN" "$DATA" \
-      $((H * G)) "${5:-gpt2}"
+    for variant in ${WEFT_BENCH_VARIANTS:-as-set}; do
+      [[ $variant == as-set ]] || IFS=+ read -r WEFT_BENCH_SHARD WEFT_BENCH_REPLICA_FORMAT \
+        <<<"$variant"
+      SIM_PKI=$SIM_PKI SIM_PREFIX=$SIM_PREFIX WEFT_BENCH_HOSTS=$H WEFT_BENCH_TRANSPORT=net \
+        WEFT_BENCH_SIM="$H $G $rate $ag/$ar ${single:-0}" WEFT_BENCH_SHARD=${WEFT_BENCH_SHARD:-full} \
+        WEFT_BENCH_REPLICA_FORMAT=${WEFT_BENCH_REPLICA_FORMAT:-fp32} \
+        WEFT_BENCH_WORK="$WORK/hosts-$rate-$variant" "${BASH_SOURCE[0]}" throughput "$BIN" \
+        "$DATA" $((H * G)) "${5:-gpt2}"
+    done
+    # shellcheck disable=SC2086  # a list of peer names
+    [[ -z ${WEFT_BENCH_PEERS:-} ]] || WEFT_BENCH_WORK=$WORK \
+      sim_peers_bench "$H" "$G" "$rate" "$ag/$ar" "${5:-gpt2}" $WEFT_BENCH_PEERS
     sim_cluster_down
   done
   ;;

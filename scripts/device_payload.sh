@@ -9,6 +9,14 @@
 #   mkdir -p /tmp/p && tar xzf .device/payload.tar.gz -C /tmp/p &&
 #   source /tmp/p/device-env.sh /tmp/p/bundle && cd /tmp/p/repo &&
 #   bash scripts/gpu_tests.sh /tmp/p/bundle/bin $OUT/logs
+# WEFT_PAYLOAD_DEEPSPEED=1 adds deepspeed-wheels/ (about 21 MB more), for the DeepSpeed peers of
+# bench/peers: DeepSpeed and its dependencies as wheels (bench/peers/deepspeed_wheels.sh, kept
+# in ~/.cache/weft-deepspeed-wheels between payloads, not in .device/, which the device tool
+# carries whole; needs the package index the first time). There:
+#   export PYTHONPATH=$(bash /tmp/p/repo/bench/peers/install_deepspeed.sh \
+#     /tmp/p/deepspeed-wheels /tmp/ds --build-ops)
+# WEFT_PAYLOAD_DEEPSPEED_SKIP="numpy" leaves those wheels out (numpy is 16 of the 21 MB), for a
+# machine that has them, when the payload must stay under the device tool's 64 MiB.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=$(cd "${1:-$repo/build}" && pwd)
@@ -34,5 +42,17 @@ bash "$shared/device/bundle.sh" "$stage/bundle" "${paths[@]}" >/dev/null
 cp "$shared/device/device-env.sh" "$shared/bench/peer_fsdp_gpt.py" "$stage/"
 cp -r "$repo/scripts" "$repo/bench" "$stage/repo/"
 mkdir -p "$repo/.device"
-tar czf "$repo/.device/payload.tar.gz" -C "$stage" bundle device-env.sh peer_fsdp_gpt.py repo
+extra=()
+if [[ ${WEFT_PAYLOAD_DEEPSPEED:-0} == 1 ]]; then
+  wheels=${XDG_CACHE_HOME:-$HOME/.cache}/weft-deepspeed-wheels
+  cmp -s "$repo/bench/peers/deepspeed-requirements.txt" "$wheels/requirements.txt" || {
+    rm -rf "$wheels"
+    bash "$repo/bench/peers/deepspeed_wheels.sh" "$wheels"
+  }
+  cp -r "$wheels" "$stage/deepspeed-wheels"
+  for skip in ${WEFT_PAYLOAD_DEEPSPEED_SKIP:-}; do rm -f "$stage/deepspeed-wheels/$skip"-*.whl; done
+  extra=(deepspeed-wheels)
+fi
+tar czf "$repo/.device/payload.tar.gz" -C "$stage" bundle device-env.sh peer_fsdp_gpt.py repo \
+  "${extra[@]}"
 du -h "$repo/.device/payload.tar.gz" | cut -f1
