@@ -24,7 +24,8 @@ shared=$(cd "$repo/../shared" && pwd)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 bins="weft-worker weft-coordinator trainctl engine_cuda_bf16_ops_test
-      engine_cuda_flash_attention_test engine_cuda_llama_ops_test nccl_communicator_test
+      engine_cuda_flash_attention_test engine_cuda_llama_ops_test engine_cuda_wire_codec_test
+      nccl_communicator_test
       in_process_cuda_communicator_test
       zero_cuda_test gpu_worker_e2e_test cuda_ops_bench ${EXTRA_BINS:-}"
 mkdir -p "$stage/stripped" "$stage/repo"

@@ -48,7 +48,9 @@ import time
 
 # Before deepspeed is imported: where and for which GPU its JIT ops are built.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", "/tmp/weft-torch-extensions")
-os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+# DeepSpeed parses each entry as numbers: "9.0a" (the GPU machine's environment may set it)
+# fails its op builder, so the arch-specific suffix goes.
+os.environ["TORCH_CUDA_ARCH_LIST"] = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0").replace("a", "")
 os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
 
 import torch  # noqa: E402

@@ -17,7 +17,10 @@ target=$(cd "$2" && pwd)
 py=${PYTHON:-python3}
 # The same defaults as bench/peers/deepspeed_zeropp.py, so ops built here are the ones it loads.
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/weft-torch-extensions}
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+# DeepSpeed's op builder parses each entry as numbers: "9.0a" (which the GPU machine's
+# environment may set) fails it, so the arch-specific suffix goes.
+TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST//a/}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PATH="$CUDA_HOME/bin:$target/bin:$PATH"
 

@@ -41,7 +41,9 @@ __device__ float DecodeValue(WireFormat format, const uint8_t* chunk, size_t chu
         reinterpret_cast<const __nv_bfloat16*>(chunk)[local * kWireBlock + threadIdx.x]);
   }
   uint8_t* c = const_cast<uint8_t*>(chunk);
-  return static_cast<float>(Int8Of(c, chunk_values, local)[threadIdx.x]) * *ScaleOf(c, local);
+  // Rounded multiply (no fused multiply-add with the caller's sum): the CPU's arithmetic.
+  return __fmul_rn(static_cast<float>(Int8Of(c, chunk_values, local)[threadIdx.x]),
+                   *ScaleOf(c, local));
 }
 
 // The block's largest |x| (a NaN if any value is one; an infinity if any is one and none is
@@ -96,7 +98,8 @@ __global__ void SumKernel(WireFormat format, const uint8_t* in, int ranks, size_
   const size_t local = blockIdx.x;
   float sum = 0.0f;
   for (int r = 0; r < ranks; ++r) {
-    sum += DecodeValue(format, in + static_cast<size_t>(r) * chunk_bytes, chunk_values, local);
+    sum = __fadd_rn(sum, DecodeValue(format, in + static_cast<size_t>(r) * chunk_bytes,
+                                     chunk_values, local));
   }
   // Every thread has read its inputs (including any under `out`) before the block's first
   // write: the int8 encoding synchronises the block first, the bf16 one writes only the value
