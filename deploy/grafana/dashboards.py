@@ -81,6 +81,10 @@ job = dashboard("weft-job", "Weft job", "One training job: progress, speed, wher
         ('clamp_min(3 * job_id:weft_checkpoint_interval_seconds:estimated{job_id="$job"}, 300)', "alert above")],
           0, 36, 24, 8, unit="s",
           desc="How much training a crash now would lose. Alert WeftCheckpointStale (deploy/prometheus/rules.yml) fires past three checkpoint intervals (at least 5 min) while the job runs."),
+    panel(14, "Collective traffic by link", [
+        ('sum by (link) (rate(weft_worker_collective_bytes_total[$__rate_interval]) * ' + RANK + ')', "{{link}}")],
+          0, 44, 24, 8, unit="Bps",
+          desc="Bytes per second the job's ranks send in collectives during steps, as ring algorithms send them: within a host, and over communicators that span hosts. Across hosts, sharding HOST keeps only the replica all-reduce on the network; sharding.replica_reduce_format WIRE_BF16 or WIRE_INT8 halves or quarters it (docs/deploy.md 7.4)."),
 ], [job_var])
 
 cluster = dashboard("weft-cluster", "Weft cluster", "Workers, jobs, failures and recoveries across the cluster.", [
