@@ -195,10 +195,7 @@ def main():
     if a.compile:
         engine.compile()
 
-    gen = torch.Generator(device=dev)
-    gen.manual_seed(1000 + rank)
-    tokens = torch.randint(0, shape.vocab, (a.mb, shape.seq + 1), device=dev, generator=gen)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    x, y = peer_models.random_batch(shape, a.mb, dev, rank)
 
     loss_sum = torch.zeros((), device=dev)
     t0 = None
@@ -217,13 +214,10 @@ def main():
     if cuda:
         torch.cuda.synchronize()
     step_s = (time.perf_counter() - t0) / max(a.steps, 1)
-    tok_s_per_gpu = a.mb * shape.seq * a.accum / step_s
-    mfu = tok_s_per_gpu * peer_models.flops_per_token(shape) / peer_models.PEAK_FLOPS
-    maxmem = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    speed = peer_models.speed_fields(shape, a.mb, a.accum, step_s, cuda)
     if rank == 0:
         print(f"RESULT peer=deepspeed_zero3 zeropp={zeropp} hosts={hosts} gpus_per_host={per_host} "
-              f"accum={a.accum} tok_s_per_gpu={tok_s_per_gpu:.0f} step_ms={step_s * 1e3:.1f} "
-              f"mfu={mfu:.3f} maxmem_GiB={maxmem:.2f} loss={loss_sum.item():.3f} "
+              f"accum={a.accum} {speed} loss={loss_sum.item():.3f} "
               f"optimizer={'fused_adam' if fused else 'torch_adamw'} "
               + (f"dropped={','.join(dropped)} " if dropped else "")
               + f"arch={shape.arch} params={nparams} mb={a.mb} seq={shape.seq} "

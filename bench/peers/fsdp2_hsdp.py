@@ -113,10 +113,7 @@ def main():
 
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=cuda)
-    gen = torch.Generator(device=dev)
-    gen.manual_seed(1000 + rank)
-    tokens = torch.randint(0, shape.vocab, (a.mb, shape.seq + 1), device=dev, generator=gen)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    x, y = peer_models.random_batch(shape, a.mb, dev, rank)
 
     def sync():
         if cuda:
@@ -142,13 +139,10 @@ def main():
     sync()
     elapsed = time.perf_counter() - t0
     step_s = elapsed / max(a.steps, 1)
-    tok_s_per_gpu = a.mb * shape.seq * a.accum / step_s
-    mfu = tok_s_per_gpu * peer_models.flops_per_token(shape) / peer_models.PEAK_FLOPS
-    maxmem = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    speed = peer_models.speed_fields(shape, a.mb, a.accum, step_s, cuda)
     if rank == 0:
         print(f"RESULT peer=fsdp2_hsdp mesh={a.mesh} hosts={hosts} gpus_per_host={per_host} "
-              f"accum={a.accum} tok_s_per_gpu={tok_s_per_gpu:.0f} step_ms={step_s * 1e3:.1f} "
-              f"mfu={mfu:.3f} maxmem_GiB={maxmem:.2f} loss={loss_sum.item():.3f} "
+              f"accum={a.accum} {speed} loss={loss_sum.item():.3f} "
               f"arch={shape.arch} params={nparams} mb={a.mb} seq={shape.seq} "
               f"compile={int(a.compile)} ac={int(a.ac)} reduce={a.reduce_dtype}", flush=True)
     dist.destroy_process_group()

@@ -287,3 +287,22 @@ def init_weights(model: nn.Module):
 def count_parameters(model: nn.Module) -> int:
     """Parameters of a built (unsharded or meta) model, shared ones once."""
     return sum(p.numel() for p in model.parameters())
+
+
+def random_batch(s: Shape, mb: int, device, rank: int):
+    """(inputs, targets) of random tokens, one batch a rank reuses every micro-step: the peers
+    measure speed, not learning."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1000 + rank)
+    tokens = torch.randint(0, s.vocab, (mb, s.seq + 1), device=device, generator=gen)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def speed_fields(s: Shape, mb: int, accum: int, step_s: float, cuda: bool) -> str:
+    """The RESULT line's fields of a measured step time: tokens/s per GPU, step_ms, MFU against
+    PEAK_FLOPS and the GPU's peak allocated memory."""
+    tok_s_per_gpu = mb * s.seq * accum / step_s
+    mfu = tok_s_per_gpu * flops_per_token(s) / PEAK_FLOPS
+    maxmem = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    return (f"tok_s_per_gpu={tok_s_per_gpu:.0f} step_ms={step_s * 1e3:.1f} mfu={mfu:.3f} "
+            f"maxmem_GiB={maxmem:.2f}")
