@@ -147,7 +147,7 @@ absl::Status GenerationRun::Train() {
   std::string sharding_choice;
   BeforeEngine settle;
   if (spec.sharding().scope() == weft::v1::ShardingSpec::AUTO) {
-    WEFT_ASSIGN_OR_RETURN(const AutoScope scope, ChooseScopeForAuto(&store));
+    WEFT_ASSIGN_OR_RETURN(const AutoScope scope, ChooseScopeForAuto(&store, world));
     groups = scope.groups;
     settle = SettleAutoSpec(spec, scope, options_.peak_flops, &sharding_choice);
   }
@@ -205,8 +205,10 @@ absl::StatusOr<zero::ShardingGroups> GenerationRun::Join(const std::string& data
   join.set_generation(generation());
   join.set_worker_id(options_.worker_id);
   join.set_incarnation(options_.incarnation);
-  // The peers' hosts: HOST's groups, AUTO's choice and the traffic metrics' links.
-  join.set_include_peers(true);
+  // The peers' hosts, for HOST's groups and AUTO's choice: every rank gets all of them, so a
+  // WORLD or GROUP job of thousands of ranks does without.
+  join.set_include_peers(sharding.scope() == weft::v1::ShardingSpec::HOST ||
+                         sharding.scope() == weft::v1::ShardingSpec::AUTO);
   auto joined = client_->Join(join, absl::Milliseconds(options_.rendezvous_timeout_ms));
   if (!joined.ok()) {
     if (joined.status().code() != absl::StatusCode::kAborted) ReportError(joined.status(), false);
@@ -219,10 +221,7 @@ absl::StatusOr<zero::ShardingGroups> GenerationRun::Join(const std::string& data
                joined->world_size());
   rank_hosts_ = zero::RankHosts(*joined);
   std::vector<std::string> hosts = rank_hosts_;
-  // Without the peers' hosts (an older coordinator) AUTO and the metrics see one host.
-  if (rank_hosts_.size() != static_cast<size_t>(joined->world_size())) {
-    rank_hosts_.assign(joined->world_size(), "");
-  }
+  if (rank_hosts_.size() != static_cast<size_t>(joined->world_size())) rank_hosts_.clear();
   // AUTO chooses once the generation's store can carry the ranks' verdicts (Train).
   if (sharding.scope() == weft::v1::ShardingSpec::WORLD ||
       sharding.scope() == weft::v1::ShardingSpec::AUTO) {
@@ -261,10 +260,13 @@ absl::StatusOr<GenerationRun::Data> GenerationRun::OpenData() {
   return data;
 }
 
-absl::StatusOr<AutoScope> GenerationRun::ChooseScopeForAuto(Store* store) {
+absl::StatusOr<AutoScope> GenerationRun::ChooseScopeForAuto(Store* store, int world) {
   DeviceOptions device = options_.device;
   device.ranks_on_host = ranks_on_host_;
-  auto scope = ChooseAutoScope(store, rank_, rank_hosts_, command_.spec(), device,
+  // Without the peers' hosts (an older coordinator) every rank counts as on one host: WORLD.
+  std::vector<std::string> hosts = rank_hosts_;
+  if (hosts.empty()) hosts.assign(world, "");
+  auto scope = ChooseAutoScope(store, rank_, hosts, command_.spec(), device,
                                absl::Milliseconds(options_.rendezvous_timeout_ms));
   if (!scope.ok()) ReportCollectiveError(scope.status());
   if (scope.ok()) {
@@ -293,12 +295,17 @@ void GenerationRun::ReportPlans(const std::string& memory_plan,
 }
 
 GenerationRun::Links GenerationRun::TrafficLinks(const zero::ShardingGroups& groups) const {
-  // A communicator spans hosts when its ranks are on more than one; without the peers' hosts
-  // (an older coordinator) everything counts as within the host.
+  // A communicator spans hosts when its ranks are on more than one. Without the peers' hosts
+  // (WORLD and GROUP do not ask for them), hosts are runs of ranks_on_host_ consecutive ranks:
+  // the coordinator numbers a host's ranks together, and a job's hosts usually run as many.
+  const auto host_of = [&](int r) -> std::string {
+    if (!rank_hosts_.empty()) return rank_hosts_[r];
+    return std::to_string(r / ranks_on_host_);
+  };
   const auto spans = [&](int first, int count, int stride) {
     for (int i = 1; i < count; ++i) {
-      const size_t r = static_cast<size_t>(first + i * stride);
-      if (r < rank_hosts_.size() && rank_hosts_[r] != rank_hosts_[first]) return true;
+      const int r = first + i * stride;
+      if (r < groups.world && host_of(r) != host_of(first)) return true;
     }
     return false;
   };

@@ -103,7 +103,7 @@ class GenerationRun {
                                               const BeforeEngine& settle);
   // sharding.scope AUTO: the groups every rank agrees on (ChooseAutoScope); a failure (of the
   // store: a peer gone, the generation over) is reported as a lost peer.
-  absl::StatusOr<AutoScope> ChooseScopeForAuto(Store* store);
+  absl::StatusOr<AutoScope> ChooseScopeForAuto(Store* store, int world);
   // Rank 0, once per generation: the engine's memory plan and AUTO's sharding choice (either
   // may be empty), as MEMORY_PLANNED and SHARDING_CHOSEN events.
   void ReportPlans(const std::string& memory_plan, const std::string& sharding_choice);
@@ -179,7 +179,7 @@ class GenerationRun {
   // As assigned by the JoinJob command; Join confirms it.
   int32_t rank_;
   int32_t ranks_on_host_ = 1;  // the generation's ranks on this host (JoinResponse)
-  // Every rank's host, in rank order (Join's peers; empty from a coordinator that sends none).
+  // Every rank's host, in rank order (Join's peers, which HOST and AUTO ask for; else empty).
   std::vector<std::string> rank_hosts_;
   Links traffic_;
   // Rank 0's step reports while StepLoop runs (its local), else null.

@@ -167,6 +167,10 @@ TEST_F(MultiHostE2eTest, TwoHostsInTheirOwnNamespacesTrainWithEveryShardingOptio
   EXPECT_THAT(members, EndsWith("on 2 hosts (min 4, max 4): host-a/cpu0, host-a/cpu1, "
                                 "host-b/cpu0, host-b/cpu1"));
   testing::ExpectSameModel(full, one_host);
+  // Full sharding's one communicator spans both hosts: all of rank 0's traffic counts across
+  // them (hosts told apart by each host's rank count: WORLD does not ask for the peers).
+  EXPECT_GT(full.last_metrics().inter_host_bytes(), 0);
+  EXPECT_EQ(full.last_metrics().intra_host_bytes(), 0);
   // Every rank's gathers and reduce-scatters crossed its host's shaped link: more than the
   // model's parameters (full sharding gathers each unit from the other host every step).
   for (const auto& host : hosts_) {

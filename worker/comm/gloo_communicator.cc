@@ -682,7 +682,8 @@ class GlooCommunicator final : public Communicator {
       case OpKind::kAllGather:
       case OpKind::kReduceScatter:
       case OpKind::kAllToAll:
-        absl::StrAppend(&out, " (", op.count, " x ", std::string(DataTypeName(op.type)), " per rank)");
+        absl::StrAppend(&out, " (", op.count, " x ", std::string(DataTypeName(op.type)),
+                        " per rank)");
         break;
       case OpKind::kAllReduce:
         absl::StrAppend(&out, " (", op.count, " x float32)");
