@@ -196,7 +196,8 @@ cluster)
       [[ $variant == as-set ]] || IFS=+ read -r WEFT_BENCH_SHARD WEFT_BENCH_REPLICA_FORMAT \
         <<<"$variant"
       SIM_PKI=$SIM_PKI SIM_PREFIX=$SIM_PREFIX WEFT_BENCH_HOSTS=$H WEFT_BENCH_TRANSPORT=net \
-        WEFT_BENCH_SIM="$H $G $rate $ag/$ar ${single:-0}" WEFT_BENCH_SHARD=${WEFT_BENCH_SHARD:-full} \
+        WEFT_BENCH_SIM="$H $G $rate $ag/$ar ${single:-0}" \
+        WEFT_BENCH_SHARD=${WEFT_BENCH_SHARD:-full} \
         WEFT_BENCH_REPLICA_FORMAT=${WEFT_BENCH_REPLICA_FORMAT:-fp32} \
         WEFT_BENCH_WORK="$WORK/hosts-$rate-$variant" "${BASH_SOURCE[0]}" throughput "$BIN" \
         "$DATA" $((H * G)) "${5:-gpt2}"
@@ -269,8 +270,9 @@ for line in open(path):
         if e.get("type") == "SHARDING_CHOSEN":
             # "HOST: ...; replica all-reduce WIRE_BF16: ..." or "WORLD: ..."
             chosen = e["message"].split(":", 1)[0]
-            if "replica all-reduce WIRE_" in e["message"]:
-                chosen += "+" + e["message"].split("replica all-reduce WIRE_", 1)[1].split(":")[0].lower()
+            said = e["message"].split("replica all-reduce WIRE_", 1)
+            if len(said) == 2:
+                chosen += "+" + said[1].split(":")[0].lower()
         if e.get("type") == "MEMORY_PLANNED":
             # "activation checkpointing full, selective for blocks 0-16 (chosen by AUTO): ..."
             said = e["message"].split("activation checkpointing ", 1)[1].split(" (", 1)[0]
@@ -390,7 +392,8 @@ for fmt in ("bf16", "int8"):
     common = sorted(set(got) & set(exact))
     rel = [abs(got[k] - exact[k]) / exact[k] for k in common]
     tail = [k for k in common if k > steps - 20]
-    final = abs(sum(got[k] for k in tail) - sum(exact[k] for k in tail)) / sum(exact[k] for k in tail)
+    exact_tail = sum(exact[k] for k in tail)
+    final = abs(sum(got[k] for k in tail) - exact_tail) / exact_tail
     ratio = (sum(got_bytes.values()) / max(1, sum(exact_bytes.values())))
     out.append(f"{fmt}_max_rel={max(rel):.4f} {fmt}_mean_rel={sum(rel) / len(rel):.4f} "
                f"{fmt}_last20_rel={final:.4f} {fmt}_inter_bytes_vs_fp32={ratio:.3f}")
@@ -400,7 +403,8 @@ print(" ".join(out), flush=True)
 PY
   ;;
 *)
-  echo "usage: $0 throughput|transport|cluster|curve|wire_curve BIN_DIR DATA_FILE [GPU_COUNTS|HxG|KIND] [gpt2|llama]" >&2
+  echo "usage: $0 throughput|transport|cluster|curve|wire_curve BIN_DIR DATA_FILE" \
+    "[GPU_COUNTS|HxG|KIND] [gpt2|llama]" >&2
   exit 2
   ;;
 esac

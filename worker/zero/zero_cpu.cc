@@ -81,8 +81,9 @@ CpuMemoryPlan PlanCpuMemory(const weft::v1::JobSpec& spec, const engine::ModelAr
   plan.working_bytes += max_padded * sizeof(float);       // GatherUnit for the model file
   // A compressed replica all-reduce's send and receive buffers (comm/wire_codec.h): the
   // largest shard's encoding each (and up to a block of padding per replica, in the reserve).
-  if (const comm::WireFormat wire = ReplicaWireFormat(spec.sharding());
-      wire != comm::WireFormat::kFp32 && spec.sharding().scope() != weft::v1::ShardingSpec::WORLD) {
+  const comm::WireFormat wire = ReplicaWireFormat(spec.sharding());
+  if (wire != comm::WireFormat::kFp32 &&
+      spec.sharding().scope() != weft::v1::ShardingSpec::WORLD) {
     plan.working_bytes += 2 * comm::WireBufferBytes(wire, layout.max_shard(), 1);
   }
   plan.activation_bytes = model.activation_bytes(micro_batch_size, seq_len, level);
