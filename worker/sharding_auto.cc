@@ -17,18 +17,17 @@ using weft::v1::ShardingSpec;
 
 std::string VerdictKey(int rank) { return absl::StrCat("auto-scope/", rank); }
 
-// OK when every rank's verdict is empty (it fits); else the first refusal, naming its rank.
-absl::StatusOr<absl::Status> GatherVerdicts(Store* store, int world, absl::Duration timeout) {
+// The first rank's refusal, "rank R: why" (empty when every rank's verdict is: all fit). Not
+// an absl::Status in a StatusOr: a StatusOr<Status> would take the store's error for a value.
+absl::StatusOr<std::string> FirstRefusal(Store* store, int world, absl::Duration timeout) {
   std::vector<std::string> keys;
   for (int r = 0; r < world; ++r) keys.push_back(VerdictKey(r));
   WEFT_RETURN_IF_ERROR(store->Wait(keys, timeout));
   for (int r = 0; r < world; ++r) {
     WEFT_ASSIGN_OR_RETURN(const std::string verdict, store->Get(keys[r]));
-    if (!verdict.empty()) {
-      return absl::ResourceExhaustedError(absl::StrCat("rank ", r, ": ", verdict));
-    }
+    if (!verdict.empty()) return absl::StrCat("rank ", r, ": ", verdict);
   }
-  return absl::OkStatus();
+  return std::string();
 }
 
 }  // namespace
@@ -54,7 +53,8 @@ absl::StatusOr<AutoScope> ChooseAutoScope(Store* store, int rank,
     const std::string verdict =
         mine.ok() ? "" : (mine.message().empty() ? mine.ToString() : std::string(mine.message()));
     WEFT_RETURN_IF_ERROR(store->Set(VerdictKey(rank), verdict));
-    WEFT_ASSIGN_OR_RETURN(fits, GatherVerdicts(store, world, timeout));
+    WEFT_ASSIGN_OR_RETURN(const std::string refusal, FirstRefusal(store, world, timeout));
+    if (!refusal.empty()) fits = absl::ResourceExhaustedError(refusal);
   }
   zero::ScopeChoice choice = zero::ChooseScope(rank_hosts, fits);
   AutoScope out;
