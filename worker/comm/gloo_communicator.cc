@@ -340,9 +340,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<Work> AllToAll(const void* send, void* recv, size_t count_per_rank,
                                  DataType type) override {
     const size_t all = count_per_rank * DataTypeSize(type) * static_cast<size_t>(world_);
-    const char* s = static_cast<const char*>(send);
-    const char* r = static_cast<const char*>(recv);
-    if (send != nullptr && recv != nullptr && s < r + all && r < s + all) {
+    if (send != nullptr && recv != nullptr && Overlap(send, all, recv, all)) {
       return MakeCompletedWork(
           absl::InvalidArgumentError("Gloo AllToAll: send and recv overlap (they must be apart)"));
     }

@@ -133,12 +133,6 @@ bool IsHostPointer(const void* ptr, int* device) {
   return attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged;
 }
 
-bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  const auto x = reinterpret_cast<uintptr_t>(a);
-  const auto y = reinterpret_cast<uintptr_t>(b);
-  return x < y + b_bytes && y < x + a_bytes;
-}
-
 // ---------------------------------------------------------------------------------------------
 
 // Everything a Work needs after enqueue, shared so that Works may outlive the communicator.

@@ -2,6 +2,7 @@
 #include "worker/comm/work.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <iterator>
 #include <utility>
 
@@ -88,6 +89,12 @@ int64_t RingSentBytes(OpKind kind, size_t count, size_t element_bytes, int world
       return static_cast<int64_t>(bytes * others / world);
   }
   return 0;
+}
+
+bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a);
+  const auto y = reinterpret_cast<uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
 }
 
 std::shared_ptr<Work> Communicator::AllToAll(const void*, void*, size_t, DataType) {

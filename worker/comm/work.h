@@ -31,6 +31,9 @@ bool Sums(OpKind kind);
 // twice that for an all-reduce. 0 at world 1.
 int64_t RingSentBytes(OpKind kind, size_t count, size_t element_bytes, int world);
 
+// Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
+
 class CompletionWork final : public Work {
  public:
   absl::Status Wait() override;

@@ -21,9 +21,7 @@ constexpr double kAssumedMfu = 0.4;
 // Bytes one rank sends in the replica all-reduce of `elements` in `format` over `replicas`.
 double SentBytes(ShardingSpec::WireFormat format, int64_t elements, int replicas) {
   const size_t n = static_cast<size_t>(std::max<int64_t>(elements, 0));
-  ShardingSpec spec;
-  spec.set_replica_reduce_format(format);
-  const comm::WireFormat wire = ReplicaWireFormat(spec);
+  const comm::WireFormat wire = ToWireFormat(format);
   if (wire == comm::WireFormat::kFp32) {
     return static_cast<double>(comm::RingSentBytes(comm::OpKind::kAllReduce, n, 4, replicas));
   }

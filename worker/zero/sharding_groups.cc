@@ -63,12 +63,16 @@ absl::StatusOr<ShardingGroups> ResolveShardingGroups(const weft::v1::ShardingSpe
   }
 }
 
-comm::WireFormat ReplicaWireFormat(const weft::v1::ShardingSpec& sharding) {
-  switch (sharding.replica_reduce_format()) {
+comm::WireFormat ToWireFormat(weft::v1::ShardingSpec::WireFormat format) {
+  switch (format) {
     case weft::v1::ShardingSpec::WIRE_BF16: return comm::WireFormat::kBf16;
     case weft::v1::ShardingSpec::WIRE_INT8: return comm::WireFormat::kInt8;
     default: return comm::WireFormat::kFp32;
   }
+}
+
+comm::WireFormat ReplicaWireFormat(const weft::v1::ShardingSpec& sharding) {
+  return ToWireFormat(sharding.replica_reduce_format());
 }
 
 }  // namespace weft::zero

@@ -42,8 +42,9 @@ std::vector<std::string> RankHosts(const weft::v1::JoinResponse& joined);
 absl::StatusOr<ShardingGroups> ResolveShardingGroups(const weft::v1::ShardingSpec& sharding,
                                                      const std::vector<std::string>& rank_hosts);
 
-// sharding.replica_reduce_format as the communicators' wire format (an unknown value, which
-// the spec's validation refuses, as fp32).
+// A ShardingSpec wire format as the communicators' (an unknown value, which the spec's
+// validation refuses, as fp32); ReplicaWireFormat: that of sharding.replica_reduce_format.
+comm::WireFormat ToWireFormat(weft::v1::ShardingSpec::WireFormat format);
 comm::WireFormat ReplicaWireFormat(const weft::v1::ShardingSpec& sharding);
 
 }  // namespace weft::zero
