@@ -28,9 +28,10 @@
 #     transport (start_workers); WEFT_BENCH_SHARD=hybrid sets sharding { scope: HOST } (with
 #     one GPU per declared host: replicas only, each gradient shard all-reduced across them),
 #     =auto sets scope AUTO; WEFT_BENCH_REPLICA_FORMAT (fp32, bf16, int8) its
-#     replica_reduce_format. The line ends transport=nvlink|net shard=full|hybrid+F|auto+F
-#     auto_choice=SCOPE[+format] (what AUTO chose; na otherwise) intra_host_gb_per_step=
-#     inter_host_gb_per_step= (rank 0's collective bytes of a step, StepMetrics).
+#     replica_reduce_format. The line ends transport=nvlink|net
+#     shard=full|hybrid+F[+sharded]|auto+F[+sharded] auto_choice=SCOPE[+sharded][+format] (what
+#     AUTO chose; na otherwise) intra_host_gb_per_step= inter_host_gb_per_step= (rank 0's
+#     collective bytes of a step, StepMetrics).
 #     WEFT_BENCH_STEPS the steps (default 60; tokens/s counts from step 10, or from the
 #     first reported step past a fifth of them).
 #     tokens/s is end to end: steps completed between two coordinator timestamps (step 10 and
@@ -52,9 +53,11 @@
 #     vs_single_host=X (tokens/s per GPU over the one-host run's). Needs root, ip and tc.
 #     WEFT_BENCH_LINK_DELAY_MS adds that one-way delay at each end (netem; refused, naming the
 #     missing qdisc, on a kernel without it, as the GPU machine's). The one-host run shards
-#     fully; the hosts' runs take WEFT_BENCH_SHARD and WEFT_BENCH_REPLICA_FORMAT, or with
-#     WEFT_BENCH_VARIANTS (e.g. "hybrid+fp32 hybrid+bf16 auto+int8") one run of each at every
-#     rate.
+#     fully; the hosts' runs take WEFT_BENCH_SHARD, WEFT_BENCH_REPLICA_FORMAT and
+#     WEFT_BENCH_REPLICA_OPTIMIZER, or with WEFT_BENCH_VARIANTS (e.g. "hybrid+fp32 hybrid+bf16
+#     auto+int8 hybrid+bf16+sharded") one run of each at every rate.
+#     WEFT_BENCH_ONE_HOST=skip leaves the one-host run out (vs_single_host then reads 1.0) and
+#     WEFT_BENCH_VARIANTS=skip Weft's runs across hosts: a call of peers only.
 #     WEFT_BENCH_PEERS (e.g. "fsdp2_hsdp deepspeed_zeropp"; names in bench/peers/sim_peers.sh)
 #     runs those peers after Weft at each rate, on the same cluster with the same shape,
 #     micro-batch and accumulation: BENCH peer_cluster peer=NAME hosts=H ... tok_s_per_gpu=..
@@ -134,15 +137,18 @@ start_workers() {
 stop_workers() { weft_stop "${WORKER_PIDS[@]}"; }
 
 # The job's sharding block: WEFT_BENCH_SHARD full (none), hybrid (HOST) or auto (AUTO), with
-# WEFT_BENCH_REPLICA_FORMAT (fp32, bf16 or int8) its replica_reduce_format.
+# WEFT_BENCH_REPLICA_FORMAT (fp32, bf16 or int8) its replica_reduce_format and
+# WEFT_BENCH_REPLICA_OPTIMIZER (replicated or sharded) its replica_optimizer.
 sharding_block() {
   local scope format=${WEFT_BENCH_REPLICA_FORMAT:-fp32}
+  local optimizer=${WEFT_BENCH_REPLICA_OPTIMIZER:-replicated}
   case ${WEFT_BENCH_SHARD:-full} in
   hybrid) scope=HOST ;;
   auto) scope=AUTO ;;
   *) return 0 ;;
   esac
-  echo "sharding { scope: $scope replica_reduce_format: WIRE_${format^^} }"
+  echo "sharding { scope: $scope replica_reduce_format: WIRE_${format^^}" \
+    "replica_optimizer: OPTIMIZER_${optimizer^^} }"
 }
 
 # spec NAME KIND WORKERS LAYERS WIDTH HEADS VOCAB CONTEXT MICRO_BATCH STEPS LR [LLAMA_FIELDS]
@@ -183,22 +189,26 @@ run_job() {
 case "$mode" in
 cluster)
   IFS=x read -r H G <<<"${4:?HxG, e.g. 2x1}"
-  WEFT_BENCH_HOSTS=1 WEFT_BENCH_SHARD=full WEFT_BENCH_WORK="$WORK/one-host" \
-    "${BASH_SOURCE[0]}" throughput "$BIN" "$DATA" $((H * G)) "${5:-gpt2}" |
-    tee "$WORK/one-host.txt"
-  single=$(grep -o 'tokens_per_s_per_gpu=[0-9]*' "$WORK/one-host.txt" | head -n 1 | cut -d= -f2)
+  if [[ ${WEFT_BENCH_ONE_HOST:-run} != skip ]]; then
+    WEFT_BENCH_HOSTS=1 WEFT_BENCH_SHARD=full WEFT_BENCH_WORK="$WORK/one-host" \
+      "${BASH_SOURCE[0]}" throughput "$BIN" "$DATA" $((H * G)) "${5:-gpt2}" |
+      tee "$WORK/one-host.txt"
+    single=$(grep -o 'tokens_per_s_per_gpu=[0-9]*' "$WORK/one-host.txt" | head -n 1 | cut -d= -f2)
+  fi
   trap 'sim_cluster_down; weft_stop_all' EXIT
   [[ -z ${WEFT_BENCH_PEERS:-} ]] || source "$(dirname "${BASH_SOURCE[0]}")/peers/sim_peers.sh"
   for rate in ${WEFT_BENCH_LINK_GBPS:-0}; do
     sim_cluster_up "$H" "$rate" "${WEFT_BENCH_LINK_DELAY_MS:-0}"
     read -r ag ar <<<"$(sim_busbw "$H" "$G")"
     for variant in ${WEFT_BENCH_VARIANTS:-as-set}; do
+      [[ $variant != skip ]] || continue
       [[ $variant == as-set ]] || IFS=+ read -r WEFT_BENCH_SHARD WEFT_BENCH_REPLICA_FORMAT \
-        <<<"$variant"
+        WEFT_BENCH_REPLICA_OPTIMIZER <<<"$variant"
       SIM_PKI=$SIM_PKI SIM_PREFIX=$SIM_PREFIX WEFT_BENCH_HOSTS=$H WEFT_BENCH_TRANSPORT=net \
         WEFT_BENCH_SIM="$H $G $rate $ag/$ar ${single:-0}" \
         WEFT_BENCH_SHARD=${WEFT_BENCH_SHARD:-full} \
         WEFT_BENCH_REPLICA_FORMAT=${WEFT_BENCH_REPLICA_FORMAT:-fp32} \
+        WEFT_BENCH_REPLICA_OPTIMIZER=${WEFT_BENCH_REPLICA_OPTIMIZER:-replicated} \
         WEFT_BENCH_WORK="$WORK/hosts-$rate-$variant" "${BASH_SOURCE[0]}" throughput "$BIN" \
         "$DATA" $((H * G)) "${5:-gpt2}"
     done
@@ -246,6 +256,8 @@ throughput)
     rm -rf "$WORK/models"
     shard=${WEFT_BENCH_SHARD:-full}
     [[ $shard == full ]] || shard+="+${WEFT_BENCH_REPLICA_FORMAT:-fp32}"
+    [[ $shard == full || ${WEFT_BENCH_REPLICA_OPTIMIZER:-replicated} == replicated ]] ||
+      shard+="+${WEFT_BENCH_REPLICA_OPTIMIZER}"
     python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" "$ACCUM" \
       "${WEFT_BENCH_TRANSPORT:-nvlink}" "$shard" \
       "${WEFT_BENCH_SIM:-1 $g na na/na 0}" <<'PY'
@@ -268,8 +280,10 @@ for line in open(path):
         steps[int(m["step"])] = m
     for e in s.get("events", []):
         if e.get("type") == "SHARDING_CHOSEN":
-            # "HOST: ...; replica all-reduce WIRE_BF16: ..." or "WORLD: ..."
-            chosen = e["message"].split(":", 1)[0]
+            # "HOST: ...; replica all-reduce WIRE_BF16: ...", "HOST with OPTIMIZER_SHARDED: ..."
+            # or "WORLD: ..."
+            head = e["message"].split(":", 1)[0]
+            chosen = head.split()[0] + ("+sharded" if "OPTIMIZER_SHARDED" in head else "")
             said = e["message"].split("replica all-reduce WIRE_", 1)
             if len(said) == 2:
                 chosen += "+" + said[1].split(":")[0].lower()

@@ -219,6 +219,22 @@ void ValidateSharding(const JobSpec& spec, const Complain& bad) {
                      " needs scope HOST, GROUP or AUTO: under WORLD the state has one replica, "
                      "and no all-reduce joins replicas"));
   }
+  if (!weft::v1::ShardingSpec::ReplicaOptimizer_IsValid(s.replica_optimizer())) {
+    bad("sharding.replica_optimizer",
+        absl::StrCat("unknown value ", s.replica_optimizer(),
+                     "; use OPTIMIZER_REPLICATED or OPTIMIZER_SHARDED"));
+  } else if (s.replica_optimizer() == weft::v1::ShardingSpec::OPTIMIZER_SHARDED) {
+    if (s.scope() == weft::v1::ShardingSpec::WORLD) {
+      bad("sharding.replica_optimizer",
+          "OPTIMIZER_SHARDED needs scope HOST, GROUP or AUTO: under WORLD the optimizer state "
+          "is sharded over the whole world already");
+    }
+    if (spec.optimizer().offload() || spec.optimizer().offload_auto()) {
+      bad("sharding.replica_optimizer",
+          "OPTIMIZER_SHARDED is not with optimizer.offload or offload_auto: an offloaded "
+          "optimizer steps whole shards on the host");
+    }
+  }
   if (s.scope() != weft::v1::ShardingSpec::GROUP && s.group_size() != 0) {
     bad("sharding.group_size",
         absl::StrCat("only for scope GROUP (the group is the world or the host otherwise), got ",

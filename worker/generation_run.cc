@@ -166,11 +166,12 @@ absl::Status GenerationRun::Train() {
   std::unique_ptr<Checkpointer> checkpointer;
   if (!options_.checkpointd.empty()) {
     checkpoints = std::make_unique<CheckpointClient>(options_.checkpointd);
-    // With hybrid sharding group 0 holds the whole state: only it uploads.
+    // With hybrid sharding group 0 holds the whole state (only it uploads), unless the
+    // replicas share the optimizer out: the engine says.
     checkpointer = std::make_unique<Checkpointer>(
         checkpoints.get(), &checkpoint_store, spec,
         CheckpointRank{job_id(), generation(), rank_, world,
-                       groups.hybrid() ? groups.group_size : 0},
+                       backend.engine->checkpoint_writers()},
         options_.checkpoint_timeouts);
   } else if (spec.checkpoint().interval_steps() > 0 && rank_ == 0) {
     spdlog::warn("job {} asks for checkpoints but this worker has no --checkpointd; "

@@ -1,8 +1,10 @@
 #include "worker/sharding_auto.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status.h"
 #include "worker/engine/model_arch.h"
 #include "worker/mfu.h"
@@ -15,13 +17,26 @@ namespace {
 
 using weft::v1::ShardingSpec;
 
-std::string VerdictKey(int rank) { return absl::StrCat("auto-scope/", rank); }
+// A rank's verdict on holding its host's replica, with the job's optimizer ("auto-scope/") or
+// with the optimizer shared out over the replicas ("auto-scope-sharded/").
+std::string VerdictKey(absl::string_view kind, int rank) { return absl::StrCat(kind, rank); }
+constexpr absl::string_view kReplicated = "auto-scope/";
+constexpr absl::string_view kSharded = "auto-scope-sharded/";
+
+// Posts this rank's verdict: empty means "fits", so a refusal must not be.
+absl::Status PostVerdict(Store* store, absl::string_view kind, int rank,
+                         const absl::Status& mine) {
+  const std::string verdict =
+      mine.ok() ? "" : (mine.message().empty() ? mine.ToString() : std::string(mine.message()));
+  return store->Set(VerdictKey(kind, rank), verdict);
+}
 
 // The first rank's refusal, "rank R: why" (empty when every rank's verdict is: all fit). Not
 // an absl::Status in a StatusOr: a StatusOr<Status> would take the store's error for a value.
-absl::StatusOr<std::string> FirstRefusal(Store* store, int world, absl::Duration timeout) {
+absl::StatusOr<std::string> FirstRefusal(Store* store, absl::string_view kind, int world,
+                                         absl::Duration timeout) {
   std::vector<std::string> keys;
-  for (int r = 0; r < world; ++r) keys.push_back(VerdictKey(r));
+  for (int r = 0; r < world; ++r) keys.push_back(VerdictKey(kind, r));
   WEFT_RETURN_IF_ERROR(store->Wait(keys, timeout));
   for (int r = 0; r < world; ++r) {
     WEFT_ASSIGN_OR_RETURN(const std::string verdict, store->Get(keys[r]));
@@ -42,24 +57,40 @@ absl::StatusOr<AutoScope> ChooseAutoScope(Store* store, int rank,
   const absl::StatusOr<zero::ShardingGroups> host_groups =
       zero::ResolveShardingGroups(host_scope, rank_hosts);
   absl::Status fits = absl::OkStatus();
+  std::optional<absl::Status> sharded_fits;
   // Only where HOST is on the table (several hosts, even ones) do the ranks weigh it; all of
-  // them know that from the same hosts.
+  // them know that from the same hosts. The job's own optimizer first; then, where the job
+  // could take it (its optimizer neither shared out already nor offloaded), the optimizer
+  // shared out over the replicas. Every rank posts both verdicts before reading any.
   if (host_groups.ok() && host_groups->hybrid()) {
     weft::v1::JobSpec as_host = spec;
     as_host.mutable_sharding()->set_scope(ShardingSpec::HOST);
-    const absl::Status mine = CheckShardedStateFits(device, as_host, host_groups->group_size,
-                                                    host_groups->replicas());
-    // A refusal must not be empty: an empty verdict means "fits".
-    const std::string verdict =
-        mine.ok() ? "" : (mine.message().empty() ? mine.ToString() : std::string(mine.message()));
-    WEFT_RETURN_IF_ERROR(store->Set(VerdictKey(rank), verdict));
-    WEFT_ASSIGN_OR_RETURN(const std::string refusal, FirstRefusal(store, world, timeout));
+    const int group = host_groups->group_size, replicas = host_groups->replicas();
+    WEFT_RETURN_IF_ERROR(PostVerdict(store, kReplicated, rank,
+                                     CheckShardedStateFits(device, as_host, group, replicas)));
+    const bool weigh_sharded =
+        as_host.sharding().replica_optimizer() != ShardingSpec::OPTIMIZER_SHARDED &&
+        !spec.optimizer().offload() && !spec.optimizer().offload_auto();
+    if (weigh_sharded) {
+      weft::v1::JobSpec as_sharded = as_host;
+      as_sharded.mutable_sharding()->set_replica_optimizer(ShardingSpec::OPTIMIZER_SHARDED);
+      WEFT_RETURN_IF_ERROR(PostVerdict(
+          store, kSharded, rank, CheckShardedStateFits(device, as_sharded, group, replicas)));
+    }
+    WEFT_ASSIGN_OR_RETURN(const std::string refusal,
+                          FirstRefusal(store, kReplicated, world, timeout));
     if (!refusal.empty()) fits = absl::ResourceExhaustedError(refusal);
+    if (weigh_sharded) {
+      WEFT_ASSIGN_OR_RETURN(const std::string sharded,
+                            FirstRefusal(store, kSharded, world, timeout));
+      sharded_fits = sharded.empty() ? absl::OkStatus() : absl::ResourceExhaustedError(sharded);
+    }
   }
-  zero::ScopeChoice choice = zero::ChooseScope(rank_hosts, fits);
+  zero::ScopeChoice choice = zero::ChooseScope(rank_hosts, fits, sharded_fits);
   AutoScope out;
   out.groups = choice.scope == ShardingSpec::HOST ? *host_groups
                                                    : zero::ShardingGroups::Full(world);
+  out.shard_optimizer = choice.shard_optimizer;
   out.reason = std::move(choice.reason);
   return out;
 }
@@ -74,9 +105,13 @@ BeforeEngine SettleAutoSpec(const weft::v1::JobSpec& spec, const AutoScope& scop
     if (!scope.groups.hybrid()) {
       sharding->set_scope(ShardingSpec::WORLD);
       sharding->set_replica_reduce_format(ShardingSpec::WIRE_FP32);
+      sharding->set_replica_optimizer(ShardingSpec::OPTIMIZER_REPLICATED);
       return settled;
     }
     sharding->set_scope(ShardingSpec::HOST);
+    if (scope.shard_optimizer) {
+      sharding->set_replica_optimizer(ShardingSpec::OPTIMIZER_SHARDED);
+    }
     WEFT_ASSIGN_OR_RETURN(const std::unique_ptr<const engine::ModelArch> arch,
                           engine::MakeModelArch(spec.model()));
     const zero::ShardLayout layout(zero::UnitSizes(*arch), scope.groups.group_size, 0);

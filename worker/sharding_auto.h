@@ -20,14 +20,17 @@ namespace weft::worker {
 
 struct AutoScope {
   zero::ShardingGroups groups;
-  std::string reason;  // zero::ChooseScope's
+  std::string reason;            // zero::ChooseScope's
+  bool shard_optimizer = false;  // HOST with replica_optimizer OPTIMIZER_SHARDED
 };
 
 // The groups of `spec` (scope AUTO) over `rank_hosts` (every rank's host, in rank order) for
 // rank `rank`. Where HOST groups are possible, each rank checks it could hold its host's
 // replica (CheckShardedStateFits) and posts its verdict under "auto-scope/<rank>" in `store`
-// (the generation's); all ranks read all verdicts (waiting up to `timeout`), so they decide
-// alike. A store failure is returned (the rendezvous' peers are gone or the generation ended).
+// (the generation's), and where the job could share its optimizer out over the replicas, its
+// verdict on that under "auto-scope-sharded/<rank>"; all ranks read all verdicts (waiting up
+// to `timeout`), so they decide alike. A store failure is returned (the rendezvous' peers are
+// gone or the generation ended).
 absl::StatusOr<AutoScope> ChooseAutoScope(Store* store, int rank,
                                           const std::vector<std::string>& rank_hosts,
                                           const weft::v1::JobSpec& spec,

@@ -914,6 +914,35 @@ TEST(ValidateJobSpecTest, ReplicaReduceFormatErrorsNameTheField) {
               ::testing::ElementsAre(StartsWith("sharding.scope: HOST, GROUP and AUTO shard")));
 }
 
+TEST(ValidateJobSpecTest, ReplicaOptimizerErrorsNameTheField) {
+  using weft::v1::ShardingSpec;
+  JobSpec spec = ValidCpuSpec();
+  spec.set_zero_stage(3);
+  spec.mutable_sharding()->set_scope(ShardingSpec::HOST);
+  spec.mutable_sharding()->set_replica_optimizer(ShardingSpec::OPTIMIZER_SHARDED);
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+  spec.mutable_sharding()->set_scope(ShardingSpec::AUTO);
+  EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty());
+  spec.mutable_sharding()->set_replica_optimizer(static_cast<ShardingSpec::ReplicaOptimizer>(5));
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ::testing::ElementsAre("sharding.replica_optimizer: unknown value 5; use "
+                                     "OPTIMIZER_REPLICATED or OPTIMIZER_SHARDED"));
+  spec.mutable_sharding()->set_replica_optimizer(ShardingSpec::OPTIMIZER_SHARDED);
+  spec.mutable_sharding()->set_scope(ShardingSpec::WORLD);
+  EXPECT_THAT(ValidateJobSpec(spec),
+              ::testing::ElementsAre(StartsWith(
+                  "sharding.replica_optimizer: OPTIMIZER_SHARDED needs scope HOST, GROUP or "
+                  "AUTO")));
+  // An offloaded optimizer steps whole shards on the host: not with pieces of them.
+  JobSpec gpu = spec;
+  gpu.mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+  gpu.mutable_sharding()->set_scope(ShardingSpec::HOST);
+  gpu.mutable_optimizer()->set_offload(true);
+  EXPECT_THAT(ValidateJobSpec(gpu),
+              ::testing::Contains(StartsWith("sharding.replica_optimizer: OPTIMIZER_SHARDED is "
+                                             "not with optimizer.offload")));
+}
+
 TEST(ValidateJobSpecTest, HybridShardingErrorsNameTheField) {
   using weft::v1::ShardingSpec;
   struct Case {

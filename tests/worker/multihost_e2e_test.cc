@@ -6,9 +6,10 @@
 // with full sharding and with hybrid sharding (ZeRO-3 within a host, replicated across the
 // two); the first must give the model the same job gives on one host bit for bit (the network
 // changes nothing the ranks compute), the second the same model up to float summation order.
-// Then sharding AUTO, which must choose HOST here and train that model bit for bit, and the
-// compressed replica all-reduces (bf16, int8), which must cut the bytes rank 0 sends across
-// hosts (its StepMetrics) and keep the loss near the exact run's.
+// Then sharding AUTO, which must choose HOST here and train that model bit for bit, the
+// optimizer shared out over the replicas (replica_optimizer OPTIMIZER_SHARDED: bit for bit too),
+// and the compressed replica all-reduces (bf16, int8), which must cut the bytes rank 0 sends
+// across hosts (its StepMetrics) and keep the loss near the exact run's.
 // Each host's link is shaped to kLinkMbps each way (tc tbf, as bench/sim_cluster.sh does on the
 // GPU machine), and the collectives must have crossed the shaped links.
 //
@@ -208,6 +209,20 @@ TEST_F(MultiHostE2eTest, TwoHostsInTheirOwnNamespacesTrainWithEveryShardingOptio
   EXPECT_THAT(why, ::testing::HasSubstr("replica all-reduce WIRE_FP32"));
   EXPECT_THAT(why, ::testing::HasSubstr("Gb/s measured across the hosts"));
   testing::ExpectSameModel(chosen, hybrid);
+
+  // The optimizer shared out over the two replicas: a reduce-scatter and an fp32 all-gather
+  // across the hosts instead of the all-reduce (as many bytes), every rank writing its piece
+  // of the checkpoints, and the same model bit for bit.
+  v1::JobSpec sharded_spec = hybrid_spec;
+  sharded_spec.set_name("multihost-sharded-optimizer");
+  sharded_spec.mutable_sharding()->set_replica_optimizer(v1::ShardingSpec::OPTIMIZER_SHARDED);
+  ASSERT_NO_FATAL_FAILURE(WaitForIdleWorkers());
+  const v1::JobStatus sharded = Run(sharded_spec);
+  ASSERT_EQ(sharded.state(), v1::SUCCEEDED) << sharded.DebugString() << Logs();
+  testing::ExpectSameModel(sharded, hybrid);
+  EXPECT_NEAR(static_cast<double>(sharded.last_metrics().inter_host_bytes()),
+              static_cast<double>(hybrid.last_metrics().inter_host_bytes()),
+              0.01 * static_cast<double>(hybrid.last_metrics().inter_host_bytes()));
 
   // The compressed replica all-reduces: a half and about a quarter of the bytes across the
   // hosts, and the last step's loss near the exact one's (one step of a 40-step run at a high

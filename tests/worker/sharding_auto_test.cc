@@ -64,7 +64,12 @@ TEST(ChooseAutoScopeTest, EvenHostsThatHoldAReplicaGetHostGroups) {
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ(c->groups, (zero::ShardingGroups{4, 2}));
     EXPECT_THAT(c->reason, StartsWith("HOST: 2 hosts of 2 ranks each"));
+    EXPECT_FALSE(c->shard_optimizer);
   }
+  // Each rank also weighed the optimizer shared out over the replicas (it fits here too).
+  auto sharded = store.Get("auto-scope-sharded/3");
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  EXPECT_EQ(*sharded, "");
 }
 
 TEST(ChooseAutoScopeTest, ARefusalAnywhereMakesEveryRankShardOverTheWorld) {
@@ -76,6 +81,7 @@ TEST(ChooseAutoScopeTest, ARefusalAnywhereMakesEveryRankShardOverTheWorld) {
     EXPECT_EQ(c->groups, zero::ShardingGroups::Full(4));
     EXPECT_THAT(c->reason, StartsWith("WORLD: the 2 ranks of a host cannot hold a replica"));
     EXPECT_THAT(c->reason, HasSubstr("rank 0: "));  // the first refusal, by rank
+    EXPECT_THAT(c->reason, HasSubstr("nor with the optimizer shared out (rank 0: "));
   }
 }
 
@@ -122,6 +128,22 @@ TEST(SettleAutoSpecTest, HostGetsTheMeasuredFormatAndWorldStaysExact) {
   EXPECT_EQ(settled->sharding().scope(), ShardingSpec::WORLD);
   EXPECT_EQ(settled->sharding().replica_reduce_format(), ShardingSpec::WIRE_FP32);
   EXPECT_EQ(note, "WORLD: why");
+
+  // HOST with the optimizer shared out: the spec says so, and WORLD never does.
+  weft::v1::JobSpec sharded_spec = spec;
+  sharded_spec.mutable_sharding()->set_replica_optimizer(ShardingSpec::OPTIMIZER_SHARDED);
+  settle = SettleAutoSpec(spec, AutoScope{zero::ShardingGroups{4, 2}, "HOST with why", true},
+                          1e12, &note);
+  settled = settle(**world, 25.0);
+  ASSERT_TRUE(settled.ok()) << settled.status();
+  EXPECT_EQ(settled->sharding().replica_optimizer(), ShardingSpec::OPTIMIZER_SHARDED);
+  settle = SettleAutoSpec(sharded_spec, AutoScope{zero::ShardingGroups::Full(4), "WORLD: why"},
+                          1e12, &note);
+  settled = settle(**world, 0.0);
+  ASSERT_TRUE(settled.ok()) << settled.status();
+  EXPECT_EQ(settled->sharding().replica_optimizer(), ShardingSpec::OPTIMIZER_REPLICATED);
+  EXPECT_THAT(ValidateJobSpec(*settled),
+              ::testing::Not(::testing::Contains(HasSubstr("replica_optimizer"))));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/status/statusor.h"
 #include "common/status.h"
 
 namespace weft::comm {
@@ -143,33 +144,62 @@ void SumWireChunks(WireFormat format, const uint8_t* in, int ranks, size_t chunk
   }
 }
 
-absl::Status WireAllReduce(Communicator& comm, WireFormat format, float* values, size_t n,
-                           std::vector<uint8_t>* send, std::vector<uint8_t>* recv) {
+namespace {
+
+// Elements of chunk r of n values cut into chunks of c (0 past the end).
+size_t ChunkCount(size_t n, size_t c, int r) {
+  const size_t begin = static_cast<size_t>(r) * c;
+  return begin < n ? std::min(c, n - begin) : size_t{0};
+}
+
+// The all-reduce's first half: every rank's chunks encoded and exchanged, and this rank's
+// chunk summed, encoded, at the returned place in `recv`. Null with nothing to do.
+absl::StatusOr<uint8_t*> ReduceOwnChunk(Communicator& comm, WireFormat format,
+                                        const float* values, size_t n,
+                                        std::vector<uint8_t>* send, std::vector<uint8_t>* recv) {
   if (format == WireFormat::kFp32) {
-    return absl::InvalidArgumentError("WireAllReduce: fp32 is the backend's own AllReduce");
+    return absl::InvalidArgumentError("the wire codec's collectives: fp32 is the backend's own");
   }
   const int ranks = comm.world_size();
-  if (ranks == 1 || n == 0) return absl::OkStatus();
+  if (ranks == 1 || n == 0) return nullptr;
   const size_t c = WireChunkValues(n, ranks);
   const size_t cb = WireChunkBytes(format, c);
   send->resize(static_cast<size_t>(ranks) * cb);
   recv->resize(send->size());
-  const auto count_of = [&](int r) {
-    const size_t begin = static_cast<size_t>(r) * c;
-    return begin < n ? std::min(c, n - begin) : size_t{0};
-  };
   for (int r = 0; r < ranks; ++r) {
-    EncodeWireChunk(format, values + static_cast<size_t>(r) * c, count_of(r), c,
+    EncodeWireChunk(format, values + static_cast<size_t>(r) * c, ChunkCount(n, c, r), c,
                     send->data() + static_cast<size_t>(r) * cb);
   }
   WEFT_RETURN_IF_ERROR(comm.AllToAll(send->data(), recv->data(), cb, DataType::kUInt8)->Wait());
   uint8_t* const mine = recv->data() + static_cast<size_t>(comm.rank()) * cb;
   SumWireChunks(format, recv->data(), ranks, c, mine);
+  return mine;
+}
+
+}  // namespace
+
+absl::Status WireAllReduce(Communicator& comm, WireFormat format, float* values, size_t n,
+                           std::vector<uint8_t>* send, std::vector<uint8_t>* recv) {
+  WEFT_ASSIGN_OR_RETURN(uint8_t* const mine, ReduceOwnChunk(comm, format, values, n, send, recv));
+  if (mine == nullptr) return absl::OkStatus();
+  const int ranks = comm.world_size();
+  const size_t c = WireChunkValues(n, ranks);
+  const size_t cb = WireChunkBytes(format, c);
   WEFT_RETURN_IF_ERROR(comm.AllGather(mine, recv->data(), cb, DataType::kUInt8)->Wait());
   for (int r = 0; r < ranks; ++r) {
-    DecodeWireChunk(format, recv->data() + static_cast<size_t>(r) * cb, c, count_of(r),
+    DecodeWireChunk(format, recv->data() + static_cast<size_t>(r) * cb, c, ChunkCount(n, c, r),
                     values + static_cast<size_t>(r) * c);
   }
+  return absl::OkStatus();
+}
+
+absl::Status WireReduceScatter(Communicator& comm, WireFormat format, float* values, size_t n,
+                               std::vector<uint8_t>* send, std::vector<uint8_t>* recv) {
+  WEFT_ASSIGN_OR_RETURN(uint8_t* const mine, ReduceOwnChunk(comm, format, values, n, send, recv));
+  if (mine == nullptr) return absl::OkStatus();
+  const size_t c = WireChunkValues(n, comm.world_size());
+  DecodeWireChunk(format, mine, c, ChunkCount(n, c, comm.rank()),
+                  values + static_cast<size_t>(comm.rank()) * c);
   return absl::OkStatus();
 }
 

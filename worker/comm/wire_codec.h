@@ -62,6 +62,13 @@ void SumWireChunks(WireFormat format, const uint8_t* in, int ranks, size_t chunk
 absl::Status WireAllReduce(Communicator& comm, WireFormat format, float* values, size_t n,
                            std::vector<uint8_t>* send, std::vector<uint8_t>* recv);
 
+// The all-reduce's first half: rank r's chunk of values (elements [r c, (r + 1) c) clipped to
+// n, c = WireChunkValues(n, ranks)) ends with the bits WireAllReduce gives it (the sum, encoded
+// and decoded); the rest of `values` is left as it was. A rank sends (R - 1) / R of the
+// encoded vector.
+absl::Status WireReduceScatter(Communicator& comm, WireFormat format, float* values, size_t n,
+                               std::vector<uint8_t>* send, std::vector<uint8_t>* recv);
+
 }  // namespace weft::comm
 
 #endif  // WEFT_WORKER_COMM_WIRE_CODEC_H_

@@ -115,13 +115,17 @@ absl::Status ZeroCudaOptimizer::UpdateShardRange(int u, size_t begin, size_t end
                                                  const engine::AdamWConfig& adamw,
                                                  cudaStream_t stream) const {
   const CudaShard& unit = (*config_.shards)[u];
+  // Only the elements whose moments the rank keeps.
+  const size_t first = std::max(begin, unit.moments_begin);
+  const size_t last = std::min(end, unit.moments_end);
   for (const DecayRun& r : unit.decay_runs) {
-    const size_t from = std::max(r.begin, begin), to = std::min(r.end, end);
+    const size_t from = std::max(r.begin, first), to = std::min(r.end, last);
     if (from >= to) continue;
+    const size_t moment = from - unit.moments_begin;
     WEFT_RETURN_IF_ERROR(cuda::AdamWUpdate(
         unit.params + from, bf16_out == nullptr ? nullptr : bf16_out + (from - begin),
-        unit.grads + from, unit.m + from, unit.v + from, to - from, r.decay, adamw, adamw_step,
-        config_.grad_scale, stream));
+        unit.grads + from, unit.m + moment, unit.v + moment, to - from, r.decay, adamw,
+        adamw_step, config_.grad_scale, stream));
   }
   return absl::OkStatus();
 }

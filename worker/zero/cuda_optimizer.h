@@ -44,8 +44,13 @@ std::vector<DecayRun> DecayRuns(const std::vector<uint8_t>& mask);
 // engine (gathers, reduce-scatters, checkpoints) and its optimizer.
 struct CudaShard {
   float* params = nullptr;  // fp32 master
+  // AdamW's moments, of shard elements [moments_begin, moments_end) (m[0] is element
+  // moments_begin): the whole shard, or the rank's piece when the replicas share the optimizer
+  // out. The optimizer steps only that range.
   float* m = nullptr;
   float* v = nullptr;
+  size_t moments_begin = 0;
+  size_t moments_end = 0;
   float* grads = nullptr;
   std::vector<DecayRun> decay_runs;  // covering the shard (units stepped on the GPU)
   // Optimizer offload only: the bf16 copy the gathers send, and the host AdamW's mask.

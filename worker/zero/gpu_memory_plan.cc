@@ -100,12 +100,15 @@ GpuBuffer Buffer(Role role, int index, Place place, Part part, size_t elements,
 // Offloaded, the master, moments and a decay mask live in pinned host memory (which kernels
 // and copies reach through unified addressing) and the device keeps the gradient and a bf16
 // copy. The gradient lies in the model's arena where the engine asked for it there.
-void AddUnitBuffers(int u, size_t shard, bool offloaded, bool grads_in_arena,
+// With the optimizer shared out over the replicas, m and v are of the rank's piece (`moments`
+// elements; the shard otherwise).
+void AddUnitBuffers(int u, size_t shard, size_t moments, bool offloaded, bool grads_in_arena,
                     std::vector<GpuBuffer>* out) {
   const Place kept = offloaded ? Place::kPinnedHost : Place::kDevice;
   const Part kept_part = offloaded ? Part::kHost : Part::kState;
-  for (Role role : {Role::kParams, Role::kM, Role::kV}) {
-    out->push_back(Buffer(role, u, kept, kept_part, shard, sizeof(float)));
+  out->push_back(Buffer(Role::kParams, u, kept, kept_part, shard, sizeof(float)));
+  for (Role role : {Role::kM, Role::kV}) {
+    out->push_back(Buffer(role, u, kept, kept_part, moments, sizeof(float)));
   }
   out->push_back(Buffer(Role::kGrads, u, grads_in_arena ? Place::kInArena : Place::kDevice,
                         Part::kState, shard, sizeof(float)));
@@ -264,7 +267,9 @@ GpuBufferPlan PlanGpuBuffers(const weft::v1::JobSpec& spec, const engine::ModelA
                              const ActivationBytesFn& activation_bytes,
                              const ZeroCudaOptions& options) {
   // Every rank's shards are the same size, so rank 0's layout speaks for all.
-  const ShardLayout layout(UnitSizes(arch), world, /*rank=*/0);
+  const ShardLayout layout(UnitSizes(arch), world, /*rank=*/0,
+                           ReplicaPieces(options.replicas, /*replica_rank=*/0));
+  const bool shards_moments = ShardsOptimizer(spec.sharding(), options.replicas);
   GpuBufferPlan plan;
   const size_t head_slot = HeadSlotElements(arch, layout);
   // The model's arena holds the block gradients over spent activations and the gathered head,
@@ -281,8 +286,8 @@ GpuBufferPlan PlanGpuBuffers(const weft::v1::JobSpec& spec, const engine::ModelA
     const size_t shard = layout.unit(u).shard;
     const bool offloaded = u >= first_offloaded;
     if (offloaded) max_offloaded_shard = std::max(max_offloaded_shard, shard);
-    AddUnitBuffers(u, shard, offloaded, u > 0 && !plan.arena_requests.spent_grad_bytes.empty(),
-                   &plan.buffers);
+    AddUnitBuffers(u, shard, shards_moments ? layout.unit(u).piece : shard, offloaded,
+                   u > 0 && !plan.arena_requests.spent_grad_bytes.empty(), &plan.buffers);
   }
   plan.head_grad_takes_turns = HeadGradTakesTurnsWithBlocks(arch, level, world);
   plan.one_block_grad_slot = OneBlockGradSlot(level, world, options);

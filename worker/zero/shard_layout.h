@@ -24,6 +24,18 @@ struct ShardRange {
   bool operator==(const ShardRange&) const = default;
 };
 
+// A shard cut into `count` equal pieces, piece `index` the rank's own: with hybrid sharding one
+// piece per replica, the replica's rank its index, which the replica reduce-scatter of
+// replica_optimizer OPTIMIZER_SHARDED leaves summed (and whose sums of squares add up the
+// gradient norm alike in both optimizer modes). Units are then padded to a multiple of
+// world * count * align, so that a piece is a whole number of `align`-value blocks
+// (comm/wire_codec.h's chunks, kWireBlock).
+struct ShardPieces {
+  int count = 1;
+  int index = 0;
+  size_t align = 1;
+};
+
 struct UnitShard {
   size_t size = 0;    // elements in the unit
   size_t padded = 0;  // size rounded up to a multiple of the world size
@@ -31,16 +43,24 @@ struct UnitShard {
   // What this rank's shard covers of the unpadded unit: rank * shard onward, clipped to the
   // unit (empty for a rank whose whole shard is padding).
   ShardRange owned;
+  // shard / pieces: the rank's piece, from `piece_offset` of its shard on (the whole shard
+  // with one piece); `owned_piece` what it covers of the unit.
+  size_t piece = 0;
+  size_t piece_offset = 0;
+  ShardRange owned_piece;
 };
 
 class ShardLayout {
  public:
-  // `unit_sizes` in unit order (unit 0 the head, 1 + l block l). world >= 1, 0 <= rank < world.
-  ShardLayout(const std::vector<size_t>& unit_sizes, int world, int rank);
+  // `unit_sizes` in unit order (unit 0 the head, 1 + l block l). world >= 1, 0 <= rank < world;
+  // pieces.count >= 1, 0 <= pieces.index < pieces.count, pieces.align >= 1.
+  ShardLayout(const std::vector<size_t>& unit_sizes, int world, int rank,
+              ShardPieces pieces = {});
 
   int world() const { return world_; }
   int rank() const { return rank_; }
   int num_units() const { return static_cast<int>(units_.size()); }
+  int pieces() const { return pieces_; }
   const UnitShard& unit(int u) const { return units_[u]; }
 
   // The largest padded block (units 1 and up; 0 without blocks): the size of the working
@@ -61,6 +81,7 @@ class ShardLayout {
  private:
   int world_;
   int rank_;
+  int pieces_;
   std::vector<UnitShard> units_;
   size_t max_block_padded_ = 0;
   size_t max_shard_ = 0;

@@ -37,31 +37,45 @@ std::string FormatName(ShardingSpec::WireFormat format) {
 }  // namespace
 
 ScopeChoice ChooseScope(const std::vector<std::string>& rank_hosts,
-                        const absl::Status& host_fits) {
+                        const absl::Status& host_fits,
+                        const std::optional<absl::Status>& sharded_fits) {
   std::vector<std::string> hosts;
   for (const std::string& h : rank_hosts) {
     if (hosts.empty() || hosts.back() != h) hosts.push_back(h);
   }
   if (hosts.size() <= 1) {
-    return {ShardingSpec::WORLD, "WORLD: one host, so sharding over every rank keeps all "
+    return {ShardingSpec::WORLD, false, "WORLD: one host, so sharding over every rank keeps all "
                                  "traffic on the host's own links"};
   }
   ShardingSpec host_scope;
   host_scope.set_scope(ShardingSpec::HOST);
   const absl::StatusOr<ShardingGroups> groups = ResolveShardingGroups(host_scope, rank_hosts);
   if (!groups.ok()) {
-    return {ShardingSpec::WORLD,
+    return {ShardingSpec::WORLD, false,
             absl::StrCat("WORLD: the hosts cannot be groups of HOST (", groups.status().message(),
                          ")")};
   }
+  if (!host_fits.ok() && sharded_fits.has_value() && sharded_fits->ok()) {
+    return {ShardingSpec::HOST, true,
+            absl::StrCat("HOST with OPTIMIZER_SHARDED: ", hosts.size(), " hosts of ",
+                         groups->group_size, " ranks each; a host's ranks cannot hold a replica "
+                         "of the state with its whole optimizer (", host_fits.message(),
+                         ") but can with AdamW's moments shared out over the ",
+                         groups->replicas(), " replicas, so the gathers stay in the host and "
+                         "a gradient reduce-scatter and a weight all-gather cross hosts")};
+  }
   if (!host_fits.ok()) {
-    return {ShardingSpec::WORLD,
+    const std::string sharded =
+        sharded_fits.has_value()
+            ? absl::StrCat("; nor with the optimizer shared out (", sharded_fits->message(), ")")
+            : "";
+    return {ShardingSpec::WORLD, false,
             absl::StrCat("WORLD: the ", groups->group_size, " ranks of a host cannot hold a "
-                         "replica of the state (", host_fits.message(),
-                         "), so it is sharded across all ", rank_hosts.size(), " ranks of the ",
+                         "replica of the state (", host_fits.message(), ")", sharded,
+                         ", so it is sharded across all ", rank_hosts.size(), " ranks of the ",
                          hosts.size(), " hosts")};
   }
-  return {ShardingSpec::HOST,
+  return {ShardingSpec::HOST, false,
           absl::StrCat("HOST: ", hosts.size(), " hosts of ", groups->group_size,
                        " ranks each; a host's ranks hold a replica of the state, so only the "
                        "replica all-reduce of the gradient shards crosses hosts")};

@@ -7,6 +7,7 @@
 #define WEFT_WORKER_ZERO_SHARDING_CHOICE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,13 +18,18 @@ namespace weft::zero {
 
 struct ScopeChoice {
   weft::v1::ShardingSpec::Scope scope = weft::v1::ShardingSpec::WORLD;
+  // HOST only: the replicas share the optimizer out (replica_optimizer OPTIMIZER_SHARDED).
+  bool shard_optimizer = false;
   std::string reason;
 };
 
 // HOST when the ranks (`rank_hosts`: each rank's host, in rank order) span several hosts with
 // the same number of contiguous ranks each and every rank can hold its host's shard of the
-// state (`host_fits`: OK, or the first refusal among the ranks); WORLD otherwise.
-ScopeChoice ChooseScope(const std::vector<std::string>& rank_hosts, const absl::Status& host_fits);
+// state (`host_fits`: OK, or the first refusal among the ranks); else HOST with the optimizer
+// shared out over the replicas when every rank can hold that (`sharded_fits`, weighed only
+// where the job could take it: not with an offloaded optimizer); WORLD otherwise.
+ScopeChoice ChooseScope(const std::vector<std::string>& rank_hosts, const absl::Status& host_fits,
+                        const std::optional<absl::Status>& sharded_fits = std::nullopt);
 
 struct FormatChoiceInputs {
   int replicas = 2;

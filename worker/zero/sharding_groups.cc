@@ -75,4 +75,14 @@ comm::WireFormat ReplicaWireFormat(const weft::v1::ShardingSpec& sharding) {
   return ToWireFormat(sharding.replica_reduce_format());
 }
 
+ShardPieces ReplicaPieces(int replicas, int replica_rank) {
+  if (replicas <= 1) return {};
+  return {replicas, replica_rank, comm::kWireBlock};
+}
+
+bool ShardsOptimizer(const weft::v1::ShardingSpec& sharding, int replicas) {
+  return replicas > 1 &&
+         sharding.replica_optimizer() == weft::v1::ShardingSpec::OPTIMIZER_SHARDED;
+}
+
 }  // namespace weft::zero

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/wire_format.h"
+#include "worker/zero/shard_layout.h"
 #include "weft/v1/coordinator.pb.h"
 #include "weft/v1/job.pb.h"
 
@@ -46,6 +47,13 @@ absl::StatusOr<ShardingGroups> ResolveShardingGroups(const weft::v1::ShardingSpe
 // validation refuses, as fp32); ReplicaWireFormat: that of sharding.replica_reduce_format.
 comm::WireFormat ToWireFormat(weft::v1::ShardingSpec::WireFormat format);
 comm::WireFormat ReplicaWireFormat(const weft::v1::ShardingSpec& sharding);
+
+// The pieces a rank's shards are cut into (ShardLayout): one per replica, the replica's rank
+// its own, aligned to the wire codec's blocks, with `replicas` > 1; one piece (the whole shard)
+// otherwise. ShardsOptimizer: whether each replica keeps and steps only its piece
+// (replica_optimizer OPTIMIZER_SHARDED, with replicas).
+ShardPieces ReplicaPieces(int replicas, int replica_rank);
+bool ShardsOptimizer(const weft::v1::ShardingSpec& sharding, int replicas);
 
 }  // namespace weft::zero
 

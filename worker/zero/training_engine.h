@@ -108,6 +108,9 @@ class TrainingEngine {
   // The model's architecture: units, tensors, sizes.
   virtual const engine::ModelArch& arch() const = 0;
   virtual int stage() const = 0;
+  // Ranks [0, n) of the world write checkpoints (0: all): their Snapshots tile the state once.
+  // With hybrid sharding's replicated state, one group's ranks.
+  virtual int checkpoint_writers() const { return 0; }
 };
 
 }  // namespace weft::zero

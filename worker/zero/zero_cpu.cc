@@ -48,19 +48,26 @@ absl::StatusOr<int> CountRefusals(comm::Communicator* group, comm::Communicator*
 
 CpuMemoryPlan PlanCpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                             const engine::cpu::CpuModelEntry& model, engine::Checkpointing level,
-                            int micro_batch_size, int group, int stage, bool writes_checkpoints) {
+                            int micro_batch_size, int group, int stage, bool writes_checkpoints,
+                            ShardPieces pieces, bool shards_moments) {
   // Every rank keeps as much as rank 0 (shards are padded to equal sizes), which owns a whole
   // shard of every unit, so its layout speaks for all.
-  const ShardLayout layout(UnitSizes(arch), group, /*rank=*/0);
+  pieces.index = 0;
+  const ShardLayout layout(UnitSizes(arch), group, /*rank=*/0, pieces);
   CpuMemoryPlan plan;
   size_t max_padded = 0, max_block_shard = 0;
   for (int u = 0; u < layout.num_units(); ++u) {
     const UnitShard& unit = layout.unit(u);
-    // Params, grads, m, v (fp32) and the decay mask (a byte) of what the rank keeps.
-    plan.state_bytes += layout.KeptElements(u, stage) * (4 * sizeof(float) + sizeof(uint8_t));
+    // Params, grads (fp32) and the decay mask (a byte) of what the rank keeps; m and v of its
+    // piece.
+    const size_t kept = layout.KeptElements(u, stage);
+    const size_t moments = shards_moments ? unit.piece : kept;
+    plan.state_bytes += kept * (2 * sizeof(float) + sizeof(uint8_t)) + moments * 2 * sizeof(float);
     if (stage == 1 || stage == 2) plan.state_bytes += unit.padded * sizeof(float);  // resident
     if (stage <= 2) plan.state_bytes += unit.padded * sizeof(float);                // full grad
-    if (writes_checkpoints) plan.checkpoint_bytes += 3 * unit.shard * sizeof(float);
+    if (writes_checkpoints) {
+      plan.checkpoint_bytes += 3 * (shards_moments ? unit.piece : unit.shard) * sizeof(float);
+    }
     max_padded = std::max(max_padded, unit.padded);
     if (u > 0) max_block_shard = std::max(max_block_shard, unit.shard);
   }
@@ -101,15 +108,20 @@ CpuMemoryPlan PlanCpuMemory(const weft::v1::JobSpec& spec, const engine::ModelAr
 namespace {
 
 // What one rank of a group of `group` ranks needs of the host's memory (its share of what is
-// available), planned now. `replica_rank`: the rank's place among its replicas (-1: none).
+// available), planned now. `replica_rank`: the rank's place among its `replicas` (-1: none).
 CpuMemoryDecision DecideOnThisHost(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                                    const engine::cpu::CpuModelEntry& model, int group,
-                                   int replica_rank, const ZeroCpuOptions& options) {
+                                   int replicas, int replica_rank,
+                                   const ZeroCpuOptions& options) {
   const bool hybrid = replica_rank >= 0;
-  // Checkpointer's writers: with hybrid sharding, group 0 (replica rank 0) alone. Read from
-  // the spec, so a worker without --checkpointd (which then saves nothing) counts them anyway.
-  const bool writes_checkpoints =
-      spec.checkpoint().interval_steps() > 0 && (!hybrid || replica_rank == 0);
+  const int r = hybrid ? replicas : 1;
+  const ShardPieces pieces = ReplicaPieces(r, std::max(replica_rank, 0));
+  const bool shards_moments = ShardsOptimizer(spec.sharding(), r);
+  // Checkpointer's writers (ZeroEngine::checkpoint_writers): with hybrid sharding, group 0
+  // (replica rank 0) alone, unless every rank holds its own piece. Read from the spec, so a
+  // worker without --checkpointd (which then saves nothing) counts them anyway.
+  const bool writes_checkpoints = spec.checkpoint().interval_steps() > 0 &&
+                                  (!hybrid || replica_rank == 0 || shards_moments);
   return DecideCpuMemory(
       spec.training().activation_checkpointing(),
       options.host_available_bytes.has_value() ? *options.host_available_bytes
@@ -117,7 +129,7 @@ CpuMemoryDecision DecideOnThisHost(const weft::v1::JobSpec& spec, const engine::
       options.ranks_on_host, spec.training().micro_batch_size(), group, spec.zero_stage(),
       hybrid, [&](engine::Checkpointing level, int rows, int at_group, int at_stage) {
         return PlanCpuMemory(spec, arch, model, level, rows, at_group, at_stage,
-                             writes_checkpoints);
+                             writes_checkpoints, pieces, shards_moments);
       });
 }
 
@@ -137,7 +149,7 @@ absl::Status ZeroCpuEngine::CheckFits(const weft::v1::JobSpec& spec, int group_s
                         engine::cpu::FindCpuModel(*arch));
   // Replica rank 0 writes checkpoints: the most any rank of the replicas needs.
   const CpuMemoryDecision memory =
-      DecideOnThisHost(spec, *arch, model, group_size, replicas > 1 ? 0 : -1, options);
+      DecideOnThisHost(spec, *arch, model, group_size, replicas, replicas > 1 ? 0 : -1, options);
   return memory.fits ? absl::OkStatus() : absl::ResourceExhaustedError(memory.reason);
 }
 
@@ -150,8 +162,10 @@ absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(
   WEFT_ASSIGN_OR_RETURN(const engine::cpu::CpuModelEntry model,
                         engine::cpu::FindCpuModel(*arch));
   const bool hybrid = replica != nullptr && replica->world_size() > 1;
+  const int replicas = hybrid ? replica->world_size() : 1;
   const CpuMemoryDecision memory = DecideOnThisHost(spec, *arch, model, comm->world_size(),
-                                                    hybrid ? replica->rank() : -1, options);
+                                                    replicas, hybrid ? replica->rank() : -1,
+                                                    options);
   const absl::Status fits =
       memory.fits ? absl::OkStatus() : absl::ResourceExhaustedError(memory.reason);
   WEFT_ASSIGN_OR_RETURN(const int refusals, CountRefusals(comm, replica, !fits.ok()));
@@ -164,7 +178,9 @@ absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(
   std::unique_ptr<engine::cpu::CpuModel> cpu_model = model.create(
       spec.training().micro_batch_size(), spec.training().sequence_length(), memory.level);
   std::unique_ptr<ZeroCpuEngine> engine(
-      new ZeroCpuEngine(spec, comm, replica, std::move(arch), std::move(cpu_model)));
+      new ZeroCpuEngine(spec, comm, replica, std::move(arch), std::move(cpu_model),
+                        ReplicaPieces(replicas, hybrid ? replica->rank() : 0),
+                        ShardsOptimizer(spec.sharding(), replicas)));
   engine->plan_ = memory.plan;
   engine->plan_note_ = memory.reason;
   engine->Initialize();
@@ -180,8 +196,10 @@ absl::StatusOr<std::unique_ptr<ZeroCpuEngine>> ZeroCpuEngine::Create(
 ZeroCpuEngine::ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm,
                              comm::Communicator* replica,
                              std::unique_ptr<const engine::ModelArch> arch,
-                             std::unique_ptr<engine::cpu::CpuModel> model)
-    : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
+                             std::unique_ptr<engine::cpu::CpuModel> model, ShardPieces pieces,
+                             bool shards_moments)
+    : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank(), pieces,
+                 shards_moments),
       comm_(comm),
       replica_(replica != nullptr && replica->world_size() > 1 ? replica : nullptr),
       world_(comm->world_size() * (replica != nullptr ? replica->world_size() : 1)),
@@ -200,8 +218,8 @@ void ZeroCpuEngine::Initialize() {
     unit.params = std::move(init.kept);
     unit.decay_mask = std::move(init.decay_mask);
     unit.grads.assign(kept, 0.0f);
-    unit.m.assign(kept, 0.0f);
-    unit.v.assign(kept, 0.0f);
+    unit.m.assign(KeptStateElements(u, model_io::UnitState::kM), 0.0f);
+    unit.v.assign(unit.m.size(), 0.0f);
     if (stage_ == 1 || stage_ == 2) unit.resident = std::move(init.full);
     if (stage_ <= 2) unit.full_grad.assign(layout_.unit(u).padded, 0.0f);
   }
@@ -256,6 +274,7 @@ absl::Status ZeroCpuEngine::ReduceScatterAccumulate(int unit, float* full) {
 
 absl::Status ZeroCpuEngine::AllReduceOverReplica() {
   if (replica_ == nullptr) return absl::OkStatus();
+  if (shards_moments_) return ReduceScatterOverReplica();
   if (replica_format_ != comm::WireFormat::kFp32) {
     const auto start = std::chrono::steady_clock::now();
     for (Unit& u : units_) {
@@ -272,6 +291,77 @@ absl::Status ZeroCpuEngine::AllReduceOverReplica() {
   }
   for (auto& r : reduces) WEFT_RETURN_IF_ERROR(Await(r));
   return absl::OkStatus();
+}
+
+absl::Status ZeroCpuEngine::ReduceScatterOverReplica() {
+  if (replica_format_ != comm::WireFormat::kFp32) {
+    // The layout's pieces are the codec's chunks (whole blocks, shard / replicas each).
+    const auto start = std::chrono::steady_clock::now();
+    for (Unit& u : units_) {
+      absl::Status s = comm::WireReduceScatter(*replica_, replica_format_, u.grads.data(),
+                                               u.grads.size(), &wire_send_, &wire_recv_);
+      if (!s.ok()) return s;
+    }
+    exposed_ms_ += MsSince(start);
+    return absl::OkStatus();
+  }
+  // Gloo's reduce-scatter writes its own buffer: the piece is copied into place after.
+  std::vector<float>& out = scatter_out_[1];
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    const UnitShard& unit = layout_.unit(u);
+    if (out.size() < unit.piece) out.resize(unit.piece);
+    float* grads = units_[u].grads.data();
+    WEFT_RETURN_IF_ERROR(Await(
+        replica_->ReduceScatter(grads, out.data(), unit.piece, DataType::kFloat32)));
+    std::copy(out.begin(), out.begin() + unit.piece, grads + unit.piece_offset);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCpuEngine::GatherPiecesOverReplica() {
+  std::vector<float>& mine = scatter_out_[1];
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    const UnitShard& unit = layout_.unit(u);
+    if (mine.size() < unit.piece) mine.resize(unit.piece);
+    float* params = units_[u].params.data();
+    std::copy(params + unit.piece_offset, params + unit.piece_offset + unit.piece, mine.data());
+    WEFT_RETURN_IF_ERROR(
+        Await(replica_->AllGather(mine.data(), params, unit.piece, DataType::kFloat32)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> ZeroCpuEngine::SumOfSquaresByPiece() {
+  // One piece without replicas (the whole kept gradient); one per replica with them, whether
+  // the rank holds every piece's sum (replicated optimizer) or only its own (sharded).
+  const int pieces = replica_ != nullptr ? replica_->world_size() : 1;
+  const int units = layout_.num_units();
+  // (pieces, units): piece p's sum of squares of unit u at p * units + u.
+  std::vector<double> sums(static_cast<size_t>(pieces) * units, 0.0);
+  for (int u = 0; u < units; ++u) {
+    const std::vector<float>& g = units_[u].grads;
+    const size_t piece = g.size() / pieces;
+    for (int p = 0; p < pieces; ++p) {
+      if (shards_moments_ && p != replica_->rank()) continue;
+      const size_t begin = static_cast<size_t>(p) * piece;
+      // The last piece takes any remainder (a layout of one piece is not cut to replicas).
+      const size_t end = p + 1 == pieces ? g.size() : begin + piece;
+      sums[static_cast<size_t>(p) * units + u] =
+          engine::SumOfSquares(g.data() + begin, end - begin);
+    }
+  }
+  if (shards_moments_) {
+    std::vector<double> mine(sums.begin() + static_cast<size_t>(replica_->rank()) * units,
+                             sums.begin() + static_cast<size_t>(replica_->rank() + 1) * units);
+    WEFT_RETURN_IF_ERROR(Await(replica_->AllGather(mine.data(), sums.data(),
+                                                   mine.size() * sizeof(double),
+                                                   DataType::kUInt8)));
+  }
+  double total = 0;
+  for (int u = 0; u < units; ++u) {
+    for (int p = 0; p < pieces; ++p) total += sums[static_cast<size_t>(p) * units + u];
+  }
+  return total;
 }
 
 absl::Status ZeroCpuEngine::SumOverWorld(float* values, size_t n) {
@@ -420,8 +510,7 @@ absl::StatusOr<StepResult> ZeroCpuEngine::TrainStep(int64_t step, const BatchFn&
   // Global gradient norm: every rank sums the squares of what it owns, then one all-reduce of
   // a scalar over the group (stage 0 owns everything, so no reduction is needed there; the
   // replicas own the same shards, so their squares are counted once).
-  double sum_squares = 0;
-  for (const Unit& u : units_) sum_squares += engine::SumOfSquares(u.grads.data(), u.grads.size());
+  WEFT_ASSIGN_OR_RETURN(const double sum_squares, SumOfSquaresByPiece());
   float stats[2] = {static_cast<float>(sum_squares), static_cast<float>(loss_sum)};
   if (stage_ == 0) {
     // Losses still need averaging across ranks.
@@ -442,11 +531,15 @@ absl::StatusOr<StepResult> ZeroCpuEngine::TrainStep(int64_t step, const BatchFn&
   const float grad_scale = engine::GradScaleFor(result.grad_norm, opt.grad_clip_norm());
   result.learning_rate = engine::LearningRate(spec_, step);
   const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
-  for (Unit& u : units_) {
-    engine::AdamWUpdate(u.params.data(), u.grads.data(), u.m.data(), u.v.data(),
-                        u.decay_mask.data(), u.params.size(), adamw, optimizer_steps_ + 1,
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    Unit& u = units_[i];
+    // The rank's piece (m and v are of it): the whole kept state with one piece.
+    const size_t from = shards_moments_ ? layout_.unit(i).piece_offset : 0;
+    engine::AdamWUpdate(u.params.data() + from, u.grads.data() + from, u.m.data(), u.v.data(),
+                        u.decay_mask.data() + from, u.m.size(), adamw, optimizer_steps_ + 1,
                         grad_scale);
   }
+  if (shards_moments_) WEFT_RETURN_IF_ERROR(GatherPiecesOverReplica());
   if (std::isfinite(result.grad_norm)) ++optimizer_steps_;
   if (stage_ == 1 || stage_ == 2) {
     // Bring every rank's updated shard back into the resident copies.

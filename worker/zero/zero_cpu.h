@@ -23,6 +23,12 @@
 // the group only (the replicas' shards are equal), and losses sum over group then replica.
 // With sharding.replica_reduce_format bf16 or int8 that all-reduce is comm/wire_codec.h's
 // WireAllReduce, unit by unit; fp32 is Gloo's, every unit's enqueued at once.
+// With replica_optimizer OPTIMIZER_SHARDED (ShardLayout's pieces, one per replica) the
+// all-reduce is a reduce-scatter instead (fp32: Gloo's; bf16 or int8: WireReduceScatter, the
+// all-reduce's first half, so each piece ends with the all-reduce's bits); each replica keeps
+// m and v of its piece and steps it, and an fp32 all-gather over the replica brings the other
+// pieces' new weights. The norm is summed piece by piece in both modes (then over the group),
+// so the two give the same bits.
 //
 // Numerics: the loss of one optimizer step is the mean over world * grad_accum micro-batches;
 // each backward is scaled by 1 / (world * grad_accum) so that the reduce-scattered (summed)
@@ -58,7 +64,8 @@ namespace weft::zero {
 // checkpointer's host copy (a rank that writes, of a job with checkpoint.interval_steps > 0).
 CpuMemoryPlan PlanCpuMemory(const weft::v1::JobSpec& spec, const engine::ModelArch& arch,
                             const engine::cpu::CpuModelEntry& model, engine::Checkpointing level,
-                            int micro_batch_size, int group, int stage, bool writes_checkpoints);
+                            int micro_batch_size, int group, int stage, bool writes_checkpoints,
+                            ShardPieces pieces = {}, bool shards_moments = false);
 
 struct ZeroCpuOptions {
   // The job's ranks on this host (JoinResponse.local_world_size), which share its memory.
@@ -118,7 +125,8 @@ class ZeroCpuEngine : public ZeroEngine {
 
  private:
   struct Unit {
-    // Kept state (ShardLayout::KeptElements): stage 0 the whole padded unit, else the shard.
+    // Kept state (ShardLayout::KeptElements): stage 0 the whole padded unit, else the shard;
+    // m and v of the rank's piece of it with a sharded optimizer (KeptStateElements).
     std::vector<float> params, grads, m, v;
     std::vector<uint8_t> decay_mask;
     // Stages 1-2: the resident full parameters; stage 0 uses `params` (full) directly.
@@ -129,7 +137,8 @@ class ZeroCpuEngine : public ZeroEngine {
 
   ZeroCpuEngine(const weft::v1::JobSpec& spec, comm::Communicator* comm,
                 comm::Communicator* replica, std::unique_ptr<const engine::ModelArch> arch,
-                std::unique_ptr<engine::cpu::CpuModel> model);
+                std::unique_ptr<engine::cpu::CpuModel> model, ShardPieces pieces,
+                bool shards_moments);
   void Initialize();
 
   // The kept params, m or v of unit `u`.
@@ -159,8 +168,15 @@ class ZeroCpuEngine : public ZeroEngine {
                                           bool backward, float loss_scale);
   // Reduce-scatters `full` (padded) and adds the result into the unit's gradient shard.
   absl::Status ReduceScatterAccumulate(int unit, float* full);
-  // Hybrid: sums every unit's kept gradient over the replica (no-op with one replica).
+  // Hybrid: sums every unit's kept gradient over the replica (no-op with one replica); with
+  // the optimizer's pieces, only the rank's piece of each is summed (a reduce-scatter).
   absl::Status AllReduceOverReplica();
+  absl::Status ReduceScatterOverReplica();
+  // Pieces: every unit's stepped piece all-gathered over the replica, in place.
+  absl::Status GatherPiecesOverReplica();
+  // The squares of every kept gradient summed piece by piece (only the rank's own piece with
+  // the optimizer's pieces, their sums then gathered over the replica), in one fixed order.
+  absl::StatusOr<double> SumOfSquaresByPiece();
   // Sums `n` floats at `values` over the whole world: the group, then the replica.
   absl::Status SumOverWorld(float* values, size_t n);
 

@@ -154,7 +154,9 @@ ZeroCudaEngine::ZeroCudaEngine(const weft::v1::JobSpec& spec, comm::CudaCommunic
                                comm::CudaCommunicator* replica,
                                std::unique_ptr<const engine::ModelArch> arch,
                                int first_offloaded, const ZeroCudaOptions& options)
-    : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank()),
+    : ZeroEngine(spec, std::move(arch), comm->world_size(), comm->rank(),
+                 ReplicaPieces(options.replicas, replica != nullptr ? replica->rank() : 0),
+                 ShardsOptimizer(spec.sharding(), options.replicas)),
       comm_(comm),
       replica_(replica != nullptr && replica->world_size() > 1 ? replica : nullptr),
       world_(comm->world_size() * (replica_ != nullptr ? replica_->world_size() : 1)),
@@ -176,9 +178,10 @@ ZeroCudaEngine::~ZeroCudaEngine() {
   for (void* p : host_allocations_) cudaFreeHost(p);
   for (cudaEvent_t e : {compute_ready_, head_gathered_, gathered_[0], gathered_[1],
                         head_scattered_, scattered_[0], scattered_[1], comm_done_,
-                        replica_ready_, replica_done_}) {
+                        replica_ready_, replica_done_, replica_idle_}) {
     if (e != nullptr) cudaEventDestroy(e);
   }
+  for (cudaEvent_t e : pieces_gathered_) cudaEventDestroy(e);
   if (compute_ != nullptr) cudaStreamDestroy(compute_);
 }
 
@@ -213,6 +216,9 @@ absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(
   WEFT_RETURN_IF_ERROR(CheckStageAndDevice(spec));
   ZeroCudaOptions options = tuning;
   options.replicas = replica != nullptr ? replica->world_size() : 1;
+  // A sharded optimizer steps at the end of the step: its pieces must cross to the other
+  // replicas before the next forward gathers them, not be stepped in that forward.
+  if (ShardsOptimizer(spec.sharding(), options.replicas)) options.update_in_next_forward = false;
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec.model()));
   WEFT_ASSIGN_OR_RETURN(
@@ -264,8 +270,14 @@ absl::Status ZeroCudaEngine::CreateStreams() {
     WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
   if (replica_ != nullptr) {
-    for (cudaEvent_t* e : {&replica_ready_, &replica_done_}) {
+    for (cudaEvent_t* e : {&replica_ready_, &replica_done_, &replica_idle_}) {
       WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    }
+  }
+  if (shards_moments_) {
+    pieces_gathered_.assign(layout_.num_units(), nullptr);
+    for (cudaEvent_t& e : pieces_gathered_) {
+      WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
   }
   return absl::OkStatus();
@@ -345,8 +357,11 @@ absl::Status ZeroCudaEngine::AllocatePlanned() {
 
 absl::Status ZeroCudaEngine::InitializeUnits() {
   for (int u = 0; u < layout_.num_units(); ++u) {
-    const Unit& unit = units_[u];
+    Unit& unit = units_[u];
     const size_t shard = layout_.unit(u).shard;
+    const size_t moments = KeptStateElements(u, model_io::UnitState::kM);
+    unit.moments_begin = shards_moments_ ? layout_.unit(u).piece_offset : 0;
+    unit.moments_end = unit.moments_begin + moments;
     const InitialUnit init = InitialState(u);
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpy(unit.params, init.kept.data(), shard * sizeof(float),
                                          cudaMemcpyDefault));
@@ -358,8 +373,8 @@ absl::Status ZeroCudaEngine::InitializeUnits() {
       WEFT_RETURN_IF_ERROR(cuda::CastToBf16(unit.params_bf16, unit.params, shard, compute_));
     } else {
       units_[u].decay_runs = DecayRuns(init.decay_mask);
-      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.m, 0, shard * sizeof(float), compute_));
-      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.v, 0, shard * sizeof(float), compute_));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.m, 0, moments * sizeof(float), compute_));
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.v, 0, moments * sizeof(float), compute_));
     }
     WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(unit.grads, 0, shard * sizeof(float), compute_));
   }
@@ -432,6 +447,7 @@ absl::Status ZeroCudaEngine::SyncCompute() const {
 
 absl::Status ZeroCudaEngine::Gather(int unit, bf16* dst) {
   const size_t shard = layout_.unit(unit).shard;
+  WEFT_RETURN_IF_ERROR(WaitForPieces(unit, comm_->stream()));
   if (Offloaded(unit)) {
     return CheckWork(
         comm_->AllGather(units_[unit].params_bf16, dst, shard, DataType::kBFloat16));
@@ -464,6 +480,7 @@ absl::Status ZeroCudaEngine::ReduceScatterGrad(int unit, float* full, bool accum
 
 absl::Status ZeroCudaEngine::GatherHead(HeadPiece piece) {
   if (head_split_ == 0) return Gather(0, head_work_);
+  WEFT_RETURN_IF_ERROR(WaitForPieces(0, comm_->stream()));
   // head_work_[i] is element piece.begin + i of the unit. This rank's part of the piece is
   // cast (or copied, offloaded) from its shard into place, then every owner broadcasts its.
   const size_t shard = layout_.unit(0).shard;
@@ -541,6 +558,14 @@ absl::Status ZeroCudaEngine::FinishShardGradient(int unit) {
   const size_t shard = layout_.unit(unit).shard;
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(replica_ready_, comm_->stream()));
   WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(replica_->stream(), replica_ready_, 0));
+  if (shards_moments_) {
+    // Only the rank's piece is summed, and only its squares counted (AllReduceStats sums
+    // them over the replicas too).
+    WEFT_RETURN_IF_ERROR(ReduceScatterOnReplica(grads, shard));
+    const UnitShard& s = layout_.unit(unit);
+    return cuda::SumOfSquares(&stats_[0], grads + s.piece_offset, s.piece, norm_scratch_,
+                              replica_->stream());
+  }
   if (replica_format_ == comm::WireFormat::kFp32) {
     WEFT_RETURN_IF_ERROR(CheckWork(replica_->AllReduce(grads, shard, DataType::kFloat32)));
   } else {
@@ -570,13 +595,65 @@ absl::Status ZeroCudaEngine::WireAllReduceOnReplica(float* grads, size_t shard) 
                                 shard, stream);
 }
 
+absl::Status ZeroCudaEngine::ReduceScatterOnReplica(float* grads, size_t shard) {
+  const int ranks = replica_->world_size();
+  const size_t piece = shard / static_cast<size_t>(ranks);
+  float* const mine = grads + static_cast<size_t>(replica_->rank()) * piece;
+  if (replica_format_ == comm::WireFormat::kFp32) {
+    return CheckWork(replica_->ReduceScatter(grads, mine, piece, DataType::kFloat32));
+  }
+  // The layout's pieces are whole wire chunks: the codec's chunk r is piece r.
+  const size_t chunk_bytes = comm::WireChunkBytes(replica_format_, piece);
+  cudaStream_t stream = replica_->stream();
+  uint8_t* const encoded = wire_recv_ + static_cast<size_t>(replica_->rank()) * chunk_bytes;
+  WEFT_RETURN_IF_ERROR(cuda::EncodeWireChunks(replica_format_, grads, shard, ranks, piece,
+                                              chunk_bytes, wire_send_, stream));
+  WEFT_RETURN_IF_ERROR(
+      CheckWork(replica_->AllToAll(wire_send_, wire_recv_, chunk_bytes, DataType::kUInt8)));
+  WEFT_RETURN_IF_ERROR(cuda::SumWireChunks(replica_format_, wire_recv_, ranks, piece,
+                                           chunk_bytes, encoded, stream));
+  // The sum decoded as the all-reduce would: the same bits in the piece.
+  return cuda::DecodeWireChunks(replica_format_, encoded, 1, piece, chunk_bytes, mine, piece,
+                                stream);
+}
+
+absl::Status ZeroCudaEngine::GatherPiecesOnReplica() {
+  if (!shards_moments_) return absl::OkStatus();
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_ready_, compute_));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(replica_->stream(), compute_ready_, 0));
+  // Forward order: the head (its embedding is gathered first), then the blocks.
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    const UnitShard& s = layout_.unit(u);
+    float* const params = units_[u].params;
+    WEFT_RETURN_IF_ERROR(CheckWork(replica_->AllGather(params + s.piece_offset, params, s.piece,
+                                                       DataType::kFloat32)));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(pieces_gathered_[u], replica_->stream()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::WaitForPieces(int u, cudaStream_t stream) {
+  if (!shards_moments_) return absl::OkStatus();
+  WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, pieces_gathered_[u], 0));
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::SyncPieces() const {
+  if (!shards_moments_) return absl::OkStatus();
+  WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(replica_idle_, replica_->stream()));
+  return replica_->WaitEvent(replica_idle_);
+}
+
 absl::Status ZeroCudaEngine::AllReduceStats() {
   WEFT_RETURN_IF_ERROR(CommWaitsCompute());
   WEFT_RETURN_IF_ERROR(CheckWork(comm_->AllReduce(stats_, 2, DataType::kFloat32)));
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
   if (replica_ != nullptr) {
     WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(replica_->stream(), comm_done_, 0));
-    WEFT_RETURN_IF_ERROR(CheckWork(replica_->AllReduce(&stats_[1], 1, DataType::kFloat32)));
+    // Squares too when each replica counted its own piece's.
+    float* const summed = shards_moments_ ? &stats_[0] : &stats_[1];
+    WEFT_RETURN_IF_ERROR(CheckWork(
+        replica_->AllReduce(summed, shards_moments_ ? 2 : 1, DataType::kFloat32)));
     WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, replica_->stream()));
   }
   return ComputeWaits(comm_done_);
@@ -786,6 +863,7 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
                                             cudaMemcpyDeviceToHost, compute_));
   WEFT_RETURN_IF_ERROR(optimizer_->Step(optimizer_steps_ + 1, adamw));
   WEFT_ASSIGN_OR_RETURN(const size_t opt_end, Mark());
+  WEFT_RETURN_IF_ERROR(GatherPiecesOnReplica());
   WEFT_RETURN_IF_ERROR(comm_->WaitEvent(timing_.at(opt_end)));
 
   const int accum = spec_.training().grad_accum_steps();
@@ -880,6 +958,7 @@ absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch
 
 absl::StatusOr<std::vector<float>> ZeroCudaEngine::GatherUnit(int u) {
   WEFT_RETURN_IF_ERROR(optimizer_->Flush());
+  WEFT_RETURN_IF_ERROR(SyncPieces());
   const UnitShard& unit = layout_.unit(u);
   std::vector<float> out(unit.size);
   if (group_ == 1) {
@@ -927,6 +1006,7 @@ absl::Status ZeroCudaEngine::CopyKeptToHost(int u, model_io::UnitState state, si
   // Between steps: TrainStep returned only after the optimizer finished, or left its update
   // pending (run here first).
   WEFT_RETURN_IF_ERROR(optimizer_->Flush());
+  WEFT_RETURN_IF_ERROR(SyncPieces());
   return cuda::CudaStatus(cudaMemcpy(host, Kept(u, state) + offset, n * sizeof(float),
                                      cudaMemcpyDefault),
                           "cudaMemcpy of a checkpoint shard");
@@ -935,8 +1015,9 @@ absl::Status ZeroCudaEngine::CopyKeptToHost(int u, model_io::UnitState state, si
 absl::Status ZeroCudaEngine::CopyKeptFromHost(int u, model_io::UnitState state, const float* host) {
   // The restored state replaces what the pending update would have made of the unit's.
   optimizer_->Drop(u);
+  WEFT_RETURN_IF_ERROR(SyncPieces());  // no gather in flight writes over what comes in
   return cuda::CudaStatus(cudaMemcpy(Kept(u, state), host,
-                                     layout_.KeptElements(u, stage_) * sizeof(float),
+                                     KeptStateElements(u, state) * sizeof(float),
                                      cudaMemcpyDefault),
                           "cudaMemcpy of a restored shard");
 }

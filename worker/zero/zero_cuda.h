@@ -47,6 +47,13 @@
 // the backward of the units below, and the group's gathers never queue behind it. Compute
 // waits for the replica stream before the optimizer. Without replicas the code path is the
 // full-sharding one, unchanged.
+// With replica_optimizer OPTIMIZER_SHARDED the shards are cut into one piece per replica
+// (ShardLayout's pieces, whole wire blocks): that all-reduce is a reduce-scatter instead
+// (NCCL's in place, or the compressed one's first half), the rank keeps m and v of its piece
+// and steps it on compute at the end of the step (no update in the next forward), and the
+// replica stream then all-gathers every unit's stepped piece in place, in forward order, each
+// recording `pieces_gathered_[u]`, which the unit's next gather (comm) waits for: the fp32
+// gather across the groups overlaps the next forward.
 //
 // Exposed communication is measured on the GPU: timing events around every point where the
 // compute stream waits for the comm stream; their sum is the time compute stood still.
@@ -233,8 +240,20 @@ class ZeroCudaEngine : public ZeroEngine {
   // The replicas' sum of a shard's gradient (`shard` floats at grads) in replica_format_
   // (not fp32), in place, enqueued on the replica stream.
   absl::Status WireAllReduceOnReplica(float* grads, size_t shard);
+  // The replicas' sum of the rank's piece of a shard's gradient, in replica_format_, in place
+  // (the rest of the shard is left as scratch), enqueued on the replica stream.
+  absl::Status ReduceScatterOnReplica(float* grads, size_t shard);
+  // Sharded optimizer, after the step's AdamW (on compute): every unit's piece all-gathered
+  // over the replicas on the replica stream, recording pieces_gathered_.
+  absl::Status GatherPiecesOnReplica();
+  // Sharded optimizer: `stream` waits until unit u's pieces are back (a no-op otherwise).
+  absl::Status WaitForPieces(int u, cudaStream_t stream);
+  // Sharded optimizer: the host waits for the replica stream (before the state is read or
+  // replaced between steps); a no-op otherwise.
+  absl::Status SyncPieces() const;
   // stats_ ([sum of squares, loss sum]) summed over the group, the loss sum also over the
-  // replicas (their shards are the same: squares counted once); then compute waits for it.
+  // replicas (their shards are the same: squares counted once; with a sharded optimizer
+  // each replica squared its own piece, and both are summed); then compute waits for it.
   absl::Status AllReduceStats();
   // Waits for the compute stream's work so far (host), through the communicator.
   absl::Status SyncCompute() const;
@@ -304,6 +323,10 @@ class ZeroCudaEngine : public ZeroEngine {
   cudaEvent_t comm_done_ = nullptr;
   // Hybrid only: the replica stream waits for the comm stream / compute for the replica's.
   cudaEvent_t replica_ready_ = nullptr, replica_done_ = nullptr;
+  // Sharded optimizer only: each unit's stepped pieces gathered (GatherPiecesOnReplica), and
+  // the end of the replica stream's work for the host.
+  std::vector<cudaEvent_t> pieces_gathered_;
+  cudaEvent_t replica_idle_ = nullptr;
   bool scatter_pending_[3] = {false, false, false};  // block slots 0, 1; head
   // Timing events, recycled every step: pairs around compute-stream waits (exposed
   // communication) and the phase marks.

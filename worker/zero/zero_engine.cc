@@ -37,11 +37,27 @@ InitialUnit InitialUnitState(const engine::ModelArch& arch, const ShardLayout& l
 }
 
 ZeroEngine::ZeroEngine(const weft::v1::JobSpec& spec,
-                       std::unique_ptr<const engine::ModelArch> arch, int world, int rank)
+                       std::unique_ptr<const engine::ModelArch> arch, int world, int rank,
+                       ShardPieces pieces, bool shards_moments)
     : spec_(spec),
       arch_(std::move(arch)),
       stage_(spec.zero_stage()),
-      layout_(UnitSizes(*arch_), world, rank) {}
+      layout_(UnitSizes(*arch_), world, rank, pieces),
+      shards_moments_(shards_moments) {}
+
+ShardRange ZeroEngine::KeptStateRange(int u, model_io::UnitState state) const {
+  if (state == model_io::UnitState::kParams || !shards_moments_) {
+    return layout_.KeptRange(u, stage_);
+  }
+  return layout_.unit(u).owned_piece;
+}
+
+size_t ZeroEngine::KeptStateElements(int u, model_io::UnitState state) const {
+  if (state == model_io::UnitState::kParams || !shards_moments_) {
+    return layout_.KeptElements(u, stage_);
+  }
+  return layout_.unit(u).piece;
+}
 
 InitialUnit ZeroEngine::InitialState(int u) const {
   return InitialUnitState(*arch_, layout_, stage_, spec_.training().seed(), u);
@@ -54,13 +70,14 @@ absl::Status ZeroEngine::Snapshot(std::vector<model_io::UnitSlice>* into) const 
     model_io::UnitSlice& slice = (*into)[u];
     slice.unit = u;
     slice.size = static_cast<int64_t>(unit.size);
-    // A checkpoint takes each rank's shard range whatever the stage, so that the world's
-    // slices tile every unit exactly once.
-    slice.begin = unit.owned.begin;
-    slice.end = unit.owned.end;
-    const size_t offset = static_cast<size_t>(slice.begin - layout_.KeptRange(u, stage_).begin);
+    // A checkpoint takes each rank's shard range whatever the stage (its piece of it when the
+    // replicas share the optimizer out), so that the writers' slices tile every unit once.
+    const ShardRange& range = shards_moments_ ? unit.owned_piece : unit.owned;
+    slice.begin = range.begin;
+    slice.end = range.end;
     const size_t n = static_cast<size_t>(slice.end - slice.begin);
     for (model_io::UnitState state : model_io::kUnitStates) {
+      const size_t offset = static_cast<size_t>(slice.begin - KeptStateRange(u, state).begin);
       model_io::HostFloats& data = slice.data(state);
       // Same size as the previous snapshot's: no reallocation, no zero fill.
       data.resize(n);
@@ -72,10 +89,10 @@ absl::Status ZeroEngine::Snapshot(std::vector<model_io::UnitSlice>* into) const 
 
 absl::Status ZeroEngine::Restore(const model_io::RangeReader& read, int64_t optimizer_steps) {
   for (int u = 0; u < layout_.num_units(); ++u) {
-    const ShardRange range = layout_.KeptRange(u, stage_);
-    std::vector<float> kept(layout_.KeptElements(u, stage_));
+    std::vector<float> kept;
     for (model_io::UnitState state : model_io::kUnitStates) {
-      std::fill(kept.begin(), kept.end(), 0.0f);
+      const ShardRange range = KeptStateRange(u, state);
+      kept.assign(KeptStateElements(u, state), 0.0f);
       if (range.size() > 0) {
         WEFT_RETURN_IF_ERROR(
             read(model_io::CheckpointTensorName(u, state), range.begin, range.end, kept.data()));

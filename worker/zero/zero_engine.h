@@ -9,7 +9,9 @@
 // steps, and lends two copy primitives over the state it keeps: CopyKeptToHost and
 // CopyKeptFromHost. "Kept" is ShardLayout::KeptElements of a unit: the whole padded unit at
 // stage 0, the rank's shard at stages 1-3; element 0 of what is kept is element
-// KeptRange(u).begin of the unit.
+// KeptRange(u).begin of the unit. When the replicas share the optimizer out (sharding
+// replica_optimizer OPTIMIZER_SHARDED) the AdamW moments (m, v) are kept of the rank's piece of
+// its shard only (UnitShard::piece, from piece_offset).
 #ifndef WEFT_WORKER_ZERO_ZERO_ENGINE_H_
 #define WEFT_WORKER_ZERO_ZERO_ENGINE_H_
 
@@ -48,7 +50,9 @@ InitialUnit InitialUnitState(const engine::ModelArch& arch, const ShardLayout& l
 class ZeroEngine : public TrainingEngine {
  public:
   // Local (no communication): copies this rank's slice of every unit through CopyKeptToHost,
-  // into `into`'s buffers where they have the right sizes.
+  // into `into`'s buffers where they have the right sizes. The slice is the rank's shard, or
+  // with the optimizer shared out over the replicas its piece of it (UnitShard::owned_piece):
+  // the slices of the ranks that write (checkpoint_writers) tile every unit exactly once.
   absl::Status Snapshot(std::vector<model_io::UnitSlice>* into) const final;
   using TrainingEngine::Snapshot;
   // Local: reads the kept range of every unit's params, m and v (any writer's world size),
@@ -60,11 +64,19 @@ class ZeroEngine : public TrainingEngine {
   int stage() const final { return stage_; }
   int64_t optimizer_steps() const final { return optimizer_steps_; }
   const ShardLayout& layout() const { return layout_; }
+  // The group's ranks (the layout's world), or every rank when each keeps a piece of its own.
+  int checkpoint_writers() const final { return shards_moments_ ? 0 : layout_.world(); }
 
  protected:
-  // `arch` is MakeModelArch(spec.model()).
+  // `arch` is MakeModelArch(spec.model()); `pieces`: ReplicaPieces; `shards_moments`:
+  // ShardsOptimizer (m and v kept of the rank's piece only).
   ZeroEngine(const weft::v1::JobSpec& spec, std::unique_ptr<const engine::ModelArch> arch,
-             int world, int rank);
+             int world, int rank, ShardPieces pieces = {}, bool shards_moments = false);
+
+  // What this rank keeps of unit u's `state`: the layout's KeptRange, or for m and v of a
+  // sharded optimizer the piece; and how many elements (padding included).
+  ShardRange KeptStateRange(int u, model_io::UnitState state) const;
+  size_t KeptStateElements(int u, model_io::UnitState state) const;
 
   // Unit `u` as this rank starts it (InitialUnitState from the job's seed).
   InitialUnit InitialState(int u) const;
@@ -73,7 +85,7 @@ class ZeroEngine : public TrainingEngine {
   // part, to `host`. Called between steps only.
   virtual absl::Status CopyKeptToHost(int u, model_io::UnitState state, size_t offset, size_t n,
                                       float* host) const = 0;
-  // Replaces the whole kept `state` of unit `u` (KeptElements floats at `host`).
+  // Replaces the whole kept `state` of unit `u` (KeptStateElements floats at `host`).
   virtual absl::Status CopyKeptFromHost(int u, model_io::UnitState state, const float* host) = 0;
   // After every unit's params, m and v were replaced: clear the gradients and rebuild what
   // derives from the parameters (resident copies, low-precision copies). `read` reads the
@@ -84,6 +96,7 @@ class ZeroEngine : public TrainingEngine {
   const std::unique_ptr<const engine::ModelArch> arch_;
   const int stage_;
   const ShardLayout layout_;
+  const bool shards_moments_;
   // TrainingEngine::optimizer_steps: a step's AdamW runs with optimizer_steps_ + 1, and the
   // count advances when the step's gradient norm came out finite (the update was applied).
   int64_t optimizer_steps_ = 0;

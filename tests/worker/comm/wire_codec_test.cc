@@ -233,5 +233,42 @@ TEST(WireCodecTest, AllReduceAgreesOnEveryRankWithinTheBound) {
   }
 }
 
+// The reduce-scatter is the all-reduce's first half: each rank's own chunk ends with the
+// all-reduce's bits, the rest of its vector as it was, for (R - 1) / R of the encoded bytes.
+TEST(WireCodecTest, ReduceScatterLeavesEachRankItsChunkOfTheAllReduce) {
+  for (WireFormat format : {WireFormat::kBf16, WireFormat::kInt8}) {
+    for (int world : {2, 3}) {
+      SCOPED_TRACE(::testing::Message() << WireFormatName(format) << " world " << world);
+      MemoryStore store;
+      auto comms = CreateGroup(&store, world);
+      ASSERT_EQ(comms.size(), static_cast<size_t>(world));
+      const size_t n = 1000;
+      std::vector<std::vector<float>> inputs, reduced(world), scattered(world);
+      for (int r = 0; r < world; ++r) inputs.push_back(RandomValues(n, 300 + r, 0.1f));
+      std::vector<int64_t> sent(world);
+      OnRanks(world, [&](int r) {
+        std::vector<uint8_t> send, recv;
+        reduced[r] = inputs[r];
+        ASSERT_TRUE(WireAllReduce(*comms[r], format, reduced[r].data(), n, &send, &recv).ok());
+        scattered[r] = inputs[r];
+        const int64_t before = comms[r]->sent_bytes();
+        ASSERT_TRUE(
+            WireReduceScatter(*comms[r], format, scattered[r].data(), n, &send, &recv).ok());
+        sent[r] = comms[r]->sent_bytes() - before;
+      });
+      const size_t c = WireChunkValues(n, world);
+      for (int r = 0; r < world; ++r) {
+        EXPECT_EQ(sent[r], (world - 1) * static_cast<int64_t>(WireChunkBytes(format, c)));
+        const size_t begin = static_cast<size_t>(r) * c, end = std::min(n, begin + c);
+        for (size_t i = 0; i < n; ++i) {
+          const bool mine = i >= begin && i < end;
+          ASSERT_EQ(scattered[r][i], mine ? reduced[r][i] : inputs[r][i])
+              << "rank " << r << " value " << i;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace weft::comm

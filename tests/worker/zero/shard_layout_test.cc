@@ -56,6 +56,40 @@ TEST(ShardLayoutTest, ARankWhoseShardIsAllPaddingOwnsNothing) {
   EXPECT_EQ(ShardLayout({7}, 4, 3).unit(0).owned, (ShardRange{6, 7}));
 }
 
+// Pieces (one per replica under hybrid sharding): units padded so that every shard cuts into
+// `count` pieces of whole `align` blocks; the (rank, piece) pairs tile each unit once.
+TEST(ShardLayoutTest, PiecesAreWholeBlocksAndTileEachUnitOnce) {
+  const std::vector<size_t> sizes = {1000, 7, 513};
+  for (int world : {1, 2, 3}) {
+    for (int count : {2, 3}) {
+      for (size_t u = 0; u < sizes.size(); ++u) {
+        std::vector<int> covered(sizes[u], 0);
+        for (int rank = 0; rank < world; ++rank) {
+          for (int index = 0; index < count; ++index) {
+            const ShardLayout layout(sizes, world, rank, {count, index, 256});
+            const UnitShard& unit = layout.unit(u);
+            ASSERT_EQ(layout.pieces(), count);
+            EXPECT_EQ(unit.padded % (static_cast<size_t>(world) * count * 256), 0u);
+            EXPECT_EQ(unit.piece * static_cast<size_t>(count), unit.shard);
+            EXPECT_EQ(unit.piece % 256, 0u);
+            EXPECT_EQ(unit.piece_offset, static_cast<size_t>(index) * unit.piece);
+            for (int64_t i = unit.owned_piece.begin; i < unit.owned_piece.end; ++i) ++covered[i];
+          }
+        }
+        for (size_t i = 0; i < sizes[u]; ++i) {
+          ASSERT_EQ(covered[i], 1) << "world " << world << " pieces " << count << " unit " << u
+                                   << " element " << i;
+        }
+      }
+    }
+  }
+  // One piece: the shard itself, padded to the world only, whatever the alignment.
+  const UnitShard one = ShardLayout({10}, 4, 1, {1, 0, 256}).unit(0);
+  EXPECT_EQ(one.padded, 12u);
+  EXPECT_EQ(one.piece, one.shard);
+  EXPECT_EQ(one.owned_piece, one.owned);
+}
+
 TEST(ShardLayoutTest, StageZeroKeepsWholeUnitsAndOtherStagesTheShard) {
   const ShardLayout layout({10}, 4, 2);
   EXPECT_EQ(layout.KeptElements(0, 0), 12u);

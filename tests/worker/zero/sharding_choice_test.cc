@@ -34,6 +34,27 @@ TEST(ChooseScopeTest, WorldOnOneHostUnevenHostsOrTooLittleMemory) {
   EXPECT_THAT(full.reason, HasSubstr("all 2 ranks of the 2 hosts"));
 }
 
+TEST(ChooseScopeTest, HostWithTheOptimizerSharedOutWhenOnlyThatFits) {
+  const absl::Status no_replica = absl::ResourceExhaustedError("needs 150 GiB, 139 free");
+  const ScopeChoice c = ChooseScope({"a", "b"}, no_replica, absl::OkStatus());
+  EXPECT_EQ(c.scope, ShardingSpec::HOST);
+  EXPECT_TRUE(c.shard_optimizer);
+  EXPECT_THAT(c.reason, HasSubstr("HOST with OPTIMIZER_SHARDED: 2 hosts of 1 ranks each"));
+  EXPECT_THAT(c.reason, HasSubstr("(needs 150 GiB, 139 free)"));
+  EXPECT_THAT(c.reason, HasSubstr("shared out over the 2 replicas"));
+  // A replica that fits whole keeps its optimizer whole.
+  EXPECT_FALSE(ChooseScope({"a", "b"}, absl::OkStatus(), absl::OkStatus()).shard_optimizer);
+  // Neither fits: WORLD, saying both.
+  const ScopeChoice world = ChooseScope(
+      {"a", "b"}, no_replica, absl::ResourceExhaustedError("needs 120 GiB, 100 free"));
+  EXPECT_EQ(world.scope, ShardingSpec::WORLD);
+  EXPECT_FALSE(world.shard_optimizer);
+  EXPECT_THAT(world.reason, HasSubstr("nor with the optimizer shared out (needs 120 GiB"));
+  // Not weighed (an offloaded optimizer): WORLD, without a word of it.
+  EXPECT_THAT(ChooseScope({"a", "b"}, no_replica).reason,
+              ::testing::Not(HasSubstr("shared out")));
+}
+
 FormatChoiceInputs Llama1B(double gbps, ShardingSpec::WireFormat least_exact) {
   FormatChoiceInputs in;
   in.replicas = 2;

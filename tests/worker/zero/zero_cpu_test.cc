@@ -12,6 +12,7 @@
 #include <map>
 #include <cstdio>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/memory_store.h"
@@ -343,22 +344,27 @@ std::vector<float> TrainRange(int world, int stage, int batch_per_rank, int firs
 struct HybridResult {
   std::vector<float> losses;      // rank 0's
   std::vector<float> grad_norms;  // rank 0's
+  size_t state_bytes = 0;         // rank 0's
   // The gathered model as the first rank of each group sees it.
   std::vector<std::vector<std::vector<float>>> params;
 };
 
 // `replicas` x `group_size` ranks (threads, real Gloo) at stage 3 from step `first` to `last`:
 // groups and replicas connected as worker/device_backend.cc does; one replica is plain full
-// sharding over one communicator. Restores from `restore_from` when given; group 0's snapshots
-// (what the Checkpointer uploads) go to `save_to` when given.
+// sharding over one communicator. Restores from `restore_from` when given; the snapshots of the
+// ranks that write (TrainingEngine::checkpoint_writers, as the Checkpointer uploads them) go to
+// `save_to` when given. `sharding`: the spec's replica optimizer and wire format.
 HybridResult TrainHybrid(int replicas, int group_size, int first, int last,
                          GlobalCheckpoint* restore_from = nullptr,
-                         GlobalCheckpoint* save_to = nullptr) {
+                         GlobalCheckpoint* save_to = nullptr,
+                         const weft::v1::ShardingSpec& sharding = {}) {
   const int world = replicas * group_size;
   MemoryStore store;
   HybridResult result;
   result.params.resize(replicas);
-  std::vector<std::vector<model_io::UnitSlice>> snapshots(group_size);
+  std::vector<std::vector<model_io::UnitSlice>> snapshots(world);
+  weft::v1::JobSpec spec = TinySpec(3, kBatchPerRank);
+  *spec.mutable_sharding() = sharding;
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
@@ -375,7 +381,7 @@ HybridResult TrainHybrid(int replicas, int group_size, int first, int last,
         ASSERT_TRUE(r.ok()) << r.status();
         across = *std::move(r);
       }
-      auto engine = ZeroCpuEngine::Create(TinySpec(3, kBatchPerRank), g->get(), across.get());
+      auto engine = ZeroCpuEngine::Create(spec, g->get(), across.get());
       ASSERT_TRUE(engine.ok()) << engine.status();
       if (restore_from) {
         ASSERT_TRUE(
@@ -391,8 +397,10 @@ HybridResult TrainHybrid(int replicas, int group_size, int first, int last,
       }
       auto snapshot = (*engine)->Snapshot();
       ASSERT_TRUE(snapshot.ok()) << snapshot.status();
-      if (group == 0) snapshots[position] = *std::move(snapshot);
+      const int writers = (*engine)->checkpoint_writers();
+      if (writers == 0 || rank < writers) snapshots[rank] = *std::move(snapshot);
       if (rank == 0 && save_to) save_to->optimizer_steps = (*engine)->optimizer_steps();
+      if (rank == 0) result.state_bytes = (*engine)->StateBytes();
       auto params = (*engine)->GatherParameters();
       ASSERT_TRUE(params.ok()) << params.status();
       if (position == 0) result.params[group] = *std::move(params);
@@ -446,6 +454,82 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ZeroHybridTest,
                          [](const auto& info) {
                            return absl::StrCat(info.param.first, "x", info.param.second);
                          });
+
+weft::v1::ShardingSpec ShardedOptimizer(weft::v1::ShardingSpec::WireFormat format) {
+  weft::v1::ShardingSpec sharding;
+  sharding.set_scope(weft::v1::ShardingSpec::HOST);
+  sharding.set_replica_optimizer(weft::v1::ShardingSpec::OPTIMIZER_SHARDED);
+  sharding.set_replica_reduce_format(format);
+  return sharding;
+}
+
+class ZeroShardedOptimizerTest
+    : public ::testing::TestWithParam<
+          std::tuple<std::pair<int, int>, weft::v1::ShardingSpec::WireFormat>> {};
+
+// Sharing the optimizer out over the replicas (a reduce-scatter over them, each stepping its
+// piece, an fp32 all-gather of the stepped pieces) computes what the replicated optimizer
+// does, bit for bit: the same sums (WireReduceScatter leaves the all-reduce's bits; Gloo adds
+// two replicas' shards alike either way), the same elementwise AdamW, the norm summed piece by
+// piece in both. Each rank keeps m and v of its piece only.
+TEST_P(ZeroShardedOptimizerTest, TrainsBitForBitLikeTheReplicatedOptimizer) {
+  const auto [shape, format] = GetParam();
+  const auto [replicas, group_size] = shape;
+  weft::v1::ShardingSpec replicated = ShardedOptimizer(format);
+  replicated.set_replica_optimizer(weft::v1::ShardingSpec::OPTIMIZER_REPLICATED);
+  const HybridResult exact = TrainHybrid(replicas, group_size, 0, kSteps, nullptr, nullptr,
+                                         replicated);
+  const HybridResult sharded = TrainHybrid(replicas, group_size, 0, kSteps, nullptr, nullptr,
+                                           ShardedOptimizer(format));
+  ASSERT_EQ(sharded.losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_LT(sharded.losses.back(), sharded.losses.front() - 0.5f);  // it learns
+  EXPECT_EQ(sharded.losses, exact.losses);
+  EXPECT_EQ(sharded.grad_norms, exact.grad_norms);
+  for (int r = 0; r < replicas; ++r) EXPECT_EQ(sharded.params[r], exact.params[0]) << r;
+  // 16 bytes a parameter become 8 + 8 / R.
+  const double ratio =
+      static_cast<double>(sharded.state_bytes) / static_cast<double>(exact.state_bytes);
+  EXPECT_NEAR(ratio, (8.0 + 8.0 / replicas) / 16.0, 1e-6);
+}
+
+std::string ShardedOptimizerCaseName(
+    const ::testing::TestParamInfo<ZeroShardedOptimizerTest::ParamType>& info) {
+  const auto& [shape, format] = info.param;
+  return absl::StrCat(shape.first, "x", shape.second, "_",
+                      weft::v1::ShardingSpec::WireFormat_Name(format));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ShapesAndFormats, ZeroShardedOptimizerTest,
+    ::testing::Values(std::tuple{std::pair{2, 2}, weft::v1::ShardingSpec::WIRE_FP32},
+                      std::tuple{std::pair{2, 1}, weft::v1::ShardingSpec::WIRE_FP32},
+                      std::tuple{std::pair{2, 2}, weft::v1::ShardingSpec::WIRE_BF16},
+                      std::tuple{std::pair{3, 1}, weft::v1::ShardingSpec::WIRE_INT8}),
+    ShardedOptimizerCaseName);
+
+// A sharded optimizer's checkpoint is every rank's piece: full sharding at another world reads
+// it back exactly, and it restores a full-sharding checkpoint and trains on from it bit for bit
+// like the replicated optimizer restored from the same.
+TEST(ZeroShardedOptimizerTest, CheckpointsMoveBetweenShardedOptimizerAndFullSharding) {
+  constexpr int kAt = 6;
+  const weft::v1::ShardingSpec sharded = ShardedOptimizer(weft::v1::ShardingSpec::WIRE_FP32);
+  GlobalCheckpoint sharded_saved;
+  TrainHybrid(2, 2, 0, kAt, nullptr, &sharded_saved, sharded);
+  GlobalCheckpoint full_reread;
+  TrainHybrid(1, 3, kAt, kAt, &sharded_saved, &full_reread);
+  EXPECT_EQ(full_reread.tensors(), sharded_saved.tensors());
+  EXPECT_EQ(full_reread.optimizer_steps, kAt);
+
+  GlobalCheckpoint full_saved;
+  TrainHybrid(1, 3, 0, kAt, nullptr, &full_saved);
+  GlobalCheckpoint at_restore;
+  TrainHybrid(2, 2, kAt, kAt, &full_saved, &at_restore, sharded);
+  EXPECT_EQ(at_restore.tensors(), full_saved.tensors());
+  const HybridResult resumed = TrainHybrid(2, 2, kAt, kAt + 2, &full_saved, nullptr, sharded);
+  const HybridResult replicated_resumed = TrainHybrid(2, 2, kAt, kAt + 2, &full_saved);
+  EXPECT_EQ(resumed.losses, replicated_resumed.losses);
+  EXPECT_EQ(resumed.params[1], replicated_resumed.params[0]);
+}
 
 // A hybrid checkpoint is group 0's S-rank sharding: full sharding at another world reads it
 // back exactly (params, m and v), and a full-sharding checkpoint restores into a hybrid job.
