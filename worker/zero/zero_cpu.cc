@@ -275,16 +275,7 @@ absl::Status ZeroCpuEngine::ReduceScatterAccumulate(int unit, float* full) {
 absl::Status ZeroCpuEngine::AllReduceOverReplica() {
   if (replica_ == nullptr) return absl::OkStatus();
   if (shards_moments_) return ReduceScatterOverReplica();
-  if (replica_format_ != comm::WireFormat::kFp32) {
-    const auto start = std::chrono::steady_clock::now();
-    for (Unit& u : units_) {
-      absl::Status s = comm::WireAllReduce(*replica_, replica_format_, u.grads.data(),
-                                           u.grads.size(), &wire_send_, &wire_recv_);
-      if (!s.ok()) return s;
-    }
-    exposed_ms_ += MsSince(start);
-    return absl::OkStatus();
-  }
+  if (replica_format_ != comm::WireFormat::kFp32) return WireOverReplica(comm::WireAllReduce);
   std::vector<std::shared_ptr<comm::Work>> reduces;
   for (Unit& u : units_) {
     reduces.push_back(replica_->AllReduce(u.grads.data(), u.grads.size(), DataType::kFloat32));
@@ -293,18 +284,21 @@ absl::Status ZeroCpuEngine::AllReduceOverReplica() {
   return absl::OkStatus();
 }
 
-absl::Status ZeroCpuEngine::ReduceScatterOverReplica() {
-  if (replica_format_ != comm::WireFormat::kFp32) {
-    // The layout's pieces are the codec's chunks (whole blocks, shard / replicas each).
-    const auto start = std::chrono::steady_clock::now();
-    for (Unit& u : units_) {
-      absl::Status s = comm::WireReduceScatter(*replica_, replica_format_, u.grads.data(),
-                                               u.grads.size(), &wire_send_, &wire_recv_);
-      if (!s.ok()) return s;
-    }
-    exposed_ms_ += MsSince(start);
-    return absl::OkStatus();
+absl::Status ZeroCpuEngine::WireOverReplica(WireCollective collective) {
+  // Blocking, unit by unit: all of it is exposed.
+  const auto start = std::chrono::steady_clock::now();
+  for (Unit& u : units_) {
+    absl::Status s = collective(*replica_, replica_format_, u.grads.data(), u.grads.size(),
+                                &wire_send_, &wire_recv_);
+    if (!s.ok()) return s;
   }
+  exposed_ms_ += MsSince(start);
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCpuEngine::ReduceScatterOverReplica() {
+  // The layout's pieces are the codec's chunks (whole blocks, shard / replicas each).
+  if (replica_format_ != comm::WireFormat::kFp32) return WireOverReplica(comm::WireReduceScatter);
   // Gloo's reduce-scatter writes its own buffer: the piece is copied into place after.
   std::vector<float>& out = scatter_out_[1];
   for (int u = 0; u < layout_.num_units(); ++u) {

@@ -172,6 +172,11 @@ class ZeroCpuEngine : public ZeroEngine {
   // the optimizer's pieces, only the rank's piece of each is summed (a reduce-scatter).
   absl::Status AllReduceOverReplica();
   absl::Status ReduceScatterOverReplica();
+  // comm/wire_codec.h's WireAllReduce or WireReduceScatter of every unit's kept gradient over
+  // the replica, in replica_format_ (not fp32).
+  using WireCollective = absl::Status (*)(comm::Communicator&, comm::WireFormat, float*, size_t,
+                                          std::vector<uint8_t>*, std::vector<uint8_t>*);
+  absl::Status WireOverReplica(WireCollective collective);
   // Pieces: every unit's stepped piece all-gathered over the replica, in place.
   absl::Status GatherPiecesOverReplica();
   // The squares of every kept gradient summed piece by piece (only the rank's own piece with

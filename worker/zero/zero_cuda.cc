@@ -575,9 +575,9 @@ absl::Status ZeroCudaEngine::FinishShardGradient(int unit) {
   return cuda::SumOfSquares(&stats_[0], grads, shard, norm_scratch_, replica_->stream());
 }
 
-absl::Status ZeroCudaEngine::WireAllReduceOnReplica(float* grads, size_t shard) {
-  // comm/wire_codec.h's all-reduce, on the replica stream: the wire buffers are reused unit
-  // after unit, in that stream's order.
+absl::StatusOr<uint8_t*> ZeroCudaEngine::ReduceOwnWireChunk(const float* grads, size_t shard) {
+  // comm/wire_codec.h's layout, on the replica stream: the wire buffers are reused unit after
+  // unit, in that stream's order.
   const int ranks = replica_->world_size();
   const size_t chunk = comm::WireChunkValues(shard, ranks);
   const size_t chunk_bytes = comm::WireChunkBytes(replica_format_, chunk);
@@ -589,10 +589,18 @@ absl::Status ZeroCudaEngine::WireAllReduceOnReplica(float* grads, size_t shard) 
       CheckWork(replica_->AllToAll(wire_send_, wire_recv_, chunk_bytes, DataType::kUInt8)));
   WEFT_RETURN_IF_ERROR(cuda::SumWireChunks(replica_format_, wire_recv_, ranks, chunk,
                                            chunk_bytes, mine, stream));
+  return mine;
+}
+
+absl::Status ZeroCudaEngine::WireAllReduceOnReplica(float* grads, size_t shard) {
+  WEFT_ASSIGN_OR_RETURN(uint8_t* const mine, ReduceOwnWireChunk(grads, shard));
+  const int ranks = replica_->world_size();
+  const size_t chunk = comm::WireChunkValues(shard, ranks);
+  const size_t chunk_bytes = comm::WireChunkBytes(replica_format_, chunk);
   WEFT_RETURN_IF_ERROR(
       CheckWork(replica_->AllGather(mine, wire_recv_, chunk_bytes, DataType::kUInt8)));
   return cuda::DecodeWireChunks(replica_format_, wire_recv_, ranks, chunk, chunk_bytes, grads,
-                                shard, stream);
+                                shard, replica_->stream());
 }
 
 absl::Status ZeroCudaEngine::ReduceScatterOnReplica(float* grads, size_t shard) {
@@ -602,19 +610,12 @@ absl::Status ZeroCudaEngine::ReduceScatterOnReplica(float* grads, size_t shard) 
   if (replica_format_ == comm::WireFormat::kFp32) {
     return CheckWork(replica_->ReduceScatter(grads, mine, piece, DataType::kFloat32));
   }
-  // The layout's pieces are whole wire chunks: the codec's chunk r is piece r.
-  const size_t chunk_bytes = comm::WireChunkBytes(replica_format_, piece);
-  cudaStream_t stream = replica_->stream();
-  uint8_t* const encoded = wire_recv_ + static_cast<size_t>(replica_->rank()) * chunk_bytes;
-  WEFT_RETURN_IF_ERROR(cuda::EncodeWireChunks(replica_format_, grads, shard, ranks, piece,
-                                              chunk_bytes, wire_send_, stream));
-  WEFT_RETURN_IF_ERROR(
-      CheckWork(replica_->AllToAll(wire_send_, wire_recv_, chunk_bytes, DataType::kUInt8)));
-  WEFT_RETURN_IF_ERROR(cuda::SumWireChunks(replica_format_, wire_recv_, ranks, piece,
-                                           chunk_bytes, encoded, stream));
-  // The sum decoded as the all-reduce would: the same bits in the piece.
-  return cuda::DecodeWireChunks(replica_format_, encoded, 1, piece, chunk_bytes, mine, piece,
-                                stream);
+  // The layout's pieces are whole wire chunks: the codec's chunk r is piece r. The sum is
+  // decoded as the all-reduce would: the same bits in the piece.
+  WEFT_ASSIGN_OR_RETURN(const uint8_t* const encoded, ReduceOwnWireChunk(grads, shard));
+  return cuda::DecodeWireChunks(replica_format_, encoded, 1, piece,
+                                comm::WireChunkBytes(replica_format_, piece), mine, piece,
+                                replica_->stream());
 }
 
 absl::Status ZeroCudaEngine::GatherPiecesOnReplica() {

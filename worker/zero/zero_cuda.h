@@ -240,6 +240,10 @@ class ZeroCudaEngine : public ZeroEngine {
   // The replicas' sum of a shard's gradient (`shard` floats at grads) in replica_format_
   // (not fp32), in place, enqueued on the replica stream.
   absl::Status WireAllReduceOnReplica(float* grads, size_t shard);
+  // The wire all-reduce's first half on the replica stream (not fp32): every replica's
+  // chunks of `shard` floats at grads encoded and exchanged, and this rank's chunk summed,
+  // encoded, at the returned place in wire_recv_.
+  absl::StatusOr<uint8_t*> ReduceOwnWireChunk(const float* grads, size_t shard);
   // The replicas' sum of the rank's piece of a shard's gradient, in replica_format_, in place
   // (the rest of the shard is left as scratch), enqueued on the replica stream.
   absl::Status ReduceScatterOnReplica(float* grads, size_t shard);
