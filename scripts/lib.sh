@@ -12,6 +12,7 @@ WEFT_PACKAGES=(
   libgloo-dev libopenblas-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   curl fortunes
   libsentencepiece-dev sentencepiece  # tokenizers; spm_encode is bench/data_prepare_bench.sh's baseline
+  libpcre2-dev libutf8proc-dev  # tokenizer.json's byte-level BPE: its Unicode patterns, NFC
   python3-grpcio python3-protobuf  # examples/python and its test
   # tests/deploy/k8s_manifests_test.py: YAML lint, and the Kubernetes API models it checks
   # every manifest field against (no cluster or schema download needed).

@@ -15,3 +15,4 @@ weft_test(parked_call_test unit SOURCES coordinator/parked_call_test.cc LIBS wef
 # trainctl data prepare's library: inputs, shards, manifest, idempotence, every bad input.
 weft_test(data_prepare_test unit SOURCES trainctl/data_prepare_test.cc LIBS weft_data_prepare
   DEPENDS weft_sentencepiece)
+target_compile_definitions(data_prepare_test PRIVATE WEFT_SOURCE_DIR="${CMAKE_SOURCE_DIR}")

@@ -47,7 +47,6 @@ using data::Tokenizer;
 
 constexpr size_t kWriteBufferBytes = size_t{1} << 20;
 constexpr int kHeaderInts = 256;
-constexpr char kTokenizerFile[] = "tokenizer.model";
 
 // ---------------------------------------------------------------------------------------
 // Work items. A chunk is a run of consecutive documents; chunks are numbered in input order
@@ -502,7 +501,7 @@ data::DatasetManifest MakeManifest(const Plan& plan, const Written& written) {
   const Tokenizer& tok = *plan.tokenizer;
   m.tokenizer.kind = std::string(tok.kind());
   if (tok.kind() != "bytes") {
-    m.tokenizer.file = kTokenizerFile;
+    m.tokenizer.file = data::TokenizerFileName(tok.kind());
     m.tokenizer.crc32c = tok.fingerprint();
   }
   m.tokenizer.vocab_size = tok.vocab_size();
@@ -668,7 +667,7 @@ absl::StatusOr<Plan> MakePlan(const PrepareOptions& options) {
   if (options.tokenizer_path.empty()) {
     plan.tokenizer = data::MakeByteTokenizer();
   } else {
-    WEFT_ASSIGN_OR_RETURN(plan.tokenizer, data::LoadSentencePieceFile(options.tokenizer_path));
+    WEFT_ASSIGN_OR_RETURN(plan.tokenizer, data::LoadTokenizerFile(options.tokenizer_path));
   }
   WEFT_ASSIGN_OR_RETURN(plan.token_format, TokenFormatForVocab(plan.tokenizer->vocab_size()));
   // Everything that decides the output bytes, apart from the inputs' contents (paths and
@@ -765,7 +764,8 @@ absl::StatusOr<PrepareResult> PrepareDataset(const PrepareOptions& options) {
 
   WEFT_ASSIGN_OR_RETURN(Written written, EncodeAll(plan, temp));
   if (plan.tokenizer->kind() != "bytes") {
-    WEFT_RETURN_IF_ERROR(WriteWholeFile(absl::StrCat(temp, "/", kTokenizerFile),
+    WEFT_RETURN_IF_ERROR(WriteWholeFile(
+        absl::StrCat(temp, "/", data::TokenizerFileName(plan.tokenizer->kind())),
                                         plan.tokenizer->model_bytes()));
   }
   WEFT_RETURN_IF_ERROR(data::WriteManifest(MakeManifest(plan, written), temp));

@@ -37,7 +37,7 @@ enum class Progress {
 struct PrepareOptions {
   std::vector<std::string> inputs;
   std::string out_dir;
-  std::string tokenizer_path;  // a SentencePiece .model; empty: bytes
+  std::string tokenizer_path;  // a SentencePiece .model or a tokenizer.json; empty: bytes
   std::string jsonl_field = "text";
   std::string doc_separator;  // empty: a text file is one document
   double val_fraction = 0.01;

@@ -87,7 +87,8 @@ DataCommands::DataCommands(CLI::App* app) {
   AddSharedInputOptions(prepare_, &inputs_, &jsonl_field_, &doc_separator_);
   prepare_->add_option("--out", out_, "The dataset directory to write")->required();
   CLI::Option* tokenizer =
-      prepare_->add_option("--tokenizer", tokenizer_, "SentencePiece model (*.model)");
+      prepare_->add_option("--tokenizer", tokenizer_,
+                           "SentencePiece model (*.model) or Hugging Face tokenizer.json (*.json)");
   CLI::Option* bytes = prepare_->add_flag("--bytes", bytes_, "Bytes as tokens (vocabulary 256)");
   tokenizer->excludes(bytes);
   prepare_->add_option("--val-fraction", val_fraction_,

@@ -236,6 +236,33 @@ TEST_F(PrepareTest, ManifestShardsAndDocumentsAgree) {
                                  SplitTokens(*m, m->val).size()));
 }
 
+// A Hugging Face tokenizer.json (tests/fixtures/tokenizers): the manifest says so and keeps
+// the file as it came; the shards hold its ids of every document (no EOS of its own, so the
+// documents are not separated).
+TEST_F(PrepareTest, AHuggingFaceTokenizerJson) {
+  const std::string json_path =
+      std::string(WEFT_SOURCE_DIR) + "/tests/fixtures/tokenizers/qwen2.tokenizer.json";
+  const std::string text = Fortunes(40);
+  PrepareOptions options = Options({Write("a.txt", text)});
+  options.tokenizer_path = json_path;
+  absl::StatusOr<PrepareResult> result = PrepareDataset(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  absl::StatusOr<data::DatasetManifest> m = data::ReadManifest(Path("out"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->tokenizer.kind, "tokenizer.json");
+  EXPECT_EQ(m->tokenizer.file, "tokenizer.json");
+  EXPECT_EQ(ReadFile(data::ManifestFilePath(*m, m->tokenizer.file)), ReadFile(json_path));
+  EXPECT_EQ(m->document_separator, "none");
+  auto tok = data::LoadTokenizerFile(json_path);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ(m->tokenizer.vocab_size, (*tok)->vocab_size());
+  size_t expected = 0;
+  for (const std::string& doc : FortuneDocuments(text)) {
+    expected += (*tok)->Encode(doc).value().size();
+  }
+  EXPECT_EQ(SplitTokens(*m, m->train).size() + SplitTokens(*m, m->val).size(), expected);
+}
+
 TEST_F(PrepareTest, SameBytesForAnyThreadCount) {
   const std::string a = Write("a.txt", Fortunes(150));
   const std::string b = Write("b.txt", Fortunes(90, 3));

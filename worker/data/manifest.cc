@@ -130,10 +130,11 @@ absl::StatusOr<ManifestTokenizer> ParseTokenizer(const FieldReader& r, const Jso
   ManifestTokenizer t;
   if (!j.contains("kind")) return r.Error("tokenizer.kind", "missing");
   WEFT_ASSIGN_OR_RETURN(t.kind, r.String(j, f, "kind"));
-  const bool spm = t.kind == "sentencepiece";
+  // A model file of its own: SentencePiece's or a Hugging Face tokenizer.json.
+  const bool spm = t.kind == "sentencepiece" || t.kind == "tokenizer.json";
   if (!spm && t.kind != "bytes") {
-    return r.Error("tokenizer.kind",
-                   absl::StrCat("must be \"sentencepiece\" or \"bytes\", got \"", t.kind, "\""));
+    return r.Error("tokenizer.kind", absl::StrCat("must be \"sentencepiece\", \"tokenizer.json\" "
+                                                  "or \"bytes\", got \"", t.kind, "\""));
   }
   if (spm) {
     WEFT_RETURN_IF_ERROR(

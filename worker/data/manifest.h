@@ -5,7 +5,8 @@
 //    "token_format": "DATA_FORMAT_UINT16_BIN" | "DATA_FORMAT_UINT32_BIN",
 //    "tokenizer": {"kind": "sentencepiece", "file": "tokenizer.model", "crc32c": "0x1234abcd",
 //                  "vocab_size": 4096, "bos_id": 1, "eos_id": 2},
-//                 (kind "bytes": no "file" and no "crc32c"; vocab_size 256; bos_id, eos_id -1)
+//                 (kind "tokenizer.json": "file": "tokenizer.json", a Hugging Face byte-level BPE;
+//                  kind "bytes": no "file" and no "crc32c"; vocab_size 256; bos_id, eos_id -1)
 //    "document_separator": "eos" | "none",
 //    "splits": {"train": [{"file": "train-00000.bin", "tokens": N, "bytes": B,
 //                          "crc32c": "0x..."}, ...],
@@ -43,7 +44,7 @@ struct ManifestShard {
 };
 
 struct ManifestTokenizer {
-  std::string kind;  // "sentencepiece" or "bytes"
+  std::string kind;  // "sentencepiece", "tokenizer.json" or "bytes"
   std::string file;  // sentencepiece only: relative to the manifest's directory
   uint32_t crc32c = 0;  // of `file`; sentencepiece only
   int vocab_size = 0;

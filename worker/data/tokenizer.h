@@ -1,11 +1,13 @@
 // Tokenizers: text <-> token ids, for `trainctl data prepare` (text in), the trained model's
 // file and `trainctl sample` (text out).
 //
-// Two kinds:
+// Three kinds:
 //  - "bytes": every byte is one token (vocabulary 256, no BOS/EOS), the DATA_FORMAT_TEXT_BYTES
 //    convention. Any byte string encodes, valid UTF-8 or not.
 //  - "sentencepiece": a SentencePiece model (the .model file of spm_train, Llama 2, Mistral),
 //    run by Debian's libsentencepiece. Input must be valid UTF-8.
+//  - "tokenizer.json": a Hugging Face byte-level BPE (GPT-2, Llama 3, Qwen2/3, Mistral-Nemo),
+//    worker/data/bpe_tokenizer.h. Invalid UTF-8 is replaced as Python's decoding does.
 //
 // Special tokens are explicit: Encode emits BOS/EOS only when EncodeOptions asks, and text
 // that spells "<s>" or "</s>" encodes as ordinary characters, never as the control ids. Decode
@@ -41,7 +43,7 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  // "bytes" or "sentencepiece" (the manifest's tokenizer.kind).
+  // "bytes", "sentencepiece" or "tokenizer.json" (the manifest's tokenizer.kind).
   virtual absl::string_view kind() const = 0;
   // Ids are in [0, vocab_size).
   virtual int vocab_size() const = 0;
@@ -89,6 +91,23 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceFromBytes(std::strin
                                                                       absl::string_view name);
 // The same from a file: NOT_FOUND if it does not exist, FAILED_PRECONDITION if unreadable.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceFile(const std::string& path);
+
+// A tokenizer file's bytes: NOT_FOUND if it does not exist, FAILED_PRECONDITION if unreadable.
+absl::StatusOr<std::string> ReadTokenizerFile(const std::string& path);
+
+// The kind of the tokenizer file at `path`, by its name: "tokenizer.json" for a name ending in
+// .json, "sentencepiece" otherwise.
+std::string TokenizerKindOfFile(absl::string_view path);
+// The file name a dataset or an export keeps a tokenizer of `kind` under: "tokenizer.json" or
+// "tokenizer.model".
+std::string TokenizerFileName(absl::string_view kind);
+// A tokenizer file of either kind (TokenizerKindOfFile), with the errors of its loader.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path);
+// A serialized tokenizer (model_bytes()) of `kind`, "sentencepiece" or "tokenizer.json";
+// `name` labels errors. INVALID_ARGUMENT for another kind.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFromBytes(absl::string_view kind,
+                                                                  std::string bytes,
+                                                                  absl::string_view name);
 
 // What a SentencePiece model is made of, for writing it in another library's format (the
 // Hugging Face export, worker/hf/hf_tokenizer.h). The pieces, their scores and kinds and the

@@ -273,6 +273,13 @@ std::string HfGenerationConfigJson(const HfTokenIds& ids) {
 absl::StatusOr<HfTokenizerFiles> HfTokenizerFilesFor(const data::Tokenizer& tokenizer,
                                                       int64_t model_max_length) {
   if (tokenizer.kind() == "bytes") return ByteFiles(model_max_length);
+  if (tokenizer.kind() == "tokenizer.json") {
+    // It came as a tokenizer.json: it goes back out as those very bytes.
+    WEFT_ASSIGN_OR_RETURN(HfTokenizerFiles files,
+                          Files(Json::object(), Special{}, HfTokenIds{}, model_max_length));
+    files.files[0].second = tokenizer.model_bytes();
+    return files;
+  }
   return SentencePieceFiles(tokenizer, model_max_length);
 }
 

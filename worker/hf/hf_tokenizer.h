@@ -12,6 +12,7 @@
 //       decoder undoing it all; unknown and control pieces are special added tokens,
 //       user-defined pieces plain added tokens;
 //     bytes: byte-level, 256 tokens, id = byte value;
+//     tokenizer.json (a Hugging Face byte-level BPE brought in as such): its own bytes;
 //   tokenizer_config.json    tokenizer_class PreTrainedTokenizerFast, the special tokens;
 //   special_tokens_map.json  the special tokens.
 // Nothing adds BOS or EOS around encoded text: a Weft job trains on documents as they are.

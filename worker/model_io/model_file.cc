@@ -35,7 +35,9 @@ absl::StatusOr<std::shared_ptr<const data::Tokenizer>> ManifestTokenizer(
   WEFT_ASSIGN_OR_RETURN(const data::DatasetManifest m, data::ReadManifest(manifest_path));
   if (m.tokenizer.kind == "bytes") return data::MakeByteTokenizer();
   const std::string file = data::ManifestFilePath(m, m.tokenizer.file);
-  auto tok = data::LoadSentencePieceFile(file);
+  absl::StatusOr<std::string> bytes = data::ReadTokenizerFile(file);
+  if (!bytes.ok()) return Annotate(bytes.status(), "data.manifest_path");
+  auto tok = data::LoadTokenizerFromBytes(m.tokenizer.kind, *std::move(bytes), file);
   if (!tok.ok()) return Annotate(tok.status(), "data.manifest_path");
   const data::Tokenizer& t = **tok;
   if (t.fingerprint() != m.tokenizer.crc32c || t.vocab_size() != m.tokenizer.vocab_size) {
@@ -65,9 +67,9 @@ absl::StatusOr<std::shared_ptr<const data::Tokenizer>> TokenizerFromMetadata(
     return std::shared_ptr<const data::Tokenizer>();
   }
   if (*kind == "bytes") return std::shared_ptr<const data::Tokenizer>(data::MakeByteTokenizer());
-  if (*kind != "sentencepiece") {
-    return corrupt(kTokenizerKindKey,
-                   absl::StrCat("is \"", *kind, "\", not \"bytes\" or \"sentencepiece\""));
+  if (*kind != "sentencepiece" && *kind != "tokenizer.json") {
+    return corrupt(kTokenizerKindKey, absl::StrCat("is \"", *kind, "\", not \"bytes\", "
+                                                   "\"sentencepiece\" or \"tokenizer.json\""));
   }
   const std::string* encoded = entry(kTokenizerModelKey);
   const std::string* crc_text = entry(kTokenizerCrcKey);
@@ -78,7 +80,7 @@ absl::StatusOr<std::shared_ptr<const data::Tokenizer>> TokenizerFromMetadata(
   if (crc_text == nullptr || !data::ParseCrc32c(*crc_text, &crc)) {
     return corrupt(kTokenizerCrcKey, "is missing or not \"0x\" and 8 hex digits");
   }
-  auto tok = data::LoadSentencePieceFromBytes(std::move(bytes), path);
+  auto tok = data::LoadTokenizerFromBytes(*kind, std::move(bytes), path);
   if (!tok.ok()) return corrupt(kTokenizerModelKey, tok.status().message());
   if ((*tok)->fingerprint() != crc) {
     return corrupt(kTokenizerModelKey,
@@ -108,11 +110,11 @@ absl::StatusOr<std::shared_ptr<const data::Tokenizer>> LoadJobTokenizer(
   }
   if (d.format() == weft::v1::DATA_FORMAT_TEXT_BYTES) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "data.tokenizer_path: ", d.tokenizer_path(), ": a SentencePiece tokenizer, but "
+        "data.tokenizer_path: ", d.tokenizer_path(), ": a tokenizer, but "
         "data.format DATA_FORMAT_TEXT_BYTES reads bytes, not its ids (leave tokenizer_path empty, "
         "or prepare the text with `trainctl data prepare --tokenizer`)"));
   }
-  auto tok = data::LoadSentencePieceFile(d.tokenizer_path());
+  auto tok = data::LoadTokenizerFile(d.tokenizer_path());
   if (!tok.ok()) return Annotate(tok.status(), "data.tokenizer_path");
   if ((*tok)->vocab_size() > vocab) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -5,12 +5,14 @@
 //
 // The tokenizer lives in string metadata, not in a tensor, so every reader of the tensors (the
 // Hugging Face export, Python's `safetensors`, transformers) sees the model's parameters only:
-//   weft.tokenizer.kind    "bytes" or "sentencepiece"; absent: none recorded (the model reads
-//                          and writes token ids), except that a file of a vocabulary of 256
-//                          written before tokenizers were recorded is read as bytes
-//   weft.tokenizer.model   sentencepiece only: the .model file's bytes, base64 (RFC 4648)
-//   weft.tokenizer.crc32c  sentencepiece only: the model bytes' CRC32C, "0x" and 8 hex digits
-//                          (the tokenizer's fingerprint, as in a dataset manifest)
+//   weft.tokenizer.kind    "bytes", "sentencepiece" or "tokenizer.json"; absent: none
+//                          recorded (the model reads and writes token ids), except that a file
+//                          of a vocabulary of 256 written before tokenizers were recorded is
+//                          read as bytes
+//   weft.tokenizer.model   not bytes: the .model file's or the tokenizer.json's bytes, base64
+//                          (RFC 4648)
+//   weft.tokenizer.crc32c  not bytes: the model bytes' CRC32C, "0x" and 8 hex digits (the
+//                          tokenizer's fingerprint, as in a dataset manifest)
 #ifndef WEFT_WORKER_MODEL_IO_MODEL_FILE_H_
 #define WEFT_WORKER_MODEL_IO_MODEL_FILE_H_
 
@@ -90,7 +92,7 @@ struct LoadedModel {
 
 // Errors name the file: unreadable, not safetensors, no weft.job_spec metadata, a model spec no
 // architecture takes, a tensor missing or of the wrong shape (INVALID_ARGUMENT); a tokenizer
-// entry of an unknown kind, not base64, whose bytes are not a SentencePiece model or differ from
+// entry of an unknown kind, not base64, whose bytes are not a tokenizer of its kind or differ from
 // their crc32c, or with more pieces than the model's vocabulary (DATA_LOSS, naming the key).
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
 

@@ -6,3 +6,6 @@ weft_test(sharded_dataset_test unit SOURCES worker/data/sharded_dataset_test.cc 
 weft_test(sampler_test unit SOURCES worker/data/sampler_test.cc LIBS weft_data)
 weft_test(tokenizer_test unit SOURCES worker/data/tokenizer_test.cc LIBS weft_tokenizer
   DEPENDS weft_sentencepiece)
+weft_test(bpe_tokenizer_test unit SOURCES worker/data/bpe_tokenizer_test.cc LIBS weft_tokenizer
+  DEPENDS weft_sentencepiece)
+target_compile_definitions(bpe_tokenizer_test PRIVATE WEFT_SOURCE_DIR="${CMAKE_SOURCE_DIR}")

@@ -231,6 +231,20 @@ TEST(ByteExportTest, OneTokenPerByte) {
   CheckWithPythonTokenizers(tmp.File("hf"), cases);
 }
 
+// A tokenizer brought as a Hugging Face tokenizer.json goes back out as the same bytes.
+TEST(TokenizerJsonExportTest, TheFileAsItCame) {
+  auto json = data::LoadTokenizerFile(std::string(WEFT_SOURCE_DIR) +
+                                      "/tests/fixtures/tokenizers/gpt2.tokenizer.json");
+  ASSERT_TRUE(json.ok()) << json.status();
+  absl::StatusOr<HfTokenizerFiles> files = HfTokenizerFilesFor(**json, 64);
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_FALSE(files->files.empty());
+  EXPECT_EQ(files->files[0].first, kHfTokenizerFile);
+  EXPECT_EQ(files->files[0].second, (*json)->model_bytes());
+  EXPECT_EQ(FileJson(*files, kHfTokenizerConfigFile)["tokenizer_class"],
+            "PreTrainedTokenizerFast");
+}
+
 // The export's directory: config.json and generation_config.json carry the tokenizer's ids, and
 // null (never transformers' GPT-2 default 50256) when there is no tokenizer.
 TEST(HfExportTokenizerTest, ConfigIdsAndFiles) {

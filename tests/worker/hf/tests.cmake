@@ -11,4 +11,5 @@ target_compile_definitions(hf_reference_test PRIVATE
 # The export's tokenizer files; with python3 and `tokenizers` importable, also their encodings.
 weft_test(hf_tokenizer_test unit SOURCES worker/hf/hf_tokenizer_test.cc LIBS weft_hf)
 target_compile_definitions(hf_tokenizer_test PRIVATE
-  WEFT_HF_TOKENIZER_CHECK="${CMAKE_CURRENT_SOURCE_DIR}/worker/hf/check_hf_tokenizer.py")
+  WEFT_HF_TOKENIZER_CHECK="${CMAKE_CURRENT_SOURCE_DIR}/worker/hf/check_hf_tokenizer.py"
+  WEFT_SOURCE_DIR="${CMAKE_SOURCE_DIR}")

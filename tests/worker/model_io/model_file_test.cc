@@ -339,6 +339,24 @@ TEST_F(ModelTokenizerTest, SentencePieceRoundTripsThroughTheModelFile) {
   for (const TensorData& t : file->tensors) EXPECT_THAT(t.name, Not(HasSubstr("tokenizer")));
 }
 
+// A Hugging Face tokenizer.json (tests/fixtures/tokenizers) is recorded as its own bytes
+// and comes back as the same tokenizer, giving the same ids.
+TEST_F(ModelTokenizerTest, TokenizerJsonRoundTripsThroughTheModelFile) {
+  auto json = data::LoadTokenizerFile(std::string(WEFT_SOURCE_DIR) +
+                                      "/tests/fixtures/tokenizers/llama3.tokenizer.json");
+  ASSERT_TRUE(json.ok()) << json.status();
+  const weft::v1::JobSpec spec = TinyGptSpec((*json)->vocab_size() + 4);
+  const std::string path = dir_.File("json.safetensors");
+  ASSERT_TRUE(SaveModel(path, spec, InitialUnits(spec), json->get()).ok());
+  auto loaded = LoadModel(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_NE(loaded->tokenizer, nullptr);
+  EXPECT_EQ(loaded->tokenizer->kind(), "tokenizer.json");
+  EXPECT_EQ(loaded->tokenizer->model_bytes(), (*json)->model_bytes());
+  const char* text = "naïve café — <|eot_id|> 12345";
+  EXPECT_EQ(loaded->tokenizer->Encode(text).value(), (*json)->Encode(text).value());
+}
+
 TEST_F(ModelTokenizerTest, BytesAndNoTokenizerRoundTrip) {
   const weft::v1::JobSpec bytes_spec = TinyGptSpec(256);
   const std::string bytes_path = dir_.File("bytes.safetensors");

@@ -1,0 +1,554 @@
+#include "worker/data/bpe_tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "nlohmann/json.hpp"
+
+namespace weft::data {
+namespace {
+
+using Json = nlohmann::json;
+
+// GPT-2's split, which a ByteLevel pre-tokenizer with use_regex applies itself.
+constexpr char kGpt2Pattern[] =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
+
+// GPT-2's byte-level alphabet: bytes that print as themselves ('!'..'~', U+00A1..U+00AC,
+// U+00AE..U+00FF) keep their code point; the other 68 take U+0100 on, in byte order.
+std::array<uint32_t, 256> ByteToCodePoint() {
+  std::array<uint32_t, 256> table{};
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    table[b] = printable ? b : next++;
+  }
+  return table;
+}
+
+void AppendUtf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// Length of the valid UTF-8 sequence at text[i], or 0 with *bad set to the length of its
+// maximal invalid subpart (at least 1).
+size_t Utf8SequenceAt(absl::string_view text, size_t i, size_t* bad) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char lead = byte(i);
+  if (lead < 0x80) return 1;
+  size_t need = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    need = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    need = 3;
+    if (lead == 0xE0) lo = 0xA0;
+    if (lead == 0xED) hi = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    need = 4;
+    if (lead == 0xF0) lo = 0x90;
+    if (lead == 0xF4) hi = 0x8F;
+  } else {
+    *bad = 1;
+    return 0;
+  }
+  for (size_t k = 1; k < need; ++k) {
+    const bool ok = i + k < text.size() &&
+                    (k == 1 ? byte(i + k) >= lo && byte(i + k) <= hi
+                            : byte(i + k) >= 0x80 && byte(i + k) <= 0xBF);
+    if (!ok) {
+      *bad = k;
+      return 0;
+    }
+  }
+  return need;
+}
+
+struct AddedToken {
+  std::string content;
+  int id = 0;
+  bool special = false;
+};
+
+struct Pair {
+  int left, right;
+  bool operator==(const Pair&) const = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const Pair& p) {
+    return H::combine(std::move(h), p.left, p.right);
+  }
+};
+
+// A compiled PCRE2 pattern with JIT, shared read-only by every thread (each match gets its
+// own match data).
+class Pattern {
+ public:
+  static absl::StatusOr<std::unique_ptr<Pattern>> Compile(const std::string& pattern,
+                                                          absl::string_view where) {
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                     PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+    if (code == nullptr) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(error, message, sizeof(message));
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": the pattern does not compile at offset ", offset, ": ",
+                       reinterpret_cast<const char*>(message)));
+    }
+    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // without JIT it still matches, slower
+    return std::unique_ptr<Pattern>(new Pattern(code));
+  }
+  ~Pattern() { pcre2_code_free(code_); }
+
+  // The pieces of valid UTF-8 `text` in order, Isolated: every match, and every stretch
+  // between matches.
+  void Split(absl::string_view text, std::vector<absl::string_view>* pieces) const {
+    pcre2_match_data* data = pcre2_match_data_create_from_pattern(code_, nullptr);
+    size_t at = 0, emitted = 0;
+    while (at <= text.size()) {
+      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(),
+                                 at, PCRE2_NO_UTF_CHECK, data, nullptr);
+      if (rc < 0) break;
+      const PCRE2_SIZE* v = pcre2_get_ovector_pointer(data);
+      const size_t begin = v[0], end = v[1];
+      if (end == begin) {  // an empty match: step over one character
+        if (begin >= text.size()) break;
+        size_t bad = 0;
+        at = begin + std::max<size_t>(1, Utf8SequenceAt(text, begin, &bad));
+        continue;
+      }
+      if (begin > emitted) pieces->push_back(text.substr(emitted, begin - emitted));
+      pieces->push_back(text.substr(begin, end - begin));
+      emitted = at = end;
+    }
+    if (emitted < text.size()) pieces->push_back(text.substr(emitted));
+    pcre2_match_data_free(data);
+  }
+
+ private:
+  explicit Pattern(pcre2_code* code) : code_(code) {}
+  pcre2_code* code_;
+};
+
+class BpeTokenizer final : public Tokenizer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(std::string json,
+                                                         absl::string_view name);
+
+  absl::string_view kind() const override { return "tokenizer.json"; }
+  int vocab_size() const override { return static_cast<int>(tokens_.size()); }
+  int bos_id() const override { return -1; }
+  int eos_id() const override { return -1; }
+  const std::string& model_bytes() const override { return json_; }
+
+  std::string Decode(absl::Span<const int32_t> ids) const override {
+    std::string out;
+    for (int32_t id : ids) {
+      if (id < 0 || id >= vocab_size()) {
+        out += kReplacement;
+        continue;
+      }
+      const Token& t = tokens_[id];
+      if (t.special) continue;
+      if (t.added) {
+        out += t.text;
+        continue;
+      }
+      // Every character of a vocabulary token stands for one byte.
+      for (size_t i = 0; i < t.text.size();) {
+        utf8proc_int32_t cp = 0;
+        const utf8proc_ssize_t n = utf8proc_iterate(
+            reinterpret_cast<const utf8proc_uint8_t*>(t.text.data() + i),
+            static_cast<utf8proc_ssize_t>(t.text.size() - i), &cp);
+        if (n <= 0) break;
+        i += static_cast<size_t>(n);
+        auto it = code_point_byte_.find(static_cast<uint32_t>(cp));
+        if (it == code_point_byte_.end()) {
+          AppendUtf8(static_cast<uint32_t>(cp), &out);  // not a byte character: as it is
+        } else {
+          out.push_back(static_cast<char>(it->second));
+        }
+      }
+    }
+    return out;
+  }
+
+ protected:
+  absl::Status EncodeBody(absl::string_view raw, std::vector<int32_t>* ids) const override {
+    const std::string text = ReplaceInvalidUtf8(raw);
+    absl::string_view rest = text;
+    size_t from = 0;
+    // The added tokens first: the earliest match, the longest where several start there.
+    for (size_t i = 0; i < rest.size(); ++i) {
+      const auto candidates = added_by_first_byte_.find(static_cast<unsigned char>(rest[i]));
+      if (candidates == added_by_first_byte_.end()) continue;
+      for (int a : candidates->second) {
+        const AddedToken& token = added_[a];
+        if (rest.compare(i, token.content.size(), token.content) != 0) continue;
+        EncodeOrdinary(rest.substr(from, i - from), ids);
+        ids->push_back(token.id);
+        i += token.content.size() - 1;
+        from = i + 1;
+        break;
+      }
+    }
+    EncodeOrdinary(rest.substr(from), ids);
+    return absl::OkStatus();
+  }
+  // Invalid UTF-8 is replaced, not refused (see the header).
+  bool requires_utf8() const override { return false; }
+
+ private:
+  struct Token {
+    std::string text;
+    bool added = false;
+    bool special = false;
+  };
+
+  BpeTokenizer(std::string json, uint32_t crc) : Tokenizer(crc), json_(std::move(json)) {}
+
+  // Normalized, split, byte-mapped and merged: valid UTF-8 without added tokens.
+  void EncodeOrdinary(absl::string_view text, std::vector<int32_t>* ids) const {
+    if (text.empty()) return;
+    std::string normalized;
+    if (nfc_) {
+      // By length, not NUL-terminated: a NUL in the text is a character like any other.
+      utf8proc_uint8_t* nfc = nullptr;
+      const utf8proc_ssize_t n =
+          utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                       static_cast<utf8proc_ssize_t>(text.size()), &nfc,
+                       static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+      if (n >= 0) {  // valid UTF-8 always maps; on a failure the text goes on as it is
+        normalized.assign(reinterpret_cast<const char*>(nfc), static_cast<size_t>(n));
+        text = normalized;
+      }
+      std::free(nfc);
+    }
+    std::string prefixed;
+    if (add_prefix_space_ && text[0] != ' ') {
+      prefixed = absl::StrCat(" ", text);
+      text = prefixed;
+    }
+    std::vector<absl::string_view> pieces;
+    if (pattern_ != nullptr) {
+      pattern_->Split(text, &pieces);
+    } else {
+      pieces.push_back(text);
+    }
+    std::vector<int> word;
+    for (absl::string_view piece : pieces) {
+      if (ignore_merges_) {
+        std::string mapped;
+        for (unsigned char b : piece) mapped += byte_chars_[b];
+        auto whole = vocab_.find(mapped);
+        if (whole != vocab_.end()) {
+          ids->push_back(whole->second);
+          continue;
+        }
+      }
+      word.clear();
+      for (unsigned char b : piece) word.push_back(byte_ids_[b]);
+      Merge(&word);
+      ids->insert(ids->end(), word.begin(), word.end());
+    }
+  }
+
+  // Merges the pair of lowest rank, leftmost first, until no pair has a rank: the word's
+  // symbols are token ids throughout (each merge's result is in the vocabulary).
+  void Merge(std::vector<int>* word) const {
+    while (word->size() > 1) {
+      int best_rank = INT_MAX;
+      size_t best = 0;
+      for (size_t i = 0; i + 1 < word->size(); ++i) {
+        auto it = merges_.find(Pair{(*word)[i], (*word)[i + 1]});
+        if (it != merges_.end() && it->second.first < best_rank) {
+          best_rank = it->second.first;
+          best = i;
+        }
+      }
+      if (best_rank == INT_MAX) return;
+      const Pair pair{(*word)[best], (*word)[best + 1]};
+      const int merged = merges_.find(pair)->second.second;
+      // Every occurrence of this pair, left to right, without overlaps.
+      size_t out = 0;
+      for (size_t i = 0; i < word->size(); ++out) {
+        if (i + 1 < word->size() && (*word)[i] == pair.left && (*word)[i + 1] == pair.right) {
+          (*word)[out] = merged;
+          i += 2;
+        } else {
+          (*word)[out] = (*word)[i];
+          ++i;
+        }
+      }
+      word->resize(out);
+    }
+  }
+
+  const std::string json_;
+  std::vector<Token> tokens_;                        // by id
+  absl::flat_hash_map<std::string, int> vocab_;      // vocabulary token -> id
+  absl::flat_hash_map<Pair, std::pair<int, int>> merges_;  // pair -> (rank, merged id)
+  std::vector<AddedToken> added_;
+  // First byte of an added token -> indices into added_, longest first.
+  absl::flat_hash_map<unsigned char, std::vector<int>> added_by_first_byte_;
+  std::array<std::string, 256> byte_chars_;          // byte -> its character, UTF-8
+  std::array<int, 256> byte_ids_{};                  // byte -> the id of its character
+  absl::flat_hash_map<uint32_t, unsigned char> code_point_byte_;
+  std::unique_ptr<Pattern> pattern_;                 // null: no split
+  bool nfc_ = false;
+  bool add_prefix_space_ = false;
+  bool ignore_merges_ = false;
+};
+
+// What a JSON path of the file refuses, as FAILED_PRECONDITION.
+absl::Status Unsupported(absl::string_view name, absl::string_view path, absl::string_view why) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(name, ": ", path, ": ", why, " (Weft reads byte-level BPE tokenizer.json: "
+                   "GPT-2, Llama 3, Qwen2/3, Mistral-Nemo styles)"));
+}
+
+bool IsNull(const Json& j, const char* key) { return !j.contains(key) || j[key].is_null(); }
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Load(std::string json,
+                                                             absl::string_view name) {
+  Json spec;
+  try {
+    spec = Json::parse(json);
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not JSON: ", e.what()));
+  }
+  if (!spec.is_object() || !spec.contains("model") || !spec["model"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": no \"model\" object: not a "
+                                                   "tokenizer.json"));
+  }
+  const uint32_t crc = Crc32c(json.data(), json.size());
+  std::unique_ptr<BpeTokenizer> t(new BpeTokenizer(std::move(json), crc));
+  try {
+    const Json& model = spec["model"];
+    if (model.value("type", "") != "BPE") {
+      return Unsupported(name, "model.type", absl::StrCat("\"", model.value("type", ""),
+                                                          "\", not BPE"));
+    }
+    if (!IsNull(model, "dropout")) return Unsupported(name, "model.dropout", "set");
+    if (!IsNull(model, "unk_token")) return Unsupported(name, "model.unk_token", "set");
+    if (!IsNull(model, "continuing_subword_prefix") && model["continuing_subword_prefix"] != "") {
+      return Unsupported(name, "model.continuing_subword_prefix", "set");
+    }
+    if (!IsNull(model, "end_of_word_suffix") && model["end_of_word_suffix"] != "") {
+      return Unsupported(name, "model.end_of_word_suffix", "set");
+    }
+    if (model.value("byte_fallback", false)) {
+      return Unsupported(name, "model.byte_fallback", "true (a byte-level BPE needs none)");
+    }
+    t->ignore_merges_ = model.value("ignore_merges", false);
+    if (!model.contains("vocab") || !model["vocab"].is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": model.vocab: not an object"));
+    }
+    int max_id = -1;
+    for (const auto& [text, id] : model["vocab"].items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1 << 24)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": model.vocab[\"", text, "\"]: not an id in [0, 2^24)"));
+      }
+      t->vocab_[text] = id.get<int>();
+      max_id = std::max(max_id, id.get<int>());
+    }
+    const Json& added = spec.contains("added_tokens") ? spec["added_tokens"] : Json::array();
+    for (size_t i = 0; i < added.size(); ++i) {
+      const Json& a = added[i];
+      const std::string where = absl::StrCat("added_tokens[", i, "]");
+      if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false)) {
+        return Unsupported(name, where, "lstrip, rstrip or single_word set");
+      }
+      AddedToken token{a.at("content").get<std::string>(), a.at("id").get<int>(),
+                       a.value("special", false)};
+      if (token.content.empty() || token.id < 0 || token.id >= (1 << 24)) {
+        return absl::InvalidArgumentError(absl::StrCat(name, ": ", where, ": empty, or its id "
+                                                       "is not in [0, 2^24)"));
+      }
+      max_id = std::max(max_id, token.id);
+      t->added_.push_back(std::move(token));
+    }
+    t->tokens_.resize(static_cast<size_t>(max_id + 1));
+    for (const auto& [text, id] : t->vocab_) t->tokens_[id].text = text;
+    for (size_t a = 0; a < t->added_.size(); ++a) {
+      const AddedToken& token = t->added_[a];
+      t->tokens_[token.id] = {token.content, true, token.special};
+      t->added_by_first_byte_[static_cast<unsigned char>(token.content[0])].push_back(
+          static_cast<int>(a));
+    }
+    for (auto& [first, list] : t->added_by_first_byte_) {
+      std::stable_sort(list.begin(), list.end(), [&](int x, int y) {
+        return t->added_[x].content.size() > t->added_[y].content.size();
+      });
+    }
+    // The byte alphabet: every byte's character must be a token.
+    const std::array<uint32_t, 256> cps = ByteToCodePoint();
+    for (int b = 0; b < 256; ++b) {
+      AppendUtf8(cps[b], &t->byte_chars_[b]);
+      t->code_point_byte_[cps[b]] = static_cast<unsigned char>(b);
+      auto it = t->vocab_.find(t->byte_chars_[b]);
+      if (it == t->vocab_.end()) {
+        return Unsupported(name, "model.vocab",
+                           absl::StrCat("no token for byte ", b, " (\"", t->byte_chars_[b],
+                                        "\"): not a byte-level vocabulary"));
+      }
+      t->byte_ids_[b] = it->second;
+    }
+    const Json& merges = model.contains("merges") ? model["merges"] : Json::array();
+    for (size_t r = 0; r < merges.size(); ++r) {
+      std::string left, right;
+      if (merges[r].is_string()) {
+        const std::string m = merges[r].get<std::string>();
+        const size_t space = m.find(' ', 1);
+        if (space == std::string::npos) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(name, ": model.merges[", r, "]: \"", m, "\" is not \"left right\""));
+        }
+        left = m.substr(0, space);
+        right = m.substr(space + 1);
+      } else {
+        left = merges[r].at(0).get<std::string>();
+        right = merges[r].at(1).get<std::string>();
+      }
+      auto l = t->vocab_.find(left), rt = t->vocab_.find(right),
+           merged = t->vocab_.find(left + right);
+      if (l == t->vocab_.end() || rt == t->vocab_.end() || merged == t->vocab_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ": model.merges[", r, "]: \"", left, "\" + \"", right,
+            "\": a side or the merged token is not in model.vocab"));
+      }
+      t->merges_.try_emplace(Pair{l->second, rt->second},
+                             std::pair{static_cast<int>(r), merged->second});
+    }
+
+    // normalizer: none, NFC, or a Sequence of NFC.
+    if (!IsNull(spec, "normalizer")) {
+      std::vector<Json> parts = {spec["normalizer"]};
+      if (spec["normalizer"].value("type", "") == "Sequence") {
+        parts = spec["normalizer"].at("normalizers").get<std::vector<Json>>();
+      }
+      for (const Json& n : parts) {
+        if (n.value("type", "") != "NFC") {
+          return Unsupported(name, "normalizer",
+                             absl::StrCat("\"", n.value("type", ""), "\" (only NFC)"));
+        }
+        t->nfc_ = true;
+      }
+    }
+
+    // pre_tokenizer: ByteLevel, or Split(s) then a ByteLevel without its own split.
+    if (IsNull(spec, "pre_tokenizer")) {
+      return Unsupported(name, "pre_tokenizer", "none: a byte-level BPE needs ByteLevel");
+    }
+    std::vector<Json> pre = {spec["pre_tokenizer"]};
+    if (spec["pre_tokenizer"].value("type", "") == "Sequence") {
+      pre = spec["pre_tokenizer"].at("pretokenizers").get<std::vector<Json>>();
+    }
+    std::string pattern;
+    bool byte_level = false;
+    for (size_t i = 0; i < pre.size(); ++i) {
+      const Json& p = pre[i];
+      const std::string where = absl::StrCat("pre_tokenizer[", i, "]");
+      const std::string type = p.value("type", "");
+      if (type == "ByteLevel") {
+        if (byte_level || i + 1 != pre.size()) {
+          return Unsupported(name, where, "ByteLevel must come once, last");
+        }
+        byte_level = true;
+        t->add_prefix_space_ = p.value("add_prefix_space", false);
+        if (p.value("use_regex", true)) {
+          if (!pattern.empty()) return Unsupported(name, where, "a Split and use_regex both");
+          pattern = kGpt2Pattern;
+        }
+      } else if (type == "Split") {
+        if (!pattern.empty()) return Unsupported(name, where, "more than one split");
+        if (p.value("behavior", "") != "Isolated" || p.value("invert", false)) {
+          return Unsupported(name, where, "a Split other than Isolated, not inverted");
+        }
+        const Json& pat = p.at("pattern");
+        if (pat.contains("Regex")) {
+          pattern = pat["Regex"].get<std::string>();
+        } else if (pat.contains("String")) {
+          // A literal: quoted for PCRE2.
+          pattern = absl::StrCat("\\Q", pat["String"].get<std::string>(), "\\E");
+        } else {
+          return Unsupported(name, where, "a pattern neither Regex nor String");
+        }
+      } else {
+        return Unsupported(name, where, absl::StrCat("\"", type, "\""));
+      }
+    }
+    if (!byte_level) return Unsupported(name, "pre_tokenizer", "no ByteLevel");
+    if (!pattern.empty()) {
+      auto compiled = Pattern::Compile(pattern, absl::StrCat(name, ": pre_tokenizer"));
+      if (!compiled.ok()) return compiled.status();
+      t->pattern_ = *std::move(compiled);
+    }
+    if (!IsNull(spec, "decoder") && spec["decoder"].value("type", "") != "ByteLevel") {
+      return Unsupported(name, "decoder",
+                         absl::StrCat("\"", spec["decoder"].value("type", ""), "\", not ByteLevel"));
+    }
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", e.what()));
+  }
+  return std::unique_ptr<Tokenizer>(std::move(t));
+}
+
+}  // namespace
+
+std::string ReplaceInvalidUtf8(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    size_t bad = 0;
+    const size_t n = Utf8SequenceAt(text, i, &bad);
+    if (n > 0) {
+      out.append(text.data() + i, n);
+      i += n;
+    } else {
+      out += kReplacement;
+      i += bad;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerJson(std::string json,
+                                                                 absl::string_view name) {
+  return BpeTokenizer::Load(std::move(json), name);
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerFile(const std::string& path) {
+  absl::StatusOr<std::string> json = ReadTokenizerFile(path);
+  if (!json.ok()) return json.status();
+  return LoadBpeTokenizerJson(*std::move(json), path);
+}
+
+}  // namespace weft::data

@@ -1,0 +1,50 @@
+// Byte-level BPE from a Hugging Face tokenizer.json: the tokenizers of GPT-2, Llama 3, Qwen2/3
+// and Mistral-Nemo, read and run in C++ with the same ids the `tokenizers` library gives.
+//
+// What a file may hold (anything else is refused, FAILED_PRECONDITION naming the JSON path):
+//   model          BPE: vocab, merges ("left right" strings or [left, right] pairs, ranked
+//                  by order), ignore_merges (a pre-token that is itself in the vocabulary is
+//                  that token), no dropout, no unknown token, no subword prefix or suffix;
+//   normalizer     none or NFC (a Sequence of those too);
+//   pre_tokenizer  ByteLevel (with use_regex: GPT-2's split), or a Sequence of Split
+//                  pieces (a Regex or a String, behaviour Isolated, not inverted) then a
+//                  ByteLevel without its own split; add_prefix_space either way;
+//   added_tokens   matched in the raw text before anything else, longest first where two
+//                  start at the same byte; lstrip/rstrip/single_word are refused;
+//   decoder        ByteLevel (or none: decoding is byte-level anyway).
+//
+// Encode: the text's invalid UTF-8 is replaced first, one U+FFFD per maximal invalid subpart
+// (what Python's bytes.decode(errors="replace") does, so a caller holding bytes gets the ids
+// the Python library gives for the decoded string). Then the added tokens cut the text; each
+// piece between them is normalized, split by the pre-tokenizer's pattern (PCRE2, Unicode
+// properties), mapped byte by byte to GPT-2's printable characters, and merged by rank.
+// Decode: special added tokens yield nothing; every other token's characters map back to the
+// bytes they stand for, and the result is kept as bytes (valid UTF-8 or not).
+// Immutable after Load: Encode and Decode may run on any number of threads.
+#ifndef WEFT_WORKER_DATA_BPE_TOKENIZER_H_
+#define WEFT_WORKER_DATA_BPE_TOKENIZER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "worker/data/tokenizer.h"
+
+namespace weft::data {
+
+// The tokenizer.json whose text is `json`; `name` (its path, or where it came from) labels
+// errors. INVALID_ARGUMENT for text that is not such a JSON document, FAILED_PRECONDITION for
+// one that asks for something this reader does not do.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerJson(std::string json,
+                                                                 absl::string_view name);
+// The same from a file: NOT_FOUND if it does not exist, FAILED_PRECONDITION if unreadable.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerFile(const std::string& path);
+
+// `text` with every maximal invalid UTF-8 subpart replaced by U+FFFD (Unicode's recommended
+// practice, Python's errors="replace").
+std::string ReplaceInvalidUtf8(absl::string_view text);
+
+}  // namespace weft::data
+
+#endif  // WEFT_WORKER_DATA_BPE_TOKENIZER_H_
