@@ -34,6 +34,56 @@ size_t Utf8SequenceLength(absl::string_view text, size_t i) {
   return 0;
 }
 
+namespace {
+
+// At text[i], where no well-formed sequence starts: how many bytes the maximal invalid subpart
+// spans (at least 1): the lead byte and the continuation bytes that could still have begun a
+// well-formed sequence.
+size_t InvalidSubpartLength(absl::string_view text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char b0 = byte(i);
+  size_t need = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    need = 2;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    need = 3;
+    if (b0 == 0xE0) lo = 0xA0;
+    if (b0 == 0xED) hi = 0x9F;
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    need = 4;
+    if (b0 == 0xF0) lo = 0x90;
+    if (b0 == 0xF4) hi = 0x8F;
+  } else {
+    return 1;
+  }
+  size_t k = 1;
+  for (; k < need && i + k < text.size(); ++k) {
+    const unsigned char b = byte(i + k);
+    const bool ok = k == 1 ? b >= lo && b <= hi : (b & 0xC0) == 0x80;
+    if (!ok) break;
+  }
+  return k;
+}
+
+}  // namespace
+
+std::string ReplaceInvalidUtf8(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const size_t length = Utf8SequenceLength(text, i);
+    if (length > 0) {
+      out.append(text.data() + i, length);
+      i += length;
+    } else {
+      out.append(kReplacement.data(), kReplacement.size());
+      i += InvalidSubpartLength(text, i);
+    }
+  }
+  return out;
+}
+
 std::string ValidUtf8(absl::string_view text, size_t max_bytes) {
   max_bytes = std::max<size_t>(max_bytes, kEllipsis.size() + 1);
   std::string out;

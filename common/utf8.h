@@ -16,6 +16,11 @@ namespace weft {
 // sequence cut off by the end). Requires i < text.size().
 size_t Utf8SequenceLength(absl::string_view text, size_t i);
 
+// `text` with every maximal invalid subpart (a stray or wrong byte, or the well-formed start of
+// a sequence that breaks off) replaced by one U+FFFD: Unicode's recommended practice, and what
+// Python's bytes.decode(errors="replace") does.
+std::string ReplaceInvalidUtf8(absl::string_view text);
+
 // `text` as valid UTF-8 of at most `max_bytes` bytes (at least 4): each byte that starts no
 // well-formed sequence becomes U+FFFD, and text longer than that is cut at a character
 // boundary and ends in "…".

@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace weft::data {
@@ -53,40 +54,6 @@ void AppendUtf8(uint32_t cp, std::string* out) {
     out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
     out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   }
-}
-
-// Length of the valid UTF-8 sequence at text[i], or 0 with *bad set to the length of its
-// maximal invalid subpart (at least 1).
-size_t Utf8SequenceAt(absl::string_view text, size_t i, size_t* bad) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char lead = byte(i);
-  if (lead < 0x80) return 1;
-  size_t need = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    need = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    need = 3;
-    if (lead == 0xE0) lo = 0xA0;
-    if (lead == 0xED) hi = 0x9F;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    need = 4;
-    if (lead == 0xF0) lo = 0x90;
-    if (lead == 0xF4) hi = 0x8F;
-  } else {
-    *bad = 1;
-    return 0;
-  }
-  for (size_t k = 1; k < need; ++k) {
-    const bool ok = i + k < text.size() &&
-                    (k == 1 ? byte(i + k) >= lo && byte(i + k) <= hi
-                            : byte(i + k) >= 0x80 && byte(i + k) <= 0xBF);
-    if (!ok) {
-      *bad = k;
-      return 0;
-    }
-  }
-  return need;
 }
 
 struct AddedToken {
@@ -139,8 +106,7 @@ class Pattern {
       const size_t begin = v[0], end = v[1];
       if (end == begin) {  // an empty match: step over one character
         if (begin >= text.size()) break;
-        size_t bad = 0;
-        at = begin + std::max<size_t>(1, Utf8SequenceAt(text, begin, &bad));
+        at = begin + std::max<size_t>(1, Utf8SequenceLength(text, begin));
         continue;
       }
       if (begin > emitted) pieces->push_back(text.substr(emitted, begin - emitted));
@@ -522,23 +488,6 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Load(std::string json,
 }
 
 }  // namespace
-
-std::string ReplaceInvalidUtf8(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size();) {
-    size_t bad = 0;
-    const size_t n = Utf8SequenceAt(text, i, &bad);
-    if (n > 0) {
-      out.append(text.data() + i, n);
-      i += n;
-    } else {
-      out += kReplacement;
-      i += bad;
-    }
-  }
-  return out;
-}
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerJson(std::string json,
                                                                  absl::string_view name) {

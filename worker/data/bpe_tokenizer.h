@@ -14,7 +14,7 @@
 //   decoder        ByteLevel (or none: decoding is byte-level anyway).
 //
 // Encode: the text's invalid UTF-8 is replaced first, one U+FFFD per maximal invalid subpart
-// (what Python's bytes.decode(errors="replace") does, so a caller holding bytes gets the ids
+// (common/utf8.h's ReplaceInvalidUtf8, what Python's bytes.decode(errors="replace") does, so a caller holding bytes gets the ids
 // the Python library gives for the decoded string). Then the added tokens cut the text; each
 // piece between them is normalized, split by the pre-tokenizer's pattern (PCRE2, Unicode
 // properties), mapped byte by byte to GPT-2's printable characters, and merged by rank.
@@ -40,10 +40,6 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerJson(std::string json
                                                                  absl::string_view name);
 // The same from a file: NOT_FOUND if it does not exist, FAILED_PRECONDITION if unreadable.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerFile(const std::string& path);
-
-// `text` with every maximal invalid UTF-8 subpart replaced by U+FFFD (Unicode's recommended
-// practice, Python's errors="replace").
-std::string ReplaceInvalidUtf8(absl::string_view text);
 
 }  // namespace weft::data
 
