@@ -18,20 +18,10 @@ command -v spm_encode >/dev/null || {
   echo "data_prepare_bench: spm_encode is missing (apt-get install sentencepiece)" >&2
   exit 2
 }
-mapfile -t SOURCES < <(find /usr/share/games/fortunes -maxdepth 1 -type f \
-  ! -name '*.dat' ! -name '*.u8' | sort)
-((${#SOURCES[@]})) || {
-  echo "data_prepare_bench: no fortunes under /usr/share/games/fortunes (apt-get install fortunes)" >&2
-  exit 2
-}
 WORK=$(mktemp -d /tmp/weft-prepare-bench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
-
-cat "${SOURCES[@]}" >"$WORK/once.txt"
-: >"$WORK/corpus.txt"
-while (($(stat -c %s "$WORK/corpus.txt") < MB * 1000000)); do
-  cat "$WORK/once.txt" >>"$WORK/corpus.txt"
-done
+source "$ROOT/bench/fortunes_corpus.sh"
+fortunes_corpus data_prepare_bench "$WORK" "$MB" || exit 2
 BYTES=$(stat -c %s "$WORK/corpus.txt")
 
 "$BIN/trainctl" data train-tokenizer --out "$WORK/tok.model" --vocab-size 4096 \

@@ -18,23 +18,14 @@ BIN=$(cd "${1:-$ROOT/build/bin}" && pwd)
 MB=${WEFT_BENCH_MB:-16}
 WORK=$(mktemp -d /tmp/weft-tokenize-bench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
-mapfile -t SOURCES < <(find /usr/share/games/fortunes -maxdepth 1 -type f \
-  ! -name '*.dat' ! -name '*.u8' | sort)
-((${#SOURCES[@]})) || {
-  echo "tokenize_bench: no fortunes under /usr/share/games/fortunes (apt-get install fortunes)" >&2
-  exit 2
-}
 python3 -m venv "$WORK/venv" >/dev/null
 "$WORK/venv/bin/pip" install -q "tokenizers==${WEFT_BENCH_TOKENIZERS_VERSION:-0.23.3}" \
   >"$WORK/pip.log" 2>&1 || {
   echo "tokenize_bench: cannot install the tokenizers wheel (pip says: $(tail -1 "$WORK/pip.log"))" >&2
   exit 2
 }
-cat "${SOURCES[@]}" >"$WORK/once.txt"
-: >"$WORK/corpus.txt"
-while (($(stat -c %s "$WORK/corpus.txt") < MB * 1000000)); do
-  cat "$WORK/once.txt" >>"$WORK/corpus.txt"
-done
+source "$ROOT/bench/fortunes_corpus.sh"
+fortunes_corpus tokenize_bench "$WORK" "$MB" || exit 2
 BYTES=$(stat -c %s "$WORK/corpus.txt")
 
 TOKENIZER=${2:-}

@@ -5,6 +5,7 @@
 #define WEFT_COMMON_UTF8_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -15,6 +16,9 @@ namespace weft {
 // does there (a stray continuation byte, an overlong form, a surrogate, past U+10FFFF, or a
 // sequence cut off by the end). Requires i < text.size().
 size_t Utf8SequenceLength(absl::string_view text, size_t i);
+
+// Appends code point `cp` (below U+10000: what Weft writes) as UTF-8.
+void AppendUtf8(uint32_t cp, std::string* out);
 
 // `text` with every maximal invalid subpart (a stray or wrong byte, or the well-formed start of
 // a sequence that breaks off) replaced by one U+FFFD: Unicode's recommended practice, and what

@@ -31,31 +31,6 @@ constexpr char kGpt2Pattern[] =
 
 constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 
-// GPT-2's byte-level alphabet: bytes that print as themselves ('!'..'~', U+00A1..U+00AC,
-// U+00AE..U+00FF) keep their code point; the other 68 take U+0100 on, in byte order.
-std::array<uint32_t, 256> ByteToCodePoint() {
-  std::array<uint32_t, 256> table{};
-  uint32_t next = 256;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-    table[b] = printable ? b : next++;
-  }
-  return table;
-}
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 struct AddedToken {
   std::string content;
   int id = 0;
@@ -375,10 +350,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Load(std::string json,
       });
     }
     // The byte alphabet: every byte's character must be a token.
-    const std::array<uint32_t, 256> cps = ByteToCodePoint();
     for (int b = 0; b < 256; ++b) {
-      AppendUtf8(cps[b], &t->byte_chars_[b]);
-      t->code_point_byte_[cps[b]] = static_cast<unsigned char>(b);
+      t->byte_chars_[b] = ByteLevelChar(b);
+      t->code_point_byte_[ByteLevelCodePoint(b)] = static_cast<unsigned char>(b);
       auto it = t->vocab_.find(t->byte_chars_[b]);
       if (it == t->vocab_.end()) {
         return Unsupported(name, "model.vocab",
@@ -488,6 +462,22 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Load(std::string json,
 }
 
 }  // namespace
+
+uint32_t ByteLevelCodePoint(int b) {
+  const auto printable = [](int c) {
+    return (c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF);
+  };
+  if (printable(b)) return static_cast<uint32_t>(b);
+  uint32_t before = 0;  // non-printable bytes below b
+  for (int c = 0; c < b; ++c) before += printable(c) ? 0 : 1;
+  return 0x100 + before;
+}
+
+std::string ByteLevelChar(int b) {
+  std::string s;
+  AppendUtf8(ByteLevelCodePoint(b), &s);
+  return s;
+}
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerJson(std::string json,
                                                                  absl::string_view name) {

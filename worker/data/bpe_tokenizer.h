@@ -24,6 +24,7 @@
 #ifndef WEFT_WORKER_DATA_BPE_TOKENIZER_H_
 #define WEFT_WORKER_DATA_BPE_TOKENIZER_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -40,6 +41,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerJson(std::string json
                                                                  absl::string_view name);
 // The same from a file: NOT_FOUND if it does not exist, FAILED_PRECONDITION if unreadable.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerFile(const std::string& path);
+
+// GPT-2's byte-level alphabet, which every ByteLevel (pre-)tokenizer shares: the code point
+// standing for byte `b` (0-255) — printable Latin-1 bytes ('!'..'~', U+00A1..U+00AC,
+// U+00AE..U+00FF) for themselves, the other 68 for U+0100 on in byte order — and it as UTF-8.
+uint32_t ByteLevelCodePoint(int b);
+std::string ByteLevelChar(int b);
 
 }  // namespace weft::data
 

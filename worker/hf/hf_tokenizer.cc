@@ -8,7 +8,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "nlohmann/json.hpp"
+#include "worker/data/bpe_tokenizer.h"
 
 namespace weft::hf {
 namespace {
@@ -18,37 +20,6 @@ using data::SentencePieceModelInfo;
 using PieceKind = SentencePieceModelInfo::PieceKind;
 
 constexpr char kSpaceSymbol[] = "\xE2\x96\x81";  // U+2581, SentencePiece's escaped space
-
-void AppendUtf8(uint32_t code_point, std::string* out) {
-  if (code_point < 0x80) {
-    out->push_back(static_cast<char>(code_point));
-  } else if (code_point < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (code_point >> 6)));
-    out->push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xE0 | (code_point >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  }
-}
-
-// The character the `tokenizers` ByteLevel pre-tokenizer stands for byte `b`: printable
-// Latin-1 bytes stand for themselves, the others (controls, space, 0x7F-0xA0, 0xAD) for
-// U+0100 onwards in byte order.
-std::string ByteLevelChar(int b) {
-  const auto printable = [](int c) {
-    return (c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF);
-  };
-  uint32_t code_point = static_cast<uint32_t>(b);
-  if (!printable(b)) {
-    int before = 0;  // non-printable bytes below b
-    for (int c = 0; c < b; ++c) before += printable(c) ? 0 : 1;
-    code_point = 0x100 + before;
-  }
-  std::string s;
-  AppendUtf8(code_point, &s);
-  return s;
-}
 
 Json Null(int id) { return id < 0 ? Json(nullptr) : Json(id); }
 
@@ -131,7 +102,7 @@ absl::StatusOr<HfTokenizerFiles> Files(const Json& tokenizer, const Special& spe
 
 absl::StatusOr<HfTokenizerFiles> ByteFiles(int64_t model_max_length) {
   Json vocab = Json::object();
-  for (int b = 0; b < 256; ++b) vocab[ByteLevelChar(b)] = b;
+  for (int b = 0; b < 256; ++b) vocab[data::ByteLevelChar(b)] = b;
   // No regex split and no added space: every byte of the text is one token, as in Weft.
   const Json byte_level = {{"type", "ByteLevel"},
                            {"add_prefix_space", false},
