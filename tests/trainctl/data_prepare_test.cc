@@ -263,6 +263,28 @@ TEST_F(PrepareTest, AHuggingFaceTokenizerJson) {
   EXPECT_EQ(SplitTokens(*m, m->train).size() + SplitTokens(*m, m->val).size(), expected);
 }
 
+// With the tokenizer_config.json beside it, its EOS separates the documents, as
+// SentencePiece's does.
+TEST_F(PrepareTest, ATokenizerJsonWithItsConfigSeparatesDocumentsWithItsEos) {
+  fs::create_directories(Path("hf"));
+  Write("hf/tokenizer.json",
+        ReadFile(std::string(WEFT_SOURCE_DIR) + "/tests/fixtures/tokenizers/qwen2.tokenizer.json"));
+  Write("hf/tokenizer_config.json", R"({"eos_token": "<|endoftext|>", "bos_token": null})");
+  const std::string text = Fortunes(40);
+  PrepareOptions options = Options({Write("a.txt", text)});
+  options.tokenizer_path = Path("hf/tokenizer.json");
+  absl::StatusOr<PrepareResult> result = PrepareDataset(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  absl::StatusOr<data::DatasetManifest> m = data::ReadManifest(Path("out"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->tokenizer.eos_id, 0);
+  EXPECT_EQ(m->tokenizer.bos_id, -1);
+  EXPECT_EQ(m->document_separator, "eos");
+  const auto train = SplitAt(SplitTokens(*m, m->train), 0);
+  const auto val = SplitAt(SplitTokens(*m, m->val), 0);
+  EXPECT_EQ(train.size() + val.size(), FortuneDocuments(text).size());
+}
+
 TEST_F(PrepareTest, SameBytesForAnyThreadCount) {
   const std::string a = Write("a.txt", Fortunes(150));
   const std::string b = Write("b.txt", Fortunes(90, 3));

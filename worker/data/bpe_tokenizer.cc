@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
@@ -100,12 +101,13 @@ class Pattern {
 class BpeTokenizer final : public Tokenizer {
  public:
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(std::string json,
-                                                         absl::string_view name);
+                                                         absl::string_view name,
+                                                         BpeSpecialIds special);
 
   absl::string_view kind() const override { return "tokenizer.json"; }
   int vocab_size() const override { return static_cast<int>(tokens_.size()); }
-  int bos_id() const override { return -1; }
-  int eos_id() const override { return -1; }
+  int bos_id() const override { return special_.bos_id; }
+  int eos_id() const override { return special_.eos_id; }
   const std::string& model_bytes() const override { return json_; }
 
   std::string Decode(absl::Span<const int32_t> ids) const override {
@@ -252,6 +254,7 @@ class BpeTokenizer final : public Tokenizer {
   }
 
   const std::string json_;
+  BpeSpecialIds special_;
   std::vector<Token> tokens_;                        // by id
   absl::flat_hash_map<std::string, int> vocab_;      // vocabulary token -> id
   absl::flat_hash_map<Pair, std::pair<int, int>> merges_;  // pair -> (rank, merged id)
@@ -277,7 +280,8 @@ absl::Status Unsupported(absl::string_view name, absl::string_view path, absl::s
 bool IsNull(const Json& j, const char* key) { return !j.contains(key) || j[key].is_null(); }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Load(std::string json,
-                                                             absl::string_view name) {
+                                                             absl::string_view name,
+                                                             BpeSpecialIds special) {
   Json spec;
   try {
     spec = Json::parse(json);
@@ -458,6 +462,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Load(std::string json,
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", e.what()));
   }
+  for (const auto& [what, id] : {std::pair{"BOS", special.bos_id}, {"EOS", special.eos_id}}) {
+    if (id < -1 || id >= t->vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", what, " id ", id,
+                                                     " is outside the vocabulary of ",
+                                                     t->vocab_size()));
+    }
+  }
+  t->special_ = special;
   return std::unique_ptr<Tokenizer>(std::move(t));
 }
 
@@ -480,14 +492,70 @@ std::string ByteLevelChar(int b) {
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerJson(std::string json,
-                                                                 absl::string_view name) {
-  return BpeTokenizer::Load(std::move(json), name);
+                                                                 absl::string_view name,
+                                                                 BpeSpecialIds special) {
+  return BpeTokenizer::Load(std::move(json), name, special);
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerFile(const std::string& path) {
   absl::StatusOr<std::string> json = ReadTokenizerFile(path);
   if (!json.ok()) return json.status();
-  return LoadBpeTokenizerJson(*std::move(json), path);
+  BpeSpecialIds special;
+  const std::string config =
+      (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
+  if (std::filesystem::exists(config)) {
+    absl::StatusOr<std::string> text = ReadTokenizerFile(config);
+    if (!text.ok()) return text.status();
+    absl::StatusOr<BpeSpecialIds> ids = ReadHfSpecialIds(*text, config, *json);
+    if (!ids.ok()) return ids.status();
+    special = *ids;
+  }
+  return LoadBpeTokenizerJson(*std::move(json), path, special);
+}
+
+absl::StatusOr<BpeSpecialIds> ReadHfSpecialIds(const std::string& config_json,
+                                               absl::string_view config_name,
+                                               const std::string& tokenizer_json) {
+  Json config, tokenizer;
+  try {
+    config = Json::parse(config_json);
+    tokenizer = Json::parse(tokenizer_json);
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(config_name, ": not JSON: ", e.what()));
+  }
+  const auto id_of = [&](const char* field) -> absl::StatusOr<int> {
+    if (!config.is_object() || !config.contains(field) || config[field].is_null()) return -1;
+    const Json& v = config[field];
+    const Json& content = v.is_object() && v.contains("content") ? v["content"] : v;
+    if (!content.is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(config_name, ": ", field, ": not a string or {\"content\": string}"));
+    }
+    const std::string text = content.get<std::string>();
+    if (tokenizer.contains("added_tokens") && tokenizer["added_tokens"].is_array()) {
+      for (const Json& a : tokenizer["added_tokens"]) {
+        if (a.value("content", "") == text && a.contains("id")) return a["id"].get<int>();
+      }
+    }
+    if (tokenizer.contains("model") && tokenizer["model"].contains("vocab") &&
+        tokenizer["model"]["vocab"].contains(text)) {
+      return tokenizer["model"]["vocab"][text].get<int>();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        config_name, ": ", field, " \"", text, "\" is not a token of the tokenizer.json"));
+  };
+  BpeSpecialIds ids;
+  try {
+    absl::StatusOr<int> bos = id_of("bos_token");
+    if (!bos.ok()) return bos.status();
+    absl::StatusOr<int> eos = id_of("eos_token");
+    if (!eos.ok()) return eos.status();
+    ids.bos_id = *bos;
+    ids.eos_id = *eos;
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(config_name, ": ", e.what()));
+  }
+  return ids;
 }
 
 }  // namespace weft::data

@@ -19,7 +19,8 @@
 // piece between them is normalized, split by the pre-tokenizer's pattern (PCRE2, Unicode
 // properties), mapped byte by byte to GPT-2's printable characters, and merged by rank.
 // Decode: special added tokens yield nothing; every other token's characters map back to the
-// bytes they stand for, and the result is kept as bytes (valid UTF-8 or not).
+// bytes they stand for, and the result is kept as bytes (valid UTF-8 or not). BOS and EOS are
+// not in the file: BpeSpecialIds below.
 // Immutable after Load: Encode and Decode may run on any number of threads.
 #ifndef WEFT_WORKER_DATA_BPE_TOKENIZER_H_
 #define WEFT_WORKER_DATA_BPE_TOKENIZER_H_
@@ -34,13 +35,33 @@
 
 namespace weft::data {
 
-// The tokenizer.json whose text is `json`; `name` (its path, or where it came from) labels
-// errors. INVALID_ARGUMENT for text that is not such a JSON document, FAILED_PRECONDITION for
-// one that asks for something this reader does not do.
+// A tokenizer.json does not say which of its tokens begin and end a document; the
+// tokenizer_config.json beside it does (bos_token, eos_token), and a dataset's manifest and a
+// model file record the ids. -1: none.
+struct BpeSpecialIds {
+  int bos_id = -1;
+  int eos_id = -1;
+};
+
+// The tokenizer.json whose text is `json`, with `special` as its BOS and EOS; `name` (its path,
+// or where it came from) labels errors. INVALID_ARGUMENT for text that is not such a JSON
+// document or a special id outside the vocabulary, FAILED_PRECONDITION for a file that asks
+// for something this reader does not do.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerJson(std::string json,
-                                                                 absl::string_view name);
-// The same from a file: NOT_FOUND if it does not exist, FAILED_PRECONDITION if unreadable.
+                                                                 absl::string_view name,
+                                                                 BpeSpecialIds special = {});
+// The same from a file, its BOS and EOS from the tokenizer_config.json in the same directory
+// when there is one (ReadHfSpecialIds): NOT_FOUND if the file does not exist,
+// FAILED_PRECONDITION if it is unreadable, and the errors of either file.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpeTokenizerFile(const std::string& path);
+
+// The ids of `config_json`'s bos_token and eos_token (a string, or an object whose "content"
+// is one; null or absent: none) in the tokenizer.json `tokenizer_json`, among its added tokens
+// or its vocabulary. `config_name` labels errors: INVALID_ARGUMENT for a config that is not
+// JSON, FAILED_PRECONDITION naming the field for a token the tokenizer does not have.
+absl::StatusOr<BpeSpecialIds> ReadHfSpecialIds(const std::string& config_json,
+                                               absl::string_view config_name,
+                                               const std::string& tokenizer_json);
 
 // GPT-2's byte-level alphabet, which every ByteLevel (pre-)tokenizer shares: the code point
 // standing for byte `b` (0-255) — printable Latin-1 bytes ('!'..'~', U+00A1..U+00AC,

@@ -364,15 +364,18 @@ std::string TokenizerFileName(absl::string_view kind) {
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path) {
-  WEFT_ASSIGN_OR_RETURN(std::string bytes, ReadTokenizerFile(path));
-  return LoadTokenizerFromBytes(TokenizerKindOfFile(path), std::move(bytes), path);
+  if (TokenizerKindOfFile(path) == "tokenizer.json") return LoadBpeTokenizerFile(path);
+  return LoadSentencePieceFile(path);
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFromBytes(absl::string_view kind,
                                                                   std::string bytes,
-                                                                  absl::string_view name) {
+                                                                  absl::string_view name,
+                                                                  int bos_id, int eos_id) {
   if (kind == "sentencepiece") return LoadSentencePieceFromBytes(std::move(bytes), name);
-  if (kind == "tokenizer.json") return LoadBpeTokenizerJson(std::move(bytes), name);
+  if (kind == "tokenizer.json") {
+    return LoadBpeTokenizerJson(std::move(bytes), name, BpeSpecialIds{bos_id, eos_id});
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       name, ": tokenizer kind \"", kind, "\": not \"sentencepiece\" or \"tokenizer.json\""));
 }

@@ -101,13 +101,17 @@ std::string TokenizerKindOfFile(absl::string_view path);
 // The file name a dataset or an export keeps a tokenizer of `kind` under: "tokenizer.json" or
 // "tokenizer.model".
 std::string TokenizerFileName(absl::string_view kind);
-// A tokenizer file of either kind (TokenizerKindOfFile), with the errors of its loader.
+// A tokenizer file of either kind (TokenizerKindOfFile), with the errors of its loader (a
+// tokenizer.json takes its BOS and EOS from the tokenizer_config.json beside it, if any).
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path);
 // A serialized tokenizer (model_bytes()) of `kind`, "sentencepiece" or "tokenizer.json";
-// `name` labels errors. INVALID_ARGUMENT for another kind.
+// `name` labels errors. A tokenizer.json takes `bos_id` and `eos_id` (-1: none), which its
+// bytes do not hold; a SentencePiece model knows its own. INVALID_ARGUMENT for another kind.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFromBytes(absl::string_view kind,
                                                                   std::string bytes,
-                                                                  absl::string_view name);
+                                                                  absl::string_view name,
+                                                                  int bos_id = -1,
+                                                                  int eos_id = -1);
 
 // What a SentencePiece model is made of, for writing it in another library's format (the
 // Hugging Face export, worker/hf/hf_tokenizer.h). The pieces, their scores and kinds and the

@@ -245,9 +245,12 @@ absl::StatusOr<HfTokenizerFiles> HfTokenizerFilesFor(const data::Tokenizer& toke
                                                       int64_t model_max_length) {
   if (tokenizer.kind() == "bytes") return ByteFiles(model_max_length);
   if (tokenizer.kind() == "tokenizer.json") {
-    // It came as a tokenizer.json: it goes back out as those very bytes.
-    WEFT_ASSIGN_OR_RETURN(HfTokenizerFiles files,
-                          Files(Json::object(), Special{}, HfTokenIds{}, model_max_length));
+    // It came as a tokenizer.json: it goes back out as those very bytes, and its BOS and EOS
+    // (from the tokenizer_config.json it came with) into config.json's ids.
+    WEFT_ASSIGN_OR_RETURN(
+        HfTokenizerFiles files,
+        Files(Json::object(), Special{},
+              HfTokenIds{tokenizer.bos_id(), tokenizer.eos_id(), -1}, model_max_length));
     files.files[0].second = tokenizer.model_bytes();
     return files;
   }

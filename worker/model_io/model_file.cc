@@ -28,6 +28,9 @@ constexpr char kSpecKey[] = "weft.job_spec";
 constexpr char kTokenizerKindKey[] = "weft.tokenizer.kind";
 constexpr char kTokenizerModelKey[] = "weft.tokenizer.model";
 constexpr char kTokenizerCrcKey[] = "weft.tokenizer.crc32c";
+// tokenizer.json only (its bytes do not say): the ids of BOS and EOS, absent when none.
+constexpr char kTokenizerBosKey[] = "weft.tokenizer.bos_id";
+constexpr char kTokenizerEosKey[] = "weft.tokenizer.eos_id";
 
 // The tokenizer a manifest names, loaded and checked against what the manifest says of it.
 absl::StatusOr<std::shared_ptr<const data::Tokenizer>> ManifestTokenizer(
@@ -37,7 +40,8 @@ absl::StatusOr<std::shared_ptr<const data::Tokenizer>> ManifestTokenizer(
   const std::string file = data::ManifestFilePath(m, m.tokenizer.file);
   absl::StatusOr<std::string> bytes = data::ReadTokenizerFile(file);
   if (!bytes.ok()) return Annotate(bytes.status(), "data.manifest_path");
-  auto tok = data::LoadTokenizerFromBytes(m.tokenizer.kind, *std::move(bytes), file);
+  auto tok = data::LoadTokenizerFromBytes(m.tokenizer.kind, *std::move(bytes), file,
+                                          m.tokenizer.bos_id, m.tokenizer.eos_id);
   if (!tok.ok()) return Annotate(tok.status(), "data.manifest_path");
   const data::Tokenizer& t = **tok;
   if (t.fingerprint() != m.tokenizer.crc32c || t.vocab_size() != m.tokenizer.vocab_size) {
@@ -80,7 +84,15 @@ absl::StatusOr<std::shared_ptr<const data::Tokenizer>> TokenizerFromMetadata(
   if (crc_text == nullptr || !data::ParseCrc32c(*crc_text, &crc)) {
     return corrupt(kTokenizerCrcKey, "is missing or not \"0x\" and 8 hex digits");
   }
-  auto tok = data::LoadTokenizerFromBytes(*kind, std::move(bytes), path);
+  int special[2] = {-1, -1};  // BOS, EOS
+  for (int i = 0; i < 2; ++i) {
+    const char* key = i == 0 ? kTokenizerBosKey : kTokenizerEosKey;
+    const std::string* id = entry(key);
+    if (id != nullptr && !absl::SimpleAtoi(*id, &special[i])) {
+      return corrupt(key, "is not an integer");
+    }
+  }
+  auto tok = data::LoadTokenizerFromBytes(*kind, std::move(bytes), path, special[0], special[1]);
   if (!tok.ok()) return corrupt(kTokenizerModelKey, tok.status().message());
   if ((*tok)->fingerprint() != crc) {
     return corrupt(kTokenizerModelKey,
@@ -138,6 +150,10 @@ absl::StatusOr<std::map<std::string, std::string>> TokenizerMetadata(
   if (tokenizer->kind() != "bytes") {
     metadata[kTokenizerModelKey] = absl::Base64Escape(tokenizer->model_bytes());
     metadata[kTokenizerCrcKey] = data::FormatCrc32c(tokenizer->fingerprint());
+  }
+  if (tokenizer->kind() == "tokenizer.json") {
+    if (tokenizer->bos_id() >= 0) metadata[kTokenizerBosKey] = absl::StrCat(tokenizer->bos_id());
+    if (tokenizer->eos_id() >= 0) metadata[kTokenizerEosKey] = absl::StrCat(tokenizer->eos_id());
   }
   return metadata;
 }

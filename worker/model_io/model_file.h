@@ -13,6 +13,8 @@
 //                          (RFC 4648)
 //   weft.tokenizer.crc32c  not bytes: the model bytes' CRC32C, "0x" and 8 hex digits (the
 //                          tokenizer's fingerprint, as in a dataset manifest)
+//   weft.tokenizer.bos_id, weft.tokenizer.eos_id
+//                          tokenizer.json only, when it has them: the ids, in decimal
 #ifndef WEFT_WORKER_MODEL_IO_MODEL_FILE_H_
 #define WEFT_WORKER_MODEL_IO_MODEL_FILE_H_
 

@@ -6,6 +6,7 @@
 // same ids, token for token, and decode them back to the text.
 #include "worker/data/bpe_tokenizer.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -88,6 +89,46 @@ TEST(BpeTokenizerTest, TextWithANulRoundTrips) {
     ASSERT_TRUE(ids.ok()) << ids.status();
     EXPECT_EQ((*tokenizer)->Decode(*ids), text) << style;
   }
+}
+
+// BOS and EOS come from the tokenizer_config.json beside the file, as transformers reads them
+// (a string, or an object with "content"); none without one.
+TEST(BpeTokenizerTest, BosAndEosFromTheTokenizerConfigBesideIt) {
+  auto plain = LoadBpeTokenizerFile(Fixture("llama3.tokenizer.json"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->bos_id(), -1);
+  EXPECT_EQ((*plain)->eos_id(), -1);
+
+  const std::string dir = ::testing::TempDir() + "/bpe-config";
+  std::filesystem::create_directories(dir);
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name, std::ios::binary | std::ios::trunc) << text;
+  };
+  write("tokenizer.json", ReadAll(Fixture("llama3.tokenizer.json")));
+  write("tokenizer_config.json", R"({"bos_token": "<|begin_of_text|>",
+      "eos_token": {"content": "<|end_of_text|>", "special": true}, "pad_token": null})");
+  auto tok = LoadBpeTokenizerFile(dir + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->bos_id(), 0);
+  EXPECT_EQ((*tok)->eos_id(), 1);
+  auto ids = (*tok)->Encode("hi", EncodeOptions{.add_bos = true, .add_eos = true});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->front(), 0);
+  EXPECT_EQ(ids->back(), 1);
+
+  write("tokenizer_config.json", R"({"eos_token": "<|nope|>"})");
+  auto unknown = LoadBpeTokenizerFile(dir + "/tokenizer.json");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(unknown.status().message(),
+              HasSubstr("tokenizer_config.json: eos_token \"<|nope|>\" is not a token"));
+  write("tokenizer_config.json", "{not json");
+  EXPECT_EQ(LoadBpeTokenizerFile(dir + "/tokenizer.json").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Ids given with the bytes (a manifest's, a model file's) must lie in the vocabulary.
+  EXPECT_EQ(LoadBpeTokenizerJson(ReadAll(Fixture("llama3.tokenizer.json")), "t", {0, 99999})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(BpeTokenizerTest, InvalidUtf8BecomesOneReplacementPerMaximalSubpart) {

@@ -233,11 +233,16 @@ TEST(ByteExportTest, OneTokenPerByte) {
 
 // A tokenizer brought as a Hugging Face tokenizer.json goes back out as the same bytes.
 TEST(TokenizerJsonExportTest, TheFileAsItCame) {
-  auto json = data::LoadTokenizerFile(std::string(WEFT_SOURCE_DIR) +
-                                      "/tests/fixtures/tokenizers/gpt2.tokenizer.json");
+  auto json = data::LoadTokenizerFromBytes(
+      "tokenizer.json",
+      weft::testing::ReadFile(std::string(WEFT_SOURCE_DIR) +
+                              "/tests/fixtures/tokenizers/gpt2.tokenizer.json"),
+      "gpt2", /*bos_id=*/-1, /*eos_id=*/0);
   ASSERT_TRUE(json.ok()) << json.status();
   absl::StatusOr<HfTokenizerFiles> files = HfTokenizerFilesFor(**json, 64);
   ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(files->ids.bos_id, -1);
+  EXPECT_EQ(files->ids.eos_id, 0);
   ASSERT_FALSE(files->files.empty());
   EXPECT_EQ(files->files[0].first, kHfTokenizerFile);
   EXPECT_EQ(files->files[0].second, (*json)->model_bytes());

@@ -342,8 +342,11 @@ TEST_F(ModelTokenizerTest, SentencePieceRoundTripsThroughTheModelFile) {
 // A Hugging Face tokenizer.json (tests/fixtures/tokenizers) is recorded as its own bytes
 // and comes back as the same tokenizer, giving the same ids.
 TEST_F(ModelTokenizerTest, TokenizerJsonRoundTripsThroughTheModelFile) {
-  auto json = data::LoadTokenizerFile(std::string(WEFT_SOURCE_DIR) +
-                                      "/tests/fixtures/tokenizers/llama3.tokenizer.json");
+  auto json = data::LoadTokenizerFromBytes(
+      "tokenizer.json",
+      weft::testing::ReadFile(std::string(WEFT_SOURCE_DIR) +
+                              "/tests/fixtures/tokenizers/llama3.tokenizer.json"),
+      "llama3", /*bos_id=*/0, /*eos_id=*/1);
   ASSERT_TRUE(json.ok()) << json.status();
   const weft::v1::JobSpec spec = TinyGptSpec((*json)->vocab_size() + 4);
   const std::string path = dir_.File("json.safetensors");
@@ -353,6 +356,9 @@ TEST_F(ModelTokenizerTest, TokenizerJsonRoundTripsThroughTheModelFile) {
   ASSERT_NE(loaded->tokenizer, nullptr);
   EXPECT_EQ(loaded->tokenizer->kind(), "tokenizer.json");
   EXPECT_EQ(loaded->tokenizer->model_bytes(), (*json)->model_bytes());
+  // Its BOS and EOS, which the bytes do not hold, come back from the metadata.
+  EXPECT_EQ(loaded->tokenizer->bos_id(), 0);
+  EXPECT_EQ(loaded->tokenizer->eos_id(), 1);
   const char* text = "naïve café — <|eot_id|> 12345";
   EXPECT_EQ(loaded->tokenizer->Encode(text).value(), (*json)->Encode(text).value());
 }
