@@ -6,11 +6,12 @@
 
 #include <algorithm>
 #include <array>
-#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <queue>
 #include <string>
 #include <utility>
 #include <vector>
@@ -223,34 +224,43 @@ class BpeTokenizer final : public Tokenizer {
   }
 
   // Merges the pair of lowest rank, leftmost first, until no pair has a rank: the word's
-  // symbols are token ids throughout (each merge's result is in the vocabulary).
+  // symbols are token ids throughout (each merge's result is in the vocabulary). A heap of
+  // candidate pairs and a linked list of symbols, O(n log n): a pre-token can be long (a run
+  // of a million spaces is one), and rescanning it for every merge would be quadratic.
   void Merge(std::vector<int>* word) const {
-    while (word->size() > 1) {
-      int best_rank = INT_MAX;
-      size_t best = 0;
-      for (size_t i = 0; i + 1 < word->size(); ++i) {
-        auto it = merges_.find(Pair{(*word)[i], (*word)[i + 1]});
-        if (it != merges_.end() && it->second.first < best_rank) {
-          best_rank = it->second.first;
-          best = i;
-        }
+    const int n = static_cast<int>(word->size());
+    if (n < 2) return;
+    struct Symbol {
+      int id, prev, next;  // -1: none
+    };
+    std::vector<Symbol> symbols(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) symbols[i] = {(*word)[i], i - 1, i + 1 < n ? i + 1 : -1};
+    // (rank, left position, left id, right id): the ids tell a stale entry from a live one.
+    using Candidate = std::array<int, 4>;
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+    const auto push = [&](int left) {
+      if (left < 0 || symbols[left].next < 0) return;
+      const int right = symbols[left].next;
+      auto it = merges_.find(Pair{symbols[left].id, symbols[right].id});
+      if (it != merges_.end()) {
+        heap.push({it->second.first, left, symbols[left].id, symbols[right].id});
       }
-      if (best_rank == INT_MAX) return;
-      const Pair pair{(*word)[best], (*word)[best + 1]};
-      const int merged = merges_.find(pair)->second.second;
-      // Every occurrence of this pair, left to right, without overlaps.
-      size_t out = 0;
-      for (size_t i = 0; i < word->size(); ++out) {
-        if (i + 1 < word->size() && (*word)[i] == pair.left && (*word)[i + 1] == pair.right) {
-          (*word)[out] = merged;
-          i += 2;
-        } else {
-          (*word)[out] = (*word)[i];
-          ++i;
-        }
-      }
-      word->resize(out);
+    };
+    for (int i = 0; i + 1 < n; ++i) push(i);
+    while (!heap.empty()) {
+      const auto [rank, left, left_id, right_id] = heap.top();
+      heap.pop();
+      const int right = symbols[left].next;
+      if (symbols[left].id != left_id || right < 0 || symbols[right].id != right_id) continue;
+      symbols[left].id = merges_.find(Pair{left_id, right_id})->second.second;
+      symbols[left].next = symbols[right].next;
+      if (symbols[right].next >= 0) symbols[symbols[right].next].prev = left;
+      symbols[right].id = -1;  // gone
+      push(symbols[left].prev);
+      push(left);
     }
+    word->clear();
+    for (int i = 0; i >= 0; i = symbols[i].next) word->push_back(symbols[i].id);
   }
 
   const std::string json_;

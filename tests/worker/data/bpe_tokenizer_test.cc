@@ -131,6 +131,18 @@ TEST(BpeTokenizerTest, BosAndEosFromTheTokenizerConfigBesideIt) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A run of a million spaces is one pre-token: it merges in O(n log n), not O(n^2) (which
+// would take hours), and comes back whole.
+TEST(BpeTokenizerTest, AVeryLongPreTokenMergesQuickly) {
+  auto tokenizer = LoadBpeTokenizerFile(Fixture("gpt2.tokenizer.json"));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::string text = "x" + std::string(1 << 20, ' ') + "y";
+  auto ids = (*tokenizer)->Encode(text);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_LE(ids->size(), text.size() / 2 + 1);  // the spaces merged, two a token at least
+  EXPECT_EQ((*tokenizer)->Decode(*ids), text);
+}
+
 TEST(BpeTokenizerTest, InvalidUtf8BecomesOneReplacementPerMaximalSubpart) {
   EXPECT_EQ(ReplaceInvalidUtf8("ok"), "ok");
   EXPECT_EQ(ReplaceInvalidUtf8("a\x80" "b"), "a\xEF\xBF\xBD" "b");
