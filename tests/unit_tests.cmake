@@ -2,6 +2,7 @@
 weft_test(job_spec_test unit SOURCES common/job_spec_test.cc LIBS weft_common)
 weft_test(daemon_test unit SOURCES common/daemon_test.cc LIBS weft_common)
 weft_test(status_context_test unit SOURCES common/status_context_test.cc LIBS weft_common)
+weft_test(utf8_test unit SOURCES common/utf8_test.cc LIBS weft_common)
 # Every examples/*.pb.txt parses and passes NormalizeJobSpec.
 weft_test(examples_test unit SOURCES examples/examples_test.cc LIBS weft_common)
 target_compile_definitions(examples_test PRIVATE WEFT_SOURCE_DIR="${CMAKE_SOURCE_DIR}")

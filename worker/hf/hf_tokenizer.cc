@@ -84,11 +84,11 @@ absl::StatusOr<std::string> Dump(const Json& json, const char* file) {
   }
 }
 
-absl::StatusOr<HfTokenizerFiles> Files(const Json& tokenizer, const Special& special,
-                                       const HfTokenIds& ids, int64_t model_max_length) {
+// The three files around `tokenizer_json`, the tokenizer.json's text.
+absl::StatusOr<HfTokenizerFiles> FilesAround(std::string tokenizer_json, const Special& special,
+                                             const HfTokenIds& ids, int64_t model_max_length) {
   HfTokenizerFiles files;
   files.ids = ids;
-  WEFT_ASSIGN_OR_RETURN(std::string tokenizer_json, Dump(tokenizer, kHfTokenizerFile));
   WEFT_ASSIGN_OR_RETURN(std::string config,
                         Dump(TokenizerConfigJson(special, model_max_length),
                              kHfTokenizerConfigFile));
@@ -98,6 +98,12 @@ absl::StatusOr<HfTokenizerFiles> Files(const Json& tokenizer, const Special& spe
                  {kHfTokenizerConfigFile, std::move(config)},
                  {kHfSpecialTokensFile, std::move(map)}};
   return files;
+}
+
+absl::StatusOr<HfTokenizerFiles> Files(const Json& tokenizer, const Special& special,
+                                       const HfTokenIds& ids, int64_t model_max_length) {
+  WEFT_ASSIGN_OR_RETURN(std::string tokenizer_json, Dump(tokenizer, kHfTokenizerFile));
+  return FilesAround(std::move(tokenizer_json), special, ids, model_max_length);
 }
 
 absl::StatusOr<HfTokenizerFiles> ByteFiles(int64_t model_max_length) {
@@ -247,12 +253,8 @@ absl::StatusOr<HfTokenizerFiles> HfTokenizerFilesFor(const data::Tokenizer& toke
   if (tokenizer.kind() == "tokenizer.json") {
     // It came as a tokenizer.json: it goes back out as those very bytes, and its BOS and EOS
     // (from the tokenizer_config.json it came with) into config.json's ids.
-    WEFT_ASSIGN_OR_RETURN(
-        HfTokenizerFiles files,
-        Files(Json::object(), Special{},
-              HfTokenIds{tokenizer.bos_id(), tokenizer.eos_id(), -1}, model_max_length));
-    files.files[0].second = tokenizer.model_bytes();
-    return files;
+    return FilesAround(tokenizer.model_bytes(), Special{},
+                       HfTokenIds{tokenizer.bos_id(), tokenizer.eos_id(), -1}, model_max_length);
   }
   return SentencePieceFiles(tokenizer, model_max_length);
 }

@@ -328,7 +328,7 @@ absl::Status ZeroCpuEngine::GatherPiecesOverReplica() {
 absl::StatusOr<double> ZeroCpuEngine::SumOfSquaresByPiece() {
   // One piece without replicas (the whole kept gradient); one per replica with them, whether
   // the rank holds every piece's sum (replicated optimizer) or only its own (sharded).
-  const int pieces = replica_ != nullptr ? replica_->world_size() : 1;
+  const int pieces = layout_.pieces();
   const int units = layout_.num_units();
   // (pieces, units): piece p's sum of squares of unit u at p * units + u.
   std::vector<double> sums(static_cast<size_t>(pieces) * units, 0.0);

@@ -143,18 +143,6 @@ TEST(BpeTokenizerTest, AVeryLongPreTokenMergesQuickly) {
   EXPECT_EQ((*tokenizer)->Decode(*ids), text);
 }
 
-TEST(BpeTokenizerTest, InvalidUtf8BecomesOneReplacementPerMaximalSubpart) {
-  EXPECT_EQ(ReplaceInvalidUtf8("ok"), "ok");
-  EXPECT_EQ(ReplaceInvalidUtf8("a\x80" "b"), "a\xEF\xBF\xBD" "b");
-  // A truncated sequence is one subpart; an overlong lead (C0) and the byte after are two.
-  EXPECT_EQ(ReplaceInvalidUtf8("\xE6\x97!"), "\xEF\xBF\xBD!");
-  EXPECT_EQ(ReplaceInvalidUtf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");
-  // A surrogate (ED A0 80): ED's second byte must be below A0, so three subparts.
-  EXPECT_EQ(ReplaceInvalidUtf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
-  // Cut at the end.
-  EXPECT_EQ(ReplaceInvalidUtf8("x\xF0\x9F\x98"), "x\xEF\xBF\xBD");
-}
-
 TEST(BpeTokenizerTest, BadFilesAreRefusedNamingWhatIsWrong) {
   auto missing = LoadBpeTokenizerFile("/nonexistent/tokenizer.json");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();

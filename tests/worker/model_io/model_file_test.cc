@@ -15,6 +15,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -361,6 +362,23 @@ TEST_F(ModelTokenizerTest, TokenizerJsonRoundTripsThroughTheModelFile) {
   EXPECT_EQ(loaded->tokenizer->eos_id(), 1);
   const char* text = "naïve café — <|eot_id|> 12345";
   EXPECT_EQ(loaded->tokenizer->Encode(text).value(), (*json)->Encode(text).value());
+
+  // Its BOS and EOS entries, when corrupt, are refused naming the file and the key.
+  auto file = ReadSafetensors(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (const auto& [key, value, says] :
+       {std::tuple{"weft.tokenizer.eos_id", "one", "weft.tokenizer.eos_id is not an integer"},
+        std::tuple{"weft.tokenizer.bos_id", "99999", "outside the vocabulary"}}) {
+    auto edited = *file;
+    edited.metadata[key] = value;
+    const std::string bad = dir_.File("json-bad.safetensors");
+    ASSERT_TRUE(WriteSafetensors(bad, edited.tensors, edited.metadata).ok());
+    auto refused = LoadModel(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << key;
+    EXPECT_THAT(refused.status().message(),
+                AllOf(HasSubstr(bad), HasSubstr(says), HasSubstr("tokenizer entry is corrupt")))
+        << key;
+  }
 }
 
 TEST_F(ModelTokenizerTest, BytesAndNoTokenizerRoundTrip) {
