@@ -50,18 +50,23 @@ class FieldReader {
   }
 
   // `obj` (at `field`) must be an object holding exactly `keys`.
+  // `obj` is an object holding every key of `keys`, perhaps some of `optional`, nothing else.
   absl::Status CheckObject(const Json& obj, const std::string& field,
-                           std::initializer_list<const char*> keys) const {
+                           const std::vector<std::string>& keys,
+                           const std::vector<std::string>& optional = {}) const {
     const std::string name = field.empty() ? "(top level)" : field;
     if (!obj.is_object()) return Error(name, "must be a JSON object");
-    const std::set<std::string> allowed(keys.begin(), keys.end());
+    std::set<std::string> allowed(keys.begin(), keys.end());
+    allowed.insert(optional.begin(), optional.end());
     for (const auto& [key, value] : obj.items()) {
       if (allowed.count(key) == 0) {
+        std::vector<std::string> all = keys;
+        all.insert(all.end(), optional.begin(), optional.end());
         return Error(Join(field, key), absl::StrCat("unknown field (expected only ",
-                                                    absl::StrJoin(keys, ", "), ")"));
+                                                    absl::StrJoin(all, ", "), ")"));
       }
     }
-    for (const char* key : keys) {
+    for (const std::string& key : keys) {
       if (!obj.contains(key)) return Error(Join(field, key), "missing");
     }
     return absl::OkStatus();
@@ -155,12 +160,15 @@ absl::StatusOr<ManifestTokenizer> ParseTokenizer(const FieldReader& r, const Jso
 }
 
 absl::StatusOr<std::vector<ManifestShard>> ParseSplit(const FieldReader& r, const Json& j,
-                                                      const std::string& field, int width) {
+                                                      const std::string& field, int width,
+                                                      int64_t version) {
   if (!j.is_array()) return r.Error(field, "must be a JSON array of shards");
   std::vector<ManifestShard> shards;
   for (size_t i = 0; i < j.size(); ++i) {
     const std::string f = absl::StrCat(field, "[", i, "]");
-    WEFT_RETURN_IF_ERROR(r.CheckObject(j[i], f, {"file", "tokens", "bytes", "crc32c"}));
+    WEFT_RETURN_IF_ERROR(r.CheckObject(j[i], f, {"file", "tokens", "bytes", "crc32c"},
+                                       version >= 2 ? std::vector<std::string>{"flags"}
+                                                    : std::vector<std::string>{}));
     ManifestShard s;
     WEFT_ASSIGN_OR_RETURN(s.file, r.RelativeFile(j[i], f, "file"));
     // The llm.c header holds the count as an int32.
@@ -175,6 +183,21 @@ absl::StatusOr<std::vector<ManifestShard>> ParseSplit(const FieldReader& r, cons
                      absl::StrCat(s.bytes, " disagrees with tokens ", s.tokens, ": a ", width * 8,
                                   "-bit token file of that many tokens is ", expected,
                                   " bytes (1024-byte header + ", width, " bytes a token)"));
+    }
+    if (j[i].contains("flags")) {
+      const std::string ff = absl::StrCat(f, ".flags");
+      const Json& flags = j[i].at("flags");
+      WEFT_RETURN_IF_ERROR(r.CheckObject(flags, ff, {"file", "bytes", "crc32c"}));
+      WEFT_ASSIGN_OR_RETURN(s.flags_file, r.RelativeFile(flags, ff, "file"));
+      WEFT_ASSIGN_OR_RETURN(s.flags_bytes,
+                            r.Int(flags, ff, "bytes", 0, std::numeric_limits<int64_t>::max()));
+      WEFT_ASSIGN_OR_RETURN(s.flags_crc32c, r.Crc(flags, ff, "crc32c"));
+      if (s.flags_bytes != kBinHeaderBytes + s.tokens) {
+        return r.Error(absl::StrCat(ff, ".bytes"),
+                       absl::StrCat(s.flags_bytes, " disagrees with tokens ", s.tokens,
+                                    ": its flags file is ", kBinHeaderBytes + s.tokens,
+                                    " bytes (1024-byte header + one byte a token)"));
+      }
     }
     shards.push_back(std::move(s));
   }
@@ -213,33 +236,61 @@ absl::Status CheckConsistency(const FieldReader& r, const DatasetManifest& m) {
   }
   std::set<std::string> files = {kManifestFileName};
   if (!m.tokenizer.file.empty()) files.insert(m.tokenizer.file);
+  const bool flagged = !m.train.empty() && !m.train[0].flags_file.empty();
   for (const auto* split : {&m.train, &m.val}) {
     for (size_t i = 0; i < split->size(); ++i) {
-      if (!files.insert((*split)[i].file).second) {
-        return r.Error(
-            absl::StrCat("splits.", split == &m.train ? "train" : "val", "[", i, "].file"),
-            absl::StrCat("\"", (*split)[i].file, "\" is named twice in the manifest"));
+      const std::string f =
+          absl::StrCat("splits.", split == &m.train ? "train" : "val", "[", i, "]");
+      const ManifestShard& shard = (*split)[i];
+      if (!files.insert(shard.file).second) {
+        return r.Error(absl::StrCat(f, ".file"),
+                       absl::StrCat("\"", shard.file, "\" is named twice in the manifest"));
+      }
+      if (shard.flags_file.empty() == flagged) {
+        return r.Error(f, flagged ? "has no \"flags\" but splits.train[0] has: every shard "
+                                    "has token flags or none does"
+                                  : "has \"flags\" but splits.train[0] has none: every shard "
+                                    "has token flags or none does");
+      }
+      if (flagged && !files.insert(shard.flags_file).second) {
+        return r.Error(absl::StrCat(f, ".flags.file"),
+                       absl::StrCat("\"", shard.flags_file, "\" is named twice in the manifest"));
       }
     }
+  }
+  if (!m.chat_template.empty() && m.loss_mask != "assistant" && m.loss_mask != "all") {
+    return r.Error("chat.loss_mask",
+                   absl::StrCat("must be \"assistant\" or \"all\", got \"", m.loss_mask, "\""));
+  }
+  if (!m.chat_template.empty() && !flagged) {
+    return r.Error("chat", "conversations need their token flags, but the shards have none");
   }
   if (m.train.empty()) return r.Error("splits.train", "has no shards");
   return absl::OkStatus();
 }
 
 absl::StatusOr<DatasetManifest> ParseManifest(const FieldReader& r, const Json& j) {
-  WEFT_RETURN_IF_ERROR(r.CheckObject(j, "", {"format", "version", "token_format", "tokenizer",
-                                             "document_separator", "splits", "documents",
-                                             "sources", "options"}));
+  const bool v2 = j.is_object() && j.contains("version") && j.at("version").is_number_integer() &&
+                  j.at("version").get<int64_t>() >= 2;
+  WEFT_RETURN_IF_ERROR(r.CheckObject(j, "",
+                                     {"format", "version", "token_format", "tokenizer",
+                                      "document_separator", "splits", "documents", "sources",
+                                      "options"},
+                                     v2 ? std::vector<std::string>{"chat"}
+                                        : std::vector<std::string>{}));
   WEFT_ASSIGN_OR_RETURN(const std::string format, r.String(j, "", "format"));
   if (format != kManifestFormat) {
     return r.Error("format",
                    absl::StrCat("must be \"", kManifestFormat, "\", got \"", format, "\""));
   }
   const Json& version = j.at("version");
-  if (!version.is_number_integer() || version.get<int64_t>() != kManifestVersion) {
+  if (!version.is_number_integer() || version.get<int64_t>() < 1 ||
+      version.get<int64_t>() > kManifestVersion) {
     return r.Error("version", absl::StrCat("unsupported manifest version ", version.dump(),
-                                           " (this build reads version ", kManifestVersion, ")"));
+                                           " (this build reads versions 1 to ", kManifestVersion,
+                                           ")"));
   }
+  const int64_t version_number = version.get<int64_t>();
   DatasetManifest m;
   WEFT_ASSIGN_OR_RETURN(const std::string token_format, r.String(j, "", "token_format"));
   if (token_format == "DATA_FORMAT_UINT16_BIN") {
@@ -260,14 +311,23 @@ absl::StatusOr<DatasetManifest> ParseManifest(const FieldReader& r, const Json& 
   const Json& splits = j.at("splits");
   WEFT_RETURN_IF_ERROR(r.CheckObject(splits, "splits", {"train", "val"}));
   const int width = TokenWidth(m.token_format);
-  WEFT_ASSIGN_OR_RETURN(m.train, ParseSplit(r, splits.at("train"), "splits.train", width));
-  WEFT_ASSIGN_OR_RETURN(m.val, ParseSplit(r, splits.at("val"), "splits.val", width));
+  WEFT_ASSIGN_OR_RETURN(m.train, ParseSplit(r, splits.at("train"), "splits.train", width,
+                                                  version_number));
+  WEFT_ASSIGN_OR_RETURN(m.val, ParseSplit(r, splits.at("val"), "splits.val", width,
+                                                version_number));
   const Json& documents = j.at("documents");
   WEFT_RETURN_IF_ERROR(r.CheckObject(documents, "documents", {"train", "val"}));
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   WEFT_ASSIGN_OR_RETURN(m.train_documents, r.Int(documents, "documents", "train", 0, kMax));
   WEFT_ASSIGN_OR_RETURN(m.val_documents, r.Int(documents, "documents", "val", 0, kMax));
   WEFT_ASSIGN_OR_RETURN(m.sources, ParseSources(r, j.at("sources")));
+  if (j.contains("chat")) {
+    const Json& chat = j.at("chat");
+    WEFT_RETURN_IF_ERROR(r.CheckObject(chat, "chat", {"template", "loss_mask"}));
+    WEFT_ASSIGN_OR_RETURN(m.chat_template, r.String(chat, "chat", "template"));
+    WEFT_ASSIGN_OR_RETURN(m.loss_mask, r.String(chat, "chat", "loss_mask"));
+    if (m.chat_template.empty()) return r.Error("chat.template", "must not be empty");
+  }
   if (!j.at("options").is_object()) return r.Error("options", "must be a JSON object");
   m.options_json = j.at("options").dump();
   WEFT_RETURN_IF_ERROR(CheckConsistency(r, m));
@@ -277,10 +337,16 @@ absl::StatusOr<DatasetManifest> ParseManifest(const FieldReader& r, const Json& 
 Json ShardsToJson(const std::vector<ManifestShard>& shards) {
   Json out = Json::array();
   for (const ManifestShard& s : shards) {
-    out.push_back(Json{{"file", s.file},
-                       {"tokens", s.tokens},
-                       {"bytes", s.bytes},
-                       {"crc32c", FormatCrc32c(s.crc32c)}});
+    Json shard = {{"file", s.file},
+                  {"tokens", s.tokens},
+                  {"bytes", s.bytes},
+                  {"crc32c", FormatCrc32c(s.crc32c)}};
+    if (!s.flags_file.empty()) {
+      shard["flags"] = Json{{"file", s.flags_file},
+                            {"bytes", s.flags_bytes},
+                            {"crc32c", FormatCrc32c(s.flags_crc32c)}};
+    }
+    out.push_back(std::move(shard));
   }
   return out;
 }
@@ -300,13 +366,18 @@ Json ToJson(const DatasetManifest& m, Json options) {
   }
   Json j;
   j["format"] = kManifestFormat;
-  j["version"] = kManifestVersion;
+  // Version 1 when nothing of version 2 is used, so older readers keep reading such datasets.
+  const bool v2 = !m.chat_template.empty() || (!m.train.empty() && !m.train[0].flags_file.empty());
+  j["version"] = v2 ? 2 : 1;
   j["token_format"] = weft::v1::DataFormat_Name(m.token_format);
   j["tokenizer"] = std::move(tokenizer);
   j["document_separator"] = m.document_separator;
   j["splits"] = Json{{"train", ShardsToJson(m.train)}, {"val", ShardsToJson(m.val)}};
   j["documents"] = Json{{"train", m.train_documents}, {"val", m.val_documents}};
   j["sources"] = std::move(sources);
+  if (!m.chat_template.empty()) {
+    j["chat"] = Json{{"template", m.chat_template}, {"loss_mask", m.loss_mask}};
+  }
   j["options"] = std::move(options);
   return j;
 }

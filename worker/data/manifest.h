@@ -9,12 +9,20 @@
 //                  kind "bytes": no "file" and no "crc32c"; vocab_size 256; bos_id, eos_id -1)
 //    "document_separator": "eos" | "none",
 //    "splits": {"train": [{"file": "train-00000.bin", "tokens": N, "bytes": B,
-//                          "crc32c": "0x..."}, ...],
+//                          "crc32c": "0x...",
+//                          "flags": {"file": "train-00000.flags", "bytes": B,
+//                                    "crc32c": "0x..."}}, ...],
 //               "val": [...]},
 //    "documents": {"train": D, "val": D},
 //    "sources": [{"path": "/data/corpus/a.txt", "bytes": B, "documents": D}, ...],
+//    "chat": {"template": "llama3", "loss_mask": "assistant"},
 //    "options": {...}}
 //
+// Version 2 adds the optional "flags" of a shard (worker/data/token_flags.h: per-token loss
+// mask and document starts; every shard of a dataset has one or none does) and the optional
+// "chat" (how `prepare --chat` rendered conversations: the template's name and which tokens
+// are targets, "assistant" or "all"). A manifest without either is written as version 1, as
+// before, and both versions are read.//
 // Every shard is an llm.c token file of token_format on its own; "tokens" is its header's
 // count, "bytes" its size (1024 + tokens x width) and "crc32c" that of the whole file. File
 // names are relative to DIR. Checksums are CRC32C (common/crc32c.h) written as "0x" and eight
@@ -34,13 +42,18 @@ namespace weft::data {
 
 inline constexpr char kManifestFileName[] = "manifest.json";
 inline constexpr char kManifestFormat[] = "weft-dataset";
-inline constexpr int kManifestVersion = 1;
+inline constexpr int kManifestVersion = 2;  // the newest this build reads and writes
 
 struct ManifestShard {
   std::string file;  // relative to the manifest's directory
   int64_t tokens = 0;
   int64_t bytes = 0;
   uint32_t crc32c = 0;
+  // The shard's token flags file (worker/data/token_flags.h), relative to the manifest's
+  // directory; empty: none. flags_bytes is 1024 + tokens.
+  std::string flags_file;
+  int64_t flags_bytes = 0;
+  uint32_t flags_crc32c = 0;
 };
 
 struct ManifestTokenizer {
@@ -70,6 +83,10 @@ struct DatasetManifest {
   int64_t train_documents = 0;
   int64_t val_documents = 0;
   std::vector<ManifestSource> sources;
+  // Conversations rendered by `prepare --chat`: the template's name (e.g. "llama3", "chatml",
+  // "mistral") and the loss mask policy ("assistant" or "all"); both empty otherwise.
+  std::string chat_template;
+  std::string loss_mask;
   // The options prepare ran with, as a JSON object's text (free-form: recorded for people and
   // for an idempotent re-run, never interpreted by the reader). Empty is written as {}.
   std::string options_json;
@@ -77,8 +94,9 @@ struct DatasetManifest {
 
 // Reads and checks `path_or_dir` (manifest.json itself, or the directory holding it). Strict:
 // every field must be present with the right type and range and no unknown field may appear
-// (outside "options"); a shard's bytes must be 1024 + tokens x the token width; shard file names
-// must be relative, without "..", and distinct. Shard files themselves are not opened (the
+// (outside "options"); a shard's bytes must be 1024 + tokens x the token width (its flags file's
+// 1024 + tokens); shard and flags file names must be relative, without "..", and distinct;
+// either every shard has flags or none does. Shard files themselves are not opened (the
 // dataset does that, checking size and crc32c in its one pass over the tokens).
 // Errors: NOT_FOUND if the file does not exist; FAILED_PRECONDITION, naming the file and the
 // field (e.g. `splits.train[2].crc32c`) and what is wrong, for anything else.
