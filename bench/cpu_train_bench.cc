@@ -63,11 +63,11 @@ Measured Run(int ranks, int stage, int warmup, int steps) {
       const weft::v1::JobSpec spec = DemoSpec(stage);
       auto engine = weft::zero::ZeroCpuEngine::Create(spec, comm->get());
       if (!engine.ok()) std::exit(1);
-      auto batch = [rank](int64_t step, int micro, int32_t* in, int32_t* tg) {
+      auto batch = [rank](int64_t step, int micro, const weft::zero::MicroBatch& mb) {
         for (int i = 0; i < 8 * 128; ++i) {
           const uint32_t x = static_cast<uint32_t>(step * 31 + rank * 17 + i * 7 + micro);
-          in[i] = static_cast<int32_t>(x % 251);
-          tg[i] = static_cast<int32_t>((x + 1) % 251);
+          mb.inputs[i] = static_cast<int32_t>(x % 251);
+          mb.targets[i] = static_cast<int32_t>((x + 1) % 251);
         }
       };
       double ms = 0, exposed = 0;

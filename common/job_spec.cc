@@ -276,8 +276,19 @@ void ValidateData(const weft::v1::DataSpec& d, const weft::v1::ModelSpec& m, con
     ValidateDataFormat(d, m, bad);
   }
   if (!weft::v1::DataSpec::Sampling_IsValid(d.sampling())) {
-    bad("data.sampling", absl::StrCat("unknown value ", d.sampling(),
-                                      "; use RANDOM_WINDOWS or SEQUENTIAL"));
+    bad("data.sampling",
+        absl::StrCat("unknown value ", d.sampling(), "; use RANDOM_WINDOWS, SEQUENTIAL or PACKED"));
+  }
+  // Documents are known only from a prepared dataset (its token flags or EOS separators).
+  const bool documents_needed = d.document_masking() || d.sampling() == weft::v1::DataSpec::PACKED;
+  if (documents_needed && d.manifest_path().empty()) {
+    bad(d.document_masking() ? "data.document_masking" : "data.sampling",
+        "needs documents, which only a dataset written by `trainctl data prepare` records: set "
+        "data.manifest_path");
+  }
+  if (d.reset_positions() && !d.document_masking()) {
+    bad("data.reset_positions",
+        "restarts positions per document, which only makes sense with data.document_masking");
   }
   if (!(std::isfinite(d.val_fraction()) && d.val_fraction() >= 0.0 && d.val_fraction() <= 0.5)) {
     bad("data.val_fraction", absl::StrCat("must be in [0, 0.5], got ", d.val_fraction()));

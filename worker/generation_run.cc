@@ -425,8 +425,8 @@ absl::Status GenerationRun::StepLoop(int64_t start_step, const Training& trainin
   const int batch = spec.training().micro_batch_size();
   const uint64_t seed = spec.training().seed();
   data::TokenDataset* train = training.data->train.get();
-  zero::BatchFn train_batch = [&](int64_t step, int micro, int32_t* inputs, int32_t* targets) {
-    train->Batch(seed, step, micro, rank_, world, batch, inputs, targets);
+  zero::BatchFn train_batch = [&](int64_t step, int micro, const zero::MicroBatch& mb) {
+    train->Batch(seed, step, micro, rank_, world, batch, mb.inputs, mb.targets, mb.doc_starts);
   };
   zero::TrainingEngine& engine = *training.backend->engine;
   const int64_t total = spec.training().total_steps();
@@ -527,8 +527,9 @@ absl::StatusOr<double> GenerationRun::MaybeValidate(int64_t completed, const Tra
   }
   const int world = training.world;
   // Validation always reads the same batches, so successive losses compare.
-  zero::BatchFn val_batch = [&](int64_t, int micro, int32_t* inputs, int32_t* targets) {
-    val->Batch(spec.seed(), 0, micro, rank_, world, spec.micro_batch_size(), inputs, targets);
+  zero::BatchFn val_batch = [&](int64_t, int micro, const zero::MicroBatch& mb) {
+    val->Batch(spec.seed(), 0, micro, rank_, world, spec.micro_batch_size(), mb.inputs, mb.targets,
+               mb.doc_starts);
   };
   auto v = training.backend->engine->EvalLoss(spec.val_batches(), val_batch);
   if (!v.ok()) {

@@ -53,10 +53,10 @@ weft::v1::JobSpec TinySpec() {
   return *spec;
 }
 
-void Batch(int64_t step, int, int32_t* inputs, int32_t* targets) {
+void Batch(int64_t step, int, const zero::MicroBatch& mb) {
   for (int i = 0; i < 2 * 16; ++i) {
-    inputs[i] = static_cast<int32_t>((step * 5 + i) % 61);
-    targets[i] = static_cast<int32_t>((step * 5 + i + 1) % 61);
+    mb.inputs[i] = static_cast<int32_t>((step * 5 + i) % 61);
+    mb.targets[i] = static_cast<int32_t>((step * 5 + i + 1) % 61);
   }
 }
 

@@ -20,6 +20,7 @@
 #include "worker/data/manifest.h"
 #include "worker/data/random.h"
 #include "worker/data/token_files.h"
+#include "worker/data/token_flags.h"
 
 namespace weft::data {
 namespace {
@@ -128,6 +129,10 @@ struct Source {
   std::string format_origin;
   bool held_out = false;  // kVal/kTrain share one stream split at val_fraction
   double val_fraction = 0.0;
+  // Documents: the token after each eos_id begins one (-1: no separator); with flags, the
+  // shards' token flags files (parallel to `files`) say instead.
+  int32_t eos_id = -1;
+  std::vector<std::string> flag_files;
 };
 
 // Validates an llm.c header of `source.format`; on success sets the count of tokens after it.
@@ -294,6 +299,33 @@ absl::Status ScanFile(const Source& source, size_t i, const OpenFile& file, int6
   return absl::OkStatus();
 }
 
+// The token flags file of manifest shard `i` (`count` tokens), mapped and checked: the size
+// and crc32c its manifest entry records, then the header and the flags themselves.
+absl::StatusOr<Mapping> OpenFlagsFile(const Source& source, size_t i, int64_t count) {
+  const std::string& path = source.flag_files[i];
+  const std::string field = absl::StrCat(source.split_field, "[", i, "].flags");
+  Mapping mapping;
+  const absl::Status mapped = MapFile(path, &mapping);
+  if (absl::IsNotFound(mapped)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": token flags file is missing: the dataset manifest ", source.name,
+                     " lists it (", field, ")"));
+  }
+  WEFT_RETURN_IF_ERROR(mapped);
+  if (static_cast<int64_t>(mapping.size) != source.expected[i].flags_bytes) {
+    return ShardChanged(path, field, "size", absl::StrCat(mapping.size, " bytes"),
+                        absl::StrCat(source.expected[i].flags_bytes, " bytes"));
+  }
+  const uint32_t crc = Crc32c(mapping.base, mapping.size);
+  if (crc != source.expected[i].flags_crc32c) {
+    return ShardChanged(path, field, "crc32c", FormatCrc32c(crc),
+                        FormatCrc32c(source.expected[i].flags_crc32c));
+  }
+  WEFT_RETURN_IF_ERROR(
+      CheckTokenFlags(static_cast<const unsigned char*>(mapping.base), mapping.size, count, path));
+  return mapping;
+}
+
 absl::StatusOr<const BinFormat*> BinFormatOf(weft::v1::DataFormat format) {
   switch (format) {
     case weft::v1::DATA_FORMAT_TEXT_BYTES: return nullptr;
@@ -333,7 +365,11 @@ absl::StatusOr<Source> ManifestSourceOf(const std::string& manifest_path, int vo
   source.split_field = split == Split::kTrain ? "splits.train" : "splits.val";
   for (const ManifestShard& shard : shards) {
     source.files.push_back(ManifestFilePath(m, shard.file));
+    if (!shard.flags_file.empty()) {
+      source.flag_files.push_back(ManifestFilePath(m, shard.flags_file));
+    }
   }
+  if (m.document_separator == "eos") source.eos_id = m.tokenizer.eos_id;
   WEFT_ASSIGN_OR_RETURN(source.format, BinFormatOf(m.token_format));
   source.format_origin = absl::StrCat("the token_format of its manifest ", file);
   return source;
@@ -425,11 +461,23 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const weft::v1:
                             ? PathSourceOf(spec, split)
                             : ManifestSourceOf(spec.manifest_path(), options.vocab_size, split));
   std::vector<OpenFile> files;
+  std::vector<Mapping> flag_maps;
   int64_t total = 0;
   for (size_t i = 0; i < source.files.size(); ++i) {
     WEFT_ASSIGN_OR_RETURN(OpenFile file, OpenTokenFile(source, i));
     total += file.count;
+    if (!source.flag_files.empty()) {
+      WEFT_ASSIGN_OR_RETURN(Mapping flags, OpenFlagsFile(source, i, file.count));
+      flag_maps.push_back(std::move(flags));
+    }
     files.push_back(std::move(file));
+  }
+  const bool packed = spec.sampling() == weft::v1::DataSpec::PACKED;
+  if ((packed || spec.document_masking()) && source.flag_files.empty() && source.eos_id < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        source.name, ": ", packed ? "data.sampling PACKED" : "data.document_masking",
+        " needs documents, but this dataset records none: its shards have no token flags and "
+        "its document_separator is not \"eos\" (prepare it with an EOS tokenizer, or --chat)"));
   }
   const SplitRange range = RangeOf(source, split, total, files.size());
   if (range.count < static_cast<int64_t>(seq_len) + 1) {
@@ -450,6 +498,13 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const weft::v1:
   if (split == Split::kTrain && spec.sampling() == weft::v1::DataSpec::SEQUENTIAL) {
     dataset->sampling_ = weft::v1::DataSpec::SEQUENTIAL;
   }
+  // Validation reads what training does when training reads whole documents: held-out
+  // conversations, scored as the training ones are.
+  if (packed) dataset->sampling_ = weft::v1::DataSpec::PACKED;
+  dataset->document_masking_ = spec.document_masking();
+  dataset->eos_id_ = source.eos_id;
+  dataset->has_flags_ = !source.flag_files.empty();
+  dataset->pad_token_ = std::max(0, source.eos_id);
   // Each file: scan what this split must check, and keep the mapping if the split reads it.
   // The train split checks every file whole, its held-out tail included, so a bad validation
   // token fails the job at start; a held-out validation split then checks only its own tail,
@@ -471,6 +526,12 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const weft::v1:
       shard.tokens = file.tokens + lo * dataset->token_bytes_;
       shard.count = hi - lo;
       shard.begin = file_begin + lo - range.first;
+      if (dataset->has_flags_) {
+        Mapping& flags = flag_maps[i];
+        shard.flags = static_cast<const unsigned char*>(flags.base) + kTokenFlagsHeaderBytes + lo;
+        shard.flags_map_size = flags.size;
+        shard.flags_map_base = std::exchange(flags.base, nullptr);
+      }
       shard.first_window = dataset->num_windows_;
       // Windows of seq_len + 1 tokens at a stride of seq_len: the last starts at
       // (w - 1) * seq_len and ends at w * seq_len <= count - 1.
@@ -478,6 +539,14 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const weft::v1:
       dataset->shards_.push_back(std::move(shard));
     }
     file_begin += file.count;
+  }
+  if (packed) {
+    dataset->PackDocuments();
+    if (dataset->packed_.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(source.name, ": no document of ", range.what,
+                       " has two tokens (one input and its target): nothing to train on"));
+    }
   }
   if (dataset->sampling_ == weft::v1::DataSpec::SEQUENTIAL && dataset->num_windows_ == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -491,7 +560,68 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const weft::v1:
 TokenDataset::~TokenDataset() {
   for (const Shard& shard : shards_) {
     if (shard.map_base != nullptr) munmap(shard.map_base, shard.map_size);
+    if (shard.flags_map_base != nullptr) munmap(shard.flags_map_base, shard.flags_map_size);
   }
+}
+
+uint8_t TokenDataset::Flags(int64_t i) const {
+  assert(i >= 0 && i < num_tokens_);
+  if (has_flags_) {
+    const Shard& shard = ShardOfToken(i);
+    return shard.flags[i - shard.begin];
+  }
+  const bool starts = i == 0 || (eos_id_ >= 0 && Token(i - 1) == eos_id_);
+  return kTokenFlagLoss | (starts ? kTokenFlagDocStart : 0);
+}
+
+void TokenDataset::PackDocuments() {
+  // The split's documents in stream order, as (first token, tokens).
+  std::vector<std::pair<int64_t, int64_t>> docs;
+  int64_t doc_begin = 0;
+  int32_t previous = -1;
+  for (const Shard& shard : shards_) {
+    for (int64_t j = 0; j < shard.count; ++j) {
+      const int64_t i = shard.begin + j;
+      bool starts;
+      if (has_flags_) {
+        starts = (shard.flags[j] & kTokenFlagDocStart) != 0;
+      } else {
+        starts = previous == eos_id_;
+        previous = Token(i);
+      }
+      if (starts && i > doc_begin) {
+        docs.emplace_back(doc_begin, i - doc_begin);
+        doc_begin = i;
+      }
+    }
+  }
+  docs.emplace_back(doc_begin, num_tokens_ - doc_begin);
+  // First fit in order. A window holds seq_len + 1 tokens (inputs and the last target); a
+  // document longer than that is cut into windows at a stride of seq_len, as SEQUENTIAL cuts
+  // files, so that no target inside it is lost, and its last piece opens the next window.
+  const int64_t capacity = static_cast<int64_t>(seq_len_) + 1;
+  int64_t open_begin = 0, open_len = 0;
+  const auto close = [&] {
+    if (open_len >= 2) packed_.push_back({open_begin, static_cast<int32_t>(open_len)});
+    open_len = 0;
+  };
+  for (const auto& [begin, len] : docs) {
+    if (open_len > 0 && open_len + len <= capacity) {
+      open_len += len;  // documents are adjacent in the stream
+      continue;
+    }
+    close();
+    int64_t at = begin, left = len;
+    while (left > capacity) {
+      packed_.push_back({at, static_cast<int32_t>(capacity)});
+      at += seq_len_;
+      left -= seq_len_;
+    }
+    open_begin = at;
+    open_len = left;
+  }
+  close();
+  num_windows_ = static_cast<int64_t>(packed_.size());
 }
 
 const TokenDataset::Shard& TokenDataset::ShardOfToken(int64_t i) const {
@@ -525,12 +655,7 @@ int64_t TokenDataset::SequenceStart(uint64_t seed, int64_t step, int micro_step,
 }
 
 int64_t TokenDataset::SequentialStart(uint64_t seed, int64_t n) const {
-  assert(n >= 0 && num_windows_ > 0);
-  const auto windows = static_cast<uint64_t>(num_windows_);
-  const uint64_t epoch = static_cast<uint64_t>(n) / windows;
-  const KeyedPermutation order(windows,
-                               HashCombine(HashCombine(Mix64(seed), kSequentialDomain), epoch));
-  const auto window = static_cast<int64_t>(order(static_cast<uint64_t>(n) % windows));
+  const int64_t window = PermutedWindow(seed, n);
   // The last shard whose first window is at or before `window` (shards without a window share
   // their first_window with the next one, and upper_bound passes them).
   const auto it = std::upper_bound(shards_.begin(), shards_.end(), window,
@@ -559,19 +684,84 @@ void TokenDataset::CopyWindow(int64_t start, int32_t* inputs, int32_t* targets) 
   }
 }
 
+int64_t TokenDataset::PermutedWindow(uint64_t seed, int64_t n) const {
+  assert(n >= 0 && num_windows_ > 0);
+  const auto windows = static_cast<uint64_t>(num_windows_);
+  const uint64_t epoch = static_cast<uint64_t>(n) / windows;
+  const KeyedPermutation order(windows,
+                               HashCombine(HashCombine(Mix64(seed), kSequentialDomain), epoch));
+  return static_cast<int64_t>(order(static_cast<uint64_t>(n) % windows));
+}
+
+void TokenDataset::CopyPackedWindow(int64_t window, int32_t* inputs, int32_t* targets,
+                                    int32_t* doc_starts) const {
+  const PackedWindow w = packed_[window];
+  const int len = w.length;  // <= seq_len + 1
+  for (int t = 0; t < seq_len_; ++t) {
+    if (t < len) {
+      inputs[t] = Token(w.begin + t);
+      targets[t] = t + 1 < len ? Token(w.begin + t + 1) : -1;
+    } else {
+      inputs[t] = pad_token_;  // padding: no target, a document of its own
+      targets[t] = -1;
+    }
+  }
+  // The window's first token opens a document even where it continues a cut one.
+  std::vector<uint8_t> flags(static_cast<size_t>(std::min(len, seq_len_ + 1)));
+  for (int t = 0; t < static_cast<int>(flags.size()); ++t) flags[t] = Flags(w.begin + t);
+  MaskRow(flags.data(), static_cast<int>(flags.size()), targets, doc_starts);
+  if (doc_starts != nullptr) {
+    for (int t = std::min(len, seq_len_); t < seq_len_; ++t) doc_starts[t] = std::min(len, t);
+  }
+}
+
+void TokenDataset::MaskRow(const uint8_t* flags, int n, int32_t* targets,
+                           int32_t* doc_starts) const {
+  // flags[t] is of the row's token t: input t and the target of position t - 1.
+  for (int t = 0; t + 1 < n && t < seq_len_; ++t) {
+    const uint8_t f = flags[t + 1];
+    if ((f & kTokenFlagLoss) == 0 || (document_masking_ && (f & kTokenFlagDocStart) != 0)) {
+      targets[t] = -1;
+    }
+  }
+  if (doc_starts == nullptr) return;
+  doc_starts[0] = 0;
+  for (int t = 1; t < seq_len_ && t < n; ++t) {
+    doc_starts[t] = (flags[t] & kTokenFlagDocStart) != 0 ? t : doc_starts[t - 1];
+  }
+}
+
 void TokenDataset::Batch(uint64_t seed, int64_t step, int micro_step, int rank, int world_size,
-                         int batch_size, int32_t* inputs, int32_t* targets) const {
+                         int batch_size, int32_t* inputs, int32_t* targets,
+                         int32_t* doc_starts) const {
   assert(world_size >= 1 && rank >= 0 && rank < world_size);
   assert(batch_size >= 1 && step >= 0 && micro_step >= 0);
   const int64_t t_len = seq_len_;
   const int64_t global_batch = static_cast<int64_t>(world_size) * batch_size;
   const int64_t first_sequence = (step * grad_accum_steps_ + micro_step) * global_batch;
+  // Flags matter where a shard has them (loss masks) or documents are asked for.
+  const bool masked = has_flags_ || document_masking_;
+  std::vector<uint8_t> flags(masked ? t_len + 1 : 0);
   for (int b = 0; b < batch_size; ++b) {
     const int64_t global_index = static_cast<int64_t>(rank) * batch_size + b;
+    int32_t* row_inputs = inputs + b * t_len;
+    int32_t* row_targets = targets + b * t_len;
+    int32_t* row_docs = doc_starts == nullptr ? nullptr : doc_starts + b * t_len;
+    if (sampling_ == weft::v1::DataSpec::PACKED) {
+      CopyPackedWindow(PermutedWindow(seed, first_sequence + global_index), row_inputs, row_targets,
+                       row_docs);
+      continue;
+    }
     const int64_t start = sampling_ == weft::v1::DataSpec::SEQUENTIAL
                               ? SequentialStart(seed, first_sequence + global_index)
                               : SequenceStart(seed, step, micro_step, global_index);
-    CopyWindow(start, inputs + b * t_len, targets + b * t_len);
+    CopyWindow(start, row_inputs, row_targets);
+    if (!masked) {
+      if (row_docs != nullptr) std::fill(row_docs, row_docs + t_len, 0);
+      continue;
+    }
+    for (int64_t t = 0; t <= t_len; ++t) flags[t] = Flags(start + t);
+    MaskRow(flags.data(), static_cast<int>(t_len + 1), row_targets, row_docs);
   }
 }
 

@@ -134,8 +134,16 @@ class TokenDataset {
   // only in debug builds: this is the training hot path, and its caller derives these from
   // a validated spec and rendezvous). Use different seeds for train and validation if the
   // two must not share sampling positions; they never share tokens either way.
-  void Batch(uint64_t seed, int64_t step, int micro_step, int rank, int world_size,
-             int batch_size, int32_t* inputs, int32_t* targets) const;
+  //
+  // Loss masks and documents (docs/data.md): a target whose token's flags clear
+  // kTokenFlagLoss (worker/data/token_flags.h) is -1, ignored; with document masking so is one
+  // that begins a document (it would be predicted across the boundary). With doc_starts
+  // (caller-owned (batch_size, seq_len), may be null), doc_starts[b, t] is where t's document
+  // begins in the row (the row's first document begins at 0, wherever it began in the stream).
+  // PACKED: row g is packed window PermutedWindow(seed, n) (n counted as SEQUENTIAL's);
+  // positions past its tokens are padding (input the EOS id or 0, target -1, one document).
+  void Batch(uint64_t seed, int64_t step, int micro_step, int rank, int world_size, int batch_size,
+             int32_t* inputs, int32_t* targets, int32_t* doc_starts = nullptr) const;
 
   // RANDOM_WINDOWS: the start token of global sequence `global_index` of a micro-step,
   // HashCombine-chain(seed, step, micro_step, global_index) mod (num_tokens - seq_len): any
@@ -153,6 +161,23 @@ class TokenDataset {
   // files and windows changes every epoch and with the seed.
   int64_t SequentialStart(uint64_t seed, int64_t n) const;
 
+  // SEQUENTIAL and PACKED: window n % num_windows() of the permutation of epoch
+  // n / num_windows() keyed by the seed.
+  int64_t PermutedWindow(uint64_t seed, int64_t n) const;
+
+  // The flags of split token i (token_flags.h): its file's, or without one, every token a
+  // target and a document begun by the split's first token and each token after an EOS
+  // separator.
+  uint8_t Flags(int64_t i) const;
+  // Whether targets may be ignored or documents known: token flags, or document masking on.
+  bool has_flags() const { return has_flags_; }
+  // PACKED: window w's tokens [begin, begin + length), length <= seq_len + 1.
+  struct PackedWindow {
+    int64_t begin = 0;
+    int32_t length = 0;
+  };
+  const std::vector<PackedWindow>& packed_windows() const { return packed_; }
+
  private:
   // One file's part of the split.
   struct Shard {
@@ -163,6 +188,11 @@ class TokenDataset {
     int64_t count = 0;                      // the split's tokens in this file
     int64_t begin = 0;                      // index in the split of tokens[0]
     int64_t first_window = 0;  // index among the split's windows of this file's first
+    // The file's token flags (token_flags.h) for tokens[0], and their file's mapping; null
+    // without.
+    const unsigned char* flags = nullptr;
+    void* flags_map_base = nullptr;
+    size_t flags_map_size = 0;
   };
 
   TokenDataset() = default;
@@ -170,6 +200,14 @@ class TokenDataset {
   const Shard& ShardOfToken(int64_t i) const;
   // Copies the window starting at split token `start` into one row of a batch.
   void CopyWindow(int64_t start, int32_t* inputs, int32_t* targets) const;
+  // PACKED: packed window `window` into one row.
+  void CopyPackedWindow(int64_t window, int32_t* inputs, int32_t* targets,
+                        int32_t* doc_starts) const;
+  // Applies the flags of a row's n tokens (n - 1 <= seq_len targets) to its targets and, when
+  // not null, fills its doc_starts.
+  void MaskRow(const uint8_t* flags, int n, int32_t* targets, int32_t* doc_starts) const;
+  // PACKED: the windows of whole documents (the sampling's description in job.proto).
+  void PackDocuments();
 
   std::string path_;
   Split split_ = Split::kTrain;
@@ -181,6 +219,11 @@ class TokenDataset {
   int64_t first_token_index_ = 0;
   int64_t num_windows_ = 0;
   std::vector<Shard> shards_;  // the files holding this split's tokens, in stream order
+  bool has_flags_ = false;
+  bool document_masking_ = false;
+  int32_t eos_id_ = -1;    // the manifest's separator: a document starts after it; -1 none
+  int32_t pad_token_ = 0;  // PACKED padding's input
+  std::vector<PackedWindow> packed_;
 };
 
 }  // namespace weft::data

@@ -66,10 +66,10 @@ inline bool DirectGradients(int world) { return world == 1; }
 // What a buffer is to the engine. Per-unit roles (GpuBuffer::index: the unit) are that unit's
 // shard; kBlockWork and the staging roles come in slots 0 and 1 (index: the slot).
 enum class GpuBufferRole {
-  kModelArena,     // the CUDA model's one allocation (CreateCudaModel)
-  kHeadWork,       // inside the arena: the gathered bf16 head (CudaModel::HeadWork)
-  kParams,         // fp32 master
-  kM,              // AdamW moments
+  kModelArena,  // the CUDA model's one allocation (CreateCudaModel)
+  kHeadWork,    // inside the arena: the gathered bf16 head (CudaModel::HeadWork)
+  kParams,      // fp32 master
+  kM,           // AdamW moments
   kV,
   kGrads,          // fp32 shard gradient
   kHostDecayMask,  // offloaded units: the host AdamW's decay mask, a byte a parameter
@@ -79,13 +79,15 @@ enum class GpuBufferRole {
   kGatherStaging,  // GatherUnit: the group's pieces of a chunk
   kGatherSource,   // GatherUnit with offload: a device copy of this rank's piece
   kNormScratch,    // SumOfSquares's partial sums
-  kStats,          // [sum of squares, loss sum]
+  kStats,          // [sum of squares, loss sum, targets that count]
   kGradScale,      // the clip scale
-  kHostStats,      // [sum of squares, loss sum, clip scale], read by the host
-  kStagingGrads,   // offload: a shard gradient on its way to the host AdamW
-  kStagingBf16,    // offload: bf16 weights on their way back
-  kWireSend,       // hybrid, a replica_reduce_format other than fp32: the encoded shard
-  kWireRecv,       // and what the replicas send back (comm/wire_codec.h), bytes
+  // [sum of squares, loss sum, clip scale, targets that count] read by the host, and [4] the
+  // rank's count on its way to the device
+  kHostStats,
+  kStagingGrads,         // offload: a shard gradient on its way to the host AdamW
+  kStagingBf16,          // offload: bf16 weights on their way back
+  kWireSend,             // hybrid, a replica_reduce_format other than fp32: the encoded shard
+  kWireRecv,             // and what the replicas send back (comm/wire_codec.h), bytes
   kSmallBufferRounding,  // not allocated: what the small buffers may take beyond their size
 };
 

@@ -31,8 +31,11 @@ struct StepTimings {
 };
 
 struct StepResult {
-  // Mean training loss over the global batch of the step.
+  // Mean training loss over the targets of the global batch of the step that count (0 when
+  // none does).
   float loss = 0;
+  // Those targets, over the global batch.
+  int64_t targets = 0;
   // Global gradient norm before clipping. Not finite (NaN or infinity): the step was skipped,
   // parameters and optimizer state are as they were before it (engine::GradScaleFor).
   float grad_norm = 0;
@@ -40,10 +43,61 @@ struct StepResult {
   StepTimings timings;
 };
 
-// Fills micro-batch `micro_step` of optimizer step `step` for this rank: inputs and targets,
-// each (B, T) int32.
-using BatchFn =
-    std::function<void(int64_t step, int micro_step, int32_t* inputs, int32_t* targets)>;
+// One rank's micro-batch: engine-owned buffers, each (B, T) int32, that a BatchFn fills.
+struct MicroBatch {
+  int32_t* inputs = nullptr;
+  // A negative target is IGNORED (Hugging Face's labels = -100): it is no target. A step's
+  // loss is the mean cross-entropy over the targets that are not ignored in the whole global
+  // batch (every rank, every micro-step), and its gradient that mean's; with none at all the
+  // loss is 0 and the gradient 0 (docs/training.md, "Loss").
+  int32_t* targets = nullptr;
+  // Packed documents: doc_starts[b, t] is the position in row b where t's document begins (t
+  // itself, or doc_starts[b, t - 1]); attention never crosses a document. Non-null exactly when
+  // the job's data.document_masking is on, and then the BatchFn must fill it.
+  int32_t* doc_starts = nullptr;
+};
+
+// Fills micro-batch `micro_step` of optimizer step `step` for this rank.
+using BatchFn = std::function<void(int64_t step, int micro_step, const MicroBatch& batch)>;
+
+// A step's (or an evaluation's) loss from what the ranks summed. Each of `micro_batches`
+// micro-batches (over all ranks) of `positions` positions gave the model's loss: its ignored
+// targets' losses 0, summed and divided by all positions (engine/cpu/model.h). `loss_sum` is
+// the sum of those, `targets` how many targets counted in all.
+struct MaskedMean {
+  float loss = 0;  // mean over the targets that count; 0 when none does
+  int64_t targets = 0;
+  // What turns the gradient of the mean over all positions (what the backward computed) into
+  // that of the mean over the targets that count: micro_batches * positions / targets, exactly
+  // 1 when every target counts, 0 when none does (the gradient is then 0, not NaN).
+  float gradient_scale = 1;
+};
+inline MaskedMean MaskedMeanOf(double loss_sum, double targets, int64_t micro_batches,
+                               size_t positions) {
+  MaskedMean m;
+  const double all = static_cast<double>(micro_batches) * static_cast<double>(positions);
+  m.targets = static_cast<int64_t>(targets + 0.5);
+  if (m.targets <= 0) {
+    m.gradient_scale = 0;
+    return m;
+  }
+  m.loss = static_cast<float>(loss_sum * static_cast<double>(positions) /
+                              static_cast<double>(m.targets));
+  if (static_cast<double>(m.targets) != all) {
+    m.gradient_scale = static_cast<float>(all / static_cast<double>(m.targets));
+  } else {
+    // Every target counts: the mean of the micro-step means, as before masks existed.
+    m.loss = static_cast<float>(loss_sum / static_cast<double>(micro_batches));
+  }
+  return m;
+}
+
+// The targets of `batch` (B * T of them) that are not ignored.
+inline int64_t CountedTargets(const MicroBatch& batch, size_t positions) {
+  int64_t n = 0;
+  for (size_t i = 0; i < positions; ++i) n += batch.targets[i] >= 0 ? 1 : 0;
+  return n;
+}
 
 class TrainingEngine {
  public:
@@ -53,7 +107,8 @@ class TrainingEngine {
   // learning rate and the batches. A failed collective returns its status (ABORTED after the
   // communicator was aborted); the model state is then unspecified.
   virtual absl::StatusOr<StepResult> TrainStep(int64_t step, const BatchFn& batch) = 0;
-  // Mean loss over `batches` micro-batches per rank (forward only), averaged over ranks.
+  // Mean loss over the targets that count of `batches` micro-batches per rank (forward only),
+  // over all ranks; 0 when none counts.
   virtual absl::StatusOr<float> EvalLoss(int batches, const BatchFn& batch) = 0;
   // Unit `u`'s full fp32 parameters (unpadded). Collective: all ranks must call it, for the
   // same unit. How the final model is written a unit at a time, so that no rank ever holds

@@ -243,6 +243,18 @@ void ZeroCpuEngine::Initialize() {
   }
   inputs_.resize(static_cast<size_t>(batch_size_) * seq_len_);
   targets_.resize(inputs_.size());
+  if (spec_.data().document_masking()) doc_starts_.resize(inputs_.size());
+}
+
+MicroBatch ZeroCpuEngine::Buffers() {
+  return MicroBatch{inputs_.data(), targets_.data(),
+                    doc_starts_.empty() ? nullptr : doc_starts_.data()};
+}
+
+void ZeroCpuEngine::SetDocuments(const MicroBatch& mb) {
+  // SetShape first: it ends an inference forward (evaluation) the model may still be in.
+  model_->SetShape(batch_size_, seq_len_);
+  model_->SetDocuments(mb.doc_starts, spec_.data().reset_positions());
 }
 
 const float* ZeroCpuEngine::ResidentParams(int unit) const {
@@ -480,10 +492,15 @@ absl::StatusOr<StepResult> ZeroCpuEngine::TrainStep(int64_t step, const BatchFn&
 
   const int accum = spec_.training().grad_accum_steps();
   const float loss_scale = 1.0f / static_cast<float>(world_ * accum);
+  const size_t positions = inputs_.size();
   double loss_sum = 0;
+  int64_t counted = 0;
   forward_ms_ = backward_ms_ = 0;
   for (int micro = 0; micro < accum; ++micro) {
-    batch(step, micro, inputs_.data(), targets_.data());
+    const MicroBatch mb = Buffers();
+    batch(step, micro, mb);
+    SetDocuments(mb);
+    counted += CountedTargets(mb, positions);
     WEFT_ASSIGN_OR_RETURN(float loss,
                           MicroStep(inputs_.data(), targets_.data(), true, loss_scale));
     loss_sum += loss;
@@ -505,24 +522,31 @@ absl::StatusOr<StepResult> ZeroCpuEngine::TrainStep(int64_t step, const BatchFn&
   // a scalar over the group (stage 0 owns everything, so no reduction is needed there; the
   // replicas own the same shards, so their squares are counted once).
   WEFT_ASSIGN_OR_RETURN(const double sum_squares, SumOfSquaresByPiece());
-  float stats[2] = {static_cast<float>(sum_squares), static_cast<float>(loss_sum)};
+  // [sum of squares, summed per-micro-step mean losses, targets that count]. Losses and
+  // counts sum over the world, squares over what each rank owns.
+  float stats[3] = {static_cast<float>(sum_squares), static_cast<float>(loss_sum),
+                    static_cast<float>(counted)};
   if (stage_ == 0) {
-    // Losses still need averaging across ranks.
-    float loss_only = stats[1];
-    WEFT_RETURN_IF_ERROR(SumOverWorld(&loss_only, 1));
-    stats[1] = loss_only;
+    WEFT_RETURN_IF_ERROR(SumOverWorld(&stats[1], 2));
   } else {
-    WEFT_RETURN_IF_ERROR(Await(comm_->AllReduce(stats, 2, DataType::kFloat32)));
+    WEFT_RETURN_IF_ERROR(Await(comm_->AllReduce(stats, 3, DataType::kFloat32)));
     if (replica_ != nullptr) {
-      WEFT_RETURN_IF_ERROR(Await(replica_->AllReduce(&stats[1], 1, DataType::kFloat32)));
+      WEFT_RETURN_IF_ERROR(Await(replica_->AllReduce(&stats[1], 2, DataType::kFloat32)));
     }
   }
-  result.loss = stats[1] / static_cast<float>(world_ * accum);
+  // The backward took each rank's micro-step losses as means over all B * T positions, scaled
+  // by 1 / (world * accum): the gradient of the mean over every position. Ignored targets
+  // added nothing, so `gradient_scale` turns it into the mean over the targets that count.
+  const MaskedMean mean = MaskedMeanOf(stats[1], stats[2], world_ * accum, positions);
+  result.loss = mean.loss;
+  result.targets = mean.targets;
   // NaN stays NaN (std::max would hide it): a non-finite norm skips the step below.
-  result.grad_norm = std::isnan(stats[0]) ? stats[0] : std::sqrt(std::max(0.0f, stats[0]));
+  result.grad_norm =
+      std::isnan(stats[0]) ? stats[0] : mean.gradient_scale * std::sqrt(std::max(0.0f, stats[0]));
 
   const auto& opt = spec_.optimizer();
-  const float grad_scale = engine::GradScaleFor(result.grad_norm, opt.grad_clip_norm());
+  const float grad_scale =
+      mean.gradient_scale * engine::GradScaleFor(result.grad_norm, opt.grad_clip_norm());
   result.learning_rate = engine::LearningRate(spec_, step);
   const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
   for (int i = 0; i < layout_.num_units(); ++i) {
@@ -551,14 +575,18 @@ absl::StatusOr<StepResult> ZeroCpuEngine::TrainStep(int64_t step, const BatchFn&
 
 absl::StatusOr<float> ZeroCpuEngine::EvalLoss(int batches, const BatchFn& batch) {
   double sum = 0;
+  int64_t counted = 0;
   for (int i = 0; i < batches; ++i) {
-    batch(0, i, inputs_.data(), targets_.data());
+    const MicroBatch mb = Buffers();
+    batch(0, i, mb);
+    SetDocuments(mb);
+    counted += CountedTargets(mb, inputs_.size());
     WEFT_ASSIGN_OR_RETURN(float loss, MicroStep(inputs_.data(), targets_.data(), false, 1.0f));
     sum += loss;
   }
-  float total = static_cast<float>(sum);
-  WEFT_RETURN_IF_ERROR(SumOverWorld(&total, 1));
-  return total / static_cast<float>(world_ * std::max(1, batches));
+  float totals[2] = {static_cast<float>(sum), static_cast<float>(counted)};
+  WEFT_RETURN_IF_ERROR(SumOverWorld(totals, 2));
+  return MaskedMeanOf(totals[0], totals[1], world_ * std::max(1, batches), inputs_.size()).loss;
 }
 
 absl::StatusOr<std::vector<float>> ZeroCpuEngine::GatherUnit(int u) {

@@ -157,6 +157,10 @@ class ZeroCpuEngine : public ZeroEngine {
   absl::Status Await(const std::shared_ptr<comm::Work>& work);
   std::shared_ptr<comm::Work> GatherInto(int unit, float* dst);
 
+  // The micro-batch buffers a BatchFn fills.
+  MicroBatch Buffers();
+  // Hands the model the documents of `mb` (none without document masking).
+  void SetDocuments(const MicroBatch& mb);
   // Forward (and backward when `targets` are for training) of one micro-batch. Returns the
   // micro-batch mean loss on this rank. Gradients end in Unit::grads (shards) for stages 1-3,
   // in Unit::full_grad for stage 0.
@@ -206,6 +210,7 @@ class ZeroCpuEngine : public ZeroEngine {
   std::vector<float> scatter_out_[2];
   std::vector<float> head_scatter_out_;
   std::vector<int32_t> inputs_, targets_;
+  std::vector<int32_t> doc_starts_;  // (B, T) with data.document_masking; empty otherwise
 
   // Compute time of a phase: wall time minus the exposed communication inside it.
   class PhaseTimer {

@@ -392,6 +392,7 @@ absl::Status ZeroCudaEngine::Initialize() {
   WEFT_RETURN_IF_ERROR(CreateOptimizer());
   inputs_.resize(static_cast<size_t>(batch_size_) * seq_len_);
   targets_.resize(inputs_.size());
+  if (spec_.data().document_masking()) doc_starts_.resize(inputs_.size());
   return SyncCompute();
 }
 
@@ -645,16 +646,26 @@ absl::Status ZeroCudaEngine::SyncPieces() const {
   return replica_->WaitEvent(replica_idle_);
 }
 
+absl::Status ZeroCudaEngine::CopyStatsToHost() {
+  // [sum of squares, loss sum] to host_stats_[0..1] and the targets to [3]: [2] is the clip
+  // scale the optimizer's host step copies on its own.
+  WEFT_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float), cudaMemcpyDeviceToHost, compute_));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_stats_[3], &stats_[2], sizeof(float),
+                                            cudaMemcpyDeviceToHost, compute_));
+  return absl::OkStatus();
+}
+
 absl::Status ZeroCudaEngine::AllReduceStats() {
   WEFT_RETURN_IF_ERROR(CommWaitsCompute());
-  WEFT_RETURN_IF_ERROR(CheckWork(comm_->AllReduce(stats_, 2, DataType::kFloat32)));
+  WEFT_RETURN_IF_ERROR(CheckWork(comm_->AllReduce(stats_, 3, DataType::kFloat32)));
   WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, comm_->stream()));
   if (replica_ != nullptr) {
     WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(replica_->stream(), comm_done_, 0));
     // Squares too when each replica counted its own piece's.
     float* const summed = shards_moments_ ? &stats_[0] : &stats_[1];
-    WEFT_RETURN_IF_ERROR(CheckWork(
-        replica_->AllReduce(summed, shards_moments_ ? 2 : 1, DataType::kFloat32)));
+    WEFT_RETURN_IF_ERROR(
+        CheckWork(replica_->AllReduce(summed, shards_moments_ ? 3 : 2, DataType::kFloat32)));
     WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(comm_done_, replica_->stream()));
   }
   return ComputeWaits(comm_done_);
@@ -672,12 +683,26 @@ bool ZeroCudaEngine::ReducesClassifierGrad() const {
   return (head_split_ > 0 || head_grad_takes_turns_) && !direct_grads_;
 }
 
-absl::Status ZeroCudaEngine::MicroStep(const int32_t* inputs, const int32_t* targets,
-                                       bool backward, float grad_scale, bool first_micro_step,
-                                       bool last_micro_step) {
+MicroBatch ZeroCudaEngine::Buffers() {
+  return MicroBatch{inputs_.data(), targets_.data(),
+                    doc_starts_.empty() ? nullptr : doc_starts_.data()};
+}
+
+absl::Status ZeroCudaEngine::StageTargetCount(int64_t counted) {
+  // Through pinned memory, as the stats' other entries go the other way; the copy is done
+  // before the host writes the slot again (TrainStep and EvalLoss end synchronised).
+  host_stats_[4] = static_cast<float>(counted);
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&stats_[2], &host_stats_[4], sizeof(float),
+                                            cudaMemcpyHostToDevice, compute_));
+  return absl::OkStatus();
+}
+
+absl::Status ZeroCudaEngine::MicroStep(const MicroBatch& batch, bool backward, float grad_scale,
+                                       bool first_micro_step, bool last_micro_step) {
   std::array<size_t, 3> phase{};
   WEFT_ASSIGN_OR_RETURN(phase[0], Mark());
-  WEFT_RETURN_IF_ERROR(model_->SetBatch(batch_size_, seq_len_, inputs, targets));
+  WEFT_RETURN_IF_ERROR(model_->SetBatch(batch_size_, seq_len_, batch.inputs, batch.targets,
+                                        batch.doc_starts, spec_.data().reset_positions()));
   WEFT_RETURN_IF_ERROR(Forward());
   WEFT_RETURN_IF_ERROR(ClassifierStep(backward, grad_scale, first_micro_step));
   WEFT_ASSIGN_OR_RETURN(phase[1], Mark());
@@ -853,47 +878,54 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
   WEFT_RETURN_IF_ERROR(WaitForGradients());
   WEFT_ASSIGN_OR_RETURN(const size_t opt_begin, Mark());
   // The sum of squares is in stats_[0] already (the last micro-step's comm stream).
-  // One all-reduce of [sum of squares, loss sum].
+  // One all-reduce of [sum of squares, loss sum, targets that count].
   WEFT_RETURN_IF_ERROR(AllReduceStats());
   const auto& opt = spec_.optimizer();
-  WEFT_RETURN_IF_ERROR(cuda::ClipScale(grad_scale_, &stats_[0],
+  const int accum = spec_.training().grad_accum_steps();
+  const size_t positions = static_cast<size_t>(batch_size_) * seq_len_;
+  const double all_targets = static_cast<double>(world_) * accum * static_cast<double>(positions);
+  WEFT_RETURN_IF_ERROR(cuda::ClipScale(grad_scale_, stats_, all_targets,
                                        static_cast<float>(opt.grad_clip_norm()), compute_));
   result.learning_rate = engine::LearningRate(spec_, step);
   const engine::AdamWConfig adamw = engine::AdamWConfigFromSpec(opt, result.learning_rate);
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
-                                            cudaMemcpyDeviceToHost, compute_));
+  WEFT_RETURN_IF_ERROR(CopyStatsToHost());
   WEFT_RETURN_IF_ERROR(optimizer_->Step(optimizer_steps_ + 1, adamw));
   WEFT_ASSIGN_OR_RETURN(const size_t opt_end, Mark());
   WEFT_RETURN_IF_ERROR(GatherPiecesOnReplica());
   WEFT_RETURN_IF_ERROR(comm_->WaitEvent(timing_.at(opt_end)));
 
-  const int accum = spec_.training().grad_accum_steps();
-  const size_t positions = static_cast<size_t>(batch_size_) * seq_len_;
-  result.loss = static_cast<float>(host_stats_[1] /
-                                   (static_cast<double>(world_) * accum * positions));
+  // stats_[1] sums per-position losses, ignored ones 0.
+  const MaskedMean mean =
+      MaskedMeanOf(host_stats_[1] / static_cast<double>(positions), host_stats_[3],
+                   static_cast<int64_t>(world_) * accum, positions);
+  result.loss = mean.loss;
+  result.targets = mean.targets;
   // NaN stays NaN (std::max would hide it): ClipScale skipped the update for it.
-  result.grad_norm = std::isnan(host_stats_[0]) ? host_stats_[0]
-                                                : std::sqrt(std::max(0.0f, host_stats_[0]));
+  result.grad_norm = std::isnan(host_stats_[0])
+                         ? host_stats_[0]
+                         : mean.gradient_scale * std::sqrt(std::max(0.0f, host_stats_[0]));
   if (std::isfinite(result.grad_norm)) ++optimizer_steps_;
   result.timings = StepTimingsOf(opt_begin, opt_end, wall_start);
   return result;
 }
 
 absl::Status ZeroCudaEngine::AccumulateGradients(int64_t step, const BatchFn& batch) {
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats_, 0, 2 * sizeof(float), compute_));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats_, 0, 3 * sizeof(float), compute_));
   const int accum = spec_.training().grad_accum_steps();
   const size_t positions = static_cast<size_t>(batch_size_) * seq_len_;
   // Each rank's backward is of (1 / (world * accum * B * T)) * its summed losses: the
-  // reduce-scattered sum is then the gradient of the global mean loss.
+  // reduce-scattered sum is then the gradient of the global mean loss over all positions
+  // (ClipScale rescales it to the mean over the targets that count).
   const float grad_scale = 1.0f / static_cast<float>(static_cast<double>(world_) * accum *
                                                      static_cast<double>(positions));
+  int64_t counted = 0;
   for (int micro = 0; micro < accum; ++micro) {
-    batch(step, micro, inputs_.data(), targets_.data());
-    WEFT_RETURN_IF_ERROR(
-        MicroStep(inputs_.data(), targets_.data(), true, grad_scale, micro == 0,
-                  micro + 1 == accum));
+    const MicroBatch mb = Buffers();
+    batch(step, micro, mb);
+    counted += CountedTargets(mb, positions);
+    WEFT_RETURN_IF_ERROR(MicroStep(mb, true, grad_scale, micro == 0, micro + 1 == accum));
   }
-  return absl::OkStatus();
+  return StageTargetCount(counted);
 }
 
 absl::Status ZeroCudaEngine::WaitForGradients() {
@@ -944,17 +976,22 @@ absl::StatusOr<float> ZeroCudaEngine::EvalLoss(int batches, const BatchFn& batch
   timing_.Reset();
   waits_.clear();
   phases_.clear();
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats_, 0, 2 * sizeof(float), compute_));
+  WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats_, 0, 3 * sizeof(float), compute_));
+  const size_t positions = static_cast<size_t>(batch_size_) * seq_len_;
+  int64_t counted = 0;
   for (int i = 0; i < batches; ++i) {
-    batch(0, i, inputs_.data(), targets_.data());
-    WEFT_RETURN_IF_ERROR(MicroStep(inputs_.data(), targets_.data(), false, 1.0f, true, false));
+    const MicroBatch mb = Buffers();
+    batch(0, i, mb);
+    counted += CountedTargets(mb, positions);
+    WEFT_RETURN_IF_ERROR(MicroStep(mb, false, 1.0f, true, false));
   }
+  WEFT_RETURN_IF_ERROR(StageTargetCount(counted));
   WEFT_RETURN_IF_ERROR(AllReduceStats());
-  WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float),
-                                            cudaMemcpyDeviceToHost, compute_));
+  WEFT_RETURN_IF_ERROR(CopyStatsToHost());
   WEFT_RETURN_IF_ERROR(SyncCompute());
-  const double positions = static_cast<double>(batch_size_) * seq_len_;
-  return static_cast<float>(host_stats_[1] / (world_ * std::max(1, batches) * positions));
+  return MaskedMeanOf(host_stats_[1] / static_cast<double>(positions), host_stats_[3],
+                      static_cast<int64_t>(world_) * std::max(1, batches), positions)
+      .loss;
 }
 
 absl::StatusOr<std::vector<float>> ZeroCudaEngine::GatherUnit(int u) {

@@ -193,8 +193,14 @@ class ZeroCudaEngine : public ZeroEngine {
   // One micro-batch through the model; with `backward`, gradients reach the shards. The last
   // micro-step of a step also adds each shard's sum of squares into stats_[0] on the comm
   // stream as soon as that shard's gradient is final, behind the backward of the next units.
-  absl::Status MicroStep(const int32_t* inputs, const int32_t* targets, bool backward,
-                         float grad_scale, bool first_micro_step, bool last_micro_step);
+  absl::Status MicroStep(const MicroBatch& batch, bool backward, float grad_scale,
+                         bool first_micro_step, bool last_micro_step);
+  // The micro-batch buffers a BatchFn fills.
+  MicroBatch Buffers();
+  // This rank's targets that count, into stats_[2] (on the compute stream).
+  absl::Status StageTargetCount(int64_t counted);
+  // stats_ into host_stats_ (on the compute stream; read after a sync).
+  absl::Status CopyStatsToHost();
   // MicroStep's parts, in its order; each enqueues on the streams and records the events it
   // names, and none waits on the host.
   // The head's pieces: the embedding's (input) and the final norm and LM head's (output); an
@@ -287,7 +293,7 @@ class ZeroCudaEngine : public ZeroEngine {
   size_t gather_chunk_ = 0;
   float* gather_staging_ = nullptr;
   float* gather_source_ = nullptr;
-  float* stats_ = nullptr;         // device [sum of squares, loss sum]
+  float* stats_ = nullptr;         // device [sum of squares, loss sum, targets that count]
   float* grad_scale_ = nullptr;    // device scalar
   float* norm_scratch_ = nullptr;
   float* host_stats_ = nullptr;    // pinned [sum of squares, loss sum, clip scale]
@@ -317,6 +323,7 @@ class ZeroCudaEngine : public ZeroEngine {
   // what it is.
   std::unique_ptr<ZeroCudaOptimizer> optimizer_;
   std::vector<int32_t> inputs_, targets_;
+  std::vector<int32_t> doc_starts_;  // (B, T) with data.document_masking; empty otherwise
 
   // Ordering events (no timing). One compute->comm event serves every "comm waits for all
   // compute so far"; comm->compute waits are per buffer so compute never waits for more than

@@ -132,7 +132,7 @@ TEST_F(ManifestTest, EachMalformedFieldIsNamed) {
   };
   const Case cases[] = {
       {"\"weft-dataset\"", "\"other\"", "format", "must be \"weft-dataset\""},
-      {"\"version\": 1", "\"version\": 2", "version", "unsupported manifest version 2"},
+      {"\"version\": 1", "\"version\": 3", "version", "unsupported manifest version 3"},
       {"\"version\": 1", "\"versio\": 1", "versio", "unknown field"},
       {"\"DATA_FORMAT_UINT16_BIN\"", "\"DATA_FORMAT_TEXT_BYTES\"", "token_format", "must be"},
       {"\"sentencepiece\"", "\"bpe\"", "tokenizer.kind", "must be"},

@@ -9,3 +9,4 @@ weft_test(tokenizer_test unit SOURCES worker/data/tokenizer_test.cc LIBS weft_to
 weft_test(bpe_tokenizer_test unit SOURCES worker/data/bpe_tokenizer_test.cc LIBS weft_tokenizer
   DEPENDS weft_sentencepiece)
 target_compile_definitions(bpe_tokenizer_test PRIVATE WEFT_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+weft_test(documents_test unit SOURCES worker/data/documents_test.cc LIBS weft_data)

@@ -21,12 +21,12 @@ TEST(EncoderTest, GradientsMatchFiniteDifferences) {
   const Tensors inputs = {RandomVector(rng, vp * c), RandomVector(rng, max_t * c)};
   auto forward = [&]<typename T>(const std::vector<std::vector<T>>& x) {
     std::vector<T> out(b * t * c);  // (B, T, C)
-    EncoderForward(out.data(), tokens.data(), x[0].data(), x[1].data(), b, t, c);
+    EncoderForward(out.data(), tokens.data(), x[0].data(), x[1].data(), nullptr, b, t, c);
     return out;
   };
   auto backward = [&]<typename T>(const std::vector<std::vector<T>>& x, const std::vector<T>& dout,
                                   std::vector<std::vector<T>>* g) {
-    EncoderBackward((*g)[0].data(), (*g)[1].data(), dout.data(), tokens.data(), b, t, c);
+    EncoderBackward((*g)[0].data(), (*g)[1].data(), dout.data(), tokens.data(), nullptr, b, t, c);
   };
   CheckOp(forward, backward, inputs, 11);
 }
@@ -35,7 +35,7 @@ TEST(EncoderTest, UnusedAndPaddingRowsGetNoGradient) {
   const int b = 1, t = 2, c = 3, vp = 6;
   const std::vector<int32_t> tokens = {2, 2};
   std::vector<float> dwte(vp * c, 0.0f), dwpe(t * c, 0.0f), dout(b * t * c, 1.0f);
-  EncoderBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), b, t, c);
+  EncoderBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), nullptr, b, t, c);
   for (int row = 0; row < vp; ++row) {
     for (int i = 0; i < c; ++i) EXPECT_EQ(dwte[row * c + i], row == 2 ? 2.0f : 0.0f);
   }
@@ -132,15 +132,15 @@ TEST(AttentionTest, GradientsMatchFiniteDifferences) {
   const Tensors inputs = {RandomVector(rng, b * t * 3 * c)};
   auto forward = [&]<typename T>(const std::vector<std::vector<T>>& in) {
     std::vector<T> out(b * t * c), att(b * nh * t * t);
-    AttentionForward(out.data(), att.data(), in[0].data(), b, t, c, nh);
+    AttentionForward(out.data(), att.data(), in[0].data(), nullptr, b, t, c, nh);
     return out;
   };
   auto backward = [&]<typename T>(const std::vector<std::vector<T>>& in, const std::vector<T>& dout,
                                   std::vector<std::vector<T>>* g) {
     std::vector<T> out(b * t * c), att(b * nh * t * t), scratch(t * t);
-    AttentionForward(out.data(), att.data(), in[0].data(), b, t, c, nh);
-    AttentionBackward((*g)[0].data(), scratch.data(), dout.data(), in[0].data(), att.data(), b, t,
-                      c, nh);
+    AttentionForward(out.data(), att.data(), in[0].data(), nullptr, b, t, c, nh);
+    AttentionBackward((*g)[0].data(), scratch.data(), dout.data(), in[0].data(), att.data(),
+                      nullptr, b, t, c, nh);
   };
   CheckOp(forward, backward, inputs, 15);
 }
@@ -150,7 +150,7 @@ TEST(AttentionTest, IsCausalAndKeepsNormalizedSoftmax) {
   std::mt19937_64 rng(6);
   std::vector<double> qkv = RandomVector(rng, b * t * 3 * c);
   std::vector<double> out(b * t * c), att(b * nh * t * t);
-  AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  AttentionForward(out.data(), att.data(), qkv.data(), nullptr, b, t, c, nh);
   for (int h = 0; h < nh; ++h) {
     for (int i = 0; i < t; ++i) {
       double sum = 0;
@@ -167,7 +167,7 @@ TEST(AttentionTest, IsCausalAndKeepsNormalizedSoftmax) {
   // Changing everything at the last position leaves every earlier output bit-identical.
   for (int i = 0; i < 3 * c; ++i) qkv[(t - 1) * 3 * c + i] += 1.0;
   std::vector<double> out2(b * t * c);
-  AttentionForward(out2.data(), att.data(), qkv.data(), b, t, c, nh);
+  AttentionForward(out2.data(), att.data(), qkv.data(), nullptr, b, t, c, nh);
   for (int i = 0; i < (t - 1) * c; ++i) EXPECT_EQ(out2[i], out[i]) << i;
   EXPECT_NE(out2[(t - 1) * c], out[(t - 1) * c]);
 }

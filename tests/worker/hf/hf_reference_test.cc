@@ -7,13 +7,20 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
+#include "worker/engine/cpu/gpt2_model.h"
+#include "worker/engine/cpu/llama_model.h"
 #include "worker/engine/cpu/model.h"
+#include "worker/engine/gpt2/gpt2_arch.h"
+#include "worker/engine/llama/llama_arch.h"
 #include "worker/hf/hf_checkpoint.h"
 #include "worker/hf/hf_config.h"
 #include "worker/hf/hf_export.h"
@@ -143,6 +150,129 @@ TEST_P(HfReferenceTest, LossLogitsAndGradientsMatchTransformers) {
     }
   }
   EXPECT_EQ(checked, 16 * static_cast<int>(ref["grads"].size()));
+}
+
+// ---- Packed documents and loss masks (the fixture's "packed" section). ----
+
+// One forward (and backward) of the packed batch through a CPU model of element type T: the
+// loss as the mean over the targets that count, the four rows of logits, every unit's
+// gradient of that mean.
+struct PackedRun {
+  double loss = 0;
+  std::vector<std::vector<double>> logits;  // ref["logits"]'s positions, vocab_size each
+  std::vector<std::vector<double>> grads;   // by unit
+};
+
+template <typename Model, typename Config>
+PackedRun RunPacked(const Config& config, const engine::ModelArch& arch,
+                    const std::vector<std::vector<float>>& units, const Json& ref,
+                    const Json& variant, bool reset_positions) {
+  using T = std::remove_cvref_t<decltype(std::declval<Model>().Logits()[0])>;
+  const int b = ref["batch"].get<int>();
+  const int t = ref["seq_len"].get<int>();
+  const std::vector<int32_t> inputs = Flat(ref["inputs"]);
+  const std::vector<int32_t> labels = Flat(ref["packed"]["labels"]);  // -100: ignored
+  const std::vector<int32_t> doc_starts = Flat(ref["packed"]["doc_starts"]);
+  int counted = 0;
+  for (int32_t l : labels) counted += l >= 0 ? 1 : 0;
+  std::vector<std::vector<T>> params;
+  for (const auto& unit : units) params.emplace_back(unit.begin(), unit.end());
+  Model model(config, b, t, engine::Checkpointing::kNone);
+  const int layers = arch.num_layers();
+  auto forward = [&] {
+    model.SetShape(b, t);
+    model.SetDocuments(doc_starts.data(), reset_positions);
+    model.EncoderForward(params[0].data(), inputs.data());
+    for (int l = 0; l < layers; ++l) model.BlockForward(l, params[1 + l].data());
+  };
+  PackedRun run;
+  forward();
+  model.ClassifierForward(params[0].data(), nullptr, T(1));
+  const int vp = arch.padded_vocab_size();
+  for (const Json& row : variant["logits"]) {
+    const T* l =
+        model.Logits() + (static_cast<size_t>(row["b"].get<int>()) * t + row["t"].get<int>()) * vp;
+    run.logits.emplace_back(l, l + arch.vocab_size());
+  }
+  forward();
+  // The model's loss sums over every position and divides by B * T; the mean over the
+  // targets that count is that times B * T / counted, and so is its gradient's scale.
+  const double scale = static_cast<double>(b) * t / counted;
+  run.loss =
+      model.ClassifierForward(params[0].data(), labels.data(), static_cast<T>(scale)) * scale;
+  std::vector<std::vector<T>> grads;
+  for (const auto& unit : params) grads.emplace_back(unit.size(), T(0));
+  model.ClassifierBackward(params[0].data(), grads[0].data());
+  for (int l = layers - 1; l >= 0; --l) {
+    model.BlockBackward(l, params[1 + l].data(), grads[1 + l].data());
+  }
+  model.EncoderBackward(grads[0].data());
+  for (const auto& g : grads) run.grads.emplace_back(g.begin(), g.end());
+  return run;
+}
+
+// transformers, fed the packed batch with labels = -100 where a target is ignored and each
+// document on its own (positions restarted or not), against Weft's CPU model in float64
+// (the loss to 1e-6 relative, every sampled gradient to 1e-5 of its tensor's largest) and in
+// float32, the engine's own (1e-5 both).
+TEST_P(HfReferenceTest, PackedDocumentsWithLossMasksMatchTransformers) {
+  const std::string dir = Fixture(GetParam());
+  const Json ref = Json::parse(ReadText(dir + "/reference.json"));
+  ASSERT_TRUE(ref.contains("packed")) << dir << ": regenerate with make_reference.py";
+  Imported m = Import(dir);
+  ASSERT_NE(m.importer, nullptr);
+  const engine::ModelArch& arch = m.importer->arch();
+  auto mapping = HfTensorMapping(arch);
+  ASSERT_TRUE(mapping.ok());
+  std::map<std::string, const HfTensorMap*> by_name;
+  for (const HfTensorMap& entry : *mapping) by_name[entry.name] = &entry;
+
+  for (const char* name : {"packed_reset", "packed_continue"}) {
+    const Json& variant = ref["packed"][name];
+    const bool reset = std::string(name) == "packed_reset";
+    for (const bool f64 : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(name, f64 ? " float64" : " float32"));
+      PackedRun run;
+      if (const auto* llama = dynamic_cast<const engine::LlamaArch*>(&arch)) {
+        run = f64 ? RunPacked<engine::cpu::LlamaModel<double>>(llama->config(), arch, m.units, ref,
+                                                               variant, reset)
+                  : RunPacked<engine::cpu::LlamaModel<float>>(llama->config(), arch, m.units, ref,
+                                                              variant, reset);
+      } else if (const auto* gpt = dynamic_cast<const engine::Gpt2Arch*>(&arch)) {
+        run = f64 ? RunPacked<engine::cpu::GptModel<double>>(gpt->config(), arch, m.units, ref,
+                                                             variant, reset)
+                  : RunPacked<engine::cpu::GptModel<float>>(gpt->config(), arch, m.units, ref,
+                                                            variant, reset);
+      } else {
+        FAIL() << "no CPU model for " << arch.name();
+      }
+      const double tolerance = f64 ? 1e-6 : 1e-5;
+      ExpectRelativelyNear(run.loss, variant["loss"].get<double>(), tolerance, "loss");
+      for (size_t r = 0; r < run.logits.size(); ++r) {
+        const Json& values = variant["logits"][r]["values"];
+        double scale = 0;
+        for (const Json& v : values) scale = std::max(scale, std::abs(v.get<double>()));
+        for (size_t v = 0; v < values.size(); ++v) {
+          EXPECT_NEAR(run.logits[r][v], values[v].get<double>(), 1e-5 * scale)
+              << "logit row " << r << " column " << v;
+        }
+      }
+      int checked = 0;
+      for (const auto& [tensor, sample] : variant["grads"].items()) {
+        ASSERT_TRUE(by_name.count(tensor)) << tensor;
+        const HfTensorMap& entry = *by_name[tensor];
+        const double max_abs = sample["max_abs"].get<double>();
+        for (size_t i = 0; i < sample["indices"].size(); ++i) {
+          const int64_t index = sample["indices"][i].get<int64_t>();
+          EXPECT_NEAR(run.grads[entry.unit][UnitOffsetOf(entry, index)],
+                      sample["values"][i].get<double>(), 1e-5 * max_abs)
+              << tensor << "[" << index << "]";
+          ++checked;
+        }
+      }
+      EXPECT_EQ(checked, 16 * static_cast<int>(variant["grads"].size()));
+    }
+  }
 }
 
 // Imported and exported again, a checkpoint transformers saved comes out with the same tensor

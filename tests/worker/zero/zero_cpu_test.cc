@@ -72,12 +72,12 @@ uint32_t Token(int64_t step, int micro, int g, int t) {
 }
 
 BatchFn GlobalBatch(int rank, int batch) {
-  return [rank, batch](int64_t step, int micro, int32_t* inputs, int32_t* targets) {
+  return [rank, batch](int64_t step, int micro, const MicroBatch& mb) {
     for (int b = 0; b < batch; ++b) {
       const int g = rank * batch + b;
       for (int t = 0; t < 16; ++t) {
-        inputs[b * 16 + t] = static_cast<int32_t>(Token(step, micro, g, t));
-        targets[b * 16 + t] = static_cast<int32_t>(Token(step, micro, g, t + 1));
+        mb.inputs[b * 16 + t] = static_cast<int32_t>(Token(step, micro, g, t));
+        mb.targets[b * 16 + t] = static_cast<int32_t>(Token(step, micro, g, t + 1));
       }
     }
   };
@@ -592,8 +592,8 @@ TEST(ZeroSkippedStepTest, BiasCorrectionCountsTheUpdatesAppliedNotTheStep) {
   weft::v1::JobSpec spec = TinySpec(3, kBatchPerRank, weft::v1::LLAMA);
   spec.mutable_lr_schedule()->set_kind(weft::v1::LrSchedule::CONSTANT);
   spec.mutable_lr_schedule()->set_warmup_steps(0);
-  const BatchFn fixed = [](int64_t, int micro, int32_t* inputs, int32_t* targets) {
-    GlobalBatch(0, kBatchPerRank)(0, micro, inputs, targets);
+  const BatchFn fixed = [](int64_t, int micro, const MicroBatch& mb) {
+    GlobalBatch(0, kBatchPerRank)(0, micro, mb);
   };
   const auto train = [&](int64_t step, int64_t applied) {
     auto c = comm::CreateGlooCommunicator(nullptr, 0, 1, {});

@@ -103,12 +103,12 @@ uint32_t Token(int64_t step, int micro, int g, int t) {
 }
 
 BatchFn GlobalBatch(int rank, int batch) {
-  return [rank, batch](int64_t step, int micro, int32_t* inputs, int32_t* targets) {
+  return [rank, batch](int64_t step, int micro, const MicroBatch& mb) {
     for (int b = 0; b < batch; ++b) {
       const int g = rank * batch + b;
       for (int t = 0; t < kT; ++t) {
-        inputs[b * kT + t] = static_cast<int32_t>(Token(step, micro, g, t));
-        targets[b * kT + t] = static_cast<int32_t>(Token(step, micro, g, t + 1));
+        mb.inputs[b * kT + t] = static_cast<int32_t>(Token(step, micro, g, t));
+        mb.targets[b * kT + t] = static_cast<int32_t>(Token(step, micro, g, t + 1));
       }
     }
   };
@@ -440,7 +440,7 @@ std::vector<std::vector<float>> ModelPass(
   }
   const int b = spec.training().micro_batch_size();
   std::vector<int32_t> inputs(b * kT), targets(b * kT);
-  GlobalBatch(0, b)(3, 0, inputs.data(), targets.data());
+  GlobalBatch(0, b)(3, 0, MicroBatch{inputs.data(), targets.data()});
   cudaStream_t stream = nullptr;
   EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   auto model = engine::cuda::CreateCudaModel(**arch, b, kT, level, stream);
@@ -465,7 +465,7 @@ std::vector<std::vector<float>> ModelPass(
   }
   auto& m = **model;
   const int layers = (*arch)->num_layers();
-  EXPECT_TRUE(m.SetBatch(b, kT, inputs.data(), targets.data()).ok());
+  EXPECT_TRUE(m.SetBatch(b, kT, inputs.data(), targets.data(), nullptr, false).ok());
   EXPECT_TRUE(m.EncoderForward(params[0]).ok());
   for (int l = 0; l < layers; ++l) EXPECT_TRUE(m.BlockForward(l, params[1 + l]).ok());
   const size_t split = (*arch)->HeadOutputBegin();  // where Classifier's part of the head starts
@@ -502,7 +502,7 @@ void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {
     cpu_grads[u].assign(params[u].size(), 0.0f);
   }
   std::vector<int32_t> inputs(b * kT), targets(b * kT);
-  GlobalBatch(0, b)(3, 0, inputs.data(), targets.data());
+  GlobalBatch(0, b)(3, 0, MicroBatch{inputs.data(), targets.data()});
 
   const std::unique_ptr<engine::cpu::CpuModel> cpu =
       *engine::cpu::CreateCpuModel(arch, b, kT, engine::Checkpointing::kNone);
@@ -1581,7 +1581,7 @@ TEST_F(ZeroCudaTest, LlamaBenchShapeModelTiming) {
   auto* block_grad = static_cast<float*>(device((*arch)->UnitSize(1) * 4));
   std::vector<int32_t> tokens(static_cast<size_t>(b) * t);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 7919 % 128256);
-  ASSERT_TRUE(model.SetBatch(b, t, tokens.data(), tokens.data()).ok());
+  ASSERT_TRUE(model.SetBatch(b, t, tokens.data(), tokens.data(), nullptr, false).ok());
   cudaEvent_t marks[6];
   for (cudaEvent_t& e : marks) ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
   for (int round = 0; round < 3; ++round) {  // the last one timed

@@ -4,7 +4,14 @@
 // qkv rows are [q (NH * D) | k (NKV * D) | v (NKV * D)], head j owning channels
 // [j*D, (j+1)*D) of its part; GPT-2 is NKV = NH, D = C / NH (rows [q | k | v], each C wide).
 //
-// Contract: the forward keeps the (B, NH, T, T) softmax `att` (zeros above the diagonal) for
+// Documents: with doc_starts (B, T) (packed sequences), query t of row b sees only keys
+// [doc_starts[b, t], t], its own document's: attention is block-diagonal causal, each
+// document computed as a sequence of its own (the GEMMs below run per document block, so the
+// work shrinks with the documents). nullptr is one document a row: plain causal attention.
+// doc_starts must segment each row: doc_starts[b, 0] = 0 and doc_starts[b, t] is t (a
+// document starts) or doc_starts[b, t - 1].
+//
+// Contract: the forward keeps the (B, NH, T, T) softmax `att` (zeros outside the blocks) for
 // the backward, so attention memory is O(B * NH * T * T). The backward ACCUMULATES (+=) into
 // dqkv and uses a (T, T) scratch; a shared key/value head's gradient sums its query heads'
 // contributions in head order.
@@ -18,14 +25,37 @@
 // is inside BLAS (see blas.h for what that means for determinism).
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 #include "worker/engine/cpu/blas.h"
+#include "worker/engine/cpu/model_core.h"
 #include "worker/engine/cpu/ops.h"
 
 namespace weft::engine::cpu {
+namespace {
+
+// The documents of row `bi`: calls fn(start, length) for each, in order.
+template <typename Fn>
+void ForEachDocument(const int32_t* doc_starts, int bi, int t, Fn fn) {
+  if (doc_starts == nullptr) {
+    fn(0, t);
+    return;
+  }
+  const int32_t* row = doc_starts + static_cast<size_t>(bi) * t;  // (T)
+  int start = 0;
+  for (int ti = 1; ti <= t; ++ti) {
+    if (ti == t || row[ti] == ti) {
+      fn(start, ti - start);
+      start = ti;
+    }
+  }
+}
+
+}  // namespace
 
 template <typename T>
-void GqaAttentionForward(T* out, T* att, const T* qkv, int b, int t, int nh, int nkv, int d) {
+void GqaAttentionForward(T* out, T* att, const T* qkv, const int32_t* doc_starts, int b, int t,
+                         int nh, int nkv, int d) {
   const int row = (nh + 2 * nkv) * d;  // QKV
   const int q_width = nh * d;
   const int kv_width = nkv * d;
@@ -34,36 +64,40 @@ void GqaAttentionForward(T* out, T* att, const T* qkv, int b, int t, int nh, int
   for (int bi = 0; bi < b; ++bi) {
     for (int h = 0; h < nh; ++h) {
       const T* seq = qkv + static_cast<size_t>(bi) * t * row;
-      const T* q = seq + h * d;                                    // (T, D), stride QKV
-      const T* k = seq + q_width + (h / group) * d;                // (T, D), stride QKV
-      const T* v = k + kv_width;                                   // (T, D), stride QKV
-      T* a = att + (static_cast<size_t>(bi) * nh + h) * t * t;     // (T, T)
-      T* o = out + static_cast<size_t>(bi) * t * q_width + h * d;  // (T, D), stride NH * D
-      // a (T, T) = scale * q (T, D) @ k^T (D, T); the upper triangle is overwritten below.
-      Gemm(false, true, t, t, d, scale, q, row, k, row, T(0), a, t);
-      for (int ti = 0; ti < t; ++ti) {
-        T* a_row = a + static_cast<size_t>(ti) * t;  // (T)
-        T max_val = a_row[0];
-        for (int j = 1; j <= ti; ++j) max_val = a_row[j] > max_val ? a_row[j] : max_val;
-        T sum = 0;
-        for (int j = 0; j <= ti; ++j) {
-          a_row[j] = std::exp(a_row[j] - max_val);
-          sum += a_row[j];
+      T* a_all = att + (static_cast<size_t>(bi) * nh + h) * t * t;  // (T, T)
+      if (doc_starts != nullptr) Zero(a_all, static_cast<size_t>(t) * t);
+      ForEachDocument(doc_starts, bi, t, [&](int s0, int len) {
+        const T* q = seq + static_cast<size_t>(s0) * row + h * d;  // (len, D)
+        const T* k = seq + static_cast<size_t>(s0) * row + q_width + (h / group) * d;
+        const T* v = k + kv_width;                        // (len, D)
+        T* a = a_all + static_cast<size_t>(s0) * t + s0;  // (len, len), row stride T
+        T* o = out + (static_cast<size_t>(bi) * t + s0) * q_width + h * d;  // stride NH * D
+        // a (len, len) = scale * q (len, D) @ k^T (D, len); the upper triangle is overwritten.
+        Gemm(false, true, len, len, d, scale, q, row, k, row, T(0), a, t);
+        for (int ti = 0; ti < len; ++ti) {
+          T* a_row = a + static_cast<size_t>(ti) * t;  // (len)
+          T max_val = a_row[0];
+          for (int j = 1; j <= ti; ++j) max_val = a_row[j] > max_val ? a_row[j] : max_val;
+          T sum = 0;
+          for (int j = 0; j <= ti; ++j) {
+            a_row[j] = std::exp(a_row[j] - max_val);
+            sum += a_row[j];
+          }
+          const T inv_sum = T(1) / sum;
+          for (int j = 0; j <= ti; ++j) a_row[j] *= inv_sum;
+          // Exact zeros above the diagonal make `a @ v` below causal without a masked GEMM.
+          for (int j = ti + 1; j < len; ++j) a_row[j] = 0;
         }
-        const T inv_sum = T(1) / sum;
-        for (int j = 0; j <= ti; ++j) a_row[j] *= inv_sum;
-        // Exact zeros above the diagonal make `a @ v` below causal without a masked GEMM.
-        for (int j = ti + 1; j < t; ++j) a_row[j] = 0;
-      }
-      // o (T, D) = a (T, T) @ v (T, D)
-      Gemm(false, false, t, d, t, T(1), a, t, v, row, T(0), o, q_width);
+        // o (len, D) = a (len, len) @ v (len, D)
+        Gemm(false, false, len, d, len, T(1), a, t, v, row, T(0), o, q_width);
+      });
     }
   }
 }
 
 template <typename T>
-void GqaAttentionBackward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, int b,
-                          int t, int nh, int nkv, int d) {
+void GqaAttentionBackward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att,
+                          const int32_t* doc_starts, int b, int t, int nh, int nkv, int d) {
   const int row = (nh + 2 * nkv) * d;  // QKV
   const int q_width = nh * d;
   const int kv_width = nkv * d;
@@ -71,63 +105,71 @@ void GqaAttentionBackward(T* dqkv, T* scratch, const T* dout, const T* qkv, cons
   const T scale = T(1) / std::sqrt(T(d));
   for (int bi = 0; bi < b; ++bi) {
     for (int h = 0; h < nh; ++h) {
-      const size_t seq = static_cast<size_t>(bi) * t * row;
-      const size_t q_off = seq + h * d;
-      const size_t k_off = seq + q_width + (h / group) * d;
-      const T* q = qkv + q_off;                                                // (T, D)
-      const T* k = qkv + k_off;                                                // (T, D)
-      const T* v = k + kv_width;                                               // (T, D)
-      T* dq = dqkv + q_off;                                                    // (T, D)
-      T* dk = dqkv + k_off;                                                    // (T, D)
-      T* dv = dk + kv_width;                                                   // (T, D)
-      const T* a = att + (static_cast<size_t>(bi) * nh + h) * t * t;           // (T, T)
-      const T* dout_h = dout + static_cast<size_t>(bi) * t * q_width + h * d;  // (T, D)
-      T* da = scratch;                                                         // (T, T)
-      // da (T, T) = dout_h (T, D) @ v^T (D, T)
-      Gemm(false, true, t, t, d, T(1), dout_h, q_width, v, row, T(0), da, t);
-      // dv (T, D) += a^T (T, T) @ dout_h (T, D)
-      Gemm(true, false, t, d, t, T(1), a, t, dout_h, q_width, T(1), dv, row);
-      // Softmax backward in place: ds[j] = a[j] * (da[j] - sum_k a[k] da[k]) on the causal
-      // part, 0 above the diagonal (masked scores have no gradient).
-      for (int ti = 0; ti < t; ++ti) {
-        const T* a_row = a + static_cast<size_t>(ti) * t;  // (T)
-        T* d_row = da + static_cast<size_t>(ti) * t;       // (T)
-        T dot = 0;
-        for (int j = 0; j <= ti; ++j) dot += a_row[j] * d_row[j];
-        for (int j = 0; j <= ti; ++j) d_row[j] = a_row[j] * (d_row[j] - dot);
-        for (int j = ti + 1; j < t; ++j) d_row[j] = 0;
-      }
-      // Scores were scale * q @ k^T:
-      // dq (T, D) += scale * ds (T, T) @ k (T, D)
-      Gemm(false, false, t, d, t, scale, da, t, k, row, T(1), dq, row);
-      // dk (T, D) += scale * ds^T (T, T) @ q (T, D)
-      Gemm(true, false, t, d, t, scale, da, t, q, row, T(1), dk, row);
+      ForEachDocument(doc_starts, bi, t, [&](int s0, int len) {
+        const size_t seq = (static_cast<size_t>(bi) * t + s0) * row;
+        const size_t q_off = seq + h * d;
+        const size_t k_off = seq + q_width + (h / group) * d;
+        const T* q = qkv + q_off;   // (len, D)
+        const T* k = qkv + k_off;   // (len, D)
+        const T* v = k + kv_width;  // (len, D)
+        T* dq = dqkv + q_off;       // (len, D)
+        T* dk = dqkv + k_off;       // (len, D)
+        T* dv = dk + kv_width;      // (len, D)
+        const T* a = att + (static_cast<size_t>(bi) * nh + h) * t * t +
+                     static_cast<size_t>(s0) * t + s0;  // (len, len), row stride T
+        const T* dout_h = dout + (static_cast<size_t>(bi) * t + s0) * q_width + h * d;
+        T* da = scratch;  // (len, len), row stride len
+        // da (len, len) = dout_h (len, D) @ v^T (D, len)
+        Gemm(false, true, len, len, d, T(1), dout_h, q_width, v, row, T(0), da, len);
+        // dv (len, D) += a^T (len, len) @ dout_h (len, D)
+        Gemm(true, false, len, d, len, T(1), a, t, dout_h, q_width, T(1), dv, row);
+        // Softmax backward in place: ds[j] = a[j] * (da[j] - sum_k a[k] da[k]) on the causal
+        // part, 0 above the diagonal (masked scores have no gradient).
+        for (int ti = 0; ti < len; ++ti) {
+          const T* a_row = a + static_cast<size_t>(ti) * t;  // (len)
+          T* d_row = da + static_cast<size_t>(ti) * len;     // (len)
+          T dot = 0;
+          for (int j = 0; j <= ti; ++j) dot += a_row[j] * d_row[j];
+          for (int j = 0; j <= ti; ++j) d_row[j] = a_row[j] * (d_row[j] - dot);
+          for (int j = ti + 1; j < len; ++j) d_row[j] = 0;
+        }
+        // Scores were scale * q @ k^T:
+        // dq (len, D) += scale * ds (len, len) @ k (len, D)
+        Gemm(false, false, len, d, len, scale, da, len, k, row, T(1), dq, row);
+        // dk (len, D) += scale * ds^T (len, len) @ q (len, D)
+        Gemm(true, false, len, d, len, scale, da, len, q, row, T(1), dk, row);
+      });
     }
   }
 }
 
 template <typename T>
-void AttentionForward(T* out, T* att, const T* qkv, int b, int t, int c, int nh) {
-  GqaAttentionForward(out, att, qkv, b, t, nh, nh, c / nh);
+void AttentionForward(T* out, T* att, const T* qkv, const int32_t* doc_starts, int b, int t, int c,
+                      int nh) {
+  GqaAttentionForward(out, att, qkv, doc_starts, b, t, nh, nh, c / nh);
 }
 
 template <typename T>
-void AttentionBackward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, int b, int t,
-                       int c, int nh) {
-  GqaAttentionBackward(dqkv, scratch, dout, qkv, att, b, t, nh, nh, c / nh);
+void AttentionBackward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att,
+                       const int32_t* doc_starts, int b, int t, int c, int nh) {
+  GqaAttentionBackward(dqkv, scratch, dout, qkv, att, doc_starts, b, t, nh, nh, c / nh);
 }
 
-template void AttentionForward<float>(float*, float*, const float*, int, int, int, int);
-template void AttentionForward<double>(double*, double*, const double*, int, int, int, int);
+template void AttentionForward<float>(float*, float*, const float*, const int32_t*, int, int, int,
+                                      int);
+template void AttentionForward<double>(double*, double*, const double*, const int32_t*, int, int,
+                                       int, int);
 template void AttentionBackward<float>(float*, float*, const float*, const float*, const float*,
-                                       int, int, int, int);
+                                       const int32_t*, int, int, int, int);
 template void AttentionBackward<double>(double*, double*, const double*, const double*,
-                                        const double*, int, int, int, int);
-template void GqaAttentionForward<float>(float*, float*, const float*, int, int, int, int, int);
-template void GqaAttentionForward<double>(double*, double*, const double*, int, int, int, int, int);
+                                        const double*, const int32_t*, int, int, int, int);
+template void GqaAttentionForward<float>(float*, float*, const float*, const int32_t*, int, int,
+                                         int, int, int);
+template void GqaAttentionForward<double>(double*, double*, const double*, const int32_t*, int, int,
+                                          int, int, int);
 template void GqaAttentionBackward<float>(float*, float*, const float*, const float*, const float*,
-                                          int, int, int, int, int);
+                                          const int32_t*, int, int, int, int, int);
 template void GqaAttentionBackward<double>(double*, double*, const double*, const double*,
-                                           const double*, int, int, int, int, int);
+                                           const double*, const int32_t*, int, int, int, int, int);
 
 }  // namespace weft::engine::cpu

@@ -10,7 +10,9 @@
 // their gradient is exactly 0 (padding rows of the tied wte never move) and the loss equals
 // the unpadded loss. loss_scale lets data-parallel ranks and gradient accumulation pre-scale
 // the gradient (each rank passes 1 / (world * accum)); the returned loss is never scaled.
-// Targets must be in [0, V) (the data layer validates).
+// Targets must be in [0, V) (the data layer validates), or negative: ignored (Hugging Face's
+// labels = -100), loss 0 and gradient 0 but still counted in N (the engine rescales by the
+// number of targets that count over the global batch: worker/zero/training_engine.h).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +28,11 @@ double SoftmaxCrossEntropyForwardBackward(T* logits, T* losses, const int32_t* t
   double loss_sum = 0;  // serial, fixed order: the mean is bit-identical run to run
   for (int i = 0; i < n; ++i) {
     T* row = logits + static_cast<size_t>(i) * vp;  // (Vp)
+    if (targets[i] < 0) {
+      losses[i] = 0;
+      for (int j = 0; j < vp; ++j) row[j] = 0;
+      continue;
+    }
     T max_val = row[0];
     for (int j = 1; j < v; ++j) max_val = row[j] > max_val ? row[j] : max_val;
     const int target = targets[i];

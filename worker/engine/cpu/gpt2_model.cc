@@ -78,7 +78,7 @@ void GptModel<T>::EncoderForward(const T* head, const int32_t* tokens) {
   mb_.EncoderForward(tokens);
   // Qualified: the member of the same name would hide the op.
   cpu::EncoderForward(residual_[0], mb_.tokens(), head + head_offsets_[kWte],
-                      head + head_offsets_[kWpe], mb_.b(), mb_.t(), c);
+                      head + head_offsets_[kWpe], mb_.positions(), mb_.b(), mb_.t(), c);
 }
 
 template <typename T>
@@ -103,7 +103,8 @@ void GptModel<T>::RunBlock(int layer, const T* block, bool recompute) {
     MatmulForward(a.qkv, a.ln1, block + off[kQkvw], block + off[kQkvb], n, c, 3 * c);
   }
   if (this->Runs(recompute, ActKind::kCheap)) {
-    AttentionForward(a.atty, a.att, a.qkv, mb_.b(), mb_.t(), c, config_.num_heads);
+    AttentionForward(a.atty, a.att, a.qkv, mb_.doc_starts(), mb_.b(), mb_.t(), c,
+                     config_.num_heads);
   }
   if (this->Runs(recompute, ActKind::kSaved)) {
     MatmulForward(proj_, a.atty, block + off[kAttprojw], block + off[kAttprojb], n, c, c);
@@ -181,7 +182,8 @@ void GptModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
   MatmulBackward(datty_, g + off[kAttprojw], g + off[kAttprojb], dres_, a.atty, w + off[kAttprojw],
                  n, c, c);
   Zero(dqkv_, 3 * nc);
-  AttentionBackward(dqkv_, datt_, datty_, a.qkv, a.att, mb_.b(), mb_.t(), c, config_.num_heads);
+  AttentionBackward(dqkv_, datt_, datty_, a.qkv, a.att, mb_.doc_starts(), mb_.b(), mb_.t(), c,
+                    config_.num_heads);
   Zero(dln_, nc);
   MatmulBackward(dln_, g + off[kQkvw], g + off[kQkvb], dqkv_, a.ln1, w + off[kQkvw], n, c, 3 * c);
   // += into dres_: it becomes d/dx, the gradient flowing into block layer - 1.
@@ -193,7 +195,7 @@ template <typename T>
 void GptModel<T>::EncoderBackward(T* head_grad) {
   mb_.EncoderBackward();
   cpu::EncoderBackward(head_grad + head_offsets_[kWte], head_grad + head_offsets_[kWpe], dres_,
-                       mb_.tokens(), mb_.b(), mb_.t(), config_.hidden_size);
+                       mb_.tokens(), mb_.positions(), mb_.b(), mb_.t(), config_.hidden_size);
 }
 
 template class GptModel<float>;

@@ -84,7 +84,8 @@ void LlamaModel<T>::EncoderForward(const T* head, const int32_t* tokens) {
   mb_.EncoderForward(tokens);
   // Qualified: the member of the same name would hide the op. No position embedding.
   cpu::EncoderForward(residual_[0], mb_.tokens(), head + head_offsets_[kLlamaEmbed],
-                      static_cast<const T*>(nullptr), mb_.b(), mb_.t(), config_.hidden_size);
+                      static_cast<const T*>(nullptr), nullptr, mb_.b(), mb_.t(),
+                      config_.hidden_size);
 }
 
 template <typename T>
@@ -112,10 +113,10 @@ void LlamaModel<T>::RunBlock(int layer, const T* block, bool recompute) {
   }
   if (this->Runs(recompute, ActKind::kSaved)) {
     MatmulForward(a.qkv, a.norm1, block + off[kLlamaQkvw], no_bias, n, c, config_.qkv_width());
-    RopeForward(a.qkv, rope_cos_, rope_sin_, mb_.b(), mb_.t(), nh, nkv, d);
+    RopeForward(a.qkv, rope_cos_, rope_sin_, mb_.positions(), mb_.b(), mb_.t(), nh, nkv, d);
   }
   if (this->Runs(recompute, ActKind::kCheap)) {
-    GqaAttentionForward(a.atty, a.att, a.qkv, mb_.b(), mb_.t(), nh, nkv, d);
+    GqaAttentionForward(a.atty, a.att, a.qkv, mb_.doc_starts(), mb_.b(), mb_.t(), nh, nkv, d);
   }
   if (this->Runs(recompute, ActKind::kSaved)) {
     MatmulForward(proj_, a.atty, block + off[kLlamaAttnOut], no_bias, n, config_.q_width(), c);
@@ -192,10 +193,10 @@ void LlamaModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
   MatmulBackward(datty_, g + off[kLlamaAttnOut], no_bias, dres_, a.atty, w + off[kLlamaAttnOut], n,
                  q, c);
   Zero(dqkv_, nn * qkv);
-  GqaAttentionBackward(dqkv_, datt_, datty_, a.qkv, a.att, mb_.b(), mb_.t(), config_.num_heads,
-                       config_.num_kv_heads, config_.head_size());
+  GqaAttentionBackward(dqkv_, datt_, datty_, a.qkv, a.att, mb_.doc_starts(), mb_.b(), mb_.t(),
+                       config_.num_heads, config_.num_kv_heads, config_.head_size());
   // Now the gradient w.r.t. the rotated q, k: rotate it back to the projection's output.
-  RopeBackward(dqkv_, rope_cos_, rope_sin_, mb_.b(), mb_.t(), config_.num_heads,
+  RopeBackward(dqkv_, rope_cos_, rope_sin_, mb_.positions(), mb_.b(), mb_.t(), config_.num_heads,
                config_.num_kv_heads, config_.head_size());
   Zero(dnorm_, nn * c);
   MatmulBackward(dnorm_, g + off[kLlamaQkvw], no_bias, dqkv_, a.norm1, w + off[kLlamaQkvw], n, c,
@@ -209,7 +210,7 @@ template <typename T>
 void LlamaModel<T>::EncoderBackward(T* head_grad) {
   mb_.EncoderBackward();
   cpu::EncoderBackward(head_grad + head_offsets_[kLlamaEmbed], static_cast<T*>(nullptr), dres_,
-                       mb_.tokens(), mb_.b(), mb_.t(), config_.hidden_size);
+                       mb_.tokens(), nullptr, mb_.b(), mb_.t(), config_.hidden_size);
 }
 
 template class LlamaModel<float>;

@@ -10,6 +10,7 @@
 //
 // A training micro-step, with every backward ACCUMULATING (+=) into the unit's gradient:
 //   model.SetShape(B, T);
+//   model.SetDocuments(doc_starts, reset_positions);   // packed documents; optional
 //   model.EncoderForward(head, tokens);
 //   for l = 0 .. L-1: model.BlockForward(l, block[l]);
 //   loss = model.ClassifierForward(head, targets, 1.0f / (world * accum));
@@ -45,12 +46,19 @@ class CpuModel {
   // B in [1, max_B], T in [1, max_T] (sampling uses B = 1 and a growing T). Takes effect for
   // the next EncoderForward; the forward and backward of one micro-batch use one shape.
   virtual void SetShape(int b, int t) = 0;
+  // Packed sequences (after SetShape, before EncoderForward; SetShape clears them): row b holds
+  // documents starting where doc_starts (B, T) says (doc_starts[b, t] = the position its
+  // document begins at: t itself or doc_starts[b, t - 1]); attention never crosses a document,
+  // and with reset_positions a position counts from its document's start (rotary angle or
+  // position embedding). nullptr: one document a row.
+  virtual void SetDocuments(const int32_t* doc_starts /* (B, T) */, bool reset_positions) = 0;
 
   // Forward, unit by unit. `head` is unit 0, `block` unit 1 + layer (UnitSize floats).
   // Token embeddings of the (B, T) tokens into the residual stream.
   virtual void EncoderForward(const float* head, const int32_t* tokens /* (B, T) */) = 0;
   virtual void BlockForward(int layer, const float* block) = 0;
-  // Final norm + LM head + softmax + mean cross-entropy over the B*T positions.
+  // Final norm + LM head + softmax + cross-entropy summed over the B*T positions and divided by
+  // B*T; a negative target is ignored (loss 0, no gradient: Hugging Face's labels = -100).
   // targets == nullptr: inference; returns 0 and keeps the logits (Logits()). Otherwise returns
   // the mean loss and prepares d(loss_scale * mean_loss)/dlogits for the backward, overwriting
   // the logits.

@@ -23,6 +23,9 @@ class FloatCpuModel : public CpuModel {
   int b() const override { return model_.b(); }
   int t() const override { return model_.t(); }
   void SetShape(int b, int t) override { model_.SetShape(b, t); }
+  void SetDocuments(const int32_t* doc_starts, bool reset_positions) override {
+    model_.SetDocuments(doc_starts, reset_positions);
+  }
   void EncoderForward(const float* head, const int32_t* tokens) override {
     model_.EncoderForward(head, tokens);
   }

@@ -22,13 +22,34 @@ MicroBatch::MicroBatch(const char* model, int num_layers, int vocab_size, int ma
       t_(max_t) {
   Check(max_b >= 1 && max_t >= 1 && max_t <= context, "bad max_b/max_t");
   tokens_.assign(static_cast<size_t>(max_b) * max_t, 0);
+  doc_starts_.assign(tokens_.size(), 0);
+  positions_.assign(tokens_.size(), 0);
 }
 
 void MicroBatch::SetShape(int b, int t) {
   Check(b >= 1 && b <= max_b_ && t >= 1 && t <= max_t_, "SetShape outside [1, max_b] x [1, max_t]");
   b_ = b;
   t_ = t;
+  has_documents_ = false;
+  reset_positions_ = false;
   stage_ = Stage::kIdle;
+}
+
+void MicroBatch::SetDocuments(const int32_t* doc_starts, bool reset_positions) {
+  Check(stage_ == Stage::kIdle, "SetDocuments after SetShape, before EncoderForward");
+  has_documents_ = doc_starts != nullptr;
+  reset_positions_ = has_documents_ && reset_positions;
+  if (!has_documents_) return;
+  std::memcpy(doc_starts_.data(), doc_starts, sizeof(int32_t) * n());
+  // The data layer builds these; a bad one would make attention read outside its rows.
+  for (int bi = 0; bi < b_; ++bi) {
+    const int32_t* row = doc_starts_.data() + static_cast<size_t>(bi) * t_;
+    for (int ti = 0; ti < t_; ++ti) {
+      Check(row[ti] == ti || (ti > 0 && row[ti] == row[ti - 1]),
+            "doc_starts do not segment the row (each is t or the previous one's)");
+      positions_[static_cast<size_t>(bi) * t_ + ti] = ti - row[ti];
+    }
+  }
 }
 
 void MicroBatch::EncoderForward(const int32_t* tokens) {
@@ -56,7 +77,7 @@ void MicroBatch::ClassifierForward(const int32_t* targets) {
     return;
   }
   for (int i = 0; i < n(); ++i) {
-    Check(targets[i] >= 0 && targets[i] < vocab_size_, "target outside [0, vocab_size)");
+    Check(targets[i] < vocab_size_, "target outside [0, vocab_size) (negative: ignored)");
   }
   stage_ = Stage::kBackwardReady;
 }

@@ -38,7 +38,16 @@ class MicroBatch {
   void Check(bool ok, const char* what) const { CheckOrDie(ok, model_, what); }
 
   // The model's calls, each checked against the order and recorded.
-  void SetShape(int b, int t);  // any time: abandons the micro-batch in flight
+  void SetShape(int b, int t);  // any time: abandons the micro-batch in flight; no documents
+  // After SetShape, before EncoderForward: the rows hold packed documents starting where
+  // doc_starts (B, T) says (copied; engine/cpu/attention.cc states what it must hold), and with
+  // reset_positions each position counts from its document's start. nullptr: one document a
+  // row, positions 0..T-1.
+  void SetDocuments(const int32_t* doc_starts, bool reset_positions);
+  // (B, T) or nullptr (no documents).
+  const int32_t* doc_starts() const { return has_documents_ ? doc_starts_.data() : nullptr; }
+  // (B, T) or nullptr (positions are 0..T-1).
+  const int32_t* positions() const { return reset_positions_ ? positions_.data() : nullptr; }
   // Keeps a copy of the (B, T) tokens: EncoderBackward needs them after the caller's buffer
   // may be gone.
   void EncoderForward(const int32_t* tokens);
@@ -61,6 +70,10 @@ class MicroBatch {
   int b_;
   int t_;
   std::vector<int32_t> tokens_;
+  std::vector<int32_t> doc_starts_;  // (max_B, max_T)
+  std::vector<int32_t> positions_;   // (max_B, max_T)
+  bool has_documents_ = false;
+  bool reset_positions_ = false;
   Stage stage_ = Stage::kIdle;
   int next_layer_ = 0;  // next BlockForward (counting up) or BlockBackward (counting down)
 };
@@ -124,13 +137,17 @@ class CpuModelBase {
   int b() const { return mb_.b(); }
   int t() const { return mb_.t(); }
   void SetShape(int b, int t) { mb_.SetShape(b, t); }
+  void SetDocuments(const int32_t* doc_starts, bool reset_positions) {
+    mb_.SetDocuments(doc_starts, reset_positions);
+  }
   const T* Logits() const {
     mb_.Logits();
     return logits_;
   }
   const T* Losses() const { return losses_; }
   size_t ActivationBytes() const {
-    return arena_.bytes() + sizeof(int32_t) * mb_.max_b() * mb_.max_t();
+    // The tokens, document starts and positions the micro-batch keeps.
+    return arena_.bytes() + 3 * sizeof(int32_t) * mb_.max_b() * mb_.max_t();
   }
 
  protected:

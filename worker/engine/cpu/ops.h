@@ -25,16 +25,18 @@ inline constexpr double kLayerNormEps = 1e-5;
 
 // ---- encoder.cc: token + position embedding ----
 template <typename T>
-void EncoderForward(T* out,                 // (B, T, C)
-                    const int32_t* tokens,  // (B, T), each in [0, V)
-                    const T* wte,           // (Vp, C)
-                    const T* wpe,           // (maxT, C), rows [0, T) used; nullptr: none
+void EncoderForward(T* out,                    // (B, T, C)
+                    const int32_t* tokens,     // (B, T), each in [0, V)
+                    const T* wte,              // (Vp, C)
+                    const T* wpe,              // (maxT, C), rows [0, T) used; nullptr: none
+                    const int32_t* positions,  // (B, T) rows of wpe, each < maxT; nullptr: t
                     int b, int t, int c);
 template <typename T>
-void EncoderBackward(T* dwte,                // (Vp, C) +=
-                     T* dwpe,                // (maxT, C) += ; nullptr when the forward had none
-                     const T* dout,          // (B, T, C)
-                     const int32_t* tokens,  // (B, T)
+void EncoderBackward(T* dwte,                   // (Vp, C) +=
+                     T* dwpe,                   // (maxT, C) += ; nullptr when the forward had none
+                     const T* dout,             // (B, T, C)
+                     const int32_t* tokens,     // (B, T)
+                     const int32_t* positions,  // (B, T) as the forward's; nullptr: t
                      int b, int t, int c);
 
 // ---- layernorm.cc ----
@@ -82,17 +84,20 @@ void RopeTables(T* cos,                  // (T, D/2)
                 const double* inv_freq,  // (D/2), engine/llama RopeInverseFrequencies
                 int t, int d);
 // Rotates the q (NH heads) and k (NKV heads) parts of every row IN PLACE; v is untouched.
+// Row (b, t) takes the angles of position positions[b, t] (< the tables' T), or t with nullptr.
 template <typename T>
-void RopeForward(T* qkv,        // (B, T, QKV): q | k | v
-                 const T* cos,  // (T, D/2)
-                 const T* sin,  // (T, D/2)
+void RopeForward(T* qkv,                    // (B, T, QKV): q | k | v
+                 const T* cos,              // (T, D/2)
+                 const T* sin,              // (T, D/2)
+                 const int32_t* positions,  // (B, T) or nullptr
                  int b, int t, int nh, int nkv, int d);
 // Applies the transposed rotation to the dq and dk parts IN PLACE (=): the gradient w.r.t.
 // the rotary input. dv is untouched.
 template <typename T>
-void RopeBackward(T* dqkv,       // (B, T, QKV)
-                  const T* cos,  // (T, D/2)
-                  const T* sin,  // (T, D/2)
+void RopeBackward(T* dqkv,                   // (B, T, QKV)
+                  const T* cos,              // (T, D/2)
+                  const T* sin,              // (T, D/2)
+                  const int32_t* positions,  // (B, T) as the forward's, or nullptr
                   int b, int t, int nh, int nkv, int d);
 
 // ---- swiglu.cc: out = silu(gate) * up ----
@@ -122,18 +127,22 @@ void MatmulBackward(T* dinp,          // (N, C) +=
                     const T* weight,  // (OC, C)
                     int n, int c, int oc);
 
-// ---- attention.cc: causal multi-head self-attention (no projections) ----
+// ---- attention.cc: causal multi-head self-attention (no projections), block-diagonal over
+// documents when doc_starts is given: query t of row b sees keys [doc_starts[b, t], t]
+// (attention.cc states what doc_starts must hold) ----
 template <typename T>
 void AttentionForward(T* out,        // (B, T, C)
-                      T* att,        // (B, NH, T, T) softmax, kept for backward; 0 above diagonal
+                      T* att,        // (B, NH, T, T) softmax, kept for backward; 0 where masked
                       const T* qkv,  // (B, T, 3C): q | k | v, each head a contiguous C/NH slice
+                      const int32_t* doc_starts,  // (B, T) or nullptr: one document a row
                       int b, int t, int c, int nh);
 template <typename T>
-void AttentionBackward(T* dqkv,        // (B, T, 3C) +=
-                       T* scratch,     // (T, T) workspace
-                       const T* dout,  // (B, T, C)
-                       const T* qkv,   // (B, T, 3C)
-                       const T* att,   // (B, NH, T, T)
+void AttentionBackward(T* dqkv,                    // (B, T, 3C) +=
+                       T* scratch,                 // (T, T) workspace
+                       const T* dout,              // (B, T, C)
+                       const T* qkv,               // (B, T, 3C)
+                       const T* att,               // (B, NH, T, T)
+                       const int32_t* doc_starts,  // (B, T) as the forward's, or nullptr
                        int b, int t, int c, int nh);
 
 // Grouped-query attention: query head h reads key/value head h / (NH / NKV). NKV == NH with
@@ -142,13 +151,15 @@ template <typename T>
 void GqaAttentionForward(T* out,        // (B, T, NH * D)
                          T* att,        // (B, NH, T, T) softmax, kept for backward
                          const T* qkv,  // (B, T, QKV): q (NH * D) | k (NKV * D) | v (NKV * D)
+                         const int32_t* doc_starts,  // (B, T) or nullptr
                          int b, int t, int nh, int nkv, int d);
 template <typename T>
-void GqaAttentionBackward(T* dqkv,        // (B, T, QKV) +=
-                          T* scratch,     // (T, T) workspace
-                          const T* dout,  // (B, T, NH * D)
-                          const T* qkv,   // (B, T, QKV)
-                          const T* att,   // (B, NH, T, T)
+void GqaAttentionBackward(T* dqkv,                    // (B, T, QKV) +=
+                          T* scratch,                 // (T, T) workspace
+                          const T* dout,              // (B, T, NH * D)
+                          const T* qkv,               // (B, T, QKV)
+                          const T* att,               // (B, NH, T, T)
+                          const int32_t* doc_starts,  // (B, T) as the forward's, or nullptr
                           int b, int t, int nh, int nkv, int d);
 
 // ---- gelu.cc: tanh approximation of GELU, as GPT-2 ----
@@ -166,11 +177,14 @@ void ResidualBackward(T* dinp1, T* dinp2, const T* dout, int64_t n);  // dinp1, 
 // ---- classifier.cc: softmax + cross-entropy over the first V of Vp logits, fused ----
 // Converts `logits` IN PLACE into d(loss_scale * mean(losses)) / dlogits and returns the mean
 // loss (accumulated in double). Columns >= V are excluded from the softmax (as if -inf), so
-// their gradient is exactly 0 and the loss equals the unpadded loss.
+// their gradient is exactly 0 and the loss equals the unpadded loss. A negative target is
+// IGNORED (Hugging Face's labels = -100): its loss is 0 and its row of dlogits all 0; the mean
+// still divides by N (the engine, which knows how many targets count over the global batch,
+// rescales: worker/zero/training_engine.h).
 template <typename T>
 double SoftmaxCrossEntropyForwardBackward(T* logits,  // (N, Vp) in: logits, out: dlogits
                                           T* losses,  // (N) per-position loss
-                                          const int32_t* targets,  // (N), each in [0, V)
+                                          const int32_t* targets,  // (N), in [0, V) or < 0
                                           int n, int v, int vp, T loss_scale);
 // The LM head in front of it: logits = inp @ weight^T (no bias), then, for training
 // (targets != nullptr), the fused loss above in place. Returns the mean loss, 0 for inference

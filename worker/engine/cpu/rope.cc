@@ -10,6 +10,7 @@
 // and dk IN PLACE (=, the one non-accumulating backward of ops.h). v is never touched.
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 #include "worker/engine/cpu/ops.h"
 
@@ -18,12 +19,13 @@ namespace {
 
 // Rotates every head in x (T, heads * D) by +angle (sign 1) or -angle (sign -1) per position.
 template <typename T>
-void RotateHeads(T* x, int row_stride, const T* cos, const T* sin, int t, int heads, int d,
-                 T sign) {
+void RotateHeads(T* x, int row_stride, const T* cos, const T* sin, const int32_t* positions, int t,
+                 int heads, int d, T sign) {
   const int half = d / 2;
   for (int ti = 0; ti < t; ++ti) {
-    const T* c = cos + static_cast<size_t>(ti) * half;  // (D/2)
-    const T* s = sin + static_cast<size_t>(ti) * half;  // (D/2)
+    const int pos = positions == nullptr ? ti : positions[ti];
+    const T* c = cos + static_cast<size_t>(pos) * half;  // (D/2)
+    const T* s = sin + static_cast<size_t>(pos) * half;  // (D/2)
     T* row = x + static_cast<size_t>(ti) * row_stride;
     for (int h = 0; h < heads; ++h) {
       T* x1 = row + h * d;  // (D/2)
@@ -40,12 +42,14 @@ void RotateHeads(T* x, int row_stride, const T* cos, const T* sin, int t, int he
 }
 
 template <typename T>
-void RotateQk(T* qkv, const T* cos, const T* sin, int b, int t, int nh, int nkv, int d, T sign) {
+void RotateQk(T* qkv, const T* cos, const T* sin, const int32_t* positions, int b, int t, int nh,
+              int nkv, int d, T sign) {
   const int row = (nh + 2 * nkv) * d;  // QKV
   for (int bi = 0; bi < b; ++bi) {
     T* seq = qkv + static_cast<size_t>(bi) * t * row;
-    RotateHeads(seq, row, cos, sin, t, nh, d, sign);            // q
-    RotateHeads(seq + nh * d, row, cos, sin, t, nkv, d, sign);  // k
+    const int32_t* pos = positions == nullptr ? nullptr : positions + static_cast<size_t>(bi) * t;
+    RotateHeads(seq, row, cos, sin, pos, t, nh, d, sign);            // q
+    RotateHeads(seq + nh * d, row, cos, sin, pos, t, nkv, d, sign);  // k
   }
 }
 
@@ -64,20 +68,26 @@ void RopeTables(T* cos, T* sin, const double* inv_freq, int t, int d) {
 }
 
 template <typename T>
-void RopeForward(T* qkv, const T* cos, const T* sin, int b, int t, int nh, int nkv, int d) {
-  RotateQk(qkv, cos, sin, b, t, nh, nkv, d, T(1));
+void RopeForward(T* qkv, const T* cos, const T* sin, const int32_t* positions, int b, int t, int nh,
+                 int nkv, int d) {
+  RotateQk(qkv, cos, sin, positions, b, t, nh, nkv, d, T(1));
 }
 
 template <typename T>
-void RopeBackward(T* dqkv, const T* cos, const T* sin, int b, int t, int nh, int nkv, int d) {
-  RotateQk(dqkv, cos, sin, b, t, nh, nkv, d, T(-1));
+void RopeBackward(T* dqkv, const T* cos, const T* sin, const int32_t* positions, int b, int t,
+                  int nh, int nkv, int d) {
+  RotateQk(dqkv, cos, sin, positions, b, t, nh, nkv, d, T(-1));
 }
 
 template void RopeTables<float>(float*, float*, const double*, int, int);
 template void RopeTables<double>(double*, double*, const double*, int, int);
-template void RopeForward<float>(float*, const float*, const float*, int, int, int, int, int);
-template void RopeForward<double>(double*, const double*, const double*, int, int, int, int, int);
-template void RopeBackward<float>(float*, const float*, const float*, int, int, int, int, int);
-template void RopeBackward<double>(double*, const double*, const double*, int, int, int, int, int);
+template void RopeForward<float>(float*, const float*, const float*, const int32_t*, int, int, int,
+                                 int, int);
+template void RopeForward<double>(double*, const double*, const double*, const int32_t*, int, int,
+                                  int, int, int);
+template void RopeBackward<float>(float*, const float*, const float*, const int32_t*, int, int, int,
+                                  int, int);
+template void RopeBackward<double>(double*, const double*, const double*, const int32_t*, int, int,
+                                   int, int, int);
 
 }  // namespace weft::engine::cpu

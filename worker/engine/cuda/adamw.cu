@@ -188,13 +188,18 @@ __global__ void SumOfSquaresFinalKernel(float* __restrict__ out,             // 
 }
 
 __global__ void ClipScaleKernel(float* __restrict__ grad_scale,   // scalar
-                                const float* __restrict__ sumsq,  // scalar
-                                float clip) {
-  const float norm = sqrtf(*sumsq);
+                                const float* __restrict__ stats,  // [sumsq, loss, targets]
+                                double all_targets, float clip) {
+  const double targets = rint(static_cast<double>(stats[2]));
+  // training_engine.h's MaskedMean: exactly 1 when every target counts.
+  const float m = targets <= 0.0           ? 0.0f
+                  : targets == all_targets ? 1.0f
+                                           : static_cast<float>(all_targets / targets);
+  const float norm = m * sqrtf(stats[0]);
   // engine::GradScaleFor's rule: NaN marks a gradient that is not finite (skip the step).
-  *grad_scale = !isfinite(norm) ? __int_as_float(0x7fc00000)
-                : clip > 0.0f && norm > clip ? clip / norm
-                                             : 1.0f;
+  *grad_scale = !isfinite(norm)              ? __int_as_float(0x7fc00000)
+                : clip > 0.0f && norm > clip ? m * (clip / norm)
+                                             : m;
 }
 
 }  // namespace
@@ -252,11 +257,12 @@ absl::Status SumOfSquares(float* out, const float* x, size_t n, float* scratch,
                           static_cast<const float*>(scratch), blocks);
 }
 
-absl::Status ClipScale(float* grad_scale, const float* sumsq, float clip, cudaStream_t stream) {
+absl::Status ClipScale(float* grad_scale, const float* stats, double all_targets, float clip,
+                       cudaStream_t stream) {
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
       "clip scale",
-      {internal::NotNull(grad_scale, "grad_scale"), internal::NotNull(sumsq, "sumsq")}));
-  return internal::Launch(ClipScaleKernel, 1, 1, 0, stream, grad_scale, sumsq, clip);
+      {internal::NotNull(grad_scale, "grad_scale"), internal::NotNull(stats, "stats")}));
+  return internal::Launch(ClipScaleKernel, 1, 1, 0, stream, grad_scale, stats, all_targets, clip);
 }
 
 }  // namespace weft::engine::cuda

@@ -9,7 +9,7 @@
 //
 // A training micro-step, every backward ACCUMULATING (+=) into fp32 gradient units, except
 // BlockBackward told GradWrite::kOverwrite:
-//   model.SetBatch(b, t, inputs, targets);           // host (B, T) int32, copied to the GPU
+//   model.SetBatch(b, t, inputs, targets, doc_starts, reset_positions);  // host (B, T) int32s
 //   model.EncoderForward(head);
 //   for l = 0 .. L-1: model.BlockForward(l, block[l]);
 //   model.Classifier(head, grad_scale, head_grad);   // forward AND backward, fused
@@ -57,9 +57,14 @@ class CudaModel {
   virtual int t() const = 0;
 
   // Sets the micro-batch's shape ([1, max_B] x [1, max_T], else INVALID_ARGUMENT) and copies
-  // its tokens (host (B, T) int32; targets may be null for no loss) to the GPU. The host
-  // buffers may be reused as soon as this returns.
-  virtual absl::Status SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) = 0;
+  // its tokens (host (B, T) int32; targets may be null for no loss; a negative target is
+  // ignored, Hugging Face's labels = -100) to the GPU. doc_starts (host (B, T), or null: one
+  // document a row) packs documents as engine/cpu/model.h's SetDocuments says: attention stays
+  // within each, and with reset_positions positions count from each one's start; one that does
+  // not segment its row is INVALID_ARGUMENT. The host buffers may be reused as soon as this
+  // returns.
+  virtual absl::Status SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets,
+                                const int32_t* doc_starts, bool reset_positions) = 0;
 
   // Forward, unit by unit: `head` is unit 0, `block` unit 1 + layer (bf16, UnitSize elements).
   // Only the elements an op reads need to be there: EncoderForward and EncoderBackward read

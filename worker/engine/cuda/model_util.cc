@@ -43,6 +43,8 @@ void ArenaModel::TakeCommon(Arena& arena, int vp, int c, ClassifierSpare spare) 
   losses_ = arena.Take<float>(n);
   tokens_ = arena.Take<int32_t>(n);
   targets_ = arena.Take<int32_t>(n);
+  doc_starts_ = arena.Take<int32_t>(n);
+  positions_ = arena.Take<int32_t>(n);
   embedding_plan_device_ = arena.Take<int32_t>(EmbeddingGradPlanMaxInts(static_cast<int>(n)));
   embedding_scratch_ = arena.Take<float>(EmbeddingGradScratchFloats(static_cast<int>(n), c));
 }
@@ -79,7 +81,8 @@ absl::Status ArenaModel::Allocate() {
   return absl::OkStatus();
 }
 
-absl::Status ArenaModel::SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) {
+absl::Status ArenaModel::SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets,
+                                  const int32_t* doc_starts, bool reset_positions) {
   if (b < 1 || b > max_b_ || t < 1 || t > max_t_) {
     return absl::InvalidArgumentError(absl::StrCat("batch shape (", b, ", ", t, ") outside [1, ",
                                                    max_b_, "] x [1, ", max_t_, "]"));
@@ -93,6 +96,30 @@ absl::Status ArenaModel::SetBatch(int b, int t, const int32_t* inputs, const int
   if (targets != nullptr) {
     WEFT_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(targets_, targets, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  has_documents_ = doc_starts != nullptr;
+  reset_positions_ = has_documents_ && reset_positions;
+  if (has_documents_) {
+    // The data layer builds them; a bad one would let the attention kernels read outside
+    // their rows, so it is refused here rather than trusted.
+    host_positions_.resize(static_cast<size_t>(b) * t);
+    for (int bi = 0; bi < b; ++bi) {
+      const int32_t* row = doc_starts + static_cast<size_t>(bi) * t;
+      for (int ti = 0; ti < t; ++ti) {
+        if (row[ti] != ti && (ti == 0 || row[ti] != row[ti - 1])) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("doc_starts[", bi, ", ", ti, "] = ", row[ti],
+                           " does not segment the row (each must be t or the previous one's)"));
+        }
+        host_positions_[static_cast<size_t>(bi) * t + ti] = ti - row[ti];
+      }
+    }
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(doc_starts_, doc_starts, bytes, cudaMemcpyHostToDevice, stream_));
+    if (reset_positions_) {
+      WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(positions_, host_positions_.data(), bytes,
+                                                cudaMemcpyHostToDevice, stream_));
+    }
   }
   // Only a backward reads it; building it is a counting sort of b * t tokens.
   WEFT_ASSIGN_OR_RETURN(embedding_plan_, PlanEmbeddingGrad(inputs, b * t, vp_));

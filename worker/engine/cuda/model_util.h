@@ -61,7 +61,8 @@ class ArenaModel : public CudaModel {
 
   int b() const override { return b_; }
   int t() const override { return t_; }
-  absl::Status SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets) override;
+  absl::Status SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets,
+                        const int32_t* doc_starts, bool reset_positions) override;
   const float* Losses() const override { return losses_; }
   size_t ActivationBytes() const override { return arena_bytes_; }
   size_t BlasWorkspaceBytes() const override { return BlasOptions{}.workspace_bytes; }
@@ -153,6 +154,10 @@ class ArenaModel : public CudaModel {
   std::unique_ptr<Blas> blas_;
   int32_t* tokens_ = nullptr;   // (B, T) on the device
   int32_t* targets_ = nullptr;  // (B, T)
+  // The batch's documents for the attention kernels, or null (SetBatch without them).
+  const int32_t* DocStarts() const { return has_documents_ ? doc_starts_ : nullptr; }
+  // Positions within documents for rotary / position embeddings, or null (0..T-1).
+  const int32_t* Positions() const { return reset_positions_ ? positions_ : nullptr; }
   // The embedding backward's order for this batch (SetBatch builds it from the host's tokens),
   // its copy on the device and the scratch its split tokens sum into.
   EmbeddingGradPlan embedding_plan_;
@@ -170,6 +175,12 @@ class ArenaModel : public CudaModel {
   Room room_;
   bf16* head_work_ = nullptr;
   float* losses_ = nullptr;  // (B, T)
+  int32_t* doc_starts_ = nullptr;  // (B, T) on the device
+  int32_t* positions_ = nullptr;   // (B, T)
+  bool has_documents_ = false;
+  bool reset_positions_ = false;
+  // Pageable is enough: SetBatch's copies return once the data is staged.
+  std::vector<int32_t> host_positions_;
   int vp_ = 0;
   bf16* logits_ = nullptr;   // (logit_rows_, Vp)
   int logit_rows_ = 0;

@@ -285,10 +285,15 @@ absl::Status CastToBf16(bf16* out, const float* in, size_t n, cudaStream_t strea
 // `scratch`: SumOfSquaresScratchFloats(n) floats (plan_sizes.h).
 absl::Status SumOfSquares(float* out /* device scalar, += */, const float* x, size_t n,
                           float* scratch, cudaStream_t stream);
-// grad_scale (device scalar) = clip > 0 && sqrt(*sumsq) > clip ? clip / sqrt(*sumsq) : 1, or
-// NaN when *sumsq is not finite, which makes AdamWUpdate leave everything as it was (a skipped
-// step; engine::GradScaleFor is the host's rule).
-absl::Status ClipScale(float* grad_scale, const float* sumsq, float clip, cudaStream_t stream);
+// stats (device) = [sum of squares, loss sum, targets that count] of the gradient of the mean
+// loss over ALL `all_targets` positions. With m = all_targets / targets (1 when equal, 0 when
+// no target counts: worker/zero/training_engine.h's MaskedMean) the gradient of the mean over
+// the targets that count is m times it, of norm g = m * sqrt(sum of squares), and
+// grad_scale (device scalar) = m * (clip > 0 && g > clip ? clip / g : 1), or NaN when g is not
+// finite, which makes AdamWUpdate leave everything as it was (a skipped step;
+// engine::GradScaleFor is the host's rule).
+absl::Status ClipScale(float* grad_scale, const float* stats, double all_targets, float clip,
+                       cudaStream_t stream);
 
 namespace internal {
 // The host-folded scalars of one AdamW step (adamw.cc computes them from AdamWConfig, so

@@ -24,12 +24,14 @@ TEST(EncoderTest, WithoutPositionsGradientsMatchFiniteDifferences) {
   const Tensors inputs = {RandomVector(rng, vp * c)};
   auto forward = [&]<typename T>(const std::vector<std::vector<T>>& x) {
     std::vector<T> out(b * t * c);  // (B, T, C)
-    EncoderForward(out.data(), tokens.data(), x[0].data(), static_cast<const T*>(nullptr), b, t, c);
+    EncoderForward(out.data(), tokens.data(), x[0].data(), static_cast<const T*>(nullptr), nullptr,
+                   b, t, c);
     return out;
   };
   auto backward = [&]<typename T>(const std::vector<std::vector<T>>& x, const std::vector<T>& dout,
                                   std::vector<std::vector<T>>* g) {
-    EncoderBackward((*g)[0].data(), static_cast<T*>(nullptr), dout.data(), tokens.data(), b, t, c);
+    EncoderBackward((*g)[0].data(), static_cast<T*>(nullptr), dout.data(), tokens.data(), nullptr,
+                    b, t, c);
   };
   CheckOp(forward, backward, inputs, 41);
 }
@@ -102,7 +104,7 @@ void CheckRopeGradient(bool llama3, uint64_t seed) {
   auto forward = [&]<typename T>(const std::vector<std::vector<T>>& in) {
     const RopeTablesOf<T> tables(config, kT);
     std::vector<T> qkv = in[0];
-    RopeForward(qkv.data(), tables.cos.data(), tables.sin.data(), kB, kT, kNh, kNkv, kD);
+    RopeForward(qkv.data(), tables.cos.data(), tables.sin.data(), nullptr, kB, kT, kNh, kNkv, kD);
     return qkv;
   };
   // RopeBackward transforms in place (=); the harness wants accumulation, so add its result.
@@ -110,7 +112,7 @@ void CheckRopeGradient(bool llama3, uint64_t seed) {
                                   std::vector<std::vector<T>>* g) {
     const RopeTablesOf<T> tables(config, kT);
     std::vector<T> d = dout;
-    RopeBackward(d.data(), tables.cos.data(), tables.sin.data(), kB, kT, kNh, kNkv, kD);
+    RopeBackward(d.data(), tables.cos.data(), tables.sin.data(), nullptr, kB, kT, kNh, kNkv, kD);
     for (size_t i = 0; i < d.size(); ++i) (*g)[0][i] += d[i];
   };
   CheckOp(forward, backward, inputs, seed + 100);
@@ -137,7 +139,7 @@ TEST(RopeTest, PairsElementIWithIPlusHalfHeadAsHuggingFace) {
   std::mt19937_64 rng(35);
   const std::vector<double> x = RandomVector(rng, t * kRow);
   std::vector<double> y = x;
-  RopeForward(y.data(), tables.cos.data(), tables.sin.data(), 1, t, kNh, kNkv, kD);
+  RopeForward(y.data(), tables.cos.data(), tables.sin.data(), nullptr, 1, t, kNh, kNkv, kD);
   for (int pos = 0; pos < t; ++pos) {
     // Query heads and key heads rotate alike; value heads are untouched.
     for (int head = 0; head < kNh + kNkv; ++head) {
@@ -159,7 +161,7 @@ TEST(RopeTest, IsTheIdentityAtPositionZeroAndKeepsNorms) {
   const std::vector<double> xd = RandomVector(rng, kT * kRow);
   const std::vector<float> x(xd.begin(), xd.end());
   std::vector<float> y = x;
-  RopeForward(y.data(), tables.cos.data(), tables.sin.data(), 1, kT, kNh, kNkv, kD);
+  RopeForward(y.data(), tables.cos.data(), tables.sin.data(), nullptr, 1, kT, kNh, kNkv, kD);
   for (int i = 0; i < kRow; ++i) EXPECT_EQ(y[i], x[i]) << "position 0, element " << i;
   for (int pos = 1; pos < kT; ++pos) {
     for (int head = 0; head < kNh + kNkv; ++head) {
@@ -172,7 +174,7 @@ TEST(RopeTest, IsTheIdentityAtPositionZeroAndKeepsNorms) {
     }
   }
   // The backward is the inverse rotation: it brings the rotated values back.
-  RopeBackward(y.data(), tables.cos.data(), tables.sin.data(), 1, kT, kNh, kNkv, kD);
+  RopeBackward(y.data(), tables.cos.data(), tables.sin.data(), nullptr, 1, kT, kNh, kNkv, kD);
   for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], x[i], 1e-6) << i;
 }
 
@@ -215,15 +217,15 @@ void CheckGqaGradient(int nh, int nkv, uint64_t seed) {
   const Tensors inputs = {RandomVector(rng, b * t * row)};
   auto forward = [&]<typename T>(const std::vector<std::vector<T>>& in) {
     std::vector<T> out(b * t * nh * d), att(b * nh * t * t);
-    GqaAttentionForward(out.data(), att.data(), in[0].data(), b, t, nh, nkv, d);
+    GqaAttentionForward(out.data(), att.data(), in[0].data(), nullptr, b, t, nh, nkv, d);
     return out;
   };
   auto backward = [&]<typename T>(const std::vector<std::vector<T>>& in, const std::vector<T>& dout,
                                   std::vector<std::vector<T>>* g) {
     std::vector<T> out(b * t * nh * d), att(b * nh * t * t), scratch(t * t);
-    GqaAttentionForward(out.data(), att.data(), in[0].data(), b, t, nh, nkv, d);
-    GqaAttentionBackward((*g)[0].data(), scratch.data(), dout.data(), in[0].data(), att.data(), b,
-                         t, nh, nkv, d);
+    GqaAttentionForward(out.data(), att.data(), in[0].data(), nullptr, b, t, nh, nkv, d);
+    GqaAttentionBackward((*g)[0].data(), scratch.data(), dout.data(), in[0].data(), att.data(),
+                         nullptr, b, t, nh, nkv, d);
   };
   CheckOp(forward, backward, inputs, seed + 100);
 }
@@ -239,17 +241,17 @@ TEST(GqaAttentionTest, WithAsManyKvHeadsIsBitIdenticalToMultiHeadAttention) {
   const std::vector<float> qkv(qkvd.begin(), qkvd.end());
   std::vector<float> out_g(b * t * c), att_g(b * nh * t * t), out_m(out_g.size()),
       att_m(att_g.size());
-  GqaAttentionForward(out_g.data(), att_g.data(), qkv.data(), b, t, nh, nh, d);
-  AttentionForward(out_m.data(), att_m.data(), qkv.data(), b, t, c, nh);
+  GqaAttentionForward(out_g.data(), att_g.data(), qkv.data(), nullptr, b, t, nh, nh, d);
+  AttentionForward(out_m.data(), att_m.data(), qkv.data(), nullptr, b, t, c, nh);
   EXPECT_EQ(out_g, out_m);
   EXPECT_EQ(att_g, att_m);
   const std::vector<double> doutd = RandomVector(rng, out_g.size());
   const std::vector<float> dout(doutd.begin(), doutd.end());
   std::vector<float> dqkv_g(qkv.size(), 0.5f), dqkv_m(qkv.size(), 0.5f), scratch(t * t);
-  GqaAttentionBackward(dqkv_g.data(), scratch.data(), dout.data(), qkv.data(), att_g.data(), b, t,
-                       nh, nh, d);
-  AttentionBackward(dqkv_m.data(), scratch.data(), dout.data(), qkv.data(), att_m.data(), b, t, c,
-                    nh);
+  GqaAttentionBackward(dqkv_g.data(), scratch.data(), dout.data(), qkv.data(), att_g.data(),
+                       nullptr, b, t, nh, nh, d);
+  AttentionBackward(dqkv_m.data(), scratch.data(), dout.data(), qkv.data(), att_m.data(), nullptr,
+                    b, t, c, nh);
   EXPECT_EQ(dqkv_g, dqkv_m);
 }
 
@@ -274,16 +276,16 @@ TEST(GqaAttentionTest, EqualsMultiHeadAttentionOverRepeatedKvHeads) {
   }
   std::vector<double> out_g(b * t * c), att_g(b * nh * t * t), out_m(out_g.size()),
       att_m(att_g.size());
-  GqaAttentionForward(out_g.data(), att_g.data(), qkv.data(), b, t, nh, nkv, d);
-  AttentionForward(out_m.data(), att_m.data(), rep.data(), b, t, c, nh);
+  GqaAttentionForward(out_g.data(), att_g.data(), qkv.data(), nullptr, b, t, nh, nkv, d);
+  AttentionForward(out_m.data(), att_m.data(), rep.data(), nullptr, b, t, c, nh);
   for (size_t i = 0; i < out_g.size(); ++i) EXPECT_NEAR(out_g[i], out_m[i], 1e-14) << i;
 
   const std::vector<double> dout = RandomVector(rng, out_g.size());
   std::vector<double> dqkv(qkv.size(), 0.0), drep(rep.size(), 0.0), scratch(t * t);
-  GqaAttentionBackward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att_g.data(), b, t, nh,
-                       nkv, d);
-  AttentionBackward(drep.data(), scratch.data(), dout.data(), rep.data(), att_m.data(), b, t, c,
-                    nh);
+  GqaAttentionBackward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att_g.data(), nullptr,
+                       b, t, nh, nkv, d);
+  AttentionBackward(drep.data(), scratch.data(), dout.data(), rep.data(), att_m.data(), nullptr, b,
+                    t, c, nh);
   for (int p = 0; p < b * t; ++p) {
     for (int i = 0; i < c; ++i) EXPECT_NEAR(dqkv[p * row + i], drep[p * 3 * c + i], 1e-14) << "dq";
     for (int kv = 0; kv < nkv; ++kv) {

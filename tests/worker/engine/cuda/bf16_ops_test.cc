@@ -124,8 +124,8 @@ TEST_F(Bf16OpsTest, Encoder) {
   const std::vector<float> wte = RandomBf16(rng_, vp * c), wpe = RandomBf16(rng_, max_t * c);
   const std::vector<float> dout = RandomBf16(rng_, b * t * c);
   std::vector<float> out(b * t * c), dwte(vp * c, kPrefill), dwpe(max_t * c, kPrefill);
-  cpu::EncoderForward(out.data(), tokens.data(), wte.data(), wpe.data(), b, t, c);
-  cpu::EncoderBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), b, t, c);
+  cpu::EncoderForward(out.data(), tokens.data(), wte.data(), wpe.data(), nullptr, b, t, c);
+  cpu::EncoderBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), nullptr, b, t, c);
 
   DeviceBuffer<int32_t> d_tokens(tokens);
   Bf16Buffer d_wte(wte), d_wpe(wpe), d_dout(dout), d_out(b * t * c);
@@ -740,19 +740,26 @@ TEST_F(Bf16OpsTest, CastAndGradNorm) {
   const float gpu_sumsq = d_sumsq.ToHost()[0];
   EXPECT_NEAR(gpu_sumsq, sumsq, kFp32 * sumsq);
 
-  // Clip factor: clip / norm above the threshold, 1 below it and when clipping is off.
-  const float norm = std::sqrt(gpu_sumsq);
-  for (const float clip : {norm / 4, norm * 4, 0.0f}) {
-    DeviceBuffer<float> d_grad_scale(std::vector<float>{NAN});
-    ASSERT_TRUE(ClipScale(d_grad_scale.get(), d_sumsq.get(), clip, stream_).ok());
-    Sync();
-    const float expected = clip > 0 && norm > clip ? clip / norm : 1.0f;
-    EXPECT_NEAR(d_grad_scale.ToHost()[0], expected, 1e-6 * expected) << "clip " << clip;
+  // Clip factor: clip / norm above the threshold, 1 below it and when clipping is off; with
+  // some targets ignored (1000 of 4096 count) the norm and the factor are of the gradient
+  // scaled by 4096 / 1000; with none counting the factor is 0.
+  for (const float counted : {4096.0f, 1000.0f, 0.0f}) {
+    const float m = counted == 0 ? 0.0f : 4096.0f / counted;
+    const float norm = m * std::sqrt(gpu_sumsq);
+    DeviceBuffer<float> d_stats(std::vector<float>{gpu_sumsq, 0.0f, counted});
+    for (const float clip : {norm / 4, norm * 4, 0.0f}) {
+      DeviceBuffer<float> d_grad_scale(std::vector<float>{NAN});
+      ASSERT_TRUE(ClipScale(d_grad_scale.get(), d_stats.get(), 4096.0, clip, stream_).ok());
+      Sync();
+      const float expected = m * (clip > 0 && norm > clip ? clip / norm : 1.0f);
+      EXPECT_NEAR(d_grad_scale.ToHost()[0], expected, 1e-6 * expected)
+          << "clip " << clip << " counted " << counted;
+    }
   }
 
   EXPECT_EQ(SumOfSquares(d_sumsq.get(), d_x.get(), n, nullptr, stream_).code(), kInvalid);
   EXPECT_EQ(CastToBf16(nullptr, d_x.get(), n, stream_).code(), kInvalid);
-  EXPECT_EQ(ClipScale(nullptr, d_sumsq.get(), 1.0f, stream_).code(), kInvalid);
+  EXPECT_EQ(ClipScale(nullptr, d_sumsq.get(), 1.0, 1.0f, stream_).code(), kInvalid);
 }
 
 }  // namespace
