@@ -5,7 +5,7 @@
 //
 // Built in, by name (docs/data.md), each reproducing byte for byte what transformers'
 // `apply_chat_template(messages, tokenize=False, add_generation_prompt=...)` gives with the
-// template of (tests/fixtures/chat holds the templates and checks it):
+// template that model publishes (tests/fixtures/chat holds those templates and checks it):
 //   "llama3"    Meta-Llama-3-8B-Instruct: <|begin_of_text|>, then every message as
 //               <|start_header_id|>ROLE<|end_header_id|>\n\nCONTENT<|eot_id|>, its content
 //               trimmed; the prompt ends in the assistant's header.
@@ -103,7 +103,7 @@ class ChatTemplate {
   absl::StatusOr<RenderedChat> Render(absl::Span<const ChatMessage> messages) const;
   // The conversation followed by the assistant's header, for sampling the next message
   // (add_generation_prompt=True); the header's segments have role kAssistant and are not
-  // assistant output. The same errors.
+  // assistant output (mistral has no header: its prompt is Render's). The same errors.
   absl::StatusOr<RenderedChat> RenderGenerationPrompt(absl::Span<const ChatMessage> messages) const;
 
   // The special token that ends an assistant message: sampling stops at it.
