@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -24,6 +25,14 @@ namespace weft::dataprep {
 namespace {
 
 namespace fs = std::filesystem;
+
+// A JSON type's name with its article: "an object", "a string".
+std::string ATypeName(const nlohmann::json& value) {
+  const absl::string_view name = value.type_name();
+  const bool vowel =
+      !name.empty() && absl::string_view("aeiou").find(name[0]) != absl::string_view::npos;
+  return absl::StrCat(vowel ? "an " : "a ", name);
+}
 
 bool IsGlob(const std::string& input) { return input.find_first_of("*?[") != std::string::npos; }
 
@@ -217,6 +226,73 @@ absl::StatusOr<std::string> JsonlDocument(absl::string_view json_line, const std
                                                    it->type_name(), ", not a string"));
   }
   return it->get<std::string>();
+}
+
+absl::StatusOr<std::vector<data::ChatMessage>> JsonlConversation(absl::string_view json_line,
+                                                                 const std::string& path,
+                                                                 int64_t line) {
+  WEFT_RETURN_IF_ERROR(CheckUtf8(json_line, path, line));
+  const std::string where = absl::StrCat(path, ":", line, ": ");
+  const auto error = [&](absl::string_view field, absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(where, field, field.empty() ? "" : ": ", what));
+  };
+  const nlohmann::json value = nlohmann::json::parse(json_line.begin(), json_line.end(), nullptr,
+                                                     /*allow_exceptions=*/false);
+  if (value.is_discarded()) return error("", "not a JSON value");
+  if (!value.is_object()) {
+    return error("", absl::StrCat(ATypeName(value),
+                                  ", not an object with \"messages\" or \"prompt\" and "
+                                  "\"completion\""));
+  }
+  // A string field of `object`, named `name` in errors.
+  const auto string_field = [&](const nlohmann::json& object, const std::string& key,
+                                const std::string& name) -> absl::StatusOr<std::string> {
+    auto it = object.find(key);
+    if (it == object.end()) return error(name, "missing");
+    if (!it->is_string()) {
+      return error(name, absl::StrCat(ATypeName(*it), ", not a string"));
+    }
+    return it->get<std::string>();
+  };
+  std::vector<data::ChatMessage> messages;
+  auto list = value.find("messages");
+  if (list == value.end()) {
+    if (!value.contains("prompt") && !value.contains("completion")) {
+      return error("", "no \"messages\", nor \"prompt\" and \"completion\"");
+    }
+    WEFT_ASSIGN_OR_RETURN(std::string prompt, string_field(value, "prompt", "prompt"));
+    WEFT_ASSIGN_OR_RETURN(std::string completion,
+                          string_field(value, "completion", "completion"));
+    messages.push_back({data::ChatRole::kUser, std::move(prompt)});
+    messages.push_back({data::ChatRole::kAssistant, std::move(completion)});
+    return messages;
+  }
+  if (!list->is_array()) {
+    return error("messages", absl::StrCat(ATypeName(*list), ", not an array"));
+  }
+  if (list->empty()) return error("messages", "empty: a conversation needs a message");
+  for (size_t i = 0; i < list->size(); ++i) {
+    const nlohmann::json& m = (*list)[i];
+    const std::string name = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) {
+      return error(name, absl::StrCat(ATypeName(m), ", not an object with role and content"));
+    }
+    for (const auto& [key, unused] : m.items()) {
+      if (key != "role" && key != "content") {
+        return error(absl::StrCat(name, ".", key),
+                     "unknown field (a message has only role and content)");
+      }
+    }
+    WEFT_ASSIGN_OR_RETURN(std::string role, string_field(m, "role", name + ".role"));
+    std::optional<data::ChatRole> parsed = data::ParseChatRole(role);
+    if (!parsed) {
+      return error(name + ".role",
+                   absl::StrCat("\"", role, "\" is not a role (system, user or assistant)"));
+    }
+    WEFT_ASSIGN_OR_RETURN(std::string content, string_field(m, "content", name + ".content"));
+    messages.push_back({*parsed, std::move(content)});
+  }
+  return messages;
 }
 
 absl::StatusOr<std::vector<std::string>> ReadAllDocuments(const std::vector<SourceFile>& files,

@@ -6,6 +6,7 @@
 // order). A file named *.jsonl holds one JSON object per line and its `jsonl_field` (a string)
 // is a document; blank lines are skipped. Any other file is text: one document, or, with a
 // document separator, the runs of lines between lines equal to it (a fortune file's "%").
+// `prepare --chat` reads JSONL lines of conversations instead (JsonlConversation).
 #ifndef WEFT_TRAINCTL_DATA_INPUTS_H_
 #define WEFT_TRAINCTL_DATA_INPUTS_H_
 
@@ -19,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "worker/data/chat_template.h"
 
 namespace weft::dataprep {
 
@@ -70,6 +72,18 @@ absl::Status ForEachRawDocument(absl::string_view contents, bool jsonl,
 // its field is not a string.
 absl::StatusOr<std::string> JsonlDocument(absl::string_view json_line, const std::string& field,
                                           const std::string& path, int64_t line);
+
+// The conversation in one JSONL line of `prepare --chat` input, in either form:
+//   {"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}
+//   {"prompt": "...", "completion": "..."}   (a user message, then an assistant message)
+// A line with "messages" is read by them alone (other fields, such as an id or a "prompt" kept
+// beside them, are ignored); a message has exactly the fields role and content, both strings.
+// INVALID_ARGUMENT naming `path`:`line` and the field (e.g. `messages[2].role`) for a line that
+// is not valid UTF-8, not a JSON object, has neither form, an empty "messages", a missing or
+// non-string field, an unknown role or an unknown field in a message.
+absl::StatusOr<std::vector<data::ChatMessage>> JsonlConversation(absl::string_view json_line,
+                                                                 const std::string& path,
+                                                                 int64_t line);
 
 // INVALID_ARGUMENT "path:line: invalid UTF-8 (byte 0xNN at column C)" if `text`, which starts
 // on line `first_line` of `path`, is not valid UTF-8; OK otherwise.

@@ -33,8 +33,10 @@
 #include "common/status.h"
 #include "common/status_context.h"
 #include "nlohmann/json.hpp"
+#include "worker/data/chat_template.h"
 #include "worker/data/manifest.h"
 #include "worker/data/random.h"
+#include "worker/data/token_flags.h"
 #include "worker/data/tokenizer.h"
 
 namespace weft::dataprep {
@@ -76,6 +78,7 @@ struct EncodedDocument {
 
 struct EncodedChunk {
   std::vector<int32_t> tokens;
+  std::vector<uint8_t> flags;  // chat data: one per token
   std::vector<EncodedDocument> documents;
   int64_t input_bytes = 0;
   absl::Status status;
@@ -177,25 +180,32 @@ absl::Status WriteWholeFile(const std::string& path, const std::string& contents
   return absl::OkStatus();
 }
 
-// One split's token stream, cut into llm.c token files `<prefix>-NNNNN.bin` in `dir`.
+// One split's token stream, cut into llm.c token files `<prefix>-NNNNN.bin` in `dir`, and
+// with flags into token flags files `<prefix>-NNNNN.flags` beside them, token for token.
 class ShardWriter {
  public:
   ShardWriter(std::string dir, std::string prefix, weft::v1::DataFormat format,
-              int64_t shard_tokens)
+              int64_t shard_tokens, bool with_flags)
       : dir_(std::move(dir)),
         prefix_(std::move(prefix)),
         format_(format),
         width_(format == weft::v1::DATA_FORMAT_UINT32_BIN ? 4 : 2),
-        shard_tokens_(shard_tokens) {}
+        shard_tokens_(shard_tokens),
+        with_flags_(with_flags) {}
   ~ShardWriter() {
     if (fd_ >= 0) ::close(fd_);
+    if (flags_fd_ >= 0) ::close(flags_fd_);
   }
 
-  // Appends a document, after `separator` if this is not the split's first (-1: none).
-  absl::Status AddDocument(absl::Span<const int32_t> tokens, int32_t separator) {
-    if (documents_ > 0 && separator >= 0) WEFT_RETURN_IF_ERROR(Put(&separator, 1));
+  // Appends a document, after `separator` if this is not the split's first (-1: none). A
+  // writer with flags takes one per token and no separator: its documents' starts are flagged.
+  absl::Status AddDocument(absl::Span<const int32_t> tokens, absl::Span<const uint8_t> flags,
+                           int32_t separator) {
+    if (documents_ > 0 && separator >= 0 && !with_flags_) {
+      WEFT_RETURN_IF_ERROR(Put(&separator, nullptr, 1));
+    }
     ++documents_;
-    return Put(tokens.data(), tokens.size());
+    return Put(tokens.data(), with_flags_ ? flags.data() : nullptr, tokens.size());
   }
 
   absl::StatusOr<std::vector<ManifestShard>> Finish() {
@@ -205,9 +215,10 @@ class ShardWriter {
 
   int64_t tokens() const { return tokens_; }
   int64_t documents() const { return documents_; }
+  int64_t target_tokens() const { return target_tokens_; }
 
  private:
-  absl::Status Put(const int32_t* tokens, size_t n) {
+  absl::Status Put(const int32_t* tokens, const uint8_t* flags, size_t n) {
     while (n > 0) {
       if (fd_ < 0) WEFT_RETURN_IF_ERROR(OpenShard());
       const size_t take = std::min<size_t>(n, static_cast<size_t>(shard_tokens_ - in_shard_));
@@ -215,6 +226,11 @@ class ShardWriter {
         // Little-endian, as the llm.c format and every machine Weft runs on.
         const uint32_t t = static_cast<uint32_t>(tokens[i]);
         buffer_.append(reinterpret_cast<const char*>(&t), width_);
+      }
+      if (flags != nullptr) {
+        flags_buffer_.append(reinterpret_cast<const char*>(flags), take);
+        for (size_t i = 0; i < take; ++i) target_tokens_ += (flags[i] & data::kTokenFlagLoss) != 0;
+        flags += take;
       }
       tokens += take;
       n -= take;
@@ -234,12 +250,24 @@ class ShardWriter {
     in_shard_ = 0;
     // The header's count is known at the end; its place is kept now.
     buffer_.assign(kHeaderInts * sizeof(int32_t), '\0');
+    if (with_flags_) {
+      flags_file_ = absl::StrFormat("%s-%05d.flags", prefix_, shards_.size());
+      flags_path_ = absl::StrCat(dir_, "/", flags_file_);
+      flags_fd_ = ::open(flags_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (flags_fd_ < 0) return ErrnoError(absl::StrCat(flags_path_, ": cannot create"));
+      flags_buffer_.assign(data::kTokenFlagsHeaderBytes, '\0');
+    }
     return absl::OkStatus();
   }
 
   absl::Status Flush() {
     WEFT_RETURN_IF_ERROR(WriteAll(fd_, buffer_.data(), buffer_.size(), path_));
     buffer_.clear();
+    if (flags_fd_ >= 0) {
+      WEFT_RETURN_IF_ERROR(
+          WriteAll(flags_fd_, flags_buffer_.data(), flags_buffer_.size(), flags_path_));
+      flags_buffer_.clear();
+    }
     return absl::OkStatus();
   }
 
@@ -258,9 +286,24 @@ class ShardWriter {
     fd_ = -1;
     // Read back from the page cache: the header precedes the tokens but is known last.
     WEFT_ASSIGN_OR_RETURN(uint32_t crc, data::Crc32cOfFile(path_));
-    shards_.push_back(ManifestShard{file_, in_shard_,
-                                    static_cast<int64_t>(sizeof(header)) + in_shard_ * width_,
-                                    crc});
+    ManifestShard shard{file_, in_shard_,
+                        static_cast<int64_t>(sizeof(header)) + in_shard_ * width_, crc};
+    if (flags_fd_ >= 0) {
+      const std::string flags_header = data::TokenFlagsHeader(static_cast<int32_t>(in_shard_));
+      if (::pwrite(flags_fd_, flags_header.data(), flags_header.size(), 0) !=
+          static_cast<ssize_t>(flags_header.size())) {
+        return ErrnoError(absl::StrCat(flags_path_, ": header write failed"));
+      }
+      if (::fdatasync(flags_fd_) != 0) {
+        return ErrnoError(absl::StrCat(flags_path_, ": fdatasync failed"));
+      }
+      ::close(flags_fd_);
+      flags_fd_ = -1;
+      shard.flags_file = flags_file_;
+      shard.flags_bytes = data::kTokenFlagsHeaderBytes + in_shard_;
+      WEFT_ASSIGN_OR_RETURN(shard.flags_crc32c, data::Crc32cOfFile(flags_path_));
+    }
+    shards_.push_back(std::move(shard));
     return absl::OkStatus();
   }
 
@@ -269,13 +312,19 @@ class ShardWriter {
   const weft::v1::DataFormat format_;
   const int width_;
   const int64_t shard_tokens_;
+  const bool with_flags_;
   int fd_ = -1;
   std::string file_;
   std::string path_;
   std::string buffer_;
+  int flags_fd_ = -1;
+  std::string flags_file_;
+  std::string flags_path_;
+  std::string flags_buffer_;
   int64_t in_shard_ = 0;
   int64_t tokens_ = 0;
   int64_t documents_ = 0;
+  int64_t target_tokens_ = 0;
   std::vector<ManifestShard> shards_;
 };
 
@@ -348,6 +397,9 @@ struct Plan {
   std::unique_ptr<Tokenizer> tokenizer;
   weft::v1::DataFormat token_format = weft::v1::DATA_FORMAT_UNSPECIFIED;
   nlohmann::ordered_json options_json;
+  // Chat data: the template with the tokenizer's ids of its special tokens.
+  std::optional<data::ChatTokenizer> chat;
+  data::LossMask loss_mask = data::LossMask::kAssistant;
 };
 
 // Reads every input into chunks; runs on its own thread.
@@ -395,6 +447,27 @@ EncodedChunk EncodeChunk(const Plan& plan, const Chunk& chunk, uint64_t split_ke
   for (const Document& doc : chunk.documents) {
     if (!out.status.ok()) break;
     const SourceFile& source = plan.sources[doc.source];
+    const uint64_t h = data::HashCombine(split_key, static_cast<uint64_t>(doc.index));
+    const bool val = static_cast<double>(h >> 11) * 0x1.0p-53 < plan.options.val_fraction;
+    if (plan.chat) {
+      absl::StatusOr<std::vector<data::ChatMessage>> messages =
+          JsonlConversation(doc.raw, source.path, doc.line);
+      if (!messages.ok()) {
+        out.status = messages.status();
+        break;
+      }
+      absl::StatusOr<data::TokenizedChat> chat = plan.chat->Tokenize(*messages, plan.loss_mask);
+      if (!chat.ok()) {
+        out.status = Annotate(chat.status(), absl::StrCat(source.path, ":", doc.line));
+        break;
+      }
+      out.documents.push_back(EncodedDocument{static_cast<int64_t>(out.tokens.size()),
+                                              static_cast<int64_t>(chat->ids.size()),
+                                              doc.source, val});
+      out.tokens.insert(out.tokens.end(), chat->ids.begin(), chat->ids.end());
+      out.flags.insert(out.flags.end(), chat->flags.begin(), chat->flags.end());
+      continue;
+    }
     absl::string_view text = doc.raw;
     std::string owned;
     if (source.jsonl) {
@@ -414,8 +487,7 @@ EncodedChunk EncodeChunk(const Plan& plan, const Chunk& chunk, uint64_t split_ke
     EncodedDocument encoded;
     encoded.begin = static_cast<int64_t>(out.tokens.size());
     encoded.source = doc.source;
-    const uint64_t h = data::HashCombine(split_key, static_cast<uint64_t>(doc.index));
-    encoded.val = static_cast<double>(h >> 11) * 0x1.0p-53 < plan.options.val_fraction;
+    encoded.val = val;
     out.status = plan.tokenizer->EncodeTo(text, &out.tokens);
     if (!out.status.ok()) {
       out.status = Annotate(out.status, absl::StrCat(source.path, ":", doc.line));
@@ -432,26 +504,33 @@ struct Written {
   std::vector<ManifestShard> val;
   int64_t train_documents = 0;
   int64_t val_documents = 0;
+  int64_t train_target_tokens = 0;
+  int64_t val_target_tokens = 0;
   std::vector<int64_t> source_documents;
   int64_t input_bytes = 0;
 };
 
 // Writes the encoded chunks in order into `dir`.
 absl::StatusOr<Written> WriteChunks(const Plan& plan, const std::string& dir, ChunkPipe* pipe) {
-  ShardWriter train(dir, "train", plan.token_format, plan.options.shard_tokens);
-  ShardWriter val(dir, "val", plan.token_format, plan.options.shard_tokens);
+  const bool chat = plan.chat.has_value();
+  ShardWriter train(dir, "train", plan.token_format, plan.options.shard_tokens, chat);
+  ShardWriter val(dir, "val", plan.token_format, plan.options.shard_tokens, chat);
   Written written;
   written.source_documents.assign(plan.sources.size(), 0);
   int64_t total_bytes = 0;
   for (const SourceFile& s : plan.sources) total_bytes += s.bytes;
   ProgressReporter progress(plan.options.progress, plan.options.progress_out, total_bytes);
-  const int32_t eos = plan.tokenizer->eos_id();
+  // Conversations need no separator: their first tokens are flagged.
+  const int32_t separator = chat ? -1 : plan.tokenizer->eos_id();
   while (std::optional<EncodedChunk> chunk = pipe->Next()) {
     WEFT_RETURN_IF_ERROR(chunk->status);
     for (const EncodedDocument& doc : chunk->documents) {
       ShardWriter& split = doc.val ? val : train;
+      const absl::Span<const uint8_t> flags =
+          chat ? absl::MakeConstSpan(chunk->flags).subspan(doc.begin, doc.size)
+               : absl::Span<const uint8_t>();
       WEFT_RETURN_IF_ERROR(split.AddDocument(
-          absl::MakeConstSpan(chunk->tokens).subspan(doc.begin, doc.size), eos));
+          absl::MakeConstSpan(chunk->tokens).subspan(doc.begin, doc.size), flags, separator));
       ++written.source_documents[doc.source];
     }
     written.input_bytes += chunk->input_bytes;
@@ -464,8 +543,15 @@ absl::StatusOr<Written> WriteChunks(const Plan& plan, const std::string& dir, Ch
         "no training tokens: ", val.documents(), " documents went to validation (val_fraction ",
         plan.options.val_fraction, ") and none to training"));
   }
+  if (chat && plan.loss_mask == data::LossMask::kAssistant && train.target_tokens() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no target tokens: none of the ", train.documents(), " training conversations has an "
+        "assistant message, and --loss-mask assistant trains on nothing else"));
+  }
   written.train_documents = train.documents();
   written.val_documents = val.documents();
+  written.train_target_tokens = train.target_tokens();
+  written.val_target_tokens = val.target_tokens();
   WEFT_ASSIGN_OR_RETURN(written.train, train.Finish());
   WEFT_ASSIGN_OR_RETURN(written.val, val.Finish());
   return written;
@@ -507,7 +593,12 @@ data::DatasetManifest MakeManifest(const Plan& plan, const Written& written) {
   m.tokenizer.vocab_size = tok.vocab_size();
   m.tokenizer.bos_id = tok.bos_id();
   m.tokenizer.eos_id = tok.eos_id();
-  m.document_separator = tok.eos_id() >= 0 ? "eos" : "none";
+  // Chat data's documents start where their flags say, never after an EOS.
+  m.document_separator = !plan.chat && tok.eos_id() >= 0 ? "eos" : "none";
+  if (plan.chat) {
+    m.chat_template = std::string(plan.chat->chat_template().name());
+    m.loss_mask = std::string(data::LossMaskName(plan.loss_mask));
+  }
   m.train = written.train;
   m.val = written.val;
   m.train_documents = written.train_documents;
@@ -543,6 +634,11 @@ std::string DifferenceFrom(const Plan& plan, const std::string& dir) {
       const auto size = fs::file_size(data::ManifestFilePath(*m, shard.file), error);
       if (error || static_cast<int64_t>(size) != shard.bytes) {
         return absl::StrCat("its shard ", shard.file, " is missing or changed");
+      }
+      if (shard.flags_file.empty()) continue;
+      const auto flags_size = fs::file_size(data::ManifestFilePath(*m, shard.flags_file), error);
+      if (error || static_cast<int64_t>(flags_size) != shard.flags_bytes) {
+        return absl::StrCat("its flags file ", shard.flags_file, " is missing or changed");
       }
     }
   }
@@ -656,6 +752,16 @@ absl::Status CheckOptions(const PrepareOptions& o) {
   if (o.doc_separator.find('\n') != std::string::npos) {
     return absl::InvalidArgumentError("--doc-separator: one line, without a newline");
   }
+  if (!o.chat_template.empty()) {
+    if (!data::ParseLossMask(o.loss_mask)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--loss-mask ", o.loss_mask, ": must be \"assistant\" or \"all\""));
+    }
+    if (o.tokenizer_path.empty()) {
+      return absl::InvalidArgumentError(
+          "--chat: needs --tokenizer, a tokenizer.json with the chat template's special tokens");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -670,6 +776,24 @@ absl::StatusOr<Plan> MakePlan(const PrepareOptions& options) {
     WEFT_ASSIGN_OR_RETURN(plan.tokenizer, data::LoadTokenizerFile(options.tokenizer_path));
   }
   WEFT_ASSIGN_OR_RETURN(plan.token_format, TokenFormatForVocab(plan.tokenizer->vocab_size()));
+  if (!options.chat_template.empty()) {
+    absl::StatusOr<data::ChatTemplate> chat_template =
+        data::ChatTemplate::Named(options.chat_template);
+    if (!chat_template.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--template: ", chat_template.status().message()));
+    }
+    for (const SourceFile& s : plan.sources) {
+      if (!s.jsonl) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            s.path, ": --chat reads conversations from JSONL files (*.jsonl), one a line"));
+      }
+    }
+    WEFT_ASSIGN_OR_RETURN(plan.chat, data::ChatTokenizer::Create(*chat_template,
+                                                                  plan.tokenizer.get(),
+                                                                  options.tokenizer_path));
+    plan.loss_mask = *data::ParseLossMask(options.loss_mask);
+  }
   // Everything that decides the output bytes, apart from the inputs' contents (paths and
   // sizes are in "sources"; mtimes stand for contents here).
   nlohmann::ordered_json mtimes = nlohmann::ordered_json::array();
@@ -684,6 +808,11 @@ absl::StatusOr<Plan> MakePlan(const PrepareOptions& options) {
       {"shard_tokens", options.shard_tokens},
       {"source_mtimes_ns", mtimes},
   };
+  // Only chat data records these, so that a text dataset's options stay what they were.
+  if (plan.chat) {
+    plan.options_json["chat_template"] = options.chat_template;
+    plan.options_json["loss_mask"] = options.loss_mask;
+  }
   return plan;
 }
 
@@ -776,6 +905,8 @@ absl::StatusOr<PrepareResult> PrepareDataset(const PrepareOptions& options) {
   for (const ManifestShard& s : written.val) result.val_tokens += s.tokens;
   result.train_documents = written.train_documents;
   result.val_documents = written.val_documents;
+  result.train_target_tokens = written.train_target_tokens;
+  result.val_target_tokens = written.val_target_tokens;
   result.train_shards = static_cast<int>(written.train.size());
   result.val_shards = static_cast<int>(written.val.size());
   result.seconds = absl::ToDoubleSeconds(absl::Now() - start);

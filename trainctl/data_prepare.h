@@ -8,6 +8,15 @@
 // empty documents contribute nothing), cut into shards of shard_tokens tokens (the last one
 // shorter), each an llm.c token file (uint16 when the vocabulary fits, else uint32).
 //
+// Chat data (chat_template set, `--chat`): every input is JSONL, one conversation a line
+// (JsonlConversation in trainctl/data_inputs.h), rendered by the chat template and tokenized
+// whole (worker/data/chat_template.h). A conversation is one document, with no separator
+// between documents: beside every shard NAME.bin a token flags file NAME.flags
+// (worker/data/token_flags.h) marks each conversation's first token (kTokenFlagDocStart) and
+// the targets of the loss mask (kTokenFlagLoss), and the manifest (version 2) records the
+// template and the mask policy. A conversation may continue into the next shard, whose first
+// token then has no document start.
+//
 // Encoding runs on `threads` threads over chunks of about a MiB of documents while one thread
 // writes chunks in order, so the output is byte-identical for any thread count. Nothing
 // half-written is visible: everything goes to DIR.tmp-<pid>, renamed to DIR at the end (and
@@ -45,6 +54,9 @@ struct PrepareOptions {
   int64_t shard_tokens = int64_t{1} << 26;
   int threads = 0;  // 0: one per core
   bool force = false;
+  // The built-in chat template of chat data (worker/data/chat_template.h); empty: text.
+  std::string chat_template;
+  std::string loss_mask = "assistant";  // chat data's targets: "assistant" or "all"
   // Text per encoding chunk (the unit of parallel work); small in tests to get many chunks.
   int64_t chunk_bytes = int64_t{1} << 20;
   Progress progress = Progress::kNone;
@@ -58,6 +70,9 @@ struct PrepareResult {
   int64_t val_tokens = 0;
   int64_t train_documents = 0;
   int64_t val_documents = 0;
+  // Chat data: the tokens flagged as targets (kTokenFlagLoss); 0 for text.
+  int64_t train_target_tokens = 0;
+  int64_t val_target_tokens = 0;
   int train_shards = 0;
   int val_shards = 0;
   double seconds = 0;
@@ -82,11 +97,14 @@ ForcedReplaceDecision DecideForcedReplace(const std::string& out, bool is_direct
                                           bool is_dataset, const std::vector<std::string>& inputs);
 
 // Errors name the file (and line) or option at fault: INVALID_ARGUMENT for bad options and bad
-// input text (invalid UTF-8, a JSONL line that is not JSON or lacks the field), NOT_FOUND for a
-// missing input or tokenizer, FAILED_PRECONDITION for an empty input file, an existing DIR
-// without `force` (or with it, one that DecideForcedReplace keeps, naming --out and why; nothing
-// is deleted), or no training token at all; the errno-derived code when DIR cannot be
-// written.
+// input text (invalid UTF-8, a JSONL line that is not JSON or lacks the field; with chat data an
+// unknown template or mask policy, no tokenizer, an input that is not *.jsonl, a line that is
+// not a conversation, a conversation the template refuses), NOT_FOUND for a missing input or
+// tokenizer, FAILED_PRECONDITION for an empty input file, a tokenizer without the chat
+// template's special tokens (naming the token and the tokenizer file), an existing DIR without
+// `force` (or with it, one that DecideForcedReplace keeps, naming --out and why; nothing is
+// deleted), no training token at all, or, with chat data under "assistant", no target token in
+// the training split; the errno-derived code when DIR cannot be written.
 absl::StatusOr<PrepareResult> PrepareDataset(const PrepareOptions& options);
 
 }  // namespace weft::dataprep

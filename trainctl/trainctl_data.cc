@@ -10,10 +10,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "trainctl/data_inputs.h"
 #include "trainctl/trainctl_output.h"
 #include "nlohmann/json.hpp"
+#include "worker/data/chat_template.h"
 #include "worker/data/manifest.h"
 #include "worker/data/tokenizer.h"
 
@@ -104,6 +106,27 @@ DataCommands::DataCommands(CLI::App* app) {
                      "Replace an existing DIR that holds another Weft dataset (never an input, "
                      "a directory holding one, or anything but a dataset)");
   prepare_->add_flag("-q,--quiet", quiet_, "No progress on stderr");
+  CLI::Option* chat = prepare_->add_flag(
+      "--chat", chat_,
+      "Conversations for supervised fine-tuning: JSONL lines of {\"messages\": [{\"role\": "
+      "\"system\"|\"user\"|\"assistant\", \"content\": ...}, ...]} or {\"prompt\": ..., "
+      "\"completion\": ...}, rendered by --template, one document each, with a token flags "
+      "file (targets, conversation starts) beside every shard");
+  CLI::Option* chat_template = prepare_->add_option(
+      "--template", chat_template_,
+      absl::StrCat("With --chat: the chat template (",
+                   absl::StrJoin(data::ChatTemplate::Names(), ", "), ")"));
+  CLI::Option* loss_mask =
+      prepare_->add_option("--loss-mask", loss_mask_,
+                           "With --chat: the tokens that are targets, the assistant's messages "
+                           "(with their end-of-turn token) or all")
+          ->capture_default_str();
+  chat->needs(chat_template);
+  chat_template->needs(chat);
+  loss_mask->needs(chat);
+  chat->excludes(bytes);
+  chat->excludes(prepare_->get_option("--jsonl-field"));
+  chat->excludes(prepare_->get_option("--doc-separator"));
 }
 
 bool DataCommands::Parsed() const { return train_tokenizer_->parsed() || prepare_->parsed(); }
@@ -172,6 +195,10 @@ int DataCommands::Prepare(bool json) const {
   if (shard_tokens_ != 0) options.shard_tokens = shard_tokens_;
   options.threads = threads_;
   options.force = force_;
+  if (chat_) {
+    options.chat_template = chat_template_;
+    options.loss_mask = loss_mask_;
+  }
   options.progress = quiet_                         ? dataprep::Progress::kNone
                      : ::isatty(STDERR_FILENO) == 1 ? dataprep::Progress::kBar
                                                     : dataprep::Progress::kLines;
@@ -179,16 +206,21 @@ int DataCommands::Prepare(bool json) const {
   if (!result.ok()) return Fail(result.status());
   const dataprep::PrepareResult& r = *result;
   if (json) {
-    trainctl::PrintJsonObject({{"out", out_},
-                               {"up_to_date", r.up_to_date},
-                               {"input_bytes", r.input_bytes},
-                               {"train_tokens", r.train_tokens},
-                               {"val_tokens", r.val_tokens},
-                               {"train_documents", r.train_documents},
-                               {"val_documents", r.val_documents},
-                               {"train_shards", r.train_shards},
-                               {"val_shards", r.val_shards},
-                               {"seconds", r.seconds}});
+    nlohmann::json out = {{"out", out_},
+                          {"up_to_date", r.up_to_date},
+                          {"input_bytes", r.input_bytes},
+                          {"train_tokens", r.train_tokens},
+                          {"val_tokens", r.val_tokens},
+                          {"train_documents", r.train_documents},
+                          {"val_documents", r.val_documents},
+                          {"train_shards", r.train_shards},
+                          {"val_shards", r.val_shards},
+                          {"seconds", r.seconds}};
+    if (chat_) {
+      out["train_target_tokens"] = r.train_target_tokens;
+      out["val_target_tokens"] = r.val_target_tokens;
+    }
+    trainctl::PrintJsonObject(out);
   } else if (r.up_to_date) {
     std::cout << out_ << " is up to date (same inputs and options)\n";
   } else {
@@ -198,6 +230,11 @@ int DataCommands::Prepare(bool json) const {
         out_, r.train_tokens, r.train_shards, r.train_documents, r.val_tokens, r.val_shards,
         r.val_documents, r.input_bytes / 1e6, r.seconds,
         r.input_bytes / 1e6 / std::max(r.seconds, 1e-6));
+    if (chat_) {
+      std::cout << absl::StrFormat(
+          "chat template %s, loss mask %s: %d train and %d validation tokens are targets\n",
+          chat_template_, loss_mask_, r.train_target_tokens, r.val_target_tokens);
+    }
   }
   return 0;
 }

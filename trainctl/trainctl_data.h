@@ -3,6 +3,9 @@
 //                                 INPUTS...            a SentencePiece model of the text
 //   trainctl data prepare --out DIR [--tokenizer tok.model | --bytes] INPUTS...
 //                                                      token shards + manifest (docs/data.md)
+//   trainctl data prepare --chat --template NAME [--loss-mask assistant|all]
+//                         --out DIR --tokenizer tokenizer.json CONVERSATIONS.jsonl...
+//                                                      the same with token flags: SFT data
 #ifndef WEFT_TRAINCTL_TRAINCTL_DATA_H_
 #define WEFT_TRAINCTL_TRAINCTL_DATA_H_
 
@@ -54,6 +57,9 @@ class DataCommands {
   uint64_t seed_ = 0;
   int64_t shard_tokens_ = 0;
   bool force_ = false;
+  bool chat_ = false;
+  std::string chat_template_;
+  std::string loss_mask_ = "assistant";
 };
 
 }  // namespace weft

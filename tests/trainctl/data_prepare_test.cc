@@ -11,13 +11,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "trainctl/data_inputs.h"
 #include "common/crc32c.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "nlohmann/json.hpp"
+#include "worker/data/chat_template.h"
 #include "worker/data/manifest.h"
+#include "worker/data/token_flags.h"
 #include "worker/data/tokenizer.h"
 
 namespace weft::dataprep {
@@ -617,6 +621,281 @@ TEST_F(PrepareTest, BadOptions) {
   options = Options({Path("a.txt")});
   options.shard_tokens = 0;
   ExpectError(options, absl::StatusCode::kInvalidArgument, "--shard-tokens");
+}
+
+// ---------------------------------------------------------------------------------------
+// Chat data (--chat): tests/fixtures/chat holds conversations and what transformers makes of
+// them with each template's fixture tokenizer (make_chat_fixtures.py there).
+
+std::string ChatFixture(const std::string& name) {
+  return std::string(WEFT_SOURCE_DIR) + "/tests/fixtures/chat/" + name;
+}
+
+// expected.json in its own key order: the conversations in the order of conversations.jsonl.
+const nlohmann::ordered_json& ChatExpected() {
+  static const auto* const kExpected = new nlohmann::ordered_json(
+      nlohmann::ordered_json::parse(ReadFile(ChatFixture("expected.json"))));
+  return *kExpected;
+}
+
+// All flags of one split, in shard order; each flags file as the manifest describes it and as
+// the training side checks it.
+std::vector<uint8_t> SplitFlags(const data::DatasetManifest& m,
+                                const std::vector<data::ManifestShard>& split) {
+  std::vector<uint8_t> all;
+  for (const data::ManifestShard& s : split) {
+    EXPECT_EQ(s.flags_file, absl::StrCat(s.file.substr(0, s.file.size() - 4), ".flags"));
+    const std::string bytes = ReadFile(data::ManifestFilePath(m, s.flags_file));
+    EXPECT_EQ(static_cast<int64_t>(bytes.size()), s.flags_bytes);
+    EXPECT_EQ(Crc32c(bytes.data(), bytes.size()), s.flags_crc32c);
+    EXPECT_TRUE(data::CheckTokenFlags(reinterpret_cast<const unsigned char*>(bytes.data()),
+                                      bytes.size(), s.tokens, s.flags_file)
+                    .ok());
+    all.insert(all.end(), bytes.begin() + data::kTokenFlagsHeaderBytes, bytes.end());
+  }
+  return all;
+}
+
+class ChatPrepareTest : public PrepareTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  std::string TokenizerFor(const std::string& chat_template) {
+    return std::string(WEFT_SOURCE_DIR) + "/" +
+           ChatExpected().at("templates").at(chat_template).at("tokenizer").get<std::string>();
+  }
+
+  PrepareOptions ChatOptions(std::vector<std::string> inputs,
+                             const std::string& chat_template = "chatml") {
+    PrepareOptions o = Options(std::move(inputs));
+    o.doc_separator.clear();
+    o.chat_template = chat_template;
+    o.tokenizer_path = TokenizerFor(chat_template);
+    o.val_fraction = 0;
+    return o;
+  }
+};
+
+// Every conversation the template takes, prepared across several shards: the token stream is
+// transformers' ids of each rendered conversation, back to back with no separator, and the
+// flags mark each conversation's first token and transformers' assistant tokens.
+TEST_P(ChatPrepareTest, TokensAndFlagsAreTransformers) {
+  const nlohmann::ordered_json& cases = ChatExpected().at("templates").at(GetParam()).at("cases");
+  const std::vector<std::string> lines =
+      absl::StrSplit(ReadFile(ChatFixture("conversations.jsonl")), '\n', absl::SkipEmpty());
+  std::string input;
+  std::vector<int32_t> want_ids;
+  std::vector<uint8_t> want_flags;
+  int64_t conversations = 0, targets = 0;
+  size_t line = 0;
+  for (const auto& [name, unused] : ChatExpected().at("conversations").items()) {
+    ASSERT_LT(line, lines.size());
+    const nlohmann::ordered_json& expected = cases.at(name);
+    if (!expected.contains("error")) {
+      absl::StrAppend(&input, lines[line], "\n");
+      const auto ids = expected.at("ids").get<std::vector<int32_t>>();
+      const auto mask = expected.at("assistant_mask").get<std::vector<int>>();
+      want_ids.insert(want_ids.end(), ids.begin(), ids.end());
+      for (size_t i = 0; i < mask.size(); ++i) {
+        want_flags.push_back((mask[i] ? data::kTokenFlagLoss : 0) |
+                             (i == 0 ? data::kTokenFlagDocStart : 0));
+        targets += mask[i];
+      }
+      ++conversations;
+    }
+    ++line;
+  }
+  PrepareOptions options = ChatOptions({Write("chat.jsonl", input)}, GetParam());
+  options.shard_tokens = 97;  // conversations continue into the next shard
+  absl::StatusOr<PrepareResult> result = PrepareDataset(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->train_documents, conversations);
+  EXPECT_EQ(result->train_target_tokens, targets);
+
+  absl::StatusOr<data::DatasetManifest> m = data::ReadManifest(Path("out"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_THAT(ReadFile(Path("out/manifest.json")), HasSubstr("\"version\": 2"));
+  EXPECT_EQ(m->chat_template, GetParam());
+  EXPECT_EQ(m->loss_mask, "assistant");
+  EXPECT_EQ(m->document_separator, "none");
+  EXPECT_TRUE(m->val.empty());
+  ASSERT_GT(m->train.size(), 3u);
+  EXPECT_EQ(SplitTokens(*m, m->train), want_ids);
+  EXPECT_EQ(SplitFlags(*m, m->train), want_flags);
+  const nlohmann::json recorded = nlohmann::json::parse(m->options_json);
+  EXPECT_EQ(recorded.at("chat_template"), GetParam());
+  EXPECT_EQ(recorded.at("loss_mask"), "assistant");
+
+  EXPECT_TRUE(PrepareDataset(options).value().up_to_date);
+
+  // Every token a target under "all"; the tokens are the same.
+  options.loss_mask = "all";
+  options.force = true;
+  result = PrepareDataset(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(result->up_to_date);
+  m = data::ReadManifest(Path("out"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->loss_mask, "all");
+  EXPECT_EQ(SplitTokens(*m, m->train), want_ids);
+  const std::vector<uint8_t> flags = SplitFlags(*m, m->train);
+  ASSERT_EQ(flags.size(), want_flags.size());
+  for (size_t i = 0; i < flags.size(); ++i) {
+    EXPECT_EQ(flags[i], data::kTokenFlagLoss | (want_flags[i] & data::kTokenFlagDocStart)) << i;
+  }
+  EXPECT_EQ(result->train_target_tokens, static_cast<int64_t>(want_ids.size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Templates, ChatPrepareTest,
+                         ::testing::Values("llama3", "llama3.1", "chatml", "mistral"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name) c = c == '.' ? '_' : c;
+                           return name;
+                         });
+
+// Conversations are split between train and validation like documents, whole, with the same
+// thread-independent bytes.
+TEST_F(PrepareTest, ChatSplitAndThreads) {
+  std::string input;
+  for (int i = 0; i < 60; ++i) {
+    absl::StrAppend(&input, R"({"prompt": "question )", i, R"(", "completion": "answer )", i,
+                    "\"}\n");
+  }
+  PrepareOptions one = Options({Write("chat.jsonl", input)}, "one");
+  one.doc_separator.clear();
+  one.chat_template = "chatml";
+  one.tokenizer_path = ChatFixture("chatml.tokenizer.json");
+  one.val_fraction = 0.3;
+  one.threads = 1;
+  one.shard_tokens = 300;
+  PrepareOptions four = one;
+  four.out_dir = Path("four");
+  four.threads = 4;
+  absl::StatusOr<PrepareResult> a = PrepareDataset(one);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(PrepareDataset(four).ok());
+  EXPECT_EQ(DirectoryContents(Path("one")), DirectoryContents(Path("four")));
+  EXPECT_EQ(a->train_documents + a->val_documents, 60);
+  EXPECT_GT(a->val_documents, 5);
+  EXPECT_GT(a->val_target_tokens, 0);
+  absl::StatusOr<data::DatasetManifest> m = data::ReadManifest(Path("one"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  int starts = 0;
+  for (uint8_t f : SplitFlags(*m, m->val)) starts += (f & data::kTokenFlagDocStart) ? 1 : 0;
+  EXPECT_EQ(starts, a->val_documents);
+}
+
+TEST_F(PrepareTest, ChatInputErrorsNameFileLineAndField) {
+  struct Case {
+    std::string contents, error;
+  };
+  const std::string ok = R"({"prompt": "p", "completion": "c"})";
+  const std::vector<Case> cases = {
+      {ok + "\n{\"messages\": [}\n", ":2: not a JSON value"},
+      {"[1]\n", ":1: an array, not an object with \"messages\""},
+      {R"({"text": "plain"})", ":1: no \"messages\", nor \"prompt\" and \"completion\""},
+      {R"({"prompt": "only"})", ":1: completion: missing"},
+      {R"({"prompt": 1, "completion": "c"})", ":1: prompt: a number, not a string"},
+      {R"({"messages": {"role": "user"}})", ":1: messages: an object, not an array"},
+      {R"({"messages": []})", ":1: messages: empty"},
+      {ok + "\n\n" +
+           R"({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "x"}]})",
+       ":3: messages[1].role: \"tool\" is not a role (system, user or assistant)"},
+      {R"({"messages": [{"content": "hi"}]})", ":1: messages[0].role: missing"},
+      {R"({"messages": [{"role": "user"}]})", ":1: messages[0].content: missing"},
+      {R"({"messages": [{"role": "user", "content": null}]})",
+       ":1: messages[0].content: a null, not a string"},
+      {R"({"messages": [{"role": "user", "content": "hi", "name": "bob"}]})",
+       ":1: messages[0].name: unknown field"},
+      {R"({"messages": ["hi"]})", ":1: messages[0]: a string, not an object"},
+      {"{\"prompt\": \"caf\xE9\", \"completion\": \"c\"}\n", ":1: invalid UTF-8"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = Write(absl::StrCat("bad", i, ".jsonl"), cases[i].contents + "\n");
+    PrepareOptions options = Options({path});
+    options.chat_template = "chatml";
+    options.tokenizer_path = ChatFixture("chatml.tokenizer.json");
+    ExpectError(options, absl::StatusCode::kInvalidArgument, path + cases[i].error);
+  }
+}
+
+TEST_F(PrepareTest, ChatConversationTheTemplateRefusesNamesItsLine) {
+  PrepareOptions options = Options({ChatFixture("conversations.jsonl")});
+  options.chat_template = "mistral";
+  options.tokenizer_path = ChatFixture("mistral.tokenizer.json");
+  ExpectError(options, absl::StatusCode::kInvalidArgument,
+              ChatFixture("conversations.jsonl") +
+                  ":9: chat template mistral: messages[2] is a system message");
+}
+
+TEST_F(PrepareTest, ChatOptionErrors) {
+  const std::string input = Write("chat.jsonl", R"({"prompt": "p", "completion": "c"})");
+  PrepareOptions options = Options({input});
+  options.chat_template = "alpaca";
+  options.tokenizer_path = ChatFixture("chatml.tokenizer.json");
+  ExpectError(options, absl::StatusCode::kInvalidArgument,
+              "--template: unknown chat template \"alpaca\" (known: chatml, llama3, llama3.1, "
+              "mistral)");
+  options.chat_template = "chatml";
+  options.loss_mask = "user";
+  ExpectError(options, absl::StatusCode::kInvalidArgument, "--loss-mask user");
+  options.loss_mask = "assistant";
+  options.tokenizer_path.clear();
+  ExpectError(options, absl::StatusCode::kInvalidArgument, "--chat: needs --tokenizer");
+  // A tokenizer without the template's special tokens, named with the token.
+  const std::string gpt2 =
+      std::string(WEFT_SOURCE_DIR) + "/tests/fixtures/tokenizers/gpt2.tokenizer.json";
+  options.tokenizer_path = gpt2;
+  ExpectError(options, absl::StatusCode::kFailedPrecondition,
+              gpt2 + ": no token \"<|im_start|>\", which chat template chatml needs");
+  options.tokenizer_path = ChatFixture("chatml.tokenizer.json");
+  options.chat_template = "llama3";
+  ExpectError(options, absl::StatusCode::kFailedPrecondition,
+              "no token \"<|begin_of_text|>\", which chat template llama3 needs");
+  // SentencePiece never spells its control tokens from text.
+  options.tokenizer_path = Write("tok.model", *model_);
+  options.chat_template = "mistral";
+  ExpectError(options, absl::StatusCode::kFailedPrecondition,
+              "a sentencepiece tokenizer cannot spell special tokens in text");
+  // Text files are no conversations.
+  options = Options({Write("a.txt", "plain text\n")});
+  options.chat_template = "chatml";
+  options.tokenizer_path = ChatFixture("chatml.tokenizer.json");
+  ExpectError(options, absl::StatusCode::kInvalidArgument,
+              Path("a.txt") + ": --chat reads conversations from JSONL files");
+}
+
+TEST_F(PrepareTest, ChatWithoutAssistantMessages) {
+  PrepareOptions options =
+      Options({Write("chat.jsonl", R"({"messages": [{"role": "user", "content": "hello?"}]})")});
+  options.chat_template = "chatml";
+  options.tokenizer_path = ChatFixture("chatml.tokenizer.json");
+  options.val_fraction = 0;
+  ExpectError(options, absl::StatusCode::kFailedPrecondition, "no target tokens");
+  options.loss_mask = "all";
+  absl::StatusOr<PrepareResult> result = PrepareDataset(options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->train_target_tokens, result->train_tokens);
+}
+
+TEST(JsonlConversationTest, BothFormsAndFieldsBesideMessages) {
+  absl::StatusOr<std::vector<data::ChatMessage>> pc =
+      JsonlConversation(R"({"prompt": "2+2?", "completion": "4", "id": 7})", "f.jsonl", 1);
+  ASSERT_TRUE(pc.ok()) << pc.status();
+  ASSERT_EQ(pc->size(), 2u);
+  EXPECT_EQ((*pc)[0].role, data::ChatRole::kUser);
+  EXPECT_EQ((*pc)[0].content, "2+2?");
+  EXPECT_EQ((*pc)[1].role, data::ChatRole::kAssistant);
+  EXPECT_EQ((*pc)[1].content, "4");
+  // UltraChat's lines keep their first prompt beside the messages: the messages are read.
+  absl::StatusOr<std::vector<data::ChatMessage>> m = JsonlConversation(
+      R"({"prompt": "ignored", "prompt_id": "x", "messages": [{"role": "system", "content": "s"},
+      {"content": "u", "role": "user"}, {"role": "assistant", "content": ""}]})",
+      "f.jsonl", 1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->size(), 3u);
+  EXPECT_EQ((*m)[0].role, data::ChatRole::kSystem);
+  EXPECT_EQ((*m)[1].content, "u");
+  EXPECT_EQ((*m)[2].content, "");
 }
 
 TEST(TokenFormatTest, ByVocabularySize) {

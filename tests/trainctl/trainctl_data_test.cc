@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
@@ -149,6 +150,63 @@ TEST_F(TrainctlDataTest, Refusals) {
   EXPECT_EQ(tiny.exit_code, 1);
   EXPECT_THAT(tiny.err, HasSubstr("vocab_size 100"));
   EXPECT_FALSE(std::filesystem::exists(dir_.File("t.model")));
+}
+
+// `prepare --chat` as a user runs it: flags, messages and what it writes.
+TEST_F(TrainctlDataTest, PrepareChat) {
+  const std::string tokenizer =
+      std::string(WEFT_SOURCE_DIR) + "/tests/fixtures/chat/chatml.tokenizer.json";
+  const std::string chat = dir_.File("chat.jsonl");
+  std::string lines;
+  for (int i = 0; i < 20; ++i) {
+    absl::StrAppend(&lines, R"({"messages": [{"role": "user", "content": "question )", i,
+                    R"("}, {"role": "assistant", "content": "answer )", i, "\"}]}\n");
+  }
+  WriteFile(chat, lines);
+  const std::string out = dir_.File("sft");
+  CommandResult prepared = Run({"data", "prepare", "--chat", "--template", "chatml", "--out", out,
+                                "--tokenizer", tokenizer, "-q", chat});
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.err;
+  EXPECT_THAT(prepared.out, HasSubstr("chat template chatml, loss mask assistant: "));
+  EXPECT_TRUE(std::filesystem::exists(out + "/train-00000.flags"));
+  const std::string manifest = ReadFile(out + "/manifest.json");
+  EXPECT_THAT(manifest, HasSubstr("\"template\": \"chatml\""));
+  EXPECT_THAT(manifest, HasSubstr("\"loss_mask\": \"assistant\""));
+
+  CommandResult all = Run({"-o", "json", "data", "prepare", "--chat", "--template", "chatml",
+                           "--loss-mask", "all", "--out", dir_.File("sft_all"), "--tokenizer",
+                           tokenizer, "-q", chat});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_THAT(all.out, HasSubstr("\"train_target_tokens\""));
+
+  // --template and --loss-mask belong to --chat, which needs --template and a tokenizer and
+  // takes no text options.
+  const std::vector<std::vector<std::string>> refused = {
+      {"--template", "chatml", "--tokenizer", tokenizer},
+      {"--chat", "--tokenizer", tokenizer},
+      {"--loss-mask", "all", "--tokenizer", tokenizer},
+      {"--chat", "--template", "chatml", "--bytes"},
+      {"--chat", "--template", "chatml", "--tokenizer", tokenizer, "--jsonl-field", "x"},
+      {"--chat", "--template", "chatml", "--tokenizer", tokenizer, "--doc-separator", "%"},
+  };
+  for (const std::vector<std::string>& flags : refused) {
+    std::vector<std::string> args = {"data", "prepare", "--out", dir_.File("no"), "-q"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.push_back(chat);
+    CommandResult r = Run(args);
+    EXPECT_NE(r.exit_code, 0) << absl::StrJoin(flags, " ");
+  }
+  CommandResult unknown = Run({"data", "prepare", "--chat", "--template", "vicuna", "--out",
+                               dir_.File("no"), "--tokenizer", tokenizer, "-q", chat});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_THAT(unknown.err, HasSubstr("unknown chat template \"vicuna\""));
+  const std::string gpt2 =
+      std::string(WEFT_SOURCE_DIR) + "/tests/fixtures/tokenizers/gpt2.tokenizer.json";
+  CommandResult no_token = Run({"data", "prepare", "--chat", "--template", "chatml", "--out",
+                                dir_.File("no"), "--tokenizer", gpt2, "-q", chat});
+  EXPECT_EQ(no_token.exit_code, 1);
+  EXPECT_THAT(no_token.err, HasSubstr(gpt2 + ": no token \"<|im_start|>\""));
+  EXPECT_FALSE(std::filesystem::exists(dir_.File("no")));
 }
 
 }  // namespace

@@ -10,3 +10,8 @@ weft_test(bpe_tokenizer_test unit SOURCES worker/data/bpe_tokenizer_test.cc LIBS
   DEPENDS weft_sentencepiece)
 target_compile_definitions(bpe_tokenizer_test PRIVATE WEFT_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 weft_test(documents_test unit SOURCES worker/data/documents_test.cc LIBS weft_data)
+# Chat templates against transformers' renderings, ids and assistant masks
+# (tests/fixtures/chat/make_chat_fixtures.py).
+weft_test(chat_template_test unit SOURCES worker/data/chat_template_test.cc LIBS weft_tokenizer
+  DEPENDS weft_sentencepiece)
+target_compile_definitions(chat_template_test PRIVATE WEFT_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
