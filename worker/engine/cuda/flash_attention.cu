@@ -33,6 +33,25 @@
 //  - Causal masking is only evaluated on tiles that straddle the diagonal; the padding rows of
 //    a ragged last tile are zero-filled in shared memory and never stored. In the dK/dV kernel
 //    padded queries get lse = +inf, so their P is exactly 0.
+//  - Document masking (doc_starts, packed sequences; ops.h): query q sees keys
+//    [doc_starts[q], q]. doc_starts is nondecreasing in q, so the keys a query tile [q0, q1)
+//    needs are [doc_starts[q0], q1) and the queries a key tile [k0, k1) is seen by are
+//    [k0, e), e the first query with doc_starts >= k1: both contiguous. Tiles outside are
+//    SKIPPED, never loaded or multiplied, which is what makes short documents cheap:
+//     - forward and dQ: the walk starts at key tile doc_starts[q0] / kBk instead of 0, and a
+//       warp skips the tiles that end before its first row's document (as it skips those past
+//       its last row);
+//     - dK/dV: the walk ends at the last query tile whose first query's document starts
+//       before k1. The block finds it itself at its start, all threads testing one tile's
+//       first doc_starts each (__syncthreads_count of the hits, a prefix since doc_starts is
+//       nondecreasing), while its key tile loads: one round of loads up to T = 64 * threads
+//       queries, no extra kernel and no scratch. The mma.sync kernel's warps also skip the
+//       steps whose queries all start their documents after the warp's last key.
+//    The rows' doc starts are read once into registers (forward, dQ: each lane's rows) or
+//    staged per step in shared memory with lse and D (dK/dV: the step's queries); only the
+//    tiles that cross a document start (some row's start lies past the tile's first key) test
+//    them per element. Padded rows take the last row's doc start, keeping it nondecreasing.
+//    Without doc_starts every start is 0: the same tiles, the same arithmetic, the same bits.
 //  - Tiles are staged with cp.async, double-buffered: the next tile loads while the current
 //    one is multiplied.
 //
@@ -180,16 +199,45 @@ __device__ inline HeadBase HeadOffsets(const bf16* qkv, int bh, int nh, int nkv,
           q_width};
 }
 
-// Rows [q0, q0 + kRows) of one query head's lse (in log2 units) and D into shared memory, by
-// the block's kBlockThreads threads: the dK/dV kernels' per-query values of a step. Padded
-// queries get lse = +inf, which makes their P exactly 0, so they add nothing.
+// The first key row `row` of one sequence sees: doc[row] (doc: the sequence's (T) row of
+// doc_starts), or 0 without document masking. Rows at or past t (a ragged tile's padding)
+// take the last row's, so the starts of a tile stay nondecreasing and its last row's is its
+// largest.
+__device__ inline int DocStart(const int32_t* __restrict__ doc, int row, int t) {
+  return doc == nullptr ? 0 : __ldg(doc + min(row, t - 1));
+}
+
+// The number of query tiles [first, first + count) (`tile` queries each) of which the first
+// query's document starts before key_end: with doc_starts nondecreasing the tiles that pass
+// are a prefix of [first, n_tiles), found by all kBlockThreads threads testing one tile each,
+// a round per kBlockThreads tiles until a round has a miss. Called by every thread of the
+// block (it holds barriers); the count is the same in all of them.
+template <int kBlockThreads>
+__device__ inline int CountQueryTiles(const int32_t* __restrict__ doc, int first, int n_tiles,
+                                      int tile, int key_end) {
+  int count = 0;
+  for (int base = first; base < n_tiles; base += kBlockThreads) {
+    const int i = base + static_cast<int>(threadIdx.x);
+    const int hits = __syncthreads_count(i < n_tiles && __ldg(doc + i * tile) < key_end);
+    count += hits;
+    if (hits < kBlockThreads) break;
+  }
+  return count;
+}
+
+// Rows [q0, q0 + kRows) of one query head's lse (in log2 units) and D, and the rows' doc
+// starts (DocStart), into shared memory, by the block's kBlockThreads threads: the dK/dV
+// kernels' per-query values of a step. Padded queries get lse = +inf, which makes their P
+// exactly 0, so they add nothing.
 template <int kRows, int kBlockThreads>
-__device__ inline void StageQueryStats(float* slse, float* sdsum, const float* lse_g,
-                                       const float* dsum_g, int q0, int t) {
+__device__ inline void StageQueryStats(float* slse, float* sdsum, int* sstart,
+                                       const float* lse_g, const float* dsum_g,
+                                       const int32_t* doc, int q0, int t) {
   for (int i = threadIdx.x; i < kRows; i += kBlockThreads) {
     const int row = q0 + i;
     slse[i] = row < t ? lse_g[row] * kLog2e : INFINITY;
     sdsum[i] = row < t ? dsum_g[row] : 0.0f;
+    sstart[i] = DocStart(doc, row, t);
   }
 }
 
@@ -370,30 +418,55 @@ __device__ __forceinline__ void LoadKeyTile(bf16* sk, bf16* sv, const HeadBase& 
   LoadTile<kHs, kBk>(sv + buf * kBk * kStride, head.v, step * kBk, t, head.ld_qkv);
 }
 
-// The walk of the forward and dQ kernels over key tiles [0, n_steps) (kBk keys each),
-// double-buffered. For each tile that reaches this warp's 16 kMt rows (tiles start on multiples
-// of 16, so k0 <= warp_row + 16 kMt - 1 means the warp's last row sees at least key k0; a tile
-// entirely above them contributes nothing), computes the warp's scores s (16 kMt, kBk) = Q K^T
-// and calls on_tile(s, k0, straddles, skb, svb): straddles says the tile crosses the diagonal
-// of some row of the warp (masking needed), skb / svb are the tile's keys and values in shared
-// memory.
+// The walk of the forward and dQ kernels over key tiles [first, n_steps) (kBk keys each),
+// double-buffered; the caller has loaded tile `first` into buffer 0. For each tile that
+// reaches this warp's 16 kMt rows (tiles start on multiples of 16, so
+// k0 <= warp_row + 16 kMt - 1 means the warp's last row sees at least key k0; a tile entirely
+// above them contributes nothing) and ends at or after warp_start, the doc start of the warp's
+// first row (the smallest of its rows; a tile before it is wholly masked for every row),
+// computes the warp's scores s (16 kMt, kBk) = Q K^T and calls
+// on_tile(s, k0, straddles, before, skb, svb): straddles says the tile crosses the diagonal of
+// some row of the warp, before that it holds keys before some row's document (k0 <
+// warp_last_start, the doc start of the warp's last row, its largest), each needing masking;
+// skb / svb are the tile's keys and values in shared memory.
 template <int kHs, int kMt, int kBk, typename OnTile>
 __device__ __forceinline__ void WalkKeyTiles(bf16* sk, bf16* sv, const bf16* sq_warp,
-                                             const HeadBase& head, int n_steps, int warp_row, int t,
-                                             int lane, OnTile on_tile) {
+                                             const HeadBase& head, int first, int n_steps,
+                                             int warp_row, int warp_start, int warp_last_start,
+                                             int t, int lane, OnTile on_tile) {
   constexpr int kStride = Tiles<kHs>::kStride;
-  for (int j = 0; j < n_steps; ++j) {
-    const int buf = j % 2;
+  for (int j = first; j < n_steps; ++j) {
+    const int buf = (j - first) % 2;
     AwaitStep(j + 1 < n_steps, [&] { LoadKeyTile<kHs, kBk>(sk, sv, head, j + 1, 1 - buf, t); });
     const int k0 = j * kBk;
-    if (k0 <= warp_row + kWarpRows * kMt - 1) {
+    if (k0 <= warp_row + kWarpRows * kMt - 1 && k0 + kBk > warp_start) {
       const bf16* skb = sk + buf * kBk * kStride;
       float s[kMt][kBk / 8][4] = {};
       MmaABt<kHs, kMt, kBk>(s, sq_warp, skb, lane);
-      on_tile(s, k0, k0 + kBk - 1 > warp_row, skb, sv + buf * kBk * kStride);
+      on_tile(s, k0, k0 + kBk - 1 > warp_row, k0 < warp_last_start, skb,
+              sv + buf * kBk * kStride);
     }
     __syncthreads();  // the buffer is refilled by the next step's prefetch
   }
+}
+
+// A warp's rows' doc starts for WalkKeyTiles and the masking: start[r] of the lane's row
+// row_lo + 8 r, and the warp's first and last rows' (its smallest and largest).
+template <int kRows>
+struct RowStarts {
+  int start[kRows];
+  int warp_start;
+  int warp_last_start;
+};
+template <int kRows>
+__device__ inline RowStarts<kRows> ReadRowStarts(const int32_t* doc, int warp_row, int row_lo,
+                                                 int t) {
+  RowStarts<kRows> rs;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rs.start[r] = DocStart(doc, row_lo + 8 * r, t);
+  rs.warp_start = DocStart(doc, warp_row, t);
+  rs.warp_last_start = DocStart(doc, warp_row + 8 * kRows - 1, t);
+  return rs;
 }
 
 // ---- kernels ----
@@ -403,9 +476,10 @@ __device__ __forceinline__ void WalkKeyTiles(bf16* sk, bf16* sv, const bf16* sq_
 
 template <int kHs>
 __global__ void __launch_bounds__(kThreads)
-    FlashForwardKernel(bf16* __restrict__ y,            // (B, T, C)
-                       float* __restrict__ lse,         // (B * NH * T)
-                       const bf16* __restrict__ qkv,    // (B, T, (NH + 2 NKV) HS)
+    FlashForwardKernel(bf16* __restrict__ y,                    // (B, T, C)
+                       float* __restrict__ lse,                 // (B * NH * T)
+                       const bf16* __restrict__ qkv,            // (B, T, (NH + 2 NKV) HS)
+                       const int32_t* __restrict__ doc_starts,  // (B, T) or nullptr
                        int t, int nh, int nkv, float scale_log2) {
   using Cfg = Tiles<kHs>;
   constexpr int kStride = Cfg::kStride;
@@ -424,11 +498,16 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = (gridDim.y - 1 - blockIdx.y) * Cfg::kQTile;
   const int warp_row = q0 + warp * kWarpRows * kMt;  // the warp's first query
   const int row_lo = warp_row + lane / 4;            // this lane's rows: row_lo + 8 r
+  const int32_t* doc =
+      doc_starts == nullptr ? nullptr : doc_starts + static_cast<size_t>(blockIdx.x / nh) * t;
 
   LoadTile<kHs, Cfg::kQTile>(sq, head.q, q0, t, head.ld_qkv);
-  LoadKeyTile<kHs, kBk>(sk, sv, head, 0, 0, t);
+  // Keys [doc start of q0, q0 + kQTile): the tile's first row has its smallest doc start.
+  const int first = DocStart(doc, q0, t) / kBk;
+  LoadKeyTile<kHs, kBk>(sk, sv, head, first, 0, t);
   CpAsyncCommit();
-  const int n_steps = (min(t, q0 + Cfg::kQTile) + kBk - 1) / kBk;  // keys [0, q0 + kQTile)
+  const int n_steps = (min(t, q0 + Cfg::kQTile) + kBk - 1) / kBk;
+  const RowStarts<kRows> starts = ReadRowStarts<kRows>(doc, warp_row, row_lo, t);
 
   float o[kMt][kHs / 8][4] = {};
   float m[kRows];  // running max (log2 units) of rows row_lo + 8 r
@@ -439,10 +518,15 @@ __global__ void __launch_bounds__(kThreads)
     l[r] = 0.0f;
   }
   WalkKeyTiles<kHs, kMt, kBk>(
-      sk, sv, sq + warp * kWarpRows * kMt * kStride, head, n_steps, warp_row, t, lane,
-      [&](float(&s)[kMt][kBk / 8][4], int k0, bool straddles, const bf16*, const bf16* svb) {
+      sk, sv, sq + warp * kWarpRows * kMt * kStride, head, first, n_steps, warp_row,
+      starts.warp_start, starts.warp_last_start, t, lane,
+      [&](float(&s)[kMt][kBk / 8][4], int k0, bool straddles, bool before, const bf16*,
+          const bf16* svb) {
         ForEachElement<kMt, kBk>(s, lane, [&](float x, int r, int col, int, int, int) {
-          return straddles && k0 + col > row_lo + 8 * r ? -INFINITY : x * scale_log2;
+          const int key = k0 + col;
+          const bool masked =
+              (straddles && key > row_lo + 8 * r) || (before && key < starts.start[r]);
+          return masked ? -INFINITY : x * scale_log2;
         });
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
@@ -524,11 +608,12 @@ __global__ void RowDotKernel(float* __restrict__ dsum,       // (B * NH * T)
 
 template <int kHs>
 __global__ void __launch_bounds__(kThreads)
-    FlashBackwardKvKernel(bf16* __restrict__ dqkv,          // (B, T, (NH + 2 NKV) HS), dk dv
-                          const bf16* __restrict__ qkv,     // (B, T, (NH + 2 NKV) HS)
-                          const bf16* __restrict__ dy,      // (B, T, C)
-                          const float* __restrict__ lse,    // (B * NH * T)
-                          const float* __restrict__ dsum,   // (B * NH * T)
+    FlashBackwardKvKernel(bf16* __restrict__ dqkv,                 // (B, T, (NH + 2 NKV) HS)
+                          const bf16* __restrict__ qkv,            // (B, T, (NH + 2 NKV) HS)
+                          const bf16* __restrict__ dy,             // (B, T, C)
+                          const float* __restrict__ lse,           // (B * NH * T)
+                          const float* __restrict__ dsum,          // (B * NH * T)
+                          const int32_t* __restrict__ doc_starts,  // (B, T) or nullptr
                           int t, int nh, int nkv, float scale, float scale_log2) {
   using Cfg = Tiles<kHs>;
   constexpr int kStride = Cfg::kStride;
@@ -541,6 +626,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sdy = sq + 2 * kBq * kStride;        // 2 x (kBq, kStride)
   float* slse = reinterpret_cast<float*>(sdy + 2 * kBq * kStride);  // 2 x (kBq), log2 units
   float* sdsum = slse + 2 * kBq;                                     // 2 x (kBq)
+  int* sstart = reinterpret_cast<int*>(sdsum + 2 * kBq);             // 2 x (kBq) doc starts
   const int warp = threadIdx.x / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
   // Block x = b * NKV + kv head; its group's query heads are b * NH + kv head * G + [0, G).
@@ -548,6 +634,8 @@ __global__ void __launch_bounds__(kThreads)
   const int bi = blockIdx.x / nkv;
   const HeadBase head =
       HeadOffsets<kHs>(qkv, bi * nh + (blockIdx.x % nkv) * group, nh, nkv, t);
+  const int32_t* doc =
+      doc_starts == nullptr ? nullptr : doc_starts + static_cast<size_t>(bi) * t;
   bf16* dk = dqkv + head.k_off;
   bf16* dv = dqkv + head.v_off;
   dy += head.rows;
@@ -561,45 +649,57 @@ __global__ void __launch_bounds__(kThreads)
   const auto load_queries = [&](int g, int step_q0, int buf) {
     LoadTile<kHs, kBq>(sq + buf * kBq * kStride, head.q + g * kHs, step_q0, t, head.ld_qkv);
     LoadTile<kHs, kBq>(sdy + buf * kBq * kStride, dy + g * kHs, step_q0, t, head.ld_y);
-    StageQueryStats<kBq, kThreads>(slse + buf * kBq, sdsum + buf * kBq,
+    StageQueryStats<kBq, kThreads>(slse + buf * kBq, sdsum + buf * kBq, sstart + buf * kBq,
                                    lse + static_cast<size_t>(g) * t,
-                                   dsum + static_cast<size_t>(g) * t, step_q0, t);
+                                   dsum + static_cast<size_t>(g) * t, doc, step_q0, t);
   };
   LoadTile<kHs, kTile>(sk, head.k, k0, t, head.ld_qkv);
   LoadTile<kHs, kTile>(sv, head.v, k0, t, head.ld_qkv);
   const int first = k0 / kBq;  // the first query tile that reaches key k0
   const int n_steps = (t + kBq - 1) / kBq;
-  // One walk over the query tiles [first, n_steps) of each of the G query heads in turn, so
-  // the prefetch runs on across heads; dK and dV sum over the group in registers.
-  const int per_head = n_steps - first;
-  const int walk = group * per_head;
   load_queries(0, first * kBq, 0);
   CpAsyncCommit();
+  // The query tiles [first, first + per_head) see the block's keys: causally all from `first`
+  // on, with documents only those whose first query's document starts before the block's
+  // last key (found while the tiles above load).
+  const int per_head = doc == nullptr ? n_steps - first
+                                      : CountQueryTiles<kThreads>(doc, first, n_steps, kBq,
+                                                                  min(k0 + kTile, t));
+  // One walk over those query tiles of each of the G query heads in turn, so the prefetch
+  // runs on across heads; dK and dV sum over the group in registers.
+  const int walk = group * per_head;
+  const int last = first + per_head;  // past the last query tile of a head
 
   float dk_acc[1][kHs / 8][4] = {};
   float dv_acc[1][kHs / 8][4] = {};
   // Step s is query tile i of the group's head g; (next_g, next_i) is step s + 1.
   for (int s = 0, g = 0, i = first; s < walk; ++s) {
     const int buf = s % 2;
-    const bool head_done = i + 1 == n_steps;
+    const bool head_done = i + 1 == last;
     const int next_g = head_done ? g + 1 : g;
     const int next_i = head_done ? first : i + 1;
     AwaitStep(s + 1 < walk, [&] { load_queries(next_g, next_i * kBq, 1 - buf); });
     const int q0 = i * kBq;
     g = next_g;
     i = next_i;
-    if (q0 + kBq - 1 >= warp_key) {  // some query of the tile sees some key of the warp
+    const int* sstartb = sstart + buf * kBq;  // nondecreasing: [0] the least, [kBq - 1] most
+    // Some query of the tile sees some key of the warp: causally, and within its document.
+    if (q0 + kBq - 1 >= warp_key && sstartb[0] <= warp_key + kWarpRows - 1) {
       const bf16* sqb = sq + buf * kBq * kStride;
       const bf16* sdyb = sdy + buf * kBq * kStride;
       const float* slseb = slse + buf * kBq;
       const float* sdsumb = sdsum + buf * kBq;
-      // P^T (16 keys, kBq queries) = exp(scale * K Q^T - lse[query]), 0 where key > query.
+      // P^T (16 keys, kBq queries) = exp(scale * K Q^T - lse[query]), 0 where key > query or
+      // key < the query's doc start.
       float pt[1][kBq / 8][4] = {};
       MmaABt<kHs, 1, kBq>(pt, sk + warp * kWarpRows * kStride, sqb, lane);
       const bool straddles = warp_key + kWarpRows - 1 > q0;
+      const bool before = sstartb[kBq - 1] > warp_key;
       ForEachElement<1, kBq>(pt, lane, [&](float x, int r, int col, int, int, int) {
         const float p = exp2f(x * scale_log2 - slseb[col]);
-        return straddles && key_lo + 8 * r > q0 + col ? 0.0f : p;
+        const int key = key_lo + 8 * r;
+        const bool masked = (straddles && key > q0 + col) || (before && key < sstartb[col]);
+        return masked ? 0.0f : p;
       });
       float dpt[1][kBq / 8][4] = {};
       MmaABt<kHs, 1, kBq>(dpt, sv + warp * kWarpRows * kStride, sdyb, lane);  // dP^T = V dY^T
@@ -620,11 +720,12 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int kHs>
 __global__ void __launch_bounds__(kThreads)
-    FlashBackwardQKernel(bf16* __restrict__ dqkv,           // (B, T, (NH + 2 NKV) HS), dq
-                         const bf16* __restrict__ qkv,      // (B, T, (NH + 2 NKV) HS)
-                         const bf16* __restrict__ dy,       // (B, T, C)
-                         const float* __restrict__ lse,     // (B * NH * T)
-                         const float* __restrict__ dsum,    // (B * NH * T)
+    FlashBackwardQKernel(bf16* __restrict__ dqkv,                 // (B, T, (NH + 2 NKV) HS), dq
+                         const bf16* __restrict__ qkv,            // (B, T, (NH + 2 NKV) HS)
+                         const bf16* __restrict__ dy,             // (B, T, C)
+                         const float* __restrict__ lse,           // (B * NH * T)
+                         const float* __restrict__ dsum,          // (B * NH * T)
+                         const int32_t* __restrict__ doc_starts,  // (B, T) or nullptr
                          int t, int nh, int nkv, float scale, float scale_log2) {
   using Cfg = Tiles<kHs>;
   constexpr int kStride = Cfg::kStride;
@@ -647,11 +748,15 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
   const int warp_row = q0 + warp * kWarpRows * kMt;
   const int row_lo = warp_row + lane / 4;
+  const int32_t* doc =
+      doc_starts == nullptr ? nullptr : doc_starts + static_cast<size_t>(blockIdx.x / nh) * t;
 
   LoadTile<kHs, kTile>(sq, head.q, q0, t, head.ld_qkv);
   LoadTile<kHs, kTile>(sdy, dy, q0, t, head.ld_y);
-  LoadKeyTile<kHs, kBk>(sk, sv, head, 0, 0, t);
+  const int first = DocStart(doc, q0, t) / kBk;  // as the forward's walk
+  LoadKeyTile<kHs, kBk>(sk, sv, head, first, 0, t);
   CpAsyncCommit();
+  const RowStarts<kRows> starts = ReadRowStarts<kRows>(doc, warp_row, row_lo, t);
   float row_lse[kRows];  // log2 units
   float row_dsum[kRows];
 #pragma unroll
@@ -666,11 +771,16 @@ __global__ void __launch_bounds__(kThreads)
   float dq_acc[kMt][kHs / 8][4] = {};
   const bf16* sdy_warp = sdy + warp * kWarpRows * kMt * kStride;
   WalkKeyTiles<kHs, kMt, kBk>(
-      sk, sv, sq + warp * kWarpRows * kMt * kStride, head, n_steps, warp_row, t, lane,
-      [&](float(&s)[kMt][kBk / 8][4], int k0, bool straddles, const bf16* skb, const bf16* svb) {
+      sk, sv, sq + warp * kWarpRows * kMt * kStride, head, first, n_steps, warp_row,
+      starts.warp_start, starts.warp_last_start, t, lane,
+      [&](float(&s)[kMt][kBk / 8][4], int k0, bool straddles, bool before, const bf16* skb,
+          const bf16* svb) {
         ForEachElement<kMt, kBk>(s, lane, [&](float x, int r, int col, int, int, int) {
           const float p = exp2f(x * scale_log2 - row_lse[r]);
-          return straddles && k0 + col > row_lo + 8 * r ? 0.0f : p;  // P
+          const int key = k0 + col;
+          const bool masked =
+              (straddles && key > row_lo + 8 * r) || (before && key < starts.start[r]);
+          return masked ? 0.0f : p;  // P
         });
         float dp[kMt][kBk / 8][4] = {};
         MmaABt<kHs, kMt, kBk>(dp, sdy_warp, svb, lane);  // dP = dY V^T
@@ -725,8 +835,9 @@ struct KvSizes {
   static_assert(kHs == 64 || kHs == 128, "head sizes 64 and 128");
   static constexpr int kKeyBytes = kKvKeys * kHs * 2;  // K (or V)
   static constexpr int kStepBytes = kKvBq * kHs * 2;   // Q (or dO) of a step
-  static constexpr size_t kSmemBytes =
-      2 * kKeyBytes + 2 * kKvStages * kStepBytes + 2 * kKvStages * kKvBq * sizeof(float) + 1024;
+  // + lse, D and the doc starts of each buffer's queries, + alignment
+  static constexpr size_t kSmemBytes = 2 * kKeyBytes + 2 * kKvStages * kStepBytes +
+                                       3 * kKvStages * kKvBq * sizeof(float) + 1024;
 };
 
 bool SupportedHeadSize(int hs) { return hs == 64 || hs == 128; }
@@ -897,9 +1008,10 @@ __device__ inline void WgmmaABt(float (&d)[kN], const unsigned char* a, const un
 
 template <int kHs>
 __global__ void __launch_bounds__(kThreads, 1)
-    FlashForwardWgmmaKernel(bf16* __restrict__ y,          // (B, T, C)
-                            float* __restrict__ lse,       // (B * NH * T)
-                            const bf16* __restrict__ qkv,  // (B, T, (NH + 2 NKV) HS)
+    FlashForwardWgmmaKernel(bf16* __restrict__ y,                    // (B, T, C)
+                            float* __restrict__ lse,                 // (B * NH * T)
+                            const bf16* __restrict__ qkv,            // (B, T, (NH + 2 NKV) HS)
+                            const int32_t* __restrict__ doc_starts,  // (B, T) or nullptr
                             int t, int nh, int nkv, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kQBytes = Sizes<kHs>::kQBytes;
@@ -918,12 +1030,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kQTile;
   const int group_row = q0 + group * kGroupRows;       // the warpgroup's first query
   const int row_lo = group_row + 16 * warp + lane / 4;  // this lane's rows: row_lo + 8 h
+  const int32_t* doc =
+      doc_starts == nullptr ? nullptr : doc_starts + static_cast<size_t>(blockIdx.x / nh) * t;
 
   LoadSwizzled<kHs, kQTile>(sq, head.q, q0, t, head.ld_qkv);
-  LoadSwizzled<kHs, kBk>(sk, head.k, 0, t, head.ld_qkv);
-  LoadSwizzled<kHs, kBk>(sv, head.v, 0, t, head.ld_qkv);
+  // Keys [doc start of q0, q0 + kQTile), as the mma.sync forward's walk.
+  const int first = DocStart(doc, q0, t) / kBk;
+  LoadSwizzled<kHs, kBk>(sk, head.k, first * kBk, t, head.ld_qkv);
+  LoadSwizzled<kHs, kBk>(sv, head.v, first * kBk, t, head.ld_qkv);
   CpAsyncCommit();
-  const int n_steps = (min(t, q0 + kQTile) + kBk - 1) / kBk;  // keys [0, q0 + kQTile)
+  const int n_steps = (min(t, q0 + kQTile) + kBk - 1) / kBk;
+  // Doc starts of this lane's rows and of the warpgroup's last row (its largest): the tiles
+  // before it hold keys of earlier documents for some row, masked like those past the
+  // diagonal. The warpgroups multiply every tile of the block's walk (no branch around a
+  // wgmma), a tile wholly before a warpgroup's rows' documents included: masked entirely.
+  const int row_start[2] = {DocStart(doc, row_lo, t), DocStart(doc, row_lo + 8, t)};
+  const int group_last_start = DocStart(doc, group_row + kGroupRows - 1, t);
 
   // Accumulator element i of a lane: row row_lo + 8 ((i / 2) % 2), column 8 (i / 4) +
   // 2 (lane % 4) + i % 2 (the mma.m16n8 layout, per warp, n-tile i / 4).
@@ -938,8 +1060,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // finished with (its wait on P_{j-2} V_{j-2}) before the barrier of step j.
   Pin(o);  // the zeros are made here, not sunk between wgmmas (which would serialize them)
   uint32_t p[kBk / 16][4];  // P_j as bf16 A fragments, read by the in-flight P_j V_j
-  for (int j = 0; j < n_steps; ++j) {
-    const int buf = j % kStages;
+  for (int j = first; j < n_steps; ++j) {
+    const int buf = (j - first) % kStages;
     CpAsyncWait<0>();
     FenceProxyAsync();
     __syncthreads();  // tile j is in
@@ -955,7 +1077,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgmmaABt<kHs, kQTile, kBk>(s, sq_group, skb);
     WgmmaCommit();
     if (j + 1 < n_steps) {
-      const int next = (j + 1) % kStages;
+      const int next = (j + 1 - first) % kStages;
       LoadSwizzled<kHs, kBk>(sk + next * kKvBytes, head.k, (j + 1) * kBk, t, head.ld_qkv);
       LoadSwizzled<kHs, kBk>(sv + next * kKvBytes, head.v, (j + 1) * kBk, t, head.ld_qkv);
       CpAsyncCommit();
@@ -965,12 +1087,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     Pin(o);
 
     // Scores stay raw (unscaled) until the exponent, which folds the scale into one FMA;
-    // only the tile on the diagonal is masked.
+    // only the tile on the diagonal is masked, and the tiles that cross a document start.
     if (k0 + kBk - 1 > group_row) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
         const int col = k0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
         if (col > row_lo + 8 * ((i / 2) % 2)) s[i] = -INFINITY;
+      }
+    }
+    if (k0 < group_last_start) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int col = k0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+        if (col < row_start[(i / 2) % 2]) s[i] = -INFINITY;
       }
     }
 #pragma unroll
@@ -1050,11 +1179,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 // the queries' lse and D come in kKvStages buffers.
 template <int kHs>
 __global__ void __launch_bounds__(kThreads, 1)
-    FlashBackwardKvWgmmaKernel(bf16* __restrict__ dqkv,         // (B, T, W), dk dv
-                               const bf16* __restrict__ qkv,    // (B, T, W)
-                               const bf16* __restrict__ dy,     // (B, T, C)
-                               const float* __restrict__ lse,   // (B * NH * T)
-                               const float* __restrict__ dsum,  // (B * NH * T)
+    FlashBackwardKvWgmmaKernel(bf16* __restrict__ dqkv,                 // (B, T, W), dk dv
+                               const bf16* __restrict__ qkv,            // (B, T, W)
+                               const bf16* __restrict__ dy,             // (B, T, C)
+                               const float* __restrict__ lse,           // (B * NH * T)
+                               const float* __restrict__ dsum,          // (B * NH * T)
+                               const int32_t* __restrict__ doc_starts,  // (B, T) or nullptr
                                int t, int nh, int nkv, float scale, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = KvSizes<kHs>;
@@ -1066,6 +1196,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* sdo = sq + kKvStages * Cfg::kStepBytes;  // kKvStages x (kKvBq, kHs)
   float* slse = reinterpret_cast<float*>(sdo + kKvStages * Cfg::kStepBytes);  // log2 units
   float* sdsum = slse + kKvStages * kKvBq;
+  int* sstart = reinterpret_cast<int*>(sdsum + kKvStages * kKvBq);  // the queries' doc starts
   const int group = threadIdx.x / kGroupThreads;
   const int warp = (threadIdx.x % kGroupThreads) / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
@@ -1073,6 +1204,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int heads = nh / nkv;
   const HeadBase head = HeadOffsets<kHs>(qkv, (blockIdx.x / nkv) * nh + (blockIdx.x % nkv) * heads,
                                          nh, nkv, t);
+  const int32_t* doc =
+      doc_starts == nullptr ? nullptr : doc_starts + static_cast<size_t>(blockIdx.x / nkv) * t;
   dy += head.rows;
   lse += head.lse;
   dsum += head.lse;
@@ -1084,17 +1217,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     LoadSwizzled<kHs, kKvBq>(sq + buf * Cfg::kStepBytes, head.q + g * kHs, q0, t, head.ld_qkv);
     LoadSwizzled<kHs, kKvBq>(sdo + buf * Cfg::kStepBytes, dy + g * kHs, q0, t, head.ld_y);
     StageQueryStats<kKvBq, kThreads>(slse + buf * kKvBq, sdsum + buf * kKvBq,
-                                     lse + static_cast<size_t>(g) * t,
-                                     dsum + static_cast<size_t>(g) * t, q0, t);
+                                     sstart + buf * kKvBq, lse + static_cast<size_t>(g) * t,
+                                     dsum + static_cast<size_t>(g) * t, doc, q0, t);
   };
   LoadSwizzled<kHs, kKvKeys>(sk, head.k, k0, t, head.ld_qkv);
   LoadSwizzled<kHs, kKvKeys>(sv, head.v, k0, t, head.ld_qkv);
   const int first = k0 / kKvBq;  // the first query tile that reaches key k0
   const int n_tiles = (t + kKvBq - 1) / kKvBq;
-  const int per_head = n_tiles - first;
-  const int walk = heads * per_head;
   load_queries(0, first * kKvBq, 0);
   CpAsyncCommit();
+  // With documents, only the query tiles whose first query's document starts before the
+  // block's last key (FlashBackwardKvKernel's count).
+  const int per_head = doc == nullptr ? n_tiles - first
+                                      : CountQueryTiles<kThreads>(doc, first, n_tiles, kKvBq,
+                                                                  min(k0 + kKvKeys, t));
+  const int walk = heads * per_head;
+  const int last = first + per_head;  // past the last query tile of a head
 
   // Accumulator element i of a lane: key row key_lo + 8 ((i / 2) % 2), column 8 (i / 4) +
   // 2 (lane % 4) + i % 2 (a query of the step for S^T, dP^T; a channel for dK, dV).
@@ -1116,6 +1254,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const unsigned char* sdob = sdo + buf * Cfg::kStepBytes;
     const float* slseb = slse + buf * kKvBq;
     const float* sdsumb = sdsum + buf * kKvBq;
+    const int* sstartb = sstart + buf * kKvBq;
 
     float st[32];
     float dpt[32];
@@ -1124,7 +1263,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgmmaABt<kHs, kKvKeys, kKvBq>(dpt, sv_group, sdob);  // dP^T = V dO^T
     WgmmaCommit();
     // The next step's queries (of the next head once this one's are done).
-    const bool head_done = i + 1 == n_tiles;
+    const bool head_done = i + 1 == last;
     const int next_g = head_done ? g + 1 : g;
     const int next_i = head_done ? first : i + 1;
     if (j + 1 < walk) {
@@ -1140,13 +1279,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     Pin(dv);
 
     // P^T = exp(scale K Q^T - lse[query]), 0 where key > query (only the tiles that straddle
-    // the diagonal hold such pairs); dS^T = P^T (dP^T - D[query]).
+    // the diagonal hold such pairs) or key < the query's doc start (only where the step's
+    // last query, its largest start, starts after the warpgroup's first key);
+    // dS^T = P^T (dP^T - D[query]).
     const bool straddles = group_key + kGroupRows - 1 > q0;
+    const bool before = sstartb[kKvBq - 1] > group_key;
 #pragma unroll
     for (int e = 0; e < 32; ++e) {
       const int col = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
+      const int key = key_lo + 8 * ((e / 2) % 2);
       float pe = exp2f(fmaf(st[e], scale_log2, -slseb[col]));
-      if (straddles && key_lo + 8 * ((e / 2) % 2) > q0 + col) pe = 0.0f;
+      if (straddles && key > q0 + col) pe = 0.0f;
+      if (before && key < sstartb[col]) pe = 0.0f;
       st[e] = pe;
       dpt[e] = pe * (dpt[e] - sdsumb[col]);
     }
@@ -1255,14 +1399,14 @@ absl::Status LaunchTiles(void (*kernel)(Params...), dim3 grid, size_t smem_bytes
 }
 
 template <int kHs>
-absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, int nkv, int t,
-                           cudaStream_t stream) {
+absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, const int32_t* doc_starts, int b,
+                           int nh, int nkv, int t, cudaStream_t stream) {
   using Cfg = Tiles<kHs>;
   const size_t smem = (Cfg::kQTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16);
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHs));
   const dim3 grid(b * nh, (t + Cfg::kQTile - 1) / Cfg::kQTile);
-  return LaunchTiles(FlashForwardKernel<kHs>, grid, smem, stream, y, lse, qkv, t, nh, nkv,
-                     scale_log2);
+  return LaunchTiles(FlashForwardKernel<kHs>, grid, smem, stream, y, lse, qkv, doc_starts, t, nh,
+                     nkv, scale_log2);
 }
 
 // Whether the Hopper forward runs on the current device: an sm_90 GPU running this build's
@@ -1296,21 +1440,21 @@ bool HopperForwardRuns() {
 }
 
 template <int kHs>
-absl::Status LaunchForwardHopper(bf16* y, float* lse, const bf16* qkv, int b, int nh, int nkv,
-                                 int t, cudaStream_t stream) {
+absl::Status LaunchForwardHopper(bf16* y, float* lse, const bf16* qkv, const int32_t* doc_starts,
+                                 int b, int nh, int nkv, int t, cudaStream_t stream) {
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHs));
   const dim3 grid(b * nh, (t + hopper::kQTile - 1) / hopper::kQTile);
   constexpr size_t kSmem = hopper::Sizes<kHs>::kSmemBytes;
   WEFT_BF16_RETURN_IF_ERROR(
       internal::AllowSharedBytes(hopper::FlashForwardWgmmaKernel<kHs>, kSmem));
   return internal::Launch(hopper::FlashForwardWgmmaKernel<kHs>, grid, hopper::kThreads, kSmem,
-                          stream, y, lse, qkv, t, nh, nkv, scale_log2);
+                          stream, y, lse, qkv, doc_starts, t, nh, nkv, scale_log2);
 }
 
 template <int kHs>
 absl::Status LaunchBackward(bool hopper, bf16* dqkv, const bf16* dy, const bf16* y,
-                            const float* lse, const bf16* qkv, float* dsum, int b, int nh,
-                            int nkv, int t, cudaStream_t stream) {
+                            const float* lse, const bf16* qkv, const int32_t* doc_starts,
+                            float* dsum, int b, int nh, int nkv, int t, cudaStream_t stream) {
   using Cfg = Tiles<kHs>;
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHs));
   const float scale_log2 = scale * kLog2e;
@@ -1328,24 +1472,26 @@ absl::Status LaunchBackward(bool hopper, bf16* dqkv, const bf16* dy, const bf16*
       WEFT_BF16_RETURN_IF_ERROR(internal::Launch(
           hopper::FlashBackwardKvWgmmaKernel<kHs>,
           dim3(b * nkv, (t + hopper::kKvKeys - 1) / hopper::kKvKeys), hopper::kThreads, kSmem,
-          stream, dqkv, qkv, dy, lse, static_cast<const float*>(dsum), t, nh, nkv, scale,
-          scale_log2));
+          stream, dqkv, qkv, dy, lse, static_cast<const float*>(dsum), doc_starts, t, nh, nkv,
+          scale, scale_log2));
       kv_done = true;
     }
   }
   if (!kv_done) {
+    // + two buffers of the queries' lse, D and doc starts
     const size_t kv_smem = (2 * Cfg::kKvTile + 4 * Cfg::kKvWalk) * Cfg::kStride * sizeof(bf16) +
-                           4 * Cfg::kKvWalk * sizeof(float);
+                           6 * Cfg::kKvWalk * sizeof(float);
     WEFT_BF16_RETURN_IF_ERROR(LaunchTiles(FlashBackwardKvKernel<kHs>,
                                           dim3(b * nkv, (t + Cfg::kKvTile - 1) / Cfg::kKvTile),
                                           kv_smem, stream, dqkv, qkv, dy, lse,
-                                          static_cast<const float*>(dsum), t, nh, nkv, scale,
-                                          scale_log2));
+                                          static_cast<const float*>(dsum), doc_starts, t, nh,
+                                          nkv, scale, scale_log2));
   }
   const size_t q_smem = (2 * Cfg::kQTile + 4 * Cfg::kQWalk) * Cfg::kStride * sizeof(bf16);
   return LaunchTiles(FlashBackwardQKernel<kHs>,
                      dim3(b * nh, (t + Cfg::kQTile - 1) / Cfg::kQTile), q_smem, stream, dqkv, qkv,
-                     dy, lse, static_cast<const float*>(dsum), t, nh, nkv, scale, scale_log2);
+                     dy, lse, static_cast<const float*>(dsum), doc_starts, t, nh, nkv, scale,
+                     scale_log2);
 }
 
 }  // namespace
@@ -1379,15 +1525,16 @@ absl::Status UseHopper(FlashAttentionKernel kernel, int hs, const char* op, bool
 
 }  // namespace
 
-absl::Status FlashAttentionForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, int nkv,
-                                   int t, int hs, cudaStream_t stream) {
-  return FlashAttentionForwardWith(FlashAttentionKernel::kAuto, y, lse, qkv, b, nh, nkv, t, hs,
-                                   stream);
+absl::Status FlashAttentionForward(bf16* y, float* lse, const bf16* qkv,
+                                   const int32_t* doc_starts, int b, int nh, int nkv, int t,
+                                   int hs, cudaStream_t stream) {
+  return FlashAttentionForwardWith(FlashAttentionKernel::kAuto, y, lse, qkv, doc_starts, b, nh,
+                                   nkv, t, hs, stream);
 }
 
 absl::Status FlashAttentionForwardWith(FlashAttentionKernel kernel, bf16* y, float* lse,
-                                       const bf16* qkv, int b, int nh, int nkv, int t, int hs,
-                                       cudaStream_t stream) {
+                                       const bf16* qkv, const int32_t* doc_starts, int b, int nh,
+                                       int nkv, int t, int hs, cudaStream_t stream) {
   constexpr const char* kOp = "flash attention forward";
   WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, nkv, t, hs, kOp));
   WEFT_BF16_RETURN_IF_ERROR(
@@ -1395,33 +1542,34 @@ absl::Status FlashAttentionForwardWith(FlashAttentionKernel kernel, bf16* y, flo
                                     internal::Aligned16(qkv, "qkv")}));
   bool hopper = false;
   WEFT_BF16_RETURN_IF_ERROR(UseHopper(kernel, hs, kOp, &hopper));
+  const int32_t* doc = doc_starts;
   if (hopper) {
-    return hs == 128 ? LaunchForwardHopper<128>(y, lse, qkv, b, nh, nkv, t, stream)
-                     : LaunchForwardHopper<64>(y, lse, qkv, b, nh, nkv, t, stream);
+    return hs == 128 ? LaunchForwardHopper<128>(y, lse, qkv, doc, b, nh, nkv, t, stream)
+                     : LaunchForwardHopper<64>(y, lse, qkv, doc, b, nh, nkv, t, stream);
   }
   switch (hs) {
     case 16:
-      return LaunchForward<16>(y, lse, qkv, b, nh, nkv, t, stream);
+      return LaunchForward<16>(y, lse, qkv, doc, b, nh, nkv, t, stream);
     case 32:
-      return LaunchForward<32>(y, lse, qkv, b, nh, nkv, t, stream);
+      return LaunchForward<32>(y, lse, qkv, doc, b, nh, nkv, t, stream);
     case 64:
-      return LaunchForward<64>(y, lse, qkv, b, nh, nkv, t, stream);
+      return LaunchForward<64>(y, lse, qkv, doc, b, nh, nkv, t, stream);
     default:
-      return LaunchForward<128>(y, lse, qkv, b, nh, nkv, t, stream);
+      return LaunchForward<128>(y, lse, qkv, doc, b, nh, nkv, t, stream);
   }
 }
 
 absl::Status FlashAttentionBackward(bf16* dqkv, const bf16* dy, const bf16* y, const float* lse,
-                                    const bf16* qkv, float* scratch, int b, int nh, int nkv,
-                                    int t, int hs, cudaStream_t stream) {
-  return FlashAttentionBackwardWith(FlashAttentionKernel::kAuto, dqkv, dy, y, lse, qkv, scratch,
-                                    b, nh, nkv, t, hs, stream);
+                                    const bf16* qkv, const int32_t* doc_starts, float* scratch,
+                                    int b, int nh, int nkv, int t, int hs, cudaStream_t stream) {
+  return FlashAttentionBackwardWith(FlashAttentionKernel::kAuto, dqkv, dy, y, lse, qkv,
+                                    doc_starts, scratch, b, nh, nkv, t, hs, stream);
 }
 
 absl::Status FlashAttentionBackwardWith(FlashAttentionKernel kernel, bf16* dqkv, const bf16* dy,
                                         const bf16* y, const float* lse, const bf16* qkv,
-                                        float* scratch, int b, int nh, int nkv, int t, int hs,
-                                        cudaStream_t stream) {
+                                        const int32_t* doc_starts, float* scratch, int b, int nh,
+                                        int nkv, int t, int hs, cudaStream_t stream) {
   constexpr const char* kOp = "flash attention backward";
   WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, nkv, t, hs, kOp));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
@@ -1434,15 +1582,18 @@ absl::Status FlashAttentionBackwardWith(FlashAttentionKernel kernel, bf16* dqkv,
   }
   bool hopper = false;
   WEFT_BF16_RETURN_IF_ERROR(UseHopper(kernel, hs, kOp, &hopper));
+  const int32_t* doc = doc_starts;
   switch (hs) {
     case 16:
-      return LaunchBackward<16>(false, dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
+      return LaunchBackward<16>(false, dqkv, dy, y, lse, qkv, doc, scratch, b, nh, nkv, t, stream);
     case 32:
-      return LaunchBackward<32>(false, dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
+      return LaunchBackward<32>(false, dqkv, dy, y, lse, qkv, doc, scratch, b, nh, nkv, t, stream);
     case 64:
-      return LaunchBackward<64>(hopper, dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
+      return LaunchBackward<64>(hopper, dqkv, dy, y, lse, qkv, doc, scratch, b, nh, nkv, t,
+                                stream);
     default:
-      return LaunchBackward<128>(hopper, dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
+      return LaunchBackward<128>(hopper, dqkv, dy, y, lse, qkv, doc, scratch, b, nh, nkv, t,
+                                 stream);
   }
 }
 
