@@ -331,7 +331,8 @@ absl::StatusOr<GeneratedTokens> GenerateTokens(const LoadedModel& model,
   if (prompt.empty()) return absl::InvalidArgumentError("no prompt to continue");
   for (int32_t id : prompt) {
     if (id < 0 || id >= arch.vocab_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt token ", id, " is outside the model's vocabulary [0, ", arch.vocab_size(), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt token ", id, " is outside the model's vocabulary [0, ", arch.vocab_size(), ")"));
     }
   }
   std::vector<int32_t> tokens(prompt.begin(), prompt.end());
