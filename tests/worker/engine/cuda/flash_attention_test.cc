@@ -590,9 +590,10 @@ INSTANTIATE_TEST_SUITE_P(
         DocCase{4, 2, 128, {Cycle({300, 150, 450, 17, 1}, 1100)}},
         DocCase{2, 1, 64, {{1000, 1, 299}}}, DocCase{4, 4, 128, {{256, 128, 129, 7}}},
         DocCase{8, 2, 16, {Cycle({33, 1, 250}, 700), Cycle({64, 190}, 700)}},
-        // T = 8400, a document of 8300: the dK/dV blocks of its first keys see more query
-        // tiles than the mma.sync kernel's threads test in one round of the search.
-        DocCase{2, 1, 64, {{100, 8300}}, false}),
+        // Long documents: T = 8400 (the dK/dV blocks rank their key tiles by work), and
+        // T = 16500, past what the mma.sync dK/dV blocks rank (256 key tiles of 64): they take
+        // them in order, each counting its query tiles in rounds of 128.
+        DocCase{2, 1, 64, {{100, 8300}}, false}, DocCase{2, 1, 64, {{100, 16400}}, false}),
     [](const ::testing::TestParamInfo<DocCase>& info) {
       const DocCase& c = info.param;
       return absl::StrCat("Case", info.index, "NH", c.nh, "NKV", c.nkv, "HS", c.hs, "T", c.t(),
