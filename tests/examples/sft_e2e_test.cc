@@ -240,5 +240,15 @@ TEST_F(SftE2eTest, FineTunesFromHuggingFaceAndTransformersAgreesOnTheHeldOutLoss
   EXPECT_LE(std::abs(hf_train - weft_train), 1e-4 * std::abs(weft_train)) << train_output;
 }
 
+// The committed conversations are what their generator writes (standard library only, so CI
+// has what it needs).
+TEST(SftExampleTest, ConversationsAreWhatTheGeneratorWrites) {
+  const CommandResult made =
+      RunCommand({"/usr/bin/env", "python3", kSource + "/examples/sft/make_conversations.py"});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  EXPECT_TRUE(made.out == ReadFile(kSource + "/examples/sft/conversations.jsonl"))
+      << "run examples/sft/make_conversations.py > examples/sft/conversations.jsonl";
+}
+
 }  // namespace
 }  // namespace weft
