@@ -27,6 +27,7 @@
 #                     chatml)
 #   SFT_LR            peak learning rate (default: 3e-3, for the random model; a real
 #                     checkpoint wants about 1e-5)
+#   SFT_SEQUENCE_LENGTH  tokens a window (default: 128); the longest conversations should fit
 #   SFT_COORDINATOR   HOST:PORT of a running coordinator whose CPU workers (at least two) see
 #                     SFT_WORK: submit there instead of starting a coordinator and two workers
 #   WEFT_TRANSFORMERS_PYTHON  see step 5; without it that check is skipped, saying so
@@ -43,6 +44,7 @@ WORK=${SFT_WORK:-/tmp/weft-sft}
 STEPS=${SFT_STEPS:-150}
 TEMPLATE=${SFT_TEMPLATE:-chatml}
 LR=${SFT_LR:-3e-3}
+SEQUENCE_LENGTH=${SFT_SEQUENCE_LENGTH:-128}
 CONVERSATIONS=$(realpath "${2:-$HERE/conversations.jsonl}")
 source "$ROOT/scripts/procs.sh"
 say() { printf '\033[1m[sft]\033[0m %s\n' "$*" >&2; }
@@ -75,8 +77,8 @@ trainctl data prepare --chat --template "$TEMPLATE" --tokenizer "$MODEL/tokenize
   --val-fraction 0.1 --quiet --out "$WORK/data" "$CONVERSATIONS" >&2
 
 # 3. The job: the model block (and init_from_hf_dir) as `trainctl model from-hf` derives it
-# from config.json, then the fine-tuning. sequence_length 128 holds one or two of the example's
-# conversations (50 to 100 tokens each); PACKED fills each window with whole ones.
+# from config.json, then the fine-tuning. A window of 128 tokens holds one or two of the
+# example's conversations (50 to 100 tokens each); PACKED fills each window with whole ones.
 {
   trainctl model from-hf "$MODEL" | grep -v '^#'
   cat <<SPEC
@@ -92,7 +94,7 @@ lr_schedule { kind: COSINE warmup_steps: $((STEPS < 50 ? STEPS / 5 : 10)) min_lr
 training {
   total_steps: $STEPS
   micro_batch_size: 4
-  sequence_length: 128
+  sequence_length: $SEQUENCE_LENGTH
   val_interval_steps: 25
   val_batches: 2
   seed: 1
