@@ -151,7 +151,7 @@ TEST_F(SftE2eTest, FineTunesFromHuggingFaceAndTransformersAgreesOnTheHeldOutLoss
     const nlohmann::json s = nlohmann::json::parse(line, nullptr, false);
     ASSERT_FALSE(s.is_discarded()) << line;
     if (!s.contains("last_metrics")) continue;
-    absl::SimpleAtoi(s["last_metrics"].value("step", "0"), &first_step);
+    ASSERT_TRUE(absl::SimpleAtoi(s["last_metrics"].value("step", "0"), &first_step)) << line;
     first_loss = s["last_metrics"].value("loss", 0.0);
   }
   const double final_loss = status.last_metrics().loss();
