@@ -12,6 +12,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/job_spec.h"
+#include "trainctl/data_batches.h"
 #include "trainctl/data_inputs.h"
 #include "trainctl/trainctl_output.h"
 #include "nlohmann/json.hpp"
@@ -127,13 +129,35 @@ DataCommands::DataCommands(CLI::App* app) {
   chat->excludes(bytes);
   chat->excludes(prepare_->get_option("--jsonl-field"));
   chat->excludes(prepare_->get_option("--doc-separator"));
+
+  batches_ = group->add_subcommand(
+      "batches",
+      "Print as JSON the rows a job's ranks read for one training step or the validation pass "
+      "(inputs, targets with -1 ignored, documents): the input of "
+      "tests/fixtures/hf/masked_loss.py, to check the loss the job reports");
+  batches_->add_option("SPEC", spec_path_, "The job spec (text format) the job was submitted with")
+      ->required();
+  batches_->add_option("--split", split_, "val: the validation pass; train: one training step")
+      ->check(CLI::IsMember({"val", "train"}))
+      ->capture_default_str();
+  batches_->add_option("--step", step_,
+                       "With --split train: the 0-based step (the job reports it as step + 1)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  batches_->add_option("--world", world_,
+                       "The job's world size (default: resources.min_workers when it equals "
+                       "max_workers)")
+      ->check(CLI::PositiveNumber);
 }
 
-bool DataCommands::Parsed() const { return train_tokenizer_->parsed() || prepare_->parsed(); }
+bool DataCommands::Parsed() const {
+  return train_tokenizer_->parsed() || prepare_->parsed() || batches_->parsed();
+}
 
 int DataCommands::Run(bool json) const {
   if (train_tokenizer_->parsed()) return TrainTokenizer(json);
   if (prepare_->parsed()) return Prepare(json);
+  if (batches_->parsed()) return Batches();
   return Fail(absl::InvalidArgumentError("data: no subcommand"));
 }
 
@@ -236,6 +260,30 @@ int DataCommands::Prepare(bool json) const {
           chat_template_, loss_mask_, r.train_target_tokens, r.val_target_tokens);
     }
   }
+  return 0;
+}
+
+int DataCommands::Batches() const {
+  absl::StatusOr<weft::v1::JobSpec> spec = ReadJobSpecFile(spec_path_);
+  if (!spec.ok()) return Fail(spec.status());
+  // What the coordinator hands the workers: the defaults filled in (sequence_length,
+  // val_batches, ...), which decide the batches.
+  spec = NormalizeJobSpec(*std::move(spec));
+  if (!spec.ok()) return Fail(spec.status());
+  int world = world_;
+  if (world == 0) {
+    const weft::v1::ResourceSpec& resources = spec->resources();
+    if (resources.min_workers() != resources.max_workers()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "data batches: ", spec_path_, " lets the job run on ", resources.min_workers(), " to ",
+          resources.max_workers(), " workers: pass --world (the rows depend on it)")));
+    }
+    world = resources.min_workers();
+  }
+  absl::StatusOr<dataprep::JobBatches> batches = dataprep::ReadJobBatches(
+      *spec, split_ == "train" ? data::Split::kTrain : data::Split::kVal, step_, world);
+  if (!batches.ok()) return Fail(batches.status());
+  std::cout << dataprep::MaskedLossBatchJson(*batches).dump() << "\n";
   return 0;
 }
 

@@ -6,9 +6,12 @@
 //   trainctl data prepare --chat --template NAME [--loss-mask assistant|all]
 //                         --out DIR --tokenizer tokenizer.json CONVERSATIONS.jsonl...
 //                                                      the same with token flags: SFT data
+//   trainctl data batches SPEC.pb.txt [--split val|train] [--step N] [--world N]
+//                                                      what a job's ranks read, as JSON
 #ifndef WEFT_TRAINCTL_TRAINCTL_DATA_H_
 #define WEFT_TRAINCTL_TRAINCTL_DATA_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -33,9 +36,11 @@ class DataCommands {
  private:
   int TrainTokenizer(bool json) const;
   int Prepare(bool json) const;
+  int Batches() const;
 
   CLI::App* train_tokenizer_ = nullptr;
   CLI::App* prepare_ = nullptr;
+  CLI::App* batches_ = nullptr;
 
   // Shared by both subcommands.
   std::vector<std::string> inputs_;
@@ -60,6 +65,12 @@ class DataCommands {
   bool chat_ = false;
   std::string chat_template_;
   std::string loss_mask_ = "assistant";
+
+  // batches
+  std::string spec_path_;
+  std::string split_ = "val";
+  int64_t step_ = 0;
+  int world_ = 0;
 };
 
 }  // namespace weft

@@ -209,5 +209,76 @@ TEST_F(TrainctlDataTest, PrepareChat) {
   EXPECT_FALSE(std::filesystem::exists(dir_.File("no")));
 }
 
+// `data batches`: the rows a job's ranks read, as JSON for masked_loss.py (tests/examples/
+// sft_e2e_test.cc checks them against TokenDataset itself, and the loss against transformers).
+TEST_F(TrainctlDataTest, Batches) {
+  const std::string chat = dir_.File("chat.jsonl");
+  std::string lines;
+  for (int i = 0; i < 30; ++i) {
+    absl::StrAppend(&lines, R"({"messages": [{"role": "system", "content": "Be brief."}, )",
+                    R"({"role": "user", "content": "question )", i,
+                    R"("}, {"role": "assistant", "content": "answer )", i, "\"}]}\n");
+  }
+  WriteFile(chat, lines);
+  const std::string data = dir_.File("sft");
+  CommandResult prepared =
+      Run({"data", "prepare", "--chat", "--template", "chatml", "--out", data, "--tokenizer",
+           std::string(WEFT_SOURCE_DIR) + "/tests/fixtures/chat/chatml.tokenizer.json",
+           "--val-fraction", "0.3", "-q", chat});
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.err;
+  const auto spec = [&](int max_workers, int val_interval) {
+    const std::string path = dir_.File(absl::StrCat("job", max_workers, val_interval, ".pb.txt"));
+    WriteFile(path, absl::StrCat(R"pb(
+      name: "batches"
+      model { num_layers: 1 hidden_size: 32 num_heads: 2 vocab_size: 576 context_length: 64 }
+      data { manifest_path: ")pb", data, R"pb(" sampling: PACKED document_masking: true
+             reset_positions: true }
+      optimizer { learning_rate: 0.001 }
+      training { total_steps: 10 micro_batch_size: 2 sequence_length: 64 grad_accum_steps: 3
+                 val_interval_steps: )pb", val_interval, R"pb( val_batches: 2 }
+      resources { device_kind: DEVICE_KIND_CPU min_workers: 2 max_workers: )pb", max_workers,
+                                 " }"));
+    return path;
+  };
+  const auto rows = [](const std::string& json, const std::string& field) {
+    const size_t at = json.find("\"" + field + "\":[[");
+    if (at == std::string::npos) return -1;
+    int n = 1;
+    // Rows are "],[" apart until the matrix's "]]".
+    for (size_t i = at; i < json.find("]]", at); ++i) n += json.compare(i, 3, "],[") == 0;
+    return n;
+  };
+
+  // Validation: val_batches x world x micro_batch_size rows; training: grad_accum_steps x ...
+  CommandResult val = Run({"data", "batches", spec(2, 5)});
+  ASSERT_EQ(val.exit_code, 0) << val.err;
+  EXPECT_EQ(rows(val.out, "inputs"), 2 * 2 * 2);
+  EXPECT_EQ(rows(val.out, "targets"), 2 * 2 * 2);
+  EXPECT_EQ(rows(val.out, "doc_starts"), 2 * 2 * 2);
+  EXPECT_THAT(val.out, HasSubstr("\"reset_positions\":true"));
+  EXPECT_THAT(val.out, HasSubstr(",-1,"));  // the prompts' targets are ignored
+  CommandResult train = Run({"data", "batches", spec(2, 5), "--split", "train", "--step", "4"});
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  EXPECT_EQ(rows(train.out, "inputs"), 3 * 2 * 2);
+  CommandResult wider =
+      Run({"data", "batches", spec(3, 5), "--split", "train", "--world", "3"});
+  ASSERT_EQ(wider.exit_code, 0) << wider.err;
+  EXPECT_EQ(rows(wider.out, "inputs"), 3 * 3 * 2);
+
+  // The world must be known; validation must be on; the spec must be one.
+  CommandResult unknown_world = Run({"data", "batches", spec(3, 5)});
+  EXPECT_EQ(unknown_world.exit_code, 1);
+  EXPECT_THAT(unknown_world.err, HasSubstr("on 2 to 3 workers: pass --world"));
+  CommandResult no_val = Run({"data", "batches", spec(2, 0)});
+  EXPECT_EQ(no_val.exit_code, 1);
+  EXPECT_THAT(no_val.err, HasSubstr("no validation"));
+  const std::string bad = dir_.File("bad.pb.txt");
+  WriteFile(bad, "training { total_steps: -1 }");
+  CommandResult invalid = Run({"data", "batches", bad});
+  EXPECT_EQ(invalid.exit_code, 1);
+  EXPECT_THAT(invalid.err, HasSubstr("total_steps"));
+  EXPECT_NE(Run({"data", "batches", spec(2, 5), "--split", "test"}).exit_code, 0);
+}
+
 }  // namespace
 }  // namespace weft
