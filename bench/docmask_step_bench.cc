@@ -53,6 +53,7 @@ weft::v1::JobSpec SpecOf(const Shape& s, bool documents, int steps) {
   t->set_grad_accum_steps(1);
   t->set_seed(1);
   spec.mutable_optimizer()->set_learning_rate(1e-4);
+  spec.set_zero_stage(3);
   spec.mutable_data()->set_document_masking(documents);
   spec.mutable_data()->set_reset_positions(documents);
   weft::ApplyJobSpecDefaults(&spec);
