@@ -15,3 +15,8 @@ weft_test(documents_test unit SOURCES worker/data/documents_test.cc LIBS weft_da
 weft_test(chat_template_test unit SOURCES worker/data/chat_template_test.cc LIBS weft_tokenizer
   DEPENDS weft_sentencepiece)
 target_compile_definitions(chat_template_test PRIVATE WEFT_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+# The byte-level BPE trainer: hand-worked merges and ties, its files read back by the
+# tokenizer over the fixture corpus, its refusals.
+weft_test(bpe_trainer_test unit SOURCES worker/data/bpe_trainer_test.cc LIBS weft_tokenizer
+  DEPENDS weft_sentencepiece)
+target_compile_definitions(bpe_trainer_test PRIVATE WEFT_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
