@@ -59,8 +59,9 @@ const Style* FindStyle(absl::string_view name) {
 class SpecialCutter {
  public:
   explicit SpecialCutter(const std::vector<std::string>& specials) : specials_(specials) {
-    std::stable_sort(specials_.begin(), specials_.end(),
-                     [](const std::string& x, const std::string& y) { return x.size() > y.size(); });
+    std::stable_sort(
+        specials_.begin(), specials_.end(),
+        [](const std::string& x, const std::string& y) { return x.size() > y.size(); });
     for (const std::string& s : specials_) first_byte_[static_cast<unsigned char>(s[0])] = true;
   }
 
@@ -540,8 +541,9 @@ absl::StatusOr<BpeTrainResult> TrainBpeTokenizer(const BpeTrainOptions& options)
                         {"use_regex", true}};
   std::string& out = result.tokenizer_json;
   out.reserve(tokens.size() * 24 + learner.merges().size() * 24 + 4096);
-  absl::StrAppend(&out, "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n"
-                        "  \"added_tokens\": [");
+  absl::StrAppend(&out,
+                  "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n"
+                  "  \"padding\": null,\n  \"added_tokens\": [");
   for (size_t i = 0; i < specials.size(); ++i) {
     const Json added = {{"id", first_special + static_cast<int>(i)},
                         {"content", specials[i]},
@@ -576,7 +578,6 @@ absl::StatusOr<BpeTrainResult> TrainBpeTokenizer(const BpeTrainOptions& options)
   const Json config = {{"bos_token", plan.bos.empty() ? Json(nullptr) : Json(plan.bos)},
                        {"eos_token", plan.eos.empty() ? Json(nullptr) : Json(plan.eos)},
                        {"clean_up_tokenization_spaces", false},
-                       {"model_max_length", 1000000000},
                        {"tokenizer_class", "PreTrainedTokenizerFast"}};
   result.tokenizer_config_json = config.dump(2) + "\n";
   return result;
