@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <queue>
@@ -89,62 +90,97 @@ class SpecialCutter {
 
 using WordCounts = absl::flat_hash_map<std::string, int64_t>;
 
-// How one document's text becomes counted pre-tokens: exactly the encoder's path
-// (BpeTokenizer::EncodeBody), so that the words learned from are the ones encoded.
+// Whether the split of every pattern here is the same for text[0, p) and text[p, end) as for
+// the whole: a line break between a printable ASCII character and an ASCII letter. No match
+// can span it (only whitespace and punctuation matches take a line break, and none takes a
+// letter after it), and the one lookahead, \s+(?!\S), sees the same either way: in the whole
+// text a lone "\n" before a letter fails it and \s+ takes the "\n"; in the left part alone it
+// takes the same "\n" at the end. NFC does not compose across it either.
+bool IsSafeCut(absl::string_view text, size_t p) {
+  if (p < 2 || p >= text.size() || text[p - 1] != '\n') return false;
+  const unsigned char before = static_cast<unsigned char>(text[p - 2]);
+  const unsigned char after = static_cast<unsigned char>(text[p]);
+  return before > ' ' && before < 0x7F && ((after | 0x20) >= 'a' && (after | 0x20) <= 'z');
+}
+
+// The text to count, cut into pieces that can be counted apart (in any order, on any
+// thread) and give the counts of the whole: documents, the stretches between special tokens,
+// and stretches longer than `chunk_bytes` cut at safe line breaks, so that one large file is
+// not one thread's work. Views into the documents, or into `fixed` for documents whose invalid
+// UTF-8 was replaced.
+std::vector<absl::string_view> CutWork(const std::vector<std::string>& documents,
+                                       const SpecialCutter& cutter, size_t chunk_bytes,
+                                       std::deque<std::string>* fixed) {
+  std::vector<absl::string_view> work;
+  for (absl::string_view document : documents) {
+    if (FindInvalidUtf8(document).has_value()) {
+      fixed->push_back(ReplaceInvalidUtf8(document));
+      document = fixed->back();
+    }
+    cutter.ForEachOrdinary(document, [&](absl::string_view text) {
+      while (text.size() > chunk_bytes) {
+        size_t p = text.find('\n', chunk_bytes - 1);
+        while (p != absl::string_view::npos && !IsSafeCut(text, p + 1)) {
+          p = text.find('\n', p + 1);
+        }
+        if (p == absl::string_view::npos) break;
+        work.push_back(text.substr(0, p + 1));
+        text.remove_prefix(p + 1);
+      }
+      if (!text.empty()) work.push_back(text);
+    });
+  }
+  return work;
+}
+
+// How a stretch of text between special tokens becomes counted pre-tokens: exactly the
+// encoder's path (BpeTokenizer::EncodeOrdinary), so that the words learned from are the ones
+// encoded.
 class Counter {
  public:
-  Counter(const Style& style, const SplitPattern& pattern, const SpecialCutter& cutter)
-      : style_(style), pattern_(pattern), cutter_(cutter) {}
+  Counter(const Style& style, const SplitPattern& pattern) : style_(style), pattern_(pattern) {}
 
-  void Count(absl::string_view document, WordCounts* counts, int64_t* pre_tokens) const {
-    std::string replaced;
-    if (FindInvalidUtf8(document).has_value()) {
-      replaced = ReplaceInvalidUtf8(document);
-      document = replaced;
+  void Count(absl::string_view text, WordCounts* counts, int64_t* pre_tokens,
+             std::vector<absl::string_view>* pieces) const {
+    std::string normalized;
+    if (style_.nfc) {
+      normalized = NormalizeNfc(text);
+      text = normalized;
     }
-    std::vector<absl::string_view> pieces;
-    cutter_.ForEachOrdinary(document, [&](absl::string_view text) {
-      if (text.empty()) return;
-      std::string normalized;
-      if (style_.nfc) {
-        normalized = NormalizeNfc(text);
-        text = normalized;
+    pieces->clear();
+    pattern_.Split(text, pieces);
+    for (absl::string_view piece : *pieces) {
+      auto it = counts->find(piece);
+      if (it == counts->end()) {
+        counts->emplace(std::string(piece), 1);
+      } else {
+        ++it->second;
       }
-      pieces.clear();
-      pattern_.Split(text, &pieces);
-      for (absl::string_view piece : pieces) {
-        auto it = counts->find(piece);
-        if (it == counts->end()) {
-          counts->emplace(std::string(piece), 1);
-        } else {
-          ++it->second;
-        }
-      }
-      *pre_tokens += static_cast<int64_t>(pieces.size());
-    });
+    }
+    *pre_tokens += static_cast<int64_t>(pieces->size());
   }
 
  private:
   const Style& style_;
   const SplitPattern& pattern_;
-  const SpecialCutter& cutter_;
 };
 
-// Words counted on `threads` threads, each taking the next document; their counts summed.
-WordCounts CountWords(const std::vector<std::string>& documents, const Counter& counter,
+// Words counted on `threads` threads, each taking the next piece of work; their counts summed.
+WordCounts CountWords(const std::vector<absl::string_view>& work, const Counter& counter,
                       int threads, int64_t* pre_tokens) {
-  threads = std::max(1, std::min<int>(threads, static_cast<int>(documents.size())));
+  threads = std::max(1, std::min<int>(threads, static_cast<int>(work.size())));
   std::vector<WordCounts> counts(static_cast<size_t>(threads));
   std::vector<int64_t> tokens(static_cast<size_t>(threads), 0);
   std::atomic<size_t> next{0};
-  const auto work = [&](int t) {
-    for (size_t d; (d = next.fetch_add(1)) < documents.size();) {
-      counter.Count(documents[d], &counts[t], &tokens[t]);
+  const auto count = [&](int t) {
+    std::vector<absl::string_view> pieces;
+    for (size_t i; (i = next.fetch_add(1)) < work.size();) {
+      counter.Count(work[i], &counts[t], &tokens[t], &pieces);
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
-  work(0);
+  for (int t = 1; t < threads; ++t) pool.emplace_back(count, t);
+  count(0);
   for (std::thread& t : pool) t.join();
   for (int t = 1; t < threads; ++t) {
     for (auto& [word, n] : counts[t]) counts[0][word] += n;
@@ -455,6 +491,10 @@ absl::StatusOr<Plan> MakePlan(const BpeTrainOptions& options) {
   if (options.threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("threads ", options.threads, ": negative"));
   }
+  if (options.chunk_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes ", options.chunk_bytes, ": must be at least 1"));
+  }
   return plan;
 }
 
@@ -476,11 +516,15 @@ absl::StatusOr<BpeTrainResult> TrainBpeTokenizer(const BpeTrainOptions& options)
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<SplitPattern> pattern,
                         SplitPattern::Compile(style->pattern, style->name));
   const SpecialCutter cutter(specials);
-  const Counter counter(*style, *pattern, cutter);
+  const Counter counter(*style, *pattern);
+  std::deque<std::string> fixed;
+  const std::vector<absl::string_view> work =
+      CutWork(options.documents, cutter, static_cast<size_t>(options.chunk_bytes), &fixed);
   const int threads = options.threads > 0
                           ? options.threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  WordCounts counts = CountWords(options.documents, counter, threads, &result.pre_tokens);
+  result.pieces = static_cast<int64_t>(work.size());
+  WordCounts counts = CountWords(work, counter, threads, &result.pre_tokens);
   if (result.pre_tokens == 0) {
     return absl::InvalidArgumentError(
         options.documents.empty()

@@ -17,11 +17,12 @@
 // order they were learned, then the special tokens. This is the order Hugging Face's
 // BpeTrainer breaks ties in, so from the same words both learn the same merges.
 //
-// Counting runs on `threads` threads over whole documents (one very large document is one
-// thread's work); the merge loop is one thread, a max-heap of pair counts updated lazily
-// (a count only falls, except for pairs with the newly made token, which are pushed afresh)
-// and, per pair, the words that hold it, so each step touches only the words it changes. The
-// result does not depend on the thread count.
+// Counting runs on `threads` threads over pieces of the text (documents, cut at special tokens
+// and, when long, at line breaks where the split is sure to come out the same). The merge loop
+// is one thread: a max-heap of pair counts updated lazily (a count only falls, except for
+// pairs with the newly made token, which are pushed afresh) and, per pair, the words that hold
+// it, so each step touches only the words it changes. The result does not depend on the
+// thread count or on where the text is cut.
 #ifndef WEFT_WORKER_DATA_BPE_TRAINER_H_
 #define WEFT_WORKER_DATA_BPE_TRAINER_H_
 
@@ -58,6 +59,10 @@ struct BpeTrainOptions {
   int64_t min_frequency = 2;
   // Counting threads; 0: one per core. The result is the same for any number.
   int threads = 0;
+  // Text is counted in pieces of about this many bytes at most, cut only where the split
+  // cannot tell (a line break between a printable ASCII character and a letter), so that one
+  // large document keeps every thread busy. Small in tests, to get many pieces.
+  int64_t chunk_bytes = int64_t{1} << 20;
   // The training text, document by document (nothing is shared across a document's edge).
   std::vector<std::string> documents;
 };
@@ -71,6 +76,7 @@ struct BpeTrainResult {
   int eos_id = -1;
   int64_t words = 0;       // distinct pre-tokens
   int64_t pre_tokens = 0;  // all of them
+  int64_t pieces = 0;      // pieces of text counted apart (BpeTrainOptions::chunk_bytes)
   double count_seconds = 0;
   double merge_seconds = 0;
 };

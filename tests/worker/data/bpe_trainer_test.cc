@@ -241,6 +241,37 @@ TEST(BpeTrainerTest, TheThreadCountChangesNothing) {
   EXPECT_EQ(one.pre_tokens, three.pre_tokens);
 }
 
+// Where the text is cut for counting changes nothing: one large document of everything the
+// patterns treat specially (whitespace runs with and without line breaks, CRLF, Unicode
+// spaces, contractions in both cases, digit runs, punctuation, combining marks for NFC, CJK,
+// emoji), counted whole and in pieces cut at every safe line break.
+TEST(BpeTrainerTest, CuttingTheTextForCountingChangesNothing) {
+  const std::vector<std::string> fragments = {
+      "a", "Bc", "\u00e9t\u00e9", "e\u0301", "1", "234", " ", "  ", "\n", "\n\n", "\r\n",
+      "\t", " \n", "'s", "'T", "'ll", "!", "...", "(x)", "\u65e5\u672c", "\U0001F600",
+      "\u00a0", "\u2028", "x\n", "\nY", ".\nZ", "\n z", "\u0416"};
+  std::string text;
+  uint64_t state = 12345;
+  while (text.size() < 200000) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    text += fragments[(state >> 33) % fragments.size()];
+  }
+  for (const std::string style : {"gpt2", "llama3", "qwen2"}) {
+    BpeTrainOptions options;
+    options.style = style;
+    options.vocab_size = 700;
+    options.documents = {text};
+    const BpeTrainResult whole = Train(options);
+    EXPECT_EQ(whole.pieces, 1);
+    options.chunk_bytes = 8;
+    const BpeTrainResult cut = Train(options);
+    EXPECT_GT(cut.pieces, 1000) << style;
+    EXPECT_EQ(cut.pre_tokens, whole.pre_tokens) << style;
+    EXPECT_EQ(cut.words, whole.words) << style;
+    EXPECT_EQ(cut.tokenizer_json, whole.tokenizer_json) << style;
+  }
+}
+
 // Special tokens are cut out of the text before counting, as encoding cuts them; and no merge
 // may make a token with a special token's text ("ĠĠ" is two spaces' tokens).
 TEST(BpeTrainerTest, SpecialTokensAreNeitherLearnedFromNorLearned) {
@@ -323,6 +354,8 @@ TEST(BpeTrainerTest, RefusesBadOptionsNamingThem) {
               HasSubstr("eos_token \"<|endoftext|>\": not one of the special tokens"));
   EXPECT_THAT(refused([](BpeTrainOptions& o) { o.min_frequency = 0; }),
               HasSubstr("min_frequency 0: must be at least 1"));
+  EXPECT_THAT(refused([](BpeTrainOptions& o) { o.threads = -1; }),
+              HasSubstr("threads -1: negative"));
 }
 
 }  // namespace
