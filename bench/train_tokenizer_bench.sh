@@ -12,7 +12,8 @@
 # train_from_iterator alone, its threads every core. Both files are compared: same_merges says
 # whether the two learned the same merges in the same order. Prints
 #   BENCH train_tokenizer mb=M vocab=V weft_s=W hf_s=H vs_hf=R ...
-#   R: the wheel's time / Weft's (above 1: Weft is faster).
+#   R: the wheel's time / Weft's (above 1: Weft is faster); tokens: the vocabulary Weft reached
+#   (below V when the text runs out of pairs seen twice); words: distinct pre-tokens.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=$(cd "${1:-$ROOT/build/bin}" && pwd)
@@ -38,10 +39,11 @@ t0=$(now)
   --vocab-size "$VOCAB" --min-frequency 2 --doc-separator % --out "$WORK/weft" \
   "$WORK/corpus.txt" >"$WORK/weft.json"
 t1=$(now)
-read -r COUNT_S MERGE_S WORDS < <(python3 -c '
+read -r COUNT_S MERGE_S WORDS TOKENS < <(python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1]))
-print("%.2f %.2f %d" % (r["count_seconds"], r["merge_seconds"], r["words"]))' "$WORK/weft.json")
+print("%.2f %.2f %d %d" % (r["count_seconds"], r["merge_seconds"], r["words"], r["vocab_size"]))
+' "$WORK/weft.json")
 
 # The same documents train-tokenizer reads (trainctl/data_inputs.h): the text between "%"
 # lines, each with its last newline, without empty ones; the style as bpe_trainer.h writes it.
@@ -80,10 +82,11 @@ PY
 )
 awk -v bytes="$BYTES" -v vocab="$VOCAB" -v hf_s="$HF_S" -v t0="$t0" -v t1="$t1" \
     -v count_s="$COUNT_S" -v merge_s="$MERGE_S" -v words="$WORDS" -v same="$SAME" \
-    -v style="$STYLE" -v cores="$(nproc)" 'BEGIN {
+    -v tokens="$TOKENS" -v style="$STYLE" -v cores="$(nproc)" 'BEGIN {
   s = t1 - t0
   printf "BENCH train_tokenizer mb=%.1f vocab=%d weft_s=%.2f hf_s=%.2f vs_hf=%.2f", \
     bytes / 1e6, vocab, s, hf_s, hf_s / s
-  printf " weft_count_s=%.2f weft_merge_s=%.2f words=%d style=%s same_merges=%s cores=%d\n", \
-    count_s, merge_s, words, style, same, cores
+  printf " weft_count_s=%.2f weft_merge_s=%.2f words=%d tokens=%d style=%s same_merges=%s", \
+    count_s, merge_s, words, tokens, style, same
+  printf " cores=%d\n", cores
 }'
