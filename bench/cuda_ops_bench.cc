@@ -10,6 +10,19 @@
 //
 // then `BENCH cuda_ops ...` with the block's forward and backward (sum of its ops), so that a
 // change to one kernel can be weighed against the whole step.
+//
+// With --docmask it times flash attention alone, forward + backward, with document masking
+// (packed sequences: documents of pseudo-random lengths uniform in [--doc-min, --doc-max],
+// default [150, 450], the last one cut at T) against full causal attention of the same shape
+// in the same run, at the Llama-3.2-1B shape unless told otherwise (32 heads, 8 kv heads, head
+// size 64, i.e. --width 2048; sequence 4096, micro-batch 1):
+//
+//   build/bin/cuda_ops_bench --docmask [--seq 4096 --batch 1 --iters 20]
+//   BENCH attention_docmask t=4096 mean_doc=.. causal_ms=.. docmask_ms=.. speedup=..
+//
+// (speedup = causal_ms / docmask_ms, each forward + backward with the models' kernels, kAuto;
+// where the Hopper kernels run, a second line attention_docmask_mma_sync times the mma.sync
+// ones.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -112,8 +125,8 @@ void TimeMmaSyncForward(Timer& timer, double flops, bf16* y, float* lse, const b
                         int nh, int nkv, int t, int hs, cudaStream_t stream) {
   if (!cuda::FlashAttentionHopperForward(hs)) return;
   timer.Flops("attention_fwd_mma_sync", Timer::kNone, flops, [&] {
-    return cuda::FlashAttentionForwardWith(cuda::FlashAttentionKernel::kMmaSync, y, lse, qkv, b,
-                                           nh, nkv, t, hs, stream);
+    return cuda::FlashAttentionForwardWith(cuda::FlashAttentionKernel::kMmaSync, y, lse, qkv,
+                                           nullptr, b, nh, nkv, t, hs, stream);
   });
 }
 
@@ -124,8 +137,83 @@ void TimeMmaSyncBackward(Timer& timer, double flops, bf16* dqkv, const bf16* dy,
   if (!cuda::FlashAttentionHopperForward(hs)) return;
   timer.Flops("attention_bwd_mma_sync", Timer::kNone, flops, [&] {
     return cuda::FlashAttentionBackwardWith(cuda::FlashAttentionKernel::kMmaSync, dqkv, dy, y,
-                                            lse, qkv, scratch, b, nh, nkv, t, hs, stream);
+                                            lse, qkv, nullptr, scratch, b, nh, nkv, t, hs, stream);
   });
+}
+
+// Documents of lengths uniform in [min_len, max_len] packed into b sequences of t tokens (the
+// last one of each cut at t), from a fixed seed: doc_starts (B, T) as flash attention takes it.
+// *docs counts them.
+std::vector<int32_t> PackedDocStarts(int b, int t, int min_len, int max_len, int* docs) {
+  std::mt19937 rng(20240601);
+  std::uniform_int_distribution<int> len(min_len, max_len);
+  std::vector<int32_t> starts(static_cast<size_t>(b) * t);
+  *docs = 0;
+  for (int bi = 0; bi < b; ++bi) {
+    for (int start = 0; start < t; ++*docs) {
+      const int end = std::min(t, start + len(rng));
+      std::fill(starts.begin() + static_cast<size_t>(bi) * t + start,
+                starts.begin() + static_cast<size_t>(bi) * t + end, start);
+      start = end;
+    }
+  }
+  return starts;
+}
+
+// Flash attention forward + backward with documents (doc_starts) against full causal attention
+// of the same shape, each with `kernel`; prints the op lines and the BENCH `line` (FLOPs: the
+// visible (query, key) pairs, 2 GEMMs of 2 HS each forward, 5 backward).
+void TimeDocMaskAttention(Timer& timer, cuda::FlashAttentionKernel kernel, const char* line,
+                          int b, int nh, int nkv, int t, int hs, int min_len, int max_len,
+                          std::mt19937& rng) {
+  cudaStream_t stream = timer.stream;
+  const int qkv_w = (nh + 2 * nkv) * hs;
+  const size_t n = static_cast<size_t>(b) * t;
+  bf16* qkv = RandomBf16(n * qkv_w, 1.0f, rng);
+  bf16* dy = RandomBf16(n * nh * hs, 1.0f, rng);
+  bf16* y = Alloc<bf16>(n * nh * hs);
+  bf16* dqkv = Alloc<bf16>(n * qkv_w);
+  float* lse = ZeroFloats(static_cast<size_t>(b) * nh * t);
+  float* scratch = ZeroFloats(cuda::FlashAttentionBackwardScratchFloats(b, nh, t, hs));
+  int docs = 0;
+  const std::vector<int32_t> host_starts = PackedDocStarts(b, t, min_len, max_len, &docs);
+  int32_t* starts = Alloc<int32_t>(n);
+  CheckCuda(cudaMemcpy(starts, host_starts.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice),
+            "copy");
+  double causal_pairs = 0, doc_pairs = 0;
+  for (size_t i = 0; i < n; ++i) {
+    causal_pairs += static_cast<double>(i % t) + 1;
+    doc_pairs += static_cast<double>(i % t) - host_starts[i] + 1;
+  }
+  const double pair_flops = 2.0 * 2.0 * nh * hs;  // forward: 2 GEMMs, 2 HS each per pair
+  double ms[2] = {0, 0};
+  for (int masked = 0; masked < 2; ++masked) {
+    const int32_t* ds = masked ? starts : nullptr;
+    const double pairs = masked ? doc_pairs : causal_pairs;
+    const std::string fwd = std::string(masked ? "attention_docmask" : "attention_causal") +
+                            (kernel == cuda::FlashAttentionKernel::kMmaSync ? "_mma_sync" : "");
+    // The forward also leaves this variant's y and lse for its backward.
+    ms[masked] += timer.Time(
+        [&] {
+          return cuda::FlashAttentionForwardWith(kernel, y, lse, qkv, ds, b, nh, nkv, t, hs,
+                                                 stream);
+        },
+        "attention forward");
+    const double fwd_ms = ms[masked];
+    ms[masked] += timer.Time(
+        [&] {
+          return cuda::FlashAttentionBackwardWith(kernel, dqkv, dy, y, lse, qkv, ds, scratch, b,
+                                                  nh, nkv, t, hs, stream);
+        },
+        "attention backward");
+    const double bwd_ms = ms[masked] - fwd_ms;
+    std::printf("BENCH cuda_op op=%s_fwd ms=%.3f tflops=%.1f\n", fwd.c_str(), fwd_ms,
+                pairs * pair_flops / fwd_ms / 1e9);
+    std::printf("BENCH cuda_op op=%s_bwd ms=%.3f tflops=%.1f\n", fwd.c_str(), bwd_ms,
+                2.5 * pairs * pair_flops / bwd_ms / 1e9);
+  }
+  std::printf("BENCH %s t=%d mean_doc=%.1f causal_ms=%.3f docmask_ms=%.3f speedup=%.2f\n", line,
+              t, static_cast<double>(n) / docs, ms[0], ms[1], ms[0] / ms[1]);
 }
 
 }  // namespace
@@ -177,7 +265,8 @@ void TimeGptBlock(Timer& timer, cuda::Blas& blas, int b, int t, int c, int nh, s
               [&] { return blas.LinearForward(qkv, xn, w_qkv, bias, n, c, 3 * c, stream); });
   const double attn_fwd = 2.0 * 2.0 * b * nh * static_cast<double>(t) * t * hs / 2;
   timer.Flops("attention_fwd", F, attn_fwd,
-              [&] { return cuda::FlashAttentionForward(y, lse, qkv, b, nh, nh, t, hs, stream); });
+              [&] { return cuda::FlashAttentionForward(y, lse, qkv, nullptr, b, nh, nh, t, hs,
+                                                       stream); });
   TimeMmaSyncForward(timer, attn_fwd, y, lse, qkv, b, nh, nh, t, hs, stream);
   timer.Flops("attn_out_residual_fwd", F, gemm * c, [&] {
     return blas.LinearForwardResidual(tmp, y, w_out, bias, x, n, c, c, stream);
@@ -215,8 +304,8 @@ void TimeGptBlock(Timer& timer, cuda::Blas& blas, int b, int t, int c, int nh, s
   timer.Flops("attn_out_bwd_input", B, gemm * c,
               [&] { return blas.LinearBackwardInput(tmp, dres, w_out, n, c, c, stream); });
   timer.Flops("attention_bwd", B, attn_fwd * 2.5, [&] {
-    return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nh, t, hs,
-                                        stream);
+    return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, nullptr, flash_scratch, b, nh, nh,
+                                        t, hs, stream);
   });
   TimeMmaSyncBackward(timer, attn_fwd * 2.5, dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nh, t,
                       hs, stream);
@@ -253,7 +342,21 @@ int main(int argc, char** argv) {
   app.add_option("--intermediate", inter);
   app.add_option("--iters", iters, "timed runs of each op");
   app.add_option("--optimizer-elems", optimizer_elems, "elements the AdamW and casts run over");
+  bool docmask = false;
+  int doc_min = 150, doc_max = 450;
+  app.add_flag("--docmask", docmask,
+               "time document-masked flash attention against full causal, then exit");
+  app.add_option("--doc-min", doc_min, "--docmask: shortest document");
+  app.add_option("--doc-max", doc_max, "--docmask: longest document");
   CLI11_PARSE(app, argc, argv);
+  if (docmask) {  // Llama-3.2-1B's attention unless told otherwise
+    if (app.count("--batch") == 0) b = 1;
+    if (app.count("--width") == 0) c = 2048;
+    if (doc_min < 1 || doc_max < doc_min) {
+      std::fprintf(stderr, "cuda_ops_bench: --doc-min/--doc-max: need 1 <= min <= max\n");
+      return 1;
+    }
+  }
   if (arch == "gpt2") {  // GPT 6.7B's block unless told otherwise
     if (app.count("--batch") == 0) b = 8;
     if (app.count("--seq") == 0) t = 1024;
@@ -273,6 +376,16 @@ int main(int argc, char** argv) {
   CheckCuda(cudaEventCreate(&timer.begin), "event");
   CheckCuda(cudaEventCreate(&timer.end), "event");
 
+  if (docmask) {
+    TimeDocMaskAttention(timer, cuda::FlashAttentionKernel::kAuto, "attention_docmask", b, nh,
+                         nkv, t, hs, doc_min, doc_max, rng);
+    if (cuda::FlashAttentionHopperForward(hs)) {
+      TimeDocMaskAttention(timer, cuda::FlashAttentionKernel::kMmaSync,
+                           "attention_docmask_mma_sync", b, nh, nkv, t, hs, doc_min, doc_max,
+                           rng);
+    }
+    return 0;
+  }
   if (arch == "gpt2") {
     TimeGptBlock(timer, blas, b, t, c, nh, rng);
   } else {
@@ -312,11 +425,13 @@ int main(int argc, char** argv) {
     timer.Flops("qkv_fwd", F, gemm * qkv_w,
                 [&] { return blas.LinearForward(qkv, xn, w_qkv, nullptr, n, c, qkv_w, stream); });
     timer.Bytes("rope_fwd", F, 2.0 * n * (nh + nkv) * hs * 2,
-                [&] { return cuda::RopeForward(qkv, cos_t, sin_t, b, t, nh, nkv, hs, stream); });
+                [&] {
+                  return cuda::RopeForward(qkv, nullptr, cos_t, sin_t, b, t, nh, nkv, hs, stream);
+                });
     // Causal: half the (T, T) products, 2 GEMMs of 2 T T HS each per head.
     const double attn_fwd = 2.0 * 2.0 * b * nh * static_cast<double>(t) * t * hs / 2;
     timer.Flops("attention_fwd", F, attn_fwd, [&] {
-      return cuda::FlashAttentionForward(y, lse, qkv, b, nh, nkv, t, hs, stream);
+      return cuda::FlashAttentionForward(y, lse, qkv, nullptr, b, nh, nkv, t, hs, stream);
     });
     TimeMmaSyncForward(timer, attn_fwd, y, lse, qkv, b, nh, nkv, t, hs, stream);
     timer.Flops("attn_out_residual_fwd", F, gemm * c, [&] {
@@ -356,13 +471,15 @@ int main(int argc, char** argv) {
                 [&] { return blas.LinearBackwardInput(tmp, dres, w_out, n, c, c, stream); });
     // Backward of attention: 5 (T, T) products where the forward has 2.
     timer.Flops("attention_bwd", B, attn_fwd * 2.5, [&] {
-      return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nkv, t, hs,
-                                          stream);
+      return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, nullptr, flash_scratch, b, nh,
+                                          nkv, t, hs, stream);
     });
     TimeMmaSyncBackward(timer, attn_fwd * 2.5, dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nkv,
                         t, hs, stream);
     timer.Bytes("rope_bwd", B, 2.0 * n * (nh + nkv) * hs * 2,
-                [&] { return cuda::RopeBackward(dqkv, cos_t, sin_t, b, t, nh, nkv, hs, stream); });
+                [&] {
+                  return cuda::RopeBackward(dqkv, nullptr, cos_t, sin_t, b, t, nh, nkv, hs, stream);
+                });
     timer.Flops("qkv_bwd_weight", B, gemm * qkv_w, [&] {
       return blas.LinearBackwardWeight(dw_big, dqkv, xn, n, c, qkv_w, true, stream);
     });

@@ -2,7 +2,7 @@
 // every subcommand is one call (watch: one stream) plus formatting.
 // The checkpoint subcommands (trainctl_checkpoints.h) talk to weft-checkpointd instead, and the
 // data subcommands (trainctl_data.h) to nothing: they prepare text locally. `logs` lives in
-// trainctl_logs.h.
+// trainctl_logs.h, `sample --chat` in trainctl_chat.h.
 //
 // Exit status: 0 on success; 1 on any error (message on stderr as "trainctl: <message>"),
 // and for `watch`, `events -f` and `logs -f`, 1 when the job ends FAILED or CANCELLED. Usage
@@ -35,6 +35,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
+#include "trainctl/trainctl_chat.h"
 #include "trainctl/trainctl_checkpoints.h"
 #include "trainctl/trainctl_data.h"
 #include "trainctl/trainctl_logs.h"
@@ -617,8 +618,14 @@ int Workers(CoordinatorClient& client, const GlobalOptions& global) {
 
 struct SampleFlags {
   std::string prompt;
+  std::vector<std::string> prompt_words;  // PROMPT...: the same as --prompt, words joined
   std::string model_path;
   model_io::SampleOptions options;
+  ChatSampleFlags chat;
+
+  std::string Prompt() const {
+    return prompt_words.empty() ? prompt : absl::StrJoin(prompt_words, " ");
+  }
 };
 
 // Where the trained model of `job_id` (the file rank 0 wrote) is, if this machine can read it.
@@ -640,7 +647,8 @@ absl::StatusOr<std::string> JobModelPath(CoordinatorClient& client, const std::s
 }
 
 // Loads the job's trained model and continues the prompt here, in text when the model records
-// its tokenizer (bytes or SentencePiece), in token ids otherwise.
+// its tokenizer (bytes or SentencePiece), in token ids otherwise; with --chat, answers it as
+// the assistant (trainctl_chat.h).
 int Sample(CoordinatorClient& client, const GlobalOptions& global, const std::string& job_id,
            const SampleFlags& flags) {
   std::string path = flags.model_path;
@@ -651,17 +659,21 @@ int Sample(CoordinatorClient& client, const GlobalOptions& global, const std::st
   }
   auto model = model_io::LoadModel(path);
   if (!model.ok()) return Fail(model.status());
-  auto text = model_io::GenerateText(*model, flags.prompt, flags.options);
+  const std::string prompt = flags.Prompt();
+  if (flags.chat.chat) {
+    return SampleChat(*model, job_id, path, flags.chat, prompt, flags.options, global.json());
+  }
+  auto text = model_io::GenerateText(*model, prompt, flags.options);
   if (!text.ok()) return Fail(text.status());
   if (global.json()) {
     const std::string tokenizer =
         model->tokenizer != nullptr ? std::string(model->tokenizer->kind()) : "none";
     PrintJsonObject({{"job_id", job_id}, {"model_path", path}, {"tokenizer", tokenizer},
-                     {"prompt", flags.prompt}, {"text", *text}});
+                     {"prompt", prompt}, {"text", *text}});
   } else if (model->tokenizer == nullptr) {
-    std::cout << flags.prompt << (flags.prompt.empty() ? "" : " ") << *text << "\n";
+    std::cout << prompt << (prompt.empty() ? "" : " ") << *text << "\n";
   } else {
-    std::cout << flags.prompt << *text << "\n";
+    std::cout << prompt << *text << "\n";
   }
   return 0;
 }
@@ -688,8 +700,12 @@ CLI::App* AddSampleCommand(CLI::App& app, std::string* job_id, SampleFlags* flag
   CLI::App* sample =
       app.add_subcommand("sample", "Generate text from a finished job's trained model");
   sample->add_option("JOB", *job_id, "Job id")->required();
+  CLI::Option* prompt_words = sample->add_option(
+      "PROMPT", flags->prompt_words,
+      "Text to continue, or with --chat the user's message (the same as --prompt)");
   sample->add_option("--prompt", flags->prompt,
-                     "Text to continue (token ids if the model records no tokenizer)");
+                     "Text to continue (token ids if the model records no tokenizer)")
+      ->excludes(prompt_words);
   sample->add_option("--tokens", flags->options.tokens, "Tokens to generate")
       ->capture_default_str();
   sample->add_option("--temperature", flags->options.temperature, "0 picks the most likely token")
@@ -699,6 +715,7 @@ CLI::App* AddSampleCommand(CLI::App& app, std::string* job_id, SampleFlags* flag
   sample->add_option("--seed", flags->options.seed, "Sampling seed")->capture_default_str();
   sample->add_option("--model", flags->model_path,
                      "Model file to use instead of the job's (model.safetensors)");
+  flags->chat.AddTo(sample);
   return sample;
 }
 

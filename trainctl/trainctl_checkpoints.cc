@@ -170,7 +170,15 @@ int Export(CheckpointClient& client, bool json, const std::string& job_id, int64
               << tokenizer.status().message() << "\n";
   }
   const data::Tokenizer* recorded = tokenizer.ok() ? tokenizer->get() : nullptr;
-  if (absl::Status s = model_io::SaveModel(out_path, manifest->spec(), params, recorded); !s.ok()) {
+  // The chat template too, so that `sample --chat` needs no --template for the export either.
+  auto chat_template = model_io::LoadJobChatTemplate(manifest->spec());
+  if (!chat_template.ok() && tokenizer.ok()) {
+    std::cerr << "trainctl: warning: no chat template recorded in " << out_path << ": "
+              << chat_template.status().message() << "\n";
+  }
+  if (absl::Status s = model_io::SaveModel(out_path, manifest->spec(), params, recorded,
+                                           chat_template.value_or(""));
+      !s.ok()) {
     return Fail(s);
   }
   if (json) {

@@ -258,6 +258,7 @@ absl::StatusOr<GenerationRun::Data> GenerationRun::OpenData() {
   // Read now, though only rank 0 writes it at the end: a missing or changed tokenizer fails the
   // job before it trains, not after.
   WEFT_ASSIGN_OR_RETURN(data.tokenizer, model_io::LoadJobTokenizer(spec));
+  WEFT_ASSIGN_OR_RETURN(data.chat_template, model_io::LoadJobChatTemplate(spec));
   return data;
 }
 
@@ -633,8 +634,9 @@ absl::Status GenerationRun::Finish(const Training& training) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     path = std::filesystem::absolute(dir + "/model.safetensors").string();
-    auto metadata = model_io::TokenizerMetadata(training.data->tokenizer.get(),
-                                      command_.spec().model().vocab_size());
+    auto metadata = model_io::ModelFileMetadata(training.data->tokenizer.get(),
+                                                command_.spec().model().vocab_size(),
+                                                training.data->chat_template);
     if (!metadata.ok()) {
       written = metadata.status();
     } else if (auto begun = model_io::ModelFileWriter::Begin(path, command_.spec(), *metadata);

@@ -76,6 +76,8 @@ class GenerationRun {
     std::unique_ptr<data::TokenDataset> val;
     // What the trained model records (null: none, token ids in and out).
     std::shared_ptr<const data::Tokenizer> tokenizer;
+    // The chat template of the job's conversations (empty: text data), recorded beside it.
+    std::string chat_template;
   };
   // What the step loop works with.
   struct Training {

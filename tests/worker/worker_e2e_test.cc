@@ -28,6 +28,7 @@
 #include "tests/worker/cluster.h"
 #include "worker/data/manifest.h"
 #include "worker/data/tokenizer.h"
+#include "worker/model_io/model_file.h"
 
 namespace weft {
 namespace {
@@ -555,6 +556,48 @@ TEST_F(WorkerE2eTest, TextToTokenizerToDatasetToJobToTextSample) {
   EXPECT_THAT(python.out, HasSubstr("\"kind\": \"sentencepiece\""));
   EXPECT_EQ(testing::ReadFile(dir_.File("from-model.model")),
             testing::ReadFile(dataset + "/tokenizer.model"));
+}
+
+// Chat data end to end: conversations prepared with --chat, a job trained on them, and its
+// model file recording the template, so that `trainctl sample --chat` answers without
+// --template.
+TEST_F(WorkerE2eTest, ChatDatasetToJobToChatSampleWithTheRecordedTemplate) {
+  StartWorkers(1);
+  const std::string trainctl = testing::BinDir() + "/trainctl";
+  const std::string coordinator = "--coordinator=" + coordinator_->address();
+  const std::string fixtures = std::string(WEFT_SOURCE_DIR) + "/tests/fixtures/chat/";
+  const std::string dataset = dir_.File("chat");
+  auto prepared = testing::RunCommand(
+      {trainctl, "data", "prepare", "--chat", "--template", "chatml", "--out", dataset,
+       "--tokenizer", fixtures + "chatml.tokenizer.json", "--val-fraction", "0", "-q",
+       fixtures + "conversations.jsonl"},
+      {}, absl::Seconds(60));
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.err;
+  testing::WriteFile(dir_.File("job.pb.txt"), absl::StrCat(R"pb(
+    name: "chat-e2e"
+    model { num_layers: 1 hidden_size: 32 num_heads: 2 vocab_size: 576 context_length: 128 }
+    data { manifest_path: ")pb", dataset, R"pb(" }
+    optimizer { learning_rate: 0.01 }
+    training { micro_batch_size: 2 seed: 3 total_steps: 4 }
+    resources { device_kind: DEVICE_KIND_CPU min_workers: 1 }
+    fault { heartbeat_interval_ms: 200 heartbeat_timeout_ms: 1500 max_restarts: 0 }
+  )pb"));
+  auto submitted = testing::RunCommand({trainctl, coordinator, "submit", dir_.File("job.pb.txt")},
+                                       {}, absl::Seconds(30));
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  const std::string job_id(absl::StripAsciiWhitespace(submitted.out));
+  const v1::JobStatus s = WaitForEnd(job_id, absl::Seconds(180));
+  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+
+  auto model = model_io::LoadModel(s.model_path());
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->chat_template, "chatml");
+  auto sample = testing::RunCommand({trainctl, coordinator, "-o", "json", "sample", job_id,
+                                     "--chat", "--tokens=4", "What is 2+2?"},
+                                    {}, absl::Seconds(60));
+  ASSERT_EQ(sample.exit_code, 0) << sample.err;
+  EXPECT_THAT(sample.out, HasSubstr("\"template\": \"chatml\""));
+  EXPECT_THAT(sample.out, HasSubstr("\"tokenizer\": \"tokenizer.json\""));
 }
 
 TEST_F(WorkerE2eTest, RankKilledMidTrainingFailsTheJobAndTheSurvivorDoesNotHang) {

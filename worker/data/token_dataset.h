@@ -103,7 +103,7 @@ class TokenDataset {
   int seq_len() const { return seq_len_; }
   Split split() const { return split_; }
   // How Batch draws sequences: spec.data().sampling for kTrain (UNSPECIFIED read as
-  // RANDOM_WINDOWS), always RANDOM_WINDOWS for kVal.
+  // RANDOM_WINDOWS); for kVal PACKED when training is PACKED, else RANDOM_WINDOWS.
   weft::v1::DataSpec::Sampling sampling() const { return sampling_; }
   // What the split reads, as the spec names it: the file, directory or glob, or the manifest.
   const std::string& path() const { return path_; }

@@ -31,6 +31,7 @@ constexpr char kTokenizerCrcKey[] = "weft.tokenizer.crc32c";
 // tokenizer.json only (its bytes do not say): the ids of BOS and EOS, absent when none.
 constexpr char kTokenizerBosKey[] = "weft.tokenizer.bos_id";
 constexpr char kTokenizerEosKey[] = "weft.tokenizer.eos_id";
+constexpr char kChatTemplateKey[] = "weft.chat.template";
 
 // The tokenizer a manifest names, loaded and checked against what the manifest says of it.
 absl::StatusOr<std::shared_ptr<const data::Tokenizer>> ManifestTokenizer(
@@ -137,6 +138,14 @@ absl::StatusOr<std::shared_ptr<const data::Tokenizer>> LoadJobTokenizer(
   return std::shared_ptr<const data::Tokenizer>(std::move(*tok));
 }
 
+absl::StatusOr<std::string> LoadJobChatTemplate(const weft::v1::JobSpec& spec) {
+  const std::string& path = spec.data().manifest_path();
+  if (path.empty()) return std::string();
+  absl::StatusOr<data::DatasetManifest> m = data::ReadManifest(path);
+  if (!m.ok()) return Annotate(m.status(), "data.manifest_path");
+  return m->chat_template;
+}
+
 absl::StatusOr<std::map<std::string, std::string>> TokenizerMetadata(
     const data::Tokenizer* tokenizer, int model_vocab_size) {
   std::map<std::string, std::string> metadata;
@@ -158,16 +167,23 @@ absl::StatusOr<std::map<std::string, std::string>> TokenizerMetadata(
   return metadata;
 }
 
+absl::StatusOr<std::map<std::string, std::string>> ModelFileMetadata(
+    const data::Tokenizer* tokenizer, int model_vocab_size, const std::string& chat_template) {
+  WEFT_ASSIGN_OR_RETURN(auto metadata, TokenizerMetadata(tokenizer, model_vocab_size));
+  if (!chat_template.empty()) metadata[kChatTemplateKey] = chat_template;
+  return metadata;
+}
+
 absl::Status SaveModel(const std::string& path, const weft::v1::JobSpec& spec,
                        const std::vector<std::vector<float>>& units,
-                       const data::Tokenizer* tokenizer) {
+                       const data::Tokenizer* tokenizer, const std::string& chat_template) {
   WEFT_ASSIGN_OR_RETURN(std::unique_ptr<const engine::ModelArch> arch,
                         engine::MakeModelArch(spec.model()));
   if (static_cast<int>(units.size()) != arch->NumUnits()) {
     return absl::InternalError(
         absl::StrCat("SaveModel: ", units.size(), " units, the model has ", arch->NumUnits()));
   }
-  auto metadata = TokenizerMetadata(tokenizer, arch->vocab_size());
+  auto metadata = ModelFileMetadata(tokenizer, arch->vocab_size(), chat_template);
   if (!metadata.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("SaveModel: ", metadata.status().message()));
   }
@@ -261,6 +277,9 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
   }
   WEFT_ASSIGN_OR_RETURN(model.tokenizer,
                         TokenizerFromMetadata(path, file.metadata, model.arch->vocab_size()));
+  if (auto chat = file.metadata.find(kChatTemplateKey); chat != file.metadata.end()) {
+    model.chat_template = chat->second;
+  }
   return model;
 }
 
@@ -301,20 +320,22 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const data::Tokenizer* tokeniz
 
 }  // namespace
 
-absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::string& prompt,
-                                         const SampleOptions& options) {
+absl::StatusOr<GeneratedTokens> GenerateTokens(const LoadedModel& model,
+                                               absl::Span<const int32_t> prompt,
+                                               const SampleOptions& options, int vocab,
+                                               absl::Span<const int32_t> stop_ids) {
   const engine::ModelArch& arch = *model.arch;
-  const data::Tokenizer* tokenizer = model.tokenizer.get();
   const int context = arch.context_length();
-  // Ids past the tokenizer's vocabulary (a padded model vocabulary) never occurred in training
-  // and have no text: they are not drawn.
-  const int vocab = tokenizer != nullptr ? tokenizer->vocab_size() : arch.vocab_size();
   WEFT_RETURN_IF_ERROR(
       data::CheckSamplingParams(options.temperature, options.top_k, options.tokens, vocab));
-  WEFT_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
-                        PromptTokens(tokenizer, prompt, arch.vocab_size()));
-  const int stop = tokenizer != nullptr ? tokenizer->eos_id() : -1;
-
+  if (prompt.empty()) return absl::InvalidArgumentError("no prompt to continue");
+  for (int32_t id : prompt) {
+    if (id < 0 || id >= arch.vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt token ", id, " is outside the model's vocabulary [0, ", arch.vocab_size(), ")"));
+    }
+  }
+  std::vector<int32_t> tokens(prompt.begin(), prompt.end());
   // Activations for the longest window this call runs, not the whole context: attention keeps
   // (NH, T, T) scores, which at a Llama-3 context (131,072) would not fit in any memory.
   const int max_t = static_cast<int>(
@@ -323,7 +344,7 @@ absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::st
       const std::unique_ptr<engine::cpu::CpuModel> cpu,
       engine::cpu::CreateCpuModel(arch, 1, max_t, engine::Checkpointing::kNone));
   uint64_t rng = options.seed;
-  const size_t prompt_length = tokens.size();
+  GeneratedTokens out;
   for (int i = 0; i < options.tokens; ++i) {
     // The model sees at most its context: the most recent tokens.
     const int t = std::min<int>(static_cast<int>(tokens.size()), context);
@@ -334,9 +355,34 @@ absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::st
     cpu->ClassifierForward(model.units[0].data(), nullptr, 0.0f);
     const float* logits = cpu->Logits() + static_cast<size_t>(t - 1) * arch.padded_vocab_size();
     const int32_t next = data::SampleToken(logits, vocab, options.temperature, options.top_k, &rng);
-    if (next == stop) break;  // the end of the document
+    if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) {
+      out.stop_id = next;
+      break;
+    }
     tokens.push_back(next);
+    out.ids.push_back(next);
   }
+  return out;
+}
+
+absl::StatusOr<std::string> GenerateText(const LoadedModel& model, const std::string& prompt,
+                                         const SampleOptions& options) {
+  const engine::ModelArch& arch = *model.arch;
+  const data::Tokenizer* tokenizer = model.tokenizer.get();
+  // Ids past the tokenizer's vocabulary (a padded model vocabulary) never occurred in training
+  // and have no text: they are not drawn.
+  const int vocab = tokenizer != nullptr ? tokenizer->vocab_size() : arch.vocab_size();
+  WEFT_RETURN_IF_ERROR(
+      data::CheckSamplingParams(options.temperature, options.top_k, options.tokens, vocab));
+  WEFT_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
+                        PromptTokens(tokenizer, prompt, arch.vocab_size()));
+  // EOS ends the document.
+  std::vector<int32_t> stop;
+  if (tokenizer != nullptr && tokenizer->eos_id() >= 0) stop.push_back(tokenizer->eos_id());
+  WEFT_ASSIGN_OR_RETURN(const GeneratedTokens sampled,
+                        GenerateTokens(model, tokens, options, vocab, stop));
+  const size_t prompt_length = tokens.size();
+  tokens.insert(tokens.end(), sampled.ids.begin(), sampled.ids.end());
   const absl::Span<const int32_t> generated = absl::MakeConstSpan(tokens).subspan(prompt_length);
   if (tokenizer == nullptr) return absl::StrJoin(generated, " ");
   // Decoded with the prompt, then the prompt's text cut off: the continuation's first piece may

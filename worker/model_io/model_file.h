@@ -15,15 +15,21 @@
 //                          tokenizer's fingerprint, as in a dataset manifest)
 //   weft.tokenizer.bos_id, weft.tokenizer.eos_id
 //                          tokenizer.json only, when it has them: the ids, in decimal
+//   weft.chat.template     the name of the chat template (worker/data/chat_template.h) the
+//                          job's conversations were rendered with: its manifest's
+//                          chat.template, for data made by `trainctl data prepare --chat`;
+//                          absent otherwise. `trainctl sample --chat` renders prompts with it.
 #ifndef WEFT_WORKER_MODEL_IO_MODEL_FILE_H_
 #define WEFT_WORKER_MODEL_IO_MODEL_FILE_H_
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "worker/model_io/safetensors.h"
 #include "worker/data/tokenizer.h"
 #include "worker/engine/model_arch.h"
@@ -42,17 +48,28 @@ namespace weft::model_io {
 absl::StatusOr<std::shared_ptr<const data::Tokenizer>> LoadJobTokenizer(
     const weft::v1::JobSpec& spec);
 
+// The chat template a job's data was rendered with: its manifest's chat.template (empty for a
+// manifest of text, or no manifest). ReadManifest's errors, annotated with data.manifest_path.
+absl::StatusOr<std::string> LoadJobChatTemplate(const weft::v1::JobSpec& spec);
+
 // The metadata entries that record `tokenizer` in a model file (none for null: no tokenizer
 // recorded); INVALID_ARGUMENT if its vocabulary is larger than the model's.
 absl::StatusOr<std::map<std::string, std::string>> TokenizerMetadata(
     const data::Tokenizer* tokenizer, int model_vocab_size);
 
+// Everything a model file records of its job's data: TokenizerMetadata's entries and, when
+// `chat_template` is not empty, weft.chat.template. TokenizerMetadata's errors.
+absl::StatusOr<std::map<std::string, std::string>> ModelFileMetadata(
+    const data::Tokenizer* tokenizer, int model_vocab_size, const std::string& chat_template);
+
 // `units`: every unit's full (unpadded) parameters, in unit order, written through
-// ModelFileWriter. `tokenizer` (may be null: none recorded) goes into the metadata;
-// INVALID_ARGUMENT if its vocabulary is larger than the model's.
+// ModelFileWriter. `tokenizer` (may be null: none recorded) and `chat_template` (empty: none)
+// go into the metadata; INVALID_ARGUMENT if the tokenizer's vocabulary is larger than the
+// model's.
 absl::Status SaveModel(const std::string& path, const weft::v1::JobSpec& spec,
                        const std::vector<std::vector<float>>& units,
-                       const data::Tokenizer* tokenizer = nullptr);
+                       const data::Tokenizer* tokenizer = nullptr,
+                       const std::string& chat_template = "");
 
 // SaveModel's file written a unit at a time, so that the writer holds one unit, never the whole
 // model: Begin announces every tensor (the header's offsets come from the architecture's
@@ -90,6 +107,9 @@ struct LoadedModel {
   std::vector<std::vector<float>> units;
   // Null when the file records none: GenerateText then speaks token ids.
   std::shared_ptr<const data::Tokenizer> tokenizer;
+  // weft.chat.template as recorded (empty: none). Not checked against the built-in templates
+  // here: a name this build does not know must not stop plain sampling, only a chat.
+  std::string chat_template;
 };
 
 // Errors name the file: unreadable, not safetensors, no weft.job_spec metadata, a model spec no
@@ -141,6 +161,21 @@ struct SampleOptions {
   int top_k = 40;
   uint64_t seed = 1;
 };
+
+// The ids GenerateTokens sampled after the prompt, and why it stopped.
+struct GeneratedTokens {
+  std::vector<int32_t> ids;  // without the stop token
+  int32_t stop_id = -1;      // the one of `stop_ids` that ended it; -1: options.tokens reached
+};
+
+// Samples up to options.tokens ids after `prompt` (ids of the model's vocabulary, at least one)
+// among ids [0, vocab), ending before the first of `stop_ids`. The model sees at most its
+// context: the most recent tokens. INVALID_ARGUMENT for bad sampling options
+// (data::CheckSamplingParams) or an empty prompt.
+absl::StatusOr<GeneratedTokens> GenerateTokens(const LoadedModel& model,
+                                               absl::Span<const int32_t> prompt,
+                                               const SampleOptions& options, int vocab,
+                                               absl::Span<const int32_t> stop_ids);
 
 // Continues `prompt` and returns the continuation only. With a tokenizer the prompt is text,
 // encoded without BOS (a prepared dataset has none: documents are separated by EOS, so an empty

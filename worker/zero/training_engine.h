@@ -49,7 +49,7 @@ struct MicroBatch {
   // A negative target is IGNORED (Hugging Face's labels = -100): it is no target. A step's
   // loss is the mean cross-entropy over the targets that are not ignored in the whole global
   // batch (every rank, every micro-step), and its gradient that mean's; with none at all the
-  // loss is 0 and the gradient 0 (docs/training.md, "Loss").
+  // loss is 0 and the gradient 0 (docs/data.md, "Training on documents").
   int32_t* targets = nullptr;
   // Packed documents: doc_starts[b, t] is the position in row b where t's document begins (t
   // itself, or doc_starts[b, t - 1]); attention never crosses a document. Non-null exactly when

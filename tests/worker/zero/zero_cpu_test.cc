@@ -90,11 +90,27 @@ struct RunResult {
   std::vector<std::vector<float>> params;  // final, gathered
 };
 
+// Batches with loss masks and packed documents, as a chat dataset gives: global row g ignores
+// the targets where (g * 7 + t * 3 + micro) % 5 < 2 (row 1 all of them, so ranks count
+// different numbers of targets), and holds documents starting at 0, 5 and 11.
+BatchFn MaskedBatch(int rank, int batch) {
+  return [rank, batch](int64_t step, int micro, const MicroBatch& mb) {
+    GlobalBatch(rank, batch)(step, micro, mb);
+    for (int b = 0; b < batch; ++b) {
+      const int g = rank * batch + b;
+      for (int t = 0; t < 16; ++t) {
+        if (g == 1 || (g * 7 + t * 3 + micro) % 5 < 2) mb.targets[b * 16 + t] = -1;
+        if (mb.doc_starts != nullptr) mb.doc_starts[b * 16 + t] = t < 5 ? 0 : t < 11 ? 5 : 11;
+      }
+    }
+  };
+}
+
 RunResult Train(int world, int stage, int batch_per_rank,
                 weft::v1::Architecture arch = weft::v1::GPT2,
                 weft::v1::ActivationCheckpointing::Level checkpointing =
                     weft::v1::ActivationCheckpointing::AUTO,
-                int steps = kSteps) {
+                int steps = kSteps, bool masked = false) {
   MemoryStore store;
   RunResult result;
   result.state_bytes.resize(world);
@@ -110,15 +126,18 @@ RunResult Train(int world, int stage, int batch_per_rank,
         errors[rank] = c.status();
         return;
       }
-      auto engine =
-          ZeroCpuEngine::Create(TinySpec(stage, batch_per_rank, arch, checkpointing), c->get());
+      weft::v1::JobSpec spec = TinySpec(stage, batch_per_rank, arch, checkpointing);
+      spec.mutable_data()->set_document_masking(masked);
+      spec.mutable_data()->set_reset_positions(masked);
+      auto engine = ZeroCpuEngine::Create(spec, c->get());
       if (!engine.ok()) {
         errors[rank] = engine.status();
         return;
       }
       result.state_bytes[rank] = (*engine)->StateBytes();
       result.working_bytes[rank] = (*engine)->WorkingBytes();
-      const BatchFn batch = GlobalBatch(rank, batch_per_rank);
+      const BatchFn batch =
+          masked ? MaskedBatch(rank, batch_per_rank) : GlobalBatch(rank, batch_per_rank);
       for (int step = 0; step < steps; ++step) {
         auto r = (*engine)->TrainStep(step, batch);
         if (!r.ok()) {
@@ -192,6 +211,48 @@ TEST_P(ZeroEquivalenceTest, FollowsTheSingleProcessReference) {
       EXPECT_LT(MaxDiffOverScale(sharded.params[u], reference.params[u]), 1e-3) << "unit " << u;
     }
   }
+}
+
+// Loss masks and documents: the loss is the mean over the targets that count of the whole
+// global batch, so two ranks counting different numbers of targets give what one process
+// with both ranks' rows gives (to rounding), and the model learns the unmasked targets.
+TEST(ZeroMaskedLossTest, MaskedMeanIsTheSameAtAnyWorldSize) {
+  for (const auto arch : {weft::v1::GPT2, weft::v1::LLAMA}) {
+    const RunResult reference =
+        Train(1, 0, 2 * kBatchPerRank, arch, weft::v1::ActivationCheckpointing::AUTO, kSteps, true);
+    const RunResult sharded =
+        Train(2, 3, kBatchPerRank, arch, weft::v1::ActivationCheckpointing::AUTO, kSteps, true);
+    ASSERT_EQ(reference.losses.size(), static_cast<size_t>(kSteps));
+    ASSERT_EQ(sharded.losses.size(), static_cast<size_t>(kSteps));
+    EXPECT_LT(reference.losses.back(), reference.losses.front() - 0.3f);
+    EXPECT_LT(MaxRelativeDiff(sharded.losses, reference.losses), 1e-6);
+    for (size_t u = 0; u < reference.params.size(); ++u) {
+      EXPECT_LT(MaxDiffOverScale(sharded.params[u], reference.params[u]), 1e-3) << "unit " << u;
+    }
+    // Not the mean over all positions: the same rows unmasked train to other numbers.
+    const RunResult unmasked = Train(1, 0, 2 * kBatchPerRank, arch);
+    EXPECT_NE(unmasked.losses.front(), reference.losses.front());
+  }
+}
+
+// A step without a single target is a step, not a NaN: loss 0, gradient 0.
+TEST(ZeroMaskedLossTest, NoTargetAtAllGivesZeroLossAndGradient) {
+  auto c = comm::CreateGlooCommunicator(nullptr, 0, 1, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto engine = ZeroCpuEngine::Create(TinySpec(3, kBatchPerRank), c->get());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const BatchFn none = [](int64_t step, int micro, const MicroBatch& mb) {
+    GlobalBatch(0, kBatchPerRank)(step, micro, mb);
+    std::fill(mb.targets, mb.targets + kBatchPerRank * 16, -1);
+  };
+  auto r = (*engine)->TrainStep(0, none);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->loss, 0.0f);
+  EXPECT_EQ(r->targets, 0);
+  EXPECT_EQ(r->grad_norm, 0.0f);
+  auto v = (*engine)->EvalLoss(2, none);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 0.0f);
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndStages, ZeroEquivalenceTest,

@@ -114,6 +114,29 @@ BatchFn GlobalBatch(int rank, int batch) {
   };
 }
 
+// GlobalBatch with loss masks and packed documents, as a chat dataset gives: global row g
+// ignores the targets where (g * 7 + t * 3 + micro) % 5 < 2 (row 1 all of them), and holds
+// documents of 1, 6, 9 and 16 tokens (each row of kT = 32).
+BatchFn MaskedBatch(int rank, int batch) {
+  return [rank, batch](int64_t step, int micro, const MicroBatch& mb) {
+    GlobalBatch(rank, batch)(step, micro, mb);
+    for (int b = 0; b < batch; ++b) {
+      const int g = rank * batch + b;
+      for (int t = 0; t < kT; ++t) {
+        if (g == 1 || (g * 7 + t * 3 + micro) % 5 < 2) mb.targets[b * kT + t] = -1;
+        if (mb.doc_starts != nullptr) {
+          mb.doc_starts[b * kT + t] = t < 1 ? 0 : t < 7 ? 1 : t < 16 ? 7 : 16;
+        }
+      }
+    }
+  };
+}
+
+// What a job of `spec` reads: masked and packed when it masks documents.
+BatchFn BatchFor(const weft::v1::JobSpec& spec, int rank, int batch) {
+  return spec.data().document_masking() ? MaskedBatch(rank, batch) : GlobalBatch(rank, batch);
+}
+
 // Several ranks of this process on ONE GPU, which NCCL refuses: device buffers are staged
 // through host memory and the collectives run over real Gloo (TCP on loopback). Every op
 // completes before it returns, in call order, ordered after the work already on stream(); so
@@ -300,7 +323,7 @@ Curve TrainGpu(const weft::v1::JobSpec& spec, int world, Links links = Links::kN
         errors[rank] = engine.status();
         return;
       }
-      const BatchFn batch = GlobalBatch(rank, spec.training().micro_batch_size());
+      const BatchFn batch = BatchFor(spec, rank, spec.training().micro_batch_size());
       for (int step = 0; step < spec.training().total_steps(); ++step) {
         auto r = (*engine)->TrainStep(step, batch);
         if (!r.ok()) {
@@ -345,7 +368,7 @@ Curve TrainCpu(const weft::v1::JobSpec& spec) {
   EXPECT_TRUE(c.ok()) << c.status();
   auto engine = ZeroCpuEngine::Create(spec, c->get());
   EXPECT_TRUE(engine.ok()) << engine.status();
-  const BatchFn batch = GlobalBatch(0, spec.training().micro_batch_size());
+  const BatchFn batch = BatchFor(spec, 0, spec.training().micro_batch_size());
   for (int step = 0; step < spec.training().total_steps(); ++step) {
     auto r = (*engine)->TrainStep(step, batch);
     EXPECT_TRUE(r.ok()) << r.status();
@@ -551,6 +574,28 @@ void ExpectOneGpuFollowsTheCpuEngine(const weft::v1::JobSpec& spec) {
   EXPECT_LT(WorstRelative(gpu.losses, cpu.losses), 0.03);
   EXPECT_LT(WorstRelative(gpu.grad_norms, cpu.grad_norms), 0.05);
   EXPECT_LT(gpu.losses.back(), 0.5f * gpu.losses.front()) << "the GPU engine did not learn";
+}
+
+// Loss masks and packed documents (flash attention within each document, rotary positions
+// restarted, the masked mean rescaled in the clip scale) follow the CPU engine too, one GPU
+// and two.
+TEST_F(ZeroCudaTest, MaskedPackedTrainingFollowsTheCpuEngine) {
+  if (!kCpuLlama) GTEST_SKIP() << kNoCpuLlama;
+  weft::v1::JobSpec spec = SmallSpec(4, 60, /*llama=*/true);
+  spec.mutable_data()->set_document_masking(true);
+  spec.mutable_data()->set_reset_positions(true);
+  const Curve cpu = TrainCpu(spec);
+  const Curve gpu = TrainGpu(spec, 1);
+  ASSERT_EQ(gpu.losses.size(), 60u);
+  EXPECT_LT(WorstRelative(gpu.losses, cpu.losses), 0.03);
+  EXPECT_LT(WorstRelative(gpu.grad_norms, cpu.grad_norms), 0.05);
+  EXPECT_LT(gpu.losses.back(), 0.5f * gpu.losses.front()) << "the GPU engine did not learn";
+  if (GpuCount() >= 2) {  // the same global batch, two rows a rank
+    weft::v1::JobSpec two = spec;
+    two.mutable_training()->set_micro_batch_size(2);
+    const Curve gpu2 = TrainGpu(two, 2);
+    EXPECT_LT(WorstRelative(gpu2.losses, cpu.losses), 0.03);
+  }
 }
 
 // GPU training repeats bit for bit: no kernel adds in a run-dependent order (the embedding

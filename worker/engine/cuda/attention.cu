@@ -8,9 +8,11 @@
 // Softmax: one warp per row of T scores (T % 8 == 0, so each row starts 16-byte aligned),
 // 8 scores per lane per step. Row r is position i = r % T of its sequence; only columns
 // [0, i] are read (the masked upper part is never loaded, only zero-filled), which halves the
-// traffic on average. The forward takes an online max and sum (one pass), combines the lanes
-// with a fixed butterfly (deterministic), and writes P = exp(scale * s - lse) in a second pass
-// (the row is then in L1/L2). Keeping lse lets the backward recompute P instead of storing it.
+// traffic on average; with document masking (doc_starts) only [doc start, i], from the
+// 8-aligned vector holding the doc start on. The forward takes an online max and sum (one
+// pass), combines the lanes with a fixed butterfly (deterministic), and writes
+// P = exp(scale * s - lse) in a second pass (the row is then in L1/L2). Keeping lse lets the
+// backward recompute P instead of storing it.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -80,88 +82,109 @@ __global__ void PermuteHeadsKernel(
   }
 }
 
-// Writes P = exp(scale * s - lse) over columns [0, pos] of the row and 0 above: the second
-// pass of the forward and the whole of the recompute. Causal columns are read, masked ones
-// only written.
+// Where row r's keys start: its document's first position (doc_starts, (B, T)), or 0 without
+// document masking. Row r is position r % T of sequence r / (NH * T).
+__device__ inline int RowStart(const int32_t* __restrict__ doc_starts, int64_t r, int t,
+                               int nh) {
+  if (doc_starts == nullptr) return 0;
+  return doc_starts[(r / (static_cast<int64_t>(nh) * t)) * t + r % t];
+}
+
+// Whether column col is one of the row's keys [start, pos].
+__device__ inline bool Visible(int col, int start, int pos) { return col <= pos && col >= start; }
+
+// Writes P = exp(scale * s - lse) over columns [start, pos] of the row and 0 elsewhere: the
+// second pass of the forward and the whole of the recompute. Visible columns are read, masked
+// ones only written.
 __device__ inline void WriteCausalProbs(bf16* row,  // (T) in: raw scores, out: P
-                                        int pos, int t, float scale, float lse, int lane) {
+                                        int start, int pos, int t, float scale, float lse,
+                                        int lane) {
   for (int j = lane * kVec; j < t; j += kLaneStride) {
     float p[kVec] = {};
-    if (j <= pos) {
+    if (j <= pos && j + kVec > start) {
       LoadVec(row + j, p);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         // An explicit FMA: left to the compiler, contraction could differ between the forward
         // and the recompute, and the recompute must reproduce the forward's P bit for bit.
-        p[k] = j + k <= pos ? expf(__fmaf_rn(scale, p[k], -lse)) : 0.0f;
+        p[k] = Visible(j + k, start, pos) ? expf(__fmaf_rn(scale, p[k], -lse)) : 0.0f;
       }
     }
     StoreVec(row + j, p);
   }
 }
 
-__global__ void CausalSoftmaxForwardKernel(bf16* __restrict__ att,   // (rows, T) in place
-                                           float* __restrict__ lse,  // (rows)
-                                           int64_t rows, int t, float scale) {
+__global__ void CausalSoftmaxForwardKernel(bf16* __restrict__ att,               // (rows, T)
+                                           float* __restrict__ lse,              // (rows)
+                                           const int32_t* __restrict__ doc_starts,  // (B, T)
+                                           int64_t rows, int t, int nh, float scale) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (r >= rows) return;  // whole warps exit together
   const int pos = static_cast<int>(r % t);
+  const int start = RowStart(doc_starts, r, t, nh);
   bf16* row = att + r * t;  // (T)
   MaxSum acc = {-INFINITY, 0.0f};
-  for (int j = lane * kVec; j <= pos; j += kLaneStride) {
+  // From the 8-aligned vector holding `start` on: every vector read holds a visible column
+  // (column j itself, or `start` in the first), as AddVec needs.
+  for (int j = (start / kVec) * kVec + lane * kVec; j <= pos; j += kLaneStride) {
     float x[kVec];
     LoadVec(row + j, x);
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) x[k] = j + k <= pos ? scale * x[k] : -INFINITY;
-    acc = internal::AddVec(acc, x);  // column j <= pos is causal: at least one finite value
+    for (int k = 0; k < kVec; ++k) x[k] = Visible(j + k, start, pos) ? scale * x[k] : -INFINITY;
+    acc = internal::AddVec(acc, x);
   }
   acc = internal::WarpMerge(acc);
   // Lane 0's value for every lane: P must be computed from exactly the lse that is stored, so
   // the recompute reproduces it bit for bit.
   const float row_lse = __shfl_sync(0xffffffffu, acc.m + logf(acc.s), 0);
   if (lane == 0) lse[r] = row_lse;
-  WriteCausalProbs(row, pos, t, scale, row_lse, lane);
+  WriteCausalProbs(row, start, pos, t, scale, row_lse, lane);
 }
 
-__global__ void CausalSoftmaxRecomputeKernel(bf16* __restrict__ att,         // (rows, T)
-                                             const float* __restrict__ lse,  // (rows)
-                                             int64_t rows, int t, float scale) {
+__global__ void CausalSoftmaxRecomputeKernel(bf16* __restrict__ att,               // (rows, T)
+                                             const float* __restrict__ lse,        // (rows)
+                                             const int32_t* __restrict__ doc_starts,  // (B, T)
+                                             int64_t rows, int t, int nh, float scale) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarpSize;
   if (r >= rows) return;
-  WriteCausalProbs(att + r * t, static_cast<int>(r % t), t, scale, lse[r],
-                   threadIdx.x % kWarpSize);
+  WriteCausalProbs(att + r * t, RowStart(doc_starts, r, t, nh), static_cast<int>(r % t), t,
+                   scale, lse[r], threadIdx.x % kWarpSize);
 }
 
-// datt = scale * P * (datt - sum_j P[j] datt[j]) over the causal columns, 0 above.
-__global__ void CausalSoftmaxBackwardKernel(bf16* __restrict__ datt,       // (rows, T)
-                                            const bf16* __restrict__ att,  // (rows, T)
-                                            int64_t rows, int t, float scale) {
+// datt = scale * P * (datt - sum_j P[j] datt[j]) over the visible columns, 0 elsewhere.
+__global__ void CausalSoftmaxBackwardKernel(bf16* __restrict__ datt,              // (rows, T)
+                                            const bf16* __restrict__ att,         // (rows, T)
+                                            const int32_t* __restrict__ doc_starts,  // (B, T)
+                                            int64_t rows, int t, int nh, float scale) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (r >= rows) return;
   const int pos = static_cast<int>(r % t);
+  const int start = RowStart(doc_starts, r, t, nh);
   bf16* d_row = datt + r * t;       // (T)
   const bf16* p_row = att + r * t;  // (T)
   float dot = 0.0f;
-  for (int j = lane * kVec; j <= pos; j += kLaneStride) {
+  for (int j = (start / kVec) * kVec + lane * kVec; j <= pos; j += kLaneStride) {
     float p[kVec];
     float d[kVec];
     LoadVec(p_row + j, p);
     LoadVec(d_row + j, d);
-    // Mask explicitly: dP above the diagonal comes from a full GEMM and is not zero.
+    // Mask explicitly: dP outside the row's keys comes from a full GEMM and is not zero.
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) dot += j + k <= pos ? p[k] * d[k] : 0.0f;
+    for (int k = 0; k < kVec; ++k) dot += Visible(j + k, start, pos) ? p[k] * d[k] : 0.0f;
   }
   dot = internal::WarpSum(dot);
   for (int j = lane * kVec; j < t; j += kLaneStride) {
     float g[kVec] = {};
-    if (j <= pos) {
+    if (j <= pos && j + kVec > start) {
       float p[kVec];
       LoadVec(p_row + j, p);
       LoadVec(d_row + j, g);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) g[k] = j + k <= pos ? scale * p[k] * (g[k] - dot) : 0.0f;
+      for (int k = 0; k < kVec; ++k) {
+        g[k] = Visible(j + k, start, pos) ? scale * p[k] * (g[k] - dot) : 0.0f;
+      }
     }
     StoreVec(d_row + j, g);
   }
@@ -179,12 +202,21 @@ absl::Status CheckHeads(int b, int t, int c, int nh, const char* op) {
   return internal::CheckMultipleOf8(c / nh, op, "head size c / nh");
 }
 
-// The softmax ops' checks: att (aligned), the shape, then the op's other pointer.
-absl::Status CheckSoftmax(const char* op, const bf16* att, int64_t rows, int t,
-                          internal::PointerArg other) {
+// The softmax ops' checks: att (aligned), the shape, then the op's other pointer. With
+// doc_starts the rows must be whole sequences of nh heads (they index doc_starts).
+absl::Status CheckSoftmax(const char* op, const bf16* att, const int32_t* doc_starts,
+                          int64_t rows, int t, int nh, internal::PointerArg other) {
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(att, op, "att"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(rows, op, "rows"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckMultipleOf8(t, op, "t"));
+  if (doc_starts != nullptr) {
+    WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(nh, op, "nh"));
+    if (rows % (static_cast<int64_t>(nh) * t) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": rows = ", rows, " is not a whole number of sequences of nh * t = ",
+          static_cast<int64_t>(nh) * t, " rows (doc_starts is indexed by sequence)"));
+    }
+  }
   return internal::CheckPointers(op, {other});
 }
 
@@ -250,25 +282,31 @@ absl::Status AttentionMergeGrads(bf16* dqkv, const bf16* dq, const bf16* dk, con
                         b, t, c, nh, stream);
 }
 
-absl::Status CausalSoftmaxForward(bf16* att, float* lse, int64_t rows, int t, float scale,
+absl::Status CausalSoftmaxForward(bf16* att, float* lse, const int32_t* doc_starts,
+                                  int64_t rows, int t, int nh, float scale,
                                   cudaStream_t stream) {
-  WEFT_BF16_RETURN_IF_ERROR(
-      CheckSoftmax("causal softmax", att, rows, t, internal::NotNull(lse, "lse")));
-  return LaunchPerRow(CausalSoftmaxForwardKernel, rows, stream, att, lse, rows, t, scale);
+  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax("causal softmax", att, doc_starts, rows, t, nh,
+                                         internal::NotNull(lse, "lse")));
+  return LaunchPerRow(CausalSoftmaxForwardKernel, rows, stream, att, lse, doc_starts, rows, t,
+                      nh, scale);
 }
 
-absl::Status CausalSoftmaxRecompute(bf16* att, const float* lse, int64_t rows, int t,
-                                    float scale, cudaStream_t stream) {
-  WEFT_BF16_RETURN_IF_ERROR(
-      CheckSoftmax("causal softmax recompute", att, rows, t, internal::NotNull(lse, "lse")));
-  return LaunchPerRow(CausalSoftmaxRecomputeKernel, rows, stream, att, lse, rows, t, scale);
+absl::Status CausalSoftmaxRecompute(bf16* att, const float* lse, const int32_t* doc_starts,
+                                    int64_t rows, int t, int nh, float scale,
+                                    cudaStream_t stream) {
+  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax("causal softmax recompute", att, doc_starts, rows, t,
+                                         nh, internal::NotNull(lse, "lse")));
+  return LaunchPerRow(CausalSoftmaxRecomputeKernel, rows, stream, att, lse, doc_starts, rows, t,
+                      nh, scale);
 }
 
-absl::Status CausalSoftmaxBackward(bf16* datt, const bf16* att, int64_t rows, int t,
-                                   float scale, cudaStream_t stream) {
-  WEFT_BF16_RETURN_IF_ERROR(
-      CheckSoftmax("causal softmax backward", att, rows, t, internal::Aligned16(datt, "datt")));
-  return LaunchPerRow(CausalSoftmaxBackwardKernel, rows, stream, datt, att, rows, t, scale);
+absl::Status CausalSoftmaxBackward(bf16* datt, const bf16* att, const int32_t* doc_starts,
+                                   int64_t rows, int t, int nh, float scale,
+                                   cudaStream_t stream) {
+  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax("causal softmax backward", att, doc_starts, rows, t,
+                                         nh, internal::Aligned16(datt, "datt")));
+  return LaunchPerRow(CausalSoftmaxBackwardKernel, rows, stream, datt, att, doc_starts, rows, t,
+                      nh, scale);
 }
 
 }  // namespace weft::engine::cuda

@@ -3,6 +3,9 @@
 // gradient is needed afterwards), as cpu/classifier.cc:
 //   p = softmax(logits[:V]); losses[n] = -log p[target]
 //   dlogits[n, j] = grad_scale * (p[j] - [j == target]) for j < V, 0 for the padding j >= V.
+// A target < 0 (Hugging Face's ignore index, -100) is a row without a label: its loss is 0 and
+// its whole dlogits row 0, so packed sequences can leave out the positions that cross into
+// the next document.
 //
 // One block per row (Vp = 50304 at GPT-2 sizes, Vp % 8 == 0 for 16-byte vectors): pass 1
 // takes an online max and sum of exp over the row, each thread over its vectors, combined
@@ -41,6 +44,12 @@ __global__ void __launch_bounds__(kBlock)
   const int warp = threadIdx.x / kWarpSize;
   bf16* row = logits + static_cast<int64_t>(blockIdx.x) * vp;  // (Vp)
   const int target = targets[blockIdx.x];
+  if (target < 0) {  // ignored (the whole block alike): no loss, a zero gradient row
+    if (threadIdx.x == 0) losses[blockIdx.x] = 0.0f;
+    const float zeros[kVec] = {};
+    for (int j = threadIdx.x * kVec; j < vp; j += kBlockStride) StoreVec(row + j, zeros);
+    return;
+  }
 
   internal::MaxSum acc = {-INFINITY, 0.0f};
   for (int j = threadIdx.x * kVec; j < v; j += kBlockStride) {

@@ -33,6 +33,35 @@
 //  - Causal masking is only evaluated on tiles that straddle the diagonal; the padding rows of
 //    a ragged last tile are zero-filled in shared memory and never stored. In the dK/dV kernel
 //    padded queries get lse = +inf, so their P is exactly 0.
+//  - Document masking (doc_starts, packed sequences; ops.h): query q sees keys
+//    [doc_starts[q], q]. doc_starts is nondecreasing in q, so the keys a query tile [q0, q1)
+//    needs are [doc_starts[q0], q1) and the queries a key tile [k0, k1) is seen by are
+//    [k0, e), e the first query with doc_starts >= k1: both contiguous. Tiles outside are
+//    SKIPPED, never loaded or multiplied, which is what makes short documents cheap:
+//     - forward and dQ: the walk starts at key tile doc_starts[q0] / kBk instead of 0, and a
+//       warp skips the tiles that end before its first row's document (as it skips those past
+//       its last row);
+//     - dK/dV: the walk ends at the last query tile whose first query's document starts
+//       before k1 (a binary search over the query tiles' first doc starts: nondecreasing).
+//       The blocks compute it themselves, no extra kernel and no scratch, and take the key
+//       tiles heaviest first (PlanKeyTile: short documents make their work uneven). The
+//       mma.sync kernel's warps also skip the steps whose queries all start their documents
+//       after the warp's last key.
+//    The rows' doc starts are read once into registers (forward, dQ: each lane's rows) or
+//    staged per step in shared memory with lse and D (dK/dV: the step's queries); only the
+//    tiles that cross a document start (some row's start lies past the tile's first key) test
+//    them per element, in a pass of their own after the causal one. Padded rows take the last
+//    row's doc start, keeping it nondecreasing.
+//    Every kernel is built twice (kDocs): without doc_starts the document code folds away and
+//    the kernel is the plain causal one, as fast and with the same bits as before. With them,
+//    where a short document leaves each block only a few tiles to walk, the latency of its
+//    first loads bounds it: there the forward and dQ blocks take 64-query tiles and the Hopper
+//    ones at HS 64 one warpgroup (64 queries or keys), for twice the blocks an SM; the dK/dV
+//    blocks take their key tiles heaviest first; and the backward runs its dK/dV and dQ
+//    kernels side by side. Each row's arithmetic stays the causal kernel's, so doc_starts all
+//    zero gives the same bits as nullptr. Measured on an H200 (cuda_ops_bench --docmask,
+//    Llama-3.2-1B's attention, T = 4096, documents of 150 to 450 tokens): forward + backward
+//    0.184 ms against 0.915 ms causal, 5.0x.
 //  - Tiles are staged with cp.async, double-buffered: the next tile loads while the current
 //    one is multiplied.
 //
@@ -48,6 +77,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -80,14 +110,26 @@ struct Tiles {
   static constexpr int kStride = kHs + kPad;  // shared-memory row stride (bf16): a row is
                                               // 16 bytes off the bank of the one above, so
                                               // ldmatrix's 8 rows hit 8 distinct bank groups
-  static constexpr int kMt = 2;
-  static constexpr int kQTile = kWarps * kWarpRows * kMt;
+  static constexpr int kMt = 2;  // the blocks' kQTile: QueryTiles below
   static constexpr int kWalk = 64;
   // HS = 128: 64 keys a step cannot fit two (32, 64) fp32 products in registers next to the
   // (32, 128) dQ accumulator. 32 spills a few bytes, yet measured faster than 16 on an H200.
   static constexpr int kQWalk = kHs == 128 ? 32 : 64;
   static constexpr int kKvTile = kMinTile;
   static constexpr int kKvWalk = 64;
+};
+
+// The forward's and dQ's query tiles: kMt mma tiles a warp, kQTile queries a block. With
+// documents one a warp (64-query tiles): a short document's blocks walk few key tiles, so the
+// latency of each block's first loads bounds them, not the shared-memory reads that kMt = 2
+// saves; half the rows halve a block's registers and shared memory, so twice the blocks share
+// an SM and hide each other's latency, and smaller tiles reach less outside a document; the dQ
+// kernel is held to 128 registers for four blocks an SM at HS <= 64 (it fits without spills).
+// (The rows' arithmetic does not depend on kMt: doc_starts all zero gives the causal bits.)
+template <int kHs, bool kDocs>
+struct QueryTiles {
+  static constexpr int kMt = kDocs ? 1 : Tiles<kHs>::kMt;
+  static constexpr int kQTile = kWarps * kWarpRows * kMt;
 };
 
 // ---- PTX wrappers ----
@@ -180,16 +222,114 @@ __device__ inline HeadBase HeadOffsets(const bf16* qkv, int bh, int nh, int nkv,
           q_width};
 }
 
-// Rows [q0, q0 + kRows) of one query head's lse (in log2 units) and D into shared memory, by
-// the block's kBlockThreads threads: the dK/dV kernels' per-query values of a step. Padded
-// queries get lse = +inf, which makes their P exactly 0, so they add nothing.
+// The first key row `row` of one sequence sees: doc[row] (doc: the sequence's (T) row of
+// doc_starts), or 0 without document masking. Rows at or past t (a ragged tile's padding)
+// take the last row's, so the starts of a tile stay nondecreasing and its last row's is its
+// largest.
+__device__ inline int DocStart(const int32_t* __restrict__ doc, int row, int t) {
+  return doc == nullptr ? 0 : __ldg(doc + min(row, t - 1));
+}
+
+// Sequence b's row of doc_starts in a kernel instantiated for documents (kDocs), else nullptr:
+// every kernel is built twice, and without documents (kDocs false, doc_starts == nullptr) all
+// the document code folds away (starts 0, no `before` pass, no search), leaving the plain
+// causal kernel as it was, instruction for instruction, so its speed and bits are unchanged.
+template <bool kDocs>
+__device__ inline const int32_t* DocRow(const int32_t* doc_starts, size_t b, int t) {
+  return kDocs ? doc_starts + b * t : nullptr;
+}
+
+// The number of query tiles [first, first + count) (`tile` queries each) of which the first
+// query's document starts before key_end: with doc_starts nondecreasing the tiles that pass
+// are a prefix of [first, n_tiles), found by all kBlockThreads threads testing one tile each,
+// a round per kBlockThreads tiles until a round has a miss. Called by every thread of the
+// block (it holds barriers); the count is the same in all of them.
+template <int kBlockThreads>
+__device__ inline int CountQueryTiles(const int32_t* __restrict__ doc, int first, int n_tiles,
+                                      int tile, int key_end) {
+  int count = 0;
+  for (int base = first; base < n_tiles; base += kBlockThreads) {
+    const int i = base + static_cast<int>(threadIdx.x);
+    const int hits = __syncthreads_count(i < n_tiles && __ldg(doc + i * tile) < key_end);
+    count += hits;
+    if (hits < kBlockThreads) break;
+  }
+  return count;
+}
+
+// Which key tile a dK/dV block takes and how many query tiles, from its diagonal on, see it.
+struct KeyTilePlan {
+  int tile;
+  int count;
+};
+
+// The dK/dV kernels' plan with documents. A key tile's work is G times the query tiles that see
+// it, which short documents make uneven (2 to 9 tiles of 64 at T = 4096 with ~300-token
+// documents); with a block or two per SM, taken in key order the last wave's heavy blocks
+// left SMs idle (Llama-3.2-1B's attention on an H200: 93 us in key order, 81 us heaviest
+// first, with 128-key tiles). So the blocks take the key tiles heaviest first (longest
+// processing time first): block `rank` of a sequence takes the key tile of that rank by count,
+// ties in key order. Every block ranks them all itself, the same way (deterministic; no extra
+// kernel, no scratch): one round of loads of each query tile's first doc start
+// (nondecreasing, so a key tile's count is a binary search), then each tile's rank by
+// comparing counts. Up to kPlanKeyTiles key tiles and kPlanQueryTiles query tiles
+// (T = 16384 with 64-key tiles); longer sequences take the key tiles in order, each
+// block counting its own (CountQueryTiles).
+constexpr int kPlanQueryTiles = 512;
+constexpr int kPlanKeyTiles = 256;
+template <int kBlockThreads, int kKeys, int kBq>
+__device__ KeyTilePlan PlanKeyTile(const int32_t* __restrict__ doc, int t, int rank) {
+  const int n_q = (t + kBq - 1) / kBq;
+  const int n_k = (t + kKeys - 1) / kKeys;
+  if (n_q > kPlanQueryTiles || n_k > kPlanKeyTiles) {
+    const int k0 = rank * kKeys;
+    return {rank, CountQueryTiles<kBlockThreads>(doc, k0 / kBq, n_q, kBq, min(k0 + kKeys, t))};
+  }
+  __shared__ int q_starts[kPlanQueryTiles];  // doc start of each query tile's first query
+  __shared__ int counts[kPlanKeyTiles];      // query tiles that see each key tile
+  __shared__ KeyTilePlan mine;
+  for (int i = threadIdx.x; i < n_q; i += kBlockThreads) q_starts[i] = __ldg(doc + i * kBq);
+  __syncthreads();
+  for (int y = threadIdx.x; y < n_k; y += kBlockThreads) {
+    // The first query tile whose first query starts its document at or after the tile's last
+    // key sees none of it, nor does any later one; those before from y's diagonal on do.
+    const int key_end = min((y + 1) * kKeys, t);
+    int lo = 0, hi = n_q;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (q_starts[mid] < key_end) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    counts[y] = lo - y * kKeys / kBq;
+  }
+  __syncthreads();
+  for (int y = threadIdx.x; y < n_k; y += kBlockThreads) {
+    const int c = counts[y];
+    int r = 0;
+#pragma unroll 8
+    for (int z = 0; z < n_k; ++z) r += counts[z] > c || (counts[z] == c && z < y);
+    if (r == rank) mine = {y, c};
+  }
+  __syncthreads();
+  return mine;
+}
+
+// Rows [q0, q0 + kRows) of one query head's lse (in log2 units) and D, and the rows' doc
+// starts (DocStart), into shared memory, by the block's kBlockThreads threads: the dK/dV
+// kernels' per-query values of a step. Padded queries get lse = +inf, which makes their P
+// exactly 0, so they add nothing.
 template <int kRows, int kBlockThreads>
-__device__ inline void StageQueryStats(float* slse, float* sdsum, const float* lse_g,
-                                       const float* dsum_g, int q0, int t) {
+__device__ inline void StageQueryStats(float* slse, float* sdsum, int* sstart,
+                                       const float* lse_g, const float* dsum_g,
+                                       const int32_t* doc, int q0, int t) {
   for (int i = threadIdx.x; i < kRows; i += kBlockThreads) {
     const int row = q0 + i;
     slse[i] = row < t ? lse_g[row] * kLog2e : INFINITY;
     sdsum[i] = row < t ? dsum_g[row] : 0.0f;
+    if (doc != nullptr) sstart[i] = DocStart(doc, row, t);  // else never read
   }
 }
 
@@ -370,30 +510,69 @@ __device__ __forceinline__ void LoadKeyTile(bf16* sk, bf16* sv, const HeadBase& 
   LoadTile<kHs, kBk>(sv + buf * kBk * kStride, head.v, step * kBk, t, head.ld_qkv);
 }
 
-// The walk of the forward and dQ kernels over key tiles [0, n_steps) (kBk keys each),
-// double-buffered. For each tile that reaches this warp's 16 kMt rows (tiles start on multiples
-// of 16, so k0 <= warp_row + 16 kMt - 1 means the warp's last row sees at least key k0; a tile
-// entirely above them contributes nothing), computes the warp's scores s (16 kMt, kBk) = Q K^T
-// and calls on_tile(s, k0, straddles, skb, svb): straddles says the tile crosses the diagonal
-// of some row of the warp (masking needed), skb / svb are the tile's keys and values in shared
-// memory.
-template <int kHs, int kMt, int kBk, typename OnTile>
+// The walk of the forward and dQ kernels over key tiles [first, n_steps) (kBk keys each),
+// double-buffered; the caller has loaded tile `first` into buffer 0. For each tile that
+// reaches this warp's 16 kMt rows (tiles start on multiples of 16, so
+// k0 <= warp_row + 16 kMt - 1 means the warp's last row sees at least key k0; a tile entirely
+// above them contributes nothing) and ends at or after warp_start, the doc start of the warp's
+// first row (the smallest of its rows; a tile before it is wholly masked for every row),
+// computes the warp's scores s (16 kMt, kBk) = Q K^T and calls
+// on_tile(s, k0, straddles, before, skb, svb): straddles says the tile crosses the diagonal of
+// some row of the warp, before that it holds keys before some row's document (k0 <
+// warp_last_start, the doc start of the warp's last row, its largest), each needing masking;
+// skb / svb are the tile's keys and values in shared memory.
+template <int kHs, int kMt, int kBk, bool kDocs, typename OnTile>
 __device__ __forceinline__ void WalkKeyTiles(bf16* sk, bf16* sv, const bf16* sq_warp,
-                                             const HeadBase& head, int n_steps, int warp_row, int t,
-                                             int lane, OnTile on_tile) {
+                                             const HeadBase& head, int first, int n_steps,
+                                             int warp_row, int warp_start, int warp_last_start,
+                                             int t, int lane, OnTile on_tile) {
   constexpr int kStride = Tiles<kHs>::kStride;
-  for (int j = 0; j < n_steps; ++j) {
-    const int buf = j % 2;
+  for (int j = first; j < n_steps; ++j) {
+    const int buf = (j - first) % 2;
     AwaitStep(j + 1 < n_steps, [&] { LoadKeyTile<kHs, kBk>(sk, sv, head, j + 1, 1 - buf, t); });
     const int k0 = j * kBk;
-    if (k0 <= warp_row + kWarpRows * kMt - 1) {
+    if (k0 <= warp_row + kWarpRows * kMt - 1 && (!kDocs || k0 + kBk > warp_start)) {
       const bf16* skb = sk + buf * kBk * kStride;
       float s[kMt][kBk / 8][4] = {};
       MmaABt<kHs, kMt, kBk>(s, sq_warp, skb, lane);
-      on_tile(s, k0, k0 + kBk - 1 > warp_row, skb, sv + buf * kBk * kStride);
+      on_tile(s, k0, k0 + kBk - 1 > warp_row, kDocs && k0 < warp_last_start, skb,
+              sv + buf * kBk * kStride);
     }
     __syncthreads();  // the buffer is refilled by the next step's prefetch
   }
+}
+
+// A warp's rows' doc starts for WalkKeyTiles and the masking: start[r] of the lane's row
+// row_lo + 8 r, and the warp's first and last rows' (its smallest and largest).
+template <int kRows>
+struct RowStarts {
+  int start[kRows];
+  int warp_start;
+  int warp_last_start;
+};
+template <int kRows>
+__device__ inline RowStarts<kRows> ReadRowStarts(const int32_t* doc, int warp_row, int row_lo,
+                                                 int t) {
+  RowStarts<kRows> rs;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rs.start[r] = DocStart(doc, row_lo + 8 * r, t);
+  rs.warp_start = DocStart(doc, warp_row, t);
+  rs.warp_last_start = DocStart(doc, warp_row + 8 * kRows - 1, t);
+  return rs;
+}
+
+// Sets the elements of a warp's (16 kMt, kN) tile of keys [k0, k0 + kN) that lie before the
+// lane's row's document (row row_lo + 8 r, key < starts.start[r]) to `masked`. A pass of its
+// own after the causal one, run only on the tiles that hold such keys (WalkKeyTiles' `before`,
+// warp-uniform): the causal pass stays today's code, and without documents this never runs.
+template <int kMt, int kN, int kRows>
+__device__ __forceinline__ void MaskBeforeDocuments(float (&acc)[kMt][kN / 8][4], int lane,
+                                                    int k0, const RowStarts<kRows>& starts,
+                                                    float masked) {
+  static_assert(kRows == 2 * kMt, "a lane's rows");
+  ForEachElement<kMt, kN>(acc, lane, [&](float x, int r, int col, int, int, int) {
+    return k0 + col < starts.start[r] ? masked : x;
+  });
 }
 
 // ---- kernels ----
@@ -401,34 +580,40 @@ __device__ __forceinline__ void WalkKeyTiles(bf16* sk, bf16* sv, const bf16* sq_
 // y = 0 (the last query tile has the most keys; the first key tile the most queries) every
 // head's long tile starts in the first wave and the short ones fill in behind.
 
-template <int kHs>
+template <int kHs, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
-    FlashForwardKernel(bf16* __restrict__ y,            // (B, T, C)
-                       float* __restrict__ lse,         // (B * NH * T)
-                       const bf16* __restrict__ qkv,    // (B, T, (NH + 2 NKV) HS)
+    FlashForwardKernel(bf16* __restrict__ y,                    // (B, T, C)
+                       float* __restrict__ lse,                 // (B * NH * T)
+                       const bf16* __restrict__ qkv,            // (B, T, (NH + 2 NKV) HS)
+                       const int32_t* __restrict__ doc_starts,  // (B, T) or nullptr
                        int t, int nh, int nkv, float scale_log2) {
   using Cfg = Tiles<kHs>;
   constexpr int kStride = Cfg::kStride;
-  constexpr int kMt = Cfg::kMt;
+  constexpr int kMt = QueryTiles<kHs, kDocs>::kMt;
+  constexpr int kQTile = QueryTiles<kHs, kDocs>::kQTile;
   constexpr int kRows = 2 * kMt;            // row halves a lane holds
   constexpr int kBk = Cfg::kWalk;           // keys per step
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sq = reinterpret_cast<bf16*>(smem);  // (kQTile, kStride)
-  bf16* sk = sq + Cfg::kQTile * kStride;     // 2 x (kBk, kStride), double-buffered
+  bf16* sk = sq + kQTile * kStride;          // 2 x (kBk, kStride), double-buffered
   bf16* sv = sk + 2 * kBk * kStride;         // 2 x (kBk, kStride)
   const int warp = threadIdx.x / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
   const HeadBase head = HeadOffsets<kHs>(qkv, blockIdx.x, nh, nkv, t);
   y += head.rows;
   lse += head.lse;
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * Cfg::kQTile;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kQTile;
   const int warp_row = q0 + warp * kWarpRows * kMt;  // the warp's first query
   const int row_lo = warp_row + lane / 4;            // this lane's rows: row_lo + 8 r
+  const int32_t* doc = DocRow<kDocs>(doc_starts, blockIdx.x / nh, t);
 
-  LoadTile<kHs, Cfg::kQTile>(sq, head.q, q0, t, head.ld_qkv);
-  LoadKeyTile<kHs, kBk>(sk, sv, head, 0, 0, t);
+  LoadTile<kHs, kQTile>(sq, head.q, q0, t, head.ld_qkv);
+  // Keys [doc start of q0, q0 + kQTile): the tile's first row has its smallest doc start.
+  const int first = DocStart(doc, q0, t) / kBk;
+  LoadKeyTile<kHs, kBk>(sk, sv, head, first, 0, t);
   CpAsyncCommit();
-  const int n_steps = (min(t, q0 + Cfg::kQTile) + kBk - 1) / kBk;  // keys [0, q0 + kQTile)
+  const int n_steps = (min(t, q0 + kQTile) + kBk - 1) / kBk;
+  const RowStarts<kRows> starts = ReadRowStarts<kRows>(doc, warp_row, row_lo, t);
 
   float o[kMt][kHs / 8][4] = {};
   float m[kRows];  // running max (log2 units) of rows row_lo + 8 r
@@ -438,12 +623,15 @@ __global__ void __launch_bounds__(kThreads)
     m[r] = -INFINITY;
     l[r] = 0.0f;
   }
-  WalkKeyTiles<kHs, kMt, kBk>(
-      sk, sv, sq + warp * kWarpRows * kMt * kStride, head, n_steps, warp_row, t, lane,
-      [&](float(&s)[kMt][kBk / 8][4], int k0, bool straddles, const bf16*, const bf16* svb) {
+  WalkKeyTiles<kHs, kMt, kBk, kDocs>(
+      sk, sv, sq + warp * kWarpRows * kMt * kStride, head, first, n_steps, warp_row,
+      starts.warp_start, starts.warp_last_start, t, lane,
+      [&](float(&s)[kMt][kBk / 8][4], int k0, bool straddles, bool before, const bf16*,
+          const bf16* svb) {
         ForEachElement<kMt, kBk>(s, lane, [&](float x, int r, int col, int, int, int) {
           return straddles && k0 + col > row_lo + 8 * r ? -INFINITY : x * scale_log2;
         });
+        if (before) MaskBeforeDocuments<kMt, kBk>(s, lane, k0, starts, -INFINITY);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           const int mt = r / 2;
@@ -522,13 +710,14 @@ __global__ void RowDotKernel(float* __restrict__ dsum,       // (B * NH * T)
   }
 }
 
-template <int kHs>
+template <int kHs, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
-    FlashBackwardKvKernel(bf16* __restrict__ dqkv,          // (B, T, (NH + 2 NKV) HS), dk dv
-                          const bf16* __restrict__ qkv,     // (B, T, (NH + 2 NKV) HS)
-                          const bf16* __restrict__ dy,      // (B, T, C)
-                          const float* __restrict__ lse,    // (B * NH * T)
-                          const float* __restrict__ dsum,   // (B * NH * T)
+    FlashBackwardKvKernel(bf16* __restrict__ dqkv,                 // (B, T, (NH + 2 NKV) HS)
+                          const bf16* __restrict__ qkv,            // (B, T, (NH + 2 NKV) HS)
+                          const bf16* __restrict__ dy,             // (B, T, C)
+                          const float* __restrict__ lse,           // (B * NH * T)
+                          const float* __restrict__ dsum,          // (B * NH * T)
+                          const int32_t* __restrict__ doc_starts,  // (B, T) or nullptr
                           int t, int nh, int nkv, float scale, float scale_log2) {
   using Cfg = Tiles<kHs>;
   constexpr int kStride = Cfg::kStride;
@@ -541,6 +730,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sdy = sq + 2 * kBq * kStride;        // 2 x (kBq, kStride)
   float* slse = reinterpret_cast<float*>(sdy + 2 * kBq * kStride);  // 2 x (kBq), log2 units
   float* sdsum = slse + 2 * kBq;                                     // 2 x (kBq)
+  int* sstart = reinterpret_cast<int*>(sdsum + 2 * kBq);             // 2 x (kBq) doc starts
   const int warp = threadIdx.x / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
   // Block x = b * NKV + kv head; its group's query heads are b * NH + kv head * G + [0, G).
@@ -548,12 +738,19 @@ __global__ void __launch_bounds__(kThreads)
   const int bi = blockIdx.x / nkv;
   const HeadBase head =
       HeadOffsets<kHs>(qkv, bi * nh + (blockIdx.x % nkv) * group, nh, nkv, t);
+  const int32_t* doc = DocRow<kDocs>(doc_starts, bi, t);
   bf16* dk = dqkv + head.k_off;
   bf16* dv = dqkv + head.v_off;
   dy += head.rows;
   lse += head.lse;
   dsum += head.lse;
-  const int k0 = blockIdx.y * kTile;  // key tile 0 sees every query: heaviest first
+  const int n_steps = (t + kBq - 1) / kBq;
+  // The block's key tile and the query tiles [first, first + per_head) that see it: causally
+  // tile blockIdx.y (tile 0 sees every query: heaviest first) and every query tile from its
+  // diagonal on; with documents, PlanKeyTile's (heaviest first too).
+  KeyTilePlan plan{static_cast<int>(blockIdx.y), 0};
+  if constexpr (kDocs) plan = PlanKeyTile<kThreads, kTile, kBq>(doc, t, blockIdx.y);
+  const int k0 = plan.tile * kTile;
   const int warp_key = k0 + warp * kWarpRows;
   const int key_lo = warp_key + lane / 4;  // this lane's keys: key_lo, key_lo + 8
 
@@ -561,39 +758,42 @@ __global__ void __launch_bounds__(kThreads)
   const auto load_queries = [&](int g, int step_q0, int buf) {
     LoadTile<kHs, kBq>(sq + buf * kBq * kStride, head.q + g * kHs, step_q0, t, head.ld_qkv);
     LoadTile<kHs, kBq>(sdy + buf * kBq * kStride, dy + g * kHs, step_q0, t, head.ld_y);
-    StageQueryStats<kBq, kThreads>(slse + buf * kBq, sdsum + buf * kBq,
+    StageQueryStats<kBq, kThreads>(slse + buf * kBq, sdsum + buf * kBq, sstart + buf * kBq,
                                    lse + static_cast<size_t>(g) * t,
-                                   dsum + static_cast<size_t>(g) * t, step_q0, t);
+                                   dsum + static_cast<size_t>(g) * t, doc, step_q0, t);
   };
   LoadTile<kHs, kTile>(sk, head.k, k0, t, head.ld_qkv);
   LoadTile<kHs, kTile>(sv, head.v, k0, t, head.ld_qkv);
   const int first = k0 / kBq;  // the first query tile that reaches key k0
-  const int n_steps = (t + kBq - 1) / kBq;
-  // One walk over the query tiles [first, n_steps) of each of the G query heads in turn, so
-  // the prefetch runs on across heads; dK and dV sum over the group in registers.
-  const int per_head = n_steps - first;
-  const int walk = group * per_head;
+  const int per_head = kDocs ? plan.count : n_steps - first;
   load_queries(0, first * kBq, 0);
   CpAsyncCommit();
+  // One walk over those query tiles of each of the G query heads in turn, so the prefetch
+  // runs on across heads; dK and dV sum over the group in registers.
+  const int walk = group * per_head;
+  const int last = first + per_head;  // past the last query tile of a head
 
   float dk_acc[1][kHs / 8][4] = {};
   float dv_acc[1][kHs / 8][4] = {};
   // Step s is query tile i of the group's head g; (next_g, next_i) is step s + 1.
   for (int s = 0, g = 0, i = first; s < walk; ++s) {
     const int buf = s % 2;
-    const bool head_done = i + 1 == n_steps;
+    const bool head_done = i + 1 == last;
     const int next_g = head_done ? g + 1 : g;
     const int next_i = head_done ? first : i + 1;
     AwaitStep(s + 1 < walk, [&] { load_queries(next_g, next_i * kBq, 1 - buf); });
     const int q0 = i * kBq;
     g = next_g;
     i = next_i;
-    if (q0 + kBq - 1 >= warp_key) {  // some query of the tile sees some key of the warp
+    const int* sstartb = sstart + buf * kBq;  // nondecreasing: [0] the least, [kBq - 1] most
+    // Some query of the tile sees some key of the warp: causally, and within its document.
+    if (q0 + kBq - 1 >= warp_key && (!kDocs || sstartb[0] <= warp_key + kWarpRows - 1)) {
       const bf16* sqb = sq + buf * kBq * kStride;
       const bf16* sdyb = sdy + buf * kBq * kStride;
       const float* slseb = slse + buf * kBq;
       const float* sdsumb = sdsum + buf * kBq;
-      // P^T (16 keys, kBq queries) = exp(scale * K Q^T - lse[query]), 0 where key > query.
+      // P^T (16 keys, kBq queries) = exp(scale * K Q^T - lse[query]), 0 where key > query or
+      // key < the query's doc start.
       float pt[1][kBq / 8][4] = {};
       MmaABt<kHs, 1, kBq>(pt, sk + warp * kWarpRows * kStride, sqb, lane);
       const bool straddles = warp_key + kWarpRows - 1 > q0;
@@ -601,6 +801,13 @@ __global__ void __launch_bounds__(kThreads)
         const float p = exp2f(x * scale_log2 - slseb[col]);
         return straddles && key_lo + 8 * r > q0 + col ? 0.0f : p;
       });
+      // Keys before a query's document: only where the step's last query (the largest start)
+      // starts after the warp's first key. A pass of its own, as in the forward.
+      if (kDocs && sstartb[kBq - 1] > warp_key) {
+        ForEachElement<1, kBq>(pt, lane, [&](float p, int r, int col, int, int, int) {
+          return key_lo + 8 * r < sstartb[col] ? 0.0f : p;
+        });
+      }
       float dpt[1][kBq / 8][4] = {};
       MmaABt<kHs, 1, kBq>(dpt, sv + warp * kWarpRows * kStride, sdyb, lane);  // dP^T = V dY^T
       MmaPB<kHs, 1, kBq>(dv_acc, pt, sdyb, lane);                              // dV += P^T dY
@@ -618,19 +825,21 @@ __global__ void __launch_bounds__(kThreads)
   StoreRows<kHs, 1>(dv, dv_acc, dv_mul, key_lo, t, head.ld_qkv, lane);
 }
 
-template <int kHs>
-__global__ void __launch_bounds__(kThreads)
-    FlashBackwardQKernel(bf16* __restrict__ dqkv,           // (B, T, (NH + 2 NKV) HS), dq
-                         const bf16* __restrict__ qkv,      // (B, T, (NH + 2 NKV) HS)
-                         const bf16* __restrict__ dy,       // (B, T, C)
-                         const float* __restrict__ lse,     // (B * NH * T)
-                         const float* __restrict__ dsum,    // (B * NH * T)
+template <int kHs, bool kDocs>
+// (0 blocks an SM: no bound, as the causal kernel always had.)
+__global__ void __launch_bounds__(kThreads, kDocs && kHs <= 64 ? 4 : 0)
+    FlashBackwardQKernel(bf16* __restrict__ dqkv,                 // (B, T, (NH + 2 NKV) HS), dq
+                         const bf16* __restrict__ qkv,            // (B, T, (NH + 2 NKV) HS)
+                         const bf16* __restrict__ dy,             // (B, T, C)
+                         const float* __restrict__ lse,           // (B * NH * T)
+                         const float* __restrict__ dsum,          // (B * NH * T)
+                         const int32_t* __restrict__ doc_starts,  // (B, T) or nullptr
                          int t, int nh, int nkv, float scale, float scale_log2) {
   using Cfg = Tiles<kHs>;
   constexpr int kStride = Cfg::kStride;
-  constexpr int kMt = Cfg::kMt;
+  constexpr int kMt = QueryTiles<kHs, kDocs>::kMt;
   constexpr int kRows = 2 * kMt;
-  constexpr int kTile = Cfg::kQTile;
+  constexpr int kTile = QueryTiles<kHs, kDocs>::kQTile;
   constexpr int kBk = Cfg::kQWalk;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sq = reinterpret_cast<bf16*>(smem);  // (kTile, kStride)
@@ -647,11 +856,14 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
   const int warp_row = q0 + warp * kWarpRows * kMt;
   const int row_lo = warp_row + lane / 4;
+  const int32_t* doc = DocRow<kDocs>(doc_starts, blockIdx.x / nh, t);
 
   LoadTile<kHs, kTile>(sq, head.q, q0, t, head.ld_qkv);
   LoadTile<kHs, kTile>(sdy, dy, q0, t, head.ld_y);
-  LoadKeyTile<kHs, kBk>(sk, sv, head, 0, 0, t);
+  const int first = DocStart(doc, q0, t) / kBk;  // as the forward's walk
+  LoadKeyTile<kHs, kBk>(sk, sv, head, first, 0, t);
   CpAsyncCommit();
+  const RowStarts<kRows> starts = ReadRowStarts<kRows>(doc, warp_row, row_lo, t);
   float row_lse[kRows];  // log2 units
   float row_dsum[kRows];
 #pragma unroll
@@ -665,13 +877,16 @@ __global__ void __launch_bounds__(kThreads)
 
   float dq_acc[kMt][kHs / 8][4] = {};
   const bf16* sdy_warp = sdy + warp * kWarpRows * kMt * kStride;
-  WalkKeyTiles<kHs, kMt, kBk>(
-      sk, sv, sq + warp * kWarpRows * kMt * kStride, head, n_steps, warp_row, t, lane,
-      [&](float(&s)[kMt][kBk / 8][4], int k0, bool straddles, const bf16* skb, const bf16* svb) {
+  WalkKeyTiles<kHs, kMt, kBk, kDocs>(
+      sk, sv, sq + warp * kWarpRows * kMt * kStride, head, first, n_steps, warp_row,
+      starts.warp_start, starts.warp_last_start, t, lane,
+      [&](float(&s)[kMt][kBk / 8][4], int k0, bool straddles, bool before, const bf16* skb,
+          const bf16* svb) {
         ForEachElement<kMt, kBk>(s, lane, [&](float x, int r, int col, int, int, int) {
           const float p = exp2f(x * scale_log2 - row_lse[r]);
           return straddles && k0 + col > row_lo + 8 * r ? 0.0f : p;  // P
         });
+        if (before) MaskBeforeDocuments<kMt, kBk>(s, lane, k0, starts, 0.0f);
         float dp[kMt][kBk / 8][4] = {};
         MmaABt<kHs, kMt, kBk>(dp, sdy_warp, svb, lane);  // dP = dY V^T
         ForEachElement<kMt, kBk>(s, lane, [&](float p, int r, int, int mt, int nt, int e) {
@@ -706,11 +921,25 @@ constexpr int kQTile = kGroups * kGroupRows;
 constexpr int kBk = 128;                            // keys a step: S is (64, 128) a warpgroup
 constexpr int kStages = 3;                          // K and V buffers
 
-// Per head size (64 or 128): O is (64, kHs) a warpgroup, P V an m64n{kHs} product.
-template <int kHs>
+// The forward's block: kGroups warpgroups, kQTile queries. With documents at HS 64, one
+// warpgroup (64-query tiles): as in the mma.sync kernels (QueryTiles), a short document's
+// blocks are bound by their first loads' latency, and with half the registers and shared
+// memory two blocks share an SM and hide each other's (HS 128's K and V buffers leave room for
+// one block an SM either way). The rows' arithmetic is the same (128-key tiles from 0 up to
+// each row's), so doc_starts all zero still gives the causal bits.
+template <int kHs, bool kDocs>
+struct ForwardBlock {
+  static constexpr int kGroups = kDocs && kHs == 64 ? 1 : hopper::kGroups;
+  static constexpr int kThreads = kGroups * kGroupThreads;
+  static constexpr int kQTile = kGroups * kGroupRows;
+};
+
+// Per head size (64 or 128): O is (64, kHs) a warpgroup, P V an m64n{kHs} product; a block
+// of kQRows queries.
+template <int kHs, int kQRows = kQTile>
 struct Sizes {
   static_assert(kHs == 64 || kHs == 128, "head sizes 64 and 128");
-  static constexpr int kQBytes = kQTile * kHs * 2;
+  static constexpr int kQBytes = kQRows * kHs * 2;
   static constexpr int kKvBytes = kBk * kHs * 2;
   static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKvBytes + 1024;  // + alignment
 };
@@ -720,13 +949,25 @@ struct Sizes {
 constexpr int kKvKeys = kGroups * kGroupRows;
 constexpr int kKvBq = 64;
 constexpr int kKvStages = 3;  // Q and dO buffers
-template <int kHs>
+// The dK/dV block, as ForwardBlock: with documents at HS 64 one warpgroup (64-key tiles, two
+// blocks an SM), which also makes the blocks finer for PlanKeyTile to balance. (A 64-key tile
+// at an odd multiple of 64 starts its walk a query tile later than within a 128-key tile, but
+// that tile's P^T is all zeros for those keys: doc_starts all zero still gives the causal
+// bits.)
+template <int kHs, bool kDocs>
+struct KvBlock {
+  static constexpr int kGroups = kDocs && kHs == 64 ? 1 : hopper::kGroups;
+  static constexpr int kThreads = kGroups * kGroupThreads;
+  static constexpr int kKeys = kGroups * kGroupRows;
+};
+template <int kHs, int kKeys = kKvKeys>
 struct KvSizes {
   static_assert(kHs == 64 || kHs == 128, "head sizes 64 and 128");
-  static constexpr int kKeyBytes = kKvKeys * kHs * 2;  // K (or V)
+  static constexpr int kKeyBytes = kKeys * kHs * 2;  // K (or V)
   static constexpr int kStepBytes = kKvBq * kHs * 2;   // Q (or dO) of a step
-  static constexpr size_t kSmemBytes =
-      2 * kKeyBytes + 2 * kKvStages * kStepBytes + 2 * kKvStages * kKvBq * sizeof(float) + 1024;
+  // + lse, D and the doc starts of each buffer's queries, + alignment
+  static constexpr size_t kSmemBytes = 2 * kKeyBytes + 2 * kKvStages * kStepBytes +
+                                       3 * kKvStages * kKvBq * sizeof(float) + 1024;
 };
 
 bool SupportedHeadSize(int hs) { return hs == 64 || hs == 128; }
@@ -852,12 +1093,12 @@ __device__ inline uint64_t Descriptor(const void* p, uint32_t lbo, uint32_t sbo)
 // swizzled tile at dst (1024-byte aligned). Rows at or past t are zero-filled. A thread copies
 // the same 16-byte piece of every kPass-th row (CopyColumnChunks): its row's low 3 bits, and
 // so its swizzled place in the row, never change.
-template <int kHs, int kRows>
+template <int kHs, int kRows, int kBlockThreads = kThreads>
 __device__ inline void LoadSwizzled(unsigned char* dst, const bf16* __restrict__ src, int row0,
                                     int t, int ld) {
   constexpr int kPieces = kHs / internal::kVec;  // 16-byte pieces per row
   constexpr int kPanelPieces = kPanelBytes / 16;
-  constexpr int kPass = kThreads / kPieces;      // rows a pass of the block copies
+  constexpr int kPass = kBlockThreads / kPieces;  // rows a pass of the block copies
   static_assert(kPass % 8 == 0 && kRows % kPass == 0, "a thread's rows share their low 3 bits");
   const int piece = threadIdx.x % kPieces;
   const int r0 = threadIdx.x / kPieces;
@@ -895,15 +1136,18 @@ __device__ inline void WgmmaABt(float (&d)[kN], const unsigned char* a, const un
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int kHs>
-__global__ void __launch_bounds__(kThreads, 1)
-    FlashForwardWgmmaKernel(bf16* __restrict__ y,          // (B, T, C)
-                            float* __restrict__ lse,       // (B * NH * T)
-                            const bf16* __restrict__ qkv,  // (B, T, (NH + 2 NKV) HS)
+template <int kHs, bool kDocs>
+__global__ void __launch_bounds__(ForwardBlock<kHs, kDocs>::kThreads, 1)
+    FlashForwardWgmmaKernel(bf16* __restrict__ y,                    // (B, T, C)
+                            float* __restrict__ lse,                 // (B * NH * T)
+                            const bf16* __restrict__ qkv,            // (B, T, (NH + 2 NKV) HS)
+                            const int32_t* __restrict__ doc_starts,  // (B, T) or nullptr
                             int t, int nh, int nkv, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kQBytes = Sizes<kHs>::kQBytes;
-  constexpr int kKvBytes = Sizes<kHs>::kKvBytes;
+  constexpr int kBlockQ = ForwardBlock<kHs, kDocs>::kQTile;  // queries a block
+  constexpr int kBlockThreads = ForwardBlock<kHs, kDocs>::kThreads;
+  constexpr int kQBytes = Sizes<kHs, kBlockQ>::kQBytes;
+  constexpr int kKvBytes = Sizes<kHs, kBlockQ>::kKvBytes;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sq = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
@@ -915,15 +1159,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   const HeadBase head = HeadOffsets<kHs>(qkv, blockIdx.x, nh, nkv, t);
   y += head.rows;
   lse += head.lse;
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * kQTile;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kBlockQ;
   const int group_row = q0 + group * kGroupRows;       // the warpgroup's first query
   const int row_lo = group_row + 16 * warp + lane / 4;  // this lane's rows: row_lo + 8 h
+  const int32_t* doc = DocRow<kDocs>(doc_starts, blockIdx.x / nh, t);
 
-  LoadSwizzled<kHs, kQTile>(sq, head.q, q0, t, head.ld_qkv);
-  LoadSwizzled<kHs, kBk>(sk, head.k, 0, t, head.ld_qkv);
-  LoadSwizzled<kHs, kBk>(sv, head.v, 0, t, head.ld_qkv);
+  LoadSwizzled<kHs, kBlockQ, kBlockThreads>(sq, head.q, q0, t, head.ld_qkv);
+  // Keys [doc start of q0, q0 + kBlockQ), as the mma.sync forward's walk.
+  const int first = DocStart(doc, q0, t) / kBk;
+  LoadSwizzled<kHs, kBk, kBlockThreads>(sk, head.k, first * kBk, t, head.ld_qkv);
+  LoadSwizzled<kHs, kBk, kBlockThreads>(sv, head.v, first * kBk, t, head.ld_qkv);
   CpAsyncCommit();
-  const int n_steps = (min(t, q0 + kQTile) + kBk - 1) / kBk;  // keys [0, q0 + kQTile)
+  const int n_steps = (min(t, q0 + kBlockQ) + kBk - 1) / kBk;
+  // Doc starts of this lane's rows and of the warpgroup's last row (its largest): the tiles
+  // before it hold keys of earlier documents for some row, masked like those past the
+  // diagonal. The warpgroups multiply every tile of the block's walk (no branch around a
+  // wgmma), a tile wholly before a warpgroup's rows' documents included: masked entirely.
+  const int row_start[2] = {DocStart(doc, row_lo, t), DocStart(doc, row_lo + 8, t)};
+  const int group_last_start = DocStart(doc, group_row + kGroupRows - 1, t);
 
   // Accumulator element i of a lane: row row_lo + 8 ((i / 2) % 2), column 8 (i / 4) +
   // 2 (lane % 4) + i % 2 (the mma.m16n8 layout, per warp, n-tile i / 4).
@@ -938,8 +1191,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // finished with (its wait on P_{j-2} V_{j-2}) before the barrier of step j.
   Pin(o);  // the zeros are made here, not sunk between wgmmas (which would serialize them)
   uint32_t p[kBk / 16][4];  // P_j as bf16 A fragments, read by the in-flight P_j V_j
-  for (int j = 0; j < n_steps; ++j) {
-    const int buf = j % kStages;
+  for (int j = first; j < n_steps; ++j) {
+    const int buf = (j - first) % kStages;
     CpAsyncWait<0>();
     FenceProxyAsync();
     __syncthreads();  // tile j is in
@@ -947,17 +1200,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     const unsigned char* skb = sk + buf * kKvBytes;
     const unsigned char* svb = sv + buf * kKvBytes;
 
-    // No tile lies wholly above a warpgroup's rows (kBk = kQTile, tiles aligned), so every
-    // warpgroup multiplies every tile: a branch around the wgmmas would make ptxas serialize
-    // them.
+    // No tile lies wholly above a warpgroup's rows (kBk a multiple of kBlockQ, tiles aligned),
+    // so every warpgroup multiplies every tile: a branch around the wgmmas would make ptxas
+    // serialize them.
     float s[64];
     WgmmaFence();
-    WgmmaABt<kHs, kQTile, kBk>(s, sq_group, skb);
+    WgmmaABt<kHs, kBlockQ, kBk>(s, sq_group, skb);
     WgmmaCommit();
     if (j + 1 < n_steps) {
-      const int next = (j + 1) % kStages;
-      LoadSwizzled<kHs, kBk>(sk + next * kKvBytes, head.k, (j + 1) * kBk, t, head.ld_qkv);
-      LoadSwizzled<kHs, kBk>(sv + next * kKvBytes, head.v, (j + 1) * kBk, t, head.ld_qkv);
+      const int next = (j + 1 - first) % kStages;
+      LoadSwizzled<kHs, kBk, kBlockThreads>(sk + next * kKvBytes, head.k, (j + 1) * kBk, t,
+                                            head.ld_qkv);
+      LoadSwizzled<kHs, kBk, kBlockThreads>(sv + next * kKvBytes, head.v, (j + 1) * kBk, t,
+                                            head.ld_qkv);
       CpAsyncCommit();
     }
     WgmmaWaitAll();
@@ -965,12 +1220,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     Pin(o);
 
     // Scores stay raw (unscaled) until the exponent, which folds the scale into one FMA;
-    // only the tile on the diagonal is masked.
+    // only the tile on the diagonal is masked, and the tiles that cross a document start.
     if (k0 + kBk - 1 > group_row) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
         const int col = k0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
         if (col > row_lo + 8 * ((i / 2) % 2)) s[i] = -INFINITY;
+      }
+    }
+    if (kDocs && k0 < group_last_start) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int col = k0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+        if (col < row_start[(i / 2) % 2]) s[i] = -INFINITY;
       }
     }
 #pragma unroll
@@ -1048,16 +1310,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 // dS^T in registers, then dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments and
 // dO and Q read N-major, left in flight behind the next step's loads and products. Q, dO and
 // the queries' lse and D come in kKvStages buffers.
-template <int kHs>
-__global__ void __launch_bounds__(kThreads, 1)
-    FlashBackwardKvWgmmaKernel(bf16* __restrict__ dqkv,         // (B, T, W), dk dv
-                               const bf16* __restrict__ qkv,    // (B, T, W)
-                               const bf16* __restrict__ dy,     // (B, T, C)
-                               const float* __restrict__ lse,   // (B * NH * T)
-                               const float* __restrict__ dsum,  // (B * NH * T)
+template <int kHs, bool kDocs>
+__global__ void __launch_bounds__(KvBlock<kHs, kDocs>::kThreads, 1)
+    FlashBackwardKvWgmmaKernel(bf16* __restrict__ dqkv,                 // (B, T, W), dk dv
+                               const bf16* __restrict__ qkv,            // (B, T, W)
+                               const bf16* __restrict__ dy,             // (B, T, C)
+                               const float* __restrict__ lse,           // (B * NH * T)
+                               const float* __restrict__ dsum,          // (B * NH * T)
+                               const int32_t* __restrict__ doc_starts,  // (B, T) or nullptr
                                int t, int nh, int nkv, float scale, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Cfg = KvSizes<kHs>;
+  constexpr int kBlockKeys = KvBlock<kHs, kDocs>::kKeys;  // keys a block
+  constexpr int kBlockThreads = KvBlock<kHs, kDocs>::kThreads;
+  using Cfg = KvSizes<kHs, kBlockKeys>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sk = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
@@ -1066,6 +1331,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* sdo = sq + kKvStages * Cfg::kStepBytes;  // kKvStages x (kKvBq, kHs)
   float* slse = reinterpret_cast<float*>(sdo + kKvStages * Cfg::kStepBytes);  // log2 units
   float* sdsum = slse + kKvStages * kKvBq;
+  int* sstart = reinterpret_cast<int*>(sdsum + kKvStages * kKvBq);  // the queries' doc starts
   const int group = threadIdx.x / kGroupThreads;
   const int warp = (threadIdx.x % kGroupThreads) / internal::kWarpSize;
   const int lane = threadIdx.x % internal::kWarpSize;
@@ -1073,28 +1339,38 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int heads = nh / nkv;
   const HeadBase head = HeadOffsets<kHs>(qkv, (blockIdx.x / nkv) * nh + (blockIdx.x % nkv) * heads,
                                          nh, nkv, t);
+  const int32_t* doc = DocRow<kDocs>(doc_starts, blockIdx.x / nkv, t);
   dy += head.rows;
   lse += head.lse;
   dsum += head.lse;
-  const int k0 = blockIdx.y * kKvKeys;  // key tile 0 sees every query: heaviest first
+  // The block's key tile, as FlashBackwardKvKernel's: blockIdx.y (heaviest first), or with
+  // documents PlanKeyTile's.
+  KeyTilePlan plan{static_cast<int>(blockIdx.y), 0};
+  if constexpr (kDocs) {
+    plan = PlanKeyTile<kBlockThreads, kBlockKeys, kKvBq>(doc, t, blockIdx.y);
+  }
+  const int k0 = plan.tile * kBlockKeys;
   const int group_key = k0 + group * kGroupRows;
   const int key_lo = group_key + 16 * warp + lane / 4;  // this lane's keys: key_lo + 8 h
 
   const auto load_queries = [&](int g, int q0, int buf) {
-    LoadSwizzled<kHs, kKvBq>(sq + buf * Cfg::kStepBytes, head.q + g * kHs, q0, t, head.ld_qkv);
-    LoadSwizzled<kHs, kKvBq>(sdo + buf * Cfg::kStepBytes, dy + g * kHs, q0, t, head.ld_y);
-    StageQueryStats<kKvBq, kThreads>(slse + buf * kKvBq, sdsum + buf * kKvBq,
-                                     lse + static_cast<size_t>(g) * t,
-                                     dsum + static_cast<size_t>(g) * t, q0, t);
+    LoadSwizzled<kHs, kKvBq, kBlockThreads>(sq + buf * Cfg::kStepBytes, head.q + g * kHs, q0, t,
+                                            head.ld_qkv);
+    LoadSwizzled<kHs, kKvBq, kBlockThreads>(sdo + buf * Cfg::kStepBytes, dy + g * kHs, q0, t,
+                                            head.ld_y);
+    StageQueryStats<kKvBq, kBlockThreads>(slse + buf * kKvBq, sdsum + buf * kKvBq,
+                                     sstart + buf * kKvBq, lse + static_cast<size_t>(g) * t,
+                                     dsum + static_cast<size_t>(g) * t, doc, q0, t);
   };
-  LoadSwizzled<kHs, kKvKeys>(sk, head.k, k0, t, head.ld_qkv);
-  LoadSwizzled<kHs, kKvKeys>(sv, head.v, k0, t, head.ld_qkv);
+  LoadSwizzled<kHs, kBlockKeys, kBlockThreads>(sk, head.k, k0, t, head.ld_qkv);
+  LoadSwizzled<kHs, kBlockKeys, kBlockThreads>(sv, head.v, k0, t, head.ld_qkv);
   const int first = k0 / kKvBq;  // the first query tile that reaches key k0
   const int n_tiles = (t + kKvBq - 1) / kKvBq;
-  const int per_head = n_tiles - first;
-  const int walk = heads * per_head;
+  const int per_head = kDocs ? plan.count : n_tiles - first;
   load_queries(0, first * kKvBq, 0);
   CpAsyncCommit();
+  const int walk = heads * per_head;
+  const int last = first + per_head;  // past the last query tile of a head
 
   // Accumulator element i of a lane: key row key_lo + 8 ((i / 2) % 2), column 8 (i / 4) +
   // 2 (lane % 4) + i % 2 (a query of the step for S^T, dP^T; a channel for dK, dV).
@@ -1116,15 +1392,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const unsigned char* sdob = sdo + buf * Cfg::kStepBytes;
     const float* slseb = slse + buf * kKvBq;
     const float* sdsumb = sdsum + buf * kKvBq;
+    const int* sstartb = sstart + buf * kKvBq;
 
     float st[32];
     float dpt[32];
     WgmmaFence();
-    WgmmaABt<kHs, kKvKeys, kKvBq>(st, sk_group, sqb);    // S^T = K Q^T
-    WgmmaABt<kHs, kKvKeys, kKvBq>(dpt, sv_group, sdob);  // dP^T = V dO^T
+    WgmmaABt<kHs, kBlockKeys, kKvBq>(st, sk_group, sqb);    // S^T = K Q^T
+    WgmmaABt<kHs, kBlockKeys, kKvBq>(dpt, sv_group, sdob);  // dP^T = V dO^T
     WgmmaCommit();
     // The next step's queries (of the next head once this one's are done).
-    const bool head_done = i + 1 == n_tiles;
+    const bool head_done = i + 1 == last;
     const int next_g = head_done ? g + 1 : g;
     const int next_i = head_done ? first : i + 1;
     if (j + 1 < walk) {
@@ -1140,7 +1417,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     Pin(dv);
 
     // P^T = exp(scale K Q^T - lse[query]), 0 where key > query (only the tiles that straddle
-    // the diagonal hold such pairs); dS^T = P^T (dP^T - D[query]).
+    // the diagonal hold such pairs) or key < the query's doc start (only where the step's
+    // last query, its largest start, starts after the warpgroup's first key);
+    // dS^T = P^T (dP^T - D[query]).
     const bool straddles = group_key + kGroupRows - 1 > q0;
 #pragma unroll
     for (int e = 0; e < 32; ++e) {
@@ -1149,6 +1428,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (straddles && key_lo + 8 * ((e / 2) % 2) > q0 + col) pe = 0.0f;
       st[e] = pe;
       dpt[e] = pe * (dpt[e] - sdsumb[col]);
+    }
+    if (kDocs && sstartb[kKvBq - 1] > group_key) {  // a pass of its own, as in mma.sync
+#pragma unroll
+      for (int e = 0; e < 32; ++e) {
+        const int col = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
+        if (key_lo + 8 * ((e / 2) % 2) < sstartb[col]) {
+          st[e] = 0.0f;
+          dpt[e] = 0.0f;
+        }
+      }
     }
 #pragma unroll
     for (int ks = 0; ks < kKvBq / 16; ++ks) {
@@ -1254,15 +1543,24 @@ absl::Status LaunchTiles(void (*kernel)(Params...), dim3 grid, size_t smem_bytes
   return internal::Launch(kernel, grid, kThreads, smem_bytes, stream, args...);
 }
 
-template <int kHs>
-absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, int nkv, int t,
-                           cudaStream_t stream) {
+template <int kHs, bool kDocs>
+absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, const int32_t* doc_starts, int b,
+                           int nh, int nkv, int t, cudaStream_t stream) {
   using Cfg = Tiles<kHs>;
-  const size_t smem = (Cfg::kQTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16);
+  constexpr int kQTile = QueryTiles<kHs, kDocs>::kQTile;
+  const size_t smem = (kQTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16);
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHs));
-  const dim3 grid(b * nh, (t + Cfg::kQTile - 1) / Cfg::kQTile);
-  return LaunchTiles(FlashForwardKernel<kHs>, grid, smem, stream, y, lse, qkv, t, nh, nkv,
-                     scale_log2);
+  const dim3 grid(b * nh, (t + kQTile - 1) / kQTile);
+  return LaunchTiles(FlashForwardKernel<kHs, kDocs>, grid, smem, stream, y, lse, qkv, doc_starts,
+                     t, nh, nkv, scale_log2);
+}
+
+template <int kHs>
+absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, const int32_t* doc_starts, int b,
+                           int nh, int nkv, int t, cudaStream_t stream) {
+  return doc_starts != nullptr
+             ? LaunchForward<kHs, true>(y, lse, qkv, doc_starts, b, nh, nkv, t, stream)
+             : LaunchForward<kHs, false>(y, lse, qkv, doc_starts, b, nh, nkv, t, stream);
 }
 
 // Whether the Hopper forward runs on the current device: an sm_90 GPU running this build's
@@ -1288,7 +1586,7 @@ bool HopperForwardRuns() {
       cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
           cudaSuccess &&
       static_cast<size_t>(smem) >= hopper::Sizes<128>::kSmemBytes &&
-      cudaFuncGetAttributes(&attr, hopper::FlashForwardWgmmaKernel<128>) == cudaSuccess &&
+      cudaFuncGetAttributes(&attr, hopper::FlashForwardWgmmaKernel<128, false>) == cudaSuccess &&
       attr.binaryVersion >= 90 && attr.ptxVersion >= 90;
   cudaGetLastError();
   if (device >= 0 && device < kDevices) known[device].store(runs ? 2 : 1);
@@ -1296,21 +1594,55 @@ bool HopperForwardRuns() {
 }
 
 template <int kHs>
-absl::Status LaunchForwardHopper(bf16* y, float* lse, const bf16* qkv, int b, int nh, int nkv,
-                                 int t, cudaStream_t stream) {
+absl::Status LaunchForwardHopper(bf16* y, float* lse, const bf16* qkv, const int32_t* doc_starts,
+                                 int b, int nh, int nkv, int t, cudaStream_t stream) {
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHs));
-  const dim3 grid(b * nh, (t + hopper::kQTile - 1) / hopper::kQTile);
-  constexpr size_t kSmem = hopper::Sizes<kHs>::kSmemBytes;
-  WEFT_BF16_RETURN_IF_ERROR(
-      internal::AllowSharedBytes(hopper::FlashForwardWgmmaKernel<kHs>, kSmem));
-  return internal::Launch(hopper::FlashForwardWgmmaKernel<kHs>, grid, hopper::kThreads, kSmem,
-                          stream, y, lse, qkv, t, nh, nkv, scale_log2);
+  const auto launch = [&](auto docs) {
+    using Block = hopper::ForwardBlock<kHs, decltype(docs)::value>;
+    constexpr size_t kSmem = hopper::Sizes<kHs, Block::kQTile>::kSmemBytes;
+    const auto kernel = hopper::FlashForwardWgmmaKernel<kHs, decltype(docs)::value>;
+    WEFT_BF16_RETURN_IF_ERROR(internal::AllowSharedBytes(kernel, kSmem));
+    return internal::Launch(kernel, dim3(b * nh, (t + Block::kQTile - 1) / Block::kQTile),
+                            Block::kThreads, kSmem, stream, y, lse, qkv, doc_starts, t, nh, nkv,
+                            scale_log2);
+  };
+  return doc_starts != nullptr ? launch(std::true_type{}) : launch(std::false_type{});
+}
+
+// A second stream of the calling host thread on the current device, and the two events that
+// fork it from a caller's stream and join it back: made on first use, kept for the thread's
+// life (one set per thread and device, so one thread's calls, which are ordered, never record
+// an event while another call still needs its earlier record).
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t join = nullptr;
+};
+absl::Status ThreadSideStream(SideStream* out) {
+  int device = 0;
+  WEFT_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  constexpr int kDevices = 64;
+  if (device < 0 || device >= kDevices) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("flash attention backward: device ", device, " beyond ", kDevices));
+  }
+  thread_local SideStream sides[kDevices];
+  SideStream& side = sides[device];
+  if (side.stream == nullptr) {
+    SideStream made;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&made.stream, cudaStreamNonBlocking));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&made.fork, cudaEventDisableTiming));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&made.join, cudaEventDisableTiming));
+    side = made;
+  }
+  *out = side;
+  return absl::OkStatus();
 }
 
 template <int kHs>
 absl::Status LaunchBackward(bool hopper, bf16* dqkv, const bf16* dy, const bf16* y,
-                            const float* lse, const bf16* qkv, float* dsum, int b, int nh,
-                            int nkv, int t, cudaStream_t stream) {
+                            const float* lse, const bf16* qkv, const int32_t* doc_starts,
+                            float* dsum, int b, int nh, int nkv, int t, cudaStream_t stream) {
   using Cfg = Tiles<kHs>;
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHs));
   const float scale_log2 = scale * kLog2e;
@@ -1319,33 +1651,66 @@ absl::Status LaunchBackward(bool hopper, bf16* dqkv, const bf16* dy, const bf16*
       RowDotKernel<kHs>, static_cast<int>((vecs + internal::kBlockSize - 1) / internal::kBlockSize),
       internal::kBlockSize, 0, stream, dsum, dy, y, vecs, t, nh));
   // dK, dV: a block per (kv head, key tile); dQ: a block per (query head, query tile).
+  // With documents the two run side by side: both only read what the forward and RowDot wrote
+  // and they write disjoint parts of dqkv. Short documents leave each latency-bound with an
+  // uneven last wave (few blocks an SM, each walking few tiles), which the other's blocks fill
+  // (on an H200, Llama-3.2-1B's attention at T = 4096 with ~300-token documents: 132 us for
+  // the backward's kernels side by side, 139 us one after the other). So the dK/dV kernel
+  // goes on the thread's side stream, forked from `stream` after RowDot and joined back before
+  // this returns: to the caller it is still all on `stream`. Without documents they run one
+  // after the other on `stream`, as they always have.
+  cudaStream_t kv_stream = stream;
+  SideStream side;
+  if (doc_starts != nullptr) {
+    WEFT_BF16_RETURN_IF_ERROR(ThreadSideStream(&side));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(side.fork, stream));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.stream, side.fork, 0));
+    kv_stream = side.stream;
+  }
   bool kv_done = false;
   if constexpr (kHs == 64 || kHs == 128) {
     if (hopper) {
-      constexpr size_t kSmem = hopper::KvSizes<kHs>::kSmemBytes;
-      WEFT_BF16_RETURN_IF_ERROR(
-          internal::AllowSharedBytes(hopper::FlashBackwardKvWgmmaKernel<kHs>, kSmem));
-      WEFT_BF16_RETURN_IF_ERROR(internal::Launch(
-          hopper::FlashBackwardKvWgmmaKernel<kHs>,
-          dim3(b * nkv, (t + hopper::kKvKeys - 1) / hopper::kKvKeys), hopper::kThreads, kSmem,
-          stream, dqkv, qkv, dy, lse, static_cast<const float*>(dsum), t, nh, nkv, scale,
-          scale_log2));
+      const auto launch = [&](auto docs) {
+        using Block = hopper::KvBlock<kHs, decltype(docs)::value>;
+        constexpr size_t kSmem = hopper::KvSizes<kHs, Block::kKeys>::kSmemBytes;
+        const auto kernel = hopper::FlashBackwardKvWgmmaKernel<kHs, decltype(docs)::value>;
+        WEFT_BF16_RETURN_IF_ERROR(internal::AllowSharedBytes(kernel, kSmem));
+        return internal::Launch(kernel, dim3(b * nkv, (t + Block::kKeys - 1) / Block::kKeys),
+                                Block::kThreads, kSmem, kv_stream, dqkv, qkv, dy, lse,
+                                static_cast<const float*>(dsum), doc_starts, t, nh, nkv, scale,
+                                scale_log2);
+      };
+      WEFT_BF16_RETURN_IF_ERROR(doc_starts != nullptr ? launch(std::true_type{})
+                                                      : launch(std::false_type{}));
       kv_done = true;
     }
   }
   if (!kv_done) {
+    // + two buffers of the queries' lse, D and doc starts
     const size_t kv_smem = (2 * Cfg::kKvTile + 4 * Cfg::kKvWalk) * Cfg::kStride * sizeof(bf16) +
-                           4 * Cfg::kKvWalk * sizeof(float);
-    WEFT_BF16_RETURN_IF_ERROR(LaunchTiles(FlashBackwardKvKernel<kHs>,
+                           6 * Cfg::kKvWalk * sizeof(float);
+    const auto kernel = doc_starts != nullptr ? FlashBackwardKvKernel<kHs, true>
+                                              : FlashBackwardKvKernel<kHs, false>;
+    WEFT_BF16_RETURN_IF_ERROR(LaunchTiles(kernel,
                                           dim3(b * nkv, (t + Cfg::kKvTile - 1) / Cfg::kKvTile),
-                                          kv_smem, stream, dqkv, qkv, dy, lse,
-                                          static_cast<const float*>(dsum), t, nh, nkv, scale,
-                                          scale_log2));
+                                          kv_smem, kv_stream, dqkv, qkv, dy, lse,
+                                          static_cast<const float*>(dsum), doc_starts, t, nh,
+                                          nkv, scale, scale_log2));
   }
-  const size_t q_smem = (2 * Cfg::kQTile + 4 * Cfg::kQWalk) * Cfg::kStride * sizeof(bf16);
-  return LaunchTiles(FlashBackwardQKernel<kHs>,
-                     dim3(b * nh, (t + Cfg::kQTile - 1) / Cfg::kQTile), q_smem, stream, dqkv, qkv,
-                     dy, lse, static_cast<const float*>(dsum), t, nh, nkv, scale, scale_log2);
+  const int q_tile = doc_starts != nullptr ? QueryTiles<kHs, true>::kQTile
+                                           : QueryTiles<kHs, false>::kQTile;
+  const size_t q_smem = (2 * q_tile + 4 * Cfg::kQWalk) * Cfg::kStride * sizeof(bf16);
+  const auto q_kernel = doc_starts != nullptr ? FlashBackwardQKernel<kHs, true>
+                                              : FlashBackwardQKernel<kHs, false>;
+  const absl::Status q_status =
+      LaunchTiles(q_kernel, dim3(b * nh, (t + q_tile - 1) / q_tile), q_smem, stream, dqkv, qkv,
+                  dy, lse, static_cast<const float*>(dsum), doc_starts, t, nh, nkv, scale,
+                  scale_log2);
+  if (doc_starts != nullptr) {  // join, whatever became of the dQ launch
+    WEFT_CUDA_RETURN_IF_ERROR(cudaEventRecord(side.join, side.stream));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, side.join, 0));
+  }
+  return q_status;
 }
 
 }  // namespace
@@ -1379,15 +1744,16 @@ absl::Status UseHopper(FlashAttentionKernel kernel, int hs, const char* op, bool
 
 }  // namespace
 
-absl::Status FlashAttentionForward(bf16* y, float* lse, const bf16* qkv, int b, int nh, int nkv,
-                                   int t, int hs, cudaStream_t stream) {
-  return FlashAttentionForwardWith(FlashAttentionKernel::kAuto, y, lse, qkv, b, nh, nkv, t, hs,
-                                   stream);
+absl::Status FlashAttentionForward(bf16* y, float* lse, const bf16* qkv,
+                                   const int32_t* doc_starts, int b, int nh, int nkv, int t,
+                                   int hs, cudaStream_t stream) {
+  return FlashAttentionForwardWith(FlashAttentionKernel::kAuto, y, lse, qkv, doc_starts, b, nh,
+                                   nkv, t, hs, stream);
 }
 
 absl::Status FlashAttentionForwardWith(FlashAttentionKernel kernel, bf16* y, float* lse,
-                                       const bf16* qkv, int b, int nh, int nkv, int t, int hs,
-                                       cudaStream_t stream) {
+                                       const bf16* qkv, const int32_t* doc_starts, int b, int nh,
+                                       int nkv, int t, int hs, cudaStream_t stream) {
   constexpr const char* kOp = "flash attention forward";
   WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, nkv, t, hs, kOp));
   WEFT_BF16_RETURN_IF_ERROR(
@@ -1395,33 +1761,34 @@ absl::Status FlashAttentionForwardWith(FlashAttentionKernel kernel, bf16* y, flo
                                     internal::Aligned16(qkv, "qkv")}));
   bool hopper = false;
   WEFT_BF16_RETURN_IF_ERROR(UseHopper(kernel, hs, kOp, &hopper));
+  const int32_t* doc = doc_starts;
   if (hopper) {
-    return hs == 128 ? LaunchForwardHopper<128>(y, lse, qkv, b, nh, nkv, t, stream)
-                     : LaunchForwardHopper<64>(y, lse, qkv, b, nh, nkv, t, stream);
+    return hs == 128 ? LaunchForwardHopper<128>(y, lse, qkv, doc, b, nh, nkv, t, stream)
+                     : LaunchForwardHopper<64>(y, lse, qkv, doc, b, nh, nkv, t, stream);
   }
   switch (hs) {
     case 16:
-      return LaunchForward<16>(y, lse, qkv, b, nh, nkv, t, stream);
+      return LaunchForward<16>(y, lse, qkv, doc, b, nh, nkv, t, stream);
     case 32:
-      return LaunchForward<32>(y, lse, qkv, b, nh, nkv, t, stream);
+      return LaunchForward<32>(y, lse, qkv, doc, b, nh, nkv, t, stream);
     case 64:
-      return LaunchForward<64>(y, lse, qkv, b, nh, nkv, t, stream);
+      return LaunchForward<64>(y, lse, qkv, doc, b, nh, nkv, t, stream);
     default:
-      return LaunchForward<128>(y, lse, qkv, b, nh, nkv, t, stream);
+      return LaunchForward<128>(y, lse, qkv, doc, b, nh, nkv, t, stream);
   }
 }
 
 absl::Status FlashAttentionBackward(bf16* dqkv, const bf16* dy, const bf16* y, const float* lse,
-                                    const bf16* qkv, float* scratch, int b, int nh, int nkv,
-                                    int t, int hs, cudaStream_t stream) {
-  return FlashAttentionBackwardWith(FlashAttentionKernel::kAuto, dqkv, dy, y, lse, qkv, scratch,
-                                    b, nh, nkv, t, hs, stream);
+                                    const bf16* qkv, const int32_t* doc_starts, float* scratch,
+                                    int b, int nh, int nkv, int t, int hs, cudaStream_t stream) {
+  return FlashAttentionBackwardWith(FlashAttentionKernel::kAuto, dqkv, dy, y, lse, qkv,
+                                    doc_starts, scratch, b, nh, nkv, t, hs, stream);
 }
 
 absl::Status FlashAttentionBackwardWith(FlashAttentionKernel kernel, bf16* dqkv, const bf16* dy,
                                         const bf16* y, const float* lse, const bf16* qkv,
-                                        float* scratch, int b, int nh, int nkv, int t, int hs,
-                                        cudaStream_t stream) {
+                                        const int32_t* doc_starts, float* scratch, int b, int nh,
+                                        int nkv, int t, int hs, cudaStream_t stream) {
   constexpr const char* kOp = "flash attention backward";
   WEFT_BF16_RETURN_IF_ERROR(CheckShape(b, nh, nkv, t, hs, kOp));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
@@ -1434,15 +1801,18 @@ absl::Status FlashAttentionBackwardWith(FlashAttentionKernel kernel, bf16* dqkv,
   }
   bool hopper = false;
   WEFT_BF16_RETURN_IF_ERROR(UseHopper(kernel, hs, kOp, &hopper));
+  const int32_t* doc = doc_starts;
   switch (hs) {
     case 16:
-      return LaunchBackward<16>(false, dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
+      return LaunchBackward<16>(false, dqkv, dy, y, lse, qkv, doc, scratch, b, nh, nkv, t, stream);
     case 32:
-      return LaunchBackward<32>(false, dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
+      return LaunchBackward<32>(false, dqkv, dy, y, lse, qkv, doc, scratch, b, nh, nkv, t, stream);
     case 64:
-      return LaunchBackward<64>(hopper, dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
+      return LaunchBackward<64>(hopper, dqkv, dy, y, lse, qkv, doc, scratch, b, nh, nkv, t,
+                                stream);
     default:
-      return LaunchBackward<128>(hopper, dqkv, dy, y, lse, qkv, scratch, b, nh, nkv, t, stream);
+      return LaunchBackward<128>(hopper, dqkv, dy, y, lse, qkv, doc, scratch, b, nh, nkv, t,
+                                 stream);
   }
 }
 

@@ -143,11 +143,19 @@ absl::Status RmsNormBackward(bf16* dinp,          // (N, C) += (the residual str
 // computes them. inv_freq (HS/2) is device memory.
 absl::Status RopeTables(float* cos_table, float* sin_table, const float* inv_freq, int max_t,
                         int half, cudaStream_t stream);
-absl::Status RopeForward(bf16* qkv,  // (B, T, (NH + 2 NKV) HS) in place
+// `positions` (DEVICE, or nullptr): row (b, t) turns by the angles of table row
+// positions[b * T + t] instead of t, so packed documents each start again at position 0
+// (positions[b, t] = t - doc_starts[b, t], doc_starts as flash attention's). nullptr is
+// position t, bit for bit the plain rotation. Requires 0 <= positions[b, t] < max_t of the
+// tables (not checked: the values are on the device).
+absl::Status RopeForward(bf16* qkv,                // (B, T, (NH + 2 NKV) HS) in place
+                         const int32_t* positions,  // (B, T) or nullptr
                          const float* cos_table, const float* sin_table, int b, int t, int nh,
                          int nkv, int hs, cudaStream_t stream);
 // The transpose (rotation by -angle) of the gradients dq, dk in place in dqkv; dv untouched.
-absl::Status RopeBackward(bf16* dqkv,  // (B, T, (NH + 2 NKV) HS) in place
+// `positions` as RopeForward's (the same ones).
+absl::Status RopeBackward(bf16* dqkv,               // (B, T, (NH + 2 NKV) HS) in place
+                          const int32_t* positions,  // (B, T) or nullptr
                           const float* cos_table, const float* sin_table, int b, int t, int nh,
                           int nkv, int hs, cudaStream_t stream);
 
@@ -193,20 +201,39 @@ absl::Status AttentionSplitGrad(bf16* dy, const bf16* dout, int b, int t, int c,
                                 cudaStream_t stream);
 absl::Status AttentionMergeGrads(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv,
                                  int b, int t, int c, int nh, cudaStream_t stream);
-// rows = B * NH * T rows of length T, row r's position in its sequence is r % T. Columns above
-// the diagonal are never read (only zero-filled), so they may hold anything. In place:
-// att holds the raw scores q.k on entry and P = softmax(scale * scores) on exit, causal (0
-// above the diagonal, i.e. at columns > r % T); lse[r] = logsumexp of the row's scaled
-// scores (fp32), kept for the backward.
-absl::Status CausalSoftmaxForward(bf16* att, float* lse, int64_t rows, int t, float scale,
-                                  cudaStream_t stream);
+// Document masking (packed sequences), shared by the softmax below and flash attention:
+// doc_starts (B, T) int32 DEVICE, or nullptr. Query position t of sequence b attends only to
+// keys k with doc_starts[b * T + t] <= k <= t (block-diagonal causal); the keys before its
+// document get probability 0, as those after t do. nullptr is plain causal attention, bit for
+// bit. Preconditions, which the caller guarantees (the values are on the device, not
+// checked): 0 <= doc_starts[b, t] <= t, and each sequence is segmented into documents:
+// doc_starts[b, t] is t (t starts a document) or doc_starts[b, t - 1]. So doc_starts is
+// nondecreasing in t, which the kernels rely on to skip whole tiles.
+//
+// rows = B * NH * T rows of length T, row r's position in its sequence is r % T and its
+// sequence r / (NH * T). Columns outside the row's keys are never read (only zero-filled), so
+// they may hold anything. In place: att holds the raw scores q.k on entry and
+// P = softmax(scale * scores) on exit, causal (0 above the diagonal, i.e. at columns > r % T,
+// and, with doc_starts, 0 at columns before the row's doc_starts); lse[r] = logsumexp of the
+// row's scaled scores (fp32), kept for the backward. `nh` is only read with doc_starts. This
+// path (GPT-2's at head sizes flash attention does not support) supports document masking as
+// flash attention does, but computes the full (T, T) GEMMs: only flash attention skips the
+// masked tiles.
+absl::Status CausalSoftmaxForward(bf16* att, float* lse,
+                                  const int32_t* doc_starts,  // (B, T) or nullptr
+                                  int64_t rows, int t, int nh, float scale, cudaStream_t stream);
 // Recomputes P in place from the raw scores and lse (the backward does not keep P).
-absl::Status CausalSoftmaxRecompute(bf16* att, const float* lse, int64_t rows, int t,
-                                    float scale, cudaStream_t stream);
+absl::Status CausalSoftmaxRecompute(bf16* att, const float* lse,
+                                    const int32_t* doc_starts,  // (B, T) or nullptr
+                                    int64_t rows, int t, int nh, float scale,
+                                    cudaStream_t stream);
 // In place on datt: datt = scale * P * (datt - sum_j P[j] * datt[j]) per row, causal (0 above
-// the diagonal): the gradient w.r.t. the raw scores given P and dL/dP.
-absl::Status CausalSoftmaxBackward(bf16* datt, const bf16* att, int64_t rows, int t,
-                                   float scale, cudaStream_t stream);
+// the diagonal and before the row's doc_starts): the gradient w.r.t. the raw scores given P
+// and dL/dP.
+absl::Status CausalSoftmaxBackward(bf16* datt, const bf16* att,
+                                   const int32_t* doc_starts,  // (B, T) or nullptr
+                                   int64_t rows, int t, int nh, float scale,
+                                   cudaStream_t stream);
 
 // ---- flash_attention.cu: fused causal attention (tensor cores, the (T, T) scores never hit
 // memory), grouped-query (NKV kv heads shared by NH query heads; GPT-2 is NKV = NH), on the
@@ -217,13 +244,23 @@ absl::Status CausalSoftmaxBackward(bf16* datt, const bf16* att, int64_t rows, in
 // C = NH * HS (element (b, h, t, d) at (b * T + t) * C + h * HS + d); scale = 1 / sqrt(HS).
 // Any T >= 1, B * NH >= 1 and NKV dividing NH; HS in {16, 32, 64, 128}, any other head size
 // is UNIMPLEMENTED (GPT-2 falls back to the cuBLAS + softmax path above). Same semantics as
-// that path, but the scores stay fp32 (never rounded to bf16). Deterministic. ----
+// that path, but the scores stay fp32 (never rounded to bf16). Deterministic.
+// doc_starts: document masking as above (nullptr: plain causal, the same kernels, speed and
+// bits as without the argument). Every kernel (forward, Hopper forward, dQ, both dK/dV) SKIPS
+// the tiles that lie wholly outside a document instead of masking them, so packed short
+// documents cost about their own attention: forward + backward 5x faster than full causal at
+// Llama-3.2-1B's shape, T = 4096, 150- to 450-token documents, on an H200 (cuda_ops_bench
+// --docmask). The backward must get the forward's doc_starts; with them it runs its dK/dV
+// kernel beside the dQ one on a second stream of the calling thread (made on first use and
+// kept), forked from `stream` and joined back before it returns, so to the caller the work
+// is still ordered on `stream`. ----
 bool FlashAttentionSupported(int hs);
 // y = softmax(scale * q k^T, causal) v per query head; lse[(b * NH + h) * T + t] = logsumexp
 // of that row's scaled causal scores.
-absl::Status FlashAttentionForward(bf16* y,          // (B, T, C) written (=)
-                                   float* lse,       // (B * NH * T)
-                                   const bf16* qkv,  // (B, T, W)
+absl::Status FlashAttentionForward(bf16* y,                   // (B, T, C) written (=)
+                                   float* lse,                // (B * NH * T)
+                                   const bf16* qkv,           // (B, T, W)
+                                   const int32_t* doc_starts,  // (B, T) or nullptr
                                    int b, int nh, int nkv, int t, int hs, cudaStream_t stream);
 // The forward's kernels: kAuto runs the Hopper one where it runs (FlashAttentionHopperForward),
 // else the mma.sync one, which runs on every supported GPU and head size. Asking for kHopper
@@ -234,24 +271,28 @@ enum class FlashAttentionKernel { kAuto, kMmaSync, kHopper };
 // (H100, H200) running this build's sm_90a code.
 bool FlashAttentionHopperForward(int hs);
 absl::Status FlashAttentionForwardWith(FlashAttentionKernel kernel, bf16* y, float* lse,
-                                       const bf16* qkv, int b, int nh, int nkv, int t, int hs,
+                                       const bf16* qkv,
+                                       const int32_t* doc_starts,  // (B, T) or nullptr
+                                       int b, int nh, int nkv, int t, int hs,
                                        cudaStream_t stream);
 size_t FlashAttentionBackwardScratchFloats(int b, int nh, int t, int hs);
 // dq, dk, dv written (=) into dqkv at the places q, k, v have in qkv (every element of dqkv is
 // written; a shared k/v head gets the sum over its query heads), from the forward's y and lse
 // (P is recomputed tile by tile). dqkv must not alias qkv.
-absl::Status FlashAttentionBackward(bf16* dqkv,        // (B, T, W) written (=)
-                                    const bf16* dy,    // (B, T, C) dL/dy
-                                    const bf16* y,     // (B, T, C) the forward's output
-                                    const float* lse,  // (B * NH * T) the forward's lse
-                                    const bf16* qkv,   // (B, T, W) the forward's input
-                                    float* scratch,    // FlashAttentionBackwardScratchFloats
+absl::Status FlashAttentionBackward(bf16* dqkv,                 // (B, T, W) written (=)
+                                    const bf16* dy,             // (B, T, C) dL/dy
+                                    const bf16* y,              // (B, T, C) the forward's output
+                                    const float* lse,           // (B * NH * T) the forward's lse
+                                    const bf16* qkv,            // (B, T, W) the forward's input
+                                    const int32_t* doc_starts,  // (B, T) or nullptr
+                                    float* scratch,  // FlashAttentionBackwardScratchFloats
                                     int b, int nh, int nkv, int t, int hs, cudaStream_t stream);
 // The backward with its dK/dV kernel chosen as FlashAttentionForwardWith chooses the forward's
 // (kHopper: a wgmma dK/dV kernel where FlashAttentionHopperForward holds, FAILED_PRECONDITION
 // elsewhere; dQ is the mma.sync kernel either way). kAuto is what FlashAttentionBackward runs.
 absl::Status FlashAttentionBackwardWith(FlashAttentionKernel kernel, bf16* dqkv, const bf16* dy,
                                         const bf16* y, const float* lse, const bf16* qkv,
+                                        const int32_t* doc_starts,  // (B, T) or nullptr
                                         float* scratch, int b, int nh, int nkv, int t, int hs,
                                         cudaStream_t stream);
 
@@ -261,9 +302,12 @@ absl::Status FlashAttentionBackwardWith(FlashAttentionKernel kernel, bf16* dqkv,
 //   dlogits[n, j] = grad_scale * (softmax[n, j] - (j == targets[n])) for j < V, 0 for j >= V
 // (a caller chunking a batch of N_total rows passes grad_scale = loss_scale / N_total).
 // losses[n] = -log softmax[n, targets[n]] (fp32).
+// A target < 0 (Hugging Face's labels = -100) marks row n IGNORED: losses[n] = 0 and the whole
+// dlogits row (all Vp columns) is 0; its logits are not read. grad_scale is the caller's to
+// choose (e.g. loss_scale / the number of rows not ignored).
 absl::Status CrossEntropyForwardBackward(bf16* logits,            // (N, Vp) in/out
                                          float* losses,           // (N)
-                                         const int32_t* targets,  // (N), each in [0, V)
+                                         const int32_t* targets,  // (N), each in [0, V) or < 0
                                          int n, int v, int vp, float grad_scale,
                                          cudaStream_t stream);
 

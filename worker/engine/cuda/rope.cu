@@ -4,7 +4,8 @@
 //   forward   y_i = x_i cos - x_{i+HS/2} sin,   y_{i+HS/2} = x_{i+HS/2} cos + x_i sin
 //   backward  the transpose, a turn by -angle: dx_i = dy_i cos + dy_{i+HS/2} sin, ...
 // applied IN PLACE to the q and k heads of the qkv projection's output (flash attention then
-// reads them there), v untouched.
+// reads them there), v untouched. With `positions` (packed documents) row (b, t) turns by the
+// angles of position positions[b, t] instead of t: each document starts again at 0.
 //
 // The angle tables are built once on the device from the host's inverse frequencies; the angle
 // is the fp32 product t * inv_freq[i], as Hugging Face computes it, and cos / sin are fp32.
@@ -43,9 +44,10 @@ __global__ void RopeTablesKernel(float* __restrict__ cos_table,       // (maxT, 
 
 // kSign +1 turns by +angle (forward), -1 by -angle (backward).
 template <int kSign>
-__global__ void RopeKernel(bf16* __restrict__ qkv,                // (B, T, (NH + 2 NKV) HS)
-                           const float* __restrict__ cos_table,   // (maxT, HS/2)
-                           const float* __restrict__ sin_table,   // (maxT, HS/2)
+__global__ void RopeKernel(bf16* __restrict__ qkv,                  // (B, T, (NH + 2 NKV) HS)
+                           const int32_t* __restrict__ positions,  // (B, T) or nullptr
+                           const float* __restrict__ cos_table,    // (maxT, HS/2)
+                           const float* __restrict__ sin_table,    // (maxT, HS/2)
                            int64_t vecs, int t, int heads, int hs, int row_len) {
   const int half = hs / 2;
   const int head_vecs = half / kVec;
@@ -55,7 +57,7 @@ __global__ void RopeKernel(bf16* __restrict__ qkv,                // (B, T, (NH 
     const int64_t rest = i / head_vecs;
     const int head = static_cast<int>(rest % heads);  // q heads then k heads: contiguous
     const int64_t bt = rest / heads;
-    const int pos = static_cast<int>(bt % t);
+    const int pos = positions != nullptr ? positions[bt] : static_cast<int>(bt % t);
     bf16* lo = qkv + bt * row_len + static_cast<int64_t>(head) * hs + v;
     bf16* hi = lo + half;
     float x1[kVec], x2[kVec], c[kVec], s[kVec];
@@ -88,8 +90,9 @@ absl::Status CheckRopeShape(int b, int t, int nh, int nkv, int hs, const char* o
 }
 
 template <int kSign>
-absl::Status LaunchRope(bf16* qkv, const float* cos_table, const float* sin_table, int b, int t,
-                        int nh, int nkv, int hs, cudaStream_t stream, const char* op) {
+absl::Status LaunchRope(bf16* qkv, const int32_t* positions, const float* cos_table,
+                        const float* sin_table, int b, int t, int nh, int nkv, int hs,
+                        cudaStream_t stream, const char* op) {
   WEFT_BF16_RETURN_IF_ERROR(CheckRopeShape(b, t, nh, nkv, hs, op));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPointers(
       op, {internal::Aligned16(qkv, "qkv"), internal::Aligned16(cos_table, "cos_table"),
@@ -98,7 +101,8 @@ absl::Status LaunchRope(bf16* qkv, const float* cos_table, const float* sin_tabl
   const int row_len = (nh + 2 * nkv) * hs;
   const int64_t vecs = static_cast<int64_t>(b) * t * heads * (hs / 2 / kVec);
   return internal::Launch(RopeKernel<kSign>, internal::GridFor(vecs), internal::kBlockSize, 0,
-                          stream, qkv, cos_table, sin_table, vecs, t, heads, hs, row_len);
+                          stream, qkv, positions, cos_table, sin_table, vecs, t, heads, hs,
+                          row_len);
 }
 
 }  // namespace
@@ -116,14 +120,17 @@ absl::Status RopeTables(float* cos_table, float* sin_table, const float* inv_fre
                           cos_table, sin_table, inv_freq, n, half);
 }
 
-absl::Status RopeForward(bf16* qkv, const float* cos_table, const float* sin_table, int b, int t,
-                         int nh, int nkv, int hs, cudaStream_t stream) {
-  return LaunchRope<1>(qkv, cos_table, sin_table, b, t, nh, nkv, hs, stream, "rope");
+absl::Status RopeForward(bf16* qkv, const int32_t* positions, const float* cos_table,
+                         const float* sin_table, int b, int t, int nh, int nkv, int hs,
+                         cudaStream_t stream) {
+  return LaunchRope<1>(qkv, positions, cos_table, sin_table, b, t, nh, nkv, hs, stream, "rope");
 }
 
-absl::Status RopeBackward(bf16* dqkv, const float* cos_table, const float* sin_table, int b,
-                          int t, int nh, int nkv, int hs, cudaStream_t stream) {
-  return LaunchRope<-1>(dqkv, cos_table, sin_table, b, t, nh, nkv, hs, stream, "rope backward");
+absl::Status RopeBackward(bf16* dqkv, const int32_t* positions, const float* cos_table,
+                          const float* sin_table, int b, int t, int nh, int nkv, int hs,
+                          cudaStream_t stream) {
+  return LaunchRope<-1>(dqkv, positions, cos_table, sin_table, b, t, nh, nkv, hs, stream,
+                        "rope backward");
 }
 
 }  // namespace weft::engine::cuda

@@ -12,7 +12,9 @@
 //    adds in the same order, then one rounding, as the reference rounded with RNE;
 //  - attention split/merge heads: exact (permutations);
 //  - CausalSoftmaxRecompute: exact against CausalSoftmaxForward's P (same formula);
-//  - zeros above the diagonal and in vocabulary padding: exact;
+//  - zeros outside the causal (or document-masked) columns and in vocabulary padding: exact;
+//  - cross-entropy rows of ignored targets (< 0): exactly 0 (loss and the whole row), the other
+//    rows bit for bit as without ignored rows;
 //  - every bf16 output otherwise (LayerNorm out/dinp, GELU, softmax P and dscores, dlogits):
 //    kBf16;
 //  - fp32 statistics and reductions (LayerNorm mean/rstd/dweight/dbias, lse, losses, dbias,
@@ -480,30 +482,34 @@ TEST_F(Bf16OpsTest, AttentionHeadPermutations) {
             kInvalid);  // head size 4, not a multiple of 8
 }
 
-// Host causal softmax (double) of scale * scores: P with zeros above the diagonal, and lse.
+// Host causal softmax (double) of scale * scores over each row's columns [start[r], r % T]:
+// P with zeros elsewhere, and lse. start: the rows' first columns (0 without documents).
 void HostCausalSoftmax(const std::vector<float>& scores, int64_t rows, int t, float scale,
-                       std::vector<float>* p, std::vector<float>* lse) {
+                       const std::vector<int>& start, std::vector<float>* p,
+                       std::vector<float>* lse) {
   p->assign(scores.size(), 0.0f);
   lse->assign(rows, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     const int pos = static_cast<int>(r % t);
     const float* s = scores.data() + r * t;
     double max_val = -INFINITY;
-    for (int j = 0; j <= pos; ++j) max_val = std::max(max_val, double{scale} * s[j]);
+    for (int j = start[r]; j <= pos; ++j) max_val = std::max(max_val, double{scale} * s[j]);
     double sum = 0.0;
-    for (int j = 0; j <= pos; ++j) sum += std::exp(double{scale} * s[j] - max_val);
-    for (int j = 0; j <= pos; ++j) {
+    for (int j = start[r]; j <= pos; ++j) sum += std::exp(double{scale} * s[j] - max_val);
+    for (int j = start[r]; j <= pos; ++j) {
       (*p)[r * t + j] = static_cast<float>(std::exp(double{scale} * s[j] - max_val) / sum);
     }
     (*lse)[r] = static_cast<float>(max_val + std::log(sum));
   }
 }
 
-// Every element above the diagonal (column > r % T) is exactly zero.
-bool UpperIsZero(const std::vector<float>& x, int64_t rows, int t) {
+// Every element outside the row's columns [start[r], r % T] is exactly zero.
+bool OutsideIsZero(const std::vector<float>& x, int64_t rows, int t,
+                   const std::vector<int>& start) {
   for (int64_t r = 0; r < rows; ++r) {
-    for (int j = static_cast<int>(r % t) + 1; j < t; ++j) {
-      if (x[r * t + j] != 0.0f) return false;
+    for (int j = 0; j < t; ++j) {
+      const bool visible = j >= start[r] && j <= static_cast<int>(r % t);
+      if (!visible && x[r * t + j] != 0.0f) return false;
     }
   }
   return true;
@@ -511,29 +517,54 @@ bool UpperIsZero(const std::vector<float>& x, int64_t rows, int t) {
 
 TEST_F(Bf16OpsTest, CausalSoftmax) {
   // T = 24: not a power of two, fewer columns than a warp covers; T = 520: several vectors per
-  // lane and a ragged last step.
-  for (const auto& [rows, t] : {std::pair<int64_t, int>{2 * 3 * 24, 24},
-                                std::pair<int64_t, int>{2 * 520, 520}}) {
-    SCOPED_TRACE(testing::Message() << "rows " << rows << " t " << t);
+  // lane and a ragged last step. Each without and with document masking (doc_starts (B, T)
+  // of documents of 1, 9, 30, 130, 3 ... tokens: starts on and off the 8-column vectors).
+  struct Case {
+    int b, nh, t;
+    bool docs;
+  };
+  for (const Case& c : {Case{2, 3, 24, false}, Case{2, 1, 520, false}, Case{2, 3, 24, true},
+                        Case{2, 2, 520, true}}) {
+    const int64_t rows = static_cast<int64_t>(c.b) * c.nh * c.t;
+    const int t = c.t;
+    SCOPED_TRACE(testing::Message() << "rows " << rows << " t " << t << " docs " << c.docs);
+    std::vector<int32_t> doc_starts(static_cast<size_t>(c.b) * t, 0);  // (B, T)
+    if (c.docs) {
+      const int lengths[] = {1, 9, 30, 130, 3, 64, 17};
+      for (int b = 0; b < c.b; ++b) {
+        for (int start = 0, i = 3 * b; start < t; ++i) {
+          const int len = std::min(lengths[i % 7], t - start);
+          std::fill_n(doc_starts.begin() + static_cast<size_t>(b) * t + start, len, start);
+          start += len;
+        }
+      }
+    }
+    std::vector<int> start(rows);  // row r = (b * NH + h) * T + pos
+    for (int64_t r = 0; r < rows; ++r) start[r] = doc_starts[(r / (c.nh * t)) * t + r % t];
+    DeviceBuffer<int32_t> d_starts(doc_starts);
+    const int32_t* starts = c.docs ? d_starts.get() : nullptr;
     const float scale = 0.125f;  // 1 / sqrt(64)
-    // The whole (T, T) block holds scores, as after the full q.k GEMM; the upper part must be
+    // The whole (T, T) block holds scores, as after the full q.k GEMM; the masked part must be
     // zeroed, not read.
     const std::vector<float> scores = RandomBf16(rng_, rows * t, 0.0f, 16.0f);
     std::vector<float> p, lse;
-    HostCausalSoftmax(scores, rows, t, scale, &p, &lse);
+    HostCausalSoftmax(scores, rows, t, scale, start, &p, &lse);
 
     Bf16Buffer d_att(scores);
     DeviceBuffer<float> d_lse(Filled(rows, NAN));
-    ASSERT_TRUE(CausalSoftmaxForward(d_att.get(), d_lse.get(), rows, t, scale, stream_).ok());
+    ASSERT_TRUE(
+        CausalSoftmaxForward(d_att.get(), d_lse.get(), starts, rows, t, c.nh, scale, stream_)
+            .ok());
     Sync();
     const std::vector<float> gpu_p = d_att.ToHost();
     EXPECT_CLOSE(gpu_p, p, kBf16);
-    EXPECT_TRUE(UpperIsZero(gpu_p, rows, t));
+    EXPECT_TRUE(OutsideIsZero(gpu_p, rows, t, start));
     EXPECT_CLOSE(d_lse.ToHost(), lse, kFp32);
 
     Bf16Buffer d_recomputed(scores);
-    ASSERT_TRUE(
-        CausalSoftmaxRecompute(d_recomputed.get(), d_lse.get(), rows, t, scale, stream_).ok());
+    ASSERT_TRUE(CausalSoftmaxRecompute(d_recomputed.get(), d_lse.get(), starts, rows, t, c.nh,
+                                       scale, stream_)
+                    .ok());
     Sync();
     EXPECT_EQ(d_recomputed.Bits(), d_att.Bits());
 
@@ -543,25 +574,38 @@ TEST_F(Bf16OpsTest, CausalSoftmax) {
     for (int64_t r = 0; r < rows; ++r) {
       const int pos = static_cast<int>(r % t);
       double dot = 0.0;
-      for (int j = 0; j <= pos; ++j) dot += double{gpu_p[r * t + j]} * dp[r * t + j];
-      for (int j = 0; j <= pos; ++j) {
+      for (int j = start[r]; j <= pos; ++j) dot += double{gpu_p[r * t + j]} * dp[r * t + j];
+      for (int j = start[r]; j <= pos; ++j) {
         dscores[r * t + j] =
             static_cast<float>(scale * gpu_p[r * t + j] * (double{dp[r * t + j]} - dot));
       }
     }
     Bf16Buffer d_datt(dp);
-    ASSERT_TRUE(CausalSoftmaxBackward(d_datt.get(), d_att.get(), rows, t, scale, stream_).ok());
+    ASSERT_TRUE(
+        CausalSoftmaxBackward(d_datt.get(), d_att.get(), starts, rows, t, c.nh, scale, stream_)
+            .ok());
     Sync();
     const std::vector<float> gpu_dscores = d_datt.ToHost();
     EXPECT_CLOSE(gpu_dscores, dscores, kBf16);
-    EXPECT_TRUE(UpperIsZero(gpu_dscores, rows, t));
+    EXPECT_TRUE(OutsideIsZero(gpu_dscores, rows, t, start));
   }
   Bf16Buffer x(256);
   DeviceBuffer<float> lse(Filled(16));
-  EXPECT_EQ(CausalSoftmaxForward(x.get(), lse.get(), 16, 12, 1.0f, stream_).code(),
+  DeviceBuffer<int32_t> starts(std::vector<int32_t>(16, 0));
+  EXPECT_EQ(CausalSoftmaxForward(x.get(), lse.get(), nullptr, 16, 12, 1, 1.0f, stream_).code(),
             kInvalid);  // t % 8
-  EXPECT_EQ(CausalSoftmaxRecompute(x.get(), nullptr, 16, 16, 1.0f, stream_).code(), kInvalid);
-  EXPECT_EQ(CausalSoftmaxBackward(x.get(), x.get(), 0, 16, 1.0f, stream_).code(), kInvalid);
+  EXPECT_EQ(
+      CausalSoftmaxRecompute(x.get(), nullptr, nullptr, 16, 16, 1, 1.0f, stream_).code(),
+      kInvalid);
+  EXPECT_EQ(CausalSoftmaxBackward(x.get(), x.get(), nullptr, 0, 16, 1, 1.0f, stream_).code(),
+            kInvalid);
+  // With doc_starts the rows are whole sequences of nh heads.
+  EXPECT_EQ(
+      CausalSoftmaxForward(x.get(), lse.get(), starts.get(), 16, 8, 3, 1.0f, stream_).code(),
+      kInvalid);
+  EXPECT_EQ(
+      CausalSoftmaxForward(x.get(), lse.get(), starts.get(), 16, 8, 0, 1.0f, stream_).code(),
+      kInvalid);
 }
 
 TEST_F(Bf16OpsTest, CrossEntropy) {
@@ -605,6 +649,51 @@ TEST_F(Bf16OpsTest, CrossEntropy) {
   EXPECT_EQ(CrossEntropyForwardBackward(x.get(), f.get(), targets.get(), 4, 10, 12, 1.0f,
                                         stream_).code(),
             kInvalid);  // vp % 8
+}
+
+// Targets < 0 (Hugging Face's -100, and -1) are ignored: loss 0 and every one of the row's Vp
+// columns 0, whatever its logits; the other rows as when no row is ignored, bit for bit (one
+// block per row).
+TEST_F(Bf16OpsTest, CrossEntropyIgnoresNegativeTargets) {
+  const int n = 9, v = 1001, vp = 1032;
+  const std::vector<float> logits = RandomBf16(rng_, static_cast<size_t>(n) * vp, 0.0f, 3.0f);
+  std::uniform_int_distribution<int32_t> tok(0, v - 1);
+  std::vector<int32_t> targets(n);
+  for (int32_t& x : targets) x = tok(rng_);
+  std::vector<int32_t> ignoring = targets;
+  const int ignored[] = {0, 3, 4, 8};
+  ignoring[0] = -100;
+  ignoring[3] = -1;
+  ignoring[4] = -100;
+  ignoring[8] = -7;
+  const float grad_scale = 0.25f;
+  const auto run = [&](const std::vector<int32_t>& t, std::vector<uint16_t>* dlogits,
+                       std::vector<float>* losses) {
+    Bf16Buffer d_logits(logits);
+    DeviceBuffer<float> d_losses(Filled(n, NAN));
+    DeviceBuffer<int32_t> d_targets(t);
+    ASSERT_TRUE(CrossEntropyForwardBackward(d_logits.get(), d_losses.get(), d_targets.get(), n,
+                                            v, vp, grad_scale, stream_)
+                    .ok());
+    Sync();
+    *dlogits = d_logits.Bits();
+    *losses = d_losses.ToHost();
+  };
+  std::vector<uint16_t> all_rows, some_rows;
+  std::vector<float> all_losses, some_losses;
+  ASSERT_NO_FATAL_FAILURE(run(targets, &all_rows, &all_losses));
+  ASSERT_NO_FATAL_FAILURE(run(ignoring, &some_rows, &some_losses));
+  for (int i = 0; i < n; ++i) {
+    SCOPED_TRACE(testing::Message() << "row " << i << " target " << ignoring[i]);
+    const auto row = some_rows.begin() + static_cast<size_t>(i) * vp;
+    if (std::find(std::begin(ignored), std::end(ignored), i) != std::end(ignored)) {
+      EXPECT_EQ(some_losses[i], 0.0f);
+      EXPECT_TRUE(std::all_of(row, row + vp, [](uint16_t x) { return x == 0; }));
+    } else {
+      EXPECT_EQ(some_losses[i], all_losses[i]);
+      EXPECT_TRUE(std::equal(row, row + vp, all_rows.begin() + static_cast<size_t>(i) * vp));
+    }
+  }
 }
 
 TEST_F(Bf16OpsTest, AdamWRunsFollowTheCpuOp) {

@@ -19,6 +19,10 @@
 // of 64; the backward is checked bit-deterministic.
 // At HS 64 and 128 both forward kernels (mma.sync, and the Hopper wgmma one where it runs) are
 // checked against the reference, each other and their own second run.
+// Document masking (doc_starts, packed sequences), for both kernels at every head size with
+// grouped-query heads: forward and backward against each document run alone through the plain
+// causal kernel (to bf16 accuracy) and against the reference with the documents' masks;
+// doc_starts all zero bit for bit the nullptr (plain causal) result.
 // A timing test prints the GPT-2 124M shape (B = 16, NH = 12, T = 1024, HS = 64).
 // Skips (GTEST_SKIP) when no CUDA device is present, except the argument checks, which fail
 // before touching the GPU.
@@ -29,6 +33,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -110,10 +115,12 @@ struct Reference {
 };
 
 // Causal attention per query head, straight from the definition, in double; query head
-// (b, h) reads kv head (b, h / G). q, dy: (B, NH, T, HS); k, v: (B, NKV, T, HS).
+// (b, h) reads kv head (b, h / G). q, dy: (B, NH, T, HS); k, v: (B, NKV, T, HS). With
+// doc_starts (B, T), query i of sequence b sees keys [doc_starts[b, i], i] only.
 Reference ComputeReference(const Shape& s, const std::vector<double>& q,
                            const std::vector<double>& k, const std::vector<double>& v,
-                           const std::vector<double>& dy) {
+                           const std::vector<double>& dy,
+                           const std::vector<int32_t>* doc_starts = nullptr) {
   const int t = s.t, hs = s.hs;
   const int group = s.nh / s.kv();
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
@@ -131,19 +138,20 @@ Reference ComputeReference(const Shape& s, const std::vector<double>& q,
     const auto row = [&](const std::vector<double>& m, int i) { return &m[base + i * hs]; };
     const auto kv_row = [&](const std::vector<double>& m, int i) { return &m[kv_base + i * hs]; };
     for (int i = 0; i < t; ++i) {
+      const int j0 = doc_starts == nullptr ? 0 : (*doc_starts)[(h / s.nh) * t + i];
       double mx = -INFINITY;
-      for (int j = 0; j <= i; ++j) {
+      for (int j = j0; j <= i; ++j) {
         double dot = 0.0;
         for (int d = 0; d < hs; ++d) dot += row(q, i)[d] * kv_row(k, j)[d];
         p[j] = scale * dot;
         mx = std::max(mx, p[j]);
       }
       double sum = 0.0;
-      for (int j = 0; j <= i; ++j) sum += std::exp(p[j] - mx);
+      for (int j = j0; j <= i; ++j) sum += std::exp(p[j] - mx);
       const double lse = mx + std::log(sum);
       ref.lse[h * t + i] = lse;
       double dsum = 0.0;
-      for (int j = 0; j <= i; ++j) {
+      for (int j = j0; j <= i; ++j) {
         p[j] = std::exp(p[j] - lse);
         double dot = 0.0;
         for (int d = 0; d < hs; ++d) {
@@ -153,7 +161,7 @@ Reference ComputeReference(const Shape& s, const std::vector<double>& q,
         dp[j] = dot;
         dsum += p[j] * dot;
       }
-      for (int j = 0; j <= i; ++j) {
+      for (int j = j0; j <= i; ++j) {
         const double ds = scale * p[j] * (dp[j] - dsum);
         for (int d = 0; d < hs; ++d) {
           ref.dq[base + i * hs + d] += ds * kv_row(k, j)[d];
@@ -226,12 +234,12 @@ TEST_P(FlashAttentionShapeTest, MatchesHostReference) {
       std::vector<float>(FlashAttentionBackwardScratchFloats(s.b, s.nh, s.t, s.hs), 0.0f));
 
   ASSERT_TRUE(FlashAttentionSupported(s.hs));
-  ASSERT_TRUE(FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), s.b, s.nh, s.kv(),
-                                    s.t, s.hs, stream_)
+  ASSERT_TRUE(FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), nullptr, s.b, s.nh,
+                                    s.kv(), s.t, s.hs, stream_)
                   .ok());
   ASSERT_TRUE(FlashAttentionBackward(AsBf16(d_dqkv), AsBf16(d_dy), AsBf16(d_y), d_lse.get(),
-                                     AsBf16(d_qkv), d_scratch.get(), s.b, s.nh, s.kv(), s.t,
-                                     s.hs, stream_)
+                                     AsBf16(d_qkv), nullptr, d_scratch.get(), s.b, s.nh, s.kv(),
+                                     s.t, s.hs, stream_)
                   .ok());
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   const auto dqkv1 = d_dqkv.ToHost();
@@ -252,8 +260,8 @@ TEST_P(FlashAttentionShapeTest, MatchesHostReference) {
   // Deterministic: a second backward, into a freshly garbage-filled dqkv, gives the same bits.
   DeviceBuffer<uint16_t> d_dqkv2(std::vector<uint16_t>(s.qkv_elems(), kGarbageBits));
   ASSERT_TRUE(FlashAttentionBackward(AsBf16(d_dqkv2), AsBf16(d_dy), AsBf16(d_y), d_lse.get(),
-                                     AsBf16(d_qkv), d_scratch.get(), s.b, s.nh, s.kv(), s.t,
-                                     s.hs, stream_)
+                                     AsBf16(d_qkv), nullptr, d_scratch.get(), s.b, s.nh, s.kv(),
+                                     s.t, s.hs, stream_)
                   .ok());
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   EXPECT_EQ(d_dqkv2.ToHost(), dqkv1);
@@ -286,8 +294,8 @@ TEST_P(FlashForwardKernelsTest, BothMatchTheReferenceAndEachOther) {
                        std::vector<float>* lse) {
     DeviceBuffer<uint16_t> d_y(std::vector<uint16_t>(s.elems(), kGarbageBits));
     DeviceBuffer<float> d_lse(std::vector<float>(s.heads() * s.t, -1.0f));
-    ASSERT_TRUE(FlashAttentionForwardWith(kernel, AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), s.b,
-                                          s.nh, s.kv(), s.t, s.hs, stream_)
+    ASSERT_TRUE(FlashAttentionForwardWith(kernel, AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), nullptr,
+                                          s.b, s.nh, s.kv(), s.t, s.hs, stream_)
                     .ok());
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     *y = d_y.ToHost();
@@ -345,14 +353,14 @@ TEST_P(FlashBackwardKernelsTest, BothMatchTheReferenceAndEachOther) {
   DeviceBuffer<float> d_lse(std::vector<float>(s.heads() * s.t, -1.0f));
   DeviceBuffer<float> d_scratch(
       std::vector<float>(FlashAttentionBackwardScratchFloats(s.b, s.nh, s.t, s.hs), 0.0f));
-  ASSERT_TRUE(FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), s.b, s.nh, s.kv(),
-                                    s.t, s.hs, stream_)
+  ASSERT_TRUE(FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), nullptr, s.b, s.nh,
+                                    s.kv(), s.t, s.hs, stream_)
                   .ok());
   const auto run = [&](FlashAttentionKernel kernel, std::vector<uint16_t>* dqkv) {
     DeviceBuffer<uint16_t> d_dqkv(std::vector<uint16_t>(s.qkv_elems(), kGarbageBits));
     ASSERT_TRUE(FlashAttentionBackwardWith(kernel, AsBf16(d_dqkv), AsBf16(d_dy), AsBf16(d_y),
-                                           d_lse.get(), AsBf16(d_qkv), d_scratch.get(), s.b,
-                                           s.nh, s.kv(), s.t, s.hs, stream_)
+                                           d_lse.get(), AsBf16(d_qkv), nullptr, d_scratch.get(),
+                                           s.b, s.nh, s.kv(), s.t, s.hs, stream_)
                     .ok());
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     *dqkv = d_dqkv.ToHost();
@@ -396,43 +404,269 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{2, 3, 200, 64}, Shape{1, 8, 300, 64, 2}, Shape{1, 2, 512, 64, 1}),
     ShapeName);
 
+// ---- Document masking (doc_starts, packed sequences) ----
+
+// Documents packed into sequences: docs[b] lists sequence b's document lengths, which sum to
+// T (the same T for every sequence).
+struct DocCase {
+  int nh, nkv, hs;
+  std::vector<std::vector<int>> docs;
+  bool reference = true;  // also against the double host reference (off where T is long)
+  int t() const { return std::accumulate(docs[0].begin(), docs[0].end(), 0); }
+  Shape shape() const { return Shape{static_cast<int>(docs.size()), nh, t(), hs, nkv}; }
+};
+
+// Document lengths cycling through `pattern` until they fill t, the last one cut at t.
+std::vector<int> Cycle(const std::vector<int>& pattern, int t) {
+  std::vector<int> lengths;
+  for (int filled = 0, i = 0; filled < t; ++i) {
+    lengths.push_back(std::min(pattern[i % pattern.size()], t - filled));
+    filled += lengths.back();
+  }
+  return lengths;
+}
+
+// doc_starts (B, T): the first position of each position's document.
+std::vector<int32_t> DocStartsOf(const std::vector<std::vector<int>>& docs, int t) {
+  std::vector<int32_t> starts;
+  for (const std::vector<int>& lengths : docs) {
+    int start = 0;
+    for (int len : lengths) {
+      starts.insert(starts.end(), len, start);
+      start += len;
+    }
+    EXPECT_EQ(start, t) << "a sequence's documents must fill T";
+  }
+  return starts;
+}
+
+std::vector<FlashAttentionKernel> KernelsAt(int hs) {
+  std::vector<FlashAttentionKernel> kernels = {FlashAttentionKernel::kMmaSync};
+  if (FlashAttentionHopperForward(hs)) kernels.push_back(FlashAttentionKernel::kHopper);
+  return kernels;
+}
+
+const char* KernelName(FlashAttentionKernel kernel) {
+  return kernel == FlashAttentionKernel::kHopper    ? "hopper"
+         : kernel == FlashAttentionKernel::kMmaSync ? "mma.sync"
+                                                    : "auto";
+}
+
+struct FlashOutputs {
+  std::vector<uint16_t> y, dqkv;  // (B, T, C), (B, T, W)
+  std::vector<float> lse;         // (B * NH * T)
+};
+
+// One forward and backward with `kernel` (the backward's dK/dV kernel chosen alike) into
+// garbage-filled outputs, with doc_starts (host, copied to the device) or without (nullptr).
+FlashOutputs RunFlash(FlashAttentionKernel kernel, const Shape& s,
+                      const std::vector<uint16_t>& qkv, const std::vector<uint16_t>& dy,
+                      const std::vector<int32_t>* doc_starts, cudaStream_t stream) {
+  DeviceBuffer<uint16_t> d_qkv(qkv), d_dy(dy);
+  DeviceBuffer<uint16_t> d_y(std::vector<uint16_t>(s.elems(), kGarbageBits));
+  DeviceBuffer<uint16_t> d_dqkv(std::vector<uint16_t>(s.qkv_elems(), kGarbageBits));
+  DeviceBuffer<float> d_lse(std::vector<float>(s.heads() * s.t, -1.0f));
+  DeviceBuffer<float> d_scratch(
+      std::vector<float>(FlashAttentionBackwardScratchFloats(s.b, s.nh, s.t, s.hs), 0.0f));
+  DeviceBuffer<int32_t> d_starts(doc_starts != nullptr ? *doc_starts : std::vector<int32_t>());
+  const int32_t* starts = doc_starts != nullptr ? d_starts.get() : nullptr;
+  const absl::Status forward = FlashAttentionForwardWith(
+      kernel, AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), starts, s.b, s.nh, s.kv(), s.t, s.hs,
+      stream);
+  EXPECT_TRUE(forward.ok()) << forward;
+  const absl::Status backward = FlashAttentionBackwardWith(
+      kernel, AsBf16(d_dqkv), AsBf16(d_dy), AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), starts,
+      d_scratch.get(), s.b, s.nh, s.kv(), s.t, s.hs, stream);
+  EXPECT_TRUE(backward.ok()) << backward;
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  return {d_y.ToHost(), d_dqkv.ToHost(), d_lse.ToHost()};
+}
+
+// What document masking must equal: every document run on its own through the plain causal
+// kernel (a sequence of its own length, B = 1), its y, lse and dqkv put back at its place.
+FlashOutputs RunDocumentsAlone(FlashAttentionKernel kernel, const DocCase& c,
+                               const std::vector<uint16_t>& qkv, const std::vector<uint16_t>& dy,
+                               cudaStream_t stream) {
+  const Shape s = c.shape();
+  const size_t w = s.width(), cw = s.c();
+  FlashOutputs out{std::vector<uint16_t>(s.elems()), std::vector<uint16_t>(s.qkv_elems()),
+                   std::vector<float>(s.heads() * s.t)};
+  for (int b = 0; b < s.b; ++b) {
+    int start = 0;
+    for (int len : c.docs[b]) {
+      const Shape d{1, s.nh, len, s.hs, s.nkv};
+      const size_t row0 = static_cast<size_t>(b) * s.t + start;  // the document's first row
+      const std::vector<uint16_t> doc_qkv(qkv.begin() + row0 * w, qkv.begin() + (row0 + len) * w);
+      const std::vector<uint16_t> doc_dy(dy.begin() + row0 * cw, dy.begin() + (row0 + len) * cw);
+      const FlashOutputs alone = RunFlash(kernel, d, doc_qkv, doc_dy, nullptr, stream);
+      std::copy(alone.y.begin(), alone.y.end(), out.y.begin() + row0 * cw);
+      std::copy(alone.dqkv.begin(), alone.dqkv.end(), out.dqkv.begin() + row0 * w);
+      for (int h = 0; h < s.nh; ++h) {
+        std::copy(alone.lse.begin() + static_cast<size_t>(h) * len,
+                  alone.lse.begin() + static_cast<size_t>(h + 1) * len,
+                  out.lse.begin() + (static_cast<size_t>(b) * s.nh + h) * s.t + start);
+      }
+      start += len;
+    }
+  }
+  return out;
+}
+
+std::vector<double> ToDouble(const std::vector<float>& x) {
+  return std::vector<double>(x.begin(), x.end());
+}
+
+class FlashDocMaskTest : public FlashAttentionTest,
+                         public ::testing::WithParamInterface<DocCase> {};
+
+// Both kernels (mma.sync, and the Hopper ones where they run) with doc_starts against each
+// document run alone through the same kernel without: the same attention, up to the order of
+// the fp32 sums (the packed walk meets a document's keys in other tiles), so to bf16
+// accuracy: y 1e-2, dq, dk, dv 2e-2 (as the two kernels against each other), lse 1e-5. Also
+// against the double reference with document masking at the reference tolerances, and
+// bit-deterministic.
+TEST_P(FlashDocMaskTest, EqualsEachDocumentAlone) {
+  const DocCase& c = GetParam();
+  const Shape s = c.shape();
+  std::mt19937 rng(31 + s.t * 3 + s.hs);
+  const std::vector<uint16_t> qkv = RandomBf16(s.qkv_elems(), 1.0f, rng);  // (B, T, W)
+  const std::vector<uint16_t> dy = RandomBf16(s.elems(), 1.0f, rng);       // (B, T, C)
+  const std::vector<int32_t> starts = DocStartsOf(c.docs, s.t);
+  Reference ref;
+  if (c.reference) {
+    ref = ComputeReference(s, ToDouble(ToHeads(qkv, s, kQ)), ToDouble(ToHeads(qkv, s, kK)),
+                           ToDouble(ToHeads(qkv, s, kV)), ToDouble(ToHeads(dy, s, kY)), &starts);
+  }
+  for (const FlashAttentionKernel kernel : KernelsAt(s.hs)) {
+    const char* name = KernelName(kernel);
+    SCOPED_TRACE(name);
+    const FlashOutputs packed = RunFlash(kernel, s, qkv, dy, &starts, stream_);
+    const FlashOutputs alone = RunDocumentsAlone(kernel, c, qkv, dy, stream_);
+    const double e_y = RelError(packed.y, ToDouble(alone.y));
+    const double e_lse = RelError(packed.lse, ToDouble(alone.lse));
+    const double e_dq = RelError(ToHeads(packed.dqkv, s, kQ), ToDouble(ToHeads(alone.dqkv, s, kQ)));
+    const double e_dk = RelError(ToHeads(packed.dqkv, s, kK), ToDouble(ToHeads(alone.dqkv, s, kK)));
+    const double e_dv = RelError(ToHeads(packed.dqkv, s, kV), ToDouble(ToHeads(alone.dqkv, s, kV)));
+    std::printf("%s docs B=%d NH=%d NKV=%d T=%d HS=%d vs alone: y %.2e lse %.2e dq %.2e dk %.2e "
+                "dv %.2e\n",
+                name, s.b, s.nh, s.kv(), s.t, s.hs, e_y, e_lse, e_dq, e_dk, e_dv);
+    EXPECT_LE(e_y, 1e-2);
+    EXPECT_LE(e_lse, kTolLse);
+    EXPECT_LE(e_dq, 2e-2);
+    EXPECT_LE(e_dk, 2e-2);
+    EXPECT_LE(e_dv, 2e-2);
+    if (c.reference) {
+      const double r_y = RelError(ToHeads(packed.y, s, kY), ref.y);
+      const double r_lse = RelError(packed.lse, ref.lse);
+      const double r_dq = RelError(ToHeads(packed.dqkv, s, kQ), ref.dq);
+      const double r_dk = RelError(ToHeads(packed.dqkv, s, kK), ref.dk);
+      const double r_dv = RelError(ToHeads(packed.dqkv, s, kV), ref.dv);
+      std::printf("%s docs vs reference: y %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", name, r_y,
+                  r_lse, r_dq, r_dk, r_dv);
+      EXPECT_LE(r_y, kTolY);
+      EXPECT_LE(r_lse, kTolLse);
+      EXPECT_LE(r_dq, kTolDqDk);
+      EXPECT_LE(r_dk, kTolDqDk);
+      EXPECT_LE(r_dv, kTolDv);
+    }
+    const FlashOutputs again = RunFlash(kernel, s, qkv, dy, &starts, stream_);
+    EXPECT_EQ(again.y, packed.y);  // deterministic
+    EXPECT_EQ(again.lse, packed.lse);
+    EXPECT_EQ(again.dqkv, packed.dqkv);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Docs, FlashDocMaskTest,
+    ::testing::Values(
+        // Grouped-query (NH 4, NKV 2) at every head size; documents of 1, 7, 64, 65, 200 ...
+        // tokens, T not a multiple of any tile.
+        DocCase{4, 2, 64, {{1, 7, 64, 65, 200, 3}, {200, 1, 139}}},
+        DocCase{4, 2, 128, {{1, 7, 64, 65, 200, 3}, {200, 1, 139}}},
+        DocCase{4, 2, 32, {{130, 1, 1, 97, 71}, {64, 64, 64, 100, 8}}},
+        DocCase{4, 2, 16, {{5, 300, 17, 1, 200}}},
+        // Many documents, across several tiles of every kernel.
+        DocCase{4, 2, 64, {Cycle({1, 7, 64, 65, 200, 13, 128, 129, 3}, 1000)}},
+        DocCase{4, 2, 128, {Cycle({300, 150, 450, 17, 1}, 1100)}},
+        DocCase{2, 1, 64, {{1000, 1, 299}}}, DocCase{4, 4, 128, {{256, 128, 129, 7}}},
+        DocCase{8, 2, 16, {Cycle({33, 1, 250}, 700), Cycle({64, 190}, 700)}},
+        // Long documents: T = 8400 (the dK/dV blocks rank their key tiles by work), and
+        // T = 16500, past what the mma.sync dK/dV blocks rank (256 key tiles of 64): they take
+        // them in order, each counting its query tiles in rounds of 128.
+        DocCase{2, 1, 64, {{100, 8300}}, false}, DocCase{2, 1, 64, {{100, 16400}}, false}),
+    [](const ::testing::TestParamInfo<DocCase>& info) {
+      const DocCase& c = info.param;
+      return absl::StrCat("Case", info.index, "NH", c.nh, "NKV", c.nkv, "HS", c.hs, "T", c.t(),
+                          "B", c.docs.size());
+    });
+
+// doc_starts all zero is one document a sequence: plain causal attention, and bit for bit
+// the nullptr result (the same tiles in the same order, the same arithmetic), for every kernel
+// and kAuto.
+class FlashDocZeroTest : public FlashAttentionTest, public ::testing::WithParamInterface<Shape> {};
+
+TEST_P(FlashDocZeroTest, ZeroStartsAreBitwiseCausal) {
+  const Shape s = GetParam();
+  std::mt19937 rng(5 + s.t);
+  const std::vector<uint16_t> qkv = RandomBf16(s.qkv_elems(), 1.0f, rng);
+  const std::vector<uint16_t> dy = RandomBf16(s.elems(), 1.0f, rng);
+  const std::vector<int32_t> zeros(static_cast<size_t>(s.b) * s.t, 0);
+  std::vector<FlashAttentionKernel> kernels = KernelsAt(s.hs);
+  kernels.push_back(FlashAttentionKernel::kAuto);
+  for (const FlashAttentionKernel kernel : kernels) {
+    SCOPED_TRACE(KernelName(kernel));
+    const FlashOutputs causal = RunFlash(kernel, s, qkv, dy, nullptr, stream_);
+    const FlashOutputs zero = RunFlash(kernel, s, qkv, dy, &zeros, stream_);
+    EXPECT_EQ(zero.y, causal.y);
+    EXPECT_EQ(zero.lse, causal.lse);
+    EXPECT_EQ(zero.dqkv, causal.dqkv);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashDocZeroTest,
+                         ::testing::Values(Shape{2, 4, 300, 64, 2}, Shape{1, 4, 200, 128, 2},
+                                           Shape{1, 2, 77, 16, 1}, Shape{2, 2, 130, 32},
+                                           Shape{1, 8, 1024, 64, 2}, Shape{1, 2, 513, 128}),
+                         ShapeName);
+
 // Rejected before any GPU work, so this runs without a device too.
 TEST(FlashAttentionArgs, RejectsBadArguments) {
   alignas(16) static uint16_t dummy[64];
   bf16* p = reinterpret_cast<bf16*>(dummy);
   float* f = reinterpret_cast<float*>(dummy);
   bf16* p2 = p + 32;  // a second, distinct 16-byte aligned pointer
-  EXPECT_EQ(FlashAttentionForward(p, f, p, 1, 1, 1, 8, 48, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p, f, p, nullptr, 1, 1, 1, 8, 48, nullptr).code(),
             absl::StatusCode::kUnimplemented);
   EXPECT_FALSE(FlashAttentionSupported(48));
-  EXPECT_EQ(FlashAttentionForward(p, f, nullptr, 1, 1, 1, 8, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p, f, nullptr, nullptr, 1, 1, 1, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(FlashAttentionForward(p, f, p, 1, 1, 1, 0, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p, f, p, nullptr, 1, 1, 1, 0, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(FlashAttentionForward(p + 1, f, p, 1, 1, 1, 8, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p + 1, f, p, nullptr, 1, 1, 1, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // y not 16-byte aligned
-  EXPECT_EQ(FlashAttentionForward(p, f, p + 4, 1, 1, 1, 8, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p, f, p + 4, nullptr, 1, 1, 1, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // qkv not 16-byte aligned
-  EXPECT_EQ(FlashAttentionBackward(p2, p, p, f, p, nullptr, 1, 1, 1, 8, 64, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);  // no scratch
-  EXPECT_EQ(FlashAttentionBackward(p, p, p, f, p, f, 1, 1, 1, 8, 64, nullptr).code(),
+  EXPECT_EQ(
+      FlashAttentionBackward(p2, p, p, f, p, nullptr, nullptr, 1, 1, 1, 8, 64, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);  // no scratch
+  EXPECT_EQ(FlashAttentionBackward(p, p, p, f, p, nullptr, f, 1, 1, 1, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // dqkv aliases qkv
-  EXPECT_EQ(FlashAttentionBackward(p2, p, p, f, p, f, 1, 1, 1, 8, 96, nullptr).code(),
+  EXPECT_EQ(FlashAttentionBackward(p2, p, p, f, p, nullptr, f, 1, 1, 1, 8, 96, nullptr).code(),
             absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(FlashAttentionForward(p, f, p, 1, 4, 3, 8, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p, f, p, nullptr, 1, 4, 3, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // nkv does not divide nh
-  EXPECT_EQ(FlashAttentionBackward(p2, p, p, f, p, f, 1, 4, 0, 8, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionBackward(p2, p, p, f, p, nullptr, f, 1, 4, 0, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // nkv = 0
   // The Hopper kernel is HS 64 and 128 only; asked for at 32 it says so instead of running
   // another.
-  const absl::Status hopper =
-      FlashAttentionForwardWith(FlashAttentionKernel::kHopper, p, f, p, 1, 1, 1, 8, 32, nullptr);
+  const absl::Status hopper = FlashAttentionForwardWith(FlashAttentionKernel::kHopper, p, f, p,
+                                                        nullptr, 1, 1, 1, 8, 32, nullptr);
   EXPECT_EQ(hopper.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(hopper.message().find("head size 64 or 128"), std::string::npos) << hopper.message();
   EXPECT_FALSE(FlashAttentionHopperForward(32));
   EXPECT_FALSE(FlashAttentionHopperForward(16));
   const absl::Status hopper_backward = FlashAttentionBackwardWith(
-      FlashAttentionKernel::kHopper, p2, p, p, f, p, f, 1, 1, 1, 8, 32, nullptr);
+      FlashAttentionKernel::kHopper, p2, p, p, f, p, nullptr, f, 1, 1, 1, 8, 32, nullptr);
   EXPECT_EQ(hopper_backward.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(hopper_backward.message().find("head size 64 or 128"), std::string::npos)
       << hopper_backward.message();
@@ -448,17 +682,18 @@ void PrintTiming(const Shape& s, cudaStream_t stream) {
   DeviceBuffer<float> d_scratch(
       std::vector<float>(FlashAttentionBackwardScratchFloats(s.b, s.nh, s.t, s.hs)));
   const auto forward = [&] {
-    return FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), s.b, s.nh, s.kv(), s.t,
-                                 s.hs, stream);
+    return FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), nullptr, s.b, s.nh,
+                                 s.kv(), s.t, s.hs, stream);
   };
   const auto forward_sync = [&] {
     return FlashAttentionForwardWith(FlashAttentionKernel::kMmaSync, AsBf16(d_y), d_lse.get(),
-                                     AsBf16(d_qkv), s.b, s.nh, s.kv(), s.t, s.hs, stream);
+                                     AsBf16(d_qkv), nullptr, s.b, s.nh, s.kv(), s.t, s.hs,
+                                     stream);
   };
   const auto backward = [&] {
     return FlashAttentionBackward(AsBf16(d_dqkv), AsBf16(d_dy), AsBf16(d_y), d_lse.get(),
-                                  AsBf16(d_qkv), d_scratch.get(), s.b, s.nh, s.kv(), s.t, s.hs,
-                                  stream);
+                                  AsBf16(d_qkv), nullptr, d_scratch.get(), s.b, s.nh, s.kv(),
+                                  s.t, s.hs, stream);
   };
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));

@@ -9,8 +9,9 @@
 //  - fp32 statistics (rstd) and the fp32 rotary tables: 1e-5 (fp32 sums vs double);
 //  - fp32 parameter gradients (RMSNorm dweight, embedding dwte): 1e-4 (fp32 sums of products
 //    of bf16 values over <= 64 rows, in a different order than the reference).
-// The RMSNorm backward is also checked bit-deterministic. Skips without a GPU, except the
-// argument checks.
+// The RMSNorm backward is also checked bit-deterministic; rotary embeddings with positions
+// (packed documents) bit for bit against each document rotated on its own. Skips without a
+// GPU, except the argument checks.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -248,8 +250,8 @@ TEST_P(RopeTest, RotatesQAndKInPlaceAndLeavesV) {
     SCOPED_TRACE(sign > 0 ? "forward" : "backward");
     DeviceBuffer<uint16_t> d_qkv(qkv);
     const auto launch = sign > 0 ? RopeForward : RopeBackward;
-    ASSERT_TRUE(launch(AsBf16(d_qkv), d_cos_->get(), d_sin_->get(), k.b, k.t, k.nh, k.nkv, k.hs,
-                       stream_)
+    ASSERT_TRUE(launch(AsBf16(d_qkv), nullptr, d_cos_->get(), d_sin_->get(), k.b, k.t, k.nh,
+                       k.nkv, k.hs, stream_)
                     .ok());
     Sync();
     const std::vector<uint16_t> got = d_qkv.ToHost();
@@ -258,6 +260,63 @@ TEST_P(RopeTest, RotatesQAndKInPlaceAndLeavesV) {
       const size_t v0 = static_cast<size_t>(r) * k.width() + (k.nh + k.nkv) * k.hs;
       for (int j = 0; j < k.nkv * k.hs; ++j) ASSERT_EQ(got[v0 + j], qkv[v0 + j]) << "row " << r;
     }
+  }
+}
+
+// With positions (packed documents: positions[b, t] = t - its document's start), forward and
+// backward equal rotating each document on its own from position 0 (a sequence of its own
+// length, no positions), bit for bit: the same table rows, the same arithmetic. positions = t
+// is bit for bit the plain rotation (nullptr).
+TEST_P(RopeTest, PositionsRestartEachDocument) {
+  const RopeCase k = GetParam();
+  std::mt19937 rng(8);
+  const auto qkv = test_util::RandomBf16Bits(k.elems(), 1.0f, rng);
+  BuildTables(k, InvFreq(k.hs, 500000.0));
+  // Documents of 1, 5, 16, 2, 40 ... tokens per sequence (a different cut in each), the last
+  // one cut at T.
+  const int pattern[] = {1, 5, 16, 2, 40, 3};
+  std::vector<int32_t> positions(static_cast<size_t>(k.b) * k.t), plain(positions.size());
+  std::vector<std::pair<int, int>> docs;  // (first row b * T + start, length)
+  for (int b = 0; b < k.b; ++b) {
+    for (int start = 0, i = b; start < k.t; ++i) {
+      const int len = std::min(pattern[i % 6], k.t - start);
+      docs.emplace_back(b * k.t + start, len);
+      for (int j = 0; j < len; ++j) positions[static_cast<size_t>(b) * k.t + start + j] = j;
+      start += len;
+    }
+    for (int t = 0; t < k.t; ++t) plain[static_cast<size_t>(b) * k.t + t] = t;
+  }
+  DeviceBuffer<int32_t> d_positions(positions), d_plain(plain);
+  const size_t w = k.width();
+  for (int sign : {1, -1}) {
+    SCOPED_TRACE(sign > 0 ? "forward" : "backward");
+    const auto launch = sign > 0 ? RopeForward : RopeBackward;
+    DeviceBuffer<uint16_t> d_packed(qkv);
+    ASSERT_TRUE(launch(AsBf16(d_packed), d_positions.get(), d_cos_->get(), d_sin_->get(), k.b,
+                       k.t, k.nh, k.nkv, k.hs, stream_)
+                    .ok());
+    Sync();
+    const std::vector<uint16_t> packed = d_packed.ToHost();
+    for (const auto& [row0, len] : docs) {
+      const std::vector<uint16_t> doc(qkv.begin() + row0 * w, qkv.begin() + (row0 + len) * w);
+      DeviceBuffer<uint16_t> d_doc(doc);
+      ASSERT_TRUE(launch(AsBf16(d_doc), nullptr, d_cos_->get(), d_sin_->get(), 1, len, k.nh,
+                         k.nkv, k.hs, stream_)
+                      .ok());
+      Sync();
+      const std::vector<uint16_t> alone = d_doc.ToHost();
+      ASSERT_TRUE(std::equal(alone.begin(), alone.end(), packed.begin() + row0 * w))
+          << "document at row " << row0 << " of length " << len;
+    }
+    DeviceBuffer<uint16_t> d_with_t(qkv), d_without(qkv);
+    ASSERT_TRUE(launch(AsBf16(d_with_t), d_plain.get(), d_cos_->get(), d_sin_->get(), k.b, k.t,
+                       k.nh, k.nkv, k.hs, stream_)
+                    .ok());
+    ASSERT_TRUE(launch(AsBf16(d_without), nullptr, d_cos_->get(), d_sin_->get(), k.b, k.t, k.nh,
+                       k.nkv, k.hs, stream_)
+                    .ok());
+    Sync();
+    EXPECT_EQ(d_with_t.ToHost(), d_without.ToHost());
   }
 }
 
@@ -399,8 +458,8 @@ TEST(LlamaOpsArgs, RejectsBadArguments) {
   EXPECT_EQ(code(RmsNormForward(p, f, p, p, 4, 16, 0.0f, nullptr)), kBad);   // eps
   EXPECT_EQ(code(RmsNormForward(p, nullptr, p, p, 4, 16, 1e-5f, nullptr)), kBad);
   EXPECT_EQ(code(RmsNormBackward(p, f, p, p, p, f, nullptr, 4, 16, nullptr)), kBad);  // scratch
-  EXPECT_EQ(code(RopeForward(p, f, f, 1, 4, 2, 1, 24, nullptr)), kBad);  // hs % 16
-  EXPECT_EQ(code(RopeBackward(p + 1, f, f, 1, 4, 2, 1, 16, nullptr)), kBad);  // alignment
+  EXPECT_EQ(code(RopeForward(p, nullptr, f, f, 1, 4, 2, 1, 24, nullptr)), kBad);  // hs % 16
+  EXPECT_EQ(code(RopeBackward(p + 1, nullptr, f, f, 1, 4, 2, 1, 16, nullptr)), kBad);  // align
   EXPECT_EQ(code(RopeTables(f, f, nullptr, 4, 8, nullptr)), kBad);
   EXPECT_EQ(code(SwiGluForward(p, p, 4, 12, nullptr)), kBad);  // i % 8
   EXPECT_EQ(code(SwiGluBackward(p, nullptr, p, 4, 16, nullptr)), kBad);
