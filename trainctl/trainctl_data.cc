@@ -3,13 +3,16 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <thread>
+#include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/job_spec.h"
@@ -17,6 +20,8 @@
 #include "trainctl/data_inputs.h"
 #include "trainctl/trainctl_output.h"
 #include "nlohmann/json.hpp"
+#include "worker/data/bpe_tokenizer.h"
+#include "worker/data/bpe_trainer.h"
 #include "worker/data/chat_template.h"
 #include "worker/data/manifest.h"
 #include "worker/data/tokenizer.h"
@@ -63,6 +68,24 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& byt
   return absl::OkStatus();
 }
 
+// The trainer names its options as BpeTrainOptions spells them; the user typed flags.
+absl::Status AsTrainFlagError(const absl::Status& status) {
+  static constexpr std::pair<absl::string_view, absl::string_view> kFlags[] = {
+      {"vocab_size", "--vocab-size"}, {"style", "--style"},
+      {"special_tokens", "--special"}, {"bos_token", "--bos"},
+      {"eos_token", "--eos"},         {"min_frequency", "--min-frequency"},
+      {"threads", "--threads"},       {"documents", "INPUTS"}};
+  absl::string_view message = status.message();
+  for (const auto& [field, flag] : kFlags) {
+    if (!absl::StartsWith(message, field)) continue;
+    message.remove_prefix(field.size());
+    // special_tokens[i]: the flag's value says which one.
+    if (absl::StartsWith(message, "[")) message.remove_prefix(message.find(']') + 1);
+    return absl::Status(status.code(), absl::StrCat(flag, message));
+  }
+  return status;
+}
+
 }  // namespace
 
 DataCommands::DataCommands(CLI::App* app) {
@@ -70,21 +93,57 @@ DataCommands::DataCommands(CLI::App* app) {
   group->require_subcommand(1);
 
   train_tokenizer_ = group->add_subcommand(
-      "train-tokenizer", "Train a SentencePiece tokenizer (BPE or unigram) on text");
+      "train-tokenizer",
+      "Train a tokenizer on text: a SentencePiece model (BPE or unigram), or a byte-level BPE "
+      "tokenizer.json (--kind tokenizer.json)");
   AddSharedInputOptions(train_tokenizer_, &inputs_, &jsonl_field_, &doc_separator_);
-  train_tokenizer_->add_option("--out", out_, "The model file to write (*.model)")->required();
-  train_tokenizer_->add_option("--vocab-size", vocab_size_, "Pieces in the vocabulary")
+  train_tokenizer_->add_option("--kind", kind_,
+                               "What to train: a SentencePiece model, or a Hugging Face "
+                               "byte-level BPE tokenizer.json")
+      ->check(CLI::IsMember({"sentencepiece", "tokenizer.json"}))
+      ->capture_default_str();
+  train_tokenizer_
+      ->add_option("--out", out_,
+                   "The model file to write (*.model); with --kind tokenizer.json the "
+                   "directory to write tokenizer.json and tokenizer_config.json in")
+      ->required();
+  train_tokenizer_
+      ->add_option("--vocab-size", vocab_size_,
+                   "Pieces in the vocabulary (tokenizer.json: the 256 byte tokens, the merged "
+                   "ones and the special tokens)")
       ->required();
   train_tokenizer_->add_option("--model-type", model_type_, "SentencePiece model type")
       ->check(CLI::IsMember({"bpe", "unigram"}))
       ->capture_default_str();
   train_tokenizer_->add_option("--character-coverage", character_coverage_,
-                               "Fraction of characters kept whole; the rest are spelled in "
-                               "byte pieces")
+                               "SentencePiece: fraction of characters kept whole; the rest are "
+                               "spelled in byte pieces")
       ->check(CLI::Range(0.5, 1.0))
       ->capture_default_str();
+  // Checked by the trainer, not CLI11, so that every bad value is refused in the same words.
+  train_tokenizer_->add_option("--style", style_,
+                               "tokenizer.json: the pre-tokenizer of a model family, gpt2, "
+                               "llama3 or qwen2 (NFC, digits one by one)")
+      ->capture_default_str();
+  // One token per --special: a list that took every word after it would swallow INPUTS.
+  train_tokenizer_
+      ->add_option("--special", specials_,
+                   "tokenizer.json: a special token (repeat the flag for more; default: the "
+                   "style's, e.g. <|begin_of_text|> <|end_of_text|> ... for llama3)")
+      ->allow_extra_args(false);
+  train_tokenizer_->add_option("--bos", bos_,
+                               "tokenizer.json: the special token tokenizer_config.json names "
+                               "as bos_token (\"\" for none; default: the style's)");
+  train_tokenizer_->add_option("--eos", eos_,
+                               "tokenizer.json: the special token tokenizer_config.json names "
+                               "as eos_token, which prepare puts between documents");
+  train_tokenizer_->add_option("--min-frequency", min_frequency_,
+                               "tokenizer.json: pairs seen fewer times are not merged")
+      ->capture_default_str();
   train_tokenizer_->add_option("--threads", threads_,
-                               "Training threads (the model depends on it; default 1)");
+                               "Training threads (SentencePiece: the model depends on it, "
+                               "default 1; tokenizer.json: counting, default one per core, the "
+                               "result does not depend on it)");
 
   prepare_ = group->add_subcommand(
       "prepare", "Tokenize text into a dataset directory: token shards and manifest.json");
@@ -162,6 +221,24 @@ int DataCommands::Run(bool json) const {
 }
 
 int DataCommands::TrainTokenizer(bool json) const {
+  const auto given = [&](const char* flag) {
+    return train_tokenizer_->get_option(flag)->count() > 0;
+  };
+  if (kind_ == "tokenizer.json") {
+    for (const char* flag : {"--model-type", "--character-coverage"}) {
+      if (given(flag)) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat(flag, " is for --kind sentencepiece, not tokenizer.json")));
+      }
+    }
+    return TrainBpe(json);
+  }
+  for (const char* flag : {"--style", "--special", "--bos", "--eos", "--min-frequency"}) {
+    if (given(flag)) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          flag, " is for --kind tokenizer.json (the SentencePiece model is the default kind)")));
+    }
+  }
   const absl::Time start = absl::Now();
   absl::StatusOr<std::vector<dataprep::SourceFile>> files = dataprep::ExpandInputs(inputs_);
   if (!files.ok()) return Fail(files.status());
@@ -199,6 +276,100 @@ int DataCommands::TrainTokenizer(bool json) const {
         "wrote %s: SentencePiece %s, %d pieces (unk 0, bos 1, eos 2), crc32c %s; trained on %d "
         "documents (%.1f MB) in %.1f s\n",
         out_, model_type_, (*tokenizer)->vocab_size(), crc, count, bytes / 1e6, seconds);
+  }
+  return 0;
+}
+
+int DataCommands::TrainBpe(bool json) const {
+  const absl::Time start = absl::Now();
+  const auto given = [&](const char* flag) {
+    return train_tokenizer_->get_option(flag)->count() > 0;
+  };
+  data::BpeTrainOptions options;
+  options.vocab_size = vocab_size_;
+  options.style = style_;
+  if (given("--special")) options.special_tokens = specials_;
+  if (given("--bos")) options.bos_token = bos_;
+  if (given("--eos")) options.eos_token = eos_;
+  options.min_frequency = min_frequency_;
+  options.threads = threads_;
+  // Bad flags are refused before a large text is read.
+  if (absl::Status s = data::CheckBpeTrainOptions(options); !s.ok()) {
+    return Fail(AsTrainFlagError(s));
+  }
+  std::error_code error;
+  if (std::filesystem::exists(out_, error) && !std::filesystem::is_directory(out_, error)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--out ", out_, ": not a directory (--kind tokenizer.json writes tokenizer.json and "
+        "tokenizer_config.json into a directory)")));
+  }
+  absl::StatusOr<std::vector<dataprep::SourceFile>> files = dataprep::ExpandInputs(inputs_);
+  if (!files.ok()) return Fail(files.status());
+  absl::StatusOr<std::vector<std::string>> documents =
+      dataprep::ReadAllDocuments(*files, jsonl_field_, doc_separator_);
+  if (!documents.ok()) return Fail(documents.status());
+  int64_t bytes = 0;
+  for (const std::string& d : *documents) bytes += static_cast<int64_t>(d.size());
+  const size_t count = documents->size();
+  options.documents = std::move(*documents);
+  absl::StatusOr<data::BpeTrainResult> trained = data::TrainBpeTokenizer(options);
+  if (!trained.ok()) return Fail(AsTrainFlagError(trained.status()));
+  options.documents = {};
+  std::filesystem::create_directories(out_, error);
+  if (error) {
+    return Fail(absl::ErrnoToStatus(error.value(), absl::StrCat("--out ", out_, ": cannot "
+                                                                "create the directory")));
+  }
+  const std::string tokenizer_path = (std::filesystem::path(out_) / "tokenizer.json").string();
+  const std::string config_path =
+      (std::filesystem::path(out_) / "tokenizer_config.json").string();
+  // The config first: a tokenizer.json beside a stale config would get the wrong BOS and EOS.
+  if (absl::Status s = WriteFileAtomically(config_path, trained->tokenizer_config_json);
+      !s.ok()) {
+    return Fail(s);
+  }
+  if (absl::Status s = WriteFileAtomically(tokenizer_path, trained->tokenizer_json); !s.ok()) {
+    return Fail(s);
+  }
+  // Read back as prepare will read it: the file and its config agree with what was trained.
+  auto tokenizer = data::LoadBpeTokenizerFile(tokenizer_path);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const std::string crc = data::FormatCrc32c((*tokenizer)->fingerprint());
+  const int special_count = options.special_tokens.has_value()
+                                ? static_cast<int>(options.special_tokens->size())
+                                : static_cast<int>(data::BpeStyleSpecialTokens(style_).size());
+  if (json) {
+    trainctl::PrintJsonObject({{"out", out_},
+                               {"kind", "tokenizer.json"},
+                               {"style", style_},
+                               {"vocab_size", (*tokenizer)->vocab_size()},
+                               {"merges", trained->merges},
+                               {"special_tokens", special_count},
+                               {"bos_id", (*tokenizer)->bos_id()},
+                               {"eos_id", (*tokenizer)->eos_id()},
+                               {"crc32c", crc},
+                               {"documents", count},
+                               {"bytes", bytes},
+                               {"words", trained->words},
+                               {"count_seconds", trained->count_seconds},
+                               {"merge_seconds", trained->merge_seconds},
+                               {"seconds", seconds}});
+  } else {
+    std::cout << absl::StrFormat(
+        "wrote %s and tokenizer_config.json: byte-level BPE, %s style, %d tokens (256 bytes, "
+        "%d merges, %d special; bos %s, eos %s), crc32c %s; trained on %d documents (%.1f MB, "
+        "%d distinct pre-tokens) in %.1f s\n",
+        tokenizer_path, style_, (*tokenizer)->vocab_size(), trained->merges, special_count,
+        (*tokenizer)->bos_id() < 0 ? "none" : absl::StrCat((*tokenizer)->bos_id()),
+        (*tokenizer)->eos_id() < 0 ? "none" : absl::StrCat((*tokenizer)->eos_id()), crc, count,
+        bytes / 1e6, trained->words, seconds);
+    if ((*tokenizer)->vocab_size() < vocab_size_) {
+      std::cout << absl::StrFormat(
+          "the text ran out of pairs seen --min-frequency (%d) times: %d tokens of the %d "
+          "asked for\n",
+          min_frequency_, (*tokenizer)->vocab_size(), vocab_size_);
+    }
   }
   return 0;
 }

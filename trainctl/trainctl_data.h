@@ -1,6 +1,9 @@
 // trainctl's data subcommands, local work with no daemon involved:
 //   trainctl data train-tokenizer --out tok.model --vocab-size N [--model-type bpe|unigram]
 //                                 INPUTS...            a SentencePiece model of the text
+//   trainctl data train-tokenizer --kind tokenizer.json [--style gpt2|llama3|qwen2]
+//                                 [--special TOKEN]... --vocab-size N --out DIR INPUTS...
+//                                                      a byte-level BPE tokenizer.json
 //   trainctl data prepare --out DIR [--tokenizer tok.model | --bytes] INPUTS...
 //                                                      token shards + manifest (docs/data.md)
 //   trainctl data prepare --chat --template NAME [--loss-mask assistant|all]
@@ -35,6 +38,7 @@ class DataCommands {
 
  private:
   int TrainTokenizer(bool json) const;
+  int TrainBpe(bool json) const;
   int Prepare(bool json) const;
   int Batches() const;
 
@@ -52,8 +56,15 @@ class DataCommands {
 
   // train-tokenizer
   int vocab_size_ = 0;
+  std::string kind_ = "sentencepiece";
   std::string model_type_ = "bpe";
   double character_coverage_ = 0.9995;
+  // train-tokenizer --kind tokenizer.json
+  std::string style_ = "llama3";
+  std::vector<std::string> specials_;
+  std::string bos_;
+  std::string eos_;
+  int64_t min_frequency_ = 2;
 
   // prepare
   std::string tokenizer_;

@@ -152,6 +152,87 @@ TEST_F(TrainctlDataTest, Refusals) {
   EXPECT_FALSE(std::filesystem::exists(dir_.File("t.model")));
 }
 
+// --kind tokenizer.json: a byte-level BPE tokenizer.json and its tokenizer_config.json in
+// --out DIR, the same bytes every run, which prepare (text and chat) then uses.
+TEST_F(TrainctlDataTest, TrainTokenizerJsonThenPrepare) {
+  const std::string corpus = Corpus();
+  const std::string dir = dir_.File("tok");
+  CommandResult trained = Run({"data", "train-tokenizer", "--kind", "tokenizer.json",
+                               "--vocab-size", "300", "--out", dir, "--doc-separator", "%",
+                               corpus});
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  EXPECT_THAT(trained.out, HasSubstr(absl::StrCat("wrote ", dir, "/tokenizer.json and "
+                                                  "tokenizer_config.json: byte-level BPE, "
+                                                  "llama3 style, 300 tokens (256 bytes, 39 "
+                                                  "merges, 5 special; bos 295, eos 296)")));
+  EXPECT_THAT(ReadFile(dir + "/tokenizer_config.json"),
+              HasSubstr("\"eos_token\": \"<|end_of_text|>\""));
+  // --special once per token: the corpus after it is an input, not a second special token.
+  CommandResult again = Run({"-o", "json", "data", "train-tokenizer", "--kind", "tokenizer.json",
+                             "--vocab-size", "300", "--out", dir_.File("tok2"),
+                             "--doc-separator", "%", "--threads", "1", "--style", "gpt2",
+                             "--special", "<|endoftext|>", corpus});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_THAT(again.out, HasSubstr("\"special_tokens\": 1"));
+  EXPECT_THAT(again.out, HasSubstr("\"eos_id\": 299"));
+  CommandResult same = Run({"data", "train-tokenizer", "--kind", "tokenizer.json",
+                            "--vocab-size", "300", "--out", dir_.File("tok3"),
+                            "--doc-separator", "%", "--style", "gpt2", corpus});
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(ReadFile(dir_.File("tok2/tokenizer.json")), ReadFile(dir_.File("tok3/tokenizer.json")));
+
+  const std::string data = dir_.File("ds");
+  CommandResult prepared = Run({"data", "prepare", "--out", data, "--tokenizer",
+                                dir + "/tokenizer.json", "--doc-separator", "%", "-q", corpus});
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.err;
+  const std::string manifest = ReadFile(data + "/manifest.json");
+  EXPECT_THAT(manifest, HasSubstr("\"kind\": \"tokenizer.json\""));
+  EXPECT_THAT(manifest, HasSubstr("\"eos_id\": 296"));
+  EXPECT_THAT(manifest, HasSubstr("\"vocab_size\": 300"));
+  // The llama3 style's special tokens are what its chat template needs.
+  const std::string chat = dir_.File("chat.jsonl");
+  WriteFile(chat, R"({"prompt": "Fortune favours?", "completion": "the bold."})" "\n");
+  CommandResult sft = Run({"data", "prepare", "--chat", "--template", "llama3", "--out",
+                           dir_.File("sft"), "--tokenizer", dir + "/tokenizer.json",
+                           "--val-fraction", "0", "-q", chat});
+  EXPECT_EQ(sft.exit_code, 0) << sft.err;
+
+  // Refused before anything is written, naming the flag.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--vocab-size", "100"}, "--vocab-size 100: must lie in [261, 16777216]"},
+      {{"--vocab-size", "300", "--style", "llama2"}, "--style \"llama2\": not one of"},
+      {{"--vocab-size", "300", "--model-type", "unigram"},
+       "--model-type is for --kind sentencepiece"},
+      {{"--vocab-size", "300", "--special", "<a>", "--special", "<a>"},
+       "--special \"<a>\": given twice"},
+      {{"--vocab-size", "300", "--eos", "</s>"}, "--eos \"</s>\": not one of the special"},
+  };
+  for (const auto& [flags, message] : refused) {
+    std::vector<std::string> args = {"data", "train-tokenizer", "--kind", "tokenizer.json",
+                                     "--out", dir_.File("no")};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.push_back(corpus);
+    CommandResult r = Run(args);
+    EXPECT_EQ(r.exit_code, 1) << absl::StrJoin(flags, " ");
+    EXPECT_THAT(r.err, HasSubstr(message));
+  }
+  CommandResult spm_flag = Run({"data", "train-tokenizer", "--out", dir_.File("no.model"),
+                                "--vocab-size", "300", "--style", "gpt2", corpus});
+  EXPECT_EQ(spm_flag.exit_code, 1);
+  EXPECT_THAT(spm_flag.err, HasSubstr("--style is for --kind tokenizer.json"));
+  const std::string specials_only = dir_.File("specials.txt");
+  WriteFile(specials_only, "<|end_of_text|>");
+  CommandResult empty = Run({"data", "train-tokenizer", "--kind", "tokenizer.json",
+                             "--vocab-size", "300", "--out", dir_.File("no"), specials_only});
+  EXPECT_EQ(empty.exit_code, 1);
+  EXPECT_THAT(empty.err, HasSubstr("INPUTS: no text to learn from"));
+  CommandResult file_out = Run({"data", "train-tokenizer", "--kind", "tokenizer.json",
+                                "--vocab-size", "300", "--out", corpus, corpus});
+  EXPECT_EQ(file_out.exit_code, 1);
+  EXPECT_THAT(file_out.err, HasSubstr(absl::StrCat("--out ", corpus, ": not a directory")));
+  EXPECT_FALSE(std::filesystem::exists(dir_.File("no")));
+}
+
 // `prepare --chat` as a user runs it: flags, messages and what it writes.
 TEST_F(TrainctlDataTest, PrepareChat) {
   const std::string tokenizer =

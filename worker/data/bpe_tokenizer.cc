@@ -27,10 +27,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-// GPT-2's split, which a ByteLevel pre-tokenizer with use_regex applies itself.
-constexpr char kGpt2Pattern[] =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
 constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 
 struct AddedToken {
@@ -46,57 +42,6 @@ struct Pair {
   friend H AbslHashValue(H h, const Pair& p) {
     return H::combine(std::move(h), p.left, p.right);
   }
-};
-
-// A compiled PCRE2 pattern with JIT, shared read-only by every thread (each match gets its
-// own match data).
-class Pattern {
- public:
-  static absl::StatusOr<std::unique_ptr<Pattern>> Compile(const std::string& pattern,
-                                                          absl::string_view where) {
-    int error = 0;
-    PCRE2_SIZE offset = 0;
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                     PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
-    if (code == nullptr) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(error, message, sizeof(message));
-      return absl::FailedPreconditionError(
-          absl::StrCat(where, ": the pattern does not compile at offset ", offset, ": ",
-                       reinterpret_cast<const char*>(message)));
-    }
-    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // without JIT it still matches, slower
-    return std::unique_ptr<Pattern>(new Pattern(code));
-  }
-  ~Pattern() { pcre2_code_free(code_); }
-
-  // The pieces of valid UTF-8 `text` in order, Isolated: every match, and every stretch
-  // between matches.
-  void Split(absl::string_view text, std::vector<absl::string_view>* pieces) const {
-    pcre2_match_data* data = pcre2_match_data_create_from_pattern(code_, nullptr);
-    size_t at = 0, emitted = 0;
-    while (at <= text.size()) {
-      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(),
-                                 at, PCRE2_NO_UTF_CHECK, data, nullptr);
-      if (rc < 0) break;
-      const PCRE2_SIZE* v = pcre2_get_ovector_pointer(data);
-      const size_t begin = v[0], end = v[1];
-      if (end == begin) {  // an empty match: step over one character
-        if (begin >= text.size()) break;
-        at = begin + std::max<size_t>(1, Utf8SequenceLength(text, begin));
-        continue;
-      }
-      if (begin > emitted) pieces->push_back(text.substr(emitted, begin - emitted));
-      pieces->push_back(text.substr(begin, end - begin));
-      emitted = at = end;
-    }
-    if (emitted < text.size()) pieces->push_back(text.substr(emitted));
-    pcre2_match_data_free(data);
-  }
-
- private:
-  explicit Pattern(pcre2_code* code) : code_(code) {}
-  pcre2_code* code_;
 };
 
 class BpeTokenizer final : public Tokenizer {
@@ -182,17 +127,8 @@ class BpeTokenizer final : public Tokenizer {
     if (text.empty()) return;
     std::string normalized;
     if (nfc_) {
-      // By length, not NUL-terminated: a NUL in the text is a character like any other.
-      utf8proc_uint8_t* nfc = nullptr;
-      const utf8proc_ssize_t n =
-          utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                       static_cast<utf8proc_ssize_t>(text.size()), &nfc,
-                       static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-      if (n >= 0) {  // valid UTF-8 always maps; on a failure the text goes on as it is
-        normalized.assign(reinterpret_cast<const char*>(nfc), static_cast<size_t>(n));
-        text = normalized;
-      }
-      std::free(nfc);
+      normalized = NormalizeNfc(text);
+      text = normalized;
     }
     std::string prefixed;
     if (add_prefix_space_ && text[0] != ' ') {
@@ -274,7 +210,7 @@ class BpeTokenizer final : public Tokenizer {
   std::array<std::string, 256> byte_chars_;          // byte -> its character, UTF-8
   std::array<int, 256> byte_ids_{};                  // byte -> the id of its character
   absl::flat_hash_map<uint32_t, unsigned char> code_point_byte_;
-  std::unique_ptr<Pattern> pattern_;                 // null: no split
+  std::unique_ptr<SplitPattern> pattern_;                 // null: no split
   bool nfc_ = false;
   bool add_prefix_space_ = false;
   bool ignore_merges_ = false;
@@ -439,7 +375,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Load(std::string json,
         t->add_prefix_space_ = p.value("add_prefix_space", false);
         if (p.value("use_regex", true)) {
           if (!pattern.empty()) return Unsupported(name, where, "a Split and use_regex both");
-          pattern = kGpt2Pattern;
+          pattern = kGpt2SplitPattern;
         }
       } else if (type == "Split") {
         if (!pattern.empty()) return Unsupported(name, where, "more than one split");
@@ -461,7 +397,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Load(std::string json,
     }
     if (!byte_level) return Unsupported(name, "pre_tokenizer", "no ByteLevel");
     if (!pattern.empty()) {
-      auto compiled = Pattern::Compile(pattern, absl::StrCat(name, ": pre_tokenizer"));
+      auto compiled = SplitPattern::Compile(pattern, absl::StrCat(name, ": pre_tokenizer"));
       if (!compiled.ok()) return compiled.status();
       t->pattern_ = *std::move(compiled);
     }
@@ -484,6 +420,62 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Load(std::string json,
 }
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<SplitPattern>> SplitPattern::Compile(const std::string& pattern,
+                                                                    absl::string_view where) {
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+  if (code == nullptr) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof(message));
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": the pattern does not compile at offset ", offset, ": ",
+                     reinterpret_cast<const char*>(message)));
+  }
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // without JIT it still matches, slower
+  return std::unique_ptr<SplitPattern>(new SplitPattern(code));
+}
+
+SplitPattern::~SplitPattern() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
+
+void SplitPattern::Split(absl::string_view text, std::vector<absl::string_view>* pieces) const {
+  pcre2_code* code = static_cast<pcre2_code*>(code_);
+  pcre2_match_data* data = pcre2_match_data_create_from_pattern(code, nullptr);
+  size_t at = 0, emitted = 0;
+  while (at <= text.size()) {
+    const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at,
+                               PCRE2_NO_UTF_CHECK, data, nullptr);
+    if (rc < 0) break;
+    const PCRE2_SIZE* v = pcre2_get_ovector_pointer(data);
+    const size_t begin = v[0], end = v[1];
+    if (end == begin) {  // an empty match: step over one character
+      if (begin >= text.size()) break;
+      at = begin + std::max<size_t>(1, Utf8SequenceLength(text, begin));
+      continue;
+    }
+    if (begin > emitted) pieces->push_back(text.substr(emitted, begin - emitted));
+    pieces->push_back(text.substr(begin, end - begin));
+    emitted = at = end;
+  }
+  if (emitted < text.size()) pieces->push_back(text.substr(emitted));
+  pcre2_match_data_free(data);
+}
+
+std::string NormalizeNfc(absl::string_view text) {
+  // By length, not NUL-terminated: a NUL in the text is a character like any other.
+  utf8proc_uint8_t* nfc = nullptr;
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                   static_cast<utf8proc_ssize_t>(text.size()), &nfc,
+                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  // Valid UTF-8 always maps; on a failure the text goes on as it is.
+  std::string out = n >= 0 ? std::string(reinterpret_cast<const char*>(nfc), static_cast<size_t>(n))
+                           : std::string(text);
+  std::free(nfc);
+  return out;
+}
 
 uint32_t ByteLevelCodePoint(int b) {
   const auto printable = [](int c) {

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -68,6 +69,45 @@ absl::StatusOr<BpeSpecialIds> ReadHfSpecialIds(const std::string& config_json,
 // U+00AE..U+00FF) for themselves, the other 68 for U+0100 on in byte order — and it as UTF-8.
 uint32_t ByteLevelCodePoint(int b);
 std::string ByteLevelChar(int b);
+
+// The split patterns of the pre-tokenizers Weft knows by name: GPT-2's (which a ByteLevel
+// pre-tokenizer with use_regex applies itself), Llama 3's (letters with one leading
+// non-letter, numbers in runs of up to three digits, contractions in any case), and Qwen2's
+// (Llama 3's with every digit alone). The byte-level BPE trainer (bpe_trainer.h) writes them.
+inline constexpr char kGpt2SplitPattern[] =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+inline constexpr char kLlama3SplitPattern[] =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|)"
+    R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+inline constexpr char kQwen2SplitPattern[] =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|)"
+    R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// A pre-tokenizer's split pattern compiled by PCRE2 (UTF, Unicode properties, JIT): what the
+// tokenizer splits text with, shared with the trainer so that both see the same pre-tokens.
+// Immutable after Compile: Split may run on any number of threads (each call has its own
+// match data).
+class SplitPattern {
+ public:
+  // FAILED_PRECONDITION naming `where` and the offset for a pattern PCRE2 does not compile.
+  static absl::StatusOr<std::unique_ptr<SplitPattern>> Compile(const std::string& pattern,
+                                                               absl::string_view where);
+  ~SplitPattern();
+  SplitPattern(const SplitPattern&) = delete;
+  SplitPattern& operator=(const SplitPattern&) = delete;
+
+  // Appends the pieces of valid UTF-8 `text` in order, as a Split with behavior Isolated
+  // makes them: every match, and every stretch between matches. An empty match yields
+  // nothing.
+  void Split(absl::string_view text, std::vector<absl::string_view>* pieces) const;
+
+ private:
+  explicit SplitPattern(void* code) : code_(code) {}
+  void* code_;  // pcre2_code, kept out of this header
+};
+
+// Valid UTF-8 `text` in Unicode normalization form C (utf8proc): the normalizer "NFC".
+std::string NormalizeNfc(absl::string_view text);
 
 }  // namespace weft::data
 

@@ -15,3 +15,12 @@ weft_test(documents_test unit SOURCES worker/data/documents_test.cc LIBS weft_da
 weft_test(chat_template_test unit SOURCES worker/data/chat_template_test.cc LIBS weft_tokenizer
   DEPENDS weft_sentencepiece)
 target_compile_definitions(chat_template_test PRIVATE WEFT_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+# The byte-level BPE trainer: hand-worked merges and ties, its files read back by the
+# tokenizer over the fixture corpus, its refusals.
+weft_test(bpe_trainer_test unit SOURCES worker/data/bpe_trainer_test.cc LIBS weft_tokenizer
+  DEPENDS weft_sentencepiece)
+target_compile_definitions(bpe_trainer_test PRIVATE WEFT_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+# The ids Weft gives a corpus, for tests/fixtures/tokenizers/check_trained.py (bpe_trained_hf_test).
+add_executable(bpe_encode_records worker/data/bpe_encode_records.cc)
+target_link_libraries(bpe_encode_records PRIVATE weft_tokenizer)
+add_dependencies(bpe_encode_records weft_sentencepiece)
