@@ -574,6 +574,24 @@ uint8_t TokenDataset::Flags(int64_t i) const {
   return kTokenFlagLoss | (starts ? kTokenFlagDocStart : 0);
 }
 
+void TokenDataset::RowFlags(int64_t start, int n, const int32_t* inputs, uint8_t* out) const {
+  if (has_flags_) {
+    const Shard& shard = ShardOfToken(start);
+    if (start + n <= shard.begin + shard.count) {
+      std::memcpy(out, shard.flags + (start - shard.begin), static_cast<size_t>(n));
+      return;
+    }
+    for (int t = 0; t < n; ++t) out[t] = Flags(start + t);  // rare: a window across files
+    return;
+  }
+  // EOS separators: token t of the row begins a document when input t - 1 is an EOS, so the
+  // row's own tokens say it, without a lookup per token.
+  out[0] = Flags(start);
+  for (int t = 1; t < n; ++t) {
+    out[t] = kTokenFlagLoss | (inputs[t - 1] == eos_id_ ? kTokenFlagDocStart : 0);
+  }
+}
+
 void TokenDataset::PackDocuments() {
   // The split's documents in stream order, as (first token, tokens).
   std::vector<std::pair<int64_t, int64_t>> docs;
@@ -707,9 +725,16 @@ void TokenDataset::CopyPackedWindow(int64_t window, int32_t* inputs, int32_t* ta
     }
   }
   // The window's first token opens a document even where it continues a cut one.
-  std::vector<uint8_t> flags(static_cast<size_t>(std::min(len, seq_len_ + 1)));
-  for (int t = 0; t < static_cast<int>(flags.size()); ++t) flags[t] = Flags(w.begin + t);
-  MaskRow(flags.data(), static_cast<int>(flags.size()), targets, doc_starts);
+  uint8_t flags_buffer[1024];
+  std::vector<uint8_t> flags_heap;
+  const int n = std::min(len, seq_len_ + 1);
+  uint8_t* flags = flags_buffer;
+  if (n > static_cast<int>(sizeof(flags_buffer))) {
+    flags_heap.resize(static_cast<size_t>(n));
+    flags = flags_heap.data();
+  }
+  RowFlags(w.begin, n, inputs, flags);
+  MaskRow(flags, n, targets, doc_starts);
   if (doc_starts != nullptr) {
     for (int t = std::min(len, seq_len_); t < seq_len_; ++t) doc_starts[t] = std::min(len, t);
   }
@@ -760,7 +785,7 @@ void TokenDataset::Batch(uint64_t seed, int64_t step, int micro_step, int rank, 
       if (row_docs != nullptr) std::fill(row_docs, row_docs + t_len, 0);
       continue;
     }
-    for (int64_t t = 0; t <= t_len; ++t) flags[t] = Flags(start + t);
+    RowFlags(start, static_cast<int>(t_len + 1), row_inputs, flags.data());
     MaskRow(flags.data(), static_cast<int>(t_len + 1), row_targets, row_docs);
   }
 }

@@ -206,6 +206,9 @@ class TokenDataset {
   // Applies the flags of a row's n tokens (n - 1 <= seq_len targets) to its targets and, when
   // not null, fills its doc_starts.
   void MaskRow(const uint8_t* flags, int n, int32_t* targets, int32_t* doc_starts) const;
+  // The flags of tokens [start, start + n) into out (n bytes): a copy where one shard holds
+  // them; with EOS separators, read off the row's inputs (start + t for t < n - 1).
+  void RowFlags(int64_t start, int n, const int32_t* inputs, uint8_t* out) const;
   // PACKED: the windows of whole documents (the sampling's description in job.proto).
   void PackDocuments();
 
