@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "worker/engine/documents.h"
+
 namespace weft::engine::cpu {
 
 void CheckOrDie(bool ok, const char* model, const char* what) {
@@ -41,15 +43,8 @@ void MicroBatch::SetDocuments(const int32_t* doc_starts, bool reset_positions) {
   reset_positions_ = has_documents_ && reset_positions;
   if (!has_documents_) return;
   std::memcpy(doc_starts_.data(), doc_starts, sizeof(int32_t) * n());
-  // The data layer builds these; a bad one would make attention read outside its rows.
-  for (int bi = 0; bi < b_; ++bi) {
-    const int32_t* row = doc_starts_.data() + static_cast<size_t>(bi) * t_;
-    for (int ti = 0; ti < t_; ++ti) {
-      Check(row[ti] == ti || (ti > 0 && row[ti] == row[ti - 1]),
-            "doc_starts do not segment the row (each is t or the previous one's)");
-      positions_[static_cast<size_t>(bi) * t_ + ti] = ti - row[ti];
-    }
-  }
+  Check(DocumentPositions(doc_starts_.data(), b_, t_, positions_.data()) < 0,
+        "doc_starts do not segment the row (each is t or the previous one's)");
 }
 
 void MicroBatch::EncoderForward(const int32_t* tokens) {

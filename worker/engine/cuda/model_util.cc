@@ -6,6 +6,7 @@
 #include "common/status.h"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/ops.h"
+#include "worker/engine/documents.h"
 
 namespace weft::engine::cuda {
 namespace {
@@ -100,19 +101,12 @@ absl::Status ArenaModel::SetBatch(int b, int t, const int32_t* inputs, const int
   has_documents_ = doc_starts != nullptr;
   reset_positions_ = has_documents_ && reset_positions;
   if (has_documents_) {
-    // The data layer builds them; a bad one would let the attention kernels read outside
-    // their rows, so it is refused here rather than trusted.
     host_positions_.resize(static_cast<size_t>(b) * t);
-    for (int bi = 0; bi < b; ++bi) {
-      const int32_t* row = doc_starts + static_cast<size_t>(bi) * t;
-      for (int ti = 0; ti < t; ++ti) {
-        if (row[ti] != ti && (ti == 0 || row[ti] != row[ti - 1])) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("doc_starts[", bi, ", ", ti, "] = ", row[ti],
-                           " does not segment the row (each must be t or the previous one's)"));
-        }
-        host_positions_[static_cast<size_t>(bi) * t + ti] = ti - row[ti];
-      }
+    if (const int64_t bad = DocumentPositions(doc_starts, b, t, host_positions_.data());
+        bad >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("doc_starts[", bad / t, ", ", bad % t, "] = ", doc_starts[bad],
+                       " does not segment the row (each must be t or the previous one's)"));
     }
     WEFT_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(doc_starts_, doc_starts, bytes, cudaMemcpyHostToDevice, stream_));
