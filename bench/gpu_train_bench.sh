@@ -2,12 +2,17 @@
 # GPU training through the real services: a coordinator, one weft-worker per GPU
 # (--device cuda:K), a job submitted with trainctl and followed with `trainctl watch -o json`.
 #
-#   bench/gpu_train_bench.sh throughput BIN_DIR DATA_FILE "1 2 4" [gpt2|llama]
+#   bench/gpu_train_bench.sh throughput BIN_DIR DATA_FILE "1 2 4" [gpt2|llama|qwen2|qwen3|mistral]
 #     gpt2 (the default): GPT-2 124M (12 layers, 768 wide, 12 heads, vocab 50304, context 1024),
 #     micro-batch 16 per GPU; llama: Llama-3.2-1B-like (16 layers, 2048 wide, 32 heads / 8 kv
 #     heads, SwiGLU 8192, vocab 128,256, untied head, rope_theta 500000, context 2048),
-#     micro-batch 8 per GPU (the shape of ../shared/bench/peer_fsdp_gpt.py --arch llama). bf16,
-#     ZeRO-3, on each GPU count; prints per count
+#     micro-batch 8 per GPU (the shape of ../shared/bench/peer_fsdp_gpt.py --arch llama);
+#     qwen2, qwen3, mistral: the same shape in that family (architecture QWEN2, QWEN3 or
+#     MISTRAL; rope_theta 1000000 as all three families ship; vocab 151,936 for the Qwens,
+#     32,768 for Mistral; head_dim 64 written out for qwen3, whose heads are sized on their
+#     own; Mistral's sliding_window half the context), the shape of
+#     bench/peers/peer_fsdp_families.py --arch A. bf16, ZeRO-3, on each GPU count; prints per
+#     count
 #     BENCH gpu_train arch=A gpus=G tokens_per_s_per_gpu=T mfu=M peak_mem_gib=P
 #       exposed_comm_pct=C ...
 #       step_ms=... forward_ms=... backward_ms=... optimizer_ms=... (medians of the worker's
@@ -23,7 +28,11 @@
 #     peer's max_memory_allocated does not);
 #     WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS KV_HEADS FFN VOCAB SEQ" replaces the llama shape,
 #     WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS VOCAB SEQ" the gpt2 one (GPT 6.7B: "32 4096 32 50304
-#     1024");
+#     1024"), WEFT_BENCH_SHAPE="LAYERS WIDTH HEADS KV_HEADS FFN VOCAB SEQ HEAD_DIM WINDOW" the
+#     qwen2/qwen3/mistral one (HEAD_DIM 0 or left out: WIDTH / HEADS, written as head_dim
+#     only for qwen3 or where it differs; WINDOW 0 or left out: no sliding_window, and
+#     written only for mistral; Qwen3 8B: "36 4096 32 8 12288 151936 4096 128 0", Mistral 7B
+#     at 16k: "32 4096 32 8 14336 32768 16384 128 4096");
 #     WEFT_BENCH_TRANSPORT=net makes every worker a host of its own with NCCL on its network
 #     transport (start_workers); WEFT_BENCH_SHARD=hybrid sets sharding { scope: HOST } (with
 #     one GPU per declared host: replicas only, each gradient shard all-reduced across them),
@@ -40,10 +49,10 @@
 #     device (CUDA context and NCCL included). exposed_comm_pct is the time the compute stream
 #     waited for collectives (GPU timing events) over the step time. mfu counts the peer's
 #     FLOPs per token (worker/mfu.h: 6 x parameters + 12 x layers x width x context).
-#   bench/gpu_train_bench.sh transport BIN_DIR DATA_FILE [gpt2|llama]
+#   bench/gpu_train_bench.sh transport BIN_DIR DATA_FILE [gpt2|llama|qwen2|qwen3|mistral]
 #     On 2 GPUs, in one call: NCCL's own choice (NVLink) with full sharding, then the network
 #     transport with full sharding and with hybrid sharding; one gpu_train line each.
-#   bench/gpu_train_bench.sh cluster BIN_DIR DATA_FILE HxG [gpt2|llama]
+#   bench/gpu_train_bench.sh cluster BIN_DIR DATA_FILE HxG [gpt2|llama|qwen2|qwen3|mistral]
 #     H simulated hosts of G GPUs each on this machine (bench/sim_cluster.sh: a network
 #     namespace per host, veth links, NCCL's network transport between hosts and NVLink within),
 #     after the same H x G GPUs as one host, in one call; WEFT_BENCH_LINK_GBPS (default "0":
@@ -151,8 +160,9 @@ sharding_block() {
     "replica_optimizer: OPTIMIZER_${optimizer^^} }"
 }
 
-# spec NAME KIND WORKERS LAYERS WIDTH HEADS VOCAB CONTEXT MICRO_BATCH STEPS LR [LLAMA_FIELDS]
-# LLAMA_FIELDS (optional): extra ModelSpec fields, e.g. "architecture: LLAMA num_kv_heads: 8".
+# spec NAME KIND WORKERS LAYERS WIDTH HEADS VOCAB CONTEXT MICRO_BATCH STEPS LR [MODEL_FIELDS]
+# MODEL_FIELDS (optional): extra ModelSpec fields, e.g. "architecture: LLAMA num_kv_heads: 8"
+# (the Qwen and Mistral families add head_dim and sliding_window).
 spec() {
   cat <<SPEC
 name: "$1"
@@ -229,8 +239,8 @@ transport)
 throughput)
   case "$ARCH" in
   gpt2) B=16 T=1024 ;;
-  llama) B=8 T=2048 ;;
-  *) echo "unknown architecture $ARCH (gpt2 or llama)" >&2; exit 2 ;;
+  llama | qwen2 | qwen3 | mistral) B=8 T=2048 ;;
+  *) echo "unknown architecture $ARCH (gpt2, llama, qwen2, qwen3 or mistral)" >&2; exit 2 ;;
   esac
   B=${WEFT_BENCH_MB:-$B}
   STEPS=${WEFT_BENCH_STEPS:-60}
@@ -242,6 +252,20 @@ throughput)
       spec "llama-${L}x$W-g$g" CUDA "$g" "$L" "$W" "$H" "$V" "$T" "$B" "$STEPS" 3e-4 \
         "architecture: LLAMA num_kv_heads: $KV intermediate_size: $F rope_theta: 500000" \
         >"$WORK/g$g.pb.txt"
+    elif [[ $ARCH == qwen2 || $ARCH == qwen3 || $ARCH == mistral ]]; then
+      V=151936 WIN=0
+      [[ $ARCH != mistral ]] || V=32768 WIN=$((T / 2))
+      read -r L W H KV F V S HD WIN <<<"${WEFT_BENCH_SHAPE:-16 2048 32 8 8192 $V $T 64 $WIN}"
+      T=$S HD=${HD:-0} WIN=${WIN:-0}
+      ((HD > 0)) || HD=$((W / H))
+      fields="architecture: ${ARCH^^} num_kv_heads: $KV intermediate_size: $F"
+      fields+=" rope_theta: 1000000 tie_word_embeddings: false"
+      # Qwen3 sizes its heads on its own (Qwen3 0.6B: 16 heads of 128 in a width of 1024), so
+      # its spec always says; the others only when it is not the width's share.
+      if [[ $ARCH == qwen3 ]] || ((HD != W / H)); then fields+=" head_dim: $HD"; fi
+      if [[ $ARCH == mistral ]] && ((WIN > 0)); then fields+=" sliding_window: $WIN"; fi
+      spec "$ARCH-${L}x$W-g$g" CUDA "$g" "$L" "$W" "$H" "$V" "$T" "$B" "$STEPS" 3e-4 \
+        "$fields" >"$WORK/g$g.pb.txt"
     else
       read -r L W H V S <<<"${WEFT_BENCH_SHAPE:-12 768 12 50304 $T}"
       T=$S
@@ -418,7 +442,7 @@ PY
   ;;
 *)
   echo "usage: $0 throughput|transport|cluster|curve|wire_curve BIN_DIR DATA_FILE" \
-    "[GPU_COUNTS|HxG|KIND] [gpt2|llama]" >&2
+    "[GPU_COUNTS|HxG|KIND] [gpt2|llama|qwen2|qwen3|mistral]" >&2
   exit 2
   ;;
 esac
