@@ -1,9 +1,13 @@
 #!/bin/bash
 # Issue 17's comparison rows: Weft through the real services (bench/gpu_train_bench.sh) and
-# the PyTorch peer (../shared/bench/peer_fsdp_gpt.py under torchrun) on the same GPUs, in one
-# call, so a lease of 4 or 8 GPUs turns into figures without hand-assembled commands.
+# the PyTorch peer (../shared/bench/peer_fsdp_gpt.py under torchrun; for the Qwen3 and Mistral
+# rows bench/peers/peer_fsdp_families.py) on the same GPUs, in one call, so a lease of 4 or 8
+# GPUs turns into figures without hand-assembled commands.
 #
 #   bench/peer_rows.sh ROW BIN_DIR DATA_FILE PEER_SCRIPT "GPU counts"
+#
+# PEER_SCRIPT is peer_fsdp_gpt.py; qwen3-8b and mistral-7b run this repository's
+# bench/peers/peer_fsdp_families.py whatever it names (pass it anyway, or "-").
 #
 # ROW:
 #   gpt2-124m  GPT-2 124M, micro-batch 16: Weft (AUTO), FSDP2 + compile and DDP + compile at
@@ -11,10 +15,22 @@
 #              efficiency against its own 1-GPU figure when 1 is among the counts.
 #   gpt-6.7b   32 x 4096, 32 heads, vocab 50304, T 1024, micro-batch 8.
 #   llama-8b   32 x 4096, 32 / 8 heads, SwiGLU 14336, vocab 128,256, T 4096, micro-batch 2.
-#              For these two, at each count: Weft FULL against the peer with activation
+#   qwen3-8b   Qwen3 8B: 36 x 4096, 32 / 8 heads of 128, q/k RMSNorm, SwiGLU 12288, vocab
+#              151,936, untied, rope_theta 1e6, T 4096, micro-batch 2: llama-8b's 8192 tokens
+#              per GPU step, so the two rows compare, and it fits the peer from 2 GPUs up (by
+#              estimate about 90 GiB at 2, 50 at 4, 37 at 8: the fp32 weights and AdamW state,
+#              16 bytes a parameter over the GPUs, plus two rows of 151,936 logits in bf16 and
+#              fp32 with their gradients, about 15 GiB); 1 GPU fits neither micro-batch.
+#   mistral-7b Mistral 7B (v0.3 vocabulary and rope_theta 1e6) at long context: 32 x 4096,
+#              32 / 8 heads, SwiGLU 14336, vocab 32,768, untied, T 16384 with a sliding window
+#              of 4096 (the peer's attention: FlexAttention with a sliding-window BlockMask),
+#              micro-batch 1; 20 Weft steps and 5 + 15 peer steps, as a step takes about 2.6
+#              times llama-8b's. 2 GPUs or more.
+#              For these four, at each count: Weft FULL against the peer with activation
 #              checkpointing (like for like), then Weft AUTO with training.device_memory_limit_gib
 #              set to the peer's max_memory_allocated plus the 1.5 GiB NCCL/runtime reserve the
-#              limit counts (Weft's best plan within the peer's memory).
+#              limit counts (Weft's best plan within the peer's memory). The MFUs of both sides
+#              count a window as full causal attention (peer_fsdp_families.py's docstring).
 #   llama-70b  80 x 8192, 64 / 8 heads, SwiGLU 28672, vocab 128,256, T 4096, micro-batch 1:
 #              Weft FULL with optimizer.offload_auto, the peer with activation checkpointing
 #              (and, if that fails, with --offload as well).
@@ -28,10 +44,10 @@
 # WEFT_BENCH_STEPS overrides the rows' step counts, WEFT_PEER_ROWS_LAYERS their layer counts;
 # everything else gpu_train_bench.sh reads (WEFT_BENCH_WORK, ...) passes through.
 set -euo pipefail
-ROW=${1:?row: gpt2-124m, gpt-6.7b, llama-8b or llama-70b}
+ROW=${1:?row: gpt2-124m, gpt-6.7b, llama-8b, llama-70b, qwen3-8b or mistral-7b}
 BIN=$(cd "${2:?bin dir}" && pwd)
 DATA=$(readlink -f "${3:?data file}")
-PEER=$(readlink -f "${4:?peer script (peer_fsdp_gpt.py)}")
+PEER=${4:?peer script (peer_fsdp_gpt.py)}
 COUNTS=${5:?GPU counts, e.g. \"4 8\"}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LOGS=$(mktemp -d /tmp/weft-peer-rows.XXXXXX)
@@ -49,9 +65,22 @@ case "$ROW" in
   llama-70b) arch=llama; shape="80 8192 64 8 28672 128256 4096"; mb=1; steps=12
     peer_shape=(--arch llama --layers 80 --dim 8192 --heads 64 --kv-heads 8 --ffn 28672
                 --vocab 128256 --seq 4096 --mb 1 --steps 8 --warmup 3) ;;
-  *) echo "peer_rows: unknown row '$ROW' (gpt2-124m, gpt-6.7b, llama-8b, llama-70b)" >&2
+  # The families peer lives in this repository; peer_fsdp_gpt.py knows neither family.
+  qwen3-8b) arch=qwen3; shape="36 4096 32 8 12288 151936 4096 128 0"; mb=2; steps=30
+    PEER=$HERE/peers/peer_fsdp_families.py
+    peer_shape=(--arch qwen3 --layers 36 --dim 4096 --heads 32 --kv-heads 8 --head-dim 128
+                --ffn 12288 --vocab 151936 --seq 4096 --rope-theta 1000000 --mb 2) ;;
+  mistral-7b) arch=mistral; shape="32 4096 32 8 14336 32768 16384 128 4096"; mb=1; steps=20
+    PEER=$HERE/peers/peer_fsdp_families.py
+    peer_shape=(--arch mistral --layers 32 --dim 4096 --heads 32 --kv-heads 8 --ffn 14336
+                --vocab 32768 --seq 16384 --window 4096 --rope-theta 1000000 --mb 1
+                --steps 15 --warmup 5) ;;
+  *) echo "peer_rows: unknown row '$ROW' (gpt2-124m, gpt-6.7b, llama-8b, llama-70b, qwen3-8b," \
+       "mistral-7b)" >&2
      exit 2 ;;
 esac
+PEER=$(readlink -f "$PEER")
+[[ -f "$PEER" ]] || { echo "peer_rows: no peer script at $PEER" >&2; exit 2; }
 steps=${WEFT_BENCH_STEPS:-$steps}
 # WEFT_PEER_ROWS_LAYERS cuts both models to that many layers (a row's width on fewer GPUs).
 if [[ -n "${WEFT_PEER_ROWS_LAYERS:-}" ]]; then
@@ -59,7 +88,7 @@ if [[ -n "${WEFT_PEER_ROWS_LAYERS:-}" ]]; then
   [[ "$layers" =~ ^[1-9][0-9]*$ ]] || { echo "peer_rows: WEFT_PEER_ROWS_LAYERS='$layers' is not a positive integer" >&2; exit 2; }
   if [[ -n "$shape" ]]; then shape="$layers ${shape#* }"; else shape="$layers 768 12 50304 1024"; fi
   for i in "${!peer_shape[@]}"; do
-    if [[ "${peer_shape[$i]}" == --layers ]]; then peer_shape[$((i + 1))]=$layers; fi
+    if [[ "${peer_shape[$i]}" == --layers ]]; then peer_shape[i + 1]=$layers; fi
   done
 fi
 
