@@ -18,9 +18,11 @@
 #   qwen3-8b   Qwen3 8B: 36 x 4096, 32 / 8 heads of 128, q/k RMSNorm, SwiGLU 12288, vocab
 #              151,936, untied, rope_theta 1e6, T 4096, micro-batch 2: llama-8b's 8192 tokens
 #              per GPU step, so the two rows compare, and it fits the peer from 2 GPUs up (by
-#              estimate about 90 GiB at 2, 50 at 4, 37 at 8: the fp32 weights and AdamW state,
-#              16 bytes a parameter over the GPUs, plus two rows of 151,936 logits in bf16 and
-#              fp32 with their gradients, about 15 GiB); 1 GPU fits neither micro-batch.
+#              estimate about 80 GiB at 2, 50 at 4, 35 at 8: the fp32 weights and AdamW state,
+#              16 bytes a parameter, 122 GiB over the GPUs, plus about 20 GiB, most of it two
+#              rows of 151,936 logits in bf16 and fp32 with their gradients). On 1 GPU those
+#              122 GiB leave too little of an H200 for micro-batch 2 (llama-8b's peer peaked at
+#              123.6 GiB there with 8.0B parameters and a smaller vocabulary).
 #   mistral-7b Mistral 7B (v0.3 vocabulary and rope_theta 1e6) at long context: 32 x 4096,
 #              32 / 8 heads, SwiGLU 14336, vocab 32,768, untied, T 16384 with a sliding window
 #              of 4096 (the peer's attention: FlexAttention with a sliding-window BlockMask),
