@@ -16,6 +16,9 @@
 // order: each group adds its heads in registers, a block's groups in order through shared
 // memory into a partial row of 2 HS (q | k) per block in `scratch`, and LaunchAddColumnSums adds
 // the blocks' rows in order: bit-identical run to run, the grid a function of the shape alone.
+// Each pass moves 3 x the q | k bytes (forward: read, keep raw, write; backward: read raw and
+// dy, write dx): at Qwen3-8B's heads (32 q, 8 k, HS 128) over 16384 rows on an H200, 0.125 ms
+// forward (4.0 TB/s) and 0.144 ms backward (3.5 TB/s); HS 64, 0.065 and 0.078 ms.
 #include <cuda_runtime.h>
 
 #include <algorithm>
