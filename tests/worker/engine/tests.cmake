@@ -21,7 +21,7 @@ if(TARGET weft_engine_cuda)
   weft_test(engine_cuda_flash_attention_test gpu SOURCES worker/engine/cuda/flash_attention_test.cc
     LIBS weft_engine_cuda weft_engine_cpu)
   weft_test(engine_cuda_llama_ops_test gpu SOURCES worker/engine/cuda/llama_ops_test.cc
-    LIBS weft_engine_cuda)
+    LIBS weft_engine_cuda weft_engine_cpu)
 endif()
 # The compressed all-reduce's GPU encodings against the CPU ones (weft_comm).
 if(TARGET weft_model_cuda)

@@ -7,8 +7,8 @@
 //    tied token embedding (read by the encoder and by the LM head) need no special casing.
 //  - Input gradients also accumulate (+=), as in llm.c: a caller that wants plain gradients
 //    zeroes the buffer first; a residual stream can accumulate both branches into one buffer.
-//    The one exception is the rotary backward, which transforms its gradient in place (=),
-//    as its forward transforms q and k in place.
+//    The exceptions are the rotary and q/k-norm backwards, which transform their gradient in
+//    place (=), as their forwards transform q and k in place.
 //  - Nothing is written but the gradient buffers (and, where named, scratch).
 // Shapes: N = B * T positions; C channels; OC output channels; NH heads, NKV key/value heads
 // (grouped-query attention), D head size; QKV = (NH + 2 NKV) * D; I the SwiGLU width; V real
@@ -99,6 +99,29 @@ void RopeBackward(T* dqkv,                   // (B, T, QKV)
                   const T* sin,              // (T, D/2)
                   const int32_t* positions,  // (B, T) as the forward's, or nullptr
                   int b, int t, int nh, int nkv, int d);
+
+// ---- qk_norm.cc (Qwen3): RMSNorm of each q head and each k head over its D values, before
+// rotary; one weight (D) shared by the NH q heads, one by the NKV k heads ----
+// Normalizes the q and k heads of every row IN PLACE, as RmsNormForward of each head:
+// x = weight * (x * r), r = 1 / sqrt(mean(x^2) + eps). v is untouched.
+template <typename T>
+void QkNormForward(T* qkv,             // (N, QKV): q | k | v, q and k in place
+                   T* qk_raw,          // (N, (NH + NKV) D) q | k before the norm, for backward
+                   T* rrms,            // (N, NH + NKV) reciprocal rms per head, for backward
+                   const T* q_weight,  // (D)
+                   const T* k_weight,  // (D)
+                   int n, int nh, int nkv, int d, double eps);
+// dq and dk IN PLACE (=): the gradient w.r.t. the normalized heads on entry, w.r.t. the raw
+// ones on exit. dv is untouched. dq_weight, dk_weight +=.
+template <typename T>
+void QkNormBackward(T* dqkv,            // (N, QKV)
+                    T* dq_weight,       // (D) +=
+                    T* dk_weight,       // (D) +=
+                    const T* qk_raw,    // (N, (NH + NKV) D) the forward's
+                    const T* rrms,      // (N, NH + NKV) the forward's
+                    const T* q_weight,  // (D)
+                    const T* k_weight,  // (D)
+                    int n, int nh, int nkv, int d);
 
 // ---- swiglu.cc: out = silu(gate) * up ----
 template <typename T>

@@ -134,6 +134,34 @@ absl::Status RmsNormBackward(bf16* dinp,          // (N, C) += (the residual str
                              float* scratch,      // RmsNormBackwardScratchFloats(n, c)
                              int n, int c, cudaStream_t stream);
 
+// ---- qk_norm.cu (Qwen3): RMSNorm of each q head and each k head of the qkv projection's
+// output over its HS values, before rotary; one weight (HS) shared by the NH q heads, one by
+// the NKV k heads; v is not normalized. qkv is (N, W), W = (NH + 2 NKV) HS, rows [q (NH heads)
+// | k (NKV) | v (NKV)] as flash attention's (NH * HS need not be the model width). HS a
+// multiple of 8 up to 256 (a head is one group of at most a warp, 8 values a thread); eps > 0.
+// cpu::QkNormForward / QkNormBackward are the same op. ----
+// q and k heads of qkv normalized IN PLACE: x <- x * rstd * weight, rstd = 1 / sqrt(mean(x^2)
+// + eps) over the head's HS values, statistics in fp32. qk_raw must not alias qkv.
+absl::Status QkNormForward(bf16* qkv,             // (N, W) in place: q and k heads; v untouched
+                           bf16* qk_raw,          // (N, (NH + NKV) HS) written (=): q | k before
+                                                  // the norm, for the backward; nullptr: not kept
+                           const bf16* q_weight,  // (HS)
+                           const bf16* k_weight,  // (HS)
+                           int n, int nh, int nkv, int hs, float eps, cudaStream_t stream);
+size_t QkNormBackwardScratchFloats(int n, int nh, int nkv, int hs);
+// dq, dk IN PLACE in dqkv: on entry the gradient w.r.t. the normalized q, k; on exit (=) w.r.t.
+// the raw ones; dv untouched. dq_weight, dk_weight accumulate (+=) in fp32, deterministic (two
+// phases through `scratch`). rstd is recomputed from qk_raw (the same eps as the forward's).
+// dqkv must not alias qk_raw.
+absl::Status QkNormBackward(bf16* dqkv,            // (N, W) in place
+                            float* dq_weight,      // (HS) +=
+                            float* dk_weight,      // (HS) +=
+                            const bf16* qk_raw,    // (N, (NH + NKV) HS), QkNormForward's
+                            const bf16* q_weight,  // (HS)
+                            const bf16* k_weight,  // (HS)
+                            float* scratch,        // QkNormBackwardScratchFloats(n, nh, nkv, hs)
+                            int n, int nh, int nkv, int hs, float eps, cudaStream_t stream);
+
 // ---- rope.cu (Llama's rotary embeddings, Hugging Face's rotate-half convention: within a
 // head, element i < HS/2 pairs with i + HS/2 and the pair turns by angle t * inv_freq[i]).
 // The tables are (maxT, HS/2) fp32. qkv is the (B, T, (NH + 2 NKV) HS) projection output of

@@ -1,9 +1,10 @@
 // The Llama CPU ops: gradient checks against central finite differences (harness and
 // tolerances: grad_check.h) of RMSNorm, rotary embeddings (plain and llama3-scaled
-// frequencies), SwiGLU, grouped-query attention and the encoder without positions; and the
-// properties that pin their conventions: RMSNorm and SwiGLU by hand, rotary as Hugging Face
-// pairs elements, the identity at position 0 and norm-preserving, GQA as MHA over repeated k/v
-// heads and, with NKV == NH, bit-identical to GPT-2's attention.
+// frequencies), SwiGLU, grouped-query attention, Qwen3's q/k norm and the encoder without
+// positions; and the properties that pin their conventions: RMSNorm and SwiGLU by hand, the q/k
+// norm as RMSNorm per head leaving v, rotary as Hugging Face pairs elements, the identity at
+// position 0 and norm-preserving, GQA as MHA over repeated k/v heads and, with NKV == NH,
+// bit-identical to GPT-2's attention.
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -67,6 +68,78 @@ TEST(RmsNormTest, ScalesByTheRootMeanSquareWithoutCentering) {
   EXPECT_NEAR(rrms[0], 1 / std::sqrt(13.0), 1e-15);
   EXPECT_NEAR(out[0], 2 * 3 / std::sqrt(13.0), 1e-15);
   EXPECT_NEAR(out[1], -4 / std::sqrt(13.0), 1e-15);
+}
+
+// ---- Qwen3's q/k norm ----
+
+struct QkNormShape {
+  int n, nh, nkv, d;
+  int heads() const { return nh + nkv; }
+  int row() const { return (nh + 2 * nkv) * d; }
+};
+constexpr QkNormShape kQk = {3, 4, 2, 8};
+constexpr double kQkEps = 1e-6;
+
+TEST(QkNormTest, GradientsMatchFiniteDifferences) {
+  std::mt19937_64 rng(35);
+  std::vector<double> qkv = RandomVector(rng, kQk.n * kQk.row());
+  // One k head far from zero mean: the norm must not center.
+  for (int j = 0; j < kQk.d; ++j) qkv[(kQk.nh + 1) * kQk.d + j] += 6.0;
+  const Tensors inputs = {qkv, RandomVector(rng, kQk.d, 1.0, 0.3),
+                          RandomVector(rng, kQk.d, 1.0, 0.3)};
+  auto forward = [&]<typename T>(const std::vector<std::vector<T>>& in) {
+    std::vector<T> out = in[0], raw(kQk.n * kQk.heads() * kQk.d), rrms(kQk.n * kQk.heads());
+    QkNormForward(out.data(), raw.data(), rrms.data(), in[1].data(), in[2].data(), kQk.n, kQk.nh,
+                  kQk.nkv, kQk.d, kQkEps);
+    return out;
+  };
+  // QkNormBackward transforms in place (=); the harness wants accumulation, so add its result
+  // (v's part passes through untouched: v is the identity).
+  auto backward = [&]<typename T>(const std::vector<std::vector<T>>& in, const std::vector<T>& dout,
+                                  std::vector<std::vector<T>>* g) {
+    std::vector<T> out = in[0], raw(kQk.n * kQk.heads() * kQk.d), rrms(kQk.n * kQk.heads());
+    QkNormForward(out.data(), raw.data(), rrms.data(), in[1].data(), in[2].data(), kQk.n, kQk.nh,
+                  kQk.nkv, kQk.d, kQkEps);
+    std::vector<T> d = dout;
+    QkNormBackward(d.data(), (*g)[1].data(), (*g)[2].data(), raw.data(), rrms.data(), in[1].data(),
+                   in[2].data(), kQk.n, kQk.nh, kQk.nkv, kQk.d);
+    for (size_t i = 0; i < d.size(); ++i) (*g)[0][i] += d[i];
+  };
+  CheckOp(forward, backward, inputs, 135);
+}
+
+// Each q head is RmsNormForward with q_weight, each k head with k_weight, bit for bit; v and
+// dv pass untouched and qk_raw is the input's q | k.
+TEST(QkNormTest, IsRmsNormPerHeadAndLeavesV) {
+  std::mt19937_64 rng(36);
+  const std::vector<double> x = RandomVector(rng, kQk.n * kQk.row());
+  const std::vector<double> wq = RandomVector(rng, kQk.d), wk = RandomVector(rng, kQk.d);
+  std::vector<double> y = x, raw(kQk.n * kQk.heads() * kQk.d, -1), rrms(kQk.n * kQk.heads(), -1);
+  QkNormForward(y.data(), raw.data(), rrms.data(), wq.data(), wk.data(), kQk.n, kQk.nh, kQk.nkv,
+                kQk.d, kQkEps);
+  for (int i = 0; i < kQk.n; ++i) {
+    for (int h = 0; h < kQk.nh + 2 * kQk.nkv; ++h) {
+      const size_t at = static_cast<size_t>(i) * kQk.row() + h * kQk.d;
+      std::vector<double> want(x.begin() + at, x.begin() + at + kQk.d);
+      if (h < kQk.heads()) {
+        const size_t slot = static_cast<size_t>(i) * kQk.heads() + h;
+        for (int j = 0; j < kQk.d; ++j) EXPECT_EQ(raw[slot * kQk.d + j], x[at + j]);
+        double r = 0;
+        RmsNormForward(want.data(), &r, x.data() + at, h < kQk.nh ? wq.data() : wk.data(), 1, kQk.d,
+                       kQkEps);
+        EXPECT_EQ(rrms[slot], r);
+      }
+      for (int j = 0; j < kQk.d; ++j) EXPECT_EQ(y[at + j], want[j]) << "row " << i << " head " << h;
+    }
+  }
+  std::vector<double> d = x, dwq(kQk.d), dwk(kQk.d);
+  QkNormBackward(d.data(), dwq.data(), dwk.data(), raw.data(), rrms.data(), wq.data(), wk.data(),
+                 kQk.n, kQk.nh, kQk.nkv, kQk.d);
+  for (int i = 0; i < kQk.n; ++i) {
+    for (int j = kQk.heads() * kQk.d; j < kQk.row(); ++j) {
+      EXPECT_EQ(d[i * kQk.row() + j], x[i * kQk.row() + j]) << "dv of row " << i;
+    }
+  }
 }
 
 // ---- rotary ----

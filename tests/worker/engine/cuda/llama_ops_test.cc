@@ -1,17 +1,21 @@
 // Llama's CUDA layers (worker/engine/cuda/{rmsnorm,rope,swiglu,encoder}.cu), each forward and
-// backward against a host reference computed here in double on the same bf16 inputs, one test
-// per kernel so a failure names it. Outputs written (=) are prefilled with garbage (a missed
-// write shows); outputs accumulated (+=) are prefilled with values the reference adds to.
+// backward against a host reference computed here in double on the same bf16 inputs, and
+// Qwen3's q/k norm (qk_norm.cu) against the CPU op (cpu::QkNorm*) in float on the same bf16
+// inputs, one test per kernel so a failure names it. Outputs written (=) are prefilled with
+// garbage (a missed write shows); outputs accumulated (+=) are prefilled with values the
+// reference adds to.
 //
 // Error metric per tensor: max_i |gpu_i - ref_i| / max_i |ref_i|. Tolerances:
 //  - bf16 outputs: 1e-2 (one bf16 rounding is 2^-9 relative; the residual-stream gradient
 //    dinp += also rounds the prefill + update sum once);
 //  - fp32 statistics (rstd) and the fp32 rotary tables: 1e-5 (fp32 sums vs double);
-//  - fp32 parameter gradients (RMSNorm dweight, embedding dwte): 1e-4 (fp32 sums of products
-//    of bf16 values over <= 64 rows, in a different order than the reference).
-// The RMSNorm backward is also checked bit-deterministic; rotary embeddings with positions
-// (packed documents) bit for bit against each document rotated on its own. Skips without a
-// GPU, except the argument checks.
+//  - fp32 parameter gradients (RMSNorm dweight, embedding dwte, the q/k norm's weights):
+//    1e-4 (fp32 sums of products of bf16 values, in a different order than the reference: over
+//    <= 64 rows, or, the q/k norm, up to 32K heads, whose sums grow as their square root while
+//    the rounding errors of both orders stay near 1e-6 of them).
+// The RMSNorm and q/k norm backwards are also checked bit-deterministic; rotary embeddings
+// with positions (packed documents) bit for bit against each document rotated on its own.
+// Skips without a GPU, except the argument checks.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -26,6 +30,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "tests/worker/engine/cuda/cuda_test_util.h"
+#include "worker/engine/cpu/ops.h"
 #include "worker/engine/cuda/cuda_check.h"
 #include "worker/engine/cuda/ops.h"
 
@@ -329,6 +334,148 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RopeTest,
                                   "NKV" + std::to_string(k.nkv) + "HS" + std::to_string(k.hs);
                          });
 
+// ---- Qwen3's q/k norm, against cpu::QkNormForward / QkNormBackward in float ----
+
+struct QkNormCase {
+  int n, nh, nkv, hs;
+  int heads() const { return nh + nkv; }
+  int width() const { return (nh + 2 * nkv) * hs; }
+  size_t elems() const { return static_cast<size_t>(n) * width(); }
+  size_t raw_elems() const { return static_cast<size_t>(n) * heads() * hs; }
+};
+constexpr float kQkEps = 1e-6f;  // Qwen3's rms_norm_eps
+
+std::vector<float> ToFloats(const std::vector<uint16_t>& bits) {
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = test_util::FromBf16Bits(bits[i]);
+  return out;
+}
+
+std::vector<double> ToDoubles(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+
+// v (the last NKV heads of every row) bit for bit as `want`'s.
+void ExpectVUntouched(const QkNormCase& k, const std::vector<uint16_t>& got,
+                      const std::vector<uint16_t>& want) {
+  for (int r = 0; r < k.n; ++r) {
+    const size_t v0 = static_cast<size_t>(r) * k.width() + k.heads() * k.hs;
+    for (int j = 0; j < k.nkv * k.hs; ++j) ASSERT_EQ(got[v0 + j], want[v0 + j]) << "row " << r;
+  }
+}
+
+class QkNormTest : public LlamaOpsTest, public ::testing::WithParamInterface<QkNormCase> {};
+
+// In place: q and k heads as the CPU op's within one bf16 rounding, v bit-identical; qk_raw is
+// the input's q | k bit for bit, and leaving it out (nullptr) changes nothing else.
+TEST_P(QkNormTest, ForwardNormalizesQAndKHeadsAndKeepsThemRaw) {
+  const QkNormCase k = GetParam();
+  std::mt19937 rng(11);
+  const auto qkv = test_util::RandomBf16Bits(k.elems(), 2.0f, rng, 0.5f);
+  const auto wq = test_util::RandomBf16Bits(k.hs, 0.3f, rng, 1.0f);
+  const auto wk = test_util::RandomBf16Bits(k.hs, 0.3f, rng, 1.0f);
+  std::vector<float> ref = ToFloats(qkv), raw_ref(k.raw_elems()), rrms(k.n * k.heads());
+  cpu::QkNormForward(ref.data(), raw_ref.data(), rrms.data(), ToFloats(wq).data(),
+                     ToFloats(wk).data(), k.n, k.nh, k.nkv, k.hs, kQkEps);
+
+  DeviceBuffer<uint16_t> d_qkv(qkv), d_wq(wq), d_wk(wk);
+  DeviceBuffer<uint16_t> d_raw(std::vector<uint16_t>(k.raw_elems(), kGarbageBits));
+  ASSERT_TRUE(QkNormForward(AsBf16(d_qkv), AsBf16(d_raw), AsBf16(d_wq), AsBf16(d_wk), k.n, k.nh,
+                            k.nkv, k.hs, kQkEps, stream_)
+                  .ok());
+  Sync();
+  const std::vector<uint16_t> got = d_qkv.ToHost();
+  EXPECT_LE(RelError(got, ToDoubles(ref)), kTolBf16);
+  ExpectVUntouched(k, got, qkv);
+  const std::vector<uint16_t> raw = d_raw.ToHost();
+  for (int r = 0; r < k.n; ++r) {
+    const size_t row = static_cast<size_t>(r) * k.heads() * k.hs;
+    ASSERT_TRUE(std::equal(raw.begin() + row, raw.begin() + row + k.heads() * k.hs,
+                           qkv.begin() + static_cast<size_t>(r) * k.width()))
+        << "qk_raw row " << r;
+  }
+
+  DeviceBuffer<uint16_t> d_unkept(qkv);
+  ASSERT_TRUE(QkNormForward(AsBf16(d_unkept), nullptr, AsBf16(d_wq), AsBf16(d_wk), k.n, k.nh, k.nkv,
+                            k.hs, kQkEps, stream_)
+                  .ok());
+  Sync();
+  EXPECT_EQ(d_unkept.ToHost(), got);
+}
+
+// dq, dk written over dy as the CPU op's within one bf16 rounding, dv bit-identical; the
+// weights' gradients added onto their prefill as the CPU's, and bit for bit the same on a
+// second run.
+TEST_P(QkNormTest, BackwardMatchesTheCpuOpAndIsDeterministic) {
+  const QkNormCase k = GetParam();
+  std::mt19937 rng(12);
+  const auto qkv = test_util::RandomBf16Bits(k.elems(), 1.0f, rng, 0.25f);
+  const auto wq = test_util::RandomBf16Bits(k.hs, 0.3f, rng, 1.0f);
+  const auto wk = test_util::RandomBf16Bits(k.hs, 0.3f, rng, 1.0f);
+  const auto dy = test_util::RandomBf16Bits(k.elems(), 1.0f, rng);
+  std::mt19937_64 rng64(13);
+  const std::vector<float> dwq0 = test_util::Random(rng64, k.hs);
+  const std::vector<float> dwk0 = test_util::Random(rng64, k.hs);
+
+  std::vector<float> normed = ToFloats(qkv), raw_ref(k.raw_elems()), rrms(k.n * k.heads());
+  const std::vector<float> wq_f = ToFloats(wq), wk_f = ToFloats(wk);
+  cpu::QkNormForward(normed.data(), raw_ref.data(), rrms.data(), wq_f.data(), wk_f.data(), k.n,
+                     k.nh, k.nkv, k.hs, kQkEps);
+  std::vector<float> dx_ref = ToFloats(dy), dwq_ref = dwq0, dwk_ref = dwk0;
+  cpu::QkNormBackward(dx_ref.data(), dwq_ref.data(), dwk_ref.data(), raw_ref.data(), rrms.data(),
+                      wq_f.data(), wk_f.data(), k.n, k.nh, k.nkv, k.hs);
+
+  DeviceBuffer<uint16_t> d_qkv(qkv), d_wq(wq), d_wk(wk);
+  DeviceBuffer<uint16_t> d_raw(std::vector<uint16_t>(k.raw_elems(), kGarbageBits));
+  ASSERT_TRUE(QkNormForward(AsBf16(d_qkv), AsBf16(d_raw), AsBf16(d_wq), AsBf16(d_wk), k.n, k.nh,
+                            k.nkv, k.hs, kQkEps, stream_)
+                  .ok());
+  DeviceBuffer<float> d_scratch(
+      std::vector<float>(QkNormBackwardScratchFloats(k.n, k.nh, k.nkv, k.hs), -7.0f));
+  std::vector<uint16_t> dx_first;
+  std::vector<float> dwq_first, dwk_first;
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(testing::Message() << "run " << run);
+    DeviceBuffer<uint16_t> d_dqkv(dy);
+    DeviceBuffer<float> d_dwq(dwq0), d_dwk(dwk0);
+    ASSERT_TRUE(QkNormBackward(AsBf16(d_dqkv), d_dwq.get(), d_dwk.get(), AsBf16(d_raw),
+                               AsBf16(d_wq), AsBf16(d_wk), d_scratch.get(), k.n, k.nh, k.nkv, k.hs,
+                               kQkEps, stream_)
+                    .ok());
+    Sync();
+    const std::vector<uint16_t> dx = d_dqkv.ToHost();
+    const std::vector<float> dwq = d_dwq.ToHost(), dwk = d_dwk.ToHost();
+    if (run == 0) {
+      EXPECT_LE(RelError(dx, ToDoubles(dx_ref)), kTolBf16);
+      ExpectVUntouched(k, dx, dy);
+      EXPECT_LE(RelError(dwq, ToDoubles(dwq_ref)), kTolGrad);
+      EXPECT_LE(RelError(dwk, ToDoubles(dwk_ref)), kTolGrad);
+      dx_first = dx;
+      dwq_first = dwq;
+      dwk_first = dwk;
+    } else {
+      EXPECT_EQ(dx, dx_first);
+      EXPECT_EQ(dwq, dwq_first);
+      EXPECT_EQ(dwk, dwk_first);
+    }
+  }
+}
+
+// Qwen3's head size 128 and 64 at 32/8 heads (Qwen3-8B and smaller) and 4/4, at row counts no
+// block size divides; 1001 rows at 32/8 heads are several rounds of the backward's 528 blocks
+// with the last partial. 72 (9 threads in a group of 16), 8 (a thread a head) and 256 (a warp)
+// cover the other group sizes.
+INSTANTIATE_TEST_SUITE_P(Shapes, QkNormTest,
+                         ::testing::Values(QkNormCase{37, 32, 8, 128}, QkNormCase{37, 32, 8, 64},
+                                           QkNormCase{1001, 32, 8, 128},
+                                           QkNormCase{1001, 32, 8, 64}, QkNormCase{301, 4, 4, 128},
+                                           QkNormCase{301, 4, 4, 64}, QkNormCase{3, 4, 4, 128},
+                                           QkNormCase{53, 6, 2, 72}, QkNormCase{41, 3, 1, 8},
+                                           QkNormCase{19, 2, 2, 256}),
+                         [](const ::testing::TestParamInfo<QkNormCase>& info) {
+                           const QkNormCase& k = info.param;
+                           return "N" + std::to_string(k.n) + "NH" + std::to_string(k.nh) + "NKV" +
+                                  std::to_string(k.nkv) + "HS" + std::to_string(k.hs);
+                         });
+
 // ---- SwiGLU ----
 
 double Silu(double g) { return g / (1.0 + std::exp(-g)); }
@@ -448,6 +595,16 @@ TEST(LlamaOpsArgs, NormBackwardScratchIsAPartialRowPerLaneOrSlab) {
   EXPECT_EQ(LayerNormBackwardScratchFloats(0, 64), 0u);
 }
 
+// The q/k norm's backward scratch: a partial row of 2 HS (q | k) per block, 528 blocks of 256
+// threads (HS / 8 threads a head, in a power-of-two group) or as few as the heads need.
+TEST(LlamaOpsArgs, QkNormBackwardScratchIsAPartialRowPerBlock) {
+  EXPECT_EQ(QkNormBackwardScratchFloats(4096, 32, 8, 128), 528u * 256);
+  EXPECT_EQ(QkNormBackwardScratchFloats(3, 4, 4, 128), 2u * 256);  // 24 heads, 16 a block
+  EXPECT_EQ(QkNormBackwardScratchFloats(3, 4, 4, 64), 1u * 128);   // 32 a block
+  EXPECT_EQ(QkNormBackwardScratchFloats(3, 4, 4, 72), 2u * 144);   // groups of 16: 16 a block
+  EXPECT_EQ(QkNormBackwardScratchFloats(3, 4, 4, 264), 0u);
+}
+
 TEST(LlamaOpsArgs, RejectsBadArguments) {
   alignas(16) static uint16_t dummy[256];
   bf16* p = reinterpret_cast<bf16*>(dummy);
@@ -466,6 +623,20 @@ TEST(LlamaOpsArgs, RejectsBadArguments) {
   EXPECT_EQ(code(EmbeddingForward(p, nullptr, p, 1, 4, 16, nullptr)), kBad);
   EXPECT_EQ(code(EmbeddingBackward(f, p, EmbeddingGradPlan{4}, nullptr, f, 1, 4, 16, nullptr)),
             kBad);  // no plan on the device
+  // The q/k norm: hs a positive multiple of 8 up to 256, named in the message.
+  for (int hs : {0, 12, 264}) {
+    const absl::Status forward = QkNormForward(p, p, p, p, 1, 2, 1, hs, 1e-6f, nullptr);
+    EXPECT_EQ(forward.code(), kBad) << hs;
+    EXPECT_NE(forward.message().find("hs"), std::string::npos) << forward.message();
+    EXPECT_EQ(code(QkNormBackward(p, f, f, p, p, p, f, 1, 2, 1, hs, 1e-6f, nullptr)), kBad) << hs;
+  }
+  EXPECT_EQ(code(QkNormForward(p, p, p, p, 1, 2, 1, 16, 0.0f, nullptr)), kBad);       // eps
+  EXPECT_EQ(code(QkNormForward(p, p + 1, p, p, 1, 2, 1, 16, 1e-6f, nullptr)), kBad);  // qk_raw
+  EXPECT_EQ(code(QkNormForward(p, p, p, p, 1, 2, 0, 16, 1e-6f, nullptr)), kBad);      // nkv
+  EXPECT_EQ(code(QkNormBackward(p, f, f, p, p, p, nullptr, 1, 2, 1, 16, 1e-6f, nullptr)),
+            kBad);  // scratch
+  EXPECT_EQ(code(QkNormBackward(p, f, f, nullptr, p, p, f, 1, 2, 1, 16, 1e-6f, nullptr)),
+            kBad);  // qk_raw
 }
 
 }  // namespace
