@@ -70,7 +70,10 @@
 //    query tile whose first query's bound passes the tile's end, i.e. about k1 + w - 1), the
 //    same `before` pass on the tiles that cross some row's bound, in the same kDocs variant
 //    (no third build of every kernel). A window of T or more is no window (Mask): it runs the
-//    unmasked kernels.
+//    unmasked kernels. Only the block shapes differ where they must: a long window alone
+//    (LongWalks: 1024 keys or more at HS 64 and 128) makes every block walk many tiles, as
+//    causal ones do, so the forward and dQ kernels take the causal query tiles there (a third
+//    build of those two kernels at those two head sizes, kLong), not the documents' short ones.
 //  - Tiles are staged with cp.async, double-buffered: the next tile loads while the current
 //    one is multiplied.
 //
@@ -135,9 +138,13 @@ struct Tiles {
 // an SM and hide each other's latency, and smaller tiles reach less outside a document; the dQ
 // kernel is held to 128 registers for four blocks an SM at HS <= 64 (it fits without spills).
 // (The rows' arithmetic does not depend on kMt: doc_starts all zero gives the causal bits.)
-template <int kHs, bool kDocs>
+// A long window without documents (kLong, LongWalks) makes every block walk many tiles again,
+// as causal ones do, so it takes the causal tiles: Mistral-7B's attention (T = 16384, window
+// 4096) on an H200 spent 0.57 of causal's time in the backward with 64-query dQ tiles (the
+// work is 0.44 of it).
+template <int kHs, bool kDocs, bool kLong = false>
 struct QueryTiles {
-  static constexpr int kMt = kDocs ? 1 : Tiles<kHs>::kMt;
+  static constexpr int kMt = kDocs && !kLong ? 1 : Tiles<kHs>::kMt;
   static constexpr int kQTile = kWarps * kWarpRows * kMt;
 };
 
@@ -603,7 +610,7 @@ __device__ __forceinline__ void MaskBeforeDocuments(float (&acc)[kMt][kN / 8][4]
 // y = 0 (the last query tile has the most keys; the first key tile the most queries) every
 // head's long tile starts in the first wave and the short ones fill in behind.
 
-template <int kHs, bool kDocs>
+template <int kHs, bool kDocs, bool kLong>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardKernel(bf16* __restrict__ y,          // (B, T, C)
                        float* __restrict__ lse,       // (B * NH * T)
@@ -612,8 +619,8 @@ __global__ void __launch_bounds__(kThreads)
                        int t, int nh, int nkv, float scale_log2) {
   using Cfg = Tiles<kHs>;
   constexpr int kStride = Cfg::kStride;
-  constexpr int kMt = QueryTiles<kHs, kDocs>::kMt;
-  constexpr int kQTile = QueryTiles<kHs, kDocs>::kQTile;
+  constexpr int kMt = QueryTiles<kHs, kDocs, kLong>::kMt;
+  constexpr int kQTile = QueryTiles<kHs, kDocs, kLong>::kQTile;
   constexpr int kRows = 2 * kMt;            // row halves a lane holds
   constexpr int kBk = Cfg::kWalk;           // keys per step
   extern __shared__ __align__(16) unsigned char smem[];
@@ -848,9 +855,9 @@ __global__ void __launch_bounds__(kThreads)
   StoreRows<kHs, 1>(dv, dv_acc, dv_mul, key_lo, t, head.ld_qkv, lane);
 }
 
-template <int kHs, bool kDocs>
+template <int kHs, bool kDocs, bool kLong>
 // (0 blocks an SM: no bound, as the causal kernel always had.)
-__global__ void __launch_bounds__(kThreads, (kDocs && kHs <= 64) ? 4 : 0)
+__global__ void __launch_bounds__(kThreads, (kDocs && !kLong && kHs <= 64) ? 4 : 0)
     FlashBackwardQKernel(bf16* __restrict__ dqkv,         // (B, T, (NH + 2 NKV) HS), dq
                          const bf16* __restrict__ qkv,    // (B, T, (NH + 2 NKV) HS)
                          const bf16* __restrict__ dy,     // (B, T, C)
@@ -860,9 +867,9 @@ __global__ void __launch_bounds__(kThreads, (kDocs && kHs <= 64) ? 4 : 0)
                          int t, int nh, int nkv, float scale, float scale_log2) {
   using Cfg = Tiles<kHs>;
   constexpr int kStride = Cfg::kStride;
-  constexpr int kMt = QueryTiles<kHs, kDocs>::kMt;
+  constexpr int kMt = QueryTiles<kHs, kDocs, kLong>::kMt;
   constexpr int kRows = 2 * kMt;
-  constexpr int kTile = QueryTiles<kHs, kDocs>::kQTile;
+  constexpr int kTile = QueryTiles<kHs, kDocs, kLong>::kQTile;
   constexpr int kBk = Cfg::kQWalk;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sq = reinterpret_cast<bf16*>(smem);  // (kTile, kStride)
@@ -1566,23 +1573,39 @@ absl::Status LaunchTiles(void (*kernel)(Params...), dim3 grid, size_t smem_bytes
   return internal::Launch(kernel, grid, kThreads, smem_bytes, stream, args...);
 }
 
-template <int kHs, bool kDocs>
+// Whether the masked forward and dQ kernels take the causal tiles (QueryTiles' kLong): a
+// window alone, long enough that every block walks many key tiles (32 steps of dQ's at
+// HS 128), at the head sizes the models run with a window (only HS 64 and 128 are built so).
+// With documents the walks are as short as the documents, which the host does not know.
+constexpr int kLongWindow = 1024;
+bool LongWalks(const KeyMask& mask, int hs) {
+  return mask.doc_starts == nullptr && mask.window >= kLongWindow && hs >= 64;
+}
+
+template <int kHs, bool kDocs, bool kLong>
 absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, const KeyMask& mask, int b, int nh,
                            int nkv, int t, cudaStream_t stream) {
   using Cfg = Tiles<kHs>;
-  constexpr int kQTile = QueryTiles<kHs, kDocs>::kQTile;
+  constexpr int kQTile = QueryTiles<kHs, kDocs, kLong>::kQTile;
   const size_t smem = (kQTile + 4 * Cfg::kWalk) * Cfg::kStride * sizeof(bf16);
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHs));
   const dim3 grid(b * nh, (t + kQTile - 1) / kQTile);
-  return LaunchTiles(FlashForwardKernel<kHs, kDocs>, grid, smem, stream, y, lse, qkv, mask, t, nh,
-                     nkv, scale_log2);
+  return LaunchTiles(FlashForwardKernel<kHs, kDocs, kLong>, grid, smem, stream, y, lse, qkv, mask,
+                     t, nh, nkv, scale_log2);
 }
 
 template <int kHs>
 absl::Status LaunchForward(bf16* y, float* lse, const bf16* qkv, const KeyMask& mask, int b, int nh,
                            int nkv, int t, cudaStream_t stream) {
-  return mask.Masked() ? LaunchForward<kHs, true>(y, lse, qkv, mask, b, nh, nkv, t, stream)
-                       : LaunchForward<kHs, false>(y, lse, qkv, mask, b, nh, nkv, t, stream);
+  if (!mask.Masked()) {
+    return LaunchForward<kHs, false, false>(y, lse, qkv, mask, b, nh, nkv, t, stream);
+  }
+  if constexpr (kHs >= 64) {
+    if (LongWalks(mask, kHs)) {
+      return LaunchForward<kHs, true, true>(y, lse, qkv, mask, b, nh, nkv, t, stream);
+    }
+  }
+  return LaunchForward<kHs, true, false>(y, lse, qkv, mask, b, nh, nkv, t, stream);
 }
 
 // Whether the Hopper forward runs on the current device: an sm_90 GPU running this build's
@@ -1717,10 +1740,19 @@ absl::Status LaunchBackward(bool hopper, bf16* dqkv, const bf16* dy, const bf16*
         kernel, dim3(b * nkv, (t + Cfg::kKvTile - 1) / Cfg::kKvTile), kv_smem, kv_stream, dqkv, qkv,
         dy, lse, static_cast<const float*>(dsum), mask, t, nh, nkv, scale, scale_log2));
   }
-  const int q_tile = mask.Masked() ? QueryTiles<kHs, true>::kQTile : QueryTiles<kHs, false>::kQTile;
+  int q_tile = QueryTiles<kHs, false>::kQTile;
+  auto q_kernel = FlashBackwardQKernel<kHs, false, false>;
+  if (mask.Masked()) {
+    q_tile = QueryTiles<kHs, true>::kQTile;
+    q_kernel = FlashBackwardQKernel<kHs, true, false>;
+    if constexpr (kHs >= 64) {
+      if (LongWalks(mask, kHs)) {
+        q_tile = QueryTiles<kHs, true, true>::kQTile;
+        q_kernel = FlashBackwardQKernel<kHs, true, true>;
+      }
+    }
+  }
   const size_t q_smem = (2 * q_tile + 4 * Cfg::kQWalk) * Cfg::kStride * sizeof(bf16);
-  const auto q_kernel =
-      mask.Masked() ? FlashBackwardQKernel<kHs, true> : FlashBackwardQKernel<kHs, false>;
   const absl::Status q_status =
       LaunchTiles(q_kernel, dim3(b * nh, (t + q_tile - 1) / q_tile), q_smem, stream, dqkv, qkv, dy,
                   lse, static_cast<const float*>(dsum), mask, t, nh, nkv, scale, scale_log2);

@@ -720,6 +720,11 @@ INSTANTIATE_TEST_SUITE_P(
         // A window of T - 1 (one key hidden from the last query), then T and more: plain causal.
         WindowCase{Shape{1, 4, 150, 64, 2}, 149, {}}, WindowCase{Shape{1, 4, 150, 64, 2}, 150, {}},
         WindowCase{Shape{1, 4, 150, 128, 2}, 1000, {}},
+        // Windows of 1024 keys and more without documents: the forward and dQ kernels take the
+        // causal query tiles at HS 64 and 128 (and windows up to 1023 the documents' ones).
+        WindowCase{Shape{1, 4, 1500, 64, 2}, 1024, {}},
+        WindowCase{Shape{1, 4, 1500, 128, 2}, 1023, {}},
+        WindowCase{Shape{2, 2, 1300, 128, 1}, 1100, {}},
         // The other head sizes (mma.sync only).
         WindowCase{Shape{1, 4, 300, 32, 2}, 70, {}}, WindowCase{Shape{2, 2, 100, 16, 1}, 33, {}},
         // With documents: windows shorter and longer than the documents.
@@ -736,24 +741,26 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // A long sequence, T = 16500: past the 256 key tiles the dK/dV blocks rank (PlanKeyTile), they
-// take their key tiles in order and count the query tiles that see them in rounds.
+// take their key tiles in order and count the query tiles that see them in rounds. Two
+// windows: one on the documents' query tiles (300), one on the causal ones (1100, LongWalks).
 TEST_F(FlashAttentionTest, LongSequenceWindowMatchesReference) {
-  const Shape s{1, 2, 16500, 64, 1};
-  constexpr int kWindow = 300;
+  const Shape s{1, 1, 16500, 64, 1};
   std::mt19937 rng(4242);
   const std::vector<uint16_t> qkv = RandomBf16(s.qkv_elems(), 1.0f, rng);
   const std::vector<uint16_t> dy = RandomBf16(s.elems(), 1.0f, rng);
-  const Reference ref = ComputeReference(
-      s, ToDouble(ToHeads(qkv, s, kQ)), ToDouble(ToHeads(qkv, s, kK)),
-      ToDouble(ToHeads(qkv, s, kV)), ToDouble(ToHeads(dy, s, kY)), nullptr, kWindow);
-  for (const FlashAttentionKernel kernel : KernelsAt(s.hs)) {
-    SCOPED_TRACE(KernelName(kernel));
-    const FlashOutputs out = RunFlash(kernel, s, qkv, dy, nullptr, stream_, kWindow);
-    EXPECT_LE(RelError(ToHeads(out.y, s, kY), ref.y), kTolY);
-    EXPECT_LE(RelError(out.lse, ref.lse), kTolLse);
-    EXPECT_LE(RelError(ToHeads(out.dqkv, s, kQ), ref.dq), kTolDqDk);
-    EXPECT_LE(RelError(ToHeads(out.dqkv, s, kK), ref.dk), kTolDqDk);
-    EXPECT_LE(RelError(ToHeads(out.dqkv, s, kV), ref.dv), kTolDv);
+  for (const int window : {300, 1100}) {
+    const Reference ref = ComputeReference(
+        s, ToDouble(ToHeads(qkv, s, kQ)), ToDouble(ToHeads(qkv, s, kK)),
+        ToDouble(ToHeads(qkv, s, kV)), ToDouble(ToHeads(dy, s, kY)), nullptr, window);
+    for (const FlashAttentionKernel kernel : KernelsAt(s.hs)) {
+      SCOPED_TRACE(absl::StrCat(KernelName(kernel), " window ", window));
+      const FlashOutputs out = RunFlash(kernel, s, qkv, dy, nullptr, stream_, window);
+      EXPECT_LE(RelError(ToHeads(out.y, s, kY), ref.y), kTolY);
+      EXPECT_LE(RelError(out.lse, ref.lse), kTolLse);
+      EXPECT_LE(RelError(ToHeads(out.dqkv, s, kQ), ref.dq), kTolDqDk);
+      EXPECT_LE(RelError(ToHeads(out.dqkv, s, kK), ref.dk), kTolDqDk);
+      EXPECT_LE(RelError(ToHeads(out.dqkv, s, kV), ref.dv), kTolDv);
+    }
   }
 }
 
