@@ -23,6 +23,19 @@
 // (speedup = causal_ms / docmask_ms, each forward + backward with the models' kernels, kAuto;
 // where the Hopper kernels run, a second line attention_docmask_mma_sync times the mma.sync
 // ones.)
+//
+// With --window W it times flash attention forward + backward with a sliding window of W keys
+// (Mistral's: query t sees keys (t - W, t]) against full causal attention of the same shape
+// in the same run, at Mistral-7B's attention unless told otherwise (32 heads, 8 kv heads, head
+// size 128, i.e. --width 4096; sequence 16384, micro-batch 1):
+//
+//   build/bin/cuda_ops_bench --window 4096 [--seq 16384 --batch 1 --iters 20]
+//   BENCH attention_window t=16384 window=4096 causal_ms=.. window_ms=.. ratio=.. ideal=..
+//
+// (ratio = window_ms / causal_ms, kAuto; ideal = the visible (query, key) pairs with the
+// window over those without, what skipping every masked tile would give: 0.44 at T 16384,
+// W 4096. Where the Hopper kernels run a second line attention_window_mma_sync times the
+// mma.sync ones.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -126,7 +139,7 @@ void TimeMmaSyncForward(Timer& timer, double flops, bf16* y, float* lse, const b
   if (!cuda::FlashAttentionHopperForward(hs)) return;
   timer.Flops("attention_fwd_mma_sync", Timer::kNone, flops, [&] {
     return cuda::FlashAttentionForwardWith(cuda::FlashAttentionKernel::kMmaSync, y, lse, qkv,
-                                           nullptr, b, nh, nkv, t, hs, stream);
+                                           nullptr, 0, b, nh, nkv, t, hs, stream);
   });
 }
 
@@ -136,8 +149,8 @@ void TimeMmaSyncBackward(Timer& timer, double flops, bf16* dqkv, const bf16* dy,
                          int nkv, int t, int hs, cudaStream_t stream) {
   if (!cuda::FlashAttentionHopperForward(hs)) return;
   timer.Flops("attention_bwd_mma_sync", Timer::kNone, flops, [&] {
-    return cuda::FlashAttentionBackwardWith(cuda::FlashAttentionKernel::kMmaSync, dqkv, dy, y,
-                                            lse, qkv, nullptr, scratch, b, nh, nkv, t, hs, stream);
+    return cuda::FlashAttentionBackwardWith(cuda::FlashAttentionKernel::kMmaSync, dqkv, dy, y, lse,
+                                            qkv, nullptr, 0, scratch, b, nh, nkv, t, hs, stream);
   });
 }
 
@@ -195,14 +208,14 @@ void TimeDocMaskAttention(Timer& timer, cuda::FlashAttentionKernel kernel, const
     // The forward also leaves this variant's y and lse for its backward.
     ms[masked] += timer.Time(
         [&] {
-          return cuda::FlashAttentionForwardWith(kernel, y, lse, qkv, ds, b, nh, nkv, t, hs,
+          return cuda::FlashAttentionForwardWith(kernel, y, lse, qkv, ds, 0, b, nh, nkv, t, hs,
                                                  stream);
         },
         "attention forward");
     const double fwd_ms = ms[masked];
     ms[masked] += timer.Time(
         [&] {
-          return cuda::FlashAttentionBackwardWith(kernel, dqkv, dy, y, lse, qkv, ds, scratch, b,
+          return cuda::FlashAttentionBackwardWith(kernel, dqkv, dy, y, lse, qkv, ds, 0, scratch, b,
                                                   nh, nkv, t, hs, stream);
         },
         "attention backward");
@@ -214,6 +227,55 @@ void TimeDocMaskAttention(Timer& timer, cuda::FlashAttentionKernel kernel, const
   }
   std::printf("BENCH %s t=%d mean_doc=%.1f causal_ms=%.3f docmask_ms=%.3f speedup=%.2f\n", line,
               t, static_cast<double>(n) / docs, ms[0], ms[1], ms[0] / ms[1]);
+}
+
+// Flash attention forward + backward with a sliding window of `window` keys against full causal
+// attention of the same shape, each with `kernel`; prints the op lines and the BENCH `line`
+// (FLOPs as TimeDocMaskAttention's, over each variant's visible pairs).
+void TimeWindowAttention(Timer& timer, cuda::FlashAttentionKernel kernel, const char* line, int b,
+                         int nh, int nkv, int t, int hs, int window, std::mt19937& rng) {
+  cudaStream_t stream = timer.stream;
+  const int qkv_w = (nh + 2 * nkv) * hs;
+  const size_t n = static_cast<size_t>(b) * t;
+  bf16* qkv = RandomBf16(n * qkv_w, 1.0f, rng);
+  bf16* dy = RandomBf16(n * nh * hs, 1.0f, rng);
+  bf16* y = Alloc<bf16>(n * nh * hs);
+  bf16* dqkv = Alloc<bf16>(n * qkv_w);
+  float* lse = ZeroFloats(static_cast<size_t>(b) * nh * t);
+  float* scratch = ZeroFloats(cuda::FlashAttentionBackwardScratchFloats(b, nh, t, hs));
+  double causal_pairs = 0, window_pairs = 0;
+  for (int i = 0; i < t; ++i) {
+    causal_pairs += static_cast<double>(i) + 1;
+    window_pairs += std::min(i + 1, window);
+  }
+  const double pair_flops = 2.0 * 2.0 * nh * hs * b;  // forward: 2 GEMMs, 2 HS each per pair
+  double ms[2] = {0, 0};
+  for (int windowed = 0; windowed < 2; ++windowed) {
+    const int w = windowed ? window : 0;
+    const double pairs = windowed ? window_pairs : causal_pairs;
+    const std::string op = std::string(windowed ? "attention_window" : "attention_causal") +
+                           (kernel == cuda::FlashAttentionKernel::kMmaSync ? "_mma_sync" : "");
+    // The forward also leaves this variant's y and lse for its backward.
+    const double fwd_ms = timer.Time(
+        [&] {
+          return cuda::FlashAttentionForwardWith(kernel, y, lse, qkv, nullptr, w, b, nh, nkv, t, hs,
+                                                 stream);
+        },
+        "attention forward");
+    const double bwd_ms = timer.Time(
+        [&] {
+          return cuda::FlashAttentionBackwardWith(kernel, dqkv, dy, y, lse, qkv, nullptr, w,
+                                                  scratch, b, nh, nkv, t, hs, stream);
+        },
+        "attention backward");
+    ms[windowed] = fwd_ms + bwd_ms;
+    std::printf("BENCH cuda_op op=%s_fwd ms=%.3f tflops=%.1f\n", op.c_str(), fwd_ms,
+                pairs * pair_flops / fwd_ms / 1e9);
+    std::printf("BENCH cuda_op op=%s_bwd ms=%.3f tflops=%.1f\n", op.c_str(), bwd_ms,
+                2.5 * pairs * pair_flops / bwd_ms / 1e9);
+  }
+  std::printf("BENCH %s t=%d window=%d causal_ms=%.3f window_ms=%.3f ratio=%.3f ideal=%.3f\n", line,
+              t, window, ms[0], ms[1], ms[1] / ms[0], window_pairs / causal_pairs);
 }
 
 }  // namespace
@@ -264,9 +326,9 @@ void TimeGptBlock(Timer& timer, cuda::Blas& blas, int b, int t, int c, int nh, s
   timer.Flops("qkv_fwd", F, gemm * 3 * c,
               [&] { return blas.LinearForward(qkv, xn, w_qkv, bias, n, c, 3 * c, stream); });
   const double attn_fwd = 2.0 * 2.0 * b * nh * static_cast<double>(t) * t * hs / 2;
-  timer.Flops("attention_fwd", F, attn_fwd,
-              [&] { return cuda::FlashAttentionForward(y, lse, qkv, nullptr, b, nh, nh, t, hs,
-                                                       stream); });
+  timer.Flops("attention_fwd", F, attn_fwd, [&] {
+    return cuda::FlashAttentionForward(y, lse, qkv, nullptr, 0, b, nh, nh, t, hs, stream);
+  });
   TimeMmaSyncForward(timer, attn_fwd, y, lse, qkv, b, nh, nh, t, hs, stream);
   timer.Flops("attn_out_residual_fwd", F, gemm * c, [&] {
     return blas.LinearForwardResidual(tmp, y, w_out, bias, x, n, c, c, stream);
@@ -304,8 +366,8 @@ void TimeGptBlock(Timer& timer, cuda::Blas& blas, int b, int t, int c, int nh, s
   timer.Flops("attn_out_bwd_input", B, gemm * c,
               [&] { return blas.LinearBackwardInput(tmp, dres, w_out, n, c, c, stream); });
   timer.Flops("attention_bwd", B, attn_fwd * 2.5, [&] {
-    return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, nullptr, flash_scratch, b, nh, nh,
-                                        t, hs, stream);
+    return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, nullptr, 0, flash_scratch, b, nh,
+                                        nh, t, hs, stream);
   });
   TimeMmaSyncBackward(timer, attn_fwd * 2.5, dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nh, t,
                       hs, stream);
@@ -348,7 +410,18 @@ int main(int argc, char** argv) {
                "time document-masked flash attention against full causal, then exit");
   app.add_option("--doc-min", doc_min, "--docmask: shortest document");
   app.add_option("--doc-max", doc_max, "--docmask: longest document");
+  int window = 0;
+  app.add_option("--window", window,
+                 "time sliding-window flash attention (W keys) against full causal, then exit");
   CLI11_PARSE(app, argc, argv);
+  if (window < 0) {
+    std::fprintf(stderr, "cuda_ops_bench: --window: need W >= 1\n");
+    return 1;
+  }
+  if (window > 0) {  // Mistral-7B's attention unless told otherwise
+    if (app.count("--batch") == 0) b = 1;
+    if (app.count("--seq") == 0) t = 16384;
+  }
   if (docmask) {  // Llama-3.2-1B's attention unless told otherwise
     if (app.count("--batch") == 0) b = 1;
     if (app.count("--width") == 0) c = 2048;
@@ -376,6 +449,15 @@ int main(int argc, char** argv) {
   CheckCuda(cudaEventCreate(&timer.begin), "event");
   CheckCuda(cudaEventCreate(&timer.end), "event");
 
+  if (window > 0) {
+    TimeWindowAttention(timer, cuda::FlashAttentionKernel::kAuto, "attention_window", b, nh, nkv, t,
+                        hs, window, rng);
+    if (cuda::FlashAttentionHopperForward(hs)) {
+      TimeWindowAttention(timer, cuda::FlashAttentionKernel::kMmaSync, "attention_window_mma_sync",
+                          b, nh, nkv, t, hs, window, rng);
+    }
+    return 0;
+  }
   if (docmask) {
     TimeDocMaskAttention(timer, cuda::FlashAttentionKernel::kAuto, "attention_docmask", b, nh,
                          nkv, t, hs, doc_min, doc_max, rng);
@@ -431,7 +513,7 @@ int main(int argc, char** argv) {
     // Causal: half the (T, T) products, 2 GEMMs of 2 T T HS each per head.
     const double attn_fwd = 2.0 * 2.0 * b * nh * static_cast<double>(t) * t * hs / 2;
     timer.Flops("attention_fwd", F, attn_fwd, [&] {
-      return cuda::FlashAttentionForward(y, lse, qkv, nullptr, b, nh, nkv, t, hs, stream);
+      return cuda::FlashAttentionForward(y, lse, qkv, nullptr, 0, b, nh, nkv, t, hs, stream);
     });
     TimeMmaSyncForward(timer, attn_fwd, y, lse, qkv, b, nh, nkv, t, hs, stream);
     timer.Flops("attn_out_residual_fwd", F, gemm * c, [&] {
@@ -471,7 +553,7 @@ int main(int argc, char** argv) {
                 [&] { return blas.LinearBackwardInput(tmp, dres, w_out, n, c, c, stream); });
     // Backward of attention: 5 (T, T) products where the forward has 2.
     timer.Flops("attention_bwd", B, attn_fwd * 2.5, [&] {
-      return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, nullptr, flash_scratch, b, nh,
+      return cuda::FlashAttentionBackward(dqkv, tmp, y, lse, qkv, nullptr, 0, flash_scratch, b, nh,
                                           nkv, t, hs, stream);
     });
     TimeMmaSyncBackward(timer, attn_fwd * 2.5, dqkv, tmp, y, lse, qkv, flash_scratch, b, nh, nkv,

@@ -83,11 +83,13 @@ __global__ void PermuteHeadsKernel(
 }
 
 // Where row r's keys start: its document's first position (doc_starts, (B, T)), or 0 without
-// document masking. Row r is position r % T of sequence r / (NH * T).
-__device__ inline int RowStart(const int32_t* __restrict__ doc_starts, int64_t r, int t,
+// document masking, raised to its window's first key r % T - window + 1 with a window (> 0).
+// Row r is position r % T of sequence r / (NH * T).
+__device__ inline int RowStart(const int32_t* __restrict__ doc_starts, int window, int64_t r, int t,
                                int nh) {
-  if (doc_starts == nullptr) return 0;
-  return doc_starts[(r / (static_cast<int64_t>(nh) * t)) * t + r % t];
+  const int start =
+      doc_starts == nullptr ? 0 : doc_starts[(r / (static_cast<int64_t>(nh) * t)) * t + r % t];
+  return window > 0 ? max(start, static_cast<int>(r % t) - window + 1) : start;
 }
 
 // Whether column col is one of the row's keys [start, pos].
@@ -114,15 +116,15 @@ __device__ inline void WriteCausalProbs(bf16* row,  // (T) in: raw scores, out: 
   }
 }
 
-__global__ void CausalSoftmaxForwardKernel(bf16* __restrict__ att,               // (rows, T)
-                                           float* __restrict__ lse,              // (rows)
+__global__ void CausalSoftmaxForwardKernel(bf16* __restrict__ att,                  // (rows, T)
+                                           float* __restrict__ lse,                 // (rows)
                                            const int32_t* __restrict__ doc_starts,  // (B, T)
-                                           int64_t rows, int t, int nh, float scale) {
+                                           int window, int64_t rows, int t, int nh, float scale) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (r >= rows) return;  // whole warps exit together
   const int pos = static_cast<int>(r % t);
-  const int start = RowStart(doc_starts, r, t, nh);
+  const int start = RowStart(doc_starts, window, r, t, nh);
   bf16* row = att + r * t;  // (T)
   MaxSum acc = {-INFINITY, 0.0f};
   // From the 8-aligned vector holding `start` on: every vector read holds a visible column
@@ -142,26 +144,26 @@ __global__ void CausalSoftmaxForwardKernel(bf16* __restrict__ att,              
   WriteCausalProbs(row, start, pos, t, scale, row_lse, lane);
 }
 
-__global__ void CausalSoftmaxRecomputeKernel(bf16* __restrict__ att,               // (rows, T)
-                                             const float* __restrict__ lse,        // (rows)
+__global__ void CausalSoftmaxRecomputeKernel(bf16* __restrict__ att,                  // (rows, T)
+                                             const float* __restrict__ lse,           // (rows)
                                              const int32_t* __restrict__ doc_starts,  // (B, T)
-                                             int64_t rows, int t, int nh, float scale) {
+                                             int window, int64_t rows, int t, int nh, float scale) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarpSize;
   if (r >= rows) return;
-  WriteCausalProbs(att + r * t, RowStart(doc_starts, r, t, nh), static_cast<int>(r % t), t,
+  WriteCausalProbs(att + r * t, RowStart(doc_starts, window, r, t, nh), static_cast<int>(r % t), t,
                    scale, lse[r], threadIdx.x % kWarpSize);
 }
 
 // datt = scale * P * (datt - sum_j P[j] datt[j]) over the visible columns, 0 elsewhere.
-__global__ void CausalSoftmaxBackwardKernel(bf16* __restrict__ datt,              // (rows, T)
-                                            const bf16* __restrict__ att,         // (rows, T)
+__global__ void CausalSoftmaxBackwardKernel(bf16* __restrict__ datt,                 // (rows, T)
+                                            const bf16* __restrict__ att,            // (rows, T)
                                             const int32_t* __restrict__ doc_starts,  // (B, T)
-                                            int64_t rows, int t, int nh, float scale) {
+                                            int window, int64_t rows, int t, int nh, float scale) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (r >= rows) return;
   const int pos = static_cast<int>(r % t);
-  const int start = RowStart(doc_starts, r, t, nh);
+  const int start = RowStart(doc_starts, window, r, t, nh);
   bf16* d_row = datt + r * t;       // (T)
   const bf16* p_row = att + r * t;  // (T)
   float dot = 0.0f;
@@ -204,11 +206,15 @@ absl::Status CheckHeads(int b, int t, int c, int nh, const char* op) {
 
 // The softmax ops' checks: att (aligned), the shape, then the op's other pointer. With
 // doc_starts the rows must be whole sequences of nh heads (they index doc_starts).
-absl::Status CheckSoftmax(const char* op, const bf16* att, const int32_t* doc_starts,
+absl::Status CheckSoftmax(const char* op, const bf16* att, const int32_t* doc_starts, int window,
                           int64_t rows, int t, int nh, internal::PointerArg other) {
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckAligned16(att, op, "att"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(rows, op, "rows"));
   WEFT_BF16_RETURN_IF_ERROR(internal::CheckMultipleOf8(t, op, "t"));
+  if (window < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": window = ", window, " is negative (0: no window)"));
+  }
   if (doc_starts != nullptr) {
     WEFT_BF16_RETURN_IF_ERROR(internal::CheckPositive(nh, op, "nh"));
     if (rows % (static_cast<int64_t>(nh) * t) != 0) {
@@ -282,31 +288,30 @@ absl::Status AttentionMergeGrads(bf16* dqkv, const bf16* dq, const bf16* dk, con
                         b, t, c, nh, stream);
 }
 
-absl::Status CausalSoftmaxForward(bf16* att, float* lse, const int32_t* doc_starts,
-                                  int64_t rows, int t, int nh, float scale,
-                                  cudaStream_t stream) {
-  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax("causal softmax", att, doc_starts, rows, t, nh,
+absl::Status CausalSoftmaxForward(bf16* att, float* lse, const int32_t* doc_starts, int window,
+                                  int64_t rows, int t, int nh, float scale, cudaStream_t stream) {
+  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax("causal softmax", att, doc_starts, window, rows, t, nh,
                                          internal::NotNull(lse, "lse")));
-  return LaunchPerRow(CausalSoftmaxForwardKernel, rows, stream, att, lse, doc_starts, rows, t,
-                      nh, scale);
+  return LaunchPerRow(CausalSoftmaxForwardKernel, rows, stream, att, lse, doc_starts, window, rows,
+                      t, nh, scale);
 }
 
 absl::Status CausalSoftmaxRecompute(bf16* att, const float* lse, const int32_t* doc_starts,
-                                    int64_t rows, int t, int nh, float scale,
+                                    int window, int64_t rows, int t, int nh, float scale,
                                     cudaStream_t stream) {
-  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax("causal softmax recompute", att, doc_starts, rows, t,
-                                         nh, internal::NotNull(lse, "lse")));
-  return LaunchPerRow(CausalSoftmaxRecomputeKernel, rows, stream, att, lse, doc_starts, rows, t,
-                      nh, scale);
+  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax("causal softmax recompute", att, doc_starts, window, rows,
+                                         t, nh, internal::NotNull(lse, "lse")));
+  return LaunchPerRow(CausalSoftmaxRecomputeKernel, rows, stream, att, lse, doc_starts, window,
+                      rows, t, nh, scale);
 }
 
 absl::Status CausalSoftmaxBackward(bf16* datt, const bf16* att, const int32_t* doc_starts,
-                                   int64_t rows, int t, int nh, float scale,
+                                   int window, int64_t rows, int t, int nh, float scale,
                                    cudaStream_t stream) {
-  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax("causal softmax backward", att, doc_starts, rows, t,
-                                         nh, internal::Aligned16(datt, "datt")));
-  return LaunchPerRow(CausalSoftmaxBackwardKernel, rows, stream, datt, att, doc_starts, rows, t,
-                      nh, scale);
+  WEFT_BF16_RETURN_IF_ERROR(CheckSoftmax("causal softmax backward", att, doc_starts, window, rows,
+                                         t, nh, internal::Aligned16(datt, "datt")));
+  return LaunchPerRow(CausalSoftmaxBackwardKernel, rows, stream, datt, att, doc_starts, window,
+                      rows, t, nh, scale);
 }
 
 }  // namespace weft::engine::cuda

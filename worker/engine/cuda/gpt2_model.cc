@@ -211,13 +211,14 @@ absl::Status GptCuda::Attend(int l) {
   const int nh = config_.num_heads;
   const int hs = c / nh;
   if (flash_) {
-    return FlashAttentionForward(atty_[l], lse_[l], layer_qkv_[l], DocStarts(), b_, nh, nh, t_, hs,
+    return FlashAttentionForward(atty_[l], lse_[l], layer_qkv_[l], DocStarts(), /*window=*/0, b_,
+                                 nh, nh, t_, hs,
                                  stream_);  // (B, T, C)
   }
   const int batch = b_ * nh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   WEFT_RETURN_IF_ERROR(blas_->AttentionScores(att_, q_[l], k_[l], batch, t_, hs, stream_));
-  WEFT_RETURN_IF_ERROR(CausalSoftmaxForward(att_, lse_[l], DocStarts(),
+  WEFT_RETURN_IF_ERROR(CausalSoftmaxForward(att_, lse_[l], DocStarts(), /*window=*/0,
                                             static_cast<int64_t>(batch) * t_, t_, nh, scale,
                                             stream_));  // (B, NH, T, T)
   WEFT_RETURN_IF_ERROR(blas_->AttentionApply(y_, att_, v_[l], batch, t_, hs, stream_));
@@ -318,22 +319,22 @@ absl::Status GptCuda::BlockBackwardRecomputed(int l, const bf16* block, float* b
     // Straight from the (B, T, C) dy = dx and forward output atty, and the layer's qkv:
     // dq, dk, dv land in dqkv at the places of q, k, v.
     WEFT_RETURN_IF_ERROR(FlashAttentionBackward(dqkv, dx, atty_[l], lse_[l], layer_qkv_[l],
-                                                DocStarts(), flash_scratch_, b_, nh, nh, t_, hs,
-                                                stream_));
+                                                DocStarts(), /*window=*/0, flash_scratch_, b_, nh,
+                                                nh, t_, hs, stream_));
   } else {
     WEFT_RETURN_IF_ERROR(AttentionSplitGrad(y_, dx, b_, t_, c, nh, stream_));  // dy
     const int batch = b_ * nh;
     const int64_t rows = static_cast<int64_t>(batch) * t_;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     WEFT_RETURN_IF_ERROR(blas_->AttentionScores(att_, q_[l], k_[l], batch, t_, hs, stream_));
-    WEFT_RETURN_IF_ERROR(
-        CausalSoftmaxRecompute(att_, lse_[l], DocStarts(), rows, t_, nh, scale, stream_));  // P
+    WEFT_RETURN_IF_ERROR(CausalSoftmaxRecompute(att_, lse_[l], DocStarts(), /*window=*/0, rows, t_,
+                                                nh, scale, stream_));  // P
     WEFT_RETURN_IF_ERROR(
         blas_->AttentionScores(datt_, y_, v_[l], batch, t_, hs, stream_));  // dP
     WEFT_RETURN_IF_ERROR(
         blas_->AttentionApplyTransposed(dv_, att_, y_, batch, t_, hs, stream_));  // P^T dy
-    WEFT_RETURN_IF_ERROR(
-        CausalSoftmaxBackward(datt_, att_, DocStarts(), rows, t_, nh, scale, stream_));  // dS
+    WEFT_RETURN_IF_ERROR(CausalSoftmaxBackward(datt_, att_, DocStarts(), /*window=*/0, rows, t_, nh,
+                                               scale, stream_));  // dS
     WEFT_RETURN_IF_ERROR(blas_->AttentionApply(dq_, datt_, k_[l], batch, t_, hs, stream_));
     WEFT_RETURN_IF_ERROR(
         blas_->AttentionApplyTransposed(dk_, datt_, q_[l], batch, t_, hs, stream_));

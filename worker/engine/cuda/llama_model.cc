@@ -187,8 +187,8 @@ absl::Status LlamaCuda::AttentionForward(int l, const bf16* block) {
                                             config_.qkv_width(), stream_));
   WEFT_RETURN_IF_ERROR(
       RopeForward(s.qkv, Positions(), rope_cos_, rope_sin_, b_, t_, nh, nkv, d, stream_));
-  WEFT_RETURN_IF_ERROR(
-      FlashAttentionForward(s.atty, s.lse, s.qkv, DocStarts(), b_, nh, nkv, t_, d, stream_));
+  WEFT_RETURN_IF_ERROR(FlashAttentionForward(s.atty, s.lse, s.qkv, DocStarts(), /*window=*/0, b_,
+                                             nh, nkv, t_, d, stream_));
   return blas_->LinearForwardResidual(s.res2, s.atty, p(kLlamaAttnOut), nullptr, x, n,
                                       config_.q_width(), c, stream_);
 }
@@ -313,7 +313,8 @@ absl::Status LlamaCuda::AttentionBackward(int l, const bf16* block, float* block
   const int nkv = config_.num_kv_heads;
   const int d = config_.head_size();
   WEFT_RETURN_IF_ERROR(FlashAttentionBackward(dqkv, dx, s.atty, s.lse, s.qkv, DocStarts(),
-                                              flash_scratch_, b_, nh, nkv, t_, d, stream_));
+                                              /*window=*/0, flash_scratch_, b_, nh, nkv, t_, d,
+                                              stream_));
   WEFT_RETURN_IF_ERROR(
       RopeBackward(dqkv, Positions(), rope_cos_, rope_sin_, b_, t_, nh, nkv, d, stream_));
   WEFT_RETURN_IF_ERROR(

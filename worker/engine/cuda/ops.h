@@ -237,31 +237,39 @@ absl::Status AttentionMergeGrads(bf16* dqkv, const bf16* dq, const bf16* dk, con
 // checked): 0 <= doc_starts[b, t] <= t, and each sequence is segmented into documents:
 // doc_starts[b, t] is t (t starts a document) or doc_starts[b, t - 1]. So doc_starts is
 // nondecreasing in t, which the kernels rely on to skip whole tiles.
+// Sliding window (Mistral's, the rule of transformers 4.57), shared the same way: `window` w,
+// right after doc_starts. w > 0: query t sees keys k with max(doc_start(t), t - w + 1) <= k <= t
+// (w keys including itself, fewer at a document's or the sequence's start; doc_start(t) = 0
+// without doc_starts): the keys before that get probability 0 too. w == 0: no window, today's
+// kernels and bits; w >= T is the same (no key is that far back). w < 0 is INVALID_ARGUMENT.
+// The window's bound is nondecreasing in t like a doc start, so flash attention skips the
+// tiles wholly before it as it skips those before a document.
 //
 // rows = B * NH * T rows of length T, row r's position in its sequence is r % T and its
 // sequence r / (NH * T). Columns outside the row's keys are never read (only zero-filled), so
 // they may hold anything. In place: att holds the raw scores q.k on entry and
 // P = softmax(scale * scores) on exit, causal (0 above the diagonal, i.e. at columns > r % T,
-// and, with doc_starts, 0 at columns before the row's doc_starts); lse[r] = logsumexp of the
-// row's scaled scores (fp32), kept for the backward. `nh` is only read with doc_starts. This
-// path (GPT-2's at head sizes flash attention does not support) supports document masking as
-// flash attention does, but computes the full (T, T) GEMMs: only flash attention skips the
-// masked tiles.
+// and, with doc_starts or a window, 0 at columns before the row's first key); lse[r] =
+// logsumexp of the row's scaled scores (fp32), kept for the backward. `nh` is only read with
+// doc_starts (the window needs only r % T). This path (GPT-2's at head sizes flash attention
+// does not support) supports document masking and the window as flash attention does, but
+// computes the full (T, T) GEMMs: only flash attention skips the masked tiles.
 absl::Status CausalSoftmaxForward(bf16* att, float* lse,
                                   const int32_t* doc_starts,  // (B, T) or nullptr
+                                  int window,                 // >= 0; 0: none
                                   int64_t rows, int t, int nh, float scale, cudaStream_t stream);
 // Recomputes P in place from the raw scores and lse (the backward does not keep P).
 absl::Status CausalSoftmaxRecompute(bf16* att, const float* lse,
                                     const int32_t* doc_starts,  // (B, T) or nullptr
-                                    int64_t rows, int t, int nh, float scale,
-                                    cudaStream_t stream);
+                                    int window,                 // >= 0; 0: none
+                                    int64_t rows, int t, int nh, float scale, cudaStream_t stream);
 // In place on datt: datt = scale * P * (datt - sum_j P[j] * datt[j]) per row, causal (0 above
-// the diagonal and before the row's doc_starts): the gradient w.r.t. the raw scores given P
-// and dL/dP.
+// the diagonal and before the row's doc_starts or window): the gradient w.r.t. the raw scores
+// given P and dL/dP.
 absl::Status CausalSoftmaxBackward(bf16* datt, const bf16* att,
                                    const int32_t* doc_starts,  // (B, T) or nullptr
-                                   int64_t rows, int t, int nh, float scale,
-                                   cudaStream_t stream);
+                                   int window,                 // >= 0; 0: none
+                                   int64_t rows, int t, int nh, float scale, cudaStream_t stream);
 
 // ---- flash_attention.cu: fused causal attention (tensor cores, the (T, T) scores never hit
 // memory), grouped-query (NKV kv heads shared by NH query heads; GPT-2 is NKV = NH), on the
@@ -278,17 +286,24 @@ absl::Status CausalSoftmaxBackward(bf16* datt, const bf16* att,
 // the tiles that lie wholly outside a document instead of masking them, so packed short
 // documents cost about their own attention: forward + backward 5x faster than full causal at
 // Llama-3.2-1B's shape, T = 4096, 150- to 450-token documents, on an H200 (cuda_ops_bench
-// --docmask). The backward must get the forward's doc_starts; with them it runs its dK/dV
-// kernel beside the dQ one on a second stream of the calling thread (made on first use and
-// kept), forked from `stream` and joined back before it returns, so to the caller the work
-// is still ordered on `stream`. ----
+// --docmask). `window`: the sliding window as above, the same kernels as doc_starts (the
+// walks start at the first key tile some row's window reaches, and the dK/dV walk stops at the
+// last query tile that reaches the key tile), so attention costs about T * w instead of
+// T^2 / 2: forward + backward at Mistral-7B's attention, T = 16384, w = 4096, on an H200
+// (cuda_ops_bench --window) 11.0 ms against 21.6-22.3 ms causal (0.50-0.51; the visible pairs
+// are 0.44). The backward must get the forward's doc_starts and window (else it is the gradient
+// of another function); with documents or a short window it runs its dK/dV kernel beside the
+// dQ one on a second stream of the calling thread (made on first use and kept), forked from
+// `stream` and joined back before it returns, so to the caller the work is still ordered on
+// `stream`. ----
 bool FlashAttentionSupported(int hs);
 // y = softmax(scale * q k^T, causal) v per query head; lse[(b * NH + h) * T + t] = logsumexp
 // of that row's scaled causal scores.
-absl::Status FlashAttentionForward(bf16* y,                   // (B, T, C) written (=)
-                                   float* lse,                // (B * NH * T)
-                                   const bf16* qkv,           // (B, T, W)
+absl::Status FlashAttentionForward(bf16* y,                    // (B, T, C) written (=)
+                                   float* lse,                 // (B * NH * T)
+                                   const bf16* qkv,            // (B, T, W)
                                    const int32_t* doc_starts,  // (B, T) or nullptr
+                                   int window,                 // >= 0; 0: none
                                    int b, int nh, int nkv, int t, int hs, cudaStream_t stream);
 // The forward's kernels: kAuto runs the Hopper one where it runs (FlashAttentionHopperForward),
 // else the mma.sync one, which runs on every supported GPU and head size. Asking for kHopper
@@ -301,8 +316,8 @@ bool FlashAttentionHopperForward(int hs);
 absl::Status FlashAttentionForwardWith(FlashAttentionKernel kernel, bf16* y, float* lse,
                                        const bf16* qkv,
                                        const int32_t* doc_starts,  // (B, T) or nullptr
-                                       int b, int nh, int nkv, int t, int hs,
-                                       cudaStream_t stream);
+                                       int window,                 // >= 0; 0: none
+                                       int b, int nh, int nkv, int t, int hs, cudaStream_t stream);
 size_t FlashAttentionBackwardScratchFloats(int b, int nh, int t, int hs);
 // dq, dk, dv written (=) into dqkv at the places q, k, v have in qkv (every element of dqkv is
 // written; a shared k/v head gets the sum over its query heads), from the forward's y and lse
@@ -313,6 +328,7 @@ absl::Status FlashAttentionBackward(bf16* dqkv,                 // (B, T, W) wri
                                     const float* lse,           // (B * NH * T) the forward's lse
                                     const bf16* qkv,            // (B, T, W) the forward's input
                                     const int32_t* doc_starts,  // (B, T) or nullptr
+                                    int window,                 // >= 0; 0: none
                                     float* scratch,  // FlashAttentionBackwardScratchFloats
                                     int b, int nh, int nkv, int t, int hs, cudaStream_t stream);
 // The backward with its dK/dV kernel chosen as FlashAttentionForwardWith chooses the forward's
@@ -321,6 +337,7 @@ absl::Status FlashAttentionBackward(bf16* dqkv,                 // (B, T, W) wri
 absl::Status FlashAttentionBackwardWith(FlashAttentionKernel kernel, bf16* dqkv, const bf16* dy,
                                         const bf16* y, const float* lse, const bf16* qkv,
                                         const int32_t* doc_starts,  // (B, T) or nullptr
+                                        int window,                 // >= 0; 0: none
                                         float* scratch, int b, int nh, int nkv, int t, int hs,
                                         cudaStream_t stream);
 

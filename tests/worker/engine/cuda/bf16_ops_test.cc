@@ -553,7 +553,7 @@ TEST_F(Bf16OpsTest, CausalSoftmax) {
     Bf16Buffer d_att(scores);
     DeviceBuffer<float> d_lse(Filled(rows, NAN));
     ASSERT_TRUE(
-        CausalSoftmaxForward(d_att.get(), d_lse.get(), starts, rows, t, c.nh, scale, stream_)
+        CausalSoftmaxForward(d_att.get(), d_lse.get(), starts, 0, rows, t, c.nh, scale, stream_)
             .ok());
     Sync();
     const std::vector<float> gpu_p = d_att.ToHost();
@@ -562,7 +562,7 @@ TEST_F(Bf16OpsTest, CausalSoftmax) {
     EXPECT_CLOSE(d_lse.ToHost(), lse, kFp32);
 
     Bf16Buffer d_recomputed(scores);
-    ASSERT_TRUE(CausalSoftmaxRecompute(d_recomputed.get(), d_lse.get(), starts, rows, t, c.nh,
+    ASSERT_TRUE(CausalSoftmaxRecompute(d_recomputed.get(), d_lse.get(), starts, 0, rows, t, c.nh,
                                        scale, stream_)
                     .ok());
     Sync();
@@ -582,7 +582,7 @@ TEST_F(Bf16OpsTest, CausalSoftmax) {
     }
     Bf16Buffer d_datt(dp);
     ASSERT_TRUE(
-        CausalSoftmaxBackward(d_datt.get(), d_att.get(), starts, rows, t, c.nh, scale, stream_)
+        CausalSoftmaxBackward(d_datt.get(), d_att.get(), starts, 0, rows, t, c.nh, scale, stream_)
             .ok());
     Sync();
     const std::vector<float> gpu_dscores = d_datt.ToHost();
@@ -592,19 +592,18 @@ TEST_F(Bf16OpsTest, CausalSoftmax) {
   Bf16Buffer x(256);
   DeviceBuffer<float> lse(Filled(16));
   DeviceBuffer<int32_t> starts(std::vector<int32_t>(16, 0));
-  EXPECT_EQ(CausalSoftmaxForward(x.get(), lse.get(), nullptr, 16, 12, 1, 1.0f, stream_).code(),
+  EXPECT_EQ(CausalSoftmaxForward(x.get(), lse.get(), nullptr, 0, 16, 12, 1, 1.0f, stream_).code(),
             kInvalid);  // t % 8
-  EXPECT_EQ(
-      CausalSoftmaxRecompute(x.get(), nullptr, nullptr, 16, 16, 1, 1.0f, stream_).code(),
-      kInvalid);
-  EXPECT_EQ(CausalSoftmaxBackward(x.get(), x.get(), nullptr, 0, 16, 1, 1.0f, stream_).code(),
+  EXPECT_EQ(CausalSoftmaxRecompute(x.get(), nullptr, nullptr, 0, 16, 16, 1, 1.0f, stream_).code(),
+            kInvalid);
+  EXPECT_EQ(CausalSoftmaxBackward(x.get(), x.get(), nullptr, 0, 0, 16, 1, 1.0f, stream_).code(),
             kInvalid);
   // With doc_starts the rows are whole sequences of nh heads.
   EXPECT_EQ(
-      CausalSoftmaxForward(x.get(), lse.get(), starts.get(), 16, 8, 3, 1.0f, stream_).code(),
+      CausalSoftmaxForward(x.get(), lse.get(), starts.get(), 0, 16, 8, 3, 1.0f, stream_).code(),
       kInvalid);
   EXPECT_EQ(
-      CausalSoftmaxForward(x.get(), lse.get(), starts.get(), 16, 8, 0, 1.0f, stream_).code(),
+      CausalSoftmaxForward(x.get(), lse.get(), starts.get(), 0, 16, 8, 0, 1.0f, stream_).code(),
       kInvalid);
 }
 

@@ -23,6 +23,10 @@
 // grouped-query heads: forward and backward against each document run alone through the plain
 // causal kernel (to bf16 accuracy) and against the reference with the documents' masks;
 // doc_starts all zero bit for bit the nullptr (plain causal) result.
+// Sliding window (Mistral's): forward and backward of both kernels against the reference with
+// the window, alone and with documents, at T not a multiple of any tile, windows smaller than
+// a tile, T - 1, T and beyond (bit for bit plain causal), grouped-query heads, every head size,
+// and T = 16500; the softmax fallback's ops with a window; a negative window refused.
 // A timing test prints the GPT-2 124M shape (B = 16, NH = 12, T = 1024, HS = 64).
 // Skips (GTEST_SKIP) when no CUDA device is present, except the argument checks, which fail
 // before touching the GPU.
@@ -116,11 +120,12 @@ struct Reference {
 
 // Causal attention per query head, straight from the definition, in double; query head
 // (b, h) reads kv head (b, h / G). q, dy: (B, NH, T, HS); k, v: (B, NKV, T, HS). With
-// doc_starts (B, T), query i of sequence b sees keys [doc_starts[b, i], i] only.
+// doc_starts (B, T), query i of sequence b sees keys [doc_starts[b, i], i] only; with a window
+// w > 0, keys [i - w + 1, i] only (both: the intersection).
 Reference ComputeReference(const Shape& s, const std::vector<double>& q,
                            const std::vector<double>& k, const std::vector<double>& v,
                            const std::vector<double>& dy,
-                           const std::vector<int32_t>* doc_starts = nullptr) {
+                           const std::vector<int32_t>* doc_starts = nullptr, int window = 0) {
   const int t = s.t, hs = s.hs;
   const int group = s.nh / s.kv();
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
@@ -138,7 +143,8 @@ Reference ComputeReference(const Shape& s, const std::vector<double>& q,
     const auto row = [&](const std::vector<double>& m, int i) { return &m[base + i * hs]; };
     const auto kv_row = [&](const std::vector<double>& m, int i) { return &m[kv_base + i * hs]; };
     for (int i = 0; i < t; ++i) {
-      const int j0 = doc_starts == nullptr ? 0 : (*doc_starts)[(h / s.nh) * t + i];
+      int j0 = doc_starts == nullptr ? 0 : (*doc_starts)[(h / s.nh) * t + i];
+      if (window > 0) j0 = std::max(j0, i - window + 1);
       double mx = -INFINITY;
       for (int j = j0; j <= i; ++j) {
         double dot = 0.0;
@@ -234,11 +240,11 @@ TEST_P(FlashAttentionShapeTest, MatchesHostReference) {
       std::vector<float>(FlashAttentionBackwardScratchFloats(s.b, s.nh, s.t, s.hs), 0.0f));
 
   ASSERT_TRUE(FlashAttentionSupported(s.hs));
-  ASSERT_TRUE(FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), nullptr, s.b, s.nh,
+  ASSERT_TRUE(FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), nullptr, 0, s.b, s.nh,
                                     s.kv(), s.t, s.hs, stream_)
                   .ok());
   ASSERT_TRUE(FlashAttentionBackward(AsBf16(d_dqkv), AsBf16(d_dy), AsBf16(d_y), d_lse.get(),
-                                     AsBf16(d_qkv), nullptr, d_scratch.get(), s.b, s.nh, s.kv(),
+                                     AsBf16(d_qkv), nullptr, 0, d_scratch.get(), s.b, s.nh, s.kv(),
                                      s.t, s.hs, stream_)
                   .ok());
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -260,7 +266,7 @@ TEST_P(FlashAttentionShapeTest, MatchesHostReference) {
   // Deterministic: a second backward, into a freshly garbage-filled dqkv, gives the same bits.
   DeviceBuffer<uint16_t> d_dqkv2(std::vector<uint16_t>(s.qkv_elems(), kGarbageBits));
   ASSERT_TRUE(FlashAttentionBackward(AsBf16(d_dqkv2), AsBf16(d_dy), AsBf16(d_y), d_lse.get(),
-                                     AsBf16(d_qkv), nullptr, d_scratch.get(), s.b, s.nh, s.kv(),
+                                     AsBf16(d_qkv), nullptr, 0, d_scratch.get(), s.b, s.nh, s.kv(),
                                      s.t, s.hs, stream_)
                   .ok());
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -295,7 +301,7 @@ TEST_P(FlashForwardKernelsTest, BothMatchTheReferenceAndEachOther) {
     DeviceBuffer<uint16_t> d_y(std::vector<uint16_t>(s.elems(), kGarbageBits));
     DeviceBuffer<float> d_lse(std::vector<float>(s.heads() * s.t, -1.0f));
     ASSERT_TRUE(FlashAttentionForwardWith(kernel, AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), nullptr,
-                                          s.b, s.nh, s.kv(), s.t, s.hs, stream_)
+                                          0, s.b, s.nh, s.kv(), s.t, s.hs, stream_)
                     .ok());
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     *y = d_y.ToHost();
@@ -353,13 +359,13 @@ TEST_P(FlashBackwardKernelsTest, BothMatchTheReferenceAndEachOther) {
   DeviceBuffer<float> d_lse(std::vector<float>(s.heads() * s.t, -1.0f));
   DeviceBuffer<float> d_scratch(
       std::vector<float>(FlashAttentionBackwardScratchFloats(s.b, s.nh, s.t, s.hs), 0.0f));
-  ASSERT_TRUE(FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), nullptr, s.b, s.nh,
+  ASSERT_TRUE(FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), nullptr, 0, s.b, s.nh,
                                     s.kv(), s.t, s.hs, stream_)
                   .ok());
   const auto run = [&](FlashAttentionKernel kernel, std::vector<uint16_t>* dqkv) {
     DeviceBuffer<uint16_t> d_dqkv(std::vector<uint16_t>(s.qkv_elems(), kGarbageBits));
     ASSERT_TRUE(FlashAttentionBackwardWith(kernel, AsBf16(d_dqkv), AsBf16(d_dy), AsBf16(d_y),
-                                           d_lse.get(), AsBf16(d_qkv), nullptr, d_scratch.get(),
+                                           d_lse.get(), AsBf16(d_qkv), nullptr, 0, d_scratch.get(),
                                            s.b, s.nh, s.kv(), s.t, s.hs, stream_)
                     .ok());
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -458,10 +464,11 @@ struct FlashOutputs {
 };
 
 // One forward and backward with `kernel` (the backward's dK/dV kernel chosen alike) into
-// garbage-filled outputs, with doc_starts (host, copied to the device) or without (nullptr).
-FlashOutputs RunFlash(FlashAttentionKernel kernel, const Shape& s,
-                      const std::vector<uint16_t>& qkv, const std::vector<uint16_t>& dy,
-                      const std::vector<int32_t>* doc_starts, cudaStream_t stream) {
+// garbage-filled outputs, with doc_starts (host, copied to the device) or without (nullptr),
+// and `window`.
+FlashOutputs RunFlash(FlashAttentionKernel kernel, const Shape& s, const std::vector<uint16_t>& qkv,
+                      const std::vector<uint16_t>& dy, const std::vector<int32_t>* doc_starts,
+                      cudaStream_t stream, int window = 0) {
   DeviceBuffer<uint16_t> d_qkv(qkv), d_dy(dy);
   DeviceBuffer<uint16_t> d_y(std::vector<uint16_t>(s.elems(), kGarbageBits));
   DeviceBuffer<uint16_t> d_dqkv(std::vector<uint16_t>(s.qkv_elems(), kGarbageBits));
@@ -470,12 +477,12 @@ FlashOutputs RunFlash(FlashAttentionKernel kernel, const Shape& s,
       std::vector<float>(FlashAttentionBackwardScratchFloats(s.b, s.nh, s.t, s.hs), 0.0f));
   DeviceBuffer<int32_t> d_starts(doc_starts != nullptr ? *doc_starts : std::vector<int32_t>());
   const int32_t* starts = doc_starts != nullptr ? d_starts.get() : nullptr;
-  const absl::Status forward = FlashAttentionForwardWith(
-      kernel, AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), starts, s.b, s.nh, s.kv(), s.t, s.hs,
-      stream);
+  const absl::Status forward =
+      FlashAttentionForwardWith(kernel, AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), starts, window,
+                                s.b, s.nh, s.kv(), s.t, s.hs, stream);
   EXPECT_TRUE(forward.ok()) << forward;
   const absl::Status backward = FlashAttentionBackwardWith(
-      kernel, AsBf16(d_dqkv), AsBf16(d_dy), AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), starts,
+      kernel, AsBf16(d_dqkv), AsBf16(d_dy), AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), starts, window,
       d_scratch.get(), s.b, s.nh, s.kv(), s.t, s.hs, stream);
   EXPECT_TRUE(backward.ok()) << backward;
   CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -629,47 +636,261 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FlashDocZeroTest,
                                            Shape{1, 8, 1024, 64, 2}, Shape{1, 2, 513, 128}),
                          ShapeName);
 
+// ---- Sliding window (Mistral: query t sees keys (t - window, t]) ----
+
+// A window case: the shape, the window and optionally documents (lengths per sequence, as
+// DocCase's; empty: no doc_starts).
+struct WindowCase {
+  Shape shape;
+  int window;
+  std::vector<std::vector<int>> docs;
+};
+
+class FlashWindowTest : public FlashAttentionTest,
+                        public ::testing::WithParamInterface<WindowCase> {};
+
+// Both kernels (mma.sync, and the Hopper ones where they run) with the window (and documents)
+// against the double reference with the same mask, at the reference tolerances, and
+// bit-deterministic. A window of T or more must be plain causal attention (the same call
+// without a window, bit for bit). Where the window hides keys, the result must differ from
+// plain causal's: a kernel ignoring the window would fail the reference check, and this says
+// so more plainly.
+TEST_P(FlashWindowTest, MatchesReferenceWithTheWindow) {
+  const WindowCase& c = GetParam();
+  const Shape s = c.shape;
+  std::mt19937 rng(77 + s.t * 5 + s.hs + c.window);
+  const std::vector<uint16_t> qkv = RandomBf16(s.qkv_elems(), 1.0f, rng);  // (B, T, W)
+  const std::vector<uint16_t> dy = RandomBf16(s.elems(), 1.0f, rng);       // (B, T, C)
+  std::vector<int32_t> starts;
+  if (!c.docs.empty()) {
+    ASSERT_EQ(static_cast<int>(c.docs.size()), s.b);
+    starts = DocStartsOf(c.docs, s.t);
+  }
+  const std::vector<int32_t>* doc = c.docs.empty() ? nullptr : &starts;
+  const Reference ref =
+      ComputeReference(s, ToDouble(ToHeads(qkv, s, kQ)), ToDouble(ToHeads(qkv, s, kK)),
+                       ToDouble(ToHeads(qkv, s, kV)), ToDouble(ToHeads(dy, s, kY)), doc, c.window);
+  std::vector<FlashAttentionKernel> kernels = KernelsAt(s.hs);
+  kernels.push_back(FlashAttentionKernel::kAuto);
+  for (const FlashAttentionKernel kernel : kernels) {
+    const char* name = KernelName(kernel);
+    SCOPED_TRACE(name);
+    const FlashOutputs out = RunFlash(kernel, s, qkv, dy, doc, stream_, c.window);
+    const double r_y = RelError(ToHeads(out.y, s, kY), ref.y);
+    const double r_lse = RelError(out.lse, ref.lse);
+    const double r_dq = RelError(ToHeads(out.dqkv, s, kQ), ref.dq);
+    const double r_dk = RelError(ToHeads(out.dqkv, s, kK), ref.dk);
+    const double r_dv = RelError(ToHeads(out.dqkv, s, kV), ref.dv);
+    std::printf(
+        "%s window %d%s B=%d NH=%d NKV=%d T=%d HS=%d: y %.2e lse %.2e dq %.2e dk %.2e "
+        "dv %.2e\n",
+        name, c.window, doc != nullptr ? " + docs" : "", s.b, s.nh, s.kv(), s.t, s.hs, r_y, r_lse,
+        r_dq, r_dk, r_dv);
+    EXPECT_LE(r_y, kTolY);
+    EXPECT_LE(r_lse, kTolLse);
+    EXPECT_LE(r_dq, kTolDqDk);
+    EXPECT_LE(r_dk, kTolDqDk);
+    EXPECT_LE(r_dv, kTolDv);
+    const FlashOutputs again = RunFlash(kernel, s, qkv, dy, doc, stream_, c.window);
+    EXPECT_EQ(again.y, out.y);  // deterministic
+    EXPECT_EQ(again.lse, out.lse);
+    EXPECT_EQ(again.dqkv, out.dqkv);
+    const FlashOutputs unwindowed = RunFlash(kernel, s, qkv, dy, doc, stream_, 0);
+    if (c.window >= s.t) {
+      EXPECT_EQ(out.y, unwindowed.y);
+      EXPECT_EQ(out.lse, unwindowed.lse);
+      EXPECT_EQ(out.dqkv, unwindowed.dqkv);
+    } else {
+      EXPECT_NE(out.lse, unwindowed.lse);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Windows, FlashWindowTest,
+    ::testing::Values(
+        // Grouped-query (NH 4, NKV 2), T not a multiple of any tile, windows of a few tiles.
+        WindowCase{Shape{1, 4, 300, 64, 2}, 100, {}}, WindowCase{Shape{1, 4, 300, 128, 2}, 100, {}},
+        WindowCase{Shape{2, 4, 777, 64, 2}, 200, {}},
+        WindowCase{Shape{1, 4, 1100, 128, 2}, 256, {}},
+        // Windows smaller than a tile (of 16 rows, too), down to two keys (not one: its exact
+        // dq and dk are 0, which a relative error cannot weigh).
+        WindowCase{Shape{1, 4, 200, 64, 2}, 17, {}}, WindowCase{Shape{1, 4, 200, 128, 2}, 17, {}},
+        WindowCase{Shape{1, 2, 130, 64}, 2, {}}, WindowCase{Shape{1, 2, 130, 128}, 5, {}},
+        // A window of T - 1 (one key hidden from the last query), then T and more: plain causal.
+        WindowCase{Shape{1, 4, 150, 64, 2}, 149, {}}, WindowCase{Shape{1, 4, 150, 64, 2}, 150, {}},
+        WindowCase{Shape{1, 4, 150, 128, 2}, 1000, {}},
+        // Windows of 1024 keys and more without documents: the forward and dQ kernels take the
+        // causal query tiles at HS 64 and 128 (and windows up to 1023 the documents' ones).
+        WindowCase{Shape{1, 4, 1500, 64, 2}, 1024, {}},
+        WindowCase{Shape{1, 4, 1500, 128, 2}, 1023, {}},
+        WindowCase{Shape{2, 2, 1300, 128, 1}, 1100, {}},
+        // The other head sizes (mma.sync only).
+        WindowCase{Shape{1, 4, 300, 32, 2}, 70, {}}, WindowCase{Shape{2, 2, 100, 16, 1}, 33, {}},
+        // With documents: windows shorter and longer than the documents.
+        WindowCase{Shape{2, 4, 340, 64, 2}, 50, {{1, 7, 64, 65, 200, 3}, {200, 1, 139}}},
+        WindowCase{Shape{2, 4, 340, 128, 2}, 150, {{1, 7, 64, 65, 200, 3}, {200, 1, 139}}},
+        WindowCase{Shape{1, 4, 1000, 64, 2}, 90, {Cycle({300, 150, 450, 17, 1}, 1000)}},
+        WindowCase{Shape{1, 4, 1000, 128, 2}, 300, {Cycle({1, 7, 64, 700, 13, 128}, 1000)}},
+        WindowCase{Shape{1, 4, 300, 64, 2}, 300, {{100, 200}}}),
+    [](const ::testing::TestParamInfo<WindowCase>& info) {
+      const WindowCase& c = info.param;
+      const Shape& s = c.shape;
+      return absl::StrCat("Case", info.index, "B", s.b, "NH", s.nh, "NKV", s.kv(), "T", s.t, "HS",
+                          s.hs, "W", c.window, c.docs.empty() ? "" : "Docs");
+    });
+
+// A long sequence, T = 16500: past the 256 key tiles the dK/dV blocks rank (PlanKeyTile), they
+// take their key tiles in order and count the query tiles that see them in rounds. Two
+// windows: one on the documents' query tiles (300), one on the causal ones (1100, LongWalks).
+TEST_F(FlashAttentionTest, LongSequenceWindowMatchesReference) {
+  const Shape s{1, 1, 16500, 64, 1};
+  std::mt19937 rng(4242);
+  const std::vector<uint16_t> qkv = RandomBf16(s.qkv_elems(), 1.0f, rng);
+  const std::vector<uint16_t> dy = RandomBf16(s.elems(), 1.0f, rng);
+  for (const int window : {300, 1100}) {
+    const Reference ref = ComputeReference(
+        s, ToDouble(ToHeads(qkv, s, kQ)), ToDouble(ToHeads(qkv, s, kK)),
+        ToDouble(ToHeads(qkv, s, kV)), ToDouble(ToHeads(dy, s, kY)), nullptr, window);
+    for (const FlashAttentionKernel kernel : KernelsAt(s.hs)) {
+      SCOPED_TRACE(absl::StrCat(KernelName(kernel), " window ", window));
+      const FlashOutputs out = RunFlash(kernel, s, qkv, dy, nullptr, stream_, window);
+      EXPECT_LE(RelError(ToHeads(out.y, s, kY), ref.y), kTolY);
+      EXPECT_LE(RelError(out.lse, ref.lse), kTolLse);
+      EXPECT_LE(RelError(ToHeads(out.dqkv, s, kQ), ref.dq), kTolDqDk);
+      EXPECT_LE(RelError(ToHeads(out.dqkv, s, kK), ref.dk), kTolDqDk);
+      EXPECT_LE(RelError(ToHeads(out.dqkv, s, kV), ref.dv), kTolDv);
+    }
+  }
+}
+
+// The cuBLAS + softmax fallback's softmax ops with a window (alone and with documents) on
+// random raw scores, against the softmax in double with the same mask: P to bf16 accuracy and
+// exactly 0 outside the row's keys, lse to fp32, the recompute bit for bit the forward's P, the
+// backward against scale * P * (dP - sum P dP) over the row's keys.
+TEST_F(FlashAttentionTest, SoftmaxFallbackWithWindow) {
+  constexpr int kB = 2, kNh = 2, kT = 136;
+  constexpr float kScale = 0.125f;
+  const int64_t rows = int64_t{kB} * kNh * kT;
+  const std::vector<std::vector<int>> docs = {{1, 40, 70, 25}, {136}};
+  const std::vector<int32_t> host_starts = DocStartsOf(docs, kT);
+  DeviceBuffer<int32_t> d_starts(host_starts);
+  for (const int window : {1, 9, 50, 135}) {
+    for (const bool with_docs : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("window ", window, with_docs ? " + docs" : ""));
+      std::mt19937 rng(11 + window);
+      const std::vector<uint16_t> scores = RandomBf16(rows * kT, 3.0f, rng);
+      const std::vector<uint16_t> dp = RandomBf16(rows * kT, 1.0f, rng);
+      const int32_t* starts = with_docs ? d_starts.get() : nullptr;
+      DeviceBuffer<uint16_t> d_att(scores), d_again(scores), d_datt(dp);
+      DeviceBuffer<float> d_lse(std::vector<float>(rows, NAN));
+      ASSERT_TRUE(CausalSoftmaxForward(AsBf16(d_att), d_lse.get(), starts, window, rows, kT, kNh,
+                                       kScale, stream_)
+                      .ok());
+      ASSERT_TRUE(CausalSoftmaxRecompute(AsBf16(d_again), d_lse.get(), starts, window, rows, kT,
+                                         kNh, kScale, stream_)
+                      .ok());
+      ASSERT_TRUE(CausalSoftmaxBackward(AsBf16(d_datt), AsBf16(d_att), starts, window, rows, kT,
+                                        kNh, kScale, stream_)
+                      .ok());
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      const std::vector<uint16_t> p = d_att.ToHost();
+      const std::vector<float> lse = d_lse.ToHost();
+      const std::vector<uint16_t> ds = d_datt.ToHost();
+      EXPECT_EQ(d_again.ToHost(), p);
+      std::vector<double> ref_p(rows * kT, 0.0), ref_ds(rows * kT, 0.0), ref_lse(rows);
+      int64_t outside_nonzero = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int pos = static_cast<int>(r % kT);
+        int j0 = with_docs ? host_starts[(r / (kNh * kT)) * kT + pos] : 0;
+        j0 = std::max(j0, pos - window + 1);
+        const auto scaled = [&](int j) {
+          return double{kScale} * FromBf16Bits(scores[r * kT + j]);
+        };
+        double mx = -INFINITY;
+        for (int j = j0; j <= pos; ++j) mx = std::max(mx, scaled(j));
+        double sum = 0.0;
+        for (int j = j0; j <= pos; ++j) sum += std::exp(scaled(j) - mx);
+        ref_lse[r] = mx + std::log(sum);
+        double dot = 0.0;
+        for (int j = j0; j <= pos; ++j) {
+          ref_p[r * kT + j] = std::exp(scaled(j) - ref_lse[r]);
+          // The backward takes the GPU's bf16 P, as the model's does.
+          dot += double{FromBf16Bits(p[r * kT + j])} * FromBf16Bits(dp[r * kT + j]);
+        }
+        for (int j = j0; j <= pos; ++j) {
+          ref_ds[r * kT + j] =
+              kScale * double{FromBf16Bits(p[r * kT + j])} * (FromBf16Bits(dp[r * kT + j]) - dot);
+        }
+        for (int j = 0; j < kT; ++j) {
+          if (j >= j0 && j <= pos) continue;
+          outside_nonzero += p[r * kT + j] != 0 || ds[r * kT + j] != 0;
+        }
+      }
+      EXPECT_EQ(outside_nonzero, 0);
+      EXPECT_LE(RelError(p, ref_p), 1e-2);
+      EXPECT_LE(RelError(lse, ref_lse), kTolLse);
+      EXPECT_LE(RelError(ds, ref_ds), 1e-2);
+    }
+  }
+}
+
 // Rejected before any GPU work, so this runs without a device too.
 TEST(FlashAttentionArgs, RejectsBadArguments) {
   alignas(16) static uint16_t dummy[64];
   bf16* p = reinterpret_cast<bf16*>(dummy);
   float* f = reinterpret_cast<float*>(dummy);
   bf16* p2 = p + 32;  // a second, distinct 16-byte aligned pointer
-  EXPECT_EQ(FlashAttentionForward(p, f, p, nullptr, 1, 1, 1, 8, 48, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p, f, p, nullptr, 0, 1, 1, 1, 8, 48, nullptr).code(),
             absl::StatusCode::kUnimplemented);
   EXPECT_FALSE(FlashAttentionSupported(48));
-  EXPECT_EQ(FlashAttentionForward(p, f, nullptr, nullptr, 1, 1, 1, 8, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p, f, nullptr, nullptr, 0, 1, 1, 1, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(FlashAttentionForward(p, f, p, nullptr, 1, 1, 1, 0, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p, f, p, nullptr, 0, 1, 1, 1, 0, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(FlashAttentionForward(p + 1, f, p, nullptr, 1, 1, 1, 8, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p + 1, f, p, nullptr, 0, 1, 1, 1, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // y not 16-byte aligned
-  EXPECT_EQ(FlashAttentionForward(p, f, p + 4, nullptr, 1, 1, 1, 8, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p, f, p + 4, nullptr, 0, 1, 1, 1, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // qkv not 16-byte aligned
   EXPECT_EQ(
-      FlashAttentionBackward(p2, p, p, f, p, nullptr, nullptr, 1, 1, 1, 8, 64, nullptr).code(),
+      FlashAttentionBackward(p2, p, p, f, p, nullptr, 0, nullptr, 1, 1, 1, 8, 64, nullptr).code(),
       absl::StatusCode::kInvalidArgument);  // no scratch
-  EXPECT_EQ(FlashAttentionBackward(p, p, p, f, p, nullptr, f, 1, 1, 1, 8, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionBackward(p, p, p, f, p, nullptr, 0, f, 1, 1, 1, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // dqkv aliases qkv
-  EXPECT_EQ(FlashAttentionBackward(p2, p, p, f, p, nullptr, f, 1, 1, 1, 8, 96, nullptr).code(),
+  EXPECT_EQ(FlashAttentionBackward(p2, p, p, f, p, nullptr, 0, f, 1, 1, 1, 8, 96, nullptr).code(),
             absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(FlashAttentionForward(p, f, p, nullptr, 1, 4, 3, 8, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionForward(p, f, p, nullptr, 0, 1, 4, 3, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // nkv does not divide nh
-  EXPECT_EQ(FlashAttentionBackward(p2, p, p, f, p, nullptr, f, 1, 4, 0, 8, 64, nullptr).code(),
+  EXPECT_EQ(FlashAttentionBackward(p2, p, p, f, p, nullptr, 0, f, 1, 4, 0, 8, 64, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // nkv = 0
   // The Hopper kernel is HS 64 and 128 only; asked for at 32 it says so instead of running
   // another.
   const absl::Status hopper = FlashAttentionForwardWith(FlashAttentionKernel::kHopper, p, f, p,
-                                                        nullptr, 1, 1, 1, 8, 32, nullptr);
+                                                        nullptr, 0, 1, 1, 1, 8, 32, nullptr);
   EXPECT_EQ(hopper.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(hopper.message().find("head size 64 or 128"), std::string::npos) << hopper.message();
   EXPECT_FALSE(FlashAttentionHopperForward(32));
   EXPECT_FALSE(FlashAttentionHopperForward(16));
   const absl::Status hopper_backward = FlashAttentionBackwardWith(
-      FlashAttentionKernel::kHopper, p2, p, p, f, p, nullptr, f, 1, 1, 1, 8, 32, nullptr);
+      FlashAttentionKernel::kHopper, p2, p, p, f, p, nullptr, 0, f, 1, 1, 1, 8, 32, nullptr);
   EXPECT_EQ(hopper_backward.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(hopper_backward.message().find("head size 64 or 128"), std::string::npos)
       << hopper_backward.message();
+  // A negative window is refused, by every entry point, naming it.
+  const absl::Status negative[] = {
+      FlashAttentionForward(p, f, p, nullptr, -1, 1, 1, 1, 8, 64, nullptr),
+      FlashAttentionForwardWith(FlashAttentionKernel::kMmaSync, p, f, p, nullptr, -4096, 1, 1, 1, 8,
+                                64, nullptr),
+      FlashAttentionBackward(p2, p, p, f, p, nullptr, -1, f, 1, 1, 1, 8, 64, nullptr),
+      FlashAttentionBackwardWith(FlashAttentionKernel::kMmaSync, p2, p, p, f, p, nullptr, -2, f, 1,
+                                 1, 1, 8, 64, nullptr),
+      CausalSoftmaxForward(p, f, nullptr, -1, 16, 8, 1, 1.0f, nullptr),
+      CausalSoftmaxRecompute(p, f, nullptr, -1, 16, 8, 1, 1.0f, nullptr),
+      CausalSoftmaxBackward(p2, p, nullptr, -1, 16, 8, 1, 1.0f, nullptr)};
+  for (const absl::Status& status : negative) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("window"), std::string::npos) << status.message();
+  }
 }
 
 // Not a check: prints forward and backward times of one layer's attention at shape `s`.
@@ -682,17 +903,17 @@ void PrintTiming(const Shape& s, cudaStream_t stream) {
   DeviceBuffer<float> d_scratch(
       std::vector<float>(FlashAttentionBackwardScratchFloats(s.b, s.nh, s.t, s.hs)));
   const auto forward = [&] {
-    return FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), nullptr, s.b, s.nh,
+    return FlashAttentionForward(AsBf16(d_y), d_lse.get(), AsBf16(d_qkv), nullptr, 0, s.b, s.nh,
                                  s.kv(), s.t, s.hs, stream);
   };
   const auto forward_sync = [&] {
     return FlashAttentionForwardWith(FlashAttentionKernel::kMmaSync, AsBf16(d_y), d_lse.get(),
-                                     AsBf16(d_qkv), nullptr, s.b, s.nh, s.kv(), s.t, s.hs,
+                                     AsBf16(d_qkv), nullptr, 0, s.b, s.nh, s.kv(), s.t, s.hs,
                                      stream);
   };
   const auto backward = [&] {
     return FlashAttentionBackward(AsBf16(d_dqkv), AsBf16(d_dy), AsBf16(d_y), d_lse.get(),
-                                  AsBf16(d_qkv), nullptr, d_scratch.get(), s.b, s.nh, s.kv(),
+                                  AsBf16(d_qkv), nullptr, 0, d_scratch.get(), s.b, s.nh, s.kv(),
                                   s.t, s.hs, stream);
   };
   cudaEvent_t start, stop;
