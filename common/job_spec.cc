@@ -54,6 +54,18 @@ bool InUnitInterval(double x, bool include_one) {
   return std::isfinite(x) && x >= 0.0 && (include_one ? x <= 1.0 : x < 1.0);
 }
 
+// The architectures engine/llama implements, which share Llama's fields and unit layout.
+bool IsLlamaFamily(weft::v1::Architecture architecture) {
+  return architecture == weft::v1::LLAMA || architecture == weft::v1::QWEN2 ||
+         architecture == weft::v1::QWEN3 || architecture == weft::v1::MISTRAL;
+}
+
+// head_dim, or hidden_size / num_heads when unset.
+int64_t LlamaHeadDim(const weft::v1::ModelSpec& m) {
+  if (m.head_dim() > 0) return m.head_dim();
+  return m.num_heads() > 0 ? m.hidden_size() / m.num_heads() : 0;
+}
+
 using Complain = std::function<void(const std::string& field, const std::string& problem)>;
 
 // The fields only LLAMA reads; for GPT2 they must be unset, so that a spec never carries a
@@ -65,6 +77,10 @@ void ValidateLlamaOnlyFieldsUnset(const weft::v1::ModelSpec& m, const Complain& 
   if (m.rope_theta() != 0.0) bad("model.rope_theta", why);
   if (m.has_rope_scaling()) bad("model.rope_scaling", why);
   if (m.rms_norm_eps() != 0.0) bad("model.rms_norm_eps", why);
+  if (m.head_dim() != 0) bad("model.head_dim", why);
+  if (m.sliding_window() != 0) {
+    bad("model.sliding_window", "is a MISTRAL field; must be unset for architecture GPT2");
+  }
   if (m.has_tie_word_embeddings() && !m.tie_word_embeddings()) {
     bad("model.tie_word_embeddings", "GPT2 always ties the LM head to the token embedding; "
                                      "leave it unset or true");
@@ -113,15 +129,31 @@ void ValidateLlamaFields(const weft::v1::ModelSpec& m, const Complain& bad) {
                                            m.num_kv_heads(), " = ",
                                            m.num_heads() % m.num_kv_heads(), ")"));
   }
-  if (m.num_heads() >= 1 && m.hidden_size() >= 1 && m.hidden_size() % m.num_heads() == 0 &&
-      (m.hidden_size() / m.num_heads()) % 2 != 0) {
+  if (m.head_dim() != 0) {
+    if (m.head_dim() < 2 || m.head_dim() > 1024 || m.head_dim() % 2 != 0) {
+      bad("model.head_dim", absl::StrCat("must be even and in [2, 1024] (rotary rotates pairs), "
+                                         "got ",
+                                         m.head_dim()));
+    }
+  } else if (m.num_heads() >= 1 && m.hidden_size() >= 1 && m.hidden_size() % m.num_heads() == 0 &&
+             (m.hidden_size() / m.num_heads()) % 2 != 0) {
     bad("model.hidden_size", absl::StrCat("the head size hidden_size / num_heads = ",
                                           m.hidden_size() / m.num_heads(),
                                           " must be even for rotary embeddings"));
   }
+  if (m.architecture() == weft::v1::MISTRAL) {
+    if (m.sliding_window() < 0) {
+      bad("model.sliding_window",
+          absl::StrCat("must be >= 0 (0: no window), got ", m.sliding_window()));
+    }
+  } else if (m.sliding_window() != 0) {
+    bad("model.sliding_window", absl::StrCat("is a MISTRAL field; must be unset for architecture ",
+                                             weft::v1::Architecture_Name(m.architecture())));
+  }
   if (m.intermediate_size() < 1 || m.intermediate_size() > 1048576) {
     bad("model.intermediate_size",
-        absl::StrCat("must be in [1, 1048576] for LLAMA, got ", m.intermediate_size()));
+        absl::StrCat("must be in [1, 1048576] for ", weft::v1::Architecture_Name(m.architecture()),
+                     ", got ", m.intermediate_size()));
   }
   if (!(std::isfinite(m.rope_theta()) && m.rope_theta() > 0.0)) {
     bad("model.rope_theta", absl::StrCat("must be > 0, got ", m.rope_theta()));
@@ -143,7 +175,9 @@ void ValidateModel(const weft::v1::ModelSpec& m, const Complain& bad) {
   }
   if (m.num_heads() < 1) {
     bad("model.num_heads", absl::StrCat("must be >= 1, got ", m.num_heads()));
-  } else if (m.hidden_size() >= 1 && m.hidden_size() % m.num_heads() != 0) {
+  } else if (m.hidden_size() >= 1 && m.hidden_size() % m.num_heads() != 0 &&
+             !(IsLlamaFamily(m.architecture()) && m.head_dim() != 0)) {
+    // With its own head_dim, a Llama-family head size is not tied to the width.
     bad("model.hidden_size", absl::StrCat("must be divisible by model.num_heads (", m.hidden_size(),
                                           " % ", m.num_heads(), " = ",
                                           m.hidden_size() % m.num_heads(), ")"));
@@ -168,10 +202,14 @@ void ValidateModel(const weft::v1::ModelSpec& m, const Complain& bad) {
       ValidateLlamaOnlyFieldsUnset(m, bad);
       break;
     case weft::v1::LLAMA:
+    case weft::v1::QWEN2:
+    case weft::v1::QWEN3:
+    case weft::v1::MISTRAL:
       ValidateLlamaFields(m, bad);
       break;
     default:
-      bad("model.architecture", absl::StrCat("unknown value ", m.architecture(), "; use GPT2 or LLAMA"));
+      bad("model.architecture", absl::StrCat("unknown value ", m.architecture(),
+                                             "; use GPT2, LLAMA, QWEN2, QWEN3 or MISTRAL"));
   }
 }
 
@@ -466,8 +504,12 @@ void ApplyJobSpecDefaults(JobSpec* spec) {
   if (model->architecture() == weft::v1::ARCHITECTURE_UNSPECIFIED) {
     model->set_architecture(weft::v1::GPT2);
   }
-  if (model->architecture() == weft::v1::LLAMA) {
+  if (IsLlamaFamily(model->architecture())) {
     if (model->num_kv_heads() == 0) model->set_num_kv_heads(model->num_heads());
+    if (model->head_dim() == 0 && model->num_heads() > 0 &&
+        model->hidden_size() % model->num_heads() == 0) {
+      model->set_head_dim(model->hidden_size() / model->num_heads());
+    }
     if (model->rope_theta() == 0.0) model->set_rope_theta(10000.0);
     if (model->rms_norm_eps() == 0.0) model->set_rms_norm_eps(1e-5);
     if (!model->has_tie_word_embeddings()) model->set_tie_word_embeddings(false);
@@ -563,14 +605,19 @@ int64_t ModelParameterCount(const weft::v1::ModelSpec& m) {
   const int64_t c = m.hidden_size();
   const int64_t l = m.num_layers();
   const int64_t v = m.padded_vocab_size() > 0 ? m.padded_vocab_size() : m.vocab_size();
-  if (m.architecture() == weft::v1::LLAMA) {
+  if (IsLlamaFamily(m.architecture())) {
     const int64_t nh = m.num_heads() > 0 ? m.num_heads() : 1;
     const int64_t kv = m.num_kv_heads() > 0 ? m.num_kv_heads() : nh;
-    const int64_t kv_width = c / nh * kv;
-    // Per block: 2 RMSNorms (2C), QKV (C x (C + 2 kv_width)), output (C^2), gate and up
-    // (2 x C x I), down (I x C). Head: embedding, final RMSNorm, and an untied LM head.
+    const int64_t d = LlamaHeadDim(m);
+    const int64_t q_width = nh * d;
+    const int64_t qkv_width = q_width + 2 * kv * d;
+    // Per block: 2 RMSNorms (2C), QKV (qkv_width x C), output (C x q_width), gate and up
+    // (2 x C x I), down (I x C); QWEN2's q, k, v biases, QWEN3's q and k head norms. Head:
+    // embedding, final RMSNorm, and an untied LM head.
     const int64_t i = m.intermediate_size();
-    const int64_t per_block = 2 * c + c * (c + 2 * kv_width) + c * c + 3 * c * i;
+    int64_t per_block = 2 * c + c * qkv_width + q_width * c + 3 * c * i;
+    if (m.architecture() == weft::v1::QWEN2) per_block += qkv_width;
+    if (m.architecture() == weft::v1::QWEN3) per_block += 2 * d;
     const bool tied = m.has_tie_word_embeddings() && m.tie_word_embeddings();
     return v * c * (tied ? 1 : 2) + c + l * per_block;
   }
@@ -599,8 +646,8 @@ std::string ModelDifference(const weft::v1::ModelSpec& here_raw,
   };
   const weft::v1::ModelSpec here = normalized(here_raw);
   const weft::v1::ModelSpec there = normalized(there_raw);
-  // The fields that shape the parameters; rope_theta, rope_scaling and rms_norm_eps change
-  // only what the same tensors compute (a long-context continuation changes rope_theta on
+  // The fields that shape the parameters; rope_theta, rope_scaling, rms_norm_eps and sliding_window
+  // change only what the same tensors compute (a long-context continuation changes rope_theta on
   // purpose), and context_length shapes only GPT-2's position embedding.
   const bool gpt2 = here.architecture() == weft::v1::GPT2 ||
                     here.architecture() == weft::v1::ARCHITECTURE_UNSPECIFIED;
@@ -614,11 +661,11 @@ std::string ModelDifference(const weft::v1::ModelSpec& here_raw,
       {"hidden_size", {here.hidden_size(), there.hidden_size()}},
       {"num_heads", {here.num_heads(), there.num_heads()}},
       {"num_kv_heads", {here.num_kv_heads(), there.num_kv_heads()}},
+      {"head_dim", {here.head_dim(), there.head_dim()}},
       {"intermediate_size", {here.intermediate_size(), there.intermediate_size()}},
       {"padded_vocab_size", {here.padded_vocab_size(), there.padded_vocab_size()}},
       {"tie_word_embeddings", {here.tie_word_embeddings(), there.tie_word_embeddings()}},
-      {"context_length",
-       {gpt2 ? here.context_length() : 0, gpt2 ? there.context_length() : 0}},
+      {"context_length", {gpt2 ? here.context_length() : 0, gpt2 ? there.context_length() : 0}},
   };
   for (const auto& [name, values] : fields) {
     if (values.first == values.second) continue;

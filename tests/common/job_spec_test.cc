@@ -544,6 +544,7 @@ const ViolationCase kLlamaViolationCases[] = {
     {"OddHeadSize",
      [](JobSpec* s) {
        s->mutable_model()->set_hidden_size(60);  // 60 / 4 = 15
+       s->mutable_model()->set_head_dim(0);
      },
      "model.hidden_size", "head size hidden_size / num_heads = 15 must be even"},
     {"NoIntermediateSize", [](JobSpec* s) { s->mutable_model()->set_intermediate_size(0); },
@@ -551,7 +552,9 @@ const ViolationCase kLlamaViolationCases[] = {
     {"NegativeRopeTheta", [](JobSpec* s) { s->mutable_model()->set_rope_theta(-1); },
      "model.rope_theta", "must be > 0, got -1"},
     {"NanRmsEps",
-     [](JobSpec* s) { s->mutable_model()->set_rms_norm_eps(std::numeric_limits<double>::quiet_NaN()); },
+     [](JobSpec* s) {
+       s->mutable_model()->set_rms_norm_eps(std::numeric_limits<double>::quiet_NaN());
+     },
      "model.rms_norm_eps", "must be > 0"},
     {"Llama3FactorNotAboveOne",
      [](JobSpec* s) {
@@ -588,9 +591,22 @@ const ViolationCase kLlamaViolationCases[] = {
      "init_from_hf_dir", "not together with resume_from_job"},
     {"UnknownArchitecture",
      [](JobSpec* s) {
-       s->mutable_model()->set_architecture(static_cast<weft::v1::Architecture>(5));
+       s->mutable_model()->set_architecture(static_cast<weft::v1::Architecture>(99));
      },
-     "model.architecture", "unknown value 5"},
+     "model.architecture", "unknown value 99"},
+    {"OddHeadDim", [](JobSpec* s) { s->mutable_model()->set_head_dim(15); }, "model.head_dim",
+     "must be even and in [2, 1024] (rotary rotates pairs), got 15"},
+    {"HeadDimTooLarge", [](JobSpec* s) { s->mutable_model()->set_head_dim(2048); },
+     "model.head_dim", "must be even and in [2, 1024]"},
+    {"SlidingWindowOutsideMistral",
+     [](JobSpec* s) { s->mutable_model()->set_sliding_window(4096); }, "model.sliding_window",
+     "is a MISTRAL field; must be unset for architecture LLAMA"},
+    {"NegativeSlidingWindow",
+     [](JobSpec* s) {
+       s->mutable_model()->set_architecture(weft::v1::MISTRAL);
+       s->mutable_model()->set_sliding_window(-1);
+     },
+     "model.sliding_window", "must be >= 0 (0: no window), got -1"},
 };
 
 INSTANTIATE_TEST_SUITE_P(EveryRule, ValidateLlamaSpecViolationTest,
@@ -835,6 +851,38 @@ TEST(ModelParameterCountTest, UnpaddedVocabularyUsesVocabSize) {
   m.set_context_length(1024);
   // The published GPT-2 small count (tied head, unpadded vocabulary).
   EXPECT_EQ(ModelParameterCount(m), 124'439'808);
+}
+
+// The published counts of the families' checkpoints (their vocabularies are multiples of 128,
+// so padding adds nothing).
+TEST(ModelParameterCountTest, Qwen2_5_7BQwen3_8BAndMistral7B) {
+  auto shape = [](weft::v1::Architecture arch, int layers, int width, int heads, int kv, int inter,
+                  int vocab) {
+    weft::v1::ModelSpec m;
+    m.set_architecture(arch);
+    m.set_num_layers(layers);
+    m.set_hidden_size(width);
+    m.set_num_heads(heads);
+    m.set_num_kv_heads(kv);
+    m.set_intermediate_size(inter);
+    m.set_vocab_size(vocab);
+    m.set_padded_vocab_size(vocab);
+    m.set_context_length(4096);
+    m.set_tie_word_embeddings(false);
+    return m;
+  };
+  EXPECT_EQ(ModelParameterCount(shape(weft::v1::QWEN2, 28, 3584, 28, 4, 18944, 152064)),
+            7'615'616'512);
+  weft::v1::ModelSpec qwen3 = shape(weft::v1::QWEN3, 36, 4096, 32, 8, 12288, 151936);
+  qwen3.set_head_dim(128);
+  EXPECT_EQ(ModelParameterCount(qwen3), 8'190'735'360);
+  EXPECT_EQ(ModelParameterCount(shape(weft::v1::MISTRAL, 32, 4096, 32, 8, 14336, 32000)),
+            7'241'732'096);
+  // Qwen3-0.6B: 16 heads of 128 over a width of 1024 (queries twice as wide as the model), tied.
+  weft::v1::ModelSpec small = shape(weft::v1::QWEN3, 28, 1024, 16, 8, 3072, 151936);
+  small.set_head_dim(128);
+  small.set_tie_word_embeddings(true);
+  EXPECT_EQ(ModelParameterCount(small), 596'049'920);
 }
 
 TEST(ModelParameterCountTest, Llama3_8BAndTiedLlamaByHand) {

@@ -53,6 +53,12 @@ class KeyReader {
     const auto it = config_.find(key);
     return it == config_.end() || it->is_null() ? nullptr : &*it;
   }
+  // Whether `key` is there with the value null: "none" to transformers, where an absent key
+  // takes the class's default.
+  bool IsNull(const std::string& key) const {
+    const auto it = config_.find(key);
+    return it != config_.end() && it->is_null();
+  }
   int64_t Int(const std::string& key, int64_t absent) {
     const Json* v = Get(key);
     if (v == nullptr) return absent;
@@ -211,41 +217,119 @@ void ReadLlamaRope(KeyReader& r, ModelSpec* spec) {
       static_cast<int32_t>(number("original_max_position_embeddings")));
 }
 
-// Llama as Weft implements it: SiLU-gated MLP without biases, attention without biases over
-// every position (no sliding window), head size hidden / heads. transformers' LlamaConfig
-// defaults fill absent keys.
-ModelSpec LlamaSpec(KeyReader& r) {
+// transformers' defaults of a Llama-family config class, for the keys a config.json may omit.
+struct LlamaFamilyDefaults {
+  weft::v1::Architecture architecture;
+  const char* model_type;
+  const char* hf_class;  // the ...ForCausalLM class the weights are laid out for
+  int64_t layers, hidden, heads, kv_heads, intermediate, vocab, max_positions;
+  int64_t head_dim;  // 0: hidden / heads
+  double rms_norm_eps;
+};
+
+constexpr LlamaFamilyDefaults kLlamaFamilies[] = {
+    // kv_heads 0: num_attention_heads.
+    {weft::v1::LLAMA, "llama", "LlamaForCausalLM", 32, 4096, 32, 0, 11008, 32000, 2048, 0, 1e-6},
+    {weft::v1::QWEN2, "qwen2", "Qwen2ForCausalLM", 32, 4096, 32, 32, 22016, 151936, 32768, 0, 1e-6},
+    {weft::v1::QWEN3, "qwen3", "Qwen3ForCausalLM", 32, 4096, 32, 32, 22016, 151936, 32768, 128,
+     1e-6},
+    {weft::v1::MISTRAL, "mistral", "MistralForCausalLM", 32, 4096, 32, 8, 14336, 32000, 131072, 0,
+     1e-6},
+};
+
+const LlamaFamilyDefaults* FindLlamaFamily(const std::string& model_type) {
+  for (const LlamaFamilyDefaults& f : kLlamaFamilies) {
+    if (model_type == f.model_type) return &f;
+  }
+  return nullptr;
+}
+
+const LlamaFamilyDefaults& LlamaFamilyOf(weft::v1::Architecture architecture) {
+  for (const LlamaFamilyDefaults& f : kLlamaFamilies) {
+    if (f.architecture == architecture) return f;
+  }
+  return kLlamaFamilies[0];
+}
+
+// Qwen's configs describe a window they apply only with use_sliding_window, and then only
+// above max_window_layers: Weft implements the configs that leave it off (every released
+// Qwen2.5 and Qwen3 dense model), where all layers attend to every earlier position.
+void ReadQwenWindow(KeyReader& r, int64_t layers) {
+  r.Get("sliding_window");
+  r.Int("max_window_layers", 28);
+  if (r.Bool("use_sliding_window", false)) {
+    r.Refuse("use_sliding_window", "true",
+             "Weft implements Qwen's full attention in every layer, not its per-layer windows");
+  }
+  if (const Json* types = r.Get("layer_types"); types != nullptr) {
+    bool full = types->is_array() && static_cast<int64_t>(types->size()) == layers;
+    for (const Json& t : full ? *types : Json::array()) full = full && t == "full_attention";
+    if (!full) {
+      r.Refuse("layer_types", types->dump(),
+               absl::StrCat("Weft implements one \"full_attention\" entry for each of the ", layers,
+                            " layers"));
+    }
+  }
+}
+
+// A Llama-family model as Weft implements it (engine/llama): SiLU-gated MLP without biases,
+// attention without an output bias; QWEN2 adds q/k/v biases, QWEN3 q/k head norms, MISTRAL a
+// sliding window. transformers' config defaults fill absent keys.
+ModelSpec LlamaFamilySpec(KeyReader& r, const LlamaFamilyDefaults& f) {
   ModelSpec spec;
-  spec.set_architecture(weft::v1::LLAMA);
+  spec.set_architecture(f.architecture);
   ReadSizes(r,
-            {{"num_hidden_layers", 32, &ModelSpec::set_num_layers},
-             {"hidden_size", 4096, &ModelSpec::set_hidden_size},
-             {"num_attention_heads", 32, &ModelSpec::set_num_heads},
-             {"intermediate_size", 11008, &ModelSpec::set_intermediate_size},
-             {"vocab_size", 32000, &ModelSpec::set_vocab_size},
-             {"max_position_embeddings", 2048, &ModelSpec::set_context_length}},
+            {{"num_hidden_layers", f.layers, &ModelSpec::set_num_layers},
+             {"hidden_size", f.hidden, &ModelSpec::set_hidden_size},
+             {"num_attention_heads", f.heads, &ModelSpec::set_num_heads},
+             {"intermediate_size", f.intermediate, &ModelSpec::set_intermediate_size},
+             {"vocab_size", f.vocab, &ModelSpec::set_vocab_size},
+             {"max_position_embeddings", f.max_positions, &ModelSpec::set_context_length}},
             &spec);
-  spec.set_num_kv_heads(static_cast<int32_t>(r.Int("num_key_value_heads", spec.num_heads())));
-  spec.set_rms_norm_eps(r.Number("rms_norm_eps", 1e-6));
+  spec.set_num_kv_heads(static_cast<int32_t>(
+      r.Int("num_key_value_heads", f.kv_heads > 0 ? f.kv_heads : spec.num_heads())));
+  spec.set_rms_norm_eps(r.Number("rms_norm_eps", f.rms_norm_eps));
   spec.set_tie_word_embeddings(r.Bool("tie_word_embeddings", false));
   ReadLlamaRope(r, &spec);
   const std::string act = r.String("hidden_act", "silu");
   if (act != "silu") r.Refuse("hidden_act", Json(act).dump(), "Weft's Llama MLP uses silu only");
-  r.RequireFalse("attention_bias", false, "Weft's Llama attention has no biases");
-  r.RequireFalse("mlp_bias", false, "Weft's Llama MLP has no biases");
-  if (const Json* window = r.Get("sliding_window"); window != nullptr) {
-    r.Refuse("sliding_window", window->dump(), "Weft's attention sees every earlier position");
-  }
+  // null (Mistral's way of saying "the default") is hidden / heads too.
   if (spec.num_heads() > 0) {
-    const int64_t head_dim = r.Int("head_dim", spec.hidden_size() / spec.num_heads());
-    if (head_dim * spec.num_heads() != spec.hidden_size()) {
-      r.Refuse("head_dim", absl::StrCat(head_dim),
-               absl::StrCat("Weft's head size is hidden_size / num_attention_heads (",
-                            spec.hidden_size(), " / ", spec.num_heads(), ")"));
-    }
+    const int64_t natural = spec.hidden_size() / spec.num_heads();
+    spec.set_head_dim(
+        static_cast<int32_t>(r.Int("head_dim", f.head_dim > 0 ? f.head_dim : natural)));
   }
-  const int64_t tp = r.Int("pretraining_tp", 1);
-  if (tp != 1) r.Refuse("pretraining_tp", absl::StrCat(tp), "only 1 is supported");
+  switch (f.architecture) {
+    case weft::v1::LLAMA:
+      r.RequireFalse("attention_bias", false, "Weft's Llama attention has no biases");
+      r.RequireFalse("mlp_bias", false, "Weft's Llama MLP has no biases");
+      if (const Json* window = r.Get("sliding_window"); window != nullptr) {
+        r.Refuse("sliding_window", window->dump(),
+                 "Llama attends to every earlier position (a windowed model is model_type "
+                 "\"mistral\")");
+      }
+      if (const int64_t tp = r.Int("pretraining_tp", 1); tp != 1) {
+        r.Refuse("pretraining_tp", absl::StrCat(tp), "only 1 is supported");
+      }
+      break;
+    case weft::v1::QWEN2:
+      ReadQwenWindow(r, spec.num_layers());
+      break;
+    case weft::v1::QWEN3:
+      r.RequireFalse("attention_bias", false,
+                     "Weft's Qwen3 attention has no biases (its q and k are normalized instead)");
+      ReadQwenWindow(r, spec.num_layers());
+      break;
+    case weft::v1::MISTRAL: {
+      // null is no window (full causal attention); absent, MistralConfig's 4096.
+      const int64_t window = r.Int("sliding_window", r.IsNull("sliding_window") ? 0 : 4096);
+      if (window < 0) r.Refuse("sliding_window", absl::StrCat(window), "must be >= 1 or null");
+      spec.set_sliding_window(static_cast<int32_t>(window));
+      break;
+    }
+    default:
+      break;
+  }
   r.AcceptDropout("attention_dropout", 0.0);
   return spec;
 }
@@ -260,13 +344,12 @@ struct Derived {
 // must be a class of `model_type`'s family that Weft implements, or the weights may be laid out
 // for another model (a Mistral or Qwen2 checkpoint saved with model_type "llama").
 void CheckArchitectures(const std::string& model_type, KeyReader& r) {
-  static const auto* const kClasses = new std::map<std::string, std::set<std::string>>{
-      {"gpt2", {"GPT2LMHeadModel", "GPT2DoubleHeadsModel"}},
-      {"llama", {"LlamaForCausalLM"}},
-  };
   const Json* architectures = r.Get("architectures");
   if (architectures == nullptr) return;
-  const std::set<std::string>& ok = kClasses->at(model_type);
+  std::set<std::string> ok = {"GPT2LMHeadModel", "GPT2DoubleHeadsModel"};
+  if (const LlamaFamilyDefaults* family = FindLlamaFamily(model_type); family != nullptr) {
+    ok = {family->hf_class};
+  }
   bool supported = architectures->is_array();
   for (const Json& a : supported ? *architectures : Json::array()) {
     supported = supported && a.is_string() && ok.count(a.get<std::string>()) > 0;
@@ -293,11 +376,13 @@ absl::StatusOr<Derived> Derive(const std::string& config_text, const std::string
   const std::string type = r.String("model_type", "");
   if (type == "gpt2") {
     d.spec = Gpt2Spec(r);
-  } else if (type == "llama") {
-    d.spec = LlamaSpec(r);
+  } else if (const LlamaFamilyDefaults* family = FindLlamaFamily(type); family != nullptr) {
+    d.spec = LlamaFamilySpec(r, *family);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": key \"model_type\" is ", Json(type).dump(), ": Weft imports \"gpt2\" and \"llama\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": key \"model_type\" is ", Json(type).dump(),
+                     ": Weft imports \"gpt2\", \"llama\", \"qwen2\", \"qwen3\" and "
+                     "\"mistral\""));
   }
   CheckArchitectures(type, r);
   r.RefuseUnknownKeys();
@@ -333,6 +418,8 @@ void CompareLlama(const ModelSpec& spec, const ModelSpec& hf, std::vector<std::s
   Compare("hidden_size", want.hidden_size, "hidden_size", got.hidden_size, p);
   Compare("num_heads", want.num_heads, "num_attention_heads", got.num_heads, p);
   Compare("num_kv_heads", want.num_kv_heads, "num_key_value_heads", got.num_kv_heads, p);
+  Compare("head_dim", want.head_size(), "head_dim", got.head_size(), p);
+  Compare("sliding_window", want.sliding_window, "sliding_window", got.sliding_window, p);
   Compare("intermediate_size", want.intermediate_size, "intermediate_size",
           got.intermediate_size, p);
   Compare("vocab_size", want.vocab_size, "vocab_size", got.vocab_size, p);
@@ -369,7 +456,17 @@ void CompareGpt2(const ModelSpec& spec, const ModelSpec& hf, std::vector<std::st
   Compare("context_length", spec.context_length(), "n_positions", hf.context_length(), p);
 }
 
-bool IsLlama(const ModelSpec& spec) { return spec.architecture() == weft::v1::LLAMA; }
+bool IsLlama(const ModelSpec& spec) {
+  for (const LlamaFamilyDefaults& f : kLlamaFamilies) {
+    if (f.architecture == spec.architecture()) return true;
+  }
+  return false;
+}
+
+// The spec's architecture as config.json's model_type names it.
+std::string ModelTypeOf(const ModelSpec& spec) {
+  return IsLlama(spec) ? LlamaFamilyOf(spec.architecture()).model_type : "gpt2";
+}
 
 }  // namespace
 
@@ -386,10 +483,13 @@ absl::Status CheckHfConfig(const std::string& config_text, const std::string& pa
   absl::StatusOr<Derived> d = Derive(config_text, path);
   if (!d.ok()) return d.status();
   std::vector<std::string> problems = d->problems;
-  if (IsLlama(spec) != IsLlama(d->spec)) {
-    problems.push_back(absl::StrCat("model.architecture is ", IsLlama(spec) ? "LLAMA" : "GPT2",
-                                    " but config.json model_type is ",
-                                    IsLlama(d->spec) ? "\"llama\"" : "\"gpt2\""));
+  const weft::v1::Architecture want = spec.architecture() == weft::v1::ARCHITECTURE_UNSPECIFIED
+                                          ? weft::v1::GPT2
+                                          : spec.architecture();
+  if (want != d->spec.architecture()) {
+    problems.push_back(absl::StrCat("model.architecture is ", weft::v1::Architecture_Name(want),
+                                    " but config.json model_type is \"", ModelTypeOf(d->spec),
+                                    "\""));
   } else if (IsLlama(spec)) {
     CompareLlama(spec, d->spec, &problems);
   } else {
@@ -405,8 +505,9 @@ std::string HfConfigJson(const ModelSpec& spec, model_io::Dtype dtype, const HfT
                                                          : "float32";
   if (IsLlama(spec)) {
     const engine::LlamaConfig l = engine::LlamaConfigFromSpec(spec);
-    c["architectures"] = {"LlamaForCausalLM"};
-    c["model_type"] = "llama";
+    const LlamaFamilyDefaults& family = LlamaFamilyOf(spec.architecture());
+    c["architectures"] = {family.hf_class};
+    c["model_type"] = family.model_type;
     c["num_hidden_layers"] = l.num_layers;
     c["hidden_size"] = l.hidden_size;
     c["num_attention_heads"] = l.num_heads;
@@ -427,10 +528,25 @@ std::string HfConfigJson(const ModelSpec& spec, model_io::Dtype dtype, const HfT
                            {"original_max_position_embeddings", l.rope_original_context_length}};
     }
     c["tie_word_embeddings"] = l.tie_word_embeddings;
-    c["attention_bias"] = false;
-    c["mlp_bias"] = false;
     c["attention_dropout"] = 0.0;
-    c["pretraining_tp"] = 1;
+    switch (l.family) {
+      case engine::LlamaFamily::kLlama:
+        c["attention_bias"] = false;
+        c["mlp_bias"] = false;
+        c["pretraining_tp"] = 1;
+        break;
+      case engine::LlamaFamily::kQwen3:
+        c["attention_bias"] = false;
+        [[fallthrough]];
+      case engine::LlamaFamily::kQwen2:
+        c["use_sliding_window"] = false;
+        c["sliding_window"] = nullptr;
+        c["max_window_layers"] = l.num_layers;
+        break;
+      case engine::LlamaFamily::kMistral:
+        c["sliding_window"] = l.sliding_window > 0 ? Json(l.sliding_window) : Json(nullptr);
+        break;
+    }
   } else {
     c["architectures"] = {"GPT2LMHeadModel"};
     c["model_type"] = "gpt2";

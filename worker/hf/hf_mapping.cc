@@ -5,18 +5,19 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "worker/engine/llama/llama_arch.h"
 
 namespace weft::hf {
 namespace {
 
 // Which rows of a Weft tensor one Hugging Face tensor fills.
 enum class Rows {
-  kLive,         // all of them but the vocabulary padding
-  kQ,            // qkvw [0, C)
-  kK,            // qkvw [C, C + KV)
-  kV,            // qkvw [C + KV, C + 2 KV)
-  kFirstHalf,    // gate_up [0, I)
-  kSecondHalf,   // gate_up [I, 2 I)
+  kLive,        // all of them but the vocabulary padding
+  kQ,           // qkvw (or qkvb) [0, Q)
+  kK,           // qkvw [Q, Q + KV)
+  kV,           // qkvw [Q + KV, Q + 2 KV)
+  kFirstHalf,   // gate_up [0, I)
+  kSecondHalf,  // gate_up [I, 2 I)
 };
 
 // Weft's tensor `weft` (its name in the unit, without the block prefix) holds the Hugging Face
@@ -60,22 +61,34 @@ constexpr Rule kLlamaRules[] = {
     {"gate_up", "model.layers.{l}.mlp.gate_proj.weight", Rows::kFirstHalf, false},
     {"gate_up", "model.layers.{l}.mlp.up_proj.weight", Rows::kSecondHalf, false},
     {"down", "model.layers.{l}.mlp.down_proj.weight", Rows::kLive, false},
+    // Qwen2's q/k/v biases and Qwen3's head norms; the other families have no such tensors.
+    {"qkvb", "model.layers.{l}.self_attn.q_proj.bias", Rows::kQ, false},
+    {"qkvb", "model.layers.{l}.self_attn.k_proj.bias", Rows::kK, false},
+    {"qkvb", "model.layers.{l}.self_attn.v_proj.bias", Rows::kV, false},
+    {"q_norm", "model.layers.{l}.self_attn.q_norm.weight", Rows::kLive, false},
+    {"k_norm", "model.layers.{l}.self_attn.k_norm.weight", Rows::kLive, false},
 };
 
-// [begin, end) rows of `t` (rows x cols) that `rows` selects. For qkvw the input width C is
-// also the query width, so KV = (rows - C) / 2.
-std::pair<int64_t, int64_t> RowRange(const engine::TensorInfo& t, int64_t cols, Rows rows) {
+// The architectures whose tensors kLlamaRules names (engine/llama's families).
+bool IsLlamaFamilyName(const std::string& name) {
+  return name == "llama" || name == "qwen2" || name == "qwen3" || name == "mistral";
+}
+
+// [begin, end) rows of `t` (rows x cols) that `rows` selects; q_width is the query rows of
+// qkvw and qkvb (Q), so KV = (rows - Q) / 2.
+std::pair<int64_t, int64_t> RowRange(const engine::TensorInfo& t, int64_t cols, int64_t q_width,
+                                     Rows rows) {
   const int64_t all = t.shape[0];
-  const int64_t kv = (all - cols) / 2;
+  const int64_t kv = (all - q_width) / 2;
   switch (rows) {
     case Rows::kLive:
       return {0, static_cast<int64_t>(t.live_size) / cols};
     case Rows::kQ:
-      return {0, cols};
+      return {0, q_width};
     case Rows::kK:
-      return {cols, cols + kv};
+      return {q_width, q_width + kv};
     case Rows::kV:
-      return {cols + kv, all};
+      return {q_width + kv, all};
     case Rows::kFirstHalf:
       return {0, all / 2};
     case Rows::kSecondHalf:
@@ -99,13 +112,17 @@ absl::StatusOr<std::vector<HfTensorMap>> HfTensorMapping(const engine::ModelArch
   if (family == "gpt2") {
     begin = std::begin(kGpt2Rules);
     end = std::end(kGpt2Rules);
-  } else if (family == "llama") {
+  } else if (IsLlamaFamilyName(family)) {
     begin = std::begin(kLlamaRules);
     end = std::end(kLlamaRules);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "no Hugging Face mapping for architecture ", family, " (only gpt2 and llama)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("no Hugging Face mapping for architecture ", family,
+                     " (only gpt2, llama, qwen2, qwen3 and mistral)"));
   }
+  // The query rows of the fused q/k/v tensors (GPT-2's c_attn is mapped whole).
+  const auto* llama = dynamic_cast<const engine::LlamaArch*>(&arch);
+  const int64_t q_width = llama != nullptr ? llama->config().q_width() : 0;
   std::vector<HfTensorMap> out;
   for (int u = 0; u < arch.NumUnits(); ++u) {
     const std::string layer = absl::StrCat(u - 1);
@@ -115,7 +132,7 @@ absl::StatusOr<std::vector<HfTensorMap>> HfTensorMapping(const engine::ModelArch
       for (const Rule* rule = begin; rule != end; ++rule) {
         if (ShortName(t.name) != rule->weft) continue;
         mapped = true;
-        const auto [r0, r1] = RowRange(t, cols, rule->rows);
+        const auto [r0, r1] = RowRange(t, cols, q_width, rule->rows);
         HfTensorMap m;
         m.name = absl::StrReplaceAll(rule->hf, {{"{l}", layer}});
         m.unit = u;
@@ -156,7 +173,7 @@ bool IsIgnorableHfTensor(const std::string& name, const engine::ModelArch& arch)
     return absl::EndsWith(name, ".attn.bias") || absl::EndsWith(name, ".attn.masked_bias") ||
            name == "lm_head.weight";
   }
-  if (arch.name() == "llama") {
+  if (IsLlamaFamilyName(arch.name())) {
     return absl::EndsWith(name, ".rotary_emb.inv_freq") ||
            (name == "lm_head.weight" && arch.UnitTensors(0).size() == 2);
   }

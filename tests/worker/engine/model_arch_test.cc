@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/worker/engine/unregistered_arch.h"
 #include "worker/engine/cpu/gpt2_model.h"
@@ -21,6 +22,8 @@
 
 namespace weft::engine {
 namespace {
+
+using ::testing::HasSubstr;
 
 weft::v1::ModelSpec Spec(int layers, int hidden, int heads, int vocab, int padded, int context) {
   weft::v1::ModelSpec spec;
@@ -128,7 +131,8 @@ TEST(LlamaArchTest, LayoutStacksHuggingFaceMatricesAndCountsMatchTheSpecs) {
     // at the end; tied, the embedding is read at both.
     EXPECT_EQ(a.HeadOutputBegin(), tied ? 0u : head[kLlamaNorm].offset);
     const std::vector<TensorInfo> block = a.UnitTensors(2);
-    ASSERT_EQ(block.size(), static_cast<size_t>(kLlamaNumBlockTensors));
+    // Plain Llama has none of the families' own tensors, numbered from kLlamaQkvb.
+    ASSERT_EQ(block.size(), static_cast<size_t>(kLlamaQkvb));
     EXPECT_EQ(block[kLlamaQkvw].name, "layers.1.qkvw");
     EXPECT_EQ(block[kLlamaQkvw].shape, (std::vector<int64_t>{64 + 2 * 32, 64}));
     EXPECT_EQ(block[kLlamaAttnOut].shape, (std::vector<int64_t>{64, 64}));
@@ -139,6 +143,78 @@ TEST(LlamaArchTest, LayoutStacksHuggingFaceMatricesAndCountsMatchTheSpecs) {
     normalized.set_padded_vocab_size(384);
     EXPECT_EQ(static_cast<int64_t>(a.ParameterCount()), ModelParameterCount(normalized));
   }
+}
+
+// The families' own tensors: where BlockOffsets finds them, their shapes and init (biases 0,
+// head norms 1, neither decayed), the model file name, and the count the coordinator uses.
+TEST(LlamaArchTest, FamiliesAddTheirTensorsAfterQkvw) {
+  struct Case {
+    weft::v1::Architecture architecture;
+    int head_dim;
+    const char* name;
+    std::vector<std::string> extra;  // after qkvw, in order
+  };
+  for (const Case& c : {Case{weft::v1::QWEN2, 0, "qwen2", {"qkvb"}},
+                        Case{weft::v1::QWEN3, 32, "qwen3", {"q_norm", "k_norm"}},
+                        Case{weft::v1::MISTRAL, 0, "mistral", {}}}) {
+    weft::v1::ModelSpec spec = TinyLlama(false);
+    spec.set_architecture(c.architecture);
+    spec.set_head_dim(c.head_dim);
+    if (c.architecture == weft::v1::MISTRAL) spec.set_sliding_window(8);
+    auto arch = MakeModelArch(spec);
+    ASSERT_TRUE(arch.ok()) << arch.status();
+    const auto& a = dynamic_cast<const LlamaArch&>(**arch);
+    EXPECT_EQ(a.name(), c.name);
+    const int d = c.head_dim > 0 ? c.head_dim : 16;
+    const int64_t qkv = (4 + 2 * 2) * d;
+    const std::vector<TensorInfo> block = a.UnitTensors(1);
+    ASSERT_EQ(block.size(), 6 + c.extra.size()) << c.name;
+    EXPECT_EQ(block[1].shape, (std::vector<int64_t>{qkv, 64}));
+    for (size_t i = 0; i < c.extra.size(); ++i) {
+      EXPECT_EQ(block[2 + i].name, "layers.0." + c.extra[i]);
+      EXPECT_FALSE(block[2 + i].decay);
+    }
+    EXPECT_EQ(block[2 + c.extra.size()].name, "layers.0.attn_out");
+    EXPECT_EQ(block[2 + c.extra.size()].shape, (std::vector<int64_t>{64, 4 * d}));
+    const LlamaBlockOffsets offsets = a.BlockOffsets();
+    EXPECT_EQ(offsets[kLlamaAttnOut], block[2 + c.extra.size()].offset);
+    EXPECT_EQ(offsets[kLlamaDown], block.back().offset);
+    std::vector<float> unit(a.UnitSize(1));
+    a.InitUnit(1, 3, unit.data());
+    if (c.architecture == weft::v1::QWEN2) {
+      ASSERT_NE(offsets[kLlamaQkvb], kLlamaAbsent);
+      EXPECT_EQ(block[2].shape, (std::vector<int64_t>{qkv}));
+      for (int64_t i = 0; i < qkv; ++i) ASSERT_EQ(unit[offsets[kLlamaQkvb] + i], 0.0f);
+    } else {
+      EXPECT_EQ(offsets[kLlamaQkvb], kLlamaAbsent);
+    }
+    if (c.architecture == weft::v1::QWEN3) {
+      for (int k : {kLlamaQNorm, kLlamaKNorm}) {
+        ASSERT_NE(offsets[k], kLlamaAbsent);
+        for (int i = 0; i < d; ++i) ASSERT_EQ(unit[offsets[k] + i], 1.0f);
+      }
+    } else {
+      EXPECT_EQ(offsets[kLlamaQNorm], kLlamaAbsent);
+      EXPECT_EQ(offsets[kLlamaKNorm], kLlamaAbsent);
+    }
+    weft::v1::ModelSpec normalized = spec;
+    normalized.set_padded_vocab_size(384);
+    EXPECT_EQ(static_cast<int64_t>(a.ParameterCount()), ModelParameterCount(normalized)) << c.name;
+  }
+}
+
+TEST(LlamaArchTest, RefusesAWindowOutsideMistralAndAnOddHeadDim) {
+  weft::v1::ModelSpec spec = TinyLlama(false);
+  spec.set_sliding_window(8);
+  auto arch = MakeModelArch(spec);
+  ASSERT_FALSE(arch.ok());
+  EXPECT_THAT(std::string(arch.status().message()), HasSubstr("sliding_window 8"));
+  spec = TinyLlama(false);
+  spec.set_architecture(weft::v1::QWEN3);
+  spec.set_head_dim(15);
+  arch = MakeModelArch(spec);
+  ASSERT_FALSE(arch.ok());
+  EXPECT_THAT(std::string(arch.status().message()), HasSubstr("not a QWEN3 shape"));
 }
 
 TEST(LlamaArchTest, InitZeroesVocabularyPaddingAndSetsNormsToOne) {

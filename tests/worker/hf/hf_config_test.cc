@@ -4,9 +4,10 @@
 
 #include <string>
 
+#include "common/job_spec.h"
 #include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/worker/hf/hf_test_util.h"
 
@@ -145,7 +146,6 @@ INSTANTIATE_TEST_SUITE_P(
         BadKey{true, "rope_scaling", R"({"type": "dynamic", "factor": 2.0})", "\"dynamic\""},
         BadKey{true, "rope_scaling", R"({"rope_type": "llama3", "factor": 2.0})",
                "needs a number \"low_freq_factor\""},
-        BadKey{true, "head_dim", "8", "hidden_size / num_attention_heads"},
         BadKey{true, "hidden_act", "\"gelu\"", "silu only"},
         BadKey{true, "pretraining_tp", "2", "only 1"},
         BadKey{true, "attention_dropout", "1.5", "in [0, 1)"},
@@ -234,13 +234,109 @@ TEST(HfConfigTest, ContextLengthUpToMaxPositionsForLlamaExactlyNPositionsForGpt2
               HasSubstr("model.context_length is 8 but config.json n_positions is 16"));
 }
 
+// The Llama family's other members: a spec written out as config.json reads back as itself
+// (architecture, head_dim, window), and a config of one family does not pass for another.
+weft::v1::ModelSpec TinyFamily(weft::v1::Architecture architecture, int head_dim, int window) {
+  weft::v1::ModelSpec spec = TinyLlama(false);
+  spec.set_architecture(architecture);
+  if (head_dim > 0) spec.set_head_dim(head_dim);
+  spec.set_sliding_window(window);
+  weft::v1::JobSpec job;
+  *job.mutable_model() = spec;
+  ApplyJobSpecDefaults(&job);
+  return job.model();
+}
+
+TEST(HfConfigTest, FamiliesRoundTripThroughConfigJson) {
+  for (const weft::v1::ModelSpec& spec :
+       {TinyFamily(weft::v1::QWEN2, 0, 0), TinyFamily(weft::v1::QWEN3, 32, 0),
+        TinyFamily(weft::v1::MISTRAL, 0, 8), TinyFamily(weft::v1::MISTRAL, 0, 0),
+        TinyFamily(weft::v1::LLAMA, 32, 0)}) {
+    const std::string text = HfConfigJson(spec, model_io::Dtype::kBF16);
+    EXPECT_TRUE(CheckHfConfig(text, "config.json", spec).ok()) << text;
+    auto back = ModelSpecFromHfConfig(text, "config.json");
+    ASSERT_TRUE(back.ok()) << back.status();
+    back->set_padded_vocab_size(spec.padded_vocab_size());
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*back, spec))
+        << back->DebugString() << "\nvs\n"
+        << spec.DebugString();
+  }
+  const Json mistral =
+      Json::parse(HfConfigJson(TinyFamily(weft::v1::MISTRAL, 0, 0), model_io::Dtype::kF32));
+  EXPECT_TRUE(mistral["sliding_window"].is_null());  // transformers' "no window"
+  EXPECT_EQ(mistral["architectures"][0], "MistralForCausalLM");
+  const Json qwen3 =
+      Json::parse(HfConfigJson(TinyFamily(weft::v1::QWEN3, 32, 0), model_io::Dtype::kF32));
+  EXPECT_EQ(qwen3["model_type"], "qwen3");
+  EXPECT_EQ(qwen3["head_dim"], 32);
+}
+
+TEST(HfConfigTest, FamiliesTakeTransformersDefaultsAndRefuseWhatWeftLacks) {
+  // Absent keys: MistralConfig's window of 4096 and 8 kv heads, Qwen3Config's head_dim 128.
+  auto mistral = ModelSpecFromHfConfig(R"({"model_type": "mistral"})", "c");
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  EXPECT_EQ(mistral->architecture(), weft::v1::MISTRAL);
+  EXPECT_EQ(mistral->sliding_window(), 4096);
+  EXPECT_EQ(mistral->num_kv_heads(), 8);
+  auto qwen3 = ModelSpecFromHfConfig(R"({"model_type": "qwen3", "hidden_size": 1024,
+                                        "num_attention_heads": 16})",
+                                     "c");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_EQ(qwen3->head_dim(), 128);
+  // Qwen2 with its window left off imports whatever sliding_window says.
+  EXPECT_TRUE(ModelSpecFromHfConfig(
+                  R"({"model_type": "qwen2", "use_sliding_window": false,
+                      "sliding_window": 131072, "max_window_layers": 28})",
+                  "c")
+                  .ok());
+  struct Refused {
+    const char* config;
+    const char* key;
+    const char* why;
+  };
+  for (const Refused& r : {
+           Refused{R"({"model_type": "qwen2", "use_sliding_window": true})", "use_sliding_window",
+                   "per-layer windows"},
+           Refused{R"({"model_type": "qwen3", "num_hidden_layers": 2,
+                       "layer_types": ["full_attention", "sliding_attention"]})",
+                   "layer_types", "full_attention"},
+           Refused{R"({"model_type": "qwen3", "attention_bias": true})", "attention_bias",
+                   "no biases"},
+           Refused{R"({"model_type": "qwen2", "attention_bias": false})", "attention_bias",
+                   "not a key Weft knows"},
+           Refused{R"({"model_type": "mistral", "architectures": ["LlamaForCausalLM"]})",
+                   "architectures", "MistralForCausalLM"},
+           Refused{R"({"model_type": "llama", "architectures": ["Qwen2ForCausalLM"]})",
+                   "architectures", "LlamaForCausalLM"},
+           Refused{R"({"model_type": "llama", "sliding_window": 4096})", "sliding_window",
+                   "model_type \"mistral\""},
+       }) {
+    const absl::Status s = ModelSpecFromHfConfig(r.config, "/m/config.json").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << r.config;
+    EXPECT_THAT(s.message(), AllOf(HasSubstr(std::string("\"") + r.key + "\""), HasSubstr(r.why)))
+        << r.config;
+  }
+  // A Qwen3 job against a Qwen2 checkpoint, and a Mistral job whose window differs.
+  const weft::v1::ModelSpec qwen2_spec = TinyFamily(weft::v1::QWEN2, 0, 0);
+  EXPECT_THAT(CheckHfConfig(HfConfigJson(qwen2_spec, model_io::Dtype::kF32), "config.json",
+                            TinyFamily(weft::v1::QWEN3, 0, 0))
+                  .message(),
+              HasSubstr("model.architecture is QWEN3 but config.json model_type is \"qwen2\""));
+  EXPECT_THAT(
+      CheckHfConfig(HfConfigJson(TinyFamily(weft::v1::MISTRAL, 0, 8), model_io::Dtype::kF32),
+                    "config.json", TinyFamily(weft::v1::MISTRAL, 0, 16))
+          .message(),
+      HasSubstr("model.sliding_window is 16 but config.json sliding_window is 8"));
+}
+
 TEST(HfConfigTest, NotJsonOrAnotherModelType) {
   EXPECT_THAT(ModelSpecFromHfConfig("{", "/x/config.json").status().message(),
               AllOf(HasSubstr("/x/config.json"), HasSubstr("not valid JSON")));
   EXPECT_THAT(ModelSpecFromHfConfig("[1]", "/x/config.json").status().message(),
               HasSubstr("not a JSON object"));
-  EXPECT_THAT(ModelSpecFromHfConfig(R"({"model_type": "mistral"})", "c").status().message(),
-              HasSubstr("key \"model_type\" is \"mistral\""));
+  EXPECT_THAT(ModelSpecFromHfConfig(R"({"model_type": "falcon"})", "c").status().message(),
+              AllOf(HasSubstr("key \"model_type\" is \"falcon\""),
+                    HasSubstr("\"qwen2\", \"qwen3\" and \"mistral\"")));
 }
 
 }  // namespace

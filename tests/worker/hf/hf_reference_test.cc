@@ -163,16 +163,17 @@ struct PackedRun {
   std::vector<std::vector<double>> grads;   // by unit
 };
 
+// `labels` (-100: ignored) and `doc_starts` (nullptr: one document a row) are the packed
+// section's, or the whole batch's targets.
 template <typename Model, typename Config>
 PackedRun RunPacked(const Config& config, const engine::ModelArch& arch,
                     const std::vector<std::vector<float>>& units, const Json& ref,
-                    const Json& variant, bool reset_positions) {
+                    const Json& variant, const std::vector<int32_t>& labels,
+                    const std::vector<int32_t>* doc_starts, bool reset_positions) {
   using T = std::remove_cvref_t<decltype(std::declval<Model>().Logits()[0])>;
   const int b = ref["batch"].get<int>();
   const int t = ref["seq_len"].get<int>();
   const std::vector<int32_t> inputs = Flat(ref["inputs"]);
-  const std::vector<int32_t> labels = Flat(ref["packed"]["labels"]);  // -100: ignored
-  const std::vector<int32_t> doc_starts = Flat(ref["packed"]["doc_starts"]);
   int counted = 0;
   for (int32_t l : labels) counted += l >= 0 ? 1 : 0;
   std::vector<std::vector<T>> params;
@@ -181,7 +182,7 @@ PackedRun RunPacked(const Config& config, const engine::ModelArch& arch,
   const int layers = arch.num_layers();
   auto forward = [&] {
     model.SetShape(b, t);
-    model.SetDocuments(doc_starts.data(), reset_positions);
+    if (doc_starts != nullptr) model.SetDocuments(doc_starts->data(), reset_positions);
     model.EncoderForward(params[0].data(), inputs.data());
     for (int l = 0; l < layers; ++l) model.BlockForward(l, params[1 + l].data());
   };
@@ -211,6 +212,65 @@ PackedRun RunPacked(const Config& config, const engine::ModelArch& arch,
   return run;
 }
 
+// RunPacked with the CPU model of `arch`, in float64 or float32.
+PackedRun RunModel(bool f64, const engine::ModelArch& arch,
+                   const std::vector<std::vector<float>>& units, const Json& ref,
+                   const Json& variant, const std::vector<int32_t>& labels,
+                   const std::vector<int32_t>* doc_starts, bool reset) {
+  if (const auto* llama = dynamic_cast<const engine::LlamaArch*>(&arch)) {
+    return f64 ? RunPacked<engine::cpu::LlamaModel<double>>(llama->config(), arch, units, ref,
+                                                            variant, labels, doc_starts, reset)
+               : RunPacked<engine::cpu::LlamaModel<float>>(llama->config(), arch, units, ref,
+                                                           variant, labels, doc_starts, reset);
+  }
+  const auto& gpt = dynamic_cast<const engine::Gpt2Arch&>(arch);
+  return f64 ? RunPacked<engine::cpu::GptModel<double>>(gpt.config(), arch, units, ref, variant,
+                                                        labels, doc_starts, reset)
+             : RunPacked<engine::cpu::GptModel<float>>(gpt.config(), arch, units, ref, variant,
+                                                       labels, doc_starts, reset);
+}
+
+// The float64 model on the whole batch (every target counts, one document a row): the loss to
+// 1e-6 relative, the logits to 1e-5 of their row's largest, every sampled gradient to 1e-5 of
+// its tensor's largest.
+TEST_P(HfReferenceTest, Float64LossLogitsAndGradientsMatchTransformers) {
+  const std::string dir = Fixture(GetParam());
+  const Json ref = Json::parse(ReadText(dir + "/reference.json"));
+  Imported m = Import(dir);
+  ASSERT_NE(m.importer, nullptr);
+  const engine::ModelArch& arch = m.importer->arch();
+  auto mapping = HfTensorMapping(arch);
+  ASSERT_TRUE(mapping.ok());
+  std::map<std::string, const HfTensorMap*> by_name;
+  for (const HfTensorMap& entry : *mapping) by_name[entry.name] = &entry;
+  const PackedRun run = RunModel(/*f64=*/true, arch, m.units, ref, ref, Flat(ref["targets"]),
+                                 /*doc_starts=*/nullptr, /*reset=*/false);
+  ExpectRelativelyNear(run.loss, ref["loss"].get<double>(), 1e-6, "loss");
+  for (size_t r = 0; r < run.logits.size(); ++r) {
+    const Json& values = ref["logits"][r]["values"];
+    double scale = 0;
+    for (const Json& v : values) scale = std::max(scale, std::abs(v.get<double>()));
+    for (size_t v = 0; v < values.size(); ++v) {
+      EXPECT_NEAR(run.logits[r][v], values[v].get<double>(), 1e-5 * scale)
+          << "logit row " << r << " column " << v;
+    }
+  }
+  int checked = 0;
+  for (const auto& [tensor, sample] : ref["grads"].items()) {
+    ASSERT_TRUE(by_name.count(tensor)) << tensor;
+    const HfTensorMap& entry = *by_name[tensor];
+    const double max_abs = sample["max_abs"].get<double>();
+    for (size_t i = 0; i < sample["indices"].size(); ++i) {
+      const int64_t index = sample["indices"][i].get<int64_t>();
+      EXPECT_NEAR(run.grads[entry.unit][UnitOffsetOf(entry, index)],
+                  sample["values"][i].get<double>(), 1e-5 * max_abs)
+          << tensor << "[" << index << "]";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 16 * static_cast<int>(ref["grads"].size()));
+}
+
 // transformers, fed the packed batch with labels = -100 where a target is ignored and each
 // document on its own (positions restarted or not), against Weft's CPU model in float64
 // (the loss to 1e-6 relative, every sampled gradient to 1e-5 of its tensor's largest) and in
@@ -232,20 +292,9 @@ TEST_P(HfReferenceTest, PackedDocumentsWithLossMasksMatchTransformers) {
     const bool reset = std::string(name) == "packed_reset";
     for (const bool f64 : {true, false}) {
       SCOPED_TRACE(absl::StrCat(name, f64 ? " float64" : " float32"));
-      PackedRun run;
-      if (const auto* llama = dynamic_cast<const engine::LlamaArch*>(&arch)) {
-        run = f64 ? RunPacked<engine::cpu::LlamaModel<double>>(llama->config(), arch, m.units, ref,
-                                                               variant, reset)
-                  : RunPacked<engine::cpu::LlamaModel<float>>(llama->config(), arch, m.units, ref,
-                                                              variant, reset);
-      } else if (const auto* gpt = dynamic_cast<const engine::Gpt2Arch*>(&arch)) {
-        run = f64 ? RunPacked<engine::cpu::GptModel<double>>(gpt->config(), arch, m.units, ref,
-                                                             variant, reset)
-                  : RunPacked<engine::cpu::GptModel<float>>(gpt->config(), arch, m.units, ref,
-                                                            variant, reset);
-      } else {
-        FAIL() << "no CPU model for " << arch.name();
-      }
+      const std::vector<int32_t> labels = Flat(ref["packed"]["labels"]);
+      const std::vector<int32_t> doc_starts = Flat(ref["packed"]["doc_starts"]);
+      PackedRun run = RunModel(f64, arch, m.units, ref, variant, labels, &doc_starts, reset);
       const double tolerance = f64 ? 1e-6 : 1e-5;
       ExpectRelativelyNear(run.loss, variant["loss"].get<double>(), tolerance, "loss");
       for (size_t r = 0; r < run.logits.size(); ++r) {
@@ -301,7 +350,8 @@ TEST_P(HfReferenceTest, ExportGivesBackWhatTransformersSaved) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfReferenceTest,
-                         ::testing::Values("gpt2", "llama", "llama_tied"));
+                         ::testing::Values("gpt2", "llama", "llama_tied", "qwen2", "qwen3",
+                                           "mistral", "mistral_nowindow"));
 
 }  // namespace
 }  // namespace weft::hf

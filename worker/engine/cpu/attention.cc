@@ -11,6 +11,10 @@
 // doc_starts must segment each row: doc_starts[b, 0] = 0 and doc_starts[b, t] is t (a
 // document starts) or doc_starts[b, t - 1].
 //
+// Sliding window (Mistral): with window > 0, query t also sees only the `window` keys ending
+// at itself, j in (t - window, t]; it applies inside each document (by index, which within a
+// document is the same distance). The GEMMs still run over each document's whole square.
+//
 // Contract: the forward keeps the (B, NH, T, T) softmax `att` (zeros outside the blocks) for
 // the backward, so attention memory is O(B * NH * T * T). The backward ACCUMULATES (+=) into
 // dqkv and uses a (T, T) scratch; a shared key/value head's gradient sums its query heads'
@@ -51,11 +55,14 @@ void ForEachDocument(const int32_t* doc_starts, int bi, int t, Fn fn) {
   }
 }
 
+// The first key query `ti` sees in its document: window > 0 keeps the last `window`.
+int WindowStart(int window, int ti) { return window > 0 && ti >= window ? ti - window + 1 : 0; }
+
 }  // namespace
 
 template <typename T>
-void GqaAttentionForward(T* out, T* att, const T* qkv, const int32_t* doc_starts, int b, int t,
-                         int nh, int nkv, int d) {
+void GqaAttentionForward(T* out, T* att, const T* qkv, const int32_t* doc_starts, int window, int b,
+                         int t, int nh, int nkv, int d) {
   const int row = (nh + 2 * nkv) * d;  // QKV
   const int q_width = nh * d;
   const int kv_width = nkv * d;
@@ -76,16 +83,18 @@ void GqaAttentionForward(T* out, T* att, const T* qkv, const int32_t* doc_starts
         Gemm(false, true, len, len, d, scale, q, row, k, row, T(0), a, t);
         for (int ti = 0; ti < len; ++ti) {
           T* a_row = a + static_cast<size_t>(ti) * t;  // (len)
-          T max_val = a_row[0];
-          for (int j = 1; j <= ti; ++j) max_val = a_row[j] > max_val ? a_row[j] : max_val;
+          const int lo = WindowStart(window, ti);
+          T max_val = a_row[lo];
+          for (int j = lo + 1; j <= ti; ++j) max_val = a_row[j] > max_val ? a_row[j] : max_val;
           T sum = 0;
-          for (int j = 0; j <= ti; ++j) {
+          for (int j = lo; j <= ti; ++j) {
             a_row[j] = std::exp(a_row[j] - max_val);
             sum += a_row[j];
           }
           const T inv_sum = T(1) / sum;
-          for (int j = 0; j <= ti; ++j) a_row[j] *= inv_sum;
-          // Exact zeros above the diagonal make `a @ v` below causal without a masked GEMM.
+          for (int j = lo; j <= ti; ++j) a_row[j] *= inv_sum;
+          // Exact zeros outside the window make `a @ v` below causal without a masked GEMM.
+          for (int j = 0; j < lo; ++j) a_row[j] = 0;
           for (int j = ti + 1; j < len; ++j) a_row[j] = 0;
         }
         // o (len, D) = a (len, len) @ v (len, D)
@@ -97,7 +106,8 @@ void GqaAttentionForward(T* out, T* att, const T* qkv, const int32_t* doc_starts
 
 template <typename T>
 void GqaAttentionBackward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att,
-                          const int32_t* doc_starts, int b, int t, int nh, int nkv, int d) {
+                          const int32_t* doc_starts, int window, int b, int t, int nh, int nkv,
+                          int d) {
   const int row = (nh + 2 * nkv) * d;  // QKV
   const int q_width = nh * d;
   const int kv_width = nkv * d;
@@ -128,9 +138,11 @@ void GqaAttentionBackward(T* dqkv, T* scratch, const T* dout, const T* qkv, cons
         for (int ti = 0; ti < len; ++ti) {
           const T* a_row = a + static_cast<size_t>(ti) * t;  // (len)
           T* d_row = da + static_cast<size_t>(ti) * len;     // (len)
+          const int lo = WindowStart(window, ti);
           T dot = 0;
-          for (int j = 0; j <= ti; ++j) dot += a_row[j] * d_row[j];
-          for (int j = 0; j <= ti; ++j) d_row[j] = a_row[j] * (d_row[j] - dot);
+          for (int j = lo; j <= ti; ++j) dot += a_row[j] * d_row[j];
+          for (int j = lo; j <= ti; ++j) d_row[j] = a_row[j] * (d_row[j] - dot);
+          for (int j = 0; j < lo; ++j) d_row[j] = 0;
           for (int j = ti + 1; j < len; ++j) d_row[j] = 0;
         }
         // Scores were scale * q @ k^T:
@@ -146,13 +158,14 @@ void GqaAttentionBackward(T* dqkv, T* scratch, const T* dout, const T* qkv, cons
 template <typename T>
 void AttentionForward(T* out, T* att, const T* qkv, const int32_t* doc_starts, int b, int t, int c,
                       int nh) {
-  GqaAttentionForward(out, att, qkv, doc_starts, b, t, nh, nh, c / nh);
+  GqaAttentionForward(out, att, qkv, doc_starts, /*window=*/0, b, t, nh, nh, c / nh);
 }
 
 template <typename T>
 void AttentionBackward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att,
                        const int32_t* doc_starts, int b, int t, int c, int nh) {
-  GqaAttentionBackward(dqkv, scratch, dout, qkv, att, doc_starts, b, t, nh, nh, c / nh);
+  GqaAttentionBackward(dqkv, scratch, dout, qkv, att, doc_starts, /*window=*/0, b, t, nh, nh,
+                       c / nh);
 }
 
 template void AttentionForward<float>(float*, float*, const float*, const int32_t*, int, int, int,
@@ -164,12 +177,13 @@ template void AttentionBackward<float>(float*, float*, const float*, const float
 template void AttentionBackward<double>(double*, double*, const double*, const double*,
                                         const double*, const int32_t*, int, int, int, int);
 template void GqaAttentionForward<float>(float*, float*, const float*, const int32_t*, int, int,
-                                         int, int, int);
+                                         int, int, int, int);
 template void GqaAttentionForward<double>(double*, double*, const double*, const int32_t*, int, int,
-                                          int, int, int);
+                                          int, int, int, int);
 template void GqaAttentionBackward<float>(float*, float*, const float*, const float*, const float*,
-                                          const int32_t*, int, int, int, int, int);
+                                          const int32_t*, int, int, int, int, int, int);
 template void GqaAttentionBackward<double>(double*, double*, const double*, const double*,
-                                           const double*, const int32_t*, int, int, int, int, int);
+                                           const double*, const int32_t*, int, int, int, int, int,
+                                           int);
 
 }  // namespace weft::engine::cpu

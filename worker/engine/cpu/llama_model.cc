@@ -1,8 +1,8 @@
 // Llama forward and backward composed from the CPU ops, one unit at a time.
 //
-// Block l (pre-norm, no biases):
+// Block l (pre-norm):
 //   x    = residual[l]                                       // (B, T, C)
-//   qkv  = Rope(Matmul(RmsNorm1(x), qkvw))                   // (B, T, QKV), rotary on q and k
+//   qkv  = Rope([QkNorm](Matmul(RmsNorm1(x), qkvw) [+ qkvb]))  // (B, T, QKV), rotary on q, k
 //   res2 = x + Matmul(GqaAttention(qkv), attn_out)
 //   res3 = res2 + Matmul(SwiGlu(Matmul(RmsNorm2(res2), gate_up)), down)
 //   residual[l + 1] = res3
@@ -26,7 +26,7 @@ LlamaModel<T>::LlamaModel(const LlamaConfig& config, int max_b, int max_t,
   mb_.Check(LlamaConfigProblems(config).empty(), "bad LlamaConfig (LlamaConfigProblems says what)");
   const LlamaArch arch(config);
   for (const TensorInfo& info : arch.UnitTensors(0)) head_offsets_.push_back(info.offset);
-  for (const TensorInfo& info : arch.UnitTensors(1)) block_offsets_.push_back(info.offset);
+  block_offsets_ = arch.BlockOffsets();
 
   const size_t n = static_cast<size_t>(max_b) * max_t;  // positions
   const size_t c = config.hidden_size;
@@ -35,24 +35,29 @@ LlamaModel<T>::LlamaModel(const LlamaConfig& config, int max_b, int max_t,
   const size_t inter = config.intermediate_size;
   const size_t half = config.head_size() / 2;
   const size_t layers = config.num_layers;
+  const size_t qk_heads = config.num_heads + config.num_kv_heads;
   const size_t att = static_cast<size_t>(max_b) * config.num_heads * max_t * max_t;
   arena_.Build([&] {
     auto take = [this](size_t count) { return arena_.Take(count); };
     residual_.clear();
     for (size_t l = 0; l <= layers; ++l) residual_.push_back(take(n * c));
     const ActKind saved = ActKind::kSaved, cheap = ActKind::kCheap;
-    acts_ = this->template TakeBlockActs<BlockActs>(static_cast<int>(layers), {
-        {&BlockActs::norm1, n * c, cheap},
-        {&BlockActs::rrms1, n, saved},
-        {&BlockActs::qkv, n * qkv, saved},
-        {&BlockActs::atty, n * q, cheap},
-        {&BlockActs::att, att, cheap},
-        {&BlockActs::res2, n * c, saved},
-        {&BlockActs::norm2, n * c, cheap},
-        {&BlockActs::rrms2, n, saved},
-        {&BlockActs::gate_up, n * 2 * inter, saved},
-        {&BlockActs::swiglu, n * inter, cheap},
-    });
+    acts_ = this->template TakeBlockActs<BlockActs>(
+        static_cast<int>(layers),
+        {
+            {&BlockActs::norm1, n * c, cheap},
+            {&BlockActs::rrms1, n, saved},
+            {&BlockActs::qkv, n * qkv, saved},
+            {&BlockActs::qk_raw, config.qk_norm() ? n * qk_heads * config.head_size() : 0, saved},
+            {&BlockActs::qk_rrms, config.qk_norm() ? n * qk_heads : 0, saved},
+            {&BlockActs::atty, n * q, cheap},
+            {&BlockActs::att, att, cheap},
+            {&BlockActs::res2, n * c, saved},
+            {&BlockActs::norm2, n * c, cheap},
+            {&BlockActs::rrms2, n, saved},
+            {&BlockActs::gate_up, n * 2 * inter, saved},
+            {&BlockActs::swiglu, n * inter, cheap},
+        });
     rope_cos_ = take(max_t * half);
     rope_sin_ = take(max_t * half);
     normf_ = take(n * c);
@@ -103,20 +108,26 @@ void LlamaModel<T>::RunBlock(int layer, const T* block, bool recompute) {
   const int d = config_.head_size();
   const int inter = config_.intermediate_size;
   const double eps = config_.rms_norm_eps;
-  const std::vector<size_t>& off = block_offsets_;
+  const LlamaBlockOffsets& off = block_offsets_;
   const BlockActs& a = acts_[layer];
   const T* x = residual_[layer];  // (B, T, C)
   const T* no_bias = nullptr;
+  const T* qkv_bias = config_.qkv_bias() ? block + off[kLlamaQkvb] : no_bias;
   // Each op is guarded by the kind of the output its backward reads.
   if (this->Runs(recompute, ActKind::kCheap)) {
     RmsNormForward(a.norm1, a.rrms1, x, block + off[kLlamaAttnNorm], n, c, eps);
   }
   if (this->Runs(recompute, ActKind::kSaved)) {
-    MatmulForward(a.qkv, a.norm1, block + off[kLlamaQkvw], no_bias, n, c, config_.qkv_width());
+    MatmulForward(a.qkv, a.norm1, block + off[kLlamaQkvw], qkv_bias, n, c, config_.qkv_width());
+    if (config_.qk_norm()) {
+      QkNormForward(a.qkv, a.qk_raw, a.qk_rrms, block + off[kLlamaQNorm], block + off[kLlamaKNorm],
+                    n, nh, nkv, d, eps);
+    }
     RopeForward(a.qkv, rope_cos_, rope_sin_, mb_.positions(), mb_.b(), mb_.t(), nh, nkv, d);
   }
   if (this->Runs(recompute, ActKind::kCheap)) {
-    GqaAttentionForward(a.atty, a.att, a.qkv, mb_.doc_starts(), mb_.b(), mb_.t(), nh, nkv, d);
+    GqaAttentionForward(a.atty, a.att, a.qkv, mb_.doc_starts(), config_.sliding_window, mb_.b(),
+                        mb_.t(), nh, nkv, d);
   }
   if (this->Runs(recompute, ActKind::kSaved)) {
     MatmulForward(proj_, a.atty, block + off[kLlamaAttnOut], no_bias, n, config_.q_width(), c);
@@ -171,11 +182,12 @@ void LlamaModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
   const int qkv = config_.qkv_width();
   const int inter = config_.intermediate_size;
   const size_t nn = static_cast<size_t>(n);
-  const std::vector<size_t>& off = block_offsets_;
+  const LlamaBlockOffsets& off = block_offsets_;
   const BlockActs& a = acts_[layer];
   const T* w = block;
   T* g = block_grad;
   T* no_bias = nullptr;
+  T* dqkv_bias = config_.qkv_bias() ? g + off[kLlamaQkvb] : no_bias;
   // dres_ holds d/d(res3). MLP branch: res3 = res2 + down(swiglu(gate_up(norm2(res2)))).
   Zero(dswiglu_, nn * inter);
   MatmulBackward(dswiglu_, g + off[kLlamaDown], no_bias, dres_, a.swiglu, w + off[kLlamaDown], n,
@@ -193,13 +205,19 @@ void LlamaModel<T>::BlockBackward(int layer, const T* block, T* block_grad) {
   MatmulBackward(datty_, g + off[kLlamaAttnOut], no_bias, dres_, a.atty, w + off[kLlamaAttnOut], n,
                  q, c);
   Zero(dqkv_, nn * qkv);
-  GqaAttentionBackward(dqkv_, datt_, datty_, a.qkv, a.att, mb_.doc_starts(), mb_.b(), mb_.t(),
-                       config_.num_heads, config_.num_kv_heads, config_.head_size());
+  GqaAttentionBackward(dqkv_, datt_, datty_, a.qkv, a.att, mb_.doc_starts(), config_.sliding_window,
+                       mb_.b(), mb_.t(), config_.num_heads, config_.num_kv_heads,
+                       config_.head_size());
   // Now the gradient w.r.t. the rotated q, k: rotate it back to the projection's output.
   RopeBackward(dqkv_, rope_cos_, rope_sin_, mb_.positions(), mb_.b(), mb_.t(), config_.num_heads,
                config_.num_kv_heads, config_.head_size());
+  if (config_.qk_norm()) {  // and back through the head norms to the projection's output
+    QkNormBackward(dqkv_, g + off[kLlamaQNorm], g + off[kLlamaKNorm], a.qk_raw, a.qk_rrms,
+                   w + off[kLlamaQNorm], w + off[kLlamaKNorm], n, config_.num_heads,
+                   config_.num_kv_heads, config_.head_size());
+  }
   Zero(dnorm_, nn * c);
-  MatmulBackward(dnorm_, g + off[kLlamaQkvw], no_bias, dqkv_, a.norm1, w + off[kLlamaQkvw], n, c,
+  MatmulBackward(dnorm_, g + off[kLlamaQkvw], dqkv_bias, dqkv_, a.norm1, w + off[kLlamaQkvw], n, c,
                  qkv);
   // += into dres_: it becomes d/dx, the gradient flowing into block layer - 1.
   RmsNormBackward(dres_, g + off[kLlamaAttnNorm], dnorm_, residual_[layer], w + off[kLlamaAttnNorm],

@@ -1,10 +1,12 @@
 // Llama on the CPU (layout and rotary convention: engine/llama/llama_arch.h), the math of
-// Hugging Face's LlamaForCausalLM with eager attention. LlamaModel<T> is the model over the CPU
-// ops, templated on the element type: LlamaModel<float> is the engine behind LlamaCpu, the
-// CpuModel the ZeRO engine drives; LlamaModel<double> exists for tight whole-model gradient
-// checks. Both keep CpuModel's contract (engine/cpu/model.h): activations owned, parameters and
-// gradients not; every backward ACCUMULATES (+=) into the unit's gradient buffer. With a tied
-// head the LM head reads `embed` and its gradient accumulates into embed's.
+// Hugging Face's LlamaForCausalLM with eager attention, and of its relatives the config's
+// family names (Qwen2's q/k/v biases, Qwen3's q/k head norms, Mistral's sliding window).
+// LlamaModel<T> is the model over the CPU ops, templated on the element type: LlamaModel<float> is
+// the engine behind LlamaCpu, the CpuModel the ZeRO engine drives; LlamaModel<double> exists for
+// tight whole-model gradient checks. Both keep CpuModel's contract (engine/cpu/model.h):
+// activations owned, parameters and gradients not; every backward ACCUMULATES (+=) into the unit's
+// gradient buffer. With a tied head the LM head reads `embed` and its gradient accumulates into
+// embed's.
 //
 // Activation checkpointing, as in gpt2_model.h (engine/checkpointing.h, model_core.h's
 // ActKind). Per position of the (max_B, max_T) micro-batch, in elements (C hidden, Q = NH D,
@@ -14,7 +16,9 @@
 //   kSaved  QKV + C + 2I + 2   qkv AFTER rotary (what attention and its backward read: rotary
 //                              is cheap, but keeping its output leaves one qkv buffer and no
 //                              second rotation), the mid-block residual C, gate | up 2I, the
-//                              two RMSNorms' reciprocal rms (1 + 1);
+//                              two RMSNorms' reciprocal rms (1 + 1); Qwen3 also keeps q and k
+//                              before their head norms and those norms' reciprocal rms,
+//                              (NH + NKV)(D + 1);
 //   kCheap  2C + Q + I + NH max_T   the two RMSNorm outputs C + C, attention's output Q,
 //                              SwiGLU's output I, and attention's softmax (B, NH, T, T).
 // The softmax is recomputed at kSelective from the kept qkv by re-running the attention
@@ -70,6 +74,8 @@ class LlamaModel : public CpuModelBase<T> {
     T* norm1;    // (B, T, C) attention RMSNorm output
     T* rrms1;    // (B, T)
     T* qkv;      // (B, T, QKV) after rotary (what attention read)
+    T* qk_raw;   // (B, T, (NH + NKV) D) Qwen3: q, k before their head norms (else empty)
+    T* qk_rrms;  // (B, T, NH + NKV) Qwen3: the head norms' reciprocal rms
     T* atty;     // (B, T, Q) attention output before the projection
     T* att;      // (B, NH, T, T) softmax
     T* res2;     // (B, T, C) residual stream after the attention branch
@@ -90,7 +96,7 @@ class LlamaModel : public CpuModelBase<T> {
   size_t LmHeadOffset() const;
 
   std::vector<size_t> head_offsets_;
-  std::vector<size_t> block_offsets_;
+  LlamaBlockOffsets block_offsets_;  // kLlamaAbsent for tensors the family lacks
 
   LlamaConfig config_;
   using CpuModelBase<T>::mb_;

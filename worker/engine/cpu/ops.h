@@ -170,12 +170,14 @@ void AttentionBackward(T* dqkv,                    // (B, T, 3C) +=
 
 // Grouped-query attention: query head h reads key/value head h / (NH / NKV). NKV == NH with
 // D = C / NH is exactly the multi-head attention above (the same arithmetic, bit for bit).
+// window > 0 (Mistral's sliding window): query t sees keys j with t - window < j <= t only;
+// 0 is plain causal.
 template <typename T>
 void GqaAttentionForward(T* out,        // (B, T, NH * D)
                          T* att,        // (B, NH, T, T) softmax, kept for backward
                          const T* qkv,  // (B, T, QKV): q (NH * D) | k (NKV * D) | v (NKV * D)
                          const int32_t* doc_starts,  // (B, T) or nullptr
-                         int b, int t, int nh, int nkv, int d);
+                         int window, int b, int t, int nh, int nkv, int d);
 template <typename T>
 void GqaAttentionBackward(T* dqkv,                    // (B, T, QKV) +=
                           T* scratch,                 // (T, T) workspace
@@ -183,6 +185,7 @@ void GqaAttentionBackward(T* dqkv,                    // (B, T, QKV) +=
                           const T* qkv,               // (B, T, QKV)
                           const T* att,               // (B, NH, T, T)
                           const int32_t* doc_starts,  // (B, T) as the forward's, or nullptr
+                          int window,                 // the forward's
                           int b, int t, int nh, int nkv, int d);
 
 // ---- gelu.cc: tanh approximation of GELU, as GPT-2 ----

@@ -1,5 +1,6 @@
 #include "worker/engine/cuda/llama_model.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,12 +24,21 @@ std::string ShapeProblem(const LlamaConfig& c) {
                         c.hidden_size);
   }
   if (!FlashAttentionSupported(d) || d % 16 != 0) {
-    return absl::StrCat("model: the CUDA Llama needs a head size (hidden_size / num_heads) of 16, "
-                        "32, 64 or 128, got ", d);
+    return absl::StrCat(
+        "model.head_dim: the CUDA engine needs a head size (head_dim, or "
+        "hidden_size / num_heads) of 16, 32, 64 or 128, got ",
+        d);
   }
   if (c.intermediate_size % 8 != 0) {
     return absl::StrCat("model.intermediate_size: the CUDA engine needs a multiple of 8, got ",
                         c.intermediate_size);
+  }
+  // The backward lays the sub-layers' input gradients (C and Q wide) over the SwiGLU output
+  // (I wide) and dqkv over gate_up (2I wide): true of every published shape.
+  if (c.intermediate_size < std::max(c.hidden_size, c.q_width()) ||
+      2 * c.intermediate_size < c.qkv_width()) {
+    return absl::StrCat("model.intermediate_size: the CUDA engine needs at least hidden_size, ",
+                        "num_heads x head_dim and half the q/k/v width, got ", c.intermediate_size);
   }
   if (c.padded_vocab_size % 8 != 0) {
     return absl::StrCat("model.padded_vocab_size: the CUDA engine needs a multiple of 8, got ",
@@ -44,7 +54,7 @@ LlamaCuda::LlamaCuda(const LlamaConfig& config, int max_b, int max_t, Checkpoint
     : ArenaModel(max_b, max_t, level, stream, std::move(requests)), config_(config) {
   const LlamaArch arch(config);
   head_tensors_ = arch.UnitTensors(0);
-  block_tensors_ = arch.UnitTensors(1);
+  block_offsets_ = arch.BlockOffsets();
   head_output_begin_ = arch.HeadOutputBegin();
 }
 
@@ -53,7 +63,11 @@ size_t LlamaCuda::Layout(char* base) {
   const int layers = config_.num_layers;
   const size_t n = static_cast<size_t>(max_b_) * max_t_;
   const size_t nc = n * config_.hidden_size;
+  const size_t nq = n * config_.q_width();
   const size_t n_qkv = n * config_.qkv_width();
+  // Qwen3's q and k before their head norms (what the norms' backward reads); else nothing.
+  const size_t n_qk_raw =
+      config_.qk_norm() ? n * (config_.num_heads + config_.num_kv_heads) * config_.head_size() : 0;
   const size_t n_i = n * config_.intermediate_size;
   const size_t head_rows = static_cast<size_t>(max_b_) * config_.num_heads * max_t_;
   res_.resize(layers + 1);
@@ -66,10 +80,11 @@ size_t LlamaCuda::Layout(char* base) {
   shared.attn_norm = keep_all ? nullptr : a.Take<bf16>(nc);
   // Attention's output is kept with the matmul outputs, the mid-block residual recomputed
   // with the cheap ones (llama_model.h says why).
-  shared.atty = keep_matmuls ? nullptr : a.Take<bf16>(nc);
+  shared.atty = keep_matmuls ? nullptr : a.Take<bf16>(nq);
   shared.mlp_norm = keep_all ? nullptr : a.Take<bf16>(nc);
   shared.act = keep_all ? nullptr : a.Take<bf16>(n_i);
   shared.qkv = keep_matmuls ? nullptr : a.Take<bf16>(n_qkv);
+  shared.qk_raw = keep_matmuls || n_qk_raw == 0 ? nullptr : a.Take<bf16>(n_qk_raw);
   shared.res2 = keep_all ? nullptr : a.Take<bf16>(nc);
   shared.gate_up = keep_matmuls ? nullptr : a.Take<bf16>(2 * n_i);
   spare.end = a.size();
@@ -86,10 +101,11 @@ size_t LlamaCuda::Layout(char* base) {
     s.lse = a.Take<float>(head_rows);
     s.mlp_rstd = a.Take<float>(n);
     s.attn_norm = a.TakeOr(keep_all, shared.attn_norm, nc);
-    s.atty = a.TakeOr(keep_matmuls, shared.atty, nc);
+    s.atty = a.TakeOr(keep_matmuls, shared.atty, nq);
     s.mlp_norm = a.TakeOr(keep_all, shared.mlp_norm, nc);
     s.act = a.TakeOr(keep_all, shared.act, n_i);
     s.qkv = a.TakeOr(keep_matmuls, shared.qkv, n_qkv);
+    s.qk_raw = n_qk_raw == 0 ? nullptr : a.TakeOr(keep_matmuls, shared.qk_raw, n_qk_raw);
     s.res2 = a.TakeOr(keep_all, shared.res2, nc);
     s.gate_up = a.TakeOr(keep_matmuls, shared.gate_up, 2 * n_i);
     layer_ends[l] = a.size();
@@ -104,8 +120,17 @@ size_t LlamaCuda::Layout(char* base) {
   // The MLP's gradients need none: they take the place of the activations they are the
   // gradients of, and once the MLP is done with them the attention's dqkv takes gate_up's and
   // the sub-layers' input gradients act's (BlockBackwardRecomputed).
-  norm_scratch_ = a.Take<float>(RmsNormBackwardScratchFloats(static_cast<int>(n),
-                                                             config_.hidden_size));
+  size_t reduce_floats = RmsNormBackwardScratchFloats(static_cast<int>(n), config_.hidden_size);
+  if (config_.qkv_bias()) {
+    reduce_floats = std::max(reduce_floats,
+                             BiasBackwardScratchFloats(static_cast<int>(n), config_.qkv_width()));
+  }
+  if (config_.qk_norm()) {
+    reduce_floats = std::max(
+        reduce_floats, QkNormBackwardScratchFloats(static_cast<int>(n), config_.num_heads,
+                                                   config_.num_kv_heads, config_.head_size()));
+  }
+  reduce_scratch_ = a.Take<float>(reduce_floats);
   flash_scratch_ = a.Take<float>(FlashAttentionBackwardScratchFloats(
       max_b_, config_.num_heads, max_t_, config_.head_size()));
   dres_ = a.Take<bf16>(nc);
@@ -166,9 +191,8 @@ absl::Status LlamaCuda::BlockForward(int l, const bf16* block) {
   // out = res2 + down(act).
   const Saved& s = saved_[l];
   // The residual added in the GEMM's epilogue.
-  return blas_->LinearForwardResidual(res_[l + 1], s.act,
-                                      block + block_tensors_[kLlamaDown].offset, nullptr, s.res2,
-                                      n, config_.intermediate_size, c, stream_);
+  return blas_->LinearForwardResidual(res_[l + 1], s.act, block + block_offsets_[kLlamaDown],
+                                      nullptr, s.res2, n, config_.intermediate_size, c, stream_);
 }
 
 absl::Status LlamaCuda::AttentionForward(int l, const bf16* block) {
@@ -177,18 +201,23 @@ absl::Status LlamaCuda::AttentionForward(int l, const bf16* block) {
   const int nkv = config_.num_kv_heads;
   const int d = config_.head_size();
   const int n = b_ * t_;
-  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  const auto p = [&](int tensor) { return block + block_offsets_[tensor]; };
   const Saved& s = saved_[l];
   const bf16* x = res_[l];  // (B, T, C)
   // res2 = x + attn_out(attention(rope(qkvw(attn_norm(x))))).
   WEFT_RETURN_IF_ERROR(RmsNormForward(s.attn_norm, s.attn_rstd, x, p(kLlamaAttnNorm), n, c,
                                       static_cast<float>(config_.rms_norm_eps), stream_));
-  WEFT_RETURN_IF_ERROR(blas_->LinearForward(s.qkv, s.attn_norm, p(kLlamaQkvw), nullptr, n, c,
+  const bf16* qkv_bias = config_.qkv_bias() ? p(kLlamaQkvb) : nullptr;
+  WEFT_RETURN_IF_ERROR(blas_->LinearForward(s.qkv, s.attn_norm, p(kLlamaQkvw), qkv_bias, n, c,
                                             config_.qkv_width(), stream_));
+  if (config_.qk_norm()) {
+    WEFT_RETURN_IF_ERROR(QkNormForward(s.qkv, s.qk_raw, p(kLlamaQNorm), p(kLlamaKNorm), n, nh, nkv,
+                                       d, static_cast<float>(config_.rms_norm_eps), stream_));
+  }
   WEFT_RETURN_IF_ERROR(
       RopeForward(s.qkv, Positions(), rope_cos_, rope_sin_, b_, t_, nh, nkv, d, stream_));
-  WEFT_RETURN_IF_ERROR(FlashAttentionForward(s.atty, s.lse, s.qkv, DocStarts(), /*window=*/0, b_,
-                                             nh, nkv, t_, d, stream_));
+  WEFT_RETURN_IF_ERROR(FlashAttentionForward(s.atty, s.lse, s.qkv, DocStarts(),
+                                             config_.sliding_window, b_, nh, nkv, t_, d, stream_));
   return blas_->LinearForwardResidual(s.res2, s.atty, p(kLlamaAttnOut), nullptr, x, n,
                                       config_.q_width(), c, stream_);
 }
@@ -197,7 +226,7 @@ absl::Status LlamaCuda::MlpForwardToActivation(int l, const bf16* block) {
   const int c = config_.hidden_size;
   const int inter = config_.intermediate_size;
   const int n = b_ * t_;
-  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  const auto p = [&](int tensor) { return block + block_offsets_[tensor]; };
   const Saved& s = saved_[l];
   // act = swiglu(gate_up(mlp_norm(res2))).
   WEFT_RETURN_IF_ERROR(RmsNormForward(s.mlp_norm, s.mlp_rstd, s.res2, p(kLlamaMlpNorm), n, c,
@@ -213,7 +242,7 @@ absl::Status LlamaCuda::RecomputeSelective(int l, const bf16* block) {
   const int c = config_.hidden_size;
   const int n = b_ * t_;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
+  const auto p = [&](int tensor) { return block + block_offsets_[tensor]; };
   const Saved& s = saved_[l];
   const bf16* x = res_[l];  // (B, T, C)
   WEFT_RETURN_IF_ERROR(
@@ -246,8 +275,8 @@ absl::Status LlamaCuda::Classifier(const bf16* head, float grad_scale, float* he
   // The residual stream's gradient starts here; RmsNormBackward accumulates into it.
   WEFT_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(dres_, 0, static_cast<size_t>(n) * c * sizeof(bf16), stream_));
-  return RmsNormBackward(dres_, head_grad + norm, dfinal_norm_, last, norm_w,
-                         final_rstd_, norm_scratch_, n, c, stream_);
+  return RmsNormBackward(dres_, head_grad + norm, dfinal_norm_, last, norm_w, final_rstd_,
+                         reduce_scratch_, n, c, stream_);
 }
 
 absl::Status LlamaCuda::BlockBackwardRecomputed(int l, const bf16* block, float* block_grad,
@@ -255,14 +284,24 @@ absl::Status LlamaCuda::BlockBackwardRecomputed(int l, const bf16* block, float*
   const int c = config_.hidden_size;
   const int inter = config_.intermediate_size;
   const int n = b_ * t_;
-  const auto p = [&](int tensor) { return block + block_tensors_[tensor].offset; };
-  const auto g = [&](int tensor) { return block_grad + block_tensors_[tensor].offset; };
+  const auto p = [&](int tensor) { return block + block_offsets_[tensor]; };
+  const auto g = [&](int tensor) { return block_grad + block_offsets_[tensor]; };
   // The GEMMs overwrite when asked; the norms' kernels only accumulate, so their (C) gradients
   // are zeroed first.
   const bool acc = write == GradWrite::kAccumulate;
   if (!acc) {
     for (const int norm : {kLlamaMlpNorm, kLlamaAttnNorm}) {
       WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g(norm), 0, c * sizeof(float), stream_));
+    }
+    if (config_.qkv_bias()) {
+      WEFT_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(g(kLlamaQkvb), 0, config_.qkv_width() * sizeof(float), stream_));
+    }
+    if (config_.qk_norm()) {
+      for (const int norm : {kLlamaQNorm, kLlamaKNorm}) {
+        WEFT_CUDA_RETURN_IF_ERROR(
+            cudaMemsetAsync(g(norm), 0, config_.head_size() * sizeof(float), stream_));
+      }
     }
   }
   const Saved& s = saved_[l];
@@ -287,7 +326,7 @@ absl::Status LlamaCuda::BlockBackwardRecomputed(int l, const bf16* block, float*
   WEFT_RETURN_IF_ERROR(
       blas_->LinearBackwardInput(dx, dgate_up, p(kLlamaGateUp), n, c, 2 * inter, stream_));
   WEFT_RETURN_IF_ERROR(RmsNormBackward(dres_, g(kLlamaMlpNorm), dx, s.res2, p(kLlamaMlpNorm),
-                                       s.mlp_rstd, norm_scratch_, n, c, stream_));
+                                       s.mlp_rstd, reduce_scratch_, n, c, stream_));
   // dgate_up has been read for the last time: dqkv (N, qkv width) lies over it, 96 MiB at the
   // Llama-8B shape not taken for a scratch of its own.
   return AttentionBackward(l, block, block_grad, acc, /*dqkv=*/dgate_up, dx);
@@ -299,8 +338,8 @@ absl::Status LlamaCuda::AttentionBackward(int l, const bf16* block, float* block
   const int q_width = config_.q_width();
   const int width = config_.qkv_width();
   const int n = b_ * t_;
-  const auto weight = [&](int tensor) { return block + block_tensors_[tensor].offset; };
-  const auto grad = [&](int tensor) { return block_grad + block_tensors_[tensor].offset; };
+  const auto weight = [&](int tensor) { return block + block_offsets_[tensor]; };
+  const auto grad = [&](int tensor) { return block_grad + block_offsets_[tensor]; };
   const Saved& s = saved_[l];
   // res2 = x + attn_out(attention(rope(qkvw(attn_norm(x))))).
   WEFT_RETURN_IF_ERROR(
@@ -313,17 +352,26 @@ absl::Status LlamaCuda::AttentionBackward(int l, const bf16* block, float* block
   const int nkv = config_.num_kv_heads;
   const int d = config_.head_size();
   WEFT_RETURN_IF_ERROR(FlashAttentionBackward(dqkv, dx, s.atty, s.lse, s.qkv, DocStarts(),
-                                              /*window=*/0, flash_scratch_, b_, nh, nkv, t_, d,
-                                              stream_));
+                                              config_.sliding_window, flash_scratch_, b_, nh, nkv,
+                                              t_, d, stream_));
   WEFT_RETURN_IF_ERROR(
       RopeBackward(dqkv, Positions(), rope_cos_, rope_sin_, b_, t_, nh, nkv, d, stream_));
+  if (config_.qk_norm()) {
+    WEFT_RETURN_IF_ERROR(QkNormBackward(dqkv, grad(kLlamaQNorm), grad(kLlamaKNorm), s.qk_raw,
+                                        weight(kLlamaQNorm), weight(kLlamaKNorm), reduce_scratch_,
+                                        n, nh, nkv, d, static_cast<float>(config_.rms_norm_eps),
+                                        stream_));
+  }
   WEFT_RETURN_IF_ERROR(
       blas_->LinearBackwardWeight(grad(kLlamaQkvw), dqkv, s.attn_norm, n, c, width, accumulate,
                                   stream_));
+  if (config_.qkv_bias()) {
+    WEFT_RETURN_IF_ERROR(BiasBackward(grad(kLlamaQkvb), dqkv, reduce_scratch_, n, width, stream_));
+  }
   WEFT_RETURN_IF_ERROR(
       blas_->LinearBackwardInput(dx, dqkv, weight(kLlamaQkvw), n, c, width, stream_));
   return RmsNormBackward(dres_, grad(kLlamaAttnNorm), dx, res_[l], weight(kLlamaAttnNorm),
-                         s.attn_rstd, norm_scratch_, n, c, stream_);
+                         s.attn_rstd, reduce_scratch_, n, c, stream_);
 }
 
 absl::Status LlamaCuda::EncoderBackward(float* head_grad) {

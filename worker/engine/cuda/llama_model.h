@@ -1,6 +1,9 @@
 // Llama on one GPU in mixed precision, unit by unit: the CudaModel (engine/cuda/model.h) of
 // LlamaArch (layout and rotary convention: engine/llama/llama_arch.h), the CUDA twin of the CPU
-// Llama model (engine/cpu/llama_model.h).
+// Llama model (engine/cpu/llama_model.h), with the family's differences: Qwen2's q/k/v biases
+// in the qkv GEMM's epilogue, Qwen3's head norms on q and k in place before rotary (their input
+// kept with qkv, (NH + NKV) D more a position wherever qkv is kept), Mistral's window in the
+// flash kernels.
 //
 // Precision: parameters arrive as bf16 units; activations are bf16; RMSNorm statistics,
 // attention log-sum-exps, the rotary tables, losses and every parameter gradient are fp32. GEMMs
@@ -88,15 +91,17 @@ class LlamaCuda final : public ArenaModel {
                                  bf16* dqkv, bf16* dx);
 
   const LlamaConfig config_;
-  std::vector<TensorInfo> head_tensors_, block_tensors_;
+  std::vector<TensorInfo> head_tensors_;
+  LlamaBlockOffsets block_offsets_;  // kLlamaAbsent for the tensors the family lacks
   size_t head_output_begin_ = 0;  // LlamaArch::HeadOutputBegin: where Classifier's head starts
   // What a block's forward keeps for its backward.
   struct Saved {
     bf16* attn_norm;   // (B, T, C)
     float* attn_rstd;  // (B, T)
     bf16* qkv;         // (B, T, (NH + 2 NKV) D), q and k rotated: flash attention's input
+    bf16* qk_raw;      // (B, T, (NH + NKV) D) Qwen3: q, k before the head norms (else null)
     float* lse;        // (B * NH * T)
-    bf16* atty;        // (B, T, C) attention output
+    bf16* atty;        // (B, T, Q) attention output
     bf16* res2;        // (B, T, C) the mid-block residual stream
     bf16* mlp_norm;    // (B, T, C)
     float* mlp_rstd;   // (B, T)
@@ -113,7 +118,9 @@ class LlamaCuda final : public ArenaModel {
   // Scratch shared by the layers: dres_ (B, T, C), the residual stream's gradient. (A block's
   // other products land in place: BlockForward, BlockBackwardRecomputed.)
   bf16* dres_ = nullptr;
-  float* norm_scratch_ = nullptr;   // RmsNormBackwardScratchFloats
+  // RmsNormBackwardScratchFloats, and BiasBackwardScratchFloats or
+  // QkNormBackwardScratchFloats for the families that need them.
+  float* reduce_scratch_ = nullptr;
   float* flash_scratch_ = nullptr;  // FlashAttentionBackwardScratchFloats
   float* rope_cos_ = nullptr;       // (maxT, D/2)
   float* rope_sin_ = nullptr;       // (maxT, D/2)

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -22,9 +23,24 @@ void CheckUnit(const LlamaConfig& config, int unit) {
 
 LlamaConfig LlamaConfigFromSpec(const weft::v1::ModelSpec& spec) {
   LlamaConfig config;
+  switch (spec.architecture()) {
+    case weft::v1::QWEN2:
+      config.family = LlamaFamily::kQwen2;
+      break;
+    case weft::v1::QWEN3:
+      config.family = LlamaFamily::kQwen3;
+      break;
+    case weft::v1::MISTRAL:
+      config.family = LlamaFamily::kMistral;
+      break;
+    default:
+      config.family = LlamaFamily::kLlama;
+  }
   config.num_layers = spec.num_layers();
   config.hidden_size = spec.hidden_size();
   config.num_heads = spec.num_heads();
+  config.head_dim = spec.head_dim();
+  config.sliding_window = spec.sliding_window();
   config.num_kv_heads = spec.num_kv_heads() > 0 ? spec.num_kv_heads() : spec.num_heads();
   config.intermediate_size = spec.intermediate_size();
   config.vocab_size = spec.vocab_size();
@@ -47,11 +63,15 @@ std::vector<std::string> LlamaConfigProblems(const LlamaConfig& c) {
   std::vector<std::string> p;
   if (c.num_layers < 1) p.push_back(absl::StrCat("num_layers ", c.num_layers, " < 1"));
   if (c.hidden_size < 1) p.push_back(absl::StrCat("hidden_size ", c.hidden_size, " < 1"));
-  if (c.num_heads < 1 || c.hidden_size % std::max(c.num_heads, 1) != 0) {
+  if (c.num_heads < 1 || (c.head_dim == 0 && c.hidden_size % std::max(c.num_heads, 1) != 0)) {
     p.push_back(absl::StrCat("num_heads ", c.num_heads, " does not divide hidden_size ",
                              c.hidden_size));
-  } else if (c.head_size() % 2 != 0) {
-    p.push_back(absl::StrCat("head size ", c.head_size(), " is odd (rotary needs pairs)"));
+  } else if (c.head_size() < 2 || c.head_size() % 2 != 0) {
+    p.push_back(absl::StrCat("head size ", c.head_size(), " is not even (rotary needs pairs)"));
+  }
+  if (c.sliding_window < 0 || (c.sliding_window > 0 && c.family != LlamaFamily::kMistral)) {
+    p.push_back(absl::StrCat("sliding_window ", c.sliding_window,
+                             " (Mistral's, >= 0; 0 for the other families)"));
   }
   if (c.num_kv_heads < 1 || c.num_heads % std::max(c.num_kv_heads, 1) != 0) {
     p.push_back(absl::StrCat("num_kv_heads ", c.num_kv_heads, " does not divide num_heads ",
@@ -121,11 +141,50 @@ std::vector<TensorInfo> LlamaArch::UnitTensors(int unit) const {
   t.reserve(kLlamaNumBlockTensors);
   AppendTensor(&t, p + "attn_norm", {c}, false, TensorInit::kOnes);
   AppendTensor(&t, p + "qkvw", {config_.qkv_width(), c}, true, TensorInit::kNormal);
+  if (config_.qkv_bias()) {
+    AppendTensor(&t, p + "qkvb", {config_.qkv_width()}, false, TensorInit::kZeros);
+  }
+  if (config_.qk_norm()) {
+    AppendTensor(&t, p + "q_norm", {config_.head_size()}, false, TensorInit::kOnes);
+    AppendTensor(&t, p + "k_norm", {config_.head_size()}, false, TensorInit::kOnes);
+  }
   AppendTensor(&t, p + "attn_out", {c, config_.q_width()}, true, TensorInit::kResidualNormal);
   AppendTensor(&t, p + "mlp_norm", {c}, false, TensorInit::kOnes);
   AppendTensor(&t, p + "gate_up", {2 * i, c}, true, TensorInit::kNormal);
   AppendTensor(&t, p + "down", {c, i}, true, TensorInit::kResidualNormal);
   return t;
+}
+
+std::string LlamaArch::name() const {
+  switch (config_.family) {
+    case LlamaFamily::kQwen2:
+      return "qwen2";
+    case LlamaFamily::kQwen3:
+      return "qwen3";
+    case LlamaFamily::kMistral:
+      return "mistral";
+    case LlamaFamily::kLlama:
+      break;
+  }
+  return "llama";
+}
+
+LlamaBlockOffsets LlamaArch::BlockOffsets() const {
+  LlamaBlockOffsets offsets;
+  offsets.fill(kLlamaAbsent);
+  // By the name's last component, so the table's order is free.
+  static constexpr std::pair<const char*, LlamaBlockTensor> kNames[] = {
+      {"attn_norm", kLlamaAttnNorm}, {"qkvw", kLlamaQkvw},      {"attn_out", kLlamaAttnOut},
+      {"mlp_norm", kLlamaMlpNorm},   {"gate_up", kLlamaGateUp}, {"down", kLlamaDown},
+      {"qkvb", kLlamaQkvb},          {"q_norm", kLlamaQNorm},   {"k_norm", kLlamaKNorm},
+  };
+  for (const TensorInfo& info : UnitTensors(1)) {
+    const std::string short_name = info.name.substr(info.name.rfind('.') + 1);
+    for (const auto& [name, which] : kNames) {
+      if (short_name == name) offsets[which] = info.offset;
+    }
+  }
+  return offsets;
 }
 
 size_t LlamaArch::UnitSize(int unit) const {

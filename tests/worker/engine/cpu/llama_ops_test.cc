@@ -283,22 +283,22 @@ TEST(SwiGluTest, IsSiluOfGateTimesUp) {
 
 // ---- grouped-query attention ----
 
-void CheckGqaGradient(int nh, int nkv, uint64_t seed) {
-  const int b = 2, t = 4, d = 4;
+void CheckGqaGradient(int nh, int nkv, uint64_t seed, int window = 0, int t = 4) {
+  const int b = 2, d = 4;
   const int row = (nh + 2 * nkv) * d;
   std::mt19937_64 rng(seed);
   const Tensors inputs = {RandomVector(rng, b * t * row)};
   auto forward = [&]<typename T>(const std::vector<std::vector<T>>& in) {
     std::vector<T> out(b * t * nh * d), att(b * nh * t * t);
-    GqaAttentionForward(out.data(), att.data(), in[0].data(), nullptr, b, t, nh, nkv, d);
+    GqaAttentionForward(out.data(), att.data(), in[0].data(), nullptr, window, b, t, nh, nkv, d);
     return out;
   };
   auto backward = [&]<typename T>(const std::vector<std::vector<T>>& in, const std::vector<T>& dout,
                                   std::vector<std::vector<T>>* g) {
     std::vector<T> out(b * t * nh * d), att(b * nh * t * t), scratch(t * t);
-    GqaAttentionForward(out.data(), att.data(), in[0].data(), nullptr, b, t, nh, nkv, d);
+    GqaAttentionForward(out.data(), att.data(), in[0].data(), nullptr, window, b, t, nh, nkv, d);
     GqaAttentionBackward((*g)[0].data(), scratch.data(), dout.data(), in[0].data(), att.data(),
-                         nullptr, b, t, nh, nkv, d);
+                         nullptr, window, b, t, nh, nkv, d);
   };
   CheckOp(forward, backward, inputs, seed + 100);
 }
@@ -306,6 +306,50 @@ void CheckGqaGradient(int nh, int nkv, uint64_t seed) {
 TEST(GqaAttentionTest, GradientsMatchFiniteDifferencesGrouped) { CheckGqaGradient(4, 2, 38); }
 TEST(GqaAttentionTest, GradientsMatchFiniteDifferencesOneKvHead) { CheckGqaGradient(3, 1, 39); }
 TEST(GqaAttentionTest, GradientsMatchFiniteDifferencesAsManyKvHeads) { CheckGqaGradient(2, 2, 40); }
+TEST(GqaAttentionTest, GradientsMatchFiniteDifferencesInASlidingWindow) {
+  CheckGqaGradient(4, 2, 41, /*window=*/3, /*t=*/7);
+}
+
+// A window w keeps query i's keys (i - w, i]: zero probability before them, a softmax over
+// exactly them, and a window of T or more is plain causal attention bit for bit.
+TEST(GqaAttentionTest, SlidingWindowSeesOnlyTheLastWindowKeys) {
+  const int b = 1, t = 9, nh = 2, nkv = 1, d = 4, w = 3;
+  const int row = (nh + 2 * nkv) * d;
+  std::mt19937_64 rng(45);
+  const std::vector<double> qkv = RandomVector(rng, b * t * row);
+  std::vector<double> out(b * t * nh * d), att(b * nh * t * t);
+  GqaAttentionForward(out.data(), att.data(), qkv.data(), nullptr, w, b, t, nh, nkv, d);
+  for (int h = 0; h < nh; ++h) {
+    for (int i = 0; i < t; ++i) {
+      double sum = 0;
+      for (int j = 0; j < t; ++j) {
+        const double p = att[(h * t + i) * t + j];
+        if (j <= i - w || j > i) {
+          EXPECT_EQ(p, 0.0) << "h " << h << " i " << i << " j " << j;
+        } else {
+          // Against the scores computed here: p_j = exp(s_j) / sum over the window.
+          auto score = [&](int k) {
+            double s = 0;
+            for (int x = 0; x < d; ++x) s += qkv[i * row + h * d + x] * qkv[k * row + nh * d + x];
+            return s / std::sqrt(static_cast<double>(d));
+          };
+          double z = 0;
+          for (int k = std::max(0, i - w + 1); k <= i; ++k) z += std::exp(score(k));
+          EXPECT_NEAR(p, std::exp(score(j)) / z, 1e-12) << "i " << i << " j " << j;
+        }
+        sum += p;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-12);
+    }
+  }
+  std::vector<double> out_wide(out.size()), att_wide(att.size()), out_causal(out.size()),
+      att_causal(att.size());
+  GqaAttentionForward(out_wide.data(), att_wide.data(), qkv.data(), nullptr, t, b, t, nh, nkv, d);
+  GqaAttentionForward(out_causal.data(), att_causal.data(), qkv.data(), nullptr, 0, b, t, nh, nkv,
+                      d);
+  EXPECT_EQ(out_wide, out_causal);
+  EXPECT_EQ(att_wide, att_causal);
+}
 
 TEST(GqaAttentionTest, WithAsManyKvHeadsIsBitIdenticalToMultiHeadAttention) {
   const int b = 2, t = 5, nh = 3, d = 4, c = nh * d;
@@ -314,7 +358,7 @@ TEST(GqaAttentionTest, WithAsManyKvHeadsIsBitIdenticalToMultiHeadAttention) {
   const std::vector<float> qkv(qkvd.begin(), qkvd.end());
   std::vector<float> out_g(b * t * c), att_g(b * nh * t * t), out_m(out_g.size()),
       att_m(att_g.size());
-  GqaAttentionForward(out_g.data(), att_g.data(), qkv.data(), nullptr, b, t, nh, nh, d);
+  GqaAttentionForward(out_g.data(), att_g.data(), qkv.data(), nullptr, 0, b, t, nh, nh, d);
   AttentionForward(out_m.data(), att_m.data(), qkv.data(), nullptr, b, t, c, nh);
   EXPECT_EQ(out_g, out_m);
   EXPECT_EQ(att_g, att_m);
@@ -322,7 +366,7 @@ TEST(GqaAttentionTest, WithAsManyKvHeadsIsBitIdenticalToMultiHeadAttention) {
   const std::vector<float> dout(doutd.begin(), doutd.end());
   std::vector<float> dqkv_g(qkv.size(), 0.5f), dqkv_m(qkv.size(), 0.5f), scratch(t * t);
   GqaAttentionBackward(dqkv_g.data(), scratch.data(), dout.data(), qkv.data(), att_g.data(),
-                       nullptr, b, t, nh, nh, d);
+                       nullptr, 0, b, t, nh, nh, d);
   AttentionBackward(dqkv_m.data(), scratch.data(), dout.data(), qkv.data(), att_m.data(), nullptr,
                     b, t, c, nh);
   EXPECT_EQ(dqkv_g, dqkv_m);
@@ -349,14 +393,14 @@ TEST(GqaAttentionTest, EqualsMultiHeadAttentionOverRepeatedKvHeads) {
   }
   std::vector<double> out_g(b * t * c), att_g(b * nh * t * t), out_m(out_g.size()),
       att_m(att_g.size());
-  GqaAttentionForward(out_g.data(), att_g.data(), qkv.data(), nullptr, b, t, nh, nkv, d);
+  GqaAttentionForward(out_g.data(), att_g.data(), qkv.data(), nullptr, 0, b, t, nh, nkv, d);
   AttentionForward(out_m.data(), att_m.data(), rep.data(), nullptr, b, t, c, nh);
   for (size_t i = 0; i < out_g.size(); ++i) EXPECT_NEAR(out_g[i], out_m[i], 1e-14) << i;
 
   const std::vector<double> dout = RandomVector(rng, out_g.size());
   std::vector<double> dqkv(qkv.size(), 0.0), drep(rep.size(), 0.0), scratch(t * t);
   GqaAttentionBackward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att_g.data(), nullptr,
-                       b, t, nh, nkv, d);
+                       0, b, t, nh, nkv, d);
   AttentionBackward(drep.data(), scratch.data(), dout.data(), rep.data(), att_m.data(), nullptr, b,
                     t, c, nh);
   for (int p = 0; p < b * t; ++p) {
