@@ -84,6 +84,22 @@ TEST(ExamplesTest, LlamaGpuIsLlama32OneBShaped) {
   EXPECT_EQ(spec->resources().device_kind(), weft::v1::DEVICE_KIND_CUDA);
 }
 
+// The families' examples: Qwen3-8B's published count (8,190,735,360) and Mistral-7B-v0.1's
+// (7,241,732,096), with the features that make them those families.
+TEST(ExamplesTest, FamilyExamplesAreQwen3EightBAndMistralSevenBShaped) {
+  auto qwen3 = LoadExample("qwen3-8b-gpu.pb.txt");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_EQ(qwen3->model().architecture(), weft::v1::QWEN3);
+  EXPECT_EQ(qwen3->model().head_dim(), 128);
+  EXPECT_EQ(ModelParameterCount(qwen3->model()), 8190735360);
+  auto mistral = LoadExample("mistral-7b-gpu.pb.txt");
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  EXPECT_EQ(mistral->model().architecture(), weft::v1::MISTRAL);
+  EXPECT_EQ(mistral->model().sliding_window(), 4096);
+  EXPECT_EQ(mistral->training().sequence_length(), 16384);
+  EXPECT_EQ(ModelParameterCount(mistral->model()), 7241732096);
+}
+
 TEST(ExamplesTest, LlamaContinueFromHfIsLlama3EightBShaped) {
   auto spec = LoadExample("llama-continue-from-hf.pb.txt");
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -15,4 +15,6 @@ weft_test(gpu_memory_plan_test unit SOURCES worker/zero/gpu_memory_plan_test.cc 
 if(TARGET weft_model_cuda AND TARGET weft_comm_nccl)
   weft_test(zero_cuda_test gpu SOURCES worker/zero/zero_cuda_test.cc
     LIBS weft_worker_lib weft_coordinator_lib weft_test_in_process_comm)
+  # The families' example jobs (examples/), whose memory plans it checks.
+  target_compile_definitions(zero_cuda_test PRIVATE WEFT_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 endif()

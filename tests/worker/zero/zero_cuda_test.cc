@@ -449,6 +449,29 @@ TEST_F(ZeroCudaTest, LlamaModelGradientsMatchCpuAtBothGroupingExtremes) {
   }
 }
 
+// SmallSpec's Llama as one of its family: Qwen2 (q/k/v biases), Qwen3 (head norms, and heads
+// of 32 over a width of 64, so the queries are twice as wide as the model) and Mistral (a
+// window of 5 keys, well inside kT).
+weft::v1::JobSpec FamilySpec(weft::v1::Architecture architecture, int batch, int steps) {
+  weft::v1::JobSpec spec = SmallSpec(batch, steps, /*llama=*/true);
+  auto* m = spec.mutable_model();
+  m->set_architecture(architecture);
+  if (architecture == weft::v1::QWEN3) m->set_head_dim(32);
+  if (architecture == weft::v1::MISTRAL) m->set_sliding_window(5);
+  return spec;
+}
+
+constexpr weft::v1::Architecture kFamilies[] = {weft::v1::QWEN2, weft::v1::QWEN3,
+                                                weft::v1::MISTRAL};
+
+TEST_F(ZeroCudaTest, FamilyModelGradientsMatchCpu) {
+  if (!kCpuLlama) GTEST_SKIP() << kNoCpuLlama;
+  for (const weft::v1::Architecture a : kFamilies) {
+    SCOPED_TRACE(weft::v1::Architecture_Name(a));
+    ExpectModelGradientsMatchCpu(FamilySpec(a, 4, 1));
+  }
+}
+
 // One forward and backward of the model of `spec` at `level` on fixed parameters (InitUnit
 // from seed 5, rounded to bf16) and step 3's batch: the per-position losses, then every unit's
 // gradient. The block gradients start at 0 when accumulated, at NaN when overwritten. Empty
@@ -1052,6 +1075,15 @@ TEST_F(ZeroCudaTest, LlamaOneGpuFollowsTheCpuEngine) {
   ExpectOneGpuFollowsTheCpuEngine(SmallSpec(4, 60, /*llama=*/true));
 }
 
+// Each family trained on 1 GPU follows the CPU engine's curve.
+TEST_F(ZeroCudaTest, FamiliesOneGpuFollowTheCpuEngine) {
+  if (!kCpuLlama) GTEST_SKIP() << kNoCpuLlama;
+  for (const weft::v1::Architecture a : kFamilies) {
+    SCOPED_TRACE(weft::v1::Architecture_Name(a));
+    ExpectOneGpuFollowsTheCpuEngine(FamilySpec(a, 4, 40));
+  }
+}
+
 // Without the CPU model too: ZeRO-3 Llama on 1 GPU learns the token family.
 TEST_F(ZeroCudaTest, LlamaOneGpuLearns) {
   const Curve gpu = TrainGpu(SmallSpec(4, 60, /*llama=*/true), 1);
@@ -1222,6 +1254,15 @@ TEST_F(ZeroCudaTest, CheckpointingLevelsMatchNone) {
 
 TEST_F(ZeroCudaTest, LlamaCheckpointingLevelsMatchNone) {
   ExpectLevelsMatchNone(SmallSpec(4, 8, /*llama=*/true));
+}
+
+// The families' extra activations (Qwen3's q and k before their norms) recompute to the same
+// bits at every level.
+TEST_F(ZeroCudaTest, FamilyCheckpointingLevelsMatchNone) {
+  for (const weft::v1::Architecture a : kFamilies) {
+    SCOPED_TRACE(weft::v1::Architecture_Name(a));
+    ExpectLevelsMatchNone(FamilySpec(a, 4, 8));
+  }
 }
 
 // The engine's plan is its allocation: what Create allocated (state, working buffers,
@@ -1782,6 +1823,34 @@ TEST(ZeroCudaPlan, RecomputingLevelsKeepTheLogitsInTheSharedActivations) {
 
 // An architecture without a CUDA model is an error naming it from the registry and everything
 // that plans or builds through it (no GPU needed: the registry and the plan touch none).
+// The Qwen3-8B and Mistral-7B example jobs plan to fit an 80 GB H100 at their least worker
+// count (4) with full recomputation, which AUTO starts from; the figures docs/models.md and
+// the examples quote. A plan, so no GPU is needed.
+TEST(ZeroCudaPlan, FamilyExamplesPlanTheirMemory) {
+  for (const char* name : {"qwen3-8b-gpu.pb.txt", "mistral-7b-gpu.pb.txt"}) {
+    SCOPED_TRACE(name);
+    auto read = ReadJobSpecFile(std::string(WEFT_SOURCE_DIR) + "/examples/" + name);
+    ASSERT_TRUE(read.ok()) << read.status();
+    auto spec = NormalizeJobSpec(*read);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    auto arch = engine::MakeModelArch(spec->model());
+    ASSERT_TRUE(arch.ok()) << arch.status();
+    const int world = spec->resources().min_workers();
+    for (const engine::Checkpointing level :
+         {engine::Checkpointing::kFull, engine::Checkpointing::kNone}) {
+      auto plan = PlanGpuMemory(*spec, **arch, level, spec->training().micro_batch_size(), world);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      std::printf("PLAN %s world=%d %s: %s\n", name, world,
+                  level == engine::Checkpointing::kFull ? "full" : "none",
+                  DescribeGpuMemoryPlan(*plan).c_str());
+      // 16 bytes a parameter over the world, to the rounding of each unit's shard.
+      EXPECT_NEAR(static_cast<double>(plan->state_bytes),
+                  16.0 * static_cast<double>((*arch)->ParameterCount()) / world, 1e6);
+      if (level == engine::Checkpointing::kFull) EXPECT_LT(plan->total(), size_t{76} << 30);
+    }
+  }
+}
+
 TEST(CudaModelRegistry, AnArchitectureWithoutACudaModelIsAnError) {
   const engine::testing::UnregisteredArch arch;
   const absl::Status found = engine::cuda::FindCudaModel(arch).status();
