@@ -506,10 +506,8 @@ void ApplyJobSpecDefaults(JobSpec* spec) {
   }
   if (IsLlamaFamily(model->architecture())) {
     if (model->num_kv_heads() == 0) model->set_num_kv_heads(model->num_heads());
-    if (model->head_dim() == 0 && model->num_heads() > 0 &&
-        model->hidden_size() % model->num_heads() == 0) {
-      model->set_head_dim(model->hidden_size() / model->num_heads());
-    }
+    // head_dim stays 0 (hidden_size / num_heads) unless set: a default filled in here would go
+    // stale when a spec's width or heads change later.
     if (model->rope_theta() == 0.0) model->set_rope_theta(10000.0);
     if (model->rms_norm_eps() == 0.0) model->set_rms_norm_eps(1e-5);
     if (!model->has_tie_word_embeddings()) model->set_tie_word_embeddings(false);
@@ -661,7 +659,7 @@ std::string ModelDifference(const weft::v1::ModelSpec& here_raw,
       {"hidden_size", {here.hidden_size(), there.hidden_size()}},
       {"num_heads", {here.num_heads(), there.num_heads()}},
       {"num_kv_heads", {here.num_kv_heads(), there.num_kv_heads()}},
-      {"head_dim", {here.head_dim(), there.head_dim()}},
+      {"head_dim", {gpt2 ? 0 : LlamaHeadDim(here), gpt2 ? 0 : LlamaHeadDim(there)}},
       {"intermediate_size", {here.intermediate_size(), there.intermediate_size()}},
       {"padded_vocab_size", {here.padded_vocab_size(), there.padded_vocab_size()}},
       {"tie_word_embeddings", {here.tie_word_embeddings(), there.tie_word_embeddings()}},

@@ -1059,6 +1059,14 @@ TEST(ModelDifferenceTest, NamesTheFirstFieldThatShapesTheParameters) {
   EXPECT_EQ(ModelDifference(a, b, "here", "there"), "");
   b.set_num_kv_heads(4);
   EXPECT_EQ(ModelDifference(a, b, "here", "there"), "model.num_kv_heads: 2 here, 4 there");
+  // head_dim by its value: set to hidden_size / num_heads it is the default's model.
+  b = a;
+  b.set_head_dim(a.hidden_size() / a.num_heads());
+  EXPECT_EQ(ModelDifference(a, b, "here", "there"), "");
+  b.set_head_dim(2 * a.hidden_size() / a.num_heads());
+  EXPECT_EQ(ModelDifference(a, b, "here", "there"),
+            absl::StrCat("model.head_dim: ", a.hidden_size() / a.num_heads(), " here, ",
+                         2 * a.hidden_size() / a.num_heads(), " there"));
   b = a;
   b.set_architecture(weft::v1::GPT2);
   EXPECT_EQ(ModelDifference(a, b, "here", "there"), "model.architecture: LLAMA here, GPT2 there");

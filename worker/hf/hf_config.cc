@@ -293,11 +293,14 @@ ModelSpec LlamaFamilySpec(KeyReader& r, const LlamaFamilyDefaults& f) {
   ReadLlamaRope(r, &spec);
   const std::string act = r.String("hidden_act", "silu");
   if (act != "silu") r.Refuse("hidden_act", Json(act).dump(), "Weft's Llama MLP uses silu only");
-  // null (Mistral's way of saying "the default") is hidden / heads too.
+  // null (Mistral's way of saying "the default") is hidden / heads too. Written into the spec
+  // only where it is not hidden / heads, the spec's own default.
   if (spec.num_heads() > 0) {
     const int64_t natural = spec.hidden_size() / spec.num_heads();
-    spec.set_head_dim(
-        static_cast<int32_t>(r.Int("head_dim", f.head_dim > 0 ? f.head_dim : natural)));
+    const int64_t head_dim = r.Int("head_dim", f.head_dim > 0 ? f.head_dim : natural);
+    if (head_dim != natural || spec.hidden_size() % spec.num_heads() != 0) {
+      spec.set_head_dim(static_cast<int32_t>(head_dim));
+    }
   }
   switch (f.architecture) {
     case weft::v1::LLAMA:

@@ -1080,7 +1080,7 @@ TEST_F(ZeroCudaTest, FamiliesOneGpuFollowTheCpuEngine) {
   if (!kCpuLlama) GTEST_SKIP() << kNoCpuLlama;
   for (const weft::v1::Architecture a : kFamilies) {
     SCOPED_TRACE(weft::v1::Architecture_Name(a));
-    ExpectOneGpuFollowsTheCpuEngine(FamilySpec(a, 4, 40));
+    ExpectOneGpuFollowsTheCpuEngine(FamilySpec(a, 4, 60));
   }
 }
 
@@ -1894,7 +1894,7 @@ TEST_F(ZeroCudaTest, WideModelsAreMadeAtAnyWidth) {
   for (const char* text :
        {"num_layers: 1 hidden_size: 12296 num_heads: 1 vocab_size: 64 context_length: 8",
         "architecture: LLAMA num_layers: 1 hidden_size: 24704 num_heads: 193 "
-        "num_kv_heads: 1 intermediate_size: 64 vocab_size: 64 context_length: 8"}) {
+        "num_kv_heads: 1 intermediate_size: 24704 vocab_size: 64 context_length: 8"}) {
     SCOPED_TRACE(text);
     weft::v1::ModelSpec m;
     ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &m));
