@@ -230,24 +230,18 @@ PackedRun RunModel(bool f64, const engine::ModelArch& arch,
                                                        labels, doc_starts, reset);
 }
 
-// The float64 model on the whole batch (every target counts, one document a row): the loss to
-// 1e-6 relative, the logits to 1e-5 of their row's largest, every sampled gradient to 1e-5 of
-// its tensor's largest.
-TEST_P(HfReferenceTest, Float64LossLogitsAndGradientsMatchTransformers) {
-  const std::string dir = Fixture(GetParam());
-  const Json ref = Json::parse(ReadText(dir + "/reference.json"));
-  Imported m = Import(dir);
-  ASSERT_NE(m.importer, nullptr);
-  const engine::ModelArch& arch = m.importer->arch();
+// `run` against transformers' figures `want` (the fixture, or one of its packed variants): the
+// loss to `loss_tolerance` relative, the logits to 1e-5 of their row's largest, every sampled
+// gradient (located through the import mapping of `arch`) to 1e-5 of its tensor's largest.
+void ExpectMatches(const PackedRun& run, const Json& want, const engine::ModelArch& arch,
+                   double loss_tolerance) {
   auto mapping = HfTensorMapping(arch);
   ASSERT_TRUE(mapping.ok());
   std::map<std::string, const HfTensorMap*> by_name;
   for (const HfTensorMap& entry : *mapping) by_name[entry.name] = &entry;
-  const PackedRun run = RunModel(/*f64=*/true, arch, m.units, ref, ref, Flat(ref["targets"]),
-                                 /*doc_starts=*/nullptr, /*reset=*/false);
-  ExpectRelativelyNear(run.loss, ref["loss"].get<double>(), 1e-6, "loss");
+  ExpectRelativelyNear(run.loss, want["loss"].get<double>(), loss_tolerance, "loss");
   for (size_t r = 0; r < run.logits.size(); ++r) {
-    const Json& values = ref["logits"][r]["values"];
+    const Json& values = want["logits"][r]["values"];
     double scale = 0;
     for (const Json& v : values) scale = std::max(scale, std::abs(v.get<double>()));
     for (size_t v = 0; v < values.size(); ++v) {
@@ -256,7 +250,7 @@ TEST_P(HfReferenceTest, Float64LossLogitsAndGradientsMatchTransformers) {
     }
   }
   int checked = 0;
-  for (const auto& [tensor, sample] : ref["grads"].items()) {
+  for (const auto& [tensor, sample] : want["grads"].items()) {
     ASSERT_TRUE(by_name.count(tensor)) << tensor;
     const HfTensorMap& entry = *by_name[tensor];
     const double max_abs = sample["max_abs"].get<double>();
@@ -268,7 +262,21 @@ TEST_P(HfReferenceTest, Float64LossLogitsAndGradientsMatchTransformers) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 16 * static_cast<int>(ref["grads"].size()));
+  EXPECT_EQ(checked, 16 * static_cast<int>(want["grads"].size()));
+}
+
+// The float64 model on the whole batch (every target counts, one document a row): the loss to
+// 1e-6 relative, the logits to 1e-5 of their row's largest, every sampled gradient to 1e-5 of
+// its tensor's largest.
+TEST_P(HfReferenceTest, Float64LossLogitsAndGradientsMatchTransformers) {
+  const std::string dir = Fixture(GetParam());
+  const Json ref = Json::parse(ReadText(dir + "/reference.json"));
+  Imported m = Import(dir);
+  ASSERT_NE(m.importer, nullptr);
+  const engine::ModelArch& arch = m.importer->arch();
+  const PackedRun run = RunModel(/*f64=*/true, arch, m.units, ref, ref, Flat(ref["targets"]),
+                                 /*doc_starts=*/nullptr, /*reset=*/false);
+  ExpectMatches(run, ref, arch, 1e-6);
 }
 
 // transformers, fed the packed batch with labels = -100 where a target is ignored and each
@@ -282,44 +290,15 @@ TEST_P(HfReferenceTest, PackedDocumentsWithLossMasksMatchTransformers) {
   Imported m = Import(dir);
   ASSERT_NE(m.importer, nullptr);
   const engine::ModelArch& arch = m.importer->arch();
-  auto mapping = HfTensorMapping(arch);
-  ASSERT_TRUE(mapping.ok());
-  std::map<std::string, const HfTensorMap*> by_name;
-  for (const HfTensorMap& entry : *mapping) by_name[entry.name] = &entry;
-
+  const std::vector<int32_t> labels = Flat(ref["packed"]["labels"]);
+  const std::vector<int32_t> doc_starts = Flat(ref["packed"]["doc_starts"]);
   for (const char* name : {"packed_reset", "packed_continue"}) {
     const Json& variant = ref["packed"][name];
     const bool reset = std::string(name) == "packed_reset";
     for (const bool f64 : {true, false}) {
       SCOPED_TRACE(absl::StrCat(name, f64 ? " float64" : " float32"));
-      const std::vector<int32_t> labels = Flat(ref["packed"]["labels"]);
-      const std::vector<int32_t> doc_starts = Flat(ref["packed"]["doc_starts"]);
-      PackedRun run = RunModel(f64, arch, m.units, ref, variant, labels, &doc_starts, reset);
-      const double tolerance = f64 ? 1e-6 : 1e-5;
-      ExpectRelativelyNear(run.loss, variant["loss"].get<double>(), tolerance, "loss");
-      for (size_t r = 0; r < run.logits.size(); ++r) {
-        const Json& values = variant["logits"][r]["values"];
-        double scale = 0;
-        for (const Json& v : values) scale = std::max(scale, std::abs(v.get<double>()));
-        for (size_t v = 0; v < values.size(); ++v) {
-          EXPECT_NEAR(run.logits[r][v], values[v].get<double>(), 1e-5 * scale)
-              << "logit row " << r << " column " << v;
-        }
-      }
-      int checked = 0;
-      for (const auto& [tensor, sample] : variant["grads"].items()) {
-        ASSERT_TRUE(by_name.count(tensor)) << tensor;
-        const HfTensorMap& entry = *by_name[tensor];
-        const double max_abs = sample["max_abs"].get<double>();
-        for (size_t i = 0; i < sample["indices"].size(); ++i) {
-          const int64_t index = sample["indices"][i].get<int64_t>();
-          EXPECT_NEAR(run.grads[entry.unit][UnitOffsetOf(entry, index)],
-                      sample["values"][i].get<double>(), 1e-5 * max_abs)
-              << tensor << "[" << index << "]";
-          ++checked;
-        }
-      }
-      EXPECT_EQ(checked, 16 * static_cast<int>(variant["grads"].size()));
+      const PackedRun run = RunModel(f64, arch, m.units, ref, variant, labels, &doc_starts, reset);
+      ExpectMatches(run, variant, arch, f64 ? 1e-6 : 1e-5);
     }
   }
 }
