@@ -44,6 +44,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -173,12 +174,15 @@ std::vector<int32_t> PackedDocStarts(int b, int t, int min_len, int max_len, int
   return starts;
 }
 
-// Flash attention forward + backward with documents (doc_starts) against full causal attention
-// of the same shape, each with `kernel`; prints the op lines and the BENCH `line` (FLOPs: the
-// visible (query, key) pairs, 2 GEMMs of 2 HS each forward, 5 backward).
-void TimeDocMaskAttention(Timer& timer, cuda::FlashAttentionKernel kernel, const char* line,
-                          int b, int nh, int nkv, int t, int hs, int min_len, int max_len,
-                          std::mt19937& rng) {
+// Flash attention forward + backward of one shape with `kernel`, plain causal and then with a
+// mask (doc_starts, DEVICE or nullptr, and window): prints each variant's op lines (`masked_op`
+// names the masked one; FLOPs: the visible (query, key) pairs, 2 GEMMs of 2 HS each forward, 5
+// backward) and returns {causal ms, masked ms}, each forward + backward.
+std::pair<double, double> TimeMaskedAttention(Timer& timer, cuda::FlashAttentionKernel kernel,
+                                              const char* masked_op, int b, int nh, int nkv, int t,
+                                              int hs, const int32_t* doc_starts, int window,
+                                              double causal_pairs, double masked_pairs,
+                                              std::mt19937& rng) {
   cudaStream_t stream = timer.stream;
   const int qkv_w = (nh + 2 * nkv) * hs;
   const size_t n = static_cast<size_t>(b) * t;
@@ -188,6 +192,42 @@ void TimeDocMaskAttention(Timer& timer, cuda::FlashAttentionKernel kernel, const
   bf16* dqkv = Alloc<bf16>(n * qkv_w);
   float* lse = ZeroFloats(static_cast<size_t>(b) * nh * t);
   float* scratch = ZeroFloats(cuda::FlashAttentionBackwardScratchFloats(b, nh, t, hs));
+  const double pair_flops = 2.0 * 2.0 * nh * hs;  // forward: 2 GEMMs, 2 HS each per pair
+  double ms[2] = {0, 0};
+  for (int masked = 0; masked < 2; ++masked) {
+    const int32_t* ds = masked ? doc_starts : nullptr;
+    const int w = masked ? window : 0;
+    const double pairs = masked ? masked_pairs : causal_pairs;
+    const std::string op = std::string(masked ? masked_op : "attention_causal") +
+                           (kernel == cuda::FlashAttentionKernel::kMmaSync ? "_mma_sync" : "");
+    // The forward also leaves this variant's y and lse for its backward.
+    const double fwd_ms = timer.Time(
+        [&] {
+          return cuda::FlashAttentionForwardWith(kernel, y, lse, qkv, ds, w, b, nh, nkv, t, hs,
+                                                 stream);
+        },
+        "attention forward");
+    const double bwd_ms = timer.Time(
+        [&] {
+          return cuda::FlashAttentionBackwardWith(kernel, dqkv, dy, y, lse, qkv, ds, w, scratch, b,
+                                                  nh, nkv, t, hs, stream);
+        },
+        "attention backward");
+    ms[masked] = fwd_ms + bwd_ms;
+    std::printf("BENCH cuda_op op=%s_fwd ms=%.3f tflops=%.1f\n", op.c_str(), fwd_ms,
+                pairs * pair_flops / fwd_ms / 1e9);
+    std::printf("BENCH cuda_op op=%s_bwd ms=%.3f tflops=%.1f\n", op.c_str(), bwd_ms,
+                2.5 * pairs * pair_flops / bwd_ms / 1e9);
+  }
+  return {ms[0], ms[1]};
+}
+
+// Document-masked attention (packed documents of [min_len, max_len] tokens) against full causal
+// attention of the same shape; prints the BENCH `line`.
+void TimeDocMaskAttention(Timer& timer, cuda::FlashAttentionKernel kernel, const char* line, int b,
+                          int nh, int nkv, int t, int hs, int min_len, int max_len,
+                          std::mt19937& rng) {
+  const size_t n = static_cast<size_t>(b) * t;
   int docs = 0;
   const std::vector<int32_t> host_starts = PackedDocStarts(b, t, min_len, max_len, &docs);
   int32_t* starts = Alloc<int32_t>(n);
@@ -198,84 +238,27 @@ void TimeDocMaskAttention(Timer& timer, cuda::FlashAttentionKernel kernel, const
     causal_pairs += static_cast<double>(i % t) + 1;
     doc_pairs += static_cast<double>(i % t) - host_starts[i] + 1;
   }
-  const double pair_flops = 2.0 * 2.0 * nh * hs;  // forward: 2 GEMMs, 2 HS each per pair
-  double ms[2] = {0, 0};
-  for (int masked = 0; masked < 2; ++masked) {
-    const int32_t* ds = masked ? starts : nullptr;
-    const double pairs = masked ? doc_pairs : causal_pairs;
-    const std::string fwd = std::string(masked ? "attention_docmask" : "attention_causal") +
-                            (kernel == cuda::FlashAttentionKernel::kMmaSync ? "_mma_sync" : "");
-    // The forward also leaves this variant's y and lse for its backward.
-    ms[masked] += timer.Time(
-        [&] {
-          return cuda::FlashAttentionForwardWith(kernel, y, lse, qkv, ds, 0, b, nh, nkv, t, hs,
-                                                 stream);
-        },
-        "attention forward");
-    const double fwd_ms = ms[masked];
-    ms[masked] += timer.Time(
-        [&] {
-          return cuda::FlashAttentionBackwardWith(kernel, dqkv, dy, y, lse, qkv, ds, 0, scratch, b,
-                                                  nh, nkv, t, hs, stream);
-        },
-        "attention backward");
-    const double bwd_ms = ms[masked] - fwd_ms;
-    std::printf("BENCH cuda_op op=%s_fwd ms=%.3f tflops=%.1f\n", fwd.c_str(), fwd_ms,
-                pairs * pair_flops / fwd_ms / 1e9);
-    std::printf("BENCH cuda_op op=%s_bwd ms=%.3f tflops=%.1f\n", fwd.c_str(), bwd_ms,
-                2.5 * pairs * pair_flops / bwd_ms / 1e9);
-  }
-  std::printf("BENCH %s t=%d mean_doc=%.1f causal_ms=%.3f docmask_ms=%.3f speedup=%.2f\n", line,
-              t, static_cast<double>(n) / docs, ms[0], ms[1], ms[0] / ms[1]);
+  const auto [causal_ms, doc_ms] =
+      TimeMaskedAttention(timer, kernel, "attention_docmask", b, nh, nkv, t, hs, starts, 0,
+                          causal_pairs, doc_pairs, rng);
+  std::printf("BENCH %s t=%d mean_doc=%.1f causal_ms=%.3f docmask_ms=%.3f speedup=%.2f\n", line, t,
+              static_cast<double>(n) / docs, causal_ms, doc_ms, causal_ms / doc_ms);
 }
 
-// Flash attention forward + backward with a sliding window of `window` keys against full causal
-// attention of the same shape, each with `kernel`; prints the op lines and the BENCH `line`
-// (FLOPs as TimeDocMaskAttention's, over each variant's visible pairs).
+// A sliding window of `window` keys against full causal attention of the same shape; prints the
+// BENCH `line` (ideal: the window's visible pairs over causal's).
 void TimeWindowAttention(Timer& timer, cuda::FlashAttentionKernel kernel, const char* line, int b,
                          int nh, int nkv, int t, int hs, int window, std::mt19937& rng) {
-  cudaStream_t stream = timer.stream;
-  const int qkv_w = (nh + 2 * nkv) * hs;
-  const size_t n = static_cast<size_t>(b) * t;
-  bf16* qkv = RandomBf16(n * qkv_w, 1.0f, rng);
-  bf16* dy = RandomBf16(n * nh * hs, 1.0f, rng);
-  bf16* y = Alloc<bf16>(n * nh * hs);
-  bf16* dqkv = Alloc<bf16>(n * qkv_w);
-  float* lse = ZeroFloats(static_cast<size_t>(b) * nh * t);
-  float* scratch = ZeroFloats(cuda::FlashAttentionBackwardScratchFloats(b, nh, t, hs));
   double causal_pairs = 0, window_pairs = 0;
   for (int i = 0; i < t; ++i) {
-    causal_pairs += static_cast<double>(i) + 1;
-    window_pairs += std::min(i + 1, window);
+    causal_pairs += static_cast<double>(b) * (i + 1);
+    window_pairs += static_cast<double>(b) * std::min(i + 1, window);
   }
-  const double pair_flops = 2.0 * 2.0 * nh * hs * b;  // forward: 2 GEMMs, 2 HS each per pair
-  double ms[2] = {0, 0};
-  for (int windowed = 0; windowed < 2; ++windowed) {
-    const int w = windowed ? window : 0;
-    const double pairs = windowed ? window_pairs : causal_pairs;
-    const std::string op = std::string(windowed ? "attention_window" : "attention_causal") +
-                           (kernel == cuda::FlashAttentionKernel::kMmaSync ? "_mma_sync" : "");
-    // The forward also leaves this variant's y and lse for its backward.
-    const double fwd_ms = timer.Time(
-        [&] {
-          return cuda::FlashAttentionForwardWith(kernel, y, lse, qkv, nullptr, w, b, nh, nkv, t, hs,
-                                                 stream);
-        },
-        "attention forward");
-    const double bwd_ms = timer.Time(
-        [&] {
-          return cuda::FlashAttentionBackwardWith(kernel, dqkv, dy, y, lse, qkv, nullptr, w,
-                                                  scratch, b, nh, nkv, t, hs, stream);
-        },
-        "attention backward");
-    ms[windowed] = fwd_ms + bwd_ms;
-    std::printf("BENCH cuda_op op=%s_fwd ms=%.3f tflops=%.1f\n", op.c_str(), fwd_ms,
-                pairs * pair_flops / fwd_ms / 1e9);
-    std::printf("BENCH cuda_op op=%s_bwd ms=%.3f tflops=%.1f\n", op.c_str(), bwd_ms,
-                2.5 * pairs * pair_flops / bwd_ms / 1e9);
-  }
+  const auto [causal_ms, window_ms] =
+      TimeMaskedAttention(timer, kernel, "attention_window", b, nh, nkv, t, hs, nullptr, window,
+                          causal_pairs, window_pairs, rng);
   std::printf("BENCH %s t=%d window=%d causal_ms=%.3f window_ms=%.3f ratio=%.3f ideal=%.3f\n", line,
-              t, window, ms[0], ms[1], ms[1] / ms[0], window_pairs / causal_pairs);
+              t, window, causal_ms, window_ms, window_ms / causal_ms, window_pairs / causal_pairs);
 }
 
 }  // namespace
