@@ -702,6 +702,25 @@ void TokenDataset::CopyWindow(int64_t start, int32_t* inputs, int32_t* targets) 
   }
 }
 
+void TokenDataset::ReadTokens(int64_t begin, int64_t n, int32_t* out) const {
+  const Shard& shard = ShardOfToken(begin);
+  if (begin + n <= shard.begin + shard.count) {
+    const unsigned char* p = shard.tokens + (begin - shard.begin) * token_bytes_;
+    switch (token_bytes_) {
+      case 1:
+        for (int64_t i = 0; i < n; ++i) out[i] = p[i];
+        break;
+      case 2:
+        for (int64_t i = 0; i < n; ++i) out[i] = LoadLe<uint16_t>(p + 2 * i);
+        break;
+      default:
+        for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(LoadLe<uint32_t>(p + 4 * i));
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = Token(begin + i);  // across shards: rare
+}
+
 int64_t TokenDataset::PermutedWindow(uint64_t seed, int64_t n) const {
   assert(n >= 0 && num_windows_ > 0);
   const auto windows = static_cast<uint64_t>(num_windows_);
@@ -715,15 +734,14 @@ void TokenDataset::CopyPackedWindow(int64_t window, int32_t* inputs, int32_t* ta
                                     int32_t* doc_starts) const {
   const PackedWindow w = packed_[window];
   const int len = w.length;  // <= seq_len + 1
-  for (int t = 0; t < seq_len_; ++t) {
-    if (t < len) {
-      inputs[t] = Token(w.begin + t);
-      targets[t] = t + 1 < len ? Token(w.begin + t + 1) : -1;
-    } else {
-      inputs[t] = pad_token_;  // padding: no target, a document of its own
-      targets[t] = -1;
-    }
-  }
+  const int n_in = std::min(len, seq_len_);
+  ReadTokens(w.begin, n_in, inputs);
+  // The targets are the inputs one on; a full window's last one is its extra token.
+  if (n_in > 1) std::copy(inputs + 1, inputs + n_in, targets);
+  if (len > seq_len_) targets[seq_len_ - 1] = Token(w.begin + seq_len_);
+  for (int t = std::max(len - 1, 0); t < seq_len_; ++t) targets[t] = -1;
+  // Padding: no target, a document of its own.
+  for (int t = n_in; t < seq_len_; ++t) inputs[t] = pad_token_;
   // The window's first token opens a document even where it continues a cut one.
   uint8_t flags_buffer[1024];
   std::vector<uint8_t> flags_heap;

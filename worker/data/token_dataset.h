@@ -198,6 +198,8 @@ class TokenDataset {
   TokenDataset() = default;
   // The shard holding split token `i`.
   const Shard& ShardOfToken(int64_t i) const;
+  // Split tokens [begin, begin + n) into out: one run where one shard holds them.
+  void ReadTokens(int64_t begin, int64_t n, int32_t* out) const;
   // Copies the window starting at split token `start` into one row of a batch.
   void CopyWindow(int64_t start, int32_t* inputs, int32_t* targets) const;
   // PACKED: packed window `window` into one row.

@@ -199,6 +199,7 @@ TEST_F(DocumentsTest, PackedWindowsHoldWholeDocumentsOncePerEpoch) {
   for (int64_t n = 0; n < w; ++n) windows.insert((*ds)->PermutedWindow(5, n));
   EXPECT_EQ(static_cast<int64_t>(windows.size()), w);
 
+  int targets_seen = 0;
   for (int64_t n = 0; n < w; ++n) {
     std::vector<int32_t> in(t), out(t), doc(t);
     (*ds)->Batch(5, n, 0, 0, 1, 1, in.data(), out.data(), doc.data());
@@ -211,9 +212,15 @@ TEST_F(DocumentsTest, PackedWindowsHoldWholeDocumentsOncePerEpoch) {
         EXPECT_EQ(doc[i], win.length) << "padding is one document";
       }
       if (i + 1 >= win.length) EXPECT_EQ(out[i], -1) << "no target past the window's tokens";
+      // A target that counts is the next token (the window's extra one for the last position).
+      if (i + 1 < win.length && out[i] != -1) {
+        EXPECT_EQ(out[i], 10 + win.begin + i + 1) << "window " << win.begin << " position " << i;
+        ++targets_seen;
+      }
     }
     EXPECT_EQ(doc[0], 0);
   }
+  EXPECT_GT(targets_seen, 30);  // most positions of 8 windows of 8 predict a token
 }
 
 // A batch with no target at all is a valid batch (the engine reports loss 0 for it).
