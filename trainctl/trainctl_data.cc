@@ -240,8 +240,6 @@ int DataCommands::TrainTokenizer(bool json) const {
     }
   }
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::vector<dataprep::SourceFile>> files = dataprep::ExpandInputs(inputs_);
-  if (!files.ok()) return Fail(files.status());
   data::SentencePieceTrainOptions options;
   options.model_type = model_type_ == "unigram"
                            ? data::SentencePieceTrainOptions::ModelType::kUnigram
@@ -249,13 +247,11 @@ int DataCommands::TrainTokenizer(bool json) const {
   options.vocab_size = vocab_size_;
   options.character_coverage = character_coverage_;
   if (threads_ > 0) options.num_threads = threads_;
-  absl::StatusOr<std::vector<std::string>> documents =
-      dataprep::ReadAllDocuments(*files, jsonl_field_, doc_separator_);
-  if (!documents.ok()) return Fail(documents.status());
-  int64_t bytes = 0;
-  for (const std::string& d : *documents) bytes += static_cast<int64_t>(d.size());
-  const size_t count = documents->size();
-  options.documents = std::move(*documents);
+  absl::StatusOr<TrainingText> text = ReadTrainingText();
+  if (!text.ok()) return Fail(text.status());
+  const int64_t bytes = text->bytes;
+  const size_t count = text->documents.size();
+  options.documents = std::move(text->documents);
   absl::StatusOr<std::string> model = data::TrainSentencePiece(options);
   if (!model.ok()) return Fail(model.status());
   if (absl::Status s = WriteFileAtomically(out_, *model); !s.ok()) return Fail(s);
@@ -278,6 +274,18 @@ int DataCommands::TrainTokenizer(bool json) const {
         out_, model_type_, (*tokenizer)->vocab_size(), crc, count, bytes / 1e6, seconds);
   }
   return 0;
+}
+
+absl::StatusOr<DataCommands::TrainingText> DataCommands::ReadTrainingText() const {
+  absl::StatusOr<std::vector<dataprep::SourceFile>> files = dataprep::ExpandInputs(inputs_);
+  if (!files.ok()) return files.status();
+  absl::StatusOr<std::vector<std::string>> documents =
+      dataprep::ReadAllDocuments(*files, jsonl_field_, doc_separator_);
+  if (!documents.ok()) return documents.status();
+  TrainingText text;
+  for (const std::string& d : *documents) text.bytes += static_cast<int64_t>(d.size());
+  text.documents = std::move(*documents);
+  return text;
 }
 
 int DataCommands::TrainBpe(bool json) const {
@@ -303,15 +311,11 @@ int DataCommands::TrainBpe(bool json) const {
         "--out ", out_, ": not a directory (--kind tokenizer.json writes tokenizer.json and "
         "tokenizer_config.json into a directory)")));
   }
-  absl::StatusOr<std::vector<dataprep::SourceFile>> files = dataprep::ExpandInputs(inputs_);
-  if (!files.ok()) return Fail(files.status());
-  absl::StatusOr<std::vector<std::string>> documents =
-      dataprep::ReadAllDocuments(*files, jsonl_field_, doc_separator_);
-  if (!documents.ok()) return Fail(documents.status());
-  int64_t bytes = 0;
-  for (const std::string& d : *documents) bytes += static_cast<int64_t>(d.size());
-  const size_t count = documents->size();
-  options.documents = std::move(*documents);
+  absl::StatusOr<TrainingText> text = ReadTrainingText();
+  if (!text.ok()) return Fail(text.status());
+  const int64_t bytes = text->bytes;
+  const size_t count = text->documents.size();
+  options.documents = std::move(text->documents);
   absl::StatusOr<data::BpeTrainResult> trained = data::TrainBpeTokenizer(options);
   if (!trained.ok()) return Fail(AsTrainFlagError(trained.status()));
   options.documents = {};

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
 #include "trainctl/data_prepare.h"
 
 namespace weft {
@@ -39,6 +40,12 @@ class DataCommands {
  private:
   int TrainTokenizer(bool json) const;
   int TrainBpe(bool json) const;
+  // train-tokenizer's INPUTS read as documents (--jsonl-field, --doc-separator), and their bytes.
+  struct TrainingText {
+    std::vector<std::string> documents;
+    int64_t bytes = 0;
+  };
+  absl::StatusOr<TrainingText> ReadTrainingText() const;
   int Prepare(bool json) const;
   int Batches() const;
 
