@@ -17,7 +17,6 @@
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/status.h"
-#include "worker/data/bpe_tokenizer.h"
 #include "common/utf8.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "worker/data/sentencepiece_shim.h"
@@ -353,31 +352,6 @@ absl::StatusOr<std::string> ReadTokenizerFile(const std::string& path) {
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceFile(const std::string& path) {
   WEFT_ASSIGN_OR_RETURN(std::string bytes, ReadTokenizerFile(path));
   return LoadSentencePieceFromBytes(std::move(bytes), path);
-}
-
-std::string TokenizerKindOfFile(absl::string_view path) {
-  return absl::EndsWith(path, ".json") ? "tokenizer.json" : "sentencepiece";
-}
-
-std::string TokenizerFileName(absl::string_view kind) {
-  return kind == "tokenizer.json" ? "tokenizer.json" : "tokenizer.model";
-}
-
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path) {
-  if (TokenizerKindOfFile(path) == "tokenizer.json") return LoadBpeTokenizerFile(path);
-  return LoadSentencePieceFile(path);
-}
-
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFromBytes(absl::string_view kind,
-                                                                  std::string bytes,
-                                                                  absl::string_view name,
-                                                                  int bos_id, int eos_id) {
-  if (kind == "sentencepiece") return LoadSentencePieceFromBytes(std::move(bytes), name);
-  if (kind == "tokenizer.json") {
-    return LoadBpeTokenizerJson(std::move(bytes), name, BpeSpecialIds{bos_id, eos_id});
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      name, ": tokenizer kind \"", kind, "\": not \"sentencepiece\" or \"tokenizer.json\""));
 }
 
 absl::StatusOr<std::string> TrainSentencePiece(const SentencePieceTrainOptions& options) {
