@@ -18,13 +18,8 @@ BIN=$(cd "${1:-$ROOT/build/bin}" && pwd)
 MB=${WEFT_BENCH_MB:-16}
 WORK=$(mktemp -d /tmp/weft-tokenize-bench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
-python3 -m venv "$WORK/venv" >/dev/null
-"$WORK/venv/bin/pip" install -q "tokenizers==${WEFT_BENCH_TOKENIZERS_VERSION:-0.23.3}" \
-  >"$WORK/pip.log" 2>&1 || {
-  echo "tokenize_bench: cannot install the tokenizers wheel (pip says: $(tail -1 "$WORK/pip.log"))" >&2
-  exit 2
-}
 source "$ROOT/bench/fortunes_corpus.sh"
+tokenizers_venv tokenize_bench "$WORK" || exit 2
 fortunes_corpus tokenize_bench "$WORK" "$MB" || exit 2
 BYTES=$(stat -c %s "$WORK/corpus.txt")
 

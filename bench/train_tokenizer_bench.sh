@@ -22,13 +22,8 @@ VOCAB=${WEFT_BENCH_VOCAB:-32000}
 STYLE=${WEFT_BENCH_STYLE:-llama3}
 WORK=$(mktemp -d /tmp/weft-train-tokenizer-bench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
-python3 -m venv "$WORK/venv" >/dev/null
-"$WORK/venv/bin/pip" install -q "tokenizers==${WEFT_BENCH_TOKENIZERS_VERSION:-0.23.3}" \
-  >"$WORK/pip.log" 2>&1 || {
-  echo "train_tokenizer_bench: cannot install the tokenizers wheel (pip says: $(tail -1 "$WORK/pip.log"))" >&2
-  exit 2
-}
 source "$ROOT/bench/fortunes_corpus.sh"
+tokenizers_venv train_tokenizer_bench "$WORK" || exit 2
 fortunes_corpus train_tokenizer_bench "$WORK" "$MB" || exit 2
 BYTES=$(stat -c %s "$WORK/corpus.txt")
 
