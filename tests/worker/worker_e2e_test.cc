@@ -62,6 +62,21 @@ class WorkerE2eTest : public testing::WorkersTest {
     ASSERT_NO_FATAL_FAILURE(StartWorker(absl::StrCat("cpu:", i), flags, host));
   }
 
+  // `spec_text` written to a file and submitted with `trainctl submit`, as a user does; the
+  // job's id once it SUCCEEDED (a failure is reported, with the workers' logs).
+  void SubmitWithTrainctlAndWait(const std::string& spec_text, std::string* job_id,
+                                 v1::JobStatus* status) {
+    testing::WriteFile(dir_.File("job.pb.txt"), spec_text);
+    auto submitted = testing::RunCommand(
+        {testing::BinDir() + "/trainctl", "--coordinator=" + coordinator_->address(), "submit",
+         dir_.File("job.pb.txt")},
+        {}, absl::Seconds(30));
+    ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+    *job_id = std::string(absl::StripAsciiWhitespace(submitted.out));
+    *status = WaitForEnd(*job_id, absl::Seconds(180));
+    ASSERT_EQ(status->state(), v1::SUCCEEDED) << status->DebugString() << Logs();
+  }
+
   v1::JobSpec Spec(int64_t steps) {
     auto spec = ParseJobSpecText(absl::StrCat(R"pb(
       name: "e2e"
@@ -508,22 +523,23 @@ TEST_F(WorkerE2eTest, TextToTokenizerToDatasetToJobToTextSample) {
     auto ran = testing::RunCommand(argv, {}, absl::Seconds(60));
     ASSERT_EQ(ran.exit_code, 0) << argv[2] << ": " << ran.err;
   }
-  testing::WriteFile(dir_.File("job.pb.txt"), absl::StrCat(R"pb(
-    name: "text-e2e"
-    model { num_layers: 2 hidden_size: 32 num_heads: 2 vocab_size: 300 context_length: 32 }
-    data { manifest_path: ")pb", dataset, R"pb(" sampling: SEQUENTIAL }
-    optimizer { learning_rate: 0.01 }
-    lr_schedule { warmup_steps: 5 }
-    training { micro_batch_size: 4 val_interval_steps: 20 seed: 3 total_steps: 60 }
-    resources { device_kind: DEVICE_KIND_CPU min_workers: 2 }
-    fault { heartbeat_interval_ms: 200 heartbeat_timeout_ms: 1500 max_restarts: 0 }
-  )pb"));
-  auto submitted = testing::RunCommand({trainctl, coordinator, "submit", dir_.File("job.pb.txt")},
-                                       {}, absl::Seconds(30));
-  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
-  const std::string job_id(absl::StripAsciiWhitespace(submitted.out));
-  const v1::JobStatus s = WaitForEnd(job_id, absl::Seconds(180));
-  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+  std::string job_id;
+  v1::JobStatus s;
+  ASSERT_NO_FATAL_FAILURE(SubmitWithTrainctlAndWait(
+      absl::StrCat(
+          R"pb(
+            name: "text-e2e"
+            model { num_layers: 2 hidden_size: 32 num_heads: 2 vocab_size: 300 context_length: 32 }
+            data { manifest_path: ")pb",
+          dataset,
+          R"pb(" sampling: SEQUENTIAL }
+               optimizer { learning_rate: 0.01 }
+               lr_schedule { warmup_steps: 5 }
+               training { micro_batch_size: 4 val_interval_steps: 20 seed: 3 total_steps: 60 }
+               resources { device_kind: DEVICE_KIND_CPU min_workers: 2 }
+               fault { heartbeat_interval_ms: 200 heartbeat_timeout_ms: 1500 max_restarts: 0 }
+          )pb"),
+      &job_id, &s));
 
   const std::string prompt = "the old man";
   auto sample = testing::RunCommand({trainctl, coordinator, "sample", job_id, "--prompt", prompt,
@@ -573,21 +589,22 @@ TEST_F(WorkerE2eTest, ChatDatasetToJobToChatSampleWithTheRecordedTemplate) {
        fixtures + "conversations.jsonl"},
       {}, absl::Seconds(60));
   ASSERT_EQ(prepared.exit_code, 0) << prepared.err;
-  testing::WriteFile(dir_.File("job.pb.txt"), absl::StrCat(R"pb(
-    name: "chat-e2e"
-    model { num_layers: 1 hidden_size: 32 num_heads: 2 vocab_size: 576 context_length: 128 }
-    data { manifest_path: ")pb", dataset, R"pb(" }
-    optimizer { learning_rate: 0.01 }
-    training { micro_batch_size: 2 seed: 3 total_steps: 4 }
-    resources { device_kind: DEVICE_KIND_CPU min_workers: 1 }
-    fault { heartbeat_interval_ms: 200 heartbeat_timeout_ms: 1500 max_restarts: 0 }
-  )pb"));
-  auto submitted = testing::RunCommand({trainctl, coordinator, "submit", dir_.File("job.pb.txt")},
-                                       {}, absl::Seconds(30));
-  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
-  const std::string job_id(absl::StripAsciiWhitespace(submitted.out));
-  const v1::JobStatus s = WaitForEnd(job_id, absl::Seconds(180));
-  ASSERT_EQ(s.state(), v1::SUCCEEDED) << s.DebugString() << Logs();
+  std::string job_id;
+  v1::JobStatus s;
+  ASSERT_NO_FATAL_FAILURE(SubmitWithTrainctlAndWait(
+      absl::StrCat(
+          R"pb(
+            name: "chat-e2e"
+            model { num_layers: 1 hidden_size: 32 num_heads: 2 vocab_size: 576 context_length: 128 }
+            data { manifest_path: ")pb",
+          dataset,
+          R"pb(" }
+               optimizer { learning_rate: 0.01 }
+               training { micro_batch_size: 2 seed: 3 total_steps: 4 }
+               resources { device_kind: DEVICE_KIND_CPU min_workers: 1 }
+               fault { heartbeat_interval_ms: 200 heartbeat_timeout_ms: 1500 max_restarts: 0 }
+          )pb"),
+      &job_id, &s));
 
   auto model = model_io::LoadModel(s.model_path());
   ASSERT_TRUE(model.ok()) << model.status();
