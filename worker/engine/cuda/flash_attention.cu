@@ -954,17 +954,20 @@ constexpr int kQTile = kGroups * kGroupRows;
 constexpr int kBk = 128;                            // keys a step: S is (64, 128) a warpgroup
 constexpr int kStages = 3;                          // K and V buffers
 
-// The forward's block: kGroups warpgroups, kQTile queries. With documents at HS 64, one
-// warpgroup (64-query tiles): as in the mma.sync kernels (QueryTiles), a short document's
-// blocks are bound by their first loads' latency, and with half the registers and shared
-// memory two blocks share an SM and hide each other's (HS 128's K and V buffers leave room for
-// one block an SM either way). The rows' arithmetic is the same (128-key tiles from 0 up to
-// each row's), so doc_starts all zero still gives the causal bits.
+// A block of the forward (kRows queries) and of the dK/dV kernel (kRows keys): kGroups
+// warpgroups of kGroupRows rows each. With documents at HS 64, one warpgroup (64-row tiles):
+// as in the mma.sync kernels (QueryTiles), a short document's blocks are bound by their first
+// loads' latency, and with half the registers and shared memory two blocks share an SM and hide
+// each other's (HS 128's buffers leave room for one block an SM either way); for dK/dV it also
+// makes the blocks finer for PlanKeyTile to balance. The rows' arithmetic is the same
+// (128-key tiles from 0 up to each row's; a 64-key tile at an odd multiple of 64 starts its
+// walk a query tile later than within a 128-key tile, but that tile's P^T is all zeros for
+// those keys), so doc_starts all zero still gives the causal bits.
 template <int kHs, bool kDocs>
-struct ForwardBlock {
+struct GroupBlock {
   static constexpr int kGroups = kDocs && kHs == 64 ? 1 : hopper::kGroups;
   static constexpr int kThreads = kGroups * kGroupThreads;
-  static constexpr int kQTile = kGroups * kGroupRows;
+  static constexpr int kRows = kGroups * kGroupRows;
 };
 
 // Per head size (64 or 128): O is (64, kHs) a warpgroup, P V an m64n{kHs} product; a block
@@ -982,17 +985,6 @@ struct Sizes {
 constexpr int kKvKeys = kGroups * kGroupRows;
 constexpr int kKvBq = 64;
 constexpr int kKvStages = 3;  // Q and dO buffers
-// The dK/dV block, as ForwardBlock: with documents at HS 64 one warpgroup (64-key tiles, two
-// blocks an SM), which also makes the blocks finer for PlanKeyTile to balance. (A 64-key tile
-// at an odd multiple of 64 starts its walk a query tile later than within a 128-key tile, but
-// that tile's P^T is all zeros for those keys: doc_starts all zero still gives the causal
-// bits.)
-template <int kHs, bool kDocs>
-struct KvBlock {
-  static constexpr int kGroups = kDocs && kHs == 64 ? 1 : hopper::kGroups;
-  static constexpr int kThreads = kGroups * kGroupThreads;
-  static constexpr int kKeys = kGroups * kGroupRows;
-};
 template <int kHs, int kKeys = kKvKeys>
 struct KvSizes {
   static_assert(kHs == 64 || kHs == 128, "head sizes 64 and 128");
@@ -1170,15 +1162,15 @@ __device__ inline void WgmmaABt(float (&d)[kN], const unsigned char* a, const un
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <int kHs, bool kDocs>
-__global__ void __launch_bounds__(ForwardBlock<kHs, kDocs>::kThreads, 1)
+__global__ void __launch_bounds__(GroupBlock<kHs, kDocs>::kThreads, 1)
     FlashForwardWgmmaKernel(bf16* __restrict__ y,          // (B, T, C)
                             float* __restrict__ lse,       // (B * NH * T)
                             const bf16* __restrict__ qkv,  // (B, T, (NH + 2 NKV) HS)
                             const KeyMask mask,            // doc_starts (B, T) or nullptr, window
                             int t, int nh, int nkv, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kBlockQ = ForwardBlock<kHs, kDocs>::kQTile;  // queries a block
-  constexpr int kBlockThreads = ForwardBlock<kHs, kDocs>::kThreads;
+  constexpr int kBlockQ = GroupBlock<kHs, kDocs>::kRows;  // queries a block
+  constexpr int kBlockThreads = GroupBlock<kHs, kDocs>::kThreads;
   constexpr int kQBytes = Sizes<kHs, kBlockQ>::kQBytes;
   constexpr int kKvBytes = Sizes<kHs, kBlockQ>::kKvBytes;
   extern __shared__ unsigned char smem_raw[];
@@ -1344,7 +1336,7 @@ __global__ void __launch_bounds__(ForwardBlock<kHs, kDocs>::kThreads, 1)
 // dO and Q read N-major, left in flight behind the next step's loads and products. Q, dO and
 // the queries' lse and D come in kKvStages buffers.
 template <int kHs, bool kDocs>
-__global__ void __launch_bounds__(KvBlock<kHs, kDocs>::kThreads, 1)
+__global__ void __launch_bounds__(GroupBlock<kHs, kDocs>::kThreads, 1)
     FlashBackwardKvWgmmaKernel(bf16* __restrict__ dqkv,         // (B, T, W), dk dv
                                const bf16* __restrict__ qkv,    // (B, T, W)
                                const bf16* __restrict__ dy,     // (B, T, C)
@@ -1353,8 +1345,8 @@ __global__ void __launch_bounds__(KvBlock<kHs, kDocs>::kThreads, 1)
                                const KeyMask mask,  // doc_starts (B, T) or nullptr, window
                                int t, int nh, int nkv, float scale, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kBlockKeys = KvBlock<kHs, kDocs>::kKeys;  // keys a block
-  constexpr int kBlockThreads = KvBlock<kHs, kDocs>::kThreads;
+  constexpr int kBlockKeys = GroupBlock<kHs, kDocs>::kRows;  // keys a block
+  constexpr int kBlockThreads = GroupBlock<kHs, kDocs>::kThreads;
   using Cfg = KvSizes<kHs, kBlockKeys>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sk = reinterpret_cast<unsigned char*>(
@@ -1646,11 +1638,11 @@ absl::Status LaunchForwardHopper(bf16* y, float* lse, const bf16* qkv, const Key
                                  int nh, int nkv, int t, cudaStream_t stream) {
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kHs));
   const auto launch = [&](auto docs) {
-    using Block = hopper::ForwardBlock<kHs, decltype(docs)::value>;
-    constexpr size_t kSmem = hopper::Sizes<kHs, Block::kQTile>::kSmemBytes;
+    using Block = hopper::GroupBlock<kHs, decltype(docs)::value>;
+    constexpr size_t kSmem = hopper::Sizes<kHs, Block::kRows>::kSmemBytes;
     const auto kernel = hopper::FlashForwardWgmmaKernel<kHs, decltype(docs)::value>;
     WEFT_BF16_RETURN_IF_ERROR(internal::AllowSharedBytes(kernel, kSmem));
-    return internal::Launch(kernel, dim3(b * nh, (t + Block::kQTile - 1) / Block::kQTile),
+    return internal::Launch(kernel, dim3(b * nh, (t + Block::kRows - 1) / Block::kRows),
                             Block::kThreads, kSmem, stream, y, lse, qkv, mask, t, nh, nkv,
                             scale_log2);
   };
@@ -1723,11 +1715,11 @@ absl::Status LaunchBackward(bool hopper, bf16* dqkv, const bf16* dy, const bf16*
   if constexpr (kHs == 64 || kHs == 128) {
     if (hopper) {
       const auto launch = [&](auto docs) {
-        using Block = hopper::KvBlock<kHs, decltype(docs)::value>;
-        constexpr size_t kSmem = hopper::KvSizes<kHs, Block::kKeys>::kSmemBytes;
+        using Block = hopper::GroupBlock<kHs, decltype(docs)::value>;
+        constexpr size_t kSmem = hopper::KvSizes<kHs, Block::kRows>::kSmemBytes;
         const auto kernel = hopper::FlashBackwardKvWgmmaKernel<kHs, decltype(docs)::value>;
         WEFT_BF16_RETURN_IF_ERROR(internal::AllowSharedBytes(kernel, kSmem));
-        return internal::Launch(kernel, dim3(b * nkv, (t + Block::kKeys - 1) / Block::kKeys),
+        return internal::Launch(kernel, dim3(b * nkv, (t + Block::kRows - 1) / Block::kRows),
                                 Block::kThreads, kSmem, kv_stream, dqkv, qkv, dy, lse,
                                 static_cast<const float*>(dsum), mask, t, nh, nkv, scale,
                                 scale_log2);
