@@ -166,22 +166,15 @@ size_t ModelArch::ParameterCount() const {
 }
 
 absl::StatusOr<std::unique_ptr<const ModelArch>> MakeModelArch(const weft::v1::ModelSpec& spec) {
-  switch (spec.architecture()) {
-    case weft::v1::LLAMA:
-    case weft::v1::QWEN2:
-    case weft::v1::QWEN3:
-    case weft::v1::MISTRAL: {
-      const LlamaConfig config = LlamaConfigFromSpec(spec);
-      const std::vector<std::string> problems = LlamaConfigProblems(config);
-      if (!problems.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("model: not a ", weft::v1::Architecture_Name(spec.architecture()),
-                         " shape: ", absl::StrJoin(problems, "; ")));
-      }
-      return std::make_unique<const LlamaArch>(config);
+  if (LlamaFamilyOf(spec.architecture()).has_value()) {
+    const LlamaConfig config = LlamaConfigFromSpec(spec);
+    const std::vector<std::string> problems = LlamaConfigProblems(config);
+    if (!problems.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: not a ", weft::v1::Architecture_Name(spec.architecture()),
+                       " shape: ", absl::StrJoin(problems, "; ")));
     }
-    default:
-      break;
+    return std::make_unique<const LlamaArch>(config);
   }
   if (spec.architecture() != weft::v1::GPT2 &&
       spec.architecture() != weft::v1::ARCHITECTURE_UNSPECIFIED) {

@@ -244,7 +244,7 @@ const LlamaFamilyDefaults* FindLlamaFamily(const std::string& model_type) {
   return nullptr;
 }
 
-const LlamaFamilyDefaults& LlamaFamilyOf(weft::v1::Architecture architecture) {
+const LlamaFamilyDefaults& DefaultsOf(weft::v1::Architecture architecture) {
   for (const LlamaFamilyDefaults& f : kLlamaFamilies) {
     if (f.architecture == architecture) return f;
   }
@@ -460,15 +460,12 @@ void CompareGpt2(const ModelSpec& spec, const ModelSpec& hf, std::vector<std::st
 }
 
 bool IsLlama(const ModelSpec& spec) {
-  for (const LlamaFamilyDefaults& f : kLlamaFamilies) {
-    if (f.architecture == spec.architecture()) return true;
-  }
-  return false;
+  return engine::LlamaFamilyOf(spec.architecture()).has_value();
 }
 
 // The spec's architecture as config.json's model_type names it.
 std::string ModelTypeOf(const ModelSpec& spec) {
-  return IsLlama(spec) ? LlamaFamilyOf(spec.architecture()).model_type : "gpt2";
+  return IsLlama(spec) ? DefaultsOf(spec.architecture()).model_type : "gpt2";
 }
 
 }  // namespace
@@ -508,7 +505,7 @@ std::string HfConfigJson(const ModelSpec& spec, model_io::Dtype dtype, const HfT
                                                          : "float32";
   if (IsLlama(spec)) {
     const engine::LlamaConfig l = engine::LlamaConfigFromSpec(spec);
-    const LlamaFamilyDefaults& family = LlamaFamilyOf(spec.architecture());
+    const LlamaFamilyDefaults& family = DefaultsOf(spec.architecture());
     c["architectures"] = {family.hf_class};
     c["model_type"] = family.model_type;
     c["num_hidden_layers"] = l.num_layers;

@@ -21,21 +21,24 @@ void CheckUnit(const LlamaConfig& config, int unit) {
 
 }  // namespace
 
+std::optional<LlamaFamily> LlamaFamilyOf(weft::v1::Architecture architecture) {
+  switch (architecture) {
+    case weft::v1::LLAMA:
+      return LlamaFamily::kLlama;
+    case weft::v1::QWEN2:
+      return LlamaFamily::kQwen2;
+    case weft::v1::QWEN3:
+      return LlamaFamily::kQwen3;
+    case weft::v1::MISTRAL:
+      return LlamaFamily::kMistral;
+    default:
+      return std::nullopt;
+  }
+}
+
 LlamaConfig LlamaConfigFromSpec(const weft::v1::ModelSpec& spec) {
   LlamaConfig config;
-  switch (spec.architecture()) {
-    case weft::v1::QWEN2:
-      config.family = LlamaFamily::kQwen2;
-      break;
-    case weft::v1::QWEN3:
-      config.family = LlamaFamily::kQwen3;
-      break;
-    case weft::v1::MISTRAL:
-      config.family = LlamaFamily::kMistral;
-      break;
-    default:
-      config.family = LlamaFamily::kLlama;
-  }
+  config.family = LlamaFamilyOf(spec.architecture()).value_or(LlamaFamily::kLlama);
   config.num_layers = spec.num_layers();
   config.hidden_size = spec.hidden_size();
   config.num_heads = spec.num_heads();

@@ -21,6 +21,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,10 @@ struct LlamaConfig {
   int kv_width() const { return num_kv_heads * head_size(); }      // KV
   int qkv_width() const { return q_width() + 2 * kv_width(); }
 };
+
+// The family of a LLAMA-family architecture (LLAMA, QWEN2, QWEN3, MISTRAL); nullopt for any
+// other (GPT2, unknown values).
+std::optional<LlamaFamily> LlamaFamilyOf(weft::v1::Architecture architecture);
 
 // Sizes from a normalized ModelSpec (a LLAMA-family architecture, defaults applied;
 // padded_vocab_size 0 takes V rounded up to a multiple of 128).
