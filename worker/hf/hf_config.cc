@@ -326,7 +326,7 @@ ModelSpec LlamaFamilySpec(KeyReader& r, const LlamaFamilyDefaults& f) {
     case weft::v1::MISTRAL: {
       // null is no window (full causal attention); absent, MistralConfig's 4096.
       const int64_t window = r.Int("sliding_window", r.IsNull("sliding_window") ? 0 : 4096);
-      if (window < 0) r.Refuse("sliding_window", absl::StrCat(window), "must be >= 1 or null");
+      if (window < 0) r.Refuse("sliding_window", absl::StrCat(window), "must be >= 0 or null (no window)");
       spec.set_sliding_window(static_cast<int32_t>(window));
       break;
     }

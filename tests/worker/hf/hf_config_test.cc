@@ -310,6 +310,8 @@ TEST(HfConfigTest, FamiliesTakeTransformersDefaultsAndRefuseWhatWeftLacks) {
                    "architectures", "LlamaForCausalLM"},
            Refused{R"({"model_type": "llama", "sliding_window": 4096})", "sliding_window",
                    "model_type \"mistral\""},
+           Refused{R"({"model_type": "mistral", "sliding_window": -1})", "sliding_window",
+                   "must be >= 0 or null"},
        }) {
     const absl::Status s = ModelSpecFromHfConfig(r.config, "/m/config.json").status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << r.config;
