@@ -55,19 +55,13 @@ TOKENS=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["t
 # The same documents prepare encodes (trainctl/data_inputs.h): the text between "%" lines,
 # each with its last newline, without empty ones.
 read -r HF_S HF_TOKENS < <(RAYON_NUM_THREADS=$(nproc) "$WORK/venv/bin/python" - \
-    "$WORK/corpus.txt" "$TOKENIZER" <<'PY'
+    "$WORK/corpus.txt" "$TOKENIZER" "$ROOT/bench" <<'PY'
 import sys, time
 from tokenizers import Tokenizer
+sys.path.insert(0, sys.argv[3])
+import fortunes_docs
 tok = Tokenizer.from_file(sys.argv[2])
-docs, cur = [], []
-text = open(sys.argv[1], encoding="utf-8", errors="replace").read()
-for line in text.splitlines(keepends=True):
-    if line.rstrip("\n").rstrip("\r") == "%":
-        docs.append("".join(cur)); cur = []
-    else:
-        cur.append(line)
-docs.append("".join(cur))
-docs = [d for d in docs if d]
+docs = fortunes_docs.read_documents(sys.argv[1])
 start = time.perf_counter()
 out = tok.encode_batch(docs, add_special_tokens=False)
 seconds = time.perf_counter() - start

@@ -43,19 +43,13 @@ print("%.2f %.2f %d %d" % (r["count_seconds"], r["merge_seconds"], r["words"], r
 # The same documents train-tokenizer reads (trainctl/data_inputs.h): the text between "%"
 # lines, each with its last newline, without empty ones; the style as bpe_trainer.h writes it.
 read -r HF_S SAME < <(RAYON_NUM_THREADS=$(nproc) "$WORK/venv/bin/python" - \
-    "$WORK/corpus.txt" "$WORK/weft/tokenizer.json" "$VOCAB" "$STYLE" <<'PY'
+    "$WORK/corpus.txt" "$WORK/weft/tokenizer.json" "$VOCAB" "$STYLE" "$ROOT/bench" <<'PY'
 import json, sys, time
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 corpus, weft_path, vocab, style = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-docs, cur = [], []
-text = open(corpus, encoding="utf-8", errors="replace").read()
-for line in text.splitlines(keepends=True):
-    if line.rstrip("\n").rstrip("\r") == "%":
-        docs.append("".join(cur)); cur = []
-    else:
-        cur.append(line)
-docs.append("".join(cur))
-docs = [d for d in docs if d]
+sys.path.insert(0, sys.argv[5])
+import fortunes_docs
+docs = fortunes_docs.read_documents(corpus)
 weft = json.load(open(weft_path, encoding="utf-8"))
 specials = [a["content"] for a in weft["added_tokens"]]
 # The pre-tokenizer and normalizer objects of Weft's own file: the wheel splits as it does.
