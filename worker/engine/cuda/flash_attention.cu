@@ -73,10 +73,14 @@
 //    unmasked kernels. Only the block shapes differ where they must: a long window alone
 //    (LongWalks: 1024 keys or more at HS 64 and 128) makes every block walk many tiles, as
 //    causal ones do, so the forward and dQ kernels take the causal query tiles there (a third
-//    build of those two kernels at those two head sizes, kLong), not the documents' short ones.
+//    build of those two kernels at those two head sizes, kLong), not the documents' short ones,
+//    and the Hopper dK/dV kernel drops the documents' plan, staged starts and masking pass,
+//    whose registers it does not have (its own kLong build, FlashBackwardKvWgmmaKernel).
 //    Measured on an H200 (cuda_ops_bench --window, Mistral-7B's attention, T = 16384,
-//    w = 4096): forward + backward 11.0 ms against 21.6-22.3 ms causal, 0.50-0.51 of it (the
-//    visible pairs are 0.44; mma.sync kernels alone 0.47-0.48).
+//    w = 4096): forward + backward 10.21-10.23 ms against 21.62-21.64 ms causal, 0.472-0.473
+//    of it (the visible pairs are 0.437, whole 128-key tiles 0.448; mma.sync kernels alone
+//    0.468-0.470). Per kernel (ncu): forward 0.47 of causal's, dQ 0.46, dK/dV 0.57 before its
+//    kLong build.
 //  - Tiles are staged with cp.async, double-buffered: the next tile loads while the current
 //    one is multiplied.
 //
@@ -1335,8 +1339,16 @@ __global__ void __launch_bounds__(GroupBlock<kHs, kDocs>::kThreads, 1)
 // dS^T in registers, then dV += P^T dO and dK += dS^T Q with P^T and dS^T as A fragments and
 // dO and Q read N-major, left in flight behind the next step's loads and products. Q, dO and
 // the queries' lse and D come in kKvStages buffers.
-template <int kHs, bool kDocs>
-__global__ void __launch_bounds__(GroupBlock<kHs, kDocs>::kThreads, 1)
+// A long window alone (kLong, with kDocs; LongWalks) needs none of the documents' machinery: a
+// key tile's walk ends at the query tile holding its last key's last viewer (k1 + w - 1), the
+// key tiles in order are heaviest first already (only the last ones, which the sequence's end
+// cuts, are lighter), and a pair is visible where 0 <= query - key < w, one unsigned compare.
+// Staging each query's start and the separate masking pass cost the registers this kernel has
+// none of (at HS 128 it spills even causal): on an H200 at Mistral-7B's attention (T = 16384,
+// w = 4096) the kDocs build took 0.57 of causal's time (5.00 ms against 8.77), for 0.45 of its
+// tiles; the mma.sync dK/dV kernel took 0.46.
+template <int kHs, bool kDocs, bool kLong>
+__global__ void __launch_bounds__(GroupBlock<kHs, kDocs && !kLong>::kThreads, 1)
     FlashBackwardKvWgmmaKernel(bf16* __restrict__ dqkv,         // (B, T, W), dk dv
                                const bf16* __restrict__ qkv,    // (B, T, W)
                                const bf16* __restrict__ dy,     // (B, T, C)
@@ -1345,8 +1357,10 @@ __global__ void __launch_bounds__(GroupBlock<kHs, kDocs>::kThreads, 1)
                                const KeyMask mask,  // doc_starts (B, T) or nullptr, window
                                int t, int nh, int nkv, float scale, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kBlockKeys = GroupBlock<kHs, kDocs>::kRows;  // keys a block
-  constexpr int kBlockThreads = GroupBlock<kHs, kDocs>::kThreads;
+  static_assert(kDocs || !kLong, "a long window is a mask");
+  constexpr bool kStarts = kDocs && !kLong;  // the queries' starts planned, staged and masked
+  constexpr int kBlockKeys = GroupBlock<kHs, kStarts>::kRows;  // keys a block
+  constexpr int kBlockThreads = GroupBlock<kHs, kStarts>::kThreads;
   using Cfg = KvSizes<kHs, kBlockKeys>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sk = reinterpret_cast<unsigned char*>(
@@ -1364,14 +1378,15 @@ __global__ void __launch_bounds__(GroupBlock<kHs, kDocs>::kThreads, 1)
   const int heads = nh / nkv;
   const HeadBase head = HeadOffsets<kHs>(qkv, (blockIdx.x / nkv) * nh + (blockIdx.x % nkv) * heads,
                                          nh, nkv, t);
-  const KeyMask doc = DocRow<kDocs>(mask, blockIdx.x / nkv, t);
+  const KeyMask doc = DocRow<kStarts>(mask, blockIdx.x / nkv, t);
+  const int window = kLong ? mask.window : 0;
   dy += head.rows;
   lse += head.lse;
   dsum += head.lse;
   // The block's key tile, as FlashBackwardKvKernel's: blockIdx.y (heaviest first), or with
   // documents PlanKeyTile's.
   KeyTilePlan plan{static_cast<int>(blockIdx.y), 0};
-  if constexpr (kDocs) {
+  if constexpr (kStarts) {
     plan = PlanKeyTile<kBlockThreads, kBlockKeys, kKvBq>(doc, t, blockIdx.y);
   }
   const int k0 = plan.tile * kBlockKeys;
@@ -1391,7 +1406,10 @@ __global__ void __launch_bounds__(GroupBlock<kHs, kDocs>::kThreads, 1)
   LoadSwizzled<kHs, kBlockKeys, kBlockThreads>(sv, head.v, k0, t, head.ld_qkv);
   const int first = k0 / kKvBq;  // the first query tile that reaches key k0
   const int n_tiles = (t + kKvBq - 1) / kKvBq;
-  const int per_head = kDocs ? plan.count : n_tiles - first;
+  int per_head = kStarts ? plan.count : n_tiles - first;
+  if constexpr (kLong) {  // through the tile of the block's last key's last viewer
+    per_head = min(n_tiles, (k0 + kBlockKeys + window - 2) / kKvBq + 1) - first;
+  }
   load_queries(0, first * kKvBq, 0);
   CpAsyncCommit();
   const int walk = heads * per_head;
@@ -1445,16 +1463,27 @@ __global__ void __launch_bounds__(GroupBlock<kHs, kDocs>::kThreads, 1)
     // the diagonal hold such pairs) or key < the query's doc start (only where the step's
     // last query, its largest start, starts after the warpgroup's first key);
     // dS^T = P^T (dP^T - D[query]).
+    // With a long window also 0 where query - key >= w (only where the step's last query's
+    // window starts past the warpgroup's first key).
     const bool straddles = group_key + kGroupRows - 1 > q0;
+    const bool edge = kLong && q0 + kKvBq - window > group_key;
 #pragma unroll
     for (int e = 0; e < 32; ++e) {
       const int col = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
+      const int key = key_lo + 8 * ((e / 2) % 2);
       float pe = exp2f(fmaf(st[e], scale_log2, -slseb[col]));
-      if (straddles && key_lo + 8 * ((e / 2) % 2) > q0 + col) pe = 0.0f;
+      if constexpr (kLong) {
+        if ((straddles || edge) &&
+            static_cast<unsigned>(q0 + col - key) >= static_cast<unsigned>(window)) {
+          pe = 0.0f;
+        }
+      } else {
+        if (straddles && key > q0 + col) pe = 0.0f;
+      }
       st[e] = pe;
       dpt[e] = pe * (dpt[e] - sdsumb[col]);
     }
-    if (kDocs && sstartb[kKvBq - 1] > group_key) {  // a pass of its own, as in mma.sync
+    if (kStarts && sstartb[kKvBq - 1] > group_key) {  // a pass of its own, as in mma.sync
 #pragma unroll
       for (int e = 0; e < 32; ++e) {
         const int col = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
@@ -1714,18 +1743,25 @@ absl::Status LaunchBackward(bool hopper, bf16* dqkv, const bf16* dy, const bf16*
   bool kv_done = false;
   if constexpr (kHs == 64 || kHs == 128) {
     if (hopper) {
-      const auto launch = [&](auto docs) {
-        using Block = hopper::GroupBlock<kHs, decltype(docs)::value>;
+      const auto launch = [&](auto docs, auto long_walks) {
+        constexpr bool kDocs = decltype(docs)::value;
+        constexpr bool kLong = decltype(long_walks)::value;
+        using Block = hopper::GroupBlock<kHs, kDocs && !kLong>;
         constexpr size_t kSmem = hopper::KvSizes<kHs, Block::kRows>::kSmemBytes;
-        const auto kernel = hopper::FlashBackwardKvWgmmaKernel<kHs, decltype(docs)::value>;
+        const auto kernel = hopper::FlashBackwardKvWgmmaKernel<kHs, kDocs, kLong>;
         WEFT_BF16_RETURN_IF_ERROR(internal::AllowSharedBytes(kernel, kSmem));
         return internal::Launch(kernel, dim3(b * nkv, (t + Block::kRows - 1) / Block::kRows),
                                 Block::kThreads, kSmem, kv_stream, dqkv, qkv, dy, lse,
                                 static_cast<const float*>(dsum), mask, t, nh, nkv, scale,
                                 scale_log2);
       };
-      WEFT_BF16_RETURN_IF_ERROR(mask.Masked() ? launch(std::true_type{})
-                                              : launch(std::false_type{}));
+      if (!mask.Masked()) {
+        WEFT_BF16_RETURN_IF_ERROR(launch(std::false_type{}, std::false_type{}));
+      } else if (LongWalks(mask, kHs)) {
+        WEFT_BF16_RETURN_IF_ERROR(launch(std::true_type{}, std::true_type{}));
+      } else {
+        WEFT_BF16_RETURN_IF_ERROR(launch(std::true_type{}, std::false_type{}));
+      }
       kv_done = true;
     }
   }

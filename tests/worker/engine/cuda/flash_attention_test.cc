@@ -721,10 +721,14 @@ INSTANTIATE_TEST_SUITE_P(
         WindowCase{Shape{1, 4, 150, 64, 2}, 149, {}}, WindowCase{Shape{1, 4, 150, 64, 2}, 150, {}},
         WindowCase{Shape{1, 4, 150, 128, 2}, 1000, {}},
         // Windows of 1024 keys and more without documents: the forward and dQ kernels take the
-        // causal query tiles at HS 64 and 128 (and windows up to 1023 the documents' ones).
+        // causal query tiles at HS 64 and 128 (and windows up to 1023 the documents' ones), the
+        // Hopper dK/dV kernel its long-window build (walks cut by formula, the mask by compare);
+        // the longest ones with key tiles whose walks the window ends well before T.
         WindowCase{Shape{1, 4, 1500, 64, 2}, 1024, {}},
         WindowCase{Shape{1, 4, 1500, 128, 2}, 1023, {}},
         WindowCase{Shape{2, 2, 1300, 128, 1}, 1100, {}},
+        WindowCase{Shape{1, 4, 2900, 64, 2}, 1200, {}},
+        WindowCase{Shape{1, 4, 3001, 128, 2}, 1030, {}},
         // The other head sizes (mma.sync only).
         WindowCase{Shape{1, 4, 300, 32, 2}, 70, {}}, WindowCase{Shape{2, 2, 100, 16, 1}, 33, {}},
         // With documents: windows shorter and longer than the documents.
