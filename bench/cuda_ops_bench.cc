@@ -36,12 +36,26 @@
 // window over those without, what skipping every masked tile would give: 0.44 at T 16384,
 // W 4096. Where the Hopper kernels run a second line attention_window_mma_sync times the
 // mma.sync ones.)
+//
+// With --fp8 it times each Linear layer of the Llama block (q/k/v, o, gate/up, down) forward,
+// input gradient and weight gradient in bf16 and in FP8 (Blas::Fp8Linear: E4M3 inputs and
+// weights, E5M2 output gradients, per-tensor current scaling), the FP8 side with and without
+// its casts (fp8.h: each tensor's amax, then its cast and transpose: the input and weight
+// once, straight and transposed, the output gradient likewise), then exits:
+//
+//   build/bin/cuda_ops_bench --fp8 [--batch 2 --seq 4096 ...]
+//   BENCH fp8_linear layer=gate_up n=.. k=.. m=.. bf16_ms=.. fp8_gemm_ms=.. fp8_cast_ms=..
+//     gemm_speedup=.. speedup=..
+//   BENCH fp8_block n=.. bf16_ms=.. fp8_ms=.. speedup=..
+//
+// (each _ms the layer's forward + input gradient + weight gradient; speedup counts the casts.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <utility>
@@ -50,6 +64,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "worker/engine/adamw.h"
+#include "worker/engine/cuda/fp8.h"
 #include "worker/engine/cuda/matmul.h"
 #include "worker/engine/cuda/ops.h"
 
@@ -373,6 +388,82 @@ void TimeGptBlock(Timer& timer, cuda::Blas& blas, int b, int t, int c, int nh, s
       block_flops / (timer.block_forward_ms + timer.block_backward_ms) / 1e9);
 }
 
+// One Linear layer (input width k, output width m, n rows) in bf16 against FP8, as the header
+// says; returns {bf16 ms, FP8 ms with casts}.
+std::pair<double, double> TimeFp8Linear(Timer& timer, cuda::Blas& blas, const char* layer, int n,
+                                        int k, int m, std::mt19937& rng) {
+  cudaStream_t stream = timer.stream;
+  using cuda::Fp8Format;
+  bf16* x = RandomBf16(static_cast<size_t>(n) * k, 1.0f, rng);
+  bf16* w = RandomBf16(static_cast<size_t>(m) * k, 0.02f, rng);
+  bf16* dy = RandomBf16(static_cast<size_t>(n) * m, 0.01f, rng);
+  bf16* out = Alloc<bf16>(static_cast<size_t>(n) * m);
+  bf16* dx = Alloc<bf16>(static_cast<size_t>(n) * k);
+  float* dw = ZeroFloats(static_cast<size_t>(m) * k);
+  uint8_t* x8 = Alloc<uint8_t>(static_cast<size_t>(n) * k);
+  uint8_t* x8_t = Alloc<uint8_t>(static_cast<size_t>(n) * k);
+  uint8_t* w8 = Alloc<uint8_t>(static_cast<size_t>(m) * k);
+  uint8_t* w8_t = Alloc<uint8_t>(static_cast<size_t>(m) * k);
+  uint8_t* dy8 = Alloc<uint8_t>(static_cast<size_t>(n) * m);
+  uint8_t* dy8_t = Alloc<uint8_t>(static_cast<size_t>(n) * m);
+  // amax and scale_inv of x, w and dy, each 16-byte aligned (cuBLASLt's scale pointers)
+  float* stats = ZeroFloats(3 * 8);
+  const auto cast = [&](uint8_t* o, uint8_t* o_t, const bf16* src, int rows, int cols,
+                        Fp8Format format, int slot) -> absl::Status {
+    const absl::Status s =
+        cuda::Fp8Amax(stats + 8 * slot, src, static_cast<int64_t>(rows) * cols, stream);
+    if (!s.ok()) return s;
+    return cuda::Fp8Cast(o, o_t, stats + 8 * slot + 4, src, stats + 8 * slot, rows, cols, format,
+                         stream);
+  };
+  const double flops = 2.0 * n * k * m;
+  const std::string name(layer);
+  double bf16_ms = 0, gemm_ms = 0, cast_ms = 0;
+  const auto time = [&](const std::string& op, double* sum, double op_flops,
+                        const std::function<absl::Status()>& fn) {
+    const double ms = timer.Time(fn, op.c_str());
+    *sum += ms;
+    if (op_flops > 0) {
+      std::printf("BENCH cuda_op op=%s ms=%.3f tflops=%.1f\n", op.c_str(), ms, op_flops / ms / 1e9);
+    } else {
+      std::printf("BENCH cuda_op op=%s ms=%.3f\n", op.c_str(), ms);
+    }
+  };
+  time(name + "_fwd", &bf16_ms, flops,
+       [&] { return blas.LinearForward(out, x, w, nullptr, n, k, m, stream); });
+  time(name + "_bwd_input", &bf16_ms, flops,
+       [&] { return blas.LinearBackwardInput(dx, dy, w, n, k, m, stream); });
+  time(name + "_bwd_weight", &bf16_ms, flops,
+       [&] { return blas.LinearBackwardWeight(dw, dy, x, n, k, m, true, stream); });
+  time(name + "_fp8_cast_x_w", &cast_ms, 0, [&]() -> absl::Status {
+    const absl::Status s = cast(x8, x8_t, x, n, k, Fp8Format::kE4M3, 0);
+    return s.ok() ? cast(w8, w8_t, w, m, k, Fp8Format::kE4M3, 1) : s;
+  });
+  time(name + "_fp8_cast_dy", &cast_ms, 0,
+       [&] { return cast(dy8, dy8_t, dy, n, m, Fp8Format::kE5M2, 2); });
+  const cuda::Fp8Operand a_x{x8, Fp8Format::kE4M3, stats + 4};
+  const cuda::Fp8Operand b_w{w8, Fp8Format::kE4M3, stats + 12};
+  const cuda::Fp8Operand a_dy{dy8, Fp8Format::kE5M2, stats + 20};
+  const cuda::Fp8Operand b_w_t{w8_t, Fp8Format::kE4M3, stats + 12};
+  const cuda::Fp8Operand a_dy_t{dy8_t, Fp8Format::kE5M2, stats + 20};
+  const cuda::Fp8Operand b_x_t{x8_t, Fp8Format::kE4M3, stats + 4};
+  time(name + "_fp8_fwd", &gemm_ms, flops,
+       [&] { return blas.Fp8Linear(out, a_x, b_w, nullptr, n, k, m, true, stream); });
+  time(name + "_fp8_bwd_input", &gemm_ms, flops,
+       [&] { return blas.Fp8Linear(dx, a_dy, b_w_t, nullptr, n, m, k, false, stream); });
+  time(name + "_fp8_bwd_weight", &gemm_ms, flops,
+       [&] { return blas.Fp8LinearF32(dw, a_dy_t, b_x_t, m, n, k, true, stream); });
+  std::printf(
+      "BENCH fp8_linear layer=%s n=%d k=%d m=%d bf16_ms=%.3f fp8_gemm_ms=%.3f fp8_cast_ms=%.3f "
+      "gemm_speedup=%.3f speedup=%.3f\n",
+      layer, n, k, m, bf16_ms, gemm_ms, cast_ms, bf16_ms / gemm_ms, bf16_ms / (gemm_ms + cast_ms));
+  for (void* p :
+       std::initializer_list<void*>{x, w, dy, out, dx, dw, x8, x8_t, w8, w8_t, dy8, dy8_t, stats}) {
+    CheckCuda(cudaFree(p), "cudaFree");
+  }
+  return {bf16_ms, gemm_ms + cast_ms};
+}
+
 int main(int argc, char** argv) {
   int b = 2, t = 4096, c = 4096, nh = 32, nkv = 8, inter = 14336, iters = 20;
   size_t optimizer_elems = size_t{256} << 20;
@@ -396,6 +487,8 @@ int main(int argc, char** argv) {
   int window = 0;
   app.add_option("--window", window,
                  "time sliding-window flash attention (W keys) against full causal, then exit");
+  bool fp8 = false;
+  app.add_flag("--fp8", fp8, "time the Llama block's Linear layers in bf16 and FP8, then exit");
   CLI11_PARSE(app, argc, argv);
   if (window < 0) {
     std::fprintf(stderr, "cuda_ops_bench: --window: need W >= 1\n");
@@ -432,6 +525,21 @@ int main(int argc, char** argv) {
   CheckCuda(cudaEventCreate(&timer.begin), "event");
   CheckCuda(cudaEventCreate(&timer.end), "event");
 
+  if (fp8) {
+    double bf16_ms = 0, fp8_ms = 0;
+    const std::pair<const char*, std::pair<int, int>> layers[] = {
+        {"qkv", {c, qkv_w}}, {"out", {c, c}}, {"gate_up", {c, 2 * inter}}, {"down", {inter, c}}};
+    for (const auto& [layer, km] : layers) {
+      const auto [b_ms, f_ms] = TimeFp8Linear(timer, blas, layer, n, km.first, km.second, rng);
+      bf16_ms += b_ms;
+      fp8_ms += f_ms;
+    }
+    std::printf(
+        "BENCH fp8_block n=%d width=%d intermediate=%d bf16_ms=%.3f fp8_ms=%.3f "
+        "speedup=%.3f\n",
+        n, c, inter, bf16_ms, fp8_ms, bf16_ms / fp8_ms);
+    return 0;
+  }
   if (window > 0) {
     TimeWindowAttention(timer, cuda::FlashAttentionKernel::kAuto, "attention_window", b, nh, nkv, t,
                         hs, window, rng);

@@ -23,8 +23,11 @@ if(TARGET weft_engine_cuda)
   weft_test(engine_cuda_llama_ops_test gpu SOURCES worker/engine/cuda/llama_ops_test.cc
     LIBS weft_engine_cuda weft_engine_cpu)
 endif()
-# The compressed all-reduce's GPU encodings against the CPU ones (weft_comm).
+# The compressed all-reduce's GPU encodings against the CPU ones (weft_comm); the FP8 casts
+# and GEMMs against host references.
 if(TARGET weft_model_cuda)
+  weft_test(engine_cuda_fp8_test gpu SOURCES worker/engine/cuda/fp8_test.cc
+    LIBS weft_model_cuda weft_engine_cuda)
   weft_test(engine_cuda_wire_codec_test gpu SOURCES worker/engine/cuda/wire_codec_test.cc
     LIBS weft_model_cuda weft_comm)
 endif()

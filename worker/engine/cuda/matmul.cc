@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <type_traits>
@@ -148,12 +149,14 @@ absl::Status CheckMultipleOf8(const char* op, const char* name, int x) {
 Blas::Blas(const BlasOptions& options) : options_(options) {}
 
 Blas::~Blas() {
-  for (auto& [key, plan] : plans_) {
-    if (plan->desc != nullptr) Api().cublasLtMatmulDescDestroy(plan->desc);
-    if (plan->a != nullptr) Api().cublasLtMatrixLayoutDestroy(plan->a);
-    if (plan->b != nullptr) Api().cublasLtMatrixLayoutDestroy(plan->b);
-    if (plan->d != nullptr) Api().cublasLtMatrixLayoutDestroy(plan->d);
-  }
+  const auto destroy = [](Plan& plan) {
+    if (plan.desc != nullptr) Api().cublasLtMatmulDescDestroy(plan.desc);
+    if (plan.a != nullptr) Api().cublasLtMatrixLayoutDestroy(plan.a);
+    if (plan.b != nullptr) Api().cublasLtMatrixLayoutDestroy(plan.b);
+    if (plan.d != nullptr) Api().cublasLtMatrixLayoutDestroy(plan.d);
+  };
+  for (auto& [key, plan] : plans_) destroy(*plan);
+  for (auto& [key, plan] : fp8_plans_) destroy(*plan);
   if (handle_ != nullptr) Api().cublasDestroy_v2(handle_);
   if (lt_ != nullptr) Api().cublasLtDestroy(lt_);
   if (workspace_ != nullptr) cudaFree(workspace_);
@@ -214,7 +217,16 @@ absl::StatusOr<Blas::Plan*> Blas::GetPlan(const PlanKey& key) {
                                                        trans_b ? k : n, trans_b ? n : k));
   WEFT_BLAS_RETURN_IF_ERROR(
       Api().cublasLtMatrixLayoutCreate(&plan->d, d_fp32 ? CUDA_R_32F : CUDA_R_16BF, m, n, m));
+  WEFT_RETURN_IF_ERROR(ChooseAlgorithm(
+      plan.get(),
+      absl::StrCat("m=", m, " n=", n, " k=", k, d_fp32 ? " fp32" : " bf16", " output, epilogue ",
+                   epilogue_kind, accumulate ? ", accumulating" : "")));
+  Plan* raw = plan.get();
+  plans_.emplace(key, std::move(plan));
+  return raw;
+}
 
+absl::Status Blas::ChooseAlgorithm(Plan* plan, const std::string& what) {
   cublasLtMatmulPreference_t preference = nullptr;
   WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulPreferenceCreate(&preference));
   const size_t workspace = options_.workspace_bytes;
@@ -227,13 +239,56 @@ absl::StatusOr<Blas::Plan*> Blas::GetPlan(const PlanKey& key) {
   Api().cublasLtMatmulPreferenceDestroy(preference);
   WEFT_BLAS_RETURN_IF_ERROR(status);
   if (found == 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "cuBLASLt has no algorithm for m=", m, " n=", n, " k=", k, d_fp32 ? " fp32" : " bf16",
-        " output, epilogue ", epilogue_kind, accumulate ? ", accumulating" : ""));
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for ", what));
   }
   plan->algo = result.algo;
+  return absl::OkStatus();
+}
+
+namespace {
+
+cudaDataType_t Fp8Type(int format) {
+  return static_cast<Fp8Format>(format) == Fp8Format::kE4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+}  // namespace
+
+absl::StatusOr<Blas::Plan*> Blas::GetFp8Plan(const Fp8PlanKey& key) {
+  auto it = fp8_plans_.find(key);
+  if (it != fp8_plans_.end()) return it->second.get();
+  const auto [a_format, b_format, m, n, k, d_fp32, bias, accumulate, fast_accum] = key;
+  auto plan = std::make_unique<Plan>();
+  WEFT_BLAS_RETURN_IF_ERROR(
+      Api().cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_a = CUBLAS_OP_T;
+  const cublasOperation_t op_b = CUBLAS_OP_N;
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+      plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+      plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  const int8_t fast = fast_accum ? 1 : 0;
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+      plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  if (bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    const cudaDataType_t bias_type = CUDA_R_16BF;
+    WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+  }
+  // Column-major: A stored (k, m) and transposed, B stored (k, n), D (m, n).
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatrixLayoutCreate(&plan->a, Fp8Type(a_format), k, m, k));
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatrixLayoutCreate(&plan->b, Fp8Type(b_format), k, n, k));
+  WEFT_BLAS_RETURN_IF_ERROR(
+      Api().cublasLtMatrixLayoutCreate(&plan->d, d_fp32 ? CUDA_R_32F : CUDA_R_16BF, m, n, m));
+  WEFT_RETURN_IF_ERROR(ChooseAlgorithm(
+      plan.get(), absl::StrCat("FP8 ", Fp8FormatName(static_cast<Fp8Format>(a_format)), " x ",
+                               Fp8FormatName(static_cast<Fp8Format>(b_format)), " m=", m, " n=", n,
+                               " k=", k, d_fp32 ? " fp32" : " bf16", " output",
+                               bias ? ", bias" : "", accumulate ? ", accumulating" : "")));
   Plan* raw = plan.get();
-  plans_.emplace(key, std::move(plan));
+  fp8_plans_.emplace(key, std::move(plan));
   return raw;
 }
 
@@ -317,6 +372,73 @@ absl::Status Blas::LinearBackwardWeight(float* dweight, const bf16* dout, const 
   // dweight^T (C, OC) (+)= inp^T (C, N) x dout (N, OC).
   return LtMatmul({false, true, c, oc, n, true, kPlain, accumulate}, dweight, inp, dout, nullptr,
                   stream);
+}
+
+absl::Status Blas::Fp8Matmul(const char* op, void* d, bool d_fp32, const Fp8Operand& a,
+                             const Fp8Operand& b, const bf16* bias, int n, int k, int m,
+                             bool accumulate, bool fast_accum, cudaStream_t stream) {
+  WEFT_RETURN_IF_ERROR(CheckLinear(op, "out, a, b and their scale_inv",
+                                   {d, a.data, b.data, a.scale_inv, b.scale_inv}, n, k, m));
+  for (const auto& [name, x] : {std::pair<const char*, int>{"n", n}, {"k", k}, {"m", m}}) {
+    if (x % 16 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": ", name, " = ", x, " must be a multiple of 16 (FP8 GEMMs)"));
+    }
+  }
+  for (const auto& [name, p] : {std::pair<const char*, const void*>{"a.scale_inv", a.scale_inv},
+                                {"b.scale_inv", b.scale_inv}}) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": ", name, " is not 16-byte aligned (cuBLASLt refuses such scale pointers)"));
+    }
+  }
+  if (a.format == Fp8Format::kE5M2 && b.format == Fp8Format::kE5M2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": a and b are both E5M2 (cuBLASLt has no E5M2 x E5M2 kernel)"));
+  }
+  if (fp8_capable_ < 0) {
+    int device = 0, major = 0, minor = 0;
+    WEFT_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    fp8_capable_ = major * 10 + minor >= 89 ? 1 : 0;
+  }
+  if (fp8_capable_ == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        op, ": FP8 GEMMs need compute capability 8.9 or later (Ada, Hopper, Blackwell)"));
+  }
+  // Column-major: D (M, N) = A^T B with A = b stored (K, M), B = a stored (K, N).
+  absl::StatusOr<Plan*> plan =
+      GetFp8Plan({static_cast<int>(b.format), static_cast<int>(a.format), m, n, k, d_fp32,
+                  bias != nullptr, accumulate, fast_accum});
+  if (!plan.ok()) return plan.status();
+  cublasLtMatmulDesc_t desc = (*plan)->desc;
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+      desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b.scale_inv, sizeof(b.scale_inv)));
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+      desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a.scale_inv, sizeof(a.scale_inv)));
+  if (bias != nullptr) {
+    WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  const float alpha = 1.0f;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmul(
+      lt_, desc, &alpha, b.data, (*plan)->a, a.data, (*plan)->b, &beta, d, (*plan)->d, d,
+      (*plan)->d, &(*plan)->algo, workspace_, options_.workspace_bytes, stream));
+  return absl::OkStatus();
+}
+
+absl::Status Blas::Fp8Linear(bf16* out, const Fp8Operand& a, const Fp8Operand& b, const bf16* bias,
+                             int n, int k, int m, bool fast_accum, cudaStream_t stream) {
+  return Fp8Matmul("Fp8Linear", out, false, a, b, bias, n, k, m, false, fast_accum, stream);
+}
+
+absl::Status Blas::Fp8LinearF32(float* out, const Fp8Operand& a, const Fp8Operand& b, int n, int k,
+                                int m, bool accumulate, cudaStream_t stream) {
+  return Fp8Matmul("Fp8LinearF32", out, true, a, b, nullptr, n, k, m, accumulate, false, stream);
 }
 
 absl::Status Blas::Batched(bool trans_a, bool trans_b, int m, int n, int k, const bf16* a,

@@ -20,14 +20,26 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/engine/cuda/fp8.h"
 
 namespace weft::engine::cuda {
 
 using bf16 = __nv_bfloat16;
+
+// One FP8 operand of an FP8 GEMM: row-major with the contraction dimension K contiguous
+// (K-major, what Hopper's FP8 kernels take), in `format`, and the device float that
+// dequantizes it (an element stands for its value times *scale_inv; fp8.h's Fp8Cast writes it),
+// 16-byte aligned.
+struct Fp8Operand {
+  const uint8_t* data = nullptr;
+  Fp8Format format = Fp8Format::kE4M3;
+  const float* scale_inv = nullptr;
+};
 
 struct BlasOptions {
   // cuBLASLt workspace; 32 MiB is what cuBLAS recommends for Hopper.
@@ -69,6 +81,20 @@ class Blas {
   absl::Status LinearBackwardWeight(float* dweight, const bf16* dout, const bf16* inp, int n,
                                     int c, int oc, bool accumulate, cudaStream_t stream);
 
+  // FP8 GEMMs (compute capability 8.9 and later; elsewhere FAILED_PRECONDITION): fp32
+  // accumulation of the FP8 products, multiplied by both operands' scale_inv.
+  //   out (N, M) = a (N, K) @ b (M, K)^T  (+ bias (M) when not null), rounded to bf16, written.
+  // The forward is a = the input, b = the weight; the input gradient a = the output gradient,
+  // b = the weight transposed; the weight gradient (Fp8LinearF32) a = the output gradient
+  // transposed, b = the input transposed. Not both E5M2 (cuBLASLt has no such kernel).
+  // N, K and M multiples of 16. fast_accum: Hopper's faster FP8 accumulation, which rounds
+  // partial sums more often (what Transformer Engine uses for the forward, not the gradients).
+  absl::Status Fp8Linear(bf16* out, const Fp8Operand& a, const Fp8Operand& b, const bf16* bias,
+                         int n, int k, int m, bool fast_accum, cudaStream_t stream);
+  //   out (N, M) (+)= a (N, K) @ b (M, K)^T in fp32 (= when !accumulate): weight gradients.
+  absl::Status Fp8LinearF32(float* out, const Fp8Operand& a, const Fp8Operand& b, int n, int k,
+                            int m, bool accumulate, cudaStream_t stream);
+
   // Attention GEMMs over `batch` = B * NH independent heads; q, k, v, dy, dq, dk, dv are
   // (batch, T, HS), att and datt (batch, T, T), all bf16 with fp32 accumulation. `alpha`
   // scales the product; every output is written (=).
@@ -92,9 +118,19 @@ class Blas {
   enum Epilogue : int { kPlain, kBias, kGeluAuxBias, kDGelu };
   // (trans_a, trans_b, m, n, k, d_is_fp32, epilogue, accumulate)
   using PlanKey = std::tuple<bool, bool, int, int, int, bool, int, bool>;
+  // FP8, always "TN" (A transposed, B not): (A's format, B's format, m, n, k, d_is_fp32,
+  // bias, accumulate, fast_accum)
+  using Fp8PlanKey = std::tuple<int, int, int, int, int, bool, bool, bool, bool>;
 
   explicit Blas(const BlasOptions& options);
   absl::StatusOr<Plan*> GetPlan(const PlanKey& key);
+  absl::StatusOr<Plan*> GetFp8Plan(const Fp8PlanKey& key);
+  // The algorithm for a plan's descriptors (the heuristic's first), or UNIMPLEMENTED with
+  // `what` where cuBLASLt has none.
+  absl::Status ChooseAlgorithm(Plan* plan, const std::string& what);
+  absl::Status Fp8Matmul(const char* op, void* d, bool d_fp32, const Fp8Operand& a,
+                         const Fp8Operand& b, const bf16* bias, int n, int k, int m,
+                         bool accumulate, bool fast_accum, cudaStream_t stream);
   // Column-major D (m, n) = op(A) op(B) [+ bias (m)] [+ C when accumulate].
   // `aux`: the GELU epilogues' pre-activation (written by kGeluAuxBias, read by kDGelu),
   // column-major (m, n) like D. `c`: C, laid out as D; null: D itself.
@@ -110,6 +146,8 @@ class Blas {
   cublasHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::map<PlanKey, std::unique_ptr<Plan>> plans_;
+  std::map<Fp8PlanKey, std::unique_ptr<Plan>> fp8_plans_;
+  int fp8_capable_ = -1;  // -1: not asked yet; 0: below compute capability 8.9; 1: FP8 GEMMs
 };
 
 }  // namespace weft::engine::cuda
