@@ -36,6 +36,43 @@ __device__ inline float WarpMax(float x) {
   return x;
 }
 
+// s = max_finite / amax: 1 for amax 0, NaN for an amax that is not finite.
+__device__ inline float ScaleOf(float amax, float max_finite) {
+  if (!isfinite(amax)) return __int_as_float(0x7fc00000);
+  return amax > 0.0f ? max_finite / amax : 1.0f;
+}
+
+constexpr int kTile = 64;
+// Bytes a staged row. A warp's byte stores for one column j of its 4 rows x 8 vectors hit the
+// rows c + j of 8 vectors 8 columns apart: with 68 bytes a row they fall in 4 banks (2 ways),
+// with 64 or 80 in one (8 ways). Rows are then 4-byte aligned, so the transposed rows are read
+// as 4 words.
+constexpr int kTileStride = kTile + 4;
+
+// The block's maximum of m (its NaN flag folded in as a quiet NaN's bits), offered to
+// *amax_bits; every thread of the block calls it (it holds barriers).
+__device__ inline void OfferBlockMax(unsigned int* amax_bits, float m, bool nan) {
+  m = WarpMax(m);
+  nan = __any_sync(0xffffffffu, nan);
+  __shared__ float warp_max[internal::kBlockSize / kWarpSize];
+  __shared__ int any_nan;
+  if (threadIdx.x == 0) any_nan = 0;
+  __syncthreads();
+  if (threadIdx.x % kWarpSize == 0) {
+    warp_max[threadIdx.x / kWarpSize] = m;
+    if (nan) any_nan = 1;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float block = 0.0f;
+    for (int w = 0; w < static_cast<int>(blockDim.x) / kWarpSize; ++w) {
+      block = fmaxf(block, warp_max[w]);
+    }
+    // A quiet NaN's bits (0x7fc00000) exceed every finite float's and infinity's.
+    atomicMax(amax_bits, any_nan ? 0x7fc00000u : __float_as_uint(block));
+  }
+}
+
 // fmaxf returns the other operand where one is NaN, so a NaN is carried as a flag beside the
 // maximum and the block then offers a quiet NaN's bits.
 __global__ void AmaxKernel(unsigned int* __restrict__ amax_bits,  // one float's bits, |x| max
@@ -53,43 +90,16 @@ __global__ void AmaxKernel(unsigned int* __restrict__ amax_bits,  // one float's
       m = fmaxf(m, fabsf(v[k]));
     }
   }
-  m = WarpMax(m);
-  nan = __any_sync(0xffffffffu, nan);
-  __shared__ float warp_max[internal::kBlockSize / kWarpSize];
-  __shared__ int any_nan;
-  if (threadIdx.x == 0) any_nan = 0;
-  __syncthreads();
-  const int warp = threadIdx.x / kWarpSize;
-  if (threadIdx.x % kWarpSize == 0) {
-    warp_max[warp] = m;
-    if (nan) any_nan = 1;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float block = 0.0f;
-    for (int w = 0; w < static_cast<int>(blockDim.x) / kWarpSize; ++w) {
-      block = fmaxf(block, warp_max[w]);
-    }
-    // A quiet NaN's bits (0x7fc00000) exceed every finite float's and infinity's.
-    atomicMax(amax_bits, any_nan ? 0x7fc00000u : __float_as_uint(block));
-  }
+  OfferBlockMax(amax_bits, m, nan);
 }
-
-// s = max_finite / amax: 1 for amax 0, NaN for an amax that is not finite.
-__device__ inline float ScaleOf(float amax, float max_finite) {
-  if (!isfinite(amax)) return __int_as_float(0x7fc00000);
-  return amax > 0.0f ? max_finite / amax : 1.0f;
-}
-
-constexpr int kTile = 64;
-constexpr int kTileStride = kTile + 16;  // bytes a staged row: 16-byte aligned rows
 
 template <__nv_fp8_interpretation_t kFormat>
 __global__ void __launch_bounds__(internal::kBlockSize)
-    CastKernel(uint8_t* __restrict__ out,      // (rows, cols) or null
-               uint8_t* __restrict__ out_t,    // (cols, rows) or null
-               float* __restrict__ scale_inv,  // one float or null
-               const bf16* __restrict__ x,     // (rows, cols)
+    CastKernel(uint8_t* __restrict__ out,            // (rows, cols) or null
+               uint8_t* __restrict__ out_t,          // (cols, rows) or null
+               float* __restrict__ scale_inv,        // one float or null
+               unsigned int* __restrict__ amax_out,  // x's amax bits, or null
+               const bf16* __restrict__ x,           // (rows, cols)
                const float* __restrict__ amax, int rows, int cols, float max_finite) {
   __shared__ __align__(16) uint8_t staged[kTile * kTileStride];  // [col][row] of the tile
   const float s = ScaleOf(*amax, max_finite);
@@ -99,6 +109,8 @@ __global__ void __launch_bounds__(internal::kBlockSize)
   const int r0 = blockIdx.y * kTile;
   const int c0 = blockIdx.x * kTile;
   constexpr int kRowVecs = kTile / kVec;  // 8 vectors a tile row
+  float m = 0.0f;
+  bool nan = false;
 #pragma unroll
   for (int k = 0; k < kTile * kRowVecs / internal::kBlockSize; ++k) {
     const int v = threadIdx.x + k * internal::kBlockSize;
@@ -112,6 +124,10 @@ __global__ void __launch_bounds__(internal::kBlockSize)
     uint8_t b[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; j += 2) {
+      if (amax_out != nullptr) {
+        nan |= isnan(f[j]) || isnan(f[j + 1]);
+        m = fmaxf(m, fmaxf(fabsf(f[j]), fabsf(f[j + 1])));
+      }
       const __nv_fp8x2_storage_t pair =
           __nv_cvt_float2_to_fp8x2(make_float2(f[j] * s, f[j + 1] * s), __NV_SATFINITE, kFormat);
       b[j] = static_cast<uint8_t>(pair & 0xff);
@@ -128,14 +144,16 @@ __global__ void __launch_bounds__(internal::kBlockSize)
       for (int j = 0; j < kVec; ++j) staged[(c + j) * kTileStride + r] = b[j];
     }
   }
+  if (amax_out != nullptr) OfferBlockMax(amax_out, m, nan);
   if (out_t == nullptr) return;
   __syncthreads();
   // A transposed row (a tile column) is 64 bytes: 4 threads write 16 each.
   const int c = threadIdx.x / 4;
   const int r = (threadIdx.x % 4) * 16;
   if (c0 + c >= cols || r0 + r >= rows) return;
+  const uint32_t* from = reinterpret_cast<const uint32_t*>(staged + c * kTileStride + r);
   *reinterpret_cast<uint4*>(out_t + static_cast<size_t>(c0 + c) * rows + r0 + r) =
-      *reinterpret_cast<const uint4*>(staged + c * kTileStride + r);
+      make_uint4(from[0], from[1], from[2], from[3]);
 }
 
 absl::Status CheckMultipleOf16(int64_t x, const char* op, const char* arg) {
@@ -162,7 +180,8 @@ absl::Status Fp8Amax(float* amax, const bf16* x, int64_t n, cudaStream_t stream)
 }
 
 absl::Status Fp8Cast(uint8_t* out, uint8_t* out_t, float* scale_inv, const bf16* x,
-                     const float* amax, int rows, int cols, Fp8Format format, cudaStream_t stream) {
+                     const float* amax, int rows, int cols, Fp8Format format, cudaStream_t stream,
+                     float* amax_out) {
   constexpr const char* kOp = "Fp8Cast";
   WEFT_BF16_RETURN_IF_ERROR(CheckMultipleOf16(rows, kOp, "rows"));
   WEFT_BF16_RETURN_IF_ERROR(CheckMultipleOf16(cols, kOp, "cols"));
@@ -177,13 +196,21 @@ absl::Status Fp8Cast(uint8_t* out, uint8_t* out_t, float* scale_inv, const bf16*
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": rows = ", rows, " beyond ", 65535 * kTile));
   }
+  if (amax_out != nullptr && (amax_out == amax || amax_out == scale_inv)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": amax_out must be apart from amax and scale_inv"));
+  }
+  if (amax_out != nullptr) {
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(amax_out, 0, sizeof(float), stream));
+  }
+  unsigned int* amax_bits = reinterpret_cast<unsigned int*>(amax_out);
   const dim3 grid((cols + kTile - 1) / kTile, (rows + kTile - 1) / kTile);
   const float max_finite = Fp8MaxFinite(format);
   return format == Fp8Format::kE4M3
              ? internal::Launch(CastKernel<__NV_E4M3>, grid, internal::kBlockSize, 0, stream, out,
-                                out_t, scale_inv, x, amax, rows, cols, max_finite)
+                                out_t, scale_inv, amax_bits, x, amax, rows, cols, max_finite)
              : internal::Launch(CastKernel<__NV_E5M2>, grid, internal::kBlockSize, 0, stream, out,
-                                out_t, scale_inv, x, amax, rows, cols, max_finite);
+                                out_t, scale_inv, amax_bits, x, amax, rows, cols, max_finite);
 }
 
 }  // namespace weft::engine::cuda

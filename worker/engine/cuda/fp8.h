@@ -8,12 +8,17 @@
 // largest |x| lands on the format's largest finite value; nothing saturates unless amax was
 // computed from other data than x.
 //
+// Delayed scaling takes s from an amax of earlier steps (a history's maximum) instead of x's
+// own, so the cast needs no pass of its own over x first: Fp8Cast then also reduces x's amax
+// (amax_out) for the history, in the same pass. Values beyond the stale amax saturate.
+//
 // On Hopper the FP8 GEMMs take both operands K-major (row-major with the contraction dimension
 // contiguous), so a Linear layer's backward needs its operands transposed too: Fp8Cast writes
 // the cast tensor, its transpose, or both in one pass (one read of x).
 //
 // Contracts:
-//  - Fp8Amax WRITES (=) one device float; Fp8Cast writes (=) its outputs and *scale_inv.
+//  - Fp8Amax WRITES (=) one device float; Fp8Cast writes (=) its outputs, *scale_inv and
+//    *amax_out.
 //  - Both run on `stream` only (the amax is zeroed there first); nothing is synchronized.
 //  - rows and cols multiples of 16 (the FP8 GEMMs' alignment; every Linear shape Weft builds
 //    meets it), pointers 16-byte aligned.
@@ -44,12 +49,15 @@ const char* Fp8FormatName(Fp8Format format);
 // any element is NaN.
 absl::Status Fp8Amax(float* amax, const bf16* x, int64_t n, cudaStream_t stream);
 
-// From x (rows, cols) bf16 and its amax (device float, as Fp8Amax wrote):
+// From x (rows, cols) bf16 and an amax (device float: x's own as Fp8Amax wrote it, or a
+// history's for delayed scaling), s = max_finite / *amax:
 //   out   (rows, cols) = cast(x * s)          when not null
 //   out_t (cols, rows) = cast(x * s)^T        when not null (not both null)
 //   *scale_inv (device float) = 1 / s         when not null
+//   *amax_out (device float) = x's amax       when not null (apart from amax and scale_inv)
 absl::Status Fp8Cast(uint8_t* out, uint8_t* out_t, float* scale_inv, const bf16* x,
-                     const float* amax, int rows, int cols, Fp8Format format, cudaStream_t stream);
+                     const float* amax, int rows, int cols, Fp8Format format, cudaStream_t stream,
+                     float* amax_out = nullptr);
 
 }  // namespace weft::engine::cuda
 

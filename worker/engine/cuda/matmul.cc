@@ -376,7 +376,7 @@ absl::Status Blas::LinearBackwardWeight(float* dweight, const bf16* dout, const 
 
 absl::Status Blas::Fp8Matmul(const char* op, void* d, bool d_fp32, const Fp8Operand& a,
                              const Fp8Operand& b, const bf16* bias, int n, int k, int m,
-                             bool accumulate, bool fast_accum, cudaStream_t stream) {
+                             bool accumulate, bool fast_accum, cudaStream_t stream, const void* c) {
   WEFT_RETURN_IF_ERROR(CheckLinear(op, "out, a, b and their scale_inv",
                                    {d, a.data, b.data, a.scale_inv, b.scale_inv}, n, k, m));
   for (const auto& [name, x] : {std::pair<const char*, int>{"n", n}, {"k", k}, {"m", m}}) {
@@ -426,14 +426,16 @@ absl::Status Blas::Fp8Matmul(const char* op, void* d, bool d_fp32, const Fp8Oper
   const float alpha = 1.0f;
   const float beta = accumulate ? 1.0f : 0.0f;
   WEFT_BLAS_RETURN_IF_ERROR(Api().cublasLtMatmul(
-      lt_, desc, &alpha, b.data, (*plan)->a, a.data, (*plan)->b, &beta, d, (*plan)->d, d,
-      (*plan)->d, &(*plan)->algo, workspace_, options_.workspace_bytes, stream));
+      lt_, desc, &alpha, b.data, (*plan)->a, a.data, (*plan)->b, &beta, c != nullptr ? c : d,
+      (*plan)->d, d, (*plan)->d, &(*plan)->algo, workspace_, options_.workspace_bytes, stream));
   return absl::OkStatus();
 }
 
 absl::Status Blas::Fp8Linear(bf16* out, const Fp8Operand& a, const Fp8Operand& b, const bf16* bias,
-                             int n, int k, int m, bool fast_accum, cudaStream_t stream) {
-  return Fp8Matmul("Fp8Linear", out, false, a, b, bias, n, k, m, false, fast_accum, stream);
+                             const bf16* residual, int n, int k, int m, bool fast_accum,
+                             cudaStream_t stream) {
+  return Fp8Matmul("Fp8Linear", out, false, a, b, bias, n, k, m, residual != nullptr, fast_accum,
+                   stream, residual);
 }
 
 absl::Status Blas::Fp8LinearF32(float* out, const Fp8Operand& a, const Fp8Operand& b, int n, int k,

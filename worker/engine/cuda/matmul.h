@@ -83,14 +83,17 @@ class Blas {
 
   // FP8 GEMMs (compute capability 8.9 and later; elsewhere FAILED_PRECONDITION): fp32
   // accumulation of the FP8 products, multiplied by both operands' scale_inv.
-  //   out (N, M) = a (N, K) @ b (M, K)^T  (+ bias (M) when not null), rounded to bf16, written.
+  //   out (N, M) = a (N, K) @ b (M, K)^T  (+ bias (M) when not null) (+ residual (N, M) when
+  //   not null: a projection back into the residual stream, as LinearForwardResidual; it may
+  //   be out itself), rounded to bf16 once, written.
   // The forward is a = the input, b = the weight; the input gradient a = the output gradient,
   // b = the weight transposed; the weight gradient (Fp8LinearF32) a = the output gradient
   // transposed, b = the input transposed. Not both E5M2 (cuBLASLt has no such kernel).
   // N, K and M multiples of 16. fast_accum: Hopper's faster FP8 accumulation, which rounds
   // partial sums more often (what Transformer Engine uses for the forward, not the gradients).
   absl::Status Fp8Linear(bf16* out, const Fp8Operand& a, const Fp8Operand& b, const bf16* bias,
-                         int n, int k, int m, bool fast_accum, cudaStream_t stream);
+                         const bf16* residual, int n, int k, int m, bool fast_accum,
+                         cudaStream_t stream);
   //   out (N, M) (+)= a (N, K) @ b (M, K)^T in fp32 (= when !accumulate): weight gradients.
   absl::Status Fp8LinearF32(float* out, const Fp8Operand& a, const Fp8Operand& b, int n, int k,
                             int m, bool accumulate, cudaStream_t stream);
@@ -128,9 +131,11 @@ class Blas {
   // The algorithm for a plan's descriptors (the heuristic's first), or UNIMPLEMENTED with
   // `what` where cuBLASLt has none.
   absl::Status ChooseAlgorithm(Plan* plan, const std::string& what);
+  // D = a b^T (+ bias) (+ C when accumulate; c null: D itself).
   absl::Status Fp8Matmul(const char* op, void* d, bool d_fp32, const Fp8Operand& a,
                          const Fp8Operand& b, const bf16* bias, int n, int k, int m,
-                         bool accumulate, bool fast_accum, cudaStream_t stream);
+                         bool accumulate, bool fast_accum, cudaStream_t stream,
+                         const void* c = nullptr);
   // Column-major D (m, n) = op(A) op(B) [+ bias (m)] [+ C when accumulate].
   // `aux`: the GELU epilogues' pre-activation (written by kGeluAuxBias, read by kDGelu),
   // column-major (m, n) like D. `c`: C, laid out as D; null: D itself.

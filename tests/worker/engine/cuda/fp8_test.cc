@@ -1,13 +1,16 @@
 // The FP8 casts (fp8.h) and GEMMs (Blas::Fp8Linear, Fp8LinearF32) against host references:
-//  - Fp8Amax is the exact maximum of |x|, NaN if x holds one, and 0 for zeros.
+//  - Fp8Amax is the exact maximum of |x|, NaN if x holds one, and 0 for zeros; Fp8Cast's own
+//    (delayed scaling: the cast from another amax, saturating beyond it) is the same.
 //  - Fp8Cast is bit for bit the host's cast: x * s rounded to the nearest FP8 value (ties to
 //    the even code), saturating at the largest finite one, with s = max_finite / amax computed
 //    on the host; scale_inv is exactly 1 / s; the transpose is the cast's transpose, byte for
 //    byte; zeros give s = 1 and all-zero codes; bad shapes are refused naming the argument.
 //  - The GEMMs match a double-precision product of the decoded FP8 operands times the host's
-//    scale_inv (bf16 output: to bf16 rounding; fp32 output: to fp32 accumulation), with a bias,
-//    accumulating, for E4M3 x E4M3 and either operand E5M2; and the whole path (amax, cast,
-//    GEMM) stays within FP8's quantization error of the bf16 GEMM of the same inputs.
+//    scale_inv (bf16 output: to bf16 rounding and the tensor cores' FP8 accumulation; fp32
+//    output: to that accumulation), with a bias and a residual, accumulating, for E4M3 x E4M3 and
+//    either operand E5M2; and the whole path (amax, cast, GEMM) stays within FP8's quantization
+//    error of the bf16 GEMM of the same inputs.
+//  - Fp8Linears, the FP8 Linear layers built on them, follows Blas's bf16 ones (its test).
 // Label gpu: skips without a GPU; the GEMMs skip below compute capability 8.9.
 #include "worker/engine/cuda/fp8.h"
 
@@ -23,6 +26,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/worker/engine/cuda/cuda_test_util.h"
+#include "worker/engine/cuda/fp8_linear.h"
 #include "worker/engine/cuda/matmul.h"
 
 namespace weft::engine::cuda {
@@ -168,6 +172,37 @@ TEST_F(Fp8Test, CastIsTheHostsCastAndItsTranspose) {
   }
 }
 
+// Delayed scaling: the cast takes an amax from elsewhere (here half x's own, as a history from
+// smaller steps would give) and reduces x's own in the same pass.
+TEST_F(Fp8Test, CastWithAnotherAmaxSaturatesAndReducesItsOwn) {
+  const int rows = 64, cols = 96;
+  std::mt19937 rng(19);
+  const std::vector<uint16_t> x = RandomBf16Bits(static_cast<size_t>(rows) * cols, 3.0f, rng);
+  const float own = HostAmax(x);
+  DeviceBuffer<uint16_t> d_x(x);
+  DeviceBuffer<float> d_stale(std::vector<float>{own / 2});
+  DeviceBuffer<float> d_scale_inv(std::vector<float>{-1.0f});
+  DeviceBuffer<float> d_amax_out(std::vector<float>{-1.0f});
+  DeviceBuffer<uint8_t> d_out(std::vector<uint8_t>(x.size(), 0xAA));
+  const absl::Status s = Fp8Cast(d_out.get(), nullptr, d_scale_inv.get(), d_x.bf16(), d_stale.get(),
+                                 rows, cols, Fp8Format::kE4M3, stream_, d_amax_out.get());
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(d_amax_out.ToHostOn(stream_)[0], own);
+  const float scale = HostScale(own / 2, Fp8Format::kE4M3);
+  EXPECT_EQ(d_scale_inv.ToHostOn(stream_)[0], 1.0f / scale);
+  const std::vector<uint8_t> out = d_out.ToHostOn(stream_);
+  int saturated = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(out[i], Encode(FromBf16Bits(x[i]) * scale, Fp8Format::kE4M3)) << "element " << i;
+    saturated += std::fabs(Decode(out[i], Fp8Format::kE4M3)) == 448.0;
+  }
+  EXPECT_GT(saturated, 1);  // what lay beyond the stale amax
+  EXPECT_EQ(Fp8Cast(d_out.get(), nullptr, d_scale_inv.get(), d_x.bf16(), d_stale.get(), rows, cols,
+                    Fp8Format::kE4M3, stream_, d_stale.get())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(Fp8Test, ZerosCastToZeroWithUnitScale) {
   const Cast cast = DeviceCast(std::vector<uint16_t>(32 * 32, 0), 32, 32, Fp8Format::kE4M3);
   EXPECT_EQ(cast.scale_inv, 1.0f);
@@ -209,6 +244,8 @@ TEST_P(Fp8GemmTest, MatchesTheDecodedProduct) {
   const std::vector<uint16_t> a = RandomBf16Bits(static_cast<size_t>(g.n) * g.k, 2.0f, rng);
   const std::vector<uint16_t> b = RandomBf16Bits(static_cast<size_t>(g.m) * g.k, 0.05f, rng);
   const std::vector<uint16_t> bias = RandomBf16Bits(g.m, 1.0f, rng);
+  // With the bias, a residual too (the output projections' epilogue).
+  const std::vector<uint16_t> residual = RandomBf16Bits(static_cast<size_t>(g.n) * g.m, 1.0f, rng);
   const Cast ca = DeviceCast(a, g.n, g.k, g.a_format);
   const Cast cb = DeviceCast(b, g.m, g.k, g.b_format);
   const double a_inv = 1.0 / HostScale(HostAmax(a), g.a_format);
@@ -225,7 +262,9 @@ TEST_P(Fp8GemmTest, MatchesTheDecodedProduct) {
         full += static_cast<double>(FromBf16Bits(a[static_cast<size_t>(i) * g.k + p])) *
                 FromBf16Bits(b[static_cast<size_t>(j) * g.k + p]);
       }
-      const double add = g.bias ? FromBf16Bits(bias[j]) : 0.0;
+      const double add =
+          g.bias ? FromBf16Bits(bias[j]) + FromBf16Bits(residual[static_cast<size_t>(i) * g.m + j])
+                 : 0.0;
       ref[static_cast<size_t>(i) * g.m + j] = acc * a_inv * b_inv + add;
       exact[static_cast<size_t>(i) * g.m + j] = full + add;
       ref_ss += acc * a_inv * b_inv * acc * a_inv * b_inv;
@@ -237,13 +276,15 @@ TEST_P(Fp8GemmTest, MatchesTheDecodedProduct) {
   DeviceBuffer<float> d_a_inv(std::vector<float>{ca.scale_inv});
   DeviceBuffer<float> d_b_inv(std::vector<float>{cb.scale_inv});
   DeviceBuffer<uint16_t> d_bias(bias);
+  DeviceBuffer<uint16_t> d_residual(residual);
   const Fp8Operand op_a{d_a.get(), g.a_format, d_a_inv.get()};
   const Fp8Operand op_b{d_b.get(), g.b_format, d_b_inv.get()};
 
   // bf16 output, written over garbage.
   DeviceBuffer<uint16_t> d_out(std::vector<uint16_t>(ref.size(), test_util::kGarbageBits));
   absl::Status s = (*blas)->Fp8Linear(d_out.bf16(), op_a, op_b, g.bias ? d_bias.bf16() : nullptr,
-                                      g.n, g.k, g.m, g.fast_accum, stream_);
+                                      g.bias ? d_residual.bf16() : nullptr, g.n, g.k, g.m,
+                                      g.fast_accum, stream_);
   ASSERT_TRUE(s.ok()) << s;
   const std::vector<uint16_t> out = d_out.ToHostOn(stream_);
   double worst = 0, err_ss = 0, exact_ss = 0, max_err = 0;
@@ -311,18 +352,117 @@ TEST_F(Fp8Test, GemmRefusesWhatCuBlasLtCannotRun) {
   DeviceBuffer<uint16_t> out(std::vector<uint16_t>(64 * 64, 0));
   const Fp8Operand e4{a.get(), Fp8Format::kE4M3, inv.get()};
   const Fp8Operand e5{a.get(), Fp8Format::kE5M2, inv.get()};
-  absl::Status s = (*blas)->Fp8Linear(out.bf16(), e5, e5, nullptr, 64, 64, 64, false, stream_);
+  absl::Status s =
+      (*blas)->Fp8Linear(out.bf16(), e5, e5, nullptr, nullptr, 64, 64, 64, false, stream_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("both E5M2"), std::string::npos) << s;
-  s = (*blas)->Fp8Linear(out.bf16(), e4, e4, nullptr, 64, 40, 64, false, stream_);
+  s = (*blas)->Fp8Linear(out.bf16(), e4, e4, nullptr, nullptr, 64, 40, 64, false, stream_);
   EXPECT_NE(s.message().find("k = 40"), std::string::npos) << s;
   const Fp8Operand unscaled{a.get(), Fp8Format::kE4M3, nullptr};
-  s = (*blas)->Fp8Linear(out.bf16(), e4, unscaled, nullptr, 64, 64, 64, false, stream_);
+  s = (*blas)->Fp8Linear(out.bf16(), e4, unscaled, nullptr, nullptr, 64, 64, 64, false, stream_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   DeviceBuffer<float> invs(std::vector<float>(8, 1.0f));
   const Fp8Operand misaligned{a.get(), Fp8Format::kE4M3, invs.get() + 1};
-  s = (*blas)->Fp8Linear(out.bf16(), e4, misaligned, nullptr, 64, 64, 64, false, stream_);
+  s = (*blas)->Fp8Linear(out.bf16(), e4, misaligned, nullptr, nullptr, 64, 64, 64, false, stream_);
   EXPECT_NE(s.message().find("b.scale_inv is not 16-byte aligned"), std::string::npos) << s;
+}
+
+// Fp8Linears (fp8_linear.h), the FP8 path a model's Linear layers take, against Blas's bf16
+// ones on the same inputs: within FP8's quantization error, forward (bias and residual in the
+// epilogue) and backward (the weight gradient accumulated, the input gradient written), the
+// same bits when the input gradient is written over the input, and shapes beyond its scratch
+// refused.
+class Fp8LinearsTest : public Fp8Test {
+ protected:
+  // ||x - y|| / ||y - base||, base null for 0: the relative rms error of x against y's part
+  // past base.
+  template <typename T>
+  static double RelError(const std::vector<T>& x, const std::vector<T>& y,
+                         const std::vector<T>* base = nullptr) {
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double a = Value(x[i]), b = Value(y[i]), o = base == nullptr ? 0 : Value((*base)[i]);
+      err += (a - b) * (a - b);
+      ref += (b - o) * (b - o);
+    }
+    return std::sqrt(err / ref);
+  }
+  static double Value(uint16_t bits) { return FromBf16Bits(bits); }
+  static double Value(float x) { return x; }
+};
+
+TEST_F(Fp8LinearsTest, FollowsTheBf16LinearsWithinFp8Error) {
+  if (!Fp8Gemms()) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9";
+  absl::StatusOr<std::unique_ptr<Blas>> blas = Blas::Create();
+  ASSERT_TRUE(blas.ok()) << blas.status();
+  const int n = 96, c = 128, oc = 80;
+  DeviceBuffer<char> scratch_mem(
+      std::vector<char>(Fp8LinearScratch::Bytes(128, 160, size_t{160} * 128)));
+  Fp8Linears fp8(blas->get(), Fp8LinearScratch::At(scratch_mem.get(), 128, 160, size_t{160} * 128));
+  std::mt19937 rng(5);
+  const std::vector<uint16_t> inp = RandomBf16Bits(static_cast<size_t>(n) * c, 1.0f, rng);
+  const std::vector<uint16_t> weight = RandomBf16Bits(static_cast<size_t>(oc) * c, 0.05f, rng);
+  const std::vector<uint16_t> bias = RandomBf16Bits(oc, 0.5f, rng);
+  const std::vector<uint16_t> residual = RandomBf16Bits(static_cast<size_t>(n) * oc, 1.0f, rng);
+  const std::vector<uint16_t> dout = RandomBf16Bits(static_cast<size_t>(n) * oc, 1e-3f, rng);
+  DeviceBuffer<uint16_t> d_inp(inp), d_weight(weight), d_bias(bias), d_dout(dout);
+
+  // Forward, the residual added in place (out is the residual's buffer), as the models do.
+  DeviceBuffer<uint16_t> out8(residual), out16(residual);
+  absl::Status s = fp8.Forward(out8.bf16(), d_inp.bf16(), d_weight.bf16(), d_bias.bf16(),
+                               out8.bf16(), n, c, oc, stream_);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE((*blas)
+                  ->LinearForwardResidual(out16.bf16(), d_inp.bf16(), d_weight.bf16(),
+                                          d_bias.bf16(), out16.bf16(), n, c, oc, stream_)
+                  .ok());
+  std::vector<uint16_t> base = residual;
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < oc; ++j) {
+      base[static_cast<size_t>(i) * oc + j] = ToBf16Bits(
+          FromBf16Bits(residual[static_cast<size_t>(i) * oc + j]) + FromBf16Bits(bias[j]));
+    }
+  }
+  const double fwd = RelError(out8.ToHostOn(stream_), out16.ToHostOn(stream_), &base);
+
+  // Backward: the weight gradient accumulated onto 1s, the input gradient written.
+  DeviceBuffer<float> dw8(test_util::Filled(static_cast<size_t>(oc) * c, 1.0f));
+  DeviceBuffer<float> dw16(test_util::Filled(static_cast<size_t>(oc) * c, 1.0f));
+  DeviceBuffer<uint16_t> dinp8(std::vector<uint16_t>(inp.size(), test_util::kGarbageBits));
+  DeviceBuffer<uint16_t> dinp16(std::vector<uint16_t>(inp.size(), test_util::kGarbageBits));
+  s = fp8.Backward(dinp8.bf16(), dw8.get(), true, d_dout.bf16(), d_inp.bf16(), d_weight.bf16(), n,
+                   c, oc, stream_);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(
+      (*blas)
+          ->LinearBackwardWeight(dw16.get(), d_dout.bf16(), d_inp.bf16(), n, c, oc, true, stream_)
+          .ok());
+  ASSERT_TRUE(
+      (*blas)
+          ->LinearBackwardInput(dinp16.bf16(), d_dout.bf16(), d_weight.bf16(), n, c, oc, stream_)
+          .ok());
+  const std::vector<float> ones(static_cast<size_t>(oc) * c, 1.0f);
+  const double dw = RelError(dw8.ToHostOn(stream_), dw16.ToHostOn(stream_), &ones);
+  const std::vector<uint16_t> dinp = dinp8.ToHostOn(stream_);
+  const double dx = RelError(dinp, dinp16.ToHostOn(stream_));
+  std::printf("Fp8Linears against bf16: forward %.4f, weight gradient %.4f, input gradient %.4f\n",
+              fwd, dw, dx);
+  EXPECT_LE(fwd, 0.06);  // E4M3 x E4M3
+  EXPECT_LE(dw, 0.12);   // E5M2 x E4M3
+  EXPECT_LE(dx, 0.12);
+  EXPECT_GT(fwd, 0.0);  // it did run in FP8
+
+  // The input gradient written over the input: the same bits.
+  DeviceBuffer<uint16_t> in_place(inp);
+  s = fp8.Backward(in_place.bf16(), dw8.get(), true, d_dout.bf16(), in_place.bf16(),
+                   d_weight.bf16(), n, c, oc, stream_);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(in_place.ToHostOn(stream_), dinp);
+
+  s = fp8.Forward(out8.bf16(), d_inp.bf16(), d_weight.bf16(), nullptr, nullptr, 144, c, oc,
+                  stream_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("beyond the FP8 scratch"), std::string::npos) << s;
 }
 
 }  // namespace
