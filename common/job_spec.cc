@@ -427,6 +427,12 @@ void ValidateResources(const JobSpec& spec, const Complain& bad) {
   if (spec.precision() == weft::v1::BF16 && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
     bad("precision", "BF16 needs resources.device_kind DEVICE_KIND_CUDA (the CPU engine is FP32)");
   }
+  // The CUDA engine has no fp32 math: accepting FP32 there would train in bf16 unasked.
+  if (spec.precision() == weft::v1::FP32 && r.device_kind() == weft::v1::DEVICE_KIND_CUDA) {
+    bad("precision",
+        "FP32 is the CPU engine's; DEVICE_KIND_CUDA trains in BF16 (fp32 master weights, "
+        "optimizer state and gradient reductions): use BF16 or leave it unset");
+  }
   if (r.min_workers() < 1) bad("resources.min_workers", absl::StrCat("must be >= 1, got ", r.min_workers()));
   if (r.max_workers() < r.min_workers()) {
     bad("resources.max_workers", absl::StrCat("must be >= resources.min_workers (", r.min_workers(),

@@ -462,6 +462,12 @@ const ViolationCase kViolationCases[] = {
      "resources.device_kind", "required"},
     {"Bf16OnCpu", [](JobSpec* s) { s->set_precision(weft::v1::BF16); }, "precision",
      "BF16 needs resources.device_kind DEVICE_KIND_CUDA"},
+    {"Fp32OnCuda",
+     [](JobSpec* s) {
+       s->mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+       s->set_precision(weft::v1::FP32);
+     },
+     "precision", "FP32 is the CPU engine's; DEVICE_KIND_CUDA trains in BF16"},
     {"ZeroMinWorkers", [](JobSpec* s) { s->mutable_resources()->set_min_workers(0); },
      "resources.min_workers", "must be >= 1, got 0"},
     {"MaxBelowMin", [](JobSpec* s) { s->mutable_resources()->set_max_workers(1); },
