@@ -48,6 +48,14 @@
 //     gemm_speedup=.. speedup=.. delayed_cast_ms=.. delayed_speedup=..
 //   BENCH fp8_block n=.. bf16_ms=.. fp8_ms=.. speedup=..
 //
+// With --fp8-model it runs the Llama CUDA model itself (CudaModel: embedding, --model-layers
+// blocks under full recomputation, the LM head and loss, and the backward; no optimizer, one
+// GPU) with its Linear layers in bf16 and in FP8 (ArenaRequests::fp8_linears), same
+// parameters and tokens, and prints each pass's time and loss:
+//
+//   build/bin/cuda_ops_bench --fp8-model [--model-layers 4 --vocab 32000 ...]
+//   BENCH fp8_model layers=.. width=.. bf16_ms=.. fp8_ms=.. speedup=.. bf16_loss=.. fp8_loss=..
+//
 // (each _ms the layer's forward + input gradient + weight gradient; speedup counts the casts;
 // delayed_: the casts of delayed scaling, from a history's amax, each reducing its tensor's
 // amax in the same pass instead of a pass before it.)
@@ -69,7 +77,9 @@
 #include "worker/engine/adamw.h"
 #include "worker/engine/cuda/fp8.h"
 #include "worker/engine/cuda/matmul.h"
+#include "worker/engine/cuda/model.h"
 #include "worker/engine/cuda/ops.h"
+#include "worker/engine/model_arch.h"
 
 namespace {
 
@@ -481,6 +491,73 @@ std::pair<double, double> TimeFp8Linear(Timer& timer, cuda::Blas& blas, const ch
   return {bf16_ms, gemm_ms + cast_ms};
 }
 
+// The Llama model's pass (forward, loss, backward; full recomputation) with bf16 and then FP8
+// Linear layers, as the header says.
+void TimeFp8Model(Timer& timer, int layers, int b, int t, int c, int nh, int nkv, int inter,
+                  int vocab, std::mt19937& rng) {
+  cudaStream_t stream = timer.stream;
+  weft::v1::ModelSpec spec;
+  spec.set_architecture(weft::v1::LLAMA);
+  spec.set_num_layers(layers);
+  spec.set_hidden_size(c);
+  spec.set_num_heads(nh);
+  spec.set_num_kv_heads(nkv);
+  spec.set_intermediate_size(inter);
+  spec.set_vocab_size(vocab);
+  spec.set_padded_vocab_size((vocab + 127) / 128 * 128);
+  spec.set_context_length(t);
+  spec.set_rope_theta(500000);
+  spec.set_rms_norm_eps(1e-5);
+  auto arch_or = weft::engine::MakeModelArch(spec);
+  Check(arch_or.status(), "model arch");
+  const weft::engine::ModelArch& arch = **arch_or;
+  // Every parameter ~ U(-0.02, 0.02), the norms' weights too: enough for timing, and the loss
+  // is only compared between the two precisions.
+  std::vector<bf16*> params(arch.NumUnits());
+  std::vector<float*> grads(arch.NumUnits());
+  for (int u = 0; u < arch.NumUnits(); ++u) {
+    params[u] = RandomBf16(arch.UnitSize(u), 0.02f, rng);
+    grads[u] = ZeroFloats(arch.UnitSize(u));
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(b) * t), targets(tokens.size());
+  std::uniform_int_distribution<int> token(0, vocab - 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = token(rng);
+  for (size_t i = 0; i < tokens.size(); ++i) targets[i] = tokens[(i + 1) % tokens.size()];
+  double ms[2] = {0, 0}, loss[2] = {0, 0};
+  for (int fp8 = 0; fp8 < 2; ++fp8) {
+    weft::engine::cuda::ArenaRequests requests;
+    requests.fp8_linears = fp8 == 1;
+    auto model_or = weft::engine::cuda::CreateCudaModel(
+        arch, b, t, weft::engine::Checkpointing::kFull, stream, requests);
+    Check(model_or.status(), "model");
+    weft::engine::cuda::CudaModel& model = **model_or;
+    Check(model.SetBatch(b, t, tokens.data(), targets.data(), nullptr, false), "batch");
+    const size_t split = arch.HeadOutputBegin();
+    const auto pass = [&]() -> absl::Status {
+      absl::Status s = model.EncoderForward(params[0]);
+      for (int l = 0; s.ok() && l < layers; ++l) s = model.BlockForward(l, params[1 + l]);
+      if (s.ok()) s = model.Classifier(params[0] + split, 1.0f / (b * t), grads[0] + split);
+      for (int l = layers - 1; s.ok() && l >= 0; --l) {
+        s = model.BlockBackward(l, params[1 + l], grads[1 + l],
+                                weft::engine::cuda::GradWrite::kOverwrite);
+      }
+      if (s.ok()) s = model.EncoderBackward(grads[0]);
+      return s;
+    };
+    ms[fp8] = timer.Time(pass, fp8 ? "fp8 model pass" : "bf16 model pass");
+    std::vector<float> losses(tokens.size());
+    CheckCuda(cudaMemcpy(losses.data(), model.Losses(), losses.size() * sizeof(float),
+                         cudaMemcpyDeviceToHost),
+              "losses");
+    for (float x : losses) loss[fp8] += x / losses.size();
+  }
+  std::printf(
+      "BENCH fp8_model layers=%d width=%d heads=%d kv_heads=%d intermediate=%d vocab=%d batch=%d "
+      "seq=%d recompute=full bf16_ms=%.3f fp8_ms=%.3f speedup=%.3f bf16_loss=%.5f "
+      "fp8_loss=%.5f\n",
+      layers, c, nh, nkv, inter, vocab, b, t, ms[0], ms[1], ms[0] / ms[1], loss[0], loss[1]);
+}
+
 int main(int argc, char** argv) {
   int b = 2, t = 4096, c = 4096, nh = 32, nkv = 8, inter = 14336, iters = 20;
   size_t optimizer_elems = size_t{256} << 20;
@@ -506,6 +583,12 @@ int main(int argc, char** argv) {
                  "time sliding-window flash attention (W keys) against full causal, then exit");
   bool fp8 = false;
   app.add_flag("--fp8", fp8, "time the Llama block's Linear layers in bf16 and FP8, then exit");
+  bool fp8_model = false;
+  int model_layers = 4, vocab = 32000;
+  app.add_flag("--fp8-model", fp8_model,
+               "time the Llama model's pass with bf16 and FP8 Linear layers, then exit");
+  app.add_option("--model-layers", model_layers, "--fp8-model: blocks");
+  app.add_option("--vocab", vocab, "--fp8-model: vocabulary");
   CLI11_PARSE(app, argc, argv);
   if (window < 0) {
     std::fprintf(stderr, "cuda_ops_bench: --window: need W >= 1\n");
@@ -542,6 +625,10 @@ int main(int argc, char** argv) {
   CheckCuda(cudaEventCreate(&timer.begin), "event");
   CheckCuda(cudaEventCreate(&timer.end), "event");
 
+  if (fp8_model) {
+    TimeFp8Model(timer, model_layers, b, t, c, nh, nkv, inter, vocab, rng);
+    return 0;
+  }
   if (fp8) {
     double bf16_ms = 0, fp8_ms = 0;
     const std::pair<const char*, std::pair<int, int>> layers[] = {

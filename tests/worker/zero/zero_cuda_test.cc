@@ -478,7 +478,8 @@ TEST_F(ZeroCudaTest, FamilyModelGradientsMatchCpu) {
 // after a failure (reported).
 std::vector<std::vector<float>> ModelPass(
     const weft::v1::JobSpec& spec, const engine::CheckpointingPlan& level,
-    engine::cuda::GradWrite write = engine::cuda::GradWrite::kAccumulate) {
+    engine::cuda::GradWrite write = engine::cuda::GradWrite::kAccumulate,
+    const engine::cuda::ArenaRequests& requests = {}) {
   auto arch = engine::MakeModelArch(spec.model());
   if (!arch.ok()) {
     ADD_FAILURE() << arch.status();
@@ -489,7 +490,7 @@ std::vector<std::vector<float>> ModelPass(
   GlobalBatch(0, b)(3, 0, MicroBatch{inputs.data(), targets.data()});
   cudaStream_t stream = nullptr;
   EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  auto model = engine::cuda::CreateCudaModel(**arch, b, kT, level, stream);
+  auto model = engine::cuda::CreateCudaModel(**arch, b, kT, level, stream, requests);
   if (!model.ok()) {
     ADD_FAILURE() << model.status();
     cudaStreamDestroy(stream);
@@ -532,6 +533,54 @@ std::vector<std::vector<float>> ModelPass(
   }
   cudaStreamDestroy(stream);
   return out;
+}
+
+// The blocks' Linear layers in FP8 (ArenaRequests::fp8_linears) against bf16's, on the same
+// parameters and batch, for Llama and each of its family (Qwen2's biases in the FP8 epilogue):
+// the loss within FP8's error, every unit's gradient within it, and not bf16's bits (the FP8
+// path ran). Under full recomputation the FP8 pass repeats NONE's bits: its casts and GEMMs
+// are deterministic. GPT-2's model refuses FP8 by name.
+TEST_F(ZeroCudaTest, Fp8LinearsFollowBf16) {
+  if (!engine::cuda::FlashAttentionSupported(16)) GTEST_SKIP();
+  int device = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (major * 10 + minor < 89) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9";
+  engine::cuda::ArenaRequests fp8;
+  fp8.fp8_linears = true;
+  const engine::CheckpointingPlan none{engine::Checkpointing::kNone};
+  const engine::CheckpointingPlan full{engine::Checkpointing::kFull};
+  for (const weft::v1::Architecture a :
+       {weft::v1::LLAMA, weft::v1::QWEN2, weft::v1::QWEN3, weft::v1::MISTRAL}) {
+    SCOPED_TRACE(weft::v1::Architecture_Name(a));
+    const weft::v1::JobSpec spec = FamilySpec(a, 4, 1);
+    const auto bf16 = ModelPass(spec, none);
+    const auto f8 = ModelPass(spec, none, engine::cuda::GradWrite::kAccumulate, fp8);
+    ASSERT_FALSE(bf16.empty());
+    ASSERT_EQ(f8.size(), bf16.size());
+    double loss16 = 0, loss8 = 0;
+    for (size_t i = 0; i < bf16[0].size(); ++i) {
+      loss16 += bf16[0][i];
+      loss8 += f8[0][i];
+    }
+    const double loss_rel = std::abs(loss8 - loss16) / std::abs(loss16);
+    double worst_grad = 0;
+    for (size_t u = 1; u < bf16.size(); ++u) {
+      worst_grad = std::max(worst_grad, NormRelative(f8[u], bf16[u]));
+    }
+    std::printf("%s FP8 against bf16: loss %.2e relative, gradients %.3f relative (worst unit)\n",
+                weft::v1::Architecture_Name(a).c_str(), loss_rel, worst_grad);
+    EXPECT_LE(loss_rel, 0.01);
+    EXPECT_LE(worst_grad, 0.25);
+    EXPECT_NE(f8[1], bf16[1]);
+    EXPECT_EQ(ModelPass(spec, full, engine::cuda::GradWrite::kAccumulate, fp8), f8);
+  }
+  auto gpt = engine::MakeModelArch(SmallSpec(4, 1).model());
+  ASSERT_TRUE(gpt.ok());
+  auto refused = engine::cuda::CreateCudaModel(**gpt, 4, kT, none, nullptr, fp8);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("FP8"));
 }
 
 void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {

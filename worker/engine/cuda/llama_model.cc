@@ -138,6 +138,10 @@ size_t LlamaCuda::Layout(char* base) {
   rope_cos_ = a.Take<float>(static_cast<size_t>(max_t_) * half);
   rope_sin_ = a.Take<float>(static_cast<size_t>(max_t_) * half);
   inv_freq_ = a.Take<float>(half);
+  // FP8's casts: the widest layer and the largest weight are gate_up's (2I >= C, Q and the qkv
+  // width: ShapeProblem).
+  TakeFp8Scratch(a, 2 * config_.intermediate_size,
+                 size_t{2} * config_.intermediate_size * config_.hidden_size);
   return a.size();
 }
 
@@ -150,6 +154,18 @@ absl::StatusOr<std::unique_ptr<LlamaCuda>> LlamaCuda::Create(
   if (max_b <= 0 || max_t <= 0 || max_t > config.context_length) {
     return absl::InvalidArgumentError(absl::StrCat("micro-batch shape (", max_b, ", ", max_t,
                                                    ") out of range"));
+  }
+  if (requests.fp8_linears) {
+    for (const auto& [name, width] :
+         {std::pair<const char*, int>{"hidden_size", config.hidden_size},
+          {"num_heads x head_dim", config.q_width()},
+          {"the q/k/v width", config.qkv_width()},
+          {"intermediate_size", config.intermediate_size}}) {
+      if (width % 16 != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model: FP8's GEMMs need ", name, " a multiple of 16, got ", width));
+      }
+    }
   }
   std::unique_ptr<LlamaCuda> model(
       new LlamaCuda(config, max_b, max_t, level, stream, requests));
@@ -191,8 +207,8 @@ absl::Status LlamaCuda::BlockForward(int l, const bf16* block) {
   // out = res2 + down(act).
   const Saved& s = saved_[l];
   // The residual added in the GEMM's epilogue.
-  return blas_->LinearForwardResidual(res_[l + 1], s.act, block + block_offsets_[kLlamaDown],
-                                      nullptr, s.res2, n, config_.intermediate_size, c, stream_);
+  return Linear(res_[l + 1], s.act, block + block_offsets_[kLlamaDown], nullptr, s.res2, n,
+                config_.intermediate_size, c);
 }
 
 absl::Status LlamaCuda::AttentionForward(int l, const bf16* block) {
@@ -208,8 +224,8 @@ absl::Status LlamaCuda::AttentionForward(int l, const bf16* block) {
   WEFT_RETURN_IF_ERROR(RmsNormForward(s.attn_norm, s.attn_rstd, x, p(kLlamaAttnNorm), n, c,
                                       static_cast<float>(config_.rms_norm_eps), stream_));
   const bf16* qkv_bias = config_.qkv_bias() ? p(kLlamaQkvb) : nullptr;
-  WEFT_RETURN_IF_ERROR(blas_->LinearForward(s.qkv, s.attn_norm, p(kLlamaQkvw), qkv_bias, n, c,
-                                            config_.qkv_width(), stream_));
+  WEFT_RETURN_IF_ERROR(
+      Linear(s.qkv, s.attn_norm, p(kLlamaQkvw), qkv_bias, nullptr, n, c, config_.qkv_width()));
   if (config_.qk_norm()) {
     WEFT_RETURN_IF_ERROR(QkNormForward(s.qkv, s.qk_raw, p(kLlamaQNorm), p(kLlamaKNorm), n, nh, nkv,
                                        d, static_cast<float>(config_.rms_norm_eps), stream_));
@@ -218,8 +234,7 @@ absl::Status LlamaCuda::AttentionForward(int l, const bf16* block) {
       RopeForward(s.qkv, Positions(), rope_cos_, rope_sin_, b_, t_, nh, nkv, d, stream_));
   WEFT_RETURN_IF_ERROR(FlashAttentionForward(s.atty, s.lse, s.qkv, DocStarts(),
                                              config_.sliding_window, b_, nh, nkv, t_, d, stream_));
-  return blas_->LinearForwardResidual(s.res2, s.atty, p(kLlamaAttnOut), nullptr, x, n,
-                                      config_.q_width(), c, stream_);
+  return Linear(s.res2, s.atty, p(kLlamaAttnOut), nullptr, x, n, config_.q_width(), c);
 }
 
 absl::Status LlamaCuda::MlpForwardToActivation(int l, const bf16* block) {
@@ -231,8 +246,8 @@ absl::Status LlamaCuda::MlpForwardToActivation(int l, const bf16* block) {
   // act = swiglu(gate_up(mlp_norm(res2))).
   WEFT_RETURN_IF_ERROR(RmsNormForward(s.mlp_norm, s.mlp_rstd, s.res2, p(kLlamaMlpNorm), n, c,
                                       static_cast<float>(config_.rms_norm_eps), stream_));
-  WEFT_RETURN_IF_ERROR(blas_->LinearForward(s.gate_up, s.mlp_norm, p(kLlamaGateUp), nullptr, n,
-                                            c, 2 * inter, stream_));
+  WEFT_RETURN_IF_ERROR(
+      Linear(s.gate_up, s.mlp_norm, p(kLlamaGateUp), nullptr, nullptr, n, c, 2 * inter));
   return SwiGluForward(s.act, s.gate_up, n, inter, stream_);
 }
 
@@ -248,8 +263,8 @@ absl::Status LlamaCuda::RecomputeSelective(int l, const bf16* block) {
   WEFT_RETURN_IF_ERROR(
       RmsNormForward(s.attn_norm, s.attn_rstd, x, p(kLlamaAttnNorm), n, c, eps, stream_));
   // res2 = x + attn_out(atty), as AttentionForward ends.
-  WEFT_RETURN_IF_ERROR(blas_->LinearForwardResidual(s.res2, s.atty, p(kLlamaAttnOut), nullptr, x,
-                                                    n, config_.q_width(), c, stream_));
+  WEFT_RETURN_IF_ERROR(
+      Linear(s.res2, s.atty, p(kLlamaAttnOut), nullptr, x, n, config_.q_width(), c));
   WEFT_RETURN_IF_ERROR(
       RmsNormForward(s.mlp_norm, s.mlp_rstd, s.res2, p(kLlamaMlpNorm), n, c, eps, stream_));
   return SwiGluForward(s.act, s.gate_up, n, config_.intermediate_size, stream_);
@@ -314,17 +329,13 @@ absl::Status LlamaCuda::BlockBackwardRecomputed(int l, const bf16* block, float*
   bf16* const dact = s.act;          // (B, T, I)
   bf16* const dgate_up = s.gate_up;  // (B, T, 2I)
   WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(g(kLlamaDown), dres_, s.act, n, inter, c, acc, stream_));
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardInput(dact, dres_, p(kLlamaDown), n, inter, c, stream_));
+      LinearBackward(dact, g(kLlamaDown), acc, dres_, s.act, p(kLlamaDown), n, inter, c));
   WEFT_RETURN_IF_ERROR(SwiGluBackward(dgate_up, dact, s.gate_up, n, inter, stream_));
   // dact has been read for the last time: the sub-layers' input gradients (B, T, C) lie over
   // it (I >= C).
   bf16* const dx = dact;
-  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(g(kLlamaGateUp), dgate_up, s.mlp_norm, n, c,
-                                                   2 * inter, acc, stream_));
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardInput(dx, dgate_up, p(kLlamaGateUp), n, c, 2 * inter, stream_));
+  WEFT_RETURN_IF_ERROR(LinearBackward(dx, g(kLlamaGateUp), acc, dgate_up, s.mlp_norm,
+                                      p(kLlamaGateUp), n, c, 2 * inter));
   WEFT_RETURN_IF_ERROR(RmsNormBackward(dres_, g(kLlamaMlpNorm), dx, s.res2, p(kLlamaMlpNorm),
                                        s.mlp_rstd, reduce_scratch_, n, c, stream_));
   // dgate_up has been read for the last time: dqkv (N, qkv width) lies over it, 96 MiB at the
@@ -342,11 +353,8 @@ absl::Status LlamaCuda::AttentionBackward(int l, const bf16* block, float* block
   const auto grad = [&](int tensor) { return block_grad + block_offsets_[tensor]; };
   const Saved& s = saved_[l];
   // res2 = x + attn_out(attention(rope(qkvw(attn_norm(x))))).
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(grad(kLlamaAttnOut), dres_, s.atty, n, q_width, c, accumulate,
-                                  stream_));
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardInput(dx, dres_, weight(kLlamaAttnOut), n, q_width, c, stream_));
+  WEFT_RETURN_IF_ERROR(LinearBackward(dx, grad(kLlamaAttnOut), accumulate, dres_, s.atty,
+                                      weight(kLlamaAttnOut), n, q_width, c));
   // dq, dk (of the rotated q, k) and dv land in dqkv at their places in qkv; then rotated back.
   const int nh = config_.num_heads;
   const int nkv = config_.num_kv_heads;
@@ -362,14 +370,11 @@ absl::Status LlamaCuda::AttentionBackward(int l, const bf16* block, float* block
                                         n, nh, nkv, d, static_cast<float>(config_.rms_norm_eps),
                                         stream_));
   }
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(grad(kLlamaQkvw), dqkv, s.attn_norm, n, c, width, accumulate,
-                                  stream_));
   if (config_.qkv_bias()) {
     WEFT_RETURN_IF_ERROR(BiasBackward(grad(kLlamaQkvb), dqkv, reduce_scratch_, n, width, stream_));
   }
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardInput(dx, dqkv, weight(kLlamaQkvw), n, c, width, stream_));
+  WEFT_RETURN_IF_ERROR(LinearBackward(dx, grad(kLlamaQkvw), accumulate, dqkv, s.attn_norm,
+                                      weight(kLlamaQkvw), n, c, width));
   return RmsNormBackward(dres_, grad(kLlamaAttnNorm), dx, res_[l], weight(kLlamaAttnNorm),
                          s.attn_rstd, reduce_scratch_, n, c, stream_);
 }

@@ -79,7 +79,36 @@ absl::Status ArenaModel::Allocate() {
   }
   arena_bytes_ = bytes;
   RunLayout(static_cast<char*>(arena_));
+  if (requests_.fp8_linears) fp8_ = std::make_unique<Fp8Linears>(blas_.get(), fp8_scratch_);
   return absl::OkStatus();
+}
+
+void ArenaModel::TakeFp8Scratch(Arena& arena, int max_width, size_t max_weight) {
+  if (!requests_.fp8_linears) return;
+  const int rows = max_b_ * max_t_;
+  const size_t at = arena.NextOffset();
+  arena.ExtendTo(at + Fp8LinearScratch::Bytes(rows, max_width, max_weight));
+  fp8_scratch_ = Fp8LinearScratch::At(arena.At(at), rows, max_width, max_weight);
+}
+
+absl::Status ArenaModel::Linear(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
+                                const bf16* residual, int n, int c, int oc) {
+  if (fp8_ != nullptr) return fp8_->Forward(out, inp, weight, bias, residual, n, c, oc, stream_);
+  if (residual != nullptr) {
+    return blas_->LinearForwardResidual(out, inp, weight, bias, residual, n, c, oc, stream_);
+  }
+  return blas_->LinearForward(out, inp, weight, bias, n, c, oc, stream_);
+}
+
+absl::Status ArenaModel::LinearBackward(bf16* dinp, float* dweight, bool accumulate,
+                                        const bf16* dout, const bf16* inp, const bf16* weight,
+                                        int n, int c, int oc) {
+  if (fp8_ != nullptr) {
+    return fp8_->Backward(dinp, dweight, accumulate, dout, inp, weight, n, c, oc, stream_);
+  }
+  WEFT_RETURN_IF_ERROR(
+      blas_->LinearBackwardWeight(dweight, dout, inp, n, c, oc, accumulate, stream_));
+  return blas_->LinearBackwardInput(dinp, dout, weight, n, c, oc, stream_);
 }
 
 absl::Status ArenaModel::SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets,

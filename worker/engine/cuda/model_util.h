@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "worker/engine/cuda/fp8_linear.h"
 #include "worker/engine/cuda/matmul.h"
 #include "worker/engine/cuda/model.h"
 #include "worker/engine/cuda/ops.h"
@@ -122,6 +123,18 @@ class ArenaModel : public CudaModel {
   // Creates the GEMM library and allocates Layout's bytes (RESOURCE_EXHAUSTED naming the need
   // and the free memory), then lays the buffers out in them.
   absl::Status Allocate();
+  // With requests_.fp8_linears, the FP8 Linears' cast scratch for layers of up to max_b * max_t
+  // rows, max_width features in or out and max_weight weight elements (a Layout takes it;
+  // without FP8 it takes nothing).
+  void TakeFp8Scratch(Arena& arena, int max_width, size_t max_weight);
+  // A block's Linear layer in the model's precision (bf16 through blas_, or FP8):
+  //   out (N, OC) = inp (N, C) @ weight (OC, C)^T (+ bias) (+ residual; it may be out).
+  absl::Status Linear(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
+                      const bf16* residual, int n, int c, int oc);
+  //   dweight (OC, C) (+)= dout^T @ inp (= when !accumulate), then dinp (N, C) = dout @ weight;
+  //   dinp may be inp (the weight gradient reads it first).
+  absl::Status LinearBackward(bf16* dinp, float* dweight, bool accumulate, const bf16* dout,
+                              const bf16* inp, const bf16* weight, int n, int c, int oc);
   // Bytes of Layout plus the GEMM workspace: the plan of an instance never allocated.
   size_t PlannedBytes() { return RunLayout(nullptr) + BlasOptions{}.workspace_bytes; }
 
@@ -184,6 +197,8 @@ class ArenaModel : public CudaModel {
   int vp_ = 0;
   bf16* logits_ = nullptr;   // (logit_rows_, Vp)
   int logit_rows_ = 0;
+  Fp8LinearScratch fp8_scratch_;
+  std::unique_ptr<Fp8Linears> fp8_;  // with requests_.fp8_linears, once allocated
 };
 
 }  // namespace weft::engine::cuda

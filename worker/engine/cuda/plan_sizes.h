@@ -16,6 +16,11 @@ struct ArenaRequests {
   std::vector<size_t> spent_grad_bytes;
   // bf16 elements of CudaModel::HeadWork, 0 for none.
   size_t head_work_elements = 0;
+  // The blocks' Linear layers in FP8 (fp8_linear.h: E4M3 inputs and weights, E5M2 output
+  // gradients, per-tensor current scaling), with the allocation holding their casts' scratch;
+  // false: bf16. Only the Llama family's model builds it so far; the job spec cannot ask for it
+  // yet (issue 42).
+  bool fp8_linears = false;
 };
 
 // SumOfSquares (ops.h) runs phase 1 in at most this many blocks of this many elements each
