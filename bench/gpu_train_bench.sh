@@ -13,11 +13,12 @@
 #     own; Mistral's sliding_window half the context), the shape of
 #     bench/peers/peer_fsdp_families.py --arch A. bf16, ZeRO-3, on each GPU count; prints per
 #     count
-#     BENCH gpu_train arch=A gpus=G tokens_per_s_per_gpu=T mfu=M peak_mem_gib=P
+#     BENCH gpu_train arch=A precision=P gpus=G tokens_per_s_per_gpu=T mfu=M peak_mem_gib=P
 #       exposed_comm_pct=C ...
 #       step_ms=... forward_ms=... backward_ms=... optimizer_ms=... (medians of the worker's
 #       GPU-timed phases) ... activation_checkpointing=L offload=on|off
-#     WEFT_BENCH_AC (AUTO, NONE, SELECTIVE or FULL; default AUTO) is the job's
+#     WEFT_BENCH_PRECISION (BF16 or FP8; default BF16) is the job's precision, the line's
+#     precision= (bf16|fp8); WEFT_BENCH_AC (AUTO, NONE, SELECTIVE or FULL; default AUTO) is the job's
 #     training.activation_checkpointing; the line reports the plan the engine ran at (the
 #     job's MEMORY_PLANNED event), e.g. full+selective:0-15 (blocks 0-15 one level lighter). WEFT_BENCH_MB overrides the micro-batch; WEFT_BENCH_OFFLOAD=1
 #     sets optimizer.offload, =auto optimizer.offload_auto (WEFT_BENCH_OFFLOAD_FRACTION
@@ -178,6 +179,7 @@ training { total_steps: ${10} micro_batch_size: $9 sequence_length: $8 seed: 133
            activation_checkpointing: ${WEFT_BENCH_AC:-AUTO}
            device_memory_limit_gib: ${WEFT_BENCH_MEMORY_LIMIT_GIB:-0} }
 zero_stage: 3
+$([[ -n ${WEFT_BENCH_PRECISION:-} ]] && echo "precision: $WEFT_BENCH_PRECISION")
 $(sharding_block)
 resources { device_kind: DEVICE_KIND_$2 min_workers: $3 max_workers: $3 }
 fault { heartbeat_interval_ms: 500 heartbeat_timeout_ms: 5000 max_restarts: 0 }
@@ -285,9 +287,10 @@ throughput)
     python3 - "$WORK/g$g.jsonl" "$g" "$ARCH" "$B" "$T" "$ACCUM" \
       "${WEFT_BENCH_TRANSPORT:-nvlink}" "$shard" \
       "${WEFT_BENCH_SIM:-1 $g na na/na 0}" <<'PY'
-import json, sys
+import json, os, sys
 from datetime import datetime
 path, gpus, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+precision = os.environ.get("WEFT_BENCH_PRECISION", "BF16").lower()
 transport, shard = sys.argv[7], sys.argv[8]
 # Simulated hosts (the cluster mode): hosts, GPUs per host, link rate, measured bus bandwidth,
 # and the one-host run's tokens/s per GPU (0: this is that run, or not the cluster mode).
@@ -346,7 +349,8 @@ peak = max(int(m.get("engine_device_bytes", 0)) for m in late) / 2**30
 intra = med([int(m.get("intra_host_bytes", 0)) for m in late]) / 1e9
 inter = med([int(m.get("inter_host_bytes", 0)) for m in late]) / 1e9
 used = max(int(m.get("device_used_bytes", 0)) for m in late) / 2**30
-print(f"BENCH gpu_train arch={arch} gpus={gpus} tokens_per_s_per_gpu={per_gpu:.0f} "
+print(f"BENCH gpu_train arch={arch} precision={precision} gpus={gpus} "
+      f"tokens_per_s_per_gpu={per_gpu:.0f} "
       f"mfu={per_gpu * flops_per_token_over_peak:.3f} peak_mem_gib={peak:.2f} "
       f"exposed_comm_pct={100 * exposed / step_ms:.1f} device_used_gib={used:.2f} "
       f"step_ms={step_ms:.1f} forward_ms={phase['forward_ms']:.1f} "

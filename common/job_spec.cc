@@ -421,11 +421,19 @@ void ValidateResources(const JobSpec& spec, const Complain& bad) {
     bad("resources.device_kind", "required: DEVICE_KIND_CPU or DEVICE_KIND_CUDA");
   }
   if (!weft::v1::Precision_IsValid(spec.precision())) {
-    bad("precision", absl::StrCat("unknown value ", spec.precision(), "; use FP32 or BF16"));
+    bad("precision", absl::StrCat("unknown value ", spec.precision(), "; use FP32, BF16 or FP8"));
   }
   ValidateOffload(spec, bad);
   if (spec.precision() == weft::v1::BF16 && r.device_kind() == weft::v1::DEVICE_KIND_CPU) {
     bad("precision", "BF16 needs resources.device_kind DEVICE_KIND_CUDA (the CPU engine is FP32)");
+  }
+  if (spec.precision() == weft::v1::FP8 && r.device_kind() != weft::v1::DEVICE_KIND_CUDA) {
+    bad("precision", "FP8 needs resources.device_kind DEVICE_KIND_CUDA (the CPU engine is FP32)");
+  }
+  if (spec.precision() == weft::v1::FP8 && !IsLlamaFamily(spec.model().architecture())) {
+    bad("precision",
+        "FP8 is built for the Llama family (LLAMA, QWEN2, QWEN3, MISTRAL) so far; GPT-2's "
+        "blocks train in BF16");
   }
   // The CUDA engine has no fp32 math: accepting FP32 there would train in bf16 unasked.
   if (spec.precision() == weft::v1::FP32 && r.device_kind() == weft::v1::DEVICE_KIND_CUDA) {

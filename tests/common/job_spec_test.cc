@@ -468,6 +468,12 @@ const ViolationCase kViolationCases[] = {
        s->set_precision(weft::v1::FP32);
      },
      "precision", "FP32 is the CPU engine's; DEVICE_KIND_CUDA trains in BF16"},
+    {"Fp8ForGpt2",
+     [](JobSpec* s) {
+       s->mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+       s->set_precision(weft::v1::FP8);
+     },
+     "precision", "FP8 is built for the Llama family (LLAMA, QWEN2, QWEN3, MISTRAL) so far"},
     {"ZeroMinWorkers", [](JobSpec* s) { s->mutable_resources()->set_min_workers(0); },
      "resources.min_workers", "must be >= 1, got 0"},
     {"MaxBelowMin", [](JobSpec* s) { s->mutable_resources()->set_max_workers(1); },
@@ -613,7 +619,21 @@ const ViolationCase kLlamaViolationCases[] = {
        s->mutable_model()->set_sliding_window(-1);
      },
      "model.sliding_window", "must be >= 0 (0: no window), got -1"},
+    {"Fp8OnCpu", [](JobSpec* s) { s->set_precision(weft::v1::FP8); }, "precision",
+     "FP8 needs resources.device_kind DEVICE_KIND_CUDA (the CPU engine is FP32)"},
 };
+
+// FP8 on CUDA for the Llama family is a valid spec.
+TEST(ValidateJobSpecTest, Fp8OnCudaForTheLlamaFamily) {
+  for (const weft::v1::Architecture a :
+       {weft::v1::LLAMA, weft::v1::QWEN2, weft::v1::QWEN3, weft::v1::MISTRAL}) {
+    JobSpec spec = ValidLlamaSpec();
+    spec.mutable_model()->set_architecture(a);
+    spec.mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+    spec.set_precision(weft::v1::FP8);
+    EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty()) << weft::v1::Architecture_Name(a);
+  }
+}
 
 INSTANTIATE_TEST_SUITE_P(EveryRule, ValidateLlamaSpecViolationTest,
                          ::testing::ValuesIn(kLlamaViolationCases),

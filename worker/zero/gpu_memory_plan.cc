@@ -276,6 +276,7 @@ GpuBufferPlan PlanGpuBuffers(const weft::v1::JobSpec& spec, const engine::ModelA
   // which the model places inside those gradients where they leave room past the activations
   // (it is read only up to the classifier).
   plan.arena_requests = {SpentActivationGradBytes(spec, layout, options), head_slot};
+  plan.arena_requests.fp8_linears = spec.precision() == weft::v1::FP8;
   plan.buffers.push_back(Buffer(Role::kModelArena, 0, Place::kModelArena, Part::kActivations,
                                 activation_bytes(level, micro_batch_size, plan.arena_requests),
                                 1));

@@ -75,7 +75,7 @@ absl::Status CheckStageAndDevice(const weft::v1::JobSpec& spec) {
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   WEFT_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return CheckComputeCapability(major, minor);
+  return CheckComputeCapability(major, minor, spec.precision());
 }
 
 // What one rank of a group of `group` ranks (and `options.replicas` replicas) needs on this
@@ -202,12 +202,20 @@ absl::StatusOr<void*> ZeroCudaEngine::Allocate(const GpuBuffer& buffer) {
   return p;
 }
 
-absl::Status CheckComputeCapability(int major, int minor) {
-  if (major >= 8) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the CUDA engine needs a GPU of compute capability 8.0 (A100) or newer for its bf16 "
-      "tensor-core kernels; this one is ", major, ".", minor,
-      " (run the worker with --device cpu, or on a newer GPU)"));
+absl::Status CheckComputeCapability(int major, int minor, weft::v1::Precision precision) {
+  if (major < 8) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the CUDA engine needs a GPU of compute capability 8.0 (A100) or newer for its bf16 "
+        "tensor-core kernels; this one is ",
+        major, ".", minor, " (run the worker with --device cpu, or on a newer GPU)"));
+  }
+  if (precision == weft::v1::FP8 && major * 10 + minor < 89) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "precision FP8 needs a GPU of compute capability 8.9 (L40S, H100) or newer for FP8 "
+        "tensor cores; this one is ",
+        major, ".", minor, " (train it in BF16)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<ZeroCudaEngine>> ZeroCudaEngine::Create(

@@ -102,8 +102,10 @@ absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const weft::v1::JobSpec& spec,
                                             const ZeroCudaOptions& options = {});
 
 // OK for a GPU of compute capability major.minor that the CUDA engine's kernels run on (bf16
-// tensor cores: 8.0, Ampere, or newer); FAILED_PRECONDITION saying so otherwise.
-absl::Status CheckComputeCapability(int major, int minor);
+// tensor cores: 8.0, Ampere, or newer; precision FP8's GEMMs: 8.9, Ada and Hopper, or newer);
+// FAILED_PRECONDITION saying so otherwise.
+absl::Status CheckComputeCapability(int major, int minor,
+                                    weft::v1::Precision precision = weft::v1::BF16);
 
 class ZeroCudaEngine : public ZeroEngine {
  public:
