@@ -435,6 +435,15 @@ void ValidateResources(const JobSpec& spec, const Complain& bad) {
         "FP8 is built for the Llama family (LLAMA, QWEN2, QWEN3, MISTRAL) so far; GPT-2's "
         "blocks train in BF16");
   }
+  // FP8's GEMMs take rows in multiples of 16 (the model refuses widths that are not, by name).
+  const int64_t rows =
+      static_cast<int64_t>(spec.training().micro_batch_size()) * spec.training().sequence_length();
+  if (spec.precision() == weft::v1::FP8 && rows > 0 && rows % 16 != 0) {
+    bad("precision",
+        absl::StrCat("FP8 needs training.micro_batch_size x training.sequence_length a multiple "
+                     "of 16 (its GEMMs' rows), got ",
+                     rows));
+  }
   // The CUDA engine has no fp32 math: accepting FP32 there would train in bf16 unasked.
   if (spec.precision() == weft::v1::FP32 && r.device_kind() == weft::v1::DEVICE_KIND_CUDA) {
     bad("precision",

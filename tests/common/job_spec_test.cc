@@ -621,6 +621,15 @@ const ViolationCase kLlamaViolationCases[] = {
      "model.sliding_window", "must be >= 0 (0: no window), got -1"},
     {"Fp8OnCpu", [](JobSpec* s) { s->set_precision(weft::v1::FP8); }, "precision",
      "FP8 needs resources.device_kind DEVICE_KIND_CUDA (the CPU engine is FP32)"},
+    {"Fp8RowsNotMultipleOf16",
+     [](JobSpec* s) {
+       s->mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+       s->set_precision(weft::v1::FP8);
+       s->mutable_training()->set_micro_batch_size(1);
+       s->mutable_training()->set_sequence_length(30);
+     },
+     "precision",
+     "FP8 needs training.micro_batch_size x training.sequence_length a multiple of 16"},
 };
 
 // FP8 on CUDA for the Llama family is a valid spec.
