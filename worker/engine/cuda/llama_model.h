@@ -7,8 +7,9 @@
 //
 // Precision: parameters arrive as bf16 units; activations are bf16; RMSNorm statistics,
 // attention log-sum-exps, the rotary tables, losses and every parameter gradient are fp32. GEMMs
-// are cuBLASLt bf16 with fp32 accumulation; one GEMM for q, k, v (the fused qkvw) and one for
-// gate and up (the fused gate_up).
+// are cuBLASLt bf16 with fp32 accumulation, or for the blocks' Linear layers FP8 when created
+// with ArenaRequests::fp8_linears (precision FP8: ArenaModel::Linear, fp8_linear.h); one GEMM
+// for q, k, v (the fused qkvw) and one for gate and up (the fused gate_up).
 //
 // A block: x -> RMSNorm -> qkv (B, T, (NH + 2 NKV) D) -> rotary on q, k in place -> grouped-
 // query flash attention reading the shared k/v heads in place -> o_proj -> + x -> RMSNorm ->
