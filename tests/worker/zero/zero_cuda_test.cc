@@ -408,6 +408,17 @@ class ZeroCudaTest : public ::testing::Test {
 
 float RoundToBf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
+// Whether this GPU runs FP8 GEMMs (compute capability 8.9 or later), as the engine decides it.
+bool Fp8GemmsRun() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    return false;
+  }
+  return CheckComputeCapability(major, minor, weft::v1::FP8).ok();
+}
+
 // One micro-step of `spec`'s CUDA model against its CPU model on the same (bf16-rounded)
 // parameters.
 void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec);
@@ -541,12 +552,7 @@ std::vector<std::vector<float>> ModelPass(
 // path ran). Under full recomputation the FP8 pass repeats NONE's bits: its casts and GEMMs
 // are deterministic. GPT-2's model refuses FP8 by name.
 TEST_F(ZeroCudaTest, Fp8LinearsFollowBf16) {
-  if (!engine::cuda::FlashAttentionSupported(16)) GTEST_SKIP();
-  int device = 0, major = 0, minor = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (major * 10 + minor < 89) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9";
+  if (!Fp8GemmsRun()) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9";
   engine::cuda::ArenaRequests fp8;
   fp8.fp8_linears = true;
   const engine::CheckpointingPlan none{engine::Checkpointing::kNone};
@@ -1144,11 +1150,7 @@ TEST_F(ZeroCudaTest, LlamaOneGpuLearns) {
 // layers run in FP8) on two GPUs' worth of ranks: it learns as BF16 does, every step's loss
 // within 2% of BF16's, and it is not BF16 (the losses differ).
 TEST_F(ZeroCudaTest, Fp8TrainingFollowsBf16) {
-  int device = 0, major = 0, minor = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (major * 10 + minor < 89) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9";
+  if (!Fp8GemmsRun()) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9";
   weft::v1::JobSpec spec = SmallSpec(4, 40, /*llama=*/true);
   const Curve bf16 = TrainGpu(spec, 2);
   spec.set_precision(weft::v1::FP8);
