@@ -549,14 +549,17 @@ std::vector<std::vector<float>> ModelPass(
 // The blocks' Linear layers in FP8 (ArenaRequests::fp8_linears) against bf16's, on the same
 // parameters and batch, for Llama and each of its family (Qwen2's biases in the FP8 epilogue):
 // the loss within FP8's error, every unit's gradient within it, and not bf16's bits (the FP8
-// path ran). Under full recomputation the FP8 pass repeats NONE's bits: its casts and GEMMs
-// are deterministic. GPT-2's model refuses FP8 by name.
+// path ran). Under full and selective recomputation the FP8 pass repeats NONE's bits: its casts
+// and GEMMs are deterministic, and the casts a recomputation keeps for the backward
+// (Fp8Linears::StartKeeping) are those the backward would make. GPT-2's model refuses FP8 by
+// name.
 TEST_F(ZeroCudaTest, Fp8LinearsFollowBf16) {
   if (!Fp8GemmsRun()) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9";
   engine::cuda::ArenaRequests fp8;
   fp8.fp8_linears = true;
   const engine::CheckpointingPlan none{engine::Checkpointing::kNone};
   const engine::CheckpointingPlan full{engine::Checkpointing::kFull};
+  const engine::CheckpointingPlan selective{engine::Checkpointing::kSelective};
   for (const weft::v1::Architecture a :
        {weft::v1::LLAMA, weft::v1::QWEN2, weft::v1::QWEN3, weft::v1::MISTRAL}) {
     SCOPED_TRACE(weft::v1::Architecture_Name(a));
@@ -581,6 +584,7 @@ TEST_F(ZeroCudaTest, Fp8LinearsFollowBf16) {
     EXPECT_LE(worst_grad, 0.25);
     EXPECT_NE(f8[1], bf16[1]);
     EXPECT_EQ(ModelPass(spec, full, engine::cuda::GradWrite::kAccumulate, fp8), f8);
+    EXPECT_EQ(ModelPass(spec, selective, engine::cuda::GradWrite::kAccumulate, fp8), f8);
   }
   auto gpt = engine::MakeModelArch(SmallSpec(4, 1).model());
   ASSERT_TRUE(gpt.ok());
@@ -1147,14 +1151,16 @@ TEST_F(ZeroCudaTest, LlamaOneGpuLearns) {
 }
 
 // precision FP8 through the engine (the memory plan's arena holds the casts; the model's Linear
-// layers run in FP8) on two GPUs' worth of ranks: it learns as BF16 does, every step's loss
-// within 2% of BF16's, and it is not BF16 (the losses differ).
+// layers run in FP8) on two ranks (both on GPU 0 where there is one): it learns as BF16 does, every
+// step's loss within 2% of BF16's, and it is not BF16 (the losses differ).
 TEST_F(ZeroCudaTest, Fp8TrainingFollowsBf16) {
   if (!Fp8GemmsRun()) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9";
   weft::v1::JobSpec spec = SmallSpec(4, 40, /*llama=*/true);
-  const Curve bf16 = TrainGpu(spec, 2);
+  const Links links = GpuCount() >= 2 ? Links::kNccl : Links::kInProcess;
+  const Curve bf16 = TrainGpu(spec, 2, links);
   spec.set_precision(weft::v1::FP8);
-  const Curve fp8 = TrainGpu(spec, 2);
+  const Curve fp8 = TrainGpu(spec, 2, links);
+  ASSERT_FALSE(bf16.losses.empty());
   ASSERT_EQ(fp8.losses.size(), bf16.losses.size());
   const double worst = WorstRelative(fp8.losses, bf16.losses);
   std::printf("FP8 training against BF16: worst step %.2e relative, last loss %.4f against %.4f\n",

@@ -139,9 +139,25 @@ size_t LlamaCuda::Layout(char* base) {
   rope_sin_ = a.Take<float>(static_cast<size_t>(max_t_) * half);
   inv_freq_ = a.Take<float>(half);
   // FP8's casts: the widest layer and the largest weight are gate_up's (2I >= C, Q and the qkv
-  // width: ShapeProblem).
-  TakeFp8Scratch(a, 2 * config_.intermediate_size,
-                 size_t{2} * config_.intermediate_size * config_.hidden_size);
+  // width: ShapeProblem). A recomputation keeps the transposed casts of the Linear layers it
+  // runs: at kFull q/k/v, o and gate/up (not down, which it does not run), at kSelective o.
+  const size_t c = config_.hidden_size;
+  const size_t q = config_.q_width();
+  const auto kept = [&](size_t rows, size_t cols) {
+    return Fp8LinearScratch::KeptBytes(rows * cols);
+  };
+  const size_t attn_out_kept = kept(n, q) + kept(c, q);
+  size_t kept_bytes = 0;
+  for (int l = 0; l < layers; ++l) {
+    if (level_.At(l) == Checkpointing::kFull) {
+      kept_bytes = std::max(kept_bytes, kept(n, c) + kept(config_.qkv_width(), c) + attn_out_kept +
+                                            kept(n, c) + kept(2 * config_.intermediate_size, c));
+    } else if (level_.At(l) == Checkpointing::kSelective) {
+      kept_bytes = std::max(kept_bytes, attn_out_kept);
+    }
+  }
+  TakeFp8Scratch(a, 2 * config_.intermediate_size, size_t{2} * config_.intermediate_size * c,
+                 kept_bytes);
   return a.size();
 }
 

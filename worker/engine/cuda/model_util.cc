@@ -83,12 +83,12 @@ absl::Status ArenaModel::Allocate() {
   return absl::OkStatus();
 }
 
-void ArenaModel::TakeFp8Scratch(Arena& arena, int max_width, size_t max_weight) {
+void ArenaModel::TakeFp8Scratch(Arena& arena, int max_width, size_t max_weight, size_t kept_bytes) {
   if (!requests_.fp8_linears) return;
   const int rows = max_b_ * max_t_;
   const size_t at = arena.NextOffset();
-  arena.ExtendTo(at + Fp8LinearScratch::Bytes(rows, max_width, max_weight));
-  fp8_scratch_ = Fp8LinearScratch::At(arena.At(at), rows, max_width, max_weight);
+  arena.ExtendTo(at + Fp8LinearScratch::Bytes(rows, max_width, max_weight, kept_bytes));
+  fp8_scratch_ = Fp8LinearScratch::At(arena.At(at), rows, max_width, max_weight, kept_bytes);
 }
 
 absl::Status ArenaModel::Linear(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
@@ -173,16 +173,24 @@ absl::Status ArenaModel::LmHeadLoss(const bf16* normed, const bf16* weight, floa
 }
 
 absl::Status ArenaModel::RecomputeBlock(int l, const bf16* block) {
+  // The backward of block l comes next and reads the same inputs and weights (model.h): what
+  // the recomputation casts serves it too. Keeping starts afresh even at kNone, so that nothing
+  // kept for another block can be found.
+  if (fp8_ != nullptr) fp8_->StartKeeping();
+  absl::Status status = absl::OkStatus();
   switch (level_.At(l)) {
     case Checkpointing::kNone:
-      return absl::OkStatus();
+      break;
     case Checkpointing::kFull:
-      WEFT_RETURN_IF_ERROR(AttentionForward(l, block));
-      return MlpForwardToActivation(l, block);
+      status = AttentionForward(l, block);
+      if (status.ok()) status = MlpForwardToActivation(l, block);
+      break;
     case Checkpointing::kSelective:
-      return RecomputeSelective(l, block);
+      status = RecomputeSelective(l, block);
+      break;
   }
-  return absl::InternalError("unknown activation checkpointing level");
+  if (fp8_ != nullptr) fp8_->StopKeeping();
+  return status;
 }
 
 }  // namespace weft::engine::cuda

@@ -124,9 +124,10 @@ class ArenaModel : public CudaModel {
   // and the free memory), then lays the buffers out in them.
   absl::Status Allocate();
   // With requests_.fp8_linears, the FP8 Linears' cast scratch for layers of up to max_b * max_t
-  // rows, max_width features in or out and max_weight weight elements (a Layout takes it;
-  // without FP8 it takes nothing).
-  void TakeFp8Scratch(Arena& arena, int max_width, size_t max_weight);
+  // rows, max_width features in or out and max_weight weight elements, and kept_bytes for the
+  // casts a recomputation keeps for the backward (Fp8Linears::StartKeeping; room for each
+  // tensor by Fp8LinearScratch::KeptBytes). A Layout takes it; without FP8 it takes nothing.
+  void TakeFp8Scratch(Arena& arena, int max_width, size_t max_weight, size_t kept_bytes);
   // A block's Linear layer in the model's precision (bf16 through blas_, or FP8):
   //   out (N, OC) = inp (N, C) @ weight (OC, C)^T (+ bias) (+ residual; it may be out).
   absl::Status Linear(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
@@ -141,7 +142,8 @@ class ArenaModel : public CudaModel {
   // Activation checkpointing (engine/checkpointing.h): what BlockBackward(l) runs first to
   // bring back what level_.At(l) did not keep of block l's forward — nothing at kNone; at kFull
   // the block's forward up to the MLP's activation (its two halves below); at kSelective the
-  // model's RecomputeSelective.
+  // model's RecomputeSelective. In FP8 the Linear layers it runs keep their casts for the
+  // backward that follows (Fp8Linears::StartKeeping).
   absl::Status RecomputeBlock(int l, const bf16* block) override;
   // The forward's halves: the attention sub-layer (block input -> mid-block residual) and the
   // MLP up to its activation function's output; BlockForward adds the down projection and the

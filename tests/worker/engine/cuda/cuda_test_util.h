@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -49,6 +51,16 @@ class DeviceBuffer {
         cudaMemcpyAsync(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     return host;
+  }
+  // Overwrites the buffer with `host` (its size) in `stream`'s order: after what was enqueued
+  // there, before what follows.
+  void CopyFromHostOn(const std::vector<T>& host, cudaStream_t stream) {
+    if (host.size() != n_) {
+      std::fprintf(stderr, "CopyFromHostOn: %zu elements into a buffer of %zu\n", host.size(), n_);
+      std::abort();
+    }
+    CUDA_CHECK(cudaMemcpyAsync(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 
  private:

@@ -465,5 +465,62 @@ TEST_F(Fp8LinearsTest, FollowsTheBf16LinearsWithinFp8Error) {
   EXPECT_NE(s.message().find("beyond the FP8 scratch"), std::string::npos) << s;
 }
 
+// What a Forward keeps (Fp8Linears::StartKeeping) serves the Backward of the same tensors: its
+// bits are those of a Backward that casts afresh, and it reads the kept casts, not the tensors
+// (they are overwritten here, which a caller must not do, to see it). Beyond the kept room only
+// what fits is kept, and StartKeeping forgets.
+TEST_F(Fp8LinearsTest, KeptCastsServeTheBackward) {
+  if (!Fp8Gemms()) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9";
+  absl::StatusOr<std::unique_ptr<Blas>> blas = Blas::Create();
+  ASSERT_TRUE(blas.ok()) << blas.status();
+  const int n = 96, c = 128, oc = 80;
+  const size_t both = Fp8LinearScratch::KeptBytes(static_cast<size_t>(n) * c) +
+                      Fp8LinearScratch::KeptBytes(static_cast<size_t>(oc) * c);
+  std::mt19937 rng(9);
+  const std::vector<uint16_t> inp = RandomBf16Bits(static_cast<size_t>(n) * c, 1.0f, rng);
+  const std::vector<uint16_t> weight = RandomBf16Bits(static_cast<size_t>(oc) * c, 0.05f, rng);
+  const std::vector<uint16_t> dout = RandomBf16Bits(static_cast<size_t>(n) * oc, 1e-3f, rng);
+  const std::vector<uint16_t> other = RandomBf16Bits(inp.size(), 3.0f, rng);
+  const std::vector<uint16_t> other_w = RandomBf16Bits(weight.size(), 0.5f, rng);
+  DeviceBuffer<uint16_t> d_dout(dout), out(std::vector<uint16_t>(static_cast<size_t>(n) * oc));
+
+  // (dweight, dinp) of a Backward over (inp, weight) after a Forward kept what `kept_bytes`
+  // holds, the tensors then overwritten with `other` and `other_w`.
+  const auto run = [&](size_t kept_bytes, bool keep, int64_t* reads) {
+    DeviceBuffer<char> mem(
+        std::vector<char>(Fp8LinearScratch::Bytes(n, c, size_t{oc} * c, kept_bytes)));
+    Fp8Linears fp8(blas->get(), Fp8LinearScratch::At(mem.get(), n, c, size_t{oc} * c, kept_bytes));
+    DeviceBuffer<uint16_t> d_inp(inp), d_weight(weight);
+    DeviceBuffer<float> dw(std::vector<float>(weight.size()));
+    DeviceBuffer<uint16_t> dinp(std::vector<uint16_t>(inp.size()));
+    if (keep) fp8.StartKeeping();
+    EXPECT_TRUE(
+        fp8.Forward(out.bf16(), d_inp.bf16(), d_weight.bf16(), nullptr, nullptr, n, c, oc, stream_)
+            .ok());
+    fp8.StopKeeping();
+    if (keep) {
+      d_inp.CopyFromHostOn(other, stream_);
+      d_weight.CopyFromHostOn(other_w, stream_);
+    }
+    EXPECT_TRUE(fp8.Backward(dinp.bf16(), dw.get(), false, d_dout.bf16(), d_inp.bf16(),
+                             d_weight.bf16(), n, c, oc, stream_)
+                    .ok());
+    *reads = fp8.kept_reads();
+    return std::make_pair(dw.ToHostOn(stream_), dinp.ToHostOn(stream_));
+  };
+  int64_t reads = -1;
+  const auto fresh = run(0, false, &reads);
+  EXPECT_EQ(reads, 0);
+  const auto kept = run(both, true, &reads);
+  EXPECT_EQ(reads, 2);
+  EXPECT_EQ(kept.first, fresh.first);
+  EXPECT_EQ(kept.second, fresh.second);
+  // Room for the input only: the weight is cast from what the buffer now holds.
+  const auto input_only =
+      run(Fp8LinearScratch::KeptBytes(static_cast<size_t>(n) * c), true, &reads);
+  EXPECT_EQ(reads, 1);
+  EXPECT_NE(input_only.second, fresh.second);
+}
+
 }  // namespace
 }  // namespace weft::engine::cuda
