@@ -1,9 +1,9 @@
 """Single-host PyTorch peer for the Llama, Qwen2, Qwen3 and Mistral families: FSDP2 (ZeRO-3
 equivalent) with bf16 mixed precision, optionally torch.compile and per-block activation
-checkpointing, on one host of N GPUs.
+checkpointing, and with --float8 torchao's float8 training, on one host of N GPUs.
 
     torchrun --standalone --nproc_per_node=N bench/peers/peer_fsdp_families.py \\
-        --arch llama|qwen2|qwen3|mistral [--compile] [--ac] [--offload] [--mb 2] \\
+        --arch llama|qwen2|qwen3|mistral [--compile] [--ac] [--offload] [--float8] [--mb 2] \\
         [--layers 36 --dim 4096 --heads 32 --kv-heads 8 --head-dim 128 --ffn 12288 \\
          --vocab 151936 --seq 4096 --rope-theta 1e6 --window 0 --tied] [--steps 30 --warmup 10]
 
@@ -15,7 +15,7 @@ synchronisations; rank 0 prints one line
 
     RESULT arch=A mode=fsdp compile=.. world=N params=..M mb=.. seq=.. ac=.. offload=..
       step_ms=.. tok_s=.. tok_s_per_gpu=.. mfu_vs_989=..% maxmem_GiB=.. loss=..
-      head_dim=.. window=.. attention=causal|flex|sdpa-mask
+      head_dim=.. window=.. attention=causal|flex|sdpa-mask float8=on|off
 
 The model math is what transformers 4.57 computes for each family (check_peer_families.py
 compares the logits on the CPU):
@@ -41,13 +41,34 @@ The model is built on the meta device, sharded, then materialised and initialise
 shard, so that no rank ever holds the whole fp32 model and max_memory_allocated is training's
 peak (an 8B fp32 model built whole would itself be a 32 GiB peak).
 
+--float8 is the public FP8 baseline for Weft's FP8 engine: torchao's float8 training as
+torchtitan runs it, on the same model, shapes and command line as the bf16 run. Before
+fully_shard, convert_to_float8_training swaps the four matmuls of every block (wqkv, wo,
+w_gate_up, w_down) for Float8Linear; the embedding, the norms and the LM head stay bf16, so
+that FP8 covers the layers it covers in Weft's FP8 path (its blocks' Linear layers) and in
+torchtitan's (which leaves the output layer out). A block Linear with a dimension that is not
+a multiple of 16 (what torch._scaled_mm takes) stays bf16 and is named on stderr; none of the
+benchmark shapes has one, so no padding (pad_inner_dim) is needed. The recipe is tensorwise
+dynamic scaling (E4M3 inputs and weights, E5M2 output gradients, one scale per tensor from
+its current amax, fast accumulation in the forward GEMM only), with the weights cast to FP8
+before FSDP's all-gather (enable_fsdp_float8_all_gather) and their scales computed after each
+optimizer step in one all-reduce for the whole model (precompute_float8_dynamic_scale_for_fsdp),
+which the timed step includes. It composes with
+--compile (which it needs to be fast: compiling fuses the amax and cast kernels) and --ac; it
+is refused with --offload and where there is no GPU of compute capability 8.9 or newer.
+torchao is not part of the GPU machine's torch install: its wheel is carried
+(.device/wheels/) and bench/peers/install_torchao.sh installs it into a folder of its own for
+PYTHONPATH.
+
 FLOPs and MFU: as Weft counts them (worker/mfu.h, common/job_spec.cc ModelParameterCount),
 6 x parameters + 12 x layers x attention width x context per token, against 989 TFLOP/s.
 The parameters are counted with the padded vocabulary (Weft pads it to a multiple of 128 rows,
 and so does this model), biases and q/k norms included. The attention width is heads x
 head_dim (Weft's hidden_size; the two agree for every benchmark shape). A sliding window is
 counted as full causal attention over the whole context, as Weft counts it, so the MFUs of
-the two compare; the work a window skips makes both look faster, not more efficient.
+the two compare; the work a window skips makes both look faster, not more efficient. --float8
+keeps both the count and the bf16 peak, so its MFU is a speed against the bf16 run's, not a
+utilisation of the FP8 peak.
 """
 import argparse
 import dataclasses
@@ -354,6 +375,67 @@ def init_weights(model: Model, std=0.02):
                 local.normal_(0.0, std)
 
 
+# ---- float8 (torchao) ----------------------------------------------------------------------
+
+# The Linear layers of a block that --float8 converts, by attribute name (Block.__init__).
+FLOAT8_LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
+
+
+def float8_filter(module: nn.Module, fqn: str) -> bool:
+    """convert_to_float8_training's module_filter_fn: True for a block matmul (blocks.<i>.<name>,
+    name in FLOAT8_LINEARS) whose two dimensions are multiples of 16. Named rather than
+    "every Linear but the head", so that a layer added to the model later stays bf16 until
+    someone decides otherwise."""
+    parts = fqn.split(".")
+    if len(parts) != 3 or parts[0] != "blocks" or parts[2] not in FLOAT8_LINEARS:
+        return False
+    out_features, in_features = module.weight.shape
+    return out_features % 16 == 0 and in_features % 16 == 0
+
+
+def float8_config(emulate=False):
+    """torchao's tensorwise recipe with FP8 all-gather. emulate (torchao's emulated matmul, no
+    torch._scaled_mm) is for checking the conversion on a CPU, never for a measurement."""
+    from torchao.float8 import Float8LinearConfig
+    return dataclasses.replace(Float8LinearConfig.from_recipe_name("tensorwise"),
+                               enable_fsdp_float8_all_gather=True, emulate=emulate)
+
+
+def convert_float8(model: Model, emulate=False):
+    """Swaps the blocks' Linear layers for torchao's Float8Linear in place; works on the meta
+    device and must come before fully_shard (FSDP then shards the FP8-aware weights). Returns
+    (converted, kept): the names of the block Linears converted and of those left bf16."""
+    from torchao.float8 import convert_to_float8_training
+    block_linears = [name for name, m in model.named_modules()
+                     if isinstance(m, nn.Linear) and name.startswith("blocks.")]
+    convert_to_float8_training(model, config=float8_config(emulate), module_filter_fn=float8_filter)
+    # Float8Linear is not among torchao's public names; its type name is.
+    converted = [name for name, m in model.named_modules() if type(m).__name__ == "Float8Linear"]
+    return converted, [name for name in block_linears if name not in converted]
+
+
+def float8_preflight(a):
+    """Refuses --float8 where it cannot run, before any process group exists, with the reason."""
+    if a.offload:
+        # The per-step scale precompute reads the shards where they live, host memory under
+        # --offload, and all-reduces their amaxes over NCCL, which takes GPU tensors only.
+        raise SystemExit("--float8 with --offload is not supported: the FP8 weight scales are "
+                         "computed from the shards in place, which --offload keeps in host memory")
+    if not torch.cuda.is_available():
+        raise SystemExit("--float8 needs a CUDA GPU of compute capability 8.9 or newer "
+                         "(torch._scaled_mm); this machine has no CUDA device")
+    cap = torch.cuda.get_device_capability(int(os.environ.get("LOCAL_RANK", 0)))
+    if cap < (8, 9):
+        raise SystemExit(f"--float8 needs compute capability 8.9 or newer (torch._scaled_mm); "
+                         f"this GPU has {cap[0]}.{cap[1]}")
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"--float8 needs torchao ({e}): install the carried wheel with "
+                         "bench/peers/install_torchao.sh WHEEL_DIR TARGET and put the folder it "
+                         "prints on PYTHONPATH")
+
+
 # ---- training measurement ------------------------------------------------------------------
 
 def main():
@@ -365,6 +447,9 @@ def main():
     p.add_argument("--ac", action="store_true", help="activation checkpointing per block")
     p.add_argument("--offload", action="store_true",
                    help="parameters, gradients and optimizer state in host memory (CPUOffloadPolicy)")
+    p.add_argument("--float8", action="store_true",
+                   help="torchao float8 training (tensorwise, FP8 all-gather) for the blocks' "
+                        "Linear layers; needs torchao (install_torchao.sh) and an sm_89+ GPU")
     p.add_argument("--mb", type=int, default=8, help="micro-batch per GPU")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10)
@@ -372,6 +457,8 @@ def main():
                    help="window attention path (auto: FlexAttention where available)")
     a = p.parse_args()
     s = shape_from_args(a)
+    if a.float8:
+        float8_preflight(a)
 
     import torch.distributed as dist
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -388,6 +475,17 @@ def main():
     nparams = sum(q.numel() for q in model.parameters())
     if nparams != param_count(s):
         raise SystemExit(f"internal: built {nparams} parameters, counted {param_count(s)}")
+    if a.float8:
+        converted, kept = convert_float8(model)
+        if not converted:
+            raise SystemExit(f"--float8: no block Linear of shape {s} has dimensions that are "
+                             "multiples of 16; nothing would run in FP8")
+        if rank == 0:
+            import torchao
+            print(f"peer_fsdp_families: float8 (torchao {torchao.__version__}, tensorwise, FP8 "
+                  f"all-gather) on {len(converted)} block Linears"
+                  + (f"; left bf16 (a dimension not a multiple of 16): {', '.join(kept)}"
+                     if kept else ""), file=sys.stderr, flush=True)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     off = CPUOffloadPolicy() if a.offload else OffloadPolicy()
     for block in model.blocks:
@@ -401,6 +499,8 @@ def main():
     model.checkpoint_blocks = a.ac
     step_model = torch.compile(model) if a.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=not a.offload)
+    if a.float8:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
     gen = torch.Generator(device=dev)
     gen.manual_seed(rank)
@@ -416,6 +516,9 @@ def main():
         loss = step_model(x, y)
         loss.backward()
         opt.step()
+        if a.float8:
+            # The next all-gather's FP8 weight scales, from the updated weights in one all-reduce.
+            precompute_float8_dynamic_scale_for_fsdp(model)
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     dt = (time.time() - t0) / a.steps
@@ -427,7 +530,8 @@ def main():
               f"params={nparams / 1e6:.1f}M mb={a.mb} seq={s.seq} ac={a.ac} offload={a.offload} "
               f"step_ms={dt * 1e3:.1f} tok_s={tok:,.0f} tok_s_per_gpu={tok / world:,.0f} "
               f"mfu_vs_989={mfu * 100:.1f}% maxmem_GiB={mem:.1f} loss={loss.item():.3f} "
-              f"head_dim={s.head_dim} window={s.window} attention={model.attention.kind}",
+              f"head_dim={s.head_dim} window={s.window} attention={model.attention.kind} "
+              f"float8={'on' if a.float8 else 'off'}",
               flush=True)
     dist.destroy_process_group()
 
