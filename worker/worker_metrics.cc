@@ -1,5 +1,7 @@
 #include "worker/worker_metrics.h"
 
+#include <cmath>
+
 #include "common/metrics.h"
 
 namespace weft::worker {
@@ -44,6 +46,28 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
                               "communication, optimizer, total")
                         .Register(registry);
   steps_ = &AddCounter(registry, "weft_worker_steps_total", "Optimizer steps completed", labels_);
+  skipped_steps_ = &AddCounter(registry, "weft_worker_steps_skipped_total",
+                               "Steps skipped because their gradient was not finite (parameters "
+                               "and optimizer state left as they were)",
+                               labels_);
+  auto& fp8_values = prometheus::BuildCounter()
+                         .Name("weft_worker_fp8_values_total")
+                         .Help(
+                             "Values this rank's FP8 casts took (precision FP8), by format "
+                             "(e4m3: the Linear layers' inputs and weights, e5m2: their output "
+                             "gradients) and outcome: cast (all), underflow (not zero, cast "
+                             "to zero), saturated (beyond the format's largest value)")
+                         .Register(registry);
+  const char* const kFormats[] = {"e4m3", "e5m2"};
+  const char* const kOutcomes[] = {"cast", "underflow", "saturated"};
+  for (int f = 0; f < 2; ++f) {
+    for (int o = 0; o < 3; ++o) {
+      prometheus::Labels labels = labels_;
+      labels["format"] = kFormats[f];
+      labels["outcome"] = kOutcomes[o];
+      fp8_values_[f][o] = &fp8_values.Add(labels);
+    }
+  }
   auto& collective_bytes = prometheus::BuildCounter()
                                .Name("weft_worker_collective_bytes_total")
                                .Help("Bytes this rank's collectives sent in training steps, as "
@@ -75,6 +99,13 @@ void WorkerMetrics::RecordStep(int64_t step, const zero::StepResult& result, dou
   learning_rate_->Set(result.learning_rate);
   state_bytes_->Set(static_cast<double>(state_bytes));
   steps_->Increment();
+  if (!std::isfinite(result.grad_norm)) skipped_steps_->Increment();
+  const zero::Fp8Tally* tallies[] = {&result.fp8_e4m3, &result.fp8_e5m2};
+  for (int f = 0; f < 2; ++f) {
+    fp8_values_[f][0]->Increment(static_cast<double>(tallies[f]->values));
+    fp8_values_[f][1]->Increment(static_cast<double>(tallies[f]->underflows));
+    fp8_values_[f][2]->Increment(static_cast<double>(tallies[f]->saturated));
+  }
   const auto& t = result.timings;
   step_seconds_->Set(t.step_ms / 1000.0);
   compute_seconds_->Set((t.forward_ms + t.backward_ms + t.optimizer_ms) / 1000.0);

@@ -41,6 +41,10 @@ class WorkerMetrics {
   prometheus::Gauge* grad_norm_;
   prometheus::Gauge* learning_rate_;
   prometheus::Counter* steps_;
+  prometheus::Counter* skipped_steps_;
+  // weft_worker_fp8_values_total by format (e4m3, e5m2) and outcome (cast, underflow,
+  // saturated): [format][outcome].
+  prometheus::Counter* fp8_values_[2][3] = {};
   // Its speed.
   prometheus::Gauge* tokens_per_s_;
   prometheus::Gauge* mfu_;

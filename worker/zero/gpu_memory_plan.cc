@@ -144,9 +144,10 @@ void AddWorkingBuffers(const ShardLayout& layout, int world, bool offload, size_
                         sizeof(float)));
   out->push_back(Buffer(Role::kStats, 0, Place::kDevice, Part::kWorking, 3, sizeof(float)));
   out->push_back(Buffer(Role::kGradScale, 0, Place::kDevice, Part::kWorking, 1, sizeof(float)));
-  // In no total: 12 pinned bytes, and host_bytes is optimizer offload's (0 without it, as
+  // In no total: 72 pinned bytes, and host_bytes is optimizer offload's (0 without it, as
   // CheckHostMemory takes it).
-  out->push_back(Buffer(Role::kHostStats, 0, Place::kPinnedHost, Part::kNone, 5, sizeof(float)));
+  out->push_back(Buffer(Role::kHostStats, 0, Place::kPinnedHost, Part::kNone, kHostStatsFloats,
+                        sizeof(float)));
   out->push_back(Buffer(Role::kSmallBufferRounding, 0, Place::kNowhere, Part::kWorking,
                         kSmallBuffersBytes - 3 * sizeof(float), 1));
 }

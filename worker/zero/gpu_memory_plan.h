@@ -63,6 +63,9 @@ inline constexpr size_t kBf16Bytes = 2;
 // into the shard's gradient (no full-unit buffer, no reduce-scatter).
 inline bool DirectGradients(int world) { return world == 1; }
 
+// Floats of the pinned kHostStats buffer: 6, then 2 x 3 uint64 of FP8 cast counts.
+inline constexpr size_t kHostStatsFloats = 6 + 2 * 3 * 2;
+
 // What a buffer is to the engine. Per-unit roles (GpuBuffer::index: the unit) are that unit's
 // shard; kBlockWork and the staging roles come in slots 0 and 1 (index: the slot).
 enum class GpuBufferRole {
@@ -81,8 +84,9 @@ enum class GpuBufferRole {
   kNormScratch,    // SumOfSquares's partial sums
   kStats,          // [sum of squares, loss sum, targets that count]
   kGradScale,      // the clip scale
-  // [sum of squares, loss sum, clip scale, targets that count] read by the host, and [4] the
-  // rank's count on its way to the device
+  // [sum of squares, loss sum, clip scale, targets that count] read by the host, [4] the
+  // rank's count on its way to the device, and from float 6 (byte 24, 8-byte aligned) the FP8
+  // casts' two Fp8CastCounts (kHostStatsFloats in all)
   kHostStats,
   kStagingGrads,         // offload: a shard gradient on its way to the host AdamW
   kStagingBf16,          // offload: bf16 weights on their way back

@@ -30,6 +30,14 @@ struct StepTimings {
   double optimizer_ms = 0;
 };
 
+// What a step's FP8 casts did to their values on one rank (engine/cuda/fp8.h's
+// Fp8CastCounts): values cast, of them those that underflowed to zero and those saturated.
+struct Fp8Tally {
+  int64_t values = 0;
+  int64_t underflows = 0;
+  int64_t saturated = 0;
+};
+
 struct StepResult {
   // Mean training loss over the targets of the global batch of the step that count (0 when
   // none does).
@@ -41,6 +49,11 @@ struct StepResult {
   float grad_norm = 0;
   double learning_rate = 0;
   StepTimings timings;
+  // With precision FP8 (zeros otherwise), this rank's casts since the step before: E4M3 the
+  // Linear layers' inputs and weights, E5M2 their output gradients. A validation pass in
+  // between counts with the next step.
+  Fp8Tally fp8_e4m3;
+  Fp8Tally fp8_e5m2;
 };
 
 // One rank's micro-batch: engine-owned buffers, each (B, T) int32, that a BatchFn fills.

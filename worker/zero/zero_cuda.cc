@@ -661,6 +661,13 @@ absl::Status ZeroCudaEngine::CopyStatsToHost() {
       cudaMemcpyAsync(host_stats_, stats_, 2 * sizeof(float), cudaMemcpyDeviceToHost, compute_));
   WEFT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host_stats_[3], &stats_[2], sizeof(float),
                                             cudaMemcpyDeviceToHost, compute_));
+  // The FP8 casts' tallies of the step, zeroed for the next once copied.
+  if (cuda::Fp8CastCounts* counts = model_->Fp8Counts(); counts != nullptr) {
+    constexpr size_t kBytes = 2 * sizeof(cuda::Fp8CastCounts);
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(HostFp8Counts(), counts, kBytes, cudaMemcpyDeviceToHost, compute_));
+    WEFT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(counts, 0, kBytes, compute_));
+  }
   return absl::OkStatus();
 }
 
@@ -913,6 +920,14 @@ absl::StatusOr<StepResult> ZeroCudaEngine::TrainStep(int64_t step, const BatchFn
                          ? host_stats_[0]
                          : mean.gradient_scale * std::sqrt(std::max(0.0f, host_stats_[0]));
   if (std::isfinite(result.grad_norm)) ++optimizer_steps_;
+  if (model_->Fp8Counts() != nullptr) {
+    const auto tally = [](const cuda::Fp8CastCounts& c) {
+      return Fp8Tally{static_cast<int64_t>(c.values), static_cast<int64_t>(c.underflows),
+                      static_cast<int64_t>(c.saturated)};
+    };
+    result.fp8_e4m3 = tally(HostFp8Counts()[0]);
+    result.fp8_e5m2 = tally(HostFp8Counts()[1]);
+  }
   result.timings = StepTimingsOf(opt_begin, opt_end, wall_start);
   return result;
 }

@@ -298,7 +298,11 @@ class ZeroCudaEngine : public ZeroEngine {
   float* stats_ = nullptr;         // device [sum of squares, loss sum, targets that count]
   float* grad_scale_ = nullptr;    // device scalar
   float* norm_scratch_ = nullptr;
-  float* host_stats_ = nullptr;    // pinned [sum of squares, loss sum, clip scale]
+  float* host_stats_ = nullptr;  // pinned: gpu_memory_plan.h's kHostStats
+  // The FP8 casts' tallies in host_stats_ (gpu_memory_plan.h's kHostStats): [E4M3, E5M2].
+  engine::cuda::Fp8CastCounts* HostFp8Counts() const {
+    return reinterpret_cast<engine::cuda::Fp8CastCounts*>(host_stats_ + 6);
+  }
   // Optimizer offload of units [first_offloaded_, n) (n: none): their Unit::params, m, v and
   // host_decay_mask are pinned host memory, and so are the two staging pairs of the host
   // step (the plan's, handed to the optimizer).

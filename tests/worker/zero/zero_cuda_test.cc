@@ -245,6 +245,7 @@ struct Curve {
   std::vector<float> grad_norms;
   std::vector<std::vector<float>> params;
   std::vector<float> eval_losses;  // TrainGpu's eval_every
+  std::vector<zero::StepResult> steps;  // rank 0's (TrainGpu)
   // Rank 0's engine: what its plan said (state and working) and what it allocated.
   size_t planned_bytes = 0;
   size_t allocated_bytes = 0;
@@ -333,6 +334,7 @@ Curve TrainGpu(const weft::v1::JobSpec& spec, int world, Links links = Links::kN
         if (rank == 0) {
           curve.losses.push_back(r->loss);
           curve.grad_norms.push_back(r->grad_norm);
+          curve.steps.push_back(*r);
         }
         if (eval_every > 0 && step % eval_every == 0) {
           auto eval = (*engine)->EvalLoss(1, batch);
@@ -1168,6 +1170,24 @@ TEST_F(ZeroCudaTest, Fp8TrainingFollowsBf16) {
   EXPECT_LE(worst, 0.02);
   EXPECT_NE(fp8.losses, bf16.losses);
   EXPECT_LT(fp8.losses.back(), 0.6f * fp8.losses.front()) << "FP8 training did not learn";
+  // Each step tallies its own casts: every step the same values (the same GEMMs), a few
+  // gradients underflowing, nothing saturating under current scaling; BF16 tallies nothing.
+  ASSERT_EQ(fp8.steps.size(), bf16.steps.size());
+  for (size_t i = 0; i < fp8.steps.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("step ", i));
+    EXPECT_EQ(bf16.steps[i].fp8_e4m3.values + bf16.steps[i].fp8_e5m2.values, 0);
+    EXPECT_EQ(fp8.steps[i].fp8_e4m3.values, fp8.steps[0].fp8_e4m3.values);
+    EXPECT_EQ(fp8.steps[i].fp8_e5m2.values, fp8.steps[0].fp8_e5m2.values);
+    EXPECT_EQ(fp8.steps[i].fp8_e4m3.saturated + fp8.steps[i].fp8_e5m2.saturated, 0);
+    EXPECT_LT(fp8.steps[i].fp8_e5m2.underflows, fp8.steps[i].fp8_e5m2.values / 10);
+  }
+  EXPECT_GT(fp8.steps[0].fp8_e4m3.values, 0);
+  EXPECT_GT(fp8.steps[0].fp8_e5m2.values, 0);
+  std::printf("FP8 casts a step: %lld E4M3 values (%lld underflow), %lld E5M2 (%lld underflow)\n",
+              static_cast<long long>(fp8.steps[0].fp8_e4m3.values),
+              static_cast<long long>(fp8.steps[0].fp8_e4m3.underflows),
+              static_cast<long long>(fp8.steps[0].fp8_e5m2.values),
+              static_cast<long long>(fp8.steps[0].fp8_e5m2.underflows));
 }
 
 // The memory plan is the allocation: PlanCudaActivationBytes is what the model allocates, at

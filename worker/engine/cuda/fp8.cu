@@ -5,7 +5,8 @@
 // floats order as their bit patterns do, and a quiet NaN's are above infinity's, so a NaN
 // anywhere makes the maximum NaN). Fp8Cast takes 64 x 64 tiles, a block each: it
 // reads the tile once, writes the straight cast in 8-byte rows and stages the bytes
-// transposed in shared memory for 16-byte rows of the transpose.
+// transposed in shared memory for 16-byte rows of the transpose. Its tallies (Fp8CastCounts)
+// are summed over each warp and added with one atomic a warp where they are not zero.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -99,6 +100,7 @@ __global__ void __launch_bounds__(internal::kBlockSize)
                uint8_t* __restrict__ out_t,          // (cols, rows) or null
                float* __restrict__ scale_inv,        // one float or null
                unsigned int* __restrict__ amax_out,  // x's amax bits, or null
+               Fp8CastCounts* __restrict__ counts,   // += tallies, or null
                const bf16* __restrict__ x,           // (rows, cols)
                const float* __restrict__ amax, int rows, int cols, float max_finite) {
   __shared__ __align__(16) uint8_t staged[kTile * kTileStride];  // [col][row] of the tile
@@ -111,6 +113,7 @@ __global__ void __launch_bounds__(internal::kBlockSize)
   constexpr int kRowVecs = kTile / kVec;  // 8 vectors a tile row
   float m = 0.0f;
   bool nan = false;
+  unsigned int underflows = 0, saturated = 0;
 #pragma unroll
   for (int k = 0; k < kTile * kRowVecs / internal::kBlockSize; ++k) {
     const int v = threadIdx.x + k * internal::kBlockSize;
@@ -132,6 +135,12 @@ __global__ void __launch_bounds__(internal::kBlockSize)
           __nv_cvt_float2_to_fp8x2(make_float2(f[j] * s, f[j + 1] * s), __NV_SATFINITE, kFormat);
       b[j] = static_cast<uint8_t>(pair & 0xff);
       b[j + 1] = static_cast<uint8_t>(pair >> 8);
+      if (counts != nullptr) {
+        // 0x00 and 0x80 are the two zeros of both formats.
+        underflows +=
+            (f[j] != 0.0f && (b[j] & 0x7f) == 0) + (f[j + 1] != 0.0f && (b[j + 1] & 0x7f) == 0);
+        saturated += (fabsf(f[j] * s) > max_finite) + (fabsf(f[j + 1] * s) > max_finite);
+      }
     }
     if (out != nullptr) {
       uint2 packed;
@@ -145,6 +154,18 @@ __global__ void __launch_bounds__(internal::kBlockSize)
     }
   }
   if (amax_out != nullptr) OfferBlockMax(amax_out, m, nan);
+  if (counts != nullptr) {
+    underflows = __reduce_add_sync(0xffffffffu, underflows);
+    saturated = __reduce_add_sync(0xffffffffu, saturated);
+    if (threadIdx.x % kWarpSize == 0) {
+      if (underflows != 0)
+        atomicAdd(&counts->underflows, static_cast<unsigned long long>(underflows));
+      if (saturated != 0) atomicAdd(&counts->saturated, static_cast<unsigned long long>(saturated));
+    }
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+      atomicAdd(&counts->values, static_cast<unsigned long long>(rows) * cols);
+    }
+  }
   if (out_t == nullptr) return;
   __syncthreads();
   // A transposed row (a tile column) is 64 bytes: 4 threads write 16 each.
@@ -181,7 +202,7 @@ absl::Status Fp8Amax(float* amax, const bf16* x, int64_t n, cudaStream_t stream)
 
 absl::Status Fp8Cast(uint8_t* out, uint8_t* out_t, float* scale_inv, const bf16* x,
                      const float* amax, int rows, int cols, Fp8Format format, cudaStream_t stream,
-                     float* amax_out) {
+                     float* amax_out, Fp8CastCounts* counts) {
   constexpr const char* kOp = "Fp8Cast";
   WEFT_BF16_RETURN_IF_ERROR(CheckMultipleOf16(rows, kOp, "rows"));
   WEFT_BF16_RETURN_IF_ERROR(CheckMultipleOf16(cols, kOp, "cols"));
@@ -208,9 +229,11 @@ absl::Status Fp8Cast(uint8_t* out, uint8_t* out_t, float* scale_inv, const bf16*
   const float max_finite = Fp8MaxFinite(format);
   return format == Fp8Format::kE4M3
              ? internal::Launch(CastKernel<__NV_E4M3>, grid, internal::kBlockSize, 0, stream, out,
-                                out_t, scale_inv, amax_bits, x, amax, rows, cols, max_finite)
+                                out_t, scale_inv, amax_bits, counts, x, amax, rows, cols,
+                                max_finite)
              : internal::Launch(CastKernel<__NV_E5M2>, grid, internal::kBlockSize, 0, stream, out,
-                                out_t, scale_inv, amax_bits, x, amax, rows, cols, max_finite);
+                                out_t, scale_inv, amax_bits, counts, x, amax, rows, cols,
+                                max_finite);
 }
 
 }  // namespace weft::engine::cuda

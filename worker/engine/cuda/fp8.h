@@ -18,7 +18,7 @@
 //
 // Contracts:
 //  - Fp8Amax WRITES (=) one device float; Fp8Cast writes (=) its outputs, *scale_inv and
-//    *amax_out.
+//    *amax_out, and ACCUMULATES (+=) into *counts.
 //  - Both run on `stream` only (the amax is zeroed there first); nothing is synchronized.
 //  - rows and cols multiples of 16 (the FP8 GEMMs' alignment; every Linear shape Weft builds
 //    meets it), pointers 16-byte aligned.
@@ -41,6 +41,16 @@ enum class Fp8Format : int {
   kE5M2 = 1,  // 5 exponent bits, 2 mantissa bits; IEEE-like; largest finite 57344
 };
 
+// What casts did to their values, tallied on the device (Fp8Cast's counts): a value underflows
+// when it is not zero but its cast is (its magnitude times s fell below half the format's
+// smallest subnormal), and saturates when its magnitude times s exceeds the largest finite
+// value (only a stale amax, delayed scaling's, allows it). A non-finite value is neither.
+struct Fp8CastCounts {
+  unsigned long long values = 0;
+  unsigned long long underflows = 0;
+  unsigned long long saturated = 0;
+};
+
 // 448 or 57344.
 float Fp8MaxFinite(Fp8Format format);
 const char* Fp8FormatName(Fp8Format format);
@@ -55,9 +65,10 @@ absl::Status Fp8Amax(float* amax, const bf16* x, int64_t n, cudaStream_t stream)
 //   out_t (cols, rows) = cast(x * s)^T        when not null (not both null)
 //   *scale_inv (device float) = 1 / s         when not null
 //   *amax_out (device float) = x's amax       when not null (apart from amax and scale_inv)
+//   *counts (device) += x's values, underflows and saturations    when not null
 absl::Status Fp8Cast(uint8_t* out, uint8_t* out_t, float* scale_inv, const bf16* x,
                      const float* amax, int rows, int cols, Fp8Format format, cudaStream_t stream,
-                     float* amax_out = nullptr);
+                     float* amax_out = nullptr, Fp8CastCounts* counts = nullptr);
 
 }  // namespace weft::engine::cuda
 

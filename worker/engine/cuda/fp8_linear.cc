@@ -26,6 +26,7 @@ Fp8LinearScratch Lay(Arena& arena, int max_rows, int max_width, size_t max_weigh
   s.dout = arena.Take<uint8_t>(activation);
   s.dout_t = arena.Take<uint8_t>(activation);
   s.stats = arena.Take<float>(Fp8LinearScratch::kStatsFloats);
+  s.counts = arena.Take<Fp8CastCounts>(2);
   if (kept_bytes > 0) {
     s.kept = arena.Take<uint8_t>(kept_bytes);
     s.kept_stats = arena.Take<float>(8 * Fp8LinearScratch::kMaxKept);
@@ -68,7 +69,8 @@ absl::Status Fp8Linears::Cast(uint8_t* out, uint8_t* out_t, const bf16* x, int r
                               Fp8Format format, int slot, cudaStream_t stream) {
   float* amax = scratch_.stats + 8 * slot;
   WEFT_RETURN_IF_ERROR(Fp8Amax(amax, x, static_cast<int64_t>(rows) * cols, stream));
-  return Fp8Cast(out, out_t, amax + 4, x, amax, rows, cols, format, stream);
+  return Fp8Cast(out, out_t, amax + 4, x, amax, rows, cols, format, stream, nullptr,
+                 scratch_.counts + static_cast<int>(format));
 }
 
 Fp8Operand Fp8Linears::Operand(const uint8_t* data, Fp8Format format, int slot) const {
@@ -85,8 +87,8 @@ absl::StatusOr<Fp8Operand> Fp8Linears::ForwardOperand(uint8_t* out, const bf16* 
   }
   Kept k{x, rows, cols, scratch_.kept + kept_used_, scratch_.kept_stats + 8 * kept_.size()};
   WEFT_RETURN_IF_ERROR(Fp8Amax(k.stats, x, static_cast<int64_t>(rows) * cols, stream));
-  WEFT_RETURN_IF_ERROR(
-      Fp8Cast(out, k.transposed, k.stats + 4, x, k.stats, rows, cols, Fp8Format::kE4M3, stream));
+  WEFT_RETURN_IF_ERROR(Fp8Cast(out, k.transposed, k.stats + 4, x, k.stats, rows, cols,
+                               Fp8Format::kE4M3, stream, nullptr, scratch_.counts));
   kept_.push_back(k);
   kept_used_ += room;
   return Fp8Operand{out, Fp8Format::kE4M3, k.stats + 4};

@@ -50,6 +50,9 @@ struct Fp8LinearScratch {
   uint8_t* dout_t = nullptr;  // (max_rows * max_width): its transpose
   float* stats = nullptr;     // kStatsFloats: each tensor's amax and scale_inv, 16-byte apart
   static constexpr int kStatsFloats = 3 * 8;
+  // What every cast did (fp8.h), accumulating: [0] E4M3 (inputs and weights), [1] E5M2
+  // (output gradients). Whoever lays the scratch out zeroes them.
+  Fp8CastCounts* counts = nullptr;
   // Kept casts (Fp8Linears::StartKeeping): up to kMaxKept transposed tensors in kept_bytes,
   // each taking its elements rounded up to 256 bytes, with their amax and scale_inv.
   static constexpr int kMaxKept = 8;

@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/engine/checkpointing.h"
+#include "worker/engine/cuda/fp8.h"
 #include "worker/engine/cuda/plan_sizes.h"
 #include "worker/engine/model_arch.h"
 
@@ -117,6 +118,12 @@ class CudaModel {
   // holds garbage once the first BlockBackward has run, and may be written (gathered into)
   // only once the gradients of the step before have been read, as the forward's activations.
   virtual bf16* HeadWork() const = 0;
+
+  // With FP8 Linear layers (ArenaRequests::fp8_linears), what their casts did, on the device:
+  // [0] E4M3 (inputs and weights), [1] E5M2 (output gradients), accumulating (+=) from zero at
+  // creation; the caller reads and zeroes them on the model's stream (the ZeRO engine, each
+  // step). Null without FP8.
+  virtual Fp8CastCounts* Fp8Counts() const { return nullptr; }
 };
 
 // One architecture's CUDA model, found once by FindCudaModel, so that nothing after that can

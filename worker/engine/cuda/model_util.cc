@@ -79,7 +79,11 @@ absl::Status ArenaModel::Allocate() {
   }
   arena_bytes_ = bytes;
   RunLayout(static_cast<char*>(arena_));
-  if (requests_.fp8_linears) fp8_ = std::make_unique<Fp8Linears>(blas_.get(), fp8_scratch_);
+  if (requests_.fp8_linears) {
+    fp8_ = std::make_unique<Fp8Linears>(blas_.get(), fp8_scratch_);
+    WEFT_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(fp8_scratch_.counts, 0, 2 * sizeof(Fp8CastCounts), stream_));
+  }
   return absl::OkStatus();
 }
 

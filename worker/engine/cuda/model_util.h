@@ -71,6 +71,9 @@ class ArenaModel : public CudaModel {
     return layer < static_cast<int>(spent_grads_.size()) ? spent_grads_[layer] : nullptr;
   }
   bf16* HeadWork() const override { return head_work_; }
+  Fp8CastCounts* Fp8Counts() const override {
+    return fp8_ == nullptr ? nullptr : fp8_scratch_.counts;
+  }
 
  protected:
   ArenaModel(int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,

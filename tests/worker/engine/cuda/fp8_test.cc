@@ -203,6 +203,48 @@ TEST_F(Fp8Test, CastWithAnotherAmaxSaturatesAndReducesItsOwn) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The tallies (Fp8CastCounts) are the host's count of what the cast did, for both formats: over
+// values spread across 27 binades some underflow to zero, and under a stale amax of half the
+// own some saturate. Zeros underflow nothing, and a second cast adds to the counts.
+TEST_F(Fp8Test, CastCountsUnderflowsAndSaturations) {
+  const int rows = 80, cols = 48;
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> binade(-25.0f, 2.0f);
+  std::vector<uint16_t> x(static_cast<size_t>(rows) * cols);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float v = i % 17 == 0 ? 0.0f : std::exp2(binade(rng)) * (i % 2 == 0 ? 1.0f : -1.0f);
+    x[i] = ToBf16Bits(v);
+  }
+  const float own = HostAmax(x);
+  for (const Fp8Format format : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    SCOPED_TRACE(Fp8FormatName(format));
+    const float scale = HostScale(own / 2, format);
+    Fp8CastCounts want;
+    for (uint16_t b : x) {
+      const float v = FromBf16Bits(b);
+      want.values += 1;
+      want.underflows += v != 0.0f && (Encode(v * scale, format) & 0x7f) == 0;
+      want.saturated += std::fabs(v * scale) > Fp8MaxFinite(format);
+    }
+    ASSERT_GT(want.underflows, 10u);
+    ASSERT_GT(want.saturated, 0u);
+    DeviceBuffer<uint16_t> d_x(x);
+    DeviceBuffer<float> d_stale(std::vector<float>{own / 2});
+    DeviceBuffer<uint8_t> d_out_t(std::vector<uint8_t>(x.size()));
+    DeviceBuffer<uint64_t> d_counts(std::vector<uint64_t>(3, 0));
+    auto* counts = reinterpret_cast<Fp8CastCounts*>(d_counts.get());
+    for (int pass = 1; pass <= 2; ++pass) {
+      const absl::Status s = Fp8Cast(nullptr, d_out_t.get(), nullptr, d_x.bf16(), d_stale.get(),
+                                     rows, cols, format, stream_, nullptr, counts);
+      ASSERT_TRUE(s.ok()) << s;
+      const std::vector<uint64_t> got = d_counts.ToHostOn(stream_);
+      EXPECT_EQ(got[0], pass * want.values);
+      EXPECT_EQ(got[1], pass * want.underflows);
+      EXPECT_EQ(got[2], pass * want.saturated);
+    }
+  }
+}
+
 TEST_F(Fp8Test, ZerosCastToZeroWithUnitScale) {
   const Cast cast = DeviceCast(std::vector<uint16_t>(32 * 32, 0), 32, 32, Fp8Format::kE4M3);
   EXPECT_EQ(cast.scale_inv, 1.0f);
