@@ -85,6 +85,17 @@ job = dashboard("weft-job", "Weft job", "One training job: progress, speed, wher
         ('sum by (link) (rate(weft_worker_collective_bytes_total[$__rate_interval]) * ' + RANK + ')', "{{link}}")],
           0, 44, 24, 8, unit="Bps",
           desc="Bytes per second the job's ranks send in collectives during steps, as ring algorithms send them: within a host, and over communicators that span hosts. Across hosts, sharding HOST keeps only the replica all-reduce on the network; sharding.replica_reduce_format WIRE_BF16 or WIRE_INT8 halves or quarters it (docs/deploy.md 7.4)."),
+    panel(15, "Skipped steps (rank 0)", [
+        ('increase(weft_worker_steps_skipped_total[$__rate_interval]) * ' + RANK.replace('job_id="$job"', 'job_id="$job", rank="0"'), "skipped")],
+          0, 52, 12, 8, unit="short",
+          desc="Steps whose gradient was not finite: skipped, weights and optimizer state left as they were. fault.max_skipped_steps in a row fail the job. Every rank skips the same steps."),
+    panel(16, "FP8 casts: share underflowing to zero", [
+        ('sum by (format) (rate(weft_worker_fp8_values_total{outcome="underflow"}[$__rate_interval]) * ' + RANK + ') / '
+         'clamp_min(sum by (format) (rate(weft_worker_fp8_values_total{outcome="cast"}[$__rate_interval]) * ' + RANK + '), 1e-9)', "{{format}} underflow"),
+        ('sum by (format) (rate(weft_worker_fp8_values_total{outcome="saturated"}[$__rate_interval]) * ' + RANK + ') / '
+         'clamp_min(sum by (format) (rate(weft_worker_fp8_values_total{outcome="cast"}[$__rate_interval]) * ' + RANK + '), 1e-9)', "{{format}} saturated")],
+          12, 52, 12, 8, unit="percentunit",
+          desc="precision FP8: of the values the blocks' Linear layers cast (e4m3: inputs and weights; e5m2: output gradients), the share that was not zero but became zero, and the share beyond the format's largest value. 0 for BF16 jobs. A growing e5m2 underflow means gradients too small for their scale."),
 ], [job_var])
 
 cluster = dashboard("weft-cluster", "Weft cluster", "Workers, jobs, failures and recoveries across the cluster.", [
