@@ -430,11 +430,6 @@ void ValidateResources(const JobSpec& spec, const Complain& bad) {
   if (spec.precision() == weft::v1::FP8 && r.device_kind() != weft::v1::DEVICE_KIND_CUDA) {
     bad("precision", "FP8 needs resources.device_kind DEVICE_KIND_CUDA (the CPU engine is FP32)");
   }
-  if (spec.precision() == weft::v1::FP8 && !IsLlamaFamily(spec.model().architecture())) {
-    bad("precision",
-        "FP8 is built for the Llama family (LLAMA, QWEN2, QWEN3, MISTRAL) so far; GPT-2's "
-        "blocks train in BF16");
-  }
   // FP8's GEMMs take rows in multiples of 16 (the model refuses widths that are not, by name).
   const int64_t rows =
       static_cast<int64_t>(spec.training().micro_batch_size()) * spec.training().sequence_length();

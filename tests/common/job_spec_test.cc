@@ -468,12 +468,6 @@ const ViolationCase kViolationCases[] = {
        s->set_precision(weft::v1::FP32);
      },
      "precision", "FP32 is the CPU engine's; DEVICE_KIND_CUDA trains in BF16"},
-    {"Fp8ForGpt2",
-     [](JobSpec* s) {
-       s->mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
-       s->set_precision(weft::v1::FP8);
-     },
-     "precision", "FP8 is built for the Llama family (LLAMA, QWEN2, QWEN3, MISTRAL) so far"},
     {"ZeroMinWorkers", [](JobSpec* s) { s->mutable_resources()->set_min_workers(0); },
      "resources.min_workers", "must be >= 1, got 0"},
     {"MaxBelowMin", [](JobSpec* s) { s->mutable_resources()->set_max_workers(1); },
@@ -633,7 +627,7 @@ const ViolationCase kLlamaViolationCases[] = {
 };
 
 // FP8 on CUDA for the Llama family is a valid spec.
-TEST(ValidateJobSpecTest, Fp8OnCudaForTheLlamaFamily) {
+TEST(ValidateJobSpecTest, Fp8OnCudaForEveryArchitecture) {
   for (const weft::v1::Architecture a :
        {weft::v1::LLAMA, weft::v1::QWEN2, weft::v1::QWEN3, weft::v1::MISTRAL}) {
     JobSpec spec = ValidLlamaSpec();
@@ -642,6 +636,10 @@ TEST(ValidateJobSpecTest, Fp8OnCudaForTheLlamaFamily) {
     spec.set_precision(weft::v1::FP8);
     EXPECT_THAT(ValidateJobSpec(spec), ::testing::IsEmpty()) << weft::v1::Architecture_Name(a);
   }
+  JobSpec gpt2 = ValidCpuSpec();
+  gpt2.mutable_resources()->set_device_kind(weft::v1::DEVICE_KIND_CUDA);
+  gpt2.set_precision(weft::v1::FP8);
+  EXPECT_THAT(ValidateJobSpec(gpt2), ::testing::IsEmpty());
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryRule, ValidateLlamaSpecViolationTest,

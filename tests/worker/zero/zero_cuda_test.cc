@@ -549,12 +549,13 @@ std::vector<std::vector<float>> ModelPass(
 }
 
 // The blocks' Linear layers in FP8 (ArenaRequests::fp8_linears) against bf16's, on the same
-// parameters and batch, for Llama and each of its family (Qwen2's biases in the FP8 epilogue):
-// the loss within FP8's error, every unit's gradient within it, and not bf16's bits (the FP8
-// path ran). Under full and selective recomputation the FP8 pass repeats NONE's bits: its casts
-// and GEMMs are deterministic, and the casts a recomputation keeps for the backward
-// (Fp8Linears::StartKeeping) are those the backward would make. GPT-2's model refuses FP8 by
-// name.
+// parameters and batch, for GPT-2 (biases in the FP8 epilogue, GELU apart from the GEMM) and
+// Llama with each of its family (Qwen2's q/k/v biases): the loss within FP8's error, every
+// unit's gradient within it, and not bf16's bits (the FP8 path ran). Under full and selective
+// recomputation the FP8 pass repeats NONE's bits (GPT-2's SELECTIVE to bf16 rounding, as in
+// bf16: its standalone GELU): its casts and GEMMs are deterministic, and the casts a
+// recomputation keeps for the backward (Fp8Linears::StartKeeping) are those the backward would
+// make.
 TEST_F(ZeroCudaTest, Fp8LinearsFollowBf16) {
   if (!Fp8GemmsRun()) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9";
   engine::cuda::ArenaRequests fp8;
@@ -562,10 +563,13 @@ TEST_F(ZeroCudaTest, Fp8LinearsFollowBf16) {
   const engine::CheckpointingPlan none{engine::Checkpointing::kNone};
   const engine::CheckpointingPlan full{engine::Checkpointing::kFull};
   const engine::CheckpointingPlan selective{engine::Checkpointing::kSelective};
+  std::vector<std::pair<std::string, weft::v1::JobSpec>> specs = {{"GPT2", SmallSpec(4, 1)}};
   for (const weft::v1::Architecture a :
        {weft::v1::LLAMA, weft::v1::QWEN2, weft::v1::QWEN3, weft::v1::MISTRAL}) {
-    SCOPED_TRACE(weft::v1::Architecture_Name(a));
-    const weft::v1::JobSpec spec = FamilySpec(a, 4, 1);
+    specs.emplace_back(weft::v1::Architecture_Name(a), FamilySpec(a, 4, 1));
+  }
+  for (const auto& [name, spec] : specs) {
+    SCOPED_TRACE(name);
     const auto bf16 = ModelPass(spec, none);
     const auto f8 = ModelPass(spec, none, engine::cuda::GradWrite::kAccumulate, fp8);
     ASSERT_FALSE(bf16.empty());
@@ -581,18 +585,19 @@ TEST_F(ZeroCudaTest, Fp8LinearsFollowBf16) {
       worst_grad = std::max(worst_grad, NormRelative(f8[u], bf16[u]));
     }
     std::printf("%s FP8 against bf16: loss %.2e relative, gradients %.3f relative (worst unit)\n",
-                weft::v1::Architecture_Name(a).c_str(), loss_rel, worst_grad);
+                name.c_str(), loss_rel, worst_grad);
     EXPECT_LE(loss_rel, 0.01);
     EXPECT_LE(worst_grad, 0.25);
     EXPECT_NE(f8[1], bf16[1]);
     EXPECT_EQ(ModelPass(spec, full, engine::cuda::GradWrite::kAccumulate, fp8), f8);
-    EXPECT_EQ(ModelPass(spec, selective, engine::cuda::GradWrite::kAccumulate, fp8), f8);
+    const auto sel = ModelPass(spec, selective, engine::cuda::GradWrite::kAccumulate, fp8);
+    if (name != "GPT2") {
+      EXPECT_EQ(sel, f8);
+    } else {
+      ASSERT_EQ(sel.size(), f8.size());
+      for (size_t u = 1; u < f8.size(); ++u) EXPECT_LT(NormRelative(sel[u], f8[u]), 0.02) << u;
+    }
   }
-  auto gpt = engine::MakeModelArch(SmallSpec(4, 1).model());
-  ASSERT_TRUE(gpt.ok());
-  auto refused = engine::cuda::CreateCudaModel(**gpt, 4, kT, none, nullptr, fp8);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("FP8"));
 }
 
 void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {

@@ -59,6 +59,19 @@ size_t GptCuda::Layout(char* base) {
   PlaceSpentActivationGradients(a, layer_ends);
   TakeCommon(a, config_.padded_vocab_size, config_.hidden_size, spare);
   TakeBackwardBuffers(a);
+  // FP8's casts: fc's is the widest layer (4C) and the largest weight. A FULL recomputation
+  // keeps the transposed casts of q/k/v, attproj and fc (it does not run fcproj); SELECTIVE's
+  // runs no Linear layer.
+  const size_t c = config_.hidden_size;
+  const size_t n = static_cast<size_t>(max_b_) * max_t_;
+  bool any_full = false;
+  for (int l = 0; l < layers; ++l) any_full |= level_.At(l) == Checkpointing::kFull;
+  size_t kept_bytes = 0;
+  if (any_full) {
+    kept_bytes = 3 * Fp8LinearScratch::KeptBytes(n * c);
+    for (const size_t rows : {3 * c, c, 4 * c}) kept_bytes += Fp8LinearScratch::KeptBytes(rows * c);
+  }
+  TakeFp8Scratch(a, 4 * config_.hidden_size, 4 * c * c, kept_bytes);
   return a.size();
 }
 
@@ -135,8 +148,9 @@ size_t GptCuda::PlanActivationBytes(const GptConfig& config, int max_b, int max_
 absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(
     const GptConfig& config, int max_b, int max_t, CheckpointingPlan level, cudaStream_t stream,
     const ArenaRequests& requests) {
-  if (requests.fp8_linears) {  // its Linear layers (GELU in the epilogue) are bf16 only so far
-    return absl::UnimplementedError("model: GPT-2's CUDA model has no FP8 Linear layers yet");
+  if (requests.fp8_linears && config.hidden_size % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: FP8's GEMMs need hidden_size a multiple of 16, got ", config.hidden_size));
   }
   if (config.hidden_size % 8 != 0 || config.hidden_size % config.num_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -183,8 +197,7 @@ absl::Status GptCuda::BlockForward(int l, const bf16* block) {
   WEFT_RETURN_IF_ERROR(AttentionForward(l, block));
   WEFT_RETURN_IF_ERROR(MlpForwardToActivation(l, block));
   // out = res2 + fcproj(fcg), the residual added in the GEMM's epilogue.
-  return blas_->LinearForwardResidual(res_[l + 1], fcg_[l], p(kFcprojw), p(kFcprojb), res2_[l],
-                                      n, 4 * c, c, stream_);
+  return Linear(res_[l + 1], fcg_[l], p(kFcprojw), p(kFcprojb), res2_[l], n, 4 * c, c);
 }
 
 absl::Status GptCuda::AttentionForward(int l, const bf16* block) {
@@ -198,15 +211,14 @@ absl::Status GptCuda::AttentionForward(int l, const bf16* block) {
   // Flash: qkv is kept per layer and the kernel reads q, k, v from it in place; cuBLAS: split
   // into head copies.
   bf16* qkv = flash_ ? layer_qkv_[l] : qkv_;
-  WEFT_RETURN_IF_ERROR(blas_->LinearForward(qkv, ln1_[l], p(kQkvw), p(kQkvb), n, c, 3 * c,
-                                            stream_));  // (B, T, 3C)
+  WEFT_RETURN_IF_ERROR(
+      Linear(qkv, ln1_[l], p(kQkvw), p(kQkvb), nullptr, n, c, 3 * c));  // (B, T, 3C)
   if (!flash_) {
     WEFT_RETURN_IF_ERROR(AttentionSplitHeads(q_[l], k_[l], v_[l], qkv, b_, t_, c,
                                              config_.num_heads, stream_));
   }
   WEFT_RETURN_IF_ERROR(Attend(l));
-  return blas_->LinearForwardResidual(res2_[l], atty_[l], p(kAttprojw), p(kAttprojb), x, n, c,
-                                      c, stream_);
+  return Linear(res2_[l], atty_[l], p(kAttprojw), p(kAttprojb), x, n, c, c);
 }
 
 absl::Status GptCuda::Attend(int l) {
@@ -235,6 +247,10 @@ absl::Status GptCuda::MlpForwardToActivation(int l, const bf16* block) {
   // fcg = gelu(fch), fch = fc(ln2(res2)).
   WEFT_RETURN_IF_ERROR(LayerNormForward(ln2_[l], ln2_mean_[l], ln2_rstd_[l], res2_[l], p(kLn2w),
                                         p(kLn2b), n, c, stream_));
+  if (requests_.fp8_linears) {  // the FP8 GEMMs' epilogue has no GELU of ours: a pass apart
+    WEFT_RETURN_IF_ERROR(Linear(fch_[l], ln2_[l], p(kFcw), p(kFcb), nullptr, n, c, 4 * c));
+    return GeluForward(fcg_[l], fch_[l], static_cast<int64_t>(n) * 4 * c, stream_);
+  }
   return blas_->LinearForwardGelu(fcg_[l], fch_[l], ln2_[l], p(kFcw), p(kFcb), n, c, 4 * c,
                                   stream_);  // (B, T, 4C) each
 }
@@ -291,15 +307,23 @@ absl::Status GptCuda::BlockBackwardRecomputed(int l, const bf16* block, float* b
   // dres_ (B, T, C) holds dL/d(output of block l) on entry, dL/d(input of block l) on exit.
 
   // MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).
-  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardWeight(g(kFcprojw), dres_, fcg_[l], n, 4 * c, c,
-                                                   acc, stream_));
   WEFT_RETURN_IF_ERROR(BiasBackward(g(kFcprojb), dres_, reduce_scratch_, n, c, stream_));
-  // d(pre-GELU fc output) (B, T, 4C), the GELU backward in the GEMM's epilogue. The GELU
-  // output was read for the last time just above, so this takes its place: no (B, T, 4C)
-  // scratch (256 MiB at 6.7B, 8 x 1024 rows). Not over fch_[l]: the epilogue reads it.
+  // d(pre-GELU fc output) (B, T, 4C). The GELU output is read for the last time by fcproj's
+  // weight gradient, so this takes its place: no (B, T, 4C) scratch (256 MiB at 6.7B, 8 x
+  // 1024 rows). Not over fch_[l]: the GELU backward reads it. In bf16 the GELU backward is the
+  // input gradient GEMM's epilogue; in FP8 a pass of its own over dgelu, in place.
   bf16* const dfch = fcg_[l];
-  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInputGelu(dfch, dres_, p(kFcprojw), fch_[l], n,
-                                                      4 * c, c, stream_));
+  if (requests_.fp8_linears) {
+    WEFT_RETURN_IF_ERROR(
+        LinearBackward(dfch, g(kFcprojw), acc, dres_, fcg_[l], p(kFcprojw), n, 4 * c, c));
+    WEFT_RETURN_IF_ERROR(
+        GeluBackwardOverwrite(dfch, fch_[l], dfch, static_cast<int64_t>(n) * 4 * c, stream_));
+  } else {
+    WEFT_RETURN_IF_ERROR(
+        blas_->LinearBackwardWeight(g(kFcprojw), dres_, fcg_[l], n, 4 * c, c, acc, stream_));
+    WEFT_RETURN_IF_ERROR(
+        blas_->LinearBackwardInputGelu(dfch, dres_, p(kFcprojw), fch_[l], n, 4 * c, c, stream_));
+  }
   // fch has been read for the last time: the late LayerNorm outputs and the sub-layers' input
   // gradients, (B, T, C) each, lie over it.
   bf16* const late_norm = fch_[l];
@@ -311,10 +335,9 @@ absl::Status GptCuda::BlockBackwardRecomputed(int l, const bf16* block, float* b
   WEFT_RETURN_IF_ERROR(
       NormLinearBackward(fc, dfch, 4 * c, block, block_grad, acc, late_norm, dx));
   // Attention: res2 = x + attproj(attention(qkv(ln1(x)))).
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(g(kAttprojw), dres_, atty_[l], n, c, c, acc, stream_));
   WEFT_RETURN_IF_ERROR(BiasBackward(g(kAttprojb), dres_, reduce_scratch_, n, c, stream_));
-  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dx, dres_, p(kAttprojw), n, c, c, stream_));
+  WEFT_RETURN_IF_ERROR(
+      LinearBackward(dx, g(kAttprojw), acc, dres_, atty_[l], p(kAttprojw), n, c, c));
   // dfch has been read for the last time: dqkv (B, T, 3C) lies over it, 192 MiB at GPT 6.7B's
   // shape not taken for a scratch of its own.
   bf16* const dqkv = dfch;
@@ -361,10 +384,9 @@ absl::Status GptCuda::NormLinearBackward(const NormLinear& s, const bf16* dout, 
                                           p(s.ln_bias), n, c, stream_));
     normed = late_norm;
   }
-  WEFT_RETURN_IF_ERROR(
-      blas_->LinearBackwardWeight(g(s.weight), dout, normed, n, c, oc, accumulate, stream_));
   WEFT_RETURN_IF_ERROR(BiasBackward(g(s.bias), dout, reduce_scratch_, n, oc, stream_));
-  WEFT_RETURN_IF_ERROR(blas_->LinearBackwardInput(dx, dout, p(s.weight), n, c, oc, stream_));
+  WEFT_RETURN_IF_ERROR(
+      LinearBackward(dx, g(s.weight), accumulate, dout, normed, p(s.weight), n, c, oc));
   return LayerNormBackward(dres_, g(s.ln_weight), g(s.ln_bias), dx, s.input, p(s.ln_weight),
                            s.mean, s.rstd, reduce_scratch_, n, c, stream_);
 }

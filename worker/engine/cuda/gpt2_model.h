@@ -4,7 +4,9 @@
 //
 // Precision: parameters arrive as bf16 units (the gathered working copies); activations are
 // bf16; LayerNorm statistics, attention log-sum-exps, losses and every parameter gradient are
-// fp32. GEMMs are cuBLASLt/cuBLAS bf16 with fp32 accumulation.
+// fp32. GEMMs are cuBLASLt/cuBLAS bf16 with fp32 accumulation. With ArenaRequests::fp8_linears
+// the blocks' four Linear layers (q/k/v, attproj, fc, fcproj) run in FP8 instead (fp8_linear.h),
+// their GELU then a kernel of its own rather than the fc GEMM's epilogue, forward and backward.
 //
 // The call order and the accumulate (+=) contract are CudaModel's.
 //

@@ -18,8 +18,7 @@ struct ArenaRequests {
   size_t head_work_elements = 0;
   // The blocks' Linear layers in FP8 (fp8_linear.h: E4M3 inputs and weights, E5M2 output
   // gradients, per-tensor current scaling), with the allocation holding their casts' scratch;
-  // false: bf16. Only the Llama family's model builds it so far; the job spec cannot ask for it
-  // yet (issue 42).
+  // false: bf16. The job's precision FP8 (gpu_memory_plan.h sets it).
   bool fp8_linears = false;
 };
 
