@@ -50,6 +50,15 @@
 #     device (CUDA context and NCCL included). exposed_comm_pct is the time the compute stream
 #     waited for collectives (GPU timing events) over the step time. mfu counts the peer's
 #     FLOPs per token (worker/mfu.h: 6 x parameters + 12 x layers x width x context).
+#     WEFT_BENCH_MANIFEST=DIR trains on a dataset written by `trainctl data prepare` (DIR or
+#     DIR/manifest.json; a path on this machine) instead of DATA_FILE's bytes, in every mode:
+#     the job's data is `data { manifest_path: "DIR" }` (the manifest brings the shards, the
+#     validation split and the tokenizer; DATA_FILE is then not read: any word, e.g. -), and
+#     the model's vocabulary is the tokenizer's (the manifest's tokenizer.vocab_size) where the
+#     shape does not say; a WEFT_BENCH_SHAPE vocabulary smaller than it is refused. The text
+#     for the FP8-vs-BF16 loss check: bench/text_corpus.sh, then
+#       trainctl data prepare --out DIR --tokenizer tokenizer.model --val-fraction 0.01 CORPUS
+#     (with a 32,000-piece tokenizer, e.g. WEFT_BENCH_SHAPE="16 2048 32 8 8192 32000 2048").
 #   bench/gpu_train_bench.sh transport BIN_DIR DATA_FILE [gpt2|llama|qwen2|qwen3|mistral]
 #     On 2 GPUs, in one call: NCCL's own choice (NVLink) with full sharding, then the network
 #     transport with full sharding and with hybrid sharding; one gpu_train line each.
@@ -91,6 +100,28 @@ BIN=$(cd "${2:?bin dir}" && pwd)
 DATA=$(readlink -f "${3:?data file}")
 COUNTS=${4:-"1 2"}
 ARCH=${5:-gpt2}
+# WEFT_BENCH_MANIFEST: a prepared dataset (the header says); MANIFEST_VOCAB its tokenizer's
+# vocabulary, which the model's must hold.
+MANIFEST="" MANIFEST_VOCAB=""
+if [[ -n ${WEFT_BENCH_MANIFEST:-} ]]; then
+  MANIFEST=$(readlink -f "$WEFT_BENCH_MANIFEST")
+  [[ ! -f $MANIFEST ]] || MANIFEST=$(dirname "$MANIFEST")  # DIR/manifest.json: DIR
+  MANIFEST_VOCAB=$(python3 -c 'import json, sys
+print(int(json.load(open(sys.argv[1] + "/manifest.json"))["tokenizer"]["vocab_size"]))' \
+    "$MANIFEST" 2>/dev/null) || {
+    echo "gpu_train_bench: WEFT_BENCH_MANIFEST=$WEFT_BENCH_MANIFEST: no readable manifest.json" \
+      "of a dataset written by trainctl data prepare" >&2
+    exit 2
+  }
+fi
+# check_vocab V: a model vocabulary of V must hold every id of the manifest's tokenizer.
+check_vocab() {
+  [[ -z $MANIFEST_VOCAB ]] || (($1 >= MANIFEST_VOCAB)) || {
+    echo "gpu_train_bench: vocabulary $1 (WEFT_BENCH_SHAPE) is smaller than the tokenizer's" \
+      "$MANIFEST_VOCAB in $MANIFEST/manifest.json" >&2
+    exit 2
+  }
+}
 # WEFT_BENCH_WORK keeps the logs and status streams (default: a fresh temporary folder).
 WORK=${WEFT_BENCH_WORK:-$(mktemp -d /tmp/weft-gpu-bench.XXXXXX)}
 mkdir -p "$WORK"
@@ -161,6 +192,15 @@ sharding_block() {
     "replica_optimizer: OPTIMIZER_${optimizer^^} }"
 }
 
+# The job's data block: the prepared dataset of WEFT_BENCH_MANIFEST, else DATA_FILE's bytes.
+data_block() {
+  if [[ -n $MANIFEST ]]; then
+    echo "data { manifest_path: \"$MANIFEST\" }"
+  else
+    echo "data { train_path: \"$DATA\" format: DATA_FORMAT_TEXT_BYTES val_fraction: 0.05 }"
+  fi
+}
+
 # spec NAME KIND WORKERS LAYERS WIDTH HEADS VOCAB CONTEXT MICRO_BATCH STEPS LR [MODEL_FIELDS]
 # MODEL_FIELDS (optional): extra ModelSpec fields, e.g. "architecture: LLAMA num_kv_heads: 8"
 # (the Qwen and Mistral families add head_dim and sliding_window).
@@ -168,7 +208,7 @@ spec() {
   cat <<SPEC
 name: "$1"
 model { num_layers: $4 hidden_size: $5 num_heads: $6 vocab_size: $7 context_length: $8 ${12:-} }
-data { train_path: "$DATA" format: DATA_FORMAT_TEXT_BYTES val_fraction: 0.05 }
+$(data_block)
 optimizer { learning_rate: ${11} weight_decay: 0.1 grad_clip_norm: 1.0
             offload: $([[ ${WEFT_BENCH_OFFLOAD:-0} == 1 ]] && echo true || echo false)
             offload_auto: $([[ ${WEFT_BENCH_OFFLOAD:-0} == auto ]] && echo true || echo false)
@@ -249,16 +289,19 @@ throughput)
   ACCUM=${WEFT_BENCH_ACCUM:-1}
   for g in $COUNTS; do
     if [[ $ARCH == llama ]]; then
-      read -r L W H KV F V S <<<"${WEFT_BENCH_SHAPE:-16 2048 32 8 8192 128256 $T}"
+      read -r L W H KV F V S <<<"${WEFT_BENCH_SHAPE:-16 2048 32 8 8192 ${MANIFEST_VOCAB:-128256} $T}"
       T=$S
+      check_vocab "$V"
       spec "llama-${L}x$W-g$g" CUDA "$g" "$L" "$W" "$H" "$V" "$T" "$B" "$STEPS" 3e-4 \
         "architecture: LLAMA num_kv_heads: $KV intermediate_size: $F rope_theta: 500000" \
         >"$WORK/g$g.pb.txt"
     elif [[ $ARCH == qwen2 || $ARCH == qwen3 || $ARCH == mistral ]]; then
       V=151936 WIN=0
       [[ $ARCH != mistral ]] || V=32768 WIN=$((T / 2))
+      V=${MANIFEST_VOCAB:-$V}
       read -r L W H KV F V S HD WIN <<<"${WEFT_BENCH_SHAPE:-16 2048 32 8 8192 $V $T 64 $WIN}"
       T=$S HD=${HD:-0} WIN=${WIN:-0}
+      check_vocab "$V"
       ((HD > 0)) || HD=$((W / H))
       fields="architecture: ${ARCH^^} num_kv_heads: $KV intermediate_size: $F"
       fields+=" rope_theta: 1000000 tie_word_embeddings: false"
@@ -269,8 +312,9 @@ throughput)
       spec "$ARCH-${L}x$W-g$g" CUDA "$g" "$L" "$W" "$H" "$V" "$T" "$B" "$STEPS" 3e-4 \
         "$fields" >"$WORK/g$g.pb.txt"
     else
-      read -r L W H V S <<<"${WEFT_BENCH_SHAPE:-12 768 12 50304 $T}"
+      read -r L W H V S <<<"${WEFT_BENCH_SHAPE:-12 768 12 ${MANIFEST_VOCAB:-50304} $T}"
       T=$S
+      check_vocab "$V"
       spec "gpt2-${L}x$W-g$g" CUDA "$g" "$L" "$W" "$H" "$V" "$T" "$B" "$STEPS" 6e-4 \
         >"$WORK/g$g.pb.txt"
     fi
@@ -369,9 +413,10 @@ PY
   ;;
 curve)
   steps=300
-  spec curve-g1 CUDA 1 4 128 4 256 128 16 $steps 3e-3 >"$WORK/c1.pb.txt"
-  spec curve-g2 CUDA 2 4 128 4 256 128 8 $steps 3e-3 >"$WORK/c2.pb.txt"
-  spec curve-cpu CPU 1 4 128 4 256 128 16 $steps 3e-3 >"$WORK/cc.pb.txt"
+  V=${MANIFEST_VOCAB:-256}
+  spec curve-g1 CUDA 1 4 128 4 "$V" 128 16 $steps 3e-3 >"$WORK/c1.pb.txt"
+  spec curve-g2 CUDA 2 4 128 4 "$V" 128 8 $steps 3e-3 >"$WORK/c2.pb.txt"
+  spec curve-cpu CPU 1 4 128 4 "$V" 128 16 $steps 3e-3 >"$WORK/cc.pb.txt"
   for run in "c1 cuda 1" "c2 cuda 2" "cc cpu 1"; do
     set -- $run
     start_coordinator "$1"
@@ -409,7 +454,8 @@ wire_curve)
   steps=${WEFT_BENCH_STEPS:-300}
   for format in fp32 bf16 int8; do
     WEFT_BENCH_SHARD=hybrid WEFT_BENCH_REPLICA_FORMAT=$format \
-      spec "wire-$format" "${kind^^}" "$n" 6 256 8 256 256 8 "$steps" 2e-3 >"$WORK/w-$format.pb.txt"
+      spec "wire-$format" "${kind^^}" "$n" 6 256 8 "${MANIFEST_VOCAB:-256}" 256 8 "$steps" 2e-3 \
+      >"$WORK/w-$format.pb.txt"
     start_coordinator "w-$format"
     WEFT_BENCH_TRANSPORT=net start_workers "$kind" "$n"
     run_job "$WORK/w-$format.pb.txt" "$WORK/w-$format.jsonl"

@@ -4,6 +4,9 @@
 # (../shared/device/bundle.sh), iproute2's ip and tc and openssl (the GPU machine lacks the
 # first two; the simulated cluster of bench/sim_cluster.sh needs all three: put the bundle's bin/
 # on PATH), device-env.sh, the PyTorch peer and this repo's scripts/ and bench/.
+# libweft_sentencepiece.so goes into bin/ beside the programs, which load it (dlopen, so ldd
+# does not see it) for a SentencePiece tokenizer: `trainctl data prepare` and the workers of a
+# job whose manifest names one; Debian's libsentencepiece it loads goes into lib/.
 #   scripts/device_payload.sh [BUILD_DIR]     -> .device/payload.tar.gz (about 30 MB)
 # EXTRA_BINS="weft-checkpointd ..." adds binaries. On the GPU machine:
 #   mkdir -p /tmp/p && tar xzf .device/payload.tar.gz -C /tmp/p &&
@@ -27,7 +30,7 @@ bins="weft-worker weft-coordinator trainctl engine_cuda_bf16_ops_test
       engine_cuda_flash_attention_test engine_cuda_llama_ops_test engine_cuda_wire_codec_test
       nccl_communicator_test
       in_process_cuda_communicator_test
-      zero_cuda_test gpu_worker_e2e_test cuda_ops_bench ${EXTRA_BINS:-}"
+      zero_cuda_test gpu_worker_e2e_test cuda_ops_bench libweft_sentencepiece.so ${EXTRA_BINS:-}"
 mkdir -p "$stage/stripped" "$stage/repo"
 paths=()
 for b in $bins; do

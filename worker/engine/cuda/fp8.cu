@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(internal::kBlockSize)
                unsigned int* __restrict__ amax_out,  // x's amax bits, or null
                Fp8CastCounts* __restrict__ counts,   // += tallies, or null
                const bf16* __restrict__ x,           // (rows, cols)
-               const float* __restrict__ amax, int rows, int cols, float max_finite) {
+               const float* __restrict__ amax, int rows, int cols, float max_finite,
+               float saturation) {
   __shared__ __align__(16) uint8_t staged[kTile * kTileStride];  // [col][row] of the tile
   const float s = ScaleOf(*amax, max_finite);
   if (scale_inv != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(internal::kBlockSize)
         // 0x00 and 0x80 are the two zeros of both formats.
         underflows +=
             (f[j] != 0.0f && (b[j] & 0x7f) == 0) + (f[j + 1] != 0.0f && (b[j + 1] & 0x7f) == 0);
-        saturated += (fabsf(f[j] * s) > max_finite) + (fabsf(f[j + 1] * s) > max_finite);
+        saturated += (fabsf(f[j] * s) >= saturation) + (fabsf(f[j + 1] * s) >= saturation);
       }
     }
     if (out != nullptr) {
@@ -187,6 +188,11 @@ absl::Status CheckMultipleOf16(int64_t x, const char* op, const char* arg) {
 
 float Fp8MaxFinite(Fp8Format format) { return format == Fp8Format::kE4M3 ? kE4M3Max : kE5M2Max; }
 
+float Fp8SaturationThreshold(Fp8Format format) {
+  // E4M3: 448 = 1.75 x 2^8, steps of 32 there; E5M2: 57344 = 1.75 x 2^15, steps of 8192.
+  return format == Fp8Format::kE4M3 ? kE4M3Max + 16.0f : kE5M2Max + 4096.0f;
+}
+
 const char* Fp8FormatName(Fp8Format format) { return format == Fp8Format::kE4M3 ? "E4M3" : "E5M2"; }
 
 absl::Status Fp8Amax(float* amax, const bf16* x, int64_t n, cudaStream_t stream) {
@@ -227,13 +233,14 @@ absl::Status Fp8Cast(uint8_t* out, uint8_t* out_t, float* scale_inv, const bf16*
   unsigned int* amax_bits = reinterpret_cast<unsigned int*>(amax_out);
   const dim3 grid((cols + kTile - 1) / kTile, (rows + kTile - 1) / kTile);
   const float max_finite = Fp8MaxFinite(format);
+  const float saturation = Fp8SaturationThreshold(format);
   return format == Fp8Format::kE4M3
              ? internal::Launch(CastKernel<__NV_E4M3>, grid, internal::kBlockSize, 0, stream, out,
                                 out_t, scale_inv, amax_bits, counts, x, amax, rows, cols,
-                                max_finite)
+                                max_finite, saturation)
              : internal::Launch(CastKernel<__NV_E5M2>, grid, internal::kBlockSize, 0, stream, out,
                                 out_t, scale_inv, amax_bits, counts, x, amax, rows, cols,
-                                max_finite);
+                                max_finite, saturation);
 }
 
 }  // namespace weft::engine::cuda

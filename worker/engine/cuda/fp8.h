@@ -43,8 +43,10 @@ enum class Fp8Format : int {
 
 // What casts did to their values, tallied on the device (Fp8Cast's counts): a value underflows
 // when it is not zero but its cast is (its magnitude times s fell below half the format's
-// smallest subnormal), and saturates when its magnitude times s exceeds the largest finite
-// value (only a stale amax, delayed scaling's, allows it). A non-finite value is neither.
+// smallest subnormal), and saturates when its magnitude times s lies beyond what rounds to the
+// largest finite value (Fp8SaturationThreshold: only a stale amax, delayed scaling's, allows
+// it; the amax itself may land a rounding above the largest finite value and is not counted). A
+// non-finite value is neither.
 struct Fp8CastCounts {
   unsigned long long values = 0;
   unsigned long long underflows = 0;
@@ -53,6 +55,9 @@ struct Fp8CastCounts {
 
 // 448 or 57344.
 float Fp8MaxFinite(Fp8Format format);
+// The largest finite value plus half the format's last step, where rounding would leave the
+// finite range: 464 (E4M3) or 61440 (E5M2).
+float Fp8SaturationThreshold(Fp8Format format);
 const char* Fp8FormatName(Fp8Format format);
 
 // amax (device, one float) = max |x| over x's n elements (n a positive multiple of 8); NaN if

@@ -204,12 +204,12 @@ TEST_F(Fp8Test, CastWithAnotherAmaxSaturatesAndReducesItsOwn) {
 }
 
 // The tallies (Fp8CastCounts) are the host's count of what the cast did, for both formats: over
-// values spread across 27 binades some underflow to zero, and under a stale amax of half the
-// own some saturate. Zeros underflow nothing, and a second cast adds to the counts.
+// values spread across 42 binades (E5M2 spans 32) some underflow to zero, and under a stale amax
+// of half the own some saturate. Zeros underflow nothing, and a second cast adds to the counts.
 TEST_F(Fp8Test, CastCountsUnderflowsAndSaturations) {
   const int rows = 80, cols = 48;
   std::mt19937 rng(23);
-  std::uniform_real_distribution<float> binade(-25.0f, 2.0f);
+  std::uniform_real_distribution<float> binade(-40.0f, 2.0f);
   std::vector<uint16_t> x(static_cast<size_t>(rows) * cols);
   for (size_t i = 0; i < x.size(); ++i) {
     const float v = i % 17 == 0 ? 0.0f : std::exp2(binade(rng)) * (i % 2 == 0 ? 1.0f : -1.0f);
@@ -224,7 +224,7 @@ TEST_F(Fp8Test, CastCountsUnderflowsAndSaturations) {
       const float v = FromBf16Bits(b);
       want.values += 1;
       want.underflows += v != 0.0f && (Encode(v * scale, format) & 0x7f) == 0;
-      want.saturated += std::fabs(v * scale) > Fp8MaxFinite(format);
+      want.saturated += std::fabs(v * scale) >= Fp8SaturationThreshold(format);
     }
     ASSERT_GT(want.underflows, 10u);
     ASSERT_GT(want.saturated, 0u);
@@ -242,6 +242,15 @@ TEST_F(Fp8Test, CastCountsUnderflowsAndSaturations) {
       EXPECT_EQ(got[1], pass * want.underflows);
       EXPECT_EQ(got[2], pass * want.saturated);
     }
+    // Under its own amax (current scaling) nothing saturates, though the largest value may land
+    // a rounding above the largest finite one.
+    DeviceBuffer<float> d_own(std::vector<float>{own});
+    DeviceBuffer<uint64_t> d_own_counts(std::vector<uint64_t>(3, 0));
+    ASSERT_TRUE(Fp8Cast(nullptr, d_out_t.get(), nullptr, d_x.bf16(), d_own.get(), rows, cols,
+                        format, stream_, nullptr,
+                        reinterpret_cast<Fp8CastCounts*>(d_own_counts.get()))
+                    .ok());
+    EXPECT_EQ(d_own_counts.ToHostOn(stream_)[2], 0u);
   }
 }
 
