@@ -3,6 +3,7 @@
 // block (default: GPT 6.7B's, 4096 wide, 32 heads, micro-batch 8, sequence 1024). Each op runs
 // --iters times after one untimed run, timed by CUDA events on one stream; the inputs are
 // random bf16.
+// (The Linear layers and the model in FP8 have a bench of their own: fp8_bench.cc.)
 // Prints one line per op:
 //
 //   BENCH cuda_op op=gate_up_fwd ms=.. tflops=..    (GEMMs and attention: FLOPs / time)
@@ -37,28 +38,6 @@
 // W 4096. Where the Hopper kernels run a second line attention_window_mma_sync times the
 // mma.sync ones.)
 //
-// With --fp8 it times each Linear layer of the Llama block (q/k/v, o, gate/up, down) forward,
-// input gradient and weight gradient in bf16 and in FP8 (Blas::Fp8Linear: E4M3 inputs and
-// weights, E5M2 output gradients, per-tensor current scaling), the FP8 side with and without
-// its casts (fp8.h: each tensor's amax, then its cast and transpose: the input and weight
-// once, straight and transposed, the output gradient likewise), then exits:
-//
-//   build/bin/cuda_ops_bench --fp8 [--batch 2 --seq 4096 ...]
-//   BENCH fp8_linear layer=gate_up n=.. k=.. m=.. bf16_ms=.. fp8_gemm_ms=.. fp8_cast_ms=..
-//     gemm_speedup=.. speedup=.. delayed_cast_ms=.. delayed_speedup=..
-//   BENCH fp8_block n=.. bf16_ms=.. fp8_ms=.. speedup=..
-//
-// With --fp8-model it runs the Llama CUDA model itself (CudaModel: embedding, --model-layers
-// blocks under full recomputation, the LM head and loss, and the backward; no optimizer, one
-// GPU) with its Linear layers in bf16 and in FP8 (ArenaRequests::fp8_linears), same
-// parameters and tokens, and prints each pass's time and loss:
-//
-//   build/bin/cuda_ops_bench --fp8-model [--model-layers 4 --vocab 32000 ...]
-//   BENCH fp8_model layers=.. width=.. bf16_ms=.. fp8_ms=.. speedup=.. bf16_loss=.. fp8_loss=..
-//
-// (each _ms the layer's forward + input gradient + weight gradient; speedup counts the casts;
-// delayed_: the casts of delayed scaling, from a history's amax, each reducing its tensor's
-// amax in the same pass instead of a pass before it.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -74,92 +53,16 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "bench/cuda_bench_util.h"
 #include "worker/engine/adamw.h"
-#include "worker/engine/cuda/fp8.h"
 #include "worker/engine/cuda/matmul.h"
-#include "worker/engine/cuda/model.h"
 #include "worker/engine/cuda/ops.h"
-#include "worker/engine/model_arch.h"
 
 namespace {
 
 using weft::engine::cuda::bf16;
 namespace cuda = weft::engine::cuda;
-
-void Check(const absl::Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "cuda_ops_bench: %s: %s\n", what, std::string(s.message()).c_str());
-    std::exit(1);
-  }
-}
-
-void CheckCuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "cuda_ops_bench: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-// Device buffers, freed at exit (the process is short-lived).
-template <typename T>
-T* Alloc(size_t n) {
-  void* p = nullptr;
-  CheckCuda(cudaMalloc(&p, n * sizeof(T) + 256), "cudaMalloc");
-  return static_cast<T*>(p);
-}
-
-// Random bf16 in [-scale, scale), generated on the host once and copied.
-bf16* RandomBf16(size_t n, float scale, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<bf16> host(n);
-  for (auto& x : host) x = __float2bfloat16(u(rng));
-  bf16* d = Alloc<bf16>(n);
-  CheckCuda(cudaMemcpy(d, host.data(), n * sizeof(bf16), cudaMemcpyHostToDevice), "copy");
-  return d;
-}
-
-float* ZeroFloats(size_t n) {
-  float* d = Alloc<float>(n);
-  CheckCuda(cudaMemset(d, 0, n * sizeof(float)), "memset");
-  return d;
-}
-
-struct Timer {
-  cudaStream_t stream;
-  int iters;
-  cudaEvent_t begin, end;
-  double block_forward_ms = 0, block_backward_ms = 0;
-
-  // Median-free mean over `iters` back-to-back runs (launch overhead amortised the way the
-  // engine's back-to-back enqueueing does).
-  double Time(const std::function<absl::Status()>& op, const char* name) {
-    Check(op(), name);
-    CheckCuda(cudaStreamSynchronize(stream), name);
-    CheckCuda(cudaEventRecord(begin, stream), "event");
-    for (int i = 0; i < iters; ++i) Check(op(), name);
-    CheckCuda(cudaEventRecord(end, stream), "event");
-    CheckCuda(cudaEventSynchronize(end), name);
-    float ms = 0;
-    CheckCuda(cudaEventElapsedTime(&ms, begin, end), "elapsed");
-    return ms / iters;
-  }
-
-  enum Phase { kForward, kBackward, kNone };
-  void Flops(const char* name, Phase phase, double flops, const std::function<absl::Status()>& op) {
-    const double ms = Time(op, name);
-    Add(phase, ms);
-    std::printf("BENCH cuda_op op=%s ms=%.3f tflops=%.1f\n", name, ms, flops / ms / 1e9);
-  }
-  void Bytes(const char* name, Phase phase, double bytes, const std::function<absl::Status()>& op) {
-    const double ms = Time(op, name);
-    Add(phase, ms);
-    std::printf("BENCH cuda_op op=%s ms=%.3f gbps=%.0f\n", name, ms, bytes / ms / 1e6);
-  }
-  void Add(Phase phase, double ms) {
-    if (phase == kForward) block_forward_ms += ms;
-    if (phase == kBackward) block_backward_ms += ms;
-  }
-};
+using namespace weft::bench;  // NOLINT(build/namespaces): the benches' small helpers
 
 // Where attention_fwd ran the Hopper kernel, the mma.sync one too (outside the block's sums),
 // so one call weighs the two.
@@ -401,163 +304,6 @@ void TimeGptBlock(Timer& timer, cuda::Blas& blas, int b, int t, int c, int nh, s
       block_flops / (timer.block_forward_ms + timer.block_backward_ms) / 1e9);
 }
 
-// One Linear layer (input width k, output width m, n rows) in bf16 against FP8, as the header
-// says; returns {bf16 ms, FP8 ms with casts}.
-std::pair<double, double> TimeFp8Linear(Timer& timer, cuda::Blas& blas, const char* layer, int n,
-                                        int k, int m, std::mt19937& rng) {
-  cudaStream_t stream = timer.stream;
-  using cuda::Fp8Format;
-  bf16* x = RandomBf16(static_cast<size_t>(n) * k, 1.0f, rng);
-  bf16* w = RandomBf16(static_cast<size_t>(m) * k, 0.02f, rng);
-  bf16* dy = RandomBf16(static_cast<size_t>(n) * m, 0.01f, rng);
-  bf16* out = Alloc<bf16>(static_cast<size_t>(n) * m);
-  bf16* dx = Alloc<bf16>(static_cast<size_t>(n) * k);
-  float* dw = ZeroFloats(static_cast<size_t>(m) * k);
-  uint8_t* x8 = Alloc<uint8_t>(static_cast<size_t>(n) * k);
-  uint8_t* x8_t = Alloc<uint8_t>(static_cast<size_t>(n) * k);
-  uint8_t* w8 = Alloc<uint8_t>(static_cast<size_t>(m) * k);
-  uint8_t* w8_t = Alloc<uint8_t>(static_cast<size_t>(m) * k);
-  uint8_t* dy8 = Alloc<uint8_t>(static_cast<size_t>(n) * m);
-  uint8_t* dy8_t = Alloc<uint8_t>(static_cast<size_t>(n) * m);
-  // amax and scale_inv of x, w and dy, each 16-byte aligned (cuBLASLt's scale pointers)
-  float* stats = ZeroFloats(3 * 8);
-  const auto cast = [&](uint8_t* o, uint8_t* o_t, const bf16* src, int rows, int cols,
-                        Fp8Format format, int slot) -> absl::Status {
-    const absl::Status s =
-        cuda::Fp8Amax(stats + 8 * slot, src, static_cast<int64_t>(rows) * cols, stream);
-    if (!s.ok()) return s;
-    return cuda::Fp8Cast(o, o_t, stats + 8 * slot + 4, src, stats + 8 * slot, rows, cols, format,
-                         stream);
-  };
-  const double flops = 2.0 * n * k * m;
-  const std::string name(layer);
-  double bf16_ms = 0, gemm_ms = 0, cast_ms = 0;
-  const auto time = [&](const std::string& op, double* sum, double op_flops,
-                        const std::function<absl::Status()>& fn) {
-    const double ms = timer.Time(fn, op.c_str());
-    *sum += ms;
-    if (op_flops > 0) {
-      std::printf("BENCH cuda_op op=%s ms=%.3f tflops=%.1f\n", op.c_str(), ms, op_flops / ms / 1e9);
-    } else {
-      std::printf("BENCH cuda_op op=%s ms=%.3f\n", op.c_str(), ms);
-    }
-  };
-  time(name + "_fwd", &bf16_ms, flops,
-       [&] { return blas.LinearForward(out, x, w, nullptr, n, k, m, stream); });
-  time(name + "_bwd_input", &bf16_ms, flops,
-       [&] { return blas.LinearBackwardInput(dx, dy, w, n, k, m, stream); });
-  time(name + "_bwd_weight", &bf16_ms, flops,
-       [&] { return blas.LinearBackwardWeight(dw, dy, x, n, k, m, true, stream); });
-  time(name + "_fp8_cast_x_w", &cast_ms, 0, [&]() -> absl::Status {
-    const absl::Status s = cast(x8, x8_t, x, n, k, Fp8Format::kE4M3, 0);
-    return s.ok() ? cast(w8, w8_t, w, m, k, Fp8Format::kE4M3, 1) : s;
-  });
-  time(name + "_fp8_cast_dy", &cast_ms, 0,
-       [&] { return cast(dy8, dy8_t, dy, n, m, Fp8Format::kE5M2, 2); });
-  // Delayed scaling's casts: no amax pass of their own (the cast reduces it for the history).
-  double delayed_ms = 0;
-  time(name + "_fp8_cast_delayed", &delayed_ms, 0, [&]() -> absl::Status {
-    for (const auto& [o, o_t, src, rows, cols, format, slot] :
-         {std::tuple{x8, x8_t, x, n, k, Fp8Format::kE4M3, 0},
-          std::tuple{w8, w8_t, w, m, k, Fp8Format::kE4M3, 1},
-          std::tuple{dy8, dy8_t, dy, n, m, Fp8Format::kE5M2, 2}}) {
-      const absl::Status s = cuda::Fp8Cast(o, o_t, stats + 8 * slot + 4, src, stats + 8 * slot,
-                                           rows, cols, format, stream, stats + 8 * slot + 2);
-      if (!s.ok()) return s;
-    }
-    return absl::OkStatus();
-  });
-  const cuda::Fp8Operand a_x{x8, Fp8Format::kE4M3, stats + 4};
-  const cuda::Fp8Operand b_w{w8, Fp8Format::kE4M3, stats + 12};
-  const cuda::Fp8Operand a_dy{dy8, Fp8Format::kE5M2, stats + 20};
-  const cuda::Fp8Operand b_w_t{w8_t, Fp8Format::kE4M3, stats + 12};
-  const cuda::Fp8Operand a_dy_t{dy8_t, Fp8Format::kE5M2, stats + 20};
-  const cuda::Fp8Operand b_x_t{x8_t, Fp8Format::kE4M3, stats + 4};
-  time(name + "_fp8_fwd", &gemm_ms, flops,
-       [&] { return blas.Fp8Linear(out, a_x, b_w, nullptr, nullptr, n, k, m, true, stream); });
-  time(name + "_fp8_bwd_input", &gemm_ms, flops,
-       [&] { return blas.Fp8Linear(dx, a_dy, b_w_t, nullptr, nullptr, n, m, k, false, stream); });
-  time(name + "_fp8_bwd_weight", &gemm_ms, flops,
-       [&] { return blas.Fp8LinearF32(dw, a_dy_t, b_x_t, m, n, k, true, stream); });
-  std::printf(
-      "BENCH fp8_linear layer=%s n=%d k=%d m=%d bf16_ms=%.3f fp8_gemm_ms=%.3f fp8_cast_ms=%.3f "
-      "gemm_speedup=%.3f speedup=%.3f delayed_cast_ms=%.3f delayed_speedup=%.3f\n",
-      layer, n, k, m, bf16_ms, gemm_ms, cast_ms, bf16_ms / gemm_ms, bf16_ms / (gemm_ms + cast_ms),
-      delayed_ms, bf16_ms / (gemm_ms + delayed_ms));
-  for (void* p :
-       std::initializer_list<void*>{x, w, dy, out, dx, dw, x8, x8_t, w8, w8_t, dy8, dy8_t, stats}) {
-    CheckCuda(cudaFree(p), "cudaFree");
-  }
-  return {bf16_ms, gemm_ms + cast_ms};
-}
-
-// The Llama model's pass (forward, loss, backward; full recomputation) with bf16 and then FP8
-// Linear layers, as the header says.
-void TimeFp8Model(Timer& timer, int layers, int b, int t, int c, int nh, int nkv, int inter,
-                  int vocab, std::mt19937& rng) {
-  cudaStream_t stream = timer.stream;
-  weft::v1::ModelSpec spec;
-  spec.set_architecture(weft::v1::LLAMA);
-  spec.set_num_layers(layers);
-  spec.set_hidden_size(c);
-  spec.set_num_heads(nh);
-  spec.set_num_kv_heads(nkv);
-  spec.set_intermediate_size(inter);
-  spec.set_vocab_size(vocab);
-  spec.set_padded_vocab_size((vocab + 127) / 128 * 128);
-  spec.set_context_length(t);
-  spec.set_rope_theta(500000);
-  spec.set_rms_norm_eps(1e-5);
-  auto arch_or = weft::engine::MakeModelArch(spec);
-  Check(arch_or.status(), "model arch");
-  const weft::engine::ModelArch& arch = **arch_or;
-  // Every parameter ~ U(-0.02, 0.02), the norms' weights too: enough for timing, and the loss
-  // is only compared between the two precisions.
-  std::vector<bf16*> params(arch.NumUnits());
-  std::vector<float*> grads(arch.NumUnits());
-  for (int u = 0; u < arch.NumUnits(); ++u) {
-    params[u] = RandomBf16(arch.UnitSize(u), 0.02f, rng);
-    grads[u] = ZeroFloats(arch.UnitSize(u));
-  }
-  std::vector<int32_t> tokens(static_cast<size_t>(b) * t), targets(tokens.size());
-  std::uniform_int_distribution<int> token(0, vocab - 1);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = token(rng);
-  for (size_t i = 0; i < tokens.size(); ++i) targets[i] = tokens[(i + 1) % tokens.size()];
-  double ms[2] = {0, 0}, loss[2] = {0, 0};
-  for (int fp8 = 0; fp8 < 2; ++fp8) {
-    weft::engine::cuda::ArenaRequests requests;
-    requests.fp8_linears = fp8 == 1;
-    auto model_or = weft::engine::cuda::CreateCudaModel(
-        arch, b, t, weft::engine::Checkpointing::kFull, stream, requests);
-    Check(model_or.status(), "model");
-    weft::engine::cuda::CudaModel& model = **model_or;
-    Check(model.SetBatch(b, t, tokens.data(), targets.data(), nullptr, false), "batch");
-    const size_t split = arch.HeadOutputBegin();
-    const auto pass = [&]() -> absl::Status {
-      absl::Status s = model.EncoderForward(params[0]);
-      for (int l = 0; s.ok() && l < layers; ++l) s = model.BlockForward(l, params[1 + l]);
-      if (s.ok()) s = model.Classifier(params[0] + split, 1.0f / (b * t), grads[0] + split);
-      for (int l = layers - 1; s.ok() && l >= 0; --l) {
-        s = model.BlockBackward(l, params[1 + l], grads[1 + l],
-                                weft::engine::cuda::GradWrite::kOverwrite);
-      }
-      if (s.ok()) s = model.EncoderBackward(grads[0]);
-      return s;
-    };
-    ms[fp8] = timer.Time(pass, fp8 ? "fp8 model pass" : "bf16 model pass");
-    std::vector<float> losses(tokens.size());
-    CheckCuda(cudaMemcpy(losses.data(), model.Losses(), losses.size() * sizeof(float),
-                         cudaMemcpyDeviceToHost),
-              "losses");
-    for (float x : losses) loss[fp8] += x / losses.size();
-  }
-  std::printf(
-      "BENCH fp8_model layers=%d width=%d heads=%d kv_heads=%d intermediate=%d vocab=%d batch=%d "
-      "seq=%d recompute=full bf16_ms=%.3f fp8_ms=%.3f speedup=%.3f bf16_loss=%.5f "
-      "fp8_loss=%.5f\n",
-      layers, c, nh, nkv, inter, vocab, b, t, ms[0], ms[1], ms[0] / ms[1], loss[0], loss[1]);
-}
-
 int main(int argc, char** argv) {
   int b = 2, t = 4096, c = 4096, nh = 32, nkv = 8, inter = 14336, iters = 20;
   size_t optimizer_elems = size_t{256} << 20;
@@ -581,14 +327,6 @@ int main(int argc, char** argv) {
   int window = 0;
   app.add_option("--window", window,
                  "time sliding-window flash attention (W keys) against full causal, then exit");
-  bool fp8 = false;
-  app.add_flag("--fp8", fp8, "time the Llama block's Linear layers in bf16 and FP8, then exit");
-  bool fp8_model = false;
-  int model_layers = 4, vocab = 32000;
-  app.add_flag("--fp8-model", fp8_model,
-               "time the Llama model's pass with bf16 and FP8 Linear layers, then exit");
-  app.add_option("--model-layers", model_layers, "--fp8-model: blocks");
-  app.add_option("--vocab", vocab, "--fp8-model: vocabulary");
   CLI11_PARSE(app, argc, argv);
   if (window < 0) {
     std::fprintf(stderr, "cuda_ops_bench: --window: need W >= 1\n");
@@ -625,25 +363,6 @@ int main(int argc, char** argv) {
   CheckCuda(cudaEventCreate(&timer.begin), "event");
   CheckCuda(cudaEventCreate(&timer.end), "event");
 
-  if (fp8_model) {
-    TimeFp8Model(timer, model_layers, b, t, c, nh, nkv, inter, vocab, rng);
-    return 0;
-  }
-  if (fp8) {
-    double bf16_ms = 0, fp8_ms = 0;
-    const std::pair<const char*, std::pair<int, int>> layers[] = {
-        {"qkv", {c, qkv_w}}, {"out", {c, c}}, {"gate_up", {c, 2 * inter}}, {"down", {inter, c}}};
-    for (const auto& [layer, km] : layers) {
-      const auto [b_ms, f_ms] = TimeFp8Linear(timer, blas, layer, n, km.first, km.second, rng);
-      bf16_ms += b_ms;
-      fp8_ms += f_ms;
-    }
-    std::printf(
-        "BENCH fp8_block n=%d width=%d intermediate=%d bf16_ms=%.3f fp8_ms=%.3f "
-        "speedup=%.3f\n",
-        n, c, inter, bf16_ms, fp8_ms, bf16_ms / fp8_ms);
-    return 0;
-  }
   if (window > 0) {
     TimeWindowAttention(timer, cuda::FlashAttentionKernel::kAuto, "attention_window", b, nh, nkv, t,
                         hs, window, rng);

@@ -30,7 +30,8 @@ bins="weft-worker weft-coordinator trainctl engine_cuda_bf16_ops_test
       engine_cuda_flash_attention_test engine_cuda_llama_ops_test engine_cuda_wire_codec_test
       nccl_communicator_test
       in_process_cuda_communicator_test
-      zero_cuda_test gpu_worker_e2e_test cuda_ops_bench libweft_sentencepiece.so ${EXTRA_BINS:-}"
+      zero_cuda_test gpu_worker_e2e_test cuda_ops_bench fp8_bench libweft_sentencepiece.so
+      ${EXTRA_BINS:-}"
 mkdir -p "$stage/stripped" "$stage/repo"
 paths=()
 for b in $bins; do
