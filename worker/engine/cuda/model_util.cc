@@ -181,9 +181,10 @@ absl::Status ArenaModel::RecomputeBlock(int l, const bf16* block) {
   // the recomputation casts serves it too. Keeping starts afresh even at kNone, so that nothing
   // kept for another block can be found.
   if (fp8_ != nullptr) fp8_->StartKeeping();
-  absl::Status status = absl::OkStatus();
+  absl::Status status = absl::InternalError("unknown activation checkpointing level");
   switch (level_.At(l)) {
     case Checkpointing::kNone:
+      status = absl::OkStatus();
       break;
     case Checkpointing::kFull:
       status = AttentionForward(l, block);
