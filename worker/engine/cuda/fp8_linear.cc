@@ -66,15 +66,16 @@ absl::Status Fp8Linears::CheckShape(const char* op, int n, int c, int oc) const 
 }
 
 absl::Status Fp8Linears::Cast(uint8_t* out, uint8_t* out_t, const bf16* x, int rows, int cols,
-                              Fp8Format format, int slot, cudaStream_t stream) {
-  float* amax = scratch_.stats + 8 * slot;
-  WEFT_RETURN_IF_ERROR(Fp8Amax(amax, x, static_cast<int64_t>(rows) * cols, stream));
-  return Fp8Cast(out, out_t, amax + 4, x, amax, rows, cols, format, stream, nullptr,
+                              Fp8Format format, float* stats, cudaStream_t stream) {
+  WEFT_RETURN_IF_ERROR(Fp8Amax(stats, x, static_cast<int64_t>(rows) * cols, stream));
+  return Fp8Cast(out, out_t, stats + 4, x, stats, rows, cols, format, stream, nullptr,
                  scratch_.counts + static_cast<int>(format));
 }
 
+float* Fp8Linears::Stats(int slot) const { return scratch_.stats + 8 * slot; }
+
 Fp8Operand Fp8Linears::Operand(const uint8_t* data, Fp8Format format, int slot) const {
-  return {data, format, scratch_.stats + 8 * slot + 4};
+  return {data, format, Stats(slot) + 4};
 }
 
 absl::StatusOr<Fp8Operand> Fp8Linears::ForwardOperand(uint8_t* out, const bf16* x, int rows,
@@ -82,13 +83,11 @@ absl::StatusOr<Fp8Operand> Fp8Linears::ForwardOperand(uint8_t* out, const bf16* 
   const size_t room = Fp8LinearScratch::KeptBytes(static_cast<size_t>(rows) * cols);
   if (!keeping_ || kept_.size() >= Fp8LinearScratch::kMaxKept ||
       kept_used_ + room > scratch_.kept_bytes) {
-    WEFT_RETURN_IF_ERROR(Cast(out, nullptr, x, rows, cols, Fp8Format::kE4M3, slot, stream));
+    WEFT_RETURN_IF_ERROR(Cast(out, nullptr, x, rows, cols, Fp8Format::kE4M3, Stats(slot), stream));
     return Operand(out, Fp8Format::kE4M3, slot);
   }
   Kept k{x, rows, cols, scratch_.kept + kept_used_, scratch_.kept_stats + 8 * kept_.size()};
-  WEFT_RETURN_IF_ERROR(Fp8Amax(k.stats, x, static_cast<int64_t>(rows) * cols, stream));
-  WEFT_RETURN_IF_ERROR(Fp8Cast(out, k.transposed, k.stats + 4, x, k.stats, rows, cols,
-                               Fp8Format::kE4M3, stream, nullptr, scratch_.counts));
+  WEFT_RETURN_IF_ERROR(Cast(out, k.transposed, x, rows, cols, Fp8Format::kE4M3, k.stats, stream));
   kept_.push_back(k);
   kept_used_ += room;
   return Fp8Operand{out, Fp8Format::kE4M3, k.stats + 4};
@@ -103,7 +102,7 @@ absl::StatusOr<Fp8Operand> Fp8Linears::TransposedOperand(uint8_t* out, const bf1
       return Fp8Operand{k->transposed, Fp8Format::kE4M3, k->stats + 4};
     }
   }
-  WEFT_RETURN_IF_ERROR(Cast(nullptr, out, x, rows, cols, Fp8Format::kE4M3, slot, stream));
+  WEFT_RETURN_IF_ERROR(Cast(nullptr, out, x, rows, cols, Fp8Format::kE4M3, Stats(slot), stream));
   return Operand(out, Fp8Format::kE4M3, slot);
 }
 
@@ -121,8 +120,8 @@ absl::Status Fp8Linears::Backward(bf16* dinp, float* dweight, bool accumulate, c
                                   const bf16* inp, const bf16* weight, int n, int c, int oc,
                                   cudaStream_t stream) {
   WEFT_RETURN_IF_ERROR(CheckShape("Fp8Linears::Backward", n, c, oc));
-  WEFT_RETURN_IF_ERROR(
-      Cast(scratch_.dout, scratch_.dout_t, dout, n, oc, Fp8Format::kE5M2, kGradient, stream));
+  WEFT_RETURN_IF_ERROR(Cast(scratch_.dout, scratch_.dout_t, dout, n, oc, Fp8Format::kE5M2,
+                            Stats(kGradient), stream));
   WEFT_ASSIGN_OR_RETURN(const Fp8Operand inp_t,
                         TransposedOperand(scratch_.inp, inp, n, c, kInput, stream));
   WEFT_ASSIGN_OR_RETURN(const Fp8Operand weight_t,

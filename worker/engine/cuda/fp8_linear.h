@@ -108,9 +108,12 @@ class Fp8Linears {
   };
 
   absl::Status CheckShape(const char* op, int n, int c, int oc) const;
-  // amax of x (rows, cols) into stats slot `slot`, then its cast into out and/or out_t.
+  // amax of x (rows, cols) into stats[0], then its cast into out and/or out_t, its scale_inv
+  // into stats[4], tallied in scratch_.counts.
   absl::Status Cast(uint8_t* out, uint8_t* out_t, const bf16* x, int rows, int cols,
-                    Fp8Format format, int slot, cudaStream_t stream);
+                    Fp8Format format, float* stats, cudaStream_t stream);
+  // The scratch's stats of slot `slot` (kStatsFloats / 8 of them): amax, then scale_inv.
+  float* Stats(int slot) const;
   Fp8Operand Operand(const uint8_t* data, Fp8Format format, int slot) const;
   // A forward operand: x (rows, cols) cast to E4M3 into out, its transpose kept too when
   // keeping and there is room.
