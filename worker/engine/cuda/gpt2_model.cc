@@ -247,12 +247,7 @@ absl::Status GptCuda::MlpForwardToActivation(int l, const bf16* block) {
   // fcg = gelu(fch), fch = fc(ln2(res2)).
   WEFT_RETURN_IF_ERROR(LayerNormForward(ln2_[l], ln2_mean_[l], ln2_rstd_[l], res2_[l], p(kLn2w),
                                         p(kLn2b), n, c, stream_));
-  if (requests_.fp8_linears) {  // the FP8 GEMMs' epilogue has no GELU of ours: a pass apart
-    WEFT_RETURN_IF_ERROR(Linear(fch_[l], ln2_[l], p(kFcw), p(kFcb), nullptr, n, c, 4 * c));
-    return GeluForward(fcg_[l], fch_[l], static_cast<int64_t>(n) * 4 * c, stream_);
-  }
-  return blas_->LinearForwardGelu(fcg_[l], fch_[l], ln2_[l], p(kFcw), p(kFcb), n, c, 4 * c,
-                                  stream_);  // (B, T, 4C) each
+  return LinearGelu(fcg_[l], fch_[l], ln2_[l], p(kFcw), p(kFcb), n, c, 4 * c);  // (B, T, 4C) each
 }
 
 absl::Status GptCuda::RecomputeSelective(int l, const bf16* block) {
@@ -310,20 +305,10 @@ absl::Status GptCuda::BlockBackwardRecomputed(int l, const bf16* block, float* b
   WEFT_RETURN_IF_ERROR(BiasBackward(g(kFcprojb), dres_, reduce_scratch_, n, c, stream_));
   // d(pre-GELU fc output) (B, T, 4C). The GELU output is read for the last time by fcproj's
   // weight gradient, so this takes its place: no (B, T, 4C) scratch (256 MiB at 6.7B, 8 x
-  // 1024 rows). Not over fch_[l]: the GELU backward reads it. In bf16 the GELU backward is the
-  // input gradient GEMM's epilogue; in FP8 a pass of its own over dgelu, in place.
+  // 1024 rows). Not over fch_[l]: the GELU backward reads it.
   bf16* const dfch = fcg_[l];
-  if (requests_.fp8_linears) {
-    WEFT_RETURN_IF_ERROR(
-        LinearBackward(dfch, g(kFcprojw), acc, dres_, fcg_[l], p(kFcprojw), n, 4 * c, c));
-    WEFT_RETURN_IF_ERROR(
-        GeluBackwardOverwrite(dfch, fch_[l], dfch, static_cast<int64_t>(n) * 4 * c, stream_));
-  } else {
-    WEFT_RETURN_IF_ERROR(
-        blas_->LinearBackwardWeight(g(kFcprojw), dres_, fcg_[l], n, 4 * c, c, acc, stream_));
-    WEFT_RETURN_IF_ERROR(
-        blas_->LinearBackwardInputGelu(dfch, dres_, p(kFcprojw), fch_[l], n, 4 * c, c, stream_));
-  }
+  WEFT_RETURN_IF_ERROR(LinearBackwardGelu(dfch, g(kFcprojw), acc, dres_, fcg_[l], fch_[l],
+                                          p(kFcprojw), n, 4 * c, c));
   // fch has been read for the last time: the late LayerNorm outputs and the sub-layers' input
   // gradients, (B, T, C) each, lie over it.
   bf16* const late_norm = fch_[l];

@@ -115,6 +115,29 @@ absl::Status ArenaModel::LinearBackward(bf16* dinp, float* dweight, bool accumul
   return blas_->LinearBackwardInput(dinp, dout, weight, n, c, oc, stream_);
 }
 
+absl::Status ArenaModel::LinearGelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight,
+                                    const bf16* bias, int n, int c, int oc) {
+  if (fp8_ == nullptr) {
+    return blas_->LinearForwardGelu(out, pre, inp, weight, bias, n, c, oc, stream_);
+  }
+  WEFT_RETURN_IF_ERROR(fp8_->Forward(pre, inp, weight, bias, nullptr, n, c, oc, stream_));
+  return GeluForward(out, pre, static_cast<int64_t>(n) * oc, stream_);
+}
+
+absl::Status ArenaModel::LinearBackwardGelu(bf16* dpre, float* dweight, bool accumulate,
+                                            const bf16* dout, const bf16* act, const bf16* pre,
+                                            const bf16* weight, int n, int c, int oc) {
+  if (fp8_ == nullptr) {
+    WEFT_RETURN_IF_ERROR(
+        blas_->LinearBackwardWeight(dweight, dout, act, n, c, oc, accumulate, stream_));
+    return blas_->LinearBackwardInputGelu(dpre, dout, weight, pre, n, c, oc, stream_);
+  }
+  // dgelu (N, C) lands in dpre, then the GELU backward in place.
+  WEFT_RETURN_IF_ERROR(
+      fp8_->Backward(dpre, dweight, accumulate, dout, act, weight, n, c, oc, stream_));
+  return GeluBackwardOverwrite(dpre, pre, dpre, static_cast<int64_t>(n) * c, stream_);
+}
+
 absl::Status ArenaModel::SetBatch(int b, int t, const int32_t* inputs, const int32_t* targets,
                                   const int32_t* doc_starts, bool reset_positions) {
   if (b < 1 || b > max_b_ || t < 1 || t > max_t_) {

@@ -139,6 +139,16 @@ class ArenaModel : public CudaModel {
   //   dinp may be inp (the weight gradient reads it first).
   absl::Status LinearBackward(bf16* dinp, float* dweight, bool accumulate, const bf16* dout,
                               const bf16* inp, const bf16* weight, int n, int c, int oc);
+  // The same around a GELU (GPT-2's fc and fcproj), in the model's precision: bf16 fuses the
+  // GELU and its backward into the GEMMs' epilogues, FP8 runs them as kernels apart.
+  //   pre (N, OC) = inp (N, C) @ weight (OC, C)^T + bias;  out (N, OC) = gelu(pre)
+  absl::Status LinearGelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight,
+                          const bf16* bias, int n, int c, int oc);
+  //   for out = act @ weight^T with act = gelu(pre) (N, C): dweight (OC, C) (+)= dout^T @ act,
+  //   then dpre (N, C) = gelu'(pre) * (dout @ weight); dpre may be act (read first), not pre.
+  absl::Status LinearBackwardGelu(bf16* dpre, float* dweight, bool accumulate, const bf16* dout,
+                                  const bf16* act, const bf16* pre, const bf16* weight, int n,
+                                  int c, int oc);
   // Bytes of Layout plus the GEMM workspace: the plan of an instance never allocated.
   size_t PlannedBytes() { return RunLayout(nullptr) + BlasOptions{}.workspace_bytes; }
 
