@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 
 namespace weft::bench {
@@ -97,6 +98,30 @@ struct Timer {
     if (phase == kBackward) block_backward_ms += ms;
   }
 };
+
+// A Timer on a stream of its own, `iters` timed runs an op.
+inline Timer MakeTimer(int iters) {
+  Timer timer{nullptr, iters, nullptr, nullptr};
+  CheckCuda(cudaStreamCreate(&timer.stream), "stream");
+  CheckCuda(cudaEventCreate(&timer.begin), "event");
+  CheckCuda(cudaEventCreate(&timer.end), "event");
+  return timer;
+}
+
+// The Llama block's shape and the timed runs, as the benches take them on the command line
+// (defaults: Llama-8B's block at micro-batch 2, sequence 4096).
+struct BlockOptions {
+  int b = 2, t = 4096, c = 4096, nh = 32, nkv = 8, inter = 14336, iters = 20;
+};
+inline void AddBlockOptions(CLI::App& app, BlockOptions* o) {
+  app.add_option("--batch", o->b);
+  app.add_option("--seq", o->t);
+  app.add_option("--width", o->c);
+  app.add_option("--heads", o->nh);
+  app.add_option("--kv-heads", o->nkv);
+  app.add_option("--intermediate", o->inter);
+  app.add_option("--iters", o->iters, "timed runs of each op");
+}
 
 }  // namespace weft::bench
 

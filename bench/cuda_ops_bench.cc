@@ -305,18 +305,13 @@ void TimeGptBlock(Timer& timer, cuda::Blas& blas, int b, int t, int c, int nh, s
 }
 
 int main(int argc, char** argv) {
-  int b = 2, t = 4096, c = 4096, nh = 32, nkv = 8, inter = 14336, iters = 20;
+  BlockOptions options;
+  auto& [b, t, c, nh, nkv, inter, iters] = options;
   size_t optimizer_elems = size_t{256} << 20;
   std::string arch = "llama";
   CLI::App app{"Times the CUDA ops of one Llama (or GPT-2) block and the optimizer at one shape."};
   app.add_option("--arch", arch, "llama or gpt2")->check(CLI::IsMember({"llama", "gpt2"}));
-  app.add_option("--batch", b);
-  app.add_option("--seq", t);
-  app.add_option("--width", c);
-  app.add_option("--heads", nh);
-  app.add_option("--kv-heads", nkv);
-  app.add_option("--intermediate", inter);
-  app.add_option("--iters", iters, "timed runs of each op");
+  AddBlockOptions(app, &options);
   app.add_option("--optimizer-elems", optimizer_elems, "elements the AdamW and casts run over");
   bool docmask = false;
   int doc_min = 150, doc_max = 450;
@@ -354,14 +349,11 @@ int main(int argc, char** argv) {
   const size_t nc = static_cast<size_t>(n) * c;
 
   std::mt19937 rng(1234);
-  cudaStream_t stream;
-  CheckCuda(cudaStreamCreate(&stream), "stream");
   auto blas_or = cuda::Blas::Create();
   Check(blas_or.status(), "blas");
   cuda::Blas& blas = **blas_or;
-  Timer timer{stream, iters, nullptr, nullptr};
-  CheckCuda(cudaEventCreate(&timer.begin), "event");
-  CheckCuda(cudaEventCreate(&timer.end), "event");
+  Timer timer = MakeTimer(iters);
+  cudaStream_t stream = timer.stream;
 
   if (window > 0) {
     TimeWindowAttention(timer, cuda::FlashAttentionKernel::kAuto, "attention_window", b, nh, nkv, t,

@@ -208,17 +208,12 @@ void TimeFp8Model(Timer& timer, int layers, int b, int t, int c, int nh, int nkv
 }  // namespace
 
 int main(int argc, char** argv) {
-  int b = 2, t = 4096, c = 4096, nh = 32, nkv = 8, inter = 14336, iters = 20;
+  BlockOptions options;
+  auto& [b, t, c, nh, nkv, inter, iters] = options;
   int model_layers = 4, vocab = 32000;
   bool model = false;
   CLI::App app{"Times the Llama block's Linear layers, or the Llama model, in bf16 and FP8."};
-  app.add_option("--batch", b);
-  app.add_option("--seq", t);
-  app.add_option("--width", c);
-  app.add_option("--heads", nh);
-  app.add_option("--kv-heads", nkv);
-  app.add_option("--intermediate", inter);
-  app.add_option("--iters", iters, "timed runs of each op");
+  AddBlockOptions(app, &options);
   app.add_flag("--model", model, "time the Llama model's pass with bf16 and FP8 Linear layers");
   app.add_option("--model-layers", model_layers, "--model: blocks");
   app.add_option("--vocab", vocab, "--model: vocabulary");
@@ -228,11 +223,7 @@ int main(int argc, char** argv) {
   const int n = b * t;
 
   std::mt19937 rng(1234);
-  cudaStream_t stream;
-  CheckCuda(cudaStreamCreate(&stream), "stream");
-  Timer timer{stream, iters, nullptr, nullptr};
-  CheckCuda(cudaEventCreate(&timer.begin), "event");
-  CheckCuda(cudaEventCreate(&timer.end), "event");
+  Timer timer = MakeTimer(iters);
   if (model) {
     TimeFp8Model(timer, model_layers, b, t, c, nh, nkv, inter, vocab, rng);
     return 0;
