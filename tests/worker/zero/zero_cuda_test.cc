@@ -600,6 +600,29 @@ TEST_F(ZeroCudaTest, Fp8LinearsFollowBf16) {
   }
 }
 
+// A model whose Linear widths FP8's GEMMs cannot take is refused at creation, naming the width,
+// before it touches the GPU (so this runs without one): GPT-2's hidden_size, Llama's
+// intermediate_size.
+TEST(CudaModelFp8Test, WidthsNotMultiplesOf16AreRefusedByName) {
+  engine::cuda::ArenaRequests fp8;
+  fp8.fp8_linears = true;
+  weft::v1::JobSpec gpt = SmallSpec(4, 1);
+  gpt.mutable_model()->set_hidden_size(40);
+  gpt.mutable_model()->set_num_heads(5);
+  weft::v1::JobSpec llama = SmallSpec(4, 1, /*llama=*/true);
+  llama.mutable_model()->set_intermediate_size(136);
+  for (const auto& [spec, want] :
+       {std::pair{gpt, "hidden_size a multiple of 16, got 40"},
+        std::pair{llama, "intermediate_size a multiple of 16, got 136"}}) {
+    auto arch = engine::MakeModelArch(spec.model());
+    ASSERT_TRUE(arch.ok()) << arch.status();
+    auto model =
+        engine::cuda::CreateCudaModel(**arch, 4, kT, engine::Checkpointing::kNone, nullptr, fp8);
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument) << want;
+    EXPECT_THAT(std::string(model.status().message()), ::testing::HasSubstr(want));
+  }
+}
+
 void ExpectModelGradientsMatchCpu(const weft::v1::JobSpec& spec) {
   auto made = engine::MakeModelArch(spec.model());
   ASSERT_TRUE(made.ok()) << made.status();
